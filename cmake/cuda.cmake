@@ -1,0 +1,17 @@
+# Resolves SHARDLM_CUDA (AUTO|ON|OFF) into SHARDLM_WITH_CUDA.
+set(SHARDLM_WITH_CUDA OFF)
+if(NOT SHARDLM_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 80 90)
+    endif()
+    enable_language(CUDA)
+    set(SHARDLM_WITH_CUDA ON)
+  elseif(SHARDLM_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "SHARDLM_CUDA=ON but no CUDA compiler was found "
+                        "(put nvcc on PATH or set CMAKE_CUDA_COMPILER)")
+  endif()
+endif()
+message(STATUS "shardlm: CUDA backend ${SHARDLM_WITH_CUDA} (SHARDLM_CUDA=${SHARDLM_CUDA})")

@@ -1,0 +1,84 @@
+#include <cmath>
+#include <cstring>
+
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "gtest/gtest.h"
+
+namespace shardlm {
+namespace {
+
+TEST(HalfTest, Fp16RoundTripsExactValues) {
+  for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f,
+                  5.9604645e-08f /* smallest subnormal */, 0.333251953125f}) {
+    EXPECT_EQ(Fp16ToFloat(FloatToFp16(v)), v) << v;
+  }
+}
+
+TEST(HalfTest, Fp16RoundsToNearestEven) {
+  // 1 + 2^-11 lies halfway between 1 and 1 + 2^-10: ties go to even (1).
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + std::ldexp(1.0f, -11))), 1.0f);
+  EXPECT_EQ(Fp16ToFloat(FloatToFp16(1.0f + 3 * std::ldexp(1.0f, -11))),
+            1.0f + std::ldexp(1.0f, -9));
+  EXPECT_TRUE(std::isinf(Fp16ToFloat(FloatToFp16(70000.0f))));
+  // Exhaustive: every finite half converts to float and back unchanged.
+  for (uint32_t h = 0; h < 0x10000; ++h) {
+    if ((h & 0x7c00) == 0x7c00) continue;
+    ASSERT_EQ(FloatToFp16(Fp16ToFloat(static_cast<uint16_t>(h))), h) << h;
+  }
+}
+
+TEST(HalfTest, Bf16) {
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.5f)), 1.5f);
+  EXPECT_EQ(Bf16ToFloat(0x3f80), 1.0f);
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: to even.
+  EXPECT_EQ(Bf16ToFloat(FloatToBf16(1.0f + std::ldexp(1.0f, -8))), 1.0f);
+}
+
+TEST(DTypeTest, BlockSizes) {
+  EXPECT_EQ(*BytesFor(DType::kQ4_1, 64), 40);
+  EXPECT_EQ(*BytesFor(DType::kQ8_0, 32), 34);
+  EXPECT_EQ(*BytesFor(DType::kQ4_0, 32), 18);
+  EXPECT_EQ(*BytesFor(DType::kBF16, 3), 6);
+  EXPECT_FALSE(BytesFor(DType::kQ4_0, 33).ok());
+  EXPECT_FALSE(BytesFor(DType::kF32, -1).ok());
+  EXPECT_FALSE(BytesFor(DType::kQ8_0, int64_t{1} << 62).ok());
+}
+
+absl::StatusOr<int> Half(int x) {
+  if (x % 2) return absl::InvalidArgumentError("odd");
+  return x / 2;
+}
+
+absl::Status Quarter(int x, int* out) {
+  ASSIGN_OR_RETURN(int h, Half(x));
+  ASSIGN_OR_RETURN(*out, Half(h));
+  return absl::OkStatus();
+}
+
+TEST(StatusTest, AssignOrReturnPropagates) {
+  int out = 0;
+  EXPECT_TRUE(Quarter(8, &out).ok());
+  EXPECT_EQ(out, 2);
+  EXPECT_EQ(Quarter(6, &out).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TensorTest, HostTensorIsZeroedAndSized) {
+  auto t = Tensor::Host(DType::kF32, {3, 5});
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->numel(), 15);
+  EXPECT_EQ(t->bytes(), 60u);
+  for (float v : t->f32()) EXPECT_EQ(v, 0.0f);
+  EXPECT_EQ(t->DebugString(), "F32[3, 5]");
+}
+
+TEST(TensorTest, RejectsBadShapes) {
+  EXPECT_FALSE(Tensor::Host(DType::kQ4_1, {2, 33}).ok());
+  EXPECT_FALSE(Tensor::Host(DType::kF32, {-1}).ok());
+  EXPECT_FALSE(Tensor::Host(DType::kF32, {1 << 30, 1 << 30}).ok());
+}
+
+}  // namespace
+}  // namespace shardlm

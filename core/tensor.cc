@@ -1,0 +1,108 @@
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/check.h"
+#include "core/status.h"
+
+namespace shardlm {
+
+std::string ShapeString(const Shape& shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+int64_t NumElements(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+HostBuffer::HostBuffer(size_t bytes) : size_(bytes) {
+  if (bytes == 0) return;
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  data_ = std::aligned_alloc(64, rounded);
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, rounded);
+}
+
+HostBuffer::HostBuffer(HostBuffer&& other) noexcept
+    : data_(other.data_), size_(other.size_) {
+  other.data_ = nullptr;
+  other.size_ = 0;
+}
+
+HostBuffer& HostBuffer::operator=(HostBuffer&& other) noexcept {
+  if (this != &other) {
+    std::free(data_);
+    data_ = other.data_;
+    size_ = other.size_;
+    other.data_ = nullptr;
+    other.size_ = 0;
+  }
+  return *this;
+}
+
+HostBuffer::~HostBuffer() { std::free(data_); }
+
+namespace {
+
+absl::StatusOr<size_t> CheckedBytes(DType dtype, const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) {
+    if (d < 0 || (d > 0 && n > (int64_t{1} << 48) / d)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("invalid tensor shape ", ShapeString(shape)));
+    }
+    n *= d;
+  }
+  if (!shape.empty() && shape.back() % BlockElems(dtype) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shape ", ShapeString(shape), " is not blocked for ",
+                     DTypeName(dtype)));
+  }
+  ASSIGN_OR_RETURN(int64_t bytes, BytesFor(dtype, n));
+  return static_cast<size_t>(bytes);
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> Tensor::Host(DType dtype, Shape shape) {
+  ASSIGN_OR_RETURN(size_t bytes, CheckedBytes(dtype, shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.bytes_ = bytes;
+  t.owner_ = std::make_shared<HostBuffer>(bytes);
+  t.data_ = t.owner_->data();
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::View(DType dtype, Shape shape, void* data,
+                                    MemoryType memory) {
+  ASSIGN_OR_RETURN(size_t bytes, CheckedBytes(dtype, shape));
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.bytes_ = bytes;
+  t.memory_ = memory;
+  t.data_ = data;
+  return t;
+}
+
+absl::Span<float> Tensor::f32() const {
+  SHARDLM_CHECK(dtype_ == DType::kF32, "f32() on a ", DTypeName(dtype_),
+                " tensor");
+  SHARDLM_CHECK(memory_ != MemoryType::kDevice, "f32() on device memory");
+  return absl::Span<float>(static_cast<float*>(data_),
+                           static_cast<size_t>(numel()));
+}
+
+std::string Tensor::DebugString() const {
+  return absl::StrCat(DTypeName(dtype_), ShapeString(shape_));
+}
+
+}  // namespace shardlm

@@ -1,0 +1,70 @@
+#include "model/model_config.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace shardlm {
+namespace {
+
+absl::Status CheckRange(std::string_view field, int64_t v, int64_t lo,
+                        int64_t hi) {
+  if (v < lo || v > hi) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: ", field, " = ", v, " is outside [", lo, ", ", hi, "]"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelConfig::Validate() const {
+  if (architecture != "llama" && architecture != "mistral") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: architecture '", architecture,
+        "' is not supported (llama family only)"));
+  }
+  // Bounds are generous (beyond any released Llama) but stop absurd values
+  // from turning into huge allocations.
+  for (auto [field, v, lo, hi] :
+       {std::tuple<const char*, int64_t, int64_t, int64_t>{"n_layers", n_layers,
+                                                          1, 1024},
+        {"hidden", hidden, 1, 1 << 17},
+        {"ffn_hidden", ffn_hidden, 1, 1 << 19},
+        {"n_heads", n_heads, 1, 1024},
+        {"n_kv_heads", n_kv_heads, 1, 1024},
+        {"head_dim", head_dim, 2, 1024},
+        {"vocab_size", vocab_size, 1, 1 << 22},
+        {"context_length", context_length, 1, 1 << 24}}) {
+    if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+  }
+  if (n_heads % n_kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: n_heads (", n_heads,
+                     ") is not a multiple of n_kv_heads (", n_kv_heads, ")"));
+  }
+  if (head_dim % 2 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: head_dim ", head_dim, " must be even"));
+  }
+  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
+    return absl::InvalidArgumentError(
+        "model config: rope_theta and rms_norm_eps must be positive");
+  }
+  return absl::OkStatus();
+}
+
+std::string ModelConfig::DebugString() const {
+  return absl::StrFormat(
+      "architecture     %s\nname             %s\nlayers           %d\n"
+      "hidden           %d\nffn_hidden       %d\nheads            %d (kv %d, "
+      "head_dim %d)\nvocab            %d\ncontext          %d\n"
+      "rope_theta       %g (%s)\nrms_norm_eps     %g\ntied_embeddings  %s\n"
+      "bos/eos          %d / %d\n",
+      architecture, name, n_layers, hidden, ffn_hidden, n_heads, n_kv_heads,
+      head_dim, vocab_size, context_length, rope_theta,
+      rope_style == RopeStyle::kAdjacentPairs ? "adjacent pairs"
+                                              : "rotate half",
+      rms_norm_eps, tied_embeddings ? "yes" : "no", bos_id, eos_id);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Installs what shardlm needs on a fresh Debian 12 machine: build tools and
+# libraries from apt, and a Python venv (.venv) for the reference tests and
+# tools. Idempotent: a second run changes nothing and takes seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config git
+  libabsl-dev libopenblas-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  python3 python3-venv
+)
+PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*)
+
+SUDO=""
+[ "$(id -u)" -ne 0 ] && SUDO="sudo"
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" ||
+    missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "install-deps: apt installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}" >/dev/null
+fi
+
+# Prefer the interpreter on PATH (it may be newer than Debian's).
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  echo "install-deps: creating .venv"
+  "$PY" -m venv .venv
+fi
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors" 2>/dev/null; then
+  echo "install-deps: pip installing ${PY_PACKAGES[*]}"
+  .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
+fi
+echo "install-deps: ok"
