@@ -35,7 +35,7 @@ int64_t BlockBytes(DType t) {
   return 0;
 }
 
-std::string_view DTypeName(DType t) {
+const char* DTypeName(DType t) {
   switch (t) {
     case DType::kF32:
       return "F32";

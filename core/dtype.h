@@ -3,7 +3,6 @@
 #define SHARDLM_CORE_DTYPE_H_
 
 #include <cstdint>
-#include <string_view>
 
 #include "absl/status/statusor.h"
 
@@ -23,7 +22,8 @@ enum class DType : uint8_t {
 // types have blocks of one element.
 int64_t BlockElems(DType t);
 int64_t BlockBytes(DType t);
-std::string_view DTypeName(DType t);
+// A C string so that it streams and StrCats everywhere.
+const char* DTypeName(DType t);
 bool IsQuantized(DType t);
 
 // Bytes needed for `n` consecutive values. InvalidArgument when `n` is not a

@@ -4,6 +4,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace shardlm {
+// Debian's Abseil is built with its own absl::string_view, which StrCat
+// takes but std::string_view does not convert to; this bridges the two.
+inline absl::string_view Sv(std::string_view s) { return {s.data(), s.size()}; }
+}  // namespace shardlm
 
 #define SHARDLM_STATUS_CONCAT_INNER_(a, b) a##b
 #define SHARDLM_STATUS_CONCAT_(a, b) SHARDLM_STATUS_CONCAT_INNER_(a, b)

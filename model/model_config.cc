@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/status.h"
 
 namespace shardlm {
 namespace {
@@ -10,7 +11,7 @@ absl::Status CheckRange(std::string_view field, int64_t v, int64_t lo,
                         int64_t hi) {
   if (v < lo || v > hi) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model config: ", field, " = ", v, " is outside [", lo, ", ", hi, "]"));
+        "model config: ", Sv(field), " = ", v, " is outside [", lo, ", ", hi, "]"));
   }
   return absl::OkStatus();
 }

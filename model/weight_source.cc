@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"
 
@@ -20,11 +21,11 @@ absl::StatusOr<const TensorInfo*> WeightSource::Require(
   const TensorInfo* t = Find(name);
   if (t == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("model has no tensor '", name, "'"));
+        absl::StrCat("model has no tensor '", Sv(name), "'"));
   }
   if (t->shape != shape) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", name, "' has shape ", ShapeString(t->shape),
+        absl::StrCat("tensor '", Sv(name), "' has shape ", ShapeString(t->shape),
                      ", expected ", ShapeString(shape)));
   }
   return t;

@@ -1,0 +1,98 @@
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/sampling/sampling.h"
+
+namespace shardlm {
+namespace {
+
+uint64_t SplitMix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+int32_t Argmax(absl::Span<const float> logits) {
+  int32_t best = 0;
+  for (int32_t i = 1; i < static_cast<int32_t>(logits.size()); ++i) {
+    if (logits[i] > logits[best]) best = i;
+  }
+  return best;
+}
+
+}  // namespace
+
+absl::Status ValidateSamplingParams(const SamplingParams& p) {
+  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("temperature must be >= 0, got ", p.temperature));
+  }
+  if (p.top_k < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_k must be >= 0, got ", p.top_k));
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
+  }
+  return absl::OkStatus();
+}
+
+double SampleUniform(uint64_t seed, uint64_t step) {
+  const uint64_t bits = SplitMix64(SplitMix64(seed) ^ SplitMix64(~step));
+  return static_cast<double>(bits >> 11) * 0x1.0p-53;
+}
+
+int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p,
+                    uint64_t step) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  if (p.temperature == 0.0f || p.top_k == 1) return Argmax(logits);
+
+  // Candidates in descending logit order (ties: lower id first) when a
+  // filter needs the order; otherwise in id order.
+  std::vector<int32_t> ids(vocab);
+  std::iota(ids.begin(), ids.end(), 0);
+  const auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+  int32_t n = vocab;
+  if (p.top_k > 0 && p.top_k < vocab) {
+    n = p.top_k;
+    std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit);
+  } else if (p.top_p < 1.0f) {
+    std::sort(ids.begin(), ids.end(), by_logit);
+  }
+
+  const float max = logits[p.top_k > 0 || p.top_p < 1.0f ? ids[0]
+                                                         : Argmax(logits)];
+  std::vector<double> probs(n);
+  double total = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    probs[i] = std::exp((static_cast<double>(logits[ids[i]]) - max) /
+                        p.temperature);
+    total += probs[i];
+  }
+  if (p.top_p < 1.0f) {
+    double mass = 0;
+    int32_t keep = 0;
+    while (keep < n) {
+      mass += probs[keep++];
+      if (mass >= p.top_p * total) break;
+    }
+    n = keep;
+    total = mass;
+  }
+  const double target = SampleUniform(p.seed, step) * total;
+  double cum = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    cum += probs[i];
+    if (target < cum) return ids[i];
+  }
+  return ids[n - 1];  // Rounding left target at the very top.
+}
+
+}  // namespace shardlm

@@ -1,0 +1,92 @@
+#include "kernels/sampling/sampling.h"
+
+#include <cmath>
+#include <map>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardlm {
+namespace {
+
+TEST(SamplingTest, GreedyPicksLowestIndexOfTheMaximum) {
+  const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
+  EXPECT_EQ(SampleToken(logits, {.temperature = 0}, 0), 1);
+  // top_k = 1 is greedy whatever the temperature.
+  EXPECT_EQ(SampleToken(logits, {.temperature = 5, .top_k = 1}, 3), 1);
+}
+
+TEST(SamplingTest, SameSeedAndStepGiveTheSameToken) {
+  std::vector<float> logits(1000);
+  for (int i = 0; i < 1000; ++i) logits[i] = std::sin(i * 0.37f) * 3;
+  const SamplingParams p{.temperature = 1.0f, .seed = 42};
+  std::vector<int32_t> a, b, c;
+  for (int step = 0; step < 50; ++step) {
+    a.push_back(SampleToken(logits, p, step));
+    b.push_back(SampleToken(logits, p, step));
+    c.push_back(SampleToken(logits, {.temperature = 1.0f, .seed = 43}, step));
+  }
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+// Frequencies over many steps approach softmax(logits / T).
+TEST(SamplingTest, TemperatureSamplingFollowsTheSoftmax) {
+  const std::vector<float> logits = {1.0f, 2.0f, 0.0f};
+  const float t = 0.7f;
+  std::vector<int> counts(3);
+  const int draws = 40000;
+  for (int step = 0; step < draws; ++step) {
+    ++counts[SampleToken(logits, {.temperature = t, .seed = 7}, step)];
+  }
+  double z = 0;
+  for (float l : logits) z += std::exp(l / t);
+  for (int i = 0; i < 3; ++i) {
+    const double p = std::exp(logits[i] / t) / z;
+    // 5 standard deviations of a binomial proportion.
+    EXPECT_NEAR(counts[i] / double{draws}, p,
+                5 * std::sqrt(p * (1 - p) / draws))
+        << i;
+  }
+}
+
+TEST(SamplingTest, TopKAndTopPRestrictTheSupport) {
+  // Probabilities at T=1 are about 0.64, 0.24, 0.09, 0.03.
+  const std::vector<float> logits = {3.0f, 2.0f, 1.0f, 0.0f};
+  std::map<int32_t, int> top_k, top_p;
+  for (int step = 0; step < 5000; ++step) {
+    ++top_k[SampleToken(logits, {.temperature = 1, .top_k = 2, .seed = 1},
+                        step)];
+    ++top_p[SampleToken(logits, {.temperature = 1, .top_p = 0.8f, .seed = 2},
+                        step)];
+  }
+  EXPECT_EQ(top_k.size(), 2u);
+  EXPECT_TRUE(top_k.contains(0) && top_k.contains(1));
+  // 0.64 < 0.8 <= 0.64 + 0.24: the nucleus is {0, 1}.
+  EXPECT_EQ(top_p.size(), 2u);
+  EXPECT_TRUE(top_p.contains(0) && top_p.contains(1));
+}
+
+TEST(SamplingTest, UniformIsInRangeAndSpread) {
+  double sum = 0;
+  for (uint64_t s = 0; s < 10000; ++s) {
+    const double u = SampleUniform(123, s);
+    ASSERT_GE(u, 0.0);
+    ASSERT_LT(u, 1.0);
+    sum += u;
+  }
+  EXPECT_NEAR(sum / 10000, 0.5, 0.02);
+}
+
+TEST(SamplingTest, ValidatesParams) {
+  EXPECT_TRUE(ValidateSamplingParams({.temperature = 0.8f, .top_k = 40,
+                                      .top_p = 0.95f}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.temperature = -1}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.temperature = NAN}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_k = -2}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_p = 0}).ok());
+  EXPECT_FALSE(ValidateSamplingParams({.top_p = 1.5f}).ok());
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,33 @@
+// Helpers for kernel tests: seeded random tensors and comparisons.
+#ifndef SHARDLM_KERNELS_TEST_UTIL_H_
+#define SHARDLM_KERNELS_TEST_UTIL_H_
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "core/tensor.h"
+
+namespace shardlm::testing_util {
+
+inline Tensor RandomTensor(Shape shape, uint32_t seed, float scale = 1.0f) {
+  Tensor t = *Tensor::Host(DType::kF32, std::move(shape));
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (float& v : t.f32()) v = dist(rng);
+  return t;
+}
+
+inline Tensor ZerosLike(const Tensor& t) {
+  return *Tensor::Host(DType::kF32, t.shape());
+}
+
+inline double MaxAbsDiff(const float* a, const double* b, int64_t n) {
+  double m = 0;
+  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i] - b[i]));
+  return m;
+}
+
+}  // namespace shardlm::testing_util
+
+#endif  // SHARDLM_KERNELS_TEST_UTIL_H_

@@ -1,0 +1,19 @@
+#include "kernels/threading.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+#include <thread>
+
+namespace shardlm {
+
+void SetCpuThreads(int n) {
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  if (n <= 0) n = 1;
+  omp_set_num_threads(n);
+  openblas_set_num_threads(n);
+}
+
+int CpuThreads() { return omp_get_max_threads(); }
+
+}  // namespace shardlm
