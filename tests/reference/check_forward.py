@@ -1,0 +1,251 @@
+#!/usr/bin/env python3
+"""Checks the C++ forward pass (forward_dump) against the numpy reference.
+
+  check_forward.py --tool build/tests/reference/forward_dump \\
+      --model models/SmolLM2-135M-Instruct.Q4_1.gguf
+  check_forward.py --tool build/tests/reference/forward_dump \\
+      --synthetic --workdir /tmp/synthetic            # generates the model
+  check_forward.py --tool ... --model DIR             # an existing HF dir
+
+For every prompt it runs
+
+  TOOL --model MODEL --tokens 12,34,56 --steps N
+
+which must print one JSON object on stdout:
+  {"logits": [vocab floats, last prompt position], "greedy": [N ids]}
+(greedy = argmax continuation, no EOS stopping), and requires
+  max |logits_cpp - logits_ref| <= --atol   and   greedy ids identical.
+
+GGUF: three text prompts (plain sentence, ChatML chat, code; ~5 to ~60
+tokens) tokenized with hf_tokenizer.build_from_gguf (from --gguf-tokenizer,
+default the model itself). HF/synthetic: the fixed token-id prompts of
+make_synthetic_model.SYNTHETIC_PROMPTS (lengths 1, 7, 41). For the synthetic
+model the reference's top-1/top-2 margin must exceed --min-margin at every
+greedy step (otherwise the comparison would hinge on rounding).
+
+Exits 0 when everything matches, 1 on any mismatch, 2 on a usage or tool error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import llama_ref  # noqa: E402
+import make_synthetic_model  # noqa: E402
+
+GGUF_PROMPTS = [
+    # (name, text)
+    ("plain", "The capital of France is"),
+    ("chatml",
+     "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+     "<|im_start|>user\nWrite a haiku about the sea.<|im_end|>\n"
+     "<|im_start|>assistant\n"),
+    ("code",
+     "def fibonacci(n):\n"
+     "    \"\"\"Return the n-th Fibonacci number.\"\"\"\n"
+     "    a, b = 0, 1\n"
+     "    for _ in range(n):\n"
+     "        a, b = b, a + b\n"
+     "    return a\n\n\n"
+     "def is_prime(n):\n"),
+]
+
+
+class ToolError(Exception):
+    pass
+
+
+def run_tool(tool, model, ids, steps, timeout):
+    cmd = [tool, "--model", model, "--tokens", ",".join(map(str, ids)),
+           "--steps", str(steps)]
+    t0 = time.time()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise ToolError(f"timed out after {timeout}s: {' '.join(cmd[:5])} ...")
+    dt = time.time() - t0
+    if p.returncode != 0:
+        raise ToolError(f"exit status {p.returncode}\ncommand: {' '.join(cmd)}\n"
+                        f"stderr (tail):\n{p.stderr[-3000:]}")
+    out = p.stdout.strip()
+    try:
+        obj = json.loads(out)
+    except json.JSONDecodeError:
+        # Be lenient about stray lines: take the last line that parses.
+        obj = None
+        for line in reversed(out.splitlines()):
+            line = line.strip()
+            if line.startswith("{"):
+                try:
+                    obj = json.loads(line)
+                    break
+                except json.JSONDecodeError:
+                    pass
+        if obj is None:
+            raise ToolError(f"stdout is not a JSON object; first 500 chars:\n"
+                            f"{out[:500]}")
+    if not isinstance(obj, dict) or "logits" not in obj or "greedy" not in obj:
+        raise ToolError(f"JSON lacks 'logits'/'greedy': keys "
+                        f"{list(obj) if isinstance(obj, dict) else type(obj)}")
+    return np.asarray(obj["logits"], dtype=np.float64), [int(i) for i in obj["greedy"]], dt
+
+
+def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
+                 timeout, decode):
+    """Returns (ok, message lines)."""
+    msgs = []
+    t0 = time.time()
+    ref_greedy, ref_rows = ref.greedy(ids, steps, return_logits=True)
+    t_ref = time.time() - t0
+    margins = [llama_ref.top2_margin(r) for r in ref_rows]
+    ref_logits = ref_rows[0]
+
+    cpp_logits, cpp_greedy, t_cpp = run_tool(tool, model, ids, steps, timeout)
+    ok = True
+    head = f"[{name}] {len(ids)} prompt tokens"
+    if cpp_logits.shape != ref_logits.shape:
+        return False, [f"{head}: FAIL logits length {cpp_logits.shape[0]}, "
+                       f"want vocab {ref_logits.shape[0]}"]
+    if not np.all(np.isfinite(cpp_logits)):
+        bad = int(np.flatnonzero(~np.isfinite(cpp_logits))[0])
+        return False, [f"{head}: FAIL non-finite logit at index {bad}: "
+                       f"{cpp_logits[bad]}"]
+    err = np.abs(cpp_logits - ref_logits)
+    worst = int(np.argmax(err))
+    a_ref, a_cpp = int(np.argmax(ref_logits)), int(np.argmax(cpp_logits))
+    msgs.append(f"{head}: max|dlogit| {err.max():.3e} (at id {worst}: cpp "
+                f"{cpp_logits[worst]:.6f} ref {ref_logits[worst]:.6f}), "
+                f"argmax cpp {a_cpp} ref {a_ref}, "
+                f"ref min margin {min(margins):.3g}, "
+                f"time ref {t_ref:.1f}s cpp {t_cpp:.1f}s")
+    if not err.max() <= atol:
+        ok = False
+        msgs.append(f"  FAIL: max abs logit error {err.max():.3e} > atol {atol:g}"
+                    f" ({int(np.sum(err > atol))} of {err.size} logits over)")
+    if cpp_greedy != ref_greedy:
+        ok = False
+        if len(cpp_greedy) != len(ref_greedy):
+            msgs.append(f"  FAIL: greedy has {len(cpp_greedy)} ids, want {steps}")
+        n = min(len(cpp_greedy), len(ref_greedy))
+        first = next((i for i in range(n) if cpp_greedy[i] != ref_greedy[i]), n)
+        if first < n:
+            r = ref_rows[first]
+            note = (" (reference near-tie there)" if margins[first] < 2 * atol
+                    else "")
+            msgs.append(
+                f"  FAIL: greedy differs first at step {first} (position "
+                f"{len(ids) + first}): cpp {cpp_greedy[first]} ref "
+                f"{ref_greedy[first]}; ref logits there: ref-id "
+                f"{r[ref_greedy[first]]:.5f}, cpp-id {r[cpp_greedy[first]]:.5f}, "
+                f"margin {margins[first]:.3g}{note}")
+        msgs.append(f"  ref greedy: {ref_greedy}")
+        msgs.append(f"  cpp greedy: {cpp_greedy}")
+    if min_margin is not None and min(margins) <= min_margin:
+        ok = False
+        s = int(np.argmin(margins))
+        msgs.append(f"  FAIL: reference top-1/top-2 margin {margins[s]:.3g} at "
+                    f"step {s} <= {min_margin:g}: test model/prompt is "
+                    f"ill-conditioned (choose another seed)")
+    if decode is not None:
+        msgs.append(f"  ref text: {decode(ref_greedy)!r}")
+    if ok:
+        msgs.append(f"  ok: greedy {steps} ids identical")
+    return ok, msgs
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tool", required=True, help="path to forward_dump")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help=".gguf file or Hugging Face model dir")
+    src.add_argument("--synthetic", action="store_true",
+                     help="generate the synthetic model into --workdir first")
+    ap.add_argument("--workdir", help="where --synthetic writes the model")
+    ap.add_argument("--seed", type=int, default=make_synthetic_model.DEFAULT_SEED)
+    ap.add_argument("--gguf-tokenizer", help="GGUF whose tokenizer encodes the "
+                    "text prompts (default: --model when it is a GGUF)")
+    ap.add_argument("--atol", type=float, default=1e-3)
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--min-margin", type=float, default=None,
+                    help="fail if a reference greedy step's top1-top2 margin "
+                    "is not above this (default: "
+                    f"{make_synthetic_model.DEFAULT_MIN_MARGIN} for "
+                    "synthetic models, off for a GGUF)")
+    ap.add_argument("--timeout", type=float, default=600,
+                    help="seconds per tool run")
+    a = ap.parse_args(argv)
+
+    t_start = time.time()
+    if not (os.path.isfile(a.tool) and os.access(a.tool, os.X_OK)):
+        print(f"error: tool {a.tool} is not an executable file", file=sys.stderr)
+        return 2
+
+    if a.synthetic:
+        if not a.workdir:
+            ap.error("--synthetic needs --workdir")
+        model = os.path.join(a.workdir, f"synthetic_seed{a.seed}")
+        rc = make_synthetic_model.main([model, "--seed", str(a.seed), "--no-check"])
+        if rc != 0:
+            return 2
+    else:
+        model = a.model
+        if not os.path.exists(model):
+            print(f"error: model {model} does not exist", file=sys.stderr)
+            return 2
+
+    is_gguf = not os.path.isdir(model)
+    min_margin = a.min_margin
+    if min_margin is None and not is_gguf:
+        min_margin = make_synthetic_model.DEFAULT_MIN_MARGIN
+
+    decode = None
+    if is_gguf:
+        import hf_tokenizer
+        tk = hf_tokenizer.build_from_gguf(a.gguf_tokenizer or model)
+        prompts = [(n, tk.encode(t).ids) for n, t in GGUF_PROMPTS]
+        decode = lambda ids: tk.decode(ids, skip_special_tokens=False)  # noqa
+    else:
+        prompts = [(f"ids{len(p)}", p) for p in make_synthetic_model.SYNTHETIC_PROMPTS]
+
+    t0 = time.time()
+    ref = llama_ref.LlamaRef.load(model)
+    print(f"reference loaded {model} in {time.time() - t0:.1f}s "
+          f"({ref.cfg.n_layers} layers, dim {ref.cfg.dim}, rope "
+          f"{ref.cfg.rope_style}); atol {a.atol:g}, {a.steps} greedy steps")
+    if ref.cfg.vocab_size <= max(max(p) for _, p in prompts):
+        print("error: prompt ids exceed the model's vocabulary", file=sys.stderr)
+        return 2
+
+    failures = 0
+    for name, ids in prompts:
+        try:
+            ok, msgs = check_prompt(name, ids, ref, a.tool, model, a.steps,
+                                    a.atol, min_margin, a.timeout, decode)
+        except ToolError as e:
+            print(f"[{name}] TOOL ERROR: {e}")
+            return 2
+        for m in msgs:
+            print(m)
+        failures += not ok
+        sys.stdout.flush()
+
+    total = time.time() - t_start
+    if failures:
+        print(f"FAILED: {failures} of {len(prompts)} prompts ({total:.1f}s)")
+        return 1
+    print(f"PASSED: {len(prompts)} prompts ({total:.1f}s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,492 @@
+#!/usr/bin/env python3
+"""Independent numpy reference for the Llama forward pass (float64 throughout).
+
+Written in the spirit of llama2.c: one readable function per op, no tricks.
+It is the oracle the C++ forward pass (tests/reference/forward_dump.cc) is
+checked against by check_forward.py, so it deliberately shares no code with
+the C++ side and only uses numpy, the `gguf` package (GGUF parsing and
+dequantization) and a tiny hand-written safetensors parser.
+
+Two weight loaders:
+  * load_gguf(path)      llama.cpp GGUF. llama.cpp's converter permuted the
+                         Q/K rows, so RoPE rotates ADJACENT pairs
+                         (x[2i], x[2i+1]).
+  * load_hf_dir(path)    Hugging Face directory: config.json +
+                         model.safetensors (or a sharded index). RoPE rotates
+                         HALVES (x[i], x[i + head_dim/2]).
+
+Model API:
+  model.logits_all(tokens) -> (T, vocab) float64 logits for every position
+  model.greedy(tokens, n)  -> list of n argmax ids (no EOS stopping)
+
+Command line (sanity check by hand):
+  llama_ref.py --model M.gguf --prompt "The capital of France is" --steps 32
+  llama_ref.py --model synthetic_dir --tokens 1,2,3 --steps 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import struct
+import sys
+import time
+
+import numpy as np
+
+
+# ----------------------------------------------------------------------------
+# Config and weights
+# ----------------------------------------------------------------------------
+
+@dataclasses.dataclass
+class Config:
+    dim: int             # hidden size
+    hidden_dim: int      # FFN intermediate size
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    rope_base: float
+    norm_eps: float
+    rope_style: str      # "adjacent" (GGUF) or "half" (HF rotate_half)
+
+
+@dataclasses.dataclass
+class Layer:
+    attn_norm: np.ndarray  # (dim,)
+    wq: np.ndarray         # (n_heads*head_dim, dim)
+    wk: np.ndarray         # (n_kv_heads*head_dim, dim)
+    wv: np.ndarray         # (n_kv_heads*head_dim, dim)
+    wo: np.ndarray         # (dim, n_heads*head_dim)
+    ffn_norm: np.ndarray   # (dim,)
+    w_gate: np.ndarray     # (hidden_dim, dim)
+    w_up: np.ndarray       # (hidden_dim, dim)
+    w_down: np.ndarray     # (dim, hidden_dim)
+
+
+@dataclasses.dataclass
+class Weights:
+    tok_embd: np.ndarray   # (vocab, dim)
+    layers: list
+    final_norm: np.ndarray  # (dim,)
+    lm_head: np.ndarray    # (vocab, dim); the embedding itself when tied
+
+
+def _f64(a) -> np.ndarray:
+    return np.ascontiguousarray(np.asarray(a, dtype=np.float64))
+
+
+def _check_shapes(cfg: Config, w: Weights) -> None:
+    q = cfg.n_heads * cfg.head_dim
+    kv = cfg.n_kv_heads * cfg.head_dim
+    want = {
+        "tok_embd": (w.tok_embd, (cfg.vocab_size, cfg.dim)),
+        "final_norm": (w.final_norm, (cfg.dim,)),
+        "lm_head": (w.lm_head, (cfg.vocab_size, cfg.dim)),
+    }
+    for i, L in enumerate(w.layers):
+        want.update({
+            f"{i}.attn_norm": (L.attn_norm, (cfg.dim,)),
+            f"{i}.wq": (L.wq, (q, cfg.dim)),
+            f"{i}.wk": (L.wk, (kv, cfg.dim)),
+            f"{i}.wv": (L.wv, (kv, cfg.dim)),
+            f"{i}.wo": (L.wo, (cfg.dim, q)),
+            f"{i}.ffn_norm": (L.ffn_norm, (cfg.dim,)),
+            f"{i}.w_gate": (L.w_gate, (cfg.hidden_dim, cfg.dim)),
+            f"{i}.w_up": (L.w_up, (cfg.hidden_dim, cfg.dim)),
+            f"{i}.w_down": (L.w_down, (cfg.dim, cfg.hidden_dim)),
+        })
+    assert len(w.layers) == cfg.n_layers
+    assert cfg.n_heads % cfg.n_kv_heads == 0
+    for name, (arr, shape) in want.items():
+        if arr.shape != shape:
+            raise ValueError(f"weight {name}: shape {arr.shape}, want {shape}")
+
+
+# ----------------------------------------------------------------------------
+# GGUF loader
+# ----------------------------------------------------------------------------
+
+def _gguf_field(reader, key, default=None):
+    f = reader.fields.get(key)
+    if f is None:
+        return default
+    return f.contents()
+
+
+def load_gguf(path: str):
+    """Returns (Config, Weights) from a llama.cpp GGUF file."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    arch = _gguf_field(reader, "general.architecture")
+    if arch != "llama":
+        raise ValueError(f"{path}: architecture {arch!r}, want 'llama'")
+
+    def kv(key, default=None):
+        v = _gguf_field(reader, f"llama.{key}", default)
+        if v is None:
+            raise ValueError(f"{path}: missing llama.{key}")
+        return v
+
+    dim = int(kv("embedding_length"))
+    n_heads = int(kv("attention.head_count"))
+    head_dim = int(kv("attention.key_length", dim // n_heads))
+
+    tensors = {}
+    for t in reader.tensors:
+        # dequantize() returns an array whose LAST axis is GGUF's first
+        # (fastest-varying) dim: a weight with GGUF dims [in, out] comes back
+        # as (out, in), which is exactly the y = W @ x layout we want.
+        a = gguf.quants.dequantize(t.data, t.tensor_type)
+        want = tuple(int(d) for d in reversed(list(t.shape)))
+        a = np.asarray(a).reshape(want)
+        tensors[t.name] = _f64(a)
+
+    tok_embd = tensors["token_embd.weight"]
+    vocab = int(kv("vocab_size", tok_embd.shape[0]))
+    cfg = Config(
+        dim=dim,
+        hidden_dim=int(kv("feed_forward_length")),
+        n_layers=int(kv("block_count")),
+        n_heads=n_heads,
+        n_kv_heads=int(kv("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        vocab_size=vocab,
+        rope_base=float(kv("rope.freq_base", 10000.0)),
+        norm_eps=float(kv("attention.layer_norm_rms_epsilon")),
+        rope_style="adjacent",
+    )
+    rope_dims = int(kv("rope.dimension_count", head_dim))
+    if rope_dims != head_dim:
+        raise ValueError(f"partial RoPE ({rope_dims} of {head_dim}) unsupported")
+
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"blk.{i}."
+        layers.append(Layer(
+            attn_norm=tensors[p + "attn_norm.weight"],
+            wq=tensors[p + "attn_q.weight"],
+            wk=tensors[p + "attn_k.weight"],
+            wv=tensors[p + "attn_v.weight"],
+            wo=tensors[p + "attn_output.weight"],
+            ffn_norm=tensors[p + "ffn_norm.weight"],
+            w_gate=tensors[p + "ffn_gate.weight"],
+            w_up=tensors[p + "ffn_up.weight"],
+            w_down=tensors[p + "ffn_down.weight"],
+        ))
+    w = Weights(
+        tok_embd=tok_embd,
+        layers=layers,
+        final_norm=tensors["output_norm.weight"],
+        lm_head=tensors.get("output.weight", tok_embd),  # tied when absent
+    )
+    _check_shapes(cfg, w)
+    return cfg, w
+
+
+# ----------------------------------------------------------------------------
+# safetensors (hand-written parser so BF16 works without torch)
+# ----------------------------------------------------------------------------
+
+_ST_DTYPES = {
+    "F64": np.float64, "F32": np.float32, "F16": np.float16,
+    "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8,
+    "U8": np.uint8,
+}
+
+
+def read_safetensors(path: str) -> dict:
+    """name -> float64 ndarray, for every tensor in one .safetensors file.
+
+    Format: u64 little-endian header length N, N bytes of JSON
+    {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": ...},
+    then the raw little-endian data (offsets relative to the data start).
+    BF16 is widened exactly by shifting into the high half of an f32.
+    """
+    with open(path, "rb") as f:
+        buf = f.read()
+    (n,) = struct.unpack("<Q", buf[:8])
+    header = json.loads(buf[8:8 + n])
+    base = 8 + n
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        b, e = info["data_offsets"]
+        raw = buf[base + b: base + e]
+        shape = tuple(info["shape"])
+        dt = info["dtype"]
+        if dt == "BF16":
+            u16 = np.frombuffer(raw, dtype="<u2")
+            a = (u16.astype(np.uint32) << 16).view(np.float32)
+        elif dt in _ST_DTYPES:
+            a = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
+        else:
+            raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
+        out[name] = _f64(a.reshape(shape))
+    return out
+
+
+def _load_hf_tensors(d: str) -> dict:
+    single = os.path.join(d, "model.safetensors")
+    index = os.path.join(d, "model.safetensors.index.json")
+    if os.path.exists(single):
+        return read_safetensors(single)
+    if os.path.exists(index):
+        with open(index) as f:
+            files = sorted(set(json.load(f)["weight_map"].values()))
+        out = {}
+        for fn in files:
+            out.update(read_safetensors(os.path.join(d, fn)))
+        return out
+    raise FileNotFoundError(f"{d}: no model.safetensors(.index.json)")
+
+
+def load_hf_dir(d: str):
+    """Returns (Config, Weights) from a Hugging Face Llama directory."""
+    with open(os.path.join(d, "config.json")) as f:
+        hc = json.load(f)
+    n_heads = int(hc["num_attention_heads"])
+    dim = int(hc["hidden_size"])
+    head_dim = int(hc.get("head_dim") or dim // n_heads)
+    rs = hc.get("rope_scaling")
+    if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):
+        raise ValueError(f"rope_scaling {rs} unsupported by the reference")
+    cfg = Config(
+        dim=dim,
+        hidden_dim=int(hc["intermediate_size"]),
+        n_layers=int(hc["num_hidden_layers"]),
+        n_heads=n_heads,
+        n_kv_heads=int(hc.get("num_key_value_heads") or n_heads),
+        head_dim=head_dim,
+        vocab_size=int(hc["vocab_size"]),
+        rope_base=float(hc.get("rope_theta", 10000.0)),
+        norm_eps=float(hc.get("rms_norm_eps", 1e-6)),
+        rope_style="half",
+    )
+    t = _load_hf_tensors(d)
+    layers = []
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}."
+        layers.append(Layer(
+            attn_norm=t[p + "input_layernorm.weight"],
+            wq=t[p + "self_attn.q_proj.weight"],
+            wk=t[p + "self_attn.k_proj.weight"],
+            wv=t[p + "self_attn.v_proj.weight"],
+            wo=t[p + "self_attn.o_proj.weight"],
+            ffn_norm=t[p + "post_attention_layernorm.weight"],
+            w_gate=t[p + "mlp.gate_proj.weight"],
+            w_up=t[p + "mlp.up_proj.weight"],
+            w_down=t[p + "mlp.down_proj.weight"],
+        ))
+    emb = t["model.embed_tokens.weight"]
+    tied = bool(hc.get("tie_word_embeddings", False))
+    if tied or "lm_head.weight" not in t:
+        if not tied:
+            raise ValueError(f"{d}: lm_head.weight missing and embeddings not tied")
+        lm_head = emb
+    else:
+        lm_head = t["lm_head.weight"]
+    w = Weights(tok_embd=emb, layers=layers,
+                final_norm=t["model.norm.weight"], lm_head=lm_head)
+    _check_shapes(cfg, w)
+    return cfg, w
+
+
+# ----------------------------------------------------------------------------
+# The ops
+# ----------------------------------------------------------------------------
+
+def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
+    """x: (T, dim). x / sqrt(mean(x^2) + eps) * w, per row."""
+    ms = np.mean(x * x, axis=-1, keepdims=True)
+    return x / np.sqrt(ms + eps) * w
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    return x / (1.0 + np.exp(-x))
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float):
+    """cos, sin of shape (T, head_dim/2): angle = pos * base^(-2i/head_dim)."""
+    i = np.arange(head_dim // 2, dtype=np.float64)
+    theta = base ** (-2.0 * i / head_dim)
+    ang = positions.astype(np.float64)[:, None] * theta[None, :]
+    return np.cos(ang), np.sin(ang)
+
+
+def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str):
+    """x: (T, n_heads, head_dim). Rotates pair i by angle[:, i]."""
+    c = cos[:, None, :]
+    s = sin[:, None, :]
+    out = np.empty_like(x)
+    if style == "adjacent":      # pairs (x[2i], x[2i+1])  -- GGUF
+        a, b = x[..., 0::2], x[..., 1::2]
+        out[..., 0::2] = a * c - b * s
+        out[..., 1::2] = a * s + b * c
+    elif style == "half":        # pairs (x[i], x[i+hd/2]) -- HF rotate_half
+        h = x.shape[-1] // 2
+        a, b = x[..., :h], x[..., h:]
+        out[..., :h] = a * c - b * s
+        out[..., h:] = a * s + b * c
+    else:
+        raise ValueError(style)
+    return out
+
+
+def softmax(x: np.ndarray, axis=-1) -> np.ndarray:
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+# ----------------------------------------------------------------------------
+# The model
+# ----------------------------------------------------------------------------
+
+class LlamaRef:
+    def __init__(self, cfg: Config, w: Weights):
+        self.cfg = cfg
+        self.w = w
+        self.reset()
+
+    @classmethod
+    def load(cls, path: str) -> "LlamaRef":
+        if os.path.isdir(path):
+            return cls(*load_hf_dir(path))
+        return cls(*load_gguf(path))
+
+    def reset(self):
+        """Empties the KV cache."""
+        c = self.cfg
+        self.k_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
+        self.v_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
+        self.pos = 0
+
+    def forward(self, tokens) -> np.ndarray:
+        """Appends `tokens` to the sequence in the KV cache; returns their
+        logits, shape (len(tokens), vocab)."""
+        c, w = self.cfg, self.w
+        tokens = np.asarray(tokens, dtype=np.int64)
+        T = len(tokens)
+        if T == 0:
+            return np.zeros((0, c.vocab_size))
+        if tokens.min() < 0 or tokens.max() >= c.vocab_size:
+            raise ValueError("token id out of range")
+        positions = np.arange(self.pos, self.pos + T)
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_base)
+        group = c.n_heads // c.n_kv_heads
+        scale = 1.0 / np.sqrt(c.head_dim)
+
+        x = w.tok_embd[tokens]                              # (T, dim)
+        for li, L in enumerate(w.layers):
+            # --- attention ---
+            h = rmsnorm(x, L.attn_norm, c.norm_eps)
+            q = (h @ L.wq.T).reshape(T, c.n_heads, c.head_dim)
+            k = (h @ L.wk.T).reshape(T, c.n_kv_heads, c.head_dim)
+            v = (h @ L.wv.T).reshape(T, c.n_kv_heads, c.head_dim)
+            q = apply_rope(q, cos, sin, c.rope_style)
+            k = apply_rope(k, cos, sin, c.rope_style)
+            K = np.concatenate([self.k_cache[li], k], axis=0)  # (S, kvh, hd)
+            V = np.concatenate([self.v_cache[li], v], axis=0)
+            self.k_cache[li], self.v_cache[li] = K, V
+            S = K.shape[0]
+            # causal mask: query at absolute position p sees keys 0..p
+            kpos = np.arange(S)
+            mask = np.where(kpos[None, :] <= positions[:, None], 0.0, -np.inf)
+            att_out = np.empty((T, c.n_heads, c.head_dim))
+            for hq in range(c.n_heads):
+                hk = hq // group                    # GQA: query head -> KV head
+                scores = (q[:, hq, :] @ K[:, hk, :].T) * scale + mask  # (T, S)
+                att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
+            x = x + att_out.reshape(T, -1) @ L.wo.T
+            # --- SwiGLU FFN ---
+            h = rmsnorm(x, L.ffn_norm, c.norm_eps)
+            x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+
+        x = rmsnorm(x, w.final_norm, c.norm_eps)
+        self.pos += T
+        return x @ w.lm_head.T                              # (T, vocab)
+
+    def logits_all(self, tokens) -> np.ndarray:
+        """Logits for every position of `tokens`, from an empty cache."""
+        self.reset()
+        return self.forward(tokens)
+
+    def greedy(self, tokens, n: int, return_logits: bool = False):
+        """Exactly n greedy (argmax) ids after `tokens`; no EOS stopping.
+        With return_logits, also returns the (n, vocab) logits each id was
+        chosen from (row 0 = last prompt position)."""
+        self.reset()
+        out, rows = [], []
+        logits = self.forward(tokens)[-1]
+        for step in range(n):
+            rows.append(logits)
+            nxt = int(np.argmax(logits))
+            out.append(nxt)
+            if step + 1 < n:
+                logits = self.forward([nxt])[-1]
+        if return_logits:
+            return out, np.array(rows)
+        return out
+
+
+def top2_margin(logits: np.ndarray) -> float:
+    """top-1 minus top-2 logit of a 1-D logits vector."""
+    p = np.partition(logits, -2)
+    return float(p[-1] - p[-2])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help=".gguf file or HF directory")
+    g = ap.add_mutually_exclusive_group(required=True)
+    g.add_argument("--prompt", help="text (needs a GGUF for the tokenizer)")
+    g.add_argument("--tokens", help="comma-separated token ids")
+    ap.add_argument("--tokenizer-gguf", help="GGUF to take the tokenizer from "
+                    "(default: --model when it is a GGUF)")
+    ap.add_argument("--steps", type=int, default=32)
+    ap.add_argument("--json", action="store_true",
+                    help="print {logits, greedy} like forward_dump does")
+    a = ap.parse_args(argv)
+
+    tok = None
+    tk_src = a.tokenizer_gguf or (a.model if not os.path.isdir(a.model) else None)
+    if a.prompt is not None or (tk_src and not a.json):
+        if tk_src is None:
+            ap.error("--prompt needs a GGUF tokenizer (--tokenizer-gguf)")
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import hf_tokenizer
+        tok = hf_tokenizer.build_from_gguf(tk_src)
+    if a.prompt is not None:
+        ids = tok.encode(a.prompt).ids
+    else:
+        ids = [int(s) for s in a.tokens.split(",") if s.strip()]
+
+    t0 = time.time()
+    m = LlamaRef.load(a.model)
+    t1 = time.time()
+    gen, rows = m.greedy(ids, a.steps, return_logits=True)
+    t2 = time.time()
+    if a.json:
+        print(json.dumps({"logits": rows[0].tolist(), "greedy": gen}))
+        return 0
+    print(f"prompt ids ({len(ids)}): {ids}")
+    print(f"greedy ids: {gen}")
+    if tok is not None:
+        print(f"text: {tok.decode(ids + gen, skip_special_tokens=False)!r}")
+    margins = [top2_margin(r) for r in rows]
+    print(f"min top1-top2 margin over steps: {min(margins):.4g}")
+    print(f"load {t1 - t0:.1f}s, greedy {a.steps} steps {t2 - t1:.1f}s",
+          file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
