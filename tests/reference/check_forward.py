@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -64,9 +65,9 @@ class ToolError(Exception):
     pass
 
 
-def run_tool(tool, model, ids, steps, timeout):
+def run_tool(tool, model, ids, steps, timeout, extra=()):
     cmd = [tool, "--model", model, "--tokens", ",".join(map(str, ids)),
-           "--steps", str(steps)]
+           "--steps", str(steps), *extra]
     t0 = time.time()
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
@@ -100,7 +101,7 @@ def run_tool(tool, model, ids, steps, timeout):
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
-                 timeout, decode):
+                 timeout, decode, extra=()):
     """Returns (ok, message lines)."""
     msgs = []
     t0 = time.time()
@@ -109,7 +110,7 @@ def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
     margins = [llama_ref.top2_margin(r) for r in ref_rows]
     ref_logits = ref_rows[0]
 
-    cpp_logits, cpp_greedy, t_cpp = run_tool(tool, model, ids, steps, timeout)
+    cpp_logits, cpp_greedy, t_cpp = run_tool(tool, model, ids, steps, timeout, extra)
     ok = True
     head = f"[{name}] {len(ids)} prompt tokens"
     if cpp_logits.shape != ref_logits.shape:
@@ -181,6 +182,8 @@ def main(argv=None):
                     "is not above this (default: "
                     f"{make_synthetic_model.DEFAULT_MIN_MARGIN} for "
                     "synthetic models, off for a GGUF)")
+    ap.add_argument("--tool-args", default="",
+                    help="extra arguments for the tool, e.g. '--chunk 5'")
     ap.add_argument("--timeout", type=float, default=600,
                     help="seconds per tool run")
     a = ap.parse_args(argv)
@@ -230,7 +233,8 @@ def main(argv=None):
     for name, ids in prompts:
         try:
             ok, msgs = check_prompt(name, ids, ref, a.tool, model, a.steps,
-                                    a.atol, min_margin, a.timeout, decode)
+                                    a.atol, min_margin, a.timeout, decode,
+                                    shlex.split(a.tool_args))
         except ToolError as e:
             print(f"[{name}] TOOL ERROR: {e}")
             return 2
