@@ -1,11 +1,629 @@
-// PLACEHOLDER: being written; replaced before this work is called done.
+// safetensors + config.json reader.
+//
+// A safetensors file is: u64 little-endian header length N, N bytes of JSON
+// {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {...}},
+// then the data region; data_offsets are relative to the data region.
+// Everything read from the files is treated as hostile: sizes are checked
+// before they are used, and nothing is allocated from an unchecked count.
 #include "model/safetensors.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <optional>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/check.h"
+#include "core/status.h"
+#include "model/mapped_file.h"
+#include "nlohmann/json.hpp"
+
 namespace shardlm {
+namespace {
+
+using Json = nlohmann::json;
+
+// Real headers are a few MB at most; the reference implementation caps at
+// 100 MB too.
+constexpr uint64_t kMaxHeaderBytes = uint64_t{100} << 20;
+constexpr uint64_t kMaxConfigBytes = uint64_t{16} << 20;
+constexpr size_t kMaxRank = 8;
+constexpr int64_t kMaxDim = int64_t{1} << 40;
+constexpr int64_t kMaxElements = int64_t{1} << 48;
+constexpr size_t kMaxFiles = 4096;
+
+// ---------------------------------------------------------------- JSON ---
+
+// Parses `text`; InvalidArgument with the parser's message (which names the
+// byte position) on malformed input. `duplicate_key` receives the first
+// top-level key that occurs twice (nlohmann would silently keep the last).
+absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what,
+                               std::string* duplicate_key) {
+  auto callback = [duplicate_key, seen = std::map<std::string, int>()](
+                      int depth, Json::parse_event_t event,
+                      Json& parsed) mutable {
+    if (duplicate_key != nullptr && depth == 1 &&
+        event == Json::parse_event_t::key && parsed.is_string()) {
+      const std::string& key = parsed.get_ref<const std::string&>();
+      if (++seen[key] == 2 && duplicate_key->empty()) *duplicate_key = key;
+    }
+    return true;
+  };
+  try {
+    return Json::parse(text.begin(), text.end(), callback,
+                       /*allow_exceptions=*/true, /*ignore_comments=*/false);
+  } catch (const Json::exception& e) {
+    // The parser quotes the bytes it read last, which may be binary.
+    std::string message = e.what();
+    for (char& ch : message) {
+      if (static_cast<unsigned char>(ch) < 0x20 ||
+          static_cast<unsigned char>(ch) >= 0x7f) {
+        ch = '?';
+      }
+    }
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(what), " is not valid JSON: ", message));
+  }
+}
+
+const char* JsonTypeName(const Json& j) { return j.type_name(); }
+
+// A JSON value for an error message, cut short: it may be hostile and huge.
+std::string Brief(const Json& j) {
+  std::string s;
+  try {
+    s = j.dump();
+  } catch (const Json::exception&) {
+    return "(unprintable)";
+  }
+  if (s.size() > 64) s = absl::StrCat(s.substr(0, 64), "...");
+  return s;
+}
+
+// A non-negative integer that fits in int64.
+std::optional<int64_t> AsNonNegative(const Json& j) {
+  if (j.is_number_unsigned()) {
+    const uint64_t v = j.get<uint64_t>();
+    if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return std::nullopt;
+    }
+    return static_cast<int64_t>(v);
+  }
+  if (j.is_number_integer()) {
+    const int64_t v = j.get<int64_t>();
+    if (v < 0) return std::nullopt;
+    return v;
+  }
+  return std::nullopt;
+}
+
+// ------------------------------------------------------------ config.json ---
+
+// Reads typed fields of config.json, naming the file and field on error.
+class ConfigReader {
+ public:
+  ConfigReader(const Json& j, std::string path)
+      : j_(j), path_(std::move(path)) {}
+
+  bool Has(std::string_view key) const {
+    auto it = j_.find(key);
+    return it != j_.end() && !it->is_null();
+  }
+
+  absl::StatusOr<int64_t> Int(std::string_view key) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) {
+      return Error(key, "is missing");
+    }
+    return ToInt(key, *it);
+  }
+  absl::StatusOr<int64_t> Int(std::string_view key, int64_t dflt) const {
+    if (!Has(key)) return dflt;
+    return Int(key);
+  }
+
+  absl::StatusOr<double> Float(std::string_view key) const {
+    auto it = j_.find(key);
+    if (it == j_.end() || it->is_null()) return Error(key, "is missing");
+    if (!it->is_number()) {
+      return Error(
+          key, absl::StrCat("is a ", JsonTypeName(*it), ", expected a number"));
+    }
+    const double v = it->get<double>();
+    if (!std::isfinite(v)) return Error(key, "is not finite");
+    return v;
+  }
+  absl::StatusOr<double> Float(std::string_view key, double dflt) const {
+    if (!Has(key)) return dflt;
+    return Float(key);
+  }
+
+  absl::StatusOr<bool> Bool(std::string_view key, bool dflt) const {
+    if (!Has(key)) return dflt;
+    const Json& v = j_.at(std::string(key));
+    if (!v.is_boolean()) {
+      return Error(key, absl::StrCat("is a ", JsonTypeName(v),
+                                     ", expected true or false"));
+    }
+    return v.get<bool>();
+  }
+
+  absl::StatusOr<std::string> String(std::string_view key,
+                                     std::string dflt) const {
+    if (!Has(key)) return dflt;
+    const Json& v = j_.at(std::string(key));
+    if (!v.is_string()) {
+      return Error(
+          key, absl::StrCat("is a ", JsonTypeName(v), ", expected a string"));
+    }
+    return v.get<std::string>();
+  }
+
+  // A token id: an integer, or a list whose first element is used (Llama 3
+  // lists several EOS ids). -1 when absent, null or an empty list.
+  absl::StatusOr<int32_t> TokenId(std::string_view key) const {
+    if (!Has(key)) return -1;
+    const Json* v = &j_.at(std::string(key));
+    if (v->is_array()) {
+      if (v->empty()) return -1;
+      v = &(*v)[0];
+    }
+    ASSIGN_OR_RETURN(const int64_t id, ToInt(key, *v));
+    if (id > std::numeric_limits<int32_t>::max()) {
+      return Error(key, absl::StrCat("= ", id, " is not a valid token id"));
+    }
+    return static_cast<int32_t>(id);
+  }
+
+  absl::Status Error(std::string_view key, std::string_view problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": field '", Sv(key), "' ", Sv(problem)));
+  }
+
+ private:
+  absl::StatusOr<int64_t> ToInt(std::string_view key, const Json& v) const {
+    if (!v.is_number_integer()) {
+      return Error(key, absl::StrCat("is a ", JsonTypeName(v),
+                                     ", expected a non-negative integer"));
+    }
+    std::optional<int64_t> n = AsNonNegative(v);
+    if (!n.has_value()) {
+      return Error(key, absl::StrCat("= ", Brief(v),
+                                     " is not a non-negative 64-bit integer"));
+    }
+    return *n;
+  }
+
+  const Json& j_;
+  std::string path_;
+};
+
+absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / "config.json").string();
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+  if (file->size() > kMaxConfigBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is ", file->size(), " bytes, more than the ",
+                     kMaxConfigBytes, " a config can be"));
+  }
+  const auto bytes = file->bytes();
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data()),
+                              bytes.size());
+  ASSIGN_OR_RETURN(const Json j, ParseJson(text, path, nullptr));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, " is a JSON ", JsonTypeName(j), ", not an object"));
+  }
+  const ConfigReader r(j, path);
+
+  ModelConfig c;
+  // The architecture comes from model_type; architectures[] only when that
+  // is missing (both are written by transformers).
+  ASSIGN_OR_RETURN(std::string model_type, r.String("model_type", ""));
+  if (model_type.empty() && r.Has("architectures")) {
+    const Json& a = j.at("architectures");
+    if (a.is_array() && !a.empty() && a[0].is_string()) {
+      const std::string& arch = a[0].get_ref<const std::string&>();
+      if (arch == "LlamaForCausalLM") model_type = "llama";
+      if (arch == "MistralForCausalLM") model_type = "mistral";
+      if (model_type.empty()) model_type = arch;
+    }
+  }
+  if (model_type.empty()) {
+    return r.Error("model_type", "is missing (and no usable 'architectures')");
+  }
+  c.architecture = model_type;
+  ASSIGN_OR_RETURN(c.name, r.String("_name_or_path", ""));
+  if (c.name.empty()) c.name = std::filesystem::path(dir).filename().string();
+
+  ASSIGN_OR_RETURN(c.hidden, r.Int("hidden_size"));
+  ASSIGN_OR_RETURN(c.ffn_hidden, r.Int("intermediate_size"));
+  ASSIGN_OR_RETURN(c.n_layers, r.Int("num_hidden_layers"));
+  ASSIGN_OR_RETURN(c.n_heads, r.Int("num_attention_heads"));
+  ASSIGN_OR_RETURN(c.n_kv_heads, r.Int("num_key_value_heads", c.n_heads));
+  if (r.Has("head_dim")) {
+    ASSIGN_OR_RETURN(c.head_dim, r.Int("head_dim"));
+  } else {
+    if (c.n_heads <= 0 || c.hidden % c.n_heads != 0) {
+      return r.Error("num_attention_heads",
+                     absl::StrCat("= ", c.n_heads,
+                                  " does not divide hidden_size = ", c.hidden,
+                                  " (and there is no head_dim)"));
+    }
+    c.head_dim = c.hidden / c.n_heads;
+  }
+  ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
+  ASSIGN_OR_RETURN(c.context_length, r.Int("max_position_embeddings"));
+  ASSIGN_OR_RETURN(const double theta, r.Float("rope_theta", 10000.0));
+  ASSIGN_OR_RETURN(const double eps, r.Float("rms_norm_eps"));
+  if (!(theta > 0) || theta > 1e12) {
+    return r.Error("rope_theta",
+                   absl::StrCat("= ", theta, " is outside (0, 1e12]"));
+  }
+  if (!(eps > 0) || eps > 1) {
+    return r.Error("rms_norm_eps",
+                   absl::StrCat("= ", eps, " is outside (0, 1]"));
+  }
+  c.rope_theta = static_cast<float>(theta);
+  c.rms_norm_eps = static_cast<float>(eps);
+  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", false));
+  c.rope_style = RopeStyle::kRotateHalf;
+  ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id"));
+  ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id"));
+
+  // Features that would silently change the math if ignored.
+  if (r.Has("rope_scaling")) {
+    return r.Error("rope_scaling", "is set; RoPE scaling is not supported");
+  }
+  ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
+  if (act != "silu") {
+    return r.Error("hidden_act",
+                   absl::StrCat("= '", act, "'; only 'silu' is supported"));
+  }
+  for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    ASSIGN_OR_RETURN(const bool has_bias, r.Bool(bias, false));
+    if (has_bias) return r.Error(bias, "is true; biases are not supported");
+  }
+
+  if (absl::Status s = c.Validate(); !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
+  }
+  return c;
+}
+
+// ------------------------------------------------------------ tensor names ---
+
+// The canonical (GGUF) name of a Hugging Face Llama tensor, or nullopt when
+// the name is not one we know.
+std::optional<std::string> CanonicalName(std::string_view hf) {
+  static const std::pair<std::string_view, std::string_view> kGlobal[] = {
+      {"model.embed_tokens.weight", "token_embd.weight"},
+      {"model.norm.weight", "output_norm.weight"},
+      {"lm_head.weight", "output.weight"},
+  };
+  static const std::pair<std::string_view, std::string_view> kLayer[] = {
+      {"input_layernorm.weight", "attn_norm.weight"},
+      {"post_attention_layernorm.weight", "ffn_norm.weight"},
+      {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.k_proj.weight", "attn_k.weight"},
+      {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"mlp.gate_proj.weight", "ffn_gate.weight"},
+      {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.down_proj.weight", "ffn_down.weight"},
+  };
+  for (const auto& [from, to] : kGlobal) {
+    if (hf == from) return std::string(to);
+  }
+  constexpr std::string_view kPrefix = "model.layers.";
+  if (!hf.starts_with(kPrefix)) return std::nullopt;
+  std::string_view rest = hf.substr(kPrefix.size());
+  const size_t dot = rest.find('.');
+  if (dot == std::string_view::npos || dot == 0 || dot > 6) {
+    return std::nullopt;
+  }
+  const std::string_view digits = rest.substr(0, dot);
+  uint32_t layer = 0;
+  if (!absl::SimpleAtoi(Sv(digits), &layer) || absl::StrCat(layer) != digits) {
+    return std::nullopt;  // Not plain decimal (sign, leading zero, ...).
+  }
+  const std::string_view suffix = rest.substr(dot + 1);
+  for (const auto& [from, to] : kLayer) {
+    if (suffix == from) return absl::StrCat("blk.", layer, ".", Sv(to));
+  }
+  return std::nullopt;
+}
+
+// Returns the layer index of a canonical "blk.N.*" name, or -1.
+int64_t LayerOf(std::string_view canonical) {
+  if (!canonical.starts_with("blk.")) return -1;
+  canonical.remove_prefix(4);
+  int64_t layer = -1;
+  if (!absl::SimpleAtoi(Sv(canonical.substr(0, canonical.find('.'))), &layer)) {
+    return -1;
+  }
+  return layer;
+}
+
+// ------------------------------------------------------- safetensors file ---
+
+struct DTypeEntry {
+  std::string_view name;
+  int64_t size;
+  std::optional<DType> dtype;  // nullopt: known to safetensors, unsupported.
+};
+
+const DTypeEntry* LookupDType(std::string_view name) {
+  static const DTypeEntry kTable[] = {
+      {"F32", 4, DType::kF32},      {"F16", 2, DType::kF16},
+      {"BF16", 2, DType::kBF16},    {"F64", 8, std::nullopt},
+      {"I64", 8, std::nullopt},     {"I32", 4, std::nullopt},
+      {"I16", 2, std::nullopt},     {"I8", 1, std::nullopt},
+      {"U64", 8, std::nullopt},     {"U32", 4, std::nullopt},
+      {"U16", 2, std::nullopt},     {"U8", 1, std::nullopt},
+      {"BOOL", 1, std::nullopt},    {"F8_E4M3", 1, std::nullopt},
+      {"F8_E5M2", 1, std::nullopt},
+  };
+  for (const DTypeEntry& e : kTable) {
+    if (e.name == name) return &e;
+  }
+  return nullptr;
+}
+
+struct FileEntry {
+  std::string hf_name;
+  TensorInfo info;
+  bool keep = true;  // False for unknown tensors of an unsupported dtype.
+};
+
+// Parses one safetensors file's header; offsets in the result are absolute.
+absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
+    const MappedFile& file, int file_index, int64_t n_layers) {
+  const std::string& path = file.path();
+  const absl::Span<const uint8_t> bytes = file.bytes();
+  auto error = [&path](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", parts...));
+  };
+  if (bytes.size() < 8) {
+    return error("file is ", bytes.size(),
+                 " bytes, too short for the 8-byte header length");
+  }
+  uint64_t header_len = 0;
+  for (int i = 7; i >= 0; --i) header_len = (header_len << 8) | bytes[i];
+  const uint64_t available = bytes.size() - 8;
+  if (header_len > kMaxHeaderBytes) {
+    return error("header length ", header_len, " at offset 0 exceeds the ",
+                 kMaxHeaderBytes, "-byte limit");
+  }
+  if (header_len > available) {
+    return error("header length ", header_len, " at offset 0 runs past the ",
+                 bytes.size(), "-byte file");
+  }
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = bytes.size() - data_start;
+  const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8),
+                              header_len);
+  std::string duplicate;
+  ASSIGN_OR_RETURN(const Json header,
+                   ParseJson(text, absl::StrCat(path, ": header"), &duplicate));
+  if (!header.is_object()) {
+    return error("header is a JSON ", JsonTypeName(header), ", not an object");
+  }
+  if (!duplicate.empty()) {
+    return error("tensor '", duplicate, "' appears twice in the header");
+  }
+
+  std::vector<FileEntry> entries;
+  entries.reserve(header.size());  // Bounded by the (checked) header size.
+  for (const auto& [name, t] : header.items()) {
+    if (name == "__metadata__") {
+      if (!t.is_object()) return error("__metadata__ is not an object");
+      continue;
+    }
+    auto terror = [&](auto&&... parts) {
+      return error("tensor '", name, "': ", parts...);
+    };
+    if (!t.is_object()) return terror("entry is not an object");
+
+    // dtype
+    auto dt = t.find("dtype");
+    if (dt == t.end() || !dt->is_string()) {
+      return terror("missing or non-string 'dtype'");
+    }
+    const std::string& dtype_name = dt->get_ref<const std::string&>();
+    const DTypeEntry* dtype = LookupDType(dtype_name);
+    if (dtype == nullptr) return terror("unknown dtype '", dtype_name, "'");
+
+    // shape
+    auto sh = t.find("shape");
+    if (sh == t.end() || !sh->is_array()) {
+      return terror("missing or non-array 'shape'");
+    }
+    if (sh->size() > kMaxRank) {
+      return terror("shape has ", sh->size(), " dimensions, more than ",
+                    kMaxRank);
+    }
+    Shape shape;
+    int64_t numel = 1;
+    for (const Json& d : *sh) {
+      std::optional<int64_t> v = AsNonNegative(d);
+      if (!v.has_value() || *v > kMaxDim) {
+        return terror("shape dimension ", Brief(d),
+                      " is not an integer in [0, ", kMaxDim, "]");
+      }
+      shape.push_back(*v);
+      if (*v != 0 && numel > kMaxElements / *v) {
+        return terror("shape ", Brief(*sh), " has more than ", kMaxElements,
+                      " elements");
+      }
+      numel *= *v;
+    }
+
+    // data_offsets
+    auto off = t.find("data_offsets");
+    if (off == t.end() || !off->is_array() || off->size() != 2) {
+      return terror("missing 'data_offsets' or not a [begin, end] pair");
+    }
+    std::optional<int64_t> begin = AsNonNegative((*off)[0]);
+    std::optional<int64_t> end = AsNonNegative((*off)[1]);
+    if (!begin.has_value() || !end.has_value()) {
+      return terror("data_offsets ", Brief(*off),
+                    " are not non-negative 64-bit integers");
+    }
+    if (*end < *begin) {
+      return terror("data_offsets ", Brief(*off), " end before they begin");
+    }
+    if (static_cast<uint64_t>(*end) > data_size) {
+      return terror("data_offsets ", Brief(*off), " (absolute ",
+                    data_start + *begin, "..", data_start + *end,
+                    ") run past the end of the ", bytes.size(), "-byte file");
+    }
+    const int64_t nbytes = numel * dtype->size;  // numel <= 2^48: no overflow.
+    if (*end - *begin != nbytes) {
+      return terror("data_offsets ", Brief(*off), " hold ", *end - *begin,
+                    " bytes but ", dtype_name, " ", ShapeString(shape),
+                    " needs ", nbytes);
+    }
+
+    FileEntry e;
+    e.hf_name = name;
+    std::optional<std::string> canonical = CanonicalName(name);
+    if (!dtype->dtype.has_value()) {
+      if (canonical.has_value()) {
+        return terror("dtype ", dtype_name,
+                      " is not supported (F32, F16 and BF16 are)");
+      }
+      e.keep = false;  // An unknown extra tensor (e.g. int64 buffers).
+    }
+    if (canonical.has_value()) {
+      const int64_t layer = LayerOf(*canonical);
+      if (layer >= n_layers) {
+        return terror("layer ", layer,
+                      " is beyond num_hidden_layers = ", n_layers);
+      }
+    }
+    e.info.name = canonical.has_value() ? *std::move(canonical) : name;
+    e.info.dtype = dtype->dtype.value_or(DType::kF32);
+    e.info.shape = std::move(shape);
+    e.info.file = file_index;
+    e.info.offset = data_start + static_cast<uint64_t>(*begin);
+    e.info.bytes = static_cast<uint64_t>(nbytes);
+    entries.push_back(std::move(e));
+  }
+
+  // No two tensors may share bytes (empty tensors share nothing).
+  std::sort(entries.begin(), entries.end(),
+            [](const FileEntry& a, const FileEntry& b) {
+              return a.info.offset < b.info.offset;
+            });
+  const FileEntry* prev = nullptr;
+  for (const FileEntry& e : entries) {
+    if (e.info.bytes == 0) continue;
+    if (prev != nullptr &&
+        e.info.offset < prev->info.offset + prev->info.bytes) {
+      return error("tensor '", e.hf_name, "' at offset ", e.info.offset,
+                   " overlaps tensor '", prev->hf_name, "' at offset ",
+                   prev->info.offset, " (", prev->info.bytes, " bytes)");
+    }
+    prev = &e;
+  }
+  return entries;
+}
+
+class SafetensorsWeights final : public WeightSource {
+ public:
+  SafetensorsWeights(ModelConfig config,
+                     std::vector<std::unique_ptr<MappedFile>> files,
+                     std::vector<TensorInfo> tensors)
+      : config_(std::move(config)),
+        files_(std::move(files)),
+        tensors_(std::move(tensors)) {}
+
+  const ModelConfig& config() const override { return config_; }
+  const std::vector<TensorInfo>& tensors() const override { return tensors_; }
+
+  absl::Span<const uint8_t> Data(const TensorInfo& info) const override {
+    SHARDLM_CHECK(info.file >= 0 && info.file < static_cast<int>(files_.size()),
+                  "tensor ", info.name, " has file index ", info.file);
+    const absl::Span<const uint8_t> bytes = files_[info.file]->bytes();
+    SHARDLM_CHECK(
+        info.offset <= bytes.size() && info.bytes <= bytes.size() - info.offset,
+        "tensor ", info.name, " is not inside its file");
+    return bytes.subspan(info.offset, info.bytes);
+  }
+
+  std::string format() const override {
+    return absl::StrCat("safetensors (", files_.size(),
+                        files_.size() == 1 ? " file)" : " files)");
+  }
+
+ private:
+  ModelConfig config_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<TensorInfo> tensors_;
+};
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenSafetensorsWeights(
     const std::string& dir) {
-  return absl::UnimplementedError("safetensors reader not written yet");
+  ASSIGN_OR_RETURN(ModelConfig config, ReadConfigJson(dir));
+
+  std::vector<std::string> paths;
+  std::error_code ec;
+  for (std::filesystem::directory_iterator it(dir, ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::filesystem::path& p = it->path();
+    if (p.extension() == ".safetensors" && it->is_regular_file(ec)) {
+      paths.push_back(p.string());
+      if (paths.size() > kMaxFiles) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            dir, " holds more than ", kMaxFiles, " .safetensors files"));
+      }
+    }
+  }
+  if (ec) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot list ", dir, ": ", ec.message()));
+  }
+  if (paths.empty()) {
+    return absl::NotFoundError(
+        absl::StrCat(dir, " holds no .safetensors files"));
+  }
+  std::sort(paths.begin(), paths.end());
+
+  std::vector<std::unique_ptr<MappedFile>> files;
+  std::vector<TensorInfo> tensors;
+  std::map<std::string, std::string, std::less<>> origin;  // name -> file.
+  for (const std::string& path : paths) {
+    ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+    ASSIGN_OR_RETURN(
+        std::vector<FileEntry> entries,
+        ParseSafetensorsHeader(*file, static_cast<int>(files.size()),
+                               config.n_layers));
+    for (FileEntry& e : entries) {
+      if (!e.keep) continue;
+      auto [it, inserted] = origin.emplace(e.info.name, path);
+      if (!inserted) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": tensor '", e.hf_name, "' (", e.info.name,
+                         ") is also defined in ", it->second));
+      }
+      tensors.push_back(std::move(e.info));
+    }
+    files.push_back(std::move(file));
+  }
+  return std::unique_ptr<WeightSource>(new SafetensorsWeights(
+      std::move(config), std::move(files), std::move(tensors)));
 }
 
 }  // namespace shardlm
