@@ -1,0 +1,41 @@
+// Pre-tokenizers for byte-level BPE: split text into the pieces that BPE
+// merges never cross. Hand-written equivalents of the Hugging Face
+// pre-tokenizers, over decoded code points (no regex library).
+#ifndef SHARDLM_MODEL_PRETOKENIZER_H_
+#define SHARDLM_MODEL_PRETOKENIZER_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+namespace shardlm {
+
+enum class PreTokenizerKind {
+  // GPT-2 regex (HF ByteLevel(add_prefix_space=false, use_regex=true)):
+  //   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|
+  //   \s+(?!\S)|\s+
+  kGpt2,
+  // llama.cpp "smollm": every \p{N} code point split off on its own
+  // (HF Digits(individual_digits=true)), then the GPT-2 regex on the rest.
+  kSmollm,
+};
+
+inline constexpr uint32_t kInvalidCodePointBase = 0x110000;
+
+const char* PreTokenizerName(PreTokenizerKind kind);
+
+// Decodes one UTF-8 code point starting at text[*pos] and advances *pos.
+// A byte that does not start a well-formed sequence decodes as
+// kInvalidCodePointBase + byte (above U+10FFFF, so it classifies as kOther)
+// and advances by one byte.
+// Requires *pos < text.size().
+uint32_t NextCodePoint(std::string_view text, size_t* pos);
+
+// Appends the pieces of `text` to *pieces; they are views into `text` and
+// concatenate back to it. Thread-safe.
+void PreTokenize(std::string_view text, PreTokenizerKind kind,
+                 std::vector<std::string_view>* pieces);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_MODEL_PRETOKENIZER_H_

@@ -1,0 +1,303 @@
+// Hugging Face tokenizer.json (byte-level BPE only) -> BpeConfig.
+#include <algorithm>
+#include <fstream>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+#include "model/tokenizer_loaders.h"
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: ", Sv(what)));
+}
+
+// "type" of a JSON object, or "" when it has none.
+std::string TypeOf(const Json& j) {
+  if (!j.is_object()) return "";
+  auto it = j.find("type");
+  return it != j.end() && it->is_string() ? it->get<std::string>() : "";
+}
+
+bool BoolField(const Json& j, const char* key, bool default_value) {
+  auto it = j.find(key);
+  return it != j.end() && it->is_boolean() ? it->get<bool>() : default_value;
+}
+
+bool IsNullOrAbsent(const Json& j, const char* key) {
+  auto it = j.find(key);
+  return it == j.end() || it->is_null();
+}
+
+absl::StatusOr<int32_t> Id(const Json& j, std::string_view what) {
+  if (!j.is_number_integer() || j.get<int64_t>() < 0 ||
+      j.get<int64_t>() > INT32_MAX) {
+    return Invalid(absl::StrCat(
+        Sv(what), " is not an id (",
+        j.dump(-1, ' ', false, Json::error_handler_t::replace), ")"));
+  }
+  return static_cast<int32_t>(j.get<int64_t>());
+}
+
+absl::Status CheckByteLevel(const Json& j) {
+  if (BoolField(j, "add_prefix_space", true)) {
+    return absl::UnimplementedError(
+        "tokenizer.json: ByteLevel add_prefix_space=true is not supported");
+  }
+  if (!BoolField(j, "use_regex", true)) {
+    return absl::UnimplementedError(
+        "tokenizer.json: ByteLevel use_regex=false is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// ByteLevel -> gpt2; Sequence[Digits(individual_digits), ByteLevel] ->
+// smollm; anything else is not supported.
+absl::StatusOr<PreTokenizerKind> ParsePreTokenizer(const Json& root) {
+  auto it = root.find("pre_tokenizer");
+  if (it == root.end() || !it->is_object()) {
+    return Invalid("pre_tokenizer is missing or not an object");
+  }
+  const Json& pre = *it;
+  std::vector<const Json*> steps;
+  if (TypeOf(pre) == "Sequence") {
+    auto list = pre.find("pretokenizers");
+    if (list == pre.end() || !list->is_array()) {
+      return Invalid("pre_tokenizer Sequence has no pretokenizers array");
+    }
+    for (const Json& step : *list) steps.push_back(&step);
+  } else {
+    steps.push_back(&pre);
+  }
+  std::vector<std::string> types;
+  for (const Json* step : steps) types.push_back(TypeOf(*step));
+  if (types == std::vector<std::string>{"ByteLevel"}) {
+    RETURN_IF_ERROR(CheckByteLevel(*steps[0]));
+    return PreTokenizerKind::kGpt2;
+  }
+  if (types == std::vector<std::string>{"Digits", "ByteLevel"} &&
+      BoolField(*steps[0], "individual_digits", false)) {
+    RETURN_IF_ERROR(CheckByteLevel(*steps[1]));
+    return PreTokenizerKind::kSmollm;
+  }
+  return absl::UnimplementedError(absl::StrCat(
+      "tokenizer.json: pre_tokenizer [", absl::StrJoin(types, ", "),
+      "] is not supported (ByteLevel, or Digits(individual_digits) then "
+      "ByteLevel)"));
+}
+
+absl::Status ParseVocab(const Json& model, BpeConfig* config) {
+  auto it = model.find("vocab");
+  if (it == model.end() || !it->is_object()) {
+    return Invalid("model.vocab is missing or not an object");
+  }
+  const size_t count = it->size();
+  // Ids index a dense table; refuse tables mostly made of holes.
+  const int64_t max_id = 2 * static_cast<int64_t>(count) + 1024;
+  for (const auto& [token, value] : it->items()) {
+    ASSIGN_OR_RETURN(int32_t id,
+                     Id(value, absl::StrCat("model.vocab[\"", token, "\"]")));
+    if (id >= max_id) {
+      return Invalid(absl::StrCat("model.vocab[\"", token, "\"] id ", id,
+                                  " is far beyond the ", count, " tokens"));
+    }
+    if (static_cast<size_t>(id) >= config->tokens.size()) {
+      config->tokens.resize(id + 1);
+    }
+    if (!config->tokens[id].empty()) {
+      return Invalid(absl::StrCat("model.vocab id ", id, " is used by both \"",
+                                  config->tokens[id], "\" and \"", token,
+                                  "\""));
+    }
+    if (token.empty()) return Invalid("model.vocab has an empty token");
+    config->tokens[id] = token;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseMerges(const Json& model, BpeConfig* config) {
+  auto it = model.find("merges");
+  if (it == model.end() || !it->is_array()) {
+    return Invalid("model.merges is missing or not an array");
+  }
+  config->merges.reserve(it->size());
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& m = (*it)[i];
+    if (m.is_string()) {  // "a b" (tokenizers < 0.20).
+      const std::string s = m.get<std::string>();
+      const size_t space = s.find(' ');
+      if (space == std::string::npos ||
+          s.find(' ', space + 1) != std::string::npos) {
+        return Invalid(absl::StrCat("model.merges[", i, "] \"", s,
+                                    "\" is not two tokens and one space"));
+      }
+      config->merges.emplace_back(s.substr(0, space), s.substr(space + 1));
+    } else if (m.is_array() && m.size() == 2 && m[0].is_string() &&
+               m[1].is_string()) {  // ["a", "b"].
+      config->merges.emplace_back(m[0].get<std::string>(),
+                                  m[1].get<std::string>());
+    } else {
+      return Invalid(absl::StrCat("model.merges[", i,
+                                  "] is neither \"a b\" nor [\"a\", \"b\"]"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseAddedTokens(const Json& root, BpeConfig* config) {
+  auto it = root.find("added_tokens");
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_array()) return Invalid("added_tokens is not an array");
+  for (size_t i = 0; i < it->size(); ++i) {
+    const Json& t = (*it)[i];
+    const std::string where = absl::StrCat("added_tokens[", i, "]");
+    if (!t.is_object())
+      return Invalid(absl::StrCat(where, " is not an object"));
+    auto id = t.find("id");
+    auto content = t.find("content");
+    if (id == t.end()) return Invalid(absl::StrCat(where, " has no id"));
+    ASSIGN_OR_RETURN(int32_t token_id, Id(*id, absl::StrCat(where, ".id")));
+    if (content == t.end() || !content->is_string() ||
+        content->get<std::string>().empty()) {
+      return Invalid(absl::StrCat(where, ".content is missing or empty"));
+    }
+    if (token_id >= 2 * static_cast<int64_t>(config->tokens.size()) + 1024) {
+      return Invalid(absl::StrCat(where, ".id ", token_id,
+                                  " is far beyond the vocabulary"));
+    }
+    // lstrip/rstrip/single_word are not implemented; byte-level BPE
+    // tokenizers such as SmolLM's do not set them.
+    config->added_tokens.push_back({token_id, content->get<std::string>(),
+                                    BoolField(t, "special", false)});
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) return absl::DataLossError(absl::StrCat("cannot read ", path));
+  return ss.str();
+}
+
+// bos/eos from tokenizer_config.json ("bos_token": "<s>" or
+// {"content": "<s>"}) or else config.json ("bos_token_id": 1 or [1, 2]).
+std::optional<int32_t> FindToken(const BpeConfig& config,
+                                 const std::string& name) {
+  for (const AddedToken& added : config.added_tokens) {
+    if (added.content == name) return added.id;
+  }
+  for (size_t id = 0; id < config.tokens.size(); ++id) {
+    if (config.tokens[id] == name) return static_cast<int32_t>(id);
+  }
+  return std::nullopt;
+}
+
+void ReadSpecialIds(const std::string& dir, BpeConfig* config) {
+  int64_t vocab_size = static_cast<int64_t>(config->tokens.size());
+  for (const AddedToken& added : config->added_tokens) {
+    vocab_size = std::max<int64_t>(vocab_size, added.id + 1);
+  }
+  if (absl::StatusOr<std::string> text =
+          ReadFile(dir + "/tokenizer_config.json");
+      text.ok()) {
+    Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object()) {
+      for (auto [key, out] : {std::pair{"bos_token", &config->bos_id},
+                              std::pair{"eos_token", &config->eos_id}}) {
+        auto it = j.find(key);
+        if (it == j.end()) continue;
+        const Json* v = &*it;
+        if (v->is_object() && v->contains("content")) v = &(*v)["content"];
+        if (!v->is_string()) continue;
+        if (auto id = FindToken(*config, v->get<std::string>())) *out = *id;
+      }
+      return;
+    }
+  }
+  if (absl::StatusOr<std::string> text = ReadFile(dir + "/config.json");
+      text.ok()) {
+    Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object()) return;
+    for (auto [key, out] : {std::pair{"bos_token_id", &config->bos_id},
+                            std::pair{"eos_token_id", &config->eos_id}}) {
+      auto it = j.find(key);
+      if (it == j.end()) continue;
+      const Json* v = &*it;
+      if (v->is_array() && !v->empty()) v = &(*v)[0];
+      if (v->is_number_integer() && v->get<int64_t>() >= 0 &&
+          v->get<int64_t>() < vocab_size) {
+        *out = static_cast<int32_t>(v->get<int64_t>());
+      }
+    }
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
+  const Json root = Json::parse(text.begin(), text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (root.is_discarded()) return Invalid("not valid JSON");
+  if (!root.is_object()) return Invalid("top level is not an object");
+  auto model = root.find("model");
+  if (model == root.end() || !model->is_object()) {
+    return Invalid("model is missing or not an object");
+  }
+  const std::string type = TypeOf(*model);
+  if (!type.empty() && type != "BPE") {
+    return absl::UnimplementedError(absl::StrCat(
+        "tokenizer.json: model type ", type, " is not supported (BPE is)"));
+  }
+  for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+    auto it = model->find(key);
+    if (it != model->end() && it->is_string() &&
+        !it->get<std::string>().empty()) {
+      return absl::UnimplementedError(
+          absl::StrCat("tokenizer.json: BPE ", key, " is not supported"));
+    }
+  }
+  if (!IsNullOrAbsent(root, "normalizer")) {
+    return absl::UnimplementedError(
+        "tokenizer.json: normalizers are not supported (byte-level BPE "
+        "has none)");
+  }
+  if (!IsNullOrAbsent(root, "decoder") &&
+      TypeOf(*root.find("decoder")) != "ByteLevel") {
+    return absl::UnimplementedError(
+        "tokenizer.json: decoder must be ByteLevel");
+  }
+  BpeConfig config;
+  ASSIGN_OR_RETURN(config.pre, ParsePreTokenizer(root));
+  RETURN_IF_ERROR(ParseVocab(*model, &config));
+  RETURN_IF_ERROR(ParseMerges(*model, &config));
+  RETURN_IF_ERROR(ParseAddedTokens(root, &config));
+  config.ignore_merges = BoolField(*model, "ignore_merges", false);
+  return config;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
+    const std::string& dir) {
+  const std::string path = dir + "/tokenizer.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  absl::StatusOr<BpeConfig> config = BpeConfigFromTokenizerJson(text);
+  if (!config.ok()) {
+    return absl::Status(config.status().code(),
+                        absl::StrCat(path, ": ", config.status().message()));
+  }
+  ReadSpecialIds(dir, &*config);
+  ASSIGN_OR_RETURN(std::unique_ptr<BpeTokenizer> tok,
+                   BpeTokenizer::Create(*std::move(config)));
+  return std::unique_ptr<Tokenizer>(std::move(tok));
+}
+
+}  // namespace shardlm

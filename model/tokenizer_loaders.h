@@ -1,0 +1,35 @@
+// Builds byte-level BPE configurations from the two on-disk forms:
+// GGUF metadata (tokenizer.ggml.*) and Hugging Face tokenizer.json.
+// Malformed input gives InvalidArgument naming the field; well-formed but
+// unsupported tokenizers (another model type, normalizer or pre-tokenizer)
+// give Unimplemented.
+#ifndef SHARDLM_MODEL_TOKENIZER_LOADERS_H_
+#define SHARDLM_MODEL_TOKENIZER_LOADERS_H_
+
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+#include "model/bpe_tokenizer.h"
+#include "model/gguf.h"
+
+namespace shardlm {
+
+// From tokenizer.ggml.{model,tokens,merges,token_type,pre,bos_token_id,
+// eos_token_id}. CONTROL tokens (type 3) become special added tokens,
+// USER_DEFINED ones (type 4) non-special added tokens.
+absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf);
+
+// From the text of a tokenizer.json. bos_id/eos_id stay -1: they live in
+// tokenizer_config.json or config.json (see LoadTokenizerDirectory).
+absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view json);
+
+// `dir`/tokenizer.json, with bos/eos from tokenizer_config.json or else
+// config.json when present.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
+    const std::string& dir);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_MODEL_TOKENIZER_LOADERS_H_

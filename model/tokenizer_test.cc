@@ -1,0 +1,345 @@
+#include "model/tokenizer.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "model/bpe_tokenizer.h"
+#include "model/pretokenizer.h"
+#include "model/tokenizer_loaders.h"
+#include "model/unicode_tables.h"
+
+namespace shardlm {
+namespace {
+
+using Pieces = std::vector<std::string_view>;
+const std::string kFffd = "\xEF\xBF\xBD";
+
+// A tokenizer whose tokens are given byte strings; enough for Decode and
+// the streaming detokenizer.
+class FakeTokenizer : public Tokenizer {
+ public:
+  explicit FakeTokenizer(std::vector<std::string> tokens)
+      : tokens_(std::move(tokens)) {}
+  std::vector<int32_t> Encode(std::string_view) const override { return {}; }
+  std::string_view TokenBytes(int32_t id) const override {
+    return id >= 0 && id < vocab_size() ? tokens_[id] : std::string_view();
+  }
+  int32_t vocab_size() const override { return tokens_.size(); }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return -1; }
+  bool IsSpecial(int32_t) const override { return false; }
+  std::optional<int32_t> TokenId(std::string_view) const override {
+    return std::nullopt;
+  }
+  std::string Summary() const override { return "fake"; }
+
+ private:
+  std::vector<std::string> tokens_;
+};
+
+// Pushes `ids` one by one; returns each Push() result and then Finish().
+std::vector<std::string> Stream(const Tokenizer& tok,
+                                const std::vector<int32_t>& ids) {
+  StreamingDetokenizer stream(&tok);
+  std::vector<std::string> out;
+  for (int32_t id : ids) out.push_back(stream.Push(id));
+  out.push_back(stream.Finish());
+  return out;
+}
+
+TEST(StreamingDetokenizerTest, HoldsSplitCharactersUntilComplete) {
+  // "é" = C3 A9 and "😀" = F0 9F 98 80 cut into single bytes.
+  FakeTokenizer tok({"a", "\xC3", "\xA9", "\xF0", "\x9F", "\x98", "\x80"});
+  EXPECT_EQ(Stream(tok, {0, 1, 2, 0}),
+            (std::vector<std::string>{"a", "", "\xC3\xA9", "a", ""}));
+  EXPECT_EQ(Stream(tok, {3, 4, 5, 6}),
+            (std::vector<std::string>{"", "", "", "\xF0\x9F\x98\x80", ""}));
+  EXPECT_EQ(tok.Decode({1, 2, 0}),
+            "\xC3\xA9"
+            "a");
+  EXPECT_EQ(tok.Decode({1, 99, -1}), "\xC3");  // Unknown ids add nothing.
+}
+
+TEST(StreamingDetokenizerTest, ReplacesInvalidBytes) {
+  FakeTokenizer tok({"a", "\xC3", "\xFF", "\xE4\xB8", "\xED\xA0\x80",
+                     "\xC0\x80", "\xF0\x9F\x98"});
+  // A byte that can never start a character is replaced at once.
+  EXPECT_EQ(Stream(tok, {2, 0}), (std::vector<std::string>{kFffd, "a", ""}));
+  // A lead byte followed by a non-continuation: one U+FFFD, then the rest.
+  EXPECT_EQ(Stream(tok, {1, 0}),
+            (std::vector<std::string>{"", kFffd + "a", ""}));
+  // Cut off at the end of the stream: one U+FFFD for the whole prefix.
+  EXPECT_EQ(Stream(tok, {0, 3}), (std::vector<std::string>{"a", "", kFffd}));
+  EXPECT_EQ(Stream(tok, {6}), (std::vector<std::string>{"", kFffd}));
+  // Surrogates and overlong forms are ill-formed byte by byte.
+  EXPECT_EQ(Stream(tok, {4}),
+            (std::vector<std::string>{kFffd + kFffd + kFffd, ""}));
+  EXPECT_EQ(Stream(tok, {5}), (std::vector<std::string>{kFffd + kFffd, ""}));
+}
+
+TEST(ByteLevelTest, AllBytesRoundTrip) {
+  std::string all;
+  for (int b = 0; b < 256; ++b) all.push_back(static_cast<char>(b));
+  const std::string mapped = ByteLevelEncode(all);
+  EXPECT_EQ(ByteLevelDecode(mapped), all);
+  // Each byte is one code point, all distinct.
+  std::set<uint32_t> seen;
+  for (size_t pos = 0; pos < mapped.size();) {
+    seen.insert(NextCodePoint(mapped, &pos));
+  }
+  EXPECT_EQ(seen.size(), 256u);
+  EXPECT_EQ(ByteLevelEncode(" "), "\xC4\xA0");     // U+0120 'Ġ'
+  EXPECT_EQ(ByteLevelEncode("\n"), "\xC4\x8A");    // U+010A 'Ċ'
+  EXPECT_EQ(ByteLevelEncode("\xAD"), "\xC5\x83");  // U+0143, the last one.
+  EXPECT_EQ(ByteLevelEncode("Az~!"), "Az~!");
+  EXPECT_EQ(ByteLevelDecode("\xE4\xB8\xAD"), std::nullopt);  // 中
+}
+
+TEST(UnicodeTablesTest, Classes) {
+  EXPECT_EQ(ClassifyCodePoint('a'), CharClass::kLetter);
+  EXPECT_EQ(ClassifyCodePoint(0x4E2D), CharClass::kLetter);  // 中
+  EXPECT_EQ(ClassifyCodePoint(0x0663), CharClass::kNumber);  // ٣
+  EXPECT_EQ(ClassifyCodePoint(0x00B2), CharClass::kNumber);  // ²
+  EXPECT_EQ(ClassifyCodePoint(0x2163), CharClass::kNumber);  // Ⅳ
+  EXPECT_EQ(ClassifyCodePoint(0x00A0), CharClass::kSpace);
+  EXPECT_EQ(ClassifyCodePoint(0x3000), CharClass::kSpace);
+  EXPECT_EQ(ClassifyCodePoint(0x200B), CharClass::kOther);  // ZWSP
+  EXPECT_EQ(ClassifyCodePoint(0x1F600), CharClass::kOther);
+  EXPECT_EQ(ClassifyCodePoint(0x110000 + 0xAA), CharClass::kOther);
+}
+
+Pieces Split(std::string_view text, PreTokenizerKind kind) {
+  Pieces pieces;
+  PreTokenize(text, kind, &pieces);
+  return pieces;
+}
+
+TEST(PreTokenizerTest, Gpt2Regex) {
+  const auto k = PreTokenizerKind::kGpt2;
+  EXPECT_EQ(Split("Hello world", k), (Pieces{"Hello", " world"}));
+  EXPECT_EQ(Split("a   b", k), (Pieces{"a", "  ", " b"}));
+  EXPECT_EQ(Split("a  ", k), (Pieces{"a", "  "}));
+  EXPECT_EQ(Split("x\t\ny", k), (Pieces{"x", "\t", "\n", "y"}));
+  EXPECT_EQ(Split("don't WE'VE", k), (Pieces{"don", "'t", " WE", "'", "VE"}));
+  EXPECT_EQ(Split("?'s", k), (Pieces{"?'", "s"}));
+  EXPECT_EQ(Split(" 123abc!!", k), (Pieces{" 123", "abc", "!!"}));
+  EXPECT_EQ(Split("\xFF\xFE x", k), (Pieces{"\xFF\xFE", " x"}));
+  EXPECT_EQ(Split("", k), Pieces{});
+}
+
+TEST(PreTokenizerTest, SmollmSplitsEveryNumber) {
+  const auto k = PreTokenizerKind::kSmollm;
+  EXPECT_EQ(Split("ab12 c", k), (Pieces{"ab", "1", "2", " c"}));
+  EXPECT_EQ(Split(" 3.14", k), (Pieces{" ", "3", ".", "1", "4"}));
+  EXPECT_EQ(Split("x \xC2\xB2", k), (Pieces{"x", " ", "\xC2\xB2"}));
+}
+
+// Byte tokens for "abc " plus merges; ids: a=0 b=1 c=2 Ġ=3.
+BpeConfig TinyConfig() {
+  BpeConfig config;
+  config.tokens = {"a", "b", "c", "\xC4\xA0", "bc", "ab", "aa", "abc"};
+  config.merges = {{"b", "c"}, {"a", "b"}, {"a", "a"}, {"ab", "c"}};
+  return config;
+}
+
+TEST(BpeTokenizerTest, MergesByRankLeftmostFirst) {
+  auto tok = BpeTokenizer::Create(TinyConfig());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  // "b c" outranks "a b", so "abc" is a + bc, never ab + c -> abc.
+  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{0, 4}));
+  EXPECT_EQ((*tok)->Encode("aaa"), (std::vector<int32_t>{6, 0}));
+  EXPECT_EQ((*tok)->Encode("ab a"), (std::vector<int32_t>{5, 3, 0}));
+  EXPECT_EQ((*tok)->Encode("xa"), (std::vector<int32_t>{0}));  // No 'x'.
+  EXPECT_EQ((*tok)->Decode({5, 3, 4}), "ab bc");
+  EXPECT_EQ((*tok)->TokenId("\xC4\xA0"), 3);
+  EXPECT_EQ((*tok)->Summary(),
+            "byte-level BPE (gpt2 pre-tokenizer): 8 tokens, 4 merges, "
+            "0 special");
+}
+
+TEST(BpeTokenizerTest, AddedTokensLongestMatch) {
+  BpeConfig config = TinyConfig();
+  config.added_tokens = {
+      {8, "<s>", true}, {9, "<s>a", true}, {10, "cc", false}};
+  config.eos_id = 8;
+  auto tok = BpeTokenizer::Create(std::move(config));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("a<s>b<s>acc"),
+            (std::vector<int32_t>{0, 8, 1, 9, 10}));
+  EXPECT_EQ((*tok)->Decode({9, 10}), "<s>acc");
+  EXPECT_TRUE((*tok)->IsSpecial(9));
+  EXPECT_FALSE((*tok)->IsSpecial(10));
+  EXPECT_EQ((*tok)->vocab_size(), 11);
+  EXPECT_EQ((*tok)->eos_id(), 8);
+  EXPECT_EQ((*tok)->TokenId("<s>a"), 9);
+}
+
+TEST(BpeTokenizerTest, RejectsBadConfig) {
+  BpeConfig config = TinyConfig();
+  config.merges.push_back({"c", "c"});  // "cc" is not in the vocabulary.
+  auto tok = BpeTokenizer::Create(std::move(config));
+  EXPECT_EQ(tok.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(tok.status().message().find("merge 4"), std::string::npos);
+  config = TinyConfig();
+  config.eos_id = 100;
+  EXPECT_EQ(BpeTokenizer::Create(std::move(config)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+constexpr char kGoodJson[] = R"({
+  "normalizer": null,
+  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Digits", "individual_digits": true},
+    {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}]},
+  "decoder": {"type": "ByteLevel"},
+  "added_tokens": [{"id": 5, "content": "<|end|>", "special": true}],
+  "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "1": 3,
+            "\u0120": 4},
+            "merges": ["a b"]}
+})";
+
+TEST(TokenizerJsonTest, ParsesSmollmStyle) {
+  auto config = BpeConfigFromTokenizerJson(kGoodJson);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->pre, PreTokenizerKind::kSmollm);
+  ASSERT_EQ(config->merges.size(), 1u);
+  EXPECT_EQ(config->merges[0].first, "a");
+  auto tok = BpeTokenizer::Create(*std::move(config));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("ab 11<|end|>"),
+            (std::vector<int32_t>{2, 4, 3, 3, 5}));
+}
+
+TEST(TokenizerJsonTest, RejectsMalformedInput) {
+  struct Case {
+    std::string json;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::string pre =
+      R"("pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false})";
+  const std::vector<Case> cases = {
+      {"{not json", absl::StatusCode::kInvalidArgument, "not valid JSON"},
+      {"[1, 2]", absl::StatusCode::kInvalidArgument, "not an object"},
+      {"{}", absl::StatusCode::kInvalidArgument, "model is missing"},
+      {R"({"model": {"type": "WordPiece"}})", absl::StatusCode::kUnimplemented,
+       "WordPiece"},
+      {R"({"model": {"type": "BPE", "vocab": {}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "pre_tokenizer"},
+      {"{" + pre + R"(, "model": {"type": "BPE", "vocab": [], "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "model.vocab"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": -1}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "model.vocab[\"a\"]"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": "x"}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "is not an id"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 0, "b": 0}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "used by both"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 99999999}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "far beyond"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 0}, "merges": {}}})",
+       absl::StatusCode::kInvalidArgument, "model.merges"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 0}, "merges": ["a"]}})",
+       absl::StatusCode::kInvalidArgument, "model.merges[0]"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 0}, "merges": [["a"]]}})",
+       absl::StatusCode::kInvalidArgument, "model.merges[0]"},
+      {"{" + pre + R"(, "model": {"vocab": {"a": 0}, "merges": [],
+        "end_of_word_suffix": "</w>"}})",
+       absl::StatusCode::kUnimplemented, "end_of_word_suffix"},
+      {"{" + pre + R"(, "added_tokens": [{"content": "x"}],
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "added_tokens[0] has no id"},
+      {"{" + pre + R"(, "added_tokens": [{"id": 1, "content": ""}],
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kInvalidArgument, "added_tokens[0].content"},
+      {R"({"pre_tokenizer": {"type": "Whitespace"},
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "Whitespace"},
+      {R"({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true},
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "add_prefix_space"},
+      {R"({"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "ByteLevel",
+        "add_prefix_space": false}, "model": {"vocab": {}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "normalizer"},
+  };
+  for (const Case& c : cases) {
+    auto config = BpeConfigFromTokenizerJson(c.json);
+    ASSERT_FALSE(config.ok()) << c.json;
+    EXPECT_EQ(config.status().code(), c.code) << config.status();
+    EXPECT_NE(config.status().message().find(c.message), std::string::npos)
+        << config.status() << " should mention " << c.message;
+  }
+}
+
+class TempDir {
+ public:
+  TempDir() {
+    path_ = std::filesystem::temp_directory_path() /
+            ("tokenizer_test_" + std::to_string(::getpid()) + "_" +
+             std::to_string(counter_++));
+    std::filesystem::create_directories(path_);
+  }
+  ~TempDir() { std::filesystem::remove_all(path_); }
+  void Write(const std::string& name, const std::string& text) {
+    std::ofstream(path_ / name) << text;
+  }
+  std::string path() const { return path_.string(); }
+
+ private:
+  static inline int counter_ = 0;
+  std::filesystem::path path_;
+};
+
+TEST(LoadTokenizerTest, Directory) {
+  TempDir dir;
+  EXPECT_EQ(LoadTokenizer(dir.path() + "/missing").status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(LoadTokenizer(dir.path()).status().code(),
+            absl::StatusCode::kNotFound);
+  dir.Write("tokenizer.json", "{\"model\": 3}");
+  auto bad = LoadTokenizer(dir.path());
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("tokenizer.json"), std::string::npos);
+
+  dir.Write("tokenizer.json", kGoodJson);
+  dir.Write("tokenizer_config.json",
+            R"({"bos_token": null, "eos_token": {"content": "<|end|>"}})");
+  auto tok = LoadTokenizer(dir.path());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->eos_id(), 5);
+  EXPECT_EQ((*tok)->bos_id(), -1);
+  EXPECT_EQ((*tok)->Summary(),
+            "byte-level BPE (smollm pre-tokenizer): 6 tokens, 1 merges, "
+            "1 special");
+}
+
+// The real SmolLM2 GGUF, when models/ has it (scripts/fetch-model.sh).
+TEST(LoadTokenizerTest, SmolLm2Gguf) {
+  const std::filesystem::path model =
+      std::filesystem::path(__FILE__).parent_path().parent_path() /
+      "models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing";
+  auto tok = LoadTokenizer(model.string());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Summary(),
+            "byte-level BPE (smollm pre-tokenizer): 49152 tokens, 48900 "
+            "merges, 17 special");
+  EXPECT_EQ((*tok)->bos_id(), 1);
+  EXPECT_EQ((*tok)->eos_id(), 2);
+  EXPECT_EQ((*tok)->TokenId("<|im_end|>"), 2);
+  EXPECT_TRUE((*tok)->IsSpecial(2));
+  // Ids from Hugging Face tokenizers (tests/reference/check_tokenizer.py).
+  EXPECT_EQ((*tok)->Encode("<|im_start|>user\nhi<|im_end|>"),
+            (std::vector<int32_t>{1, 4093, 198, 6004, 2}));
+  EXPECT_EQ((*tok)->Encode("Hello world 2024!"),
+            (std::vector<int32_t>{19556, 905, 216, 34, 32, 34, 36, 17}));
+  EXPECT_EQ((*tok)->Encode(" \xC2\xB2"), (std::vector<int32_t>{216, 19133}));
+}
+
+}  // namespace
+}  // namespace shardlm
