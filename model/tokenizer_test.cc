@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
@@ -339,6 +340,24 @@ TEST(LoadTokenizerTest, SmolLm2Gguf) {
   EXPECT_EQ((*tok)->Encode("Hello world 2024!"),
             (std::vector<int32_t>{19556, 905, 216, 34, 32, 34, 36, 17}));
   EXPECT_EQ((*tok)->Encode(" \xC2\xB2"), (std::vector<int32_t>{216, 19133}));
+  // SmolLM2's vocabulary lacks 21 of the 256 byte tokens (0x04, 0xC0,
+  // 0xFF...): like HF tokenizers and llama.cpp, such bytes are dropped.
+  EXPECT_EQ((*tok)->Encode("a\x04"
+                           "b"),
+            (std::vector<int32_t>{81, 82}));
+  // Any other bytes, valid UTF-8 or not, come back unchanged.
+  std::string alphabet;
+  for (int b = 0; b < 256; ++b) {
+    const std::string byte(1, static_cast<char>(b));
+    if ((*tok)->TokenId(ByteLevelEncode(byte))) alphabet += byte;
+  }
+  EXPECT_EQ(alphabet.size(), 256u - 21);
+  std::mt19937 rng(7);
+  for (int i = 0; i < 200; ++i) {
+    std::string bytes(rng() % 64, '\0');
+    for (char& c : bytes) c = alphabet[rng() % alphabet.size()];
+    EXPECT_EQ((*tok)->Decode((*tok)->Encode(bytes)), bytes);
+  }
 }
 
 }  // namespace

@@ -103,6 +103,10 @@ STRINGS = [
     LONG_PARAGRAPH,
     LONG_PARAGRAPH * 3,
 ]
+# SmolLM2's vocabulary has no token for 21 bytes (e.g. 0x04, 0x13, 0xC0):
+# HF (and llama.cpp) drop them, so these do not decode back to themselves.
+LOSSY = ["ctrl\x04chars\x13\x14 here", "\x1d\x16"]
+STRINGS += LOSSY
 
 
 def gguf_vocab(path):
@@ -144,7 +148,8 @@ def run_tool(tool, model, strings):
     if proc.returncode != 0:
         sys.exit(f"{tool} --model {model} failed ({proc.returncode}):\n"
                  f"{proc.stderr}")
-    print(f"  [{os.path.basename(model)}] {proc.stderr.strip()}")
+    for line in proc.stderr.strip().splitlines():
+        print(f"  [{os.path.basename(model)}] {line}")
     lines = proc.stdout.splitlines()
     if len(lines) != len(strings):
         sys.exit(f"{tool}: {len(lines)} output lines for {len(strings)} inputs")
@@ -162,12 +167,14 @@ def compare(label, reference, results, strings):
             problems.append(
                 f"ids differ from index {first}:\n"
                 f"    expected {want}\n    got      {got['ids']}")
-        if got["decoded"] != s:
+        # Bytes without a token are dropped; only LOSSY strings have them.
+        text = reference.decode(want, skip_special_tokens=False)
+        if (text == s) == (s in LOSSY):
+            problems.append(f"HF decodes to {text!r}; LOSSY is out of date")
+        if got["decoded"] != text:
             problems.append(f"Decode gave {got['decoded']!r}")
-        if got["streamed"] != s:
+        if got["streamed"] != text:
             problems.append(f"StreamingDetokenizer gave {got['streamed']!r}")
-        if reference.decode(want, skip_special_tokens=False) != s:
-            problems.append("(the HF reference itself does not round-trip)")
         if problems:
             failures += 1
             print(f"FAIL [{label}] {s[:200]!r}")
