@@ -44,7 +44,7 @@ TEST(DTypeTest, BlockSizes) {
   EXPECT_EQ(*BytesFor(DType::kBF16, 3), 6);
   EXPECT_FALSE(BytesFor(DType::kQ4_0, 33).ok());
   EXPECT_FALSE(BytesFor(DType::kF32, -1).ok());
-  EXPECT_FALSE(BytesFor(DType::kQ8_0, int64_t{1} << 62).ok());
+  EXPECT_FALSE(BytesFor(DType::kQ8_0, INT64_MAX / 32 * 32).ok());
 }
 
 absl::StatusOr<int> Half(int x) {
@@ -78,6 +78,25 @@ TEST(TensorTest, RejectsBadShapes) {
   EXPECT_FALSE(Tensor::Host(DType::kQ4_1, {2, 33}).ok());
   EXPECT_FALSE(Tensor::Host(DType::kF32, {-1}).ok());
   EXPECT_FALSE(Tensor::Host(DType::kF32, {1 << 30, 1 << 30}).ok());
+}
+
+}  // namespace
+}  // namespace shardlm
+
+namespace shardlm {
+namespace {
+
+TEST(TensorTest, ReshapeAndRowsShareMemory) {
+  Tensor t = *Tensor::Host(DType::kF32, {4, 6});
+  for (int i = 0; i < 24; ++i) t.f32()[i] = i;
+  Tensor r = *t.Reshaped({4, 2, 3});
+  EXPECT_EQ(r.raw(), t.raw());
+  EXPECT_FALSE(t.Reshaped({5, 5}).ok());
+  Tensor rows = *t.Rows(1, 3);
+  EXPECT_EQ(rows.shape(), (Shape{2, 6}));
+  EXPECT_EQ(rows.f32()[0], 6.0f);
+  EXPECT_EQ(rows.bytes(), 48u);
+  EXPECT_FALSE(t.Rows(3, 5).ok());
 }
 
 }  // namespace

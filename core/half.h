@@ -39,13 +39,16 @@ inline uint16_t FloatToFp16(float f) {
   const uint32_t sign = (x >> 16) & 0x8000;
   const uint32_t abs = x & 0x7fffffff;
   if (abs >= 0x7f800000) {  // Inf or NaN.
-    return static_cast<uint16_t>(sign | 0x7c00 | (abs > 0x7f800000 ? 0x200 : 0));
+    return static_cast<uint16_t>(sign | 0x7c00 |
+                                 (abs > 0x7f800000 ? 0x200 : 0));
   }
-  if (abs >= 0x477ff000) return static_cast<uint16_t>(sign | 0x7c00);  // Overflow.
-  if (abs < 0x38800000) {  // Subnormal or zero in half.
+  if (abs >= 0x477ff000)
+    return static_cast<uint16_t>(sign | 0x7c00);  // Overflow.
+  if (abs < 0x38800000) {                         // Subnormal or zero in half.
     const float magic = std::bit_cast<float>(0x3f000000u);  // 0.5
     float v = std::bit_cast<float>(abs) + magic;
-    return static_cast<uint16_t>(sign | (std::bit_cast<uint32_t>(v) - 0x3f000000u));
+    return static_cast<uint16_t>(sign |
+                                 (std::bit_cast<uint32_t>(v) - 0x3f000000u));
   }
   uint32_t rounded = abs + 0xfff + ((abs >> 13) & 1);
   return static_cast<uint16_t>(sign | ((rounded - 0x38000000u) >> 13));
@@ -57,7 +60,8 @@ inline float Bf16ToFloat(uint16_t h) {
 
 inline uint16_t FloatToBf16(float f) {
   uint32_t x = std::bit_cast<uint32_t>(f);
-  if ((x & 0x7fffffff) > 0x7f800000) return static_cast<uint16_t>((x >> 16) | 0x40);
+  if ((x & 0x7fffffff) > 0x7f800000)
+    return static_cast<uint16_t>((x >> 16) | 0x40);
   x += 0x7fff + ((x >> 16) & 1);
   return static_cast<uint16_t>(x >> 16);
 }

@@ -21,12 +21,12 @@ int64_t NumElements(const Shape& shape) {
   return n;
 }
 
-HostBuffer::HostBuffer(size_t bytes) : size_(bytes) {
+HostBuffer::HostBuffer(size_t bytes, bool zero) : size_(bytes) {
   if (bytes == 0) return;
   const size_t rounded = (bytes + 63) / 64 * 64;
   data_ = std::aligned_alloc(64, rounded);
   if (data_ == nullptr) throw std::bad_alloc();
-  std::memset(data_, 0, rounded);
+  if (zero) std::memset(data_, 0, rounded);
 }
 
 HostBuffer::HostBuffer(HostBuffer&& other) noexcept
@@ -60,9 +60,9 @@ absl::StatusOr<size_t> CheckedBytes(DType dtype, const Shape& shape) {
     n *= d;
   }
   if (!shape.empty() && shape.back() % BlockElems(dtype) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shape ", ShapeString(shape), " is not blocked for ",
-                     DTypeName(dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("shape ", ShapeString(shape),
+                                                   " is not blocked for ",
+                                                   DTypeName(dtype)));
   }
   ASSIGN_OR_RETURN(int64_t bytes, BytesFor(dtype, n));
   return static_cast<size_t>(bytes);
@@ -71,12 +71,20 @@ absl::StatusOr<size_t> CheckedBytes(DType dtype, const Shape& shape) {
 }  // namespace
 
 absl::StatusOr<Tensor> Tensor::Host(DType dtype, Shape shape) {
+  return NewHost(dtype, std::move(shape), /*zero=*/true);
+}
+
+absl::StatusOr<Tensor> Tensor::HostUninitialized(DType dtype, Shape shape) {
+  return NewHost(dtype, std::move(shape), /*zero=*/false);
+}
+
+absl::StatusOr<Tensor> Tensor::NewHost(DType dtype, Shape shape, bool zero) {
   ASSIGN_OR_RETURN(size_t bytes, CheckedBytes(dtype, shape));
   Tensor t;
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.bytes_ = bytes;
-  t.owner_ = std::make_shared<HostBuffer>(bytes);
+  t.owner_ = std::make_shared<HostBuffer>(bytes, zero);
   t.data_ = t.owner_->data();
   return t;
 }
@@ -90,6 +98,31 @@ absl::StatusOr<Tensor> Tensor::View(DType dtype, Shape shape, void* data,
   t.bytes_ = bytes;
   t.memory_ = memory;
   t.data_ = data;
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Reshaped(Shape shape) const {
+  if (NumElements(shape) != numel()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "cannot reshape ", DebugString(), " to ", ShapeString(shape)));
+  }
+  ASSIGN_OR_RETURN(size_t bytes, CheckedBytes(dtype_, shape));
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  t.bytes_ = bytes;
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Rows(int64_t begin, int64_t end) const {
+  if (shape_.empty() || begin < 0 || begin > end || end > shape_[0]) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rows [", begin, ", ", end, ") of ", DebugString()));
+  }
+  const size_t row_bytes = shape_[0] == 0 ? 0 : bytes_ / shape_[0];
+  Tensor t = *this;
+  t.shape_[0] = end - begin;
+  t.bytes_ = row_bytes * (end - begin);
+  t.data_ = static_cast<char*>(data_) + row_bytes * begin;
   return t;
 }
 

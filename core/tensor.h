@@ -30,8 +30,10 @@ int64_t NumElements(const Shape& shape);
 class HostBuffer {
  public:
   HostBuffer() = default;
-  // Zero-filled. Aborts only if the allocator fails (out of memory).
-  explicit HostBuffer(size_t bytes);
+  // Zero-filled unless `zero` is false (for memory that is always written
+  // before it is read, such as KV pools, so that untouched pages stay
+  // unallocated). Throws std::bad_alloc when memory runs out.
+  explicit HostBuffer(size_t bytes, bool zero = true);
   HostBuffer(HostBuffer&& other) noexcept;
   HostBuffer& operator=(HostBuffer&& other) noexcept;
   HostBuffer(const HostBuffer&) = delete;
@@ -52,6 +54,8 @@ class Tensor {
 
   // A new zero-filled host tensor.
   static absl::StatusOr<Tensor> Host(DType dtype, Shape shape);
+  // A new host tensor whose contents are unspecified until written.
+  static absl::StatusOr<Tensor> HostUninitialized(DType dtype, Shape shape);
   // A non-owning view; `data` must outlive the tensor and its copies.
   static absl::StatusOr<Tensor> View(DType dtype, Shape shape, void* data,
                                      MemoryType memory = MemoryType::kHost);
@@ -65,6 +69,12 @@ class Tensor {
   MemoryType memory() const { return memory_; }
   bool empty() const { return data_ == nullptr; }
 
+  // The same memory under another shape with as many elements (shares
+  // ownership). InvalidArgument when the element counts differ.
+  absl::StatusOr<Tensor> Reshaped(Shape shape) const;
+  // Rows [begin, end) of the outermost dimension, sharing memory.
+  absl::StatusOr<Tensor> Rows(int64_t begin, int64_t end) const;
+
   void* raw() const { return data_; }
   template <typename T>
   T* data() const {
@@ -76,6 +86,8 @@ class Tensor {
   std::string DebugString() const;
 
  private:
+  static absl::StatusOr<Tensor> NewHost(DType dtype, Shape shape, bool zero);
+
   DType dtype_ = DType::kF32;
   Shape shape_;
   MemoryType memory_ = MemoryType::kHost;

@@ -20,18 +20,20 @@ uint16_t LoadU16(const uint8_t* p) {
 absl::Status DequantizeRow(DType dtype, const uint8_t* src, int64_t n,
                            float* dst) {
   if (n % BlockElems(dtype) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        n, " values are not whole ", DTypeName(dtype), " blocks"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(n, " values are not whole ", DTypeName(dtype), " blocks"));
   }
   switch (dtype) {
     case DType::kF32:
       std::memcpy(dst, src, n * sizeof(float));
       return absl::OkStatus();
     case DType::kF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Fp16ToFloat(LoadU16(src + 2 * i));
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = Fp16ToFloat(LoadU16(src + 2 * i));
       return absl::OkStatus();
     case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
+      for (int64_t i = 0; i < n; ++i)
+        dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
       return absl::OkStatus();
     case DType::kQ8_0:
       // Block: f16 d, then 32 int8 q. value = d * q.
@@ -93,13 +95,13 @@ absl::StatusOr<Tensor> DequantizeRows(const TensorInfo& info,
         absl::StrCat("tensor '", info.name, "' has ", data.size(),
                      " bytes, expected ", rows * row_bytes));
   }
-  Shape shape = info.shape.size() == 2 ? Shape{row_end - row_begin, cols}
-                                       : Shape{cols};
+  Shape shape =
+      info.shape.size() == 2 ? Shape{row_end - row_begin, cols} : Shape{cols};
   ASSIGN_OR_RETURN(Tensor out, Tensor::Host(DType::kF32, std::move(shape)));
   float* dst = out.data<float>();
   for (int64_t r = row_begin; r < row_end; ++r) {
-    RETURN_IF_ERROR(DequantizeRow(info.dtype, data.data() + r * row_bytes,
-                                  cols, dst + (r - row_begin) * cols));
+    RETURN_IF_ERROR(DequantizeRow(info.dtype, data.data() + r * row_bytes, cols,
+                                  dst + (r - row_begin) * cols));
   }
   return out;
 }

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <limits>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -9,8 +10,11 @@
 namespace shardlm {
 namespace {
 
-constexpr uint32_t kMaxDims = 4;              // GGML_MAX_DIMS.
+constexpr uint32_t kMaxDims = 4;  // GGML_MAX_DIMS.
 constexpr int64_t kMaxElements = int64_t{1} << 40;
+// Metadata arrays are held decoded (24 bytes an element); the largest real
+// ones are vocabularies of a few hundred thousand entries.
+constexpr uint64_t kMaxArrayLength = uint64_t{1} << 24;
 
 absl::StatusOr<DType> DTypeFromGgml(uint32_t t) {
   switch (t) {
@@ -134,8 +138,8 @@ absl::StatusOr<GgufScalar> ReadScalar(Reader& r, GgufType type,
     case GgufType::kArray:
       return r.Error(field, "nested arrays are not supported");
   }
-  return r.Error(field, absl::StrCat("unknown value type ",
-                                     static_cast<uint32_t>(type)));
+  return r.Error(
+      field, absl::StrCat("unknown value type ", static_cast<uint32_t>(type)));
 }
 
 // Smallest encoding of one value of `type`, to reject absurd array counts
@@ -165,7 +169,9 @@ absl::StatusOr<GgufValue> ReadValue(Reader& r, const std::string& key) {
     return r.Error(field, absl::StrCat("unknown value type ", raw_type));
   }
   GgufValue value{.type = static_cast<GgufType>(raw_type),
-                  .element_type = GgufType::kUint8};
+                  .element_type = GgufType::kUint8,
+                  .scalar = GgufScalar(uint64_t{0}),
+                  .array = {}};
   if (value.type != GgufType::kArray) {
     ASSIGN_OR_RETURN(value.scalar, ReadScalar(r, value.type, field));
     return value;
@@ -176,10 +182,11 @@ absl::StatusOr<GgufValue> ReadValue(Reader& r, const std::string& key) {
   }
   value.element_type = static_cast<GgufType>(elem);
   ASSIGN_OR_RETURN(uint64_t count, r.Read<uint64_t>(field));
-  if (count > r.remaining() / MinEncodedSize(value.element_type)) {
-    return r.Error(field, absl::StrCat("array of ", count,
-                                       " elements cannot fit in the ",
-                                       r.remaining(), " bytes left"));
+  if (count > kMaxArrayLength ||
+      count > r.remaining() / MinEncodedSize(value.element_type)) {
+    return r.Error(
+        field, absl::StrCat("array of ", count, " elements cannot fit in the ",
+                            r.remaining(), " bytes left"));
   }
   value.array.reserve(count);
   for (uint64_t i = 0; i < count; ++i) {
@@ -202,8 +209,8 @@ absl::StatusOr<int64_t> ScalarToInt(const GgufScalar& s) {
 
 std::string_view TypeName(GgufType t) {
   static constexpr std::string_view kNames[] = {
-      "uint8", "int8",    "uint16", "int16", "uint32", "int32",  "float32",
-      "bool",  "string",  "array",  "uint64", "int64", "float64"};
+      "uint8", "int8",   "uint16", "int16",  "uint32", "int32",  "float32",
+      "bool",  "string", "array",  "uint64", "int64",  "float64"};
   const auto i = static_cast<uint32_t>(t);
   return i < std::size(kNames) ? kNames[i] : "unknown";
 }
@@ -235,8 +242,8 @@ absl::Status GgufFile::ParseAll() {
   ASSIGN_OR_RETURN(uint32_t magic, r.Read<uint32_t>("magic"));
   if (magic != 0x46554747) {  // "GGUF" little-endian.
     return absl::InvalidArgumentError(
-        absl::StrCat(name_, ": not a GGUF file (magic is 0x",
-                     absl::Hex(magic), ", expected \"GGUF\")"));
+        absl::StrCat(name_, ": not a GGUF file (magic is 0x", absl::Hex(magic),
+                     ", expected \"GGUF\")"));
   }
   ASSIGN_OR_RETURN(version_, r.Read<uint32_t>("version"));
   if (version_ != 2 && version_ != 3) {
@@ -304,27 +311,28 @@ absl::Status GgufFile::ParseAll() {
     ASSIGN_OR_RETURN(uint32_t ggml_type, r.Read<uint32_t>(field));
     auto dtype = DTypeFromGgml(ggml_type);
     if (!dtype.ok()) {
-      return r.Error(field, absl::StrCat("tensor '", Sv(name), "': ",
-                                         dtype.status().message()));
+      return r.Error(field, absl::StrCat("tensor '", Sv(name),
+                                         "': ", dtype.status().message()));
     }
     if (shape.back() % BlockElems(*dtype) != 0) {
-      return r.Error(field, absl::StrCat("tensor '", Sv(name), "' rows of ",
-                                         shape.back(), " are not whole ",
-                                         DTypeName(*dtype), " blocks"));
+      return r.Error(
+          field, absl::StrCat("tensor '", Sv(name), "' rows of ", shape.back(),
+                              " are not whole ", DTypeName(*dtype), " blocks"));
     }
     ASSIGN_OR_RETURN(uint64_t offset, r.Read<uint64_t>(field));
     ASSIGN_OR_RETURN(int64_t bytes, BytesFor(*dtype, numel));
-    pending.push_back(Pending{
-        .info = TensorInfo{.name = std::string(name),
-                           .dtype = *dtype,
-                           .shape = std::move(shape),
-                           .bytes = static_cast<uint64_t>(bytes)},
-        .relative_offset = offset,
-        .info_pos = info_pos});
+    pending.push_back(
+        Pending{.info = TensorInfo{.name = std::string(name),
+                                   .dtype = *dtype,
+                                   .shape = std::move(shape),
+                                   .bytes = static_cast<uint64_t>(bytes)},
+                .relative_offset = offset,
+                .info_pos = info_pos});
   }
 
   const uint64_t data_start = (r.pos() + alignment - 1) / alignment * alignment;
   tensors_.reserve(pending.size());
+  std::set<std::string> names;
   for (Pending& p : pending) {
     TensorInfo& t = p.info;
     const auto fail = [&](std::string_view what) {
@@ -344,9 +352,7 @@ absl::Status GgufFile::ParseAll() {
                                bytes_.size(), " bytes)"));
     }
     t.offset = data_start + p.relative_offset;
-    for (const TensorInfo& other : tensors_) {
-      if (other.name == t.name) return fail("is listed twice");
-    }
+    if (!names.insert(t.name).second) return fail("is listed twice");
     tensors_.push_back(std::move(t));
   }
   return absl::OkStatus();
@@ -371,10 +377,10 @@ absl::Status WrongType(const std::string& file, std::string_view key,
 
 }  // namespace
 
-#define SHARDLM_GGUF_FIND_(key)                                           \
-  const GgufValue* v = Find(key);                                         \
-  if (v == nullptr) {                                                     \
-    return absl::NotFoundError(                                           \
+#define SHARDLM_GGUF_FIND_(key)                                             \
+  const GgufValue* v = Find(key);                                           \
+  if (v == nullptr) {                                                       \
+    return absl::NotFoundError(                                             \
         absl::StrCat(name_, ": GGUF metadata has no key '", Sv(key), "'")); \
   }
 

@@ -73,9 +73,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   ASSIGN_OR_RETURN(int64_t rope_dims,
                    IntOr(g, p + "rope.dimension_count", c.head_dim));
   if (rope_dims != c.head_dim) {
-    return absl::UnimplementedError(absl::StrCat(
-        g.name(), ": partial RoPE (", rope_dims, " of ", c.head_dim,
-        " dimensions) is not supported"));
+    return absl::UnimplementedError(
+        absl::StrCat(g.name(), ": partial RoPE (", rope_dims, " of ",
+                     c.head_dim, " dimensions) is not supported"));
   }
 
   // The vocabulary size: explicit key, else the embedding's row count.
@@ -92,14 +92,21 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
+  for (auto [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
+    if (id < -1 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.name(), ": tokenizer.ggml.", key, "_token_id ", id,
+                       " is outside the vocabulary of ", c.vocab_size));
+    }
+  }
   c.bos_id = static_cast<int32_t>(bos);
   c.eos_id = static_cast<int32_t>(eos);
   // llama.cpp's converter permutes Q/K rows so that RoPE pairs adjacent
   // dimensions.
   c.rope_style = RopeStyle::kAdjacentPairs;
   if (absl::Status s = c.Validate(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat(g.name(), ": ",
-                                                   s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(), ": ", s.message()));
   }
   return c;
 }
@@ -108,8 +115,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenGgufWeights(
     const std::string& path) {
   ASSIGN_OR_RETURN(auto gguf, GgufFile::Open(path));
   ASSIGN_OR_RETURN(ModelConfig config, ModelConfigFromGguf(*gguf));
-  return std::make_unique<GgufWeightSource>(std::move(gguf),
-                                            std::move(config));
+  return std::make_unique<GgufWeightSource>(std::move(gguf), std::move(config));
 }
 
 }  // namespace shardlm

@@ -1,5 +1,8 @@
 #include "model/model_config.h"
 
+#include <cmath>
+#include <tuple>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
@@ -10,8 +13,9 @@ namespace {
 absl::Status CheckRange(std::string_view field, int64_t v, int64_t lo,
                         int64_t hi) {
   if (v < lo || v > hi) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: ", Sv(field), " = ", v, " is outside [", lo, ", ", hi, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("model config: ", Sv(field),
+                                                   " = ", v, " is outside [",
+                                                   lo, ", ", hi, "]"));
   }
   return absl::OkStatus();
 }
@@ -20,15 +24,15 @@ absl::Status CheckRange(std::string_view field, int64_t v, int64_t lo,
 
 absl::Status ModelConfig::Validate() const {
   if (architecture != "llama" && architecture != "mistral") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "model config: architecture '", architecture,
-        "' is not supported (llama family only)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: architecture '", architecture,
+                     "' is not supported (llama family only)"));
   }
   // Bounds are generous (beyond any released Llama) but stop absurd values
   // from turning into huge allocations.
   for (auto [field, v, lo, hi] :
        {std::tuple<const char*, int64_t, int64_t, int64_t>{"n_layers", n_layers,
-                                                          1, 1024},
+                                                           1, 1024},
         {"hidden", hidden, 1, 1 << 17},
         {"ffn_hidden", ffn_hidden, 1, 1 << 19},
         {"n_heads", n_heads, 1, 1024},
@@ -47,9 +51,11 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: head_dim ", head_dim, " must be even"));
   }
-  if (!(rope_theta > 0) || !(rms_norm_eps > 0)) {
+  if (!(rope_theta > 0) || !(rms_norm_eps > 0) || !std::isfinite(rope_theta) ||
+      !std::isfinite(rms_norm_eps)) {
     return absl::InvalidArgumentError(
-        "model config: rope_theta and rms_norm_eps must be positive");
+        "model config: rope_theta and rms_norm_eps must be positive and "
+        "finite");
   }
   return absl::OkStatus();
 }

@@ -18,7 +18,9 @@ ModelConfig SmolLm2() {
   return c;
 }
 
-TEST(ModelConfigTest, AcceptsSmolLm2) { EXPECT_TRUE(SmolLm2().Validate().ok()); }
+TEST(ModelConfigTest, AcceptsSmolLm2) {
+  EXPECT_TRUE(SmolLm2().Validate().ok());
+}
 
 TEST(ModelConfigTest, RejectsInconsistentOrAbsurdValues) {
   ModelConfig c = SmolLm2();

@@ -93,9 +93,9 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "q", q, {n, heads, d}));
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "out", out, {n, heads, d}));
   if (kv_heads <= 0 || heads % kv_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "PagedAttention: ", heads, " query heads over ", kv_heads,
-        " KV heads"));
+    return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", heads,
+                                                   " query heads over ",
+                                                   kv_heads, " KV heads"));
   }
   RETURN_IF_ERROR(CheckBatch(batch, n, k_cache, v_cache, kv_heads, d));
   const int64_t bs = k_cache.dim(1);

@@ -75,7 +75,8 @@ TEST(PagedAttentionTest, MixedPrefillAndDecodeMatchNaiveAttention) {
   }
   positions.push_back(70);
   token_seq.push_back(1);
-  AttentionBatch batch{.positions = positions, .token_seq = token_seq,
+  AttentionBatch batch{.positions = positions,
+                       .token_seq = token_seq,
                        .block_tables = {f.tables[0], f.tables[1]}};
   const int64_t n = positions.size(), heads = 9, d = Fixture::kD;
 
@@ -83,7 +84,8 @@ TEST(PagedAttentionTest, MixedPrefillAndDecodeMatchNaiveAttention) {
   // decode sequence's earlier 70 tokens are written by a first step.
   std::vector<int32_t> hist_pos(70), hist_seq(70, 0);
   std::iota(hist_pos.begin(), hist_pos.end(), 0);
-  AttentionBatch hist{.positions = hist_pos, .token_seq = hist_seq,
+  AttentionBatch hist{.positions = hist_pos,
+                      .token_seq = hist_seq,
                       .block_tables = {f.tables[1]}};
   Tensor hk = *Tensor::View(DType::kF32, {70, 3, d}, f.k[1].raw());
   Tensor hv = *Tensor::View(DType::kF32, {70, 3, d}, f.v[1].raw());
@@ -109,9 +111,9 @@ TEST(PagedAttentionTest, MixedPrefillAndDecodeMatchNaiveAttention) {
   double max_err = 0;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < heads; ++h) {
-      const auto want = Reference(q.f32().data() + (i * heads + h) * d,
-                                  f.k[token_seq[i]], f.v[token_seq[i]], h / 3,
-                                  positions[i], scale);
+      const auto want =
+          Reference(q.f32().data() + (i * heads + h) * d, f.k[token_seq[i]],
+                    f.v[token_seq[i]], h / 3, positions[i], scale);
       for (int64_t e = 0; e < d; ++e) {
         max_err = std::max(
             max_err, std::abs(out.f32()[(i * heads + h) * d + e] - want[e]));
@@ -129,13 +131,15 @@ TEST(PagedAttentionTest, RejectsBadBlockTables) {
   Tensor q = RandomTensor({1, 3, Fixture::kD}, 1);
   Tensor out = *Tensor::Host(DType::kF32, {1, 3, Fixture::kD});
   for (const auto& table : {short_table, bad_block}) {
-    AttentionBatch batch{.positions = positions, .token_seq = token_seq,
+    AttentionBatch batch{.positions = positions,
+                         .token_seq = token_seq,
                          .block_tables = {table}};
     EXPECT_EQ(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out).code(),
               absl::StatusCode::kInvalidArgument);
   }
   const std::vector<int32_t> bad_seq = {1};
-  AttentionBatch batch{.positions = positions, .token_seq = bad_seq,
+  AttentionBatch batch{.positions = positions,
+                       .token_seq = bad_seq,
                        .block_tables = {f.tables[0]}};
   EXPECT_FALSE(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out).ok());
 }

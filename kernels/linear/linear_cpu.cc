@@ -16,12 +16,12 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
   if (auto s = CheckHostF32("Linear", "y", y, {n, out}); !s.ok()) return s;
   const float beta = accumulate ? 1.0f : 0.0f;
   if (n == 1) {
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data<float>(),
-                in, x.data<float>(), 1, beta, y.data<float>(), 1);
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, out, in, 1.0f, w.data<float>(), in,
+                x.data<float>(), 1, beta, y.data<float>(), 1);
   } else {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, out, in, 1.0f,
-                x.data<float>(), in, w.data<float>(), in, beta,
-                y.data<float>(), out);
+                x.data<float>(), in, w.data<float>(), in, beta, y.data<float>(),
+                out);
   }
   return absl::OkStatus();
 }

@@ -36,8 +36,8 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions, float theta,
       float* v = x.data<float>() + (i * heads + h) * d;
       for (int64_t k = 0; k < half; ++k) {
         const int64_t a = style == RopeStyle::kAdjacentPairs ? 2 * k : k;
-        const int64_t b = style == RopeStyle::kAdjacentPairs ? 2 * k + 1
-                                                             : k + half;
+        const int64_t b =
+            style == RopeStyle::kAdjacentPairs ? 2 * k + 1 : k + half;
         const float x0 = v[a], x1 = v[b];
         v[a] = x0 * cos[k] - x1 * sin[k];
         v[b] = x0 * sin[k] + x1 * cos[k];

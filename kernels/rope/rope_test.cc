@@ -13,8 +13,9 @@ using testing_util::RandomTensor;
 
 // Reference: rotate the pair (a, b) of dimension pair k by pos * theta^(-2k/d)
 // in double precision.
-std::vector<double> RopeReference(const Tensor& x, const std::vector<int32_t>& pos,
-                                  double theta, RopeStyle style) {
+std::vector<double> RopeReference(const Tensor& x,
+                                  const std::vector<int32_t>& pos, double theta,
+                                  RopeStyle style) {
   const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
   std::vector<double> out(x.f32().begin(), x.f32().end());
   for (int64_t i = 0; i < n; ++i) {
@@ -23,7 +24,8 @@ std::vector<double> RopeReference(const Tensor& x, const std::vector<int32_t>& p
       for (int64_t k = 0; k < d / 2; ++k) {
         const double angle = pos[i] * std::pow(theta, -2.0 * k / d);
         const int64_t a = style == RopeStyle::kAdjacentPairs ? 2 * k : k;
-        const int64_t b = style == RopeStyle::kAdjacentPairs ? 2 * k + 1 : k + d / 2;
+        const int64_t b =
+            style == RopeStyle::kAdjacentPairs ? 2 * k + 1 : k + d / 2;
         const double x0 = v[a], x1 = v[b];
         v[a] = x0 * std::cos(angle) - x1 * std::sin(angle);
         v[b] = x0 * std::sin(angle) + x1 * std::cos(angle);

@@ -67,13 +67,13 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p,
     std::sort(ids.begin(), ids.end(), by_logit);
   }
 
-  const float max = logits[p.top_k > 0 || p.top_p < 1.0f ? ids[0]
-                                                         : Argmax(logits)];
+  const float max =
+      logits[p.top_k > 0 || p.top_p < 1.0f ? ids[0] : Argmax(logits)];
   std::vector<double> probs(n);
   double total = 0;
   for (int32_t i = 0; i < n; ++i) {
-    probs[i] = std::exp((static_cast<double>(logits[ids[i]]) - max) /
-                        p.temperature);
+    probs[i] =
+        std::exp((static_cast<double>(logits[ids[i]]) - max) / p.temperature);
     total += probs[i];
   }
   if (p.top_p < 1.0f) {

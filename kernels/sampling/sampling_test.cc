@@ -79,8 +79,9 @@ TEST(SamplingTest, UniformIsInRangeAndSpread) {
 }
 
 TEST(SamplingTest, ValidatesParams) {
-  EXPECT_TRUE(ValidateSamplingParams({.temperature = 0.8f, .top_k = 40,
-                                      .top_p = 0.95f}).ok());
+  EXPECT_TRUE(
+      ValidateSamplingParams({.temperature = 0.8f, .top_k = 40, .top_p = 0.95f})
+          .ok());
   EXPECT_FALSE(ValidateSamplingParams({.temperature = -1}).ok());
   EXPECT_FALSE(ValidateSamplingParams({.temperature = NAN}).ok());
   EXPECT_FALSE(ValidateSamplingParams({.top_k = -2}).ok());

@@ -1,0 +1,150 @@
+// Engine behaviour on a small random model: chunked prefill and batching
+// must not change results, and every block comes back.
+#include "coordinator/engine.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+
+namespace shardlm {
+namespace {
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.hidden = 96;
+  c.ffn_hidden = 160;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 301;
+  c.context_length = 256;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101) % 301);
+  return p;
+}
+
+class EngineTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}) {
+    auto e = Engine::Create(*source_, options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+  std::unique_ptr<InMemoryWeights> source_ =
+      RandomLlamaWeights(TinyConfig(), 1);
+};
+
+TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
+  auto whole = MakeEngine();
+  auto chunked = MakeEngine({.max_batched_tokens = 7});
+  const GenerateRequest req{
+      .prompt = Prompt(40, 1), .max_tokens = 12, .return_prompt_logits = true};
+  auto a = whole->Generate(req);
+  auto b = chunked->Generate(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_EQ(a->prompt_logits.size(), 301u);
+  double max_err = 0;
+  for (size_t i = 0; i < 301; ++i) {
+    max_err = std::max<double>(
+        max_err, std::abs(a->prompt_logits[i] - b->prompt_logits[i]));
+  }
+  EXPECT_LT(max_err, 1e-4);
+  EXPECT_EQ(a->tokens, b->tokens);
+  EXPECT_EQ(a->tokens.size(), 12u);
+  EXPECT_EQ(a->finish_reason, FinishReason::kLength);
+}
+
+TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
+  auto engine = MakeEngine({.max_batched_tokens = 16});
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 5; ++i) {
+    reqs.push_back({.prompt = Prompt(1 + 13 * i, i), .max_tokens = 9 + i});
+  }
+  // One request samples: its draws depend only on (seed, step).
+  reqs[2].sampling = {.temperature = 0.9f, .top_p = 0.9f, .seed = 5};
+  auto batched = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    auto alone = engine->Generate(reqs[i]);
+    ASSERT_TRUE(alone.ok());
+    EXPECT_EQ((*batched)[i].tokens, alone->tokens) << "request " << i;
+  }
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(EngineTest, WaitsForBlocksWhenTheCacheIsShort) {
+  // 8 blocks of 16: each request needs 4, so at most two run at once.
+  const int64_t block_bytes = 2 * 3 * 16 * 2 * 16 * 4;
+  auto engine = MakeEngine({.kv_cache_bytes = 8 * block_bytes});
+  ASSERT_EQ(engine->blocks().num_blocks(), 8);
+  std::vector<GenerateRequest> reqs(
+      5, {.prompt = Prompt(30, 3), .max_tokens = 30});
+  auto results = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(results.ok()) << results.status();
+  for (const auto& r : *results) EXPECT_EQ(r.tokens, (*results)[0].tokens);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(EngineTest, StopTokensAndCancellationFreeBlocks) {
+  auto engine = MakeEngine();
+  auto free_run = engine->Generate({.prompt = Prompt(5, 2), .max_tokens = 10});
+  ASSERT_TRUE(free_run.ok());
+  const int32_t third = free_run->tokens[2];
+  auto stopped = engine->Generate(
+      {.prompt = Prompt(5, 2), .max_tokens = 10, .stop_token_ids = {third}});
+  ASSERT_TRUE(stopped.ok());
+  EXPECT_EQ(stopped->finish_reason, FinishReason::kStop);
+  // Stops at the first occurrence, which may come before position 2.
+  EXPECT_LE(stopped->tokens.size(), 3u);
+  EXPECT_EQ(stopped->tokens.back(), third);
+
+  int seen = 0;
+  auto cancelled = engine->Generate({.prompt = Prompt(5, 2), .max_tokens = 10},
+                                    [&](int32_t) { return ++seen < 4; });
+  ASSERT_TRUE(cancelled.ok());
+  EXPECT_EQ(cancelled->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(cancelled->tokens.size(), 4u);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
+  const int64_t block_bytes = 2 * 3 * 16 * 2 * 16 * 4;
+  auto engine = MakeEngine({.kv_cache_bytes = 4 * block_bytes});
+  const std::vector<GenerateRequest> bad = {
+      {.prompt = {}, .max_tokens = 4},
+      {.prompt = {1, 301}, .max_tokens = 4},
+      {.prompt = {1, -1}, .max_tokens = 4},
+      {.prompt = {1}, .max_tokens = 0},
+      {.prompt = Prompt(200, 1), .max_tokens = 100},  // > context 256.
+      {.prompt = Prompt(60, 1), .max_tokens = 10},    // > 4 blocks of 16.
+      {.prompt = {1}, .max_tokens = 4, .sampling = {.temperature = -1}},
+      {.prompt = {1}, .max_tokens = 4, .sampling = {.top_p = 2}},
+  };
+  for (size_t i = 0; i < bad.size(); ++i) {
+    auto r =
+        engine->GenerateBatch({{.prompt = {1, 2}, .max_tokens = 2}, bad[i]});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << i;
+    EXPECT_NE(r.status().message().find("request 1"), absl::string_view::npos)
+        << r.status();
+    EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  }
+}
+
+TEST(EngineCreateTest, RejectsBadOptions) {
+  auto source = RandomLlamaWeights(TinyConfig(), 1);
+  EXPECT_FALSE(Engine::Create(*source, {.block_size = 0}).ok());
+  EXPECT_FALSE(Engine::Create(*source, {.kv_cache_bytes = 10}).ok());
+  EXPECT_FALSE(Engine::Create(*source, {.max_batched_tokens = -1}).ok());
+}
+
+}  // namespace
+}  // namespace shardlm

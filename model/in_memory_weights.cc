@@ -1,0 +1,62 @@
+#include "model/in_memory_weights.h"
+
+#include <cmath>
+#include <cstring>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardlm {
+
+void InMemoryWeights::AddF32(std::string name, Shape shape,
+                             std::vector<float> values) {
+  std::vector<uint8_t> bytes(values.size() * sizeof(float));
+  std::memcpy(bytes.data(), values.data(), bytes.size());
+  tensors_.push_back(TensorInfo{.name = std::move(name),
+                                .dtype = DType::kF32,
+                                .shape = std::move(shape),
+                                .file = static_cast<int>(data_.size()),
+                                .offset = 0,
+                                .bytes = bytes.size()});
+  data_.push_back(std::move(bytes));
+}
+
+absl::Span<const uint8_t> InMemoryWeights::Data(const TensorInfo& info) const {
+  return data_[info.file];
+}
+
+std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
+                                                    uint32_t seed) {
+  auto w = std::make_unique<InMemoryWeights>(c);
+  std::mt19937 rng(seed);
+  const auto add = [&](std::string name, Shape shape, float mean,
+                       float stddev) {
+    std::normal_distribution<float> dist(mean, stddev);
+    std::vector<float> v(NumElements(shape));
+    for (float& x : v) x = dist(rng);
+    w->AddF32(std::move(name), std::move(shape), std::move(v));
+  };
+  const auto matrix = [&](std::string name, int64_t out, int64_t in) {
+    add(std::move(name), {out, in}, 0.0f, 1.0f / std::sqrt(float(in)));
+  };
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  add("token_embd.weight", {c.vocab_size, c.hidden}, 0.0f, 1.0f);
+  add("output_norm.weight", {c.hidden}, 1.0f, 0.1f);
+  if (!c.tied_embeddings) matrix("output.weight", c.vocab_size, c.hidden);
+  for (int64_t i = 0; i < c.n_layers; ++i) {
+    const std::string p = absl::StrCat("blk.", i, ".");
+    add(p + "attn_norm.weight", {c.hidden}, 1.0f, 0.1f);
+    matrix(p + "attn_q.weight", q_dim, c.hidden);
+    matrix(p + "attn_k.weight", kv_dim, c.hidden);
+    matrix(p + "attn_v.weight", kv_dim, c.hidden);
+    matrix(p + "attn_output.weight", c.hidden, q_dim);
+    add(p + "ffn_norm.weight", {c.hidden}, 1.0f, 0.1f);
+    matrix(p + "ffn_gate.weight", c.ffn_hidden, c.hidden);
+    matrix(p + "ffn_up.weight", c.ffn_hidden, c.hidden);
+    matrix(p + "ffn_down.weight", c.hidden, c.ffn_hidden);
+  }
+  return w;
+}
+
+}  // namespace shardlm

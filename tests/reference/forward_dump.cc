@@ -1,0 +1,69 @@
+// Prints what the engine computes for one prompt, for check_forward.py:
+//   forward_dump --model PATH --tokens 1,2,3 [--steps 32] [--chunk N]
+// writes one JSON object to stdout:
+//   {"logits": [last prompt position, vocab floats], "greedy": [steps ids]}
+// Greedy decoding does not stop at EOS, so that every step is compared.
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/engine.h"
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "forward_dump: %s\n", msg.c_str());
+  return 2;
+}
+
+int Main(int argc, char** argv) {
+  std::string model, tokens_arg;
+  int steps = 32, chunk = 512;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--model") {
+      model = value;
+    } else if (flag == "--tokens") {
+      tokens_arg = value;
+    } else if (flag == "--steps") {
+      if (!absl::SimpleAtoi(value, &steps)) return Fail("bad --steps");
+    } else if (flag == "--chunk") {
+      if (!absl::SimpleAtoi(value, &chunk)) return Fail("bad --chunk");
+    } else {
+      return Fail("unknown flag " + flag);
+    }
+  }
+  if (model.empty() || tokens_arg.empty()) {
+    return Fail(
+        "usage: forward_dump --model PATH --tokens 1,2,3 "
+        "[--steps 32] [--chunk N]");
+  }
+  std::vector<int32_t> prompt;
+  for (absl::string_view t : absl::StrSplit(tokens_arg, ',')) {
+    int32_t id;
+    if (!absl::SimpleAtoi(t, &id)) return Fail("bad token id in --tokens");
+    prompt.push_back(id);
+  }
+  auto source = OpenWeights(model);
+  if (!source.ok()) return Fail(std::string(source.status().message()));
+  auto engine = Engine::Create(**source, {.max_batched_tokens = chunk});
+  if (!engine.ok()) return Fail(std::string(engine.status().message()));
+  auto result = (*engine)->Generate(
+      {.prompt = prompt, .max_tokens = steps, .return_prompt_logits = true});
+  if (!result.ok()) return Fail(std::string(result.status().message()));
+  nlohmann::json out;
+  out["logits"] = result->prompt_logits;
+  out["greedy"] = result->tokens;
+  std::cout << out.dump() << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardlm
+
+int main(int argc, char** argv) { return shardlm::Main(argc, argv); }

@@ -1,0 +1,50 @@
+#include "worker/kv_pool.h"
+
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+
+namespace shardlm {
+
+int64_t KvPoolConfig::BytesPerBlock() const {
+  return 2 * n_layers * block_size * kv_heads * head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
+  const int64_t per_block = BytesPerBlock();
+  return per_block > 0 ? bytes / per_block : 0;
+}
+
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
+    const KvPoolConfig& config) {
+  if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||
+      config.block_size <= 0 || config.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool needs positive sizes; got ", config.n_layers,
+                     " layers, ", config.kv_heads, " KV heads, head_dim ",
+                     config.head_dim, ", block_size ", config.block_size, ", ",
+                     config.num_blocks, " blocks"));
+  }
+  std::unique_ptr<KvPool> pool(new KvPool(config));
+  const Shape shape = {config.num_blocks, config.block_size, config.kv_heads,
+                       config.head_dim};
+  try {
+    for (int64_t l = 0; l < config.n_layers; ++l) {
+      // Every slot is written before it is read, so the pages need not be
+      // touched (and committed) up front.
+      ASSIGN_OR_RETURN(Tensor k, Tensor::HostUninitialized(DType::kF32, shape));
+      ASSIGN_OR_RETURN(Tensor v, Tensor::HostUninitialized(DType::kF32, shape));
+      pool->k_.push_back(std::move(k));
+      pool->v_.push_back(std::move(v));
+    }
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cannot allocate a KV pool of ", config.num_blocks,
+                     " blocks (", pool->bytes(), " bytes)"));
+  }
+  return pool;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,51 @@
+// The physical KV cache of one worker: fixed-size blocks, per layer.
+//
+// Block ids are decided elsewhere (the coordinator's block manager); every
+// worker mirrors the same ids in its own pool, so a block id means the
+// same logical slot on every rank.
+#ifndef SHARDLM_WORKER_KV_POOL_H_
+#define SHARDLM_WORKER_KV_POOL_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "core/tensor.h"
+
+namespace shardlm {
+
+struct KvPoolConfig {
+  int64_t n_layers = 0;  // Layers held by this worker.
+  int64_t kv_heads = 0;  // KV heads held by this worker.
+  int64_t head_dim = 0;
+  int64_t block_size = 16;  // Tokens per block.
+  int64_t num_blocks = 0;
+
+  // Bytes of one block across all layers (K and V, f32).
+  int64_t BytesPerBlock() const;
+  // The most blocks that fit in `bytes`.
+  int64_t BlocksFor(int64_t bytes) const;
+};
+
+class KvPool {
+ public:
+  // ResourceExhausted when the memory cannot be had.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(
+      const KvPoolConfig& config);
+
+  const KvPoolConfig& config() const { return config_; }
+  // [num_blocks, block_size, kv_heads, head_dim]
+  Tensor& k(int64_t layer) { return k_[layer]; }
+  Tensor& v(int64_t layer) { return v_[layer]; }
+  int64_t bytes() const { return config_.num_blocks * config_.BytesPerBlock(); }
+
+ private:
+  explicit KvPool(const KvPoolConfig& config) : config_(config) {}
+  KvPoolConfig config_;
+  std::vector<Tensor> k_, v_;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_KV_POOL_H_

@@ -1,0 +1,129 @@
+#include "worker/model_runner.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/swiglu/swiglu.h"
+
+namespace shardlm {
+
+absl::Status ModelRunner::Validate(const StepInput& step) const {
+  const ModelConfig& c = config();
+  const size_t n = step.tokens.size();
+  if (n == 0) return absl::InvalidArgumentError("step has no tokens");
+  if (step.positions.size() != n || step.token_seq.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", n, " tokens but ", step.positions.size(),
+                     " positions and ", step.token_seq.size(), " seq ids"));
+  }
+  const int64_t bs = kv_->config().block_size;
+  for (size_t i = 0; i < n; ++i) {
+    if (step.tokens[i] < 0 || step.tokens[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", step.tokens[i],
+                       " is outside the vocabulary of ", c.vocab_size));
+    }
+    if (step.positions[i] < 0 || step.positions[i] >= c.context_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", step.positions[i],
+                       " is outside the context of ", c.context_length));
+    }
+    const int32_t s = step.token_seq[i];
+    if (s < 0 || static_cast<size_t>(s) >= step.block_tables.size() ||
+        static_cast<int64_t>(step.block_tables[s].size()) <=
+            step.positions[i] / bs) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token ", i, " of sequence ", s,
+                       " has no KV block for position ", step.positions[i]));
+    }
+  }
+  for (const auto& table : step.block_tables) {
+    for (int32_t b : table) {
+      if (b < 0 || b >= kv_->config().num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("KV block ", b, " is outside the pool of ",
+                         kv_->config().num_blocks));
+      }
+    }
+  }
+  for (int32_t r : step.logit_rows) {
+    if (r < 0 || static_cast<size_t>(r) >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit row ", r, " of a step of ", n, " tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
+  RETURN_IF_ERROR(Validate(step));
+  const ModelConfig& c = config();
+  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  const int64_t q_dim = c.n_heads * c.head_dim;
+  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+
+  AttentionBatch batch{.positions = step.positions,
+                       .token_seq = step.token_seq};
+  for (const auto& table : step.block_tables) {
+    batch.block_tables.push_back(table);
+  }
+
+  // Activations, reused across layers.
+  ASSIGN_OR_RETURN(Tensor x, Tensor::Host(DType::kF32, {n, c.hidden}));
+  ASSIGN_OR_RETURN(Tensor xn, Tensor::Host(DType::kF32, {n, c.hidden}));
+  ASSIGN_OR_RETURN(Tensor q, Tensor::Host(DType::kF32, {n, q_dim}));
+  ASSIGN_OR_RETURN(Tensor k, Tensor::Host(DType::kF32, {n, kv_dim}));
+  ASSIGN_OR_RETURN(Tensor v, Tensor::Host(DType::kF32, {n, kv_dim}));
+  ASSIGN_OR_RETURN(Tensor attn, Tensor::Host(DType::kF32, {n, q_dim}));
+  ASSIGN_OR_RETURN(Tensor gate, Tensor::Host(DType::kF32, {n, c.ffn_hidden}));
+  ASSIGN_OR_RETURN(Tensor up, Tensor::Host(DType::kF32, {n, c.ffn_hidden}));
+  // Per-head views of the same memory: [n, heads, head_dim].
+  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, c.n_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, c.n_kv_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, c.n_kv_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor attn3, attn.Reshaped({n, c.n_heads, c.head_dim}));
+
+  RETURN_IF_ERROR(Embedding(weights_.token_embd, step.tokens, 0, x));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const LlamaLayerWeights& w = weights_.layers[l];
+    // Attention block: x += wo * attention(rope(wq xn), rope(wk xn), wv xn).
+    RETURN_IF_ERROR(RmsNorm(x, w.attn_norm, c.rms_norm_eps, xn));
+    RETURN_IF_ERROR(Linear(xn, w.wq, q));
+    RETURN_IF_ERROR(Linear(xn, w.wk, k));
+    RETURN_IF_ERROR(Linear(xn, w.wv, v));
+    RETURN_IF_ERROR(Rope(q3, step.positions, c.rope_theta, c.rope_style));
+    RETURN_IF_ERROR(Rope(k3, step.positions, c.rope_theta, c.rope_style));
+    RETURN_IF_ERROR(WriteKv(k3, v3, batch, kv_->k(l), kv_->v(l)));
+    RETURN_IF_ERROR(
+        PagedAttention(q3, kv_->k(l), kv_->v(l), batch, scale, attn3));
+    RETURN_IF_ERROR(Linear(attn, w.wo, x, /*accumulate=*/true));
+    // FFN block: x += w_down (silu(w_gate xn) * w_up xn).
+    RETURN_IF_ERROR(RmsNorm(x, w.ffn_norm, c.rms_norm_eps, xn));
+    RETURN_IF_ERROR(Linear(xn, w.w_gate, gate));
+    RETURN_IF_ERROR(Linear(xn, w.w_up, up));
+    RETURN_IF_ERROR(SwiGlu(gate, up, gate));
+    RETURN_IF_ERROR(Linear(gate, w.w_down, x, /*accumulate=*/true));
+  }
+
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  const int64_t m = static_cast<int64_t>(step.logit_rows.size());
+  if (m == 0) return Tensor();  // A prefill chunk that samples nothing.
+  ASSIGN_OR_RETURN(Tensor last, Tensor::Host(DType::kF32, {m, c.hidden}));
+  for (int64_t r = 0; r < m; ++r) {
+    std::copy_n(x.f32().data() + step.logit_rows[r] * c.hidden, c.hidden,
+                last.f32().data() + r * c.hidden);
+  }
+  RETURN_IF_ERROR(RmsNorm(last, weights_.output_norm, c.rms_norm_eps, last));
+  ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
+  RETURN_IF_ERROR(Linear(last, weights_.lm_head, logits));
+  return logits;
+}
+
+}  // namespace shardlm
