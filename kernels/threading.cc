@@ -11,7 +11,9 @@ void SetCpuThreads(int n) {
   if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
   if (n <= 0) n = 1;
   omp_set_num_threads(n);
-  openblas_set_num_threads(n);
+  // Kernels split work across the OpenMP team and call BLAS from inside it;
+  // BLAS threads of its own would compete with the team for the cores.
+  openblas_set_num_threads(1);
 }
 
 int CpuThreads() { return omp_get_max_threads(); }

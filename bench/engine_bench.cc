@@ -1,0 +1,134 @@
+// Engine throughput on this machine, as ratios against its own measured
+// memory bandwidth (a benchmark, not a test):
+//   engine_bench --model PATH [--threads 1,2] [--prompt-tokens 512]
+//                [--decode-tokens 128] [--json out.json]
+// For each thread count: prefill tokens/s of one prompt, decode tokens/s,
+// and decode time against the bandwidth floor (bytes each decode step must
+// read: every weight matrix once plus the KV cache so far, divided by the
+// measured read bandwidth at that thread count).
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/engine.h"
+#include "core/tensor.h"
+#include "kernels/threading.h"
+#include "launch/flags.h"
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Best-of-5 read bandwidth (bytes/s) summing a 1 GiB buffer with the
+// current thread count.
+double ReadBandwidth() {
+  const int64_t n = int64_t{1} << 28;  // floats: 1 GiB.
+  Tensor buf = *Tensor::Host(DType::kF32, {n});
+  float* p = buf.data<float>();
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) p[i] = static_cast<float>(i & 7);
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    float total = 0;
+#pragma omp parallel for simd reduction(+ : total)
+    for (int64_t i = 0; i < n; ++i) total += p[i];
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    sink = sink + total;
+    best = std::max(best, n * 4.0 / s);
+  }
+  return best;
+}
+
+int Main(int argc, char** argv) {
+  std::string model, threads_arg = "1,2", json_path;
+  int64_t prompt_tokens = 512, decode_tokens = 128;
+  FlagSet flags("usage: engine_bench --model PATH [flags]");
+  flags.Add("model", &model, "model path");
+  flags.Add("threads", &threads_arg, "comma-separated thread counts");
+  flags.Add("prompt-tokens", &prompt_tokens, "prompt length");
+  flags.Add("decode-tokens", &decode_tokens, "decode steps timed");
+  flags.Add("json", &json_path, "also write results here");
+  if (absl::Status s = flags.Parse(argc, argv, 1);
+      !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1) {
+    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
+                 flags.Usage().c_str());
+    return 2;
+  }
+  auto source = OpenWeights(model);
+  if (!source.ok()) {
+    std::fprintf(stderr, "%s\n",
+                 std::string(source.status().message()).c_str());
+    return 1;
+  }
+  nlohmann::json results = nlohmann::json::array();
+  std::printf("%-8s %14s %14s %12s %14s %12s\n", "threads", "prefill tok/s",
+              "decode tok/s", "read GB/s", "floor ms/tok", "of floor");
+  for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
+    int threads;
+    if (!absl::SimpleAtoi(t, &threads) || threads < 1) {
+      std::fprintf(stderr, "bad --threads entry '%s'\n",
+                   std::string(t).c_str());
+      return 2;
+    }
+    auto engine = Engine::Create(**source, {.threads = threads});
+    if (!engine.ok()) {
+      std::fprintf(stderr, "%s\n",
+                   std::string(engine.status().message()).c_str());
+      return 1;
+    }
+    const ModelConfig& c = (*engine)->config();
+    GenerateRequest req{.max_tokens = static_cast<int32_t>(decode_tokens + 1)};
+    for (int64_t i = 0; i < prompt_tokens; ++i) {
+      req.prompt.push_back(
+          static_cast<int32_t>((i * 7919 + 13) % c.vocab_size));
+    }
+    auto result = (*engine)->Generate(req);
+    if (!result.ok()) {
+      std::fprintf(stderr, "%s\n",
+                   std::string(result.status().message()).c_str());
+      return 1;
+    }
+    const double prefill_tps = prompt_tokens / result->prefill_seconds;
+    const double decode_tps = decode_tokens / result->decode_seconds;
+    // Bytes one decode step reads: every weight matrix once (the embedding
+    // only as the LM head when tied), plus K and V of the average context.
+    const LlamaWeights& w = (*engine)->runner().weights();
+    int64_t weight_bytes = w.bytes();
+    if (!c.tied_embeddings) weight_bytes -= w.token_embd.bytes();
+    const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
+    const double kv_bytes =
+        avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;
+    const double bandwidth = ReadBandwidth();
+    const double floor_s = (weight_bytes + kv_bytes) / bandwidth;
+    const double fraction = floor_s / (1.0 / decode_tps);
+    std::printf("%-8d %14.1f %14.2f %12.2f %14.2f %11.0f%%\n", threads,
+                prefill_tps, decode_tps, bandwidth / 1e9, floor_s * 1e3,
+                fraction * 100);
+    results.push_back({{"threads", threads},
+                       {"prompt_tokens", prompt_tokens},
+                       {"decode_tokens", decode_tokens},
+                       {"prefill_tokens_per_s", prefill_tps},
+                       {"decode_tokens_per_s", decode_tps},
+                       {"read_bandwidth_bytes_per_s", bandwidth},
+                       {"bytes_per_decode_step", weight_bytes + kv_bytes},
+                       {"decode_fraction_of_bandwidth_floor", fraction}});
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardlm
+
+int main(int argc, char** argv) { return shardlm::Main(argc, argv); }

@@ -1,0 +1,13 @@
+// Subcommands of the shardlm binary. Each returns the process exit code:
+// 0 on success, 1 on a runtime failure, 2 on a usage error.
+#ifndef SHARDLM_LAUNCH_COMMANDS_H_
+#define SHARDLM_LAUNCH_COMMANDS_H_
+
+namespace shardlm {
+
+int GenerateCommand(int argc, char** argv);
+int InspectCommand(int argc, char** argv);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_LAUNCH_COMMANDS_H_

@@ -1,0 +1,176 @@
+// shardlm generate: streams a completion from a model in this process.
+#include <chrono>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/engine.h"
+#include "launch/commands.h"
+#include "launch/flags.h"
+#include "model/tokenizer.h"
+#include "model/weight_source.h"
+
+namespace shardlm {
+namespace {
+
+struct GenerateFlags {
+  std::string model;
+  std::string prompt;
+  bool chat = false;
+  int64_t max_tokens = 128;
+  double temperature = 0.0;
+  int64_t top_k = 0;
+  double top_p = 1.0;
+  int64_t seed = 0;
+  int64_t threads = 0;
+  int64_t kv_cache_bytes = 0;
+  int64_t max_batched_tokens = 512;
+  bool stats = false;
+};
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "shardlm generate: %s\n",
+               std::string(s.message()).c_str());
+  return 1;
+}
+
+// The ChatML turn SmolLM2-Instruct was trained on.
+std::string ChatPrompt(const std::string& user) {
+  return absl::StrCat("<|im_start|>user\n", user,
+                      "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+}  // namespace
+
+int GenerateCommand(int argc, char** argv) {
+  GenerateFlags f;
+  FlagSet flags(
+      "usage: shardlm generate --model PATH --prompt TEXT [flags]\n"
+      "Streams the completion of TEXT to stdout. Temperature 0 is greedy;\n"
+      "the same seed gives the same text.");
+  flags.Add("model", &f.model,
+            "GGUF file, or directory with config.json + "
+            "*.safetensors + tokenizer.json");
+  flags.Add("prompt", &f.prompt, "text to complete");
+  flags.Add("chat", &f.chat, "wrap the prompt as a ChatML user turn");
+  flags.Add("max-tokens", &f.max_tokens, "most tokens to generate");
+  flags.Add("temperature", &f.temperature, "sampling temperature, 0 = greedy");
+  flags.Add("top-k", &f.top_k, "keep the k most likely tokens, 0 = off");
+  flags.Add("top-p", &f.top_p, "nucleus mass to keep, 1 = off");
+  flags.Add("seed", &f.seed, "sampling seed");
+  flags.Add("threads", &f.threads, "CPU threads, 0 = all cores");
+  flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
+            "KV cache budget, 0 = one full context");
+  flags.Add("max-batched-tokens", &f.max_batched_tokens,
+            "tokens per step; longer prompts prefill in chunks");
+  flags.Add("stats", &f.stats, "print token counts and speeds to stderr");
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm generate: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  std::string problem;
+  if (f.model.empty()) problem = "--model is required";
+  if (problem.empty() && f.prompt.empty()) problem = "--prompt is required";
+  if (problem.empty() && !flags.positional().empty()) {
+    problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
+  }
+  if (problem.empty() && (f.max_tokens < 1 || f.max_tokens > (1 << 24))) {
+    problem = "--max-tokens must be at least 1";
+  }
+  if (problem.empty() && (f.top_k < 0 || f.top_k > (1 << 30))) {
+    problem = "--top-k must be >= 0";
+  }
+  if (problem.empty() &&
+      (f.max_batched_tokens < 1 || f.max_batched_tokens > (1 << 20))) {
+    problem = "--max-batched-tokens must be in [1, 1048576]";
+  }
+  if (problem.empty() && (f.threads < 0 || f.threads > 4096)) {
+    problem = "--threads must be in [0, 4096]";
+  }
+  const SamplingParams sampling{
+      .temperature = static_cast<float>(f.temperature),
+      .top_k = static_cast<int32_t>(f.top_k),
+      .top_p = static_cast<float>(f.top_p),
+      .seed = static_cast<uint64_t>(f.seed)};
+  if (absl::Status s = ValidateSamplingParams(sampling);
+      problem.empty() && !s.ok()) {
+    problem = std::string(s.message());
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "shardlm generate: %s\n\n%s", problem.c_str(),
+                 flags.Usage().c_str());
+    return 2;
+  }
+
+  const auto t0 = std::chrono::steady_clock::now();
+  auto source = OpenWeights(f.model);
+  if (!source.ok()) return Fail(source.status());
+  auto tokenizer = LoadTokenizer(f.model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  auto engine = Engine::Create(
+      **source,
+      {.kv_cache_bytes = f.kv_cache_bytes,
+       .max_batched_tokens = static_cast<int32_t>(f.max_batched_tokens),
+       .threads = static_cast<int>(f.threads)});
+  if (!engine.ok()) return Fail(engine.status());
+  source->reset();  // Weights are loaded; release the mapping.
+  const double load_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+          .count();
+
+  const Tokenizer& tok = **tokenizer;
+  GenerateRequest req{
+      .prompt = tok.Encode(f.chat ? ChatPrompt(f.prompt) : f.prompt),
+      .max_tokens = static_cast<int32_t>(f.max_tokens),
+      .sampling = sampling};
+  // End of text, and the end of a chat turn for chat models.
+  for (int32_t id : {(*engine)->config().eos_id, tok.eos_id()}) {
+    if (id >= 0) req.stop_token_ids.push_back(id);
+  }
+  if (auto im_end = tok.TokenId("<|im_end|>")) {
+    req.stop_token_ids.push_back(*im_end);
+  }
+  if (req.prompt.empty()) {
+    return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
+  }
+
+  StreamingDetokenizer detok(&tok);
+  const auto stops = req.stop_token_ids;
+  auto result = (*engine)->Generate(req, [&](int32_t id) {
+    // Stop tokens end the stream without being printed.
+    if (std::find(stops.begin(), stops.end(), id) == stops.end()) {
+      const std::string text = detok.Push(id);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      std::fflush(stdout);
+    }
+    return true;
+  });
+  if (!result.ok()) {
+    std::fputc('\n', stdout);
+    return Fail(result.status());
+  }
+  const std::string rest = detok.Finish();
+  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  std::fputc('\n', stdout);
+
+  if (f.stats) {
+    const size_t n = result->tokens.size();
+    std::fprintf(
+        stderr,
+        "[shardlm] load %.2fs | prompt %zu tokens, prefill %.3fs (%.1f tok/s)"
+        " | generated %zu tokens, decode %.1f tok/s | finish: %s\n",
+        load_s, req.prompt.size(), result->prefill_seconds,
+        req.prompt.size() / result->prefill_seconds, n,
+        n > 1 ? (n - 1) / result->decode_seconds : 0.0,
+        FinishReasonName(result->finish_reason));
+  }
+  return 0;
+}
+
+}  // namespace shardlm

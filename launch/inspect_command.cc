@@ -1,0 +1,62 @@
+// shardlm inspect: what a model file holds.
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "launch/commands.h"
+#include "launch/flags.h"
+#include "model/tokenizer.h"
+#include "model/weight_source.h"
+
+namespace shardlm {
+
+int InspectCommand(int argc, char** argv) {
+  FlagSet flags(
+      "usage: shardlm inspect PATH\n"
+      "Prints the model config, every tensor (name, dtype, shape, bytes) and\n"
+      "a tokenizer summary of a GGUF file or a safetensors directory.");
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm inspect: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (flags.positional().size() != 1) {
+    std::fprintf(stderr, "shardlm inspect: expected one model path\n\n%s",
+                 flags.Usage().c_str());
+    return 2;
+  }
+  const std::string& path = flags.positional()[0];
+  auto source = OpenWeights(path);
+  if (!source.ok()) {
+    std::fprintf(stderr, "shardlm inspect: %s\n",
+                 std::string(source.status().message()).c_str());
+    return 1;
+  }
+  const WeightSource& w = **source;
+  std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),
+              w.format().c_str(), w.config().DebugString().c_str());
+  std::printf("%-36s %-5s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
+  uint64_t total = 0;
+  for (const TensorInfo& t : w.tensors()) {
+    std::printf("%-36s %-5s %-16s %12llu\n", t.name.c_str(), DTypeName(t.dtype),
+                ShapeString(t.shape).c_str(),
+                static_cast<unsigned long long>(t.bytes));
+    total += t.bytes;
+  }
+  std::printf("%zu tensors, %s bytes (%.1f MiB)\n\n", w.tensors().size(),
+              absl::StrFormat("%d", total).c_str(), total / 1048576.0);
+  auto tokenizer = LoadTokenizer(path);
+  if (tokenizer.ok()) {
+    std::printf("tokenizer  %s\n", (*tokenizer)->Summary().c_str());
+  } else {
+    std::printf("tokenizer  none: %s\n",
+                std::string(tokenizer.status().message()).c_str());
+  }
+  return 0;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,34 @@
+// shardlm: one binary, subcommands (DESIGN.md section 1).
+#include <cstdio>
+#include <cstring>
+
+#include "launch/commands.h"
+
+namespace {
+
+constexpr char kUsage[] =
+    "usage: shardlm <command> [flags]\n"
+    "\n"
+    "commands:\n"
+    "  generate   stream a completion for a prompt from a local model\n"
+    "  inspect    print a model file's config, tensors and tokenizer\n"
+    "\n"
+    "Run 'shardlm <command> --help' for the flags of a command.\n";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::strcmp(argv[1], "--help") == 0 ||
+      std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "help") == 0) {
+    std::fputs(kUsage, argc < 2 ? stderr : stdout);
+    return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "generate") == 0) {
+    return shardlm::GenerateCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "inspect") == 0) {
+    return shardlm::InspectCommand(argc, argv);
+  }
+  std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", argv[1], kUsage);
+  return 2;
+}
