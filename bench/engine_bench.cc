@@ -103,9 +103,8 @@ int Main(int argc, char** argv) {
     const double decode_tps = decode_tokens / result->decode_seconds;
     // Bytes one decode step reads: every weight matrix once (the embedding
     // only as the LM head when tied), plus K and V of the average context.
-    const LlamaWeights& w = (*engine)->runner().weights();
-    int64_t weight_bytes = w.bytes();
-    if (!c.tied_embeddings) weight_bytes -= w.token_embd.bytes();
+    int64_t weight_bytes = (*engine)->executor().weight_bytes();
+    if (!c.tied_embeddings) weight_bytes -= c.vocab_size * c.hidden * 4;
     const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
     const double kv_bytes =
         avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;

@@ -7,7 +7,6 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/threading.h"
-#include "worker/llama_weights.h"
 
 namespace shardlm {
 namespace {
@@ -55,31 +54,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                      options.kv_cache_bytes, ") not negative"));
   }
   SetCpuThreads(options.threads);
-  ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(source));
-  const ModelConfig& c = weights.config;
-  KvPoolConfig kv{.n_layers = c.n_layers,
-                  .kv_heads = c.n_kv_heads,
-                  .head_dim = c.head_dim,
-                  .block_size = options.block_size};
-  kv.num_blocks =
-      options.kv_cache_bytes > 0
-          ? kv.BlocksFor(options.kv_cache_bytes)
-          : (c.context_length + options.block_size - 1) / options.block_size;
-  if (kv.num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", options.kv_cache_bytes,
-        " bytes holds no block (one block is ", kv.BytesPerBlock(), " bytes)"));
+  // Ranks on threads share the cores.
+  const int ranks = std::max(1, options.tp * options.pp);
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<StepExecutor> executor,
+      CreateInProcessExecutor(
+          source, {.tp = options.tp,
+                   .pp = options.pp,
+                   .block_size = options.block_size,
+                   .kv_cache_bytes = options.kv_cache_bytes,
+                   .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
+  return Create(std::move(executor), options);
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
+    std::unique_ptr<StepExecutor> executor, const EngineOptions& options) {
+  if (options.block_size <= 0 || options.max_batched_tokens <= 0) {
+    return absl::InvalidArgumentError(
+        "engine options: block_size and max_batched_tokens must be positive");
   }
-  if (kv.num_blocks > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("KV cache budget is absurdly large");
-  }
-  ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
-  auto runner =
-      std::make_unique<ModelRunner>(std::move(weights), std::move(pool));
+  const int64_t blocks = executor->num_kv_blocks();
   return std::unique_ptr<Engine>(new Engine(
-      std::move(runner),
-      BlockManager(static_cast<int32_t>(kv.num_blocks), options.block_size),
-      options));
+      std::move(executor),
+      BlockManager(static_cast<int32_t>(blocks), options.block_size), options));
 }
 
 absl::Status Engine::Validate(
@@ -192,7 +189,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
       return absl::InternalError("scheduler made no progress");
     }
 
-    ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
+    ASSIGN_OR_RETURN(Tensor logits, executor_->Forward(step));
     const int64_t vocab = config().vocab_size;
     for (size_t row = 0; row < in_step.size(); ++row) {
       Sequence& s = *in_step[row];

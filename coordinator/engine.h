@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
 #include "model/weight_source.h"
 #include "worker/model_runner.h"
@@ -27,6 +28,10 @@ struct EngineOptions {
   // Most tokens in one step; longer prompts are prefilled in chunks.
   int32_t max_batched_tokens = 512;
   int threads = 0;  // CPU threads; 0 means all cores.
+  // Tensor and pipeline parallel degrees. tp * pp > 1 runs the shards on
+  // threads of this process (the cluster runs them on worker ranks).
+  int tp = 1;
+  int pp = 1;
 };
 
 struct GenerateRequest {
@@ -56,10 +61,13 @@ class Engine {
  public:
   static absl::StatusOr<std::unique_ptr<Engine>> Create(
       const WeightSource& source, const EngineOptions& options);
+  // An engine over an executor built elsewhere (e.g. remote workers).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(
+      std::unique_ptr<StepExecutor> executor, const EngineOptions& options);
 
-  const ModelConfig& config() const { return runner_->config(); }
+  const ModelConfig& config() const { return executor_->config(); }
   const BlockManager& blocks() const { return blocks_; }
-  const ModelRunner& runner() const { return *runner_; }
+  const StepExecutor& executor() const { return *executor_; }
 
   // Runs the requests together until each finishes. Requests are checked
   // up front (InvalidArgument naming the request and field; nothing runs
@@ -74,14 +82,14 @@ class Engine {
       const std::function<bool(int32_t)>& on_token = nullptr);
 
  private:
-  Engine(std::unique_ptr<ModelRunner> runner, BlockManager blocks,
+  Engine(std::unique_ptr<StepExecutor> executor, BlockManager blocks,
          EngineOptions options)
-      : runner_(std::move(runner)),
+      : executor_(std::move(executor)),
         blocks_(std::move(blocks)),
         options_(options) {}
   absl::Status Validate(const std::vector<GenerateRequest>& requests) const;
 
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<StepExecutor> executor_;
   BlockManager blocks_;
   EngineOptions options_;
   int64_t next_seq_id_ = 0;

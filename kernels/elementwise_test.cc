@@ -88,3 +88,22 @@ TEST(SoftmaxTest, StableAndNormalized) {
 
 }  // namespace
 }  // namespace shardlm
+
+#include "kernels/add/add.h"
+
+namespace shardlm {
+namespace {
+
+TEST(AddTest, AddsInPlaceAndChecksShapes) {
+  Tensor x = testing_util::RandomTensor({3, 769}, 1);
+  Tensor y = testing_util::RandomTensor({3, 769}, 2);
+  std::vector<float> want(x.numel());
+  for (int64_t i = 0; i < x.numel(); ++i) want[i] = x.f32()[i] + y.f32()[i];
+  ASSERT_TRUE(AddInPlace(x, y).ok());
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.f32()[i], want[i]);
+  Tensor z = testing_util::RandomTensor({3, 768}, 2);
+  EXPECT_FALSE(AddInPlace(x, z).ok());
+}
+
+}  // namespace
+}  // namespace shardlm

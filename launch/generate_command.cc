@@ -26,6 +26,8 @@ struct GenerateFlags {
   int64_t threads = 0;
   int64_t kv_cache_bytes = 0;
   int64_t max_batched_tokens = 512;
+  int64_t tp = 1;
+  int64_t pp = 1;
   bool stats = false;
 };
 
@@ -64,6 +66,8 @@ int GenerateCommand(int argc, char** argv) {
             "KV cache budget, 0 = one full context");
   flags.Add("max-batched-tokens", &f.max_batched_tokens,
             "tokens per step; longer prompts prefill in chunks");
+  flags.Add("tp", &f.tp, "tensor-parallel shards (run on threads here)");
+  flags.Add("pp", &f.pp, "pipeline stages (run on threads here)");
   flags.Add("stats", &f.stats, "print token counts and speeds to stderr");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm generate: %s\n\n%s",
@@ -89,6 +93,9 @@ int GenerateCommand(int argc, char** argv) {
   if (problem.empty() &&
       (f.max_batched_tokens < 1 || f.max_batched_tokens > (1 << 20))) {
     problem = "--max-batched-tokens must be in [1, 1048576]";
+  }
+  if (problem.empty() && (f.tp < 1 || f.tp > 64 || f.pp < 1 || f.pp > 64)) {
+    problem = "--tp and --pp must be in [1, 64]";
   }
   if (problem.empty() && (f.threads < 0 || f.threads > 4096)) {
     problem = "--threads must be in [0, 4096]";
@@ -117,7 +124,9 @@ int GenerateCommand(int argc, char** argv) {
       **source,
       {.kv_cache_bytes = f.kv_cache_bytes,
        .max_batched_tokens = static_cast<int32_t>(f.max_batched_tokens),
-       .threads = static_cast<int>(f.threads)});
+       .threads = static_cast<int>(f.threads),
+       .tp = static_cast<int>(f.tp),
+       .pp = static_cast<int>(f.pp)});
   if (!engine.ok()) return Fail(engine.status());
   source->reset();  // Weights are loaded; release the mapping.
   const double load_s =

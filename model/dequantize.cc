@@ -106,6 +106,44 @@ absl::StatusOr<Tensor> DequantizeRows(const TensorInfo& info,
   return out;
 }
 
+absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
+                                       absl::Span<const uint8_t> data,
+                                       int64_t row_begin, int64_t row_end,
+                                       int64_t col_begin, int64_t col_end) {
+  if (info.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", info.name, "' of shape ",
+                     ShapeString(info.shape), " is not 2-D"));
+  }
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t block = BlockElems(info.dtype);
+  if (row_begin < 0 || row_begin > row_end || row_end > rows || col_begin < 0 ||
+      col_begin >= col_end || col_end > cols || col_begin % block != 0 ||
+      col_end % block != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "slice rows [", row_begin, ", ", row_end, ") cols [", col_begin, ", ",
+        col_end, ") of tensor '", info.name, "' ", ShapeString(info.shape),
+        " (", DTypeName(info.dtype), " blocks of ", block, ")"));
+  }
+  ASSIGN_OR_RETURN(const int64_t row_bytes, BytesFor(info.dtype, cols));
+  if (static_cast<uint64_t>(rows * row_bytes) != data.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", info.name, "' has ", data.size(),
+                     " bytes, expected ", rows * row_bytes));
+  }
+  ASSIGN_OR_RETURN(const int64_t skip, BytesFor(info.dtype, col_begin));
+  const int64_t width = col_end - col_begin;
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::Host(DType::kF32, {row_end - row_begin, width}));
+  float* dst = out.data<float>();
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    RETURN_IF_ERROR(DequantizeRow(info.dtype,
+                                  data.data() + r * row_bytes + skip, width,
+                                  dst + (r - row_begin) * width));
+  }
+  return out;
+}
+
 absl::StatusOr<Tensor> DequantizeTensor(const WeightSource& source,
                                         const TensorInfo& info) {
   const int64_t rows = info.shape.size() == 2 ? info.shape[0] : 1;

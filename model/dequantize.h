@@ -25,6 +25,15 @@ absl::StatusOr<Tensor> DequantizeRows(const TensorInfo& info,
                                       absl::Span<const uint8_t> data,
                                       int64_t row_begin, int64_t row_end);
 
+// The block rows [row_begin, row_end) x columns [col_begin, col_end) of a
+// 2-D stored tensor as a new f32 tensor [rows, cols], reading only the
+// bytes of those columns. Column bounds must fall on block boundaries of
+// the dtype (multiples of 32 for quantized types).
+absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
+                                       absl::Span<const uint8_t> data,
+                                       int64_t row_begin, int64_t row_end,
+                                       int64_t col_begin, int64_t col_end);
+
 // The whole tensor as f32.
 absl::StatusOr<Tensor> DequantizeTensor(const WeightSource& source,
                                         const TensorInfo& info);

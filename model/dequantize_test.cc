@@ -85,3 +85,36 @@ TEST(DequantizeTest, RejectsPartialBlocks) {
 
 }  // namespace
 }  // namespace shardlm
+
+namespace shardlm {
+namespace {
+
+// A Q8_0 tensor [2, 96] (3 blocks a row) where value (r, c) = r * 100 + c
+// exactly (scale 1); a column slice must equal the same part of the whole.
+TEST(DequantizeTest, SliceReadsOnlyItsBlocks) {
+  std::vector<uint8_t> data;
+  for (int r = 0; r < 2; ++r) {
+    for (int b = 0; b < 3; ++b) {
+      PutU16(data, FloatToFp16(1.0f));
+      for (int j = 0; j < 32; ++j) {
+        data.push_back(static_cast<uint8_t>((r * 50 + b * 32 + j) % 128));
+      }
+    }
+  }
+  TensorInfo info{.name = "w",
+                  .dtype = DType::kQ8_0,
+                  .shape = {2, 96},
+                  .bytes = data.size()};
+  auto whole = DequantizeRows(info, data, 0, 2);
+  auto slice = DequantizeSlice(info, data, 1, 2, 32, 96);
+  ASSERT_TRUE(whole.ok() && slice.ok());
+  ASSERT_EQ(slice->shape(), (Shape{1, 64}));
+  for (int c = 0; c < 64; ++c) {
+    EXPECT_EQ(slice->f32()[c], whole->f32()[96 + 32 + c]);
+  }
+  EXPECT_FALSE(DequantizeSlice(info, data, 0, 1, 16, 48).ok());  // Mid-block.
+  EXPECT_FALSE(DequantizeSlice(info, data, 0, 3, 0, 32).ok());
+}
+
+}  // namespace
+}  // namespace shardlm

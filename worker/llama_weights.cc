@@ -1,5 +1,7 @@
 #include "worker/llama_weights.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "model/dequantize.h"
@@ -7,17 +9,37 @@
 namespace shardlm {
 namespace {
 
+// Rows [r0, r1) x columns [c0, c1) of tensor `name`, whose full shape must
+// be `shape` (1-D tensors are read whole).
 absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
-                            const Shape& shape) {
+                            const Shape& shape, int64_t r0 = 0, int64_t r1 = -1,
+                            int64_t c0 = 0, int64_t c1 = -1) {
   ASSIGN_OR_RETURN(const TensorInfo* info, source.Require(name, shape));
-  return DequantizeTensor(source, *info);
+  if (shape.size() == 1) return DequantizeTensor(source, *info);
+  if (r1 < 0) r1 = shape[0];
+  if (c1 < 0) c1 = shape[1];
+  return DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1);
 }
 
 }  // namespace
 
+ShardSpec WholeModelSpec(const ModelConfig& c) {
+  return ShardSpec{.layer_begin = 0,
+                   .layer_end = c.n_layers,
+                   .kv_head_begin = 0,
+                   .kv_head_end = c.n_kv_heads,
+                   .head_begin = 0,
+                   .head_end = c.n_heads,
+                   .ffn_begin = 0,
+                   .ffn_end = c.ffn_hidden,
+                   .vocab_begin = 0,
+                   .vocab_end = c.vocab_size,
+                   .vocab_padded = c.vocab_size};
+}
+
 int64_t LlamaWeights::bytes() const {
-  int64_t total = token_embd.bytes() + output_norm.bytes();
-  if (lm_head.raw() != token_embd.raw()) total += lm_head.bytes();
+  int64_t total = output_norm.bytes() + lm_head.bytes();
+  if (token_embd.raw() != lm_head.raw()) total += token_embd.bytes();
   for (const LlamaLayerWeights& l : layers) {
     for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
                             &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
@@ -28,42 +50,69 @@ int64_t LlamaWeights::bytes() const {
 }
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source) {
+  return LoadLlamaWeights(source, WholeModelSpec(source.config()));
+}
+
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
+                                              const ShardSpec& s) {
   LlamaWeights w;
   w.config = source.config();
+  w.spec = s;
   const ModelConfig& c = w.config;
-  const int64_t q_dim = c.n_heads * c.head_dim;
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
-  ASSIGN_OR_RETURN(w.token_embd,
-                   Load(source, "token_embd.weight", {c.vocab_size, c.hidden}));
-  ASSIGN_OR_RETURN(w.output_norm,
-                   Load(source, "output_norm.weight", {c.hidden}));
-  if (c.tied_embeddings) {
-    w.lm_head = w.token_embd;
-  } else {
-    ASSIGN_OR_RETURN(w.lm_head,
-                     Load(source, "output.weight", {c.vocab_size, c.hidden}));
+  const int64_t d = c.head_dim;
+  const int64_t q_dim = c.n_heads * d, kv_dim = c.n_kv_heads * d;
+  const Shape embd_shape = {c.vocab_size, c.hidden};
+  if (s.first_stage()) {
+    ASSIGN_OR_RETURN(w.token_embd, Load(source, "token_embd.weight", embd_shape,
+                                        s.vocab_begin, s.vocab_end));
   }
-  for (int64_t i = 0; i < c.n_layers; ++i) {
+  if (s.last_stage()) {
+    ASSIGN_OR_RETURN(w.output_norm,
+                     Load(source, "output_norm.weight", {c.hidden}));
+    ASSIGN_OR_RETURN(
+        Tensor head,
+        Load(source, c.tied_embeddings ? "token_embd.weight" : "output.weight",
+             embd_shape, s.vocab_begin, s.vocab_end));
+    if (s.vocab_padded == s.vocab_end - s.vocab_begin) {
+      w.lm_head = std::move(head);
+    } else {
+      // Zero rows up to the padded size give logits that are cut off after
+      // the all-gather.
+      ASSIGN_OR_RETURN(w.lm_head,
+                       Tensor::Host(DType::kF32, {s.vocab_padded, c.hidden}));
+      std::memcpy(w.lm_head.raw(), head.raw(), head.bytes());
+    }
+    if (s.first_stage() && c.tied_embeddings &&
+        w.lm_head.shape() == w.token_embd.shape()) {
+      w.lm_head = w.token_embd;  // Share one copy.
+    }
+  }
+  const int64_t q0 = s.head_begin * d, q1 = s.head_end * d;
+  const int64_t k0 = s.kv_head_begin * d, k1 = s.kv_head_end * d;
+  for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
     const std::string p = absl::StrCat("blk.", i, ".");
     LlamaLayerWeights l;
     ASSIGN_OR_RETURN(l.attn_norm,
                      Load(source, p + "attn_norm.weight", {c.hidden}));
-    ASSIGN_OR_RETURN(l.wq,
-                     Load(source, p + "attn_q.weight", {q_dim, c.hidden}));
-    ASSIGN_OR_RETURN(l.wk,
-                     Load(source, p + "attn_k.weight", {kv_dim, c.hidden}));
-    ASSIGN_OR_RETURN(l.wv,
-                     Load(source, p + "attn_v.weight", {kv_dim, c.hidden}));
-    ASSIGN_OR_RETURN(l.wo,
-                     Load(source, p + "attn_output.weight", {c.hidden, q_dim}));
+    ASSIGN_OR_RETURN(
+        l.wq, Load(source, p + "attn_q.weight", {q_dim, c.hidden}, q0, q1));
+    ASSIGN_OR_RETURN(
+        l.wk, Load(source, p + "attn_k.weight", {kv_dim, c.hidden}, k0, k1));
+    ASSIGN_OR_RETURN(
+        l.wv, Load(source, p + "attn_v.weight", {kv_dim, c.hidden}, k0, k1));
+    ASSIGN_OR_RETURN(l.wo, Load(source, p + "attn_output.weight",
+                                {c.hidden, q_dim}, 0, -1, q0, q1));
     ASSIGN_OR_RETURN(l.ffn_norm,
                      Load(source, p + "ffn_norm.weight", {c.hidden}));
-    ASSIGN_OR_RETURN(l.w_gate, Load(source, p + "ffn_gate.weight",
-                                    {c.ffn_hidden, c.hidden}));
     ASSIGN_OR_RETURN(
-        l.w_up, Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden}));
-    ASSIGN_OR_RETURN(l.w_down, Load(source, p + "ffn_down.weight",
-                                    {c.hidden, c.ffn_hidden}));
+        l.w_gate, Load(source, p + "ffn_gate.weight", {c.ffn_hidden, c.hidden},
+                       s.ffn_begin, s.ffn_end));
+    ASSIGN_OR_RETURN(l.w_up,
+                     Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden},
+                          s.ffn_begin, s.ffn_end));
+    ASSIGN_OR_RETURN(
+        l.w_down, Load(source, p + "ffn_down.weight", {c.hidden, c.ffn_hidden},
+                       0, -1, s.ffn_begin, s.ffn_end));
     w.layers.push_back(std::move(l));
   }
   return w;

@@ -1,4 +1,4 @@
-// The weights one worker holds, as f32 host tensors.
+// The weights one worker holds (its shard), as f32 host tensors.
 #ifndef SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 #define SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 
@@ -8,35 +8,45 @@
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
+#include "model/shard_plan.h"
 #include "model/weight_source.h"
 
 namespace shardlm {
 
+// Shapes are those of the shard: h = heads held, kv = KV heads held,
+// f = FFN columns held, d = head_dim.
 struct LlamaLayerWeights {
   Tensor attn_norm;  // [hidden]
-  Tensor wq;         // [heads * head_dim, hidden]
-  Tensor wk;         // [kv_heads * head_dim, hidden]
-  Tensor wv;         // [kv_heads * head_dim, hidden]
-  Tensor wo;         // [hidden, heads * head_dim]
+  Tensor wq;         // [h * d, hidden]      column-parallel
+  Tensor wk;         // [kv * d, hidden]     column-parallel
+  Tensor wv;         // [kv * d, hidden]     column-parallel
+  Tensor wo;         // [hidden, h * d]      row-parallel (partial sums)
   Tensor ffn_norm;   // [hidden]
-  Tensor w_gate;     // [ffn_hidden, hidden]
-  Tensor w_up;       // [ffn_hidden, hidden]
-  Tensor w_down;     // [hidden, ffn_hidden]
+  Tensor w_gate;     // [f, hidden]          column-parallel
+  Tensor w_up;       // [f, hidden]          column-parallel
+  Tensor w_down;     // [hidden, f]          row-parallel (partial sums)
 };
 
 struct LlamaWeights {
-  ModelConfig config;
-  Tensor token_embd;  // [vocab, hidden]
-  std::vector<LlamaLayerWeights> layers;
-  Tensor output_norm;  // [hidden]
-  Tensor lm_head;      // [vocab, hidden]; shares token_embd when tied.
+  ModelConfig config;  // The whole model's.
+  ShardSpec spec;
+  Tensor token_embd;  // First stage: [vocab rows held, hidden].
+  std::vector<LlamaLayerWeights> layers;  // spec.layer_begin.. layer_end.
+  Tensor output_norm;                     // Last stage: [hidden].
+  Tensor lm_head;  // Last stage: [vocab_padded, hidden], zero padding.
 
   // Bytes of f32 weights read by one forward step (each matrix once).
   int64_t bytes() const;
 };
 
-// Reads and dequantizes every tensor, checking each shape against the
-// config. Errors name the tensor.
+// The spec of a single rank holding the whole model.
+ShardSpec WholeModelSpec(const ModelConfig& config);
+
+// Reads and dequantizes this shard's slice of every tensor, checking each
+// shape against the config; only the slices' bytes are read. Errors name
+// the tensor.
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
+                                              const ShardSpec& spec);
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source);
 
 }  // namespace shardlm

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/add/add.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
@@ -61,12 +62,20 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
   return absl::OkStatus();
 }
 
+absl::Status ModelRunner::AddReduced(Tensor& x, Tensor& y) {
+  if (comms_.tp != nullptr)
+    RETURN_IF_ERROR(comms_.tp->AllReduce(y, y, ReduceOp::kSum));
+  return AddInPlace(x, y);
+}
+
 absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   RETURN_IF_ERROR(Validate(step));
   const ModelConfig& c = config();
+  const ShardSpec& spec = weights_.spec;
   const int64_t n = static_cast<int64_t>(step.tokens.size());
-  const int64_t q_dim = c.n_heads * c.head_dim;
-  const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+  const int64_t heads = spec.n_heads(), kv_heads = spec.n_kv_heads();
+  const int64_t ffn = spec.ffn_end - spec.ffn_begin;
+  const int64_t q_dim = heads * c.head_dim, kv_dim = kv_heads * c.head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
 
   AttentionBatch batch{.positions = step.positions,
@@ -78,22 +87,34 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   // Activations, reused across layers.
   ASSIGN_OR_RETURN(Tensor x, Tensor::Host(DType::kF32, {n, c.hidden}));
   ASSIGN_OR_RETURN(Tensor xn, Tensor::Host(DType::kF32, {n, c.hidden}));
+  ASSIGN_OR_RETURN(Tensor partial, Tensor::Host(DType::kF32, {n, c.hidden}));
   ASSIGN_OR_RETURN(Tensor q, Tensor::Host(DType::kF32, {n, q_dim}));
   ASSIGN_OR_RETURN(Tensor k, Tensor::Host(DType::kF32, {n, kv_dim}));
   ASSIGN_OR_RETURN(Tensor v, Tensor::Host(DType::kF32, {n, kv_dim}));
   ASSIGN_OR_RETURN(Tensor attn, Tensor::Host(DType::kF32, {n, q_dim}));
-  ASSIGN_OR_RETURN(Tensor gate, Tensor::Host(DType::kF32, {n, c.ffn_hidden}));
-  ASSIGN_OR_RETURN(Tensor up, Tensor::Host(DType::kF32, {n, c.ffn_hidden}));
+  ASSIGN_OR_RETURN(Tensor gate, Tensor::Host(DType::kF32, {n, ffn}));
+  ASSIGN_OR_RETURN(Tensor up, Tensor::Host(DType::kF32, {n, ffn}));
   // Per-head views of the same memory: [n, heads, head_dim].
-  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, c.n_heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, c.n_kv_heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, c.n_kv_heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor attn3, attn.Reshaped({n, c.n_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, kv_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, kv_heads, c.head_dim}));
+  ASSIGN_OR_RETURN(Tensor attn3, attn.Reshaped({n, heads, c.head_dim}));
 
-  RETURN_IF_ERROR(Embedding(weights_.token_embd, step.tokens, 0, x));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
+  if (spec.first_stage()) {
+    // Vocab-parallel: rows outside this rank's slice embed to zero, so the
+    // sum over the TP group is the full embedding.
+    RETURN_IF_ERROR(
+        Embedding(weights_.token_embd, step.tokens, spec.vocab_begin, x));
+    if (comms_.tp != nullptr) {
+      RETURN_IF_ERROR(comms_.tp->AllReduce(x, x, ReduceOp::kSum));
+    }
+  } else {
+    RETURN_IF_ERROR(comms_.pp->Recv(x, spec.pp_rank - 1));
+  }
+  for (int64_t l = 0; l < spec.n_layers(); ++l) {
     const LlamaLayerWeights& w = weights_.layers[l];
-    // Attention block: x += wo * attention(rope(wq xn), rope(wk xn), wv xn).
+    // Attention: x += wo * attention(rope(wq xn), rope(wk xn), wv xn), each
+    // rank over its own heads, partial sums of wo reduced over TP.
     RETURN_IF_ERROR(RmsNorm(x, w.attn_norm, c.rms_norm_eps, xn));
     RETURN_IF_ERROR(Linear(xn, w.wq, q));
     RETURN_IF_ERROR(Linear(xn, w.wk, k));
@@ -103,15 +124,27 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     RETURN_IF_ERROR(WriteKv(k3, v3, batch, kv_->k(l), kv_->v(l)));
     RETURN_IF_ERROR(
         PagedAttention(q3, kv_->k(l), kv_->v(l), batch, scale, attn3));
-    RETURN_IF_ERROR(Linear(attn, w.wo, x, /*accumulate=*/true));
-    // FFN block: x += w_down (silu(w_gate xn) * w_up xn).
+    RETURN_IF_ERROR(Linear(attn, w.wo, partial));
+    RETURN_IF_ERROR(AddReduced(x, partial));
+    // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(RmsNorm(x, w.ffn_norm, c.rms_norm_eps, xn));
     RETURN_IF_ERROR(Linear(xn, w.w_gate, gate));
     RETURN_IF_ERROR(Linear(xn, w.w_up, up));
     RETURN_IF_ERROR(SwiGlu(gate, up, gate));
-    RETURN_IF_ERROR(Linear(gate, w.w_down, x, /*accumulate=*/true));
+    RETURN_IF_ERROR(Linear(gate, w.w_down, partial));
+    RETURN_IF_ERROR(AddReduced(x, partial));
   }
+  if (!spec.last_stage()) {
+    RETURN_IF_ERROR(comms_.pp->Send(x, spec.pp_rank + 1));
+    return Tensor();
+  }
+  return Logits(x, step);
+}
 
+absl::StatusOr<Tensor> ModelRunner::Logits(const Tensor& x,
+                                           const StepInput& step) {
+  const ModelConfig& c = config();
+  const ShardSpec& spec = weights_.spec;
   // Final norm and LM head, only for the rows whose logits are wanted.
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   if (m == 0) return Tensor();  // A prefill chunk that samples nothing.
@@ -121,8 +154,24 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
                 last.f32().data() + r * c.hidden);
   }
   RETURN_IF_ERROR(RmsNorm(last, weights_.output_norm, c.rms_norm_eps, last));
+  // This rank's vocabulary rows, padded to vocab_padded.
+  ASSIGN_OR_RETURN(Tensor local,
+                   Tensor::Host(DType::kF32, {m, spec.vocab_padded}));
+  RETURN_IF_ERROR(Linear(last, weights_.lm_head, local));
+  if (comms_.tp == nullptr) return local;
+
+  const int tp = spec.tp_size;
+  ASSIGN_OR_RETURN(Tensor gathered,
+                   Tensor::Host(DType::kF32, {tp, m, spec.vocab_padded}));
+  RETURN_IF_ERROR(comms_.tp->AllGather(local, gathered));
   ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
-  RETURN_IF_ERROR(Linear(last, weights_.lm_head, logits));
+  for (int t = 0; t < tp; ++t) {
+    const auto [v0, v1] = EvenSplit(c.vocab_size, tp, t);
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy_n(gathered.f32().data() + (t * m + r) * spec.vocab_padded,
+                  v1 - v0, logits.f32().data() + r * c.vocab_size + v0);
+    }
+  }
   return logits;
 }
 

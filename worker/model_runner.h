@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
@@ -23,26 +24,43 @@ struct StepInput {
   std::vector<int32_t> logit_rows;  // Token indices whose logits are wanted.
 };
 
+// Communicators of one shard; null where the group has one member.
+struct ShardComms {
+  Communicator* tp = nullptr;  // The TP group of this stage.
+  Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
+};
+
+// Runs one shard (weights.spec): its layers, with its heads and FFN columns
+// (TP partial sums all-reduced over comms.tp), receiving hidden states from
+// the previous stage and sending them to the next (comms.pp). Every rank of
+// the cluster is given the same StepInput.
 class ModelRunner {
  public:
-  ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv)
-      : weights_(std::move(weights)), kv_(std::move(kv)) {}
+  ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv,
+              ShardComms comms = {})
+      : weights_(std::move(weights)), kv_(std::move(kv)), comms_(comms) {}
 
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
   const KvPool& kv() const { return *kv_; }
 
-  // Runs every layer for the step's tokens and returns the logits of the
-  // requested rows: [logit_rows.size(), vocab]. InvalidArgument for token
-  // ids outside the vocabulary, positions beyond the context, or block
-  // tables that do not cover the positions; nothing is written then.
+  // Runs this shard's layers for the step's tokens. On the last stage,
+  // returns the logits of the requested rows, gathered over the TP group:
+  // [logit_rows.size(), vocab]; an empty tensor on other stages.
+  // InvalidArgument for token ids outside the vocabulary, positions beyond
+  // the context, or block tables that do not cover the positions; nothing
+  // is written then (every rank sees the same step, so all fail alike).
   absl::StatusOr<Tensor> Forward(const StepInput& step);
 
  private:
   absl::Status Validate(const StepInput& step) const;
+  // x += y summed over the TP group (y is this rank's partial sum).
+  absl::Status AddReduced(Tensor& x, Tensor& y);
+  absl::StatusOr<Tensor> Logits(const Tensor& x, const StepInput& step);
 
   LlamaWeights weights_;
   std::unique_ptr<KvPool> kv_;
+  ShardComms comms_;
 };
 
 }  // namespace shardlm

@@ -1,5 +1,6 @@
 // Prints what the engine computes for one prompt, for check_forward.py:
 //   forward_dump --model PATH --tokens 1,2,3 [--steps 32] [--chunk N]
+//                [--tp T --pp P]
 // writes one JSON object to stdout:
 //   {"logits": [last prompt position, vocab floats], "greedy": [steps ids]}
 // Greedy decoding does not stop at EOS, so that every step is compared.
@@ -23,7 +24,7 @@ int Fail(const std::string& msg) {
 
 int Main(int argc, char** argv) {
   std::string model, tokens_arg;
-  int steps = 32, chunk = 512;
+  int steps = 32, chunk = 512, tp = 1, pp = 1;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") {
@@ -34,6 +35,10 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &steps)) return Fail("bad --steps");
     } else if (flag == "--chunk") {
       if (!absl::SimpleAtoi(value, &chunk)) return Fail("bad --chunk");
+    } else if (flag == "--tp") {
+      if (!absl::SimpleAtoi(value, &tp)) return Fail("bad --tp");
+    } else if (flag == "--pp") {
+      if (!absl::SimpleAtoi(value, &pp)) return Fail("bad --pp");
     } else {
       return Fail("unknown flag " + flag);
     }
@@ -51,7 +56,8 @@ int Main(int argc, char** argv) {
   }
   auto source = OpenWeights(model);
   if (!source.ok()) return Fail(std::string(source.status().message()));
-  auto engine = Engine::Create(**source, {.max_batched_tokens = chunk});
+  auto engine = Engine::Create(
+      **source, {.max_batched_tokens = chunk, .tp = tp, .pp = pp});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   auto result = (*engine)->Generate(
       {.prompt = prompt, .max_tokens = steps, .return_prompt_logits = true});

@@ -1,0 +1,217 @@
+// StepExecutors that run in this process: a single runner, or a TP x PP
+// cluster of runners on threads joined by fake communicators. The threaded
+// one exercises exactly the sharded code paths of the real cluster, which
+// makes TP/PP equivalence testable in one process.
+#include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "collectives/fake_communicator.h"
+#include "coordinator/step_executor.h"
+#include "core/status.h"
+#include "kernels/threading.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+namespace {
+
+absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
+                                                 const ExecutorOptions& o,
+                                                 int64_t num_blocks) {
+  KvPoolConfig kv{.n_layers = w.spec.n_layers(),
+                  .kv_heads = w.spec.n_kv_heads(),
+                  .head_dim = w.config.head_dim,
+                  .block_size = o.block_size,
+                  .num_blocks = num_blocks};
+  return KvPool::Create(kv);
+}
+
+// Blocks a rank holding `w` gets from the options' budget.
+absl::StatusOr<int64_t> BlocksFor(const LlamaWeights& w,
+                                  const ExecutorOptions& o) {
+  KvPoolConfig kv{.n_layers = w.spec.n_layers(),
+                  .kv_heads = w.spec.n_kv_heads(),
+                  .head_dim = w.config.head_dim,
+                  .block_size = o.block_size};
+  const int64_t blocks =
+      o.kv_cache_bytes > 0
+          ? kv.BlocksFor(o.kv_cache_bytes)
+          : (w.config.context_length + o.block_size - 1) / o.block_size;
+  if (blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache budget of ", o.kv_cache_bytes,
+        " bytes holds no block (one block of rank pp ", w.spec.pp_rank, " tp ",
+        w.spec.tp_rank, " is ", kv.BytesPerBlock(), " bytes)"));
+  }
+  if (blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("KV cache budget is absurdly large");
+  }
+  return blocks;
+}
+
+class SingleExecutor : public StepExecutor {
+ public:
+  explicit SingleExecutor(std::unique_ptr<ModelRunner> runner)
+      : runner_(std::move(runner)) {}
+  const ModelConfig& config() const override { return runner_->config(); }
+  int64_t num_kv_blocks() const override {
+    return runner_->kv().config().num_blocks;
+  }
+  int64_t weight_bytes() const override { return runner_->weights().bytes(); }
+  absl::StatusOr<Tensor> Forward(const StepInput& step) override {
+    return runner_->Forward(step);
+  }
+
+ private:
+  std::unique_ptr<ModelRunner> runner_;
+};
+
+// Rank threads wait for a step, run it, and report; Forward() hands the
+// step out and waits for every rank.
+class ThreadedExecutor : public StepExecutor {
+ public:
+  ThreadedExecutor(std::vector<std::unique_ptr<Communicator>> comms,
+                   std::vector<std::unique_ptr<ModelRunner>> runners,
+                   int64_t num_blocks, int tp, int pp, int threads_per_rank)
+      : threads_per_rank_(threads_per_rank),
+        comms_(std::move(comms)),
+        runners_(std::move(runners)),
+        num_blocks_(num_blocks),
+        tp_(tp),
+        pp_(pp) {
+    for (size_t r = 0; r < runners_.size(); ++r) {
+      threads_.emplace_back([this, r] { Loop(r); });
+    }
+  }
+  ~ThreadedExecutor() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (std::thread& t : threads_) t.join();
+  }
+
+  const ModelConfig& config() const override { return runners_[0]->config(); }
+  int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t weight_bytes() const override {
+    int64_t total = 0;
+    for (const auto& r : runners_) total += r->weights().bytes();
+    return total;
+  }
+
+  absl::StatusOr<Tensor> Forward(const StepInput& step) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    step_ = &step;
+    pending_ = static_cast<int>(runners_.size());
+    status_ = absl::OkStatus();
+    ++generation_;
+    cv_.notify_all();
+    done_cv_.wait(lock, [&] { return pending_ == 0; });
+    step_ = nullptr;
+    if (!status_.ok()) return status_;
+    return std::move(logits_);
+  }
+
+ private:
+  void Loop(size_t r) {
+    SetCpuThreads(threads_per_rank_);  // Per-thread OpenMP setting.
+    uint64_t seen = 0;
+    // The logits come from the last stage's TP rank 0.
+    const bool reports = r == static_cast<size_t>((pp_ - 1) * tp_);
+    while (true) {
+      const StepInput* step;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        step = step_;
+      }
+      absl::StatusOr<Tensor> out = runners_[r]->Forward(*step);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!out.ok() && status_.ok()) {
+        status_ =
+            absl::Status(out.status().code(),
+                         absl::StrCat("rank pp ", r / tp_, " tp ", r % tp_,
+                                      ": ", out.status().message()));
+      }
+      if (out.ok() && reports) logits_ = std::move(*out);
+      if (--pending_ == 0) done_cv_.notify_one();
+    }
+  }
+
+  const int threads_per_rank_;
+  std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive runners.
+  std::vector<std::unique_ptr<ModelRunner>> runners_;
+  int64_t num_blocks_;
+  int tp_, pp_;
+  std::mutex mu_;
+  std::condition_variable cv_, done_cv_;
+  const StepInput* step_ = nullptr;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  absl::Status status_;
+  Tensor logits_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
+    const WeightSource& source, const ExecutorOptions& o) {
+  if (o.block_size <= 0 || o.kv_cache_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_size (", o.block_size, ") must be positive, kv_cache_bytes (",
+        o.kv_cache_bytes, ") not negative"));
+  }
+  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp));
+  std::vector<LlamaWeights> weights;
+  int64_t blocks = std::numeric_limits<int64_t>::max();
+  for (const ShardSpec& spec : plan.shards) {
+    ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source, spec));
+    ASSIGN_OR_RETURN(int64_t b, BlocksFor(w, o));
+    blocks = std::min(blocks, b);
+    weights.push_back(std::move(w));
+  }
+  if (plan.shards.size() == 1) {
+    ASSIGN_OR_RETURN(auto pool, MakePool(weights[0], o, blocks));
+    return std::make_unique<SingleExecutor>(
+        std::make_unique<ModelRunner>(std::move(weights[0]), std::move(pool)));
+  }
+  // One TP group per stage, one PP chain per TP index.
+  std::vector<std::unique_ptr<Communicator>> owned;
+  std::vector<ShardComms> comms(plan.shards.size());
+  if (o.tp > 1) {
+    for (int p = 0; p < o.pp; ++p) {
+      auto group = MakeFakeGroup(o.tp, absl::StrCat("tp group of stage ", p));
+      for (int t = 0; t < o.tp; ++t) {
+        comms[p * o.tp + t].tp = group[t].get();
+        owned.push_back(std::move(group[t]));
+      }
+    }
+  }
+  if (o.pp > 1) {
+    for (int t = 0; t < o.tp; ++t) {
+      auto chain = MakeFakeGroup(o.pp, absl::StrCat("pp chain of tp ", t));
+      for (int p = 0; p < o.pp; ++p) {
+        comms[p * o.tp + t].pp = chain[p].get();
+        owned.push_back(std::move(chain[p]));
+      }
+    }
+  }
+  std::vector<std::unique_ptr<ModelRunner>> runners;
+  for (size_t r = 0; r < weights.size(); ++r) {
+    ASSIGN_OR_RETURN(auto pool, MakePool(weights[r], o, blocks));
+    runners.push_back(std::make_unique<ModelRunner>(std::move(weights[r]),
+                                                    std::move(pool), comms[r]));
+  }
+  return std::make_unique<ThreadedExecutor>(
+      std::move(owned), std::move(runners), blocks, o.tp, o.pp,
+      std::max(1, o.threads_per_rank));
+}
+
+}  // namespace shardlm

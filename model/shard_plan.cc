@@ -1,0 +1,194 @@
+#include "model/shard_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+
+namespace shardlm {
+namespace {
+
+// Bytes of every tensor whose name starts with `prefix`.
+uint64_t BytesWithPrefix(const WeightSource& source,
+                         const std::string& prefix) {
+  uint64_t total = 0;
+  for (const TensorInfo& t : source.tensors()) {
+    if (t.name.rfind(prefix, 0) == 0) total += t.bytes;
+  }
+  return total;
+}
+
+uint64_t TensorBytes(const WeightSource& source, const std::string& name) {
+  const TensorInfo* t = source.Find(name);
+  return t == nullptr ? 0 : t->bytes;
+}
+
+// Contiguous split of `costs` into `parts` non-empty ranges minimizing the
+// largest range cost, where range p also costs extra[p]. Returns the
+// boundaries (parts + 1 entries).
+std::vector<int64_t> BalancedPartition(const std::vector<uint64_t>& costs,
+                                       const std::vector<uint64_t>& extra) {
+  const int64_t n = static_cast<int64_t>(costs.size());
+  const int64_t parts = static_cast<int64_t>(extra.size());
+  std::vector<uint64_t> prefix(n + 1, 0);
+  for (int64_t i = 0; i < n; ++i) prefix[i + 1] = prefix[i] + costs[i];
+  constexpr uint64_t kInf = std::numeric_limits<uint64_t>::max();
+  // best[p][i]: the smallest max cost of splitting the first i layers into
+  // p + 1 ranges; cut[p][i]: where range p starts.
+  std::vector<std::vector<uint64_t>> best(parts,
+                                          std::vector<uint64_t>(n + 1, kInf));
+  std::vector<std::vector<int64_t>> cut(parts, std::vector<int64_t>(n + 1, 0));
+  for (int64_t i = 1; i <= n; ++i) best[0][i] = prefix[i] + extra[0];
+  for (int64_t p = 1; p < parts; ++p) {
+    for (int64_t i = p + 1; i <= n; ++i) {
+      for (int64_t j = p; j < i; ++j) {
+        if (best[p - 1][j] == kInf) continue;
+        const uint64_t cost =
+            std::max(best[p - 1][j], prefix[i] - prefix[j] + extra[p]);
+        if (cost < best[p][i]) {
+          best[p][i] = cost;
+          cut[p][i] = j;
+        }
+      }
+    }
+  }
+  std::vector<int64_t> bounds(parts + 1);
+  bounds[parts] = n;
+  for (int64_t p = parts - 1, i = n; p > 0; --p) {
+    i = cut[p][i];
+    bounds[p] = i;
+  }
+  bounds[0] = 0;
+  return bounds;
+}
+
+}  // namespace
+
+std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
+  const int64_t base = n / parts, extra = n % parts;
+  const int64_t begin = i * base + std::min(i, extra);
+  return {begin, begin + base + (i < extra ? 1 : 0)};
+}
+
+std::string ShardSpec::DebugString() const {
+  return absl::StrFormat(
+      "pp %d tp %d: layers [%d, %d) heads [%d, %d) kv [%d, %d) ffn [%d, %d) "
+      "vocab [%d, %d) %.1f MiB",
+      pp_rank, tp_rank, layer_begin, layer_end, head_begin, head_end,
+      kv_head_begin, kv_head_end, ffn_begin, ffn_end, vocab_begin, vocab_end,
+      weight_bytes / 1048576.0);
+}
+
+std::string ShardPlan::DebugString() const {
+  std::string out = absl::StrFormat(
+      "%-5s %-3s %-3s %-10s %-11s %-8s %-12s %-14s %10s\n", "rank", "pp", "tp",
+      "layers", "q heads", "kv heads", "ffn cols", "vocab rows", "MiB read");
+  for (size_t i = 0; i < shards.size(); ++i) {
+    const ShardSpec& s = shards[i];
+    absl::StrAppendFormat(
+        &out, "%-5d %-3d %-3d %-10s %-11s %-8s %-12s %-14s %10.1f\n", i + 1,
+        s.pp_rank, s.tp_rank,
+        absl::StrFormat("%d-%d", s.layer_begin, s.layer_end - 1),
+        absl::StrFormat("%d-%d (%d)", s.head_begin, s.head_end - 1,
+                        s.n_heads()),
+        absl::StrFormat("%d-%d", s.kv_head_begin, s.kv_head_end - 1),
+        absl::StrFormat("%d-%d", s.ffn_begin, s.ffn_end - 1),
+        absl::StrFormat("%d-%d", s.vocab_begin, s.vocab_end - 1),
+        s.weight_bytes / 1048576.0);
+  }
+  return out;
+}
+
+absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
+                                     int pp) {
+  const ModelConfig& c = source.config();
+  if (tp < 1 || pp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp (", tp, ") and pp (", pp, ") must be >= 1"));
+  }
+  if (tp > c.n_kv_heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp ", tp, " exceeds the model's ", c.n_kv_heads,
+                     " KV heads: every TP rank needs at least one KV head"));
+  }
+  if (pp > c.n_layers) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "pp ", pp, " exceeds the model's ", c.n_layers, " layers"));
+  }
+  const int64_t ffn_blocks = c.ffn_hidden / 32;
+  if (c.ffn_hidden % 32 != 0 || ffn_blocks < tp) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ffn_hidden ", c.ffn_hidden,
+        " cannot be split into whole 32-column blocks over tp ", tp));
+  }
+  if (c.vocab_size < tp) {
+    return absl::InvalidArgumentError("vocabulary smaller than tp");
+  }
+
+  // Stage boundaries, balanced by bytes.
+  std::vector<uint64_t> layer_bytes(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    layer_bytes[l] = BytesWithPrefix(source, absl::StrCat("blk.", l, "."));
+  }
+  const uint64_t embd = TensorBytes(source, "token_embd.weight");
+  const uint64_t head =
+      TensorBytes(source, "output_norm.weight") +
+      (c.tied_embeddings ? embd : TensorBytes(source, "output.weight"));
+  std::vector<uint64_t> extra(pp, 0);
+  extra[0] += embd;
+  extra[pp - 1] += head;
+  const std::vector<int64_t> bounds = BalancedPartition(layer_bytes, extra);
+
+  ShardPlan plan{.tp = tp, .pp = pp};
+  const int64_t group = c.n_heads / c.n_kv_heads;
+  for (int p = 0; p < pp; ++p) {
+    for (int t = 0; t < tp; ++t) {
+      ShardSpec s{.tp_rank = t, .tp_size = tp, .pp_rank = p, .pp_size = pp};
+      s.layer_begin = bounds[p];
+      s.layer_end = bounds[p + 1];
+      std::tie(s.kv_head_begin, s.kv_head_end) = EvenSplit(c.n_kv_heads, tp, t);
+      s.head_begin = s.kv_head_begin * group;
+      s.head_end = s.kv_head_end * group;
+      auto [fb, fe] = EvenSplit(ffn_blocks, tp, t);
+      s.ffn_begin = fb * 32;
+      s.ffn_end = fe * 32;
+      std::tie(s.vocab_begin, s.vocab_end) = EvenSplit(c.vocab_size, tp, t);
+      s.vocab_padded = (c.vocab_size + tp - 1) / tp;
+      // Bytes read: this rank's share of each sharded tensor, all of each
+      // replicated one (norms).
+      const double share_kv = double(s.n_kv_heads()) / c.n_kv_heads;
+      const double share_ffn = double(s.ffn_end - s.ffn_begin) / c.ffn_hidden;
+      const double share_vocab =
+          double(s.vocab_end - s.vocab_begin) / c.vocab_size;
+      double bytes = 0;
+      for (int64_t l = s.layer_begin; l < s.layer_end; ++l) {
+        const std::string pre = absl::StrCat("blk.", l, ".");
+        bytes += TensorBytes(source, pre + "attn_norm.weight") +
+                 TensorBytes(source, pre + "ffn_norm.weight");
+        bytes += share_kv * (TensorBytes(source, pre + "attn_q.weight") +
+                             TensorBytes(source, pre + "attn_k.weight") +
+                             TensorBytes(source, pre + "attn_v.weight") +
+                             TensorBytes(source, pre + "attn_output.weight"));
+        bytes += share_ffn * (TensorBytes(source, pre + "ffn_gate.weight") +
+                              TensorBytes(source, pre + "ffn_up.weight") +
+                              TensorBytes(source, pre + "ffn_down.weight"));
+      }
+      if (s.first_stage()) bytes += share_vocab * embd;
+      if (s.last_stage()) {
+        bytes += TensorBytes(source, "output_norm.weight");
+        // A tied head on the first stage re-uses the rows already read.
+        if (!(c.tied_embeddings && s.first_stage())) {
+          bytes +=
+              share_vocab * (head - TensorBytes(source, "output_norm.weight"));
+        }
+      }
+      s.weight_bytes = static_cast<uint64_t>(bytes);
+      plan.shards.push_back(s);
+    }
+  }
+  return plan;
+}
+
+}  // namespace shardlm

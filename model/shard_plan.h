@@ -1,0 +1,65 @@
+// Shard planning: which layers, heads, FFN columns and vocabulary rows each
+// (pp_rank, tp_rank) holds. Plain CPU code (DESIGN.md section 3).
+//
+// PP: contiguous layer ranges balanced by weight bytes (stage 0 also holds
+// the embedding, the last stage the final norm and LM head). TP
+// (Megatron-style): KV heads split as evenly as possible with each query
+// head kept with its KV head (SmolLM2's 3 KV heads over TP=2 give 2 and 1);
+// FFN columns and vocabulary rows split evenly. FFN splits are multiples of
+// 32 columns so that quantized rows can be read block by block.
+#ifndef SHARDLM_MODEL_SHARD_PLAN_H_
+#define SHARDLM_MODEL_SHARD_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/model_config.h"
+#include "model/weight_source.h"
+
+namespace shardlm {
+
+struct ShardSpec {
+  int tp_rank = 0, tp_size = 1;
+  int pp_rank = 0, pp_size = 1;
+  int64_t layer_begin = 0, layer_end = 0;      // [begin, end)
+  int64_t kv_head_begin = 0, kv_head_end = 0;  // KV heads held.
+  int64_t head_begin = 0, head_end = 0;        // Query heads held.
+  int64_t ffn_begin = 0, ffn_end = 0;          // FFN columns held.
+  int64_t vocab_begin = 0, vocab_end = 0;      // Vocabulary rows held.
+  // Vocabulary rows every TP rank pads its slice to, so that logits can be
+  // all-gathered in equal parts: ceil(vocab / tp).
+  int64_t vocab_padded = 0;
+  uint64_t weight_bytes = 0;  // Bytes of the model file this shard reads.
+
+  bool first_stage() const { return pp_rank == 0; }
+  bool last_stage() const { return pp_rank == pp_size - 1; }
+  int64_t n_layers() const { return layer_end - layer_begin; }
+  int64_t n_kv_heads() const { return kv_head_end - kv_head_begin; }
+  int64_t n_heads() const { return head_end - head_begin; }
+  std::string DebugString() const;
+};
+
+struct ShardPlan {
+  int tp = 1, pp = 1;
+  std::vector<ShardSpec> shards;  // Index pp_rank * tp + tp_rank.
+
+  const ShardSpec& at(int pp_rank, int tp_rank) const {
+    return shards[pp_rank * tp + tp_rank];
+  }
+  std::string DebugString() const;  // A table: one line per rank.
+};
+
+// The plan for TP x PP ranks over `source`. InvalidArgument when tp
+// exceeds the KV head count, pp the layer count, or either is < 1.
+absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
+                                     int pp);
+
+// [begin, end) of part `i` of `n` items split into `parts` as evenly as
+// possible, earlier parts taking the remainder.
+std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_MODEL_SHARD_PLAN_H_
