@@ -9,6 +9,7 @@ APT_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config git
   libabsl-dev libopenblas-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
+  libopenmpi-dev openmpi-bin
   python3 python3-venv
 )
 PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*)
