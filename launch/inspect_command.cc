@@ -1,20 +1,28 @@
 // shardlm inspect: what a model file holds.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
 #include "absl/strings/str_format.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
+#include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 
 namespace shardlm {
 
 int InspectCommand(int argc, char** argv) {
+  bool plan = false;
+  int64_t tp = 1, pp = 1;
   FlagSet flags(
-      "usage: shardlm inspect PATH\n"
+      "usage: shardlm inspect PATH [--plan --tp T --pp P]\n"
       "Prints the model config, every tensor (name, dtype, shape, bytes) and\n"
-      "a tokenizer summary of a GGUF file or a safetensors directory.");
+      "a tokenizer summary of a GGUF file or a safetensors directory; with\n"
+      "--plan, the shard plan instead: layers, heads and bytes per rank.");
+  flags.Add("plan", &plan, "print the TP x PP shard plan");
+  flags.Add("tp", &tp, "tensor-parallel degree for --plan");
+  flags.Add("pp", &pp, "pipeline-parallel degree for --plan");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm inspect: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -37,6 +45,22 @@ int InspectCommand(int argc, char** argv) {
     return 1;
   }
   const WeightSource& w = **source;
+  if (plan) {
+    auto shards =
+        PlanShards(w, static_cast<int>(std::clamp<int64_t>(tp, 0, 4096)),
+                   static_cast<int>(std::clamp<int64_t>(pp, 0, 4096)));
+    if (!shards.ok()) {
+      std::fprintf(stderr, "shardlm inspect: %s\n",
+                   std::string(shards.status().message()).c_str());
+      return 1;
+    }
+    std::printf(
+        "shard plan for %s: tp %d x pp %d = %zu worker ranks "
+        "(rank 0 is the coordinator)\n\n%s",
+        path.c_str(), shards->tp, shards->pp, shards->shards.size(),
+        shards->DebugString().c_str());
+    return 0;
+  }
   std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),
               w.format().c_str(), w.config().DebugString().c_str());
   std::printf("%-36s %-5s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
