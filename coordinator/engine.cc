@@ -130,13 +130,17 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
   }
   // Every block goes back, whichever way this returns.
   absl::Cleanup free_all = [&] {
-    for (const Sequence& s : seqs) blocks_.Free(s.id);
+    for (const Sequence& s : seqs) {
+      if (!s.done) executor_->Release(s.id);
+      blocks_.Free(s.id);
+    }
   };
 
   const auto finish = [&](Sequence& s, FinishReason reason) {
     s.done = true;
     s.result.finish_reason = reason;
     blocks_.Free(s.id);
+    executor_->Release(s.id);
   };
 
   while (std::any_of(seqs.begin(), seqs.end(),
@@ -171,6 +175,7 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
         const int32_t seq_index =
             static_cast<int32_t>(step.block_tables.size());
         step.block_tables.push_back(blocks_.Table(s.id));
+        step.seq_ids.push_back(s.id);
         for (int64_t i = 0; i < chunk; ++i) {
           step.tokens.push_back(s.tokens[s.computed + i]);
           step.positions.push_back(static_cast<int32_t>(s.computed + i));
@@ -179,8 +184,13 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
         s.computed += chunk;
         // Logits only where a token is sampled: the end of the known tokens.
         if (s.computed == static_cast<int64_t>(s.tokens.size())) {
+          const GenerateRequest& req = requests[s.request];
+          const uint64_t generated = s.tokens.size() - req.prompt.size();
           step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) -
                                     1);
+          step.sampling.push_back(req.sampling);
+          step.sample_index.push_back(generated);
+          step.return_logits |= generated == 0 && req.return_prompt_logits;
           in_step.push_back(&s);
         }
       }
@@ -189,18 +199,23 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
       return absl::InternalError("scheduler made no progress");
     }
 
-    ASSIGN_OR_RETURN(Tensor logits, executor_->Forward(step));
+    ASSIGN_OR_RETURN(StepOutput out, executor_->Forward(step));
+    if (out.tokens.size() != in_step.size()) {
+      return absl::InternalError(absl::StrCat("step returned ",
+                                              out.tokens.size(), " tokens for ",
+                                              in_step.size(), " rows"));
+    }
     const int64_t vocab = config().vocab_size;
     for (size_t row = 0; row < in_step.size(); ++row) {
       Sequence& s = *in_step[row];
       const GenerateRequest& req = requests[s.request];
-      absl::Span<const float> l(logits.f32().data() + row * vocab, vocab);
       const int64_t generated =
           static_cast<int64_t>(s.tokens.size() - req.prompt.size());
       if (generated == 0 && req.return_prompt_logits) {
-        s.result.prompt_logits.assign(l.begin(), l.end());
+        const float* l = out.logits.f32().data() + row * vocab;
+        s.result.prompt_logits.assign(l, l + vocab);
       }
-      const int32_t token = SampleToken(l, req.sampling, generated);
+      const int32_t token = out.tokens[row];
       s.tokens.push_back(token);
       s.result.tokens.push_back(token);
       const Clock::time_point now = Clock::now();

@@ -60,8 +60,9 @@ class SingleExecutor : public StepExecutor {
     return runner_->kv().config().num_blocks;
   }
   int64_t weight_bytes() const override { return runner_->weights().bytes(); }
-  absl::StatusOr<Tensor> Forward(const StepInput& step) override {
-    return runner_->Forward(step);
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
+    return SampleStep(step, std::move(logits));
   }
 
  private:
@@ -102,7 +103,7 @@ class ThreadedExecutor : public StepExecutor {
     return total;
   }
 
-  absl::StatusOr<Tensor> Forward(const StepInput& step) override {
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     std::unique_lock<std::mutex> lock(mu_);
     step_ = &step;
     pending_ = static_cast<int>(runners_.size());
@@ -112,7 +113,7 @@ class ThreadedExecutor : public StepExecutor {
     done_cv_.wait(lock, [&] { return pending_ == 0; });
     step_ = nullptr;
     if (!status_.ok()) return status_;
-    return std::move(logits_);
+    return SampleStep(step, std::move(logits_));
   }
 
  private:

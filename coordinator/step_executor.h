@@ -23,9 +23,12 @@ class StepExecutor {
   virtual int64_t num_kv_blocks() const = 0;
   // f32 weight bytes one step reads, summed over ranks.
   virtual int64_t weight_bytes() const = 0;
-  // Runs one step on every rank; the logits of step.logit_rows:
-  // [logit_rows.size(), vocab] (empty when no rows were asked for).
-  virtual absl::StatusOr<Tensor> Forward(const StepInput& step) = 0;
+  // Runs one step on every rank; the last stage samples one token per
+  // logit row (and returns the logits when step.return_logits).
+  virtual absl::StatusOr<StepOutput> Forward(const StepInput& step) = 0;
+  // The engine is done with sequence `seq_id`: executors that mirror block
+  // tables (remote workers) drop theirs.
+  virtual void Release(int64_t seq_id) {}
 };
 
 struct ExecutorOptions {

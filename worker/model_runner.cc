@@ -62,6 +62,26 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
   return absl::OkStatus();
 }
 
+absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
+  const size_t rows = step.logit_rows.size();
+  if (step.sampling.size() != rows || step.sample_index.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", rows, " logit rows but ",
+                     step.sampling.size(), " sampling parameters and ",
+                     step.sample_index.size(), " sample indices"));
+  }
+  StepOutput out;
+  if (rows == 0) return out;
+  const int64_t vocab = logits.dim(1);
+  for (size_t r = 0; r < rows; ++r) {
+    out.tokens.push_back(SampleToken(
+        absl::Span<const float>(logits.f32().data() + r * vocab, vocab),
+        step.sampling[r], step.sample_index[r]));
+  }
+  if (step.return_logits) out.logits = std::move(logits);
+  return out;
+}
+
 absl::Status ModelRunner::AddReduced(Tensor& x, Tensor& y) {
   if (comms_.tp != nullptr)
     RETURN_IF_ERROR(comms_.tp->AllReduce(y, y, ReduceOp::kSum));

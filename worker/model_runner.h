@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "collectives/communicator.h"
 #include "core/tensor.h"
+#include "kernels/sampling/sampling.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
 
@@ -21,8 +22,23 @@ struct StepInput {
   std::vector<int32_t> positions;  // [n] position of each token.
   std::vector<int32_t> token_seq;  // [n] index into block_tables.
   std::vector<std::vector<int32_t>> block_tables;  // Per sequence.
-  std::vector<int32_t> logit_rows;  // Token indices whose logits are wanted.
+  std::vector<int64_t> seq_ids;  // Per sequence: the engine's sequence id.
+  // Rows whose next token is sampled: token index, sampling parameters,
+  // and the index of the token being generated (the sampling draw).
+  std::vector<int32_t> logit_rows;
+  std::vector<SamplingParams> sampling;
+  std::vector<uint64_t> sample_index;
+  bool return_logits = false;  // Also return the logits of logit_rows.
 };
+
+struct StepOutput {
+  std::vector<int32_t> tokens;  // One per logit row.
+  Tensor logits;                // [rows, vocab] when return_logits, else empty.
+};
+
+// Samples one token per logit row of `logits` ([rows, vocab]) with the
+// step's per-row parameters.
+absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits);
 
 // Communicators of one shard; null where the group has one member.
 struct ShardComms {
