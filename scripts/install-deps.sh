@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libabsl-dev libopenblas-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv
 )
 PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*)
