@@ -20,35 +20,11 @@ namespace {
 absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
                                                  const ExecutorOptions& o,
                                                  int64_t num_blocks) {
-  KvPoolConfig kv{.n_layers = w.spec.n_layers(),
-                  .kv_heads = w.spec.n_kv_heads(),
-                  .head_dim = w.config.head_dim,
-                  .block_size = o.block_size,
-                  .num_blocks = num_blocks};
+  ASSIGN_OR_RETURN(
+      KvPoolConfig kv,
+      PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes));
+  kv.num_blocks = num_blocks;
   return KvPool::Create(kv);
-}
-
-// Blocks a rank holding `w` gets from the options' budget.
-absl::StatusOr<int64_t> BlocksFor(const LlamaWeights& w,
-                                  const ExecutorOptions& o) {
-  KvPoolConfig kv{.n_layers = w.spec.n_layers(),
-                  .kv_heads = w.spec.n_kv_heads(),
-                  .head_dim = w.config.head_dim,
-                  .block_size = o.block_size};
-  const int64_t blocks =
-      o.kv_cache_bytes > 0
-          ? kv.BlocksFor(o.kv_cache_bytes)
-          : (w.config.context_length + o.block_size - 1) / o.block_size;
-  if (blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache budget of ", o.kv_cache_bytes,
-        " bytes holds no block (one block of rank pp ", w.spec.pp_rank, " tp ",
-        w.spec.tp_rank, " is ", kv.BytesPerBlock(), " bytes)"));
-  }
-  if (blocks > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("KV cache budget is absurdly large");
-  }
-  return blocks;
 }
 
 class SingleExecutor : public StepExecutor {
@@ -174,8 +150,10 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
   int64_t blocks = std::numeric_limits<int64_t>::max();
   for (const ShardSpec& spec : plan.shards) {
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source, spec));
-    ASSIGN_OR_RETURN(int64_t b, BlocksFor(w, o));
-    blocks = std::min(blocks, b);
+    ASSIGN_OR_RETURN(
+        KvPoolConfig kv,
+        PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes));
+    blocks = std::min(blocks, kv.num_blocks);
     weights.push_back(std::move(w));
   }
   if (plan.shards.size() == 1) {

@@ -17,6 +17,36 @@ int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
   return per_block > 0 ? bytes / per_block : 0;
 }
 
+absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
+                                                const ShardSpec& spec,
+                                                int64_t block_size,
+                                                int64_t budget_bytes) {
+  if (block_size <= 0 || budget_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block size (", block_size, ") must be positive and the KV budget (",
+        budget_bytes, ") not negative"));
+  }
+  KvPoolConfig kv{.n_layers = spec.n_layers(),
+                  .kv_heads = spec.n_kv_heads(),
+                  .head_dim = c.head_dim,
+                  .block_size = block_size};
+  kv.num_blocks = budget_bytes > 0
+                      ? kv.BlocksFor(budget_bytes)
+                      : (c.context_length + block_size - 1) / block_size;
+  if (kv.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache budget of ", budget_bytes,
+                     " bytes holds no block (one "
+                     "block of the shard at pp ",
+                     spec.pp_rank, " tp ", spec.tp_rank, " is ",
+                     kv.BytesPerBlock(), " bytes)"));
+  }
+  if (kv.num_blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError("KV cache budget is absurdly large");
+  }
+  return kv;
+}
+
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     const KvPoolConfig& config) {
   if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||

@@ -12,6 +12,8 @@
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
+#include "model/model_config.h"
+#include "model/shard_plan.h"
 
 namespace shardlm {
 
@@ -27,6 +29,14 @@ struct KvPoolConfig {
   // The most blocks that fit in `bytes`.
   int64_t BlocksFor(int64_t bytes) const;
 };
+
+// The pool of one shard (its layers and KV heads) with as many blocks as
+// `budget_bytes` holds, or enough for one full context when it is 0.
+// InvalidArgument when the budget holds no block or absurdly many.
+absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& config,
+                                                const ShardSpec& spec,
+                                                int64_t block_size,
+                                                int64_t budget_bytes);
 
 class KvPool {
  public:
