@@ -52,6 +52,7 @@ double ReadBandwidth() {
 
 int Main(int argc, char** argv) {
   std::string model, threads_arg = "1,2", json_path;
+  int64_t tp = 1, pp = 1;
   int64_t prompt_tokens = 512, decode_tokens = 128;
   FlagSet flags("usage: engine_bench --model PATH [flags]");
   flags.Add("model", &model, "model path");
@@ -59,6 +60,8 @@ int Main(int argc, char** argv) {
   flags.Add("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Add("decode-tokens", &decode_tokens, "decode steps timed");
   flags.Add("json", &json_path, "also write results here");
+  flags.Add("tp", &tp, "tensor-parallel shards (threads of this process)");
+  flags.Add("pp", &pp, "pipeline stages (threads of this process)");
   if (absl::Status s = flags.Parse(argc, argv, 1);
       !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
@@ -72,8 +75,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   nlohmann::json results = nlohmann::json::array();
-  std::printf("%-8s %14s %14s %12s %14s %12s\n", "threads", "prefill tok/s",
-              "decode tok/s", "read GB/s", "floor ms/tok", "of floor");
+  std::printf("tp %d x pp %d\n%-8s %14s %14s %12s %14s %12s %10s\n",
+              static_cast<int>(tp), static_cast<int>(pp), "threads",
+              "prefill tok/s", "decode tok/s", "read GB/s", "floor ms/tok",
+              "of floor", "comm");
   for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
     int threads;
     if (!absl::SimpleAtoi(t, &threads) || threads < 1) {
@@ -81,7 +86,9 @@ int Main(int argc, char** argv) {
                    std::string(t).c_str());
       return 2;
     }
-    auto engine = Engine::Create(**source, {.threads = threads});
+    auto engine = Engine::Create(**source, {.threads = threads,
+                                            .tp = static_cast<int>(tp),
+                                            .pp = static_cast<int>(pp)});
     if (!engine.ok()) {
       std::fprintf(stderr, "%s\n",
                    std::string(engine.status().message()).c_str());
@@ -111,9 +118,18 @@ int Main(int argc, char** argv) {
     const double bandwidth = ReadBandwidth();
     const double floor_s = (weight_bytes + kv_bytes) / bandwidth;
     const double fraction = floor_s / (1.0 / decode_tps);
-    std::printf("%-8d %14.1f %14.2f %12.2f %14.2f %11.0f%%\n", threads,
+    // Share of each rank's step time spent in communicator calls
+    // (including waits for peers), averaged over ranks.
+    double comm_share = 0;
+    const auto stats = (*engine)->executor().RankStats();
+    for (const RunnerStats& s : stats) {
+      if (s.forward_seconds > 0)
+        comm_share += s.comm_seconds / s.forward_seconds;
+    }
+    if (!stats.empty()) comm_share /= stats.size();
+    std::printf("%-8d %14.1f %14.2f %12.2f %14.2f %11.0f%% %9.0f%%\n", threads,
                 prefill_tps, decode_tps, bandwidth / 1e9, floor_s * 1e3,
-                fraction * 100);
+                fraction * 100, comm_share * 100);
     results.push_back({{"threads", threads},
                        {"prompt_tokens", prompt_tokens},
                        {"decode_tokens", decode_tokens},
@@ -121,7 +137,10 @@ int Main(int argc, char** argv) {
                        {"decode_tokens_per_s", decode_tps},
                        {"read_bandwidth_bytes_per_s", bandwidth},
                        {"bytes_per_decode_step", weight_bytes + kv_bytes},
-                       {"decode_fraction_of_bandwidth_floor", fraction}});
+                       {"decode_fraction_of_bandwidth_floor", fraction},
+                       {"tp", tp},
+                       {"pp", pp},
+                       {"comm_share_of_step_time", comm_share}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
   return 0;

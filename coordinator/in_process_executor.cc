@@ -36,6 +36,9 @@ class SingleExecutor : public StepExecutor {
     return runner_->kv().config().num_blocks;
   }
   int64_t weight_bytes() const override { return runner_->weights().bytes(); }
+  std::vector<RunnerStats> RankStats() const override {
+    return {runner_->stats()};
+  }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
     return SampleStep(step, std::move(logits));
@@ -79,6 +82,12 @@ class ThreadedExecutor : public StepExecutor {
     return total;
   }
 
+  std::vector<RunnerStats> RankStats() const override {
+    std::lock_guard<std::mutex> lock(mu_);  // Not during a step.
+    std::vector<RunnerStats> stats;
+    for (const auto& r : runners_) stats.push_back(r->stats());
+    return stats;
+  }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     std::unique_lock<std::mutex> lock(mu_);
     step_ = &step;
@@ -125,7 +134,7 @@ class ThreadedExecutor : public StepExecutor {
   std::vector<std::unique_ptr<ModelRunner>> runners_;
   int64_t num_blocks_;
   int tp_, pp_;
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
   const StepInput* step_ = nullptr;
   uint64_t generation_ = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "core/tensor.h"
@@ -29,6 +30,12 @@ class StepExecutor {
   // The engine is done with sequence `seq_id`: executors that mirror block
   // tables (remote workers) drop theirs.
   virtual void Release(int64_t seq_id) {}
+  // Per-rank time accounting where the executor can see it (in-process
+  // runners), in rank order; empty otherwise.
+  virtual std::vector<RunnerStats> RankStats() const { return {}; }
+  // OK while every rank is up; Unavailable naming a lost rank otherwise
+  // (remote workers). Cheap: serving's readiness checks call it.
+  virtual absl::Status Health() const { return absl::OkStatus(); }
 };
 
 struct ExecutorOptions {

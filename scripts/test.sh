@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # Installs dependencies, builds everything and runs every test (ctest).
-# Extra arguments go to ctest, e.g. `scripts/test.sh -L unit`.
+# Extra arguments go to the main ctest run, e.g. `scripts/test.sh -L unit`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/fetch-model.sh
+
+# The loaders, the tokenizer and core under AddressSanitizer and UBSan:
+# hostile model files must give errors, never memory errors.
+ASAN_TESTS=(core_test model_test loader_test tokenizer_test)
+BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
+  bash scripts/build.sh --target "${ASAN_TESTS[@]}"
+(cd build-asan && ctest --output-on-failure \
+  -R "^($(IFS='|'; echo "${ASAN_TESTS[*]}"))\$")
+
 bash scripts/build.sh
 cd "${BUILD_DIR:-build}"
 ctest --output-on-failure --timeout 900 "$@"

@@ -1,7 +1,9 @@
 #include "worker/model_runner.h"
 
+#include <chrono>
 #include <cmath>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/add/add.h"
@@ -83,12 +85,21 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
 }
 
 absl::Status ModelRunner::AddReduced(Tensor& x, Tensor& y) {
-  if (comms_.tp != nullptr)
-    RETURN_IF_ERROR(comms_.tp->AllReduce(y, y, ReduceOp::kSum));
+  if (comms_.tp != nullptr) {
+    RETURN_IF_ERROR(
+        Comm([&] { return comms_.tp->AllReduce(y, y, ReduceOp::kSum); }));
+  }
   return AddInPlace(x, y);
 }
 
 absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Cleanup account = [&] {
+    stats_.forward_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    ++stats_.steps;
+  };
   RETURN_IF_ERROR(Validate(step));
   const ModelConfig& c = config();
   const ShardSpec& spec = weights_.spec;
@@ -126,10 +137,11 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     RETURN_IF_ERROR(
         Embedding(weights_.token_embd, step.tokens, spec.vocab_begin, x));
     if (comms_.tp != nullptr) {
-      RETURN_IF_ERROR(comms_.tp->AllReduce(x, x, ReduceOp::kSum));
+      RETURN_IF_ERROR(
+          Comm([&] { return comms_.tp->AllReduce(x, x, ReduceOp::kSum); }));
     }
   } else {
-    RETURN_IF_ERROR(comms_.pp->Recv(x, spec.pp_rank - 1));
+    RETURN_IF_ERROR(Comm([&] { return comms_.pp->Recv(x, spec.pp_rank - 1); }));
   }
   for (int64_t l = 0; l < spec.n_layers(); ++l) {
     const LlamaLayerWeights& w = weights_.layers[l];
@@ -155,7 +167,7 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     RETURN_IF_ERROR(AddReduced(x, partial));
   }
   if (!spec.last_stage()) {
-    RETURN_IF_ERROR(comms_.pp->Send(x, spec.pp_rank + 1));
+    RETURN_IF_ERROR(Comm([&] { return comms_.pp->Send(x, spec.pp_rank + 1); }));
     return Tensor();
   }
   return Logits(x, step);
@@ -183,7 +195,7 @@ absl::StatusOr<Tensor> ModelRunner::Logits(const Tensor& x,
   const int tp = spec.tp_size;
   ASSIGN_OR_RETURN(Tensor gathered,
                    Tensor::Host(DType::kF32, {tp, m, spec.vocab_padded}));
-  RETURN_IF_ERROR(comms_.tp->AllGather(local, gathered));
+  RETURN_IF_ERROR(Comm([&] { return comms_.tp->AllGather(local, gathered); }));
   ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
   for (int t = 0; t < tp; ++t) {
     const auto [v0, v1] = EvenSplit(c.vocab_size, tp, t);

@@ -2,6 +2,7 @@
 #ifndef SHARDLM_WORKER_MODEL_RUNNER_H_
 #define SHARDLM_WORKER_MODEL_RUNNER_H_
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -46,6 +47,15 @@ struct ShardComms {
   Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
 };
 
+// Where a runner's time went, cumulative.
+struct RunnerStats {
+  int64_t steps = 0;
+  double forward_seconds = 0;  // Inside Forward().
+  // Inside communicator calls; includes waiting for peers (a slower TP
+  // rank, or the previous stage for PP), which is what it costs a step.
+  double comm_seconds = 0;
+};
+
 // Runs one shard (weights.spec): its layers, with its heads and FFN columns
 // (TP partial sums all-reduced over comms.tp), receiving hidden states from
 // the previous stage and sending them to the next (comms.pp). Every rank of
@@ -59,6 +69,7 @@ class ModelRunner {
   const ModelConfig& config() const { return weights_.config; }
   const LlamaWeights& weights() const { return weights_; }
   const KvPool& kv() const { return *kv_; }
+  const RunnerStats& stats() const { return stats_; }
 
   // Runs this shard's layers for the step's tokens. On the last stage,
   // returns the logits of the requested rows, gathered over the TP group:
@@ -73,10 +84,21 @@ class ModelRunner {
   // x += y summed over the TP group (y is this rank's partial sum).
   absl::Status AddReduced(Tensor& x, Tensor& y);
   absl::StatusOr<Tensor> Logits(const Tensor& x, const StepInput& step);
+  // Runs a communicator call, adding its time to stats_.comm_seconds.
+  template <typename F>
+  absl::Status Comm(F&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    absl::Status s = call();
+    stats_.comm_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    return s;
+  }
 
   LlamaWeights weights_;
   std::unique_ptr<KvPool> kv_;
   ShardComms comms_;
+  RunnerStats stats_;
 };
 
 }  // namespace shardlm
