@@ -1,0 +1,270 @@
+#include "coordinator/inference_service.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+
+namespace shardlm {
+namespace {
+
+constexpr char kServiceName[] = "shardlm.v1.Inference";
+
+// The executor's health when it reports one (StepExecutor::Health(), for
+// executors over remote ranks); otherwise always OK. A template so that this
+// compiles both before and after StepExecutor grows the method.
+template <typename E>
+absl::Status ExecutorHealth(const E& executor) {
+  if constexpr (requires { executor.Health(); }) {
+    return executor.Health();
+  } else {
+    return absl::OkStatus();
+  }
+}
+
+absl::Status Invalid(auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+InferenceService::InferenceService(Engine* engine, const Tokenizer* tokenizer,
+                                   std::string model_name,
+                                   ServiceOptions options)
+    : engine_(engine),
+      tokenizer_(tokenizer),
+      model_name_(std::move(model_name)),
+      options_(options) {}
+
+absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
+    const v1::GenerateRequest& request) const {
+  const ModelConfig& config = engine_->config();
+  const int64_t vocab = config.vocab_size;
+  GenerateRequest req;
+
+  req.max_tokens = request.max_tokens() == 0 ? options_.default_max_tokens
+                                             : request.max_tokens();
+  if (req.max_tokens < 1 || req.max_tokens > config.context_length) {
+    return Invalid("max_tokens must be in [1, ", config.context_length,
+                   "] (the context window), got ", request.max_tokens());
+  }
+
+  const v1::SamplingParams& s = request.sampling();
+  // In the proto, top_p 0 (the default) means off, like 1.
+  req.sampling = {.temperature = s.temperature(),
+                  .top_k = s.top_k(),
+                  .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
+                  .seed = s.seed()};
+  if (!std::isfinite(s.temperature()) || !std::isfinite(s.top_p())) {
+    return Invalid("sampling.temperature and sampling.top_p must be finite");
+  }
+  if (absl::Status st = ValidateSamplingParams(req.sampling); !st.ok()) {
+    return Invalid("sampling: ", st.message());
+  }
+
+  // Token ids take precedence over text.
+  if (request.prompt_token_ids_size() > 0) {
+    req.prompt.assign(request.prompt_token_ids().begin(),
+                      request.prompt_token_ids().end());
+    for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
+      const int32_t t = request.prompt_token_ids(i);
+      if (t < 0 || t >= vocab) {
+        return Invalid("prompt_token_ids[", i, "] = ", t,
+                       " is outside the vocabulary of ", vocab);
+      }
+    }
+  } else {
+    if (request.prompt().empty()) {
+      return Invalid("one of prompt or prompt_token_ids is required");
+    }
+    req.prompt = tokenizer_->Encode(request.prompt());
+    if (req.prompt.empty()) return Invalid("the prompt encodes to no tokens");
+  }
+
+  for (int i = 0; i < request.stop_token_ids_size(); ++i) {
+    const int32_t t = request.stop_token_ids(i);
+    if (t < 0 || t >= vocab) {
+      return Invalid("stop_token_ids[", i, "] = ", t,
+                     " is outside the vocabulary of ", vocab);
+    }
+    req.stop_token_ids.push_back(t);
+  }
+  if (!request.ignore_eos()) {
+    // End of text, and the end of a chat turn for chat models.
+    for (int32_t id : {config.eos_id, tokenizer_->eos_id()}) {
+      if (id >= 0 && id < vocab) req.stop_token_ids.push_back(id);
+    }
+    if (auto im_end = tokenizer_->TokenId("<|im_end|>");
+        im_end && *im_end >= 0 && *im_end < vocab) {
+      req.stop_token_ids.push_back(*im_end);
+    }
+  }
+  return req;
+}
+
+grpc::Status InferenceService::Generate(
+    grpc::ServerContext* context, const v1::GenerateRequest* request,
+    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
+  if (!req.ok()) return ToGrpcStatus(req.status());
+
+  // One request at a time (see the class comment); stop waiting when the
+  // client goes away or its deadline passes.
+  std::unique_lock<std::timed_mutex> lock(engine_mu_, std::defer_lock);
+  while (!lock.try_lock_for(std::chrono::milliseconds(50))) {
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "cancelled while waiting for the engine");
+    }
+  }
+
+  const std::vector<int32_t>& stops = req->stop_token_ids;
+  const auto is_stop = [&](int32_t id) {
+    return std::find(stops.begin(), stops.end(), id) != stops.end();
+  };
+  StreamingDetokenizer detok(tokenizer_);
+  int32_t generated = 0;
+  bool sent_final = false;
+  bool client_gone = false;
+  absl::StatusOr<GenerateResult> result =
+      engine_->Generate(*req, [&](int32_t id) {
+        if (context->IsCancelled()) {
+          client_gone = true;
+          return false;
+        }
+        ++generated;
+        v1::GenerateResponse response;
+        response.add_token_ids(id);
+        // Stop tokens are reported by id but not printed.
+        const bool stop = is_stop(id);
+        if (!stop) response.set_text(detok.Push(id));
+        // The engine ends a request at a stop token or at max_tokens; the
+        // last token's response carries the finish (when this guess is
+        // ever wrong, a separate final response follows below).
+        if (stop || generated >= req->max_tokens) {
+          response.mutable_text()->append(detok.Finish());
+          response.set_finish_reason(stop ? "stop" : "length");
+          response.mutable_usage()->set_prompt_tokens(
+              static_cast<int32_t>(req->prompt.size()));
+          response.mutable_usage()->set_completion_tokens(generated);
+          sent_final = true;
+        }
+        if (!writer->Write(response)) {
+          client_gone = true;
+          return false;
+        }
+        return true;
+      });
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (client_gone || result->finish_reason == FinishReason::kCancelled) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "the client cancelled the request");
+  }
+  const char* reason = FinishReasonName(result->finish_reason);
+  const int32_t n = static_cast<int32_t>(result->tokens.size());
+  if (!sent_final) {
+    v1::GenerateResponse response;
+    response.set_text(detok.Finish());
+    response.set_finish_reason(reason);
+    response.mutable_usage()->set_prompt_tokens(
+        static_cast<int32_t>(req->prompt.size()));
+    response.mutable_usage()->set_completion_tokens(n);
+    writer->Write(response);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
+                                        const v1::TokenizeRequest* request,
+                                        v1::TokenizeResponse* response) {
+  for (int32_t id : tokenizer_->Encode(request->text())) {
+    response->add_token_ids(id);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status InferenceService::GetModelInfo(
+    grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
+    v1::ModelInfo* response) {
+  // Fixed after construction: safe to read while a Generate runs.
+  const ModelConfig& config = engine_->config();
+  response->set_name(model_name_);
+  response->set_vocab_size(static_cast<int32_t>(config.vocab_size));
+  response->set_context_length(static_cast<int32_t>(config.context_length));
+  response->set_tp(options_.tp);
+  response->set_pp(options_.pp);
+  response->set_kv_blocks(engine_->blocks().num_blocks());
+  response->set_block_size(engine_->blocks().block_size());
+  return grpc::Status::OK;
+}
+
+absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
+    Engine* engine, const Tokenizer* tokenizer,
+    const ApiServerOptions& options) {
+  std::unique_ptr<ApiServer> s(new ApiServer());
+  s->engine_ = engine;
+  s->service_ = std::make_unique<InferenceService>(
+      engine, tokenizer, options.model_name, options.service);
+
+  // Both are process-wide switches read when a builder is made; setting
+  // them again is harmless.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(options.listen_address,
+                           grpc::InsecureServerCredentials(), &s->port_);
+  builder.RegisterService(s->service_.get());
+  s->server_ = builder.BuildAndStart();
+  if (s->server_ == nullptr || s->port_ == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen_address,
+                     " (malformed address, or the port is in use)"));
+  }
+  s->health_thread_ = std::thread(
+      [p = s.get(), poll = options.health_poll] { p->WatchHealth(poll); });
+  return s;
+}
+
+void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
+  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
+  if (health == nullptr) return;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    const bool serving = ExecutorHealth(engine_->executor()).ok();
+    health->SetServingStatus("", serving);
+    health->SetServingStatus(kServiceName, serving);
+    stop_cv_.wait_for(lock, poll, [&] { return stopping_; });
+  }
+}
+
+void ApiServer::Wait() { server_->Wait(); }
+
+void ApiServer::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
+    stopping_ = true;
+  }
+  stop_cv_.notify_all();
+  if (health_thread_.joinable()) health_thread_.join();
+  if (server_ == nullptr) return;  // Start() failed.
+  // A second of grace; then in-flight calls are cancelled and see
+  // IsCancelled() within one engine step.
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+ApiServer::~ApiServer() { Shutdown(); }
+
+}  // namespace shardlm

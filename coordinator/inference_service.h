@@ -1,0 +1,122 @@
+// The public gRPC API (DESIGN.md section 6): shardlm.v1.Inference over an
+// Engine, plus the server that hosts it next to the standard health service
+// and server reflection.
+#ifndef SHARDLM_COORDINATOR_INFERENCE_SERVICE_H_
+#define SHARDLM_COORDINATOR_INFERENCE_SERVICE_H_
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "coordinator/engine.h"
+#include "grpcpp/server.h"
+#include "model/tokenizer.h"
+#include "shardlm/v1/inference.grpc.pb.h"
+
+namespace shardlm {
+
+// absl and gRPC share their status codes; this keeps code and message.
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+struct ServiceOptions {
+  // Reported by GetModelInfo: how the engine's model is sharded.
+  int tp = 1;
+  int pp = 1;
+  // max_tokens when a request leaves it at 0.
+  int32_t default_max_tokens = 16;
+};
+
+// Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
+// not owned and must outlive the service. All methods are thread-safe.
+//
+// The Engine is not thread-safe and GenerateBatch runs one batch to the end,
+// so Generate calls are serialized by a mutex: one request at a time.
+// Continuous batching across concurrent RPCs (a request queue feeding the
+// engine's scheduler loop) is later work.
+class InferenceService final : public v1::Inference::Service {
+ public:
+  InferenceService(Engine* engine, const Tokenizer* tokenizer,
+                   std::string model_name, ServiceOptions options);
+
+  grpc::Status Generate(
+      grpc::ServerContext* context, const v1::GenerateRequest* request,
+      grpc::ServerWriter<v1::GenerateResponse>* writer) override;
+  grpc::Status Tokenize(grpc::ServerContext* context,
+                        const v1::TokenizeRequest* request,
+                        v1::TokenizeResponse* response) override;
+  grpc::Status GetModelInfo(grpc::ServerContext* context,
+                            const v1::GetModelInfoRequest* request,
+                            v1::ModelInfo* response) override;
+
+  // The engine request for `request` (tokenized, defaults applied, stop
+  // tokens added), or InvalidArgument naming the field. Checks what the
+  // engine cannot see (sampling fields, token ranges); the engine checks
+  // context and KV capacity.
+  absl::StatusOr<GenerateRequest> ToEngineRequest(
+      const v1::GenerateRequest& request) const;
+
+ private:
+  Engine* engine_;              // Not owned.
+  const Tokenizer* tokenizer_;  // Not owned.
+  std::string model_name_;
+  ServiceOptions options_;
+  // Held for the whole of a Generate call (see the class comment). Timed so
+  // that a waiting client that cancels stops waiting.
+  std::timed_mutex engine_mu_;
+};
+
+struct ApiServerOptions {
+  // "host:port"; port 0 binds a free port (see ApiServer::port()).
+  std::string listen_address = "127.0.0.1:0";
+  std::string model_name;
+  ServiceOptions service;
+  // How often the executor's health is polled for the health service.
+  std::chrono::milliseconds health_poll{1000};
+};
+
+// A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the
+// overall status "" and "shardlm.v1.Inference": SERVING while the engine's
+// executor is healthy) and server reflection. Shuts down on destruction.
+class ApiServer {
+ public:
+  // Builds and starts the server. `engine` and `tokenizer` are not owned
+  // and must outlive the server. Unavailable naming the address when it
+  // cannot be bound.
+  static absl::StatusOr<std::unique_ptr<ApiServer>> Start(
+      Engine* engine, const Tokenizer* tokenizer,
+      const ApiServerOptions& options);
+  ~ApiServer();
+  ApiServer(const ApiServer&) = delete;
+  ApiServer& operator=(const ApiServer&) = delete;
+
+  int port() const { return port_; }
+  // Blocks until Shutdown() (from another thread).
+  void Wait();
+  // Stops accepting calls, cancels in-flight ones, and returns when they
+  // are done. Idempotent.
+  void Shutdown();
+  grpc::Server* server() { return server_.get(); }
+
+ private:
+  ApiServer() = default;
+  void WatchHealth(std::chrono::milliseconds poll);
+
+  const Engine* engine_ = nullptr;
+  std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::mutex mu_;
+  std::condition_variable stop_cv_;
+  bool stopping_ = false;  // Guarded by mu_.
+  std::thread health_thread_;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_INFERENCE_SERVICE_H_

@@ -1,0 +1,472 @@
+// The gRPC API end to end on a small random model: a real server on a free
+// local port and a real client. Streams must carry exactly the engine's
+// tokens, bad requests get precise codes and change nothing, cancellation
+// frees every block.
+#include "coordinator/inference_service.h"
+
+#include <cmath>
+#include <future>
+#include <limits>
+
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int32_t kVocab = 301;
+constexpr int32_t kEos = 256;
+constexpr int32_t kImEnd = 257;
+constexpr int32_t kImStart = 258;
+
+// Ids 0..127 are ASCII bytes, 128..255 the two-byte characters U+00C0 +
+// (id - 128), 256..258 the specials, 259.. the words "<tN>". Every token is
+// whole UTF-8, so streamed text concatenates to Decode exactly. Characters
+// it has no token for are dropped.
+class FakeTokenizer final : public Tokenizer {
+ public:
+  FakeTokenizer() {
+    for (int32_t i = 0; i < kVocab; ++i) {
+      if (i < 128) {
+        pieces_.push_back(std::string(1, static_cast<char>(i)));
+      } else if (i < 256) {
+        const int cp = 0xC0 + (i - 128);
+        pieces_.push_back({static_cast<char>(0xC0 | (cp >> 6)),
+                           static_cast<char>(0x80 | (cp & 0x3F))});
+      } else if (i == kEos) {
+        pieces_.push_back("<|endoftext|>");
+      } else if (i == kImEnd) {
+        pieces_.push_back("<|im_end|>");
+      } else if (i == kImStart) {
+        pieces_.push_back("<|im_start|>");
+      } else {
+        pieces_.push_back("<t" + std::to_string(i) + ">");
+      }
+    }
+  }
+  std::vector<int32_t> Encode(std::string_view text) const override {
+    std::vector<int32_t> ids;
+    size_t i = 0;
+    while (i < text.size()) {
+      bool matched = false;
+      for (int32_t id = 256; id < kVocab && !matched; ++id) {
+        if (text.substr(i).starts_with(pieces_[id])) {
+          ids.push_back(id);
+          i += pieces_[id].size();
+          matched = true;
+        }
+      }
+      if (matched) continue;
+      const auto c = static_cast<unsigned char>(text[i]);
+      if (c < 0x80) {
+        ids.push_back(c);
+        ++i;
+      } else if ((c & 0xE0) == 0xC0 && i + 1 < text.size()) {
+        const int cp = ((c & 0x1F) << 6) | (text[i + 1] & 0x3F);
+        if (cp >= 0xC0 && cp < 0xC0 + 128) ids.push_back(128 + cp - 0xC0);
+        i += 2;
+      } else {
+        ++i;
+      }
+    }
+    return ids;
+  }
+  std::string_view TokenBytes(int32_t id) const override {
+    return id >= 0 && id < kVocab ? std::string_view(pieces_[id]) : "";
+  }
+  int32_t vocab_size() const override { return kVocab; }
+  int32_t bos_id() const override { return -1; }
+  int32_t eos_id() const override { return kEos; }
+  bool IsSpecial(int32_t id) const override { return id >= 256 && id <= 258; }
+  std::optional<int32_t> TokenId(std::string_view token) const override {
+    for (int32_t i = 0; i < kVocab; ++i) {
+      if (pieces_[i] == token) return i;
+    }
+    return std::nullopt;
+  }
+  std::string Summary() const override { return "fake byte tokenizer"; }
+
+ private:
+  std::vector<std::string> pieces_;
+};
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.name = "tiny-random";
+  c.n_layers = 2;
+  c.hidden = 64;
+  c.ffn_hidden = 96;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = kVocab;
+  c.context_length = 256;
+  c.rope_theta = 10000.0f;
+  c.eos_id = kEos;
+  return c;
+}
+
+// 2 (K, V) x 2 layers x 2 KV heads x 16 x 4 bytes per token, 16 tokens a
+// block: 8 blocks, 128 tokens of KV, less than the context window.
+constexpr int64_t kBlockBytes = 2 * 2 * 2 * 16 * 4 * 16;
+constexpr int32_t kBlocks = 8;
+
+struct Streamed {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> responses;
+  std::vector<int32_t> tokens;
+  std::string text;
+};
+
+class InferenceServiceTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    weights_ = RandomLlamaWeights(TinyConfig(), 7);
+    auto engine = Engine::Create(
+        *weights_, {.kv_cache_bytes = kBlocks * kBlockBytes, .threads = 1});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    engine_ = std::move(*engine);
+    ASSERT_EQ(engine_->blocks().num_blocks(), kBlocks);
+    auto server =
+        ApiServer::Start(engine_.get(), &tokenizer_,
+                         {.listen_address = "127.0.0.1:0",
+                          .model_name = "tiny",
+                          .service = {.tp = 1, .pp = 1},
+                          .health_poll = std::chrono::milliseconds(20)});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    ASSERT_GT(server_->port(), 0);
+    channel_ =
+        grpc::CreateChannel("127.0.0.1:" + std::to_string(server_->port()),
+                            grpc::InsecureChannelCredentials());
+    stub_ = v1::Inference::NewStub(channel_);
+  }
+  void TearDown() override {
+    if (server_) server_->Shutdown();
+  }
+
+  Streamed Call(const v1::GenerateRequest& req) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::seconds(60));
+    Streamed out;
+    auto reader = stub_->Generate(&ctx, req);
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      out.tokens.insert(out.tokens.end(), r.token_ids().begin(),
+                        r.token_ids().end());
+      out.text += r.text();
+      out.responses.push_back(r);
+    }
+    out.status = reader->Finish();
+    return out;
+  }
+
+  // What the service should hand the engine for `prompt`: the default stop
+  // tokens are the model's EOS and <|im_end|>.
+  GenerateResult Direct(const std::vector<int32_t>& prompt, int32_t max_tokens,
+                        SamplingParams sampling = {},
+                        std::vector<int32_t> stops = {kEos, kEos, kImEnd}) {
+    auto r = engine_->Generate({.prompt = prompt,
+                                .max_tokens = max_tokens,
+                                .sampling = sampling,
+                                .stop_token_ids = std::move(stops)});
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? *r : GenerateResult{};
+  }
+
+  // Text a client should see for `tokens`: everything but stop tokens.
+  std::string Visible(const std::vector<int32_t>& tokens,
+                      const std::vector<int32_t>& stops) {
+    std::vector<int32_t> shown;
+    for (int32_t t : tokens) {
+      if (std::find(stops.begin(), stops.end(), t) == stops.end()) {
+        shown.push_back(t);
+      }
+    }
+    return tokenizer_.Decode(shown);
+  }
+
+  std::unique_ptr<InMemoryWeights> weights_;
+  FakeTokenizer tokenizer_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<ApiServer> server_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Inference::Stub> stub_;
+};
+
+void ExpectFinal(const Streamed& s, const std::string& reason, int prompt,
+                 size_t completion) {
+  ASSERT_FALSE(s.responses.empty());
+  const v1::GenerateResponse& last = s.responses.back();
+  EXPECT_EQ(last.finish_reason(), reason);
+  EXPECT_EQ(last.usage().prompt_tokens(), prompt);
+  EXPECT_EQ(last.usage().completion_tokens(), static_cast<int>(completion));
+  for (size_t i = 0; i + 1 < s.responses.size(); ++i) {
+    EXPECT_EQ(s.responses[i].finish_reason(), "") << "response " << i;
+    EXPECT_EQ(s.responses[i].token_ids_size(), 1) << "response " << i;
+  }
+}
+
+TEST_F(InferenceServiceTest, GreedyStreamEqualsEngine) {
+  v1::GenerateRequest req;
+  req.set_prompt("Hello, wörld! <t300>");
+  req.set_max_tokens(20);
+  req.set_ignore_eos(true);  // Random models may say EOS at any point.
+  const std::vector<int32_t> prompt = tokenizer_.Encode(req.prompt());
+  const GenerateResult want = Direct(prompt, 20, {}, {});
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.responses.size(), 20u);  // One per token, the last final.
+  ExpectFinal(got, "length", static_cast<int>(prompt.size()), 20);
+  EXPECT_EQ(got.text, tokenizer_.Decode(want.tokens));
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
+TEST_F(InferenceServiceTest, SeededSamplingFromTokenIdsEqualsEngine) {
+  v1::GenerateRequest req;
+  for (int i = 0; i < 30; ++i) req.add_prompt_token_ids((i * 37 + 5) % 256);
+  req.set_prompt("ignored: ids take precedence");
+  req.set_max_tokens(24);
+  req.mutable_sampling()->set_temperature(0.8f);
+  req.mutable_sampling()->set_top_k(50);
+  req.mutable_sampling()->set_top_p(0.9f);
+  req.mutable_sampling()->set_seed(1234);
+  const std::vector<int32_t> prompt(req.prompt_token_ids().begin(),
+                                    req.prompt_token_ids().end());
+  const SamplingParams sampling{
+      .temperature = 0.8f, .top_k = 50, .top_p = 0.9f, .seed = 1234};
+  const GenerateResult want = Direct(prompt, 24, sampling);
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  ExpectFinal(got,
+              want.finish_reason == FinishReason::kStop ? "stop" : "length", 30,
+              want.tokens.size());
+  EXPECT_EQ(got.text, Visible(want.tokens, {kEos, kImEnd}));
+  // The same seed again, the same stream.
+  EXPECT_EQ(Call(req).tokens, got.tokens);
+}
+
+TEST_F(InferenceServiceTest, StopTokenEndsStreamAndIsNotPrinted) {
+  const std::vector<int32_t> prompt = tokenizer_.Encode("stop here");
+  const GenerateResult free_run = Direct(prompt, 12, {}, {});
+  ASSERT_EQ(free_run.tokens.size(), 12u);
+  const int32_t stop = free_run.tokens[4];
+  const size_t first =
+      std::find(free_run.tokens.begin(), free_run.tokens.end(), stop) -
+      free_run.tokens.begin();
+  v1::GenerateRequest req;
+  req.set_prompt("stop here");
+  req.set_max_tokens(12);
+  req.set_ignore_eos(true);
+  req.add_stop_token_ids(stop);
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const std::vector<int32_t> want(free_run.tokens.begin(),
+                                  free_run.tokens.begin() + first + 1);
+  EXPECT_EQ(got.tokens, want);  // The stop token's id is reported...
+  ExpectFinal(got, "stop", static_cast<int>(prompt.size()), want.size());
+  EXPECT_EQ(got.text, Visible(want, {stop}));  // ...but not its text.
+}
+
+TEST_F(InferenceServiceTest, DefaultMaxTokensIs16) {
+  v1::GenerateRequest req;
+  req.set_prompt("abc");
+  req.set_ignore_eos(true);
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens.size(), 16u);
+  ExpectFinal(got, "length", 3, 16);
+}
+
+TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
+  const auto with = [](auto&& edit) {
+    v1::GenerateRequest r;
+    r.set_prompt("hi");
+    r.set_max_tokens(4);
+    edit(r);
+    return r;
+  };
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::string name;
+    v1::GenerateRequest req;
+    std::string needle;
+  };
+  const std::vector<Case> cases = {
+      {"no prompt", with([](auto& r) { r.clear_prompt(); }), "prompt"},
+      {"negative max_tokens", with([](auto& r) { r.set_max_tokens(-1); }),
+       "max_tokens"},
+      {"max_tokens over context", with([](auto& r) { r.set_max_tokens(257); }),
+       "max_tokens"},
+      {"negative temperature",
+       with([](auto& r) { r.mutable_sampling()->set_temperature(-1); }),
+       "temperature"},
+      {"NaN temperature",
+       with([&](auto& r) { r.mutable_sampling()->set_temperature(nan); }),
+       "temperature"},
+      {"negative top_k",
+       with([](auto& r) { r.mutable_sampling()->set_top_k(-3); }), "top_k"},
+      {"top_p over 1",
+       with([](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }), "top_p"},
+      {"negative top_p",
+       with([](auto& r) { r.mutable_sampling()->set_top_p(-0.5f); }), "top_p"},
+      {"negative token id", with([](auto& r) { r.add_prompt_token_ids(-1); }),
+       "vocabulary"},
+      {"token id == vocab",
+       with([](auto& r) { r.add_prompt_token_ids(kVocab); }), "vocabulary"},
+      {"stop id out of vocab",
+       with([](auto& r) { r.add_stop_token_ids(kVocab + 9); }), "stop_token"},
+      {"prompt encodes to nothing",
+       with([](auto& r) { r.set_prompt("\xF0\x9F\x98\x80"); }), "no tokens"},
+      // Fits the context (256) but not the KV cache (8 blocks of 16).
+      {"over KV capacity", with([](auto& r) {
+         for (int i = 0; i < 100; ++i) r.add_prompt_token_ids(i);
+         r.set_max_tokens(100);
+       }),
+       "KV blocks"},
+      {"over the context window", with([](auto& r) {
+         for (int i = 0; i < 200; ++i) r.add_prompt_token_ids(i);
+         r.set_max_tokens(100);
+       }),
+       "context window"},
+  };
+  for (const Case& c : cases) {
+    const Streamed got = Call(c.req);
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name << ": " << got.status.error_message();
+    EXPECT_NE(got.status.error_message().find(c.needle), std::string::npos)
+        << c.name << ": " << got.status.error_message();
+    EXPECT_TRUE(got.responses.empty()) << c.name;
+    EXPECT_EQ(engine_->blocks().used_blocks(), 0) << c.name;
+  }
+  v1::GenerateRequest good;
+  good.set_prompt("still here");
+  good.set_max_tokens(5);
+  good.set_ignore_eos(true);
+  const Streamed after = Call(good);
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens.size(), 5u);
+}
+
+TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
+  v1::GenerateRequest req;
+  req.set_prompt("a long one");
+  req.set_max_tokens(100);
+  req.set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Generate(&ctx, req);
+  v1::GenerateResponse r;
+  ASSERT_TRUE(reader->Read(&r));
+  ASSERT_TRUE(reader->Read(&r));
+  ctx.TryCancel();
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+
+  // The next request runs only after the cancelled one released the engine.
+  v1::GenerateRequest next;
+  next.set_prompt("next");
+  next.set_max_tokens(3);
+  next.set_ignore_eos(true);
+  const Streamed got = Call(next);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens.size(), 3u);
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
+TEST_F(InferenceServiceTest, ConcurrentStreamsAreServedOneAtATime) {
+  v1::GenerateRequest req;
+  req.set_prompt("same prompt");
+  req.set_max_tokens(10);
+  req.set_ignore_eos(true);
+  const GenerateResult want =
+      Direct(tokenizer_.Encode("same prompt"), 10, {}, {});
+  std::vector<std::future<Streamed>> calls;
+  for (int i = 0; i < 4; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] { return Call(req); }));
+  }
+  for (auto& c : calls) {
+    const Streamed got = c.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, want.tokens);
+  }
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
+TEST_F(InferenceServiceTest, TokenizeAndModelInfo) {
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest treq;
+  treq.set_text("<|im_start|>hé");
+  v1::TokenizeResponse tres;
+  ASSERT_TRUE(stub_->Tokenize(&ctx, treq, &tres).ok());
+  EXPECT_EQ(
+      std::vector<int32_t>(tres.token_ids().begin(), tres.token_ids().end()),
+      tokenizer_.Encode("<|im_start|>hé"));
+  EXPECT_EQ(tres.token_ids_size(), 3);
+
+  grpc::ClientContext ctx2;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub_->GetModelInfo(&ctx2, {}, &info).ok());
+  EXPECT_EQ(info.name(), "tiny");
+  EXPECT_EQ(info.vocab_size(), kVocab);
+  EXPECT_EQ(info.context_length(), 256);
+  EXPECT_EQ(info.tp(), 1);
+  EXPECT_EQ(info.pp(), 1);
+  EXPECT_EQ(info.kv_blocks(), kBlocks);
+  EXPECT_EQ(info.block_size(), 16);
+}
+
+// grpc.health.v1.Health/Check over raw bytes: the request {service: name}
+// and the response {status: 1} (SERVING) are a few bytes of protobuf.
+int HealthStatus(grpc::Channel* channel, const std::string& service) {
+  grpc::GenericStub stub(channel->shared_from_this());
+  std::string req;
+  if (!service.empty()) {
+    req = std::string(1, 0x0A) + static_cast<char>(service.size()) + service;
+  }
+  grpc::Slice slice(req);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::ClientContext ctx;
+  std::promise<grpc::Status> done;
+  stub.UnaryCall(&ctx, "/grpc.health.v1.Health/Check", grpc::StubOptions(),
+                 &request, &response,
+                 [&](grpc::Status s) { done.set_value(s); });
+  const grpc::Status s = done.get_future().get();
+  if (!s.ok()) return -static_cast<int>(s.error_code());
+  std::vector<grpc::Slice> slices;
+  if (!response.Dump(&slices).ok()) return -100;
+  std::string bytes;
+  for (const grpc::Slice& sl : slices) {
+    bytes.append(reinterpret_cast<const char*>(sl.begin()), sl.size());
+  }
+  if (bytes.empty()) return 0;  // UNKNOWN, the default value.
+  if (bytes.size() != 2 || bytes[0] != 0x08) return -101;
+  return bytes[1];
+}
+
+TEST_F(InferenceServiceTest, HealthReportsServing) {
+  EXPECT_EQ(HealthStatus(channel_.get(), ""), 1);
+  EXPECT_EQ(HealthStatus(channel_.get(), "shardlm.v1.Inference"), 1);
+}
+
+TEST(ApiServerTest, UnusableAddressIsAnError) {
+  auto weights = RandomLlamaWeights(TinyConfig(), 7);
+  auto engine = Engine::Create(*weights, {.threads = 1});
+  ASSERT_TRUE(engine.ok());
+  FakeTokenizer tok;
+  auto server = ApiServer::Start(engine->get(), &tok,
+                                 {.listen_address = "not an address"});
+  ASSERT_FALSE(server.ok());
+  EXPECT_NE(std::string(server.status().message()).find("not an address"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace shardlm
