@@ -8,6 +8,7 @@
 #include "coordinator/engine.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
+#include "launch/remote_generate.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 
@@ -16,6 +17,7 @@ namespace {
 
 struct GenerateFlags {
   std::string model;
+  std::string server;
   std::string prompt;
   bool chat = false;
   int64_t max_tokens = 128;
@@ -37,23 +39,21 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-// The ChatML turn SmolLM2-Instruct was trained on.
-std::string ChatPrompt(const std::string& user) {
-  return absl::StrCat("<|im_start|>user\n", user,
-                      "<|im_end|>\n<|im_start|>assistant\n");
-}
-
 }  // namespace
 
 int GenerateCommand(int argc, char** argv) {
   GenerateFlags f;
   FlagSet flags(
       "usage: shardlm generate --model PATH --prompt TEXT [flags]\n"
+      "       shardlm generate --server HOST:PORT --prompt TEXT [flags]\n"
       "Streams the completion of TEXT to stdout. Temperature 0 is greedy;\n"
       "the same seed gives the same text.");
   flags.Add("model", &f.model,
             "GGUF file, or directory with config.json + "
             "*.safetensors + tokenizer.json");
+  flags.Add("server", &f.server,
+            "HOST:PORT of a running server (shardlm serve); then --model "
+            "and the engine flags are not used");
   flags.Add("prompt", &f.prompt, "text to complete");
   flags.Add("chat", &f.chat, "wrap the prompt as a ChatML user turn");
   flags.Add("max-tokens", &f.max_tokens, "most tokens to generate");
@@ -79,7 +79,9 @@ int GenerateCommand(int argc, char** argv) {
     return 0;
   }
   std::string problem;
-  if (f.model.empty()) problem = "--model is required";
+  if (f.model.empty() && f.server.empty()) {
+    problem = "--model (or --server) is required";
+  }
   if (problem.empty() && f.prompt.empty()) problem = "--prompt is required";
   if (problem.empty() && !flags.positional().empty()) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
@@ -115,6 +117,15 @@ int GenerateCommand(int argc, char** argv) {
     return 2;
   }
 
+  if (!f.server.empty()) {
+    return RemoteGenerate({.server = f.server,
+                           .prompt = f.prompt,
+                           .chat = f.chat,
+                           .max_tokens = static_cast<int32_t>(f.max_tokens),
+                           .sampling = sampling,
+                           .stats = f.stats});
+  }
+
   const auto t0 = std::chrono::steady_clock::now();
   auto source = OpenWeights(f.model);
   if (!source.ok()) return Fail(source.status());
@@ -135,7 +146,7 @@ int GenerateCommand(int argc, char** argv) {
 
   const Tokenizer& tok = **tokenizer;
   GenerateRequest req{
-      .prompt = tok.Encode(f.chat ? ChatPrompt(f.prompt) : f.prompt),
+      .prompt = tok.Encode(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
       .max_tokens = static_cast<int32_t>(f.max_tokens),
       .sampling = sampling};
   // End of text, and the end of a chat turn for chat models.

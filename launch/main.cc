@@ -10,8 +10,9 @@ constexpr char kUsage[] =
     "usage: shardlm <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  generate   stream a completion for a prompt from a local model\n"
+    "  generate   stream a completion for a prompt (local model or --server)\n"
     "  inspect    print a model file's config, tensors and tokenizer\n"
+    "  serve      serve the gRPC API from a model in this process\n"
     "\n"
     "Run 'shardlm <command> --help' for the flags of a command.\n";
 
@@ -28,6 +29,9 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "inspect") == 0) {
     return shardlm::InspectCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "serve") == 0) {
+    return shardlm::ServeCommand(argc, argv);
   }
   std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", argv[1], kUsage);
   return 2;

@@ -1,0 +1,133 @@
+#include "launch/remote_generate.h"
+
+#include <chrono>
+#include <cstdio>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "shardlm/v1/inference.grpc.pb.h"
+
+namespace shardlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// grpc::StatusCode by its canonical name, for messages.
+const char* CodeName(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::CANCELLED:
+      return "CANCELLED";
+    case grpc::StatusCode::INVALID_ARGUMENT:
+      return "INVALID_ARGUMENT";
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+      return "DEADLINE_EXCEEDED";
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+      return "RESOURCE_EXHAUSTED";
+    case grpc::StatusCode::UNAVAILABLE:
+      return "UNAVAILABLE";
+    case grpc::StatusCode::UNAUTHENTICATED:
+      return "UNAUTHENTICATED";
+    case grpc::StatusCode::INTERNAL:
+      return "INTERNAL";
+    case grpc::StatusCode::UNIMPLEMENTED:
+      return "UNIMPLEMENTED";
+    default:
+      return "ERROR";
+  }
+}
+
+}  // namespace
+
+std::string ChatMlPrompt(const std::string& user) {
+  return absl::StrCat("<|im_start|>user\n", user,
+                      "<|im_end|>\n<|im_start|>assistant\n");
+}
+
+int RemoteGenerate(const RemoteGenerateOptions& o) {
+  const Clock::time_point t0 = Clock::now();
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
+  const auto connect_deadline = std::chrono::system_clock::now() +
+                                std::chrono::milliseconds(static_cast<int64_t>(
+                                    o.connect_timeout_s * 1000));
+  // Fails at the first failed attempt (connection refused, unknown host)
+  // rather than retrying until the deadline.
+  grpc_connectivity_state state = channel->GetState(/*try_to_connect=*/true);
+  while (state != GRPC_CHANNEL_READY) {
+    const bool failed = state == GRPC_CHANNEL_TRANSIENT_FAILURE ||
+                        state == GRPC_CHANNEL_SHUTDOWN;
+    if (failed || !channel->WaitForStateChange(state, connect_deadline)) {
+      std::fprintf(stderr,
+                   "shardlm generate: cannot reach the server at %s (%s; is "
+                   "`shardlm serve` running there?)\n",
+                   o.server.c_str(),
+                   failed ? "connection failed"
+                          : absl::StrCat("no connection within ",
+                                         o.connect_timeout_s, "s")
+                                .c_str());
+      return 1;
+    }
+    state = channel->GetState(/*try_to_connect=*/true);
+  }
+  const double connect_s = Seconds(t0, Clock::now());
+
+  std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
+  v1::GenerateRequest req;
+  req.set_prompt(o.chat ? ChatMlPrompt(o.prompt) : o.prompt);
+  req.set_max_tokens(o.max_tokens);
+  v1::SamplingParams* s = req.mutable_sampling();
+  s->set_temperature(o.sampling.temperature);
+  s->set_top_k(o.sampling.top_k);
+  s->set_top_p(o.sampling.top_p);
+  s->set_seed(o.sampling.seed);
+
+  grpc::ClientContext ctx;
+  const Clock::time_point start = Clock::now();
+  Clock::time_point first_token = start;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&ctx, req);
+  v1::GenerateResponse response;
+  v1::GenerateResponse last;
+  int64_t tokens = 0;
+  while (reader->Read(&response)) {
+    if (tokens == 0 && response.token_ids_size() > 0) {
+      first_token = Clock::now();
+    }
+    tokens += response.token_ids_size();
+    std::fwrite(response.text().data(), 1, response.text().size(), stdout);
+    std::fflush(stdout);
+    if (!response.finish_reason().empty()) last = response;
+  }
+  const grpc::Status status = reader->Finish();
+  const Clock::time_point end = Clock::now();
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!status.ok()) {
+    std::fprintf(stderr, "shardlm generate: %s from %s: %s\n",
+                 CodeName(status.error_code()), o.server.c_str(),
+                 status.error_message().c_str());
+    return 1;
+  }
+
+  if (o.stats) {
+    const int32_t n = last.usage().completion_tokens();
+    const double prefill_s = Seconds(start, first_token);
+    const double decode_s = Seconds(first_token, end);
+    std::fprintf(
+        stderr,
+        "[shardlm] server %s, connect %.3fs | prompt %d tokens, first token "
+        "after %.3fs | generated %d tokens, decode %.1f tok/s | finish: %s\n",
+        o.server.c_str(), connect_s, last.usage().prompt_tokens(), prefill_s, n,
+        n > 1 && decode_s > 0 ? (n - 1) / decode_s : 0.0,
+        last.finish_reason().c_str());
+  }
+  return 0;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,36 @@
+// `shardlm generate --server HOST:PORT`: the same completion as the local
+// path, streamed from a running server (shardlm serve or a cluster's
+// coordinator) over the public gRPC API.
+#ifndef SHARDLM_LAUNCH_REMOTE_GENERATE_H_
+#define SHARDLM_LAUNCH_REMOTE_GENERATE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/sampling/sampling.h"
+
+namespace shardlm {
+
+struct RemoteGenerateOptions {
+  std::string server;  // "host:port".
+  std::string prompt;  // Sent as text; the server tokenizes it.
+  bool chat = false;   // Wrap the prompt as a ChatML user turn.
+  int32_t max_tokens = 128;
+  SamplingParams sampling;
+  bool stats = false;  // Usage and timings to stderr.
+  // How long to wait for the server to accept a connection.
+  double connect_timeout_s = 5.0;
+};
+
+// Streams the completion to stdout, then a newline. Returns the process exit
+// code: 0, or 1 with a message on stderr (an unreachable server is named by
+// its address; a rejected request gives the server's status and message).
+int RemoteGenerate(const RemoteGenerateOptions& options);
+
+// The ChatML user turn SmolLM2-Instruct was trained on, ready for the
+// assistant's answer.
+std::string ChatMlPrompt(const std::string& user);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_LAUNCH_REMOTE_GENERATE_H_
