@@ -1,0 +1,601 @@
+// The control plane end to end in one process: a real gRPC server with the
+// ControlService on 127.0.0.1, worker agents on threads whose shards talk
+// through fake communicators, and an Engine over the RemoteExecutor.
+// Checks TP x PP equivalence with an in-process TP = PP = 1 engine, dead
+// workers (stream lost, silent, hung) and bad startups.
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "collectives/fake_communicator.h"
+#include "coordinator/control_service.h"
+#include "coordinator/engine.h"
+#include "coordinator/remote_executor.h"
+#include "core/status.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "kernels/threading.h"
+#include "model/in_memory_weights.h"
+#include "model/shard_plan.h"
+#include "worker/kv_pool.h"
+#include "worker/worker_agent.h"
+
+namespace shardlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Since(Clock::time_point t) {
+  return std::chrono::duration<double>(Clock::now() - t).count();
+}
+
+ModelConfig RandomConfig() {
+  ModelConfig c;
+  c.n_layers = 4;
+  c.hidden = 64;
+  c.ffn_hidden = 160;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 8;
+  c.vocab_size = 311;
+  c.context_length = 512;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+std::vector<int32_t> Prompt(int n, int salt, int vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 7919 + salt * 104729) % vocab);
+  return p;
+}
+
+// A shard over fake communicators. Hooks let tests break it.
+class TestHost : public ShardHost {
+ public:
+  TestHost(const WeightSource& source, ShardComms comms)
+      : source_(source), comms_(comms) {}
+
+  absl::StatusOr<int64_t> Load(const WorkerAssignment& a) override {
+    if (!load_error.ok()) return load_error;
+    SetCpuThreads(a.threads);
+    reports_ = a.pp_rank == a.pp - 1 && a.tp_rank == 0;
+    ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
+    const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
+    ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
+    ASSIGN_OR_RETURN(
+        KvPoolConfig kv,
+        PoolConfigForShard(w.config, spec, a.block_size, a.kv_cache_bytes));
+    ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
+    runner_ =
+        std::make_unique<ModelRunner>(std::move(w), std::move(pool), comms_);
+    return kv.num_blocks;
+  }
+
+  absl::StatusOr<StepOutput> Step(const StepInput& step) override {
+    if (before_step) before_step(steps_);
+    ++steps_;
+    ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
+    if (!reports_) return StepOutput{};
+    return SampleStep(step, std::move(logits));
+  }
+
+  absl::Status load_error;
+  std::function<void(int)> before_step;  // Called with the step count.
+
+ private:
+  const WeightSource& source_;
+  ShardComms comms_;
+  bool reports_ = false;
+  int steps_ = 0;
+  std::unique_ptr<ModelRunner> runner_;
+};
+
+// A ControlService behind a gRPC server on a free port, and worker agents
+// on threads: the TP group of each stage and the PP chain of each TP index
+// joined by fake communicators, as in in_process_executor.cc.
+class TestCluster {
+ public:
+  TestCluster(const WeightSource& source, ClusterOptions options,
+              absl::Duration comm_timeout = absl::Seconds(30))
+      : source_(source), service_(options) {
+    const int tp = options.tp, pp = options.pp;
+    comms_.resize(tp * pp);
+    if (tp > 1) {
+      for (int p = 0; p < pp; ++p) {
+        auto g = MakeFakeGroup(tp, absl::StrCat("tp group of stage ", p),
+                               {.timeout = comm_timeout});
+        for (int t = 0; t < tp; ++t) {
+          comms_[p * tp + t].tp = g[t].get();
+          owned_.push_back(std::move(g[t]));
+        }
+      }
+    }
+    if (pp > 1) {
+      for (int t = 0; t < tp; ++t) {
+        auto g = MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t),
+                               {.timeout = comm_timeout});
+        for (int p = 0; p < pp; ++p) {
+          comms_[p * tp + t].pp = g[p].get();
+          owned_.push_back(std::move(g[p]));
+        }
+      }
+    }
+    for (int r = 1; r <= tp * pp; ++r) {
+      hosts_.push_back(std::make_unique<TestHost>(source, comms_[r - 1]));
+    }
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                             &port_);
+    AddControlService(builder, &service_);
+    server_ = builder.BuildAndStart();
+    statuses_.resize(tp * pp + 8);
+  }
+  ~TestCluster() { Stop(); }
+
+  ControlService& service() { return service_; }
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  TestHost& host(int rank) { return *hosts_[rank - 1]; }
+
+  WorkerAgentOptions AgentOptions(int rank) const {
+    return {.coordinator = address(),
+            .rank = rank,
+            .model_path = "/models/random",
+            .model_bytes = 1000,
+            .model_digest = "0123456789abcdef",
+            .heartbeat_interval = absl::Milliseconds(100),
+            .coordinator_timeout = absl::Seconds(5),
+            .connect_timeout = absl::Seconds(5)};
+  }
+
+  // Runs an agent for `rank` on a thread, with the host of `host_rank`.
+  void StartWorker(WorkerAgentOptions o, int host_rank = 0) {
+    const size_t slot = threads_.size();
+    TestHost* host = hosts_[(host_rank ? host_rank : o.rank) - 1].get();
+    threads_.emplace_back([this, o, host, slot] {
+      SetCpuThreads(1);
+      statuses_[slot] = RunWorkerAgent(o, *host);
+    });
+  }
+  void StartAll() {
+    for (int r = 1; r <= service_.num_workers(); ++r) {
+      StartWorker(AgentOptions(r));
+    }
+  }
+
+  // Shuts the workers down, joins them and stops the server. Returns the
+  // agents' statuses in start order.
+  std::vector<absl::Status> Stop() {
+    if (stopped_) return statuses_;
+    stopped_ = true;
+    service_.Shutdown("test done");
+    for (std::thread& t : threads_) t.join();
+    server_->Shutdown(std::chrono::system_clock::now() +
+                      std::chrono::seconds(5));
+    server_->Wait();
+    statuses_.resize(threads_.size());
+    return statuses_;
+  }
+
+ private:
+  const WeightSource& source_;
+  ControlService service_;
+  std::vector<std::unique_ptr<Communicator>> owned_;
+  std::vector<ShardComms> comms_;
+  std::vector<std::unique_ptr<TestHost>> hosts_;
+  int port_ = 0;
+  std::unique_ptr<grpc::Server> server_;
+  std::vector<std::thread> threads_;
+  std::vector<absl::Status> statuses_;
+  bool stopped_ = false;
+};
+
+ClusterOptions Options(int tp, int pp) {
+  return {.tp = tp,
+          .pp = pp,
+          .heartbeat_interval = absl::Milliseconds(100),
+          .worker_timeout = absl::Seconds(2),
+          .step_timeout = absl::Seconds(20)};
+}
+
+std::vector<GenerateRequest> Requests(int max_tokens) {
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back({.prompt = Prompt(1 + 9 * i, i, 311),
+                    .max_tokens = max_tokens,
+                    .return_prompt_logits = true});
+  }
+  return reqs;
+}
+
+TEST(BlockTableDeltasTest, SendsOnlyNewBlocks) {
+  BlockTableDeltas d;
+  std::vector<int32_t> delta;
+  d.Delta(7, {3, 4}, &delta);
+  EXPECT_EQ(delta, (std::vector<int32_t>{3, 4}));
+  d.Delta(7, {3, 4}, &delta);
+  EXPECT_TRUE(delta.empty());
+  d.Delta(7, {3, 4, 9}, &delta);
+  EXPECT_EQ(delta, (std::vector<int32_t>{9}));
+  EXPECT_TRUE(d.TakeReleased().empty());
+  // A table that is not an extension: released, then resent whole.
+  d.Delta(7, {5}, &delta);
+  EXPECT_EQ(delta, (std::vector<int32_t>{5}));
+  EXPECT_EQ(d.TakeReleased(), (std::vector<int64_t>{7}));
+  d.Release(7);
+  d.Release(8);  // Never sent: nothing to tell the workers.
+  EXPECT_EQ(d.TakeReleased(), (std::vector<int64_t>{7}));
+  EXPECT_EQ(d.tracked(), 0u);
+  d.Delta(7, {5}, &delta);
+  EXPECT_EQ(delta, (std::vector<int32_t>{5}));
+}
+
+TEST(ModelDigestTest, CatchesDifferentFiles) {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   absl::StrCat("shardlm_digest_", getpid());
+  std::filesystem::create_directories(dir);
+  const auto write = [](const std::filesystem::path& p, size_t n, char last) {
+    std::ofstream out(p, std::ios::binary);
+    std::string s(n, 'x');
+    s.back() = last;
+    out << s;
+  };
+  write(dir / "a.gguf", 3 << 20, 'a');
+  uint64_t bytes = 0;
+  auto d1 = ModelDigest((dir / "a.gguf").string(), &bytes);
+  ASSERT_TRUE(d1.ok()) << d1.status();
+  EXPECT_EQ(bytes, 3u << 20);
+  write(dir / "a.gguf", 3 << 20, 'b');  // Same size, last byte differs.
+  auto d2 = ModelDigest((dir / "a.gguf").string(), &bytes);
+  ASSERT_TRUE(d2.ok());
+  EXPECT_NE(*d1, *d2);
+  write(dir / "model.safetensors", 100, 'c');
+  write(dir / "config.json", 10, '}');
+  auto d3 = ModelDigest(dir.string(), &bytes);
+  ASSERT_TRUE(d3.ok()) << d3.status();
+  EXPECT_EQ(bytes, 110u);  // The .gguf is not part of a safetensors model.
+  auto missing = ModelDigest((dir / "nope").string(), &bytes);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(absl::StrContains(missing.status().message(), "nope"));
+  std::filesystem::remove_all(dir);
+}
+
+class ClusterEquivalenceTest
+    : public ::testing::TestWithParam<std::pair<int, int>> {};
+
+TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
+  const auto [tp, pp] = GetParam();
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  const std::vector<GenerateRequest> reqs = Requests(12);
+  auto base_engine =
+      Engine::Create(*source, {.max_batched_tokens = 13, .threads = 1});
+  ASSERT_TRUE(base_engine.ok()) << base_engine.status();
+  auto base = (*base_engine)->GenerateBatch(reqs);
+  ASSERT_TRUE(base.ok()) << base.status();
+
+  TestCluster cluster(*source, Options(tp, pp));
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  const RemoteExecutor* remote = executor->get();
+  EXPECT_EQ(remote->num_kv_blocks(), 512 / 16);
+  EXPECT_TRUE(remote->Health().ok()) << remote->Health();
+  auto engine =
+      Engine::Create(std::move(*executor), {.max_batched_tokens = 13});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto got = (*engine)->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  int64_t blocks = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
+    double err = 0;
+    ASSERT_EQ((*got)[i].prompt_logits.size(), (*base)[i].prompt_logits.size());
+    for (size_t v = 0; v < (*base)[i].prompt_logits.size(); ++v) {
+      err = std::max<double>(err, std::abs((*got)[i].prompt_logits[v] -
+                                           (*base)[i].prompt_logits[v]));
+    }
+    EXPECT_LT(err, 1e-4) << "request " << i;
+    blocks += (reqs[i].prompt.size() + reqs[i].max_tokens + 15) / 16;
+  }
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  // Every block id went out once: plans carry deltas, not whole tables.
+  const RemoteExecutorStats stats = remote->stats();
+  EXPECT_EQ(stats.blocks_sent, blocks);
+  EXPECT_GT(stats.steps, 12);
+  std::printf("[tp%d pp%d] %lld steps, %lld block ids, %lld plan bytes\n", tp,
+              pp, static_cast<long long>(stats.steps),
+              static_cast<long long>(stats.blocks_sent),
+              static_cast<long long>(stats.plan_bytes));
+  // A second batch reuses the workers' tables cleanly.
+  auto again = (*engine)->GenerateBatch({reqs[3]});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].tokens, (*base)[3].tokens);
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  engine->reset();
+  for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalenceTest,
+                         ::testing::Values(std::pair{1, 1}, std::pair{2, 1},
+                                           std::pair{1, 2}, std::pair{2, 2}),
+                         [](const auto& info) {
+                           return absl::StrCat("tp", info.param.first, "_pp",
+                                               info.param.second);
+                         });
+
+// Expects `s` to be Unavailable naming `who`.
+void ExpectUnavailable(const absl::Status& s, const std::string& who) {
+  std::printf("%s\n", s.ToString().c_str());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), who)) << s;
+}
+
+TEST(ClusterFailureTest, LostWorkerFailsTheCallAndStaysFailed) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  // Comms time out quickly so that rank 1 does not wait long on rank 2.
+  TestCluster cluster(*source, Options(1, 2), absl::Seconds(3));
+  absl::Notification kill;
+  cluster.host(2).before_step = [&](int step) {
+    if (step != 5) return;
+    kill.Notify();  // The agent drops its stream, as if the process died.
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  };
+  cluster.StartWorker(cluster.AgentOptions(1));
+  WorkerAgentOptions o2 = cluster.AgentOptions(2);
+  o2.stop = &kill;
+  cluster.StartWorker(o2);
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok());
+  const Clock::time_point start = Clock::now();
+  auto got = (*engine)->GenerateBatch(Requests(40));
+  EXPECT_LT(Since(start), 10.0);
+  ExpectUnavailable(got.status(), "worker rank 2 (pp 1, tp 0)");
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "stream closed"))
+      << got.status();
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  ExpectUnavailable((*engine)->executor().Health(), "worker rank 2");
+  ExpectUnavailable(cluster.service().Health(), "worker rank 2");
+  const Clock::time_point again = Clock::now();
+  auto later = (*engine)->GenerateBatch(Requests(4));
+  EXPECT_LT(Since(again), 1.0);
+  ExpectUnavailable(later.status(), "worker rank 2");
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  engine->reset();
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_TRUE(agents[0].ok()) << agents[0];
+  EXPECT_EQ(agents[1].code(), absl::StatusCode::kCancelled) << agents[1];
+}
+
+TEST(ClusterFailureTest, HungStepTimesOut) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(1, 1);
+  options.step_timeout = absl::Seconds(2);
+  TestCluster cluster(*source, options);
+  absl::Notification release;
+  cluster.host(1).before_step = [&](int step) {
+    if (step == 3) release.WaitForNotification();
+  };
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok());
+  const Clock::time_point start = Clock::now();
+  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
+  EXPECT_LT(Since(start), 10.0);
+  ExpectUnavailable(got.status(), "worker rank 1");
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "no result for step 4"))
+      << got.status();
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  release.Notify();
+  engine->reset();
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_FALSE(agents[0].ok());  // Its stream was cancelled.
+}
+
+// A worker that registers and reports ready, then says nothing more.
+TEST(ClusterFailureTest, SilentWorkerIsDead) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(1, 1);
+  options.worker_timeout = absl::Seconds(1);
+  TestCluster cluster(*source, options);
+  auto channel = grpc::CreateChannel(cluster.address(),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Control::NewStub(channel);
+  grpc::ClientContext context;
+  auto stream = stub->Connect(&context);
+  v1::WorkerMessage msg;
+  msg.mutable_register_()->set_rank(1);
+  msg.mutable_register_()->set_host("silent");
+  ASSERT_TRUE(stream->Write(msg));
+  v1::CoordinatorMessage in;
+  ASSERT_TRUE(stream->Read(&in));
+  ASSERT_TRUE(in.has_assignment());
+  msg.mutable_ready()->set_kv_blocks(32);
+  ASSERT_TRUE(stream->Write(msg));
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok());
+  const Clock::time_point start = Clock::now();
+  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
+  EXPECT_LT(Since(start), 5.0);
+  ExpectUnavailable(got.status(), "worker rank 1 (pp 0, tp 0) at silent:0");
+  EXPECT_TRUE(absl::StrContains(got.status().message(), "no heartbeat for 1s"))
+      << got.status();
+  while (stream->Read(&in)) {
+  }
+  stream->Finish();
+  engine->reset();
+  cluster.Stop();
+}
+
+TEST(ClusterStartupTest, DifferentModelFilesNameBothRanks) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  TestCluster cluster(*source, Options(2, 1));
+  cluster.StartWorker(cluster.AgentOptions(1));
+  // Rank 2 starts once rank 1 is in, so that rank 1 is the reference.
+  while (cluster.service().Health().message().find("waiting for worker "
+                                                   "ranks 1,") !=
+         absl::string_view::npos) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  WorkerAgentOptions o2 = cluster.AgentOptions(2);
+  o2.model_digest = "fedcba9876543210";
+  cluster.StartWorker(o2);
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_FALSE(executor.ok());
+  const absl::Status& s = executor.status();
+  std::printf("%s\n", s.ToString().c_str());
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "model files differ")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 1")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "rank 2")) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "fedcba9876543210")) << s;
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_EQ(agents[1].code(), absl::StatusCode::kFailedPrecondition)
+      << agents[1];
+}
+
+TEST(ClusterStartupTest, DuplicateAndOutOfRangeRanksAreRejected) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  {
+    TestCluster cluster(*source, Options(2, 1));
+    cluster.StartWorker(cluster.AgentOptions(1));
+    cluster.StartWorker(cluster.AgentOptions(1), 2);
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    ASSERT_FALSE(executor.ok());
+    EXPECT_EQ(executor.status().code(), absl::StatusCode::kAlreadyExists)
+        << executor.status();
+    EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                  "registered as rank 1, which worker at"))
+        << executor.status();
+    std::vector<absl::Status> agents = cluster.Stop();
+    EXPECT_TRUE(agents[0].code() == absl::StatusCode::kAlreadyExists ||
+                agents[1].code() == absl::StatusCode::kAlreadyExists);
+  }
+  {
+    TestCluster cluster(*source, Options(2, 1));
+    cluster.StartWorker(cluster.AgentOptions(3), 2);
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    ASSERT_FALSE(executor.ok());
+    EXPECT_EQ(executor.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                  "registered as rank 3, but worker ranks "
+                                  "are 1..2 (tp 2 x pp 1)"))
+        << executor.status();
+    std::vector<absl::Status> agents = cluster.Stop();
+    EXPECT_EQ(agents[0].code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StrContains(agents[0].message(), "registered as rank 3"))
+        << agents[0];
+  }
+}
+
+TEST(ClusterStartupTest, LoadFailureIsReported) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  TestCluster cluster(*source, Options(2, 1));
+  cluster.host(2).load_error =
+      absl::NotFoundError("cannot open /models/x.gguf: no such file");
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_FALSE(executor.ok());
+  EXPECT_EQ(executor.status().code(), absl::StatusCode::kNotFound)
+      << executor.status();
+  EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                "worker rank 2 (pp 0, tp 1)"))
+      << executor.status();
+  EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                "cannot open /models/x.gguf"))
+      << executor.status();
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_EQ(agents[1].code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ClusterStartupTest, RegistrationTimeoutNamesMissingRanks) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  TestCluster cluster(*source, Options(2, 2));
+  cluster.StartWorker(cluster.AgentOptions(2));
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(1));
+  ASSERT_FALSE(executor.ok());
+  EXPECT_EQ(executor.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                "ranks 1, 3, 4 never registered"))
+      << executor.status();
+  cluster.Stop();
+}
+
+TEST(WorkerAgentTest, UnreachableCoordinatorIsNamed) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  TestHost host(*source, {});
+  const Clock::time_point start = Clock::now();
+  absl::Status s = RunWorkerAgent({.coordinator = "127.0.0.1:1",
+                                   .rank = 1,
+                                   .connect_timeout = absl::Milliseconds(500)},
+                                  host);
+  EXPECT_LT(Since(start), 5.0);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
+  EXPECT_TRUE(absl::StrContains(s.message(), "127.0.0.1:1")) << s;
+}
+
+// A coordinator that assigns and then goes silent.
+class SilentCoordinator final : public v1::Control::Service {
+ public:
+  grpc::Status Connect(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
+          stream) override {
+    v1::WorkerMessage in;
+    if (!stream->Read(&in)) return grpc::Status::OK;
+    v1::CoordinatorMessage out;
+    out.mutable_assignment()->set_tp(1);
+    out.mutable_assignment()->set_pp(1);
+    out.mutable_assignment()->set_block_size(16);
+    out.mutable_assignment()->set_threads(1);
+    stream->Write(out);
+    while (stream->Read(&in)) {
+    }
+    return grpc::Status::OK;
+  }
+};
+
+TEST(WorkerAgentTest, SilentCoordinatorIsDetected) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  SilentCoordinator coordinator;
+  int port = 0;
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+                           &port);
+  builder.RegisterService(&coordinator);
+  auto server = builder.BuildAndStart();
+  TestHost host(*source, {});
+  const std::string address = absl::StrCat("127.0.0.1:", port);
+  absl::Status s =
+      RunWorkerAgent({.coordinator = address,
+                      .rank = 1,
+                      .heartbeat_interval = absl::Milliseconds(100),
+                      .coordinator_timeout = absl::Seconds(1)},
+                     host);
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), address)) << s;
+  EXPECT_TRUE(absl::StrContains(s.message(), "no message for 1s")) << s;
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,422 @@
+#include "coordinator/control_service.h"
+
+#include <algorithm>
+#include <limits>
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/status.h"
+
+namespace shardlm {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      std::string(s.message()));
+}
+
+std::string Who(const v1::Register& reg) {
+  return absl::StrCat(reg.host(), ":", reg.pid());
+}
+
+}  // namespace
+
+struct ControlService::Worker {
+  int rank = 0, tp_rank = 0, pp_rank = 0;
+
+  // Guarded by ControlService::mu_ (host .. digest are written once, when
+  // the slot is claimed, and only read afterwards).
+  State state = State::kEmpty;
+  v1::Register reg;
+  grpc::ServerContext* context = nullptr;  // While the handler runs.
+  absl::Time last_seen;
+  int64_t kv_blocks = 0;
+  std::optional<v1::StepResult> result;
+  std::string reason;  // Why it is dead, naming it.
+
+  // Serializes writes; the stream is set only while its handler runs.
+  std::mutex write_mu;
+  grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>* stream =
+      nullptr;
+  absl::Time last_write;
+
+  std::string Name() const {
+    return absl::StrCat("worker rank ", rank, " (pp ", pp_rank, ", tp ",
+                        tp_rank, ") at ", Who(reg));
+  }
+};
+
+ControlService::ControlService(ClusterOptions options)
+    : options_(std::move(options)) {
+  for (int r = 1; r <= num_workers(); ++r) {
+    auto w = std::make_unique<Worker>();
+    w->rank = r;
+    w->tp_rank = (r - 1) % options_.tp;
+    w->pp_rank = (r - 1) / options_.tp;
+    workers_.push_back(std::move(w));
+  }
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+ControlService::~ControlService() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_watchdog_ = true;
+  }
+  watchdog_.join();
+}
+
+bool ControlService::Write(Worker& w, const v1::CoordinatorMessage& msg) {
+  std::lock_guard<std::mutex> lock(w.write_mu);
+  if (w.stream == nullptr) return false;
+  w.last_write = absl::Now();
+  return w.stream->Write(msg);
+}
+
+absl::StatusOr<ControlService::Worker*> ControlService::Claim(
+    grpc::ServerContext* context, const v1::Register& reg) {
+  if (shutdown_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", reg.rank(), " at ", Who(reg),
+                     ": the coordinator is shutting down"));
+  }
+  if (reg.rank() < 1 || reg.rank() > num_workers()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker at ", Who(reg), " registered as rank ", reg.rank(),
+                     ", but worker ranks are 1..", num_workers(), " (tp ",
+                     options_.tp, " x pp ", options_.pp, ")"));
+  }
+  Worker& w = *workers_[reg.rank() - 1];
+  if (w.state != State::kEmpty) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("worker at ", Who(reg), " registered as rank ", reg.rank(),
+                     ", which worker at ", Who(w.reg), " already holds"));
+  }
+  if (first_rank_ != 0) {
+    const v1::Register& ref = workers_[first_rank_ - 1]->reg;
+    if (ref.model_bytes() != reg.model_bytes() ||
+        ref.model_digest() != reg.model_digest()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "model files differ between workers: rank ", reg.rank(), " at ",
+          Who(reg), " has '", reg.model_path(), "' (", reg.model_bytes(),
+          " bytes, digest ", reg.model_digest(), ") but rank ", first_rank_,
+          " at ", Who(ref), " has '", ref.model_path(), "' (",
+          ref.model_bytes(), " bytes, digest ", ref.model_digest(), ")"));
+    }
+  } else {
+    first_rank_ = reg.rank();
+  }
+  w.reg = reg;
+  w.state = State::kLoading;
+  w.context = context;
+  w.last_seen = absl::Now();
+  return &w;
+}
+
+void ControlService::StartupFailed(absl::Status status) {
+  if (startup_error_.ok()) startup_error_ = std::move(status);
+  cv_.SignalAll();
+}
+
+void ControlService::MarkDead(Worker& w, const std::string& reason,
+                              absl::StatusCode code) {
+  if (w.state == State::kDead || w.state == State::kDone) return;
+  const bool was_loading = w.state == State::kLoading;
+  w.state = State::kDead;
+  w.reason = absl::StrCat(w.Name(), ": ", reason);
+  if (first_dead_.empty()) first_dead_ = w.reason;
+  if (!started_) {
+    StartupFailed(absl::Status(
+        code, was_loading ? absl::StrCat(w.reason, " (before it was ready)")
+                          : w.reason));
+  }
+  if (w.context != nullptr) w.context->TryCancel();
+  cv_.SignalAll();
+}
+
+grpc::Status ControlService::Connect(
+    grpc::ServerContext* context,
+    grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
+        stream) {
+  v1::WorkerMessage in;
+  if (!stream->Read(&in)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "stream closed before Register");
+  }
+  if (!in.has_register_()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "the first message of a worker must be Register");
+  }
+  Worker* w;
+  {
+    absl::MutexLock lock(&mu_);
+    absl::StatusOr<Worker*> claimed = Claim(context, in.register_());
+    if (!claimed.ok()) {
+      if (!started_) StartupFailed(claimed.status());
+      return ToGrpc(claimed.status());
+    }
+    w = *claimed;
+  }
+  {
+    std::lock_guard<std::mutex> lock(w->write_mu);
+    w->stream = stream;
+  }
+  v1::CoordinatorMessage out;
+  v1::Assignment& a = *out.mutable_assignment();
+  a.set_tp(options_.tp);
+  a.set_pp(options_.pp);
+  a.set_tp_rank(w->tp_rank);
+  a.set_pp_rank(w->pp_rank);
+  a.set_block_size(options_.block_size);
+  a.set_kv_cache_bytes(options_.kv_cache_bytes);
+  a.set_threads(options_.threads_per_worker);
+  if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
+    a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);
+  }
+  if (!Write(*w, out)) {
+    absl::MutexLock lock(&mu_);
+    MarkDead(*w, "stream closed before its assignment");
+  }
+
+  while (stream->Read(&in)) {
+    absl::MutexLock lock(&mu_);
+    w->last_seen = absl::Now();
+    switch (in.msg_case()) {
+      case v1::WorkerMessage::kReady:
+        if (w->state == State::kLoading) {
+          w->state = State::kReady;
+          w->kv_blocks = in.ready().kv_blocks();
+          cv_.SignalAll();
+        }
+        break;
+      case v1::WorkerMessage::kFailure: {
+        const auto code = static_cast<absl::StatusCode>(in.failure().code());
+        MarkDead(
+            *w, absl::StrCat("failed: ", in.failure().message()),
+            code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code);
+        break;
+      }
+      case v1::WorkerMessage::kResult:
+        w->result = std::move(*in.mutable_result());
+        cv_.SignalAll();
+        break;
+      case v1::WorkerMessage::kHeartbeat:
+        break;
+      default:
+        MarkDead(*w, "protocol error: unexpected message after Register");
+        break;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(w->write_mu);
+    w->stream = nullptr;
+  }
+  absl::MutexLock lock(&mu_);
+  w->context = nullptr;
+  if (w->state == State::kLoading || w->state == State::kReady) {
+    if (shutdown_) {
+      w->state = State::kDone;
+      cv_.SignalAll();
+    } else {
+      MarkDead(*w, "stream closed");
+    }
+  }
+  if (w->state == State::kDead) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, w->reason);
+  }
+  return grpc::Status::OK;
+}
+
+absl::Status ControlService::WaitUntilReady(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    if (!startup_error_.ok()) return startup_error_;
+    if (shutdown_) {
+      return absl::FailedPreconditionError("the cluster was shut down");
+    }
+    std::vector<int> missing, loading;
+    for (const auto& w : workers_) {
+      if (w->state == State::kEmpty) missing.push_back(w->rank);
+      if (w->state == State::kLoading) loading.push_back(w->rank);
+    }
+    if (missing.empty() && loading.empty()) {
+      started_ = true;
+      return absl::OkStatus();
+    }
+    if (absl::Now() >= deadline) {
+      std::string msg = absl::StrCat("waited ", absl::FormatDuration(timeout),
+                                     " for ", num_workers(), " worker ranks:");
+      if (!missing.empty()) {
+        absl::StrAppend(&msg, " ranks ", absl::StrJoin(missing, ", "),
+                        " never registered;");
+      }
+      if (!loading.empty()) {
+        absl::StrAppend(&msg, " ranks ", absl::StrJoin(loading, ", "),
+                        " registered but are still loading;");
+      }
+      msg.pop_back();
+      return absl::DeadlineExceededError(msg);
+    }
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+int64_t ControlService::min_kv_blocks() const {
+  absl::MutexLock lock(&mu_);
+  int64_t blocks = std::numeric_limits<int64_t>::max();
+  for (const auto& w : workers_) {
+    if (w->state != State::kReady) return 0;
+    blocks = std::min(blocks, w->kv_blocks);
+  }
+  return blocks;
+}
+
+absl::StatusOr<std::vector<v1::StepResult>> ControlService::RunStep(
+    const v1::StepPlan& plan) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!first_dead_.empty()) return absl::UnavailableError(first_dead_);
+    if (shutdown_) return absl::UnavailableError("the cluster is shut down");
+    if (!started_) {
+      return absl::FailedPreconditionError(
+          "step before every worker was ready");
+    }
+    for (auto& w : workers_) w->result.reset();
+  }
+  v1::CoordinatorMessage msg;
+  *msg.mutable_plan() = plan;
+  for (auto& w : workers_) {
+    if (!Write(*w, msg)) {
+      absl::MutexLock lock(&mu_);
+      MarkDead(*w, absl::StrCat("stream closed while sending step ",
+                                plan.step_id()));
+      return absl::UnavailableError(w->reason);
+    }
+  }
+  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  absl::MutexLock lock(&mu_);
+  while (true) {
+    // A lost rank first: its peers' errors (timeouts) follow from it.
+    for (auto& w : workers_) {
+      if (w->state == State::kDead) return absl::UnavailableError(w->reason);
+      if (w->state != State::kReady) {
+        return absl::UnavailableError(absl::StrCat(
+            w->Name(), ": shut down during step ", plan.step_id()));
+      }
+    }
+    size_t have = 0;
+    for (auto& w : workers_) {
+      if (!w->result.has_value() || w->result->step_id() != plan.step_id()) {
+        continue;
+      }
+      if (!w->result->error().empty()) {
+        auto code = static_cast<absl::StatusCode>(w->result->error_code());
+        if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
+        return absl::Status(code,
+                            absl::StrCat(w->Name(), ": step ", plan.step_id(),
+                                         " failed: ", w->result->error()));
+      }
+      ++have;
+    }
+    if (have == workers_.size()) {
+      std::vector<v1::StepResult> results;
+      for (auto& w : workers_) results.push_back(std::move(*w->result));
+      return results;
+    }
+    if (absl::Now() >= deadline) {
+      std::string first;
+      for (auto& w : workers_) {
+        if (w->result.has_value() && w->result->step_id() == plan.step_id()) {
+          continue;
+        }
+        MarkDead(*w,
+                 absl::StrCat("no result for step ", plan.step_id(), " within ",
+                              absl::FormatDuration(options_.step_timeout)));
+        if (first.empty()) first = w->reason;
+      }
+      return absl::UnavailableError(first);
+    }
+    cv_.WaitWithDeadline(&mu_, deadline);
+  }
+}
+
+absl::Status ControlService::Health() const {
+  absl::MutexLock lock(&mu_);
+  if (!first_dead_.empty()) return absl::UnavailableError(first_dead_);
+  if (shutdown_) return absl::UnavailableError("the cluster is shut down");
+  std::vector<int> waiting;
+  for (const auto& w : workers_) {
+    if (w->state != State::kReady) waiting.push_back(w->rank);
+  }
+  if (!waiting.empty()) {
+    return absl::UnavailableError(absl::StrCat("waiting for worker ranks ",
+                                               absl::StrJoin(waiting, ", ")));
+  }
+  return absl::OkStatus();
+}
+
+void ControlService::Shutdown(const std::string& reason) {
+  std::vector<Worker*> live;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) return;
+    shutdown_ = true;
+    cv_.SignalAll();
+    for (auto& w : workers_) {
+      if (w->state == State::kLoading || w->state == State::kReady) {
+        live.push_back(w.get());
+      }
+    }
+  }
+  v1::CoordinatorMessage msg;
+  msg.mutable_shutdown()->set_reason(reason);
+  for (Worker* w : live) Write(*w, msg);
+}
+
+void ControlService::Watchdog() {
+  const absl::Duration tick = std::max(
+      absl::Milliseconds(5),
+      std::min(options_.heartbeat_interval, options_.worker_timeout / 4));
+  v1::CoordinatorMessage heartbeat;
+  heartbeat.mutable_heartbeat();
+  while (true) {
+    std::vector<Worker*> live;
+    {
+      absl::MutexLock lock(&mu_);
+      if (mu_.AwaitWithTimeout(absl::Condition(&stop_watchdog_), tick)) return;
+      const absl::Time now = absl::Now();
+      for (auto& w : workers_) {
+        if (w->state != State::kLoading && w->state != State::kReady) continue;
+        if (now - w->last_seen > options_.worker_timeout) {
+          MarkDead(*w,
+                   absl::StrCat("no heartbeat for ",
+                                absl::FormatDuration(options_.worker_timeout)));
+        } else if (!shutdown_) {
+          live.push_back(w.get());
+        }
+      }
+    }
+    // Never wait on a stream that is busy (e.g. a write blocked by a
+    // frozen peer): the next tick tries again.
+    const absl::Time now = absl::Now();
+    for (Worker* w : live) {
+      std::unique_lock<std::mutex> lock(w->write_mu, std::try_to_lock);
+      if (!lock.owns_lock() || w->stream == nullptr ||
+          now - w->last_write < options_.heartbeat_interval) {
+        continue;
+      }
+      w->last_write = now;
+      w->stream->Write(heartbeat);
+    }
+  }
+}
+
+void AddControlService(grpc::ServerBuilder& builder, ControlService* service) {
+  builder.RegisterService(service);
+  builder.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
+  builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+}
+
+}  // namespace shardlm

@@ -1,0 +1,129 @@
+// The coordinator's side of the control plane (DESIGN.md section 1): the
+// gRPC service every worker rank opens one bidirectional stream to.
+//
+// Per stream: Register -> Assignment -> (the worker loads its shard) Ready
+// or Failure -> StepPlans in, StepResults out, heartbeats both ways ->
+// Shutdown. A stream that ends or breaks, or a worker silent for
+// `worker_timeout`, makes that rank DEAD for good; the reason names it
+// ("worker rank 3 (pp 1, tp 0) at host:pid: stream closed"). Recovery is
+// not supported: a cluster with a dead rank stays unavailable.
+#ifndef SHARDLM_COORDINATOR_CONTROL_SERVICE_H_
+#define SHARDLM_COORDINATOR_CONTROL_SERVICE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "grpcpp/server_builder.h"
+#include "shardlm/v1/control.grpc.pb.h"
+
+namespace shardlm {
+
+struct ClusterOptions {
+  int tp = 1;
+  int pp = 1;
+  int32_t block_size = 16;
+  int64_t kv_cache_bytes = 0;  // Per worker; 0: one full context.
+  int threads_per_worker = 1;
+  // GPU clusters: the NCCL unique id of each stage's TP group, indexed by
+  // pp rank; empty for CPU clusters.
+  std::vector<std::string> nccl_unique_ids;
+  // Sent to a worker after this long without another message to it.
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // No message from a worker for this long: it is dead. Workers heartbeat
+  // also while loading and stepping, so this does not bound a step's time.
+  absl::Duration worker_timeout = absl::Seconds(5);
+  // Default wait for every rank to register and load (WaitUntilReady).
+  absl::Duration register_timeout = absl::Seconds(120);
+  // A step without every rank's result after this long: the ranks still
+  // missing are dead (hung).
+  absl::Duration step_timeout = absl::Seconds(300);
+};
+
+// Thread-safe. One Connect handler thread per worker stream stays in the
+// handler for the stream's life (gRPC sync server); writes to a stream are
+// serialized by a per-worker mutex. The grpc::Server must be shut down
+// (Shutdown + Wait) before the service is destroyed.
+class ControlService final : public v1::Control::Service {
+ public:
+  explicit ControlService(ClusterOptions options);
+  ~ControlService() override;
+
+  const ClusterOptions& options() const { return options_; }
+  int num_workers() const { return options_.tp * options_.pp; }
+
+  grpc::Status Connect(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
+          stream) override;
+
+  // Waits until every rank has reported Ready. Errors: the first startup
+  // failure (model files differing between workers, naming both ranks; a
+  // rejected rank; a worker's Failure with its message and code; a worker
+  // lost before it was ready), or DeadlineExceeded naming the ranks that
+  // never registered or are still loading.
+  absl::Status WaitUntilReady(absl::Duration timeout);
+
+  // The smallest KV block count over the workers' Ready (0 before).
+  int64_t min_kv_blocks() const;
+
+  // Sends `plan` to every worker and waits for every worker's result of
+  // plan.step_id. Returns the results indexed by rank - 1. Unavailable
+  // naming the rank when one is (or becomes) dead, or misses step_timeout;
+  // a worker's own error (StepResult.error) with its code, naming it.
+  // One step at a time.
+  absl::StatusOr<std::vector<v1::StepResult>> RunStep(const v1::StepPlan& plan);
+
+  // OK when every rank is ready and alive; Unavailable naming the first
+  // dead (or still missing) rank otherwise, or after Shutdown.
+  absl::Status Health() const;
+
+  // Sends Shutdown{reason} to every connected worker; they close their
+  // streams. Idempotent; later streams are rejected.
+  void Shutdown(const std::string& reason);
+
+ private:
+  struct Worker;
+  enum class State { kEmpty, kLoading, kReady, kDead, kDone };
+
+  // Sends `msg` on w's stream if it is still open. False when it is closed
+  // or the write fails.
+  bool Write(Worker& w, const v1::CoordinatorMessage& msg);
+  // Validates a Register and claims its slot; an error rejects the stream.
+  absl::StatusOr<Worker*> Claim(grpc::ServerContext* context,
+                                const v1::Register& reg)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void MarkDead(Worker& w, const std::string& reason,
+                absl::StatusCode code = absl::StatusCode::kUnavailable)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void StartupFailed(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Watchdog();
+
+  const ClusterOptions options_;
+  std::vector<std::unique_ptr<Worker>> workers_;  // Index rank - 1; fixed.
+
+  mutable absl::Mutex mu_;
+  absl::CondVar cv_;  // Signalled on any state change or result.
+  int first_rank_ ABSL_GUARDED_BY(mu_) = 0;  // Whose model others must match.
+  absl::Status startup_error_ ABSL_GUARDED_BY(mu_);
+  std::string first_dead_ ABSL_GUARDED_BY(mu_);
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_watchdog_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread watchdog_;
+};
+
+// Registers `service` on `builder`, lifting gRPC's 4 MiB message limit
+// (plans of long prompts and returned logits can be larger).
+void AddControlService(grpc::ServerBuilder& builder, ControlService* service);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_CONTROL_SERVICE_H_

@@ -1,0 +1,98 @@
+// RemoteExecutor: a StepExecutor whose ranks are remote workers driven
+// over the control plane (coordinator/control_service.h). The engine's
+// block manager stays here; workers mirror block tables, receiving only
+// the blocks added since the last plan (BlockTableDeltas).
+#ifndef SHARDLM_COORDINATOR_REMOTE_EXECUTOR_H_
+#define SHARDLM_COORDINATOR_REMOTE_EXECUTOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "coordinator/control_service.h"
+#include "coordinator/step_executor.h"
+
+namespace shardlm {
+
+// Which blocks of each sequence the workers already have. Plain
+// bookkeeping; not thread-safe.
+class BlockTableDeltas {
+ public:
+  // Fills `delta` with the blocks of `table` the workers lack. Block
+  // tables only grow; if `table` is not an extension of what was sent
+  // (a programmer error upstream), the sequence is queued for release and
+  // resent whole, which workers apply in that order (released first).
+  void Delta(int64_t seq_id, const std::vector<int32_t>& table,
+             std::vector<int32_t>* delta);
+  // Forgets `seq_id`; it goes out in the next TakeReleased() if the
+  // workers ever saw it.
+  void Release(int64_t seq_id);
+  std::vector<int64_t> TakeReleased();
+  size_t tracked() const { return sent_.size(); }
+
+ private:
+  absl::flat_hash_map<int64_t, std::vector<int32_t>> sent_;
+  std::vector<int64_t> released_;
+};
+
+struct RemoteExecutorStats {
+  int64_t steps = 0;
+  int64_t blocks_sent = 0;  // Block ids in plan deltas, over all steps.
+  int64_t plan_bytes = 0;   // Serialized StepPlan bytes sent to one worker.
+};
+
+class RemoteExecutor : public StepExecutor {
+ public:
+  // Waits (up to `timeout`) until every worker of `service` is ready, then
+  // returns an executor over them. `config` is the model's (the
+  // coordinator reads only its header); `weight_bytes` is reported by
+  // weight_bytes(). On error (see ControlService::WaitUntilReady) the
+  // workers that did connect are sent Shutdown. `service` must outlive
+  // the executor.
+  static absl::StatusOr<std::unique_ptr<RemoteExecutor>> WaitForWorkers(
+      ControlService& service, const ModelConfig& config,
+      absl::Duration timeout, int64_t weight_bytes = 0);
+
+  const ModelConfig& config() const override { return config_; }
+  int64_t num_kv_blocks() const override { return kv_blocks_; }
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  // Not concurrent with itself or Release (the engine loop calls both).
+  // After any failure every later call returns Unavailable at once, naming
+  // the rank that failed first.
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override;
+  void Release(int64_t seq_id) override;
+  // Thread-safe.
+  absl::Status Health() const override;
+  // Sends Shutdown to every worker (they exit cleanly).
+  void Shutdown(const std::string& reason);
+
+  RemoteExecutorStats stats() const;
+
+ private:
+  RemoteExecutor(ControlService& service, const ModelConfig& config,
+                 int64_t kv_blocks, int64_t weight_bytes)
+      : service_(service),
+        config_(config),
+        kv_blocks_(kv_blocks),
+        weight_bytes_(weight_bytes) {}
+
+  ControlService& service_;
+  const ModelConfig config_;
+  const int64_t kv_blocks_;
+  const int64_t weight_bytes_;
+  BlockTableDeltas deltas_;
+  uint64_t next_step_id_ = 1;
+
+  mutable absl::Mutex mu_;
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // First failure; sticky.
+  RemoteExecutorStats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_REMOTE_EXECUTOR_H_

@@ -1,0 +1,420 @@
+#include "worker/worker_agent.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <condition_variable>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <thread>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "core/status.h"
+#include "grpcpp/grpcpp.h"
+#include "shardlm/v1/control.grpc.pb.h"
+
+namespace shardlm {
+namespace {
+
+std::chrono::system_clock::time_point ToChrono(absl::Time t) {
+  return absl::ToChronoTime(t);
+}
+
+std::string HostName() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
+  return buf;
+}
+
+// Applies plan deltas to the worker's mirror of the block tables and
+// rebuilds the StepInput the engine made.
+StepInput ToStepInput(
+    const v1::StepPlan& plan,
+    absl::flat_hash_map<int64_t, std::vector<int32_t>>& tables) {
+  // Released first: a sequence may be released and resent in one plan.
+  for (int64_t id : plan.released()) tables.erase(id);
+  for (const v1::BlockTableDelta& d : plan.deltas()) {
+    std::vector<int32_t>& t = tables[d.seq_id()];
+    t.insert(t.end(), d.new_blocks().begin(), d.new_blocks().end());
+  }
+  StepInput step;
+  step.tokens.assign(plan.tokens().begin(), plan.tokens().end());
+  step.positions.assign(plan.positions().begin(), plan.positions().end());
+  step.token_seq.assign(plan.token_seq().begin(), plan.token_seq().end());
+  step.seq_ids.assign(plan.seq_ids().begin(), plan.seq_ids().end());
+  for (int64_t id : plan.seq_ids()) {
+    auto it = tables.find(id);
+    step.block_tables.push_back(it == tables.end() ? std::vector<int32_t>{}
+                                                   : it->second);
+  }
+  step.logit_rows.assign(plan.logit_rows().begin(), plan.logit_rows().end());
+  for (const v1::SamplingParams& s : plan.sampling()) {
+    step.sampling.push_back({.temperature = s.temperature(),
+                             .top_k = s.top_k(),
+                             .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
+                             .seed = s.seed()});
+  }
+  step.sample_index.assign(plan.sample_index().begin(),
+                           plan.sample_index().end());
+  step.return_logits = plan.return_logits();
+  return step;
+}
+
+// One stream's life. Threads: the caller's (handles messages: load, steps),
+// a reader (queues what arrives) and a watchdog (heartbeats, coordinator
+// silence, the stop notification).
+class AgentSession {
+ public:
+  AgentSession(const WorkerAgentOptions& o, ShardHost& host,
+               std::shared_ptr<grpc::Channel> channel)
+      : o_(o), host_(host), stub_(v1::Control::NewStub(channel)) {}
+
+  absl::Status Run() {
+    stream_ = stub_->Connect(&context_);
+    last_read_ = last_write_ = absl::Now();
+    v1::WorkerMessage reg;
+    v1::Register& r = *reg.mutable_register_();
+    r.set_rank(o_.rank);
+    r.set_host(HostName());
+    r.set_pid(getpid());
+    r.set_model_path(o_.model_path);
+    r.set_model_bytes(o_.model_bytes);
+    r.set_model_digest(o_.model_digest);
+    Write(reg);  // A failure shows up as the stream ending.
+    reader_ = std::thread([this] { ReadLoop(); });
+    watchdog_ = std::thread([this] { Watchdog(); });
+    absl::Status status = Serve();
+    Stop();
+    return status;
+  }
+
+ private:
+  absl::Status Serve() {
+    bool loaded = false;
+    absl::flat_hash_map<int64_t, std::vector<int32_t>> tables;
+    while (true) {
+      std::optional<v1::CoordinatorMessage> msg = Next();
+      if (!msg.has_value()) return Lost();
+      switch (msg->msg_case()) {
+        case v1::CoordinatorMessage::kAssignment: {
+          if (loaded) {
+            return absl::InternalError(
+                absl::StrCat("coordinator at ", o_.coordinator,
+                             " assigned rank ", o_.rank, " twice"));
+          }
+          const v1::Assignment& a = msg->assignment();
+          absl::StatusOr<int64_t> blocks =
+              host_.Load({.tp = a.tp(),
+                          .pp = a.pp(),
+                          .tp_rank = a.tp_rank(),
+                          .pp_rank = a.pp_rank(),
+                          .block_size = a.block_size(),
+                          .kv_cache_bytes = a.kv_cache_bytes(),
+                          .threads = a.threads(),
+                          .nccl_unique_id = a.nccl_unique_id()});
+          v1::WorkerMessage out;
+          if (!blocks.ok()) {
+            out.mutable_failure()->set_message(
+                std::string(blocks.status().message()));
+            out.mutable_failure()->set_code(
+                static_cast<int>(blocks.status().code()));
+            Write(out);
+            CloseWrites();
+            return blocks.status();
+          }
+          loaded = true;
+          reports_ = a.pp_rank() == a.pp() - 1 && a.tp_rank() == 0;
+          out.mutable_ready()->set_kv_blocks(*blocks);
+          Write(out);
+          break;
+        }
+        case v1::CoordinatorMessage::kPlan: {
+          const v1::StepPlan& plan = msg->plan();
+          v1::WorkerMessage out;
+          v1::StepResult& result = *out.mutable_result();
+          result.set_step_id(plan.step_id());
+          absl::StatusOr<StepOutput> step =
+              loaded ? host_.Step(ToStepInput(plan, tables))
+                     : absl::FailedPreconditionError(
+                           "step before the shard was loaded");
+          if (!step.ok()) {
+            result.set_error(std::string(step.status().message()));
+            result.set_error_code(static_cast<int>(step.status().code()));
+          } else if (reports_) {
+            result.mutable_tokens()->Add(step->tokens.begin(),
+                                         step->tokens.end());
+            if (plan.return_logits() && step->logits.numel() > 0) {
+              absl::Span<float> l = step->logits.f32();
+              result.mutable_logits()->Add(l.begin(), l.end());
+            }
+          }
+          Write(out);
+          break;
+        }
+        case v1::CoordinatorMessage::kShutdown:
+          CloseWrites();
+          return absl::OkStatus();
+        default:
+          break;
+      }
+    }
+  }
+
+  // The stream ended without Shutdown: why, naming the coordinator.
+  absl::Status Lost() {
+    std::string why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      why = abort_reason_;
+    }
+    if (o_.stop != nullptr && o_.stop->HasBeenNotified()) {
+      return absl::CancelledError(
+          absl::StrCat("worker rank ", o_.rank,
+                       " stopped; left the coordinator at ", o_.coordinator));
+    }
+    if (!why.empty()) {
+      return absl::UnavailableError(
+          absl::StrCat("lost the coordinator at ", o_.coordinator, ": ", why));
+    }
+    JoinReader();
+    const grpc::Status s = stream_->Finish();
+    finished_ = true;
+    if (!s.ok() && s.error_code() != grpc::StatusCode::CANCELLED &&
+        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+      // The coordinator refused us (bad rank, differing model files...).
+      return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                          absl::StrCat("coordinator at ", o_.coordinator,
+                                       " ended the stream of rank ", o_.rank,
+                                       ": ", s.error_message()));
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "lost the coordinator at ", o_.coordinator, ": stream closed",
+        s.ok() ? "" : absl::StrCat(" (", s.error_message(), ")")));
+  }
+
+  void Write(const v1::WorkerMessage& msg) {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (writes_closed_) return;
+    last_write_ = absl::Now();
+    stream_->Write(msg);
+  }
+
+  void CloseWrites() {
+    std::lock_guard<std::mutex> lock(write_mu_);
+    if (writes_closed_) return;
+    writes_closed_ = true;
+    stream_->WritesDone();
+  }
+
+  // The next message other than a heartbeat; nullopt when the stream ended.
+  std::optional<v1::CoordinatorMessage> Next() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !inbox_.empty() || read_done_; });
+    if (inbox_.empty()) return std::nullopt;
+    v1::CoordinatorMessage msg = std::move(inbox_.front());
+    inbox_.pop_front();
+    return msg;
+  }
+
+  void ReadLoop() {
+    v1::CoordinatorMessage msg;
+    while (stream_->Read(&msg)) {
+      std::lock_guard<std::mutex> lock(mu_);
+      last_read_ = absl::Now();
+      if (!msg.has_heartbeat()) inbox_.push_back(std::move(msg));
+      cv_.notify_all();
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    read_done_ = true;
+    cv_.notify_all();
+  }
+
+  void Watchdog() {
+    const absl::Duration tick =
+        std::max(absl::Milliseconds(5),
+                 std::min(o_.heartbeat_interval, o_.coordinator_timeout / 4));
+    v1::WorkerMessage heartbeat;
+    heartbeat.mutable_heartbeat();
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stop_watchdog_) {
+      cv_.wait_for(lock, absl::ToChronoNanoseconds(tick));
+      if (stop_watchdog_ || read_done_) continue;
+      const absl::Time now = absl::Now();
+      if (o_.stop != nullptr && o_.stop->HasBeenNotified()) {
+        abort_reason_ = "stopped";
+        context_.TryCancel();
+        continue;
+      }
+      if (now - last_read_ > o_.coordinator_timeout) {
+        abort_reason_ = absl::StrCat(
+            "no message for ", absl::FormatDuration(o_.coordinator_timeout));
+        context_.TryCancel();
+        continue;
+      }
+      lock.unlock();
+      {
+        // Never wait behind a write blocked on a stalled stream.
+        std::unique_lock<std::mutex> w(write_mu_, std::try_to_lock);
+        if (w.owns_lock() && !writes_closed_ &&
+            now - last_write_ >= o_.heartbeat_interval) {
+          last_write_ = now;
+          stream_->Write(heartbeat);
+        }
+      }
+      lock.lock();
+    }
+  }
+
+  void JoinReader() {
+    if (reader_.joinable()) reader_.join();
+  }
+
+  // Ends the stream (writes closed, the coordinator given a few seconds to
+  // close its side, else cancelled) and joins the threads.
+  void Stop() {
+    CloseWrites();
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!cv_.wait_for(lock, std::chrono::seconds(5),
+                        [&] { return read_done_; })) {
+        context_.TryCancel();
+      }
+      stop_watchdog_ = true;
+      cv_.notify_all();
+    }
+    JoinReader();
+    watchdog_.join();
+    if (!finished_) stream_->Finish();
+  }
+
+  const WorkerAgentOptions& o_;
+  ShardHost& host_;
+  std::unique_ptr<v1::Control::Stub> stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::WorkerMessage, v1::CoordinatorMessage>>
+      stream_;
+  std::thread reader_, watchdog_;
+  bool reports_ = false;   // Last stage, TP rank 0: returns tokens.
+  bool finished_ = false;  // Finish() was called.
+
+  std::mutex write_mu_;
+  bool writes_closed_ = false;
+  absl::Time last_write_;
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<v1::CoordinatorMessage> inbox_;
+  bool read_done_ = false;
+  bool stop_watchdog_ = false;
+  absl::Time last_read_;
+  std::string abort_reason_;
+};
+
+}  // namespace
+
+absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
+                            ShardHost& host) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  // Retry often while the coordinator comes up.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      options.coordinator, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(
+          ToChrono(absl::Now() + options.connect_timeout))) {
+    return absl::UnavailableError(absl::StrCat(
+        "worker rank ", options.rank, " cannot reach the coordinator at ",
+        options.coordinator, " within ",
+        absl::FormatDuration(options.connect_timeout)));
+  }
+  AgentSession session(options, host, std::move(channel));
+  return session.Run();
+}
+
+namespace {
+
+constexpr uint64_t kFnvOffset = 1469598103934665603ull;
+constexpr uint64_t kFnvPrime = 1099511628211ull;
+
+void Fnv(uint64_t& h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * kFnvPrime;
+}
+
+// Hashes the size and the first and last MiB of `path` into `h`.
+absl::Status HashFile(const std::filesystem::path& path, uint64_t size,
+                      uint64_t& h) {
+  constexpr uint64_t kMiB = 1 << 20;
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot open model file ", path.string()));
+  }
+  Fnv(h, &size, sizeof(size));
+  std::vector<char> buf(std::min(size, kMiB));
+  const uint64_t tail = size > kMiB ? std::max(kMiB, size - kMiB) : size;
+  for (uint64_t offset : {uint64_t{0}, tail}) {
+    const uint64_t n = std::min(kMiB, size - offset);
+    if (n == 0) continue;
+    in.seekg(static_cast<std::streamoff>(offset));
+    if (!in.read(buf.data(), static_cast<std::streamsize>(n))) {
+      return absl::DataLossError(
+          absl::StrCat("cannot read model file ", path.string()));
+    }
+    Fnv(h, buf.data(), n);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ModelDigest(const std::string& model_path,
+                                        uint64_t* bytes) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path root(model_path);
+  std::vector<fs::path> files;
+  if (fs::is_directory(root, ec)) {
+    for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+      const fs::path& p = e.path();
+      if (e.is_regular_file() &&
+          (p.extension() == ".safetensors" || p.filename() == "config.json")) {
+        files.push_back(p);
+      }
+    }
+    std::sort(files.begin(), files.end());
+    if (files.empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "no *.safetensors or config.json in model directory ", model_path));
+    }
+  } else if (fs::is_regular_file(root, ec)) {
+    files.push_back(root);
+  } else {
+    return absl::NotFoundError(absl::StrCat("no model at ", model_path));
+  }
+  uint64_t h = kFnvOffset, total = 0;
+  for (const fs::path& p : files) {
+    const uint64_t size = fs::file_size(p, ec);
+    if (ec) {
+      return absl::NotFoundError(
+          absl::StrCat("cannot stat model file ", p.string()));
+    }
+    const std::string name = p.filename().string();
+    Fnv(h, name.data(), name.size());
+    RETURN_IF_ERROR(HashFile(p, size, h));
+    total += size;
+  }
+  *bytes = total;
+  return absl::StrFormat("%016x", h);
+}
+
+}  // namespace shardlm

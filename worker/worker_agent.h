@@ -1,0 +1,75 @@
+// The worker's side of the control plane (DESIGN.md section 1): one gRPC
+// stream to the coordinator. Register -> Assignment -> load the shard ->
+// Ready{kv_blocks} -> StepPlans in, StepResults out, heartbeats both ways
+// -> Shutdown. How the shard runs (MPI or NCCL communicators, or fakes in
+// tests) is behind ShardHost.
+#ifndef SHARDLM_WORKER_WORKER_AGENT_H_
+#define SHARDLM_WORKER_WORKER_AGENT_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
+#include "worker/model_runner.h"
+
+namespace shardlm {
+
+struct WorkerAssignment {
+  int tp = 1, pp = 1, tp_rank = 0, pp_rank = 0;
+  int32_t block_size = 16;
+  int64_t kv_cache_bytes = 0;  // 0: one full context.
+  int threads = 1;
+  std::string nccl_unique_id;  // GPU: this stage's TP group; else empty.
+};
+
+// One shard of the model on this worker. Called from the agent's thread
+// only (the thread that called RunWorkerAgent).
+class ShardHost {
+ public:
+  virtual ~ShardHost() = default;
+  // Loads the assigned shard and allocates its KV pool; returns the KV
+  // blocks it holds.
+  virtual absl::StatusOr<int64_t> Load(const WorkerAssignment& a) = 0;
+  // ModelRunner::Forward, then (last stage, TP rank 0 only) SampleStep.
+  virtual absl::StatusOr<StepOutput> Step(const StepInput& step) = 0;
+};
+
+struct WorkerAgentOptions {
+  std::string coordinator;  // host:port
+  int rank = 0;             // 1 .. tp * pp.
+  std::string model_path;   // Reported at registration, with:
+  uint64_t model_bytes = 0;
+  std::string model_digest;  // ModelDigest(): files must match across nodes.
+  // Sent after this long without another message to the coordinator (also
+  // while loading or stepping: the coordinator takes silence for death).
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  // No message from the coordinator for this long: it is gone.
+  absl::Duration coordinator_timeout = absl::Seconds(30);
+  // Connection attempts are retried for this long.
+  absl::Duration connect_timeout = absl::Seconds(60);
+  // When notified, the agent drops its stream and returns Cancelled (e.g.
+  // on SIGTERM; tests use it to kill a worker). May be null.
+  const absl::Notification* stop = nullptr;
+};
+
+// Serves one worker's stream until the coordinator sends Shutdown (OK).
+// Errors: the coordinator unreachable, rejecting the registration (its
+// status), silent for coordinator_timeout, or the stream breaking (each
+// naming the coordinator's address); a Load failure (reported to the
+// coordinator as Failure, then returned). A failed step is reported in its
+// StepResult and the agent keeps serving.
+absl::Status RunWorkerAgent(const WorkerAgentOptions& options, ShardHost& host);
+
+// A cheap fingerprint of the model at `model_path` (a file, or a directory
+// whose *.safetensors and config.json count): sizes, names and a 64-bit
+// FNV-1a hash over the first and last MiB of each file. Sets *bytes to the
+// total size. NotFound naming the path when it is missing.
+absl::StatusOr<std::string> ModelDigest(const std::string& model_path,
+                                        uint64_t* bytes);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_WORKER_AGENT_H_
