@@ -1,0 +1,114 @@
+#!/usr/bin/env python3
+"""End-to-end check of `shardlm serve` and `shardlm generate --server`.
+
+1. `shardlm serve` starts on a free local port and becomes ready (polled
+   with `shardlm generate --server`, which fails fast while nothing listens).
+2. The greedy completion streamed through the server equals the local
+   `shardlm generate --model` output for the same prompt, byte for byte.
+3. A bad request through the server exits 1 with the server's message.
+4. An unreachable --server address fails fast naming the address.
+5. SIGTERM stops the server with exit 0; it is always killed at the end.
+
+  check_serve.py --shardlm BIN --gguf MODEL
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import time
+
+FAILURES: list[str] = []
+
+
+def check(cond: bool, what: str) -> None:
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
+def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+
+    addr = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen", addr],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        # 1. Ready once a one-token request succeeds.
+        remote = [a.shardlm, "generate", "--server", addr]
+        ready = False
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            if run(remote + ["--prompt", "x", "--max-tokens", "1"]).returncode == 0:
+                ready = True
+                break
+            time.sleep(0.5)
+        check(ready, f"shardlm serve is ready on {addr}")
+        if not ready:
+            return 1
+
+        # 2. Remote text == local text.
+        prompt = ["--prompt", "The capital of France is", "--max-tokens", "24"]
+        local = run([a.shardlm, "generate", "--model", a.gguf] + prompt)
+        got = run(remote + prompt + ["--stats"])
+        check(local.returncode == 0, f"local generate exits 0 ({local.stderr.strip()})")
+        check(got.returncode == 0, f"remote generate exits 0 ({got.stderr.strip()})")
+        check(got.stdout == local.stdout and got.stdout.strip() != "",
+              f"remote text equals local: got {got.stdout!r}, "
+              f"want {local.stdout!r}")
+        check("prompt 5 tokens" in got.stderr and "generated" in got.stderr,
+              f"--stats reports usage ({got.stderr.strip()})")
+        chat = ["--chat", "--prompt", "Name a planet.", "--max-tokens", "16"]
+        local_chat = run([a.shardlm, "generate", "--model", a.gguf] + chat)
+        got_chat = run(remote + chat)
+        check(got_chat.returncode == 0 and got_chat.stdout == local_chat.stdout,
+              f"--chat through the server equals local: got "
+              f"{got_chat.stdout!r}, want {local_chat.stdout!r}")
+
+        # 3. The server rejects a bad request with a message.
+        bad = run(remote + ["--prompt", "x", "--max-tokens", "9000"])
+        check(bad.returncode == 1 and "INVALID_ARGUMENT" in bad.stderr
+              and "8192" in bad.stderr,
+              f"over-long request is INVALID_ARGUMENT ({bad.stderr.strip()})")
+
+        # 4. Nothing listens on a fresh free port: fail fast, name it.
+        nowhere = f"127.0.0.1:{free_port()}"
+        t0 = time.monotonic()
+        gone = run([a.shardlm, "generate", "--server", nowhere, "--prompt", "x"],
+                   timeout=30)
+        took = time.monotonic() - t0
+        check(gone.returncode == 1 and nowhere in gone.stderr and took < 10,
+              f"unreachable {nowhere} fails in {took:.1f}s naming it "
+              f"({gone.stderr.strip()})")
+        check(server.poll() is None, "the server is still running")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    check(server.returncode == 0,
+          f"SIGTERM stops the server cleanly (exit {server.returncode})")
+    print(f"{len(FAILURES)} failed" if FAILURES else "all serve checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
