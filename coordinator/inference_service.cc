@@ -16,18 +16,6 @@ namespace {
 
 constexpr char kServiceName[] = "shardlm.v1.Inference";
 
-// The executor's health when it reports one (StepExecutor::Health(), for
-// executors over remote ranks); otherwise always OK. A template so that this
-// compiles both before and after StepExecutor grows the method.
-template <typename E>
-absl::Status ExecutorHealth(const E& executor) {
-  if constexpr (requires { executor.Health(); }) {
-    return executor.Health();
-  } else {
-    return absl::OkStatus();
-  }
-}
-
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
@@ -119,6 +107,10 @@ grpc::Status InferenceService::Generate(
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return ToGrpcStatus(req.status());
+  // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
+  if (absl::Status h = engine_->executor().Health(); !h.ok()) {
+    return ToGrpcStatus(h);
+  }
 
   // One request at a time (see the class comment); stop waiting when the
   // client goes away or its deadline passes.
@@ -242,7 +234,7 @@ void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
   if (health == nullptr) return;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    const bool serving = ExecutorHealth(engine_->executor()).ok();
+    const bool serving = engine_->executor().Health().ok();
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);
     stop_cv_.wait_for(lock, poll, [&] { return stopping_; });

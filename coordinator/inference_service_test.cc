@@ -4,6 +4,7 @@
 // frees every block.
 #include "coordinator/inference_service.h"
 
+#include <atomic>
 #include <cmath>
 #include <future>
 #include <limits>
@@ -454,6 +455,92 @@ int HealthStatus(grpc::Channel* channel, const std::string& service) {
 TEST_F(InferenceServiceTest, HealthReportsServing) {
   EXPECT_EQ(HealthStatus(channel_.get(), ""), 1);
   EXPECT_EQ(HealthStatus(channel_.get(), "shardlm.v1.Inference"), 1);
+}
+
+// An in-process executor whose rank can be "lost" (Health() and Forward()
+// fail with Unavailable), like a remote cluster's.
+class LosableExecutor final : public StepExecutor {
+ public:
+  explicit LosableExecutor(std::unique_ptr<StepExecutor> inner)
+      : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    if (forward_fails) return absl::UnavailableError("worker rank 1 is gone");
+    return inner_->Forward(step);
+  }
+  void Release(int64_t seq_id) override { inner_->Release(seq_id); }
+  absl::Status Health() const override {
+    if (lost) return absl::UnavailableError("worker rank 1 is gone");
+    return absl::OkStatus();
+  }
+  std::atomic<bool> lost{false};
+  std::atomic<bool> forward_fails{false};
+
+ private:
+  std::unique_ptr<StepExecutor> inner_;
+};
+
+TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
+  auto weights = RandomLlamaWeights(TinyConfig(), 7);
+  auto inner = CreateInProcessExecutor(*weights, {});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto owned = std::make_unique<LosableExecutor>(std::move(*inner));
+  LosableExecutor* executor = owned.get();
+  auto engine = Engine::Create(std::move(owned), {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  FakeTokenizer tok;
+  auto server = ApiServer::Start(
+      engine->get(), &tok, {.health_poll = std::chrono::milliseconds(10)});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
+                          grpc::InsecureChannelCredentials());
+  auto stub = v1::Inference::NewStub(channel);
+  const auto generate = [&] {
+    v1::GenerateRequest req;
+    req.set_prompt("hello");
+    req.set_max_tokens(3);
+    grpc::ClientContext ctx;
+    auto reader = stub->Generate(&ctx, req);
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+    }
+    return reader->Finish();
+  };
+  const auto wait_for_health = [&](int want) {
+    const auto until =
+        std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (HealthStatus(channel.get(), "") != want &&
+           std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return HealthStatus(channel.get(), "");
+  };
+  EXPECT_EQ(wait_for_health(1), 1);
+  EXPECT_TRUE(generate().ok());
+
+  // Lost between steps: the engine's Unavailable maps to UNAVAILABLE.
+  executor->forward_fails = true;
+  grpc::Status s = generate();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("worker rank 1"), std::string::npos)
+      << s.error_message();
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+
+  // Known lost: NOT_SERVING (2), and requests fail before they start.
+  executor->lost = true;
+  EXPECT_EQ(wait_for_health(2), 2);
+  s = generate();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.error_message().find("worker rank 1"), std::string::npos);
+
+  // Back: SERVING again.
+  executor->lost = false;
+  executor->forward_fails = false;
+  EXPECT_EQ(wait_for_health(1), 1);
+  EXPECT_TRUE(generate().ok());
 }
 
 TEST(ApiServerTest, UnusableAddressIsAnError) {
