@@ -98,8 +98,9 @@ class ApiServer {
   int port() const { return port_; }
   // Blocks until Shutdown() (from another thread).
   void Wait();
-  // Stops accepting calls, cancels in-flight ones, and returns when they
-  // are done. Idempotent.
+  // Stops accepting calls, gives in-flight ones a second, then cancels them
+  // (a Generate stops within one engine step) and returns when all are
+  // done. Idempotent; called by the destructor.
   void Shutdown();
   grpc::Server* server() { return server_.get(); }
 
