@@ -62,6 +62,7 @@ class TestHost : public ShardHost {
 
   absl::StatusOr<int64_t> Load(const WorkerAssignment& a) override {
     if (!load_error.ok()) return load_error;
+    absl::SleepFor(load_delay);
     SetCpuThreads(a.threads);
     reports_ = a.pp_rank == a.pp - 1 && a.tp_rank == 0;
     ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
@@ -85,6 +86,7 @@ class TestHost : public ShardHost {
   }
 
   absl::Status load_error;
+  absl::Duration load_delay;
   std::function<void(int)> before_step;  // Called with the step count.
 
  private:
@@ -400,6 +402,29 @@ TEST(ClusterFailureTest, HungStepTimesOut) {
   engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
   EXPECT_FALSE(agents[0].ok());  // Its stream was cancelled.
+}
+
+// Workers heartbeat while they load and step: a load or a step longer than
+// worker_timeout is not death.
+TEST(ClusterFailureTest, SlowLoadAndStepAreNotDeath) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(1, 1);
+  options.worker_timeout = absl::Milliseconds(600);
+  TestCluster cluster(*source, options);
+  cluster.host(1).load_delay = absl::Milliseconds(1500);
+  cluster.host(1).before_step = [](int step) {
+    if (step == 1) absl::SleepFor(absl::Milliseconds(1500));
+  };
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok());
+  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
+  EXPECT_TRUE(got.ok()) << got.status();
+  engine->reset();
+  for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
 
 // A worker that registers and reports ready, then says nothing more.
