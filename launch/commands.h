@@ -7,6 +7,7 @@ namespace shardlm {
 
 int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
+int LaunchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
 
 }  // namespace shardlm

@@ -20,6 +20,7 @@ struct GenerateFlags {
   std::string server;
   std::string prompt;
   bool chat = false;
+  bool ignore_eos = false;
   int64_t max_tokens = 128;
   double temperature = 0.0;
   int64_t top_k = 0;
@@ -56,6 +57,8 @@ int GenerateCommand(int argc, char** argv) {
             "and the engine flags are not used");
   flags.Add("prompt", &f.prompt, "text to complete");
   flags.Add("chat", &f.chat, "wrap the prompt as a ChatML user turn");
+  flags.Add("ignore-eos", &f.ignore_eos,
+            "generate --max-tokens tokens, printing end-of-text tokens too");
   flags.Add("max-tokens", &f.max_tokens, "most tokens to generate");
   flags.Add("temperature", &f.temperature, "sampling temperature, 0 = greedy");
   flags.Add("top-k", &f.top_k, "keep the k most likely tokens, 0 = off");
@@ -121,6 +124,7 @@ int GenerateCommand(int argc, char** argv) {
     return RemoteGenerate({.server = f.server,
                            .prompt = f.prompt,
                            .chat = f.chat,
+                           .ignore_eos = f.ignore_eos,
                            .max_tokens = static_cast<int32_t>(f.max_tokens),
                            .sampling = sampling,
                            .stats = f.stats});
@@ -151,9 +155,9 @@ int GenerateCommand(int argc, char** argv) {
       .sampling = sampling};
   // End of text, and the end of a chat turn for chat models.
   for (int32_t id : {(*engine)->config().eos_id, tok.eos_id()}) {
-    if (id >= 0) req.stop_token_ids.push_back(id);
+    if (id >= 0 && !f.ignore_eos) req.stop_token_ids.push_back(id);
   }
-  if (auto im_end = tok.TokenId("<|im_end|>")) {
+  if (auto im_end = tok.TokenId("<|im_end|>"); im_end && !f.ignore_eos) {
     req.stop_token_ids.push_back(*im_end);
   }
   if (req.prompt.empty()) {

@@ -12,6 +12,7 @@ constexpr char kUsage[] =
     "commands:\n"
     "  generate   stream a completion for a prompt (local model or --server)\n"
     "  inspect    print a model file's config, tensors and tokenizer\n"
+    "  launch     run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
     "  serve      serve the gRPC API from a model in this process\n"
     "\n"
     "Run 'shardlm <command> --help' for the flags of a command.\n";
@@ -29,6 +30,9 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "inspect") == 0) {
     return shardlm::InspectCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "launch") == 0) {
+    return shardlm::LaunchCommand(argc, argv);
   }
   if (std::strcmp(argv[1], "serve") == 0) {
     return shardlm::ServeCommand(argc, argv);

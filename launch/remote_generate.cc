@@ -81,6 +81,7 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
   v1::GenerateRequest req;
   req.set_prompt(o.chat ? ChatMlPrompt(o.prompt) : o.prompt);
   req.set_max_tokens(o.max_tokens);
+  req.set_ignore_eos(o.ignore_eos);
   v1::SamplingParams* s = req.mutable_sampling();
   s->set_temperature(o.sampling.temperature);
   s->set_top_k(o.sampling.top_k);

@@ -12,9 +12,10 @@
 namespace shardlm {
 
 struct RemoteGenerateOptions {
-  std::string server;  // "host:port".
-  std::string prompt;  // Sent as text; the server tokenizes it.
-  bool chat = false;   // Wrap the prompt as a ChatML user turn.
+  std::string server;       // "host:port".
+  std::string prompt;       // Sent as text; the server tokenizes it.
+  bool chat = false;        // Wrap the prompt as a ChatML user turn.
+  bool ignore_eos = false;  // Generate max_tokens whatever comes.
   int32_t max_tokens = 128;
   SamplingParams sampling;
   bool stats = false;  // Usage and timings to stderr.

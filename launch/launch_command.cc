@@ -1,0 +1,371 @@
+// shardlm launch: the whole cluster from one mpirun (DESIGN.md section 1).
+//
+//   mpirun --enable-recovery -np 1+TP*PP shardlm launch --model PATH
+//       --tp TP --pp PP --listen HOST:PORT
+//
+// Rank 0 becomes the coordinator (no weights: config and tokenizer only);
+// ranks 1..TP*PP become workers, worker r serving stage (r-1)/TP, TP index
+// (r-1)%TP. Every rank first checks what it can (flags, world size, model
+// file, shard plan); if any rank fails, rank 0 prints every rank's reason
+// and all exit. Then the coordinator's control address reaches the workers
+// by MPI broadcast, the workers connect over gRPC, load their shards and
+// exchange activations over MPI, and the coordinator serves the public API.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
+#include "collectives/mpi_communicator.h"
+#include "coordinator/control_service.h"
+#include "coordinator/engine.h"
+#include "coordinator/inference_service.h"
+#include "coordinator/remote_executor.h"
+#include "grpcpp/grpcpp.h"
+#include "launch/commands.h"
+#include "launch/flags.h"
+#include "launch/mpi_shard_host.h"
+#include "model/shard_plan.h"
+#include "model/tokenizer.h"
+#include "worker/worker_agent.h"
+
+namespace shardlm {
+namespace {
+
+struct LaunchFlags {
+  std::string model;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  std::string listen = "127.0.0.1:50051";
+  int64_t control_port = 0;
+  std::string control_host;
+  int64_t threads = 1;
+  int64_t kv_cache_bytes = 0;
+  int64_t block_size = 16;
+  int64_t max_batched_tokens = 512;
+  int64_t worker_timeout_ms = 5000;
+  int64_t startup_timeout_s = 300;
+};
+
+// Fixed-size text exchanged between ranks (MPI moves bytes).
+constexpr int64_t kMessageInts = 128;  // 512 bytes.
+
+Tensor PackText(const std::string& text) {
+  Tensor t = *Tensor::Host(DType::kI32, {kMessageInts});
+  std::memcpy(t.raw(), text.data(),
+              std::min<size_t>(text.size(), kMessageInts * 4 - 1));
+  return t;
+}
+
+std::string UnpackText(const void* data) {
+  const char* c = static_cast<const char*>(data);
+  return std::string(c, strnlen(c, kMessageInts * 4 - 1));
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+// Every rank contributes "" (fine) or its reason; all ranks learn whether
+// anyone failed, and rank 0 prints the reasons. Returns false on failure.
+bool AgreeAllOk(MpiCommunicator& world, const std::string& mine) {
+  Tensor send = PackText(mine);
+  Tensor all = *Tensor::Host(DType::kI32, {world.size() * kMessageInts});
+  if (absl::Status s = world.AllGather(send, all); !s.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(s.message()).c_str());
+    return false;
+  }
+  // Ranks that failed for the same reason are named together.
+  std::vector<std::pair<std::string, std::vector<int>>> reasons;
+  for (int r = 0; r < world.size(); ++r) {
+    const std::string reason =
+        UnpackText(all.data<int32_t>() + r * kMessageInts);
+    if (reason.empty()) continue;
+    auto it = std::find_if(reasons.begin(), reasons.end(),
+                           [&](const auto& e) { return e.first == reason; });
+    if (it == reasons.end()) {
+      reasons.push_back({reason, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  if (world.rank() == 0 && !reasons.empty()) {
+    std::fprintf(stderr, "shardlm launch: cannot start:\n");
+    for (const auto& [reason, ranks] : reasons) {
+      std::fprintf(stderr, "  %s %s: %s\n",
+                   ranks.size() == 1 ? "rank" : "ranks",
+                   absl::StrJoin(ranks, ", ").c_str(), reason.c_str());
+    }
+  }
+  return reasons.empty();
+}
+
+// Ends the process without MPI_Finalize (which waits for every rank, dead
+// ones included).
+[[noreturn]] void Exit(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
+                   const WeightSource& source, const sigset_t& stop_signals) {
+  ControlService service(
+      {.tp = static_cast<int>(f.tp),
+       .pp = static_cast<int>(f.pp),
+       .block_size = static_cast<int32_t>(f.block_size),
+       .kv_cache_bytes = f.kv_cache_bytes,
+       .threads_per_worker = static_cast<int>(f.threads),
+       .worker_timeout = absl::Milliseconds(f.worker_timeout_ms)});
+  grpc::ServerBuilder builder;
+  int control_port = 0;
+  builder.AddListeningPort(absl::StrCat("0.0.0.0:", f.control_port),
+                           grpc::InsecureServerCredentials(), &control_port);
+  AddControlService(builder, &service);
+  std::unique_ptr<grpc::Server> control = builder.BuildAndStart();
+  std::string address;
+  if (control == nullptr || control_port == 0) {
+    std::fprintf(stderr,
+                 "shardlm launch: cannot listen for workers on port %d\n",
+                 static_cast<int>(f.control_port));
+  } else {
+    address = absl::StrCat(f.control_host.empty() ? Hostname() : f.control_host,
+                           ":", control_port);
+  }
+  // Workers learn the address (empty: give up) by broadcast.
+  Tensor packed = PackText(address);
+  if (absl::Status s = world.Broadcast(packed, 0); !s.ok() || address.empty()) {
+    if (!s.ok())
+      std::fprintf(stderr, "shardlm launch: %s\n",
+                   std::string(s.message()).c_str());
+    return 1;
+  }
+
+  auto executor = RemoteExecutor::WaitForWorkers(
+      service, source.config(), absl::Seconds(f.startup_timeout_s));
+  if (!executor.ok()) {
+    std::fprintf(stderr, "shardlm launch: workers did not start: %s\n",
+                 std::string(executor.status().message()).c_str());
+    service.Shutdown("startup failed");
+    control->Shutdown();
+    return 1;
+  }
+  auto tokenizer = LoadTokenizer(f.model);
+  auto engine =
+      tokenizer.ok()
+          ? Engine::Create(std::move(*executor),
+                           {.block_size = static_cast<int32_t>(f.block_size),
+                            .max_batched_tokens =
+                                static_cast<int32_t>(f.max_batched_tokens)})
+          : absl::StatusOr<std::unique_ptr<Engine>>(tokenizer.status());
+  if (!engine.ok()) {
+    std::fprintf(stderr, "shardlm launch: %s\n",
+                 std::string(engine.status().message()).c_str());
+    service.Shutdown("startup failed");
+    control->Shutdown();
+    return 1;
+  }
+  std::string name = source.config().name;
+  if (name.empty()) name = std::filesystem::path(f.model).filename().string();
+  auto api = ApiServer::Start(engine->get(), tokenizer->get(),
+                              {.listen_address = f.listen,
+                               .model_name = name,
+                               .service = {.tp = static_cast<int>(f.tp),
+                                           .pp = static_cast<int>(f.pp)}});
+  if (!api.ok()) {
+    std::fprintf(stderr, "shardlm launch: %s\n",
+                 std::string(api.status().message()).c_str());
+    service.Shutdown("startup failed");
+    control->Shutdown();
+    return 1;
+  }
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
+  std::fprintf(stderr,
+               "[shardlm] serving %s with tp %d x pp %d (%d workers, %lld KV "
+               "blocks of %d) on %s:%d; workers connect to %s\n",
+               name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
+               static_cast<int>(f.tp * f.pp),
+               static_cast<long long>((*engine)->blocks().num_blocks()),
+               static_cast<int>(f.block_size), host.c_str(), (*api)->port(),
+               address.c_str());
+
+  int sig = 0;
+  sigwait(&stop_signals, &sig);
+  std::fprintf(stderr, "[shardlm] %s: shutting down\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM");
+  (*api)->Shutdown();
+  service.Shutdown("coordinator shutting down");
+  control->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return 0;
+}
+
+int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
+              const LaunchFlags& f, const WeightSource& source,
+              const std::string& digest, uint64_t model_bytes,
+              const sigset_t& stop_signals) {
+  auto host = MpiShardHost::Create(&source, workers, static_cast<int>(f.tp),
+                                   static_cast<int>(f.pp));
+  Tensor packed = *Tensor::Host(DType::kI32, {kMessageInts});
+  if (absl::Status s = world.Broadcast(packed, 0); !s.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(s.message()).c_str());
+    return 1;
+  }
+  const std::string address = UnpackText(packed.raw());
+  if (address.empty()) return 1;  // The coordinator said why.
+  if (!host.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(host.status().message()).c_str());
+    return 1;
+  }
+  // SIGINT/SIGTERM end the agent cleanly (its stream closes, so the
+  // coordinator sees the rank leave at once).
+  absl::Notification stop;
+  std::thread signals([&] {
+    int sig = 0;
+    sigwait(&stop_signals, &sig);
+    if (!stop.HasBeenNotified()) stop.Notify();
+  });
+  signals.detach();
+  const absl::Status s = RunWorkerAgent({.coordinator = address,
+                                         .rank = world.rank(),
+                                         .model_path = f.model,
+                                         .model_bytes = model_bytes,
+                                         .model_digest = digest,
+                                         .stop = &stop},
+                                        **host);
+  if (s.ok() || absl::IsCancelled(s)) return 0;
+  // A refusal or a failed load was reported by the coordinator, which
+  // prints one message for the cluster; a worker speaks only when it has
+  // lost the coordinator.
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    std::fprintf(stderr, "shardlm launch (worker rank %d): %s\n", world.rank(),
+                 std::string(s.message()).c_str());
+  }
+  return 1;
+}
+
+}  // namespace
+
+int LaunchCommand(int argc, char** argv) {
+  // Stop signals are taken by sigwait (every thread, MPI's and gRPC's
+  // included, inherits the mask).
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  auto world_or = MpiCommunicator::World({.timeout = absl::Seconds(600)});
+  if (!world_or.ok()) {
+    std::fprintf(stderr, "shardlm launch: %s\n",
+                 std::string(world_or.status().message()).c_str());
+    return 1;
+  }
+  MpiCommunicator& world = **world_or;
+  const bool root = world.rank() == 0;
+
+  LaunchFlags f;
+  FlagSet flags(
+      "usage: mpirun --enable-recovery -np 1+TP*PP shardlm launch --model PATH "
+      "--tp TP --pp PP [flags]\n"
+      "Rank 0 coordinates and serves the API on --listen; the other ranks\n"
+      "are workers holding one shard each (see launch/run-local-cluster.sh).");
+  flags.Add("model", &f.model,
+            "GGUF file or safetensors directory, at the "
+            "same path on every node");
+  flags.Add("tp", &f.tp, "tensor-parallel degree");
+  flags.Add("pp", &f.pp, "pipeline-parallel degree");
+  flags.Add("listen", &f.listen, "address of the public gRPC API");
+  flags.Add("control-port", &f.control_port,
+            "port workers connect to (0: any free port)");
+  flags.Add("control-host", &f.control_host,
+            "host name workers use to reach rank 0 (default: its hostname)");
+  flags.Add("threads", &f.threads, "CPU threads per worker");
+  flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
+            "KV cache budget per worker, 0 = one full context");
+  flags.Add("block-size", &f.block_size, "tokens per KV block");
+  flags.Add("max-batched-tokens", &f.max_batched_tokens,
+            "tokens per step; longer prompts prefill in chunks");
+  flags.Add("worker-timeout-ms", &f.worker_timeout_ms,
+            "a worker silent this long is declared dead");
+  flags.Add("startup-timeout-s", &f.startup_timeout_s,
+            "how long workers may take to register and load");
+  std::string problem;
+  bool usage = false;  // Show the flags after the problem?
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    problem = std::string(s.message());
+    usage = true;
+  } else if (flags.help()) {
+    if (root) std::fputs(flags.Usage().c_str(), stdout);
+    Exit(0);
+  } else if (f.model.empty()) {
+    problem = "--model is required";
+  } else if (f.tp < 1 || f.pp < 1 || f.tp * f.pp > 4096) {
+    problem = "--tp and --pp must be >= 1";
+  } else if (world.size() != 1 + f.tp * f.pp) {
+    problem =
+        absl::StrCat("the MPI world has ", world.size(), " ranks but --tp ",
+                     f.tp, " x --pp ", f.pp, " needs 1 + ", f.tp * f.pp, " = ",
+                     1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
+  } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
+             f.kv_cache_bytes < 0 || f.worker_timeout_ms < 100 ||
+             f.startup_timeout_s < 1) {
+    problem =
+        "--threads, --block-size and --max-batched-tokens must be >= 1, "
+        "--kv-cache-bytes >= 0, --worker-timeout-ms >= 100";
+  }
+  if (!problem.empty()) {  // The same on every rank: rank 0 reports.
+    if (root) {
+      std::fprintf(stderr, "shardlm launch: %s\n%s%s", problem.c_str(),
+                   usage ? "\n" : "", usage ? flags.Usage().c_str() : "");
+    }
+    Exit(2);
+  }
+
+  // What each rank can check alone: its model file and the shard plan.
+  std::string mine;
+  auto source = OpenWeights(f.model);
+  std::string digest;
+  uint64_t model_bytes = 0;
+  if (!source.ok()) {
+    mine = absl::StrCat(Hostname(), ": ", source.status().message());
+  } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
+                                    static_cast<int>(f.pp));
+             !plan.ok()) {
+    mine = std::string(plan.status().message());
+  } else if (!root) {
+    auto d = ModelDigest(f.model, &model_bytes);
+    if (d.ok()) {
+      digest = *d;
+    } else {
+      mine = absl::StrCat(Hostname(), ": ", d.status().message());
+    }
+  }
+  if (!AgreeAllOk(world, mine)) Exit(1);
+
+  // Workers get a communicator of their own; the coordinator one of its own.
+  auto workers = world.Split(root ? 1 : 0, world.rank(), "workers");
+  if (!workers.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(workers.status().message()).c_str());
+    Exit(1);
+  }
+  const int code = root ? RunCoordinator(world, f, **source, stop_signals)
+                        : RunWorker(world, **workers, f, **source, digest,
+                                    model_bytes, stop_signals);
+  Exit(code);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,261 @@
+#!/usr/bin/env python3
+"""The cluster under mpirun (DESIGN.md sections 1 and 3), end to end.
+
+1. Equivalence: for each TP x PP layout, a real cluster (`mpirun ... shardlm
+   launch`: a coordinator process and TP*PP worker processes exchanging
+   activations over MPI, controlled over gRPC) answers prompts through the
+   public API with exactly the text of TP = PP = 1 in one process (32
+   greedy tokens, end-of-text ignored). SmolLM2 (9 query / 3 KV heads:
+   uneven TP splits) and a synthetic model with 8 / 4 heads (TP = 4).
+2. Failure: killing a worker mid-generation fails the stream with
+   UNAVAILABLE within 10 s, naming that worker's rank and pid; the
+   coordinator stays up and fails later requests at once.
+3. Bad launches end every rank with one clear message, never a hang: wrong
+   world size, TP above the KV head count, the model missing on one node,
+   model files differing between nodes (nodes are simulated with mpirun's
+   per-rank working directories).
+
+  check_cluster.py --shardlm BIN --gguf MODEL --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
+
+FAILURES: list[str] = []
+MPIRUN = ["mpirun", "--oversubscribe", "--enable-recovery"]
+if os.geteuid() == 0:
+    MPIRUN.insert(1, "--allow-run-as-root")
+
+PROMPTS = ["The capital of France is",
+           "def fibonacci(n):\n    ",
+           "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"]
+
+
+def check(cond: bool, what: str) -> None:
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    """mpirun -np 1+tp*pp shardlm launch, serving on a free local port."""
+
+    def __init__(self, shardlm: str, model: str, tp: int, pp: int, log: str):
+        self.port = free_port()
+        self.log_path = log
+        self.log = open(log, "w")
+        self.proc = subprocess.Popen(
+            MPIRUN + ["-np", str(1 + tp * pp), shardlm, "launch",
+                      "--model", model, "--tp", str(tp), "--pp", str(pp),
+                      "--listen", f"127.0.0.1:{self.port}",
+                      "--worker-timeout-ms", "3000"],
+            stdout=self.log, stderr=subprocess.STDOUT,
+            start_new_session=True)
+        self.address = f"127.0.0.1:{self.port}"
+
+    def wait_serving(self, timeout: float = 180) -> bool:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                return False
+            with open(self.log_path) as f:
+                if "[shardlm] serving" in f.read():
+                    return True
+            time.sleep(0.3)
+        return False
+
+    def worker_pids(self) -> dict[int, int]:
+        """MPI rank -> pid of each shardlm process of this job."""
+        out = subprocess.run(["pgrep", "-s", str(self.proc.pid), "-f",
+                              "shardlm launch"], capture_output=True,
+                             text=True).stdout.split()
+        ranks = {}
+        for pid in map(int, out):
+            try:
+                env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            for kv in env:
+                if kv.startswith(b"OMPI_COMM_WORLD_RANK="):
+                    ranks[int(kv.split(b"=")[1])] = pid
+        return ranks
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        self.log.close()
+
+    def tail(self) -> str:
+        with open(self.log_path) as f:
+            return "".join(f.readlines()[-15:])
+
+
+def generate(shardlm: str, where: list[str], prompt: str, n: int = 32,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([shardlm, "generate", *where, "--prompt", prompt,
+                           "--max-tokens", str(n), "--ignore-eos"],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
+    local = {}
+    for p in PROMPTS:
+        r = generate(a.shardlm, ["--model", model, "--threads", "1"], p)
+        check(r.returncode == 0, f"[{tag}] local generate ({r.stderr.strip()})")
+        local[p] = r.stdout
+    for tp, pp in layouts:
+        name = f"{tag} tp{tp} pp{pp}"
+        c = Cluster(a.shardlm, model, tp, pp,
+                    os.path.join(a.workdir, f"{tag}_tp{tp}_pp{pp}.log"))
+        try:
+            up = c.wait_serving()
+            check(up, f"[{name}] cluster serves" + ("" if up else "\n" + c.tail()))
+            if not up:
+                continue
+            for p in PROMPTS:
+                t0 = time.time()
+                r = generate(a.shardlm, ["--server", c.address], p)
+                same = r.returncode == 0 and r.stdout == local[p]
+                check(same, f"[{name}] {p[:24]!r}: same 32 tokens as tp1 pp1 "
+                      f"in one process ({time.time() - t0:.1f}s)"
+                      + ("" if same else f"\n  got  {r.stdout!r}\n  want "
+                         f"{local[p]!r}\n  {r.stderr.strip()}"))
+        finally:
+            c.stop()
+
+
+def kill_worker(a, model: str):
+    c = Cluster(a.shardlm, model, 2, 2, os.path.join(a.workdir, "kill.log"))
+    try:
+        if not c.wait_serving():
+            check(False, "[kill] cluster serves\n" + c.tail())
+            return
+        ranks = c.worker_pids()
+        check(sorted(ranks) == [0, 1, 2, 3, 4], f"[kill] found ranks {ranks}")
+        victim = 3
+        client = subprocess.Popen(
+            [a.shardlm, "generate", "--server", c.address, "--prompt",
+             "Tell me a long story about a dragon.", "--max-tokens", "3000",
+             "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        time.sleep(3)  # Generating by now.
+        os.kill(ranks[victim], signal.SIGKILL)
+        killed = time.time()
+        try:
+            out, err = client.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            out, err = client.communicate()
+        took = time.time() - killed
+        check(client.returncode != 0 and "UNAVAILABLE" in err,
+              f"[kill] stream fails with UNAVAILABLE ({err.strip()})")
+        check(took <= 10, f"[kill] within 10 s of the kill ({took:.1f}s)")
+        check(f"rank {victim}" in err and str(ranks[victim]) in err,
+              f"[kill] the error names rank {victim} (pid {ranks[victim]})")
+        check(len(out) > 0, "[kill] tokens streamed before the kill")
+        check(c.proc.poll() is None and os.path.exists(f"/proc/{ranks[0]}"),
+              "[kill] the coordinator stays up")
+        t0 = time.time()
+        r = generate(a.shardlm, ["--server", c.address], "hi", 4, timeout=30)
+        check(r.returncode != 0 and "UNAVAILABLE" in r.stderr
+              and f"rank {victim}" in r.stderr and time.time() - t0 < 5,
+              f"[kill] a later request fails at once naming the rank "
+              f"({r.stderr.strip()})")
+    finally:
+        c.stop()
+
+
+def bad_launches(a, model: str):
+    def launch(args: list[str], want: str, what: str):
+        t0 = time.time()
+        try:
+            r = subprocess.run(MPIRUN + args, capture_output=True, text=True,
+                               timeout=90, start_new_session=True)
+            err = r.stdout + r.stderr
+        except subprocess.TimeoutExpired:
+            err = "(hung: killed after 90 s)"
+        messages = [l for l in err.splitlines() if "shardlm launch" in l]
+        check(want in err and len(messages) == 1,
+              f"[bad launch] {what}: one message naming the problem in "
+              f"{time.time() - t0:.1f}s ({' / '.join(err.strip().splitlines()[:4])})")
+
+    b = a.shardlm
+    launch(["-np", "4", b, "launch", "--model", model, "--tp", "2", "--pp",
+            "2"], "needs 1 + 4 = 5", "world size other than 1 + TP*PP")
+    launch(["-np", "5", b, "launch", "--model", model, "--tp", "4"],
+           "exceeds the model's 3 KV heads", "TP above the KV heads")
+    # Nodes: directories with the model, without it, with a different file.
+    good, missing, other = (os.path.join(a.workdir, d)
+                            for d in ("node_good", "node_missing", "node_other"))
+    for d in (good, missing, other):
+        os.makedirs(d, exist_ok=True)
+    dst = os.path.join(good, "m.gguf")
+    if not os.path.exists(dst):
+        os.symlink(os.path.abspath(model), dst)
+    changed = os.path.join(other, "m.gguf")
+    if not os.path.exists(changed):
+        shutil.copy(model, changed)
+        with open(changed, "r+b") as f:  # Same size, other bytes at the end.
+            f.seek(-100, os.SEEK_END)
+            f.write(b"\x01" * 100)
+    common = [b, "launch", "--model", "m.gguf", "--tp", "1", "--pp", "2"]
+    launch(["-np", "2", "-wdir", good, *common, ":", "-np", "1", "-wdir",
+            missing, *common], "rank 2: ", "model missing on one node")
+    launch(["-np", "2", "-wdir", good, *common, ":", "-np", "1", "-wdir",
+            other, *common], "differ", "model files differ between nodes")
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--workdir", required=True)
+    ap.add_argument("--layouts", default="2x1,3x1,1x2,1x3,2x2")
+    a = ap.parse_args()
+    # mpirun -wdir resolves a relative program path in that directory.
+    a.shardlm = os.path.abspath(a.shardlm)
+    os.makedirs(a.workdir, exist_ok=True)
+    layouts = [tuple(map(int, l.split("x"))) for l in a.layouts.split(",")]
+    equivalence(a, a.gguf, [(1, 1)] + layouts, "smollm2")
+
+    # The synthetic model (8 query / 4 KV heads, 4 layers) for TP = 4, with
+    # SmolLM2's tokenizer saved as its tokenizer.json.
+    import hf_tokenizer
+    import make_synthetic_model
+    syn = os.path.join(a.workdir, "synthetic")
+    tok = os.path.join(a.workdir, "tokenizer.json")
+    hf_tokenizer.build_from_gguf(a.gguf).save(tok)
+    subprocess.run([sys.executable, make_synthetic_model.__file__, syn,
+                    "--tokenizer-json", tok, "--no-check"], check=True,
+                   capture_output=True)
+    equivalence(a, syn, [(4, 1), (2, 2)], "synthetic")
+
+    kill_worker(a, a.gguf)
+    bad_launches(a, a.gguf)
+    print(f"{len(FAILURES)} failed" if FAILURES else "all cluster checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
