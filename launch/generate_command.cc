@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
 #include "launch/commands.h"
+#include "launch/engine_flags.h"
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
 #include "model/tokenizer.h"
@@ -16,7 +17,7 @@ namespace shardlm {
 namespace {
 
 struct GenerateFlags {
-  std::string model;
+  LocalEngineFlags engine;
   std::string server;
   std::string prompt;
   bool chat = false;
@@ -26,11 +27,6 @@ struct GenerateFlags {
   int64_t top_k = 0;
   double top_p = 1.0;
   int64_t seed = 0;
-  int64_t threads = 0;
-  int64_t kv_cache_bytes = 0;
-  int64_t max_batched_tokens = 512;
-  int64_t tp = 1;
-  int64_t pp = 1;
   bool stats = false;
 };
 
@@ -49,9 +45,7 @@ int GenerateCommand(int argc, char** argv) {
       "       shardlm generate --server HOST:PORT --prompt TEXT [flags]\n"
       "Streams the completion of TEXT to stdout. Temperature 0 is greedy;\n"
       "the same seed gives the same text.");
-  flags.Add("model", &f.model,
-            "GGUF file, or directory with config.json + "
-            "*.safetensors + tokenizer.json");
+  f.engine.Register(flags);
   flags.Add("server", &f.server,
             "HOST:PORT of a running server (shardlm serve); then --model "
             "and the engine flags are not used");
@@ -64,13 +58,6 @@ int GenerateCommand(int argc, char** argv) {
   flags.Add("top-k", &f.top_k, "keep the k most likely tokens, 0 = off");
   flags.Add("top-p", &f.top_p, "nucleus mass to keep, 1 = off");
   flags.Add("seed", &f.seed, "sampling seed");
-  flags.Add("threads", &f.threads, "CPU threads, 0 = all cores");
-  flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
-            "KV cache budget, 0 = one full context");
-  flags.Add("max-batched-tokens", &f.max_batched_tokens,
-            "tokens per step; longer prompts prefill in chunks");
-  flags.Add("tp", &f.tp, "tensor-parallel shards (run on threads here)");
-  flags.Add("pp", &f.pp, "pipeline stages (run on threads here)");
   flags.Add("stats", &f.stats, "print token counts and speeds to stderr");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm generate: %s\n\n%s",
@@ -82,7 +69,7 @@ int GenerateCommand(int argc, char** argv) {
     return 0;
   }
   std::string problem;
-  if (f.model.empty() && f.server.empty()) {
+  if (f.engine.model.empty() && f.server.empty()) {
     problem = "--model (or --server) is required";
   }
   if (problem.empty() && f.prompt.empty()) problem = "--prompt is required";
@@ -95,16 +82,7 @@ int GenerateCommand(int argc, char** argv) {
   if (problem.empty() && (f.top_k < 0 || f.top_k > (1 << 30))) {
     problem = "--top-k must be >= 0";
   }
-  if (problem.empty() &&
-      (f.max_batched_tokens < 1 || f.max_batched_tokens > (1 << 20))) {
-    problem = "--max-batched-tokens must be in [1, 1048576]";
-  }
-  if (problem.empty() && (f.tp < 1 || f.tp > 64 || f.pp < 1 || f.pp > 64)) {
-    problem = "--tp and --pp must be in [1, 64]";
-  }
-  if (problem.empty() && (f.threads < 0 || f.threads > 4096)) {
-    problem = "--threads must be in [0, 4096]";
-  }
+  if (problem.empty()) problem = f.engine.Problem();
   const SamplingParams sampling{
       .temperature = static_cast<float>(f.temperature),
       .top_k = static_cast<int32_t>(f.top_k),
@@ -131,30 +109,20 @@ int GenerateCommand(int argc, char** argv) {
   }
 
   const auto t0 = std::chrono::steady_clock::now();
-  auto source = OpenWeights(f.model);
-  if (!source.ok()) return Fail(source.status());
-  auto tokenizer = LoadTokenizer(f.model);
-  if (!tokenizer.ok()) return Fail(tokenizer.status());
-  auto engine = Engine::Create(
-      **source,
-      {.kv_cache_bytes = f.kv_cache_bytes,
-       .max_batched_tokens = static_cast<int32_t>(f.max_batched_tokens),
-       .threads = static_cast<int>(f.threads),
-       .tp = static_cast<int>(f.tp),
-       .pp = static_cast<int>(f.pp)});
-  if (!engine.ok()) return Fail(engine.status());
-  source->reset();  // Weights are loaded; release the mapping.
+  auto local = LoadLocalModel(f.engine);
+  if (!local.ok()) return Fail(local.status());
+  Engine& engine = *local->engine;
   const double load_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
           .count();
 
-  const Tokenizer& tok = **tokenizer;
+  const Tokenizer& tok = *local->tokenizer;
   GenerateRequest req{
       .prompt = tok.Encode(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
       .max_tokens = static_cast<int32_t>(f.max_tokens),
       .sampling = sampling};
   // End of text, and the end of a chat turn for chat models.
-  for (int32_t id : {(*engine)->config().eos_id, tok.eos_id()}) {
+  for (int32_t id : {engine.config().eos_id, tok.eos_id()}) {
     if (id >= 0 && !f.ignore_eos) req.stop_token_ids.push_back(id);
   }
   if (auto im_end = tok.TokenId("<|im_end|>"); im_end && !f.ignore_eos) {
@@ -166,7 +134,7 @@ int GenerateCommand(int argc, char** argv) {
 
   StreamingDetokenizer detok(&tok);
   const auto stops = req.stop_token_ids;
-  auto result = (*engine)->Generate(req, [&](int32_t id) {
+  auto result = engine.Generate(req, [&](int32_t id) {
     // Stop tokens end the stream without being printed.
     if (std::find(stops.begin(), stops.end(), id) == stops.end()) {
       const std::string text = detok.Push(id);

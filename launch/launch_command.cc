@@ -245,6 +245,14 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                                          .model_digest = digest,
                                          .stop = &stop},
                                         **host);
+  if (const RunnerStats* st = (*host)->stats(); st && st->steps > 0) {
+    std::fprintf(stderr,
+                 "[shardlm] worker rank %d: %lld steps, %.2f s in steps, "
+                 "%.2f s (%.0f%%) in communication\n",
+                 world.rank(), static_cast<long long>(st->steps),
+                 st->forward_seconds, st->comm_seconds,
+                 100 * st->comm_seconds / st->forward_seconds);
+  }
   if (s.ok() || absl::IsCancelled(s)) return 0;
   // A refusal or a failed load was reported by the coordinator, which
   // prints one message for the cluster; a worker speaks only when it has

@@ -26,6 +26,10 @@ class MpiShardHost : public ShardHost {
   absl::StatusOr<int64_t> Load(const WorkerAssignment& a) override;
   // Runs the step; the last stage's TP rank 0 samples.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
+  // Null before Load.
+  const RunnerStats* stats() const {
+    return runner_ ? &runner_->stats() : nullptr;
+  }
 
  private:
   MpiShardHost(const WeightSource* source, int tp, int pp, int tp_rank,

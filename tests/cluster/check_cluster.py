@@ -66,7 +66,7 @@ class Cluster:
                       "--listen", f"127.0.0.1:{self.port}",
                       "--worker-timeout-ms", "3000"],
             stdout=self.log, stderr=subprocess.STDOUT,
-            start_new_session=True)
+            stdin=subprocess.DEVNULL, start_new_session=True)
         self.address = f"127.0.0.1:{self.port}"
 
     def wait_serving(self, timeout: float = 180) -> bool:
@@ -115,7 +115,8 @@ def generate(shardlm: str, where: list[str], prompt: str, n: int = 32,
              timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([shardlm, "generate", *where, "--prompt", prompt,
                            "--max-tokens", str(n), "--ignore-eos"],
-                          capture_output=True, text=True, timeout=timeout)
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
 
 
 def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
@@ -191,7 +192,7 @@ def bad_launches(a, model: str):
         t0 = time.time()
         try:
             r = subprocess.run(MPIRUN + args, capture_output=True, text=True,
-                               timeout=90, start_new_session=True)
+                               timeout=90, stdin=subprocess.DEVNULL, start_new_session=True)
             err = r.stdout + r.stderr
         except subprocess.TimeoutExpired:
             err = "(hung: killed after 90 s)"

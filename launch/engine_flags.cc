@@ -1,0 +1,56 @@
+#include "launch/engine_flags.h"
+
+#include <filesystem>
+
+#include "core/status.h"
+#include "model/weight_source.h"
+
+namespace shardlm {
+
+void LocalEngineFlags::Register(FlagSet& flags) {
+  flags.Add("model", &model,
+            "GGUF file, or directory with config.json + *.safetensors + "
+            "tokenizer.json");
+  flags.Add("threads", &threads, "CPU threads, 0 = all cores");
+  flags.Add("kv-cache-bytes", &kv_cache_bytes,
+            "KV cache budget, 0 = one full context");
+  flags.Add("max-batched-tokens", &max_batched_tokens,
+            "tokens per step; longer prompts prefill in chunks");
+  flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
+  flags.Add("pp", &pp, "pipeline stages (run on threads here)");
+}
+
+std::string LocalEngineFlags::Problem() const {
+  if (max_batched_tokens < 1 || max_batched_tokens > (1 << 20)) {
+    return "--max-batched-tokens must be in [1, 1048576]";
+  }
+  if (tp < 1 || tp > 64 || pp < 1 || pp > 64) {
+    return "--tp and --pp must be in [1, 64]";
+  }
+  if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
+  if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
+  return "";
+}
+
+EngineOptions LocalEngineFlags::ToOptions() const {
+  return {.kv_cache_bytes = kv_cache_bytes,
+          .max_batched_tokens = static_cast<int32_t>(max_batched_tokens),
+          .threads = static_cast<int>(threads),
+          .tp = static_cast<int>(tp),
+          .pp = static_cast<int>(pp)};
+}
+
+absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source,
+                   OpenWeights(flags.model));
+  LocalModel m;
+  ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(flags.model));
+  ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions()));
+  m.name = source->config().name;
+  if (m.name.empty()) {
+    m.name = std::filesystem::path(flags.model).filename().string();
+  }
+  return m;
+}
+
+}  // namespace shardlm
