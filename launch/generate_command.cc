@@ -150,6 +150,7 @@ int GenerateCommand(int argc, char** argv) {
   const std::string rest = detok.Finish();
   std::fwrite(rest.data(), 1, rest.size(), stdout);
   std::fputc('\n', stdout);
+  std::fflush(stdout);  // Before the stats on stderr.
 
   if (f.stats) {
     const size_t n = result->tokens.size();
