@@ -5,6 +5,7 @@
 
 namespace shardlm {
 
+int BenchCommand(int argc, char** argv);
 int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 int LaunchCommand(int argc, char** argv);

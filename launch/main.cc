@@ -10,6 +10,7 @@ constexpr char kUsage[] =
     "usage: shardlm <command> [flags]\n"
     "\n"
     "commands:\n"
+    "  bench      load-test a running server (throughput, latency)\n"
     "  generate   stream a completion for a prompt (local model or --server)\n"
     "  inspect    print a model file's config, tensors and tokenizer\n"
     "  launch     run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
@@ -24,6 +25,9 @@ int main(int argc, char** argv) {
       std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
     return argc < 2 ? 2 : 0;
+  }
+  if (std::strcmp(argv[1], "bench") == 0) {
+    return shardlm::BenchCommand(argc, argv);
   }
   if (std::strcmp(argv[1], "generate") == 0) {
     return shardlm::GenerateCommand(argc, argv);

@@ -13,7 +13,8 @@ APT_PACKAGES=(
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv
 )
-PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*)
+PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*
+  grpcio==1.85.* grpcio-tools==1.85.*)
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -36,7 +37,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "install-deps: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors" 2>/dev/null; then
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors, grpc, grpc_tools" 2>/dev/null; then
   echo "install-deps: pip installing ${PY_PACKAGES[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi

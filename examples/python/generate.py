@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""Streams a completion from a shardlm server over the public gRPC API.
+
+  python examples/python/generate.py --server 127.0.0.1:50051 \
+      --prompt "The capital of France is" --max-tokens 24
+
+The Python stubs are generated from proto/shardlm/v1/inference.proto with
+grpcio-tools on first use (and again whenever the .proto is newer) into
+--stubs-dir, by default examples/python/_generated/ (git-ignored).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROTO_ROOT = HERE.parent.parent / "proto"
+PROTO = "shardlm/v1/inference.proto"
+
+
+def load_stubs(stubs_dir: Path):
+    """Returns (inference_pb2, inference_pb2_grpc), generating them if needed."""
+    proto = PROTO_ROOT / PROTO
+    out = stubs_dir / "shardlm" / "v1"
+    pb2 = out / "inference_pb2.py"
+    pb2_grpc = out / "inference_pb2_grpc.py"
+    stale = (not pb2.exists() or not pb2_grpc.exists()
+             or pb2.stat().st_mtime < proto.stat().st_mtime)
+    if stale:
+        from grpc_tools import protoc  # grpcio-tools
+        stubs_dir.mkdir(parents=True, exist_ok=True)
+        rc = protoc.main([
+            "grpc_tools.protoc", f"-I{PROTO_ROOT}",
+            f"--python_out={stubs_dir}", f"--grpc_python_out={stubs_dir}",
+            str(proto)])
+        if rc != 0:
+            sys.exit(f"generate.py: protoc failed on {proto} (exit {rc})")
+    # The generated _grpc module imports `shardlm.v1.inference_pb2`;
+    # shardlm/ and shardlm/v1/ are namespace packages under stubs_dir.
+    sys.path.insert(0, str(stubs_dir))
+    return (importlib.import_module("shardlm.v1.inference_pb2"),
+            importlib.import_module("shardlm.v1.inference_pb2_grpc"))
+
+
+def chatml(user: str) -> str:
+    """The ChatML user turn SmolLM2-Instruct expects (as `shardlm generate --chat`)."""
+    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--server", required=True, help="HOST:PORT of shardlm serve")
+    ap.add_argument("--prompt", required=True, help="text to complete")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    ap.add_argument("--top-k", type=int, default=0, help="0 = off")
+    ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--chat", action="store_true",
+                    help="wrap the prompt as a ChatML user turn")
+    ap.add_argument("--timeout", type=float, default=300.0,
+                    help="deadline of the request in seconds")
+    ap.add_argument("--stubs-dir", type=Path,
+                    default=Path(os.environ.get("SHARDLM_PY_STUBS",
+                                                HERE / "_generated")),
+                    help="where the generated stubs are cached")
+    a = ap.parse_args()
+
+    import grpc
+    pb2, pb2_grpc = load_stubs(a.stubs_dir)
+
+    request = pb2.GenerateRequest(
+        prompt=chatml(a.prompt) if a.chat else a.prompt,
+        max_tokens=a.max_tokens,
+        ignore_eos=a.ignore_eos,
+        sampling=pb2.SamplingParams(temperature=a.temperature, top_k=a.top_k,
+                                    top_p=a.top_p, seed=a.seed))
+    out = sys.stdout.buffer
+    with grpc.insecure_channel(a.server) as channel:
+        stub = pb2_grpc.InferenceStub(channel)
+        try:
+            # One response per token; the last carries finish_reason and usage.
+            for response in stub.Generate(request, timeout=a.timeout):
+                out.write(response.text.encode("utf-8"))
+                out.flush()
+        except grpc.RpcError as e:
+            out.write(b"\n")
+            out.flush()
+            if e.code() == grpc.StatusCode.UNAVAILABLE:
+                print(f"generate.py: cannot reach the server at {a.server} "
+                      f"(UNAVAILABLE: {e.details()}; is `shardlm serve` "
+                      f"running there?)", file=sys.stderr)
+            else:
+                print(f"generate.py: {e.code().name} from {a.server}: "
+                      f"{e.details()}", file=sys.stderr)
+            return 1
+    out.write(b"\n")
+    out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""End-to-end check of the Python client example (examples/python/).
+
+1. `shardlm serve` starts on a free local port and becomes ready.
+2. `examples/python/generate.py` (its stubs generated from the .proto with
+   grpcio-tools into --stubs-dir) streams the same text as
+   `shardlm generate --server` for the same prompt and max tokens, plain
+   and with --chat.
+3. An unreachable server is a clear error: exit 1, naming the address.
+4. The server is always killed at the end.
+
+  check_python_client.py --shardlm BIN --gguf MODEL --example PY --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+FAILURES: list[str] = []
+
+
+def check(cond: bool, what: str) -> None:
+    print(("ok   " if cond else "FAIL ") + what)
+    if not cond:
+        FAILURES.append(what)
+
+
+def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--example", required=True, help="examples/python/generate.py")
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    stubs = os.path.join(a.workdir, "stubs")
+    shutil.rmtree(stubs, ignore_errors=True)  # Generated afresh every run.
+    example = [sys.executable, a.example, "--stubs-dir", stubs]
+
+    addr = f"127.0.0.1:{free_port()}"
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen", addr],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        remote = [a.shardlm, "generate", "--server", addr]
+        ready = False
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and server.poll() is None:
+            if run(remote + ["--prompt", "x", "--max-tokens", "1"]).returncode == 0:
+                ready = True
+                break
+            time.sleep(0.5)
+        check(ready, f"shardlm serve is ready on {addr}")
+        if not ready:
+            return 1
+
+        cases = [
+            ["--prompt", "The capital of France is", "--max-tokens", "24"],
+            ["--chat", "--prompt", "Name a planet.", "--max-tokens", "16"],
+            ["--prompt", "Once upon a time", "--max-tokens", "12",
+             "--ignore-eos"],
+        ]
+        for args in cases:
+            want = run(remote + args)
+            got = run(example + ["--server", addr] + args)
+            check(want.returncode == 0 and want.stdout.strip() != "",
+                  f"shardlm generate --server {args} exits 0 "
+                  f"({want.stderr.strip()})")
+            check(got.returncode == 0 and got.stdout == want.stdout,
+                  f"generate.py {args} equals it: got {got.stdout!r}, want "
+                  f"{want.stdout!r} ({got.stderr.strip()})")
+        check(os.path.exists(os.path.join(stubs, "shardlm", "v1",
+                                          "inference_pb2_grpc.py")),
+              f"stubs were generated into {stubs}")
+
+        nowhere = f"127.0.0.1:{free_port()}"
+        t0 = time.monotonic()
+        gone = run(example + ["--server", nowhere, "--prompt", "x"], timeout=60)
+        took = time.monotonic() - t0
+        check(gone.returncode == 1 and nowhere in gone.stderr
+              and "cannot reach" in gone.stderr
+              and "Traceback" not in gone.stderr and took < 20,
+              f"unreachable {nowhere}: exit {gone.returncode} in {took:.1f}s "
+              f"({gone.stderr.strip()})")
+        check(server.poll() is None, "the server is still running")
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+    print(f"{len(FAILURES)} failed" if FAILURES else "all python client checks passed")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
