@@ -14,6 +14,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
 #include "model/weight_source.h"
@@ -32,25 +33,10 @@ struct EngineOptions {
   // threads of this process (the cluster runs them on worker ranks).
   int tp = 1;
   int pp = 1;
-};
-
-struct GenerateRequest {
-  std::vector<int32_t> prompt;  // Token ids; at least one.
-  int32_t max_tokens = 16;
-  SamplingParams sampling;
-  std::vector<int32_t> stop_token_ids;  // Generation ends after one of these.
-  bool return_prompt_logits = false;    // Logits at the last prompt position.
-};
-
-enum class FinishReason { kLength, kStop, kCancelled };
-const char* FinishReasonName(FinishReason r);
-
-struct GenerateResult {
-  std::vector<int32_t> tokens;  // Generated tokens (including a stop token).
-  FinishReason finish_reason = FinishReason::kLength;
-  std::vector<float> prompt_logits;  // When asked for: [vocab].
-  double prefill_seconds = 0;        // Until the first generated token.
-  double decode_seconds = 0;         // From the first to the last token.
+  // Most sequences running at once, and most requests waiting for
+  // admission (Submit fails with ResourceExhausted beyond it).
+  int32_t max_seqs = 64;
+  int32_t max_queued = 256;
 };
 
 // Called with (request index, token) as each token is produced; returning
@@ -69,11 +55,24 @@ class Engine {
   const BlockManager& blocks() const { return blocks_; }
   const StepExecutor& executor() const { return *executor_; }
 
+  // Queues a request for the scheduler loop, which batches it with every
+  // other running request; thread-safe. InvalidArgument as for
+  // GenerateBatch ("request 0: ..."), ResourceExhausted when max_queued
+  // requests already wait. See RequestCallbacks for how it reports back.
+  absl::StatusOr<RequestId> Submit(GenerateRequest request,
+                                   RequestCallbacks callbacks);
+  // Ends a submitted request (kCancelled) within one step; thread-safe.
+  void Cancel(RequestId id) { scheduler_->Cancel(id); }
+  // Forward steps run so far.
+  int64_t steps() const { return scheduler_->steps(); }
+
   // Runs the requests together until each finishes. Requests are checked
   // up front (InvalidArgument naming the request and field; nothing runs
   // then). A request whose prompt plus max_tokens can never fit in the KV
   // cache is InvalidArgument with the numbers. Every block is returned
-  // before this returns, also on error.
+  // before this returns, also on error (the first error ends the batch).
+  // Thread-safe: concurrent batches share the scheduler's steps. on_token
+  // runs on the scheduler's thread.
   absl::StatusOr<std::vector<GenerateResult>> GenerateBatch(
       const std::vector<GenerateRequest>& requests,
       const TokenCallback& on_token = nullptr);
@@ -86,13 +85,20 @@ class Engine {
          EngineOptions options)
       : executor_(std::move(executor)),
         blocks_(std::move(blocks)),
-        options_(options) {}
+        options_(options),
+        scheduler_(std::make_unique<Scheduler>(
+            executor_.get(), &blocks_,
+            SchedulerOptions{.max_batched_tokens = options.max_batched_tokens,
+                             .max_seqs = options.max_seqs,
+                             .max_queued = options.max_queued})) {}
   absl::Status Validate(const std::vector<GenerateRequest>& requests) const;
+  absl::Status ValidateOne(const GenerateRequest& request) const;
 
   std::unique_ptr<StepExecutor> executor_;
   BlockManager blocks_;
   EngineOptions options_;
-  int64_t next_seq_id_ = 0;
+  // Last: its loop uses the members above and is joined first.
+  std::unique_ptr<Scheduler> scheduler_;
 };
 
 }  // namespace shardlm

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -102,6 +104,28 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   return req;
 }
 
+namespace {
+
+// Tokens of one request on their way from the scheduler's loop thread to
+// the RPC's thread. Shared: the loop may still hold its callbacks when the
+// RPC returns.
+struct Stream {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<int32_t> tokens;                          // Guarded by mu.
+  std::optional<absl::StatusOr<GenerateResult>> done;  // Guarded by mu.
+};
+
+absl::Time ToAbslDeadline(std::chrono::system_clock::time_point t) {
+  // gRPC reports "no deadline" as the far future.
+  if (t >= std::chrono::system_clock::now() + std::chrono::hours(24 * 365)) {
+    return absl::InfiniteFuture();
+  }
+  return absl::FromChrono(t);
+}
+
+}  // namespace
+
 grpc::Status InferenceService::Generate(
     grpc::ServerContext* context, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
@@ -111,68 +135,94 @@ grpc::Status InferenceService::Generate(
   if (absl::Status h = engine_->executor().Health(); !h.ok()) {
     return ToGrpcStatus(h);
   }
+  req->priority = request->priority();
+  req->deadline = ToAbslDeadline(context->deadline());
+  const int32_t max_tokens = req->max_tokens;
+  const int32_t prompt_tokens = static_cast<int32_t>(req->prompt.size());
+  const std::vector<int32_t> stops = req->stop_token_ids;
 
-  // One request at a time (see the class comment); stop waiting when the
-  // client goes away or its deadline passes.
-  std::unique_lock<std::timed_mutex> lock(engine_mu_, std::defer_lock);
-  while (!lock.try_lock_for(std::chrono::milliseconds(50))) {
-    if (context->IsCancelled()) {
-      return grpc::Status(grpc::StatusCode::CANCELLED,
-                          "cancelled while waiting for the engine");
-    }
-  }
+  // The scheduler batches this request with every other one in flight.
+  auto stream = std::make_shared<Stream>();
+  RequestCallbacks callbacks{
+      .on_token =
+          [stream](int32_t id) {
+            std::lock_guard<std::mutex> lock(stream->mu);
+            stream->tokens.push_back(id);
+            stream->cv.notify_all();
+            return true;
+          },
+      .on_done =
+          [stream](absl::StatusOr<GenerateResult> result) {
+            std::lock_guard<std::mutex> lock(stream->mu);
+            stream->done = std::move(result);
+            stream->cv.notify_all();
+          }};
+  absl::StatusOr<RequestId> id =
+      engine_->Submit(*std::move(req), std::move(callbacks));
+  if (!id.ok()) return ToGrpcStatus(id.status());
 
-  const std::vector<int32_t>& stops = req->stop_token_ids;
-  const auto is_stop = [&](int32_t id) {
-    return std::find(stops.begin(), stops.end(), id) != stops.end();
+  const auto is_stop = [&](int32_t t) {
+    return std::find(stops.begin(), stops.end(), t) != stops.end();
   };
   StreamingDetokenizer detok(tokenizer_);
   int32_t generated = 0;
   bool sent_final = false;
   bool client_gone = false;
-  absl::StatusOr<GenerateResult> result =
-      engine_->Generate(*req, [&](int32_t id) {
-        if (context->IsCancelled()) {
-          client_gone = true;
-          return false;
-        }
-        ++generated;
-        v1::GenerateResponse response;
-        response.add_token_ids(id);
-        // Stop tokens are reported by id but not printed.
-        const bool stop = is_stop(id);
-        if (!stop) response.set_text(detok.Push(id));
-        // The engine ends a request at a stop token or at max_tokens; the
-        // last token's response carries the finish (when this guess is
-        // ever wrong, a separate final response follows below).
-        if (stop || generated >= req->max_tokens) {
-          response.mutable_text()->append(detok.Finish());
-          response.set_finish_reason(stop ? "stop" : "length");
-          response.mutable_usage()->set_prompt_tokens(
-              static_cast<int32_t>(req->prompt.size()));
-          response.mutable_usage()->set_completion_tokens(generated);
-          sent_final = true;
-        }
-        if (!writer->Write(response)) {
-          client_gone = true;
-          return false;
-        }
-        return true;
-      });
+  absl::StatusOr<GenerateResult> result;
+  std::unique_lock<std::mutex> lock(stream->mu);
+  while (true) {
+    stream->cv.wait_for(lock, std::chrono::milliseconds(50), [&] {
+      return !stream->tokens.empty() || stream->done.has_value();
+    });
+    std::deque<int32_t> tokens;
+    tokens.swap(stream->tokens);
+    const bool finished = stream->done.has_value();
+    if (finished) result = std::move(*stream->done);
+    lock.unlock();
+    if (!client_gone && context->IsCancelled()) {
+      client_gone = true;
+      engine_->Cancel(*id);
+    }
+    for (int32_t t : tokens) {
+      if (client_gone) break;
+      ++generated;
+      v1::GenerateResponse response;
+      response.add_token_ids(t);
+      // Stop tokens are reported by id but not printed.
+      const bool stop = is_stop(t);
+      if (!stop) response.set_text(detok.Push(t));
+      // The engine ends a request at a stop token or at max_tokens; the last
+      // token's response carries the finish (when this guess is ever wrong,
+      // a separate final response follows below).
+      if (stop || generated >= max_tokens) {
+        response.mutable_text()->append(detok.Finish());
+        response.set_finish_reason(stop ? "stop" : "length");
+        response.mutable_usage()->set_prompt_tokens(prompt_tokens);
+        response.mutable_usage()->set_completion_tokens(generated);
+        sent_final = true;
+      }
+      if (!writer->Write(response)) {
+        client_gone = true;
+        engine_->Cancel(*id);
+      }
+    }
+    // After a cancel, wait for the end too: its blocks are free by then.
+    if (finished) break;
+    lock.lock();
+  }
+
   if (!result.ok()) return ToGrpcStatus(result.status());
   if (client_gone || result->finish_reason == FinishReason::kCancelled) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "the client cancelled the request");
   }
-  const char* reason = FinishReasonName(result->finish_reason);
-  const int32_t n = static_cast<int32_t>(result->tokens.size());
   if (!sent_final) {
     v1::GenerateResponse response;
     response.set_text(detok.Finish());
-    response.set_finish_reason(reason);
-    response.mutable_usage()->set_prompt_tokens(
-        static_cast<int32_t>(req->prompt.size()));
-    response.mutable_usage()->set_completion_tokens(n);
+    response.set_finish_reason(FinishReasonName(result->finish_reason));
+    response.mutable_usage()->set_prompt_tokens(prompt_tokens);
+    response.mutable_usage()->set_completion_tokens(
+        static_cast<int32_t>(result->tokens.size()));
     writer->Write(response);
   }
   return grpc::Status::OK;

@@ -35,10 +35,11 @@ struct ServiceOptions {
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
 // not owned and must outlive the service. All methods are thread-safe.
 //
-// The Engine is not thread-safe and GenerateBatch runs one batch to the end,
-// so Generate calls are serialized by a mutex: one request at a time.
-// Continuous batching across concurrent RPCs (a request queue feeding the
-// engine's scheduler loop) is later work.
+// Each Generate call submits its request to the engine's scheduler, which
+// batches it with every other request in flight, and streams the tokens as
+// the loop produces them. A client that cancels (or whose stream breaks)
+// cancels its request; the client's deadline becomes the request's
+// (DEADLINE_EXCEEDED); a full queue is RESOURCE_EXHAUSTED.
 class InferenceService final : public v1::Inference::Service {
  public:
   InferenceService(Engine* engine, const Tokenizer* tokenizer,
@@ -66,9 +67,6 @@ class InferenceService final : public v1::Inference::Service {
   const Tokenizer* tokenizer_;  // Not owned.
   std::string model_name_;
   ServiceOptions options_;
-  // Held for the whole of a Generate call (see the class comment). Timed so
-  // that a waiting client that cancels stops waiting.
-  std::timed_mutex engine_mu_;
 };
 
 struct ApiServerOptions {

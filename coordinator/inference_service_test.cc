@@ -8,6 +8,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <thread>
 
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -381,7 +382,7 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   EXPECT_EQ(engine_->blocks().used_blocks(), 0);
 }
 
-TEST_F(InferenceServiceTest, ConcurrentStreamsAreServedOneAtATime) {
+TEST_F(InferenceServiceTest, ConcurrentStreamsGetTheirOwnTokens) {
   v1::GenerateRequest req;
   req.set_prompt("same prompt");
   req.set_max_tokens(10);
@@ -396,6 +397,90 @@ TEST_F(InferenceServiceTest, ConcurrentStreamsAreServedOneAtATime) {
     const Streamed got = c.get();
     ASSERT_TRUE(got.status.ok()) << got.status.error_message();
     EXPECT_EQ(got.tokens, want.tokens);
+  }
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
+TEST_F(InferenceServiceTest, ConcurrentStreamsAreBatched) {
+  v1::GenerateRequest req;
+  req.set_prompt("ab");
+  req.set_max_tokens(12);  // With the prompt: one block each, 8 fit.
+  req.set_ignore_eos(true);
+  int64_t before = engine_->steps();
+  const Streamed one = Call(req);
+  ASSERT_TRUE(one.status.ok()) << one.status.error_message();
+  const int64_t one_steps = engine_->steps() - before;
+
+  // A request that holds the loop on its first token while the streams
+  // arrive, so that they start together.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::promise<absl::StatusOr<GenerateResult>> gate_done;
+  before = engine_->steps();
+  ASSERT_TRUE(engine_
+                  ->Submit({.prompt = {1}, .max_tokens = 2},
+                           {.on_token =
+                                [gate](int32_t) {
+                                  gate.wait();
+                                  return true;
+                                },
+                            .on_done =
+                                [&](absl::StatusOr<GenerateResult> r) {
+                                  gate_done.set_value(std::move(r));
+                                }})
+                  .ok());
+  std::vector<std::future<Streamed>> calls;
+  for (int i = 0; i < 8; ++i) {
+    calls.push_back(std::async(std::launch::async, [&] { return Call(req); }));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  release.set_value();
+  for (auto& c : calls) {
+    const Streamed got = c.get();
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, one.tokens);
+  }
+  EXPECT_TRUE(gate_done.get_future().get().ok());
+  const int64_t batched_steps = engine_->steps() - before;
+  EXPECT_LT(batched_steps, 3 * one_steps) << one_steps;
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
+TEST_F(InferenceServiceTest, ClientDeadlineIsDeadlineExceeded) {
+  v1::GenerateRequest req;
+  req.set_prompt("slow");
+  req.set_max_tokens(100);
+  req.set_ignore_eos(true);
+  // The loop is held past the client's deadline.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  std::promise<void> gate_done;
+  ASSERT_TRUE(engine_
+                  ->Submit({.prompt = {1}, .max_tokens = 2},
+                           {.on_token =
+                                [gate](int32_t) {
+                                  gate.wait();
+                                  return true;
+                                },
+                            .on_done =
+                                [&](absl::StatusOr<GenerateResult>) {
+                                  gate_done.set_value();
+                                }})
+                  .ok());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(200));
+  auto reader = stub_->Generate(&ctx, req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  release.set_value();
+  v1::GenerateResponse r;
+  while (reader->Read(&r)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  gate_done.get_future().wait();
+  // The server side ends within a step; its blocks come back.
+  for (int i = 0; i < 100 && engine_->blocks().used_blocks() > 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   EXPECT_EQ(engine_->blocks().used_blocks(), 0);
 }

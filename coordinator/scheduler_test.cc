@@ -1,0 +1,309 @@
+// The open-ended scheduler on a small random model: concurrent submissions
+// are batched without changing anyone's tokens, and cancellation, queue
+// limits, deadlines, priorities and failed steps end requests cleanly.
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <future>
+#include <mutex>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "coordinator/engine.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+
+namespace shardlm {
+namespace {
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.hidden = 96;
+  c.ffn_hidden = 160;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 301;
+  c.context_length = 512;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+// K and V, 3 layers, 16 tokens, 2 heads of 16 floats.
+constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 4;
+
+std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101) % 301);
+  return p;
+}
+
+// Collects on_done results of submitted requests; Wait() until all came.
+class Results {
+ public:
+  RequestCallbacks Callbacks(size_t slot,
+                             std::function<bool(int32_t)> on_token = nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_.size() <= slot) done_.resize(slot + 1);
+      ++expected_;
+    }
+    return {.on_token = std::move(on_token),
+            .on_done = [this, slot](absl::StatusOr<GenerateResult> r) {
+              std::lock_guard<std::mutex> lock(mu_);
+              done_[slot] = std::move(r);
+              order_.push_back(slot);
+              ++finished_;
+              cv_.notify_all();
+            }};
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(120),
+                             [&] { return finished_ == expected_; }));
+  }
+  const absl::StatusOr<GenerateResult>& operator[](size_t i) const {
+    return *done_[i];
+  }
+  std::vector<size_t> order() const { return order_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<absl::StatusOr<GenerateResult>>> done_;
+  std::vector<size_t> order_;
+  size_t expected_ = 0;
+  size_t finished_ = 0;
+};
+
+class SchedulerTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
+    options.threads = 1;
+    auto e = Engine::Create(*source_, options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+  std::unique_ptr<InMemoryWeights> source_ =
+      RandomLlamaWeights(TinyConfig(), 3);
+};
+
+TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 64; ++i) {
+    reqs.push_back(
+        {.prompt = Prompt(1 + (i * 97) % 300, i), .max_tokens = 3 + i % 7});
+  }
+  reqs[0].prompt = Prompt(300, 0);
+  reqs[5].sampling = {.temperature = 0.9f, .top_p = 0.9f, .seed = 11};
+
+  auto alone_engine = MakeEngine({});
+  std::vector<GenerateResult> alone;
+  int64_t alone_steps = 0;
+  for (const auto& r : reqs) {
+    const int64_t before = alone_engine->steps();
+    auto got = alone_engine->Generate(r);
+    ASSERT_TRUE(got.ok()) << got.status();
+    alone_steps += alone_engine->steps() - before;
+    alone.push_back(*got);
+  }
+
+  auto engine = MakeEngine(
+      {.kv_cache_bytes = 600 * kBlockBytes, .max_batched_tokens = 256});
+  Results results;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t i = t; i < reqs.size(); i += 4) {
+        auto id = engine->Submit(reqs[i], results.Callbacks(i));
+        EXPECT_TRUE(id.ok()) << id.status();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  results.Wait();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+    EXPECT_EQ(results[i]->tokens, alone[i].tokens) << "request " << i;
+  }
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  EXPECT_LT(engine->steps(), alone_steps / 2);
+}
+
+TEST_F(SchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
+  auto engine = MakeEngine({.kv_cache_bytes = 60 * kBlockBytes,
+                            .max_batched_tokens = 64,
+                            .max_seqs = 8});
+  Results results;
+  std::mt19937 rng(7);
+  std::vector<RequestId> ids;
+  for (int i = 0; i < 40; ++i) {
+    const int stop_after = static_cast<int>(rng() % 30);
+    std::function<bool(int32_t)> on_token;
+    if (i % 2 == 0) {  // Half cancel from their token callback.
+      auto seen = std::make_shared<int>(0);
+      on_token = [seen, stop_after](int32_t) { return ++*seen < stop_after; };
+    }
+    auto id =
+        engine->Submit({.prompt = Prompt(1 + static_cast<int>(rng() % 100), i),
+                        .max_tokens = 25},
+                       results.Callbacks(i, on_token));
+    ASSERT_TRUE(id.ok()) << id.status();
+    ids.push_back(*id);
+  }
+  // The other half by Cancel(), waiting or running.
+  for (size_t i = 1; i < ids.size(); i += 2) {
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+    engine->Cancel(ids[i]);
+  }
+  results.Wait();
+  int cancelled = 0;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    cancelled += results[i]->finish_reason == FinishReason::kCancelled;
+  }
+  EXPECT_GT(cancelled, 20);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(SchedulerTest, QueueOverflowIsResourceExhausted) {
+  auto engine = MakeEngine({.max_seqs = 1, .max_queued = 2});
+  std::promise<void> running;
+  std::atomic<bool> first{true};
+  Results results;
+  auto long_one = engine->Submit({.prompt = Prompt(4, 1), .max_tokens = 400},
+                                 results.Callbacks(0, [&](int32_t) {
+                                   if (first.exchange(false))
+                                     running.set_value();
+                                   return true;
+                                 }));
+  ASSERT_TRUE(long_one.ok()) << long_one.status();
+  running.get_future().wait();
+  for (int i = 1; i <= 2; ++i) {
+    auto id = engine->Submit({.prompt = Prompt(4, i), .max_tokens = 4},
+                             results.Callbacks(i));
+    ASSERT_TRUE(id.ok()) << id.status();
+  }
+  auto over = engine->Submit({.prompt = Prompt(4, 3), .max_tokens = 4}, {});
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted)
+      << over.status();
+  engine->Cancel(*long_one);
+  results.Wait();
+  EXPECT_EQ(results[0]->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(results[2]->tokens.size(), 4u);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(SchedulerTest, PassedDeadlinesAreDeadlineExceeded) {
+  auto engine = MakeEngine({});
+  auto past = engine->Generate({.prompt = Prompt(4, 1),
+                                .max_tokens = 4,
+                                .deadline = absl::Now() - absl::Seconds(1)});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << past.status();
+  // Running when it passes: slow tokens outlast a short deadline.
+  auto slow = engine->Generate(
+      {.prompt = Prompt(4, 1),
+       .max_tokens = 300,
+       .deadline = absl::Now() + absl::Milliseconds(100)},
+      [](int32_t) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        return true;
+      });
+  EXPECT_EQ(slow.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << slow.status();
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  auto fine = engine->Generate({.prompt = Prompt(4, 1), .max_tokens = 4});
+  EXPECT_TRUE(fine.ok()) << fine.status();
+}
+
+TEST_F(SchedulerTest, HigherPriorityIsAdmittedFirst) {
+  // 8 blocks; each request needs 7 (100 tokens): one at a time.
+  auto engine = MakeEngine({.kv_cache_bytes = 8 * kBlockBytes});
+  ASSERT_EQ(engine->blocks().num_blocks(), 8);
+  std::promise<void> submitted;
+  std::shared_future<void> gate = submitted.get_future().share();
+  Results results;
+  const auto req = [](int32_t priority) {
+    return GenerateRequest{
+        .prompt = Prompt(60, 2), .max_tokens = 40, .priority = priority};
+  };
+  // The first request runs, and holds the loop on its first token until the
+  // others wait behind it.
+  std::promise<void> started;
+  std::atomic<bool> first{true};
+  ASSERT_TRUE(
+      engine
+          ->Submit(req(0), results.Callbacks(0,
+                                             [&, gate](int32_t) {
+                                               if (first.exchange(false)) {
+                                                 started.set_value();
+                                               }
+                                               gate.wait();
+                                               return true;
+                                             }))
+          .ok());
+  started.get_future().wait();
+  const int32_t priorities[] = {0, 5, 2, 5, -1};
+  for (size_t i = 0; i < 5; ++i) {
+    ASSERT_TRUE(
+        engine->Submit(req(priorities[i]), results.Callbacks(i + 1)).ok());
+  }
+  submitted.set_value();
+  results.Wait();
+  EXPECT_EQ(results.order(), (std::vector<size_t>{0, 2, 4, 3, 1, 5}));
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+// Fails the first step that carries `fail_at_seqs` sequences, as a lost
+// worker would.
+class FlakyExecutor : public StepExecutor {
+ public:
+  FlakyExecutor(std::unique_ptr<StepExecutor> inner, size_t fail_at_seqs)
+      : inner_(std::move(inner)), fail_at_seqs_(fail_at_seqs) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    if (!failed_ && step.seq_ids.size() == fail_at_seqs_) {
+      failed_ = true;
+      return absl::UnavailableError("rank 1 was lost");
+    }
+    return inner_->Forward(step);
+  }
+  void Release(int64_t seq_id) override { inner_->Release(seq_id); }
+
+ private:
+  std::unique_ptr<StepExecutor> inner_;
+  size_t fail_at_seqs_;
+  bool failed_ = false;
+};
+
+TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
+  auto inner = CreateInProcessExecutor(*source_, {});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto engine =
+      Engine::Create(std::make_unique<FlakyExecutor>(std::move(*inner), 3), {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<GenerateRequest> reqs(
+      3, {.prompt = Prompt(10, 4), .max_tokens = 50});
+  Results results;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE((*engine)->Submit(reqs[i], results.Callbacks(i)).ok());
+  }
+  results.Wait();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ(results[i].status().code(), absl::StatusCode::kUnavailable)
+        << results[i].status();
+  }
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  auto next = (*engine)->Generate({.prompt = Prompt(5, 1), .max_tokens = 5});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->tokens.size(), 5u);
+}
+
+}  // namespace
+}  // namespace shardlm
