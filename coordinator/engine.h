@@ -65,6 +65,7 @@ class Engine {
   void Cancel(RequestId id) { scheduler_->Cancel(id); }
   // Forward steps run so far.
   int64_t steps() const { return scheduler_->steps(); }
+  int64_t waiting_requests() const { return scheduler_->waiting(); }
 
   // Runs the requests together until each finishes. Requests are checked
   // up front (InvalidArgument naming the request and field; nothing runs

@@ -417,10 +417,13 @@ TEST_F(InferenceServiceTest, ConcurrentStreamsAreBatched) {
   std::shared_future<void> gate = release.get_future().share();
   std::promise<absl::StatusOr<GenerateResult>> gate_done;
   before = engine_->steps();
+  std::promise<void> held;  // The loop is inside the gate's callback.
+  std::atomic<bool> first{true};
   ASSERT_TRUE(engine_
                   ->Submit({.prompt = {1}, .max_tokens = 2},
                            {.on_token =
-                                [gate](int32_t) {
+                                [gate, &held, &first](int32_t) {
+                                  if (first.exchange(false)) held.set_value();
                                   gate.wait();
                                   return true;
                                 },
@@ -429,11 +432,17 @@ TEST_F(InferenceServiceTest, ConcurrentStreamsAreBatched) {
                                   gate_done.set_value(std::move(r));
                                 }})
                   .ok());
+  held.get_future().wait();
   std::vector<std::future<Streamed>> calls;
   for (int i = 0; i < 8; ++i) {
     calls.push_back(std::async(std::launch::async, [&] { return Call(req); }));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // All 8 wait behind the held loop before it goes on (a slow machine may
+  // take a while to issue them).
+  for (int i = 0; i < 3000 && engine_->waiting_requests() < 8; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(engine_->waiting_requests(), 8);
   release.set_value();
   for (auto& c : calls) {
     const Streamed got = c.get();

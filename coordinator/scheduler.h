@@ -94,6 +94,11 @@ class Scheduler {
   void Cancel(RequestId id);
   // Steps run so far (for tests and metrics).
   int64_t steps() const { return steps_.load(); }
+  // Requests waiting for admission (for tests and metrics).
+  int64_t waiting() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int64_t>(waiting_.size());
+  }
 
  private:
   struct Sequence;
@@ -115,7 +120,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::atomic<int64_t> steps_{0};
 
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;                          // Guarded by mu_.
   RequestId next_id_ = 0;                          // Guarded by mu_.
