@@ -25,8 +25,8 @@ absl::StatusOr<const TensorInfo*> WeightSource::Require(
   }
   if (t->shape != shape) {
     return absl::InvalidArgumentError(
-        absl::StrCat("tensor '", Sv(name), "' has shape ", ShapeString(t->shape),
-                     ", expected ", ShapeString(shape)));
+        absl::StrCat("tensor '", Sv(name), "' has shape ",
+                     ShapeString(t->shape), ", expected ", ShapeString(shape)));
   }
   return t;
 }
@@ -38,8 +38,8 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenWeights(
     return OpenSafetensorsWeights(path);
   }
   if (!std::filesystem::exists(path, ec)) {
-    return absl::NotFoundError(absl::StrCat("model path ", path,
-                                            " does not exist"));
+    return absl::NotFoundError(
+        absl::StrCat("model path ", path, " does not exist"));
   }
   return OpenGgufWeights(path);
 }

@@ -20,38 +20,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 
-FAILURES: list[str] = []
-
-
-def check(cond: bool, what: str) -> None:
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
-
-
-def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_ready(shardlm: str, addr: str, server: subprocess.Popen) -> bool:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and server.poll() is None:
-        if run([shardlm, "generate", "--server", addr, "--prompt", "x",
-                "--max-tokens", "1"]).returncode == 0:
-            return True
-        time.sleep(0.5)
-    return False
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, free_port, run, wait_ready  # noqa: E402
 
 
 def check_level(level: dict, want_c: int, requests: int, max_tokens: int) -> None:

@@ -25,17 +25,8 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 import hf_tokenizer  # noqa: E402
 
-FAILURES: list[str] = []
-
-
-def check(cond: bool, what: str) -> None:
-    print(("ok   " if cond else "FAIL ") + what)
-    if not cond:
-        FAILURES.append(what)
-
-
-def run(cmd: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, run  # noqa: E402
 
 
 def main() -> int:

@@ -24,14 +24,15 @@ import argparse
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 
-FAILURES: list[str] = []
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, free_port  # noqa: E402
+
 MPIRUN = ["mpirun", "--oversubscribe", "--enable-recovery"]
 if os.geteuid() == 0:
     MPIRUN.insert(1, "--allow-run-as-root")
@@ -39,18 +40,6 @@ if os.geteuid() == 0:
 PROMPTS = ["The capital of France is",
            "def fibonacci(n):\n    ",
            "<|im_start|>user\nName three colors.<|im_end|>\n<|im_start|>assistant\n"]
-
-
-def check(cond: bool, what: str) -> None:
-    print(("ok   " if cond else "FAIL ") + what, flush=True)
-    if not cond:
-        FAILURES.append(what)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Cluster:

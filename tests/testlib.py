@@ -1,0 +1,43 @@
+"""Helpers shared by the end-to-end test scripts (tests/cli, tests/cluster):
+a check that records failures, subprocess runs with timeouts, free ports,
+and waiting for a shardlm server to answer."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import time
+
+FAILURES: list[str] = []
+
+
+def check(cond: bool, what: str) -> None:
+    """Prints ok/FAIL for one expectation and records a failure."""
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        FAILURES.append(what)
+
+
+def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_ready(shardlm: str, addr: str, server: subprocess.Popen,
+               timeout: float = 120) -> bool:
+    """True once `shardlm generate --server addr` answers a 1-token request
+    (it fails fast while nothing listens); False if the server exits or the
+    timeout passes."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and server.poll() is None:
+        if run([shardlm, "generate", "--server", addr, "--prompt", "x",
+                "--max-tokens", "1"]).returncode == 0:
+            return True
+        time.sleep(0.2)
+    return False
