@@ -41,3 +41,25 @@ def wait_ready(shardlm: str, addr: str, server: subprocess.Popen,
             return True
         time.sleep(0.2)
     return False
+
+
+def start_serve(shardlm: str, model: str, **popen_kwargs):
+    """Starts `shardlm serve` on a free local port; returns (process, addr).
+    Output goes to /dev/null unless popen_kwargs say otherwise."""
+    addr = f"127.0.0.1:{free_port()}"
+    popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
+    popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [shardlm, "serve", "--model", model, "--listen", addr],
+        stdin=subprocess.DEVNULL, **popen_kwargs)
+    return server, addr
+
+
+def stop(server: subprocess.Popen) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 20 s."""
+    server.terminate()
+    try:
+        server.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server.wait()

@@ -25,7 +25,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run, wait_ready  # noqa: E402
+from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
 
 
 def check_level(level: dict, want_c: int, requests: int, max_tokens: int) -> None:
@@ -69,10 +69,7 @@ def main() -> int:
     if os.path.exists(out):
         os.remove(out)
 
-    addr = f"127.0.0.1:{free_port()}"
-    server = subprocess.Popen(
-        [a.shardlm, "serve", "--model", a.gguf, "--listen", addr],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, addr = start_serve(a.shardlm, a.gguf)
     try:
         ready = wait_ready(a.shardlm, addr, server)
         check(ready, f"shardlm serve is ready on {addr}")
@@ -135,12 +132,7 @@ def main() -> int:
               f"({gone.stderr.strip()})")
         check(server.poll() is None, "the server is still running")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
     print(f"{len(FAILURES)} failed" if FAILURES else "all bench checks passed")
     return 1 if FAILURES else 0
 

@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run  # noqa: E402
+from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
 
 
 def main() -> int:
@@ -36,19 +36,10 @@ def main() -> int:
     shutil.rmtree(stubs, ignore_errors=True)  # Generated afresh every run.
     example = [sys.executable, a.example, "--stubs-dir", stubs]
 
-    addr = f"127.0.0.1:{free_port()}"
-    server = subprocess.Popen(
-        [a.shardlm, "serve", "--model", a.gguf, "--listen", addr],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    server, addr = start_serve(a.shardlm, a.gguf)
     try:
         remote = [a.shardlm, "generate", "--server", addr]
-        ready = False
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and server.poll() is None:
-            if run(remote + ["--prompt", "x", "--max-tokens", "1"]).returncode == 0:
-                ready = True
-                break
-            time.sleep(0.5)
+        ready = wait_ready(a.shardlm, addr, server)
         check(ready, f"shardlm serve is ready on {addr}")
         if not ready:
             return 1
@@ -83,12 +74,7 @@ def main() -> int:
               f"({gone.stderr.strip()})")
         check(server.poll() is None, "the server is still running")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
     print(f"{len(FAILURES)} failed" if FAILURES else "all python client checks passed")
     return 1 if FAILURES else 0
 

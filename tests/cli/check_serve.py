@@ -21,7 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run  # noqa: E402
+from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
 
 
 def main() -> int:
@@ -30,20 +30,12 @@ def main() -> int:
     ap.add_argument("--gguf", required=True)
     a = ap.parse_args()
 
-    addr = f"127.0.0.1:{free_port()}"
-    server = subprocess.Popen(
-        [a.shardlm, "serve", "--model", a.gguf, "--listen", addr],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    server, addr = start_serve(a.shardlm, a.gguf, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
     try:
         # 1. Ready once a one-token request succeeds.
         remote = [a.shardlm, "generate", "--server", addr]
-        ready = False
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and server.poll() is None:
-            if run(remote + ["--prompt", "x", "--max-tokens", "1"]).returncode == 0:
-                ready = True
-                break
-            time.sleep(0.5)
+        ready = wait_ready(a.shardlm, addr, server)
         check(ready, f"shardlm serve is ready on {addr}")
         if not ready:
             return 1
@@ -83,12 +75,7 @@ def main() -> int:
               f"({gone.stderr.strip()})")
         check(server.poll() is None, "the server is still running")
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server)
     check(server.returncode == 0,
           f"SIGTERM stops the server cleanly (exit {server.returncode})")
     print(f"{len(FAILURES)} failed" if FAILURES else "all serve checks passed")
