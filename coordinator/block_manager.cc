@@ -1,37 +1,187 @@
 #include "coordinator/block_manager.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "core/check.h"
 
 namespace shardlm {
+namespace {
 
-BlockManager::BlockManager(int32_t num_blocks, int32_t block_size)
-    : num_blocks_(num_blocks), block_size_(block_size) {
-  SHARDLM_CHECK(num_blocks >= 0 && block_size > 0, "num_blocks=", num_blocks,
+constexpr uint64_t kRootKey = 0x9e3779b97f4a7c15ull;
+
+uint64_t Mix(uint64_t h) {  // splitmix64's finalizer.
+  h ^= h >> 30;
+  h *= 0xbf58476d1ce4e5b9ull;
+  h ^= h >> 27;
+  h *= 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+// The key of a full block: its parent's key and its tokens.
+uint64_t BlockKey(uint64_t parent, absl::Span<const int32_t> tokens) {
+  uint64_t h = Mix(parent);
+  for (int32_t t : tokens) h = Mix(h ^ static_cast<uint32_t>(t));
+  return h;
+}
+
+}  // namespace
+
+BlockManager::BlockManager(int32_t device_blocks, int32_t block_size,
+                           int32_t host_blocks, bool prefix_caching)
+    : device_blocks_(device_blocks),
+      host_blocks_(host_blocks),
+      block_size_(block_size),
+      prefix_caching_(prefix_caching) {
+  SHARDLM_CHECK(device_blocks >= 0 && host_blocks >= 0 && block_size > 0,
+                "device_blocks=", device_blocks, " host_blocks=", host_blocks,
                 " block_size=", block_size);
-  free_.reserve(num_blocks);
-  for (int32_t b = num_blocks - 1; b >= 0; --b) free_.push_back(b);
+  blocks_.resize(static_cast<size_t>(device_blocks) + host_blocks);
+  device_free_.reserve(device_blocks);
+  for (int32_t b = device_blocks - 1; b >= 0; --b) device_free_.push_back(b);
+  host_free_.reserve(host_blocks);
+  for (int32_t b = device_blocks + host_blocks - 1; b >= device_blocks; --b) {
+    host_free_.push_back(b);
+  }
 }
 
 int64_t BlockManager::BlocksFor(int64_t tokens) const {
   return (tokens + block_size_ - 1) / block_size_;
 }
 
+TierUsage BlockManager::device_usage() const {
+  TierUsage u{.total = device_blocks_,
+              .cached = static_cast<int32_t>(device_lru_.size()),
+              .free = static_cast<int32_t>(device_free_.size())};
+  u.used = u.total - u.cached - u.free;
+  return u;
+}
+
+TierUsage BlockManager::host_usage() const {
+  TierUsage u{
+      .total = host_blocks_,
+      .cached = static_cast<int32_t>(host_lru_.size()),
+      .free = static_cast<int32_t>(host_free_.size() + host_held_.size())};
+  u.used = u.total - u.cached - u.free;
+  return u;
+}
+
+int32_t BlockManager::used_blocks() const {
+  return device_usage().used + host_usage().used;
+}
+
+int32_t BlockManager::DeviceAvailable() const {
+  return static_cast<int32_t>(device_free_.size() + device_lru_.size());
+}
+
+int32_t BlockManager::HostAvailable() const {
+  return static_cast<int32_t>(host_free_.size() + host_lru_.size());
+}
+
+void BlockManager::Unkey(int32_t b) {
+  Block& blk = blocks_[b];
+  if (!blk.keyed) return;
+  auto it = by_key_.find(blk.key);
+  if (it != by_key_.end() && it->second == b) by_key_.erase(it);
+  blk.keyed = false;
+  blk.tokens.clear();
+}
+
+void BlockManager::Uncache(int32_t b) {
+  LruOf(b).erase({blocks_[b].last_use, b});
+}
+
+void BlockManager::Rekey(int32_t from, int32_t to) {
+  Block& f = blocks_[from];
+  Block& t = blocks_[to];
+  t.keyed = true;
+  t.key = f.key;
+  t.tokens = std::move(f.tokens);
+  t.last_use = f.last_use;
+  f.keyed = false;
+  f.tokens.clear();
+  by_key_[t.key] = to;
+}
+
+int32_t BlockManager::TakeHost() {
+  int32_t h = -1;
+  if (!host_free_.empty()) {
+    h = host_free_.back();
+    host_free_.pop_back();
+  } else if (!host_lru_.empty()) {
+    h = host_lru_.begin()->second;
+    host_lru_.erase(host_lru_.begin());
+    Unkey(h);
+    ++counters_.dropped;
+  } else {
+    return -1;
+  }
+  blocks_[h].refs = 1;
+  return h;
+}
+
+int32_t BlockManager::TakeDevice() {
+  int32_t d = -1;
+  if (!device_free_.empty()) {
+    d = device_free_.back();
+    device_free_.pop_back();
+  } else if (!device_lru_.empty()) {
+    d = device_lru_.begin()->second;
+    device_lru_.erase(device_lru_.begin());
+    // Spill to the host when it has a free block or a cached one used
+    // longer ago than this one; drop it otherwise.
+    int32_t h = -1;
+    if (!host_free_.empty()) {
+      h = host_free_.back();
+      host_free_.pop_back();
+    } else if (!host_lru_.empty() &&
+               host_lru_.begin()->first < blocks_[d].last_use) {
+      h = host_lru_.begin()->second;
+      host_lru_.erase(host_lru_.begin());
+      Unkey(h);
+      ++counters_.dropped;
+    }
+    if (h >= 0) {
+      copies_.push_back({d, h});
+      Rekey(d, h);
+      host_lru_.insert({blocks_[h].last_use, h});
+      ++counters_.spilled;
+    } else {
+      Unkey(d);
+      ++counters_.dropped;
+    }
+  } else {
+    return -1;
+  }
+  blocks_[d].refs = 1;
+  return d;
+}
+
+void BlockManager::Unref(int32_t b) {
+  Block& blk = blocks_[b];
+  SHARDLM_CHECK(blk.refs > 0, "block ", b, " freed twice");
+  if (--blk.refs > 0) return;
+  if (blk.keyed) {
+    LruOf(b).insert({blk.last_use, b});
+  } else if (IsHost(b)) {
+    host_held_.push_back(b);
+  } else {
+    device_free_.push_back(b);
+  }
+}
+
 absl::Status BlockManager::Reserve(int64_t seq, int64_t tokens) {
   std::vector<int32_t>& table = tables_[seq];
   const int64_t need = BlocksFor(tokens) - static_cast<int64_t>(table.size());
   if (need <= 0) return absl::OkStatus();
-  if (need > static_cast<int64_t>(free_.size())) {
+  if (need > DeviceAvailable()) {
     if (table.empty()) tables_.erase(seq);
-    return absl::ResourceExhaustedError(
-        absl::StrCat("KV cache: ", tokens, " tokens need ", need,
-                     " more blocks of ", block_size_, " but only ",
-                     free_.size(), " of ", num_blocks_, " are free"));
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "KV cache: ", tokens, " tokens need ", need, " more blocks of ",
+        block_size_, " but only ", DeviceAvailable(), " of ", device_blocks_,
+        " device blocks are available"));
   }
-  for (int64_t i = 0; i < need; ++i) {
-    table.push_back(free_.back());
-    free_.pop_back();
-  }
+  for (int64_t i = 0; i < need; ++i) table.push_back(TakeDevice());
   return absl::OkStatus();
 }
 
@@ -41,13 +191,159 @@ const std::vector<int32_t>& BlockManager::Table(int64_t seq) const {
   return it == tables_.end() ? kEmpty : it->second;
 }
 
+int32_t BlockManager::HostBlocksOf(int64_t seq) const {
+  const std::vector<int32_t>& t = Table(seq);
+  return static_cast<int32_t>(
+      std::count_if(t.begin(), t.end(), [&](int32_t b) { return IsHost(b); }));
+}
+
+int32_t BlockManager::DeviceBlocksOf(int64_t seq) const {
+  return static_cast<int32_t>(Table(seq).size()) - HostBlocksOf(seq);
+}
+
 void BlockManager::Free(int64_t seq) {
   auto it = tables_.find(seq);
   if (it == tables_.end()) return;
-  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) {
-    free_.push_back(*b);
-  }
+  for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) Unref(*b);
   tables_.erase(it);
+}
+
+int32_t BlockManager::SwapOut(int64_t seq, int32_t max_blocks,
+                              int32_t keep_last) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return 0;
+  std::vector<int32_t>& table = it->second;
+  int32_t moved = 0;
+  const int64_t end = static_cast<int64_t>(table.size()) - keep_last;
+  for (int64_t i = 0; i < end && moved < max_blocks; ++i) {
+    const int32_t d = table[i];
+    if (IsHost(d)) continue;
+    const int32_t h = TakeHost();
+    if (h < 0) break;
+    copies_.push_back({d, h});
+    table[i] = h;
+    Unref(d);  // A keyed block stays cached on the device.
+    ++moved;
+  }
+  counters_.swapped_out += moved;
+  return moved;
+}
+
+int32_t BlockManager::SwapIn(int64_t seq, int32_t max_blocks) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return 0;
+  std::vector<int32_t>& table = it->second;
+  int32_t moved = 0;
+  for (size_t i = 0; i < table.size() && moved < max_blocks; ++i) {
+    const int32_t h = table[i];
+    if (!IsHost(h)) continue;
+    const int32_t d = TakeDevice();
+    if (d < 0) break;
+    copies_.push_back({h, d});
+    table[i] = d;
+    Unref(h);
+    ++moved;
+  }
+  counters_.swapped_in += moved;
+  return moved;
+}
+
+int64_t BlockManager::AttachPrefix(int64_t seq,
+                                   absl::Span<const int32_t> tokens,
+                                   int64_t max_tokens) {
+  if (!prefix_caching_) return 0;
+  counters_.prefix_queries += static_cast<int64_t>(tokens.size());
+  std::vector<int32_t>& table = tables_[seq];
+  if (!table.empty()) return 0;
+  const int64_t full =
+      std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) /
+      block_size_;
+  uint64_t parent = kRootKey;
+  for (int64_t k = 0; k < full; ++k) {
+    const auto slice = tokens.subspan(k * block_size_, block_size_);
+    const uint64_t key = BlockKey(parent, slice);
+    auto it = by_key_.find(key);
+    if (it == by_key_.end()) break;
+    int32_t b = it->second;
+    Block& blk = blocks_[b];
+    if (!std::equal(slice.begin(), slice.end(), blk.tokens.begin(),
+                    blk.tokens.end())) {
+      break;  // A key collision: treat as a miss.
+    }
+    if (blk.refs == 0) Uncache(b);
+    ++blk.refs;  // Pinned: no eviction below may take it.
+    if (IsHost(b)) {
+      const int32_t d = TakeDevice();
+      if (d < 0) {
+        Unref(b);
+        break;
+      }
+      copies_.push_back({b, d});
+      Rekey(b, d);
+      Unref(b);  // Unkeyed now: held back until the copy ran.
+      ++counters_.swapped_in;
+      b = d;
+    }
+    blocks_[b].last_use = ++tick_;
+    table.push_back(b);
+    parent = key;
+  }
+  if (table.empty()) tables_.erase(seq);
+  const int64_t hit = static_cast<int64_t>(table.size()) * block_size_;
+  counters_.prefix_hit_tokens += hit;
+  return hit;
+}
+
+void BlockManager::CacheFullBlocks(int64_t seq,
+                                   absl::Span<const int32_t> tokens,
+                                   int64_t computed) {
+  if (!prefix_caching_) return;
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  const std::vector<int32_t>& table = it->second;
+  const int64_t full = std::min<int64_t>(
+      std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) /
+          block_size_,
+      static_cast<int64_t>(table.size()));
+  uint64_t parent = kRootKey;
+  for (int64_t k = 0; k < full; ++k) {
+    const auto slice = tokens.subspan(k * block_size_, block_size_);
+    const uint64_t key = BlockKey(parent, slice);
+    parent = key;
+    Block& blk = blocks_[table[k]];
+    blk.last_use = ++tick_;
+    if (blk.keyed || by_key_.contains(key)) continue;
+    blk.keyed = true;
+    blk.key = key;
+    blk.tokens.assign(slice.begin(), slice.end());
+    by_key_[key] = table[k];
+  }
+}
+
+void BlockManager::DropCache() {
+  for (auto& [key, b] : by_key_) {
+    Block& blk = blocks_[b];
+    blk.keyed = false;
+    blk.tokens.clear();
+    if (blk.refs == 0) {
+      Uncache(b);
+      if (IsHost(b)) {
+        host_free_.push_back(b);
+      } else {
+        device_free_.push_back(b);
+      }
+    }
+    ++counters_.dropped;
+  }
+  by_key_.clear();
+}
+
+std::vector<BlockCopy> BlockManager::TakeCopies() {
+  std::vector<BlockCopy> out;
+  out.swap(copies_);
+  host_free_.insert(host_free_.end(), host_held_.begin(), host_held_.end());
+  host_held_.clear();
+  return out;
 }
 
 }  // namespace shardlm

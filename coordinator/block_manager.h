@@ -1,43 +1,156 @@
-// Block manager: the only owner of KV block tables.
+// Block manager: the only owner of KV block tables (DESIGN.md section 4).
 //
 // Plain bookkeeping with no device or network dependency. Block ids index
-// every worker's KV pool identically.
+// every worker's KV pool identically, in one address space over two tiers:
+// ids [0, device_blocks) are the device pool, ids [device_blocks,
+// device_blocks + host_blocks) the host (CPU offload) pool. A table may
+// mix tiers; new blocks are always taken from the device.
+//
+// Data moves between tiers only through BlockCopy operations, which this
+// class records in order and the caller hands to the workers with the next
+// step (TakeCopies); workers run them in that order before the step's
+// compute. Two rules make every order safe: a block freed while building a
+// plan is reused only after its copies ran (host blocks freed here are held
+// back until TakeCopies), and a device block is reused only after the copy
+// that reads it (copies run in the order they were recorded).
+//
+// Prefix caching: a full block is keyed by a hash of (its parent block's
+// key, its tokens). A freed block that has a key stays cached, least
+// recently used first out; a device block evicted while the host has room
+// (free, or cached blocks older than it) spills there before being dropped.
 #ifndef SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 #define SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 
 #include <cstdint>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 
+// Cumulative counters.
+struct BlockCounters {
+  int64_t swapped_out = 0;  // Blocks copied device -> host for sequences.
+  int64_t swapped_in = 0;   // Blocks copied host -> device for sequences.
+  int64_t spilled = 0;      // Cached blocks moved device -> host on eviction.
+  int64_t dropped = 0;      // Cached blocks dropped from the cache.
+  int64_t prefix_queries = 0;     // Prompt tokens looked up.
+  int64_t prefix_hit_tokens = 0;  // Of those, found in the cache.
+};
+
+// How full each tier is. used: held by sequences; cached: unused but kept
+// for prefix hits (allocatable); free: neither.
+struct TierUsage {
+  int32_t total = 0, used = 0, cached = 0, free = 0;
+};
+
 class BlockManager {
  public:
-  BlockManager(int32_t num_blocks, int32_t block_size);
+  BlockManager(int32_t device_blocks, int32_t block_size,
+               int32_t host_blocks = 0, bool prefix_caching = false);
 
   int32_t block_size() const { return block_size_; }
-  int32_t num_blocks() const { return num_blocks_; }
-  int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
-  int32_t used_blocks() const { return num_blocks_ - free_blocks(); }
+  // Device blocks (the pool every step computes in).
+  int32_t num_blocks() const { return device_blocks_; }
+  int32_t num_host_blocks() const { return host_blocks_; }
+  bool prefix_caching() const { return prefix_caching_; }
+  bool IsHost(int32_t block) const { return block >= device_blocks_; }
+  // Blocks held by sequences, both tiers (cached blocks are not held).
+  int32_t used_blocks() const;
+  TierUsage device_usage() const;
+  TierUsage host_usage() const;
+  const BlockCounters& counters() const { return counters_; }
   // Blocks needed to hold `tokens` tokens.
   int64_t BlocksFor(int64_t tokens) const;
 
-  // Grows the table of `seq` (created when new) to hold `tokens` tokens.
-  // ResourceExhausted, with nothing allocated, when too few blocks are
-  // free. Tables never shrink while the sequence lives.
+  // Device blocks a Reserve can take now: free or cached.
+  int32_t DeviceAvailable() const;
+  // Host blocks a swap-out can take now: free (not held back) or cached.
+  int32_t HostAvailable() const;
+
+  // Grows the table of `seq` (created when new) to hold `tokens` tokens
+  // with new device blocks (evicting cached ones, spilling them to the host
+  // where it has room). ResourceExhausted, with nothing changed, when too
+  // few device blocks are available. Tables never shrink while the
+  // sequence lives.
   absl::Status Reserve(int64_t seq, int64_t tokens);
   // Empty for an unknown sequence.
   const std::vector<int32_t>& Table(int64_t seq) const;
-  // Returns all blocks of `seq`; unknown sequences are ignored.
+  int32_t HostBlocksOf(int64_t seq) const;
+  int32_t DeviceBlocksOf(int64_t seq) const;
+  // Returns all blocks of `seq` (cached ones stay cached); unknown
+  // sequences are ignored.
   void Free(int64_t seq);
 
+  // Moves up to `max_blocks` of the device blocks of `seq`, oldest first
+  // and never among its last `keep_last` table entries, to the host.
+  // Returns how many moved (fewer when the host fills up).
+  int32_t SwapOut(int64_t seq, int32_t max_blocks, int32_t keep_last = 0);
+  // Moves up to `max_blocks` host blocks of `seq` to the device, oldest
+  // first. Returns how many moved (fewer when the device fills up).
+  int32_t SwapIn(int64_t seq, int32_t max_blocks);
+
+  // For a sequence with no table yet: attaches the longest run of cached
+  // full blocks that hold tokens[0, k * block_size) for k * block_size <=
+  // max_tokens, copying host-cached ones to the device (while it has room).
+  // Returns the tokens attached (whose KV need not be computed). 0 when
+  // prefix caching is off.
+  int64_t AttachPrefix(int64_t seq, absl::Span<const int32_t> tokens,
+                       int64_t max_tokens);
+  // Records the full blocks of `seq` holding tokens[0, computed) (whose KV
+  // is computed) in the prefix cache. No-op when prefix caching is off.
+  void CacheFullBlocks(int64_t seq, absl::Span<const int32_t> tokens,
+                       int64_t computed);
+  // Forgets every cached block (their contents may be bad after a failed
+  // step).
+  void DropCache();
+
+  // The copies recorded since the last call, in order; host blocks freed
+  // before this call become reusable.
+  std::vector<BlockCopy> TakeCopies();
+  bool has_copies() const { return !copies_.empty(); }
+
  private:
-  int32_t num_blocks_;
+  struct Block {
+    int32_t refs = 0;
+    bool keyed = false;
+    uint64_t key = 0;
+    uint64_t last_use = 0;        // For LRU among cached blocks.
+    std::vector<int32_t> tokens;  // Keyed blocks: their tokens (exact match).
+  };
+  using Lru = std::set<std::pair<uint64_t, int32_t>>;  // (last_use, block)
+
+  // A block for a sequence (refs = 1) from the tier's free list or by
+  // evicting its least recently used cached block; -1 when neither.
+  int32_t TakeDevice();
+  int32_t TakeHost();
+  // Drops a reference; an unreferenced block goes to its cache or free list.
+  void Unref(int32_t b);
+  // Removes a cached (unreferenced, keyed) block from its cache.
+  void Uncache(int32_t b);
+  void Unkey(int32_t b);
+  void Rekey(int32_t from, int32_t to);
+  Lru& LruOf(int32_t b) { return IsHost(b) ? host_lru_ : device_lru_; }
+
+  int32_t device_blocks_;
+  int32_t host_blocks_;
   int32_t block_size_;
-  std::vector<int32_t> free_;  // LIFO: recently freed blocks are warm.
+  bool prefix_caching_;
+  uint64_t tick_ = 0;
+  std::vector<Block> blocks_;
+  std::vector<int32_t> device_free_;  // LIFO: recently freed blocks are warm.
+  std::vector<int32_t> host_free_;
+  std::vector<int32_t> host_held_;  // Freed host blocks until TakeCopies.
+  Lru device_lru_, host_lru_;
+  absl::flat_hash_map<uint64_t, int32_t> by_key_;
   absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
+  std::vector<BlockCopy> copies_;
+  BlockCounters counters_;
 };
 
 }  // namespace shardlm

@@ -1,5 +1,8 @@
 #include "coordinator/block_manager.h"
 
+#include <algorithm>
+#include <map>
+#include <random>
 #include <set>
 
 #include "gtest/gtest.h"
@@ -21,7 +24,8 @@ TEST(BlockManagerTest, GrowsTablesAndReturnsEveryBlock) {
   bm.Free(1);
   bm.Free(2);
   bm.Free(3);  // Unknown: ignored.
-  EXPECT_EQ(bm.free_blocks(), 10);
+  EXPECT_EQ(bm.device_usage().free, 10);
+  EXPECT_EQ(bm.used_blocks(), 0);
   EXPECT_TRUE(bm.Table(1).empty());
 }
 
@@ -30,11 +34,185 @@ TEST(BlockManagerTest, ExhaustionAllocatesNothing) {
   ASSERT_TRUE(bm.Reserve(1, 8).ok());
   const absl::Status s = bm.Reserve(2, 9);
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_NE(s.message().find("only 1 of 3"), absl::string_view::npos);
-  EXPECT_EQ(bm.free_blocks(), 1);
+  EXPECT_NE(s.message().find("only 1 of 3"), absl::string_view::npos)
+      << s.message();
+  EXPECT_EQ(bm.device_usage().free, 1);
   EXPECT_TRUE(bm.Table(2).empty());
   EXPECT_EQ(bm.Reserve(1, 13).code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(bm.Table(1).size(), 2u);
+}
+
+TEST(BlockManagerTest, SwapsBetweenTiersWithOrderedCopies) {
+  BlockManager bm(4, 4, /*host_blocks=*/3);
+  ASSERT_TRUE(bm.Reserve(1, 12).ok());  // 3 device blocks.
+  const std::vector<int32_t> device = bm.Table(1);
+  EXPECT_EQ(bm.SwapOut(1, 2), 2);  // The two oldest.
+  const std::vector<int32_t>& t = bm.Table(1);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_TRUE(bm.IsHost(t[0]) && bm.IsHost(t[1]));
+  EXPECT_EQ(t[2], device[2]);
+  EXPECT_EQ(bm.HostBlocksOf(1), 2);
+  EXPECT_EQ(bm.DeviceBlocksOf(1), 1);
+  const std::vector<int32_t> host = {t[0], t[1]};
+  EXPECT_EQ(bm.TakeCopies(), (std::vector<BlockCopy>{{device[0], host[0]},
+                                                     {device[1], host[1]}}));
+  // keep_last protects the block being written; the host has 1 left.
+  EXPECT_EQ(bm.SwapOut(1, 5, /*keep_last=*/1), 0);
+  EXPECT_EQ(bm.SwapIn(1, 5), 2);
+  EXPECT_EQ(bm.HostBlocksOf(1), 0);
+  // Host blocks read by these copies are not reused before they ran.
+  EXPECT_EQ(bm.HostAvailable(), 1);
+  EXPECT_EQ(bm.TakeCopies().size(), 2u);
+  EXPECT_EQ(bm.HostAvailable(), 3);
+  EXPECT_EQ(bm.counters().swapped_out, 2);
+  EXPECT_EQ(bm.counters().swapped_in, 2);
+  bm.Free(1);
+  EXPECT_EQ(bm.used_blocks(), 0);
+}
+
+std::vector<int32_t> Tokens(int n, int salt) {
+  std::vector<int32_t> t;
+  for (int i = 0; i < n; ++i) t.push_back((i * 7 + salt * 13) % 50);
+  return t;
+}
+
+TEST(BlockManagerTest, PrefixCacheSharesFullBlocksAndSpillsToHost) {
+  BlockManager bm(4, 4, /*host_blocks=*/2, /*prefix_caching=*/true);
+  const std::vector<int32_t> a = Tokens(10, 1);  // 2 full blocks + 2.
+  ASSERT_EQ(bm.AttachPrefix(1, a, 9), 0);
+  ASSERT_TRUE(bm.Reserve(1, 10).ok());
+  bm.CacheFullBlocks(1, a, 10);
+  // Shares a's two full blocks; at most max_tokens are attached.
+  std::vector<int32_t> b = a;
+  b.push_back(3);
+  EXPECT_EQ(bm.AttachPrefix(2, b, 10), 8);
+  EXPECT_EQ(bm.Table(2), std::vector<int32_t>(bm.Table(1).begin(),
+                                              bm.Table(1).begin() + 2));
+  EXPECT_EQ(bm.AttachPrefix(3, a, 7), 4);
+  bm.Free(3);
+  bm.Free(2);
+  const std::vector<int32_t> cached(bm.Table(1).begin(),
+                                    bm.Table(1).begin() + 2);
+  bm.Free(1);
+  EXPECT_EQ(bm.used_blocks(), 0);
+  EXPECT_EQ(bm.device_usage().cached, 2);
+  EXPECT_EQ(bm.counters().prefix_hit_tokens, 8 + 4);
+  // A different sequence fills the device: the cached blocks spill to the
+  // host (oldest first) instead of being dropped.
+  ASSERT_TRUE(bm.Reserve(4, 16).ok());
+  EXPECT_EQ(bm.counters().spilled, 2);
+  EXPECT_EQ(bm.host_usage().cached, 2);
+  // Least recently used first: the third request touched only block 0.
+  const std::vector<BlockCopy> spills = bm.TakeCopies();
+  ASSERT_EQ(spills.size(), 2u);
+  EXPECT_EQ(spills[0].src, cached[1]);
+  EXPECT_EQ(spills[1].src, cached[0]);
+  bm.Free(4);
+  // A hit on the host copies the blocks back to device blocks, in order.
+  EXPECT_EQ(bm.AttachPrefix(5, a, 9), 8);
+  const std::vector<BlockCopy> back = bm.TakeCopies();
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[0].src, spills[1].dst);
+  EXPECT_EQ(back[1].src, spills[0].dst);
+  EXPECT_FALSE(bm.IsHost(back[0].dst));
+  EXPECT_FALSE(bm.IsHost(back[1].dst));
+  EXPECT_EQ(bm.Table(5), (std::vector<int32_t>{back[0].dst, back[1].dst}));
+  bm.Free(5);
+  EXPECT_EQ(bm.used_blocks(), 0);
+  bm.DropCache();
+  EXPECT_EQ(bm.device_usage().free, 4);
+  EXPECT_EQ(bm.host_usage().free, 2);
+}
+
+// A simulated pool: each block holds a tag of the tokens written into it.
+// Random growth, swaps, prefix hits, spills and frees, with the copies run
+// in order before each step's writes (as workers do), must leave every
+// sequence able to read back exactly what it computed.
+TEST(BlockManagerTest, RandomOperationsPreserveEveryCachedToken) {
+  constexpr int kBs = 4, kDevice = 12, kHost = 10;
+  for (int seed = 0; seed < 30; ++seed) {
+    std::mt19937 rng(seed);
+    BlockManager bm(kDevice, kBs, kHost, /*prefix_caching=*/true);
+    std::vector<uint64_t> pool(kDevice + kHost, 0);
+    const auto tag = [](const std::vector<int32_t>& t, int64_t end) {
+      uint64_t h = 1469598103934665603ull;
+      for (int64_t i = 0; i < end; ++i) h = (h ^ t[i]) * 1099511628211ull;
+      return h;
+    };
+    struct Seq {
+      std::vector<int32_t> tokens;
+      int64_t computed = 0;
+    };
+    std::map<int64_t, Seq> seqs;
+    int64_t next = 0;
+    for (int iter = 0; iter < 200; ++iter) {
+      // New sequences share prefixes drawn from three families.
+      if (seqs.size() < 5 && rng() % 3 == 0) {
+        Seq s;
+        s.tokens = Tokens(4 + rng() % 20, rng() % 3);
+        const int64_t cut = rng() % s.tokens.size();
+        for (int64_t i = cut; i < static_cast<int64_t>(s.tokens.size()); ++i) {
+          s.tokens[i] = rng() % 50;
+        }
+        s.computed = bm.AttachPrefix(next, s.tokens, s.tokens.size() - 1);
+        seqs[next++] = s;
+      }
+      // Each sequence does one thing per step.
+      std::vector<std::pair<int64_t, int64_t>> writes;  // (seq, new computed)
+      for (auto it = seqs.begin(); it != seqs.end();) {
+        Seq& s = it->second;
+        const int64_t id = it->first;
+        const int op = rng() % 6;
+        if (op == 0 || s.computed == static_cast<int64_t>(s.tokens.size())) {
+          bm.Free(id);
+          it = seqs.erase(it);
+          continue;
+        }
+        if (op == 1) {
+          bm.SwapOut(id, rng() % 4);
+        } else if (op == 2) {
+          bm.SwapIn(id, rng() % 4);
+        } else {
+          const int64_t full = s.computed / kBs;
+          const int64_t table = bm.Table(id).size();
+          bm.SwapOut(id, rng() % 2, static_cast<int32_t>(table - full));
+          const int64_t target = std::min<int64_t>(
+              s.tokens.size(), s.computed + 1 + rng() % 6);
+          if (bm.Reserve(id, target).ok()) writes.push_back({id, target});
+        }
+        ++it;
+      }
+      for (const BlockCopy& c : bm.TakeCopies()) pool[c.dst] = pool[c.src];
+      for (auto [id, target] : writes) {
+        Seq& s = seqs[id];
+        const std::vector<int32_t>& table = bm.Table(id);
+        for (int64_t j = s.computed / kBs; j * kBs < target; ++j) {
+          pool[table[j]] = tag(s.tokens, std::min<int64_t>(target, (j + 1) * kBs));
+        }
+        s.computed = target;
+        bm.CacheFullBlocks(id, s.tokens, s.computed);
+      }
+      for (const auto& [id, s] : seqs) {
+        const std::vector<int32_t>& table = bm.Table(id);
+        ASSERT_GE(static_cast<int64_t>(table.size()) * kBs, s.computed);
+        for (int64_t j = 0; j * kBs < s.computed; ++j) {
+          ASSERT_EQ(pool[table[j]],
+                    tag(s.tokens, std::min<int64_t>(s.computed, (j + 1) * kBs)))
+              << "seed " << seed << " step " << iter << " seq " << id
+              << " block " << j;
+        }
+      }
+      // Blocks held by sequences are exactly the distinct table entries.
+      std::set<int32_t> held;
+      for (const auto& [id, s] : seqs) {
+        held.insert(bm.Table(id).begin(), bm.Table(id).end());
+      }
+      ASSERT_EQ(bm.used_blocks(), static_cast<int32_t>(held.size()));
+    }
+    for (const auto& [id, s] : seqs) bm.Free(id);
+    EXPECT_EQ(bm.used_blocks(), 0);
+    EXPECT_GT(bm.counters().prefix_hit_tokens, 0) << "seed " << seed;
+  }
 }
 
 }  // namespace

@@ -13,12 +13,13 @@ namespace shardlm {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const WeightSource& source, const EngineOptions& options) {
   if (options.block_size <= 0 || options.max_batched_tokens <= 0 ||
-      options.kv_cache_bytes < 0) {
+      options.kv_cache_bytes < 0 || options.cpu_offload_bytes < 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("engine options: block_size (", options.block_size,
                      ") and max_batched_tokens (", options.max_batched_tokens,
                      ") must be positive, kv_cache_bytes (",
-                     options.kv_cache_bytes, ") not negative"));
+                     options.kv_cache_bytes, ") and cpu_offload_bytes (",
+                     options.cpu_offload_bytes, ") not negative"));
   }
   SetCpuThreads(options.threads);
   // Ranks on threads share the cores.
@@ -30,6 +31,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                    .pp = options.pp,
                    .block_size = options.block_size,
                    .kv_cache_bytes = options.kv_cache_bytes,
+                   .cpu_offload_bytes = options.cpu_offload_bytes,
                    .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
   return Create(std::move(executor), options);
 }
@@ -46,9 +48,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                      ") not negative"));
   }
   const int64_t blocks = executor->num_kv_blocks();
+  const int64_t host_blocks = executor->num_host_kv_blocks();
   return std::unique_ptr<Engine>(new Engine(
       std::move(executor),
-      BlockManager(static_cast<int32_t>(blocks), options.block_size), options));
+      BlockManager(static_cast<int32_t>(blocks), options.block_size,
+                   static_cast<int32_t>(host_blocks), options.prefix_caching),
+      options));
 }
 
 absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
@@ -73,10 +78,14 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
                 req.max_tokens, ") = ", total,
                 " exceeds the context window of ", c.context_length);
   }
-  if (blocks_.BlocksFor(total) > blocks_.num_blocks()) {
-    return fail(total, " tokens need ", blocks_.BlocksFor(total),
-                " KV blocks but the cache has ", blocks_.num_blocks(), " (",
-                blocks_.block_size(), " tokens each)");
+  const int64_t capacity =
+      int64_t{blocks_.num_blocks()} + blocks_.num_host_blocks();
+  if (blocks_.BlocksFor(total) > capacity) {
+    return fail("prompt + max_tokens = ", total, " tokens need ",
+                blocks_.BlocksFor(total), " KV blocks of ",
+                blocks_.block_size(), " tokens but the cache holds ", capacity,
+                " (", blocks_.num_blocks(), " device + ",
+                blocks_.num_host_blocks(), " host)");
   }
   return ValidateSamplingParams(req.sampling);
 }

@@ -23,8 +23,14 @@
 namespace shardlm {
 
 struct EngineOptions {
-  // KV cache budget; 0 sizes it for one sequence of the full context.
+  // KV cache budget (device tier, per rank); 0 sizes it for one sequence
+  // of the full context.
   int64_t kv_cache_bytes = 0;
+  // Host (CPU offload) tier per rank: preempted sequences swap there, long
+  // ones spill there, evicted prefix blocks stay cached there.
+  int64_t cpu_offload_bytes = 0;
+  // Reuse the KV of full blocks shared with earlier requests.
+  bool prefix_caching = true;
   int32_t block_size = 16;
   // Most tokens in one step; longer prompts are prefilled in chunks.
   int32_t max_batched_tokens = 512;
@@ -66,11 +72,15 @@ class Engine {
   // Forward steps run so far.
   int64_t steps() const { return scheduler_->steps(); }
   int64_t waiting_requests() const { return scheduler_->waiting(); }
+  // Queue, KV tier and preemption figures as of the last step;
+  // thread-safe.
+  SchedulerStats stats() const { return scheduler_->stats(); }
 
   // Runs the requests together until each finishes. Requests are checked
   // up front (InvalidArgument naming the request and field; nothing runs
   // then). A request whose prompt plus max_tokens can never fit in the KV
-  // cache is InvalidArgument with the numbers. Every block is returned
+  // cache (device and host tiers together) is InvalidArgument with the
+  // numbers. Every block is returned
   // before this returns, also on error (the first error ends the batch).
   // Thread-safe: concurrent batches share the scheduler's steps. on_token
   // runs on the scheduler's thread.

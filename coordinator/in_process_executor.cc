@@ -4,6 +4,7 @@
 // makes TP/PP equivalence testable in one process.
 #include <algorithm>
 #include <condition_variable>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -17,13 +18,25 @@
 namespace shardlm {
 namespace {
 
+// Every rank gets the same block counts (the minimum over ranks), so that
+// a block id means the same slot everywhere.
+struct PoolBlocks {
+  int64_t device = std::numeric_limits<int64_t>::max();
+  int64_t host = std::numeric_limits<int64_t>::max();
+};
+
+absl::StatusOr<KvPoolConfig> PoolConfig(const LlamaWeights& w,
+                                        const ExecutorOptions& o) {
+  return PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes,
+                            o.cpu_offload_bytes);
+}
+
 absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
                                                  const ExecutorOptions& o,
-                                                 int64_t num_blocks) {
-  ASSIGN_OR_RETURN(
-      KvPoolConfig kv,
-      PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes));
-  kv.num_blocks = num_blocks;
+                                                 PoolBlocks blocks) {
+  ASSIGN_OR_RETURN(KvPoolConfig kv, PoolConfig(w, o));
+  kv.num_blocks = blocks.device;
+  kv.num_host_blocks = blocks.host;
   return KvPool::Create(kv);
 }
 
@@ -34,6 +47,9 @@ class SingleExecutor : public StepExecutor {
   const ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override {
     return runner_->kv().config().num_blocks;
+  }
+  int64_t num_host_kv_blocks() const override {
+    return runner_->kv().config().num_host_blocks;
   }
   int64_t weight_bytes() const override { return runner_->weights().bytes(); }
   std::vector<RunnerStats> RankStats() const override {
@@ -54,11 +70,11 @@ class ThreadedExecutor : public StepExecutor {
  public:
   ThreadedExecutor(std::vector<std::unique_ptr<Communicator>> comms,
                    std::vector<std::unique_ptr<ModelRunner>> runners,
-                   int64_t num_blocks, int tp, int pp, int threads_per_rank)
+                   PoolBlocks blocks, int tp, int pp, int threads_per_rank)
       : threads_per_rank_(threads_per_rank),
         comms_(std::move(comms)),
         runners_(std::move(runners)),
-        num_blocks_(num_blocks),
+        blocks_(blocks),
         tp_(tp),
         pp_(pp) {
     for (size_t r = 0; r < runners_.size(); ++r) {
@@ -75,7 +91,8 @@ class ThreadedExecutor : public StepExecutor {
   }
 
   const ModelConfig& config() const override { return runners_[0]->config(); }
-  int64_t num_kv_blocks() const override { return num_blocks_; }
+  int64_t num_kv_blocks() const override { return blocks_.device; }
+  int64_t num_host_kv_blocks() const override { return blocks_.host; }
   int64_t weight_bytes() const override {
     int64_t total = 0;
     for (const auto& r : runners_) total += r->weights().bytes();
@@ -132,7 +149,7 @@ class ThreadedExecutor : public StepExecutor {
   const int threads_per_rank_;
   std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive runners.
   std::vector<std::unique_ptr<ModelRunner>> runners_;
-  int64_t num_blocks_;
+  PoolBlocks blocks_;
   int tp_, pp_;
   mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
@@ -149,20 +166,20 @@ class ThreadedExecutor : public StepExecutor {
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& o) {
-  if (o.block_size <= 0 || o.kv_cache_bytes < 0) {
+  if (o.block_size <= 0 || o.kv_cache_bytes < 0 || o.cpu_offload_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block_size (", o.block_size, ") must be positive, kv_cache_bytes (",
-        o.kv_cache_bytes, ") not negative"));
+        o.kv_cache_bytes, ") and cpu_offload_bytes (", o.cpu_offload_bytes,
+        ") not negative"));
   }
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp));
   std::vector<LlamaWeights> weights;
-  int64_t blocks = std::numeric_limits<int64_t>::max();
+  PoolBlocks blocks;
   for (const ShardSpec& spec : plan.shards) {
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source, spec));
-    ASSIGN_OR_RETURN(
-        KvPoolConfig kv,
-        PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes));
-    blocks = std::min(blocks, kv.num_blocks);
+    ASSIGN_OR_RETURN(KvPoolConfig kv, PoolConfig(w, o));
+    blocks.device = std::min(blocks.device, kv.num_blocks);
+    blocks.host = std::min(blocks.host, kv.num_host_blocks);
     weights.push_back(std::move(w));
   }
   if (plan.shards.size() == 1) {

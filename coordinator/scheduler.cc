@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 
 namespace shardlm {
 namespace {
@@ -42,14 +43,29 @@ struct Scheduler::Sequence {
   std::vector<int32_t> tokens;  // Prompt, then generated tokens.
   int64_t computed = 0;         // Tokens whose KV is in the cache.
   bool done = false;
+  bool preempted = false;  // In this step: leaves running_ for waiting_.
   Clock::time_point submitted;
   Clock::time_point first_token;
   GenerateResult result;
 };
 
+namespace {
+
+// Admission and preemption order: higher priority first, then arrival.
+template <typename S>
+bool Before(const S& a, const S& b) {
+  if (a.request.priority != b.request.priority) {
+    return a.request.priority > b.request.priority;
+  }
+  return a.id < b.id;
+}
+
+}  // namespace
+
 Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
                      SchedulerOptions options)
     : executor_(executor), blocks_(blocks), options_(options) {
+  PublishStats();
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -62,6 +78,12 @@ Scheduler::~Scheduler() {
   loop_.join();
 }
 
+void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
+  auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const auto& w) { return Before(*s, *w); });
+  waiting_.insert(at, std::move(s));
+}
+
 absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
                                             RequestCallbacks callbacks,
                                             bool ignore_queue_limit) {
@@ -70,26 +92,19 @@ absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
   s->request = std::move(request);
   s->callbacks = std::move(callbacks);
   s->submitted = Clock::now();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return absl::UnavailableError("the engine is shutting down");
-    if (!ignore_queue_limit &&
-        static_cast<int64_t>(waiting_.size()) >= options_.max_queued) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(waiting_.size(), " requests are already waiting (",
-                       "max_queued); try again later"));
-    }
-    s->id = next_id_++;
-    // Highest priority first; arrival order within a priority.
-    const int32_t p = s->request.priority;
-    auto at =
-        std::find_if(waiting_.begin(), waiting_.end(),
-                     [&](const auto& w) { return w->request.priority < p; });
-    const RequestId id = s->id;
-    waiting_.insert(at, std::move(s));
-    cv_.notify_all();
-    return id;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return absl::UnavailableError("the engine is shutting down");
+  if (!ignore_queue_limit &&
+      static_cast<int64_t>(waiting_.size()) >= options_.max_queued) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(waiting_.size(), " requests are already waiting (",
+                     "max_queued); try again later"));
   }
+  s->id = next_id_++;
+  const RequestId id = s->id;
+  Enqueue(std::move(s));
+  cv_.notify_all();
+  return id;
 }
 
 void Scheduler::Cancel(RequestId id) {
@@ -107,6 +122,28 @@ void Scheduler::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
       [cb = std::move(s.callbacks.on_done), r = std::move(result)]() mutable {
         if (cb) cb(std::move(r));
       });
+}
+
+bool Scheduler::TryStart(Sequence& s) {
+  // A fresh (or dropped) sequence starts from its cached prefix; at least
+  // its last token is computed, for the logits.
+  if (s.computed == 0 && blocks_->Table(s.id).empty()) {
+    s.computed = blocks_->AttachPrefix(
+        s.id, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+  }
+  const int64_t table = static_cast<int64_t>(blocks_->Table(s.id).size());
+  const int64_t chunk =
+      std::min<int64_t>(options_.max_batched_tokens,
+                        static_cast<int64_t>(s.tokens.size()) - s.computed);
+  const int32_t host = blocks_->HostBlocksOf(s.id);
+  const int64_t need =
+      host +
+      std::max<int64_t>(0, blocks_->BlocksFor(s.computed + chunk) - table);
+  // Alone, a sequence always starts: it grows by moving its own blocks to
+  // the host (each request fits device + host).
+  if (!running_.empty() && need > blocks_->DeviceAvailable()) return false;
+  blocks_->SwapIn(s.id, host);
+  return true;
 }
 
 void Scheduler::Admit(std::vector<Event>& events) {
@@ -132,10 +169,7 @@ void Scheduler::Admit(std::vector<Event>& events) {
     if (cancelled_.contains(s.id) || s.request.deadline <= now) {
       absl::StatusOr<GenerateResult> r = late(s);
       if (cancelled_.contains(s.id)) r = cancelled_result(s);
-      events.push_back(
-          [cb = std::move(s.callbacks.on_done), r = std::move(r)]() mutable {
-            if (cb) cb(std::move(r));
-          });
+      Finish(s, std::move(r), events);  // A preempted one holds blocks.
       it = waiting_.erase(it);
     } else {
       ++it;
@@ -144,20 +178,88 @@ void Scheduler::Admit(std::vector<Event>& events) {
   cancelled_.clear();
   std::erase_if(running_, [](const auto& s) { return s->done; });
 
-  // A request enters once the blocks for its whole length (prompt +
-  // max_tokens) are reserved, so running sequences never run out mid-way.
   // Strictly in order: a large request at the head is not starved by
-  // smaller ones behind it. Each fits alone, so the head runs at the latest
-  // when the cache is empty.
+  // smaller ones behind it.
   while (!waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_seqs) {
-    Sequence& s = *waiting_.front();
-    const int64_t total =
-        static_cast<int64_t>(s.request.prompt.size()) + s.request.max_tokens;
-    if (!blocks_->Reserve(s.id, total).ok()) break;
-    running_.push_back(std::move(waiting_.front()));
+    if (!TryStart(*waiting_.front())) break;
+    std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();
+    auto at = std::find_if(running_.begin(), running_.end(),
+                           [&](const auto& r) { return Before(*s, *r); });
+    running_.insert(at, std::move(s));
   }
+}
+
+void Scheduler::Preempt(Sequence& s) {
+  const int32_t device = blocks_->DeviceBlocksOf(s.id);
+  if (blocks_->HostAvailable() >= device) {
+    blocks_->SwapOut(s.id, device);
+    ++counters_.preempted_swap;
+  } else {
+    blocks_->Free(s.id);
+    executor_->Release(s.id);
+    s.computed = 0;
+    ++counters_.preempted_recompute;
+  }
+  s.preempted = true;
+}
+
+void Scheduler::RecomputeSwapped(int32_t blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = waiting_.rbegin(); it != waiting_.rend() && blocks > 0; ++it) {
+    Sequence& s = **it;
+    const int32_t host = blocks_->HostBlocksOf(s.id);
+    if (host == 0) continue;
+    blocks_->Free(s.id);
+    executor_->Release(s.id);
+    s.computed = 0;
+    blocks -= host;
+    ++counters_.preempted_recompute;
+  }
+}
+
+int64_t Scheduler::Grow(size_t index, int64_t want,
+                        const std::vector<bool>& in_step) {
+  Sequence& s = *running_[index];
+  const auto table = [&] {
+    return static_cast<int64_t>(blocks_->Table(s.id).size());
+  };
+  const auto short_by = [&](int64_t tokens) {
+    return blocks_->BlocksFor(tokens) - table() - blocks_->DeviceAvailable();
+  };
+  int64_t target = s.computed + want;
+  // Later (lower priority, newer) sequences not in this step give way.
+  for (size_t v = running_.size(); v-- > index + 1 && short_by(target) > 0;) {
+    Sequence& victim = *running_[v];
+    if (!in_step[v] && !victim.preempted && !victim.done) Preempt(victim);
+  }
+  if (short_by(target) > 0) {
+    // Alone: move this sequence's own full blocks (not the one being
+    // written) to the host, making room on the host if it must.
+    const std::vector<int32_t>& t = blocks_->Table(s.id);
+    const int64_t full = s.computed / blocks_->block_size();
+    const int32_t movable = static_cast<int32_t>(
+        std::count_if(t.begin(), t.begin() + std::min<int64_t>(full, t.size()),
+                      [&](int32_t b) { return !blocks_->IsHost(b); }));
+    const int32_t keep_last = static_cast<int32_t>(table() - full);
+    const int32_t need =
+        std::min(movable, static_cast<int32_t>(short_by(target)));
+    int32_t moved = blocks_->SwapOut(s.id, need, keep_last);
+    if (moved < need) RecomputeSwapped(need - moved);
+    moved += blocks_->SwapOut(s.id, need - moved, keep_last);
+    counters_.offloaded += moved;
+  }
+  if (const int64_t over = short_by(target); over > 0) {
+    // Compute what fits now; the rest in later steps.
+    target = std::min<int64_t>(target,
+                               (table() + blocks_->DeviceAvailable()) *
+                                   static_cast<int64_t>(blocks_->block_size()));
+    if (target <= s.computed) return 0;
+  }
+  const absl::Status reserved = blocks_->Reserve(s.id, target);
+  SHARDLM_CHECK(reserved.ok(), reserved.ToString());
+  return target - s.computed;
 }
 
 void Scheduler::Step() {
@@ -165,25 +267,28 @@ void Scheduler::Step() {
   // Decoding sequences first (one token each), then prefill chunks, up to
   // the step's token budget.
   StepInput step;
-  std::vector<Sequence*> in_step;
+  std::vector<Sequence*> in_step, stepped;
+  std::vector<bool> scheduled(running_.size(), false);
   int64_t budget = options_.max_batched_tokens;
   for (int pass = 0; pass < 2; ++pass) {
-    for (auto& sp : running_) {
-      Sequence& s = *sp;
-      if (budget == 0) break;
+    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+      Sequence& s = *running_[i];
+      if (s.preempted) continue;
       const int64_t remaining =
           static_cast<int64_t>(s.tokens.size()) - s.computed;
       if (remaining == 0) continue;  // Scheduled in the first pass.
       const bool decoding = remaining == 1 && s.computed > 0;
       if (decoding != (pass == 0)) continue;
-      const int64_t chunk = std::min(remaining, budget);
+      const int64_t chunk = Grow(i, std::min(remaining, budget), scheduled);
+      if (chunk == 0) continue;
+      scheduled[i] = true;
       budget -= chunk;
-      const int32_t seq_index = static_cast<int32_t>(step.block_tables.size());
-      step.block_tables.push_back(blocks_->Table(s.id));
+      const int32_t seq_index = static_cast<int32_t>(stepped.size());
       step.seq_ids.push_back(s.id);
-      for (int64_t i = 0; i < chunk; ++i) {
-        step.tokens.push_back(s.tokens[s.computed + i]);
-        step.positions.push_back(static_cast<int32_t>(s.computed + i));
+      stepped.push_back(&s);
+      for (int64_t j = 0; j < chunk; ++j) {
+        step.tokens.push_back(s.tokens[s.computed + j]);
+        step.positions.push_back(static_cast<int32_t>(s.computed + j));
         step.token_seq.push_back(seq_index);
       }
       s.computed += chunk;
@@ -199,7 +304,21 @@ void Scheduler::Step() {
       }
     }
   }
-  if (step.tokens.empty()) return;
+  // Tables last: growing one sequence may have swapped out another's.
+  for (Sequence* s : stepped)
+    step.block_tables.push_back(blocks_->Table(s->id));
+  step.copies = blocks_->TakeCopies();
+  if (std::any_of(running_.begin(), running_.end(),
+                  [](const auto& s) { return s->preempted; })) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& s : running_) {
+      if (!s->preempted) continue;
+      s->preempted = false;
+      Enqueue(std::move(s));
+    }
+    std::erase_if(running_, [](const auto& s) { return s == nullptr; });
+  }
+  if (step.tokens.empty() && step.copies.empty()) return;
 
   ++steps_;
   absl::StatusOr<StepOutput> out = executor_->Forward(step);
@@ -209,11 +328,27 @@ void Scheduler::Step() {
                                            " rows"));
   }
   if (!out.ok()) {
-    // The KV cache of every running sequence is now suspect: all fail.
+    // The KV cache of every running sequence is now suspect, and so are
+    // the blocks this step was to copy: all holders fail.
     for (auto& s : running_) Finish(*s, out.status(), events);
     running_.clear();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = waiting_.begin(); it != waiting_.end();) {
+        if (blocks_->Table((*it)->id).empty()) {
+          ++it;
+          continue;
+        }
+        Finish(**it, out.status(), events);
+        it = waiting_.erase(it);
+      }
+    }
+    blocks_->DropCache();
     RunAll(events);
     return;
+  }
+  for (Sequence* s : stepped) {
+    blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
   }
   const int64_t vocab = executor_->config().vocab_size;
   for (size_t row = 0; row < in_step.size(); ++row) {
@@ -251,6 +386,21 @@ void Scheduler::Step() {
   RunAll(events);
 }
 
+void Scheduler::PublishStats() {
+  SchedulerStats s = counters_;
+  s.steps = steps_.load();
+  s.running = static_cast<int64_t>(running_.size());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.waiting = static_cast<int64_t>(waiting_.size());
+  }
+  s.device = blocks_->device_usage();
+  s.host = blocks_->host_usage();
+  s.blocks = blocks_->counters();
+  std::lock_guard<std::mutex> lock(stats_mu_);
+  stats_ = s;
+}
+
 void Scheduler::Loop() {
   std::vector<Event> events;
   while (true) {
@@ -267,6 +417,7 @@ void Scheduler::Loop() {
     }
     RunAll(events);
     Step();
+    PublishStats();
   }
   // Shutting down: nothing new is accepted (stopping_ is set).
   std::deque<std::unique_ptr<Sequence>> waiting;
@@ -277,10 +428,9 @@ void Scheduler::Loop() {
   const absl::Status gone = absl::UnavailableError("the engine shut down");
   for (auto& s : running_) Finish(*s, gone, events);
   running_.clear();
-  for (auto& s : waiting) {
-    if (s->callbacks.on_done) s->callbacks.on_done(gone);
-  }
+  for (auto& s : waiting) Finish(*s, gone, events);
   RunAll(events);
+  PublishStats();
 }
 
 }  // namespace shardlm

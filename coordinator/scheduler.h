@@ -1,9 +1,18 @@
 // Scheduler: the open-ended continuous-batching loop behind an Engine.
 // Requests arrive at any time from any thread; one loop thread admits them
-// (by priority, then arrival) when their KV blocks can be reserved, builds
-// one StepInput per iteration from every running sequence (decode tokens
-// first, then prefill chunks under max_batched_tokens), runs it on the
-// executor and hands each new token to its request.
+// (by priority, then arrival) when the device has blocks for their next
+// chunk, builds one StepInput per iteration from every running sequence
+// (decode tokens first, then prefill chunks under max_batched_tokens), runs
+// it on the executor and hands each new token to its request.
+//
+// KV blocks are taken as sequences grow. When the device runs short, the
+// lowest-priority, latest running sequences are preempted: their blocks are
+// swapped to the host tier (or, when the host is full, dropped and later
+// recomputed; sampling draws depend only on (seed, token index), so the
+// tokens do not change) and they wait at the head of their priority class.
+// A sequence alone that outgrows the device moves its own oldest blocks to
+// the host and reads them there. With prefix caching, a new sequence starts
+// from the cached full blocks of its longest known prefix.
 #ifndef SHARDLM_COORDINATOR_SCHEDULER_H_
 #define SHARDLM_COORDINATOR_SCHEDULER_H_
 
@@ -71,6 +80,18 @@ struct SchedulerOptions {
   int32_t max_queued = 256;          // Most requests waiting for admission.
 };
 
+// A snapshot for metrics and tests, taken after each loop iteration.
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t running = 0;
+  int64_t waiting = 0;              // Including preempted sequences.
+  int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
+  int64_t preempted_recompute = 0;  // Preemptions that dropped the KV.
+  int64_t offloaded = 0;  // Blocks a sequence moved to the host for itself.
+  TierUsage device, host;
+  BlockCounters blocks;
+};
+
 // Thread-safe. `executor` and `blocks` are not owned, must outlive the
 // scheduler and are used only by its loop thread once it is constructed
 // (blocks() readers see a consistent state once a request's on_done ran).
@@ -99,6 +120,10 @@ class Scheduler {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int64_t>(waiting_.size());
   }
+  SchedulerStats stats() const {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
 
  private:
   struct Sequence;
@@ -108,6 +133,22 @@ class Scheduler {
   // Under mu_: takes cancellations, expired deadlines and admissions;
   // returns the callbacks to run once the lock is released.
   void Admit(std::vector<Event>& events);
+  // Under mu_: whether the head of the queue can start now; swaps its
+  // blocks back in (or attaches its cached prefix) when it can.
+  bool TryStart(Sequence& s);
+  // Under mu_: inserts by priority, then arrival.
+  void Enqueue(std::unique_ptr<Sequence> s);
+  // Takes device blocks so that running_[index] can compute `want` more
+  // tokens, preempting later sequences not in this step and then moving
+  // its own blocks to the host as needed; returns how many tokens it can
+  // compute (0..want).
+  int64_t Grow(size_t index, int64_t want, const std::vector<bool>& in_step);
+  // Swaps `s` out (or drops its KV when the host cannot hold it).
+  void Preempt(Sequence& s);
+  // Drops the host blocks of waiting sequences, latest first, until
+  // `blocks` are released (they are reusable from the next step).
+  void RecomputeSwapped(int32_t blocks);
+  void PublishStats();
   // Ends a running sequence: frees its blocks, queues its on_done.
   void Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
               std::vector<Event>& events);
@@ -126,8 +167,11 @@ class Scheduler {
   RequestId next_id_ = 0;                          // Guarded by mu_.
   std::deque<std::unique_ptr<Sequence>> waiting_;  // Guarded by mu_.
   absl::flat_hash_set<RequestId> cancelled_;       // Guarded by mu_.
-  // Loop thread only.
+  // Loop thread only. Ordered by priority, then arrival.
   std::vector<std::unique_ptr<Sequence>> running_;
+  SchedulerStats counters_;  // Loop thread only; published to stats_.
+  mutable std::mutex stats_mu_;
+  SchedulerStats stats_;  // Guarded by stats_mu_.
   std::thread loop_;
 };
 

@@ -20,8 +20,10 @@ class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
   virtual const ModelConfig& config() const = 0;
-  // KV blocks every rank can hold (the minimum over ranks).
+  // KV blocks every rank can hold (the minimum over ranks): device tier,
+  // and host (CPU offload) tier.
   virtual int64_t num_kv_blocks() const = 0;
+  virtual int64_t num_host_kv_blocks() const { return 0; }
   // f32 weight bytes one step reads, summed over ranks.
   virtual int64_t weight_bytes() const = 0;
   // Runs one step on every rank; the last stage samples one token per
@@ -44,6 +46,8 @@ struct ExecutorOptions {
   int32_t block_size = 16;
   // KV budget per rank; 0 sizes every rank for one full context.
   int64_t kv_cache_bytes = 0;
+  // Host (CPU offload) KV tier per rank.
+  int64_t cpu_offload_bytes = 0;
   // CPU threads each rank's kernels use when ranks run on threads.
   int threads_per_rank = 1;
 };

@@ -1,5 +1,6 @@
 #include "worker/kv_pool.h"
 
+#include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
@@ -20,11 +21,12 @@ int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                                                 const ShardSpec& spec,
                                                 int64_t block_size,
-                                                int64_t budget_bytes) {
-  if (block_size <= 0 || budget_bytes < 0) {
+                                                int64_t budget_bytes,
+                                                int64_t host_bytes) {
+  if (block_size <= 0 || budget_bytes < 0 || host_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "block size (", block_size, ") must be positive and the KV budget (",
-        budget_bytes, ") not negative"));
+        "block size (", block_size, ") must be positive and the KV budgets (",
+        budget_bytes, " device, ", host_bytes, " host bytes) not negative"));
   }
   KvPoolConfig kv{.n_layers = spec.n_layers(),
                   .kv_heads = spec.n_kv_heads(),
@@ -41,8 +43,12 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                      spec.pp_rank, " tp ", spec.tp_rank, " is ",
                      kv.BytesPerBlock(), " bytes)"));
   }
-  if (kv.num_blocks > (int64_t{1} << 30)) {
-    return absl::InvalidArgumentError("KV cache budget is absurdly large");
+  kv.num_host_blocks = kv.BlocksFor(host_bytes);
+  if (kv.num_blocks > (int64_t{1} << 30) ||
+      kv.num_host_blocks > (int64_t{1} << 30)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache budget is absurdly large (", kv.num_blocks,
+                     " device and ", kv.num_host_blocks, " host blocks)"));
   }
   return kv;
 }
@@ -50,16 +56,17 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     const KvPoolConfig& config) {
   if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||
-      config.block_size <= 0 || config.num_blocks <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("KV pool needs positive sizes; got ", config.n_layers,
-                     " layers, ", config.kv_heads, " KV heads, head_dim ",
-                     config.head_dim, ", block_size ", config.block_size, ", ",
-                     config.num_blocks, " blocks"));
+      config.block_size <= 0 || config.num_blocks <= 0 ||
+      config.num_host_blocks < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pool needs positive sizes; got ", config.n_layers, " layers, ",
+        config.kv_heads, " KV heads, head_dim ", config.head_dim,
+        ", block_size ", config.block_size, ", ", config.num_blocks, " + ",
+        config.num_host_blocks, " blocks"));
   }
   std::unique_ptr<KvPool> pool(new KvPool(config));
-  const Shape shape = {config.num_blocks, config.block_size, config.kv_heads,
-                       config.head_dim};
+  const Shape shape = {config.total_blocks(), config.block_size,
+                       config.kv_heads, config.head_dim};
   try {
     for (int64_t l = 0; l < config.n_layers; ++l) {
       // Every slot is written before it is read, so the pages need not be
@@ -71,10 +78,34 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("cannot allocate a KV pool of ", config.num_blocks,
+        absl::StrCat("cannot allocate a KV pool of ", config.total_blocks(),
                      " blocks (", pool->bytes(), " bytes)"));
   }
   return pool;
+}
+
+absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
+  const int64_t total = config_.total_blocks();
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || c.src >= total || c.dst < 0 || c.dst >= total ||
+        c.src == c.dst) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad KV block copy ", c.src, " -> ", c.dst,
+                       " in a pool of ", total, " blocks"));
+    }
+  }
+  const size_t block_bytes =
+      static_cast<size_t>(config_.BytesPerBlock() / 2 / config_.n_layers);
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (Tensor* t : {&k_[l], &v_[l]}) {
+      char* base = t->data<char>();
+      for (const BlockCopy& c : copies) {
+        std::memcpy(base + c.dst * block_bytes, base + c.src * block_bytes,
+                    block_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace shardlm

@@ -11,18 +11,33 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
 
 namespace shardlm {
 
+// Copy block `src` to block `dst` in every layer (K and V). Swapping
+// between tiers and spilling cached blocks are such copies.
+struct BlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
+};
+
+// Block ids [0, num_blocks) are the device tier, [num_blocks, num_blocks +
+// num_host_blocks) the host (CPU offload) tier; a block table may mix them
+// and attention reads either.
 struct KvPoolConfig {
   int64_t n_layers = 0;  // Layers held by this worker.
   int64_t kv_heads = 0;  // KV heads held by this worker.
   int64_t head_dim = 0;
-  int64_t block_size = 16;  // Tokens per block.
-  int64_t num_blocks = 0;
+  int64_t block_size = 16;      // Tokens per block.
+  int64_t num_blocks = 0;       // Device tier.
+  int64_t num_host_blocks = 0;  // Host tier.
+
+  int64_t total_blocks() const { return num_blocks + num_host_blocks; }
 
   // Bytes of one block across all layers (K and V, f32).
   int64_t BytesPerBlock() const;
@@ -30,13 +45,15 @@ struct KvPoolConfig {
   int64_t BlocksFor(int64_t bytes) const;
 };
 
-// The pool of one shard (its layers and KV heads) with as many blocks as
-// `budget_bytes` holds, or enough for one full context when it is 0.
-// InvalidArgument when the budget holds no block or absurdly many.
+// The pool of one shard (its layers and KV heads) with as many device
+// blocks as `budget_bytes` holds (enough for one full context when it is 0)
+// and as many host blocks as `host_bytes` holds. InvalidArgument when the
+// device budget holds no block or either holds absurdly many.
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& config,
                                                 const ShardSpec& spec,
                                                 int64_t block_size,
-                                                int64_t budget_bytes);
+                                                int64_t budget_bytes,
+                                                int64_t host_bytes = 0);
 
 class KvPool {
  public:
@@ -45,10 +62,18 @@ class KvPool {
       const KvPoolConfig& config);
 
   const KvPoolConfig& config() const { return config_; }
-  // [num_blocks, block_size, kv_heads, head_dim]
+  // [total_blocks, block_size, kv_heads, head_dim]: both tiers. On CPU
+  // workers they are one allocation (both are host memory; the tiers differ
+  // in budget and role only).
   Tensor& k(int64_t layer) { return k_[layer]; }
   Tensor& v(int64_t layer) { return v_[layer]; }
-  int64_t bytes() const { return config_.num_blocks * config_.BytesPerBlock(); }
+  int64_t bytes() const {
+    return config_.total_blocks() * config_.BytesPerBlock();
+  }
+
+  // Runs the copies in order. InvalidArgument, with nothing copied, for a
+  // block outside the pool or a copy onto itself.
+  absl::Status CopyBlocks(absl::Span<const BlockCopy> copies);
 
  private:
   explicit KvPool(const KvPoolConfig& config) : config_(config) {}

@@ -19,7 +19,9 @@ namespace shardlm {
 absl::Status ModelRunner::Validate(const StepInput& step) const {
   const ModelConfig& c = config();
   const size_t n = step.tokens.size();
-  if (n == 0) return absl::InvalidArgumentError("step has no tokens");
+  if (n == 0 && step.copies.empty()) {
+    return absl::InvalidArgumentError("step has no tokens and no copies");
+  }
   if (step.positions.size() != n || step.token_seq.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", n, " tokens but ", step.positions.size(),
@@ -48,10 +50,10 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
   }
   for (const auto& table : step.block_tables) {
     for (int32_t b : table) {
-      if (b < 0 || b >= kv_->config().num_blocks) {
+      if (b < 0 || b >= kv_->config().total_blocks()) {
         return absl::InvalidArgumentError(
             absl::StrCat("KV block ", b, " is outside the pool of ",
-                         kv_->config().num_blocks));
+                         kv_->config().total_blocks()));
       }
     }
   }
@@ -101,6 +103,15 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ++stats_.steps;
   };
   RETURN_IF_ERROR(Validate(step));
+  if (!step.copies.empty()) {
+    const auto copy_start = std::chrono::steady_clock::now();
+    RETURN_IF_ERROR(kv_->CopyBlocks(step.copies));
+    stats_.copy_seconds += std::chrono::duration<double>(
+                               std::chrono::steady_clock::now() - copy_start)
+                               .count();
+    stats_.copied_blocks += static_cast<int64_t>(step.copies.size());
+  }
+  if (step.tokens.empty()) return Tensor();  // Copies only.
   const ModelConfig& c = config();
   const ShardSpec& spec = weights_.spec;
   const int64_t n = static_cast<int64_t>(step.tokens.size());

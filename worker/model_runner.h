@@ -24,6 +24,9 @@ struct StepInput {
   std::vector<int32_t> token_seq;  // [n] index into block_tables.
   std::vector<std::vector<int32_t>> block_tables;  // Per sequence.
   std::vector<int64_t> seq_ids;  // Per sequence: the engine's sequence id.
+  // KV block copies (tier swaps, cache spills) run in order before the
+  // step's compute, on every rank over its own slice.
+  std::vector<BlockCopy> copies;
   // Rows whose next token is sampled: token index, sampling parameters,
   // and the index of the token being generated (the sampling draw).
   std::vector<int32_t> logit_rows;
@@ -54,6 +57,8 @@ struct RunnerStats {
   // Inside communicator calls; includes waiting for peers (a slower TP
   // rank, or the previous stage for PP), which is what it costs a step.
   double comm_seconds = 0;
+  int64_t copied_blocks = 0;  // KV block copies run (swaps, spills).
+  double copy_seconds = 0;    // Inside them.
 };
 
 // Runs one shard (weights.spec): its layers, with its heads and FFN columns
