@@ -86,8 +86,8 @@ TEST(BlockManagerTest, PrefixCacheSharesFullBlocksAndSpillsToHost) {
   std::vector<int32_t> b = a;
   b.push_back(3);
   EXPECT_EQ(bm.AttachPrefix(2, b, 10), 8);
-  EXPECT_EQ(bm.Table(2), std::vector<int32_t>(bm.Table(1).begin(),
-                                              bm.Table(1).begin() + 2));
+  EXPECT_EQ(bm.Table(2),
+            std::vector<int32_t>(bm.Table(1).begin(), bm.Table(1).begin() + 2));
   EXPECT_EQ(bm.AttachPrefix(3, a, 7), 4);
   bm.Free(3);
   bm.Free(2);
@@ -176,8 +176,8 @@ TEST(BlockManagerTest, RandomOperationsPreserveEveryCachedToken) {
           const int64_t full = s.computed / kBs;
           const int64_t table = bm.Table(id).size();
           bm.SwapOut(id, rng() % 2, static_cast<int32_t>(table - full));
-          const int64_t target = std::min<int64_t>(
-              s.tokens.size(), s.computed + 1 + rng() % 6);
+          const int64_t target =
+              std::min<int64_t>(s.tokens.size(), s.computed + 1 + rng() % 6);
           if (bm.Reserve(id, target).ok()) writes.push_back({id, target});
         }
         ++it;
@@ -187,7 +187,8 @@ TEST(BlockManagerTest, RandomOperationsPreserveEveryCachedToken) {
         Seq& s = seqs[id];
         const std::vector<int32_t>& table = bm.Table(id);
         for (int64_t j = s.computed / kBs; j * kBs < target; ++j) {
-          pool[table[j]] = tag(s.tokens, std::min<int64_t>(target, (j + 1) * kBs));
+          pool[table[j]] =
+              tag(s.tokens, std::min<int64_t>(target, (j + 1) * kBs));
         }
         s.computed = target;
         bm.CacheFullBlocks(id, s.tokens, s.computed);

@@ -60,7 +60,7 @@ class TestHost : public ShardHost {
   TestHost(const WeightSource& source, ShardComms comms)
       : source_(source), comms_(comms) {}
 
-  absl::StatusOr<int64_t> Load(const WorkerAssignment& a) override {
+  absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override {
     if (!load_error.ok()) return load_error;
     absl::SleepFor(load_delay);
     SetCpuThreads(a.threads);
@@ -68,13 +68,13 @@ class TestHost : public ShardHost {
     ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
-    ASSIGN_OR_RETURN(
-        KvPoolConfig kv,
-        PoolConfigForShard(w.config, spec, a.block_size, a.kv_cache_bytes));
+    ASSIGN_OR_RETURN(KvPoolConfig kv,
+                     PoolConfigForShard(w.config, spec, a.block_size,
+                                        a.kv_cache_bytes, a.cpu_offload_bytes));
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
     runner_ =
         std::make_unique<ModelRunner>(std::move(w), std::move(pool), comms_);
-    return kv.num_blocks;
+    return kv;
   }
 
   absl::StatusOr<StepOutput> Step(const StepInput& step) override {
@@ -302,7 +302,8 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
                                            (*base)[i].prompt_logits[v]));
     }
     EXPECT_LT(err, 1e-4) << "request " << i;
-    blocks += (reqs[i].prompt.size() + reqs[i].max_tokens + 15) / 16;
+    // Blocks are taken as the KV grows: the last token's is never computed.
+    blocks += (reqs[i].prompt.size() + (*got)[i].tokens.size() - 1 + 15) / 16;
   }
   EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
   // Every block id went out once: plans carry deltas, not whole tables.
@@ -318,6 +319,60 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)[0].tokens, (*base)[3].tokens);
   EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  engine->reset();
+  for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Swaps to the host tier, cached-prefix hits and spills are block copies in
+// the plans; every worker runs them on its own slice.
+TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  const std::vector<GenerateRequest> reqs = Requests(24);
+  auto base_engine = Engine::Create(
+      *source,
+      {.prefix_caching = false, .max_batched_tokens = 13, .threads = 1});
+  ASSERT_TRUE(base_engine.ok()) << base_engine.status();
+  auto base = (*base_engine)->GenerateBatch(reqs);
+  ASSERT_TRUE(base.ok()) << base.status();
+
+  // One block of a shard at TP=2 x PP=2: K and V, 2 layers, 16 tokens, 2 KV
+  // heads of 8 floats.
+  constexpr int64_t kShardBlock = 2 * 2 * 16 * 2 * 8 * 4;
+  ClusterOptions options = Options(2, 2);
+  options.kv_cache_bytes = 8 * kShardBlock;
+  options.cpu_offload_bytes = 60 * kShardBlock;
+  TestCluster cluster(*source, options);
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  EXPECT_EQ((*executor)->num_kv_blocks(), 8);
+  EXPECT_EQ((*executor)->num_host_kv_blocks(), 60);
+  auto engine =
+      Engine::Create(std::move(*executor), {.max_batched_tokens = 13});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto got = (*engine)->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
+  }
+  // The longest prompt again: its full blocks are cached (on either tier).
+  const SchedulerStats before = (*engine)->stats();
+  auto again = (*engine)->GenerateBatch({reqs[7]});
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)[0].tokens, (*base)[7].tokens);
+  const SchedulerStats after = (*engine)->stats();
+  EXPECT_GT(before.preempted_swap, 0);
+  EXPECT_EQ(after.blocks.prefix_hit_tokens - before.blocks.prefix_hit_tokens,
+            (reqs[7].prompt.size() - 1) / 16 * 16);
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  std::printf(
+      "cluster tp2 pp2, 8 device blocks: %lld swap preemptions, %lld "
+      "blocks out, %lld in, %lld spilled\n",
+      static_cast<long long>(after.preempted_swap),
+      static_cast<long long>(after.blocks.swapped_out),
+      static_cast<long long>(after.blocks.swapped_in),
+      static_cast<long long>(after.blocks.spilled));
   engine->reset();
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }

@@ -32,6 +32,7 @@ struct ControlService::Worker {
   grpc::ServerContext* context = nullptr;  // While the handler runs.
   absl::Time last_seen;
   int64_t kv_blocks = 0;
+  int64_t host_kv_blocks = 0;
   std::optional<v1::StepResult> result;
   std::string reason;  // Why it is dead, naming it.
 
@@ -170,6 +171,7 @@ grpc::Status ControlService::Connect(
   a.set_pp_rank(w->pp_rank);
   a.set_block_size(options_.block_size);
   a.set_kv_cache_bytes(options_.kv_cache_bytes);
+  a.set_cpu_offload_bytes(options_.cpu_offload_bytes);
   a.set_threads(options_.threads_per_worker);
   if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
     a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);
@@ -187,6 +189,7 @@ grpc::Status ControlService::Connect(
         if (w->state == State::kLoading) {
           w->state = State::kReady;
           w->kv_blocks = in.ready().kv_blocks();
+          w->host_kv_blocks = in.ready().host_kv_blocks();
           cv_.SignalAll();
         }
         break;
@@ -271,6 +274,16 @@ int64_t ControlService::min_kv_blocks() const {
     blocks = std::min(blocks, w->kv_blocks);
   }
   return blocks;
+}
+
+int64_t ControlService::min_host_kv_blocks() const {
+  absl::MutexLock lock(&mu_);
+  int64_t blocks = std::numeric_limits<int64_t>::max();
+  for (const auto& w : workers_) {
+    if (w->state != State::kReady) return 0;
+    blocks = std::min(blocks, w->host_kv_blocks);
+  }
+  return workers_.empty() ? 0 : blocks;
 }
 
 absl::StatusOr<std::vector<v1::StepResult>> ControlService::RunStep(

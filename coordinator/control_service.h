@@ -30,7 +30,8 @@ struct ClusterOptions {
   int tp = 1;
   int pp = 1;
   int32_t block_size = 16;
-  int64_t kv_cache_bytes = 0;  // Per worker; 0: one full context.
+  int64_t kv_cache_bytes = 0;     // Per worker; 0: one full context.
+  int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
   int threads_per_worker = 1;
   // GPU clusters: the NCCL unique id of each stage's TP group, indexed by
   // pp rank; empty for CPU clusters.
@@ -73,6 +74,7 @@ class ControlService final : public v1::Control::Service {
 
   // The smallest KV block count over the workers' Ready (0 before).
   int64_t min_kv_blocks() const;
+  int64_t min_host_kv_blocks() const;
 
   // Sends `plan` to every worker and waits for every worker's result of
   // plan.step_id. Returns the results indexed by rank - 1. Unavailable

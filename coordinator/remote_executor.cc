@@ -43,8 +43,8 @@ absl::StatusOr<std::unique_ptr<RemoteExecutor>> RemoteExecutor::WaitForWorkers(
     return absl::FailedPreconditionError(
         "the workers reported no KV blocks (KV cache budget too small?)");
   }
-  return std::unique_ptr<RemoteExecutor>(
-      new RemoteExecutor(service, config, blocks, weight_bytes));
+  return std::unique_ptr<RemoteExecutor>(new RemoteExecutor(
+      service, config, blocks, service.min_host_kv_blocks(), weight_bytes));
 }
 
 absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
@@ -89,6 +89,11 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
   plan.mutable_sample_index()->Add(step.sample_index.begin(),
                                    step.sample_index.end());
   plan.set_return_logits(step.return_logits);
+  for (const BlockCopy& c : step.copies) {
+    v1::BlockCopy& out = *plan.add_copies();
+    out.set_src(c.src);
+    out.set_dst(c.dst);
+  }
 
   absl::StatusOr<std::vector<v1::StepResult>> results = service_.RunStep(plan);
   absl::MutexLock lock(&mu_);

@@ -60,6 +60,7 @@ class RemoteExecutor : public StepExecutor {
 
   const ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return kv_blocks_; }
+  int64_t num_host_kv_blocks() const override { return host_kv_blocks_; }
   int64_t weight_bytes() const override { return weight_bytes_; }
   // Not concurrent with itself or Release (the engine loop calls both).
   // After any failure every later call returns Unavailable at once, naming
@@ -75,15 +76,18 @@ class RemoteExecutor : public StepExecutor {
 
  private:
   RemoteExecutor(ControlService& service, const ModelConfig& config,
-                 int64_t kv_blocks, int64_t weight_bytes)
+                 int64_t kv_blocks, int64_t host_kv_blocks,
+                 int64_t weight_bytes)
       : service_(service),
         config_(config),
         kv_blocks_(kv_blocks),
+        host_kv_blocks_(host_kv_blocks),
         weight_bytes_(weight_bytes) {}
 
   ControlService& service_;
   const ModelConfig config_;
   const int64_t kv_blocks_;
+  const int64_t host_kv_blocks_;
   const int64_t weight_bytes_;
   BlockTableDeltas deltas_;
   uint64_t next_step_id_ = 1;

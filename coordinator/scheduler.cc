@@ -16,11 +16,6 @@ double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-void RunAll(std::vector<std::function<void()>>& events) {
-  for (auto& e : events) e();
-  events.clear();
-}
-
 }  // namespace
 
 const char* FinishReasonName(FinishReason r) {
@@ -193,6 +188,8 @@ void Scheduler::Admit(std::vector<Event>& events) {
 
 void Scheduler::Preempt(Sequence& s) {
   const int32_t device = blocks_->DeviceBlocksOf(s.id);
+  s.preempted = true;
+  if (device == 0) return;  // Admitted but not started: nothing to move.
   if (blocks_->HostAvailable() >= device) {
     blocks_->SwapOut(s.id, device);
     ++counters_.preempted_swap;
@@ -202,7 +199,6 @@ void Scheduler::Preempt(Sequence& s) {
     s.computed = 0;
     ++counters_.preempted_recompute;
   }
-  s.preempted = true;
 }
 
 void Scheduler::RecomputeSwapped(int32_t blocks) {
@@ -234,7 +230,10 @@ int64_t Scheduler::Grow(size_t index, int64_t want,
     Sequence& victim = *running_[v];
     if (!in_step[v] && !victim.preempted && !victim.done) Preempt(victim);
   }
-  if (short_by(target) > 0) {
+  const bool alone = std::all_of(
+      running_.begin(), running_.end(),
+      [&](const auto& r) { return r.get() == &s || r->preempted || r->done; });
+  if (alone && short_by(target) > 0) {
     // Alone: move this sequence's own full blocks (not the one being
     // written) to the host, making room on the host if it must.
     const std::vector<int32_t>& t = blocks_->Table(s.id);
@@ -250,8 +249,9 @@ int64_t Scheduler::Grow(size_t index, int64_t want,
     moved += blocks_->SwapOut(s.id, need - moved, keep_last);
     counters_.offloaded += moved;
   }
-  if (const int64_t over = short_by(target); over > 0) {
-    // Compute what fits now; the rest in later steps.
+  if (short_by(target) > 0) {
+    // Compute what fits now; the rest in later steps (or once the
+    // sequences ahead of this one, already in the step, have finished).
     target = std::min<int64_t>(target,
                                (table() + blocks_->DeviceAvailable()) *
                                    static_cast<int64_t>(blocks_->block_size()));
@@ -344,9 +344,10 @@ void Scheduler::Step() {
       }
     }
     blocks_->DropCache();
-    RunAll(events);
+    RunEvents(events);
     return;
   }
+  counters_.computed_tokens += static_cast<int64_t>(step.tokens.size());
   for (Sequence* s : stepped) {
     blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
   }
@@ -383,7 +384,14 @@ void Scheduler::Step() {
     Finish(s, std::move(s.result), events);
   }
   std::erase_if(running_, [](const auto& s) { return s->done; });
-  RunAll(events);
+  RunEvents(events);
+}
+
+void Scheduler::RunEvents(std::vector<Event>& events) {
+  // Whoever a callback wakes sees the figures that include its request.
+  PublishStats();
+  for (auto& e : events) e();
+  events.clear();
 }
 
 void Scheduler::PublishStats() {
@@ -415,9 +423,8 @@ void Scheduler::Loop() {
       // never spin should that ever not hold.
       if (running_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(10));
     }
-    RunAll(events);
+    RunEvents(events);
     Step();
-    PublishStats();
   }
   // Shutting down: nothing new is accepted (stopping_ is set).
   std::deque<std::unique_ptr<Sequence>> waiting;
@@ -429,8 +436,7 @@ void Scheduler::Loop() {
   for (auto& s : running_) Finish(*s, gone, events);
   running_.clear();
   for (auto& s : waiting) Finish(*s, gone, events);
-  RunAll(events);
-  PublishStats();
+  RunEvents(events);
 }
 
 }  // namespace shardlm

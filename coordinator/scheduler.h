@@ -83,6 +83,8 @@ struct SchedulerOptions {
 // A snapshot for metrics and tests, taken after each loop iteration.
 struct SchedulerStats {
   int64_t steps = 0;
+  int64_t computed_tokens = 0;  // Tokens run through the model (prefill
+                                // and decode; prefix hits are not).
   int64_t running = 0;
   int64_t waiting = 0;              // Including preempted sequences.
   int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
@@ -149,6 +151,8 @@ class Scheduler {
   // `blocks` are released (they are reusable from the next step).
   void RecomputeSwapped(int32_t blocks);
   void PublishStats();
+  // Publishes the stats, then runs the callbacks (no lock held).
+  void RunEvents(std::vector<Event>& events);
   // Ends a running sequence: frees its blocks, queues its on_done.
   void Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
               std::vector<Event>& events);

@@ -11,73 +11,12 @@
 #include <thread>
 
 #include "coordinator/engine.h"
+#include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
 namespace shardlm {
 namespace {
-
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.n_layers = 3;
-  c.hidden = 96;
-  c.ffn_hidden = 160;
-  c.n_heads = 6;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 301;
-  c.context_length = 512;
-  c.rope_theta = 10000.0f;
-  c.rope_style = RopeStyle::kRotateHalf;
-  return c;
-}
-
-// K and V, 3 layers, 16 tokens, 2 heads of 16 floats.
-constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 4;
-
-std::vector<int32_t> Prompt(int n, int salt) {
-  std::vector<int32_t> p;
-  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101) % 301);
-  return p;
-}
-
-// Collects on_done results of submitted requests; Wait() until all came.
-class Results {
- public:
-  RequestCallbacks Callbacks(size_t slot,
-                             std::function<bool(int32_t)> on_token = nullptr) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_.size() <= slot) done_.resize(slot + 1);
-      ++expected_;
-    }
-    return {.on_token = std::move(on_token),
-            .on_done = [this, slot](absl::StatusOr<GenerateResult> r) {
-              std::lock_guard<std::mutex> lock(mu_);
-              done_[slot] = std::move(r);
-              order_.push_back(slot);
-              ++finished_;
-              cv_.notify_all();
-            }};
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(120),
-                             [&] { return finished_ == expected_; }));
-  }
-  const absl::StatusOr<GenerateResult>& operator[](size_t i) const {
-    return *done_[i];
-  }
-  std::vector<size_t> order() const { return order_; }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<std::optional<absl::StatusOr<GenerateResult>>> done_;
-  std::vector<size_t> order_;
-  size_t expected_ = 0;
-  size_t finished_ = 0;
-};
 
 class SchedulerTest : public ::testing::Test {
  protected:
@@ -88,7 +27,7 @@ class SchedulerTest : public ::testing::Test {
     return std::move(*e);
   }
   std::unique_ptr<InMemoryWeights> source_ =
-      RandomLlamaWeights(TinyConfig(), 3);
+      RandomLlamaWeights(TinyConfig(8192), 3);
 };
 
 TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
@@ -97,7 +36,7 @@ TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
     reqs.push_back(
         {.prompt = Prompt(1 + (i * 97) % 300, i), .max_tokens = 3 + i % 7});
   }
-  reqs[0].prompt = Prompt(300, 0);
+  reqs[0].prompt = Prompt(4096, 0);  // Prefilled in chunks beside the rest.
   reqs[5].sampling = {.temperature = 0.9f, .top_p = 0.9f, .seed = 11};
 
   auto alone_engine = MakeEngine({});
@@ -134,13 +73,16 @@ TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
 }
 
 TEST_F(SchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
-  auto engine = MakeEngine({.kv_cache_bytes = 60 * kBlockBytes,
+  // A small device pool and host tier: cancellations also hit sequences
+  // that are preempted and swapped out.
+  auto engine = MakeEngine({.kv_cache_bytes = 30 * kBlockBytes,
+                            .cpu_offload_bytes = 40 * kBlockBytes,
                             .max_batched_tokens = 64,
                             .max_seqs = 8});
   Results results;
   std::mt19937 rng(7);
   std::vector<RequestId> ids;
-  for (int i = 0; i < 40; ++i) {
+  for (int i = 0; i < 100; ++i) {
     const int stop_after = static_cast<int>(rng() % 30);
     std::function<bool(int32_t)> on_token;
     if (i % 2 == 0) {  // Half cancel from their token callback.
@@ -165,7 +107,8 @@ TEST_F(SchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
     cancelled += results[i]->finish_reason == FinishReason::kCancelled;
   }
-  EXPECT_GT(cancelled, 20);
+  EXPECT_GT(cancelled, 50);
+  EXPECT_GT(engine->stats().preempted_swap, 0);
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 

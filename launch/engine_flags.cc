@@ -14,6 +14,11 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   flags.Add("threads", &threads, "CPU threads, 0 = all cores");
   flags.Add("kv-cache-bytes", &kv_cache_bytes,
             "KV cache budget, 0 = one full context");
+  flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
+            "host KV tier: preempted and overlong sequences swap there, "
+            "evicted prefix blocks stay cached there");
+  flags.Add("prefix-caching", &prefix_caching,
+            "reuse the KV of full blocks shared with earlier requests");
   flags.Add("max-batched-tokens", &max_batched_tokens,
             "tokens per step; longer prompts prefill in chunks");
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
@@ -29,11 +34,14 @@ std::string LocalEngineFlags::Problem() const {
   }
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
+  if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
   return "";
 }
 
 EngineOptions LocalEngineFlags::ToOptions() const {
   return {.kv_cache_bytes = kv_cache_bytes,
+          .cpu_offload_bytes = cpu_offload_bytes,
+          .prefix_caching = prefix_caching,
           .max_batched_tokens = static_cast<int32_t>(max_batched_tokens),
           .threads = static_cast<int>(threads),
           .tp = static_cast<int>(tp),

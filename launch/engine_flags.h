@@ -18,12 +18,14 @@ struct LocalEngineFlags {
   std::string model;
   int64_t threads = 0;
   int64_t kv_cache_bytes = 0;
+  int64_t cpu_offload_bytes = 0;
+  bool prefix_caching = true;
   int64_t max_batched_tokens = 512;
   int64_t tp = 1;
   int64_t pp = 1;
 
-  // Adds --model, --threads, --kv-cache-bytes, --max-batched-tokens, --tp
-  // and --pp.
+  // Adds --model, --threads, --kv-cache-bytes, --cpu-offload-bytes,
+  // --prefix-caching, --max-batched-tokens, --tp and --pp.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.

@@ -49,6 +49,8 @@ struct LaunchFlags {
   std::string control_host;
   int64_t threads = 1;
   int64_t kv_cache_bytes = 0;
+  int64_t cpu_offload_bytes = 0;
+  bool prefix_caching = true;
   int64_t block_size = 16;
   int64_t max_batched_tokens = 512;
   int64_t worker_timeout_ms = 5000;
@@ -126,6 +128,7 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
        .pp = static_cast<int>(f.pp),
        .block_size = static_cast<int32_t>(f.block_size),
        .kv_cache_bytes = f.kv_cache_bytes,
+       .cpu_offload_bytes = f.cpu_offload_bytes,
        .threads_per_worker = static_cast<int>(f.threads),
        .worker_timeout = absl::Milliseconds(f.worker_timeout_ms)});
   grpc::ServerBuilder builder;
@@ -165,7 +168,8 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   auto engine =
       tokenizer.ok()
           ? Engine::Create(std::move(*executor),
-                           {.block_size = static_cast<int32_t>(f.block_size),
+                           {.prefix_caching = f.prefix_caching,
+                            .block_size = static_cast<int32_t>(f.block_size),
                             .max_batched_tokens =
                                 static_cast<int32_t>(f.max_batched_tokens)})
           : absl::StatusOr<std::unique_ptr<Engine>>(tokenizer.status());
@@ -303,6 +307,11 @@ int LaunchCommand(int argc, char** argv) {
   flags.Add("threads", &f.threads, "CPU threads per worker");
   flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
             "KV cache budget per worker, 0 = one full context");
+  flags.Add("cpu-offload-bytes", &f.cpu_offload_bytes,
+            "host KV tier per worker (swapping, overlong sequences, "
+            "evicted prefix blocks)");
+  flags.Add("prefix-caching", &f.prefix_caching,
+            "reuse the KV of full blocks shared with earlier requests");
   flags.Add("block-size", &f.block_size, "tokens per KV block");
   flags.Add("max-batched-tokens", &f.max_batched_tokens,
             "tokens per step; longer prompts prefill in chunks");
@@ -328,11 +337,12 @@ int LaunchCommand(int argc, char** argv) {
                      f.tp, " x --pp ", f.pp, " needs 1 + ", f.tp * f.pp, " = ",
                      1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
   } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
-             f.kv_cache_bytes < 0 || f.worker_timeout_ms < 100 ||
-             f.startup_timeout_s < 1) {
+             f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 ||
+             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1) {
     problem =
         "--threads, --block-size and --max-batched-tokens must be >= 1, "
-        "--kv-cache-bytes >= 0, --worker-timeout-ms >= 100";
+        "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
+        "--worker-timeout-ms >= 100";
   }
   if (!problem.empty()) {  // The same on every rank: rank 0 reports.
     if (root) {

@@ -28,7 +28,7 @@ absl::StatusOr<std::unique_ptr<MpiShardHost>> MpiShardHost::Create(
   return host;
 }
 
-absl::StatusOr<int64_t> MpiShardHost::Load(const WorkerAssignment& a) {
+absl::StatusOr<KvPoolConfig> MpiShardHost::Load(const WorkerAssignment& a) {
   if (a.tp != tp_ || a.pp != pp_ || a.tp_rank != tp_rank_ ||
       a.pp_rank != pp_rank_) {
     return absl::FailedPreconditionError(
@@ -40,15 +40,15 @@ absl::StatusOr<int64_t> MpiShardHost::Load(const WorkerAssignment& a) {
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, tp_, pp_));
   const ShardSpec& spec = plan.at(pp_rank_, tp_rank_);
   ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(*source_, spec));
-  ASSIGN_OR_RETURN(
-      KvPoolConfig kv,
-      PoolConfigForShard(weights.config, spec, a.block_size, a.kv_cache_bytes));
+  ASSIGN_OR_RETURN(KvPoolConfig kv,
+                   PoolConfigForShard(weights.config, spec, a.block_size,
+                                      a.kv_cache_bytes, a.cpu_offload_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
   ShardComms comms{.tp = tp_ > 1 ? tp_comm_.get() : nullptr,
                    .pp = pp_ > 1 ? pp_comm_.get() : nullptr};
   runner_ =
       std::make_unique<ModelRunner>(std::move(weights), std::move(pool), comms);
-  return kv.num_blocks;
+  return kv;
 }
 
 absl::StatusOr<StepOutput> MpiShardHost::Step(const StepInput& step) {

@@ -23,7 +23,7 @@ class MpiShardHost : public ShardHost {
 
   // Loads the shard the coordinator assigned (it must be the one this
   // rank's position implies) and allocates its KV pool.
-  absl::StatusOr<int64_t> Load(const WorkerAssignment& a) override;
+  absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override;
   // Runs the step; the last stage's TP rank 0 samples.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
   // Null before Load.

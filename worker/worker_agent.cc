@@ -62,6 +62,9 @@ StepInput ToStepInput(
   step.sample_index.assign(plan.sample_index().begin(),
                            plan.sample_index().end());
   step.return_logits = plan.return_logits();
+  for (const v1::BlockCopy& c : plan.copies()) {
+    step.copies.push_back({.src = c.src(), .dst = c.dst()});
+  }
   return step;
 }
 
@@ -108,13 +111,14 @@ class AgentSession {
                              " assigned rank ", o_.rank, " twice"));
           }
           const v1::Assignment& a = msg->assignment();
-          absl::StatusOr<int64_t> blocks =
+          absl::StatusOr<KvPoolConfig> blocks =
               host_.Load({.tp = a.tp(),
                           .pp = a.pp(),
                           .tp_rank = a.tp_rank(),
                           .pp_rank = a.pp_rank(),
                           .block_size = a.block_size(),
                           .kv_cache_bytes = a.kv_cache_bytes(),
+                          .cpu_offload_bytes = a.cpu_offload_bytes(),
                           .threads = a.threads(),
                           .nccl_unique_id = a.nccl_unique_id()});
           v1::WorkerMessage out;
@@ -129,7 +133,8 @@ class AgentSession {
           }
           loaded = true;
           reports_ = a.pp_rank() == a.pp() - 1 && a.tp_rank() == 0;
-          out.mutable_ready()->set_kv_blocks(*blocks);
+          out.mutable_ready()->set_kv_blocks(blocks->num_blocks);
+          out.mutable_ready()->set_host_kv_blocks(blocks->num_host_blocks);
           Write(out);
           break;
         }

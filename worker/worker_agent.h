@@ -1,6 +1,7 @@
 // The worker's side of the control plane (DESIGN.md section 1): one gRPC
 // stream to the coordinator. Register -> Assignment -> load the shard ->
-// Ready{kv_blocks} -> StepPlans in, StepResults out, heartbeats both ways
+// Ready{kv_blocks, host_kv_blocks} -> StepPlans in, StepResults out, heartbeats
+// both ways
 // -> Shutdown. How the shard runs (MPI or NCCL communicators, or fakes in
 // tests) is behind ShardHost.
 #ifndef SHARDLM_WORKER_WORKER_AGENT_H_
@@ -21,6 +22,7 @@ struct WorkerAssignment {
   int tp = 1, pp = 1, tp_rank = 0, pp_rank = 0;
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 0;  // 0: one full context.
+  int64_t cpu_offload_bytes = 0;
   int threads = 1;
   std::string nccl_unique_id;  // GPU: this stage's TP group; else empty.
 };
@@ -30,9 +32,9 @@ struct WorkerAssignment {
 class ShardHost {
  public:
   virtual ~ShardHost() = default;
-  // Loads the assigned shard and allocates its KV pool; returns the KV
-  // blocks it holds.
-  virtual absl::StatusOr<int64_t> Load(const WorkerAssignment& a) = 0;
+  // Loads the assigned shard and allocates its KV pool; returns the pool's
+  // configuration (the blocks of each tier it holds).
+  virtual absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) = 0;
   // ModelRunner::Forward, then (last stage, TP rank 0 only) SampleStep.
   virtual absl::StatusOr<StepOutput> Step(const StepInput& step) = 0;
 };

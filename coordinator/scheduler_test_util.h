@@ -1,0 +1,83 @@
+// Shared by the scheduler tests: a tiny random Llama, prompts, and a
+// collector of on_done results.
+#ifndef SHARDLM_COORDINATOR_SCHEDULER_TEST_UTIL_H_
+#define SHARDLM_COORDINATOR_SCHEDULER_TEST_UTIL_H_
+
+#include <chrono>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include "coordinator/scheduler.h"
+#include "gtest/gtest.h"
+#include "model/model_config.h"
+
+namespace shardlm {
+
+inline ModelConfig TinyConfig(int32_t context_length = 512) {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.hidden = 96;
+  c.ffn_hidden = 160;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 301;
+  c.context_length = context_length;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+// K and V, 3 layers, 16 tokens, 2 heads of 16 floats.
+constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 4;
+
+inline std::vector<int32_t> Prompt(int n, int salt) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 37 + salt * 101) % 301);
+  return p;
+}
+
+// Collects on_done results of submitted requests; Wait() until all came.
+class Results {
+ public:
+  RequestCallbacks Callbacks(size_t slot,
+                             std::function<bool(int32_t)> on_token = nullptr) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_.size() <= slot) done_.resize(slot + 1);
+      ++expected_;
+    }
+    return {.on_token = std::move(on_token),
+            .on_done = [this, slot](absl::StatusOr<GenerateResult> r) {
+              std::lock_guard<std::mutex> lock(mu_);
+              done_[slot] = std::move(r);
+              order_.push_back(slot);
+              ++finished_;
+              cv_.notify_all();
+            }};
+  }
+  void Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    ASSERT_TRUE(cv_.wait_for(lock, std::chrono::seconds(120),
+                             [&] { return finished_ == expected_; }));
+  }
+  const absl::StatusOr<GenerateResult>& operator[](size_t i) const {
+    return *done_[i];
+  }
+  std::vector<size_t> order() const { return order_; }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::optional<absl::StatusOr<GenerateResult>>> done_;
+  std::vector<size_t> order_;
+  size_t expected_ = 0;
+  size_t finished_ = 0;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_SCHEDULER_TEST_UTIL_H_
