@@ -57,6 +57,11 @@ class Response : public HttpResponse {
   void AddHeader(std::string name, std::string value) override {
     extra_.emplace_back(std::move(name), std::move(value));
   }
+  bool ClientGone() const override {
+    pollfd p{.fd = fd_, .events = POLLRDHUP};
+    return !ok_ || (::poll(&p, 1, 0) > 0 &&
+                    (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0);
+  }
   bool started() const { return started_; }
 
  private:

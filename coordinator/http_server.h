@@ -48,6 +48,8 @@ class HttpResponse {
   virtual bool Write(const std::string& data) = 0;
   // Adds a header to the response (before Send or Start).
   virtual void AddHeader(std::string name, std::string value) = 0;
+  // Whether the client has closed its side (cheap; does not block).
+  virtual bool ClientGone() const = 0;
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
