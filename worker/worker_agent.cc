@@ -62,6 +62,7 @@ StepInput ToStepInput(
   step.sample_index.assign(plan.sample_index().begin(),
                            plan.sample_index().end());
   step.return_logits = plan.return_logits();
+  step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
   return step;
 }
 
@@ -151,6 +152,14 @@ class AgentSession {
             if (plan.return_logits() && step->logits.numel() > 0) {
               absl::Span<float> l = step->logits.f32();
               result.mutable_logits()->Add(l.begin(), l.end());
+            }
+            for (const TokenLogprobs& lp : step->logprobs) {
+              v1::RowLogprobs& row = *result.add_logprobs();
+              row.set_sampled(lp.sampled);
+              for (const TokenLogprob& t : lp.top) {
+                row.add_top_tokens(t.token);
+                row.add_top_logprobs(t.logprob);
+              }
             }
           }
           Write(out);
