@@ -49,21 +49,21 @@ struct GenerateResult {
   std::vector<int32_t> tokens;  // Generated tokens (including a stop token).
   FinishReason finish_reason = FinishReason::kLength;
   std::vector<float> prompt_logits;  // When asked for: [vocab].
+  double prefill_seconds = 0;        // From submission to the first token.
+  double decode_seconds = 0;         // From the first to the last token.
   // When asked for (request.logprobs > 0): one per generated token.
   std::vector<TokenLogprobs> logprobs;
-  double prefill_seconds = 0;  // From submission to the first token.
-  double decode_seconds = 0;   // From the first to the last token.
 };
 
-// How a submitted request reports back. Both run on the scheduler's loop
-// thread (or, for on_done of a request never started, the thread that ends
-// the scheduler), never under the scheduler's lock, so they may call
-// Submit() and Cancel(). They should be quick: the whole batch waits.
 // What on_token wants done with its request after a token: go on, end it
 // as finished (kStop, e.g. a stop string was seen) or as cancelled. Either
 // end frees its blocks at once.
 enum class TokenAction { kContinue, kStop, kCancel };
 
+// How a submitted request reports back. Both run on the scheduler's loop
+// thread (or, for on_done of a request never started, the thread that ends
+// the scheduler), never under the scheduler's lock, so they may call
+// Submit() and Cancel(). They should be quick: the whole batch waits.
 struct RequestCallbacks {
   // Each generated token, in order, with its log-probabilities (null
   // unless the request asked for them; valid during the call only).
