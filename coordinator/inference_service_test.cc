@@ -375,7 +375,9 @@ TEST_F(InferenceServiceTest, LogprobsAreTheModelsLogSoftmax) {
       EXPECT_EQ(lp.top(k).token_id(), want->logprobs[i].top[k].token);
       EXPECT_FLOAT_EQ(lp.top(k).logprob(), want->logprobs[i].top[k].logprob);
       EXPECT_EQ(lp.top(k).text(), tokenizer_.Decode({lp.top(k).token_id()}));
-      if (k > 0) EXPECT_LE(lp.top(k).logprob(), lp.top(k - 1).logprob());
+      if (k > 0) {
+        EXPECT_LE(lp.top(k).logprob(), lp.top(k - 1).logprob());
+      }
     }
   }
   // The first token against log_softmax of the full logits, in double.

@@ -44,7 +44,9 @@ void ExpectFiltered(const std::string& text,
   if (!f.stopped()) got += f.Finish();
   EXPECT_EQ(got, want) << text;
   EXPECT_EQ(f.stopped(), stops_early) << text;
-  if (f.stopped()) EXPECT_EQ(f.Push("more"), "");  // Nothing after a stop.
+  if (f.stopped()) {
+    EXPECT_EQ(f.Push("more"), "");  // Nothing after a stop.
+  }
 }
 
 TEST(StopStringFilterTest, CutsBeforeTheFirstStopStringInAnyPieces) {
