@@ -209,7 +209,8 @@ std::vector<GenerateRequest> Requests(int max_tokens) {
   for (int i = 0; i < 8; ++i) {
     reqs.push_back({.prompt = Prompt(1 + 9 * i, i, 311),
                     .max_tokens = max_tokens,
-                    .return_prompt_logits = true});
+                    .return_prompt_logits = true,
+                    .logprobs = i % 3 * 3});
   }
   return reqs;
 }
@@ -302,6 +303,21 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
                                            (*base)[i].prompt_logits[v]));
     }
     EXPECT_LT(err, 1e-4) << "request " << i;
+    // Log-probabilities cross the control plane row by row.
+    ASSERT_EQ((*got)[i].logprobs.size(), (*base)[i].logprobs.size());
+    EXPECT_EQ((*got)[i].logprobs.size(),
+              reqs[i].logprobs > 0 ? (*got)[i].tokens.size() : 0u);
+    for (size_t t = 0; t < (*base)[i].logprobs.size(); ++t) {
+      const TokenLogprobs& a = (*got)[i].logprobs[t];
+      const TokenLogprobs& b = (*base)[i].logprobs[t];
+      EXPECT_NEAR(a.sampled, b.sampled, 1e-4) << "request " << i;
+      ASSERT_EQ(a.top.size(), static_cast<size_t>(reqs[i].logprobs));
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_EQ(a.top[k].token, b.top[k].token) << "request " << i;
+        EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 1e-4);
+      }
+    }
     // Blocks are taken as the KV grows: the last token's is never computed.
     blocks += (reqs[i].prompt.size() + (*got)[i].tokens.size() - 1 + 15) / 16;
   }

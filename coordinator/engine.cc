@@ -65,6 +65,10 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
   if (req.max_tokens < 1) {
     return fail("max_tokens must be >= 1, got ", req.max_tokens);
   }
+  if (req.logprobs < 0 || req.logprobs > kMaxLogprobs) {
+    return fail("logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                req.logprobs);
+  }
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= c.vocab_size) {
       return fail("prompt token ", t, " is outside the vocabulary of ",
@@ -123,7 +127,11 @@ absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
   std::vector<RequestId> ids;
   for (size_t r = 0; r < requests.size(); ++r) {
     RequestCallbacks cb;
-    if (on_token) cb.on_token = [&, r](int32_t t) { return on_token(r, t); };
+    if (on_token) {
+      cb.on_token = [&, r](int32_t t, const TokenLogprobs*) {
+        return on_token(r, t) ? TokenAction::kContinue : TokenAction::kCancel;
+      };
+    }
     cb.on_done = [&, r](absl::StatusOr<GenerateResult> result) {
       std::lock_guard<std::mutex> lock(mu);
       if (!result.ok() && first_error.ok()) first_error = result.status();

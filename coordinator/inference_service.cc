@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/stop_strings.h"
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -21,6 +22,10 @@ constexpr char kServiceName[] = "shardlm.v1.Inference";
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
+
+// Limits on GenerateRequest.stop (as OpenAI's 4, with room).
+constexpr int kMaxStopStrings = 8;
+constexpr size_t kMaxStopStringBytes = 256;
 
 }  // namespace
 
@@ -64,6 +69,27 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     return Invalid("sampling: ", st.message());
   }
 
+  if (request.logprobs() < 0 || request.logprobs() > kMaxLogprobs) {
+    return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                   request.logprobs());
+  }
+  req.logprobs = request.logprobs();
+  if (request.stop_size() > kMaxStopStrings) {
+    return Invalid("at most ", kMaxStopStrings, " stop strings, got ",
+                   request.stop_size());
+  }
+  for (int i = 0; i < request.stop_size(); ++i) {
+    const size_t n = request.stop(i).size();
+    if (n == 0 || n > kMaxStopStringBytes) {
+      return Invalid("stop[", i, "] must be 1 to ", kMaxStopStringBytes,
+                     " bytes, got ", n);
+    }
+  }
+  if (request.truncate_prompt_tokens() < 0) {
+    return Invalid("truncate_prompt_tokens must be >= 0 (0: off), got ",
+                   request.truncate_prompt_tokens());
+  }
+
   // Token ids take precedence over text.
   if (request.prompt_token_ids_size() > 0) {
     req.prompt.assign(request.prompt_token_ids().begin(),
@@ -81,6 +107,11 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     }
     req.prompt = tokenizer_->Encode(request.prompt());
     if (req.prompt.empty()) return Invalid("the prompt encodes to no tokens");
+  }
+  // The last N tokens: the end of the prompt is what the completion follows.
+  const size_t keep = static_cast<size_t>(request.truncate_prompt_tokens());
+  if (keep > 0 && req.prompt.size() > keep) {
+    req.prompt.erase(req.prompt.begin(), req.prompt.end() - keep);
   }
 
   for (int i = 0; i < request.stop_token_ids_size(); ++i) {
@@ -106,15 +137,42 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
 
 namespace {
 
-// Tokens of one request on their way from the scheduler's loop thread to
-// the RPC's thread. Shared: the loop may still hold its callbacks when the
-// RPC returns.
+// One request's stream. The scheduler's loop thread turns each token into
+// its response (text, stop strings, log-probabilities: it must know at once
+// whether a stop string ended the request); the RPC's thread writes them.
+// Shared: the loop may still hold its callbacks when the RPC returns.
 struct Stream {
+  Stream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
+      : detok(tokenizer), stops(std::move(stop_strings)) {}
+
   std::mutex mu;
   std::condition_variable cv;
-  std::deque<int32_t> tokens;                          // Guarded by mu.
+  std::deque<v1::GenerateResponse> responses;          // Guarded by mu.
   std::optional<absl::StatusOr<GenerateResult>> done;  // Guarded by mu.
+  // Used by on_token, then (once done is set) by the RPC's thread.
+  StreamingDetokenizer detok;
+  StopStringFilter stops;
+  int32_t generated = 0;
 };
+
+// The text of one token alone, as valid UTF-8.
+std::string TokenText(const Tokenizer& tokenizer, int32_t id) {
+  StreamingDetokenizer d(&tokenizer);
+  std::string text = d.Push(id);
+  return text + d.Finish();
+}
+
+void AddLogprobs(const Tokenizer& tokenizer, int32_t id,
+                 const TokenLogprobs& lp, v1::GenerateResponse& response) {
+  v1::TokenLogprobs& out = *response.add_logprobs();
+  const auto set = [&](v1::TokenLogprob& t, int32_t token, float logprob) {
+    t.set_token_id(token);
+    t.set_text(TokenText(tokenizer, token));
+    t.set_logprob(logprob);
+  };
+  set(*out.mutable_token(), id, lp.sampled);
+  for (const TokenLogprob& t : lp.top) set(*out.add_top(), t.token, t.logprob);
+}
 
 absl::Time ToAbslDeadline(std::chrono::system_clock::time_point t) {
   // gRPC reports "no deadline" as the far future.
@@ -139,17 +197,52 @@ grpc::Status InferenceService::Generate(
   req->deadline = ToAbslDeadline(context->deadline());
   const int32_t max_tokens = req->max_tokens;
   const int32_t prompt_tokens = static_cast<int32_t>(req->prompt.size());
-  const std::vector<int32_t> stops = req->stop_token_ids;
+  const std::vector<int32_t> stop_ids = req->stop_token_ids;
+  const auto finish = [prompt_tokens](v1::GenerateResponse& r,
+                                      const char* reason, int32_t generated) {
+    r.set_finish_reason(reason);
+    r.mutable_usage()->set_prompt_tokens(prompt_tokens);
+    r.mutable_usage()->set_completion_tokens(generated);
+  };
 
   // The scheduler batches this request with every other one in flight.
-  auto stream = std::make_shared<Stream>();
+  auto stream = std::make_shared<Stream>(
+      tokenizer_,
+      std::vector<std::string>(request->stop().begin(), request->stop().end()));
+  const Tokenizer* tokenizer = tokenizer_;
   RequestCallbacks callbacks{
       .on_token =
-          [stream](int32_t id) {
-            std::lock_guard<std::mutex> lock(stream->mu);
-            stream->tokens.push_back(id);
-            stream->cv.notify_all();
-            return true;
+          [stream, tokenizer, stop_ids, max_tokens, finish](
+              int32_t id, const TokenLogprobs* logprobs) {
+            Stream& s = *stream;  // Only this thread uses it until done.
+            const int32_t generated = ++s.generated;
+            v1::GenerateResponse response;
+            response.add_token_ids(id);
+            if (logprobs != nullptr) {
+              AddLogprobs(*tokenizer, id, *logprobs, response);
+            }
+            // Stop tokens are reported by id but not printed.
+            const bool stop_token = std::find(stop_ids.begin(), stop_ids.end(),
+                                              id) != stop_ids.end();
+            std::string text = stop_token ? "" : s.stops.Push(s.detok.Push(id));
+            // The scheduler ends a request at a stop token or max_tokens,
+            // and at a stop string when told below; the last token's
+            // response carries the finish (when this is ever wrong, a
+            // separate final response follows in Generate).
+            if (!s.stops.stopped() && (stop_token || generated >= max_tokens)) {
+              text += s.stops.Push(s.detok.Finish());
+              text += s.stops.Finish();
+            }
+            const bool stop = stop_token || s.stops.stopped();
+            response.set_text(std::move(text));
+            if (stop || generated >= max_tokens) {
+              finish(response, stop ? "stop" : "length", generated);
+            }
+            std::lock_guard<std::mutex> lock(s.mu);
+            s.responses.push_back(std::move(response));
+            s.cv.notify_all();
+            return s.stops.stopped() ? TokenAction::kStop
+                                     : TokenAction::kContinue;
           },
       .on_done =
           [stream](absl::StatusOr<GenerateResult> result) {
@@ -161,21 +254,16 @@ grpc::Status InferenceService::Generate(
       engine_->Submit(*std::move(req), std::move(callbacks));
   if (!id.ok()) return ToGrpcStatus(id.status());
 
-  const auto is_stop = [&](int32_t t) {
-    return std::find(stops.begin(), stops.end(), t) != stops.end();
-  };
-  StreamingDetokenizer detok(tokenizer_);
-  int32_t generated = 0;
   bool sent_final = false;
   bool client_gone = false;
   absl::StatusOr<GenerateResult> result;
   std::unique_lock<std::mutex> lock(stream->mu);
   while (true) {
     stream->cv.wait_for(lock, std::chrono::milliseconds(50), [&] {
-      return !stream->tokens.empty() || stream->done.has_value();
+      return !stream->responses.empty() || stream->done.has_value();
     });
-    std::deque<int32_t> tokens;
-    tokens.swap(stream->tokens);
+    std::deque<v1::GenerateResponse> responses;
+    responses.swap(stream->responses);
     const bool finished = stream->done.has_value();
     if (finished) result = std::move(*stream->done);
     lock.unlock();
@@ -183,24 +271,9 @@ grpc::Status InferenceService::Generate(
       client_gone = true;
       engine_->Cancel(*id);
     }
-    for (int32_t t : tokens) {
+    for (const v1::GenerateResponse& response : responses) {
       if (client_gone) break;
-      ++generated;
-      v1::GenerateResponse response;
-      response.add_token_ids(t);
-      // Stop tokens are reported by id but not printed.
-      const bool stop = is_stop(t);
-      if (!stop) response.set_text(detok.Push(t));
-      // The engine ends a request at a stop token or at max_tokens; the last
-      // token's response carries the finish (when this guess is ever wrong,
-      // a separate final response follows below).
-      if (stop || generated >= max_tokens) {
-        response.mutable_text()->append(detok.Finish());
-        response.set_finish_reason(stop ? "stop" : "length");
-        response.mutable_usage()->set_prompt_tokens(prompt_tokens);
-        response.mutable_usage()->set_completion_tokens(generated);
-        sent_final = true;
-      }
+      sent_final |= !response.finish_reason().empty();
       if (!writer->Write(response)) {
         client_gone = true;
         engine_->Cancel(*id);
@@ -217,12 +290,13 @@ grpc::Status InferenceService::Generate(
                         "the client cancelled the request");
   }
   if (!sent_final) {
+    // on_done has run: the loop no longer touches the stream.
+    Stream& s = *stream;
     v1::GenerateResponse response;
-    response.set_text(detok.Finish());
-    response.set_finish_reason(FinishReasonName(result->finish_reason));
-    response.mutable_usage()->set_prompt_tokens(prompt_tokens);
-    response.mutable_usage()->set_completion_tokens(
-        static_cast<int32_t>(result->tokens.size()));
+    std::string text = s.stops.Push(s.detok.Finish());
+    response.set_text(text + s.stops.Finish());
+    finish(response, FinishReasonName(result->finish_reason),
+           static_cast<int32_t>(result->tokens.size()));
     writer->Write(response);
   }
   return grpc::Status::OK;

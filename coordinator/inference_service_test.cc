@@ -8,6 +8,7 @@
 #include <cmath>
 #include <future>
 #include <limits>
+#include <numeric>
 #include <thread>
 
 #include "grpcpp/create_channel.h"
@@ -276,6 +277,164 @@ TEST_F(InferenceServiceTest, StopTokenEndsStreamAndIsNotPrinted) {
   EXPECT_EQ(got.text, Visible(want, {stop}));  // ...but not its text.
 }
 
+// The text of `tokens` up to the first occurrence of any of `stops`, and
+// how many tokens it took for the text to contain one (0: none occurs).
+std::pair<std::string, size_t> CutAtStop(
+    const Tokenizer& tok, const std::vector<int32_t>& tokens,
+    const std::vector<std::string>& stops) {
+  for (size_t n = 1; n <= tokens.size(); ++n) {
+    const std::string text =
+        tok.Decode(absl::Span<const int32_t>(tokens.data(), n));
+    size_t first = std::string::npos;
+    for (const auto& s : stops) first = std::min(first, text.find(s));
+    if (first != std::string::npos) return {text.substr(0, first), n};
+  }
+  return {tok.Decode(tokens), 0};
+}
+
+TEST_F(InferenceServiceTest, StopStringsCutTheTextBeforeThem) {
+  const std::vector<int32_t> prompt = tokenizer_.Encode("stop strings");
+  const GenerateResult free_run = Direct(prompt, 24, {}, {});
+  ASSERT_EQ(free_run.tokens.size(), 24u);
+  const auto text_of = [&](size_t from, size_t to) {
+    return tokenizer_.Decode(
+        absl::Span<const int32_t>(free_run.tokens.data() + from, to - from));
+  };
+  // A stop string spanning tokens 6..8 (held back over several tokens), one
+  // that starts like tokens 3..5 but never completes ("€" has no token), and
+  // both: the first wins, the other's held text comes out.
+  const std::vector<std::vector<std::string>> stop_sets = {
+      {text_of(6, 9)},
+      {text_of(3, 6) + "€"},
+      {text_of(3, 6) + "€", text_of(6, 9)}};
+  for (const auto& stops : stop_sets) {
+    SCOPED_TRACE(stops.back());
+    const auto [want_text, stop_at] =
+        CutAtStop(tokenizer_, free_run.tokens, stops);
+    v1::GenerateRequest req;
+    req.set_prompt("stop strings");
+    req.set_max_tokens(24);
+    req.set_ignore_eos(true);
+    for (const auto& s : stops) req.add_stop(s);
+    const Streamed got = Call(req);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.text, want_text);
+    const size_t n = stop_at == 0 ? 24 : stop_at;
+    EXPECT_EQ(got.tokens, std::vector<int32_t>(free_run.tokens.begin(),
+                                               free_run.tokens.begin() + n));
+    ExpectFinal(got, stop_at == 0 ? "length" : "stop",
+                static_cast<int>(prompt.size()), n);
+    EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+  }
+  // The stop string found must be the one in the middle (not earlier).
+  EXPECT_GT(CutAtStop(tokenizer_, free_run.tokens, stop_sets[0]).second, 0u);
+}
+
+// log_softmax of one row of logits, in double.
+std::vector<double> LogSoftmax(const std::vector<float>& logits) {
+  double max = -INFINITY, sum = 0;
+  for (float l : logits) max = std::max<double>(max, l);
+  for (float l : logits) sum += std::exp(l - max);
+  std::vector<double> out;
+  for (float l : logits) out.push_back(l - max - std::log(sum));
+  return out;
+}
+
+TEST_F(InferenceServiceTest, LogprobsAreTheModelsLogSoftmax) {
+  const std::vector<int32_t> prompt = tokenizer_.Encode("log probs");
+  // Sampled at temperature 0.7 with top_k 5: the log-probabilities are
+  // still those of the raw logits (temperature 1, no top_k).
+  const SamplingParams sampling{.temperature = 0.7f, .top_k = 5, .seed = 9};
+  auto want = engine_->Generate({.prompt = prompt,
+                                 .max_tokens = 8,
+                                 .sampling = sampling,
+                                 .return_prompt_logits = true,
+                                 .logprobs = 20});
+  ASSERT_TRUE(want.ok()) << want.status();
+  v1::GenerateRequest req;
+  req.set_prompt("log probs");
+  req.set_max_tokens(8);
+  req.set_ignore_eos(true);
+  req.set_logprobs(20);
+  req.mutable_sampling()->set_temperature(0.7f);
+  req.mutable_sampling()->set_top_k(5);
+  req.mutable_sampling()->set_seed(9);
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  ASSERT_EQ(got.tokens, want->tokens);
+  ASSERT_EQ(got.responses.size(), 8u);
+  for (size_t i = 0; i < got.responses.size(); ++i) {
+    const v1::GenerateResponse& r = got.responses[i];
+    ASSERT_EQ(r.logprobs_size(), 1) << i;
+    const v1::TokenLogprobs& lp = r.logprobs(0);
+    EXPECT_EQ(lp.token().token_id(), got.tokens[i]);
+    EXPECT_EQ(lp.token().text(), tokenizer_.Decode({got.tokens[i]}));
+    EXPECT_FLOAT_EQ(lp.token().logprob(), want->logprobs[i].sampled);
+    ASSERT_EQ(lp.top_size(), 20);
+    for (int k = 0; k < 20; ++k) {
+      EXPECT_EQ(lp.top(k).token_id(), want->logprobs[i].top[k].token);
+      EXPECT_FLOAT_EQ(lp.top(k).logprob(), want->logprobs[i].top[k].logprob);
+      EXPECT_EQ(lp.top(k).text(), tokenizer_.Decode({lp.top(k).token_id()}));
+      if (k > 0) {
+        EXPECT_LE(lp.top(k).logprob(), lp.top(k - 1).logprob());
+      }
+    }
+  }
+  // The first token against log_softmax of the full logits, in double.
+  const std::vector<double> ref = LogSoftmax(want->prompt_logits);
+  std::vector<int32_t> order(ref.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int32_t a, int32_t b) { return ref[a] > ref[b]; });
+  const v1::TokenLogprobs& first = got.responses[0].logprobs(0);
+  EXPECT_NEAR(first.token().logprob(), ref[got.tokens[0]], 1e-5);
+  for (int k = 0; k < 20; ++k) {
+    EXPECT_EQ(first.top(k).token_id(), order[k]) << k;
+    EXPECT_NEAR(first.top(k).logprob(), ref[order[k]], 1e-5) << k;
+  }
+  // Top-k 5 sampling draws from the 5 most likely.
+  EXPECT_LT(
+      std::find(order.begin(), order.end(), got.tokens[0]) - order.begin(), 5);
+}
+
+TEST_F(InferenceServiceTest, TruncatePromptTokensKeepsTheEnd) {
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 300; ++i) ids.push_back((i * 13 + 1) % 256);
+  const std::vector<int32_t> tail(ids.end() - 40, ids.end());
+  const GenerateResult want = Direct(tail, 6, {}, {});
+  v1::GenerateRequest req;
+  for (int32_t t : ids) req.add_prompt_token_ids(t);  // Over 256 alone.
+  req.set_max_tokens(6);
+  req.set_ignore_eos(true);
+  req.set_truncate_prompt_tokens(40);
+  const Streamed got = Call(req);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  ExpectFinal(got, "length", 40, 6);  // Usage counts the tokens kept.
+
+  // Without truncation the same prompt is refused, with the numbers.
+  req.set_truncate_prompt_tokens(0);
+  const Streamed refused = Call(req);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find(
+                "prompt (300 tokens) + max_tokens (6) = 306 exceeds the "
+                "context window of 256"),
+            std::string::npos)
+      << refused.status.error_message();
+
+  // A limit above the prompt's length keeps it whole.
+  v1::GenerateRequest small;
+  small.set_prompt("abc");
+  small.set_max_tokens(3);
+  small.set_ignore_eos(true);
+  small.set_truncate_prompt_tokens(100);
+  const Streamed whole = Call(small);
+  ASSERT_TRUE(whole.status.ok()) << whole.status.error_message();
+  EXPECT_EQ(whole.tokens, Direct(tokenizer_.Encode("abc"), 3, {}, {}).tokens);
+  ExpectFinal(whole, "length", 3, 3);
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
 TEST_F(InferenceServiceTest, DefaultMaxTokensIs16) {
   v1::GenerateRequest req;
   req.set_prompt("abc");
@@ -337,7 +496,49 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
          r.set_max_tokens(100);
        }),
        "context window"},
+      {"infinite temperature", with([](auto& r) {
+         r.mutable_sampling()->set_temperature(
+             std::numeric_limits<float>::infinity());
+       }),
+       "temperature"},
+      {"NaN top_p",
+       with([&](auto& r) { r.mutable_sampling()->set_top_p(nan); }), "top_p"},
+      {"9 stop strings", with([](auto& r) {
+         for (int i = 0; i < 9; ++i) r.add_stop(std::string(1, 'a' + i));
+       }),
+       "at most 8 stop strings, got 9"},
+      {"empty stop string", with([](auto& r) {
+         r.add_stop("ok");
+         r.add_stop("");
+       }),
+       "stop[1] must be 1 to 256 bytes, got 0"},
+      {"257-byte stop string",
+       with([](auto& r) { r.add_stop(std::string(257, 'x')); }),
+       "stop[0] must be 1 to 256 bytes, got 257"},
+      {"logprobs over 20", with([](auto& r) { r.set_logprobs(21); }),
+       "logprobs must be in [0, 20], got 21"},
+      {"negative logprobs", with([](auto& r) { r.set_logprobs(-1); }),
+       "logprobs must be in [0, 20], got -1"},
+      {"negative truncate_prompt_tokens",
+       with([](auto& r) { r.set_truncate_prompt_tokens(-5); }),
+       "truncate_prompt_tokens must be >= 0"},
+      // Truncated to 250, + 10 is still over the context window (256).
+      {"truncated prompt still over the context", with([](auto& r) {
+         for (int i = 0; i < 300; ++i) r.add_prompt_token_ids(i % 200);
+         r.set_truncate_prompt_tokens(250);
+         r.set_max_tokens(10);
+       }),
+       "prompt (250 tokens) + max_tokens (10) = 260 exceeds the context "
+       "window of 256"},
+      // Truncated to 120, + 100 fits the context but not the cache.
+      {"truncated prompt over KV capacity", with([](auto& r) {
+         for (int i = 0; i < 300; ++i) r.add_prompt_token_ids(i % 200);
+         r.set_truncate_prompt_tokens(120);
+         r.set_max_tokens(100);
+       }),
+       "220 tokens need 14 KV blocks but the cache has 8 (16 tokens each)"},
   };
+  ASSERT_GE(cases.size(), 20u);
   for (const Case& c : cases) {
     const Streamed got = Call(c.req);
     EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
@@ -354,6 +555,7 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
   const Streamed after = Call(good);
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens.size(), 5u);
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
 }
 
 TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
@@ -419,19 +621,20 @@ TEST_F(InferenceServiceTest, ConcurrentStreamsAreBatched) {
   before = engine_->steps();
   std::promise<void> held;  // The loop is inside the gate's callback.
   std::atomic<bool> first{true};
-  ASSERT_TRUE(engine_
-                  ->Submit({.prompt = {1}, .max_tokens = 2},
-                           {.on_token =
-                                [gate, &held, &first](int32_t) {
-                                  if (first.exchange(false)) held.set_value();
-                                  gate.wait();
-                                  return true;
-                                },
-                            .on_done =
-                                [&](absl::StatusOr<GenerateResult> r) {
-                                  gate_done.set_value(std::move(r));
-                                }})
-                  .ok());
+  ASSERT_TRUE(
+      engine_
+          ->Submit({.prompt = {1}, .max_tokens = 2},
+                   {.on_token =
+                        [gate, &held, &first](int32_t, const TokenLogprobs*) {
+                          if (first.exchange(false)) held.set_value();
+                          gate.wait();
+                          return TokenAction::kContinue;
+                        },
+                    .on_done =
+                        [&](absl::StatusOr<GenerateResult> r) {
+                          gate_done.set_value(std::move(r));
+                        }})
+          .ok());
   held.get_future().wait();
   std::vector<std::future<Streamed>> calls;
   for (int i = 0; i < 8; ++i) {
@@ -467,9 +670,9 @@ TEST_F(InferenceServiceTest, ClientDeadlineIsDeadlineExceeded) {
   ASSERT_TRUE(engine_
                   ->Submit({.prompt = {1}, .max_tokens = 2},
                            {.on_token =
-                                [gate](int32_t) {
+                                [gate](int32_t, const TokenLogprobs*) {
                                   gate.wait();
-                                  return true;
+                                  return TokenAction::kContinue;
                                 },
                             .on_done =
                                 [&](absl::StatusOr<GenerateResult>) {

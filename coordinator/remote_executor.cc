@@ -94,6 +94,7 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
     out.set_src(c.src);
     out.set_dst(c.dst);
   }
+  plan.mutable_logprobs()->Add(step.logprobs.begin(), step.logprobs.end());
 
   absl::StatusOr<std::vector<v1::StepResult>> results = service_.RunStep(plan);
   absl::MutexLock lock(&mu_);
@@ -120,12 +121,36 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
         "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logits_size(),
         " logits for ", rows, " rows of ", config_.vocab_size));
   }
+  const bool want_logprobs =
+      std::any_of(step.logprobs.begin(), step.logprobs.end(),
+                  [](int32_t n) { return n > 0; });
+  if (bad.ok() && want_logprobs &&
+      static_cast<size_t>(r.logprobs_size()) != rows) {
+    bad = absl::InternalError(absl::StrCat(
+        "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logprobs_size(),
+        " log-probability rows for ", rows, " logit rows"));
+  }
+  for (const v1::RowLogprobs& row : r.logprobs()) {
+    if (bad.ok() && row.top_tokens_size() != row.top_logprobs_size()) {
+      bad = absl::InternalError(
+          absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1, " returned ",
+                       row.top_tokens_size(), " top tokens with ",
+                       row.top_logprobs_size(), " log-probabilities"));
+    }
+  }
   if (!bad.ok()) {
     failed_ = bad;
     return bad;
   }
   StepOutput out;
   out.tokens.assign(r.tokens().begin(), r.tokens().end());
+  for (const v1::RowLogprobs& row : r.logprobs()) {
+    TokenLogprobs& lp = out.logprobs.emplace_back();
+    lp.sampled = row.sampled();
+    for (int k = 0; k < row.top_tokens_size(); ++k) {
+      lp.top.push_back({row.top_tokens(k), row.top_logprobs(k)});
+    }
+  }
   if (step.return_logits) {
     ASSIGN_OR_RETURN(out.logits, Tensor::HostUninitialized(
                                      DType::kF32, {static_cast<int64_t>(rows),

@@ -299,6 +299,7 @@ void Scheduler::Step() {
         step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) - 1);
         step.sampling.push_back(req.sampling);
         step.sample_index.push_back(generated);
+        step.logprobs.push_back(req.logprobs);
         step.return_logits |= generated == 0 && req.return_prompt_logits;
         in_step.push_back(&s);
       }
@@ -326,6 +327,14 @@ void Scheduler::Step() {
     out = absl::InternalError(absl::StrCat("step returned ", out->tokens.size(),
                                            " tokens for ", in_step.size(),
                                            " rows"));
+  }
+  const bool want_logprobs =
+      std::any_of(step.logprobs.begin(), step.logprobs.end(),
+                  [](int32_t n) { return n > 0; });
+  if (out.ok() && want_logprobs && out->logprobs.size() != in_step.size()) {
+    out = absl::InternalError(
+        absl::StrCat("step returned ", out->logprobs.size(),
+                     " log-probability rows for ", in_step.size(), " rows"));
   }
   if (!out.ok()) {
     // The KV cache of every running sequence is now suspect, and so are
@@ -364,6 +373,11 @@ void Scheduler::Step() {
     const int32_t token = out->tokens[row];
     s.tokens.push_back(token);
     s.result.tokens.push_back(token);
+    const TokenLogprobs* logprobs = nullptr;
+    if (req.logprobs > 0) {
+      s.result.logprobs.push_back(std::move(out->logprobs[row]));
+      logprobs = &s.result.logprobs.back();
+    }
     const Clock::time_point now = Clock::now();
     if (generated == 0) {
       s.first_token = now;
@@ -371,8 +385,13 @@ void Scheduler::Step() {
     }
     s.result.decode_seconds = Seconds(s.first_token, now);
     // The loop thread holds no lock here.
-    if (s.callbacks.on_token && !s.callbacks.on_token(token)) {
+    const TokenAction action = s.callbacks.on_token
+                                   ? s.callbacks.on_token(token, logprobs)
+                                   : TokenAction::kContinue;
+    if (action == TokenAction::kCancel) {
       s.result.finish_reason = FinishReason::kCancelled;
+    } else if (action == TokenAction::kStop) {
+      s.result.finish_reason = FinishReason::kStop;
     } else if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
                          token) != req.stop_token_ids.end()) {
       s.result.finish_reason = FinishReason::kStop;

@@ -72,6 +72,58 @@ TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
   EXPECT_LT(engine->steps(), alone_steps / 2);
 }
 
+TEST_F(SchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
+  auto engine = MakeEngine({.kv_cache_bytes = 40 * kBlockBytes});
+  // The reference: the same greedy requests run to max_tokens alone.
+  std::vector<GenerateResult> free_run;
+  for (int i = 0; i < 6; ++i) {
+    auto got = engine->Generate({.prompt = Prompt(5 + 11 * i, i),
+                                 .max_tokens = 12,
+                                 .logprobs = i % 3 * 4});
+    ASSERT_TRUE(got.ok()) << got.status();
+    free_run.push_back(*got);
+  }
+  // Together, each told to stop after i + 1 tokens by its callback.
+  Results results;
+  for (int i = 0; i < 6; ++i) {
+    auto seen = std::make_shared<int>(0);
+    RequestCallbacks cb = results.Callbacks(i);
+    cb.on_token = [seen, i](int32_t, const TokenLogprobs* lp) {
+      EXPECT_EQ(lp != nullptr, i % 3 != 0) << "request " << i;
+      return ++*seen == i + 1 ? TokenAction::kStop : TokenAction::kContinue;
+    };
+    ASSERT_TRUE(engine
+                    ->Submit({.prompt = Prompt(5 + 11 * i, i),
+                              .max_tokens = 12,
+                              .logprobs = i % 3 * 4},
+                             std::move(cb))
+                    .ok());
+  }
+  results.Wait();
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const GenerateResult& got = *results[i];
+    EXPECT_EQ(got.finish_reason, FinishReason::kStop) << i;
+    const std::vector<int32_t> want(free_run[i].tokens.begin(),
+                                    free_run[i].tokens.begin() + i + 1);
+    EXPECT_EQ(got.tokens, want) << i;
+    // Batched, each row keeps its own log-probabilities.
+    ASSERT_EQ(got.logprobs.size(), i % 3 == 0 ? 0u : want.size()) << i;
+    for (size_t t = 0; t < got.logprobs.size(); ++t) {
+      const TokenLogprobs& a = got.logprobs[t];
+      const TokenLogprobs& b = free_run[i].logprobs[t];
+      EXPECT_NEAR(a.sampled, b.sampled, 1e-4);
+      ASSERT_EQ(a.top.size(), static_cast<size_t>(i % 3 * 4));
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 1e-4);
+      }
+      EXPECT_EQ(a.top[0].token, got.tokens[t]);  // Greedy: the top-1.
+    }
+  }
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
 TEST_F(SchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
   // A small device pool and host tier: cancellations also hit sequences
   // that are preempted and swapped out.

@@ -50,7 +50,13 @@ class Results {
       if (done_.size() <= slot) done_.resize(slot + 1);
       ++expected_;
     }
-    return {.on_token = std::move(on_token),
+    RequestCallbacks cb;
+    if (on_token) {
+      cb.on_token = [on_token](int32_t t, const TokenLogprobs*) {
+        return on_token(t) ? TokenAction::kContinue : TokenAction::kCancel;
+      };
+    }
+    return {.on_token = std::move(cb.on_token),
             .on_done = [this, slot](absl::StatusOr<GenerateResult> r) {
               std::lock_guard<std::mutex> lock(mu_);
               done_[slot] = std::move(r);

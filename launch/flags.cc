@@ -25,6 +25,12 @@ void FlagSet::Add(std::string name, bool* value, std::string help) {
       {std::move(name), value, std::move(help), *value ? "true" : "false"});
 }
 
+void FlagSet::Add(std::string name, std::vector<std::string>* values,
+                  std::string help) {
+  flags_.push_back({std::move(name), values,
+                    absl::StrCat(std::move(help), "; repeatable"), ""});
+}
+
 absl::Status FlagSet::Set(Flag& flag, const std::string& text) {
   const auto bad = [&](const char* want) {
     return absl::InvalidArgumentError(
@@ -40,6 +46,8 @@ absl::Status FlagSet::Set(Flag& flag, const std::string& text) {
     }
   } else if (auto* b = std::get_if<bool*>(&flag.value)) {
     if (!absl::SimpleAtob(text, *b)) return bad("true or false");
+  } else if (auto* v = std::get_if<std::vector<std::string>*>(&flag.value)) {
+    (*v)->push_back(text);
   }
   return absl::OkStatus();
 }

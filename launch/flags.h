@@ -22,6 +22,9 @@ class FlagSet {
   void Add(std::string name, int64_t* value, std::string help);
   void Add(std::string name, double* value, std::string help);
   void Add(std::string name, bool* value, std::string help);
+  // Repeatable: each occurrence appends its value.
+  void Add(std::string name, std::vector<std::string>* values,
+           std::string help);
 
   // Parses argv[first..argc). Positional arguments are collected in order.
   // InvalidArgument naming the flag on unknown flags or bad values.
@@ -33,7 +36,9 @@ class FlagSet {
  private:
   struct Flag {
     std::string name;
-    std::variant<std::string*, int64_t*, double*, bool*> value;
+    std::variant<std::string*, int64_t*, double*, bool*,
+                 std::vector<std::string>*>
+        value;
     std::string help;
     std::string default_text;
   };

@@ -35,6 +35,16 @@ TEST(FlagSetTest, ParsesTypedFlagsInBothForms) {
   EXPECT_NE(flags.Usage().find("(default 5)"), std::string::npos);
 }
 
+TEST(FlagSetTest, RepeatableFlagCollectsEveryValue) {
+  std::vector<std::string> stops;
+  FlagSet flags("usage");
+  flags.Add("stop", &stops, "s");
+  ASSERT_TRUE(
+      ParseArgs(flags, {"--stop", "a b", "--stop=\n", "--stop", ""}).ok());
+  EXPECT_EQ(stops, (std::vector<std::string>{"a b", "\n", ""}));
+  EXPECT_NE(flags.Usage().find("repeatable"), std::string::npos);
+}
+
 TEST(FlagSetTest, RejectsUnknownFlagsAndBadValues) {
   int64_t n = 0;
   double t = 0;

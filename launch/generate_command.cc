@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
+#include "coordinator/stop_strings.h"
 #include "launch/commands.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
@@ -28,6 +29,8 @@ struct GenerateFlags {
   double top_p = 1.0;
   int64_t seed = 0;
   bool stats = false;
+  std::vector<std::string> stop;
+  int64_t logprobs = 0;
 };
 
 int Fail(const absl::Status& s) {
@@ -59,6 +62,12 @@ int GenerateCommand(int argc, char** argv) {
   flags.Add("top-p", &f.top_p, "nucleus mass to keep, 1 = off");
   flags.Add("seed", &f.seed, "sampling seed");
   flags.Add("stats", &f.stats, "print token counts and speeds to stderr");
+  flags.Add("stop", &f.stop,
+            "end the completion where its text contains this string (not "
+            "printed)");
+  flags.Add("logprobs", &f.logprobs,
+            "print each token's log-probability and this many most likely "
+            "alternatives to stderr (0 = off, at most 20)");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm generate: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -81,6 +90,14 @@ int GenerateCommand(int argc, char** argv) {
   }
   if (problem.empty() && (f.top_k < 0 || f.top_k > (1 << 30))) {
     problem = "--top-k must be >= 0";
+  }
+  if (problem.empty() && (f.logprobs < 0 || f.logprobs > kMaxLogprobs)) {
+    problem = absl::StrCat("--logprobs must be in [0, ", kMaxLogprobs, "]");
+  }
+  for (const std::string& stop : f.stop) {
+    if (problem.empty() && (stop.empty() || stop.size() > 256)) {
+      problem = "--stop must be 1 to 256 bytes";
+    }
   }
   if (problem.empty()) problem = f.engine.Problem();
   const SamplingParams sampling{
@@ -105,7 +122,9 @@ int GenerateCommand(int argc, char** argv) {
                            .ignore_eos = f.ignore_eos,
                            .max_tokens = static_cast<int32_t>(f.max_tokens),
                            .sampling = sampling,
-                           .stats = f.stats});
+                           .stats = f.stats,
+                           .stop = f.stop,
+                           .logprobs = static_cast<int32_t>(f.logprobs)});
   }
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -120,7 +139,8 @@ int GenerateCommand(int argc, char** argv) {
   GenerateRequest req{
       .prompt = tok.Encode(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
       .max_tokens = static_cast<int32_t>(f.max_tokens),
-      .sampling = sampling};
+      .sampling = sampling,
+      .logprobs = static_cast<int32_t>(f.logprobs)};
   // End of text, and the end of a chat turn for chat models.
   for (int32_t id : {engine.config().eos_id, tok.eos_id()}) {
     if (id >= 0 && !f.ignore_eos) req.stop_token_ids.push_back(id);
@@ -133,24 +153,45 @@ int GenerateCommand(int argc, char** argv) {
   }
 
   StreamingDetokenizer detok(&tok);
+  StopStringFilter stop_strings(f.stop);
   const auto stops = req.stop_token_ids;
+  const auto print = [](const std::string& text) {
+    std::fwrite(text.data(), 1, text.size(), stdout);
+    std::fflush(stdout);
+  };
   auto result = engine.Generate(req, [&](int32_t id) {
-    // Stop tokens end the stream without being printed.
+    // Stop tokens end the stream without being printed; a stop string ends
+    // it (as a cancel here: the engine has no text) before itself.
     if (std::find(stops.begin(), stops.end(), id) == stops.end()) {
-      const std::string text = detok.Push(id);
-      std::fwrite(text.data(), 1, text.size(), stdout);
-      std::fflush(stdout);
+      print(stop_strings.Push(detok.Push(id)));
     }
-    return true;
+    return !stop_strings.stopped();
   });
   if (!result.ok()) {
     std::fputc('\n', stdout);
     return Fail(result.status());
   }
-  const std::string rest = detok.Finish();
-  std::fwrite(rest.data(), 1, rest.size(), stdout);
+  if (stop_strings.stopped()) result->finish_reason = FinishReason::kStop;
+  print(stop_strings.Push(detok.Finish()));
+  print(stop_strings.Finish());
   std::fputc('\n', stdout);
   std::fflush(stdout);  // Before the stats on stderr.
+  if (f.logprobs > 0) {
+    std::vector<PrintedToken> printed;
+    const auto text_of = [&](int32_t id) {
+      StreamingDetokenizer d(&tok);
+      return d.Push(id) + d.Finish();
+    };
+    for (size_t i = 0; i < result->logprobs.size(); ++i) {
+      const TokenLogprobs& lp = result->logprobs[i];
+      PrintedToken& t = printed.emplace_back();
+      t.token = {text_of(result->tokens[i]), lp.sampled};
+      for (const TokenLogprob& a : lp.top) {
+        t.top.push_back({text_of(a.token), a.logprob});
+      }
+    }
+    PrintLogprobs(stderr, printed);
+  }
 
   if (f.stats) {
     const size_t n = result->tokens.size();

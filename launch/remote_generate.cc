@@ -1,10 +1,13 @@
 #include "launch/remote_generate.h"
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <memory>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "shardlm/v1/inference.grpc.pb.h"
@@ -43,6 +46,24 @@ const char* CodeName(grpc::StatusCode code) {
 }
 
 }  // namespace
+
+void PrintLogprobs(std::FILE* out, const std::vector<PrintedToken>& tokens) {
+  const auto quoted = [](const PrintedLogprob& t) {
+    return absl::StrCat("\"", absl::CEscape(t.text), "\"");
+  };
+  std::fprintf(out, "[logprobs] token: text logprob (prob) | alternatives\n");
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const PrintedToken& t = tokens[i];
+    std::string line =
+        absl::StrFormat("%4zu: %-16s %9.4f (%.3f) |", i, quoted(t.token),
+                        t.token.logprob, std::exp(t.token.logprob));
+    for (const PrintedLogprob& a : t.top) {
+      absl::StrAppend(&line, " ", quoted(a), " ",
+                      absl::StrFormat("%.4f", a.logprob));
+    }
+    std::fprintf(out, "%s\n", line.c_str());
+  }
+}
 
 std::string ChatMlPrompt(const std::string& user) {
   return absl::StrCat("<|im_start|>user\n", user,
@@ -87,6 +108,8 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
   s->set_top_k(o.sampling.top_k);
   s->set_top_p(o.sampling.top_p);
   s->set_seed(o.sampling.seed);
+  for (const std::string& stop : o.stop) req.add_stop(stop);
+  req.set_logprobs(o.logprobs);
 
   grpc::ClientContext ctx;
   const Clock::time_point start = Clock::now();
@@ -96,6 +119,7 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
   v1::GenerateResponse response;
   v1::GenerateResponse last;
   int64_t tokens = 0;
+  std::vector<PrintedToken> logprobs;
   while (reader->Read(&response)) {
     if (tokens == 0 && response.token_ids_size() > 0) {
       first_token = Clock::now();
@@ -104,6 +128,13 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
     std::fwrite(response.text().data(), 1, response.text().size(), stdout);
     std::fflush(stdout);
     if (!response.finish_reason().empty()) last = response;
+    for (const v1::TokenLogprobs& lp : response.logprobs()) {
+      PrintedToken& t = logprobs.emplace_back();
+      t.token = {lp.token().text(), lp.token().logprob()};
+      for (const v1::TokenLogprob& a : lp.top()) {
+        t.top.push_back({a.text(), a.logprob()});
+      }
+    }
   }
   const grpc::Status status = reader->Finish();
   const Clock::time_point end = Clock::now();
@@ -116,6 +147,7 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
     return 1;
   }
 
+  if (o.logprobs > 0) PrintLogprobs(stderr, logprobs);
   if (o.stats) {
     const int32_t n = last.usage().completion_tokens();
     const double prefill_s = Seconds(start, first_token);

@@ -5,7 +5,9 @@
 #define SHARDLM_LAUNCH_REMOTE_GENERATE_H_
 
 #include <cstdint>
+#include <cstdio>
 #include <string>
+#include <vector>
 
 #include "kernels/sampling/sampling.h"
 
@@ -18,7 +20,9 @@ struct RemoteGenerateOptions {
   bool ignore_eos = false;  // Generate max_tokens whatever comes.
   int32_t max_tokens = 128;
   SamplingParams sampling;
-  bool stats = false;  // Usage and timings to stderr.
+  bool stats = false;             // Usage and timings to stderr.
+  std::vector<std::string> stop;  // Stop strings.
+  int32_t logprobs = 0;           // > 0: print each token's logprobs to stderr.
   // How long to wait for the server to accept a connection.
   double connect_timeout_s = 5.0;
 };
@@ -27,6 +31,19 @@ struct RemoteGenerateOptions {
 // code: 0, or 1 with a message on stderr (an unreachable server is named by
 // its address; a rejected request gives the server's status and message).
 int RemoteGenerate(const RemoteGenerateOptions& options);
+
+// One token's log-probability and its most likely alternatives, as printed.
+struct PrintedLogprob {
+  std::string text;
+  float logprob = 0;
+};
+struct PrintedToken {
+  PrintedLogprob token;
+  std::vector<PrintedLogprob> top;
+};
+// One line per token to `out`: its index, text (quoted, escaped),
+// log-probability and probability, then the alternatives.
+void PrintLogprobs(std::FILE* out, const std::vector<PrintedToken>& tokens);
 
 // The ChatML user turn SmolLM2-Instruct was trained on, ready for the
 // assistant's answer.

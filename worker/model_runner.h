@@ -33,15 +33,43 @@ struct StepInput {
   std::vector<SamplingParams> sampling;
   std::vector<uint64_t> sample_index;
   bool return_logits = false;  // Also return the logits of logit_rows.
+  // Empty, or per logit row: how many most likely alternatives to report
+  // with the sampled token's log-probability (0: no log-probabilities for
+  // that row; at most kMaxLogprobs).
+  std::vector<int32_t> logprobs;
+};
+
+// Most alternatives a row may ask for (as OpenAI's API).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+// Log-probabilities of one sampled token under the model's distribution:
+// log_softmax of the raw logits (temperature 1, before top-k and top-p),
+// computed in double, whatever the row's sampling parameters.
+struct TokenLogprobs {
+  float sampled = 0;              // Of the sampled token.
+  std::vector<TokenLogprob> top;  // Most likely first (lower id on ties).
 };
 
 struct StepOutput {
   std::vector<int32_t> tokens;  // One per logit row.
   Tensor logits;                // [rows, vocab] when return_logits, else empty.
+  // One per logit row when any row asked for log-probabilities (rows that
+  // did not have an empty entry), else empty.
+  std::vector<TokenLogprobs> logprobs;
 };
 
+// The log-probabilities of `sampled` and of the `top_n` most likely tokens
+// under one row of logits ([vocab]).
+TokenLogprobs Logprobs(absl::Span<const float> logits, int32_t sampled,
+                       int32_t top_n);
+
 // Samples one token per logit row of `logits` ([rows, vocab]) with the
-// step's per-row parameters.
+// step's per-row parameters, and computes the log-probabilities asked for.
 absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits);
 
 // Communicators of one shard; null where the group has one member.

@@ -65,6 +65,7 @@ StepInput ToStepInput(
   for (const v1::BlockCopy& c : plan.copies()) {
     step.copies.push_back({.src = c.src(), .dst = c.dst()});
   }
+  step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
   return step;
 }
 
@@ -156,6 +157,14 @@ class AgentSession {
             if (plan.return_logits() && step->logits.numel() > 0) {
               absl::Span<float> l = step->logits.f32();
               result.mutable_logits()->Add(l.begin(), l.end());
+            }
+            for (const TokenLogprobs& lp : step->logprobs) {
+              v1::RowLogprobs& row = *result.add_logprobs();
+              row.set_sampled(lp.sampled);
+              for (const TokenLogprob& t : lp.top) {
+                row.add_top_tokens(t.token);
+                row.add_top_logprobs(t.logprob);
+              }
             }
           }
           Write(out);

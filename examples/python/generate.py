@@ -61,6 +61,11 @@ def main() -> int:
     ap.add_argument("--top-p", type=float, default=1.0, help="1 = off")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--ignore-eos", action="store_true")
+    ap.add_argument("--stop", action="append", default=[],
+                    help="end where the text contains this (repeatable)")
+    ap.add_argument("--logprobs", type=int, default=0,
+                    help="print each token's logprob and N alternatives "
+                         "to stderr (0 = off, at most 20)")
     ap.add_argument("--chat", action="store_true",
                     help="wrap the prompt as a ChatML user turn")
     ap.add_argument("--timeout", type=float, default=300.0,
@@ -78,9 +83,12 @@ def main() -> int:
         prompt=chatml(a.prompt) if a.chat else a.prompt,
         max_tokens=a.max_tokens,
         ignore_eos=a.ignore_eos,
+        stop=a.stop,
+        logprobs=a.logprobs,
         sampling=pb2.SamplingParams(temperature=a.temperature, top_k=a.top_k,
                                     top_p=a.top_p, seed=a.seed))
     out = sys.stdout.buffer
+    logprobs = []  # One TokenLogprobs per token when --logprobs.
     with grpc.insecure_channel(a.server) as channel:
         stub = pb2_grpc.InferenceStub(channel)
         try:
@@ -88,6 +96,7 @@ def main() -> int:
             for response in stub.Generate(request, timeout=a.timeout):
                 out.write(response.text.encode("utf-8"))
                 out.flush()
+                logprobs.extend(response.logprobs)
         except grpc.RpcError as e:
             out.write(b"\n")
             out.flush()
@@ -101,6 +110,10 @@ def main() -> int:
             return 1
     out.write(b"\n")
     out.flush()
+    for i, lp in enumerate(logprobs):
+        top = " ".join(f"{t.text!r} {t.logprob:.4f}" for t in lp.top)
+        print(f"{i:4d}: {lp.token.text!r:16} {lp.token.logprob:9.4f} | {top}",
+              file=sys.stderr)
     return 0
 
 

@@ -5,6 +5,9 @@
    with `shardlm generate --server`, which fails fast while nothing listens).
 2. The greedy completion streamed through the server equals the local
    `shardlm generate --model` output for the same prompt, byte for byte.
+   With --stop it is that text cut before the stop string (remote and
+   local); with --logprobs, stderr has one line per token and each greedy
+   token is its own most likely alternative.
 3. A bad request through the server exits 1 with the server's message.
 4. An unreachable --server address fails fast naming the address.
 5. SIGTERM stops the server with exit 0; it is always killed at the end.
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import time
@@ -57,6 +61,42 @@ def main() -> int:
         check(got_chat.returncode == 0 and got_chat.stdout == local_chat.stdout,
               f"--chat through the server equals local: got "
               f"{got_chat.stdout!r}, want {local_chat.stdout!r}")
+
+        # Stop strings: the same greedy text, cut before the first
+        # occurrence of a word from its middle.
+        text = got.stdout.rstrip("\n")
+        words = text.split()
+        stop_text = next((" " + w for w in words[len(words) // 2:]
+                     if " " + w in text), words[len(words) // 2])
+        want = text[:text.find(stop_text)] + "\n"
+        stopped = run(remote + prompt + ["--stop", stop_text, "--stop", "@@@",
+                                         "--stats"])
+        check(stopped.returncode == 0 and stopped.stdout == want,
+              f"--stop {stop_text!r} cuts the text before it: got "
+              f"{stopped.stdout!r}, want {want!r} ({stopped.stderr.strip()})")
+        check("finish: stop" in stopped.stderr,
+              f"--stop ends with finish_reason stop ({stopped.stderr.strip()})")
+        local_stopped = run([a.shardlm, "generate", "--model", a.gguf] + prompt
+                            + ["--stop", stop_text])
+        check(local_stopped.stdout == want,
+              f"local --stop equals it: {local_stopped.stdout!r}")
+
+        # Logprobs: one readable line per token on stderr, greedy tokens are
+        # their own top alternative; stdout unchanged.
+        six = ["--prompt", "The capital of France is", "--max-tokens", "6"]
+        plain = run(remote + six)
+        lp = run(remote + six + ["--logprobs", "3"])
+        check(lp.returncode == 0 and lp.stdout == plain.stdout,
+              f"--logprobs leaves the text alone ({lp.stderr.strip()})")
+        line = re.compile(r'^\s*(\d+): (".*?(?<!\\)")\s+(-?\d+\.\d+) '
+                          r'\((\d\.\d+)\) \| (".*?(?<!\\)") (-?\d+\.\d+)')
+        rows = [m for m in map(line.match, lp.stderr.splitlines()) if m]
+        check(len(rows) == 6, f"--logprobs prints 6 token lines ({lp.stderr!r})")
+        for m in rows:
+            check(m.group(2) == m.group(5) and
+                  float(m.group(3)) == float(m.group(6)) and
+                  float(m.group(3)) <= 0,
+                  f"greedy token is its own top-1: {m.group(0)!r}")
 
         # 3. The server rejects a bad request with a message.
         bad = run(remote + ["--prompt", "x", "--max-tokens", "9000"])

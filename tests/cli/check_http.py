@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""End-to-end check of the HTTP API of `shardlm serve` (OpenAI-style
+/v1/completions and /v1/chat/completions, /v1/models, /metrics, /health,
+/ready, the API key) on SmolLM2, with only the standard library as client.
+
+The reference for every greedy text is `shardlm generate --model` run
+locally (itself checked against a numpy forward pass by the reference
+tests), so the HTTP layer must reproduce it byte for byte, streamed or not.
+
+  check_http.py --shardlm BIN --gguf MODEL
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, free_port, run, stop  # noqa: E402
+
+KEY = "test-key-123"
+
+
+class Api:
+    def __init__(self, port: int):
+        self.port = port
+
+    def request(self, method: str, path: str, body=None, key: str | None = KEY,
+                raw: bytes | None = None):
+        """Returns (status, headers, body bytes)."""
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=120)
+        headers = {"Content-Type": "application/json"}
+        if key is not None:
+            headers["Authorization"] = f"Bearer {key}"
+        data = raw if raw is not None else (
+            None if body is None else json.dumps(body).encode())
+        conn.request(method, path, body=data, headers=headers)
+        r = conn.getresponse()
+        out = r.read()
+        conn.close()
+        return r.status, dict(r.getheaders()), out
+
+    def json(self, method: str, path: str, body=None, key: str | None = KEY):
+        status, _, out = self.request(method, path, body, key)
+        try:
+            return status, json.loads(out)
+        except json.JSONDecodeError:
+            return status, {"raw": out.decode(errors="replace")}
+
+    def stream(self, path: str, body) -> list:
+        """The parsed SSE data events; the last is the string '[DONE]'."""
+        status, headers, out = self.request("POST", path, body)
+        assert status == 200, (status, out)
+        assert headers.get("Content-Type") == "text/event-stream", headers
+        events = []
+        for block in out.decode().split("\n\n"):
+            if not block.startswith("data: "):
+                continue
+            data = block[len("data: "):]
+            events.append(data if data == "[DONE]" else json.loads(data))
+        return events
+
+
+def metric(text: str, name: str) -> float | None:
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+
+    grpc_addr = f"127.0.0.1:{free_port()}"
+    http_port = free_port()
+    env = dict(os.environ, SHARDLM_API_KEY=KEY)
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen", grpc_addr,
+         "--http-listen", f"127.0.0.1:{http_port}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, env=env)
+    api = Api(http_port)
+    try:
+        # Live, then ready.
+        deadline = time.monotonic() + 120
+        live = False
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                live = api.request("GET", "/health", key=None)[0] == 200
+            except OSError:
+                live = False
+            if live:
+                break
+            time.sleep(0.2)
+        check(live, f"/health answers 200 on port {http_port}")
+        if not live:
+            return 1
+        status, _, body = api.request("GET", "/ready", key=None)
+        check(status == 200, f"/ready is 200 ({body!r})")
+
+        # The API key guards /v1/*, not the probes.
+        status, headers, _ = api.request("GET", "/v1/models", key=None)
+        check(status == 401 and headers.get("WWW-Authenticate") == "Bearer",
+              f"no API key: 401 with WWW-Authenticate ({status})")
+        check(api.request("GET", "/v1/models", key="wrong")[0] == 401,
+              "a wrong API key: 401")
+        status, models = api.json("GET", "/v1/models")
+        check(status == 200 and models["data"][0]["id"] != "" and
+              models["data"][0]["max_model_len"] == 8192,
+              f"/v1/models lists the model ({models})")
+        model = models["data"][0]["id"]
+
+        # Greedy completion == local generate.
+        prompt = "The capital of France is"
+        local = run([a.shardlm, "generate", "--model", a.gguf, "--prompt",
+                     prompt, "--max-tokens", "24"])
+        want = local.stdout[:-1]  # generate ends its output with a newline.
+        req = {"model": model, "prompt": prompt, "max_tokens": 24,
+               "temperature": 0}
+        status, got = api.json("POST", "/v1/completions", req)
+        check(status == 200 and got["choices"][0]["text"] == want,
+              f"completion equals local generate: got {got}, want {want!r}")
+        check(got.get("object") == "text_completion" and
+              got["usage"]["prompt_tokens"] == 5 and
+              got["usage"]["completion_tokens"] > 0 and
+              got["choices"][0]["finish_reason"] in ("stop", "length"),
+              f"completion object, usage and finish_reason ({got})")
+
+        # Streamed: the chunks concatenate to the same text.
+        events = api.stream("/v1/completions", dict(req, stream=True))
+        chunks = [e for e in events if e != "[DONE]"]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        check(events[-1] == "[DONE]" and text == want,
+              f"streamed chunks concatenate to the same text ({text!r})")
+        check(chunks[-1]["choices"][0]["finish_reason"] ==
+              got["choices"][0]["finish_reason"] and
+              all(c["choices"][0]["finish_reason"] is None
+                  for c in chunks[:-1]) and
+              chunks[-1]["usage"] == got["usage"],
+              "only the last chunk has finish_reason and usage")
+
+        # Chat == local generate --chat (same ChatML template).
+        local_chat = run([a.shardlm, "generate", "--model", a.gguf, "--chat",
+                          "--prompt", "Name a planet.", "--max-tokens", "16"])
+        chat_req = {"messages": [{"role": "user", "content": "Name a planet."}],
+                    "max_tokens": 16, "temperature": 0}
+        status, chat = api.json("POST", "/v1/chat/completions", chat_req)
+        check(status == 200 and chat["object"] == "chat.completion" and
+              chat["choices"][0]["message"]["role"] == "assistant" and
+              chat["choices"][0]["message"]["content"] ==
+              local_chat.stdout[:-1],
+              f"chat equals local generate --chat: got {chat}, "
+              f"want {local_chat.stdout!r}")
+        events = api.stream("/v1/chat/completions", dict(chat_req, stream=True))
+        deltas = [e["choices"][0]["delta"] for e in events if e != "[DONE]"]
+        check(deltas[0].get("role") == "assistant" and
+              "".join(d.get("content", "") for d in deltas) ==
+              chat["choices"][0]["message"]["content"] and
+              events[0]["object"] == "chat.completion.chunk",
+              "streamed chat deltas concatenate to the same message")
+
+        # Stop strings: the text up to the first occurrence.
+        stop_at = want[len(want) // 2:len(want) // 2 + 3]
+        status, got = api.json("POST", "/v1/completions",
+                               dict(req, stop=[stop_at, "zzzz"]))
+        check(status == 200 and
+              got["choices"][0]["text"] == want[:want.find(stop_at)] and
+              got["choices"][0]["finish_reason"] == "stop",
+              f"stop {stop_at!r} cuts the text before it ({got})")
+
+        # Logprobs: greedy tokens are their own top-1, 3 alternatives each.
+        status, got = api.json("POST", "/v1/completions",
+                               dict(req, max_tokens=6, logprobs=3))
+        lp = got["choices"][0]["logprobs"] if status == 200 else None
+        ok = (lp is not None and len(lp["tokens"]) == 6 and
+              all(len(t) == 3 for t in lp["top_logprobs"]) and
+              "".join(lp["tokens"]) == got["choices"][0]["text"])
+        for tok, logprob, top in zip(lp["tokens"] if lp else [],
+                                     lp["token_logprobs"] if lp else [],
+                                     lp["top_logprobs"] if lp else []):
+            ok = ok and logprob <= 0 and math.isclose(
+                logprob, max(top.values()), abs_tol=1e-6)
+        check(ok, f"logprobs: 6 tokens, top 3 each, greedy is top-1 ({lp})")
+        status, got = api.json("POST", "/v1/chat/completions",
+                               dict(chat_req, max_tokens=4, logprobs=True,
+                                    top_logprobs=2))
+        content = got["choices"][0]["logprobs"]["content"] if status == 200 \
+            else []
+        check(len(content) == 4 and all(len(c["top_logprobs"]) == 2 and
+                                        bytes(c["bytes"]).decode(
+                                            errors="replace") == c["token"]
+                                        for c in content),
+              f"chat logprobs with top_logprobs 2 ({content})")
+
+        # Bad requests: precise statuses, the server keeps serving.
+        ok_req = {"prompt": "Hi", "max_tokens": 2}
+        cases = [
+            ("not JSON", "/v1/completions", None, b"{nope", 400),
+            ("JSON array body", "/v1/completions", [1, 2], None, 400),
+            ("no prompt", "/v1/completions", {"max_tokens": 2}, None, 400),
+            ("prompt of objects", "/v1/completions",
+             {"prompt": [{"a": 1}]}, None, 400),
+            ("n = 2", "/v1/completions", dict(ok_req, n=2), None, 400),
+            ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400),
+            ("negative temperature", "/v1/completions",
+             dict(ok_req, temperature=-1), None, 400),
+            ("top_p 2", "/v1/completions", dict(ok_req, top_p=2), None, 400),
+            ("max_tokens -5", "/v1/completions", dict(ok_req, max_tokens=-5),
+             None, 400),
+            ("max_tokens a string", "/v1/completions",
+             dict(ok_req, max_tokens="9"), None, 400),
+            ("max_tokens past the context", "/v1/completions",
+             dict(ok_req, max_tokens=100000), None, 400),
+            ("token id outside the vocabulary", "/v1/completions",
+             {"prompt": [1, 999999], "max_tokens": 2}, None, 400),
+            ("logprobs 50", "/v1/completions", dict(ok_req, logprobs=50),
+             None, 400),
+            ("9 stop strings", "/v1/completions",
+             dict(ok_req, stop=[str(i) for i in range(9)]), None, 400),
+            ("presence penalty", "/v1/completions",
+             dict(ok_req, presence_penalty=0.5), None, 400),
+            ("another model", "/v1/completions",
+             dict(ok_req, model="gpt-4"), None, 404),
+            ("chat without messages", "/v1/chat/completions",
+             {"max_tokens": 2}, None, 400),
+            ("chat role tool", "/v1/chat/completions",
+             {"messages": [{"role": "tool", "content": "x"}]}, None, 400),
+            ("top_logprobs without logprobs", "/v1/chat/completions",
+             dict(chat_req, top_logprobs=2), None, 400),
+            ("unknown route", "/v1/embeddings", ok_req, None, 404),
+        ]
+        for name, path, body, raw, want_status in cases:
+            status, _, out = api.request("POST", path, body, raw=raw)
+            try:
+                err = json.loads(out)["error"]["message"]
+            except (ValueError, KeyError, TypeError):
+                err = None
+            check(status == want_status and bool(err),
+                  f"{name}: {want_status} with a message (got {status}: {err})")
+        status, _, _ = api.request("GET", "/v1/completions")
+        check(status == 405, f"GET /v1/completions: 405 ({status})")
+        status, got = api.json("POST", "/v1/completions", ok_req)
+        check(status == 200, "still serving after the bad requests")
+
+        # A client that goes away mid-stream frees its request.
+        conn = http.client.HTTPConnection("127.0.0.1", http_port, timeout=60)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"prompt": "Once", "max_tokens": 4000, "ignore_eos": True,
+             "stream": True, "temperature": 0}),
+            headers={"Authorization": f"Bearer {KEY}"})
+        r = conn.getresponse()
+        first = r.fp.readline()
+        conn.close()
+        r.close()
+        running = None
+        for _ in range(100):
+            _, _, metrics = api.request("GET", "/metrics", key=None)
+            running = metric(metrics.decode(), 'shardlm_requests{state="running"}')
+            if running == 0:
+                break
+            time.sleep(0.1)
+        check(first.startswith(b"data: ") and running == 0,
+              f"a dropped stream stops its request (running {running})")
+        used = metric(metrics.decode(),
+                      'shardlm_kv_blocks{tier="device",state="used"}')
+        check(used == 0, f"/metrics: no device block held ({used})")
+        ok2xx = metric(metrics.decode(), 'shardlm_http_responses_total{class="2xx"}')
+        bad4xx = metric(metrics.decode(), 'shardlm_http_responses_total{class="4xx"}')
+        check(ok2xx is not None and ok2xx >= 8 and bad4xx is not None and
+              bad4xx >= len(cases),
+              f"/metrics counts responses (2xx {ok2xx}, 4xx {bad4xx})")
+
+        # The gRPC API wants the key too.
+        got = run([a.shardlm, "generate", "--server", grpc_addr, "--prompt",
+                   "Hi", "--max-tokens", "2"], timeout=60)
+        check(got.returncode != 0 and "API key" in got.stderr,
+              f"gRPC without the key fails naming it ({got.stderr.strip()})")
+        got = subprocess.run([a.shardlm, "generate", "--server", grpc_addr,
+                              "--prompt", "Hi", "--max-tokens", "2"],
+                             capture_output=True, text=True, timeout=60,
+                             env=env, stdin=subprocess.DEVNULL)
+        check(got.returncode == 0, f"gRPC with SHARDLM_API_KEY set works "
+              f"({got.stderr.strip()})")
+    finally:
+        stop(server)
+    check(server.returncode == 0, f"SIGTERM stops the server with exit 0 "
+          f"(rc {server.returncode})")
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
+        return 1
+    print("all HTTP checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
