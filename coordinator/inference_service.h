@@ -37,9 +37,11 @@ struct ServiceOptions {
 //
 // Each Generate call submits its request to the engine's scheduler, which
 // batches it with every other request in flight, and streams the tokens as
-// the loop produces them. A client that cancels (or whose stream breaks)
-// cancels its request; the client's deadline becomes the request's
-// (DEADLINE_EXCEEDED); a full queue is RESOURCE_EXHAUSTED.
+// the loop produces them (with their log-probabilities when asked; text
+// that could start a stop string is held back until it is resolved). A
+// client that cancels (or whose stream breaks) cancels its request; the
+// client's deadline becomes the request's (DEADLINE_EXCEEDED); a full queue
+// is RESOURCE_EXHAUSTED.
 class InferenceService final : public v1::Inference::Service {
  public:
   InferenceService(Engine* engine, const Tokenizer* tokenizer,
@@ -55,10 +57,11 @@ class InferenceService final : public v1::Inference::Service {
                             const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
 
-  // The engine request for `request` (tokenized, defaults applied, stop
-  // tokens added), or InvalidArgument naming the field. Checks what the
-  // engine cannot see (sampling fields, token ranges); the engine checks
-  // context and KV capacity.
+  // The engine request for `request` (tokenized, cut to its last
+  // truncate_prompt_tokens, defaults applied, stop tokens added), or
+  // InvalidArgument naming the field. Checks what the engine cannot see
+  // (sampling fields, token ranges, stop strings, which the service
+  // matches itself); the engine checks context and KV capacity.
   absl::StatusOr<GenerateRequest> ToEngineRequest(
       const v1::GenerateRequest& request) const;
 

@@ -4,8 +4,8 @@
 1. `shardlm serve` starts on a free local port and becomes ready.
 2. `examples/python/generate.py` (its stubs generated from the .proto with
    grpcio-tools into --stubs-dir) streams the same text as
-   `shardlm generate --server` for the same prompt and max tokens, plain
-   and with --chat.
+   `shardlm generate --server` for the same prompt and max tokens, plain,
+   with --chat, and with --stop and --logprobs.
 3. An unreachable server is a clear error: exit 1, naming the address.
 4. The server is always killed at the end.
 
@@ -49,6 +49,8 @@ def main() -> int:
             ["--chat", "--prompt", "Name a planet.", "--max-tokens", "16"],
             ["--prompt", "Once upon a time", "--max-tokens", "12",
              "--ignore-eos"],
+            ["--prompt", "The capital of France is", "--max-tokens", "24",
+             "--stop", " answer", "--stop", "\n\n", "--logprobs", "2"],
         ]
         for args in cases:
             want = run(remote + args)
