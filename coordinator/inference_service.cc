@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/openai_api.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -187,14 +188,24 @@ absl::Time ToAbslDeadline(std::chrono::system_clock::time_point t) {
 grpc::Status InferenceService::Generate(
     grpc::ServerContext* context, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(Run(
+      *request, ToAbslDeadline(context->deadline()),
+      [context] { return context->IsCancelled(); },
+      [writer](const v1::GenerateResponse& r) { return writer->Write(r); }));
+}
+
+absl::Status InferenceService::Run(
+    const v1::GenerateRequest& request_proto, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::GenerateResponse&)>& write) {
+  const v1::GenerateRequest* request = &request_proto;
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
-  if (!req.ok()) return ToGrpcStatus(req.status());
+  if (!req.ok()) return req.status();
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
-  if (absl::Status h = engine_->executor().Health(); !h.ok()) {
-    return ToGrpcStatus(h);
-  }
+  if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
   req->priority = request->priority();
-  req->deadline = ToAbslDeadline(context->deadline());
+  req->deadline = deadline;
   const int32_t max_tokens = req->max_tokens;
   const int32_t prompt_tokens = static_cast<int32_t>(req->prompt.size());
   const std::vector<int32_t> stop_ids = req->stop_token_ids;
@@ -252,7 +263,7 @@ grpc::Status InferenceService::Generate(
           }};
   absl::StatusOr<RequestId> id =
       engine_->Submit(*std::move(req), std::move(callbacks));
-  if (!id.ok()) return ToGrpcStatus(id.status());
+  if (!id.ok()) return id.status();
 
   bool sent_final = false;
   bool client_gone = false;
@@ -267,14 +278,14 @@ grpc::Status InferenceService::Generate(
     const bool finished = stream->done.has_value();
     if (finished) result = std::move(*stream->done);
     lock.unlock();
-    if (!client_gone && context->IsCancelled()) {
+    if (!client_gone && cancelled()) {
       client_gone = true;
       engine_->Cancel(*id);
     }
     for (const v1::GenerateResponse& response : responses) {
       if (client_gone) break;
       sent_final |= !response.finish_reason().empty();
-      if (!writer->Write(response)) {
+      if (!write(response)) {
         client_gone = true;
         engine_->Cancel(*id);
       }
@@ -284,10 +295,9 @@ grpc::Status InferenceService::Generate(
     lock.lock();
   }
 
-  if (!result.ok()) return ToGrpcStatus(result.status());
+  if (!result.ok()) return result.status();
   if (client_gone || result->finish_reason == FinishReason::kCancelled) {
-    return grpc::Status(grpc::StatusCode::CANCELLED,
-                        "the client cancelled the request");
+    return absl::CancelledError("the client cancelled the request");
   }
   if (!sent_final) {
     // on_done has run: the loop no longer touches the stream.
@@ -297,14 +307,30 @@ grpc::Status InferenceService::Generate(
     response.set_text(text + s.stops.Finish());
     finish(response, FinishReasonName(result->finish_reason),
            static_cast<int32_t>(result->tokens.size()));
-    writer->Write(response);
+    write(response);
   }
-  return grpc::Status::OK;
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::CheckApiKey(
+    const grpc::ServerContext& context) const {
+  if (options_.api_key.empty()) return absl::OkStatus();
+  const auto& metadata = context.client_metadata();
+  const auto it = metadata.find("authorization");
+  const std::string want = "Bearer " + options_.api_key;
+  if (it == metadata.end() ||
+      std::string(it->second.data(), it->second.size()) != want) {
+    return absl::UnauthenticatedError(
+        "missing or wrong API key (metadata authorization: Bearer <key>; "
+        "shardlm generate reads SHARDLM_API_KEY)");
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
   for (int32_t id : tokenizer_->Encode(request->text())) {
     response->add_token_ids(id);
   }
@@ -314,6 +340,7 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
 grpc::Status InferenceService::GetModelInfo(
     grpc::ServerContext* context, const v1::GetModelInfoRequest* request,
     v1::ModelInfo* response) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
   // Fixed after construction: safe to read while a Generate runs.
   const ModelConfig& config = engine_->config();
   response->set_name(model_name_);
@@ -348,6 +375,15 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
         absl::StrCat("cannot listen on ", options.listen_address,
                      " (malformed address, or the port is in use)"));
   }
+  if (!options.http_listen_address.empty()) {
+    s->openai_ = std::make_unique<OpenAiApi>(
+        engine, s->service_.get(),
+        OpenAiApiOptions{.model_name = options.model_name,
+                         .api_key = options.service.api_key});
+    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(),
+                                            {.listen_address =
+                                                 options.http_listen_address}));
+  }
   s->health_thread_ = std::thread(
       [p = s.get(), poll = options.health_poll] { p->WatchHealth(poll); });
   return s;
@@ -375,6 +411,9 @@ void ApiServer::Shutdown() {
   }
   stop_cv_.notify_all();
   if (health_thread_.joinable()) health_thread_.join();
+  // HTTP streams end when their connections close; their requests are
+  // cancelled within one engine step.
+  if (http_ != nullptr) http_->Shutdown();
   if (server_ == nullptr) return;  // Start() failed.
   // A second of grace; then in-flight calls are cancelled and see
   // IsCancelled() within one engine step.

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -15,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
+#include "coordinator/http_server.h"
 #include "grpcpp/server.h"
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.grpc.pb.h"
@@ -24,12 +26,17 @@ namespace shardlm {
 // absl and gRPC share their status codes; this keeps code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+class OpenAiApi;
+
 struct ServiceOptions {
   // Reported by GetModelInfo: how the engine's model is sharded.
   int tp = 1;
   int pp = 1;
   // max_tokens when a request leaves it at 0.
   int32_t default_max_tokens = 16;
+  // When not empty, every call needs metadata "authorization: Bearer
+  // <api_key>" (UNAUTHENTICATED otherwise).
+  std::string api_key;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -57,6 +64,17 @@ class InferenceService final : public v1::Inference::Service {
                             const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
 
+  // Generate without gRPC (the HTTP API uses it): runs `request` until it
+  // ends, handing each response to `write` (false: the client is gone, the
+  // request is cancelled) and polling `cancelled` between tokens. OK once
+  // the last response (with finish_reason and usage) was written;
+  // Cancelled when the client went away; otherwise the error (validation,
+  // queue, deadline, a lost rank), before or after some responses.
+  absl::Status Run(
+      const v1::GenerateRequest& request, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<bool(const v1::GenerateResponse&)>& write);
+
   // The engine request for `request` (tokenized, cut to its last
   // truncate_prompt_tokens, defaults applied, stop tokens added), or
   // InvalidArgument naming the field. Checks what the engine cannot see
@@ -66,6 +84,8 @@ class InferenceService final : public v1::Inference::Service {
       const v1::GenerateRequest& request) const;
 
  private:
+  absl::Status CheckApiKey(const grpc::ServerContext& context) const;
+
   Engine* engine_;              // Not owned.
   const Tokenizer* tokenizer_;  // Not owned.
   std::string model_name_;
@@ -79,6 +99,9 @@ struct ApiServerOptions {
   ServiceOptions service;
   // How often the executor's health is polled for the health service.
   std::chrono::milliseconds health_poll{1000};
+  // "host:port" of the HTTP API (OpenAI-style routes, /metrics, /health,
+  // /ready); empty: none. ServiceOptions.api_key guards both.
+  std::string http_listen_address;
 };
 
 // A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the
@@ -97,6 +120,8 @@ class ApiServer {
   ApiServer& operator=(const ApiServer&) = delete;
 
   int port() const { return port_; }
+  // The HTTP API's port; 0 without one.
+  int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
   // Blocks until Shutdown() (from another thread).
   void Wait();
   // Stops accepting calls, gives in-flight ones a second, then cancels them
@@ -111,6 +136,8 @@ class ApiServer {
 
   const Engine* engine_ = nullptr;
   std::unique_ptr<InferenceService> service_;
+  std::unique_ptr<OpenAiApi> openai_;
+  std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
   std::mutex mu_;

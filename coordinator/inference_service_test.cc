@@ -536,7 +536,8 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
          r.set_truncate_prompt_tokens(120);
          r.set_max_tokens(100);
        }),
-       "220 tokens need 14 KV blocks but the cache has 8 (16 tokens each)"},
+       "prompt + max_tokens = 220 tokens need 14 KV blocks of 16 tokens but "
+       "the cache holds 8 (8 device + 0 host)"},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const Case& c : cases) {

@@ -23,6 +23,7 @@
 #include "grpcpp/security/credentials.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
+#include "launch/remote_generate.h"
 #include "shardlm/v1/inference.grpc.pb.h"
 
 namespace shardlm {
@@ -153,6 +154,7 @@ Request RunOne(v1::Inference::Stub& stub, const std::string& prompt,
   req.mutable_sampling()->set_temperature(0.0f);
 
   grpc::ClientContext ctx;
+  AddApiKey(ctx);
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(
                        static_cast<int64_t>(f.request_timeout * 1000)));

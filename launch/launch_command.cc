@@ -33,6 +33,7 @@
 #include "launch/commands.h"
 #include "launch/flags.h"
 #include "launch/mpi_shard_host.h"
+#include "launch/remote_generate.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "worker/worker_agent.h"
@@ -45,6 +46,7 @@ struct LaunchFlags {
   int64_t tp = 1;
   int64_t pp = 1;
   std::string listen = "127.0.0.1:50051";
+  std::string http_listen;
   int64_t control_port = 0;
   std::string control_host;
   int64_t threads = 1;
@@ -186,7 +188,9 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                               {.listen_address = f.listen,
                                .model_name = name,
                                .service = {.tp = static_cast<int>(f.tp),
-                                           .pp = static_cast<int>(f.pp)}});
+                                           .pp = static_cast<int>(f.pp),
+                                           .api_key = ApiKeyFromEnv()},
+                               .http_listen_address = f.http_listen});
   if (!api.ok()) {
     std::fprintf(stderr, "shardlm launch: %s\n",
                  std::string(api.status().message()).c_str());
@@ -300,6 +304,9 @@ int LaunchCommand(int argc, char** argv) {
   flags.Add("tp", &f.tp, "tensor-parallel degree");
   flags.Add("pp", &f.pp, "pipeline-parallel degree");
   flags.Add("listen", &f.listen, "address of the public gRPC API");
+  flags.Add("http-listen", &f.http_listen,
+            "address of the HTTP API (OpenAI-style routes, /metrics, "
+            "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
   flags.Add("control-port", &f.control_port,
             "port workers connect to (0: any free port)");
   flags.Add("control-host", &f.control_host,

@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 
 #include "absl/strings/escaping.h"
@@ -65,6 +66,17 @@ void PrintLogprobs(std::FILE* out, const std::vector<PrintedToken>& tokens) {
   }
 }
 
+std::string ApiKeyFromEnv() {
+  const char* key = std::getenv("SHARDLM_API_KEY");
+  return key == nullptr ? "" : key;
+}
+
+void AddApiKey(grpc::ClientContext& ctx) {
+  if (const std::string key = ApiKeyFromEnv(); !key.empty()) {
+    ctx.AddMetadata("authorization", "Bearer " + key);
+  }
+}
+
 std::string ChatMlPrompt(const std::string& user) {
   return absl::StrCat("<|im_start|>user\n", user,
                       "<|im_end|>\n<|im_start|>assistant\n");
@@ -112,6 +124,7 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
   req.set_logprobs(o.logprobs);
 
   grpc::ClientContext ctx;
+  AddApiKey(ctx);
   const Clock::time_point start = Clock::now();
   Clock::time_point first_token = start;
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "grpcpp/client_context.h"
 #include "kernels/sampling/sampling.h"
 
 namespace shardlm {
@@ -44,6 +45,12 @@ struct PrintedToken {
 // One line per token to `out`: its index, text (quoted, escaped),
 // log-probability and probability, then the alternatives.
 void PrintLogprobs(std::FILE* out, const std::vector<PrintedToken>& tokens);
+
+// The API key servers are started with and clients send: the environment
+// variable SHARDLM_API_KEY (not a flag, so that it stays out of `ps`).
+std::string ApiKeyFromEnv();
+// Adds "authorization: Bearer <key>" to `ctx` when SHARDLM_API_KEY is set.
+void AddApiKey(grpc::ClientContext& ctx);
 
 // The ChatML user turn SmolLM2-Instruct was trained on, ready for the
 // assistant's answer.

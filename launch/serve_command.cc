@@ -11,6 +11,7 @@
 #include "launch/commands.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
+#include "launch/remote_generate.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 
@@ -20,6 +21,7 @@ namespace {
 struct ServeFlags {
   LocalEngineFlags engine;
   std::string listen = "127.0.0.1:50051";
+  std::string http_listen;
 };
 
 int Fail(const absl::Status& s) {
@@ -38,6 +40,10 @@ int ServeCommand(int argc, char** argv) {
       "Query it with `shardlm generate --server HOST:PORT --prompt TEXT`.");
   f.engine.Register(flags);
   flags.Add("listen", &f.listen, "address to listen on; port 0 picks one");
+  flags.Add("http-listen", &f.http_listen,
+            "address of the HTTP API (OpenAI-style /v1/completions, "
+            "/v1/chat/completions, /v1/models; /metrics, /health, /ready); "
+            "empty: none. Set SHARDLM_API_KEY to require a key on both APIs");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -73,15 +79,23 @@ int ServeCommand(int argc, char** argv) {
   const std::string& name = local->name;
   const int tp = static_cast<int>(f.engine.tp);
   const int pp = static_cast<int>(f.engine.pp);
-  auto server = ApiServer::Start(local->engine.get(), local->tokenizer.get(),
-                                 {.listen_address = f.listen,
-                                  .model_name = name,
-                                  .service = {.tp = tp, .pp = pp}});
+  auto server = ApiServer::Start(
+      local->engine.get(), local->tokenizer.get(),
+      {.listen_address = f.listen,
+       .model_name = name,
+       .service = {.tp = tp, .pp = pp, .api_key = ApiKeyFromEnv()},
+       .http_listen_address = f.http_listen});
   if (!server.ok()) return Fail(server.status());
   // The host as given, the port as bound (they differ for port 0).
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
   std::fprintf(stderr, "[shardlm] serving %s (tp %d, pp %d) on %s:%d\n",
                name.c_str(), tp, pp, host.c_str(), (*server)->port());
+  if ((*server)->http_port() != 0) {
+    std::fprintf(stderr, "[shardlm] HTTP API on %s:%d%s\n",
+                 f.http_listen.substr(0, f.http_listen.rfind(':')).c_str(),
+                 (*server)->http_port(),
+                 ApiKeyFromEnv().empty() ? "" : " (API key required)");
+  }
 
   int sig = 0;
   sigwait(&stop_signals, &sig);

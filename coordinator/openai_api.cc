@@ -1,0 +1,554 @@
+#include "coordinator/openai_api.h"
+
+#include <chrono>
+#include <cmath>
+#include <random>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "core/status.h"
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+using Json = nlohmann::json;
+
+absl::Status Invalid(auto&&... parts) {
+  return absl::InvalidArgumentError(absl::StrCat(parts...));
+}
+
+std::string ErrorJson(const absl::Status& status) {
+  const char* type = "server_error";
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+      type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      type = "authentication_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      type = "not_found_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      type = "rate_limit_error";
+      break;
+    default:
+      break;
+  }
+  return Json{{"error",
+               {{"message", std::string(status.message())},
+                {"type", type},
+                {"code", HttpStatusFor(status.code())}}}}
+      .dump();
+}
+
+// Reads an optional field of type T; InvalidArgument naming it when the
+// type is wrong.
+template <typename T>
+absl::Status Get(const Json& body, const char* name, T* out) {
+  auto it = body.find(name);
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  bool ok;
+  if constexpr (std::is_same_v<T, bool>) {
+    ok = it->is_boolean();
+  } else if constexpr (std::is_integral_v<T>) {
+    ok = it->is_number_integer() &&
+         it->template get<int64_t>() >= std::numeric_limits<T>::min() &&
+         it->template get<int64_t>() <= std::numeric_limits<T>::max();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    ok = it->is_number();
+  } else {
+    ok = it->is_string();
+  }
+  if (!ok) return Invalid("'", name, "' has the wrong type or range");
+  *out = it->template get<T>();
+  return absl::OkStatus();
+}
+
+// The ChatML prompt of an OpenAI "messages" array.
+absl::StatusOr<std::string> ChatPrompt(const Json& messages) {
+  if (!messages.is_array() || messages.empty()) {
+    return Invalid("'messages' must be a non-empty array");
+  }
+  std::string prompt;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& m = messages[i];
+    if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
+      return Invalid("messages[", i, "] needs a string 'role'");
+    }
+    const std::string role = m["role"];
+    if (role != "system" && role != "user" && role != "assistant") {
+      return Invalid("messages[", i, "].role '", role,
+                     "' is not system, user or assistant");
+    }
+    std::string content;
+    const Json& c = m.contains("content") ? m["content"] : Json();
+    if (c.is_string()) {
+      content = c;
+    } else if (c.is_array()) {  // [{"type": "text", "text": ...}]
+      for (const Json& part : c) {
+        if (!part.is_object() || part.value("type", "") != "text" ||
+            !part.contains("text") || !part["text"].is_string()) {
+          return Invalid("messages[", i,
+                         "].content: only text parts are supported");
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      return Invalid("messages[", i, "].content must be a string or parts");
+    }
+    absl::StrAppend(&prompt, "<|im_start|>", role, "\n", content,
+                    "<|im_end|>\n");
+  }
+  absl::StrAppend(&prompt, "<|im_start|>assistant\n");
+  return prompt;
+}
+
+// The OpenAI request as a shardlm.v1 request. `top_n` is how many
+// alternatives to report per token (-1: no logprobs).
+absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
+                                            const std::string& model_name,
+                                            int* top_n) {
+  v1::GenerateRequest req;
+  std::string model;
+  RETURN_IF_ERROR(Get(body, "model", &model));
+  if (!model.empty() && model != model_name) {
+    return absl::NotFoundError(absl::StrCat("model '", model,
+                                            "' is not served here (this "
+                                            "server serves '",
+                                            model_name, "')"));
+  }
+  int64_t n = 1, best_of = 1;
+  bool echo = false;
+  double presence = 0, frequency = 0;
+  RETURN_IF_ERROR(Get(body, "n", &n));
+  RETURN_IF_ERROR(Get(body, "best_of", &best_of));
+  RETURN_IF_ERROR(Get(body, "echo", &echo));
+  RETURN_IF_ERROR(Get(body, "presence_penalty", &presence));
+  RETURN_IF_ERROR(Get(body, "frequency_penalty", &frequency));
+  if (n != 1 || best_of != 1) return Invalid("only n = 1 is supported");
+  if (echo) return Invalid("'echo' is not supported");
+  if (presence != 0 || frequency != 0) {
+    return Invalid("presence and frequency penalties are not supported");
+  }
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
+      !body["logit_bias"].empty()) {
+    return Invalid("'logit_bias' is not supported");
+  }
+  if (body.contains("suffix") && !body["suffix"].is_null()) {
+    return Invalid("'suffix' is not supported");
+  }
+
+  if (chat) {
+    if (!body.contains("messages")) return Invalid("'messages' is required");
+    ASSIGN_OR_RETURN(std::string prompt, ChatPrompt(body["messages"]));
+    req.set_prompt(std::move(prompt));
+  } else {
+    const Json& p = body.contains("prompt") ? body["prompt"] : Json();
+    if (p.is_string()) {
+      req.set_prompt(p.get<std::string>());
+    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+      req.set_prompt(p[0].get<std::string>());
+    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+      for (const Json& t : p) {
+        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+            t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+          return Invalid("'prompt' token ids must be non-negative integers");
+        }
+        req.add_prompt_token_ids(t.get<int32_t>());
+      }
+    } else {
+      return Invalid(
+          "'prompt' must be a string, one string in an array, or an array of "
+          "token ids");
+    }
+  }
+
+  int32_t max_tokens = 0;
+  RETURN_IF_ERROR(Get(body, "max_tokens", &max_tokens));
+  if (chat) RETURN_IF_ERROR(Get(body, "max_completion_tokens", &max_tokens));
+  if (body.contains("max_tokens") && max_tokens <= 0) {
+    return Invalid("'max_tokens' must be positive");
+  }
+  req.set_max_tokens(max_tokens);  // 0: the server's default.
+
+  // OpenAI's defaults: temperature 1, top_p 1, a fresh seed per request.
+  double temperature = 1.0, top_p = 1.0;
+  int32_t top_k = 0;
+  int64_t seed = -1;
+  RETURN_IF_ERROR(Get(body, "temperature", &temperature));
+  RETURN_IF_ERROR(Get(body, "top_p", &top_p));
+  RETURN_IF_ERROR(Get(body, "top_k", &top_k));
+  RETURN_IF_ERROR(Get(body, "seed", &seed));
+  if (seed < 0) seed = static_cast<int64_t>(std::random_device()() >> 1);
+  v1::SamplingParams& s = *req.mutable_sampling();
+  s.set_temperature(static_cast<float>(temperature));
+  s.set_top_p(static_cast<float>(top_p));
+  s.set_top_k(top_k < 0 ? -1 : top_k);  // The service refuses negatives.
+  s.set_seed(static_cast<uint64_t>(seed));
+
+  const Json& stop = body.contains("stop") ? body["stop"] : Json();
+  if (stop.is_string()) {
+    req.add_stop(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    for (const Json& x : stop) {
+      if (!x.is_string()) return Invalid("'stop' must hold strings");
+      req.add_stop(x.get<std::string>());
+    }
+  } else if (!stop.is_null()) {
+    return Invalid("'stop' must be a string or an array of strings");
+  }
+
+  *top_n = -1;
+  if (chat) {
+    bool logprobs = false;
+    int32_t top = 0;
+    RETURN_IF_ERROR(Get(body, "logprobs", &logprobs));
+    RETURN_IF_ERROR(Get(body, "top_logprobs", &top));
+    if (top != 0 && !logprobs) {
+      return Invalid("'top_logprobs' needs 'logprobs': true");
+    }
+    if (logprobs) *top_n = top;
+  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    int32_t top = 0;
+    RETURN_IF_ERROR(Get(body, "logprobs", &top));
+    *top_n = top;
+  }
+  if (*top_n > 20 || (*top_n < 0 && *top_n != -1)) {
+    return Invalid("logprobs must be in [0, 20], got ", *top_n);
+  }
+  // The service returns at least one alternative when asked for any.
+  if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
+
+  bool ignore_eos = false;
+  int32_t priority = 0, truncate = 0;
+  RETURN_IF_ERROR(Get(body, "ignore_eos", &ignore_eos));
+  RETURN_IF_ERROR(Get(body, "priority", &priority));
+  RETURN_IF_ERROR(Get(body, "truncate_prompt_tokens", &truncate));
+  req.set_ignore_eos(ignore_eos);
+  req.set_priority(priority);
+  req.set_truncate_prompt_tokens(truncate);
+  return req;
+}
+
+Json Bytes(const std::string& text) {
+  Json b = Json::array();
+  for (unsigned char c : text) b.push_back(c);
+  return b;
+}
+
+// Log-probabilities of the tokens of one response, in the completions
+// ("tokens", "token_logprobs", ...) or chat ("content": [...]) format.
+// `offset` is the running text offset of completions.
+void AppendLogprobs(const v1::GenerateResponse& r, bool chat, int top_n,
+                    Json& out, int64_t* offset) {
+  for (const v1::TokenLogprobs& lp : r.logprobs()) {
+    const auto& tok = lp.token();
+    if (chat) {
+      Json top = Json::array();
+      for (int i = 0; i < std::min(top_n, lp.top_size()); ++i) {
+        top.push_back({{"token", lp.top(i).text()},
+                       {"logprob", lp.top(i).logprob()},
+                       {"bytes", Bytes(lp.top(i).text())}});
+      }
+      out["content"].push_back({{"token", tok.text()},
+                                {"logprob", tok.logprob()},
+                                {"bytes", Bytes(tok.text())},
+                                {"top_logprobs", top}});
+    } else {
+      Json top = Json::object();
+      for (int i = 0; i < std::min(top_n, lp.top_size()); ++i) {
+        top[lp.top(i).text()] = lp.top(i).logprob();
+      }
+      out["tokens"].push_back(tok.text());
+      out["token_logprobs"].push_back(tok.logprob());
+      out["top_logprobs"].push_back(top);
+      out["text_offset"].push_back(*offset);
+      *offset += static_cast<int64_t>(tok.text().size());
+    }
+  }
+}
+
+Json EmptyLogprobs(bool chat) {
+  if (chat) return {{"content", Json::array()}};
+  return {{"tokens", Json::array()},
+          {"token_logprobs", Json::array()},
+          {"top_logprobs", Json::array()},
+          {"text_offset", Json::array()}};
+}
+
+bool Authorized(const HttpRequest& req, const std::string& key) {
+  if (key.empty()) return true;
+  const std::string auth = req.Header("authorization");
+  const std::string want = "Bearer " + key;
+  if (auth.size() != want.size()) return false;
+  unsigned char diff = 0;  // Compare without an early exit.
+  for (size_t i = 0; i < want.size(); ++i) diff |= auth[i] ^ want[i];
+  return diff == 0;
+}
+
+}  // namespace
+
+int HttpStatusFor(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+      return 200;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      return 400;
+    case absl::StatusCode::kUnauthenticated:
+      return 401;
+    case absl::StatusCode::kNotFound:
+      return 404;
+    case absl::StatusCode::kResourceExhausted:
+      return 429;
+    case absl::StatusCode::kCancelled:
+      return 499;
+    case absl::StatusCode::kUnavailable:
+      return 503;
+    case absl::StatusCode::kDeadlineExceeded:
+      return 504;
+    default:
+      return 500;
+  }
+}
+
+OpenAiApi::OpenAiApi(Engine* engine, InferenceService* service,
+                     OpenAiApiOptions options)
+    : engine_(engine), service_(service), options_(std::move(options)) {}
+
+void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
+  const auto send = [&](int status, const std::string& type,
+                        const std::string& body) {
+    (status < 400   ? http_ok_
+     : status < 500 ? http_client_error_
+                    : http_server_error_)++;
+    res.Send(status, type, body);
+  };
+  const auto fail = [&](const absl::Status& s) {
+    send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
+  };
+  const bool get = req.method == "GET", post = req.method == "POST";
+  if (req.path == "/health") {
+    // Live: the process answers.
+    return send(200, "text/plain", "ok\n");
+  }
+  if (req.path == "/ready") {
+    const absl::Status h = engine_->executor().Health();
+    if (!h.ok()) return fail(h);
+    return send(200, "text/plain", "ready\n");
+  }
+  if (req.path == "/metrics" && get) {
+    return send(200, "text/plain; version=0.0.4", Metrics());
+  }
+  if (!absl::StartsWith(req.path, "/v1/")) {
+    return fail(absl::NotFoundError(absl::StrCat("no route ", req.path)));
+  }
+  if (!Authorized(req, options_.api_key)) {
+    res.AddHeader("WWW-Authenticate", "Bearer");
+    return fail(absl::UnauthenticatedError(
+        "missing or wrong API key (Authorization: Bearer <key>)"));
+  }
+  if (req.path == "/v1/models" && get) {
+    const Json body = {
+        {"object", "list"},
+        {"data",
+         {{{"id", options_.model_name},
+           {"object", "model"},
+           {"created", 0},
+           {"owned_by", "shardlm"},
+           {"max_model_len", engine_->config().context_length}}}}};
+    return send(200, "application/json", body.dump());
+  }
+  const bool completions = req.path == "/v1/completions";
+  const bool chat = req.path == "/v1/chat/completions";
+  if ((completions || chat) && post) return Complete(req, res, chat);
+  if (completions || chat || req.path == "/v1/models") {
+    res.AddHeader("Allow", completions || chat ? "POST" : "GET");
+    return send(405, "application/json",
+                ErrorJson(absl::InvalidArgumentError(
+                    absl::StrCat(req.method, " is not allowed here"))));
+  }
+  fail(absl::NotFoundError(absl::StrCat("no route ", req.path)));
+}
+
+void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
+  const auto fail = [&](const absl::Status& s) {
+    (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
+    res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
+  };
+  const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return fail(Invalid("the body is not a JSON object"));
+  }
+  int top_n = -1;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      ToProto(body, chat, options_.model_name, &top_n);
+  if (!proto.ok()) return fail(proto.status());
+  bool stream = false;
+  if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+
+  const std::string id =
+      absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
+                   absl::ToUnixMicros(absl::Now()), "-", next_id_++);
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  const char* object =
+      chat ? (stream ? "chat.completion.chunk" : "chat.completion")
+           : "text_completion";
+  // What the whole (non-streamed) answer accumulates.
+  std::string text;
+  Json logprobs = EmptyLogprobs(chat);
+  int64_t text_offset = 0;
+  std::string finish_reason;
+  v1::Usage usage;
+  bool started = false;
+  bool first_chunk = true;
+
+  const auto write = [&](const v1::GenerateResponse& r) {
+    if (r.has_usage()) usage = r.usage();
+    if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    if (!stream) {
+      text += r.text();
+      if (top_n >= 0) AppendLogprobs(r, chat, top_n, logprobs, &text_offset);
+      return true;
+    }
+    Json choice = {
+        {"index", 0},
+        {"finish_reason",
+         r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
+    if (top_n >= 0) {
+      Json lp = EmptyLogprobs(chat);
+      AppendLogprobs(r, chat, top_n, lp, &text_offset);
+      choice["logprobs"] = lp;
+    } else {
+      choice["logprobs"] = Json();
+    }
+    if (chat) {
+      Json delta = {{"content", r.text()}};
+      if (first_chunk) delta["role"] = "assistant";
+      choice["delta"] = delta;
+    } else {
+      choice["text"] = r.text();
+    }
+    first_chunk = false;
+    Json chunk = {{"id", id},
+                  {"object", object},
+                  {"created", created},
+                  {"model", options_.model_name},
+                  {"choices", {choice}}};
+    if (r.has_usage()) {
+      chunk["usage"] = {{"prompt_tokens", r.usage().prompt_tokens()},
+                        {"completion_tokens", r.usage().completion_tokens()},
+                        {"total_tokens", r.usage().prompt_tokens() +
+                                             r.usage().completion_tokens()}};
+    }
+    if (!started) {
+      started = true;
+      if (!res.Start(200, "text/event-stream")) return false;
+    }
+    return res.Write(absl::StrCat("data: ", chunk.dump(), "\n\n"));
+  };
+  const absl::Status status = service_->Run(
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write);
+  prompt_tokens_ += usage.prompt_tokens();
+  completion_tokens_ += usage.completion_tokens();
+  if (!status.ok()) {
+    if (!started) return fail(status);
+    // Mid-stream: the status line is gone; say it in the stream.
+    http_server_error_++;
+    res.Write(absl::StrCat("data: ", ErrorJson(status), "\n\n"));
+    return;
+  }
+  if (stream) {
+    http_ok_++;
+    res.Write("data: [DONE]\n\n");
+    return;
+  }
+  Json choice = {{"index", 0},
+                 {"finish_reason", finish_reason},
+                 {"logprobs", top_n >= 0 ? logprobs : Json()}};
+  if (chat) {
+    choice["message"] = {{"role", "assistant"}, {"content", text}};
+  } else {
+    choice["text"] = text;
+  }
+  const Json out = {
+      {"id", id},
+      {"object", object},
+      {"created", created},
+      {"model", options_.model_name},
+      {"choices", {choice}},
+      {"usage",
+       {{"prompt_tokens", usage.prompt_tokens()},
+        {"completion_tokens", usage.completion_tokens()},
+        {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}};
+  http_ok_++;
+  res.Send(200, "application/json", out.dump());
+}
+
+std::string OpenAiApi::Metrics() const {
+  const SchedulerStats s = engine_->stats();
+  std::string out;
+  const auto metric = [&](const char* name, const char* type, const char* help,
+                          std::vector<std::pair<std::string, int64_t>> values) {
+    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                    type, "\n");
+    for (const auto& [labels, v] : values) {
+      absl::StrAppend(&out, name, labels.empty() ? "" : "{", labels,
+                      labels.empty() ? "" : "}", " ", v, "\n");
+    }
+  };
+  metric("shardlm_requests", "gauge", "Requests by state.",
+         {{"state=\"running\"", s.running}, {"state=\"waiting\"", s.waiting}});
+  metric("shardlm_kv_blocks", "gauge",
+         "KV blocks by tier and state (used: held by sequences; cached: "
+         "kept for prefix hits).",
+         {{"tier=\"device\",state=\"used\"", s.device.used},
+          {"tier=\"device\",state=\"cached\"", s.device.cached},
+          {"tier=\"device\",state=\"free\"", s.device.free},
+          {"tier=\"host\",state=\"used\"", s.host.used},
+          {"tier=\"host\",state=\"cached\"", s.host.cached},
+          {"tier=\"host\",state=\"free\"", s.host.free}});
+  metric("shardlm_steps_total", "counter", "Forward steps run.",
+         {{"", s.steps}});
+  metric("shardlm_computed_tokens_total", "counter",
+         "Tokens run through the model (prefix-cache hits are not).",
+         {{"", s.computed_tokens}});
+  metric("shardlm_preemptions_total", "counter", "Preemptions by kind.",
+         {{"kind=\"swap\"", s.preempted_swap},
+          {"kind=\"recompute\"", s.preempted_recompute}});
+  metric("shardlm_kv_blocks_moved_total", "counter",
+         "KV blocks copied between tiers.",
+         {{"kind=\"swap_out\"", s.blocks.swapped_out},
+          {"kind=\"swap_in\"", s.blocks.swapped_in},
+          {"kind=\"spill\"", s.blocks.spilled},
+          {"kind=\"offload\"", s.offloaded}});
+  metric("shardlm_prefix_cache_tokens_total", "counter",
+         "Prompt tokens looked up in the prefix cache, and found.",
+         {{"result=\"queried\"", s.blocks.prefix_queries},
+          {"result=\"hit\"", s.blocks.prefix_hit_tokens}});
+  metric("shardlm_http_responses_total", "counter",
+         "HTTP API responses by class.",
+         {{"class=\"2xx\"", http_ok_.load()},
+          {"class=\"4xx\"", http_client_error_.load()},
+          {"class=\"5xx\"", http_server_error_.load()}});
+  metric("shardlm_http_tokens_total", "counter", "Tokens of HTTP API requests.",
+         {{"kind=\"prompt\"", prompt_tokens_.load()},
+          {"kind=\"completion\"", completion_tokens_.load()}});
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
+    OpenAiApi* api, HttpServerOptions options) {
+  return HttpServer::Start(std::move(options),
+                           [api](const HttpRequest& req, HttpResponse& res) {
+                             api->Handle(req, res);
+                           });
+}
+
+}  // namespace shardlm

@@ -1,0 +1,64 @@
+// The HTTP face of the coordinator (DESIGN.md section 6): OpenAI-compatible
+// /v1/completions, /v1/chat/completions (both with SSE streaming) and
+// /v1/models, Prometheus /metrics, and the /health (live) and /ready
+// (ready and making progress) probes. Requests run through the same
+// InferenceService as gRPC calls, so validation, stop strings, logprobs and
+// errors are the same; only the encoding differs.
+#ifndef SHARDLM_COORDINATOR_OPENAI_API_H_
+#define SHARDLM_COORDINATOR_OPENAI_API_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "coordinator/engine.h"
+#include "coordinator/http_server.h"
+#include "coordinator/inference_service.h"
+
+namespace shardlm {
+
+struct OpenAiApiOptions {
+  std::string model_name;
+  // When not empty, /v1/* needs "Authorization: Bearer <api_key>" (401
+  // otherwise); the probes and /metrics stay open.
+  std::string api_key;
+};
+
+// Thread-safe; `engine` and `service` are not owned and must outlive it.
+class OpenAiApi {
+ public:
+  OpenAiApi(Engine* engine, InferenceService* service,
+            OpenAiApiOptions options);
+
+  // An HttpHandler.
+  void Handle(const HttpRequest& request, HttpResponse& response);
+
+  // The Prometheus text exposition of the engine's figures.
+  std::string Metrics() const;
+
+ private:
+  void Complete(const HttpRequest& request, HttpResponse& response, bool chat);
+
+  Engine* engine_;
+  InferenceService* service_;
+  OpenAiApiOptions options_;
+  std::atomic<int64_t> next_id_{0};
+  // Counters by outcome, for /metrics.
+  std::atomic<int64_t> http_ok_{0}, http_client_error_{0},
+      http_server_error_{0};
+  std::atomic<int64_t> prompt_tokens_{0}, completion_tokens_{0};
+};
+
+// HTTP status for an absl status code (INVALID_ARGUMENT 400,
+// UNAUTHENTICATED 401, NOT_FOUND 404, RESOURCE_EXHAUSTED 429, CANCELLED
+// 499, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500).
+int HttpStatusFor(absl::StatusCode code);
+
+// An HTTP server on options.listen_address serving `api`.
+absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
+    OpenAiApi* api, HttpServerOptions options);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_OPENAI_API_H_
