@@ -339,8 +339,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     return send(200, "text/plain", "ok\n");
   }
   if (req.path == "/ready") {
-    const absl::Status h = engine_->executor().Health();
-    if (!h.ok()) return fail(h);
+    if (absl::Status s = Ready(); !s.ok()) return fail(s);
     return send(200, "text/plain", "ready\n");
   }
   if (req.path == "/metrics" && get) {
@@ -489,6 +488,25 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
         {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}};
   http_ok_++;
   res.Send(200, "application/json", out.dump());
+}
+
+absl::Status OpenAiApi::Ready() {
+  RETURN_IF_ERROR(engine_->executor().Health());
+  // Making progress: with requests in the engine, steps advance.
+  const SchedulerStats s = engine_->stats();
+  const absl::Time now = absl::Now();
+  std::lock_guard<std::mutex> lock(ready_mu_);
+  if (s.steps != last_steps_ || s.running + s.waiting == 0) {
+    last_steps_ = s.steps;
+    last_progress_ = now;
+    return absl::OkStatus();
+  }
+  if (now - last_progress_ > options_.stall_timeout) {
+    return absl::UnavailableError(absl::StrCat(
+        "no step in ", absl::FormatDuration(now - last_progress_), " with ",
+        s.running, " requests running and ", s.waiting, " waiting"));
+  }
+  return absl::OkStatus();
 }
 
 std::string OpenAiApi::Metrics() const {

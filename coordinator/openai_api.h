@@ -10,8 +10,10 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
+#include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
@@ -23,6 +25,9 @@ struct OpenAiApiOptions {
   // When not empty, /v1/* needs "Authorization: Bearer <api_key>" (401
   // otherwise); the probes and /metrics stay open.
   std::string api_key;
+  // /ready fails when requests are in the engine but no step ran for this
+  // long.
+  absl::Duration stall_timeout = absl::Seconds(60);
 };
 
 // Thread-safe; `engine` and `service` are not owned and must outlive it.
@@ -36,6 +41,9 @@ class OpenAiApi {
 
   // The Prometheus text exposition of the engine's figures.
   std::string Metrics() const;
+  // OK when every rank is up and, with requests in the engine, a step ran
+  // within stall_timeout; Unavailable saying which is not.
+  absl::Status Ready();
 
  private:
   void Complete(const HttpRequest& request, HttpResponse& response, bool chat);
@@ -44,6 +52,9 @@ class OpenAiApi {
   InferenceService* service_;
   OpenAiApiOptions options_;
   std::atomic<int64_t> next_id_{0};
+  std::mutex ready_mu_;
+  int64_t last_steps_ = -1;   // Guarded by ready_mu_.
+  absl::Time last_progress_;  // Guarded by ready_mu_.
   // Counters by outcome, for /metrics.
   std::atomic<int64_t> http_ok_{0}, http_client_error_{0},
       http_server_error_{0};
