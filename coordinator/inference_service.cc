@@ -350,6 +350,8 @@ grpc::Status InferenceService::GetModelInfo(
   response->set_pp(options_.pp);
   response->set_kv_blocks(engine_->blocks().num_blocks());
   response->set_block_size(engine_->blocks().block_size());
+  response->set_host_kv_blocks(engine_->blocks().num_host_blocks());
+  response->set_prefix_caching(engine_->blocks().prefix_caching());
   return grpc::Status::OK;
 }
 

@@ -719,6 +719,8 @@ TEST_F(InferenceServiceTest, TokenizeAndModelInfo) {
   EXPECT_EQ(info.pp(), 1);
   EXPECT_EQ(info.kv_blocks(), kBlocks);
   EXPECT_EQ(info.block_size(), 16);
+  EXPECT_EQ(info.host_kv_blocks(), 0);
+  EXPECT_TRUE(info.prefix_caching());
 }
 
 // grpc.health.v1.Health/Check over raw bytes: the request {service: name}
