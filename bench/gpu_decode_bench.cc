@@ -4,7 +4,8 @@
 //   gpu_decode_bench [--batches 1,16] [--prompt 128] [--steps 64]
 //                    [--peak-gbps 4800] [--device 0] [--json FILE]
 //
-// For each batch size: every sequence is prefilled with `prompt` random
+// For each batch size, with CUDA graphs and with eager launches: every
+// sequence is prefilled with `prompt` random
 // tokens, then `steps` greedy decode steps are timed. A step must read
 // every weight matrix once (bf16) and each sequence's K/V so far (bf16);
 // that byte count over the step time is the achieved bandwidth, reported
@@ -127,15 +128,16 @@ int Main(int argc, char** argv) {
   const double copy_gbps = CopyBandwidth(device);
   std::printf("device %d: %s, %.1f GiB\n", device, prop.name,
               prop.totalGlobalMem / double(1 << 30));
-  std::printf("model %s: %lld layers, hidden %lld, ffn %lld, %lld/%lld "
-              "heads, vocab %lld; %.3f GB of bf16 weights read per step\n",
-              c.name.c_str(), (long long)c.n_layers, (long long)c.hidden,
-              (long long)c.ffn_hidden, (long long)c.n_heads,
-              (long long)c.n_kv_heads, (long long)c.vocab_size,
-              weight_bytes / 1e9);
-  std::printf("bandwidth: nominal peak %.0f GB/s, measured D2D copy %.0f "
-              "GB/s (%.0f%% of peak)\n",
-              peak_gbps, copy_gbps, 100 * copy_gbps / peak_gbps);
+  std::printf(
+      "model %s: %lld layers, hidden %lld, ffn %lld, %lld/%lld "
+      "heads, vocab %lld; %.3f GB of bf16 weights read per step\n",
+      c.name.c_str(), (long long)c.n_layers, (long long)c.hidden,
+      (long long)c.ffn_hidden, (long long)c.n_heads, (long long)c.n_kv_heads,
+      (long long)c.vocab_size, weight_bytes / 1e9);
+  std::printf(
+      "bandwidth: nominal peak %.0f GB/s, measured D2D copy %.0f "
+      "GB/s (%.0f%% of peak)\n",
+      peak_gbps, copy_gbps, 100 * copy_gbps / peak_gbps);
 
   std::string json = "{\"device\": \"" + std::string(prop.name) +
                      "\", \"peak_gbps\": " + std::to_string(peak_gbps) +
@@ -143,81 +145,90 @@ int Main(int argc, char** argv) {
                      ", \"weight_bytes\": " + std::to_string(weight_bytes) +
                      ", \"runs\": [";
   std::mt19937 rng(1);
+  bool first_run = true;
   for (size_t bi = 0; bi < batches.size(); ++bi) {
-    const int batch = batches[bi];
-    // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
-    std::vector<std::vector<int32_t>> tables(batch);
-    for (int s = 0; s < batch; ++s) {
-      for (int64_t b = 0; b < blocks_per_seq; ++b) {
-        tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
-      }
-    }
-    std::vector<int32_t> last(batch);
-    for (int s = 0; s < batch; ++s) {  // Prefill, one sequence per step.
-      StepInput p;
-      p.block_tables = {tables[s]};
-      p.seq_ids = {s};
-      for (int i = 0; i < prompt; ++i) {
-        p.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
-        p.positions.push_back(i);
-        p.token_seq.push_back(0);
-      }
-      p.logit_rows = {prompt - 1};
-      p.sampling = {SamplingParams{}};
-      p.sample_index = {0};
-      auto out = r.Step(p);
-      if (!out.ok()) return Fail(std::string(out.status().message()));
-      last[s] = out->tokens[0];
-    }
-    const auto decode = [&](int pos) -> absl::Status {
-      StepInput d;
-      d.block_tables = tables;
+    for (const bool graphs : {true, false}) {
+      const int batch = batches[bi];
+      r.set_cuda_graphs(graphs);
+      // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
+      std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
-        d.tokens.push_back(last[s]);
-        d.positions.push_back(pos);
-        d.token_seq.push_back(s);
-        d.seq_ids.push_back(s);
-        d.logit_rows.push_back(s);
-        d.sampling.push_back(SamplingParams{});
-        d.sample_index.push_back(pos);
+        for (int64_t b = 0; b < blocks_per_seq; ++b) {
+          tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+        }
       }
-      auto out = r.Step(d);
-      if (!out.ok()) return out.status();
-      last = out->tokens;
-      return absl::OkStatus();
-    };
-    const int warmup = 3;
-    for (int i = 0; i < warmup; ++i) {
-      if (auto s = decode(prompt + i); !s.ok()) {
-        return Fail(std::string(s.message()));
+      std::vector<int32_t> last(batch);
+      for (int s = 0; s < batch; ++s) {  // Prefill, one sequence per step.
+        StepInput p;
+        p.block_tables = {tables[s]};
+        p.seq_ids = {s};
+        for (int i = 0; i < prompt; ++i) {
+          p.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+          p.positions.push_back(i);
+          p.token_seq.push_back(0);
+        }
+        p.logit_rows = {prompt - 1};
+        p.sampling = {SamplingParams{}};
+        p.sample_index = {0};
+        auto out = r.Step(p);
+        if (!out.ok()) return Fail(std::string(out.status().message()));
+        last[s] = out->tokens[0];
       }
+      const auto decode = [&](int pos) -> absl::Status {
+        StepInput d;
+        d.block_tables = tables;
+        for (int s = 0; s < batch; ++s) {
+          d.tokens.push_back(last[s]);
+          d.positions.push_back(pos);
+          d.token_seq.push_back(s);
+          d.seq_ids.push_back(s);
+          d.logit_rows.push_back(s);
+          d.sampling.push_back(SamplingParams{});
+          d.sample_index.push_back(pos);
+        }
+        auto out = r.Step(d);
+        if (!out.ok()) return out.status();
+        last = out->tokens;
+        return absl::OkStatus();
+      };
+      const int warmup = 3;
+      for (int i = 0; i < warmup; ++i) {
+        if (auto s = decode(prompt + i); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      const double start = Now();
+      for (int i = 0; i < steps; ++i) {
+        if (auto s = decode(prompt + warmup + i); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      const double secs = Now() - start;
+      const double step_s = secs / steps;
+      // K and V of every sequence at its average context during the run.
+      const double avg_ctx = prompt + warmup + steps / 2.0;
+      const double kv_bytes = 2.0 * batch * avg_ctx * c.n_layers *
+                              c.n_kv_heads * c.head_dim * 2 /*bf16*/;
+      const double bytes = weight_bytes + kv_bytes;
+      const double gbps = bytes / step_s / 1e9;
+      const char* mode = !graphs           ? "eager"
+                         : r.cuda_graphs() ? "graphs"
+                                           : "graphs-failed";
+      std::printf(
+          "batch %2d %-6s: %8.1f tokens/s, %.3f ms/step, %.2f GB/step "
+          "-> %.0f GB/s = %.1f%% of peak, %.1f%% of measured copy "
+          "bandwidth\n",
+          batch, mode, batch / step_s, step_s * 1e3, bytes / 1e9, gbps,
+          100 * gbps / peak_gbps, 100 * gbps / copy_gbps);
+      json += std::string(first_run ? "" : ", ") +
+              "{\"batch\": " + std::to_string(batch) + ", \"mode\": \"" + mode +
+              "\"" + ", \"tokens_per_s\": " + std::to_string(batch / step_s) +
+              ", \"step_ms\": " + std::to_string(step_s * 1e3) +
+              ", \"bytes_per_step\": " + std::to_string(bytes) +
+              ", \"frac_of_peak\": " + std::to_string(gbps / peak_gbps) +
+              ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) + "}";
+      first_run = false;
     }
-    const double start = Now();
-    for (int i = 0; i < steps; ++i) {
-      if (auto s = decode(prompt + warmup + i); !s.ok()) {
-        return Fail(std::string(s.message()));
-      }
-    }
-    const double secs = Now() - start;
-    const double step_s = secs / steps;
-    // K and V of every sequence at its average context during the run.
-    const double avg_ctx = prompt + warmup + steps / 2.0;
-    const double kv_bytes = 2.0 * batch * avg_ctx * c.n_layers *
-                            c.n_kv_heads * c.head_dim * 2 /*bf16*/;
-    const double bytes = weight_bytes + kv_bytes;
-    const double gbps = bytes / step_s / 1e9;
-    std::printf("batch %2d: %8.1f tokens/s, %.3f ms/step, %.2f GB/step -> "
-                "%.0f GB/s = %.1f%% of peak, %.1f%% of measured copy "
-                "bandwidth\n",
-                batch, batch / step_s, step_s * 1e3, bytes / 1e9, gbps,
-                100 * gbps / peak_gbps, 100 * gbps / copy_gbps);
-    json += std::string(bi ? ", " : "") + "{\"batch\": " +
-            std::to_string(batch) +
-            ", \"tokens_per_s\": " + std::to_string(batch / step_s) +
-            ", \"step_ms\": " + std::to_string(step_s * 1e3) +
-            ", \"bytes_per_step\": " + std::to_string(bytes) +
-            ", \"frac_of_peak\": " + std::to_string(gbps / peak_gbps) +
-            ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) + "}";
   }
   json += "]}";
   if (!json_path.empty()) std::ofstream(json_path) << json << "\n";

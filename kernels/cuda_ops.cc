@@ -94,16 +94,28 @@ absl::StatusOr<CublasHandle> CublasHandle::Create(void* stream) {
   RETURN_IF_ERROR(
       CublasStatus(cublasSetStream(h, static_cast<cudaStream_t>(stream)),
                    "cublasSetStream"));
+  // A workspace of its own (set after the stream: cublasSetStream resets
+  // it), so that GEMMs captured into a CUDA graph never allocate.
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  ASSIGN_OR_RETURN(DeviceBuffer ws,
+                   DeviceBuffer::Allocate(kCublasWorkspaceBytes, device));
+  out.workspace_ = std::make_shared<DeviceBuffer>(std::move(ws));
+  RETURN_IF_ERROR(CublasStatus(
+      cublasSetWorkspace(h, out.workspace_->data(), kCublasWorkspaceBytes),
+      "cublasSetWorkspace"));
   return out;
 }
 
 CublasHandle::CublasHandle(CublasHandle&& other) noexcept
-    : handle_(std::exchange(other.handle_, nullptr)) {}
+    : handle_(std::exchange(other.handle_, nullptr)),
+      workspace_(std::move(other.workspace_)) {}
 
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
     if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
     handle_ = std::exchange(other.handle_, nullptr);
+    workspace_ = std::move(other.workspace_);
   }
   return *this;
 }
@@ -237,7 +249,13 @@ absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
   // so op T) * x^T [in, n].
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
   auto h = static_cast<cublasHandle_t>(exec.cublas);
-  RETURN_IF_ERROR(CublasStatus(cublasSetStream(h, S(exec)), "cublasSetStream"));
+  // Rebind only when needed: cublasSetStream also drops the workspace.
+  cudaStream_t bound = nullptr;
+  RETURN_IF_ERROR(CublasStatus(cublasGetStream(h, &bound), "cublasGetStream"));
+  if (bound != S(exec)) {
+    return absl::InvalidArgumentError(
+        "LinearCuda: the cuBLAS handle is bound to another stream");
+  }
   return CublasStatus(
       cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
                    static_cast<int>(n), static_cast<int>(in), &alpha, w.raw(),
@@ -312,6 +330,9 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
     }
     max_ctx = std::max<int64_t>(max_ctx, pos + 1);
   }
+  // Padded so that the layout (and a CUDA graph captured over it) changes
+  // only every 32 blocks of growth.
+  max_blocks = (max_blocks + 31) / 32 * 32;
   if (n_seqs * max_blocks > 0x7fffffff || n > 0x7fffffff / 4) {
     return absl::InvalidArgumentError("attention: batch too large");
   }
@@ -353,6 +374,7 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
   if (buffer_ == nullptr || buffer_->size() < bytes) {
     ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes * 2, device));
     buffer_ = std::make_shared<DeviceBuffer>(std::move(b));
+    ++reallocations_;
   }
   // From pageable memory: returns once `host` has been staged.
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer_->data(), host.data(),

@@ -25,7 +25,8 @@
 
 namespace shardlm {
 
-// Move-only owner of a cublasHandle_t bound to one stream.
+// Move-only owner of a cublasHandle_t bound to one stream for its life,
+// with a workspace of its own (so GEMMs can be captured in CUDA graphs).
 class CublasHandle {
  public:
   static absl::StatusOr<CublasHandle> Create(void* stream);
@@ -38,11 +39,14 @@ class CublasHandle {
   void* get() const { return handle_; }
 
  private:
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
   void* handle_ = nullptr;
+  std::shared_ptr<DeviceBuffer> workspace_;
 };
 
 // Where an op runs: a cudaStream_t (null: the legacy default stream) and,
-// for LinearCuda, a cuBLAS handle bound to that stream.
+// for LinearCuda, a cuBLAS handle bound to that same stream
+// (CublasHandle::Create(stream)); LinearCuda rejects a mismatch.
 struct CudaExec {
   void* stream = nullptr;
   void* cublas = nullptr;
@@ -98,13 +102,20 @@ class CudaAttentionBatch {
   // pure decode step).
   int64_t max_tile() const { return max_tile_; }
   const Tensor& positions() const { return positions_; }  // [n] i32
+  // Changes whenever the device buffer is replaced (CUDA graphs captured
+  // over the old one are stale then).
+  int64_t reallocations() const { return reallocations_; }
+  // Layout of the buffer (with tokens(), fixes every kernel argument).
+  int64_t padded_blocks() const { return max_blocks_; }
+  int64_t tiles() const { return n_tiles_; }
+  int64_t sequences() const { return n_seqs_; }
 
  private:
   friend class CudaAttentionAccess;
   std::shared_ptr<DeviceBuffer> buffer_;
   Tensor positions_;
   int64_t n_ = 0, n_seqs_ = 0, max_blocks_ = 0, max_ctx_ = 0, n_tiles_ = 0;
-  int64_t block_size_ = 0, max_tile_ = 0;
+  int64_t block_size_ = 0, max_tile_ = 0, reallocations_ = 0;
   int64_t off_token_seq_ = 0, off_slots_ = 0, off_tables_ = 0,
           off_tile_begin_ = 0, off_tile_len_ = 0;
 };

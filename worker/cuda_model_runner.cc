@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -180,6 +181,17 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
 
 absl::Status CudaModelRunner::Synchronize() { return stream_->Synchronize(); }
 
+CudaModelRunner::~CudaModelRunner() {
+  if (graph_exec_ != nullptr) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
+  }
+}
+
+void CudaModelRunner::SetWeights(CudaLlamaWeights weights) {
+  weights_ = std::move(weights);
+  ++generation_;  // Graphs hold the old weights' addresses.
+}
+
 absl::Status CudaModelRunner::Validate(const StepInput& step) const {
   const ModelConfig& c = config_;
   const size_t n = step.tokens.size();
@@ -236,6 +248,7 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
     RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, c.ffn_hidden}));
     cap_ = cap;
+    ++generation_;
   }
   if (rows > cap_rows_) {
     const int64_t cap = std::max<int64_t>(rows, 2 * cap_rows_);
@@ -248,6 +261,7 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     ASSIGN_OR_RETURN(host_logits_, b.Allocate(DType::kF32, {cap, c.vocab_size},
                                               MemoryType::kHostPinned));
     cap_rows_ = cap;
+    ++generation_;
   }
   return absl::OkStatus();
 }
@@ -255,11 +269,8 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
 absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
                                               Tensor& logits) {
   RETURN_IF_ERROR(Validate(step));
-  const ModelConfig& c = config_;
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
-  const int64_t d = c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   // Block tables are checked here, before anything is written.
   AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
   for (const auto& table : step.block_tables)
@@ -271,7 +282,75 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), step.tokens.data(),
                                        n * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, s));
+  if (m > 0) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), step.logit_rows.data(),
+                                         m * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, s));
+    ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
+  }
+  if (!graphs_ || n > kMaxGraphTokens) return Launch(n, m);
 
+  // Every kernel argument is fixed by these (buffer addresses by the
+  // generations), so a graph captured for the same key replays this step.
+  const std::vector<int64_t> key = {
+      n,
+      m,
+      batch_.sequences(),
+      batch_.padded_blocks(),
+      batch_.tiles(),
+      batch_.max_tile() == 1 ? 1 : 0,
+      std::min<int64_t>((batch_.max_context() + 255) / 256, 64),
+      batch_.reallocations(),
+      generation_};
+  if (graph_exec_ == nullptr || key != graph_key_) {
+    absl::Status captured = Capture(n, m);
+    if (!captured.ok()) {
+      std::fprintf(stderr,
+                   "CudaModelRunner: CUDA graph capture failed, running "
+                   "eagerly from now on: %s\n",
+                   std::string(captured.message()).c_str());
+      graphs_ = false;
+      return Launch(n, m);
+    }
+    graph_key_ = key;
+  }
+  return CudaStatus(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s),
+      "cudaGraphLaunch");
+}
+
+absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
+  auto* s = static_cast<cudaStream_t>(exec_.stream);
+  if (graph_exec_ != nullptr) {
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
+    graph_exec_ = nullptr;
+  }
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const absl::Status launched = Launch(n, m);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  if (!launched.ok() || ended != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // Clear a capture error; the stream is usable.
+    RETURN_IF_ERROR(launched);
+    return CudaStatus(
+        ended == cudaSuccess ? cudaErrorStreamCaptureInvalidated : ended,
+        "cudaStreamEndCapture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
+  graph_exec_ = exec;
+  ++captures_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
   ASSIGN_OR_RETURN(Tensor ids, ids_.Rows(0, n));
   ASSIGN_OR_RETURN(Tensor x, x_.Rows(0, n));
   ASSIGN_OR_RETURN(Tensor xn, xn16_.Rows(0, n));
@@ -312,13 +391,10 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   if (m == 0) return absl::OkStatus();
   // Final norm and LM head for the wanted rows only, gathered with the
   // embedding kernel (x is a table of n rows).
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), step.logit_rows.data(),
-                                       m * sizeof(int32_t),
-                                       cudaMemcpyHostToDevice, s));
   ASSIGN_OR_RETURN(Tensor rows, rows_.Rows(0, m));
   ASSIGN_OR_RETURN(Tensor last, last_.Rows(0, m));
   ASSIGN_OR_RETURN(Tensor last16, last16_.Rows(0, m));
-  ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
+  ASSIGN_OR_RETURN(Tensor logits, logits_.Rows(0, m));
   RETURN_IF_ERROR(EmbeddingCuda(x, rows, 0, last, exec_));
   RETURN_IF_ERROR(
       RmsNormCuda(last, weights_.output_norm, c.rms_norm_eps, last16, exec_));

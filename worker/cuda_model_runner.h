@@ -76,7 +76,7 @@ class CudaModelRunner {
   // The backend, stream and cuBLAS handle weights must be made with.
   Backend& backend() { return *backend_; }
   const CudaExec& exec() const { return exec_; }
-  void SetWeights(CudaLlamaWeights weights) { weights_ = std::move(weights); }
+  void SetWeights(CudaLlamaWeights weights);
   const CudaLlamaWeights& weights() const { return weights_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
@@ -95,11 +95,31 @@ class CudaModelRunner {
   // Waits for all queued work.
   absl::Status Synchronize();
 
+  // Steps of at most kMaxGraphTokens tokens (decode) run as a CUDA graph,
+  // captured once per step shape (tokens, logit rows, padded block-table
+  // width, kernel choice) and replayed while the shape repeats: a decode
+  // step is ~15 launches per layer, which otherwise bounds small batches
+  // by launch latency. On by default; a failed capture falls back to
+  // eager launches for good (reported once on stderr).
+  void set_cuda_graphs(bool on) { graphs_ = on; }
+  bool cuda_graphs() const { return graphs_; }
+  int64_t graph_captures() const { return captures_; }
+  static constexpr int64_t kMaxGraphTokens = 256;
+
+  CudaModelRunner(const CudaModelRunner&) = delete;
+  CudaModelRunner& operator=(const CudaModelRunner&) = delete;
+  ~CudaModelRunner();
+
  private:
   CudaModelRunner() = default;
+  // Queues the layers and LM head for the uploaded step (n tokens, m
+  // logit rows), eagerly or while capturing.
+  absl::Status Launch(int64_t n, int64_t m);
+  absl::Status Capture(int64_t n, int64_t m);
   absl::Status Validate(const StepInput& step) const;
-  // Runs the layers and the LM head; leaves logits on the device in
-  // logits_ ([rows, vocab] f32 view).
+  // Validates and uploads the step, then runs the layers and the LM head
+  // (as a graph when it can); `logits` views the device logits [rows,
+  // vocab] f32.
   absl::Status ForwardOnDevice(const StepInput& step, Tensor& logits);
   absl::Status Reserve(int64_t n, int64_t rows);
 
@@ -122,6 +142,12 @@ class CudaModelRunner {
   Tensor xn16_, attn16_, h16_;        // bf16 GEMM inputs
   Tensor last_, last16_, logits_;     // [cap_rows, ...]
   Tensor host_logits_;                // pinned [cap_rows, vocab]
+
+  bool graphs_ = true;
+  void* graph_exec_ = nullptr;  // cudaGraphExec_t
+  std::vector<int64_t> graph_key_;
+  int64_t generation_ = 0;  // Bumped when buffers or weights move.
+  int64_t captures_ = 0;
 };
 
 }  // namespace shardlm

@@ -1,4 +1,6 @@
 // CUDA twin of embedding_cpu.cc: a gather of table rows.
+#include <algorithm>
+
 #include "kernels/cuda_common.cuh"
 
 namespace shardlm::cuda {
@@ -8,11 +10,11 @@ template <typename T>
 __global__ void EmbeddingKernel(const T* table, const int32_t* ids, int64_t n,
                                 int64_t rows, int64_t hidden,
                                 int64_t vocab_begin, float* out) {
-  const int64_t i = blockIdx.y;
+  const int64_t i = blockIdx.x;  // x: up to 2^31 - 1 tokens (y: 65535).
   const int64_t row = static_cast<int64_t>(ids[i]) - vocab_begin;
   const bool in = row >= 0 && row < rows;
-  for (int64_t j = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; j < hidden;
-       j += int64_t{gridDim.x} * blockDim.x) {
+  for (int64_t j = blockIdx.y * int64_t{blockDim.x} + threadIdx.x; j < hidden;
+       j += int64_t{gridDim.y} * blockDim.x) {
     out[i * hidden + j] = in ? Load(table, row * hidden + j) : 0.0f;
   }
 }
@@ -24,7 +26,8 @@ cudaError_t Embedding(const void* table, Dt table_dt, const int32_t* ids,
                       int64_t vocab_begin, float* out, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   const int threads = 256;
-  const dim3 grid(Blocks(hidden, threads), static_cast<unsigned>(n));
+  const dim3 grid(static_cast<unsigned>(n),
+                  std::min(Blocks(hidden, threads), 65535u));
   if (table_dt == Dt::kBF16) {
     EmbeddingKernel<<<grid, threads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(table), ids, n, rows, hidden,
