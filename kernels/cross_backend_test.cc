@@ -68,10 +68,11 @@ void ExpectClose(const Tensor& got, const Tensor& want, double rtol,
   int64_t at = -1;
   const auto g = got.f32(), w = want.f32();
   for (size_t i = 0; i < w.size(); ++i) {
-    const double ratio =
-        std::abs(double{g[i]} - w[i]) / (atol + rtol * std::abs(w[i]));
-    if (!(ratio <= worst)) {  // Also catches NaN.
-      worst = ratio;
+    const double diff = std::abs(double{g[i]} - w[i]);
+    // Exact equality passes even with zero bounds; NaN never does.
+    const double ratio = diff == 0 ? 0 : diff / (atol + rtol * std::abs(w[i]));
+    if (std::isnan(ratio) || ratio > worst) {
+      worst = std::isnan(ratio) ? INFINITY : ratio;
       at = static_cast<int64_t>(i);
     }
   }
@@ -343,18 +344,20 @@ TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {
           Variant{"decode 7 splits", AttentionKernel::kDecode, 7},
           Variant{"prefill", AttentionKernel::kPrefill, 0}}) {
       SCOPED_TRACE(var.name);
-      // Same cache values; f32 softmax and sums in another order: outputs
-      // are convex combinations of |v| <~ 4, so 2e-5 absolute.
+      // Same cache values; f32 softmax and sums in another order (the CPU
+      // accumulates 4097 terms in f32 too): outputs are convex combinations
+      // of |v| <~ 4, so 1e-4 absolute; a wrong mask, position or head
+      // mapping is off by 1e-2 or more.
       Tensor out = Empty(DType::kF32, {n, kHeads, kHeadDim});
       ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_,
                                      var.kernel, var.splits)
                       .ok());
-      ExpectClose(ToHost(out), want, 1e-4, 2e-5, "attention f32 out");
+      ExpectClose(ToHost(out), want, 1e-4, 1e-4, "attention f32 out");
     }
     Tensor out16 = Empty(DType::kBF16, {n, kHeads, kHeadDim});
     ASSERT_TRUE(
         PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_).ok());
-    ExpectClose(ToHost(out16), want, 4e-3, 2e-5, "attention bf16 out");
+    ExpectClose(ToHost(out16), want, 4e-3, 1e-4, "attention bf16 out");
   }
 }
 

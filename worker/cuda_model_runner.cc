@@ -183,6 +183,7 @@ absl::Status CudaModelRunner::Synchronize() { return stream_->Synchronize(); }
 
 CudaModelRunner::~CudaModelRunner() {
   if (graph_exec_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(exec_.stream));
     cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
   }
 }
@@ -322,6 +323,8 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
 absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
   auto* s = static_cast<cudaStream_t>(exec_.stream);
   if (graph_exec_ != nullptr) {
+    // The previous replay may still run.
+    RETURN_IF_ERROR(stream_->Synchronize());
     cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
     graph_exec_ = nullptr;
   }

@@ -65,7 +65,8 @@ Diff Compare(const Tensor& got, const Tensor& want) {
   Diff d;
   const auto g = got.f32(), w = want.f32();
   for (size_t i = 0; i < w.size(); ++i) {
-    const double e = std::abs(double{g[i]} - w[i]);
+    double e = std::abs(double{g[i]} - w[i]);
+    if (std::isnan(e)) e = INFINITY;  // std::max would drop a NaN.
     d.max_abs = std::max(d.max_abs, e);
     d.mean_abs += e / w.size();
     d.max_ref = std::max(d.max_ref, std::abs(double{w[i]}));
@@ -171,8 +172,7 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
         << "step " << step << " mean " << d.mean_abs;
     // Argmax must agree unless the CPU's top two are within the bound.
     const int64_t vocab = c.vocab_size;
-    std::vector<float> sorted(cpu_logits.f32().begin(),
-                              cpu_logits.f32().end());
+    std::vector<float> sorted(cpu_logits.f32().begin(), cpu_logits.f32().end());
     std::nth_element(sorted.begin(), sorted.begin() + 1, sorted.end(),
                      std::greater<float>());
     const int32_t want = Argmax(cpu_logits.f32().data(), vocab);
@@ -193,9 +193,10 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
         const int32_t end = std::min(300, begin + 128);
         std::vector<int32_t> chunk(prompt.begin() + begin,
                                    prompt.begin() + end);
-        ASSERT_TRUE((*eager)->Forward(SeqStep(chunk, begin, kv.block_size,
-                                              kv.num_blocks))
-                        .ok());
+        ASSERT_TRUE(
+            (*eager)
+                ->Forward(SeqStep(chunk, begin, kv.block_size, kv.num_blocks))
+                .ok());
       }
     }
     if (step < 19) {
@@ -254,8 +255,7 @@ TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
 // of the last prompt position.
 std::vector<int32_t> Greedy(const ForwardFn& forward,
                             const std::vector<int32_t>& prompt, int steps,
-                            int64_t block_size, int64_t blocks,
-                            Tensor& first) {
+                            int64_t block_size, int64_t blocks, Tensor& first) {
   std::vector<int32_t> out;
   auto logits = forward(SeqStep(prompt, 0, block_size, blocks));
   EXPECT_TRUE(logits.ok()) << logits.status();
@@ -315,12 +315,12 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
     ModelRunner cpu(std::move(*cpu_weights), *KvPool::Create(kv));
     const std::vector<int32_t> prompt = (*tokenizer)->Encode(text);
     Tensor cpu_first, gpu_first;
-    const auto want = Greedy(
-        [&](const StepInput& s) { return cpu.Forward(s); }, prompt, 32,
-        kv.block_size, kv.num_blocks, cpu_first);
-    const auto got = Greedy(
-        [&](const StepInput& s) { return (*gpu)->Forward(s); }, prompt, 32,
-        kv.block_size, kv.num_blocks, gpu_first);
+    const auto want =
+        Greedy([&](const StepInput& s) { return cpu.Forward(s); }, prompt, 32,
+               kv.block_size, kv.num_blocks, cpu_first);
+    const auto got =
+        Greedy([&](const StepInput& s) { return (*gpu)->Forward(s); }, prompt,
+               32, kv.block_size, kv.num_blocks, gpu_first);
     EXPECT_EQ(got, want);
     // Bound: weights and GEMM inputs in bf16 (2^-9 relative) over 30
     // layers; logits span about +-30. An error of 1.0 at the worst of
@@ -328,9 +328,10 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
     // below what changes a confident greedy choice, and far below a wrong
     // RoPE convention or head mapping (errors of 10+).
     const Diff d = Compare(gpu_first, cpu_first);
-    std::printf("parity: prompt of %zu tokens: logits max |diff| %.4f, "
-                "mean %.5f, max |logit| %.2f\n",
-                prompt.size(), d.max_abs, d.mean_abs, d.max_ref);
+    std::printf(
+        "parity: prompt of %zu tokens: logits max |diff| %.4f, "
+        "mean %.5f, max |logit| %.2f\n",
+        prompt.size(), d.max_abs, d.mean_abs, d.max_ref);
     EXPECT_LE(d.max_abs, 1.0);
     EXPECT_LE(d.mean_abs, 0.1);
   }
