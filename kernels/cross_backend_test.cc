@@ -413,6 +413,49 @@ TEST_F(CudaOpsTest, ArgmaxMatchesGreedySampling) {
   }
 }
 
+TEST_F(CudaOpsTest, SamplingMatchesSampleTokenDraws) {
+  // Every mode on rows of 49152 and 769 logits, many seeds: the device
+  // must draw exactly SampleToken's token (same uniform, same order).
+  const SamplingParams modes[] = {
+      {.temperature = 0.0f},
+      {.temperature = 0.8f},
+      {.temperature = 1.3f, .top_k = 40},
+      {.temperature = 0.7f, .top_p = 0.9f},
+      {.temperature = 1.0f, .top_k = 100, .top_p = 0.5f},
+      {.temperature = 2.0f, .top_k = 1},
+      {.temperature = 1.0f, .top_k = 100000},  // k beyond the vocabulary.
+  };
+  for (int64_t vocab : {kHidden, int64_t{49152}}) {
+    const int64_t rows = 64;
+    Tensor logits = RandomTensor({rows, vocab}, 17, 3.0f);
+    // Ties inside the top-k and at its edge.
+    for (int64_t r = 0; r < rows; r += 3) {
+      for (int64_t j = 0; j < 8; ++j) logits.f32()[r * vocab + 7 * j] = 9.0f;
+    }
+    Tensor dev = Dev(logits);
+    std::vector<SamplingParams> params;
+    std::vector<uint64_t> steps;
+    for (int64_t r = 0; r < rows; ++r) {
+      SamplingParams p = modes[r % std::size(modes)];
+      p.seed = 1000 + r;
+      params.push_back(p);
+      steps.push_back(static_cast<uint64_t>(r * 7));
+    }
+    Tensor ids = Empty(DType::kI32, {rows});
+    ASSERT_TRUE(SampleCuda(dev, params, steps, ids, exec_).ok());
+    Tensor got = ToHost(ids);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t want = SampleToken(
+          absl::Span<const float>(logits.f32().data() + r * vocab, vocab),
+          params[r], steps[r]);
+      EXPECT_EQ(got.data<int32_t>()[r], want)
+          << "vocab " << vocab << " row " << r << " temperature "
+          << params[r].temperature << " top_k " << params[r].top_k << " top_p "
+          << params[r].top_p;
+    }
+  }
+}
+
 // Launchers check their arguments before any CUDA call, so these run
 // without a GPU too.
 TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {

@@ -93,6 +93,21 @@ cudaError_t AttentionPrefill(const float* q, const void* k_cache,
 cudaError_t Argmax(const float* logits, int64_t rows, int64_t vocab,
                    int32_t* out, cudaStream_t stream);
 
+// Per-row parameters of Sample: SampleToken's, with the uniform draw
+// u = SampleUniform(seed, step) made on the host.
+struct SampleRow {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  int32_t unused;
+  double u;
+};
+
+// out[r] = SampleToken(logits[r], params[r], step) for each row (params
+// in device memory).
+cudaError_t Sample(const float* logits, int64_t rows, int64_t vocab,
+                   const SampleRow* params, int32_t* out, cudaStream_t stream);
+
 }  // namespace shardlm::cuda
 
 #endif  // SHARDLM_KERNELS_CUDA_LAUNCH_H_

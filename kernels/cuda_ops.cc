@@ -581,4 +581,51 @@ absl::Status ArgmaxCuda(const Tensor& logits, Tensor& out,
                   "ArgmaxCuda");
 }
 
+absl::Status SampleCuda(const Tensor& logits,
+                        absl::Span<const SamplingParams> params,
+                        absl::Span<const uint64_t> steps, Tensor& out,
+                        const CudaExec& exec) {
+  if (logits.rank() != 2) {
+    return absl::InvalidArgumentError("SampleCuda: logits must be 2-D");
+  }
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  RETURN_IF_ERROR(CheckDevice("SampleCuda", "logits", logits, {rows, vocab},
+                              {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SampleCuda", "out", out, {rows}, {DType::kI32}));
+  if (static_cast<int64_t>(params.size()) != rows ||
+      static_cast<int64_t>(steps.size()) != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleCuda: ", rows, " rows but ", params.size(),
+                     " parameters and ", steps.size(), " steps"));
+  }
+  if (vocab == 0 || vocab > 0x7fffffff) {
+    return absl::InvalidArgumentError("SampleCuda: bad vocabulary size");
+  }
+  if (rows == 0) return absl::OkStatus();
+  std::vector<cuda::SampleRow> host(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    RETURN_IF_ERROR(ValidateSamplingParams(params[r]));
+    host[r] = {.temperature = params[r].temperature,
+               .top_k = params[r].top_k,
+               .top_p = params[r].top_p,
+               .unused = 0,
+               .u = SampleUniform(params[r].seed, steps[r])};
+  }
+  void* dev = nullptr;
+  const size_t bytes = rows * sizeof(cuda::SampleRow);
+  RETURN_IF_CUDA_ERROR(cudaMallocAsync(&dev, bytes, S(exec)));
+  // From pageable memory: returns once `host` has been staged.
+  absl::Status s = CudaStatus(
+      cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, S(exec)),
+      "SampleCuda: upload");
+  if (s.ok()) {
+    s = Launched(cuda::Sample(logits.data<float>(), rows, vocab,
+                              static_cast<const cuda::SampleRow*>(dev),
+                              out.data<int32_t>(), S(exec)),
+                 "SampleCuda");
+  }
+  RETURN_IF_CUDA_ERROR(cudaFreeAsync(dev, S(exec)));
+  return s;
+}
+
 }  // namespace shardlm

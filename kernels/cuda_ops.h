@@ -21,6 +21,7 @@
 #include "backend/cuda_backend.h"
 #include "core/tensor.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/sampling/sampling.h"
 #include "model/model_config.h"
 
 namespace shardlm {
@@ -156,6 +157,17 @@ absl::Status CopyKvBlocksCuda(const Tensor& src, Tensor& dst,
 // Greedy sampling: out[r] = argmax of logits[r] (lowest index on ties, as
 // SampleToken). logits: [rows, vocab] f32  out: [rows] i32.
 absl::Status ArgmaxCuda(const Tensor& logits, Tensor& out,
+                        const CudaExec& exec);
+
+// Sampling on the device with SampleToken's semantics and draws: out[r] =
+// SampleToken(logits[r], params[r], steps[r]) (greedy, temperature,
+// top-k, top-p; the uniform draw SampleUniform(seed, step) is made on the
+// host). Sums are in double like the CPU's, in another order, so a draw
+// landing within ~1e-15 of a boundary could differ. logits: [rows, vocab]
+// f32  out: [rows] i32.
+absl::Status SampleCuda(const Tensor& logits,
+                        absl::Span<const SamplingParams> params,
+                        absl::Span<const uint64_t> steps, Tensor& out,
                         const CudaExec& exec);
 
 }  // namespace shardlm

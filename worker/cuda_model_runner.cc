@@ -428,19 +428,19 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
                      step.sampling.size(), " sampling parameters and ",
                      step.sample_index.size(), " sample indices"));
   }
-  bool greedy = !step.return_logits;
   for (const SamplingParams& p : step.sampling) {
     RETURN_IF_ERROR(ValidateSamplingParams(p));
-    greedy = greedy && (p.temperature == 0.0f || p.top_k == 1);
   }
-  if (!greedy || rows == 0) {
+  if (step.return_logits || rows == 0) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(step));
     return SampleStep(step, std::move(logits));
   }
+  // Sampled on the device; only the token ids come back.
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));
   ASSIGN_OR_RETURN(Tensor ids, sampled_.Rows(0, rows));
-  RETURN_IF_ERROR(ArgmaxCuda(logits, ids, exec_));
+  RETURN_IF_ERROR(
+      SampleCuda(logits, step.sampling, step.sample_index, ids, exec_));
   StepOutput out;
   out.tokens.resize(rows);
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(

@@ -86,10 +86,10 @@ class CudaModelRunner {
   // written.
   absl::StatusOr<Tensor> Forward(const StepInput& step);
 
-  // Forward and sampling, as SampleStep(step, Forward(step)): greedy rows
-  // are sampled on the device (argmax) and only their ids copied back when
-  // every row is greedy and no logits are wanted; otherwise the logits
-  // come back and SampleStep draws on the host (same draws as the CPU).
+  // Forward and sampling, as SampleStep(step, Forward(step)): sampled on
+  // the device (SampleCuda: SampleToken's draws) with only the ids copied
+  // back, unless the logits are wanted too; then they come back and
+  // SampleStep draws on the host.
   absl::StatusOr<StepOutput> Step(const StepInput& step);
 
   // Waits for all queued work.
