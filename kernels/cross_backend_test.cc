@@ -482,6 +482,37 @@ TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {
   EXPECT_NE(std::string(s.message()).find("BF16"), std::string::npos) << s;
 }
 
+// CudaAttentionBatch checks the batch against the pool before it
+// allocates or copies anything.
+TEST(CudaOpsValidationTest, AttentionBatchIsCheckedBeforeUpload) {
+  const std::vector<int32_t> pos = {0, 20}, seq = {0, 0};
+  const std::vector<int32_t> table = {1, 2}, bad_table = {1, 9};
+  CudaAttentionBatch b;
+  AttentionBatch ok{.positions = pos, .token_seq = seq};
+  ok.block_tables = {table};
+  // Block 9 outside a pool of 4.
+  AttentionBatch bad_block = ok;
+  bad_block.block_tables = {bad_table};
+  absl::Status s = b.Upload(bad_block, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("physical block 9"),
+            std::string::npos)
+      << s;
+  // Position 40 needs a third block.
+  const std::vector<int32_t> far = {0, 40};
+  AttentionBatch short_table = ok;
+  short_table.positions = far;
+  s = b.Upload(short_table, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A token of a sequence that has no table.
+  const std::vector<int32_t> seq1 = {0, 1};
+  AttentionBatch no_seq = ok;
+  no_seq.token_seq = seq1;
+  s = b.Upload(no_seq, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(b.tokens(), 0);  // Nothing was taken over.
+}
+
 #endif  // SHARDLM_HAVE_CUDA
 
 }  // namespace

@@ -338,7 +338,7 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
   }
   // Tiles: runs of at most kPrefillTile consecutive tokens of one sequence.
   std::vector<int32_t> tile_begin, tile_len;
-  max_tile_ = 0;
+  int64_t max_tile = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (tile_begin.empty() || tile_len.back() == cuda::kPrefillTile ||
         batch.token_seq[i] != batch.token_seq[tile_begin.back()]) {
@@ -346,7 +346,7 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
       tile_len.push_back(0);
     }
     ++tile_len.back();
-    max_tile_ = std::max<int64_t>(max_tile_, tile_len.back());
+    max_tile = std::max<int64_t>(max_tile, tile_len.back());
   }
   // Layout: positions | token_seq | slots | tables | tile_begin | tile_len.
   const int64_t n_tiles = static_cast<int64_t>(tile_begin.size());
@@ -381,6 +381,7 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
                                        host.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, S(exec)));
   n_ = n;
+  max_tile_ = max_tile;
   n_seqs_ = n_seqs;
   max_blocks_ = max_blocks;
   max_ctx_ = max_ctx;

@@ -12,7 +12,8 @@
 #      bandwidth).
 # Usage: bash tests/gpu/run.sh OUTDIR   (logs and results go to OUTDIR)
 # Env: SHARDLM_MODEL (SmolLM2 GGUF; default models/SmolLM2-135M-Instruct.
-# Q4_1.gguf), CUDA_ARCH (default 90), BUILD_DIR (default build-gpu).
+# Q4_1.gguf), CUDA_ARCH (default 90), BUILD_DIR (default build-gpu), JOBS
+# (default: all cores).
 # Needs no network when the build dependencies are installed already.
 set -uo pipefail
 OUT=${1:?usage: bash tests/gpu/run.sh OUTDIR}
@@ -23,7 +24,7 @@ exec > >(tee "$OUT/run.log") 2>&1
 BUILD_DIR=${BUILD_DIR:-build-gpu}
 CUDA_ARCH=${CUDA_ARCH:-90}
 MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-JOBS=$(nproc)
+JOBS=${JOBS:-$(nproc)}
 export PATH="/usr/local/cuda/bin:$PATH"
 failed=()
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
