@@ -76,8 +76,11 @@ stage "gpu-labelled tests"
 (cd "$BUILD_DIR" && ctest -L gpu -V --timeout 600 \
   --output-junit "$OUT/ctest-gpu.xml") >"$OUT/ctest-gpu.log" 2>&1 ||
   failed+=(gpu-tests)
-grep -E "^[0-9]+/[0-9]+ Test|tests passed|Skipped|SKIPPED \]|FAILED|parity:|synthetic:" \
-  "$OUT/ctest-gpu.log" | sort -u | head -80
+# Per-test results, skip reasons, failures and the parity figures.
+grep -E -A1 "^[0-9]+: .*: Skipped$" "$OUT/ctest-gpu.log" | grep -v "^--$" |
+  awk 'NR % 2 == 0' | sort | uniq -c | head -20
+grep -E "^[0-9]+/[0-9]+ Test|tests passed|tests failed|\[  FAILED  \]|parity:|synthetic:" \
+  "$OUT/ctest-gpu.log" | head -80
 
 stage "decode benchmark (synthetic 1B-class Llama, bf16)"
 "$BUILD_DIR/bench/gpu_decode_bench" --batches 1,16 --prompt 128 --steps 64 \
