@@ -370,8 +370,7 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
   const char* prompts[] = {
       "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
       "<|im_start|>assistant\n",
-      "<|im_start|>user\nTranslate 'good morning' into French.<|im_end|>\n"
-      "<|im_start|>assistant\n",
+      "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
       "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
       "<|im_start|>user\nWhat is the boiling point of water at sea level?"
       "<|im_end|>\n<|im_start|>assistant\n",
