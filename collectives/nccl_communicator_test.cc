@@ -5,6 +5,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -95,68 +96,199 @@ void RunOnAllGpus(int n, CommOptions options,
   for (auto& t : threads) t.join();
 }
 
-TEST(NcclCommunicatorTest, ExactResultsOnAllGpus) {
+// Every group size from 1 to the number of GPUs, as the fake (1..4
+// threads) and MPI (2..4 ranks) suites do.
+TEST(NcclCommunicatorTest, ExactResultsOnEveryGroupSize) {
+  SKIP_WITHOUT_GPU(gpus);
+  for (int n = 1; n <= gpus; ++n) {
+    SCOPED_TRACE("group of " + std::to_string(n));
+    RunOnAllGpus(n, {}, [n](NcclCommunicator& c) {
+      const int r = c.rank();
+      for (int64_t len : {1, 7, 4097}) {
+        SCOPED_TRACE("rank " + std::to_string(r) + " n=" + std::to_string(len));
+        for (bool in_place : {false, true}) {
+          for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+            DeviceF32 send(len), recv(len);
+            send.Upload(Inputs(r, len));
+            Tensor out = in_place ? send.tensor() : recv.tensor();
+            ASSERT_TRUE(c.AllReduce(send.tensor(), out, op).ok());
+            const auto got = in_place ? send.Download() : recv.Download();
+            for (int64_t i = 0; i < len; ++i) {
+              const float want = op == ReduceOp::kSum
+                                     ? 1000.0f * n * (n - 1) / 2 + n * i
+                                     : Input(n - 1, i);
+              ASSERT_EQ(got[i], want) << "i " << i;
+            }
+          }
+        }
+        DeviceF32 send(len), all(n * len);
+        send.Upload(Inputs(r, len));
+        Tensor all_t = all.tensor();
+        ASSERT_TRUE(c.AllGather(send.tensor(), all_t).ok());
+        auto got = all.Download();
+        for (int s = 0; s < n; ++s) {
+          for (int64_t i = 0; i < len; ++i)
+            ASSERT_EQ(got[s * len + i], Input(s, i));
+        }
+        DeviceF32 all2(n * len);  // In place.
+        all2.Upload(Inputs(r, len), r * len);
+        Tensor all2_t = all2.tensor();
+        ASSERT_TRUE(c.AllGather(all2.tensor(r * len, len), all2_t).ok());
+        got = all2.Download();
+        for (int s = 0; s < n; ++s) ASSERT_EQ(got[s * len], Input(s, 0));
+
+        for (int root = 0; root < n; ++root) {
+          DeviceF32 data(len);
+          data.Upload(Inputs(r, len));
+          Tensor t = data.tensor();
+          ASSERT_TRUE(c.Broadcast(t, root).ok());
+          got = data.Download();
+          for (int64_t i = 0; i < len; ++i) ASSERT_EQ(got[i], Input(root, i));
+        }
+        if (n > 1) {
+          const int next = (r + 1) % n, prev = (r + n - 1) % n;
+          DeviceF32 out(len), in(len);
+          out.Upload(Inputs(r, len));
+          Tensor in_t = in.tensor();
+          if (r == 0) {
+            ASSERT_TRUE(c.Send(out.tensor(), next).ok());
+            ASSERT_TRUE(c.Recv(in_t, prev).ok());
+          } else {
+            ASSERT_TRUE(c.Recv(in_t, prev).ok());
+            ASSERT_TRUE(c.Send(out.tensor(), next).ok());
+          }
+          got = in.Download();
+          for (int64_t i = 0; i < len; ++i) ASSERT_EQ(got[i], Input(prev, i));
+        }
+        ASSERT_TRUE(c.Barrier().ok());
+      }
+    });
+  }
+}
+
+// Mixed collectives back to back on one communicator (fake suite's
+// BackToBackRoundsDoNotMix): results must not bleed between rounds.
+TEST(NcclCommunicatorTest, BackToBackRoundsDoNotMix) {
+  SKIP_WITHOUT_GPU(n);
+  const int64_t len = 4097;
+  RunOnAllGpus(n, {}, [n, len](NcclCommunicator& c) {
+    const int r = c.rank();
+    for (int iter = 0; iter < 40; ++iter) {
+      std::vector<float> in(len);
+      for (int64_t i = 0; i < len; ++i) in[i] = Input(r, i) + iter;
+      DeviceF32 t(len);
+      t.Upload(in);
+      Tensor tt = t.tensor();
+      switch (iter % 4) {
+        case 0: {
+          ASSERT_TRUE(c.AllReduce(tt, tt, ReduceOp::kSum).ok());
+          const auto got = t.Download();
+          for (int64_t i = 0; i < len; ++i) {
+            float want = 0;
+            for (int s = 0; s < n; ++s) want += Input(s, i) + iter;
+            ASSERT_EQ(got[i], want) << "iter " << iter;
+          }
+          break;
+        }
+        case 1: {
+          DeviceF32 all(n * len);
+          Tensor all_t = all.tensor();
+          ASSERT_TRUE(c.AllGather(tt, all_t).ok());
+          const auto got = all.Download();
+          for (int s = 0; s < n; ++s) {
+            ASSERT_EQ(got[s * len + len - 1], Input(s, len - 1) + iter);
+          }
+          break;
+        }
+        case 2: {
+          const int root = iter % n;
+          ASSERT_TRUE(c.Broadcast(tt, root).ok());
+          ASSERT_EQ(t.Download()[len - 1], Input(root, len - 1) + iter);
+          break;
+        }
+        case 3:
+          ASSERT_TRUE(c.Barrier().ok());
+          break;
+      }
+    }
+  });
+}
+
+// I32 and BF16 reductions, and Send/Recv of a quantized dtype (bytes).
+TEST(NcclCommunicatorTest, AllReduceI32Bf16AndSendRecvOfOtherDtypes) {
   SKIP_WITHOUT_GPU(n);
   RunOnAllGpus(n, {}, [n](NcclCommunicator& c) {
     const int r = c.rank();
-    for (int64_t len : {1, 7, 4097}) {
-      SCOPED_TRACE("rank " + std::to_string(r) + " n=" + std::to_string(len));
-      for (bool in_place : {false, true}) {
-        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
-          DeviceF32 send(len), recv(len);
-          send.Upload(Inputs(r, len));
-          Tensor out = in_place ? send.tensor() : recv.tensor();
-          ASSERT_TRUE(c.AllReduce(send.tensor(), out, op).ok());
-          const auto got = in_place ? send.Download() : recv.Download();
-          for (int64_t i = 0; i < len; ++i) {
-            const float want = op == ReduceOp::kSum
-                                   ? 1000.0f * n * (n - 1) / 2 + n * i
-                                   : Input(n - 1, i);
-            ASSERT_EQ(got[i], want) << "i " << i;
-          }
-        }
-      }
-      DeviceF32 send(len), all(n * len);
-      send.Upload(Inputs(r, len));
-      Tensor all_t = all.tensor();
-      ASSERT_TRUE(c.AllGather(send.tensor(), all_t).ok());
-      auto got = all.Download();
-      for (int s = 0; s < n; ++s) {
-        for (int64_t i = 0; i < len; ++i)
-          ASSERT_EQ(got[s * len + i], Input(s, i));
-      }
-      DeviceF32 all2(n * len);  // In place.
-      all2.Upload(Inputs(r, len), r * len);
-      Tensor all2_t = all2.tensor();
-      ASSERT_TRUE(c.AllGather(all2.tensor(r * len, len), all2_t).ok());
-      got = all2.Download();
-      for (int s = 0; s < n; ++s) ASSERT_EQ(got[s * len], Input(s, 0));
+    int32_t* ip = nullptr;
+    ASSERT_EQ(cudaMalloc(&ip, 3 * sizeof(int32_t)), cudaSuccess);
+    const int32_t ih[3] = {r * 10, r * 10 + 1, r * 10 + 2};
+    ASSERT_EQ(cudaMemcpy(ip, ih, sizeof(ih), cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Tensor it = Tensor::View(DType::kI32, {3}, ip, MemoryType::kDevice).value();
+    ASSERT_TRUE(c.AllReduce(it, it, ReduceOp::kSum).ok());
+    int32_t got[3];
+    ASSERT_EQ(cudaMemcpy(got, ip, sizeof(got), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_EQ(got[2], 10 * n * (n - 1) / 2 + 2 * n);
+    cudaFree(ip);
 
-      for (int root = 0; root < n; ++root) {
-        DeviceF32 data(len);
-        data.Upload(Inputs(r, len));
-        Tensor t = data.tensor();
-        ASSERT_TRUE(c.Broadcast(t, root).ok());
-        got = data.Download();
-        for (int64_t i = 0; i < len; ++i) ASSERT_EQ(got[i], Input(root, i));
+    // bf16 1.0 (0x3f80) summed over n ranks is exactly n for n <= 256.
+    uint16_t* bp = nullptr;
+    ASSERT_EQ(cudaMalloc(&bp, 8 * sizeof(uint16_t)), cudaSuccess);
+    std::vector<uint16_t> ones(8, 0x3f80);
+    ASSERT_EQ(cudaMemcpy(bp, ones.data(), 16, cudaMemcpyHostToDevice),
+              cudaSuccess);
+    Tensor bt =
+        Tensor::View(DType::kBF16, {8}, bp, MemoryType::kDevice).value();
+    ASSERT_TRUE(c.AllReduce(bt, bt, ReduceOp::kSum).ok());
+    uint16_t bh[8];
+    ASSERT_EQ(cudaMemcpy(bh, bp, 16, cudaMemcpyDeviceToHost), cudaSuccess);
+    uint32_t bits = static_cast<uint32_t>(bh[7]) << 16;
+    float f;
+    std::memcpy(&f, &bits, 4);
+    EXPECT_EQ(f, static_cast<float>(n));
+    cudaFree(bp);
+
+    if (n > 1) {  // Q8_0 moves by bytes: one block of 34 bytes.
+      void* qp = nullptr;
+      ASSERT_EQ(cudaMalloc(&qp, 34), cudaSuccess);
+      Tensor q =
+          Tensor::View(DType::kQ8_0, {32}, qp, MemoryType::kDevice).value();
+      if (r == 0) {
+        ASSERT_EQ(cudaMemset(qp, 0x5a, 34), cudaSuccess);
+        ASSERT_TRUE(c.Send(q, 1).ok());
+      } else if (r == 1) {
+        ASSERT_TRUE(c.Recv(q, 0).ok());
+        unsigned char last = 0;
+        ASSERT_EQ(cudaMemcpy(&last, static_cast<char*>(qp) + 33, 1,
+                             cudaMemcpyDeviceToHost),
+                  cudaSuccess);
+        EXPECT_EQ(last, 0x5a);
       }
-      if (n > 1) {
-        const int next = (r + 1) % n, prev = (r + n - 1) % n;
-        DeviceF32 out(len), in(len);
-        out.Upload(Inputs(r, len));
-        Tensor in_t = in.tensor();
-        if (r == 0) {
-          ASSERT_TRUE(c.Send(out.tensor(), next).ok());
-          ASSERT_TRUE(c.Recv(in_t, prev).ok());
-        } else {
-          ASSERT_TRUE(c.Recv(in_t, prev).ok());
-          ASSERT_TRUE(c.Send(out.tensor(), next).ok());
-        }
-        got = in.Download();
-        for (int64_t i = 0; i < len; ++i) ASSERT_EQ(got[i], Input(prev, i));
-      }
-      ASSERT_TRUE(c.Barrier().ok());
+      cudaFree(qp);
     }
+    ASSERT_TRUE(c.Barrier().ok());
+  });
+}
+
+// The argument checks every Communicator shares (fake and MPI suites'
+// BadArgumentsAreInvalidArgument), on device buffers.
+TEST(NcclCommunicatorTest, BadArgumentsAreInvalidArgument) {
+  SKIP_WITHOUT_GPU(n);
+  RunOnAllGpus(1, {}, [](NcclCommunicator& c) {
+    DeviceF32 buf(16);
+    Tensor a = buf.tensor(0, 4), b = buf.tensor(0, 5), all = buf.tensor(0, 7);
+    const auto kInvalid = absl::StatusCode::kInvalidArgument;
+    EXPECT_EQ(c.AllReduce(a, b, ReduceOp::kSum).code(), kInvalid);
+    EXPECT_EQ(c.AllGather(a, all).code(), kInvalid);
+    EXPECT_EQ(c.Broadcast(a, 1).code(), kInvalid);
+    EXPECT_EQ(c.Broadcast(a, -1).code(), kInvalid);
+    EXPECT_EQ(c.Send(a, 0).code(), kInvalid);  // Self.
+    EXPECT_EQ(c.Recv(a, 5).code(), kInvalid);
+    Tensor empty;
+    EXPECT_EQ(c.Broadcast(empty, 0).code(), kInvalid);
+    // The communicator stays usable.
+    EXPECT_TRUE(c.Barrier().ok());
   });
 }
 

@@ -84,8 +84,9 @@ absl::StatusOr<Tensor> Tensor::NewHost(DType dtype, Shape shape, bool zero) {
   t.dtype_ = dtype;
   t.shape_ = std::move(shape);
   t.bytes_ = bytes;
-  t.owner_ = std::make_shared<HostBuffer>(bytes, zero);
-  t.data_ = t.owner_->data();
+  auto buffer = std::make_shared<HostBuffer>(bytes, zero);
+  t.data_ = buffer->data();
+  t.owner_ = std::move(buffer);
   return t;
 }
 
@@ -98,6 +99,14 @@ absl::StatusOr<Tensor> Tensor::View(DType dtype, Shape shape, void* data,
   t.bytes_ = bytes;
   t.memory_ = memory;
   t.data_ = data;
+  return t;
+}
+
+absl::StatusOr<Tensor> Tensor::Owning(DType dtype, Shape shape, void* data,
+                                      MemoryType memory,
+                                      std::shared_ptr<void> owner) {
+  ASSIGN_OR_RETURN(Tensor t, View(dtype, std::move(shape), data, memory));
+  t.owner_ = std::move(owner);
   return t;
 }
 

@@ -59,6 +59,12 @@ class Tensor {
   // A non-owning view; `data` must outlive the tensor and its copies.
   static absl::StatusOr<Tensor> View(DType dtype, Shape shape, void* data,
                                      MemoryType memory = MemoryType::kHost);
+  // A tensor over `data`, which `owner` keeps alive: every copy of the
+  // tensor shares `owner`, and the last one releases it. Backends use this
+  // for device and pinned allocations (backend/backend.h).
+  static absl::StatusOr<Tensor> Owning(DType dtype, Shape shape, void* data,
+                                       MemoryType memory,
+                                       std::shared_ptr<void> owner);
 
   DType dtype() const { return dtype_; }
   const Shape& shape() const { return shape_; }
@@ -93,7 +99,7 @@ class Tensor {
   MemoryType memory_ = MemoryType::kHost;
   void* data_ = nullptr;
   size_t bytes_ = 0;
-  std::shared_ptr<HostBuffer> owner_;  // Null for views.
+  std::shared_ptr<void> owner_;  // Null for views.
 };
 
 }  // namespace shardlm

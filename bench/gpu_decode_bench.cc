@@ -1,0 +1,241 @@
+// Decode throughput of a synthetic 1B-class Llama in bf16 on one GPU
+// (CudaModelRunner), against the HBM bandwidth floor.
+//
+//   gpu_decode_bench [--batches 1,16] [--prompt 128] [--steps 64]
+//                    [--peak-gbps 4800] [--device 0] [--json FILE]
+//
+// For each batch size, with CUDA graphs and with eager launches: every
+// sequence is prefilled with `prompt` random
+// tokens, then `steps` greedy decode steps are timed. A step must read
+// every weight matrix once (bf16) and each sequence's K/V so far (bf16);
+// that byte count over the step time is the achieved bandwidth, reported
+// as a fraction of (a) the nominal peak (--peak-gbps, 4800 GB/s for an
+// H200) and (b) the device-to-device copy bandwidth measured in the same
+// run (cudaMemcpy moves 2 bytes of traffic per byte copied).
+#include <cuda_runtime_api.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "worker/cuda_model_runner.h"
+
+namespace shardlm {
+namespace {
+
+int Fail(const std::string& msg) {
+  std::fprintf(stderr, "gpu_decode_bench: %s\n", msg.c_str());
+  return 2;
+}
+
+double Now() {
+  return std::chrono::duration<double>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// Device-to-device copy bandwidth in GB/s of traffic (read + write).
+double CopyBandwidth(int device) {
+  const size_t bytes = size_t{1} << 30;
+  void *a = nullptr, *b = nullptr;
+  cudaSetDevice(device);
+  if (cudaMalloc(&a, bytes) != cudaSuccess ||
+      cudaMalloc(&b, bytes) != cudaSuccess) {
+    cudaFree(a);
+    return 0;
+  }
+  cudaMemset(a, 1, bytes);
+  cudaMemcpy(b, a, bytes, cudaMemcpyDeviceToDevice);  // Warm up.
+  cudaDeviceSynchronize();
+  const int reps = 10;
+  const double start = Now();
+  for (int i = 0; i < reps; ++i) {
+    cudaMemcpy(i % 2 ? a : b, i % 2 ? b : a, bytes, cudaMemcpyDeviceToDevice);
+  }
+  cudaDeviceSynchronize();
+  const double secs = Now() - start;
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes * reps / secs / 1e9;
+}
+
+int Main(int argc, char** argv) {
+  std::vector<int> batches = {1, 16};
+  int prompt = 128, steps = 64, device = 0;
+  double peak_gbps = 4800;
+  std::string json_path;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--batches") {
+      batches.clear();
+      for (absl::string_view b : absl::StrSplit(value, ',')) {
+        int v;
+        if (!absl::SimpleAtoi(b, &v) || v < 1) return Fail("bad --batches");
+        batches.push_back(v);
+      }
+    } else if (flag == "--prompt") {
+      if (!absl::SimpleAtoi(value, &prompt) || prompt < 1)
+        return Fail("bad --prompt");
+    } else if (flag == "--steps") {
+      if (!absl::SimpleAtoi(value, &steps) || steps < 1)
+        return Fail("bad --steps");
+    } else if (flag == "--device") {
+      if (!absl::SimpleAtoi(value, &device)) return Fail("bad --device");
+    } else if (flag == "--peak-gbps") {
+      if (!absl::SimpleAtod(value, &peak_gbps)) return Fail("bad --peak-gbps");
+    } else if (flag == "--json") {
+      json_path = value;
+    } else {
+      return Fail("unknown flag " + flag);
+    }
+  }
+
+  ModelConfig c;
+  c.name = "synthetic-1b-bf16";
+  c.n_layers = 16;
+  c.hidden = 2048;
+  c.ffn_hidden = 8192;
+  c.n_heads = 32;
+  c.n_kv_heads = 8;
+  c.head_dim = 64;
+  c.vocab_size = 32000;
+  c.context_length = 4096;
+  c.rope_theta = 500000.0f;
+  int max_batch = 1;
+  for (int b : batches) max_batch = std::max(max_batch, b);
+  const int64_t block_size = 16;
+  const int64_t blocks_per_seq = (prompt + steps + 4 + block_size) / block_size;
+  const KvPoolConfig kv{.n_layers = c.n_layers,
+                        .kv_heads = c.n_kv_heads,
+                        .head_dim = c.head_dim,
+                        .block_size = block_size,
+                        .num_blocks = blocks_per_seq * max_batch};
+  auto runner = CudaModelRunner::Create(device, c, kv);
+  if (!runner.ok()) return Fail(std::string(runner.status().message()));
+  CudaModelRunner& r = **runner;
+  auto weights = RandomLlamaWeights(c, 1, r.backend(), r.exec());
+  if (!weights.ok()) return Fail(std::string(weights.status().message()));
+  const int64_t weight_bytes = weights->bytes_per_step();
+  r.SetWeights(std::move(*weights));
+
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, device);
+  const double copy_gbps = CopyBandwidth(device);
+  std::printf("device %d: %s, %.1f GiB\n", device, prop.name,
+              prop.totalGlobalMem / double(1 << 30));
+  std::printf(
+      "model %s: %lld layers, hidden %lld, ffn %lld, %lld/%lld "
+      "heads, vocab %lld; %.3f GB of bf16 weights read per step\n",
+      c.name.c_str(), (long long)c.n_layers, (long long)c.hidden,
+      (long long)c.ffn_hidden, (long long)c.n_heads, (long long)c.n_kv_heads,
+      (long long)c.vocab_size, weight_bytes / 1e9);
+  std::printf(
+      "bandwidth: nominal peak %.0f GB/s, measured D2D copy %.0f "
+      "GB/s (%.0f%% of peak)\n",
+      peak_gbps, copy_gbps, 100 * copy_gbps / peak_gbps);
+
+  std::string json = "{\"device\": \"" + std::string(prop.name) +
+                     "\", \"peak_gbps\": " + std::to_string(peak_gbps) +
+                     ", \"copy_gbps\": " + std::to_string(copy_gbps) +
+                     ", \"weight_bytes\": " + std::to_string(weight_bytes) +
+                     ", \"runs\": [";
+  std::mt19937 rng(1);
+  bool first_run = true;
+  for (size_t bi = 0; bi < batches.size(); ++bi) {
+    for (const bool graphs : {true, false}) {
+      const int batch = batches[bi];
+      r.set_cuda_graphs(graphs);
+      // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
+      std::vector<std::vector<int32_t>> tables(batch);
+      for (int s = 0; s < batch; ++s) {
+        for (int64_t b = 0; b < blocks_per_seq; ++b) {
+          tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+        }
+      }
+      std::vector<int32_t> last(batch);
+      for (int s = 0; s < batch; ++s) {  // Prefill, one sequence per step.
+        StepInput p;
+        p.block_tables = {tables[s]};
+        p.seq_ids = {s};
+        for (int i = 0; i < prompt; ++i) {
+          p.tokens.push_back(static_cast<int32_t>(rng() % c.vocab_size));
+          p.positions.push_back(i);
+          p.token_seq.push_back(0);
+        }
+        p.logit_rows = {prompt - 1};
+        p.sampling = {SamplingParams{}};
+        p.sample_index = {0};
+        auto out = r.Step(p);
+        if (!out.ok()) return Fail(std::string(out.status().message()));
+        last[s] = out->tokens[0];
+      }
+      const auto decode = [&](int pos) -> absl::Status {
+        StepInput d;
+        d.block_tables = tables;
+        for (int s = 0; s < batch; ++s) {
+          d.tokens.push_back(last[s]);
+          d.positions.push_back(pos);
+          d.token_seq.push_back(s);
+          d.seq_ids.push_back(s);
+          d.logit_rows.push_back(s);
+          d.sampling.push_back(SamplingParams{});
+          d.sample_index.push_back(pos);
+        }
+        auto out = r.Step(d);
+        if (!out.ok()) return out.status();
+        last = out->tokens;
+        return absl::OkStatus();
+      };
+      const int warmup = 3;
+      for (int i = 0; i < warmup; ++i) {
+        if (auto s = decode(prompt + i); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      const double start = Now();
+      for (int i = 0; i < steps; ++i) {
+        if (auto s = decode(prompt + warmup + i); !s.ok()) {
+          return Fail(std::string(s.message()));
+        }
+      }
+      const double secs = Now() - start;
+      const double step_s = secs / steps;
+      // K and V of every sequence at its average context during the run.
+      const double avg_ctx = prompt + warmup + steps / 2.0;
+      const double kv_bytes = 2.0 * batch * avg_ctx * c.n_layers *
+                              c.n_kv_heads * c.head_dim * 2 /*bf16*/;
+      const double bytes = weight_bytes + kv_bytes;
+      const double gbps = bytes / step_s / 1e9;
+      const char* mode = !graphs           ? "eager"
+                         : r.cuda_graphs() ? "graphs"
+                                           : "graphs-failed";
+      std::printf(
+          "batch %2d %-6s: %8.1f tokens/s, %.3f ms/step, %.2f GB/step "
+          "-> %.0f GB/s = %.1f%% of peak, %.1f%% of measured copy "
+          "bandwidth\n",
+          batch, mode, batch / step_s, step_s * 1e3, bytes / 1e9, gbps,
+          100 * gbps / peak_gbps, 100 * gbps / copy_gbps);
+      json += std::string(first_run ? "" : ", ") +
+              "{\"batch\": " + std::to_string(batch) + ", \"mode\": \"" + mode +
+              "\"" + ", \"tokens_per_s\": " + std::to_string(batch / step_s) +
+              ", \"step_ms\": " + std::to_string(step_s * 1e3) +
+              ", \"bytes_per_step\": " + std::to_string(bytes) +
+              ", \"frac_of_peak\": " + std::to_string(gbps / peak_gbps) +
+              ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) + "}";
+      first_run = false;
+    }
+  }
+  json += "]}";
+  if (!json_path.empty()) std::ofstream(json_path) << json << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardlm
+
+int main(int argc, char** argv) { return shardlm::Main(argc, argv); }

@@ -1,0 +1,519 @@
+// Every op on every backend against the CPU reference kernels
+// (kernels/<op>/<op>_cpu.cc), on awkward shapes: hidden 769, 9 query over
+// 3 KV heads, 1 and 4097 tokens. Each op has its own error bound, stated
+// where it is checked and why. Inputs that the GPU stores in bf16 (weights,
+// GEMM inputs, the KV cache) are first rounded to bf16 on the host, so
+// that both backends see identical values and the bound only covers
+// accumulation order and the op's own output rounding.
+//
+// CUDA cases skip, with CUDA's reason, where no GPU is present; the
+// argument-validation cases run everywhere (they fail before any CUDA
+// call).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/add/add.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/rmsnorm/rmsnorm.h"
+#include "kernels/rope/rope.h"
+#include "kernels/sampling/sampling.h"
+#include "kernels/swiglu/swiglu.h"
+#include "kernels/test_util.h"
+
+#ifdef SHARDLM_HAVE_CUDA
+#include "backend/cuda_backend.h"
+#include "core/half.h"
+#include "kernels/cuda_ops.h"
+#endif
+
+namespace shardlm {
+namespace {
+
+using testing_util::RandomTensor;
+
+#ifndef SHARDLM_HAVE_CUDA
+TEST(CrossBackendTest, CudaNotBuilt) {
+  GTEST_SKIP() << "built without CUDA (SHARDLM_CUDA=OFF or no nvcc): only the "
+                  "CPU backend exists";
+}
+#else
+
+constexpr int64_t kHidden = 769;  // Odd on purpose.
+constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64;
+constexpr int64_t kTokens[] = {1, 4097};
+
+void RoundToBf16(Tensor& t) {
+  for (float& v : t.f32()) v = Bf16ToFloat(FloatToBf16(v));
+}
+
+Tensor RandomBf16(Shape shape, uint32_t seed, float scale = 1.0f) {
+  Tensor t = RandomTensor(std::move(shape), seed, scale);
+  RoundToBf16(t);
+  return t;
+}
+
+// Every element within atol + rtol * |want|; reports the worst one.
+void ExpectClose(const Tensor& got, const Tensor& want, double rtol,
+                 double atol, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  double worst = 0;
+  int64_t at = -1;
+  const auto g = got.f32(), w = want.f32();
+  for (size_t i = 0; i < w.size(); ++i) {
+    const double diff = std::abs(double{g[i]} - w[i]);
+    // Exact equality passes even with zero bounds; NaN never does.
+    const double ratio = diff == 0 ? 0 : diff / (atol + rtol * std::abs(w[i]));
+    if (std::isnan(ratio) || ratio > worst) {
+      worst = std::isnan(ratio) ? INFINITY : ratio;
+      at = static_cast<int64_t>(i);
+    }
+  }
+  EXPECT_LE(worst, 1.0) << what << ": element " << at << " got " << g[at]
+                        << " want " << w[at] << " (rtol " << rtol << ", atol "
+                        << atol << ")";
+}
+
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto n = CudaDeviceCount();
+    if (!n.ok()) GTEST_SKIP() << n.status().message();
+    auto backend = NewCudaBackend(0);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    backend_ = std::move(*backend);
+    auto stream = backend_->CreateStream();
+    ASSERT_TRUE(stream.ok()) << stream.status();
+    stream_ = std::move(*stream);
+    auto cublas = CublasHandle::Create(stream_->native());
+    ASSERT_TRUE(cublas.ok()) << cublas.status();
+    cublas_ = std::move(*cublas);
+    exec_ = {.stream = stream_->native(), .cublas = cublas_.get()};
+  }
+
+  Tensor Empty(DType dtype, const Shape& shape) {
+    auto t = backend_->Allocate(dtype, shape, MemoryType::kDevice);
+    EXPECT_TRUE(t.ok()) << t.status();
+    return *t;
+  }
+  // A device copy of a host f32 (or i32) tensor, converted to `dtype`.
+  Tensor Dev(const Tensor& host, DType dtype) {
+    Tensor staged = Empty(host.dtype(), host.shape());
+    EXPECT_TRUE(backend_->Copy(host, staged).ok());
+    if (dtype == host.dtype()) return staged;
+    Tensor out = Empty(dtype, host.shape());
+    EXPECT_TRUE(CastCuda(staged, out, exec_).ok());
+    Sync();
+    return out;
+  }
+  Tensor Dev(const Tensor& host) { return Dev(host, host.dtype()); }
+  Tensor DevI32(const std::vector<int32_t>& v) {
+    Tensor h = *Tensor::Host(DType::kI32, {static_cast<int64_t>(v.size())});
+    std::memcpy(h.raw(), v.data(), v.size() * sizeof(int32_t));
+    return Dev(h);
+  }
+  // A host copy of a device tensor, bf16 widened to f32.
+  Tensor ToHost(const Tensor& dev) {
+    Sync();
+    Tensor src = dev;
+    if (dev.dtype() == DType::kBF16) {
+      src = Empty(DType::kF32, dev.shape());
+      EXPECT_TRUE(CastCuda(dev, src, exec_).ok());
+      Sync();
+    }
+    Tensor out = *Tensor::Host(src.dtype(), src.shape());
+    EXPECT_TRUE(backend_->Copy(src, out).ok());
+    return out;
+  }
+  void Sync() { ASSERT_TRUE(stream_->Synchronize().ok()); }
+
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Stream> stream_;
+  CublasHandle cublas_;
+  CudaExec exec_;
+};
+
+TEST_F(CudaOpsTest, Embedding) {
+  // Vocab shard [100, 1100); ids outside it embed to zero. Exact: a copy.
+  for (int64_t n : kTokens) {
+    Tensor table = RandomBf16({1000, kHidden}, 1);
+    std::vector<int32_t> ids(n);
+    std::mt19937 rng(2);
+    for (auto& id : ids) id = static_cast<int32_t>(rng() % 1200);
+    Tensor want = *Tensor::Host(DType::kF32, {n, kHidden});
+    ASSERT_TRUE(Embedding(table, ids, 100, want).ok());
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      Tensor out = Empty(DType::kF32, {n, kHidden});
+      ASSERT_TRUE(
+          EmbeddingCuda(Dev(table, dt), DevI32(ids), 100, out, exec_).ok());
+      ExpectClose(ToHost(out), want, 0, 0, "embedding n=" + std::to_string(n));
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, RmsNorm) {
+  for (int64_t n : kTokens) {
+    Tensor x = RandomTensor({n, kHidden}, 3, 3.0f);
+    Tensor w = RandomTensor({kHidden}, 4);
+    Tensor want = *Tensor::Host(DType::kF32, {n, kHidden});
+    ASSERT_TRUE(RmsNorm(x, w, 1e-5f, want).ok());
+    // f32 out: the sum of squares in f32 vs double, ~1e-6 relative.
+    Tensor out = Empty(DType::kF32, {n, kHidden});
+    ASSERT_TRUE(RmsNormCuda(Dev(x), Dev(w), 1e-5f, out, exec_).ok());
+    ExpectClose(ToHost(out), want, 1e-5, 1e-6, "rmsnorm f32");
+    // bf16 out (feeds a GEMM): one bf16 rounding, 2^-9 relative.
+    Tensor out16 = Empty(DType::kBF16, {n, kHidden});
+    ASSERT_TRUE(RmsNormCuda(Dev(x), Dev(w), 1e-5f, out16, exec_).ok());
+    ExpectClose(ToHost(out16), want, 4e-3, 1e-6, "rmsnorm bf16");
+  }
+}
+
+TEST_F(CudaOpsTest, RopeBothStyles) {
+  for (int64_t n : kTokens) {
+    for (RopeStyle style :
+         {RopeStyle::kAdjacentPairs, RopeStyle::kRotateHalf}) {
+      Tensor x = RandomTensor({n, kHeads, kHeadDim}, 5);
+      std::vector<int32_t> pos(n);
+      std::mt19937 rng(6);
+      // Contiguous positions, and large ones where float angles would fail.
+      for (int64_t i = 0; i < n; ++i) {
+        pos[i] = i % 2 == 0 ? static_cast<int32_t>(i)
+                            : static_cast<int32_t>(rng() % 200000);
+      }
+      Tensor dx = Dev(x);
+      // Rope is in place: rotate a host copy.
+      Tensor want = *Tensor::Host(DType::kF32, x.shape());
+      std::memcpy(want.raw(), x.raw(), x.bytes());
+      ASSERT_TRUE(Rope(want, pos, 100000.0f, style).ok());
+      ASSERT_TRUE(RopeCuda(dx, DevI32(pos), 100000.0f, style, exec_).ok());
+      // Angles in double on both; cos/sin and the rotation in float.
+      ExpectClose(ToHost(dx), want, 1e-5, 1e-5,
+                  style == RopeStyle::kAdjacentPairs ? "rope adjacent"
+                                                     : "rope rotate-half");
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, SwiGluAndAdd) {
+  for (int64_t n : kTokens) {
+    Tensor gate = RandomTensor({n, kHidden}, 7, 4.0f);
+    Tensor up = RandomTensor({n, kHidden}, 8);
+    Tensor want = *Tensor::Host(DType::kF32, {n, kHidden});
+    ASSERT_TRUE(SwiGlu(gate, up, want).ok());
+    Tensor out = Empty(DType::kF32, {n, kHidden});
+    ASSERT_TRUE(SwiGluCuda(Dev(gate), Dev(up), out, exec_).ok());
+    // expf vs std::exp: a few ulp.
+    ExpectClose(ToHost(out), want, 1e-5, 1e-6, "swiglu f32");
+    Tensor out16 = Empty(DType::kBF16, {n, kHidden});
+    ASSERT_TRUE(SwiGluCuda(Dev(gate), Dev(up), out16, exec_).ok());
+    ExpectClose(ToHost(out16), want, 4e-3, 1e-6, "swiglu bf16");
+
+    Tensor x = Dev(gate);
+    ASSERT_TRUE(AddInPlaceCuda(x, Dev(up), exec_).ok());
+    Tensor sum = *Tensor::Host(DType::kF32, gate.shape());
+    std::memcpy(sum.raw(), gate.raw(), gate.bytes());
+    ASSERT_TRUE(AddInPlace(sum, up).ok());
+    ExpectClose(ToHost(x), sum, 0, 0, "add (exact)");
+  }
+}
+
+TEST_F(CudaOpsTest, Linear) {
+  for (int64_t n : kTokens) {
+    Tensor x = RandomBf16({n, kHidden}, 9);
+    Tensor w = RandomBf16({1001, kHidden}, 10);
+    Tensor want = *Tensor::Host(DType::kF32, {n, 1001});
+    ASSERT_TRUE(Linear(x, w, want).ok());
+    Tensor dx = Dev(x, DType::kBF16), dw = Dev(w, DType::kBF16);
+    // Products of bf16 values are exact in f32; only the summation order
+    // differs (769 terms of |x w| ~ 1, sums ~ 28): 1e-3 absolute is ~100
+    // f32 ulps of the largest partial sums.
+    Tensor y = Empty(DType::kF32, {n, 1001});
+    ASSERT_TRUE(LinearCuda(dx, dw, y, false, exec_).ok());
+    ExpectClose(ToHost(y), want, 1e-5, 1e-3, "linear f32 out");
+    // Accumulate: y += x w^T doubles it.
+    ASSERT_TRUE(LinearCuda(dx, dw, y, true, exec_).ok());
+    Tensor twice = *Tensor::Host(DType::kF32, want.shape());
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      twice.f32()[i] = 2 * want.f32()[i];
+    }
+    ExpectClose(ToHost(y), twice, 1e-5, 2e-3, "linear accumulate");
+    Tensor y16 = Empty(DType::kBF16, {n, 1001});
+    ASSERT_TRUE(LinearCuda(dx, dw, y16, false, exec_).ok());
+    ExpectClose(ToHost(y16), want, 4e-3, 1e-3, "linear bf16 out");
+  }
+}
+
+// Sequences of the given context lengths with `new_tokens` tokens each in
+// this step (the last ones), K/V already cached for the earlier positions;
+// shuffled physical blocks.
+struct AttnCase {
+  static constexpr int64_t kBs = 16;
+  std::vector<int32_t> positions, token_seq;
+  std::vector<std::vector<int32_t> > tables;
+  int64_t blocks = 0;
+
+  AttnCase(const std::vector<int64_t>& lens,
+           const std::vector<int64_t>& new_tokens) {
+    for (int64_t len : lens) blocks += (len + kBs - 1) / kBs;
+    std::vector<int32_t> free(blocks + 3);
+    std::iota(free.begin(), free.end(), 0);
+    std::shuffle(free.begin(), free.end(), std::mt19937(11));
+    blocks += 3;  // Some never used.
+    for (size_t s = 0; s < lens.size(); ++s) {
+      std::vector<int32_t> table;
+      for (int64_t b = 0; b < (lens[s] + kBs - 1) / kBs; ++b) {
+        table.push_back(free.back());
+        free.pop_back();
+      }
+      tables.push_back(table);
+      for (int64_t p = lens[s] - new_tokens[s]; p < lens[s]; ++p) {
+        positions.push_back(static_cast<int32_t>(p));
+        token_seq.push_back(static_cast<int32_t>(s));
+      }
+    }
+  }
+  AttentionBatch batch() const {
+    AttentionBatch b{.positions = positions, .token_seq = token_seq};
+    for (const auto& t : tables) b.block_tables.push_back(t);
+    return b;
+  }
+};
+
+TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {
+  struct Case {
+    const char* name;
+    std::vector<int64_t> lens, new_tokens;
+  };
+  const Case cases[] = {
+      {"decode 1/17/4097", {1, 17, 4097}, {1, 1, 1}},
+      {"prefill 4097 + decode", {4097, 33}, {4097, 1}},
+      {"chunked prefill", {100, 40}, {37, 40}},
+  };
+  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    AttnCase ac(c.lens, c.new_tokens);
+    // Fill every cached position first (the tokens of earlier steps),
+    // through both backends' WriteKv, from the same bf16-exact values.
+    std::vector<int32_t> all_pos, all_seq;
+    for (size_t s = 0; s < c.lens.size(); ++s) {
+      for (int64_t p = 0; p < c.lens[s]; ++p) {
+        all_pos.push_back(static_cast<int32_t>(p));
+        all_seq.push_back(static_cast<int32_t>(s));
+      }
+    }
+    AttentionBatch fill{.positions = all_pos, .token_seq = all_seq};
+    for (const auto& tb : ac.tables) fill.block_tables.push_back(tb);
+    const int64_t total = static_cast<int64_t>(all_pos.size());
+    Tensor k = RandomBf16({total, kKvHeads, kHeadDim}, 12);
+    Tensor v = RandomBf16({total, kKvHeads, kHeadDim}, 13);
+    const Shape cache_shape = {ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim};
+    Tensor kc = *Tensor::Host(DType::kF32, cache_shape);
+    Tensor vc = *Tensor::Host(DType::kF32, cache_shape);
+    ASSERT_TRUE(WriteKv(k, v, fill, kc, vc).ok());
+    Tensor dkc = Empty(DType::kBF16, cache_shape);
+    Tensor dvc = Empty(DType::kBF16, cache_shape);
+    CudaAttentionBatch dfill;
+    ASSERT_TRUE(dfill.Upload(fill, AttnCase::kBs, ac.blocks, 0, exec_).ok());
+    ASSERT_TRUE(WriteKvCuda(Dev(k), Dev(v), dfill, dkc, dvc, exec_).ok());
+    Sync();
+
+    const AttentionBatch batch = ac.batch();
+    const int64_t n = static_cast<int64_t>(ac.positions.size());
+    Tensor q = RandomTensor({n, kHeads, kHeadDim}, 14, 2.0f);
+    Tensor want = *Tensor::Host(DType::kF32, {n, kHeads, kHeadDim});
+    ASSERT_TRUE(PagedAttention(q, kc, vc, batch, scale, want).ok());
+    CudaAttentionBatch dbatch;
+    ASSERT_TRUE(dbatch.Upload(batch, AttnCase::kBs, ac.blocks, 0, exec_).ok());
+    Tensor dq = Dev(q);
+    struct Variant {
+      const char* name;
+      AttentionKernel kernel;
+      int splits;
+    };
+    for (const Variant& var :
+         {Variant{"auto", AttentionKernel::kAuto, 0},
+          Variant{"decode 1 split", AttentionKernel::kDecode, 1},
+          Variant{"decode 7 splits", AttentionKernel::kDecode, 7},
+          Variant{"prefill", AttentionKernel::kPrefill, 0}}) {
+      SCOPED_TRACE(var.name);
+      // Same cache values; f32 softmax and sums in another order (the CPU
+      // accumulates 4097 terms in f32 too): outputs are convex combinations
+      // of |v| <~ 4, so 1e-4 absolute; a wrong mask, position or head
+      // mapping is off by 1e-2 or more.
+      Tensor out = Empty(DType::kF32, {n, kHeads, kHeadDim});
+      ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_,
+                                     var.kernel, var.splits)
+                      .ok());
+      ExpectClose(ToHost(out), want, 1e-4, 1e-4, "attention f32 out");
+    }
+    Tensor out16 = Empty(DType::kBF16, {n, kHeads, kHeadDim});
+    ASSERT_TRUE(
+        PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_).ok());
+    ExpectClose(ToHost(out16), want, 4e-3, 1e-4, "attention bf16 out");
+  }
+}
+
+TEST_F(CudaOpsTest, KvBlockSwapRoundTrip) {
+  // Device -> pinned host -> another device pool, exact bytes, on a swap
+  // stream of its own.
+  const Shape shape = {12, 16, kKvHeads, kHeadDim};
+  Tensor host = RandomBf16(shape, 15);
+  Tensor dev = Dev(host, DType::kBF16);
+  auto pinned =
+      backend_->Allocate(DType::kBF16, shape, MemoryType::kHostPinned);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  Tensor dev2 = Empty(DType::kBF16, shape);
+  auto swap = backend_->CreateStream();
+  ASSERT_TRUE(swap.ok());
+  const std::vector<int32_t> out_src = {3, 4, 5, 9}, out_dst = {0, 1, 2, 7};
+  ASSERT_TRUE(
+      CopyKvBlocksCuda(dev, *pinned, out_src, out_dst, (*swap)->native()).ok());
+  ASSERT_TRUE(
+      CopyKvBlocksCuda(*pinned, dev2, out_dst, out_src, (*swap)->native())
+          .ok());
+  ASSERT_TRUE((*swap)->Synchronize().ok());
+  Tensor back = ToHost(dev2);
+  const int64_t per_block = 16 * kKvHeads * kHeadDim;
+  for (int32_t b : out_src) {
+    for (int64_t i = 0; i < per_block; ++i) {
+      ASSERT_EQ(back.f32()[b * per_block + i], host.f32()[b * per_block + i])
+          << "block " << b;
+    }
+  }
+  Tensor pageable = *Tensor::Host(DType::kBF16, shape);
+  EXPECT_EQ(CopyKvBlocksCuda(dev, pageable, out_src, out_dst, (*swap)->native())
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaOpsTest, ArgmaxMatchesGreedySampling) {
+  for (int64_t vocab : {kHidden, int64_t{49152}}) {
+    Tensor logits = RandomTensor({4, vocab}, 16, 3.0f);
+    // Ties at the maximum: the lower index wins on both.
+    logits.f32()[2 * vocab + 5] = 100.0f;
+    logits.f32()[2 * vocab + vocab - 1] = 100.0f;
+    Tensor ids = Empty(DType::kI32, {4});
+    ASSERT_TRUE(ArgmaxCuda(Dev(logits), ids, exec_).ok());
+    Tensor got = ToHost(ids);
+    for (int r = 0; r < 4; ++r) {
+      EXPECT_EQ(got.data<int32_t>()[r],
+                SampleToken(absl::Span<const float>(
+                                logits.f32().data() + r * vocab, vocab),
+                            SamplingParams{}, 0))
+          << "row " << r;
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, SamplingMatchesSampleTokenDraws) {
+  // Every mode on rows of 49152 and 769 logits, many seeds: the device
+  // must draw exactly SampleToken's token (same uniform, same order).
+  const SamplingParams modes[] = {
+      {.temperature = 0.0f},
+      {.temperature = 0.8f},
+      {.temperature = 1.3f, .top_k = 40},
+      {.temperature = 0.7f, .top_p = 0.9f},
+      {.temperature = 1.0f, .top_k = 100, .top_p = 0.5f},
+      {.temperature = 2.0f, .top_k = 1},
+      {.temperature = 1.0f, .top_k = 100000},  // k beyond the vocabulary.
+  };
+  for (int64_t vocab : {kHidden, int64_t{49152}}) {
+    const int64_t rows = 64;
+    Tensor logits = RandomTensor({rows, vocab}, 17, 3.0f);
+    // Ties inside the top-k and at its edge.
+    for (int64_t r = 0; r < rows; r += 3) {
+      for (int64_t j = 0; j < 8; ++j) logits.f32()[r * vocab + 7 * j] = 9.0f;
+    }
+    Tensor dev = Dev(logits);
+    std::vector<SamplingParams> params;
+    std::vector<uint64_t> steps;
+    for (int64_t r = 0; r < rows; ++r) {
+      SamplingParams p = modes[r % std::size(modes)];
+      p.seed = 1000 + r;
+      params.push_back(p);
+      steps.push_back(static_cast<uint64_t>(r * 7));
+    }
+    Tensor ids = Empty(DType::kI32, {rows});
+    ASSERT_TRUE(SampleCuda(dev, params, steps, ids, exec_).ok());
+    Tensor got = ToHost(ids);
+    for (int64_t r = 0; r < rows; ++r) {
+      const int32_t want = SampleToken(
+          absl::Span<const float>(logits.f32().data() + r * vocab, vocab),
+          params[r], steps[r]);
+      EXPECT_EQ(got.data<int32_t>()[r], want)
+          << "vocab " << vocab << " row " << r << " temperature "
+          << params[r].temperature << " top_k " << params[r].top_k << " top_p "
+          << params[r].top_p;
+    }
+  }
+}
+
+// Launchers check their arguments before any CUDA call, so these run
+// without a GPU too.
+TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {
+  Tensor x = *Tensor::Host(DType::kF32, {2, 8});
+  Tensor w = *Tensor::Host(DType::kF32, {8});
+  absl::Status s = RmsNormCuda(x, w, 1e-5f, x, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("host memory"), std::string::npos)
+      << s;
+  // Device-typed views (never dereferenced: validation fails first).
+  static float fake[64];
+  Tensor dx = *Tensor::View(DType::kF32, {2, 8}, fake, MemoryType::kDevice);
+  Tensor dw = *Tensor::View(DType::kF32, {7}, fake, MemoryType::kDevice);
+  s = RmsNormCuda(dx, dw, 1e-5f, dx, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("weight"), std::string::npos) << s;
+  Tensor dq = *Tensor::View(DType::kF32, {1, 3, 48}, fake, MemoryType::kDevice);
+  CudaAttentionBatch empty;
+  s = PagedAttentionCuda(dq, dq, dq, empty, 1.0f, dq, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  Tensor xi = *Tensor::View(DType::kF32, {2, 8}, fake, MemoryType::kDevice);
+  s = LinearCuda(xi, xi, xi, false, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("BF16"), std::string::npos) << s;
+}
+
+// CudaAttentionBatch checks the batch against the pool before it
+// allocates or copies anything.
+TEST(CudaOpsValidationTest, AttentionBatchIsCheckedBeforeUpload) {
+  const std::vector<int32_t> pos = {0, 20}, seq = {0, 0};
+  const std::vector<int32_t> table = {1, 2}, bad_table = {1, 9};
+  CudaAttentionBatch b;
+  AttentionBatch ok{.positions = pos, .token_seq = seq};
+  ok.block_tables = {table};
+  // Block 9 outside a pool of 4.
+  AttentionBatch bad_block = ok;
+  bad_block.block_tables = {bad_table};
+  absl::Status s = b.Upload(bad_block, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("physical block 9"),
+            std::string::npos)
+      << s;
+  // Position 40 needs a third block.
+  const std::vector<int32_t> far = {0, 40};
+  AttentionBatch short_table = ok;
+  short_table.positions = far;
+  s = b.Upload(short_table, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  // A token of a sequence that has no table.
+  const std::vector<int32_t> seq1 = {0, 1};
+  AttentionBatch no_seq = ok;
+  no_seq.token_seq = seq1;
+  s = b.Upload(no_seq, 16, 4, 0, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(b.tokens(), 0);  // Nothing was taken over.
+}
+
+#endif  // SHARDLM_HAVE_CUDA
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,59 @@
+// Device helpers shared by the .cu files: element loads/stores for f32 and
+// bf16, warp and block reductions. Include only from .cu files.
+#ifndef SHARDLM_KERNELS_CUDA_COMMON_CUH_
+#define SHARDLM_KERNELS_CUDA_COMMON_CUH_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/cuda_launch.h"
+
+namespace shardlm::cuda {
+
+__device__ __forceinline__ float Load(const float* p, int64_t i) {
+  return p[i];
+}
+__device__ __forceinline__ float Load(const __nv_bfloat16* p, int64_t i) {
+  return __bfloat162float(p[i]);
+}
+__device__ __forceinline__ void Store(float* p, int64_t i, float v) {
+  p[i] = v;
+}
+__device__ __forceinline__ void Store(__nv_bfloat16* p, int64_t i, float v) {
+  p[i] = __float2bfloat16_rn(v);
+}
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1)
+    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
+// gets the result. `scratch` holds 32 floats.
+__device__ __forceinline__ float BlockSum(float v, float* scratch) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  v = WarpSum(v);
+  __syncthreads();  // scratch may still be read by a previous call.
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = blockDim.x / 32;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return WarpSum(v);
+}
+
+inline unsigned Blocks(int64_t count, int threads) {
+  return static_cast<unsigned>((count + threads - 1) / threads);
+}
+
+}  // namespace shardlm::cuda
+
+#endif  // SHARDLM_KERNELS_CUDA_COMMON_CUH_

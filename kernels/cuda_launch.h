@@ -1,0 +1,113 @@
+// Raw-pointer launchers of the CUDA kernels (kernels/<op>/<op>_cuda.cu).
+// Internal to shardlm_kernels_cuda: callers use kernels/cuda_ops.h, whose
+// functions validate tensors and then call these. Launchers do no checks
+// beyond what the kernels need, never allocate, and return the launch's
+// cudaError_t. Kept light (no Abseil) because nvcc compiles every .cu
+// twice (sm_80, sm_90).
+#ifndef SHARDLM_KERNELS_CUDA_LAUNCH_H_
+#define SHARDLM_KERNELS_CUDA_LAUNCH_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace shardlm::cuda {
+
+// Element types the CUDA kernels take for "f32 or bf16" arguments.
+enum class Dt : int { kF32 = 0, kBF16 = 1 };
+
+// Most head_dim / 32 the attention kernels support (head_dim <= 256).
+inline constexpr int kMaxDimsPerLane = 8;
+// Query tokens per tile of the prefill kernel.
+inline constexpr int kPrefillTile = 16;
+
+// out[i, :] = table[ids[i] - vocab_begin, :] (zero outside [0, rows)).
+//   table: [rows, hidden] (dt)  ids: [n]  out: [n, hidden] f32
+cudaError_t Embedding(const void* table, Dt table_dt, const int32_t* ids,
+                      int64_t n, int64_t rows, int64_t hidden,
+                      int64_t vocab_begin, float* out, cudaStream_t stream);
+
+//   x: [n, d] f32  w: [d] f32  out: [n, d] (out_dt; may alias x if f32)
+cudaError_t RmsNorm(const float* x, const float* w, float eps, int64_t n,
+                    int64_t d, void* out, Dt out_dt, cudaStream_t stream);
+
+// In place. x: [n, heads, d] f32  positions: [n]
+cudaError_t Rope(float* x, const int32_t* positions, int64_t n, int64_t heads,
+                 int64_t d, float theta, bool adjacent_pairs,
+                 cudaStream_t stream);
+
+// out = silu(gate) * up. gate, up: [count] f32  out: [count] (out_dt)
+cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
+                   Dt out_dt, cudaStream_t stream);
+
+// x += y, [count] f32.
+cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream);
+
+// dst = src converted (f32 <-> bf16, or a plain copy), [count].
+cudaError_t Cast(const void* src, Dt src_dt, void* dst, Dt dst_dt,
+                 int64_t count, cudaStream_t stream);
+
+// dst[i] = uniform in [-scale, scale), a pure function of (seed, i).
+cudaError_t FillRandom(void* dst, Dt dt, int64_t count, uint64_t seed,
+                       float scale, cudaStream_t stream);
+
+// Device-side description of one step's attention batch (all device
+// pointers into one i32 buffer; see kernels/cuda_ops.h).
+struct AttnMeta {
+  const int32_t* positions;     // [n]
+  const int32_t* token_seq;     // [n]
+  const int32_t* slots;         // [n] block * block_size + pos % block_size
+  const int32_t* block_tables;  // [n_seqs, max_blocks], -1 padded
+  const int32_t* tile_begin;    // [n_tiles] first token of a prefill tile
+  const int32_t* tile_len;      // [n_tiles] <= kPrefillTile, one sequence
+  int n, n_seqs, max_blocks, max_ctx, n_tiles, block_size;
+};
+
+// k, v: [n, kv_heads, d] f32 -> caches [blocks, bs, kv_heads, d] bf16.
+cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
+                    int kv_heads, int d, void* k_cache, void* v_cache,
+                    cudaStream_t stream);
+
+// Split-K (flash-decoding) attention: each (token, head) context is cut
+// into `splits` parts reduced in a second kernel. `workspace` holds
+// AttentionDecodeWorkspaceFloats(n, heads, d, splits) floats when
+// splits > 1 (unused otherwise).
+//   q: [n, heads, d] f32  caches: bf16  out: [n, heads, d] (out_dt)
+size_t AttentionDecodeWorkspaceFloats(int n, int heads, int d, int splits);
+cudaError_t AttentionDecode(const float* q, const void* k_cache,
+                            const void* v_cache, const AttnMeta& meta,
+                            int heads, int kv_heads, int d, float scale,
+                            void* out, Dt out_dt, float* workspace, int splits,
+                            cudaStream_t stream);
+
+// Flash-style causal attention over tiles of up to kPrefillTile tokens of
+// one sequence: K/V chunks are staged in shared memory once per tile.
+cudaError_t AttentionPrefill(const float* q, const void* k_cache,
+                             const void* v_cache, const AttnMeta& meta,
+                             int heads, int kv_heads, int d, float scale,
+                             void* out, Dt out_dt, cudaStream_t stream);
+
+// out[r] = argmax of logits[r, 0:vocab] (lowest index among equal maxima).
+//   logits: [rows, vocab] f32
+cudaError_t Argmax(const float* logits, int64_t rows, int64_t vocab,
+                   int32_t* out, cudaStream_t stream);
+
+// Per-row parameters of Sample: SampleToken's, with the uniform draw
+// u = SampleUniform(seed, step) made on the host.
+struct SampleRow {
+  float temperature;
+  int32_t top_k;
+  float top_p;
+  int32_t unused;
+  double u;
+};
+
+// out[r] = SampleToken(logits[r], params[r], step) for each row (params
+// in device memory).
+cudaError_t Sample(const float* logits, int64_t rows, int64_t vocab,
+                   const SampleRow* params, int32_t* out, cudaStream_t stream);
+
+}  // namespace shardlm::cuda
+
+#endif  // SHARDLM_KERNELS_CUDA_LAUNCH_H_

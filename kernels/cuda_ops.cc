@@ -1,0 +1,632 @@
+// Validation and dispatch of the CUDA ops (kernels/cuda_ops.h): checks
+// tensors, then calls the raw launchers of kernels/cuda_launch.h, or
+// cuBLAS for LinearCuda.
+#include "kernels/cuda_ops.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <initializer_list>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cuda_status.h"
+#include "core/status.h"
+#include "kernels/cuda_launch.h"
+
+namespace shardlm {
+
+using cuda::Dt;
+
+namespace {
+
+cudaStream_t S(const CudaExec& exec) {
+  return static_cast<cudaStream_t>(exec.stream);
+}
+
+absl::Status Launched(cudaError_t e, const char* op) {
+  return CudaStatus(e, op);
+}
+
+// OK when `t` is device memory of exactly `shape` and one of `dtypes`.
+absl::Status CheckDevice(std::string_view op, std::string_view arg,
+                         const Tensor& t, const Shape& shape,
+                         std::initializer_list<DType> dtypes) {
+  const bool dtype_ok =
+      std::find(dtypes.begin(), dtypes.end(), t.dtype()) != dtypes.end();
+  if (t.empty() && NumElements(shape) == 0 && t.shape() == shape && dtype_ok) {
+    return absl::OkStatus();
+  }
+  if (t.empty() || !dtype_ok || t.memory() != MemoryType::kDevice ||
+      t.shape() != shape) {
+    std::string want;
+    for (DType d : dtypes) {
+      absl::StrAppend(&want, want.empty() ? "" : "|", DTypeName(d));
+    }
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(op), ": ", Sv(arg), " is ", t.empty() ? "empty" : t.DebugString(),
+        t.memory() == MemoryType::kDevice ? "" : " in host memory",
+        ", expected device ", want, ShapeString(shape)));
+  }
+  return absl::OkStatus();
+}
+
+Dt ToDt(DType d) { return d == DType::kBF16 ? Dt::kBF16 : Dt::kF32; }
+
+const char* CublasName(cublasStatus_t s) {
+  switch (s) {
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    default:
+      return "cuBLAS error";
+  }
+}
+
+absl::Status CublasStatus(cublasStatus_t s, const char* what) {
+  if (s == CUBLAS_STATUS_SUCCESS) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", CublasName(s));
+  return s == CUBLAS_STATUS_ALLOC_FAILED ? absl::ResourceExhaustedError(msg)
+                                         : absl::InternalError(msg);
+}
+
+}  // namespace
+
+// CublasHandle
+
+absl::StatusOr<CublasHandle> CublasHandle::Create(void* stream) {
+  cublasHandle_t h = nullptr;
+  RETURN_IF_ERROR(CublasStatus(cublasCreate(&h), "cublasCreate"));
+  CublasHandle out;
+  out.handle_ = h;
+  RETURN_IF_ERROR(
+      CublasStatus(cublasSetStream(h, static_cast<cudaStream_t>(stream)),
+                   "cublasSetStream"));
+  // A workspace of its own (set after the stream: cublasSetStream resets
+  // it), so that GEMMs captured into a CUDA graph never allocate.
+  int device = 0;
+  RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
+  ASSIGN_OR_RETURN(DeviceBuffer ws,
+                   DeviceBuffer::Allocate(kCublasWorkspaceBytes, device));
+  out.workspace_ = std::make_shared<DeviceBuffer>(std::move(ws));
+  RETURN_IF_ERROR(CublasStatus(
+      cublasSetWorkspace(h, out.workspace_->data(), kCublasWorkspaceBytes),
+      "cublasSetWorkspace"));
+  return out;
+}
+
+CublasHandle::CublasHandle(CublasHandle&& other) noexcept
+    : handle_(std::exchange(other.handle_, nullptr)),
+      workspace_(std::move(other.workspace_)) {}
+
+CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
+  if (this != &other) {
+    if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+    handle_ = std::exchange(other.handle_, nullptr);
+    workspace_ = std::move(other.workspace_);
+  }
+  return *this;
+}
+
+CublasHandle::~CublasHandle() {
+  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+}
+
+// Elementwise and row ops
+
+absl::Status EmbeddingCuda(const Tensor& table, const Tensor& ids,
+                           int64_t vocab_begin, Tensor& out,
+                           const CudaExec& exec) {
+  if (table.rank() != 2 || ids.rank() != 1) {
+    return absl::InvalidArgumentError(
+        "EmbeddingCuda: table must be 2-D and ids 1-D");
+  }
+  const int64_t rows = table.dim(0), hidden = table.dim(1), n = ids.dim(0);
+  RETURN_IF_ERROR(CheckDevice("EmbeddingCuda", "table", table, {rows, hidden},
+                              {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDevice("EmbeddingCuda", "ids", ids, {n}, {DType::kI32}));
+  RETURN_IF_ERROR(
+      CheckDevice("EmbeddingCuda", "out", out, {n, hidden}, {DType::kF32}));
+  return Launched(
+      cuda::Embedding(table.raw(), ToDt(table.dtype()), ids.data<int32_t>(), n,
+                      rows, hidden, vocab_begin, out.data<float>(), S(exec)),
+      "EmbeddingCuda");
+}
+
+absl::Status RmsNormCuda(const Tensor& x, const Tensor& weight, float eps,
+                         Tensor& out, const CudaExec& exec) {
+  if (x.rank() != 2)
+    return absl::InvalidArgumentError("RmsNormCuda: x not 2-D");
+  const int64_t n = x.dim(0), d = x.dim(1);
+  RETURN_IF_ERROR(CheckDevice("RmsNormCuda", "x", x, {n, d}, {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("RmsNormCuda", "weight", weight, {d}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("RmsNormCuda", "out", out, {n, d},
+                              {DType::kF32, DType::kBF16}));
+  return Launched(cuda::RmsNorm(x.data<float>(), weight.data<float>(), eps, n,
+                                d, out.raw(), ToDt(out.dtype()), S(exec)),
+                  "RmsNormCuda");
+}
+
+absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
+                      RopeStyle style, const CudaExec& exec) {
+  if (x.rank() != 3) {
+    return absl::InvalidArgumentError(
+        "RopeCuda: x must be [n, heads, head_dim]");
+  }
+  const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
+  RETURN_IF_ERROR(
+      CheckDevice("RopeCuda", "x", x, {n, heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("RopeCuda", "positions", positions, {n}, {DType::kI32}));
+  if (d % 2 != 0) {
+    return absl::InvalidArgumentError("RopeCuda: head_dim must be even");
+  }
+  return Launched(
+      cuda::Rope(x.data<float>(), positions.data<int32_t>(), n, heads, d, theta,
+                 style == RopeStyle::kAdjacentPairs, S(exec)),
+      "RopeCuda");
+}
+
+absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
+                        const CudaExec& exec) {
+  if (gate.rank() != 2)
+    return absl::InvalidArgumentError("SwiGluCuda: not 2-D");
+  const Shape shape = gate.shape();
+  RETURN_IF_ERROR(
+      CheckDevice("SwiGluCuda", "gate", gate, shape, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SwiGluCuda", "up", up, shape, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SwiGluCuda", "out", out, shape,
+                              {DType::kF32, DType::kBF16}));
+  return Launched(
+      cuda::SwiGlu(gate.data<float>(), up.data<float>(), gate.numel(),
+                   out.raw(), ToDt(out.dtype()), S(exec)),
+      "SwiGluCuda");
+}
+
+absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec) {
+  RETURN_IF_ERROR(
+      CheckDevice("AddInPlaceCuda", "x", x, x.shape(), {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("AddInPlaceCuda", "y", y, x.shape(), {DType::kF32}));
+  return Launched(
+      cuda::Add(x.data<float>(), y.data<float>(), x.numel(), S(exec)),
+      "AddInPlaceCuda");
+}
+
+absl::Status CastCuda(const Tensor& src, Tensor& dst, const CudaExec& exec) {
+  RETURN_IF_ERROR(CheckDevice("CastCuda", "src", src, src.shape(),
+                              {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(CheckDevice("CastCuda", "dst", dst, src.shape(),
+                              {DType::kF32, DType::kBF16}));
+  return Launched(cuda::Cast(src.raw(), ToDt(src.dtype()), dst.raw(),
+                             ToDt(dst.dtype()), src.numel(), S(exec)),
+                  "CastCuda");
+}
+
+absl::Status FillRandomCuda(Tensor& t, uint64_t seed, float scale,
+                            const CudaExec& exec) {
+  RETURN_IF_ERROR(CheckDevice("FillRandomCuda", "t", t, t.shape(),
+                              {DType::kF32, DType::kBF16}));
+  return Launched(cuda::FillRandom(t.raw(), ToDt(t.dtype()), t.numel(), seed,
+                                   scale, S(exec)),
+                  "FillRandomCuda");
+}
+
+// Linear
+
+absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
+                        bool accumulate, const CudaExec& exec) {
+  if (x.rank() != 2 || w.rank() != 2) {
+    return absl::InvalidArgumentError("LinearCuda: x and w must be 2-D");
+  }
+  const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  RETURN_IF_ERROR(CheckDevice("LinearCuda", "x", x, {n, in}, {DType::kBF16}));
+  RETURN_IF_ERROR(CheckDevice("LinearCuda", "w", w, {out, in}, {DType::kBF16}));
+  RETURN_IF_ERROR(
+      CheckDevice("LinearCuda", "y", y, {n, out}, {DType::kF32, DType::kBF16}));
+  if (exec.cublas == nullptr) {
+    return absl::InvalidArgumentError("LinearCuda: no cuBLAS handle");
+  }
+  constexpr int64_t kMax = 0x7fffffff;
+  if (n > kMax || in > kMax || out > kMax) {
+    return absl::InvalidArgumentError("LinearCuda: dimension beyond int32");
+  }
+  if (n == 0 || out == 0) return absl::OkStatus();
+  // Column-major view: y^T [out, n] = w [out, in] (stored as w^T [in, out],
+  // so op T) * x^T [in, n].
+  const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
+  auto h = static_cast<cublasHandle_t>(exec.cublas);
+  // Rebind only when needed: cublasSetStream also drops the workspace.
+  cudaStream_t bound = nullptr;
+  RETURN_IF_ERROR(CublasStatus(cublasGetStream(h, &bound), "cublasGetStream"));
+  if (bound != S(exec)) {
+    return absl::InvalidArgumentError(
+        "LinearCuda: the cuBLAS handle is bound to another stream");
+  }
+  return CublasStatus(
+      cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(out),
+                   static_cast<int>(n), static_cast<int>(in), &alpha, w.raw(),
+                   CUDA_R_16BF, static_cast<int>(in), x.raw(), CUDA_R_16BF,
+                   static_cast<int>(in), &beta, y.raw(),
+                   y.dtype() == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F,
+                   static_cast<int>(out), CUBLAS_COMPUTE_32F,
+                   CUBLAS_GEMM_DEFAULT),
+      "LinearCuda: cublasGemmEx");
+}
+
+// Attention
+
+// Turns a CudaAttentionBatch into the launchers' AttnMeta.
+class CudaAttentionAccess {
+ public:
+  static cuda::AttnMeta Meta(const CudaAttentionBatch& b) {
+    const int32_t* base = static_cast<const int32_t*>(b.buffer_->data());
+    return {.positions = base,
+            .token_seq = base + b.off_token_seq_,
+            .slots = base + b.off_slots_,
+            .block_tables = base + b.off_tables_,
+            .tile_begin = base + b.off_tile_begin_,
+            .tile_len = base + b.off_tile_len_,
+            .n = static_cast<int>(b.n_),
+            .n_seqs = static_cast<int>(b.n_seqs_),
+            .max_blocks = static_cast<int>(b.max_blocks_),
+            .max_ctx = static_cast<int>(b.max_ctx_),
+            .n_tiles = static_cast<int>(b.n_tiles_),
+            .block_size = static_cast<int>(b.block_size_)};
+  }
+  static int64_t BlockSize(const CudaAttentionBatch& b) {
+    return b.block_size_;
+  }
+};
+
+absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
+                                        int64_t block_size, int64_t num_blocks,
+                                        int device, const CudaExec& exec) {
+  const int64_t n = static_cast<int64_t>(batch.positions.size());
+  const int64_t n_seqs = static_cast<int64_t>(batch.block_tables.size());
+  if (block_size <= 0 || num_blocks <= 0) {
+    return absl::InvalidArgumentError("attention: empty KV pool");
+  }
+  if (static_cast<int64_t>(batch.token_seq.size()) != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: ", n, " positions but ",
+                     batch.token_seq.size(), " seq ids"));
+  }
+  int64_t max_blocks = 1, max_ctx = 0;
+  for (const auto& table : batch.block_tables) {
+    max_blocks = std::max<int64_t>(max_blocks, table.size());
+    for (int32_t b : table) {
+      if (b < 0 || b >= num_blocks) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("attention: physical block ", b,
+                         " outside the pool of ", num_blocks));
+      }
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t s = batch.token_seq[i], pos = batch.positions[i];
+    if (s < 0 || s >= n_seqs || pos < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention: token ", i, " has sequence ", s, " position ", pos));
+    }
+    if (static_cast<int64_t>(batch.block_tables[s].size()) <=
+        pos / block_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "attention: sequence ", s, " has ", batch.block_tables[s].size(),
+          " blocks, position ", pos, " needs ", pos / block_size + 1));
+    }
+    max_ctx = std::max<int64_t>(max_ctx, pos + 1);
+  }
+  // Padded so that the layout (and a CUDA graph captured over it) changes
+  // only every 32 blocks of growth.
+  max_blocks = (max_blocks + 31) / 32 * 32;
+  if (n_seqs * max_blocks > 0x7fffffff || n > 0x7fffffff / 4) {
+    return absl::InvalidArgumentError("attention: batch too large");
+  }
+  // Tiles: runs of at most kPrefillTile consecutive tokens of one sequence.
+  std::vector<int32_t> tile_begin, tile_len;
+  int64_t max_tile = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (tile_begin.empty() || tile_len.back() == cuda::kPrefillTile ||
+        batch.token_seq[i] != batch.token_seq[tile_begin.back()]) {
+      tile_begin.push_back(static_cast<int32_t>(i));
+      tile_len.push_back(0);
+    }
+    ++tile_len.back();
+    max_tile = std::max<int64_t>(max_tile, tile_len.back());
+  }
+  // Layout: positions | token_seq | slots | tables | tile_begin | tile_len.
+  const int64_t n_tiles = static_cast<int64_t>(tile_begin.size());
+  std::vector<int32_t> host;
+  host.reserve(3 * n + n_seqs * max_blocks + 2 * n_tiles);
+  host.insert(host.end(), batch.positions.begin(), batch.positions.end());
+  host.insert(host.end(), batch.token_seq.begin(), batch.token_seq.end());
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t pos = batch.positions[i];
+    host.push_back(static_cast<int32_t>(
+        batch.block_tables[batch.token_seq[i]][pos / block_size] * block_size +
+        pos % block_size));
+  }
+  for (const auto& table : batch.block_tables) {
+    host.insert(host.end(), table.begin(), table.end());
+    host.insert(host.end(), max_blocks - table.size(), -1);
+  }
+  host.insert(host.end(), tile_begin.begin(), tile_begin.end());
+  host.insert(host.end(), tile_len.begin(), tile_len.end());
+  if (num_blocks * block_size > 0x7fffffff) {
+    return absl::InvalidArgumentError("attention: KV pool beyond int32 slots");
+  }
+
+  const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(int32_t);
+  if (buffer_ == nullptr || buffer_->size() < bytes) {
+    ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes * 2, device));
+    buffer_ = std::make_shared<DeviceBuffer>(std::move(b));
+    ++reallocations_;
+  }
+  // From pageable memory: returns once `host` has been staged.
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer_->data(), host.data(),
+                                       host.size() * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, S(exec)));
+  n_ = n;
+  max_tile_ = max_tile;
+  n_seqs_ = n_seqs;
+  max_blocks_ = max_blocks;
+  max_ctx_ = max_ctx;
+  n_tiles_ = n_tiles;
+  block_size_ = block_size;
+  off_token_seq_ = n;
+  off_slots_ = 2 * n;
+  off_tables_ = 3 * n;
+  off_tile_begin_ = 3 * n + n_seqs * max_blocks;
+  off_tile_len_ = off_tile_begin_ + n_tiles;
+  ASSIGN_OR_RETURN(positions_, Tensor::Owning(DType::kI32, {n}, buffer_->data(),
+                                              MemoryType::kDevice, buffer_));
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status CheckCache(std::string_view op, const Tensor& k_cache,
+                        const Tensor& v_cache, const CudaAttentionBatch& batch,
+                        int64_t kv_heads, int64_t d) {
+  if (k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(op), ": cache must be [blocks, bs, kv_heads, d]"));
+  }
+  const Shape shape = {k_cache.dim(0), k_cache.dim(1), kv_heads, d};
+  RETURN_IF_ERROR(CheckDevice(op, "k_cache", k_cache, shape, {DType::kBF16}));
+  RETURN_IF_ERROR(CheckDevice(op, "v_cache", v_cache, shape, {DType::kBF16}));
+  if (k_cache.dim(1) != CudaAttentionAccess::BlockSize(batch)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(op), ": cache blocks of ", k_cache.dim(1),
+        " tokens, batch uploaded for ", CudaAttentionAccess::BlockSize(batch)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
+                         const CudaAttentionBatch& batch, Tensor& k_cache,
+                         Tensor& v_cache, const CudaExec& exec) {
+  if (k.rank() != 3) {
+    return absl::InvalidArgumentError(
+        "WriteKvCuda: k must be [n, kv_heads, d]");
+  }
+  const int64_t n = k.dim(0), kv_heads = k.dim(1), d = k.dim(2);
+  RETURN_IF_ERROR(
+      CheckDevice("WriteKvCuda", "k", k, {n, kv_heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("WriteKvCuda", "v", v, {n, kv_heads, d}, {DType::kF32}));
+  if (n != batch.tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteKvCuda: ", n, " tokens, batch of ", batch.tokens()));
+  }
+  RETURN_IF_ERROR(
+      CheckCache("WriteKvCuda", k_cache, v_cache, batch, kv_heads, d));
+  return Launched(cuda::WriteKv(k.data<float>(), v.data<float>(),
+                                CudaAttentionAccess::Meta(batch),
+                                static_cast<int>(kv_heads), static_cast<int>(d),
+                                k_cache.raw(), v_cache.raw(), S(exec)),
+                  "WriteKvCuda");
+}
+
+absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache,
+                                const CudaAttentionBatch& batch, float scale,
+                                Tensor& out, const CudaExec& exec,
+                                AttentionKernel kernel, int splits) {
+  if (q.rank() != 3 || k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(
+        "PagedAttentionCuda: q must be [n, heads, d], caches 4-D");
+  }
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  const int64_t kv_heads = k_cache.dim(2);
+  RETURN_IF_ERROR(
+      CheckDevice("PagedAttentionCuda", "q", q, {n, heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("PagedAttentionCuda", "out", out, {n, heads, d},
+                              {DType::kF32, DType::kBF16}));
+  if (kv_heads <= 0 || heads % kv_heads != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: ", heads, " query heads over ",
+                     kv_heads, " KV heads"));
+  }
+  if (d % 32 != 0 || d > 32 * cuda::kMaxDimsPerLane) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttentionCuda: head_dim ", d,
+        " must be a multiple of 32 and at most ", 32 * cuda::kMaxDimsPerLane));
+  }
+  if (n != batch.tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttentionCuda: ", n, " tokens, batch of ", batch.tokens()));
+  }
+  RETURN_IF_ERROR(
+      CheckCache("PagedAttentionCuda", k_cache, v_cache, batch, kv_heads, d));
+  if (n == 0) return absl::OkStatus();
+  const cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
+  if (kernel == AttentionKernel::kAuto) {
+    kernel = batch.max_tile() == 1 ? AttentionKernel::kDecode
+                                   : AttentionKernel::kPrefill;
+  }
+  if (kernel == AttentionKernel::kPrefill) {
+    return Launched(
+        cuda::AttentionPrefill(q.data<float>(), k_cache.raw(), v_cache.raw(),
+                               meta, static_cast<int>(heads),
+                               static_cast<int>(kv_heads), static_cast<int>(d),
+                               scale, out.raw(), ToDt(out.dtype()), S(exec)),
+        "PagedAttentionCuda (prefill)");
+  }
+  if (splits <= 0) {
+    // About 256 keys per split, at most 64 splits.
+    splits = static_cast<int>(
+        std::clamp<int64_t>((batch.max_context() + 255) / 256, 1, 64));
+  }
+  const size_t ws_floats = cuda::AttentionDecodeWorkspaceFloats(
+      static_cast<int>(n), static_cast<int>(heads), static_cast<int>(d),
+      splits);
+  float* ws = nullptr;
+  if (ws_floats > 0) {
+    // Stream-ordered: the pool makes this cheap after the first step.
+    RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&ws),
+                                         ws_floats * sizeof(float), S(exec)));
+  }
+  const absl::Status launched = Launched(
+      cuda::AttentionDecode(q.data<float>(), k_cache.raw(), v_cache.raw(), meta,
+                            static_cast<int>(heads), static_cast<int>(kv_heads),
+                            static_cast<int>(d), scale, out.raw(),
+                            ToDt(out.dtype()), ws, splits, S(exec)),
+      "PagedAttentionCuda (decode)");
+  if (ws != nullptr) RETURN_IF_CUDA_ERROR(cudaFreeAsync(ws, S(exec)));
+  return launched;
+}
+
+absl::Status CopyKvBlocksCuda(const Tensor& src, Tensor& dst,
+                              absl::Span<const int32_t> src_blocks,
+                              absl::Span<const int32_t> dst_blocks,
+                              void* stream) {
+  if (src.rank() != 4 || dst.rank() != 4 || src.dtype() != dst.dtype() ||
+      src.dim(1) != dst.dim(1) || src.dim(2) != dst.dim(2) ||
+      src.dim(3) != dst.dim(3) || src.empty() || dst.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyKvBlocksCuda: caches ", src.DebugString(), " and ",
+        dst.DebugString(), " must be [blocks, bs, kv_heads, d] alike"));
+  }
+  const auto reach = [](const Tensor& t) {
+    return t.memory() == MemoryType::kDevice ||
+           t.memory() == MemoryType::kHostPinned;
+  };
+  if (!reach(src) || !reach(dst) ||
+      (src.memory() != MemoryType::kDevice &&
+       dst.memory() != MemoryType::kDevice)) {
+    return absl::InvalidArgumentError(
+        "CopyKvBlocksCuda: needs device <-> pinned host or device <-> device "
+        "(pageable host memory would make the copy synchronous)");
+  }
+  if (src_blocks.size() != dst_blocks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CopyKvBlocksCuda: ", src_blocks.size(), " source blocks but ",
+        dst_blocks.size(), " destinations"));
+  }
+  for (size_t i = 0; i < src_blocks.size(); ++i) {
+    if (src_blocks[i] < 0 || src_blocks[i] >= src.dim(0) || dst_blocks[i] < 0 ||
+        dst_blocks[i] >= dst.dim(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CopyKvBlocksCuda: block ", src_blocks[i], " -> ", dst_blocks[i],
+          " outside pools of ", src.dim(0), " and ", dst.dim(0)));
+    }
+  }
+  const size_t block_bytes = src.bytes() / src.dim(0);
+  auto* s = static_cast<cudaStream_t>(stream);
+  for (size_t i = 0; i < src_blocks.size();) {
+    size_t run = 1;
+    while (i + run < src_blocks.size() &&
+           src_blocks[i + run] == src_blocks[i] + static_cast<int32_t>(run) &&
+           dst_blocks[i + run] == dst_blocks[i] + static_cast<int32_t>(run)) {
+      ++run;
+    }
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(
+        static_cast<char*>(dst.raw()) + dst_blocks[i] * block_bytes,
+        static_cast<const char*>(src.raw()) + src_blocks[i] * block_bytes,
+        run * block_bytes, cudaMemcpyDefault, s));
+    i += run;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ArgmaxCuda(const Tensor& logits, Tensor& out,
+                        const CudaExec& exec) {
+  if (logits.rank() != 2) {
+    return absl::InvalidArgumentError("ArgmaxCuda: logits must be 2-D");
+  }
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  RETURN_IF_ERROR(CheckDevice("ArgmaxCuda", "logits", logits, {rows, vocab},
+                              {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("ArgmaxCuda", "out", out, {rows}, {DType::kI32}));
+  if (vocab == 0)
+    return absl::InvalidArgumentError("ArgmaxCuda: no vocabulary");
+  return Launched(cuda::Argmax(logits.data<float>(), rows, vocab,
+                               out.data<int32_t>(), S(exec)),
+                  "ArgmaxCuda");
+}
+
+absl::Status SampleCuda(const Tensor& logits,
+                        absl::Span<const SamplingParams> params,
+                        absl::Span<const uint64_t> steps, Tensor& out,
+                        const CudaExec& exec) {
+  if (logits.rank() != 2) {
+    return absl::InvalidArgumentError("SampleCuda: logits must be 2-D");
+  }
+  const int64_t rows = logits.dim(0), vocab = logits.dim(1);
+  RETURN_IF_ERROR(CheckDevice("SampleCuda", "logits", logits, {rows, vocab},
+                              {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SampleCuda", "out", out, {rows}, {DType::kI32}));
+  if (static_cast<int64_t>(params.size()) != rows ||
+      static_cast<int64_t>(steps.size()) != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SampleCuda: ", rows, " rows but ", params.size(),
+                     " parameters and ", steps.size(), " steps"));
+  }
+  if (vocab == 0 || vocab > 0x7fffffff) {
+    return absl::InvalidArgumentError("SampleCuda: bad vocabulary size");
+  }
+  if (rows == 0) return absl::OkStatus();
+  std::vector<cuda::SampleRow> host(rows);
+  for (int64_t r = 0; r < rows; ++r) {
+    RETURN_IF_ERROR(ValidateSamplingParams(params[r]));
+    host[r] = {.temperature = params[r].temperature,
+               .top_k = params[r].top_k,
+               .top_p = params[r].top_p,
+               .unused = 0,
+               .u = SampleUniform(params[r].seed, steps[r])};
+  }
+  void* dev = nullptr;
+  const size_t bytes = rows * sizeof(cuda::SampleRow);
+  RETURN_IF_CUDA_ERROR(cudaMallocAsync(&dev, bytes, S(exec)));
+  // From pageable memory: returns once `host` has been staged.
+  absl::Status s = CudaStatus(
+      cudaMemcpyAsync(dev, host.data(), bytes, cudaMemcpyHostToDevice, S(exec)),
+      "SampleCuda: upload");
+  if (s.ok()) {
+    s = Launched(cuda::Sample(logits.data<float>(), rows, vocab,
+                              static_cast<const cuda::SampleRow*>(dev),
+                              out.data<int32_t>(), S(exec)),
+                 "SampleCuda");
+  }
+  RETURN_IF_CUDA_ERROR(cudaFreeAsync(dev, S(exec)));
+  return s;
+}
+
+}  // namespace shardlm

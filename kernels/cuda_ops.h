@@ -1,0 +1,175 @@
+// The CUDA ops: device twins of the CPU kernels in kernels/<op>/<op>.h.
+//
+// Every function validates its tensors first (memory type kDevice, dtype,
+// shape; InvalidArgument naming the op and argument) and then queues work
+// on `exec.stream`; it returns when the work is queued, not done. Launch
+// errors become Status. Activations are f32; weights and the KV cache are
+// bf16; outputs that only feed a GEMM may be bf16. Accumulation is f32
+// everywhere (cuBLAS: bf16 inputs, CUBLAS_COMPUTE_32F).
+//
+// CUDA-free header (handles are void*); link shardlm_kernels_cuda, built
+// only when SHARDLM_WITH_CUDA.
+#ifndef SHARDLM_KERNELS_CUDA_OPS_H_
+#define SHARDLM_KERNELS_CUDA_OPS_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "backend/cuda_backend.h"
+#include "core/tensor.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/sampling/sampling.h"
+#include "model/model_config.h"
+
+namespace shardlm {
+
+// Move-only owner of a cublasHandle_t bound to one stream for its life,
+// with a workspace of its own (so GEMMs can be captured in CUDA graphs).
+class CublasHandle {
+ public:
+  static absl::StatusOr<CublasHandle> Create(void* stream);
+  CublasHandle() = default;
+  CublasHandle(CublasHandle&& other) noexcept;
+  CublasHandle& operator=(CublasHandle&& other) noexcept;
+  CublasHandle(const CublasHandle&) = delete;
+  CublasHandle& operator=(const CublasHandle&) = delete;
+  ~CublasHandle();
+  void* get() const { return handle_; }
+
+ private:
+  static constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+  void* handle_ = nullptr;
+  std::shared_ptr<DeviceBuffer> workspace_;
+};
+
+// Where an op runs: a cudaStream_t (null: the legacy default stream) and,
+// for LinearCuda, a cuBLAS handle bound to that same stream
+// (CublasHandle::Create(stream)); LinearCuda rejects a mismatch.
+struct CudaExec {
+  void* stream = nullptr;
+  void* cublas = nullptr;
+};
+
+// table: [rows, hidden] bf16|f32  ids: [n] i32  out: [n, hidden] f32.
+// Ids outside [vocab_begin, vocab_begin + rows) embed to zero.
+absl::Status EmbeddingCuda(const Tensor& table, const Tensor& ids,
+                           int64_t vocab_begin, Tensor& out,
+                           const CudaExec& exec);
+
+// x: [n, d] f32  weight: [d] f32  out: [n, d] f32|bf16 (may be x).
+absl::Status RmsNormCuda(const Tensor& x, const Tensor& weight, float eps,
+                         Tensor& out, const CudaExec& exec);
+
+// In place. x: [n, heads, head_dim] f32  positions: [n] i32.
+absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
+                      RopeStyle style, const CudaExec& exec);
+
+// gate, up: [n, f] f32  out: [n, f] f32|bf16 (may be gate or up if f32).
+absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
+                        const CudaExec& exec);
+
+// x += y, both f32 of one shape.
+absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec);
+
+// dst = src converted between f32 and bf16 (or copied); equal shapes.
+absl::Status CastCuda(const Tensor& src, Tensor& dst, const CudaExec& exec);
+
+// Seeded uniform values in [-scale, scale) (synthetic weights).
+absl::Status FillRandomCuda(Tensor& t, uint64_t seed, float scale,
+                            const CudaExec& exec);
+
+// y = x w^T (y += x w^T when accumulate), through cuBLAS.
+//   x: [n, in] bf16  w: [out, in] bf16  y: [n, out] f32|bf16
+absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
+                        bool accumulate, const CudaExec& exec);
+
+// One step's AttentionBatch on the device, validated against a cache of
+// `num_blocks` blocks of `block_size` tokens: positions, sequence of each
+// token, cache slots, padded block tables and prefill tiles in one i32
+// buffer. Reusable: Upload reallocates only when the step is larger than
+// any before. The buffer is rewritten by the next Upload, queued on the
+// same stream, so work queued earlier still reads the old contents.
+class CudaAttentionBatch {
+ public:
+  absl::Status Upload(const AttentionBatch& batch, int64_t block_size,
+                      int64_t num_blocks, int device, const CudaExec& exec);
+
+  int64_t tokens() const { return n_; }
+  int64_t max_context() const { return max_ctx_; }
+  // The longest run of one sequence's tokens in a prefill tile (1 for a
+  // pure decode step).
+  int64_t max_tile() const { return max_tile_; }
+  const Tensor& positions() const { return positions_; }  // [n] i32
+  // Changes whenever the device buffer is replaced (CUDA graphs captured
+  // over the old one are stale then).
+  int64_t reallocations() const { return reallocations_; }
+  // Layout of the buffer (with tokens(), fixes every kernel argument).
+  int64_t padded_blocks() const { return max_blocks_; }
+  int64_t tiles() const { return n_tiles_; }
+  int64_t sequences() const { return n_seqs_; }
+
+ private:
+  friend class CudaAttentionAccess;
+  std::shared_ptr<DeviceBuffer> buffer_;
+  Tensor positions_;
+  int64_t n_ = 0, n_seqs_ = 0, max_blocks_ = 0, max_ctx_ = 0, n_tiles_ = 0;
+  int64_t block_size_ = 0, max_tile_ = 0, reallocations_ = 0;
+  int64_t off_token_seq_ = 0, off_slots_ = 0, off_tables_ = 0,
+          off_tile_begin_ = 0, off_tile_len_ = 0;
+};
+
+// k, v: [n, kv_heads, head_dim] f32  caches: [blocks, bs, kv_heads,
+// head_dim] bf16.
+absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
+                         const CudaAttentionBatch& batch, Tensor& k_cache,
+                         Tensor& v_cache, const CudaExec& exec);
+
+enum class AttentionKernel {
+  kAuto,     // kDecode when every sequence has one token in the step.
+  kDecode,   // Split-K over the context (flash-decoding).
+  kPrefill,  // Query tiles with K/V chunks staged in shared memory.
+};
+
+// Causal attention as PagedAttention (call WriteKvCuda first).
+//   q: [n, heads, head_dim] f32  out: [n, heads, head_dim] f32|bf16
+// head_dim must be a multiple of 32, at most 256. `splits` (decode) 0
+// picks one from the context length.
+absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
+                                const Tensor& v_cache,
+                                const CudaAttentionBatch& batch, float scale,
+                                Tensor& out, const CudaExec& exec,
+                                AttentionKernel kernel = AttentionKernel::kAuto,
+                                int splits = 0);
+
+// Swap: copies whole KV blocks src_blocks[i] of `src` to dst_blocks[i] of
+// `dst` (caches [blocks, bs, kv_heads, head_dim] of one dtype and block
+// shape; device <-> pinned host or device <-> device), asynchronously on
+// `stream` (the swap stream: record an event to know when it is done).
+// Runs of consecutive blocks go as one copy.
+absl::Status CopyKvBlocksCuda(const Tensor& src, Tensor& dst,
+                              absl::Span<const int32_t> src_blocks,
+                              absl::Span<const int32_t> dst_blocks,
+                              void* stream);
+
+// Greedy sampling: out[r] = argmax of logits[r] (lowest index on ties, as
+// SampleToken). logits: [rows, vocab] f32  out: [rows] i32.
+absl::Status ArgmaxCuda(const Tensor& logits, Tensor& out,
+                        const CudaExec& exec);
+
+// Sampling on the device with SampleToken's semantics and draws: out[r] =
+// SampleToken(logits[r], params[r], steps[r]) (greedy, temperature,
+// top-k, top-p; the uniform draw SampleUniform(seed, step) is made on the
+// host). Sums are in double like the CPU's, in another order, so a draw
+// landing within ~1e-15 of a boundary could differ. logits: [rows, vocab]
+// f32  out: [rows] i32.
+absl::Status SampleCuda(const Tensor& logits,
+                        absl::Span<const SamplingParams> params,
+                        absl::Span<const uint64_t> steps, Tensor& out,
+                        const CudaExec& exec);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_KERNELS_CUDA_OPS_H_

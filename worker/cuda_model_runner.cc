@@ -1,0 +1,453 @@
+#include "worker/cuda_model_runner.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cuda_backend.h"
+#include "backend/cuda_status.h"
+#include "core/status.h"
+#include "kernels/sampling/sampling.h"
+
+namespace shardlm {
+namespace {
+
+// A device bf16 (matrices) or f32 (norms) copy of a host f32 tensor.
+absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype, Backend& backend,
+                              const CudaExec& exec) {
+  ASSIGN_OR_RETURN(Tensor f32, backend.Allocate(DType::kF32, host.shape(),
+                                                MemoryType::kDevice));
+  RETURN_IF_ERROR(backend.Copy(host, f32));
+  if (dtype == DType::kF32) return f32;
+  ASSIGN_OR_RETURN(Tensor out,
+                   backend.Allocate(dtype, host.shape(), MemoryType::kDevice));
+  RETURN_IF_ERROR(CastCuda(f32, out, exec));
+  // f32 is freed when this returns: finish the cast first.
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(exec.stream)));
+  return out;
+}
+
+absl::StatusOr<Tensor> Random(DType dtype, const Shape& shape, uint64_t seed,
+                              float scale, Backend& backend,
+                              const CudaExec& exec) {
+  ASSIGN_OR_RETURN(Tensor t,
+                   backend.Allocate(dtype, shape, MemoryType::kDevice));
+  RETURN_IF_ERROR(FillRandomCuda(t, seed, scale, exec));
+  return t;
+}
+
+absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Host(DType::kF32, shape));
+  for (float& v : host.f32()) v = 1.0f;
+  ASSIGN_OR_RETURN(Tensor t,
+                   backend.Allocate(DType::kF32, shape, MemoryType::kDevice));
+  RETURN_IF_ERROR(backend.Copy(host, t));
+  return t;
+}
+
+}  // namespace
+
+int64_t CudaLlamaWeights::bytes_per_step() const {
+  int64_t total = output_norm.bytes() + lm_head.bytes();
+  for (const CudaLayerWeights& l : layers) {
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
+                            &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+      total += t->bytes();
+    }
+  }
+  return total;
+}
+
+absl::StatusOr<CudaLlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
+                                                    Backend& backend,
+                                                    const CudaExec& exec) {
+  const ShardSpec& s = host.spec;
+  if (s.tp_size != 1 || s.pp_size != 1 ||
+      s.vocab_padded != host.config.vocab_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CudaModelRunner runs whole models only, got shard ", s.DebugString()));
+  }
+  CudaLlamaWeights w;
+  w.config = host.config;
+  const DType bf = DType::kBF16;
+  ASSIGN_OR_RETURN(w.token_embd, Upload(host.token_embd, bf, backend, exec));
+  for (const LlamaLayerWeights& l : host.layers) {
+    CudaLayerWeights d;
+    ASSIGN_OR_RETURN(d.attn_norm,
+                     Upload(l.attn_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.wq, Upload(l.wq, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.wk, Upload(l.wk, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.wv, Upload(l.wv, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.wo, Upload(l.wo, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.ffn_norm,
+                     Upload(l.ffn_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.w_gate, Upload(l.w_gate, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.w_up, Upload(l.w_up, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.w_down, Upload(l.w_down, bf, backend, exec));
+    w.layers.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(w.output_norm,
+                   Upload(host.output_norm, DType::kF32, backend, exec));
+  if (host.lm_head.raw() == host.token_embd.raw()) {
+    w.lm_head = w.token_embd;  // Tied: one device copy.
+  } else {
+    ASSIGN_OR_RETURN(w.lm_head, Upload(host.lm_head, bf, backend, exec));
+  }
+  return w;
+}
+
+absl::StatusOr<CudaLlamaWeights> RandomLlamaWeights(const ModelConfig& c,
+                                                    uint64_t seed,
+                                                    Backend& backend,
+                                                    const CudaExec& exec) {
+  RETURN_IF_ERROR(c.Validate());
+  CudaLlamaWeights w;
+  w.config = c;
+  const DType bf = DType::kBF16;
+  const int64_t q_dim = c.n_heads * c.head_dim,
+                kv_dim = c.n_kv_heads * c.head_dim;
+  const auto scale = [](int64_t in) {
+    return 1.0f / std::sqrt(static_cast<float>(in));
+  };
+  uint64_t next = seed * 1000;
+  ASSIGN_OR_RETURN(w.token_embd, Random(bf, {c.vocab_size, c.hidden}, ++next,
+                                        1.0f, backend, exec));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    CudaLayerWeights d;
+    ASSIGN_OR_RETURN(d.attn_norm, Ones({c.hidden}, backend));
+    ASSIGN_OR_RETURN(d.ffn_norm, Ones({c.hidden}, backend));
+    ASSIGN_OR_RETURN(d.wq, Random(bf, {q_dim, c.hidden}, ++next,
+                                  scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.wk, Random(bf, {kv_dim, c.hidden}, ++next,
+                                  scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.wv, Random(bf, {kv_dim, c.hidden}, ++next,
+                                  scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.wo, Random(bf, {c.hidden, q_dim}, ++next, scale(q_dim),
+                                  backend, exec));
+    ASSIGN_OR_RETURN(d.w_gate, Random(bf, {c.ffn_hidden, c.hidden}, ++next,
+                                      scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.w_up, Random(bf, {c.ffn_hidden, c.hidden}, ++next,
+                                    scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.w_down, Random(bf, {c.hidden, c.ffn_hidden}, ++next,
+                                      scale(c.ffn_hidden), backend, exec));
+    w.layers.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(w.output_norm, Ones({c.hidden}, backend));
+  if (c.tied_embeddings) {
+    w.lm_head = w.token_embd;
+  } else {
+    ASSIGN_OR_RETURN(w.lm_head, Random(bf, {c.vocab_size, c.hidden}, ++next,
+                                       scale(c.hidden), backend, exec));
+  }
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(exec.stream)));
+  return w;
+}
+
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
+    int device, const ModelConfig& config, const KvPoolConfig& kv) {
+  RETURN_IF_ERROR(config.Validate());
+  if (kv.n_layers != config.n_layers || kv.kv_heads != config.n_kv_heads ||
+      kv.head_dim != config.head_dim || kv.block_size <= 0 ||
+      kv.num_blocks <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV pool of ", kv.n_layers, " layers x ", kv.kv_heads, " heads x ",
+        kv.head_dim, " (", kv.num_blocks, " blocks of ", kv.block_size,
+        ") does not fit the whole model"));
+  }
+  std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
+  r->device_ = device;
+  r->config_ = config;
+  r->kv_config_ = kv;
+  ASSIGN_OR_RETURN(r->backend_, NewCudaBackend(device));
+  ASSIGN_OR_RETURN(r->stream_, r->backend_->CreateStream());
+  ASSIGN_OR_RETURN(r->cublas_, CublasHandle::Create(r->stream_->native()));
+  r->exec_ = {.stream = r->stream_->native(), .cublas = r->cublas_.get()};
+  const Shape cache = {kv.num_blocks, kv.block_size, kv.kv_heads, kv.head_dim};
+  for (int64_t l = 0; l < kv.n_layers; ++l) {
+    ASSIGN_OR_RETURN(Tensor k, r->backend_->Allocate(DType::kBF16, cache,
+                                                     MemoryType::kDevice));
+    ASSIGN_OR_RETURN(Tensor v, r->backend_->Allocate(DType::kBF16, cache,
+                                                     MemoryType::kDevice));
+    r->k_cache_.push_back(std::move(k));
+    r->v_cache_.push_back(std::move(v));
+  }
+  return r;
+}
+
+absl::Status CudaModelRunner::Synchronize() { return stream_->Synchronize(); }
+
+CudaModelRunner::~CudaModelRunner() {
+  if (graph_exec_ != nullptr) {
+    cudaStreamSynchronize(static_cast<cudaStream_t>(exec_.stream));
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
+  }
+}
+
+void CudaModelRunner::SetWeights(CudaLlamaWeights weights) {
+  weights_ = std::move(weights);
+  ++generation_;  // Graphs hold the old weights' addresses.
+}
+
+absl::Status CudaModelRunner::Validate(const StepInput& step) const {
+  const ModelConfig& c = config_;
+  const size_t n = step.tokens.size();
+  if (weights_.layers.size() != static_cast<size_t>(c.n_layers)) {
+    return absl::FailedPreconditionError("CudaModelRunner has no weights");
+  }
+  if (n == 0) return absl::InvalidArgumentError("step has no tokens");
+  if (step.positions.size() != n || step.token_seq.size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", n, " tokens but ", step.positions.size(),
+                     " positions and ", step.token_seq.size(), " seq ids"));
+  }
+  for (size_t i = 0; i < n; ++i) {
+    if (step.tokens[i] < 0 || step.tokens[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("token id ", step.tokens[i],
+                       " is outside the vocabulary of ", c.vocab_size));
+    }
+    if (step.positions[i] < 0 || step.positions[i] >= c.context_length) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("position ", step.positions[i],
+                       " is outside the context of ", c.context_length));
+    }
+  }
+  for (int32_t r : step.logit_rows) {
+    if (r < 0 || static_cast<size_t>(r) >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logit row ", r, " of a step of ", n, " tokens"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
+  const ModelConfig& c = config_;
+  Backend& b = *backend_;
+  const auto dev = [&](Tensor& t, DType dt, Shape shape) -> absl::Status {
+    ASSIGN_OR_RETURN(t, b.Allocate(dt, shape, MemoryType::kDevice));
+    return absl::OkStatus();
+  };
+  if (n > cap_) {
+    const int64_t cap = std::max<int64_t>(n, 2 * cap_);
+    const int64_t q_dim = c.n_heads * c.head_dim;
+    const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+    RETURN_IF_ERROR(stream_->Synchronize());  // Old buffers may be in use.
+    RETURN_IF_ERROR(dev(ids_, DType::kI32, {cap}));
+    RETURN_IF_ERROR(dev(x_, DType::kF32, {cap, c.hidden}));
+    RETURN_IF_ERROR(dev(q_, DType::kF32, {cap, q_dim}));
+    RETURN_IF_ERROR(dev(k_, DType::kF32, {cap, kv_dim}));
+    RETURN_IF_ERROR(dev(v_, DType::kF32, {cap, kv_dim}));
+    RETURN_IF_ERROR(dev(gate_, DType::kF32, {cap, c.ffn_hidden}));
+    RETURN_IF_ERROR(dev(up_, DType::kF32, {cap, c.ffn_hidden}));
+    RETURN_IF_ERROR(dev(xn16_, DType::kBF16, {cap, c.hidden}));
+    RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
+    RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, c.ffn_hidden}));
+    cap_ = cap;
+    ++generation_;
+  }
+  if (rows > cap_rows_) {
+    const int64_t cap = std::max<int64_t>(rows, 2 * cap_rows_);
+    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(dev(rows_, DType::kI32, {cap}));
+    RETURN_IF_ERROR(dev(sampled_, DType::kI32, {cap}));
+    RETURN_IF_ERROR(dev(last_, DType::kF32, {cap, c.hidden}));
+    RETURN_IF_ERROR(dev(last16_, DType::kBF16, {cap, c.hidden}));
+    RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, c.vocab_size}));
+    ASSIGN_OR_RETURN(host_logits_, b.Allocate(DType::kF32, {cap, c.vocab_size},
+                                              MemoryType::kHostPinned));
+    cap_rows_ = cap;
+    ++generation_;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
+                                              Tensor& logits) {
+  RETURN_IF_ERROR(Validate(step));
+  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  const int64_t m = static_cast<int64_t>(step.logit_rows.size());
+  // Block tables are checked here, before anything is written.
+  AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
+  for (const auto& table : step.block_tables)
+    attn.block_tables.push_back(table);
+  RETURN_IF_ERROR(Reserve(n, std::max<int64_t>(m, 1)));
+  RETURN_IF_ERROR(batch_.Upload(attn, kv_config_.block_size,
+                                kv_config_.num_blocks, device_, exec_));
+  auto* s = static_cast<cudaStream_t>(exec_.stream);
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), step.tokens.data(),
+                                       n * sizeof(int32_t),
+                                       cudaMemcpyHostToDevice, s));
+  if (m > 0) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), step.logit_rows.data(),
+                                         m * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, s));
+    ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
+  }
+  if (!graphs_ || n > kMaxGraphTokens) return Launch(n, m);
+
+  // Every kernel argument is fixed by these (buffer addresses by the
+  // generations), so a graph captured for the same key replays this step.
+  const std::vector<int64_t> key = {
+      n,
+      m,
+      batch_.sequences(),
+      batch_.padded_blocks(),
+      batch_.tiles(),
+      batch_.max_tile() == 1 ? 1 : 0,
+      std::min<int64_t>((batch_.max_context() + 255) / 256, 64),
+      batch_.reallocations(),
+      generation_};
+  if (graph_exec_ == nullptr || key != graph_key_) {
+    absl::Status captured = Capture(n, m);
+    if (!captured.ok()) {
+      std::fprintf(stderr,
+                   "CudaModelRunner: CUDA graph capture failed, running "
+                   "eagerly from now on: %s\n",
+                   std::string(captured.message()).c_str());
+      graphs_ = false;
+      return Launch(n, m);
+    }
+    graph_key_ = key;
+  }
+  return CudaStatus(
+      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s),
+      "cudaGraphLaunch");
+}
+
+absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
+  auto* s = static_cast<cudaStream_t>(exec_.stream);
+  if (graph_exec_ != nullptr) {
+    // The previous replay may still run.
+    RETURN_IF_ERROR(stream_->Synchronize());
+    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
+    graph_exec_ = nullptr;
+  }
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const absl::Status launched = Launch(n, m);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t ended = cudaStreamEndCapture(s, &graph);
+  if (!launched.ok() || ended != cudaSuccess || graph == nullptr) {
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    cudaGetLastError();  // Clear a capture error; the stream is usable.
+    RETURN_IF_ERROR(launched);
+    return CudaStatus(
+        ended == cudaSuccess ? cudaErrorStreamCaptureInvalidated : ended,
+        "cudaStreamEndCapture");
+  }
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
+  graph_exec_ = exec;
+  ++captures_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
+  const ModelConfig& c = config_;
+  const int64_t d = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  ASSIGN_OR_RETURN(Tensor ids, ids_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor x, x_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor xn, xn16_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor q, q_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor k, k_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor v, v_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor attn16, attn16_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor gate, gate_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor up, up_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor h, h16_.Rows(0, n));
+  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, c.n_heads, d}));
+  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, c.n_kv_heads, d}));
+  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, c.n_kv_heads, d}));
+  ASSIGN_OR_RETURN(Tensor a3, attn16.Reshaped({n, c.n_heads, d}));
+  const Tensor& positions = batch_.positions();
+
+  RETURN_IF_ERROR(EmbeddingCuda(weights_.token_embd, ids, 0, x, exec_));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    const CudaLayerWeights& w = weights_.layers[l];
+    RETURN_IF_ERROR(RmsNormCuda(x, w.attn_norm, c.rms_norm_eps, xn, exec_));
+    RETURN_IF_ERROR(LinearCuda(xn, w.wq, q, false, exec_));
+    RETURN_IF_ERROR(LinearCuda(xn, w.wk, k, false, exec_));
+    RETURN_IF_ERROR(LinearCuda(xn, w.wv, v, false, exec_));
+    RETURN_IF_ERROR(RopeCuda(q3, positions, c.rope_theta, c.rope_style, exec_));
+    RETURN_IF_ERROR(RopeCuda(k3, positions, c.rope_theta, c.rope_style, exec_));
+    RETURN_IF_ERROR(
+        WriteKvCuda(k3, v3, batch_, k_cache_[l], v_cache_[l], exec_));
+    RETURN_IF_ERROR(PagedAttentionCuda(q3, k_cache_[l], v_cache_[l], batch_,
+                                       scale, a3, exec_));
+    // x += attn wo^T: the residual add is the GEMM's beta = 1.
+    RETURN_IF_ERROR(LinearCuda(attn16, w.wo, x, true, exec_));
+    RETURN_IF_ERROR(RmsNormCuda(x, w.ffn_norm, c.rms_norm_eps, xn, exec_));
+    RETURN_IF_ERROR(LinearCuda(xn, w.w_gate, gate, false, exec_));
+    RETURN_IF_ERROR(LinearCuda(xn, w.w_up, up, false, exec_));
+    RETURN_IF_ERROR(SwiGluCuda(gate, up, h, exec_));
+    RETURN_IF_ERROR(LinearCuda(h, w.w_down, x, true, exec_));
+  }
+  if (m == 0) return absl::OkStatus();
+  // Final norm and LM head for the wanted rows only, gathered with the
+  // embedding kernel (x is a table of n rows).
+  ASSIGN_OR_RETURN(Tensor rows, rows_.Rows(0, m));
+  ASSIGN_OR_RETURN(Tensor last, last_.Rows(0, m));
+  ASSIGN_OR_RETURN(Tensor last16, last16_.Rows(0, m));
+  ASSIGN_OR_RETURN(Tensor logits, logits_.Rows(0, m));
+  RETURN_IF_ERROR(EmbeddingCuda(x, rows, 0, last, exec_));
+  RETURN_IF_ERROR(
+      RmsNormCuda(last, weights_.output_norm, c.rms_norm_eps, last16, exec_));
+  return LinearCuda(last16, weights_.lm_head, logits, false, exec_);
+}
+
+absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
+  Tensor logits;
+  RETURN_IF_ERROR(ForwardOnDevice(step, logits));
+  if (logits.empty()) {
+    RETURN_IF_ERROR(stream_->Synchronize());
+    return Tensor();
+  }
+  ASSIGN_OR_RETURN(Tensor pinned, host_logits_.Rows(0, logits.dim(0)));
+  RETURN_IF_ERROR(backend_->Copy(logits, pinned, stream_.get()));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  ASSIGN_OR_RETURN(Tensor out,
+                   Tensor::HostUninitialized(DType::kF32, logits.shape()));
+  std::memcpy(out.raw(), pinned.raw(), out.bytes());
+  return out;
+}
+
+absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
+  const size_t rows = step.logit_rows.size();
+  if (step.sampling.size() != rows || step.sample_index.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", rows, " logit rows but ",
+                     step.sampling.size(), " sampling parameters and ",
+                     step.sample_index.size(), " sample indices"));
+  }
+  for (const SamplingParams& p : step.sampling) {
+    RETURN_IF_ERROR(ValidateSamplingParams(p));
+  }
+  if (step.return_logits || rows == 0) {
+    ASSIGN_OR_RETURN(Tensor logits, Forward(step));
+    return SampleStep(step, std::move(logits));
+  }
+  // Sampled on the device; only the token ids come back.
+  Tensor logits;
+  RETURN_IF_ERROR(ForwardOnDevice(step, logits));
+  ASSIGN_OR_RETURN(Tensor ids, sampled_.Rows(0, rows));
+  RETURN_IF_ERROR(
+      SampleCuda(logits, step.sampling, step.sample_index, ids, exec_));
+  StepOutput out;
+  out.tokens.resize(rows);
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(
+      out.tokens.data(), ids.raw(), rows * sizeof(int32_t),
+      cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(exec_.stream)));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  return out;
+}
+
+}  // namespace shardlm

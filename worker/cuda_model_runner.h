@@ -1,0 +1,155 @@
+// A Llama forward pass on one GPU: a single shard (TP = PP = 1) over a
+// paged bf16 KV cache, through the CUDA ops of kernels/cuda_ops.h. It takes
+// the same StepInput as ModelRunner and returns the same logits and
+// sampled tokens, so that the two can be compared step for step.
+//
+// Numerics: weights are dequantized on the host (LoadLlamaWeights) and
+// stored as bf16; the residual stream, norms' statistics, RoPE, softmax
+// and every accumulation are f32; GEMM inputs (normed activations,
+// attention output, SwiGLU output) and the KV cache are bf16. The residual
+// adds are fused into the o/down GEMMs (beta = 1).
+//
+// Not thread-safe: one thread drives a runner. All work runs on the
+// runner's own stream; Forward returns when the logits are on the host.
+#ifndef SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
+#define SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backend/backend.h"
+#include "core/tensor.h"
+#include "kernels/cuda_ops.h"
+#include "model/model_config.h"
+#include "worker/kv_pool.h"
+#include "worker/llama_weights.h"
+#include "worker/model_runner.h"
+
+namespace shardlm {
+
+// Device weights of the whole model. Matrices bf16 [out, in]; norms f32.
+struct CudaLayerWeights {
+  Tensor attn_norm;  // [hidden] f32
+  Tensor wq;         // [heads * d, hidden]
+  Tensor wk, wv;     // [kv_heads * d, hidden]
+  Tensor wo;         // [hidden, heads * d]
+  Tensor ffn_norm;   // [hidden] f32
+  Tensor w_gate;     // [ffn, hidden]
+  Tensor w_up;       // [ffn, hidden]
+  Tensor w_down;     // [hidden, ffn]
+};
+
+struct CudaLlamaWeights {
+  ModelConfig config;
+  Tensor token_embd;  // [vocab, hidden] bf16
+  std::vector<CudaLayerWeights> layers;
+  Tensor output_norm;  // [hidden] f32
+  Tensor lm_head;      // [vocab, hidden] bf16 (the embedding when tied)
+
+  // Bytes one decode step reads (each matrix once; the embedding only for
+  // the rows it gathers, so not counted).
+  int64_t bytes_per_step() const;
+};
+
+// Uploads host weights of a whole-model shard (tp = pp = 1), converting
+// matrices to bf16. InvalidArgument for a partial shard.
+absl::StatusOr<CudaLlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
+                                                    Backend& backend,
+                                                    const CudaExec& exec);
+
+// Seeded uniform weights of `config` made on the device (benchmarks):
+// matrices in [-1, 1) / sqrt(in), norms 1.
+absl::StatusOr<CudaLlamaWeights> RandomLlamaWeights(const ModelConfig& config,
+                                                    uint64_t seed,
+                                                    Backend& backend,
+                                                    const CudaExec& exec);
+
+class CudaModelRunner {
+ public:
+  // Takes device `device`, allocates the KV pool (`kv`: bf16 blocks) and a
+  // stream and cuBLAS handle of its own.
+  static absl::StatusOr<std::unique_ptr<CudaModelRunner>> Create(
+      int device, const ModelConfig& config, const KvPoolConfig& kv);
+
+  // The backend, stream and cuBLAS handle weights must be made with.
+  Backend& backend() { return *backend_; }
+  const CudaExec& exec() const { return exec_; }
+  void SetWeights(CudaLlamaWeights weights);
+  const CudaLlamaWeights& weights() const { return weights_; }
+  const KvPoolConfig& kv_config() const { return kv_config_; }
+
+  // As ModelRunner::Forward on a whole-model shard: the f32 logits of the
+  // step's logit rows, [logit_rows.size(), vocab], on the host (empty when
+  // there are none). InvalidArgument for bad steps, before anything is
+  // written.
+  absl::StatusOr<Tensor> Forward(const StepInput& step);
+
+  // Forward and sampling, as SampleStep(step, Forward(step)): sampled on
+  // the device (SampleCuda: SampleToken's draws) with only the ids copied
+  // back, unless the logits are wanted too; then they come back and
+  // SampleStep draws on the host.
+  absl::StatusOr<StepOutput> Step(const StepInput& step);
+
+  // Waits for all queued work.
+  absl::Status Synchronize();
+
+  // Steps of at most kMaxGraphTokens tokens (decode) run as a CUDA graph,
+  // captured once per step shape (tokens, logit rows, padded block-table
+  // width, kernel choice) and replayed while the shape repeats: a decode
+  // step is ~15 launches per layer, which otherwise bounds small batches
+  // by launch latency. On by default; a failed capture falls back to
+  // eager launches for good (reported once on stderr).
+  void set_cuda_graphs(bool on) { graphs_ = on; }
+  bool cuda_graphs() const { return graphs_; }
+  int64_t graph_captures() const { return captures_; }
+  static constexpr int64_t kMaxGraphTokens = 256;
+
+  CudaModelRunner(const CudaModelRunner&) = delete;
+  CudaModelRunner& operator=(const CudaModelRunner&) = delete;
+  ~CudaModelRunner();
+
+ private:
+  CudaModelRunner() = default;
+  // Queues the layers and LM head for the uploaded step (n tokens, m
+  // logit rows), eagerly or while capturing.
+  absl::Status Launch(int64_t n, int64_t m);
+  absl::Status Capture(int64_t n, int64_t m);
+  absl::Status Validate(const StepInput& step) const;
+  // Validates and uploads the step, then runs the layers and the LM head
+  // (as a graph when it can); `logits` views the device logits [rows,
+  // vocab] f32.
+  absl::Status ForwardOnDevice(const StepInput& step, Tensor& logits);
+  absl::Status Reserve(int64_t n, int64_t rows);
+
+  int device_ = 0;
+  ModelConfig config_;
+  KvPoolConfig kv_config_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<Stream> stream_;
+  CublasHandle cublas_;
+  CudaExec exec_;
+  CudaLlamaWeights weights_;
+  std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16.
+  CudaAttentionBatch batch_;
+
+  // Activation buffers of capacity cap_ tokens (cap_rows_ logit rows),
+  // grown on demand; each step uses their first rows.
+  int64_t cap_ = 0, cap_rows_ = 0;
+  Tensor ids_, rows_, sampled_;       // i32 [cap], [cap_rows], [cap_rows]
+  Tensor x_, q_, k_, v_, gate_, up_;  // f32
+  Tensor xn16_, attn16_, h16_;        // bf16 GEMM inputs
+  Tensor last_, last16_, logits_;     // [cap_rows, ...]
+  Tensor host_logits_;                // pinned [cap_rows, vocab]
+
+  bool graphs_ = true;
+  void* graph_exec_ = nullptr;  // cudaGraphExec_t
+  std::vector<int64_t> graph_key_;
+  int64_t generation_ = 0;  // Bumped when buffers or weights move.
+  int64_t captures_ = 0;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
