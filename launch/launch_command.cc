@@ -184,13 +184,16 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   }
   std::string name = source.config().name;
   if (name.empty()) name = std::filesystem::path(f.model).filename().string();
-  auto api = ApiServer::Start(engine->get(), tokenizer->get(),
-                              {.listen_address = f.listen,
-                               .model_name = name,
-                               .service = {.tp = static_cast<int>(f.tp),
-                                           .pp = static_cast<int>(f.pp),
-                                           .api_key = ApiKeyFromEnv()},
-                               .http_listen_address = f.http_listen});
+  // Filled field by field: gcc 12 misreports the strings of a designated
+  // temporary as maybe-uninitialized.
+  ApiServerOptions api_options;
+  api_options.listen_address = f.listen;
+  api_options.model_name = name;
+  api_options.service.tp = static_cast<int>(f.tp);
+  api_options.service.pp = static_cast<int>(f.pp);
+  api_options.service.api_key = ApiKeyFromEnv();
+  api_options.http_listen_address = f.http_listen;
+  auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) {
     std::fprintf(stderr, "shardlm launch: %s\n",
                  std::string(api.status().message()).c_str());

@@ -79,12 +79,17 @@ int ServeCommand(int argc, char** argv) {
   const std::string& name = local->name;
   const int tp = static_cast<int>(f.engine.tp);
   const int pp = static_cast<int>(f.engine.pp);
-  auto server = ApiServer::Start(
-      local->engine.get(), local->tokenizer.get(),
-      {.listen_address = f.listen,
-       .model_name = name,
-       .service = {.tp = tp, .pp = pp, .api_key = ApiKeyFromEnv()},
-       .http_listen_address = f.http_listen});
+  // Filled field by field: gcc 12 misreports the strings of a designated
+  // temporary as maybe-uninitialized.
+  ApiServerOptions api;
+  api.listen_address = f.listen;
+  api.model_name = name;
+  api.service.tp = tp;
+  api.service.pp = pp;
+  api.service.api_key = ApiKeyFromEnv();
+  api.http_listen_address = f.http_listen;
+  auto server =
+      ApiServer::Start(local->engine.get(), local->tokenizer.get(), api);
   if (!server.ok()) return Fail(server.status());
   // The host as given, the port as bound (they differ for port 0).
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
