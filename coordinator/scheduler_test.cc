@@ -5,6 +5,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -305,6 +306,102 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   auto next = (*engine)->Generate({.prompt = Prompt(5, 1), .max_tokens = 5});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->tokens.size(), 5u);
+}
+
+}  // namespace
+}  // namespace shardlm
+
+namespace shardlm {
+namespace {
+
+// Records, for every step, how many tokens each sequence had in it.
+class RecordingExecutor : public StepExecutor {
+ public:
+  explicit RecordingExecutor(std::unique_ptr<StepExecutor> inner)
+      : inner_(std::move(inner)) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    std::map<int64_t, int64_t> tokens;
+    for (int32_t s : step.token_seq) ++tokens[step.seq_ids[s]];
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      steps_.push_back(std::move(tokens));
+    }
+    return inner_->Forward(step);
+  }
+  void Release(int64_t seq_id) override { inner_->Release(seq_id); }
+  std::vector<std::map<int64_t, int64_t>> steps() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return steps_;
+  }
+
+ private:
+  std::unique_ptr<StepExecutor> inner_;
+  std::mutex mu_;
+  std::vector<std::map<int64_t, int64_t>> steps_;
+};
+
+// A long prompt is prefilled one chunk per step beside the streams that
+// are decoding: each of them gets its token in every one of those steps.
+TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
+  auto inner = CreateInProcessExecutor(*source_, {});
+  ASSERT_TRUE(inner.ok()) << inner.status();
+  auto recorder = std::make_unique<RecordingExecutor>(std::move(*inner));
+  RecordingExecutor* rec = recorder.get();
+  auto engine =
+      Engine::Create(std::move(recorder), {.max_batched_tokens = 128});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  Results results;
+  std::promise<void> decoding;
+  std::atomic<int> tokens{0};
+  // Three short streams start decoding first.
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE((*engine)
+                    ->Submit({.prompt = Prompt(8, i), .max_tokens = 60},
+                             results.Callbacks(i,
+                                               [&](int32_t) {
+                                                 if (++tokens == 3)
+                                                   decoding.set_value();
+                                                 return true;
+                                               }))
+                    .ok());
+  }
+  decoding.get_future().wait();
+  // Then a 2000-token prompt: 16 chunks of at most 128 - 3 tokens.
+  ASSERT_TRUE((*engine)
+                  ->Submit({.prompt = Prompt(2000, 9), .max_tokens = 2},
+                           results.Callbacks(3))
+                  .ok());
+  results.Wait();
+  for (size_t i = 0; i < 4; ++i) ASSERT_TRUE(results[i].ok());
+  const RequestId long_id = 3;
+  const auto steps = rec->steps();
+  // The last step each short stream was in.
+  std::map<RequestId, size_t> last;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    for (RequestId d = 0; d < 3; ++d) {
+      if (steps[i].count(d)) last[d] = i;
+    }
+  }
+  int prefill_steps = 0;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    auto it = steps[i].find(long_id);
+    if (it == steps[i].end() || it->second <= 1) continue;  // Not prefilling.
+    ++prefill_steps;
+    int64_t total = 0;
+    for (const auto& [seq, n] : steps[i]) total += n;
+    EXPECT_LE(total, 128) << "step " << i;
+    for (RequestId d = 0; d < 3; ++d) {
+      if (i > last[d]) continue;  // Finished before this step.
+      ASSERT_EQ(steps[i].count(d), 1u)
+          << "stream " << d << " skipped prefill step " << i;
+      EXPECT_EQ(steps[i].at(d), 1);
+    }
+  }
+  EXPECT_GE(prefill_steps, 2000 / 125);
+  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
 }
 
 }  // namespace
