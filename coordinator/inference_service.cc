@@ -386,6 +386,14 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
                                             {.listen_address =
                                                  options.http_listen_address}));
   }
+  // The first status before Start returns: a client's first Check must not
+  // find the service unknown.
+  if (grpc::HealthCheckServiceInterface* health =
+          s->server_->GetHealthCheckService()) {
+    const bool serving = engine->executor().Health().ok();
+    health->SetServingStatus("", serving);
+    health->SetServingStatus(kServiceName, serving);
+  }
   s->health_thread_ = std::thread(
       [p = s.get(), poll = options.health_poll] { p->WatchHealth(poll); });
   return s;

@@ -11,6 +11,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -574,7 +575,17 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
 
-  // The next request runs only after the cancelled one released the engine.
+  // The client's Finish returns at once; the server notices the cancel
+  // within its poll and the engine frees the blocks within a step.
+  const auto deadline = absl::Now() + absl::Seconds(10);
+  SchedulerStats st = engine_->stats();
+  while ((st.running > 0 || st.device.used > 0) && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+    st = engine_->stats();
+  }
+  EXPECT_EQ(st.running, 0);
+  EXPECT_EQ(st.device.used, 0);
+
   v1::GenerateRequest next;
   next.set_prompt("next");
   next.set_max_tokens(3);

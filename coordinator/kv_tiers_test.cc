@@ -3,6 +3,8 @@
 // the device pool running through the host tier, and prefix caching. Every
 // test compares tokens with the same request run alone on an engine with a
 // full-size device pool and no cache sharing.
+#include <atomic>
+#include <future>
 #include <thread>
 
 #include "coordinator/engine.h"
@@ -100,6 +102,38 @@ TEST_F(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {
   }
   EXPECT_GT(engine->stats().preempted_recompute, 0);
   EXPECT_EQ(engine->stats().preempted_swap, 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+TEST_F(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
+  const std::vector<GenerateRequest> reqs = {
+      {.prompt = Prompt(100, 1), .max_tokens = 50, .priority = 0},
+      {.prompt = Prompt(100, 2), .max_tokens = 8, .priority = 5}};
+  const auto alone = Alone(reqs);
+  // 10 device blocks: either request alone, not both.
+  auto engine = MakeEngine({.kv_cache_bytes = 10 * kBlockBytes,
+                            .cpu_offload_bytes = 40 * kBlockBytes,
+                            .prefix_caching = false});
+  Results results;
+  std::promise<void> started;
+  std::atomic<int> low_tokens{0};
+  ASSERT_TRUE(engine
+                  ->Submit(reqs[0], results.Callbacks(0,
+                                                      [&](int32_t) {
+                                                        if (++low_tokens == 5)
+                                                          started.set_value();
+                                                        return true;
+                                                      }))
+                  .ok());
+  started.get_future().wait();
+  ASSERT_TRUE(engine->Submit(reqs[1], results.Callbacks(1)).ok());
+  results.Wait();
+  EXPECT_EQ(results.order(), (std::vector<size_t>{1, 0}));
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    EXPECT_EQ(results[i]->tokens, alone[i].tokens) << "request " << i;
+  }
+  EXPECT_EQ(engine->stats().preempted_swap, 1);
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 

@@ -119,7 +119,7 @@ void Scheduler::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
       });
 }
 
-bool Scheduler::TryStart(Sequence& s) {
+bool Scheduler::TryStart(Sequence& s, int64_t& promised) {
   // A fresh (or dropped) sequence starts from its cached prefix; at least
   // its last token is computed, for the logits.
   if (s.computed == 0 && blocks_->Table(s.id).empty()) {
@@ -131,13 +131,18 @@ bool Scheduler::TryStart(Sequence& s) {
       std::min<int64_t>(options_.max_batched_tokens,
                         static_cast<int64_t>(s.tokens.size()) - s.computed);
   const int32_t host = blocks_->HostBlocksOf(s.id);
-  const int64_t need =
-      host +
+  const int64_t grow =
       std::max<int64_t>(0, blocks_->BlocksFor(s.computed + chunk) - table);
   // Alone, a sequence always starts: it grows by moving its own blocks to
-  // the host (each request fits device + host).
-  if (!running_.empty() && need > blocks_->DeviceAvailable()) return false;
+  // the host (each request fits device + host). Otherwise the device must
+  // hold its blocks and first chunk beside those promised to sequences
+  // started in this round (they take their blocks in the next step).
+  if (!running_.empty() &&
+      host + grow + promised > blocks_->DeviceAvailable()) {
+    return false;
+  }
   blocks_->SwapIn(s.id, host);
+  promised += grow;
   return true;
 }
 
@@ -174,12 +179,27 @@ void Scheduler::Admit(std::vector<Event>& events) {
   std::erase_if(running_, [](const auto& s) { return s->done; });
 
   // Strictly in order: a large request at the head is not starved by
-  // smaller ones behind it.
+  // smaller ones behind it. The head may preempt running sequences of a
+  // lower priority (latest first) to make room.
+  int64_t promised = 0;  // Blocks the sequences started here will take.
   while (!waiting_.empty() &&
          static_cast<int32_t>(running_.size()) < options_.max_seqs) {
-    if (!TryStart(*waiting_.front())) break;
     std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();
+    bool start = TryStart(*s, promised);
+    while (!start && !running_.empty() &&
+           running_.back()->request.priority < s->request.priority) {
+      std::unique_ptr<Sequence> victim = std::move(running_.back());
+      running_.pop_back();
+      Preempt(*victim);
+      victim->preempted = false;
+      Enqueue(std::move(victim));  // Behind s: a lower priority.
+      start = TryStart(*s, promised);
+    }
+    if (!start) {
+      waiting_.push_front(std::move(s));
+      break;
+    }
     auto at = std::find_if(running_.begin(), running_.end(),
                            [&](const auto& r) { return Before(*s, *r); });
     running_.insert(at, std::move(s));
@@ -264,34 +284,48 @@ int64_t Scheduler::Grow(size_t index, int64_t want,
 
 void Scheduler::Step() {
   std::vector<Event> events;
-  // Decoding sequences first (one token each), then prefill chunks, up to
-  // the step's token budget.
+  // Blocks are taken in priority order, so that a sequence can make room
+  // by preempting only lower-priority ones, whatever it is doing. The token
+  // budget goes to decoding sequences first (one token each), the rest to
+  // prefill chunks.
+  const auto remaining = [](const Sequence& s) {
+    return static_cast<int64_t>(s.tokens.size()) - s.computed;
+  };
+  const auto decoding = [&](const Sequence& s) {
+    return remaining(s) == 1 && s.computed > 0;
+  };
+  int64_t decode_budget = options_.max_batched_tokens;
+  int64_t prefill_budget = options_.max_batched_tokens;
+  for (const auto& s : running_) prefill_budget -= decoding(*s) ? 1 : 0;
+  std::vector<int64_t> chunk(running_.size(), 0);
+  std::vector<bool> scheduled(running_.size(), false);
+  std::vector<bool> decode(running_.size(), false);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    if (s.preempted || remaining(s) == 0) continue;
+    decode[i] = decoding(s);
+    int64_t& budget = decode[i] ? decode_budget : prefill_budget;
+    if (budget <= 0) continue;
+    chunk[i] = Grow(i, std::min(remaining(s), budget), scheduled);
+    scheduled[i] = chunk[i] > 0;
+    budget -= chunk[i];
+  }
+  // The step: decode tokens first, then prefill chunks.
   StepInput step;
   std::vector<Sequence*> in_step, stepped;
-  std::vector<bool> scheduled(running_.size(), false);
-  int64_t budget = options_.max_batched_tokens;
   for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    for (size_t i = 0; i < running_.size(); ++i) {
       Sequence& s = *running_[i];
-      if (s.preempted) continue;
-      const int64_t remaining =
-          static_cast<int64_t>(s.tokens.size()) - s.computed;
-      if (remaining == 0) continue;  // Scheduled in the first pass.
-      const bool decoding = remaining == 1 && s.computed > 0;
-      if (decoding != (pass == 0)) continue;
-      const int64_t chunk = Grow(i, std::min(remaining, budget), scheduled);
-      if (chunk == 0) continue;
-      scheduled[i] = true;
-      budget -= chunk;
+      if (chunk[i] == 0 || s.preempted || decode[i] != (pass == 0)) continue;
       const int32_t seq_index = static_cast<int32_t>(stepped.size());
       step.seq_ids.push_back(s.id);
       stepped.push_back(&s);
-      for (int64_t j = 0; j < chunk; ++j) {
+      for (int64_t j = 0; j < chunk[i]; ++j) {
         step.tokens.push_back(s.tokens[s.computed + j]);
         step.positions.push_back(static_cast<int32_t>(s.computed + j));
         step.token_seq.push_back(seq_index);
       }
-      s.computed += chunk;
+      s.computed += chunk[i];
       // Logits only where a token is sampled: the end of the known tokens.
       if (s.computed == static_cast<int64_t>(s.tokens.size())) {
         const GenerateRequest& req = s.request;

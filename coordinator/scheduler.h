@@ -148,9 +148,11 @@ class Scheduler {
   // Under mu_: takes cancellations, expired deadlines and admissions;
   // returns the callbacks to run once the lock is released.
   void Admit(std::vector<Event>& events);
-  // Under mu_: whether the head of the queue can start now; swaps its
-  // blocks back in (or attaches its cached prefix) when it can.
-  bool TryStart(Sequence& s);
+  // Under mu_: whether the head of the queue can start now, beside the
+  // `promised` blocks of sequences started in this round (increased by its
+  // own first chunk when it starts); swaps its blocks back in (or attaches
+  // its cached prefix) when it can.
+  bool TryStart(Sequence& s, int64_t& promised);
   // Under mu_: inserts by priority, then arrival.
   void Enqueue(std::unique_ptr<Sequence> s);
   // Takes device blocks so that running_[index] can compute `want` more
