@@ -15,14 +15,9 @@
 namespace shardlm {
 namespace {
 
-class KvTiersTest : public ::testing::Test {
+class KvTiersTest : public TinyEngineTest {
  protected:
-  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
-    options.threads = 1;
-    auto e = Engine::Create(*source_, options);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
-  }
+  KvTiersTest() : TinyEngineTest(4096, 5) {}
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
     auto engine = MakeEngine({.prefix_caching = false});
@@ -43,8 +38,6 @@ class KvTiersTest : public ::testing::Test {
     }
     results.Wait();
   }
-  std::unique_ptr<InMemoryWeights> source_ =
-      RandomLlamaWeights(TinyConfig(4096), 5);
 };
 
 std::vector<GenerateRequest> MixedRequests(int n) {

@@ -19,16 +19,9 @@
 namespace shardlm {
 namespace {
 
-class SchedulerTest : public ::testing::Test {
+class SchedulerTest : public TinyEngineTest {
  protected:
-  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
-    options.threads = 1;
-    auto e = Engine::Create(*source_, options);
-    EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
-  }
-  std::unique_ptr<InMemoryWeights> source_ =
-      RandomLlamaWeights(TinyConfig(8192), 3);
+  SchedulerTest() : TinyEngineTest(8192, 3) {}
 };
 
 TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {

@@ -10,8 +10,10 @@
 #include <optional>
 #include <vector>
 
+#include "coordinator/engine.h"
 #include "coordinator/scheduler.h"
 #include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
 #include "model/model_config.h"
 
 namespace shardlm {
@@ -82,6 +84,20 @@ class Results {
   std::vector<size_t> order_;
   size_t expected_ = 0;
   size_t finished_ = 0;
+};
+
+// A tiny random model with engines over it, one thread each.
+class TinyEngineTest : public ::testing::Test {
+ protected:
+  TinyEngineTest(int32_t context_length, uint64_t seed)
+      : source_(RandomLlamaWeights(TinyConfig(context_length), seed)) {}
+  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
+    options.threads = 1;
+    auto e = Engine::Create(*source_, options);
+    EXPECT_TRUE(e.ok()) << e.status();
+    return std::move(*e);
+  }
+  std::unique_ptr<InMemoryWeights> source_;
 };
 
 }  // namespace shardlm
