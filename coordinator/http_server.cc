@@ -5,11 +5,15 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <optional>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -18,6 +22,9 @@
 
 namespace shardlm {
 namespace {
+
+// More header lines than any real client sends.
+constexpr size_t kMaxHeaders = 100;
 
 bool SendAll(int fd, const char* data, size_t n) {
   while (n > 0) {
@@ -103,24 +110,59 @@ bool ReadUntil(int fd, std::string& buf, size_t limit,
   return true;
 }
 
+// RFC 9110 token characters (methods and header names).
+bool IsTokenChar(unsigned char c) {
+  return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
+}
+bool IsToken(absl::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
+    return c != '\0' && IsTokenChar(static_cast<unsigned char>(c));
+  });
+}
+// A request target: visible ASCII only (no spaces, controls or raw bytes
+// over 0x7e; anything else must be percent-encoded).
+bool IsTarget(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    return static_cast<unsigned char>(c) > 0x20 &&
+           static_cast<unsigned char>(c) < 0x7f;
+  });
+}
+// A header value: no control characters but tab (obs-text, bytes >= 0x80,
+// is allowed as RFC 9110 says; handlers must not assume UTF-8).
+bool IsFieldValue(absl::string_view s) {
+  return std::all_of(s.begin(), s.end(), [](char c) {
+    const auto u = static_cast<unsigned char>(c);
+    return u == '\t' || (u >= 0x20 && u != 0x7f);
+  });
+}
+
 // Parses the request line and headers in `head` (up to the blank line).
-// The status to answer with on failure.
-int ParseHead(absl::string_view head, HttpRequest& req) {
+// The status to answer with on failure, and why.
+std::pair<int, const char*> ParseHead(absl::string_view head,
+                                      HttpRequest& req) {
   size_t eol = head.find("\r\n");
   const absl::string_view line = head.substr(0, eol);
   const size_t sp1 = line.find(' ');
   const size_t sp2 = line.rfind(' ');
-  if (sp1 == absl::string_view::npos || sp2 == sp1) return 400;
-  req.method = std::string(line.substr(0, sp1));
-  std::string target(line.substr(sp1 + 1, sp2 - sp1 - 1));
-  const absl::string_view version = line.substr(sp2 + 1);
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") return 505;
-  if (target.empty() || target[0] != '/') return 400;
-  if (const size_t q = target.find('?'); q != std::string::npos) {
-    req.query = target.substr(q + 1);
-    target.resize(q);
+  if (sp1 == absl::string_view::npos || sp2 == sp1) {
+    return {400, "malformed request line"};
   }
-  req.path = std::move(target);
+  const absl::string_view method = line.substr(0, sp1);
+  const absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+  const absl::string_view version = line.substr(sp2 + 1);
+  if (!IsToken(method)) return {400, "malformed method"};
+  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+    return {505, "only HTTP/1.0 and HTTP/1.1 are served"};
+  }
+  if (target.empty() || target[0] != '/' || !IsTarget(target)) {
+    return {400, "malformed request target"};
+  }
+  req.method = std::string(method);
+  req.path = std::string(target);
+  if (const size_t q = req.path.find('?'); q != std::string::npos) {
+    req.query = req.path.substr(q + 1);
+    req.path.resize(q);
+  }
   while (eol != absl::string_view::npos && eol + 2 < head.size()) {
     const size_t start = eol + 2;
     eol = head.find("\r\n", start);
@@ -129,12 +171,35 @@ int ParseHead(absl::string_view head, HttpRequest& req) {
                                                           : eol - start);
     if (h.empty()) break;
     const size_t colon = h.find(':');
-    if (colon == absl::string_view::npos || colon == 0) return 400;
-    req.headers.emplace_back(
-        absl::AsciiStrToLower(h.substr(0, colon)),
-        std::string(absl::StripAsciiWhitespace(h.substr(colon + 1))));
+    if (colon == absl::string_view::npos || !IsToken(h.substr(0, colon))) {
+      return {400, "malformed header line"};
+    }
+    const absl::string_view value = h.substr(colon + 1);
+    if (!IsFieldValue(value)) return {400, "control bytes in a header value"};
+    req.headers.emplace_back(absl::AsciiStrToLower(h.substr(0, colon)),
+                             std::string(absl::StripAsciiWhitespace(value)));
   }
-  return 0;
+  if (req.headers.size() > kMaxHeaders) return {431, "too many header lines"};
+  return {0, ""};
+}
+
+// The body length the headers declare: absent is 0; every Content-Length
+// must be the same run of digits (a request smuggler's favourite is two
+// that differ). -1 when malformed.
+int64_t ContentLength(const HttpRequest& req) {
+  std::optional<absl::string_view> seen;
+  for (const auto& [name, value] : req.headers) {
+    if (name != "content-length") continue;
+    if (value.empty() || value.size() > 18 ||
+        !std::all_of(value.begin(), value.end(), absl::ascii_isdigit) ||
+        (seen.has_value() && *seen != value)) {
+      return -1;
+    }
+    seen = value;
+  }
+  int64_t n = 0;
+  if (seen.has_value() && !absl::SimpleAtoi(*seen, &n)) return -1;
+  return n;
 }
 
 std::string ErrorBody(int status, absl::string_view message) {
@@ -256,89 +321,189 @@ void HttpServer::Shutdown() {
   ::close(listen_fd_);
   std::unique_lock<std::mutex> lock(mu_);
   for (int fd : open_fds_) ::shutdown(fd, SHUT_RDWR);
-  idle_cv_.wait(lock, [&] { return active_ == 0; });
+  idle_cv_.wait(lock, [&] { return active_ + probe_active_ == 0; });
 }
 
 void HttpServer::AcceptLoop() {
+  // Connections whose request head has not arrived yet: they cost an fd
+  // here, not a thread, so idle or slow clients cannot take the server's
+  // threads (or its probes) away.
+  struct Pending {
+    int fd;
+    std::string buf;
+    std::chrono::steady_clock::time_point accepted;
+  };
+  std::vector<Pending> pending;
+  std::vector<pollfd> polled;
+  const auto drop = [&](size_t i) {
+    ::close(pending[i].fd);
+    pending[i] = std::move(pending.back());
+    pending.pop_back();
+  };
   while (!stopping_.load()) {
-    pollfd p{.fd = listen_fd_, .events = POLLIN};
-    const int r = ::poll(&p, 1, 200);
-    if (r <= 0) continue;
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) continue;
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_.load() || active_ >= options_.max_connections) {
-      Response(fd).Send(503, "application/json",
-                        ErrorBody(503, "too many connections"));
-      ::close(fd);
-      continue;
+    const auto now = std::chrono::steady_clock::now();
+    // Heads past their time: 408 (silently closed when nothing came).
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (now - pending[i].accepted < options_.header_timeout) continue;
+      if (!pending[i].buf.empty()) {
+        Response(pending[i].fd)
+            .Send(408, "application/json",
+                  ErrorBody(408, "request not received in time"));
+      }
+      drop(i);
     }
-    ++active_;
-    open_fds_.insert(fd);
-    std::thread([this, fd] {
-      Serve(fd);
-      std::lock_guard<std::mutex> lock(mu_);
-      open_fds_.erase(fd);
-      ::close(fd);
-      if (--active_ == 0) idle_cv_.notify_all();
-    }).detach();
+    polled.assign(1, pollfd{.fd = listen_fd_, .events = POLLIN});
+    for (const Pending& p : pending) {
+      polled.push_back(pollfd{.fd = p.fd, .events = POLLIN});
+    }
+    if (::poll(polled.data(), polled.size(), 100) <= 0) continue;
+    // Read what arrived; hand whole heads to a thread. Backwards, so that
+    // drop() (which moves the last entry into i) skips nothing.
+    for (size_t i = pending.size(); i-- > 0;) {
+      if (polled[i + 1].revents == 0) continue;
+      char chunk[8192];
+      const ssize_t n =
+          ::recv(pending[i].fd, chunk, sizeof(chunk), MSG_DONTWAIT);
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n <= 0) {  // Closed before sending a request.
+        drop(i);
+        continue;
+      }
+      std::string& buf = pending[i].buf;
+      buf.append(chunk, static_cast<size_t>(n));
+      const size_t head_end = buf.find("\r\n\r\n");
+      if ((head_end == std::string::npos ? buf.size() : head_end) >
+          options_.max_header_bytes) {
+        Response(pending[i].fd)
+            .Send(431, "application/json",
+                  ErrorBody(431, "request headers too large"));
+        drop(i);
+        continue;
+      }
+      if (head_end == std::string::npos) continue;
+      Dispatch(pending[i].fd, std::move(buf), head_end, pending[i].accepted);
+      pending[i] = std::move(pending.back());
+      pending.pop_back();
+    }
+    if ((polled[0].revents & POLLIN) != 0) {
+      const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+      if (fd < 0) {
+        // Out of fds: the connection stays in the backlog; do not spin.
+        if (errno == EMFILE || errno == ENFILE) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        continue;
+      }
+      if (static_cast<int>(pending.size()) >= options_.max_pending) {
+        Response(fd).Send(503, "application/json",
+                          ErrorBody(503, "too many connections"));
+        ::close(fd);
+        continue;
+      }
+      // A client that stops reading cannot hold a thread in send() forever.
+      const timeval send_timeout{
+          .tv_sec = static_cast<time_t>(options_.read_timeout.count() / 1000),
+          .tv_usec = static_cast<suseconds_t>(options_.read_timeout.count() %
+                                              1000 * 1000)};
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
+                   sizeof(send_timeout));
+      pending.push_back({fd, "", std::chrono::steady_clock::now()});
+    }
   }
+  for (const Pending& p : pending) ::close(p.fd);
 }
 
-void HttpServer::Serve(int fd) {
+void HttpServer::Dispatch(int fd, std::string buf, size_t head_end,
+                          std::chrono::steady_clock::time_point accepted) {
+  HttpRequest req;
+  const auto [status, why] =
+      ParseHead(absl::string_view(buf).substr(0, head_end), req);
+  if (status != 0) {
+    Response(fd).Send(status, "application/json", ErrorBody(status, why));
+    ::close(fd);
+    return;
+  }
+  // Probes have connections of their own past max_connections, so that
+  // API clients holding every connection cannot fail a liveness probe.
+  const bool probe =
+      std::find(options_.probe_paths.begin(), options_.probe_paths.end(),
+                req.path) != options_.probe_paths.end();
+  std::lock_guard<std::mutex> lock(mu_);
+  const bool over = active_ >= options_.max_connections;
+  if (stopping_.load() ||
+      (over &&
+       (!probe || probe_active_ >= options_.reserved_probe_connections))) {
+    Response(fd).Send(503, "application/json",
+                      ErrorBody(503, "too many connections"));
+    ::close(fd);
+    return;
+  }
+  int HttpServer::*counter =
+      over ? &HttpServer::probe_active_ : &HttpServer::active_;
+  ++(this->*counter);
+  open_fds_.insert(fd);
+  std::thread([this, fd, counter, buf = std::move(buf), head_end, accepted,
+               req = std::move(req)]() mutable {
+    try {
+      Serve(fd, std::move(buf), head_end, accepted, std::move(req));
+    } catch (const std::exception& e) {  // Out of memory, say.
+      std::fprintf(stderr, "[shardlm] HTTP connection failed: %s\n", e.what());
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    open_fds_.erase(fd);
+    ::close(fd);
+    --(this->*counter);
+    if (active_ + probe_active_ == 0) idle_cv_.notify_all();
+  }).detach();
+}
+
+void HttpServer::Serve(int fd, std::string buf, size_t head_end,
+                       std::chrono::steady_clock::time_point accepted,
+                       HttpRequest req) {
   Response response(fd);
   const auto fail = [&](int status, absl::string_view message) {
     response.Send(status, "application/json", ErrorBody(status, message));
   };
-  const auto deadline =
-      std::chrono::steady_clock::now() + options_.read_timeout;
-  std::string buf;
-  const bool got_head = ReadUntil(
-      fd, buf, options_.max_header_bytes, deadline, [](const std::string& b) {
-        return b.find("\r\n\r\n") != std::string::npos;
-      });
-  const size_t head_end = buf.find("\r\n\r\n");
-  if (!got_head || head_end == std::string::npos) {
-    if (buf.size() > options_.max_header_bytes) {
-      fail(431, "request headers too large");
-    } else if (!buf.empty()) {
-      fail(408, "request not received in time");
-    }
-    return;
-  }
-  HttpRequest req;
-  if (const int status =
-          ParseHead(absl::string_view(buf).substr(0, head_end), req);
-      status != 0) {
-    fail(status, "malformed request");
-    return;
-  }
   if (!req.Header("transfer-encoding").empty()) {
     fail(411, "chunked request bodies are not supported; send Content-Length");
     return;
   }
-  size_t length = 0;
-  if (const std::string cl = req.Header("content-length"); !cl.empty()) {
-    if (!absl::SimpleAtoi(cl, &length)) {
-      fail(400, "bad Content-Length");
-      return;
-    }
+  const int64_t length = ContentLength(req);
+  if (length < 0) {
+    fail(400, "bad Content-Length");
+    return;
   }
-  if (length > options_.max_body_bytes) {
+  if (static_cast<uint64_t>(length) > options_.max_body_bytes) {
     fail(413,
          absl::StrCat("request body over ", options_.max_body_bytes, " bytes"));
     return;
   }
   const size_t body_start = head_end + 4;
-  if (!ReadUntil(fd, buf, body_start + length, deadline,
-                 [&](const std::string& b) {
-                   return b.size() >= body_start + length;
-                 })) {
+  const size_t body_end = body_start + static_cast<size_t>(length);
+  if (!ReadUntil(fd, buf, body_end, accepted + options_.read_timeout,
+                 [&](const std::string& b) { return b.size() >= body_end; })) {
     fail(408, "request body not received in time");
     return;
   }
-  req.body = buf.substr(body_start, length);
-  handler_(req, response);
+  req.body = buf.substr(body_start, static_cast<size_t>(length));
+  buf.clear();
+  buf.shrink_to_fit();
+  // No handler's mistake may take the server down: a throw answers 500
+  // (if nothing was sent yet) and ends this connection only.
+  std::string thrown;
+  try {
+    handler_(req, response);
+  } catch (const std::exception& e) {
+    thrown = e.what();
+  } catch (...) {
+    thrown = "an exception that is not a std::exception";
+  }
+  if (!thrown.empty()) {
+    std::fprintf(stderr, "[shardlm] HTTP handler for %s %s threw: %s\n",
+                 req.method.c_str(), req.path.c_str(), thrown.c_str());
+    if (!response.started()) fail(500, "internal error");
+    return;
+  }
   if (!response.started()) fail(500, "the handler sent no response");
 }
 

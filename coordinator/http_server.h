@@ -4,6 +4,20 @@
 // request sizes and read timeouts. Responses are either whole (with
 // Content-Length) or streamed until the connection closes (server-sent
 // events). No TLS: put a proxy in front for that.
+//
+// Hostile input: the request line and headers are checked byte by byte
+// (methods and header names are RFC 9110 tokens, targets visible ASCII,
+// header values free of control bytes, Content-Length digits only and never
+// two that differ); a handler that throws gets a 500 for its connection
+// alone.
+//
+// Threads: one loop thread accepts connections and reads request heads for
+// all of them with poll(), so an idle or slow client costs an fd, not a
+// thread (up to max_pending; it is dropped after header_timeout). A whole
+// head gets a thread of its own for the body, the handler and the response,
+// up to max_connections; past that a few more serve probe_paths only, so
+// that clients holding every connection cannot make a liveness probe
+// restart a healthy server.
 #ifndef SHARDLM_COORDINATOR_HTTP_SERVER_H_
 #define SHARDLM_COORDINATOR_HTTP_SERVER_H_
 
@@ -56,11 +70,21 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
 
 struct HttpServerOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: any.
-  int max_connections = 256;                   // Beyond: 503 at once.
+  // Requests being handled at once (threads); beyond: 503.
+  int max_connections = 256;
+  // Connections still sending their request head; beyond: 503.
+  int max_pending = 1024;
   size_t max_header_bytes = 64 * 1024;
   size_t max_body_bytes = 8 * 1024 * 1024;
-  // A client that sends its request slower than this is dropped (408).
+  // A client that has not sent its request line and headers this long
+  // after connecting is dropped (408), and one whose whole request takes
+  // longer than read_timeout.
+  std::chrono::milliseconds header_timeout{10000};
   std::chrono::milliseconds read_timeout{30000};
+  // Paths still served past max_connections, on up to
+  // reserved_probe_connections more threads (e.g. "/health").
+  std::vector<std::string> probe_paths;
+  int reserved_probe_connections = 8;
 };
 
 class HttpServer {
@@ -81,8 +105,15 @@ class HttpServer {
  private:
   HttpServer(HttpServerOptions options, HttpHandler handler)
       : options_(std::move(options)), handler_(std::move(handler)) {}
+  // The loop thread: accepts, reads heads, dispatches.
   void AcceptLoop();
-  void Serve(int fd);
+  // Parses the head in buf[0, head_end) and starts a thread to serve it,
+  // or answers an error and closes `fd`.
+  void Dispatch(int fd, std::string buf, size_t head_end,
+                std::chrono::steady_clock::time_point accepted);
+  // On a connection's thread: reads the body, runs the handler.
+  void Serve(int fd, std::string buf, size_t head_end,
+             std::chrono::steady_clock::time_point accepted, HttpRequest req);
 
   HttpServerOptions options_;
   HttpHandler handler_;
@@ -93,7 +124,10 @@ class HttpServer {
   std::mutex mu_;
   std::condition_variable idle_cv_;
   absl::flat_hash_set<int> open_fds_;  // Guarded by mu_.
-  int active_ = 0;  // Connection threads (detached) running; guarded by mu_.
+  // Connection threads (detached) running, within max_connections and
+  // past it (probes); guarded by mu_.
+  int active_ = 0;
+  int probe_active_ = 0;
 };
 
 // The reason phrase of a status code ("OK", "Not Found", ...).

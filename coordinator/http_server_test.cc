@@ -6,8 +6,10 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -46,6 +48,7 @@ std::unique_ptr<HttpServer> Echo(HttpServerOptions options = {}) {
           return;
         }
         if (req.path == "/silent") return;  // Forgets to answer.
+        if (req.path == "/throw") throw std::runtime_error("handler bug");
         res.AddHeader("X-Test", "1");
         res.Send(200, "text/plain",
                  absl::StrCat(req.method, " ", req.path, " ", req.query, " [",
@@ -83,6 +86,7 @@ TEST(HttpServerTest, StreamsUntilTheHandlerReturns) {
 TEST(HttpServerTest, BadRequestsGetPreciseStatuses) {
   auto server = Echo({.max_header_bytes = 1024,
                       .max_body_bytes = 16,
+                      .header_timeout = std::chrono::milliseconds(300),
                       .read_timeout = std::chrono::milliseconds(300)});
   const int port = server->port();
   const auto status = [&](const std::string& request) {
@@ -109,8 +113,72 @@ TEST(HttpServerTest, BadRequestsGetPreciseStatuses) {
   EXPECT_EQ(status("GET / HTTP/1.1\r\n"), "HTTP/1.1 408 Request Timeout");
   EXPECT_EQ(status("GET /silent HTTP/1.1\r\n\r\n"),
             "HTTP/1.1 500 Internal Server Error");
+  EXPECT_EQ(status("GET /throw HTTP/1.1\r\n\r\n"),
+            "HTTP/1.1 500 Internal Server Error");
+  // Byte by byte: methods and header names are tokens, targets visible
+  // ASCII, header values free of controls (bytes >= 0x80 are allowed).
+  EXPECT_EQ(status("GET /\xff HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status("G\xffT / HTTP/1.1\r\n\r\n"), "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status("GET / HTTP/1.1\r\nX\x01: a\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status("GET / HTTP/1.1\r\nX: a\nb\r\n\r\n"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status("GET / HTTP/1.1\r\nX: \xff\r\n\r\n"), "HTTP/1.1 200 OK");
+  EXPECT_EQ(status("POST / HTTP/1.1\r\nContent-Length: 1\r\n"
+                   "Content-Length: 2\r\n\r\nab"),
+            "HTTP/1.1 400 Bad Request");
+  EXPECT_EQ(status("POST / HTTP/1.1\r\nContent-Length: +1\r\n\r\na"),
+            "HTTP/1.1 400 Bad Request");
   // Still serving.
   EXPECT_EQ(status("GET / HTTP/1.1\r\n\r\n"), "HTTP/1.1 200 OK");
+}
+
+// Opens a connection to 127.0.0.1:port that sends nothing.
+int Connect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  return fd;
+}
+
+TEST(HttpServerTest, IdleConnectionsTakeNoThreadAndProbesOutliveBusyOnes) {
+  // Two handler threads, both held by streams; 50 idle connections.
+  std::atomic<bool> release{false};
+  std::atomic<int> streaming{0};
+  auto server = HttpServer::Start(
+      {.max_connections = 2, .probe_paths = {"/health"}},
+      [&](const HttpRequest& req, HttpResponse& res) {
+        if (req.path != "/hold") {
+          res.Send(200, "text/plain", "ok");
+          return;
+        }
+        res.Start(200, "text/event-stream");
+        ++streaming;
+        while (!release)
+          std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<int> idle;
+  for (int i = 0; i < 50; ++i) idle.push_back(Connect(port));
+  const auto status = [&](const std::string& path) {
+    const std::string got =
+        RoundTrip(port, absl::StrCat("GET ", path, " HTTP/1.1\r\n\r\n"));
+    return got.substr(0, got.find("\r\n"));
+  };
+  EXPECT_EQ(status("/x"), "HTTP/1.1 200 OK");  // Idle ones hold no thread.
+  std::vector<std::thread> holders;
+  for (int i = 0; i < 2; ++i) holders.emplace_back([&] { status("/hold"); });
+  while (streaming < 2)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  EXPECT_EQ(status("/x"), "HTTP/1.1 503 Service Unavailable");
+  EXPECT_EQ(status("/health"), "HTTP/1.1 200 OK");
+  release = true;
+  for (auto& t : holders) t.join();
+  for (int fd : idle) ::close(fd);
 }
 
 TEST(HttpServerTest, ShutdownEndsStreamsWhoseClientsStayConnected) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/api_key.h"
 #include "coordinator/openai_api.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
@@ -27,6 +28,10 @@ absl::Status Invalid(auto&&... parts) {
 // Limits on GenerateRequest.stop (as OpenAI's 4, with room).
 constexpr int kMaxStopStrings = 8;
 constexpr size_t kMaxStopStringBytes = 256;
+// Limits on the repeated fields of a request: far more than any real
+// request, small enough that checking them costs nothing.
+constexpr int kMaxStopTokenIds = 256;
+constexpr int kMaxPromptTokenIds = 1 << 18;
 
 }  // namespace
 
@@ -91,6 +96,20 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
                    request.truncate_prompt_tokens());
   }
 
+  // Sizes first: nothing below may cost more than the request's bytes.
+  if (request.prompt().size() > options_.max_prompt_bytes) {
+    return Invalid("the prompt is ", request.prompt().size(),
+                   " bytes; at most ", options_.max_prompt_bytes,
+                   " are accepted");
+  }
+  if (request.prompt_token_ids_size() > kMaxPromptTokenIds) {
+    return Invalid("at most ", kMaxPromptTokenIds, " prompt_token_ids, got ",
+                   request.prompt_token_ids_size());
+  }
+  if (request.stop_token_ids_size() > kMaxStopTokenIds) {
+    return Invalid("at most ", kMaxStopTokenIds, " stop_token_ids, got ",
+                   request.stop_token_ids_size());
+  }
   // Token ids take precedence over text.
   if (request.prompt_token_ids_size() > 0) {
     req.prompt.assign(request.prompt_token_ids().begin(),
@@ -317,9 +336,9 @@ absl::Status InferenceService::CheckApiKey(
   if (options_.api_key.empty()) return absl::OkStatus();
   const auto& metadata = context.client_metadata();
   const auto it = metadata.find("authorization");
-  const std::string want = "Bearer " + options_.api_key;
   if (it == metadata.end() ||
-      std::string(it->second.data(), it->second.size()) != want) {
+      !ApiKeyMatches(absl::string_view(it->second.data(), it->second.size()),
+                     options_.api_key)) {
     return absl::UnauthenticatedError(
         "missing or wrong API key (metadata authorization: Bearer <key>; "
         "shardlm generate reads SHARDLM_API_KEY)");
@@ -331,6 +350,11 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                         const v1::TokenizeRequest* request,
                                         v1::TokenizeResponse* response) {
   if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  if (request->text().size() > options_.max_prompt_bytes) {
+    return ToGrpcStatus(Invalid("the text is ", request->text().size(),
+                                " bytes; at most ", options_.max_prompt_bytes,
+                                " are accepted"));
+  }
   for (int32_t id : tokenizer_->Encode(request->text())) {
     response->add_token_ids(id);
   }

@@ -34,6 +34,10 @@ struct ServiceOptions {
   int pp = 1;
   // max_tokens when a request leaves it at 0.
   int32_t default_max_tokens = 16;
+  // Longest prompt (Generate) or text (Tokenize) accepted, checked before
+  // tokenizing: 1 MiB is ~250K tokens, 30 times SmolLM2's context (longer
+  // prompts are useful only with truncate_prompt_tokens).
+  size_t max_prompt_bytes = 1 << 20;
   // When not empty, every call needs metadata "authorization: Bearer
   // <api_key>" (UNAUTHENTICATED otherwise).
   std::string api_key;

@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "coordinator/api_key.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 
@@ -16,6 +17,41 @@ namespace shardlm {
 namespace {
 
 using Json = nlohmann::json;
+
+// Deeper JSON than any OpenAI request has (messages[i].content[j].text is
+// 5 levels).
+constexpr int kMaxJsonDepth = 32;
+
+// Serializes `j`; invalid UTF-8 in its strings (a client's path or model
+// name echoed in an error, a token's bytes in logprobs) becomes U+FFFD
+// instead of an exception.
+std::string Dump(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// Whether the JSON text nests arrays and objects at most `limit` deep
+// (strings are skipped; the text need not be valid JSON).
+bool NestingWithin(absl::string_view text, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return false;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return true;
+}
 
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
@@ -39,11 +75,10 @@ std::string ErrorJson(const absl::Status& status) {
     default:
       break;
   }
-  return Json{{"error",
-               {{"message", std::string(status.message())},
-                {"type", type},
-                {"code", HttpStatusFor(status.code())}}}}
-      .dump();
+  return Dump(Json{{"error",
+                    {{"message", std::string(status.message())},
+                     {"type", type},
+                     {"code", HttpStatusFor(status.code())}}}});
 }
 
 // Reads an optional field of type T; InvalidArgument naming it when the
@@ -56,7 +91,11 @@ absl::Status Get(const Json& body, const char* name, T* out) {
   if constexpr (std::is_same_v<T, bool>) {
     ok = it->is_boolean();
   } else if constexpr (std::is_integral_v<T>) {
+    // Unsigned JSON numbers above INT64_MAX would wrap in get<int64_t>.
     ok = it->is_number_integer() &&
+         (!it->is_number_unsigned() ||
+          it->template get<uint64_t>() <=
+              static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) &&
          it->template get<int64_t>() >= std::numeric_limits<T>::min() &&
          it->template get<int64_t>() <= std::numeric_limits<T>::max();
   } else if constexpr (std::is_floating_point_v<T>) {
@@ -91,8 +130,9 @@ absl::StatusOr<std::string> ChatPrompt(const Json& messages) {
       content = c;
     } else if (c.is_array()) {  // [{"type": "text", "text": ...}]
       for (const Json& part : c) {
-        if (!part.is_object() || part.value("type", "") != "text" ||
-            !part.contains("text") || !part["text"].is_string()) {
+        if (!part.is_object() || !part.contains("type") ||
+            part["type"] != "text" || !part.contains("text") ||
+            !part["text"].is_string()) {
           return Invalid("messages[", i,
                          "].content: only text parts are supported");
         }
@@ -155,7 +195,10 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
       req.set_prompt(p[0].get<std::string>());
     } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
       for (const Json& t : p) {
-        if (!t.is_number_integer() || t.get<int64_t>() < 0 ||
+        if (!t.is_number_integer() ||
+            (t.is_number_unsigned() &&
+             t.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+            t.get<int64_t>() < 0 ||
             t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
           return Invalid("'prompt' token ids must be non-negative integers");
         }
@@ -281,16 +324,6 @@ Json EmptyLogprobs(bool chat) {
           {"text_offset", Json::array()}};
 }
 
-bool Authorized(const HttpRequest& req, const std::string& key) {
-  if (key.empty()) return true;
-  const std::string auth = req.Header("authorization");
-  const std::string want = "Bearer " + key;
-  if (auth.size() != want.size()) return false;
-  unsigned char diff = 0;  // Compare without an early exit.
-  for (size_t i = 0; i < want.size(); ++i) diff |= auth[i] ^ want[i];
-  return diff == 0;
-}
-
 }  // namespace
 
 int HttpStatusFor(absl::StatusCode code) {
@@ -348,7 +381,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   if (!absl::StartsWith(req.path, "/v1/")) {
     return fail(absl::NotFoundError(absl::StrCat("no route ", req.path)));
   }
-  if (!Authorized(req, options_.api_key)) {
+  if (!ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
     res.AddHeader("WWW-Authenticate", "Bearer");
     return fail(absl::UnauthenticatedError(
         "missing or wrong API key (Authorization: Bearer <key>)"));
@@ -362,7 +395,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
            {"created", 0},
            {"owned_by", "shardlm"},
            {"max_model_len", engine_->config().context_length}}}}};
-    return send(200, "application/json", body.dump());
+    return send(200, "application/json", Dump(body));
   }
   const bool completions = req.path == "/v1/completions";
   const bool chat = req.path == "/v1/chat/completions";
@@ -381,6 +414,9 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
     res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
   };
+  if (!NestingWithin(req.body, kMaxJsonDepth)) {
+    return fail(Invalid("the body nests deeper than ", kMaxJsonDepth));
+  }
   const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return fail(Invalid("the body is not a JSON object"));
@@ -450,7 +486,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       started = true;
       if (!res.Start(200, "text/event-stream")) return false;
     }
-    return res.Write(absl::StrCat("data: ", chunk.dump(), "\n\n"));
+    return res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"));
   };
   const absl::Status status = service_->Run(
       *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write);
@@ -487,7 +523,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
         {"completion_tokens", usage.completion_tokens()},
         {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}};
   http_ok_++;
-  res.Send(200, "application/json", out.dump());
+  res.Send(200, "application/json", Dump(out));
 }
 
 absl::Status OpenAiApi::Ready() {
@@ -563,6 +599,11 @@ std::string OpenAiApi::Metrics() const {
 
 absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
     OpenAiApi* api, HttpServerOptions options) {
+  // Probes and metrics keep answering when API clients hold every
+  // connection.
+  if (options.probe_paths.empty()) {
+    options.probe_paths = {"/health", "/ready", "/metrics"};
+  }
   return HttpServer::Start(std::move(options),
                            [api](const HttpRequest& req, HttpResponse& res) {
                              api->Handle(req, res);

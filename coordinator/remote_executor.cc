@@ -130,12 +130,33 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
         "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logprobs_size(),
         " log-probability rows for ", rows, " logit rows"));
   }
+  // Token ids index the vocabulary all the way to the client: a worker's
+  // bug (or a stranger on the control plane) must not reach the tokenizer.
+  const auto outside_vocab = [&](int32_t t) {
+    return t < 0 || t >= config_.vocab_size;
+  };
+  for (int i = 0; bad.ok() && i < r.tokens_size(); ++i) {
+    if (outside_vocab(r.tokens(i))) {
+      bad = absl::InternalError(absl::StrCat(
+          "worker rank ", (o.pp - 1) * o.tp + 1, " returned token ",
+          r.tokens(i), ", outside the vocabulary of ", config_.vocab_size));
+    }
+  }
   for (const v1::RowLogprobs& row : r.logprobs()) {
-    if (bad.ok() && row.top_tokens_size() != row.top_logprobs_size()) {
+    if (bad.ok() && (row.top_tokens_size() != row.top_logprobs_size() ||
+                     row.top_tokens_size() > kMaxLogprobs)) {
       bad = absl::InternalError(
           absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1, " returned ",
                        row.top_tokens_size(), " top tokens with ",
                        row.top_logprobs_size(), " log-probabilities"));
+    }
+    for (int k = 0; bad.ok() && k < row.top_tokens_size(); ++k) {
+      if (outside_vocab(row.top_tokens(k))) {
+        bad = absl::InternalError(
+            absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1,
+                         " returned top token ", row.top_tokens(k),
+                         ", outside the vocabulary of ", config_.vocab_size));
+      }
     }
   }
   if (!bad.ok()) {
