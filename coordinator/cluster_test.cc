@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -74,6 +75,7 @@ class TestHost : public ShardHost {
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
     runner_ =
         std::make_unique<ModelRunner>(std::move(w), std::move(pool), comms_);
+    if (reported_blocks.has_value()) kv.num_blocks = *reported_blocks;
     return kv;
   }
 
@@ -88,6 +90,8 @@ class TestHost : public ShardHost {
   absl::Status load_error;
   absl::Duration load_delay;
   std::function<void(int)> before_step;  // Called with the step count.
+  // Reported to the coordinator instead of the pool's real block count.
+  std::optional<int64_t> reported_blocks;
 
  private:
   const WeightSource& source_;
@@ -597,6 +601,63 @@ TEST(ClusterStartupTest, DuplicateAndOutOfRangeRanksAreRejected) {
     EXPECT_EQ(agents[0].code(), absl::StatusCode::kInvalidArgument);
     EXPECT_TRUE(absl::StrContains(agents[0].message(), "registered as rank 3"))
         << agents[0];
+  }
+}
+
+TEST(ClusterStartupTest, StrangersWithoutTheTokenAreRefusedAndStartupGoesOn) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(2, 1);
+  options.cluster_token = "the-cluster-token";
+  TestCluster cluster(*source, options);
+  // A stranger claims rank 1 first, without the token, then with a wrong
+  // one; the real workers come after.
+  WorkerAgentOptions stranger = cluster.AgentOptions(1);
+  cluster.StartWorker(stranger);
+  stranger.cluster_token = "the-cluster-tokeX";
+  cluster.StartWorker(stranger);
+  for (int r = 1; r <= 2; ++r) {
+    WorkerAgentOptions o = cluster.AgentOptions(r);
+    o.cluster_token = "the-cluster-token";
+    cluster.StartWorker(o);
+  }
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto r = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens.size(), 3u);
+  engine->reset();
+  std::vector<absl::Status> agents = cluster.Stop();
+  for (int i : {0, 1}) {
+    EXPECT_EQ(agents[i].code(), absl::StatusCode::kUnauthenticated)
+        << agents[i];
+    EXPECT_TRUE(absl::StrContains(agents[i].message(), "cluster token"))
+        << agents[i];
+  }
+  EXPECT_TRUE(agents[2].ok()) << agents[2];
+  EXPECT_TRUE(agents[3].ok()) << agents[3];
+}
+
+TEST(ClusterStartupTest, OutOfRangeBlockCountsAreRefused) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  for (int64_t blocks : {int64_t{-5}, int64_t{0}, int64_t{1} << 50}) {
+    TestCluster cluster(*source, Options(2, 1));
+    cluster.host(2).reported_blocks = blocks;
+    cluster.StartAll();
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    ASSERT_FALSE(executor.ok()) << blocks;
+    EXPECT_EQ(executor.status().code(), absl::StatusCode::kInvalidArgument)
+        << executor.status();
+    EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                  absl::StrCat("worker rank 2 (pp 0, tp 1)")))
+        << executor.status();
+    EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                  absl::StrCat("reported ", blocks, " device")))
+        << executor.status();
+    cluster.Stop();
   }
 }
 

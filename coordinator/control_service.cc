@@ -6,7 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/secret.h"
 #include "core/status.h"
+#include "grpcpp/resource_quota.h"
 
 namespace shardlm {
 namespace {
@@ -149,6 +151,14 @@ grpc::Status ControlService::Connect(
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "the first message of a worker must be Register");
   }
+  // A stream without the token is a stranger (or a worker of another
+  // cluster): refused, and it does not fail this cluster's startup.
+  if (!options_.cluster_token.empty() &&
+      !ConstantTimeEquals(in.register_().cluster_token(),
+                          options_.cluster_token)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "wrong or missing cluster token");
+  }
   Worker* w;
   {
     absl::MutexLock lock(&mu_);
@@ -187,9 +197,23 @@ grpc::Status ControlService::Connect(
     switch (in.msg_case()) {
       case v1::WorkerMessage::kReady:
         if (w->state == State::kLoading) {
+          // Block counts size the coordinator's block manager: checked
+          // before use (a pool of 2^40 blocks is no real worker's).
+          constexpr int64_t kMaxBlocks = int64_t{1} << 40;
+          const int64_t device = in.ready().kv_blocks();
+          const int64_t host = in.ready().host_kv_blocks();
+          if (device < 1 || device > kMaxBlocks || host < 0 ||
+              host > kMaxBlocks) {
+            MarkDead(*w,
+                     absl::StrCat("reported ", device, " device and ", host,
+                                  " host KV blocks, outside [1, 2^40] and "
+                                  "[0, 2^40]"),
+                     absl::StatusCode::kInvalidArgument);
+            break;
+          }
           w->state = State::kReady;
-          w->kv_blocks = in.ready().kv_blocks();
-          w->host_kv_blocks = in.ready().host_kv_blocks();
+          w->kv_blocks = device;
+          w->host_kv_blocks = host;
           cv_.SignalAll();
         }
         break;
@@ -428,6 +452,9 @@ void ControlService::Watchdog() {
 
 void AddControlService(grpc::ServerBuilder& builder, ControlService* service) {
   builder.RegisterService(service);
+  grpc::ResourceQuota quota("shardlm-control");
+  quota.SetMaxThreads(service->num_workers() + 16);
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
 }

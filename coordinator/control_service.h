@@ -29,6 +29,10 @@ namespace shardlm {
 struct ClusterOptions {
   int tp = 1;
   int pp = 1;
+  // Workers must register with this token (compared in constant time);
+  // others are refused with UNAUTHENTICATED and do not disturb startup.
+  // Empty accepts any worker: tests only.
+  std::string cluster_token;
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 0;     // Per worker; 0: one full context.
   int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
@@ -123,7 +127,9 @@ class ControlService final : public v1::Control::Service {
 };
 
 // Registers `service` on `builder`, lifting gRPC's 4 MiB message limit
-// (plans of long prompts and returned logits can be larger).
+// (plans of long prompts and returned logits can be larger), and caps the
+// server's threads (one per open stream) at a few more than the workers
+// need, so that strangers opening streams cannot exhaust the coordinator.
 void AddControlService(grpc::ServerBuilder& builder, ControlService* service);
 
 }  // namespace shardlm

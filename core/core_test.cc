@@ -3,6 +3,7 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/secret.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
@@ -97,6 +98,23 @@ TEST(TensorTest, ReshapeAndRowsShareMemory) {
   EXPECT_EQ(rows.f32()[0], 6.0f);
   EXPECT_EQ(rows.bytes(), 48u);
   EXPECT_FALSE(t.Rows(3, 5).ok());
+}
+
+TEST(SecretTest, ConstantTimeEqualsComparesEveryByte) {
+  EXPECT_TRUE(ConstantTimeEquals("", ""));
+  EXPECT_TRUE(ConstantTimeEquals("abc", "abc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abd"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "xbc"));
+  EXPECT_FALSE(ConstantTimeEquals("abc", "abcd"));
+  EXPECT_FALSE(ConstantTimeEquals(std::string("a\0c", 3), "a"));
+}
+
+TEST(SecretTest, RandomHexTokensAreHexAndDiffer) {
+  auto a = RandomHexToken(32), b = RandomHexToken(32);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(a->size(), 64u);
+  EXPECT_EQ(a->find_first_not_of("0123456789abcdef"), std::string::npos) << *a;
+  EXPECT_NE(*a, *b);
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -29,6 +30,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
+#include "core/secret.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
@@ -47,6 +49,7 @@ struct LaunchFlags {
   int64_t pp = 1;
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
+  std::string control_listen;  // Empty: chosen by SameHost (see below).
   int64_t control_port = 0;
   std::string control_host;
   int64_t threads = 1;
@@ -123,11 +126,44 @@ bool AgreeAllOk(MpiCommunicator& world, const std::string& mine) {
   std::_Exit(code);
 }
 
+// Whether every rank runs on this host (collective: every rank calls it).
+bool SameHost(MpiCommunicator& world) {
+  Tensor all = *Tensor::Host(DType::kI32, {world.size() * kMessageInts});
+  Tensor mine = PackText(Hostname());
+  if (!world.AllGather(mine, all).ok()) return false;
+  for (int r = 0; r < world.size(); ++r) {
+    if (UnpackText(all.data<int32_t>() + r * kMessageInts) != Hostname()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
-                   const WeightSource& source, const sigset_t& stop_signals) {
+                   const WeightSource& source, const sigset_t& stop_signals,
+                   bool same_host) {
+  // The cluster token: from the environment (so that a restarted rank can
+  // rejoin), else fresh for this launch; it reaches the workers by MPI
+  // broadcast with the control address.
+  std::string token;
+  if (const char* env = std::getenv("SHARDLM_CLUSTER_TOKEN");
+      env != nullptr && *env != '\0') {
+    token = env;
+  } else if (auto t = RandomHexToken(); t.ok()) {
+    token = *t;
+  } else {
+    std::fprintf(stderr, "shardlm launch: %s\n",
+                 std::string(t.status().message()).c_str());
+  }
+  // Workers on this host only: the control plane listens on loopback.
+  const std::string listen =
+      !f.control_listen.empty()
+          ? f.control_listen
+          : absl::StrCat(same_host ? "127.0.0.1:" : "0.0.0.0:", f.control_port);
   ControlService service(
       {.tp = static_cast<int>(f.tp),
        .pp = static_cast<int>(f.pp),
+       .cluster_token = token,
        .block_size = static_cast<int32_t>(f.block_size),
        .kv_cache_bytes = f.kv_cache_bytes,
        .cpu_offload_bytes = f.cpu_offload_bytes,
@@ -135,21 +171,28 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
        .worker_timeout = absl::Milliseconds(f.worker_timeout_ms)});
   grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(absl::StrCat("0.0.0.0:", f.control_port),
-                           grpc::InsecureServerCredentials(), &control_port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
+                           &control_port);
   AddControlService(builder, &service);
-  std::unique_ptr<grpc::Server> control = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> control =
+      token.empty() ? nullptr : builder.BuildAndStart();
   std::string address;
+  const std::string listen_host = listen.substr(0, listen.rfind(':'));
   if (control == nullptr || control_port == 0) {
-    std::fprintf(stderr,
-                 "shardlm launch: cannot listen for workers on port %d\n",
-                 static_cast<int>(f.control_port));
+    std::fprintf(stderr, "shardlm launch: cannot listen for workers on %s\n",
+                 listen.c_str());
   } else {
-    address = absl::StrCat(f.control_host.empty() ? Hostname() : f.control_host,
+    // What workers dial: --control-host, else the host listened on unless
+    // it is a wildcard, else this host's name.
+    const bool wildcard = listen_host.empty() || listen_host == "0.0.0.0" ||
+                          listen_host == "[::]";
+    address = absl::StrCat(!f.control_host.empty() ? f.control_host
+                           : !wildcard             ? listen_host
+                                                   : Hostname(),
                            ":", control_port);
   }
-  // Workers learn the address (empty: give up) by broadcast.
-  Tensor packed = PackText(address);
+  // Workers learn the address and the token (empty: give up) by broadcast.
+  Tensor packed = PackText(address.empty() ? "" : address + " " + token);
   if (absl::Status s = world.Broadcast(packed, 0); !s.ok() || address.empty()) {
     if (!s.ok())
       std::fprintf(stderr, "shardlm launch: %s\n",
@@ -233,8 +276,12 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                  std::string(s.message()).c_str());
     return 1;
   }
-  const std::string address = UnpackText(packed.raw());
-  if (address.empty()) return 1;  // The coordinator said why.
+  const std::string message = UnpackText(packed.raw());
+  if (message.empty()) return 1;  // The coordinator said why.
+  const std::string address = message.substr(0, message.find(' '));
+  const std::string token = message.find(' ') == std::string::npos
+                                ? ""
+                                : message.substr(message.find(' ') + 1);
   if (!host.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
                  std::string(host.status().message()).c_str());
@@ -254,6 +301,7 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                                          .model_path = f.model,
                                          .model_bytes = model_bytes,
                                          .model_digest = digest,
+                                         .cluster_token = token,
                                          .stop = &stop},
                                         **host);
   if (const RunnerStats* st = (*host)->stats(); st && st->steps > 0) {
@@ -310,6 +358,11 @@ int LaunchCommand(int argc, char** argv) {
   flags.Add("http-listen", &f.http_listen,
             "address of the HTTP API (OpenAI-style routes, /metrics, "
             "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
+  flags.Add("control-listen", &f.control_listen,
+            "address the control plane (workers) listens on; default "
+            "127.0.0.1 when every rank is on this host, else 0.0.0.0, at "
+            "--control-port. Workers need the cluster token either way "
+            "(random per launch, or SHARDLM_CLUSTER_TOKEN)");
   flags.Add("control-port", &f.control_port,
             "port workers connect to (0: any free port)");
   flags.Add("control-host", &f.control_host,
@@ -390,9 +443,11 @@ int LaunchCommand(int argc, char** argv) {
                  std::string(workers.status().message()).c_str());
     Exit(1);
   }
-  const int code = root ? RunCoordinator(world, f, **source, stop_signals)
-                        : RunWorker(world, **workers, f, **source, digest,
-                                    model_bytes, stop_signals);
+  const bool same_host = SameHost(world);
+  const int code =
+      root ? RunCoordinator(world, f, **source, stop_signals, same_host)
+           : RunWorker(world, **workers, f, **source, digest, model_bytes,
+                       stop_signals);
   Exit(code);
 }
 

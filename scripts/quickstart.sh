@@ -21,7 +21,17 @@ mpirun "${ROOT_FLAG[@]}" --oversubscribe --enable-recovery -np 5 \
   build/launch/shardlm launch --model "$MODEL" --tp 2 --pp 2 \
   --listen "127.0.0.1:$PORT" >"$LOG" 2>&1 </dev/null &
 CLUSTER=$!
-trap 'kill -TERM $CLUSTER 2>/dev/null; wait $CLUSTER 2>/dev/null; rm -f "$LOG"' EXIT
+# Stopping the cluster must not replace the script's own status: under
+# set -e, `wait` on the terminated mpirun would make the trap exit with
+# mpirun's status (143) after a successful run.
+cleanup() {
+  local rc=$?
+  kill -TERM $CLUSTER 2>/dev/null || true
+  wait $CLUSTER 2>/dev/null || true
+  rm -f "$LOG"
+  exit $rc
+}
+trap cleanup EXIT
 for _ in $(seq 1 240); do
   grep -q "\[shardlm\] serving" "$LOG" && break
   if ! kill -0 $CLUSTER 2>/dev/null; then cat "$LOG" >&2; exit 1; fi

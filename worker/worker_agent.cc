@@ -89,6 +89,7 @@ class AgentSession {
     r.set_model_path(o_.model_path);
     r.set_model_bytes(o_.model_bytes);
     r.set_model_digest(o_.model_digest);
+    r.set_cluster_token(o_.cluster_token);
     Write(reg);  // A failure shows up as the stream ending.
     reader_ = std::thread([this] { ReadLoop(); });
     watchdog_ = std::thread([this] { Watchdog(); });

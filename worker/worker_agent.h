@@ -45,6 +45,8 @@ struct WorkerAgentOptions {
   std::string model_path;   // Reported at registration, with:
   uint64_t model_bytes = 0;
   std::string model_digest;  // ModelDigest(): files must match across nodes.
+  std::string
+      cluster_token;  // The coordinator's ClusterOptions::cluster_token.
   // Sent after this long without another message to the coordinator (also
   // while loading or stepping: the coordinator takes silence for death).
   absl::Duration heartbeat_interval = absl::Seconds(1);
