@@ -393,6 +393,18 @@ def main() -> int:
         time.sleep(0.5)
         serves("after the idle connections close")
         check(server.poll() is None, "the server is still running")
+        # Nothing hostile leaked a request or a KV block.
+        metrics = exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").decode()
+        figures = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+                   for line in metrics.splitlines()
+                   if line and not line.startswith("#")}
+        leaked = {k: figures.get(k) for k in (
+            'shardlm_requests{state="running"}',
+            'shardlm_requests{state="waiting"}',
+            'shardlm_kv_blocks{tier="device",state="used"}',
+            'shardlm_kv_blocks{tier="host",state="used"}')}
+        check(all(v == "0" for v in leaked.values()),
+              f"no request or KV block left behind ({leaked})")
     finally:
         stop(server)
     err = server.stderr.read() if server.stderr else ""
