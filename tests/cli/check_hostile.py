@@ -273,10 +273,19 @@ def main() -> int:
         env=dict(os.environ, SHARDLM_API_KEY=KEY))
     good = completion(b'"The capital of France is"')
 
+    class ServerDied(Exception):
+        pass
+
     def serves(what: str) -> None:
-        got = exchange(port, good)
+        try:
+            got = exchange(port, good)
+        except OSError as e:
+            got = str(e).encode()
         check(status_of(got) == 200 and server.poll() is None,
               f"  ... and then a real completion is 200 ({what})")
+        if server.poll() is not None:
+            raise ServerDied(f"the server died after: {what} "
+                             f"(rc {server.returncode})")
 
     try:
         deadline = time.monotonic() + 120
@@ -393,18 +402,22 @@ def main() -> int:
         time.sleep(0.5)
         serves("after the idle connections close")
         check(server.poll() is None, "the server is still running")
+    except ServerDied as e:
+        check(False, str(e))
+    try:
         # Nothing hostile leaked a request or a KV block.
-        metrics = exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").decode()
-        figures = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
-                   for line in metrics.splitlines()
-                   if line and not line.startswith("#")}
-        leaked = {k: figures.get(k) for k in (
-            'shardlm_requests{state="running"}',
-            'shardlm_requests{state="waiting"}',
-            'shardlm_kv_blocks{tier="device",state="used"}',
-            'shardlm_kv_blocks{tier="host",state="used"}')}
-        check(all(v == "0" for v in leaked.values()),
-              f"no request or KV block left behind ({leaked})")
+        if server.poll() is None:
+            metrics = exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").decode()
+            figures = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
+                       for line in metrics.splitlines()
+                       if line and not line.startswith("#")}
+            leaked = {k: figures.get(k) for k in (
+                'shardlm_requests{state="running"}',
+                'shardlm_requests{state="waiting"}',
+                'shardlm_kv_blocks{tier="device",state="used"}',
+                'shardlm_kv_blocks{tier="host",state="used"}')}
+            check(all(v == "0" for v in leaked.values()),
+                  f"no request or KV block left behind ({leaked})")
     finally:
         stop(server)
     err = server.stderr.read() if server.stderr else ""
