@@ -17,9 +17,8 @@
 namespace shardlm {
 namespace {
 
-// Connects to 127.0.0.1:port, sends `request`, returns all it reads until
-// the server closes.
-std::string RoundTrip(int port, const std::string& request) {
+// A connection to 127.0.0.1:port, or -1.
+int Connect(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -27,8 +26,16 @@ std::string RoundTrip(int port, const std::string& request) {
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     ::close(fd);
-    return "connect failed";
+    return -1;
   }
+  return fd;
+}
+
+// Connects to 127.0.0.1:port, sends `request`, returns all it reads until
+// the server closes.
+std::string RoundTrip(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "connect failed";
   ::send(fd, request.data(), request.size(), MSG_NOSIGNAL);
   std::string out;
   char buf[4096];
@@ -133,17 +140,6 @@ TEST(HttpServerTest, BadRequestsGetPreciseStatuses) {
   EXPECT_EQ(status("GET / HTTP/1.1\r\n\r\n"), "HTTP/1.1 200 OK");
 }
 
-// Opens a connection to 127.0.0.1:port that sends nothing.
-int Connect(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  return fd;
-}
-
 TEST(HttpServerTest, IdleConnectionsTakeNoThreadAndProbesOutliveBusyOnes) {
   // Two handler threads, both held by streams; 50 idle connections.
   std::atomic<bool> release{false};
@@ -163,7 +159,10 @@ TEST(HttpServerTest, IdleConnectionsTakeNoThreadAndProbesOutliveBusyOnes) {
   ASSERT_TRUE(server.ok()) << server.status();
   const int port = (*server)->port();
   std::vector<int> idle;
-  for (int i = 0; i < 50; ++i) idle.push_back(Connect(port));
+  for (int i = 0; i < 50; ++i) {
+    idle.push_back(Connect(port));
+    ASSERT_GE(idle.back(), 0);
+  }
   const auto status = [&](const std::string& path) {
     const std::string got =
         RoundTrip(port, absl::StrCat("GET ", path, " HTTP/1.1\r\n\r\n"));
