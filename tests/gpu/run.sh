@@ -1,91 +1,106 @@
 #!/usr/bin/env bash
-# Every GPU check in one go, on a machine with a CUDA GPU (sized for one
-# H200: well under 5 minutes with 16 cores):
-#   1. configure build-gpu with SHARDLM_CUDA=ON for sm_90 and build the GPU
-#      targets with all cores;
-#   2. run every gpu-labelled test: backend, cross-backend ops against the
-#      CPU reference, NCCL collectives on all local GPUs, CudaModelRunner
-#      against the CPU ModelRunner (synthetic model, and SmolLM2 parity:
-#      32 equal greedy tokens, logits within a bf16 bound);
-#   3. the bf16 decode benchmark of a synthetic 1B-class Llama (tokens/s at
-#      batch 1 and 16, fraction of the HBM peak and of measured copy
-#      bandwidth).
-# Usage: bash tests/gpu/run.sh OUTDIR   (logs and results go to OUTDIR)
-# Env: SHARDLM_MODEL (SmolLM2 GGUF; default models/SmolLM2-135M-Instruct.
-# Q4_1.gguf), CUDA_ARCH (default 90), BUILD_DIR (default build-gpu), JOBS
-# (default: all cores).
-# Needs no network when the build dependencies are installed already.
+# Every GPU check, from a kit built elsewhere by tests/gpu/kit.sh: nothing
+# compiles here. Needs a CUDA GPU, the CUDA toolkit (cudart, cuBLAS) and
+# NCCL (Python package nvidia-nccl-cu13, or a system libnccl.so.2).
+#   1. the kit's libraries resolve (else stop: nothing would run);
+#   2. each GPU test binary under its own timeout: backend, cross-backend ops
+#      against the CPU reference, NCCL collectives on the local GPUs,
+#      CudaModelRunner against the CPU ModelRunner (synthetic model, and
+#      SmolLM2 cut to 4 blocks: greedy parity and a logit bound);
+#   3. the bf16 decode benchmark (tokens/s, fraction of the HBM floor).
+# Any failure, crash, timeout or unexpected skip fails the run.
+# Usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]   (KIT_DIR default gpu-kit)
+# Env: TEST_TIMEOUT (seconds per test binary, default 120), BENCH_TIMEOUT
+# (default 240).
 set -uo pipefail
-OUT=${1:?usage: bash tests/gpu/run.sh OUTDIR}
-mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+OUT=${1:?usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]}
+KIT=${2:-gpu-kit}
 cd "$(dirname "$0")/../.."
+mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
+[ -d "$KIT/bin" ] || { echo "run.sh: no kit at $KIT (bash tests/gpu/kit.sh $KIT)"; exit 2; }
+KIT=$(cd "$KIT" && pwd)
 exec > >(tee "$OUT/run.log") 2>&1
-
-BUILD_DIR=${BUILD_DIR:-build-gpu}
-CUDA_ARCH=${CUDA_ARCH:-90}
-MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
-JOBS=${JOBS:-$(nproc)}
-export PATH="/usr/local/cuda/bin:$PATH"
+TEST_TIMEOUT=${TEST_TIMEOUT:-120}
 failed=()
 stage() { echo; echo "=== $* ($(date -u +%H:%M:%S))"; }
 
 stage "machine"
-git rev-parse HEAD 2>/dev/null || true
-nvidia-smi 2>&1 | tee "$OUT/nvidia-smi.txt" || echo "nvidia-smi failed"
-nvcc --version | tail -2
+cat "$KIT/MANIFEST"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
+  --format=csv 2>&1 || echo "nvidia-smi failed"
+nvcc --version 2>/dev/null | tail -1
 
-stage "dependencies"
-# scripts/install-deps.sh needs apt (network) only when a package is
-# missing; skip it entirely when everything the build needs is there.
-missing=0
-for p in cmake ninja-build libabsl-dev libopenblas-dev nlohmann-json3-dev \
-    libgtest-dev libgmock-dev libopenmpi-dev libgrpc++-dev libprotobuf-dev \
-    protobuf-compiler-grpc; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null |
-    grep -q "install ok installed" || { echo "missing: $p"; missing=1; }
+stage "libraries"
+LIB=$(mktemp -d)
+trap 'rm -rf "$LIB"' EXIT
+tar -C "$LIB" -xJf "$KIT/lib.tar.xz"
+# NCCL and cuBLAS from the Python packages when present, else the toolkit.
+py_libs=$(python3 - <<'EOF' 2>/dev/null
+import importlib, os
+for m in ("nvidia.nccl", "nvidia.cublas", "nvidia.cu13", "nvidia.cuda_runtime"):
+    try:
+        for p in importlib.import_module(m).__path__:
+            for d in (os.path.join(p, "lib"), os.path.join(p, "lib64")):
+                if os.path.isdir(d):
+                    print(d)
+    except Exception:
+        pass
+EOF
+)
+LD=$LIB
+for d in $py_libs /usr/local/cuda/lib64 /usr/local/cuda/lib; do
+  [ -d "$d" ] && LD=$LD:$d
 done
-if [ "$missing" = 1 ]; then
-  bash scripts/install-deps.sh || failed+=(install-deps)
-else
-  echo "all build dependencies installed; not running install-deps"
-fi
-if [ -f "$MODEL" ]; then
-  echo "model: $MODEL"
-else
-  echo "WARNING: no model at $MODEL: the SmolLM2 parity case will SKIP" \
-    "(set SHARDLM_MODEL)"
-fi
+export LD_LIBRARY_PATH=$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+missing=0
+for b in "$KIT"/bin/*; do
+  if ldd "$b" | grep "not found"; then echo "  (needed by $(basename "$b"))"; missing=1; fi
+done
+[ "$missing" = 0 ] || { echo "FAILED: libraries missing; nothing can run"; exit 1; }
+for l in libnccl.so.2 libcublas.so.13 libcudart.so.13; do
+  ldd "$KIT/bin/nccl_communicator_test" "$KIT/bin/cuda_model_runner_test" |
+    grep -m1 "$l" || true
+done
 
-stage "configure + build (sm_$CUDA_ARCH, -j$JOBS)"
-TARGETS=(backend_test kernels_cross_backend_test cuda_model_runner_test
-  nccl_communicator_test gpu_decode_bench)
-start=$SECONDS
-if cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-    -DSHARDLM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$CUDA_ARCH" \
-    -DSHARDLM_MODEL="$MODEL" >"$OUT/configure.log" 2>&1 &&
-  cmake --build "$BUILD_DIR" -j"$JOBS" --target "${TARGETS[@]}" \
-    >"$OUT/build.log" 2>&1; then
-  echo "built in $((SECONDS - start)) s"
-else
-  echo "BUILD FAILED; tail of the logs:"
-  tail -30 "$OUT/configure.log" "$OUT/build.log"
-  exit 1
-fi
+# Runs one gtest binary; fails on a non-zero exit, a timeout, or a skipped
+# test (every GPU test must run here; the skip reason is printed).
+run_test() {
+  local name=$1
+  shift
+  stage "$name"
+  local start=$SECONDS
+  timeout -k 10 "$TEST_TIMEOUT" "$KIT/bin/$name" --gtest_color=no \
+    --gtest_output="xml:$OUT/$name.xml" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity:|synthetic:|bound|tokens" \
+    "$OUT/$name.log" | head -60
+  if [ $rc = 124 ] || [ $rc = 137 ]; then
+    echo "TIMEOUT after ${TEST_TIMEOUT} s; tail:"; tail -20 "$OUT/$name.log"
+    failed+=("$name(timeout)")
+  elif [ $rc != 0 ]; then
+    echo "EXIT $rc; tail:"; tail -30 "$OUT/$name.log"
+    failed+=("$name(rc=$rc)")
+  elif grep -q "^\[  SKIPPED \]" "$OUT/$name.log"; then
+    echo "UNEXPECTED SKIP:"; grep -B3 "^\[  SKIPPED \]" "$OUT/$name.log" | head -20
+    failed+=("$name(skipped)")
+  fi
+  echo "($name: rc $rc, $((SECONDS - start)) s)"
+}
 
-stage "gpu-labelled tests"
-(cd "$BUILD_DIR" && ctest -L gpu -V --timeout 600 \
-  --output-junit "$OUT/ctest-gpu.xml") >"$OUT/ctest-gpu.log" 2>&1 ||
-  failed+=(gpu-tests)
-# Per-test results, skip reasons, failures and the parity figures.
-grep -E -A1 "^[0-9]+: .*: Skipped$" "$OUT/ctest-gpu.log" | grep -v "^--$" |
-  awk 'NR % 2 == 0' | sort | uniq -c | head -20
-grep -E "^[0-9]+/[0-9]+ Test|tests passed|tests failed|\[  FAILED  \]|parity:|synthetic:" \
-  "$OUT/ctest-gpu.log" | head -80
+export SHARDLM_MODEL
+SHARDLM_MODEL=$(ls "$KIT"/models/*.gguf | head -1)
+run_test backend_test
+run_test kernels_cross_backend_test
+run_test nccl_communicator_test
+run_test cuda_model_runner_test
 
 stage "decode benchmark (synthetic 1B-class Llama, bf16)"
-"$BUILD_DIR/bench/gpu_decode_bench" --batches 1,16 --prompt 128 --steps 64 \
-  --json "$OUT/decode_bench.json" 2>&1 | tee "$OUT/decode_bench.log" ||
-  failed+=(bench)
+timeout -k 10 "${BENCH_TIMEOUT:-240}" "$KIT/bin/gpu_decode_bench" --batches 1,8,64 --prompt 128 \
+  --steps 64 --json "$OUT/decode_bench.json" >"$OUT/decode_bench.log" 2>&1
+rc=$?
+cat "$OUT/decode_bench.log" | tail -30
+[ $rc = 0 ] || failed+=("gpu_decode_bench(rc=$rc)")
 
 stage "summary"
 echo "logs in $OUT"

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the GPU kit: everything tests/gpu/run.sh needs on a bare GPU machine
+# (CUDA toolkit, cmake, ninja and Python; none of our Debian packages, no
+# network, at most 64 MiB copied), so that nothing compiles there.
+#   DIR/bin/        the GPU tests and benches, stripped
+#   DIR/lib.tar.xz  every shared library they load beyond the allow-list
+#                   below (OpenBLAS alone is 35 MiB raw, 4 MiB packed)
+#   DIR/models/     SmolLM2-135M cut to its first 4 blocks (real weights)
+#   DIR/MANIFEST    commit, build flags and what is in the kit
+# The allow-list is what the GPU machine has: glibc, libstdc++, libgcc_s, the
+# CUDA driver, cudart and cuBLAS from its toolkit, and NCCL from its Python
+# package nvidia-nccl-cu13 (218 MB: far too big to carry).
+# Usage: bash tests/gpu/kit.sh DIR   (BUILD_DIR: default build; it must be
+# configured with the CUDA backend for sm_90, which this script asks for)
+set -euo pipefail
+DIR=${1:?usage: bash tests/gpu/kit.sh DIR}
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+BUILD_DIR=${BUILD_DIR:-build}
+MODEL=${SHARDLM_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+BLOCKS=4
+TARGETS=(backend_test kernels_cross_backend_test cuda_model_runner_test
+  nccl_communicator_test gpu_decode_bench)
+# Shared objects the GPU machine provides (matched against the soname).
+ALLOWED='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
+
+[ -f "$MODEL" ] || { echo "kit: no model at $MODEL (scripts/fetch-model.sh)" >&2; exit 1; }
+[ -x .venv/bin/python ] || { echo "kit: no .venv (scripts/install-deps.sh)" >&2; exit 1; }
+
+CMAKE_ARGS="-DSHARDLM_CUDA=ON ${CMAKE_ARGS:-}" BUILD_DIR="$BUILD_DIR" \
+  bash scripts/build.sh --target "${TARGETS[@]}"
+# The kernels must carry sm_90 machine code (nvcc flags in build.ninja).
+archs=$(grep -o 'generate-code=arch=compute_[0-9a-z]*,code=\[[^]]*\]' \
+  "$BUILD_DIR/build.ninja" | sed 's/.*code=\[//; s/\]//' | sort -u | tr '\n' ' ')
+case " $archs" in
+  *sm_90*) ;;
+  *) echo "kit: $BUILD_DIR builds CUDA for '$archs', not sm_90" >&2; exit 1 ;;
+esac
+
+rm -rf "$DIR"
+mkdir -p "$DIR/bin" "$DIR/models"
+DIR=$(cd "$DIR" && pwd)
+for t in "${TARGETS[@]}"; do
+  bin=$(find "$BUILD_DIR" -type f -name "$t" -perm -u+x | head -1)
+  [ -n "$bin" ] || { echo "kit: $t was not built" >&2; exit 1; }
+  strip --strip-unneeded -o "$DIR/bin/$t" "$bin"
+done
+
+# Every library the binaries load, transitively (ldd), minus the allow-list.
+libs=$(mktemp -d)
+trap 'rm -rf "$libs"' EXIT
+for b in "$DIR"/bin/*; do
+  ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}
+                  $2 == "=>" && $3 == "not" {print $1, "MISSING"}'
+done | sort -u | while read -r soname path; do
+  if [[ "$soname" =~ $ALLOWED ]]; then continue; fi
+  [ "$path" != MISSING ] || { echo "kit: $soname not found" >&2; exit 1; }
+  cp -L "$path" "$libs/$soname"
+done
+tar -C "$libs" -cJf "$DIR/lib.tar.xz" .
+
+.venv/bin/python tests/gpu/cut_gguf.py "$MODEL" \
+  "$DIR/models/smollm2-${BLOCKS}blocks.gguf" --blocks "$BLOCKS"
+
+{
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
+  echo "built: $(date -u +%FT%TZ) on $(uname -m), CUDA archs $archs"
+  echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
+  echo "model: $(basename "$MODEL") cut to $BLOCKS blocks"
+  echo "bin: $(cd "$DIR/bin" && echo *)"
+  echo "lib.tar.xz: $(tar -tJf "$DIR/lib.tar.xz" | grep -v '^\./$' | sed 's|^\./||' | tr '\n' ' ')"
+} >"$DIR/MANIFEST"
+echo "kit: $DIR, $(du -sm "$DIR" | cut -f1) MiB"
