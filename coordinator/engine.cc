@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/cuda_executor.h"
 #include "core/status.h"
 #include "kernels/threading.h"
 
@@ -22,6 +23,29 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                      options.cpu_offload_bytes, ") not negative"));
   }
   SetCpuThreads(options.threads);
+  if (options.device == DeviceKind::kCuda) {
+    if (options.tp * options.pp > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--tp ", options.tp, " --pp ", options.pp,
+          " on CUDA: only one GPU per model is supported yet (issue #9); use "
+          "--tp 1 --pp 1, or --device cpu"));
+    }
+    if (options.cpu_offload_bytes > 0) {
+      return absl::UnimplementedError(
+          "--cpu-offload-bytes on CUDA: the host KV tier of a GPU is not "
+          "built yet (issue #9); drop the flag, or use --device cpu");
+    }
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<StepExecutor> executor,
+        CreateCudaExecutor(
+            source, {.device = options.device_ordinal,
+                     .block_size = options.block_size,
+                     .kv_cache_bytes = options.kv_cache_bytes,
+                     .gpu_memory_utilization = options.gpu_memory_utilization,
+                     .max_batched_tokens = options.max_batched_tokens,
+                     .max_seqs = options.max_seqs}));
+    return Create(std::move(executor), options);
+  }
   // Ranks on threads share the cores.
   const int ranks = std::max(1, options.tp * options.pp);
   ASSIGN_OR_RETURN(

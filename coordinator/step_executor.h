@@ -48,8 +48,10 @@ struct ExecutorOptions {
   int64_t kv_cache_bytes = 0;
   // Host (CPU offload) KV tier per rank.
   int64_t cpu_offload_bytes = 0;
-  // CPU threads each rank's kernels use when ranks run on threads.
-  int threads_per_rank = 1;
+  // CPU threads each rank's kernels use (on whichever thread calls
+  // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
+  // (ranks on threads).
+  int threads_per_rank = 0;
 };
 
 // One ModelRunner in this process when tp * pp == 1; otherwise tp * pp

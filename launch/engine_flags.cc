@@ -1,7 +1,9 @@
 #include "launch/engine_flags.h"
 
+#include <cstdio>
 #include <filesystem>
 
+#include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "model/weight_source.h"
 
@@ -13,7 +15,8 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "tokenizer.json");
   flags.Add("threads", &threads, "CPU threads, 0 = all cores");
   flags.Add("kv-cache-bytes", &kv_cache_bytes,
-            "KV cache budget, 0 = one full context");
+            "KV cache budget; 0 = one full context on the CPU, the memory "
+            "--gpu-memory-utilization leaves on a GPU");
   flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
             "host KV tier: preempted and overlong sequences swap there, "
             "evicted prefix blocks stay cached there");
@@ -23,6 +26,12 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "tokens per step; longer prompts prefill in chunks");
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
   flags.Add("pp", &pp, "pipeline stages (run on threads here)");
+  flags.Add("device", &device,
+            "auto, cpu, cuda or cuda:N; auto takes a GPU when one is usable");
+  flags.Add("gpu-memory-utilization", &gpu_memory_utilization,
+            "on a GPU, the fraction of its memory this process may use; "
+            "what weights and activations leave becomes KV cache (unless "
+            "--kv-cache-bytes is set)");
 }
 
 std::string LocalEngineFlags::Problem() const {
@@ -35,17 +44,35 @@ std::string LocalEngineFlags::Problem() const {
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
   if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    return "--gpu-memory-utilization must be in (0, 1]";
+  }
+  if (absl::StatusOr<DeviceRequest> r = ParseDeviceFlag(device); !r.ok()) {
+    return std::string(r.status().message());
+  }
   return "";
 }
 
-EngineOptions LocalEngineFlags::ToOptions() const {
+absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
+    const CudaAvailability& cuda) const {
+  ASSIGN_OR_RETURN(DeviceRequest request, ParseDeviceFlag(device));
+  const char* not_on_gpu = tp * pp > 1             ? "--tp/--pp > 1"
+                           : cpu_offload_bytes > 0 ? "--cpu-offload-bytes"
+                                                   : "";
+  return ChooseDevice(request, cuda, not_on_gpu);
+}
+
+EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
   return {.kv_cache_bytes = kv_cache_bytes,
           .cpu_offload_bytes = cpu_offload_bytes,
           .prefix_caching = prefix_caching,
           .max_batched_tokens = static_cast<int32_t>(max_batched_tokens),
           .threads = static_cast<int>(threads),
           .tp = static_cast<int>(tp),
-          .pp = static_cast<int>(pp)};
+          .pp = static_cast<int>(pp),
+          .device = d.kind,
+          .device_ordinal = d.ordinal,
+          .gpu_memory_utilization = gpu_memory_utilization};
 }
 
 absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
@@ -53,7 +80,9 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
                    OpenWeights(flags.model));
   LocalModel m;
   ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(flags.model));
-  ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions()));
+  ASSIGN_OR_RETURN(DeviceChoice device, flags.ResolveDevice(QueryCuda()));
+  std::fprintf(stderr, "shardlm: %s\n", device.reason.c_str());
+  ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
   m.name = source->config().name;
   if (m.name.empty()) {
     m.name = std::filesystem::path(flags.model).filename().string();

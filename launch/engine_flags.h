@@ -8,6 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "coordinator/device.h"
 #include "coordinator/engine.h"
 #include "launch/flags.h"
 #include "model/tokenizer.h"
@@ -23,14 +24,23 @@ struct LocalEngineFlags {
   int64_t max_batched_tokens = 512;
   int64_t tp = 1;
   int64_t pp = 1;
+  std::string device = "auto";
+  double gpu_memory_utilization = 0.90;
 
   // Adds --model, --threads, --kv-cache-bytes, --cpu-offload-bytes,
-  // --prefix-caching, --max-batched-tokens, --tp and --pp.
+  // --prefix-caching, --max-batched-tokens, --tp, --pp, --device and
+  // --gpu-memory-utilization.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.
   std::string Problem() const;
-  EngineOptions ToOptions() const;
+  // The engine options on `device` (from ChooseDevice).
+  EngineOptions ToOptions(const DeviceChoice& device) const;
+  // Resolves --device against this machine: "auto" takes a GPU when one is
+  // usable and the configuration runs there (TP = PP = 1, no CPU offload
+  // tier), else the CPU; the reason is for the log.
+  absl::StatusOr<DeviceChoice> ResolveDevice(
+      const CudaAvailability& cuda) const;
 };
 
 // A model loaded in this process: its engine and tokenizer.
@@ -40,8 +50,9 @@ struct LocalModel {
   std::string name;  // From the file, else the file name.
 };
 
-// Opens flags.model, loads the weights into an engine (shards on threads
-// for tp * pp > 1) and the tokenizer; the file mapping is released after.
+// Opens flags.model, loads the weights into an engine (on the device that
+// --device resolves to, logged to stderr; shards on threads for tp * pp > 1)
+// and the tokenizer; the file mapping is released after.
 absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags);
 
 }  // namespace shardlm

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -167,16 +168,42 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   ASSIGN_OR_RETURN(r->stream_, r->backend_->CreateStream());
   ASSIGN_OR_RETURN(r->cublas_, CublasHandle::Create(r->stream_->native()));
   r->exec_ = {.stream = r->stream_->native(), .cublas = r->cublas_.get()};
-  const Shape cache = {kv.num_blocks, kv.block_size, kv.kv_heads, kv.head_dim};
-  for (int64_t l = 0; l < kv.n_layers; ++l) {
-    ASSIGN_OR_RETURN(Tensor k, r->backend_->Allocate(DType::kBF16, cache,
-                                                     MemoryType::kDevice));
-    ASSIGN_OR_RETURN(Tensor v, r->backend_->Allocate(DType::kBF16, cache,
-                                                     MemoryType::kDevice));
-    r->k_cache_.push_back(std::move(k));
-    r->v_cache_.push_back(std::move(v));
-  }
+  RETURN_IF_ERROR(r->SetKvBlocks(kv.num_blocks));
   return r;
+}
+
+absl::Status CudaModelRunner::SetKvBlocks(int64_t num_blocks) {
+  if (num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool of ", num_blocks, " blocks"));
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  if (stream_ != nullptr) RETURN_IF_ERROR(stream_->Synchronize());
+  // Free the old pool before allocating the new one.
+  k_cache_.clear();
+  v_cache_.clear();
+  const KvPoolConfig& kv = kv_config_;
+  const Shape cache = {num_blocks, kv.block_size, kv.kv_heads, kv.head_dim};
+  for (int64_t l = 0; l < kv.n_layers; ++l) {
+    ASSIGN_OR_RETURN(
+        Tensor k, backend_->Allocate(DType::kBF16, cache, MemoryType::kDevice));
+    ASSIGN_OR_RETURN(
+        Tensor v, backend_->Allocate(DType::kBF16, cache, MemoryType::kDevice));
+    k_cache_.push_back(std::move(k));
+    v_cache_.push_back(std::move(v));
+  }
+  kv_config_.num_blocks = num_blocks;
+  ++generation_;  // Captured graphs point at the old pool.
+  return absl::OkStatus();
+}
+
+absl::Status CudaModelRunner::ReserveActivations(int64_t tokens, int64_t rows) {
+  if (tokens <= 0 || rows <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "reserve ", tokens, " tokens and ", rows, " rows: must be positive"));
+  }
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  return Reserve(tokens, rows);
 }
 
 absl::Status CudaModelRunner::Synchronize() { return stream_->Synchronize(); }
@@ -200,6 +227,11 @@ absl::Status CudaModelRunner::Validate(const StepInput& step) const {
     return absl::FailedPreconditionError("CudaModelRunner has no weights");
   }
   if (n == 0) return absl::InvalidArgumentError("step has no tokens");
+  if (!step.copies.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step has ", step.copies.size(),
+        " KV block copies; the CUDA runner has no host tier to copy to"));
+  }
   if (step.positions.size() != n || step.token_seq.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", n, " tokens but ", step.positions.size(),
@@ -270,6 +302,8 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
 absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
                                               Tensor& logits) {
   RETURN_IF_ERROR(Validate(step));
+  // The caller's thread may have another device current.
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   // Block tables are checked here, before anything is written.
@@ -431,7 +465,9 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   for (const SamplingParams& p : step.sampling) {
     RETURN_IF_ERROR(ValidateSamplingParams(p));
   }
-  if (step.return_logits || rows == 0) {
+  const bool logprobs = std::any_of(step.logprobs.begin(), step.logprobs.end(),
+                                    [](int32_t n) { return n > 0; });
+  if (step.return_logits || logprobs || rows == 0) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(step));
     return SampleStep(step, std::move(logits));
   }

@@ -9,8 +9,10 @@
 // attention output, SwiGLU output) and the KV cache are bf16. The residual
 // adds are fused into the o/down GEMMs (beta = 1).
 //
-// Not thread-safe: one thread drives a runner. All work runs on the
-// runner's own stream; Forward returns when the logits are on the host.
+// Not thread-safe: one thread drives a runner (any thread: each call makes
+// the runner's device current). All work runs on the runner's own stream;
+// Forward returns when the logits are on the host. Block copies (the host
+// tier) are not supported yet: a step with copies is InvalidArgument.
 #ifndef SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
 #define SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
 
@@ -80,6 +82,14 @@ class CudaModelRunner {
   const CudaLlamaWeights& weights() const { return weights_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
+  // Replaces the KV pool by one of `num_blocks` device blocks (its contents
+  // are lost): serving sizes the pool after the weights are on the device.
+  absl::Status SetKvBlocks(int64_t num_blocks);
+  // Grows the activation buffers to `tokens` tokens and `rows` logit rows
+  // now, so that steps within those sizes allocate nothing (and memory
+  // sizing sees them).
+  absl::Status ReserveActivations(int64_t tokens, int64_t rows);
+
   // As ModelRunner::Forward on a whole-model shard: the f32 logits of the
   // step's logit rows, [logit_rows.size(), vocab], on the host (empty when
   // there are none). InvalidArgument for bad steps, before anything is
@@ -88,8 +98,8 @@ class CudaModelRunner {
 
   // Forward and sampling, as SampleStep(step, Forward(step)): sampled on
   // the device (SampleCuda: SampleToken's draws) with only the ids copied
-  // back, unless the logits are wanted too; then they come back and
-  // SampleStep draws on the host.
+  // back, unless the logits or log-probabilities are wanted too; then the
+  // logits come back and SampleStep draws on the host.
   absl::StatusOr<StepOutput> Step(const StepInput& step);
 
   // Waits for all queued work.

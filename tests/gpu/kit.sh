@@ -2,9 +2,10 @@
 # Builds the GPU kit: everything tests/gpu/run.sh needs on a bare GPU machine
 # (CUDA toolkit, cmake, ninja and Python; none of our Debian packages, no
 # network, at most 64 MiB copied), so that nothing compiles there.
-#   DIR/bin/        the GPU tests and benches, stripped
-#   DIR/lib.tar.xz  every shared library they load beyond the allow-list
-#                   below (OpenBLAS alone is 35 MiB raw, 4 MiB packed)
+#   DIR/kit.tar.xz  bin/: the GPU tests, benches and shardlm, stripped;
+#                   lib/: every shared library they load beyond the
+#                   allow-list below (OpenBLAS alone is 35 MiB raw, 4 packed;
+#                   the binaries' sm_80 + sm_90 kernels pack 3:1)
 #   DIR/models/     SmolLM2-135M cut to its first 4 blocks (real weights)
 #   DIR/MANIFEST    commit, build flags and what is in the kit
 # The allow-list is what the GPU machine has: glibc, libstdc++, libgcc_s, the
@@ -20,7 +21,7 @@ BUILD_DIR=${BUILD_DIR:-build}
 MODEL=${SHARDLM_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BLOCKS=4
 TARGETS=(backend_test kernels_cross_backend_test cuda_model_runner_test
-  nccl_communicator_test gpu_decode_bench)
+  nccl_communicator_test cuda_engine_test gpu_decode_bench shardlm)
 # Shared objects the GPU machine provides (matched against the soname).
 ALLOWED='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
 
@@ -38,18 +39,20 @@ case " $archs" in
 esac
 
 rm -rf "$DIR"
-mkdir -p "$DIR/bin" "$DIR/models"
+mkdir -p "$DIR/models"
 DIR=$(cd "$DIR" && pwd)
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
+mkdir "$stage/bin" "$stage/lib"
 for t in "${TARGETS[@]}"; do
   bin=$(find "$BUILD_DIR" -type f -name "$t" -perm -u+x | head -1)
   [ -n "$bin" ] || { echo "kit: $t was not built" >&2; exit 1; }
-  strip --strip-unneeded -o "$DIR/bin/$t" "$bin"
+  strip --strip-unneeded -o "$stage/bin/$t" "$bin"
 done
 
 # Every library the binaries load, transitively (ldd), minus the allow-list.
-libs=$(mktemp -d)
-trap 'rm -rf "$libs"' EXIT
-for b in "$DIR"/bin/*; do
+libs=$stage/lib
+for b in "$stage"/bin/*; do
   ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}
                   $2 == "=>" && $3 == "not" {print $1, "MISSING"}'
 done | sort -u | while read -r soname path; do
@@ -57,7 +60,7 @@ done | sort -u | while read -r soname path; do
   [ "$path" != MISSING ] || { echo "kit: $soname not found" >&2; exit 1; }
   cp -L "$path" "$libs/$soname"
 done
-tar -C "$libs" -cJf "$DIR/lib.tar.xz" .
+tar -C "$stage" -cf - bin lib | xz -T0 -6 >"$DIR/kit.tar.xz"
 
 .venv/bin/python tests/gpu/cut_gguf.py "$MODEL" \
   "$DIR/models/smollm2-${BLOCKS}blocks.gguf" --blocks "$BLOCKS"
@@ -67,7 +70,7 @@ tar -C "$libs" -cJf "$DIR/lib.tar.xz" .
   echo "built: $(date -u +%FT%TZ) on $(uname -m), CUDA archs $archs"
   echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
   echo "model: $(basename "$MODEL") cut to $BLOCKS blocks"
-  echo "bin: $(cd "$DIR/bin" && echo *)"
-  echo "lib.tar.xz: $(tar -tJf "$DIR/lib.tar.xz" | grep -v '^\./$' | sed 's|^\./||' | tr '\n' ' ')"
+  echo "bin: $(cd "$stage/bin" && echo *)"
+  echo "lib: $(cd "$stage/lib" && echo *)"
 } >"$DIR/MANIFEST"
 echo "kit: $DIR, $(du -sm "$DIR" | cut -f1) MiB"

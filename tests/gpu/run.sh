@@ -7,7 +7,11 @@
 #      against the CPU reference, NCCL collectives on the local GPUs,
 #      CudaModelRunner against the CPU ModelRunner (synthetic model, and
 #      SmolLM2 cut to 4 blocks: greedy parity and a logit bound);
-#   3. the bf16 decode benchmark (tokens/s, fraction of the HBM floor).
+#      the engine on the GPU against the engine on the CPU (batched
+#      requests, chunked prefill, prefix cache, preemption, logprobs);
+#   3. shardlm generate and serve --device cuda give the CPU's greedy text
+#      (serve answered over gRPC by shardlm generate --server);
+#   4. the bf16 decode benchmark (tokens/s, fraction of the HBM floor).
 # Any failure, crash, timeout or unexpected skip fails the run.
 # Usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]   (KIT_DIR default gpu-kit)
 # Env: TEST_TIMEOUT (seconds per test binary, default 120), BENCH_TIMEOUT
@@ -17,7 +21,7 @@ OUT=${1:?usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]}
 KIT=${2:-gpu-kit}
 cd "$(dirname "$0")/../.."
 mkdir -p "$OUT" && OUT=$(cd "$OUT" && pwd)
-[ -d "$KIT/bin" ] || { echo "run.sh: no kit at $KIT (bash tests/gpu/kit.sh $KIT)"; exit 2; }
+[ -f "$KIT/kit.tar.xz" ] || { echo "run.sh: no kit at $KIT (bash tests/gpu/kit.sh $KIT)"; exit 2; }
 KIT=$(cd "$KIT" && pwd)
 exec > >(tee "$OUT/run.log") 2>&1
 TEST_TIMEOUT=${TEST_TIMEOUT:-120}
@@ -31,9 +35,12 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max
 nvcc --version 2>/dev/null | tail -1
 
 stage "libraries"
-LIB=$(mktemp -d)
-trap 'rm -rf "$LIB"' EXIT
-tar -C "$LIB" -xJf "$KIT/lib.tar.xz"
+UNPACKED=$(mktemp -d)
+trap 'rm -rf "$UNPACKED"' EXIT
+python3 -c 'import lzma, sys, tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall(sys.argv[2])' \
+  "$KIT/kit.tar.xz" "$UNPACKED" || { echo "FAILED: cannot unpack the kit"; exit 1; }
+BIN=$UNPACKED/bin
+LIB=$UNPACKED/lib
 # NCCL and cuBLAS from the Python packages when present, else the toolkit.
 py_libs=$(python3 - <<'EOF' 2>/dev/null
 import importlib, os
@@ -54,12 +61,12 @@ done
 export LD_LIBRARY_PATH=$LD${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 missing=0
-for b in "$KIT"/bin/*; do
+for b in "$BIN"/*; do
   if ldd "$b" | grep "not found"; then echo "  (needed by $(basename "$b"))"; missing=1; fi
 done
 [ "$missing" = 0 ] || { echo "FAILED: libraries missing; nothing can run"; exit 1; }
 for l in libnccl.so.2 libcublas.so.13 libcudart.so.13; do
-  ldd "$KIT/bin/nccl_communicator_test" "$KIT/bin/cuda_model_runner_test" |
+  ldd "$BIN/nccl_communicator_test" "$BIN/cuda_model_runner_test" |
     grep -m1 "$l" || true
 done
 
@@ -70,10 +77,10 @@ run_test() {
   shift
   stage "$name"
   local start=$SECONDS
-  timeout -k 10 "$TEST_TIMEOUT" "$KIT/bin/$name" --gtest_color=no \
+  timeout -k 10 "$TEST_TIMEOUT" "$BIN/$name" --gtest_color=no \
     --gtest_output="xml:$OUT/$name.xml" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity:|synthetic:|bound|tokens" \
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity:|synthetic:|preemptions|KV pool" \
     "$OUT/$name.log" | head -60
   if [ $rc = 124 ] || [ $rc = 137 ]; then
     echo "TIMEOUT after ${TEST_TIMEOUT} s; tail:"; tail -20 "$OUT/$name.log"
@@ -94,9 +101,46 @@ run_test backend_test
 run_test kernels_cross_backend_test
 run_test nccl_communicator_test
 run_test cuda_model_runner_test
+run_test cuda_engine_test
+
+stage "shardlm generate and serve on the GPU against the CPU"
+PROMPT="What is the capital of France?"
+gen() {
+  timeout -k 5 120 "$BIN/shardlm" generate --prompt "$PROMPT" --chat \
+    --max-tokens 24 "$@"
+}
+cpu_text=$(gen --model "$SHARDLM_MODEL" --device cpu 2>"$OUT/generate_cpu.err")
+echo "cpu : $cpu_text"
+gpu_text=$(gen --model "$SHARDLM_MODEL" --device cuda 2>"$OUT/generate_gpu.err")
+echo "cuda: $gpu_text"
+grep "^shardlm:" "$OUT/generate_gpu.err"
+if [ -z "$cpu_text" ] || [ "$gpu_text" != "$cpu_text" ]; then
+  echo "generate --device cuda differs from --device cpu (or is empty)"
+  tail -n 5 "$OUT/generate_cpu.err" "$OUT/generate_gpu.err"
+  failed+=(generate)
+fi
+PORT=50551
+timeout -k 5 180 "$BIN/shardlm" serve --model "$SHARDLM_MODEL" --device cuda \
+  --listen "127.0.0.1:$PORT" >"$OUT/serve.log" 2>&1 &
+serve_pid=$!
+served=""
+for _ in $(seq 60); do
+  served=$(gen --server "127.0.0.1:$PORT" 2>"$OUT/remote.err") && break
+  served=""
+  kill -0 $serve_pid 2>/dev/null || break
+  sleep 1
+done
+echo "serve --device cuda over gRPC: $served"
+if [ -z "$cpu_text" ] || [ "$served" != "$cpu_text" ]; then
+  echo "serve --device cuda answered differently (or not at all)"
+  tail -n 5 "$OUT/serve.log" "$OUT/remote.err"
+  failed+=(serve)
+fi
+kill $serve_pid 2>/dev/null
+wait $serve_pid 2>/dev/null
 
 stage "decode benchmark (synthetic 1B-class Llama, bf16)"
-timeout -k 10 "${BENCH_TIMEOUT:-240}" "$KIT/bin/gpu_decode_bench" --batches 1,8,64 --prompt 128 \
+timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --batches 1,8,64 --prompt 128 \
   --steps 64 --json "$OUT/decode_bench.json" >"$OUT/decode_bench.log" 2>&1
 rc=$?
 cat "$OUT/decode_bench.log" | tail -30

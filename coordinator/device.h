@@ -1,0 +1,77 @@
+// Where a model runs (--device) and how much of a GPU its KV cache takes
+// (--gpu-memory-utilization): the decisions, as plain functions of what
+// the machine reports, so that they are tested without a GPU.
+#ifndef SHARDLM_COORDINATOR_DEVICE_H_
+#define SHARDLM_COORDINATOR_DEVICE_H_
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "absl/status/statusor.h"
+
+namespace shardlm {
+
+enum class DeviceKind { kCpu, kCuda };
+
+// A parsed --device value: "auto", "cpu", "cuda" or "cuda:N".
+struct DeviceRequest {
+  bool automatic = true;  // "auto": CUDA when usable, else the CPU.
+  DeviceKind kind = DeviceKind::kCpu;
+  int ordinal = 0;  // For cuda:N.
+};
+
+absl::StatusOr<DeviceRequest> ParseDeviceFlag(std::string_view flag);
+
+// What this process can use: whether the binary has the CUDA backend, and
+// how many GPUs it sees (or why none).
+struct CudaAvailability {
+  bool built_with_cuda = false;
+  int devices = 0;
+  std::string why_none;  // When devices == 0.
+};
+
+// This binary's CudaAvailability (asks the CUDA runtime when built with it).
+CudaAvailability QueryCuda();
+
+struct DeviceChoice {
+  DeviceKind kind = DeviceKind::kCpu;
+  int ordinal = 0;
+  std::string reason;  // One line for the log: what was chosen and why.
+};
+
+// Resolves a request against what is available. "auto" picks GPU 0 when a
+// GPU is visible, the binary has CUDA and `not_on_gpu` is empty (else it
+// names what of the configuration does not run on GPUs), else the CPU;
+// the reason says why. An explicit "cuda" without CUDA, or a GPU ordinal
+// out of range, is FailedPrecondition / InvalidArgument naming what is
+// missing (an unsupported configuration is the engine's to refuse).
+absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request,
+                                          const CudaAvailability& cuda,
+                                          std::string_view not_on_gpu = "");
+
+// KV cache sizing on a GPU once the weights and activation buffers are
+// allocated: the KV pool gets `utilization` of the device's memory, minus
+// everything already in use (by this process or others) and a margin for
+// what is allocated later (cuBLAS workspaces, CUDA graphs).
+struct GpuMemory {
+  int64_t total_bytes = 0;
+  int64_t free_bytes = 0;  // Now, after weights and activations.
+};
+
+struct GpuKvPlan {
+  int64_t blocks = 0;
+  int64_t budget_bytes = 0;  // What the blocks may use.
+  std::string explanation;   // The arithmetic, for the log.
+};
+
+inline constexpr int64_t kGpuMemoryMargin = int64_t{256} << 20;
+
+// InvalidArgument when `utilization` is outside (0, 1]; ResourceExhausted,
+// with the figures, when not one block fits. At most `max_blocks` blocks.
+absl::StatusOr<GpuKvPlan> PlanGpuKv(const GpuMemory& memory, double utilization,
+                                    int64_t block_bytes, int64_t max_blocks);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_DEVICE_H_

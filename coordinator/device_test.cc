@@ -1,0 +1,171 @@
+// --device parsing and choice, GPU KV sizing arithmetic, and what an engine
+// asked for CUDA says where it cannot have it. Runs without a GPU.
+#include "coordinator/device.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "coordinator/engine.h"
+#include "model/in_memory_weights.h"
+
+namespace shardlm {
+namespace {
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.hidden = 64;
+  c.ffn_hidden = 96;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 97;
+  c.context_length = 128;
+  return c;
+}
+
+TEST(DeviceFlagTest, ParsesEveryForm) {
+  auto a = ParseDeviceFlag("auto");
+  ASSERT_TRUE(a.ok());
+  EXPECT_TRUE(a->automatic);
+  auto c = ParseDeviceFlag("cpu");
+  ASSERT_TRUE(c.ok());
+  EXPECT_FALSE(c->automatic);
+  EXPECT_EQ(c->kind, DeviceKind::kCpu);
+  auto g = ParseDeviceFlag("cuda");
+  ASSERT_TRUE(g.ok());
+  EXPECT_EQ(g->kind, DeviceKind::kCuda);
+  EXPECT_EQ(g->ordinal, 0);
+  auto g3 = ParseDeviceFlag("cuda:3");
+  ASSERT_TRUE(g3.ok());
+  EXPECT_EQ(g3->kind, DeviceKind::kCuda);
+  EXPECT_EQ(g3->ordinal, 3);
+  for (const char* bad : {"", "gpu", "CUDA", "cuda:", "cuda:-1", "cuda:1x",
+                          "cuda:+1", "cuda: 1", "cuda:99999999999", "cpu:0"}) {
+    SCOPED_TRACE(bad);
+    auto r = ParseDeviceFlag(bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(r.status().message().find("--device"), std::string_view::npos);
+  }
+}
+
+TEST(DeviceChoiceTest, AutoTakesAGpuOnlyWhenOneIsUsable) {
+  const DeviceRequest automatic;
+  const CudaAvailability two_gpus{.built_with_cuda = true, .devices = 2};
+  const CudaAvailability no_driver{.built_with_cuda = true,
+                                   .why_none = "no CUDA device: no driver"};
+  const CudaAvailability cpu_build{};
+
+  auto gpu = ChooseDevice(automatic, two_gpus);
+  ASSERT_TRUE(gpu.ok());
+  EXPECT_EQ(gpu->kind, DeviceKind::kCuda);
+  EXPECT_EQ(gpu->ordinal, 0);
+
+  auto cpu = ChooseDevice(automatic, no_driver);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->kind, DeviceKind::kCpu);
+  EXPECT_NE(cpu->reason.find("no driver"), std::string::npos) << cpu->reason;
+
+  cpu = ChooseDevice(automatic, cpu_build);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->kind, DeviceKind::kCpu);
+  EXPECT_NE(cpu->reason.find("without CUDA"), std::string::npos);
+
+  // A configuration GPUs do not run yet keeps auto on the CPU.
+  cpu = ChooseDevice(automatic, two_gpus, "--tp/--pp > 1");
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu->kind, DeviceKind::kCpu);
+  EXPECT_NE(cpu->reason.find("--tp/--pp > 1"), std::string::npos);
+}
+
+TEST(DeviceChoiceTest, ExplicitCudaFailsSayingWhy) {
+  const CudaAvailability two_gpus{.built_with_cuda = true, .devices = 2};
+  const DeviceRequest cuda1{
+      .automatic = false, .kind = DeviceKind::kCuda, .ordinal = 1};
+  auto ok = ChooseDevice(cuda1, two_gpus);
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->ordinal, 1);
+
+  const DeviceRequest cuda2{
+      .automatic = false, .kind = DeviceKind::kCuda, .ordinal = 2};
+  auto out_of_range = ChooseDevice(cuda2, two_gpus);
+  EXPECT_EQ(out_of_range.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(out_of_range.status().message().find("only 2"),
+            std::string_view::npos);
+
+  const DeviceRequest cuda{.automatic = false, .kind = DeviceKind::kCuda};
+  auto none = ChooseDevice(
+      cuda, {.built_with_cuda = true, .why_none = "cudaErrorNoDevice"});
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(none.status().message().find("cudaErrorNoDevice"),
+            std::string_view::npos);
+  auto cpu_build = ChooseDevice(cuda, {});
+  EXPECT_EQ(cpu_build.status().code(), absl::StatusCode::kFailedPrecondition);
+
+  const DeviceRequest cpu{.automatic = false, .kind = DeviceKind::kCpu};
+  auto c = ChooseDevice(cpu, two_gpus);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->kind, DeviceKind::kCpu);
+}
+
+TEST(GpuKvPlanTest, TheRestOfTheFractionBecomesBlocks) {
+  const int64_t gib = int64_t{1} << 30;
+  // 80 GiB card, 10 GiB in use: 0.9 * 80 - 10 - margin.
+  auto plan = PlanGpuKv({.total_bytes = 80 * gib, .free_bytes = 70 * gib}, 0.90,
+                        /*block_bytes=*/1 << 20, /*max_blocks=*/1 << 30);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t want = (72 * gib - 10 * gib - kGpuMemoryMargin) >> 20;
+  EXPECT_EQ(plan->blocks, want);
+  EXPECT_EQ(plan->budget_bytes, 72 * gib - 10 * gib - kGpuMemoryMargin);
+  EXPECT_NE(plan->explanation.find("0.9 x 80.00 GiB"), std::string::npos)
+      << plan->explanation;
+
+  // Capped.
+  plan = PlanGpuKv({.total_bytes = 80 * gib, .free_bytes = 70 * gib}, 0.5,
+                   1 << 20, 1000);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(plan->blocks, 1000);
+  EXPECT_NE(plan->explanation.find("capped at 1000"), std::string::npos);
+
+  // Other processes use most of the card: nothing fits.
+  auto full = PlanGpuKv({.total_bytes = 80 * gib, .free_bytes = 8 * gib}, 0.90,
+                        1 << 20, 1 << 30);
+  EXPECT_EQ(full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(full.status().message().find("--gpu-memory-utilization"),
+            std::string_view::npos);
+
+  for (double bad : {0.0, -0.5, 1.01, std::nan("")}) {
+    auto r = PlanGpuKv({.total_bytes = 80 * gib, .free_bytes = 70 * gib}, bad,
+                       1 << 20, 1 << 30);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  auto inconsistent = PlanGpuKv({.total_bytes = gib, .free_bytes = 2 * gib},
+                                0.9, 1 << 20, 1 << 30);
+  EXPECT_EQ(inconsistent.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(EngineDeviceTest, CudaEngineRefusesWhatGpusDoNotRunYet) {
+  const ModelConfig c = TinyConfig();
+  auto w = RandomLlamaWeights(c, 1);
+  auto sharded = Engine::Create(*w, {.tp = 2, .device = DeviceKind::kCuda});
+  EXPECT_EQ(sharded.status().code(), absl::StatusCode::kUnimplemented);
+  auto offload = Engine::Create(
+      *w, {.cpu_offload_bytes = 1 << 20, .device = DeviceKind::kCuda});
+  EXPECT_EQ(offload.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(offload.status().message().find("--cpu-offload-bytes"),
+            std::string_view::npos);
+}
+
+TEST(EngineDeviceTest, CudaEngineWithoutAGpuIsFailedPrecondition) {
+  if (QueryCuda().devices > 0) GTEST_SKIP() << "a GPU is visible here";
+  const ModelConfig c = TinyConfig();
+  auto w = RandomLlamaWeights(c, 1);
+  auto e = Engine::Create(*w, {.device = DeviceKind::kCuda});
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition)
+      << e.status();
+}
+
+}  // namespace
+}  // namespace shardlm
