@@ -117,14 +117,14 @@ TEST_F(CudaEngineTest, BatchedRequestsMatchTheCpuEngine) {
 
 TEST_F(CudaEngineTest, RecomputePreemptionOnASmallGpuPoolMatchesTheCpu) {
   const ModelConfig& c = source_->config();
-  // bf16 K and V of every layer: 10 blocks hold about half of what the
-  // requests need at once, so sequences are preempted and recomputed.
+  // bf16 K and V of every layer: 6 blocks hold two of the 7 requests (up
+  // to 4 blocks each) at once, so sequences are preempted and recomputed.
   const int64_t block_bytes =
       2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 2;
   const EngineOptions cpu{.max_batched_tokens = 64};
   EngineOptions gpu = cpu;
   gpu.device = DeviceKind::kCuda;
-  gpu.kv_cache_bytes = 10 * block_bytes;
+  gpu.kv_cache_bytes = 6 * block_bytes;
   const auto want = Run(cpu);
   const auto got = Run(gpu);
   std::printf("gpu preemptions (recompute): %lld\n",

@@ -77,7 +77,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
         ") not negative"));
   }
   ASSIGN_OR_RETURN(LlamaWeights host, LoadLlamaWeights(source));
-  const ModelConfig& c = host.config;
+  const ModelConfig c = host.config;  // A copy: `host` is dropped below.
   KvPoolConfig kv{.n_layers = c.n_layers,
                   .kv_heads = c.n_kv_heads,
                   .head_dim = c.head_dim,

@@ -15,7 +15,7 @@
 # Any failure, crash, timeout or unexpected skip fails the run.
 # Usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]   (KIT_DIR default gpu-kit)
 # Env: TEST_TIMEOUT (seconds per test binary, default 120), BENCH_TIMEOUT
-# (default 240).
+# (default 240), PROFILE=1 (also profile decode kernels with ncu).
 set -uo pipefail
 OUT=${1:?usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]}
 KIT=${2:-gpu-kit}
@@ -145,6 +145,18 @@ timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --batches 1,8,64 -
 rc=$?
 cat "$OUT/decode_bench.log" | tail -30
 [ $rc = 0 ] || failed+=("gpu_decode_bench(rc=$rc)")
+
+if [ "${PROFILE:-0}" = 1 ]; then
+  # Per-kernel time and DRAM bytes of decode steps at batch 1 (ncu), for
+  # whoever works on decode speed: not a check.
+  stage "profile: ncu over decode steps at batch 1"
+  timeout -k 10 180 ncu --clock-control none \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+    --launch-skip "${PROFILE_SKIP:-600}" --launch-count "${PROFILE_COUNT:-300}" \
+    --csv "$BIN/gpu_decode_bench" --batches 1 --prompt 128 --steps 8 \
+    >"$OUT/ncu_decode.csv" 2>"$OUT/ncu_decode.err"
+  echo "ncu: rc $?, $(wc -l <"$OUT/ncu_decode.csv") lines in ncu_decode.csv"
+fi
 
 stage "summary"
 echo "logs in $OUT"
