@@ -12,7 +12,8 @@
 # CUDA driver, cudart and cuBLAS from its toolkit, and NCCL from its Python
 # package nvidia-nccl-cu13 (218 MB: far too big to carry).
 # Usage: bash tests/gpu/kit.sh DIR   (BUILD_DIR: default build; it must be
-# configured with the CUDA backend for sm_90, which this script asks for)
+# configured with the CUDA backend for sm_90, which this script asks for;
+# SKIP_BUILD=1 packs what is built, as the kit's ctest does)
 set -euo pipefail
 DIR=${1:?usage: bash tests/gpu/kit.sh DIR}
 cd "$(dirname "$0")/../.."
@@ -28,8 +29,10 @@ ALLOWED='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libstdc\+
 [ -f "$MODEL" ] || { echo "kit: no model at $MODEL (scripts/fetch-model.sh)" >&2; exit 1; }
 [ -x .venv/bin/python ] || { echo "kit: no .venv (scripts/install-deps.sh)" >&2; exit 1; }
 
-CMAKE_ARGS="-DSHARDLM_CUDA=ON ${CMAKE_ARGS:-}" BUILD_DIR="$BUILD_DIR" \
-  bash scripts/build.sh --target "${TARGETS[@]}"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+  CMAKE_ARGS="-DSHARDLM_CUDA=ON ${CMAKE_ARGS:-}" BUILD_DIR="$BUILD_DIR" \
+    bash scripts/build.sh --target "${TARGETS[@]}"
+fi
 # The kernels must carry sm_90 machine code (nvcc flags in build.ninja).
 archs=$(grep -o 'generate-code=arch=compute_[0-9a-z]*,code=\[[^]]*\]' \
   "$BUILD_DIR/build.ninja" | sed 's/.*code=\[//; s/\]//' | sort -u | tr '\n' ' ')
