@@ -10,6 +10,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backend/cuda_backend.h"
 #include "coordinator/device.h"
 #include "core/status.h"
@@ -61,7 +62,7 @@ class CudaExecutor : public StepExecutor {
 };
 
 std::string Gib(int64_t bytes) {
-  return absl::StrCat(static_cast<double>(bytes) / (int64_t{1} << 30), " GiB");
+  return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
 }  // namespace
