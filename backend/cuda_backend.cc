@@ -188,8 +188,10 @@ class CudaBackend final : public Backend {
     RETURN_IF_ERROR(CheckCopyArgs(src, dst));
     if (src.bytes() == 0) return absl::OkStatus();
     RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+    // No stream: this thread's own default stream, synchronized below, not
+    // the legacy stream (which would wait for every other stream).
     cudaStream_t s = stream == nullptr
-                         ? nullptr
+                         ? cudaStreamPerThread
                          : static_cast<cudaStream_t>(stream->native());
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(dst.raw(), src.raw(), src.bytes(),
                                          cudaMemcpyDefault, s));

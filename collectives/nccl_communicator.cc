@@ -150,6 +150,9 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   if (e != cudaSuccess) return CudaError(where, e);
   e = cudaMalloc(&impl->scratch, sizeof(float));
   if (e != cudaSuccess) return CudaError(where, e);
+  // Barrier sums this float: make it a number rather than whatever was there.
+  e = cudaMemset(impl->scratch, 0, sizeof(float));
+  if (e != cudaSuccess) return CudaError(where, e);
 
   ncclConfig_t nccl_config = NCCL_CONFIG_INITIALIZER;
   nccl_config.blocking = 0;  // Init and enqueues return ncclInProgress.
@@ -270,8 +273,14 @@ absl::Status NcclCommunicator::Send(const Tensor& data, int peer) {
       CheckPeerArgs(name_, Reach::kDevice, "Send", rank_, size_, data, peer));
   return Run("Send", absl::StrCat("rank ", peer),
              [&](ncclComm_t comm, cudaStream_t stream) {
-               return ncclSend(data.raw(), data.bytes(), ncclUint8, peer, comm,
-                               stream);
+               // Point-to-point calls go in a group (NCCL's rule for
+               // send/recv, so that paired calls cannot deadlock).
+               ncclResult_t r = ncclGroupStart();
+               if (r != ncclSuccess) return r;
+               r = ncclSend(data.raw(), data.bytes(), ncclUint8, peer, comm,
+                            stream);
+               const ncclResult_t end = ncclGroupEnd();
+               return r != ncclSuccess ? r : end;
              });
 }
 
@@ -280,8 +289,14 @@ absl::Status NcclCommunicator::Recv(Tensor& data, int peer) {
       CheckPeerArgs(name_, Reach::kDevice, "Recv", rank_, size_, data, peer));
   return Run("Recv", absl::StrCat("rank ", peer),
              [&](ncclComm_t comm, cudaStream_t stream) {
-               return ncclRecv(data.raw(), data.bytes(), ncclUint8, peer, comm,
-                               stream);
+               // Point-to-point calls go in a group (NCCL's rule for
+               // send/recv, so that paired calls cannot deadlock).
+               ncclResult_t r = ncclGroupStart();
+               if (r != ncclSuccess) return r;
+               r = ncclRecv(data.raw(), data.bytes(), ncclUint8, peer, comm,
+                            stream);
+               const ncclResult_t end = ncclGroupEnd();
+               return r != ncclSuccess ? r : end;
              });
 }
 

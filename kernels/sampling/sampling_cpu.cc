@@ -60,15 +60,17 @@ int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p,
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
   int32_t n = vocab;
+  bool sorted = true;
   if (p.top_k > 0 && p.top_k < vocab) {
     n = p.top_k;
     std::partial_sort(ids.begin(), ids.begin() + n, ids.end(), by_logit);
   } else if (p.top_p < 1.0f) {
     std::sort(ids.begin(), ids.end(), by_logit);
+  } else {
+    sorted = false;  // top_k off or >= vocab: ids stay in id order.
   }
 
-  const float max =
-      logits[p.top_k > 0 || p.top_p < 1.0f ? ids[0] : Argmax(logits)];
+  const float max = logits[sorted ? ids[0] : Argmax(logits)];
   std::vector<double> probs(n);
   double total = 0;
   for (int32_t i = 0; i < n; ++i) {

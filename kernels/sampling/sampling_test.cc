@@ -67,6 +67,23 @@ TEST(SamplingTest, TopKAndTopPRestrictTheSupport) {
   EXPECT_TRUE(top_p.contains(0) && top_p.contains(1));
 }
 
+// top_k at or above the vocabulary keeps every token: the same draws as
+// top_k off. It used to take logits[0] as the softmax's maximum, so a first
+// logit far below the others overflowed exp() and broke the distribution.
+TEST(SamplingTest, TopKOfTheWholeVocabularyIsTopKOff) {
+  const std::vector<float> logits = {-1000.0f, 0.0f, 5.0f, 4.5f};
+  for (int32_t k : {4, 5, 1000}) {
+    for (int step = 0; step < 200; ++step) {
+      const int32_t off =
+          SampleToken(logits, {.temperature = 0.5f, .seed = 3}, step);
+      const int32_t all = SampleToken(
+          logits, {.temperature = 0.5f, .top_k = k, .seed = 3}, step);
+      ASSERT_EQ(all, off) << "top_k " << k << " step " << step;
+      ASSERT_TRUE(all == 2 || all == 3) << all;
+    }
+  }
+}
+
 TEST(SamplingTest, UniformIsInRangeAndSpread) {
   double sum = 0;
   for (uint64_t s = 0; s < 10000; ++s) {
