@@ -66,6 +66,9 @@ class KvPool {
   // workers they are one allocation (both are host memory; the tiers differ
   // in budget and role only).
   Tensor& k(int64_t layer) { return k_[layer]; }
+  // Every layer's cache, for the forward pass.
+  std::vector<Tensor>& k_layers() { return k_; }
+  std::vector<Tensor>& v_layers() { return v_; }
   Tensor& v(int64_t layer) { return v_[layer]; }
   int64_t bytes() const {
     return config_.total_blocks() * config_.BytesPerBlock();

@@ -130,13 +130,65 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
   return out;
 }
 
-absl::Status ModelRunner::AddReduced(Tensor& x, Tensor& y) {
-  if (comms_.tp != nullptr) {
-    RETURN_IF_ERROR(
-        Comm([&] { return comms_.tp->AllReduce(y, y, ReduceOp::kSum); }));
+namespace {
+
+// The forward pass's ops on the CPU (kernels/<op>/<op>.h), bound to one
+// step's host-side tokens, positions and block tables.
+class CpuForwardOps : public ForwardOps {
+ public:
+  CpuForwardOps(const StepInput& step, const AttentionBatch& batch,
+                int64_t hidden)
+      : step_(step), batch_(batch), hidden_(hidden) {}
+
+  absl::Status Embed(const Tensor& table, int64_t vocab_begin,
+                     Tensor& x) override {
+    return Embedding(table, step_.tokens, vocab_begin, x);
   }
-  return AddInPlace(x, y);
-}
+  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                       Tensor& out) override {
+    return shardlm::RmsNorm(x, weight, eps, out);
+  }
+  absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
+                      bool accumulate) override {
+    return shardlm::Linear(x, w, y, accumulate);
+  }
+  absl::Status Rope(Tensor& x, float theta, RopeStyle style) override {
+    return shardlm::Rope(x, step_.positions, theta, style);
+  }
+  absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
+                       Tensor& v_cache) override {
+    return shardlm::WriteKv(k, v, batch_, k_cache, v_cache);
+  }
+  absl::Status Attention(const Tensor& q, const Tensor& k_cache,
+                         const Tensor& v_cache, float scale,
+                         Tensor& out) override {
+    return PagedAttention(q, k_cache, v_cache, batch_, scale, out);
+  }
+  absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
+                      Tensor& out) override {
+    return shardlm::SwiGlu(gate, up, out);
+  }
+  absl::Status Add(Tensor& x, const Tensor& y) override {
+    return AddInPlace(x, y);
+  }
+  absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
+    for (size_t r = 0; r < step_.logit_rows.size(); ++r) {
+      std::copy_n(x.f32().data() + step_.logit_rows[r] * hidden_, hidden_,
+                  out.f32().data() + r * hidden_);
+    }
+    return absl::OkStatus();
+  }
+  // The CPU adds the residual separately (the numerics every CPU test and
+  // reference was written against).
+  bool fuses_residual() const override { return false; }
+
+ private:
+  const StepInput& step_;
+  const AttentionBatch& batch_;
+  const int64_t hidden_;
+};
+
+}  // namespace
 
 absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const auto start = std::chrono::steady_clock::now();
@@ -159,10 +211,10 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const ModelConfig& c = config();
   const ShardSpec& spec = weights_.spec;
   const int64_t n = static_cast<int64_t>(step.tokens.size());
-  const int64_t heads = spec.n_heads(), kv_heads = spec.n_kv_heads();
+  const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   const int64_t ffn = spec.ffn_end - spec.ffn_begin;
-  const int64_t q_dim = heads * c.head_dim, kv_dim = kv_heads * c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t q_dim = spec.n_heads() * c.head_dim;
+  const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
 
   AttentionBatch batch{.positions = step.positions,
                        .token_seq = step.token_seq};
@@ -170,96 +222,38 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     batch.block_tables.push_back(table);
   }
 
-  // Activations, reused across layers.
-  ASSIGN_OR_RETURN(Tensor x, Tensor::Host(DType::kF32, {n, c.hidden}));
-  ASSIGN_OR_RETURN(Tensor xn, Tensor::Host(DType::kF32, {n, c.hidden}));
-  ASSIGN_OR_RETURN(Tensor partial, Tensor::Host(DType::kF32, {n, c.hidden}));
-  ASSIGN_OR_RETURN(Tensor q, Tensor::Host(DType::kF32, {n, q_dim}));
-  ASSIGN_OR_RETURN(Tensor k, Tensor::Host(DType::kF32, {n, kv_dim}));
-  ASSIGN_OR_RETURN(Tensor v, Tensor::Host(DType::kF32, {n, kv_dim}));
-  ASSIGN_OR_RETURN(Tensor attn, Tensor::Host(DType::kF32, {n, q_dim}));
-  ASSIGN_OR_RETURN(Tensor gate, Tensor::Host(DType::kF32, {n, ffn}));
-  ASSIGN_OR_RETURN(Tensor up, Tensor::Host(DType::kF32, {n, ffn}));
-  // Per-head views of the same memory: [n, heads, head_dim].
-  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, kv_heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, kv_heads, c.head_dim}));
-  ASSIGN_OR_RETURN(Tensor attn3, attn.Reshaped({n, heads, c.head_dim}));
+  // Activations, f32 throughout; SwiGLU and the final norm work in place.
+  ForwardBuffers b;
+  const auto host = [](Shape shape) {
+    return Tensor::Host(DType::kF32, std::move(shape));
+  };
+  ASSIGN_OR_RETURN(b.x, host({n, c.hidden}));
+  ASSIGN_OR_RETURN(b.xn, host({n, c.hidden}));
+  ASSIGN_OR_RETURN(b.partial, host({n, c.hidden}));
+  ASSIGN_OR_RETURN(b.q, host({n, q_dim}));
+  ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
+  ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
+  ASSIGN_OR_RETURN(b.attn, host({n, q_dim}));
+  ASSIGN_OR_RETURN(b.gate, host({n, ffn}));
+  ASSIGN_OR_RETURN(b.up, host({n, ffn}));
+  b.h = b.gate;
+  if (spec.last_stage() && m > 0) {
+    ASSIGN_OR_RETURN(b.last, host({m, c.hidden}));
+    b.last_n = b.last;
+    ASSIGN_OR_RETURN(b.local_logits, host({m, spec.vocab_padded}));
+  }
 
-  if (spec.first_stage()) {
-    // Vocab-parallel: rows outside this rank's slice embed to zero, so the
-    // sum over the TP group is the full embedding.
-    RETURN_IF_ERROR(
-        Embedding(weights_.token_embd, step.tokens, spec.vocab_begin, x));
-    if (comms_.tp != nullptr) {
-      RETURN_IF_ERROR(
-          Comm([&] { return comms_.tp->AllReduce(x, x, ReduceOp::kSum); }));
-    }
-  } else {
-    RETURN_IF_ERROR(Comm([&] { return comms_.pp->Recv(x, spec.pp_rank - 1); }));
-  }
-  for (int64_t l = 0; l < spec.n_layers(); ++l) {
-    const LlamaLayerWeights& w = weights_.layers[l];
-    // Attention: x += wo * attention(rope(wq xn), rope(wk xn), wv xn), each
-    // rank over its own heads, partial sums of wo reduced over TP.
-    RETURN_IF_ERROR(RmsNorm(x, w.attn_norm, c.rms_norm_eps, xn));
-    RETURN_IF_ERROR(Linear(xn, w.wq, q));
-    RETURN_IF_ERROR(Linear(xn, w.wk, k));
-    RETURN_IF_ERROR(Linear(xn, w.wv, v));
-    RETURN_IF_ERROR(Rope(q3, step.positions, c.rope_theta, c.rope_style));
-    RETURN_IF_ERROR(Rope(k3, step.positions, c.rope_theta, c.rope_style));
-    RETURN_IF_ERROR(WriteKv(k3, v3, batch, kv_->k(l), kv_->v(l)));
-    RETURN_IF_ERROR(
-        PagedAttention(q3, kv_->k(l), kv_->v(l), batch, scale, attn3));
-    RETURN_IF_ERROR(Linear(attn, w.wo, partial));
-    RETURN_IF_ERROR(AddReduced(x, partial));
-    // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
-    RETURN_IF_ERROR(RmsNorm(x, w.ffn_norm, c.rms_norm_eps, xn));
-    RETURN_IF_ERROR(Linear(xn, w.w_gate, gate));
-    RETURN_IF_ERROR(Linear(xn, w.w_up, up));
-    RETURN_IF_ERROR(SwiGlu(gate, up, gate));
-    RETURN_IF_ERROR(Linear(gate, w.w_down, partial));
-    RETURN_IF_ERROR(AddReduced(x, partial));
-  }
-  if (!spec.last_stage()) {
-    RETURN_IF_ERROR(Comm([&] { return comms_.pp->Send(x, spec.pp_rank + 1); }));
-    return Tensor();
-  }
-  return Logits(x, step);
-}
-
-absl::StatusOr<Tensor> ModelRunner::Logits(const Tensor& x,
-                                           const StepInput& step) {
-  const ModelConfig& c = config();
-  const ShardSpec& spec = weights_.spec;
-  // Final norm and LM head, only for the rows whose logits are wanted.
-  const int64_t m = static_cast<int64_t>(step.logit_rows.size());
-  if (m == 0) return Tensor();  // A prefill chunk that samples nothing.
-  ASSIGN_OR_RETURN(Tensor last, Tensor::Host(DType::kF32, {m, c.hidden}));
-  for (int64_t r = 0; r < m; ++r) {
-    std::copy_n(x.f32().data() + step.logit_rows[r] * c.hidden, c.hidden,
-                last.f32().data() + r * c.hidden);
-  }
-  RETURN_IF_ERROR(RmsNorm(last, weights_.output_norm, c.rms_norm_eps, last));
-  // This rank's vocabulary rows, padded to vocab_padded.
-  ASSIGN_OR_RETURN(Tensor local,
-                   Tensor::Host(DType::kF32, {m, spec.vocab_padded}));
-  RETURN_IF_ERROR(Linear(last, weights_.lm_head, local));
-  if (comms_.tp == nullptr) return local;
-
-  const int tp = spec.tp_size;
-  ASSIGN_OR_RETURN(Tensor gathered,
-                   Tensor::Host(DType::kF32, {tp, m, spec.vocab_padded}));
-  RETURN_IF_ERROR(Comm([&] { return comms_.tp->AllGather(local, gathered); }));
-  ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
-  for (int t = 0; t < tp; ++t) {
-    const auto [v0, v1] = EvenSplit(c.vocab_size, tp, t);
-    for (int64_t r = 0; r < m; ++r) {
-      std::copy_n(gathered.f32().data() + (t * m + r) * spec.vocab_padded,
-                  v1 - v0, logits.f32().data() + r * c.vocab_size + v0);
-    }
-  }
-  return logits;
+  CpuForwardOps ops(step, batch, c.hidden);
+  const ShardForward forward{
+      .weights = weights_,
+      .comms = comms_,
+      .ops = ops,
+      .comm = [this](const std::function<absl::Status()>& call) {
+        return Comm(call);
+      }};
+  RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
+  if (!spec.last_stage()) return Tensor();
+  return forward.Logits(b);
 }
 
 }  // namespace shardlm

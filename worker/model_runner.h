@@ -11,6 +11,7 @@
 #include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "kernels/sampling/sampling.h"
+#include "worker/forward.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
 
@@ -72,12 +73,6 @@ TokenLogprobs Logprobs(absl::Span<const float> logits, int32_t sampled,
 // step's per-row parameters, and computes the log-probabilities asked for.
 absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits);
 
-// Communicators of one shard; null where the group has one member.
-struct ShardComms {
-  Communicator* tp = nullptr;  // The TP group of this stage.
-  Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
-};
-
 // Where a runner's time went, cumulative.
 struct RunnerStats {
   int64_t steps = 0;
@@ -114,9 +109,6 @@ class ModelRunner {
 
  private:
   absl::Status Validate(const StepInput& step) const;
-  // x += y summed over the TP group (y is this rank's partial sum).
-  absl::Status AddReduced(Tensor& x, Tensor& y);
-  absl::StatusOr<Tensor> Logits(const Tensor& x, const StepInput& step);
   // Runs a communicator call, adding its time to stats_.comm_seconds.
   template <typename F>
   absl::Status Comm(F&& call) {

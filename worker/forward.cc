@@ -1,0 +1,108 @@
+#include "worker/forward.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "core/status.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+
+absl::Status ShardForward::Residual(const Tensor& in, const Tensor& w,
+                                    ForwardBuffers& b) const {
+  if (comms.tp == nullptr && ops.fuses_residual()) {
+    return ops.Linear(in, w, b.x, /*accumulate=*/true);
+  }
+  RETURN_IF_ERROR(ops.Linear(in, w, b.partial, false));
+  if (comms.tp != nullptr) {
+    RETURN_IF_ERROR(Comm([&] {
+      return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
+    }));
+  }
+  return ops.Add(b.x, b.partial);
+}
+
+absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
+  const ModelConfig& c = weights.config;
+  const ShardSpec& spec = weights.spec;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const int64_t n = b.x.dim(0), d = c.head_dim;
+  // Per-head views of the same memory: [n, heads, head_dim].
+  ASSIGN_OR_RETURN(Tensor q3, b.q.Reshaped({n, spec.n_heads(), d}));
+  ASSIGN_OR_RETURN(Tensor k3, b.k.Reshaped({n, spec.n_kv_heads(), d}));
+  ASSIGN_OR_RETURN(Tensor v3, b.v.Reshaped({n, spec.n_kv_heads(), d}));
+  ASSIGN_OR_RETURN(Tensor attn3, b.attn.Reshaped({n, spec.n_heads(), d}));
+
+  if (spec.first_stage()) {
+    // Vocab-parallel: rows outside this rank's slice embed to zero, so the
+    // sum over the TP group is the full embedding.
+    RETURN_IF_ERROR(ops.Embed(weights.token_embd, spec.vocab_begin, b.x));
+    if (comms.tp != nullptr) {
+      RETURN_IF_ERROR(
+          Comm([&] { return comms.tp->AllReduce(b.x, b.x, ReduceOp::kSum); }));
+    }
+  } else {
+    RETURN_IF_ERROR(
+        Comm([&] { return comms.pp->Recv(b.x, spec.pp_rank - 1); }));
+  }
+  for (int64_t l = 0; l < spec.n_layers(); ++l) {
+    const LlamaLayerWeights& w = weights.layers[l];
+    // Attention: x += wo * attention(rope(wq xn), rope(wk xn), wv xn), each
+    // rank over its own heads, partial sums of wo reduced over TP.
+    RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.wq, b.q, false));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.wk, b.k, false));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.wv, b.v, false));
+    RETURN_IF_ERROR(ops.Rope(q3, c.rope_theta, c.rope_style));
+    RETURN_IF_ERROR(ops.Rope(k3, c.rope_theta, c.rope_style));
+    RETURN_IF_ERROR(ops.WriteKv(k3, v3, (*kv.k)[l], (*kv.v)[l]));
+    RETURN_IF_ERROR(ops.Attention(q3, (*kv.k)[l], (*kv.v)[l], scale, attn3));
+    RETURN_IF_ERROR(Residual(b.attn, w.wo, b));
+    // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
+    RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate, b.gate, false));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.w_up, b.up, false));
+    RETURN_IF_ERROR(ops.SwiGlu(b.gate, b.up, b.h));
+    RETURN_IF_ERROR(Residual(b.h, w.w_down, b));
+  }
+  if (!spec.last_stage()) {
+    return Comm([&] { return comms.pp->Send(b.x, spec.pp_rank + 1); });
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Tensor> ShardForward::Logits(ForwardBuffers& b) const {
+  const ModelConfig& c = weights.config;
+  const ShardSpec& spec = weights.spec;
+  const int64_t m = b.last.empty() ? 0 : b.last.dim(0);
+  if (m == 0) return Tensor();  // A prefill chunk that samples nothing.
+  // Final norm and LM head, only for the rows whose logits are wanted.
+  RETURN_IF_ERROR(ops.GatherLogitRows(b.x, b.last));
+  RETURN_IF_ERROR(
+      ops.RmsNorm(b.last, weights.output_norm, c.rms_norm_eps, b.last_n));
+  // This rank's vocabulary rows, padded to vocab_padded.
+  RETURN_IF_ERROR(ops.Linear(b.last_n, weights.lm_head, b.local_logits, false));
+  if (comms.tp == nullptr) return b.local_logits;
+
+  if (b.local_logits.memory() != MemoryType::kHost) {
+    return absl::UnimplementedError(
+        "the TP logits gather runs on host tensors only (issue #9)");
+  }
+  const int tp = spec.tp_size;
+  ASSIGN_OR_RETURN(Tensor gathered,
+                   Tensor::Host(DType::kF32, {tp, m, spec.vocab_padded}));
+  RETURN_IF_ERROR(
+      Comm([&] { return comms.tp->AllGather(b.local_logits, gathered); }));
+  ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
+  for (int t = 0; t < tp; ++t) {
+    const auto [v0, v1] = EvenSplit(c.vocab_size, tp, t);
+    for (int64_t r = 0; r < m; ++r) {
+      std::copy_n(gathered.f32().data() + (t * m + r) * spec.vocab_padded,
+                  v1 - v0, logits.f32().data() + r * c.vocab_size + v0);
+    }
+  }
+  return logits;
+}
+
+}  // namespace shardlm

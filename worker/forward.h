@@ -1,0 +1,127 @@
+// The Llama forward pass of one shard, written once for every backend.
+//
+// ForwardShard runs a step's layers (embedding or PP receive, then per
+// layer: norm, Q/K/V, RoPE, KV write, paged attention, o-proj + residual
+// with the TP all-reduce, norm, gate/up, SwiGLU, down + residual; then PP
+// send) and ShardLogits the final norm and LM head of the rows that are
+// sampled, with the TP gather. They call ForwardOps, which a backend
+// implements over its kernels (CPU: kernels/<op>/<op>.h; CUDA:
+// kernels/cuda_ops.h), as ggml's backend interface does: a new backend adds
+// ops, not a forward pass, and the TP/PP logic exists here only.
+//
+// The runners (ModelRunner on the CPU, CudaModelRunner on a GPU) own what
+// differs: memory and buffers, the KV cache, uploading the step, CUDA
+// graphs, sampling. Buffer dtypes are the backend's choice: GEMM inputs
+// (xn, attn, h) are f32 on the CPU and bf16 on a GPU.
+#ifndef SHARDLM_WORKER_FORWARD_H_
+#define SHARDLM_WORKER_FORWARD_H_
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+#include "core/tensor.h"
+#include "model/model_config.h"
+#include "worker/llama_weights.h"
+
+namespace shardlm {
+
+// The ops of the forward pass on one backend, bound to one step (its
+// tokens, positions, attention metadata and logit rows) by the runner.
+// Tensors are the backend's; errors are InvalidArgument naming the op.
+class ForwardOps {
+ public:
+  virtual ~ForwardOps() = default;
+  // x = rows of `table` ([rows held, hidden]) for the step's token ids,
+  // which are offset by vocab_begin; ids outside the table embed to zero.
+  virtual absl::Status Embed(const Tensor& table, int64_t vocab_begin,
+                             Tensor& x) = 0;
+  virtual absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                               Tensor& out) = 0;
+  // y = x w^T, or y += x w^T when `accumulate` (only where
+  // fuses_residual()).
+  virtual absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
+                              bool accumulate) = 0;
+  // In place, at the step's positions. x: [n, heads, head_dim].
+  virtual absl::Status Rope(Tensor& x, float theta, RopeStyle style) = 0;
+  // Writes the step's K and V ([n, kv_heads, head_dim]) into one layer's
+  // caches at the step's slots.
+  virtual absl::Status WriteKv(const Tensor& k, const Tensor& v,
+                               Tensor& k_cache, Tensor& v_cache) = 0;
+  // Causal attention of the step's queries over one layer's caches.
+  virtual absl::Status Attention(const Tensor& q, const Tensor& k_cache,
+                                 const Tensor& v_cache, float scale,
+                                 Tensor& out) = 0;
+  virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
+                              Tensor& out) = 0;
+  // x += y.
+  virtual absl::Status Add(Tensor& x, const Tensor& y) = 0;
+  // out = the rows of x ([n, hidden]) whose logits the step wants.
+  virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
+  // Whether Linear can add into the f32 residual stream itself (the GEMM's
+  // beta = 1), saving the partial buffer and an add when there is no TP
+  // all-reduce in between.
+  virtual bool fuses_residual() const = 0;
+};
+
+// Activations of one step: views of n rows (m logit rows for the last
+// three), allocated by the runner on its backend.
+struct ForwardBuffers {
+  Tensor x;             // [n, hidden] f32: the residual stream.
+  Tensor xn;            // [n, hidden] normed x (GEMM input).
+  Tensor q, k, v;       // [n, (kv_)heads held * head_dim] f32.
+  Tensor attn;          // [n, heads held * head_dim] attention output
+                        // (GEMM input).
+  Tensor partial;       // [n, hidden] f32: TP partial sums (may be empty
+                        // when the ops fuse the residual and tp = 1).
+  Tensor gate, up;      // [n, ffn held] f32.
+  Tensor h;             // [n, ffn held] SwiGLU output (GEMM input; may
+                        // alias gate).
+  Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
+  Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
+};
+
+// Communicators of one shard; null where the group has one member.
+struct ShardComms {
+  Communicator* tp = nullptr;  // The TP group of this stage.
+  Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
+};
+
+// The KV caches of the shard's layers (index 0 = its first layer).
+struct KvLayers {
+  std::vector<Tensor>* k = nullptr;
+  std::vector<Tensor>* v = nullptr;
+};
+
+// Runs `call` (a communicator call), so that the runner can time it.
+using CommCall =
+    std::function<absl::Status(const std::function<absl::Status()>& call)>;
+
+struct ShardForward {
+  const LlamaWeights& weights;
+  ShardComms comms;
+  ForwardOps& ops;
+  CommCall comm;  // Null: call directly.
+
+  // The step's layers on this shard; x holds the last layer's output (on a
+  // last stage) or has been sent to the next stage.
+  absl::Status Layers(ForwardBuffers& b, KvLayers kv) const;
+  // The logits of the step's m logit rows, [m, vocab], gathered over the TP
+  // group (a view of b.local_logits when tp = 1). Last stage only.
+  absl::StatusOr<Tensor> Logits(ForwardBuffers& b) const;
+
+ private:
+  absl::Status Comm(const std::function<absl::Status()>& call) const {
+    return comm ? comm(call) : call();
+  }
+  // x += in w^T, summed over the TP group.
+  absl::Status Residual(const Tensor& in, const Tensor& w,
+                        ForwardBuffers& b) const;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_FORWARD_H_
