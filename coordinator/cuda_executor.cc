@@ -86,11 +86,10 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                   .num_blocks = 1};  // Sized below, once the weights are in.
   ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                    CudaModelRunner::Create(o.device, c, kv));
-  ASSIGN_OR_RETURN(CudaLlamaWeights weights,
+  ASSIGN_OR_RETURN(LlamaWeights weights,
                    UploadLlamaWeights(host, runner->backend(), runner->exec()));
   host = LlamaWeights();  // The f32 host copy is not needed any more.
-  const int64_t weight_bytes =
-      weights.bytes_per_step() + weights.token_embd.bytes();
+  const int64_t weight_bytes = weights.bytes();
   runner->SetWeights(std::move(weights));
   RETURN_IF_ERROR(runner->ReserveActivations(o.max_batched_tokens,
                                              std::max(o.max_seqs, 1)));

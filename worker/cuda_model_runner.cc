@@ -12,6 +12,7 @@
 #include "backend/cuda_status.h"
 #include "core/status.h"
 #include "kernels/sampling/sampling.h"
+#include "worker/forward.h"
 
 namespace shardlm {
 namespace {
@@ -52,32 +53,22 @@ absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
 
 }  // namespace
 
-int64_t CudaLlamaWeights::bytes_per_step() const {
-  int64_t total = output_norm.bytes() + lm_head.bytes();
-  for (const CudaLayerWeights& l : layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
-                            &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-      total += t->bytes();
-    }
-  }
-  return total;
-}
-
-absl::StatusOr<CudaLlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
-                                                    Backend& backend,
-                                                    const CudaExec& exec) {
+absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
+                                                Backend& backend,
+                                                const CudaExec& exec) {
   const ShardSpec& s = host.spec;
   if (s.tp_size != 1 || s.pp_size != 1 ||
       s.vocab_padded != host.config.vocab_size) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CudaModelRunner runs whole models only, got shard ", s.DebugString()));
   }
-  CudaLlamaWeights w;
+  LlamaWeights w;
   w.config = host.config;
+  w.spec = host.spec;
   const DType bf = DType::kBF16;
   ASSIGN_OR_RETURN(w.token_embd, Upload(host.token_embd, bf, backend, exec));
   for (const LlamaLayerWeights& l : host.layers) {
-    CudaLayerWeights d;
+    LlamaLayerWeights d;
     ASSIGN_OR_RETURN(d.attn_norm,
                      Upload(l.attn_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(d.wq, Upload(l.wq, bf, backend, exec));
@@ -101,13 +92,13 @@ absl::StatusOr<CudaLlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
   return w;
 }
 
-absl::StatusOr<CudaLlamaWeights> RandomLlamaWeights(const ModelConfig& c,
-                                                    uint64_t seed,
-                                                    Backend& backend,
-                                                    const CudaExec& exec) {
+absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
+                                                uint64_t seed, Backend& backend,
+                                                const CudaExec& exec) {
   RETURN_IF_ERROR(c.Validate());
-  CudaLlamaWeights w;
+  LlamaWeights w;
   w.config = c;
+  w.spec = WholeModelSpec(c);
   const DType bf = DType::kBF16;
   const int64_t q_dim = c.n_heads * c.head_dim,
                 kv_dim = c.n_kv_heads * c.head_dim;
@@ -118,7 +109,7 @@ absl::StatusOr<CudaLlamaWeights> RandomLlamaWeights(const ModelConfig& c,
   ASSIGN_OR_RETURN(w.token_embd, Random(bf, {c.vocab_size, c.hidden}, ++next,
                                         1.0f, backend, exec));
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    CudaLayerWeights d;
+    LlamaLayerWeights d;
     ASSIGN_OR_RETURN(d.attn_norm, Ones({c.hidden}, backend));
     ASSIGN_OR_RETURN(d.ffn_norm, Ones({c.hidden}, backend));
     ASSIGN_OR_RETURN(d.wq, Random(bf, {q_dim, c.hidden}, ++next,
@@ -215,7 +206,7 @@ CudaModelRunner::~CudaModelRunner() {
   }
 }
 
-void CudaModelRunner::SetWeights(CudaLlamaWeights weights) {
+void CudaModelRunner::SetWeights(LlamaWeights weights) {
   weights_ = std::move(weights);
   ++generation_;  // Graphs hold the old weights' addresses.
 }
@@ -384,58 +375,89 @@ absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
   return absl::OkStatus();
 }
 
-absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
-  const ModelConfig& c = config_;
-  const int64_t d = c.head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ASSIGN_OR_RETURN(Tensor ids, ids_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor x, x_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor xn, xn16_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor q, q_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor k, k_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor v, v_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor attn16, attn16_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor gate, gate_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor up, up_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor h, h16_.Rows(0, n));
-  ASSIGN_OR_RETURN(Tensor q3, q.Reshaped({n, c.n_heads, d}));
-  ASSIGN_OR_RETURN(Tensor k3, k.Reshaped({n, c.n_kv_heads, d}));
-  ASSIGN_OR_RETURN(Tensor v3, v.Reshaped({n, c.n_kv_heads, d}));
-  ASSIGN_OR_RETURN(Tensor a3, attn16.Reshaped({n, c.n_heads, d}));
-  const Tensor& positions = batch_.positions();
+namespace {
 
-  RETURN_IF_ERROR(EmbeddingCuda(weights_.token_embd, ids, 0, x, exec_));
-  for (int64_t l = 0; l < c.n_layers; ++l) {
-    const CudaLayerWeights& w = weights_.layers[l];
-    RETURN_IF_ERROR(RmsNormCuda(x, w.attn_norm, c.rms_norm_eps, xn, exec_));
-    RETURN_IF_ERROR(LinearCuda(xn, w.wq, q, false, exec_));
-    RETURN_IF_ERROR(LinearCuda(xn, w.wk, k, false, exec_));
-    RETURN_IF_ERROR(LinearCuda(xn, w.wv, v, false, exec_));
-    RETURN_IF_ERROR(RopeCuda(q3, positions, c.rope_theta, c.rope_style, exec_));
-    RETURN_IF_ERROR(RopeCuda(k3, positions, c.rope_theta, c.rope_style, exec_));
-    RETURN_IF_ERROR(
-        WriteKvCuda(k3, v3, batch_, k_cache_[l], v_cache_[l], exec_));
-    RETURN_IF_ERROR(PagedAttentionCuda(q3, k_cache_[l], v_cache_[l], batch_,
-                                       scale, a3, exec_));
-    // x += attn wo^T: the residual add is the GEMM's beta = 1.
-    RETURN_IF_ERROR(LinearCuda(attn16, w.wo, x, true, exec_));
-    RETURN_IF_ERROR(RmsNormCuda(x, w.ffn_norm, c.rms_norm_eps, xn, exec_));
-    RETURN_IF_ERROR(LinearCuda(xn, w.w_gate, gate, false, exec_));
-    RETURN_IF_ERROR(LinearCuda(xn, w.w_up, up, false, exec_));
-    RETURN_IF_ERROR(SwiGluCuda(gate, up, h, exec_));
-    RETURN_IF_ERROR(LinearCuda(h, w.w_down, x, true, exec_));
+// The forward pass's ops on a GPU (kernels/cuda_ops.h), bound to the
+// runner's stream and to the step's device-side token ids, logit rows and
+// attention metadata (buffers that stay put while a graph replays).
+class CudaForwardOps : public ForwardOps {
+ public:
+  CudaForwardOps(const CudaExec& exec, const Tensor& ids, const Tensor& rows,
+                 const CudaAttentionBatch& batch)
+      : exec_(exec), ids_(ids), rows_(rows), batch_(batch) {}
+
+  absl::Status Embed(const Tensor& table, int64_t vocab_begin,
+                     Tensor& x) override {
+    return EmbeddingCuda(table, ids_, vocab_begin, x, exec_);
   }
-  if (m == 0) return absl::OkStatus();
-  // Final norm and LM head for the wanted rows only, gathered with the
-  // embedding kernel (x is a table of n rows).
-  ASSIGN_OR_RETURN(Tensor rows, rows_.Rows(0, m));
-  ASSIGN_OR_RETURN(Tensor last, last_.Rows(0, m));
-  ASSIGN_OR_RETURN(Tensor last16, last16_.Rows(0, m));
-  ASSIGN_OR_RETURN(Tensor logits, logits_.Rows(0, m));
-  RETURN_IF_ERROR(EmbeddingCuda(x, rows, 0, last, exec_));
-  RETURN_IF_ERROR(
-      RmsNormCuda(last, weights_.output_norm, c.rms_norm_eps, last16, exec_));
-  return LinearCuda(last16, weights_.lm_head, logits, false, exec_);
+  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
+                       Tensor& out) override {
+    return RmsNormCuda(x, weight, eps, out, exec_);
+  }
+  absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
+                      bool accumulate) override {
+    return LinearCuda(x, w, y, accumulate, exec_);
+  }
+  absl::Status Rope(Tensor& x, float theta, RopeStyle style) override {
+    return RopeCuda(x, batch_.positions(), theta, style, exec_);
+  }
+  absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
+                       Tensor& v_cache) override {
+    return WriteKvCuda(k, v, batch_, k_cache, v_cache, exec_);
+  }
+  absl::Status Attention(const Tensor& q, const Tensor& k_cache,
+                         const Tensor& v_cache, float scale,
+                         Tensor& out) override {
+    return PagedAttentionCuda(q, k_cache, v_cache, batch_, scale, out, exec_);
+  }
+  absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
+                      Tensor& out) override {
+    return SwiGluCuda(gate, up, out, exec_);
+  }
+  absl::Status Add(Tensor& x, const Tensor& y) override {
+    return AddInPlaceCuda(x, y, exec_);
+  }
+  // The embedding kernel gathers rows of x as if it were a table.
+  absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
+    return EmbeddingCuda(x, rows_, 0, out, exec_);
+  }
+  // x += attn wo^T as the GEMM's beta = 1.
+  bool fuses_residual() const override { return true; }
+
+ private:
+  const CudaExec& exec_;
+  const Tensor& ids_;
+  const Tensor& rows_;
+  const CudaAttentionBatch& batch_;
+};
+
+}  // namespace
+
+absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
+  // Views of the first n (m) rows of the runner's buffers; GEMM inputs are
+  // bf16, the residual stream and GEMM outputs f32.
+  ForwardBuffers b;
+  ASSIGN_OR_RETURN(Tensor ids, ids_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.x, x_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.xn, xn16_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.q, q_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.k, k_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.v, v_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.attn, attn16_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.gate, gate_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.up, up_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
+  Tensor rows;
+  if (m > 0) {
+    ASSIGN_OR_RETURN(rows, rows_.Rows(0, m));
+    ASSIGN_OR_RETURN(b.last, last_.Rows(0, m));
+    ASSIGN_OR_RETURN(b.last_n, last16_.Rows(0, m));
+    ASSIGN_OR_RETURN(b.local_logits, logits_.Rows(0, m));
+  }
+  CudaForwardOps ops(exec_, ids, rows, batch_);
+  const ShardForward forward{.weights = weights_, .ops = ops};
+  RETURN_IF_ERROR(forward.Layers(b, {&k_cache_, &v_cache_}));
+  return forward.Logits(b).status();
 }
 
 absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {

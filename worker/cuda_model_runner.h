@@ -1,7 +1,9 @@
-// A Llama forward pass on one GPU: a single shard (TP = PP = 1) over a
-// paged bf16 KV cache, through the CUDA ops of kernels/cuda_ops.h. It takes
-// the same StepInput as ModelRunner and returns the same logits and
-// sampled tokens, so that the two can be compared step for step.
+// The forward pass (worker/forward.h) on one GPU: a single shard (TP = PP =
+// 1) over a paged bf16 KV cache, through the CUDA ops of kernels/cuda_ops.h.
+// It takes the same StepInput as ModelRunner and returns the same logits
+// and sampled tokens, so that the two can be compared step for step; what
+// it adds is device memory, the step's upload, CUDA graphs and sampling on
+// the device.
 //
 // Numerics: weights are dequantized on the host (LoadLlamaWeights) and
 // stored as bf16; the residual stream, norms' statistics, RoPE, softmax
@@ -31,42 +33,18 @@
 
 namespace shardlm {
 
-// Device weights of the whole model. Matrices bf16 [out, in]; norms f32.
-struct CudaLayerWeights {
-  Tensor attn_norm;  // [hidden] f32
-  Tensor wq;         // [heads * d, hidden]
-  Tensor wk, wv;     // [kv_heads * d, hidden]
-  Tensor wo;         // [hidden, heads * d]
-  Tensor ffn_norm;   // [hidden] f32
-  Tensor w_gate;     // [ffn, hidden]
-  Tensor w_up;       // [ffn, hidden]
-  Tensor w_down;     // [hidden, ffn]
-};
-
-struct CudaLlamaWeights {
-  ModelConfig config;
-  Tensor token_embd;  // [vocab, hidden] bf16
-  std::vector<CudaLayerWeights> layers;
-  Tensor output_norm;  // [hidden] f32
-  Tensor lm_head;      // [vocab, hidden] bf16 (the embedding when tied)
-
-  // Bytes one decode step reads (each matrix once; the embedding only for
-  // the rows it gathers, so not counted).
-  int64_t bytes_per_step() const;
-};
-
-// Uploads host weights of a whole-model shard (tp = pp = 1), converting
-// matrices to bf16. InvalidArgument for a partial shard.
-absl::StatusOr<CudaLlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
-                                                    Backend& backend,
-                                                    const CudaExec& exec);
+// Uploads host weights of a whole-model shard (tp = pp = 1) to the device:
+// matrices bf16 [out, in], norms f32; a tied LM head is the embedding's one
+// copy. InvalidArgument for a partial shard.
+absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
+                                                Backend& backend,
+                                                const CudaExec& exec);
 
 // Seeded uniform weights of `config` made on the device (benchmarks):
 // matrices in [-1, 1) / sqrt(in), norms 1.
-absl::StatusOr<CudaLlamaWeights> RandomLlamaWeights(const ModelConfig& config,
-                                                    uint64_t seed,
-                                                    Backend& backend,
-                                                    const CudaExec& exec);
+absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& config,
+                                                uint64_t seed, Backend& backend,
+                                                const CudaExec& exec);
 
 class CudaModelRunner {
  public:
@@ -78,8 +56,8 @@ class CudaModelRunner {
   // The backend, stream and cuBLAS handle weights must be made with.
   Backend& backend() { return *backend_; }
   const CudaExec& exec() const { return exec_; }
-  void SetWeights(CudaLlamaWeights weights);
-  const CudaLlamaWeights& weights() const { return weights_; }
+  void SetWeights(LlamaWeights weights);
+  const LlamaWeights& weights() const { return weights_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
   // Replaces the KV pool by one of `num_blocks` device blocks (its contents
@@ -140,7 +118,7 @@ class CudaModelRunner {
   std::unique_ptr<Stream> stream_;
   CublasHandle cublas_;
   CudaExec exec_;
-  CudaLlamaWeights weights_;
+  LlamaWeights weights_;
   std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16.
   CudaAttentionBatch batch_;
 

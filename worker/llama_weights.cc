@@ -49,6 +49,11 @@ int64_t LlamaWeights::bytes() const {
   return total;
 }
 
+int64_t LlamaWeights::bytes_per_step() const {
+  const bool tied = token_embd.raw() == lm_head.raw();
+  return bytes() - (tied ? 0 : token_embd.bytes());
+}
+
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source) {
   return LoadLlamaWeights(source, WholeModelSpec(source.config()));
 }

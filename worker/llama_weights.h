@@ -1,4 +1,5 @@
-// The weights one worker holds (its shard), as f32 host tensors.
+// The weights one worker holds (its shard): f32 host tensors as loaded, or
+// their device copy (UploadLlamaWeights: bf16 matrices, f32 norms).
 #ifndef SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 #define SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 
@@ -35,8 +36,12 @@ struct LlamaWeights {
   Tensor output_norm;                     // Last stage: [hidden].
   Tensor lm_head;  // Last stage: [vocab_padded, hidden], zero padding.
 
-  // Bytes of f32 weights read by one forward step (each matrix once).
+  // Bytes of weights read by one forward step (each matrix once; the
+  // embedding too when it is not the LM head).
   int64_t bytes() const;
+  // The same without the embedding, of which a step reads only the rows
+  // of its tokens (the decode roofline).
+  int64_t bytes_per_step() const;
 };
 
 // The spec of a single rank holding the whole model.
