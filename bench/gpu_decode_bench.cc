@@ -121,7 +121,9 @@ int Main(int argc, char** argv) {
   auto weights = RandomLlamaWeights(c, 1, r.backend(), r.exec());
   if (!weights.ok()) return Fail(std::string(weights.status().message()));
   const int64_t weight_bytes = weights->bytes_per_step();
-  r.SetWeights(std::move(*weights));
+  if (absl::Status set = r.SetWeights(std::move(*weights)); !set.ok()) {
+    return Fail(std::string(set.message()));
+  }
 
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device);

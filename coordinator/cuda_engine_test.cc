@@ -5,6 +5,7 @@
 // without a GPU or the model.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -66,7 +67,10 @@ class CudaEngineTest : public ::testing::Test {
     r.push_back({.prompt = prompts_[1],
                  .max_tokens = 16,
                  .sampling = {.temperature = 0.3f, .top_k = 20, .seed = 7}});
-    r.push_back({.prompt = prompts_[2], .max_tokens = 8, .logprobs = 3});
+    r.push_back({.prompt = prompts_[2],
+                 .max_tokens = 8,
+                 .return_prompt_logits = true,
+                 .logprobs = 3});
     // Shares prompt 0's blocks through the prefix cache.
     r.push_back({.prompt = prompts_[0], .max_tokens = 24});
     return r;
@@ -88,6 +92,19 @@ class CudaEngineTest : public ::testing::Test {
     for (size_t i = 0; i < gpu.size(); ++i) {
       SCOPED_TRACE("request " + std::to_string(i));
       EXPECT_EQ(gpu[i].tokens, cpu[i].tokens);
+      ASSERT_EQ(gpu[i].prompt_logits.size(), cpu[i].prompt_logits.size());
+      if (!cpu[i].prompt_logits.empty()) {
+        double max_diff = 0;
+        for (size_t v = 0; v < cpu[i].prompt_logits.size(); ++v) {
+          max_diff = std::max<double>(
+              max_diff,
+              std::abs(gpu[i].prompt_logits[v] - cpu[i].prompt_logits[v]));
+        }
+        // CudaModelRunnerTest's bound: bf16 weights and GEMM inputs move
+        // these logits by ~0.2; a wrong shard layout by far more.
+        std::printf("prompt logits max |gpu - cpu| %.4f\n", max_diff);
+        EXPECT_LE(max_diff, 1.0);
+      }
       ASSERT_EQ(gpu[i].logprobs.size(), cpu[i].logprobs.size());
       for (size_t t = 0; t < gpu[i].logprobs.size(); ++t) {
         const TokenLogprobs& g = gpu[i].logprobs[t];
@@ -131,6 +148,31 @@ TEST_F(CudaEngineTest, RecomputePreemptionOnASmallGpuPoolMatchesTheCpu) {
               static_cast<long long>(stats_.preempted_recompute));
   EXPECT_GT(stats_.preempted_recompute, 0);
   ExpectSame(got, want);
+}
+
+// TP x PP shards on threads sharing this GPU (their communicators stage
+// through the host), against the CPU at TP = PP = 1.
+TEST_F(CudaEngineTest, ShardsOnOneGpuMatchTheCpu) {
+  const EngineOptions cpu{.max_batched_tokens = 16};
+  const auto want = Run(cpu);
+  for (const auto& [tp, pp] : {std::pair{2, 1}, {1, 2}, {2, 2}}) {
+    SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
+    EngineOptions gpu = cpu;
+    gpu.device = DeviceKind::kCuda;
+    gpu.tp = tp;
+    gpu.pp = pp;
+    gpu.allow_shared_gpu = true;
+    gpu.kv_cache_bytes = int64_t{64} << 20;  // Per rank.
+    ExpectSame(Run(gpu), want);
+  }
+}
+
+TEST_F(CudaEngineTest, RanksSharingAGpuNeedTheFlag) {
+  auto engine =
+      Engine::Create(*source_, {.tp = 2, .device = DeviceKind::kCuda});
+  if (QueryCuda().devices >= 2) GTEST_SKIP() << "two GPUs: no sharing";
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition)
+      << engine.status();
 }
 
 TEST_F(CudaEngineTest, DefaultKvSizingTakesTheRestOfTheGpu) {

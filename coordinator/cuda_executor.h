@@ -1,7 +1,8 @@
-// A StepExecutor on one GPU (TP = PP = 1): the whole model in bf16 on the
-// device, behind the same engine (scheduler, block manager, prefix cache,
-// sampling parameters) as the CPU executors. Multi-GPU TP x PP and the
-// host KV tier on GPUs are not built yet (issue #9).
+// StepExecutors on GPUs, behind the same engine (scheduler, block manager,
+// prefix cache, sampling parameters) as the CPU executors: the model in
+// bf16 on one GPU, or tp x pp shards on threads of this process, one GPU
+// each (or sharing GPUs, for tests). The host KV tier on GPUs is not built
+// yet (issue #9).
 #ifndef SHARDLM_COORDINATOR_CUDA_EXECUTOR_H_
 #define SHARDLM_COORDINATOR_CUDA_EXECUTOR_H_
 
@@ -15,7 +16,11 @@
 namespace shardlm {
 
 struct CudaExecutorOptions {
-  int device = 0;
+  int device = 0;  // When tp * pp = 1; rank r takes device r % devices.
+  int tp = 1;
+  int pp = 1;
+  // Ranks may share a GPU (their communicators stage through the host).
+  bool allow_shared_gpu = false;
   int32_t block_size = 16;
   // KV budget on the device; 0 sizes it by gpu_memory_utilization.
   int64_t kv_cache_bytes = 0;

@@ -72,6 +72,24 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request,
                              cuda.devices)};
 }
 
+absl::StatusOr<std::vector<int>> AssignGpus(int ranks, int devices,
+                                            bool allow_shared) {
+  if (ranks < 1 || devices < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(ranks, " ranks on ", devices, " CUDA devices"));
+  }
+  if (ranks > devices && !allow_shared) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("ranks 0 and ", devices, " would share CUDA device 0 (",
+                     ranks, " ranks, ", devices,
+                     " visible device(s)): one GPU per rank, or "
+                     "--allow-shared-gpu (tests only)"));
+  }
+  std::vector<int> out(ranks);
+  for (int r = 0; r < ranks; ++r) out[r] = r % devices;
+  return out;
+}
+
 absl::StatusOr<GpuKvPlan> PlanGpuKv(const GpuMemory& memory, double utilization,
                                     int64_t block_bytes, int64_t max_blocks) {
   if (!(utilization > 0 && utilization <= 1)) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -49,6 +50,13 @@ struct DeviceChoice {
 absl::StatusOr<DeviceChoice> ChooseDevice(const DeviceRequest& request,
                                           const CudaAvailability& cuda,
                                           std::string_view not_on_gpu = "");
+
+// The GPU of each of `ranks` ranks of this process: rank r takes device
+// r % devices. Two ranks on one device is FailedPrecondition naming both,
+// unless `allow_shared` (tests: NCCL refuses it, so their communicators
+// stage through the host).
+absl::StatusOr<std::vector<int>> AssignGpus(int ranks, int devices,
+                                            bool allow_shared);
 
 // KV cache sizing on a GPU once the weights and activation buffers are
 // allocated: the KV pool gets `utilization` of the device's memory, minus

@@ -146,11 +146,31 @@ TEST(GpuKvPlanTest, TheRestOfTheFractionBecomesBlocks) {
   EXPECT_EQ(inconsistent.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(DeviceChoiceTest, RanksTakeOneGpuEachUnlessSharingIsAllowed) {
+  auto four = AssignGpus(4, 4, false);
+  ASSERT_TRUE(four.ok());
+  EXPECT_EQ(*four, (std::vector<int>{0, 1, 2, 3}));
+  auto shared = AssignGpus(4, 1, false);
+  EXPECT_EQ(shared.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(shared.status().message().find("ranks 0 and 1"),
+            std::string_view::npos)
+      << shared.status();
+  EXPECT_NE(shared.status().message().find("--allow-shared-gpu"),
+            std::string_view::npos);
+  auto three_on_two = AssignGpus(3, 2, false);
+  EXPECT_NE(three_on_two.status().message().find("ranks 0 and 2"),
+            std::string_view::npos)
+      << three_on_two.status();
+  auto allowed = AssignGpus(4, 2, true);
+  ASSERT_TRUE(allowed.ok());
+  EXPECT_EQ(*allowed, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(AssignGpus(0, 1, true).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(EngineDeviceTest, CudaEngineRefusesWhatGpusDoNotRunYet) {
   const ModelConfig c = TinyConfig();
   auto w = RandomLlamaWeights(c, 1);
-  auto sharded = Engine::Create(*w, {.tp = 2, .device = DeviceKind::kCuda});
-  EXPECT_EQ(sharded.status().code(), absl::StatusCode::kUnimplemented);
   auto offload = Engine::Create(
       *w, {.cpu_offload_bytes = 1 << 20, .device = DeviceKind::kCuda});
   EXPECT_EQ(offload.status().code(), absl::StatusCode::kUnimplemented);

@@ -39,6 +39,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         std::unique_ptr<StepExecutor> executor,
         CreateCudaExecutor(
             source, {.device = options.device_ordinal,
+                     .tp = options.tp,
+                     .pp = options.pp,
+                     .allow_shared_gpu = options.allow_shared_gpu,
                      .block_size = options.block_size,
                      .kv_cache_bytes = options.kv_cache_bytes,
                      .gpu_memory_utilization = options.gpu_memory_utilization,

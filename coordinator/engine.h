@@ -40,12 +40,13 @@ struct EngineOptions {
   // threads of this process (the cluster runs them on worker ranks).
   int tp = 1;
   int pp = 1;
-  // Where the model runs. On CUDA (TP = PP = 1 for now), a zero
+  // Where the model runs. On CUDA (rank r of tp * pp on GPU r), a zero
   // kv_cache_bytes gives the KV cache gpu_memory_utilization of the GPU's
   // memory less what is in use.
   DeviceKind device = DeviceKind::kCpu;
   int device_ordinal = 0;
   double gpu_memory_utilization = 0.90;
+  bool allow_shared_gpu = false;  // Tests: TP x PP ranks on one GPU.
   // Most sequences running at once, and most requests waiting for
   // admission (Submit fails with ResourceExhausted beyond it).
   int32_t max_seqs = 64;

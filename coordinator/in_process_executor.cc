@@ -77,7 +77,7 @@ class SingleExecutor : public StepExecutor {
 class ThreadedExecutor : public StepExecutor {
  public:
   ThreadedExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                   std::vector<std::unique_ptr<ModelRunner>> runners,
+                   std::vector<std::unique_ptr<ShardRunner>> runners,
                    PoolBlocks blocks, int tp, int pp, int threads_per_rank)
       : threads_per_rank_(threads_per_rank),
         comms_(std::move(comms)),
@@ -103,7 +103,7 @@ class ThreadedExecutor : public StepExecutor {
   int64_t num_host_kv_blocks() const override { return blocks_.host; }
   int64_t weight_bytes() const override {
     int64_t total = 0;
-    for (const auto& r : runners_) total += r->weights().bytes();
+    for (const auto& r : runners_) total += r->weight_bytes();
     return total;
   }
 
@@ -156,7 +156,7 @@ class ThreadedExecutor : public StepExecutor {
 
   const int threads_per_rank_;
   std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive runners.
-  std::vector<std::unique_ptr<ModelRunner>> runners_;
+  std::vector<std::unique_ptr<ShardRunner>> runners_;
   PoolBlocks blocks_;
   int tp_, pp_;
   mutable std::mutex mu_;
@@ -196,36 +196,59 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
         std::make_unique<ModelRunner>(std::move(weights[0]), std::move(pool)),
         o.threads_per_rank);
   }
-  // One TP group per stage, one PP chain per TP index.
-  std::vector<std::unique_ptr<Communicator>> owned;
-  std::vector<ShardComms> comms(plan.shards.size());
-  if (o.tp > 1) {
-    for (int p = 0; p < o.pp; ++p) {
-      auto group = MakeFakeGroup(o.tp, absl::StrCat("tp group of stage ", p));
-      for (int t = 0; t < o.tp; ++t) {
-        comms[p * o.tp + t].tp = group[t].get();
-        owned.push_back(std::move(group[t]));
-      }
-    }
-  }
-  if (o.pp > 1) {
-    for (int t = 0; t < o.tp; ++t) {
-      auto chain = MakeFakeGroup(o.pp, absl::StrCat("pp chain of tp ", t));
-      for (int p = 0; p < o.pp; ++p) {
-        comms[p * o.tp + t].pp = chain[p].get();
-        owned.push_back(std::move(chain[p]));
-      }
-    }
-  }
-  std::vector<std::unique_ptr<ModelRunner>> runners;
+  InProcessComms comms = MakeInProcessComms(o.tp, o.pp);
+  std::vector<std::unique_ptr<ShardRunner>> runners;
   for (size_t r = 0; r < weights.size(); ++r) {
     ASSIGN_OR_RETURN(auto pool, MakePool(weights[r], o, blocks));
-    runners.push_back(std::make_unique<ModelRunner>(std::move(weights[r]),
-                                                    std::move(pool), comms[r]));
+    runners.push_back(std::make_unique<ModelRunner>(
+        std::move(weights[r]), std::move(pool), comms.per_rank[r]));
   }
+  return NewThreadedExecutor(std::move(comms.owned), std::move(runners),
+                             blocks.device, blocks.host, o.tp, o.pp,
+                             std::max(1, o.threads_per_rank));
+}
+
+InProcessComms MakeInProcessComms(
+    int tp, int pp,
+    const std::function<
+        std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap) {
+  const auto add = [&](std::unique_ptr<Communicator> c, InProcessComms& out) {
+    Communicator* raw = nullptr;
+    if (wrap) c = wrap(std::move(c));
+    raw = c.get();
+    out.owned.push_back(std::move(c));
+    return raw;
+  };
+  // One TP group per stage, one PP chain per TP index.
+  InProcessComms out;
+  out.per_rank.resize(static_cast<size_t>(tp) * pp);
+  if (tp > 1) {
+    for (int p = 0; p < pp; ++p) {
+      auto group = MakeFakeGroup(tp, absl::StrCat("tp group of stage ", p));
+      for (int t = 0; t < tp; ++t) {
+        out.per_rank[p * tp + t].tp = add(std::move(group[t]), out);
+      }
+    }
+  }
+  if (pp > 1) {
+    for (int t = 0; t < tp; ++t) {
+      auto chain = MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t));
+      for (int p = 0; p < pp; ++p) {
+        out.per_rank[p * tp + t].pp = add(std::move(chain[p]), out);
+      }
+    }
+  }
+  return out;
+}
+
+std::unique_ptr<StepExecutor> NewThreadedExecutor(
+    std::vector<std::unique_ptr<Communicator>> comms,
+    std::vector<std::unique_ptr<ShardRunner>> runners, int64_t device_blocks,
+    int64_t host_blocks, int tp, int pp, int threads_per_rank) {
   return std::make_unique<ThreadedExecutor>(
-      std::move(owned), std::move(runners), blocks, o.tp, o.pp,
-      std::max(1, o.threads_per_rank));
+      std::move(comms), std::move(runners),
+      PoolBlocks{.device = device_blocks, .host = host_blocks}, tp, pp,
+      threads_per_rank);
 }
 
 }  // namespace shardlm

@@ -5,10 +5,12 @@
 #define SHARDLM_COORDINATOR_STEP_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/weight_source.h"
@@ -59,6 +61,26 @@ struct ExecutorOptions {
 // communicators, each loading only its shard.
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& options);
+
+// The communicators of a TP x PP cluster on threads of this process: a fake
+// group per TP group and per PP chain, each passed through `wrap` when it
+// is set (e.g. to stage device tensors through the host).
+struct InProcessComms {
+  std::vector<std::unique_ptr<Communicator>> owned;
+  std::vector<ShardComms> per_rank;  // Rank r = pp_rank * tp + tp_rank.
+};
+InProcessComms MakeInProcessComms(
+    int tp, int pp,
+    const std::function<std::unique_ptr<Communicator>(
+        std::unique_ptr<Communicator>)>& wrap = nullptr);
+
+// tp * pp runners on threads of their own, each running every step; the
+// logits come from the last stage's TP rank 0. Every rank holds
+// `device_blocks` + `host_blocks` KV blocks. `comms` outlive the runners.
+std::unique_ptr<StepExecutor> NewThreadedExecutor(
+    std::vector<std::unique_ptr<Communicator>> comms,
+    std::vector<std::unique_ptr<ShardRunner>> runners, int64_t device_blocks,
+    int64_t host_blocks, int tp, int pp, int threads_per_rank);
 
 }  // namespace shardlm
 

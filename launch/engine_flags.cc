@@ -32,6 +32,9 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "on a GPU, the fraction of its memory this process may use; "
             "what weights and activations leave becomes KV cache (unless "
             "--kv-cache-bytes is set)");
+  flags.Add("allow-shared-gpu", &allow_shared_gpu,
+            "let --tp x --pp ranks share GPUs (tests only: slow, staged "
+            "through the host)");
 }
 
 std::string LocalEngineFlags::Problem() const {
@@ -56,9 +59,13 @@ std::string LocalEngineFlags::Problem() const {
 absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
     const CudaAvailability& cuda) const {
   ASSIGN_OR_RETURN(DeviceRequest request, ParseDeviceFlag(device));
-  const char* not_on_gpu = tp * pp > 1             ? "--tp/--pp > 1"
-                           : cpu_offload_bytes > 0 ? "--cpu-offload-bytes"
-                                                   : "";
+  std::string not_on_gpu;
+  if (cpu_offload_bytes > 0) {
+    not_on_gpu = "--cpu-offload-bytes";
+  } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
+    not_on_gpu = absl::StrCat("--tp x --pp = ", tp * pp, " ranks on ",
+                              cuda.devices, " GPU(s)");
+  }
   return ChooseDevice(request, cuda, not_on_gpu);
 }
 
@@ -72,7 +79,8 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .pp = static_cast<int>(pp),
           .device = d.kind,
           .device_ordinal = d.ordinal,
-          .gpu_memory_utilization = gpu_memory_utilization};
+          .gpu_memory_utilization = gpu_memory_utilization,
+          .allow_shared_gpu = allow_shared_gpu};
 }
 
 absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {

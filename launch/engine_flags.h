@@ -26,19 +26,20 @@ struct LocalEngineFlags {
   int64_t pp = 1;
   std::string device = "auto";
   double gpu_memory_utilization = 0.90;
+  bool allow_shared_gpu = false;
 
   // Adds --model, --threads, --kv-cache-bytes, --cpu-offload-bytes,
   // --prefix-caching, --max-batched-tokens, --tp, --pp, --device and
-  // --gpu-memory-utilization.
+  // --gpu-memory-utilization and --allow-shared-gpu.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.
   std::string Problem() const;
   // The engine options on `device` (from ChooseDevice).
   EngineOptions ToOptions(const DeviceChoice& device) const;
-  // Resolves --device against this machine: "auto" takes a GPU when one is
-  // usable and the configuration runs there (TP = PP = 1, no CPU offload
-  // tier), else the CPU; the reason is for the log.
+  // Resolves --device against this machine: "auto" takes GPUs when there
+  // is one per rank (or --allow-shared-gpu) and no CPU offload tier is
+  // asked for, else the CPU; the reason is for the log.
   absl::StatusOr<DeviceChoice> ResolveDevice(
       const CudaAvailability& cuda) const;
 };

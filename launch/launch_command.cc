@@ -304,7 +304,8 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                                          .cluster_token = token,
                                          .stop = &stop},
                                         **host);
-  if (const RunnerStats* st = (*host)->stats(); st && st->steps > 0) {
+  if (const std::optional<RunnerStats> st = (*host)->stats();
+      st && st->steps > 0) {
     std::fprintf(stderr,
                  "[shardlm] worker rank %d: %lld steps, %.2f s in steps, "
                  "%.2f s (%.0f%%) in communication\n",

@@ -4,6 +4,7 @@
 #define SHARDLM_LAUNCH_MPI_SHARD_HOST_H_
 
 #include <memory>
+#include <optional>
 
 #include "absl/status/statusor.h"
 #include "collectives/mpi_communicator.h"
@@ -26,9 +27,10 @@ class MpiShardHost : public ShardHost {
   absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override;
   // Runs the step; the last stage's TP rank 0 samples.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
-  // Null before Load.
-  const RunnerStats* stats() const {
-    return runner_ ? &runner_->stats() : nullptr;
+  // None before Load.
+  std::optional<RunnerStats> stats() const {
+    if (!runner_) return std::nullopt;
+    return runner_->stats();
   }
 
  private:

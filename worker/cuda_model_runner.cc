@@ -3,10 +3,12 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_status.h"
@@ -20,6 +22,7 @@ namespace {
 // A device bf16 (matrices) or f32 (norms) copy of a host f32 tensor.
 absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype, Backend& backend,
                               const CudaExec& exec) {
+  if (host.empty()) return Tensor();  // Not held by this shard.
   ASSIGN_OR_RETURN(Tensor f32, backend.Allocate(DType::kF32, host.shape(),
                                                 MemoryType::kDevice));
   RETURN_IF_ERROR(backend.Copy(host, f32));
@@ -56,12 +59,6 @@ absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
 absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                                                 Backend& backend,
                                                 const CudaExec& exec) {
-  const ShardSpec& s = host.spec;
-  if (s.tp_size != 1 || s.pp_size != 1 ||
-      s.vocab_padded != host.config.vocab_size) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CudaModelRunner runs whole models only, got shard ", s.DebugString()));
-  }
   LlamaWeights w;
   w.config = host.config;
   w.spec = host.spec;
@@ -84,7 +81,7 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
   }
   ASSIGN_OR_RETURN(w.output_norm,
                    Upload(host.output_norm, DType::kF32, backend, exec));
-  if (host.lm_head.raw() == host.token_embd.raw()) {
+  if (!host.lm_head.empty() && host.lm_head.raw() == host.token_embd.raw()) {
     w.lm_head = w.token_embd;  // Tied: one device copy.
   } else {
     ASSIGN_OR_RETURN(w.lm_head, Upload(host.lm_head, bf, backend, exec));
@@ -143,13 +140,13 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     int device, const ModelConfig& config, const KvPoolConfig& kv) {
   RETURN_IF_ERROR(config.Validate());
-  if (kv.n_layers != config.n_layers || kv.kv_heads != config.n_kv_heads ||
-      kv.head_dim != config.head_dim || kv.block_size <= 0 ||
-      kv.num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV pool of ", kv.n_layers, " layers x ", kv.kv_heads, " heads x ",
-        kv.head_dim, " (", kv.num_blocks, " blocks of ", kv.block_size,
-        ") does not fit the whole model"));
+  if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
+      kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||
+      kv.block_size <= 0 || kv.num_blocks <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV pool of ", kv.n_layers, " layers x ", kv.kv_heads,
+                     " heads x ", kv.head_dim, " (", kv.num_blocks,
+                     " blocks of ", kv.block_size, ") does not fit the model"));
   }
   std::unique_ptr<CudaModelRunner> r(new CudaModelRunner());
   r->device_ = device;
@@ -206,15 +203,32 @@ CudaModelRunner::~CudaModelRunner() {
   }
 }
 
-void CudaModelRunner::SetWeights(LlamaWeights weights) {
+absl::Status CudaModelRunner::SetWeights(LlamaWeights weights) {
+  const ShardSpec& spec = weights.spec;
+  if (spec.n_layers() != kv_config_.n_layers ||
+      spec.n_kv_heads() != kv_config_.kv_heads ||
+      static_cast<int64_t>(weights.layers.size()) != spec.n_layers()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "weights of shard ", spec.DebugString(), " (", weights.layers.size(),
+        " layers) do not fit the KV pool of ", kv_config_.n_layers,
+        " layers x ", kv_config_.kv_heads, " KV heads"));
+  }
   weights_ = std::move(weights);
-  ++generation_;  // Graphs hold the old weights' addresses.
+  ++generation_;         // Graphs hold the old weights' addresses.
+  cap_ = cap_rows_ = 0;  // Buffers are sized by the shard.
+  return absl::OkStatus();
+}
+
+void CudaModelRunner::SetComms(ShardComms comms) {
+  comms_ = comms;
+  ++generation_;
 }
 
 absl::Status CudaModelRunner::Validate(const StepInput& step) const {
   const ModelConfig& c = config_;
   const size_t n = step.tokens.size();
-  if (weights_.layers.size() != static_cast<size_t>(c.n_layers)) {
+  if (weights_.layers.empty() ||
+      static_cast<int64_t>(weights_.layers.size()) != kv_config_.n_layers) {
     return absl::FailedPreconditionError("CudaModelRunner has no weights");
   }
   if (n == 0) return absl::InvalidArgumentError("step has no tokens");
@@ -251,6 +265,8 @@ absl::Status CudaModelRunner::Validate(const StepInput& step) const {
 
 absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
   const ModelConfig& c = config_;
+  const ShardSpec& spec = weights_.spec;
+  const int64_t ffn = spec.ffn_end - spec.ffn_begin;
   Backend& b = *backend_;
   const auto dev = [&](Tensor& t, DType dt, Shape shape) -> absl::Status {
     ASSIGN_OR_RETURN(t, b.Allocate(dt, shape, MemoryType::kDevice));
@@ -258,19 +274,19 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
   };
   if (n > cap_) {
     const int64_t cap = std::max<int64_t>(n, 2 * cap_);
-    const int64_t q_dim = c.n_heads * c.head_dim;
-    const int64_t kv_dim = c.n_kv_heads * c.head_dim;
+    const int64_t q_dim = spec.n_heads() * c.head_dim;
+    const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
     RETURN_IF_ERROR(stream_->Synchronize());  // Old buffers may be in use.
     RETURN_IF_ERROR(dev(ids_, DType::kI32, {cap}));
     RETURN_IF_ERROR(dev(x_, DType::kF32, {cap, c.hidden}));
     RETURN_IF_ERROR(dev(q_, DType::kF32, {cap, q_dim}));
     RETURN_IF_ERROR(dev(k_, DType::kF32, {cap, kv_dim}));
     RETURN_IF_ERROR(dev(v_, DType::kF32, {cap, kv_dim}));
-    RETURN_IF_ERROR(dev(gate_, DType::kF32, {cap, c.ffn_hidden}));
-    RETURN_IF_ERROR(dev(up_, DType::kF32, {cap, c.ffn_hidden}));
+    RETURN_IF_ERROR(dev(gate_, DType::kF32, {cap, ffn}));
+    RETURN_IF_ERROR(dev(up_, DType::kF32, {cap, ffn}));
     RETURN_IF_ERROR(dev(xn16_, DType::kBF16, {cap, c.hidden}));
     RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
-    RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, c.ffn_hidden}));
+    RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, ffn}));
     cap_ = cap;
     ++generation_;
   }
@@ -281,9 +297,14 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     RETURN_IF_ERROR(dev(sampled_, DType::kI32, {cap}));
     RETURN_IF_ERROR(dev(last_, DType::kF32, {cap, c.hidden}));
     RETURN_IF_ERROR(dev(last16_, DType::kBF16, {cap, c.hidden}));
-    RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, c.vocab_size}));
+    RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, spec.vocab_padded}));
     ASSIGN_OR_RETURN(host_logits_, b.Allocate(DType::kF32, {cap, c.vocab_size},
                                               MemoryType::kHostPinned));
+    if (spec.tp_size > 1) {
+      // [tp, rows, vocab_padded] for any rows <= cap, as a flat prefix.
+      RETURN_IF_ERROR(dev(gathered_, DType::kF32,
+                          {spec.tp_size * cap * spec.vocab_padded}));
+    }
     cap_rows_ = cap;
     ++generation_;
   }
@@ -308,13 +329,24 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), step.tokens.data(),
                                        n * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, s));
+  const bool sampled_here = m > 0 && weights_.spec.last_stage();
   if (m > 0) {
     RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), step.logit_rows.data(),
                                          m * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, s));
+  }
+  if (sampled_here) {
     ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
   }
-  if (!graphs_ || n > kMaxGraphTokens) return Launch(n, m);
+  // Communicator calls are host calls: no graphs across them.
+  const bool comms = comms_.tp != nullptr || comms_.pp != nullptr;
+  if (!graphs_ || n > kMaxGraphTokens || comms) {
+    host_logits_view_ = Tensor();
+    RETURN_IF_ERROR(Launch(n, m));
+    // The TP gather leaves the logits on the host.
+    if (!host_logits_view_.empty()) logits = host_logits_view_;
+    return absl::OkStatus();
+  }
 
   // Every kernel argument is fixed by these (buffer addresses by the
   // generations), so a graph captured for the same key replays this step.
@@ -421,6 +453,16 @@ class CudaForwardOps : public ForwardOps {
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
     return EmbeddingCuda(x, rows_, 0, out, exec_);
   }
+  absl::StatusOr<Tensor> ToHost(const Tensor& t) override {
+    if (t.memory() == MemoryType::kHost) return t;
+    ASSIGN_OR_RETURN(Tensor host,
+                     Tensor::HostUninitialized(t.dtype(), t.shape()));
+    auto* s = static_cast<cudaStream_t>(exec_.stream);
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host.raw(), t.raw(), t.bytes(),
+                                         cudaMemcpyDeviceToHost, s));
+    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
+    return host;
+  }
   // x += attn wo^T as the GEMM's beta = 1.
   bool fuses_residual() const override { return true; }
 
@@ -447,25 +489,50 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   ASSIGN_OR_RETURN(b.gate, gate_.Rows(0, n));
   ASSIGN_OR_RETURN(b.up, up_.Rows(0, n));
   ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
+  const ShardSpec& spec = weights_.spec;
   Tensor rows;
-  if (m > 0) {
+  if (m > 0 && spec.last_stage()) {
     ASSIGN_OR_RETURN(rows, rows_.Rows(0, m));
     ASSIGN_OR_RETURN(b.last, last_.Rows(0, m));
     ASSIGN_OR_RETURN(b.last_n, last16_.Rows(0, m));
     ASSIGN_OR_RETURN(b.local_logits, logits_.Rows(0, m));
+    if (comms_.tp != nullptr) {
+      const int64_t tp = spec.tp_size, vp = spec.vocab_padded;
+      ASSIGN_OR_RETURN(Tensor flat, gathered_.Rows(0, tp * m * vp));
+      ASSIGN_OR_RETURN(b.gathered, flat.Reshaped({tp, m, vp}));
+    }
   }
   CudaForwardOps ops(exec_, ids, rows, batch_);
-  const ShardForward forward{.weights = weights_, .ops = ops};
+  // The stream's work must be done before a communicator reads the data
+  // (they run on other streams or the host).
+  const ShardForward forward{
+      .weights = weights_,
+      .comms = comms_,
+      .ops = ops,
+      .comm = [this](const std::function<absl::Status()>& call) {
+        RETURN_IF_ERROR(stream_->Synchronize());
+        return call();
+      }};
   RETURN_IF_ERROR(forward.Layers(b, {&k_cache_, &v_cache_}));
-  return forward.Logits(b).status();
+  if (!spec.last_stage()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(Tensor logits, forward.Logits(b));
+  if (logits.memory() != MemoryType::kDevice) host_logits_view_ = logits;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Cleanup account = [&] {
+    stats_.forward_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    ++stats_.steps;
+  };
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));
-  if (logits.empty()) {
+  if (logits.empty() || logits.memory() != MemoryType::kDevice) {
     RETURN_IF_ERROR(stream_->Synchronize());
-    return Tensor();
+    return logits;  // None (a stage before the last), or gathered on the host.
   }
   ASSIGN_OR_RETURN(Tensor pinned, host_logits_.Rows(0, logits.dim(0)));
   RETURN_IF_ERROR(backend_->Copy(logits, pinned, stream_.get()));
@@ -489,10 +556,18 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   }
   const bool logprobs = std::any_of(step.logprobs.begin(), step.logprobs.end(),
                                     [](int32_t n) { return n > 0; });
-  if (step.return_logits || logprobs || rows == 0) {
+  // Sampled on the host when the logits end there anyway (TP gather).
+  if (step.return_logits || logprobs || rows == 0 || comms_.tp != nullptr) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(step));
     return SampleStep(step, std::move(logits));
   }
+  const auto start = std::chrono::steady_clock::now();
+  absl::Cleanup account = [&] {
+    stats_.forward_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+    ++stats_.steps;
+  };
   // Sampled on the device; only the token ids come back.
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));

@@ -46,7 +46,7 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& config,
                                                 uint64_t seed, Backend& backend,
                                                 const CudaExec& exec);
 
-class CudaModelRunner {
+class CudaModelRunner : public ShardRunner {
  public:
   // Takes device `device`, allocates the KV pool (`kv`: bf16 blocks) and a
   // stream and cuBLAS handle of its own.
@@ -56,8 +56,17 @@ class CudaModelRunner {
   // The backend, stream and cuBLAS handle weights must be made with.
   Backend& backend() { return *backend_; }
   const CudaExec& exec() const { return exec_; }
-  void SetWeights(LlamaWeights weights);
+  // InvalidArgument when the shard's layers and KV heads are not the KV
+  // pool's.
+  absl::Status SetWeights(LlamaWeights weights);
   const LlamaWeights& weights() const { return weights_; }
+  // The shard's TP group and PP chain (none: a whole model). Steps with
+  // communicators run eagerly, the stream synchronized before each call.
+  void SetComms(ShardComms comms);
+
+  const ModelConfig& config() const override { return config_; }
+  int64_t weight_bytes() const override { return weights_.bytes_per_step(); }
+  RunnerStats stats() const override { return stats_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
   // Replaces the KV pool by one of `num_blocks` device blocks (its contents
@@ -72,7 +81,7 @@ class CudaModelRunner {
   // step's logit rows, [logit_rows.size(), vocab], on the host (empty when
   // there are none). InvalidArgument for bad steps, before anything is
   // written.
-  absl::StatusOr<Tensor> Forward(const StepInput& step);
+  absl::StatusOr<Tensor> Forward(const StepInput& step) override;
 
   // Forward and sampling, as SampleStep(step, Forward(step)): sampled on
   // the device (SampleCuda: SampleToken's draws) with only the ids copied
@@ -119,6 +128,8 @@ class CudaModelRunner {
   CublasHandle cublas_;
   CudaExec exec_;
   LlamaWeights weights_;
+  ShardComms comms_;
+  RunnerStats stats_;
   std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16.
   CudaAttentionBatch batch_;
 
@@ -130,6 +141,8 @@ class CudaModelRunner {
   Tensor xn16_, attn16_, h16_;        // bf16 GEMM inputs
   Tensor last_, last16_, logits_;     // [cap_rows, ...]
   Tensor host_logits_;                // pinned [cap_rows, vocab]
+  Tensor gathered_;          // TP: flat [tp * cap_rows * vocab_padded] f32.
+  Tensor host_logits_view_;  // The last eager step's host logits (TP).
 
   bool graphs_ = true;
   void* graph_exec_ = nullptr;  // cudaGraphExec_t

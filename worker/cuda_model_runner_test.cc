@@ -134,13 +134,13 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
   ASSERT_TRUE(dw.ok()) << dw.status();
-  (*gpu)->SetWeights(std::move(*dw));
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   // The same without CUDA graphs, to check graph replays against.
   auto eager = CudaModelRunner::Create(0, c, kv);
   ASSERT_TRUE(eager.ok()) << eager.status();
   auto ew = UploadLlamaWeights(host, (*eager)->backend(), (*eager)->exec());
   ASSERT_TRUE(ew.ok()) << ew.status();
-  (*eager)->SetWeights(std::move(*ew));
+  ASSERT_TRUE((*eager)->SetWeights(std::move(*ew)).ok());
   (*eager)->set_cuda_graphs(false);
   ModelRunner cpu(std::move(host), *KvPool::Create(kv));
 
@@ -241,7 +241,7 @@ TEST(CudaModelRunnerTest, MixedBatchesOfSequencesMatchCpu) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
   ASSERT_TRUE(dw.ok()) << dw.status();
-  (*gpu)->SetWeights(std::move(*dw));
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   ModelRunner cpu(std::move(host), *KvPool::Create(kv));
 
   // Three sequences, blocks interleaved across the pool.
@@ -301,7 +301,7 @@ TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
   auto dw = UploadLlamaWeights(RandomHostWeights(c, 1), (*gpu)->backend(),
                                (*gpu)->exec());
   ASSERT_TRUE(dw.ok()) << dw.status();
-  (*gpu)->SetWeights(std::move(*dw));
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   StepInput bad_token = SeqStep({50}, 0, 16, 2);
   EXPECT_EQ((*gpu)->Forward(bad_token).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -361,7 +361,7 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto dw = UploadLlamaWeights(*host, (*gpu)->backend(), (*gpu)->exec());
   ASSERT_TRUE(dw.ok()) << dw.status();
-  (*gpu)->SetWeights(std::move(*dw));
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
 
   // Of 8 candidate prompts, the 4 whose greedy continuations have the
   // widest top-2 logit margins (>= 0.05 at every one of the 32 steps on

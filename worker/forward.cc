@@ -85,15 +85,12 @@ absl::StatusOr<Tensor> ShardForward::Logits(ForwardBuffers& b) const {
   RETURN_IF_ERROR(ops.Linear(b.last_n, weights.lm_head, b.local_logits, false));
   if (comms.tp == nullptr) return b.local_logits;
 
-  if (b.local_logits.memory() != MemoryType::kHost) {
-    return absl::UnimplementedError(
-        "the TP logits gather runs on host tensors only (issue #9)");
-  }
+  // Gathered where the logits are (NCCL needs device memory), reordered on
+  // the host.
   const int tp = spec.tp_size;
-  ASSIGN_OR_RETURN(Tensor gathered,
-                   Tensor::Host(DType::kF32, {tp, m, spec.vocab_padded}));
   RETURN_IF_ERROR(
-      Comm([&] { return comms.tp->AllGather(b.local_logits, gathered); }));
+      Comm([&] { return comms.tp->AllGather(b.local_logits, b.gathered); }));
+  ASSIGN_OR_RETURN(Tensor gathered, ops.ToHost(b.gathered));
   ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
   for (int t = 0; t < tp; ++t) {
     const auto [v0, v1] = EvenSplit(c.vocab_size, tp, t);

@@ -61,6 +61,8 @@ class ForwardOps {
   virtual absl::Status Add(Tensor& x, const Tensor& y) = 0;
   // out = the rows of x ([n, hidden]) whose logits the step wants.
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
+  // `t` readable on the host once this returns (itself when it is there).
+  virtual absl::StatusOr<Tensor> ToHost(const Tensor& t) = 0;
   // Whether Linear can add into the f32 residual stream itself (the GEMM's
   // beta = 1), saving the partial buffer and an add when there is no TP
   // all-reduce in between.
@@ -82,6 +84,7 @@ struct ForwardBuffers {
                         // alias gate).
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
+  Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
 };
 
 // Communicators of one shard; null where the group has one member.
@@ -110,7 +113,8 @@ struct ShardForward {
   // last stage) or has been sent to the next stage.
   absl::Status Layers(ForwardBuffers& b, KvLayers kv) const;
   // The logits of the step's m logit rows, [m, vocab], gathered over the TP
-  // group (a view of b.local_logits when tp = 1). Last stage only.
+  // group into a host tensor (b.local_logits itself when tp = 1). Last
+  // stage only.
   absl::StatusOr<Tensor> Logits(ForwardBuffers& b) const;
 
  private:

@@ -178,6 +178,7 @@ class CpuForwardOps : public ForwardOps {
     }
     return absl::OkStatus();
   }
+  absl::StatusOr<Tensor> ToHost(const Tensor& t) override { return t; }
   // The CPU adds the residual separately (the numerics every CPU test and
   // reference was written against).
   bool fuses_residual() const override { return false; }
@@ -241,6 +242,9 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ASSIGN_OR_RETURN(b.last, host({m, c.hidden}));
     b.last_n = b.last;
     ASSIGN_OR_RETURN(b.local_logits, host({m, spec.vocab_padded}));
+    if (comms_.tp != nullptr) {
+      ASSIGN_OR_RETURN(b.gathered, host({spec.tp_size, m, spec.vocab_padded}));
+    }
   }
 
   CpuForwardOps ops(step, batch, c.hidden);

@@ -84,20 +84,37 @@ struct RunnerStats {
   double copy_seconds = 0;    // Inside them.
 };
 
-// Runs one shard (weights.spec): its layers, with its heads and FFN columns
-// (TP partial sums all-reduced over comms.tp), receiving hidden states from
-// the previous stage and sending them to the next (comms.pp). Every rank of
-// the cluster is given the same StepInput.
-class ModelRunner {
+// One shard's forward steps on some backend; what executors drive.
+class ShardRunner {
+ public:
+  virtual ~ShardRunner() = default;
+  virtual const ModelConfig& config() const = 0;
+  // Bytes of weights one step reads (the backend's dtypes).
+  virtual int64_t weight_bytes() const = 0;
+  virtual RunnerStats stats() const = 0;
+  // Runs this shard's layers for the step's tokens. On the last stage,
+  // returns the logits of the requested rows on the host, gathered over
+  // the TP group: [logit_rows.size(), vocab]; an empty tensor on other
+  // stages. InvalidArgument for a malformed step, before anything is
+  // written (every rank sees the same step, so all fail alike).
+  virtual absl::StatusOr<Tensor> Forward(const StepInput& step) = 0;
+};
+
+// Runs one shard (weights.spec) on the CPU: its layers, with its heads and FFN
+// columns (TP partial sums all-reduced over comms.tp), receiving hidden states
+// from the previous stage and sending them to the next (comms.pp). Every rank
+// of the cluster is given the same StepInput.
+class ModelRunner : public ShardRunner {
  public:
   ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv,
               ShardComms comms = {})
       : weights_(std::move(weights)), kv_(std::move(kv)), comms_(comms) {}
 
-  const ModelConfig& config() const { return weights_.config; }
+  const ModelConfig& config() const override { return weights_.config; }
+  int64_t weight_bytes() const override { return weights_.bytes(); }
+  RunnerStats stats() const override { return stats_; }
   const LlamaWeights& weights() const { return weights_; }
   const KvPool& kv() const { return *kv_; }
-  const RunnerStats& stats() const { return stats_; }
 
   // Runs this shard's layers for the step's tokens. On the last stage,
   // returns the logits of the requested rows, gathered over the TP group:
@@ -105,7 +122,7 @@ class ModelRunner {
   // InvalidArgument for token ids outside the vocabulary, positions beyond
   // the context, or block tables that do not cover the positions; nothing
   // is written then (every rank sees the same step, so all fail alike).
-  absl::StatusOr<Tensor> Forward(const StepInput& step);
+  absl::StatusOr<Tensor> Forward(const StepInput& step) override;
 
  private:
   absl::Status Validate(const StepInput& step) const;

@@ -119,6 +119,14 @@ if [ -z "$cpu_text" ] || [ "$gpu_text" != "$cpu_text" ]; then
   tail -n 5 "$OUT/generate_cpu.err" "$OUT/generate_gpu.err"
   failed+=(generate)
 fi
+sharded=$(gen --model "$SHARDLM_MODEL" --device cuda --tp 2 --pp 2 \
+  --allow-shared-gpu 2>"$OUT/generate_gpu_tp2pp2.err")
+echo "cuda tp 2 x pp 2 (one GPU): $sharded"
+if [ -z "$cpu_text" ] || [ "$sharded" != "$cpu_text" ]; then
+  echo "generate --device cuda --tp 2 --pp 2 differs from --device cpu"
+  tail -n 5 "$OUT/generate_gpu_tp2pp2.err"
+  failed+=(generate-tp2pp2)
+fi
 PORT=50551
 timeout -k 5 180 "$BIN/shardlm" serve --model "$SHARDLM_MODEL" --device cuda \
   --listen "127.0.0.1:$PORT" >"$OUT/serve.log" 2>&1 &
