@@ -185,6 +185,11 @@ TEST(EngineDeviceTest, CudaEngineWithoutAGpuIsFailedPrecondition) {
   auto e = Engine::Create(*w, {.device = DeviceKind::kCuda});
   EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition)
       << e.status();
+  // Sharded too: the missing GPU is the reason, not the layout.
+  auto sharded =
+      Engine::Create(*w, {.tp = 2, .pp = 2, .device = DeviceKind::kCuda});
+  EXPECT_EQ(sharded.status().code(), absl::StatusCode::kFailedPrecondition)
+      << sharded.status();
 }
 
 }  // namespace

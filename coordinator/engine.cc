@@ -24,12 +24,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   }
   SetCpuThreads(options.threads);
   if (options.device == DeviceKind::kCuda) {
-    if (options.tp * options.pp > 1) {
-      return absl::UnimplementedError(absl::StrCat(
-          "--tp ", options.tp, " --pp ", options.pp,
-          " on CUDA: only one GPU per model is supported yet (issue #9); use "
-          "--tp 1 --pp 1, or --device cpu"));
-    }
     if (options.cpu_offload_bytes > 0) {
       return absl::UnimplementedError(
           "--cpu-offload-bytes on CUDA: the host KV tier of a GPU is not "
