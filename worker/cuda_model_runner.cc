@@ -287,6 +287,11 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     RETURN_IF_ERROR(dev(xn16_, DType::kBF16, {cap, c.hidden}));
     RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
     RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, ffn}));
+    if (spec.tp_size > 1) {
+      // TP partial sums are all-reduced before the residual add, which
+      // cannot then be the GEMM's beta = 1.
+      RETURN_IF_ERROR(dev(partial_, DType::kF32, {cap, c.hidden}));
+    }
     cap_ = cap;
     ++generation_;
   }
@@ -489,6 +494,9 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   ASSIGN_OR_RETURN(b.gate, gate_.Rows(0, n));
   ASSIGN_OR_RETURN(b.up, up_.Rows(0, n));
   ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
+  if (comms_.tp != nullptr) {
+    ASSIGN_OR_RETURN(b.partial, partial_.Rows(0, n));
+  }
   const ShardSpec& spec = weights_.spec;
   Tensor rows;
   if (m > 0 && spec.last_stage()) {

@@ -138,6 +138,7 @@ class CudaModelRunner : public ShardRunner {
   int64_t cap_ = 0, cap_rows_ = 0;
   Tensor ids_, rows_, sampled_;       // i32 [cap], [cap_rows], [cap_rows]
   Tensor x_, q_, k_, v_, gate_, up_;  // f32
+  Tensor partial_;                    // f32 [cap, hidden], TP only
   Tensor xn16_, attn16_, h16_;        // bf16 GEMM inputs
   Tensor last_, last16_, logits_;     // [cap_rows, ...]
   Tensor host_logits_;                // pinned [cap_rows, vocab]
