@@ -16,6 +16,7 @@
 #include "coordinator/control_service.h"
 #include "coordinator/engine.h"
 #include "coordinator/remote_executor.h"
+#include "core/max_abs_diff.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -300,12 +301,9 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   int64_t blocks = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
-    double err = 0;
     ASSERT_EQ((*got)[i].prompt_logits.size(), (*base)[i].prompt_logits.size());
-    for (size_t v = 0; v < (*base)[i].prompt_logits.size(); ++v) {
-      err = std::max<double>(err, std::abs((*got)[i].prompt_logits[v] -
-                                           (*base)[i].prompt_logits[v]));
-    }
+    const double err =
+        MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits);
     EXPECT_LT(err, 1e-4) << "request " << i;
     // Log-probabilities cross the control plane row by row.
     ASSERT_EQ((*got)[i].logprobs.size(), (*base)[i].logprobs.size());

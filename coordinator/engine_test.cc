@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
@@ -52,12 +53,7 @@ TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   ASSERT_EQ(a->prompt_logits.size(), 301u);
-  double max_err = 0;
-  for (size_t i = 0; i < 301; ++i) {
-    max_err = std::max<double>(
-        max_err, std::abs(a->prompt_logits[i] - b->prompt_logits[i]));
-  }
-  EXPECT_LT(max_err, 1e-4);
+  EXPECT_LT(MaxAbsDiff(a->prompt_logits, b->prompt_logits), 1e-4);
   EXPECT_EQ(a->tokens, b->tokens);
   EXPECT_EQ(a->tokens.size(), 12u);
   EXPECT_EQ(a->finish_reason, FinishReason::kLength);

@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "coordinator/engine.h"
+#include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
@@ -54,15 +55,19 @@ void ExpectEquivalent(const WeightSource& source,
                                           .tp = layout.tp,
                                           .pp = layout.pp});
     ASSERT_TRUE(engine.ok()) << engine.status();
+    // The run really is sharded: one runner per rank.
+    ASSERT_EQ((*engine)->executor().RankStats().size(),
+              static_cast<size_t>(layout.tp * layout.pp));
     auto got = (*engine)->GenerateBatch(reqs);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t i = 0; i < reqs.size(); ++i) {
       EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "prompt " << i;
-      double err = 0;
-      for (size_t v = 0; v < (*base)[i].prompt_logits.size(); ++v) {
-        err = std::max<double>(err, std::abs((*got)[i].prompt_logits[v] -
-                                             (*base)[i].prompt_logits[v]));
-      }
+      ASSERT_EQ((*base)[i].prompt_logits.size(),
+                static_cast<size_t>(source.config().vocab_size));
+      ASSERT_EQ((*got)[i].prompt_logits.size(),
+                (*base)[i].prompt_logits.size());
+      const double err =
+          MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits);
       EXPECT_LT(err, logit_tol) << "prompt " << i;
       std::printf("[%s] prompt %zu: max |dlogit| vs tp1_pp1 %.3g\n",
                   Name(layout).c_str(), i, err);

@@ -1,8 +1,11 @@
 #include <cmath>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/max_abs_diff.h"
 #include "core/secret.h"
 #include "core/status.h"
 #include "core/tensor.h"
@@ -98,6 +101,31 @@ TEST(TensorTest, ReshapeAndRowsShareMemory) {
   EXPECT_EQ(rows.f32()[0], 6.0f);
   EXPECT_EQ(rows.bytes(), 48u);
   EXPECT_FALSE(t.Rows(3, 5).ok());
+}
+
+TEST(MaxAbsDiffTest, NanAndInfinityFailEveryBound) {
+  const float inf = std::numeric_limits<float>::infinity();
+  const float nan = std::nanf("");
+  const std::vector<float> ref = {1.0f, -2.0f, 3.5f};
+  EXPECT_EQ(MaxAbsDiff(ref, ref), 0.0);
+  EXPECT_DOUBLE_EQ(MaxAbsDiff(ref, std::vector<double>{1.0, -2.0, 3.0}), 0.5);
+  // A NaN anywhere, on either side, even after a large finite difference.
+  EXPECT_EQ(MaxAbsDiff(ref, std::vector<float>{1.0f, nan, 3.5f}), inf);
+  EXPECT_EQ(MaxAbsDiff(std::vector<float>{nan, nan, nan}, ref), inf);
+  EXPECT_EQ(MaxAbsDiff(std::vector<float>{100.0f, -2.0f, nan}, ref), inf);
+  // Infinity against a finite value, or against the other infinity.
+  EXPECT_EQ(MaxAbsDiff(ref, std::vector<float>{inf, -2.0f, 3.5f}), inf);
+  EXPECT_EQ(MaxAbsDiff(std::vector<float>{inf}, std::vector<float>{-inf}), inf);
+  // Equal infinities are equal values.
+  EXPECT_EQ(
+      MaxAbsDiff(std::vector<float>{inf, -inf}, std::vector<float>{inf, -inf}),
+      0.0);
+  // Different lengths: nothing to compare element-wise.
+  EXPECT_EQ(MaxAbsDiff(ref, std::vector<float>{1.0f, -2.0f}), inf);
+  // What the old max() loops did with a NaN: kept the earlier error.
+  double old = 0;
+  for (float v : {nan, nan}) old = std::max<double>(old, std::abs(v - 1.0f));
+  EXPECT_EQ(old, 0.0);
 }
 
 TEST(SecretTest, ConstantTimeEqualsComparesEveryByte) {

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "core/max_abs_diff.h"
 #include "core/tensor.h"
 
 namespace shardlm::testing_util {
@@ -22,10 +23,9 @@ inline Tensor ZerosLike(const Tensor& t) {
   return *Tensor::Host(DType::kF32, t.shape());
 }
 
+// NaN-proof (core/max_abs_diff.h).
 inline double MaxAbsDiff(const float* a, const double* b, int64_t n) {
-  double m = 0;
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, std::abs(a[i] - b[i]));
-  return m;
+  return shardlm::MaxAbsDiff(a, b, static_cast<size_t>(n));
 }
 
 }  // namespace shardlm::testing_util

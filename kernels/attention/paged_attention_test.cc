@@ -114,10 +114,9 @@ TEST(PagedAttentionTest, MixedPrefillAndDecodeMatchNaiveAttention) {
       const auto want =
           Reference(q.f32().data() + (i * heads + h) * d, f.k[token_seq[i]],
                     f.v[token_seq[i]], h / 3, positions[i], scale);
-      for (int64_t e = 0; e < d; ++e) {
-        max_err = std::max(
-            max_err, std::abs(out.f32()[(i * heads + h) * d + e] - want[e]));
-      }
+      max_err =
+          std::max(max_err, MaxAbsDiff(out.f32().data() + (i * heads + h) * d,
+                                       want.data(), static_cast<size_t>(d)));
     }
   }
   EXPECT_LT(max_err, 1e-5);
