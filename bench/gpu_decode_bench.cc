@@ -11,7 +11,9 @@
 // that byte count over the step time is the achieved bandwidth, reported
 // as a fraction of (a) the nominal peak (--peak-gbps, 4800 GB/s for an
 // H200) and (b) the device-to-device copy bandwidth measured in the same
-// run (cudaMemcpy moves 2 bytes of traffic per byte copied).
+// run (cudaMemcpy moves 2 bytes of traffic per byte copied). Exits 1 when
+// CUDA graph capture failed or when the graph replays decoded other tokens
+// than the eager launches of the same prompts.
 #include <cuda_runtime_api.h>
 
 #include <chrono>
@@ -146,11 +148,16 @@ int Main(int argc, char** argv) {
                      ", \"copy_gbps\": " + std::to_string(copy_gbps) +
                      ", \"weight_bytes\": " + std::to_string(weight_bytes) +
                      ", \"runs\": [";
-  std::mt19937 rng(1);
   bool first_run = true;
+  bool failed = false;
   for (size_t bi = 0; bi < batches.size(); ++bi) {
+    // Every token decoded with graphs, then eagerly: the same prompts must
+    // give the same tokens (a replay runs exactly the eager kernels).
+    std::vector<int32_t> decoded[2];
     for (const bool graphs : {true, false}) {
       const int batch = batches[bi];
+      std::mt19937 rng(1000 + batch);  // The same prompts for both modes.
+      std::vector<int32_t>& trace = decoded[graphs ? 0 : 1];
       r.set_cuda_graphs(graphs);
       // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
       std::vector<std::vector<int32_t>> tables(batch);
@@ -191,6 +198,7 @@ int Main(int argc, char** argv) {
         auto out = r.Step(d);
         if (!out.ok()) return out.status();
         last = out->tokens;
+        trace.insert(trace.end(), last.begin(), last.end());
         return absl::OkStatus();
       };
       const int warmup = 3;
@@ -216,6 +224,7 @@ int Main(int argc, char** argv) {
       const char* mode = !graphs           ? "eager"
                          : r.cuda_graphs() ? "graphs"
                                            : "graphs-failed";
+      if (graphs && !r.cuda_graphs()) failed = true;
       std::printf(
           "batch %2d %-6s: %8.1f tokens/s, %.3f ms/step, %.2f GB/step "
           "-> %.0f GB/s = %.1f%% of peak, %.1f%% of measured copy "
@@ -231,9 +240,22 @@ int Main(int argc, char** argv) {
               ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) + "}";
       first_run = false;
     }
+    if (decoded[0] != decoded[1]) {
+      std::fprintf(stderr,
+                   "gpu_decode_bench: batch %d: CUDA graph replays decoded "
+                   "other tokens than eager launches\n",
+                   batches[bi]);
+      failed = true;
+    }
   }
   json += "]}";
   if (!json_path.empty()) std::ofstream(json_path) << json << "\n";
+  if (failed) {
+    std::fprintf(stderr,
+                 "gpu_decode_bench: FAILED (graph capture failed, or graphs "
+                 "and eager launches disagree)\n");
+    return 1;
+  }
   return 0;
 }
 

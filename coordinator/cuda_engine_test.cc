@@ -46,7 +46,8 @@ class CudaEngineTest : public ::testing::Test {
       GTEST_SKIP() << "no CUDA device: " << QueryCuda().why_none;
     }
     if (!std::filesystem::exists(ModelPath())) {
-      GTEST_SKIP() << "no model at " << ModelPath() << " (set SHARDLM_MODEL)";
+      // Always provided by the build and the GPU kit: missing is a failure.
+      FAIL() << "no model at " << ModelPath() << " (set SHARDLM_MODEL)";
     }
     auto source = OpenWeights(ModelPath());
     ASSERT_TRUE(source.ok()) << source.status();
@@ -168,9 +169,9 @@ TEST_F(CudaEngineTest, ShardsOnOneGpuMatchTheCpu) {
 }
 
 TEST_F(CudaEngineTest, RanksSharingAGpuNeedTheFlag) {
-  auto engine =
-      Engine::Create(*source_, {.tp = 2, .device = DeviceKind::kCuda});
-  if (QueryCuda().devices >= 2) GTEST_SKIP() << "two GPUs: no sharing";
+  // One rank more than there are GPUs.
+  auto engine = Engine::Create(
+      *source_, {.pp = QueryCuda().devices + 1, .device = DeviceKind::kCuda});
   EXPECT_EQ(engine.status().code(), absl::StatusCode::kFailedPrecondition)
       << engine.status();
 }

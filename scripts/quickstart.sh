@@ -39,5 +39,13 @@ for _ in $(seq 1 240); do
 done
 grep "\[shardlm\] serving" "$LOG" || { cat "$LOG" >&2; exit 1; }
 echo "--- shardlm generate --server 127.0.0.1:$PORT --chat --prompt \"$PROMPT\""
+ANSWER=$(mktemp)
 build/launch/shardlm generate --server "127.0.0.1:$PORT" --chat \
-  --prompt "$PROMPT" --max-tokens 96 --stats
+  --prompt "$PROMPT" --max-tokens 96 --stats | tee "$ANSWER"
+# An empty answer is a failure too (the test command runs this script).
+if ! grep -q '[[:alnum:]]' "$ANSWER"; then
+  echo "quickstart: the cluster answered nothing" >&2
+  rm -f "$ANSWER"
+  exit 1
+fi
+rm -f "$ANSWER"

@@ -15,5 +15,9 @@ BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
   -R "^($(IFS='|'; echo "${ASAN_TESTS[*]}"))\$")
 
 bash scripts/build.sh
-cd "${BUILD_DIR:-build}"
-ctest --output-on-failure --timeout 900 "$@"
+(cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 900 "$@")
+
+# The README's first command, as a user runs it: a TP=2 x PP=2 cluster
+# under mpirun answering a prompt (it exits non-zero on any failure or an
+# empty answer).
+bash scripts/quickstart.sh "What is the capital of France?"

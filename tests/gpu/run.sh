@@ -80,7 +80,7 @@ run_test() {
   timeout -k 10 "$TEST_TIMEOUT" "$BIN/$name" --gtest_color=no \
     --gtest_output="xml:$OUT/$name.xml" "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
-  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity:|synthetic:|preemptions|KV pool" \
+  grep -E "^\[ +(OK|FAILED|SKIPPED) +\]|parity:|synthetic:|preemptions|KV pool|nccl:|prompt logits" \
     "$OUT/$name.log" | head -60
   if [ $rc = 124 ] || [ $rc = 137 ]; then
     echo "TIMEOUT after ${TEST_TIMEOUT} s; tail:"; tail -20 "$OUT/$name.log"
