@@ -1,6 +1,7 @@
 #include "model/dequantize.h"
 
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/half.h"
@@ -106,10 +107,13 @@ absl::StatusOr<Tensor> DequantizeRows(const TensorInfo& info,
   return out;
 }
 
-absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
-                                       absl::Span<const uint8_t> data,
-                                       int64_t row_begin, int64_t row_end,
-                                       int64_t col_begin, int64_t col_end) {
+namespace {
+
+// Checks a 2-D slice of a stored tensor; returns (bytes per row, bytes
+// before col_begin).
+absl::StatusOr<std::pair<int64_t, int64_t>> CheckSlice(
+    const TensorInfo& info, absl::Span<const uint8_t> data, int64_t row_begin,
+    int64_t row_end, int64_t col_begin, int64_t col_end) {
   if (info.shape.size() != 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", info.name, "' of shape ",
@@ -132,6 +136,18 @@ absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
                      " bytes, expected ", rows * row_bytes));
   }
   ASSIGN_OR_RETURN(const int64_t skip, BytesFor(info.dtype, col_begin));
+  return std::make_pair(row_bytes, skip);
+}
+
+}  // namespace
+
+absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
+                                       absl::Span<const uint8_t> data,
+                                       int64_t row_begin, int64_t row_end,
+                                       int64_t col_begin, int64_t col_end) {
+  ASSIGN_OR_RETURN(const auto layout, CheckSlice(info, data, row_begin, row_end,
+                                                 col_begin, col_end));
+  const auto [row_bytes, skip] = layout;
   const int64_t width = col_end - col_begin;
   ASSIGN_OR_RETURN(Tensor out,
                    Tensor::Host(DType::kF32, {row_end - row_begin, width}));
@@ -140,6 +156,25 @@ absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
     RETURN_IF_ERROR(DequantizeRow(info.dtype,
                                   data.data() + r * row_bytes + skip, width,
                                   dst + (r - row_begin) * width));
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> CopySlice(const TensorInfo& info,
+                                 absl::Span<const uint8_t> data,
+                                 int64_t row_begin, int64_t row_end,
+                                 int64_t col_begin, int64_t col_end) {
+  ASSIGN_OR_RETURN(const auto layout, CheckSlice(info, data, row_begin, row_end,
+                                                 col_begin, col_end));
+  const auto [row_bytes, skip] = layout;
+  const int64_t width = col_end - col_begin;
+  ASSIGN_OR_RETURN(const int64_t out_row, BytesFor(info.dtype, width));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::HostUninitialized(
+                                   info.dtype, {row_end - row_begin, width}));
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t r = row_begin; r < row_end; ++r) {
+    std::memcpy(dst + (r - row_begin) * out_row,
+                data.data() + r * row_bytes + skip, out_row);
   }
   return out;
 }

@@ -34,6 +34,13 @@ absl::StatusOr<Tensor> DequantizeSlice(const TensorInfo& info,
                                        int64_t row_begin, int64_t row_end,
                                        int64_t col_begin, int64_t col_end);
 
+// The same slice kept in its stored format (blocks copied byte for byte):
+// a new host tensor of info.dtype [rows, cols]. Same bounds rules.
+absl::StatusOr<Tensor> CopySlice(const TensorInfo& info,
+                                 absl::Span<const uint8_t> data,
+                                 int64_t row_begin, int64_t row_end,
+                                 int64_t col_begin, int64_t col_end);
+
 // The whole tensor as f32.
 absl::StatusOr<Tensor> DequantizeTensor(const WeightSource& source,
                                         const TensorInfo& info);

@@ -14,6 +14,7 @@
 #include "backend/cuda_status.h"
 #include "core/status.h"
 #include "kernels/sampling/sampling.h"
+#include "model/dequantize.h"
 #include "worker/forward.h"
 
 namespace shardlm {
@@ -23,6 +24,15 @@ namespace {
 absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype, Backend& backend,
                               const CudaExec& exec) {
   if (host.empty()) return Tensor();  // Not held by this shard.
+  if (IsQuantized(host.dtype())) {
+    // GGUF blocks as loaded for the CPU: dequantized here, then uploaded.
+    ASSIGN_OR_RETURN(Tensor f32,
+                     Tensor::HostUninitialized(DType::kF32, host.shape()));
+    RETURN_IF_ERROR(DequantizeRow(host.dtype(),
+                                  static_cast<const uint8_t*>(host.raw()),
+                                  host.numel(), f32.data<float>()));
+    return Upload(f32, dtype, backend, exec);
+  }
   ASSIGN_OR_RETURN(Tensor f32, backend.Allocate(DType::kF32, host.shape(),
                                                 MemoryType::kDevice));
   RETURN_IF_ERROR(backend.Copy(host, f32));

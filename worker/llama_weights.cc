@@ -10,7 +10,7 @@ namespace shardlm {
 namespace {
 
 // Rows [r0, r1) x columns [c0, c1) of tensor `name`, whose full shape must
-// be `shape` (1-D tensors are read whole).
+// be `shape` (1-D tensors are read whole, as f32).
 absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
                             const Shape& shape, int64_t r0 = 0, int64_t r1 = -1,
                             int64_t c0 = 0, int64_t c1 = -1) {
@@ -18,6 +18,13 @@ absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
   if (shape.size() == 1) return DequantizeTensor(source, *info);
   if (r1 < 0) r1 = shape[0];
   if (c1 < 0) c1 = shape[1];
+  // Matrices in a block format the CPU kernels read stay in it (a TP
+  // slice's columns are whole blocks when the model's dimensions allow).
+  const DType t = info->dtype;
+  if ((t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1) &&
+      c0 % 32 == 0 && c1 % 32 == 0) {
+    return CopySlice(*info, source.Data(*info), r0, r1, c0, c1);
+  }
   return DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1);
 }
 
@@ -84,7 +91,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       // Zero rows up to the padded size give logits that are cut off after
       // the all-gather.
       ASSIGN_OR_RETURN(w.lm_head,
-                       Tensor::Host(DType::kF32, {s.vocab_padded, c.hidden}));
+                       Tensor::Host(head.dtype(), {s.vocab_padded, c.hidden}));
       std::memcpy(w.lm_head.raw(), head.raw(), head.bytes());
     }
     if (s.first_stage() && c.tied_embeddings &&

@@ -1,5 +1,7 @@
-// The weights one worker holds (its shard): f32 host tensors as loaded, or
-// their device copy (UploadLlamaWeights: bf16 matrices, f32 norms).
+// The weights one worker holds (its shard): host tensors as loaded
+// (matrices in Q8_0 / Q4_0 / Q4_1 stay in those blocks, read in place by
+// the CPU kernels; everything else is f32), or their device copy
+// (UploadLlamaWeights: bf16 matrices, f32 norms).
 #ifndef SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 #define SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 

@@ -7,10 +7,21 @@
 namespace shardlm {
 
 // y = x * w^T, or y += x * w^T when `accumulate`.
-//   x: [n, in]  w: [out, in] (row-major, as stored in model files)
-//   y: [n, out]
+//   x: [n, in] f32  w: [out, in] (row-major, as stored in model files): f32,
+//   or Q8_0 / Q4_0 / Q4_1 blocks read in place (linear_quantized_cpu.cc)
+//   y: [n, out] f32
 absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
                     bool accumulate = false);
+
+// The quantized path of Linear (w in a block format).
+absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
+                             bool accumulate);
+
+// Which decode kernel quantized weights use: the CPU's best (kAuto: AVX2 +
+// FMA when present) or a given one (tests compare them; benches report).
+enum class QuantKernel { kAuto, kPortable, kAvx2 };
+void SetQuantKernel(QuantKernel kernel);
+const char* QuantKernelName();  // "avx2" or "portable", as now resolved.
 
 }  // namespace shardlm
 

@@ -16,6 +16,7 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
   if (x.rank() != 2 || w.rank() != 2) {
     return absl::InvalidArgumentError("Linear: x and w must be 2-D");
   }
+  if (IsQuantized(w.dtype())) return LinearQuantized(x, w, y, accumulate);
   const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
   if (auto s = CheckHostF32("Linear", "w", w, {out, in}); !s.ok()) return s;
   if (auto s = CheckHostF32("Linear", "x", x, {n, in}); !s.ok()) return s;

@@ -1,0 +1,247 @@
+// y = x w^T with w in a GGUF block format (Q8_0, Q4_0, Q4_1), read in place.
+//
+// Decode (at most kGemvRows rows of x): every output row is a dot product
+// over w's blocks, each block dequantized in registers and multiplied in
+// f32 (FMA); no int8 activations, so the numerics are those of the f32
+// weights up to summation order. A portable kernel is the reference; an
+// AVX2+FMA one is chosen at run time when the CPU has it.
+//
+// Prefill: tiles of kTileRows rows of w are dequantized into a per-thread
+// f32 scratch buffer and multiplied by OpenBLAS, so long prompts keep the
+// f32 GEMM's speed without an f32 copy of the model.
+//
+// Threads: the OpenMP team splits the output rows into equal contiguous
+// ranges (rounded to kTileRows), one per thread, on both paths.
+#include <cblas.h>
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/half.h"
+#include "core/status.h"
+#include "kernels/check_args.h"
+#include "kernels/linear/linear.h"
+#include "model/dequantize.h"
+
+namespace shardlm {
+namespace {
+
+constexpr int64_t kGemvRows = 4;
+constexpr int64_t kTileRows = 16;
+
+uint16_t U16(const uint8_t* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+
+// Dot product of one row of w (`blocks` blocks at `row`) with x, where
+// xsum[b] is the sum of x's values in block b (the Q4 offsets multiply it).
+using RowDot = float (*)(const uint8_t* row, const float* x, const float* xsum,
+                         int64_t blocks);
+
+template <DType kFormat>
+float RowDotPortable(const uint8_t* row, const float* x, const float* xsum,
+                     int64_t blocks) {
+  float acc = 0;
+  for (int64_t b = 0; b < blocks; ++b, x += 32) {
+    float s = 0;
+    if constexpr (kFormat == DType::kQ8_0) {
+      const float d = Fp16ToFloat(U16(row));
+      const auto* q = reinterpret_cast<const int8_t*>(row + 2);
+      for (int j = 0; j < 32; ++j) s += q[j] * x[j];
+      acc += d * s;
+      row += 34;
+    } else {
+      const float d = Fp16ToFloat(U16(row));
+      const uint8_t* q = row + (kFormat == DType::kQ4_1 ? 4 : 2);
+      for (int j = 0; j < 16; ++j) {
+        s += (q[j] & 0xf) * x[j] + (q[j] >> 4) * x[j + 16];
+      }
+      if constexpr (kFormat == DType::kQ4_1) {
+        acc += d * s + Fp16ToFloat(U16(row + 2)) * xsum[b];
+        row += 20;
+      } else {
+        acc += d * (s - 8 * xsum[b]);
+        row += 18;
+      }
+    }
+  }
+  return acc;
+}
+
+__attribute__((target("avx2,fma"))) inline float HSum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+__attribute__((target("avx2,fma"))) inline __m256 Bytes8(__m128i v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
+}
+
+template <DType kFormat>
+__attribute__((target("avx2,fma"))) float RowDotAvx2(const uint8_t* row,
+                                                     const float* x,
+                                                     const float* xsum,
+                                                     int64_t blocks) {
+  __m256 acc = _mm256_setzero_ps();
+  float offsets = 0;  // Q4: the offset terms, m * sum(x) or -8 d sum(x).
+  const __m128i low = _mm_set1_epi8(0xf);
+  for (int64_t b = 0; b < blocks; ++b, x += 32) {
+    const __m256 d = _mm256_set1_ps(Fp16ToFloat(U16(row)));
+    __m256 s;
+    if constexpr (kFormat == DType::kQ8_0) {
+      const __m256i q =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+      const __m128i q0 = _mm256_castsi256_si128(q);
+      const __m128i q1 = _mm256_extracti128_si256(q, 1);
+      const auto f = [](__m128i v) {
+        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+      };
+      s = _mm256_mul_ps(f(q0), _mm256_loadu_ps(x));
+      s = _mm256_fmadd_ps(f(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(x + 8), s);
+      s = _mm256_fmadd_ps(f(q1), _mm256_loadu_ps(x + 16), s);
+      s = _mm256_fmadd_ps(f(_mm_srli_si128(q1, 8)), _mm256_loadu_ps(x + 24), s);
+      row += 34;
+    } else {
+      const uint8_t* qp = row + (kFormat == DType::kQ4_1 ? 4 : 2);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp));
+      const __m128i lo = _mm_and_si128(v, low);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      s = _mm256_mul_ps(Bytes8(lo), _mm256_loadu_ps(x));
+      s = _mm256_fmadd_ps(Bytes8(_mm_srli_si128(lo, 8)), _mm256_loadu_ps(x + 8),
+                          s);
+      s = _mm256_fmadd_ps(Bytes8(hi), _mm256_loadu_ps(x + 16), s);
+      s = _mm256_fmadd_ps(Bytes8(_mm_srli_si128(hi, 8)),
+                          _mm256_loadu_ps(x + 24), s);
+      if constexpr (kFormat == DType::kQ4_1) {
+        offsets += Fp16ToFloat(U16(row + 2)) * xsum[b];
+        row += 20;
+      } else {
+        offsets -= 8 * Fp16ToFloat(U16(row)) * xsum[b];
+        row += 18;
+      }
+    }
+    acc = _mm256_fmadd_ps(d, s, acc);
+  }
+  return HSum(acc) + offsets;
+}
+
+QuantKernel g_kernel = QuantKernel::kAuto;
+
+bool HasAvx2() {
+  static const bool has =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return has;
+}
+
+template <DType kFormat>
+RowDot PickRowDot() {
+  const bool avx2 = g_kernel == QuantKernel::kAvx2 ||
+                    (g_kernel == QuantKernel::kAuto && HasAvx2());
+  return avx2 ? RowDotAvx2<kFormat> : RowDotPortable<kFormat>;
+}
+
+absl::StatusOr<RowDot> RowDotFor(DType t) {
+  switch (t) {
+    case DType::kQ8_0:
+      return PickRowDot<DType::kQ8_0>();
+    case DType::kQ4_0:
+      return PickRowDot<DType::kQ4_0>();
+    case DType::kQ4_1:
+      return PickRowDot<DType::kQ4_1>();
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat("Linear: no kernel for weights in ", DTypeName(t)));
+  }
+}
+
+}  // namespace
+
+void SetQuantKernel(QuantKernel k) { g_kernel = k; }
+
+const char* QuantKernelName() {
+  const bool avx2 = g_kernel == QuantKernel::kAvx2 ||
+                    (g_kernel == QuantKernel::kAuto && HasAvx2());
+  return avx2 ? "avx2" : "portable";
+}
+
+absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
+                             bool accumulate) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  if (w.memory() != MemoryType::kHost || w.dim(1) != in || in % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Linear: quantized w must be host [", out, ", ", in,
+                     "] with whole blocks of 32 columns"));
+  }
+  if (auto s = CheckHostF32("Linear", "x", x, {n, in}); !s.ok()) return s;
+  if (auto s = CheckHostF32("Linear", "y", y, {n, out}); !s.ok()) return s;
+  ASSIGN_OR_RETURN(RowDot dot, RowDotFor(w.dtype()));
+  ASSIGN_OR_RETURN(const int64_t row_bytes, BytesFor(w.dtype(), in));
+  const int64_t blocks = in / 32;
+  const auto* wp = static_cast<const uint8_t*>(w.raw());
+  const float* xp = x.data<float>();
+  float* yp = y.data<float>();
+
+  if (n > kGemvRows) {
+    // Prefill: dequantized tiles of w times x through BLAS.
+    const float beta = accumulate ? 1.0f : 0.0f;
+    absl::Status status;
+#pragma omp parallel
+    {
+      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+      const int64_t tiles = (out + kTileRows - 1) / kTileRows;
+      const int64_t begin = std::min(out, tiles * t / nt * kTileRows);
+      const int64_t end = std::min(out, tiles * (t + 1) / nt * kTileRows);
+      std::vector<float> scratch(kTileRows * in);
+      for (int64_t r0 = begin; r0 < end; r0 += kTileRows) {
+        const int64_t rows = std::min(kTileRows, end - r0);
+        for (int64_t r = 0; r < rows; ++r) {
+          absl::Status s = DequantizeRow(w.dtype(), wp + (r0 + r) * row_bytes,
+                                         in, scratch.data() + r * in);
+          if (!s.ok()) {
+#pragma omp critical
+            status = s;
+          }
+        }
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, in, 1.0f,
+                    xp, in, scratch.data(), in, beta, yp + r0, out);
+      }
+    }
+    return status;
+  }
+
+  // Decode: sums of x per block, then one dot product per output row.
+  std::vector<float> xsum(n * blocks);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      float s = 0;
+      for (int j = 0; j < 32; ++j) s += xp[r * in + b * 32 + j];
+      xsum[r * blocks + b] = s;
+    }
+  }
+  const bool parallel = out * in >= (int64_t{1} << 16);
+#pragma omp parallel if (parallel)
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t tiles = (out + kTileRows - 1) / kTileRows;
+    const int64_t begin = std::min(out, tiles * t / nt * kTileRows);
+    const int64_t end = std::min(out, tiles * (t + 1) / nt * kTileRows);
+    for (int64_t o = begin; o < end; ++o) {
+      const uint8_t* row = wp + o * row_bytes;
+      for (int64_t r = 0; r < n; ++r) {
+        const float v = dot(row, xp + r * in, xsum.data() + r * blocks, blocks);
+        yp[r * out + o] = accumulate ? yp[r * out + o] + v : v;
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardlm

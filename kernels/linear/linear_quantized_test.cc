@@ -1,0 +1,172 @@
+// Linear with weights in GGUF block formats against a double-precision
+// reference on the dequantized weights, for the portable and the AVX2
+// decode kernels and the tiled prefill path, on awkward shapes: output rows
+// not a multiple of the tile, 1 and 4097 blocks per row, a TP shard's
+// column slice starting mid-row. Also the quantized embedding.
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "core/half.h"
+#include "core/max_abs_diff.h"
+#include "gtest/gtest.h"
+#include "kernels/embedding/embedding.h"
+#include "kernels/linear/linear.h"
+#include "kernels/test_util.h"
+#include "model/dequantize.h"
+
+namespace shardlm {
+namespace {
+
+using testing_util::RandomTensor;
+
+// Random blocks of `t` for [rows, cols]: scales in [0.01, 0.05), offsets
+// in [-0.2, 0.2), every quant value possible.
+Tensor RandomQuantized(DType t, int64_t rows, int64_t cols, uint32_t seed) {
+  Tensor w = *Tensor::Host(t, {rows, cols});
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> scale(0.01f, 0.05f), off(-0.2f, 0.2f);
+  auto* p = static_cast<uint8_t*>(w.raw());
+  const int64_t blocks = rows * cols / 32;
+  const int64_t bytes = BlockBytes(t);
+  for (int64_t b = 0; b < blocks; ++b, p += bytes) {
+    const uint16_t d = FloatToFp16(scale(rng));
+    std::memcpy(p, &d, 2);
+    int64_t q0 = 2;
+    if (t == DType::kQ4_1) {
+      const uint16_t m = FloatToFp16(off(rng));
+      std::memcpy(p + 2, &m, 2);
+      q0 = 4;
+    }
+    for (int64_t i = q0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
+  }
+  return w;
+}
+
+Tensor Dequantized(const Tensor& w) {
+  Tensor f = *Tensor::Host(DType::kF32, w.shape());
+  EXPECT_TRUE(DequantizeRow(w.dtype(), static_cast<const uint8_t*>(w.raw()),
+                            w.numel(), f.data<float>())
+                  .ok());
+  return f;
+}
+
+std::vector<double> Reference(const Tensor& x, const Tensor& wf) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = wf.dim(0);
+  std::vector<double> y(n * out);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < out; ++o) {
+      double acc = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        acc += double{x.f32()[i * in + k]} * wf.f32()[o * in + k];
+      }
+      y[i * out + o] = acc;
+    }
+  }
+  return y;
+}
+
+// |y - reference| within f32 rounding of the sum of |terms|.
+void ExpectClose(const Tensor& y, const std::vector<double>& want,
+                 const Tensor& x, const Tensor& wf) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = wf.dim(0);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t o = 0; o < out; ++o) {
+      double mag = 0;
+      for (int64_t k = 0; k < in; ++k) {
+        mag += std::abs(double{x.f32()[i * in + k]} * wf.f32()[o * in + k]);
+      }
+      const double got = y.f32()[i * out + o];
+      ASSERT_LE(MaxAbsDiff(&got, &want[i * out + o], 1), 1e-5 * mag + 1e-6)
+          << "row " << i << " col " << o;
+    }
+  }
+}
+
+class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
+ protected:
+  void TearDown() override { SetQuantKernel(QuantKernel::kAuto); }
+};
+
+TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
+  const DType t = GetParam();
+  const bool avx2 =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  std::vector<QuantKernel> kernels = {QuantKernel::kPortable};
+  if (avx2) kernels.push_back(QuantKernel::kAvx2);
+  // (rows of w, blocks per row): 37 rows is not a multiple of the tile.
+  for (const auto& [out, blocks] :
+       std::vector<std::pair<int64_t, int64_t>>{{37, 1}, {37, 3}, {5, 4097}}) {
+    const int64_t in = blocks * 32;
+    const Tensor w = RandomQuantized(t, out, in, 7);
+    const Tensor wf = Dequantized(w);
+    for (int64_t n : {1, 3, 7}) {  // Decode kernels, then the tiled path.
+      const Tensor x = RandomTensor({n, in}, 11);
+      const auto want = Reference(x, wf);
+      for (QuantKernel k : kernels) {
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(t) << " out " << out << " in " << in << " n "
+                     << n << " kernel " << static_cast<int>(k));
+        SetQuantKernel(k);
+        Tensor y = *Tensor::Host(DType::kF32, {n, out});
+        ASSERT_TRUE(Linear(x, w, y).ok());
+        ExpectClose(y, want, x, wf);
+        // Accumulating adds onto what is there.
+        Tensor acc = *Tensor::Host(DType::kF32, {n, out});
+        for (float& v : acc.f32()) v = 1.0f;
+        ASSERT_TRUE(Linear(x, w, acc, /*accumulate=*/true).ok());
+        std::vector<double> plus_one = want;
+        for (double& v : plus_one) v += 1.0;
+        ExpectClose(acc, plus_one, x, wf);
+      }
+    }
+  }
+}
+
+TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
+  const DType t = GetParam();
+  const int64_t out = 19, in = 32 * 9;
+  const Tensor w = RandomQuantized(t, out, in, 3);
+  TensorInfo info{.name = "w",
+                  .dtype = t,
+                  .shape = {out, in},
+                  .bytes = static_cast<uint64_t>(w.bytes())};
+  const absl::Span<const uint8_t> bytes(static_cast<const uint8_t*>(w.raw()),
+                                        w.bytes());
+  // Rows [4, 17) x columns [96, 224): blocks 3..6 of each row.
+  auto slice = CopySlice(info, bytes, 4, 17, 96, 224);
+  ASSERT_TRUE(slice.ok()) << slice.status();
+  auto slice_f = DequantizeSlice(info, bytes, 4, 17, 96, 224);
+  ASSERT_TRUE(slice_f.ok());
+  const Tensor x = RandomTensor({2, 128}, 5);
+  Tensor y = *Tensor::Host(DType::kF32, {2, 13});
+  ASSERT_TRUE(Linear(x, *slice, y).ok());
+  ExpectClose(y, Reference(x, *slice_f), x, *slice_f);
+  // Not on a block boundary: refused, naming the tensor.
+  auto bad = CopySlice(info, bytes, 0, 1, 16, 64);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(LinearQuantizedTest, EmbeddingDequantizesItsRows) {
+  const DType t = GetParam();
+  const Tensor table = RandomQuantized(t, 10, 64, 9);
+  const Tensor tf = Dequantized(table);
+  Tensor out = *Tensor::Host(DType::kF32, {3, 64});
+  // Vocab slice [100, 110): 105 and 109 are in it, 99 is not.
+  ASSERT_TRUE(
+      Embedding(table, std::vector<int32_t>{105, 99, 109}, 100, out).ok());
+  EXPECT_EQ(MaxAbsDiff(out.f32().data(), tf.f32().data() + 5 * 64, 64), 0.0);
+  for (int j = 0; j < 64; ++j) EXPECT_EQ(out.f32()[64 + j], 0.0f);
+  EXPECT_EQ(MaxAbsDiff(out.f32().data() + 128, tf.f32().data() + 9 * 64, 64),
+            0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, LinearQuantizedTest,
+                         ::testing::Values(DType::kQ8_0, DType::kQ4_0,
+                                           DType::kQ4_1),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+}  // namespace
+}  // namespace shardlm
