@@ -59,6 +59,20 @@ TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
   EXPECT_EQ(a->finish_reason, FinishReason::kLength);
 }
 
+// --threads reaches the kernels: the steps run on the scheduler's loop
+// thread, whose OpenMP setting is its own (it used to stay at every core).
+TEST_F(EngineTest, ThreadsReachTheKernelsOnTheSchedulerThread) {
+  for (int threads : {1, 3}) {
+    auto engine = MakeEngine({.threads = threads});
+    ASSERT_TRUE(
+        engine->Generate({.prompt = Prompt(5, 2), .max_tokens = 2}).ok());
+    const auto stats = engine->executor().RankStats();
+    ASSERT_EQ(stats.size(), 1u);
+    EXPECT_GT(stats[0].steps, 0);
+    EXPECT_EQ(stats[0].cpu_threads, threads);
+  }
+}
+
 TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
   auto engine = MakeEngine({.max_batched_tokens = 16});
   std::vector<GenerateRequest> reqs;

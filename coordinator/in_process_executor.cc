@@ -43,7 +43,10 @@ absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
 class SingleExecutor : public StepExecutor {
  public:
   SingleExecutor(std::unique_ptr<ModelRunner> runner, int threads)
-      : runner_(std::move(runner)), threads_(threads) {}
+      : runner_(std::move(runner)) {
+    // The scheduler's loop thread runs the steps, not the creating one.
+    runner_->set_cpu_threads(threads);
+  }
   const ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override {
     return runner_->kv().config().num_blocks;
@@ -56,20 +59,12 @@ class SingleExecutor : public StepExecutor {
     return {runner_->stats()};
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
-    // OpenMP's thread count is per thread: the scheduler's loop thread
-    // would otherwise use every core whatever --threads says.
-    thread_local int set_on_this_thread = 0;
-    if (threads_ > 0 && set_on_this_thread != threads_) {
-      SetCpuThreads(threads_);
-      set_on_this_thread = threads_;
-    }
     ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
     return SampleStep(step, std::move(logits));
   }
 
  private:
   std::unique_ptr<ModelRunner> runner_;
-  const int threads_;
 };
 
 // Rank threads wait for a step, run it, and report; Forward() hands the

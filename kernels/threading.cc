@@ -16,6 +16,14 @@ void SetCpuThreads(int n) {
   openblas_set_num_threads(1);
 }
 
+void EnsureCpuThreads(int n) {
+  thread_local int set = 0;
+  if (n > 0 && n != set) {
+    SetCpuThreads(n);
+    set = n;
+  }
+}
+
 int CpuThreads() { return omp_get_max_threads(); }
 
 }  // namespace shardlm

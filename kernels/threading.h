@@ -6,6 +6,8 @@ namespace shardlm {
 
 // Sets the threads used by CPU kernels; n <= 0 means all cores.
 void SetCpuThreads(int n);
+// SetCpuThreads(n) unless this thread already did (cheap on every step).
+void EnsureCpuThreads(int n);
 int CpuThreads();
 
 }  // namespace shardlm

@@ -48,6 +48,8 @@ absl::StatusOr<KvPoolConfig> MpiShardHost::Load(const WorkerAssignment& a) {
                    .pp = pp_ > 1 ? pp_comm_.get() : nullptr};
   runner_ =
       std::make_unique<ModelRunner>(std::move(weights), std::move(pool), comms);
+  // Steps may run on another thread than this one (OpenMP is per thread).
+  runner_->set_cpu_threads(a.threads);
   return kv;
 }
 

@@ -15,6 +15,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/swiglu/swiglu.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 
@@ -200,6 +201,8 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ++stats_.steps;
   };
   RETURN_IF_ERROR(Validate(step));
+  EnsureCpuThreads(cpu_threads_);
+  stats_.cpu_threads = CpuThreads();
   if (!step.copies.empty()) {
     const auto copy_start = std::chrono::steady_clock::now();
     RETURN_IF_ERROR(kv_->CopyBlocks(step.copies));

@@ -82,6 +82,7 @@ struct RunnerStats {
   double comm_seconds = 0;
   int64_t copied_blocks = 0;  // KV block copies run (swaps, spills).
   double copy_seconds = 0;    // Inside them.
+  int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
 };
 
 // One shard's forward steps on some backend; what executors drive.
@@ -115,6 +116,9 @@ class ModelRunner : public ShardRunner {
   RunnerStats stats() const override { return stats_; }
   const LlamaWeights& weights() const { return weights_; }
   const KvPool& kv() const { return *kv_; }
+  // CPU threads this runner's kernels use, on whichever thread calls
+  // Forward (OpenMP's setting is per thread); 0 leaves the caller's.
+  void set_cpu_threads(int n) { cpu_threads_ = n; }
 
   // Runs this shard's layers for the step's tokens. On the last stage,
   // returns the logits of the requested rows, gathered over the TP group:
@@ -141,6 +145,7 @@ class ModelRunner : public ShardRunner {
   std::unique_ptr<KvPool> kv_;
   ShardComms comms_;
   RunnerStats stats_;
+  int cpu_threads_ = 0;
 };
 
 }  // namespace shardlm
