@@ -6,7 +6,7 @@
 // weights up to summation order. A portable kernel is the reference; an
 // AVX2+FMA one is chosen at run time when the CPU has it.
 //
-// Prefill: tiles of kTileRows rows of w are dequantized into a per-thread
+// Prefill: tiles of kPrefillTile rows of w are dequantized into a per-thread
 // f32 scratch buffer and multiplied by OpenBLAS, so long prompts keep the
 // f32 GEMM's speed without an f32 copy of the model.
 //
@@ -31,7 +31,8 @@ namespace shardlm {
 namespace {
 
 constexpr int64_t kGemvRows = 4;
-constexpr int64_t kTileRows = 16;
+constexpr int64_t kTileRows = 16;     // Partition granule of output rows.
+constexpr int64_t kPrefillTile = 128;  // Rows dequantized per BLAS call.
 
 uint16_t U16(const uint8_t* p) {
   uint16_t v;
@@ -199,9 +200,9 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
       const int64_t tiles = (out + kTileRows - 1) / kTileRows;
       const int64_t begin = std::min(out, tiles * t / nt * kTileRows);
       const int64_t end = std::min(out, tiles * (t + 1) / nt * kTileRows);
-      std::vector<float> scratch(kTileRows * in);
-      for (int64_t r0 = begin; r0 < end; r0 += kTileRows) {
-        const int64_t rows = std::min(kTileRows, end - r0);
+      std::vector<float> scratch(kPrefillTile * in);
+      for (int64_t r0 = begin; r0 < end; r0 += kPrefillTile) {
+        const int64_t rows = std::min(kPrefillTile, end - r0);
         for (int64_t r = 0; r < rows; ++r) {
           absl::Status s = DequantizeRow(w.dtype(), wp + (r0 + r) * row_bytes,
                                          in, scratch.data() + r * in);
