@@ -65,7 +65,7 @@ done | sort -u | while read -r soname path; do
 done
 tar -C "$stage" -cf - bin lib | xz -T0 -6 >"$DIR/kit.tar.xz"
 
-.venv/bin/python tests/gpu/cut_gguf.py "$MODEL" \
+.venv/bin/python tests/cut_gguf.py "$MODEL" \
   "$DIR/models/smollm2-${BLOCKS}blocks.gguf" --blocks "$BLOCKS"
 
 {

@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Writes a Llama-family GGUF cut to its first N transformer blocks.
+"""Writes a Llama-family GGUF cut to its first N transformer blocks,
+optionally with its matrices re-encoded in another block format.
 
 The GPU kit must fit in 64 MiB with its binaries, and SmolLM2-135M is 94 MiB.
 Its first blocks, its embedding, final norm and tokenizer are still real
@@ -8,14 +9,20 @@ the real tokenizer. Every metadata key is copied unchanged except
 `<arch>.block_count`; tensors of blocks >= N are dropped; quantized tensors
 are copied byte for byte (no requantization).
 
-Usage: cut_gguf.py IN.gguf OUT.gguf --blocks N
+With --requantize Q8_0|Q4_0|Q4_1 every 2-D weight matrix is dequantized
+and quantized again to that format (gguf.quants, llama.cpp's reference
+encoders), so that tests get a real-weights model in each format the CPU
+kernels read.
+
+Usage: cut_gguf.py IN.gguf OUT.gguf --blocks N [--requantize TYPE]
 """
 import argparse
 import re
 import sys
 
 import numpy as np
-from gguf import GGUFReader, GGUFValueType, GGUFWriter
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf import quants
 
 
 def field_value(field):
@@ -36,7 +43,10 @@ def main():
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--blocks", type=int, required=True)
+    ap.add_argument("--requantize", choices=["Q8_0", "Q4_0", "Q4_1"])
     args = ap.parse_args()
+    target = (GGMLQuantizationType[args.requantize]
+              if args.requantize else None)
 
     reader = GGUFReader(args.src)
     arch = field_value(reader.fields["general.architecture"])
@@ -62,16 +72,22 @@ def main():
         if m and int(m.group(1)) >= args.blocks:
             continue
         data = np.asarray(t.data)
+        dtype = t.tensor_type
+        if target is not None and len(t.shape) == 2 and dtype != target:
+            values = quants.dequantize(data, dtype).astype(np.float32)
+            data = quants.quantize(values, target)
+            dtype = target
         # Quantized data comes as raw bytes; the writer recovers the logical
         # shape from the byte shape and the type.
-        writer.add_tensor(t.name, data, raw_dtype=t.tensor_type)
+        writer.add_tensor(t.name, data, raw_dtype=dtype)
         kept += 1
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    print(f"cut_gguf: {args.dst}: {args.blocks} of {have} blocks, {kept} tensors")
+    print(f"cut_gguf: {args.dst}: {args.blocks} of {have} blocks, {kept} tensors"
+          + (f", matrices as {args.requantize}" if target is not None else ""))
 
 
 if __name__ == "__main__":
