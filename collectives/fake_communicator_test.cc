@@ -110,8 +110,15 @@ TEST_P(FakeCollectiveTest, BroadcastFromEveryRoot) {
 
 TEST_P(FakeCollectiveTest, SendRecvRing) {
   const auto [size, n] = GetParam();
-  if (size == 1) GTEST_SKIP() << "no peer in a group of 1";
   auto comms = MakeFakeGroup(size, "test group");
+  if (size == 1) {
+    // No peer in a group of one: sending to or receiving from oneself is
+    // refused, not a hang.
+    Tensor t = F32(n);
+    EXPECT_EQ(comms[0]->Send(t, 0).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(comms[0]->Recv(t, 0).code(), absl::StatusCode::kInvalidArgument);
+    return;
+  }
   RunGroup(comms, [&](Communicator& c) {
     const int r = c.rank();
     const int next = (r + 1) % size, prev = (r + size - 1) % size;
@@ -238,7 +245,9 @@ TEST(FakeCommunicatorTest, TimeoutNamesMissingRankAndBreaksTheGroup) {
     EXPECT_THAT(std::string(s.message()), HasSubstr("AllReduce"));
     EXPECT_THAT(std::string(s.message()), HasSubstr("waiting for rank 2"));
     EXPECT_GE(secs, 0.29);
-    EXPECT_LT(secs, 0.6);
+    // It ends (no hang); how soon after the timeout depends on the load of
+    // the machine, so the bound is generous (issue #18 item 8).
+    EXPECT_LT(secs, 10.0);
     s = c.Barrier();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   });

@@ -482,11 +482,13 @@ TEST(ClusterFailureTest, HungStepTimesOut) {
 TEST(ClusterFailureTest, SlowLoadAndStepAreNotDeath) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   ClusterOptions options = Options(1, 1);
-  options.worker_timeout = absl::Milliseconds(600);
+  // Long enough that a heartbeat delayed by a loaded 2-core machine is not
+  // taken for death; the load and the step take well over it.
+  options.worker_timeout = absl::Milliseconds(1500);
   TestCluster cluster(*source, options);
-  cluster.host(1).load_delay = absl::Milliseconds(1500);
+  cluster.host(1).load_delay = absl::Milliseconds(3500);
   cluster.host(1).before_step = [](int step) {
-    if (step == 1) absl::SleepFor(absl::Milliseconds(1500));
+    if (step == 1) absl::SleepFor(absl::Milliseconds(3500));
   };
   cluster.StartAll();
   auto executor = RemoteExecutor::WaitForWorkers(
