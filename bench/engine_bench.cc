@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/engine.h"
 #include "core/tensor.h"
+#include "kernels/linear/linear.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
@@ -75,10 +76,12 @@ int Main(int argc, char** argv) {
     return 1;
   }
   nlohmann::json results = nlohmann::json::array();
-  std::printf("tp %d x pp %d\n%-8s %14s %14s %12s %14s %12s %10s\n",
-              static_cast<int>(tp), static_cast<int>(pp), "threads",
-              "prefill tok/s", "decode tok/s", "read GB/s", "floor ms/tok",
-              "of floor", "comm");
+  std::printf(
+      "tp %d x pp %d, quantized-weight decode kernel %s\n%-8s %14s %14s "
+      "%12s %14s %12s %10s\n",
+      static_cast<int>(tp), static_cast<int>(pp), QuantKernelName(), "threads",
+      "prefill tok/s", "decode tok/s", "read GB/s", "floor ms/tok", "of floor",
+      "comm");
   for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
     int threads;
     if (!absl::SimpleAtoi(t, &threads) || threads < 1) {

@@ -22,7 +22,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 
 PROMPT = "Once upon a time"
 # Prefill is timed on its own, on a prompt of a few hundred tokens.
@@ -48,17 +47,17 @@ def run_llama_cpp(model, threads, tokens, prompt=PROMPT):
     llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads,
                 n_ctx=1024, n_batch=512, verbose=False)
     ids = llm.tokenize(prompt.encode(), add_bos=False)
+    # Greedy, no penalties; generate() evaluates the prompt before its first
+    # token and one token before each next one, and never stops by itself.
+    gen = llm.generate(ids, top_k=1, top_p=1.0, temp=0.0, repeat_penalty=1.0)
     start = time.perf_counter()
-    llm.eval(ids)
-    prefill_s = time.perf_counter() - start
-    out = []
-    start = time.perf_counter()
-    for _ in range(tokens):
-        logits = llm.scores[llm.n_tokens - 1]
-        tok = int(np.argmax(logits))
-        out.append(tok)
-        llm.eval([tok])
-    decode_s = time.perf_counter() - start
+    out = [next(gen)]
+    first = time.perf_counter()
+    for _ in range(tokens - 1):
+        out.append(next(gen))
+    end = time.perf_counter()
+    prefill_s = first - start
+    decode_s = (end - first) / max(tokens - 1, 1) * tokens
     text = llm.detokenize(out).decode("utf-8", errors="replace")
     return len(ids) / prefill_s, tokens / decode_s, text
 

@@ -17,11 +17,13 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
                              bool accumulate);
 
-// Which decode kernel quantized weights use: the CPU's best (kAuto: AVX2 +
-// FMA when present) or a given one (tests compare them; benches report).
-enum class QuantKernel { kAuto, kPortable, kAvx2 };
+// Which decode kernel quantized weights use: the CPU's best (kAuto:
+// AVX-512, else AVX2 + FMA + F16C, else portable) or a given one (tests
+// compare them; benches report). Asking for one the CPU lacks is the
+// caller's error.
+enum class QuantKernel { kAuto, kPortable, kAvx2, kAvx512 };
 void SetQuantKernel(QuantKernel kernel);
-const char* QuantKernelName();  // "avx2" or "portable", as now resolved.
+const char* QuantKernelName();  // "avx512", "avx2" or "portable", resolved.
 
 }  // namespace shardlm
 

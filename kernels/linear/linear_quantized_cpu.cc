@@ -3,8 +3,8 @@
 // Decode (at most kGemvRows rows of x): every output row is a dot product
 // over w's blocks, each block dequantized in registers and multiplied in
 // f32 (FMA); no int8 activations, so the numerics are those of the f32
-// weights up to summation order. A portable kernel is the reference; an
-// AVX2+FMA one is chosen at run time when the CPU has it.
+// weights up to summation order. A portable kernel is the reference; the
+// AVX-512 (F, BW, VL) or else AVX2+FMA+F16C one is chosen at run time.
 //
 // Prefill: tiles of kPrefillTile rows of w are dequantized into a per-thread
 // f32 scratch buffer and multiplied by OpenBLAS, so long prompts keep the
@@ -31,8 +31,8 @@ namespace shardlm {
 namespace {
 
 constexpr int64_t kGemvRows = 4;
-constexpr int64_t kTileRows = 16;     // Partition granule of output rows.
-constexpr int64_t kPrefillTile = 128;  // Rows dequantized per BLAS call.
+constexpr int64_t kTileRows = 16;      // Partition granule of output rows.
+constexpr int64_t kPrefillTile = 256;  // Rows dequantized per BLAS call.
 
 uint16_t U16(const uint8_t* p) {
   uint16_t v;
@@ -75,6 +75,11 @@ float RowDotPortable(const uint8_t* row, const float* x, const float* xsum,
   return acc;
 }
 
+// f16 -> f32 with F16C (exact, as Fp16ToFloat).
+__attribute__((target("avx2,fma,f16c"))) inline float Half(const uint8_t* p) {
+  return _cvtsh_ss(U16(p));
+}
+
 __attribute__((target("avx2,fma"))) inline float HSum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -87,15 +92,16 @@ __attribute__((target("avx2,fma"))) inline __m256 Bytes8(__m128i v) {
 }
 
 template <DType kFormat>
-__attribute__((target("avx2,fma"))) float RowDotAvx2(const uint8_t* row,
-                                                     const float* x,
-                                                     const float* xsum,
-                                                     int64_t blocks) {
+__attribute__((target("avx2,fma,f16c"))) float RowDotAvx2(const uint8_t* row,
+                                                          const float* x,
+                                                          const float* xsum,
+                                                          int64_t blocks) {
   __m256 acc = _mm256_setzero_ps();
   float offsets = 0;  // Q4: the offset terms, m * sum(x) or -8 d sum(x).
   const __m128i low = _mm_set1_epi8(0xf);
   for (int64_t b = 0; b < blocks; ++b, x += 32) {
-    const __m256 d = _mm256_set1_ps(Fp16ToFloat(U16(row)));
+    const float df = Half(row);
+    const __m256 d = _mm256_set1_ps(df);
     __m256 s;
     if constexpr (kFormat == DType::kQ8_0) {
       const __m256i q =
@@ -122,10 +128,10 @@ __attribute__((target("avx2,fma"))) float RowDotAvx2(const uint8_t* row,
       s = _mm256_fmadd_ps(Bytes8(_mm_srli_si128(hi, 8)),
                           _mm256_loadu_ps(x + 24), s);
       if constexpr (kFormat == DType::kQ4_1) {
-        offsets += Fp16ToFloat(U16(row + 2)) * xsum[b];
+        offsets += Half(row + 2) * xsum[b];
         row += 20;
       } else {
-        offsets -= 8 * Fp16ToFloat(U16(row)) * xsum[b];
+        offsets -= 8 * df * xsum[b];
         row += 18;
       }
     }
@@ -134,19 +140,84 @@ __attribute__((target("avx2,fma"))) float RowDotAvx2(const uint8_t* row,
   return HSum(acc) + offsets;
 }
 
+// AVX-512: one block is two vectors of 16 (Q4: the low nibbles are values
+// 0..15, the high ones 16..31; Q8_0: bytes 0..15 and 16..31).
+template <DType kFormat>
+__attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) float
+RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
+             int64_t blocks) {
+  __m512 acc = _mm512_setzero_ps();
+  float offsets = 0;
+  const __m128i low = _mm_set1_epi8(0xf);
+  for (int64_t b = 0; b < blocks; ++b, x += 32) {
+    const float df = _cvtsh_ss(U16(row));
+    __m512 s;
+    if constexpr (kFormat == DType::kQ8_0) {
+      const __m128i q0 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
+      const __m128i q1 =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
+      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)),
+                        _mm512_loadu_ps(x));
+      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)),
+                          _mm512_loadu_ps(x + 16), s);
+      row += 34;
+    } else {
+      const uint8_t* qp = row + (kFormat == DType::kQ4_1 ? 4 : 2);
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp));
+      const __m128i lo = _mm_and_si128(v, low);
+      const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
+      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)),
+                        _mm512_loadu_ps(x));
+      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)),
+                          _mm512_loadu_ps(x + 16), s);
+      if constexpr (kFormat == DType::kQ4_1) {
+        offsets += _cvtsh_ss(U16(row + 2)) * xsum[b];
+        row += 20;
+      } else {
+        offsets -= 8 * df * xsum[b];
+        row += 18;
+      }
+    }
+    acc = _mm512_fmadd_ps(_mm512_set1_ps(df), s, acc);
+  }
+  return _mm512_reduce_add_ps(acc) + offsets;
+}
+
 QuantKernel g_kernel = QuantKernel::kAuto;
 
 bool HasAvx2() {
-  static const bool has =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool has = __builtin_cpu_supports("avx2") &&
+                          __builtin_cpu_supports("fma") &&
+                          __builtin_cpu_supports("f16c");
   return has;
+}
+
+bool HasAvx512() {
+  static const bool has = HasAvx2() && __builtin_cpu_supports("avx512f") &&
+                          __builtin_cpu_supports("avx512bw") &&
+                          __builtin_cpu_supports("avx512vl");
+  return has;
+}
+
+// The kernel in use: the one asked for, or the CPU's best.
+QuantKernel Resolved() {
+  if (g_kernel != QuantKernel::kAuto) return g_kernel;
+  if (HasAvx512()) return QuantKernel::kAvx512;
+  if (HasAvx2()) return QuantKernel::kAvx2;
+  return QuantKernel::kPortable;
 }
 
 template <DType kFormat>
 RowDot PickRowDot() {
-  const bool avx2 = g_kernel == QuantKernel::kAvx2 ||
-                    (g_kernel == QuantKernel::kAuto && HasAvx2());
-  return avx2 ? RowDotAvx2<kFormat> : RowDotPortable<kFormat>;
+  switch (Resolved()) {
+    case QuantKernel::kAvx512:
+      return RowDotAvx512<kFormat>;
+    case QuantKernel::kAvx2:
+      return RowDotAvx2<kFormat>;
+    default:
+      return RowDotPortable<kFormat>;
+  }
 }
 
 absl::StatusOr<RowDot> RowDotFor(DType t) {
@@ -168,9 +239,14 @@ absl::StatusOr<RowDot> RowDotFor(DType t) {
 void SetQuantKernel(QuantKernel k) { g_kernel = k; }
 
 const char* QuantKernelName() {
-  const bool avx2 = g_kernel == QuantKernel::kAvx2 ||
-                    (g_kernel == QuantKernel::kAuto && HasAvx2());
-  return avx2 ? "avx2" : "portable";
+  switch (Resolved()) {
+    case QuantKernel::kAvx512:
+      return "avx512";
+    case QuantKernel::kAvx2:
+      return "avx2";
+    default:
+      return "portable";
+  }
 }
 
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,

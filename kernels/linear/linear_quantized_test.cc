@@ -94,6 +94,11 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
       __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
   std::vector<QuantKernel> kernels = {QuantKernel::kPortable};
   if (avx2) kernels.push_back(QuantKernel::kAvx2);
+  if (avx2 && __builtin_cpu_supports("avx512f") &&
+      __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl")) {
+    kernels.push_back(QuantKernel::kAvx512);
+  }
   // (rows of w, blocks per row): 37 rows is not a multiple of the tile.
   for (const auto& [out, blocks] :
        std::vector<std::pair<int64_t, int64_t>>{{37, 1}, {37, 3}, {5, 4097}}) {
