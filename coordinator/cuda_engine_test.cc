@@ -18,6 +18,7 @@
 #include "coordinator/engine.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
+#include "worker/gpu_parity_prompts.h"
 
 namespace shardlm {
 namespace {
@@ -26,18 +27,6 @@ std::string ModelPath() {
   const char* env = std::getenv("SHARDLM_MODEL");
   return env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
 }
-
-// The prompts of CudaModelRunnerTest.SmolLM2GreedyParityWithCpu, chosen
-// for wide top-2 margins, so that bf16 rounding cannot flip a greedy token.
-const char* const kPrompts[] = {
-    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-    "<|im_start|>assistant\n",
-    "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
-    "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-    "<|im_start|>user\nWhat is the boiling point of water at sea level?"
-    "<|im_end|>\n<|im_start|>assistant\n",
-    "def fibonacci(n):\n",
-};
 
 class CudaEngineTest : public ::testing::Test {
  protected:
@@ -54,7 +43,8 @@ class CudaEngineTest : public ::testing::Test {
     source_ = std::move(*source);
     auto tokenizer = LoadTokenizer(ModelPath());
     ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-    for (const char* p : kPrompts) prompts_.push_back((*tokenizer)->Encode(p));
+    for (const char* p : kGpuParityPrompts)
+      prompts_.push_back((*tokenizer)->Encode(p));
   }
 
   std::vector<GenerateRequest> Requests() const {

@@ -8,7 +8,6 @@
 #include <cstdio>
 #include <cstring>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_status.h"
@@ -539,13 +538,7 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
 }
 
 absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
-  const auto start = std::chrono::steady_clock::now();
-  absl::Cleanup account = [&] {
-    stats_.forward_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    ++stats_.steps;
-  };
+  const StepTimer timer(stats_);
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));
   if (logits.empty() || logits.memory() != MemoryType::kDevice) {
@@ -579,13 +572,7 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(step));
     return SampleStep(step, std::move(logits));
   }
-  const auto start = std::chrono::steady_clock::now();
-  absl::Cleanup account = [&] {
-    stats_.forward_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    ++stats_.steps;
-  };
+  const StepTimer timer(stats_);
   // Sampled on the device; only the token ids come back.
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
+#include "worker/gpu_parity_prompts.h"
 
 namespace shardlm {
 namespace {
@@ -365,20 +366,7 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
   ASSERT_TRUE(dw.ok()) << dw.status();
   ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
 
-  // Of 8 candidate prompts, the 4 whose greedy continuations have the
-  // widest top-2 logit margins (>= 0.05 at every one of the 32 steps on
-  // the CPU); none of the 8 changed a greedy token under a CPU emulation of
-  // the GPU's bf16 roundings.
-  const char* prompts[] = {
-      "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-      "<|im_start|>assistant\n",
-      "<|im_start|>user\nWhat is 2 + 2?<|im_end|>\n<|im_start|>assistant\n",
-      "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
-      "<|im_start|>user\nWhat is the boiling point of water at sea level?"
-      "<|im_end|>\n<|im_start|>assistant\n",
-      "def fibonacci(n):\n",
-  };
-  for (const char* text : prompts) {
+  for (const char* text : kGpuParityPrompts) {
     SCOPED_TRACE(text);
     // A fresh CPU runner per prompt: its pool starts empty, like the GPU's
     // is overwritten from position 0.

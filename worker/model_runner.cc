@@ -5,7 +5,6 @@
 #include <cmath>
 #include <numeric>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/add/add.h"
@@ -193,13 +192,7 @@ class CpuForwardOps : public ForwardOps {
 }  // namespace
 
 absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
-  const auto start = std::chrono::steady_clock::now();
-  absl::Cleanup account = [&] {
-    stats_.forward_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-            .count();
-    ++stats_.steps;
-  };
+  const StepTimer timer(stats_);
   RETURN_IF_ERROR(Validate(step));
   EnsureCpuThreads(cpu_threads_);
   stats_.cpu_threads = CpuThreads();

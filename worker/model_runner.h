@@ -85,6 +85,26 @@ struct RunnerStats {
   int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
 };
 
+// Counts a step and adds the time until it goes out of scope to
+// stats.forward_seconds.
+class StepTimer {
+ public:
+  explicit StepTimer(RunnerStats& stats)
+      : stats_(stats), start_(std::chrono::steady_clock::now()) {}
+  ~StepTimer() {
+    stats_.forward_seconds +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start_)
+            .count();
+    ++stats_.steps;
+  }
+  StepTimer(const StepTimer&) = delete;
+  StepTimer& operator=(const StepTimer&) = delete;
+
+ private:
+  RunnerStats& stats_;
+  const std::chrono::steady_clock::time_point start_;
+};
+
 // One shard's forward steps on some backend; what executors drive.
 class ShardRunner {
  public:
