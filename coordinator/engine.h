@@ -19,7 +19,7 @@
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
 #include "model/weight_source.h"
-#include "worker/model_runner.h"
+#include "worker/step.h"
 
 namespace shardlm {
 

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "kernels/threading.h"
 #include "model/shard_plan.h"
+#include "worker/model_runner.h"
 
 namespace shardlm {
 namespace {

@@ -7,29 +7,6 @@
 
 namespace shardlm {
 
-void BlockTableDeltas::Delta(int64_t seq_id, const std::vector<int32_t>& table,
-                             std::vector<int32_t>* delta) {
-  delta->clear();
-  std::vector<int32_t>& sent = sent_[seq_id];
-  if (sent.size() > table.size() ||
-      !std::equal(sent.begin(), sent.end(), table.begin())) {
-    released_.push_back(seq_id);
-    sent.clear();
-  }
-  delta->assign(table.begin() + sent.size(), table.end());
-  sent = table;
-}
-
-void BlockTableDeltas::Release(int64_t seq_id) {
-  if (sent_.erase(seq_id) > 0) released_.push_back(seq_id);
-}
-
-std::vector<int64_t> BlockTableDeltas::TakeReleased() {
-  std::vector<int64_t> out;
-  out.swap(released_);
-  return out;
-}
-
 absl::StatusOr<std::unique_ptr<RemoteExecutor>> RemoteExecutor::WaitForWorkers(
     ControlService& service, const ModelConfig& config, absl::Duration timeout,
     int64_t weight_bytes) {
@@ -56,45 +33,9 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
     }
   }
   v1::StepPlan plan;
-  plan.set_step_id(next_step_id_++);
-  plan.mutable_tokens()->Add(step.tokens.begin(), step.tokens.end());
-  plan.mutable_positions()->Add(step.positions.begin(), step.positions.end());
-  plan.mutable_token_seq()->Add(step.token_seq.begin(), step.token_seq.end());
-  plan.mutable_seq_ids()->Add(step.seq_ids.begin(), step.seq_ids.end());
-  if (step.seq_ids.size() != step.block_tables.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step has ", step.seq_ids.size(), " sequence ids for ",
-                     step.block_tables.size(), " block tables"));
-  }
   int64_t blocks_sent = 0;
-  std::vector<int32_t> delta;
-  for (size_t i = 0; i < step.seq_ids.size(); ++i) {
-    deltas_.Delta(step.seq_ids[i], step.block_tables[i], &delta);
-    if (delta.empty()) continue;
-    v1::BlockTableDelta& d = *plan.add_deltas();
-    d.set_seq_id(step.seq_ids[i]);
-    d.mutable_new_blocks()->Add(delta.begin(), delta.end());
-    blocks_sent += static_cast<int64_t>(delta.size());
-  }
-  for (int64_t id : deltas_.TakeReleased()) plan.add_released(id);
-  plan.mutable_logit_rows()->Add(step.logit_rows.begin(),
-                                 step.logit_rows.end());
-  for (const SamplingParams& p : step.sampling) {
-    v1::SamplingParams& s = *plan.add_sampling();
-    s.set_temperature(p.temperature);
-    s.set_top_k(p.top_k);
-    s.set_top_p(p.top_p);
-    s.set_seed(p.seed);
-  }
-  plan.mutable_sample_index()->Add(step.sample_index.begin(),
-                                   step.sample_index.end());
-  plan.set_return_logits(step.return_logits);
-  for (const BlockCopy& c : step.copies) {
-    v1::BlockCopy& out = *plan.add_copies();
-    out.set_src(c.src);
-    out.set_dst(c.dst);
-  }
-  plan.mutable_logprobs()->Add(step.logprobs.begin(), step.logprobs.end());
+  RETURN_IF_ERROR(
+      EncodeStepPlan(step, next_step_id_++, deltas_, &plan, &blocks_sent));
 
   absl::StatusOr<std::vector<v1::StepResult>> results = service_.RunStep(plan);
   absl::MutexLock lock(&mu_);

@@ -16,29 +16,9 @@
 #include "absl/time/time.h"
 #include "coordinator/control_service.h"
 #include "coordinator/step_executor.h"
+#include "worker/step_codec.h"
 
 namespace shardlm {
-
-// Which blocks of each sequence the workers already have. Plain
-// bookkeeping; not thread-safe.
-class BlockTableDeltas {
- public:
-  // Fills `delta` with the blocks of `table` the workers lack. Block
-  // tables only grow; if `table` is not an extension of what was sent
-  // (a programmer error upstream), the sequence is queued for release and
-  // resent whole, which workers apply in that order (released first).
-  void Delta(int64_t seq_id, const std::vector<int32_t>& table,
-             std::vector<int32_t>* delta);
-  // Forgets `seq_id`; it goes out in the next TakeReleased() if the
-  // workers ever saw it.
-  void Release(int64_t seq_id);
-  std::vector<int64_t> TakeReleased();
-  size_t tracked() const { return sent_.size(); }
-
- private:
-  absl::flat_hash_map<int64_t, std::vector<int32_t>> sent_;
-  std::vector<int64_t> released_;
-};
 
 struct RemoteExecutorStats {
   int64_t steps = 0;

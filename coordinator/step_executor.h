@@ -14,7 +14,8 @@
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/weight_source.h"
-#include "worker/model_runner.h"
+#include "worker/shard_runner.h"
+#include "worker/step.h"
 
 namespace shardlm {
 

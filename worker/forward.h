@@ -26,6 +26,7 @@
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "worker/llama_weights.h"
+#include "worker/shard_runner.h"
 
 namespace shardlm {
 
@@ -85,12 +86,6 @@ struct ForwardBuffers {
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
-};
-
-// Communicators of one shard; null where the group has one member.
-struct ShardComms {
-  Communicator* tp = nullptr;  // The TP group of this stage.
-  Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
 };
 
 // The KV caches of the shard's layers (index 0 = its first layer).

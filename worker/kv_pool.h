@@ -15,16 +15,9 @@
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
+#include "worker/step.h"
 
 namespace shardlm {
-
-// Copy block `src` to block `dst` in every layer (K and V). Swapping
-// between tiers and spilling cached blocks are such copies.
-struct BlockCopy {
-  int32_t src = 0;
-  int32_t dst = 0;
-  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
-};
 
 // Block ids [0, num_blocks) are the device tier, [num_blocks, num_blocks +
 // num_host_blocks) the host (CPU offload) tier; a block table may mix them

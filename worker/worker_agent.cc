@@ -17,6 +17,7 @@
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "shardlm/v1/control.grpc.pb.h"
+#include "worker/step_codec.h"
 
 namespace shardlm {
 namespace {
@@ -29,44 +30,6 @@ std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
-}
-
-// Applies plan deltas to the worker's mirror of the block tables and
-// rebuilds the StepInput the engine made.
-StepInput ToStepInput(
-    const v1::StepPlan& plan,
-    absl::flat_hash_map<int64_t, std::vector<int32_t>>& tables) {
-  // Released first: a sequence may be released and resent in one plan.
-  for (int64_t id : plan.released()) tables.erase(id);
-  for (const v1::BlockTableDelta& d : plan.deltas()) {
-    std::vector<int32_t>& t = tables[d.seq_id()];
-    t.insert(t.end(), d.new_blocks().begin(), d.new_blocks().end());
-  }
-  StepInput step;
-  step.tokens.assign(plan.tokens().begin(), plan.tokens().end());
-  step.positions.assign(plan.positions().begin(), plan.positions().end());
-  step.token_seq.assign(plan.token_seq().begin(), plan.token_seq().end());
-  step.seq_ids.assign(plan.seq_ids().begin(), plan.seq_ids().end());
-  for (int64_t id : plan.seq_ids()) {
-    auto it = tables.find(id);
-    step.block_tables.push_back(it == tables.end() ? std::vector<int32_t>{}
-                                                   : it->second);
-  }
-  step.logit_rows.assign(plan.logit_rows().begin(), plan.logit_rows().end());
-  for (const v1::SamplingParams& s : plan.sampling()) {
-    step.sampling.push_back({.temperature = s.temperature(),
-                             .top_k = s.top_k(),
-                             .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
-                             .seed = s.seed()});
-  }
-  step.sample_index.assign(plan.sample_index().begin(),
-                           plan.sample_index().end());
-  step.return_logits = plan.return_logits();
-  for (const v1::BlockCopy& c : plan.copies()) {
-    step.copies.push_back({.src = c.src(), .dst = c.dst()});
-  }
-  step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
-  return step;
 }
 
 // One stream's life. Threads: the caller's (handles messages: load, steps),
@@ -101,7 +64,7 @@ class AgentSession {
  private:
   absl::Status Serve() {
     bool loaded = false;
-    absl::flat_hash_map<int64_t, std::vector<int32_t>> tables;
+    BlockTableMirror tables;
     while (true) {
       std::optional<v1::CoordinatorMessage> msg = Next();
       if (!msg.has_value()) return Lost();
@@ -146,7 +109,7 @@ class AgentSession {
           v1::StepResult& result = *out.mutable_result();
           result.set_step_id(plan.step_id());
           absl::StatusOr<StepOutput> step =
-              loaded ? host_.Step(ToStepInput(plan, tables))
+              loaded ? host_.Step(DecodeStepPlan(plan, tables))
                      : absl::FailedPreconditionError(
                            "step before the shard was loaded");
           if (!step.ok()) {

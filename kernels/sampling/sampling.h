@@ -14,6 +14,9 @@ struct SamplingParams {
   int32_t top_k = 0;         // Keep the k most likely tokens; 0 is off.
   float top_p = 1.0f;        // Keep the smallest set with mass >= p; 1 is off.
   uint64_t seed = 0;
+
+  friend bool operator==(const SamplingParams&,
+                         const SamplingParams&) = default;
 };
 
 // InvalidArgument naming the field when a value is out of range.

@@ -1,0 +1,88 @@
+// The step contract: what the engine asks of every rank in one forward
+// step (StepInput) and what the last stage answers (StepOutput), plus the
+// per-rank accounting executors report. Plain structs, shared by the
+// coordinator, the executors, the control plane's codec (step_codec.h)
+// and the runners; no worker internals.
+#ifndef SHARDLM_WORKER_STEP_H_
+#define SHARDLM_WORKER_STEP_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "kernels/sampling/sampling.h"
+
+namespace shardlm {
+
+// Copy block `src` to block `dst` in every layer (K and V). Swapping
+// between tiers and spilling cached blocks are such copies.
+struct BlockCopy {
+  int32_t src = 0;
+  int32_t dst = 0;
+  friend bool operator==(const BlockCopy&, const BlockCopy&) = default;
+};
+
+// One step: tokens of any number of sequences (prefill chunks and single
+// decode tokens mixed), each written into its sequence's KV blocks.
+struct StepInput {
+  std::vector<int32_t> tokens;     // [n]
+  std::vector<int32_t> positions;  // [n] position of each token.
+  std::vector<int32_t> token_seq;  // [n] index into block_tables.
+  std::vector<std::vector<int32_t>> block_tables;  // Per sequence.
+  std::vector<int64_t> seq_ids;  // Per sequence: the engine's sequence id.
+  // KV block copies (tier swaps, cache spills) run in order before the
+  // step's compute, on every rank over its own slice.
+  std::vector<BlockCopy> copies;
+  // Rows whose next token is sampled: token index, sampling parameters,
+  // and the index of the token being generated (the sampling draw).
+  std::vector<int32_t> logit_rows;
+  std::vector<SamplingParams> sampling;
+  std::vector<uint64_t> sample_index;
+  bool return_logits = false;  // Also return the logits of logit_rows.
+  // Empty, or per logit row: how many most likely alternatives to report
+  // with the sampled token's log-probability (0: no log-probabilities for
+  // that row; at most kMaxLogprobs).
+  std::vector<int32_t> logprobs;
+
+  friend bool operator==(const StepInput&, const StepInput&) = default;
+};
+
+// Most alternatives a row may ask for (as OpenAI's API).
+inline constexpr int32_t kMaxLogprobs = 20;
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+// Log-probabilities of one sampled token under the model's distribution:
+// log_softmax of the raw logits (temperature 1, before top-k and top-p),
+// computed in double, whatever the row's sampling parameters.
+struct TokenLogprobs {
+  float sampled = 0;              // Of the sampled token.
+  std::vector<TokenLogprob> top;  // Most likely first (lower id on ties).
+};
+
+struct StepOutput {
+  std::vector<int32_t> tokens;  // One per logit row.
+  Tensor logits;                // [rows, vocab] when return_logits, else empty.
+  // One per logit row when any row asked for log-probabilities (rows that
+  // did not have an empty entry), else empty.
+  std::vector<TokenLogprobs> logprobs;
+};
+
+// Where a runner's time went, cumulative.
+struct RunnerStats {
+  int64_t steps = 0;
+  double forward_seconds = 0;  // Inside Forward().
+  // Inside communicator calls; includes waiting for peers (a slower TP
+  // rank, or the previous stage for PP), which is what it costs a step.
+  double comm_seconds = 0;
+  int64_t copied_blocks = 0;  // KV block copies run (swaps, spills).
+  double copy_seconds = 0;    // Inside them.
+  int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_STEP_H_

@@ -1,0 +1,113 @@
+#include "worker/step_codec.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardlm {
+
+void BlockTableDeltas::Delta(int64_t seq_id, const std::vector<int32_t>& table,
+                             std::vector<int32_t>* delta) {
+  delta->clear();
+  std::vector<int32_t>& sent = sent_[seq_id];
+  if (sent.size() > table.size() ||
+      !std::equal(sent.begin(), sent.end(), table.begin())) {
+    released_.push_back(seq_id);
+    sent.clear();
+  }
+  delta->assign(table.begin() + sent.size(), table.end());
+  sent = table;
+}
+
+void BlockTableDeltas::Release(int64_t seq_id) {
+  if (sent_.erase(seq_id) > 0) released_.push_back(seq_id);
+}
+
+std::vector<int64_t> BlockTableDeltas::TakeReleased() {
+  std::vector<int64_t> out;
+  out.swap(released_);
+  return out;
+}
+
+absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
+                            BlockTableDeltas& sent, v1::StepPlan* plan,
+                            int64_t* blocks_sent) {
+  if (step.seq_ids.size() != step.block_tables.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", step.seq_ids.size(), " sequence ids for ",
+                     step.block_tables.size(), " block tables"));
+  }
+  plan->Clear();
+  plan->set_step_id(step_id);
+  plan->mutable_tokens()->Add(step.tokens.begin(), step.tokens.end());
+  plan->mutable_positions()->Add(step.positions.begin(), step.positions.end());
+  plan->mutable_token_seq()->Add(step.token_seq.begin(), step.token_seq.end());
+  plan->mutable_seq_ids()->Add(step.seq_ids.begin(), step.seq_ids.end());
+  int64_t blocks = 0;
+  std::vector<int32_t> delta;
+  for (size_t i = 0; i < step.seq_ids.size(); ++i) {
+    sent.Delta(step.seq_ids[i], step.block_tables[i], &delta);
+    if (delta.empty()) continue;
+    v1::BlockTableDelta& d = *plan->add_deltas();
+    d.set_seq_id(step.seq_ids[i]);
+    d.mutable_new_blocks()->Add(delta.begin(), delta.end());
+    blocks += static_cast<int64_t>(delta.size());
+  }
+  for (int64_t id : sent.TakeReleased()) plan->add_released(id);
+  plan->mutable_logit_rows()->Add(step.logit_rows.begin(),
+                                  step.logit_rows.end());
+  for (const SamplingParams& p : step.sampling) {
+    v1::SamplingParams& s = *plan->add_sampling();
+    s.set_temperature(p.temperature);
+    s.set_top_k(p.top_k);
+    s.set_top_p(p.top_p);
+    s.set_seed(p.seed);
+  }
+  plan->mutable_sample_index()->Add(step.sample_index.begin(),
+                                    step.sample_index.end());
+  plan->set_return_logits(step.return_logits);
+  for (const BlockCopy& c : step.copies) {
+    v1::BlockCopy& out = *plan->add_copies();
+    out.set_src(c.src);
+    out.set_dst(c.dst);
+  }
+  plan->mutable_logprobs()->Add(step.logprobs.begin(), step.logprobs.end());
+  if (blocks_sent != nullptr) *blocks_sent = blocks;
+  return absl::OkStatus();
+}
+
+StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
+  // Released first: a sequence may be released and resent in one plan.
+  for (int64_t id : plan.released()) tables.erase(id);
+  for (const v1::BlockTableDelta& d : plan.deltas()) {
+    std::vector<int32_t>& t = tables[d.seq_id()];
+    t.insert(t.end(), d.new_blocks().begin(), d.new_blocks().end());
+  }
+  StepInput step;
+  step.tokens.assign(plan.tokens().begin(), plan.tokens().end());
+  step.positions.assign(plan.positions().begin(), plan.positions().end());
+  step.token_seq.assign(plan.token_seq().begin(), plan.token_seq().end());
+  step.seq_ids.assign(plan.seq_ids().begin(), plan.seq_ids().end());
+  for (int64_t id : plan.seq_ids()) {
+    auto it = tables.find(id);
+    step.block_tables.push_back(it == tables.end() ? std::vector<int32_t>{}
+                                                   : it->second);
+  }
+  step.logit_rows.assign(plan.logit_rows().begin(), plan.logit_rows().end());
+  for (const v1::SamplingParams& s : plan.sampling()) {
+    step.sampling.push_back({.temperature = s.temperature(),
+                             .top_k = s.top_k(),
+                             .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
+                             .seed = s.seed()});
+  }
+  step.sample_index.assign(plan.sample_index().begin(),
+                           plan.sample_index().end());
+  step.return_logits = plan.return_logits();
+  for (const v1::BlockCopy& c : plan.copies()) {
+    step.copies.push_back({.src = c.src(), .dst = c.dst()});
+  }
+  step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
+  return step;
+}
+
+}  // namespace shardlm
