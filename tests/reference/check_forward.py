@@ -97,7 +97,8 @@ def run_tool(tool, model, ids, steps, timeout, extra=()):
     if not isinstance(obj, dict) or "logits" not in obj or "greedy" not in obj:
         raise ToolError(f"JSON lacks 'logits'/'greedy': keys "
                         f"{list(obj) if isinstance(obj, dict) else type(obj)}")
-    return np.asarray(obj["logits"], dtype=np.float64), [int(i) for i in obj["greedy"]], dt
+    return (np.asarray(obj["logits"], dtype=np.float64),
+            [int(i) for i in obj["greedy"]], obj.get("step_logprobs"), dt)
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
@@ -110,7 +111,8 @@ def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
     margins = [llama_ref.top2_margin(r) for r in ref_rows]
     ref_logits = ref_rows[0]
 
-    cpp_logits, cpp_greedy, t_cpp = run_tool(tool, model, ids, steps, timeout, extra)
+    cpp_logits, cpp_greedy, cpp_steps, t_cpp = run_tool(tool, model, ids, steps,
+                                                        timeout, extra)
     ok = True
     head = f"[{name}] {len(ids)} prompt tokens"
     if cpp_logits.shape != ref_logits.shape:
@@ -132,6 +134,34 @@ def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
         ok = False
         msgs.append(f"  FAIL: max abs logit error {err.max():.3e} > atol {atol:g}"
                     f" ({int(np.sum(err > atol))} of {err.size} logits over)")
+    # Every decode step, not only the last prompt position: the chosen id's
+    # log-probability and the top-20 ids' (log_softmax of that step's
+    # logits) against the reference's at the same step, while the two
+    # greedy sequences agree (after a divergence the contexts differ).
+    if cpp_steps is None or len(cpp_steps) != len(cpp_greedy):
+        ok = False
+        msgs.append(f"  FAIL: the tool gave {0 if cpp_steps is None else len(cpp_steps)}"
+                    f" steps of log-probabilities for {len(cpp_greedy)} ids")
+    else:
+        step_err, worst_step = 0.0, 0
+        for s_i, (row, got) in enumerate(zip(ref_rows, cpp_steps)):
+            if s_i >= len(ref_greedy) or cpp_greedy[s_i] != ref_greedy[s_i]:
+                break
+            lse = row.max() + np.log(np.exp(row - row.max()).sum())
+            pairs = [(ref_greedy[s_i], got["sampled"])] + \
+                    [(int(t), lp) for t, lp in got["top"]]
+            for tok, lp in pairs:
+                e = abs(float(lp) - (row[tok] - lse))
+                if not e <= step_err:  # NaN-proof: a NaN fails below.
+                    step_err, worst_step = e, s_i
+                    if not np.isfinite(e):
+                        step_err = float("inf")
+        msgs.append(f"  every step: max |dlogprob| {step_err:.3e} over "
+                    f"{len(cpp_steps)} steps x 21 ids (worst at step {worst_step})")
+        if not step_err <= atol:
+            ok = False
+            msgs.append(f"  FAIL: a decode step's log-probabilities differ by "
+                        f"{step_err:.3e} > atol {atol:g}")
     if cpp_greedy != ref_greedy:
         ok = False
         if len(cpp_greedy) != len(ref_greedy):

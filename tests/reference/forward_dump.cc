@@ -2,7 +2,8 @@
 //   forward_dump --model PATH --tokens 1,2,3 [--steps 32] [--chunk N]
 //                [--tp T --pp P]
 // writes one JSON object to stdout:
-//   {"logits": [last prompt position, vocab floats], "greedy": [steps ids]}
+//   {"logits": [last prompt position, vocab floats], "greedy": [steps ids],
+//    "step_logprobs": [per step: {"sampled": lp, "top": [[id, lp] x 20]}]}
 // Greedy decoding does not stop at EOS, so that every step is compared.
 #include <cstdio>
 #include <iostream>
@@ -59,12 +60,24 @@ int Main(int argc, char** argv) {
   auto engine = Engine::Create(
       **source, {.max_batched_tokens = chunk, .tp = tp, .pp = pp});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
-  auto result = (*engine)->Generate(
-      {.prompt = prompt, .max_tokens = steps, .return_prompt_logits = true});
+  auto result = (*engine)->Generate({.prompt = prompt,
+                                     .max_tokens = steps,
+                                     .return_prompt_logits = true,
+                                     .logprobs = kMaxLogprobs});
   if (!result.ok()) return Fail(std::string(result.status().message()));
   nlohmann::json out;
   out["logits"] = result->prompt_logits;
   out["greedy"] = result->tokens;
+  // Every decode step's log-probabilities: the chosen id's and the 20 most
+  // likely ids' (log_softmax of that step's logits), for the reference to
+  // check step by step, not only the last prompt position.
+  nlohmann::json steps_out = nlohmann::json::array();
+  for (const TokenLogprobs& lp : result->logprobs) {
+    nlohmann::json top = nlohmann::json::array();
+    for (const TokenLogprob& t : lp.top) top.push_back({t.token, t.logprob});
+    steps_out.push_back({{"sampled", lp.sampled}, {"top", top}});
+  }
+  out["step_logprobs"] = steps_out;
   std::cout << out.dump() << "\n";
   return 0;
 }
