@@ -4,6 +4,7 @@
 
 #include <cmath>
 
+#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
@@ -34,13 +35,15 @@ std::vector<int32_t> Prompt(int n, int salt) {
 
 class EngineTest : public ::testing::Test {
  protected:
-  std::unique_ptr<Engine> MakeEngine(EngineOptions options = {}) {
+  void TearDown() override { engines_.ExpectNoBlockInUse(); }
+  Engine* MakeEngine(EngineOptions options = {}) {
     auto e = Engine::Create(*source_, options);
     EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return e.ok() ? engines_.Keep(std::move(*e)) : nullptr;
   }
   std::unique_ptr<InMemoryWeights> source_ =
       RandomLlamaWeights(TinyConfig(), 1);
+  EngineLeakCheck engines_;
 };
 
 TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "coordinator/scheduler.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
@@ -91,13 +92,15 @@ class TinyEngineTest : public ::testing::Test {
  protected:
   TinyEngineTest(int32_t context_length, uint64_t seed)
       : source_(RandomLlamaWeights(TinyConfig(context_length), seed)) {}
-  std::unique_ptr<Engine> MakeEngine(EngineOptions options) {
+  void TearDown() override { engines_.ExpectNoBlockInUse(); }
+  Engine* MakeEngine(EngineOptions options) {
     options.threads = 1;
     auto e = Engine::Create(*source_, options);
     EXPECT_TRUE(e.ok()) << e.status();
-    return std::move(*e);
+    return e.ok() ? engines_.Keep(std::move(*e)) : nullptr;
   }
   std::unique_ptr<InMemoryWeights> source_;
+  EngineLeakCheck engines_;
 };
 
 }  // namespace shardlm
