@@ -84,15 +84,31 @@ TEST(SamplingTest, TopKOfTheWholeVocabularyIsTopKOff) {
   }
 }
 
-TEST(SamplingTest, UniformIsInRangeAndSpread) {
-  double sum = 0;
-  for (uint64_t s = 0; s < 10000; ++s) {
-    const double u = SampleUniform(123, s);
-    ASSERT_GE(u, 0.0);
-    ASSERT_LT(u, 1.0);
-    sum += u;
+// In [0, 1) and uniform: a chi-square test over 20 bins, per seed, and
+// draws of neighbouring seeds and steps are not equal (a constant 0.5, or
+// a draw ignoring the seed, fails).
+TEST(SamplingTest, UniformIsInRangeAndUniform) {
+  constexpr int kBins = 20, kDraws = 20000;
+  for (uint64_t seed : {0ull, 123ull, ~0ull}) {
+    std::vector<int> bins(kBins);
+    for (uint64_t s = 0; s < kDraws; ++s) {
+      const double u = SampleUniform(seed, s);
+      ASSERT_GE(u, 0.0);
+      ASSERT_LT(u, 1.0);
+      ++bins[static_cast<int>(u * kBins)];
+    }
+    const double expected = double{kDraws} / kBins;
+    double chi2 = 0;
+    for (int b : bins) chi2 += (b - expected) * (b - expected) / expected;
+    // 19 degrees of freedom: P(chi2 > 43.8) = 0.001.
+    EXPECT_LT(chi2, 43.8) << "seed " << seed;
   }
-  EXPECT_NEAR(sum / 10000, 0.5, 0.02);
+  int equal = 0;
+  for (uint64_t s = 0; s < 1000; ++s) {
+    equal += SampleUniform(7, s) == SampleUniform(8, s);
+    equal += SampleUniform(7, s) == SampleUniform(7, s + 1);
+  }
+  EXPECT_EQ(equal, 0);
 }
 
 TEST(SamplingTest, ValidatesParams) {
