@@ -2,6 +2,7 @@
 // must not change results, and every block comes back.
 #include "coordinator/engine.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "coordinator/engine_leak_check.h"
@@ -101,9 +102,23 @@ TEST_F(EngineTest, WaitsForBlocksWhenTheCacheIsShort) {
   ASSERT_EQ(engine->blocks().num_blocks(), 8);
   std::vector<GenerateRequest> reqs(
       5, {.prompt = Prompt(30, 3), .max_tokens = 30});
-  auto results = engine->GenerateBatch(reqs);
+  // The order in which tokens arrive: a request that waited for blocks
+  // gets its first token after another request got its last.
+  std::vector<int64_t> first(reqs.size(), -1), last(reqs.size(), -1);
+  int64_t seq = 0;
+  auto results = engine->GenerateBatch(reqs, [&](size_t i, int32_t) {
+    if (first[i] < 0) first[i] = seq;
+    last[i] = seq++;
+    return true;
+  });
   ASSERT_TRUE(results.ok()) << results.status();
-  for (const auto& r : *results) EXPECT_EQ(r.tokens, (*results)[0].tokens);
+  for (const auto& r : *results) {
+    EXPECT_EQ(r.tokens.size(), 30u);
+    EXPECT_EQ(r.tokens, (*results)[0].tokens);
+  }
+  EXPECT_GT(*std::max_element(first.begin(), first.end()),
+            *std::min_element(last.begin(), last.end()))
+      << "no request waited for another to finish";
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
