@@ -281,20 +281,25 @@ class FlakyExecutor : public StepExecutor {
 TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   auto inner = CreateInProcessExecutor(*source_, {});
   ASSERT_TRUE(inner.ok()) << inner.status();
-  auto engine =
-      Engine::Create(std::make_unique<FlakyExecutor>(std::move(*inner), 3), {});
+  // At most 3 run at once: the 4th request waits, and is not running
+  // when the step of 3 fails.
+  auto engine = Engine::Create(
+      std::make_unique<FlakyExecutor>(std::move(*inner), 3), {.max_seqs = 3});
   ASSERT_TRUE(engine.ok()) << engine.status();
   std::vector<GenerateRequest> reqs(
-      3, {.prompt = Prompt(10, 4), .max_tokens = 50});
+      4, {.prompt = Prompt(10, 4), .max_tokens = 50});
   Results results;
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_TRUE((*engine)->Submit(reqs[i], results.Callbacks(i)).ok());
   }
   results.Wait();
-  for (size_t i = 0; i < reqs.size(); ++i) {
+  for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(results[i].status().code(), absl::StatusCode::kUnavailable)
         << results[i].status();
   }
+  // Only the running ones: the waiting request runs afterwards, whole.
+  ASSERT_TRUE(results[3].ok()) << results[3].status();
+  EXPECT_EQ(results[3]->tokens.size(), 50u);
   EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
   auto next = (*engine)->Generate({.prompt = Prompt(5, 1), .max_tokens = 5});
   ASSERT_TRUE(next.ok()) << next.status();
