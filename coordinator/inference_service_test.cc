@@ -778,6 +778,7 @@ class LosableExecutor final : public StepExecutor {
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    ++forwards;
     if (forward_fails) return absl::UnavailableError("worker rank 1 is gone");
     return inner_->Forward(step);
   }
@@ -788,6 +789,7 @@ class LosableExecutor final : public StepExecutor {
   }
   std::atomic<bool> lost{false};
   std::atomic<bool> forward_fails{false};
+  std::atomic<int> forwards{0};  // Forward calls, failed ones included.
 
  private:
   std::unique_ptr<StepExecutor> inner_;
@@ -840,16 +842,20 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
       << s.error_message();
   EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
 
-  // Known lost: NOT_SERVING (2), and requests fail before they start.
+  // Known lost: NOT_SERVING (2), and requests fail before they start: with
+  // steps able to succeed again, only the health check can refuse it, and
+  // no step runs.
+  executor->forward_fails = false;
   executor->lost = true;
   EXPECT_EQ(wait_for_health(2), 2);
+  const int forwards = executor->forwards;
   s = generate();
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("worker rank 1"), std::string::npos);
+  EXPECT_EQ(executor->forwards, forwards) << "a step ran for a refused request";
 
   // Back: SERVING again.
   executor->lost = false;
-  executor->forward_fails = false;
   EXPECT_EQ(wait_for_health(1), 1);
   EXPECT_TRUE(generate().ok());
 }
