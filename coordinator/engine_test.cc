@@ -147,22 +147,31 @@ TEST_F(EngineTest, StopTokensAndCancellationFreeBlocks) {
 TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
   const int64_t block_bytes = 2 * 3 * 16 * 2 * 16 * 4;
   auto engine = MakeEngine({.kv_cache_bytes = 4 * block_bytes});
-  const std::vector<GenerateRequest> bad = {
-      {.prompt = {}, .max_tokens = 4},
-      {.prompt = {1, 301}, .max_tokens = 4},
-      {.prompt = {1, -1}, .max_tokens = 4},
-      {.prompt = {1}, .max_tokens = 0},
-      {.prompt = Prompt(200, 1), .max_tokens = 100},  // > context 256.
-      {.prompt = Prompt(60, 1), .max_tokens = 10},    // > 4 blocks of 16.
-      {.prompt = {1}, .max_tokens = 4, .sampling = {.temperature = -1}},
-      {.prompt = {1}, .max_tokens = 4, .sampling = {.top_p = 2}},
+  // Each bad request, and a piece of the reason it must be refused for.
+  const std::vector<std::pair<GenerateRequest, std::string>> bad = {
+      {{.prompt = {}, .max_tokens = 4}, "the prompt is empty"},
+      {{.prompt = {1, 301}, .max_tokens = 4},
+       "prompt token 301 is outside the vocabulary of 301"},
+      {{.prompt = {1, -1}, .max_tokens = 4},
+       "prompt token -1 is outside the vocabulary"},
+      {{.prompt = {1}, .max_tokens = 0}, "max_tokens must be >= 1, got 0"},
+      {{.prompt = Prompt(200, 1), .max_tokens = 100},  // > context 256.
+       "exceeds the context window of 256"},
+      {{.prompt = Prompt(60, 1), .max_tokens = 10},  // > 4 blocks of 16.
+       "need 5 KV blocks of 16 tokens but the cache holds 4"},
+      {{.prompt = {1}, .max_tokens = 4, .sampling = {.temperature = -1}},
+       "temperature must be >= 0"},
+      {{.prompt = {1}, .max_tokens = 4, .sampling = {.top_p = 2}},
+       "top_p must be in (0, 1]"},
   };
   for (size_t i = 0; i < bad.size(); ++i) {
-    auto r =
-        engine->GenerateBatch({{.prompt = {1, 2}, .max_tokens = 2}, bad[i]});
+    auto r = engine->GenerateBatch(
+        {{.prompt = {1, 2}, .max_tokens = 2}, bad[i].first});
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << i;
     EXPECT_NE(r.status().message().find("request 1"), absl::string_view::npos)
         << r.status();
+    EXPECT_NE(r.status().message().find(bad[i].second), absl::string_view::npos)
+        << "row " << i << ": " << r.status();
     EXPECT_EQ(engine->blocks().used_blocks(), 0);
   }
 }
