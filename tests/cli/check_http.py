@@ -203,49 +203,69 @@ def main() -> int:
 
         # Bad requests: precise statuses, the server keeps serving.
         ok_req = {"prompt": "Hi", "max_tokens": 2}
+        # (name, path, body, raw body, status, a piece of the message that
+        # names the reason).
         cases = [
-            ("not JSON", "/v1/completions", None, b"{nope", 400),
-            ("JSON array body", "/v1/completions", [1, 2], None, 400),
-            ("no prompt", "/v1/completions", {"max_tokens": 2}, None, 400),
+            ("not JSON", "/v1/completions", None, b"{nope", 400,
+             "not a JSON object"),
+            ("JSON array body", "/v1/completions", [1, 2], None, 400,
+             "not a JSON object"),
+            ("no prompt", "/v1/completions", {"max_tokens": 2}, None, 400,
+             "'prompt' must be"),
             ("prompt of objects", "/v1/completions",
-             {"prompt": [{"a": 1}]}, None, 400),
-            ("n = 2", "/v1/completions", dict(ok_req, n=2), None, 400),
-            ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400),
+             {"prompt": [{"a": 1}]}, None, 400, "'prompt' must be"),
+            ("n = 2", "/v1/completions", dict(ok_req, n=2), None, 400,
+             "only n = 1"),
+            ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400,
+             "'echo' is not supported"),
             ("negative temperature", "/v1/completions",
-             dict(ok_req, temperature=-1), None, 400),
-            ("top_p 2", "/v1/completions", dict(ok_req, top_p=2), None, 400),
+             dict(ok_req, temperature=-1), None, 400,
+             "temperature must be >= 0"),
+            ("top_p 2", "/v1/completions", dict(ok_req, top_p=2), None, 400,
+             "top_p must be in (0, 1]"),
             ("max_tokens -5", "/v1/completions", dict(ok_req, max_tokens=-5),
-             None, 400),
+             None, 400, "'max_tokens' must be positive"),
             ("max_tokens a string", "/v1/completions",
-             dict(ok_req, max_tokens="9"), None, 400),
+             dict(ok_req, max_tokens="9"), None, 400,
+             "'max_tokens' has the wrong type"),
             ("max_tokens past the context", "/v1/completions",
-             dict(ok_req, max_tokens=100000), None, 400),
+             dict(ok_req, max_tokens=100000), None, 400,
+             "the context window"),
             ("token id outside the vocabulary", "/v1/completions",
-             {"prompt": [1, 999999], "max_tokens": 2}, None, 400),
+             {"prompt": [1, 999999], "max_tokens": 2}, None, 400,
+             "999999 is outside the vocabulary"),
             ("logprobs 50", "/v1/completions", dict(ok_req, logprobs=50),
-             None, 400),
+             None, 400, "logprobs must be in [0, 20]"),
             ("9 stop strings", "/v1/completions",
-             dict(ok_req, stop=[str(i) for i in range(9)]), None, 400),
+             dict(ok_req, stop=[str(i) for i in range(9)]), None, 400,
+             "at most 8 stop strings"),
             ("presence penalty", "/v1/completions",
-             dict(ok_req, presence_penalty=0.5), None, 400),
+             dict(ok_req, presence_penalty=0.5), None, 400,
+             "penalties are not supported"),
             ("another model", "/v1/completions",
-             dict(ok_req, model="gpt-4"), None, 404),
+             dict(ok_req, model="gpt-4"), None, 404,
+             "model 'gpt-4' is not served here"),
             ("chat without messages", "/v1/chat/completions",
-             {"max_tokens": 2}, None, 400),
+             {"max_tokens": 2}, None, 400, "'messages' is required"),
             ("chat role tool", "/v1/chat/completions",
-             {"messages": [{"role": "tool", "content": "x"}]}, None, 400),
+             {"messages": [{"role": "tool", "content": "x"}]}, None, 400,
+             "role 'tool'"),
             ("top_logprobs without logprobs", "/v1/chat/completions",
-             dict(chat_req, top_logprobs=2), None, 400),
-            ("unknown route", "/v1/embeddings", ok_req, None, 404),
+             dict(chat_req, top_logprobs=2), None, 400,
+             "'top_logprobs' needs 'logprobs'"),
+            ("unknown route", "/v1/embeddings", ok_req, None, 404,
+             "no route /v1/embeddings"),
         ]
-        for name, path, body, raw, want_status in cases:
+        for name, path, body, raw, want_status, want_msg in cases:
             status, _, out = api.request("POST", path, body, raw=raw)
             try:
                 err = json.loads(out)["error"]["message"]
             except (ValueError, KeyError, TypeError):
                 err = None
-            check(status == want_status and bool(err),
-                  f"{name}: {want_status} with a message (got {status}: {err})")
+            check(status == want_status and err is not None and
+                  want_msg in err,
+                  f"{name}: {want_status} saying {want_msg!r} "
+                  f"(got {status}: {err})")
         status, _, _ = api.request("GET", "/v1/completions")
         check(status == 405, f"GET /v1/completions: 405 ({status})")
         status, got = api.json("POST", "/v1/completions", ok_req)
