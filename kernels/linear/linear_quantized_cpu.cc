@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -277,6 +278,15 @@ absl::StatusOr<RowDot> RowDotFor(DType t) {
   }
 }
 
+// This OpenMP thread's output rows: equal contiguous ranges, in multiples
+// of kTileRows, one per thread of the team.
+std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
+  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+  const int64_t tiles = (out + kTileRows - 1) / kTileRows;
+  return {std::min(out, tiles * t / nt * kTileRows),
+          std::min(out, tiles * (t + 1) / nt * kTileRows)};
+}
+
 }  // namespace
 
 void SetQuantKernel(QuantKernel k) { g_kernel = k; }
@@ -321,11 +331,13 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
     absl::Status status;
 #pragma omp parallel
     {
-      const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-      const int64_t tiles = (out + kTileRows - 1) / kTileRows;
-      const int64_t begin = std::min(out, tiles * t / nt * kTileRows);
-      const int64_t end = std::min(out, tiles * (t + 1) / nt * kTileRows);
-      std::vector<float> scratch(kPrefillTile * in);
+      const auto [begin, end] = ThreadRows(out);
+      // Reused across calls: a fresh (zeroed) tile per call and thread
+      // cost a memset of up to a few MB on every prefill GEMM.
+      thread_local std::vector<float> scratch;
+      if (scratch.size() < static_cast<size_t>(kPrefillTile * in)) {
+        scratch.resize(kPrefillTile * in);
+      }
       for (int64_t r0 = begin; r0 < end; r0 += kPrefillTile) {
         const int64_t rows = std::min(kPrefillTile, end - r0);
         for (int64_t r = 0; r < rows; ++r) {
@@ -360,10 +372,7 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
   const bool parallel = out * in >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
   {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int64_t tiles = (out + kTileRows - 1) / kTileRows;
-    const int64_t begin = std::min(out, tiles * t / nt * kTileRows);
-    const int64_t end = std::min(out, tiles * (t + 1) / nt * kTileRows);
+    const auto [begin, end] = ThreadRows(out);
     for (int64_t o = begin; o < end; ++o) {
       const uint8_t* row = wp + o * row_bytes;
       for (int64_t r = 0; r < n; ++r) {
