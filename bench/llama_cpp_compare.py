@@ -42,10 +42,10 @@ def run_shardlm(binary, model, threads, tokens, prompt=PROMPT):
     return prefill, decode, out.stdout
 
 
-def run_llama_cpp(model, threads, tokens, prompt=PROMPT):
+def run_llama_cpp(model, threads, tokens, prompt=PROMPT, n_ctx=1024):
     from llama_cpp import Llama  # noqa: PLC0415 (benchmark-only import)
     llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads,
-                n_ctx=1024, n_batch=512, verbose=False)
+                n_ctx=n_ctx, n_batch=512, verbose=False)
     ids = llm.tokenize(prompt.encode(), add_bos=False)
     # Greedy, no penalties; generate() evaluates the prompt before its first
     # token and one token before each next one, and never stops by itself.

@@ -70,9 +70,10 @@ class TestHost : public ShardHost {
     ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
-    ASSIGN_OR_RETURN(KvPoolConfig kv,
-                     PoolConfigForShard(w.config, spec, a.block_size,
-                                        a.kv_cache_bytes, a.cpu_offload_bytes));
+    ASSIGN_OR_RETURN(
+        KvPoolConfig kv,
+        PoolConfigForShard(w.config, spec, a.block_size, a.kv_cache_dtype,
+                           a.kv_cache_bytes, a.cpu_offload_bytes));
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
     runner_ =
         std::make_unique<ModelRunner>(std::move(w), std::move(pool), comms_);
@@ -354,8 +355,8 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   ASSERT_TRUE(base.ok()) << base.status();
 
   // One block of a shard at TP=2 x PP=2: K and V, 2 layers, 16 tokens, 2 KV
-  // heads of 8 floats.
-  constexpr int64_t kShardBlock = 2 * 2 * 16 * 2 * 8 * 4;
+  // heads of 8 values, f16 (the default KV dtype).
+  constexpr int64_t kShardBlock = 2 * 2 * 16 * 2 * 8 * 2;
   ClusterOptions options = Options(2, 2);
   options.kv_cache_bytes = 8 * kShardBlock;
   options.cpu_offload_bytes = 60 * kShardBlock;
@@ -723,6 +724,7 @@ class SilentCoordinator final : public v1::Control::Service {
     out.mutable_assignment()->set_pp(1);
     out.mutable_assignment()->set_block_size(16);
     out.mutable_assignment()->set_threads(1);
+    out.mutable_assignment()->set_kv_cache_dtype("f16");
     stream->Write(out);
     while (stream->Read(&in)) {
     }

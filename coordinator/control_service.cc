@@ -182,6 +182,7 @@ grpc::Status ControlService::Connect(
   a.set_block_size(options_.block_size);
   a.set_kv_cache_bytes(options_.kv_cache_bytes);
   a.set_cpu_offload_bytes(options_.cpu_offload_bytes);
+  a.set_kv_cache_dtype(KvCacheDTypeName(options_.kv_cache_dtype));
   a.set_threads(options_.threads_per_worker);
   if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
     a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);

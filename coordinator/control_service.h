@@ -23,6 +23,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server_builder.h"
 #include "shardlm/v1/control.grpc.pb.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 
@@ -36,6 +37,7 @@ struct ClusterOptions {
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 0;     // Per worker; 0: one full context.
   int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
+  DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads_per_worker = 1;
   // GPU clusters: the NCCL unique id of each stage's TP group, indexed by
   // pp rank; empty for CPU clusters.

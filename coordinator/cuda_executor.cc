@@ -46,6 +46,7 @@ class CudaExecutor : public StepExecutor {
   }
   // bf16 bytes on the device (not the f32 bytes of the CPU runner).
   int64_t weight_bytes() const override { return runner_->weight_bytes(); }
+  DType kv_cache_dtype() const override { return runner_->kv_dtype(); }
   std::vector<RunnerStats> RankStats() const override {
     return {runner_->stats()};
   }
@@ -59,11 +60,6 @@ class CudaExecutor : public StepExecutor {
 
 std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
-}
-
-// bf16 K and V of a shard's layers and KV heads, per block.
-int64_t BlockBytes(const KvPoolConfig& kv) {
-  return 2 * kv.n_layers * kv.block_size * kv.kv_heads * kv.head_dim * 2;
 }
 
 }  // namespace
@@ -107,7 +103,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                           .kv_heads = spec.n_kv_heads(),
                           .head_dim = c.head_dim,
                           .block_size = o.block_size,
-                          .num_blocks = 1};  // Sized below.
+                          .num_blocks = 1,  // Sized below.
+                          .dtype = DType::kBF16};
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
                      CudaModelRunner::Create(devices[r], c, kv));
     ASSIGN_OR_RETURN(
@@ -130,18 +127,19 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   std::string why;
   if (o.kv_cache_bytes > 0) {
     for (const auto& r : runners) {
-      blocks = std::min(blocks, o.kv_cache_bytes / BlockBytes(r->kv_config()));
+      blocks =
+          std::min(blocks, o.kv_cache_bytes / r->kv_config().BytesPerBlock());
     }
     if (blocks < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "--kv-cache-bytes ", o.kv_cache_bytes, " holds no KV block of ",
-          BlockBytes(runners[0]->kv_config()), " bytes"));
+          runners[0]->kv_config().BytesPerBlock(), " bytes"));
     }
     why = absl::StrCat(blocks, " KV blocks per rank from --kv-cache-bytes");
   } else {
     std::map<int, int64_t> per_device;  // Bytes of one block of each rank.
     for (size_t r = 0; r < runners.size(); ++r) {
-      per_device[devices[r]] += BlockBytes(runners[r]->kv_config());
+      per_device[devices[r]] += runners[r]->kv_config().BytesPerBlock();
     }
     for (const auto& [device, block_bytes] : per_device) {
       size_t free = 0, total = 0;

@@ -29,6 +29,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
           "--cpu-offload-bytes on CUDA: the host KV tier of a GPU is not "
           "built yet (issue #9); drop the flag, or use --device cpu");
     }
+    if (options.kv_cache_dtype.value_or(DType::kBF16) != DType::kBF16) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--kv-cache-dtype ", KvCacheDTypeName(*options.kv_cache_dtype),
+          " on CUDA: the GPU kernels keep the KV cache in bf16 only; use "
+          "bf16 (the default there), or --device cpu"));
+    }
     ASSIGN_OR_RETURN(
         std::unique_ptr<StepExecutor> executor,
         CreateCudaExecutor(
@@ -53,6 +59,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                    .block_size = options.block_size,
                    .kv_cache_bytes = options.kv_cache_bytes,
                    .cpu_offload_bytes = options.cpu_offload_bytes,
+                   .kv_cache_dtype =
+                       options.kv_cache_dtype.value_or(kDefaultCpuKvDType),
                    .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
   return Create(std::move(executor), options);
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,9 @@ struct EngineOptions {
   // Host (CPU offload) tier per rank: preempted sequences swap there, long
   // ones spill there, evicted prefix blocks stay cached there.
   int64_t cpu_offload_bytes = 0;
+  // Element type of the KV cache; unset: the device's default (f16 on
+  // CPUs, bf16 on GPUs, whose kernels take bf16 only).
+  std::optional<DType> kv_cache_dtype;
   // Reuse the KV of full blocks shared with earlier requests.
   bool prefix_caching = true;
   int32_t block_size = 16;

@@ -13,6 +13,10 @@
 namespace shardlm {
 namespace {
 
+// K and V, 3 layers, 16 tokens, 2 KV heads of 16 values, f16 (the
+// default KV dtype).
+constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 2;
+
 ModelConfig TinyConfig() {
   ModelConfig c;
   c.n_layers = 3;
@@ -97,7 +101,7 @@ TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
 
 TEST_F(EngineTest, WaitsForBlocksWhenTheCacheIsShort) {
   // 8 blocks of 16: each request needs 4, so at most two run at once.
-  const int64_t block_bytes = 2 * 3 * 16 * 2 * 16 * 4;
+  const int64_t block_bytes = kBlockBytes;
   auto engine = MakeEngine({.kv_cache_bytes = 8 * block_bytes});
   ASSERT_EQ(engine->blocks().num_blocks(), 8);
   std::vector<GenerateRequest> reqs(
@@ -148,7 +152,7 @@ TEST_F(EngineTest, StopTokensAndCancellationFreeBlocks) {
 }
 
 TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
-  const int64_t block_bytes = 2 * 3 * 16 * 2 * 16 * 4;
+  const int64_t block_bytes = kBlockBytes;
   auto engine = MakeEngine({.kv_cache_bytes = 4 * block_bytes});
   // Each bad request, and a piece of the reason it must be refused for.
   const std::vector<std::pair<GenerateRequest, std::string>> bad = {

@@ -28,8 +28,8 @@ struct PoolBlocks {
 
 absl::StatusOr<KvPoolConfig> PoolConfig(const LlamaWeights& w,
                                         const ExecutorOptions& o) {
-  return PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_bytes,
-                            o.cpu_offload_bytes);
+  return PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_dtype,
+                            o.kv_cache_bytes, o.cpu_offload_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
@@ -55,6 +55,7 @@ class SingleExecutor : public StepExecutor {
   int64_t num_host_kv_blocks() const override {
     return runner_->kv().config().num_host_blocks;
   }
+  DType kv_cache_dtype() const override { return runner_->kv_dtype(); }
   int64_t weight_bytes() const override { return runner_->weights().bytes(); }
   std::vector<RunnerStats> RankStats() const override {
     return {runner_->stats()};
@@ -97,6 +98,7 @@ class ThreadedExecutor : public StepExecutor {
   const ModelConfig& config() const override { return runners_[0]->config(); }
   int64_t num_kv_blocks() const override { return blocks_.device; }
   int64_t num_host_kv_blocks() const override { return blocks_.host; }
+  DType kv_cache_dtype() const override { return runners_[0]->kv_dtype(); }
   int64_t weight_bytes() const override {
     int64_t total = 0;
     for (const auto& r : runners_) total += r->weight_bytes();

@@ -375,6 +375,10 @@ grpc::Status InferenceService::GetModelInfo(
   response->set_kv_blocks(engine_->blocks().num_blocks());
   response->set_block_size(engine_->blocks().block_size());
   response->set_host_kv_blocks(engine_->blocks().num_host_blocks());
+  const DType kv_dtype = engine_->executor().kv_cache_dtype();
+  response->set_kv_cache_dtype(KvCacheDTypeName(kv_dtype));
+  response->set_kv_bytes_per_token(
+      KvBytesPerToken(engine_->config(), kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   return grpc::Status::OK;
 }

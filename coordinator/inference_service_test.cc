@@ -113,9 +113,10 @@ ModelConfig TinyConfig() {
   return c;
 }
 
-// 2 (K, V) x 2 layers x 2 KV heads x 16 x 4 bytes per token, 16 tokens a
-// block: 8 blocks, 128 tokens of KV, less than the context window.
-constexpr int64_t kBlockBytes = 2 * 2 * 2 * 16 * 4 * 16;
+// 2 (K, V) x 2 layers x 2 KV heads x 16 x 2 bytes (f16, the default) per
+// token, 16 tokens a block: 8 blocks, 128 tokens of KV, less than the
+// context window.
+constexpr int64_t kBlockBytes = 2 * 2 * 2 * 16 * 2 * 16;
 constexpr int32_t kBlocks = 8;
 
 struct Streamed {
@@ -776,6 +777,7 @@ class LosableExecutor final : public StepExecutor {
       : inner_(std::move(inner)) {}
   const ModelConfig& config() const override { return inner_->config(); }
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     ++forwards;

@@ -33,6 +33,7 @@ class GatedExecutor : public StepExecutor {
       : inner_(std::move(inner)) {}
   const ModelConfig& config() const override { return inner_->config(); }
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     std::unique_lock<std::mutex> lock(mu_);

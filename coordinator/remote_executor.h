@@ -41,6 +41,9 @@ class RemoteExecutor : public StepExecutor {
   const ModelConfig& config() const override { return config_; }
   int64_t num_kv_blocks() const override { return kv_blocks_; }
   int64_t num_host_kv_blocks() const override { return host_kv_blocks_; }
+  DType kv_cache_dtype() const override {
+    return service_.options().kv_cache_dtype;
+  }
   int64_t weight_bytes() const override { return weight_bytes_; }
   // Not concurrent with itself or Release (the engine loop calls both).
   // After any failure every later call returns Unavailable at once, naming

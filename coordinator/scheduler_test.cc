@@ -1,6 +1,7 @@
 // The open-ended scheduler on a small random model: concurrent submissions
 // are batched without changing anyone's tokens, and cancellation, queue
 // limits, deadlines, priorities and failed steps end requests cleanly.
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -262,6 +263,7 @@ class FlakyExecutor : public StepExecutor {
       : inner_(std::move(inner)), fail_at_seqs_(fail_at_seqs) {}
   const ModelConfig& config() const override { return inner_->config(); }
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     if (!failed_ && step.seq_ids.size() == fail_at_seqs_) {
@@ -319,6 +321,7 @@ class RecordingExecutor : public StepExecutor {
       : inner_(std::move(inner)) {}
   const ModelConfig& config() const override { return inner_->config(); }
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     std::map<int64_t, int64_t> tokens;
@@ -353,18 +356,23 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   Results results;
   std::promise<void> decoding;
-  std::atomic<int> tokens{0};
-  // Three short streams start decoding first.
+  std::atomic<int> started{0};
+  std::array<std::atomic<bool>, 3> has_token{};
+  // Three short streams start decoding first: each has its first token (so
+  // its prompt is in the cache) before the long prompt arrives.
   for (int i = 0; i < 3; ++i) {
-    ASSERT_TRUE((*engine)
-                    ->Submit({.prompt = Prompt(8, i), .max_tokens = 60},
-                             results.Callbacks(i,
-                                               [&](int32_t) {
-                                                 if (++tokens == 3)
-                                                   decoding.set_value();
-                                                 return true;
-                                               }))
-                    .ok());
+    ASSERT_TRUE(
+        (*engine)
+            ->Submit({.prompt = Prompt(8, i), .max_tokens = 60},
+                     results.Callbacks(i,
+                                       [&, i](int32_t) {
+                                         if (!has_token[i].exchange(true) &&
+                                             ++started == 3) {
+                                           decoding.set_value();
+                                         }
+                                         return true;
+                                       }))
+            .ok());
   }
   decoding.get_future().wait();
   // Then a 2000-token prompt: 16 chunks of at most 128 - 3 tokens.

@@ -34,8 +34,9 @@ inline ModelConfig TinyConfig(int32_t context_length = 512) {
   return c;
 }
 
-// K and V, 3 layers, 16 tokens, 2 heads of 16 floats.
-constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 4;
+// K and V, 3 layers, 16 tokens, 2 heads of 16 values, in the default KV
+// dtype (f16: 2 bytes).
+constexpr int64_t kBlockBytes = 2 * 3 * 16 * 2 * 16 * 2;
 
 inline std::vector<int32_t> Prompt(int n, int salt) {
   std::vector<int32_t> p;

@@ -14,6 +14,7 @@
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/weight_source.h"
+#include "worker/kv_pool.h"
 #include "worker/shard_runner.h"
 #include "worker/step.h"
 
@@ -27,6 +28,8 @@ class StepExecutor {
   // and host (CPU offload) tier.
   virtual int64_t num_kv_blocks() const = 0;
   virtual int64_t num_host_kv_blocks() const { return 0; }
+  // Element type of the KV cache (the same on every rank).
+  virtual DType kv_cache_dtype() const = 0;
   // f32 weight bytes one step reads, summed over ranks.
   virtual int64_t weight_bytes() const = 0;
   // Runs one step on every rank; the last stage samples one token per
@@ -51,6 +54,7 @@ struct ExecutorOptions {
   int64_t kv_cache_bytes = 0;
   // Host (CPU offload) KV tier per rank.
   int64_t cpu_offload_bytes = 0;
+  DType kv_cache_dtype = kDefaultCpuKvDType;
   // CPU threads each rank's kernels use (on whichever thread calls
   // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
   // (ranks on threads).

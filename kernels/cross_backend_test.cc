@@ -315,8 +315,13 @@ TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {
     Tensor k = RandomBf16({total, kKvHeads, kHeadDim}, 12);
     Tensor v = RandomBf16({total, kKvHeads, kHeadDim}, 13);
     const Shape cache_shape = {ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim};
-    Tensor kc = *Tensor::Host(DType::kF32, cache_shape);
-    Tensor vc = *Tensor::Host(DType::kF32, cache_shape);
+    // The CPU caches in their own layout, f32.
+    Tensor kc = *Tensor::Host(
+        DType::kF32,
+        KeyCacheShape(ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim));
+    Tensor vc = *Tensor::Host(
+        DType::kF32,
+        ValueCacheShape(ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim));
     ASSERT_TRUE(WriteKv(k, v, fill, kc, vc).ok());
     Tensor dkc = Empty(DType::kBF16, cache_shape);
     Tensor dvc = Empty(DType::kBF16, cache_shape);

@@ -20,6 +20,9 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
             "host KV tier: preempted and overlong sequences swap there, "
             "evicted prefix blocks stay cached there");
+  flags.Add("kv-cache-dtype", &kv_cache_dtype,
+            "KV cache element type: auto (f16 on CPUs, bf16 on GPUs), f32, "
+            "f16 or bf16; f16 and bf16 hold twice the tokens of f32");
   flags.Add("prefix-caching", &prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
   flags.Add("max-batched-tokens", &max_batched_tokens,
@@ -47,6 +50,12 @@ std::string LocalEngineFlags::Problem() const {
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
   if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
+  if (kv_cache_dtype != "auto") {
+    if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
+      return absl::StrCat("--kv-cache-dtype: ", t.status().message(),
+                          " or auto");
+    }
+  }
   if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
     return "--gpu-memory-utilization must be in (0, 1]";
   }
@@ -62,6 +71,8 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
   std::string not_on_gpu;
   if (cpu_offload_bytes > 0) {
     not_on_gpu = "--cpu-offload-bytes";
+  } else if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16") {
+    not_on_gpu = absl::StrCat("--kv-cache-dtype ", kv_cache_dtype);
   } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
     not_on_gpu = absl::StrCat("--tp x --pp = ", tp * pp, " ranks on ",
                               cuda.devices, " GPU(s)");
@@ -70,8 +81,11 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
 }
 
 EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
+  std::optional<DType> kv_dtype;
+  if (kv_cache_dtype != "auto") kv_dtype = *ParseKvCacheDType(kv_cache_dtype);
   return {.kv_cache_bytes = kv_cache_bytes,
           .cpu_offload_bytes = cpu_offload_bytes,
+          .kv_cache_dtype = kv_dtype,
           .prefix_caching = prefix_caching,
           .max_batched_tokens = static_cast<int32_t>(max_batched_tokens),
           .threads = static_cast<int>(threads),
@@ -91,6 +105,14 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
   ASSIGN_OR_RETURN(DeviceChoice device, flags.ResolveDevice(QueryCuda()));
   std::fprintf(stderr, "shardlm: %s\n", device.reason.c_str());
   ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
+  const BlockManager& blocks = m.engine->blocks();
+  const DType kv = m.engine->executor().kv_cache_dtype();
+  std::fprintf(stderr,
+               "shardlm: KV cache: %d device + %d host blocks of %d tokens, "
+               "%s, %.1f KiB per token\n",
+               blocks.num_blocks(), blocks.num_host_blocks(),
+               blocks.block_size(), KvCacheDTypeName(kv),
+               KvBytesPerToken(m.engine->config(), kv) / 1024.0);
   m.name = source->config().name;
   if (m.name.empty()) {
     m.name = std::filesystem::path(flags.model).filename().string();

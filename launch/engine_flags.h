@@ -20,6 +20,7 @@ struct LocalEngineFlags {
   int64_t threads = 0;
   int64_t kv_cache_bytes = 0;
   int64_t cpu_offload_bytes = 0;
+  std::string kv_cache_dtype = "auto";
   bool prefix_caching = true;
   int64_t max_batched_tokens = 512;
   int64_t tp = 1;
@@ -29,7 +30,8 @@ struct LocalEngineFlags {
   bool allow_shared_gpu = false;
 
   // Adds --model, --threads, --kv-cache-bytes, --cpu-offload-bytes,
-  // --prefix-caching, --max-batched-tokens, --tp, --pp, --device and
+  // --kv-cache-dtype, --prefix-caching, --max-batched-tokens, --tp, --pp,
+  // --device and
   // --gpu-memory-utilization and --allow-shared-gpu.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
@@ -38,8 +40,9 @@ struct LocalEngineFlags {
   // The engine options on `device` (from ChooseDevice).
   EngineOptions ToOptions(const DeviceChoice& device) const;
   // Resolves --device against this machine: "auto" takes GPUs when there
-  // is one per rank (or --allow-shared-gpu) and no CPU offload tier is
-  // asked for, else the CPU; the reason is for the log.
+  // is one per rank (or --allow-shared-gpu) and neither a CPU offload tier
+  // nor a KV dtype GPUs lack is asked for, else the CPU; the reason is for
+  // the log.
   absl::StatusOr<DeviceChoice> ResolveDevice(
       const CudaAvailability& cuda) const;
 };

@@ -55,6 +55,7 @@ struct LaunchFlags {
   int64_t threads = 1;
   int64_t kv_cache_bytes = 0;
   int64_t cpu_offload_bytes = 0;
+  std::string kv_cache_dtype = KvCacheDTypeName(kDefaultCpuKvDType);
   bool prefix_caching = true;
   int64_t block_size = 16;
   int64_t max_batched_tokens = 512;
@@ -167,6 +168,7 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
        .block_size = static_cast<int32_t>(f.block_size),
        .kv_cache_bytes = f.kv_cache_bytes,
        .cpu_offload_bytes = f.cpu_offload_bytes,
+       .kv_cache_dtype = *ParseKvCacheDType(f.kv_cache_dtype),
        .threads_per_worker = static_cast<int>(f.threads),
        .worker_timeout = absl::Milliseconds(f.worker_timeout_ms)});
   grpc::ServerBuilder builder;
@@ -374,6 +376,9 @@ int LaunchCommand(int argc, char** argv) {
   flags.Add("cpu-offload-bytes", &f.cpu_offload_bytes,
             "host KV tier per worker (swapping, overlong sequences, "
             "evicted prefix blocks)");
+  flags.Add("kv-cache-dtype", &f.kv_cache_dtype,
+            "KV cache element type: f32, f16 or bf16 (f16 and bf16 hold "
+            "twice the tokens of f32)");
   flags.Add("prefix-caching", &f.prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
   flags.Add("block-size", &f.block_size, "tokens per KV block");
@@ -407,6 +412,9 @@ int LaunchCommand(int argc, char** argv) {
         "--threads, --block-size and --max-batched-tokens must be >= 1, "
         "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
         "--worker-timeout-ms >= 100";
+  } else if (absl::StatusOr<DType> t = ParseKvCacheDType(f.kv_cache_dtype);
+             !t.ok()) {
+    problem = absl::StrCat("--kv-cache-dtype: ", t.status().message());
   }
   if (!problem.empty()) {  // The same on every rank: rank 0 reports.
     if (root) {

@@ -40,9 +40,10 @@ absl::StatusOr<KvPoolConfig> MpiShardHost::Load(const WorkerAssignment& a) {
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, tp_, pp_));
   const ShardSpec& spec = plan.at(pp_rank_, tp_rank_);
   ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(*source_, spec));
-  ASSIGN_OR_RETURN(KvPoolConfig kv,
-                   PoolConfigForShard(weights.config, spec, a.block_size,
-                                      a.kv_cache_bytes, a.cpu_offload_bytes));
+  ASSIGN_OR_RETURN(
+      KvPoolConfig kv,
+      PoolConfigForShard(weights.config, spec, a.block_size, a.kv_cache_dtype,
+                         a.kv_cache_bytes, a.cpu_offload_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
   ShardComms comms{.tp = tp_ > 1 ? tp_comm_.get() : nullptr,
                    .pp = pp_ > 1 ? pp_comm_.get() : nullptr};

@@ -161,6 +161,7 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   r->device_ = device;
   r->config_ = config;
   r->kv_config_ = kv;
+  r->kv_config_.dtype = DType::kBF16;
   ASSIGN_OR_RETURN(r->backend_, NewCudaBackend(device));
   ASSIGN_OR_RETURN(r->stream_, r->backend_->CreateStream());
   ASSIGN_OR_RETURN(r->cublas_, CublasHandle::Create(r->stream_->native()));

@@ -66,6 +66,8 @@ class CudaModelRunner : public ShardRunner {
 
   const ModelConfig& config() const override { return config_; }
   int64_t weight_bytes() const override { return weights_.bytes_per_step(); }
+  // The CUDA kernels keep K and V in bf16 (paged_attention_cuda.cu).
+  DType kv_dtype() const override { return DType::kBF16; }
   RunnerStats stats() const override { return stats_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 

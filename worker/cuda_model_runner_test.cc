@@ -129,7 +129,9 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
                         .kv_heads = c.n_kv_heads,
                         .head_dim = c.head_dim,
                         .block_size = 16,
-                        .num_blocks = 64};
+                        .num_blocks = 64,
+                        // The CPU reference keeps f32 KV.
+                        .dtype = DType::kF32};
   LlamaWeights host = RandomHostWeights(c, 7);
   auto gpu = CudaModelRunner::Create(0, c, kv);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -236,7 +238,9 @@ TEST(CudaModelRunnerTest, MixedBatchesOfSequencesMatchCpu) {
                         .kv_heads = c.n_kv_heads,
                         .head_dim = c.head_dim,
                         .block_size = 16,
-                        .num_blocks = 40};
+                        .num_blocks = 40,
+                        // The CPU reference keeps f32 KV.
+                        .dtype = DType::kF32};
   LlamaWeights host = RandomHostWeights(c, 11);
   auto gpu = CudaModelRunner::Create(0, c, kv);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -359,7 +363,9 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
                         .kv_heads = c.n_kv_heads,
                         .head_dim = c.head_dim,
                         .block_size = 16,
-                        .num_blocks = 64};
+                        .num_blocks = 64,
+                        // The CPU reference keeps f32 KV.
+                        .dtype = DType::kF32};
   auto gpu = CudaModelRunner::Create(0, c, kv);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
   auto dw = UploadLlamaWeights(*host, (*gpu)->backend(), (*gpu)->exec());

@@ -5,12 +5,39 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/attention/paged_attention.h"
 
 namespace shardlm {
 
 int64_t KvPoolConfig::BytesPerBlock() const {
-  return 2 * n_layers * block_size * kv_heads * head_dim *
-         static_cast<int64_t>(sizeof(float));
+  return 2 * n_layers * block_size * kv_heads * head_dim * BlockBytes(dtype) /
+         BlockElems(dtype);
+}
+
+absl::StatusOr<DType> ParseKvCacheDType(std::string_view name) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (name == KvCacheDTypeName(t)) return t;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "KV cache dtype '", std::string(name), "': expected f32, f16 or bf16"));
+}
+
+int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
+  return 2 * c.n_layers * c.n_kv_heads * c.head_dim * BlockBytes(dtype) /
+         BlockElems(dtype);
+}
+
+const char* KvCacheDTypeName(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    default:
+      return DTypeName(t);
+  }
 }
 
 int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
@@ -20,9 +47,13 @@ int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
 
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                                                 const ShardSpec& spec,
-                                                int64_t block_size,
+                                                int64_t block_size, DType dtype,
                                                 int64_t budget_bytes,
                                                 int64_t host_bytes) {
+  if (!IsCpuKvDType(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache dtype ", DTypeName(dtype), ": expected f32, f16 or bf16"));
+  }
   if (block_size <= 0 || budget_bytes < 0 || host_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "block size (", block_size, ") must be positive and the KV budgets (",
@@ -31,7 +62,8 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
   KvPoolConfig kv{.n_layers = spec.n_layers(),
                   .kv_heads = spec.n_kv_heads(),
                   .head_dim = c.head_dim,
-                  .block_size = block_size};
+                  .block_size = block_size,
+                  .dtype = dtype};
   kv.num_blocks = budget_bytes > 0
                       ? kv.BlocksFor(budget_bytes)
                       : (c.context_length + block_size - 1) / block_size;
@@ -57,22 +89,27 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     const KvPoolConfig& config) {
   if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||
       config.block_size <= 0 || config.num_blocks <= 0 ||
-      config.num_host_blocks < 0) {
+      config.num_host_blocks < 0 || !IsCpuKvDType(config.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV pool needs positive sizes; got ", config.n_layers, " layers, ",
         config.kv_heads, " KV heads, head_dim ", config.head_dim,
         ", block_size ", config.block_size, ", ", config.num_blocks, " + ",
-        config.num_host_blocks, " blocks"));
+        config.num_host_blocks, " blocks of ", DTypeName(config.dtype)));
   }
   std::unique_ptr<KvPool> pool(new KvPool(config));
-  const Shape shape = {config.total_blocks(), config.block_size,
-                       config.kv_heads, config.head_dim};
+  const int64_t blocks = config.total_blocks();
+  const Shape k_shape = KeyCacheShape(blocks, config.block_size,
+                                      config.kv_heads, config.head_dim);
+  const Shape v_shape = ValueCacheShape(blocks, config.block_size,
+                                        config.kv_heads, config.head_dim);
   try {
     for (int64_t l = 0; l < config.n_layers; ++l) {
       // Every slot is written before it is read, so the pages need not be
       // touched (and committed) up front.
-      ASSIGN_OR_RETURN(Tensor k, Tensor::HostUninitialized(DType::kF32, shape));
-      ASSIGN_OR_RETURN(Tensor v, Tensor::HostUninitialized(DType::kF32, shape));
+      ASSIGN_OR_RETURN(Tensor k,
+                       Tensor::HostUninitialized(config.dtype, k_shape));
+      ASSIGN_OR_RETURN(Tensor v,
+                       Tensor::HostUninitialized(config.dtype, v_shape));
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
     }

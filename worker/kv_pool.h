@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -19,6 +20,19 @@
 
 namespace shardlm {
 
+// f16 halves the bytes of f32 (so a budget holds twice the tokens) and
+// keeps greedy tokens and logits close (README, "KV cache dtype").
+inline constexpr DType kDefaultCpuKvDType = DType::kF16;
+
+// --kv-cache-dtype: "f32", "f16" or "bf16". InvalidArgument naming the
+// choices for anything else.
+absl::StatusOr<DType> ParseKvCacheDType(std::string_view name);
+// The flag's spelling of `t` ("f16", ...).
+const char* KvCacheDTypeName(DType t);
+// K and V bytes of one token of context over every layer and KV head of
+// the model (all ranks together, when no KV head is replicated).
+int64_t KvBytesPerToken(const ModelConfig& config, DType dtype);
+
 // Block ids [0, num_blocks) are the device tier, [num_blocks, num_blocks +
 // num_host_blocks) the host (CPU offload) tier; a block table may mix them
 // and attention reads either.
@@ -29,10 +43,12 @@ struct KvPoolConfig {
   int64_t block_size = 16;      // Tokens per block.
   int64_t num_blocks = 0;       // Device tier.
   int64_t num_host_blocks = 0;  // Host tier.
+  // Element type of the cache (f32, f16 or bf16 on CPUs: IsCpuKvDType).
+  DType dtype = kDefaultCpuKvDType;
 
   int64_t total_blocks() const { return num_blocks + num_host_blocks; }
 
-  // Bytes of one block across all layers (K and V, f32).
+  // Bytes of one block across all layers (K and V).
   int64_t BytesPerBlock() const;
   // The most blocks that fit in `bytes`.
   int64_t BlocksFor(int64_t bytes) const;
@@ -44,7 +60,7 @@ struct KvPoolConfig {
 // device budget holds no block or either holds absurdly many.
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& config,
                                                 const ShardSpec& spec,
-                                                int64_t block_size,
+                                                int64_t block_size, DType dtype,
                                                 int64_t budget_bytes,
                                                 int64_t host_bytes = 0);
 
@@ -55,9 +71,10 @@ class KvPool {
       const KvPoolConfig& config);
 
   const KvPoolConfig& config() const { return config_; }
-  // [total_blocks, block_size, kv_heads, head_dim]: both tiers. On CPU
-  // workers they are one allocation (both are host memory; the tiers differ
-  // in budget and role only).
+  // Both tiers, in the CPU kernels' layouts (KeyCacheShape and
+  // ValueCacheShape of total_blocks): one allocation per layer and
+  // tensor (both tiers are host memory; they differ in budget and role
+  // only).
   Tensor& k(int64_t layer) { return k_[layer]; }
   // Every layer's cache, for the forward pass.
   std::vector<Tensor>& k_layers() { return k_; }

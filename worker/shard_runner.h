@@ -47,6 +47,8 @@ class ShardRunner {
   virtual const ModelConfig& config() const = 0;
   // Bytes of weights one step reads (the backend's dtypes).
   virtual int64_t weight_bytes() const = 0;
+  // Element type of this rank's KV cache.
+  virtual DType kv_dtype() const = 0;
   virtual RunnerStats stats() const = 0;
   // Runs this shard's layers for the step's tokens. On the last stage,
   // returns the logits of the requested rows on the host, gathered over

@@ -23,6 +23,7 @@ struct WorkerAssignment {
   int32_t block_size = 16;
   int64_t kv_cache_bytes = 0;  // 0: one full context.
   int64_t cpu_offload_bytes = 0;
+  DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads = 1;
   std::string nccl_unique_id;  // GPU: this stage's TP group; else empty.
 };

@@ -1,9 +1,18 @@
-// Attention over a paged KV cache.
+// Attention over a paged KV cache, on the CPU.
 //
-// The cache of one layer is two tensors [num_blocks, block_size, kv_heads,
-// head_dim]. A sequence owns a block table: logical block j (positions
-// [j * block_size, (j + 1) * block_size)) lives in physical block
-// table[j]. Query head h reads KV head h / (heads / kv_heads) (GQA).
+// A layer's cache is two tensors over the pool's physical blocks. A
+// sequence owns a block table: logical block j (positions [j * block_size,
+// (j + 1) * block_size)) lives in physical block table[j]. Query head h
+// reads KV head h / (heads / kv_heads) (GQA).
+//
+// CPU layouts (CUDA caches keep [blocks, block_size, kv_heads, head_dim];
+// see cuda_ops.h):
+//   K [blocks, kv_heads, head_dim, block_size]: a block's keys along the
+//     innermost axis, so one vector load holds one dimension of 16 keys and
+//     the scores of 16 keys are head_dim FMAs with no horizontal sums;
+//   V [blocks, kv_heads, block_size, head_dim].
+// Elements are f32, f16 or bf16 (IsCpuKvDType); scores, the softmax and all
+// sums are f32.
 #ifndef SHARDLM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
 #define SHARDLM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
 
@@ -24,16 +33,29 @@ struct AttentionBatch {
   std::vector<absl::Span<const int32_t>> block_tables;  // Per sequence.
 };
 
-// Stores the new keys and values of every token at its position.
-//   k, v: [n, kv_heads, head_dim]  k_cache, v_cache: [blocks, bs, kv_heads,
-//   head_dim]
+// The CPU cache shapes of one layer (see the layouts above).
+Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
+                    int64_t head_dim);
+Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
+                      int64_t head_dim);
+// Whether the CPU kernels take caches of `t`: f32, f16 or bf16.
+bool IsCpuKvDType(DType t);
+
+// Stores the new keys and values of every token at its position, rounded
+// to the caches' element type (round to nearest even).
+//   k, v: [n, kv_heads, head_dim] f32.
 absl::Status WriteKv(const Tensor& k, const Tensor& v,
                      const AttentionBatch& batch, Tensor& k_cache,
                      Tensor& v_cache);
 
 // Causal attention: token i attends to positions [0, positions[i]] of its
 // sequence, all of which must already be in the cache (call WriteKv first).
-//   q, out: [n, heads, head_dim]
+//   q, out: [n, heads, head_dim] f32.
+// Flash-attention style: a tile of one sequence's query tokens (times the
+// GQA group's heads, which share every K/V read) meets the context block by
+// block with an online softmax, never an n x n score matrix; when a step
+// has too few tiles to keep every thread busy (decode), the context is
+// split and the partial softmaxes merged (flash-decoding).
 absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                             const Tensor& v_cache, const AttentionBatch& batch,
                             float scale, Tensor& out);

@@ -1,33 +1,149 @@
+#include <omp.h>
+
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "core/half.h"
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/check_args.h"
-#include "kernels/softmax/softmax.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace shardlm {
 namespace {
 
-// Checks cache shapes and that every token's positions map to valid
-// physical blocks.
-absl::Status CheckBatch(const AttentionBatch& batch, int64_t n,
+// Vectors of 16 floats (GCC/Clang vector extensions: one AVX-512 register,
+// two AVX registers, or whatever the target has).
+constexpr int64_t kLanes = 16;
+using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
+using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+int64_t RoundUp(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
+Vec Splat(float x) { return Vec{} + x; }
+Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
+float Max(Vec v) {
+  float m = v[0];
+  for (int64_t i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+float Sum(Vec v) {
+  float s = 0;
+  for (int64_t i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// e^x, relative error ~1e-7 for x in [-87, 88] (Cephes' expf polynomial on
+// x - n ln 2, times 2^n); smaller x gives ~1e-38, which callers mask.
+Vec Exp(Vec x) {
+  x = x < Splat(-87.0f) ? Splat(-87.0f) : x;
+  x = x > Splat(88.0f) ? Splat(88.0f) : x;
+  const Vec magic = Splat(12582912.0f);  // 1.5 * 2^23: rounds to integers.
+  const Vec n = (x * 1.44269504f + magic) - magic;
+  const Vec r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  Vec p = Splat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
+  return p * std::bit_cast<Vec>(bits);
+}
+
+// Cache element types: how f32 is stored, and runs of stored values read
+// back as f32.
+struct F32 {
+  using T = float;
+  static T Encode(float x) { return x; }
+  static void Decode(const T* s, int64_t n, float* d) {
+    std::memcpy(d, s, n * sizeof(float));
+  }
+};
+
+struct F16 {
+  using T = uint16_t;
+  static T Encode(float x) {
+#if defined(__F16C__)
+    return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT);
+#else
+    return FloatToFp16(x);
+#endif
+  }
+  static void Decode(const T* s, int64_t n, float* d) {
+    int64_t i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16) {
+      // The maskz form: GCC 12 warns that _mm512_cvtph_ps reads an
+      // undefined register.
+      _mm512_storeu_ps(
+          d + i, _mm512_maskz_cvtph_ps(
+                     0xffff, _mm256_loadu_si256(
+                                 reinterpret_cast<const __m256i*>(s + i))));
+    }
+#elif defined(__F16C__)
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(
+                                  reinterpret_cast<const __m128i*>(s + i))));
+    }
+#endif
+    for (; i < n; ++i) d[i] = Fp16ToFloat(s[i]);
+  }
+};
+
+struct Bf16 {
+  using T = uint16_t;
+  static T Encode(float x) { return FloatToBf16(x); }
+  static void Decode(const T* s, int64_t n, float* d) {
+    for (int64_t i = 0; i < n; ++i) {
+      d[i] = std::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16);
+    }
+  }
+};
+
+// Checks cache shapes and types and that every token's positions map to
+// valid physical blocks. `d` and `kv_heads` come from the queries or new
+// keys; the caches must agree.
+absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
                         const Tensor& k_cache, const Tensor& v_cache,
                         int64_t kv_heads, int64_t d) {
-  if (k_cache.rank() != 4) {
-    return absl::InvalidArgumentError("attention: cache must be 4-D");
+  if (v_cache.rank() != 4 || k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": caches must be 4-D, got ", k_cache.DebugString(),
+                     " and ", v_cache.DebugString()));
   }
-  const int64_t blocks = k_cache.dim(0), bs = k_cache.dim(1);
-  const Shape cache_shape = {blocks, bs, kv_heads, d};
-  RETURN_IF_ERROR(CheckHostF32("attention", "k_cache", k_cache, cache_shape));
-  RETURN_IF_ERROR(CheckHostF32("attention", "v_cache", v_cache, cache_shape));
+  const int64_t blocks = v_cache.dim(0), bs = v_cache.dim(2);
+  const Shape k_shape = KeyCacheShape(blocks, bs, kv_heads, d);
+  const Shape v_shape = ValueCacheShape(blocks, bs, kv_heads, d);
+  for (const Tensor* t : {&k_cache, &v_cache}) {
+    const Shape& want = t == &k_cache ? k_shape : v_shape;
+    if (t->empty() || t->memory() == MemoryType::kDevice ||
+        !IsCpuKvDType(t->dtype()) || t->dtype() != k_cache.dtype() ||
+        t->shape() != want) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          op, ": ", t == &k_cache ? "k_cache" : "v_cache", " is ",
+          t->empty() ? "empty" : t->DebugString(),
+          "; expected host f32, f16 or bf16 (both caches alike) of shape ",
+          ShapeString(want)));
+    }
+  }
   if (static_cast<int64_t>(batch.positions.size()) != n ||
       static_cast<int64_t>(batch.token_seq.size()) != n) {
     return absl::InvalidArgumentError(
-        absl::StrCat("attention: ", n, " tokens but ", batch.positions.size(),
+        absl::StrCat(op, ": ", n, " tokens but ", batch.positions.size(),
                      " positions and ", batch.token_seq.size(), " seq ids"));
   }
   const int64_t n_seqs = static_cast<int64_t>(batch.block_tables.size());
@@ -35,12 +151,12 @@ absl::Status CheckBatch(const AttentionBatch& batch, int64_t n,
     const int32_t s = batch.token_seq[i], pos = batch.positions[i];
     if (s < 0 || s >= n_seqs || pos < 0) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "attention: token ", i, " has sequence ", s, " position ", pos));
+          op, ": token ", i, " has sequence ", s, " position ", pos));
     }
     const auto& table = batch.block_tables[s];
     if (static_cast<int64_t>(table.size()) <= pos / bs) {
       return absl::InvalidArgumentError(
-          absl::StrCat("attention: sequence ", s, " has ", table.size(),
+          absl::StrCat(op, ": sequence ", s, " has ", table.size(),
                        " blocks, position ", pos, " needs ", pos / bs + 1));
     }
   }
@@ -48,14 +164,336 @@ absl::Status CheckBatch(const AttentionBatch& batch, int64_t n,
     for (int32_t b : table) {
       if (b < 0 || b >= blocks) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "attention: physical block ", b, " outside the pool of ", blocks));
+            op, ": physical block ", b, " outside the pool of ", blocks));
       }
     }
   }
   return absl::OkStatus();
 }
 
+template <typename E>
+void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
+               Tensor& k_cache, Tensor& v_cache) {
+  const int64_t n = k.dim(0), kv_heads = k.dim(1), d = k.dim(2);
+  const int64_t bs = v_cache.dim(2);
+  using T = typename E::T;
+  T* kc = k_cache.data<T>();
+  T* vc = v_cache.data<T>();
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t pos = batch.positions[i];
+    const int64_t block = batch.block_tables[batch.token_seq[i]][pos / bs];
+    const int64_t o = pos % bs;
+    for (int64_t g = 0; g < kv_heads; ++g) {
+      const float* ki = k.data<float>() + (i * kv_heads + g) * d;
+      const float* vi = v.data<float>() + (i * kv_heads + g) * d;
+      T* kt = kc + (block * kv_heads + g) * d * bs + o;  // Column o.
+      T* vr = vc + ((block * kv_heads + g) * bs + o) * d;
+      for (int64_t e = 0; e < d; ++e) kt[e * bs] = E::Encode(ki[e]);
+      for (int64_t e = 0; e < d; ++e) vr[e] = E::Encode(vi[e]);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Attention. A tile is up to kTileTokens query tokens of one sequence; an
+// item is a tile's rows (tokens x the GQA group's heads) against one KV
+// head's keys in [k0, k1), whole blocks.
+
+struct Tile {
+  int32_t seq = 0;
+  int64_t first = 0, count = 0;  // Into the position-sorted token order.
+  int64_t context = 0;           // Largest position + 1.
+};
+
+struct Item {
+  int64_t tile = 0, kvh = 0;
+  int64_t k0 = 0, k1 = 0;
+  int64_t part = -1;  // Offset of its partial results, or -1: final.
+  int64_t cost = 0;
+};
+
+struct Problem {
+  const float* q = nullptr;
+  float* out = nullptr;
+  const void* k_cache = nullptr;
+  const void* v_cache = nullptr;
+  const AttentionBatch* batch = nullptr;
+  std::vector<int64_t> order;  // Token indices, by sequence then position.
+  int64_t heads = 0, kv_heads = 0, group = 0, d = 0, dp = 0, bs = 0, bsp = 0;
+  float scale = 1;
+
+  int64_t rows(const Tile& t) const { return t.count * group; }
+  // Floats of one row's partial result: max, sum, accumulator[dp].
+  int64_t part_row() const { return dp + 2; }
+};
+
+// One thread's buffers (dp = head_dim and bsp = block_size rounded up to
+// the vector width; the padding stays zero).
+struct Scratch {
+  std::vector<float> q, o, m, l, limit, kt, vs, s;
+  void Reset(const Problem& p, int64_t rows) {
+    const auto fit = [](std::vector<float>& v, int64_t n) {
+      if (static_cast<int64_t>(v.size()) < n) v.assign(n, 0.0f);
+    };
+    fit(q, rows * p.dp);
+    fit(o, rows * p.dp);
+    fit(m, rows);
+    fit(l, rows);
+    fit(limit, rows);
+    fit(kt, p.d * p.bsp);
+    fit(vs, p.bs * p.dp);
+    fit(s, p.bsp);
+  }
+};
+
+template <typename E>
+void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
+             float* parts) {
+  using T = typename E::T;
+  const int64_t d = p.d, dp = p.dp, bs = p.bs, bsp = p.bsp;
+  const int64_t rows = p.rows(tile);
+  const auto& table = p.batch->block_tables[tile.seq];
+  w.Reset(p, rows);
+  int64_t key_end = 0;
+  for (int64_t t = 0; t < tile.count; ++t) {
+    const int64_t tok = p.order[tile.first + t];
+    const int64_t limit = std::min<int64_t>(p.batch->positions[tok] + 1, it.k1);
+    key_end = std::max(key_end, limit);
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t r = t * p.group + g, h = it.kvh * p.group + g;
+      const float* qi = p.q + (tok * p.heads + h) * d;
+      float* qr = w.q.data() + r * dp;
+      for (int64_t e = 0; e < d; ++e) qr[e] = qi[e] * p.scale;
+      std::fill(w.o.data() + r * dp, w.o.data() + (r + 1) * dp, 0.0f);
+      w.m[r] = kNegInf;
+      w.l[r] = 0;
+      w.limit[r] = static_cast<float>(limit);
+    }
+  }
+  const T* kbase = static_cast<const T*>(p.k_cache);
+  const T* vbase = static_cast<const T*>(p.v_cache);
+  Vec lane;
+  for (int64_t i = 0; i < kLanes; ++i) lane[i] = static_cast<float>(i);
+
+  for (int64_t start = it.k0; start < key_end; start += bs) {
+    const int64_t block = table[start / bs];
+    const T* kb = kbase + (block * p.kv_heads + it.kvh) * d * bs;
+    const T* vb = vbase + (block * p.kv_heads + it.kvh) * bs * d;
+    if (bsp == bs) {
+      E::Decode(kb, d * bs, w.kt.data());
+    } else {
+      for (int64_t e = 0; e < d; ++e) {
+        E::Decode(kb + e * bs, bs, w.kt.data() + e * bsp);
+      }
+    }
+    if (dp == d) {
+      E::Decode(vb, bs * d, w.vs.data());
+    } else {
+      for (int64_t j = 0; j < bs; ++j) {
+        E::Decode(vb + j * d, d, w.vs.data() + j * dp);
+      }
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t valid =
+          std::min<int64_t>(static_cast<int64_t>(w.limit[r]) - start, bs);
+      if (valid <= 0) continue;
+      // Scores of the block's keys, masked past this row's position.
+      const float* qr = w.q.data() + r * dp;
+      float block_max = kNegInf;
+      for (int64_t c = 0; c < bsp; c += kLanes) {
+        const float* kt = w.kt.data() + c;
+        Vec a0{}, a1{};
+        int64_t e = 0;
+        for (; e + 1 < d; e += 2) {
+          a0 += qr[e] * Load(kt + e * bsp);
+          a1 += qr[e + 1] * Load(kt + (e + 1) * bsp);
+        }
+        if (e < d) a0 += qr[e] * Load(kt + e * bsp);
+        Vec s = a0 + a1;
+        s = lane + Splat(static_cast<float>(c)) <
+                    Splat(static_cast<float>(valid))
+                ? s
+                : Splat(kNegInf);
+        block_max = std::max(block_max, Max(s));
+        Store(w.s.data() + c, s);
+      }
+      // Online softmax: rescale what came before to the new maximum.
+      const float m_new = std::max(w.m[r], block_max);
+      const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first block.
+      float sum = 0;
+      for (int64_t c = 0; c < bsp; c += kLanes) {
+        const Vec s = Load(w.s.data() + c);
+        Vec e = Exp(s - m_new);
+        e = lane + Splat(static_cast<float>(c)) <
+                    Splat(static_cast<float>(valid))
+                ? e
+                : Splat(0.0f);
+        sum += Sum(e);
+        Store(w.s.data() + c, e);
+      }
+      w.l[r] = w.l[r] * alpha + sum;
+      w.m[r] = m_new;
+      float* o = w.o.data() + r * dp;
+      for (int64_t c = 0; c < dp; c += kLanes) {
+        Vec acc = Load(o + c) * alpha;
+        for (int64_t j = 0; j < valid; ++j) {
+          acc += w.s[j] * Load(w.vs.data() + j * dp + c);
+        }
+        Store(o + c, acc);
+      }
+    }
+  }
+
+  for (int64_t t = 0; t < tile.count; ++t) {
+    const int64_t tok = p.order[tile.first + t];
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t r = t * p.group + g, h = it.kvh * p.group + g;
+      const float* o = w.o.data() + r * dp;
+      if (it.part < 0) {
+        float* dst = p.out + (tok * p.heads + h) * d;
+        const float inv = 1.0f / w.l[r];
+        for (int64_t e = 0; e < d; ++e) dst[e] = o[e] * inv;
+      } else {
+        float* dst = parts + it.part + r * p.part_row();
+        dst[0] = w.m[r];
+        dst[1] = w.l[r];
+        std::copy_n(o, d, dst + 2);
+      }
+    }
+  }
+}
+
+// Merges the partial softmaxes of one tile's splits (items [begin, end) of
+// one KV head, in key order) into the output.
+void MergeSplits(const Problem& p, const Tile& tile,
+                 absl::Span<const Item> splits, const float* parts) {
+  const int64_t d = p.d;
+  for (int64_t t = 0; t < tile.count; ++t) {
+    const int64_t tok = p.order[tile.first + t];
+    for (int64_t g = 0; g < p.group; ++g) {
+      const int64_t r = t * p.group + g, h = splits[0].kvh * p.group + g;
+      float m = kNegInf;
+      for (const Item& it : splits) {
+        m = std::max(m, parts[it.part + r * p.part_row()]);
+      }
+      float* dst = p.out + (tok * p.heads + h) * d;
+      std::fill(dst, dst + d, 0.0f);
+      float l = 0;
+      for (const Item& it : splits) {
+        const float* part = parts + it.part + r * p.part_row();
+        if (part[1] == 0) continue;  // No key of this row in the split.
+        const float wgt = std::exp(part[0] - m);
+        l += part[1] * wgt;
+        for (int64_t e = 0; e < d; ++e) dst[e] += part[2 + e] * wgt;
+      }
+      const float inv = 1.0f / l;
+      for (int64_t e = 0; e < d; ++e) dst[e] *= inv;
+    }
+  }
+}
+
+template <typename E>
+void Attend(Problem& p) {
+  const AttentionBatch& batch = *p.batch;
+  const int64_t n = static_cast<int64_t>(batch.positions.size());
+  // Tokens by sequence, then position.
+  p.order.resize(n);
+  for (int64_t i = 0; i < n; ++i) p.order[i] = i;
+  std::stable_sort(p.order.begin(), p.order.end(), [&](int64_t a, int64_t b) {
+    return batch.token_seq[a] != batch.token_seq[b]
+               ? batch.token_seq[a] < batch.token_seq[b]
+               : batch.positions[a] < batch.positions[b];
+  });
+  // About 48 rows per tile: Q, accumulators and one block of K and V stay
+  // in L1/L2 while the tile walks the context.
+  const int64_t tile_tokens = std::max<int64_t>(1, 48 / p.group);
+  std::vector<Tile> tiles;
+  for (int64_t i = 0; i < n;) {
+    Tile t{.seq = batch.token_seq[p.order[i]], .first = i};
+    while (i < n && batch.token_seq[p.order[i]] == t.seq &&
+           t.count < tile_tokens) {
+      t.context = std::max<int64_t>(t.context, batch.positions[p.order[i]] + 1);
+      ++t.count;
+      ++i;
+    }
+    tiles.push_back(t);
+  }
+  // Split the context when there are too few (tile, KV head) pairs to keep
+  // every thread busy, in runs of at least 16 blocks.
+  const int64_t threads = omp_get_max_threads();
+  const int64_t pairs = static_cast<int64_t>(tiles.size()) * p.kv_heads;
+  const int64_t want =
+      pairs >= 4 * threads ? 1 : (4 * threads + pairs - 1) / pairs;
+  std::vector<Item> items;
+  int64_t part_floats = 0;
+  for (int64_t ti = 0; ti < static_cast<int64_t>(tiles.size()); ++ti) {
+    const Tile& t = tiles[ti];
+    const int64_t blocks = (t.context + p.bs - 1) / p.bs;
+    const int64_t splits =
+        std::clamp<int64_t>(std::min(want, blocks / 16), 1, blocks);
+    const int64_t per = (blocks + splits - 1) / splits;
+    for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
+      for (int64_t b = 0; b < blocks; b += per) {
+        Item it{.tile = ti,
+                .kvh = kvh,
+                .k0 = b * p.bs,
+                .k1 = std::min(t.context, (b + per) * p.bs)};
+        it.cost = p.rows(t) * (it.k1 - it.k0);
+        if (per < blocks) {
+          it.part = part_floats;
+          part_floats += p.rows(t) * p.part_row();
+        }
+        items.push_back(it);
+      }
+    }
+  }
+  std::vector<float> parts(part_floats);
+  // Largest first, so that the long causal tiles do not finish last.
+  std::vector<int64_t> by_cost(items.size());
+  for (size_t i = 0; i < items.size(); ++i) by_cost[i] = i;
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](int64_t a, int64_t b) {
+    return items[a].cost > items[b].cost;
+  });
+  const int64_t n_items = static_cast<int64_t>(items.size());
+#pragma omp parallel if (n_items > 1)
+  {
+    Scratch w;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_items; ++i) {
+      const Item& it = items[by_cost[i]];
+      RunItem<E>(p, tiles[it.tile], it, w, parts.data());
+    }
+  }
+  // Items of one (tile, KV head) are adjacent and in key order.
+  for (size_t i = 0; i < items.size();) {
+    size_t j = i + 1;
+    while (j < items.size() && items[j].tile == items[i].tile &&
+           items[j].kvh == items[i].kvh) {
+      ++j;
+    }
+    if (items[i].part >= 0) {
+      MergeSplits(p, tiles[items[i].tile],
+                  absl::MakeConstSpan(items).subspan(i, j - i), parts.data());
+    }
+    i = j;
+  }
+}
+
 }  // namespace
+
+Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
+                    int64_t head_dim) {
+  return {blocks, kv_heads, head_dim, block_size};
+}
+
+Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
+                      int64_t head_dim) {
+  return {blocks, kv_heads, block_size, head_dim};
+}
+
+bool IsCpuKvDType(DType t) {
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+}
 
 absl::Status WriteKv(const Tensor& k, const Tensor& v,
                      const AttentionBatch& batch, Tensor& k_cache,
@@ -66,17 +504,17 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
   const int64_t n = k.dim(0), kv_heads = k.dim(1), d = k.dim(2);
   RETURN_IF_ERROR(CheckHostF32("WriteKv", "k", k, {n, kv_heads, d}));
   RETURN_IF_ERROR(CheckHostF32("WriteKv", "v", v, {n, kv_heads, d}));
-  RETURN_IF_ERROR(CheckBatch(batch, n, k_cache, v_cache, kv_heads, d));
-  const int64_t bs = k_cache.dim(1);
-  const int64_t row = kv_heads * d;
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t pos = batch.positions[i];
-    const int64_t block = batch.block_tables[batch.token_seq[i]][pos / bs];
-    const int64_t slot = block * bs + pos % bs;
-    std::memcpy(k_cache.data<float>() + slot * row, k.data<float>() + i * row,
-                row * sizeof(float));
-    std::memcpy(v_cache.data<float>() + slot * row, v.data<float>() + i * row,
-                row * sizeof(float));
+  RETURN_IF_ERROR(
+      CheckBatch("WriteKv", batch, n, k_cache, v_cache, kv_heads, d));
+  switch (k_cache.dtype()) {
+    case DType::kF16:
+      WriteKvAs<F16>(k, v, batch, k_cache, v_cache);
+      break;
+    case DType::kBF16:
+      WriteKvAs<Bf16>(k, v, batch, k_cache, v_cache);
+      break;
+    default:
+      WriteKvAs<F32>(k, v, batch, k_cache, v_cache);
   }
   return absl::OkStatus();
 }
@@ -84,12 +522,12 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
 absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                             const Tensor& v_cache, const AttentionBatch& batch,
                             float scale, Tensor& out) {
-  if (q.rank() != 3 || k_cache.rank() != 4) {
+  if (q.rank() != 3 || v_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         "PagedAttention: q must be [n, heads, d], caches 4-D");
   }
   const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
-  const int64_t kv_heads = k_cache.dim(2);
+  const int64_t kv_heads = v_cache.dim(1);
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "q", q, {n, heads, d}));
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "out", out, {n, heads, d}));
   if (kv_heads <= 0 || heads % kv_heads != 0) {
@@ -97,41 +535,31 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                                                    " query heads over ",
                                                    kv_heads, " KV heads"));
   }
-  RETURN_IF_ERROR(CheckBatch(batch, n, k_cache, v_cache, kv_heads, d));
-  const int64_t bs = k_cache.dim(1);
-  const int64_t group = heads / kv_heads;
-  const float* kc = k_cache.data<float>();
-  const float* vc = v_cache.data<float>();
-
-#pragma omp parallel
-  {
-    std::vector<float> scores;
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
-      for (int64_t h = 0; h < heads; ++h) {
-        const int64_t ctx = batch.positions[i] + 1;
-        const auto& table = batch.block_tables[batch.token_seq[i]];
-        const int64_t kvh = h / group;
-        const float* qi = q.data<float>() + (i * heads + h) * d;
-        scores.resize(ctx);
-        for (int64_t j = 0; j < ctx; ++j) {
-          const int64_t slot = table[j / bs] * bs + j % bs;
-          const float* kj = kc + (slot * kv_heads + kvh) * d;
-          float dot = 0;
-          for (int64_t e = 0; e < d; ++e) dot += qi[e] * kj[e];
-          scores[j] = dot * scale;
-        }
-        SoftmaxInPlace(scores.data(), ctx);
-        float* oi = out.data<float>() + (i * heads + h) * d;
-        std::fill(oi, oi + d, 0.0f);
-        for (int64_t j = 0; j < ctx; ++j) {
-          const int64_t slot = table[j / bs] * bs + j % bs;
-          const float* vj = vc + (slot * kv_heads + kvh) * d;
-          const float p = scores[j];
-          for (int64_t e = 0; e < d; ++e) oi[e] += p * vj[e];
-        }
-      }
-    }
+  RETURN_IF_ERROR(
+      CheckBatch("PagedAttention", batch, n, k_cache, v_cache, kv_heads, d));
+  if (n == 0) return absl::OkStatus();
+  Problem p{.q = q.data<float>(),
+            .out = out.data<float>(),
+            .k_cache = k_cache.raw(),
+            .v_cache = v_cache.raw(),
+            .batch = &batch,
+            .heads = heads,
+            .kv_heads = kv_heads,
+            .group = heads / kv_heads,
+            .d = d,
+            .dp = RoundUp(d),
+            .bs = v_cache.dim(2),
+            .bsp = RoundUp(v_cache.dim(2)),
+            .scale = scale};
+  switch (k_cache.dtype()) {
+    case DType::kF16:
+      Attend<F16>(p);
+      break;
+    case DType::kBF16:
+      Attend<Bf16>(p);
+      break;
+    default:
+      Attend<F32>(p);
   }
   return absl::OkStatus();
 }

@@ -1,11 +1,15 @@
 #include "kernels/attention/paged_attention.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
+#include "core/half.h"
 #include "gtest/gtest.h"
 #include "kernels/test_util.h"
 
@@ -14,121 +18,222 @@ namespace {
 
 using testing_util::RandomTensor;
 
-// Two sequences with contiguous K/V [len, kv_heads, d] as ground truth,
-// scattered into a pool through shuffled block tables.
-struct Fixture {
-  static constexpr int64_t kBs = 16, kBlocks = 24, kKvHeads = 3, kD = 64;
-  std::vector<Tensor> k, v;  // Per sequence, contiguous.
-  std::vector<std::vector<int32_t>> tables;
-  Tensor k_cache = *Tensor::Host(DType::kF32, {kBlocks, kBs, kKvHeads, kD});
-  Tensor v_cache = *Tensor::Host(DType::kF32, {kBlocks, kBs, kKvHeads, kD});
+// f32 as a cache of `dtype` stores it (the reference reads these values,
+// so that the comparison measures the kernel, not the rounding).
+float Rounded(DType dtype, float x) {
+  switch (dtype) {
+    case DType::kF16:
+      return Fp16ToFloat(FloatToFp16(x));
+    case DType::kBF16:
+      return Bf16ToFloat(FloatToBf16(x));
+    default:
+      return x;
+  }
+}
 
-  explicit Fixture(std::vector<int64_t> lens) {
-    std::vector<int32_t> free(kBlocks);
+struct Case {
+  std::string name;
+  int64_t heads, kv_heads, d, bs;
+  std::vector<int64_t> lens;        // Context of each sequence after the step.
+  std::vector<int64_t> new_tokens;  // Of which the step computes the last.
+};
+
+// Sequences with contiguous ground-truth K/V [len, kv_heads, d], scattered
+// through shuffled block tables over a pool twice the size they need (on
+// CPUs the host tier is the same memory, ids above the device tier).
+struct Fixture {
+  Case c;
+  DType dtype;
+  int64_t blocks = 0;
+  std::vector<Tensor> k, v;
+  std::vector<std::vector<int32_t>> tables;
+  Tensor k_cache, v_cache;
+
+  Fixture(Case cs, DType dt) : c(std::move(cs)), dtype(dt) {
+    for (int64_t len : c.lens) blocks += 2 * ((len + c.bs - 1) / c.bs);
+    std::vector<int32_t> free(blocks);
     std::iota(free.begin(), free.end(), 0);
     std::shuffle(free.begin(), free.end(), std::mt19937(5));
-    for (size_t s = 0; s < lens.size(); ++s) {
-      k.push_back(RandomTensor({lens[s], kKvHeads, kD}, 10 + s));
-      v.push_back(RandomTensor({lens[s], kKvHeads, kD}, 20 + s));
+    for (size_t s = 0; s < c.lens.size(); ++s) {
+      k.push_back(RandomTensor({c.lens[s], c.kv_heads, c.d}, 10 + s));
+      v.push_back(RandomTensor({c.lens[s], c.kv_heads, c.d}, 20 + s));
       std::vector<int32_t> table;
-      for (int64_t b = 0; b < (lens[s] + kBs - 1) / kBs; ++b) {
+      for (int64_t b = 0; b < (c.lens[s] + c.bs - 1) / c.bs; ++b) {
         table.push_back(free.back());
         free.pop_back();
       }
       tables.push_back(table);
     }
+    k_cache =
+        *Tensor::Host(dtype, KeyCacheShape(blocks, c.bs, c.kv_heads, c.d));
+    v_cache =
+        *Tensor::Host(dtype, ValueCacheShape(blocks, c.bs, c.kv_heads, c.d));
+  }
+
+  // Writes positions [from(s), to(s)) of every sequence through WriteKv in
+  // one call, as a step does; returns the step's positions and sequences.
+  void Write(const std::vector<int64_t>& from, const std::vector<int64_t>& to,
+             std::vector<int32_t>& positions, std::vector<int32_t>& seqs) {
+    positions.clear();
+    seqs.clear();
+    for (size_t s = 0; s < c.lens.size(); ++s) {
+      for (int64_t p = from[s]; p < to[s]; ++p) {
+        positions.push_back(static_cast<int32_t>(p));
+        seqs.push_back(static_cast<int32_t>(s));
+      }
+    }
+    const int64_t n = static_cast<int64_t>(positions.size());
+    if (n == 0) return;
+    const int64_t row = c.kv_heads * c.d;
+    Tensor nk = *Tensor::Host(DType::kF32, {n, c.kv_heads, c.d});
+    Tensor nv = *Tensor::Host(DType::kF32, {n, c.kv_heads, c.d});
+    for (int64_t i = 0; i < n; ++i) {
+      std::copy_n(k[seqs[i]].f32().data() + positions[i] * row, row,
+                  nk.f32().data() + i * row);
+      std::copy_n(v[seqs[i]].f32().data() + positions[i] * row, row,
+                  nv.f32().data() + i * row);
+    }
+    ASSERT_TRUE(WriteKv(nk, nv, Batch(positions, seqs), k_cache, v_cache).ok());
+  }
+
+  AttentionBatch Batch(const std::vector<int32_t>& positions,
+                       const std::vector<int32_t>& seqs) const {
+    AttentionBatch b{.positions = positions, .token_seq = seqs};
+    for (const auto& t : tables) b.block_tables.push_back(t);
+    return b;
+  }
+
+  // Naive causal attention of one query row over positions [0, pos].
+  std::vector<double> Reference(const float* q, int64_t seq, int64_t kvh,
+                                int64_t pos, double scale) const {
+    const int64_t kv_heads = c.kv_heads, d = c.d;
+    const auto at = [&](const Tensor& t, int64_t j, int64_t e) {
+      return double{Rounded(dtype, t.f32()[(j * kv_heads + kvh) * d + e])};
+    };
+    std::vector<double> s(pos + 1), out(d, 0.0);
+    double max = -INFINITY, sum = 0;
+    for (int64_t j = 0; j <= pos; ++j) {
+      double dot = 0;
+      for (int64_t e = 0; e < d; ++e) dot += q[e] * at(k[seq], j, e);
+      s[j] = dot * scale;
+      max = std::max(max, s[j]);
+    }
+    for (double& x : s) sum += (x = std::exp(x - max));
+    for (int64_t j = 0; j <= pos; ++j) {
+      for (int64_t e = 0; e < d; ++e) out[e] += s[j] / sum * at(v[seq], j, e);
+    }
+    return out;
   }
 };
 
-// Naive causal attention of one query row over positions [0, pos].
-std::vector<double> Reference(const float* q, const Tensor& k, const Tensor& v,
-                              int64_t kvh, int64_t pos, double scale) {
-  const int64_t kv_heads = k.dim(1), d = k.dim(2);
-  std::vector<double> s(pos + 1), out(d, 0.0);
-  double max = -INFINITY, sum = 0;
-  for (int64_t j = 0; j <= pos; ++j) {
-    double dot = 0;
-    for (int64_t e = 0; e < d; ++e) {
-      dot += q[e] * double{k.f32()[(j * kv_heads + kvh) * d + e]};
-    }
-    s[j] = dot * scale;
-    max = std::max(max, s[j]);
+// The largest error of one step of `c` against the naive reference: the
+// earlier positions are written by a first step, the new ones by this one.
+double StepError(const Case& c, DType dtype) {
+  Fixture f(c, dtype);
+  std::vector<int64_t> start, end = c.lens;
+  for (size_t s = 0; s < c.lens.size(); ++s) {
+    start.push_back(c.lens[s] - c.new_tokens[s]);
   }
-  for (double& x : s) sum += (x = std::exp(x - max));
-  for (int64_t j = 0; j <= pos; ++j) {
-    for (int64_t e = 0; e < d; ++e) {
-      out[e] += s[j] / sum * v.f32()[(j * kv_heads + kvh) * d + e];
+  std::vector<int32_t> positions, seqs;
+  f.Write(std::vector<int64_t>(c.lens.size(), 0), start, positions, seqs);
+  f.Write(start, end, positions, seqs);
+  const AttentionBatch batch = f.Batch(positions, seqs);
+  const int64_t n = static_cast<int64_t>(positions.size());
+  Tensor q = RandomTensor({n, c.heads, c.d}, 3, 2.0f);
+  Tensor out = *Tensor::Host(DType::kF32, {n, c.heads, c.d});
+  const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+  EXPECT_TRUE(PagedAttention(q, f.k_cache, f.v_cache, batch, scale, out).ok());
+  const int64_t group = c.heads / c.kv_heads;
+  double worst = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t h = 0; h < c.heads; ++h) {
+      const auto want = f.Reference(q.f32().data() + (i * c.heads + h) * c.d,
+                                    seqs[i], h / group, positions[i], scale);
+      worst =
+          std::max(worst, MaxAbsDiff(out.f32().data() + (i * c.heads + h) * c.d,
+                                     want.data(), static_cast<size_t>(c.d)));
     }
   }
-  return out;
+  return worst;
 }
 
-// A mixed step: sequence 0 prefills positions [0, 37) in one chunk while
-// sequence 1 (already holding 70 tokens) decodes position 70. 9 query heads
-// over 3 KV heads, as in SmolLM2.
-TEST(PagedAttentionTest, MixedPrefillAndDecodeMatchNaiveAttention) {
-  Fixture f({37, 71});
-  std::vector<int32_t> positions, token_seq;
-  for (int32_t p = 0; p < 37; ++p) {
-    positions.push_back(p);
-    token_seq.push_back(0);
+const Case kCases[] = {
+    // Decode at contexts around a block boundary; SmolLM2's 9 over 3 heads.
+    {"decode ctx 1/15/16/17", 9, 3, 64, 16, {1, 15, 16, 17}, {1, 1, 1, 1}},
+    // One long decode: too few tiles for the threads, so the context is
+    // split and the partial softmaxes merged.
+    {"decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}},
+    // A prefill chunk late in a long context, next to a decode.
+    {"chunk at 4097 + decode", 9, 3, 64, 16, {4097, 33}, {70, 1}},
+    {"mixed prefill 37 + decode 71", 9, 3, 64, 16, {37, 71}, {37, 1}},
+    {"no GQA (group 1)", 4, 4, 64, 16, {17, 33}, {17, 1}},
+    {"group 4, prefill 200", 8, 2, 64, 16, {200}, {200}},
+    {"head_dim 128", 4, 1, 128, 16, {65, 3}, {65, 1}},
+    // Neither block size nor head_dim a multiple of the vector width.
+    {"block 5, head_dim 40", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}},
+};
+
+class PagedAttentionTest : public testing::TestWithParam<DType> {};
+
+TEST_P(PagedAttentionTest, MatchesNaiveAttention) {
+  for (const Case& c : kCases) {
+    SCOPED_TRACE(c.name);
+    EXPECT_LT(StepError(c, GetParam()), 1e-5);
   }
-  positions.push_back(70);
-  token_seq.push_back(1);
-  AttentionBatch batch{.positions = positions,
-                       .token_seq = token_seq,
-                       .block_tables = {f.tables[0], f.tables[1]}};
-  const int64_t n = positions.size(), heads = 9, d = Fixture::kD;
+}
 
-  // Gather each token's new K/V from the ground truth and write it; the
-  // decode sequence's earlier 70 tokens are written by a first step.
-  std::vector<int32_t> hist_pos(70), hist_seq(70, 0);
-  std::iota(hist_pos.begin(), hist_pos.end(), 0);
-  AttentionBatch hist{.positions = hist_pos,
-                      .token_seq = hist_seq,
-                      .block_tables = {f.tables[1]}};
-  Tensor hk = *Tensor::View(DType::kF32, {70, 3, d}, f.k[1].raw());
-  Tensor hv = *Tensor::View(DType::kF32, {70, 3, d}, f.v[1].raw());
-  ASSERT_TRUE(WriteKv(hk, hv, hist, f.k_cache, f.v_cache).ok());
-
-  Tensor nk = *Tensor::Host(DType::kF32, {n, 3, d});
-  Tensor nv = *Tensor::Host(DType::kF32, {n, 3, d});
-  for (int64_t i = 0; i < n; ++i) {
-    const Tensor& sk = f.k[token_seq[i]];
-    const Tensor& sv = f.v[token_seq[i]];
-    std::copy_n(sk.f32().data() + positions[i] * 3 * d, 3 * d,
-                nk.f32().data() + i * 3 * d);
-    std::copy_n(sv.f32().data() + positions[i] * 3 * d, 3 * d,
-                nv.f32().data() + i * 3 * d);
+// One thread takes every tile and split in turn; the result is the same.
+TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
+  const int before = omp_get_max_threads();
+  omp_set_num_threads(1);
+  for (const Case& c : {kCases[1], kCases[2]}) {
+    SCOPED_TRACE(c.name);
+    EXPECT_LT(StepError(c, GetParam()), 1e-5);
   }
-  ASSERT_TRUE(WriteKv(nk, nv, batch, f.k_cache, f.v_cache).ok());
+  omp_set_num_threads(before);
+}
 
-  Tensor q = RandomTensor({n, heads, d}, 3);
-  Tensor out = *Tensor::Host(DType::kF32, {n, heads, d});
-  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
-  ASSERT_TRUE(PagedAttention(q, f.k_cache, f.v_cache, batch, scale, out).ok());
+INSTANTIATE_TEST_SUITE_P(KvDTypes, PagedAttentionTest,
+                         testing::Values(DType::kF32, DType::kF16,
+                                         DType::kBF16),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
-  double max_err = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const auto want =
-          Reference(q.f32().data() + (i * heads + h) * d, f.k[token_seq[i]],
-                    f.v[token_seq[i]], h / 3, positions[i], scale);
-      max_err =
-          std::max(max_err, MaxAbsDiff(out.f32().data() + (i * heads + h) * d,
-                                       want.data(), static_cast<size_t>(d)));
-    }
+// f16 and bf16 caches round each stored value once: against an f32 cache
+// the outputs differ by about the rounding of V (|v| ~ 1 here), not more.
+TEST(PagedAttentionDTypeTest, HalfCachesStayCloseToF32) {
+  const Case c = kCases[3];
+  for (auto [dtype, bound] :
+       {std::pair{DType::kF16, 2e-3}, std::pair{DType::kBF16, 1.6e-2}}) {
+    Fixture f32(c, DType::kF32), half(c, dtype);
+    std::vector<int32_t> positions, seqs;
+    const std::vector<int64_t> zero(c.lens.size(), 0);
+    f32.Write(zero, c.lens, positions, seqs);
+    half.Write(zero, c.lens, positions, seqs);
+    const int64_t n = static_cast<int64_t>(positions.size());
+    Tensor q = RandomTensor({n, c.heads, c.d}, 4);
+    Tensor a = *Tensor::Host(DType::kF32, {n, c.heads, c.d});
+    Tensor b = *Tensor::Host(DType::kF32, {n, c.heads, c.d});
+    ASSERT_TRUE(PagedAttention(q, f32.k_cache, f32.v_cache,
+                               f32.Batch(positions, seqs), 0.125f, a)
+                    .ok());
+    ASSERT_TRUE(PagedAttention(q, half.k_cache, half.v_cache,
+                               half.Batch(positions, seqs), 0.125f, b)
+                    .ok());
+    const double diff = MaxAbsDiff(a.f32(), b.f32());
+    EXPECT_GT(diff, 0) << DTypeName(dtype) << " rounded nothing";
+    EXPECT_LT(diff, bound) << DTypeName(dtype);
   }
-  EXPECT_LT(max_err, 1e-5);
 }
 
 TEST(PagedAttentionTest, RejectsBadBlockTables) {
-  Fixture f({20});
+  Fixture f({"", 3, 3, 64, 16, {20}, {1}}, DType::kF32);
   const std::vector<int32_t> positions = {19}, token_seq = {0};
   const std::vector<int32_t> short_table = {f.tables[0][0]};
-  const std::vector<int32_t> bad_block = {0, Fixture::kBlocks};
-  Tensor q = RandomTensor({1, 3, Fixture::kD}, 1);
-  Tensor out = *Tensor::Host(DType::kF32, {1, 3, Fixture::kD});
+  const std::vector<int32_t> bad_block = {0, static_cast<int32_t>(f.blocks)};
+  Tensor q = RandomTensor({1, 3, 64}, 1);
+  Tensor out = *Tensor::Host(DType::kF32, {1, 3, 64});
   for (const auto& table : {short_table, bad_block}) {
     AttentionBatch batch{.positions = positions,
                          .token_seq = token_seq,
@@ -141,6 +246,28 @@ TEST(PagedAttentionTest, RejectsBadBlockTables) {
                        .token_seq = bad_seq,
                        .block_tables = {f.tables[0]}};
   EXPECT_FALSE(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out).ok());
+}
+
+// Caches of another type, of two types, or in the CUDA layout are refused.
+TEST(PagedAttentionTest, RejectsCachesItCannotRead) {
+  Fixture f({"", 3, 3, 64, 16, {20}, {1}}, DType::kF32);
+  const std::vector<int32_t> positions = {19}, token_seq = {0};
+  const AttentionBatch batch = f.Batch(positions, token_seq);
+  Tensor q = RandomTensor({1, 3, 64}, 1);
+  Tensor out = *Tensor::Host(DType::kF32, {1, 3, 64});
+  Tensor k16 = *Tensor::Host(DType::kF16, f.k_cache.shape());
+  Tensor q8 = *Tensor::Host(DType::kQ8_0, {f.blocks, 3, 16, 64});
+  Tensor cuda_layout =
+      *Tensor::Host(DType::kF32, {f.blocks, 16, 3, 64});  // [blocks, bs, ...]
+  EXPECT_EQ(PagedAttention(q, k16, f.v_cache, batch, 1.0f, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedAttention(q, f.k_cache, q8, batch, 1.0f, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PagedAttention(q, cuda_layout, f.v_cache, batch, 1.0f, out).code(),
+            absl::StatusCode::kInvalidArgument);
+  Tensor k = RandomTensor({1, 3, 64}, 2);
+  EXPECT_EQ(WriteKv(k, k, batch, k16, f.v_cache).code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -212,6 +212,10 @@ def main(argv=None):
                     "is not above this (default: "
                     f"{make_synthetic_model.DEFAULT_MIN_MARGIN} for "
                     "synthetic models, off for a GGUF)")
+    ap.add_argument("--kv-cache-dtype", default="f32",
+                    choices=["f32", "f16", "bf16"],
+                    help="KV cache element type of both the tool and the "
+                         "reference (which rounds K and V to it)")
     ap.add_argument("--tool-args", default="",
                     help="extra arguments for the tool, e.g. '--chunk 5'")
     ap.add_argument("--timeout", type=float, default=600,
@@ -251,10 +255,11 @@ def main(argv=None):
         prompts = [(f"ids{len(p)}", p) for p in make_synthetic_model.SYNTHETIC_PROMPTS]
 
     t0 = time.time()
-    ref = llama_ref.LlamaRef.load(model)
+    ref = llama_ref.LlamaRef.load(model, kv_dtype=a.kv_cache_dtype)
     print(f"reference loaded {model} in {time.time() - t0:.1f}s "
           f"({ref.cfg.n_layers} layers, dim {ref.cfg.dim}, rope "
-          f"{ref.cfg.rope_style}); atol {a.atol:g}, {a.steps} greedy steps")
+          f"{ref.cfg.rope_style}); {a.kv_cache_dtype} KV; atol {a.atol:g}, "
+          f"{a.steps} greedy steps")
     if ref.cfg.vocab_size <= max(max(p) for _, p in prompts):
         print("error: prompt ids exceed the model's vocabulary", file=sys.stderr)
         return 2
@@ -264,7 +269,8 @@ def main(argv=None):
         try:
             ok, msgs = check_prompt(name, ids, ref, a.tool, model, a.steps,
                                     a.atol, min_margin, a.timeout, decode,
-                                    shlex.split(a.tool_args))
+                                    ["--kv-cache-dtype", a.kv_cache_dtype,
+                                     *shlex.split(a.tool_args)])
         except ToolError as e:
             print(f"[{name}] TOOL ERROR: {e}")
             return 2

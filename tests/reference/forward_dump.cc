@@ -1,12 +1,13 @@
 // Prints what the engine computes for one prompt, for check_forward.py:
 //   forward_dump --model PATH --tokens 1,2,3 [--steps 32] [--chunk N]
-//                [--tp T --pp P]
+//                [--tp T --pp P] [--kv-cache-dtype f32|f16|bf16]
 // writes one JSON object to stdout:
 //   {"logits": [last prompt position, vocab floats], "greedy": [steps ids],
 //    "step_logprobs": [per step: {"sampled": lp, "top": [[id, lp] x 20]}]}
 // Greedy decoding does not stop at EOS, so that every step is compared.
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ int Fail(const std::string& msg) {
 int Main(int argc, char** argv) {
   std::string model, tokens_arg;
   int steps = 32, chunk = 512, tp = 1, pp = 1;
+  std::optional<DType> kv_dtype;  // The engine's default.
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") {
@@ -40,6 +42,10 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &tp)) return Fail("bad --tp");
     } else if (flag == "--pp") {
       if (!absl::SimpleAtoi(value, &pp)) return Fail("bad --pp");
+    } else if (flag == "--kv-cache-dtype") {
+      absl::StatusOr<DType> t = ParseKvCacheDType(value);
+      if (!t.ok()) return Fail(std::string(t.status().message()));
+      kv_dtype = *t;
     } else {
       return Fail("unknown flag " + flag);
     }
@@ -57,8 +63,10 @@ int Main(int argc, char** argv) {
   }
   auto source = OpenWeights(model);
   if (!source.ok()) return Fail(std::string(source.status().message()));
-  auto engine = Engine::Create(
-      **source, {.max_batched_tokens = chunk, .tp = tp, .pp = pp});
+  auto engine = Engine::Create(**source, {.kv_cache_dtype = kv_dtype,
+                                          .max_batched_tokens = chunk,
+                                          .tp = tp,
+                                          .pp = pp});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   auto result = (*engine)->Generate({.prompt = prompt,
                                      .max_tokens = steps,

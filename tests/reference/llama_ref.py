@@ -349,17 +349,36 @@ def softmax(x: np.ndarray, axis=-1) -> np.ndarray:
 # The model
 # ----------------------------------------------------------------------------
 
+def round_kv(x: np.ndarray, dtype: str) -> np.ndarray:
+    """The values a KV cache of `dtype` stores for `x` (round to nearest
+    even), back in float64: "f32", "f16" or "bf16"."""
+    x32 = np.asarray(x, dtype=np.float32)
+    if dtype == "f32":
+        return x32.astype(np.float64)
+    if dtype == "f16":
+        return x32.astype(np.float16).astype(np.float64)
+    if dtype == "bf16":
+        bits = x32.view(np.uint32).astype(np.uint64)
+        bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+        return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+    raise ValueError(f"KV cache dtype {dtype!r}: expected f32, f16 or bf16")
+
+
 class LlamaRef:
-    def __init__(self, cfg: Config, w: Weights):
+    def __init__(self, cfg: Config, w: Weights, kv_dtype: str = "f32"):
+        """kv_dtype: what the cache stores K and V as (round_kv); the
+        math stays float64."""
         self.cfg = cfg
         self.w = w
+        round_kv(np.zeros(1), kv_dtype)  # Validates the name.
+        self.kv_dtype = kv_dtype
         self.reset()
 
     @classmethod
-    def load(cls, path: str) -> "LlamaRef":
+    def load(cls, path: str, kv_dtype: str = "f32") -> "LlamaRef":
         if os.path.isdir(path):
-            return cls(*load_hf_dir(path))
-        return cls(*load_gguf(path))
+            return cls(*load_hf_dir(path), kv_dtype=kv_dtype)
+        return cls(*load_gguf(path), kv_dtype=kv_dtype)
 
     def reset(self):
         """Empties the KV cache."""
@@ -392,6 +411,7 @@ class LlamaRef:
             v = (h @ L.wv.T).reshape(T, c.n_kv_heads, c.head_dim)
             q = apply_rope(q, cos, sin, c.rope_style)
             k = apply_rope(k, cos, sin, c.rope_style)
+            k, v = round_kv(k, self.kv_dtype), round_kv(v, self.kv_dtype)
             K = np.concatenate([self.k_cache[li], k], axis=0)  # (S, kvh, hd)
             V = np.concatenate([self.v_cache[li], v], axis=0)
             self.k_cache[li], self.v_cache[li] = K, V
