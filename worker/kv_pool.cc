@@ -131,14 +131,19 @@ absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
                        " in a pool of ", total, " blocks"));
     }
   }
-  const size_t block_bytes =
-      static_cast<size_t>(config_.BytesPerBlock() / 2 / config_.n_layers);
+  // One block of one KV head of one layer's K (or V): the caches are
+  // [kv_heads, blocks, ...] (KeyCacheShape, ValueCacheShape).
+  const size_t head_bytes = static_cast<size_t>(
+      config_.BytesPerBlock() / 2 / config_.n_layers / config_.kv_heads);
+  const size_t head_stride = head_bytes * total;
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     for (Tensor* t : {&k_[l], &v_[l]}) {
-      char* base = t->data<char>();
-      for (const BlockCopy& c : copies) {
-        std::memcpy(base + c.dst * block_bytes, base + c.src * block_bytes,
-                    block_bytes);
+      for (int64_t g = 0; g < config_.kv_heads; ++g) {
+        char* base = t->data<char>() + g * head_stride;
+        for (const BlockCopy& c : copies) {
+          std::memcpy(base + c.dst * head_bytes, base + c.src * head_bytes,
+                      head_bytes);
+        }
       }
     }
   }

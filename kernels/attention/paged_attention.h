@@ -7,10 +7,12 @@
 //
 // CPU layouts (CUDA caches keep [blocks, block_size, kv_heads, head_dim];
 // see cuda_ops.h):
-//   K [blocks, kv_heads, head_dim, block_size]: a block's keys along the
+//   K [kv_heads, blocks, head_dim, block_size]: a block's keys along the
 //     innermost axis, so one vector load holds one dimension of 16 keys and
 //     the scores of 16 keys are head_dim FMAs with no horizontal sums;
-//   V [blocks, kv_heads, block_size, head_dim].
+//   V [kv_heads, blocks, block_size, head_dim].
+// KV heads outermost: a sequence's blocks, mostly allocated in order, are
+// then one stream per head that the hardware prefetchers follow.
 // Elements are f32, f16 or bf16 (IsCpuKvDType); scores, the softmax and all
 // sums are f32.
 #ifndef SHARDLM_KERNELS_ATTENTION_PAGED_ATTENTION_H_

@@ -24,6 +24,7 @@ namespace {
 constexpr int64_t kLanes = 16;
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
+constexpr int64_t kAhead = 4;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
 int64_t RoundUp(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
@@ -125,7 +126,7 @@ absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
         absl::StrCat(op, ": caches must be 4-D, got ", k_cache.DebugString(),
                      " and ", v_cache.DebugString()));
   }
-  const int64_t blocks = v_cache.dim(0), bs = v_cache.dim(2);
+  const int64_t blocks = v_cache.dim(1), bs = v_cache.dim(2);
   const Shape k_shape = KeyCacheShape(blocks, bs, kv_heads, d);
   const Shape v_shape = ValueCacheShape(blocks, bs, kv_heads, d);
   for (const Tensor* t : {&k_cache, &v_cache}) {
@@ -175,7 +176,7 @@ template <typename E>
 void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
                Tensor& k_cache, Tensor& v_cache) {
   const int64_t n = k.dim(0), kv_heads = k.dim(1), d = k.dim(2);
-  const int64_t bs = v_cache.dim(2);
+  const int64_t blocks = v_cache.dim(1), bs = v_cache.dim(2);
   using T = typename E::T;
   T* kc = k_cache.data<T>();
   T* vc = v_cache.data<T>();
@@ -186,8 +187,8 @@ void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
     for (int64_t g = 0; g < kv_heads; ++g) {
       const float* ki = k.data<float>() + (i * kv_heads + g) * d;
       const float* vi = v.data<float>() + (i * kv_heads + g) * d;
-      T* kt = kc + (block * kv_heads + g) * d * bs + o;  // Column o.
-      T* vr = vc + ((block * kv_heads + g) * bs + o) * d;
+      T* kt = kc + (g * blocks + block) * d * bs + o;  // Column o.
+      T* vr = vc + ((g * blocks + block) * bs + o) * d;
       for (int64_t e = 0; e < d; ++e) kt[e * bs] = E::Encode(ki[e]);
       for (int64_t e = 0; e < d; ++e) vr[e] = E::Encode(vi[e]);
     }
@@ -220,6 +221,7 @@ struct Problem {
   const AttentionBatch* batch = nullptr;
   std::vector<int64_t> order;  // Token indices, by sequence then position.
   int64_t heads = 0, kv_heads = 0, group = 0, d = 0, dp = 0, bs = 0, bsp = 0;
+  int64_t blocks = 0;  // In the pool.
   float scale = 1;
 
   int64_t rows(const Tile& t) const { return t.count * group; }
@@ -227,8 +229,8 @@ struct Problem {
   int64_t part_row() const { return dp + 2; }
 };
 
-// One thread's buffers (dp = head_dim and bsp = block_size rounded up to
-// the vector width; the padding stays zero).
+// One thread's buffers (dp = head_dim rounded up to 64, bsp = block_size
+// rounded up to the vector width; the padding stays zero).
 struct Scratch {
   std::vector<float> q, o, m, l, limit, kt, vs, s;
   void Reset(const Problem& p, int64_t rows) {
@@ -242,9 +244,115 @@ struct Scratch {
     fit(limit, rows);
     fit(kt, p.d * p.bsp);
     fit(vs, p.bs * p.dp);
-    fit(s, p.bsp);
+    fit(s, 4 * p.bsp);
   }
 };
+
+void Prefetch(const void* p, int64_t bytes) {
+  const char* c = static_cast<const char*>(p);
+  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 1);
+}
+
+// Rows [r0, r0 + NR) of a tile meet one block of keys starting at position
+// `start` (its K and V already in w.kt and w.vs as f32): scores, the online
+// softmax update, and the probability-weighted values. The NR rows share
+// every K and V load and keep 2 * NR (scores) and 4 * NR (values)
+// independent FMA chains in flight.
+template <int NR>
+void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
+  const int64_t d = p.d, dp = p.dp, bsp = p.bsp;
+  int64_t valid[NR], most = 0;
+  for (int g = 0; g < NR; ++g) {
+    valid[g] = std::clamp<int64_t>(
+        static_cast<int64_t>(w.limit[r0 + g]) - start, 0, p.bs);
+    most = std::max(most, valid[g]);
+  }
+  if (most == 0) return;
+  const float* q[NR];
+  for (int g = 0; g < NR; ++g) q[g] = w.q.data() + (r0 + g) * dp;
+  float* s = w.s.data();  // [NR, bsp]: scores, then probabilities.
+  Vec lane;
+  for (int64_t i = 0; i < kLanes; ++i) lane[i] = static_cast<float>(i);
+
+  // Scores, masked past each row's position.
+  float block_max[NR];
+  std::fill_n(block_max, NR, kNegInf);
+  for (int64_t c = 0; c < bsp; c += kLanes) {
+    const float* kt = w.kt.data() + c;
+    Vec a[NR][2] = {};
+    int64_t e = 0;
+    for (; e + 1 < d; e += 2) {
+      const Vec k0 = Load(kt + e * bsp), k1 = Load(kt + (e + 1) * bsp);
+      for (int g = 0; g < NR; ++g) {
+        a[g][0] += q[g][e] * k0;
+        a[g][1] += q[g][e + 1] * k1;
+      }
+    }
+    if (e < d) {
+      const Vec k0 = Load(kt + e * bsp);
+      for (int g = 0; g < NR; ++g) a[g][0] += q[g][e] * k0;
+    }
+    const Vec idx = lane + Splat(static_cast<float>(c));
+    for (int g = 0; g < NR; ++g) {
+      const Vec sc = idx < Splat(static_cast<float>(valid[g]))
+                         ? a[g][0] + a[g][1]
+                         : Splat(kNegInf);
+      block_max[g] = std::max(block_max[g], Max(sc));
+      Store(s + g * bsp + c, sc);
+    }
+  }
+
+  // Online softmax: probabilities against the new running maximum, and
+  // the factor that rescales what came before (1 when the maximum holds).
+  float alpha[NR];
+  for (int g = 0; g < NR; ++g) {
+    const int64_t r = r0 + g;
+    alpha[g] = 1.0f;
+    if (valid[g] == 0) {  // Every key of the block is past this row.
+      std::fill_n(s + g * bsp, bsp, 0.0f);
+      continue;
+    }
+    const float m_new = std::max(w.m[r], block_max[g]);
+    if (m_new > w.m[r]) alpha[g] = std::exp(w.m[r] - m_new);  // 0 at first.
+    float sum = 0;
+    for (int64_t c = 0; c < bsp; c += kLanes) {
+      const Vec pr = Exp(Load(s + g * bsp + c) - m_new);
+      const Vec masked = lane + Splat(static_cast<float>(c)) <
+                                 Splat(static_cast<float>(valid[g]))
+                             ? pr
+                             : Splat(0.0f);
+      sum += Sum(masked);
+      Store(s + g * bsp + c, masked);
+    }
+    w.l[r] = w.l[r] * alpha[g] + sum;
+    w.m[r] = m_new;
+  }
+
+  // Values, 64 columns at a time (dp is a multiple of 64).
+  for (int64_t c = 0; c < dp; c += 4 * kLanes) {
+    Vec acc[NR][4];
+    for (int g = 0; g < NR; ++g) {
+      const float* o = w.o.data() + (r0 + g) * dp + c;
+      for (int k = 0; k < 4; ++k) acc[g][k] = Load(o + k * kLanes) * alpha[g];
+    }
+    for (int64_t j = 0; j < most; ++j) {
+      const float* v = w.vs.data() + j * dp + c;
+      const Vec v0 = Load(v), v1 = Load(v + kLanes), v2 = Load(v + 2 * kLanes),
+                v3 = Load(v + 3 * kLanes);
+      for (int g = 0; g < NR; ++g) {
+        const float pr = s[g * bsp + j];
+        acc[g][0] += pr * v0;
+        acc[g][1] += pr * v1;
+        acc[g][2] += pr * v2;
+        acc[g][3] += pr * v3;
+      }
+    }
+    for (int g = 0; g < NR; ++g) {
+      float* o = w.o.data() + (r0 + g) * dp + c;
+      for (int k = 0; k < 4; ++k) Store(o + k * kLanes, acc[g][k]);
+    }
+  }
+}
 
 template <typename E>
 void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
@@ -272,13 +380,18 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
   }
   const T* kbase = static_cast<const T*>(p.k_cache);
   const T* vbase = static_cast<const T*>(p.v_cache);
-  Vec lane;
-  for (int64_t i = 0; i < kLanes; ++i) lane[i] = static_cast<float>(i);
-
+  const auto head_of = [&](const T* base, int64_t start) {
+    return base + (it.kvh * p.blocks + table[start / bs]) * d * bs;
+  };
   for (int64_t start = it.k0; start < key_end; start += bs) {
-    const int64_t block = table[start / bs];
-    const T* kb = kbase + (block * p.kv_heads + it.kvh) * d * bs;
-    const T* vb = vbase + (block * p.kv_heads + it.kvh) * bs * d;
+    const T* kb = head_of(kbase, start);
+    const T* vb = head_of(vbase, start);
+    // The pool's blocks are scattered: fetch the next one while this one
+    // is computed.
+    if (start + kAhead * bs < key_end) {
+      Prefetch(head_of(kbase, start + kAhead * bs), d * bs * sizeof(T));
+      Prefetch(head_of(vbase, start + kAhead * bs), d * bs * sizeof(T));
+    }
     if (bsp == bs) {
       E::Decode(kb, d * bs, w.kt.data());
     } else {
@@ -293,54 +406,18 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
         E::Decode(vb + j * d, d, w.vs.data() + j * dp);
       }
     }
-    for (int64_t r = 0; r < rows; ++r) {
-      const int64_t valid =
-          std::min<int64_t>(static_cast<int64_t>(w.limit[r]) - start, bs);
-      if (valid <= 0) continue;
-      // Scores of the block's keys, masked past this row's position.
-      const float* qr = w.q.data() + r * dp;
-      float block_max = kNegInf;
-      for (int64_t c = 0; c < bsp; c += kLanes) {
-        const float* kt = w.kt.data() + c;
-        Vec a0{}, a1{};
-        int64_t e = 0;
-        for (; e + 1 < d; e += 2) {
-          a0 += qr[e] * Load(kt + e * bsp);
-          a1 += qr[e + 1] * Load(kt + (e + 1) * bsp);
-        }
-        if (e < d) a0 += qr[e] * Load(kt + e * bsp);
-        Vec s = a0 + a1;
-        s = lane + Splat(static_cast<float>(c)) <
-                    Splat(static_cast<float>(valid))
-                ? s
-                : Splat(kNegInf);
-        block_max = std::max(block_max, Max(s));
-        Store(w.s.data() + c, s);
-      }
-      // Online softmax: rescale what came before to the new maximum.
-      const float m_new = std::max(w.m[r], block_max);
-      const float alpha = std::exp(w.m[r] - m_new);  // 0 on the first block.
-      float sum = 0;
-      for (int64_t c = 0; c < bsp; c += kLanes) {
-        const Vec s = Load(w.s.data() + c);
-        Vec e = Exp(s - m_new);
-        e = lane + Splat(static_cast<float>(c)) <
-                    Splat(static_cast<float>(valid))
-                ? e
-                : Splat(0.0f);
-        sum += Sum(e);
-        Store(w.s.data() + c, e);
-      }
-      w.l[r] = w.l[r] * alpha + sum;
-      w.m[r] = m_new;
-      float* o = w.o.data() + r * dp;
-      for (int64_t c = 0; c < dp; c += kLanes) {
-        Vec acc = Load(o + c) * alpha;
-        for (int64_t j = 0; j < valid; ++j) {
-          acc += w.s[j] * Load(w.vs.data() + j * dp + c);
-        }
-        Store(o + c, acc);
-      }
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) UpdateRows<4>(p, w, r, start);
+    switch (rows - r) {
+      case 3:
+        UpdateRows<3>(p, w, r, start);
+        break;
+      case 2:
+        UpdateRows<2>(p, w, r, start);
+        break;
+      case 1:
+        UpdateRows<1>(p, w, r, start);
+        break;
     }
   }
 
@@ -422,8 +499,10 @@ void Attend(Problem& p) {
   // every thread busy, in runs of at least 16 blocks.
   const int64_t threads = omp_get_max_threads();
   const int64_t pairs = static_cast<int64_t>(tiles.size()) * p.kv_heads;
+  // Eight items per thread or more: dynamic scheduling then evens out
+  // the threads to within an eighth of one's work.
   const int64_t want =
-      pairs >= 4 * threads ? 1 : (4 * threads + pairs - 1) / pairs;
+      pairs >= 8 * threads ? 1 : (8 * threads + pairs - 1) / pairs;
   std::vector<Item> items;
   int64_t part_floats = 0;
   for (int64_t ti = 0; ti < static_cast<int64_t>(tiles.size()); ++ti) {
@@ -483,12 +562,12 @@ void Attend(Problem& p) {
 
 Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
                     int64_t head_dim) {
-  return {blocks, kv_heads, head_dim, block_size};
+  return {kv_heads, blocks, head_dim, block_size};
 }
 
 Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
                       int64_t head_dim) {
-  return {blocks, kv_heads, block_size, head_dim};
+  return {kv_heads, blocks, block_size, head_dim};
 }
 
 bool IsCpuKvDType(DType t) {
@@ -527,7 +606,7 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
         "PagedAttention: q must be [n, heads, d], caches 4-D");
   }
   const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
-  const int64_t kv_heads = v_cache.dim(1);
+  const int64_t kv_heads = v_cache.dim(0);
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "q", q, {n, heads, d}));
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "out", out, {n, heads, d}));
   if (kv_heads <= 0 || heads % kv_heads != 0) {
@@ -547,9 +626,10 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
             .kv_heads = kv_heads,
             .group = heads / kv_heads,
             .d = d,
-            .dp = RoundUp(d),
+            .dp = (d + 63) / 64 * 64,  // UpdateRows takes 64 columns.
             .bs = v_cache.dim(2),
             .bsp = RoundUp(v_cache.dim(2)),
+            .blocks = v_cache.dim(1),
             .scale = scale};
   switch (k_cache.dtype()) {
     case DType::kF16:

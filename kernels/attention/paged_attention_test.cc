@@ -256,7 +256,7 @@ TEST(PagedAttentionTest, RejectsCachesItCannotRead) {
   Tensor q = RandomTensor({1, 3, 64}, 1);
   Tensor out = *Tensor::Host(DType::kF32, {1, 3, 64});
   Tensor k16 = *Tensor::Host(DType::kF16, f.k_cache.shape());
-  Tensor q8 = *Tensor::Host(DType::kQ8_0, {f.blocks, 3, 16, 64});
+  Tensor q8 = *Tensor::Host(DType::kQ8_0, {3, f.blocks, 16, 64});
   Tensor cuda_layout =
       *Tensor::Host(DType::kF32, {f.blocks, 16, 3, 64});  // [blocks, bs, ...]
   EXPECT_EQ(PagedAttention(q, k16, f.v_cache, batch, 1.0f, out).code(),
