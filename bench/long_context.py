@@ -89,7 +89,7 @@ def main():
             if have_llama:
                 l_pre, l_dec, _ = llama_cpp_compare.run_llama_cpp(
                     a.model, t, a.decode_tokens, prompt,
-                    n_ctx=length + length // 4 + a.decode_tokens + 64)
+                    n_ctx=length + length // 8 + a.decode_tokens + 64)
             for kv in a.kv.split(","):
                 n, pre, dec, kib = run_shardlm(a.shardlm, a.model, prompt, t,
                                                kv, a.decode_tokens)

@@ -275,8 +275,13 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
     if (IsHost(b)) {
       const int32_t d = TakeDevice();
       if (d < 0) {
-        Unref(b);
-        break;
+        // The device is full: attach the host block where it is (attention
+        // reads either tier; the scheduler swaps it in when there is room,
+        // or keeps it there as it does a long sequence's older blocks).
+        blocks_[b].last_use = ++tick_;
+        table.push_back(b);
+        parent = key;
+        continue;
       }
       copies_.push_back({b, d});
       Rekey(b, d);

@@ -97,7 +97,8 @@ class BlockManager {
 
   // For a sequence with no table yet: attaches the longest run of cached
   // full blocks that hold tokens[0, k * block_size) for k * block_size <=
-  // max_tokens, copying host-cached ones to the device (while it has room).
+  // max_tokens, copying host-cached ones to the device while it has room
+  // and attaching the rest in the host tier.
   // Returns the tokens attached (whose KV need not be computed). 0 when
   // prefix caching is off.
   int64_t AttachPrefix(int64_t seq, absl::Span<const int32_t> tokens,

@@ -124,6 +124,33 @@ TEST(BlockManagerTest, PrefixCacheSharesFullBlocksAndSpillsToHost) {
   EXPECT_EQ(bm.host_usage().free, 2);
 }
 
+// With the device full, prefix blocks cached in the host tier are attached
+// where they are (no copy): a long prompt seen before is not recomputed
+// because only part of it fits on the device.
+TEST(BlockManagerTest, HostPrefixHitsAttachInPlaceWhenTheDeviceIsFull) {
+  BlockManager bm(2, 4, /*host_blocks=*/4, /*prefix_caching=*/true);
+  const std::vector<int32_t> a = Tokens(8, 1);  // 2 full blocks.
+  ASSERT_TRUE(bm.Reserve(1, 8).ok());
+  bm.CacheFullBlocks(1, a, 8);
+  bm.Free(1);
+  ASSERT_TRUE(bm.Reserve(2, 8).ok());  // Fills the device: a's blocks spill.
+  const std::vector<BlockCopy> spills = bm.TakeCopies();
+  ASSERT_EQ(spills.size(), 2u);
+  std::vector<int32_t> b = a;
+  b.push_back(7);
+  EXPECT_EQ(bm.AttachPrefix(3, b, 8), 8);
+  EXPECT_TRUE(bm.TakeCopies().empty());
+  ASSERT_EQ(bm.Table(3).size(), 2u);
+  for (int32_t blk : bm.Table(3)) EXPECT_TRUE(bm.IsHost(blk)) << blk;
+  EXPECT_EQ(bm.HostBlocksOf(3), 2);
+  // Pinned while attached: the host blocks are not handed out again.
+  EXPECT_EQ(bm.host_usage().cached, 0);
+  bm.Free(3);
+  EXPECT_EQ(bm.host_usage().cached, 2);  // Cached again, still hits.
+  bm.Free(2);
+  EXPECT_EQ(bm.used_blocks(), 0);
+}
+
 // A simulated pool: each block holds a tag of the tokens written into it.
 // Random growth, swaps, prefix hits, spills and frees, with the copies run
 // in order before each step's writes (as workers do), must leave every

@@ -15,9 +15,19 @@
 namespace shardlm {
 namespace {
 
-class KvTiersTest : public TinyEngineTest {
+// Every test runs with each KV cache dtype (budgets are in blocks of it).
+class KvTiersTest : public TinyEngineTest,
+                    public ::testing::WithParamInterface<DType> {
  protected:
   KvTiersTest() : TinyEngineTest(4096, 5) {}
+  Engine* MakeEngine(EngineOptions options) {
+    options.kv_cache_dtype = GetParam();
+    return TinyEngineTest::MakeEngine(options);
+  }
+  // One block of the tiny model's K and V in the dtype under test.
+  static int64_t block_bytes() {
+    return kBlockBytes / 2 * BlockBytes(GetParam());
+  }
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
     auto engine = MakeEngine({.prefix_caching = false});
@@ -50,12 +60,12 @@ std::vector<GenerateRequest> MixedRequests(int n) {
   return reqs;
 }
 
-TEST_F(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
+TEST_P(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
   const auto reqs = MixedRequests(32);
   const auto alone = Alone(reqs);
   // 24 device blocks hold about 3 of these at once; the host holds all.
-  auto engine = MakeEngine({.kv_cache_bytes = 24 * kBlockBytes,
-                            .cpu_offload_bytes = 400 * kBlockBytes,
+  auto engine = MakeEngine({.kv_cache_bytes = 24 * block_bytes(),
+                            .cpu_offload_bytes = 400 * block_bytes(),
                             .prefix_caching = false,
                             .max_batched_tokens = 128});
   Results results;
@@ -81,10 +91,10 @@ TEST_F(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
       static_cast<long long>(st.steps));
 }
 
-TEST_F(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {
+TEST_P(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {
   const auto reqs = MixedRequests(16);
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 20 * kBlockBytes,
+  auto engine = MakeEngine({.kv_cache_bytes = 20 * block_bytes(),
                             .prefix_caching = false,
                             .max_batched_tokens = 128});
   Results results;
@@ -98,14 +108,14 @@ TEST_F(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-TEST_F(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
+TEST_P(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
   const std::vector<GenerateRequest> reqs = {
       {.prompt = Prompt(100, 1), .max_tokens = 50, .priority = 0},
       {.prompt = Prompt(100, 2), .max_tokens = 8, .priority = 5}};
   const auto alone = Alone(reqs);
   // 10 device blocks: either request alone, not both.
-  auto engine = MakeEngine({.kv_cache_bytes = 10 * kBlockBytes,
-                            .cpu_offload_bytes = 40 * kBlockBytes,
+  auto engine = MakeEngine({.kv_cache_bytes = 10 * block_bytes(),
+                            .cpu_offload_bytes = 40 * block_bytes(),
                             .prefix_caching = false});
   Results results;
   std::promise<void> started;
@@ -130,7 +140,7 @@ TEST_F(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-TEST_F(KvTiersTest, APromptLargerThanTheDevicePoolRunsThroughTheHostTier) {
+TEST_P(KvTiersTest, APromptLargerThanTheDevicePoolRunsThroughTheHostTier) {
   // 8 device blocks hold 128 tokens; the prompt is 1000.
   const std::vector<GenerateRequest> reqs = {
       {.prompt = Prompt(1000, 7), .max_tokens = 20},
@@ -138,8 +148,8 @@ TEST_F(KvTiersTest, APromptLargerThanTheDevicePoolRunsThroughTheHostTier) {
        .max_tokens = 12,
        .sampling = {.temperature = 0.7f, .top_p = 0.9f, .seed = 1}}};
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 8 * kBlockBytes,
-                            .cpu_offload_bytes = 80 * kBlockBytes,
+  auto engine = MakeEngine({.kv_cache_bytes = 8 * block_bytes(),
+                            .cpu_offload_bytes = 80 * block_bytes(),
                             .max_batched_tokens = 64});
   Results results;
   RunTogether(*engine, reqs, results);
@@ -161,7 +171,7 @@ TEST_F(KvTiersTest, APromptLargerThanTheDevicePoolRunsThroughTheHostTier) {
       << too_long.status();
 }
 
-TEST_F(KvTiersTest, ASharedPrefixIsComputedOnce) {
+TEST_P(KvTiersTest, ASharedPrefixIsComputedOnce) {
   const std::vector<int32_t> prefix = Prompt(1024, 9);
   std::vector<GenerateRequest> reqs(2);
   for (int i = 0; i < 2; ++i) {
@@ -204,14 +214,14 @@ TEST_F(KvTiersTest, ASharedPrefixIsComputedOnce) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-TEST_F(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
+TEST_P(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
   const std::vector<GenerateRequest> reqs = {
       {.prompt = Prompt(200, 1), .max_tokens = 4},
       {.prompt = Prompt(300, 2), .max_tokens = 4},  // Evicts the first.
       {.prompt = Prompt(200, 1), .max_tokens = 4}};
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 24 * kBlockBytes,
-                            .cpu_offload_bytes = 40 * kBlockBytes});
+  auto engine = MakeEngine({.kv_cache_bytes = 24 * block_bytes(),
+                            .cpu_offload_bytes = 40 * block_bytes()});
   for (size_t i = 0; i < reqs.size(); ++i) {
     const SchedulerStats before = engine->stats();
     auto got = engine->Generate(reqs[i]);
@@ -227,6 +237,13 @@ TEST_F(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
   EXPECT_GT(engine->stats().blocks.spilled, 0);
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(KvDTypes, KvTiersTest,
+                         ::testing::Values(DType::kF32, DType::kF16,
+                                           DType::kBF16),
+                         [](const auto& info) {
+                           return std::string(DTypeName(info.param));
+                         });
 
 }  // namespace
 }  // namespace shardlm

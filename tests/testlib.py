@@ -43,14 +43,16 @@ def wait_ready(shardlm: str, addr: str, server: subprocess.Popen,
     return False
 
 
-def start_serve(shardlm: str, model: str, **popen_kwargs):
-    """Starts `shardlm serve` on a free local port; returns (process, addr).
-    Output goes to /dev/null unless popen_kwargs say otherwise."""
+def start_serve(shardlm: str, model: str, extra: list[str] | tuple = (),
+                **popen_kwargs):
+    """Starts `shardlm serve` (with `extra` flags) on a free local port;
+    returns (process, addr). Output goes to /dev/null unless popen_kwargs
+    say otherwise."""
     addr = f"127.0.0.1:{free_port()}"
     popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
     popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
     server = subprocess.Popen(
-        [shardlm, "serve", "--model", model, "--listen", addr],
+        [shardlm, "serve", "--model", model, "--listen", addr, *extra],
         stdin=subprocess.DEVNULL, **popen_kwargs)
     return server, addr
 

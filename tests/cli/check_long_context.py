@@ -1,0 +1,98 @@
+#!/usr/bin/env python3
+"""A ~7,000-token prompt through `shardlm serve` with a device KV pool that
+holds under half of it, a host tier and the prefix cache, against
+`shardlm generate` with a pool that holds it all (both f16 KV, the
+default on CPUs).
+
+1. The served greedy completion equals the local one, byte for byte, while
+   the sequence's older blocks live in the host tier (blocks spilled > 0).
+2. The same prompt again: the same text, with most of the prompt found in
+   the prefix cache (hit tokens in /metrics) and not recomputed.
+
+  check_long_context.py --shardlm BIN --gguf MODEL
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
+
+PARAGRAPH = ("Paragraph {i}: the river ran past the old mill, the baker "
+             "counted {i} loaves, and the town slept under a sky of {c} "
+             "stars.\n")
+# SmolLM2's tokenizer makes ~38 tokens of each paragraph: ~7,000 tokens.
+PROMPT = "".join(PARAGRAPH.format(i=i, c=(i * 37) % 1000) for i in range(182))
+KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 2  # SmolLM2, f16 K and V.
+
+
+def metric(text: str, name: str, labels: str) -> float:
+    m = re.search(rf"^{name}\{{{re.escape(labels)}\}} ([0-9.e+]+)$", text,
+                  re.MULTILINE)
+    return float(m[1]) if m else -1.0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+    gen = ["--prompt", PROMPT, "--max-tokens", "16", "--ignore-eos"]
+
+    local = run([a.shardlm, "generate", "--model", a.gguf, "--stats"] + gen,
+                timeout=600)
+    check(local.returncode == 0, f"local generate ran ({local.stderr[-300:]})")
+    n = re.search(r"prompt (\d+) tokens", local.stderr)
+    n = int(n[1]) if n else 0
+    check(6500 <= n <= 7500, f"the prompt is {n} tokens")
+    if FAILURES:
+        return 1
+
+    http = f"127.0.0.1:{free_port()}"
+    device = 3000 * KV_BYTES_PER_TOKEN  # Under half the prompt.
+    server, addr = start_serve(
+        a.shardlm, a.gguf,
+        ["--kv-cache-bytes", str(device),
+         "--cpu-offload-bytes", str(4 * device), "--http-listen", http],
+        stderr=subprocess.PIPE, text=True)
+    try:
+        check(wait_ready(a.shardlm, addr, server), f"serve is ready on {addr}")
+        remote = [a.shardlm, "generate", "--server", addr] + gen
+        first = run(remote, timeout=600)
+        check(first.returncode == 0 and first.stdout == local.stdout,
+              f"served text equals local text ({first.stdout!r} vs "
+              f"{local.stdout!r}; {first.stderr[-300:]})")
+        with urllib.request.urlopen(f"http://{http}/metrics") as r:
+            m1 = r.read().decode()
+        spilled = metric(m1, "shardlm_kv_blocks_moved_total", 'kind="spill"')
+        check(spilled > 0, f"older blocks spilled to the host tier ({spilled})")
+
+        second = run(remote, timeout=600)
+        check(second.returncode == 0 and second.stdout == local.stdout,
+              f"the same prompt again gives the same text "
+              f"({second.stdout!r})")
+        with urllib.request.urlopen(f"http://{http}/metrics") as r:
+            m2 = r.read().decode()
+        hits = (metric(m2, "shardlm_prefix_cache_tokens_total", 'result="hit"')
+                - metric(m1, "shardlm_prefix_cache_tokens_total",
+                         'result="hit"'))
+        check(hits >= n - 2 * 16 - 16,
+              f"the second request found {hits:.0f} of {n} prompt tokens in "
+              f"the prefix cache")
+    finally:
+        stop(server)
+    if FAILURES:
+        print(f"{len(FAILURES)} check(s) failed")
+        return 1
+    print("all checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
