@@ -10,6 +10,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
+#include "kernels/attention/paged_attention.h"
 #include "model/in_memory_weights.h"
 
 namespace shardlm {
@@ -26,7 +27,7 @@ class KvTiersTest : public TinyEngineTest,
   }
   // One block of the tiny model's K and V in the dtype under test.
   static int64_t block_bytes() {
-    return kBlockBytes / 2 * BlockBytes(GetParam());
+    return 2 * 3 * 2 * KvHeadBlockBytes(GetParam(), 16, 16);
   }
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
@@ -240,7 +241,7 @@ TEST_P(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, KvTiersTest,
                          ::testing::Values(DType::kF32, DType::kF16,
-                                           DType::kBF16),
+                                           DType::kBF16, DType::kI8),
                          [](const auto& info) {
                            return std::string(DTypeName(info.param));
                          });

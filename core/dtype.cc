@@ -25,6 +25,8 @@ int64_t BlockBytes(DType t) {
     case DType::kF16:
     case DType::kBF16:
       return 2;
+    case DType::kI8:
+      return 1;
     case DType::kQ8_0:
       return 2 + 32;
     case DType::kQ4_0:
@@ -51,6 +53,8 @@ const char* DTypeName(DType t) {
       return "Q4_1";
     case DType::kI32:
       return "I32";
+    case DType::kI8:
+      return "I8";
   }
   return "?";
 }

@@ -16,6 +16,7 @@ enum class DType : uint8_t {
   kQ4_0,  // 32 values: f16 d, 16 bytes of nibbles. value = d * (q - 8).
   kQ4_1,  // 32 values: f16 d, f16 m, 16 bytes. value = d * q + m.
   kI32,
+  kI8,  // Raw bytes of the int8 KV cache (values and their f32 scales).
 };
 
 // Quantized types store `BlockElems` values in `BlockBytes` bytes; plain

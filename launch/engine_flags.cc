@@ -22,7 +22,8 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "evicted prefix blocks stay cached there");
   flags.Add("kv-cache-dtype", &kv_cache_dtype,
             "KV cache element type: auto (f16 on CPUs, bf16 on GPUs), f32, "
-            "f16 or bf16; f16 and bf16 hold twice the tokens of f32");
+            "f16, bf16 or int8 (CPUs); f16 and bf16 hold twice the tokens "
+            "of f32, int8 3.8 times");
   flags.Add("prefix-caching", &prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
   flags.Add("max-batched-tokens", &max_batched_tokens,

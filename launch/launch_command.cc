@@ -377,8 +377,8 @@ int LaunchCommand(int argc, char** argv) {
             "host KV tier per worker (swapping, overlong sequences, "
             "evicted prefix blocks)");
   flags.Add("kv-cache-dtype", &f.kv_cache_dtype,
-            "KV cache element type: f32, f16 or bf16 (f16 and bf16 hold "
-            "twice the tokens of f32)");
+            "KV cache element type: f32, f16, bf16 or int8 (f16 and bf16 "
+            "hold twice the tokens of f32, int8 3.8 times)");
   flags.Add("prefix-caching", &f.prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
   flags.Add("block-size", &f.block_size, "tokens per KV block");

@@ -69,6 +69,7 @@ absl::Status DequantizeRow(DType dtype, const uint8_t* src, int64_t n,
       }
       return absl::OkStatus();
     case DType::kI32:
+    case DType::kI8:
       break;
   }
   return absl::InvalidArgumentError(

@@ -10,21 +10,22 @@
 namespace shardlm {
 
 int64_t KvPoolConfig::BytesPerBlock() const {
-  return 2 * n_layers * block_size * kv_heads * head_dim * BlockBytes(dtype) /
-         BlockElems(dtype);
+  return 2 * n_layers * kv_heads *
+         KvHeadBlockBytes(dtype, block_size, head_dim);
 }
 
 absl::StatusOr<DType> ParseKvCacheDType(std::string_view name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16}) {
+  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8}) {
     if (name == KvCacheDTypeName(t)) return t;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "KV cache dtype '", std::string(name), "': expected f32, f16 or bf16"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("KV cache dtype '", std::string(name),
+                   "': expected f32, f16, bf16 or int8"));
 }
 
 int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
-  return 2 * c.n_layers * c.n_kv_heads * c.head_dim * BlockBytes(dtype) /
-         BlockElems(dtype);
+  return 2 * c.n_layers * c.n_kv_heads *
+         KvHeadBlockBytes(dtype, /*block_size=*/1, c.head_dim);
 }
 
 const char* KvCacheDTypeName(DType t) {
@@ -35,6 +36,8 @@ const char* KvCacheDTypeName(DType t) {
       return "f16";
     case DType::kBF16:
       return "bf16";
+    case DType::kI8:
+      return "int8";
     default:
       return DTypeName(t);
   }
@@ -51,8 +54,9 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                                                 int64_t budget_bytes,
                                                 int64_t host_bytes) {
   if (!IsCpuKvDType(dtype)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV cache dtype ", DTypeName(dtype), ": expected f32, f16 or bf16"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache dtype ", DTypeName(dtype),
+                     ": expected f32, f16, bf16 or int8"));
   }
   if (block_size <= 0 || budget_bytes < 0 || host_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -98,10 +102,12 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
   }
   std::unique_ptr<KvPool> pool(new KvPool(config));
   const int64_t blocks = config.total_blocks();
-  const Shape k_shape = KeyCacheShape(blocks, config.block_size,
-                                      config.kv_heads, config.head_dim);
-  const Shape v_shape = ValueCacheShape(blocks, config.block_size,
-                                        config.kv_heads, config.head_dim);
+  const Shape k_shape =
+      KeyCacheShape(blocks, config.block_size, config.kv_heads, config.head_dim,
+                    config.dtype);
+  const Shape v_shape =
+      ValueCacheShape(blocks, config.block_size, config.kv_heads,
+                      config.head_dim, config.dtype);
   try {
     for (int64_t l = 0; l < config.n_layers; ++l) {
       // Every slot is written before it is read, so the pages need not be

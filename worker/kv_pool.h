@@ -24,8 +24,8 @@ namespace shardlm {
 // keeps greedy tokens and logits close (README, "KV cache dtype").
 inline constexpr DType kDefaultCpuKvDType = DType::kF16;
 
-// --kv-cache-dtype: "f32", "f16" or "bf16". InvalidArgument naming the
-// choices for anything else.
+// --kv-cache-dtype: "f32", "f16", "bf16" or "int8" (DType::kI8).
+// InvalidArgument naming the choices for anything else.
 absl::StatusOr<DType> ParseKvCacheDType(std::string_view name);
 // The flag's spelling of `t` ("f16", ...).
 const char* KvCacheDTypeName(DType t);
@@ -43,7 +43,7 @@ struct KvPoolConfig {
   int64_t block_size = 16;      // Tokens per block.
   int64_t num_blocks = 0;       // Device tier.
   int64_t num_host_blocks = 0;  // Host tier.
-  // Element type of the cache (f32, f16 or bf16 on CPUs: IsCpuKvDType).
+  // Element type of the cache (f32, f16, bf16 or I8: IsCpuKvDType).
   DType dtype = kDefaultCpuKvDType;
 
   int64_t total_blocks() const { return num_blocks + num_host_blocks; }

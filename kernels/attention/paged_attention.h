@@ -13,8 +13,12 @@
 //   V [kv_heads, blocks, block_size, head_dim].
 // KV heads outermost: a sequence's blocks, mostly allocated in order, are
 // then one stream per head that the hardware prefetchers follow.
-// Elements are f32, f16 or bf16 (IsCpuKvDType); scores, the softmax and all
-// sums are f32.
+// Elements are f32, f16, bf16 or int8 (IsCpuKvDType); scores, the softmax
+// and all sums are f32. int8 (DType::kI8) keeps an f32 scale, max |x| / 127,
+// per token and KV head for K and for V, inside the block: K [kv_heads,
+// blocks, head_dim + 4, block_size] (the last 4 byte rows hold the keys'
+// scales), V [kv_heads, blocks, block_size, head_dim + 4] (each key's
+// values, then its scale).
 #ifndef SHARDLM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
 #define SHARDLM_KERNELS_ATTENTION_PAGED_ATTENTION_H_
 
@@ -37,10 +41,12 @@ struct AttentionBatch {
 
 // The CPU cache shapes of one layer (see the layouts above).
 Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
-                    int64_t head_dim);
+                    int64_t head_dim, DType dtype = DType::kF32);
 Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
-                      int64_t head_dim);
-// Whether the CPU kernels take caches of `t`: f32, f16 or bf16.
+                      int64_t head_dim, DType dtype = DType::kF32);
+// Bytes of one KV head's K (or V) in one block.
+int64_t KvHeadBlockBytes(DType dtype, int64_t block_size, int64_t head_dim);
+// Whether the CPU kernels take caches of `t`: f32, f16, bf16 or I8.
 bool IsCpuKvDType(DType t);
 
 // Stores the new keys and values of every token at its position, rounded

@@ -65,9 +65,37 @@ Vec Exp(Vec x) {
   return p * std::bit_cast<Vec>(bits);
 }
 
-// Cache element types: how f32 is stored, and runs of stored values read
-// back as f32.
-struct F32 {
+// Cache element types: how a token's K and V are stored in a KV head's
+// block, and how a block is read back as f32 (K as [d, bsp], V as
+// [bs, dp], padding untouched).
+
+// Types of one value per element: Encode one value, Decode a run.
+template <typename E>
+struct PlainKv {
+  static int64_t HeadBlock(int64_t d, int64_t bs) { return d * bs; }
+  template <typename T>
+  static void WriteToken(const float* k, const float* v, int64_t d, int64_t bs,
+                         int64_t o, T* kb, T* vb) {
+    for (int64_t e = 0; e < d; ++e) kb[e * bs + o] = E::Encode(k[e]);
+    for (int64_t e = 0; e < d; ++e) vb[o * d + e] = E::Encode(v[e]);
+  }
+  template <typename T>
+  static void DecodeBlock(const T* kb, const T* vb, int64_t d, int64_t bs,
+                          int64_t bsp, int64_t dp, float* kt, float* vs) {
+    if (bsp == bs) {
+      E::Decode(kb, d * bs, kt);
+    } else {
+      for (int64_t e = 0; e < d; ++e) E::Decode(kb + e * bs, bs, kt + e * bsp);
+    }
+    if (dp == d) {
+      E::Decode(vb, bs * d, vs);
+    } else {
+      for (int64_t j = 0; j < bs; ++j) E::Decode(vb + j * d, d, vs + j * dp);
+    }
+  }
+};
+
+struct F32 : PlainKv<F32> {
   using T = float;
   static T Encode(float x) { return x; }
   static void Decode(const T* s, int64_t n, float* d) {
@@ -75,7 +103,7 @@ struct F32 {
   }
 };
 
-struct F16 {
+struct F16 : PlainKv<F16> {
   using T = uint16_t;
   static T Encode(float x) {
 #if defined(__F16C__)
@@ -105,12 +133,59 @@ struct F16 {
   }
 };
 
-struct Bf16 {
+struct Bf16 : PlainKv<Bf16> {
   using T = uint16_t;
   static T Encode(float x) { return FloatToBf16(x); }
   static void Decode(const T* s, int64_t n, float* d) {
     for (int64_t i = 0; i < n; ++i) {
       d[i] = std::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16);
+    }
+  }
+};
+
+// int8 with an f32 scale (max |x| / 127) per token and KV head, for K and
+// for V. A KV head's block is K [d + 4, bs] (rows d..d+3 hold the bs keys'
+// scales as f32) and V [bs, d + 4] (each key's d values, then its scale).
+struct I8 {
+  using T = int8_t;
+  static int64_t HeadBlock(int64_t d, int64_t bs) { return (d + 4) * bs; }
+  // Quantizes x[0, d) into q[0], q[stride], ...; returns the scale.
+  static float Quantize(const float* x, int64_t d, int64_t stride, T* q) {
+    float amax = 0;
+    for (int64_t e = 0; e < d; ++e) amax = std::max(amax, std::abs(x[e]));
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    for (int64_t e = 0; e < d; ++e) {
+      q[e * stride] = static_cast<T>(
+          std::clamp(std::nearbyint(x[e] * inv), -127.0f, 127.0f));
+    }
+    return scale;
+  }
+  static void WriteToken(const float* k, const float* v, int64_t d, int64_t bs,
+                         int64_t o, T* kb, T* vb) {
+    const float ks = Quantize(k, d, bs, kb + o);
+    std::memcpy(kb + d * bs + o * 4, &ks, sizeof ks);
+    const float vs = Quantize(v, d, 1, vb + o * (d + 4));
+    std::memcpy(vb + o * (d + 4) + d, &vs, sizeof vs);
+  }
+  static void DecodeBlock(const T* kb, const T* vb, int64_t d, int64_t bs,
+                          int64_t bsp, int64_t dp, float* kt, float* vs) {
+    constexpr int64_t kRun = 64;  // Keys whose scales are read at once.
+    for (int64_t j0 = 0; j0 < bs; j0 += kRun) {
+      const int64_t n = std::min(kRun, bs - j0);
+      float scale[kRun];
+      std::memcpy(scale, kb + d * bs + j0 * 4, n * sizeof(float));
+      for (int64_t e = 0; e < d; ++e) {
+        const T* q = kb + e * bs + j0;
+        float* out = kt + e * bsp + j0;
+        for (int64_t j = 0; j < n; ++j) out[j] = q[j] * scale[j];
+      }
+    }
+    for (int64_t j = 0; j < bs; ++j) {
+      const T* q = vb + j * (d + 4);
+      float scale;
+      std::memcpy(&scale, q + d, sizeof scale);
+      for (int64_t e = 0; e < d; ++e) vs[j * dp + e] = q[e] * scale;
     }
   }
 };
@@ -127,8 +202,9 @@ absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
                      " and ", v_cache.DebugString()));
   }
   const int64_t blocks = v_cache.dim(1), bs = v_cache.dim(2);
-  const Shape k_shape = KeyCacheShape(blocks, bs, kv_heads, d);
-  const Shape v_shape = ValueCacheShape(blocks, bs, kv_heads, d);
+  const Shape k_shape = KeyCacheShape(blocks, bs, kv_heads, d, k_cache.dtype());
+  const Shape v_shape =
+      ValueCacheShape(blocks, bs, kv_heads, d, k_cache.dtype());
   for (const Tensor* t : {&k_cache, &v_cache}) {
     const Shape& want = t == &k_cache ? k_shape : v_shape;
     if (t->empty() || t->memory() == MemoryType::kDevice ||
@@ -137,7 +213,7 @@ absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
       return absl::InvalidArgumentError(absl::StrCat(
           op, ": ", t == &k_cache ? "k_cache" : "v_cache", " is ",
           t->empty() ? "empty" : t->DebugString(),
-          "; expected host f32, f16 or bf16 (both caches alike) of shape ",
+          "; expected host f32, f16, bf16 or I8 (both caches alike) of shape ",
           ShapeString(want)));
     }
   }
@@ -187,10 +263,8 @@ void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
     for (int64_t g = 0; g < kv_heads; ++g) {
       const float* ki = k.data<float>() + (i * kv_heads + g) * d;
       const float* vi = v.data<float>() + (i * kv_heads + g) * d;
-      T* kt = kc + (g * blocks + block) * d * bs + o;  // Column o.
-      T* vr = vc + ((g * blocks + block) * bs + o) * d;
-      for (int64_t e = 0; e < d; ++e) kt[e * bs] = E::Encode(ki[e]);
-      for (int64_t e = 0; e < d; ++e) vr[e] = E::Encode(vi[e]);
+      const int64_t at = (g * blocks + block) * E::HeadBlock(d, bs);
+      E::WriteToken(ki, vi, d, bs, o, kc + at, vc + at);
     }
   }
 }
@@ -380,8 +454,9 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
   }
   const T* kbase = static_cast<const T*>(p.k_cache);
   const T* vbase = static_cast<const T*>(p.v_cache);
+  const int64_t head_block = E::HeadBlock(d, bs);
   const auto head_of = [&](const T* base, int64_t start) {
-    return base + (it.kvh * p.blocks + table[start / bs]) * d * bs;
+    return base + (it.kvh * p.blocks + table[start / bs]) * head_block;
   };
   for (int64_t start = it.k0; start < key_end; start += bs) {
     const T* kb = head_of(kbase, start);
@@ -389,23 +464,10 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
     // The pool's blocks are scattered: fetch the next one while this one
     // is computed.
     if (start + kAhead * bs < key_end) {
-      Prefetch(head_of(kbase, start + kAhead * bs), d * bs * sizeof(T));
-      Prefetch(head_of(vbase, start + kAhead * bs), d * bs * sizeof(T));
+      Prefetch(head_of(kbase, start + kAhead * bs), head_block * sizeof(T));
+      Prefetch(head_of(vbase, start + kAhead * bs), head_block * sizeof(T));
     }
-    if (bsp == bs) {
-      E::Decode(kb, d * bs, w.kt.data());
-    } else {
-      for (int64_t e = 0; e < d; ++e) {
-        E::Decode(kb + e * bs, bs, w.kt.data() + e * bsp);
-      }
-    }
-    if (dp == d) {
-      E::Decode(vb, bs * d, w.vs.data());
-    } else {
-      for (int64_t j = 0; j < bs; ++j) {
-        E::Decode(vb + j * d, d, w.vs.data() + j * dp);
-      }
-    }
+    E::DecodeBlock(kb, vb, d, bs, bsp, dp, w.kt.data(), w.vs.data());
     int64_t r = 0;
     for (; r + 4 <= rows; r += 4) UpdateRows<4>(p, w, r, start);
     switch (rows - r) {
@@ -561,17 +623,25 @@ void Attend(Problem& p) {
 }  // namespace
 
 Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
-                    int64_t head_dim) {
-  return {kv_heads, blocks, head_dim, block_size};
+                    int64_t head_dim, DType dtype) {
+  const int64_t rows = dtype == DType::kI8 ? head_dim + 4 : head_dim;
+  return {kv_heads, blocks, rows, block_size};
 }
 
 Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
-                      int64_t head_dim) {
-  return {kv_heads, blocks, block_size, head_dim};
+                      int64_t head_dim, DType dtype) {
+  const int64_t row = dtype == DType::kI8 ? head_dim + 4 : head_dim;
+  return {kv_heads, blocks, block_size, row};
+}
+
+int64_t KvHeadBlockBytes(DType dtype, int64_t block_size, int64_t head_dim) {
+  return dtype == DType::kI8 ? (head_dim + 4) * block_size
+                             : head_dim * block_size * BlockBytes(dtype);
 }
 
 bool IsCpuKvDType(DType t) {
-  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16;
+  return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
+         t == DType::kI8;
 }
 
 absl::Status WriteKv(const Tensor& k, const Tensor& v,
@@ -591,6 +661,9 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
       break;
     case DType::kBF16:
       WriteKvAs<Bf16>(k, v, batch, k_cache, v_cache);
+      break;
+    case DType::kI8:
+      WriteKvAs<I8>(k, v, batch, k_cache, v_cache);
       break;
     default:
       WriteKvAs<F32>(k, v, batch, k_cache, v_cache);
@@ -637,6 +710,9 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
       break;
     case DType::kBF16:
       Attend<Bf16>(p);
+      break;
+    case DType::kI8:
+      Attend<I8>(p);
       break;
     default:
       Attend<F32>(p);

@@ -18,17 +18,25 @@ namespace {
 
 using testing_util::RandomTensor;
 
-// f32 as a cache of `dtype` stores it (the reference reads these values,
-// so that the comparison measures the kernel, not the rounding).
-float Rounded(DType dtype, float x) {
-  switch (dtype) {
-    case DType::kF16:
-      return Fp16ToFloat(FloatToFp16(x));
-    case DType::kBF16:
-      return Bf16ToFloat(FloatToBf16(x));
-    default:
-      return x;
+// One token's K or V row of one head, as a cache of `dtype` stores it (the
+// reference reads these values, so that the comparison measures the
+// kernel, not the rounding). int8: scale max |x| / 127, as the kernel.
+std::vector<float> Rounded(DType dtype, const float* x, int64_t d) {
+  std::vector<float> out(x, x + d);
+  if (dtype == DType::kI8) {
+    float amax = 0;
+    for (float v : out) amax = std::max(amax, std::abs(v));
+    const float scale = amax / 127.0f;
+    const float inv = scale > 0 ? 1.0f / scale : 0.0f;
+    for (float& v : out) {
+      v = std::clamp(std::nearbyint(v * inv), -127.0f, 127.0f) * scale;
+    }
   }
+  for (float& v : out) {
+    if (dtype == DType::kF16) v = Fp16ToFloat(FloatToFp16(v));
+    if (dtype == DType::kBF16) v = Bf16ToFloat(FloatToBf16(v));
+  }
+  return out;
 }
 
 struct Case {
@@ -64,10 +72,10 @@ struct Fixture {
       }
       tables.push_back(table);
     }
-    k_cache =
-        *Tensor::Host(dtype, KeyCacheShape(blocks, c.bs, c.kv_heads, c.d));
-    v_cache =
-        *Tensor::Host(dtype, ValueCacheShape(blocks, c.bs, c.kv_heads, c.d));
+    k_cache = *Tensor::Host(
+        dtype, KeyCacheShape(blocks, c.bs, c.kv_heads, c.d, dtype));
+    v_cache = *Tensor::Host(
+        dtype, ValueCacheShape(blocks, c.bs, c.kv_heads, c.d, dtype));
   }
 
   // Writes positions [from(s), to(s)) of every sequence through WriteKv in
@@ -107,20 +115,22 @@ struct Fixture {
   std::vector<double> Reference(const float* q, int64_t seq, int64_t kvh,
                                 int64_t pos, double scale) const {
     const int64_t kv_heads = c.kv_heads, d = c.d;
-    const auto at = [&](const Tensor& t, int64_t j, int64_t e) {
-      return double{Rounded(dtype, t.f32()[(j * kv_heads + kvh) * d + e])};
+    const auto row = [&](const Tensor& t, int64_t j) {
+      return Rounded(dtype, t.f32().data() + (j * kv_heads + kvh) * d, d);
     };
     std::vector<double> s(pos + 1), out(d, 0.0);
     double max = -INFINITY, sum = 0;
     for (int64_t j = 0; j <= pos; ++j) {
+      const std::vector<float> kj = row(k[seq], j);
       double dot = 0;
-      for (int64_t e = 0; e < d; ++e) dot += q[e] * at(k[seq], j, e);
+      for (int64_t e = 0; e < d; ++e) dot += q[e] * double{kj[e]};
       s[j] = dot * scale;
       max = std::max(max, s[j]);
     }
     for (double& x : s) sum += (x = std::exp(x - max));
     for (int64_t j = 0; j <= pos; ++j) {
-      for (int64_t e = 0; e < d; ++e) out[e] += s[j] / sum * at(v[seq], j, e);
+      const std::vector<float> vj = row(v[seq], j);
+      for (int64_t e = 0; e < d; ++e) out[e] += s[j] / sum * vj[e];
     }
     return out;
   }
@@ -194,18 +204,20 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
 }
 
 INSTANTIATE_TEST_SUITE_P(KvDTypes, PagedAttentionTest,
-                         testing::Values(DType::kF32, DType::kF16,
-                                         DType::kBF16),
+                         testing::Values(DType::kF32, DType::kF16, DType::kBF16,
+                                         DType::kI8),
                          [](const auto& info) {
                            return std::string(DTypeName(info.param));
                          });
 
-// f16 and bf16 caches round each stored value once: against an f32 cache
-// the outputs differ by about the rounding of V (|v| ~ 1 here), not more.
-TEST(PagedAttentionDTypeTest, HalfCachesStayCloseToF32) {
+// Compact caches round each stored value once: against an f32 cache the
+// outputs differ by about the rounding of V (|v| ~ 1, max |v| ~ 3 here),
+// not more.
+TEST(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
   const Case c = kCases[3];
   for (auto [dtype, bound] :
-       {std::pair{DType::kF16, 2e-3}, std::pair{DType::kBF16, 1.6e-2}}) {
+       {std::pair{DType::kF16, 2e-3}, std::pair{DType::kBF16, 1.6e-2},
+        std::pair{DType::kI8, 3e-2}}) {
     Fixture f32(c, DType::kF32), half(c, dtype);
     std::vector<int32_t> positions, seqs;
     const std::vector<int64_t> zero(c.lens.size(), 0);

@@ -213,9 +213,14 @@ def main(argv=None):
                     f"{make_synthetic_model.DEFAULT_MIN_MARGIN} for "
                     "synthetic models, off for a GGUF)")
     ap.add_argument("--kv-cache-dtype", default="f32",
-                    choices=["f32", "f16", "bf16"],
+                    choices=["f32", "f16", "bf16", "int8"],
                     help="KV cache element type of both the tool and the "
                          "reference (which rounds K and V to it)")
+    ap.add_argument("--reference-kv-dtype", default=None,
+                    choices=["f32", "f16", "bf16", "int8"],
+                    help="what the reference rounds K and V to, when not "
+                         "--kv-cache-dtype (f32: measure the accuracy cost "
+                         "of a compact cache)")
     ap.add_argument("--tool-args", default="",
                     help="extra arguments for the tool, e.g. '--chunk 5'")
     ap.add_argument("--timeout", type=float, default=600,
@@ -255,10 +260,12 @@ def main(argv=None):
         prompts = [(f"ids{len(p)}", p) for p in make_synthetic_model.SYNTHETIC_PROMPTS]
 
     t0 = time.time()
-    ref = llama_ref.LlamaRef.load(model, kv_dtype=a.kv_cache_dtype)
+    ref = llama_ref.LlamaRef.load(
+        model, kv_dtype=a.reference_kv_dtype or a.kv_cache_dtype)
     print(f"reference loaded {model} in {time.time() - t0:.1f}s "
           f"({ref.cfg.n_layers} layers, dim {ref.cfg.dim}, rope "
-          f"{ref.cfg.rope_style}); {a.kv_cache_dtype} KV; atol {a.atol:g}, "
+          f"{ref.cfg.rope_style}); {a.kv_cache_dtype} KV (reference "
+          f"{ref.kv_dtype}); atol {a.atol:g}, "
           f"{a.steps} greedy steps")
     if ref.cfg.vocab_size <= max(max(p) for _, p in prompts):
         print("error: prompt ids exceed the model's vocabulary", file=sys.stderr)

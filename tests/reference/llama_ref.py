@@ -351,8 +351,17 @@ def softmax(x: np.ndarray, axis=-1) -> np.ndarray:
 
 def round_kv(x: np.ndarray, dtype: str) -> np.ndarray:
     """The values a KV cache of `dtype` stores for `x` (round to nearest
-    even), back in float64: "f32", "f16" or "bf16"."""
+    even), back in float64: "f32", "f16", "bf16", or "int8" (per row of
+    the last axis, one token's head: scale max|x| / 127, computed in
+    float32 as the C++ kernel does)."""
     x32 = np.asarray(x, dtype=np.float32)
+    if dtype == "int8":
+        amax = np.max(np.abs(x32), axis=-1, keepdims=True)
+        scale = amax / np.float32(127)
+        inv = np.where(scale > 0, np.float32(1) / np.where(scale > 0, scale, 1),
+                       np.float32(0)).astype(np.float32)
+        q = np.clip(np.rint(x32 * inv), -127, 127).astype(np.float32)
+        return (q * scale).astype(np.float64)
     if dtype == "f32":
         return x32.astype(np.float64)
     if dtype == "f16":
@@ -361,7 +370,8 @@ def round_kv(x: np.ndarray, dtype: str) -> np.ndarray:
         bits = x32.view(np.uint32).astype(np.uint64)
         bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
         return bits.astype(np.uint32).view(np.float32).astype(np.float64)
-    raise ValueError(f"KV cache dtype {dtype!r}: expected f32, f16 or bf16")
+    raise ValueError(f"KV cache dtype {dtype!r}: expected f32, f16, bf16 "
+                     f"or int8")
 
 
 class LlamaRef:
