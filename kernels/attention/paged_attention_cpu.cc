@@ -168,8 +168,47 @@ struct I8 {
     const float vs = Quantize(v, d, 1, vb + o * (d + 4));
     std::memcpy(vb + o * (d + 4) + d, &vs, sizeof vs);
   }
+  // 16 int8 values as f32 (GCC 12 scalarizes __builtin_convertvector of
+  // int8 vectors, hence the intrinsics).
+  static Vec Widen(const T* q) {
+#if defined(__AVX512F__)
+    return std::bit_cast<Vec>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
+#elif defined(__AVX2__)
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+    const __m256 hi =
+        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
+    Vec v;
+    std::memcpy(&v, &lo, sizeof lo);
+    std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
+    return v;
+#else
+    Vec v;
+    for (int64_t i = 0; i < kLanes; ++i) v[i] = q[i];
+    return v;
+#endif
+  }
   static void DecodeBlock(const T* kb, const T* vb, int64_t d, int64_t bs,
                           int64_t bsp, int64_t dp, float* kt, float* vs) {
+    if (bs % kLanes == 0 && d % kLanes == 0 && bs <= 64) {
+      Vec scale[64 / kLanes];
+      std::memcpy(scale, kb + d * bs, bs * sizeof(float));
+      for (int64_t e = 0; e < d; ++e) {
+        for (int64_t c = 0; c < bs; c += kLanes) {
+          Store(kt + e * bsp + c, Widen(kb + e * bs + c) * scale[c / kLanes]);
+        }
+      }
+      for (int64_t j = 0; j < bs; ++j) {
+        const T* q = vb + j * (d + 4);
+        float s;
+        std::memcpy(&s, q + d, sizeof s);
+        for (int64_t e = 0; e < d; e += kLanes) {
+          Store(vs + j * dp + e, Widen(q + e) * s);
+        }
+      }
+      return;
+    }
     constexpr int64_t kRun = 64;  // Keys whose scales are read at once.
     for (int64_t j0 = 0; j0 < bs; j0 += kRun) {
       const int64_t n = std::min(kRun, bs - j0);
