@@ -64,21 +64,20 @@ def main() -> int:
     try:
         check(wait_ready(a.shardlm, addr, server), f"serve is ready on {addr}")
         remote = [a.shardlm, "generate", "--server", addr] + gen
-        first = run(remote, timeout=600)
-        check(first.returncode == 0 and first.stdout == local.stdout,
-              f"served text equals local text ({first.stdout!r} vs "
-              f"{local.stdout!r}; {first.stderr[-300:]})")
-        with urllib.request.urlopen(f"http://{http}/metrics") as r:
-            m1 = r.read().decode()
+
+        def served(what: str) -> str:
+            """Runs the prompt through the server; returns /metrics after."""
+            got = run(remote, timeout=600)
+            check(got.returncode == 0 and got.stdout == local.stdout,
+                  f"{what}: served text equals local text ({got.stdout!r} "
+                  f"vs {local.stdout!r}; {got.stderr[-300:]})")
+            with urllib.request.urlopen(f"http://{http}/metrics") as r:
+                return r.read().decode()
+
+        m1 = served("first request")
         spilled = metric(m1, "shardlm_kv_blocks_moved_total", 'kind="spill"')
         check(spilled > 0, f"older blocks spilled to the host tier ({spilled})")
-
-        second = run(remote, timeout=600)
-        check(second.returncode == 0 and second.stdout == local.stdout,
-              f"the same prompt again gives the same text "
-              f"({second.stdout!r})")
-        with urllib.request.urlopen(f"http://{http}/metrics") as r:
-            m2 = r.read().decode()
+        m2 = served("the same prompt again")
         hits = (metric(m2, "shardlm_prefix_cache_tokens_total", 'result="hit"')
                 - metric(m1, "shardlm_prefix_cache_tokens_total",
                          'result="hit"'))
