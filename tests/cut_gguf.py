@@ -14,7 +14,12 @@ and quantized again to that format (gguf.quants, llama.cpp's reference
 encoders), so that tests get a real-weights model in each format the CPU
 kernels read.
 
-Usage: cut_gguf.py IN.gguf OUT.gguf --blocks N [--requantize TYPE]
+With --context-length N, `<arch>.context_length` says N (the weights are
+unchanged): long-context benchmarks on a real model beyond its trained
+window, for scaling, not for quality.
+
+Usage: cut_gguf.py IN.gguf OUT.gguf [--blocks N] [--requantize TYPE]
+                   [--context-length N]
 """
 import argparse
 import re
@@ -42,8 +47,9 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("src")
     ap.add_argument("dst")
-    ap.add_argument("--blocks", type=int, required=True)
+    ap.add_argument("--blocks", type=int, help="default: all")
     ap.add_argument("--requantize", choices=["Q8_0", "Q4_0", "Q4_1"])
+    ap.add_argument("--context-length", type=int)
     args = ap.parse_args()
     target = (GGMLQuantizationType[args.requantize]
               if args.requantize else None)
@@ -52,6 +58,9 @@ def main():
     arch = field_value(reader.fields["general.architecture"])
     count_key = f"{arch}.block_count"
     have = field_value(reader.fields[count_key])
+    if args.blocks is None:
+        args.blocks = have
+    context_key = f"{arch}.context_length"
     if not 1 <= args.blocks <= have:
         sys.exit(f"cut_gguf: --blocks must be in [1, {have}], got {args.blocks}")
 
@@ -63,6 +72,8 @@ def main():
         vtype = field.types[0]
         sub = field.types[1] if vtype == GGUFValueType.ARRAY else None
         value = args.blocks if name == count_key else field_value(field)
+        if name == context_key and args.context_length:
+            value = args.context_length
         writer.add_key_value(name, value, vtype, sub_type=sub)
 
     block = re.compile(r"^blk\.(\d+)\.")

@@ -109,7 +109,8 @@ gen() {
   timeout -k 5 120 "$BIN/shardlm" generate --prompt "$PROMPT" --chat \
     --max-tokens 24 "$@"
 }
-cpu_text=$(gen --model "$SHARDLM_MODEL" --device cpu 2>"$OUT/generate_cpu.err")
+cpu_text=$(gen --model "$SHARDLM_MODEL" --device cpu --kv-cache-dtype f32 \
+  2>"$OUT/generate_cpu.err")
 echo "cpu : $cpu_text"
 gpu_text=$(gen --model "$SHARDLM_MODEL" --device cuda 2>"$OUT/generate_gpu.err")
 echo "cuda: $gpu_text"
