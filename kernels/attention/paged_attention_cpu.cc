@@ -172,8 +172,11 @@ struct I8 {
   // int8 vectors, hence the intrinsics).
   static Vec Widen(const T* q) {
 #if defined(__AVX512F__)
-    return std::bit_cast<Vec>(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
+    // maskz: see F16::Decode.
+    return std::bit_cast<Vec>(_mm512_maskz_cvtepi32_ps(
+        0xffff,
+        _mm512_maskz_cvtepi8_epi32(
+            0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
 #elif defined(__AVX2__)
     const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
     const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));

@@ -144,6 +144,20 @@ __attribute__((target("avx2,fma,f16c"))) float RowDotAvx2(const uint8_t* row,
 // AVX-512: one block is two vectors of 16 (Q4: the low nibbles are values
 // 0..15, the high ones 16..31; Q8_0: bytes 0..15 and 16..31).
 template <DType kFormat>
+// 16 int8 (uint8) values as f32. The maskz forms: GCC 12's plain
+// _mm512_cvtepi8_epi32 and _mm512_cvtepi32_ps pass an undefined register
+// through, which -O3 reports as maybe-uninitialized.
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 I8ToF32x16(
+    __m128i v) {
+  return _mm512_maskz_cvtepi32_ps(0xffff,
+                                  _mm512_maskz_cvtepi8_epi32(0xffff, v));
+}
+__attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 U8ToF32x16(
+    __m128i v) {
+  return _mm512_maskz_cvtepi32_ps(0xffff,
+                                  _mm512_maskz_cvtepu8_epi32(0xffff, v));
+}
+
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) float
 RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
              int64_t blocks) {
@@ -158,20 +172,16 @@ RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
       const __m128i q1 =
           _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
-      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q0)),
-                        _mm512_loadu_ps(x));
-      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q1)),
-                          _mm512_loadu_ps(x + 16), s);
+      s = _mm512_mul_ps(I8ToF32x16(q0), _mm512_loadu_ps(x));
+      s = _mm512_fmadd_ps(I8ToF32x16(q1), _mm512_loadu_ps(x + 16), s);
       row += 34;
     } else {
       const uint8_t* qp = row + (kFormat == DType::kQ4_1 ? 4 : 2);
       const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qp));
       const __m128i lo = _mm_and_si128(v, low);
       const __m128i hi = _mm_and_si128(_mm_srli_epi16(v, 4), low);
-      s = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)),
-                        _mm512_loadu_ps(x));
-      s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)),
-                          _mm512_loadu_ps(x + 16), s);
+      s = _mm512_mul_ps(U8ToF32x16(lo), _mm512_loadu_ps(x));
+      s = _mm512_fmadd_ps(U8ToF32x16(hi), _mm512_loadu_ps(x + 16), s);
       if constexpr (kFormat == DType::kQ4_1) {
         offsets += _cvtsh_ss(U16(row + 2)) * xsum[b];
         row += 20;
