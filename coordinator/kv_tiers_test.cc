@@ -119,18 +119,23 @@ TEST_P(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
                             .cpu_offload_bytes = 40 * block_bytes(),
                             .prefix_caching = false});
   Results results;
-  std::promise<void> started;
+  std::promise<void> started, submitted;
+  std::shared_future<void> arrived = submitted.get_future().share();
   std::atomic<int> low_tokens{0};
-  ASSERT_TRUE(engine
-                  ->Submit(reqs[0], results.Callbacks(0,
-                                                      [&](int32_t) {
-                                                        if (++low_tokens == 5)
-                                                          started.set_value();
-                                                        return true;
-                                                      }))
-                  .ok());
+  // After its 5th token the low-priority request waits (on the loop
+  // thread, which holds no lock in on_token) until the high-priority one
+  // is queued, so it cannot finish first however fast the steps are.
+  const auto on_low_token = [&](int32_t) {
+    if (++low_tokens == 5) {
+      started.set_value();
+      arrived.wait();
+    }
+    return true;
+  };
+  ASSERT_TRUE(engine->Submit(reqs[0], results.Callbacks(0, on_low_token)).ok());
   started.get_future().wait();
   ASSERT_TRUE(engine->Submit(reqs[1], results.Callbacks(1)).ok());
+  submitted.set_value();
   results.Wait();
   EXPECT_EQ(results.order(), (std::vector<size_t>{1, 0}));
   for (size_t i = 0; i < reqs.size(); ++i) {

@@ -141,9 +141,6 @@ __attribute__((target("avx2,fma,f16c"))) float RowDotAvx2(const uint8_t* row,
   return HSum(acc) + offsets;
 }
 
-// AVX-512: one block is two vectors of 16 (Q4: the low nibbles are values
-// 0..15, the high ones 16..31; Q8_0: bytes 0..15 and 16..31).
-template <DType kFormat>
 // 16 int8 (uint8) values as f32. The maskz forms: GCC 12's plain
 // _mm512_cvtepi8_epi32 and _mm512_cvtepi32_ps pass an undefined register
 // through, which -O3 reports as maybe-uninitialized.
@@ -158,6 +155,22 @@ __attribute__((target("avx512f,avx512bw,avx512vl"))) inline __m512 U8ToF32x16(
                                   _mm512_maskz_cvtepu8_epi32(0xffff, v));
 }
 
+// The sum of 16 lanes, through memory: GCC 12's _mm512_reduce_add_ps and
+// even _mm512_castps512_ps256 go through an undefined register, which -O3
+// reports as uninitialized. Once per row, so the store costs nothing.
+__attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline float HSum16(
+    __m512 v) {
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  float pairs[8];
+  for (int i = 0; i < 8; ++i) pairs[i] = lanes[i] + lanes[i + 8];
+  for (int i = 0; i < 4; ++i) pairs[i] += pairs[i + 4];
+  return (pairs[0] + pairs[2]) + (pairs[1] + pairs[3]);
+}
+
+// AVX-512: one block is two vectors of 16 (Q4: the low nibbles are values
+// 0..15, the high ones 16..31; Q8_0: bytes 0..15 and 16..31).
+template <DType kFormat>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) float
 RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
              int64_t blocks) {
@@ -192,7 +205,7 @@ RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
     }
     acc = _mm512_fmadd_ps(_mm512_set1_ps(df), s, acc);
   }
-  return _mm512_reduce_add_ps(acc) + offsets;
+  return HSum16(acc) + offsets;
 }
 
 // One row of blocks to f32 for the prefill tiles: the values DequantizeRow
