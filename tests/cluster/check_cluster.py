@@ -5,8 +5,12 @@
    launch`: a coordinator process and TP*PP worker processes exchanging
    activations over MPI, controlled over gRPC) answers prompts through the
    public API with exactly the text of TP = PP = 1 in one process (32
-   greedy tokens, end-of-text ignored). SmolLM2 (9 query / 3 KV heads:
-   uneven TP splits) and a synthetic model with 8 / 4 heads (TP = 4).
+   greedy tokens, end-of-text ignored), and at every one of those steps
+   the log-probabilities of the chosen token and of the 5 most likely
+   ones within 2e-3 of the single process's (both with f32 KV caches, so
+   that the check measures the sharding, not the cache's rounding).
+   SmolLM2 (9 query / 3 KV heads: uneven TP splits) and a synthetic model
+   with 8 / 4 heads (TP = 4).
 2. Failure: killing a worker mid-generation fails the stream with
    UNAVAILABLE within 10 s, naming that worker's rank and pid; the
    coordinator stays up and fails later requests at once.
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -45,7 +50,8 @@ PROMPTS = ["The capital of France is",
 class Cluster:
     """mpirun -np 1+tp*pp shardlm launch, serving on a free local port."""
 
-    def __init__(self, shardlm: str, model: str, tp: int, pp: int, log: str):
+    def __init__(self, shardlm: str, model: str, tp: int, pp: int, log: str,
+                 extra: list[str] | tuple = ()):
         self.port = free_port()
         self.log_path = log
         self.log = open(log, "w")
@@ -53,7 +59,7 @@ class Cluster:
             MPIRUN + ["-np", str(1 + tp * pp), shardlm, "launch",
                       "--model", model, "--tp", str(tp), "--pp", str(pp),
                       "--listen", f"127.0.0.1:{self.port}",
-                      "--worker-timeout-ms", "3000"],
+                      "--worker-timeout-ms", "3000", *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL, start_new_session=True)
         self.address = f"127.0.0.1:{self.port}"
@@ -101,23 +107,63 @@ class Cluster:
 
 
 def generate(shardlm: str, where: list[str], prompt: str, n: int = 32,
-             timeout: float = 300) -> subprocess.CompletedProcess:
+             timeout: float = 300,
+             extra: list[str] | tuple = ()) -> subprocess.CompletedProcess:
     return subprocess.run([shardlm, "generate", *where, "--prompt", prompt,
-                           "--max-tokens", str(n), "--ignore-eos"],
+                           "--max-tokens", str(n), "--ignore-eos", *extra],
                           capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
 
+QUOTED = r'"((?:[^"\\]|\\.)*)"'
+STEP = re.compile(r"^\s*(\d+): " + QUOTED + r"\s+(-?\d+\.\d+) \([0-9.]+\) \|(.*)$")
+ALTERNATIVE = re.compile(QUOTED + r" (-?\d+\.\d+)")
+LOGPROB_TOL = 2e-3  # Printed to 4 decimals; f32 sharding noise is ~1e-4.
+
+
+def step_logprobs(stderr: str) -> list[dict[str, float]]:
+    """Per step of `generate --logprobs` output: {token text: logprob} of
+    the chosen token and the printed alternatives."""
+    steps = []
+    for line in stderr.splitlines():
+        m = STEP.match(line)
+        if m:
+            step = {m[2]: float(m[3])}
+            step.update((t, float(lp)) for t, lp in ALTERNATIVE.findall(m[4]))
+            steps.append(step)
+    return steps
+
+
+def logprob_error(got: list[dict[str, float]],
+                  want: list[dict[str, float]]) -> float:
+    """The largest difference over tokens printed at the same step by both
+    (a near-tie can swap which ids make the top 5); inf when the step
+    counts differ or nothing was compared."""
+    if len(got) != len(want) or not want:
+        return float("inf")
+    worst, compared = 0.0, 0
+    for g, w in zip(got, want):
+        for text in g.keys() & w.keys():
+            worst = max(worst, abs(g[text] - w[text]))
+            compared += 1
+    return worst if compared >= len(want) else float("inf")
+
+
 def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
+    kv = ["--kv-cache-dtype", "f32"]
     local = {}
     for p in PROMPTS:
-        r = generate(a.shardlm, ["--model", model, "--threads", "1"], p)
+        r = generate(a.shardlm, ["--model", model, "--threads", "1"], p,
+                     extra=[*kv, "--logprobs", "5"])
         check(r.returncode == 0, f"[{tag}] local generate ({r.stderr.strip()})")
-        local[p] = r.stdout
+        local[p] = (r.stdout, step_logprobs(r.stderr))
+        check(len(local[p][1]) == 32,
+              f"[{tag}] local generate printed 32 steps of log-probabilities "
+              f"({len(local[p][1])})")
     for tp, pp in layouts:
         name = f"{tag} tp{tp} pp{pp}"
         c = Cluster(a.shardlm, model, tp, pp,
-                    os.path.join(a.workdir, f"{tag}_tp{tp}_pp{pp}.log"))
+                    os.path.join(a.workdir, f"{tag}_tp{tp}_pp{pp}.log"), kv)
         try:
             up = c.wait_serving()
             check(up, f"[{name}] cluster serves" + ("" if up else "\n" + c.tail()))
@@ -125,12 +171,18 @@ def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
                 continue
             for p in PROMPTS:
                 t0 = time.time()
-                r = generate(a.shardlm, ["--server", c.address], p)
-                same = r.returncode == 0 and r.stdout == local[p]
+                r = generate(a.shardlm, ["--server", c.address], p,
+                             extra=["--logprobs", "5"])
+                want_text, want_lp = local[p]
+                same = r.returncode == 0 and r.stdout == want_text
                 check(same, f"[{name}] {p[:24]!r}: same 32 tokens as tp1 pp1 "
                       f"in one process ({time.time() - t0:.1f}s)"
                       + ("" if same else f"\n  got  {r.stdout!r}\n  want "
-                         f"{local[p]!r}\n  {r.stderr.strip()}"))
+                         f"{want_text!r}\n  {r.stderr.strip()[-500:]}"))
+                err = logprob_error(step_logprobs(r.stderr), want_lp)
+                check(err <= LOGPROB_TOL,
+                      f"[{name}] {p[:24]!r}: every step's log-probabilities "
+                      f"within {LOGPROB_TOL:g} of tp1 pp1 (max {err:.2g})")
         finally:
             c.stop()
 
