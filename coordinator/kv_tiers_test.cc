@@ -10,7 +10,6 @@
 #include "coordinator/engine.h"
 #include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
-#include "kernels/attention/paged_attention.h"
 #include "model/in_memory_weights.h"
 
 namespace shardlm {
@@ -25,9 +24,10 @@ class KvTiersTest : public TinyEngineTest,
     options.kv_cache_dtype = GetParam();
     return TinyEngineTest::MakeEngine(options);
   }
-  // One block of the tiny model's K and V in the dtype under test.
-  static int64_t block_bytes() {
-    return 2 * 3 * 2 * KvHeadBlockBytes(GetParam(), 16, 16);
+  // One block (16 tokens) of the tiny model's K and V in the dtype under
+  // test.
+  int64_t block_bytes() const {
+    return 16 * KvBytesPerToken(source_->config(), GetParam());
   }
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {

@@ -76,24 +76,21 @@ class AgentSession {
                              " assigned rank ", o_.rank, " twice"));
           }
           const v1::Assignment& a = msg->assignment();
-          const absl::StatusOr<DType> kv_dtype =
-              ParseKvCacheDType(a.kv_cache_dtype());
-          absl::StatusOr<KvPoolConfig> blocks =
-              absl::InvalidArgumentError("unset");
-          if (!kv_dtype.ok()) {
-            blocks = kv_dtype.status();
-          } else {
-            blocks = host_.Load({.tp = a.tp(),
-                                 .pp = a.pp(),
-                                 .tp_rank = a.tp_rank(),
-                                 .pp_rank = a.pp_rank(),
-                                 .block_size = a.block_size(),
-                                 .kv_cache_bytes = a.kv_cache_bytes(),
-                                 .cpu_offload_bytes = a.cpu_offload_bytes(),
-                                 .kv_cache_dtype = *kv_dtype,
-                                 .threads = a.threads(),
-                                 .nccl_unique_id = a.nccl_unique_id()});
-          }
+          const absl::StatusOr<KvPoolConfig> blocks =
+              [&]() -> absl::StatusOr<KvPoolConfig> {
+            ASSIGN_OR_RETURN(DType kv_dtype,
+                             ParseKvCacheDType(a.kv_cache_dtype()));
+            return host_.Load({.tp = a.tp(),
+                               .pp = a.pp(),
+                               .tp_rank = a.tp_rank(),
+                               .pp_rank = a.pp_rank(),
+                               .block_size = a.block_size(),
+                               .kv_cache_bytes = a.kv_cache_bytes(),
+                               .cpu_offload_bytes = a.cpu_offload_bytes(),
+                               .kv_cache_dtype = kv_dtype,
+                               .threads = a.threads(),
+                               .nccl_unique_id = a.nccl_unique_id()});
+          }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {
             out.mutable_failure()->set_message(

@@ -29,7 +29,6 @@ PARAGRAPH = ("Paragraph {i}: the river ran past the old mill, the baker "
              "stars.\n")
 # SmolLM2's tokenizer makes ~38 tokens of each paragraph: ~7,000 tokens.
 PROMPT = "".join(PARAGRAPH.format(i=i, c=(i * 37) % 1000) for i in range(182))
-KV_BYTES_PER_TOKEN = 2 * 30 * 3 * 64 * 2  # SmolLM2, f16 K and V.
 
 
 def metric(text: str, name: str, labels: str) -> float:
@@ -51,11 +50,13 @@ def main() -> int:
     n = re.search(r"prompt (\d+) tokens", local.stderr)
     n = int(n[1]) if n else 0
     check(6500 <= n <= 7500, f"the prompt is {n} tokens")
+    kib = re.search(r"([0-9.]+) KiB per token", local.stderr)
+    check(kib is not None, "generate logs the KV bytes per token")
     if FAILURES:
         return 1
 
     http = f"127.0.0.1:{free_port()}"
-    device = 3000 * KV_BYTES_PER_TOKEN  # Under half the prompt.
+    device = int(3000 * float(kib[1]) * 1024)  # Under half the prompt.
     server, addr = start_serve(
         a.shardlm, a.gguf,
         ["--kv-cache-bytes", str(device),
