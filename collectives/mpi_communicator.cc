@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -77,6 +78,14 @@ absl::Status EnsureMpiInitialized() {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (initialized) return absl::OkStatus();
+  // Open MPI moves a TCP message's queued fragments only while its process
+  // calls MPI. A worker goes idle (waiting for the coordinator's next plan)
+  // as soon as its sends complete locally, so without a progress thread a
+  // peer on another host can wait forever for the rest of an activation
+  // (seen as a hang of TP=2 x PP=2 across hosts, tests/multinode). Ask for
+  // the TCP transport's progress thread unless the user chose otherwise;
+  // shared memory (one host) ignores it.
+  setenv("OMPI_MCA_btl_tcp_progress_thread", "1", /*overwrite=*/0);
   int provided = 0;
   const int rc =
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
