@@ -31,10 +31,12 @@
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
 #include "core/secret.h"
+#include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
 #include "launch/mpi_shard_host.h"
+#include "launch/node_address.h"
 #include "launch/remote_generate.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
@@ -49,9 +51,9 @@ struct LaunchFlags {
   int64_t pp = 1;
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
-  std::string control_listen;  // Empty: chosen by SameHost (see below).
+  std::string control_listen;  // Empty: the advertised address (below).
   int64_t control_port = 0;
-  std::string control_host;
+  std::string advertise_address;  // Empty: ChooseAdvertisedAddress.
   int64_t threads = 1;
   int64_t kv_cache_bytes = 0;
   int64_t cpu_offload_bytes = 0;
@@ -66,16 +68,16 @@ struct LaunchFlags {
 // Fixed-size text exchanged between ranks (MPI moves bytes).
 constexpr int64_t kMessageInts = 128;  // 512 bytes.
 
-Tensor PackText(const std::string& text) {
-  Tensor t = *Tensor::Host(DType::kI32, {kMessageInts});
+Tensor PackText(const std::string& text, int64_t ints = kMessageInts) {
+  Tensor t = *Tensor::Host(DType::kI32, {ints});
   std::memcpy(t.raw(), text.data(),
-              std::min<size_t>(text.size(), kMessageInts * 4 - 1));
+              std::min<size_t>(text.size(), ints * 4 - 1));
   return t;
 }
 
-std::string UnpackText(const void* data) {
+std::string UnpackText(const void* data, int64_t ints = kMessageInts) {
   const char* c = static_cast<const char*>(data);
-  return std::string(c, strnlen(c, kMessageInts * 4 - 1));
+  return std::string(c, strnlen(c, ints * 4 - 1));
 }
 
 std::string Hostname() {
@@ -127,22 +129,99 @@ bool AgreeAllOk(MpiCommunicator& world, const std::string& mine) {
   std::_Exit(code);
 }
 
-// Whether every rank runs on this host (collective: every rank calls it).
-bool SameHost(MpiCommunicator& world) {
-  Tensor all = *Tensor::Host(DType::kI32, {world.size() * kMessageInts});
-  Tensor mine = PackText(Hostname());
-  if (!world.AllGather(mine, all).ok()) return false;
-  for (int r = 0; r < world.size(); ++r) {
-    if (UnpackText(all.data<int32_t>() + r * kMessageInts) != Hostname()) {
-      return false;
-    }
+// Every rank's node, index r for rank r (collective: every rank calls it).
+absl::StatusOr<std::vector<NodeInfo>> GatherNodes(MpiCommunicator& world) {
+  constexpr int64_t kNodeInts = 512;  // 2 KiB of text per rank.
+  NodeInfo self = ThisNode();
+  std::string text = EncodeNodeInfo(self);
+  while (text.size() >= kNodeInts * 4 && !self.interfaces.empty()) {
+    self.interfaces.pop_back();  // Dozens of interfaces: keep the first.
+    text = EncodeNodeInfo(self);
   }
-  return true;
+  Tensor all = *Tensor::Host(DType::kI32, {world.size() * kNodeInts});
+  RETURN_IF_ERROR(world.AllGather(PackText(text, kNodeInts), all));
+  std::vector<NodeInfo> nodes;
+  for (int r = 0; r < world.size(); ++r) {
+    absl::StatusOr<NodeInfo> node = DecodeNodeInfo(
+        UnpackText(all.data<int32_t>() + r * kNodeInts, kNodeInts));
+    if (!node.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, ": ", node.status().message()));
+    }
+    nodes.push_back(*std::move(node));
+  }
+  return nodes;
+}
+
+// One line per host: which ranks it holds.
+void PrintPlacement(const std::vector<NodeInfo>& nodes, int tp) {
+  std::vector<bool> printed(nodes.size());
+  for (size_t r = 0; r < nodes.size(); ++r) {
+    if (printed[r]) continue;
+    std::vector<std::string> ranks;
+    for (size_t q = r; q < nodes.size(); ++q) {
+      if (nodes[q].stack != nodes[r].stack) continue;
+      printed[q] = true;
+      ranks.push_back(q == 0 ? "0 (coordinator)"
+                             : absl::StrCat(q, " (stage ", (q - 1) / tp,
+                                            ", tp ", (q - 1) % tp, ")"));
+    }
+    const std::string address = FirstAddress(nodes[r]);
+    std::fprintf(stderr, "[shardlm] host %s%s%s: %s %s\n",
+                 nodes[r].hostname.c_str(), address.empty() ? "" : " ",
+                 address.c_str(), ranks.size() == 1 ? "rank" : "ranks",
+                 absl::StrJoin(ranks, ", ").c_str());
+  }
+}
+
+// Where the control plane listens and the address workers dial (host part;
+// the port is the one bound). Empty listen: no usable address (said why).
+struct ControlAddress {
+  std::string listen, advertise, why;
+};
+
+ControlAddress ChooseControlAddress(const LaunchFlags& f,
+                                    const std::vector<NodeInfo>& nodes) {
+  const std::string port = absl::StrCat(f.control_port);
+  std::string listen_host;
+  if (!f.control_listen.empty()) {
+    listen_host = f.control_listen.substr(0, f.control_listen.rfind(':'));
+  }
+  const bool wildcard =
+      listen_host.empty() || listen_host == "0.0.0.0" || listen_host == "[::]";
+  ControlAddress out;
+  if (!f.advertise_address.empty()) {
+    out.advertise = f.advertise_address;
+    out.why = "--advertise-address";
+    out.listen = f.control_listen.empty() ? absl::StrCat("0.0.0.0:", port)
+                                          : f.control_listen;
+    return out;
+  }
+  if (!wildcard) {  // --control-listen on one address: dial that.
+    out.advertise = listen_host;
+    out.why = "--control-listen";
+    out.listen = f.control_listen;
+    return out;
+  }
+  const std::vector<NodeInfo> workers(nodes.begin() + 1, nodes.end());
+  absl::StatusOr<AdvertisedAddress> chosen =
+      ChooseAdvertisedAddress(nodes[0], workers);
+  if (!chosen.ok()) {
+    std::fprintf(stderr, "shardlm launch: %s\n",
+                 std::string(chosen.status().message()).c_str());
+    return out;
+  }
+  out.advertise = chosen->host;
+  out.why = chosen->why;
+  // Listen on that address only, unless --control-listen asked for all.
+  out.listen = f.control_listen.empty() ? absl::StrCat(chosen->host, ":", port)
+                                        : f.control_listen;
+  return out;
 }
 
 int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                    const WeightSource& source, const sigset_t& stop_signals,
-                   bool same_host) {
+                   const std::vector<NodeInfo>& nodes) {
   // The cluster token: from the environment (so that a restarted rank can
   // rejoin), else fresh for this launch; it reaches the workers by MPI
   // broadcast with the control address.
@@ -156,11 +235,9 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
     std::fprintf(stderr, "shardlm launch: %s\n",
                  std::string(t.status().message()).c_str());
   }
-  // Workers on this host only: the control plane listens on loopback.
-  const std::string listen =
-      !f.control_listen.empty()
-          ? f.control_listen
-          : absl::StrCat(same_host ? "127.0.0.1:" : "0.0.0.0:", f.control_port);
+  PrintPlacement(nodes, static_cast<int>(f.tp));
+  const ControlAddress control_address = ChooseControlAddress(f, nodes);
+  const std::string& listen = control_address.listen;
   ControlService service(
       {.tp = static_cast<int>(f.tp),
        .pp = static_cast<int>(f.pp),
@@ -177,21 +254,17 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                            &control_port);
   AddControlService(builder, &service);
   std::unique_ptr<grpc::Server> control =
-      token.empty() ? nullptr : builder.BuildAndStart();
+      token.empty() || listen.empty() ? nullptr : builder.BuildAndStart();
   std::string address;
-  const std::string listen_host = listen.substr(0, listen.rfind(':'));
-  if (control == nullptr || control_port == 0) {
+  if (listen.empty()) {
+    // ChooseControlAddress said why.
+  } else if (control == nullptr || control_port == 0) {
     std::fprintf(stderr, "shardlm launch: cannot listen for workers on %s\n",
                  listen.c_str());
   } else {
-    // What workers dial: --control-host, else the host listened on unless
-    // it is a wildcard, else this host's name.
-    const bool wildcard = listen_host.empty() || listen_host == "0.0.0.0" ||
-                          listen_host == "[::]";
-    address = absl::StrCat(!f.control_host.empty() ? f.control_host
-                           : !wildcard             ? listen_host
-                                                   : Hostname(),
-                           ":", control_port);
+    address = absl::StrCat(control_address.advertise, ":", control_port);
+    std::fprintf(stderr, "[shardlm] workers dial %s (%s)\n", address.c_str(),
+                 control_address.why.c_str());
   }
   // Workers learn the address and the token (empty: give up) by broadcast.
   Tensor packed = PackText(address.empty() ? "" : address + " " + token);
@@ -298,14 +371,20 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   signals.detach();
-  const absl::Status s = RunWorkerAgent({.coordinator = address,
-                                         .rank = world.rank(),
-                                         .model_path = f.model,
-                                         .model_bytes = model_bytes,
-                                         .model_digest = digest,
-                                         .cluster_token = token,
-                                         .stop = &stop},
-                                        **host);
+  const absl::Status s = RunWorkerAgent(
+      {.coordinator = address,
+       .rank = world.rank(),
+       .model_path = f.model,
+       .model_bytes = model_bytes,
+       .model_digest = digest,
+       .cluster_token = token,
+       .on_abandon =
+           [](const std::string& why) {
+             std::fprintf(stderr, "shardlm launch (%s)\n", why.c_str());
+             Exit(1);
+           },
+       .stop = &stop},
+      **host);
   if (const std::optional<RunnerStats> st = (*host)->stats();
       st && st->steps > 0) {
     std::fprintf(stderr,
@@ -362,14 +441,16 @@ int LaunchCommand(int argc, char** argv) {
             "address of the HTTP API (OpenAI-style routes, /metrics, "
             "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
   flags.Add("control-listen", &f.control_listen,
-            "address the control plane (workers) listens on; default "
-            "127.0.0.1 when every rank is on this host, else 0.0.0.0, at "
-            "--control-port. Workers need the cluster token either way "
-            "(random per launch, or SHARDLM_CLUSTER_TOKEN)");
+            "address the control plane (workers) listens on; default: the "
+            "advertised address (127.0.0.1 when every rank is on this "
+            "host) at --control-port. Workers need the cluster token either "
+            "way (random per launch, or SHARDLM_CLUSTER_TOKEN)");
   flags.Add("control-port", &f.control_port,
             "port workers connect to (0: any free port)");
-  flags.Add("control-host", &f.control_host,
-            "host name workers use to reach rank 0 (default: its hostname)");
+  flags.Add("advertise-address", &f.advertise_address,
+            "host or address workers dial to reach rank 0; default: rank "
+            "0's address on the subnet the workers share (see "
+            "docs/multinode.md); set, the control plane listens on 0.0.0.0");
   flags.Add("threads", &f.threads, "CPU threads per worker");
   flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
             "KV cache budget per worker, 0 = one full context");
@@ -452,9 +533,14 @@ int LaunchCommand(int argc, char** argv) {
                  std::string(workers.status().message()).c_str());
     Exit(1);
   }
-  const bool same_host = SameHost(world);
+  absl::StatusOr<std::vector<NodeInfo>> nodes = GatherNodes(world);
+  if (!nodes.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(nodes.status().message()).c_str());
+    Exit(1);
+  }
   const int code =
-      root ? RunCoordinator(world, f, **source, stop_signals, same_host)
+      root ? RunCoordinator(world, f, **source, stop_signals, *nodes)
            : RunWorker(world, **workers, f, **source, digest, model_bytes,
                        stop_signals);
   Exit(code);
