@@ -7,9 +7,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <optional>
 #include <thread>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "collectives/fake_communicator.h"
@@ -448,6 +450,66 @@ TEST(ClusterFailureTest, LostWorkerFailsTheCallAndStaysFailed) {
   std::vector<absl::Status> agents = cluster.Stop();
   EXPECT_TRUE(agents[0].ok()) << agents[0];
   EXPECT_EQ(agents[1].code(), absl::StatusCode::kCancelled) << agents[1];
+}
+
+// After a rank dies the survivors are told (Shutdown naming it), and one
+// stuck in a collective with the dead rank is handed to on_abandon (which
+// ends the process in `shardlm launch`) instead of waiting out the
+// collective's timeout.
+TEST(ClusterFailureTest, SurvivorsAreToldAndAStuckStepIsAbandoned) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  absl::Notification kill, release;
+  TestCluster cluster(*source, Options(2, 1), absl::Seconds(4));
+  // Rank 2's step ends before the cluster is stopped, also on failure.
+  absl::Cleanup released = [&] {
+    if (!release.HasBeenNotified()) release.Notify();
+  };
+  cluster.host(2).before_step = [&](int step) {
+    if (step != 3) return;
+    kill.Notify();  // Rank 2's stream drops; its step never joins rank 1's.
+    release.WaitForNotification();
+  };
+  std::mutex mu;
+  std::string abandoned;
+  absl::Notification abandon;
+  Clock::time_point abandoned_at;
+  WorkerAgentOptions o1 = cluster.AgentOptions(1);
+  o1.abandon_grace = absl::Milliseconds(500);
+  o1.on_abandon = [&](const std::string& why) {
+    std::lock_guard<std::mutex> lock(mu);
+    abandoned = why;
+    abandoned_at = Clock::now();
+    abandon.Notify();
+  };
+  cluster.StartWorker(o1);
+  WorkerAgentOptions o2 = cluster.AgentOptions(2);
+  o2.stop = &kill;
+  cluster.StartWorker(o2);
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  auto engine = Engine::Create(std::move(*executor), {});
+  ASSERT_TRUE(engine.ok());
+  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
+  ExpectUnavailable(got.status(), "worker rank 2");
+  const Clock::time_point failed = Clock::now();
+  ASSERT_TRUE(abandon.WaitForNotificationWithTimeout(absl::Seconds(3)))
+      << "rank 1 still waits in its step";
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    EXPECT_TRUE(absl::StrContains(abandoned, "worker rank 1: a step still"))
+        << abandoned;
+    EXPECT_TRUE(absl::StrContains(abandoned,
+                                  "the cluster failed: worker rank 2 (pp 0, "
+                                  "tp 1)"))
+        << abandoned;
+    EXPECT_LT(std::chrono::duration<double>(abandoned_at - failed).count(),
+              2.5);
+  }
+  std::move(released).Invoke();
+  engine->reset();
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_TRUE(agents[0].ok()) << agents[0];  // Told to shut down.
 }
 
 TEST(ClusterFailureTest, HungStepTimesOut) {

@@ -421,9 +421,13 @@ void ControlService::Watchdog() {
   heartbeat.mutable_heartbeat();
   while (true) {
     std::vector<Worker*> live;
+    std::string failed;  // Set: the cluster just failed; end the others.
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_watchdog_), tick)) return;
+      if (started_ && !first_dead_.empty() && !shutdown_) {
+        failed = absl::StrCat("the cluster failed: ", first_dead_);
+      }
       const absl::Time now = absl::Now();
       for (auto& w : workers_) {
         if (w->state != State::kLoading && w->state != State::kReady) continue;
@@ -435,6 +439,13 @@ void ControlService::Watchdog() {
           live.push_back(w.get());
         }
       }
+    }
+    // A serving cluster that lost a rank cannot step again (its data plane
+    // is broken and nothing re-forms it): the survivors are told why and
+    // leave, freeing their memory; requests get the first death's reason.
+    if (!failed.empty()) {
+      Shutdown(failed);
+      continue;
     }
     // Never wait on a stream that is busy (e.g. a write blocked by a
     // frozen peer): the next tick tries again.

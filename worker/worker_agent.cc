@@ -113,10 +113,12 @@ class AgentSession {
           v1::WorkerMessage out;
           v1::StepResult& result = *out.mutable_result();
           result.set_step_id(plan.step_id());
+          SetInStep(true);
           absl::StatusOr<StepOutput> step =
               loaded ? host_.Step(DecodeStepPlan(plan, tables))
                      : absl::FailedPreconditionError(
                            "step before the shard was loaded");
+          SetInStep(false);
           if (!step.ok()) {
             result.set_error(std::string(step.status().message()));
             result.set_error_code(static_cast<int>(step.status().code()));
@@ -204,11 +206,20 @@ class AgentSession {
     return msg;
   }
 
+  void SetInStep(bool in_step) {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_step_ = in_step;
+  }
+
   void ReadLoop() {
     v1::CoordinatorMessage msg;
     while (stream_->Read(&msg)) {
       std::lock_guard<std::mutex> lock(mu_);
       last_read_ = absl::Now();
+      if (msg.has_shutdown()) {
+        shutdown_reason_ = msg.shutdown().reason();
+        if (shutdown_reason_.empty()) shutdown_reason_ = "shutdown";
+      }
       if (!msg.has_heartbeat()) inbox_.push_back(std::move(msg));
       cv_.notify_all();
     }
@@ -226,8 +237,10 @@ class AgentSession {
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_watchdog_) {
       cv_.wait_for(lock, absl::ToChronoNanoseconds(tick));
-      if (stop_watchdog_ || read_done_) continue;
+      if (stop_watchdog_) continue;
       const absl::Time now = absl::Now();
+      MaybeAbandonStep(now);
+      if (read_done_) continue;
       if (o_.stop != nullptr && o_.stop->HasBeenNotified()) {
         abort_reason_ = "stopped";
         context_.TryCancel();
@@ -251,6 +264,29 @@ class AgentSession {
       }
       lock.lock();
     }
+  }
+
+  // A step cannot be interrupted (it may wait in a collective for a peer
+  // that is gone), so when the stream has ended (Shutdown, cancelled, the
+  // coordinator silent) while one runs, the agent waits abandon_grace for
+  // it and then hands over to on_abandon, which ends the process.
+  void MaybeAbandonStep(absl::Time now) {
+    const bool ended =
+        !shutdown_reason_.empty() || !abort_reason_.empty() || read_done_;
+    if (!in_step_ || !ended || abandoned_ || !o_.on_abandon) {
+      stuck_since_ = absl::InfiniteFuture();
+      return;
+    }
+    if (stuck_since_ == absl::InfiniteFuture()) stuck_since_ = now;
+    if (now - stuck_since_ < o_.abandon_grace) return;
+    abandoned_ = true;
+    const std::string why = !shutdown_reason_.empty() ? shutdown_reason_
+                            : !abort_reason_.empty()  ? abort_reason_
+                                                      : "stream closed";
+    o_.on_abandon(absl::StrCat(
+        "worker rank ", o_.rank, ": a step still waits on its peers ",
+        absl::FormatDuration(o_.abandon_grace), " after the coordinator at ",
+        o_.coordinator, " ended the stream (", why, "); abandoning it"));
   }
 
   void JoinReader() {
@@ -295,6 +331,10 @@ class AgentSession {
   std::deque<v1::CoordinatorMessage> inbox_;
   bool read_done_ = false;
   bool stop_watchdog_ = false;
+  bool in_step_ = false;
+  bool abandoned_ = false;
+  absl::Time stuck_since_ = absl::InfiniteFuture();
+  std::string shutdown_reason_;
   absl::Time last_read_;
   std::string abort_reason_;
 };

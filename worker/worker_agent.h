@@ -8,6 +8,7 @@
 #define SHARDLM_WORKER_WORKER_AGENT_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -55,6 +56,14 @@ struct WorkerAgentOptions {
   absl::Duration coordinator_timeout = absl::Seconds(30);
   // Connection attempts are retried for this long.
   absl::Duration connect_timeout = absl::Seconds(60);
+  // When the stream ends (Shutdown, cancelled, the coordinator silent)
+  // while a step runs and that step has not returned abandon_grace later,
+  // on_abandon is called once with the reason, from the agent's watchdog
+  // thread (a step cannot be interrupted: it may wait in a collective for
+  // a peer that is gone). It should end the process; null: the agent
+  // waits for the step (whose collectives have their own timeouts).
+  std::function<void(const std::string& reason)> on_abandon;
+  absl::Duration abandon_grace = absl::Seconds(2);
   // When notified, the agent drops its stream and returns Cancelled (e.g.
   // on SIGTERM; tests use it to kill a worker). May be null.
   const absl::Notification* stop = nullptr;
