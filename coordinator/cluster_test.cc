@@ -770,6 +770,7 @@ TEST(WorkerAgentTest, UnreachableCoordinatorIsNamed) {
   EXPECT_LT(Since(start), 5.0);
   EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable);
   EXPECT_TRUE(absl::StrContains(s.message(), "127.0.0.1:1")) << s;
+  EXPECT_FALSE(absl::StrContains(s.message(), "does not resolve")) << s;
 }
 
 // A coordinator that assigns and then goes silent.

@@ -378,6 +378,8 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
        .model_bytes = model_bytes,
        .model_digest = digest,
        .cluster_token = token,
+       // Workers may wait for the coordinator as long as startup may take.
+       .connect_timeout = absl::Seconds(f.startup_timeout_s),
        .on_abandon =
            [](const std::string& why) {
              std::fprintf(stderr, "shardlm launch (%s)\n", why.c_str());

@@ -1,5 +1,7 @@
 #include "worker/worker_agent.h"
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -30,6 +32,27 @@ std::string HostName() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown-host";
   return buf;
+}
+
+// Why `address` (host:port, [v6]:port) may be unreachable, when the cause
+// is plain: its host name does not resolve here. Else "".
+std::string ResolveHint(const std::string& address) {
+  std::string host = address.substr(0, address.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(host.c_str(), nullptr, &hints, &found);
+  if (rc == 0) {
+    freeaddrinfo(found);
+    return "";
+  }
+  return absl::StrCat(" (the name '", host, "' does not resolve on ",
+                      HostName(), ": ", gai_strerror(rc),
+                      "; the coordinator's --advertise-address sets what "
+                      "workers dial)");
 }
 
 // One stream's life. Threads: the caller's (handles messages: load, steps),
@@ -354,10 +377,11 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
       options.coordinator, grpc::InsecureChannelCredentials(), args);
   if (!channel->WaitForConnected(
           ToChrono(absl::Now() + options.connect_timeout))) {
-    return absl::UnavailableError(absl::StrCat(
-        "worker rank ", options.rank, " cannot reach the coordinator at ",
-        options.coordinator, " within ",
-        absl::FormatDuration(options.connect_timeout)));
+    return absl::UnavailableError(
+        absl::StrCat("worker rank ", options.rank,
+                     " cannot reach the coordinator at ", options.coordinator,
+                     " within ", absl::FormatDuration(options.connect_timeout),
+                     ResolveHint(options.coordinator)));
   }
   AgentSession session(options, host, std::move(channel));
   return session.Run();
