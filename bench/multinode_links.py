@@ -27,14 +27,13 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                 "..", "tests", "multinode"))
 import netns  # noqa: E402
+from check_multinode import Cluster  # noqa: E402
 
 PLACEMENTS = {  # name: (tp, pp, hosts, slots)
     "tp2-across": (2, 1, [0, 1, 2], [1, 1, 1]),
@@ -51,43 +50,26 @@ COMM = re.compile(r"worker rank (\d+): (\d+) steps, ([0-9.]+) s in steps, "
 def run_one(h: netns.Hosts, a, tp: int, pp: int, hosts: list[int],
             slots: list[int]) -> tuple[float, float]:
     """(best decode tok/s, slowest worker's communication ms per step)."""
-    log_path = os.path.join("/tmp", f"{h.tag}-bench.log")
-    cmd = h.mpirun(hosts, slots) + [
-        a.shardlm, "launch", "--model", a.model, "--tp", str(tp), "--pp",
-        str(pp), "--listen", "0.0.0.0:50051", "--threads", str(a.threads)]
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(h.cmd(hosts[0], cmd),
-                                env=dict(os.environ, **h.agent_env()),
-                                stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+    c = Cluster(h, a, hosts, slots, tp, pp,
+                os.path.join("/tmp", f"{h.tag}-bench.log"),
+                ["--threads", str(a.threads)])
     try:
-        deadline = time.time() + 180
-        while "[shardlm] serving" not in open(log_path).read():
-            if proc.poll() is not None or time.time() > deadline:
-                raise RuntimeError("cluster did not start:\n"
-                                   + open(log_path).read()[-2000:])
-            time.sleep(0.3)
+        if not c.wait_serving():
+            raise RuntimeError("cluster did not start:\n" + c.tail())
         best = 0.0
         for _ in range(a.runs):
-            r = h.run(hosts[0], [a.shardlm, "generate", "--server",
-                                 "127.0.0.1:50051", "--prompt", PROMPT,
-                                 "--max-tokens", str(a.tokens), "--ignore-eos",
-                                 "--stats"], timeout=600)
+            r = h.run(hosts[0], [a.shardlm, "generate", "--server", c.server,
+                                 "--prompt", PROMPT, "--max-tokens",
+                                 str(a.tokens), "--ignore-eos", "--stats"],
+                      timeout=600)
             m = DECODE.search(r.stderr)
             if r.returncode != 0 or not m:
                 raise RuntimeError(f"generate failed: {r.stderr[-500:]}")
             best = max(best, float(m.group(1)))
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        c.stop()  # The workers print their communication time as they go.
     comm = 0.0
-    for m in COMM.finditer(open(log_path).read()):
+    for m in COMM.finditer(c.text()):
         steps, comm_s = int(m.group(2)), float(m.group(4))
         if steps:
             comm = max(comm, 1000 * comm_s / steps)
@@ -104,7 +86,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args()
-    a.shardlm, a.model = os.path.abspath(a.shardlm), os.path.abspath(a.model)
+    a.shardlm = os.path.abspath(a.shardlm)
+    a.gguf = os.path.abspath(a.model)  # As check_multinode.Cluster names it.
     why = netns.unavailable()
     if why:
         print(f"cannot run: {why}")

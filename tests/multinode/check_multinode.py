@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
+import check_cluster  # noqa: E402
 from check_cluster import (LOGPROB_TOL, PROMPTS, generate, logprob_error,  # noqa: E402
                            step_logprobs)
 from testlib import FAILURES, check  # noqa: E402
@@ -52,8 +52,9 @@ HTTP_PORT = 8080
 KV = ["--kv-cache-dtype", "f32"]
 
 
-class Cluster:
-    """`mpirun ... shardlm launch` started on hosts[0] of `h`."""
+class Cluster(check_cluster.Cluster):
+    """`mpirun ... shardlm launch` started on hosts[0] of `h` (waiting,
+    stopping and the log's tail as in check_cluster.py)."""
 
     def __init__(self, h: netns.Hosts, a, hosts: list[int], slots: list[int],
                  tp: int, pp: int, log: str, extra: list[str] | tuple = ()):
@@ -74,14 +75,6 @@ class Cluster:
         with open(self.log_path) as f:
             return f.read()
 
-    def wait_serving(self, timeout: float = 180) -> bool:
-        deadline = time.time() + timeout
-        while time.time() < deadline and self.proc.poll() is None:
-            if "[shardlm] serving" in self.text():
-                return True
-            time.sleep(0.3)
-        return False
-
     def shardlm_pids(self, host: int) -> list[int]:
         pids = []
         out = subprocess.run(["ip", "netns", "pids", self.h.ns(host)],
@@ -91,22 +84,9 @@ class Cluster:
                 cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
             except OSError:
                 continue
-            if b"shardlm\0launch" in cmdline or b"shardlm launch" in cmdline:
+            if b"shardlm\0launch" in cmdline:
                 pids.append(pid)
         return pids
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-        self.log.close()
-
-    def tail(self, n: int = 15) -> str:
-        return "".join(self.text().splitlines(True)[-n:])
 
 
 def established(h: netns.Hosts, host: int) -> set[tuple[str, str]]:
@@ -261,7 +241,7 @@ def pulled_cable(h: netns.Hosts, a):
                 break
             time.sleep(0.5)
         check(not left, f"[link] every worker process exits within 20 s of "
-              f"the link's return (left: {left})\n" + c.tail(25))
+              f"the link's return (left: {left})\n" + c.tail())
         check(c.proc.poll() is None and c.shardlm_pids(0),
               "[link] the coordinator stays up to answer")
     finally:
