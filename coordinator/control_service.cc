@@ -35,6 +35,8 @@ struct ControlService::Worker {
   absl::Time last_seen;
   int64_t kv_blocks = 0;
   int64_t host_kv_blocks = 0;
+  int64_t kv_block_bytes = 0, weight_bytes = 0;  // From Ready.
+  v1::Heartbeat figures;                         // The latest heartbeat's.
   std::optional<v1::StepResult> result;
   std::string reason;  // Why it is dead, naming it.
 
@@ -215,6 +217,8 @@ grpc::Status ControlService::Connect(
           w->state = State::kReady;
           w->kv_blocks = device;
           w->host_kv_blocks = host;
+          w->kv_block_bytes = std::max<int64_t>(0, in.ready().kv_block_bytes());
+          w->weight_bytes = std::max<int64_t>(0, in.ready().weight_bytes());
           cv_.SignalAll();
         }
         break;
@@ -230,6 +234,7 @@ grpc::Status ControlService::Connect(
         cv_.SignalAll();
         break;
       case v1::WorkerMessage::kHeartbeat:
+        w->figures = std::move(*in.mutable_heartbeat());
         break;
       default:
         MarkDead(*w, "protocol error: unexpected message after Register");
@@ -393,6 +398,36 @@ absl::Status ControlService::Health() const {
                                                absl::StrJoin(waiting, ", ")));
   }
   return absl::OkStatus();
+}
+
+std::vector<RankReport> ControlService::Reports() const {
+  std::vector<RankReport> out;
+  absl::MutexLock lock(&mu_);
+  const absl::Time now = absl::Now();
+  for (const auto& w : workers_) {
+    RankReport r{.rank = w->rank, .up = w->state == State::kReady};
+    if (w->state == State::kEmpty) {
+      r.up = false;
+      out.push_back(r);
+      continue;
+    }
+    const v1::Heartbeat& h = w->figures;
+    r.stats = {.steps = h.steps(),
+               .forward_seconds = h.step_seconds(),
+               .comm_seconds = h.comm_seconds(),
+               .copied_blocks = h.copied_blocks(),
+               .copy_seconds = h.copy_seconds()};
+    if (h.resident_bytes() > 0) r.resident_bytes = h.resident_bytes();
+    if (h.memory_limit_bytes() > 0) {
+      r.memory_limit_bytes = h.memory_limit_bytes();
+    }
+    r.heartbeat_age_seconds = absl::ToDoubleSeconds(now - w->last_seen);
+    r.weight_bytes = w->weight_bytes;
+    r.kv_bytes = w->kv_blocks * w->kv_block_bytes;
+    r.host_kv_bytes = w->host_kv_blocks * w->kv_block_bytes;
+    out.push_back(r);
+  }
+  return out;
 }
 
 void ControlService::Shutdown(const std::string& reason) {

@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/step_executor.h"
 #include "grpcpp/server_builder.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "worker/kv_pool.h"
@@ -92,6 +93,9 @@ class ControlService final : public v1::Control::Service {
   // OK when every rank is ready and alive; Unavailable naming the first
   // dead (or still missing) rank otherwise, or after Shutdown.
   absl::Status Health() const;
+
+  // Every rank's figures (its latest heartbeat, its Ready), rank order.
+  std::vector<RankReport> Reports() const;
 
   // Sends Shutdown{reason} to every connected worker; they close their
   // streams. Idempotent; later streams are rejected.

@@ -38,6 +38,7 @@ namespace {
 // One runner on one GPU; sampling on the device.
 class CudaExecutor : public StepExecutor {
  public:
+  const char* backend() const override { return "cuda"; }
   explicit CudaExecutor(std::unique_ptr<CudaModelRunner> runner)
       : runner_(std::move(runner)) {}
   const ModelConfig& config() const override { return runner_->config(); }

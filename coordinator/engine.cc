@@ -136,14 +136,22 @@ absl::Status Engine::Validate(
 
 absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request,
                                          RequestCallbacks callbacks) {
-  RETURN_IF_ERROR(Validate({request}));
+  if (absl::Status s = Validate({request}); !s.ok()) {
+    scheduler_->metrics().Refused(request.api, Refusal::kInvalid);
+    return s;
+  }
   return scheduler_->Submit(std::move(request), std::move(callbacks));
 }
 
 absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
     const std::vector<GenerateRequest>& requests,
     const TokenCallback& on_token) {
-  RETURN_IF_ERROR(Validate(requests));
+  if (absl::Status s = Validate(requests); !s.ok()) {
+    for (const GenerateRequest& r : requests) {
+      scheduler_->metrics().Refused(r.api, Refusal::kInvalid);
+    }
+    return s;
+  }
   // The batch's requests go to the scheduler together (past max_queued: the
   // caller waits for them anyway) and this waits for every on_done, so no
   // callback outlives this frame.

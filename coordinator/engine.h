@@ -87,6 +87,8 @@ class Engine {
   // Queue, KV tier and preemption figures as of the last step;
   // thread-safe.
   SchedulerStats stats() const { return scheduler_->stats(); }
+  // Latency histograms, request and token counters; thread-safe.
+  const ServingMetrics& metrics() const { return scheduler_->metrics(); }
 
   // Runs the requests together until each finishes. Requests are checked
   // up front (InvalidArgument naming the request and field; nothing runs

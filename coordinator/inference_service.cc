@@ -217,10 +217,12 @@ grpc::Status InferenceService::Generate(
 absl::Status InferenceService::Run(
     const v1::GenerateRequest& request_proto, absl::Time deadline,
     const std::function<bool()>& cancelled,
-    const std::function<bool(const v1::GenerateResponse&)>& write) {
+    const std::function<bool(const v1::GenerateResponse&)>& write,
+    RequestApi api) {
   const v1::GenerateRequest* request = &request_proto;
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return req.status();
+  req->api = api;
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
   if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
   req->priority = request->priority();

@@ -73,11 +73,13 @@ class InferenceService final : public v1::Inference::Service {
   // request is cancelled) and polling `cancelled` between tokens. OK once
   // the last response (with finish_reason and usage) was written;
   // Cancelled when the client went away; otherwise the error (validation,
-  // queue, deadline, a lost rank), before or after some responses.
+  // queue, deadline, a lost rank), before or after some responses. `api`
+  // labels the request in the metrics.
   absl::Status Run(
       const v1::GenerateRequest& request, absl::Time deadline,
       const std::function<bool()>& cancelled,
-      const std::function<bool(const v1::GenerateResponse&)>& write);
+      const std::function<bool(const v1::GenerateResponse&)>& write,
+      RequestApi api = RequestApi::kGrpc);
 
   // The engine request for `request` (tokenized, cut to its last
   // truncate_prompt_tokens, defaults applied, stop tokens added), or

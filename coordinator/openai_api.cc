@@ -489,9 +489,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"));
   };
   const absl::Status status = service_->Run(
-      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write);
-  prompt_tokens_ += usage.prompt_tokens();
-  completion_tokens_ += usage.completion_tokens();
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      RequestApi::kHttp);
   if (!status.ok()) {
     if (!started) return fail(status);
     // Mid-stream: the status line is gone; say it in the stream.
@@ -545,7 +544,8 @@ absl::Status OpenAiApi::Ready() {
   return absl::OkStatus();
 }
 
-std::string OpenAiApi::Metrics() const {
+std::string OpenAiApi::Metrics() {
+  const bool ready = Ready().ok();
   const SchedulerStats s = engine_->stats();
   std::string out;
   const auto metric = [&](const char* name, const char* type, const char* help,
@@ -557,6 +557,10 @@ std::string OpenAiApi::Metrics() const {
                       labels.empty() ? "" : "}", " ", v, "\n");
     }
   };
+  metric("shardlm_ready", "gauge",
+         "1 when /ready would answer 200 (every rank up, steps advancing "
+         "while requests wait), else 0.",
+         {{"", ready ? 1 : 0}});
   metric("shardlm_requests", "gauge", "Requests by state.",
          {{"state=\"running\"", s.running}, {"state=\"waiting\"", s.waiting}});
   metric("shardlm_kv_blocks", "gauge",
@@ -591,9 +595,29 @@ std::string OpenAiApi::Metrics() const {
          {{"class=\"2xx\"", http_ok_.load()},
           {"class=\"4xx\"", http_client_error_.load()},
           {"class=\"5xx\"", http_server_error_.load()}});
-  metric("shardlm_http_tokens_total", "counter", "Tokens of HTTP API requests.",
-         {{"kind=\"prompt\"", prompt_tokens_.load()},
-          {"kind=\"completion\"", completion_tokens_.load()}});
+  metric("shardlm_kv_slots", "gauge",
+         "Token slots of the KV blocks sequences hold, and how many hold a "
+         "token (see shardlm_kv_fragmentation_ratio).",
+         {{"state=\"allocated\"", s.kv_slots_allocated},
+          {"state=\"filled\"", s.kv_slots_filled}});
+  absl::StrAppend(
+      &out,
+      "# HELP shardlm_kv_fragmentation_ratio Slots allocated but not filled "
+      "over slots allocated (0 when none is allocated).\n"
+      "# TYPE shardlm_kv_fragmentation_ratio gauge\n"
+      "shardlm_kv_fragmentation_ratio ",
+      s.kv_slots_allocated == 0
+          ? 0.0
+          : 1.0 - static_cast<double>(s.kv_slots_filled) /
+                      static_cast<double>(s.kv_slots_allocated),
+      "\n");
+  // Requests, tokens and latencies of both APIs (api="grpc"|"http").
+  absl::StrAppend(&out, engine_->metrics().Prometheus());
+  const std::vector<RankReport> ranks = engine_->executor().RankReports();
+  AppendRankMetrics(out, ranks);
+  AppendBuildInfo(out, engine_->executor().backend(),
+                  KvCacheDTypeName(engine_->executor().kv_cache_dtype()),
+                  std::max<int>(1, static_cast<int>(ranks.size())));
   return out;
 }
 

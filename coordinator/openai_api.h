@@ -40,7 +40,7 @@ class OpenAiApi {
   void Handle(const HttpRequest& request, HttpResponse& response);
 
   // The Prometheus text exposition of the engine's figures.
-  std::string Metrics() const;
+  std::string Metrics();
   // OK when every rank is up and, with requests in the engine, a step ran
   // within stall_timeout; Unavailable saying which is not.
   absl::Status Ready();
@@ -58,7 +58,6 @@ class OpenAiApi {
   // Counters by outcome, for /metrics.
   std::atomic<int64_t> http_ok_{0}, http_client_error_{0},
       http_server_error_{0};
-  std::atomic<int64_t> prompt_tokens_{0}, completion_tokens_{0};
 };
 
 // HTTP status for an absl status code (INVALID_ARGUMENT 400,

@@ -135,6 +135,10 @@ absl::Status RemoteExecutor::Health() const {
   return service_.Health();
 }
 
+std::vector<RankReport> RemoteExecutor::RankReports() const {
+  return service_.Reports();
+}
+
 void RemoteExecutor::Shutdown(const std::string& reason) {
   service_.Shutdown(reason);
 }

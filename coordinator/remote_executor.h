@@ -52,6 +52,10 @@ class RemoteExecutor : public StepExecutor {
   void Release(int64_t seq_id) override;
   // Thread-safe.
   absl::Status Health() const override;
+  std::vector<RankReport> RankReports() const override;
+  const char* backend() const override {
+    return service_.options().nccl_unique_ids.empty() ? "cpu" : "cuda";
+  }
   // Sends Shutdown to every worker (they exit cleanly).
   void Shutdown(const std::string& reason);
 

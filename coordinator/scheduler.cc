@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -40,7 +41,8 @@ struct Scheduler::Sequence {
   bool done = false;
   bool preempted = false;  // In this step: leaves running_ for waiting_.
   Clock::time_point submitted;
-  Clock::time_point first_token;
+  std::optional<Clock::time_point> started;  // First in running_.
+  Clock::time_point first_token, last_token;
   GenerateResult result;
 };
 
@@ -91,6 +93,7 @@ absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
   if (!ignore_queue_limit &&
       static_cast<int64_t>(waiting_.size()) >= options_.max_queued) {
+    metrics_.Refused(s->request.api, Refusal::kQueueFull);
     return absl::ResourceExhaustedError(
         absl::StrCat(waiting_.size(), " requests are already waiting (",
                      "max_queued); try again later"));
@@ -108,8 +111,43 @@ void Scheduler::Cancel(RequestId id) {
   cv_.notify_all();
 }
 
+namespace {
+
+RequestOutcome OutcomeOf(const absl::StatusOr<GenerateResult>& result) {
+  if (!result.ok()) {
+    return absl::IsDeadlineExceeded(result.status()) ? RequestOutcome::kDeadline
+           : absl::IsCancelled(result.status()) ? RequestOutcome::kCancelled
+                                                : RequestOutcome::kError;
+  }
+  switch (result->finish_reason) {
+    case FinishReason::kStop:
+      return RequestOutcome::kStop;
+    case FinishReason::kLength:
+      return RequestOutcome::kLength;
+    case FinishReason::kCancelled:
+      return RequestOutcome::kCancelled;
+  }
+  return RequestOutcome::kError;
+}
+
+}  // namespace
+
 void Scheduler::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
                        std::vector<Event>& events) {
+  const int64_t generated =
+      static_cast<int64_t>(s.tokens.size() - s.request.prompt.size());
+  RequestRecord record{
+      .api = s.request.api,
+      .outcome = OutcomeOf(result),
+      .prompt_tokens = static_cast<int64_t>(s.request.prompt.size()),
+      .generated_tokens = generated,
+      .done = Seconds(s.submitted, Clock::now())};
+  if (s.started) record.started = Seconds(s.submitted, *s.started);
+  if (generated > 0) {
+    record.first_token = Seconds(s.submitted, s.first_token);
+    record.last_token = Seconds(s.submitted, s.last_token);
+  }
+  metrics_.RequestFinished(record);
   s.done = true;
   blocks_->Free(s.id);
   executor_->Release(s.id);
@@ -200,6 +238,7 @@ void Scheduler::Admit(std::vector<Event>& events) {
       waiting_.push_front(std::move(s));
       break;
     }
+    if (!s->started) s->started = Clock::now();
     auto at = std::find_if(running_.begin(), running_.end(),
                            [&](const auto& r) { return Before(*s, *r); });
     running_.insert(at, std::move(s));
@@ -416,7 +455,10 @@ void Scheduler::Step() {
     if (generated == 0) {
       s.first_token = now;
       s.result.prefill_seconds = Seconds(s.submitted, now);
+    } else {
+      metrics_.InterTokenGap(Seconds(s.last_token, now));
     }
+    s.last_token = now;
     s.result.decode_seconds = Seconds(s.first_token, now);
     // The loop thread holds no lock here.
     const TokenAction action = s.callbacks.on_token
@@ -451,9 +493,18 @@ void Scheduler::PublishStats() {
   SchedulerStats s = counters_;
   s.steps = steps_.load();
   s.running = static_cast<int64_t>(running_.size());
+  const auto slots = [&](const Sequence& q) {
+    const int64_t allocated =
+        static_cast<int64_t>(blocks_->Table(q.id).size()) *
+        blocks_->block_size();
+    s.kv_slots_allocated += allocated;
+    s.kv_slots_filled += std::min(q.computed, allocated);
+  };
+  for (const auto& q : running_) slots(*q);
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.waiting = static_cast<int64_t>(waiting_.size());
+    for (const auto& q : waiting_) slots(*q);
   }
   s.device = blocks_->device_usage();
   s.host = blocks_->host_usage();

@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/serving_metrics.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
 
@@ -49,6 +50,8 @@ struct GenerateRequest {
   int32_t priority = 0;
   // A request not finished by then ends with DeadlineExceeded.
   absl::Time deadline = absl::InfiniteFuture();
+  // Where it came from (a label of the request metrics).
+  RequestApi api = RequestApi::kDirect;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled };
@@ -103,6 +106,11 @@ struct SchedulerStats {
   int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
   int64_t preempted_recompute = 0;  // Preemptions that dropped the KV.
   int64_t offloaded = 0;  // Blocks a sequence moved to the host for itself.
+  // Token slots of the blocks sequences hold, and how many of them hold a
+  // token's KV (a shared prefix block counts for each sequence holding
+  // it); 1 - filled / allocated is the KV cache's internal fragmentation.
+  int64_t kv_slots_allocated = 0;
+  int64_t kv_slots_filled = 0;
   TierUsage device, host;
   BlockCounters blocks;
 };
@@ -135,6 +143,9 @@ class Scheduler {
     std::lock_guard<std::mutex> lock(mu_);
     return static_cast<int64_t>(waiting_.size());
   }
+  // Latency histograms and request counters (thread-safe).
+  ServingMetrics& metrics() { return metrics_; }
+  const ServingMetrics& metrics() const { return metrics_; }
   SchedulerStats stats() const {
     std::lock_guard<std::mutex> lock(stats_mu_);
     return stats_;
@@ -189,6 +200,7 @@ class Scheduler {
   // Loop thread only. Ordered by priority, then arrival.
   std::vector<std::unique_ptr<Sequence>> running_;
   SchedulerStats counters_;  // Loop thread only; published to stats_.
+  ServingMetrics metrics_;
   mutable std::mutex stats_mu_;
   SchedulerStats stats_;  // Guarded by stats_mu_.
   std::thread loop_;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -20,6 +21,19 @@
 
 namespace shardlm {
 
+// One worker rank's figures for /metrics, as far as the executor knows
+// them (remote workers report theirs in heartbeats).
+struct RankReport {
+  int rank = 0;  // 1 .. tp * pp.
+  bool up = true;
+  RunnerStats stats;
+  std::optional<int64_t> resident_bytes;        // Its process's RSS.
+  std::optional<int64_t> memory_limit_bytes;    // Its cgroup's limit.
+  std::optional<double> heartbeat_age_seconds;  // Since its last message.
+  int64_t weight_bytes = 0;                     // 0: not known.
+  int64_t kv_bytes = 0, host_kv_bytes = 0;      // Its KV pool per tier.
+};
+
 class StepExecutor {
  public:
   virtual ~StepExecutor() = default;
@@ -30,6 +44,8 @@ class StepExecutor {
   virtual int64_t num_host_kv_blocks() const { return 0; }
   // Element type of the KV cache (the same on every rank).
   virtual DType kv_cache_dtype() const = 0;
+  // Where the model runs: "cpu" or "cuda".
+  virtual const char* backend() const { return "cpu"; }
   // f32 weight bytes one step reads, summed over ranks.
   virtual int64_t weight_bytes() const = 0;
   // Runs one step on every rank; the last stage samples one token per
@@ -41,6 +57,14 @@ class StepExecutor {
   // Per-rank time accounting where the executor can see it (in-process
   // runners), in rank order; empty otherwise.
   virtual std::vector<RunnerStats> RankStats() const { return {}; }
+  // Per-rank figures for /metrics; by default RankStats() alone.
+  virtual std::vector<RankReport> RankReports() const {
+    std::vector<RankReport> out;
+    for (const RunnerStats& s : RankStats()) {
+      out.push_back({.rank = static_cast<int>(out.size()) + 1, .stats = s});
+    }
+    return out;
+  }
   // OK while every rank is up; Unavailable naming a lost rank otherwise
   // (remote workers). Cheap: serving's readiness checks call it.
   virtual absl::Status Health() const { return absl::OkStatus(); }

@@ -28,9 +28,12 @@ class MpiShardHost : public ShardHost {
   // Runs the step; the last stage's TP rank 0 samples.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
   // None before Load.
-  std::optional<RunnerStats> stats() const {
+  std::optional<RunnerStats> stats() const override {
     if (!runner_) return std::nullopt;
     return runner_->stats();
+  }
+  int64_t weight_bytes() const override {
+    return runner_ ? runner_->weight_bytes() : 0;
   }
 
  private:

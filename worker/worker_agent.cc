@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "core/process_memory.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "shardlm/v1/control.grpc.pb.h"
@@ -66,7 +67,7 @@ class AgentSession {
 
   absl::Status Run() {
     stream_ = stub_->Connect(&context_);
-    last_read_ = last_write_ = absl::Now();
+    last_read_ = absl::Now();
     v1::WorkerMessage reg;
     v1::Register& r = *reg.mutable_register_();
     r.set_rank(o_.rank);
@@ -128,6 +129,8 @@ class AgentSession {
           reports_ = a.pp_rank() == a.pp() - 1 && a.tp_rank() == 0;
           out.mutable_ready()->set_kv_blocks(blocks->num_blocks);
           out.mutable_ready()->set_host_kv_blocks(blocks->num_host_blocks);
+          out.mutable_ready()->set_kv_block_bytes(blocks->BytesPerBlock());
+          out.mutable_ready()->set_weight_bytes(host_.weight_bytes());
           Write(out);
           break;
         }
@@ -141,7 +144,7 @@ class AgentSession {
               loaded ? host_.Step(DecodeStepPlan(plan, tables))
                      : absl::FailedPreconditionError(
                            "step before the shard was loaded");
-          SetInStep(false);
+          SetInStep(false, host_.stats());
           if (!step.ok()) {
             result.set_error(std::string(step.status().message()));
             result.set_error_code(static_cast<int>(step.status().code()));
@@ -208,7 +211,6 @@ class AgentSession {
   void Write(const v1::WorkerMessage& msg) {
     std::lock_guard<std::mutex> lock(write_mu_);
     if (writes_closed_) return;
-    last_write_ = absl::Now();
     stream_->Write(msg);
   }
 
@@ -229,9 +231,26 @@ class AgentSession {
     return msg;
   }
 
-  void SetInStep(bool in_step) {
+  void SetInStep(bool in_step,
+                 std::optional<RunnerStats> stats = std::nullopt) {
     std::lock_guard<std::mutex> lock(mu_);
     in_step_ = in_step;
+    if (stats) stats_ = *stats;
+  }
+
+  // A heartbeat with this process's memory and the step figures as of the
+  // last step. Under mu_.
+  v1::WorkerMessage Heartbeat() const {
+    v1::WorkerMessage msg;
+    v1::Heartbeat& h = *msg.mutable_heartbeat();
+    h.set_resident_bytes(ResidentMemoryBytes());
+    h.set_memory_limit_bytes(CgroupMemoryLimitBytes().value_or(0));
+    h.set_steps(stats_.steps);
+    h.set_step_seconds(stats_.forward_seconds);
+    h.set_comm_seconds(stats_.comm_seconds);
+    h.set_copy_seconds(stats_.copy_seconds);
+    h.set_copied_blocks(stats_.copied_blocks);
+    return msg;
   }
 
   void ReadLoop() {
@@ -255,8 +274,7 @@ class AgentSession {
     const absl::Duration tick =
         std::max(absl::Milliseconds(5),
                  std::min(o_.heartbeat_interval, o_.coordinator_timeout / 4));
-    v1::WorkerMessage heartbeat;
-    heartbeat.mutable_heartbeat();
+    absl::Time last_heartbeat = absl::InfinitePast();
     std::unique_lock<std::mutex> lock(mu_);
     while (!stop_watchdog_) {
       cv_.wait_for(lock, absl::ToChronoNanoseconds(tick));
@@ -275,13 +293,16 @@ class AgentSession {
         context_.TryCancel();
         continue;
       }
+      // Every heartbeat_interval, also while results flow: heartbeats
+      // carry the figures /metrics shows.
+      if (now - last_heartbeat < o_.heartbeat_interval) continue;
+      const v1::WorkerMessage heartbeat = Heartbeat();
       lock.unlock();
       {
         // Never wait behind a write blocked on a stalled stream.
         std::unique_lock<std::mutex> w(write_mu_, std::try_to_lock);
-        if (w.owns_lock() && !writes_closed_ &&
-            now - last_write_ >= o_.heartbeat_interval) {
-          last_write_ = now;
+        if (w.owns_lock() && !writes_closed_) {
+          last_heartbeat = now;
           stream_->Write(heartbeat);
         }
       }
@@ -347,7 +368,6 @@ class AgentSession {
 
   std::mutex write_mu_;
   bool writes_closed_ = false;
-  absl::Time last_write_;
 
   std::mutex mu_;
   std::condition_variable cv_;
@@ -358,6 +378,7 @@ class AgentSession {
   bool abandoned_ = false;
   absl::Time stuck_since_ = absl::InfiniteFuture();
   std::string shutdown_reason_;
+  RunnerStats stats_;  // As of the last step.
   absl::Time last_read_;
   std::string abort_reason_;
 };

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -39,6 +40,10 @@ class ShardHost {
   virtual absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) = 0;
   // ModelRunner::Forward, then (last stage, TP rank 0 only) SampleStep.
   virtual absl::StatusOr<StepOutput> Step(const StepInput& step) = 0;
+  // After Load: the bytes of the shard's weights in memory (0: unknown).
+  virtual int64_t weight_bytes() const { return 0; }
+  // Step figures so far (none before Load); for heartbeats.
+  virtual std::optional<RunnerStats> stats() const { return std::nullopt; }
 };
 
 struct WorkerAgentOptions {

@@ -74,6 +74,65 @@ def metric(text: str, name: str) -> float | None:
     return None
 
 
+def scrape(api: "Api") -> dict[str, float]:
+    """Every series of /metrics: name with labels -> value."""
+    _, _, text = api.request("GET", "/metrics", key=None)
+    out = {}
+    for line in text.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out
+
+
+def metrics_workload(api: "Api", shardlm: str, grpc_addr: str, env: dict):
+    """A known workload through both APIs moves the request, token and
+    latency series by exactly its counts; the histograms are consistent."""
+    before = scrape(api)
+    http_prompt = 0
+    for i in range(3):
+        status, got = api.json("POST", "/v1/completions", {
+            "prompt": f"Count to {i + 3}:", "max_tokens": 5,
+            "ignore_eos": True, "temperature": 0})
+        check(status == 200, f"metrics workload: HTTP request {i} ({status})")
+        http_prompt += got.get("usage", {}).get("prompt_tokens", 0)
+    for i in range(2):
+        got = subprocess.run([shardlm, "generate", "--server", grpc_addr,
+                              "--prompt", f"Hello {i}", "--max-tokens", "4",
+                              "--ignore-eos"], capture_output=True, text=True,
+                             timeout=60, env=env, stdin=subprocess.DEVNULL)
+        check(got.returncode == 0, f"metrics workload: gRPC request {i}")
+    after = scrape(api)
+
+    def delta(name: str) -> float:
+        return after.get(name, 0) - before.get(name, 0)
+
+    want = {
+        'shardlm_requests_total{api="http",finish_reason="length"}': 3,
+        'shardlm_requests_total{api="grpc",finish_reason="length"}': 2,
+        'shardlm_requests_total{api="http",finish_reason="error"}': 0,
+        'shardlm_generation_tokens_total{api="http"}': 15,
+        'shardlm_generation_tokens_total{api="grpc"}': 8,
+        'shardlm_prompt_tokens_total{api="http"}': http_prompt,
+        "shardlm_time_to_first_token_seconds_count": 5,
+        "shardlm_request_e2e_seconds_count": 5,
+        "shardlm_inter_token_latency_seconds_count": 3 * 4 + 2 * 3,
+    }
+    for name, n in want.items():
+        check(delta(name) == n, f"/metrics: {name} moved by {n} "
+              f"(by {delta(name):g})")
+    check(0 < delta("shardlm_time_to_first_token_seconds_sum")
+          <= delta("shardlm_request_e2e_seconds_sum"),
+          "/metrics: time to first token within end-to-end time")
+    for h in ("shardlm_request_e2e_seconds", "shardlm_inter_token_latency_seconds"):
+        buckets = [v for k, v in after.items() if k.startswith(h + "_bucket")]
+        check(buckets == sorted(buckets) and buckets
+              and buckets[-1] == after[h + "_count"],
+              f"/metrics: {h} buckets rise to its count")
+    check(after.get("shardlm_process_resident_memory_bytes", 0) > 1 << 20,
+          "/metrics: the coordinator's resident memory")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -310,6 +369,7 @@ def main() -> int:
                              env=env, stdin=subprocess.DEVNULL)
         check(got.returncode == 0, f"gRPC with SHARDLM_API_KEY set works "
               f"({got.stderr.strip()})")
+        metrics_workload(api, a.shardlm, grpc_addr, env)
     finally:
         stop(server)
     check(server.returncode == 0, f"SIGTERM stops the server with exit 0 "

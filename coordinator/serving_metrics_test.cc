@@ -1,0 +1,179 @@
+#include "coordinator/serving_metrics.h"
+
+#include <map>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+
+namespace shardlm {
+namespace {
+
+// Series name with labels -> value, from Prometheus text; fails the test on
+// a line that is neither a comment nor "series value".
+std::map<std::string, double> Parse(const std::string& text) {
+  std::map<std::string, double> out;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const size_t space = line.rfind(' ');
+    double v = 0;
+    EXPECT_TRUE(space != std::string::npos &&
+                absl::SimpleAtod(line.substr(space + 1), &v))
+        << line;
+    EXPECT_EQ(out.count(line.substr(0, space)), 0u) << "repeated: " << line;
+    out[line.substr(0, space)] = v;
+  }
+  return out;
+}
+
+TEST(HistogramTest, BucketsAreCumulativeAndInclusive) {
+  Histogram h({0.1, 1.0});
+  for (double v : {0.05, 0.1, 0.5, 1.0, 7.0}) h.Observe(v);
+  const Histogram::Snapshot s = h.Read();
+  EXPECT_EQ(s.cumulative, (std::vector<uint64_t>{2, 4, 5}));
+  EXPECT_EQ(s.count, 5u);
+  EXPECT_DOUBLE_EQ(s.sum, 8.65);
+  std::string text;
+  h.AppendPrometheus(text, "x_seconds", "help");
+  auto m = Parse(text);
+  EXPECT_EQ(m["x_seconds_bucket{le=\"0.1\"}"], 2);
+  EXPECT_EQ(m["x_seconds_bucket{le=\"1\"}"], 4);
+  EXPECT_EQ(m["x_seconds_bucket{le=\"+Inf\"}"], 5);
+  EXPECT_EQ(m["x_seconds_count"], 5);
+  EXPECT_DOUBLE_EQ(m["x_seconds_sum"], 8.65);
+  EXPECT_NE(text.find("# TYPE x_seconds histogram"), std::string::npos);
+}
+
+TEST(HistogramTest, LatencyBucketsSpanOneMillisecondToAMinute) {
+  const std::vector<double>& b = LatencyBuckets();
+  EXPECT_EQ(b.front(), 0.001);
+  EXPECT_EQ(b.back(), 60.0);
+  EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
+}
+
+TEST(ServingMetricsTest, RecordsLandInTheirSeries) {
+  ServingMetrics m;
+  m.RequestFinished({.api = RequestApi::kHttp,
+                     .outcome = RequestOutcome::kStop,
+                     .prompt_tokens = 7,
+                     .generated_tokens = 3,
+                     .started = 0.002,
+                     .first_token = 0.05,
+                     .last_token = 0.25,
+                     .done = 0.3});
+  // Expired while waiting: only the end-to-end time.
+  m.RequestFinished({.api = RequestApi::kGrpc,
+                     .outcome = RequestOutcome::kDeadline,
+                     .prompt_tokens = 4,
+                     .done = 2.0});
+  m.Refused(RequestApi::kGrpc, Refusal::kQueueFull);
+  auto s = Parse(m.Prometheus());
+  EXPECT_EQ(s["shardlm_requests_total{api=\"http\",finish_reason=\"stop\"}"],
+            1);
+  EXPECT_EQ(
+      s["shardlm_requests_total{api=\"grpc\",finish_reason=\"deadline\"}"], 1);
+  EXPECT_EQ(s["shardlm_requests_total{api=\"grpc\",finish_reason=\"stop\"}"],
+            0);
+  EXPECT_EQ(s["shardlm_prompt_tokens_total{api=\"http\"}"], 7);
+  EXPECT_EQ(s["shardlm_prompt_tokens_total{api=\"grpc\"}"], 4);
+  EXPECT_EQ(s["shardlm_generation_tokens_total{api=\"http\"}"], 3);
+  EXPECT_EQ(s["shardlm_request_e2e_seconds_count"], 2);
+  EXPECT_DOUBLE_EQ(s["shardlm_request_e2e_seconds_sum"], 2.3);
+  EXPECT_EQ(s["shardlm_time_to_first_token_seconds_count"], 1);
+  EXPECT_DOUBLE_EQ(s["shardlm_time_to_first_token_seconds_sum"], 0.05);
+  EXPECT_DOUBLE_EQ(s["shardlm_request_queue_seconds_sum"], 0.002);
+  EXPECT_DOUBLE_EQ(s["shardlm_request_prefill_seconds_sum"], 0.048);
+  EXPECT_DOUBLE_EQ(s["shardlm_request_decode_seconds_sum"], 0.2);
+  EXPECT_EQ(s["shardlm_requests_refused_total{api=\"grpc\",reason=\"queue_"
+              "full\"}"],
+            1);
+  EXPECT_GT(s["shardlm_process_resident_memory_bytes"], 1 << 20);
+}
+
+ModelConfig TinyConfig() {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.hidden = 64;
+  c.ffn_hidden = 128;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 211;
+  c.context_length = 128;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+// A known workload through the engine: every count is exact, and the
+// histograms agree with each other.
+TEST(ServingMetricsTest, EngineWorkloadIsCountedExactly) {
+  auto source = RandomLlamaWeights(TinyConfig(), 5);
+  EngineLeakCheck engines;
+  auto created = Engine::Create(*source, {.threads = 1});
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine* engine = engines.Keep(std::move(*created));
+  std::vector<GenerateRequest> batch;
+  int64_t prompt_tokens = 0;
+  for (int i = 0; i < 4; ++i) {
+    GenerateRequest r{.prompt = std::vector<int32_t>(3 + 5 * i, 7 + i),
+                      .max_tokens = 2 + i};
+    r.api = RequestApi::kGrpc;
+    prompt_tokens += static_cast<int64_t>(r.prompt.size());
+    batch.push_back(r);
+  }
+  auto results = engine->GenerateBatch(batch);
+  ASSERT_TRUE(results.ok()) << results.status();
+  // One cancelled after its first token.
+  auto cancelled = engine->Generate(
+      {.prompt = {1, 2, 3}, .max_tokens = 10, .api = RequestApi::kHttp},
+      [](int32_t) { return false; });
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  // One refused: it can never fit the context.
+  auto refused = engine->Generate({.prompt = std::vector<int32_t>(200, 1),
+                                   .max_tokens = 4,
+                                   .api = RequestApi::kHttp});
+  EXPECT_FALSE(refused.ok());
+
+  auto s = Parse(engine->metrics().Prometheus());
+  EXPECT_EQ(s["shardlm_requests_total{api=\"grpc\",finish_reason=\"length\"}"],
+            4);
+  EXPECT_EQ(
+      s["shardlm_requests_total{api=\"http\",finish_reason=\"cancelled\"}"], 1);
+  EXPECT_EQ(
+      s["shardlm_requests_refused_total{api=\"http\",reason=\"invalid\"}"], 1);
+  EXPECT_EQ(s["shardlm_prompt_tokens_total{api=\"grpc\"}"], prompt_tokens);
+  EXPECT_EQ(s["shardlm_generation_tokens_total{api=\"grpc\"}"], 2 + 3 + 4 + 5);
+  EXPECT_EQ(s["shardlm_generation_tokens_total{api=\"http\"}"], 1);
+  // Every finished request has an end, a queue time and a first token; a
+  // request of n tokens has n - 1 gaps.
+  EXPECT_EQ(s["shardlm_request_e2e_seconds_count"], 5);
+  EXPECT_EQ(s["shardlm_request_queue_seconds_count"], 5);
+  EXPECT_EQ(s["shardlm_time_to_first_token_seconds_count"], 5);
+  EXPECT_EQ(s["shardlm_inter_token_latency_seconds_count"], 1 + 2 + 3 + 4);
+  EXPECT_EQ(s["shardlm_request_e2e_seconds_bucket{le=\"+Inf\"}"], 5);
+  // Sums agree: no request's first token comes after its end, and prefill
+  // plus queue time is time to first token.
+  EXPECT_LE(s["shardlm_time_to_first_token_seconds_sum"],
+            s["shardlm_request_e2e_seconds_sum"] + 1e-9);
+  EXPECT_NEAR(s["shardlm_request_queue_seconds_sum"] +
+                  s["shardlm_request_prefill_seconds_sum"],
+              s["shardlm_time_to_first_token_seconds_sum"], 1e-5);
+  EXPECT_NEAR(s["shardlm_time_to_first_token_seconds_sum"] +
+                  s["shardlm_request_decode_seconds_sum"],
+              s["shardlm_request_e2e_seconds_sum"],
+              0.05 * s["shardlm_request_e2e_seconds_sum"] + 1e-3);
+  EXPECT_EQ(
+      engine->metrics().requests(RequestApi::kGrpc, RequestOutcome::kLength),
+      4u);
+  engines.ExpectNoBlockInUse();
+}
+
+}  // namespace
+}  // namespace shardlm
