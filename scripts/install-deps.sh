@@ -12,7 +12,8 @@ APT_PACKAGES=(
   libopenmpi-dev openmpi-bin
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv
-  iproute2
+  iproute2    # tests/multinode: hosts as network namespaces
+  prometheus  # promtool: tests/cli/check_monitoring.py
 )
 PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.*
   grpcio==1.85.* grpcio-tools==1.85.*)
