@@ -182,7 +182,11 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
   std::vector<LlamaWeights> weights;
   PoolBlocks blocks;
   for (const ShardSpec& spec : plan.shards) {
-    ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source, spec));
+    ASSIGN_OR_RETURN(
+        LlamaWeights w,
+        LoadLlamaWeights(source, spec,
+                         LogLoadProgress(absl::StrCat("shard pp ", spec.pp_rank,
+                                                      " tp ", spec.tp_rank))));
     ASSIGN_OR_RETURN(KvPoolConfig kv, PoolConfig(w, o));
     blocks.device = std::min(blocks.device, kv.num_blocks);
     blocks.host = std::min(blocks.host, kv.num_host_blocks);

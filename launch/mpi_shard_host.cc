@@ -39,7 +39,11 @@ absl::StatusOr<KvPoolConfig> MpiShardHost::Load(const WorkerAssignment& a) {
   SetCpuThreads(a.threads);
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, tp_, pp_));
   const ShardSpec& spec = plan.at(pp_rank_, tp_rank_);
-  ASSIGN_OR_RETURN(LlamaWeights weights, LoadLlamaWeights(*source_, spec));
+  ASSIGN_OR_RETURN(
+      LlamaWeights weights,
+      LoadLlamaWeights(*source_, spec,
+                       LogLoadProgress(absl::StrCat("worker (pp ", pp_rank_,
+                                                    ", tp ", tp_rank_, ")"))));
   ASSIGN_OR_RETURN(
       KvPoolConfig kv,
       PoolConfigForShard(weights.config, spec, a.block_size, a.kv_cache_dtype,

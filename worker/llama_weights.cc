@@ -1,8 +1,12 @@
 #include "worker/llama_weights.h"
 
+#include <cstdio>
 #include <cstring>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "core/status.h"
 #include "model/dequantize.h"
 
@@ -67,6 +71,50 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source) {
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                               const ShardSpec& s) {
+  return LoadLlamaWeights(source, s, nullptr);
+}
+
+LoadProgress LogLoadProgress(std::string who, absl::Duration every) {
+  struct State {
+    absl::Time start = absl::Now(), last_said = absl::InfinitePast();
+    bool said = false;
+  };
+  auto state = std::make_shared<State>();
+  return
+      [who = std::move(who), every, state](int64_t bytes, int done, int total) {
+        const absl::Time now = absl::Now();
+        const double mib = static_cast<double>(bytes) / (1 << 20);
+        if (done == total) {
+          if (state->said) {
+            std::fprintf(stderr,
+                         "[shardlm] %s: loaded %.0f MiB of weights (%d layers) "
+                         "in %.1f s\n",
+                         who.c_str(), mib, total,
+                         absl::ToDoubleSeconds(now - state->start));
+          }
+          return;
+        }
+        if (now - state->start < every || now - state->last_said < every)
+          return;
+        state->said = true;
+        state->last_said = now;
+        std::fprintf(stderr,
+                     "[shardlm] %s: loading weights: %d of %d layers, %.0f MiB "
+                     "(%.0f%%), %.0f s so far\n",
+                     who.c_str(), done, total, mib,
+                     total > 0 ? 100.0 * done / total : 0.0,
+                     absl::ToDoubleSeconds(now - state->start));
+      };
+}
+
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
+                                              const ShardSpec& s,
+                                              const LoadProgress& progress) {
+  int64_t loaded = 0;
+  const int layers_total = static_cast<int>(s.layer_end - s.layer_begin);
+  const auto report = [&](int done) {
+    if (progress) progress(loaded, done, layers_total);
+  };
   LlamaWeights w;
   w.config = source.config();
   w.spec = s;
@@ -99,6 +147,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       w.lm_head = w.token_embd;  // Share one copy.
     }
   }
+  loaded = w.bytes();  // The embeddings, head and final norm so far.
+  report(0);
   const int64_t q0 = s.head_begin * d, q1 = s.head_end * d;
   const int64_t k0 = s.kv_head_begin * d, k1 = s.kv_head_end * d;
   for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
@@ -125,8 +175,14 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     ASSIGN_OR_RETURN(
         l.w_down, Load(source, p + "ffn_down.weight", {c.hidden, c.ffn_hidden},
                        0, -1, s.ffn_begin, s.ffn_end));
+    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
+                            &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+      loaded += t->bytes();
+    }
     w.layers.push_back(std::move(l));
+    report(static_cast<int>(w.layers.size()));
   }
+  if (layers_total == 0) report(0);
   return w;
 }
 

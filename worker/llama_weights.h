@@ -6,9 +6,12 @@
 #define SHARDLM_WORKER_LLAMA_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
@@ -55,6 +58,21 @@ ShardSpec WholeModelSpec(const ModelConfig& config);
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                               const ShardSpec& spec);
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source);
+
+// Called after the embeddings and after each layer: the bytes of weights
+// loaded so far, and the shard's layers done out of its total.
+using LoadProgress =
+    std::function<void(int64_t bytes, int layers_done, int layers_total)>;
+absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
+                                              const ShardSpec& spec,
+                                              const LoadProgress& progress);
+
+// A LoadProgress that says on stderr how far `who` ("worker rank 3") has
+// got, every `every` once the load has taken that long, and when it is
+// done if it said anything before: a 100 GB load is not silent, a small
+// one prints nothing.
+LoadProgress LogLoadProgress(std::string who,
+                             absl::Duration every = absl::Seconds(5));
 
 }  // namespace shardlm
 
