@@ -39,8 +39,8 @@ namespace {
 class CudaExecutor : public StepExecutor {
  public:
   const char* backend() const override { return "cuda"; }
-  explicit CudaExecutor(std::unique_ptr<CudaModelRunner> runner)
-      : runner_(std::move(runner)) {}
+  CudaExecutor(std::unique_ptr<CudaModelRunner> runner, int device)
+      : runner_(std::move(runner)), device_(device) {}
   const ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override {
     return runner_->kv_config().num_blocks;
@@ -51,12 +51,29 @@ class CudaExecutor : public StepExecutor {
   std::vector<RunnerStats> RankStats() const override {
     return {runner_->stats()};
   }
+  // The step figures, and the GPU's memory in use and in all (any thread:
+  // cudaMemGetInfo asks the calling thread's current device).
+  std::vector<RankReport> RankReports() const override {
+    RankReport r{.rank = 1,
+                 .stats = runner_->stats(),
+                 .weight_bytes = runner_->weight_bytes(),
+                 .kv_bytes = runner_->kv_config().num_blocks *
+                             runner_->kv_config().BytesPerBlock()};
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(device_) == cudaSuccess &&
+        cudaMemGetInfo(&free, &total) == cudaSuccess) {
+      r.gpu_memory_used_bytes = static_cast<int64_t>(total - free);
+      r.gpu_memory_total_bytes = static_cast<int64_t>(total);
+    }
+    return {r};
+  }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     return runner_->Step(step);
   }
 
  private:
   std::unique_ptr<CudaModelRunner> runner_;
+  int device_;
 };
 
 std::string Gib(int64_t bytes) {
@@ -173,7 +190,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                why.c_str(), static_cast<long long>(blocks * o.block_size));
   if (ranks == 1) {
     return std::unique_ptr<StepExecutor>(
-        std::make_unique<CudaExecutor>(std::move(runners[0])));
+        std::make_unique<CudaExecutor>(std::move(runners[0]), devices[0]));
   }
 
   // Ranks on threads; their communicators are in-process groups that stage

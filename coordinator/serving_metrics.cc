@@ -240,6 +240,17 @@ void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks) {
            if (!r.memory_limit_bytes) return std::nullopt;
            return static_cast<double>(*r.memory_limit_bytes);
          });
+  series("shardlm_rank_gpu_memory_used_bytes", "gauge",
+         "Memory in use on the rank's GPU (by every process), on CUDA.",
+         [](const RankReport& r) -> V {
+           if (!r.gpu_memory_used_bytes) return std::nullopt;
+           return static_cast<double>(*r.gpu_memory_used_bytes);
+         });
+  series("shardlm_rank_gpu_memory_total_bytes", "gauge",
+         "Memory of the rank's GPU, on CUDA.", [](const RankReport& r) -> V {
+           if (!r.gpu_memory_total_bytes) return std::nullopt;
+           return static_cast<double>(*r.gpu_memory_total_bytes);
+         });
   series("shardlm_rank_heartbeat_age_seconds", "gauge",
          "Seconds since the rank's last message to the coordinator.",
          [](const RankReport& r) { return V(r.heartbeat_age_seconds); });

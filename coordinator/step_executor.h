@@ -32,6 +32,8 @@ struct RankReport {
   std::optional<double> heartbeat_age_seconds;  // Since its last message.
   int64_t weight_bytes = 0;                     // 0: not known.
   int64_t kv_bytes = 0, host_kv_bytes = 0;      // Its KV pool per tier.
+  // Its GPU's memory in use (by every process) and in all, on CUDA.
+  std::optional<int64_t> gpu_memory_used_bytes, gpu_memory_total_bytes;
 };
 
 class StepExecutor {
