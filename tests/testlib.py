@@ -65,3 +65,13 @@ def stop(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+
+
+def prometheus_series(text: str) -> dict[str, float]:
+    """Every series of a Prometheus text scrape: name with labels -> value."""
+    out = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            out[name] = float(value)
+    return out

@@ -22,7 +22,8 @@ import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run, stop  # noqa: E402
+from testlib import (FAILURES, check, free_port, prometheus_series, run,  # noqa: E402
+                     stop)
 
 KEY = "test-key-123"
 
@@ -77,12 +78,7 @@ def metric(text: str, name: str) -> float | None:
 def scrape(api: "Api") -> dict[str, float]:
     """Every series of /metrics: name with labels -> value."""
     _, _, text = api.request("GET", "/metrics", key=None)
-    out = {}
-    for line in text.decode().splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return prometheus_series(text.decode())
 
 
 def metrics_workload(api: "Api", shardlm: str, grpc_addr: str, env: dict):

@@ -33,7 +33,7 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 from check_cluster import Cluster, generate  # noqa: E402
-from testlib import FAILURES, check, free_port  # noqa: E402
+from testlib import FAILURES, check, free_port, prometheus_series  # noqa: E402
 
 MONITORING = os.path.join(ROOT, "deploy", "monitoring")
 LIMIT = 8 << 30
@@ -70,15 +70,6 @@ def make_cgroup() -> str | None:
 
 def scrape(url: str) -> str:
     return urllib.request.urlopen(url, timeout=10).read().decode()
-
-
-def series(text: str) -> dict[str, float]:
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#"):
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
 
 
 def queried_metrics() -> set[str]:
@@ -119,7 +110,7 @@ def main() -> int:
         text = scrape(f"http://{http}/metrics")
         with open(os.path.join(a.workdir, "metrics.txt"), "w") as f:
             f.write(text)
-        m = series(text)
+        m = prometheus_series(text)
         for rank in (1, 2):
             def get(name: str, extra: str = "") -> float:
                 return m.get(f'{name}{{rank="{rank}"{extra}}}', -1)
