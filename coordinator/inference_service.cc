@@ -219,6 +219,17 @@ absl::Status InferenceService::Run(
     const std::function<bool()>& cancelled,
     const std::function<bool(const v1::GenerateResponse&)>& write,
     RequestApi api) {
+  // Counted before the check, so that Drain never misses one that passed.
+  ++in_flight_;
+  struct Leave {
+    std::atomic<int64_t>& n;
+    ~Leave() { --n; }
+  } leave{in_flight_};
+  if (draining_) {
+    return absl::UnavailableError(
+        "the server is draining (shutting down): it finishes the requests "
+        "it has and takes no new ones");
+  }
   const v1::GenerateRequest* request = &request_proto;
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return req.status();
@@ -434,10 +445,12 @@ void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
   if (health == nullptr) return;
   std::unique_lock<std::mutex> lock(mu_);
   while (!stopping_) {
-    const bool serving = engine_->executor().Health().ok();
+    const bool serving =
+        !service_->draining() && engine_->executor().Health().ok();
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);
-    stop_cv_.wait_for(lock, poll, [&] { return stopping_; });
+    stop_cv_.wait_for(lock, poll, [&] { return stopping_ || recheck_; });
+    recheck_ = false;
   }
 }
 
@@ -458,6 +471,32 @@ void ApiServer::Shutdown() {
   // A second of grace; then in-flight calls are cancelled and see
   // IsCancelled() within one engine step.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+}
+
+bool ApiServer::Drain(absl::Duration timeout,
+                      const std::function<bool()>& interrupted) {
+  service_->StartDraining();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recheck_ = true;  // WatchHealth says NOT_SERVING now, not a poll later.
+  }
+  stop_cv_.notify_all();
+  const absl::Time deadline = absl::Now() + timeout;
+  bool drained = false;
+  while (true) {
+    if (service_->in_flight() == 0) {
+      drained = true;
+      break;
+    }
+    if (absl::Now() >= deadline) break;
+    if (!interrupted) {
+      absl::SleepFor(absl::Milliseconds(50));
+    } else if (interrupted()) {
+      break;
+    }
+  }
+  Shutdown();
+  return drained;
 }
 
 ApiServer::~ApiServer() { Shutdown(); }

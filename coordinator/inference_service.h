@@ -89,6 +89,13 @@ class InferenceService final : public v1::Inference::Service {
   absl::StatusOr<GenerateRequest> ToEngineRequest(
       const v1::GenerateRequest& request) const;
 
+  // Draining: from now on Run (both APIs) refuses new requests with
+  // Unavailable; those already in it run to their end. Not undone.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+  // Requests inside Run now (tokenizing, queued or generating).
+  int64_t in_flight() const { return in_flight_.load(); }
+
  private:
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
 
@@ -96,6 +103,8 @@ class InferenceService final : public v1::Inference::Service {
   const Tokenizer* tokenizer_;  // Not owned.
   std::string model_name_;
   ServiceOptions options_;
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
 };
 
 struct ApiServerOptions {
@@ -134,6 +143,14 @@ class ApiServer {
   // (a Generate stops within one engine step) and returns when all are
   // done. Idempotent; called by the destructor.
   void Shutdown();
+  // A graceful stop: the health service and /ready say not serving at
+  // once, new requests get UNAVAILABLE (HTTP 503), and requests in flight
+  // run to their end. Returns true once none is left, false when `timeout`
+  // passed or `interrupted` said so first; either way then Shutdown()
+  // (which cancels what is left). `interrupted` paces the polling (it may
+  // block up to ~50 ms; null: the loop sleeps 50 ms itself).
+  bool Drain(absl::Duration timeout,
+             const std::function<bool()>& interrupted = nullptr);
   grpc::Server* server() { return server_.get(); }
 
  private:
@@ -149,6 +166,7 @@ class ApiServer {
   std::mutex mu_;
   std::condition_variable stop_cv_;
   bool stopping_ = false;  // Guarded by mu_.
+  bool recheck_ = false;   // Guarded by mu_: WatchHealth looks again now.
   std::thread health_thread_;
 };
 

@@ -526,6 +526,9 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
 }
 
 absl::Status OpenAiApi::Ready() {
+  if (service_->draining()) {
+    return absl::UnavailableError("draining: shutting down");
+  }
   RETURN_IF_ERROR(engine_->executor().Health());
   // Making progress: with requests in the engine, steps advance.
   const SchedulerStats s = engine_->stats();

@@ -34,6 +34,7 @@
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
+#include "launch/drain.h"
 #include "launch/flags.h"
 #include "launch/mpi_shard_host.h"
 #include "launch/node_address.h"
@@ -63,6 +64,7 @@ struct LaunchFlags {
   int64_t max_batched_tokens = 512;
   int64_t worker_timeout_ms = 5000;
   int64_t startup_timeout_s = 300;
+  int64_t drain_timeout_s = 30;
 };
 
 // Fixed-size text exchanged between ranks (MPI moves bytes).
@@ -330,13 +332,14 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                address.c_str());
 
   int sig = 0;
+  RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "[shardlm] %s: shutting down\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM");
-  (*api)->Shutdown();
+  const int code =
+      DrainOnSignal(**api, sig, stop_signals, absl::Seconds(f.drain_timeout_s),
+                    "coordinator");
   service.Shutdown("coordinator shutting down");
   control->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return 0;
+  return code;
 }
 
 int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
@@ -362,12 +365,19 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                  std::string(host.status().message()).c_str());
     return 1;
   }
-  // SIGINT/SIGTERM end the agent cleanly (its stream closes, so the
-  // coordinator sees the rank leave at once).
+  // SIGINT/SIGTERM usually reach every rank at once (mpirun forwards them;
+  // a pod gets its own). The coordinator drains first and then tells the
+  // workers to leave, so a worker waits for that, for a second signal, or
+  // for the drain's end plus a margin; then the agent ends cleanly (its
+  // stream closes, so the coordinator sees the rank leave at once).
   absl::Notification stop;
-  std::thread signals([&] {
+  const int64_t drain_s = f.drain_timeout_s;
+  std::thread signals([&stop, &stop_signals, drain_s] {
     int sig = 0;
+    RouteStopSignalsHere();
     sigwait(&stop_signals, &sig);
+    const timespec wait = {static_cast<time_t>(drain_s + 5), 0};
+    sigtimedwait(&stop_signals, nullptr, &wait);
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   signals.detach();
@@ -471,6 +481,10 @@ int LaunchCommand(int argc, char** argv) {
             "a worker silent this long is declared dead");
   flags.Add("startup-timeout-s", &f.startup_timeout_s,
             "how long workers may take to register and load");
+  flags.Add("drain-timeout-s", &f.drain_timeout_s,
+            "on SIGTERM/SIGINT to rank 0, how long requests in flight may "
+            "take to finish (new ones are refused) before they are "
+            "cancelled and the workers told to leave");
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
@@ -490,10 +504,11 @@ int LaunchCommand(int argc, char** argv) {
                      1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
   } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
              f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 ||
-             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1) {
+             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1 ||
+             f.drain_timeout_s < 0) {
     problem =
         "--threads, --block-size and --max-batched-tokens must be >= 1, "
-        "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
+        "--kv-cache-bytes, --cpu-offload-bytes and --drain-timeout-s >= 0, "
         "--worker-timeout-ms >= 100";
   } else if (absl::StatusOr<DType> t = ParseKvCacheDType(f.kv_cache_dtype);
              !t.ok()) {

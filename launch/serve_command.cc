@@ -9,6 +9,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
 #include "launch/commands.h"
+#include "launch/drain.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
@@ -22,6 +23,7 @@ struct ServeFlags {
   LocalEngineFlags engine;
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
+  int64_t drain_timeout_s = 30;
 };
 
 int Fail(const absl::Status& s) {
@@ -44,6 +46,9 @@ int ServeCommand(int argc, char** argv) {
             "address of the HTTP API (OpenAI-style /v1/completions, "
             "/v1/chat/completions, /v1/models; /metrics, /health, /ready); "
             "empty: none. Set SHARDLM_API_KEY to require a key on both APIs");
+  flags.Add("drain-timeout-s", &f.drain_timeout_s,
+            "on SIGTERM/SIGINT, how long requests in flight may take to "
+            "finish (new ones are refused) before they are cancelled");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -60,6 +65,9 @@ int ServeCommand(int argc, char** argv) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
   }
   if (problem.empty()) problem = f.engine.Problem();
+  if (problem.empty() && f.drain_timeout_s < 0) {
+    problem = "--drain-timeout-s must be >= 0";
+  }
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s", problem.c_str(),
                  flags.Usage().c_str());
@@ -103,11 +111,10 @@ int ServeCommand(int argc, char** argv) {
   }
 
   int sig = 0;
+  RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "[shardlm] %s: shutting down\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM");
-  (*server)->Shutdown();
-  return 0;
+  return DrainOnSignal(**server, sig, stop_signals,
+                       absl::Seconds(f.drain_timeout_s), "server");
 }
 
 }  // namespace shardlm

@@ -11,6 +11,10 @@
 3. A bad request through the server exits 1 with the server's message.
 4. An unreachable --server address fails fast naming the address.
 5. SIGTERM stops the server with exit 0; it is always killed at the end.
+6. Drain: with a stream in flight, SIGTERM turns /ready to 503 at once and
+   refuses new requests with UNAVAILABLE, while the stream completes with
+   every token; then the server exits 0. A second signal during a drain
+   stops the server at once (exit 1) and ends the stream.
 
   check_serve.py --shardlm BIN --gguf MODEL
 """
@@ -20,12 +24,93 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
+
+
+def http_status(port: int, path: str) -> int:
+    try:
+        return urllib.request.urlopen(f"http://127.0.0.1:{port}{path}",
+                                      timeout=5).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def drain(a):
+    """Part 6: SIGTERM with a stream in flight, then a second signal."""
+    http = free_port()
+    server, addr = start_serve(a.shardlm, a.gguf,
+                               ["--http-listen", f"127.0.0.1:{http}",
+                                "--drain-timeout-s", "120"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        if not wait_ready(a.shardlm, addr, server):
+            check(False, "drain: the server starts")
+            return
+        n = 200
+        stream = subprocess.Popen(
+            [a.shardlm, "generate", "--server", addr, "--prompt",
+             "Tell me a story.", "--max-tokens", str(n), "--ignore-eos",
+             "--stats"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        # Generating: the first token has been streamed.
+        first = stream.stdout.read(1)
+        server.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        ready = http_status(http, "/ready")
+        late = run([a.shardlm, "generate", "--server", addr, "--prompt", "x",
+                    "--max-tokens", "2"], timeout=30)
+        rest, err = stream.communicate(timeout=120)
+        check(ready == 503, f"drain: /ready is 503 at once ({ready})")
+        check(late.returncode != 0 and "UNAVAILABLE" in late.stderr
+              and "draining" in late.stderr,
+              f"drain: a new request is refused ({late.stderr.strip()})")
+        m = re.search(r"generated (\d+) tokens", err)
+        check(stream.returncode == 0 and first and m and int(m.group(1)) == n,
+              f"drain: the stream in flight completes with all {n} tokens "
+              f"({err.strip()[-200:]})")
+        server.wait(timeout=30)
+        log = server.stderr.read()
+        check(server.returncode == 0 and "drained" in log,
+              f"drain: then the server exits 0 "
+              f"(rc {server.returncode}, {time.monotonic() - t0:.1f}s)")
+    finally:
+        stop(server)
+
+    server, addr = start_serve(a.shardlm, a.gguf, ["--drain-timeout-s", "120"],
+                               stderr=subprocess.PIPE, text=True)
+    try:
+        if not wait_ready(a.shardlm, addr, server):
+            check(False, "drain: the second server starts")
+            return
+        stream = subprocess.Popen(
+            [a.shardlm, "generate", "--server", addr, "--prompt", "Go on.",
+             "--max-tokens", "5000", "--ignore-eos"], stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        stream.stdout.read(1)
+        server.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        server.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        try:
+            server.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            pass
+        took = time.monotonic() - t0
+        stream.communicate(timeout=30)
+        check(server.returncode == 1 and took < 5,
+              f"drain: a second signal stops the server at once "
+              f"(rc {server.returncode}, {took:.1f}s)")
+        check(stream.returncode != 0, "drain: ... and ends the stream")
+    finally:
+        stop(server)
 
 
 def main() -> int:
@@ -118,6 +203,7 @@ def main() -> int:
         stop(server)
     check(server.returncode == 0,
           f"SIGTERM stops the server cleanly (exit {server.returncode})")
+    drain(a)
     print(f"{len(FAILURES)} failed" if FAILURES else "all serve checks passed")
     return 1 if FAILURES else 0
 

@@ -14,7 +14,9 @@
 2. Failure: killing a worker mid-generation fails the stream with
    UNAVAILABLE within 10 s, naming that worker's rank and pid; the
    coordinator stays up and fails later requests at once.
-3. Bad launches end every rank with one clear message, never a hang: wrong
+3. Drain: SIGTERM to every process with a stream in flight lets it finish
+   with all its tokens, then every rank exits.
+4. Bad launches end every rank with one clear message, never a hang: wrong
    world size, TP above the KV head count, the model missing on one node,
    model files differing between nodes (nodes are simulated with mpirun's
    per-rank working directories).
@@ -228,6 +230,41 @@ def kill_worker(a, model: str):
         c.stop()
 
 
+def drain(a, model: str):
+    """SIGTERM to every shardlm process of the job (as pods get it; mpirun
+    itself is not signalled: it kills its job a few seconds after a
+    SIGTERM) with a stream in flight: the stream completes with every
+    token, then the whole job exits."""
+    c = Cluster(a.shardlm, model, 1, 2, os.path.join(a.workdir, "drain.log"),
+                ["--drain-timeout-s", "120"])
+    try:
+        if not c.wait_serving():
+            check(False, "[drain] cluster serves\n" + c.tail())
+            return
+        n = 150
+        stream = subprocess.Popen(
+            [a.shardlm, "generate", "--server", c.address, "--prompt",
+             "Tell me a story.", "--max-tokens", str(n), "--ignore-eos",
+             "--stats"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        stream.stdout.read(1)  # Streaming.
+        for pid in c.worker_pids().values():  # Rank 0 included.
+            os.kill(pid, signal.SIGTERM)
+        _, err = stream.communicate(timeout=120)
+        m = re.search(r"generated (\d+) tokens", err)
+        check(stream.returncode == 0 and m and int(m.group(1)) == n,
+              f"[drain] the stream in flight completes with all {n} tokens "
+              f"({err.strip()[-200:]})")
+        try:
+            c.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pass
+        check(c.proc.poll() is not None and "drained" in open(c.log_path).read(),
+              "[drain] then every rank exits\n" + c.tail())
+    finally:
+        c.stop()
+
+
 def bad_launches(a, model: str):
     def launch(args: list[str], want: str, what: str):
         t0 = time.time()
@@ -294,6 +331,7 @@ def main() -> int:
     equivalence(a, syn, [(4, 1), (2, 2)], "synthetic")
 
     kill_worker(a, a.gguf)
+    drain(a, a.gguf)
     bad_launches(a, a.gguf)
     print(f"{len(FAILURES)} failed" if FAILURES else "all cluster checks passed")
     return 1 if FAILURES else 0
