@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 
@@ -236,6 +237,11 @@ absl::Status InferenceService::Run(
   req->api = api;
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
   if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
+  if (request->priority() > options_.max_client_priority) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "priority ", request->priority(), " is above this server's limit ",
+        options_.max_client_priority, " (--max-client-priority)"));
+  }
   req->priority = request->priority();
   req->deadline = deadline;
   const int32_t max_tokens = req->max_tokens;
@@ -412,6 +418,12 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
   builder.AddListeningPort(options.listen_address,
                            grpc::InsecureServerCredentials(), &s->port_);
   builder.RegisterService(s->service_.get());
+  // A burst of streams costs threads up to this cap, then
+  // RESOURCE_EXHAUSTED; a few threads more keep the health service and
+  // short calls answering.
+  grpc::ResourceQuota quota("shardlm-api");
+  quota.SetMaxThreads(std::max(4, options.max_grpc_calls + 8));
+  builder.SetResourceQuota(quota);
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(

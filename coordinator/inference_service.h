@@ -41,6 +41,10 @@ struct ServiceOptions {
   // When not empty, every call needs metadata "authorization: Bearer
   // <api_key>" (UNAUTHENTICATED otherwise).
   std::string api_key;
+  // The highest priority a client may ask for (higher: InvalidArgument).
+  // Priorities above another request's preempt it, so by default (0) no
+  // client outranks the default; negative priorities are always allowed.
+  int32_t max_client_priority = 0;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -117,6 +121,10 @@ struct ApiServerOptions {
   // "host:port" of the HTTP API (OpenAI-style routes, /metrics, /health,
   // /ready); empty: none. ServiceOptions.api_key guards both.
   std::string http_listen_address;
+  // Most gRPC calls handled at once (each holds a server thread while it
+  // streams); calls beyond it get RESOURCE_EXHAUSTED at once, and the
+  // engine's own queue (max_queued) refuses beyond that.
+  int max_grpc_calls = 512;
 };
 
 // A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the

@@ -65,6 +65,8 @@ struct LaunchFlags {
   int64_t worker_timeout_ms = 5000;
   int64_t startup_timeout_s = 300;
   int64_t drain_timeout_s = 30;
+  int64_t max_client_priority = 0;
+  int64_t max_grpc_calls = 512;
 };
 
 // Fixed-size text exchanged between ranks (MPI moves bytes).
@@ -312,6 +314,9 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   api_options.service.tp = static_cast<int>(f.tp);
   api_options.service.pp = static_cast<int>(f.pp);
   api_options.service.api_key = ApiKeyFromEnv();
+  api_options.service.max_client_priority =
+      static_cast<int32_t>(f.max_client_priority);
+  api_options.max_grpc_calls = static_cast<int>(f.max_grpc_calls);
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) {
@@ -481,6 +486,11 @@ int LaunchCommand(int argc, char** argv) {
             "a worker silent this long is declared dead");
   flags.Add("startup-timeout-s", &f.startup_timeout_s,
             "how long workers may take to register and load");
+  flags.Add("max-client-priority", &f.max_client_priority,
+            "highest request priority a client may ask for (higher ones "
+            "preempt lower ones); 0: none outranks the default");
+  flags.Add("max-grpc-calls", &f.max_grpc_calls,
+            "gRPC calls handled at once; more get RESOURCE_EXHAUSTED");
   flags.Add("drain-timeout-s", &f.drain_timeout_s,
             "on SIGTERM/SIGINT to rank 0, how long requests in flight may "
             "take to finish (new ones are refused) before they are "
@@ -505,11 +515,14 @@ int LaunchCommand(int argc, char** argv) {
   } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
              f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 ||
              f.worker_timeout_ms < 100 || f.startup_timeout_s < 1 ||
-             f.drain_timeout_s < 0) {
+             f.drain_timeout_s < 0 || f.max_grpc_calls < 1 ||
+             f.max_grpc_calls > 100000 || f.max_client_priority < -(1 << 30) ||
+             f.max_client_priority > (1 << 30)) {
     problem =
         "--threads, --block-size and --max-batched-tokens must be >= 1, "
         "--kv-cache-bytes, --cpu-offload-bytes and --drain-timeout-s >= 0, "
-        "--worker-timeout-ms >= 100";
+        "--worker-timeout-ms >= 100, --max-grpc-calls in [1, 100000], "
+        "--max-client-priority within +-2^30";
   } else if (absl::StatusOr<DType> t = ParseKvCacheDType(f.kv_cache_dtype);
              !t.ok()) {
     problem = absl::StrCat("--kv-cache-dtype: ", t.status().message());
