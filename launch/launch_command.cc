@@ -33,6 +33,7 @@
 #include "core/secret.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
+#include "launch/api_flags.h"
 #include "launch/commands.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
@@ -64,9 +65,7 @@ struct LaunchFlags {
   int64_t max_batched_tokens = 512;
   int64_t worker_timeout_ms = 5000;
   int64_t startup_timeout_s = 300;
-  int64_t drain_timeout_s = 30;
-  int64_t max_client_priority = 0;
-  int64_t max_grpc_calls = 512;
+  ApiFlags api;
 };
 
 // Fixed-size text exchanged between ranks (MPI moves bytes).
@@ -314,9 +313,7 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   api_options.service.tp = static_cast<int>(f.tp);
   api_options.service.pp = static_cast<int>(f.pp);
   api_options.service.api_key = ApiKeyFromEnv();
-  api_options.service.max_client_priority =
-      static_cast<int32_t>(f.max_client_priority);
-  api_options.max_grpc_calls = static_cast<int>(f.max_grpc_calls);
+  f.api.Apply(api_options);
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) {
@@ -340,8 +337,8 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
   const int code =
-      DrainOnSignal(**api, sig, stop_signals, absl::Seconds(f.drain_timeout_s),
-                    "coordinator");
+      DrainOnSignal(**api, sig, stop_signals,
+                    absl::Seconds(f.api.drain_timeout_s), "coordinator");
   service.Shutdown("coordinator shutting down");
   control->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return code;
@@ -376,7 +373,7 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
   // for the drain's end plus a margin; then the agent ends cleanly (its
   // stream closes, so the coordinator sees the rank leave at once).
   absl::Notification stop;
-  const int64_t drain_s = f.drain_timeout_s;
+  const int64_t drain_s = f.api.drain_timeout_s;
   std::thread signals([&stop, &stop_signals, drain_s] {
     int sig = 0;
     RouteStopSignalsHere();
@@ -486,15 +483,7 @@ int LaunchCommand(int argc, char** argv) {
             "a worker silent this long is declared dead");
   flags.Add("startup-timeout-s", &f.startup_timeout_s,
             "how long workers may take to register and load");
-  flags.Add("max-client-priority", &f.max_client_priority,
-            "highest request priority a client may ask for (higher ones "
-            "preempt lower ones); 0: none outranks the default");
-  flags.Add("max-grpc-calls", &f.max_grpc_calls,
-            "gRPC calls handled at once; more get RESOURCE_EXHAUSTED");
-  flags.Add("drain-timeout-s", &f.drain_timeout_s,
-            "on SIGTERM/SIGINT to rank 0, how long requests in flight may "
-            "take to finish (new ones are refused) before they are "
-            "cancelled and the workers told to leave");
+  f.api.Register(flags);
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
@@ -514,15 +503,13 @@ int LaunchCommand(int argc, char** argv) {
                      1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
   } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
              f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 ||
-             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1 ||
-             f.drain_timeout_s < 0 || f.max_grpc_calls < 1 ||
-             f.max_grpc_calls > 100000 || f.max_client_priority < -(1 << 30) ||
-             f.max_client_priority > (1 << 30)) {
+             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1) {
     problem =
         "--threads, --block-size and --max-batched-tokens must be >= 1, "
-        "--kv-cache-bytes, --cpu-offload-bytes and --drain-timeout-s >= 0, "
-        "--worker-timeout-ms >= 100, --max-grpc-calls in [1, 100000], "
-        "--max-client-priority within +-2^30";
+        "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
+        "--worker-timeout-ms >= 100";
+  } else if (std::string p = f.api.Problem(); !p.empty()) {
+    problem = p;
   } else if (absl::StatusOr<DType> t = ParseKvCacheDType(f.kv_cache_dtype);
              !t.ok()) {
     problem = absl::StrCat("--kv-cache-dtype: ", t.status().message());

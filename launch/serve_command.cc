@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
+#include "launch/api_flags.h"
 #include "launch/commands.h"
 #include "launch/drain.h"
 #include "launch/engine_flags.h"
@@ -23,9 +24,7 @@ struct ServeFlags {
   LocalEngineFlags engine;
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
-  int64_t drain_timeout_s = 30;
-  int64_t max_client_priority = 0;
-  int64_t max_grpc_calls = 512;
+  ApiFlags api;
 };
 
 int Fail(const absl::Status& s) {
@@ -48,14 +47,7 @@ int ServeCommand(int argc, char** argv) {
             "address of the HTTP API (OpenAI-style /v1/completions, "
             "/v1/chat/completions, /v1/models; /metrics, /health, /ready); "
             "empty: none. Set SHARDLM_API_KEY to require a key on both APIs");
-  flags.Add("max-client-priority", &f.max_client_priority,
-            "highest request priority a client may ask for (higher ones "
-            "preempt lower ones); 0: none outranks the default");
-  flags.Add("max-grpc-calls", &f.max_grpc_calls,
-            "gRPC calls handled at once; more get RESOURCE_EXHAUSTED");
-  flags.Add("drain-timeout-s", &f.drain_timeout_s,
-            "on SIGTERM/SIGINT, how long requests in flight may take to "
-            "finish (new ones are refused) before they are cancelled");
+  f.api.Register(flags);
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -72,16 +64,7 @@ int ServeCommand(int argc, char** argv) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
   }
   if (problem.empty()) problem = f.engine.Problem();
-  if (problem.empty() && f.drain_timeout_s < 0) {
-    problem = "--drain-timeout-s must be >= 0";
-  }
-  if (problem.empty() && (f.max_client_priority < -(1 << 30) ||
-                          f.max_client_priority > (1 << 30) ||
-                          f.max_grpc_calls < 1 || f.max_grpc_calls > 100000)) {
-    problem =
-        "--max-client-priority must be within +-2^30 and --max-grpc-calls "
-        "in [1, 100000]";
-  }
+  if (problem.empty()) problem = f.api.Problem();
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s", problem.c_str(),
                  flags.Usage().c_str());
@@ -109,8 +92,7 @@ int ServeCommand(int argc, char** argv) {
   api.service.tp = tp;
   api.service.pp = pp;
   api.service.api_key = ApiKeyFromEnv();
-  api.service.max_client_priority = static_cast<int32_t>(f.max_client_priority);
-  api.max_grpc_calls = static_cast<int>(f.max_grpc_calls);
+  f.api.Apply(api);
   api.http_listen_address = f.http_listen;
   auto server =
       ApiServer::Start(local->engine.get(), local->tokenizer.get(), api);
@@ -130,7 +112,7 @@ int ServeCommand(int argc, char** argv) {
   RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
   return DrainOnSignal(**server, sig, stop_signals,
-                       absl::Seconds(f.drain_timeout_s), "server");
+                       absl::Seconds(f.api.drain_timeout_s), "server");
 }
 
 }  // namespace shardlm

@@ -1,0 +1,33 @@
+#include "launch/api_flags.h"
+
+namespace shardlm {
+
+void ApiFlags::Register(FlagSet& flags) {
+  flags.Add("max-client-priority", &max_client_priority,
+            "highest request priority a client may ask for (higher ones "
+            "preempt lower ones); 0: none outranks the default");
+  flags.Add("max-grpc-calls", &max_grpc_calls,
+            "gRPC calls handled at once; more get RESOURCE_EXHAUSTED");
+  flags.Add("drain-timeout-s", &drain_timeout_s,
+            "on SIGTERM/SIGINT, how long requests in flight may take to "
+            "finish (new ones are refused) before they are cancelled");
+}
+
+std::string ApiFlags::Problem() const {
+  if (max_client_priority < -(1 << 30) || max_client_priority > (1 << 30)) {
+    return "--max-client-priority must be within +-2^30";
+  }
+  if (max_grpc_calls < 1 || max_grpc_calls > 100000) {
+    return "--max-grpc-calls must be in [1, 100000]";
+  }
+  if (drain_timeout_s < 0) return "--drain-timeout-s must be >= 0";
+  return "";
+}
+
+void ApiFlags::Apply(ApiServerOptions& options) const {
+  options.service.max_client_priority =
+      static_cast<int32_t>(max_client_priority);
+  options.max_grpc_calls = static_cast<int>(max_grpc_calls);
+}
+
+}  // namespace shardlm
