@@ -92,6 +92,13 @@ __attribute__((target("avx2,fma"))) inline __m256 Bytes8(__m128i v) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v));
 }
 
+// The low 8 signed bytes of v as floats. A function of its own, not a
+// lambda: a lambda does not take its caller's target attribute, and builds
+// without -march=native then fail to inline the intrinsics.
+__attribute__((target("avx2,fma"))) inline __m256 Int8x8(__m128i v) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+}
+
 template <DType kFormat>
 __attribute__((target("avx2,fma,f16c"))) float RowDotAvx2(const uint8_t* row,
                                                           const float* x,
@@ -109,13 +116,12 @@ __attribute__((target("avx2,fma,f16c"))) float RowDotAvx2(const uint8_t* row,
           _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
       const __m128i q0 = _mm256_castsi256_si128(q);
       const __m128i q1 = _mm256_extracti128_si256(q, 1);
-      const auto f = [](__m128i v) {
-        return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-      };
-      s = _mm256_mul_ps(f(q0), _mm256_loadu_ps(x));
-      s = _mm256_fmadd_ps(f(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(x + 8), s);
-      s = _mm256_fmadd_ps(f(q1), _mm256_loadu_ps(x + 16), s);
-      s = _mm256_fmadd_ps(f(_mm_srli_si128(q1, 8)), _mm256_loadu_ps(x + 24), s);
+      s = _mm256_mul_ps(Int8x8(q0), _mm256_loadu_ps(x));
+      s = _mm256_fmadd_ps(Int8x8(_mm_srli_si128(q0, 8)), _mm256_loadu_ps(x + 8),
+                          s);
+      s = _mm256_fmadd_ps(Int8x8(q1), _mm256_loadu_ps(x + 16), s);
+      s = _mm256_fmadd_ps(Int8x8(_mm_srli_si128(q1, 8)),
+                          _mm256_loadu_ps(x + 24), s);
       row += 34;
     } else {
       const uint8_t* qp = row + (kFormat == DType::kQ4_1 ? 4 : 2);
