@@ -293,8 +293,8 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
     table.push_back(b);
     parent = key;
   }
-  if (table.empty()) tables_.erase(seq);
   const int64_t hit = static_cast<int64_t>(table.size()) * block_size_;
+  if (table.empty()) tables_.erase(seq);  // `table` dangles from here.
   counters_.prefix_hit_tokens += hit;
   return hit;
 }
