@@ -6,9 +6,15 @@ cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
 bash scripts/fetch-model.sh
 
-# The loaders, the tokenizer and core under AddressSanitizer and UBSan:
-# hostile model files must give errors, never memory errors.
-ASAN_TESTS=(core_test model_test loader_test tokenizer_test)
+# Under AddressSanitizer and UBSan: the loaders, the tokenizer and core
+# (hostile model files must give errors, never memory errors), and the
+# serving path (engine, scheduler, block manager, gRPC and HTTP handlers,
+# step codec, flags). The kernel and every-layout tests take minutes each
+# unoptimized and are left out.
+ASAN_TESTS=(core_test model_test loader_test tokenizer_test
+  serving_metrics_test inference_service_test openai_api_test
+  http_server_test step_codec_test llama_weights_test flags_test
+  node_address_test)
 BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
   bash scripts/build.sh --target "${ASAN_TESTS[@]}"
 (cd build-asan && ctest --output-on-failure \
