@@ -448,7 +448,10 @@ TEST(ClusterFailureTest, LostWorkerFailsTheCallAndStaysFailed) {
   EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
   engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
-  EXPECT_TRUE(agents[0].ok()) << agents[0];
+  // The survivor learns the cluster failed, whoever ended it first.
+  EXPECT_EQ(agents[0].code(), absl::StatusCode::kUnavailable) << agents[0];
+  EXPECT_TRUE(absl::StrContains(agents[0].message(), "worker rank 2"))
+      << agents[0];
   EXPECT_EQ(agents[1].code(), absl::StatusCode::kCancelled) << agents[1];
 }
 
@@ -509,7 +512,12 @@ TEST(ClusterFailureTest, SurvivorsAreToldAndAStuckStepIsAbandoned) {
   std::move(released).Invoke();
   engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
-  EXPECT_TRUE(agents[0].ok()) << agents[0];  // Told to shut down.
+  // Told the cluster failed: the survivor leaves with an error naming why.
+  EXPECT_EQ(agents[0].code(), absl::StatusCode::kUnavailable) << agents[0];
+  EXPECT_TRUE(absl::StrContains(agents[0].message(),
+                                "ended the cluster: the cluster failed: "
+                                "worker rank 2"))
+      << agents[0];
 }
 
 TEST(ClusterFailureTest, HungStepTimesOut) {

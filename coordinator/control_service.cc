@@ -430,12 +430,19 @@ std::vector<RankReport> ControlService::Reports() const {
   return out;
 }
 
-void ControlService::Shutdown(const std::string& reason) {
+void ControlService::Shutdown(const std::string& reason, bool cluster_failed) {
   std::vector<Worker*> live;
+  std::string why = reason;
   {
     absl::MutexLock lock(&mu_);
     if (shutdown_) return;
     shutdown_ = true;
+    // Whoever ends a cluster that lost a rank (the watchdog, or the
+    // coordinator stopping first), the survivors learn that it failed.
+    if (started_ && !first_dead_.empty() && !cluster_failed) {
+      cluster_failed = true;
+      why = absl::StrCat(reason, "; the cluster had failed: ", first_dead_);
+    }
     cv_.SignalAll();
     for (auto& w : workers_) {
       if (w->state == State::kLoading || w->state == State::kReady) {
@@ -444,7 +451,8 @@ void ControlService::Shutdown(const std::string& reason) {
     }
   }
   v1::CoordinatorMessage msg;
-  msg.mutable_shutdown()->set_reason(reason);
+  msg.mutable_shutdown()->set_reason(why);
+  msg.mutable_shutdown()->set_cluster_failed(cluster_failed);
   for (Worker* w : live) Write(*w, msg);
 }
 
@@ -479,7 +487,7 @@ void ControlService::Watchdog() {
     // is broken and nothing re-forms it): the survivors are told why and
     // leave, freeing their memory; requests get the first death's reason.
     if (!failed.empty()) {
-      Shutdown(failed);
+      Shutdown(failed, /*cluster_failed=*/true);
       continue;
     }
     // Never wait on a stream that is busy (e.g. a write blocked by a

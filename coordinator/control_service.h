@@ -98,8 +98,9 @@ class ControlService final : public v1::Control::Service {
   std::vector<RankReport> Reports() const;
 
   // Sends Shutdown{reason} to every connected worker; they close their
-  // streams. Idempotent; later streams are rejected.
-  void Shutdown(const std::string& reason);
+  // streams (with an error when `cluster_failed`, or when a rank was lost
+  // after startup). Idempotent; later streams are rejected.
+  void Shutdown(const std::string& reason, bool cluster_failed = false);
 
  private:
   struct Worker;

@@ -169,6 +169,11 @@ class AgentSession {
         }
         case v1::CoordinatorMessage::kShutdown:
           CloseWrites();
+          if (msg->shutdown().cluster_failed()) {
+            return absl::UnavailableError(
+                absl::StrCat("the coordinator at ", o_.coordinator,
+                             " ended the cluster: ", msg->shutdown().reason()));
+          }
           return absl::OkStatus();
         default:
           break;

@@ -74,7 +74,8 @@ struct WorkerAgentOptions {
   const absl::Notification* stop = nullptr;
 };
 
-// Serves one worker's stream until the coordinator sends Shutdown (OK).
+// Serves one worker's stream until the coordinator sends Shutdown (OK;
+// Unavailable with its reason when the cluster failed).
 // Errors: the coordinator unreachable, rejecting the registration (its
 // status), silent for coordinator_timeout, or the stream breaking (each
 // naming the coordinator's address); a Load failure (reported to the
