@@ -151,21 +151,45 @@ def logprob_error(got: list[dict[str, float]],
     return worst if compared >= len(want) else float("inf")
 
 
-def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
-    kv = ["--kv-cache-dtype", "f32"]
+KV = ["--kv-cache-dtype", "f32"]
+
+
+def local_references(a, model: str, tag: str) -> dict:
+    """prompt -> (text, per-step log-probabilities) of TP = PP = 1 in one
+    process, with f32 KV."""
     local = {}
     for p in PROMPTS:
         r = generate(a.shardlm, ["--model", model, "--threads", "1"], p,
-                     extra=[*kv, "--logprobs", "5"])
+                     extra=[*KV, "--logprobs", "5"])
         check(r.returncode == 0, f"[{tag}] local generate ({r.stderr.strip()})")
         local[p] = (r.stdout, step_logprobs(r.stderr))
         check(len(local[p][1]) == 32,
               f"[{tag}] local generate printed 32 steps of log-probabilities "
               f"({len(local[p][1])})")
+    return local
+
+
+def check_like_local(name: str, prompt: str, r, want, seconds: float):
+    """`r` (generate --logprobs 5 through a cluster) has the text of `want`
+    and every step's log-probabilities within LOGPROB_TOL."""
+    want_text, want_lp = want
+    same = r.returncode == 0 and r.stdout == want_text
+    check(same, f"[{name}] {prompt[:24]!r}: same 32 tokens as tp1 pp1 "
+          f"in one process ({seconds:.1f}s)"
+          + ("" if same else f"\n  got  {r.stdout!r}\n  want "
+             f"{want_text!r}\n  {r.stderr.strip()[-500:]}"))
+    err = logprob_error(step_logprobs(r.stderr), want_lp)
+    check(err <= LOGPROB_TOL,
+          f"[{name}] {prompt[:24]!r}: every step's log-probabilities "
+          f"within {LOGPROB_TOL:g} of tp1 pp1 (max {err:.2g})")
+
+
+def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
+    local = local_references(a, model, tag)
     for tp, pp in layouts:
         name = f"{tag} tp{tp} pp{pp}"
         c = Cluster(a.shardlm, model, tp, pp,
-                    os.path.join(a.workdir, f"{tag}_tp{tp}_pp{pp}.log"), kv)
+                    os.path.join(a.workdir, f"{tag}_tp{tp}_pp{pp}.log"), KV)
         try:
             up = c.wait_serving()
             check(up, f"[{name}] cluster serves" + ("" if up else "\n" + c.tail()))
@@ -175,16 +199,7 @@ def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
                 t0 = time.time()
                 r = generate(a.shardlm, ["--server", c.address], p,
                              extra=["--logprobs", "5"])
-                want_text, want_lp = local[p]
-                same = r.returncode == 0 and r.stdout == want_text
-                check(same, f"[{name}] {p[:24]!r}: same 32 tokens as tp1 pp1 "
-                      f"in one process ({time.time() - t0:.1f}s)"
-                      + ("" if same else f"\n  got  {r.stdout!r}\n  want "
-                         f"{want_text!r}\n  {r.stderr.strip()[-500:]}"))
-                err = logprob_error(step_logprobs(r.stderr), want_lp)
-                check(err <= LOGPROB_TOL,
-                      f"[{name}] {p[:24]!r}: every step's log-probabilities "
-                      f"within {LOGPROB_TOL:g} of tp1 pp1 (max {err:.2g})")
+                check_like_local(name, p, r, local[p], time.time() - t0)
         finally:
             c.stop()
 

@@ -41,15 +41,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 import check_cluster  # noqa: E402
-from check_cluster import (LOGPROB_TOL, PROMPTS, generate, logprob_error,  # noqa: E402
-                           step_logprobs)
+from check_cluster import (KV, PROMPTS, check_like_local,  # noqa: E402
+                           local_references)
 from testlib import FAILURES, check  # noqa: E402
 
 import netns  # noqa: E402
 
 API_PORT = 50051  # Every namespace has its own ports.
 HTTP_PORT = 8080
-KV = ["--kv-cache-dtype", "f32"]
 
 
 class Cluster(check_cluster.Cluster):
@@ -141,16 +140,8 @@ def equivalence(h: netns.Hosts, a, local: dict, hosts: list[int],
                                "--prompt", p, "--max-tokens", "32",
                                "--ignore-eos", "--logprobs", "5"],
                       timeout=300)
-            want_text, want_lp = local[p]
-            same = r.returncode == 0 and r.stdout == want_text
-            check(same, f"[{tag}] {p[:24]!r} from host {client}: same 32 "
-                  f"tokens as tp1 pp1 in one process ({time.time() - t0:.1f}s)"
-                  + ("" if same else f"\n  got  {r.stdout!r}\n  want "
-                     f"{want_text!r}\n  {r.stderr.strip()[-500:]}"))
-            err = logprob_error(step_logprobs(r.stderr), want_lp)
-            check(err <= LOGPROB_TOL,
-                  f"[{tag}] {p[:24]!r}: every step's log-probabilities "
-                  f"within {LOGPROB_TOL:g} of tp1 pp1 (max {err:.2g})")
+            check_like_local(f"{tag}, client on host {client}", p, r, local[p],
+                             time.time() - t0)
         # Ranks 1 and 2 are stage 0's TP pair: their all-reduces cross the
         # link when they sit on different hosts.
         if where[1] != where[2]:
@@ -284,13 +275,7 @@ def main() -> int:
         print(f"SKIP: {why}")
         return 77
     os.makedirs(a.workdir, exist_ok=True)
-    local = {}
-    for p in PROMPTS:
-        r = generate(a.shardlm, ["--model", a.gguf, "--threads", "1"], p,
-                     extra=[*KV, "--logprobs", "5"])
-        check(r.returncode == 0, f"{p[:24]!r}: generate in one process"
-              + ("" if r.returncode == 0 else f" ({r.stderr.strip()[-300:]})"))
-        local[p] = (r.stdout, step_logprobs(r.stderr))
+    local = local_references(a, a.gguf, "one process")
     with netns.Hosts(5) as h:
         equivalence(h, a, local, [0, 1, 2, 3, 4], [1] * 5, "5 hosts")
         equivalence(h, a, local, [0, 1, 2], [1, 2, 2], "3 hosts")
