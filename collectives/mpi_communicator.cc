@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "collectives/arg_checks.h"
+#include "collectives/reduce.h"
 #include "core/status.h"
 
 namespace shardlm {
@@ -50,22 +51,6 @@ absl::Status CheckCount(const std::string& group, const char* op,
                      " bytes is over MPI's int count limit"));
   }
   return absl::OkStatus();
-}
-
-template <typename T>
-void ReduceInRankOrder(const char* gathered, int size, int64_t numel,
-                       ReduceOp op, void* out_raw) {
-  T* out = static_cast<T*>(out_raw);
-  const T* in = reinterpret_cast<const T*>(gathered);
-  std::memcpy(out, in, numel * sizeof(T));
-  for (int r = 1; r < size; ++r) {
-    const T* x = in + r * numel;
-    if (op == ReduceOp::kSum) {
-      for (int64_t i = 0; i < numel; ++i) out[i] += x[i];
-    } else {
-      for (int64_t i = 0; i < numel; ++i) out[i] = std::max(out[i], x[i]);
-    }
-  }
 }
 
 std::shared_ptr<std::vector<char>> NewBuffer(size_t bytes) {
@@ -252,12 +237,8 @@ absl::Status MpiCommunicator::AllReduce(const Tensor& send, Tensor& recv,
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Iallgather");
   RETURN_IF_ERROR(Wait(request, "AllReduce",
                        absl::StrCat("the group (", MembersString(), ")"), all));
-  if (send.dtype() == DType::kF32) {
-    ReduceInRankOrder<float>(all->data(), size_, send.numel(), op, recv.raw());
-  } else {
-    ReduceInRankOrder<int32_t>(all->data(), size_, send.numel(), op,
-                               recv.raw());
-  }
+  ReduceInRankOrder(all->data(), size_, send.dtype(), send.numel(), op,
+                    recv.raw());
   return absl::OkStatus();
 }
 

@@ -10,6 +10,7 @@ APT_PACKAGES=(
   libabsl-dev libopenblas-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
+  libgloo-dev  # the CPU data plane without mpirun (shardlm worker)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv
   iproute2    # tests/multinode: hosts as network namespaces
