@@ -186,6 +186,7 @@ grpc::Status ControlService::Connect(
   a.set_cpu_offload_bytes(options_.cpu_offload_bytes);
   a.set_kv_cache_dtype(KvCacheDTypeName(options_.kv_cache_dtype));
   a.set_threads(options_.threads_per_worker);
+  a.set_rendezvous_prefix(options_.rendezvous_prefix);
   if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
     a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);
   }
@@ -505,10 +506,70 @@ void ControlService::Watchdog() {
   }
 }
 
+grpc::Status ControlService::StoreSet(grpc::ServerContext* /*context*/,
+                                      const v1::StoreSetRequest* request,
+                                      v1::StoreSetResponse* /*response*/) {
+  if (!options_.cluster_token.empty() &&
+      !ConstantTimeEquals(request->cluster_token(), options_.cluster_token)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "StoreSet: wrong or missing cluster token");
+  }
+  constexpr size_t kMaxKey = 512, kMaxValue = 64 << 10, kMaxKeys = 4096;
+  if (request->key().empty() || request->key().size() > kMaxKey ||
+      request->value().size() > kMaxValue) {
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("StoreSet: key of ", request->key().size(), " bytes (1..",
+                     kMaxKey, ") or value of ", request->value().size(),
+                     " bytes (at most ", kMaxValue, ")"));
+  }
+  absl::MutexLock lock(&store_mu_);
+  if (store_.size() >= kMaxKeys && !store_.contains(request->key())) {
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("StoreSet: the store holds ", kMaxKeys, " keys already"));
+  }
+  store_[request->key()] = request->value();
+  store_cv_.SignalAll();
+  return grpc::Status::OK;
+}
+
+grpc::Status ControlService::StoreGet(grpc::ServerContext* context,
+                                      const v1::StoreGetRequest* request,
+                                      v1::StoreGetResponse* response) {
+  if (!options_.cluster_token.empty() &&
+      !ConstantTimeEquals(request->cluster_token(), options_.cluster_token)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "StoreGet: wrong or missing cluster token");
+  }
+  const absl::Time deadline =
+      absl::Now() +
+      absl::Milliseconds(std::clamp<int64_t>(request->wait_ms(), 0, 10'000));
+  absl::MutexLock lock(&store_mu_);
+  while (true) {
+    if (auto it = store_.find(request->key()); it != store_.end()) {
+      response->set_value(it->second);
+      return grpc::Status::OK;
+    }
+    if (context->IsCancelled() ||
+        store_cv_.WaitWithDeadline(&store_mu_, deadline)) {
+      break;
+    }
+  }
+  if (auto it = store_.find(request->key()); it != store_.end()) {
+    response->set_value(it->second);
+    return grpc::Status::OK;
+  }
+  return grpc::Status(
+      grpc::StatusCode::NOT_FOUND,
+      absl::StrCat("StoreGet: key '", request->key(), "' is not set"));
+}
+
 void AddControlService(grpc::ServerBuilder& builder, ControlService* service) {
   builder.RegisterService(service);
   grpc::ResourceQuota quota("shardlm-control");
-  quota.SetMaxThreads(service->num_workers() + 16);
+  // A stream and a waiting StoreGet per worker, and a margin.
+  quota.SetMaxThreads(2 * service->num_workers() + 16);
   builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -40,6 +41,9 @@ struct ClusterOptions {
   int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
   DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads_per_worker = 1;
+  // Workers without mpirun: the prefix of the data plane's rendezvous keys
+  // (Assignment.rendezvous_prefix).
+  std::string rendezvous_prefix = "cluster";
   // GPU clusters: the NCCL unique id of each stage's TP group, indexed by
   // pp rank; empty for CPU clusters.
   std::vector<std::string> nccl_unique_ids;
@@ -71,6 +75,15 @@ class ControlService final : public v1::Control::Service {
       grpc::ServerContext* context,
       grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
           stream) override;
+
+  // The rendezvous store of the data plane (see control.proto); bounded:
+  // keys of at most 512 bytes, values of at most 64 KiB, 4096 keys.
+  grpc::Status StoreSet(grpc::ServerContext* context,
+                        const v1::StoreSetRequest* request,
+                        v1::StoreSetResponse* response) override;
+  grpc::Status StoreGet(grpc::ServerContext* context,
+                        const v1::StoreGetRequest* request,
+                        v1::StoreGetResponse* response) override;
 
   // Waits until every rank has reported Ready. Errors: the first startup
   // failure (model files differing between workers, naming both ranks; a
@@ -131,6 +144,12 @@ class ControlService final : public v1::Control::Service {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_watchdog_ ABSL_GUARDED_BY(mu_) = false;
   std::thread watchdog_;
+
+  // The rendezvous store (StoreSet / StoreGet).
+  absl::Mutex store_mu_;
+  absl::CondVar store_cv_;
+  absl::flat_hash_map<std::string, std::string> store_
+      ABSL_GUARDED_BY(store_mu_);
 };
 
 // Registers `service` on `builder`, lifting gRPC's 4 MiB message limit
