@@ -34,12 +34,13 @@
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/api_flags.h"
+#include "launch/cluster_serving.h"
 #include "launch/commands.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
-#include "launch/mpi_shard_host.h"
 #include "launch/node_address.h"
 #include "launch/remote_generate.h"
+#include "launch/shard_host.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "worker/worker_agent.h"
@@ -47,25 +48,10 @@
 namespace shardlm {
 namespace {
 
-struct LaunchFlags {
-  std::string model;
-  int64_t tp = 1;
-  int64_t pp = 1;
-  std::string listen = "127.0.0.1:50051";
-  std::string http_listen;
+struct LaunchFlags : ClusterFlags {
   std::string control_listen;  // Empty: the advertised address (below).
   int64_t control_port = 0;
   std::string advertise_address;  // Empty: ChooseAdvertisedAddress.
-  int64_t threads = 1;
-  int64_t kv_cache_bytes = 0;
-  int64_t cpu_offload_bytes = 0;
-  std::string kv_cache_dtype = KvCacheDTypeName(kDefaultCpuKvDType);
-  bool prefix_caching = true;
-  int64_t block_size = 16;
-  int64_t max_batched_tokens = 512;
-  int64_t worker_timeout_ms = 5000;
-  int64_t startup_timeout_s = 300;
-  ApiFlags api;
 };
 
 // Fixed-size text exchanged between ranks (MPI moves bytes).
@@ -241,16 +227,7 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   PrintPlacement(nodes, static_cast<int>(f.tp));
   const ControlAddress control_address = ChooseControlAddress(f, nodes);
   const std::string& listen = control_address.listen;
-  ControlService service(
-      {.tp = static_cast<int>(f.tp),
-       .pp = static_cast<int>(f.pp),
-       .cluster_token = token,
-       .block_size = static_cast<int32_t>(f.block_size),
-       .kv_cache_bytes = f.kv_cache_bytes,
-       .cpu_offload_bytes = f.cpu_offload_bytes,
-       .kv_cache_dtype = *ParseKvCacheDType(f.kv_cache_dtype),
-       .threads_per_worker = static_cast<int>(f.threads),
-       .worker_timeout = absl::Milliseconds(f.worker_timeout_ms)});
+  ControlService service(f.Control(token));
   grpc::ServerBuilder builder;
   int control_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
@@ -278,78 +255,19 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
     return 1;
   }
 
-  auto executor = RemoteExecutor::WaitForWorkers(
-      service, source.config(), absl::Seconds(f.startup_timeout_s));
-  if (!executor.ok()) {
-    std::fprintf(stderr, "shardlm launch: workers did not start: %s\n",
-                 std::string(executor.status().message()).c_str());
-    service.Shutdown("startup failed");
-    control->Shutdown();
-    return 1;
-  }
-  auto tokenizer = LoadTokenizer(f.model);
-  auto engine =
-      tokenizer.ok()
-          ? Engine::Create(std::move(*executor),
-                           {.prefix_caching = f.prefix_caching,
-                            .block_size = static_cast<int32_t>(f.block_size),
-                            .max_batched_tokens =
-                                static_cast<int32_t>(f.max_batched_tokens)})
-          : absl::StatusOr<std::unique_ptr<Engine>>(tokenizer.status());
-  if (!engine.ok()) {
-    std::fprintf(stderr, "shardlm launch: %s\n",
-                 std::string(engine.status().message()).c_str());
-    service.Shutdown("startup failed");
-    control->Shutdown();
-    return 1;
-  }
-  std::string name = source.config().name;
-  if (name.empty()) name = std::filesystem::path(f.model).filename().string();
-  // Filled field by field: gcc 12 misreports the strings of a designated
-  // temporary as maybe-uninitialized.
-  ApiServerOptions api_options;
-  api_options.listen_address = f.listen;
-  api_options.model_name = name;
-  api_options.service.tp = static_cast<int>(f.tp);
-  api_options.service.pp = static_cast<int>(f.pp);
-  api_options.service.api_key = ApiKeyFromEnv();
-  f.api.Apply(api_options);
-  api_options.http_listen_address = f.http_listen;
-  auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
-  if (!api.ok()) {
-    std::fprintf(stderr, "shardlm launch: %s\n",
-                 std::string(api.status().message()).c_str());
-    service.Shutdown("startup failed");
-    control->Shutdown();
-    return 1;
-  }
-  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
-  std::fprintf(stderr,
-               "[shardlm] serving %s with tp %d x pp %d (%d workers, %lld KV "
-               "blocks of %d) on %s:%d; workers connect to %s\n",
-               name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
-               static_cast<int>(f.tp * f.pp),
-               static_cast<long long>((*engine)->blocks().num_blocks()),
-               static_cast<int>(f.block_size), host.c_str(), (*api)->port(),
-               address.c_str());
-
-  int sig = 0;
-  RouteStopSignalsHere();
-  sigwait(&stop_signals, &sig);
-  const int code =
-      DrainOnSignal(**api, sig, stop_signals,
-                    absl::Seconds(f.api.drain_timeout_s), "coordinator");
-  service.Shutdown("coordinator shutting down");
-  control->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
-  return code;
+  return ServeCluster(f,
+                      {.command = "launch",
+                       .workers_dial = address,
+                       .exit_when_cluster_fails = false},
+                      source, service, *control, stop_signals);
 }
 
 int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
               const LaunchFlags& f, const WeightSource& source,
               const std::string& digest, uint64_t model_bytes,
               const sigset_t& stop_signals) {
-  auto host = MpiShardHost::Create(&source, workers, static_cast<int>(f.tp),
-                                   static_cast<int>(f.pp));
+  auto host = MpiShardHost(&source, workers, static_cast<int>(f.tp),
+                           static_cast<int>(f.pp));
   Tensor packed = *Tensor::Host(DType::kI32, {kMessageInts});
   if (absl::Status s = world.Broadcast(packed, 0); !s.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
@@ -445,15 +363,9 @@ int LaunchCommand(int argc, char** argv) {
       "--tp TP --pp PP [flags]\n"
       "Rank 0 coordinates and serves the API on --listen; the other ranks\n"
       "are workers holding one shard each (see launch/run-local-cluster.sh).");
-  flags.Add("model", &f.model,
-            "GGUF file or safetensors directory, at the "
-            "same path on every node");
-  flags.Add("tp", &f.tp, "tensor-parallel degree");
-  flags.Add("pp", &f.pp, "pipeline-parallel degree");
-  flags.Add("listen", &f.listen, "address of the public gRPC API");
-  flags.Add("http-listen", &f.http_listen,
-            "address of the HTTP API (OpenAI-style routes, /metrics, "
-            "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
+  f.Register(flags,
+             "GGUF file or safetensors directory, at the same path on every "
+             "node");
   flags.Add("control-listen", &f.control_listen,
             "address the control plane (workers) listens on; default: the "
             "advertised address (127.0.0.1 when every rank is on this "
@@ -465,25 +377,6 @@ int LaunchCommand(int argc, char** argv) {
             "host or address workers dial to reach rank 0; default: rank "
             "0's address on the subnet the workers share (see "
             "docs/multinode.md); set, the control plane listens on 0.0.0.0");
-  flags.Add("threads", &f.threads, "CPU threads per worker");
-  flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
-            "KV cache budget per worker, 0 = one full context");
-  flags.Add("cpu-offload-bytes", &f.cpu_offload_bytes,
-            "host KV tier per worker (swapping, overlong sequences, "
-            "evicted prefix blocks)");
-  flags.Add("kv-cache-dtype", &f.kv_cache_dtype,
-            "KV cache element type: f32, f16, bf16 or int8 (f16 and bf16 "
-            "hold twice the tokens of f32, int8 3.8 times)");
-  flags.Add("prefix-caching", &f.prefix_caching,
-            "reuse the KV of full blocks shared with earlier requests");
-  flags.Add("block-size", &f.block_size, "tokens per KV block");
-  flags.Add("max-batched-tokens", &f.max_batched_tokens,
-            "tokens per step; longer prompts prefill in chunks");
-  flags.Add("worker-timeout-ms", &f.worker_timeout_ms,
-            "a worker silent this long is declared dead");
-  flags.Add("startup-timeout-s", &f.startup_timeout_s,
-            "how long workers may take to register and load");
-  f.api.Register(flags);
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
@@ -492,27 +385,13 @@ int LaunchCommand(int argc, char** argv) {
   } else if (flags.help()) {
     if (root) std::fputs(flags.Usage().c_str(), stdout);
     Exit(0);
-  } else if (f.model.empty()) {
-    problem = "--model is required";
-  } else if (f.tp < 1 || f.pp < 1 || f.tp * f.pp > 4096) {
-    problem = "--tp and --pp must be >= 1";
+  } else if (std::string p = f.Problem(); !p.empty()) {
+    problem = p;
   } else if (world.size() != 1 + f.tp * f.pp) {
     problem =
         absl::StrCat("the MPI world has ", world.size(), " ranks but --tp ",
                      f.tp, " x --pp ", f.pp, " needs 1 + ", f.tp * f.pp, " = ",
                      1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
-  } else if (f.threads < 1 || f.block_size < 1 || f.max_batched_tokens < 1 ||
-             f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 ||
-             f.worker_timeout_ms < 100 || f.startup_timeout_s < 1) {
-    problem =
-        "--threads, --block-size and --max-batched-tokens must be >= 1, "
-        "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
-        "--worker-timeout-ms >= 100";
-  } else if (std::string p = f.api.Problem(); !p.empty()) {
-    problem = p;
-  } else if (absl::StatusOr<DType> t = ParseKvCacheDType(f.kv_cache_dtype);
-             !t.ok()) {
-    problem = absl::StrCat("--kv-cache-dtype: ", t.status().message());
   }
   if (!problem.empty()) {  // The same on every rank: rank 0 reports.
     if (root) {

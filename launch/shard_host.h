@@ -1,12 +1,18 @@
-// A worker's shard under mpirun: MPI communicators for its TP group and PP
-// chain, its slice of the weights, its KV pool, and a ModelRunner.
-#ifndef SHARDLM_LAUNCH_MPI_SHARD_HOST_H_
-#define SHARDLM_LAUNCH_MPI_SHARD_HOST_H_
+// A worker's shard over communicators between processes: its TP group and
+// PP chain, its slice of the weights, its KV pool, and a ModelRunner. The
+// communicators come from MPI (shardlm launch under mpirun) or Gloo
+// (shardlm worker, rendezvous through the coordinator).
+#ifndef SHARDLM_LAUNCH_SHARD_HOST_H_
+#define SHARDLM_LAUNCH_SHARD_HOST_H_
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "collectives/communicator.h"
 #include "collectives/mpi_communicator.h"
 #include "model/weight_source.h"
 #include "worker/model_runner.h"
@@ -14,16 +20,25 @@
 
 namespace shardlm {
 
-class MpiShardHost : public ShardHost {
- public:
-  // Splits `workers` (every worker rank, in rank order; a collective call
-  // on all of them) into this rank's TP group and PP chain for a tp x pp
-  // layout. `source` must outlive the host.
-  static absl::StatusOr<std::unique_ptr<MpiShardHost>> Create(
-      const WeightSource* source, MpiCommunicator& workers, int tp, int pp);
+// The groups one shard talks in.
+struct ShardCommunicators {
+  std::unique_ptr<Communicator> tp;  // This stage's TP group.
+  std::unique_ptr<Communicator> pp;  // The PP chain of this TP index.
+};
 
-  // Loads the shard the coordinator assigned (it must be the one this
-  // rank's position implies) and allocates its KV pool.
+// Makes a shard's communicators for its assignment. Every worker calls it
+// when its assignment arrives; it may wait for the others (a rendezvous).
+using ConnectShard =
+    std::function<absl::StatusOr<ShardCommunicators>(const WorkerAssignment&)>;
+
+class CommShardHost : public ShardHost {
+ public:
+  // `source` must outlive the host.
+  CommShardHost(const WeightSource* source, ConnectShard connect)
+      : source_(source), connect_(std::move(connect)) {}
+
+  // Connects the communicators, loads the assigned shard and allocates its
+  // KV pool.
   absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override;
   // Runs the step; the last stage's TP rank 0 samples.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
@@ -35,22 +50,25 @@ class MpiShardHost : public ShardHost {
   int64_t weight_bytes() const override {
     return runner_ ? runner_->weight_bytes() : 0;
   }
+  // Whether Load succeeded (any thread).
+  bool loaded() const { return loaded_.load(); }
 
  private:
-  MpiShardHost(const WeightSource* source, int tp, int pp, int tp_rank,
-               int pp_rank)
-      : source_(source),
-        tp_(tp),
-        pp_(pp),
-        tp_rank_(tp_rank),
-        pp_rank_(pp_rank) {}
-
   const WeightSource* source_;
-  int tp_, pp_, tp_rank_, pp_rank_;
-  std::unique_ptr<MpiCommunicator> tp_comm_, pp_comm_;
+  ConnectShard connect_;
+  WorkerAssignment assignment_;
+  ShardCommunicators comms_;
   std::unique_ptr<ModelRunner> runner_;
+  std::atomic<bool> loaded_{false};
 };
+
+// Under mpirun: splits `workers` (every worker rank, in rank order; a
+// collective call on all of them) into this rank's TP group and PP chain
+// for a tp x pp layout now; Load checks that the assignment is the one this
+// rank's position implies.
+absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
+    const WeightSource* source, MpiCommunicator& workers, int tp, int pp);
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_LAUNCH_MPI_SHARD_HOST_H_
+#endif  // SHARDLM_LAUNCH_SHARD_HOST_H_

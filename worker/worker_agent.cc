@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
@@ -113,7 +114,8 @@ class AgentSession {
                                .cpu_offload_bytes = a.cpu_offload_bytes(),
                                .kv_cache_dtype = kv_dtype,
                                .threads = a.threads(),
-                               .nccl_unique_id = a.nccl_unique_id()});
+                               .nccl_unique_id = a.nccl_unique_id(),
+                               .rendezvous_prefix = a.rendezvous_prefix()});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {
@@ -401,8 +403,26 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
       options.coordinator, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(
-          ToChrono(absl::Now() + options.connect_timeout))) {
+  // Say what this worker waits for after a second, then every 10 s (pods
+  // start in any order).
+  const absl::Time give_up = absl::Now() + options.connect_timeout;
+  bool connected = false;
+  for (absl::Duration wait = absl::Seconds(1);
+       !connected && absl::Now() < give_up; wait = absl::Seconds(10)) {
+    connected = channel->WaitForConnected(
+        ToChrono(std::min(give_up, absl::Now() + wait)));
+    if (!connected && absl::Now() < give_up) {
+      std::fprintf(stderr,
+                   "[shardlm] worker rank %d: waiting for the coordinator at "
+                   "%s (%s left)%s\n",
+                   options.rank, options.coordinator.c_str(),
+                   absl::FormatDuration(
+                       absl::Trunc(give_up - absl::Now(), absl::Seconds(1)))
+                       .c_str(),
+                   ResolveHint(options.coordinator).c_str());
+    }
+  }
+  if (!connected) {
     return absl::UnavailableError(
         absl::StrCat("worker rank ", options.rank,
                      " cannot reach the coordinator at ", options.coordinator,

@@ -28,6 +28,8 @@ struct WorkerAssignment {
   DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads = 1;
   std::string nccl_unique_id;  // GPU: this stage's TP group; else empty.
+  // Without mpirun: the prefix of this cluster's rendezvous keys.
+  std::string rendezvous_prefix;
 };
 
 // One shard of the model on this worker. Called from the agent's thread

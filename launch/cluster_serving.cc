@@ -1,0 +1,175 @@
+#include "launch/cluster_serving.h"
+
+#include <pthread.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/engine.h"
+#include "coordinator/inference_service.h"
+#include "coordinator/remote_executor.h"
+#include "launch/drain.h"
+#include "launch/remote_generate.h"
+#include "model/tokenizer.h"
+
+namespace shardlm {
+
+void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
+  flags.Add("model", &model, model_help);
+  flags.Add("tp", &tp, "tensor-parallel degree");
+  flags.Add("pp", &pp, "pipeline-parallel degree");
+  flags.Add("listen", &listen, "address of the public gRPC API");
+  flags.Add("http-listen", &http_listen,
+            "address of the HTTP API (OpenAI-style routes, /metrics, "
+            "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
+  flags.Add("threads", &threads, "CPU threads per worker");
+  flags.Add("kv-cache-bytes", &kv_cache_bytes,
+            "KV cache budget per worker, 0 = one full context");
+  flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
+            "host KV tier per worker (swapping, overlong sequences, "
+            "evicted prefix blocks)");
+  flags.Add("kv-cache-dtype", &kv_cache_dtype,
+            "KV cache element type: f32, f16, bf16 or int8 (f16 and bf16 "
+            "hold twice the tokens of f32, int8 3.8 times)");
+  flags.Add("prefix-caching", &prefix_caching,
+            "reuse the KV of full blocks shared with earlier requests");
+  flags.Add("block-size", &block_size, "tokens per KV block");
+  flags.Add("max-batched-tokens", &max_batched_tokens,
+            "tokens per step; longer prompts prefill in chunks");
+  flags.Add("worker-timeout-ms", &worker_timeout_ms,
+            "a worker silent this long is declared dead");
+  flags.Add("startup-timeout-s", &startup_timeout_s,
+            "how long workers may take to register and load");
+  flags.Add("step-timeout-s", &step_timeout_s,
+            "a step without every worker's result this long after it was "
+            "sent: the ranks missing are hung, and the cluster fails");
+  api.Register(flags);
+}
+
+std::string ClusterFlags::Problem() const {
+  if (model.empty()) return "--model is required";
+  if (tp < 1 || pp < 1 || tp * pp > 4096) {
+    return "--tp and --pp must be >= 1 (and tp x pp at most 4096)";
+  }
+  if (threads < 1 || block_size < 1 || max_batched_tokens < 1 ||
+      kv_cache_bytes < 0 || cpu_offload_bytes < 0 || worker_timeout_ms < 100 ||
+      startup_timeout_s < 1 || step_timeout_s < 1) {
+    return "--threads, --block-size and --max-batched-tokens must be >= 1, "
+           "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
+           "--worker-timeout-ms >= 100, --startup-timeout-s and "
+           "--step-timeout-s >= 1";
+  }
+  if (std::string p = api.Problem(); !p.empty()) return p;
+  if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
+    return absl::StrCat("--kv-cache-dtype: ", t.status().message());
+  }
+  return "";
+}
+
+ClusterOptions ClusterFlags::Control(std::string cluster_token) const {
+  ClusterOptions o;
+  o.tp = static_cast<int>(tp);
+  o.pp = static_cast<int>(pp);
+  o.cluster_token = std::move(cluster_token);
+  o.block_size = static_cast<int32_t>(block_size);
+  o.kv_cache_bytes = kv_cache_bytes;
+  o.cpu_offload_bytes = cpu_offload_bytes;
+  o.kv_cache_dtype = *ParseKvCacheDType(kv_cache_dtype);
+  o.threads_per_worker = static_cast<int>(threads);
+  o.worker_timeout = absl::Milliseconds(worker_timeout_ms);
+  o.step_timeout = absl::Seconds(step_timeout_s);
+  return o;
+}
+
+namespace {
+
+// Waits for a stop signal; with `watch`, also returns (0) when the
+// cluster fails. Returns the signal taken.
+int WaitForStop(const sigset_t& stop_signals, const ControlService* watch) {
+  RouteStopSignalsHere();
+  while (true) {
+    const timespec tick = {0, 200'000'000};
+    const int sig = sigtimedwait(&stop_signals, nullptr, &tick);
+    if (sig > 0) return sig;
+    if (watch != nullptr && !watch->Health().ok()) return 0;
+  }
+}
+
+}  // namespace
+
+int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
+                 const WeightSource& source, ControlService& service,
+                 grpc::Server& control, const sigset_t& stop_signals) {
+  const auto fail = [&](const std::string& what, const absl::Status& s) {
+    std::fprintf(stderr, "shardlm %s: %s%s\n", o.command, what.c_str(),
+                 std::string(s.message()).c_str());
+    service.Shutdown("startup failed");
+    control.Shutdown();
+    return 1;
+  };
+  auto executor = RemoteExecutor::WaitForWorkers(
+      service, source.config(), absl::Seconds(f.startup_timeout_s));
+  if (!executor.ok()) {
+    return fail("workers did not start: ", executor.status());
+  }
+  auto tokenizer = LoadTokenizer(f.model);
+  if (!tokenizer.ok()) return fail("", tokenizer.status());
+  auto engine = Engine::Create(
+      std::move(*executor),
+      {.prefix_caching = f.prefix_caching,
+       .block_size = static_cast<int32_t>(f.block_size),
+       .max_batched_tokens = static_cast<int32_t>(f.max_batched_tokens)});
+  if (!engine.ok()) return fail("", engine.status());
+  std::string name = source.config().name;
+  if (name.empty()) name = std::filesystem::path(f.model).filename().string();
+  // Filled field by field: gcc 12 misreports the strings of a designated
+  // temporary as maybe-uninitialized.
+  ApiServerOptions api_options;
+  api_options.listen_address = f.listen;
+  api_options.model_name = name;
+  api_options.service.tp = static_cast<int>(f.tp);
+  api_options.service.pp = static_cast<int>(f.pp);
+  api_options.service.api_key = ApiKeyFromEnv();
+  f.api.Apply(api_options);
+  api_options.http_listen_address = f.http_listen;
+  auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
+  if (!api.ok()) return fail("", api.status());
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
+  std::fprintf(stderr,
+               "[shardlm] serving %s with tp %d x pp %d (%d workers, %lld KV "
+               "blocks of %d) on %s:%d; workers connect to %s\n",
+               name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
+               static_cast<int>(f.tp * f.pp),
+               static_cast<long long>((*engine)->blocks().num_blocks()),
+               static_cast<int>(f.block_size), host.c_str(), (*api)->port(),
+               o.workers_dial.c_str());
+
+  const int sig =
+      WaitForStop(stop_signals, o.exit_when_cluster_fails ? &service : nullptr);
+  int code = 0;
+  if (sig == 0) {
+    // Not ready from now on (/ready follows the ranks' health); requests
+    // get UNAVAILABLE naming the rank while the grace lasts.
+    const std::string why(service.Health().message());
+    std::fprintf(stderr, "shardlm %s: the cluster failed: %s; exiting in %s\n",
+                 o.command, why.c_str(),
+                 absl::FormatDuration(o.failure_grace).c_str());
+    const timespec grace = absl::ToTimespec(o.failure_grace);
+    sigtimedwait(&stop_signals, nullptr, &grace);
+    service.Shutdown(absl::StrCat("the cluster failed: ", why),
+                     /*cluster_failed=*/true);
+    code = 1;
+  } else {
+    code = DrainOnSignal(**api, sig, stop_signals,
+                         absl::Seconds(f.api.drain_timeout_s), "coordinator");
+    service.Shutdown("coordinator shutting down");
+  }
+  control.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  return code;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,69 @@
+// What `shardlm launch` (ranks under mpirun) and `shardlm coordinator`
+// (ranks started one by one, e.g. as Kubernetes pods) share on the
+// coordinator's side: the flags of the model, layout, engine and public
+// API, and serving once the control plane listens.
+#ifndef SHARDLM_LAUNCH_CLUSTER_SERVING_H_
+#define SHARDLM_LAUNCH_CLUSTER_SERVING_H_
+
+#include <signal.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/time/time.h"
+#include "coordinator/control_service.h"
+#include "grpcpp/server.h"
+#include "launch/api_flags.h"
+#include "launch/flags.h"
+#include "model/weight_source.h"
+
+namespace shardlm {
+
+struct ClusterFlags {
+  std::string model;
+  int64_t tp = 1;
+  int64_t pp = 1;
+  std::string listen = "127.0.0.1:50051";
+  std::string http_listen;
+  int64_t threads = 1;
+  int64_t kv_cache_bytes = 0;
+  int64_t cpu_offload_bytes = 0;
+  std::string kv_cache_dtype = KvCacheDTypeName(kDefaultCpuKvDType);
+  bool prefix_caching = true;
+  int64_t block_size = 16;
+  int64_t max_batched_tokens = 512;
+  int64_t worker_timeout_ms = 5000;
+  int64_t startup_timeout_s = 300;
+  int64_t step_timeout_s = 30;
+  ApiFlags api;
+
+  // Adds the flags above; `model_help` says where the model must be.
+  void Register(FlagSet& flags, const std::string& model_help);
+  // Empty when the values are in range, else the problem (naming the flag).
+  std::string Problem() const;
+  // The control plane's options for these flags.
+  ClusterOptions Control(std::string cluster_token) const;
+};
+
+struct ServeClusterOptions {
+  const char* command = "launch";  // For messages: "shardlm <command>: ..."
+  std::string workers_dial;        // The address workers dial, for the log.
+  // A rank lost after startup: stay up (not ready, requests UNAVAILABLE
+  // naming the rank) for `failure_grace`, then tell the other workers to
+  // leave and return 1, so that a supervisor (Kubernetes, LWS's
+  // RecreateGroupOnPodRestart) restarts the group. Else serve on, failing.
+  bool exit_when_cluster_fails = false;
+  absl::Duration failure_grace = absl::Seconds(3);
+};
+
+// Waits for the workers of `service` to load, builds the engine, serves
+// the public API until a stop signal (then drains) or, with
+// exit_when_cluster_fails, until the cluster fails. Returns the exit code.
+// `control` is the server `service` runs in; it is shut down on return.
+int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& options,
+                 const WeightSource& source, ControlService& service,
+                 grpc::Server& control, const sigset_t& stop_signals);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_LAUNCH_CLUSTER_SERVING_H_
