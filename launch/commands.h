@@ -6,10 +6,12 @@
 namespace shardlm {
 
 int BenchCommand(int argc, char** argv);
+int CoordinatorCommand(int argc, char** argv);
 int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 int LaunchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
+int WorkerCommand(int argc, char** argv);
 
 }  // namespace shardlm
 

@@ -10,11 +10,14 @@ constexpr char kUsage[] =
     "usage: shardlm <command> [flags]\n"
     "\n"
     "commands:\n"
-    "  bench      load-test a running server (throughput, latency)\n"
-    "  generate   stream a completion for a prompt (local model or --server)\n"
-    "  inspect    print a model file's config, tensors and tokenizer\n"
-    "  launch     run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
-    "  serve      serve the gRPC API from a model in this process\n"
+    "  bench        load-test a running server (throughput, latency)\n"
+    "  coordinator  lead a cluster of `shardlm worker` processes (no mpirun)\n"
+    "  generate     stream a completion for a prompt (local model or "
+    "--server)\n"
+    "  inspect      print a model file's config, tensors and tokenizer\n"
+    "  launch       run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
+    "  serve        serve the gRPC API from a model in this process\n"
+    "  worker       one worker rank joining a `shardlm coordinator`\n"
     "\n"
     "Run 'shardlm <command> --help' for the flags of a command.\n";
 
@@ -28,6 +31,12 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "bench") == 0) {
     return shardlm::BenchCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "coordinator") == 0) {
+    return shardlm::CoordinatorCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "worker") == 0) {
+    return shardlm::WorkerCommand(argc, argv);
   }
   if (std::strcmp(argv[1], "generate") == 0) {
     return shardlm::GenerateCommand(argc, argv);

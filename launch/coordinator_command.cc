@@ -1,0 +1,136 @@
+// shardlm coordinator: the leader of a cluster whose workers start on their
+// own (`shardlm worker`: Kubernetes pods, a process manager, a shell),
+// without mpirun.
+//
+//   SHARDLM_CLUSTER_TOKEN=... shardlm coordinator --model PATH --tp T
+//       --pp P --listen H:P [--http-listen H:P] --control-listen H:P
+//
+// It reads only the model's config and tokenizer, waits for workers 1..T*P
+// to register on the control plane and load, then serves the public API.
+// Workers exchange activations over Gloo, meeting through the rendezvous
+// store of the control plane. When a rank is lost (killed, hung in a step
+// for --step-timeout-s, or silent) the coordinator turns not-ready, fails
+// requests with UNAVAILABLE naming the rank, tells the other workers to
+// leave, and exits 1, so that a supervisor restarts the group
+// (LeaderWorkerSet's RecreateGroupOnPodRestart). SIGTERM drains.
+#include <pthread.h>
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/control_service.h"
+#include "core/secret.h"
+#include "grpcpp/grpcpp.h"
+#include "launch/cluster_serving.h"
+#include "launch/commands.h"
+#include "launch/flags.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+
+int CoordinatorCommand(int argc, char** argv) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  ClusterFlags f;
+  std::string control_listen = "0.0.0.0:50052";
+  double failure_grace_s = 3;
+  FlagSet flags(
+      "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm coordinator --model PATH "
+      "--tp TP --pp PP [flags]\n"
+      "Leads TP*PP `shardlm worker` processes (ranks 1..TP*PP) that dial\n"
+      "--control-listen with the same SHARDLM_CLUSTER_TOKEN, and serves the\n"
+      "API on --listen (and --http-listen).");
+  f.Register(flags,
+             "GGUF file or safetensors directory (config and tokenizer "
+             "are read here; the workers load the weights)");
+  flags.Add("control-listen", &control_listen,
+            "address the control plane listens on for workers");
+  flags.Add("failure-grace-s", &failure_grace_s,
+            "after a rank is lost: how long to stay up, not ready, "
+            "answering UNAVAILABLE, before exiting 1");
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  const char* env_token = std::getenv("SHARDLM_CLUSTER_TOKEN");
+  const std::string token = env_token == nullptr ? "" : env_token;
+  std::string problem = f.Problem();
+  if (problem.empty() && token.size() < 16) {
+    problem =
+        "SHARDLM_CLUSTER_TOKEN must hold a secret of at least 16 characters, "
+        "shared with the workers (e.g. openssl rand -hex 32)";
+  } else if (problem.empty() &&
+             control_listen.rfind(':') == std::string::npos) {
+    problem = "--control-listen must be HOST:PORT";
+  } else if (problem.empty() &&
+             (failure_grace_s < 0 || failure_grace_s > 600)) {
+    problem = "--failure-grace-s must be in [0, 600]";
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n", problem.c_str());
+    return 2;
+  }
+  auto source = OpenWeights(f.model);
+  if (!source.ok()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n",
+                 std::string(source.status().message()).c_str());
+    return 1;
+  }
+  if (auto plan =
+          PlanShards(**source, static_cast<int>(f.tp), static_cast<int>(f.pp));
+      !plan.ok()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n",
+                 std::string(plan.status().message()).c_str());
+    return 2;
+  }
+  ClusterOptions options = f.Control(token);
+  // Rendezvous keys of this run only: workers of an earlier coordinator
+  // never meet these.
+  auto run_id = RandomHexToken(8);
+  options.rendezvous_prefix = absl::StrCat("run-", run_id.ok() ? *run_id : "0");
+  ControlService service(options);
+  grpc::ServerBuilder builder;
+  int control_port = 0;
+  builder.AddListeningPort(control_listen, grpc::InsecureServerCredentials(),
+                           &control_port);
+  AddControlService(builder, &service);
+  std::unique_ptr<grpc::Server> control = builder.BuildAndStart();
+  if (control == nullptr || control_port == 0) {
+    std::fprintf(stderr,
+                 "shardlm coordinator: cannot listen for workers on %s\n",
+                 control_listen.c_str());
+    return 1;
+  }
+  const std::string address = absl::StrCat(
+      control_listen.substr(0, control_listen.rfind(':')), ":", control_port);
+  std::fprintf(stderr,
+               "[shardlm] coordinator: waiting up to %llds for %lld workers "
+               "(tp %lld x pp %lld) on %s\n",
+               static_cast<long long>(f.startup_timeout_s),
+               static_cast<long long>(f.tp * f.pp),
+               static_cast<long long>(f.tp), static_cast<long long>(f.pp),
+               address.c_str());
+  const int code =
+      ServeCluster(f,
+                   {.command = "coordinator",
+                    .workers_dial = address,
+                    .exit_when_cluster_fails = true,
+                    .failure_grace = absl::Seconds(failure_grace_s)},
+                   **source, service, *control, stop_signals);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,315 @@
+// shardlm worker: one worker rank started on its own (a Kubernetes pod, a
+// process manager, a shell), joining a `shardlm coordinator`.
+//
+//   SHARDLM_CLUSTER_TOKEN=... shardlm worker --model PATH
+//       --coordinator HOST:PORT --rank N
+//
+// The rank defaults to LWS_WORKER_INDEX (a LeaderWorkerSet's worker pods
+// are 1..size-1, the leader 0), else SHARDLM_POD_INDEX + 1 (a StatefulSet
+// of workers); the coordinator to $LWS_LEADER_ADDRESS:50052 (the port from
+// SHARDLM_CONTROL_PORT when set). The worker dials the coordinator
+// (retrying, and saying what it waits for, up to --join-timeout-s), takes
+// its assignment, meets its TP and PP peers over Gloo through the
+// coordinator's rendezvous store, loads its shard and serves steps. It exits 0 when the coordinator stops the cluster, and
+// non-zero within seconds when the coordinator or a peer is lost.
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <sys/socket.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "collectives/gloo_communicator.h"
+#include "coordinator/http_server.h"
+#include "core/status.h"
+#include "grpcpp/grpcpp.h"
+#include "launch/commands.h"
+#include "launch/drain.h"
+#include "launch/flags.h"
+#include "launch/node_address.h"
+#include "launch/shard_host.h"
+#include "model/shard_plan.h"
+#include "worker/control_store.h"
+#include "worker/worker_agent.h"
+
+namespace shardlm {
+namespace {
+
+constexpr char kDefaultControlPort[] = "50052";
+
+struct WorkerFlags {
+  std::string model;
+  std::string coordinator;
+  int64_t rank = -1;
+  int64_t join_timeout_s = 300;
+  std::string health_listen;
+  std::string data_address;
+  std::string data_interface;
+  int64_t drain_timeout_s = 30;
+};
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+// The rank from the environment a supervisor sets; -1 when none is set;
+// -2 when one is set but is not a number.
+int64_t RankFromEnv(std::string* source) {
+  int64_t v = 0;
+  if (std::string lws = Env("LWS_WORKER_INDEX"); !lws.empty()) {
+    *source = absl::StrCat("LWS_WORKER_INDEX=", lws);
+    return absl::SimpleAtoi(lws, &v) ? v : -2;
+  }
+  if (std::string pod = Env("SHARDLM_POD_INDEX"); !pod.empty()) {
+    *source = absl::StrCat("SHARDLM_POD_INDEX=", pod, ", plus 1");
+    return absl::SimpleAtoi(pod, &v) && v >= 0 ? v + 1 : -2;
+  }
+  return -1;
+}
+
+// An IPv4 address of `host` ("" when it does not resolve to one).
+std::string ResolveIpv4(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), nullptr, &hints, &found) != 0) return "";
+  char buf[INET_ADDRSTRLEN] = {};
+  inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr,
+            buf, sizeof(buf));
+  freeaddrinfo(found);
+  return buf;
+}
+
+// The Gloo side of a shard: listen on the chosen address, meet the TP
+// group, then the PP chain, through the coordinator's store.
+ConnectShard GlooConnector(const WorkerFlags& f, int rank,
+                           const std::string& token) {
+  return [f, rank, token](
+             const WorkerAssignment& a) -> absl::StatusOr<ShardCommunicators> {
+    if ((rank - 1) % a.tp != a.tp_rank || (rank - 1) / a.tp != a.pp_rank) {
+      return absl::InternalError(absl::StrCat(
+          "rank ", rank, " was assigned tp ", a.tp_rank, " pp ", a.pp_rank));
+    }
+    std::string interface = f.data_interface;
+    if (interface.empty()) interface = Env("GLOO_SOCKET_IFNAME");
+    std::string host = f.data_address;
+    if (host.empty() && interface.empty()) {
+      // The address this host would use to reach the coordinator: the
+      // network the peers share with it.
+      const std::string coordinator_host =
+          f.coordinator.substr(0, f.coordinator.rfind(':'));
+      host = KernelRouteSource(ResolveIpv4(coordinator_host));
+      if (host.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "cannot tell which local address reaches the coordinator at ",
+            f.coordinator, "; set --data-address or GLOO_SOCKET_IFNAME"));
+      }
+    }
+    ASSIGN_OR_RETURN(std::shared_ptr<GlooTransport> transport,
+                     GlooTransport::Create(host, interface));
+    std::fprintf(stderr, "[shardlm] worker rank %d: data plane on %s\n", rank,
+                 transport->description().c_str());
+    grpc::ChannelArguments args;
+    ControlPlaneStore store(
+        grpc::CreateCustomChannel(f.coordinator,
+                                  grpc::InsecureChannelCredentials(), args),
+        f.coordinator, token);
+    const CommOptions options{.timeout = absl::Seconds(f.join_timeout_s)};
+    const auto label = [&](int pp_rank, int tp_rank) {
+      return absl::StrCat("rank ", 1 + pp_rank * a.tp + tp_rank, " (stage ",
+                          pp_rank, ", tp ", tp_rank, ")");
+    };
+    std::vector<std::string> tp_labels, pp_labels;
+    for (int t = 0; t < a.tp; ++t) tp_labels.push_back(label(a.pp_rank, t));
+    for (int p = 0; p < a.pp; ++p) pp_labels.push_back(label(p, a.tp_rank));
+    ShardCommunicators comms;
+    ASSIGN_OR_RETURN(
+        comms.tp,
+        GlooCommunicator::Connect(store, a.rendezvous_prefix, transport,
+                                  absl::StrCat("tp group of stage ", a.pp_rank),
+                                  a.tp_rank, a.tp, options, tp_labels));
+    ASSIGN_OR_RETURN(comms.pp, GlooCommunicator::Connect(
+                                   store, a.rendezvous_prefix, transport,
+                                   absl::StrCat("pp chain of tp ", a.tp_rank),
+                                   a.pp_rank, a.pp, options, pp_labels));
+    return comms;
+  };
+}
+
+[[noreturn]] void Exit(int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::_Exit(code);
+}
+
+}  // namespace
+
+int WorkerCommand(int argc, char** argv) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  WorkerFlags f;
+  FlagSet flags(
+      "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm worker --model PATH "
+      "[--coordinator HOST:PORT] [--rank N] [flags]\n"
+      "One worker rank of a cluster that `shardlm coordinator` leads; the\n"
+      "coordinator assigns its shard. SHARDLM_CLUSTER_TOKEN must match the\n"
+      "coordinator's.");
+  flags.Add("model", &f.model,
+            "GGUF file or safetensors directory (the same bytes as every "
+            "other rank's)");
+  flags.Add("coordinator", &f.coordinator,
+            "the coordinator's control address; default: "
+            "$LWS_LEADER_ADDRESS:$SHARDLM_CONTROL_PORT (port 50052 when "
+            "unset)");
+  flags.Add("rank", &f.rank,
+            "worker rank, 1..tp*pp (stage (rank-1)/tp, tp index "
+            "(rank-1)%tp); default: $LWS_WORKER_INDEX, else "
+            "$SHARDLM_POD_INDEX + 1");
+  flags.Add("join-timeout-s", &f.join_timeout_s,
+            "how long to wait for the coordinator and the peers (DNS, "
+            "connection, rendezvous)");
+  flags.Add("health-listen", &f.health_listen,
+            "address of this worker's HTTP probes: /health (the process "
+            "serves) and /ready (joined and loaded); empty: none");
+  flags.Add("data-address", &f.data_address,
+            "local address the data plane (Gloo) listens on; default: the "
+            "address that routes to the coordinator");
+  flags.Add("data-interface", &f.data_interface,
+            "network interface for the data plane instead (default: "
+            "$GLOO_SOCKET_IFNAME)");
+  flags.Add("drain-timeout-s", &f.drain_timeout_s,
+            "on SIGTERM, how long to wait for the coordinator to drain and "
+            "stop the cluster before leaving");
+  std::string problem, rank_source = "--rank";
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm worker: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (f.rank == -1) f.rank = RankFromEnv(&rank_source);
+  if (f.coordinator.empty() && !Env("LWS_LEADER_ADDRESS").empty()) {
+    const std::string port = Env("SHARDLM_CONTROL_PORT");
+    f.coordinator = absl::StrCat(Env("LWS_LEADER_ADDRESS"), ":",
+                                 port.empty() ? kDefaultControlPort : port);
+  }
+  const std::string token = Env("SHARDLM_CLUSTER_TOKEN");
+  if (f.model.empty()) {
+    problem = "--model is required";
+  } else if (f.coordinator.empty()) {
+    problem = "--coordinator is required (or LWS_LEADER_ADDRESS)";
+  } else if (f.coordinator.rfind(':') == std::string::npos) {
+    problem =
+        absl::StrCat("--coordinator '", f.coordinator, "' must be HOST:PORT");
+  } else if (f.rank == -1) {
+    problem = "--rank is required (or LWS_WORKER_INDEX, or SHARDLM_POD_INDEX)";
+  } else if (f.rank < 1) {
+    problem = absl::StrCat(rank_source, " gives rank ", f.rank,
+                           "; worker ranks start at 1 (rank 0 is the "
+                           "coordinator)");
+  } else if (token.empty()) {
+    problem =
+        "SHARDLM_CLUSTER_TOKEN is not set; it must hold the secret the "
+        "coordinator has";
+  } else if (f.join_timeout_s < 1 || f.drain_timeout_s < 0) {
+    problem = "--join-timeout-s must be >= 1, --drain-timeout-s >= 0";
+  }
+  if (!problem.empty()) {
+    std::fprintf(stderr, "shardlm worker: %s\n", problem.c_str());
+    return 2;
+  }
+  const int rank = static_cast<int>(f.rank);
+
+  auto source = OpenWeights(f.model);
+  uint64_t model_bytes = 0;
+  auto digest = source.ok() ? ModelDigest(f.model, &model_bytes)
+                            : absl::StatusOr<std::string>(source.status());
+  if (!digest.ok()) {
+    std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+                 std::string(digest.status().message()).c_str());
+    return 1;
+  }
+  CommShardHost host(source->get(), GlooConnector(f, rank, token));
+
+  std::unique_ptr<HttpServer> probes;
+  if (!f.health_listen.empty()) {
+    HttpServerOptions options;
+    options.listen_address = f.health_listen;
+    options.max_connections = 16;
+    options.probe_paths = {"/health", "/ready"};
+    auto server = HttpServer::Start(
+        options, [&host](const HttpRequest& req, HttpResponse& res) {
+          if (req.path == "/health") {
+            res.Send(200, "text/plain", "ok\n");
+          } else if (req.path == "/ready") {
+            if (host.loaded()) {
+              res.Send(200, "text/plain", "ready\n");
+            } else {
+              res.Send(503, "text/plain", "joining or loading\n");
+            }
+          } else {
+            res.Send(404, "text/plain", "not found\n");
+          }
+        });
+    if (!server.ok()) {
+      std::fprintf(stderr, "shardlm worker (rank %d): --health-listen: %s\n",
+                   rank, std::string(server.status().message()).c_str());
+      return 1;
+    }
+    probes = *std::move(server);
+  }
+  std::fprintf(stderr,
+               "[shardlm] worker rank %d (%s): joining the coordinator at %s\n",
+               rank, rank_source.c_str(), f.coordinator.c_str());
+
+  // As under launch: the coordinator drains first and then tells the
+  // workers to leave; a worker waits for that, a second signal, or the
+  // drain's end plus a margin.
+  absl::Notification stop;
+  const int64_t drain_s = f.drain_timeout_s;
+  std::thread signals([&stop, &stop_signals, drain_s] {
+    int sig = 0;
+    RouteStopSignalsHere();
+    sigwait(&stop_signals, &sig);
+    const timespec wait = {static_cast<time_t>(drain_s + 5), 0};
+    sigtimedwait(&stop_signals, nullptr, &wait);
+    if (!stop.HasBeenNotified()) stop.Notify();
+  });
+  signals.detach();
+  const absl::Status s = RunWorkerAgent(
+      {.coordinator = f.coordinator,
+       .rank = rank,
+       .model_path = f.model,
+       .model_bytes = model_bytes,
+       .model_digest = *digest,
+       .cluster_token = token,
+       .connect_timeout = absl::Seconds(f.join_timeout_s),
+       .on_abandon =
+           [](const std::string& why) {
+             std::fprintf(stderr, "shardlm worker (%s)\n", why.c_str());
+             Exit(1);
+           },
+       .stop = &stop},
+      host);
+  if (s.ok() || absl::IsCancelled(s)) Exit(0);
+  std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+               std::string(s.message()).c_str());
+  Exit(1);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""A LeaderWorkerSet group simulated with processes (issue #13): a `shardlm
+coordinator` and TP*PP `shardlm worker` processes started independently,
+in any order, with the environment LWS gives its pods (LWS_LEADER_ADDRESS,
+LWS_WORKER_INDEX, the cluster token from a Secret), no mpirun; the workers
+exchange activations over Gloo.
+
+1. Equivalence: TP=2 x PP=2 answers three prompts with the text of TP = PP
+   = 1 in one process, every step's log-probabilities within 2e-3 (f32 KV
+   caches). Workers started before the coordinator wait for it; a worker
+   with the wrong token is refused and changes nothing; the probes of the
+   coordinator (/health, /ready) and of the workers answer 200.
+2. A worker killed (SIGKILL) mid-stream: the stream fails with UNAVAILABLE
+   naming its rank, /ready answers 503 within 5 s, and every other process
+   (coordinator included) exits non-zero within 10 s, as
+   RecreateGroupOnPodRestart wants.
+3. The coordinator killed: every worker exits non-zero within 10 s.
+4. Drain: SIGTERM to every process with a stream in flight: that stream
+   completes with all its tokens, a request sent after it gets UNAVAILABLE,
+   and every process exits 0 within the drain timeout.
+
+  check_lws.py --shardlm BIN --gguf MODEL --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from check_cluster import (KV, PROMPTS, check_like_local, generate,  # noqa: E402
+                           local_references)
+from testlib import FAILURES, check, free_port  # noqa: E402
+
+TOKEN = "lws-test-token-0123456789abcdef"
+
+
+def http_status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+    except OSError:
+        return 0
+
+
+class Group:
+    """One LWS group: the leader (index 0) and workers 1..tp*pp, each a
+    process of its own with LWS's environment."""
+
+    def __init__(self, a, tp: int, pp: int, tag: str,
+                 leader_extra: list[str] | tuple = ()):
+        self.a, self.tp, self.pp, self.tag = a, tp, pp, tag
+        self.api = f"127.0.0.1:{free_port()}"
+        self.http = free_port()
+        self.control = free_port()
+        self.health = {r: free_port() for r in range(1, tp * pp + 1)}
+        self.leader_extra = list(leader_extra)
+        self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: dict[int, str] = {}
+
+    def env(self, index: int, token: str = TOKEN) -> dict:
+        e = dict(os.environ)
+        e.update({"LWS_LEADER_ADDRESS": "127.0.0.1",
+                  "LWS_WORKER_INDEX": str(index),
+                  "SHARDLM_CONTROL_PORT": str(self.control),
+                  "SHARDLM_CLUSTER_TOKEN": token})
+        return e
+
+    def _spawn(self, index: int, args: list[str], token: str = TOKEN,
+               name: str | None = None) -> subprocess.Popen:
+        log = os.path.join(self.a.workdir,
+                           f"{self.tag}_{name or index}.log")
+        self.logs[index if name is None else name] = log
+        return subprocess.Popen(
+            [self.a.shardlm, *args], env=self.env(index, token),
+            stdin=subprocess.DEVNULL, stdout=open(log, "w"),
+            stderr=subprocess.STDOUT, start_new_session=True)
+
+    def start_worker(self, rank: int):
+        self.procs[rank] = self._spawn(
+            rank, ["worker", "--model", self.a.gguf, "--health-listen",
+                   f"127.0.0.1:{self.health[rank]}"])
+
+    def start_leader(self):
+        self.procs[0] = self._spawn(
+            0, ["coordinator", "--model", self.a.gguf, "--tp", str(self.tp),
+                "--pp", str(self.pp), "--listen", self.api, "--http-listen",
+                f"127.0.0.1:{self.http}", "--control-listen",
+                f"127.0.0.1:{self.control}", *KV, *self.leader_extra])
+
+    def start(self):
+        """Half the workers first (they wait for the leader), then the
+        leader, then the rest: pods come up in any order."""
+        ranks = list(range(1, self.tp * self.pp + 1))
+        for r in ranks[: len(ranks) // 2]:
+            self.start_worker(r)
+        time.sleep(1)
+        self.start_leader()
+        for r in ranks[len(ranks) // 2:]:
+            self.start_worker(r)
+
+    def ready_url(self) -> str:
+        return f"http://127.0.0.1:{self.http}/ready"
+
+    def wait_ready(self, timeout: float = 180) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if http_status(self.ready_url()) == 200:
+                return True
+            if any(p.poll() is not None for p in self.procs.values()):
+                return False
+            time.sleep(0.3)
+        return False
+
+    def log(self, index) -> str:
+        with open(self.logs[index]) as f:
+            return f.read()
+
+    def tail(self) -> str:
+        return "\n".join(f"--- {i}:\n" + "".join(self.log(i).splitlines(True)[-6:])
+                         for i in self.logs)
+
+    def wait_exits(self, indexes: list[int], timeout: float) -> dict[int, int]:
+        """Exit codes of `indexes` that exited within `timeout`."""
+        deadline = time.monotonic() + timeout
+        codes = {}
+        while time.monotonic() < deadline and len(codes) < len(indexes):
+            for i in indexes:
+                if i not in codes and self.procs[i].poll() is not None:
+                    codes[i] = self.procs[i].returncode
+            time.sleep(0.05)
+        return codes
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def equivalence(a):
+    local = local_references(a, a.gguf, "lws")
+    g = Group(a, 2, 2, "equivalence")
+    try:
+        g.start()
+        # A stranger with the wrong token, claiming rank 1 before it.
+        stranger = g._spawn(1, ["worker", "--model", a.gguf,
+                                "--join-timeout-s", "20"],
+                            token="wrong-token-0123456789", name="stranger")
+        up = g.wait_ready()
+        check(up, "[lws] a coordinator and 4 workers started independently "
+              "(2 before it) form tp 2 x pp 2 over Gloo" + ("" if up else
+                                                             "\n" + g.tail()))
+        if not up:
+            return
+        joined = "waiting for the coordinator" in g.log(1)
+        check(joined, "[lws] a worker started before the coordinator said "
+              "what it waited for, then joined")
+        try:
+            stranger.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            stranger.kill()
+        s_log = g.log("stranger")
+        check(stranger.returncode not in (0, None)
+              and "token" in s_log.lower(),
+              f"[lws] a worker with the wrong token is refused "
+              f"({s_log.strip()[-160:]})")
+        check(http_status(f"http://127.0.0.1:{g.http}/health") == 200,
+              "[lws] coordinator /health 200")
+        codes = [http_status(f"http://127.0.0.1:{port}/{path}")
+                 for port in g.health.values() for path in ("health", "ready")]
+        check(codes == [200] * 8, f"[lws] every worker's /health and /ready "
+              f"answer 200 ({codes})")
+        for p in PROMPTS:
+            t0 = time.time()
+            r = generate(a.shardlm, ["--server", g.api], p,
+                         extra=["--logprobs", "5"])
+            check_like_local("lws tp2 pp2", p, r, local[p], time.time() - t0)
+    finally:
+        g.stop()
+
+
+def kill_worker(a):
+    g = Group(a, 2, 2, "kill")
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws kill] group serves\n" + g.tail())
+            return
+        victim = 3
+        client = subprocess.Popen(
+            [a.shardlm, "generate", "--server", g.api, "--prompt",
+             "Tell me a long story about a dragon.", "--max-tokens", "3000",
+             "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        client.stdout.read(1)  # A token arrived: generating.
+        g.procs[victim].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        not_ready = None
+        while time.monotonic() - killed < 5:
+            if http_status(g.ready_url()) == 503:
+                not_ready = time.monotonic() - killed
+                break
+            time.sleep(0.1)
+        check(not_ready is not None,
+              f"[lws kill] /ready answers 503 within 5 s of the kill "
+              f"({not_ready if not_ready is None else f'{not_ready:.1f}s'})")
+        try:
+            _, err = client.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            _, err = client.communicate()
+        check(client.returncode != 0 and "UNAVAILABLE" in err
+              and f"rank {victim}" in err,
+              f"[lws kill] the stream fails with UNAVAILABLE naming rank "
+              f"{victim} ({err.strip()[-200:]})")
+        others = [i for i in g.procs if i != victim]
+        left = 10 - (time.monotonic() - killed)
+        codes = g.wait_exits(others, max(left, 0))
+        check(sorted(codes) == sorted(others)
+              and all(c != 0 for c in codes.values()),
+              f"[lws kill] every other process exits non-zero within 10 s "
+              f"of the kill (exit codes {codes})" +
+              ("" if len(codes) == len(others) else "\n" + g.tail()))
+    finally:
+        g.stop()
+
+
+def kill_coordinator(a):
+    g = Group(a, 1, 2, "kill_leader")
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws leader] group serves\n" + g.tail())
+            return
+        g.procs[0].send_signal(signal.SIGKILL)
+        codes = g.wait_exits([1, 2], 10)
+        check(sorted(codes) == [1, 2] and all(c != 0 for c in codes.values()),
+              f"[lws leader] the coordinator killed: every worker exits "
+              f"non-zero within 10 s (exit codes {codes})")
+    finally:
+        g.stop()
+
+
+def drain(a):
+    g = Group(a, 1, 2, "drain", ["--drain-timeout-s", "60"])
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws drain] group serves\n" + g.tail())
+            return
+        n = 120
+        stream = subprocess.Popen(
+            [a.shardlm, "generate", "--server", g.api, "--prompt",
+             "Tell me a story.", "--max-tokens", str(n), "--ignore-eos",
+             "--stats"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        stream.stdout.read(1)  # Streaming.
+        signalled = time.monotonic()
+        for p in g.procs.values():  # As Kubernetes signals every pod.
+            p.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        late = generate(a.shardlm, ["--server", g.api], "hi", 4, timeout=30)
+        check(late.returncode != 0 and "UNAVAILABLE" in late.stderr,
+              f"[lws drain] a request sent after SIGTERM gets UNAVAILABLE "
+              f"({late.stderr.strip()[-160:]})")
+        _, err = stream.communicate(timeout=90)
+        m = re.search(r"generated (\d+) tokens", err)
+        check(stream.returncode == 0 and m and int(m.group(1)) == n,
+              f"[lws drain] the stream in flight completes with all {n} "
+              f"tokens ({err.strip()[-160:]})")
+        codes = g.wait_exits(list(g.procs), 60 - (time.monotonic() - signalled))
+        check(sorted(codes) == sorted(g.procs)
+              and all(c == 0 for c in codes.values()),
+              f"[lws drain] every process exits 0 within the drain timeout "
+              f"(exit codes {codes})" +
+              ("" if len(codes) == len(g.procs) else "\n" + g.tail()))
+    finally:
+        g.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    a.shardlm = os.path.abspath(a.shardlm)
+    a.gguf = os.path.abspath(a.gguf)
+    os.makedirs(a.workdir, exist_ok=True)
+    equivalence(a)
+    kill_worker(a)
+    kill_coordinator(a)
+    drain(a)
+    if FAILURES:
+        print(f"\n{len(FAILURES)} check(s) failed")
+        return 1
+    print("\nall LWS-group checks passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
