@@ -114,8 +114,7 @@ TEST(GlooCommunicatorTest, BadArgumentsAreInvalidArgument) {
     EXPECT_EQ(c->Broadcast(a, 2).code(), kInvalid);
     EXPECT_EQ(c->Send(a, r).code(), kInvalid);
     float x[4];
-    Tensor dev =
-        Tensor::View(DType::kF32, {4}, x, MemoryType::kDevice).value();
+    Tensor dev = Tensor::View(DType::kF32, {4}, x, MemoryType::kDevice).value();
     absl::Status s = c->AllReduce(dev, dev, ReduceOp::kSum);
     EXPECT_EQ(s.code(), kInvalid);
     EXPECT_THAT(std::string(s.message()), HasSubstr("device memory"));
@@ -156,9 +155,9 @@ TEST(GlooCommunicatorTest, MissingRankAtConnectIsNamed) {
   auto c = GlooCommunicator::Connect(store, "test", Loopback(),
                                      "tp group of stage 0", 0, 2,
                                      {.timeout = absl::Milliseconds(400)});
-  const double secs = std::chrono::duration<double>(
-                          std::chrono::steady_clock::now() - start)
-                          .count();
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
   ASSERT_EQ(c.status().code(), absl::StatusCode::kDeadlineExceeded)
       << c.status();
   EXPECT_THAT(std::string(c.status().message()),
@@ -181,7 +180,8 @@ TEST(GlooCommunicatorTest, CollectiveTimeoutNamesGroupAndBreaksIt) {
     absl::Status s = (*c)->AllReduce(t, t, ReduceOp::kSum);
     EXPECT_FALSE(s.ok());
     EXPECT_TRUE(absl::IsDeadlineExceeded(s) || absl::IsUnavailable(s)) << s;
-    EXPECT_THAT(std::string(s.message()), HasSubstr("world: AllReduce on rank"));
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("world: AllReduce on rank"));
     EXPECT_THAT(std::string(s.message()), HasSubstr("rank 3 (stage 0, tp 2)"));
     s = (*c)->Barrier();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
@@ -192,9 +192,9 @@ TEST(GlooCommunicatorTest, CollectiveTimeoutNamesGroupAndBreaksIt) {
 TEST(GlooCommunicatorTest, RecvFromALeftPeerFailsFastNamingIt) {
   InMemoryStore store;
   RunRanks(2, [&](int r) {
-    auto c = GlooCommunicator::Connect(store, "test", Loopback(),
-                                       "pp chain of tp 0", r, 2,
-                                       {.timeout = absl::Seconds(20)});
+    auto c =
+        GlooCommunicator::Connect(store, "test", Loopback(), "pp chain of tp 0",
+                                  r, 2, {.timeout = absl::Seconds(20)});
     ASSERT_TRUE(c.ok()) << c.status();
     if (r == 1) {
       c->reset();  // Closes its connections, as a killed process would.
@@ -203,9 +203,9 @@ TEST(GlooCommunicatorTest, RecvFromALeftPeerFailsFastNamingIt) {
     Tensor t = F32(5);
     const auto start = std::chrono::steady_clock::now();
     absl::Status s = (*c)->Recv(t, 1);
-    const double secs = std::chrono::duration<double>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+    const double secs =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
     EXPECT_THAT(std::string(s.message()),
                 HasSubstr("pp chain of tp 0: Recv on rank 0 failed waiting "
