@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
+#include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
 #include "launch/drain.h"
@@ -111,11 +112,36 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
     control.Shutdown();
     return 1;
   };
+  // While the workers join and load, the HTTP port already answers the
+  // probes: /health 200 (the process serves: a liveness probe must not
+  // restart a coordinator that waits for its pods), /ready 503 saying
+  // what is missing. The API takes the port over once the cluster is up.
+  std::unique_ptr<HttpServer> startup_probes;
+  if (!f.http_listen.empty() && !f.http_listen.ends_with(":0")) {
+    HttpServerOptions probe_options;
+    probe_options.listen_address = f.http_listen;
+    probe_options.max_connections = 16;
+    probe_options.probe_paths = {"/health", "/ready"};
+    auto probes = HttpServer::Start(
+        probe_options, [&service](const HttpRequest& req, HttpResponse& res) {
+          if (req.path == "/health") {
+            res.Send(200, "text/plain", "ok\n");
+            return;
+          }
+          res.Send(
+              503, "text/plain",
+              absl::StrCat("starting: ", service.Health().message(), "\n"));
+        });
+    if (!probes.ok()) return fail("--http-listen: ", probes.status());
+    startup_probes = *std::move(probes);
+  }
   auto executor = RemoteExecutor::WaitForWorkers(
       service, source.config(), absl::Seconds(f.startup_timeout_s));
   if (!executor.ok()) {
     return fail("workers did not start: ", executor.status());
   }
+  if (startup_probes != nullptr) startup_probes->Shutdown();
+  startup_probes.reset();
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
   auto engine = Engine::Create(

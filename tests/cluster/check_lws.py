@@ -98,14 +98,17 @@ class Group:
                 f"127.0.0.1:{self.http}", "--control-listen",
                 f"127.0.0.1:{self.control}", *KV, *self.leader_extra])
 
-    def start(self):
+    def start(self, between=None):
         """Half the workers first (they wait for the leader), then the
-        leader, then the rest: pods come up in any order."""
+        leader, then (after `between()`, if given) the rest: pods come up
+        in any order."""
         ranks = list(range(1, self.tp * self.pp + 1))
         for r in ranks[: len(ranks) // 2]:
             self.start_worker(r)
         time.sleep(1)
         self.start_leader()
+        if between is not None:
+            between()
         for r in ranks[len(ranks) // 2:]:
             self.start_worker(r)
 
@@ -152,7 +155,19 @@ def equivalence(a):
     local = local_references(a, a.gguf, "lws")
     g = Group(a, 2, 2, "equivalence")
     try:
-        g.start()
+        def probes_while_joining():
+            """The leader's probes answer while workers are missing: live,
+            not ready (a liveness probe must not restart it)."""
+            deadline = time.monotonic() + 20
+            early = (0, 0)
+            while time.monotonic() < deadline and early[0] != 200:
+                early = (http_status(f"http://127.0.0.1:{g.http}/health"),
+                         http_status(g.ready_url()))
+                time.sleep(0.1)
+            check(early == (200, 503), f"[lws] while workers join, the "
+                  f"leader's /health answers 200 and /ready 503 ({early})")
+
+        g.start(between=probes_while_joining)
         # A stranger with the wrong token, claiming rank 1 before it.
         stranger = g._spawn(1, ["worker", "--model", a.gguf,
                                 "--join-timeout-s", "20"],
