@@ -9,11 +9,9 @@
 # k8s/README.md for what has and has not been run.
 
 FROM debian:bookworm AS build
-# CMakeLists.txt's Release build adds -march=native, which ties the binary
-# to the build machine's CPU and has no option to turn it off. The image is
-# built as CMAKE_BUILD_TYPE=None instead (no Release branch, so no
-# -march=native) with Release's -O3 -DNDEBUG and a portable target given
-# here: x86-64-v3 (AVX2, FMA) runs on every x86 server CPU since 2015; use
+# The Release build targets -march=$SHARDLM_MARCH (CMake's SHARDLM_MARCH,
+# "native" by default, which would tie the image to the build machine's
+# CPU): x86-64-v3 (AVX2, FMA) runs on every x86 server CPU since 2015; use
 # x86-64-v2 for older nodes.
 ARG SHARDLM_MARCH=x86-64-v3
 WORKDIR /src
@@ -21,9 +19,7 @@ WORKDIR /src
 COPY scripts/install-deps.sh scripts/install-deps.sh
 RUN bash scripts/install-deps.sh && rm -rf /var/lib/apt/lists/*
 COPY . .
-RUN CFLAGS="-O3 -DNDEBUG -march=${SHARDLM_MARCH}" \
-    CXXFLAGS="-O3 -DNDEBUG -march=${SHARDLM_MARCH}" \
-    CMAKE_ARGS="-DCMAKE_BUILD_TYPE=None -DSHARDLM_CUDA=OFF" \
+RUN CMAKE_ARGS="-DSHARDLM_MARCH=${SHARDLM_MARCH} -DSHARDLM_CUDA=OFF" \
     BUILD_DIR=build-image bash scripts/build.sh --target shardlm && \
     strip -o /shardlm build-image/launch/shardlm
 
