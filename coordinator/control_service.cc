@@ -30,6 +30,7 @@ struct ControlService::Worker {
   // Guarded by ControlService::mu_ (host .. digest are written once, when
   // the slot is claimed, and only read afterwards).
   State state = State::kEmpty;
+  uint64_t generation = 0;  // Which claim of the slot this is.
   v1::Register reg;
   grpc::ServerContext* context = nullptr;  // While the handler runs.
   absl::Time last_seen;
@@ -53,7 +54,8 @@ struct ControlService::Worker {
 };
 
 ControlService::ControlService(ClusterOptions options)
-    : options_(std::move(options)) {
+    : options_(std::move(options)),
+      rendezvous_prefix_(options_.rendezvous_prefix) {
   for (int r = 1; r <= num_workers(); ++r) {
     auto w = std::make_unique<Worker>();
     w->rank = r;
@@ -113,6 +115,7 @@ absl::StatusOr<ControlService::Worker*> ControlService::Claim(
     first_rank_ = reg.rank();
   }
   w.reg = reg;
+  w.generation = ++claims_;
   w.state = State::kLoading;
   w.context = context;
   w.last_seen = absl::Now();
@@ -162,14 +165,29 @@ grpc::Status ControlService::Connect(
                         "wrong or missing cluster token");
   }
   Worker* w;
+  uint64_t generation = 0;
+  std::string rendezvous_prefix;
   {
     absl::MutexLock lock(&mu_);
+    // A replacement arriving while the cluster re-forms, or before the
+    // coordinator has begun to (its rank still dead), waits for it.
+    const int rank = in.register_().rank();
+    const auto wait_for_reform = [&] {
+      if (reforming_) return true;
+      return options_.rejoin && started_ && !shutdown_ && rank >= 1 &&
+             rank <= num_workers() && workers_[rank - 1]->state == State::kDead;
+    };
+    while (wait_for_reform() && !context->IsCancelled()) {
+      cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+    }
     absl::StatusOr<Worker*> claimed = Claim(context, in.register_());
     if (!claimed.ok()) {
       if (!started_) StartupFailed(claimed.status());
       return ToGrpc(claimed.status());
     }
     w = *claimed;
+    generation = w->generation;
+    rendezvous_prefix = rendezvous_prefix_;
   }
   {
     std::lock_guard<std::mutex> lock(w->write_mu);
@@ -186,7 +204,7 @@ grpc::Status ControlService::Connect(
   a.set_cpu_offload_bytes(options_.cpu_offload_bytes);
   a.set_kv_cache_dtype(KvCacheDTypeName(options_.kv_cache_dtype));
   a.set_threads(options_.threads_per_worker);
-  a.set_rendezvous_prefix(options_.rendezvous_prefix);
+  a.set_rendezvous_prefix(rendezvous_prefix);
   if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
     a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);
   }
@@ -197,6 +215,7 @@ grpc::Status ControlService::Connect(
 
   while (stream->Read(&in)) {
     absl::MutexLock lock(&mu_);
+    if (w->generation != generation) break;  // Re-formed without us.
     w->last_seen = absl::Now();
     switch (in.msg_case()) {
       case v1::WorkerMessage::kReady:
@@ -244,10 +263,15 @@ grpc::Status ControlService::Connect(
   }
   {
     std::lock_guard<std::mutex> lock(w->write_mu);
-    w->stream = nullptr;
+    if (w->stream == stream) w->stream = nullptr;
   }
   absl::MutexLock lock(&mu_);
+  if (w->generation != generation) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the cluster re-formed without this stream");
+  }
   w->context = nullptr;
+  cv_.SignalAll();  // Reform waits for every stream to end.
   if (w->state == State::kLoading || w->state == State::kReady) {
     if (shutdown_) {
       w->state = State::kDone;
@@ -457,6 +481,69 @@ void ControlService::Shutdown(const std::string& reason, bool cluster_failed) {
   for (Worker* w : live) Write(*w, msg);
 }
 
+absl::Status ControlService::Reform(const std::string& rendezvous_prefix) {
+  std::vector<Worker*> live;
+  std::string why;
+  {
+    absl::MutexLock lock(&mu_);
+    if (shutdown_) {
+      return absl::FailedPreconditionError("the cluster was shut down");
+    }
+    reforming_ = true;
+    rendezvous_prefix_ = rendezvous_prefix;
+    why = first_dead_.empty() ? "a rank was lost" : first_dead_;
+    for (auto& w : workers_) {
+      if (w->context != nullptr) live.push_back(w.get());
+    }
+  }
+  v1::CoordinatorMessage msg;
+  msg.mutable_shutdown()->set_reason(
+      absl::StrCat("the cluster re-forms after: ", why));
+  msg.mutable_shutdown()->set_rejoin(true);
+  for (Worker* w : live) Write(*w, msg);
+
+  absl::MutexLock lock(&mu_);
+  const auto open_streams = [&] {
+    return std::count_if(workers_.begin(), workers_.end(),
+                         [](const auto& w) { return w->context != nullptr; });
+  };
+  // Survivors close their streams at once, unless stuck in a step; then
+  // their streams are cancelled.
+  absl::Time deadline = absl::Now() + absl::Seconds(3);
+  while (open_streams() > 0 && !cv_.WaitWithDeadline(&mu_, deadline)) {
+  }
+  for (auto& w : workers_) {
+    if (w->context != nullptr) w->context->TryCancel();
+  }
+  deadline = absl::Now() + absl::Seconds(5);
+  while (open_streams() > 0 && !cv_.WaitWithDeadline(&mu_, deadline)) {
+  }
+  for (auto& w : workers_) {
+    // A handler that did not end in time no longer owns the slot (its
+    // generation is stale); its stream is forgotten.
+    {
+      std::lock_guard<std::mutex> write_lock(w->write_mu);
+      w->stream = nullptr;
+    }
+    w->context = nullptr;
+    w->state = State::kEmpty;
+    w->generation = 0;
+    w->reg.Clear();
+    w->kv_blocks = w->host_kv_blocks = 0;
+    w->kv_block_bytes = w->weight_bytes = 0;
+    w->figures.Clear();
+    w->result.reset();
+    w->reason.clear();
+  }
+  first_rank_ = 0;
+  startup_error_ = absl::OkStatus();
+  first_dead_.clear();
+  started_ = false;
+  reforming_ = false;
+  cv_.SignalAll();
+  return absl::OkStatus();
+}
+
 void ControlService::Watchdog() {
   const absl::Duration tick = std::max(
       absl::Milliseconds(5),
@@ -469,7 +556,7 @@ void ControlService::Watchdog() {
     {
       absl::MutexLock lock(&mu_);
       if (mu_.AwaitWithTimeout(absl::Condition(&stop_watchdog_), tick)) return;
-      if (started_ && !first_dead_.empty() && !shutdown_) {
+      if (started_ && !first_dead_.empty() && !shutdown_ && !options_.rejoin) {
         failed = absl::StrCat("the cluster failed: ", first_dead_);
       }
       const absl::Time now = absl::Now();

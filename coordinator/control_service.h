@@ -57,6 +57,9 @@ struct ClusterOptions {
   // A step without every rank's result after this long: the ranks still
   // missing are dead (hung).
   absl::Duration step_timeout = absl::Seconds(300);
+  // A rank lost after startup: false, the watchdog stops the survivors
+  // (the cluster has failed for good); true, they stay until Reform().
+  bool rejoin = false;
 };
 
 // Thread-safe. One Connect handler thread per worker stream stays in the
@@ -110,6 +113,14 @@ class ControlService final : public v1::Control::Service {
   // Every rank's figures (its latest heartbeat, its Ready), rank order.
   std::vector<RankReport> Reports() const;
 
+  // After a rank was lost (with ClusterOptions::rejoin): tells every
+  // connected worker to leave and register again (Shutdown{rejoin}), waits
+  // for their streams to end, and empties every slot, so that the ranks
+  // (survivors and replacements) register, load and meet under the new
+  // `rendezvous_prefix`; WaitUntilReady then waits for them again.
+  // Registrations that arrive meanwhile wait for it to finish.
+  absl::Status Reform(const std::string& rendezvous_prefix);
+
   // Sends Shutdown{reason} to every connected worker; they close their
   // streams (with an error when `cluster_failed`, or when a rank was lost
   // after startup). Idempotent; later streams are rejected.
@@ -143,6 +154,9 @@ class ControlService final : public v1::Control::Service {
   bool started_ ABSL_GUARDED_BY(mu_) = false;
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_watchdog_ ABSL_GUARDED_BY(mu_) = false;
+  bool reforming_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t claims_ ABSL_GUARDED_BY(mu_) = 0;  // Generations of slots.
+  std::string rendezvous_prefix_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;
 
   // The rendezvous store (StoreSet / StoreGet).

@@ -81,6 +81,10 @@ class Engine {
                                    RequestCallbacks callbacks);
   // Ends a submitted request (kCancelled) within one step; thread-safe.
   void Cancel(RequestId id) { scheduler_->Cancel(id); }
+  // See Scheduler::DropKvState.
+  void DropKvState(absl::Status why) {
+    scheduler_->DropKvState(std::move(why));
+  }
   // Forward steps run so far.
   int64_t steps() const { return scheduler_->steps(); }
   int64_t waiting_requests() const { return scheduler_->waiting(); }

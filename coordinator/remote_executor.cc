@@ -27,10 +27,15 @@ absl::StatusOr<std::unique_ptr<RemoteExecutor>> RemoteExecutor::WaitForWorkers(
 absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
   {
     absl::MutexLock lock(&mu_);
+    if (reforming_) return failed_;
     if (!failed_.ok()) {
       return absl::UnavailableError(
           absl::StrCat("the cluster failed earlier: ", failed_.message()));
     }
+    // Re-formed: the workers start with empty block tables (deltas_ is the
+    // engine loop's, so it is reset here, on that thread).
+    if (reformed_) deltas_ = BlockTableDeltas();
+    reformed_ = false;
   }
   v1::StepPlan plan;
   int64_t blocks_sent = 0;
@@ -127,6 +132,7 @@ void RemoteExecutor::Release(int64_t seq_id) { deltas_.Release(seq_id); }
 absl::Status RemoteExecutor::Health() const {
   {
     absl::MutexLock lock(&mu_);
+    if (reforming_) return failed_;
     if (!failed_.ok()) {
       return absl::UnavailableError(
           absl::StrCat("the cluster failed: ", failed_.message()));
@@ -137,6 +143,28 @@ absl::Status RemoteExecutor::Health() const {
 
 std::vector<RankReport> RemoteExecutor::RankReports() const {
   return service_.Reports();
+}
+
+void RemoteExecutor::BeginReform(absl::Status why) {
+  absl::MutexLock lock(&mu_);
+  failed_ = std::move(why);
+  reforming_ = true;
+}
+
+absl::Status RemoteExecutor::EndReform() {
+  const int64_t device = service_.min_kv_blocks();
+  const int64_t host = service_.min_host_kv_blocks();
+  if (device != kv_blocks_ || host != host_kv_blocks_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the re-formed workers hold ", device, " device and ", host,
+        " host KV blocks, but the engine was built for ", kv_blocks_, " and ",
+        host_kv_blocks_, " (restart the coordinator)"));
+  }
+  absl::MutexLock lock(&mu_);
+  reformed_ = true;
+  reforming_ = false;
+  failed_ = absl::OkStatus();
+  return absl::OkStatus();
 }
 
 void RemoteExecutor::Shutdown(const std::string& reason) {

@@ -56,6 +56,14 @@ class RemoteExecutor : public StepExecutor {
   const char* backend() const override {
     return service_.options().nccl_unique_ids.empty() ? "cpu" : "cuda";
   }
+  // Re-forming after a lost rank (ControlService::Reform): BeginReform
+  // fails every later step with `why` until EndReform, which checks that
+  // the re-formed workers hold the block counts the engine was built for
+  // (FailedPrecondition naming both otherwise); the next step forgets
+  // every block table the old workers had.
+  void BeginReform(absl::Status why);
+  absl::Status EndReform();
+
   // Sends Shutdown to every worker (they exit cleanly).
   void Shutdown(const std::string& reason);
 
@@ -80,7 +88,9 @@ class RemoteExecutor : public StepExecutor {
   uint64_t next_step_id_ = 1;
 
   mutable absl::Mutex mu_;
-  absl::Status failed_ ABSL_GUARDED_BY(mu_);  // First failure; sticky.
+  absl::Status failed_ ABSL_GUARDED_BY(mu_);     // First failure; sticky.
+  bool reformed_ ABSL_GUARDED_BY(mu_) = false;   // EndReform since a step.
+  bool reforming_ ABSL_GUARDED_BY(mu_) = false;  // BeginReform..EndReform.
   RemoteExecutorStats stats_ ABSL_GUARDED_BY(mu_);
 };
 

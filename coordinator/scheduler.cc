@@ -412,20 +412,7 @@ void Scheduler::Step() {
   if (!out.ok()) {
     // The KV cache of every running sequence is now suspect, and so are
     // the blocks this step was to copy: all holders fail.
-    for (auto& s : running_) Finish(*s, out.status(), events);
-    running_.clear();
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      for (auto it = waiting_.begin(); it != waiting_.end();) {
-        if (blocks_->Table((*it)->id).empty()) {
-          ++it;
-          continue;
-        }
-        Finish(**it, out.status(), events);
-        it = waiting_.erase(it);
-      }
-    }
-    blocks_->DropCache();
+    FailKvHolders(out.status(), events);
     RunEvents(events);
     return;
   }
@@ -513,19 +500,61 @@ void Scheduler::PublishStats() {
   stats_ = s;
 }
 
+void Scheduler::FailKvHolders(const absl::Status& why,
+                              std::vector<Event>& events) {
+  for (auto& s : running_) Finish(*s, why, events);
+  running_.clear();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = waiting_.begin(); it != waiting_.end();) {
+      if (blocks_->Table((*it)->id).empty()) {
+        ++it;
+        continue;
+      }
+      Finish(**it, why, events);
+      it = waiting_.erase(it);
+    }
+  }
+  blocks_->DropCache();
+}
+
+void Scheduler::DropKvState(absl::Status why) {
+  std::unique_lock<std::mutex> lock(mu_);
+  const uint64_t ticket = ++drops_requested_;
+  drop_why_ = std::move(why);
+  cv_.notify_all();
+  cv_.wait(lock, [&] { return drops_done_ >= ticket || stopping_; });
+}
+
 void Scheduler::Loop() {
   std::vector<Event> events;
   while (true) {
+    std::optional<absl::Status> drop;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stopping_ || !waiting_.empty() || !running_.empty();
+        return stopping_ || !waiting_.empty() || !running_.empty() ||
+               drops_done_ < drops_requested_;
       });
       if (stopping_) break;
-      Admit(events);
-      // Requests wait only while others run (each fits the cache alone);
-      // never spin should that ever not hold.
-      if (running_.empty()) cv_.wait_for(lock, std::chrono::milliseconds(10));
+      if (drops_done_ < drops_requested_) {
+        drop = drop_why_;
+      } else {
+        Admit(events);
+        // Requests wait only while others run (each fits the cache alone);
+        // never spin should that ever not hold.
+        if (running_.empty()) {
+          cv_.wait_for(lock, std::chrono::milliseconds(10));
+        }
+      }
+    }
+    if (drop.has_value()) {
+      FailKvHolders(*drop, events);
+      RunEvents(events);
+      std::lock_guard<std::mutex> lock(mu_);
+      drops_done_ = drops_requested_;
+      cv_.notify_all();
+      continue;
     }
     RunEvents(events);
     Step();

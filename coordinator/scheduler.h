@@ -133,6 +133,11 @@ class Scheduler {
   absl::StatusOr<RequestId> Submit(GenerateRequest request,
                                    RequestCallbacks callbacks,
                                    bool ignore_queue_limit = false);
+  // The workers lost their KV caches (a cluster re-forming): fails every
+  // request that holds blocks (running, swapped, preempted) with `why`
+  // and empties the prefix cache, on the loop thread; returns once done.
+  // Requests without blocks stay queued.
+  void DropKvState(absl::Status why);
   // Ends the request (kCancelled) and frees its blocks within one step.
   // Unknown or finished ids are ignored.
   void Cancel(RequestId id);
@@ -179,6 +184,9 @@ class Scheduler {
   void PublishStats();
   // Publishes the stats, then runs the callbacks (no lock held).
   void RunEvents(std::vector<Event>& events);
+  // Finishes every sequence that holds blocks with `why`; drops the
+  // prefix cache.
+  void FailKvHolders(const absl::Status& why, std::vector<Event>& events);
   // Ends a running sequence: frees its blocks, queues its on_done.
   void Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
               std::vector<Event>& events);
@@ -194,6 +202,8 @@ class Scheduler {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   bool stopping_ = false;                          // Guarded by mu_.
+  uint64_t drops_requested_ = 0, drops_done_ = 0;  // Guarded by mu_.
+  absl::Status drop_why_;                          // Guarded by mu_.
   RequestId next_id_ = 0;                          // Guarded by mu_.
   std::deque<std::unique_ptr<Sequence>> waiting_;  // Guarded by mu_.
   absl::flat_hash_set<RequestId> cancelled_;       // Guarded by mu_.

@@ -308,6 +308,41 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   EXPECT_EQ(next->tokens.size(), 5u);
 }
 
+// A cluster re-forming (coordinator --rejoin) drops the workers' KV: the
+// request generating fails with the reason, a request without blocks
+// stays queued and then runs whole, and the prefix cache is forgotten.
+TEST_F(SchedulerTest, DropKvStateFailsHoldersAndForgetsThePrefixCache) {
+  Engine* engine = MakeEngine({.prefix_caching = true});
+  ASSERT_NE(engine, nullptr);
+  ASSERT_TRUE(
+      engine->Generate({.prompt = Prompt(64, 2), .max_tokens = 1}).ok());
+  ASSERT_GT(engine->blocks().device_usage().cached, 0);
+
+  Results results;
+  std::promise<void> generating;
+  std::atomic<bool> once{false};
+  ASSERT_TRUE(engine
+                  ->Submit({.prompt = Prompt(10, 4), .max_tokens = 4000},
+                           results.Callbacks(0,
+                                             [&](int32_t) {
+                                               if (!once.exchange(true)) {
+                                                 generating.set_value();
+                                               }
+                                               return true;
+                                             }))
+                  .ok());
+  generating.get_future().wait();
+  engine->DropKvState(absl::UnavailableError("re-forming after rank 3"));
+  results.Wait();
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(results[0].status().message(), "re-forming after rank 3");
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().device_usage().cached, 0);
+  auto next = engine->Generate({.prompt = Prompt(64, 2), .max_tokens = 3});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->tokens.size(), 3u);
+}
+
 }  // namespace
 }  // namespace shardlm
 

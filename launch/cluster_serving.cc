@@ -13,6 +13,8 @@
 #include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
+#include "core/secret.h"
+#include "core/status.h"
 #include "launch/drain.h"
 #include "launch/remote_generate.h"
 #include "model/tokenizer.h"
@@ -89,8 +91,8 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token) const {
 namespace {
 
 // Waits for a stop signal; with `watch`, also returns (0) when the
-// cluster fails. Returns the signal taken.
-int WaitForStop(const sigset_t& stop_signals, const ControlService* watch) {
+// cluster fails (a rank lost, hung or failing steps). Returns the signal.
+int WaitForStop(const sigset_t& stop_signals, const StepExecutor* watch) {
   RouteStopSignalsHere();
   while (true) {
     const timespec tick = {0, 200'000'000};
@@ -98,6 +100,46 @@ int WaitForStop(const sigset_t& stop_signals, const ControlService* watch) {
     if (sig > 0) return sig;
     if (watch != nullptr && !watch->Health().ok()) return 0;
   }
+}
+
+// A rank was lost (`why`): fails what held KV, waits for the ranks to
+// register again under a new rendezvous prefix, and resumes. Sets *sig
+// when a stop signal came meanwhile.
+absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
+                    const std::string& why, ControlService& service,
+                    RemoteExecutor& remote, Engine& engine,
+                    const sigset_t& stop_signals, int* sig) {
+  *sig = 0;
+  std::fprintf(stderr,
+               "[shardlm] %s: lost a rank: %s; re-forming (--rejoin): waiting "
+               "up to %llds for it to come back\n",
+               o.command, why.c_str(),
+               static_cast<long long>(f.startup_timeout_s));
+  const absl::Status lost = absl::UnavailableError(
+      absl::StrCat("the cluster is re-forming after: ", why));
+  remote.BeginReform(lost);
+  engine.DropKvState(lost);
+  static int formation = 1;
+  auto id = RandomHexToken(8);
+  RETURN_IF_ERROR(service.Reform(
+      absl::StrCat("reform-", ++formation, "-", id.ok() ? *id : "0")));
+  const absl::Time give_up = absl::Now() + absl::Seconds(f.startup_timeout_s);
+  while (true) {
+    absl::Status s = service.WaitUntilReady(absl::Seconds(1));
+    if (s.ok()) break;
+    const timespec now = {0, 0};
+    if (const int got = sigtimedwait(&stop_signals, nullptr, &now); got > 0) {
+      *sig = got;
+      return absl::CancelledError("stopped while re-forming");
+    }
+    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= give_up) {
+      return absl::UnavailableError(
+          absl::StrCat("could not re-form the cluster: ", s.message()));
+    }
+  }
+  RETURN_IF_ERROR(remote.EndReform());
+  std::fprintf(stderr, "[shardlm] %s: re-formed; serving again\n", o.command);
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -142,6 +184,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   }
   if (startup_probes != nullptr) startup_probes->Shutdown();
   startup_probes.reset();
+  RemoteExecutor* remote = executor->get();
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
   auto engine = Engine::Create(
@@ -174,13 +217,36 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
                static_cast<int>(f.block_size), host.c_str(), (*api)->port(),
                o.workers_dial.c_str());
 
-  const int sig =
-      WaitForStop(stop_signals, o.exit_when_cluster_fails ? &service : nullptr);
+  const bool watch = o.exit_when_cluster_fails || o.rejoin;
   int code = 0;
-  if (sig == 0) {
+  while (true) {
+    int sig = WaitForStop(stop_signals, watch ? remote : nullptr);
+    if (sig != 0) {
+      code = DrainOnSignal(**api, sig, stop_signals,
+                           absl::Seconds(f.api.drain_timeout_s), "coordinator");
+      service.Shutdown("coordinator shutting down");
+      break;
+    }
+    // The rank's own reason when one was lost, else the failed step's.
+    const absl::Status health = service.Health();
+    const std::string why(health.ok() ? remote->Health().message()
+                                      : health.message());
+    if (o.rejoin) {
+      absl::Status s =
+          Reform(f, o, why, service, *remote, **engine, stop_signals, &sig);
+      if (s.ok()) continue;
+      if (sig != 0) {  // Stopped while re-forming: nothing to drain.
+        service.Shutdown("coordinator shutting down");
+        break;
+      }
+      std::fprintf(stderr, "shardlm %s: %s\n", o.command,
+                   std::string(s.message()).c_str());
+      service.Shutdown(std::string(s.message()), /*cluster_failed=*/true);
+      code = 1;
+      break;
+    }
     // Not ready from now on (/ready follows the ranks' health); requests
     // get UNAVAILABLE naming the rank while the grace lasts.
-    const std::string why(service.Health().message());
     std::fprintf(stderr, "shardlm %s: the cluster failed: %s; exiting in %s\n",
                  o.command, why.c_str(),
                  absl::FormatDuration(o.failure_grace).c_str());
@@ -189,10 +255,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
     service.Shutdown(absl::StrCat("the cluster failed: ", why),
                      /*cluster_failed=*/true);
     code = 1;
-  } else {
-    code = DrainOnSignal(**api, sig, stop_signals,
-                         absl::Seconds(f.api.drain_timeout_s), "coordinator");
-    service.Shutdown("coordinator shutting down");
+    break;
   }
   control.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return code;

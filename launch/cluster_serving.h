@@ -54,6 +54,12 @@ struct ServeClusterOptions {
   // RecreateGroupOnPodRestart) restarts the group. Else serve on, failing.
   bool exit_when_cluster_fails = false;
   absl::Duration failure_grace = absl::Seconds(3);
+  // Instead (shardlm coordinator --rejoin; `service` built with
+  // ClusterOptions::rejoin): stay up, not ready, fail the requests that
+  // held KV, and wait up to --startup-timeout-s for the lost ranks to come
+  // back (a restarted worker with the same rank), re-form the data plane
+  // with the survivors and serve again.
+  bool rejoin = false;
 };
 
 // Waits for the workers of `service` to load, builds the engine, serves

@@ -41,6 +41,7 @@ int CoordinatorCommand(int argc, char** argv) {
   ClusterFlags f;
   std::string control_listen = "0.0.0.0:50052";
   double failure_grace_s = 3;
+  bool rejoin = false;
   FlagSet flags(
       "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm coordinator --model PATH "
       "--tp TP --pp PP [flags]\n"
@@ -55,6 +56,11 @@ int CoordinatorCommand(int argc, char** argv) {
   flags.Add("failure-grace-s", &failure_grace_s,
             "after a rank is lost: how long to stay up, not ready, "
             "answering UNAVAILABLE, before exiting 1");
+  flags.Add("rejoin", &rejoin,
+            "after a rank is lost: stay up (not ready), wait up to "
+            "--startup-timeout-s for a worker with that rank to come back, "
+            "re-form with the survivors and serve again, instead of "
+            "exiting");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -96,6 +102,7 @@ int CoordinatorCommand(int argc, char** argv) {
     return 2;
   }
   ClusterOptions options = f.Control(token);
+  options.rejoin = rejoin;
   // Rendezvous keys of this run only: workers of an earlier coordinator
   // never meet these.
   auto run_id = RandomHexToken(8);
@@ -126,8 +133,9 @@ int CoordinatorCommand(int argc, char** argv) {
       ServeCluster(f,
                    {.command = "coordinator",
                     .workers_dial = address,
-                    .exit_when_cluster_fails = true,
-                    .failure_grace = absl::Seconds(failure_grace_s)},
+                    .exit_when_cluster_fails = !rejoin,
+                    .failure_grace = absl::Seconds(failure_grace_s),
+                    .rejoin = rejoin},
                    **source, service, *control, stop_signals);
   std::fflush(stderr);
   std::_Exit(code);

@@ -10,8 +10,9 @@
 // SHARDLM_CONTROL_PORT when set). The worker dials the coordinator
 // (retrying, and saying what it waits for, up to --join-timeout-s), takes
 // its assignment, meets its TP and PP peers over Gloo through the
-// coordinator's rendezvous store, loads its shard and serves steps. It exits 0 when the coordinator stops the cluster, and
-// non-zero within seconds when the coordinator or a peer is lost.
+// coordinator's rendezvous store, loads its shard and serves steps. It exits 0
+// when the coordinator stops the cluster, and non-zero within seconds when the
+// coordinator or a peer is lost.
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
@@ -20,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -244,7 +246,10 @@ int WorkerCommand(int argc, char** argv) {
                  std::string(digest.status().message()).c_str());
     return 1;
   }
-  CommShardHost host(source->get(), GlooConnector(f, rank, token));
+  // The shard of the current formation; replaced when the cluster
+  // re-forms (the probes read it under the mutex).
+  std::mutex host_mu;
+  std::unique_ptr<CommShardHost> host;
 
   std::unique_ptr<HttpServer> probes;
   if (!f.health_listen.empty()) {
@@ -253,11 +258,12 @@ int WorkerCommand(int argc, char** argv) {
     options.max_connections = 16;
     options.probe_paths = {"/health", "/ready"};
     auto server = HttpServer::Start(
-        options, [&host](const HttpRequest& req, HttpResponse& res) {
+        options, [&](const HttpRequest& req, HttpResponse& res) {
           if (req.path == "/health") {
             res.Send(200, "text/plain", "ok\n");
           } else if (req.path == "/ready") {
-            if (host.loaded()) {
+            std::lock_guard<std::mutex> lock(host_mu);
+            if (host != nullptr && host->loaded()) {
               res.Send(200, "text/plain", "ready\n");
             } else {
               res.Send(503, "text/plain", "joining or loading\n");
@@ -291,21 +297,34 @@ int WorkerCommand(int argc, char** argv) {
     if (!stop.HasBeenNotified()) stop.Notify();
   });
   signals.detach();
-  const absl::Status s = RunWorkerAgent(
-      {.coordinator = f.coordinator,
-       .rank = rank,
-       .model_path = f.model,
-       .model_bytes = model_bytes,
-       .model_digest = *digest,
-       .cluster_token = token,
-       .connect_timeout = absl::Seconds(f.join_timeout_s),
-       .on_abandon =
-           [](const std::string& why) {
-             std::fprintf(stderr, "shardlm worker (%s)\n", why.c_str());
-             Exit(1);
-           },
-       .stop = &stop},
-      host);
+  absl::Status s;
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(host_mu);
+      host.reset();  // The last formation's shard and data plane first.
+      host = std::make_unique<CommShardHost>(source->get(),
+                                             GlooConnector(f, rank, token));
+    }
+    s = RunWorkerAgent({.coordinator = f.coordinator,
+                        .rank = rank,
+                        .model_path = f.model,
+                        .model_bytes = model_bytes,
+                        .model_digest = *digest,
+                        .cluster_token = token,
+                        .connect_timeout = absl::Seconds(f.join_timeout_s),
+                        .on_abandon =
+                            [](const std::string& why) {
+                              std::fprintf(stderr, "shardlm worker (%s)\n",
+                                           why.c_str());
+                              Exit(1);
+                            },
+                        .stop = &stop},
+                       *host);
+    if (!absl::IsAborted(s) || stop.HasBeenNotified()) break;
+    // The cluster re-forms (coordinator --rejoin): register again.
+    std::fprintf(stderr, "[shardlm] worker rank %d: %s; rejoining\n", rank,
+                 std::string(s.message()).c_str());
+  }
   if (s.ok() || absl::IsCancelled(s)) Exit(0);
   std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
                std::string(s.message()).c_str());

@@ -171,6 +171,11 @@ class AgentSession {
         }
         case v1::CoordinatorMessage::kShutdown:
           CloseWrites();
+          if (msg->shutdown().rejoin()) {
+            return absl::AbortedError(
+                absl::StrCat("the coordinator at ", o_.coordinator,
+                             " asked to rejoin: ", msg->shutdown().reason()));
+          }
           if (msg->shutdown().cluster_failed()) {
             return absl::UnavailableError(
                 absl::StrCat("the coordinator at ", o_.coordinator,

@@ -77,7 +77,8 @@ struct WorkerAgentOptions {
 };
 
 // Serves one worker's stream until the coordinator sends Shutdown (OK;
-// Unavailable with its reason when the cluster failed).
+// Unavailable with its reason when the cluster failed; Aborted when it
+// re-forms and the worker should drop its shard and register again).
 // Errors: the coordinator unreachable, rejecting the registration (its
 // status), silent for coordinator_timeout, or the stream breaking (each
 // naming the coordinator's address); a Load failure (reported to the

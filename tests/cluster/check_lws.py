@@ -18,6 +18,11 @@ exchange activations over Gloo.
 4. Drain: SIGTERM to every process with a stream in flight: that stream
    completes with all its tokens, a request sent after it gets UNAVAILABLE,
    and every process exits 0 within the drain timeout.
+5. Rejoin (coordinator --rejoin): a worker killed while idle (its prompts'
+   blocks in the prefix cache) makes requests fail naming it; the
+   coordinator and the survivors stay up, not ready;
+   a new process with the same rank re-forms the group, which answers the
+   three prompts like one process again.
 
   check_lws.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -37,10 +42,15 @@ import urllib.request
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from check_cluster import (KV, PROMPTS, check_like_local, generate,  # noqa: E402
-                           local_references)
+                           local_references, step_logprobs)
 from testlib import FAILURES, check, free_port  # noqa: E402
 
 TOKEN = "lws-test-token-0123456789abcdef"
+# Three full KV blocks of 16 tokens and more.
+LONG = ("The history of the printing press begins in the fifteenth century, "
+        "when Johannes Gutenberg combined movable metal type, oil-based ink "
+        "and a wooden screw press into a system that could reproduce books "
+        "faster than any scribe. Within fifty years")
 
 
 def http_status(url: str) -> int:
@@ -151,7 +161,7 @@ class Group:
                 p.wait()
 
 
-def equivalence(a):
+def equivalence(a) -> dict:
     local = local_references(a, a.gguf, "lws")
     g = Group(a, 2, 2, "equivalence")
     try:
@@ -177,7 +187,7 @@ def equivalence(a):
               "(2 before it) form tp 2 x pp 2 over Gloo" + ("" if up else
                                                              "\n" + g.tail()))
         if not up:
-            return
+            return local
         joined = "waiting for the coordinator" in g.log(1)
         check(joined, "[lws] a worker started before the coordinator said "
               "what it waited for, then joined")
@@ -203,6 +213,7 @@ def equivalence(a):
             check_like_local("lws tp2 pp2", p, r, local[p], time.time() - t0)
     finally:
         g.stop()
+    return local
 
 
 def kill_worker(a):
@@ -304,6 +315,57 @@ def drain(a):
         g.stop()
 
 
+def rejoin(a, local: dict):
+    """coordinator --rejoin: a killed worker's replacement (same rank, a new
+    process) re-forms the group with the survivors, which never exited."""
+    g = Group(a, 2, 2, "rejoin", ["--rejoin"])
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws rejoin] group serves\n" + g.tail())
+            return
+        # A long prompt's full blocks enter the prefix cache, whose KV dies
+        # with the workers' pools: re-formed, it must not be reused.
+        r = generate(a.shardlm, ["--model", a.gguf, "--threads", "1"], LONG,
+                     extra=[*KV, "--logprobs", "5"])
+        local = dict(local, **{LONG: (r.stdout, step_logprobs(r.stderr))})
+        generate(a.shardlm, ["--server", g.api], LONG, 4)
+        # Killed while idle: no step fails, so only the re-forming forgets
+        # the cache (a stale hit would read zeroed KV: other tokens).
+        victim = 3
+        g.procs[victim].send_signal(signal.SIGKILL)
+        g.procs[victim].wait()
+        time.sleep(1)  # Noticed, and re-forming: no step runs to fail.
+        r = generate(a.shardlm, ["--server", g.api], "hi", 4, timeout=30)
+        check(r.returncode != 0 and "UNAVAILABLE" in r.stderr
+              and f"rank {victim}" in r.stderr,
+              f"[lws rejoin] a request while the rank is missing fails with "
+              f"UNAVAILABLE naming it ({r.stderr.strip()[-160:]})")
+        time.sleep(2)
+        status = http_status(g.ready_url())
+        alive = [i for i, p in g.procs.items() if i != victim and p.poll() is None]
+        check(status == 503 and sorted(alive) == [0, 1, 2, 4],
+              f"[lws rejoin] without the rank: not ready ({status}), and the "
+              f"coordinator and survivors stay up ({alive})")
+        restarted = time.monotonic()
+        g.start_worker(victim)  # As the supervisor restarts the pod.
+        up = g.wait_ready(120)
+        check(up, f"[lws rejoin] a restarted rank {victim} re-forms the group "
+              f"({time.monotonic() - restarted:.1f}s)" + ("" if up else
+                                                          "\n" + g.tail()))
+        if not up:
+            return
+        rejoined = all("rejoining" in g.log(r) for r in (1, 2, 4))
+        check(rejoined, "[lws rejoin] the survivors re-registered in place")
+        for p in [LONG, *PROMPTS]:
+            t0 = time.time()
+            r = generate(a.shardlm, ["--server", g.api], p,
+                         extra=["--logprobs", "5"])
+            check_like_local("lws rejoin", p, r, local[p], time.time() - t0)
+    finally:
+        g.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -313,7 +375,8 @@ def main() -> int:
     a.shardlm = os.path.abspath(a.shardlm)
     a.gguf = os.path.abspath(a.gguf)
     os.makedirs(a.workdir, exist_ok=True)
-    equivalence(a)
+    local = equivalence(a)
+    rejoin(a, local)
     kill_worker(a)
     kill_coordinator(a)
     drain(a)
