@@ -14,7 +14,7 @@ bash scripts/fetch-model.sh
 ASAN_TESTS=(core_test model_test loader_test tokenizer_test
   serving_metrics_test inference_service_test openai_api_test
   http_server_test step_codec_test llama_weights_test flags_test
-  node_address_test)
+  node_address_test gloo_communicator_test control_store_test)
 BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
   bash scripts/build.sh --target "${ASAN_TESTS[@]}"
 (cd build-asan && ctest --output-on-failure \

@@ -14,6 +14,8 @@ exchange activations over Gloo.
    naming its rank, /ready answers 503 within 5 s, and every other process
    (coordinator included) exits non-zero within 10 s, as
    RecreateGroupOnPodRestart wants.
+   A frozen worker (SIGSTOP) is declared dead after --worker-timeout-ms
+   and ends the group the same way.
 3. The coordinator killed: every worker exits non-zero within 10 s.
 4. Drain: SIGTERM to every process with a stream in flight: that stream
    completes with all its tokens, a request sent after it gets UNAVAILABLE,
@@ -262,6 +264,42 @@ def kill_worker(a):
         g.stop()
 
 
+def freeze_worker(a):
+    """A hung rank (SIGSTOP: alive, silent) is declared dead after
+    --worker-timeout-ms, and the group ends as for a killed one."""
+    g = Group(a, 1, 2, "freeze", ["--worker-timeout-ms", "2000"])
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws freeze] group serves\n" + g.tail())
+            return
+        victim = 2
+        client = subprocess.Popen(
+            [a.shardlm, "generate", "--server", g.api, "--prompt",
+             "Tell me a long story about a dragon.", "--max-tokens", "3000",
+             "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        client.stdout.read(1)
+        g.procs[victim].send_signal(signal.SIGSTOP)
+        frozen = time.monotonic()
+        try:
+            _, err = client.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            _, err = client.communicate()
+        took = time.monotonic() - frozen
+        check(client.returncode != 0 and "UNAVAILABLE" in err
+              and f"rank {victim}" in err and took < 10,
+              f"[lws freeze] the stream fails with UNAVAILABLE naming the "
+              f"frozen rank {victim} in {took:.1f}s ({err.strip()[-160:]})")
+        codes = g.wait_exits([0, 1], 10)
+        check(sorted(codes) == [0, 1] and all(c != 0 for c in codes.values()),
+              f"[lws freeze] the coordinator and the other worker exit "
+              f"non-zero within 10 s more (exit codes {codes})")
+    finally:
+        g.stop()
+
+
 def kill_coordinator(a):
     g = Group(a, 1, 2, "kill_leader")
     try:
@@ -378,6 +416,7 @@ def main() -> int:
     local = equivalence(a)
     rejoin(a, local)
     kill_worker(a)
+    freeze_worker(a)
     kill_coordinator(a)
     drain(a)
     if FAILURES:
