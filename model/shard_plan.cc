@@ -10,14 +10,25 @@
 namespace shardlm {
 namespace {
 
-// Bytes of every tensor whose name starts with `prefix`.
-uint64_t BytesWithPrefix(const WeightSource& source,
-                         const std::string& prefix) {
+// Elements (weights) of every tensor whose name starts with `prefix`, or of
+// the one named `name`: what a step computes with, whatever the format.
+uint64_t ElementsWithPrefix(const WeightSource& source,
+                            const std::string& prefix) {
   uint64_t total = 0;
   for (const TensorInfo& t : source.tensors()) {
-    if (t.name.rfind(prefix, 0) == 0) total += t.bytes;
+    if (t.name.rfind(prefix, 0) != 0) continue;
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    total += n;
   }
   return total;
+}
+uint64_t TensorElements(const WeightSource& source, const std::string& name) {
+  const TensorInfo* t = source.Find(name);
+  if (t == nullptr) return 0;
+  uint64_t n = 1;
+  for (int64_t d : t->shape) n *= static_cast<uint64_t>(d);
+  return n;
 }
 
 uint64_t TensorBytes(const WeightSource& source, const std::string& name) {
@@ -127,19 +138,27 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
     return absl::InvalidArgumentError("vocabulary smaller than tp");
   }
 
-  // Stage boundaries, balanced by bytes.
-  std::vector<uint64_t> layer_bytes(c.n_layers);
+  // Stage boundaries, balanced by the weights each stage computes with per
+  // step: its layers, and on the last stage the output head (the whole
+  // vocabulary matrix, every step). The first stage's embedding gathers a
+  // few rows per step, not the table, so it adds nothing. Weights, not
+  // bytes: the dequantizing kernels' time follows the element count more
+  // than the format (SmolLM2's tied Q8_0 head weighs 15 Q4_1 layers in
+  // bytes, measured ~7 in time, 8 in weights). The old byte balance that
+  // also charged the embedding left the last stage ~1.5x the first's work
+  // at PP=2, which pipelining cannot hide (bench/pp_overlap.py).
+  std::vector<uint64_t> layer_weights(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) {
-    layer_bytes[l] = BytesWithPrefix(source, absl::StrCat("blk.", l, "."));
+    layer_weights[l] = ElementsWithPrefix(source, absl::StrCat("blk.", l, "."));
   }
   const uint64_t embd = TensorBytes(source, "token_embd.weight");
   const uint64_t head =
-      TensorBytes(source, "output_norm.weight") +
-      (c.tied_embeddings ? embd : TensorBytes(source, "output.weight"));
+      TensorElements(source, "output_norm.weight") +
+      TensorElements(source,
+                     c.tied_embeddings ? "token_embd.weight" : "output.weight");
   std::vector<uint64_t> extra(pp, 0);
-  extra[0] += embd;
   extra[pp - 1] += head;
-  const std::vector<int64_t> bounds = BalancedPartition(layer_bytes, extra);
+  const std::vector<int64_t> bounds = BalancedPartition(layer_weights, extra);
 
   ShardPlan plan{.tp = tp, .pp = pp};
   const int64_t group = c.n_heads / c.n_kv_heads;
