@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <map>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -38,7 +39,8 @@ struct ControlService::Worker {
   int64_t host_kv_blocks = 0;
   int64_t kv_block_bytes = 0, weight_bytes = 0;  // From Ready.
   v1::Heartbeat figures;                         // The latest heartbeat's.
-  std::optional<v1::StepResult> result;
+  // Results of the steps in flight, by step id (at most a few).
+  std::map<uint64_t, v1::StepResult> results;
   std::string reason;  // Why it is dead, naming it.
 
   // Serializes writes; the stream is set only while its handler runs.
@@ -250,7 +252,10 @@ grpc::Status ControlService::Connect(
         break;
       }
       case v1::WorkerMessage::kResult:
-        w->result = std::move(*in.mutable_result());
+        if (w->results.size() < 64) {  // Bounded: a worker may not flood.
+          const uint64_t id = in.result().step_id();
+          w->results[id] = std::move(*in.mutable_result());
+        }
         cv_.SignalAll();
         break;
       case v1::WorkerMessage::kHeartbeat:
@@ -343,6 +348,11 @@ int64_t ControlService::min_host_kv_blocks() const {
 
 absl::StatusOr<std::vector<v1::StepResult>> ControlService::RunStep(
     const v1::StepPlan& plan) {
+  RETURN_IF_ERROR(SendStep(plan));
+  return WaitStep(plan.step_id());
+}
+
+absl::Status ControlService::SendStep(const v1::StepPlan& plan) {
   {
     absl::MutexLock lock(&mu_);
     if (!first_dead_.empty()) return absl::UnavailableError(first_dead_);
@@ -351,7 +361,7 @@ absl::StatusOr<std::vector<v1::StepResult>> ControlService::RunStep(
       return absl::FailedPreconditionError(
           "step before every worker was ready");
     }
-    for (auto& w : workers_) w->result.reset();
+    step_deadlines_[plan.step_id()] = absl::Now() + options_.step_timeout;
   }
   v1::CoordinatorMessage msg;
   *msg.mutable_plan() = plan;
@@ -363,45 +373,59 @@ absl::StatusOr<std::vector<v1::StepResult>> ControlService::RunStep(
       return absl::UnavailableError(w->reason);
     }
   }
-  const absl::Time deadline = absl::Now() + options_.step_timeout;
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::StepResult>> ControlService::WaitStep(
+    uint64_t step_id) {
   absl::MutexLock lock(&mu_);
+  const auto sent = step_deadlines_.find(step_id);
+  if (sent == step_deadlines_.end()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("step ", step_id, " was not sent"));
+  }
+  const absl::Time deadline = sent->second;
+  step_deadlines_.erase(sent);
+  const auto take = [&](Worker& w) -> std::optional<v1::StepResult> {
+    auto it = w.results.find(step_id);
+    if (it == w.results.end()) return std::nullopt;
+    v1::StepResult r = std::move(it->second);
+    w.results.erase(it);
+    return r;
+  };
   while (true) {
     // A lost rank first: its peers' errors (timeouts) follow from it.
     for (auto& w : workers_) {
       if (w->state == State::kDead) return absl::UnavailableError(w->reason);
       if (w->state != State::kReady) {
-        return absl::UnavailableError(absl::StrCat(
-            w->Name(), ": shut down during step ", plan.step_id()));
+        return absl::UnavailableError(
+            absl::StrCat(w->Name(), ": shut down during step ", step_id));
       }
     }
     size_t have = 0;
     for (auto& w : workers_) {
-      if (!w->result.has_value() || w->result->step_id() != plan.step_id()) {
-        continue;
-      }
-      if (!w->result->error().empty()) {
-        auto code = static_cast<absl::StatusCode>(w->result->error_code());
+      auto it = w->results.find(step_id);
+      if (it == w->results.end()) continue;
+      if (!it->second.error().empty()) {
+        auto code = static_cast<absl::StatusCode>(it->second.error_code());
         if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
         return absl::Status(code,
-                            absl::StrCat(w->Name(), ": step ", plan.step_id(),
-                                         " failed: ", w->result->error()));
+                            absl::StrCat(w->Name(), ": step ", step_id,
+                                         " failed: ", it->second.error()));
       }
       ++have;
     }
     if (have == workers_.size()) {
       std::vector<v1::StepResult> results;
-      for (auto& w : workers_) results.push_back(std::move(*w->result));
+      for (auto& w : workers_) results.push_back(*take(*w));
       return results;
     }
     if (absl::Now() >= deadline) {
       std::string first;
       for (auto& w : workers_) {
-        if (w->result.has_value() && w->result->step_id() == plan.step_id()) {
-          continue;
-        }
-        MarkDead(*w,
-                 absl::StrCat("no result for step ", plan.step_id(), " within ",
-                              absl::FormatDuration(options_.step_timeout)));
+        if (w->results.contains(step_id)) continue;
+        MarkDead(*w, absl::StrCat("no result for step ", step_id, " within ",
+                                  absl::FormatDuration(options_.step_timeout)));
         if (first.empty()) first = w->reason;
       }
       return absl::UnavailableError(first);
@@ -532,12 +556,13 @@ absl::Status ControlService::Reform(const std::string& rendezvous_prefix) {
     w->kv_blocks = w->host_kv_blocks = 0;
     w->kv_block_bytes = w->weight_bytes = 0;
     w->figures.Clear();
-    w->result.reset();
+    w->results.clear();
     w->reason.clear();
   }
   first_rank_ = 0;
   startup_error_ = absl::OkStatus();
   first_dead_.clear();
+  step_deadlines_.clear();
   started_ = false;
   reforming_ = false;
   cv_.SignalAll();

@@ -103,8 +103,14 @@ class ControlService final : public v1::Control::Service {
   // plan.step_id. Returns the results indexed by rank - 1. Unavailable
   // naming the rank when one is (or becomes) dead, or misses step_timeout;
   // a worker's own error (StepResult.error) with its code, naming it.
-  // One step at a time.
+  // SendStep then WaitStep.
   absl::StatusOr<std::vector<v1::StepResult>> RunStep(const v1::StepPlan& plan);
+  // Steps in flight: SendStep sends `plan` to every worker and returns;
+  // WaitStep(plan.step_id) waits for that step's results (with the same
+  // errors as RunStep; its step timeout counts from the send). Every sent
+  // step must be waited for once, in any order; from one thread.
+  absl::Status SendStep(const v1::StepPlan& plan);
+  absl::StatusOr<std::vector<v1::StepResult>> WaitStep(uint64_t step_id);
 
   // OK when every rank is ready and alive; Unavailable naming the first
   // dead (or still missing) rank otherwise, or after Shutdown.
@@ -155,6 +161,9 @@ class ControlService final : public v1::Control::Service {
   bool shutdown_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_watchdog_ ABSL_GUARDED_BY(mu_) = false;
   bool reforming_ ABSL_GUARDED_BY(mu_) = false;
+  // Steps sent and not yet waited for, with their deadlines.
+  absl::flat_hash_map<uint64_t, absl::Time> step_deadlines_
+      ABSL_GUARDED_BY(mu_);
   uint64_t claims_ ABSL_GUARDED_BY(mu_) = 0;  // Generations of slots.
   std::string rendezvous_prefix_ ABSL_GUARDED_BY(mu_);
   std::thread watchdog_;

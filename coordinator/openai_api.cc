@@ -577,6 +577,11 @@ std::string OpenAiApi::Metrics() {
           {"tier=\"host\",state=\"free\"", s.host.free}});
   metric("shardlm_steps_total", "counter", "Forward steps run.",
          {{"", s.steps}});
+  metric("shardlm_steps_in_flight", "gauge",
+         "Steps submitted whose tokens are not back yet (pipeline stages "
+         "working at once): now, and the most so far.",
+         {{"which=\"now\"", s.steps_in_flight},
+          {"which=\"max\"", s.max_steps_in_flight}});
   metric("shardlm_computed_tokens_total", "counter",
          "Tokens run through the model (prefix-cache hits are not).",
          {{"", s.computed_tokens}});

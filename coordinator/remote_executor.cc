@@ -25,28 +25,64 @@ absl::StatusOr<std::unique_ptr<RemoteExecutor>> RemoteExecutor::WaitForWorkers(
 }
 
 absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
+  RETURN_IF_ERROR(Submit(step));
+  return Collect();
+}
+
+absl::Status RemoteExecutor::Submit(const StepInput& step) {
+  absl::Status refused;
   {
     absl::MutexLock lock(&mu_);
-    if (reforming_) return failed_;
-    if (!failed_.ok()) {
-      return absl::UnavailableError(
+    if (reforming_) {
+      refused = failed_;
+    } else if (!failed_.ok()) {
+      refused = absl::UnavailableError(
           absl::StrCat("the cluster failed earlier: ", failed_.message()));
     }
     // Re-formed: the workers start with empty block tables (deltas_ is the
     // engine loop's, so it is reset here, on that thread).
-    if (reformed_) deltas_ = BlockTableDeltas();
-    reformed_ = false;
+    if (refused.ok() && reformed_) deltas_ = BlockTableDeltas();
+    if (refused.ok()) reformed_ = false;
   }
-  v1::StepPlan plan;
-  int64_t blocks_sent = 0;
-  RETURN_IF_ERROR(
-      EncodeStepPlan(step, next_step_id_++, deltas_, &plan, &blocks_sent));
+  InFlight f{
+      .step_id = next_step_id_++,
+      .rows = step.logit_rows.size(),
+      .return_logits = step.return_logits,
+      .want_logprobs = std::any_of(step.logprobs.begin(), step.logprobs.end(),
+                                   [](int32_t n) { return n > 0; })};
+  // A refused or unsent step still takes its place in the queue: Collect
+  // returns its error in order.
+  if (refused.ok()) {
+    v1::StepPlan plan;
+    int64_t blocks_sent = 0;
+    refused = EncodeStepPlan(step, f.step_id, deltas_, &plan, &blocks_sent);
+    if (refused.ok()) refused = service_.SendStep(plan);
+    absl::MutexLock lock(&mu_);
+    ++stats_.steps;
+    stats_.blocks_sent += blocks_sent;
+    stats_.plan_bytes += static_cast<int64_t>(plan.ByteSizeLong());
+    if (!refused.ok() && failed_.ok()) failed_ = refused;
+  }
+  f.error = refused;
+  in_flight_.push_back(f);
+  {
+    absl::MutexLock lock(&mu_);
+    stats_.max_in_flight = std::max<int64_t>(
+        stats_.max_in_flight, static_cast<int64_t>(in_flight_.size()));
+  }
+  return absl::OkStatus();
+}
 
-  absl::StatusOr<std::vector<v1::StepResult>> results = service_.RunStep(plan);
+absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
+  if (in_flight_.empty()) {
+    return absl::FailedPreconditionError("Collect with no step in flight");
+  }
+  const InFlight step = in_flight_.front();
+  in_flight_.pop_front();
+  if (!step.error.ok()) return step.error;
+  absl::StatusOr<std::vector<v1::StepResult>> results =
+      service_.WaitStep(step.step_id);
   absl::MutexLock lock(&mu_);
-  ++stats_.steps;
-  stats_.blocks_sent += blocks_sent;
-  stats_.plan_bytes += static_cast<int64_t>(plan.ByteSizeLong());
   if (!results.ok()) {
     failed_ = results.status();
     return results.status();
@@ -54,7 +90,7 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
   // The last stage's TP rank 0 samples: rank (pp - 1) * tp + 1.
   const ClusterOptions& o = service_.options();
   v1::StepResult& r = (*results)[(o.pp - 1) * o.tp];
-  const size_t rows = step.logit_rows.size();
+  const size_t rows = step.rows;
   absl::Status bad;
   if (static_cast<size_t>(r.tokens_size()) != rows) {
     bad = absl::InternalError(
@@ -67,9 +103,7 @@ absl::StatusOr<StepOutput> RemoteExecutor::Forward(const StepInput& step) {
         "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logits_size(),
         " logits for ", rows, " rows of ", config_.vocab_size));
   }
-  const bool want_logprobs =
-      std::any_of(step.logprobs.begin(), step.logprobs.end(),
-                  [](int32_t n) { return n > 0; });
+  const bool want_logprobs = step.want_logprobs;
   if (bad.ok() && want_logprobs &&
       static_cast<size_t>(r.logprobs_size()) != rows) {
     bad = absl::InternalError(absl::StrCat(

@@ -5,7 +5,9 @@
 #ifndef SHARDLM_COORDINATOR_REMOTE_EXECUTOR_H_
 #define SHARDLM_COORDINATOR_REMOTE_EXECUTOR_H_
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <vector>
@@ -22,8 +24,9 @@ namespace shardlm {
 
 struct RemoteExecutorStats {
   int64_t steps = 0;
-  int64_t blocks_sent = 0;  // Block ids in plan deltas, over all steps.
-  int64_t plan_bytes = 0;   // Serialized StepPlan bytes sent to one worker.
+  int64_t blocks_sent = 0;    // Block ids in plan deltas, over all steps.
+  int64_t plan_bytes = 0;     // Serialized StepPlan bytes sent to one worker.
+  int64_t max_in_flight = 0;  // Most steps in flight at once so far.
 };
 
 class RemoteExecutor : public StepExecutor {
@@ -49,6 +52,13 @@ class RemoteExecutor : public StepExecutor {
   // After any failure every later call returns Unavailable at once, naming
   // the rank that failed first.
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override;
+  // Steps in flight: Submit sends the plan and returns; Collect waits for
+  // the oldest step's results. Workers run plans in the order sent, so a
+  // stage starts the next step while later stages finish the one before.
+  int max_steps_in_flight() const override { return max_steps_in_flight_; }
+  void set_max_steps_in_flight(int n) { max_steps_in_flight_ = std::max(1, n); }
+  absl::Status Submit(const StepInput& step) override;
+  absl::StatusOr<StepOutput> Collect() override;
   void Release(int64_t seq_id) override;
   // Thread-safe.
   absl::Status Health() const override;
@@ -86,6 +96,16 @@ class RemoteExecutor : public StepExecutor {
   const int64_t weight_bytes_;
   BlockTableDeltas deltas_;
   uint64_t next_step_id_ = 1;
+  int max_steps_in_flight_ = 1;
+  // Submitted, not yet collected (the engine loop's thread only).
+  struct InFlight {
+    uint64_t step_id = 0;
+    size_t rows = 0;  // Logit rows: one sampled token each.
+    bool return_logits = false;
+    bool want_logprobs = false;
+    absl::Status error;  // Refused at Submit: Collect returns it.
+  };
+  std::deque<InFlight> in_flight_;
 
   mutable absl::Mutex mu_;
   absl::Status failed_ ABSL_GUARDED_BY(mu_);     // First failure; sticky.

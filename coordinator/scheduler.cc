@@ -40,6 +40,7 @@ struct Scheduler::Sequence {
   int64_t computed = 0;         // Tokens whose KV is in the cache.
   bool done = false;
   bool preempted = false;  // In this step: leaves running_ for waiting_.
+  bool in_flight = false;  // In a submitted step whose output is not back.
   Clock::time_point submitted;
   std::optional<Clock::time_point> started;  // First in running_.
   Clock::time_point first_token, last_token;
@@ -196,8 +197,12 @@ void Scheduler::Admit(std::vector<Event>& events) {
                      " of ", s.request.max_tokens, " tokens"));
   };
   for (auto& s : running_) {
+    // One in a step in flight ends once that step is back (its blocks are
+    // being written): its cancellation waits for the next round.
+    if (s->in_flight) continue;
     if (cancelled_.contains(s->id)) {
       Finish(*s, cancelled_result(*s), events);
+      cancelled_.erase(s->id);
     } else if (s->request.deadline <= now) {
       Finish(*s, late(*s), events);
     }
@@ -208,12 +213,17 @@ void Scheduler::Admit(std::vector<Event>& events) {
       absl::StatusOr<GenerateResult> r = late(s);
       if (cancelled_.contains(s.id)) r = cancelled_result(s);
       Finish(s, std::move(r), events);  // A preempted one holds blocks.
+      cancelled_.erase(s.id);
       it = waiting_.erase(it);
     } else {
       ++it;
     }
   }
-  cancelled_.clear();
+  // Ids left name requests in flight, or ones already finished.
+  absl::erase_if(cancelled_, [&](RequestId id) {
+    return std::none_of(running_.begin(), running_.end(),
+                        [&](const auto& r) { return r->id == id; });
+  });
   std::erase_if(running_, [](const auto& s) { return s->done; });
 
   // Strictly in order: a large request at the head is not starved by
@@ -225,10 +235,18 @@ void Scheduler::Admit(std::vector<Event>& events) {
     std::unique_ptr<Sequence> s = std::move(waiting_.front());
     waiting_.pop_front();
     bool start = TryStart(*s, promised);
-    while (!start && !running_.empty() &&
-           running_.back()->request.priority < s->request.priority) {
-      std::unique_ptr<Sequence> victim = std::move(running_.back());
-      running_.pop_back();
+    // Victims: the latest lower-priority sequence not in a step in flight.
+    const auto victim_at = [&] {
+      for (size_t v = running_.size(); v-- > 0;) {
+        if (running_[v]->request.priority >= s->request.priority) break;
+        if (!running_[v]->in_flight) return v;
+      }
+      return running_.size();
+    };
+    for (size_t v = start ? running_.size() : victim_at();
+         !start && v < running_.size(); v = victim_at()) {
+      std::unique_ptr<Sequence> victim = std::move(running_[v]);
+      running_.erase(running_.begin() + v);
       Preempt(*victim);
       victim->preempted = false;
       Enqueue(std::move(victim));  // Behind s: a lower priority.
@@ -287,7 +305,9 @@ int64_t Scheduler::Grow(size_t index, int64_t want,
   // Later (lower priority, newer) sequences not in this step give way.
   for (size_t v = running_.size(); v-- > index + 1 && short_by(target) > 0;) {
     Sequence& victim = *running_[v];
-    if (!in_step[v] && !victim.preempted && !victim.done) Preempt(victim);
+    if (!in_step[v] && !victim.preempted && !victim.done && !victim.in_flight) {
+      Preempt(victim);
+    }
   }
   const bool alone = std::all_of(
       running_.begin(), running_.end(),
@@ -321,8 +341,7 @@ int64_t Scheduler::Grow(size_t index, int64_t want,
   return target - s.computed;
 }
 
-void Scheduler::Step() {
-  std::vector<Event> events;
+bool Scheduler::SubmitStep(size_t max_seqs) {
   // Blocks are taken in priority order, so that a sequence can make room
   // by preempting only lower-priority ones, whatever it is doing. The token
   // budget goes to decoding sequences first (one token each), the rest to
@@ -333,25 +352,34 @@ void Scheduler::Step() {
   const auto decoding = [&](const Sequence& s) {
     return remaining(s) == 1 && s.computed > 0;
   };
+  const auto runnable = [&](const Sequence& s) {
+    return !s.preempted && !s.in_flight && remaining(s) > 0;
+  };
   int64_t decode_budget = options_.max_batched_tokens;
   int64_t prefill_budget = options_.max_batched_tokens;
-  for (const auto& s : running_) prefill_budget -= decoding(*s) ? 1 : 0;
+  for (const auto& s : running_) {
+    prefill_budget -= runnable(*s) && decoding(*s) ? 1 : 0;
+  }
+  size_t seqs = 0;
   std::vector<int64_t> chunk(running_.size(), 0);
   std::vector<bool> scheduled(running_.size(), false);
   std::vector<bool> decode(running_.size(), false);
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
-    if (s.preempted || remaining(s) == 0) continue;
+    if (!runnable(s) || seqs >= max_seqs) continue;
     decode[i] = decoding(s);
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
     chunk[i] = Grow(i, std::min(remaining(s), budget), scheduled);
     scheduled[i] = chunk[i] > 0;
     budget -= chunk[i];
+    seqs += scheduled[i] ? 1 : 0;
   }
   // The step: decode tokens first, then prefill chunks.
-  StepInput step;
-  std::vector<Sequence*> in_step, stepped;
+  InFlightStep f;
+  StepInput& step = f.step;
+  std::vector<Sequence*>& in_step = f.in_step;
+  std::vector<Sequence*>& stepped = f.stepped;
   for (int pass = 0; pass < 2; ++pass) {
     for (size_t i = 0; i < running_.size(); ++i) {
       Sequence& s = *running_[i];
@@ -392,10 +420,24 @@ void Scheduler::Step() {
     }
     std::erase_if(running_, [](const auto& s) { return s == nullptr; });
   }
-  if (step.tokens.empty() && step.copies.empty()) return;
-
+  if (step.tokens.empty() && step.copies.empty()) return false;
+  for (Sequence* s : stepped) s->in_flight = true;
   ++steps_;
-  absl::StatusOr<StepOutput> out = executor_->Forward(step);
+  // A refused step comes back from Collect with its error.
+  (void)executor_->Submit(step);
+  in_flight_.push_back(std::move(f));
+  max_in_flight_ = std::max<int64_t>(max_in_flight_, in_flight_.size());
+  return true;
+}
+
+void Scheduler::CollectStep() {
+  std::vector<Event> events;
+  InFlightStep f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  const StepInput& step = f.step;
+  const std::vector<Sequence*>& in_step = f.in_step;
+  absl::StatusOr<StepOutput> out = executor_->Collect();
+  for (Sequence* s : f.stepped) s->in_flight = false;
   if (out.ok() && out->tokens.size() != in_step.size()) {
     out = absl::InternalError(absl::StrCat("step returned ", out->tokens.size(),
                                            " tokens for ", in_step.size(),
@@ -411,13 +453,15 @@ void Scheduler::Step() {
   }
   if (!out.ok()) {
     // The KV cache of every running sequence is now suspect, and so are
-    // the blocks this step was to copy: all holders fail.
+    // the blocks this step was to copy: all holders fail (the steps still
+    // in flight are collected first: their sequences are among them).
+    DrainInFlight();
     FailKvHolders(out.status(), events);
     RunEvents(events);
     return;
   }
   counters_.computed_tokens += static_cast<int64_t>(step.tokens.size());
-  for (Sequence* s : stepped) {
+  for (Sequence* s : f.stepped) {
     blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
   }
   const int64_t vocab = executor_->config().vocab_size;
@@ -469,6 +513,14 @@ void Scheduler::Step() {
   RunEvents(events);
 }
 
+void Scheduler::DrainInFlight() {
+  while (!in_flight_.empty()) {
+    for (Sequence* s : in_flight_.front().stepped) s->in_flight = false;
+    in_flight_.pop_front();
+    (void)executor_->Collect();
+  }
+}
+
 void Scheduler::RunEvents(std::vector<Event>& events) {
   // Whoever a callback wakes sees the figures that include its request.
   PublishStats();
@@ -480,6 +532,8 @@ void Scheduler::PublishStats() {
   SchedulerStats s = counters_;
   s.steps = steps_.load();
   s.running = static_cast<int64_t>(running_.size());
+  s.steps_in_flight = static_cast<int64_t>(in_flight_.size());
+  s.max_steps_in_flight = max_in_flight_;
   const auto slots = [&](const Sequence& q) {
     const int64_t allocated =
         static_cast<int64_t>(blocks_->Table(q.id).size()) *
@@ -534,7 +588,7 @@ void Scheduler::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
         return stopping_ || !waiting_.empty() || !running_.empty() ||
-               drops_done_ < drops_requested_;
+               !in_flight_.empty() || drops_done_ < drops_requested_;
       });
       if (stopping_) break;
       if (drops_done_ < drops_requested_) {
@@ -543,12 +597,13 @@ void Scheduler::Loop() {
         Admit(events);
         // Requests wait only while others run (each fits the cache alone);
         // never spin should that ever not hold.
-        if (running_.empty()) {
+        if (running_.empty() && in_flight_.empty()) {
           cv_.wait_for(lock, std::chrono::milliseconds(10));
         }
       }
     }
     if (drop.has_value()) {
+      DrainInFlight();
       FailKvHolders(*drop, events);
       RunEvents(events);
       std::lock_guard<std::mutex> lock(mu_);
@@ -557,8 +612,22 @@ void Scheduler::Loop() {
       continue;
     }
     RunEvents(events);
-    Step();
+    // Fill the pipeline: each step takes its share of the runnable
+    // sequences, so that several (disjoint) steps can be in flight.
+    const int depth = std::max(1, executor_->max_steps_in_flight());
+    while (static_cast<int>(in_flight_.size()) < depth) {
+      size_t runnable = 0;
+      for (const auto& q : running_) {
+        runnable += !q->preempted && !q->done &&
+                    (q->in_flight ||
+                     static_cast<int64_t>(q->tokens.size()) > q->computed);
+      }
+      const size_t share = std::max<size_t>(1, (runnable + depth - 1) / depth);
+      if (!SubmitStep(depth == 1 ? running_.size() : share)) break;
+    }
+    if (!in_flight_.empty()) CollectStep();
   }
+  DrainInFlight();
   // Shutting down: nothing new is accepted (stopping_ is set).
   std::deque<std::unique_ptr<Sequence>> waiting;
   {

@@ -103,6 +103,8 @@ struct SchedulerStats {
                                 // and decode; prefix hits are not).
   int64_t running = 0;
   int64_t waiting = 0;              // Including preempted sequences.
+  int64_t steps_in_flight = 0;      // Submitted, output not yet applied.
+  int64_t max_steps_in_flight = 0;  // The most at once so far.
   int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
   int64_t preempted_recompute = 0;  // Preemptions that dropped the KV.
   int64_t offloaded = 0;  // Blocks a sequence moved to the host for itself.
@@ -190,9 +192,16 @@ class Scheduler {
   // Ends a running sequence: frees its blocks, queues its on_done.
   void Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
               std::vector<Event>& events);
-  // One forward step over the running sequences; a failed step ends them
-  // all with its status.
-  void Step();
+  // Plans a step over running sequences not in flight (at most
+  // `max_seqs` of them) and submits it; false when there is nothing to
+  // run. The planning (budgets, growth, preemption) is the synchronous
+  // engine's; sequences in flight are neither planned nor preempted.
+  bool SubmitStep(size_t max_seqs);
+  // Collects the oldest step in flight and applies its output (tokens,
+  // stops, finishes, prefix cache); a failed step ends every holder of KV.
+  void CollectStep();
+  // Collects and drops every step in flight (after a failure).
+  void DrainInFlight();
 
   StepExecutor* executor_;  // Not owned.
   BlockManager* blocks_;    // Not owned.
@@ -209,6 +218,14 @@ class Scheduler {
   absl::flat_hash_set<RequestId> cancelled_;       // Guarded by mu_.
   // Loop thread only. Ordered by priority, then arrival.
   std::vector<std::unique_ptr<Sequence>> running_;
+  // Steps submitted and not yet collected, oldest first (loop thread).
+  struct InFlightStep {
+    StepInput step;
+    std::vector<Sequence*> in_step;  // One per logit row.
+    std::vector<Sequence*> stepped;  // Every sequence in the step.
+  };
+  std::deque<InFlightStep> in_flight_;
+  int64_t max_in_flight_ = 0;
   SchedulerStats counters_;  // Loop thread only; published to stats_.
   ServingMetrics metrics_;
   mutable std::mutex stats_mu_;

@@ -5,6 +5,7 @@
 #define SHARDLM_COORDINATOR_STEP_EXECUTOR_H_
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -53,6 +54,26 @@ class StepExecutor {
   // Runs one step on every rank; the last stage samples one token per
   // logit row (and returns the logits when step.return_logits).
   virtual absl::StatusOr<StepOutput> Forward(const StepInput& step) = 0;
+  // Steps in flight (pipeline parallel overlap, issue #12): up to
+  // max_steps_in_flight() steps may be submitted before the oldest is
+  // collected; Collect returns their outputs in submission order. Steps in
+  // flight hold disjoint sequences, and every rank runs them in submission
+  // order. By default one step at a time: Submit runs Forward, Collect
+  // hands its output back. Not concurrent with each other or Forward.
+  virtual int max_steps_in_flight() const { return 1; }
+  virtual absl::Status Submit(const StepInput& step) {
+    submitted_.push_back(Forward(step));
+    return absl::OkStatus();
+  }
+  // FailedPrecondition when nothing is in flight.
+  virtual absl::StatusOr<StepOutput> Collect() {
+    if (submitted_.empty()) {
+      return absl::FailedPreconditionError("Collect with no step in flight");
+    }
+    absl::StatusOr<StepOutput> out = std::move(submitted_.front());
+    submitted_.pop_front();
+    return out;
+  }
   // The engine is done with sequence `seq_id`: executors that mirror block
   // tables (remote workers) drop theirs.
   virtual void Release(int64_t seq_id) {}
@@ -70,6 +91,9 @@ class StepExecutor {
   // OK while every rank is up; Unavailable naming a lost rank otherwise
   // (remote workers). Cheap: serving's readiness checks call it.
   virtual absl::Status Health() const { return absl::OkStatus(); }
+
+ private:
+  std::deque<absl::StatusOr<StepOutput>> submitted_;  // Default Submit's.
 };
 
 struct ExecutorOptions {

@@ -50,6 +50,10 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("step-timeout-s", &step_timeout_s,
             "a step without every worker's result this long after it was "
             "sent: the ranks missing are hung, and the cluster fails");
+  flags.Add("max-steps-in-flight", &max_steps_in_flight,
+            "steps submitted before the oldest one's tokens are back, so "
+            "that pipeline stages work at once (each step takes its share "
+            "of the running requests); 0: --pp; 1: one step at a time");
   api.Register(flags);
 }
 
@@ -60,11 +64,12 @@ std::string ClusterFlags::Problem() const {
   }
   if (threads < 1 || block_size < 1 || max_batched_tokens < 1 ||
       kv_cache_bytes < 0 || cpu_offload_bytes < 0 || worker_timeout_ms < 100 ||
-      startup_timeout_s < 1 || step_timeout_s < 1) {
+      startup_timeout_s < 1 || step_timeout_s < 1 || max_steps_in_flight < 0 ||
+      max_steps_in_flight > 64) {
     return "--threads, --block-size and --max-batched-tokens must be >= 1, "
            "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
            "--worker-timeout-ms >= 100, --startup-timeout-s and "
-           "--step-timeout-s >= 1";
+           "--step-timeout-s >= 1, --max-steps-in-flight in [0, 64]";
   }
   if (std::string p = api.Problem(); !p.empty()) return p;
   if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
@@ -185,6 +190,8 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   if (startup_probes != nullptr) startup_probes->Shutdown();
   startup_probes.reset();
   RemoteExecutor* remote = executor->get();
+  remote->set_max_steps_in_flight(static_cast<int>(
+      f.max_steps_in_flight > 0 ? f.max_steps_in_flight : f.pp));
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
   auto engine = Engine::Create(

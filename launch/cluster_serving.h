@@ -35,6 +35,7 @@ struct ClusterFlags {
   int64_t worker_timeout_ms = 5000;
   int64_t startup_timeout_s = 300;
   int64_t step_timeout_s = 30;
+  int64_t max_steps_in_flight = 0;  // 0: pp.
   ApiFlags api;
 
   // Adds the flags above; `model_help` says where the model must be.

@@ -14,6 +14,8 @@
 2. Failure: killing a worker mid-generation fails the stream with
    UNAVAILABLE within 10 s, naming that worker's rank and pid; the
    coordinator stays up and fails later requests at once.
+   Steps in flight: 16 concurrent streams at PP = 2 and 3 get the same
+   text as one process, with more than one step in flight at once.
 3. Drain: SIGTERM to every process with a stream in flight lets it finish
    with all its tokens, then every rank exits.
 4. Bad launches end every rank with one clear message, never a hang: wrong
@@ -34,11 +36,12 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port  # noqa: E402
+from testlib import FAILURES, check, free_port, prometheus_series  # noqa: E402
 
 MPIRUN = ["mpirun", "--oversubscribe", "--enable-recovery"]
 if os.geteuid() == 0:
@@ -204,6 +207,49 @@ def equivalence(a, model: str, layouts: list[tuple[int, int]], tag: str):
             c.stop()
 
 
+def overlap(a, model: str):
+    """Steps in flight (issue #12): 16 concurrent streams at PP=2 and PP=3
+    each get the text of TP = PP = 1 in one process, while /metrics shows
+    that more than one step was in flight at once."""
+    prompts = [f"Write one sentence about the number {i}." for i in range(16)]
+    n = 24
+    want = {}
+    for p in prompts:
+        r = generate(a.shardlm, ["--model", model, "--threads", "1"], p, n,
+                     extra=KV)
+        check(r.returncode == 0, f"[overlap] local generate ({r.stderr[-200:]})")
+        want[p] = r.stdout
+    for pp in (2, 3):
+        http = free_port()
+        name = f"overlap pp{pp}"
+        c = Cluster(a.shardlm, model, 1, pp,
+                    os.path.join(a.workdir, f"overlap_pp{pp}.log"),
+                    [*KV, "--http-listen", f"127.0.0.1:{http}"])
+        try:
+            if not c.wait_serving():
+                check(False, f"[{name}] cluster serves\n" + c.tail())
+                continue
+            t0 = time.time()
+            clients = [subprocess.Popen(
+                [a.shardlm, "generate", "--server", c.address, "--prompt", p,
+                 "--max-tokens", str(n), "--ignore-eos"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                for p in prompts]
+            got = [cl.communicate(timeout=300)[0] for cl in clients]
+            same = [g == want[p] for g, p in zip(got, prompts)]
+            check(all(same), f"[{name}] 16 concurrent streams: each the text "
+                  f"of tp1 pp1 in one process ({sum(same)}/16 equal, "
+                  f"{time.time() - t0:.1f}s)")
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{http}/metrics", timeout=10) as m:
+                series = prometheus_series(m.read().decode())
+            most = series.get('shardlm_steps_in_flight{which="max"}', 0)
+            check(most >= 2, f"[{name}] steps in flight at once: up to "
+                  f"{most:g} (>= 2)")
+        finally:
+            c.stop()
+
+
 def kill_worker(a, model: str):
     c = Cluster(a.shardlm, model, 2, 2, os.path.join(a.workdir, "kill.log"))
     try:
@@ -345,6 +391,7 @@ def main() -> int:
                    capture_output=True)
     equivalence(a, syn, [(4, 1), (2, 2)], "synthetic")
 
+    overlap(a, a.gguf)
     kill_worker(a, a.gguf)
     drain(a, a.gguf)
     bad_launches(a, a.gguf)
