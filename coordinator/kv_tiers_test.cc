@@ -6,7 +6,9 @@
 #include <atomic>
 #include <future>
 #include <thread>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
 #include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
@@ -16,18 +18,21 @@ namespace shardlm {
 namespace {
 
 // Every test runs with each KV cache dtype (budgets are in blocks of it).
-class KvTiersTest : public TinyEngineTest,
-                    public ::testing::WithParamInterface<DType> {
+// And with 1 or 3 steps in flight (pipeline parallel overlap).
+class KvTiersTest
+    : public TinyEngineTest,
+      public ::testing::WithParamInterface<std::tuple<DType, int>> {
  protected:
   KvTiersTest() : TinyEngineTest(4096, 5) {}
+  DType dtype() const { return std::get<0>(GetParam()); }
   Engine* MakeEngine(EngineOptions options) {
-    options.kv_cache_dtype = GetParam();
-    return TinyEngineTest::MakeEngine(options);
+    options.kv_cache_dtype = dtype();
+    return TinyEngineTest::MakeEngine(options, std::get<1>(GetParam()));
   }
   // One block (16 tokens) of the tiny model's K and V in the dtype under
   // test.
   int64_t block_bytes() const {
-    return 16 * KvBytesPerToken(source_->config(), GetParam());
+    return 16 * KvBytesPerToken(source_->config(), dtype());
   }
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
@@ -244,12 +249,15 @@ TEST_P(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(KvDTypes, KvTiersTest,
-                         ::testing::Values(DType::kF32, DType::kF16,
-                                           DType::kBF16, DType::kI8),
-                         [](const auto& info) {
-                           return std::string(DTypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    KvDTypes, KvTiersTest,
+    ::testing::Combine(::testing::Values(DType::kF32, DType::kF16, DType::kBF16,
+                                         DType::kI8),
+                       ::testing::Values(1, 3)),
+    [](const auto& info) {
+      return absl::StrCat(DTypeName(std::get<0>(info.param)), "_",
+                          std::get<1>(info.param), "InFlight");
+    });
 
 }  // namespace
 }  // namespace shardlm

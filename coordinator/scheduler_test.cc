@@ -25,7 +25,16 @@ class SchedulerTest : public TinyEngineTest {
   SchedulerTest() : TinyEngineTest(8192, 3) {}
 };
 
-TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
+// The same workloads with 1, 2 and 3 steps in flight.
+class PipelinedSchedulerTest : public SchedulerTest,
+                               public ::testing::WithParamInterface<int> {
+ protected:
+  Engine* MakeEngine(EngineOptions options) {
+    return SchedulerTest::MakeEngine(options, GetParam());
+  }
+};
+
+TEST_P(PipelinedSchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 64; ++i) {
     reqs.push_back(
@@ -64,10 +73,12 @@ TEST_F(SchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
     EXPECT_EQ(results[i]->tokens, alone[i].tokens) << "request " << i;
   }
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
-  EXPECT_LT(engine->steps(), alone_steps / 2);
+  // Batched: far fewer steps (each of P steps in flight takes 1/P).
+  EXPECT_LT(engine->steps(), alone_steps * GetParam() / 2);
+  EXPECT_EQ(engine->stats().max_steps_in_flight, GetParam());
 }
 
-TEST_F(SchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
+TEST_P(PipelinedSchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
   auto engine = MakeEngine({.kv_cache_bytes = 40 * kBlockBytes});
   // The reference: the same greedy requests run to max_tokens alone.
   std::vector<GenerateResult> free_run;
@@ -119,7 +130,7 @@ TEST_F(SchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-TEST_F(SchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
+TEST_P(PipelinedSchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
   // A small device pool and host tier: cancellations also hit sequences
   // that are preempted and swapped out.
   auto engine = MakeEngine({.kv_cache_bytes = 30 * kBlockBytes,
@@ -187,7 +198,7 @@ TEST_F(SchedulerTest, QueueOverflowIsResourceExhausted) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
-TEST_F(SchedulerTest, PassedDeadlinesAreDeadlineExceeded) {
+TEST_P(PipelinedSchedulerTest, PassedDeadlinesAreDeadlineExceeded) {
   auto engine = MakeEngine({});
   auto past = engine->Generate({.prompt = Prompt(4, 1),
                                 .max_tokens = 4,
@@ -210,7 +221,7 @@ TEST_F(SchedulerTest, PassedDeadlinesAreDeadlineExceeded) {
   EXPECT_TRUE(fine.ok()) << fine.status();
 }
 
-TEST_F(SchedulerTest, HigherPriorityIsAdmittedFirst) {
+TEST_P(PipelinedSchedulerTest, HigherPriorityIsAdmittedFirst) {
   // 8 blocks; each request needs 7 (100 tokens): one at a time. The first
   // is already running when the others arrive; as the higher-priority ones
   // grow it is preempted, and it resumes in its own class's order.
@@ -307,6 +318,9 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->tokens.size(), 5u);
 }
+
+INSTANTIATE_TEST_SUITE_P(StepsInFlight, PipelinedSchedulerTest,
+                         ::testing::Values(1, 2, 3));
 
 // A cluster re-forming (coordinator --rejoin) drops the workers' KV: the
 // request generating fails with the reason, a request without blocks

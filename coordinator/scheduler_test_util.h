@@ -3,8 +3,10 @@
 #ifndef SHARDLM_COORDINATOR_SCHEDULER_TEST_UTIL_H_
 #define SHARDLM_COORDINATOR_SCHEDULER_TEST_UTIL_H_
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <optional>
@@ -88,15 +90,69 @@ class Results {
   size_t finished_ = 0;
 };
 
+// Runs each step at Collect instead of Submit, up to `depth` in flight: to
+// the scheduler, steps in flight exactly as a pipelined cluster's, whose
+// ranks also run them in submission order.
+class DeferredExecutor : public StepExecutor {
+ public:
+  DeferredExecutor(std::unique_ptr<StepExecutor> inner, int depth)
+      : inner_(std::move(inner)), depth_(depth) {}
+  const ModelConfig& config() const override { return inner_->config(); }
+  int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
+  int64_t num_host_kv_blocks() const override {
+    return inner_->num_host_kv_blocks();
+  }
+  DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
+  int64_t weight_bytes() const override { return inner_->weight_bytes(); }
+  absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    return inner_->Forward(step);
+  }
+  int max_steps_in_flight() const override { return depth_; }
+  absl::Status Submit(const StepInput& step) override {
+    EXPECT_LT(static_cast<int>(queue_.size()), depth_);
+    queue_.push_back(step);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepOutput> Collect() override {
+    EXPECT_FALSE(queue_.empty());
+    StepInput step = std::move(queue_.front());
+    queue_.pop_front();
+    return inner_->Forward(step);
+  }
+  void Release(int64_t seq_id) override { inner_->Release(seq_id); }
+
+ private:
+  std::unique_ptr<StepExecutor> inner_;
+  int depth_;
+  std::deque<StepInput> queue_;
+};
+
 // A tiny random model with engines over it, one thread each.
 class TinyEngineTest : public ::testing::Test {
  protected:
   TinyEngineTest(int32_t context_length, uint64_t seed)
       : source_(RandomLlamaWeights(TinyConfig(context_length), seed)) {}
   void TearDown() override { engines_.ExpectNoBlockInUse(); }
-  Engine* MakeEngine(EngineOptions options) {
+  // `steps_in_flight` > 1: over a DeferredExecutor of that depth.
+  Engine* MakeEngine(EngineOptions options, int steps_in_flight = 1) {
     options.threads = 1;
-    auto e = Engine::Create(*source_, options);
+    absl::StatusOr<std::unique_ptr<Engine>> e;
+    if (steps_in_flight > 1) {
+      auto inner = CreateInProcessExecutor(
+          *source_, {.block_size = options.block_size,
+                     .kv_cache_bytes = options.kv_cache_bytes,
+                     .cpu_offload_bytes = options.cpu_offload_bytes,
+                     .kv_cache_dtype =
+                         options.kv_cache_dtype.value_or(kDefaultCpuKvDType),
+                     .threads_per_rank = 1});
+      EXPECT_TRUE(inner.ok()) << inner.status();
+      if (!inner.ok()) return nullptr;
+      e = Engine::Create(std::make_unique<DeferredExecutor>(std::move(*inner),
+                                                            steps_in_flight),
+                         options);
+    } else {
+      e = Engine::Create(*source_, options);
+    }
     EXPECT_TRUE(e.ok()) << e.status();
     return e.ok() ? engines_.Keep(std::move(*e)) : nullptr;
   }
