@@ -210,6 +210,11 @@ std::string ErrorBody(int status, absl::string_view message) {
 
 }  // namespace
 
+std::pair<int, const char*> ParseHttpHead(absl::string_view head,
+                                          HttpRequest& req) {
+  return ParseHead(head, req);
+}
+
 const char* HttpReason(int status) {
   switch (status) {
     case 200:

@@ -34,6 +34,7 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace shardlm {
 
@@ -67,6 +68,13 @@ class HttpResponse {
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
+
+// Parses a request head (the request line and headers, without the blank
+// line that ends them) into `req`: {0, ""} when it is well formed, else
+// the status to answer with and why. What the server runs on every
+// connection's head; public for the fuzzer (tests/fuzz/).
+std::pair<int, const char*> ParseHttpHead(absl::string_view head,
+                                          HttpRequest& req);
 
 struct HttpServerOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: any.

@@ -429,8 +429,9 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
       if (!t.is_object()) return error("__metadata__ is not an object");
       continue;
     }
-    auto terror = [&](auto&&... parts) {
-      return error("tensor '", name, "': ", parts...);
+    // A copy of the binding: clang 14 cannot capture structured bindings.
+    auto terror = [&, &tensor = name](auto&&... parts) {
+      return error("tensor '", tensor, "': ", parts...);
     };
     if (!t.is_object()) return terror("entry is not an object");
 

@@ -13,6 +13,7 @@
 // Threads: the OpenMP team splits the output rows into equal contiguous
 // ranges (rounded to kTileRows), one per thread, on both paths.
 #include <cblas.h>
+#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
@@ -259,10 +260,16 @@ __attribute__((target("avx2,fma,f16c"))) void DequantRowAvx2(const uint8_t* row,
 
 QuantKernel g_kernel = QuantKernel::kAuto;
 
+// F16C from CPUID leaf 1 (ECX bit 29): clang 14 knows no "f16c" for
+// __builtin_cpu_supports.
+bool HasF16c() {
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+}
+
 bool HasAvx2() {
   static const bool has = __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c");
+                          __builtin_cpu_supports("fma") && HasF16c();
   return has;
 }
 
