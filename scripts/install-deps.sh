@@ -11,6 +11,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libopenmpi-dev openmpi-bin
   libgloo-dev  # the CPU data plane without mpirun (shardlm worker)
+  clang libclang-rt-14-dev libomp-dev  # scripts/fuzz.sh (libFuzzer, OpenMP)
   libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   python3 python3-venv
   iproute2    # tests/multinode: hosts as network namespaces

@@ -20,6 +20,10 @@ BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
 (cd build-asan && ctest --output-on-failure \
   -R "^($(IFS='|'; echo "${ASAN_TESTS[*]}"))\$")
 
+# Coverage-guided fuzzing (tests/fuzz/): every target for FUZZ_SECONDS
+# (30) from its seed corpus under ASan and UBSan; any finding fails.
+FUZZ_SECONDS=${FUZZ_SECONDS:-30} bash scripts/fuzz.sh
+
 bash scripts/build.sh
 (cd "${BUILD_DIR:-build}" && ctest --output-on-failure --timeout 900 "$@")
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets (tests/fuzz/) with clang under ASan and
+# UBSan in build-fuzz/ and runs each for FUZZ_SECONDS (default 30) from its
+# seed corpus (tests/fuzz/corpus/<target>, copied so the tree stays clean).
+# Fails on any finding; the crashing input is left in build-fuzz/findings/.
+#   scripts/fuzz.sh [target ...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TARGETS=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json
+  fuzz_tokenizer_roundtrip fuzz_stop_strings fuzz_http_api fuzz_step_plan)
+[ "$#" -gt 0 ] && TARGETS=("$@")
+SECONDS_EACH=${FUZZ_SECONDS:-30}
+BUILD=build-fuzz
+export SHARDLM_MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
+
+CC=clang CXX=clang++ BUILD_DIR=$BUILD \
+  CMAKE_ARGS="-DSHARDLM_FUZZ=ON -DSHARDLM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
+  bash scripts/build.sh --target "${TARGETS[@]}"
+
+mkdir -p "$BUILD/findings"
+failed=()
+for t in "${TARGETS[@]}"; do
+  corpus="$BUILD/corpus/$t"
+  mkdir -p "$corpus"
+  [ -d "tests/fuzz/corpus/$t" ] && cp -n "tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
+  echo "fuzz: $t for ${SECONDS_EACH}s"
+  if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+      "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 \
+      -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
+      -artifact_prefix="$BUILD/findings/$t-" "$corpus" \
+      > "$BUILD/findings/$t.log" 2>&1; then
+    failed+=("$t")
+    tail -40 "$BUILD/findings/$t.log"
+  else
+    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$BUILD/findings/$t.log" |
+      tr '\n' ' ' | sed "s/^/fuzz: $t: /"
+    echo
+  fi
+done
+if [ "${#failed[@]}" -gt 0 ]; then
+  echo "fuzz: findings in ${failed[*]} (inputs in $BUILD/findings/)" >&2
+  exit 1
+fi
+echo "fuzz: no findings in ${#TARGETS[@]} targets"

@@ -1,0 +1,121 @@
+// One HTTP request (head, blank line, body) through the server's head
+// parser and the OpenAI-style handlers (/v1/completions, chat, models,
+// tokenize, metrics, probes) over a tiny random model with SmolLM2's
+// tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's models/
+// copy). Every request gets one well-formed response; none may crash.
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <string>
+
+#include "coordinator/engine.h"
+#include "coordinator/http_server.h"
+#include "coordinator/inference_service.h"
+#include "coordinator/openai_api.h"
+#include "model/in_memory_weights.h"
+#include "model/tokenizer.h"
+
+namespace {
+
+using namespace shardlm;
+
+class Collect : public HttpResponse {
+ public:
+  bool Send(int status, const std::string& content_type,
+            const std::string& body) override {
+    Check(status);
+    ++responses_;
+    bytes_ += body.size() + content_type.size();
+    return true;
+  }
+  bool Start(int status, const std::string& content_type) override {
+    Check(status);
+    ++responses_;
+    return true;
+  }
+  bool Write(const std::string& data) override {
+    bytes_ += data.size();
+    return true;
+  }
+  void AddHeader(std::string name, std::string value) override {}
+  bool ClientGone() const override { return false; }
+  int responses() const { return responses_; }
+
+ private:
+  static void Check(int status) {
+    if (status < 200 || status > 599) std::abort();
+  }
+  int responses_ = 0;
+  size_t bytes_ = 0;
+};
+
+struct Server {
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::unique_ptr<InMemoryWeights> weights;
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<InferenceService> service;
+  std::unique_ptr<OpenAiApi> api;
+};
+
+Server& Tiny() {
+  static Server* server = [] {
+    auto* s = new Server;
+    const char* env = std::getenv("SHARDLM_MODEL");
+    auto t = LoadTokenizer(
+        env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (!t.ok()) {
+      std::fprintf(stderr, "fuzz_http_api: %s (set SHARDLM_MODEL)\n",
+                   t.status().ToString().c_str());
+      std::abort();
+    }
+    s->tokenizer = *std::move(t);
+    ModelConfig c;
+    c.n_layers = 1;
+    c.hidden = 32;
+    c.ffn_hidden = 64;
+    c.n_heads = 2;
+    c.n_kv_heads = 1;
+    c.head_dim = 16;
+    c.vocab_size = s->tokenizer->vocab_size();
+    c.context_length = 48;  // Bounds any request's work.
+    c.rope_theta = 10000.0f;
+    c.rope_style = RopeStyle::kRotateHalf;
+    s->weights = RandomLlamaWeights(c, 1);
+    auto e = Engine::Create(*s->weights, {.threads = 1});
+    if (!e.ok()) {
+      std::fprintf(stderr, "fuzz_http_api setup: %s\n",
+                   e.status().ToString().c_str());
+      std::abort();
+    }
+    s->engine = *std::move(e);
+    s->service = std::make_unique<InferenceService>(
+        s->engine.get(), s->tokenizer.get(), "tiny", ServiceOptions{});
+    s->api =
+        std::make_unique<OpenAiApi>(s->engine.get(), s->service.get(),
+                                    OpenAiApiOptions{.model_name = "tiny"});
+    return s;
+  }();
+  return *server;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  Server& server = Tiny();
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  const size_t end = input.find("\r\n\r\n");
+  if (end == std::string::npos) return 0;
+  HttpRequest request;
+  const auto [status, why] = ParseHttpHead(input.substr(0, end), request);
+  if (status != 0) {
+    if (status < 400 || status > 599 || why == nullptr) std::abort();
+    return 0;
+  }
+  request.body = input.substr(end + 4);
+  Collect response;
+  server.api->Handle(request, response);
+  if (response.responses() != 1) std::abort();
+  return 0;
+}
