@@ -132,42 +132,49 @@ TEST_P(PipelinedSchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
 
 TEST_P(PipelinedSchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
   // A small device pool and host tier: cancellations also hit sequences
-  // that are preempted and swapped out.
-  auto engine = MakeEngine({.kv_cache_bytes = 30 * kBlockBytes,
-                            .cpu_offload_bytes = 40 * kBlockBytes,
-                            .max_batched_tokens = 64,
-                            .max_seqs = 8});
-  Results results;
-  std::mt19937 rng(7);
-  std::vector<RequestId> ids;
-  for (int i = 0; i < 100; ++i) {
-    const int stop_after = static_cast<int>(rng() % 30);
-    std::function<bool(int32_t)> on_token;
-    if (i % 2 == 0) {  // Half cancel from their token callback.
-      auto seen = std::make_shared<int>(0);
-      on_token = [seen, stop_after](int32_t) { return ++*seen < stop_after; };
+  // that are preempted and swapped out. Whether a swap happens before the
+  // cancellations drain the pool depends on timing: the workload runs
+  // again (on a fresh engine, other random points) until one did, at most
+  // three times, and every run must end cleanly.
+  int64_t swaps = 0;
+  for (int attempt = 0; attempt < 3 && swaps == 0; ++attempt) {
+    auto engine = MakeEngine({.kv_cache_bytes = 30 * kBlockBytes,
+                              .cpu_offload_bytes = 40 * kBlockBytes,
+                              .max_batched_tokens = 64,
+                              .max_seqs = 8});
+    Results results;
+    std::mt19937 rng(7 + attempt);
+    std::vector<RequestId> ids;
+    for (int i = 0; i < 100; ++i) {
+      const int stop_after = static_cast<int>(rng() % 30);
+      std::function<bool(int32_t)> on_token;
+      if (i % 2 == 0) {  // Half cancel from their token callback.
+        auto seen = std::make_shared<int>(0);
+        on_token = [seen, stop_after](int32_t) { return ++*seen < stop_after; };
+      }
+      auto id = engine->Submit(
+          {.prompt = Prompt(1 + static_cast<int>(rng() % 100), i),
+           .max_tokens = 25},
+          results.Callbacks(i, on_token));
+      ASSERT_TRUE(id.ok()) << id.status();
+      ids.push_back(*id);
     }
-    auto id =
-        engine->Submit({.prompt = Prompt(1 + static_cast<int>(rng() % 100), i),
-                        .max_tokens = 25},
-                       results.Callbacks(i, on_token));
-    ASSERT_TRUE(id.ok()) << id.status();
-    ids.push_back(*id);
+    // The other half by Cancel(), waiting or running.
+    for (size_t i = 1; i < ids.size(); i += 2) {
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
+      engine->Cancel(ids[i]);
+    }
+    results.Wait();
+    int cancelled = 0;
+    for (size_t i = 0; i < ids.size(); ++i) {
+      ASSERT_TRUE(results[i].ok()) << results[i].status();
+      cancelled += results[i]->finish_reason == FinishReason::kCancelled;
+    }
+    EXPECT_GT(cancelled, 50);
+    EXPECT_EQ(engine->blocks().used_blocks(), 0);
+    swaps = engine->stats().preempted_swap;
   }
-  // The other half by Cancel(), waiting or running.
-  for (size_t i = 1; i < ids.size(); i += 2) {
-    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 3000));
-    engine->Cancel(ids[i]);
-  }
-  results.Wait();
-  int cancelled = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    ASSERT_TRUE(results[i].ok()) << results[i].status();
-    cancelled += results[i]->finish_reason == FinishReason::kCancelled;
-  }
-  EXPECT_GT(cancelled, 50);
-  EXPECT_GT(engine->stats().preempted_swap, 0);
-  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  EXPECT_GT(swaps, 0) << "no run swapped a sequence out";
 }
 
 TEST_F(SchedulerTest, QueueOverflowIsResourceExhausted) {
