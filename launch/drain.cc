@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cstdio>
+#include <thread>
 
 namespace shardlm {
 namespace {
@@ -51,6 +52,19 @@ int DrainOnSignal(ApiServer& server, int sig, const sigset_t& stop_signals,
   std::fprintf(stderr, "[shardlm] %s: %s; the requests left were cancelled\n",
                who, second ? "second signal" : "drain timeout");
   return second ? 1 : 0;
+}
+
+void NotifyWorkerStopOnSignal(const sigset_t& stop_signals,
+                              absl::Duration drain_timeout,
+                              absl::Notification* stop) {
+  std::thread([stop, signals = stop_signals, drain_timeout] {
+    int sig = 0;
+    RouteStopSignalsHere();
+    sigwait(&signals, &sig);
+    const timespec wait = absl::ToTimespec(drain_timeout + absl::Seconds(5));
+    sigtimedwait(&signals, nullptr, &wait);
+    if (!stop->HasBeenNotified()) stop->Notify();
+  }).detach();
 }
 
 }  // namespace shardlm

@@ -6,6 +6,7 @@
 
 #include <signal.h>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "coordinator/inference_service.h"
 
@@ -24,6 +25,18 @@ void RouteStopSignalsHere();
 // the rest, 1 when a second signal cut the drain short.
 int DrainOnSignal(ApiServer& server, int sig, const sigset_t& stop_signals,
                   absl::Duration timeout, const char* who);
+
+// A worker's side of the stop (launch's workers, shardlm worker): signals
+// usually reach every rank at once (mpirun forwards them; every pod gets
+// its own). The coordinator drains first and then tells the workers to
+// leave, so a worker waits for that, for a second signal, or for the
+// drain's end plus a margin, and then notifies `stop` (its agent ends
+// cleanly: its stream closes, so the coordinator sees the rank leave at
+// once). Starts a detached thread that takes `stop_signals`; `stop` must
+// live as long as the process.
+void NotifyWorkerStopOnSignal(const sigset_t& stop_signals,
+                              absl::Duration drain_timeout,
+                              absl::Notification* stop);
 
 }  // namespace shardlm
 

@@ -285,22 +285,9 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                  std::string(host.status().message()).c_str());
     return 1;
   }
-  // SIGINT/SIGTERM usually reach every rank at once (mpirun forwards them;
-  // a pod gets its own). The coordinator drains first and then tells the
-  // workers to leave, so a worker waits for that, for a second signal, or
-  // for the drain's end plus a margin; then the agent ends cleanly (its
-  // stream closes, so the coordinator sees the rank leave at once).
-  absl::Notification stop;
-  const int64_t drain_s = f.api.drain_timeout_s;
-  std::thread signals([&stop, &stop_signals, drain_s] {
-    int sig = 0;
-    RouteStopSignalsHere();
-    sigwait(&stop_signals, &sig);
-    const timespec wait = {static_cast<time_t>(drain_s + 5), 0};
-    sigtimedwait(&stop_signals, nullptr, &wait);
-    if (!stop.HasBeenNotified()) stop.Notify();
-  });
-  signals.detach();
+  absl::Notification stop;  // See NotifyWorkerStopOnSignal.
+  NotifyWorkerStopOnSignal(stop_signals, absl::Seconds(f.api.drain_timeout_s),
+                           &stop);
   const absl::Status s = RunWorkerAgent(
       {.coordinator = address,
        .rank = world.rank(),

@@ -283,20 +283,9 @@ int WorkerCommand(int argc, char** argv) {
                "[shardlm] worker rank %d (%s): joining the coordinator at %s\n",
                rank, rank_source.c_str(), f.coordinator.c_str());
 
-  // As under launch: the coordinator drains first and then tells the
-  // workers to leave; a worker waits for that, a second signal, or the
-  // drain's end plus a margin.
-  absl::Notification stop;
-  const int64_t drain_s = f.drain_timeout_s;
-  std::thread signals([&stop, &stop_signals, drain_s] {
-    int sig = 0;
-    RouteStopSignalsHere();
-    sigwait(&stop_signals, &sig);
-    const timespec wait = {static_cast<time_t>(drain_s + 5), 0};
-    sigtimedwait(&stop_signals, nullptr, &wait);
-    if (!stop.HasBeenNotified()) stop.Notify();
-  });
-  signals.detach();
+  absl::Notification stop;  // See NotifyWorkerStopOnSignal.
+  NotifyWorkerStopOnSignal(stop_signals, absl::Seconds(f.drain_timeout_s),
+                           &stop);
   absl::Status s;
   while (true) {
     {
