@@ -409,9 +409,23 @@ absl::StatusOr<std::vector<v1::StepResult>> ControlService::WaitStep(
       if (!it->second.error().empty()) {
         auto code = static_cast<absl::StatusCode>(it->second.error_code());
         if (code == absl::StatusCode::kOk) code = absl::StatusCode::kInternal;
-        return absl::Status(code,
+        absl::Status failed(code,
                             absl::StrCat(w->Name(), ": step ", step_id,
                                          " failed: ", it->second.error()));
+        // A survivor's collective often fails (its peer's connection
+        // reset) just before the coordinator sees that peer's stream end:
+        // give the death a moment to show, so that the error names the
+        // rank that was lost rather than the one that noticed.
+        const absl::Time grace = absl::Now() + absl::Milliseconds(500);
+        while (absl::Now() < grace) {
+          for (auto& d : workers_) {
+            if (d->state == State::kDead) {
+              return absl::UnavailableError(d->reason);
+            }
+          }
+          cv_.WaitWithDeadline(&mu_, grace);
+        }
+        return failed;
       }
       ++have;
     }
