@@ -4,6 +4,7 @@
 // makes TP/PP equivalence testable in one process.
 #include <algorithm>
 #include <condition_variable>
+#include <deque>
 #include <limits>
 #include <mutex>
 #include <thread>
@@ -69,8 +70,10 @@ class SingleExecutor : public StepExecutor {
   std::unique_ptr<ModelRunner> runner_;
 };
 
-// Rank threads wait for a step, run it, and report; Forward() hands the
-// step out and waits for every rank.
+// Rank threads run the submitted steps in order, each at its own pace, and
+// report; Collect() waits for every rank of the oldest step. With PP > 1
+// up to pp steps are in flight: stage 0 runs step k + 1 while stage 1 runs
+// step k (the fake communicators match messages in order).
 class ThreadedExecutor : public StepExecutor {
  public:
   ThreadedExecutor(std::vector<std::unique_ptr<Communicator>> comms,
@@ -82,6 +85,7 @@ class ThreadedExecutor : public StepExecutor {
         blocks_(blocks),
         tp_(tp),
         pp_(pp) {
+    for (const auto& r : runners_) stats_.push_back(r->stats());
     for (size_t r = 0; r < runners_.size(); ++r) {
       threads_.emplace_back([this, r] { Loop(r); });
     }
@@ -105,50 +109,79 @@ class ThreadedExecutor : public StepExecutor {
     return total;
   }
 
+  // As of each rank's last finished step (copied by the rank thread: a
+  // runner updates its figures while it steps).
   std::vector<RunnerStats> RankStats() const override {
-    std::lock_guard<std::mutex> lock(mu_);  // Not during a step.
-    std::vector<RunnerStats> stats;
-    for (const auto& r : runners_) stats.push_back(r->stats());
-    return stats;
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_;
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    step_ = &step;
-    pending_ = static_cast<int>(runners_.size());
-    status_ = absl::OkStatus();
-    ++generation_;
+    RETURN_IF_ERROR(Submit(step));
+    return Collect();
+  }
+  int max_steps_in_flight() const override { return pp_; }
+  absl::Status Submit(const StepInput& step) override {
+    auto job = std::make_shared<Job>();
+    job->step = step;
+    job->pending = static_cast<int>(runners_.size());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
     cv_.notify_all();
-    done_cv_.wait(lock, [&] { return pending_ == 0; });
-    step_ = nullptr;
-    if (!status_.ok()) return status_;
-    return SampleStep(step, std::move(logits_));
+    return absl::OkStatus();
+  }
+  absl::StatusOr<StepOutput> Collect() override {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (jobs_.empty()) {
+        return absl::FailedPreconditionError("Collect with no step in flight");
+      }
+      job = jobs_.front();
+      done_cv_.wait(lock, [&] { return job->pending == 0; });
+      jobs_.pop_front();
+      ++collected_;
+    }
+    if (!job->status.ok()) return job->status;
+    return SampleStep(job->step, std::move(job->logits));
   }
 
  private:
+  struct Job {
+    StepInput step;
+    int pending = 0;  // Ranks that have not finished it.
+    absl::Status status;
+    Tensor logits;
+  };
+
   void Loop(size_t r) {
     SetCpuThreads(threads_per_rank_);  // Per-thread OpenMP setting.
-    uint64_t seen = 0;
+    uint64_t next = 0;  // The number of the next step this rank runs.
     // The logits come from the last stage's TP rank 0.
     const bool reports = r == static_cast<size_t>((pp_ - 1) * tp_);
     while (true) {
-      const StepInput* step;
+      std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        cv_.wait(lock,
+                 [&] { return stop_ || next < collected_ + jobs_.size(); });
         if (stop_) return;
-        seen = generation_;
-        step = step_;
+        job = jobs_[next - collected_];
       }
-      absl::StatusOr<Tensor> out = runners_[r]->Forward(*step);
+      absl::StatusOr<Tensor> out = runners_[r]->Forward(job->step);
+      const RunnerStats stats = runners_[r]->stats();
       std::lock_guard<std::mutex> lock(mu_);
-      if (!out.ok() && status_.ok()) {
-        status_ =
+      stats_[r] = stats;
+      if (!out.ok() && job->status.ok()) {
+        job->status =
             absl::Status(out.status().code(),
                          absl::StrCat("rank pp ", r / tp_, " tp ", r % tp_,
                                       ": ", out.status().message()));
       }
-      if (out.ok() && reports) logits_ = std::move(*out);
-      if (--pending_ == 0) done_cv_.notify_one();
+      if (out.ok() && reports) job->logits = std::move(*out);
+      ++next;
+      if (--job->pending == 0) done_cv_.notify_all();
     }
   }
 
@@ -159,12 +192,11 @@ class ThreadedExecutor : public StepExecutor {
   int tp_, pp_;
   mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
-  const StepInput* step_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
+  // Submitted and not collected, oldest first; step number collected_ + i.
+  std::deque<std::shared_ptr<Job>> jobs_;
+  uint64_t collected_ = 0;
+  std::vector<RunnerStats> stats_;  // Per rank, after its last step.
   bool stop_ = false;
-  absl::Status status_;
-  Tensor logits_;
   std::vector<std::thread> threads_;
 };
 

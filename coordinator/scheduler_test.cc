@@ -329,6 +329,35 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, PipelinedSchedulerTest,
                          ::testing::Values(1, 2, 3));
 
+// PP stages on threads of this process run steps in flight too (stage 0
+// takes the next step while stage 1 finishes one), with the tokens of one
+// stage.
+TEST_F(SchedulerTest, PipelineStagesOnThreadsRunStepsInFlight) {
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 8; ++i) {
+    reqs.push_back({.prompt = Prompt(5 + 11 * i, i), .max_tokens = 12});
+  }
+  for (int pp : {2, 3}) {
+    SCOPED_TRACE("pp " + std::to_string(pp));
+    Engine* one = MakeEngine({});
+    Engine* staged = MakeEngine({.pp = pp});
+    ASSERT_NE(one, nullptr);
+    ASSERT_NE(staged, nullptr);
+    Results want, got;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(one->Submit(reqs[i], want.Callbacks(i)).ok());
+      ASSERT_TRUE(staged->Submit(reqs[i], got.Callbacks(i)).ok());
+    }
+    want.Wait();
+    got.Wait();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(got[i].ok()) << got[i].status();
+      EXPECT_EQ(got[i]->tokens, want[i]->tokens) << "request " << i;
+    }
+    EXPECT_EQ(staged->stats().max_steps_in_flight, pp);
+  }
+}
+
 // A cluster re-forming (coordinator --rejoin) drops the workers' KV: the
 // request generating fails with the reason, a request without blocks
 // stays queued and then runs whole, and the prefix cache is forgotten.
