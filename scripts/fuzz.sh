@@ -3,6 +3,7 @@
 # UBSan in build-fuzz/ and runs each for FUZZ_SECONDS (default 30) from its
 # seed corpus (tests/fuzz/corpus/<target>, copied so the tree stays clean).
 # Fails on any finding; the crashing input is left in build-fuzz/findings/.
+# FUZZ_SEED (default 1) fixes the mutation sequence; 0 takes the clock.
 #   scripts/fuzz.sh [target ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,10 @@ TARGETS=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json
   fuzz_tokenizer_roundtrip fuzz_stop_strings fuzz_http_api fuzz_step_plan)
 [ "$#" -gt 0 ] && TARGETS=("$@")
 SECONDS_EACH=${FUZZ_SECONDS:-30}
+# libFuzzer's mutation seed: fixed by default, so that a run explores the
+# same inputs each time (CI cannot fail at random); FUZZ_SEED=0 picks one
+# from the clock for deeper local runs.
+SEED=${FUZZ_SEED:-1}
 BUILD=build-fuzz
 export SHARDLM_MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
@@ -25,7 +30,7 @@ for t in "${TARGETS[@]}"; do
   [ -d "tests/fuzz/corpus/$t" ] && cp -n "tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
   echo "fuzz: $t for ${SECONDS_EACH}s"
   if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 \
+      "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -seed="$SEED" \
       -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
       -artifact_prefix="$BUILD/findings/$t-" "$corpus" \
       > "$BUILD/findings/$t.log" 2>&1; then
