@@ -65,11 +65,6 @@ absl::Status RemoteExecutor::Submit(const StepInput& step) {
   }
   f.error = refused;
   in_flight_.push_back(f);
-  {
-    absl::MutexLock lock(&mu_);
-    stats_.max_in_flight = std::max<int64_t>(
-        stats_.max_in_flight, static_cast<int64_t>(in_flight_.size()));
-  }
   return absl::OkStatus();
 }
 

@@ -24,9 +24,8 @@ namespace shardlm {
 
 struct RemoteExecutorStats {
   int64_t steps = 0;
-  int64_t blocks_sent = 0;    // Block ids in plan deltas, over all steps.
-  int64_t plan_bytes = 0;     // Serialized StepPlan bytes sent to one worker.
-  int64_t max_in_flight = 0;  // Most steps in flight at once so far.
+  int64_t blocks_sent = 0;  // Block ids in plan deltas, over all steps.
+  int64_t plan_bytes = 0;   // Serialized StepPlan bytes sent to one worker.
 };
 
 class RemoteExecutor : public StepExecutor {
