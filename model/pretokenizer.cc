@@ -7,9 +7,11 @@ namespace {
 
 struct CodePoint {
   size_t offset;  // Byte offset in the text.
+  uint32_t cp;    // kInvalidCodePointBase + byte for an invalid byte.
   CharClass cls;
-  bool is_space_char;  // U+0020 itself, the optional prefix " ?" of the regex.
 };
+
+bool IsNewline(const CodePoint& c) { return c.cp == '\r' || c.cp == '\n'; }
 
 CharClass Classify(uint32_t cp) {
   if (cp < 0x80) {
@@ -21,16 +23,29 @@ CharClass Classify(uint32_t cp) {
   return ClassifyCodePoint(cp);
 }
 
-bool IsContractionAt(const std::vector<CodePoint>& cps, std::string_view text,
-                     size_t i, size_t end, size_t* len) {
-  if (text[cps[i].offset] != '\'' || i + 1 >= end) return false;
-  const char c1 = text[cps[i + 1].offset];
+// Folds the letters of the contractions to lower case as the regex
+// engine's (?i:) does: ASCII case, and U+017F LATIN SMALL LETTER LONG S,
+// whose simple case folding is 's' (Hugging Face's Oniguruma matches "'ſ";
+// llama.cpp's adapted '[sS]' does not). 0 for anything else.
+uint32_t FoldContractionLetter(uint32_t cp, bool ignore_case) {
+  if (!ignore_case) return cp < 0x80 ? cp : 0;
+  if (cp == 0x17F) return 's';
+  if (cp < 0x80 && cp >= 'A' && cp <= 'Z') return cp | 0x20;
+  return cp < 0x80 ? cp : 0;
+}
+
+// 's|'t|'re|'ve|'m|'ll|'d at cps[i], case-insensitively when `ignore_case`;
+// *len is the match length in code points.
+bool IsContractionAt(const std::vector<CodePoint>& cps, size_t i, size_t end,
+                     bool ignore_case, size_t* len) {
+  if (cps[i].cp != '\'' || i + 1 >= end) return false;
+  const uint32_t c1 = FoldContractionLetter(cps[i + 1].cp, ignore_case);
   if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
     *len = 2;
     return true;
   }
   if (i + 2 >= end) return false;
-  const char c2 = text[cps[i + 2].offset];
+  const uint32_t c2 = FoldContractionLetter(cps[i + 2].cp, ignore_case);
   if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') ||
       (c1 == 'l' && c2 == 'l')) {
     *len = 3;
@@ -39,21 +54,27 @@ bool IsContractionAt(const std::vector<CodePoint>& cps, std::string_view text,
   return false;
 }
 
+// Appends text[cps[from].offset, cps[to].offset) to *pieces.
+void Emit(const std::vector<CodePoint>& cps, std::string_view text, size_t from,
+          size_t to, std::vector<std::string_view>* pieces) {
+  const size_t b = cps[from].offset;
+  const size_t e = to < cps.size() ? cps[to].offset : text.size();
+  pieces->push_back(text.substr(b, e - b));
+}
+
 // The GPT-2 regex over code points [begin, end) of `cps`. Alternatives are
 // tried in regex order at each position, as a backtracking engine would.
 void SplitGpt2(const std::vector<CodePoint>& cps, std::string_view text,
                size_t begin, size_t end,
                std::vector<std::string_view>* pieces) {
   auto emit = [&](size_t from, size_t to) {
-    const size_t b = cps[from].offset;
-    const size_t e = to < cps.size() ? cps[to].offset : text.size();
-    pieces->push_back(text.substr(b, e - b));
+    Emit(cps, text, from, to, pieces);
   };
   size_t i = begin;
   while (i < end) {
     size_t len = 0;
     // 's|'t|'re|'ve|'m|'ll|'d
-    if (IsContractionAt(cps, text, i, end, &len)) {
+    if (IsContractionAt(cps, i, end, /*ignore_case=*/false, &len)) {
       emit(i, i + len);
       i += len;
       continue;
@@ -61,7 +82,7 @@ void SplitGpt2(const std::vector<CodePoint>& cps, std::string_view text,
     // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': a run of one class, with one
     // optional U+0020 in front.
     size_t j = i;
-    if (cps[i].is_space_char && i + 1 < end &&
+    if (cps[i].cp == ' ' && i + 1 < end &&
         cps[i + 1].cls != CharClass::kSpace) {
       j = i + 1;
     }
@@ -85,6 +106,91 @@ void SplitGpt2(const std::vector<CodePoint>& cps, std::string_view text,
   }
 }
 
+// The Llama 3 regex (Qwen2's when max_digits is 1) over all of `cps`:
+//   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+//   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+// Alternatives are tried in regex order at each position; each branch
+// below is what the first matching alternative takes there.
+void SplitLlama3(const std::vector<CodePoint>& cps, std::string_view text,
+                 size_t max_digits, std::vector<std::string_view>* pieces) {
+  const size_t end = cps.size();
+  size_t i = 0;
+  while (i < end) {
+    const CharClass cls = cps[i].cls;
+    size_t len = 0;
+    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+    if (IsContractionAt(cps, i, end, /*ignore_case=*/true, &len)) {
+      Emit(cps, text, i, i + len, pieces);
+      i += len;
+      continue;
+    }
+    // [^\r\n\p{L}\p{N}]?\p{L}+: a letter run, with one code point in front
+    // that is neither a letter, a number nor CR/LF (a space, a tab,
+    // punctuation...).
+    size_t j = i;
+    if (cls != CharClass::kLetter && cls != CharClass::kNumber &&
+        !IsNewline(cps[i]) && i + 1 < end &&
+        cps[i + 1].cls == CharClass::kLetter) {
+      j = i + 1;
+    }
+    if (cps[j].cls == CharClass::kLetter) {
+      size_t k = j + 1;
+      while (k < end && cps[k].cls == CharClass::kLetter) ++k;
+      Emit(cps, text, i, k, pieces);
+      i = k;
+      continue;
+    }
+    // \p{N}{1,3}
+    if (cls == CharClass::kNumber) {
+      size_t k = i + 1;
+      while (k < end && k - i < max_digits &&
+             cps[k].cls == CharClass::kNumber) {
+        ++k;
+      }
+      Emit(cps, text, i, k, pieces);
+      i = k;
+      continue;
+    }
+    // ' ?[^\s\p{L}\p{N}]+[\r\n]*': a run of other code points, with one
+    // optional U+0020 in front and the CR/LF run after it.
+    j = i;
+    if (cps[i].cp == ' ' && i + 1 < end &&
+        cps[i + 1].cls == CharClass::kOther) {
+      j = i + 1;
+    }
+    if (cps[j].cls == CharClass::kOther) {
+      size_t k = j + 1;
+      while (k < end && cps[k].cls == CharClass::kOther) ++k;
+      while (k < end && IsNewline(cps[k])) ++k;
+      Emit(cps, text, i, k, pieces);
+      i = k;
+      continue;
+    }
+    // cps[i] is whitespace; [i, r) is its run.
+    size_t r = i + 1;
+    while (r < end && cps[r].cls == CharClass::kSpace) ++r;
+    // \s*[\r\n]+: \s* backs off from the end of the run until [\r\n]+
+    // matches, so the piece ends just after the run's last CR/LF.
+    size_t last_newline = r;
+    for (size_t k = r; k > i; --k) {
+      if (IsNewline(cps[k - 1])) {
+        last_newline = k - 1;
+        break;
+      }
+    }
+    if (last_newline < r) {
+      Emit(cps, text, i, last_newline + 1, pieces);
+      i = last_newline + 1;
+      continue;
+    }
+    // \s+(?!\S)|\s+: as in GPT-2's regex.
+    size_t stop = r;
+    if (r < end && r - i >= 2) stop = r - 1;
+    Emit(cps, text, i, stop, pieces);
+    i = stop;
+  }
+}
+
 }  // namespace
 
 const char* PreTokenizerName(PreTokenizerKind kind) {
@@ -93,6 +199,10 @@ const char* PreTokenizerName(PreTokenizerKind kind) {
       return "gpt2";
     case PreTokenizerKind::kSmollm:
       return "smollm";
+    case PreTokenizerKind::kLlama3:
+      return "llama3";
+    case PreTokenizerKind::kQwen2:
+      return "qwen2";
   }
   return "?";
 }
@@ -146,11 +256,20 @@ void PreTokenize(std::string_view text, PreTokenizerKind kind,
   for (size_t pos = 0; pos < text.size();) {
     const size_t offset = pos;
     const uint32_t cp = NextCodePoint(text, &pos);
-    cps.push_back({offset, Classify(cp), cp == ' '});
+    cps.push_back({offset, cp, Classify(cp)});
   }
-  if (kind == PreTokenizerKind::kGpt2) {
-    SplitGpt2(cps, text, 0, cps.size(), pieces);
-    return;
+  switch (kind) {
+    case PreTokenizerKind::kGpt2:
+      SplitGpt2(cps, text, 0, cps.size(), pieces);
+      return;
+    case PreTokenizerKind::kLlama3:
+      SplitLlama3(cps, text, /*max_digits=*/3, pieces);
+      return;
+    case PreTokenizerKind::kQwen2:
+      SplitLlama3(cps, text, /*max_digits=*/1, pieces);
+      return;
+    case PreTokenizerKind::kSmollm:
+      break;
   }
   // smollm: each number code point is a piece of its own; the regex runs
   // on the stretches between them.

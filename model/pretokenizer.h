@@ -18,6 +18,14 @@ enum class PreTokenizerKind {
   // llama.cpp "smollm": every \p{N} code point split off on its own
   // (HF Digits(individual_digits=true)), then the GPT-2 regex on the rest.
   kSmollm,
+  // Llama 3 (llama.cpp "llama-bpe"; HF Split(Regex, Isolated) then
+  // ByteLevel(use_regex=false)):
+  //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
+  //    ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  kLlama3,
+  // Qwen2 / Qwen2.5 (llama.cpp "qwen2"): the Llama 3 regex with \p{N}
+  // (single numbers) in place of \p{N}{1,3}.
+  kQwen2,
 };
 
 inline constexpr uint32_t kInvalidCodePointBase = 0x110000;

@@ -141,6 +141,81 @@ TEST(PreTokenizerTest, SmollmSplitsEveryNumber) {
   EXPECT_EQ(Split("x \xC2\xB2", k), (Pieces{"x", " ", "\xC2\xB2"}));
 }
 
+// Expected pieces checked against Hugging Face tokenizers'
+// Split(Regex(pattern), "isolated") on the same strings.
+TEST(PreTokenizerTest, Llama3Regex) {
+  const auto k = PreTokenizerKind::kLlama3;
+  // Contractions in any case; a space or other non-letter joins the word.
+  EXPECT_EQ(Split("I'LL don't We'Re", k),
+            (Pieces{"I", "'LL", " don", "'t", " We", "'Re"}));
+  EXPECT_EQ(Split("'\xC5\xBFt", k), (Pieces{"'\xC5\xBF", "t"}));  // 'ſt
+  EXPECT_EQ(Split("abc1234567def", k),
+            (Pieces{"abc", "123", "456", "7", "def"}));
+  EXPECT_EQ(Split("x \xC2\xB2\xC2\xB3 y", k),
+            (Pieces{"x", " ", "\xC2\xB2\xC2\xB3", " y"}));  // ²³
+  // Whitespace: up to the last CR/LF of a run; tabs and NBSP join a word.
+  EXPECT_EQ(Split("Hello  world\n\n", k),
+            (Pieces{"Hello", " ", " world", "\n\n"}));
+  EXPECT_EQ(Split("a  \n  b", k), (Pieces{"a", "  \n", " ", " b"}));
+  EXPECT_EQ(Split(" \n ", k), (Pieces{" \n", " "}));
+  EXPECT_EQ(Split("\t\tx", k), (Pieces{"\t", "\tx"}));
+  EXPECT_EQ(Split("\xC2\xA0\xC2\xA0y", k), (Pieces{"\xC2\xA0", "\xC2\xA0y"}));
+  // Punctuation keeps one leading space and the newlines after it.
+  EXPECT_EQ(Split("!!\n\n x", k), (Pieces{"!!\n\n", " x"}));
+  EXPECT_EQ(Split(" ?!x", k), (Pieces{" ?!", "x"}));
+  EXPECT_EQ(Split("\xE4\xB8\xAD\xE6\x96\x87 text", k),
+            (Pieces{"\xE4\xB8\xAD\xE6\x96\x87", " text"}));  // 中文
+  EXPECT_EQ(Split("\xFF\xFE x", k), (Pieces{"\xFF\xFE", " x"}));
+  EXPECT_EQ(Split("", k), Pieces{});
+}
+
+TEST(PreTokenizerTest, Qwen2SplitsSingleNumbers) {
+  const auto k = PreTokenizerKind::kQwen2;
+  EXPECT_EQ(Split("abc1234def", k), (Pieces{"abc", "1", "2", "3", "4", "def"}));
+  EXPECT_EQ(Split("x \xC2\xB2\xC2\xB3 y", k),
+            (Pieces{"x", " ", "\xC2\xB2", "\xC2\xB3", " y"}));
+  EXPECT_EQ(Split("We'Re  \r\n\r\n  x", k),
+            (Pieces{"We", "'Re", "  \r\n\r\n", " ", " x"}));
+}
+
+TEST(PreTokenizerTest, PiecesCoverTheText) {
+  std::mt19937 rng(11);
+  const std::vector<std::string> atoms = {"a",
+                                          "Z",
+                                          "'",
+                                          "s",
+                                          "S",
+                                          "ll",
+                                          " ",
+                                          "  ",
+                                          "\t",
+                                          "\r",
+                                          "\n",
+                                          "1",
+                                          "\xC2\xB2",
+                                          "!",
+                                          "?",
+                                          "\xC2\xA0",
+                                          "\xE4\xB8\xAD",
+                                          "\xF0\x9F\x98\x80",
+                                          "\xFF",
+                                          "\xC5\xBF"};
+  for (int round = 0; round < 2000; ++round) {
+    std::string text;
+    for (int n = rng() % 12; n > 0; --n) text += atoms[rng() % atoms.size()];
+    for (PreTokenizerKind kind :
+         {PreTokenizerKind::kGpt2, PreTokenizerKind::kSmollm,
+          PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2}) {
+      std::string joined;
+      for (std::string_view piece : Split(text, kind)) {
+        EXPECT_FALSE(piece.empty()) << PreTokenizerName(kind);
+        joined += piece;
+      }
+      EXPECT_EQ(joined, text) << PreTokenizerName(kind);
+    }
+  }
+}
+
 // Byte tokens for "abc " plus merges; ids: a=0 b=1 c=2 Ġ=3.
 BpeConfig TinyConfig() {
   BpeConfig config;
