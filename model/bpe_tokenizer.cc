@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "model/normalizer.h"
 
 namespace shardlm {
 namespace {
@@ -151,6 +152,8 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
   tok->eos_id_ = config.eos_id;
   tok->pre_ = config.pre;
   tok->ignore_merges_ = config.ignore_merges;
+  tok->add_bos_ = config.add_bos;
+  tok->nfc_ = config.nfc;
   return tok;
 }
 
@@ -234,6 +237,11 @@ void BpeTokenizer::EncodeOrdinary(std::string_view text,
                                   std::vector<int32_t>* ids) const {
   if (text.empty()) return;
   Scratch scratch;
+  std::string normalized;
+  if (nfc_) {
+    normalized = NormalizeNfc(text);
+    text = normalized;
+  }
   PreTokenize(text, pre_, &scratch.pieces);
   for (std::string_view piece : scratch.pieces) {
     EncodePiece(piece, &scratch, ids);
@@ -287,9 +295,10 @@ std::optional<int32_t> BpeTokenizer::TokenId(std::string_view token) const {
 }
 
 std::string BpeTokenizer::Summary() const {
-  return absl::StrCat("byte-level BPE (", PreTokenizerName(pre_),
-                      " pre-tokenizer): ", vocab_size(), " tokens, ",
-                      num_merges_, " merges, ", num_special_, " special");
+  return absl::StrCat("byte-level BPE (", nfc_ ? "NFC, " : "",
+                      PreTokenizerName(pre_), " pre-tokenizer): ", vocab_size(),
+                      " tokens, ", num_merges_, " merges, ", num_special_,
+                      " special", add_bos_ ? ", adds BOS" : "");
 }
 
 }  // namespace shardlm

@@ -47,6 +47,11 @@ struct BpeConfig {
   // HF BPE ignore_merges: a piece that is itself in the vocabulary is one
   // token without running merges.
   bool ignore_merges = false;
+  // Tokenizer::add_bos(): prompts start with bos_id.
+  bool add_bos = false;
+  // Text between added tokens is put in Unicode NFC before pre-tokenizing
+  // (HF normalizer NFC, as Qwen2's).
+  bool nfc = false;
 };
 
 // Immutable after Create; all methods are thread-safe.
@@ -63,6 +68,7 @@ class BpeTokenizer : public Tokenizer {
   }
   int32_t bos_id() const override { return bos_id_; }
   int32_t eos_id() const override { return eos_id_; }
+  bool add_bos() const override { return add_bos_; }
   bool IsSpecial(int32_t id) const override;
   std::optional<int32_t> TokenId(std::string_view token) const override;
   std::string Summary() const override;
@@ -100,6 +106,8 @@ class BpeTokenizer : public Tokenizer {
   int32_t eos_id_ = -1;
   PreTokenizerKind pre_ = PreTokenizerKind::kGpt2;
   bool ignore_merges_ = false;
+  bool add_bos_ = false;
+  bool nfc_ = false;
   size_t num_merges_ = 0;
   size_t num_special_ = 0;
 };

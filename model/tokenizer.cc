@@ -95,6 +95,14 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
   return out;
 }
 
+std::vector<int32_t> Tokenizer::EncodePrompt(std::string_view text) const {
+  std::vector<int32_t> ids = Encode(text);
+  if (add_bos() && bos_id() >= 0 && (ids.empty() || ids.front() != bos_id())) {
+    ids.insert(ids.begin(), bos_id());
+  }
+  return ids;
+}
+
 std::string StreamingDetokenizer::Push(int32_t id) {
   std::string_view bytes = tokenizer_->TokenBytes(id);
   pending_.append(bytes.data(), bytes.size());
@@ -129,16 +137,36 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
   } else {
     RETURN_IF_ERROR(Optional(p.status()));
   }
+  // llama.cpp's names (llama-vocab.cpp) for the pre-tokenizers we have.
+  // Its llama3 group also drops merges for pieces in the vocabulary and
+  // adds BOS unless tokenizer.ggml.add_bos_token says otherwise. Qwen2's
+  // Hugging Face tokenizer normalizes to NFC first (llama.cpp does not);
+  // we follow the tokenizer the model was trained with.
   if (pre == "smollm") {
     config.pre = PreTokenizerKind::kSmollm;
   } else if (pre == "gpt2") {
     config.pre = PreTokenizerKind::kGpt2;
+  } else if (pre == "llama-bpe" || pre == "llama3" || pre == "llama-v3") {
+    config.pre = PreTokenizerKind::kLlama3;
+    config.ignore_merges = true;
+    config.add_bos = true;
+  } else if (pre == "qwen2") {
+    config.pre = PreTokenizerKind::kQwen2;
+    config.nfc = true;
   } else {
-    // llama.cpp's "default" and the Llama 3 / Qwen style regexes differ
-    // from GPT-2's; guessing would tokenize plausibly but wrongly.
+    // llama.cpp's "default" and the other models' regexes differ from
+    // these; guessing would tokenize plausibly but wrongly.
     return absl::UnimplementedError(
         absl::StrCat("tokenizer.ggml.pre '", Sv(pre),
-                     "' is not supported (smollm, gpt2 are)"));
+                     "' is not supported (smollm, gpt2, llama-bpe, llama3, "
+                     "llama-v3, qwen2 are)"));
+  }
+  if (absl::StatusOr<bool> add_bos =
+          gguf.GetBool("tokenizer.ggml.add_bos_token");
+      add_bos.ok()) {
+    config.add_bos = *add_bos;
+  } else {
+    RETURN_IF_ERROR(Optional(add_bos.status()));
   }
 
   ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,

@@ -19,7 +19,7 @@ class Tokenizer {
   virtual ~Tokenizer() = default;
 
   // Special (control) tokens written literally in `text`, such as
-  // "<|im_start|>", become their own ids.
+  // "<|im_start|>", become their own ids. Never adds BOS (see EncodePrompt).
   virtual std::vector<int32_t> Encode(std::string_view text) const = 0;
   // The raw bytes a token stands for (may be part of a UTF-8 character).
   // Special tokens give their literal text. Empty for ids out of range.
@@ -27,6 +27,9 @@ class Tokenizer {
   virtual int32_t vocab_size() const = 0;
   virtual int32_t bos_id() const = 0;  // -1 when the model has none.
   virtual int32_t eos_id() const = 0;
+  // Whether the model expects bos_id() in front of every prompt (GGUF
+  // tokenizer.ggml.add_bos_token, Llama 3's tokenizer.json post-processor).
+  virtual bool add_bos() const { return false; }
   virtual bool IsSpecial(int32_t id) const = 0;
   // The id of a token given by its text in the vocabulary ("<|im_end|>").
   virtual std::optional<int32_t> TokenId(std::string_view token) const = 0;
@@ -36,6 +39,12 @@ class Tokenizer {
   // Concatenated bytes of `ids` (not necessarily valid UTF-8 if the ids
   // end inside a character).
   std::string Decode(absl::Span<const int32_t> ids) const;
+
+  // The ids of a prompt as the model was trained to see it: Encode(text),
+  // with bos_id() in front when add_bos() and bos_id() >= 0, unless the
+  // text itself already starts with the BOS token (a chat template that
+  // writes "<|begin_of_text|>"), so that it is never doubled.
+  std::vector<int32_t> EncodePrompt(std::string_view text) const;
 };
 
 // Turns a stream of token ids into text without ever emitting half a UTF-8

@@ -17,8 +17,10 @@
 namespace shardlm {
 
 // From tokenizer.ggml.{model,tokens,merges,token_type,pre,bos_token_id,
-// eos_token_id}. CONTROL tokens (type 3) become special added tokens,
-// USER_DEFINED ones (type 4) non-special added tokens.
+// eos_token_id,add_bos_token}. CONTROL tokens (type 3) become special added
+// tokens, USER_DEFINED ones (type 4) non-special added tokens. `pre` also
+// sets ignore_merges, add_bos (default) and nfc as the model's tokenizer has
+// them (see BpeConfigFromGguf in tokenizer.cc).
 absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf);
 
 // From the text of a tokenizer.json. bos_id/eos_id stay -1: they live in

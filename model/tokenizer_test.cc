@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "model/bpe_tokenizer.h"
+#include "model/gguf.h"
+#include "model/normalizer.h"
 #include "model/pretokenizer.h"
 #include "model/tokenizer_loaders.h"
 #include "model/unicode_tables.h"
@@ -113,6 +115,32 @@ TEST(UnicodeTablesTest, Classes) {
   EXPECT_EQ(ClassifyCodePoint(0x200B), CharClass::kOther);  // ZWSP
   EXPECT_EQ(ClassifyCodePoint(0x1F600), CharClass::kOther);
   EXPECT_EQ(ClassifyCodePoint(0x110000 + 0xAA), CharClass::kOther);
+}
+
+// Expected forms from Python's unicodedata.normalize("NFC", ...).
+TEST(NormalizerTest, Nfc) {
+  EXPECT_EQ(NormalizeNfc("plain ASCII"), "plain ASCII");
+  EXPECT_EQ(NormalizeNfc("e\xCC\x81"), "\xC3\xA9");     // e + U+0301
+  EXPECT_EQ(NormalizeNfc("A\xCC\x8A"), "\xC3\x85");     // A + U+030A
+  EXPECT_EQ(NormalizeNfc("\xE2\x84\xAB"), "\xC3\x85");  // U+212B
+  EXPECT_EQ(NormalizeNfc("\xC3\xA9t\xC3\xA9"), "\xC3\xA9t\xC3\xA9");
+  // Hangul jamo L V T, and LV + T.
+  EXPECT_EQ(NormalizeNfc("\xE1\x84\x80\xE1\x85\xA1\xE1\x86\xA8"),
+            "\xEA\xB0\x81");
+  EXPECT_EQ(NormalizeNfc("\xEA\xB0\x80\xE1\x86\xA8"), "\xEA\xB0\x81");
+  // a + U+0302 (class 230) + U+0323 (220): reordered, then both compose.
+  EXPECT_EQ(NormalizeNfc("a\xCC\x82\xCC\xA3"), "\xE1\xBA\xAD");
+  // The second acute is blocked by the first.
+  EXPECT_EQ(NormalizeNfc("a\xCC\x81\xCC\x81"), "\xC3\xA1\xCC\x81");
+  // U+0344 decomposes and never recomposes (a non-starter decomposition).
+  EXPECT_EQ(NormalizeNfc("\xCD\x84"), "\xCC\x88\xCC\x81");
+  // U+0B47 + U+0B3E: two starters that compose.
+  EXPECT_EQ(NormalizeNfc("\xE0\xAD\x87\xE0\xAC\xBE"), "\xE0\xAD\x8B");
+  // U+1E0B (d with dot above) + U+0323: decomposed, reordered, recomposed.
+  EXPECT_EQ(NormalizeNfc("\xE1\xB8\x8B\xCC\xA3"), "\xE1\xB8\x8D\xCC\x87");
+  // Invalid bytes pass through and block composition.
+  EXPECT_EQ(NormalizeNfc("e\xFF\xCC\x81"), "e\xFF\xCC\x81");
+  EXPECT_EQ(NormalizeNfc("\xC3"), "\xC3");
 }
 
 Pieces Split(std::string_view text, PreTokenizerKind kind) {
@@ -392,6 +420,136 @@ TEST(LoadTokenizerTest, Directory) {
   EXPECT_EQ((*tok)->Summary(),
             "byte-level BPE (smollm pre-tokenizer): 6 tokens, 1 merges, "
             "1 special");
+}
+
+// A tokenizer-only GGUF (no tensors): metadata key/values, little-endian.
+class TokenizerGguf {
+ public:
+  void Str(const std::string& key, std::string_view v) {
+    Key(key, GgufType::kString);
+    AppendStr(v);
+  }
+  void Bool(const std::string& key, bool v) {
+    Key(key, GgufType::kBool);
+    kvs_.push_back(v ? 1 : 0);
+  }
+  void U32(const std::string& key, uint32_t v) {
+    Key(key, GgufType::kUint32);
+    Append(v);
+  }
+  void StrArray(const std::string& key, const std::vector<std::string>& v) {
+    Key(key, GgufType::kArray);
+    Append(static_cast<uint32_t>(GgufType::kString));
+    Append(static_cast<uint64_t>(v.size()));
+    for (const std::string& s : v) AppendStr(s);
+  }
+  void I32Array(const std::string& key, const std::vector<int32_t>& v) {
+    Key(key, GgufType::kArray);
+    Append(static_cast<uint32_t>(GgufType::kInt32));
+    Append(static_cast<uint64_t>(v.size()));
+    for (int32_t x : v) Append(x);
+  }
+  std::string Build() const {
+    std::string b = "GGUF";
+    const uint32_t version = 3;
+    const uint64_t tensors = 0;
+    b.append(reinterpret_cast<const char*>(&version), 4);
+    b.append(reinterpret_cast<const char*>(&tensors), 8);
+    b.append(reinterpret_cast<const char*>(&count_), 8);
+    return b + kvs_;
+  }
+
+ private:
+  template <typename T>
+  void Append(T v) {
+    kvs_.append(reinterpret_cast<const char*>(&v), sizeof(v));
+  }
+  void AppendStr(std::string_view s) {
+    Append(static_cast<uint64_t>(s.size()));
+    kvs_.append(s);
+  }
+  void Key(const std::string& key, GgufType type) {
+    ++count_;
+    AppendStr(key);
+    Append(static_cast<uint32_t>(type));
+  }
+  std::string kvs_;
+  uint64_t count_ = 0;
+};
+
+// TinyConfig's vocabulary as GGUF metadata, with the bytes of "é" (C3 A9)
+// and "e" + U+0301 (65 CC 81) and a control token 8 "<|begin_of_text|>".
+TokenizerGguf TinyGguf(std::string_view pre) {
+  TokenizerGguf g;
+  std::vector<std::string> tokens = TinyConfig().tokens;
+  tokens.push_back("<|begin_of_text|>");
+  for (const char* b : {"\xC3", "\xA9", "e", "\xCC", "\x81"}) {
+    tokens.push_back(ByteLevelEncode(b));
+  }
+  std::vector<int32_t> types(tokens.size(), 1);
+  types[8] = 3;
+  std::vector<std::string> merges;
+  for (const auto& [a, b] : TinyConfig().merges) merges.push_back(a + " " + b);
+  g.Str("tokenizer.ggml.model", "gpt2");
+  g.Str("tokenizer.ggml.pre", pre);
+  g.StrArray("tokenizer.ggml.tokens", tokens);
+  g.StrArray("tokenizer.ggml.merges", merges);
+  g.I32Array("tokenizer.ggml.token_type", types);
+  g.U32("tokenizer.ggml.bos_token_id", 8);
+  return g;
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGguf(const TokenizerGguf& g) {
+  TempDir dir;
+  dir.Write("t.gguf", g.Build());
+  return LoadTokenizer(dir.path() + "/t.gguf");
+}
+
+TEST(LoadTokenizerTest, Llama3GgufAddsBos) {
+  auto tok = LoadGguf(TinyGguf("llama-bpe"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Summary(),
+            "byte-level BPE (llama3 pre-tokenizer): 14 tokens, 4 merges, 1 "
+            "special, adds BOS");
+  EXPECT_TRUE((*tok)->add_bos());
+  EXPECT_EQ((*tok)->Encode("abc"), (std::vector<int32_t>{7}));  // No merges.
+  EXPECT_EQ((*tok)->EncodePrompt("abc"), (std::vector<int32_t>{8, 7}));
+  EXPECT_EQ((*tok)->EncodePrompt(""), (std::vector<int32_t>{8}));
+  // A template that writes BOS itself does not get a second one.
+  EXPECT_EQ((*tok)->EncodePrompt("<|begin_of_text|>abc"),
+            (std::vector<int32_t>{8, 7}));
+  // No NFC: the decomposed form stays as it is.
+  EXPECT_EQ((*tok)->Decode((*tok)->Encode("e\xCC\x81")), "e\xCC\x81");
+
+  TokenizerGguf g = TinyGguf("llama3");
+  g.Bool("tokenizer.ggml.add_bos_token", false);
+  tok = LoadGguf(g);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_FALSE((*tok)->add_bos());
+  EXPECT_EQ((*tok)->EncodePrompt("abc"), (std::vector<int32_t>{7}));
+}
+
+TEST(LoadTokenizerTest, Qwen2GgufNormalizesNfc) {
+  auto tok = LoadGguf(TinyGguf("qwen2"));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Summary(),
+            "byte-level BPE (NFC, qwen2 pre-tokenizer): 14 tokens, 4 merges, 1 "
+            "special");
+  EXPECT_FALSE((*tok)->add_bos());
+  EXPECT_EQ((*tok)->EncodePrompt("abc"), (std::vector<int32_t>{0, 4}));
+  EXPECT_EQ((*tok)->Encode("e\xCC\x81"), (*tok)->Encode("\xC3\xA9"));
+  EXPECT_EQ((*tok)->Decode((*tok)->Encode("ae\xCC\x81<|begin_of_text|>")),
+            "a\xC3\xA9<|begin_of_text|>");
+
+  TokenizerGguf g = TinyGguf("qwen2");
+  g.Bool("tokenizer.ggml.add_bos_token", true);
+  tok = LoadGguf(g);
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->EncodePrompt("a"), (std::vector<int32_t>{8, 0}));
+
+  auto bad = LoadGguf(TinyGguf("tekken"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(bad.status().message().find("'tekken'"), std::string::npos);
 }
 
 // The real SmolLM2 GGUF, when models/ has it (scripts/fetch-model.sh).
