@@ -46,20 +46,56 @@ absl::StatusOr<int32_t> Id(const Json& j, std::string_view what) {
   return static_cast<int32_t>(j.get<int64_t>());
 }
 
-absl::Status CheckByteLevel(const Json& j) {
+// ByteLevel with add_prefix_space=false; use_regex as `use_regex` (true:
+// it splits with the GPT-2 regex itself; false: a Split came before).
+absl::Status CheckByteLevel(const Json& j, bool use_regex) {
   if (BoolField(j, "add_prefix_space", true)) {
     return absl::UnimplementedError(
         "tokenizer.json: ByteLevel add_prefix_space=true is not supported");
   }
-  if (!BoolField(j, "use_regex", true)) {
-    return absl::UnimplementedError(
-        "tokenizer.json: ByteLevel use_regex=false is not supported");
+  if (BoolField(j, "use_regex", true) != use_regex) {
+    return absl::UnimplementedError(absl::StrCat(
+        "tokenizer.json: ByteLevel use_regex=", use_regex ? "false" : "true",
+        " is not supported here"));
   }
   return absl::OkStatus();
 }
 
+// The Split regexes we implement by hand (pretokenizer.cc), exactly as the
+// models' tokenizer.json files write them.
+constexpr std::string_view kLlama3Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kQwen2Pattern =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// Split(Regex(pattern), behavior Isolated, invert false) with one of the
+// known patterns.
+absl::StatusOr<PreTokenizerKind> ParseSplit(const Json& j) {
+  auto pattern = j.find("pattern");
+  const Json* regex = nullptr;
+  if (pattern != j.end() && pattern->is_object()) {
+    auto it = pattern->find("Regex");
+    if (it != pattern->end() && it->is_string()) regex = &*it;
+  }
+  auto behavior = j.find("behavior");
+  if (regex == nullptr || behavior == j.end() || *behavior != "Isolated" ||
+      BoolField(j, "invert", false)) {
+    return absl::UnimplementedError(
+        "tokenizer.json: only Split(Regex, behavior Isolated, invert false) "
+        "is supported");
+  }
+  const std::string& text = regex->get_ref<const std::string&>();
+  if (text == kLlama3Pattern) return PreTokenizerKind::kLlama3;
+  if (text == kQwen2Pattern) return PreTokenizerKind::kQwen2;
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.json: Split regex ", Json(text).dump(),
+                   " is not one we "
+                   "implement (Llama 3's or Qwen2's)"));
+}
+
 // ByteLevel -> gpt2; Sequence[Digits(individual_digits), ByteLevel] ->
-// smollm; anything else is not supported.
+// smollm; Sequence[Split(Regex llama3 or qwen2), ByteLevel(use_regex=false)]
+// -> llama3 or qwen2; anything else is not supported.
 absl::StatusOr<PreTokenizerKind> ParsePreTokenizer(const Json& root) {
   auto it = root.find("pre_tokenizer");
   if (it == root.end() || !it->is_object()) {
@@ -79,18 +115,99 @@ absl::StatusOr<PreTokenizerKind> ParsePreTokenizer(const Json& root) {
   std::vector<std::string> types;
   for (const Json* step : steps) types.push_back(TypeOf(*step));
   if (types == std::vector<std::string>{"ByteLevel"}) {
-    RETURN_IF_ERROR(CheckByteLevel(*steps[0]));
+    RETURN_IF_ERROR(CheckByteLevel(*steps[0], /*use_regex=*/true));
     return PreTokenizerKind::kGpt2;
   }
   if (types == std::vector<std::string>{"Digits", "ByteLevel"} &&
       BoolField(*steps[0], "individual_digits", false)) {
-    RETURN_IF_ERROR(CheckByteLevel(*steps[1]));
+    RETURN_IF_ERROR(CheckByteLevel(*steps[1], /*use_regex=*/true));
     return PreTokenizerKind::kSmollm;
+  }
+  if (types == std::vector<std::string>{"Split", "ByteLevel"}) {
+    ASSIGN_OR_RETURN(PreTokenizerKind kind, ParseSplit(*steps[0]));
+    RETURN_IF_ERROR(CheckByteLevel(*steps[1], /*use_regex=*/false));
+    return kind;
   }
   return absl::UnimplementedError(absl::StrCat(
       "tokenizer.json: pre_tokenizer [", absl::StrJoin(types, ", "),
-      "] is not supported (ByteLevel, or Digits(individual_digits) then "
-      "ByteLevel)"));
+      "] is not supported (ByteLevel; Digits(individual_digits) then "
+      "ByteLevel; Split(Regex) then ByteLevel)"));
+}
+
+// null -> no normalization; NFC -> *nfc. Anything else is not supported.
+absl::Status ParseNormalizer(const Json& root, bool* nfc) {
+  if (IsNullOrAbsent(root, "normalizer")) return absl::OkStatus();
+  const std::string type = TypeOf(root["normalizer"]);
+  if (type == "NFC") {
+    *nfc = true;
+    return absl::OkStatus();
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.json: normalizer ", type.empty() ? "?" : type,
+                   " is not supported (none or NFC)"));
+}
+
+// The post-processor's effect on a single sequence: ByteLevel (offsets
+// only) adds nothing; TemplateProcessing may put one special token in front
+// (Llama 3's <|begin_of_text|>), which becomes add_bos and bos_id. Any other
+// template would add tokens we do not, so it is refused.
+absl::Status ParsePostProcessor(const Json& root, BpeConfig* config) {
+  if (IsNullOrAbsent(root, "post_processor")) return absl::OkStatus();
+  const Json& post = root["post_processor"];
+  std::vector<const Json*> steps;
+  if (TypeOf(post) == "Sequence") {
+    auto list = post.find("processors");
+    if (list == post.end() || !list->is_array()) {
+      return Invalid("post_processor Sequence has no processors array");
+    }
+    for (const Json& step : *list) steps.push_back(&step);
+  } else {
+    steps.push_back(&post);
+  }
+  for (const Json* step : steps) {
+    const std::string type = TypeOf(*step);
+    if (type == "ByteLevel") continue;
+    if (type != "TemplateProcessing") {
+      return absl::UnimplementedError(absl::StrCat(
+          "tokenizer.json: post_processor ", type.empty() ? "?" : type,
+          " is not supported (ByteLevel, TemplateProcessing)"));
+    }
+    auto single = step->find("single");
+    const auto unsupported = absl::UnimplementedError(
+        "tokenizer.json: a TemplateProcessing post_processor is supported "
+        "only as [one SpecialToken, Sequence A] or [Sequence A]");
+    if (single == step->end() || !single->is_array() || single->empty() ||
+        single->size() > 2 || !single->back().is_object() ||
+        !single->back().contains("Sequence")) {
+      return unsupported;
+    }
+    if (single->size() == 1) continue;
+    const Json& first = (*single)[0];
+    if (!first.is_object() || !first.contains("SpecialToken") ||
+        !first["SpecialToken"].is_object() ||
+        !first["SpecialToken"].contains("id") ||
+        !first["SpecialToken"]["id"].is_string()) {
+      return unsupported;
+    }
+    const std::string name = first["SpecialToken"]["id"].get<std::string>();
+    const Json* ids = nullptr;
+    if (auto specials = step->find("special_tokens");
+        specials != step->end() && specials->is_object() &&
+        specials->contains(name) && (*specials)[name].is_object() &&
+        (*specials)[name].contains("ids")) {
+      ids = &(*specials)[name]["ids"];
+    }
+    if (ids == nullptr || !ids->is_array() || ids->size() != 1) {
+      return Invalid(absl::StrCat("post_processor special token \"", name,
+                                  "\" has no single id"));
+    }
+    ASSIGN_OR_RETURN(config->bos_id,
+                     Id((*ids)[0], absl::StrCat("post_processor special "
+                                                "token \"",
+                                                name, "\" id")));
+    config->add_bos = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ParseVocab(const Json& model, BpeConfig* config) {
@@ -214,6 +331,7 @@ void ReadSpecialIds(const std::string& dir, BpeConfig* config) {
     if (j.is_object()) {
       for (auto [key, out] : {std::pair{"bos_token", &config->bos_id},
                               std::pair{"eos_token", &config->eos_id}}) {
+        if (out == &config->bos_id && config->add_bos) continue;
         auto it = j.find(key);
         if (it == j.end()) continue;
         const Json* v = &*it;
@@ -230,6 +348,7 @@ void ReadSpecialIds(const std::string& dir, BpeConfig* config) {
     if (!j.is_object()) return;
     for (auto [key, out] : {std::pair{"bos_token_id", &config->bos_id},
                             std::pair{"eos_token_id", &config->eos_id}}) {
+      if (out == &config->bos_id && config->add_bos) continue;
       auto it = j.find(key);
       if (it == j.end()) continue;
       const Json* v = &*it;
@@ -266,21 +385,18 @@ absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
           absl::StrCat("tokenizer.json: BPE ", key, " is not supported"));
     }
   }
-  if (!IsNullOrAbsent(root, "normalizer")) {
-    return absl::UnimplementedError(
-        "tokenizer.json: normalizers are not supported (byte-level BPE "
-        "has none)");
-  }
   if (!IsNullOrAbsent(root, "decoder") &&
       TypeOf(*root.find("decoder")) != "ByteLevel") {
     return absl::UnimplementedError(
         "tokenizer.json: decoder must be ByteLevel");
   }
   BpeConfig config;
+  RETURN_IF_ERROR(ParseNormalizer(root, &config.nfc));
   ASSIGN_OR_RETURN(config.pre, ParsePreTokenizer(root));
   RETURN_IF_ERROR(ParseVocab(*model, &config));
   RETURN_IF_ERROR(ParseMerges(*model, &config));
   RETURN_IF_ERROR(ParseAddedTokens(root, &config));
+  RETURN_IF_ERROR(ParsePostProcessor(root, &config));
   config.ignore_merges = BoolField(*model, "ignore_merges", false);
   return config;
 }

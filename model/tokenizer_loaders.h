@@ -23,12 +23,14 @@ namespace shardlm {
 // them (see BpeConfigFromGguf in tokenizer.cc).
 absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf);
 
-// From the text of a tokenizer.json. bos_id/eos_id stay -1: they live in
-// tokenizer_config.json or config.json (see LoadTokenizerDirectory).
+// From the text of a tokenizer.json. eos_id stays -1, and bos_id unless the
+// post_processor puts a BOS in front of every sequence (then add_bos too):
+// they live in tokenizer_config.json or config.json (see
+// LoadTokenizerDirectory).
 absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view json);
 
 // `dir`/tokenizer.json, with bos/eos from tokenizer_config.json or else
-// config.json when present.
+// config.json when present (a BOS from the post_processor stays).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     const std::string& dir);
 

@@ -367,9 +367,27 @@ TEST(TokenizerJsonTest, RejectsMalformedInput) {
       {R"({"pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": true},
         "model": {"vocab": {"a": 0}, "merges": []}})",
        absl::StatusCode::kUnimplemented, "add_prefix_space"},
-      {R"({"normalizer": {"type": "NFC"}, "pre_tokenizer": {"type": "ByteLevel",
-        "add_prefix_space": false}, "model": {"vocab": {}, "merges": []}})",
-       absl::StatusCode::kUnimplemented, "normalizer"},
+      {R"({"normalizer": {"type": "NFKC"}, "pre_tokenizer": {"type":
+        "ByteLevel", "add_prefix_space": false}, "model": {"vocab": {},
+        "merges": []}})",
+       absl::StatusCode::kUnimplemented, "normalizer NFKC"},
+      {R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"Regex": "\\s+"}, "behavior":
+        "Isolated"}, {"type": "ByteLevel", "add_prefix_space": false,
+        "use_regex": false}]}, "model": {"vocab": {}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "Split regex \"\\\\s+\""},
+      {R"({"pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+        {"type": "Split", "pattern": {"String": "x"}, "behavior":
+        "Isolated"}, {"type": "ByteLevel", "add_prefix_space": false,
+        "use_regex": false}]}, "model": {"vocab": {}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "Split(Regex"},
+      {"{" + pre + R"(, "post_processor": {"type": "RobertaProcessing"},
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "post_processor RobertaProcessing"},
+      {"{" + pre + R"(, "post_processor": {"type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A"}}, {"SpecialToken": {"id": "a"}}]},
+        "model": {"vocab": {"a": 0}, "merges": []}})",
+       absl::StatusCode::kUnimplemented, "TemplateProcessing"},
   };
   for (const Case& c : cases) {
     auto config = BpeConfigFromTokenizerJson(c.json);
@@ -378,6 +396,57 @@ TEST(TokenizerJsonTest, RejectsMalformedInput) {
     EXPECT_NE(config.status().message().find(c.message), std::string::npos)
         << config.status() << " should mention " << c.message;
   }
+}
+
+// Llama 3's pre-tokenizer and post-processor as its tokenizer.json has them.
+constexpr char kLlama3Json[] = R"({
+  "normalizer": null,
+  "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+    {"type": "Split", "pattern": {"Regex": "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     "behavior": "Isolated", "invert": false},
+    {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true,
+     "use_regex": false}]},
+  "post_processor": {"type": "Sequence", "processors": [
+    {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false,
+     "use_regex": true},
+    {"type": "TemplateProcessing",
+     "single": [{"SpecialToken": {"id": "<|begin_of_text|>", "type_id": 0}},
+                {"Sequence": {"id": "A", "type_id": 0}}],
+     "pair": [],
+     "special_tokens": {"<|begin_of_text|>": {"id": "<|begin_of_text|>",
+                        "ids": [5], "tokens": ["<|begin_of_text|>"]}}}]},
+  "decoder": {"type": "ByteLevel"},
+  "added_tokens": [{"id": 5, "content": "<|begin_of_text|>", "special": true}],
+  "model": {"type": "BPE", "ignore_merges": true,
+            "vocab": {"a": 0, "b": 1, "ab": 2, "1": 3, "\u0120": 4},
+            "merges": ["a b"]}
+})";
+
+TEST(TokenizerJsonTest, ParsesLlama3AndQwen2Style) {
+  auto config = BpeConfigFromTokenizerJson(kLlama3Json);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->pre, PreTokenizerKind::kLlama3);
+  EXPECT_TRUE(config->add_bos);
+  EXPECT_EQ(config->bos_id, 5);
+  EXPECT_TRUE(config->ignore_merges);
+  EXPECT_FALSE(config->nfc);
+  auto tok = BpeTokenizer::Create(*std::move(config));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->EncodePrompt("ab 111"),
+            (std::vector<int32_t>{5, 2, 4, 3, 3, 3}));
+
+  // Qwen2: single numbers, NFC, no BOS.
+  std::string qwen = kLlama3Json;
+  qwen.replace(qwen.find("{1,3}"), 5, "");
+  qwen.replace(qwen.find("\"normalizer\": null"), 18,
+               R"("normalizer": {"type": "NFC"})");
+  qwen.replace(qwen.find("\"post_processor\""), 16, "\"unused\"");
+  config = BpeConfigFromTokenizerJson(qwen);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->pre, PreTokenizerKind::kQwen2);
+  EXPECT_TRUE(config->nfc);
+  EXPECT_FALSE(config->add_bos);
+  EXPECT_EQ(config->bos_id, -1);
 }
 
 class TempDir {
