@@ -2,13 +2,29 @@
 """Checks our byte-level BPE tokenizer against Hugging Face `tokenizers`.
 
 The reference is built independently from the GGUF's own vocabulary and
-merges: BPE(vocab, merges) with pre-tokenizer Sequence[Digits(individual),
-ByteLevel(add_prefix_space=False)], a ByteLevel decoder, and the CONTROL
-tokens (type 3) as special added tokens. tokenize_dump (our C++) must give
-identical ids for every test string, and decoding (plain and streaming) must
-give the string back. The same is checked for tokenizer.json files the
-reference writes: the smollm one, a legacy "a b" merges variant, and a GPT-2
-style (no digit split) one against its own HF reference.
+merges (hf_tokenizer.build): BPE(vocab, merges) with the pre-tokenizer of the
+family (smollm: Sequence[Digits(individual), ByteLevel]; llama3 and qwen2:
+Sequence[Split(Regex(pattern), isolated), ByteLevel(use_regex=False)], qwen2
+after an NFC normalizer), a ByteLevel decoder, and the CONTROL tokens (type
+3) as special added tokens. tokenize_dump (our C++) must give identical ids
+for every test string, the ids of a prompt (EncodePrompt: BOS in front when
+the tokenizer asks for it, never doubled), and decoding (plain and
+streaming) must give the string back (its NFC form for qwen2).
+
+Families and files:
+  smollm  the real SmolLM2 GGUF; tokenizer.json files the reference writes
+          (the smollm one, a legacy "a b" merges variant, and a GPT-2 style
+          one with no digit split)
+  llama3  SmolLM2's vocabulary and merges plus Llama 3's special tokens, as
+          a tokenizer-only GGUF (tokenizer.ggml.pre llama-bpe, add_bos by
+          default; and llama3 with add_bos_token false) and as the
+          tokenizer.json the reference writes (Split + a BOS template)
+  qwen2   the same vocabulary plus Qwen2.5's special tokens: GGUF (pre
+          qwen2) and tokenizer.json (NFC normalizer)
+Real Llama 3 / Qwen2 vocabularies are not available offline; the regexes
+are what differs, and random strings drawn from the characters that tell
+them apart check the pieces. Our NFC is also compared with Python's
+unicodedata on every code point.
 
   check_tokenizer.py --tool build/tests/reference/tokenize_dump \
       --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf --workdir /tmp/tok
@@ -16,13 +32,16 @@ style (no digit split) one against its own HF reference.
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
+import unicodedata
 
 import gguf
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 
-CONTROL = 3
+import hf_tokenizer
+
+CONTROL, USER_DEFINED = 3, 4
 
 LONG_PARAGRAPH = (
     "The quick brown fox jumps over the lazy dog. In 1969, Apollo 11 landed "
@@ -103,10 +122,78 @@ STRINGS = [
     LONG_PARAGRAPH,
     LONG_PARAGRAPH * 3,
 ]
+# What tells the Llama 3 / Qwen2 regexes from GPT-2's and from each other:
+# contractions in any case, digit groups, whitespace runs with CR/LF,
+# punctuation before newlines, and (qwen2) text that is not in NFC.
+STRINGS += [
+    "I'LL DON'T We'Re YOU'VE SHE'S IT'D I'M they'Ll",
+    "'S 'T 'RE 'VE 'M 'LL 'D 'x 'ſt",
+    # A contraction is a piece of its own only when letters follow it.
+    "'status 'Status 'tis 'Tis 'dare 'Dare 'mine 'Mine 'really 'REALLY",
+    "'very 'VERY 'llama 'LLama 'ſtatus x'sx X'SX",
+    "'ſt", "x'ſt", "\nx", "a\nx\r\nw", "\tx\tw",
+    "1", "12", "123", "1234", "12345", "123456", "1234567",
+    "abc123def x1y22z333w4444v55555",
+    "pi=3.14159265, e=2.71828; 1,000,000 and 2024-05-17T12:34:56",
+    "\r\n\r\n", "a\r\n\tb", " \t\n", "  \n  ", "\n \n", " \n ",
+    "foo  \n\n  bar", "tab\t\tx\t", "  leading", "trailing  ",
+    "end!\n\nnext", "?!\r\n", ":)\n  ", "   !!!   ", "\u00a0x \u3000y",
+    "\t\n\x0b\x0c\r\x85 controls",
+    "e\u0301", "A\u030a and \u212b", "\u1100\u1161\u11a8 \uac00\u11a8",
+    "a\u0302\u0323 \u1e0b\u0323 q\u0307\u0323", "\u0344 \u0b47\u0b3e",
+    "re\u0301sume\u0301 nai\u0308ve",
+    "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there!"
+    "<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n",
+    "<|begin_of_text|>", "text<|begin_of_text|>", "<|eot_id|>x",
+    "<|im_start|>system\nYou are Qwen.<|im_end|>\n<tool_call>\n"
+    "{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
+]
+
 # SmolLM2's vocabulary has no token for 21 bytes (e.g. 0x04, 0x13, 0xC0):
 # HF (and llama.cpp) drop them, so these do not decode back to themselves.
 LOSSY = ["ctrl\x04chars\x13\x14 here", "\x1d\x16"]
 STRINGS += LOSSY
+
+
+# Pieces that tell the regexes apart, for random strings.
+ATOMS = [
+    "a", "Z", "word", "WORD", "'", "s", "S", "t", "T", "ll", "LL", "re", "Re",
+    "ve", "m", "d", "D", "ſ", "0", "7", "42", "123", "98765", " ", "  ", "\t",
+    "\r", "\n", "\r\n", "\u00a0", "\u3000", "!", "?", ".", ",", "-", "(",
+    "\"", "中文", "😀", "²", "٣", "Ⅻ", "é", "e\u0301", "\u0301", "\u0323",
+    "A\u030a", "\u212b", "\u1100\u1161", "\u11a8", "Ａ", "ß",
+]
+RANDOM_STRINGS = 1000
+
+# Special tokens appended to SmolLM2's 49152 for each synthetic family:
+# (content, GGUF token type).
+LLAMA3_SPECIALS = [(t, CONTROL) for t in (
+    "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
+    "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
+    "<|python_tag|>")]
+QWEN2_SPECIALS = [("<|object_ref_start|>", CONTROL),
+                  ("<|vision_start|>", CONTROL), ("<|fim_prefix|>", CONTROL),
+                  ("<tool_call>", USER_DEFINED), ("</tool_call>", USER_DEFINED)]
+
+
+# Merges SmolLM2's vocabulary lacks, added for the synthetic families so that
+# piece boundaries the regexes disagree on change the ids: digit groups
+# (SmolLM2 splits every digit, so it has no merges between digits),
+# punctuation before a newline, a tab or a newline before a letter, and
+# "ſ" (bytes C5 BF, "Å¿") before a letter, for the case-folded "'ſ".
+EXTRA_MERGES = (
+    [(a, b) for a in "0123456789" for b in "0123456789"] +
+    [(a + b, c) for a in "0123456789" for b in "0123456789"
+     for c in "0123456789"] +
+    [(p, "Ċ") for p in "!.?:"] +
+    [("ĉ", "x"), ("ĉ", "w"), ("Ċ", "x"), ("Ċ", "w"), ("Å", "¿"),
+     ("Å¿", "t")])
+
+
+def random_strings(n, seed=1):
+    rng = random.Random(seed)
+    return ["".join(rng.choice(ATOMS) for _ in range(rng.randint(1, 12)))
+            for _ in range(n)]
 
 
 def gguf_vocab(path):
@@ -124,20 +211,24 @@ def gguf_vocab(path):
             field("tokenizer.ggml.token_type"), field("tokenizer.ggml.pre"))
 
 
-def build_reference(tokens, merges, types, digits):
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    pairs = [tuple(m.split(" ", 1)) for m in merges]
-    tok = Tokenizer(models.BPE(vocab, pairs))
-    steps = [pre_tokenizers.ByteLevel(add_prefix_space=False)]
-    if digits:
-        steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([
-        AddedToken(t, special=True, normalized=False)
-        for t, ty in zip(tokens, types) if ty == CONTROL
-    ])
-    return tok
+def write_tokenizer_gguf(path, tokens, merges, types, pre, bos, eos,
+                         add_bos=None):
+    """A GGUF with tokenizer metadata only (no tensors)."""
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(bos)
+    w.add_eos_token_id(eos)
+    if add_bos is not None:
+        w.add_add_bos_token(add_bos)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def run_tool(tool, model, strings):
@@ -150,16 +241,21 @@ def run_tool(tool, model, strings):
                  f"{proc.stderr}")
     for line in proc.stderr.strip().splitlines():
         print(f"  [{os.path.basename(model)}] {line}")
-    lines = proc.stdout.splitlines()
+    # Not splitlines(): the JSON may hold U+0085 or U+2028 unescaped.
+    lines = proc.stdout.split("\n")[:-1]
     if len(lines) != len(strings):
         sys.exit(f"{tool}: {len(lines)} output lines for {len(strings)} inputs")
     return [json.loads(line) for line in lines]
 
 
-def compare(label, reference, results, strings):
+def compare(label, reference, results, strings, nfc=False, bos=None):
+    """`bos`: the id EncodePrompt must put in front, or None."""
     failures = 0
     for s, got in zip(strings, results):
         want = reference.encode(s, add_special_tokens=False).ids
+        want_prompt = list(want)
+        if bos is not None and (not want or want[0] != bos):
+            want_prompt.insert(0, bos)
         problems = []
         if got["ids"] != want:
             first = next((i for i, (a, b) in enumerate(zip(want, got["ids"]))
@@ -167,9 +263,13 @@ def compare(label, reference, results, strings):
             problems.append(
                 f"ids differ from index {first}:\n"
                 f"    expected {want}\n    got      {got['ids']}")
+        if got["prompt_ids"] != want_prompt:
+            problems.append(f"prompt ids {got['prompt_ids']}, expected "
+                            f"{want_prompt}")
         # Bytes without a token are dropped; only LOSSY strings have them.
         text = reference.decode(want, skip_special_tokens=False)
-        if (text == s) == (s in LOSSY):
+        source = unicodedata.normalize("NFC", s) if nfc else s
+        if (text == source) == (s in LOSSY):
             problems.append(f"HF decodes to {text!r}; LOSSY is out of date")
         if got["decoded"] != text:
             problems.append(f"Decode gave {got['decoded']!r}")
@@ -181,6 +281,33 @@ def compare(label, reference, results, strings):
             for p in problems:
                 print("  " + p)
     print(f"{label}: {len(strings) - failures}/{len(strings)} strings match")
+    return failures
+
+
+def check_nfc(tool):
+    """NormalizeNfc against unicodedata on every code point: alone, after
+    marks of two classes (reordering, composition, blocking) and after 'a'
+    (composition with a base)."""
+    strings = [chr(cp) + "\u0323\u0301a" + chr(cp)
+               for cp in range(0x110000) if not 0xD800 <= cp <= 0xDFFF]
+    proc = subprocess.run(
+        [tool, "--nfc"], input="".join(json.dumps(s) + "\n" for s in strings),
+        capture_output=True, text=True, encoding="utf-8")
+    if proc.returncode != 0:
+        sys.exit(f"{tool} --nfc failed ({proc.returncode}):\n{proc.stderr}")
+    # Not splitlines(): the JSON may hold U+0085 or U+2028 unescaped.
+    lines = proc.stdout.split("\n")[:-1]
+    if len(lines) != len(strings):
+        sys.exit(f"{tool}: {len(lines)} output lines for {len(strings)} inputs")
+    failures = 0
+    for s, line in zip(strings, lines):
+        got, want = json.loads(line)["nfc"], unicodedata.normalize("NFC", s)
+        if got != want:
+            failures += 1
+            if failures <= 10:
+                print(f"FAIL [nfc] {s!r}: got {got!r}, expected {want!r}")
+    print(f"nfc (Unicode {unicodedata.unidata_version}): "
+          f"{len(strings) - failures}/{len(strings)} strings match")
     return failures
 
 
@@ -205,14 +332,15 @@ def main():
     ap.add_argument("--tool", required=True, help="tokenize_dump binary")
     ap.add_argument("--gguf", required=True, help="SmolLM2 GGUF")
     ap.add_argument("--workdir", required=True,
-                    help="where the tokenizer.json variants are written")
+                    help="where the tokenizer files are written")
     args = ap.parse_args()
+    os.makedirs(args.workdir, exist_ok=True)
 
     tokens, merges, types, pre = gguf_vocab(args.gguf)
     if pre != "smollm":
         sys.exit(f"expected pre-tokenizer smollm, the GGUF says {pre!r}")
-    smollm = build_reference(tokens, merges, types, digits=True)
-    gpt2 = build_reference(tokens, merges, types, digits=False)
+    smollm = hf_tokenizer.build(tokens, merges, types, "smollm")
+    gpt2 = hf_tokenizer.build(tokens, merges, types, "gpt2")
 
     # The strings must be able to catch a wrong pre-tokenizer: dropping the
     # digit split has to change the ids of some of them.
@@ -223,7 +351,7 @@ def main():
     print(f"{len(STRINGS)} strings; {len(sensitive)} of them tokenize "
           "differently without the digit split")
 
-    failures = 0
+    failures = check_nfc(args.tool)
     failures += compare("gguf", smollm,
                         run_tool(args.tool, args.gguf, STRINGS), STRINGS)
     for label, ref, legacy in [("tokenizer.json", smollm, False),
@@ -233,6 +361,59 @@ def main():
             ref, os.path.join(args.workdir, label.replace(" ", "_")), legacy)
         failures += compare(label, ref, run_tool(args.tool, directory, STRINGS),
                             STRINGS)
+
+    # Llama 3 and Qwen2 on SmolLM2's vocabulary with their special tokens.
+    strings = STRINGS + random_strings(RANDOM_STRINGS)
+    refs = {}
+    extra = [a + b for a, b in EXTRA_MERGES]
+    fmerges = list(merges) + [f"{a} {b}" for a, b in EXTRA_MERGES]
+    for fam, specials in [("llama3", LLAMA3_SPECIALS),
+                          ("qwen2", QWEN2_SPECIALS)]:
+        ftokens = list(tokens) + extra + [t for t, _ in specials]
+        ftypes = list(types) + [1] * len(extra) + [ty for _, ty in specials]
+        if fam == "llama3":
+            bos = ftokens.index("<|begin_of_text|>")
+            eos = ftokens.index("<|eot_id|>")
+            ggufs = [("llama-bpe", None, True), ("llama3", False, False)]
+        else:  # Qwen2.5 GGUFs: BOS <|endoftext|>, not added.
+            bos, eos = ftokens.index("<|endoftext|>"), ftokens.index("<|im_end|>")
+            ggufs = [("qwen2", False, False)]
+        for gpre, add_bos_kv, adds in ggufs:
+            ref = hf_tokenizer.build(ftokens, fmerges, ftypes, gpre,
+                                     add_bos=adds, bos_id=bos)
+            refs.setdefault(fam, ref)
+            path = write_tokenizer_gguf(
+                os.path.join(args.workdir, f"{gpre}.gguf"), ftokens, fmerges,
+                ftypes, gpre, bos, eos, add_bos_kv)
+            failures += compare(f"gguf {gpre}", ref,
+                                run_tool(args.tool, path, strings), strings,
+                                nfc=fam == "qwen2", bos=bos if adds else None)
+        ref = refs[fam]
+        adds = fam == "llama3"
+        if adds:  # The reference's own template must add exactly BOS.
+            for s in strings[:20]:
+                plain = ref.encode(s, add_special_tokens=False).ids
+                if ref.encode(s).ids != [bos] + plain:
+                    sys.exit(f"reference template does not add BOS to {s!r}")
+        directory = save_variant(
+            ref, os.path.join(args.workdir, f"tokenizer_json_{fam}"))
+        failures += compare(f"tokenizer.json {fam}", ref,
+                            run_tool(args.tool, directory, strings), strings,
+                            nfc=fam == "qwen2", bos=bos if adds else None)
+
+    # The strings must tell the families apart, on the same vocabulary.
+    llama3, qwen2 = refs["llama3"], refs["qwen2"]
+    ftokens = list(tokens) + extra + [t for t, _ in LLAMA3_SPECIALS]
+    ftypes = list(types) + [1] * len(extra) + [ty for _, ty in LLAMA3_SPECIALS]
+    llama3_gpt2 = hf_tokenizer.build(ftokens, fmerges, ftypes, "gpt2")
+    llama3_qwen2 = hf_tokenizer.build(ftokens, fmerges, ftypes, "qwen2")
+    for what, a, b in [("llama3 from gpt2", llama3, llama3_gpt2),
+                       ("llama3 from qwen2", llama3, llama3_qwen2)]:
+        n = sum(a.encode(s, add_special_tokens=False).ids !=
+                b.encode(s, add_special_tokens=False).ids for s in strings)
+        print(f"{n} of {len(strings)} strings tell {what}")
+        if n < 10:
+            sys.exit(f"too few strings tell {what}")
     if failures:
         print(f"FAILED: {failures} mismatches")
         return 1

@@ -1,19 +1,46 @@
 // Prints what our tokenizer does with each input, for check_tokenizer.py.
 //
 //   tokenize_dump --model PATH < lines
+//   tokenize_dump --nfc < lines
 //
 // Each stdin line is a JSON string; each stdout line is
-//   {"ids": [...], "decoded": Decode(ids), "streamed": StreamingDetokenizer
-//    output of the same ids}
-// (invalid UTF-8 in the text fields is written as U+FFFD). The tokenizer's
-// Summary() and the encode throughput go to stderr.
+//   {"ids": Encode(text), "prompt_ids": EncodePrompt(text),
+//    "decoded": Decode(ids), "streamed": StreamingDetokenizer output of the
+//    same ids}
+// or, with --nfc, {"nfc": NormalizeNfc(text)} (invalid UTF-8 in the text
+// fields is written as U+FFFD). The tokenizer's Summary() and the encode
+// throughput go to stderr.
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
 
+#include "model/normalizer.h"
 #include "model/tokenizer.h"
 #include "nlohmann/json.hpp"
+
+namespace {
+
+using Json = nlohmann::json;
+
+int DumpNfc() {
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    const Json in = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (!in.is_string()) {
+      std::fprintf(stderr, "input line is not a JSON string: %s\n",
+                   line.c_str());
+      return 1;
+    }
+    Json out;
+    out["nfc"] = shardlm::NormalizeNfc(in.get<std::string>());
+    std::cout << out.dump(-1, ' ', false, Json::error_handler_t::replace)
+              << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   std::string model;
@@ -21,8 +48,11 @@ int main(int argc, char** argv) {
     const std::string arg = argv[i];
     if (arg == "--model" && i + 1 < argc) {
       model = argv[++i];
+    } else if (arg == "--nfc" && argc == 2) {
+      return DumpNfc();
     } else {
-      std::fprintf(stderr, "usage: %s --model PATH < json_lines\n", argv[0]);
+      std::fprintf(stderr, "usage: %s --model PATH | --nfc < json_lines\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -37,7 +67,6 @@ int main(int argc, char** argv) {
   }
   std::fprintf(stderr, "%s\n", (*tok)->Summary().c_str());
 
-  using Json = nlohmann::json;
   double encode_seconds = 0;
   size_t bytes = 0, tokens = 0;
   std::string line;
@@ -64,6 +93,7 @@ int main(int argc, char** argv) {
 
     Json out;
     out["ids"] = ids;
+    out["prompt_ids"] = (*tok)->EncodePrompt(text);
     out["decoded"] = (*tok)->Decode(ids);
     out["streamed"] = streamed;
     std::cout << out.dump(-1, ' ', false, Json::error_handler_t::replace)
