@@ -3,6 +3,10 @@
 // UTF-8 input Decode(Encode(x)) == x but for the bytes the vocabulary
 // lacks; and the streaming detokenizer, fed the ids
 // and also the input's bytes taken as ids, only ever emits valid UTF-8.
+// The same vocabulary with each other pre-tokenizer (gpt2, llama3, qwen2
+// with NFC) must round-trip too (qwen2 to the NFC form, which must be
+// valid UTF-8 and stable), and every pre-tokenizer's pieces must be
+// non-empty and cover the input.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -11,24 +15,49 @@
 #include <string>
 #include <vector>
 
+#include "model/bpe_tokenizer.h"
+#include "model/gguf.h"
+#include "model/normalizer.h"
+#include "model/pretokenizer.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_loaders.h"
 
 namespace {
 
-const shardlm::Tokenizer& Smollm2() {
-  static const shardlm::Tokenizer* tokenizer = [] {
+using shardlm::PreTokenizerKind;
+
+constexpr PreTokenizerKind kKinds[] = {
+    PreTokenizerKind::kSmollm, PreTokenizerKind::kGpt2,
+    PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2};
+
+[[noreturn]] void Fail(const std::string& what) {
+  std::fprintf(stderr, "fuzz_tokenizer_roundtrip: %s (set SHARDLM_MODEL)\n",
+               what.c_str());
+  std::abort();
+}
+
+// SmolLM2's vocabulary with each of kKinds (qwen2 with NFC, as loaded).
+const std::vector<const shardlm::Tokenizer*>& Tokenizers() {
+  static const auto* tokenizers = [] {
     const char* env = std::getenv("SHARDLM_MODEL");
     const std::string path =
         env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-    auto t = shardlm::LoadTokenizer(path);
-    if (!t.ok()) {
-      std::fprintf(stderr, "fuzz_tokenizer_roundtrip: %s (set SHARDLM_MODEL)\n",
-                   t.status().ToString().c_str());
-      std::abort();
+    auto gguf = shardlm::GgufFile::Open(path);
+    if (!gguf.ok()) Fail(gguf.status().ToString());
+    auto config = shardlm::BpeConfigFromGguf(**gguf);
+    if (!config.ok()) Fail(config.status().ToString());
+    auto* list = new std::vector<const shardlm::Tokenizer*>;
+    for (PreTokenizerKind kind : kKinds) {
+      shardlm::BpeConfig c = *config;
+      c.pre = kind;
+      c.nfc = kind == PreTokenizerKind::kQwen2;
+      auto t = shardlm::BpeTokenizer::Create(std::move(c));
+      if (!t.ok()) Fail(t.status().ToString());
+      list->push_back(t->release());
     }
-    return t->release();
+    return list;
   }();
-  return *tokenizer;
+  return *tokenizers;
 }
 
 // Whether `s` is well-formed UTF-8 (no overlongs, surrogates or > U+10FFFF).
@@ -66,12 +95,10 @@ bool ValidUtf8(const std::string& s) {
   return true;
 }
 
-}  // namespace
-
-extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+// One tokenizer on `text`; `nfc`: it normalizes to NFC first.
+void CheckTokenizer(const shardlm::Tokenizer& tok, const std::string& text,
+                    bool nfc, const uint8_t* data, size_t size) {
   using namespace shardlm;
-  const Tokenizer& tok = Smollm2();
-  const std::string text(reinterpret_cast<const char*>(data), size);
   const std::vector<int32_t> ids = tok.Encode(text);
   for (int32_t id : ids) {
     if (id < 0 || id >= tok.vocab_size()) std::abort();
@@ -99,7 +126,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return d;
   }();
   std::string expected;
-  for (char c : text) {
+  for (char c : nfc ? NormalizeNfc(text) : text) {
     if (!dropped[static_cast<unsigned char>(c)]) expected += c;
   }
   if (ValidUtf8(text) && tok.Decode(ids) != expected) {
@@ -129,5 +156,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   out += raw.Finish();
   if (!ValidUtf8(out)) std::abort();
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  using namespace shardlm;
+  const std::string text(reinterpret_cast<const char*>(data), size);
+  for (PreTokenizerKind kind : kKinds) {
+    std::vector<std::string_view> pieces;
+    PreTokenize(text, kind, &pieces);
+    std::string joined;
+    for (std::string_view piece : pieces) {
+      if (piece.empty()) std::abort();
+      joined += piece;
+    }
+    if (joined != text) std::abort();
+  }
+  if (ValidUtf8(text)) {
+    const std::string nfc = NormalizeNfc(text);
+    if (!ValidUtf8(nfc) || NormalizeNfc(nfc) != nfc) std::abort();
+  }
+  const auto& tokenizers = Tokenizers();
+  for (size_t k = 0; k < tokenizers.size(); ++k) {
+    CheckTokenizer(*tokenizers[k], text, kKinds[k] == PreTokenizerKind::kQwen2,
+                   data, size);
+  }
   return 0;
 }

@@ -201,7 +201,12 @@ HTTP = [
 
 TEXT = ["Hello, world!", "don't stop 1234 56", "  two  spaces\n\ttab",
         "日本語のテキスト", "emoji 🙂👍🏽", "<|im_start|>user\nhi<|im_end|>",
-        "\xc3\xa9t\xc3\xa9", "a" * 200]
+        "\xc3\xa9t\xc3\xa9", "a" * 200,
+        # Llama 3 / Qwen2 regexes and NFC.
+        "I'LL We'Re x'\u017ft 1234567\r\n\r\n  x!!\n\n\tword",
+        "e\u0301 A\u030a \u212b \u1100\u1161\u11a8 a\u0302\u0323",
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi"
+        "<|eot_id|>"]
 
 
 def main() -> int:
