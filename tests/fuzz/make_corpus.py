@@ -134,18 +134,39 @@ def safetensors_seed(dtype: str, np_dtype) -> bytes:
     return struct.pack("<Q", len(h)) + h + b"".join(blobs)
 
 
-def tokenizer_json_seed() -> str:
+QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+               r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def tokenizer_json_seed(family: str = "gpt2") -> str:
+    """gpt2: ByteLevel; qwen2: NFC, Split(Qwen2's regex), ByteLevel and a
+    BOS template (as Llama 3 has)."""
     toks = vocab()
+    pre = {"type": "ByteLevel", "add_prefix_space": False, "use_regex": True}
+    extra = {}
+    if family == "qwen2":
+        pre = {"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": QWEN2_REGEX},
+             "behavior": "Isolated", "invert": False},
+            {"type": "ByteLevel", "add_prefix_space": False,
+             "use_regex": False}]}
+        bos = SPECIAL[0]
+        extra = {"normalizer": {"type": "NFC"}, "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": bos, "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "special_tokens": {bos: {"id": bos, "ids": [len(toks) - len(SPECIAL)],
+                                     "tokens": [bos]}}}}
     return json.dumps({
         "version": "1.0",
         "added_tokens": [{"id": len(toks) - len(SPECIAL) + i, "content": s,
                           "special": True} for i, s in enumerate(SPECIAL)],
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False,
-                          "use_regex": True},
+        "pre_tokenizer": pre,
         "decoder": {"type": "ByteLevel"},
         "model": {"type": "BPE", "vocab": {t: i for i, t in enumerate(toks[:-2])},
                   "merges": MERGES},
+        **extra,
     })
 
 
@@ -216,6 +237,7 @@ def main() -> int:
     put("fuzz_safetensors", "f16.safetensors",
         safetensors_seed("F16", np.float16))
     put("fuzz_tokenizer_json", "bpe.json", tokenizer_json_seed())
+    put("fuzz_tokenizer_json", "qwen2.json", tokenizer_json_seed("qwen2"))
     for i, t in enumerate(TEXT):
         put("fuzz_tokenizer_roundtrip", f"text{i}", t)
     put("fuzz_tokenizer_roundtrip", "invalid", b"\xff\xfe\xc3(\xe2\x82")
