@@ -105,5 +105,20 @@ TEST(AddTest, AddsInPlaceAndChecksShapes) {
   EXPECT_FALSE(AddInPlace(x, z).ok());
 }
 
+TEST(AddTest, AddsBiasToEveryRow) {
+  Tensor x = testing_util::RandomTensor({3, 37}, 1);
+  Tensor bias = testing_util::RandomTensor({37}, 2);
+  std::vector<float> want(x.numel());
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    want[i] = x.f32()[i] + bias.f32()[i % 37];
+  }
+  ASSERT_TRUE(AddBias(x, bias).ok());
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.f32()[i], want[i]);
+  Tensor wrong = testing_util::RandomTensor({36}, 2);
+  EXPECT_FALSE(AddBias(x, wrong).ok());
+  Tensor flat = testing_util::RandomTensor({37}, 3);
+  EXPECT_FALSE(AddBias(flat, bias).ok());
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -1,4 +1,6 @@
 // Hostile-input tests for the GGUF reader (see loader_test_util.h).
+#include <functional>
+
 #include "model/loader_test_util.h"
 
 namespace shardlm {
@@ -481,6 +483,92 @@ TEST(GgufLoaderTest, RejectsWrongKeyTypesInConfig) {
     EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument)
         << c.status();
     EXPECT_THAT(c.status().message(), HasSubstr(key));
+  }
+}
+
+// n f32 values start, start + 1, ... as tensor bytes.
+std::string F32Values(int n, float start) {
+  std::string out;
+  for (int i = 0; i < n; ++i) {
+    const float v = start + static_cast<float>(i);
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+  }
+  return out;
+}
+
+TEST(GgufLoaderTest, ReadsRopeScalingBiasesAndSlidingWindow) {
+  GgufBuilder b = TinyGguf();
+  b.Str("llama.rope.scaling.type", "yarn");
+  b.F32("llama.rope.scaling.factor", 4.0f);
+  b.U32("llama.rope.scaling.original_context_length", 64);
+  b.U32("llama.attention.sliding_window", 20);
+  b.Tensor("rope_freqs.weight", kGgmlF32, {kHeadDim / 2},
+           F32Values(kHeadDim / 2, 1.0f));
+  b.Tensor("blk.0.attn_q.bias", kGgmlF32, {kHeads * kHeadDim},
+           F32Values(kHeads * kHeadDim, 0.0f));
+  const std::string bytes = b.Build();
+  auto g = ParseGguf(bytes);
+  ASSERT_TRUE(g.ok()) << g.status();
+  auto c = ModelConfigFromGguf(**g);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_EQ(c->rope_scaling.factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_context, 64);
+  ASSERT_EQ(c->rope_scaling.freq_factors.size(), size_t{kHeadDim / 2});
+  EXPECT_EQ(c->rope_scaling.freq_factors[1], 2.0f);
+  EXPECT_EQ(c->sliding_window, 20);
+  EXPECT_TRUE(c->attention_bias);
+  EXPECT_EQ(c->rope_style, RopeStyle::kAdjacentPairs);  // llama, permuted.
+  EXPECT_THAT(c->DebugString(), HasSubstr("yarn (factor 4"));
+}
+
+TEST(GgufLoaderTest, RejectsRopeScalingItCannotApply) {
+  struct Case {
+    std::function<void(GgufBuilder&)> change;
+    std::string needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](GgufBuilder& b) {
+              b.Str("llama.rope.scaling.type", "longrope");
+            },
+            "longrope"},
+           {[](GgufBuilder& b) {
+              b.Str("llama.rope.scaling.type", "linear");
+              b.F32("llama.rope.scaling.factor", 0.25f);
+            },
+            "factor"},
+           {[](GgufBuilder& b) {
+              b.Str("llama.rope.scaling.type", "yarn");
+              b.F32("llama.rope.scaling.factor", 4.0f);
+            },
+            "original_max_position_embeddings"},
+           {[](GgufBuilder& b) {
+              b.Str("llama.rope.scaling.type", "yarn");
+              b.F32("llama.rope.scaling.factor", 4.0f);
+              b.U32("llama.rope.scaling.original_context_length", 64);
+              b.F32("llama.rope.scaling.yarn_attn_factor", 0.5f);
+            },
+            "yarn_attn_factor"},
+           {[](GgufBuilder& b) {
+              b.Tensor("rope_freqs.weight", kGgmlF32, {kHeadDim},
+                       F32Values(kHeadDim, 1.0f));
+            },
+            "rope_freqs"},
+           {[](GgufBuilder& b) {
+              b.Tensor("rope_freqs.weight", kGgmlF32, {kHeadDim / 2},
+                       F32Values(kHeadDim / 2, -1.0f));
+            },
+            "freq_factors"},
+       }) {
+    SCOPED_TRACE(c.needle);
+    GgufBuilder b = TinyGguf();
+    c.change(b);
+    const std::string bytes = b.Build();
+    auto g = ParseGguf(bytes);
+    ASSERT_TRUE(g.ok()) << g.status();
+    auto config = ModelConfigFromGguf(**g);
+    ASSERT_FALSE(config.ok()) << "accepted";
+    EXPECT_THAT(config.status().message(), HasSubstr(c.needle));
   }
 }
 

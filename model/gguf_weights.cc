@@ -1,6 +1,7 @@
 // ModelConfig and WeightSource on top of a parsed GGUF file.
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "model/dequantize.h"
 #include "model/gguf.h"
 
 namespace shardlm {
@@ -18,6 +19,69 @@ absl::StatusOr<double> FloatOr(const GgufFile& g, const std::string& key,
                                double fallback) {
   if (g.Find(key) == nullptr) return fallback;
   return g.GetFloat(key);
+}
+
+const TensorInfo* FindTensor(const GgufFile& g, std::string_view name) {
+  for (const TensorInfo& t : g.tensors()) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+// RoPE scaling from `{arch}.rope.scaling.*` and the per-pair frequency
+// factors of rope_freqs.weight (llama.cpp's converter writes Llama 3.1's
+// llama3 scaling that way, with no scaling type).
+absl::Status ReadRopeScaling(const GgufFile& g, const std::string& p,
+                             ModelConfig& c) {
+  RopeScaling& s = c.rope_scaling;
+  if (g.Find(p + "rope.scaling.type") != nullptr) {
+    ASSIGN_OR_RETURN(std::string_view type,
+                     g.GetString(p + "rope.scaling.type"));
+    absl::StatusOr<RopeScalingType> t = ParseRopeScalingType(type);
+    if (!t.ok() || *t == RopeScalingType::kLlama3) {
+      return absl::UnimplementedError(absl::StrCat(
+          g.name(), ": ", p, "rope.scaling.type '", Sv(type),
+          "' is not supported (none, linear and yarn are; llama3 comes as "
+          "rope_freqs.weight)"));
+    }
+    s.type = *t;
+  }
+  if (s.type != RopeScalingType::kNone) {
+    ASSIGN_OR_RETURN(s.factor, FloatOr(g, p + "rope.scaling.factor", 0.0));
+  }
+  if (s.type == RopeScalingType::kYarn) {
+    ASSIGN_OR_RETURN(s.original_context,
+                     IntOr(g, p + "rope.scaling.original_context_length", 0));
+    ASSIGN_OR_RETURN(s.beta_fast,
+                     FloatOr(g, p + "rope.scaling.yarn_beta_fast", 32.0));
+    ASSIGN_OR_RETURN(s.beta_slow,
+                     FloatOr(g, p + "rope.scaling.yarn_beta_slow", 1.0));
+    // llama.cpp scales its YaRN blend and magnitude by these; anything
+    // but their neutral values (ext_factor < 0 means 1) changes the math.
+    for (auto [key, neutral] : {std::pair{"yarn_ext_factor", -1.0},
+                                {"yarn_attn_factor", 1.0},
+                                {"attn_factor", 1.0}}) {
+      ASSIGN_OR_RETURN(double v,
+                       FloatOr(g, p + "rope.scaling." + key, neutral));
+      if (v != 1.0 && !(neutral < 0 && v < 0)) {
+        return absl::UnimplementedError(
+            absl::StrCat(g.name(), ": ", p, "rope.scaling.", key, " = ", v,
+                         " is not supported (only its default)"));
+      }
+    }
+  }
+  if (const TensorInfo* f = FindTensor(g, "rope_freqs.weight"); f != nullptr) {
+    if (f->shape.size() != 1 || f->shape[0] != c.head_dim / 2) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          g.name(), ": rope_freqs.weight has shape ", ShapeString(f->shape),
+          "; expected [", c.head_dim / 2, "]"));
+    }
+    ASSIGN_OR_RETURN(
+        Tensor t,
+        DequantizeRows(*f, g.bytes().subspan(f->offset, f->bytes), 0, 1));
+    s.freq_factors.assign(t.f32().begin(), t.f32().end());
+  }
+  return absl::OkStatus();
 }
 
 class GgufWeightSource : public WeightSource {
@@ -64,12 +128,23 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                    FloatOr(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
   c.rope_theta = static_cast<float>(theta);
   c.rms_norm_eps = static_cast<float>(eps);
-  if (c.n_heads <= 0 || c.hidden % c.n_heads != 0) {
+  if (c.n_heads <= 0 || (g.Find(p + "attention.key_length") == nullptr &&
+                         c.hidden % c.n_heads != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(g.name(), ": embedding_length ", c.hidden,
                      " is not a multiple of head_count ", c.n_heads));
   }
-  c.head_dim = c.hidden / c.n_heads;
+  ASSIGN_OR_RETURN(c.head_dim,
+                   IntOr(g, p + "attention.key_length", c.hidden / c.n_heads));
+  ASSIGN_OR_RETURN(int64_t value_dim,
+                   IntOr(g, p + "attention.value_length", c.head_dim));
+  if (value_dim != c.head_dim) {
+    return absl::UnimplementedError(
+        absl::StrCat(g.name(), ": attention.value_length ", value_dim,
+                     " differs from key_length ", c.head_dim));
+  }
+  ASSIGN_OR_RETURN(c.sliding_window,
+                   IntOr(g, p + "attention.sliding_window", 0));
   ASSIGN_OR_RETURN(int64_t rope_dims,
                    IntOr(g, p + "rope.dimension_count", c.head_dim));
   if (rope_dims != c.head_dim) {
@@ -86,10 +161,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     }
   }
   ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, p + "vocab_size", vocab));
-  c.tied_embeddings = true;
-  for (const TensorInfo& t : g.tensors()) {
-    if (t.name == "output.weight") c.tied_embeddings = false;
-  }
+  c.tied_embeddings = FindTensor(g, "output.weight") == nullptr;
+  c.attention_bias = FindTensor(g, "blk.0.attn_q.bias") != nullptr;
   ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
   for (auto [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
@@ -101,9 +174,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   c.bos_id = static_cast<int32_t>(bos);
   c.eos_id = static_cast<int32_t>(eos);
-  // llama.cpp's converter permutes Q/K rows so that RoPE pairs adjacent
-  // dimensions.
-  c.rope_style = RopeStyle::kAdjacentPairs;
+  // llama.cpp's converter permutes Llama's Q/K rows so that RoPE pairs
+  // adjacent dimensions; Qwen2's it leaves alone (llama.cpp's "NeoX" RoPE).
+  c.rope_style = c.architecture == "qwen2" ? RopeStyle::kRotateHalf
+                                           : RopeStyle::kAdjacentPairs;
+  RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(g.name(), ": ", s.message()));

@@ -20,13 +20,40 @@ absl::Status CheckRange(std::string_view field, int64_t v, int64_t lo,
   return absl::OkStatus();
 }
 
+std::string RopeScalingString(const RopeScaling& s) {
+  std::string out = RopeScalingName(s.type);
+  switch (s.type) {
+    case RopeScalingType::kNone:
+      break;
+    case RopeScalingType::kLinear:
+      absl::StrAppend(&out, " (factor ", s.factor, ")");
+      break;
+    case RopeScalingType::kLlama3:
+      absl::StrAppend(&out, " (factor ", s.factor, ", low/high freq factor ",
+                      s.low_freq_factor, "/", s.high_freq_factor,
+                      ", original context ", s.original_context, ")");
+      break;
+    case RopeScalingType::kYarn:
+      absl::StrAppend(&out, " (factor ", s.factor, ", original context ",
+                      s.original_context, ", beta ", s.beta_fast, "/",
+                      s.beta_slow, ")");
+      break;
+  }
+  if (!s.freq_factors.empty()) {
+    absl::StrAppend(&out, s.type == RopeScalingType::kNone ? "" : " +",
+                    " per-pair frequency factors (rope_freqs)");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
-  if (architecture != "llama" && architecture != "mistral") {
+  if (architecture != "llama" && architecture != "mistral" &&
+      architecture != "qwen2") {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: architecture '", architecture,
-                     "' is not supported (llama family only)"));
+                     "' is not supported (llama, mistral and qwen2 are)"));
   }
   // Bounds are generous (beyond any released Llama) but stop absurd values
   // from turning into huge allocations.
@@ -57,6 +84,15 @@ absl::Status ModelConfig::Validate() const {
         "model config: rope_theta and rms_norm_eps must be positive and "
         "finite");
   }
+  if (sliding_window < 0 || sliding_window > (int64_t{1} << 24)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: sliding_window ", sliding_window,
+                     " is outside [0, 2^24]"));
+  }
+  if (absl::Status s = ValidateRopeScaling(rope_scaling, head_dim); !s.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: ", s.message()));
+  }
   return absl::OkStatus();
 }
 
@@ -65,13 +101,17 @@ std::string ModelConfig::DebugString() const {
       "architecture     %s\nname             %s\nlayers           %d\n"
       "hidden           %d\nffn_hidden       %d\nheads            %d (kv %d, "
       "head_dim %d)\nvocab            %d\ncontext          %d\n"
-      "rope_theta       %g (%s)\nrms_norm_eps     %g\ntied_embeddings  %s\n"
+      "rope_theta       %g (%s)\nrope_scaling     %s\nrms_norm_eps     %g\n"
+      "tied_embeddings  %s\nattention_bias   %s\nsliding_window   %s\n"
       "bos/eos          %d / %d\n",
       architecture, name, n_layers, hidden, ffn_hidden, n_heads, n_kv_heads,
       head_dim, vocab_size, context_length, rope_theta,
       rope_style == RopeStyle::kAdjacentPairs ? "adjacent pairs"
                                               : "rotate half",
-      rms_norm_eps, tied_embeddings ? "yes" : "no", bos_id, eos_id);
+      RopeScalingString(rope_scaling), rms_norm_eps,
+      tied_embeddings ? "yes" : "no", attention_bias ? "q, k, v" : "none",
+      sliding_window > 0 ? absl::StrCat(sliding_window, " positions") : "none",
+      bos_id, eos_id);
 }
 
 }  // namespace shardlm

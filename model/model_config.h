@@ -1,5 +1,5 @@
-// Hyper-parameters of a Llama-family model, read from GGUF metadata or from
-// a Hugging Face config.json.
+// Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2),
+// read from GGUF metadata or from a Hugging Face config.json.
 #ifndef SHARDLM_MODEL_MODEL_CONFIG_H_
 #define SHARDLM_MODEL_MODEL_CONFIG_H_
 
@@ -7,14 +7,9 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "model/rope_scaling.h"
 
 namespace shardlm {
-
-// How RoPE pairs the dimensions of a head. llama.cpp's converter permutes
-// the Q/K rows of Llama weights, so GGUF files rotate adjacent pairs
-// (x[2i], x[2i+1]); Hugging Face weights rotate halves (x[i], x[i+d/2]).
-// Using the wrong one gives plausible but wrong text.
-enum class RopeStyle : uint8_t { kAdjacentPairs, kRotateHalf };
 
 struct ModelConfig {
   std::string architecture = "llama";
@@ -31,12 +26,22 @@ struct ModelConfig {
   float rms_norm_eps = 1e-5f;
   bool tied_embeddings = false;  // LM head reuses the token embedding.
   RopeStyle rope_style = RopeStyle::kRotateHalf;
+  RopeScaling rope_scaling;
+  // The Q, K and V projections add a bias (Qwen2).
+  bool attention_bias = false;
+  // 0: every query attends to its whole context. Otherwise to the last
+  // `sliding_window` positions, itself included (Mistral v0.1).
+  int64_t sliding_window = 0;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 
   // InvalidArgument naming the field when a value is missing, absurd, or
   // inconsistent (e.g. n_heads not a multiple of n_kv_heads).
   absl::Status Validate() const;
+  // The RoPE table of a head. Requires Validate().ok().
+  RopeTable Rope() const {
+    return MakeRopeTable(rope_style, rope_theta, head_dim, rope_scaling);
+  }
   std::string DebugString() const;
 };
 

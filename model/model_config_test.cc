@@ -1,5 +1,7 @@
 #include "model/model_config.h"
+#include <cmath>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace shardlm {
@@ -38,6 +40,89 @@ TEST(ModelConfigTest, RejectsInconsistentOrAbsurdValues) {
   c = SmolLm2();
   c.rms_norm_eps = 0;
   EXPECT_FALSE(c.Validate().ok());
+}
+
+// The scaling types' defining properties (the values themselves are checked
+// end to end against the numpy reference and llama.cpp in
+// tests/reference, family_* tests).
+TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
+  constexpr int64_t kDim = 64;
+  const RopeTable plain =
+      MakeRopeTable(RopeStyle::kRotateHalf, 500000.0f, kDim, {});
+  EXPECT_TRUE(plain.plain);
+  EXPECT_EQ(plain.inv_freq.size(), size_t{kDim / 2});
+  EXPECT_DOUBLE_EQ(plain.inv_freq[0], 1.0);
+  EXPECT_NEAR(plain.inv_freq[1], std::pow(500000.0, -2.0 / kDim), 1e-15);
+
+  RopeScaling linear{.type = RopeScalingType::kLinear, .factor = 4};
+  const RopeTable lin =
+      MakeRopeTable(RopeStyle::kRotateHalf, 500000.0f, kDim, linear);
+  EXPECT_FALSE(lin.plain);
+  for (int64_t k = 0; k < kDim / 2; ++k) {
+    EXPECT_DOUBLE_EQ(lin.inv_freq[k], plain.inv_freq[k] / 4);
+  }
+
+  // Llama 3.1: wavelengths under 8192 / 4 kept, over 8192 / 1 divided by
+  // 8, a ramp between.
+  RopeScaling llama3{.type = RopeScalingType::kLlama3,
+                     .factor = 8,
+                     .original_context = 8192,
+                     .low_freq_factor = 1,
+                     .high_freq_factor = 4};
+  ASSERT_TRUE(ValidateRopeScaling(llama3, kDim).ok());
+  const RopeTable l3 =
+      MakeRopeTable(RopeStyle::kRotateHalf, 500000.0f, kDim, llama3);
+  int kept = 0, divided = 0, between = 0;
+  for (int64_t k = 0; k < kDim / 2; ++k) {
+    const double wavelen = 2 * M_PI / plain.inv_freq[k];
+    if (wavelen < 2048) {
+      EXPECT_DOUBLE_EQ(l3.inv_freq[k], plain.inv_freq[k]);
+      ++kept;
+    } else if (wavelen > 8192) {
+      EXPECT_DOUBLE_EQ(l3.inv_freq[k], plain.inv_freq[k] / 8);
+      ++divided;
+    } else {
+      EXPECT_LT(l3.inv_freq[k], plain.inv_freq[k]);
+      EXPECT_GT(l3.inv_freq[k], plain.inv_freq[k] / 8);
+      ++between;
+    }
+  }
+  EXPECT_GT(kept * divided * between, 0);
+
+  // YaRN: the fastest pair extrapolates, the slowest interpolates, and
+  // cos/sin grow by 0.1 ln(factor) + 1.
+  RopeScaling yarn{
+      .type = RopeScalingType::kYarn, .factor = 4, .original_context = 4096};
+  const RopeTable y =
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, kDim, yarn);
+  const RopeTable y0 =
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, kDim, {});
+  EXPECT_DOUBLE_EQ(y.inv_freq[0], y0.inv_freq[0]);
+  EXPECT_DOUBLE_EQ(y.inv_freq[kDim / 2 - 1], y0.inv_freq[kDim / 2 - 1] / 4);
+  EXPECT_DOUBLE_EQ(y.mscale, 0.1 * std::log(4.0) + 1);
+
+  // GGUF's rope_freqs divide whatever else applies.
+  RopeScaling factors;
+  factors.freq_factors.assign(kDim / 2, 2.0f);
+  const RopeTable f =
+      MakeRopeTable(RopeStyle::kRotateHalf, 500000.0f, kDim, factors);
+  EXPECT_FALSE(f.plain);
+  EXPECT_DOUBLE_EQ(f.inv_freq[3], plain.inv_freq[3] / 2);
+}
+
+TEST(RopeTableTest, ValidateNamesTheBadParameter) {
+  RopeScaling s{.type = RopeScalingType::kLlama3, .factor = 8};
+  EXPECT_THAT(ValidateRopeScaling(s, 64).message(),
+              testing::HasSubstr("original_max_position_embeddings"));
+  s = {.type = RopeScalingType::kLinear, .factor = 0.5};
+  EXPECT_THAT(ValidateRopeScaling(s, 64).message(),
+              testing::HasSubstr("factor"));
+  s = {};
+  s.freq_factors = {1.0f, 2.0f};
+  EXPECT_THAT(ValidateRopeScaling(s, 64).message(),
+              testing::HasSubstr("freq_factors"));
+  EXPECT_FALSE(ParseRopeScalingType("dynamic").ok());
+  EXPECT_EQ(*ParseRopeScalingType("default"), RopeScalingType::kNone);
 }
 
 }  // namespace

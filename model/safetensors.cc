@@ -206,6 +206,48 @@ class ConfigReader {
   std::string path_;
 };
 
+// config.json's rope_scaling object (transformers' names: rope_type, or
+// the older type; factor; original_max_position_embeddings; ...).
+absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
+                                            const std::string& path,
+                                            int64_t max_position) {
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": field 'rope_scaling' is a ", JsonTypeName(j),
+                     ", expected an object"));
+  }
+  const ConfigReader r(j, absl::StrCat(path, " rope_scaling"));
+  ASSIGN_OR_RETURN(std::string name, r.String("type", "default"));
+  ASSIGN_OR_RETURN(name, r.String("rope_type", name));
+  absl::StatusOr<RopeScalingType> type = ParseRopeScalingType(name);
+  if (!type.ok()) {
+    return r.Error("rope_type", std::string(type.status().message()));
+  }
+  RopeScaling s{.type = *type};
+  if (s.type == RopeScalingType::kNone) return s;
+  ASSIGN_OR_RETURN(s.factor, r.Float("factor"));
+  if (s.type == RopeScalingType::kLlama3) {
+    ASSIGN_OR_RETURN(s.original_context,
+                     r.Int("original_max_position_embeddings"));
+    ASSIGN_OR_RETURN(s.low_freq_factor, r.Float("low_freq_factor"));
+    ASSIGN_OR_RETURN(s.high_freq_factor, r.Float("high_freq_factor"));
+  }
+  if (s.type == RopeScalingType::kYarn) {
+    ASSIGN_OR_RETURN(s.original_context,
+                     r.Int("original_max_position_embeddings", max_position));
+    ASSIGN_OR_RETURN(s.beta_fast, r.Float("beta_fast", 32.0));
+    ASSIGN_OR_RETURN(s.beta_slow, r.Float("beta_slow", 1.0));
+    ASSIGN_OR_RETURN(s.attention_factor, r.Float("attention_factor", 0.0));
+    // DeepSeek's variant and the untruncated ramp change the math.
+    for (const char* key : {"mscale", "mscale_all_dim"}) {
+      if (r.Has(key)) return r.Error(key, "is set; it is not supported");
+    }
+    ASSIGN_OR_RETURN(const bool truncate, r.Bool("truncate", true));
+    if (!truncate) return r.Error("truncate", "= false is not supported");
+  }
+  return s;
+}
+
 absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   const std::string path =
       (std::filesystem::path(dir) / "config.json").string();
@@ -235,6 +277,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       const std::string& arch = a[0].get_ref<const std::string&>();
       if (arch == "LlamaForCausalLM") model_type = "llama";
       if (arch == "MistralForCausalLM") model_type = "mistral";
+      if (arch == "Qwen2ForCausalLM") model_type = "qwen2";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -282,16 +325,36 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
 
   // Features that would silently change the math if ignored.
   if (r.Has("rope_scaling")) {
-    return r.Error("rope_scaling", "is set; RoPE scaling is not supported");
+    ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(j.at("rope_scaling"), path,
+                                                     c.context_length));
+  }
+  // Mistral's sliding_window applies when set; Qwen2's only with
+  // use_sliding_window (and then to layers from max_window_layers on).
+  if (c.architecture == "qwen2") {
+    ASSIGN_OR_RETURN(const bool sliding, r.Bool("use_sliding_window", false));
+    if (sliding) {
+      return r.Error("use_sliding_window",
+                     "is true; Qwen2's per-layer sliding window is not "
+                     "supported");
+    }
+  } else if (r.Has("sliding_window")) {
+    ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }
   ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
   if (act != "silu") {
     return r.Error("hidden_act",
                    absl::StrCat("= '", act, "'; only 'silu' is supported"));
   }
+  // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
+  // (which would also give o_proj one).
+  c.attention_bias = c.architecture == "qwen2";
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
     ASSIGN_OR_RETURN(const bool has_bias, r.Bool(bias, false));
-    if (has_bias) return r.Error(bias, "is true; biases are not supported");
+    if (has_bias) {
+      return r.Error(bias,
+                     "is true; biases are supported on Q, K and V "
+                     "only (Qwen2)");
+    }
   }
 
   if (absl::Status s = c.Validate(); !s.ok()) {
@@ -316,6 +379,9 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
       {"self_attn.q_proj.weight", "attn_q.weight"},
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},

@@ -237,36 +237,102 @@ TEST(SafetensorsLoaderTest, ConfigDefaultsAndSingleFile) {
   EXPECT_EQ((*w)->config().eos_id, 7);
 }
 
+TEST(SafetensorsLoaderTest, ReadsFamilyFeatures) {
+  const std::string dir = TestDir();
+  const auto open = [&](const std::map<std::string, std::string>& changes) {
+    auto config = TinyConfig();
+    for (const auto& [k, v] : changes) config[k] = v;
+    WriteTinySafetensors(dir, config);
+    return OpenSafetensorsWeights(dir);
+  };
+  {
+    auto w = open(
+        {{"rope_scaling", R"({"rope_type":"llama3","factor":8.0,)"
+                          R"("low_freq_factor":1.0,"high_freq_factor":4.0,)"
+                          R"("original_max_position_embeddings":8192})"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const RopeScaling& s = (*w)->config().rope_scaling;
+    EXPECT_EQ(s.type, RopeScalingType::kLlama3);
+    EXPECT_EQ(s.factor, 8.0);
+    EXPECT_EQ(s.high_freq_factor, 4.0);
+    EXPECT_EQ(s.original_context, 8192);
+    EXPECT_FALSE((*w)->config().attention_bias);
+  }
+  {
+    // YaRN's original context defaults to max_position_embeddings.
+    auto w = open({{"rope_scaling", R"({"type":"yarn","factor":4.0})"},
+                   {"max_position_embeddings", "4096"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().rope_scaling.type, RopeScalingType::kYarn);
+    EXPECT_EQ((*w)->config().rope_scaling.original_context, 4096);
+  }
+  {
+    auto w = open({{"model_type", R"("qwen2")"},
+                   {"sliding_window", "4096"},
+                   {"use_sliding_window", "false"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().architecture, "qwen2");
+    EXPECT_TRUE((*w)->config().attention_bias);
+    EXPECT_EQ((*w)->config().sliding_window, 0);  // Not used by Qwen2.
+  }
+  {
+    auto w =
+        open({{"model_type", R"("qwen2")"}, {"use_sliding_window", "true"}});
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(), HasSubstr("use_sliding_window"));
+  }
+  for (const auto& [window, want] :
+       {std::pair<std::string, int64_t>{"4096", 4096}, {"null", 0}}) {
+    auto w = open({{"model_type", R"("mistral")"}, {"sliding_window", window}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().sliding_window, want);
+  }
+}
+
 TEST(SafetensorsLoaderTest, RejectsBadConfig) {
   struct Case {
     std::string key;
     std::optional<std::string> value;  // nullopt: remove the key.
     std::string needle;
   };
-  for (const Case& c : std::vector<Case>{
-           {"num_hidden_layers", "1000000000", "n_layers"},
-           {"num_hidden_layers", "1e9", "num_hidden_layers"},
-           {"num_hidden_layers", "-2", "num_hidden_layers"},
-           {"num_hidden_layers", "18446744073709551615", "num_hidden_layers"},
-           {"num_hidden_layers", "0", "n_layers"},
-           {"num_hidden_layers", R"("2")", "num_hidden_layers"},
-           {"num_hidden_layers", std::nullopt, "num_hidden_layers"},
-           {"hidden_size", std::nullopt, "hidden_size"},
-           {"num_attention_heads", "5", "num_attention_heads"},  // 32 % 5.
-           {"num_attention_heads", "0", "num_attention_heads"},
-           {"num_key_value_heads", "3", "n_kv_heads"},
-           {"vocab_size", "99999999999", "vocab_size"},
-           {"rms_norm_eps", std::nullopt, "rms_norm_eps"},
-           {"rope_theta", R"("big")", "rope_theta"},
-           {"rope_theta", "1e300", "rope_theta"},
-           {"model_type", R"("gpt2")", "gpt2"},
-           {"rope_scaling", R"({"type":"linear","factor":2.0})",
-            "rope_scaling"},
-           {"hidden_act", R"("gelu")", "hidden_act"},
-           {"attention_bias", "true", "attention_bias"},
-           {"tie_word_embeddings", "1", "tie_word_embeddings"},
-           {"eos_token_id", "4294967296", "eos_token_id"},
-       }) {
+  for (
+      const Case& c : std::vector<Case>{
+          {"num_hidden_layers", "1000000000", "n_layers"},
+          {"num_hidden_layers", "1e9", "num_hidden_layers"},
+          {"num_hidden_layers", "-2", "num_hidden_layers"},
+          {"num_hidden_layers", "18446744073709551615", "num_hidden_layers"},
+          {"num_hidden_layers", "0", "n_layers"},
+          {"num_hidden_layers", R"("2")", "num_hidden_layers"},
+          {"num_hidden_layers", std::nullopt, "num_hidden_layers"},
+          {"hidden_size", std::nullopt, "hidden_size"},
+          {"num_attention_heads", "5", "num_attention_heads"},  // 32 % 5.
+          {"num_attention_heads", "0", "num_attention_heads"},
+          {"num_key_value_heads", "3", "n_kv_heads"},
+          {"vocab_size", "99999999999", "vocab_size"},
+          {"rms_norm_eps", std::nullopt, "rms_norm_eps"},
+          {"rope_theta", R"("big")", "rope_theta"},
+          {"rope_theta", "1e300", "rope_theta"},
+          {"model_type", R"("gpt2")", "gpt2"},
+          {"rope_scaling", R"({"type":"dynamic","factor":2.0})", "dynamic"},
+          {"rope_scaling", R"({"rope_type":"longrope"})", "longrope"},
+          {"rope_scaling", R"({"type":"linear"})", "factor"},
+          {"rope_scaling", R"({"type":"linear","factor":0.5})", "factor"},
+          {"rope_scaling", R"({"rope_type":"llama3","factor":8.0})",
+           "original_max_position_embeddings"},
+          {"rope_scaling",
+           R"({"rope_type":"llama3","factor":8.0,"low_freq_factor":4.0,)"
+           R"("high_freq_factor":1.0,"original_max_position_embeddings":8192})",
+           "high_freq_factor"},
+          {"rope_scaling", R"({"rope_type":"yarn","factor":4.0,"mscale":1})",
+           "mscale"},
+          {"rope_scaling", "[1]", "rope_scaling"},
+          {"sliding_window", "-1", "sliding_window"},
+          {"sliding_window", R"("4096")", "sliding_window"},
+          {"hidden_act", R"("gelu")", "hidden_act"},
+          {"attention_bias", "true", "attention_bias"},
+          {"tie_word_embeddings", "1", "tie_word_embeddings"},
+          {"eos_token_id", "4294967296", "eos_token_id"},
+      }) {
     SCOPED_TRACE(absl::StrCat(c.key, " = ", c.value.value_or("(absent)")));
     const std::string dir = TestDir();
     auto config = TinyConfig();

@@ -149,6 +149,16 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     int device, const ModelConfig& config, const KvPoolConfig& kv) {
   RETURN_IF_ERROR(config.Validate());
+  // What the CUDA kernels do not do yet (the CPU path does all three).
+  if (config.attention_bias || config.sliding_window > 0 ||
+      !config.Rope().plain) {
+    return absl::UnimplementedError(
+        absl::StrCat(config.architecture, ": ",
+                     config.attention_bias       ? "attention biases (Qwen2)"
+                     : config.sliding_window > 0 ? "sliding-window attention"
+                                                 : "RoPE scaling",
+                     " are not implemented on CUDA yet; run on the CPU"));
+  }
   if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
       kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||
       kv.block_size <= 0 || kv.num_blocks <= 0) {
@@ -445,8 +455,12 @@ class CudaForwardOps : public ForwardOps {
                       bool accumulate) override {
     return LinearCuda(x, w, y, accumulate, exec_);
   }
-  absl::Status Rope(Tensor& x, float theta, RopeStyle style) override {
-    return RopeCuda(x, batch_.positions(), theta, style, exec_);
+  absl::Status Rope(Tensor& x, const RopeTable& rope) override {
+    // Create refuses scaled RoPE; the kernel computes theta^(-2k/d) itself.
+    if (!rope.plain) {
+      return absl::UnimplementedError("RopeCuda: scaled RoPE");
+    }
+    return RopeCuda(x, batch_.positions(), rope.theta, rope.style, exec_);
   }
   absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
                        Tensor& v_cache) override {
@@ -463,6 +477,9 @@ class CudaForwardOps : public ForwardOps {
   }
   absl::Status Add(Tensor& x, const Tensor& y) override {
     return AddInPlaceCuda(x, y, exec_);
+  }
+  absl::Status AddBias(Tensor&, const Tensor&) override {
+    return absl::UnimplementedError("AddBias on CUDA (refused at Create)");
   }
   // The embedding kernel gathers rows of x as if it were a table.
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {

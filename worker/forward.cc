@@ -23,10 +23,17 @@ absl::Status ShardForward::Residual(const Tensor& in, const Tensor& w,
   return ops.Add(b.x, b.partial);
 }
 
+absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
+                                      const Tensor& bias, Tensor& y) const {
+  RETURN_IF_ERROR(ops.Linear(xn, w, y, false));
+  return bias.empty() ? absl::OkStatus() : ops.AddBias(y, bias);
+}
+
 absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   const ModelConfig& c = weights.config;
   const ShardSpec& spec = weights.spec;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  const RopeTable rope = c.Rope();
   const int64_t n = b.x.dim(0), d = c.head_dim;
   // Per-head views of the same memory: [n, heads, head_dim].
   ASSIGN_OR_RETURN(Tensor q3, b.q.Reshaped({n, spec.n_heads(), d}));
@@ -48,14 +55,15 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   }
   for (int64_t l = 0; l < spec.n_layers(); ++l) {
     const LlamaLayerWeights& w = weights.layers[l];
-    // Attention: x += wo * attention(rope(wq xn), rope(wk xn), wv xn), each
-    // rank over its own heads, partial sums of wo reduced over TP.
+    // Attention: x += wo * attention(rope(wq xn + bq), rope(wk xn + bk),
+    // wv xn + bv), each rank over its own heads, partial sums of wo reduced
+    // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
-    RETURN_IF_ERROR(ops.Linear(b.xn, w.wq, b.q, false));
-    RETURN_IF_ERROR(ops.Linear(b.xn, w.wk, b.k, false));
-    RETURN_IF_ERROR(ops.Linear(b.xn, w.wv, b.v, false));
-    RETURN_IF_ERROR(ops.Rope(q3, c.rope_theta, c.rope_style));
-    RETURN_IF_ERROR(ops.Rope(k3, c.rope_theta, c.rope_style));
+    RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q));
+    RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
+    RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
+    RETURN_IF_ERROR(ops.Rope(q3, rope));
+    RETURN_IF_ERROR(ops.Rope(k3, rope));
     RETURN_IF_ERROR(ops.WriteKv(k3, v3, (*kv.k)[l], (*kv.v)[l]));
     RETURN_IF_ERROR(ops.Attention(q3, (*kv.k)[l], (*kv.v)[l], scale, attn3));
     RETURN_IF_ERROR(Residual(b.attn, w.wo, b));

@@ -47,12 +47,13 @@ class ForwardOps {
   virtual absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
                               bool accumulate) = 0;
   // In place, at the step's positions. x: [n, heads, head_dim].
-  virtual absl::Status Rope(Tensor& x, float theta, RopeStyle style) = 0;
+  virtual absl::Status Rope(Tensor& x, const RopeTable& rope) = 0;
   // Writes the step's K and V ([n, kv_heads, head_dim]) into one layer's
   // caches at the step's slots.
   virtual absl::Status WriteKv(const Tensor& k, const Tensor& v,
                                Tensor& k_cache, Tensor& v_cache) = 0;
-  // Causal attention of the step's queries over one layer's caches.
+  // Causal attention of the step's queries over one layer's caches (over
+  // the last config.sliding_window positions of each query when set).
   virtual absl::Status Attention(const Tensor& q, const Tensor& k_cache,
                                  const Tensor& v_cache, float scale,
                                  Tensor& out) = 0;
@@ -60,6 +61,8 @@ class ForwardOps {
                               Tensor& out) = 0;
   // x += y.
   virtual absl::Status Add(Tensor& x, const Tensor& y) = 0;
+  // x[i, :] += bias for every row (x: [n, c], bias: [c], f32).
+  virtual absl::Status AddBias(Tensor& x, const Tensor& bias) = 0;
   // out = the rows of x ([n, hidden]) whose logits the step wants.
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
   // `t` readable on the host once this returns (itself when it is there).
@@ -107,6 +110,9 @@ struct ShardForward {
   // The step's layers on this shard; x holds the last layer's output (on a
   // last stage) or has been sent to the next stage.
   absl::Status Layers(ForwardBuffers& b, KvLayers kv) const;
+  // y = xn w^T (+ bias when there is one).
+  absl::Status Projection(const Tensor& xn, const Tensor& w, const Tensor& bias,
+                          Tensor& y) const;
   // The logits of the step's m logit rows, [m, vocab], gathered over the TP
   // group into a host tensor (b.local_logits itself when tp = 1). Last
   // stage only.

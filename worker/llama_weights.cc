@@ -1,5 +1,6 @@
 #include "worker/llama_weights.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -32,6 +33,22 @@ absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
   return DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1);
 }
 
+// Elements [begin, end) of the 1-D tensor `name` of `size` elements, as f32.
+absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
+                                       const std::string& name, int64_t size,
+                                       int64_t begin, int64_t end) {
+  ASSIGN_OR_RETURN(const Tensor whole, Load(source, name, {size}));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Host(DType::kF32, {end - begin}));
+  std::copy_n(whole.f32().data() + begin, end - begin, out.f32().data());
+  return out;
+}
+
+// Every tensor of a layer, for counting bytes.
+std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
+  return {&l.attn_norm, &l.wq, &l.wk,       &l.wv,     &l.bq,   &l.bk,
+          &l.bv,        &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down};
+}
+
 }  // namespace
 
 ShardSpec WholeModelSpec(const ModelConfig& c) {
@@ -52,10 +69,7 @@ int64_t LlamaWeights::bytes() const {
   int64_t total = output_norm.bytes() + lm_head.bytes();
   if (token_embd.raw() != lm_head.raw()) total += token_embd.bytes();
   for (const LlamaLayerWeights& l : layers) {
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
-                            &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-      total += t->bytes();
-    }
+    for (const Tensor* t : LayerTensors(l)) total += t->bytes();
   }
   return total;
 }
@@ -162,6 +176,14 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
         l.wk, Load(source, p + "attn_k.weight", {kv_dim, c.hidden}, k0, k1));
     ASSIGN_OR_RETURN(
         l.wv, Load(source, p + "attn_v.weight", {kv_dim, c.hidden}, k0, k1));
+    if (c.attention_bias) {
+      ASSIGN_OR_RETURN(
+          l.bq, LoadVectorSlice(source, p + "attn_q.bias", q_dim, q0, q1));
+      ASSIGN_OR_RETURN(
+          l.bk, LoadVectorSlice(source, p + "attn_k.bias", kv_dim, k0, k1));
+      ASSIGN_OR_RETURN(
+          l.bv, LoadVectorSlice(source, p + "attn_v.bias", kv_dim, k0, k1));
+    }
     ASSIGN_OR_RETURN(l.wo, Load(source, p + "attn_output.weight",
                                 {c.hidden, q_dim}, 0, -1, q0, q1));
     ASSIGN_OR_RETURN(l.ffn_norm,
@@ -175,10 +197,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     ASSIGN_OR_RETURN(
         l.w_down, Load(source, p + "ffn_down.weight", {c.hidden, c.ffn_hidden},
                        0, -1, s.ffn_begin, s.ffn_end));
-    for (const Tensor* t : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo,
-                            &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down}) {
-      loaded += t->bytes();
-    }
+    for (const Tensor* t : LayerTensors(l)) loaded += t->bytes();
     w.layers.push_back(std::move(l));
     report(static_cast<int>(w.layers.size()));
   }

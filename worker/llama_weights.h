@@ -22,15 +22,17 @@ namespace shardlm {
 // Shapes are those of the shard: h = heads held, kv = KV heads held,
 // f = FFN columns held, d = head_dim.
 struct LlamaLayerWeights {
-  Tensor attn_norm;  // [hidden]
-  Tensor wq;         // [h * d, hidden]      column-parallel
-  Tensor wk;         // [kv * d, hidden]     column-parallel
-  Tensor wv;         // [kv * d, hidden]     column-parallel
-  Tensor wo;         // [hidden, h * d]      row-parallel (partial sums)
-  Tensor ffn_norm;   // [hidden]
-  Tensor w_gate;     // [f, hidden]          column-parallel
-  Tensor w_up;       // [f, hidden]          column-parallel
-  Tensor w_down;     // [hidden, f]          row-parallel (partial sums)
+  Tensor attn_norm;   // [hidden]
+  Tensor wq;          // [h * d, hidden]      column-parallel
+  Tensor wk;          // [kv * d, hidden]     column-parallel
+  Tensor wv;          // [kv * d, hidden]     column-parallel
+  Tensor bq, bk, bv;  // [h * d], [kv * d], [kv * d] f32 when the model has
+                      // attention biases (Qwen2), else empty.
+  Tensor wo;          // [hidden, h * d]      row-parallel (partial sums)
+  Tensor ffn_norm;    // [hidden]
+  Tensor w_gate;      // [f, hidden]          column-parallel
+  Tensor w_up;        // [f, hidden]          column-parallel
+  Tensor w_down;      // [hidden, f]          row-parallel (partial sums)
 };
 
 struct LlamaWeights {

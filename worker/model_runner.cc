@@ -152,8 +152,8 @@ class CpuForwardOps : public ForwardOps {
                       bool accumulate) override {
     return shardlm::Linear(x, w, y, accumulate);
   }
-  absl::Status Rope(Tensor& x, float theta, RopeStyle style) override {
-    return shardlm::Rope(x, step_.positions, theta, style);
+  absl::Status Rope(Tensor& x, const RopeTable& rope) override {
+    return shardlm::Rope(x, step_.positions, rope);
   }
   absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
                        Tensor& v_cache) override {
@@ -170,6 +170,9 @@ class CpuForwardOps : public ForwardOps {
   }
   absl::Status Add(Tensor& x, const Tensor& y) override {
     return AddInPlace(x, y);
+  }
+  absl::Status AddBias(Tensor& x, const Tensor& bias) override {
+    return shardlm::AddBias(x, bias);
   }
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
     for (size_t r = 0; r < step_.logit_rows.size(); ++r) {
@@ -214,7 +217,8 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
 
   AttentionBatch batch{.positions = step.positions,
-                       .token_seq = step.token_seq};
+                       .token_seq = step.token_seq,
+                       .window = c.sliding_window};
   for (const auto& table : step.block_tables) {
     batch.block_tables.push_back(table);
   }

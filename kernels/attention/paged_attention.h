@@ -37,6 +37,9 @@ struct AttentionBatch {
   absl::Span<const int32_t> positions;  // [n] position within its sequence.
   absl::Span<const int32_t> token_seq;  // [n] index into block_tables.
   std::vector<absl::Span<const int32_t>> block_tables;  // Per sequence.
+  // > 0: sliding-window attention, the token at position p attends to
+  // positions (p - window, p] only; blocks wholly before that are not read.
+  int64_t window = 0;
 };
 
 // The CPU cache shapes of one layer (see the layouts above).
@@ -57,7 +60,8 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
                      Tensor& v_cache);
 
 // Causal attention: token i attends to positions [0, positions[i]] of its
-// sequence, all of which must already be in the cache (call WriteKv first).
+// sequence (the last batch.window of them when set), all of which must
+// already be in the cache (call WriteKv first).
 //   q, out: [n, heads, head_dim] f32.
 // Flash-attention style: a tile of one sequence's query tokens (times the
 // GQA group's heads, which share every K/V read) meets the context block by

@@ -320,6 +320,7 @@ struct Tile {
   int32_t seq = 0;
   int64_t first = 0, count = 0;  // Into the position-sorted token order.
   int64_t context = 0;           // Largest position + 1.
+  int64_t key_begin = 0;         // First key any token of it attends to.
 };
 
 struct Item {
@@ -348,7 +349,8 @@ struct Problem {
 // One thread's buffers (dp = head_dim rounded up to 64, bsp = block_size
 // rounded up to the vector width; the padding stays zero).
 struct Scratch {
-  std::vector<float> q, o, m, l, limit, kt, vs, s;
+  // first/limit: each row's keys are positions [first, limit).
+  std::vector<float> q, o, m, l, first, limit, kt, vs, s;
   void Reset(const Problem& p, int64_t rows) {
     const auto fit = [](std::vector<float>& v, int64_t n) {
       if (static_cast<int64_t>(v.size()) < n) v.assign(n, 0.0f);
@@ -357,6 +359,7 @@ struct Scratch {
     fit(o, rows * p.dp);
     fit(m, rows);
     fit(l, rows);
+    fit(first, rows);
     fit(limit, rows);
     fit(kt, p.d * p.bsp);
     fit(vs, p.bs * p.dp);
@@ -377,10 +380,14 @@ void Prefetch(const void* p, int64_t bytes) {
 template <int NR>
 void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
   const int64_t d = p.d, dp = p.dp, bsp = p.bsp;
-  int64_t valid[NR], most = 0;
+  // Row g sees the block's keys [lo[g], valid[g]); valid[g] = 0: none.
+  int64_t lo[NR], valid[NR], most = 0;
   for (int g = 0; g < NR; ++g) {
     valid[g] = std::clamp<int64_t>(
         static_cast<int64_t>(w.limit[r0 + g]) - start, 0, p.bs);
+    lo[g] = std::clamp<int64_t>(static_cast<int64_t>(w.first[r0 + g]) - start,
+                                0, p.bs);
+    if (lo[g] >= valid[g]) lo[g] = valid[g] = 0;
     most = std::max(most, valid[g]);
   }
   if (most == 0) return;
@@ -390,7 +397,7 @@ void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
   Vec lane;
   for (int64_t i = 0; i < kLanes; ++i) lane[i] = static_cast<float>(i);
 
-  // Scores, masked past each row's position.
+  // Scores, masked outside each row's keys.
   float block_max[NR];
   std::fill_n(block_max, NR, kNegInf);
   for (int64_t c = 0; c < bsp; c += kLanes) {
@@ -410,7 +417,8 @@ void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
     }
     const Vec idx = lane + Splat(static_cast<float>(c));
     for (int g = 0; g < NR; ++g) {
-      const Vec sc = idx < Splat(static_cast<float>(valid[g]))
+      const Vec sc = (idx >= Splat(static_cast<float>(lo[g]))) &
+                             (idx < Splat(static_cast<float>(valid[g])))
                          ? a[g][0] + a[g][1]
                          : Splat(kNegInf);
       block_max[g] = std::max(block_max[g], Max(sc));
@@ -433,8 +441,9 @@ void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
     float sum = 0;
     for (int64_t c = 0; c < bsp; c += kLanes) {
       const Vec pr = Exp(Load(s + g * bsp + c) - m_new);
-      const Vec masked = lane + Splat(static_cast<float>(c)) <
-                                 Splat(static_cast<float>(valid[g]))
+      const Vec idx = lane + Splat(static_cast<float>(c));
+      const Vec masked = (idx >= Splat(static_cast<float>(lo[g]))) &
+                                 (idx < Splat(static_cast<float>(valid[g])))
                              ? pr
                              : Splat(0.0f);
       sum += Sum(masked);
@@ -478,10 +487,14 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
   const int64_t rows = p.rows(tile);
   const auto& table = p.batch->block_tables[tile.seq];
   w.Reset(p, rows);
+  const int64_t window = p.batch->window;
   int64_t key_end = 0;
   for (int64_t t = 0; t < tile.count; ++t) {
     const int64_t tok = p.order[tile.first + t];
-    const int64_t limit = std::min<int64_t>(p.batch->positions[tok] + 1, it.k1);
+    const int64_t pos = p.batch->positions[tok];
+    const int64_t limit = std::min<int64_t>(pos + 1, it.k1);
+    const int64_t first =
+        window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
     key_end = std::max(key_end, limit);
     for (int64_t g = 0; g < p.group; ++g) {
       const int64_t r = t * p.group + g, h = it.kvh * p.group + g;
@@ -491,6 +504,7 @@ void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
       std::fill(w.o.data() + r * dp, w.o.data() + (r + 1) * dp, 0.0f);
       w.m[r] = kNegInf;
       w.l[r] = 0;
+      w.first[r] = static_cast<float>(first);
       w.limit[r] = static_cast<float>(limit);
     }
   }
@@ -591,6 +605,11 @@ void Attend(Problem& p) {
   std::vector<Tile> tiles;
   for (int64_t i = 0; i < n;) {
     Tile t{.seq = batch.token_seq[p.order[i]], .first = i};
+    // Tokens are in position order: the first one's window starts first.
+    if (batch.window > 0) {
+      t.key_begin =
+          std::max<int64_t>(0, batch.positions[p.order[i]] - batch.window + 1);
+    }
     while (i < n && batch.token_seq[p.order[i]] == t.seq &&
            t.count < tile_tokens) {
       t.context = std::max<int64_t>(t.context, batch.positions[p.order[i]] + 1);
@@ -611,12 +630,15 @@ void Attend(Problem& p) {
   int64_t part_floats = 0;
   for (int64_t ti = 0; ti < static_cast<int64_t>(tiles.size()); ++ti) {
     const Tile& t = tiles[ti];
-    const int64_t blocks = (t.context + p.bs - 1) / p.bs;
+    // Blocks [b0, b1) hold the tile's keys; those before are out of
+    // every token's window and never read.
+    const int64_t b0 = t.key_begin / p.bs, b1 = (t.context + p.bs - 1) / p.bs;
+    const int64_t blocks = b1 - b0;
     const int64_t splits =
         std::clamp<int64_t>(std::min(want, blocks / 16), 1, blocks);
     const int64_t per = (blocks + splits - 1) / splits;
     for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
-      for (int64_t b = 0; b < blocks; b += per) {
+      for (int64_t b = b0; b < b1; b += per) {
         Item it{.tile = ti,
                 .kvh = kvh,
                 .k0 = b * p.bs,

@@ -44,6 +44,7 @@ struct Case {
   int64_t heads, kv_heads, d, bs;
   std::vector<int64_t> lens;        // Context of each sequence after the step.
   std::vector<int64_t> new_tokens;  // Of which the step computes the last.
+  int64_t window = 0;               // Sliding window; 0: none.
 };
 
 // Sequences with contiguous ground-truth K/V [len, kv_heads, d], scattered
@@ -106,21 +107,25 @@ struct Fixture {
 
   AttentionBatch Batch(const std::vector<int32_t>& positions,
                        const std::vector<int32_t>& seqs) const {
-    AttentionBatch b{.positions = positions, .token_seq = seqs};
+    AttentionBatch b{
+        .positions = positions, .token_seq = seqs, .window = c.window};
     for (const auto& t : tables) b.block_tables.push_back(t);
     return b;
   }
 
-  // Naive causal attention of one query row over positions [0, pos].
+  // Naive causal attention of one query row over positions [0, pos] (the
+  // last c.window of them when set).
   std::vector<double> Reference(const float* q, int64_t seq, int64_t kvh,
                                 int64_t pos, double scale) const {
     const int64_t kv_heads = c.kv_heads, d = c.d;
     const auto row = [&](const Tensor& t, int64_t j) {
       return Rounded(dtype, t.f32().data() + (j * kv_heads + kvh) * d, d);
     };
-    std::vector<double> s(pos + 1), out(d, 0.0);
+    const int64_t first =
+        c.window > 0 ? std::max<int64_t>(0, pos - c.window + 1) : 0;
+    std::vector<double> s(pos + 1, -INFINITY), out(d, 0.0);
     double max = -INFINITY, sum = 0;
-    for (int64_t j = 0; j <= pos; ++j) {
+    for (int64_t j = first; j <= pos; ++j) {
       const std::vector<float> kj = row(k[seq], j);
       double dot = 0;
       for (int64_t e = 0; e < d; ++e) dot += q[e] * double{kj[e]};
@@ -128,7 +133,7 @@ struct Fixture {
       max = std::max(max, s[j]);
     }
     for (double& x : s) sum += (x = std::exp(x - max));
-    for (int64_t j = 0; j <= pos; ++j) {
+    for (int64_t j = first; j <= pos; ++j) {
       const std::vector<float> vj = row(v[seq], j);
       for (int64_t e = 0; e < d; ++e) out[e] += s[j] / sum * vj[e];
     }
@@ -181,6 +186,22 @@ const Case kCases[] = {
     {"head_dim 128", 4, 1, 128, 16, {65, 3}, {65, 1}},
     // Neither block size nor head_dim a multiple of the vector width.
     {"block 5, head_dim 40", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}},
+    // Sliding windows (Mistral): smaller than a block, a block, not a
+    // multiple of the block, larger than the context; with splits.
+    {"window 20, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 20},
+    {"window 1, prefill + decode", 9, 3, 64, 16, {37, 71}, {37, 1}, 1},
+    {"window 16, chunk at 4097 + decode",
+     9,
+     3,
+     64,
+     16,
+     {4097, 33},
+     {70, 1},
+     16},
+    {"window 7, group 4, prefill 200", 8, 2, 64, 16, {200}, {200}, 7},
+    {"window 1000 > context", 9, 3, 64, 16, {37, 71}, {37, 1}, 1000},
+    {"window 12, block 5", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}, 12},
+    {"window 600, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 600},
 };
 
 class PagedAttentionTest : public testing::TestWithParam<DType> {};
@@ -196,7 +217,7 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttention) {
 TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
   const int before = omp_get_max_threads();
   omp_set_num_threads(1);
-  for (const Case& c : {kCases[1], kCases[2]}) {
+  for (const Case& c : {kCases[1], kCases[2], kCases[8], kCases[10]}) {
     SCOPED_TRACE(c.name);
     EXPECT_LT(StepError(c, GetParam()), 1e-5);
   }

@@ -1,6 +1,7 @@
 #include <cmath>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/check_args.h"
 #include "kernels/rope/rope.h"
 
@@ -11,6 +12,14 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions, float theta,
   if (x.rank() != 3) {
     return absl::InvalidArgumentError("Rope: x must be [n, heads, head_dim]");
   }
+  return Rope(x, positions, MakeRopeTable(style, theta, x.dim(2), {}));
+}
+
+absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions,
+                  const RopeTable& table) {
+  if (x.rank() != 3) {
+    return absl::InvalidArgumentError("Rope: x must be [n, heads, head_dim]");
+  }
   const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
   if (auto s = CheckHostF32("Rope", "x", x, {n, heads, d}); !s.ok()) return s;
   if (static_cast<int64_t>(positions.size()) != n || d % 2 != 0) {
@@ -18,10 +27,13 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions, float theta,
         "Rope: need one position per token and an even head_dim");
   }
   const int64_t half = d / 2;
-  std::vector<double> inv_freq(half);
-  for (int64_t k = 0; k < half; ++k) {
-    inv_freq[k] = std::pow(static_cast<double>(theta), -2.0 * k / d);
+  if (static_cast<int64_t>(table.inv_freq.size()) != half) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Rope: the table has ", table.inv_freq.size(),
+                     " frequencies; head_dim ", d, " needs ", half));
   }
+  const std::vector<double>& inv_freq = table.inv_freq;
+  const RopeStyle style = table.style;
 #pragma omp parallel for if (n > 4)
   for (int64_t i = 0; i < n; ++i) {
     // Angles in double: positions reach 10^5 and more, where float angles
@@ -29,8 +41,8 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions, float theta,
     std::vector<float> cos(half), sin(half);
     for (int64_t k = 0; k < half; ++k) {
       const double a = positions[i] * inv_freq[k];
-      cos[k] = static_cast<float>(std::cos(a));
-      sin[k] = static_cast<float>(std::sin(a));
+      cos[k] = static_cast<float>(std::cos(a) * table.mscale);
+      sin[k] = static_cast<float>(std::sin(a) * table.mscale);
     }
     for (int64_t h = 0; h < heads; ++h) {
       float* v = x.data<float>() + (i * heads + h) * d;
