@@ -23,15 +23,13 @@ CharClass Classify(uint32_t cp) {
   return ClassifyCodePoint(cp);
 }
 
-// Folds the letters of the contractions to lower case as the regex
-// engine's (?i:) does: ASCII case, and U+017F LATIN SMALL LETTER LONG S,
-// whose simple case folding is 's' (Hugging Face's Oniguruma matches "'ſ";
-// llama.cpp's adapted '[sS]' does not). 0 for anything else.
+// ASCII `cp` as it is, or when `ignore_case` folded to lower case as the
+// regex engine's (?i:) folds the contractions' letters: A-Z, and U+017F
+// LATIN SMALL LETTER LONG S to 's' (Hugging Face's Oniguruma matches "'ſ";
+// llama.cpp's adapted "'[sS]" does not). 0 for other non-ASCII.
 uint32_t FoldContractionLetter(uint32_t cp, bool ignore_case) {
-  if (!ignore_case) return cp < 0x80 ? cp : 0;
-  if (cp == 0x17F) return 's';
-  if (cp < 0x80 && cp >= 'A' && cp <= 'Z') return cp | 0x20;
-  return cp < 0x80 ? cp : 0;
+  if (cp >= 0x80) return ignore_case && cp == 0x17F ? 's' : 0;
+  return ignore_case && cp >= 'A' && cp <= 'Z' ? (cp | 0x20) : cp;
 }
 
 // 's|'t|'re|'ve|'m|'ll|'d at cps[i], case-insensitively when `ignore_case`;
