@@ -1,4 +1,5 @@
 #include "model/model_config.h"
+
 #include <cmath>
 
 #include "gmock/gmock.h"

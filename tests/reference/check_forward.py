@@ -205,6 +205,9 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=make_synthetic_model.DEFAULT_SEED)
     ap.add_argument("--gguf-tokenizer", help="GGUF whose tokenizer encodes the "
                     "text prompts (default: --model when it is a GGUF)")
+    ap.add_argument("--id-prompts", action="store_true",
+                    help="use the synthetic token-id prompts for a GGUF too "
+                    "(a test model whose vocabulary is not its own)")
     ap.add_argument("--atol", type=float, default=1e-3)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--min-margin", type=float, default=None,
@@ -251,7 +254,7 @@ def main(argv=None):
         min_margin = make_synthetic_model.DEFAULT_MIN_MARGIN
 
     decode = None
-    if is_gguf:
+    if is_gguf and not a.id_prompts:
         import hf_tokenizer
         tk = hf_tokenizer.build_from_gguf(a.gguf_tokenizer or model)
         prompts = [(n, tk.encode(t).ids) for n, t in GGUF_PROMPTS]

@@ -53,6 +53,12 @@ class Config:
     rope_base: float
     norm_eps: float
     rope_style: str      # "adjacent" (GGUF) or "half" (HF rotate_half)
+    # RoPE scaling, normalized: {"type": "linear"|"llama3"|"yarn", ...} with
+    # transformers' parameter names, or None.
+    rope_scaling: dict | None = None
+    # GGUF rope_freqs.weight: per-pair divisors of the frequencies.
+    freq_factors: np.ndarray | None = None
+    sliding_window: int = 0  # 0: full causal attention.
 
 
 @dataclasses.dataclass
@@ -66,6 +72,9 @@ class Layer:
     w_gate: np.ndarray     # (hidden_dim, dim)
     w_up: np.ndarray       # (hidden_dim, dim)
     w_down: np.ndarray     # (dim, hidden_dim)
+    bq: np.ndarray | None = None  # (n_heads*head_dim,) Qwen2 biases
+    bk: np.ndarray | None = None  # (n_kv_heads*head_dim,)
+    bv: np.ndarray | None = None  # (n_kv_heads*head_dim,)
 
 
 @dataclasses.dataclass
@@ -124,13 +133,13 @@ def load_gguf(path: str):
 
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{path}: architecture {arch!r}, want 'llama'")
+    if arch not in ("llama", "qwen2"):
+        raise ValueError(f"{path}: architecture {arch!r}, want llama or qwen2")
 
     def kv(key, default=None):
-        v = _gguf_field(reader, f"llama.{key}", default)
+        v = _gguf_field(reader, f"{arch}.{key}", default)
         if v is None:
-            raise ValueError(f"{path}: missing llama.{key}")
+            raise ValueError(f"{path}: missing {arch}.{key}")
         return v
 
     dim = int(kv("embedding_length"))
@@ -159,8 +168,24 @@ def load_gguf(path: str):
         vocab_size=vocab,
         rope_base=float(kv("rope.freq_base", 10000.0)),
         norm_eps=float(kv("attention.layer_norm_rms_epsilon")),
-        rope_style="adjacent",
+        # llama.cpp runs Llama with "normal" RoPE on its permuted Q/K rows
+        # (adjacent pairs) and Qwen2 with NeoX RoPE (halves).
+        rope_style="half" if arch == "qwen2" else "adjacent",
+        sliding_window=int(kv("attention.sliding_window", 0)),
     )
+    st = str(kv("rope.scaling.type", "none"))
+    if st == "linear":
+        cfg.rope_scaling = {"type": "linear",
+                            "factor": float(kv("rope.scaling.factor"))}
+    elif st == "yarn":
+        cfg.rope_scaling = {
+            "type": "yarn", "factor": float(kv("rope.scaling.factor")),
+            "original_max_position_embeddings":
+                int(kv("rope.scaling.original_context_length"))}
+    elif st != "none":
+        raise ValueError(f"{path}: rope.scaling.type {st!r} unsupported")
+    if "rope_freqs.weight" in tensors:
+        cfg.freq_factors = tensors["rope_freqs.weight"].reshape(-1)
     rope_dims = int(kv("rope.dimension_count", head_dim))
     if rope_dims != head_dim:
         raise ValueError(f"partial RoPE ({rope_dims} of {head_dim}) unsupported")
@@ -178,6 +203,9 @@ def load_gguf(path: str):
             w_gate=tensors[p + "ffn_gate.weight"],
             w_up=tensors[p + "ffn_up.weight"],
             w_down=tensors[p + "ffn_down.weight"],
+            bq=tensors.get(p + "attn_q.bias"),
+            bk=tensors.get(p + "attn_k.bias"),
+            bv=tensors.get(p + "attn_v.bias"),
         ))
     w = Weights(
         tok_embd=tok_embd,
@@ -255,8 +283,21 @@ def load_hf_dir(d: str):
     dim = int(hc["hidden_size"])
     head_dim = int(hc.get("head_dim") or dim // n_heads)
     rs = hc.get("rope_scaling")
+    scaling = None
     if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):
-        raise ValueError(f"rope_scaling {rs} unsupported by the reference")
+        scaling = dict(rs)
+        scaling["type"] = rs.get("rope_type", rs.get("type"))
+        if scaling["type"] not in ("linear", "llama3", "yarn"):
+            raise ValueError(f"rope_scaling {rs} unsupported by the reference")
+        if scaling["type"] == "yarn":
+            scaling.setdefault("original_max_position_embeddings",
+                               int(hc["max_position_embeddings"]))
+    window = 0
+    if hc.get("model_type") == "qwen2":
+        if hc.get("use_sliding_window"):
+            raise ValueError("Qwen2 use_sliding_window unsupported")
+    else:
+        window = int(hc.get("sliding_window") or 0)
     cfg = Config(
         dim=dim,
         hidden_dim=int(hc["intermediate_size"]),
@@ -268,6 +309,8 @@ def load_hf_dir(d: str):
         rope_base=float(hc.get("rope_theta", 10000.0)),
         norm_eps=float(hc.get("rms_norm_eps", 1e-6)),
         rope_style="half",
+        rope_scaling=scaling,
+        sliding_window=window,
     )
     t = _load_hf_tensors(d)
     layers = []
@@ -283,6 +326,9 @@ def load_hf_dir(d: str):
             w_gate=t[p + "mlp.gate_proj.weight"],
             w_up=t[p + "mlp.up_proj.weight"],
             w_down=t[p + "mlp.down_proj.weight"],
+            bq=t.get(p + "self_attn.q_proj.bias"),
+            bk=t.get(p + "self_attn.k_proj.bias"),
+            bv=t.get(p + "self_attn.v_proj.bias"),
         ))
     emb = t["model.embed_tokens.weight"]
     tied = bool(hc.get("tie_word_embeddings", False))
@@ -312,12 +358,56 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
-def rope_tables(positions: np.ndarray, head_dim: int, base: float):
-    """cos, sin of shape (T, head_dim/2): angle = pos * base^(-2i/head_dim)."""
+def rope_frequencies(head_dim: int, base: float, scaling: dict | None,
+                     freq_factors: np.ndarray | None):
+    """(inv_freq of shape (head_dim/2,), magnitude scale of cos and sin),
+    following transformers' modeling_rope_utils for each scaling type and
+    ggml's rope (theta divided by freq_factors) for GGUF's rope_freqs."""
     i = np.arange(head_dim // 2, dtype=np.float64)
-    theta = base ** (-2.0 * i / head_dim)
-    ang = positions.astype(np.float64)[:, None] * theta[None, :]
-    return np.cos(ang), np.sin(ang)
+    inv = base ** (-2.0 * i / head_dim)
+    mscale = 1.0
+    kind = scaling["type"] if scaling else None
+    if kind == "linear":
+        inv = inv / scaling["factor"]
+    elif kind == "llama3":
+        f = scaling["factor"]
+        lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old = scaling["original_max_position_embeddings"]
+        wavelen = 2 * np.pi / inv
+        smooth = (old / wavelen - lo) / (hi - lo)
+        mid = (1 - smooth) * inv / f + smooth * inv
+        inv = np.where(wavelen > old / lo, inv / f,
+                       np.where(wavelen < old / hi, inv, mid))
+    elif kind == "yarn":
+        f = scaling["factor"]
+        old = scaling["original_max_position_embeddings"]
+        beta_fast = scaling.get("beta_fast") or 32
+        beta_slow = scaling.get("beta_slow") or 1
+
+        def corr_dim(rotations):
+            return (head_dim * np.log(old / (rotations * 2 * np.pi))
+                    / (2 * np.log(base)))
+        low = max(np.floor(corr_dim(beta_fast)), 0)
+        high = min(np.ceil(corr_dim(beta_slow)), head_dim - 1)
+        if low == high:
+            high += 0.001
+        ramp = np.clip((i - low) / (high - low), 0, 1)
+        keep = 1 - ramp  # 1: extrapolate (trained frequency), 0: interpolate
+        inv = inv / f * (1 - keep) + inv * keep
+        mscale = scaling.get("attention_factor") or (0.1 * np.log(f) + 1.0)
+    if freq_factors is not None:
+        inv = inv / freq_factors
+    return inv, mscale
+
+
+def rope_tables(positions: np.ndarray, head_dim: int, base: float,
+                scaling: dict | None = None,
+                freq_factors: np.ndarray | None = None):
+    """cos, sin of shape (T, head_dim/2): angle = pos * inv_freq[i], where
+    inv_freq[i] = base^(-2i/head_dim) before scaling."""
+    inv, mscale = rope_frequencies(head_dim, base, scaling, freq_factors)
+    ang = positions.astype(np.float64)[:, None] * inv[None, :]
+    return np.cos(ang) * mscale, np.sin(ang) * mscale
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str):
@@ -408,7 +498,8 @@ class LlamaRef:
         if tokens.min() < 0 or tokens.max() >= c.vocab_size:
             raise ValueError("token id out of range")
         positions = np.arange(self.pos, self.pos + T)
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_base)
+        cos, sin = rope_tables(positions, c.head_dim, c.rope_base,
+                               c.rope_scaling, c.freq_factors)
         group = c.n_heads // c.n_kv_heads
         scale = 1.0 / np.sqrt(c.head_dim)
 
@@ -416,9 +507,12 @@ class LlamaRef:
         for li, L in enumerate(w.layers):
             # --- attention ---
             h = rmsnorm(x, L.attn_norm, c.norm_eps)
-            q = (h @ L.wq.T).reshape(T, c.n_heads, c.head_dim)
-            k = (h @ L.wk.T).reshape(T, c.n_kv_heads, c.head_dim)
-            v = (h @ L.wv.T).reshape(T, c.n_kv_heads, c.head_dim)
+            q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
+            if L.bq is not None:
+                q, k, v = q + L.bq, k + L.bk, v + L.bv
+            q = q.reshape(T, c.n_heads, c.head_dim)
+            k = k.reshape(T, c.n_kv_heads, c.head_dim)
+            v = v.reshape(T, c.n_kv_heads, c.head_dim)
             q = apply_rope(q, cos, sin, c.rope_style)
             k = apply_rope(k, cos, sin, c.rope_style)
             k, v = round_kv(k, self.kv_dtype), round_kv(v, self.kv_dtype)
@@ -426,9 +520,13 @@ class LlamaRef:
             V = np.concatenate([self.v_cache[li], v], axis=0)
             self.k_cache[li], self.v_cache[li] = K, V
             S = K.shape[0]
-            # causal mask: query at absolute position p sees keys 0..p
+            # causal mask: query at absolute position p sees keys 0..p (the
+            # last sliding_window of them when set)
             kpos = np.arange(S)
-            mask = np.where(kpos[None, :] <= positions[:, None], 0.0, -np.inf)
+            seen = kpos[None, :] <= positions[:, None]
+            if c.sliding_window > 0:
+                seen &= positions[:, None] - kpos[None, :] < c.sliding_window
+            mask = np.where(seen, 0.0, -np.inf)
             att_out = np.empty((T, c.n_heads, c.head_dim))
             for hq in range(c.n_heads):
                 hk = hq // group                    # GQA: query head -> KV head
