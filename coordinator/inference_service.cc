@@ -10,6 +10,7 @@
 #include "coordinator/api_key.h"
 #include "coordinator/openai_api.h"
 #include "coordinator/stop_strings.h"
+#include "model/stop_tokens.h"
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -126,7 +127,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     if (request.prompt().empty()) {
       return Invalid("one of prompt or prompt_token_ids is required");
     }
-    req.prompt = tokenizer_->Encode(request.prompt());
+    req.prompt = tokenizer_->EncodePrompt(request.prompt());
     if (req.prompt.empty()) return Invalid("the prompt encodes to no tokens");
   }
   // The last N tokens: the end of the prompt is what the completion follows.
@@ -144,13 +145,8 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     req.stop_token_ids.push_back(t);
   }
   if (!request.ignore_eos()) {
-    // End of text, and the end of a chat turn for chat models.
-    for (int32_t id : {config.eos_id, tokenizer_->eos_id()}) {
-      if (id >= 0 && id < vocab) req.stop_token_ids.push_back(id);
-    }
-    if (auto im_end = tokenizer_->TokenId("<|im_end|>");
-        im_end && *im_end >= 0 && *im_end < vocab) {
-      req.stop_token_ids.push_back(*im_end);
+    for (int32_t id : DefaultStopTokenIds(config, *tokenizer_)) {
+      req.stop_token_ids.push_back(id);
     }
   }
   return req;

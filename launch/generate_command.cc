@@ -11,6 +11,7 @@
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
+#include "model/stop_tokens.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 
@@ -137,16 +138,12 @@ int GenerateCommand(int argc, char** argv) {
 
   const Tokenizer& tok = *local->tokenizer;
   GenerateRequest req{
-      .prompt = tok.Encode(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
+      .prompt = tok.EncodePrompt(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
       .max_tokens = static_cast<int32_t>(f.max_tokens),
       .sampling = sampling,
       .logprobs = static_cast<int32_t>(f.logprobs)};
-  // End of text, and the end of a chat turn for chat models.
-  for (int32_t id : {engine.config().eos_id, tok.eos_id()}) {
-    if (id >= 0 && !f.ignore_eos) req.stop_token_ids.push_back(id);
-  }
-  if (auto im_end = tok.TokenId("<|im_end|>"); im_end && !f.ignore_eos) {
-    req.stop_token_ids.push_back(*im_end);
+  if (!f.ignore_eos) {
+    req.stop_token_ids = DefaultStopTokenIds(engine.config(), tok);
   }
   if (req.prompt.empty()) {
     return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
