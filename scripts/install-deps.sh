@@ -46,4 +46,17 @@ if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors, grpc, grp
   echo "install-deps: pip installing ${PY_PACKAGES[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"
 fi
+# llama.cpp, the independent implementation the model-family tests check
+# the numpy reference's reading of each GGUF against
+# (tests/reference/check_llama_cpp.py). pip builds it from source: minutes
+# the first time, then its wheel is cached. Optional: without it those
+# tests show as skipped, never as passed.
+if ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
+  echo "install-deps: pip installing llama-cpp-python (compiles llama.cpp)"
+  CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    timeout 1800 .venv/bin/pip install -q --disable-pip-version-check \
+    llama-cpp-python==0.3.36 ||
+    echo "install-deps: WARNING: llama-cpp-python did not install; the" \
+      "family_*_llama_cpp tests will be skipped"
+fi
 echo "install-deps: ok"
