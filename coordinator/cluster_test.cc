@@ -17,6 +17,7 @@
 #include "collectives/fake_communicator.h"
 #include "coordinator/control_service.h"
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "coordinator/remote_executor.h"
 #include "core/max_abs_diff.h"
 #include "core/status.h"
@@ -148,6 +149,12 @@ class TestCluster {
   ~TestCluster() { Stop(); }
 
   ControlService& service() { return service_; }
+  // Engines over these workers (or any other engine of the test) live
+  // until Stop(), which first checks that each got all its KV blocks back
+  // and ends it while the workers still run.
+  Engine* Keep(absl::StatusOr<std::unique_ptr<Engine>> engine) {
+    return engines_.Keep(std::move(engine));
+  }
   std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
   TestHost& host(int rank) { return *hosts_[rank - 1]; }
 
@@ -177,11 +184,13 @@ class TestCluster {
     }
   }
 
-  // Shuts the workers down, joins them and stops the server. Returns the
-  // agents' statuses in start order.
+  // Closes the kept engines (the leak check), shuts the workers down,
+  // joins them and stops the server. Returns the agents' statuses in start
+  // order.
   std::vector<absl::Status> Stop() {
     if (stopped_) return statuses_;
     stopped_ = true;
+    engines_.Close();
     service_.Shutdown("test done");
     for (std::thread& t : threads_) t.join();
     server_->Shutdown(std::chrono::system_clock::now() +
@@ -202,6 +211,7 @@ class TestCluster {
   std::vector<std::thread> threads_;
   std::vector<absl::Status> statuses_;
   bool stopped_ = false;
+  EngineLeakCheck engines_;
 };
 
 ClusterOptions Options(int tp, int pp) {
@@ -282,10 +292,11 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   const auto [tp, pp] = GetParam();
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   const std::vector<GenerateRequest> reqs = Requests(12);
-  auto base_engine =
-      Engine::Create(*source, {.max_batched_tokens = 13, .threads = 1});
-  ASSERT_TRUE(base_engine.ok()) << base_engine.status();
-  auto base = (*base_engine)->GenerateBatch(reqs);
+  EngineLeakCheck base_engines;
+  Engine* base_engine = base_engines.Keep(
+      Engine::Create(*source, {.max_batched_tokens = 13, .threads = 1}));
+  ASSERT_NE(base_engine, nullptr);
+  auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
 
   TestCluster cluster(*source, Options(tp, pp));
@@ -296,10 +307,10 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   const RemoteExecutor* remote = executor->get();
   EXPECT_EQ(remote->num_kv_blocks(), 512 / 16);
   EXPECT_TRUE(remote->Health().ok()) << remote->Health();
-  auto engine =
-      Engine::Create(std::move(*executor), {.max_batched_tokens = 13});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto got = (*engine)->GenerateBatch(reqs);
+  Engine* engine = cluster.Keep(
+      Engine::Create(std::move(*executor), {.max_batched_tokens = 13}));
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
   int64_t blocks = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -326,7 +337,7 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
     // Blocks are taken as the KV grows: the last token's is never computed.
     blocks += (reqs[i].prompt.size() + (*got)[i].tokens.size() - 1 + 15) / 16;
   }
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
   // Every block id went out once: plans carry deltas, not whole tables.
   const RemoteExecutorStats stats = remote->stats();
   EXPECT_EQ(stats.blocks_sent, blocks);
@@ -336,11 +347,10 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
               static_cast<long long>(stats.blocks_sent),
               static_cast<long long>(stats.plan_bytes));
   // A second batch reuses the workers' tables cleanly.
-  auto again = (*engine)->GenerateBatch({reqs[3]});
+  auto again = engine->GenerateBatch({reqs[3]});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)[0].tokens, (*base)[3].tokens);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
-  engine->reset();
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -349,11 +359,12 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
 TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   const std::vector<GenerateRequest> reqs = Requests(24);
-  auto base_engine = Engine::Create(
+  EngineLeakCheck base_engines;
+  Engine* base_engine = base_engines.Keep(Engine::Create(
       *source,
-      {.prefix_caching = false, .max_batched_tokens = 13, .threads = 1});
-  ASSERT_TRUE(base_engine.ok()) << base_engine.status();
-  auto base = (*base_engine)->GenerateBatch(reqs);
+      {.prefix_caching = false, .max_batched_tokens = 13, .threads = 1}));
+  ASSERT_NE(base_engine, nullptr);
+  auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
 
   // One block of a shard at TP=2 x PP=2: K and V, 2 layers, 16 tokens, 2 KV
@@ -369,24 +380,24 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   ASSERT_TRUE(executor.ok()) << executor.status();
   EXPECT_EQ((*executor)->num_kv_blocks(), 8);
   EXPECT_EQ((*executor)->num_host_kv_blocks(), 60);
-  auto engine =
-      Engine::Create(std::move(*executor), {.max_batched_tokens = 13});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto got = (*engine)->GenerateBatch(reqs);
+  Engine* engine = cluster.Keep(
+      Engine::Create(std::move(*executor), {.max_batched_tokens = 13}));
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
   for (size_t i = 0; i < reqs.size(); ++i) {
     EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
   }
   // The longest prompt again: its full blocks are cached (on either tier).
-  const SchedulerStats before = (*engine)->stats();
-  auto again = (*engine)->GenerateBatch({reqs[7]});
+  const SchedulerStats before = engine->stats();
+  auto again = engine->GenerateBatch({reqs[7]});
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ((*again)[0].tokens, (*base)[7].tokens);
-  const SchedulerStats after = (*engine)->stats();
+  const SchedulerStats after = engine->stats();
   EXPECT_GT(before.preempted_swap, 0);
   EXPECT_EQ(after.blocks.prefix_hit_tokens - before.blocks.prefix_hit_tokens,
             (reqs[7].prompt.size() - 1) / 16 * 16);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
   std::printf(
       "cluster tp2 pp2, 8 device blocks: %lld swap preemptions, %lld "
       "blocks out, %lld in, %lld spilled\n",
@@ -394,7 +405,6 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
       static_cast<long long>(after.blocks.swapped_out),
       static_cast<long long>(after.blocks.swapped_in),
       static_cast<long long>(after.blocks.spilled));
-  engine->reset();
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -430,23 +440,22 @@ TEST(ClusterFailureTest, LostWorkerFailsTheCallAndStaysFailed) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok());
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
   const Clock::time_point start = Clock::now();
-  auto got = (*engine)->GenerateBatch(Requests(40));
+  auto got = engine->GenerateBatch(Requests(40));
   EXPECT_LT(Since(start), 10.0);
   ExpectUnavailable(got.status(), "worker rank 2 (pp 1, tp 0)");
   EXPECT_TRUE(absl::StrContains(got.status().message(), "stream closed"))
       << got.status();
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
-  ExpectUnavailable((*engine)->executor().Health(), "worker rank 2");
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  ExpectUnavailable(engine->executor().Health(), "worker rank 2");
   ExpectUnavailable(cluster.service().Health(), "worker rank 2");
   const Clock::time_point again = Clock::now();
-  auto later = (*engine)->GenerateBatch(Requests(4));
+  auto later = engine->GenerateBatch(Requests(4));
   EXPECT_LT(Since(again), 1.0);
   ExpectUnavailable(later.status(), "worker rank 2");
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
-  engine->reset();
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
   std::vector<absl::Status> agents = cluster.Stop();
   // The survivor learns the cluster failed, whoever ended it first.
   EXPECT_EQ(agents[0].code(), absl::StatusCode::kUnavailable) << agents[0];
@@ -491,9 +500,9 @@ TEST(ClusterFailureTest, SurvivorsAreToldAndAStuckStepIsAbandoned) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok());
-  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
   ExpectUnavailable(got.status(), "worker rank 2");
   const Clock::time_point failed = Clock::now();
   ASSERT_TRUE(abandon.WaitForNotificationWithTimeout(absl::Seconds(3)))
@@ -510,7 +519,6 @@ TEST(ClusterFailureTest, SurvivorsAreToldAndAStuckStepIsAbandoned) {
               2.5);
   }
   std::move(released).Invoke();
-  engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
   // Told the cluster failed: the survivor leaves with an error naming why.
   EXPECT_EQ(agents[0].code(), absl::StatusCode::kUnavailable) << agents[0];
@@ -533,17 +541,16 @@ TEST(ClusterFailureTest, HungStepTimesOut) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok());
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
   const Clock::time_point start = Clock::now();
-  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
+  auto got = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 10});
   EXPECT_LT(Since(start), 10.0);
   ExpectUnavailable(got.status(), "worker rank 1");
   EXPECT_TRUE(absl::StrContains(got.status().message(), "no result for step 4"))
       << got.status();
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
   release.Notify();
-  engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
   EXPECT_FALSE(agents[0].ok());  // Its stream was cancelled.
 }
@@ -565,11 +572,10 @@ TEST(ClusterFailureTest, SlowLoadAndStepAreNotDeath) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok());
-  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
   EXPECT_TRUE(got.ok()) << got.status();
-  engine->reset();
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
 
@@ -596,10 +602,10 @@ TEST(ClusterFailureTest, SilentWorkerIsDead) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok());
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
   const Clock::time_point start = Clock::now();
-  auto got = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
+  auto got = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 4});
   EXPECT_LT(Since(start), 5.0);
   ExpectUnavailable(got.status(), "worker rank 1 (pp 0, tp 0) at silent:0");
   EXPECT_TRUE(absl::StrContains(got.status().message(), "no heartbeat for 1s"))
@@ -607,7 +613,6 @@ TEST(ClusterFailureTest, SilentWorkerIsDead) {
   while (stream->Read(&in)) {
   }
   stream->Finish();
-  engine->reset();
   cluster.Stop();
 }
 
@@ -694,12 +699,11 @@ TEST(ClusterStartupTest, StrangersWithoutTheTokenAreRefusedAndStartupGoesOn) {
   auto executor = RemoteExecutor::WaitForWorkers(
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
-  auto engine = Engine::Create(std::move(*executor), {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  auto r = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 3});
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  auto r = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 3});
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->tokens.size(), 3u);
-  engine->reset();
   std::vector<absl::Status> agents = cluster.Stop();
   for (int i : {0, 1}) {
     EXPECT_EQ(agents[i].code(), absl::StatusCode::kUnauthenticated)

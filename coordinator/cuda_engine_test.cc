@@ -16,6 +16,7 @@
 #include "coordinator/cuda_executor.h"
 #include "coordinator/device.h"
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 #include "worker/gpu_parity_prompts.h"
@@ -68,12 +69,12 @@ class CudaEngineTest : public ::testing::Test {
   }
 
   std::vector<GenerateResult> Run(const EngineOptions& options) {
-    auto engine = Engine::Create(*source_, options);
-    EXPECT_TRUE(engine.ok()) << engine.status();
-    if (!engine.ok()) return {};
-    auto results = (*engine)->GenerateBatch(Requests());
+    EngineLeakCheck engines;  // Checked (and freed) on return.
+    Engine* engine = engines.Keep(Engine::Create(*source_, options));
+    if (engine == nullptr) return {};
+    auto results = engine->GenerateBatch(Requests());
     EXPECT_TRUE(results.ok()) << results.status();
-    stats_ = (*engine)->stats();
+    stats_ = engine->stats();
     return results.ok() ? *results : std::vector<GenerateResult>{};
   }
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "coordinator/engine_leak_check.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -130,13 +131,12 @@ class InferenceServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     weights_ = RandomLlamaWeights(TinyConfig(), 7);
-    auto engine = Engine::Create(
-        *weights_, {.kv_cache_bytes = kBlocks * kBlockBytes, .threads = 1});
-    ASSERT_TRUE(engine.ok()) << engine.status();
-    engine_ = std::move(*engine);
+    engine_ = engines_.Keep(Engine::Create(
+        *weights_, {.kv_cache_bytes = kBlocks * kBlockBytes, .threads = 1}));
+    ASSERT_NE(engine_, nullptr);
     ASSERT_EQ(engine_->blocks().num_blocks(), kBlocks);
     auto server =
-        ApiServer::Start(engine_.get(), &tokenizer_,
+        ApiServer::Start(engine_, &tokenizer_,
                          {.listen_address = "127.0.0.1:0",
                           .model_name = "tiny",
                           .service = {.tp = 1, .pp = 1},
@@ -149,8 +149,11 @@ class InferenceServiceTest : public ::testing::Test {
                             grpc::InsecureChannelCredentials());
     stub_ = v1::Inference::NewStub(channel_);
   }
+  // The server first: once no call can reach the engine, every block
+  // must be back, whatever the test checked itself.
   void TearDown() override {
     if (server_) server_->Shutdown();
+    engines_.Close();
   }
 
   Streamed Call(const v1::GenerateRequest& req) {
@@ -197,7 +200,8 @@ class InferenceServiceTest : public ::testing::Test {
 
   std::unique_ptr<InMemoryWeights> weights_;
   FakeTokenizer tokenizer_;
-  std::unique_ptr<Engine> engine_;
+  EngineLeakCheck engines_;  // Outlives server_, which calls the engine.
+  Engine* engine_ = nullptr;
   std::unique_ptr<ApiServer> server_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Inference::Stub> stub_;
@@ -803,11 +807,12 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   auto owned = std::make_unique<LosableExecutor>(std::move(*inner));
   LosableExecutor* executor = owned.get();
-  auto engine = Engine::Create(std::move(owned), {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  EngineLeakCheck engines;  // Checked once the server below is gone.
+  Engine* engine = engines.Keep(Engine::Create(std::move(owned), {}));
+  ASSERT_NE(engine, nullptr);
   FakeTokenizer tok;
   auto server = ApiServer::Start(
-      engine->get(), &tok, {.health_poll = std::chrono::milliseconds(10)});
+      engine, &tok, {.health_poll = std::chrono::milliseconds(10)});
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel =
       grpc::CreateChannel("127.0.0.1:" + std::to_string((*server)->port()),
@@ -842,7 +847,7 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAVAILABLE);
   EXPECT_NE(s.error_message().find("worker rank 1"), std::string::npos)
       << s.error_message();
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
 
   // Known lost: NOT_SERVING (2), and requests fail before they start: with
   // steps able to succeed again, only the health check can refuse it, and
@@ -864,11 +869,12 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
 
 TEST(ApiServerTest, UnusableAddressIsAnError) {
   auto weights = RandomLlamaWeights(TinyConfig(), 7);
-  auto engine = Engine::Create(*weights, {.threads = 1});
-  ASSERT_TRUE(engine.ok());
+  EngineLeakCheck engines;
+  Engine* engine = engines.Keep(Engine::Create(*weights, {.threads = 1}));
+  ASSERT_NE(engine, nullptr);
   FakeTokenizer tok;
-  auto server = ApiServer::Start(engine->get(), &tok,
-                                 {.listen_address = "not an address"});
+  auto server =
+      ApiServer::Start(engine, &tok, {.listen_address = "not an address"});
   ASSERT_FALSE(server.ok());
   EXPECT_NE(std::string(server.status().message()).find("not an address"),
             std::string::npos);

@@ -10,6 +10,7 @@
 #include <numeric>
 
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
@@ -78,13 +79,13 @@ TEST(LogprobsTest, RandomModelMatchesLogSoftmax) {
   c.context_length = 128;
   c.rope_theta = 10000.0f;
   auto source = RandomLlamaWeights(c, 5);
-  auto engine = Engine::Create(*source, {.threads = 1});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  ExpectReferenceLogprobs(**engine, {3, 1, 4, 1, 5, 9, 2, 6}, {}, 7, 1e-4);
-  ExpectReferenceLogprobs(**engine, {2, 7, 1, 8},
+  EngineLeakCheck engines;
+  Engine* engine = engines.Keep(Engine::Create(*source, {.threads = 1}));
+  ASSERT_NE(engine, nullptr);
+  ExpectReferenceLogprobs(*engine, {3, 1, 4, 1, 5, 9, 2, 6}, {}, 7, 1e-4);
+  ExpectReferenceLogprobs(*engine, {2, 7, 1, 8},
                           {.temperature = 1.3f, .top_p = 0.8f, .seed = 4}, 3,
                           1e-4);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
 }
 
 TEST(LogprobsTest, SmolLm2MatchesLogSoftmax) {
@@ -95,15 +96,15 @@ TEST(LogprobsTest, SmolLm2MatchesLogSoftmax) {
   }
   auto source = OpenWeights(path);
   ASSERT_TRUE(source.ok()) << source.status();
-  auto engine = Engine::Create(**source, {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  EngineLeakCheck engines;
+  Engine* engine = engines.Keep(Engine::Create(**source, {}));
+  ASSERT_NE(engine, nullptr);
   // "The capital of France is", greedy; then sampled at temperature 0.8
   // with top_k 10: the log-probabilities stay the raw model's.
   const std::vector<int32_t> prompt = {504, 3575, 282, 4649, 314};
-  ExpectReferenceLogprobs(**engine, prompt, {}, 5, 1e-3);
+  ExpectReferenceLogprobs(*engine, prompt, {}, 5, 1e-3);
   ExpectReferenceLogprobs(
-      **engine, prompt, {.temperature = 0.8f, .top_k = 10, .seed = 3}, 5, 1e-3);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+      *engine, prompt, {.temperature = 0.8f, .top_k = 10, .seed = 3}, 5, 1e-3);
 }
 
 }  // namespace

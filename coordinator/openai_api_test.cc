@@ -7,6 +7,7 @@
 #include <mutex>
 #include <thread>
 
+#include "coordinator/engine_leak_check.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
@@ -65,17 +66,18 @@ TEST(OpenAiApiTest, ReadyFailsWhileRequestsWaitAndNoStepRuns) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   auto gated = std::make_unique<GatedExecutor>(std::move(*inner));
   GatedExecutor* gate = gated.get();
-  auto engine = Engine::Create(std::move(gated), {});
-  ASSERT_TRUE(engine.ok()) << engine.status();
-  InferenceService service(engine->get(), nullptr, "tiny", {});
+  EngineLeakCheck engines;  // Checked once the service and API are gone.
+  Engine* engine = engines.Keep(Engine::Create(std::move(gated), {}));
+  ASSERT_NE(engine, nullptr);
+  InferenceService service(engine, nullptr, "tiny", {});
   OpenAiApi api(
-      engine->get(), &service,
+      engine, &service,
       {.model_name = "tiny", .stall_timeout = absl::Milliseconds(200)});
   EXPECT_TRUE(api.Ready().ok());  // Idle is ready.
 
   std::atomic<bool> done{false};
   std::thread client([&] {
-    auto r = (*engine)->Generate({.prompt = {1, 2, 3}, .max_tokens = 2});
+    auto r = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 2});
     EXPECT_TRUE(r.ok()) << r.status();
     done = true;
   });

@@ -303,14 +303,14 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   // At most 3 run at once: the 4th request waits, and is not running
   // when the step of 3 fails.
-  auto engine = Engine::Create(
-      std::make_unique<FlakyExecutor>(std::move(*inner), 3), {.max_seqs = 3});
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine* engine = engines_.Keep(Engine::Create(
+      std::make_unique<FlakyExecutor>(std::move(*inner), 3), {.max_seqs = 3}));
+  ASSERT_NE(engine, nullptr);
   std::vector<GenerateRequest> reqs(
       4, {.prompt = Prompt(10, 4), .max_tokens = 50});
   Results results;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_TRUE((*engine)->Submit(reqs[i], results.Callbacks(i)).ok());
+    ASSERT_TRUE(engine->Submit(reqs[i], results.Callbacks(i)).ok());
   }
   results.Wait();
   for (size_t i = 0; i < 3; ++i) {
@@ -320,8 +320,8 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   // Only the running ones: the waiting request runs afterwards, whole.
   ASSERT_TRUE(results[3].ok()) << results[3].status();
   EXPECT_EQ(results[3]->tokens.size(), 50u);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
-  auto next = (*engine)->Generate({.prompt = Prompt(5, 1), .max_tokens = 5});
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  auto next = engine->Generate({.prompt = Prompt(5, 1), .max_tokens = 5});
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->tokens.size(), 5u);
 }
@@ -436,9 +436,9 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   auto recorder = std::make_unique<RecordingExecutor>(std::move(*inner));
   RecordingExecutor* rec = recorder.get();
-  auto engine =
-      Engine::Create(std::move(recorder), {.max_batched_tokens = 128});
-  ASSERT_TRUE(engine.ok()) << engine.status();
+  Engine* engine = engines_.Keep(
+      Engine::Create(std::move(recorder), {.max_batched_tokens = 128}));
+  ASSERT_NE(engine, nullptr);
   Results results;
   std::promise<void> decoding;
   std::atomic<int> started{0};
@@ -447,7 +447,7 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
   // its prompt is in the cache) before the long prompt arrives.
   for (int i = 0; i < 3; ++i) {
     ASSERT_TRUE(
-        (*engine)
+        engine
             ->Submit({.prompt = Prompt(8, i), .max_tokens = 60},
                      results.Callbacks(i,
                                        [&, i](int32_t) {
@@ -461,7 +461,7 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
   }
   decoding.get_future().wait();
   // Then a 2000-token prompt: 16 chunks of at most 128 - 3 tokens.
-  ASSERT_TRUE((*engine)
+  ASSERT_TRUE(engine
                   ->Submit({.prompt = Prompt(2000, 9), .max_tokens = 2},
                            results.Callbacks(3))
                   .ok());
@@ -492,7 +492,7 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
     }
   }
   EXPECT_GE(prefill_steps, 2000 / 125);
-  EXPECT_EQ((*engine)->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
 }  // namespace
