@@ -154,6 +154,7 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
   tok->ignore_merges_ = config.ignore_merges;
   tok->add_bos_ = config.add_bos;
   tok->nfc_ = config.nfc;
+  tok->chat_template_ = std::move(config.chat_template);
   return tok;
 }
 

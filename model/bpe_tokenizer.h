@@ -52,6 +52,9 @@ struct BpeConfig {
   // Text between added tokens is put in Unicode NFC before pre-tokenizing
   // (HF normalizer NFC, as Qwen2's).
   bool nfc = false;
+  // The model's Jinja chat template (GGUF tokenizer.chat_template,
+  // tokenizer_config.json chat_template); empty when it has none.
+  std::string chat_template;
 };
 
 // Immutable after Create; all methods are thread-safe.
@@ -72,6 +75,7 @@ class BpeTokenizer : public Tokenizer {
   bool IsSpecial(int32_t id) const override;
   std::optional<int32_t> TokenId(std::string_view token) const override;
   std::string Summary() const override;
+  std::string_view chat_template() const override { return chat_template_; }
 
  private:
   struct Merge {
@@ -108,6 +112,7 @@ class BpeTokenizer : public Tokenizer {
   bool ignore_merges_ = false;
   bool add_bos_ = false;
   bool nfc_ = false;
+  std::string chat_template_;
   size_t num_merges_ = 0;
   size_t num_special_ = 0;
 };

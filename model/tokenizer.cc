@@ -161,6 +161,13 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
                      "' is not supported (smollm, gpt2, llama-bpe, llama3, "
                      "llama-v3, qwen2 are)"));
   }
+  if (absl::StatusOr<std::string_view> t =
+          gguf.GetString("tokenizer.chat_template");
+      t.ok()) {
+    config.chat_template = std::string(*t);
+  } else {
+    RETURN_IF_ERROR(Optional(t.status()));
+  }
   if (absl::StatusOr<bool> add_bos =
           gguf.GetBool("tokenizer.ggml.add_bos_token");
       add_bos.ok()) {

@@ -35,6 +35,9 @@ class Tokenizer {
   virtual std::optional<int32_t> TokenId(std::string_view token) const = 0;
   // One line: kind, vocabulary size, merges, special tokens.
   virtual std::string Summary() const = 0;
+  // The model's Jinja chat template source, empty when it has none (see
+  // ChatTemplate::ForModel).
+  virtual std::string_view chat_template() const { return {}; }
 
   // Concatenated bytes of `ids` (not necessarily valid UTF-8 if the ids
   // end inside a character).

@@ -329,6 +329,19 @@ void ReadSpecialIds(const std::string& dir, BpeConfig* config) {
       text.ok()) {
     Json j = Json::parse(*text, nullptr, /*allow_exceptions=*/false);
     if (j.is_object()) {
+      // A string, or (newer files) a list of {"name", "template"} of
+      // which "default" is the chat one.
+      if (auto t = j.find("chat_template"); t != j.end()) {
+        if (t->is_string()) config->chat_template = t->get<std::string>();
+        if (t->is_array()) {
+          for (const Json& named : *t) {
+            if (named.is_object() && named.value("name", "") == "default" &&
+                named.contains("template") && named["template"].is_string()) {
+              config->chat_template = named["template"].get<std::string>();
+            }
+          }
+        }
+      }
       for (auto [key, out] : {std::pair{"bos_token", &config->bos_id},
                               std::pair{"eos_token", &config->eos_id}}) {
         if (out == &config->bos_id && config->add_bos) continue;

@@ -1,0 +1,222 @@
+#include "model/chat_template.h"
+
+#include <optional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "core/status.h"
+#include "model/pretokenizer.h"
+
+namespace shardlm {
+namespace {
+
+constexpr std::string_view kChatMlSystem = "<|im_start|>system\n";
+constexpr std::string_view kChatMlEnd = "<|im_end|>\n";
+
+// The literal starting at source[*pos] (a quote), decoded; *pos ends past
+// its closing quote (or at the end of an unterminated one).
+std::string ReadLiteral(std::string_view source, size_t* pos) {
+  const char quote = source[(*pos)++];
+  std::string out;
+  while (*pos < source.size() && source[*pos] != quote) {
+    char c = source[(*pos)++];
+    if (c == '\\' && *pos < source.size()) {
+      const char e = source[(*pos)++];
+      c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+    }
+    out.push_back(c);
+  }
+  if (*pos < source.size()) ++*pos;
+  return out;
+}
+
+// Python's str.isspace, which Jinja's trim (str.strip) uses.
+bool IsPythonSpace(uint32_t c) {
+  return (c >= 0x09 && c <= 0x0d) || (c >= 0x1c && c <= 0x20) || c == 0x85 ||
+         c == 0xa0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200a) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202f || c == 0x205f ||
+         c == 0x3000;
+}
+
+// Jinja's `trim` filter.
+std::string_view Trim(std::string_view s) {
+  size_t begin = 0;
+  while (begin < s.size()) {
+    size_t next = begin;
+    if (!IsPythonSpace(NextCodePoint(s, &next))) break;
+    begin = next;
+  }
+  size_t end = s.size();
+  while (end > begin) {
+    size_t start = end - 1;  // Back to the first byte of the last character.
+    while (start > begin && (static_cast<uint8_t>(s[start]) & 0xc0) == 0x80) {
+      --start;
+    }
+    size_t next = start;
+    if (!IsPythonSpace(NextCodePoint(s, &next)) || next != end) break;
+    end = start;
+  }
+  return s.substr(begin, end - begin);
+}
+
+}  // namespace
+
+std::vector<std::string> JinjaStringLiterals(std::string_view source) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  while (i + 1 < source.size()) {
+    const std::string_view open = source.substr(i, 2);
+    if (open == "{#") {  // A comment: skipped whole.
+      const size_t end = source.find("#}", i + 2);
+      i = end == std::string_view::npos ? source.size() : end + 2;
+      continue;
+    }
+    if (open != "{{" && open != "{%") {
+      ++i;
+      continue;
+    }
+    const std::string_view close = open == "{{" ? "}}" : "%}";
+    i += 2;
+    while (i < source.size() && source.substr(i, 2) != close) {
+      if (source[i] == '\'' || source[i] == '"') {
+        out.push_back(ReadLiteral(source, &i));
+      } else {
+        ++i;
+      }
+    }
+    i += 2;
+  }
+  return out;
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
+                                                    absl::Time now) {
+  std::string bos;
+  if (tokenizer.bos_id() >= 0) {
+    bos = std::string(tokenizer.TokenBytes(tokenizer.bos_id()));
+  }
+  return FromSource(tokenizer.chat_template(), std::move(bos),
+                    tokenizer.TokenId("<|im_start|>").has_value() &&
+                        tokenizer.TokenId("<|im_end|>").has_value(),
+                    now);
+}
+
+absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
+                                                      std::string bos,
+                                                      bool vocab_has_chatml,
+                                                      absl::Time now) {
+  ChatTemplate t;
+  if (source.empty()) {
+    if (vocab_has_chatml) return t;
+    return absl::UnimplementedError(
+        "the model has no chat template and its vocabulary no ChatML "
+        "tokens; use completions with a prompt in its own format");
+  }
+  t.from_template_ = true;
+  const std::vector<std::string> literals = JinjaStringLiterals(source);
+  const auto writes = [&](std::string_view what) {
+    for (const std::string& l : literals) {
+      if (l.find(what) != std::string::npos) return true;
+    }
+    return false;
+  };
+  if (writes("<|start_header_id|>")) {
+    t.format_ = Format::kLlama3;
+    t.bos_ = std::move(bos);
+    t.dated_system_ = writes("Cutting Knowledge Date:");
+    if (t.dated_system_) {
+      // Llama 3.2 asks for today (strftime_now, which transformers
+      // defines); 3.1 has a fixed date_string.
+      t.date_ = "26 Jul 2024";
+      if (source.find("strftime_now") != std::string_view::npos) {
+        t.date_ = absl::FormatTime("%d %b %Y", now, absl::UTCTimeZone());
+      } else if (size_t at = source.find("set date_string =");
+                 at != std::string_view::npos) {
+        at = source.find_first_of("'\"", at);
+        if (at != std::string_view::npos) t.date_ = ReadLiteral(source, &at);
+      }
+    }
+    return t;
+  }
+  if (writes("<|im_start|>")) {
+    // The default system prompt is a whole literal
+    // "<|im_start|>system\n...<|im_end|>\n" (not one built around
+    // messages[0]['content']).
+    for (const std::string& l : literals) {
+      if (l.size() > kChatMlSystem.size() + kChatMlEnd.size() &&
+          l.starts_with(kChatMlSystem) && l.ends_with(kChatMlEnd)) {
+        t.default_system_ =
+            l.substr(kChatMlSystem.size(),
+                     l.size() - kChatMlSystem.size() - kChatMlEnd.size());
+      }
+    }
+    return t;
+  }
+  const char* hint = source.find("[INST]") != std::string_view::npos
+                         ? " (Mistral's [INST] format is not supported yet)"
+                         : "";
+  return absl::UnimplementedError(absl::StrCat(
+      "the model's chat template is not one shardlm renders (ChatML, "
+      "Llama 3)",
+      hint, "; use completions with a prompt in its own format"));
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(
+    absl::Span<const ChatMessage> messages) const {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", role,
+                       "' is not system, user or assistant"));
+    }
+  }
+  std::string out;
+  if (format_ == Format::kChatMl) {
+    if (!default_system_.empty() &&
+        (messages.empty() || messages[0].role != "system")) {
+      absl::StrAppend(&out, Sv(kChatMlSystem), default_system_, Sv(kChatMlEnd));
+    }
+    for (const ChatMessage& m : messages) {
+      absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content,
+                      Sv(kChatMlEnd));
+    }
+    absl::StrAppend(&out, "<|im_start|>assistant\n");
+    return out;
+  }
+  const auto turn = [&](std::string_view role, std::string_view content) {
+    absl::StrAppend(&out, "<|start_header_id|>", Sv(role),
+                    "<|end_header_id|>\n\n", Sv(Trim(content)), "<|eot_id|>");
+  };
+  if (dated_system_) {
+    out = bos_;
+    const bool system = !messages.empty() && messages[0].role == "system";
+    absl::StrAppend(&out, "<|start_header_id|>system<|end_header_id|>\n\n",
+                    "Cutting Knowledge Date: December 2023\n",
+                    "Today Date: ", date_, "\n\n",
+                    Sv(system ? Trim(messages[0].content) : ""), "<|eot_id|>");
+    for (size_t i = system ? 1 : 0; i < messages.size(); ++i) {
+      turn(messages[i].role, messages[i].content);
+    }
+  } else {
+    if (!messages.empty()) out = bos_;  // In front of the first message.
+    for (const ChatMessage& m : messages) turn(m.role, m.content);
+  }
+  absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out;
+}
+
+std::string ChatTemplate::Describe() const {
+  if (format_ == Format::kLlama3) {
+    return dated_system_
+               ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")")
+               : "llama3";
+  }
+  if (!from_template_) return "chatml (no template in the model)";
+  return default_system_.empty()
+             ? "chatml"
+             : absl::StrCat("chatml (default system prompt \"", default_system_,
+                            "\")");
+}
+
+}  // namespace shardlm

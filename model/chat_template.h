@@ -1,0 +1,78 @@
+// Chat prompts in the format a model was trained on, chosen from the
+// model's own Jinja chat template (GGUF tokenizer.chat_template,
+// tokenizer_config.json chat_template) by what its string literals write,
+// and rendered for plain conversations (system, user and assistant
+// messages; no tools) exactly as Hugging Face's apply_chat_template renders
+// that template (tests/reference/check_chat_template.py compares the two
+// with jinja2).
+#ifndef SHARDLM_MODEL_CHAT_TEMPLATE_H_
+#define SHARDLM_MODEL_CHAT_TEMPLATE_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "model/tokenizer.h"
+
+namespace shardlm {
+
+struct ChatMessage {
+  std::string role;  // "system", "user" or "assistant".
+  std::string content;
+};
+
+class ChatTemplate {
+ public:
+  enum class Format {
+    // <|im_start|>role\ncontent<|im_end|>\n per message (SmolLM2, Qwen2,
+    // Qwen2.5), after the template's default system prompt when the
+    // conversation does not open with one.
+    kChatMl,
+    // <|begin_of_text|>, then <|start_header_id|>role<|end_header_id|>\n\n
+    // trimmed content <|eot_id|> per message (Llama 3). Llama 3.1 and later
+    // always open with a system block that states the knowledge cutoff and
+    // the date.
+    kLlama3,
+  };
+
+  // The format of `tokenizer`'s chat template. A model with no template
+  // gets plain ChatML when its vocabulary has <|im_start|>. Any other
+  // template is Unimplemented, naming what it found: rendering it in the
+  // wrong format would give plausible but wrong answers. `now` dates the
+  // Llama 3.2 system block (its template asks for today's date).
+  static absl::StatusOr<ChatTemplate> ForModel(const Tokenizer& tokenizer,
+                                               absl::Time now = absl::Now());
+  // The same from a template's source; `bos` is the BOS token's text.
+  static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
+                                                 std::string bos,
+                                                 bool vocab_has_chatml,
+                                                 absl::Time now);
+
+  // `messages` followed by the opening of the assistant's turn
+  // (add_generation_prompt). InvalidArgument for another role.
+  absl::StatusOr<std::string> Render(
+      absl::Span<const ChatMessage> messages) const;
+
+  Format format() const { return format_; }
+  // One line for logs and `shardlm inspect`.
+  std::string Describe() const;
+
+ private:
+  Format format_ = Format::kChatMl;
+  bool from_template_ = false;  // False: the ChatML fallback.
+  std::string bos_;             // Llama 3: written first.
+  std::string default_system_;  // ChatML: when no system message leads.
+  bool dated_system_ = false;   // Llama 3.1+.
+  std::string date_;            // "26 Jul 2024".
+};
+
+// The string literals inside a Jinja template's {{ }} and {% %} tags, with
+// their escapes (\n, \t, \', \", \\) decoded, in order.
+std::vector<std::string> JinjaStringLiterals(std::string_view source);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_MODEL_CHAT_TEMPLATE_H_

@@ -1,0 +1,199 @@
+#!/usr/bin/env python3
+"""Checks our chat prompts (chat_dump) against jinja2 rendering the same
+templates as Hugging Face's apply_chat_template does (a sandboxed jinja2
+environment with trim_blocks and lstrip_blocks, raise_exception and
+strftime_now, add_generation_prompt=True).
+
+  check_chat_template.py --tool build/tests/reference/chat_dump \\
+      --gguf models/SmolLM2-135M-Instruct.Q4_1.gguf --workdir /tmp/chat
+
+Templates: SmolLM2's own, read from the GGUF (ChatML with a default system
+prompt, real newlines in its literals); and, written here to the published
+formats of each family (escaped newlines in their literals): Llama 3
+Instruct, Llama 3.1 (dated system block), Llama 3.2 (dated with today via
+strftime_now), Qwen2 and Qwen2.5 (their default system prompts). Every
+conversation must render identically. Templates of other formats (Mistral
+[INST], an unknown one) must be refused, not rendered wrongly.
+
+Exit 0: all match; 1: a mismatch; 2: a tool or usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+
+NOW = datetime.datetime(2026, 12, 1, 9, 30, tzinfo=datetime.timezone.utc)
+
+LLAMA3 = r"""{% set loop_messages = messages %}{% for message in loop_messages %}{% set content = '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' %}{% if loop.index0 == 0 %}{% set content = bos_token + content %}{% endif %}{{ content }}{% endfor %}{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}"""
+
+LLAMA31_DATE = r"""{%- if not date_string is defined %}
+    {%- set date_string = "26 Jul 2024" %}
+{%- endif %}"""
+
+LLAMA32_DATE = r"""{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}"""
+
+LLAMA31_BODY = r"""
+{#- The leading system message, if any, goes into the dated block. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+{%- for message in messages %}
+    {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+LLAMA31 = "{{- bos_token }}\n" + LLAMA31_DATE + LLAMA31_BODY
+LLAMA32 = "{{- bos_token }}\n" + LLAMA32_DATE + LLAMA31_BODY
+
+QWEN2 = r"""{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"""
+
+QWEN25 = r"""{%- if messages[0]['role'] == 'system' %}
+    {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+{%- else %}
+    {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant") %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
+MISTRAL = r"""{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"""
+
+UNKNOWN = r"""{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"""
+
+# (name, source or None for the GGUF's own, BOS text, expect refusal)
+TEMPLATES = [
+    ("smollm2 (GGUF)", None, "<|im_start|>", False),
+    ("llama3", LLAMA3, "<|begin_of_text|>", False),
+    ("llama3.1", LLAMA31, "<|begin_of_text|>", False),
+    ("llama3.2", LLAMA32, "<|begin_of_text|>", False),
+    ("qwen2", QWEN2, "<|endoftext|>", False),
+    ("qwen2.5", QWEN25, "<|endoftext|>", False),
+    ("mistral v0.1", MISTRAL, "<s>", True),
+    ("unknown", UNKNOWN, "<s>", True),
+]
+
+
+def m(role, content):
+    return {"role": role, "content": content}
+
+
+CONVERSATIONS = [
+    [m("user", "What is the capital of France?")],
+    [m("system", "You are terse."), m("user", "Hi")],
+    [m("system", "Be kind.\n"), m("user", "Hello"),
+     m("assistant", "Hi! How can I help?"), m("user", "Tell me a joke.")],
+    [m("user", "  padded with spaces and newlines \n\n")],
+    [m("user", "\u00a0\u3000non-ASCII whitespace\u2003 "), m("assistant", "\t"),
+     m("user", "")],
+    [m("user", "Quotes ' \" and braces {{ x }} {% y %} stay as text")],
+    [m("user", "東京は日本の首都です。"), m("assistant", "はい。 "),
+     m("user", "Ünïcödé?")],
+    [m("assistant", "I start."), m("user", "Then I answer.")],
+    [m("user", "first"), m("system", "a system message later on"),
+     m("user", "second")],
+]
+
+
+def jinja_render(source, bos, messages):
+    import jinja2
+    import jinja2.ext
+    import jinja2.sandbox
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True,
+        extensions=[jinja2.ext.loopcontrols])
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = lambda fmt: NOW.strftime(fmt)
+    return env.from_string(source).render(
+        messages=messages, bos_token=bos, eos_token="</s>",
+        add_generation_prompt=True)
+
+
+def run_tool(tool, args, conversations):
+    p = subprocess.run([tool, *args, "--now", str(int(NOW.timestamp()))],
+                       input="".join(json.dumps(c) + "\n" for c in conversations),
+                       capture_output=True, text=True, timeout=60)
+    return p.returncode, [json.loads(line) for line in p.stdout.splitlines()], \
+        p.stderr.strip()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tool", required=True)
+    ap.add_argument("--gguf", required=True, help="SmolLM2's GGUF")
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args(argv)
+    os.makedirs(a.workdir, exist_ok=True)
+    import gguf
+    smollm = gguf.GGUFReader(a.gguf).fields["tokenizer.chat_template"].contents()
+
+    failures = 0
+    for name, source, bos, refuse in TEMPLATES:
+        if source is None:
+            args, source = ["--model", a.gguf], smollm
+        else:
+            path = os.path.join(a.workdir, name.replace(" ", "_") + ".jinja")
+            with open(path, "w", encoding="utf-8") as f:
+                f.write(source)
+            chatml = "<|im_start|>" in source
+            args = ["--template", path, "--bos", bos] + \
+                (["--chatml-vocab"] if chatml else [])
+        rc, outs, err = run_tool(a.tool, args, CONVERSATIONS)
+        if refuse:
+            ok = rc == 3 and "not one shardlm renders" in err
+            failures += not ok
+            print(f"[{name}] {'refused' if ok else 'FAIL: not refused'}: {err}")
+            continue
+        if rc != 0 or len(outs) != len(CONVERSATIONS):
+            print(f"[{name}] TOOL ERROR (exit {rc}): {err}")
+            return 2
+        same = 0
+        for conv, out in zip(CONVERSATIONS, outs):
+            want = jinja_render(source, bos, conv)
+            got = out.get("prompt", out.get("error"))
+            if got == want:
+                same += 1
+                continue
+            failures += 1
+            print(f"[{name}] FAIL on {json.dumps(conv, ensure_ascii=False)}\n"
+                  f"  jinja2: {want!r}\n  ours:   {got!r}")
+        print(f"[{name}] {same} of {len(CONVERSATIONS)} conversations "
+              f"identical ({err.removeprefix('chat_dump: ')})")
+    print("PASSED" if failures == 0 else f"FAILED: {failures}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
