@@ -10,13 +10,13 @@
 #include "coordinator/api_key.h"
 #include "coordinator/openai_api.h"
 #include "coordinator/stop_strings.h"
-#include "model/stop_tokens.h"
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "model/stop_tokens.h"
 
 namespace shardlm {
 namespace {
@@ -33,6 +33,7 @@ constexpr size_t kMaxStopStringBytes = 256;
 // Limits on the repeated fields of a request: far more than any real
 // request, small enough that checking them costs nothing.
 constexpr int kMaxStopTokenIds = 256;
+constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
 
 }  // namespace
@@ -48,6 +49,9 @@ InferenceService::InferenceService(Engine* engine, const Tokenizer* tokenizer,
                                    ServiceOptions options)
     : engine_(engine),
       tokenizer_(tokenizer),
+      chat_template_(tokenizer != nullptr
+                         ? ChatTemplate::ForModel(*tokenizer)
+                         : absl::FailedPreconditionError("no tokenizer")),
       model_name_(std::move(model_name)),
       options_(options) {}
 
@@ -112,8 +116,35 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     return Invalid("at most ", kMaxStopTokenIds, " stop_token_ids, got ",
                    request.stop_token_ids_size());
   }
-  // Token ids take precedence over text.
-  if (request.prompt_token_ids_size() > 0) {
+  if (request.messages_size() > kMaxChatMessages) {
+    return Invalid("at most ", kMaxChatMessages, " messages, got ",
+                   request.messages_size());
+  }
+  size_t message_bytes = 0;
+  for (const v1::ChatMessage& m : request.messages()) {
+    message_bytes += m.role().size() + m.content().size();
+  }
+  if (message_bytes > options_.max_prompt_bytes) {
+    return Invalid("the messages are ", message_bytes, " bytes; at most ",
+                   options_.max_prompt_bytes, " are accepted");
+  }
+  if (request.messages_size() > 0) {
+    if (!request.prompt().empty() || request.prompt_token_ids_size() > 0) {
+      return Invalid("give one of prompt, prompt_token_ids and messages");
+    }
+    if (!chat_template_.ok()) {
+      return Invalid("chat is not available for this model: ",
+                     chat_template_.status().message());
+    }
+    std::vector<ChatMessage> conversation;
+    for (const v1::ChatMessage& m : request.messages()) {
+      conversation.push_back({m.role(), m.content()});
+    }
+    absl::StatusOr<std::string> text = chat_template_->Render(conversation);
+    if (!text.ok()) return Invalid(text.status().message());
+    req.prompt = tokenizer_->EncodePrompt(*text);
+  } else if (request.prompt_token_ids_size() > 0) {
+    // Token ids take precedence over text.
     req.prompt.assign(request.prompt_token_ids().begin(),
                       request.prompt_token_ids().end());
     for (int i = 0; i < request.prompt_token_ids_size(); ++i) {
@@ -125,7 +156,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     }
   } else {
     if (request.prompt().empty()) {
-      return Invalid("one of prompt or prompt_token_ids is required");
+      return Invalid("one of prompt, prompt_token_ids or messages is required");
     }
     req.prompt = tokenizer_->EncodePrompt(request.prompt());
     if (req.prompt.empty()) return Invalid("the prompt encodes to no tokens");
@@ -427,6 +458,10 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
                      " (malformed address, or the port is in use)"));
   }
   if (!options.http_listen_address.empty()) {
+    const auto& chat = s->service_->chat_template();
+    std::fprintf(stderr, "[shardlm] chat completions: %s\n",
+                 chat.ok() ? chat->Describe().c_str()
+                           : std::string(chat.status().message()).c_str());
     s->openai_ = std::make_unique<OpenAiApi>(
         engine, s->service_.get(),
         OpenAiApiOptions{.model_name = options.model_name,

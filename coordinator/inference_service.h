@@ -18,6 +18,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "grpcpp/server.h"
+#include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.grpc.pb.h"
 
@@ -99,12 +100,18 @@ class InferenceService final : public v1::Inference::Service {
   bool draining() const { return draining_.load(); }
   // Requests inside Run now (tokenizing, queued or generating).
   int64_t in_flight() const { return in_flight_.load(); }
+  // The model's chat format (ChatTemplate::ForModel), or why chat requests
+  // are refused.
+  const absl::StatusOr<ChatTemplate>& chat_template() const {
+    return chat_template_;
+  }
 
  private:
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
 
   Engine* engine_;              // Not owned.
   const Tokenizer* tokenizer_;  // Not owned.
+  absl::StatusOr<ChatTemplate> chat_template_;
   std::string model_name_;
   ServiceOptions options_;
   std::atomic<bool> draining_{false};

@@ -108,12 +108,12 @@ absl::Status Get(const Json& body, const char* name, T* out) {
   return absl::OkStatus();
 }
 
-// The ChatML prompt of an OpenAI "messages" array.
-absl::StatusOr<std::string> ChatPrompt(const Json& messages) {
+// An OpenAI "messages" array as the request's conversation (the service
+// renders it in the model's chat format).
+absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
   if (!messages.is_array() || messages.empty()) {
     return Invalid("'messages' must be a non-empty array");
   }
-  std::string prompt;
   for (size_t i = 0; i < messages.size(); ++i) {
     const Json& m = messages[i];
     if (!m.is_object() || !m.contains("role") || !m["role"].is_string()) {
@@ -141,11 +141,11 @@ absl::StatusOr<std::string> ChatPrompt(const Json& messages) {
     } else {
       return Invalid("messages[", i, "].content must be a string or parts");
     }
-    absl::StrAppend(&prompt, "<|im_start|>", role, "\n", content,
-                    "<|im_end|>\n");
+    v1::ChatMessage* out = req.add_messages();
+    out->set_role(role);
+    out->set_content(std::move(content));
   }
-  absl::StrAppend(&prompt, "<|im_start|>assistant\n");
-  return prompt;
+  return absl::OkStatus();
 }
 
 // The OpenAI request as a shardlm.v1 request. `top_n` is how many
@@ -185,8 +185,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
 
   if (chat) {
     if (!body.contains("messages")) return Invalid("'messages' is required");
-    ASSIGN_OR_RETURN(std::string prompt, ChatPrompt(body["messages"]));
-    req.set_prompt(std::move(prompt));
+    RETURN_IF_ERROR(AddMessages(body["messages"], req));
   } else {
     const Json& p = body.contains("prompt") ? body["prompt"] : Json();
     if (p.is_string()) {

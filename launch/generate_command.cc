@@ -11,6 +11,7 @@
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
+#include "model/chat_template.h"
 #include "model/stop_tokens.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
@@ -137,11 +138,19 @@ int GenerateCommand(int argc, char** argv) {
           .count();
 
   const Tokenizer& tok = *local->tokenizer;
-  GenerateRequest req{
-      .prompt = tok.EncodePrompt(f.chat ? ChatMlPrompt(f.prompt) : f.prompt),
-      .max_tokens = static_cast<int32_t>(f.max_tokens),
-      .sampling = sampling,
-      .logprobs = static_cast<int32_t>(f.logprobs)};
+  std::string prompt = f.prompt;
+  if (f.chat) {  // One user turn in the model's chat format.
+    absl::StatusOr<ChatTemplate> format = ChatTemplate::ForModel(tok);
+    if (!format.ok()) return Fail(format.status());
+    const ChatMessage turn{.role = "user", .content = f.prompt};
+    absl::StatusOr<std::string> chat = format->Render({&turn, 1});
+    if (!chat.ok()) return Fail(chat.status());
+    prompt = *std::move(chat);
+  }
+  GenerateRequest req{.prompt = tok.EncodePrompt(prompt),
+                      .max_tokens = static_cast<int32_t>(f.max_tokens),
+                      .sampling = sampling,
+                      .logprobs = static_cast<int32_t>(f.logprobs)};
   if (!f.ignore_eos) {
     req.stop_token_ids = DefaultStopTokenIds(engine.config(), tok);
   }

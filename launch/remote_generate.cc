@@ -77,11 +77,6 @@ void AddApiKey(grpc::ClientContext& ctx) {
   }
 }
 
-std::string ChatMlPrompt(const std::string& user) {
-  return absl::StrCat("<|im_start|>user\n", user,
-                      "<|im_end|>\n<|im_start|>assistant\n");
-}
-
 int RemoteGenerate(const RemoteGenerateOptions& o) {
   const Clock::time_point t0 = Clock::now();
   std::shared_ptr<grpc::Channel> channel =
@@ -112,7 +107,13 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
 
   std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
   v1::GenerateRequest req;
-  req.set_prompt(o.chat ? ChatMlPrompt(o.prompt) : o.prompt);
+  if (o.chat) {  // One user turn; the server renders its model's format.
+    v1::ChatMessage* turn = req.add_messages();
+    turn->set_role("user");
+    turn->set_content(o.prompt);
+  } else {
+    req.set_prompt(o.prompt);
+  }
   req.set_max_tokens(o.max_tokens);
   req.set_ignore_eos(o.ignore_eos);
   v1::SamplingParams* s = req.mutable_sampling();

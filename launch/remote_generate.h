@@ -52,10 +52,6 @@ std::string ApiKeyFromEnv();
 // Adds "authorization: Bearer <key>" to `ctx` when SHARDLM_API_KEY is set.
 void AddApiKey(grpc::ClientContext& ctx);
 
-// The ChatML user turn SmolLM2-Instruct was trained on, ready for the
-// assistant's answer.
-std::string ChatMlPrompt(const std::string& user);
-
 }  // namespace shardlm
 
 #endif  // SHARDLM_LAUNCH_REMOTE_GENERATE_H_

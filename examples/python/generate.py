@@ -46,11 +46,6 @@ def load_stubs(stubs_dir: Path):
             importlib.import_module("shardlm.v1.inference_pb2_grpc"))
 
 
-def chatml(user: str) -> str:
-    """The ChatML user turn SmolLM2-Instruct expects (as `shardlm generate --chat`)."""
-    return f"<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--server", required=True, help="HOST:PORT of shardlm serve")
@@ -67,7 +62,8 @@ def main() -> int:
                     help="print each token's logprob and N alternatives "
                          "to stderr (0 = off, at most 20)")
     ap.add_argument("--chat", action="store_true",
-                    help="wrap the prompt as a ChatML user turn")
+                    help="send the prompt as a user message; the server "
+                         "renders it in its model's chat format")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="deadline of the request in seconds")
     ap.add_argument("--stubs-dir", type=Path,
@@ -79,8 +75,10 @@ def main() -> int:
     import grpc
     pb2, pb2_grpc = load_stubs(a.stubs_dir)
 
+    text = {"messages": [pb2.ChatMessage(role="user", content=a.prompt)]} \
+        if a.chat else {"prompt": a.prompt}
     request = pb2.GenerateRequest(
-        prompt=chatml(a.prompt) if a.chat else a.prompt,
+        **text,
         max_tokens=a.max_tokens,
         ignore_eos=a.ignore_eos,
         stop=a.stop,

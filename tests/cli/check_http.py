@@ -203,7 +203,7 @@ def main() -> int:
               chunks[-1]["usage"] == got["usage"],
               "only the last chunk has finish_reason and usage")
 
-        # Chat == local generate --chat (same ChatML template).
+        # Chat == local generate --chat (the same template, the model's own).
         local_chat = run([a.shardlm, "generate", "--model", a.gguf, "--chat",
                           "--prompt", "Name a planet.", "--max-tokens", "16"])
         chat_req = {"messages": [{"role": "user", "content": "Name a planet."}],
