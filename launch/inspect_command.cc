@@ -6,6 +6,7 @@
 #include "absl/strings/str_format.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
+#include "model/chat_template.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
@@ -76,6 +77,11 @@ int InspectCommand(int argc, char** argv) {
   auto tokenizer = LoadTokenizer(path);
   if (tokenizer.ok()) {
     std::printf("tokenizer  %s\n", (*tokenizer)->Summary().c_str());
+    const absl::StatusOr<ChatTemplate> chat =
+        ChatTemplate::ForModel(**tokenizer);
+    std::printf("chat       %s\n",
+                chat.ok() ? chat->Describe().c_str()
+                          : std::string(chat.status().message()).c_str());
   } else {
     std::printf("tokenizer  none: %s\n",
                 std::string(tokenizer.status().message()).c_str());

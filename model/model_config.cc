@@ -40,8 +40,11 @@ std::string RopeScalingString(const RopeScaling& s) {
       break;
   }
   if (!s.freq_factors.empty()) {
-    absl::StrAppend(&out, s.type == RopeScalingType::kNone ? "" : " +",
-                    " per-pair frequency factors (rope_freqs)");
+    const char* factors =
+        "per-pair frequency factors (GGUF rope_freqs, as llama.cpp stores "
+        "llama3 scaling)";
+    out = s.type == RopeScalingType::kNone ? factors
+                                           : absl::StrCat(out, " + ", factors);
   }
   return out;
 }
