@@ -99,6 +99,13 @@ TEST(CudaBackendTest, EveryDirection) {
   }
 }
 
+// s1 overwrites a device buffer with junk several times, then with the
+// data; an event recorded after that makes s2 wait before copying the
+// buffer out. Without the wait s2's copy would run beside s1's (another
+// copy engine) and bring back junk. Every host buffer is pinned: a copy
+// from pageable memory blocks the host until it is done, which would order
+// the streams by itself and hide a missing wait. The whole buffer is
+// checked, not one element.
 TEST(CudaBackendTest, EventsOrderStreams) {
   SKIP_WITHOUT_GPU();
   auto b = NewCudaBackend(0);
@@ -107,18 +114,38 @@ TEST(CudaBackendTest, EventsOrderStreams) {
   auto s2 = (*b)->CreateStream();
   auto e = (*b)->CreateEvent();
   ASSERT_TRUE(s1.ok() && s2.ok() && e.ok());
-  const int n = 1 << 20;
-  Tensor host = *Tensor::Host(DType::kF32, {n});
-  for (int i = 0; i < n; ++i) host.f32()[i] = static_cast<float>(i);
+  const int n = 1 << 24;  // 64 MiB: each copy takes a while.
+  const auto pinned = [&] {
+    return *(*b)->Allocate(DType::kF32, {n}, MemoryType::kHostPinned);
+  };
+  Tensor want = pinned(), junk = pinned(), out = pinned();
+  for (int i = 0; i < n; ++i) {
+    static_cast<float*>(want.raw())[i] = static_cast<float>(i);  // Exact.
+    static_cast<float*>(junk.raw())[i] = -1.0f;
+    static_cast<float*>(out.raw())[i] = -2.0f;
+  }
   Tensor dev = *(*b)->Allocate(DType::kF32, {n}, MemoryType::kDevice);
-  Tensor pinned = *(*b)->Allocate(DType::kF32, {n}, MemoryType::kHostPinned);
-  ASSERT_TRUE((*b)->Copy(host, dev, s1->get()).ok());
+  ASSERT_TRUE((*b)->Copy(junk, dev).ok());
+  for (int k = 0; k < 8; ++k) {
+    ASSERT_TRUE((*b)->Copy(junk, dev, s1->get()).ok());
+  }
+  ASSERT_TRUE((*b)->Copy(want, dev, s1->get()).ok());
   ASSERT_TRUE((*e)->Record(**s1).ok());
   ASSERT_TRUE((*e)->Wait(**s2).ok());
-  ASSERT_TRUE((*b)->Copy(dev, pinned, s2->get()).ok());
+  ASSERT_TRUE((*b)->Copy(dev, out, s2->get()).ok());
   ASSERT_TRUE((*s2)->Synchronize().ok());
   EXPECT_TRUE(*(*e)->Done());
-  EXPECT_EQ(static_cast<float*>(pinned.raw())[n - 1], n - 1.0f);
+  const float* got = static_cast<const float*>(out.raw());
+  int64_t wrong = 0, first = -1;
+  for (int i = 0; i < n; ++i) {
+    if (got[i] != static_cast<float>(i)) {
+      if (first < 0) first = i;
+      ++wrong;
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "first at " << first << ": "
+                      << (first >= 0 ? got[first] : 0.0f);
+  ASSERT_TRUE((*s1)->Synchronize().ok());
 }
 
 TEST(CudaBackendTest, HugeAllocationIsResourceExhausted) {
