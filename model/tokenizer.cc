@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "model/bpe_tokenizer.h"
 #include "model/gguf.h"
+#include "model/spm_tokenizer.h"
 #include "model/tokenizer_loaders.h"
 
 namespace shardlm {
@@ -69,6 +70,18 @@ void Drain(std::string* pending, bool final, std::string* out) {
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(
     const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<GgufFile> gguf, GgufFile::Open(path));
+  if (absl::StatusOr<std::string_view> model =
+          gguf->GetString("tokenizer.ggml.model");
+      model.ok() && *model == "llama") {
+    absl::StatusOr<SpmConfig> spm = SpmConfigFromGguf(*gguf);
+    if (!spm.ok()) {
+      return absl::Status(spm.status().code(),
+                          absl::StrCat(path, ": ", spm.status().message()));
+    }
+    ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok,
+                     SpmTokenizer::Create(*std::move(spm)));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
   absl::StatusOr<BpeConfig> config = BpeConfigFromGguf(*gguf);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
@@ -127,7 +140,8 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
   if (*model != "gpt2") {
     return absl::UnimplementedError(
         absl::StrCat("tokenizer.ggml.model '", Sv(*model),
-                     "' is not supported (only 'gpt2', byte-level BPE)"));
+                     "' is not supported (gpt2, byte-level BPE, and llama, "
+                     "SentencePiece BPE, are)"));
   }
   BpeConfig config;
   std::string_view pre = "gpt2";

@@ -1,0 +1,165 @@
+#!/usr/bin/env python3
+"""Checks our SentencePiece BPE tokenizer (GGUF tokenizer model "llama", as
+Llama 2 and Mistral v0.1-v0.3 ship) against Google's `sentencepiece` and
+against llama.cpp.
+
+  check_spm_tokenizer.py --tool build/tests/reference/tokenize_dump \\
+      --workdir /tmp/spm
+
+No real Llama 2 or Mistral vocabulary is available offline, so it trains
+one: a BPE model of 2000 pieces with sentencepiece itself (byte fallback,
+dummy prefix, no normalization and no whitespace folding, as those models'
+tokenizers are set up; one thread, so the same model every run) on this
+repository's documentation plus the test strings, then writes it as a GGUF
+tokenizer (its pieces, scores and piece types, which use GGUF's numbering).
+For the test strings of check_tokenizer.py and 1000 seeded random ones:
+  - ids identical to sentencepiece's encode (strings without <s>/</s>,
+    which sentencepiece never matches in text);
+  - ids identical to llama.cpp's tokenize(special=True) (llama-cpp-python,
+    when installed: vocab only), for all strings including ones with
+    control tokens written literally, after which llama.cpp starts a new
+    dummy prefix;
+  - decoding gives the string back after the dummy prefix's space.
+
+Exit 0: all agree; 1: a mismatch; 2: a tool or usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import check_tokenizer  # noqa: E402
+
+VOCAB = 2000
+SPECIAL_STRINGS = ["<s>", "</s>", "Hello</s>world", "<s>[INST] hi [/INST]",
+                   "a <s>b</s> c", "<unk>", "x<s><s>y"]
+
+
+def train(workdir: str):
+    import sentencepiece as spm
+    corpus = os.path.join(workdir, "corpus.txt")
+    root = os.path.join(HERE, "..", "..")
+    with open(corpus, "w", encoding="utf-8") as out:
+        for path in sorted(glob.glob(os.path.join(root, "*.md")) +
+                           glob.glob(os.path.join(root, "docs", "*.md"))):
+            with open(path, encoding="utf-8") as f:
+                out.write(f.read())
+        for s in check_tokenizer.STRINGS:
+            out.write(s.replace("\n", " ") + "\n")
+    prefix = os.path.join(workdir, "spm")
+    spm.SentencePieceTrainer.train(
+        input=corpus, model_prefix=prefix, vocab_size=VOCAB, model_type="bpe",
+        byte_fallback=True, add_dummy_prefix=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity",
+        character_coverage=0.9995, num_threads=1, minloglevel=2,
+        max_sentence_length=1 << 16)
+    return spm.SentencePieceProcessor(model_file=prefix + ".model")
+
+
+def write_gguf(path: str, sp) -> None:
+    import gguf
+    n = sp.get_piece_size()
+    pieces = [sp.id_to_piece(i) for i in range(n)]
+    scores = [float(sp.get_score(i)) for i in range(n)]
+    # sentencepiece's piece types are GGUF's token types (1 normal,
+    # 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte).
+    types = []
+    for i in range(n):
+        if sp.is_unknown(i):
+            types.append(2)
+        elif sp.is_control(i):
+            types.append(3)
+        elif sp.is_byte(i):
+            types.append(6)
+        elif sp.is_unused(i):
+            types.append(5)
+        else:
+            types.append(1)
+    w = gguf.GGUFWriter(path, "llama")
+    # A token-embedding-only llama, enough for llama.cpp's vocab-only load.
+    w.add_block_count(1)
+    w.add_context_length(256)
+    w.add_embedding_length(16)
+    w.add_feed_forward_length(32)
+    w.add_head_count(2)
+    w.add_head_count_kv(2)
+    w.add_layer_norm_rms_eps(1e-5)
+    w.add_tokenizer_model("llama")
+    w.add_token_list(pieces)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    w.add_bos_token_id(sp.bos_id())
+    w.add_eos_token_id(sp.eos_id())
+    w.add_unk_token_id(sp.unk_id())
+    w.add_add_bos_token(True)
+    w.add_add_space_prefix(True)
+    w.add_tensor("token_embd.weight", np.zeros((n, 16), dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--tool", required=True, help="tokenize_dump")
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args(argv)
+    os.makedirs(a.workdir, exist_ok=True)
+    sp = train(a.workdir)
+    model = os.path.join(a.workdir, "spm.gguf")
+    write_gguf(model, sp)
+
+    plain = [s for s in check_tokenizer.STRINGS
+             if "<s>" not in s and "</s>" not in s and "<unk>" not in s]
+    plain += check_tokenizer.random_strings(1000)
+    strings = plain + SPECIAL_STRINGS
+    ours = check_tokenizer.run_tool(a.tool, model, strings)
+    failures = 0
+
+    def report(label, want_of, subset):
+        nonlocal failures
+        same = 0
+        for s in subset:
+            got = ours[strings.index(s)]["ids"]
+            want = want_of(s)
+            if got == want:
+                same += 1
+            elif failures < 10:
+                print(f"  {label} DIFFERS on {s!r}:\n    ours {got}\n"
+                      f"    want {want}")
+                failures += 1
+            else:
+                failures += 1
+        print(f"[{label}] {same} of {len(subset)} strings identical")
+
+    report("sentencepiece", lambda s: sp.encode(s), plain)
+    bad_decode = [s for s, r in zip(strings, ours)
+                  if s in plain and s and r["decoded"] != " " + s]
+    print(f"[decode] {len(plain) - len(bad_decode)} of {len(plain)} strings "
+          f"decode to the dummy prefix's space and themselves")
+    failures += len(bad_decode)
+    for s in bad_decode[:5]:
+        print(f"  decode DIFFERS on {s!r}")
+    try:
+        from llama_cpp import Llama  # noqa: PLC0415
+    except ImportError:
+        print("[llama.cpp] not compared: llama-cpp-python is not installed")
+    else:
+        llm = Llama(model_path=model, vocab_only=True, verbose=False)
+        report("llama.cpp", lambda s: llm.tokenize(
+            s.encode("utf-8"), add_bos=False, special=True), strings)
+    print("PASSED" if failures == 0 else f"FAILED: {failures}")
+    return 0 if failures == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
