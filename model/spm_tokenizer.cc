@@ -183,12 +183,20 @@ absl::StatusOr<std::unique_ptr<SpmTokenizer>> SpmTokenizer::Create(
   t->eos_id_ = config.eos_id;
   t->add_bos_ = config.add_bos;
   t->add_space_prefix_ = config.add_space_prefix;
+  t->prefix_every_segment_ = config.prefix_every_segment;
+  t->prefix_unless_space_ = config.prefix_unless_space;
+  for (size_t r = 0; r < config.merges.size(); ++r) {
+    const auto& [left, right] = config.merges[r];
+    t->merge_ranks_.emplace(absl::StrCat(left, "\xff", right),
+                            static_cast<int32_t>(r));
+  }
   t->chat_template_ = std::move(config.chat_template);
   return t;
 }
 
 void SpmTokenizer::EncodeText(std::string_view raw, bool dummy_prefix,
                               std::vector<int32_t>* ids) const {
+  if (prefix_unless_space_ && raw.starts_with(' ')) dummy_prefix = false;
   std::string text = dummy_prefix ? std::string(kSpace) : std::string();
   text += ReplaceAll(raw, " ", kSpace);
   if (text.empty()) return;
@@ -219,11 +227,21 @@ void SpmTokenizer::EncodeText(std::string_view raw, bool dummy_prefix,
       worse);
   const auto try_pair = [&](int left, int right) {
     if (left < 0 || right < 0) return;
-    const std::string_view merged(text.data() + symbols[left].begin,
-                                  symbols[left].size + symbols[right].size);
-    auto it = piece_ids_.find(std::string(merged));
-    if (it == piece_ids_.end()) return;
-    queue.push({scores_[it->second], left, right, merged.size()});
+    const std::string_view l(text.data() + symbols[left].begin,
+                             symbols[left].size);
+    const std::string_view r(text.data() + symbols[right].begin,
+                             symbols[right].size);
+    float score;
+    if (merge_ranks_.empty()) {
+      auto it = piece_ids_.find(absl::StrCat(Sv(l), Sv(r)));
+      if (it == piece_ids_.end()) return;
+      score = scores_[it->second];
+    } else {
+      auto it = merge_ranks_.find(absl::StrCat(Sv(l), "\xff", Sv(r)));
+      if (it == merge_ranks_.end()) return;
+      score = -static_cast<float>(it->second);
+    }
+    queue.push({score, left, right, l.size() + r.size()});
   };
   for (int i = 1; i < static_cast<int>(symbols.size()); ++i) {
     try_pair(i - 1, i);
@@ -282,7 +300,7 @@ std::vector<int32_t> SpmTokenizer::Encode(std::string_view text) const {
                  add_space_prefix_ && after_special, &ids);
     }
     ids.push_back(match);
-    after_special = true;
+    after_special = prefix_every_segment_;
     i += pieces_[match].size();
     start = i;
   }

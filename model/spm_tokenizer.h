@@ -5,7 +5,10 @@
 // piece is in the vocabulary; characters left outside it fall back to
 // their bytes' <0xXX> tokens. Control, user-defined and unknown tokens
 // written literally in the text are matched whole, and the text after
-// each gets its own dummy prefix (llama.cpp's rule).
+// each gets its own dummy prefix (llama.cpp's rule) unless the
+// configuration says only the start does. The same for Hugging Face
+// tokenizer.json files of that kind (BPE with byte_fallback), whose
+// merges then rank the pairs.
 #ifndef SHARDLM_MODEL_SPM_TOKENIZER_H_
 #define SHARDLM_MODEL_SPM_TOKENIZER_H_
 
@@ -42,6 +45,16 @@ struct SpmConfig {
   int32_t eos_id = -1;
   bool add_bos = true;           // tokenizer.ggml.add_bos_token.
   bool add_space_prefix = true;  // tokenizer.ggml.add_space_prefix.
+  // The dummy prefix starts the text after every literal token too
+  // (llama.cpp; Hugging Face's Prepend normalizer), not only the first.
+  bool prefix_every_segment = true;
+  // No dummy prefix for text that already starts with a space (Hugging
+  // Face's Metaspace pre-tokenizer).
+  bool prefix_unless_space = false;
+  // Hugging Face BPE merges (tokenizer.json), lowest rank first. When set,
+  // only these pairs merge, lowest rank first, instead of any two pieces
+  // whose concatenation is a piece, best score first.
+  std::vector<std::pair<std::string, std::string>> merges;
   std::string chat_template;
 };
 
@@ -49,6 +62,12 @@ struct SpmConfig {
 // add_bos_token,add_space_prefix}, chat_template. InvalidArgument naming
 // the key when one is malformed.
 absl::StatusOr<SpmConfig> SpmConfigFromGguf(const GgufFile& gguf);
+
+// Whether a tokenizer.json is SentencePiece-style BPE (model BPE with
+// byte_fallback, as Llama 2 and Mistral folders ship); then
+// SpmConfigFromTokenizerJson reads it (tokenizer_json.cc).
+bool IsSpmTokenizerJson(std::string_view json);
+absl::StatusOr<SpmConfig> SpmConfigFromTokenizerJson(std::string_view json);
 
 // Immutable after Create; all methods are thread-safe.
 class SpmTokenizer : public Tokenizer {
@@ -82,12 +101,15 @@ class SpmTokenizer : public Tokenizer {
   std::vector<std::string> bytes_;  // What each id decodes to.
   std::vector<bool> special_;
   std::unordered_map<std::string, int32_t> piece_ids_;
+  // Left piece, '\xff' (never in UTF-8), right piece -> merge rank.
+  std::unordered_map<std::string, int32_t> merge_ranks_;
   std::array<int32_t, 256> byte_ids_;  // -1: no <0xXX> token.
   // Tokens matched literally, by first byte, longest first.
   std::array<std::vector<int32_t>, 256> literal_ids_;
   int64_t num_literal_ = 0;
   int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1;
-  bool add_bos_ = true, add_space_prefix_ = true;
+  bool add_bos_ = true, add_space_prefix_ = true, prefix_every_segment_ = true,
+       prefix_unless_space_ = false;
   std::string chat_template_;
 };
 

@@ -1,4 +1,5 @@
-// Hugging Face tokenizer.json (byte-level BPE only) -> BpeConfig.
+// Hugging Face tokenizer.json: byte-level BPE -> BpeConfig, SentencePiece-style
+// BPE (byte_fallback) -> SpmConfig.
 #include <algorithm>
 #include <fstream>
 #include <optional>
@@ -7,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "core/status.h"
+#include "model/spm_tokenizer.h"
 #include "model/tokenizer_loaders.h"
 #include "nlohmann/json.hpp"
 
@@ -414,10 +416,153 @@ absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
   return config;
 }
 
+namespace {
+
+constexpr std::string_view kSpmSpace = "\xe2\x96\x81";  // "▁"
+
+bool IsStringReplace(const Json& j, std::string_view from,
+                     std::string_view to) {
+  if (TypeOf(j) != "Replace" || !j.contains("pattern") ||
+      !j["pattern"].is_object() || !j.contains("content")) {
+    return false;
+  }
+  const Json& p = j["pattern"];
+  return p.contains("String") && p["String"] == from && j["content"] == to;
+}
+
+// The dummy prefix of a SentencePiece-style tokenizer.json: the
+// normalizer Sequence[Prepend("▁"), Replace(" ", "▁")] (Llama 2, Mistral
+// v0.1; every segment between added tokens is normalized, so each gets
+// one) or the pre-tokenizer Metaspace("▁", prepend_scheme, split false)
+// (newer files; "first": only the start of the input; never in front of
+// a space).
+absl::Status ParseSpmPrefix(const Json& root, SpmConfig* config) {
+  const bool normalizer = !IsNullOrAbsent(root, "normalizer");
+  const bool pre = !IsNullOrAbsent(root, "pre_tokenizer");
+  if (normalizer && !pre) {
+    const Json& n = root["normalizer"];
+    const Json* steps = TypeOf(n) == "Sequence" && n.contains("normalizers") &&
+                                n["normalizers"].is_array()
+                            ? &n["normalizers"]
+                            : nullptr;
+    if (steps != nullptr && steps->size() == 2 &&
+        TypeOf((*steps)[0]) == "Prepend" &&
+        (*steps)[0].value("prepend", "") == kSpmSpace &&
+        IsStringReplace((*steps)[1], " ", kSpmSpace)) {
+      config->add_space_prefix = true;
+      config->prefix_every_segment = true;
+      return absl::OkStatus();
+    }
+    if (steps != nullptr && steps->size() == 1 &&
+        IsStringReplace((*steps)[0], " ", kSpmSpace)) {
+      config->add_space_prefix = false;
+      return absl::OkStatus();
+    }
+  }
+  if (pre && !normalizer) {
+    const Json& m = root["pre_tokenizer"];
+    if (TypeOf(m) == "Metaspace" && m.value("replacement", "") == kSpmSpace &&
+        !BoolField(m, "split", true)) {
+      std::string scheme = m.value("prepend_scheme", "");
+      if (scheme.empty()) {
+        scheme = BoolField(m, "add_prefix_space", true) ? "always" : "never";
+      }
+      if (scheme == "always" || scheme == "first" || scheme == "never") {
+        config->add_space_prefix = scheme != "never";
+        config->prefix_every_segment = scheme == "always";
+        config->prefix_unless_space = true;
+        return absl::OkStatus();
+      }
+    }
+  }
+  return absl::UnimplementedError(
+      "tokenizer.json: a byte_fallback BPE needs the normalizer "
+      "Sequence[Prepend(\"▁\"), Replace(\" \", \"▁\")] or the pre_tokenizer "
+      "Metaspace(\"▁\", split false); this one has another");
+}
+
+}  // namespace
+
+bool IsSpmTokenizerJson(std::string_view text) {
+  const Json root = Json::parse(text.begin(), text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (!root.is_object()) return false;
+  auto model = root.find("model");
+  return model != root.end() && model->is_object() &&
+         BoolField(*model, "byte_fallback", false);
+}
+
+absl::StatusOr<SpmConfig> SpmConfigFromTokenizerJson(std::string_view text) {
+  const Json root = Json::parse(text.begin(), text.end(), nullptr,
+                                /*allow_exceptions=*/false);
+  if (!root.is_object()) return Invalid("not a JSON object");
+  auto model = root.find("model");
+  if (model == root.end() || !model->is_object() || TypeOf(*model) != "BPE") {
+    return Invalid("model is not a BPE object");
+  }
+  SpmConfig config;
+  RETURN_IF_ERROR(ParseSpmPrefix(root, &config));
+  // Vocabulary, merges, added tokens and BOS as for byte-level BPE; the
+  // pieces are SentencePiece's own ("▁the", "<0x0A>"), not byte-level.
+  BpeConfig parsed;
+  RETURN_IF_ERROR(ParseVocab(*model, &parsed));
+  RETURN_IF_ERROR(ParseMerges(*model, &parsed));
+  RETURN_IF_ERROR(ParseAddedTokens(root, &parsed));
+  RETURN_IF_ERROR(ParsePostProcessor(root, &parsed));
+  const std::string unk = model->value("unk_token", "");
+  config.pieces = std::move(parsed.tokens);
+  config.types.assign(config.pieces.size(), SpmTokenType::kNormal);
+  for (const AddedToken& added : parsed.added_tokens) {
+    if (static_cast<size_t>(added.id) >= config.pieces.size()) {
+      config.pieces.resize(added.id + 1);
+      config.types.resize(added.id + 1, SpmTokenType::kUnused);
+    }
+    config.pieces[added.id] = added.content;
+    config.types[added.id] = !added.special         ? SpmTokenType::kUserDefined
+                             : added.content == unk ? SpmTokenType::kUnknown
+                                                    : SpmTokenType::kControl;
+  }
+  for (size_t id = 0; id < config.pieces.size(); ++id) {
+    const std::string& p = config.pieces[id];
+    if (p.empty()) {
+      return Invalid(absl::StrCat("model.vocab has no token ", id));
+    }
+    if (p.size() == 6 && p.starts_with("<0x") && p.ends_with(">") &&
+        config.types[id] == SpmTokenType::kNormal) {
+      config.types[id] = SpmTokenType::kByte;
+    }
+  }
+  config.scores.assign(config.pieces.size(), 0.0f);
+  config.merges = std::move(parsed.merges);
+  config.add_bos = parsed.add_bos;
+  config.bos_id = parsed.bos_id;
+  return config;
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  if (IsSpmTokenizerJson(text)) {
+    absl::StatusOr<SpmConfig> spm = SpmConfigFromTokenizerJson(text);
+    if (!spm.ok()) {
+      return absl::Status(spm.status().code(),
+                          absl::StrCat(path, ": ", spm.status().message()));
+    }
+    // bos/eos (and the chat template) from tokenizer_config.json or
+    // config.json, looked up as for byte-level BPE.
+    BpeConfig names;
+    names.tokens = spm->pieces;
+    names.bos_id = spm->bos_id;
+    names.add_bos = spm->add_bos;
+    ReadSpecialIds(dir, &names);
+    spm->bos_id = names.bos_id;
+    spm->eos_id = names.eos_id;
+    spm->chat_template = std::move(names.chat_template);
+    ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok,
+                     SpmTokenizer::Create(*std::move(spm)));
+    return std::unique_ptr<Tokenizer>(std::move(tok));
+  }
   absl::StatusOr<BpeConfig> config = BpeConfigFromTokenizerJson(text);
   if (!config.ok()) {
     return absl::Status(config.status().code(),

@@ -19,7 +19,13 @@ For the test strings of check_tokenizer.py and 1000 seeded random ones:
     when installed: vocab only), for all strings including ones with
     control tokens written literally, after which llama.cpp starts a new
     dummy prefix;
-  - decoding gives the string back after the dummy prefix's space.
+  - decoding gives the string back after the dummy prefix's space;
+  - the same vocabulary as Hugging Face tokenizer.json folders (BPE with
+    byte_fallback and merges made as transformers' converter makes them
+    from the pieces' scores), in both forms those files take: Llama 2's
+    Prepend/Replace normalizer and the newer Metaspace pre-tokenizer with
+    prepend_scheme "first": ids identical to Hugging Face `tokenizers`
+    reading the same file, for every string.
 
 Exit 0: all agree; 1: a mismatch; 2: a tool or usage error.
 """
@@ -28,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import sys
 
@@ -107,6 +114,64 @@ def write_gguf(path: str, sp) -> None:
     w.close()
 
 
+def hf_tokenizer_json(sp, form: str) -> dict:
+    """A tokenizer.json for the model `sp`, as transformers' LlamaConverter
+    writes one: merges are every split of a piece into two pieces, best
+    merged-piece score first."""
+    n = sp.get_piece_size()
+    vocab = {sp.id_to_piece(i): i for i in range(n)}
+    merges = []
+    for piece, i in vocab.items():
+        if sp.is_control(i) or sp.is_unknown(i) or sp.is_byte(i):
+            continue
+        for k in range(1, len(piece)):
+            left, right = piece[:k], piece[k:]
+            if left in vocab and right in vocab:
+                merges.append((sp.get_score(i), vocab[left], vocab[right],
+                               left, right))
+    merges.sort(key=lambda m: (-m[0], m[1], m[2]))
+    space = "\u2581"
+    added = [{"id": i, "content": sp.id_to_piece(i), "single_word": False,
+              "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i in (sp.unk_id(), sp.bos_id(), sp.eos_id())]
+    tj = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": added,
+        "post_processor": {
+            "type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                       {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"SpecialToken": {"id": "<s>", "type_id": 0}},
+                     {"Sequence": {"id": "A", "type_id": 0}},
+                     {"SpecialToken": {"id": "<s>", "type_id": 1}},
+                     {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [sp.bos_id()],
+                                       "tokens": ["<s>"]}}},
+        "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                  "continuing_subword_prefix": None,
+                  "end_of_word_suffix": None, "fuse_unk": True,
+                  "byte_fallback": True, "ignore_merges": False,
+                  "vocab": vocab,
+                  "merges": [[m[3], m[4]] for m in merges]},
+    }
+    if form == "prepend":  # Llama 2, Mistral v0.1
+        tj["normalizer"] = {"type": "Sequence", "normalizers": [
+            {"type": "Prepend", "prepend": space},
+            {"type": "Replace", "pattern": {"String": " "}, "content": space}]}
+        tj["pre_tokenizer"] = None
+        tj["decoder"] = {"type": "Sequence", "decoders": [
+            {"type": "Replace", "pattern": {"String": space}, "content": " "},
+            {"type": "ByteFallback"}, {"type": "Fuse"},
+            {"type": "Strip", "content": " ", "start": 1, "stop": 0}]}
+    else:  # Metaspace, prepend_scheme "first"
+        meta = {"type": "Metaspace", "replacement": space,
+                "prepend_scheme": "first", "split": False}
+        tj["normalizer"] = None
+        tj["pre_tokenizer"] = meta
+        tj["decoder"] = dict(meta)
+    return tj
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -149,6 +214,43 @@ def main(argv=None) -> int:
     failures += len(bad_decode)
     for s in bad_decode[:5]:
         print(f"  decode DIFFERS on {s!r}")
+    from tokenizers import Tokenizer  # noqa: PLC0415
+    for form in ("prepend", "metaspace"):
+        d = os.path.join(a.workdir, f"hf-{form}")
+        os.makedirs(d, exist_ok=True)
+        text = json.dumps(hf_tokenizer_json(sp, form), ensure_ascii=False)
+        with open(os.path.join(d, "tokenizer.json"), "w",
+                  encoding="utf-8") as f:
+            f.write(text)
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"bos_token": "<s>", "eos_token": "</s>"}, f)
+        hf = Tokenizer.from_str(text)
+        hf_plain = [hf.encode(s, add_special_tokens=False).ids for s in plain]
+        faithful = sum(h == sp.encode(s) for h, s in zip(hf_plain, plain))
+        # The Prepend form is the model itself: Hugging Face must agree
+        # with sentencepiece everywhere. Metaspace adds no dummy prefix in
+        # front of a leading space, by design.
+        print(f"[hf {form}] the written tokenizer.json: Hugging Face agrees "
+              f"with sentencepiece on {faithful} of {len(plain)} strings"
+              f"{'' if form == 'prepend' else ' (not before a leading space)'}")
+        if form == "prepend" and faithful != len(plain):
+            failures += 1
+        ours_hf = check_tokenizer.run_tool(a.tool, d, strings)
+        same = 0
+        for s, r in zip(strings, ours_hf):
+            want = hf.encode(s, add_special_tokens=False).ids
+            if r["ids"] == want:
+                same += 1
+            else:
+                failures += 1
+                if failures <= 10:
+                    print(f"  hf {form} DIFFERS on {s!r}:\n    ours "
+                          f"{r['ids']}\n    want {want}")
+        bos = [r["prompt_ids"][:1] for r in ours_hf if r["ids"]]
+        bos_ok = all(b == [sp.bos_id()] for b in bos)
+        failures += not bos_ok
+        print(f"[hf {form}] {same} of {len(strings)} strings identical to "
+              f"Hugging Face; prompts start with <s>: {bos_ok}")
     try:
         from llama_cpp import Llama  # noqa: PLC0415
     except ImportError:
