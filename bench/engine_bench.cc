@@ -1,11 +1,14 @@
 // Engine throughput on this machine, as ratios against its own measured
 // memory bandwidth (a benchmark, not a test):
 //   engine_bench --model PATH [--threads 1,2] [--prompt-tokens 512]
-//                [--decode-tokens 128] [--json out.json]
+//                [--decode-tokens 128] [--bandwidth-mib 1024]
+//                [--json out.json]
 // For each thread count: prefill tokens/s of one prompt, decode tokens/s,
 // and decode time against the bandwidth floor (bytes each decode step must
 // read: every weight matrix once plus the KV cache so far, divided by the
-// measured read bandwidth at that thread count).
+// measured read bandwidth at that thread count). Every timed run must
+// decode all its tokens, the same as an untimed reference run (one
+// thread, TP = PP = 1); exits 1 when one does not.
 #include <omp.h>
 
 #include <algorithm>
@@ -29,10 +32,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// Best-of-5 read bandwidth (bytes/s) summing a 1 GiB buffer with the
-// current thread count.
-double ReadBandwidth() {
-  const int64_t n = int64_t{1} << 28;  // floats: 1 GiB.
+// Best-of-5 read bandwidth (bytes/s) summing a buffer of `mib` MiB with
+// the current thread count.
+double ReadBandwidth(int64_t mib) {
+  const int64_t n = mib << 18;  // floats.
   Tensor buf = *Tensor::Host(DType::kF32, {n});
   float* p = buf.data<float>();
 #pragma omp parallel for
@@ -54,17 +57,20 @@ double ReadBandwidth() {
 int Main(int argc, char** argv) {
   std::string model, threads_arg = "1,2", json_path;
   int64_t tp = 1, pp = 1;
-  int64_t prompt_tokens = 512, decode_tokens = 128;
+  int64_t prompt_tokens = 512, decode_tokens = 128, bandwidth_mib = 1024;
   FlagSet flags("usage: engine_bench --model PATH [flags]");
   flags.Add("model", &model, "model path");
   flags.Add("threads", &threads_arg, "comma-separated thread counts");
   flags.Add("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Add("decode-tokens", &decode_tokens, "decode steps timed");
+  flags.Add("bandwidth-mib", &bandwidth_mib,
+            "MiB summed to measure the read bandwidth");
   flags.Add("json", &json_path, "also write results here");
   flags.Add("tp", &tp, "tensor-parallel shards (threads of this process)");
   flags.Add("pp", &pp, "pipeline stages (threads of this process)");
   if (absl::Status s = flags.Parse(argc, argv, 1);
-      !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1) {
+      !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1 ||
+      bandwidth_mib < 1) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
                  flags.Usage().c_str());
     return 2;
@@ -74,6 +80,30 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n",
                  std::string(source.status().message()).c_str());
     return 1;
+  }
+  const int32_t vocab = (*source)->config().vocab_size;
+  GenerateRequest req{.max_tokens = static_cast<int32_t>(decode_tokens + 1)};
+  for (int64_t i = 0; i < prompt_tokens; ++i) {
+    req.prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
+  }
+  // The tokens every timed run must decode (greedy; no stop tokens, so all
+  // max_tokens of them).
+  std::vector<int32_t> reference;
+  {
+    auto engine = Engine::Create(**source, {.threads = 1});
+    auto result = engine.ok() ? (*engine)->Generate(req)
+                              : absl::StatusOr<GenerateResult>(engine.status());
+    if (!result.ok()) {
+      std::fprintf(stderr, "reference run: %s\n",
+                   std::string(result.status().message()).c_str());
+      return 1;
+    }
+    reference = result->tokens;
+    if (reference.size() != static_cast<size_t>(req.max_tokens)) {
+      std::fprintf(stderr, "reference run: %zu tokens, want %d\n",
+                   reference.size(), req.max_tokens);
+      return 1;
+    }
   }
   nlohmann::json results = nlohmann::json::array();
   std::printf(
@@ -98,15 +128,22 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const ModelConfig& c = (*engine)->config();
-    GenerateRequest req{.max_tokens = static_cast<int32_t>(decode_tokens + 1)};
-    for (int64_t i = 0; i < prompt_tokens; ++i) {
-      req.prompt.push_back(
-          static_cast<int32_t>((i * 7919 + 13) % c.vocab_size));
-    }
     auto result = (*engine)->Generate(req);
     if (!result.ok()) {
       std::fprintf(stderr, "%s\n",
                    std::string(result.status().message()).c_str());
+      return 1;
+    }
+    if (result->tokens != reference) {
+      size_t at = 0;
+      while (at < std::min(reference.size(), result->tokens.size()) &&
+             result->tokens[at] == reference[at]) {
+        ++at;
+      }
+      std::fprintf(stderr,
+                   "engine_bench: FAILED: %d threads decoded %zu tokens that "
+                   "differ from the reference run's %zu at token %zu\n",
+                   threads, result->tokens.size(), reference.size(), at);
       return 1;
     }
     const double prefill_tps = prompt_tokens / result->prefill_seconds;
@@ -118,7 +155,7 @@ int Main(int argc, char** argv) {
     const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
     const double kv_bytes =
         avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;
-    const double bandwidth = ReadBandwidth();
+    const double bandwidth = ReadBandwidth(bandwidth_mib);
     const double floor_s = (weight_bytes + kv_bytes) / bandwidth;
     const double fraction = floor_s / (1.0 / decode_tps);
     // Share of each rank's step time spent in communicator calls

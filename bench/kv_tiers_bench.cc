@@ -2,7 +2,7 @@
 // test):
 //   kv_tiers_bench --model PATH [--requests 12] [--prompt-tokens 200]
 //                  [--max-tokens 32] [--device-blocks 40] [--threads 0]
-//                  [--json out.json]
+//                  [--prefix-tokens 1024] [--json out.json]
 // Preemption: the same concurrent requests with a device pool for all of
 // them, with a small device pool and a host tier (swaps), and with the
 // small pool alone (recompute). Reports wall time against the big pool,
@@ -10,6 +10,10 @@
 // Prefix cache: requests sharing a 1024-token prefix, one after another,
 // with and without the cache: prompt tokens computed, hit rate and time to
 // first token.
+// Exits 1 when a run measured something else than it names: tokens that
+// differ from the big pool's (or, with the prefix cache, from no cache),
+// fewer tokens than asked, a pool of another size, a swap run that never
+// swapped, a recompute run that never recomputed, a cache that never hit.
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -29,6 +33,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Run {
   std::string name;
+  int64_t device_blocks = 0;
   double seconds = 0;
   int64_t output_tokens = 0;
   SchedulerStats stats;
@@ -51,7 +56,8 @@ absl::StatusOr<Run> Concurrent(const WeightSource& source,
                                std::string name) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                    Engine::Create(source, options));
-  Run run{.name = std::move(name)};
+  Run run{.name = std::move(name),
+          .device_blocks = engine->blocks().num_blocks()};
   const auto t0 = Clock::now();
   ASSIGN_OR_RETURN(std::vector<GenerateResult> results,
                    engine->GenerateBatch(reqs));
@@ -71,7 +77,7 @@ absl::StatusOr<Run> Concurrent(const WeightSource& source,
 int Main(int argc, char** argv) {
   std::string model, json_path;
   int64_t requests = 12, prompt_tokens = 200, max_tokens = 32;
-  int64_t device_blocks = 40, threads = 0;
+  int64_t device_blocks = 40, threads = 0, prefix_tokens = 1024;
   FlagSet flags("usage: kv_tiers_bench --model PATH [flags]");
   flags.Add("model", &model, "model path");
   flags.Add("requests", &requests, "concurrent requests");
@@ -80,10 +86,12 @@ int Main(int argc, char** argv) {
   flags.Add("device-blocks", &device_blocks,
             "device KV blocks in the small-pool runs");
   flags.Add("threads", &threads, "CPU threads, 0 = all cores");
+  flags.Add("prefix-tokens", &prefix_tokens,
+            "tokens of the prefix the prefix-cache requests share");
   flags.Add("json", &json_path, "also write results here");
   if (absl::Status s = flags.Parse(argc, argv, 1);
       !s.ok() || model.empty() || requests < 1 || prompt_tokens < 1 ||
-      max_tokens < 1 || device_blocks < 1) {
+      max_tokens < 1 || device_blocks < 1 || prefix_tokens < 16) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
                  flags.Usage().c_str());
     return 2;
@@ -95,9 +103,11 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const ModelConfig& c = (*source)->config();
-  // One device block of the whole model (f32 K and V, every layer).
+  // One device block of the whole model (K and V, every layer) in the
+  // default KV dtype.
+  const DType kv = kDefaultCpuKvDType;
   const int64_t block_bytes =
-      2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 4;
+      2 * c.n_layers * *BytesFor(kv, 16 * c.n_kv_heads * c.head_dim);
   std::vector<GenerateRequest> reqs;
   for (int64_t i = 0; i < requests; ++i) {
     reqs.push_back(
@@ -108,6 +118,7 @@ int Main(int argc, char** argv) {
   EngineOptions base;
   base.threads = static_cast<int>(threads);
   base.max_batched_tokens = 256;
+  base.kv_cache_dtype = kv;
   EngineOptions big = base, swap = base, recompute = base;
   big.kv_cache_bytes = need * block_bytes;
   swap.kv_cache_bytes = recompute.kv_cache_bytes = device_blocks * block_bytes;
@@ -144,10 +155,28 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(r.stats.preempted_recompute),
                 static_cast<long long>(r.stats.blocks.swapped_out),
                 static_cast<long long>(r.stats.blocks.swapped_in), share * 100);
-    if (r.tokens != runs[0].tokens) {
-      std::fprintf(stderr, "%s: tokens differ from the big pool's\n",
-                   r.name.c_str());
+    const auto fail = [&](const std::string& why) {
+      std::fprintf(stderr, "kv_tiers_bench: FAILED: %s: %s\n", r.name.c_str(),
+                   why.c_str());
       return 1;
+    };
+    if (r.tokens != runs[0].tokens) {
+      return fail("tokens differ from the big pool's");
+    }
+    if (r.output_tokens != requests * max_tokens) {
+      return fail(absl::StrCat(r.output_tokens, " tokens, want ",
+                               requests * max_tokens));
+    }
+    const int64_t want_blocks = runs.size() == 1 ? need : device_blocks;
+    if (r.device_blocks != want_blocks) {
+      return fail(
+          absl::StrCat(r.device_blocks, " device blocks, want ", want_blocks));
+    }
+    if (runs.size() == 2 && r.stats.preempted_swap == 0) {
+      return fail("no request was swapped out (more --requests?)");
+    }
+    if (runs.size() == 3 && r.stats.preempted_recompute == 0) {
+      return fail("no request was recomputed (more --requests?)");
     }
     out["preemption"].push_back(
         {{"run", r.name},
@@ -162,8 +191,8 @@ int Main(int argc, char** argv) {
          {"copy_share_of_step_time", share}});
   }
 
-  // Prefix cache: 4 requests sharing 1024 tokens, one after another.
-  const std::vector<int32_t> prefix = Tokens(1024, 999, c.vocab_size);
+  // Prefix cache: 4 requests sharing a prefix, one after another.
+  const std::vector<int32_t> prefix = Tokens(prefix_tokens, 999, c.vocab_size);
   std::vector<GenerateRequest> chats;
   for (int i = 0; i < 4; ++i) {
     GenerateRequest r{.prompt = prefix, .max_tokens = 8};
@@ -172,9 +201,10 @@ int Main(int argc, char** argv) {
     chats.push_back(std::move(r));
   }
   std::printf(
-      "\n4 requests sharing a 1024-token prefix, one at a time\n"
+      "\n4 requests sharing a %lld-token prefix, one at a time\n"
       "%-10s %16s %10s %18s\n",
-      "cache", "prompt computed", "hit rate", "TTFT after first");
+      static_cast<long long>(prefix_tokens), "cache", "prompt computed",
+      "hit rate", "TTFT after first");
   std::vector<std::vector<int32_t>> first_tokens;
   for (bool cache : {false, true}) {
     EngineOptions o = base;
@@ -207,10 +237,23 @@ int Main(int argc, char** argv) {
                 static_cast<long long>(prompt_computed),
                 static_cast<long long>(prompt_total), hit * 100,
                 ttft_later * 1e3);
+    // The 2nd to 4th requests find the whole blocks of the prefix cached.
+    const int64_t want_hits = cache ? 3 * (prefix_tokens / 16 * 16) : 0;
+    if (st.blocks.prefix_hit_tokens != want_hits) {
+      std::fprintf(stderr,
+                   "kv_tiers_bench: FAILED: prefix cache %s: %lld prompt "
+                   "tokens hit, want %lld\n",
+                   cache ? "on" : "off",
+                   static_cast<long long>(st.blocks.prefix_hit_tokens),
+                   static_cast<long long>(want_hits));
+      return 1;
+    }
     if (!cache) {
       first_tokens = tokens;
     } else if (tokens != first_tokens) {
-      std::fprintf(stderr, "prefix cache: tokens differ from no cache\n");
+      std::fprintf(stderr,
+                   "kv_tiers_bench: FAILED: prefix cache: tokens differ from "
+                   "no cache\n");
       return 1;
     }
     out["prefix_cache"].push_back({{"cache", cache},
