@@ -7,7 +7,11 @@
    exits 0 and its JSON is complete and consistent: the server address,
    one entry per level, every request ok with no errors, output tokens =
    requests * max_tokens, positive rates, p50 <= p99 for TTFT and
-   inter-token latency.
+   inter-token latency. Its figures are checked against what it did not
+   compute itself: the server's /metrics must count exactly the requests
+   and tokens the bench reports (none more: no hidden warm-up, none
+   fewer: no invented tokens), and the levels' wall times must fit in the
+   time this script saw the bench run.
 3. An unreachable --server fails fast naming it; a bad --concurrency is a
    usage error (exit 2).
 4. The server is always killed at the end.
@@ -23,9 +27,16 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
+from testlib import (FAILURES, check, free_port, prometheus_series, run,  # noqa: E402
+                     start_serve, stop, wait_ready)
+
+
+def scrape(http: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{http}/metrics", timeout=30) as r:
+        return prometheus_series(r.read().decode())
 
 
 def check_level(level: dict, want_c: int, requests: int, max_tokens: int) -> None:
@@ -69,7 +80,8 @@ def main() -> int:
     if os.path.exists(out):
         os.remove(out)
 
-    server, addr = start_serve(a.shardlm, a.gguf)
+    http = f"127.0.0.1:{free_port()}"
+    server, addr = start_serve(a.shardlm, a.gguf, ["--http-listen", http])
     try:
         ready = wait_ready(a.shardlm, addr, server)
         check(ready, f"shardlm serve is ready on {addr}")
@@ -77,16 +89,18 @@ def main() -> int:
             return 1
 
         requests, max_tokens, levels = 8, 8, [1, 4]
+        before = scrape(http)
         t0 = time.monotonic()
         bench = run([a.shardlm, "bench", "--server", addr,
                      "--concurrency", ",".join(map(str, levels)),
                      "--requests", str(requests),
                      "--max-tokens", str(max_tokens), "--json", out],
                     timeout=240)
+        elapsed = time.monotonic() - t0
+        after = scrape(http)
         print(bench.stdout, end="")
         print(bench.stderr, end="", file=sys.stderr)
-        check(bench.returncode == 0,
-              f"bench exits 0 in {time.monotonic() - t0:.1f}s")
+        check(bench.returncode == 0, f"bench exits 0 in {elapsed:.1f}s")
         try:
             with open(out) as f:
                 result = json.load(f)
@@ -102,6 +116,25 @@ def main() -> int:
         check(len(got) == len(levels), f"one JSON entry per level ({len(got)})")
         for level, c in zip(got, levels):
             check_level(level, c, requests, max_tokens)
+
+        # The server's own count of what the bench asked of it.
+        def moved(name: str) -> float:
+            return after.get(name, 0) - before.get(name, 0)
+
+        served = moved('shardlm_requests_total{api="grpc",'
+                       'finish_reason="length"}')
+        check(served == requests * len(levels),
+              f"/metrics: the server finished {served:g} requests at "
+              f"max_tokens, the bench reports {requests * len(levels)}")
+        generated = moved('shardlm_generation_tokens_total{api="grpc"}')
+        reported = sum(level.get("output_tokens", 0) for level in got)
+        check(generated == reported,
+              f"/metrics: the server generated {generated:g} tokens, the "
+              f"bench reports {reported}")
+        walls = sum(level.get("wall_s", 0) for level in got)
+        check(0 < walls <= elapsed,
+              f"the levels' wall times ({walls:.2f}s) fit in the bench's "
+              f"run as timed here ({elapsed:.2f}s)")
 
         # A prompts file: one prompt per line, blank lines skipped.
         prompts = os.path.join(a.workdir, "prompts.txt")
