@@ -1,8 +1,11 @@
 #include "coordinator/http_server.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
@@ -26,7 +29,18 @@ namespace {
 // More header lines than any real client sends.
 constexpr size_t kMaxHeaders = 100;
 
-bool SendAll(int fd, const char* data, size_t n) {
+bool SendAll(const HttpConn& conn, const char* data, size_t n) {
+  if (conn.ssl != nullptr) {
+    while (n > 0) {
+      const int w = SSL_write(conn.ssl, data,
+                              static_cast<int>(std::min<size_t>(n, 1 << 30)));
+      if (w <= 0) return false;
+      data += w;
+      n -= static_cast<size_t>(w);
+    }
+    return true;
+  }
+  const int fd = conn.fd;
   while (n > 0) {
     const ssize_t w = ::send(fd, data, n, MSG_NOSIGNAL);
     if (w < 0 && errno == EINTR) continue;
@@ -37,9 +51,48 @@ bool SendAll(int fd, const char* data, size_t n) {
   return true;
 }
 
+// Up to n bytes: how many (> 0), 0 when the peer closed, -1 on an error,
+// -2 when nothing is there yet (non-blocking sockets).
+ssize_t Receive(const HttpConn& conn, char* buf, size_t n) {
+  if (conn.ssl == nullptr) {
+    const ssize_t r = ::recv(conn.fd, buf, n, 0);
+    if (r < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? -2 : -1;
+    return r;
+  }
+  const int r = SSL_read(conn.ssl, buf, static_cast<int>(n));
+  if (r > 0) return r;
+  switch (SSL_get_error(conn.ssl, r)) {
+    case SSL_ERROR_WANT_READ:
+    case SSL_ERROR_WANT_WRITE:
+      return -2;
+    case SSL_ERROR_ZERO_RETURN:
+      return 0;
+    default:
+      ERR_clear_error();
+      return -1;
+  }
+}
+
+// Ends the session (a close_notify, best effort) and closes the socket.
+void CloseConn(HttpConn& conn) {
+  if (conn.ssl != nullptr) {
+    SSL_shutdown(conn.ssl);
+    SSL_free(conn.ssl);
+    conn.ssl = nullptr;
+    ERR_clear_error();
+  }
+  if (conn.fd >= 0) ::close(conn.fd);
+  conn.fd = -1;
+}
+
+void SetNonBlocking(int fd, bool on) {
+  const int flags = ::fcntl(fd, F_GETFL, 0);
+  ::fcntl(fd, F_SETFL, on ? flags | O_NONBLOCK : flags & ~O_NONBLOCK);
+}
+
 class Response : public HttpResponse {
  public:
-  explicit Response(int fd) : fd_(fd) {}
+  explicit Response(HttpConn conn) : conn_(conn) {}
 
   bool Send(int status, const std::string& content_type,
             const std::string& body) override {
@@ -47,25 +100,25 @@ class Response : public HttpResponse {
     started_ = true;
     std::string head = Head(status, content_type);
     absl::StrAppend(&head, "Content-Length: ", body.size(), "\r\n\r\n");
-    return SendAll(fd_, head.data(), head.size()) &&
-           SendAll(fd_, body.data(), body.size());
+    return SendAll(conn_, head.data(), head.size()) &&
+           SendAll(conn_, body.data(), body.size());
   }
   bool Start(int status, const std::string& content_type) override {
     if (started_) return false;
     started_ = true;
     std::string head = Head(status, content_type);
     absl::StrAppend(&head, "Cache-Control: no-cache\r\n\r\n");
-    return ok_ = SendAll(fd_, head.data(), head.size());
+    return ok_ = SendAll(conn_, head.data(), head.size());
   }
   bool Write(const std::string& data) override {
     if (!started_ || !ok_) return false;
-    return ok_ = SendAll(fd_, data.data(), data.size());
+    return ok_ = SendAll(conn_, data.data(), data.size());
   }
   void AddHeader(std::string name, std::string value) override {
     extra_.emplace_back(std::move(name), std::move(value));
   }
   bool ClientGone() const override {
-    pollfd p{.fd = fd_, .events = POLLRDHUP};
+    pollfd p{.fd = conn_.fd, .events = POLLRDHUP};
     return !ok_ || (::poll(&p, 1, 0) > 0 &&
                     (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0);
   }
@@ -81,7 +134,7 @@ class Response : public HttpResponse {
     return head;
   }
 
-  int fd_;
+  HttpConn conn_;
   bool started_ = false;
   bool ok_ = true;
   std::vector<std::pair<std::string, std::string>> extra_;
@@ -89,7 +142,7 @@ class Response : public HttpResponse {
 
 // Reads until `pred(buffer)` holds, the limit is passed, the peer closes or
 // the deadline passes. Returns false on timeout, close or error.
-bool ReadUntil(int fd, std::string& buf, size_t limit,
+bool ReadUntil(const HttpConn& conn, std::string& buf, size_t limit,
                std::chrono::steady_clock::time_point deadline,
                const std::function<bool(const std::string&)>& done) {
   char chunk[8192];
@@ -98,12 +151,15 @@ bool ReadUntil(int fd, std::string& buf, size_t limit,
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
-    pollfd p{.fd = fd, .events = POLLIN};
-    const int r = ::poll(&p, 1, static_cast<int>(left.count()));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0) return false;
-    const ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
-    if (n < 0 && errno == EINTR) continue;
+    // TLS may hold decrypted bytes the socket no longer shows.
+    if (conn.ssl == nullptr || SSL_pending(conn.ssl) == 0) {
+      pollfd p{.fd = conn.fd, .events = POLLIN};
+      const int r = ::poll(&p, 1, static_cast<int>(left.count()));
+      if (r < 0 && errno == EINTR) continue;
+      if (r <= 0) return false;
+    }
+    const ssize_t n = Receive(conn, chunk, sizeof(chunk));
+    if (n == -2 || (n < 0 && errno == EINTR)) continue;
     if (n <= 0) return false;
     buf.append(chunk, static_cast<size_t>(n));
   }
@@ -208,6 +264,78 @@ std::string ErrorBody(int status, absl::string_view message) {
                       "}}");
 }
 
+// An OpenSSL BIO over PEM text.
+struct PemBio {
+  explicit PemBio(const std::string& pem)
+      : bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))) {}
+  ~PemBio() { BIO_free(bio); }
+  BIO* bio;
+};
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown error";
+  char text[256];
+  ERR_error_string_n(e, text, sizeof(text));
+  return text;
+}
+
+// A server context for `tls`: TLS 1.2 and later, its certificate chain and
+// key (which must match), and with a client CA, peers must present a
+// certificate it signed.
+absl::StatusOr<SSL_CTX*> NewTlsContext(const TlsConfig& tls) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  const auto fail = [&](const std::string& what) {
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS: ", what, ": ", OpenSslError()));
+  };
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_mode(ctx, SSL_MODE_AUTO_RETRY);
+  {
+    PemBio in(tls.cert_chain_pem);
+    X509* cert = PEM_read_bio_X509_AUX(in.bio, nullptr, nullptr, nullptr);
+    if (cert == nullptr || SSL_CTX_use_certificate(ctx, cert) != 1) {
+      X509_free(cert);
+      return fail("the certificate (--tls-cert) does not load");
+    }
+    X509_free(cert);
+    while (X509* extra = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
+      if (SSL_CTX_add_extra_chain_cert(ctx, extra) != 1) {
+        X509_free(extra);
+        return fail("a chain certificate in --tls-cert does not load");
+      }
+    }
+    ERR_clear_error();  // The end of the PEM text.
+  }
+  {
+    PemBio in(tls.private_key_pem);
+    EVP_PKEY* key = PEM_read_bio_PrivateKey(in.bio, nullptr, nullptr, nullptr);
+    const bool ok = key != nullptr && SSL_CTX_use_PrivateKey(ctx, key) == 1;
+    EVP_PKEY_free(key);
+    if (!ok) return fail("the key (--tls-key) does not load");
+  }
+  if (SSL_CTX_check_private_key(ctx) != 1) {
+    return fail("--tls-key does not match --tls-cert");
+  }
+  if (!tls.client_ca_pem.empty()) {
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    PemBio in(tls.client_ca_pem);
+    int loaded = 0;
+    while (X509* ca = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
+      loaded += X509_STORE_add_cert(store, ca) == 1;
+      X509_free(ca);
+    }
+    ERR_clear_error();
+    if (loaded == 0) return fail("no certificate in --tls-client-ca");
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                       nullptr);
+  }
+  return ctx;
+}
+
 }  // namespace
 
 std::pair<int, const char*> ParseHttpHead(absl::string_view head,
@@ -288,6 +416,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   }
   std::unique_ptr<HttpServer> server(
       new HttpServer(std::move(options), std::move(handler)));
+  if (server->options_.tls.enabled()) {
+    absl::StatusOr<SSL_CTX*> ctx = NewTlsContext(server->options_.tls);
+    if (!ctx.ok()) return ctx.status();
+    server->tls_ = *ctx;
+  }
   int fd = -1;
   std::string why = "no address";
   for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
@@ -317,7 +450,10 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
   return server;
 }
 
-HttpServer::~HttpServer() { Shutdown(); }
+HttpServer::~HttpServer() {
+  Shutdown();
+  SSL_CTX_free(tls_);
+}
 
 void HttpServer::Shutdown() {
   if (stopping_.exchange(true)) return;
@@ -333,15 +469,19 @@ void HttpServer::AcceptLoop() {
   // Connections whose request head has not arrived yet: they cost an fd
   // here, not a thread, so idle or slow clients cannot take the server's
   // threads (or its probes) away.
+  // On a TLS server their sockets are non-blocking until the head is in,
+  // and the handshake runs here too.
   struct Pending {
-    int fd;
+    HttpConn conn;
     std::string buf;
     std::chrono::steady_clock::time_point accepted;
+    bool handshaken = false;
+    bool wants_write = false;  // The handshake waits to send.
   };
   std::vector<Pending> pending;
   std::vector<pollfd> polled;
   const auto drop = [&](size_t i) {
-    ::close(pending[i].fd);
+    CloseConn(pending[i].conn);
     pending[i] = std::move(pending.back());
     pending.pop_back();
   };
@@ -351,7 +491,7 @@ void HttpServer::AcceptLoop() {
     for (size_t i = pending.size(); i-- > 0;) {
       if (now - pending[i].accepted < options_.header_timeout) continue;
       if (!pending[i].buf.empty()) {
-        Response(pending[i].fd)
+        Response(pending[i].conn)
             .Send(408, "application/json",
                   ErrorBody(408, "request not received in time"));
       }
@@ -359,34 +499,57 @@ void HttpServer::AcceptLoop() {
     }
     polled.assign(1, pollfd{.fd = listen_fd_, .events = POLLIN});
     for (const Pending& p : pending) {
-      polled.push_back(pollfd{.fd = p.fd, .events = POLLIN});
+      polled.push_back(pollfd{.fd = p.conn.fd,
+                              .events = static_cast<short>(
+                                  POLLIN | (p.wants_write ? POLLOUT : 0))});
     }
     if (::poll(polled.data(), polled.size(), 100) <= 0) continue;
     // Read what arrived; hand whole heads to a thread. Backwards, so that
     // drop() (which moves the last entry into i) skips nothing.
     for (size_t i = pending.size(); i-- > 0;) {
       if (polled[i + 1].revents == 0) continue;
+      Pending& p = pending[i];
+      if (p.conn.ssl != nullptr && !p.handshaken) {
+        const int r = SSL_accept(p.conn.ssl);
+        if (r != 1) {
+          const int e = SSL_get_error(p.conn.ssl, r);
+          if (e == SSL_ERROR_WANT_READ || e == SSL_ERROR_WANT_WRITE) {
+            p.wants_write = e == SSL_ERROR_WANT_WRITE;
+            continue;
+          }
+          // Plaintext, an untrusted client certificate, a bad hello: no
+          // HTTP answer can reach such a client.
+          ERR_clear_error();
+          drop(i);
+          continue;
+        }
+        p.handshaken = true;
+        p.wants_write = false;
+      }
       char chunk[8192];
-      const ssize_t n =
-          ::recv(pending[i].fd, chunk, sizeof(chunk), MSG_DONTWAIT);
-      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
-      if (n <= 0) {  // Closed before sending a request.
-        drop(i);
+      ssize_t n = 0;
+      bool closed = false;
+      do {  // TLS may decrypt more than one read's worth at once.
+        n = Receive(p.conn, chunk, sizeof(chunk));
+        if (n > 0) p.buf.append(chunk, static_cast<size_t>(n));
+        closed = n == 0 || (n == -1 && errno != EINTR);
+      } while (n > 0 && p.conn.ssl != nullptr && SSL_pending(p.conn.ssl) > 0);
+      if (closed && p.buf.find("\r\n\r\n") == std::string::npos) {
+        drop(i);  // Closed (or failed) before sending a request.
         continue;
       }
-      std::string& buf = pending[i].buf;
-      buf.append(chunk, static_cast<size_t>(n));
+      std::string& buf = p.buf;
       const size_t head_end = buf.find("\r\n\r\n");
       if ((head_end == std::string::npos ? buf.size() : head_end) >
           options_.max_header_bytes) {
-        Response(pending[i].fd)
-            .Send(431, "application/json",
-                  ErrorBody(431, "request headers too large"));
+        Response(p.conn).Send(431, "application/json",
+                              ErrorBody(431, "request headers too large"));
         drop(i);
         continue;
       }
       if (head_end == std::string::npos) continue;
-      Dispatch(pending[i].fd, std::move(buf), head_end, pending[i].accepted);
+      if (p.conn.ssl != nullptr) SetNonBlocking(p.conn.fd, false);
+      Dispatch(p.conn, std::move(buf), head_end, p.accepted);
       pending[i] = std::move(pending.back());
       pending.pop_back();
     }
@@ -400,8 +563,11 @@ void HttpServer::AcceptLoop() {
         continue;
       }
       if (static_cast<int>(pending.size()) >= options_.max_pending) {
-        Response(fd).Send(503, "application/json",
-                          ErrorBody(503, "too many connections"));
+        if (tls_ == nullptr) {  // A TLS client could not read it.
+          Response(HttpConn{.fd = fd})
+              .Send(503, "application/json",
+                    ErrorBody(503, "too many connections"));
+        }
         ::close(fd);
         continue;
       }
@@ -412,20 +578,33 @@ void HttpServer::AcceptLoop() {
                                               1000 * 1000)};
       ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &send_timeout,
                    sizeof(send_timeout));
-      pending.push_back({fd, "", std::chrono::steady_clock::now()});
+      HttpConn conn{.fd = fd};
+      if (tls_ != nullptr) {
+        // Nor one that stalls inside a TLS record.
+        ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &send_timeout,
+                     sizeof(send_timeout));
+        SetNonBlocking(fd, true);
+        conn.ssl = SSL_new(tls_);
+        if (conn.ssl == nullptr || SSL_set_fd(conn.ssl, fd) != 1) {
+          CloseConn(conn);
+          continue;
+        }
+      }
+      pending.push_back(
+          {.conn = conn, .accepted = std::chrono::steady_clock::now()});
     }
   }
-  for (const Pending& p : pending) ::close(p.fd);
+  for (Pending& p : pending) CloseConn(p.conn);
 }
 
-void HttpServer::Dispatch(int fd, std::string buf, size_t head_end,
+void HttpServer::Dispatch(HttpConn conn, std::string buf, size_t head_end,
                           std::chrono::steady_clock::time_point accepted) {
   HttpRequest req;
   const auto [status, why] =
       ParseHead(absl::string_view(buf).substr(0, head_end), req);
   if (status != 0) {
-    Response(fd).Send(status, "application/json", ErrorBody(status, why));
-    ::close(fd);
+    Response(conn).Send(status, "application/json", ErrorBody(status, why));
+    CloseConn(conn);
     return;
   }
   // Probes have connections of their own past max_connections, so that
@@ -438,34 +617,34 @@ void HttpServer::Dispatch(int fd, std::string buf, size_t head_end,
   if (stopping_.load() ||
       (over &&
        (!probe || probe_active_ >= options_.reserved_probe_connections))) {
-    Response(fd).Send(503, "application/json",
-                      ErrorBody(503, "too many connections"));
-    ::close(fd);
+    Response(conn).Send(503, "application/json",
+                        ErrorBody(503, "too many connections"));
+    CloseConn(conn);
     return;
   }
   int HttpServer::*counter =
       over ? &HttpServer::probe_active_ : &HttpServer::active_;
   ++(this->*counter);
-  open_fds_.insert(fd);
-  std::thread([this, fd, counter, buf = std::move(buf), head_end, accepted,
+  open_fds_.insert(conn.fd);
+  std::thread([this, conn, counter, buf = std::move(buf), head_end, accepted,
                req = std::move(req)]() mutable {
     try {
-      Serve(fd, std::move(buf), head_end, accepted, std::move(req));
+      Serve(conn, std::move(buf), head_end, accepted, std::move(req));
     } catch (const std::exception& e) {  // Out of memory, say.
       std::fprintf(stderr, "[shardlm] HTTP connection failed: %s\n", e.what());
     }
     std::lock_guard<std::mutex> lock(mu_);
-    open_fds_.erase(fd);
-    ::close(fd);
+    open_fds_.erase(conn.fd);
+    CloseConn(conn);
     --(this->*counter);
     if (active_ + probe_active_ == 0) idle_cv_.notify_all();
   }).detach();
 }
 
-void HttpServer::Serve(int fd, std::string buf, size_t head_end,
+void HttpServer::Serve(HttpConn conn, std::string buf, size_t head_end,
                        std::chrono::steady_clock::time_point accepted,
                        HttpRequest req) {
-  Response response(fd);
+  Response response(conn);
   const auto fail = [&](int status, absl::string_view message) {
     response.Send(status, "application/json", ErrorBody(status, message));
   };
@@ -485,7 +664,7 @@ void HttpServer::Serve(int fd, std::string buf, size_t head_end,
   }
   const size_t body_start = head_end + 4;
   const size_t body_end = body_start + static_cast<size_t>(length);
-  if (!ReadUntil(fd, buf, body_end, accepted + options_.read_timeout,
+  if (!ReadUntil(conn, buf, body_end, accepted + options_.read_timeout,
                  [&](const std::string& b) { return b.size() >= body_end; })) {
     fail(408, "request body not received in time");
     return;

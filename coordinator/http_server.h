@@ -3,7 +3,9 @@
 // "Connection: close"), a thread per connection up to a limit, bounded
 // request sizes and read timeouts. Responses are either whole (with
 // Content-Length) or streamed until the connection closes (server-sent
-// events). No TLS: put a proxy in front for that.
+// events). With options.tls, connections are TLS (OpenSSL; mutual TLS when
+// a client CA is given): the handshake happens in the loop thread like the
+// head's reading, so a client that never finishes it costs an fd only.
 //
 // Hostile input: the request line and headers are checked byte by byte
 // (methods and header names are RFC 9110 tokens, targets visible ASCII,
@@ -35,6 +37,10 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/tls.h"
+
+struct ssl_st;      // OpenSSL's SSL.
+struct ssl_ctx_st;  // OpenSSL's SSL_CTX.
 
 namespace shardlm {
 
@@ -93,6 +99,13 @@ struct HttpServerOptions {
   // reserved_probe_connections more threads (e.g. "/health").
   std::vector<std::string> probe_paths;
   int reserved_probe_connections = 8;
+  TlsConfig tls;  // Not enabled(): plaintext.
+};
+
+// An accepted connection: its socket and, on a TLS server, its session.
+struct HttpConn {
+  int fd = -1;
+  ssl_st* ssl = nullptr;
 };
 
 class HttpServer {
@@ -116,15 +129,16 @@ class HttpServer {
   // The loop thread: accepts, reads heads, dispatches.
   void AcceptLoop();
   // Parses the head in buf[0, head_end) and starts a thread to serve it,
-  // or answers an error and closes `fd`.
-  void Dispatch(int fd, std::string buf, size_t head_end,
+  // or answers an error and closes `conn`.
+  void Dispatch(HttpConn conn, std::string buf, size_t head_end,
                 std::chrono::steady_clock::time_point accepted);
   // On a connection's thread: reads the body, runs the handler.
-  void Serve(int fd, std::string buf, size_t head_end,
+  void Serve(HttpConn conn, std::string buf, size_t head_end,
              std::chrono::steady_clock::time_point accepted, HttpRequest req);
 
   HttpServerOptions options_;
   HttpHandler handler_;
+  ssl_ctx_st* tls_ = nullptr;  // Owned; null: plaintext.
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> stopping_{false};

@@ -38,6 +38,25 @@ constexpr int kMaxPromptTokenIds = 1 << 18;
 
 }  // namespace
 
+namespace {
+
+// TLS credentials for `tls` (mutual TLS with a client CA), or insecure
+// ones when it is not enabled.
+std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
+    const TlsConfig& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tls.client_ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls.client_ca_pem;
+  ssl.pem_key_cert_pairs.push_back(
+      {.private_key = tls.private_key_pem, .cert_chain = tls.cert_chain_pem});
+  return grpc::SslServerCredentials(ssl);
+}
+
+}  // namespace
+
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
@@ -443,7 +462,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen_address,
-                           grpc::InsecureServerCredentials(), &s->port_);
+                           GrpcServerCredentials(options.tls), &s->port_);
   builder.RegisterService(s->service_.get());
   // A burst of streams costs threads up to this cap, then
   // RESOURCE_EXHAUSTED; a few threads more keep the health service and
@@ -466,9 +485,10 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
         engine, s->service_.get(),
         OpenAiApiOptions{.model_name = options.model_name,
                          .api_key = options.service.api_key});
-    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(),
-                                            {.listen_address =
-                                                 options.http_listen_address}));
+    HttpServerOptions http;
+    http.listen_address = options.http_listen_address;
+    http.tls = options.tls;
+    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(), std::move(http)));
   }
   // The first status before Start returns: a client's first Check must not
   // find the service unknown.

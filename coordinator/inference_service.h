@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
+#include "coordinator/tls.h"
 #include "grpcpp/server.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
@@ -132,6 +133,8 @@ struct ApiServerOptions {
   // streams); calls beyond it get RESOURCE_EXHAUSTED at once, and the
   // engine's own queue (max_queued) refuses beyond that.
   int max_grpc_calls = 512;
+  // Both APIs on TLS when enabled (mutual TLS with a client CA).
+  TlsConfig tls;
 };
 
 // A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the

@@ -11,6 +11,17 @@ void ApiFlags::Register(FlagSet& flags) {
   flags.Add("drain-timeout-s", &drain_timeout_s,
             "on SIGTERM/SIGINT, how long requests in flight may take to "
             "finish (new ones are refused) before they are cancelled");
+  flags.Add("tls-cert", &tls_cert,
+            "PEM certificate (chain) of the public APIs: gRPC and HTTP "
+            "serve TLS only (with --tls-key)");
+  flags.Add("tls-key", &tls_key, "PEM private key of --tls-cert");
+  flags.Add("tls-client-ca", &tls_client_ca,
+            "PEM CA for mutual TLS: clients must present a certificate it "
+            "signed");
+}
+
+absl::StatusOr<TlsConfig> ApiFlags::LoadTls() const {
+  return LoadTlsConfig(tls_cert, tls_key, tls_client_ca);
 }
 
 std::string ApiFlags::Problem() const {
@@ -24,10 +35,14 @@ std::string ApiFlags::Problem() const {
   return "";
 }
 
-void ApiFlags::Apply(ApiServerOptions& options) const {
+absl::Status ApiFlags::Apply(ApiServerOptions& options) const {
   options.service.max_client_priority =
       static_cast<int32_t>(max_client_priority);
   options.max_grpc_calls = static_cast<int>(max_grpc_calls);
+  absl::StatusOr<TlsConfig> tls = LoadTls();
+  if (!tls.ok()) return tls.status();
+  options.tls = *std::move(tls);
+  return absl::OkStatus();
 }
 
 }  // namespace shardlm

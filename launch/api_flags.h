@@ -1,5 +1,5 @@
-// Flags of the public API server that `serve` and `launch` share: limits,
-// fairness and the graceful stop.
+// Flags of the public API server that `serve`, `launch` and `coordinator`
+// share: limits, fairness, the graceful stop and TLS.
 #ifndef SHARDLM_LAUNCH_API_FLAGS_H_
 #define SHARDLM_LAUNCH_API_FLAGS_H_
 
@@ -15,13 +15,18 @@ struct ApiFlags {
   int64_t max_client_priority = 0;
   int64_t max_grpc_calls = 512;
   int64_t drain_timeout_s = 30;
+  std::string tls_cert, tls_key, tls_client_ca;
 
-  // Adds --max-client-priority, --max-grpc-calls and --drain-timeout-s.
+  // Adds --max-client-priority, --max-grpc-calls, --drain-timeout-s,
+  // --tls-cert, --tls-key and --tls-client-ca.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   std::string Problem() const;
-  // Sets what these flags govern in `options`.
-  void Apply(ApiServerOptions& options) const;
+  // The TLS files read (plaintext when none given), or the problem naming
+  // the flag and file.
+  absl::StatusOr<TlsConfig> LoadTls() const;
+  // Sets what these flags govern in `options` (reading the TLS files).
+  absl::Status Apply(ApiServerOptions& options) const;
 };
 
 }  // namespace shardlm

@@ -44,6 +44,7 @@ struct BenchFlags {
   std::string json;
   double connect_timeout = 5.0;
   double request_timeout = 300.0;
+  ClientTlsFlags tls;
 };
 
 // Varied lengths, from a few words to a paragraph.
@@ -290,6 +291,7 @@ int BenchCommand(int argc, char** argv) {
       "time to first token and inter-token latency (p50/p99), and errors by\n"
       "status code. Exits 1 if any request failed.");
   flags.Add("server", &f.server, "HOST:PORT of a running server");
+  f.tls.Register(flags);
   flags.Add("concurrency", &f.concurrency,
             "comma-separated numbers of streams in flight");
   flags.Add("requests", &f.requests, "requests at each concurrency level");
@@ -364,8 +366,15 @@ int BenchCommand(int argc, char** argv) {
   }
 
   // One channel: gRPC multiplexes the concurrent streams over it.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      f.tls.Credentials();
+  if (!credentials.ok()) {
+    std::fprintf(stderr, "shardlm bench: %s\n",
+                 std::string(credentials.status().message()).c_str());
+    return 2;
+  }
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(f.server, grpc::InsecureChannelCredentials());
+      grpc::CreateChannel(f.server, *credentials);
   if (!WaitConnected(*channel, f.connect_timeout)) {
     std::fprintf(stderr,
                  "shardlm bench: cannot reach the server at %s (is `shardlm "

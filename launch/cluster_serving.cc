@@ -163,10 +163,14 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   // probes: /health 200 (the process serves: a liveness probe must not
   // restart a coordinator that waits for its pods), /ready 503 saying
   // what is missing. The API takes the port over once the cluster is up.
+  // Bad TLS files fail now, not after the workers loaded.
+  absl::StatusOr<TlsConfig> tls = f.api.LoadTls();
+  if (!tls.ok()) return fail("", tls.status());
   std::unique_ptr<HttpServer> startup_probes;
   if (!f.http_listen.empty() && !f.http_listen.ends_with(":0")) {
     HttpServerOptions probe_options;
     probe_options.listen_address = f.http_listen;
+    probe_options.tls = *tls;
     probe_options.max_connections = 16;
     probe_options.probe_paths = {"/health", "/ready"};
     auto probes = HttpServer::Start(
@@ -210,7 +214,9 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   api_options.service.tp = static_cast<int>(f.tp);
   api_options.service.pp = static_cast<int>(f.pp);
   api_options.service.api_key = ApiKeyFromEnv();
-  f.api.Apply(api_options);
+  if (absl::Status s = f.api.Apply(api_options); !s.ok()) {
+    return fail("", s);
+  }
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) return fail("", api.status());

@@ -33,6 +33,7 @@ struct GenerateFlags {
   bool stats = false;
   std::vector<std::string> stop;
   int64_t logprobs = 0;
+  ClientTlsFlags tls;  // With --server.
 };
 
 int Fail(const absl::Status& s) {
@@ -55,7 +56,8 @@ int GenerateCommand(int argc, char** argv) {
             "HOST:PORT of a running server (shardlm serve); then --model "
             "and the engine flags are not used");
   flags.Add("prompt", &f.prompt, "text to complete");
-  flags.Add("chat", &f.chat, "wrap the prompt as a ChatML user turn");
+  flags.Add("chat", &f.chat,
+            "send the prompt as a user turn in the model's chat format");
   flags.Add("ignore-eos", &f.ignore_eos,
             "generate --max-tokens tokens, printing end-of-text tokens too");
   flags.Add("max-tokens", &f.max_tokens, "most tokens to generate");
@@ -70,6 +72,7 @@ int GenerateCommand(int argc, char** argv) {
   flags.Add("logprobs", &f.logprobs,
             "print each token's log-probability and this many most likely "
             "alternatives to stderr (0 = off, at most 20)");
+  f.tls.Register(flags);
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm generate: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -118,7 +121,15 @@ int GenerateCommand(int argc, char** argv) {
   }
 
   if (!f.server.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        f.tls.Credentials();
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "shardlm generate: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 2;
+    }
     return RemoteGenerate({.server = f.server,
+                           .credentials = *std::move(credentials),
                            .prompt = f.prompt,
                            .chat = f.chat,
                            .ignore_eos = f.ignore_eos,

@@ -9,6 +9,8 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "coordinator/tls.h"
+#include "core/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "shardlm/v1/inference.grpc.pb.h"
@@ -77,10 +79,42 @@ void AddApiKey(grpc::ClientContext& ctx) {
   }
 }
 
+void ClientTlsFlags::Register(FlagSet& flags) {
+  flags.Add("tls-ca", &ca,
+            "PEM CA that signed the server's certificate: connect with TLS");
+  flags.Add("tls-cert", &cert,
+            "PEM client certificate, for servers that require mutual TLS "
+            "(with --tls-key and --tls-ca)");
+  flags.Add("tls-key", &key, "PEM private key of --tls-cert");
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>>
+ClientTlsFlags::Credentials() const {
+  if (ca.empty()) {
+    if (!cert.empty() || !key.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-cert and --tls-key need --tls-ca (the server's CA)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (cert.empty() != key.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together: give both or neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs, ReadPemFile(ca, "--tls-ca"));
+  if (!cert.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain, ReadPemFile(cert, "--tls-cert"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key, ReadPemFile(key, "--tls-key"));
+  }
+  return grpc::SslCredentials(ssl);
+}
+
 int RemoteGenerate(const RemoteGenerateOptions& o) {
   const Clock::time_point t0 = Clock::now();
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(o.server, grpc::InsecureChannelCredentials());
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
+      o.server, o.credentials != nullptr ? o.credentials
+                                         : grpc::InsecureChannelCredentials());
   const auto connect_deadline = std::chrono::system_clock::now() +
                                 std::chrono::milliseconds(static_cast<int64_t>(
                                     o.connect_timeout_s * 1000));

@@ -9,15 +9,32 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 #include "kernels/sampling/sampling.h"
+#include "launch/flags.h"
 
 namespace shardlm {
 
+// A client's TLS flags: --tls-ca (the CA that signed the server's
+// certificate; turns TLS on) and, for mutual TLS, --tls-cert and --tls-key
+// (the client's own certificate and key). PEM files.
+struct ClientTlsFlags {
+  std::string ca, cert, key;
+
+  void Register(FlagSet& flags);
+  // Channel credentials: TLS when --tls-ca is given, else insecure; the
+  // problem naming the flag and file when one cannot be read.
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Credentials() const;
+};
+
 struct RemoteGenerateOptions {
-  std::string server;       // "host:port".
+  std::string server;                                     // "host:port".
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // Null: insecure.
   std::string prompt;       // Sent as text; the server tokenizes it.
-  bool chat = false;        // Wrap the prompt as a ChatML user turn.
+  bool chat = false;        // Send the prompt as a user message (the server
+                            // renders its model's chat format).
   bool ignore_eos = false;  // Generate max_tokens whatever comes.
   int32_t max_tokens = 128;
   SamplingParams sampling;

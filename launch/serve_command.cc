@@ -65,6 +65,10 @@ int ServeCommand(int argc, char** argv) {
   }
   if (problem.empty()) problem = f.engine.Problem();
   if (problem.empty()) problem = f.api.Problem();
+  if (absl::StatusOr<TlsConfig> tls = f.api.LoadTls();
+      problem.empty() && !tls.ok()) {
+    problem = std::string(tls.status().message());
+  }
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm serve: %s\n\n%s", problem.c_str(),
                  flags.Usage().c_str());
@@ -92,7 +96,7 @@ int ServeCommand(int argc, char** argv) {
   api.service.tp = tp;
   api.service.pp = pp;
   api.service.api_key = ApiKeyFromEnv();
-  f.api.Apply(api);
+  if (absl::Status s = f.api.Apply(api); !s.ok()) return Fail(s);
   api.http_listen_address = f.http_listen;
   auto server =
       ApiServer::Start(local->engine.get(), local->tokenizer.get(), api);

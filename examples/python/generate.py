@@ -64,6 +64,12 @@ def main() -> int:
     ap.add_argument("--chat", action="store_true",
                     help="send the prompt as a user message; the server "
                          "renders it in its model's chat format")
+    ap.add_argument("--tls-ca", type=Path,
+                    help="PEM CA of the server's certificate: connect with TLS")
+    ap.add_argument("--tls-cert", type=Path,
+                    help="PEM client certificate for mutual TLS (with "
+                         "--tls-key and --tls-ca)")
+    ap.add_argument("--tls-key", type=Path, help="PEM key of --tls-cert")
     ap.add_argument("--timeout", type=float, default=300.0,
                     help="deadline of the request in seconds")
     ap.add_argument("--stubs-dir", type=Path,
@@ -87,7 +93,18 @@ def main() -> int:
                                     top_p=a.top_p, seed=a.seed))
     out = sys.stdout.buffer
     logprobs = []  # One TokenLogprobs per token when --logprobs.
-    with grpc.insecure_channel(a.server) as channel:
+    if a.tls_ca is None:
+        if a.tls_cert or a.tls_key:
+            sys.exit("generate.py: --tls-cert and --tls-key need --tls-ca")
+        channel = grpc.insecure_channel(a.server)
+    else:
+        if (a.tls_cert is None) != (a.tls_key is None):
+            sys.exit("generate.py: --tls-cert and --tls-key go together")
+        channel = grpc.secure_channel(a.server, grpc.ssl_channel_credentials(
+            root_certificates=a.tls_ca.read_bytes(),
+            private_key=a.tls_key.read_bytes() if a.tls_key else None,
+            certificate_chain=a.tls_cert.read_bytes() if a.tls_cert else None))
+    with channel:
         stub = pb2_grpc.InferenceStub(channel)
         try:
             # One response per token; the last carries finish_reason and usage.

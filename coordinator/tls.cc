@@ -1,0 +1,100 @@
+#include "coordinator/tls.h"
+
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardlm {
+namespace {
+
+// Whether the first certificate of `cert_pem` and `key_pem` parse and
+// belong together; the problem naming the flag otherwise.
+absl::Status CheckKeyPair(const std::string& cert_pem,
+                          const std::string& key_pem) {
+  BIO* cert_bio =
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  BIO_free(cert_bio);
+  BIO* key_bio =
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  BIO_free(key_bio);
+  absl::Status status;
+  if (cert == nullptr) {
+    status = absl::InvalidArgumentError("--tls-cert holds no certificate");
+  } else if (key == nullptr) {
+    status = absl::InvalidArgumentError(
+        "--tls-key holds no private key (or an encrypted one)");
+  } else if (X509_check_private_key(cert, key) != 1) {
+    status = absl::InvalidArgumentError("--tls-key does not match --tls-cert");
+  }
+  X509_free(cert);
+  EVP_PKEY_free(key);
+  ERR_clear_error();
+  return status;
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const std::string& what) {
+  constexpr std::streamoff kMaxBytes = 1 << 20;
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) {
+    return absl::NotFoundError(
+        absl::StrCat(what, ": cannot open '", path, "'"));
+  }
+  const std::streamoff size = in.tellg();
+  if (size <= 0 || size > kMaxBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", path, "' is ", size,
+                     " bytes; a PEM file has 1 to ", kMaxBytes));
+  }
+  in.seekg(0);
+  std::ostringstream text;
+  text << in.rdbuf();
+  std::string pem = text.str();
+  if (pem.find("-----BEGIN ") == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": '", path, "' is not PEM (no -----BEGIN line)"));
+  }
+  return pem;
+}
+
+absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& cert_file,
+                                        const std::string& key_file,
+                                        const std::string& client_ca_file) {
+  TlsConfig tls;
+  if (cert_file.empty() != key_file.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls-cert and --tls-key go together: give both or neither");
+  }
+  if (cert_file.empty()) {
+    if (!client_ca_file.empty()) {
+      return absl::InvalidArgumentError(
+          "--tls-client-ca needs --tls-cert and --tls-key");
+    }
+    return tls;
+  }
+  absl::StatusOr<std::string> cert = ReadPemFile(cert_file, "--tls-cert");
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPemFile(key_file, "--tls-key");
+  if (!key.ok()) return key.status();
+  if (absl::Status s = CheckKeyPair(*cert, *key); !s.ok()) return s;
+  tls.cert_chain_pem = *std::move(cert);
+  tls.private_key_pem = *std::move(key);
+  if (!client_ca_file.empty()) {
+    absl::StatusOr<std::string> ca =
+        ReadPemFile(client_ca_file, "--tls-client-ca");
+    if (!ca.ok()) return ca.status();
+    tls.client_ca_pem = *std::move(ca);
+  }
+  return tls;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,38 @@
+// TLS for the public APIs (gRPC and HTTP): the server's certificate and
+// key, and for mutual TLS the CA that client certificates must chain to.
+#ifndef SHARDLM_COORDINATOR_TLS_H_
+#define SHARDLM_COORDINATOR_TLS_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace shardlm {
+
+// PEM texts; all empty: plaintext.
+struct TlsConfig {
+  std::string cert_chain_pem;  // The server's certificate (and chain).
+  std::string private_key_pem;
+  // Not empty: mutual TLS, clients must present a certificate this CA
+  // signed.
+  std::string client_ca_pem;
+
+  bool enabled() const { return !cert_chain_pem.empty(); }
+};
+
+// The contents of a PEM file (at most 1 MiB), or NotFound /
+// InvalidArgument naming `what` ("--tls-cert") and the path.
+absl::StatusOr<std::string> ReadPemFile(const std::string& path,
+                                        const std::string& what);
+
+// From --tls-cert, --tls-key and --tls-client-ca: all empty gives a
+// plaintext config; a key without a certificate (or the other way round),
+// or a client CA without both, is InvalidArgument. Whether the key matches
+// the certificate is checked when a server starts with it.
+absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& cert_file,
+                                        const std::string& key_file,
+                                        const std::string& client_ca_file);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_TLS_H_
