@@ -451,6 +451,10 @@ grpc::Status InferenceService::GetModelInfo(
 absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
     Engine* engine, const Tokenizer* tokenizer,
     const ApiServerOptions& options) {
+  if (options.metrics_auth && options.service.api_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--metrics-auth needs an API key (set SHARDLM_API_KEY)");
+  }
   std::unique_ptr<ApiServer> s(new ApiServer());
   s->engine_ = engine;
   s->service_ = std::make_unique<InferenceService>(
@@ -484,7 +488,9 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
     s->openai_ = std::make_unique<OpenAiApi>(
         engine, s->service_.get(),
         OpenAiApiOptions{.model_name = options.model_name,
-                         .api_key = options.service.api_key});
+                         .api_key = options.service.api_key,
+                         .metrics_auth = options.metrics_auth,
+                         .metrics_prefix_cache = options.metrics_prefix_cache});
     HttpServerOptions http;
     http.listen_address = options.http_listen_address;
     http.tls = options.tls;

@@ -135,6 +135,9 @@ struct ApiServerOptions {
   int max_grpc_calls = 512;
   // Both APIs on TLS when enabled (mutual TLS with a client CA).
   TlsConfig tls;
+  // See OpenAiApiOptions (metrics_auth needs service.api_key).
+  bool metrics_auth = false;
+  bool metrics_prefix_cache = false;
 };
 
 // A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the

@@ -375,6 +375,12 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     return send(200, "text/plain", "ready\n");
   }
   if (req.path == "/metrics" && get) {
+    if (options_.metrics_auth &&
+        !ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
+      res.AddHeader("WWW-Authenticate", "Bearer");
+      return fail(absl::UnauthenticatedError(
+          "/metrics needs the API key (Authorization: Bearer <key>)"));
+    }
     return send(200, "text/plain; version=0.0.4", Metrics());
   }
   if (!absl::StartsWith(req.path, "/v1/")) {
@@ -593,10 +599,12 @@ std::string OpenAiApi::Metrics() {
           {"kind=\"swap_in\"", s.blocks.swapped_in},
           {"kind=\"spill\"", s.blocks.spilled},
           {"kind=\"offload\"", s.offloaded}});
-  metric("shardlm_prefix_cache_tokens_total", "counter",
-         "Prompt tokens looked up in the prefix cache, and found.",
-         {{"result=\"queried\"", s.blocks.prefix_queries},
-          {"result=\"hit\"", s.blocks.prefix_hit_tokens}});
+  if (options_.metrics_prefix_cache) {
+    metric("shardlm_prefix_cache_tokens_total", "counter",
+           "Prompt tokens looked up in the prefix cache, and found.",
+           {{"result=\"queried\"", s.blocks.prefix_queries},
+            {"result=\"hit\"", s.blocks.prefix_hit_tokens}});
+  }
   metric("shardlm_http_responses_total", "counter",
          "HTTP API responses by class.",
          {{"class=\"2xx\"", http_ok_.load()},

@@ -28,6 +28,12 @@ struct OpenAiApiOptions {
   // /ready fails when requests are in the engine but no step ran for this
   // long.
   absl::Duration stall_timeout = absl::Seconds(60);
+  // /metrics needs the API key too.
+  bool metrics_auth = false;
+  // /metrics shows the prefix cache's hits. Off by default: a client that
+  // can read the counters learns, by sending a prompt and watching them,
+  // whether someone sent the same beginning before.
+  bool metrics_prefix_cache = false;
 };
 
 // Thread-safe; `engine` and `service` are not owned and must outlive it.

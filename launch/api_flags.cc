@@ -18,6 +18,11 @@ void ApiFlags::Register(FlagSet& flags) {
   flags.Add("tls-client-ca", &tls_client_ca,
             "PEM CA for mutual TLS: clients must present a certificate it "
             "signed");
+  flags.Add("metrics-auth", &metrics_auth,
+            "/metrics needs the API key (SHARDLM_API_KEY) too");
+  flags.Add("metrics-prefix-cache", &metrics_prefix_cache,
+            "show the prefix cache's hits on /metrics (off: whoever reads "
+            "them could learn whether another user sent a prompt)");
 }
 
 absl::StatusOr<TlsConfig> ApiFlags::LoadTls() const {
@@ -39,6 +44,8 @@ absl::Status ApiFlags::Apply(ApiServerOptions& options) const {
   options.service.max_client_priority =
       static_cast<int32_t>(max_client_priority);
   options.max_grpc_calls = static_cast<int>(max_grpc_calls);
+  options.metrics_auth = metrics_auth;
+  options.metrics_prefix_cache = metrics_prefix_cache;
   absl::StatusOr<TlsConfig> tls = LoadTls();
   if (!tls.ok()) return tls.status();
   options.tls = *std::move(tls);

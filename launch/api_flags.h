@@ -16,9 +16,12 @@ struct ApiFlags {
   int64_t max_grpc_calls = 512;
   int64_t drain_timeout_s = 30;
   std::string tls_cert, tls_key, tls_client_ca;
+  bool metrics_auth = false;
+  bool metrics_prefix_cache = false;
 
   // Adds --max-client-priority, --max-grpc-calls, --drain-timeout-s,
-  // --tls-cert, --tls-key and --tls-client-ca.
+  // --tls-cert, --tls-key, --tls-client-ca, --metrics-auth and
+  // --metrics-prefix-cache.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   std::string Problem() const;

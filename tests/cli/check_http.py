@@ -129,6 +129,47 @@ def metrics_workload(api: "Api", shardlm: str, grpc_addr: str, env: dict):
           "/metrics: the coordinator's resident memory")
 
 
+def metrics_options(a, env) -> None:
+    """--metrics-auth puts /metrics behind the key (and needs one);
+    --metrics-prefix-cache shows the prefix cache's hits."""
+    flags = ["--metrics-auth", "--metrics-prefix-cache"]
+    no_key = {k: v for k, v in env.items() if k != "SHARDLM_API_KEY"}
+    got = subprocess.run(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen",
+         f"127.0.0.1:{free_port()}", "--http-listen",
+         f"127.0.0.1:{free_port()}", *flags], capture_output=True, text=True,
+        timeout=120, env=no_key, stdin=subprocess.DEVNULL)
+    check(got.returncode != 0 and "SHARDLM_API_KEY" in got.stderr,
+          f"--metrics-auth without a key fails naming it "
+          f"({got.stderr.strip()[-120:]})")
+    http_port = free_port()
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen",
+         f"127.0.0.1:{free_port()}", "--http-listen",
+         f"127.0.0.1:{http_port}", *flags],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=env)
+    api = Api(http_port)
+    try:
+        deadline = time.monotonic() + 120
+        status = None
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                status = api.request("GET", "/health", key=None)[0]
+                break
+            except OSError:
+                time.sleep(0.2)
+        no, _, _ = api.request("GET", "/metrics", key=None)
+        yes, _, text = api.request("GET", "/metrics")
+        check(status == 200 and no == 401 and yes == 200,
+              f"--metrics-auth: /metrics 401 without the key, 200 with it "
+              f"({no}, {yes})")
+        check(b"shardlm_prefix_cache_tokens_total" in text,
+              "--metrics-prefix-cache shows the prefix cache's hits")
+    finally:
+        stop(server)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -366,10 +407,14 @@ def main() -> int:
         check(got.returncode == 0, f"gRPC with SHARDLM_API_KEY set works "
               f"({got.stderr.strip()})")
         metrics_workload(api, a.shardlm, grpc_addr, env)
+        _, _, metrics = api.request("GET", "/metrics", key=None)
+        check(b"shardlm_prefix_cache_tokens_total" not in metrics,
+              "/metrics hides the prefix cache's hits by default")
     finally:
         stop(server)
     check(server.returncode == 0, f"SIGTERM stops the server with exit 0 "
           f"(rc {server.returncode})")
+    metrics_options(a, env)
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed", file=sys.stderr)
         return 1

@@ -60,7 +60,8 @@ def main() -> int:
     server, addr = start_serve(
         a.shardlm, a.gguf,
         ["--kv-cache-bytes", str(device),
-         "--cpu-offload-bytes", str(4 * device), "--http-listen", http],
+         "--cpu-offload-bytes", str(4 * device), "--http-listen", http,
+         "--metrics-prefix-cache"],
         stderr=subprocess.PIPE, text=True)
     try:
         check(wait_ready(a.shardlm, addr, server), f"serve is ready on {addr}")
