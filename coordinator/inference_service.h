@@ -101,6 +101,7 @@ class InferenceService final : public v1::Inference::Service {
   bool draining() const { return draining_.load(); }
   // Requests inside Run now (tokenizing, queued or generating).
   int64_t in_flight() const { return in_flight_.load(); }
+  const ServiceOptions& options() const { return options_; }
   // The model's chat format (ChatTemplate::ForModel), or why chat requests
   // are refused.
   const absl::StatusOr<ChatTemplate>& chat_template() const {

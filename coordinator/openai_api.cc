@@ -629,7 +629,7 @@ std::string OpenAiApi::Metrics() {
   // Requests, tokens and latencies of both APIs (api="grpc"|"http").
   absl::StrAppend(&out, engine_->metrics().Prometheus());
   const std::vector<RankReport> ranks = engine_->executor().RankReports();
-  AppendRankMetrics(out, ranks);
+  AppendRankMetrics(out, ranks, service_->options().tp);
   AppendBuildInfo(out, engine_->executor().backend(),
                   KvCacheDTypeName(engine_->executor().kv_cache_dtype()),
                   std::max<int>(1, static_cast<int>(ranks.size())));

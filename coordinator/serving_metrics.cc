@@ -211,7 +211,8 @@ std::string ServingMetrics::Prometheus() const {
   return out;
 }
 
-void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks) {
+void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks,
+                       int tp) {
   if (ranks.empty()) return;
   const auto series = [&](const char* name, const char* type, const char* help,
                           auto value) {
@@ -288,6 +289,18 @@ void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks) {
   series("shardlm_rank_kv_copy_seconds_total", "counter",
          "Seconds of those in KV block copies between tiers.",
          [](const RankReport& r) -> V { return r.stats.copy_seconds; });
+  // Busy: in a step and not waiting in a collective or for the previous
+  // stage. Its rate is the busy fraction; 1 minus it, the idle fraction.
+  Header(out, "shardlm_rank_compute_seconds_total", "counter",
+         "Seconds the rank computed: step seconds less communication and "
+         "the waits in it. rate() is its busy fraction, by pipeline stage.");
+  for (const RankReport& r : ranks) {
+    absl::StrAppend(
+        &out, "shardlm_rank_compute_seconds_total{rank=\"", r.rank,
+        "\",stage=\"", (r.rank - 1) / std::max(1, tp), "\"} ",
+        Number(std::max(0.0, r.stats.forward_seconds - r.stats.comm_seconds)),
+        "\n");
+  }
 }
 
 void AppendBuildInfo(std::string& out, const std::string& backend,

@@ -101,8 +101,11 @@ class ServingMetrics {
 
 // Per-rank series (shardlm_rank_*, label rank="N") for `ranks`: up, memory
 // and its limit, heartbeat age, weight and KV bytes, steps and seconds in
-// steps, communication and tier copies.
-void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks);
+// steps, communication and tier copies, and the seconds computing (label
+// stage too: ranks 1..tp are stage 0, and so on), whose rate is the rank's
+// busy fraction.
+void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks,
+                       int tp = 1);
 
 // shardlm_build_info{version,commit,backend,kv_cache_dtype,ranks} 1.
 void AppendBuildInfo(std::string& out, const std::string& backend,

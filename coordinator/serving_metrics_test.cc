@@ -57,6 +57,26 @@ TEST(HistogramTest, LatencyBucketsSpanOneMillisecondToAMinute) {
   EXPECT_TRUE(std::is_sorted(b.begin(), b.end()));
 }
 
+TEST(RankMetricsTest, ComputeSecondsAreStepLessCommunicationByStage) {
+  // TP=2 x PP=2: ranks 1-2 are stage 0, ranks 3-4 stage 1.
+  std::vector<RankReport> ranks;
+  for (int r = 1; r <= 4; ++r) {
+    ranks.push_back({.rank = r,
+                     .stats = {.steps = 10,
+                               .forward_seconds = 2.0 * r,
+                               .comm_seconds = 0.5 * r}});
+  }
+  std::string out;
+  AppendRankMetrics(out, ranks, /*tp=*/2);
+  for (const char* want :
+       {"shardlm_rank_compute_seconds_total{rank=\"1\",stage=\"0\"} 1.5\n",
+        "shardlm_rank_compute_seconds_total{rank=\"2\",stage=\"0\"} 3\n",
+        "shardlm_rank_compute_seconds_total{rank=\"3\",stage=\"1\"} 4.5\n",
+        "shardlm_rank_compute_seconds_total{rank=\"4\",stage=\"1\"} 6\n"}) {
+    EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
+  }
+}
+
 TEST(ServingMetricsTest, RecordsLandInTheirSeries) {
   ServingMetrics m;
   m.RequestFinished({.api = RequestApi::kHttp,

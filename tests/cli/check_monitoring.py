@@ -131,6 +131,12 @@ def main() -> int:
             check(0 < get("shardlm_rank_communication_seconds_total")
                   < get("shardlm_rank_step_seconds_total"),
                   f"rank {rank}'s communication time within its step time")
+            # TP=2: both ranks are pipeline stage 0.
+            compute = get("shardlm_rank_compute_seconds_total", ',stage="0"')
+            check(abs(compute - (get("shardlm_rank_step_seconds_total")
+                                 - get("shardlm_rank_communication_seconds_total")))
+                  < 1e-3 and compute > 0,
+                  f"rank {rank}'s compute seconds, stage 0 ({compute:g})")
             check(0 <= get("shardlm_rank_heartbeat_age_seconds") < 3,
                   f"rank {rank}'s heartbeat age "
                   f"({get('shardlm_rank_heartbeat_age_seconds'):.2f}s)")
