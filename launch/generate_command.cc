@@ -6,13 +6,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
+#include "coordinator/inference_service.h"
 #include "coordinator/stop_strings.h"
 #include "launch/commands.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
-#include "model/chat_template.h"
-#include "model/stop_tokens.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 
@@ -120,6 +119,15 @@ int GenerateCommand(int argc, char** argv) {
     return 2;
   }
 
+  RemoteGenerateOptions request{
+      .prompt = f.prompt,
+      .chat = f.chat,
+      .ignore_eos = f.ignore_eos,
+      .max_tokens = static_cast<int32_t>(f.max_tokens),
+      .sampling = sampling,
+      .stats = f.stats,
+      .stop = f.stop,
+      .logprobs = static_cast<int32_t>(f.logprobs)};
   if (!f.server.empty()) {
     absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
         f.tls.Credentials();
@@ -128,16 +136,9 @@ int GenerateCommand(int argc, char** argv) {
                    std::string(credentials.status().message()).c_str());
       return 2;
     }
-    return RemoteGenerate({.server = f.server,
-                           .credentials = *std::move(credentials),
-                           .prompt = f.prompt,
-                           .chat = f.chat,
-                           .ignore_eos = f.ignore_eos,
-                           .max_tokens = static_cast<int32_t>(f.max_tokens),
-                           .sampling = sampling,
-                           .stats = f.stats,
-                           .stop = f.stop,
-                           .logprobs = static_cast<int32_t>(f.logprobs)});
+    request.server = f.server;
+    request.credentials = *std::move(credentials);
+    return RemoteGenerate(request);
   }
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -149,25 +150,15 @@ int GenerateCommand(int argc, char** argv) {
           .count();
 
   const Tokenizer& tok = *local->tokenizer;
-  std::string prompt = f.prompt;
-  if (f.chat) {  // One user turn in the model's chat format.
-    absl::StatusOr<ChatTemplate> format = ChatTemplate::ForModel(tok);
-    if (!format.ok()) return Fail(format.status());
-    const ChatMessage turn{.role = "user", .content = f.prompt};
-    absl::StatusOr<std::string> chat = format->Render({&turn, 1});
-    if (!chat.ok()) return Fail(chat.status());
-    prompt = *std::move(chat);
-  }
-  GenerateRequest req{.prompt = tok.EncodePrompt(prompt),
-                      .max_tokens = static_cast<int32_t>(f.max_tokens),
-                      .sampling = sampling,
-                      .logprobs = static_cast<int32_t>(f.logprobs)};
-  if (!f.ignore_eos) {
-    req.stop_token_ids = DefaultStopTokenIds(engine.config(), tok);
-  }
-  if (req.prompt.empty()) {
-    return Fail(absl::InvalidArgumentError("the prompt encodes to no tokens"));
-  }
+  // The same request building and checks as gRPC and HTTP requests get
+  // (chat format, BOS, stop tokens, limits).
+  const InferenceService service(&engine, &tok, local->name,
+                                 {.tp = static_cast<int>(f.engine.tp),
+                                  .pp = static_cast<int>(f.engine.pp)});
+  absl::StatusOr<GenerateRequest> built =
+      service.ToEngineRequest(GenerateRequestProto(request));
+  if (!built.ok()) return Fail(built.status());
+  GenerateRequest req = *std::move(built);
 
   StreamingDetokenizer detok(&tok);
   StopStringFilter stop_strings(f.stop);

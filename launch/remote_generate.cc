@@ -110,6 +110,27 @@ ClientTlsFlags::Credentials() const {
   return grpc::SslCredentials(ssl);
 }
 
+v1::GenerateRequest GenerateRequestProto(const RemoteGenerateOptions& o) {
+  v1::GenerateRequest req;
+  if (o.chat) {  // One user turn, rendered in the model's chat format.
+    v1::ChatMessage* turn = req.add_messages();
+    turn->set_role("user");
+    turn->set_content(o.prompt);
+  } else {
+    req.set_prompt(o.prompt);
+  }
+  req.set_max_tokens(o.max_tokens);
+  req.set_ignore_eos(o.ignore_eos);
+  v1::SamplingParams* s = req.mutable_sampling();
+  s->set_temperature(o.sampling.temperature);
+  s->set_top_k(o.sampling.top_k);
+  s->set_top_p(o.sampling.top_p);
+  s->set_seed(o.sampling.seed);
+  for (const std::string& stop : o.stop) req.add_stop(stop);
+  req.set_logprobs(o.logprobs);
+  return req;
+}
+
 int RemoteGenerate(const RemoteGenerateOptions& o) {
   const Clock::time_point t0 = Clock::now();
   std::shared_ptr<grpc::Channel> channel = grpc::CreateChannel(
@@ -140,23 +161,7 @@ int RemoteGenerate(const RemoteGenerateOptions& o) {
   const double connect_s = Seconds(t0, Clock::now());
 
   std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
-  v1::GenerateRequest req;
-  if (o.chat) {  // One user turn; the server renders its model's format.
-    v1::ChatMessage* turn = req.add_messages();
-    turn->set_role("user");
-    turn->set_content(o.prompt);
-  } else {
-    req.set_prompt(o.prompt);
-  }
-  req.set_max_tokens(o.max_tokens);
-  req.set_ignore_eos(o.ignore_eos);
-  v1::SamplingParams* s = req.mutable_sampling();
-  s->set_temperature(o.sampling.temperature);
-  s->set_top_k(o.sampling.top_k);
-  s->set_top_p(o.sampling.top_p);
-  s->set_seed(o.sampling.seed);
-  for (const std::string& stop : o.stop) req.add_stop(stop);
-  req.set_logprobs(o.logprobs);
+  const v1::GenerateRequest req = GenerateRequestProto(o);
 
   grpc::ClientContext ctx;
   AddApiKey(ctx);

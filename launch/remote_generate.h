@@ -14,6 +14,7 @@
 #include "grpcpp/security/credentials.h"
 #include "kernels/sampling/sampling.h"
 #include "launch/flags.h"
+#include "shardlm/v1/inference.pb.h"
 
 namespace shardlm {
 
@@ -44,6 +45,10 @@ struct RemoteGenerateOptions {
   // How long to wait for the server to accept a connection.
   double connect_timeout_s = 5.0;
 };
+
+// The shardlm.v1 request `o` asks for: what the server gets, and what the
+// local CLI turns into an engine request through the same service code.
+v1::GenerateRequest GenerateRequestProto(const RemoteGenerateOptions& o);
 
 // Streams the completion to stdout, then a newline. Returns the process exit
 // code: 0, or 1 with a message on stderr (an unreachable server is named by

@@ -86,7 +86,7 @@ def main() -> int:
          "offset"),
         ([a.shardlm, "inspect", not_gguf], 1, "not a GGUF file"),
         (gen + ["--prompt", "x", "--max-tokens", "9000"], 1,
-         "context window of 8192"),
+         "[1, 8192] (the context window)"),
         (gen + ["--prompt", "x", "--kv-cache-bytes", "100000"], 1,
          "KV cache"),
         ([a.shardlm, "frobnicate"], 2, "unknown command"),
