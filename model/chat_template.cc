@@ -91,11 +91,14 @@ std::vector<std::string> JinjaStringLiterals(std::string_view source) {
 
 absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
                                                     absl::Time now) {
-  std::string bos;
+  std::string bos, eos;
   if (tokenizer.bos_id() >= 0) {
     bos = std::string(tokenizer.TokenBytes(tokenizer.bos_id()));
   }
-  return FromSource(tokenizer.chat_template(), std::move(bos),
+  if (tokenizer.eos_id() >= 0) {
+    eos = std::string(tokenizer.TokenBytes(tokenizer.eos_id()));
+  }
+  return FromSource(tokenizer.chat_template(), std::move(bos), std::move(eos),
                     tokenizer.TokenId("<|im_start|>").has_value() &&
                         tokenizer.TokenId("<|im_end|>").has_value(),
                     now);
@@ -103,6 +106,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
 
 absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                                                       std::string bos,
+                                                      std::string eos,
                                                       bool vocab_has_chatml,
                                                       absl::Time now) {
   ChatTemplate t;
@@ -152,12 +156,37 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     }
     return t;
   }
-  const char* hint = source.find("[INST]") != std::string_view::npos
-                         ? " (Mistral's [INST] format is not supported yet)"
-                         : "";
+  // Mistral v0.1/v0.2: user and assistant turns only. Llama 2's <<SYS>>
+  // and the later Mistral templates (a system message folded into the last
+  // user turn, tools) differ and are refused below.
+  const auto has = [&](std::string_view what) {
+    return source.find(what) != std::string_view::npos;
+  };
+  if (writes("[INST] ") && writes(" [/INST]") && !has("<<SYS>>") &&
+      !has("system_message") && !has("tools")) {
+    t.format_ = Format::kMistralInst;
+    t.bos_ = std::move(bos);
+    t.eos_ = std::move(eos);
+    // "message['content'] + eos_token + ' '" (v0.1) or without the space.
+    for (size_t at = source.find("eos_token"); at != std::string_view::npos;
+         at = source.find("eos_token", at + 1)) {
+      size_t next = source.find_first_not_of(" ", at + 9);
+      if (next == std::string_view::npos || source[next] != '+') continue;
+      next = source.find_first_not_of(" ", next + 1);
+      if (next != std::string_view::npos &&
+          (source.substr(next, 3) == "' '" ||
+           source.substr(next, 3) == "\" \"")) {
+        t.space_after_eos_ = true;
+      }
+    }
+    return t;
+  }
+  const char* hint =
+      has("[INST]") ? " (of the [INST] formats, only Mistral v0.1/v0.2's is)"
+                    : "";
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template is not one shardlm renders (ChatML, "
-      "Llama 3)",
+      "Llama 3, Mistral [INST])",
       hint, "; use completions with a prompt in its own format"));
 }
 
@@ -184,6 +213,28 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     absl::StrAppend(&out, "<|im_start|>assistant\n");
     return out;
   }
+  if (format_ == Format::kMistralInst) {
+    out = bos_;
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if (m.role == "system") {
+        return absl::InvalidArgumentError(
+            "this model's chat format has no system role (user and "
+            "assistant only)");
+      }
+      if ((m.role == "user") != (i % 2 == 0)) {
+        return absl::InvalidArgumentError(
+            "this model's chat format needs roles alternating user, "
+            "assistant, user, ... from a user's");
+      }
+      if (m.role == "user") {
+        absl::StrAppend(&out, "[INST] ", m.content, " [/INST]");
+      } else {
+        absl::StrAppend(&out, m.content, eos_, space_after_eos_ ? " " : "");
+      }
+    }
+    return out;
+  }
   const auto turn = [&](std::string_view role, std::string_view content) {
     absl::StrAppend(&out, "<|start_header_id|>", Sv(role),
                     "<|end_header_id|>\n\n", Sv(Trim(content)), "<|eot_id|>");
@@ -207,6 +258,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(
 }
 
 std::string ChatTemplate::Describe() const {
+  if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama3) {
     return dated_system_
                ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")")

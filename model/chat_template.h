@@ -36,6 +36,10 @@ class ChatTemplate {
     // always open with a system block that states the knowledge cutoff and
     // the date.
     kLlama3,
+    // <s>[INST] user [/INST]assistant</s>... (Mistral v0.1/v0.2, the
+    // templates that take user and assistant turns only, alternating from
+    // a user's; the assistant's answer follows "[/INST]" directly).
+    kMistralInst,
   };
 
   // The format of `tokenizer`'s chat template. A model with no template
@@ -45,9 +49,11 @@ class ChatTemplate {
   // Llama 3.2 system block (its template asks for today's date).
   static absl::StatusOr<ChatTemplate> ForModel(const Tokenizer& tokenizer,
                                                absl::Time now = absl::Now());
-  // The same from a template's source; `bos` is the BOS token's text.
+  // The same from a template's source; `bos` and `eos` are the BOS and
+  // EOS tokens' texts.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
                                                  std::string bos,
+                                                 std::string eos,
                                                  bool vocab_has_chatml,
                                                  absl::Time now);
 
@@ -62,11 +68,13 @@ class ChatTemplate {
 
  private:
   Format format_ = Format::kChatMl;
-  bool from_template_ = false;  // False: the ChatML fallback.
-  std::string bos_;             // Llama 3: written first.
-  std::string default_system_;  // ChatML: when no system message leads.
-  bool dated_system_ = false;   // Llama 3.1+.
-  std::string date_;            // "26 Jul 2024".
+  bool from_template_ = false;    // False: the ChatML fallback.
+  std::string bos_;               // Llama 3, Mistral: written first.
+  std::string eos_;               // Mistral: ends an assistant turn
+  bool space_after_eos_ = false;  // Mistral v0.1: "</s> " then.
+  std::string default_system_;    // ChatML: when no system message leads.
+  bool dated_system_ = false;     // Llama 3.1+.
+  std::string date_;              // "26 Jul 2024".
 };
 
 // The string literals inside a Jinja template's {{ }} and {% %} tags, with

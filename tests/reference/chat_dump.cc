@@ -1,10 +1,12 @@
 // Prints our rendering of chat conversations, for check_chat_template.py.
 //
 //   chat_dump --model PATH [--now UNIX_SECONDS] < conversations
-//   chat_dump --template FILE --bos TEXT [--chatml-vocab] [--now S] < ...
+//   chat_dump --template FILE --bos TEXT [--eos TEXT] [--chatml-vocab]
+//             [--now S] < ...
 //
 // The template comes from the model's tokenizer, or from FILE (a Jinja
-// source) with BOS text TEXT. Each stdin line is a JSON array of
+// source) with BOS and EOS texts (EOS default "</s>"). Each stdin line is a
+// JSON array of
 // {"role", "content"} messages; each stdout line is {"prompt": text} or
 // {"error": message}. The chosen format (Describe()) goes to stderr.
 #include <cstdio>
@@ -33,7 +35,7 @@ int Usage() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string model, template_file, bos;
+  std::string model, template_file, bos, eos = "</s>";
   bool chatml_vocab = false;
   absl::Time now = absl::Now();
   for (int i = 1; i < argc; ++i) {
@@ -50,6 +52,8 @@ int main(int argc, char** argv) {
       template_file = value;
     } else if (flag == "--bos") {
       bos = value;
+    } else if (flag == "--eos") {
+      eos = value;
     } else if (flag == "--now") {
       now = absl::FromUnixSeconds(std::stoll(value));
     } else {
@@ -69,8 +73,8 @@ int main(int argc, char** argv) {
     std::ifstream in(template_file, std::ios::binary);
     std::stringstream source;
     source << in.rdbuf();
-    chat =
-        shardlm::ChatTemplate::FromSource(source.str(), bos, chatml_vocab, now);
+    chat = shardlm::ChatTemplate::FromSource(source.str(), bos, eos,
+                                             chatml_vocab, now);
   } else {
     return Usage();
   }

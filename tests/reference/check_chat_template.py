@@ -11,9 +11,11 @@ Templates: SmolLM2's own, read from the GGUF (ChatML with a default system
 prompt, real newlines in its literals); and, written here to the published
 formats of each family (escaped newlines in their literals): Llama 3
 Instruct, Llama 3.1 (dated system block), Llama 3.2 (dated with today via
-strftime_now), Qwen2 and Qwen2.5 (their default system prompts). Every
-conversation must render identically. Templates of other formats (Mistral
-[INST], an unknown one) must be refused, not rendered wrongly.
+strftime_now), Qwen2 and Qwen2.5 (their default system prompts), Mistral
+v0.2 and v0.1 ([INST] turns; the roles they refuse with raise_exception we
+must refuse too). Every conversation must render identically. Templates of
+other formats (Llama 2's <<SYS>>, an unknown one) must be refused, not
+rendered wrongly.
 
 Exit 0: all match; 1: a mismatch; 2: a tool or usage error.
 """
@@ -86,6 +88,12 @@ QWEN25 = r"""{%- if messages[0]['role'] == 'system' %}
 
 MISTRAL = r"""{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"""
 
+# Mistral v0.1's variant: a space after each answer's </s>.
+MISTRAL01 = MISTRAL.replace("message['content'] + eos_token }}",
+                            "message['content'] + eos_token + ' ' }}")
+
+LLAMA2 = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
+
 UNKNOWN = r"""{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"""
 
 # (name, source or None for the GGUF's own, BOS text, expect refusal)
@@ -96,7 +104,9 @@ TEMPLATES = [
     ("llama3.2", LLAMA32, "<|begin_of_text|>", False),
     ("qwen2", QWEN2, "<|endoftext|>", False),
     ("qwen2.5", QWEN25, "<|endoftext|>", False),
-    ("mistral v0.1", MISTRAL, "<s>", True),
+    ("mistral v0.2", MISTRAL, "<s>", False),
+    ("mistral v0.1", MISTRAL01, "<s>", False),
+    ("llama2 <<SYS>>", LLAMA2, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
 
@@ -181,9 +191,13 @@ def main(argv=None) -> int:
             return 2
         same = 0
         for conv, out in zip(CONVERSATIONS, outs):
-            want = jinja_render(source, bos, conv)
-            got = out.get("prompt", out.get("error"))
-            if got == want:
+            try:
+                want = jinja_render(source, bos, conv)
+            except Exception as e:  # raise_exception: we must refuse too.
+                want = f"refused ({e})"
+            got = out.get("prompt", f"refused ({out.get('error')})")
+            if got == want or (got.startswith("refused") and
+                               want.startswith("refused")):
                 same += 1
                 continue
             failures += 1
