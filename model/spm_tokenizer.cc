@@ -6,17 +6,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "model/tokenizer_loaders.h"
 
 namespace shardlm {
 namespace {
 
 constexpr std::string_view kSpace = "\xe2\x96\x81";  // U+2581 "▁".
 constexpr int64_t kMaxPieceBytes = 1 << 16;
-
-// NotFound leaves an optional key at its default; other errors pass on.
-absl::Status Optional(const absl::Status& status) {
-  return absl::IsNotFound(status) ? absl::OkStatus() : status;
-}
 
 // The length of the UTF-8 sequence a lead byte starts (1 for stray bytes).
 size_t Utf8Length(unsigned char lead) {
@@ -78,38 +74,19 @@ absl::StatusOr<SpmConfig> SpmConfigFromGguf(const GgufFile& gguf) {
       c.types[i] = static_cast<SpmTokenType>((*types)[i]);
     }
   } else {
-    RETURN_IF_ERROR(Optional(types.status()));
+    RETURN_IF_ERROR(OptionalKey(types.status()));
   }
-  for (auto [key, out] :
-       {std::pair{"tokenizer.ggml.bos_token_id", &c.bos_id},
-        std::pair{"tokenizer.ggml.eos_token_id", &c.eos_id}}) {
-    absl::StatusOr<int64_t> id = gguf.GetInt(key);
-    if (!id.ok()) {
-      RETURN_IF_ERROR(Optional(id.status()));
-      continue;
-    }
-    if (*id < 0 || *id >= static_cast<int64_t>(n)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(key, " ", *id, " is outside the vocabulary of ", n));
-    }
-    *out = static_cast<int32_t>(*id);
-  }
-  for (auto [key, out] :
-       {std::pair{"tokenizer.ggml.add_bos_token", &c.add_bos},
-        std::pair{"tokenizer.ggml.add_space_prefix", &c.add_space_prefix}}) {
-    absl::StatusOr<bool> v = gguf.GetBool(key);
-    if (v.ok()) {
-      *out = *v;
-    } else {
-      RETURN_IF_ERROR(Optional(v.status()));
-    }
-  }
-  if (absl::StatusOr<std::string_view> t =
-          gguf.GetString("tokenizer.chat_template");
-      t.ok()) {
-    c.chat_template = std::string(*t);
+  ASSIGN_OR_RETURN(GgufTokenizerCommon common,
+                   ReadGgufTokenizerCommon(gguf, n));
+  c.bos_id = common.bos_id;
+  c.eos_id = common.eos_id;
+  if (common.add_bos) c.add_bos = *common.add_bos;
+  c.chat_template = std::move(common.chat_template);
+  if (absl::StatusOr<bool> v = gguf.GetBool("tokenizer.ggml.add_space_prefix");
+      v.ok()) {
+    c.add_space_prefix = *v;
   } else {
-    RETURN_IF_ERROR(Optional(t.status()));
+    RETURN_IF_ERROR(OptionalKey(v.status()));
   }
   return c;
 }

@@ -92,11 +92,6 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadGgufTokenizer(
   return std::unique_ptr<Tokenizer>(std::move(tok));
 }
 
-// NotFound leaves an optional key at its default; other errors pass on.
-absl::Status Optional(const absl::Status& status) {
-  return absl::IsNotFound(status) ? absl::OkStatus() : status;
-}
-
 }  // namespace
 
 std::string Tokenizer::Decode(absl::Span<const int32_t> ids) const {
@@ -149,7 +144,7 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
       p.ok()) {
     pre = *p;
   } else {
-    RETURN_IF_ERROR(Optional(p.status()));
+    RETURN_IF_ERROR(OptionalKey(p.status()));
   }
   // llama.cpp's names (llama-vocab.cpp) for the pre-tokenizers we have.
   // Its llama3 group also drops merges for pieces in the vocabulary and
@@ -175,21 +170,6 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
                      "' is not supported (smollm, gpt2, llama-bpe, llama3, "
                      "llama-v3, qwen2 are)"));
   }
-  if (absl::StatusOr<std::string_view> t =
-          gguf.GetString("tokenizer.chat_template");
-      t.ok()) {
-    config.chat_template = std::string(*t);
-  } else {
-    RETURN_IF_ERROR(Optional(t.status()));
-  }
-  if (absl::StatusOr<bool> add_bos =
-          gguf.GetBool("tokenizer.ggml.add_bos_token");
-      add_bos.ok()) {
-    config.add_bos = *add_bos;
-  } else {
-    RETURN_IF_ERROR(Optional(add_bos.status()));
-  }
-
   ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
                    gguf.GetStringArray("tokenizer.ggml.tokens"));
   ASSIGN_OR_RETURN(std::vector<std::string_view> merges,
@@ -205,7 +185,7 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
                        " entries for ", tokens.size(), " tokens"));
     }
   } else {
-    RETURN_IF_ERROR(Optional(t.status()));
+    RETURN_IF_ERROR(OptionalKey(t.status()));
   }
 
   config.tokens.reserve(tokens.size());
@@ -231,21 +211,51 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
     config.merges.emplace_back(std::string(merges[i].substr(0, space)),
                                std::string(merges[i].substr(space + 1)));
   }
+  ASSIGN_OR_RETURN(GgufTokenizerCommon common,
+                   ReadGgufTokenizerCommon(gguf, tokens.size()));
+  config.bos_id = common.bos_id;
+  config.eos_id = common.eos_id;
+  if (common.add_bos) config.add_bos = *common.add_bos;
+  config.chat_template = std::move(common.chat_template);
+  return config;
+}
+
+absl::Status OptionalKey(const absl::Status& status) {
+  return absl::IsNotFound(status) ? absl::OkStatus() : status;
+}
+
+absl::StatusOr<GgufTokenizerCommon> ReadGgufTokenizerCommon(
+    const GgufFile& gguf, size_t vocab) {
+  GgufTokenizerCommon c;
   for (auto [key, out] :
-       {std::pair{"tokenizer.ggml.bos_token_id", &config.bos_id},
-        std::pair{"tokenizer.ggml.eos_token_id", &config.eos_id}}) {
+       {std::pair{"tokenizer.ggml.bos_token_id", &c.bos_id},
+        std::pair{"tokenizer.ggml.eos_token_id", &c.eos_id}}) {
     absl::StatusOr<int64_t> id = gguf.GetInt(key);
     if (!id.ok()) {
-      RETURN_IF_ERROR(Optional(id.status()));
+      RETURN_IF_ERROR(OptionalKey(id.status()));
       continue;
     }
-    if (*id < 0 || *id >= static_cast<int64_t>(tokens.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          key, " ", *id, " is outside the vocabulary of ", tokens.size()));
+    if (*id < 0 || *id >= static_cast<int64_t>(vocab)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(key, " ", *id, " is outside the vocabulary of ", vocab));
     }
     *out = static_cast<int32_t>(*id);
   }
-  return config;
+  if (absl::StatusOr<bool> add_bos =
+          gguf.GetBool("tokenizer.ggml.add_bos_token");
+      add_bos.ok()) {
+    c.add_bos = *add_bos;
+  } else {
+    RETURN_IF_ERROR(OptionalKey(add_bos.status()));
+  }
+  if (absl::StatusOr<std::string_view> t =
+          gguf.GetString("tokenizer.chat_template");
+      t.ok()) {
+    c.chat_template = std::string(*t);
+  } else {
+    RETURN_IF_ERROR(OptionalKey(t.status()));
+  }
+  return c;
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizer(

@@ -7,6 +7,7 @@
 #define SHARDLM_MODEL_TOKENIZER_LOADERS_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -22,6 +23,23 @@ namespace shardlm {
 // sets ignore_merges, add_bos (default) and nfc as the model's tokenizer has
 // them (see BpeConfigFromGguf in tokenizer.cc).
 absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf);
+
+// What GGUF tokenizers of every model kind share:
+// tokenizer.ggml.{bos,eos}_token_id (checked against `vocab`),
+// tokenizer.ggml.add_bos_token when given, tokenizer.chat_template. Absent
+// keys keep the defaults; InvalidArgument naming a key of the wrong type or
+// range.
+struct GgufTokenizerCommon {
+  int32_t bos_id = -1;
+  int32_t eos_id = -1;
+  std::optional<bool> add_bos;
+  std::string chat_template;
+};
+absl::StatusOr<GgufTokenizerCommon> ReadGgufTokenizerCommon(
+    const GgufFile& gguf, size_t vocab);
+
+// OK for NotFound (an optional key left at its default), else `status`.
+absl::Status OptionalKey(const absl::Status& status);
 
 // From the text of a tokenizer.json. eos_id stays -1, and bos_id unless the
 // post_processor puts a BOS in front of every sequence (then add_bos too):
