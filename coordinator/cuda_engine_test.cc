@@ -17,6 +17,7 @@
 #include "coordinator/device.h"
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
+#include "core/max_abs_diff.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
 #include "worker/gpu_parity_prompts.h"
@@ -86,12 +87,9 @@ class CudaEngineTest : public ::testing::Test {
       EXPECT_EQ(gpu[i].tokens, cpu[i].tokens);
       ASSERT_EQ(gpu[i].prompt_logits.size(), cpu[i].prompt_logits.size());
       if (!cpu[i].prompt_logits.empty()) {
-        double max_diff = 0;
-        for (size_t v = 0; v < cpu[i].prompt_logits.size(); ++v) {
-          max_diff = std::max<double>(
-              max_diff,
-              std::abs(gpu[i].prompt_logits[v] - cpu[i].prompt_logits[v]));
-        }
+        // NaN-proof: a NaN logit makes it +inf.
+        const double max_diff =
+            MaxAbsDiff(gpu[i].prompt_logits, cpu[i].prompt_logits);
         // CudaModelRunnerTest's bound: bf16 weights and GEMM inputs move
         // these logits by ~0.2; a wrong shard layout by far more.
         std::printf("prompt logits max |gpu - cpu| %.4f\n", max_diff);
