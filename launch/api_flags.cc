@@ -40,16 +40,13 @@ std::string ApiFlags::Problem() const {
   return "";
 }
 
-absl::Status ApiFlags::Apply(ApiServerOptions& options) const {
+void ApiFlags::Apply(ApiServerOptions& options, TlsConfig tls) const {
   options.service.max_client_priority =
       static_cast<int32_t>(max_client_priority);
   options.max_grpc_calls = static_cast<int>(max_grpc_calls);
   options.metrics_auth = metrics_auth;
   options.metrics_prefix_cache = metrics_prefix_cache;
-  absl::StatusOr<TlsConfig> tls = LoadTls();
-  if (!tls.ok()) return tls.status();
-  options.tls = *std::move(tls);
-  return absl::OkStatus();
+  options.tls = std::move(tls);
 }
 
 }  // namespace shardlm

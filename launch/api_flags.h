@@ -28,8 +28,9 @@ struct ApiFlags {
   // The TLS files read (plaintext when none given), or the problem naming
   // the flag and file.
   absl::StatusOr<TlsConfig> LoadTls() const;
-  // Sets what these flags govern in `options` (reading the TLS files).
-  absl::Status Apply(ApiServerOptions& options) const;
+  // Sets what these flags govern in `options`, with `tls` from LoadTls()
+  // (read once, before the model loads).
+  void Apply(ApiServerOptions& options, TlsConfig tls) const;
 };
 
 }  // namespace shardlm

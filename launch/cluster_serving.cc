@@ -214,9 +214,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   api_options.service.tp = static_cast<int>(f.tp);
   api_options.service.pp = static_cast<int>(f.pp);
   api_options.service.api_key = ApiKeyFromEnv();
-  if (absl::Status s = f.api.Apply(api_options); !s.ok()) {
-    return fail("", s);
-  }
+  f.api.Apply(api_options, *tls);
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) return fail("", api.status());

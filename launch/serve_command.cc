@@ -65,8 +65,8 @@ int ServeCommand(int argc, char** argv) {
   }
   if (problem.empty()) problem = f.engine.Problem();
   if (problem.empty()) problem = f.api.Problem();
-  if (absl::StatusOr<TlsConfig> tls = f.api.LoadTls();
-      problem.empty() && !tls.ok()) {
+  absl::StatusOr<TlsConfig> tls = f.api.LoadTls();
+  if (problem.empty() && !tls.ok()) {
     problem = std::string(tls.status().message());
   }
   if (!problem.empty()) {
@@ -96,7 +96,7 @@ int ServeCommand(int argc, char** argv) {
   api.service.tp = tp;
   api.service.pp = pp;
   api.service.api_key = ApiKeyFromEnv();
-  if (absl::Status s = f.api.Apply(api); !s.ok()) return Fail(s);
+  f.api.Apply(api, *std::move(tls));
   api.http_listen_address = f.http_listen;
   auto server =
       ApiServer::Start(local->engine.get(), local->tokenizer.get(), api);

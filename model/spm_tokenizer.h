@@ -62,12 +62,8 @@ struct SpmConfig {
 // add_bos_token,add_space_prefix}, chat_template. InvalidArgument naming
 // the key when one is malformed.
 absl::StatusOr<SpmConfig> SpmConfigFromGguf(const GgufFile& gguf);
-
-// Whether a tokenizer.json is SentencePiece-style BPE (model BPE with
-// byte_fallback, as Llama 2 and Mistral folders ship); then
-// SpmConfigFromTokenizerJson reads it (tokenizer_json.cc).
-bool IsSpmTokenizerJson(std::string_view json);
-absl::StatusOr<SpmConfig> SpmConfigFromTokenizerJson(std::string_view json);
+// (tokenizer.json files of this kind, BPE with byte_fallback as Llama 2 and
+// Mistral folders ship them, are read by LoadTokenizerDirectory.)
 
 // Immutable after Create; all methods are thread-safe.
 class SpmTokenizer : public Tokenizer {

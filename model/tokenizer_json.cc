@@ -376,13 +376,16 @@ void ReadSpecialIds(const std::string& dir, BpeConfig* config) {
   }
 }
 
-}  // namespace
-
-absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
-  const Json root = Json::parse(text.begin(), text.end(), nullptr,
-                                /*allow_exceptions=*/false);
+// The text of a tokenizer.json as a JSON object (parsed once per load).
+absl::StatusOr<Json> ParseRoot(std::string_view text) {
+  Json root = Json::parse(text.begin(), text.end(), nullptr,
+                          /*allow_exceptions=*/false);
   if (root.is_discarded()) return Invalid("not valid JSON");
   if (!root.is_object()) return Invalid("top level is not an object");
+  return root;
+}
+
+absl::StatusOr<BpeConfig> BpeConfigFromRoot(const Json& root) {
   auto model = root.find("model");
   if (model == root.end() || !model->is_object()) {
     return Invalid("model is missing or not an object");
@@ -415,8 +418,6 @@ absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
   config.ignore_merges = BoolField(*model, "ignore_merges", false);
   return config;
 }
-
-namespace {
 
 constexpr std::string_view kSpmSpace = "\xe2\x96\x81";  // "▁"
 
@@ -481,21 +482,14 @@ absl::Status ParseSpmPrefix(const Json& root, SpmConfig* config) {
       "Metaspace(\"▁\", split false); this one has another");
 }
 
-}  // namespace
-
-bool IsSpmTokenizerJson(std::string_view text) {
-  const Json root = Json::parse(text.begin(), text.end(), nullptr,
-                                /*allow_exceptions=*/false);
-  if (!root.is_object()) return false;
+// SentencePiece-style BPE: model BPE with byte_fallback.
+bool IsSpmRoot(const Json& root) {
   auto model = root.find("model");
   return model != root.end() && model->is_object() &&
          BoolField(*model, "byte_fallback", false);
 }
 
-absl::StatusOr<SpmConfig> SpmConfigFromTokenizerJson(std::string_view text) {
-  const Json root = Json::parse(text.begin(), text.end(), nullptr,
-                                /*allow_exceptions=*/false);
-  if (!root.is_object()) return Invalid("not a JSON object");
+absl::StatusOr<SpmConfig> SpmConfigFromRoot(const Json& root) {
   auto model = root.find("model");
   if (model == root.end() || !model->is_object() || TypeOf(*model) != "BPE") {
     return Invalid("model is not a BPE object");
@@ -539,12 +533,26 @@ absl::StatusOr<SpmConfig> SpmConfigFromTokenizerJson(std::string_view text) {
   return config;
 }
 
+}  // namespace
+
+absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
+  ASSIGN_OR_RETURN(const Json root, ParseRoot(text));
+  return BpeConfigFromRoot(root);
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  if (IsSpmTokenizerJson(text)) {
-    absl::StatusOr<SpmConfig> spm = SpmConfigFromTokenizerJson(text);
+  absl::StatusOr<Json> root = ParseRoot(text);
+  if (!root.ok()) {
+    return absl::Status(root.status().code(),
+                        absl::StrCat(path, ": ", root.status().message()));
+  }
+  text.clear();
+  text.shrink_to_fit();
+  if (IsSpmRoot(*root)) {
+    absl::StatusOr<SpmConfig> spm = SpmConfigFromRoot(*root);
     if (!spm.ok()) {
       return absl::Status(spm.status().code(),
                           absl::StrCat(path, ": ", spm.status().message()));
@@ -552,10 +560,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     // bos/eos (and the chat template) from tokenizer_config.json or
     // config.json, looked up as for byte-level BPE.
     BpeConfig names;
-    names.tokens = spm->pieces;
+    names.tokens = std::move(spm->pieces);  // Lent for the lookups.
     names.bos_id = spm->bos_id;
     names.add_bos = spm->add_bos;
     ReadSpecialIds(dir, &names);
+    spm->pieces = std::move(names.tokens);
     spm->bos_id = names.bos_id;
     spm->eos_id = names.eos_id;
     spm->chat_template = std::move(names.chat_template);
@@ -563,7 +572,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
                      SpmTokenizer::Create(*std::move(spm)));
     return std::unique_ptr<Tokenizer>(std::move(tok));
   }
-  absl::StatusOr<BpeConfig> config = BpeConfigFromTokenizerJson(text);
+  absl::StatusOr<BpeConfig> config = BpeConfigFromRoot(*root);
   if (!config.ok()) {
     return absl::Status(config.status().code(),
                         absl::StrCat(path, ": ", config.status().message()));
