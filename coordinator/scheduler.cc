@@ -6,15 +6,15 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/check.h"
 
 namespace shardlm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point a, Clock::time_point b) {
-  return std::chrono::duration<double>(b - a).count();
+// The planner's clock: monotonic (latencies do not jump with the wall
+// clock), as an absl::Time.
+absl::Time MonotonicNow() {
+  return absl::UnixEpoch() +
+         absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
 }
 
 }  // namespace
@@ -31,39 +31,14 @@ const char* FinishReasonName(FinishReason r) {
   return "?";
 }
 
-// A request, waiting or running.
-struct Scheduler::Sequence {
-  RequestId id = 0;
-  GenerateRequest request;
-  RequestCallbacks callbacks;
-  std::vector<int32_t> tokens;  // Prompt, then generated tokens.
-  int64_t computed = 0;         // Tokens whose KV is in the cache.
-  bool done = false;
-  bool preempted = false;  // In this step: leaves running_ for waiting_.
-  bool in_flight = false;  // In a submitted step whose output is not back.
-  Clock::time_point submitted;
-  std::optional<Clock::time_point> started;  // First in running_.
-  Clock::time_point first_token, last_token;
-  GenerateResult result;
-};
-
-namespace {
-
-// Admission and preemption order: higher priority first, then arrival.
-template <typename S>
-bool Before(const S& a, const S& b) {
-  if (a.request.priority != b.request.priority) {
-    return a.request.priority > b.request.priority;
-  }
-  return a.id < b.id;
-}
-
-}  // namespace
-
 Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
                      SchedulerOptions options)
-    : executor_(executor), blocks_(blocks), options_(options) {
-  PublishStats();
+    : executor_(executor),
+      blocks_(blocks),
+      options_(options),
+      planner_(blocks, &metrics_, options, executor->config().vocab_size,
+               [executor](RequestId id) { executor->Release(id); }) {
+  stats_ = planner_.Stats();
   loop_ = std::thread([this] { Loop(); });
 }
 
@@ -76,500 +51,67 @@ Scheduler::~Scheduler() {
   loop_.join();
 }
 
-void Scheduler::Enqueue(std::unique_ptr<Sequence> s) {
-  auto at = std::find_if(waiting_.begin(), waiting_.end(),
-                         [&](const auto& w) { return Before(*s, *w); });
-  waiting_.insert(at, std::move(s));
-}
-
 absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
                                             RequestCallbacks callbacks,
                                             bool ignore_queue_limit) {
-  auto s = std::make_unique<Sequence>();
-  s->tokens = request.prompt;
-  s->request = std::move(request);
-  s->callbacks = std::move(callbacks);
-  s->submitted = Clock::now();
+  const absl::Time now = MonotonicNow();
+  // Deadlines move to the planner's monotonic clock.
+  if (request.deadline != absl::InfiniteFuture()) {
+    request.deadline = now + (request.deadline - absl::Now());
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
-  if (!ignore_queue_limit &&
-      static_cast<int64_t>(waiting_.size()) >= options_.max_queued) {
-    metrics_.Refused(s->request.api, Refusal::kQueueFull);
+  const int64_t queued =
+      static_cast<int64_t>(intake_.size()) + planner_waiting_;
+  if (!ignore_queue_limit && queued >= options_.max_queued) {
+    metrics_.Refused(request.api, Refusal::kQueueFull);
     return absl::ResourceExhaustedError(
-        absl::StrCat(waiting_.size(), " requests are already waiting (",
+        absl::StrCat(queued, " requests are already waiting (",
                      "max_queued); try again later"));
   }
-  s->id = next_id_++;
-  const RequestId id = s->id;
-  Enqueue(std::move(s));
+  const RequestId id = next_id_++;
+  intake_.push_back({id, std::move(request), std::move(callbacks), now});
   cv_.notify_all();
   return id;
 }
 
 void Scheduler::Cancel(RequestId id) {
   std::lock_guard<std::mutex> lock(mu_);
-  cancelled_.insert(id);
+  cancels_.push_back(id);
   cv_.notify_all();
 }
 
-namespace {
-
-RequestOutcome OutcomeOf(const absl::StatusOr<GenerateResult>& result) {
-  if (!result.ok()) {
-    return absl::IsDeadlineExceeded(result.status()) ? RequestOutcome::kDeadline
-           : absl::IsCancelled(result.status()) ? RequestOutcome::kCancelled
-                                                : RequestOutcome::kError;
+void Scheduler::TakeIntake() {
+  for (Submission& s : intake_) {
+    planner_.Add(s.id, std::move(s.request), std::move(s.callbacks),
+                 s.submitted);
   }
-  switch (result->finish_reason) {
-    case FinishReason::kStop:
-      return RequestOutcome::kStop;
-    case FinishReason::kLength:
-      return RequestOutcome::kLength;
-    case FinishReason::kCancelled:
-      return RequestOutcome::kCancelled;
-  }
-  return RequestOutcome::kError;
-}
-
-}  // namespace
-
-void Scheduler::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
-                       std::vector<Event>& events) {
-  const int64_t generated =
-      static_cast<int64_t>(s.tokens.size() - s.request.prompt.size());
-  RequestRecord record{
-      .api = s.request.api,
-      .outcome = OutcomeOf(result),
-      .prompt_tokens = static_cast<int64_t>(s.request.prompt.size()),
-      .generated_tokens = generated,
-      .done = Seconds(s.submitted, Clock::now())};
-  if (s.started) record.started = Seconds(s.submitted, *s.started);
-  if (generated > 0) {
-    record.first_token = Seconds(s.submitted, s.first_token);
-    record.last_token = Seconds(s.submitted, s.last_token);
-  }
-  metrics_.RequestFinished(record);
-  s.done = true;
-  blocks_->Free(s.id);
-  executor_->Release(s.id);
-  events.push_back(
-      [cb = std::move(s.callbacks.on_done), r = std::move(result)]() mutable {
-        if (cb) cb(std::move(r));
-      });
-}
-
-bool Scheduler::TryStart(Sequence& s, int64_t& promised) {
-  // A fresh (or dropped) sequence starts from its cached prefix; at least
-  // its last token is computed, for the logits.
-  if (s.computed == 0 && blocks_->Table(s.id).empty()) {
-    s.computed = blocks_->AttachPrefix(
-        s.id, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
-  }
-  const int64_t table = static_cast<int64_t>(blocks_->Table(s.id).size());
-  const int64_t chunk =
-      std::min<int64_t>(options_.max_batched_tokens,
-                        static_cast<int64_t>(s.tokens.size()) - s.computed);
-  const int32_t host = blocks_->HostBlocksOf(s.id);
-  const int64_t grow =
-      std::max<int64_t>(0, blocks_->BlocksFor(s.computed + chunk) - table);
-  // Alone, a sequence always starts: it grows by moving its own blocks to
-  // the host (each request fits device + host). Otherwise the device must
-  // hold its blocks and first chunk beside those promised to sequences
-  // started in this round (they take their blocks in the next step).
-  if (!running_.empty() &&
-      host + grow + promised > blocks_->DeviceAvailable()) {
-    return false;
-  }
-  blocks_->SwapIn(s.id, host);
-  promised += grow;
-  return true;
-}
-
-void Scheduler::Admit(std::vector<Event>& events) {
-  const absl::Time now = absl::Now();
-  const auto cancelled_result = [](Sequence& s) {
-    s.result.finish_reason = FinishReason::kCancelled;
-    return std::move(s.result);
-  };
-  const auto late = [](const Sequence& s) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("the deadline passed after ", s.result.tokens.size(),
-                     " of ", s.request.max_tokens, " tokens"));
-  };
-  for (auto& s : running_) {
-    // One in a step in flight ends once that step is back (its blocks are
-    // being written): its cancellation waits for the next round.
-    if (s->in_flight) continue;
-    if (cancelled_.contains(s->id)) {
-      Finish(*s, cancelled_result(*s), events);
-      cancelled_.erase(s->id);
-    } else if (s->request.deadline <= now) {
-      Finish(*s, late(*s), events);
-    }
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    Sequence& s = **it;
-    if (cancelled_.contains(s.id) || s.request.deadline <= now) {
-      absl::StatusOr<GenerateResult> r = late(s);
-      if (cancelled_.contains(s.id)) r = cancelled_result(s);
-      Finish(s, std::move(r), events);  // A preempted one holds blocks.
-      cancelled_.erase(s.id);
-      it = waiting_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  // Ids left name requests in flight, or ones already finished.
-  absl::erase_if(cancelled_, [&](RequestId id) {
-    return std::none_of(running_.begin(), running_.end(),
-                        [&](const auto& r) { return r->id == id; });
-  });
-  std::erase_if(running_, [](const auto& s) { return s->done; });
-
-  // Strictly in order: a large request at the head is not starved by
-  // smaller ones behind it. The head may preempt running sequences of a
-  // lower priority (latest first) to make room.
-  int64_t promised = 0;  // Blocks the sequences started here will take.
-  while (!waiting_.empty() &&
-         static_cast<int32_t>(running_.size()) < options_.max_seqs) {
-    std::unique_ptr<Sequence> s = std::move(waiting_.front());
-    waiting_.pop_front();
-    bool start = TryStart(*s, promised);
-    // Victims: the latest lower-priority sequence not in a step in flight.
-    const auto victim_at = [&] {
-      for (size_t v = running_.size(); v-- > 0;) {
-        if (running_[v]->request.priority >= s->request.priority) break;
-        if (!running_[v]->in_flight) return v;
-      }
-      return running_.size();
-    };
-    for (size_t v = start ? running_.size() : victim_at();
-         !start && v < running_.size(); v = victim_at()) {
-      std::unique_ptr<Sequence> victim = std::move(running_[v]);
-      running_.erase(running_.begin() + v);
-      Preempt(*victim);
-      victim->preempted = false;
-      Enqueue(std::move(victim));  // Behind s: a lower priority.
-      start = TryStart(*s, promised);
-    }
-    if (!start) {
-      waiting_.push_front(std::move(s));
-      break;
-    }
-    if (!s->started) s->started = Clock::now();
-    auto at = std::find_if(running_.begin(), running_.end(),
-                           [&](const auto& r) { return Before(*s, *r); });
-    running_.insert(at, std::move(s));
-  }
-}
-
-void Scheduler::Preempt(Sequence& s) {
-  const int32_t device = blocks_->DeviceBlocksOf(s.id);
-  s.preempted = true;
-  if (device == 0) return;  // Admitted but not started: nothing to move.
-  if (blocks_->HostAvailable() >= device) {
-    blocks_->SwapOut(s.id, device);
-    ++counters_.preempted_swap;
-  } else {
-    blocks_->Free(s.id);
-    executor_->Release(s.id);
-    s.computed = 0;
-    ++counters_.preempted_recompute;
-  }
-}
-
-void Scheduler::RecomputeSwapped(int32_t blocks) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = waiting_.rbegin(); it != waiting_.rend() && blocks > 0; ++it) {
-    Sequence& s = **it;
-    const int32_t host = blocks_->HostBlocksOf(s.id);
-    if (host == 0) continue;
-    blocks_->Free(s.id);
-    executor_->Release(s.id);
-    s.computed = 0;
-    blocks -= host;
-    ++counters_.preempted_recompute;
-  }
-}
-
-int64_t Scheduler::Grow(size_t index, int64_t want,
-                        const std::vector<bool>& in_step) {
-  Sequence& s = *running_[index];
-  const auto table = [&] {
-    return static_cast<int64_t>(blocks_->Table(s.id).size());
-  };
-  const auto short_by = [&](int64_t tokens) {
-    return blocks_->BlocksFor(tokens) - table() - blocks_->DeviceAvailable();
-  };
-  int64_t target = s.computed + want;
-  // Later (lower priority, newer) sequences not in this step give way.
-  for (size_t v = running_.size(); v-- > index + 1 && short_by(target) > 0;) {
-    Sequence& victim = *running_[v];
-    if (!in_step[v] && !victim.preempted && !victim.done && !victim.in_flight) {
-      Preempt(victim);
-    }
-  }
-  const bool alone = std::all_of(
-      running_.begin(), running_.end(),
-      [&](const auto& r) { return r.get() == &s || r->preempted || r->done; });
-  if (alone && short_by(target) > 0) {
-    // Alone: move this sequence's own full blocks (not the one being
-    // written) to the host, making room on the host if it must.
-    const std::vector<int32_t>& t = blocks_->Table(s.id);
-    const int64_t full = s.computed / blocks_->block_size();
-    const int32_t movable = static_cast<int32_t>(
-        std::count_if(t.begin(), t.begin() + std::min<int64_t>(full, t.size()),
-                      [&](int32_t b) { return !blocks_->IsHost(b); }));
-    const int32_t keep_last = static_cast<int32_t>(table() - full);
-    const int32_t need =
-        std::min(movable, static_cast<int32_t>(short_by(target)));
-    int32_t moved = blocks_->SwapOut(s.id, need, keep_last);
-    if (moved < need) RecomputeSwapped(need - moved);
-    moved += blocks_->SwapOut(s.id, need - moved, keep_last);
-    counters_.offloaded += moved;
-  }
-  if (short_by(target) > 0) {
-    // Compute what fits now; the rest in later steps (or once the
-    // sequences ahead of this one, already in the step, have finished).
-    target = std::min<int64_t>(target,
-                               (table() + blocks_->DeviceAvailable()) *
-                                   static_cast<int64_t>(blocks_->block_size()));
-    if (target <= s.computed) return 0;
-  }
-  const absl::Status reserved = blocks_->Reserve(s.id, target);
-  SHARDLM_CHECK(reserved.ok(), reserved.ToString());
-  return target - s.computed;
-}
-
-bool Scheduler::SubmitStep(size_t max_seqs) {
-  // Blocks are taken in priority order, so that a sequence can make room
-  // by preempting only lower-priority ones, whatever it is doing. The token
-  // budget goes to decoding sequences first (one token each), the rest to
-  // prefill chunks.
-  const auto remaining = [](const Sequence& s) {
-    return static_cast<int64_t>(s.tokens.size()) - s.computed;
-  };
-  const auto decoding = [&](const Sequence& s) {
-    return remaining(s) == 1 && s.computed > 0;
-  };
-  const auto runnable = [&](const Sequence& s) {
-    return !s.preempted && !s.in_flight && remaining(s) > 0;
-  };
-  int64_t decode_budget = options_.max_batched_tokens;
-  int64_t prefill_budget = options_.max_batched_tokens;
-  for (const auto& s : running_) {
-    prefill_budget -= runnable(*s) && decoding(*s) ? 1 : 0;
-  }
-  size_t seqs = 0;
-  std::vector<int64_t> chunk(running_.size(), 0);
-  std::vector<bool> scheduled(running_.size(), false);
-  std::vector<bool> decode(running_.size(), false);
-  for (size_t i = 0; i < running_.size(); ++i) {
-    Sequence& s = *running_[i];
-    if (!runnable(s) || seqs >= max_seqs) continue;
-    decode[i] = decoding(s);
-    int64_t& budget = decode[i] ? decode_budget : prefill_budget;
-    if (budget <= 0) continue;
-    chunk[i] = Grow(i, std::min(remaining(s), budget), scheduled);
-    scheduled[i] = chunk[i] > 0;
-    budget -= chunk[i];
-    seqs += scheduled[i] ? 1 : 0;
-  }
-  // The step: decode tokens first, then prefill chunks.
-  InFlightStep f;
-  StepInput& step = f.step;
-  std::vector<Sequence*>& in_step = f.in_step;
-  std::vector<Sequence*>& stepped = f.stepped;
-  for (int pass = 0; pass < 2; ++pass) {
-    for (size_t i = 0; i < running_.size(); ++i) {
-      Sequence& s = *running_[i];
-      if (chunk[i] == 0 || s.preempted || decode[i] != (pass == 0)) continue;
-      const int32_t seq_index = static_cast<int32_t>(stepped.size());
-      step.seq_ids.push_back(s.id);
-      stepped.push_back(&s);
-      for (int64_t j = 0; j < chunk[i]; ++j) {
-        step.tokens.push_back(s.tokens[s.computed + j]);
-        step.positions.push_back(static_cast<int32_t>(s.computed + j));
-        step.token_seq.push_back(seq_index);
-      }
-      s.computed += chunk[i];
-      // Logits only where a token is sampled: the end of the known tokens.
-      if (s.computed == static_cast<int64_t>(s.tokens.size())) {
-        const GenerateRequest& req = s.request;
-        const uint64_t generated = s.tokens.size() - req.prompt.size();
-        step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) - 1);
-        step.sampling.push_back(req.sampling);
-        step.sample_index.push_back(generated);
-        step.logprobs.push_back(req.logprobs);
-        step.return_logits |= generated == 0 && req.return_prompt_logits;
-        in_step.push_back(&s);
-      }
-    }
-  }
-  // Tables last: growing one sequence may have swapped out another's.
-  for (Sequence* s : stepped)
-    step.block_tables.push_back(blocks_->Table(s->id));
-  step.copies = blocks_->TakeCopies();
-  if (std::any_of(running_.begin(), running_.end(),
-                  [](const auto& s) { return s->preempted; })) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& s : running_) {
-      if (!s->preempted) continue;
-      s->preempted = false;
-      Enqueue(std::move(s));
-    }
-    std::erase_if(running_, [](const auto& s) { return s == nullptr; });
-  }
-  if (step.tokens.empty() && step.copies.empty()) return false;
-  for (Sequence* s : stepped) s->in_flight = true;
-  ++steps_;
-  // A refused step comes back from Collect with its error.
-  (void)executor_->Submit(step);
-  in_flight_.push_back(std::move(f));
-  max_in_flight_ = std::max<int64_t>(max_in_flight_, in_flight_.size());
-  return true;
-}
-
-void Scheduler::CollectStep() {
-  std::vector<Event> events;
-  InFlightStep f = std::move(in_flight_.front());
-  in_flight_.pop_front();
-  const StepInput& step = f.step;
-  const std::vector<Sequence*>& in_step = f.in_step;
-  absl::StatusOr<StepOutput> out = executor_->Collect();
-  for (Sequence* s : f.stepped) s->in_flight = false;
-  if (out.ok() && out->tokens.size() != in_step.size()) {
-    out = absl::InternalError(absl::StrCat("step returned ", out->tokens.size(),
-                                           " tokens for ", in_step.size(),
-                                           " rows"));
-  }
-  const bool want_logprobs =
-      std::any_of(step.logprobs.begin(), step.logprobs.end(),
-                  [](int32_t n) { return n > 0; });
-  if (out.ok() && want_logprobs && out->logprobs.size() != in_step.size()) {
-    out = absl::InternalError(
-        absl::StrCat("step returned ", out->logprobs.size(),
-                     " log-probability rows for ", in_step.size(), " rows"));
-  }
-  if (!out.ok()) {
-    // The KV cache of every running sequence is now suspect, and so are
-    // the blocks this step was to copy: all holders fail (the steps still
-    // in flight are collected first: their sequences are among them).
-    DrainInFlight();
-    FailKvHolders(out.status(), events);
-    RunEvents(events);
-    return;
-  }
-  counters_.computed_tokens += static_cast<int64_t>(step.tokens.size());
-  for (Sequence* s : f.stepped) {
-    blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
-  }
-  const int64_t vocab = executor_->config().vocab_size;
-  for (size_t row = 0; row < in_step.size(); ++row) {
-    Sequence& s = *in_step[row];
-    const GenerateRequest& req = s.request;
-    const int64_t generated =
-        static_cast<int64_t>(s.tokens.size() - req.prompt.size());
-    if (generated == 0 && req.return_prompt_logits) {
-      const float* l = out->logits.f32().data() + row * vocab;
-      s.result.prompt_logits.assign(l, l + vocab);
-    }
-    const int32_t token = out->tokens[row];
-    s.tokens.push_back(token);
-    s.result.tokens.push_back(token);
-    const TokenLogprobs* logprobs = nullptr;
-    if (req.logprobs > 0) {
-      s.result.logprobs.push_back(std::move(out->logprobs[row]));
-      logprobs = &s.result.logprobs.back();
-    }
-    const Clock::time_point now = Clock::now();
-    if (generated == 0) {
-      s.first_token = now;
-      s.result.prefill_seconds = Seconds(s.submitted, now);
-    } else {
-      metrics_.InterTokenGap(Seconds(s.last_token, now));
-    }
-    s.last_token = now;
-    s.result.decode_seconds = Seconds(s.first_token, now);
-    // The loop thread holds no lock here.
-    const TokenAction action = s.callbacks.on_token
-                                   ? s.callbacks.on_token(token, logprobs)
-                                   : TokenAction::kContinue;
-    if (action == TokenAction::kCancel) {
-      s.result.finish_reason = FinishReason::kCancelled;
-    } else if (action == TokenAction::kStop) {
-      s.result.finish_reason = FinishReason::kStop;
-    } else if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
-                         token) != req.stop_token_ids.end()) {
-      s.result.finish_reason = FinishReason::kStop;
-    } else if (generated + 1 >= req.max_tokens) {
-      s.result.finish_reason = FinishReason::kLength;
-    } else {
-      continue;
-    }
-    Finish(s, std::move(s.result), events);
-  }
-  std::erase_if(running_, [](const auto& s) { return s->done; });
-  RunEvents(events);
+  intake_.clear();
+  for (RequestId id : cancels_) planner_.Cancel(id);
+  cancels_.clear();
 }
 
 void Scheduler::DrainInFlight() {
-  while (!in_flight_.empty()) {
-    for (Sequence* s : in_flight_.front().stepped) s->in_flight = false;
-    in_flight_.pop_front();
-    (void)executor_->Collect();
-  }
+  for (int64_t n = planner_.in_flight(); n > 0; --n) (void)executor_->Collect();
+  planner_.AbandonInFlight();
 }
 
-void Scheduler::RunEvents(std::vector<Event>& events) {
+void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
   // Whoever a callback wakes sees the figures that include its request.
-  PublishStats();
+  SchedulerStats s = planner_.Stats();
+  s.steps = steps_.load();
+  s.max_steps_in_flight = max_in_flight_;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    planner_waiting_ = s.waiting;
+    s.waiting += static_cast<int64_t>(intake_.size());
+  }
+  {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    stats_ = s;
+  }
   for (auto& e : events) e();
   events.clear();
-}
-
-void Scheduler::PublishStats() {
-  SchedulerStats s = counters_;
-  s.steps = steps_.load();
-  s.running = static_cast<int64_t>(running_.size());
-  s.steps_in_flight = static_cast<int64_t>(in_flight_.size());
-  s.max_steps_in_flight = max_in_flight_;
-  const auto slots = [&](const Sequence& q) {
-    const int64_t allocated =
-        static_cast<int64_t>(blocks_->Table(q.id).size()) *
-        blocks_->block_size();
-    s.kv_slots_allocated += allocated;
-    s.kv_slots_filled += std::min(q.computed, allocated);
-  };
-  for (const auto& q : running_) slots(*q);
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    s.waiting = static_cast<int64_t>(waiting_.size());
-    for (const auto& q : waiting_) slots(*q);
-  }
-  s.device = blocks_->device_usage();
-  s.host = blocks_->host_usage();
-  s.blocks = blocks_->counters();
-  std::lock_guard<std::mutex> lock(stats_mu_);
-  stats_ = s;
-}
-
-void Scheduler::FailKvHolders(const absl::Status& why,
-                              std::vector<Event>& events) {
-  for (auto& s : running_) Finish(*s, why, events);
-  running_.clear();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = waiting_.begin(); it != waiting_.end();) {
-      if (blocks_->Table((*it)->id).empty()) {
-        ++it;
-        continue;
-      }
-      Finish(**it, why, events);
-      it = waiting_.erase(it);
-    }
-  }
-  blocks_->DropCache();
 }
 
 void Scheduler::DropKvState(absl::Status why) {
@@ -581,63 +123,74 @@ void Scheduler::DropKvState(absl::Status why) {
 }
 
 void Scheduler::Loop() {
-  std::vector<Event> events;
+  std::vector<PlannerEvent> events;
   while (true) {
     std::optional<absl::Status> drop;
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] {
-        return stopping_ || !waiting_.empty() || !running_.empty() ||
-               !in_flight_.empty() || drops_done_ < drops_requested_;
+        return stopping_ || !intake_.empty() || !cancels_.empty() ||
+               !planner_.idle() || drops_done_ < drops_requested_;
       });
       if (stopping_) break;
-      if (drops_done_ < drops_requested_) {
-        drop = drop_why_;
-      } else {
-        Admit(events);
-        // Requests wait only while others run (each fits the cache alone);
-        // never spin should that ever not hold.
-        if (running_.empty() && in_flight_.empty()) {
-          cv_.wait_for(lock, std::chrono::milliseconds(10));
-        }
-      }
+      TakeIntake();
+      if (drops_done_ < drops_requested_) drop = drop_why_;
     }
     if (drop.has_value()) {
       DrainInFlight();
-      FailKvHolders(*drop, events);
+      planner_.FailKvHolders(*drop, MonotonicNow(), events);
       RunEvents(events);
       std::lock_guard<std::mutex> lock(mu_);
       drops_done_ = drops_requested_;
       cv_.notify_all();
       continue;
     }
+    planner_.Admit(MonotonicNow(), events);
     RunEvents(events);
+    if (planner_.running() == 0 && planner_.in_flight() == 0) {
+      // Requests wait only while others run (each fits the cache alone);
+      // never spin should that ever not hold.
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait_for(lock, std::chrono::milliseconds(10), [&] {
+        return stopping_ || !intake_.empty() || !cancels_.empty() ||
+               drops_done_ < drops_requested_;
+      });
+      continue;
+    }
     // Fill the pipeline: each step takes its share of the runnable
     // sequences, so that several (disjoint) steps can be in flight.
     const int depth = std::max(1, executor_->max_steps_in_flight());
-    while (static_cast<int>(in_flight_.size()) < depth) {
-      size_t runnable = 0;
-      for (const auto& q : running_) {
-        runnable += !q->preempted && !q->done &&
-                    (q->in_flight ||
-                     static_cast<int64_t>(q->tokens.size()) > q->computed);
-      }
-      const size_t share = std::max<size_t>(1, (runnable + depth - 1) / depth);
-      if (!SubmitStep(depth == 1 ? running_.size() : share)) break;
+    while (static_cast<int>(planner_.in_flight()) < depth) {
+      const size_t share =
+          std::max<size_t>(1, (planner_.busy() + depth - 1) / depth);
+      std::optional<StepPlan> plan =
+          planner_.Plan(depth == 1 ? planner_.running() : share);
+      if (!plan.has_value()) break;
+      ++steps_;
+      max_in_flight_ = std::max<int64_t>(max_in_flight_, planner_.in_flight());
+      // A refused step comes back from Collect with its error.
+      (void)executor_->Submit(plan->step);
     }
-    if (!in_flight_.empty()) CollectStep();
+    if (planner_.in_flight() == 0) continue;
+    absl::StatusOr<StepOutput> out = executor_->Collect();
+    // After a failure the other steps in flight are collected and dropped
+    // (the planner fails their sequences with this one's error).
+    if (!out.ok()) {
+      for (int64_t n = planner_.in_flight() - 1; n > 0; --n) {
+        (void)executor_->Collect();
+      }
+    }
+    planner_.Apply(std::move(out), MonotonicNow(), events);
+    RunEvents(events);
   }
   DrainInFlight();
   // Shutting down: nothing new is accepted (stopping_ is set).
-  std::deque<std::unique_ptr<Sequence>> waiting;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    waiting.swap(waiting_);
+    TakeIntake();
   }
-  const absl::Status gone = absl::UnavailableError("the engine shut down");
-  for (auto& s : running_) Finish(*s, gone, events);
-  running_.clear();
-  for (auto& s : waiting) Finish(*s, gone, events);
+  planner_.EndAll(absl::UnavailableError("the engine shut down"),
+                  MonotonicNow(), events);
   RunEvents(events);
 }
 

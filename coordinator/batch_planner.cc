@@ -1,0 +1,531 @@
+#include "coordinator/batch_planner.h"
+
+#include <algorithm>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "core/check.h"
+
+namespace shardlm {
+namespace {
+
+double Seconds(absl::Time a, absl::Time b) {
+  return absl::ToDoubleSeconds(b - a);
+}
+
+}  // namespace
+
+// A request, waiting or running.
+struct BatchPlanner::Sequence {
+  RequestId id = 0;
+  GenerateRequest request;
+  RequestCallbacks callbacks;
+  std::vector<int32_t> tokens;  // Prompt, then generated tokens.
+  int64_t computed = 0;         // Tokens whose KV is in the cache.
+  bool done = false;
+  bool preempted = false;  // In this step: leaves running_ for waiting_.
+  bool in_flight = false;  // In a planned step whose output is not back.
+  absl::Time submitted;
+  std::optional<absl::Time> started;  // First in running_.
+  absl::Time first_token, last_token;
+  GenerateResult result;
+};
+
+namespace {
+
+// Admission and preemption order: higher priority first, then arrival.
+template <typename S>
+bool Before(const S& a, const S& b) {
+  if (a.request.priority != b.request.priority) {
+    return a.request.priority > b.request.priority;
+  }
+  return a.id < b.id;
+}
+
+RequestOutcome OutcomeOf(const absl::StatusOr<GenerateResult>& result) {
+  if (!result.ok()) {
+    return absl::IsDeadlineExceeded(result.status()) ? RequestOutcome::kDeadline
+           : absl::IsCancelled(result.status()) ? RequestOutcome::kCancelled
+                                                : RequestOutcome::kError;
+  }
+  switch (result->finish_reason) {
+    case FinishReason::kStop:
+      return RequestOutcome::kStop;
+    case FinishReason::kLength:
+      return RequestOutcome::kLength;
+    case FinishReason::kCancelled:
+      return RequestOutcome::kCancelled;
+  }
+  return RequestOutcome::kError;
+}
+
+}  // namespace
+
+BatchPlanner::BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
+                           SchedulerOptions options, int64_t vocab_size,
+                           std::function<void(RequestId)> release)
+    : blocks_(blocks),
+      metrics_(metrics),
+      options_(options),
+      vocab_size_(vocab_size),
+      release_(std::move(release)) {}
+
+BatchPlanner::~BatchPlanner() = default;
+
+void BatchPlanner::Enqueue(std::unique_ptr<Sequence> s) {
+  auto at = std::find_if(waiting_.begin(), waiting_.end(),
+                         [&](const auto& w) { return Before(*s, *w); });
+  waiting_.insert(at, std::move(s));
+}
+
+void BatchPlanner::Add(RequestId id, GenerateRequest request,
+                       RequestCallbacks callbacks, absl::Time submitted) {
+  auto s = std::make_unique<Sequence>();
+  s->id = id;
+  s->tokens = request.prompt;
+  s->request = std::move(request);
+  s->callbacks = std::move(callbacks);
+  s->submitted = submitted;
+  Enqueue(std::move(s));
+}
+
+void BatchPlanner::Cancel(RequestId id) { cancelled_.insert(id); }
+
+void BatchPlanner::Drop(Sequence& s) {
+  blocks_->Free(s.id);
+  if (release_) release_(s.id);
+  s.computed = 0;
+}
+
+void BatchPlanner::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
+                          absl::Time now, std::vector<PlannerEvent>& events) {
+  const int64_t generated =
+      static_cast<int64_t>(s.tokens.size() - s.request.prompt.size());
+  RequestRecord record{
+      .api = s.request.api,
+      .outcome = OutcomeOf(result),
+      .prompt_tokens = static_cast<int64_t>(s.request.prompt.size()),
+      .generated_tokens = generated,
+      .done = Seconds(s.submitted, now)};
+  if (s.started) record.started = Seconds(s.submitted, *s.started);
+  if (generated > 0) {
+    record.first_token = Seconds(s.submitted, s.first_token);
+    record.last_token = Seconds(s.submitted, s.last_token);
+  }
+  metrics_->RequestFinished(record);
+  s.done = true;
+  blocks_->Free(s.id);
+  if (release_) release_(s.id);
+  events.push_back(
+      [cb = std::move(s.callbacks.on_done), r = std::move(result)]() mutable {
+        if (cb) cb(std::move(r));
+      });
+}
+
+bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
+  // A fresh (or dropped) sequence starts from its cached prefix; at least
+  // its last token is computed, for the logits.
+  if (s.computed == 0 && blocks_->Table(s.id).empty()) {
+    s.computed = blocks_->AttachPrefix(
+        s.id, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+  }
+  const int64_t table = static_cast<int64_t>(blocks_->Table(s.id).size());
+  const int64_t chunk =
+      std::min<int64_t>(options_.max_batched_tokens,
+                        static_cast<int64_t>(s.tokens.size()) - s.computed);
+  const int32_t host = blocks_->HostBlocksOf(s.id);
+  const int64_t grow =
+      std::max<int64_t>(0, blocks_->BlocksFor(s.computed + chunk) - table);
+  // Alone, a sequence always starts: it grows by moving its own blocks to
+  // the host (each request fits device + host). Otherwise the device must
+  // hold its blocks and first chunk beside those promised to sequences
+  // started in this round (they take their blocks in the next step).
+  if (!running_.empty() &&
+      host + grow + promised > blocks_->DeviceAvailable()) {
+    return false;
+  }
+  blocks_->SwapIn(s.id, host);
+  promised += grow;
+  return true;
+}
+
+void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
+  const auto cancelled_result = [](Sequence& s) {
+    s.result.finish_reason = FinishReason::kCancelled;
+    return std::move(s.result);
+  };
+  const auto late = [](const Sequence& s) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the deadline passed after ", s.result.tokens.size(),
+                     " of ", s.request.max_tokens, " tokens"));
+  };
+  for (auto& s : running_) {
+    // One in a step in flight ends once that step is back (its blocks are
+    // being written): its cancellation waits for the next round.
+    if (s->in_flight) continue;
+    if (cancelled_.contains(s->id)) {
+      Finish(*s, cancelled_result(*s), now, events);
+      cancelled_.erase(s->id);
+    } else if (s->request.deadline <= now) {
+      Finish(*s, late(*s), now, events);
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    Sequence& s = **it;
+    if (cancelled_.contains(s.id) || s.request.deadline <= now) {
+      absl::StatusOr<GenerateResult> r = late(s);
+      if (cancelled_.contains(s.id)) r = cancelled_result(s);
+      Finish(s, std::move(r), now, events);  // A preempted one holds blocks.
+      cancelled_.erase(s.id);
+      it = waiting_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  // Ids left name requests in flight, or ones already finished.
+  absl::erase_if(cancelled_, [&](RequestId id) {
+    return std::none_of(running_.begin(), running_.end(),
+                        [&](const auto& r) { return r->id == id; });
+  });
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+
+  // Strictly in order: a large request at the head is not starved by
+  // smaller ones behind it. The head may preempt running sequences of a
+  // lower priority (latest first) to make room.
+  int64_t promised = 0;  // Blocks the sequences started here will take.
+  while (!waiting_.empty() &&
+         static_cast<int32_t>(running_.size()) < options_.max_seqs) {
+    std::unique_ptr<Sequence> s = std::move(waiting_.front());
+    waiting_.pop_front();
+    bool start = TryStart(*s, promised);
+    // Victims: the latest lower-priority sequence not in a step in flight.
+    const auto victim_at = [&] {
+      for (size_t v = running_.size(); v-- > 0;) {
+        if (running_[v]->request.priority >= s->request.priority) break;
+        if (!running_[v]->in_flight) return v;
+      }
+      return running_.size();
+    };
+    for (size_t v = start ? running_.size() : victim_at();
+         !start && v < running_.size(); v = victim_at()) {
+      std::unique_ptr<Sequence> victim = std::move(running_[v]);
+      running_.erase(running_.begin() + v);
+      Preempt(*victim);
+      victim->preempted = false;
+      Enqueue(std::move(victim));  // Behind s: a lower priority.
+      start = TryStart(*s, promised);
+    }
+    if (!start) {
+      waiting_.push_front(std::move(s));
+      break;
+    }
+    if (!s->started) s->started = now;
+    auto at = std::find_if(running_.begin(), running_.end(),
+                           [&](const auto& r) { return Before(*s, *r); });
+    running_.insert(at, std::move(s));
+  }
+}
+
+void BatchPlanner::Preempt(Sequence& s) {
+  const int32_t device = blocks_->DeviceBlocksOf(s.id);
+  s.preempted = true;
+  if (device == 0) return;  // Admitted but not started: nothing to move.
+  if (blocks_->HostAvailable() >= device) {
+    blocks_->SwapOut(s.id, device);
+    ++counters_.preempted_swap;
+  } else {
+    Drop(s);
+    ++counters_.preempted_recompute;
+  }
+}
+
+void BatchPlanner::RecomputeSwapped(int32_t blocks) {
+  for (auto it = waiting_.rbegin(); it != waiting_.rend() && blocks > 0; ++it) {
+    Sequence& s = **it;
+    const int32_t host = blocks_->HostBlocksOf(s.id);
+    if (host == 0) continue;
+    Drop(s);
+    blocks -= host;
+    ++counters_.preempted_recompute;
+  }
+}
+
+int64_t BatchPlanner::Grow(size_t index, int64_t want,
+                           const std::vector<bool>& in_step) {
+  Sequence& s = *running_[index];
+  const auto table = [&] {
+    return static_cast<int64_t>(blocks_->Table(s.id).size());
+  };
+  const auto short_by = [&](int64_t tokens) {
+    return blocks_->BlocksFor(tokens) - table() - blocks_->DeviceAvailable();
+  };
+  int64_t target = s.computed + want;
+  // Later (lower priority, newer) sequences not in this step give way.
+  for (size_t v = running_.size(); v-- > index + 1 && short_by(target) > 0;) {
+    Sequence& victim = *running_[v];
+    if (!in_step[v] && !victim.preempted && !victim.done && !victim.in_flight) {
+      Preempt(victim);
+    }
+  }
+  const bool alone = std::all_of(
+      running_.begin(), running_.end(),
+      [&](const auto& r) { return r.get() == &s || r->preempted || r->done; });
+  if (alone && short_by(target) > 0) {
+    // Alone: move this sequence's own full blocks (not the one being
+    // written) to the host, making room on the host if it must.
+    const std::vector<int32_t>& t = blocks_->Table(s.id);
+    const int64_t full = s.computed / blocks_->block_size();
+    const int32_t movable = static_cast<int32_t>(
+        std::count_if(t.begin(), t.begin() + std::min<int64_t>(full, t.size()),
+                      [&](int32_t b) { return !blocks_->IsHost(b); }));
+    const int32_t keep_last = static_cast<int32_t>(table() - full);
+    const int32_t need =
+        std::min(movable, static_cast<int32_t>(short_by(target)));
+    int32_t moved = blocks_->SwapOut(s.id, need, keep_last);
+    if (moved < need) RecomputeSwapped(need - moved);
+    moved += blocks_->SwapOut(s.id, need - moved, keep_last);
+    counters_.offloaded += moved;
+  }
+  if (short_by(target) > 0) {
+    // Compute what fits now; the rest in later steps (or once the
+    // sequences ahead of this one, already in the step, have finished).
+    target = std::min<int64_t>(target,
+                               (table() + blocks_->DeviceAvailable()) *
+                                   static_cast<int64_t>(blocks_->block_size()));
+    if (target <= s.computed) return 0;
+  }
+  const absl::Status reserved = blocks_->Reserve(s.id, target);
+  SHARDLM_CHECK(reserved.ok(), reserved.ToString());
+  return target - s.computed;
+}
+
+std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
+  // Blocks are taken in priority order, so that a sequence can make room
+  // by preempting only lower-priority ones, whatever it is doing. The token
+  // budget goes to decoding sequences first (one token each), the rest to
+  // prefill chunks.
+  const auto remaining = [](const Sequence& s) {
+    return static_cast<int64_t>(s.tokens.size()) - s.computed;
+  };
+  const auto decoding = [&](const Sequence& s) {
+    return remaining(s) == 1 && s.computed > 0;
+  };
+  const auto runnable = [&](const Sequence& s) {
+    return !s.preempted && !s.in_flight && remaining(s) > 0;
+  };
+  int64_t decode_budget = options_.max_batched_tokens;
+  int64_t prefill_budget = options_.max_batched_tokens;
+  for (const auto& s : running_) {
+    prefill_budget -= runnable(*s) && decoding(*s) ? 1 : 0;
+  }
+  size_t seqs = 0;
+  std::vector<int64_t> chunk(running_.size(), 0);
+  std::vector<bool> scheduled(running_.size(), false);
+  std::vector<bool> decode(running_.size(), false);
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    if (!runnable(s) || seqs >= max_seqs) continue;
+    decode[i] = decoding(s);
+    int64_t& budget = decode[i] ? decode_budget : prefill_budget;
+    if (budget <= 0) continue;
+    chunk[i] = Grow(i, std::min(remaining(s), budget), scheduled);
+    scheduled[i] = chunk[i] > 0;
+    budget -= chunk[i];
+    seqs += scheduled[i] ? 1 : 0;
+  }
+  // The step: decode tokens first, then prefill chunks.
+  StepPlan plan;
+  InFlight f;
+  StepInput& step = plan.step;
+  for (int pass = 0; pass < 2; ++pass) {
+    for (size_t i = 0; i < running_.size(); ++i) {
+      Sequence& s = *running_[i];
+      if (chunk[i] == 0 || s.preempted || decode[i] != (pass == 0)) continue;
+      const int32_t seq_index = static_cast<int32_t>(f.stepped.size());
+      step.seq_ids.push_back(s.id);
+      plan.stepped.push_back(s.id);
+      f.stepped.push_back(&s);
+      for (int64_t j = 0; j < chunk[i]; ++j) {
+        step.tokens.push_back(s.tokens[s.computed + j]);
+        step.positions.push_back(static_cast<int32_t>(s.computed + j));
+        step.token_seq.push_back(seq_index);
+      }
+      s.computed += chunk[i];
+      // Logits only where a token is sampled: the end of the known tokens.
+      if (s.computed == static_cast<int64_t>(s.tokens.size())) {
+        const GenerateRequest& req = s.request;
+        const uint64_t generated = s.tokens.size() - req.prompt.size();
+        step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) - 1);
+        step.sampling.push_back(req.sampling);
+        step.sample_index.push_back(generated);
+        step.logprobs.push_back(req.logprobs);
+        step.return_logits |= generated == 0 && req.return_prompt_logits;
+        plan.rows.push_back(s.id);
+        f.rows.push_back(&s);
+        f.want_logprobs |= req.logprobs > 0;
+      }
+    }
+  }
+  // Tables last: growing one sequence may have swapped out another's.
+  for (Sequence* s : f.stepped) {
+    step.block_tables.push_back(blocks_->Table(s->id));
+  }
+  step.copies = blocks_->TakeCopies();
+  for (auto& s : running_) {
+    if (!s->preempted) continue;
+    s->preempted = false;
+    Enqueue(std::move(s));
+  }
+  std::erase_if(running_, [](const auto& s) { return s == nullptr; });
+  if (step.tokens.empty() && step.copies.empty()) return std::nullopt;
+  for (Sequence* s : f.stepped) s->in_flight = true;
+  f.tokens = static_cast<int64_t>(step.tokens.size());
+  in_flight_.push_back(std::move(f));
+  ++counters_.steps;
+  counters_.max_steps_in_flight =
+      std::max<int64_t>(counters_.max_steps_in_flight, in_flight_.size());
+  return plan;
+}
+
+void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
+                         std::vector<PlannerEvent>& events) {
+  SHARDLM_CHECK(!in_flight_.empty(), "Apply with no step in flight");
+  InFlight f = std::move(in_flight_.front());
+  in_flight_.pop_front();
+  for (Sequence* s : f.stepped) s->in_flight = false;
+  const std::vector<Sequence*>& rows = f.rows;
+  if (out.ok() && out->tokens.size() != rows.size()) {
+    out =
+        absl::InternalError(absl::StrCat("step returned ", out->tokens.size(),
+                                         " tokens for ", rows.size(), " rows"));
+  }
+  if (out.ok() && f.want_logprobs && out->logprobs.size() != rows.size()) {
+    out = absl::InternalError(
+        absl::StrCat("step returned ", out->logprobs.size(),
+                     " log-probability rows for ", rows.size(), " rows"));
+  }
+  if (out.ok() &&
+      std::any_of(out->tokens.begin(), out->tokens.end(),
+                  [&](int32_t t) { return t < 0 || t >= vocab_size_; })) {
+    out =
+        absl::InternalError("step returned a token id outside the vocabulary");
+  }
+  if (!out.ok()) {
+    // The KV cache of every running sequence is now suspect, and so are
+    // the blocks this step was to copy: all holders fail (the sequences of
+    // the steps still in flight are among them).
+    AbandonInFlight();
+    FailKvHolders(out.status(), now, events);
+    return;
+  }
+  counters_.computed_tokens += f.tokens;
+  for (Sequence* s : f.stepped) {
+    blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
+  }
+  for (size_t row = 0; row < rows.size(); ++row) {
+    Sequence& s = *rows[row];
+    const GenerateRequest& req = s.request;
+    const int64_t generated =
+        static_cast<int64_t>(s.tokens.size() - req.prompt.size());
+    if (generated == 0 && req.return_prompt_logits) {
+      const float* l = out->logits.f32().data() + row * vocab_size_;
+      s.result.prompt_logits.assign(l, l + vocab_size_);
+    }
+    const int32_t token = out->tokens[row];
+    s.tokens.push_back(token);
+    s.result.tokens.push_back(token);
+    const TokenLogprobs* logprobs = nullptr;
+    if (req.logprobs > 0) {
+      s.result.logprobs.push_back(std::move(out->logprobs[row]));
+      logprobs = &s.result.logprobs.back();
+    }
+    if (generated == 0) {
+      s.first_token = now;
+      s.result.prefill_seconds = Seconds(s.submitted, now);
+    } else {
+      metrics_->InterTokenGap(Seconds(s.last_token, now));
+    }
+    s.last_token = now;
+    s.result.decode_seconds = Seconds(s.first_token, now);
+    const TokenAction action = s.callbacks.on_token
+                                   ? s.callbacks.on_token(token, logprobs)
+                                   : TokenAction::kContinue;
+    if (action == TokenAction::kCancel) {
+      s.result.finish_reason = FinishReason::kCancelled;
+    } else if (action == TokenAction::kStop) {
+      s.result.finish_reason = FinishReason::kStop;
+    } else if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(),
+                         token) != req.stop_token_ids.end()) {
+      s.result.finish_reason = FinishReason::kStop;
+    } else if (generated + 1 >= req.max_tokens) {
+      s.result.finish_reason = FinishReason::kLength;
+    } else {
+      continue;
+    }
+    Finish(s, std::move(s.result), now, events);
+  }
+  std::erase_if(running_, [](const auto& s) { return s->done; });
+}
+
+void BatchPlanner::AbandonInFlight() {
+  for (const InFlight& f : in_flight_) {
+    for (Sequence* s : f.stepped) s->in_flight = false;
+  }
+  in_flight_.clear();
+}
+
+void BatchPlanner::FailKvHolders(const absl::Status& why, absl::Time now,
+                                 std::vector<PlannerEvent>& events) {
+  for (auto& s : running_) Finish(*s, why, now, events);
+  running_.clear();
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (blocks_->Table((*it)->id).empty()) {
+      ++it;
+      continue;
+    }
+    Finish(**it, why, now, events);
+    it = waiting_.erase(it);
+  }
+  blocks_->DropCache();
+}
+
+void BatchPlanner::EndAll(const absl::Status& why, absl::Time now,
+                          std::vector<PlannerEvent>& events) {
+  AbandonInFlight();
+  for (auto& s : running_) Finish(*s, why, now, events);
+  running_.clear();
+  for (auto& s : waiting_) Finish(*s, why, now, events);
+  waiting_.clear();
+}
+
+size_t BatchPlanner::busy() const {
+  size_t n = 0;
+  for (const auto& q : running_) {
+    n += !q->preempted && !q->done &&
+         (q->in_flight || static_cast<int64_t>(q->tokens.size()) > q->computed);
+  }
+  return n;
+}
+
+SchedulerStats BatchPlanner::Stats() const {
+  SchedulerStats s = counters_;
+  s.running = static_cast<int64_t>(running_.size());
+  s.waiting = static_cast<int64_t>(waiting_.size());
+  s.steps_in_flight = static_cast<int64_t>(in_flight_.size());
+  const auto slots = [&](const Sequence& q) {
+    const int64_t allocated =
+        static_cast<int64_t>(blocks_->Table(q.id).size()) *
+        blocks_->block_size();
+    s.kv_slots_allocated += allocated;
+    s.kv_slots_filled += std::min(q.computed, allocated);
+  };
+  for (const auto& q : running_) slots(*q);
+  for (const auto& q : waiting_) slots(*q);
+  s.device = blocks_->device_usage();
+  s.host = blocks_->host_usage();
+  s.blocks = blocks_->counters();
+  return s;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,183 @@
+// BatchPlanner: the scheduler's decisions, with no threads, locks, clock or
+// model. It holds the waiting queue and the running sequences, and splits
+// each iteration as vLLM's schedule() / update_from_output() do:
+//   Admit  takes cancellations, expired deadlines and admissions;
+//   Plan   decides one step (token budget, chunking, block growth,
+//          preemption) and returns it as a value for an executor;
+//   Apply  takes the oldest planned step's output (tokens, stop tokens,
+//          finishes, the prefix cache).
+// The Scheduler runs it on its loop thread against a StepExecutor and the
+// wall clock; `shardlm simulate` runs it on a virtual clock against a cost
+// model; planner tests run it on synthetic states.
+//
+// KV blocks are taken as sequences grow. When the device runs short, the
+// lowest-priority, latest running sequences are preempted: their blocks are
+// swapped to the host tier (or, when the host is full, dropped and later
+// recomputed; sampling draws depend only on (seed, token index), so the
+// tokens do not change) and they wait at the head of their priority class.
+// A sequence alone that outgrows the device moves its own oldest blocks to
+// the host and reads them there. With prefix caching, a new sequence starts
+// from the cached full blocks of its longest known prefix.
+#ifndef SHARDLM_COORDINATOR_BATCH_PLANNER_H_
+#define SHARDLM_COORDINATOR_BATCH_PLANNER_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "coordinator/block_manager.h"
+#include "coordinator/request.h"
+#include "coordinator/serving_metrics.h"
+#include "worker/step.h"
+
+namespace shardlm {
+
+struct SchedulerOptions {
+  int32_t max_batched_tokens = 512;  // Most tokens in one step.
+  int32_t max_seqs = 64;             // Most sequences running at once.
+  int32_t max_queued = 256;          // Most requests waiting for admission.
+};
+
+// Counters and a snapshot of the queues, for metrics and tests.
+struct SchedulerStats {
+  int64_t steps = 0;
+  int64_t computed_tokens = 0;  // Tokens run through the model (prefill
+                                // and decode; prefix hits are not).
+  int64_t running = 0;
+  int64_t waiting = 0;              // Including preempted sequences.
+  int64_t steps_in_flight = 0;      // Submitted, output not yet applied.
+  int64_t max_steps_in_flight = 0;  // The most at once so far.
+  int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
+  int64_t preempted_recompute = 0;  // Preemptions that dropped the KV.
+  int64_t offloaded = 0;  // Blocks a sequence moved to the host for itself.
+  // Token slots of the blocks sequences hold, and how many of them hold a
+  // token's KV (a shared prefix block counts for each sequence holding
+  // it); 1 - filled / allocated is the KV cache's internal fragmentation.
+  int64_t kv_slots_allocated = 0;
+  int64_t kv_slots_filled = 0;
+  TierUsage device, host;
+  BlockCounters blocks;
+};
+
+// One planned step, as a value: what the executor runs, and whose it is.
+struct StepPlan {
+  StepInput step;
+  std::vector<RequestId> rows;     // The request of each logit row.
+  std::vector<RequestId> stepped;  // Every request with tokens in the step.
+};
+
+// A request callback to run once no lock is held.
+using PlannerEvent = std::function<void()>;
+
+// Not thread-safe: one thread (the scheduler's loop) owns it.
+class BatchPlanner {
+ public:
+  // `blocks` and `metrics` are not owned and must outlive the planner.
+  // `release` is told each sequence whose KV an executor may drop (ended,
+  // or preempted without a host copy); it may be empty.
+  BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
+               SchedulerOptions options, int64_t vocab_size,
+               std::function<void(RequestId)> release);
+  ~BatchPlanner();
+  BatchPlanner(const BatchPlanner&) = delete;
+  BatchPlanner& operator=(const BatchPlanner&) = delete;
+
+  // Queues a validated request (it fits the cache alone) by priority, then
+  // id; ids must grow with arrival. `deadline` and `submitted` are on the
+  // clock later passed as `now`.
+  void Add(RequestId id, GenerateRequest request, RequestCallbacks callbacks,
+           absl::Time submitted);
+  // Ends the request (kCancelled) at the next Admit, or the first Admit
+  // after its step in flight is applied. Unknown ids are forgotten then.
+  void Cancel(RequestId id);
+
+  // Ends cancelled and late requests, then admits waiting ones strictly in
+  // order while the device has blocks for their next chunk (preempting
+  // lower-priority running sequences to make room).
+  void Admit(absl::Time now, std::vector<PlannerEvent>& events);
+  // Plans a step over running sequences not in flight (at most `max_seqs`
+  // of them): decode tokens first, then prefill chunks under
+  // max_batched_tokens, growing block tables in priority order and
+  // preempting later sequences when the device runs short. nullopt when
+  // there is nothing to run. The plan is in flight until applied.
+  std::optional<StepPlan> Plan(size_t max_seqs);
+  // Applies the oldest step in flight: `out` is its output, or the error
+  // that failed it (then every step in flight is abandoned and every holder
+  // of KV fails with it). Runs on_token; on_done goes to events.
+  void Apply(absl::StatusOr<StepOutput> out, absl::Time now,
+             std::vector<PlannerEvent>& events);
+  // Forgets every step in flight; their outputs will never be applied.
+  void AbandonInFlight();
+  // Ends every sequence that holds blocks with `why` and drops the prefix
+  // cache (after a failed step or a cluster re-forming).
+  void FailKvHolders(const absl::Status& why, absl::Time now,
+                     std::vector<PlannerEvent>& events);
+  // Ends every request with `why` (shutting down).
+  void EndAll(const absl::Status& why, absl::Time now,
+              std::vector<PlannerEvent>& events);
+
+  size_t waiting() const { return waiting_.size(); }
+  size_t running() const { return running_.size(); }
+  size_t in_flight() const { return in_flight_.size(); }
+  bool idle() const {
+    return waiting_.empty() && running_.empty() && in_flight_.empty();
+  }
+  // Running sequences that are in flight or have tokens left to compute.
+  size_t busy() const;
+  // The counters, queue lengths and KV use (steps: those planned).
+  SchedulerStats Stats() const;
+
+ private:
+  struct Sequence;
+
+  void Enqueue(std::unique_ptr<Sequence> s);
+  // Whether the head of the queue can start now, beside the `promised`
+  // blocks of sequences started in this round (increased by its own first
+  // chunk when it starts); swaps its blocks back in (or attaches its cached
+  // prefix) when it can.
+  bool TryStart(Sequence& s, int64_t& promised);
+  // Takes device blocks so that running_[index] can compute `want` more
+  // tokens, preempting later sequences not in this step and then moving its
+  // own blocks to the host as needed; returns how many tokens it can
+  // compute (0..want).
+  int64_t Grow(size_t index, int64_t want, const std::vector<bool>& in_step);
+  // Swaps `s` out (or drops its KV when the host cannot hold it).
+  void Preempt(Sequence& s);
+  // Drops the host blocks of waiting sequences, latest first, until
+  // `blocks` are released (they are reusable from the next step).
+  void RecomputeSwapped(int32_t blocks);
+  void Drop(Sequence& s);  // Frees its blocks; recomputed from scratch.
+  // Ends a sequence: frees its blocks, queues its on_done.
+  void Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
+              absl::Time now, std::vector<PlannerEvent>& events);
+
+  BlockManager* blocks_;     // Not owned.
+  ServingMetrics* metrics_;  // Not owned.
+  SchedulerOptions options_;
+  int64_t vocab_size_;
+  std::function<void(RequestId)> release_;
+
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  absl::flat_hash_set<RequestId> cancelled_;
+  // Ordered by priority, then arrival.
+  std::vector<std::unique_ptr<Sequence>> running_;
+  // Planned and not yet applied, oldest first.
+  struct InFlight {
+    std::vector<Sequence*> rows;     // One per logit row.
+    std::vector<Sequence*> stepped;  // Every sequence in the step.
+    int64_t tokens = 0;
+    bool want_logprobs = false;
+  };
+  std::deque<InFlight> in_flight_;
+  SchedulerStats counters_;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_BATCH_PLANNER_H_

@@ -1,0 +1,315 @@
+// The planner on synthetic states, with no model and no threads: token
+// budgets, admission order, preemption order and tiers, cancellation and
+// deadlines on a virtual clock, steps in flight and failed steps. Every
+// expected plan below is worked out by hand from the rules in
+// batch_planner.h.
+#include "coordinator/batch_planner.h"
+
+#include <map>
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardlm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+constexpr int64_t kVocab = 100;
+constexpr int32_t kBlock = 4;  // Tokens per KV block.
+const absl::Time kT0 = absl::FromUnixSeconds(1000);
+
+std::vector<int32_t> Prompt(int n) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back(10 + i);
+  return p;
+}
+
+class BatchPlannerTest : public ::testing::Test {
+ protected:
+  void Make(int32_t device_blocks, int32_t host_blocks,
+            SchedulerOptions options) {
+    blocks_.emplace(device_blocks, kBlock, host_blocks);
+    planner_.emplace(&*blocks_, &metrics_, options, kVocab,
+                     [this](RequestId id) { released_.push_back(id); });
+  }
+  void Add(RequestId id, int prompt, int32_t priority = 0,
+           int32_t max_tokens = 16,
+           absl::Time deadline = absl::InfiniteFuture()) {
+    planner_->Add(id,
+                  {.prompt = Prompt(prompt),
+                   .max_tokens = max_tokens,
+                   .priority = priority,
+                   .deadline = deadline},
+                  {.on_done =
+                       [this, id](absl::StatusOr<GenerateResult> r) {
+                         done_.emplace(id, std::move(r));
+                       }},
+                  kT0);
+  }
+  void Admit(absl::Time now = kT0) {
+    std::vector<PlannerEvent> events;
+    planner_->Admit(now, events);
+    for (auto& e : events) e();
+  }
+  // Applies the oldest step in flight with one token per row.
+  void Apply(std::vector<int32_t> tokens, absl::Time now = kT0) {
+    std::vector<PlannerEvent> events;
+    planner_->Apply(StepOutput{.tokens = std::move(tokens)}, now, events);
+    for (auto& e : events) e();
+  }
+  void Fail(absl::Status why) {
+    std::vector<PlannerEvent> events;
+    planner_->Apply(why, kT0, events);
+    for (auto& e : events) e();
+  }
+
+  ServingMetrics metrics_;
+  std::optional<BlockManager> blocks_;
+  std::optional<BatchPlanner> planner_;
+  std::vector<RequestId> released_;
+  std::map<RequestId, absl::StatusOr<GenerateResult>> done_;
+};
+
+TEST_F(BatchPlannerTest, TheTokenBudgetGoesToDecodeFirstThenPrefillChunks) {
+  Make(64, 0, {.max_batched_tokens = 16, .max_seqs = 8});
+  Add(0, 10);
+  Add(1, 10);
+  Add(2, 3);
+  Admit();
+  ASSERT_EQ(planner_->running(), 3u);
+
+  // All prefill: 0 takes 10 tokens, 1 the 6 left, 2 nothing.
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->stepped, ElementsAre(0, 1));
+  EXPECT_THAT(p->rows, ElementsAre(0));  // Only 0 finished its prompt.
+  EXPECT_THAT(p->step.positions,
+              ElementsAre(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 0, 1, 2, 3, 4, 5));
+  EXPECT_THAT(p->step.token_seq,
+              ElementsAre(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1));
+  EXPECT_THAT(p->step.logit_rows, ElementsAre(9));
+  ASSERT_EQ(p->step.block_tables.size(), 2u);
+  EXPECT_EQ(p->step.block_tables[0].size(), 3u);  // 10 tokens.
+  EXPECT_EQ(p->step.block_tables[1].size(), 2u);  // 6 tokens.
+  EXPECT_EQ(planner_->in_flight(), 1u);
+  Apply({42});
+
+  // 0 decodes (its token first), then 1's last 4 and 2's 3 prompt tokens.
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->stepped, ElementsAre(0, 1, 2));
+  EXPECT_THAT(p->step.tokens, ElementsAre(42, 16, 17, 18, 19, 10, 11, 12));
+  EXPECT_THAT(p->step.positions, ElementsAre(10, 6, 7, 8, 9, 0, 1, 2));
+  EXPECT_THAT(p->rows, ElementsAre(0, 1, 2));
+  EXPECT_THAT(p->step.logit_rows, ElementsAre(0, 4, 7));
+  EXPECT_THAT(p->step.sample_index, ElementsAre(1, 0, 0));
+  Apply({1, 2, 3});
+  EXPECT_EQ(planner_->Stats().computed_tokens, 16 + 8);
+}
+
+TEST_F(BatchPlannerTest, MaxSeqsBoundsOneStepAndStepsInFlightAreDisjoint) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 5);
+  Add(1, 5);
+  Add(2, 5);
+  Admit();
+  std::optional<StepPlan> a = planner_->Plan(1);
+  std::optional<StepPlan> b = planner_->Plan(2);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_THAT(a->stepped, ElementsAre(0));
+  EXPECT_THAT(b->stepped, ElementsAre(1, 2));
+  EXPECT_FALSE(planner_->Plan(8).has_value());  // Everyone is in flight.
+  EXPECT_EQ(planner_->Stats().max_steps_in_flight, 2);
+  Apply({7});  // The oldest: a's one row.
+  std::optional<StepPlan> c = planner_->Plan(8);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_THAT(c->stepped, ElementsAre(0));
+  EXPECT_THAT(c->step.tokens, ElementsAre(7));
+}
+
+TEST_F(BatchPlannerTest, AdmissionIsByPriorityThenArrivalAndStrictlyInOrder) {
+  // 4 device blocks of 4 tokens, no host.
+  Make(4, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 8);                  // 2 blocks.
+  Add(1, 8);                  // 2 blocks.
+  Add(2, 4, /*priority=*/5);  // 1 block; first in line.
+  Add(3, 1);                  // Would fit, but 1 is ahead of it.
+  Admit();
+  // 2 then 0 start (1 + 2 blocks promised); 1 needs 2 more: it waits, and
+  // so does 3 behind it.
+  EXPECT_EQ(planner_->running(), 2u);
+  EXPECT_EQ(planner_->waiting(), 2u);
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->stepped, ElementsAre(2, 0));
+  Apply({1, 1});
+  Admit();  // Still no room for 1 (1 block free).
+  EXPECT_EQ(planner_->waiting(), 2u);
+}
+
+TEST_F(BatchPlannerTest, AHigherPrioritySwapsOutTheLatestLowerOneToTheHost) {
+  Make(4, 8, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 8);
+  Add(1, 8);
+  Admit();
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  Apply({5, 6});
+  EXPECT_EQ(blocks_->DeviceAvailable(), 0);
+
+  Add(2, 4, /*priority=*/9);
+  Admit();
+  // 1, the latest of the lower priority, made room.
+  SchedulerStats s = planner_->Stats();
+  EXPECT_EQ(s.preempted_swap, 1);
+  EXPECT_EQ(s.preempted_recompute, 0);
+  EXPECT_EQ(blocks_->HostBlocksOf(1), 2);
+  EXPECT_THAT(released_, IsEmpty());  // Its KV lives on in the host tier.
+  EXPECT_EQ(planner_->running(), 2u);
+  EXPECT_EQ(planner_->waiting(), 1u);
+
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  // The swap's two copies run before the step; then 0 decodes (its third
+  // block) and 2 prefills.
+  ASSERT_EQ(p->step.copies.size(), 2u);
+  for (const BlockCopy& c : p->step.copies) {
+    EXPECT_LT(c.src, 4);
+    EXPECT_GE(c.dst, 4);
+  }
+  EXPECT_THAT(p->stepped, ElementsAre(0, 2));
+  EXPECT_THAT(p->step.positions, ElementsAre(8, 0, 1, 2, 3));
+  EXPECT_THAT(p->rows, ElementsAre(0, 2));
+}
+
+TEST_F(BatchPlannerTest, WithoutHostRoomAPreemptedSequenceIsRecomputed) {
+  // Each request fits the 4 blocks alone (12 tokens at most).
+  Make(4, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 8, 0, /*max_tokens=*/4);
+  Add(1, 8, 0, /*max_tokens=*/4);
+  Admit();
+  ASSERT_TRUE(planner_->Plan(8).has_value());
+  Apply({5, 6});
+  Add(2, 4, /*priority=*/9, /*max_tokens=*/4);
+  Admit();
+  EXPECT_EQ(planner_->Stats().preempted_recompute, 1);
+  EXPECT_THAT(released_, ElementsAre(1));
+  EXPECT_TRUE(blocks_->Table(1).empty());
+  // Once 0 and 2 finish, 1 recomputes its prompt and its generated token.
+  for (int i = 0; i < 200 && planner_->running() + planner_->waiting() > 1;
+       ++i) {
+    std::optional<StepPlan> p = planner_->Plan(8);
+    if (p.has_value()) Apply(std::vector<int32_t>(p->rows.size(), 3));
+    Admit();
+  }
+  ASSERT_EQ(planner_->running(), 1u);
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->stepped, ElementsAre(1));
+  EXPECT_THAT(p->step.tokens, ElementsAre(10, 11, 12, 13, 14, 15, 16, 17, 6));
+  EXPECT_THAT(p->step.sample_index, ElementsAre(1));  // Its second token.
+}
+
+TEST_F(BatchPlannerTest, CancelsAndDeadlinesEndAtAdmitOnTheGivenClock) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 4, 0, 16, kT0 + absl::Seconds(5));
+  Add(1, 4);
+  Add(2, 4);
+  Admit();
+  std::optional<StepPlan> p = planner_->Plan(1);  // 0 is in flight.
+  ASSERT_TRUE(p.has_value());
+  planner_->Cancel(0);
+  planner_->Cancel(1);
+  Admit(kT0 + absl::Seconds(1));
+  // 1 ends now; 0 only once its step is back.
+  ASSERT_EQ(done_.count(1), 1u);
+  ASSERT_TRUE(done_.at(1).ok());
+  EXPECT_EQ(done_.at(1)->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(done_.count(0), 0u);
+  Apply({9});
+  Admit(kT0 + absl::Seconds(2));
+  ASSERT_EQ(done_.count(0), 1u);
+  ASSERT_TRUE(done_.at(0).ok());
+  EXPECT_EQ(done_.at(0)->finish_reason, FinishReason::kCancelled);
+  EXPECT_THAT(done_.at(0)->tokens, ElementsAre(9));
+  EXPECT_EQ(done_.count(2), 0u);
+
+  // A deadline on the planner's clock, not the wall clock.
+  Add(3, 4, 0, 16, kT0 + absl::Seconds(10));
+  Admit(kT0 + absl::Seconds(9));
+  EXPECT_EQ(done_.count(3), 0u);
+  Admit(kT0 + absl::Seconds(10));
+  ASSERT_EQ(done_.count(3), 1u);
+  EXPECT_TRUE(absl::IsDeadlineExceeded(done_.at(3).status()));
+  EXPECT_THAT(released_, ElementsAre(1, 0, 3));
+}
+
+TEST_F(BatchPlannerTest, LatenciesComeFromTheGivenClock) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 4, 0, /*max_tokens=*/3);
+  Admit();
+  for (int i = 1; i <= 3; ++i) {
+    ASSERT_TRUE(planner_->Plan(8).has_value());
+    Apply({i}, kT0 + absl::Seconds(i));
+  }
+  ASSERT_EQ(done_.count(0), 1u);
+  ASSERT_TRUE(done_.at(0).ok());
+  EXPECT_EQ(done_.at(0)->finish_reason, FinishReason::kLength);
+  EXPECT_THAT(done_.at(0)->tokens, ElementsAre(1, 2, 3));
+  EXPECT_DOUBLE_EQ(done_.at(0)->prefill_seconds, 1.0);
+  EXPECT_DOUBLE_EQ(done_.at(0)->decode_seconds, 2.0);
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+}
+
+TEST_F(BatchPlannerTest, AFailedStepFailsKvHoldersAndKeepsTheQueue) {
+  Make(4, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 8);
+  Add(1, 4);
+  Add(2, 8);  // No room: waits with no blocks.
+  Admit();
+  ASSERT_TRUE(planner_->Plan(1).has_value());
+  ASSERT_TRUE(planner_->Plan(1).has_value());
+  Fail(absl::UnavailableError("rank 2 is gone"));
+  ASSERT_EQ(done_.size(), 2u);
+  EXPECT_TRUE(absl::IsUnavailable(done_.at(0).status()));
+  EXPECT_TRUE(absl::IsUnavailable(done_.at(1).status()));
+  EXPECT_EQ(planner_->in_flight(), 0u);
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+  Admit();
+  EXPECT_EQ(planner_->running(), 1u);  // 2 starts.
+}
+
+TEST_F(BatchPlannerTest, ATokenOutsideTheVocabularyFailsTheStep) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 4);
+  Admit();
+  ASSERT_TRUE(planner_->Plan(8).has_value());
+  Apply({static_cast<int32_t>(kVocab)});
+  ASSERT_EQ(done_.count(0), 1u);
+  EXPECT_TRUE(absl::IsInternal(done_.at(0).status()));
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+}
+
+TEST_F(BatchPlannerTest, EndAllEndsEveryRequestAndFreesEveryBlock) {
+  Make(4, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  Add(0, 8);
+  Add(1, 8);
+  Add(2, 8);
+  Admit();
+  ASSERT_TRUE(planner_->Plan(8).has_value());
+  std::vector<PlannerEvent> events;
+  planner_->EndAll(absl::UnavailableError("shutting down"), kT0, events);
+  for (auto& e : events) e();
+  EXPECT_EQ(done_.size(), 3u);
+  for (const auto& [id, r] : done_)
+    EXPECT_TRUE(absl::IsUnavailable(r.status()));
+  EXPECT_TRUE(planner_->idle());
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+}
+
+}  // namespace
+}  // namespace shardlm
