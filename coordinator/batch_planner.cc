@@ -388,6 +388,13 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   return plan;
 }
 
+std::optional<StepPlan> BatchPlanner::PlanForPipeline(int depth) {
+  depth = std::max(1, depth);
+  if (static_cast<int>(in_flight_.size()) >= depth) return std::nullopt;
+  const size_t share = std::max<size_t>(1, (busy() + depth - 1) / depth);
+  return Plan(depth == 1 ? running_.size() : share);
+}
+
 void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
                          std::vector<PlannerEvent>& events) {
   SHARDLM_CHECK(!in_flight_.empty(), "Apply with no step in flight");

@@ -107,6 +107,11 @@ class BatchPlanner {
   // preempting later sequences when the device runs short. nullopt when
   // there is nothing to run. The plan is in flight until applied.
   std::optional<StepPlan> Plan(size_t max_seqs);
+  // The next step of a pipeline that keeps up to `depth` steps in flight,
+  // each taking its share of the busy sequences (all of them when depth is
+  // 1), so that P stages can each hold a disjoint micro-batch; nullopt when
+  // `depth` steps are in flight or there is nothing to run.
+  std::optional<StepPlan> PlanForPipeline(int depth);
   // Applies the oldest step in flight: `out` is its output, or the error
   // that failed it (then every step in flight is abandoned and every holder
   // of KV fails with it). Runs on_token; on_done goes to events.

@@ -99,8 +99,6 @@ void Scheduler::DrainInFlight() {
 void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
   // Whoever a callback wakes sees the figures that include its request.
   SchedulerStats s = planner_.Stats();
-  s.steps = steps_.load();
-  s.max_steps_in_flight = max_in_flight_;
   {
     std::lock_guard<std::mutex> lock(mu_);
     planner_waiting_ = s.waiting;
@@ -159,15 +157,11 @@ void Scheduler::Loop() {
     }
     // Fill the pipeline: each step takes its share of the runnable
     // sequences, so that several (disjoint) steps can be in flight.
-    const int depth = std::max(1, executor_->max_steps_in_flight());
-    while (static_cast<int>(planner_.in_flight()) < depth) {
-      const size_t share =
-          std::max<size_t>(1, (planner_.busy() + depth - 1) / depth);
-      std::optional<StepPlan> plan =
-          planner_.Plan(depth == 1 ? planner_.running() : share);
+    const int depth = executor_->max_steps_in_flight();
+    while (true) {
+      std::optional<StepPlan> plan = planner_.PlanForPipeline(depth);
       if (!plan.has_value()) break;
       ++steps_;
-      max_in_flight_ = std::max<int64_t>(max_in_flight_, planner_.in_flight());
       // A refused step comes back from Collect with its error.
       (void)executor_->Submit(plan->step);
     }

@@ -80,8 +80,7 @@ class Scheduler {
   SchedulerOptions options_;
   std::atomic<int64_t> steps_{0};
   ServingMetrics metrics_;
-  BatchPlanner planner_;       // Loop thread only.
-  int64_t max_in_flight_ = 0;  // Loop thread only.
+  BatchPlanner planner_;  // Loop thread only.
 
   struct Submission {
     RequestId id;

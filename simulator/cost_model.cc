@@ -1,0 +1,272 @@
+#include "simulator/cost_model.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+namespace {
+
+constexpr double kGB = 1e9;
+
+// Spec-sheet figures (dense BF16 tensor FLOPs, HBM bandwidth and size of
+// the SXM parts); the efficiencies are typical of serving kernels, not
+// measured here.
+const DeviceProfile kDevices[] = {
+    {.name = "h100",
+     .memory_bytes = 80 * kGB,
+     .memory_bandwidth = 3350 * kGB,
+     .peak_flops = 989e12,
+     .kernel_launch_seconds = 3e-6,
+     .kernels_per_layer = 12,
+     .step_overhead_seconds = 5e-4,
+     .source = "NVIDIA H100 SXM5 datasheet: 80 GB HBM3, 3.35 TB/s, 989 "
+               "TFLOPS dense BF16"},
+    {.name = "h200",
+     .memory_bytes = 141 * kGB,
+     .memory_bandwidth = 4800 * kGB,
+     .peak_flops = 989e12,
+     .kernel_launch_seconds = 3e-6,
+     .kernels_per_layer = 12,
+     .step_overhead_seconds = 5e-4,
+     .source = "NVIDIA H200 SXM datasheet: 141 GB HBM3e, 4.8 TB/s, 989 "
+               "TFLOPS dense BF16"},
+    {.name = "a100",
+     .memory_bytes = 80 * kGB,
+     .memory_bandwidth = 2039 * kGB,
+     .peak_flops = 312e12,
+     .kernel_launch_seconds = 4e-6,
+     .kernels_per_layer = 12,
+     .step_overhead_seconds = 5e-4,
+     .source = "NVIDIA A100 SXM4 80GB datasheet: 2.039 TB/s, 312 TFLOPS "
+               "dense BF16"},
+    // This project's CPU engine on its 2-core AMD EPYC (AVX-512) VM,
+    // calibrated with bench/simulator_validation.py (docs/simulator.md):
+    // effective rates with the efficiencies folded in.
+    {.name = "cpu-this-machine",
+     .memory_bytes = 24 * 1024.0 * 1024 * 1024,
+     .memory_bandwidth = 6.0 * kGB,
+     .peak_flops = 60e9,
+     .bandwidth_efficiency = 1.0,
+     .flops_efficiency = 1.0,
+     .kernel_launch_seconds = 0,
+     .kernels_per_layer = 0,
+     .step_overhead_seconds = 1e-3,
+     .devices_per_node = 2,
+     .source = "calibrated on the 2-core EPYC VM (docs/simulator.md)"},
+};
+
+// Per direction. Alphas are per message (per ring hop for all-reduces).
+const LinkProfile kLinks[] = {
+    {"nvlink-h100", 1e-6, 450 * kGB},  // NVLink 4: 900 GB/s both ways.
+    {"nvlink-a100", 1e-6, 300 * kGB},  // NVLink 3: 600 GB/s both ways.
+    {"pcie4", 3e-6, 25 * kGB},         // x16, achieved.
+    {"pcie5", 3e-6, 50 * kGB},
+    {"ib-400g", 5e-6, 50 * kGB},  // NDR.
+    {"ib-200g", 5e-6, 25 * kGB},  // HDR.
+    {"eth-100g", 20e-6, 12.5 * kGB},
+    {"shm", 20e-6, 5 * kGB},  // Ranks on one CPU host (MPI shared memory).
+};
+
+ModelConfig Llama(std::string name, int64_t layers, int64_t hidden, int64_t ffn,
+                  int64_t heads, int64_t kv_heads, int64_t vocab,
+                  int64_t context, float theta) {
+  ModelConfig c;
+  c.architecture = "llama";
+  c.name = std::move(name);
+  c.n_layers = layers;
+  c.hidden = hidden;
+  c.ffn_hidden = ffn;
+  c.n_heads = heads;
+  c.n_kv_heads = kv_heads;
+  c.head_dim = hidden / heads;
+  c.vocab_size = vocab;
+  c.context_length = context;
+  c.rope_theta = theta;
+  return c;
+}
+
+std::vector<ModelConfig> Presets() {
+  std::vector<ModelConfig> p = {
+      Llama("llama3-8b", 32, 4096, 14336, 32, 8, 128256, 8192, 500000),
+      Llama("llama3-70b", 80, 8192, 28672, 64, 8, 128256, 8192, 500000),
+      Llama("llama3.1-405b", 126, 16384, 53248, 128, 8, 128256, 131072, 500000),
+      Llama("qwen2.5-7b", 28, 3584, 18944, 28, 4, 152064, 32768, 1e6),
+      Llama("qwen2.5-72b", 80, 8192, 29568, 64, 8, 152064, 32768, 1e6),
+      Llama("mistral-7b", 32, 4096, 14336, 32, 8, 32000, 32768, 10000),
+      Llama("smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000),
+  };
+  p[3].architecture = p[4].architecture = "qwen2";
+  p[3].attention_bias = p[4].attention_bias = true;
+  p[6].tied_embeddings = true;
+  return p;
+}
+
+}  // namespace
+
+absl::StatusOr<DeviceProfile> FindDeviceProfile(const std::string& name) {
+  for (const DeviceProfile& d : kDevices) {
+    if (d.name == name) return d;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no device profile '", name,
+                   "'; known: ", absl::StrJoin(DeviceProfileNames(), ", ")));
+}
+
+absl::StatusOr<LinkProfile> FindLinkProfile(const std::string& name) {
+  for (const LinkProfile& l : kLinks) {
+    if (l.name == name) return l;
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no link profile '", name,
+                   "'; known: ", absl::StrJoin(LinkProfileNames(), ", ")));
+}
+
+std::vector<std::string> DeviceProfileNames() {
+  std::vector<std::string> out;
+  for (const DeviceProfile& d : kDevices) out.push_back(d.name);
+  return out;
+}
+
+std::vector<std::string> LinkProfileNames() {
+  std::vector<std::string> out;
+  for (const LinkProfile& l : kLinks) out.push_back(l.name);
+  return out;
+}
+
+absl::StatusOr<ModelConfig> FindModelPreset(const std::string& name) {
+  for (ModelConfig& c : Presets()) {
+    if (c.name == name) return std::move(c);
+  }
+  return absl::NotFoundError(
+      absl::StrCat("no model preset '", name,
+                   "'; known: ", absl::StrJoin(ModelPresetNames(), ", ")));
+}
+
+std::vector<std::string> ModelPresetNames() {
+  std::vector<std::string> out;
+  for (const ModelConfig& c : Presets()) out.push_back(c.name);
+  return out;
+}
+
+std::vector<double> FixedCostModel::StageSeconds(const StepInput& step) const {
+  return std::vector<double>(
+      pp_, per_step_ + per_token_ * static_cast<double>(step.tokens.size()));
+}
+
+RooflineCostModel::RooflineCostModel(ModelConfig config, DeviceProfile device,
+                                     Layout layout)
+    : config_(std::move(config)),
+      device_(std::move(device)),
+      layout_(std::move(layout)) {
+  const ModelConfig& c = config_;
+  for (int s = 0; s < layout_.pp; ++s) {
+    const auto [begin, end] = EvenSplit(c.n_layers, layout_.pp, s);
+    stage_layers_.push_back(end - begin);
+  }
+  // The slowest TP rank: the one with the most KV heads (each query head
+  // stays with its KV head), FFN columns and vocabulary rows.
+  const int64_t tp = layout_.tp;
+  kv_heads_per_rank_ = (c.n_kv_heads + tp - 1) / tp;
+  heads_per_rank_ = kv_heads_per_rank_ * (c.n_heads / c.n_kv_heads);
+  const double hd = static_cast<double>(c.head_dim);
+  const double hidden = static_cast<double>(c.hidden);
+  const double ffn = static_cast<double>((c.ffn_hidden + tp - 1) / tp);
+  layer_params_per_rank_ =
+      hidden * hd *
+          static_cast<double>(2 * heads_per_rank_ + 2 * kv_heads_per_rank_) +
+      3 * hidden * ffn;
+  lm_head_params_per_rank_ =
+      hidden * static_cast<double>((c.vocab_size + tp - 1) / tp);
+}
+
+double RooflineCostModel::StageWeightBytes(int stage) const {
+  double params =
+      static_cast<double>(stage_layers_[stage]) * layer_params_per_rank_;
+  if (stage == layout_.pp - 1) params += lm_head_params_per_rank_;
+  if (stage == 0 && !config_.tied_embeddings) {
+    params += lm_head_params_per_rank_;  // The embedding table.
+  }
+  return params * layout_.weight_bytes_per_param;
+}
+
+double RooflineCostModel::KvBytesPerToken(int stage) const {
+  return static_cast<double>(stage_layers_[stage]) * 2.0 *
+         static_cast<double>(kv_heads_per_rank_ * config_.head_dim) *
+         layout_.kv_bytes_per_value;
+}
+
+std::vector<double> RooflineCostModel::StageSeconds(
+    const StepInput& step) const {
+  const ModelConfig& c = config_;
+  const double n = static_cast<double>(step.tokens.size());
+  const double rows = static_cast<double>(step.logit_rows.size());
+  // Per sequence: the KV it reads (its whole visible context, once) and
+  // the query-key pairs its new tokens attend to.
+  const size_t seqs = step.seq_ids.size();
+  std::vector<int64_t> context(seqs, 0);
+  double pairs = 0;
+  for (size_t t = 0; t < step.tokens.size(); ++t) {
+    int64_t visible = step.positions[t] + 1;
+    if (c.sliding_window > 0) visible = std::min(visible, c.sliding_window);
+    pairs += static_cast<double>(visible);
+    int64_t& ctx = context[step.token_seq[t]];
+    ctx = std::max(ctx, visible);
+  }
+  double kv_tokens = 0;
+  for (int64_t ctx : context) kv_tokens += static_cast<double>(ctx);
+
+  const double hd = static_cast<double>(c.head_dim);
+  const double activations =
+      n * static_cast<double>(c.hidden) * layout_.activation_bytes;
+  const auto ring_all_reduce = [&](double bytes) {
+    const double p = layout_.tp;
+    if (layout_.tp <= 1) return 0.0;
+    return 2 * (p - 1) *
+           (layout_.tp_link.alpha_seconds +
+            bytes / (p * layout_.tp_link.bandwidth));
+  };
+  std::vector<double> out;
+  for (int s = 0; s < layout_.pp; ++s) {
+    // Swaps and spills: each copy moves one block's slice on every rank.
+    const double copies = step.copies.empty()
+                              ? 0.0
+                              : static_cast<double>(step.copies.size()) *
+                                    (layout_.host_link.alpha_seconds +
+                                     layout_.block_size * KvBytesPerToken(s) /
+                                         layout_.host_link.bandwidth);
+    if (step.tokens.empty()) {
+      out.push_back(copies);
+      continue;
+    }
+    const double layers = static_cast<double>(stage_layers_[s]);
+    const bool last = s == layout_.pp - 1;
+    double bytes =
+        layers * layer_params_per_rank_ * layout_.weight_bytes_per_param +
+        kv_tokens * KvBytesPerToken(s);
+    double flops =
+        2 * n * layers * layer_params_per_rank_ +
+        layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs;
+    if (last) {
+      bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
+      flops += 2 * rows * lm_head_params_per_rank_;
+    }
+    double t = std::max(
+        bytes / (device_.memory_bandwidth * device_.bandwidth_efficiency),
+        flops / (device_.peak_flops * device_.flops_efficiency));
+    t += layers * device_.kernels_per_layer * device_.kernel_launch_seconds;
+    t += layers * 2 * ring_all_reduce(activations);
+    if (s > 0) {
+      t += layout_.pp_link.alpha_seconds +
+           activations / layout_.pp_link.bandwidth;
+    }
+    if (last) t += device_.step_overhead_seconds;
+    out.push_back(t + copies);
+  }
+  return out;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,118 @@
+// What a step costs on simulated hardware: the time each pipeline stage
+// spends on one StepInput, from first principles (bytes over memory
+// bandwidth, FLOPs over peak, an alpha-beta model per link, launch
+// overheads) with device profiles from published specs, or from constants
+// (for tests with hand-checked results).
+#ifndef SHARDLM_SIMULATOR_COST_MODEL_H_
+#define SHARDLM_SIMULATOR_COST_MODEL_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/model_config.h"
+#include "worker/step.h"
+
+namespace shardlm {
+
+// One accelerator (or one CPU rank). Rates are the spec sheet's; the
+// efficiencies say what share of them a serving kernel reaches.
+struct DeviceProfile {
+  std::string name;
+  double memory_bytes = 0;      // Per device.
+  double memory_bandwidth = 0;  // Bytes per second.
+  double peak_flops = 0;        // Dense, in the weights' compute type.
+  double bandwidth_efficiency = 0.8;
+  double flops_efficiency = 0.6;
+  double kernel_launch_seconds = 0;  // Per kernel.
+  int kernels_per_layer = 0;         // Launched per layer per step.
+  double step_overhead_seconds = 0;  // Host work per step (sampling, I/O).
+  int devices_per_node = 8;
+  std::string source;  // Where the figures come from.
+};
+
+// A link between ranks: time(bytes) = alpha + bytes / bandwidth.
+struct LinkProfile {
+  std::string name;
+  double alpha_seconds = 0;
+  double bandwidth = 0;  // Bytes per second, one direction.
+};
+
+// The named profiles (h100, h200, a100, cpu-this-machine); NotFound lists
+// the names.
+absl::StatusOr<DeviceProfile> FindDeviceProfile(const std::string& name);
+// nvlink-h100, nvlink-a100, pcie4, pcie5, ib-400g, ib-200g, eth-100g, shm.
+absl::StatusOr<LinkProfile> FindLinkProfile(const std::string& name);
+std::vector<std::string> DeviceProfileNames();
+std::vector<std::string> LinkProfileNames();
+
+// Model configurations users plan with, by name (llama3-8b, llama3-70b,
+// llama3.1-405b, qwen2.5-7b, qwen2.5-72b, mistral-7b, smollm2-135m), from
+// their published config.json files.
+absl::StatusOr<ModelConfig> FindModelPreset(const std::string& name);
+std::vector<std::string> ModelPresetNames();
+
+class CostModel {
+ public:
+  virtual ~CostModel() = default;
+  // Seconds each of the `pp` stages spends on `step` (stage s starts once
+  // stage s - 1 has handed it the activations).
+  virtual std::vector<double> StageSeconds(const StepInput& step) const = 0;
+};
+
+// A fixed cost per step and per token, the same for every stage.
+class FixedCostModel : public CostModel {
+ public:
+  FixedCostModel(int pp, double per_step, double per_token)
+      : pp_(pp), per_step_(per_step), per_token_(per_token) {}
+  std::vector<double> StageSeconds(const StepInput& step) const override;
+
+ private:
+  int pp_;
+  double per_step_, per_token_;
+};
+
+struct Layout {
+  int tp = 1;
+  int pp = 1;
+  double weight_bytes_per_param = 2;  // bf16; 1.0625 for Q8_0, 0.5625 Q4_0.
+  double kv_bytes_per_value = 2;      // The KV cache's dtype.
+  double activation_bytes = 2;        // What TP and PP links carry.
+  int32_t block_size = 16;            // Tokens per KV block.
+  // TP all-reduces, PP sends, and KV block copies between the device and
+  // the host tier.
+  LinkProfile tp_link, pp_link, host_link;
+};
+
+// The roofline of each stage's slowest TP rank: the larger of (weights +
+// KV read) / achieved bandwidth and FLOPs / achieved peak, plus kernel
+// launches, two ring all-reduces per layer over the TP link, the
+// activations received from the previous stage over the PP link, the
+// step's KV block copies over the host link, and the host's per-step
+// overhead on the last stage. A step of copies alone costs its copies.
+class RooflineCostModel : public CostModel {
+ public:
+  RooflineCostModel(ModelConfig config, DeviceProfile device, Layout layout);
+  std::vector<double> StageSeconds(const StepInput& step) const override;
+
+  // Weight bytes one TP rank of stage `stage` holds.
+  double StageWeightBytes(int stage) const;
+  // KV cache bytes one token takes on one rank of stage `stage`.
+  double KvBytesPerToken(int stage) const;
+  const ModelConfig& config() const { return config_; }
+  const DeviceProfile& device() const { return device_; }
+  const Layout& layout() const { return layout_; }
+
+ private:
+  ModelConfig config_;
+  DeviceProfile device_;
+  Layout layout_;
+  std::vector<int64_t> stage_layers_;
+  int64_t heads_per_rank_ = 0, kv_heads_per_rank_ = 0;
+  double layer_params_per_rank_ = 0, lm_head_params_per_rank_ = 0;
+};
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_SIMULATOR_COST_MODEL_H_

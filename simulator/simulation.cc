@@ -1,0 +1,548 @@
+#include "simulator/simulation.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <optional>
+#include <queue>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace shardlm {
+namespace {
+
+constexpr double kNever = std::numeric_limits<double>::infinity();
+constexpr int32_t kMaxLength = 1 << 20;
+// Inter-token gaps kept for percentiles (a seeded reservoir beyond).
+constexpr size_t kMaxItlSamples = 1 << 21;
+
+absl::Time At(double seconds) {
+  return absl::UnixEpoch() + absl::Seconds(seconds);
+}
+
+Percentiles Summarize(std::vector<double> v) {
+  Percentiles p;
+  if (v.empty()) return p;
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  const auto rank = [&](double q) {
+    const size_t i = static_cast<size_t>(std::ceil(q * v.size()));
+    return v[std::min(v.size() - 1, i == 0 ? 0 : i - 1)];
+  };
+  p.mean = sum / v.size();
+  p.p50 = rank(0.5);
+  p.p90 = rank(0.9);
+  p.p99 = rank(0.99);
+  p.max = v.back();
+  return p;
+}
+
+// What the simulator keeps of a request.
+struct Tracked {
+  double arrival = 0;
+  double scheduled = -1;  // First in a planned step.
+  double first_token = -1, last_token = -1;
+  int64_t tokens = 0;
+};
+
+struct Replica {
+  Replica(const SimOptions& o, int64_t vocab, ServingMetrics* metrics)
+      : blocks(static_cast<int32_t>(o.device_blocks), o.block_size,
+               static_cast<int32_t>(o.host_blocks), o.prefix_caching),
+        planner(&blocks, metrics, o.scheduler, vocab, nullptr) {}
+  BlockManager blocks;
+  BatchPlanner planner;
+  std::vector<double> stage_free;  // When each stage is next free.
+  struct Step {
+    double done = 0;
+    size_t rows = 0;
+  };
+  std::deque<Step> in_flight;  // Oldest first.
+  double next = kNever;        // When it acts next.
+  uint64_t version = 0;        // Of `next`, for the event heap.
+  double stage_busy = 0;
+  // Time-weighted KV use: the last sample and the integrals since 0.
+  double sampled_at = 0, device_used = 0, host_used = 0;
+  double device_integral = 0, host_integral = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<LengthDistribution> LengthDistribution::Parse(
+    const std::string& text) {
+  LengthDistribution d;
+  d.text_ = text;
+  const std::vector<std::string> parts = absl::StrSplit(text, ':');
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "length distribution '", text, "': ", why,
+        " (want N, fixed:N, uniform:A:B or lognormal:MEDIAN:SIGMA)"));
+  };
+  std::vector<double> v;
+  for (size_t i = (parts.size() == 1 ? 0 : 1); i < parts.size(); ++i) {
+    double x = 0;
+    if (!absl::SimpleAtod(parts[i], &x) || !std::isfinite(x)) {
+      return bad(absl::StrCat("'", parts[i], "' is not a number"));
+    }
+    v.push_back(x);
+  }
+  const std::string kind = parts.size() == 1 ? "fixed" : parts[0];
+  if (kind == "fixed" && v.size() == 1) {
+    d.kind_ = Kind::kFixed;
+    d.a_ = v[0];
+  } else if (kind == "uniform" && v.size() == 2) {
+    d.kind_ = Kind::kUniform;
+    d.a_ = v[0];
+    d.b_ = v[1];
+    if (d.b_ < d.a_) return bad("B is less than A");
+  } else if (kind == "lognormal" && v.size() == 2) {
+    d.kind_ = Kind::kLognormal;
+    d.a_ = v[0];
+    d.b_ = v[1];
+    if (d.b_ < 0) return bad("SIGMA is negative");
+  } else {
+    return bad("unknown form");
+  }
+  if (d.a_ < 1 || d.a_ > kMaxLength ||
+      (d.kind_ == Kind::kUniform && d.b_ > kMaxLength)) {
+    return bad(absl::StrCat("lengths must be in [1, ", kMaxLength, "]"));
+  }
+  return d;
+}
+
+int32_t LengthDistribution::Draw(std::mt19937_64& rng) const {
+  double x = a_;
+  if (kind_ == Kind::kUniform) {
+    x = std::uniform_int_distribution<int64_t>(static_cast<int64_t>(a_),
+                                               static_cast<int64_t>(b_))(rng);
+  } else if (kind_ == Kind::kLognormal) {
+    x = std::round(std::lognormal_distribution<double>(std::log(a_), b_)(rng));
+  }
+  return static_cast<int32_t>(std::clamp<double>(x, 1, kMaxLength));
+}
+
+double LengthDistribution::Mean() const {
+  switch (kind_) {
+    case Kind::kFixed:
+      return a_;
+    case Kind::kUniform:
+      return (a_ + b_) / 2;
+    case Kind::kLognormal:
+      return a_ * std::exp(b_ * b_ / 2);
+  }
+  return a_;
+}
+
+std::vector<SimRequest> PoissonTrace(double rate, double duration,
+                                     const LengthDistribution& prompt,
+                                     const LengthDistribution& output,
+                                     uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::exponential_distribution<double> gap(rate);
+  std::vector<SimRequest> out;
+  if (rate <= 0) return out;
+  for (double t = gap(rng); t < duration; t += gap(rng)) {
+    out.push_back({.arrival = t,
+                   .prompt_tokens = prompt.Draw(rng),
+                   .output_tokens = output.Draw(rng)});
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<SimRequest>> ReadTraceCsv(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path));
+  std::vector<SimRequest> out;
+  std::string line;
+  for (int n = 1; std::getline(in, line); ++n) {
+    const absl::string_view l = absl::StripAsciiWhitespace(line);
+    if (l.empty() || l[0] == '#' || (n == 1 && absl::ascii_isalpha(l[0]))) {
+      continue;
+    }
+    const std::vector<absl::string_view> f = absl::StrSplit(l, ',');
+    const auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ":", n, ": ", why,
+                       " (want arrival_seconds,prompt_tokens,output_tokens"
+                       "[,priority])"));
+    };
+    if (f.size() < 3 || f.size() > 4) return bad("wrong number of fields");
+    SimRequest r;
+    int32_t priority = 0;
+    if (!absl::SimpleAtod(absl::StripAsciiWhitespace(f[0]), &r.arrival) ||
+        !std::isfinite(r.arrival) || r.arrival < 0) {
+      return bad("bad arrival");
+    }
+    if (!absl::SimpleAtoi(absl::StripAsciiWhitespace(f[1]), &r.prompt_tokens) ||
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(f[2]), &r.output_tokens) ||
+        r.prompt_tokens < 1 || r.output_tokens < 1 ||
+        r.prompt_tokens > kMaxLength || r.output_tokens > kMaxLength) {
+      return bad(absl::StrCat("token counts must be in [1, ", kMaxLength, "]"));
+    }
+    if (f.size() == 4 &&
+        !absl::SimpleAtoi(absl::StripAsciiWhitespace(f[3]), &priority)) {
+      return bad("bad priority");
+    }
+    r.priority = priority;
+    if (!out.empty() && r.arrival < out.back().arrival) {
+      return bad("arrivals go backwards");
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+absl::StatusOr<SimReport> Simulate(const CostModel& cost,
+                                   const SimOptions& options,
+                                   int64_t vocab_size,
+                                   const std::vector<SimRequest>& trace) {
+  using WallClock = std::chrono::steady_clock;
+  const auto wall_start = WallClock::now();
+  const SimOptions& o = options;
+  if (o.replicas < 1 || o.block_size < 1 || o.device_blocks < 1 ||
+      o.host_blocks < 0 || vocab_size < 2 ||
+      o.device_blocks + o.host_blocks > std::numeric_limits<int32_t>::max()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulate: replicas (", o.replicas, "), block_size (",
+                     o.block_size, ") and device_blocks (", o.device_blocks,
+                     ") must be positive and the blocks fit in 32 bits"));
+  }
+  const size_t stages = cost.StageSeconds(StepInput{}).size();
+
+  SimReport report;
+  report.requests = static_cast<int64_t>(trace.size());
+  ServingMetrics metrics;  // The planner records into it; unused here.
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < o.replicas; ++r) {
+    replicas.push_back(std::make_unique<Replica>(o, vocab_size, &metrics));
+    replicas.back()->stage_free.assign(stages, 0);
+  }
+  std::vector<Tracked> tracked(trace.size());
+  std::vector<double> itl;
+  std::mt19937_64 rng(o.seed);
+  int64_t itl_seen = 0;
+  double now = 0;
+
+  // Replicas by the time they act next (stale entries skipped).
+  using Entry = std::tuple<double, int, uint64_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> events;
+  const auto wake = [&](int r, double t) {
+    Replica& rep = *replicas[r];
+    rep.next = t;
+    ++rep.version;
+    if (t != kNever) events.emplace(t, r, rep.version);
+  };
+  const auto sample_kv = [&](Replica& rep, double t) {
+    rep.device_integral += rep.device_used * (t - rep.sampled_at);
+    rep.host_integral += rep.host_used * (t - rep.sampled_at);
+    rep.sampled_at = t;
+    const TierUsage d = rep.blocks.device_usage();
+    const TierUsage h = rep.blocks.host_usage();
+    rep.device_used = d.total > 0 ? static_cast<double>(d.used) / d.total : 0;
+    rep.host_used = h.total > 0 ? static_cast<double>(h.used) / h.total : 0;
+    report.device_kv_peak = std::max(report.device_kv_peak, rep.device_used);
+    report.host_kv_peak = std::max(report.host_kv_peak, rep.host_used);
+  };
+  double planner_wall = 0;
+  const auto timed = [&](auto&& f) {
+    const auto a = WallClock::now();
+    f();
+    const double s =
+        std::chrono::duration<double>(WallClock::now() - a).count();
+    planner_wall += s;
+    return s;
+  };
+  std::vector<PlannerEvent> done_events;
+  const auto run_events = [&] {
+    for (auto& e : done_events) e();
+    done_events.clear();
+  };
+
+  const auto refuse = [&](const char* why) { ++report.refused[why]; };
+  const int64_t capacity = o.device_blocks + o.host_blocks;
+  size_t round_robin = 0;
+  const auto route = [&](size_t index) {
+    const SimRequest& req = trace[index];
+    const int64_t total = int64_t{req.prompt_tokens} + req.output_tokens;
+    if (o.context_length > 0 && total > o.context_length) {
+      return refuse("context_length");
+    }
+    if ((total + o.block_size - 1) / o.block_size > capacity) {
+      return refuse("kv_capacity");
+    }
+    int r = 0;
+    if (o.router == Router::kRoundRobin) {
+      r = static_cast<int>(round_robin++ % replicas.size());
+    } else {
+      // The most free device blocks, then the shortest queue.
+      for (int i = 1; i < o.replicas; ++i) {
+        const Replica& a = *replicas[i];
+        const Replica& b = *replicas[r];
+        const auto key = [](const Replica& x) {
+          return std::make_pair(
+              -static_cast<int64_t>(x.blocks.DeviceAvailable()),
+              static_cast<int64_t>(x.planner.waiting()));
+        };
+        if (key(a) < key(b)) r = i;
+      }
+    }
+    Replica& rep = *replicas[r];
+    if (static_cast<int64_t>(rep.planner.waiting()) >= o.scheduler.max_queued) {
+      return refuse("queue_full");
+    }
+    GenerateRequest g{.max_tokens = req.output_tokens,
+                      .priority = req.priority};
+    g.prompt.resize(req.prompt_tokens);
+    // Distinct prompts: no accidental prefix-cache hits.
+    for (int32_t& t : g.prompt) {
+      t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab_size));
+    }
+    Tracked& tr = tracked[index];
+    tr.arrival = req.arrival;
+    RequestCallbacks cb;
+    cb.on_token = [&, index](int32_t, const TokenLogprobs*) {
+      Tracked& x = tracked[index];
+      if (x.tokens == 0) {
+        x.first_token = now;
+      } else {
+        const double gap = now - x.last_token;
+        ++itl_seen;
+        if (itl.size() < kMaxItlSamples) {
+          itl.push_back(gap);
+        } else {
+          const uint64_t j = rng() % static_cast<uint64_t>(itl_seen);
+          if (j < kMaxItlSamples) itl[j] = gap;
+        }
+      }
+      x.last_token = now;
+      ++x.tokens;
+      return TokenAction::kContinue;
+    };
+    cb.on_done = [&, index](absl::StatusOr<GenerateResult> result) {
+      if (!result.ok()) {
+        refuse("failed");
+        return;
+      }
+      ++report.finished;
+      report.prompt_tokens += trace[index].prompt_tokens;
+      report.output_tokens += static_cast<int64_t>(result->tokens.size());
+      report.duration = std::max(report.duration, now);
+    };
+    timed([&] {
+      rep.planner.Add(static_cast<RequestId>(index), std::move(g),
+                      std::move(cb), At(req.arrival));
+    });
+    if (rep.next == kNever) wake(r, req.arrival);
+  };
+
+  absl::Status bad_cost;
+  const auto act = [&](int r, double t) {
+    Replica& rep = *replicas[r];
+    now = t;
+    double spent = timed([&] {
+      if (!rep.in_flight.empty() && rep.in_flight.front().done <= t) {
+        StepOutput out;
+        out.tokens.assign(rep.in_flight.front().rows, 1);
+        rep.in_flight.pop_front();
+        rep.planner.Apply(std::move(out), At(t), done_events);
+      }
+      rep.planner.Admit(At(t), done_events);
+    });
+    run_events();
+    while (true) {
+      std::optional<StepPlan> plan;
+      spent += timed(
+          [&] { plan = rep.planner.PlanForPipeline(o.max_steps_in_flight); });
+      if (!plan.has_value()) break;
+      ++report.steps;
+      for (int64_t id : plan->stepped) {
+        if (tracked[id].scheduled < 0) tracked[id].scheduled = t;
+      }
+      const std::vector<double> stage = cost.StageSeconds(plan->step);
+      for (double x : stage) {
+        if (!std::isfinite(x) || x < 0) {
+          bad_cost = absl::InternalError(absl::StrCat(
+              "the cost model gave a stage ", x, " s for a step of ",
+              plan->step.tokens.size(), " tokens"));
+        }
+      }
+      double ready = o.count_planner_time ? t + spent : t;
+      for (size_t s = 0; s < stage.size(); ++s) {
+        const double start = std::max(ready, rep.stage_free[s]);
+        ready = start + stage[s];
+        rep.stage_free[s] = ready;
+        rep.stage_busy += stage[s];
+      }
+      rep.in_flight.push_back({ready, plan->rows.size()});
+    }
+    report.max_running = std::max<int64_t>(
+        report.max_running, static_cast<int64_t>(rep.planner.running()));
+    sample_kv(rep, t);
+    if (!rep.in_flight.empty()) {
+      wake(r, rep.in_flight.front().done);
+    } else if (!rep.planner.idle()) {
+      wake(r, t + 0.01);  // The real loop's wait when nothing can run.
+    } else {
+      wake(r, kNever);
+    }
+  };
+
+  size_t next_arrival = 0;
+  while (bad_cost.ok()) {
+    while (!events.empty()) {
+      const auto [t, r, version] = events.top();
+      if (replicas[r]->version == version) break;
+      events.pop();
+    }
+    const double arrival =
+        next_arrival < trace.size() ? trace[next_arrival].arrival : kNever;
+    const double step = events.empty() ? kNever : std::get<0>(events.top());
+    if (arrival == kNever && step == kNever) break;
+    if (arrival <= step) {
+      now = arrival;
+      route(next_arrival++);
+    } else {
+      const int r = std::get<1>(events.top());
+      events.pop();
+      act(r, step);
+    }
+  }
+
+  if (!bad_cost.ok()) return bad_cost;
+  // Summaries.
+  std::vector<double> ttft, tpot, e2e, queueing;
+  int64_t met = 0;
+  for (const Tracked& t : tracked) {
+    if (t.tokens == 0) continue;
+    ttft.push_back(t.first_token - t.arrival);
+    e2e.push_back(t.last_token - t.arrival);
+    queueing.push_back(t.scheduled - t.arrival);
+    double per_token = 0;
+    if (t.tokens > 1) {
+      per_token = (t.last_token - t.first_token) / (t.tokens - 1);
+      tpot.push_back(per_token);
+    }
+    const bool ok = (o.slo_ttft <= 0 || ttft.back() <= o.slo_ttft) &&
+                    (o.slo_tpot <= 0 || per_token <= o.slo_tpot);
+    met += ok ? 1 : 0;
+  }
+  report.ttft = Summarize(std::move(ttft));
+  report.tpot = Summarize(std::move(tpot));
+  report.itl = Summarize(std::move(itl));
+  report.e2e = Summarize(std::move(e2e));
+  report.queueing = Summarize(std::move(queueing));
+  report.slo_attainment =
+      report.requests > 0 ? static_cast<double>(met) / report.requests : 0;
+  report.goodput = report.duration > 0 ? met / report.duration : 0;
+  for (auto& rep : replicas) {
+    sample_kv(*rep, report.duration);
+    const SchedulerStats s = rep->planner.Stats();
+    report.preempted_swap += s.preempted_swap;
+    report.preempted_recompute += s.preempted_recompute;
+    report.leaked_blocks += rep->blocks.used_blocks();
+    if (report.duration > 0) {
+      report.device_kv_mean +=
+          rep->device_integral / report.duration / o.replicas;
+      report.host_kv_mean += rep->host_integral / report.duration / o.replicas;
+      report.stage_utilization +=
+          rep->stage_busy / (report.duration * stages) / o.replicas;
+    }
+  }
+  report.planner_wall_seconds = planner_wall;
+  report.wall_seconds =
+      std::chrono::duration<double>(WallClock::now() - wall_start).count();
+  return report;
+}
+
+namespace {
+
+std::string Ms(const Percentiles& p) {
+  return absl::StrFormat("%9.1f %9.1f %9.1f %9.1f %9.1f", p.mean * 1e3,
+                         p.p50 * 1e3, p.p90 * 1e3, p.p99 * 1e3, p.max * 1e3);
+}
+
+std::string PercentilesJson(const Percentiles& p) {
+  return absl::StrFormat(
+      "{\"mean\": %.6g, \"p50\": %.6g, \"p90\": %.6g, \"p99\": %.6g, "
+      "\"max\": %.6g}",
+      p.mean, p.p50, p.p90, p.p99, p.max);
+}
+
+}  // namespace
+
+std::string FormatReport(const SimReport& r) {
+  std::string out = absl::StrFormat("requests: %d in the trace, %d finished",
+                                    r.requests, r.finished);
+  for (const auto& [why, n] : r.refused) {
+    absl::StrAppendFormat(&out, ", %d refused (%s)", n, why);
+  }
+  absl::StrAppendFormat(
+      &out,
+      "\nsimulated time: %.2f s; %.2f requests/s, %.1f output tokens/s, "
+      "%.1f total tokens/s\n",
+      r.duration, r.request_rate(), r.output_token_rate(),
+      r.duration > 0 ? (r.prompt_tokens + r.output_tokens) / r.duration : 0);
+  absl::StrAppend(&out, "latency (ms)            mean       p50       p90  ",
+                  "     p99       max\n");
+  absl::StrAppend(&out, "  time to first token ", Ms(r.ttft), "\n");
+  absl::StrAppend(&out, "  time per out. token ", Ms(r.tpot), "\n");
+  absl::StrAppend(&out, "  inter-token gap     ", Ms(r.itl), "\n");
+  absl::StrAppend(&out, "  end to end          ", Ms(r.e2e), "\n");
+  absl::StrAppend(&out, "  queueing            ", Ms(r.queueing), "\n");
+  absl::StrAppendFormat(
+      &out,
+      "steps: %d; stage utilization %.1f%%; most running on a replica: %d\n"
+      "preemptions: %d swapped, %d recomputed\n"
+      "KV in use: device %.1f%% mean, %.1f%% peak; host %.1f%% mean, "
+      "%.1f%% peak\n"
+      "SLO attainment: %.1f%%; goodput %.2f requests/s\n"
+      "planner: %.2f us per step on this machine; simulated in %.2f s\n",
+      r.steps, 100 * r.stage_utilization, r.max_running, r.preempted_swap,
+      r.preempted_recompute, 100 * r.device_kv_mean, 100 * r.device_kv_peak,
+      100 * r.host_kv_mean, 100 * r.host_kv_peak, 100 * r.slo_attainment,
+      r.goodput, r.steps > 0 ? 1e6 * r.planner_wall_seconds / r.steps : 0,
+      r.wall_seconds);
+  return out;
+}
+
+std::string ReportJson(const SimReport& r) {
+  std::string refused = "{";
+  for (const auto& [why, n] : r.refused) {
+    absl::StrAppendFormat(&refused, "%s\"%s\": %d",
+                          refused.size() > 1 ? ", " : "", why, n);
+  }
+  refused += "}";
+  return absl::StrFormat(
+      "{\"requests\": %d, \"finished\": %d, \"refused\": %s, "
+      "\"duration_s\": %.6g, \"requests_per_s\": %.6g, "
+      "\"output_tokens_per_s\": %.6g, \"prompt_tokens\": %d, "
+      "\"output_tokens\": %d, \"ttft_s\": %s, \"tpot_s\": %s, \"itl_s\": %s, "
+      "\"e2e_s\": %s, \"queueing_s\": %s, \"steps\": %d, "
+      "\"stage_utilization\": %.6g, \"max_running\": %d, "
+      "\"preempted_swap\": %d, \"preempted_recompute\": %d, "
+      "\"device_kv_mean\": %.6g, \"device_kv_peak\": %.6g, "
+      "\"host_kv_mean\": %.6g, \"host_kv_peak\": %.6g, "
+      "\"slo_attainment\": %.6g, \"goodput_rps\": %.6g, "
+      "\"planner_wall_s\": %.6g, \"leaked_blocks\": %d, \"wall_s\": %.6g}",
+      r.requests, r.finished, refused, r.duration, r.request_rate(),
+      r.output_token_rate(), r.prompt_tokens, r.output_tokens,
+      PercentilesJson(r.ttft), PercentilesJson(r.tpot), PercentilesJson(r.itl),
+      PercentilesJson(r.e2e), PercentilesJson(r.queueing), r.steps,
+      r.stage_utilization, r.max_running, r.preempted_swap,
+      r.preempted_recompute, r.device_kv_mean, r.device_kv_peak, r.host_kv_mean,
+      r.host_kv_peak, r.slo_attainment, r.goodput, r.planner_wall_seconds,
+      r.leaked_blocks, r.wall_seconds);
+}
+
+}  // namespace shardlm

@@ -1,0 +1,239 @@
+// The simulator: exact, hand-worked timelines with a fixed-cost model; the
+// roofline's arithmetic on a tiny config; refusals; the same seed gives the
+// same report; and at scale every request finishes or is refused with a
+// reason and no KV block leaks.
+#include "simulator/simulation.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace shardlm {
+namespace {
+
+SimOptions Options(int64_t device_blocks = 1024) {
+  SimOptions o;
+  o.scheduler = {.max_batched_tokens = 64, .max_seqs = 16, .max_queued = 64};
+  o.block_size = 4;
+  o.device_blocks = device_blocks;
+  return o;
+}
+
+TEST(SimulateTest, OneRequestTakesOneStepPerToken) {
+  FixedCostModel cost(/*pp=*/1, /*per_step=*/1.0, /*per_token=*/0);
+  absl::StatusOr<SimReport> r = Simulate(
+      cost, Options(), 100, {{.prompt_tokens = 4, .output_tokens = 3}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->finished, 1);
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_DOUBLE_EQ(r->duration, 3.0);
+  EXPECT_DOUBLE_EQ(r->ttft.p50, 1.0);
+  EXPECT_DOUBLE_EQ(r->tpot.p50, 1.0);
+  EXPECT_DOUBLE_EQ(r->e2e.p50, 3.0);
+  EXPECT_DOUBLE_EQ(r->queueing.max, 0.0);
+  EXPECT_EQ(r->output_tokens, 3);
+  EXPECT_EQ(r->leaked_blocks, 0);
+}
+
+TEST(SimulateTest, ALateArrivalJoinsTheNextStep) {
+  // A arrives at 0 (prefill [0, 1)); B at 0.5 waits for A's step to come
+  // back, then prefills beside A's decode ([1, 2)) and decodes alone.
+  FixedCostModel cost(1, 1.0, 0);
+  absl::StatusOr<SimReport> r =
+      Simulate(cost, Options(), 100,
+               {{.arrival = 0, .prompt_tokens = 4, .output_tokens = 2},
+                {.arrival = 0.5, .prompt_tokens = 4, .output_tokens = 2}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_DOUBLE_EQ(r->duration, 3.0);
+  EXPECT_DOUBLE_EQ(r->ttft.mean, (1.0 + 1.5) / 2);
+  EXPECT_DOUBLE_EQ(r->e2e.max, 2.5);
+  EXPECT_DOUBLE_EQ(r->queueing.max, 0.5);
+  EXPECT_DOUBLE_EQ(r->itl.mean, 1.0);
+}
+
+TEST(SimulateTest, PipelineStagesOverlapStepsInFlight) {
+  // Two stages of 1 s each; two requests of 3 tokens.
+  FixedCostModel cost(2, 1.0, 0);
+  std::vector<SimRequest> trace = {{.prompt_tokens = 4, .output_tokens = 3},
+                                   {.prompt_tokens = 4, .output_tokens = 3}};
+  // One step in flight: both in every step, each 2 s end to end.
+  SimOptions o = Options();
+  absl::StatusOr<SimReport> serial = Simulate(cost, o, 100, trace);
+  ASSERT_TRUE(serial.ok()) << serial.status();
+  EXPECT_EQ(serial->steps, 3);
+  EXPECT_DOUBLE_EQ(serial->duration, 6.0);
+  EXPECT_DOUBLE_EQ(serial->stage_utilization, 6.0 / 12.0);
+  // Two in flight: one request each, stage 0 of one beside stage 1 of the
+  // other. A's tokens come at 2, 4, 6; B's at 3, 5, 7.
+  o.max_steps_in_flight = 2;
+  absl::StatusOr<SimReport> overlap = Simulate(cost, o, 100, trace);
+  ASSERT_TRUE(overlap.ok()) << overlap.status();
+  EXPECT_EQ(overlap->steps, 6);
+  EXPECT_DOUBLE_EQ(overlap->duration, 7.0);
+  EXPECT_DOUBLE_EQ(overlap->ttft.max, 3.0);
+  EXPECT_DOUBLE_EQ(overlap->tpot.max, 2.0);
+  EXPECT_DOUBLE_EQ(overlap->stage_utilization, 12.0 / 14.0);
+}
+
+TEST(SimulateTest, RequestsThatCannotRunAreRefusedWithAReason) {
+  FixedCostModel cost(1, 1.0, 0);
+  SimOptions o = Options(/*device_blocks=*/8);  // 32 tokens.
+  o.context_length = 40;
+  o.scheduler.max_queued = 1;
+  absl::StatusOr<SimReport> r =
+      Simulate(cost, o, 100,
+               {{.arrival = 0, .prompt_tokens = 30, .output_tokens = 20},
+                {.arrival = 0, .prompt_tokens = 30, .output_tokens = 5},
+                {.arrival = 1, .prompt_tokens = 4, .output_tokens = 4},
+                {.arrival = 1, .prompt_tokens = 4, .output_tokens = 4},
+                {.arrival = 1.5, .prompt_tokens = 4, .output_tokens = 4}});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->refused["context_length"], 1);
+  EXPECT_EQ(r->refused["kv_capacity"], 1);
+  // The two at 1 s arrive together: the first waits in the queue until the
+  // loop admits it, the second finds the queue full. The one at 1.5 s finds
+  // the queue empty again.
+  EXPECT_EQ(r->refused["queue_full"], 1);
+  EXPECT_EQ(r->finished, 2);
+}
+
+TEST(SimulateTest, TheRooflineAddsUpByHand) {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.hidden = 64;
+  c.ffn_hidden = 128;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 1000;
+  c.context_length = 512;
+  const DeviceProfile d{.name = "toy",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e9,
+                        .peak_flops = 1e9,
+                        .bandwidth_efficiency = 1,
+                        .flops_efficiency = 1};
+  StepInput decode;
+  decode.tokens = {5};
+  decode.positions = {99};
+  decode.token_seq = {0};
+  decode.seq_ids = {0};
+  decode.logit_rows = {0};
+  // TP = 1. Per layer: 64 x 16 x (2 x 4 + 2 x 2) + 3 x 64 x 128 = 36,864
+  // parameters; LM head 64,000. Bytes: 2 x 36,864 x 2 + 64,000 x 2 + 100
+  // tokens x 256 KV bytes = 301,056. FLOPs: 2 x 2 x 36,864 + 2 x 4 x 16 x 4
+  // x 100 + 2 x 64,000 = 326,656: compute-bound at 1 GFLOP/s.
+  RooflineCostModel tp1(c, d, {.tp = 1, .pp = 1});
+  EXPECT_DOUBLE_EQ(tp1.KvBytesPerToken(0), 256.0);
+  ASSERT_EQ(tp1.StageSeconds(decode).size(), 1u);
+  EXPECT_DOUBLE_EQ(tp1.StageSeconds(decode)[0], 326656e-9);
+  // TP = 2: 18,432 parameters per layer and 32,000 of the head per rank,
+  // 2 query heads: 150,528 bytes; 2 x 2 x 18,432 + 2 x 4 x 16 x 2 x 100 + 2
+  // x 32,000 = 163,328 FLOPs; plus 2 layers x 2 ring all-reduces of 128
+  // bytes: 2 x (1 us + 128 / (2 x 1 GB/s)) each.
+  RooflineCostModel tp2(
+      c, d,
+      {.tp = 2, .pp = 1, .tp_link = {.alpha_seconds = 1e-6, .bandwidth = 1e9}});
+  EXPECT_NEAR(tp2.StageSeconds(decode)[0], 163328e-9 + 4 * 2 * (1e-6 + 64e-9),
+              1e-15);
+  // PP = 2: a stage per layer; only the last reads the head, and the second
+  // receives the activations.
+  RooflineCostModel pp2(
+      c, d,
+      {.tp = 1, .pp = 2, .pp_link = {.alpha_seconds = 2e-6, .bandwidth = 1e9}});
+  const std::vector<double> st = pp2.StageSeconds(decode);
+  ASSERT_EQ(st.size(), 2u);
+  // Stage 0: 73,728 + 12,800 bytes; 73,728 + 25,600 FLOPs.
+  EXPECT_DOUBLE_EQ(st[0], 99328e-9);
+  // Stage 1: 73,728 + 12,800 + 128,000 bytes = 214,528; FLOPs 227,328.
+  EXPECT_NEAR(st[1], 227328e-9 + 2e-6 + 128e-9, 1e-15);
+}
+
+TEST(SimulateTest, TheSameSeedGivesTheSameReport) {
+  absl::StatusOr<ModelConfig> c = FindModelPreset("llama3-8b");
+  ASSERT_TRUE(c.ok()) << c.status();
+  absl::StatusOr<DeviceProfile> d = FindDeviceProfile("h100");
+  ASSERT_TRUE(d.ok()) << d.status();
+  RooflineCostModel cost(*c, *d, {.tp = 1, .pp = 1});
+  absl::StatusOr<LengthDistribution> in =
+      LengthDistribution::Parse("lognormal:300:0.8");
+  absl::StatusOr<LengthDistribution> out =
+      LengthDistribution::Parse("uniform:16:128");
+  ASSERT_TRUE(in.ok() && out.ok());
+  SimOptions o = Options(4096);
+  o.block_size = 16;
+  o.replicas = 2;
+  o.router = Router::kLeastKv;
+  const auto run = [&](uint64_t seed) {
+    o.seed = seed;
+    absl::StatusOr<SimReport> r =
+        Simulate(cost, o, c->vocab_size, PoissonTrace(20, 10, *in, *out, seed));
+    EXPECT_TRUE(r.ok()) << r.status();
+    r->wall_seconds = r->planner_wall_seconds = 0;  // This machine's.
+    return ReportJson(*r);
+  };
+  EXPECT_EQ(run(7), run(7));
+  EXPECT_NE(run(7), run(8));
+}
+
+TEST(SimulateTest, AtScaleEveryRequestEndsAndNoBlockLeaks) {
+  absl::StatusOr<ModelConfig> c = FindModelPreset("llama3-70b");
+  ASSERT_TRUE(c.ok());
+  absl::StatusOr<DeviceProfile> d = FindDeviceProfile("h100");
+  ASSERT_TRUE(d.ok());
+  RooflineCostModel cost(*c, *d,
+                         {.tp = 4,
+                          .pp = 2,
+                          .tp_link = *FindLinkProfile("nvlink-h100"),
+                          .pp_link = *FindLinkProfile("ib-400g"),
+                          .host_link = *FindLinkProfile("pcie5")});
+  SimOptions o;
+  o.replicas = 4;
+  o.max_steps_in_flight = 2;
+  o.scheduler = {
+      .max_batched_tokens = 2048, .max_seqs = 128, .max_queued = 100000};
+  o.block_size = 16;
+  o.device_blocks = 600;  // Too few for the load: preemption.
+  o.host_blocks = 300;
+  o.context_length = 8192;
+  o.router = Router::kLeastKv;
+  const std::vector<SimRequest> trace =
+      PoissonTrace(40, 60, *LengthDistribution::Parse("lognormal:400:1.0"),
+                   *LengthDistribution::Parse("lognormal:150:0.7"), 3);
+  absl::StatusOr<SimReport> r = Simulate(cost, o, c->vocab_size, trace);
+  ASSERT_TRUE(r.ok()) << r.status();
+  int64_t refused = 0;
+  for (const auto& [why, n] : r->refused) refused += n;
+  EXPECT_EQ(r->finished + refused, r->requests);
+  EXPECT_EQ(r->refused.count("failed"), 0u);
+  EXPECT_GT(r->finished, r->requests * 9 / 10);
+  EXPECT_GT(r->preempted_swap + r->preempted_recompute, 0);
+  EXPECT_EQ(r->leaked_blocks, 0);
+  EXPECT_GT(r->host_kv_peak, 0);
+  EXPECT_LE(r->device_kv_peak, 1.0);
+}
+
+TEST(SimulateTest, TracesAndDistributionsRejectBadInput) {
+  EXPECT_FALSE(LengthDistribution::Parse("uniform:9:3").ok());
+  EXPECT_FALSE(LengthDistribution::Parse("poisson:3").ok());
+  EXPECT_FALSE(LengthDistribution::Parse("0").ok());
+  EXPECT_FALSE(LengthDistribution::Parse("fixed:x").ok());
+  const std::string path = ::testing::TempDir() + "/trace.csv";
+  std::ofstream(path) << "arrival,prompt,output\n0.5,10,20\n0.25,10,20\n";
+  absl::StatusOr<std::vector<SimRequest>> t = ReadTraceCsv(path);
+  ASSERT_FALSE(t.ok());
+  EXPECT_THAT(std::string(t.status().message()),
+              ::testing::HasSubstr("trace.csv:3: arrivals go backwards"));
+  std::ofstream(path) << "# a trace\n0.5,10,20\n1.5, 7, 3, 2\n";
+  t = ReadTraceCsv(path);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_EQ(t->size(), 2u);
+  EXPECT_EQ((*t)[1].prompt_tokens, 7);
+  EXPECT_EQ((*t)[1].priority, 2);
+}
+
+}  // namespace
+}  // namespace shardlm
