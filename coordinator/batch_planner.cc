@@ -268,10 +268,13 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
       Preempt(victim);
     }
   }
-  const bool alone = std::all_of(
-      running_.begin(), running_.end(),
-      [&](const auto& r) { return r.get() == &s || r->preempted || r->done; });
-  if (alone && short_by(target) > 0) {
+  // Whether it is alone is asked only when it is short (O(running) each).
+  const auto alone = [&] {
+    return std::all_of(running_.begin(), running_.end(), [&](const auto& r) {
+      return r.get() == &s || r->preempted || r->done;
+    });
+  };
+  if (short_by(target) > 0 && alone()) {
     // Alone: move this sequence's own full blocks (not the one being
     // written) to the host, making room on the host if it must.
     const std::vector<int32_t>& t = blocks_->Table(s.id);

@@ -11,6 +11,7 @@ int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 int LaunchCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
+int SimulateCommand(int argc, char** argv);
 int WorkerCommand(int argc, char** argv);
 
 }  // namespace shardlm

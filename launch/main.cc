@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "  inspect      print a model file's config, tensors and tokenizer\n"
     "  launch       run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
     "  serve        serve the gRPC API from a model in this process\n"
+    "  simulate     plan capacity: the real scheduler on simulated GPUs\n"
     "  worker       one worker rank joining a `shardlm coordinator`\n"
     "\n"
     "Run 'shardlm <command> --help' for the flags of a command.\n";
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "serve") == 0) {
     return shardlm::ServeCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "simulate") == 0) {
+    return shardlm::SimulateCommand(argc, argv);
   }
   std::fprintf(stderr, "shardlm: unknown command '%s'\n\n%s", argv[1], kUsage);
   return 2;

@@ -641,6 +641,10 @@ class SafetensorsWeights final : public WeightSource {
 
 }  // namespace
 
+absl::StatusOr<ModelConfig> ReadHfConfig(const std::string& dir) {
+  return ReadConfigJson(dir);
+}
+
 absl::StatusOr<std::unique_ptr<WeightSource>> OpenSafetensorsWeights(
     const std::string& dir) {
   ASSIGN_OR_RETURN(ModelConfig config, ReadConfigJson(dir));

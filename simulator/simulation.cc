@@ -269,11 +269,22 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
     done_events.clear();
   };
 
-  const auto refuse = [&](const char* why) { ++report.refused[why]; };
+  // Closed loop: each client sends its next request when the last ends.
+  std::priority_queue<double, std::vector<double>, std::greater<double>>
+      clients;
+  for (int c = 0; c < o.concurrency; ++c) clients.push(0);
+  const auto client_free = [&](double t) {
+    if (o.concurrency > 0) clients.push(t);
+  };
+  const auto refuse = [&](const char* why) {
+    ++report.refused[why];
+    client_free(now);
+  };
   const int64_t capacity = o.device_blocks + o.host_blocks;
   size_t round_robin = 0;
   const auto route = [&](size_t index) {
     const SimRequest& req = trace[index];
+    const double arrival = now;
     const int64_t total = int64_t{req.prompt_tokens} + req.output_tokens;
     if (o.context_length > 0 && total > o.context_length) {
       return refuse("context_length");
@@ -309,7 +320,7 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
       t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab_size));
     }
     Tracked& tr = tracked[index];
-    tr.arrival = req.arrival;
+    tr.arrival = arrival;
     RequestCallbacks cb;
     cb.on_token = [&, index](int32_t, const TokenLogprobs*) {
       Tracked& x = tracked[index];
@@ -338,12 +349,13 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
       report.prompt_tokens += trace[index].prompt_tokens;
       report.output_tokens += static_cast<int64_t>(result->tokens.size());
       report.duration = std::max(report.duration, now);
+      client_free(now);
     };
     timed([&] {
       rep.planner.Add(static_cast<RequestId>(index), std::move(g),
-                      std::move(cb), At(req.arrival));
+                      std::move(cb), At(arrival));
     });
-    if (rep.next == kNever) wake(r, req.arrival);
+    if (rep.next == kNever) wake(r, arrival);
   };
 
   absl::Status bad_cost;
@@ -405,12 +417,19 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
       if (replicas[r]->version == version) break;
       events.pop();
     }
-    const double arrival =
-        next_arrival < trace.size() ? trace[next_arrival].arrival : kNever;
+    double arrival = kNever;
+    if (next_arrival < trace.size()) {
+      if (o.concurrency == 0) {
+        arrival = trace[next_arrival].arrival;
+      } else if (!clients.empty()) {
+        arrival = clients.top();
+      }
+    }
     const double step = events.empty() ? kNever : std::get<0>(events.top());
     if (arrival == kNever && step == kNever) break;
     if (arrival <= step) {
       now = arrival;
+      if (o.concurrency > 0) clients.pop();
       route(next_arrival++);
     } else {
       const int r = std::get<1>(events.top());
@@ -442,6 +461,7 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
   report.itl = Summarize(std::move(itl));
   report.e2e = Summarize(std::move(e2e));
   report.queueing = Summarize(std::move(queueing));
+  report.slo_set = o.slo_ttft > 0 || o.slo_tpot > 0;
   report.slo_attainment =
       report.requests > 0 ? static_cast<double>(met) / report.requests : 0;
   report.goodput = report.duration > 0 ? met / report.duration : 0;
@@ -506,13 +526,16 @@ std::string FormatReport(const SimReport& r) {
       "preemptions: %d swapped, %d recomputed\n"
       "KV in use: device %.1f%% mean, %.1f%% peak; host %.1f%% mean, "
       "%.1f%% peak\n"
-      "SLO attainment: %.1f%%; goodput %.2f requests/s\n"
+      "%s\n"
       "planner: %.2f us per step on this machine; simulated in %.2f s\n",
       r.steps, 100 * r.stage_utilization, r.max_running, r.preempted_swap,
       r.preempted_recompute, 100 * r.device_kv_mean, 100 * r.device_kv_peak,
-      100 * r.host_kv_mean, 100 * r.host_kv_peak, 100 * r.slo_attainment,
-      r.goodput, r.steps > 0 ? 1e6 * r.planner_wall_seconds / r.steps : 0,
-      r.wall_seconds);
+      100 * r.host_kv_mean, 100 * r.host_kv_peak,
+      r.slo_set ? absl::StrFormat("SLO attainment: %.1f%%; goodput %.2f "
+                                  "requests/s",
+                                  100 * r.slo_attainment, r.goodput)
+                : std::string("SLOs: none set (--slo-ttft, --slo-tpot)"),
+      r.steps > 0 ? 1e6 * r.planner_wall_seconds / r.steps : 0, r.wall_seconds);
   return out;
 }
 

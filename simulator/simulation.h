@@ -68,6 +68,10 @@ struct SimOptions {
   bool prefix_caching = false;
   int64_t context_length = 0;  // Longest prompt + output; 0: no limit.
   Router router = Router::kRoundRobin;
+  // > 0: a closed loop of this many clients, as `shardlm bench` runs: each
+  // sends the trace's next request (its arrival time ignored) as soon as
+  // its previous one ended; all start at 0.
+  int concurrency = 0;
   // Per-request SLOs for goodput (seconds; 0: none): time to first token,
   // and time per output token after the first.
   double slo_ttft = 0, slo_tpot = 0;
@@ -95,7 +99,9 @@ struct SimReport {
   double device_kv_peak = 0, device_kv_mean = 0;
   double host_kv_peak = 0, host_kv_mean = 0;
   int64_t max_running = 0;  // Most sequences one replica ran at once.
-  // Finished requests meeting every SLO set, and their rate.
+  // Requests (of the trace) that finished meeting every SLO set, and their
+  // rate; without SLOs every finished request counts.
+  bool slo_set = false;
   double slo_attainment = 0, goodput = 0;
   // Stage busy time over duration x stages, averaged over replicas.
   double stage_utilization = 0;

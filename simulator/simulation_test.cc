@@ -78,6 +78,24 @@ TEST(SimulateTest, PipelineStagesOverlapStepsInFlight) {
   EXPECT_DOUBLE_EQ(overlap->stage_utilization, 12.0 / 14.0);
 }
 
+TEST(SimulateTest, AClosedLoopSendsTheNextRequestWhenOneEnds) {
+  FixedCostModel cost(1, 1.0, 0);
+  const std::vector<SimRequest> trace = {
+      {.arrival = 50, .prompt_tokens = 4, .output_tokens = 2},
+      {.arrival = 60, .prompt_tokens = 4, .output_tokens = 2}};
+  SimOptions o = Options();
+  o.concurrency = 1;  // B starts when A ends at 2; arrivals are ignored.
+  absl::StatusOr<SimReport> one = Simulate(cost, o, 100, trace);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_DOUBLE_EQ(one->duration, 4.0);
+  EXPECT_DOUBLE_EQ(one->e2e.max, 2.0);
+  o.concurrency = 2;  // Both at 0, batched.
+  absl::StatusOr<SimReport> two = Simulate(cost, o, 100, trace);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_DOUBLE_EQ(two->duration, 2.0);
+  EXPECT_EQ(two->steps, 2);
+}
+
 TEST(SimulateTest, RequestsThatCannotRunAreRefusedWithAReason) {
   FixedCostModel cost(1, 1.0, 0);
   SimOptions o = Options(/*device_blocks=*/8);  // 32 tokens.
