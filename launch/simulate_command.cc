@@ -37,6 +37,9 @@ struct SimulateFlags {
   std::string model_config;
   int64_t tp = 1, pp = 1, replicas = 1;
   std::string gpu = "h100";
+  // Calibrated rates that replace the profile's (efficiency 1).
+  double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
+  double matvec_flops = 0, dequantize_rate = -1;
   std::string trace;
   double poisson = 0;
   int64_t concurrency = 0;
@@ -55,6 +58,7 @@ struct SimulateFlags {
   std::string weight_dtype = "bf16";
   std::string kv_cache_dtype = "bf16";
   std::string tp_link, pp_link, host_link;
+  double tp_link_alpha = -1;  // Calibration: replaces the TP link's alpha.
   std::string router = "least-kv";
   bool prefix_caching = false;
   double slo_ttft = 0, slo_tpot = 0, slo_attainment = 0.9;
@@ -146,6 +150,7 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
                                    : cpu                   ? "shm"
                                    : device.name == "a100" ? "pcie4"
                                                            : "pcie5"));
+  if (f.tp_link_alpha >= 0) layout.tp_link.alpha_seconds = f.tp_link_alpha;
   Planned p;
   p.cost = std::make_unique<RooflineCostModel>(config, device, layout);
   // Every rank holds the same number of blocks: the fewest any stage's
@@ -274,6 +279,16 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("replicas", &f.replicas, "engine replicas behind the router");
   flags.Add("gpu", &f.gpu,
             "device profile: " + absl::StrJoin(DeviceProfileNames(), ", "));
+  flags.Add("memory-bandwidth", &f.memory_bandwidth,
+            "achieved bytes/s, replacing the profile's (calibration)");
+  flags.Add("peak-flops", &f.peak_flops,
+            "achieved FLOP/s, replacing the profile's (calibration)");
+  flags.Add("matvec-flops", &f.matvec_flops,
+            "FLOP/s of small-batch CPU kernels (calibration)");
+  flags.Add("dequantize-rate", &f.dequantize_rate,
+            "parameters/s the CPU dequantizes into tiles (calibration)");
+  flags.Add("step-overhead", &f.step_overhead,
+            "host seconds per step, replacing the profile's (calibration)");
   flags.Add("trace", &f.trace, "CSV trace of requests");
   flags.Add("poisson", &f.poisson, "Poisson arrivals per second");
   flags.Add("concurrency", &f.concurrency,
@@ -302,6 +317,8 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("tp-link", &f.tp_link,
             "link profile (" + absl::StrJoin(LinkProfileNames(), ", ") +
                 "); default NVLink (shm on a CPU)");
+  flags.Add("tp-link-alpha", &f.tp_link_alpha,
+            "seconds per TP message, replacing the link's (calibration)");
   flags.Add("pp-link", &f.pp_link,
             "default: the TP link within a node, ib-400g across nodes");
   flags.Add("host-link", &f.host_link, "device <-> host tier link");
@@ -371,6 +388,23 @@ int SimulateCommand(int argc, char** argv) {
   if (!config.ok()) return usage_error(std::string(config.status().message()));
   absl::StatusOr<DeviceProfile> device = FindDeviceProfile(f.gpu);
   if (!device.ok()) return usage_error(std::string(device.status().message()));
+  if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
+      f.matvec_flops < 0) {
+    return usage_error(
+        "--memory-bandwidth and --peak-flops must be positive, "
+        "--step-overhead at most 10 s");
+  }
+  if (f.memory_bandwidth > 0) {
+    device->memory_bandwidth = f.memory_bandwidth;
+    device->bandwidth_efficiency = 1;
+  }
+  if (f.peak_flops > 0) {
+    device->peak_flops = f.peak_flops;
+    device->flops_efficiency = 1;
+  }
+  if (f.step_overhead >= 0) device->step_overhead_seconds = f.step_overhead;
+  if (f.matvec_flops > 0) device->matvec_flops = f.matvec_flops;
+  if (f.dequantize_rate >= 0) device->dequantize_rate = f.dequantize_rate;
 
   std::vector<SimRequest> trace;
   if (!f.trace.empty()) {

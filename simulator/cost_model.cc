@@ -43,19 +43,24 @@ const DeviceProfile kDevices[] = {
      .step_overhead_seconds = 5e-4,
      .source = "NVIDIA A100 SXM4 80GB datasheet: 2.039 TB/s, 312 TFLOPS "
                "dense BF16"},
-    // This project's CPU engine on its 2-core AMD EPYC (AVX-512) VM,
-    // calibrated with bench/simulator_validation.py (docs/simulator.md):
-    // effective rates with the efficiencies folded in.
+    // This project's CPU engine (2 threads, Q4_1 weights) on its 2-core
+    // AMD EPYC (AVX-512) VM, calibrated with bench/simulator_validation.py
+    // (docs/simulator.md): achieved rates, efficiencies folded in. The
+    // decode kernels handle at most 4 rows (kGemvRows) as matrix-vector
+    // products.
     {.name = "cpu-this-machine",
      .memory_bytes = 24 * 1024.0 * 1024 * 1024,
-     .memory_bandwidth = 6.0 * kGB,
-     .peak_flops = 60e9,
+     .memory_bandwidth = 10 * kGB,
+     .peak_flops = 120e9,
      .bandwidth_efficiency = 1.0,
      .flops_efficiency = 1.0,
      .kernel_launch_seconds = 0,
      .kernels_per_layer = 0,
-     .step_overhead_seconds = 1e-3,
+     .step_overhead_seconds = 0,
      .devices_per_node = 2,
+     .matvec_max_tokens = 4,
+     .matvec_flops = 35e9,
+     .dequantize_rate = 5e9,
      .source = "calibrated on the 2-core EPYC VM (docs/simulator.md)"},
 };
 
@@ -254,9 +259,17 @@ std::vector<double> RooflineCostModel::StageSeconds(
       bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
       flops += 2 * rows * lm_head_params_per_rank_;
     }
+    double compute = flops / (device_.peak_flops * device_.flops_efficiency);
+    if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
+      compute = flops / device_.matvec_flops;
+    } else if (device_.dequantize_rate > 0) {
+      compute += (layers * layer_params_per_rank_ +
+                  (last ? lm_head_params_per_rank_ : 0)) /
+                 device_.dequantize_rate;
+    }
     double t = std::max(
         bytes / (device_.memory_bandwidth * device_.bandwidth_efficiency),
-        flops / (device_.peak_flops * device_.flops_efficiency));
+        compute);
     t += layers * device_.kernels_per_layer * device_.kernel_launch_seconds;
     t += layers * 2 * ring_all_reduce(activations);
     if (s > 0) {

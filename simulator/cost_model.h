@@ -29,7 +29,15 @@ struct DeviceProfile {
   int kernels_per_layer = 0;         // Launched per layer per step.
   double step_overhead_seconds = 0;  // Host work per step (sampling, I/O).
   int devices_per_node = 8;
-  std::string source;  // Where the figures come from.
+  // CPU kernels (0: not modelled). A step of at most matvec_max_tokens
+  // tokens runs matrix-vector kernels that dequantize in registers per
+  // token: FLOPs / matvec_flops. A larger one first dequantizes every
+  // weight into tiles (parameters / dequantize_rate seconds) and then
+  // multiplies at peak_flops.
+  int matvec_max_tokens = 0;
+  double matvec_flops = 0;
+  double dequantize_rate = 0;  // Parameters per second.
+  std::string source;          // Where the figures come from.
 };
 
 // A link between ranks: time(bytes) = alpha + bytes / bandwidth.
@@ -86,7 +94,8 @@ struct Layout {
 };
 
 // The roofline of each stage's slowest TP rank: the larger of (weights +
-// KV read) / achieved bandwidth and FLOPs / achieved peak, plus kernel
+// KV read) / achieved bandwidth and the compute time (FLOPs / achieved
+// peak, or the CPU kernels' terms of DeviceProfile), plus kernel
 // launches, two ring all-reduces per layer over the TP link, the
 // activations received from the previous stage over the PP link, the
 // step's KV block copies over the host link, and the host's per-step

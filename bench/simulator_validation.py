@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""How far to trust `shardlm simulate` on this machine (issue #17 part 3):
+the simulator's predictions for the CPU engine against measured runs of
+`shardlm bench` against `shardlm serve`, at several loads and layouts, with
+the error per figure.
+
+Calibration, in the same run: engine_bench's one-sequence decode and
+prefill rates at the thread count each rank gets become the CPU profile's
+achieved bandwidth and FLOP rate (the roofline's two rates; nothing is
+fitted to the serving runs being predicted). Each serving run is then
+simulated as a closed loop of the same clients sending the same prompts (by
+token count, read back from the server) and output lengths.
+
+  bench/simulator_validation.py --shardlm build/launch/shardlm \\
+      --engine-bench build/bench/engine_bench --model M.gguf \\
+      [--layouts 1x1,2x1] [--concurrency 1,4,16] [--requests 48] \\
+      [--max-tokens 64] [--json OUT]
+
+A benchmark: it prints figures, and exits 1 only when a run fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from testlib import free_port, run, start_serve, stop, wait_ready  # noqa: E402
+
+WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards "
+         "quietly judge boxing matches near the old river bank").split()
+
+
+def prompts(n: int) -> list[str]:
+    """n distinct prompts (no shared prefix block) from a few words to a
+    few hundred."""
+    out = []
+    for i in range(n):
+        length = 4 + (i * 53) % 260
+        out.append(f"{i * 7919} " + " ".join(WORDS[(i + k) % len(WORDS)]
+                                             for k in range(length)))
+    return out
+
+
+def model_shape(shardlm: str, model: str) -> dict:
+    """The shape `shardlm inspect` reports."""
+    r = run([shardlm, "inspect", model])
+    shape = {}
+    for line in r.stdout.splitlines():
+        p = line.replace("(", " ").replace(")", " ").replace(",", " ").split()
+        if len(p) < 2 or not p[1].isdigit():
+            continue
+        key = {"layers": "n_layers", "hidden": "hidden",
+               "ffn_hidden": "ffn_hidden", "vocab": "vocab_size"}.get(p[0])
+        if key:
+            shape[key] = int(p[1])
+        if p[0] == "heads" and len(p) >= 6:
+            shape["n_heads"] = int(p[1])
+            shape["n_kv_heads"] = int(p[3])
+            shape["head_dim"] = int(p[5])
+    return shape
+
+
+def engine_bench(binary: str, model: str, threads: int, tp: int,
+                 prompt: int, decode: int) -> dict:
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        r = run([binary, "--model", model, "--threads", str(threads),
+                 "--prompt-tokens", str(prompt), "--decode-tokens",
+                 str(decode), "--tp", str(tp), "--json", f.name], timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"engine_bench failed: {r.stderr[-400:]}")
+        return json.load(open(f.name))[0]
+
+
+def calibrate(binary: str, model: str, threads: int, shape: dict,
+              tp: int) -> dict:
+    """The CPU profile's rates for one rank (1/tp of each layer), from
+    engine_bench: one-sequence decode gives the matrix-vector kernels' FLOP
+    rate; prefills of 32 and 256 tokens give the tiled path's per-step
+    dequantization (the intercept) and its FLOP rate (the slope); the
+    measured read bandwidth is the bandwidth."""
+    s = shape
+    kv_r = -(-s["n_kv_heads"] // tp)
+    heads_r = kv_r * (s["n_heads"] // s["n_kv_heads"])
+    layer = (s["hidden"] * s["head_dim"] * (2 * heads_r + 2 * kv_r) +
+             3 * s["hidden"] * -(-s["ffn_hidden"] // tp))
+    head = s["hidden"] * -(-s["vocab_size"] // tp)
+    short = engine_bench(binary, model, threads, tp, 32, 8)
+    long = engine_bench(binary, model, threads, tp, 256, 64)
+    # Decode: 2 FLOPs per weight and the head, per token (attention over
+    # ~300 positions is under 1%), in the time not spent communicating.
+    # That time, over the step's 2 all-reduces per layer of 2 (tp - 1) ring
+    # hops each (and the logits' gather), is the TP link's alpha.
+    step = 1 / long["decode_tokens_per_s"]
+    comm = step * long.get("comm_share_of_step_time", 0) if tp > 1 else 0
+    matvec = 2 * (s["n_layers"] * layer + head) / (step - comm)
+    alpha = comm / (2 * s["n_layers"] * 2 * (tp - 1) + 1) if tp > 1 else 0
+    t_short = 32 / short["prefill_tokens_per_s"]
+    t_long = 256 / long["prefill_tokens_per_s"]
+    per_token = max(1e-9, (t_long - t_short) / (256 - 32))
+    intercept = max(0.0, t_short - 32 * per_token)
+    params = s["n_layers"] * layer + head
+    return {"threads": threads, "tp": tp,
+            "decode_tokens_per_s": long["decode_tokens_per_s"],
+            "prefill32_tokens_per_s": short["prefill_tokens_per_s"],
+            "prefill256_tokens_per_s": long["prefill_tokens_per_s"],
+            "bandwidth": long["read_bandwidth_bytes_per_s"],
+            "matvec_flops": matvec,
+            "peak_flops": 2 * s["n_layers"] * layer / per_token,
+            "dequantize_rate": params / intercept if intercept > 0 else 0,
+            "tp_link_alpha": alpha}
+
+
+def prompt_tokens(http_port: int, texts: list[str]) -> list[int]:
+    base = f"http://127.0.0.1:{http_port}/v1"
+    with urllib.request.urlopen(f"{base}/models", timeout=60) as resp:
+        model = json.load(resp)["data"][0]["id"]
+    out = []
+    for t in texts:
+        body = json.dumps({"model": model, "prompt": t, "max_tokens": 1})
+        req = urllib.request.Request(
+            f"{base}/completions",
+            data=body.encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            out.append(json.load(resp)["usage"]["prompt_tokens"])
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--engine-bench", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--layouts", default="1x1,2x1", help="TPxPP list")
+    ap.add_argument("--concurrency", default="1,4,16")
+    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    ap.add_argument("--weight-dtype", default="q4_1")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    shape = model_shape(args.shardlm, args.model)
+    if len(shape) != 7:
+        print(f"could not read the model's shape from inspect: {shape}")
+        return 1
+    # One prompt per request, and the server's prefix cache off: the
+    # simulated prompts share nothing either.
+    texts = prompts(args.requests)
+    work = tempfile.mkdtemp(prefix="simval-")
+    prompts_file = os.path.join(work, "prompts.txt")
+    with open(prompts_file, "w") as f:
+        f.write("\n".join(texts) + "\n")
+
+    rows = []
+    calibrations = []
+    for layout in args.layouts.split(","):
+        tp, pp = (int(x) for x in layout.split("x"))
+        ranks = tp * pp
+        threads = max(1, args.threads // ranks)
+        cal = calibrate(args.engine_bench, args.model, threads, shape, tp)
+        calibrations.append(cal)
+        print(f"calibration tp {tp} x pp {pp} ({threads} thread(s) per rank): "
+              f"decode {cal['decode_tokens_per_s']:.1f} tok/s -> matvec "
+              f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s; prefill "
+              f"{cal['prefill32_tokens_per_s']:.0f} / "
+              f"{cal['prefill256_tokens_per_s']:.0f} tok/s (32 / 256) -> "
+              f"{cal['peak_flops'] / 1e9:.1f} GFLOP/s + dequantize "
+              f"{cal['dequantize_rate'] / 1e9:.2f} G params/s; read "
+              f"bandwidth {cal['bandwidth'] / 1e9:.1f} GB/s; TP message "
+              f"{cal['tp_link_alpha'] * 1e6:.1f} us", flush=True)
+
+        http = free_port()
+        server, addr = start_serve(
+            args.shardlm, args.model,
+            ["--tp", str(tp), "--pp", str(pp), "--threads", str(args.threads),
+             "--prefix-caching=false",
+             "--http-listen", f"127.0.0.1:{http}"])
+        try:
+            if not wait_ready(args.shardlm, addr, server):
+                print("the server did not come up")
+                return 1
+            lengths = prompt_tokens(http, texts)
+            out = os.path.join(work, f"bench-{layout}.json")
+            r = run([args.shardlm, "bench", "--server", addr, "--concurrency",
+                     args.concurrency, "--requests", str(args.requests),
+                     "--max-tokens", str(args.max_tokens), "--prompts",
+                     prompts_file, "--json", out], timeout=3600)
+            if r.returncode != 0:
+                print(f"bench failed: {r.stderr[-400:]}")
+                return 1
+            measured = json.load(open(out))["levels"]
+        finally:
+            stop(server)
+
+        trace = os.path.join(work, "trace.csv")
+        with open(trace, "w") as f:
+            for i in range(args.requests):
+                f.write(f"0,{lengths[i % len(lengths)]},{args.max_tokens}\n")
+        # serve's defaults: KV for one full context (f16), 512 tokens a
+        # step, 64 sequences.
+        kv_bytes = (8192 * shape["n_layers"] * 2 *
+                    -(-shape["n_kv_heads"] // tp) * shape["head_dim"] * 2)
+        for m in measured:
+            c = m["concurrency"]
+            sim_json = os.path.join(work, f"sim-{layout}-{c}.json")
+            r = run([args.shardlm, "simulate", "--model-config", args.model,
+                     "--gpu", "cpu-this-machine", "--tp", str(tp), "--pp",
+                     str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
+                     "--peak-flops", str(cal["peak_flops"]),
+                     "--matvec-flops", str(cal["matvec_flops"]),
+                     "--dequantize-rate", str(cal["dequantize_rate"]),
+                     "--tp-link-alpha", str(cal["tp_link_alpha"]),
+                     "--step-overhead", "0", "--weight-dtype",
+                     args.weight_dtype, "--kv-cache-dtype", "f16",
+                     "--kv-cache-bytes", str(kv_bytes),
+                     "--max-batched-tokens", "512", "--max-seqs", "64",
+                     "--concurrency", str(c), "--trace", trace,
+                     "--json", sim_json])
+            if r.returncode != 0:
+                print(f"simulate failed: {r.stderr[-400:]}")
+                return 1
+            s = json.load(open(sim_json))
+            row = {
+                "layout": layout, "concurrency": c,
+                "measured": {"output_tokens_per_s": m["output_tokens_per_s"],
+                             "ttft_p50_ms": m["ttft_ms"]["p50"],
+                             "ttft_p99_ms": m["ttft_ms"]["p99"],
+                             "itl_p50_ms": m["itl_ms"]["p50"],
+                             "itl_p99_ms": m["itl_ms"]["p99"]},
+                "simulated": {"output_tokens_per_s": s["output_tokens_per_s"],
+                              "ttft_p50_ms": 1e3 * s["ttft_s"]["p50"],
+                              "ttft_p99_ms": 1e3 * s["ttft_s"]["p99"],
+                              "itl_p50_ms": 1e3 * s["itl_s"]["p50"],
+                              "itl_p99_ms": 1e3 * s["itl_s"]["p99"]},
+            }
+            row["error"] = {k: row["simulated"][k] / row["measured"][k] - 1
+                            for k in row["measured"] if row["measured"][k] > 0}
+            rows.append(row)
+
+    print("\nsimulated / measured - 1 (the goal: within 15% on throughput "
+          "and medians)")
+    print(f"{'layout':>7} {'conc':>5} {'out tok/s':>22} {'TTFT p50 ms':>22} "
+          f"{'ITL p50 ms':>22} {'TTFT p99':>9} {'ITL p99':>8}")
+    for row in rows:
+        m, s, e = row["measured"], row["simulated"], row["error"]
+
+        def cell(k):
+            return (f"{m[k]:7.1f} {s[k]:7.1f} {100 * e.get(k, 0):+5.0f}%")
+
+        print(f"{row['layout']:>7} {row['concurrency']:>5} "
+              f"{cell('output_tokens_per_s'):>22} {cell('ttft_p50_ms'):>22} "
+              f"{cell('itl_p50_ms'):>22} "
+              f"{100 * e.get('ttft_p99_ms', 0):+8.0f}% "
+              f"{100 * e.get('itl_p99_ms', 0):+7.0f}%")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"calibration": calibrations, "runs": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
