@@ -47,11 +47,12 @@ const DeviceProfile kDevices[] = {
     // AMD EPYC (AVX-512) VM, calibrated with bench/simulator_validation.py
     // (docs/simulator.md): achieved rates, efficiencies folded in. The
     // decode kernels handle at most 4 rows (kGemvRows) as matrix-vector
-    // products.
+    // products. Figures of the TP 1 calibration in docs/simulator.md; the
+    // VM's speed drifts by a third between runs.
     {.name = "cpu-this-machine",
      .memory_bytes = 24 * 1024.0 * 1024 * 1024,
-     .memory_bandwidth = 10 * kGB,
-     .peak_flops = 120e9,
+     .memory_bandwidth = 51.6 * kGB,
+     .peak_flops = 154.6e9,
      .bandwidth_efficiency = 1.0,
      .flops_efficiency = 1.0,
      .kernel_launch_seconds = 0,
@@ -59,8 +60,8 @@ const DeviceProfile kDevices[] = {
      .step_overhead_seconds = 0,
      .devices_per_node = 2,
      .matvec_max_tokens = 4,
-     .matvec_flops = 35e9,
-     .dequantize_rate = 5e9,
+     .matvec_flops = 39.2e9,
+     .dequantize_rate = 7.09e9,
      .source = "calibrated on the 2-core EPYC VM (docs/simulator.md)"},
 };
 
