@@ -9,12 +9,14 @@ bash scripts/fetch-model.sh
 # Under AddressSanitizer and UBSan: the loaders, the tokenizer and core
 # (hostile model files must give errors, never memory errors), and the
 # serving path (engine, scheduler, block manager, gRPC and HTTP handlers,
-# step codec, flags). The kernel and every-layout tests take minutes each
+# step codec, flags; the planner alone and the simulator). The kernel and
+# every-layout tests take minutes each
 # unoptimized and are left out.
 ASAN_TESTS=(core_test model_test loader_test tokenizer_test
   serving_metrics_test inference_service_test openai_api_test
   http_server_test step_codec_test llama_weights_test flags_test
-  node_address_test gloo_communicator_test control_store_test)
+  node_address_test gloo_communicator_test control_store_test
+  batch_planner_test simulator_test)
 BUILD_DIR=build-asan CMAKE_ARGS="-DSHARDLM_ASAN=ON -DCMAKE_BUILD_TYPE=Debug" \
   bash scripts/build.sh --target "${ASAN_TESTS[@]}"
 (cd build-asan && ctest --output-on-failure \
