@@ -23,6 +23,7 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
 // caller's error.
 enum class QuantKernel { kAuto, kPortable, kAvx2, kAvx512 };
 void SetQuantKernel(QuantKernel kernel);
+bool QuantKernelSupported(QuantKernel kernel);  // This CPU can run it.
 const char* QuantKernelName();  // "avx512", "avx2" or "portable", resolved.
 
 }  // namespace shardlm

@@ -177,10 +177,51 @@ __attribute__((target("avx512f,avx512bw,avx512vl,fma"))) inline float HSum16(
 
 // AVX-512: one block is two vectors of 16 (Q4: the low nibbles are values
 // 0..15, the high ones 16..31; Q8_0: bytes 0..15 and 16..31).
+//
+// Q4 blocks are dequantized by table lookup: the 16 values a nibble stands
+// for in this block (d * (q - 8), or d * q + m) are one vector, and vpermps
+// picks each lane's value by the low 4 bits of its index, so the
+// zero-extended bytes index the low nibbles as they are and the high ones
+// after a shift: no masking, no integer-to-float conversion, and the block
+// scale is applied once to the table instead of to the products. Each
+// weight is the f32 value DequantizeRow gives (Q4_0 exactly, d * (q - 8)
+// having at most 15 significant bits; Q4_1's d * q + m in one rounding
+// instead of two), multiplied by FMA into f32 accumulators. On this
+// project's Zen 4 machine this is ~10% faster than converting the nibbles;
+// four rows at a time against one x (sharing its loads) was slower when
+// the weights come from DRAM.
 template <DType kFormat>
 __attribute__((target("avx512f,avx512bw,avx512vl,fma,f16c"))) float
 RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
              int64_t blocks) {
+  if constexpr (kFormat != DType::kQ8_0) {
+    (void)xsum;  // The offsets are in the table.
+    const __m512 levels =
+        _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    const __m512 centered = _mm512_sub_ps(levels, _mm512_set1_ps(8.0f));
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (int64_t b = 0; b < blocks; ++b, x += 32) {
+      const __m512 d = _mm512_set1_ps(_cvtsh_ss(U16(row)));
+      __m512 table;
+      if constexpr (kFormat == DType::kQ4_0) {
+        table = _mm512_mul_ps(d, centered);
+        row += 2;
+      } else {
+        table =
+            _mm512_fmadd_ps(d, levels, _mm512_set1_ps(_cvtsh_ss(U16(row + 2))));
+        row += 4;
+      }
+      const __m512i idx = _mm512_maskz_cvtepu8_epi32(
+          0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(row)));
+      acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx, table),
+                             _mm512_loadu_ps(x), acc0);
+      acc1 = _mm512_fmadd_ps(
+          _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), table),
+          _mm512_loadu_ps(x + 16), acc1);
+      row += 16;
+    }
+    return HSum16(_mm512_add_ps(acc0, acc1));
+  }
   __m512 acc = _mm512_setzero_ps();
   float offsets = 0;
   const __m128i low = _mm_set1_epi8(0xf);
@@ -188,10 +229,12 @@ RowDotAvx512(const uint8_t* row, const float* x, const float* xsum,
     const float df = _cvtsh_ss(U16(row));
     __m512 s;
     if constexpr (kFormat == DType::kQ8_0) {
-      const __m128i q0 =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 2));
-      const __m128i q1 =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 18));
+      // One 32-byte load, not two of 16: with two, the lm_head's shape
+      // (576 x 49152, from DRAM) ran at 7 GB/s instead of 19 (gemv_bench).
+      const __m256i q =
+          _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2));
+      const __m128i q0 = _mm256_castsi256_si128(q);
+      const __m128i q1 = _mm256_extracti128_si256(q, 1);
       s = _mm512_mul_ps(I8ToF32x16(q0), _mm512_loadu_ps(x));
       s = _mm512_fmadd_ps(I8ToF32x16(q1), _mm512_loadu_ps(x + 16), s);
       row += 34;
@@ -326,6 +369,17 @@ std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
 }  // namespace
 
 void SetQuantKernel(QuantKernel k) { g_kernel = k; }
+
+bool QuantKernelSupported(QuantKernel k) {
+  switch (k) {
+    case QuantKernel::kAvx512:
+      return HasAvx512();
+    case QuantKernel::kAvx2:
+      return HasAvx2();
+    default:
+      return true;
+  }
+}
 
 const char* QuantKernelName() {
   switch (Resolved()) {

@@ -1,0 +1,242 @@
+// GEMV micro-benchmark (issue #11 part 5): Linear with one row of x (a
+// decode step) over weights in each GGUF block format, per decode kernel
+// (ISA path) and thread count.
+//
+//   gemv_bench [--shapes 576x1536,1536x576,576x49152,4096x4096]
+//              [--threads 1,2] [--formats Q4_0,Q4_1,Q8_0] [--seconds 0.3]
+//              [--json FILE]
+//
+// A shape is IN x OUT (columns x rows of w). For each, it reports the
+// weight bytes read per call over the best call time (GB/s), the same as a
+// fraction of the read bandwidth measured in the same run with the same
+// threads, and the multiply-adds per second. Every kernel's output is
+// checked against the portable kernel's (the reference of the kernel
+// tests); a mismatch beyond f32 summation-order rounding exits 1.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "core/dtype.h"
+#include "core/half.h"
+#include "core/tensor.h"
+#include "kernels/linear/linear.h"
+#include "launch/flags.h"
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Random blocks: f16 scales in [0.01, 0.05), Q4_1 offsets in [-0.2, 0.2),
+// every quant value possible.
+Tensor RandomBlocks(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
+  Tensor w = *Tensor::Host(t, {rows, cols});
+  std::uniform_real_distribution<float> scale(0.01f, 0.05f), off(-0.2f, 0.2f);
+  auto* p = static_cast<uint8_t*>(w.raw());
+  const int64_t bytes = BlockBytes(t);
+  for (int64_t b = 0; b < rows * cols / 32; ++b, p += bytes) {
+    const uint16_t d = FloatToFp16(scale(rng));
+    std::memcpy(p, &d, 2);
+    int64_t q0 = 2;
+    if (t == DType::kQ4_1) {
+      const uint16_t m = FloatToFp16(off(rng));
+      std::memcpy(p + 2, &m, 2);
+      q0 = 4;
+    }
+    for (int64_t i = q0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
+  }
+  return w;
+}
+
+// Best-of-5 read bandwidth (bytes/s) over a 256 MiB buffer.
+double ReadBandwidth() {
+  const int64_t n = int64_t{64} << 20;
+  std::vector<float> storage(n);
+  float* buf = storage.data();
+#pragma omp parallel for
+  for (int64_t i = 0; i < n; ++i) buf[i] = static_cast<float>(i & 7);
+  double best = 0;
+  volatile float sink = 0;
+  for (int rep = 0; rep < 5; ++rep) {
+    const auto t0 = Clock::now();
+    float total = 0;
+#pragma omp parallel for simd reduction(+ : total)
+    for (int64_t i = 0; i < n; ++i) total += buf[i];
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    sink = sink + total;
+    best = std::max(best, n * 4.0 / s);
+  }
+  return best;
+}
+
+struct Shape {
+  int64_t in, out;
+};
+
+int Main(int argc, char** argv) {
+  std::string shapes_arg = "576x1536,1536x576,576x49152,4096x4096";
+  std::string threads_arg = "1,2", formats_arg = "Q4_0,Q4_1,Q8_0", json_path;
+  double seconds = 0.3;
+  FlagSet flags("usage: gemv_bench [flags]");
+  flags.Add("shapes", &shapes_arg, "comma-separated INxOUT weight shapes");
+  flags.Add("threads", &threads_arg, "comma-separated thread counts");
+  flags.Add("formats", &formats_arg, "comma-separated block formats");
+  flags.Add("seconds", &seconds, "time spent per measurement");
+  flags.Add("json", &json_path, "also write results here");
+  if (absl::Status s = flags.Parse(argc, argv, 1); !s.ok() || seconds <= 0) {
+    std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
+                 flags.Usage().c_str());
+    return 2;
+  }
+  std::vector<Shape> shapes;
+  for (absl::string_view s : absl::StrSplit(shapes_arg, ',')) {
+    std::vector<std::string> p = absl::StrSplit(s, 'x');
+    Shape sh{};
+    if (p.size() != 2 || !absl::SimpleAtoi(p[0], &sh.in) ||
+        !absl::SimpleAtoi(p[1], &sh.out) || sh.in < 32 || sh.in % 32 != 0 ||
+        sh.out < 1) {
+      std::fprintf(stderr,
+                   "--shapes: '%s' is not INxOUT with IN a positive multiple "
+                   "of 32\n",
+                   std::string(s).c_str());
+      return 2;
+    }
+    shapes.push_back(sh);
+  }
+  std::vector<int> threads;
+  for (absl::string_view s : absl::StrSplit(threads_arg, ',')) {
+    int t = 0;
+    if (!absl::SimpleAtoi(s, &t) || t < 1) {
+      std::fprintf(stderr, "--threads: '%s' is not a thread count\n",
+                   std::string(s).c_str());
+      return 2;
+    }
+    threads.push_back(t);
+  }
+  std::vector<DType> formats;
+  for (absl::string_view s : absl::StrSplit(formats_arg, ',')) {
+    if (s == "Q4_0") {
+      formats.push_back(DType::kQ4_0);
+    } else if (s == "Q4_1") {
+      formats.push_back(DType::kQ4_1);
+    } else if (s == "Q8_0") {
+      formats.push_back(DType::kQ8_0);
+    } else {
+      std::fprintf(stderr, "--formats: '%s' is not Q4_0, Q4_1 or Q8_0\n",
+                   std::string(s).c_str());
+      return 2;
+    }
+  }
+  // The kernels this CPU can run, the reference first.
+  std::vector<QuantKernel> kernels;
+  for (QuantKernel k :
+       {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    if (QuantKernelSupported(k)) kernels.push_back(k);
+  }
+
+  std::mt19937 rng(7);
+  nlohmann::json results = nlohmann::json::array();
+  bool wrong = false;
+  std::printf("%-6s %-12s %-9s %7s %10s %10s %9s %10s\n", "format", "shape",
+              "kernel", "threads", "us/call", "GB/s", "of read", "GMAC/s");
+  for (int t : threads) {
+    omp_set_num_threads(t);
+    const double bandwidth = ReadBandwidth();
+    std::printf("read bandwidth at %d threads: %.1f GB/s\n", t,
+                bandwidth / 1e9);
+    for (DType format : formats) {
+      for (const Shape& sh : shapes) {
+        Tensor w = RandomBlocks(format, sh.out, sh.in, rng);
+        Tensor x = *Tensor::Host(DType::kF32, {1, sh.in});
+        std::normal_distribution<float> normal(0.0f, 1.0f);
+        for (int64_t i = 0; i < sh.in; ++i) x.f32()[i] = normal(rng);
+        Tensor y = *Tensor::Host(DType::kF32, {1, sh.out});
+        std::vector<float> want;
+        const double weight_bytes = static_cast<double>(w.bytes());
+        for (QuantKernel k : kernels) {
+          SetQuantKernel(k);
+          if (absl::Status s = Linear(x, w, y); !s.ok()) {
+            std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
+            return 1;
+          }
+          if (k == QuantKernel::kPortable) {
+            want.assign(y.f32().begin(), y.f32().end());
+          } else {
+            // Summation order differs between kernels: within f32 rounding
+            // of the sum of |terms| (bounded by |x|_1 * 0.05 * 15).
+            double x1 = 0;
+            for (int64_t i = 0; i < sh.in; ++i) x1 += std::abs(x.f32()[i]);
+            const double bound = 1e-5 * x1 * 0.05 * 16 + 1e-6;
+            for (int64_t o = 0; o < sh.out; ++o) {
+              if (!(std::abs(double{y.f32()[o]} - want[o]) <= bound)) {
+                std::fprintf(stderr,
+                             "%s %s %lldx%lld row %lld: %g, portable %g\n",
+                             DTypeName(format), QuantKernelName(),
+                             static_cast<long long>(sh.in),
+                             static_cast<long long>(sh.out),
+                             static_cast<long long>(o), y.f32()[o], want[o]);
+                wrong = true;
+                break;
+              }
+            }
+          }
+          double best = 1e30, spent = 0;
+          int calls = 0;
+          while (spent < seconds || calls < 3) {
+            const auto t0 = Clock::now();
+            (void)Linear(x, w, y);
+            const double s =
+                std::chrono::duration<double>(Clock::now() - t0).count();
+            best = std::min(best, s);
+            spent += s;
+            ++calls;
+          }
+          const double gbps = weight_bytes / best / 1e9;
+          const double gmacs = static_cast<double>(sh.in) * sh.out / best / 1e9;
+          char shape[32];
+          std::snprintf(shape, sizeof(shape), "%lldx%lld",
+                        static_cast<long long>(sh.in),
+                        static_cast<long long>(sh.out));
+          std::printf("%-6s %-12s %-9s %7d %10.1f %10.2f %8.0f%% %10.2f\n",
+                      DTypeName(format), shape, QuantKernelName(), t,
+                      best * 1e6, gbps, 100 * gbps * 1e9 / bandwidth, gmacs);
+          results.push_back({{"format", DTypeName(format)},
+                             {"in", sh.in},
+                             {"out", sh.out},
+                             {"kernel", QuantKernelName()},
+                             {"threads", t},
+                             {"us_per_call", best * 1e6},
+                             {"weight_gbps", gbps},
+                             {"read_gbps", bandwidth / 1e9},
+                             {"gmac_per_s", gmacs}});
+        }
+      }
+    }
+  }
+  SetQuantKernel(QuantKernel::kAuto);
+  std::printf(
+      "(GB/s: quantized weight bytes per call / best call time; of read: "
+      "that over the read bandwidth measured with the same threads)\n");
+  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  if (wrong) {
+    std::fprintf(stderr, "FAILED: a kernel disagrees with the portable one\n");
+    return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace shardlm
+
+int main(int argc, char** argv) { return shardlm::Main(argc, argv); }
