@@ -1,5 +1,6 @@
 #include "model/chat_template.h"
 
+#include <algorithm>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -181,12 +182,35 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     }
     return t;
   }
+  // Llama 2 chat: the system message folded into the first user turn in
+  // <<SYS>> markers, every turn stripped, BOS before every [INST].
+  if (writes("<<SYS>>\n") && writes("\n<</SYS>>\n\n") && writes("[INST] ") &&
+      writes(" [/INST]") && has("loop.index0 == 0 and system_message") &&
+      has(".strip()")) {
+    t.format_ = Format::kLlama2;
+    t.bos_ = std::move(bos);
+    t.eos_ = std::move(eos);
+    return t;
+  }
+  // Mistral v0.3: "[/INST]" with no space before it, the system message in
+  // front of the last user turn. Its tool calls are not rendered (the API
+  // takes no tools), which is what the template does without them.
+  if (writes("[INST] ") && !has("<<SYS>>") &&
+      std::find(literals.begin(), literals.end(), "[/INST]") !=
+          literals.end() &&
+      has("loop.last and system_message is defined")) {
+    t.format_ = Format::kMistralV3;
+    t.bos_ = std::move(bos);
+    t.eos_ = std::move(eos);
+    return t;
+  }
   const char* hint =
-      has("[INST]") ? " (of the [INST] formats, only Mistral v0.1/v0.2's is)"
+      has("[INST]") ? " (of the [INST] formats, Mistral v0.1-v0.3's and Llama "
+                      "2's are)"
                     : "";
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template is not one shardlm renders (ChatML, "
-      "Llama 3, Mistral [INST])",
+      "Llama 3, Llama 2, Mistral [INST])",
       hint, "; use completions with a prompt in its own format"));
 }
 
@@ -235,6 +259,9 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     }
     return out;
   }
+  if (format_ == Format::kLlama2 || format_ == Format::kMistralV3) {
+    return RenderInst(messages);
+  }
   const auto turn = [&](std::string_view role, std::string_view content) {
     absl::StrAppend(&out, "<|start_header_id|>", Sv(role),
                     "<|end_header_id|>\n\n", Sv(Trim(content)), "<|eot_id|>");
@@ -257,8 +284,63 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   return out;
 }
 
+// Llama 2 and Mistral v0.3: an optional leading system message, then
+// turns alternating from a user's (both templates raise otherwise).
+absl::StatusOr<std::string> ChatTemplate::RenderInst(
+    absl::Span<const ChatMessage> messages) const {
+  if (messages.empty()) {
+    return absl::InvalidArgumentError("messages is empty");
+  }
+  const bool system = messages[0].role == "system";
+  const absl::Span<const ChatMessage> turns = messages.subspan(system ? 1 : 0);
+  for (size_t i = 0; i < turns.size(); ++i) {
+    if ((turns[i].role == "user") != (i % 2 == 0)) {
+      return absl::InvalidArgumentError(
+          "this model's chat format needs roles alternating user, "
+          "assistant, user, ... from a user's, after an optional system "
+          "message");
+    }
+  }
+  std::string out;
+  if (format_ == Format::kLlama2) {
+    for (size_t i = 0; i < turns.size(); ++i) {
+      std::string content = turns[i].content;
+      if (i == 0 && system) {
+        content = absl::StrCat("<<SYS>>\n", messages[0].content,
+                               "\n<</SYS>>\n\n", content);
+      }
+      if (turns[i].role == "user") {
+        absl::StrAppend(&out, bos_, "[INST] ", Sv(Trim(content)), " [/INST]");
+      } else if (turns[i].role == "assistant") {
+        absl::StrAppend(&out, " ", Sv(Trim(content)), " ", eos_);
+      }  // A later system message: the template writes nothing.
+    }
+    return out;
+  }
+  out = bos_;
+  for (size_t i = 0; i < turns.size(); ++i) {
+    const ChatMessage& m = turns[i];
+    if (m.role == "user") {
+      if (system && i + 1 == turns.size()) {
+        absl::StrAppend(&out, "[INST] ", messages[0].content, "\n\n", m.content,
+                        "[/INST]");
+      } else {
+        absl::StrAppend(&out, "[INST] ", m.content, "[/INST]");
+      }
+    } else if (m.role == "assistant") {
+      absl::StrAppend(&out, " ", Sv(Trim(m.content)), eos_);
+    } else {
+      return absl::InvalidArgumentError(
+          "this model's chat format takes a system message only first");
+    }
+  }
+  return out;
+}
+
 std::string ChatTemplate::Describe() const {
   if (format_ == Format::kMistralInst) return "mistral [INST]";
+  if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";
+  if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";
   if (format_ == Format::kLlama3) {
     return dated_system_
                ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")")

@@ -40,6 +40,14 @@ class ChatTemplate {
     // templates that take user and assistant turns only, alternating from
     // a user's; the assistant's answer follows "[/INST]" directly).
     kMistralInst,
+    // Llama 2 chat: <s>[INST] user [/INST] assistant </s> per turn, each
+    // turn stripped, a leading system message in <<SYS>>\n...\n<</SYS>>\n\n
+    // at the front of the first user turn.
+    kLlama2,
+    // Mistral v0.3: <s>[INST] user[/INST] assistant</s>...; a leading
+    // system message goes in front of the last user turn (and is dropped
+    // when the conversation does not end with one), as its template does.
+    kMistralV3,
   };
 
   // The format of `tokenizer`'s chat template. A model with no template
@@ -67,6 +75,9 @@ class ChatTemplate {
   std::string Describe() const;
 
  private:
+  absl::StatusOr<std::string> RenderInst(
+      absl::Span<const ChatMessage> messages) const;
+
   Format format_ = Format::kChatMl;
   bool from_template_ = false;    // False: the ChatML fallback.
   std::string bos_;               // Llama 3, Mistral: written first.

@@ -13,9 +13,10 @@ formats of each family (escaped newlines in their literals): Llama 3
 Instruct, Llama 3.1 (dated system block), Llama 3.2 (dated with today via
 strftime_now), Qwen2 and Qwen2.5 (their default system prompts), Mistral
 v0.2 and v0.1 ([INST] turns; the roles they refuse with raise_exception we
-must refuse too). Every conversation must render identically. Templates of
-other formats (Llama 2's <<SYS>>, an unknown one) must be refused, not
-rendered wrongly.
+must refuse too), Llama 2 chat (<<SYS>> in the first turn) and Mistral
+v0.3 (the system message in the last turn). Every conversation must render
+identically. Templates of other formats (another <<SYS>> layout, an
+unknown one) must be refused, not rendered wrongly.
 
 Exit 0: all match; 1: a mismatch; 2: a tool or usage error.
 """
@@ -92,7 +93,45 @@ MISTRAL = r"""{{ bos_token }}{% for message in messages %}{% if (message['role']
 MISTRAL01 = MISTRAL.replace("message['content'] + eos_token }}",
                             "message['content'] + eos_token + ' ' }}")
 
-LLAMA2 = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
+# Llama 2 chat (Llama-2-*-chat-hf): the system message in <<SYS>> at the
+# front of the first user turn, every turn stripped, BOS before each [INST].
+LLAMA2 = r"""{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}{% set system_message = messages[0]['content'] %}{% else %}{% set loop_messages = messages %}{% set system_message = false %}{% endif %}{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if loop.index0 == 0 and system_message != false %}{% set content = '<<SYS>>\n' + system_message + '\n<</SYS>>\n\n' + message['content'] %}{% else %}{% set content = message['content'] %}{% endif %}{% if message['role'] == 'user' %}{{ bos_token + '[INST] ' + content.strip() + ' [/INST]' }}{% elif message['role'] == 'assistant' %}{{ ' '  + content.strip() + ' ' + eos_token }}{% endif %}{% endfor %}"""
+
+# Mistral v0.3's format (its tool-call branches left out: the API takes no
+# tools): the system message in front of the last user turn, "[/INST]"
+# with no space before it.
+MISTRAL03 = r"""{%- if messages[0]["role"] == "system" %}
+    {%- set system_message = messages[0]["content"] %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- set ns = namespace(index=0) %}
+{%- for message in loop_messages %}
+    {%- if (message["role"] == "user") != (ns.index % 2 == 0) %}
+        {{- raise_exception("After the optional system message, conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif %}
+    {%- set ns.index = ns.index + 1 %}
+{%- endfor %}
+{{- bos_token }}
+{%- for message in loop_messages %}
+    {%- if message["role"] == "user" %}
+        {%- if loop.last and system_message is defined %}
+            {{- "[INST] " + system_message + "\n\n" + message["content"] + "[/INST]" }}
+        {%- else %}
+            {{- "[INST] " + message["content"] + "[/INST]" }}
+        {%- endif %}
+    {%- elif message["role"] == "assistant" %}
+        {{- " " + message["content"]|trim + eos_token}}
+    {%- else %}
+        {{- raise_exception("Only user and assistant roles are supported, with the exception of an initial optional system message!") }}
+    {%- endif %}
+{%- endfor %}
+"""
+
+# An [INST] format of no family we know (<<SYS>> blocks as messages of
+# their own): must be refused, not rendered as Llama 2.
+SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
 
 UNKNOWN = r"""{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"""
 
@@ -106,7 +145,9 @@ TEMPLATES = [
     ("qwen2.5", QWEN25, "<|endoftext|>", False),
     ("mistral v0.2", MISTRAL, "<s>", False),
     ("mistral v0.1", MISTRAL01, "<s>", False),
-    ("llama2 <<SYS>>", LLAMA2, "<s>", True),
+    ("llama2", LLAMA2, "<s>", False),
+    ("mistral v0.3", MISTRAL03, "<s>", False),
+    ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
 
