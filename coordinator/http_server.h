@@ -1,46 +1,51 @@
-// A small HTTP/1.1 server for the OpenAI-style API, metrics and probes
-// (DESIGN.md section 6). One request per connection (the response says
-// "Connection: close"), a thread per connection up to a limit, bounded
-// request sizes and read timeouts. Responses are either whole (with
-// Content-Length) or streamed until the connection closes (server-sent
-// events). With options.tls, connections are TLS (OpenSSL; mutual TLS when
-// a client CA is given): the handshake happens in the loop thread like the
-// head's reading, so a client that never finishes it costs an fd only.
+// The HTTP/1.1 server of the OpenAI-style API, metrics and probes (DESIGN.md
+// section 6), on cpp-httplib (Debian's libcpp-httplib-dev 0.11.4, as
+// llama.cpp's server uses it) behind this small interface. httplib does the
+// HTTP: request framing and bodies (Content-Length, the payload limit,
+// Expect: 100-continue), keep-alive, the response head, and streamed bodies
+// (chunked for HTTP/1.1, close-delimited for HTTP/1.0). Connections and
+// threads are ours:
 //
-// Hostile input: the request line and headers are checked byte by byte
-// (methods and header names are RFC 9110 tokens, targets visible ASCII,
-// header values free of control bytes, Content-Length digits only and never
-// two that differ); a handler that throws gets a 500 for its connection
-// alone.
+// - One loop thread accepts, runs TLS handshakes and reads every request
+//   head with poll(), so an idle, keep-alive or slow client costs an fd, not
+//   a thread (up to max_pending; a head must be whole within
+//   header_timeout, an idle keep-alive connection is closed after
+//   keep_alive_timeout).
+// - A whole head is checked byte by byte (ParseHttpHead) before httplib sees
+//   it: methods and header names are RFC 9110 tokens, targets visible ASCII,
+//   header values free of control bytes, Content-Length digits only and
+//   never two that differ, Transfer-Encoding refused. httplib 0.11.4 is
+//   laxer (it skips header lines without CRLF, percent-decodes header values
+//   and caps neither their number nor a line's growth), so it is handed a
+//   normalised head carrying only what it needs (method, version,
+//   Content-Length, Connection, Expect); handlers see the checked original.
+// - Whole heads run on a bounded pool of threads, up to max_connections;
+//   past that up to reserved_probe_connections more serve probe_paths only,
+//   so that clients holding every API thread cannot make a liveness probe
+//   restart a healthy server. A handler runs on a thread of a second pool
+//   of the same bound, so that a streamed response can be written by
+//   httplib (which pulls it) while the handler pushes it.
+// - A handler that throws gets a 500 for its request alone.
 //
-// Threads: one loop thread accepts connections and reads request heads for
-// all of them with poll(), so an idle or slow client costs an fd, not a
-// thread (up to max_pending; it is dropped after header_timeout). A whole
-// head gets a thread of its own for the body, the handler and the response,
-// up to max_connections; past that a few more serve probe_paths only, so
-// that clients holding every connection cannot make a liveness probe
-// restart a healthy server.
+// With options.tls, connections are TLS (our OpenSSL context; mutual TLS
+// when a client CA is given).
+//
+// Thread-safety: Start, port and Shutdown may be called from any thread;
+// handlers run concurrently, one thread each.
 #ifndef SHARDLM_COORDINATOR_HTTP_SERVER_H_
 #define SHARDLM_COORDINATOR_HTTP_SERVER_H_
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
+#include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "coordinator/tls.h"
-
-struct ssl_st;      // OpenSSL's SSL.
-struct ssl_ctx_st;  // OpenSSL's SSL_CTX.
 
 namespace shardlm {
 
@@ -75,26 +80,40 @@ class HttpResponse {
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
 
-// Parses a request head (the request line and headers, without the blank
-// line that ends them) into `req`: {0, ""} when it is well formed, else
-// the status to answer with and why. What the server runs on every
-// connection's head; public for the fuzzer (tests/fuzz/).
+// Parses and checks a request head (the request line and headers, without
+// the blank line that ends them) into `req`: {0, ""} when it is well formed,
+// else the status to answer with and why. The framing is checked too:
+// Transfer-Encoding is refused (411) and every Content-Length must be the
+// same run of digits (400); `body_length`, when given, gets the length
+// declared (0 without one). What the server runs on every head before
+// httplib sees it; public for the fuzzer (tests/fuzz/).
 std::pair<int, const char*> ParseHttpHead(absl::string_view head,
-                                          HttpRequest& req);
+                                          HttpRequest& req,
+                                          uint64_t* body_length = nullptr);
 
 struct HttpServerOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: any.
-  // Requests being handled at once (threads); beyond: 503.
+  // Requests being handled at once (pool threads); beyond: 503.
   int max_connections = 256;
-  // Connections still sending their request head; beyond: 503.
+  // Connections waiting for a request head (new or kept alive); beyond: a
+  // new one gets 503.
   int max_pending = 1024;
-  size_t max_header_bytes = 64 * 1024;
-  size_t max_body_bytes = 8 * 1024 * 1024;
-  // A client that has not sent its request line and headers this long
-  // after connecting is dropped (408), and one whose whole request takes
-  // longer than read_timeout.
+  size_t max_header_bytes = 64 * 1024;      // Beyond: 431.
+  size_t max_body_bytes = 8 * 1024 * 1024;  // Beyond: 413, before reading.
+  // A head not whole this long after the connection opened (or after its
+  // first byte, on a kept-alive connection) is answered 408; a connection
+  // that sent nothing by then is closed.
   std::chrono::milliseconds header_timeout{10000};
+  // A request whose body is not in this long after its head began: 408.
   std::chrono::milliseconds read_timeout{30000};
+  // A client that takes no response bytes for this long is dropped (a
+  // stream's handler then sees ClientGone()).
+  std::chrono::milliseconds write_timeout{30000};
+  // Keep-alive: an idle connection is closed after keep_alive_timeout, and
+  // every connection after max_requests_per_connection requests (the last
+  // response says "Connection: close").
+  std::chrono::milliseconds keep_alive_timeout{5000};
+  int max_requests_per_connection = 100;
   // Paths still served past max_connections, on up to
   // reserved_probe_connections more threads (e.g. "/health").
   std::vector<std::string> probe_paths;
@@ -102,54 +121,29 @@ struct HttpServerOptions {
   TlsConfig tls;  // Not enabled(): plaintext.
 };
 
-// An accepted connection: its socket and, on a TLS server, its session.
-struct HttpConn {
-  int fd = -1;
-  ssl_st* ssl = nullptr;
-};
-
 class HttpServer {
  public:
   // Binds and starts accepting. Unavailable naming the address when it
-  // cannot bind; InvalidArgument for a malformed address.
+  // cannot bind; InvalidArgument for a malformed address or bad TLS files.
   static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
       HttpServerOptions options, HttpHandler handler);
   ~HttpServer();
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  int port() const { return port_; }
+  int port() const;
   // Stops accepting, closes open connections (streaming handlers see their
   // writes fail) and joins every thread. Idempotent.
   void Shutdown();
 
- private:
-  HttpServer(HttpServerOptions options, HttpHandler handler)
-      : options_(std::move(options)), handler_(std::move(handler)) {}
-  // The loop thread: accepts, reads heads, dispatches.
-  void AcceptLoop();
-  // Parses the head in buf[0, head_end) and starts a thread to serve it,
-  // or answers an error and closes `conn`.
-  void Dispatch(HttpConn conn, std::string buf, size_t head_end,
-                std::chrono::steady_clock::time_point accepted);
-  // On a connection's thread: reads the body, runs the handler.
-  void Serve(HttpConn conn, std::string buf, size_t head_end,
-             std::chrono::steady_clock::time_point accepted, HttpRequest req);
+  // Threads the server runs now (loop, connection and handler threads);
+  // for tests that check idle clients cost none.
+  int threads() const;
 
-  HttpServerOptions options_;
-  HttpHandler handler_;
-  ssl_ctx_st* tls_ = nullptr;  // Owned; null: plaintext.
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stopping_{false};
-  std::thread accept_thread_;
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  absl::flat_hash_set<int> open_fds_;  // Guarded by mu_.
-  // Connection threads (detached) running, within max_connections and
-  // past it (probes); guarded by mu_.
-  int active_ = 0;
-  int probe_active_ = 0;
+ private:
+  class Impl;
+  explicit HttpServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // The reason phrase of a status code ("OK", "Not Found", ...).
