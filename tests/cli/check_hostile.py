@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -31,9 +32,55 @@ KEY = "hostile-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
 
 
+def read_response(s: socket.socket) -> bytes:
+    """One response off `s`: its head and its body, by Content-Length,
+    de-chunked, or until the server closes (the connection may stay open:
+    keep-alive)."""
+    data = b""
+
+    def more() -> bool:
+        nonlocal data
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return False
+        data += chunk
+        return bool(chunk)
+
+    while b"\r\n\r\n" not in data:
+        if not more():
+            return data
+    head, _, data = data.partition(b"\r\n\r\n")
+    lower = head.lower()
+    length = re.search(rb"\r\ncontent-length: *(\d+)", lower)
+    if length:
+        while len(data) < int(length.group(1)) and more():
+            pass
+        return head + b"\r\n\r\n" + data[:int(length.group(1))]
+    if b"\r\ntransfer-encoding: chunked" in lower:
+        body = b""
+        while True:
+            while b"\r\n" not in data:
+                if not more():
+                    return head + b"\r\n\r\n" + body
+            size, _, rest = data.partition(b"\r\n")
+            n = int(size, 16)
+            while len(rest) < n + 2:
+                if not more():
+                    return head + b"\r\n\r\n" + body
+                size, _, rest = data.partition(b"\r\n")
+            body += rest[:n]
+            data = rest[n + 2:]
+            if n == 0:
+                return head + b"\r\n\r\n" + body
+    while more():
+        pass
+    return head + b"\r\n\r\n" + data
+
+
 def exchange(port: int, data: bytes, timeout: float = 30,
              half_close: bool = False) -> bytes:
-    """Sends `data`, returns everything read until the server closes."""
+    """Sends `data` on a new connection, returns the response to it."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         try:
             s.sendall(data)
@@ -41,13 +88,7 @@ def exchange(port: int, data: bytes, timeout: float = 30,
                 s.shutdown(socket.SHUT_WR)
         except (BrokenPipeError, ConnectionResetError):
             pass  # The server may answer and close before reading it all.
-        out = b""
-        try:
-            while chunk := s.recv(65536):
-                out += chunk
-        except ConnectionResetError:
-            pass
-        return out
+        return read_response(s)
 
 
 def status_of(response: bytes) -> int | None:

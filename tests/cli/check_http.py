@@ -374,7 +374,8 @@ def main() -> int:
              "stream": True, "temperature": 0}),
             headers={"Authorization": f"Bearer {KEY}"})
         r = conn.getresponse()
-        first = r.fp.readline()
+        # The stream is chunked: readline() de-chunks (r.fp would not).
+        first = r.readline()
         conn.close()
         r.close()
         running = None
