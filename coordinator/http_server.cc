@@ -754,6 +754,9 @@ void HttpServer::Impl::Shutdown() {
     (void)!::write(wake_fd_, &one, sizeof(one));
     loop_thread_.join();
   }
+  // The port is free from here (a server taking it over may bind now).
+  if (listen_fd_ >= 0) ::close(listen_fd_);
+  listen_fd_ = -1;
   {
     std::unique_lock<std::mutex> lock(mu_);
     for (int fd : serving_fds_) ::shutdown(fd, SHUT_RDWR);
