@@ -1,8 +1,11 @@
-// One HTTP request (head, blank line, body) through the server's head
-// parser and the OpenAI-style handlers (/v1/completions, chat, models,
-// tokenize, metrics, probes) over a tiny random model with SmolLM2's
-// tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's models/
-// copy). Every request gets one well-formed response; none may crash.
+// One HTTP request (head, blank line, body) through the head check the
+// server runs on every request before httplib sees it (ParseHttpHead: the
+// bytes, the framing) and the OpenAI-style handlers (/v1/completions, chat,
+// models, tokenize, metrics, probes) over a tiny random model with
+// SmolLM2's tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's
+// models/ copy). Every request gets one well-formed response; none may
+// crash. (httplib then parses only a normalised head the server writes
+// itself; see coordinator/http_server.h.)
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -108,12 +111,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t end = input.find("\r\n\r\n");
   if (end == std::string::npos) return 0;
   HttpRequest request;
-  const auto [status, why] = ParseHttpHead(input.substr(0, end), request);
+  uint64_t length = 0;
+  const auto [status, why] =
+      ParseHttpHead(input.substr(0, end), request, &length);
   if (status != 0) {
     if (status < 400 || status > 599 || why == nullptr) std::abort();
     return 0;
   }
-  request.body = input.substr(end + 4);
+  // The server reads exactly the declared length (none: no body).
+  request.body = input.substr(end + 4, length);
   Collect response;
   server.api->Handle(request, response);
   if (response.responses() != 1) std::abort();
