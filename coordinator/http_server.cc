@@ -24,6 +24,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <system_error>
 #include <thread>
 
 #include "absl/container/flat_hash_set.h"
@@ -282,17 +283,23 @@ class WorkerPool {
   explicit WorkerPool(int max) : max_(std::max(1, max)) {}
   ~WorkerPool() { Join(); }
 
-  // Runs `job` on a thread of the pool; false when `max` jobs are running.
+  // Runs `job` on a thread of the pool; false when `max` jobs are running
+  // (or the system refuses another thread).
   bool Submit(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
     if (stop_ || busy_ >= max_) return false;
-    ++busy_;
     jobs_.push_back(std::move(job));
     if (static_cast<size_t>(idle_) >= jobs_.size()) {
       cv_.notify_one();
     } else {
-      threads_.emplace_back([this] { Loop(); });
+      try {
+        threads_.emplace_back([this] { Loop(); });
+      } catch (const std::system_error&) {
+        jobs_.pop_back();
+        return false;
+      }
     }
+    ++busy_;
     return true;
   }
   // Lets the running jobs finish, then joins every thread. Idempotent.
@@ -950,7 +957,7 @@ void HttpServer::Impl::Dispatch(Pending p, size_t head_end) {
                            req = std::move(req), length, as_probe]() mutable {
         Serve(std::move(p), head_end, std::move(req), length, as_probe);
       });
-  if (!submitted) {  // Only while stopping: the pool has a thread per slot.
+  if (!submitted) {  // Stopping, or no thread to be had.
     serving_fds_.erase(conn.fd);
     --(as_probe ? probe_active_ : active_);
     refuse(503, "too many connections");
@@ -1014,7 +1021,7 @@ void HttpServer::Impl::Route(const httplib::Request& hreq,
   ex->request = std::move(context.request);
   ex->request.body = hreq.body;
   if (!handlers_.Submit([this, ex] { RunHandler(*ex); })) {
-    hres.status = 503;  // Only while stopping.
+    hres.status = 503;  // Stopping, or no thread to be had.
     hres.set_content(ErrorBody(503, "shutting down"), "application/json");
     return;
   }
