@@ -45,6 +45,9 @@ class CudaExecutor : public StepExecutor {
   int64_t num_kv_blocks() const override {
     return runner_->kv_config().num_blocks;
   }
+  int64_t num_host_kv_blocks() const override {
+    return runner_->kv_config().num_host_blocks;
+  }
   // bf16 bytes on the device (not the f32 bytes of the CPU runner).
   int64_t weight_bytes() const override { return runner_->weight_bytes(); }
   DType kv_cache_dtype() const override { return runner_->kv_dtype(); }
@@ -58,7 +61,9 @@ class CudaExecutor : public StepExecutor {
                  .stats = runner_->stats(),
                  .weight_bytes = runner_->weight_bytes(),
                  .kv_bytes = runner_->kv_config().num_blocks *
-                             runner_->kv_config().BytesPerBlock()};
+                             runner_->kv_config().BytesPerBlock(),
+                 .host_kv_bytes = runner_->kv_config().num_host_blocks *
+                                  runner_->kv_config().BytesPerBlock()};
     size_t free = 0, total = 0;
     if (cudaSetDevice(device_) == cudaSuccess &&
         cudaMemGetInfo(&free, &total) == cudaSuccess) {
@@ -81,6 +86,59 @@ std::string Gib(int64_t bytes) {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>& ranks,
+                                  int64_t kv_cache_bytes,
+                                  double gpu_memory_utilization,
+                                  int32_t block_size,
+                                  int64_t placeholder_blocks,
+                                  std::string* why) {
+  if (ranks.empty() || block_size <= 0 || placeholder_blocks < 0) {
+    return absl::InvalidArgumentError("SizeGpuKv: no ranks or no block size");
+  }
+  // Block ids and KV slots are int32.
+  const int64_t max_blocks = std::numeric_limits<int32_t>::max() / block_size;
+  int64_t blocks = max_blocks;
+  if (kv_cache_bytes > 0) {
+    for (const GpuRankKv& r : ranks) {
+      blocks = std::min(blocks, kv_cache_bytes / r.block_bytes);
+    }
+    if (blocks < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv-cache-bytes ", kv_cache_bytes, " holds no KV block of ",
+          ranks[0].block_bytes, " bytes"));
+    }
+    *why = absl::StrCat(blocks, " KV blocks per rank from --kv-cache-bytes");
+    return blocks;
+  }
+  // Every rank gets the same number of blocks: the fewest any GPU holds
+  // for all of its ranks.
+  std::map<int, int64_t> per_device;  // Bytes of one block of each rank.
+  for (const GpuRankKv& r : ranks) per_device[r.device] += r.block_bytes;
+  bool first = true;
+  for (const auto& [device, block_bytes] : per_device) {
+    size_t free = 0, total = 0;
+    if (cudaSetDevice(device) != cudaSuccess ||
+        cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      cudaGetLastError();
+      return absl::InternalError(
+          absl::StrCat("cudaMemGetInfo on CUDA device ", device, " failed"));
+    }
+    // The placeholder pools are freed before the real ones are allocated.
+    ASSIGN_OR_RETURN(
+        GpuKvPlan plan,
+        PlanGpuKv({.total_bytes = static_cast<int64_t>(total),
+                   .free_bytes = static_cast<int64_t>(free) +
+                                 placeholder_blocks * block_bytes},
+                  gpu_memory_utilization, block_bytes, max_blocks));
+    if (plan.blocks < blocks || first) {
+      blocks = plan.blocks;
+      *why = absl::StrCat("device ", device, ": ", plan.explanation);
+    }
+    first = false;
+  }
+  return blocks;
+}
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     const WeightSource& source, const CudaExecutorOptions& o) {
@@ -137,50 +195,30 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     runners.push_back(std::move(runner));
   }
 
-  // Every rank gets the same number of blocks: the fewest any GPU holds
-  // for all of its ranks.
-  const int64_t max_blocks =
-      std::numeric_limits<int32_t>::max() / o.block_size;  // int32 slots.
-  int64_t blocks = max_blocks;
-  std::string why;
-  if (o.kv_cache_bytes > 0) {
-    for (const auto& r : runners) {
-      blocks =
-          std::min(blocks, o.kv_cache_bytes / r->kv_config().BytesPerBlock());
-    }
-    if (blocks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kv-cache-bytes ", o.kv_cache_bytes, " holds no KV block of ",
-          runners[0]->kv_config().BytesPerBlock(), " bytes"));
-    }
-    why = absl::StrCat(blocks, " KV blocks per rank from --kv-cache-bytes");
-  } else {
-    std::map<int, int64_t> per_device;  // Bytes of one block of each rank.
-    for (size_t r = 0; r < runners.size(); ++r) {
-      per_device[devices[r]] += runners[r]->kv_config().BytesPerBlock();
-    }
-    for (const auto& [device, block_bytes] : per_device) {
-      size_t free = 0, total = 0;
-      if (cudaSetDevice(device) != cudaSuccess ||
-          cudaMemGetInfo(&free, &total) != cudaSuccess) {
-        cudaGetLastError();
-        return absl::InternalError(
-            absl::StrCat("cudaMemGetInfo on CUDA device ", device, " failed"));
-      }
-      // The 1-block pools allocated by Create are freed before the real
-      // ones.
-      ASSIGN_OR_RETURN(
-          GpuKvPlan plan,
-          PlanGpuKv({.total_bytes = static_cast<int64_t>(total),
-                     .free_bytes = static_cast<int64_t>(free) + block_bytes},
-                    o.gpu_memory_utilization, block_bytes, max_blocks));
-      if (plan.blocks < blocks || why.empty()) {
-        blocks = plan.blocks;
-        why = absl::StrCat("device ", device, ": ", plan.explanation);
-      }
-    }
+  std::vector<GpuRankKv> ranks_kv;
+  for (size_t r = 0; r < runners.size(); ++r) {
+    ranks_kv.push_back(
+        {.device = devices[r],
+         .block_bytes = runners[r]->kv_config().BytesPerBlock()});
   }
-  for (auto& r : runners) RETURN_IF_ERROR(r->SetKvBlocks(blocks));
+  std::string why;
+  ASSIGN_OR_RETURN(const int64_t blocks,
+                   SizeGpuKv(ranks_kv, o.kv_cache_bytes,
+                             o.gpu_memory_utilization, o.block_size,
+                             /*placeholder_blocks=*/1, &why));
+  // The host tier: what --cpu-offload-bytes holds for every rank.
+  int64_t host_blocks = 0;
+  if (o.cpu_offload_bytes > 0) {
+    host_blocks = std::numeric_limits<int32_t>::max() / o.block_size - blocks;
+    for (const auto& r : runners) {
+      host_blocks = std::min(
+          host_blocks, o.cpu_offload_bytes / r->kv_config().BytesPerBlock());
+    }
+    absl::StrAppend(&why, "; ", std::max<int64_t>(host_blocks, 0),
+                    " host-tier blocks (pinned) from --cpu-offload-bytes");
+  }
+  host_blocks = std::max<int64_t>(host_blocks, 0);
+  for (auto& r : runners) RETURN_IF_ERROR(r->SetKvBlocks(blocks, host_blocks));
   std::fprintf(stderr,
                "shardlm: CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s: "
                "weights %s (bf16), activations for %d tokens x %d "
@@ -202,7 +240,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     shard_runners.push_back(std::move(runners[r]));
   }
   return NewThreadedExecutor(std::move(comms.owned), std::move(shard_runners),
-                             blocks, 0, o.tp, o.pp, /*threads_per_rank=*/1);
+                             blocks, host_blocks, o.tp, o.pp,
+                             /*threads_per_rank=*/1);
 }
 
 }  // namespace shardlm

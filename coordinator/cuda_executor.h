@@ -1,13 +1,15 @@
 // StepExecutors on GPUs, behind the same engine (scheduler, block manager,
 // prefix cache, sampling parameters) as the CPU executors: the model in
 // bf16 on one GPU, or tp x pp shards on threads of this process, one GPU
-// each (or sharing GPUs, for tests). The host KV tier on GPUs is not built
-// yet (issue #9).
+// each (or sharing GPUs, for tests), with a host KV tier in pinned memory
+// when cpu_offload_bytes is set.
 #ifndef SHARDLM_COORDINATOR_CUDA_EXECUTOR_H_
 #define SHARDLM_COORDINATOR_CUDA_EXECUTOR_H_
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "coordinator/step_executor.h"
@@ -24,12 +26,32 @@ struct CudaExecutorOptions {
   int32_t block_size = 16;
   // KV budget on the device; 0 sizes it by gpu_memory_utilization.
   int64_t kv_cache_bytes = 0;
+  // The host KV tier of each rank, in pinned host memory.
+  int64_t cpu_offload_bytes = 0;
   double gpu_memory_utilization = 0.90;
   // The largest step (tokens) and the most sequences in one: activation
   // buffers are reserved for them before the KV pool is sized.
   int32_t max_batched_tokens = 512;
   int32_t max_seqs = 64;
 };
+
+// How many KV blocks every rank gets when ranks share GPUs: `ranks` holds
+// each rank's GPU and the bytes of one of its KV blocks, measured after
+// every rank's weights and activations are allocated and with each rank's
+// current (placeholder) pool of `placeholder_blocks` blocks about to be
+// freed. kv_cache_bytes > 0: that budget per rank; else
+// gpu_memory_utilization of each GPU (PlanGpuKv), the fewest blocks any GPU
+// affords. `why` gets the arithmetic for the log. InvalidArgument /
+// ResourceExhausted when not one block fits.
+struct GpuRankKv {
+  int device = 0;
+  int64_t block_bytes = 0;
+};
+absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>& ranks,
+                                  int64_t kv_cache_bytes,
+                                  double gpu_memory_utilization,
+                                  int32_t block_size,
+                                  int64_t placeholder_blocks, std::string* why);
 
 // Loads `source` onto GPU `options.device`. FailedPrecondition without a
 // usable GPU (or in a binary built without CUDA), ResourceExhausted when

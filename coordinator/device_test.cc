@@ -171,11 +171,13 @@ TEST(DeviceChoiceTest, RanksTakeOneGpuEachUnlessSharingIsAllowed) {
 TEST(EngineDeviceTest, CudaEngineRefusesWhatGpusDoNotRunYet) {
   const ModelConfig c = TinyConfig();
   auto w = RandomLlamaWeights(c, 1);
-  auto offload = Engine::Create(
-      *w, {.cpu_offload_bytes = 1 << 20, .device = DeviceKind::kCuda});
-  EXPECT_EQ(offload.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(offload.status().message().find("--cpu-offload-bytes"),
-            std::string_view::npos);
+  // The CUDA kernels keep the KV cache in bf16 only.
+  auto f16 = Engine::Create(
+      *w, {.kv_cache_dtype = DType::kF16, .device = DeviceKind::kCuda});
+  EXPECT_EQ(f16.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(f16.status().message().find("--kv-cache-dtype f16"),
+            std::string_view::npos)
+      << f16.status();
 }
 
 TEST(EngineDeviceTest, CudaEngineWithoutAGpuIsFailedPrecondition) {

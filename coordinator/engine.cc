@@ -24,11 +24,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   }
   SetCpuThreads(options.threads);
   if (options.device == DeviceKind::kCuda) {
-    if (options.cpu_offload_bytes > 0) {
-      return absl::UnimplementedError(
-          "--cpu-offload-bytes on CUDA: the host KV tier of a GPU is not "
-          "built yet (issue #9); drop the flag, or use --device cpu");
-    }
     if (options.kv_cache_dtype.value_or(DType::kBF16) != DType::kBF16) {
       return absl::UnimplementedError(absl::StrCat(
           "--kv-cache-dtype ", KvCacheDTypeName(*options.kv_cache_dtype),
@@ -44,6 +39,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                      .allow_shared_gpu = options.allow_shared_gpu,
                      .block_size = options.block_size,
                      .kv_cache_bytes = options.kv_cache_bytes,
+                     .cpu_offload_bytes = options.cpu_offload_bytes,
                      .gpu_memory_utilization = options.gpu_memory_utilization,
                      .max_batched_tokens = options.max_batched_tokens,
                      .max_seqs = options.max_seqs}));

@@ -81,6 +81,8 @@ void ExpectClose(const Tensor& got, const Tensor& want, double rtol,
                         << atol << ")";
 }
 
+struct AttentionShape;
+
 class CudaOpsTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -133,6 +135,7 @@ class CudaOpsTest : public ::testing::Test {
     return out;
   }
   void Sync() { ASSERT_TRUE(stream_->Synchronize().ok()); }
+  void CheckAttention(const AttentionShape& c);
 
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Stream> stream_;
@@ -198,6 +201,80 @@ TEST_F(CudaOpsTest, RopeBothStyles) {
                   style == RopeStyle::kAdjacentPairs ? "rope adjacent"
                                                      : "rope rotate-half");
     }
+  }
+}
+
+// RoPE scaling as the CPU applies it: the table's frequencies (linear,
+// Llama 3.1, YaRN with its magnitude, GGUF frequency divisors) uploaded
+// once and read by the kernel.
+TEST_F(CudaOpsTest, RopeScaledTables) {
+  std::vector<float> divisors(kHeadDim / 2);
+  for (size_t k = 0; k < divisors.size(); ++k) divisors[k] = 1.0f + 0.25f * k;
+  struct Case {
+    const char* name;
+    float theta;
+    RopeScaling scaling;
+  };
+  const Case cases[] = {
+      {"linear x4", 10000.0f, {.type = RopeScalingType::kLinear, .factor = 4}},
+      {"llama3",
+       500000.0f,
+       {.type = RopeScalingType::kLlama3,
+        .factor = 8,
+        .original_context = 8192,
+        .low_freq_factor = 1,
+        .high_freq_factor = 4}},
+      {"yarn",
+       1000000.0f,
+       {.type = RopeScalingType::kYarn,
+        .factor = 4,
+        .original_context = 32768}},
+      {"frequency divisors", 500000.0f, {.freq_factors = divisors}},
+  };
+  const int64_t n = 257;
+  std::vector<int32_t> pos(n);
+  std::mt19937 rng(21);
+  for (int64_t i = 0; i < n; ++i) {
+    pos[i] = i % 2 == 0 ? static_cast<int32_t>(i)
+                        : static_cast<int32_t>(rng() % 130000);
+  }
+  const Tensor dpos = DevI32(pos);
+  for (const Case& c : cases) {
+    ASSERT_TRUE(ValidateRopeScaling(c.scaling, kHeadDim).ok()) << c.name;
+    for (RopeStyle style :
+         {RopeStyle::kAdjacentPairs, RopeStyle::kRotateHalf}) {
+      const RopeTable table =
+          MakeRopeTable(style, c.theta, kHeadDim, c.scaling);
+      ASSERT_FALSE(table.plain) << c.name;
+      auto dtable = UploadRopeTable(table, 0);
+      ASSERT_TRUE(dtable.ok()) << dtable.status();
+      Tensor x = RandomTensor({n, kHeads, kHeadDim}, 22);
+      Tensor dx = Dev(x);
+      Tensor want = *Tensor::Host(DType::kF32, x.shape());
+      std::memcpy(want.raw(), x.raw(), x.bytes());
+      ASSERT_TRUE(Rope(want, pos, table).ok());
+      ASSERT_TRUE(RopeCuda(dx, dpos, *dtable, exec_).ok());
+      // The same double angles and scaled cos/sin on both.
+      ExpectClose(ToHost(dx), want, 1e-5, 1e-5, c.name);
+    }
+  }
+  // A table of another head size is refused before any launch.
+  auto small = UploadRopeTable(
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, 32, {}), 0);
+  ASSERT_TRUE(small.ok());
+  Tensor dx = Dev(RandomTensor({n, kHeads, kHeadDim}, 23));
+  EXPECT_EQ(RopeCuda(dx, dpos, *small, exec_).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaOpsTest, AddBias) {
+  for (int64_t n : kTokens) {
+    Tensor x = RandomTensor({n, kHidden}, 24, 3.0f);
+    Tensor bias = RandomTensor({kHidden}, 25);
+    Tensor dx = Dev(x);
+    ASSERT_TRUE(AddBiasCuda(dx, Dev(bias), exec_).ok());
+    ASSERT_TRUE(AddBias(x, bias).ok());
+    ExpectClose(ToHost(dx), x, 0, 0, "bias add (exact)");
   }
 }
 
@@ -286,83 +363,151 @@ struct AttnCase {
   }
 };
 
-TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {
-  struct Case {
-    const char* name;
-    std::vector<int64_t> lens, new_tokens;
-  };
-  const Case cases[] = {
-      {"decode 1/17/4097", {1, 17, 4097}, {1, 1, 1}},
-      {"prefill 4097 + decode", {4097, 33}, {4097, 1}},
-      {"chunked prefill", {100, 40}, {37, 40}},
-  };
-  const float scale = 1.0f / std::sqrt(static_cast<float>(kHeadDim));
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.name);
-    AttnCase ac(c.lens, c.new_tokens);
-    // Fill every cached position first (the tokens of earlier steps),
-    // through both backends' WriteKv, from the same bf16-exact values.
-    std::vector<int32_t> all_pos, all_seq;
-    for (size_t s = 0; s < c.lens.size(); ++s) {
-      for (int64_t p = 0; p < c.lens[s]; ++p) {
-        all_pos.push_back(static_cast<int32_t>(p));
-        all_seq.push_back(static_cast<int32_t>(s));
-      }
-    }
-    AttentionBatch fill{.positions = all_pos, .token_seq = all_seq};
-    for (const auto& tb : ac.tables) fill.block_tables.push_back(tb);
-    const int64_t total = static_cast<int64_t>(all_pos.size());
-    Tensor k = RandomBf16({total, kKvHeads, kHeadDim}, 12);
-    Tensor v = RandomBf16({total, kKvHeads, kHeadDim}, 13);
-    const Shape cache_shape = {ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim};
-    // The CPU caches in their own layout, f32.
-    Tensor kc = *Tensor::Host(
-        DType::kF32,
-        KeyCacheShape(ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim));
-    Tensor vc = *Tensor::Host(
-        DType::kF32,
-        ValueCacheShape(ac.blocks, AttnCase::kBs, kKvHeads, kHeadDim));
-    ASSERT_TRUE(WriteKv(k, v, fill, kc, vc).ok());
-    Tensor dkc = Empty(DType::kBF16, cache_shape);
-    Tensor dvc = Empty(DType::kBF16, cache_shape);
-    CudaAttentionBatch dfill;
-    ASSERT_TRUE(dfill.Upload(fill, AttnCase::kBs, ac.blocks, 0, exec_).ok());
-    ASSERT_TRUE(WriteKvCuda(Dev(k), Dev(v), dfill, dkc, dvc, exec_).ok());
-    Sync();
+// One attention case: sequences of context lengths `lens`, the last
+// `new_tokens` of each in the step; `heads` over `kv_heads` of `head_dim`;
+// a sliding window when `window` > 0.
+struct AttentionShape {
+  const char* name;
+  std::vector<int64_t> lens, new_tokens;
+  int64_t heads = kHeads, kv_heads = kKvHeads, head_dim = kHeadDim;
+  int64_t window = 0;
+};
 
-    const AttentionBatch batch = ac.batch();
-    const int64_t n = static_cast<int64_t>(ac.positions.size());
-    Tensor q = RandomTensor({n, kHeads, kHeadDim}, 14, 2.0f);
-    Tensor want = *Tensor::Host(DType::kF32, {n, kHeads, kHeadDim});
-    ASSERT_TRUE(PagedAttention(q, kc, vc, batch, scale, want).ok());
-    CudaAttentionBatch dbatch;
-    ASSERT_TRUE(dbatch.Upload(batch, AttnCase::kBs, ac.blocks, 0, exec_).ok());
-    Tensor dq = Dev(q);
-    struct Variant {
-      const char* name;
-      AttentionKernel kernel;
-      int splits;
-    };
-    for (const Variant& var :
-         {Variant{"auto", AttentionKernel::kAuto, 0},
-          Variant{"decode 1 split", AttentionKernel::kDecode, 1},
-          Variant{"decode 7 splits", AttentionKernel::kDecode, 7},
-          Variant{"prefill", AttentionKernel::kPrefill, 0}}) {
-      SCOPED_TRACE(var.name);
-      // Same cache values; f32 softmax and sums in another order (the CPU
-      // accumulates 4097 terms in f32 too): outputs are convex combinations
-      // of |v| <~ 4, so 1e-4 absolute; a wrong mask, position or head
-      // mapping is off by 1e-2 or more.
-      Tensor out = Empty(DType::kF32, {n, kHeads, kHeadDim});
-      ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_,
-                                     var.kernel, var.splits)
-                      .ok());
-      ExpectClose(ToHost(out), want, 1e-4, 1e-4, "attention f32 out");
+// Both backends' attention on the same bf16-exact K/V, every kernel variant
+// against the CPU's.
+void CudaOpsTest::CheckAttention(const AttentionShape& c) {
+  SCOPED_TRACE(c.name);
+  const int64_t heads = c.heads, kv_heads = c.kv_heads, d = c.head_dim;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+  AttnCase ac(c.lens, c.new_tokens);
+  // Fill every cached position first (the tokens of earlier steps),
+  // through both backends' WriteKv, from the same bf16-exact values.
+  std::vector<int32_t> all_pos, all_seq;
+  for (size_t s = 0; s < c.lens.size(); ++s) {
+    for (int64_t p = 0; p < c.lens[s]; ++p) {
+      all_pos.push_back(static_cast<int32_t>(p));
+      all_seq.push_back(static_cast<int32_t>(s));
     }
-    Tensor out16 = Empty(DType::kBF16, {n, kHeads, kHeadDim});
-    ASSERT_TRUE(
-        PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_).ok());
-    ExpectClose(ToHost(out16), want, 4e-3, 1e-4, "attention bf16 out");
+  }
+  AttentionBatch fill{.positions = all_pos, .token_seq = all_seq};
+  for (const auto& tb : ac.tables) fill.block_tables.push_back(tb);
+  const int64_t total = static_cast<int64_t>(all_pos.size());
+  Tensor k = RandomBf16({total, kv_heads, d}, 12);
+  Tensor v = RandomBf16({total, kv_heads, d}, 13);
+  const Shape cache_shape = {ac.blocks, AttnCase::kBs, kv_heads, d};
+  // The CPU caches in their own layout, f32.
+  Tensor kc = *Tensor::Host(
+      DType::kF32, KeyCacheShape(ac.blocks, AttnCase::kBs, kv_heads, d));
+  Tensor vc = *Tensor::Host(
+      DType::kF32, ValueCacheShape(ac.blocks, AttnCase::kBs, kv_heads, d));
+  ASSERT_TRUE(WriteKv(k, v, fill, kc, vc).ok());
+  Tensor dkc = Empty(DType::kBF16, cache_shape);
+  Tensor dvc = Empty(DType::kBF16, cache_shape);
+  CudaAttentionBatch dfill;
+  ASSERT_TRUE(dfill.Upload(fill, AttnCase::kBs, ac.blocks, 0, exec_).ok());
+  ASSERT_TRUE(WriteKvCuda(Dev(k), Dev(v), dfill, dkc, dvc, exec_).ok());
+  Sync();
+
+  AttentionBatch batch = ac.batch();
+  batch.window = c.window;
+  const int64_t n = static_cast<int64_t>(ac.positions.size());
+  Tensor q = RandomTensor({n, heads, d}, 14, 2.0f);
+  Tensor want = *Tensor::Host(DType::kF32, {n, heads, d});
+  ASSERT_TRUE(PagedAttention(q, kc, vc, batch, scale, want).ok());
+  CudaAttentionBatch dbatch;
+  ASSERT_TRUE(dbatch.Upload(batch, AttnCase::kBs, ac.blocks, 0, exec_).ok());
+  Tensor dq = Dev(q);
+  struct Variant {
+    const char* name;
+    AttentionKernel kernel;
+    int splits;
+  };
+  for (const Variant& var :
+       {Variant{"auto", AttentionKernel::kAuto, 0},
+        Variant{"decode 1 split", AttentionKernel::kDecode, 1},
+        Variant{"decode 7 splits", AttentionKernel::kDecode, 7},
+        Variant{"prefill", AttentionKernel::kPrefill, 0}}) {
+    SCOPED_TRACE(var.name);
+    // Same cache values; f32 softmax and sums in another order (the CPU
+    // accumulates up to 32K terms in f32 too): outputs are convex
+    // combinations of |v| <~ 4, so 1e-4 absolute; a wrong mask, window,
+    // position or head mapping is off by 1e-2 or more.
+    Tensor out = Empty(DType::kF32, {n, heads, d});
+    ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_,
+                                   var.kernel, var.splits)
+                    .ok());
+    ExpectClose(ToHost(out), want, 1e-4, 1e-4, "attention f32 out");
+  }
+  Tensor out16 = Empty(DType::kBF16, {n, heads, d});
+  ASSERT_TRUE(
+      PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_).ok());
+  ExpectClose(ToHost(out16), want, 4e-3, 1e-4, "attention bf16 out");
+}
+
+TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {
+  for (const AttentionShape& c : {
+           AttentionShape{"decode 1/17/4097", {1, 17, 4097}, {1, 1, 1}},
+           AttentionShape{"prefill 4097 + decode", {4097, 33}, {4097, 1}},
+           AttentionShape{"chunked prefill", {100, 40}, {37, 40}},
+       }) {
+    CheckAttention(c);
+  }
+}
+
+// Llama-3-8B's heads (32 over 8 of 128, here 8 over 2): the largest
+// dimension per lane the kernels take but for 256.
+TEST_F(CudaOpsTest, PagedAttentionHeadDim128) {
+  for (const AttentionShape& c : {
+           AttentionShape{.name = "d128 decode",
+          .lens = {1, 300, 2049},
+          .new_tokens = {1, 1, 1},
+          .heads = 8,
+          .kv_heads = 2,
+          .head_dim = 128},
+           AttentionShape{.name = "d128 prefill + decode",
+           .lens = {300, 77},
+           .new_tokens = {300, 1},
+           .heads = 8,
+           .kv_heads = 2,
+           .head_dim = 128},
+       }) {
+    CheckAttention(c);
+  }
+}
+
+// A long context: one decode token over 32K cached positions (many splits,
+// and block tables of 2048 entries).
+TEST_F(CudaOpsTest, PagedAttentionDecode32K) {
+  CheckAttention({"decode at 32K", {32768, 5}, {1, 1}});
+}
+
+// Sliding windows smaller than, equal to and larger than the contexts,
+// in decode, whole prefills (a window inside one 16-token tile) and
+// chunked prefill.
+TEST_F(CudaOpsTest, PagedAttentionSlidingWindow) {
+  for (const AttentionShape& c : {
+           AttentionShape{.name = "decode, window 64",
+          .lens = {1, 17, 64, 65, 700},
+          .new_tokens = {1, 1, 1, 1, 1},
+          .window = 64},
+           AttentionShape{.name = "prefill, window = context",
+           .lens = {200},
+           .new_tokens = {200},
+           .window = 200},
+           AttentionShape{.name = "prefill, window 5",
+           .lens = {90, 33},
+           .new_tokens = {90, 33},
+           .window = 5},
+           AttentionShape{.name = "chunked prefill, window 20",
+           .lens = {100, 40},
+           .new_tokens = {37, 40},
+           .window = 20},
+           AttentionShape{.name = "window beyond every context",
+           .lens = {50, 3},
+           .new_tokens = {10, 1},
+           .window = 4096},
+       }) {
+    CheckAttention(c);
   }
 }
 

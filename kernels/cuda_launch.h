@@ -32,10 +32,12 @@ cudaError_t Embedding(const void* table, Dt table_dt, const int32_t* ids,
 cudaError_t RmsNorm(const float* x, const float* w, float eps, int64_t n,
                     int64_t d, void* out, Dt out_dt, cudaStream_t stream);
 
-// In place. x: [n, heads, d] f32  positions: [n]
+// In place. x: [n, heads, d] f32  positions: [n]. Pair k of a head turns
+// by positions[i] * inv_freq[k] (inv_freq: [d / 2] f64 on the device; null:
+// theta^(-2k / d)), its cos and sin scaled by mscale.
 cudaError_t Rope(float* x, const int32_t* positions, int64_t n, int64_t heads,
-                 int64_t d, float theta, bool adjacent_pairs,
-                 cudaStream_t stream);
+                 int64_t d, float theta, const double* inv_freq, double mscale,
+                 bool adjacent_pairs, cudaStream_t stream);
 
 // out = silu(gate) * up. gate, up: [count] f32  out: [count] (out_dt)
 cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
@@ -43,6 +45,10 @@ cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
 
 // x += y, [count] f32.
 cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream);
+
+// x[i, :] += bias for every row. x: [n, c] f32  bias: [c] f32
+cudaError_t AddBias(float* x, const float* bias, int64_t n, int64_t c,
+                    cudaStream_t stream);
 
 // dst = src converted (f32 <-> bf16, or a plain copy), [count].
 cudaError_t Cast(const void* src, Dt src_dt, void* dst, Dt dst_dt,
@@ -62,11 +68,26 @@ struct AttnMeta {
   const int32_t* tile_begin;    // [n_tiles] first token of a prefill tile
   const int32_t* tile_len;      // [n_tiles] <= kPrefillTile, one sequence
   int n, n_seqs, max_blocks, max_ctx, n_tiles, block_size;
+  // > 0: sliding-window attention; the token at position p attends to
+  // positions (p - window, p] only. 0: its whole context.
+  int window;
 };
 
-// k, v: [n, kv_heads, d] f32 -> caches [blocks, bs, kv_heads, d] bf16.
+// One layer's paged bf16 caches, [blocks, bs, kv_heads, d] each: the
+// device pool and, optionally, a host tier in pinned (device-mapped)
+// memory. Slot s (block * bs + offset) is row s of the device pool when
+// s < device_slots, else row s - device_slots of the host tier.
+struct KvCaches {
+  void* k;
+  void* v;
+  void* k_host;  // Null without a host tier.
+  void* v_host;
+  int64_t device_slots;
+};
+
+// k, v: [n, kv_heads, d] f32 -> the caches' slots of the step's tokens.
 cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
-                    int kv_heads, int d, void* k_cache, void* v_cache,
+                    int kv_heads, int d, const KvCaches& caches,
                     cudaStream_t stream);
 
 // Split-K (flash-decoding) attention: each (token, head) context is cut
@@ -75,18 +96,17 @@ cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
 // splits > 1 (unused otherwise).
 //   q: [n, heads, d] f32  caches: bf16  out: [n, heads, d] (out_dt)
 size_t AttentionDecodeWorkspaceFloats(int n, int heads, int d, int splits);
-cudaError_t AttentionDecode(const float* q, const void* k_cache,
-                            const void* v_cache, const AttnMeta& meta,
-                            int heads, int kv_heads, int d, float scale,
-                            void* out, Dt out_dt, float* workspace, int splits,
-                            cudaStream_t stream);
+cudaError_t AttentionDecode(const float* q, const KvCaches& caches,
+                            const AttnMeta& meta, int heads, int kv_heads,
+                            int d, float scale, void* out, Dt out_dt,
+                            float* workspace, int splits, cudaStream_t stream);
 
 // Flash-style causal attention over tiles of up to kPrefillTile tokens of
 // one sequence: K/V chunks are staged in shared memory once per tile.
-cudaError_t AttentionPrefill(const float* q, const void* k_cache,
-                             const void* v_cache, const AttnMeta& meta,
-                             int heads, int kv_heads, int d, float scale,
-                             void* out, Dt out_dt, cudaStream_t stream);
+cudaError_t AttentionPrefill(const float* q, const KvCaches& caches,
+                             const AttnMeta& meta, int heads, int kv_heads,
+                             int d, float scale, void* out, Dt out_dt,
+                             cudaStream_t stream);
 
 // out[r] = argmax of logits[r, 0:vocab] (lowest index among equal maxima).
 //   logits: [rows, vocab] f32

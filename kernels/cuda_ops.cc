@@ -176,7 +176,52 @@ absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
   }
   return Launched(
       cuda::Rope(x.data<float>(), positions.data<int32_t>(), n, heads, d, theta,
+                 /*inv_freq=*/nullptr, /*mscale=*/1.0,
                  style == RopeStyle::kAdjacentPairs, S(exec)),
+      "RopeCuda");
+}
+
+absl::StatusOr<CudaRopeTable> UploadRopeTable(const RopeTable& table,
+                                              int device) {
+  const size_t pairs = table.inv_freq.size();
+  if (pairs == 0) return absl::InvalidArgumentError("RoPE table is empty");
+  RETURN_IF_CUDA_ERROR(cudaSetDevice(device));
+  ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                   DeviceBuffer::Allocate(pairs * sizeof(double), device));
+  RETURN_IF_CUDA_ERROR(cudaMemcpy(buffer.data(), table.inv_freq.data(),
+                                  pairs * sizeof(double),
+                                  cudaMemcpyHostToDevice));
+  return CudaRopeTable{
+      .style = table.style,
+      .inv_freq = std::make_shared<DeviceBuffer>(std::move(buffer)),
+      .pairs = static_cast<int64_t>(pairs),
+      .mscale = table.mscale};
+}
+
+absl::Status RopeCuda(Tensor& x, const Tensor& positions,
+                      const CudaRopeTable& table, const CudaExec& exec) {
+  if (x.rank() != 3) {
+    return absl::InvalidArgumentError(
+        "RopeCuda: x must be [n, heads, head_dim]");
+  }
+  const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
+  RETURN_IF_ERROR(
+      CheckDevice("RopeCuda", "x", x, {n, heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("RopeCuda", "positions", positions, {n}, {DType::kI32}));
+  if (d % 2 != 0) {
+    return absl::InvalidArgumentError("RopeCuda: head_dim must be even");
+  }
+  if (table.inv_freq == nullptr || table.pairs != d / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RopeCuda: the table has ", table.pairs,
+                     " frequencies; head_dim ", d, " needs ", d / 2));
+  }
+  return Launched(
+      cuda::Rope(
+          x.data<float>(), positions.data<int32_t>(), n, heads, d,
+          /*theta=*/1.0f, static_cast<const double*>(table.inv_freq->data()),
+          table.mscale, table.style == RopeStyle::kAdjacentPairs, S(exec)),
       "RopeCuda");
 }
 
@@ -204,6 +249,19 @@ absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec) {
   return Launched(
       cuda::Add(x.data<float>(), y.data<float>(), x.numel(), S(exec)),
       "AddInPlaceCuda");
+}
+
+absl::Status AddBiasCuda(Tensor& x, const Tensor& bias, const CudaExec& exec) {
+  if (x.rank() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AddBiasCuda: x is ", x.DebugString(), "; expected [n, c]"));
+  }
+  const int64_t n = x.dim(0), c = x.dim(1);
+  RETURN_IF_ERROR(CheckDevice("AddBiasCuda", "x", x, {n, c}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("AddBiasCuda", "bias", bias, {c}, {DType::kF32}));
+  return Launched(
+      cuda::AddBias(x.data<float>(), bias.data<float>(), n, c, S(exec)),
+      "AddBiasCuda");
 }
 
 absl::Status CastCuda(const Tensor& src, Tensor& dst, const CudaExec& exec) {
@@ -285,25 +343,40 @@ class CudaAttentionAccess {
             .max_blocks = static_cast<int>(b.max_blocks_),
             .max_ctx = static_cast<int>(b.max_ctx_),
             .n_tiles = static_cast<int>(b.n_tiles_),
-            .block_size = static_cast<int>(b.block_size_)};
+            .block_size = static_cast<int>(b.block_size_),
+            .window = static_cast<int>(b.window_)};
   }
   static int64_t BlockSize(const CudaAttentionBatch& b) {
     return b.block_size_;
+  }
+  static int64_t DeviceBlocks(const CudaAttentionBatch& b) {
+    return b.device_blocks_;
+  }
+  static int64_t HostBlocks(const CudaAttentionBatch& b) {
+    return b.num_blocks_ - b.device_blocks_;
   }
 };
 
 absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
                                         int64_t block_size, int64_t num_blocks,
-                                        int device, const CudaExec& exec) {
+                                        int device, const CudaExec& exec,
+                                        int64_t device_blocks) {
   const int64_t n = static_cast<int64_t>(batch.positions.size());
   const int64_t n_seqs = static_cast<int64_t>(batch.block_tables.size());
-  if (block_size <= 0 || num_blocks <= 0) {
-    return absl::InvalidArgumentError("attention: empty KV pool");
+  if (device_blocks < 0) device_blocks = num_blocks;
+  if (block_size <= 0 || num_blocks <= 0 || device_blocks > num_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: KV pool of ", num_blocks, " blocks (",
+                     device_blocks, " on the device)"));
   }
   if (static_cast<int64_t>(batch.token_seq.size()) != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("attention: ", n, " positions but ",
                      batch.token_seq.size(), " seq ids"));
+  }
+  if (batch.window < 0 || batch.window > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("attention: sliding window of ", batch.window));
   }
   int64_t max_blocks = 1, max_ctx = 0;
   for (const auto& table : batch.block_tables) {
@@ -387,6 +460,9 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
   max_ctx_ = max_ctx;
   n_tiles_ = n_tiles;
   block_size_ = block_size;
+  window_ = batch.window;
+  num_blocks_ = num_blocks;
+  device_blocks_ = device_blocks;
   off_token_seq_ = n;
   off_slots_ = 2 * n;
   off_tables_ = 3 * n;
@@ -399,9 +475,14 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
 
 namespace {
 
-absl::Status CheckCache(std::string_view op, const Tensor& k_cache,
-                        const Tensor& v_cache, const CudaAttentionBatch& batch,
-                        int64_t kv_heads, int64_t d) {
+// Checks one layer's caches against the batch and returns the kernels'
+// view of them: the device pool [blocks, bs, kv_heads, d] bf16 holding the
+// batch's device blocks and, when the batch has host blocks, the host tier
+// in pinned memory holding those.
+absl::StatusOr<cuda::KvCaches> CheckCache(
+    std::string_view op, const Tensor& k_cache, const Tensor& v_cache,
+    const CudaAttentionBatch& batch, int64_t kv_heads, int64_t d,
+    const Tensor* k_host, const Tensor* v_host) {
   if (k_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat(Sv(op), ": cache must be [blocks, bs, kv_heads, d]"));
@@ -409,19 +490,49 @@ absl::Status CheckCache(std::string_view op, const Tensor& k_cache,
   const Shape shape = {k_cache.dim(0), k_cache.dim(1), kv_heads, d};
   RETURN_IF_ERROR(CheckDevice(op, "k_cache", k_cache, shape, {DType::kBF16}));
   RETURN_IF_ERROR(CheckDevice(op, "v_cache", v_cache, shape, {DType::kBF16}));
-  if (k_cache.dim(1) != CudaAttentionAccess::BlockSize(batch)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(op), ": cache blocks of ", k_cache.dim(1),
-        " tokens, batch uploaded for ", CudaAttentionAccess::BlockSize(batch)));
+  const int64_t bs = CudaAttentionAccess::BlockSize(batch);
+  if (k_cache.dim(1) != bs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(op), ": cache blocks of ", k_cache.dim(1),
+                     " tokens, batch uploaded for ", bs));
   }
-  return absl::OkStatus();
+  const int64_t device_blocks = CudaAttentionAccess::DeviceBlocks(batch);
+  const int64_t host_blocks = CudaAttentionAccess::HostBlocks(batch);
+  if (k_cache.dim(0) < device_blocks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(op), ": device cache of ", k_cache.dim(0),
+                     " blocks, batch uploaded for ", device_blocks));
+  }
+  cuda::KvCaches c{.k = k_cache.raw(),
+                   .v = v_cache.raw(),
+                   .k_host = nullptr,
+                   .v_host = nullptr,
+                   .device_slots = device_blocks * bs};
+  if (host_blocks > 0) {
+    for (const Tensor* t : {k_host, v_host}) {
+      if (t == nullptr || t->memory() != MemoryType::kHostPinned ||
+          t->dtype() != DType::kBF16 || t->rank() != 4 ||
+          t->dim(0) < host_blocks || t->dim(1) != bs || t->dim(2) != kv_heads ||
+          t->dim(3) != d) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Sv(op), ": the batch addresses ", host_blocks,
+            " host-tier blocks; the host caches must be pinned bf16 [>= ",
+            host_blocks, ", ", bs, ", ", kv_heads, ", ", d, "], not ",
+            t == nullptr ? "missing" : t->DebugString()));
+      }
+    }
+    c.k_host = k_host->raw();
+    c.v_host = v_host->raw();
+  }
+  return c;
 }
 
 }  // namespace
 
 absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                          const CudaAttentionBatch& batch, Tensor& k_cache,
-                         Tensor& v_cache, const CudaExec& exec) {
+                         Tensor& v_cache, const CudaExec& exec, Tensor* k_host,
+                         Tensor* v_host) {
   if (k.rank() != 3) {
     return absl::InvalidArgumentError(
         "WriteKvCuda: k must be [n, kv_heads, d]");
@@ -435,12 +546,13 @@ absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
     return absl::InvalidArgumentError(
         absl::StrCat("WriteKvCuda: ", n, " tokens, batch of ", batch.tokens()));
   }
-  RETURN_IF_ERROR(
-      CheckCache("WriteKvCuda", k_cache, v_cache, batch, kv_heads, d));
+  ASSIGN_OR_RETURN(const cuda::KvCaches caches,
+                   CheckCache("WriteKvCuda", k_cache, v_cache, batch, kv_heads,
+                              d, k_host, v_host));
   return Launched(cuda::WriteKv(k.data<float>(), v.data<float>(),
                                 CudaAttentionAccess::Meta(batch),
                                 static_cast<int>(kv_heads), static_cast<int>(d),
-                                k_cache.raw(), v_cache.raw(), S(exec)),
+                                caches, S(exec)),
                   "WriteKvCuda");
 }
 
@@ -448,7 +560,8 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache,
                                 const CudaAttentionBatch& batch, float scale,
                                 Tensor& out, const CudaExec& exec,
-                                AttentionKernel kernel, int splits) {
+                                AttentionKernel kernel, int splits,
+                                const Tensor* k_host, const Tensor* v_host) {
   if (q.rank() != 3 || k_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         "PagedAttentionCuda: q must be [n, heads, d], caches 4-D");
@@ -473,8 +586,9 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
     return absl::InvalidArgumentError(absl::StrCat(
         "PagedAttentionCuda: ", n, " tokens, batch of ", batch.tokens()));
   }
-  RETURN_IF_ERROR(
-      CheckCache("PagedAttentionCuda", k_cache, v_cache, batch, kv_heads, d));
+  ASSIGN_OR_RETURN(const cuda::KvCaches caches,
+                   CheckCache("PagedAttentionCuda", k_cache, v_cache, batch,
+                              kv_heads, d, k_host, v_host));
   if (n == 0) return absl::OkStatus();
   const cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
   if (kernel == AttentionKernel::kAuto) {
@@ -482,12 +596,11 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                    : AttentionKernel::kPrefill;
   }
   if (kernel == AttentionKernel::kPrefill) {
-    return Launched(
-        cuda::AttentionPrefill(q.data<float>(), k_cache.raw(), v_cache.raw(),
-                               meta, static_cast<int>(heads),
-                               static_cast<int>(kv_heads), static_cast<int>(d),
-                               scale, out.raw(), ToDt(out.dtype()), S(exec)),
-        "PagedAttentionCuda (prefill)");
+    return Launched(cuda::AttentionPrefill(
+                        q.data<float>(), caches, meta, static_cast<int>(heads),
+                        static_cast<int>(kv_heads), static_cast<int>(d), scale,
+                        out.raw(), ToDt(out.dtype()), S(exec)),
+                    "PagedAttentionCuda (prefill)");
   }
   if (splits <= 0) {
     // About 256 keys per split, at most 64 splits.
@@ -503,12 +616,12 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
     RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&ws),
                                          ws_floats * sizeof(float), S(exec)));
   }
-  const absl::Status launched = Launched(
-      cuda::AttentionDecode(q.data<float>(), k_cache.raw(), v_cache.raw(), meta,
-                            static_cast<int>(heads), static_cast<int>(kv_heads),
-                            static_cast<int>(d), scale, out.raw(),
-                            ToDt(out.dtype()), ws, splits, S(exec)),
-      "PagedAttentionCuda (decode)");
+  const absl::Status launched =
+      Launched(cuda::AttentionDecode(
+                   q.data<float>(), caches, meta, static_cast<int>(heads),
+                   static_cast<int>(kv_heads), static_cast<int>(d), scale,
+                   out.raw(), ToDt(out.dtype()), ws, splits, S(exec)),
+               "PagedAttentionCuda (decode)");
   if (ws != nullptr) RETURN_IF_CUDA_ERROR(cudaFreeAsync(ws, S(exec)));
   return launched;
 }

@@ -63,9 +63,28 @@ absl::Status EmbeddingCuda(const Tensor& table, const Tensor& ids,
 absl::Status RmsNormCuda(const Tensor& x, const Tensor& weight, float eps,
                          Tensor& out, const CudaExec& exec);
 
-// In place. x: [n, heads, head_dim] f32  positions: [n] i32.
+// In place. x: [n, heads, head_dim] f32  positions: [n] i32. Unscaled:
+// pair k turns by position * theta^(-2k / head_dim).
 absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
                       RopeStyle style, const CudaExec& exec);
+
+// A RopeTable's frequencies on the device, for RopeCuda: uploaded once
+// (e.g. with a runner's weights), so that the kernel reads fixed memory
+// (CUDA graphs replay it).
+struct CudaRopeTable {
+  RopeStyle style = RopeStyle::kRotateHalf;
+  std::shared_ptr<DeviceBuffer> inv_freq;  // [pairs] double.
+  int64_t pairs = 0;                       // head_dim / 2.
+  double mscale = 1.0;
+};
+// Copies `table` to `device` (synchronously: a load-time call).
+absl::StatusOr<CudaRopeTable> UploadRopeTable(const RopeTable& table,
+                                              int device);
+
+// As Rope (kernels/rope/rope.h) with a table: pair k turns by position *
+// inv_freq[k], its cos and sin scaled by mscale (RoPE scaling).
+absl::Status RopeCuda(Tensor& x, const Tensor& positions,
+                      const CudaRopeTable& table, const CudaExec& exec);
 
 // gate, up: [n, f] f32  out: [n, f] f32|bf16 (may be gate or up if f32).
 absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
@@ -73,6 +92,9 @@ absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
 
 // x += y, both f32 of one shape.
 absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec);
+
+// x[i, :] += bias for every row. x: [n, c] f32  bias: [c] f32.
+absl::Status AddBiasCuda(Tensor& x, const Tensor& bias, const CudaExec& exec);
 
 // dst = src converted between f32 and bf16 (or copied); equal shapes.
 absl::Status CastCuda(const Tensor& src, Tensor& dst, const CudaExec& exec);
@@ -89,13 +111,17 @@ absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
 // One step's AttentionBatch on the device, validated against a cache of
 // `num_blocks` blocks of `block_size` tokens: positions, sequence of each
 // token, cache slots, padded block tables and prefill tiles in one i32
-// buffer. Reusable: Upload reallocates only when the step is larger than
-// any before. The buffer is rewritten by the next Upload, queued on the
-// same stream, so work queued earlier still reads the old contents.
+// buffer, and the batch's sliding window. Reusable: Upload reallocates only
+// when the step is larger than any before. The buffer is rewritten by the next
+// Upload, queued on the same stream, so work queued earlier still reads the old
+// contents.
 class CudaAttentionBatch {
  public:
+  // Block ids are [0, num_blocks): the first device_blocks in the device
+  // pool, the rest in a host tier (-1: all in the device pool).
   absl::Status Upload(const AttentionBatch& batch, int64_t block_size,
-                      int64_t num_blocks, int device, const CudaExec& exec);
+                      int64_t num_blocks, int device, const CudaExec& exec,
+                      int64_t device_blocks = -1);
 
   int64_t tokens() const { return n_; }
   int64_t max_context() const { return max_ctx_; }
@@ -116,16 +142,21 @@ class CudaAttentionBatch {
   std::shared_ptr<DeviceBuffer> buffer_;
   Tensor positions_;
   int64_t n_ = 0, n_seqs_ = 0, max_blocks_ = 0, max_ctx_ = 0, n_tiles_ = 0;
-  int64_t block_size_ = 0, max_tile_ = 0, reallocations_ = 0;
+  int64_t block_size_ = 0, max_tile_ = 0, reallocations_ = 0, window_ = 0;
+  int64_t num_blocks_ = 0, device_blocks_ = 0;
   int64_t off_token_seq_ = 0, off_slots_ = 0, off_tables_ = 0,
           off_tile_begin_ = 0, off_tile_len_ = 0;
 };
 
 // k, v: [n, kv_heads, head_dim] f32  caches: [blocks, bs, kv_heads,
-// head_dim] bf16.
+// head_dim] bf16 on the device; with a batch whose block ids reach past
+// the device pool, k_host/v_host are the host tier ([host blocks, bs,
+// kv_heads, head_dim] bf16 in pinned memory, which the kernels address in
+// place).
 absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                          const CudaAttentionBatch& batch, Tensor& k_cache,
-                         Tensor& v_cache, const CudaExec& exec);
+                         Tensor& v_cache, const CudaExec& exec,
+                         Tensor* k_host = nullptr, Tensor* v_host = nullptr);
 
 enum class AttentionKernel {
   kAuto,     // kDecode when every sequence has one token in the step.
@@ -133,16 +164,19 @@ enum class AttentionKernel {
   kPrefill,  // Query tiles with K/V chunks staged in shared memory.
 };
 
-// Causal attention as PagedAttention (call WriteKvCuda first).
+// Causal attention as PagedAttention (call WriteKvCuda first), over the
+// last batch.window positions of each query when the uploaded batch has one.
 //   q: [n, heads, head_dim] f32  out: [n, heads, head_dim] f32|bf16
 // head_dim must be a multiple of 32, at most 256. `splits` (decode) 0
 // picks one from the context length.
+// k_host / v_host: the host tier, as for WriteKvCuda.
 absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache,
                                 const CudaAttentionBatch& batch, float scale,
                                 Tensor& out, const CudaExec& exec,
                                 AttentionKernel kernel = AttentionKernel::kAuto,
-                                int splits = 0);
+                                int splits = 0, const Tensor* k_host = nullptr,
+                                const Tensor* v_host = nullptr);
 
 // Swap: copies whole KV blocks src_blocks[i] of `src` to dst_blocks[i] of
 // `dst` (caches [blocks, bs, kv_heads, head_dim] of one dtype and block

@@ -70,9 +70,7 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
     const CudaAvailability& cuda) const {
   ASSIGN_OR_RETURN(DeviceRequest request, ParseDeviceFlag(device));
   std::string not_on_gpu;
-  if (cpu_offload_bytes > 0) {
-    not_on_gpu = "--cpu-offload-bytes";
-  } else if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16") {
+  if (kv_cache_dtype != "auto" && kv_cache_dtype != "bf16") {
     not_on_gpu = absl::StrCat("--kv-cache-dtype ", kv_cache_dtype);
   } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
     not_on_gpu = absl::StrCat("--tp x --pp = ", tp * pp, " ranks on ",

@@ -40,9 +40,8 @@ struct LocalEngineFlags {
   // The engine options on `device` (from ChooseDevice).
   EngineOptions ToOptions(const DeviceChoice& device) const;
   // Resolves --device against this machine: "auto" takes GPUs when there
-  // is one per rank (or --allow-shared-gpu) and neither a CPU offload tier
-  // nor a KV dtype GPUs lack is asked for, else the CPU; the reason is for
-  // the log.
+  // is one per rank (or --allow-shared-gpu) and no KV dtype GPUs lack is
+  // asked for, else the CPU; the reason is for the log.
   absl::StatusOr<DeviceChoice> ResolveDevice(
       const CudaAvailability& cuda) const;
 };

@@ -15,6 +15,7 @@
 #include "kernels/sampling/sampling.h"
 #include "model/dequantize.h"
 #include "worker/forward.h"
+#include "worker/kv_copy_plan.h"
 
 namespace shardlm {
 namespace {
@@ -80,6 +81,10 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
     ASSIGN_OR_RETURN(d.wq, Upload(l.wq, bf, backend, exec));
     ASSIGN_OR_RETURN(d.wk, Upload(l.wk, bf, backend, exec));
     ASSIGN_OR_RETURN(d.wv, Upload(l.wv, bf, backend, exec));
+    // Qwen2's Q/K/V biases (empty otherwise), added to the f32 outputs.
+    ASSIGN_OR_RETURN(d.bq, Upload(l.bq, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.bk, Upload(l.bk, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.bv, Upload(l.bv, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(d.wo, Upload(l.wo, bf, backend, exec));
     ASSIGN_OR_RETURN(d.ffn_norm,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
@@ -149,16 +154,6 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     int device, const ModelConfig& config, const KvPoolConfig& kv) {
   RETURN_IF_ERROR(config.Validate());
-  // What the CUDA kernels do not do yet (the CPU path does all three).
-  if (config.attention_bias || config.sliding_window > 0 ||
-      !config.Rope().plain) {
-    return absl::UnimplementedError(
-        absl::StrCat(config.architecture, ": ",
-                     config.attention_bias       ? "attention biases (Qwen2)"
-                     : config.sliding_window > 0 ? "sliding-window attention"
-                                                 : "RoPE scaling",
-                     " are not implemented on CUDA yet; run on the CPU"));
-  }
   if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
       kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||
       kv.block_size <= 0 || kv.num_blocks <= 0) {
@@ -175,23 +170,32 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
   ASSIGN_OR_RETURN(r->backend_, NewCudaBackend(device));
   ASSIGN_OR_RETURN(r->stream_, r->backend_->CreateStream());
   ASSIGN_OR_RETURN(r->cublas_, CublasHandle::Create(r->stream_->native()));
+  // The model's RoPE frequencies (scaled or not), read by every step.
+  ASSIGN_OR_RETURN(r->rope_, UploadRopeTable(config.Rope(), device));
   r->exec_ = {.stream = r->stream_->native(), .cublas = r->cublas_.get()};
   RETURN_IF_ERROR(r->SetKvBlocks(kv.num_blocks));
   return r;
 }
 
-absl::Status CudaModelRunner::SetKvBlocks(int64_t num_blocks) {
-  if (num_blocks <= 0) {
+absl::Status CudaModelRunner::SetKvBlocks(int64_t num_blocks,
+                                          int64_t num_host_blocks) {
+  if (num_blocks <= 0 || num_host_blocks < 0 ||
+      (num_blocks + num_host_blocks) * kv_config_.block_size > 0x7fffffff) {
     return absl::InvalidArgumentError(
-        absl::StrCat("KV pool of ", num_blocks, " blocks"));
+        absl::StrCat("KV pools of ", num_blocks, " device and ",
+                     num_host_blocks, " host blocks (int32 slots)"));
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   if (stream_ != nullptr) RETURN_IF_ERROR(stream_->Synchronize());
-  // Free the old pool before allocating the new one.
+  if (copy_stream_ != nullptr) RETURN_IF_ERROR(copy_stream_->Synchronize());
+  // Free the old pools before allocating the new ones.
   k_cache_.clear();
   v_cache_.clear();
+  k_host_.clear();
+  v_host_.clear();
   const KvPoolConfig& kv = kv_config_;
   const Shape cache = {num_blocks, kv.block_size, kv.kv_heads, kv.head_dim};
+  const Shape host = {num_host_blocks, kv.block_size, kv.kv_heads, kv.head_dim};
   for (int64_t l = 0; l < kv.n_layers; ++l) {
     ASSIGN_OR_RETURN(
         Tensor k, backend_->Allocate(DType::kBF16, cache, MemoryType::kDevice));
@@ -199,8 +203,19 @@ absl::Status CudaModelRunner::SetKvBlocks(int64_t num_blocks) {
         Tensor v, backend_->Allocate(DType::kBF16, cache, MemoryType::kDevice));
     k_cache_.push_back(std::move(k));
     v_cache_.push_back(std::move(v));
+    if (num_host_blocks > 0) {
+      // Pinned memory is mapped into the device's address space (unified
+      // addressing): the kernels take these pointers as they are.
+      ASSIGN_OR_RETURN(Tensor hk, backend_->Allocate(DType::kBF16, host,
+                                                     MemoryType::kHostPinned));
+      ASSIGN_OR_RETURN(Tensor hv, backend_->Allocate(DType::kBF16, host,
+                                                     MemoryType::kHostPinned));
+      k_host_.push_back(std::move(hk));
+      v_host_.push_back(std::move(hv));
+    }
   }
   kv_config_.num_blocks = num_blocks;
+  kv_config_.num_host_blocks = num_host_blocks;
   ++generation_;  // Captured graphs point at the old pool.
   return absl::OkStatus();
 }
@@ -251,12 +266,11 @@ absl::Status CudaModelRunner::Validate(const StepInput& step) const {
       static_cast<int64_t>(weights_.layers.size()) != kv_config_.n_layers) {
     return absl::FailedPreconditionError("CudaModelRunner has no weights");
   }
-  if (n == 0) return absl::InvalidArgumentError("step has no tokens");
-  if (!step.copies.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step has ", step.copies.size(),
-        " KV block copies; the CUDA runner has no host tier to copy to"));
+  if (n == 0 && step.copies.empty()) {
+    return absl::InvalidArgumentError("step has no tokens");
   }
+  // Copies are checked where they are planned (RunCopies), before any is
+  // queued; the block tables by the attention batch's upload.
   if (step.positions.size() != n || step.token_seq.size() != n) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", n, " tokens but ", step.positions.size(),
@@ -336,20 +350,64 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModelRunner::RunCopies(absl::Span<const BlockCopy> copies) {
+  const KvPoolConfig& kv = kv_config_;
+  ASSIGN_OR_RETURN(std::vector<KvCopyRun> runs,
+                   PlanKvCopies(copies, kv.num_blocks, kv.num_host_blocks));
+  if (runs.empty()) return absl::OkStatus();
+  const auto start = std::chrono::steady_clock::now();
+  if (copy_stream_ == nullptr) {
+    ASSIGN_OR_RETURN(copy_stream_, backend_->CreateStream());
+    ASSIGN_OR_RETURN(compute_done_, backend_->CreateEvent());
+    ASSIGN_OR_RETURN(copies_done_, backend_->CreateEvent());
+  }
+  // After the previous step's compute (which read the sources and may
+  // still read blocks about to be overwritten)...
+  RETURN_IF_ERROR(compute_done_->Record(*stream_));
+  RETURN_IF_ERROR(compute_done_->Wait(*copy_stream_));
+  for (const KvCopyRun& run : runs) {
+    for (int64_t l = 0; l < kv.n_layers; ++l) {
+      const auto pool = [&](KvTier t, bool key) -> Tensor& {
+        if (t == KvTier::kDevice) return key ? k_cache_[l] : v_cache_[l];
+        return key ? k_host_[l] : v_host_[l];
+      };
+      for (const bool key : {true, false}) {
+        RETURN_IF_ERROR(CopyKvBlocksCuda(pool(run.src, key), pool(run.dst, key),
+                                         run.src_blocks, run.dst_blocks,
+                                         copy_stream_->native()));
+      }
+    }
+  }
+  // ...and before this step's.
+  RETURN_IF_ERROR(copies_done_->Record(*copy_stream_));
+  RETURN_IF_ERROR(copies_done_->Wait(*stream_));
+  stats_.copied_blocks += static_cast<int64_t>(copies.size());
+  stats_.copy_seconds +=
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  return absl::OkStatus();
+}
+
 absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
                                               Tensor& logits) {
   RETURN_IF_ERROR(Validate(step));
   // The caller's thread may have another device current.
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  if (step.tokens.empty()) return RunCopies(step.copies);  // Copies only.
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   // Block tables are checked here, before anything is written.
-  AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
+  AttentionBatch attn{.positions = step.positions,
+                      .token_seq = step.token_seq,
+                      .window = config_.sliding_window};
   for (const auto& table : step.block_tables)
     attn.block_tables.push_back(table);
   RETURN_IF_ERROR(Reserve(n, std::max<int64_t>(m, 1)));
   RETURN_IF_ERROR(batch_.Upload(attn, kv_config_.block_size,
-                                kv_config_.num_blocks, device_, exec_));
+                                kv_config_.total_blocks(), device_, exec_,
+                                kv_config_.num_blocks));
+  // Everything is checked now (the copies by their plan): they go first.
+  RETURN_IF_ERROR(RunCopies(step.copies));
   auto* s = static_cast<cudaStream_t>(exec_.stream);
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), step.tokens.data(),
                                        n * sizeof(int32_t),
@@ -440,8 +498,8 @@ namespace {
 class CudaForwardOps : public ForwardOps {
  public:
   CudaForwardOps(const CudaExec& exec, const Tensor& ids, const Tensor& rows,
-                 const CudaAttentionBatch& batch)
-      : exec_(exec), ids_(ids), rows_(rows), batch_(batch) {}
+                 const CudaAttentionBatch& batch, const CudaRopeTable& rope)
+      : exec_(exec), ids_(ids), rows_(rows), batch_(batch), rope_(rope) {}
 
   absl::Status Embed(const Tensor& table, int64_t vocab_begin,
                      Tensor& x) override {
@@ -455,21 +513,24 @@ class CudaForwardOps : public ForwardOps {
                       bool accumulate) override {
     return LinearCuda(x, w, y, accumulate, exec_);
   }
+  // `rope` is the model's table, uploaded at Create as rope_.
   absl::Status Rope(Tensor& x, const RopeTable& rope) override {
-    // Create refuses scaled RoPE; the kernel computes theta^(-2k/d) itself.
-    if (!rope.plain) {
-      return absl::UnimplementedError("RopeCuda: scaled RoPE");
+    if (static_cast<int64_t>(rope.inv_freq.size()) != rope_.pairs ||
+        rope.style != rope_.style) {
+      return absl::InternalError("RoPE table differs from the uploaded one");
     }
-    return RopeCuda(x, batch_.positions(), rope.theta, rope.style, exec_);
+    return RopeCuda(x, batch_.positions(), rope_, exec_);
   }
-  absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
-                       Tensor& v_cache) override {
-    return WriteKvCuda(k, v, batch_, k_cache, v_cache, exec_);
+  absl::Status WriteKv(const Tensor& k, const Tensor& v,
+                       const KvLayer& cache) override {
+    return WriteKvCuda(k, v, batch_, cache.k, cache.v, exec_, cache.k_host,
+                       cache.v_host);
   }
-  absl::Status Attention(const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, float scale,
+  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
                          Tensor& out) override {
-    return PagedAttentionCuda(q, k_cache, v_cache, batch_, scale, out, exec_);
+    return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
+                              AttentionKernel::kAuto, /*splits=*/0,
+                              cache.k_host, cache.v_host);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override {
@@ -478,8 +539,8 @@ class CudaForwardOps : public ForwardOps {
   absl::Status Add(Tensor& x, const Tensor& y) override {
     return AddInPlaceCuda(x, y, exec_);
   }
-  absl::Status AddBias(Tensor&, const Tensor&) override {
-    return absl::UnimplementedError("AddBias on CUDA (refused at Create)");
+  absl::Status AddBias(Tensor& x, const Tensor& bias) override {
+    return AddBiasCuda(x, bias, exec_);
   }
   // The embedding kernel gathers rows of x as if it were a table.
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
@@ -503,6 +564,7 @@ class CudaForwardOps : public ForwardOps {
   const Tensor& ids_;
   const Tensor& rows_;
   const CudaAttentionBatch& batch_;
+  const CudaRopeTable& rope_;
 };
 
 }  // namespace
@@ -537,7 +599,7 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
       ASSIGN_OR_RETURN(b.gathered, flat.Reshaped({tp, m, vp}));
     }
   }
-  CudaForwardOps ops(exec_, ids, rows, batch_);
+  CudaForwardOps ops(exec_, ids, rows, batch_, rope_);
   // The stream's work must be done before a communicator reads the data
   // (they run on other streams or the host).
   const ShardForward forward{
@@ -548,7 +610,10 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
         RETURN_IF_ERROR(stream_->Synchronize());
         return call();
       }};
-  RETURN_IF_ERROR(forward.Layers(b, {&k_cache_, &v_cache_}));
+  RETURN_IF_ERROR(forward.Layers(b, {.k = &k_cache_,
+                                     .v = &v_cache_,
+                                     .k_host = &k_host_,
+                                     .v_host = &v_host_}));
   if (!spec.last_stage()) return absl::OkStatus();
   ASSIGN_OR_RETURN(Tensor logits, forward.Logits(b));
   if (logits.memory() != MemoryType::kDevice) host_logits_view_ = logits;

@@ -13,8 +13,15 @@
 //
 // Not thread-safe: one thread drives a runner (any thread: each call makes
 // the runner's device current). All work runs on the runner's own stream;
-// Forward returns when the logits are on the host. Block copies (the host
-// tier) are not supported yet: a step with copies is InvalidArgument.
+// Forward returns when the logits are on the host.
+//
+// KV tiers: block ids [0, num_blocks) are the device pool, [num_blocks,
+// num_blocks + num_host_blocks) a host tier in pinned host memory that the
+// attention kernels read (and write) in place over the bus, so that a lone
+// sequence longer than the device pool runs with its oldest blocks there.
+// A step's block copies (swaps, spills) run before its compute on a copy
+// stream of their own, in the order recorded (PlanKvCopies), ordered by
+// events after the previous step's compute and before this step's.
 #ifndef SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
 #define SHARDLM_WORKER_CUDA_MODEL_RUNNER_H_
 
@@ -33,9 +40,8 @@
 
 namespace shardlm {
 
-// Uploads host weights of a whole-model shard (tp = pp = 1) to the device:
-// matrices bf16 [out, in], norms f32; a tied LM head is the embedding's one
-// copy. InvalidArgument for a partial shard.
+// Uploads a shard's host weights to the device: matrices bf16 [out, in],
+// norms and biases f32; a tied LM head is the embedding's one copy.
 absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                                                 Backend& backend,
                                                 const CudaExec& exec);
@@ -71,9 +77,10 @@ class CudaModelRunner : public ShardRunner {
   RunnerStats stats() const override { return stats_; }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
-  // Replaces the KV pool by one of `num_blocks` device blocks (its contents
-  // are lost): serving sizes the pool after the weights are on the device.
-  absl::Status SetKvBlocks(int64_t num_blocks);
+  // Replaces the KV pools by `num_blocks` device blocks and
+  // `num_host_blocks` blocks of pinned host memory (their contents are
+  // lost): serving sizes the pools after the weights are on the device.
+  absl::Status SetKvBlocks(int64_t num_blocks, int64_t num_host_blocks = 0);
   // Grows the activation buffers to `tokens` tokens and `rows` logit rows
   // now, so that steps within those sizes allocate nothing (and memory
   // sizing sees them).
@@ -116,6 +123,9 @@ class CudaModelRunner : public ShardRunner {
   absl::Status Launch(int64_t n, int64_t m);
   absl::Status Capture(int64_t n, int64_t m);
   absl::Status Validate(const StepInput& step) const;
+  // Queues the step's block copies on the copy stream, after the previous
+  // step's compute, and makes the compute stream wait for them.
+  absl::Status RunCopies(absl::Span<const BlockCopy> copies);
   // Validates and uploads the step, then runs the layers and the LM head
   // (as a graph when it can); `logits` views the device logits [rows,
   // vocab] f32.
@@ -129,10 +139,14 @@ class CudaModelRunner : public ShardRunner {
   std::unique_ptr<Stream> stream_;
   CublasHandle cublas_;
   CudaExec exec_;
+  CudaRopeTable rope_;  // config_.Rope() on the device.
   LlamaWeights weights_;
   ShardComms comms_;
   RunnerStats stats_;
-  std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16.
+  std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16, device.
+  std::vector<Tensor> k_host_, v_host_;    // Per layer, bf16, pinned; or none.
+  std::unique_ptr<Stream> copy_stream_;    // Block copies between tiers.
+  std::unique_ptr<Event> compute_done_, copies_done_;
   CudaAttentionBatch batch_;
 
   // Activation buffers of capacity cap_ tokens (cap_rows_ logit rows),

@@ -103,6 +103,11 @@ LlamaWeights RandomHostWeights(const ModelConfig& c, uint32_t seed) {
     lw.w_up = make({c.ffn_hidden, c.hidden}, sh);
     lw.w_down = make({c.hidden, c.ffn_hidden},
                      1.0f / std::sqrt(static_cast<float>(c.ffn_hidden)));
+    if (c.attention_bias) {  // Qwen2: biases of Q, K and V.
+      lw.bq = make({q}, 0.5f);
+      lw.bk = make({kv}, 0.5f);
+      lw.bv = make({kv}, 0.5f);
+    }
     w.layers.push_back(std::move(lw));
   }
   w.output_norm = make({c.hidden}, 0.2f, 1.0f);
@@ -217,6 +222,101 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
   std::printf("synthetic: argmax compared on %d of 20 decode steps\n",
               argmax_checked);
   EXPECT_GT(argmax_checked, 10);
+}
+
+// The model families' features on the GPU against the CPU, teacher-forced
+// on the CPU's greedy tokens (a prompt in chunks, then decode steps):
+// Qwen2's Q/K/V biases with theta 1e6, Llama 3.1's RoPE scaling, YaRN (its
+// cos/sin magnitude too), and Mistral's sliding window shorter than the
+// context (in prefill chunks and in decode). Bound as the synthetic test.
+TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  struct Variant {
+    const char* name;
+    std::function<void(ModelConfig&)> apply;
+  };
+  const Variant variants[] = {
+      {"qwen2 biases",
+       [](ModelConfig& c) {
+         c.architecture = "qwen2";
+         c.attention_bias = true;
+         c.rope_theta = 1000000.0f;
+         c.tied_embeddings = true;
+       }},
+      {"llama3 rope scaling",
+       [](ModelConfig& c) {
+         c.rope_theta = 500000.0f;
+         c.rope_scaling = {.type = RopeScalingType::kLlama3,
+                           .factor = 8,
+                           .original_context = 64,
+                           .low_freq_factor = 1,
+                           .high_freq_factor = 4};
+       }},
+      {"yarn",
+       [](ModelConfig& c) {
+         c.rope_scaling = {.type = RopeScalingType::kYarn,
+                           .factor = 4,
+                           .original_context = 64};
+       }},
+      {"sliding window 20",
+       [](ModelConfig& c) {
+         c.architecture = "mistral";
+         c.sliding_window = 20;
+       }},
+  };
+  for (const Variant& v : variants) {
+    SCOPED_TRACE(v.name);
+    ModelConfig c;
+    c.name = v.name;
+    c.n_layers = 2;
+    c.hidden = 192;
+    c.ffn_hidden = 320;
+    c.n_heads = 6;
+    c.n_kv_heads = 2;
+    c.head_dim = 32;
+    c.vocab_size = 501;
+    c.context_length = 256;
+    c.rope_style = RopeStyle::kRotateHalf;
+    v.apply(c);
+    ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+    const KvPoolConfig kv{.n_layers = c.n_layers,
+                          .kv_heads = c.n_kv_heads,
+                          .head_dim = c.head_dim,
+                          .block_size = 16,
+                          .num_blocks = 16,
+                          .dtype = DType::kF32};  // The CPU's: f32 KV.
+    LlamaWeights host = RandomHostWeights(c, 17);
+    auto gpu = CudaModelRunner::Create(0, c, kv);
+    ASSERT_TRUE(gpu.ok()) << gpu.status();
+    auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
+    ASSERT_TRUE(dw.ok()) << dw.status();
+    ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
+    ModelRunner cpu(std::move(host), *KvPool::Create(kv));
+    std::vector<int32_t> prompt(100);
+    std::mt19937 rng(9);
+    for (auto& t : prompt) t = static_cast<int32_t>(rng() % c.vocab_size);
+    // The prompt in chunks of 32, then 24 decode steps (past the window's
+    // reach of the prompt), each on the CPU's greedy token.
+    Tensor cpu_logits;
+    for (int32_t pos = 0, step = 0; pos < 124; ++step) {
+      const int32_t end = pos < 100 ? std::min(100, pos + 32) : pos + 1;
+      const std::vector<int32_t> tokens =
+          pos < 100
+              ? std::vector<int32_t>(prompt.begin() + pos, prompt.begin() + end)
+              : std::vector<int32_t>{
+                    Argmax(cpu_logits.f32().data(), c.vocab_size)};
+      const StepInput s = SeqStep(tokens, pos, kv.block_size, kv.num_blocks);
+      auto a = cpu.Forward(s);
+      auto b = (*gpu)->Forward(s);
+      ASSERT_TRUE(a.ok()) << a.status();
+      ASSERT_TRUE(b.ok()) << b.status();
+      const Diff d = Compare(*b, *a);
+      EXPECT_LE(d.max_abs, 0.03 * d.max_ref)
+          << "step " << step << " mean " << d.mean_abs;
+      cpu_logits = *a;
+      pos = end;
+    }
+  }
 }
 
 // The scheduler's real pattern: several sequences in one step, prefill

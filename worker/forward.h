@@ -30,6 +30,8 @@
 
 namespace shardlm {
 
+struct KvLayer;
+
 // The ops of the forward pass on one backend, bound to one step (its
 // tokens, positions, attention metadata and logit rows) by the runner.
 // Tensors are the backend's; errors are InvalidArgument naming the op.
@@ -49,14 +51,13 @@ class ForwardOps {
   // In place, at the step's positions. x: [n, heads, head_dim].
   virtual absl::Status Rope(Tensor& x, const RopeTable& rope) = 0;
   // Writes the step's K and V ([n, kv_heads, head_dim]) into one layer's
-  // caches at the step's slots.
+  // cache at the step's slots.
   virtual absl::Status WriteKv(const Tensor& k, const Tensor& v,
-                               Tensor& k_cache, Tensor& v_cache) = 0;
-  // Causal attention of the step's queries over one layer's caches (over
+                               const KvLayer& cache) = 0;
+  // Causal attention of the step's queries over one layer's cache (over
   // the last config.sliding_window positions of each query when set).
-  virtual absl::Status Attention(const Tensor& q, const Tensor& k_cache,
-                                 const Tensor& v_cache, float scale,
-                                 Tensor& out) = 0;
+  virtual absl::Status Attention(const Tensor& q, const KvLayer& cache,
+                                 float scale, Tensor& out) = 0;
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                               Tensor& out) = 0;
   // x += y.
@@ -91,10 +92,32 @@ struct ForwardBuffers {
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
 };
 
+// One layer's KV cache as its backend keeps it: k and v (on the CPU both
+// tiers in one allocation each; on a GPU the device pool) and, on a GPU
+// with a host tier, that tier in pinned host memory the kernels read and
+// write in place (k_host, v_host; null without one). Block ids past the
+// device pool's address the host tier.
+struct KvLayer {
+  Tensor& k;
+  Tensor& v;
+  Tensor* k_host = nullptr;
+  Tensor* v_host = nullptr;
+};
+
 // The KV caches of the shard's layers (index 0 = its first layer).
 struct KvLayers {
   std::vector<Tensor>* k = nullptr;
   std::vector<Tensor>* v = nullptr;
+  std::vector<Tensor>* k_host = nullptr;  // GPU host tier, or null.
+  std::vector<Tensor>* v_host = nullptr;
+
+  KvLayer at(int64_t l) const {
+    const bool host = k_host != nullptr && !k_host->empty();
+    return {.k = (*k)[l],
+            .v = (*v)[l],
+            .k_host = host ? &(*k_host)[l] : nullptr,
+            .v_host = host ? &(*v_host)[l] : nullptr};
+  }
 };
 
 // Runs `call` (a communicator call), so that the runner can time it.

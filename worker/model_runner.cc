@@ -155,14 +155,14 @@ class CpuForwardOps : public ForwardOps {
   absl::Status Rope(Tensor& x, const RopeTable& rope) override {
     return shardlm::Rope(x, step_.positions, rope);
   }
-  absl::Status WriteKv(const Tensor& k, const Tensor& v, Tensor& k_cache,
-                       Tensor& v_cache) override {
-    return shardlm::WriteKv(k, v, batch_, k_cache, v_cache);
+  // Both tiers are in the one allocation of each cache.
+  absl::Status WriteKv(const Tensor& k, const Tensor& v,
+                       const KvLayer& cache) override {
+    return shardlm::WriteKv(k, v, batch_, cache.k, cache.v);
   }
-  absl::Status Attention(const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, float scale,
+  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
                          Tensor& out) override {
-    return PagedAttention(q, k_cache, v_cache, batch_, scale, out);
+    return PagedAttention(q, cache.k, cache.v, batch_, scale, out);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override {

@@ -1,7 +1,9 @@
 // CUDA twins of paged_attention_cpu.cc: KV writes, split-K decode
 // attention (flash-decoding) and tiled causal prefill attention, over a
-// bf16 paged cache [blocks, block_size, kv_heads, d]. Softmax statistics
-// and accumulation are f32 (online softmax).
+// bf16 paged cache [blocks, block_size, kv_heads, d] whose blocks past the
+// device pool live in a host tier of pinned memory, read and written in
+// place over the bus (KvCaches). Softmax statistics and accumulation are
+// f32 (online softmax).
 #include "kernels/cuda_common.cuh"
 
 namespace shardlm::cuda {
@@ -19,14 +21,32 @@ __device__ __forceinline__ int64_t Slot(const AttnMeta& m, int seq, int pos) {
   return static_cast<int64_t>(b) * m.block_size + pos % m.block_size;
 }
 
+// Row `slot` ([kv_heads, d], `row` elements) of the K or V cache: the
+// device pool's, or the host tier's past its device_slots.
+__device__ __forceinline__ const Bf* Row(const void* dev, const void* host,
+                                         int64_t slot, int64_t row,
+                                         int64_t device_slots) {
+  return slot < device_slots
+             ? static_cast<const Bf*>(dev) + slot * row
+             : static_cast<const Bf*>(host) + (slot - device_slots) * row;
+}
+__device__ __forceinline__ const Bf* KRow(const KvCaches& c, int64_t slot,
+                                          int64_t row) {
+  return Row(c.k, c.k_host, slot, row, c.device_slots);
+}
+__device__ __forceinline__ const Bf* VRow(const KvCaches& c, int64_t slot,
+                                          int64_t row) {
+  return Row(c.v, c.v_host, slot, row, c.device_slots);
+}
+
 __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
-                              int row, Bf* kc, Bf* vc) {
+                              int row, KvCaches c) {
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= static_cast<int64_t>(m.n) * row) return;
   const int64_t i = idx / row, e = idx % row;
-  const int64_t dst = static_cast<int64_t>(m.slots[i]) * row + e;
-  kc[dst] = __float2bfloat16_rn(k[idx]);
-  vc[dst] = __float2bfloat16_rn(v[idx]);
+  const int64_t slot = m.slots[i];
+  const_cast<Bf*>(KRow(c, slot, row))[e] = __float2bfloat16_rn(k[idx]);
+  const_cast<Bf*>(VRow(c, slot, row))[e] = __float2bfloat16_rn(v[idx]);
 }
 
 // One block per (token, head, split): four warps take 32-key chunks in
@@ -35,9 +55,8 @@ __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
 // CombineKernel through `ws`: per (token, head, split) [max, sum, acc[d]].
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
-    DecodeKernel(const float* q, const Bf* kc, const Bf* vc, AttnMeta m,
-                 int heads, int kv_heads, int d, float scale, Out* out,
-                 float* ws) {
+    DecodeKernel(const float* q, KvCaches c, AttnMeta m, int heads,
+                 int kv_heads, int d, float scale, Out* out, float* ws) {
   extern __shared__ float smem[];
   float* qs = smem;                // [d]
   float* wacc = qs + d;            // [kWarps, d]
@@ -46,9 +65,11 @@ __global__ void __launch_bounds__(kThreads)
   const int kvh = h / (heads / kv_heads);
   const int splits = gridDim.y, s = blockIdx.y;
   const int ctx = m.positions[i] + 1;
+  // The window's first position (0 without one); the splits share the rest.
+  const int lo = m.window > 0 ? max(0, ctx - m.window) : 0;
   const int seq = m.token_seq[i];
-  const int per = (ctx + splits - 1) / splits;
-  const int begin = s * per, end = min(ctx, begin + per);
+  const int per = (ctx - lo + splits - 1) / splits;
+  const int begin = lo + s * per, end = min(ctx, begin + per);
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int dpl = d / 32;
   const int64_t row = static_cast<int64_t>(kv_heads) * d;
@@ -64,7 +85,7 @@ __global__ void __launch_bounds__(kThreads)
     int64_t slot = 0;
     if (j < end) {
       slot = Slot(m, seq, j);
-      const Bf* kr = kc + slot * row + static_cast<int64_t>(kvh) * d;
+      const Bf* kr = KRow(c, slot, row) + static_cast<int64_t>(kvh) * d;
       float dot = 0.0f;
       for (int e = 0; e < d; e += 2) {
         const float2 kv = __bfloat1622float2(
@@ -84,7 +105,7 @@ __global__ void __launch_bounds__(kThreads)
       const float pt = __shfl_sync(0xffffffffu, p, t);
       const long long st =
           __shfl_sync(0xffffffffu, static_cast<long long>(slot), t);
-      const Bf* vr = vc + st * row + static_cast<int64_t>(kvh) * d;
+      const Bf* vr = VRow(c, st, row) + static_cast<int64_t>(kvh) * d;
 #pragma unroll
       for (int c = 0; c < kMaxDimsPerLane; ++c) {
         if (c < dpl) acc[c] += pt * __bfloat162float(vr[c * 32 + lane]);
@@ -151,8 +172,8 @@ __global__ void CombineKernel(const float* ws, int splits, int d, Out* out) {
 // kPrefillTile / kWarps rows and keeps their online-softmax state.
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
-    PrefillKernel(const float* q, const Bf* kc, const Bf* vc, AttnMeta m,
-                  int heads, int kv_heads, int d, float scale, Out* out) {
+    PrefillKernel(const float* q, KvCaches c, AttnMeta m, int heads,
+                  int kv_heads, int d, float scale, Out* out) {
   constexpr int kRows = kPrefillTile / kWarps;
   extern __shared__ float smem[];
   float* qs = smem;                   // [kPrefillTile, d]
@@ -170,38 +191,52 @@ __global__ void __launch_bounds__(kThreads)
     qs[r * d + e] =
         q[(static_cast<int64_t>(t0 + r) * heads + h) * d + e] * scale;
   }
-  int max_pos = 0;
-  for (int r = 0; r < tl; ++r) max_pos = max(max_pos, m.positions[t0 + r]);
-  int pos[kRows];
+  int max_pos = 0, min_pos = m.positions[t0];
+  for (int r = 0; r < tl; ++r) {
+    max_pos = max(max_pos, m.positions[t0 + r]);
+    min_pos = min(min_pos, m.positions[t0 + r]);
+  }
+  // With a sliding window, keys before every row's window are never read
+  // (their blocks may be gone); chunks stay aligned to kKeys.
+  const int lo_tile = m.window > 0 ? max(0, min_pos - m.window + 1) : 0;
+  int pos[kRows], lo[kRows];
   float mx[kRows], l[kRows], acc[kRows][kMaxDimsPerLane];
 #pragma unroll
   for (int rr = 0; rr < kRows; ++rr) {
     const int r = warp * kRows + rr;
     pos[rr] = r < tl ? m.positions[t0 + r] : -1;
+    lo[rr] = m.window > 0 ? max(0, pos[rr] - m.window + 1) : 0;
     mx[rr] = -INFINITY;
     l[rr] = 0.0f;
 #pragma unroll
     for (int c = 0; c < kMaxDimsPerLane; ++c) acc[rr][c] = 0.0f;
   }
 
-  for (int kb = 0; kb <= max_pos; kb += kKeys) {
+  for (int kb = lo_tile / kKeys * kKeys; kb <= max_pos; kb += kKeys) {
     __syncthreads();  // The previous chunk is consumed; q is loaded.
     const int nk = min(kKeys, max_pos + 1 - kb);
     for (int idx = threadIdx.x; idx < nk * d; idx += blockDim.x) {
       const int t = idx / d, e = idx % d;
-      const int64_t off =
-          Slot(m, seq, kb + t) * row + static_cast<int64_t>(kvh) * d + e;
-      ks[t * (d + 1) + e] = __bfloat162float(kc[off]);
-      vs[t * d + e] = __bfloat162float(vc[off]);
+      if (kb + t < lo_tile) {  // Outside every row's window: masked below.
+        ks[t * (d + 1) + e] = 0.0f;
+        vs[t * d + e] = 0.0f;
+        continue;
+      }
+      const int64_t slot = Slot(m, seq, kb + t);
+      const int64_t off = static_cast<int64_t>(kvh) * d + e;
+      ks[t * (d + 1) + e] = __bfloat162float(KRow(c, slot, row)[off]);
+      vs[t * d + e] = __bfloat162float(VRow(c, slot, row)[off]);
     }
     __syncthreads();
 #pragma unroll
     for (int rr = 0; rr < kRows; ++rr) {
-      if (pos[rr] < kb) continue;  // Uniform across the warp.
+      // Uniform across the warp: chunks after the row, or wholly before
+      // its window (whose scores would all be -inf).
+      if (pos[rr] < kb || kb + nk <= lo[rr]) continue;
       const float* qr = qs + (warp * kRows + rr) * d;
       const int j = kb + lane;
       float sc = -INFINITY;
-      if (lane < nk && j <= pos[rr]) {
+      if (lane < nk && j <= pos[rr] && j >= lo[rr]) {
         const float* kr = ks + lane * (d + 1);
         float dot = 0.0f;
         for (int e = 0; e < d; ++e) dot += qr[e] * kr[e];
@@ -237,14 +272,13 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 template <typename Out>
-cudaError_t Decode(const float* q, const Bf* kc, const Bf* vc,
-                   const AttnMeta& m, int heads, int kv_heads, int d,
-                   float scale, Out* out, float* ws, int splits,
-                   cudaStream_t stream) {
+cudaError_t Decode(const float* q, const KvCaches& c, const AttnMeta& m,
+                   int heads, int kv_heads, int d, float scale, Out* out,
+                   float* ws, int splits, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(m.n) * heads, splits);
   const size_t smem = (d + kWarps * d + kWarps * 2) * sizeof(float);
-  DecodeKernel<Out><<<grid, kThreads, smem, stream>>>(
-      q, kc, vc, m, heads, kv_heads, d, scale, out, ws);
+  DecodeKernel<Out><<<grid, kThreads, smem, stream>>>(q, c, m, heads, kv_heads,
+                                                      d, scale, out, ws);
   if (splits > 1) {
     CombineKernel<Out><<<static_cast<unsigned>(m.n) * heads, d, 0, stream>>>(
         ws, splits, d, out);
@@ -253,9 +287,9 @@ cudaError_t Decode(const float* q, const Bf* kc, const Bf* vc,
 }
 
 template <typename Out>
-cudaError_t Prefill(const float* q, const Bf* kc, const Bf* vc,
-                    const AttnMeta& m, int heads, int kv_heads, int d,
-                    float scale, Out* out, cudaStream_t stream) {
+cudaError_t Prefill(const float* q, const KvCaches& c, const AttnMeta& m,
+                    int heads, int kv_heads, int d, float scale, Out* out,
+                    cudaStream_t stream) {
   const size_t smem =
       (kPrefillTile * d + kKeys * (d + 1) + kKeys * d) * sizeof(float);
   if (smem > 48 * 1024) {
@@ -265,21 +299,21 @@ cudaError_t Prefill(const float* q, const Bf* kc, const Bf* vc,
     if (e != cudaSuccess) return e;
   }
   const dim3 grid(m.n_tiles, heads);
-  PrefillKernel<Out><<<grid, kThreads, smem, stream>>>(q, kc, vc, m, heads,
-                                                       kv_heads, d, scale, out);
+  PrefillKernel<Out><<<grid, kThreads, smem, stream>>>(q, c, m, heads, kv_heads,
+                                                       d, scale, out);
   return cudaGetLastError();
 }
 
 }  // namespace
 
 cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
-                    int kv_heads, int d, void* k_cache, void* v_cache,
+                    int kv_heads, int d, const KvCaches& caches,
                     cudaStream_t stream) {
   const int row = kv_heads * d;
   const int64_t count = static_cast<int64_t>(meta.n) * row;
   if (count == 0) return cudaSuccess;
-  WriteKvKernel<<<Blocks(count, 256), 256, 0, stream>>>(
-      k, v, meta, row, static_cast<Bf*>(k_cache), static_cast<Bf*>(v_cache));
+  WriteKvKernel<<<Blocks(count, 256), 256, 0, stream>>>(k, v, meta, row,
+                                                        caches);
   return cudaGetLastError();
 }
 
@@ -287,34 +321,29 @@ size_t AttentionDecodeWorkspaceFloats(int n, int heads, int d, int splits) {
   return splits <= 1 ? 0 : static_cast<size_t>(n) * heads * splits * (d + 2);
 }
 
-cudaError_t AttentionDecode(const float* q, const void* k_cache,
-                            const void* v_cache, const AttnMeta& meta,
-                            int heads, int kv_heads, int d, float scale,
-                            void* out, Dt out_dt, float* workspace, int splits,
-                            cudaStream_t stream) {
+cudaError_t AttentionDecode(const float* q, const KvCaches& caches,
+                            const AttnMeta& meta, int heads, int kv_heads,
+                            int d, float scale, void* out, Dt out_dt,
+                            float* workspace, int splits, cudaStream_t stream) {
   if (meta.n == 0) return cudaSuccess;
-  const auto* kc = static_cast<const Bf*>(k_cache);
-  const auto* vc = static_cast<const Bf*>(v_cache);
   if (out_dt == Dt::kBF16) {
-    return Decode(q, kc, vc, meta, heads, kv_heads, d, scale,
+    return Decode(q, caches, meta, heads, kv_heads, d, scale,
                   static_cast<Bf*>(out), workspace, splits, stream);
   }
-  return Decode(q, kc, vc, meta, heads, kv_heads, d, scale,
+  return Decode(q, caches, meta, heads, kv_heads, d, scale,
                 static_cast<float*>(out), workspace, splits, stream);
 }
 
-cudaError_t AttentionPrefill(const float* q, const void* k_cache,
-                             const void* v_cache, const AttnMeta& meta,
-                             int heads, int kv_heads, int d, float scale,
-                             void* out, Dt out_dt, cudaStream_t stream) {
+cudaError_t AttentionPrefill(const float* q, const KvCaches& caches,
+                             const AttnMeta& meta, int heads, int kv_heads,
+                             int d, float scale, void* out, Dt out_dt,
+                             cudaStream_t stream) {
   if (meta.n == 0) return cudaSuccess;
-  const auto* kc = static_cast<const Bf*>(k_cache);
-  const auto* vc = static_cast<const Bf*>(v_cache);
   if (out_dt == Dt::kBF16) {
-    return Prefill(q, kc, vc, meta, heads, kv_heads, d, scale,
+    return Prefill(q, caches, meta, heads, kv_heads, d, scale,
                    static_cast<Bf*>(out), stream);
   }
-  return Prefill(q, kc, vc, meta, heads, kv_heads, d, scale,
+  return Prefill(q, caches, meta, heads, kv_heads, d, scale,
                  static_cast<float*>(out), stream);
 }
 

@@ -1,6 +1,6 @@
 // CUDA twin of swiglu_cpu.cc, plus the other elementwise ops the GPU path
-// needs (residual add, f32 <-> bf16 casts, seeded random fill), kept in one
-// translation unit to bound nvcc time.
+// needs (residual add, bias add, f32 <-> bf16 casts, seeded random fill),
+// kept in one translation unit to bound nvcc time.
 #include "kernels/cuda_common.cuh"
 
 namespace shardlm::cuda {
@@ -18,6 +18,12 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count,
 __global__ void AddKernel(float* x, const float* y, int64_t count) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i < count) x[i] += y[i];
+}
+
+__global__ void AddBiasKernel(float* x, const float* bias, int64_t count,
+                              int64_t c) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i < count) x[i] += bias[i % c];
 }
 
 template <typename In, typename Out>
@@ -63,6 +69,15 @@ cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
 cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   AddKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(x, y, count);
+  return cudaGetLastError();
+}
+
+cudaError_t AddBias(float* x, const float* bias, int64_t n, int64_t c,
+                    cudaStream_t stream) {
+  const int64_t count = n * c;
+  if (count == 0) return cudaSuccess;
+  AddBiasKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(x, bias,
+                                                                  count, c);
   return cudaGetLastError();
 }
 
