@@ -1,7 +1,8 @@
 // The engine on one GPU against the engine on the CPU, on real weights
 // ($SHARDLM_MODEL): the same requests batched together (chunked prefill,
-// prefix-cache hits, recompute preemption under a small KV pool, greedy
-// and seeded sampling, log-probabilities) give the same tokens. Skips
+// prefix-cache hits, recompute preemption under a small KV pool, swaps to
+// the host tier and a prompt longer than the device pool, greedy and
+// seeded sampling, log-probabilities) give the same tokens. Skips
 // without a GPU or the model.
 #include <gtest/gtest.h>
 
@@ -70,10 +71,14 @@ class CudaEngineTest : public ::testing::Test {
   }
 
   std::vector<GenerateResult> Run(const EngineOptions& options) {
+    return Run(options, Requests());
+  }
+  std::vector<GenerateResult> Run(const EngineOptions& options,
+                                  const std::vector<GenerateRequest>& reqs) {
     EngineLeakCheck engines;  // Checked (and freed) on return.
     Engine* engine = engines.Keep(Engine::Create(*source_, options));
     if (engine == nullptr) return {};
-    auto results = engine->GenerateBatch(Requests());
+    auto results = engine->GenerateBatch(reqs);
     EXPECT_TRUE(results.ok()) << results.status();
     stats_ = engine->stats();
     return results.ok() ? *results : std::vector<GenerateResult>{};
@@ -142,6 +147,46 @@ TEST_F(CudaEngineTest, RecomputePreemptionOnASmallGpuPoolMatchesTheCpu) {
   std::printf("gpu preemptions (recompute): %lld\n",
               static_cast<long long>(stats_.preempted_recompute));
   EXPECT_GT(stats_.preempted_recompute, 0);
+  ExpectSame(got, want);
+}
+
+// The host KV tier in pinned memory: with 6 device blocks and room for
+// 40 on the host, running requests are swapped out and back in (copies
+// on the copy stream), and a prompt longer than the whole device pool
+// runs alone with its oldest blocks on the host, read there in place.
+TEST_F(CudaEngineTest, HostTierSwapsAndAnOverlongPromptMatchTheCpu) {
+  const ModelConfig& c = source_->config();
+  const int64_t block_bytes =
+      2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 2;
+  const EngineOptions cpu{.kv_cache_dtype = DType::kF32,
+                          .max_batched_tokens = 64};
+  EngineOptions gpu = cpu;
+  gpu.device = DeviceKind::kCuda;
+  gpu.kv_cache_dtype.reset();  // bf16, the only KV type on GPUs.
+  gpu.kv_cache_bytes = 6 * block_bytes;
+  gpu.cpu_offload_bytes = 40 * block_bytes;
+  {
+    const auto want = Run(cpu);
+    const auto got = Run(gpu);
+    std::printf("gpu preemptions: %lld swapped, %lld recomputed\n",
+                static_cast<long long>(stats_.preempted_swap),
+                static_cast<long long>(stats_.preempted_recompute));
+    EXPECT_GT(stats_.preempted_swap, 0);
+    ExpectSame(got, want);
+  }
+  // 6 device blocks hold 96 tokens; this prompt has more.
+  std::vector<int32_t> overlong;
+  while (overlong.size() < 130) {
+    for (const auto& p : prompts_)
+      overlong.insert(overlong.end(), p.begin(), p.end());
+  }
+  const std::vector<GenerateRequest> one = {
+      {.prompt = overlong, .max_tokens = 16}};
+  const auto want = Run(cpu, one);
+  const auto got = Run(gpu, one);
+  std::printf("overlong prompt of %zu tokens: %lld blocks offloaded\n",
+              overlong.size(), static_cast<long long>(stats_.offloaded));
+  EXPECT_GT(stats_.offloaded, 0);
   ExpectSame(got, want);
 }
 

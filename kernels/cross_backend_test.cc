@@ -371,6 +371,9 @@ struct AttentionShape {
   std::vector<int64_t> lens, new_tokens;
   int64_t heads = kHeads, kv_heads = kKvHeads, head_dim = kHeadDim;
   int64_t window = 0;
+  // > 0: the last host_blocks block ids are a host tier in pinned memory
+  // (the kernels read and write it in place), the others the device pool.
+  int64_t host_blocks = 0;
 };
 
 // Both backends' attention on the same bf16-exact K/V, every kernel variant
@@ -394,18 +397,29 @@ void CudaOpsTest::CheckAttention(const AttentionShape& c) {
   const int64_t total = static_cast<int64_t>(all_pos.size());
   Tensor k = RandomBf16({total, kv_heads, d}, 12);
   Tensor v = RandomBf16({total, kv_heads, d}, 13);
-  const Shape cache_shape = {ac.blocks, AttnCase::kBs, kv_heads, d};
   // The CPU caches in their own layout, f32.
   Tensor kc = *Tensor::Host(
       DType::kF32, KeyCacheShape(ac.blocks, AttnCase::kBs, kv_heads, d));
   Tensor vc = *Tensor::Host(
       DType::kF32, ValueCacheShape(ac.blocks, AttnCase::kBs, kv_heads, d));
   ASSERT_TRUE(WriteKv(k, v, fill, kc, vc).ok());
-  Tensor dkc = Empty(DType::kBF16, cache_shape);
-  Tensor dvc = Empty(DType::kBF16, cache_shape);
+  const int64_t device_blocks = ac.blocks - c.host_blocks;
+  ASSERT_GT(device_blocks, 0);
+  Tensor dkc = Empty(DType::kBF16, {device_blocks, AttnCase::kBs, kv_heads, d});
+  Tensor dvc = Empty(DType::kBF16, {device_blocks, AttnCase::kBs, kv_heads, d});
+  const Shape host_shape = {std::max<int64_t>(c.host_blocks, 1), AttnCase::kBs,
+                            kv_heads, d};
+  Tensor hkc =
+      *backend_->Allocate(DType::kBF16, host_shape, MemoryType::kHostPinned);
+  Tensor hvc =
+      *backend_->Allocate(DType::kBF16, host_shape, MemoryType::kHostPinned);
+  Tensor* hk = c.host_blocks > 0 ? &hkc : nullptr;
+  Tensor* hv = c.host_blocks > 0 ? &hvc : nullptr;
   CudaAttentionBatch dfill;
-  ASSERT_TRUE(dfill.Upload(fill, AttnCase::kBs, ac.blocks, 0, exec_).ok());
-  ASSERT_TRUE(WriteKvCuda(Dev(k), Dev(v), dfill, dkc, dvc, exec_).ok());
+  ASSERT_TRUE(
+      dfill.Upload(fill, AttnCase::kBs, ac.blocks, 0, exec_, device_blocks)
+          .ok());
+  ASSERT_TRUE(WriteKvCuda(Dev(k), Dev(v), dfill, dkc, dvc, exec_, hk, hv).ok());
   Sync();
 
   AttentionBatch batch = ac.batch();
@@ -415,7 +429,9 @@ void CudaOpsTest::CheckAttention(const AttentionShape& c) {
   Tensor want = *Tensor::Host(DType::kF32, {n, heads, d});
   ASSERT_TRUE(PagedAttention(q, kc, vc, batch, scale, want).ok());
   CudaAttentionBatch dbatch;
-  ASSERT_TRUE(dbatch.Upload(batch, AttnCase::kBs, ac.blocks, 0, exec_).ok());
+  ASSERT_TRUE(
+      dbatch.Upload(batch, AttnCase::kBs, ac.blocks, 0, exec_, device_blocks)
+          .ok());
   Tensor dq = Dev(q);
   struct Variant {
     const char* name;
@@ -434,14 +450,45 @@ void CudaOpsTest::CheckAttention(const AttentionShape& c) {
     // position or head mapping is off by 1e-2 or more.
     Tensor out = Empty(DType::kF32, {n, heads, d});
     ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_,
-                                   var.kernel, var.splits)
+                                   var.kernel, var.splits, hk, hv)
                     .ok());
     ExpectClose(ToHost(out), want, 1e-4, 1e-4, "attention f32 out");
   }
   Tensor out16 = Empty(DType::kBF16, {n, heads, d});
-  ASSERT_TRUE(
-      PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_).ok());
+  ASSERT_TRUE(PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out16, exec_,
+                                 AttentionKernel::kAuto, 0, hk, hv)
+                  .ok());
   ExpectClose(ToHost(out16), want, 4e-3, 1e-4, "attention bf16 out");
+  if (c.host_blocks > 0) {
+    // Without the host tier the batch's host blocks have nowhere to be.
+    Tensor out = Empty(DType::kF32, {n, heads, d});
+    EXPECT_EQ(
+        PagedAttentionCuda(dq, dkc, dvc, dbatch, scale, out, exec_).code(),
+        absl::StatusCode::kInvalidArgument);
+  }
+}
+
+// A host KV tier in pinned memory: the shuffled block tables put some of
+// every sequence's blocks past the device pool, where the kernels read
+// (and WriteKv writes) them in place.
+TEST_F(CudaOpsTest, PagedAttentionOverAHostTier) {
+  for (const AttentionShape& c : {
+           AttentionShape{.name = "decode, host tier",
+          .lens = {17, 300, 1500},
+          .new_tokens = {1, 1, 1},
+          .host_blocks = 60},
+           AttentionShape{.name = "prefill + decode, host tier",
+           .lens = {300, 77},
+           .new_tokens = {300, 1},
+           .host_blocks = 12},
+           AttentionShape{.name = "chunked prefill, window, host tier",
+           .lens = {100, 40},
+           .new_tokens = {37, 40},
+           .window = 20,
+           .host_blocks = 5},
+       }) {
+    CheckAttention(c);
+  }
 }
 
 TEST_F(CudaOpsTest, PagedAttentionDecodeAndPrefill) {

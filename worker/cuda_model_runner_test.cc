@@ -385,6 +385,99 @@ TEST(CudaModelRunnerTest, MixedBatchesOfSequencesMatchCpu) {
   }
 }
 
+// The host KV tier: a sequence swapped out to pinned memory (device ->
+// host copies), decoding from there in place (its blocks past the device
+// pool, the new token written there too), swapped back in to other device
+// blocks, while a second sequence decodes on the device; and a copies-only
+// step. The CPU runner runs the same copies on its one allocation; every
+// step's logits against it.
+TEST(CudaModelRunnerTest, HostTierSwapsMatchCpu) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.n_layers = 2;
+  c.hidden = 192;
+  c.ffn_hidden = 320;
+  c.n_heads = 6;
+  c.n_kv_heads = 2;
+  c.head_dim = 32;
+  c.vocab_size = 301;
+  c.context_length = 512;
+  KvPoolConfig kv{.n_layers = c.n_layers,
+                  .kv_heads = c.n_kv_heads,
+                  .head_dim = c.head_dim,
+                  .block_size = 16,
+                  .num_blocks = 8,
+                  .num_host_blocks = 8,
+                  .dtype = DType::kF32};
+  LlamaWeights host = RandomHostWeights(c, 23);
+  auto gpu = CudaModelRunner::Create(0, c, kv);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
+  ASSERT_TRUE((*gpu)->SetKvBlocks(8, 8).ok());
+  ModelRunner cpu(std::move(host), *KvPool::Create(kv));
+
+  std::mt19937 rng(13);
+  const auto token = [&] { return static_cast<int32_t>(rng() % c.vocab_size); };
+  // Sequence 0 at `pos0` (n0 tokens) over table0, and optionally sequence 1
+  // decoding one token at `pos1` over table1.
+  const auto step = [&](int32_t pos0, int n0, std::vector<int32_t> table0,
+                        int32_t pos1, std::vector<int32_t> table1,
+                        std::vector<BlockCopy> copies) {
+    StepInput s;
+    for (int i = 0; i < n0; ++i) {
+      s.tokens.push_back(token());
+      s.positions.push_back(pos0 + i);
+      s.token_seq.push_back(0);
+    }
+    s.logit_rows.push_back(static_cast<int32_t>(s.tokens.size()) - 1);
+    s.block_tables.push_back(std::move(table0));
+    s.seq_ids.push_back(0);
+    if (pos1 >= 0) {
+      s.tokens.push_back(token());
+      s.positions.push_back(pos1);
+      s.token_seq.push_back(1);
+      s.logit_rows.push_back(static_cast<int32_t>(s.tokens.size()) - 1);
+      s.block_tables.push_back(std::move(table1));
+      s.seq_ids.push_back(1);
+    }
+    s.sampling.resize(s.logit_rows.size());
+    s.sample_index.resize(s.logit_rows.size());
+    s.copies = std::move(copies);
+    return s;
+  };
+  const auto expect_same = [&](const StepInput& s) {
+    auto a = cpu.Forward(s);
+    auto b = (*gpu)->Forward(s);
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    const Diff d = Compare(*b, *a);
+    // As the synthetic test: bf16 GEMM inputs and KV cache.
+    EXPECT_LE(d.max_abs, 0.03 * d.max_ref) << "mean " << d.mean_abs;
+  };
+  expect_same(step(0, 40, {0, 1, 2}, -1, {}, {}));  // Prefill on the device.
+  {
+    // A copies-only step: a spill of device block 7 (unused) to the host.
+    StepInput copies_only;
+    copies_only.copies = {{7, 15}};
+    ASSERT_TRUE(cpu.Forward(copies_only).ok());
+    auto g = (*gpu)->Forward(copies_only);
+    ASSERT_TRUE(g.ok()) << g.status();
+    EXPECT_TRUE(g->empty());
+  }
+  // Swap out; decode from the host tier; swap back in; decode.
+  expect_same(step(40, 1, {8, 9, 10}, 0, {6}, {{0, 8}, {1, 9}, {2, 10}}));
+  expect_same(step(41, 1, {8, 9, 10}, 1, {6}, {}));
+  expect_same(step(42, 1, {3, 4, 5}, 2, {6}, {{8, 3}, {9, 4}, {10, 5}}));
+  expect_same(step(43, 1, {3, 4, 5}, 3, {6}, {}));
+  EXPECT_EQ((*gpu)->stats().copied_blocks, 7);
+  // A copy outside the pools is refused before anything runs.
+  StepInput bad = step(44, 1, {3, 4, 5}, -1, {}, {{3, 16}});
+  EXPECT_EQ((*gpu)->Forward(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
   SKIP_WITHOUT_GPU();
   ModelConfig c;
