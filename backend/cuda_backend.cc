@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
 
@@ -24,6 +25,17 @@ absl::StatusOr<int> CudaDeviceCount() {
         "no CUDA device: cudaGetDeviceCount returned 0");
   }
   return n;
+}
+
+absl::StatusOr<std::string> CudaDeviceUuid(int device) {
+  cudaDeviceProp prop{};
+  RETURN_IF_CUDA_ERROR(cudaGetDeviceProperties(&prop, device));
+  const auto* b = reinterpret_cast<const unsigned char*>(prop.uuid.bytes);
+  return absl::StrFormat(
+      "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%"
+      "02x",
+      b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11],
+      b[12], b[13], b[14], b[15]);
 }
 
 // DeviceBuffer

@@ -18,6 +18,11 @@ namespace shardlm {
 // skip saying why.
 absl::StatusOr<int> CudaDeviceCount();
 
+// The UUID of CUDA device `device` as nvidia-smi prints it
+// ("GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx"): the same GPU has the same
+// UUID in every process, whatever CUDA_VISIBLE_DEVICES renumbers.
+absl::StatusOr<std::string> CudaDeviceUuid(int device);
+
 // Move-only owner of cudaMalloc'd memory on one device.
 class DeviceBuffer {
  public:

@@ -69,33 +69,6 @@ class StoreAdapter : public gloo::rendezvous::Store {
 
 }  // namespace
 
-absl::Status InMemoryStore::Set(const std::string& key,
-                                const std::string& value) {
-  {
-    std::lock_guard lock(mu_);
-    values_[key] = value;
-  }
-  changed_.notify_all();
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::string> InMemoryStore::Get(const std::string& key,
-                                               absl::Duration timeout) {
-  std::unique_lock lock(mu_);
-  auto it = values_.end();
-  const bool found =
-      changed_.wait_for(lock, absl::ToChronoMilliseconds(timeout), [&] {
-        it = values_.find(key);
-        return it != values_.end();
-      });
-  if (!found) {
-    return absl::DeadlineExceededError(
-        absl::StrCat("rendezvous key '", key, "' was not set within ",
-                     absl::FormatDuration(timeout)));
-  }
-  return it->second;
-}
-
 absl::StatusOr<std::shared_ptr<GlooTransport>> GlooTransport::Create(
     const std::string& host, const std::string& interface) {
   gloo::transport::tcp::attr attr;

@@ -17,10 +17,7 @@
 #ifndef SHARDLM_COLLECTIVES_GLOO_COMMUNICATOR_H_
 #define SHARDLM_COLLECTIVES_GLOO_COMMUNICATOR_H_
 
-#include <condition_variable>
-#include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -28,6 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "collectives/communicator.h"
+#include "collectives/rendezvous_store.h"
 
 namespace gloo {
 class Context;
@@ -37,31 +35,6 @@ class Device;
 }  // namespace gloo
 
 namespace shardlm {
-
-// Key-value rendezvous: values are small (an address each).
-class RendezvousStore {
- public:
-  virtual ~RendezvousStore() = default;
-  virtual absl::Status Set(const std::string& key,
-                           const std::string& value) = 0;
-  // The value of `key`, waiting up to `timeout` for it to be set;
-  // DeadlineExceeded after that.
-  virtual absl::StatusOr<std::string> Get(const std::string& key,
-                                          absl::Duration timeout) = 0;
-};
-
-// A store in this process (ranks on threads, tests).
-class InMemoryStore : public RendezvousStore {
- public:
-  absl::Status Set(const std::string& key, const std::string& value) override;
-  absl::StatusOr<std::string> Get(const std::string& key,
-                                  absl::Duration timeout) override;
-
- private:
-  std::mutex mu_;
-  std::condition_variable changed_;
-  std::map<std::string, std::string> values_;
-};
 
 // Gloo's TCP device: a listening socket and an event loop, shared by every
 // communicator of this process.

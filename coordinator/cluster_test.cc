@@ -66,6 +66,7 @@ class TestHost : public ShardHost {
       : source_(source), comms_(comms) {}
 
   absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override {
+    assignment = a;
     if (!load_error.ok()) return load_error;
     absl::SleepFor(load_delay);
     SetCpuThreads(a.threads);
@@ -92,6 +93,7 @@ class TestHost : public ShardHost {
     return SampleStep(step, std::move(logits));
   }
 
+  WorkerAssignment assignment;  // The last one received.
   absl::Status load_error;
   absl::Duration load_delay;
   std::function<void(int)> before_step;  // Called with the step count.
@@ -678,6 +680,90 @@ TEST(ClusterStartupTest, DuplicateAndOutOfRangeRanksAreRejected) {
     EXPECT_TRUE(absl::StrContains(agents[0].message(), "registered as rank 3"))
         << agents[0];
   }
+}
+
+// GPU clusters: a worker reports its device and GPU at registration; the
+// coordinator refuses a worker of another kind than the cluster's, and two
+// workers on one GPU (naming both), unless allow_shared_gpu. (The shards
+// here run on the CPU: what is tested is the coordinator's bookkeeping.)
+TEST(ClusterStartupTest, GpuWorkersOnOneGpuAreRefusedNamingBoth) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  const auto gpu_worker = [](TestCluster& c, int rank, std::string uuid) {
+    WorkerAgentOptions o = c.AgentOptions(rank);
+    o.device = "cuda";
+    o.gpu_uuid = std::move(uuid);
+    o.gpu_ordinal = rank - 1;
+    return o;
+  };
+  ClusterOptions options = Options(2, 1);
+  options.device = "cuda";
+  {
+    TestCluster cluster(*source, options);
+    cluster.StartWorker(gpu_worker(cluster, 1, "GPU-aaaa"));
+    while (absl::StrContains(cluster.service().Health().message(),
+                             "waiting for worker ranks 1,")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    cluster.StartWorker(gpu_worker(cluster, 2, "GPU-aaaa"));
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    ASSERT_FALSE(executor.ok());
+    const absl::Status& s = executor.status();
+    EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker rank 2")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "worker rank 1")) << s;
+    EXPECT_TRUE(absl::StrContains(s.message(), "both use GPU GPU-aaaa")) << s;
+    cluster.Stop();
+  }
+  {  // Distinct GPUs form; the assignment carries the GPU sizing settings.
+    options.max_batched_tokens = 96;
+    options.max_seqs = 7;
+    options.gpu_memory_utilization = 0.5;
+    TestCluster cluster(*source, options);
+    cluster.StartWorker(gpu_worker(cluster, 1, "GPU-aaaa"));
+    cluster.StartWorker(gpu_worker(cluster, 2, "GPU-bbbb"));
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    ASSERT_TRUE(executor.ok()) << executor.status();
+    EXPECT_STREQ((*executor)->backend(), "cuda");
+    for (int r = 1; r <= 2; ++r) {
+      const WorkerAssignment& a = cluster.host(r).assignment;
+      EXPECT_EQ(a.max_batched_tokens, 96);
+      EXPECT_EQ(a.max_seqs, 7);
+      EXPECT_EQ(a.gpu_memory_utilization, 0.5);
+      EXPECT_EQ(a.rendezvous_prefix, options.rendezvous_prefix);
+    }
+    cluster.Stop();
+  }
+  {  // allow_shared_gpu (tests): one GPU may hold both.
+    options.allow_shared_gpu = true;
+    TestCluster cluster(*source, options);
+    cluster.StartWorker(gpu_worker(cluster, 1, "GPU-aaaa"));
+    cluster.StartWorker(gpu_worker(cluster, 2, "GPU-aaaa"));
+    auto executor = RemoteExecutor::WaitForWorkers(
+        cluster.service(), source->config(), absl::Seconds(30));
+    EXPECT_TRUE(executor.ok()) << executor.status();
+    cluster.Stop();
+  }
+}
+
+TEST(ClusterStartupTest, WorkerOfAnotherDeviceKindIsRefused) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(1, 1);
+  options.device = "cuda";
+  TestCluster cluster(*source, options);
+  cluster.StartWorker(cluster.AgentOptions(1));  // A CPU worker.
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_FALSE(executor.ok());
+  EXPECT_EQ(executor.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(absl::StrContains(executor.status().message(),
+                                "runs on cpu but this cluster's workers run "
+                                "on cuda (the coordinator's --device)"))
+      << executor.status();
+  std::vector<absl::Status> agents = cluster.Stop();
+  EXPECT_EQ(agents[0].code(), absl::StatusCode::kFailedPrecondition)
+      << agents[0];
 }
 
 TEST(ClusterStartupTest, StrangersWithoutTheTokenAreRefusedAndStartupGoesOn) {

@@ -102,6 +102,27 @@ absl::StatusOr<ControlService::Worker*> ControlService::Claim(
         absl::StrCat("worker at ", Who(reg), " registered as rank ", reg.rank(),
                      ", which worker at ", Who(w.reg), " already holds"));
   }
+  const std::string device = reg.device().empty() ? "cpu" : reg.device();
+  if (device != options_.device) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", reg.rank(), " at ", Who(reg), " runs on ",
+                     device, " but this cluster's workers run on ",
+                     options_.device, " (the coordinator's --device)"));
+  }
+  if (!reg.gpu_uuid().empty() && !options_.allow_shared_gpu) {
+    for (const auto& other : workers_) {
+      if (other->state == State::kEmpty ||
+          other->reg.gpu_uuid() != reg.gpu_uuid()) {
+        continue;
+      }
+      return absl::FailedPreconditionError(absl::StrCat(
+          "worker rank ", reg.rank(), " at ", Who(reg), " and worker rank ",
+          other->reg.rank(), " at ", Who(other->reg), " both use GPU ",
+          reg.gpu_uuid(), " (cuda:", reg.gpu_ordinal(),
+          "); give each worker a GPU of its own (one worker per GPU on each "
+          "host, or CUDA_VISIBLE_DEVICES)"));
+    }
+  }
   if (first_rank_ != 0) {
     const v1::Register& ref = workers_[first_rank_ - 1]->reg;
     if (ref.model_bytes() != reg.model_bytes() ||
@@ -207,9 +228,9 @@ grpc::Status ControlService::Connect(
   a.set_kv_cache_dtype(KvCacheDTypeName(options_.kv_cache_dtype));
   a.set_threads(options_.threads_per_worker);
   a.set_rendezvous_prefix(rendezvous_prefix);
-  if (static_cast<size_t>(w->pp_rank) < options_.nccl_unique_ids.size()) {
-    a.set_nccl_unique_id(options_.nccl_unique_ids[w->pp_rank]);
-  }
+  a.set_max_batched_tokens(options_.max_batched_tokens);
+  a.set_max_seqs(options_.max_seqs);
+  a.set_gpu_memory_utilization(options_.gpu_memory_utilization);
   if (!Write(*w, out)) {
     absl::MutexLock lock(&mu_);
     MarkDead(*w, "stream closed before its assignment");

@@ -41,12 +41,21 @@ struct ClusterOptions {
   int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
   DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads_per_worker = 1;
-  // Workers without mpirun: the prefix of the data plane's rendezvous keys
-  // (Assignment.rendezvous_prefix).
+  // The prefix of the data plane's rendezvous keys (Gloo addresses, NCCL
+  // ids; Assignment.rendezvous_prefix).
   std::string rendezvous_prefix = "cluster";
-  // GPU clusters: the NCCL unique id of each stage's TP group, indexed by
-  // pp rank; empty for CPU clusters.
-  std::vector<std::string> nccl_unique_ids;
+  // Where every worker must run its shard: "cpu" or "cuda"
+  // (Register.device); a worker of the other kind is refused.
+  std::string device = "cpu";
+  // CUDA: two workers on one GPU (the same Register.gpu_uuid) are refused
+  // naming both, unless this is set (tests: NCCL itself refuses two ranks
+  // of one communicator on one GPU).
+  bool allow_shared_gpu = false;
+  // CUDA workers reserve activations for steps this large before sizing
+  // their KV pool from gpu_memory_utilization (kv_cache_bytes 0).
+  int32_t max_batched_tokens = 512;
+  int32_t max_seqs = 64;
+  double gpu_memory_utilization = 0.90;
   // Sent to a worker after this long without another message to it.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // No message from a worker for this long: it is dead. Workers heartbeat

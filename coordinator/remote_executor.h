@@ -63,7 +63,7 @@ class RemoteExecutor : public StepExecutor {
   absl::Status Health() const override;
   std::vector<RankReport> RankReports() const override;
   const char* backend() const override {
-    return service_.options().nccl_unique_ids.empty() ? "cpu" : "cuda";
+    return service_.options().device == "cuda" ? "cuda" : "cpu";
   }
   // Re-forming after a lost rank (ControlService::Reform): BeginReform
   // fails every later step with `why` until EndReform, which checks that

@@ -36,8 +36,21 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "host KV tier per worker (swapping, overlong sequences, "
             "evicted prefix blocks)");
   flags.Add("kv-cache-dtype", &kv_cache_dtype,
-            "KV cache element type: f32, f16, bf16 or int8 (f16 and bf16 "
-            "hold twice the tokens of f32, int8 3.8 times)");
+            "KV cache element type: auto (f16 on CPUs, bf16 on GPUs), f32, "
+            "f16, bf16 or int8 (f16 and bf16 hold twice the tokens of f32, "
+            "int8 3.8 times; GPUs take bf16 only)");
+  flags.Add("device", &device,
+            "where the workers run: auto (launch: cuda when every worker "
+            "sees a GPU and the binary has CUDA, else cpu; coordinator: "
+            "cpu), cpu or cuda (worker r of each host takes GPU "
+            "local index % visible GPUs)");
+  flags.Add("gpu-memory-utilization", &gpu_memory_utilization,
+            "CUDA workers: fraction of each GPU for weights, activations "
+            "and the KV cache (the KV cache gets what the rest leaves; "
+            "--kv-cache-bytes overrides)");
+  flags.Add("allow-shared-gpu", &allow_shared_gpu,
+            "let two CUDA workers use one GPU (tests; NCCL itself refuses "
+            "two ranks of one group on one GPU)");
   flags.Add("prefix-caching", &prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
   flags.Add("block-size", &block_size, "tokens per KV block");
@@ -72,13 +85,41 @@ std::string ClusterFlags::Problem() const {
            "--step-timeout-s >= 1, --max-steps-in-flight in [0, 64]";
   }
   if (std::string p = api.Problem(); !p.empty()) return p;
-  if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
-    return absl::StrCat("--kv-cache-dtype: ", t.status().message());
+  if (kv_cache_dtype != "auto") {
+    if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
+      return absl::StrCat("--kv-cache-dtype: ", t.status().message());
+    }
+  }
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    return absl::StrCat("--device must be auto, cpu or cuda, not '", device,
+                        "'");
+  }
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    return "--gpu-memory-utilization must be in (0, 1]";
+  }
+  if (device == "cuda") {
+    if (absl::StatusOr<DType> t = KvDType("cuda"); !t.ok()) {
+      return std::string(t.status().message());
+    }
   }
   return "";
 }
 
-ClusterOptions ClusterFlags::Control(std::string cluster_token) const {
+absl::StatusOr<DType> ClusterFlags::KvDType(const std::string& on) const {
+  if (kv_cache_dtype == "auto") {
+    return on == "cuda" ? DType::kBF16 : kDefaultCpuKvDType;
+  }
+  ASSIGN_OR_RETURN(const DType t, ParseKvCacheDType(kv_cache_dtype));
+  if (on == "cuda" && t != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv-cache-dtype ", kv_cache_dtype,
+        ": GPU workers keep the KV cache in bf16 (use bf16 or auto)"));
+  }
+  return t;
+}
+
+ClusterOptions ClusterFlags::Control(std::string cluster_token,
+                                     const std::string& on) const {
   ClusterOptions o;
   o.tp = static_cast<int>(tp);
   o.pp = static_cast<int>(pp);
@@ -86,7 +127,11 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token) const {
   o.block_size = static_cast<int32_t>(block_size);
   o.kv_cache_bytes = kv_cache_bytes;
   o.cpu_offload_bytes = cpu_offload_bytes;
-  o.kv_cache_dtype = *ParseKvCacheDType(kv_cache_dtype);
+  o.kv_cache_dtype = KvDType(on).value_or(kDefaultCpuKvDType);
+  o.device = on;
+  o.allow_shared_gpu = allow_shared_gpu;
+  o.max_batched_tokens = static_cast<int32_t>(max_batched_tokens);
+  o.gpu_memory_utilization = gpu_memory_utilization;
   o.threads_per_worker = static_cast<int>(threads);
   o.worker_timeout = absl::Milliseconds(worker_timeout_ms);
   o.step_timeout = absl::Seconds(step_timeout_s);

@@ -28,7 +28,14 @@ struct ClusterFlags {
   int64_t threads = 1;
   int64_t kv_cache_bytes = 0;
   int64_t cpu_offload_bytes = 0;
-  std::string kv_cache_dtype = KvCacheDTypeName(kDefaultCpuKvDType);
+  // "auto": f16 on CPU workers, bf16 (the only type the CUDA kernels
+  // take) on GPU workers.
+  std::string kv_cache_dtype = "auto";
+  // Where the workers run their shards: "auto" (launch: CUDA when every
+  // worker sees a GPU, else the CPU; coordinator: cpu), "cpu" or "cuda".
+  std::string device = "auto";
+  double gpu_memory_utilization = 0.90;
+  bool allow_shared_gpu = false;
   bool prefix_caching = true;
   int64_t block_size = 16;
   int64_t max_batched_tokens = 512;
@@ -42,8 +49,13 @@ struct ClusterFlags {
   void Register(FlagSet& flags, const std::string& model_help);
   // Empty when the values are in range, else the problem (naming the flag).
   std::string Problem() const;
-  // The control plane's options for these flags.
-  ClusterOptions Control(std::string cluster_token) const;
+  // The control plane's options for these flags, with the workers on
+  // `device` ("cpu" or "cuda": --device resolved).
+  ClusterOptions Control(std::string cluster_token,
+                         const std::string& device) const;
+  // The KV cache dtype on `device`: --kv-cache-dtype, "auto" resolved.
+  // InvalidArgument when CUDA workers are asked for another type than bf16.
+  absl::StatusOr<DType> KvDType(const std::string& device) const;
 };
 
 struct ServeClusterOptions {

@@ -101,7 +101,16 @@ int CoordinatorCommand(int argc, char** argv) {
                  std::string(plan.status().message()).c_str());
     return 2;
   }
-  ClusterOptions options = f.Control(token);
+  // The coordinator sees no worker's GPU: "auto" means CPU workers, and
+  // GPU workers need --device cuda (a worker of the other kind is refused
+  // at registration, saying so).
+  const std::string device = f.device == "cuda" ? "cuda" : "cpu";
+  if (absl::StatusOr<DType> kv = f.KvDType(device); !kv.ok()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n",
+                 std::string(kv.status().message()).c_str());
+    return 2;
+  }
+  ClusterOptions options = f.Control(token, device);
   options.rejoin = rejoin;
   // Rendezvous keys of this run only: workers of an earlier coordinator
   // never meet these.

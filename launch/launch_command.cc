@@ -27,6 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "collectives/mpi_communicator.h"
 #include "coordinator/control_service.h"
+#include "coordinator/device.h"
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
@@ -36,6 +37,7 @@
 #include "launch/api_flags.h"
 #include "launch/cluster_serving.h"
 #include "launch/commands.h"
+#include "launch/cuda_shard_host.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
 #include "launch/node_address.h"
@@ -43,6 +45,7 @@
 #include "launch/shard_host.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
+#include "worker/control_store.h"
 #include "worker/worker_agent.h"
 
 namespace shardlm {
@@ -163,6 +166,73 @@ void PrintPlacement(const std::vector<NodeInfo>& nodes, int tp) {
   }
 }
 
+// Where a worker runs its shard: "cpu", or "cuda:N" for the GPU its place
+// among the workers on its host gives (local index % visible GPUs); or
+// the reason it cannot run as asked ("!reason").
+std::string ResolveWorkerDevice(const LaunchFlags& f,
+                                const std::vector<NodeInfo>& nodes, int rank) {
+  int local = 0;  // Workers before this one on its host.
+  for (int q = 1; q < rank; ++q) local += nodes[q].stack == nodes[rank].stack;
+  const CudaAvailability cuda = QueryCuda();
+  if (f.device == "cpu") return "cpu";
+  if (f.device == "auto") {
+    // As generate/serve: the CPU when the configuration asks for what GPU
+    // workers lack.
+    if (!cuda.built_with_cuda || cuda.devices == 0 ||
+        (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "bf16")) {
+      return "cpu";
+    }
+  } else if (cuda.devices == 0) {
+    return absl::StrCat("!--device cuda: ", cuda.built_with_cuda
+                                                ? cuda.why_none
+                                                : "built without CUDA");
+  }
+  return absl::StrCat("cuda:", local % cuda.devices);
+}
+
+// Every rank's device choice (collective); rank 0 (the coordinator) gives
+// "". Returns the workers' kind ("cpu" or "cuda"), or "" when they cannot
+// run or do not agree (rank 0 has said why).
+std::string AgreeOnDevice(MpiCommunicator& world, const std::string& mine,
+                          const LaunchFlags& f) {
+  Tensor all = *Tensor::Host(DType::kI32, {world.size() * kMessageInts});
+  if (absl::Status s = world.AllGather(PackText(mine), all); !s.ok()) {
+    std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
+                 std::string(s.message()).c_str());
+    return "";
+  }
+  std::vector<int> on_cpu, on_cuda;
+  std::vector<std::string> problems;
+  for (int r = 1; r < world.size(); ++r) {
+    const std::string d = UnpackText(all.data<int32_t>() + r * kMessageInts);
+    if (!d.empty() && d[0] == '!') {
+      problems.push_back(absl::StrCat("rank ", r, ": ", d.substr(1)));
+    }
+    (d == "cpu" ? on_cpu : on_cuda).push_back(r);
+  }
+  const bool root = world.rank() == 0;
+  if (!problems.empty()) {
+    if (root) {
+      std::fprintf(stderr, "shardlm launch: cannot start:\n  %s\n",
+                   absl::StrJoin(problems, "\n  ").c_str());
+    }
+    return "";
+  }
+  if (!on_cpu.empty() && !on_cuda.empty()) {
+    if (root) {
+      std::fprintf(stderr,
+                   "shardlm launch: --device %s: ranks %s see a GPU but "
+                   "ranks %s do not (or cannot use one); workers of one "
+                   "cluster run on one kind of device: pass --device cpu, "
+                   "or give every worker host GPUs\n",
+                   f.device.c_str(), absl::StrJoin(on_cuda, ", ").c_str(),
+                   absl::StrJoin(on_cpu, ", ").c_str());
+    }
+    return "";
+  }
+  return on_cuda.empty() ? "cpu" : "cuda";
+}
+
 // Where the control plane listens and the address workers dial (host part;
 // the port is the one bound). Empty listen: no usable address (said why).
 struct ControlAddress {
@@ -210,7 +280,8 @@ ControlAddress ChooseControlAddress(const LaunchFlags& f,
 
 int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                    const WeightSource& source, const sigset_t& stop_signals,
-                   const std::vector<NodeInfo>& nodes) {
+                   const std::vector<NodeInfo>& nodes,
+                   const std::string& device) {
   // The cluster token: from the environment (so that a restarted rank can
   // rejoin), else fresh for this launch; it reaches the workers by MPI
   // broadcast with the control address.
@@ -225,9 +296,11 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                  std::string(t.status().message()).c_str());
   }
   PrintPlacement(nodes, static_cast<int>(f.tp));
+  std::fprintf(stderr, "[shardlm] workers run on %s (--device %s)\n",
+               device == "cuda" ? "GPUs" : "CPUs", f.device.c_str());
   const ControlAddress control_address = ChooseControlAddress(f, nodes);
   const std::string& listen = control_address.listen;
-  ControlService service(f.Control(token));
+  ControlService service(f.Control(token, device));
   grpc::ServerBuilder builder;
   int control_port = 0;
   builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
@@ -265,9 +338,16 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
 int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
               const LaunchFlags& f, const WeightSource& source,
               const std::string& digest, uint64_t model_bytes,
-              const sigset_t& stop_signals) {
-  auto host = MpiShardHost(&source, workers, static_cast<int>(f.tp),
-                           static_cast<int>(f.pp));
+              const sigset_t& stop_signals, const std::string& device) {
+  // CPU workers exchange activations over MPI (split now: a collective of
+  // every worker); GPU workers over NCCL, whose ids meet in the
+  // coordinator's store once its address is known.
+  const bool on_gpu = device.rfind("cuda:", 0) == 0;
+  const int gpu = on_gpu ? std::atoi(device.c_str() + 5) : 0;
+  absl::StatusOr<std::unique_ptr<CommShardHost>> mpi_host =
+      on_gpu ? absl::StatusOr<std::unique_ptr<CommShardHost>>(nullptr)
+             : MpiShardHost(&source, workers, static_cast<int>(f.tp),
+                            static_cast<int>(f.pp));
   Tensor packed = *Tensor::Host(DType::kI32, {kMessageInts});
   if (absl::Status s = world.Broadcast(packed, 0); !s.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
@@ -280,6 +360,26 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
   const std::string token = message.find(' ') == std::string::npos
                                 ? ""
                                 : message.substr(message.find(' ') + 1);
+  std::unique_ptr<ControlPlaneStore> store;
+  std::string gpu_uuid;
+  absl::StatusOr<std::unique_ptr<ShardHost>> host =
+      [&]() -> absl::StatusOr<std::unique_ptr<ShardHost>> {
+    if (!on_gpu) {
+      if (!mpi_host.ok()) return mpi_host.status();
+      return std::unique_ptr<ShardHost>(std::move(*mpi_host));
+    }
+    ASSIGN_OR_RETURN(gpu_uuid, GpuUuid(gpu));
+    store = std::make_unique<ControlPlaneStore>(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
+        address, token);
+    std::fprintf(stderr, "[shardlm] worker rank %d: cuda:%d (%s)\n",
+                 world.rank(), gpu, gpu_uuid.c_str());
+    return NewCudaShardHost(&source,
+                            {.device = gpu,
+                             .rank = world.rank(),
+                             .store = store.get(),
+                             .timeout = absl::Seconds(f.startup_timeout_s)});
+  }();
   if (!host.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
                  std::string(host.status().message()).c_str());
@@ -295,6 +395,9 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
        .model_bytes = model_bytes,
        .model_digest = digest,
        .cluster_token = token,
+       .device = on_gpu ? "cuda" : "cpu",
+       .gpu_uuid = gpu_uuid,
+       .gpu_ordinal = gpu,
        // Workers may wait for the coordinator as long as startup may take.
        .connect_timeout = absl::Seconds(f.startup_timeout_s),
        .on_abandon =
@@ -422,10 +525,24 @@ int LaunchCommand(int argc, char** argv) {
                  std::string(nodes.status().message()).c_str());
     Exit(1);
   }
+  // Where the workers run: each resolves --device for itself, and they
+  // must agree on the kind.
+  const std::string device =
+      root ? "" : ResolveWorkerDevice(f, *nodes, world.rank());
+  const std::string kind = AgreeOnDevice(world, device, f);
+  if (kind.empty()) Exit(1);
+  // The same answer on every rank (the same flags and kind): all exit.
+  if (absl::StatusOr<DType> kv = f.KvDType(kind); !kv.ok()) {
+    if (root) {
+      std::fprintf(stderr, "shardlm launch: %s\n",
+                   std::string(kv.status().message()).c_str());
+    }
+    Exit(2);
+  }
   const int code =
-      root ? RunCoordinator(world, f, **source, stop_signals, *nodes)
+      root ? RunCoordinator(world, f, **source, stop_signals, *nodes, kind)
            : RunWorker(world, **workers, f, **source, digest, model_bytes,
-                       stop_signals);
+                       stop_signals, device);
   Exit(code);
 }
 

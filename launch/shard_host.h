@@ -50,8 +50,7 @@ class CommShardHost : public ShardHost {
   int64_t weight_bytes() const override {
     return runner_ ? runner_->weight_bytes() : 0;
   }
-  // Whether Load succeeded (any thread).
-  bool loaded() const { return loaded_.load(); }
+  bool loaded() const override { return loaded_.load(); }
 
  private:
   const WeightSource* source_;

@@ -29,10 +29,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "collectives/gloo_communicator.h"
+#include "coordinator/device.h"
 #include "coordinator/http_server.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
+#include "launch/cuda_shard_host.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
 #include "launch/node_address.h"
@@ -55,6 +57,7 @@ struct WorkerFlags {
   std::string data_address;
   std::string data_interface;
   int64_t drain_timeout_s = 30;
+  std::string device = "auto";
 };
 
 std::string Env(const char* name) {
@@ -191,6 +194,11 @@ int WorkerCommand(int argc, char** argv) {
   flags.Add("data-interface", &f.data_interface,
             "network interface for the data plane instead (default: "
             "$GLOO_SOCKET_IFNAME)");
+  flags.Add("device", &f.device,
+            "auto (cuda:0 when this binary has CUDA and a GPU is visible, "
+            "else cpu), cpu, cuda (GPU 0) or cuda:N; the coordinator's "
+            "--device must match. GPU workers exchange activations over "
+            "NCCL, CPU workers over Gloo");
   flags.Add("drain-timeout-s", &f.drain_timeout_s,
             "on SIGTERM, how long to wait for the coordinator to drain and "
             "stop the cluster before leaving");
@@ -236,6 +244,28 @@ int WorkerCommand(int argc, char** argv) {
     return 2;
   }
   const int rank = static_cast<int>(f.rank);
+  absl::StatusOr<DeviceRequest> request = ParseDeviceFlag(f.device);
+  absl::StatusOr<DeviceChoice> choice =
+      request.ok() ? ChooseDevice(*request, QueryCuda())
+                   : absl::StatusOr<DeviceChoice>(request.status());
+  if (!choice.ok()) {
+    std::fprintf(stderr, "shardlm worker (rank %d): --device: %s\n", rank,
+                 std::string(choice.status().message()).c_str());
+    return 2;
+  }
+  const bool on_gpu = choice->kind == DeviceKind::kCuda;
+  std::string gpu_uuid;
+  if (on_gpu) {
+    absl::StatusOr<std::string> uuid = GpuUuid(choice->ordinal);
+    if (!uuid.ok()) {
+      std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+                   std::string(uuid.status().message()).c_str());
+      return 1;
+    }
+    gpu_uuid = *uuid;
+  }
+  std::fprintf(stderr, "[shardlm] worker rank %d: %s%s%s\n", rank,
+               choice->reason.c_str(), on_gpu ? " " : "", gpu_uuid.c_str());
 
   auto source = OpenWeights(f.model);
   uint64_t model_bytes = 0;
@@ -248,8 +278,13 @@ int WorkerCommand(int argc, char** argv) {
   }
   // The shard of the current formation; replaced when the cluster
   // re-forms (the probes read it under the mutex).
+  // GPU workers' NCCL ids meet in the coordinator's store (it outlives
+  // every shard).
+  ControlPlaneStore store(
+      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials()),
+      f.coordinator, token);
   std::mutex host_mu;
-  std::unique_ptr<CommShardHost> host;
+  std::unique_ptr<ShardHost> host;
 
   std::unique_ptr<HttpServer> probes;
   if (!f.health_listen.empty()) {
@@ -291,8 +326,22 @@ int WorkerCommand(int argc, char** argv) {
     {
       std::lock_guard<std::mutex> lock(host_mu);
       host.reset();  // The last formation's shard and data plane first.
-      host = std::make_unique<CommShardHost>(source->get(),
-                                             GlooConnector(f, rank, token));
+      if (on_gpu) {
+        absl::StatusOr<std::unique_ptr<ShardHost>> gpu = NewCudaShardHost(
+            source->get(), {.device = choice->ordinal,
+                            .rank = rank,
+                            .store = &store,
+                            .timeout = absl::Seconds(f.join_timeout_s)});
+        if (!gpu.ok()) {
+          std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+                       std::string(gpu.status().message()).c_str());
+          Exit(1);
+        }
+        host = *std::move(gpu);
+      } else {
+        host = std::make_unique<CommShardHost>(source->get(),
+                                               GlooConnector(f, rank, token));
+      }
     }
     s = RunWorkerAgent({.coordinator = f.coordinator,
                         .rank = rank,
@@ -300,6 +349,9 @@ int WorkerCommand(int argc, char** argv) {
                         .model_bytes = model_bytes,
                         .model_digest = *digest,
                         .cluster_token = token,
+                        .device = on_gpu ? "cuda" : "cpu",
+                        .gpu_uuid = gpu_uuid,
+                        .gpu_ordinal = choice->ordinal,
                         .connect_timeout = absl::Seconds(f.join_timeout_s),
                         .on_abandon =
                             [](const std::string& why) {

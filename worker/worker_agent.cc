@@ -78,6 +78,9 @@ class AgentSession {
     r.set_model_bytes(o_.model_bytes);
     r.set_model_digest(o_.model_digest);
     r.set_cluster_token(o_.cluster_token);
+    r.set_device(o_.device);
+    r.set_gpu_uuid(o_.gpu_uuid);
+    r.set_gpu_ordinal(o_.gpu_ordinal);
     Write(reg);  // A failure shows up as the stream ending.
     reader_ = std::thread([this] { ReadLoop(); });
     watchdog_ = std::thread([this] { Watchdog(); });
@@ -105,17 +108,20 @@ class AgentSession {
               [&]() -> absl::StatusOr<KvPoolConfig> {
             ASSIGN_OR_RETURN(DType kv_dtype,
                              ParseKvCacheDType(a.kv_cache_dtype()));
-            return host_.Load({.tp = a.tp(),
-                               .pp = a.pp(),
-                               .tp_rank = a.tp_rank(),
-                               .pp_rank = a.pp_rank(),
-                               .block_size = a.block_size(),
-                               .kv_cache_bytes = a.kv_cache_bytes(),
-                               .cpu_offload_bytes = a.cpu_offload_bytes(),
-                               .kv_cache_dtype = kv_dtype,
-                               .threads = a.threads(),
-                               .nccl_unique_id = a.nccl_unique_id(),
-                               .rendezvous_prefix = a.rendezvous_prefix()});
+            return host_.Load(
+                {.tp = a.tp(),
+                 .pp = a.pp(),
+                 .tp_rank = a.tp_rank(),
+                 .pp_rank = a.pp_rank(),
+                 .block_size = a.block_size(),
+                 .kv_cache_bytes = a.kv_cache_bytes(),
+                 .cpu_offload_bytes = a.cpu_offload_bytes(),
+                 .kv_cache_dtype = kv_dtype,
+                 .threads = a.threads(),
+                 .rendezvous_prefix = a.rendezvous_prefix(),
+                 .max_batched_tokens = a.max_batched_tokens(),
+                 .max_seqs = a.max_seqs(),
+                 .gpu_memory_utilization = a.gpu_memory_utilization()});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {

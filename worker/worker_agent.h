@@ -27,9 +27,14 @@ struct WorkerAssignment {
   int64_t cpu_offload_bytes = 0;
   DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads = 1;
-  std::string nccl_unique_id;  // GPU: this stage's TP group; else empty.
-  // Without mpirun: the prefix of this cluster's rendezvous keys.
+  // The prefix of this cluster's rendezvous keys (Gloo addresses, NCCL ids).
   std::string rendezvous_prefix;
+  // GPU workers: activations are reserved for steps of max_batched_tokens
+  // tokens and max_seqs sequences, then KV blocks take
+  // gpu_memory_utilization of the GPU (when kv_cache_bytes is 0).
+  int32_t max_batched_tokens = 512;
+  int32_t max_seqs = 64;
+  double gpu_memory_utilization = 0.90;
 };
 
 // One shard of the model on this worker. Called from the agent's thread
@@ -46,6 +51,8 @@ class ShardHost {
   virtual int64_t weight_bytes() const { return 0; }
   // Step figures so far (none before Load); for heartbeats.
   virtual std::optional<RunnerStats> stats() const { return std::nullopt; }
+  // Whether Load succeeded (any thread: readiness probes ask).
+  virtual bool loaded() const { return false; }
 };
 
 struct WorkerAgentOptions {
@@ -56,6 +63,12 @@ struct WorkerAgentOptions {
   std::string model_digest;  // ModelDigest(): files must match across nodes.
   std::string
       cluster_token;  // The coordinator's ClusterOptions::cluster_token.
+  // Where this worker runs its shard ("cpu" or "cuda") and, on CUDA, its
+  // GPU, reported at registration (the coordinator refuses another kind
+  // than the cluster's, and two workers on one GPU).
+  std::string device = "cpu";
+  std::string gpu_uuid;
+  int gpu_ordinal = 0;
   // Sent after this long without another message to the coordinator (also
   // while loading or stepping: the coordinator takes silence for death).
   absl::Duration heartbeat_interval = absl::Seconds(1);

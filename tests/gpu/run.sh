@@ -10,7 +10,8 @@
 #      the engine on the GPU against the engine on the CPU (batched
 #      requests, chunked prefill, prefix cache, preemption, logprobs);
 #   3. shardlm generate and serve --device cuda give the CPU's greedy text
-#      (serve answered over gRPC by shardlm generate --server);
+#      (serve answered over gRPC by shardlm generate --server), and so does
+#      a coordinator with one shardlm worker --device cuda;
 #   4. the bf16 decode benchmark (tokens/s, fraction of the HBM floor).
 # Any failure, crash, timeout or unexpected skip fails the run.
 # Usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]   (KIT_DIR default gpu-kit)
@@ -147,6 +148,41 @@ if [ -z "$cpu_text" ] || [ "$served" != "$cpu_text" ]; then
 fi
 kill $serve_pid 2>/dev/null
 wait $serve_pid 2>/dev/null
+
+# A cluster without mpirun (as Kubernetes runs it): shardlm coordinator and
+# one shardlm worker --device cuda. One GPU allows no NCCL group of two
+# (NCCL refuses two ranks of a group on one GPU), so this is TP = PP = 1:
+# the worker's registration with its GPU, KV sizing on the worker and
+# device sampling over the control plane.
+stage "shardlm coordinator + shardlm worker --device cuda against the CPU"
+export SHARDLM_CLUSTER_TOKEN=gpu-run-token-0123456789abcdef
+CPORT=50552
+APORT=50553
+timeout -k 5 180 "$BIN/shardlm" coordinator --model "$SHARDLM_MODEL" \
+  --device cuda --listen "127.0.0.1:$APORT" \
+  --control-listen "127.0.0.1:$CPORT" >"$OUT/coordinator.log" 2>&1 &
+coord_pid=$!
+timeout -k 5 180 "$BIN/shardlm" worker --model "$SHARDLM_MODEL" \
+  --coordinator "127.0.0.1:$CPORT" --rank 1 --device cuda \
+  >"$OUT/worker.log" 2>&1 &
+worker_pid=$!
+clustered=""
+for _ in $(seq 90); do
+  clustered=$(gen --server "127.0.0.1:$APORT" 2>"$OUT/cluster_remote.err") && break
+  clustered=""
+  kill -0 $coord_pid 2>/dev/null || break
+  sleep 1
+done
+echo "coordinator + GPU worker over gRPC: $clustered"
+grep "\[shardlm\]" "$OUT/worker.log" | head -5
+if [ -z "$cpu_text" ] || [ "$clustered" != "$cpu_text" ]; then
+  echo "the GPU worker's cluster answered differently (or not at all)"
+  tail -n 8 "$OUT/coordinator.log" "$OUT/worker.log" "$OUT/cluster_remote.err"
+  failed+=(worker-cuda)
+fi
+kill $coord_pid 2>/dev/null
+wait $coord_pid $worker_pid 2>/dev/null
+unset SHARDLM_CLUSTER_TOKEN
 
 stage "decode benchmark (synthetic 1B-class Llama, bf16)"
 timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --batches 1,8,64 --prompt 128 \

@@ -1,0 +1,196 @@
+// NewCudaShardHost (launch/cuda_shard_host.h): a worker's shard on one GPU
+// with NCCL communicators. Built only with CUDA and NCCL.
+#include "launch/cuda_shard_host.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "backend/cuda_backend.h"
+#include "collectives/nccl_communicator.h"
+#include "coordinator/cuda_executor.h"
+#include "core/status.h"
+#include "model/shard_plan.h"
+#include "worker/cuda_model_runner.h"
+#include "worker/llama_weights.h"
+
+namespace shardlm {
+namespace {
+
+class CudaShardHost : public ShardHost {
+ public:
+  CudaShardHost(const WeightSource* source, CudaShardHostOptions options)
+      : source_(source), o_(std::move(options)) {}
+
+  absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override {
+    absl::StatusOr<KvPoolConfig> kv = LoadShard(a);
+    if (!kv.ok()) {
+      return absl::Status(kv.status().code(),
+                          absl::StrCat("worker rank ", o_.rank, " on cuda:",
+                                       o_.device, ": ", kv.status().message()));
+    }
+    return kv;
+  }
+
+  absl::StatusOr<StepOutput> Step(const StepInput& step) override {
+    if (runner_ == nullptr) {
+      return absl::FailedPreconditionError("step before the shard was loaded");
+    }
+    // The last stage's TP rank 0 samples (on the device when it can); the
+    // others take part in the step's collectives and return nothing.
+    if (assignment_.pp_rank == assignment_.pp - 1 && assignment_.tp_rank == 0) {
+      return runner_->Step(step);
+    }
+    RETURN_IF_ERROR(runner_->Forward(step).status());
+    return StepOutput{};
+  }
+
+  int64_t weight_bytes() const override {
+    return runner_ ? runner_->weight_bytes() : 0;
+  }
+  std::optional<RunnerStats> stats() const override {
+    if (!loaded_) return std::nullopt;
+    return runner_->stats();
+  }
+  bool loaded() const override { return loaded_.load(); }
+
+ private:
+  // The NCCL communicator of one group this shard belongs to: its rank 0
+  // makes the id, the store relays it.
+  absl::StatusOr<std::unique_ptr<Communicator>> Join(const std::string& key,
+                                                     const std::string& name,
+                                                     int rank, int size) {
+    ASSIGN_OR_RETURN(std::string id,
+                     AgreeOnGroupId(*o_.store, key, name, rank, NewNcclUniqueId,
+                                    o_.timeout));
+    ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
+                     NcclCommunicator::Create({.unique_id = std::move(id),
+                                               .rank = rank,
+                                               .size = size,
+                                               .device = o_.device,
+                                               .name = name,
+                                               .options = {o_.timeout}}));
+    return std::unique_ptr<Communicator>(std::move(comm));
+  }
+
+  absl::StatusOr<KvPoolConfig> LoadShard(const WorkerAssignment& a) {
+    if (runner_ != nullptr) {
+      return absl::FailedPreconditionError("the shard is loaded already");
+    }
+    if (a.kv_cache_dtype != DType::kBF16) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the CUDA kernels keep the KV cache in bf16; the "
+                       "coordinator asked for ",
+                       KvCacheDTypeName(a.kv_cache_dtype),
+                       " (--kv-cache-dtype bf16 or auto)"));
+    }
+    if ((a.tp > 1 || a.pp > 1) && o_.store == nullptr) {
+      return absl::InternalError("no rendezvous store for the NCCL ids");
+    }
+    assignment_ = a;
+    ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp));
+    const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
+
+    // The groups first, every rank in the same order (its TP group, then
+    // its PP chain), so that inits pair up: a missing peer fails here, by
+    // the timeout, before minutes of loading.
+    if (a.tp > 1) {
+      ASSIGN_OR_RETURN(tp_, Join(NcclTpGroupKey(a.rendezvous_prefix, a.pp_rank),
+                                 absl::StrCat("tp group of stage ", a.pp_rank),
+                                 a.tp_rank, a.tp));
+    }
+    if (a.pp > 1) {
+      ASSIGN_OR_RETURN(pp_, Join(NcclPpChainKey(a.rendezvous_prefix, a.tp_rank),
+                                 absl::StrCat("pp chain of tp ", a.tp_rank),
+                                 a.pp_rank, a.pp));
+    }
+
+    // The shard's weights go up once (the f32 or quantized host copy is
+    // dropped after), then the activation buffers, and only then is the
+    // rest of the GPU's memory measured for the KV pool.
+    ASSIGN_OR_RETURN(
+        LlamaWeights host,
+        LoadLlamaWeights(
+            *source_, spec,
+            LogLoadProgress(absl::StrCat("worker rank ", o_.rank, " (pp ",
+                                         a.pp_rank, ", tp ", a.tp_rank, ")"))));
+    const ModelConfig config = host.config;
+    const KvPoolConfig placeholder{.n_layers = spec.n_layers(),
+                                   .kv_heads = spec.n_kv_heads(),
+                                   .head_dim = config.head_dim,
+                                   .block_size = a.block_size,
+                                   .num_blocks = 1,  // Sized below.
+                                   .dtype = DType::kBF16};
+    ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+                     CudaModelRunner::Create(o_.device, config, placeholder));
+    ASSIGN_OR_RETURN(
+        LlamaWeights weights,
+        UploadLlamaWeights(host, runner->backend(), runner->exec()));
+    host = LlamaWeights();
+    RETURN_IF_ERROR(runner->SetWeights(std::move(weights)));
+    RETURN_IF_ERROR(
+        runner->ReserveActivations(std::max<int32_t>(a.max_batched_tokens, 1),
+                                   std::max<int32_t>(a.max_seqs, 1)));
+    RETURN_IF_ERROR(runner->Synchronize());
+    std::string why;
+    ASSIGN_OR_RETURN(
+        const int64_t blocks,
+        SizeGpuKv({{.device = o_.device,
+                    .block_bytes = runner->kv_config().BytesPerBlock()}},
+                  a.kv_cache_bytes, a.gpu_memory_utilization, a.block_size,
+                  /*placeholder_blocks=*/1, &why));
+    // The host tier, in pinned memory, from --cpu-offload-bytes.
+    const int64_t host_blocks = std::clamp<int64_t>(
+        a.cpu_offload_bytes / runner->kv_config().BytesPerBlock(), 0,
+        std::numeric_limits<int32_t>::max() / a.block_size - blocks);
+    if (host_blocks > 0) {
+      absl::StrAppend(&why, "; ", host_blocks,
+                      " host-tier blocks (pinned) from --cpu-offload-bytes");
+    }
+    RETURN_IF_ERROR(runner->SetKvBlocks(blocks, host_blocks));
+    runner->SetComms({.tp = tp_.get(), .pp = pp_.get()});
+    std::fprintf(stderr,
+                 "[shardlm] worker rank %d (pp %d, tp %d) on cuda:%d: weights "
+                 "%.2f GiB (bf16), activations for %d tokens x %d sequences; "
+                 "%s; %lld tokens of KV\n",
+                 o_.rank, a.pp_rank, a.tp_rank, o_.device,
+                 static_cast<double>(runner->weights().bytes()) / (1 << 30),
+                 std::max<int32_t>(a.max_batched_tokens, 1),
+                 std::max<int32_t>(a.max_seqs, 1), why.c_str(),
+                 static_cast<long long>(blocks * a.block_size));
+    runner_ = std::move(runner);
+    loaded_ = true;
+    return runner_->kv_config();
+  }
+
+  const WeightSource* source_;
+  const CudaShardHostOptions o_;
+  WorkerAssignment assignment_;
+  std::unique_ptr<Communicator> tp_, pp_;  // Null where the group is 1.
+  std::unique_ptr<CudaModelRunner> runner_;
+  std::atomic<bool> loaded_{false};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardHost>> NewCudaShardHost(
+    const WeightSource* source, const CudaShardHostOptions& options) {
+  ASSIGN_OR_RETURN(const int devices, CudaDeviceCount());
+  if (options.device < 0 || options.device >= devices) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", options.rank, ": CUDA device ",
+                     options.device, " of ", devices, " visible"));
+  }
+  return std::unique_ptr<ShardHost>(
+      std::make_unique<CudaShardHost>(source, options));
+}
+
+absl::StatusOr<std::string> GpuUuid(int device) {
+  return CudaDeviceUuid(device);
+}
+
+}  // namespace shardlm
