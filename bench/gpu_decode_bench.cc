@@ -70,7 +70,7 @@ int Main(int argc, char** argv) {
   std::vector<int> batches = {1, 16};
   int prompt = 128, steps = 64, device = 0;
   double peak_gbps = 4800;
-  std::string json_path;
+  std::string json_path, model = "1b";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches") {
@@ -92,11 +92,16 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtod(value, &peak_gbps)) return Fail("bad --peak-gbps");
     } else if (flag == "--json") {
       json_path = value;
+    } else if (flag == "--model") {
+      if (value != "1b" && value != "8b") return Fail("--model: 1b or 8b");
+      model = value;
     } else {
       return Fail("unknown flag " + flag);
     }
   }
 
+  // Synthetic Llama shapes: a 1B-class model, and Llama 3 8B's (32 layers,
+  // 4096 wide, 14336 FFN, 32 query over 8 KV heads of 128, 128K vocab).
   ModelConfig c;
   c.name = "synthetic-1b-bf16";
   c.n_layers = 16;
@@ -108,6 +113,15 @@ int Main(int argc, char** argv) {
   c.vocab_size = 32000;
   c.context_length = 4096;
   c.rope_theta = 500000.0f;
+  if (model == "8b") {
+    c.name = "synthetic-8b-bf16";
+    c.n_layers = 32;
+    c.hidden = 4096;
+    c.ffn_hidden = 14336;
+    c.head_dim = 128;
+    c.vocab_size = 128256;
+    c.context_length = 8192;
+  }
   int max_batch = 1;
   for (int b : batches) max_batch = std::max(max_batch, b);
   const int64_t block_size = 16;

@@ -12,7 +12,8 @@
 #   3. shardlm generate and serve --device cuda give the CPU's greedy text
 #      (serve answered over gRPC by shardlm generate --server), and so does
 #      a coordinator with one shardlm worker --device cuda;
-#   4. the bf16 decode benchmark (tokens/s, fraction of the HBM floor).
+#   4. the bf16 decode benchmark, 1B- and 8B-class shapes (tokens/s, the
+#      fraction of the HBM floor; graphs and eager launches must agree).
 # Any failure, crash, timeout or unexpected skip fails the run.
 # Usage: bash tests/gpu/run.sh OUTDIR [KIT_DIR]   (KIT_DIR default gpu-kit)
 # Env: TEST_TIMEOUT (seconds per test binary, default 120), BENCH_TIMEOUT
@@ -184,12 +185,15 @@ kill $coord_pid 2>/dev/null
 wait $coord_pid $worker_pid 2>/dev/null
 unset SHARDLM_CLUSTER_TOKEN
 
-stage "decode benchmark (synthetic 1B-class Llama, bf16)"
-timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --batches 1,8,64 --prompt 128 \
-  --steps 64 --json "$OUT/decode_bench.json" >"$OUT/decode_bench.log" 2>&1
-rc=$?
-cat "$OUT/decode_bench.log" | tail -30
-[ $rc = 0 ] || failed+=("gpu_decode_bench(rc=$rc)")
+for model in 1b 8b; do
+  stage "decode benchmark (synthetic $model-class Llama, bf16)"
+  timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --model $model \
+    --batches 1,8,64 --prompt 128 --steps 64 --json "$OUT/decode_bench_$model.json" \
+    >"$OUT/decode_bench_$model.log" 2>&1
+  rc=$?
+  tail -30 "$OUT/decode_bench_$model.log"
+  [ $rc = 0 ] || failed+=("gpu_decode_bench-$model(rc=$rc)")
+done
 
 if [ "${PROFILE:-0}" = 1 ]; then
   # Per-kernel time and DRAM bytes of decode steps at batch 1 (ncu), for
