@@ -52,7 +52,7 @@ TINI = ["/usr/bin/tini", "--"]
 # The flags each subcommand takes (issue #13's contract, checked against
 # launch/coordinator_command.cc, cluster_serving.cc, api_flags.cc and
 # worker_command.cc); anything else on a command line in k8s/ is an error.
-# --device on workers is the contract's GPU variant, pending issue #9.
+# --device (both roles) is the GPU variant.
 ALLOWED_FLAGS = {
     "coordinator": {
         "model", "tp", "pp", "listen", "http-listen", "control-listen",
@@ -60,7 +60,7 @@ ALLOWED_FLAGS = {
         "prefix-caching", "block-size", "max-batched-tokens",
         "worker-timeout-ms", "startup-timeout-s", "step-timeout-s",
         "failure-grace-s", "drain-timeout-s", "max-client-priority",
-        "max-grpc-calls",
+        "max-grpc-calls", "device", "gpu-memory-utilization",
     },
     "worker": {
         "model", "coordinator", "rank", "health-listen", "join-timeout-s",
@@ -459,6 +459,12 @@ def lint_pod_template(tmpl, where, gpu):
             e.append(f"{w}: GPU worker without limits nvidia.com/gpu")
         if get("device") != "cuda":
             e.append(f"{w}: GPU worker without --device=cuda")
+    elif gpu and role == "coordinator":
+        # It holds no weights, but refuses workers of another device kind.
+        if has_gpu:
+            e.append(f"{w}: the coordinator asks for a GPU it does not use")
+        if get("device") != "cuda":
+            e.append(f"{w}: coordinator of GPU workers without --device=cuda")
     elif has_gpu or "device" in flags:
         e.append(f"{w}: CPU render asks for a GPU or sets --device")
 
