@@ -86,6 +86,7 @@ struct NcclCommunicator::Impl {
   absl::Duration timeout;
   ncclComm_t comm = nullptr;  // Null once aborted.
   cudaStream_t stream = nullptr;
+  bool owns_stream = true;   // Else the caller's compute stream.
   float* scratch = nullptr;  // [1] on the device, for Barrier.
 
   ~Impl() {
@@ -103,7 +104,7 @@ struct NcclCommunicator::Impl {
       }
     }
     if (scratch != nullptr) cudaFree(scratch);
-    if (stream != nullptr) cudaStreamDestroy(stream);
+    if (stream != nullptr && owns_stream) cudaStreamDestroy(stream);
   }
 };
 
@@ -146,8 +147,13 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
   impl->timeout = config.options.timeout;
   cudaError_t e = cudaSetDevice(config.device);
   if (e != cudaSuccess) return CudaError(where, e);
-  e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
-  if (e != cudaSuccess) return CudaError(where, e);
+  if (config.stream != nullptr) {
+    impl->stream = static_cast<cudaStream_t>(config.stream);
+    impl->owns_stream = false;
+  } else {
+    e = cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return CudaError(where, e);
+  }
   e = cudaMalloc(&impl->scratch, sizeof(float));
   if (e != cudaSuccess) return CudaError(where, e);
   // Barrier sums this float: make it a number rather than whatever was there.

@@ -3,7 +3,9 @@
 //
 // The communicator is created non-blocking (ncclConfig_t.blocking = 0), so
 // that init and every enqueue are polled to the deadline instead of
-// hanging; each operation is enqueued on the communicator's own stream and
+// hanging; each operation is enqueued on the caller's compute stream
+// (NcclConfig::stream; else a stream of the communicator's own), so that it
+// follows the kernels that produced its input with no host round trip, and
 // the call returns when that stream has drained (cudaStreamQuery polling).
 // On expiry the communicator is aborted (ncclCommAbort), the call returns
 // DeadlineExceeded naming the group and the members, and every later call
@@ -38,6 +40,10 @@ struct NcclConfig {
   int device = 0;    // CUDA device ordinal of this rank.
   std::string name;  // For errors, e.g. "tp group of stage 1".
   CommOptions options;
+  // A cudaStream_t of `device` to run the collectives on (the compute
+  // stream whose kernels produce and consume the buffers), owned by the
+  // caller and outliving the communicator; null: a stream of its own.
+  void* stream = nullptr;
 };
 
 class NcclCommunicator : public Communicator {

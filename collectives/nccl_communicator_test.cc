@@ -309,6 +309,46 @@ TEST(NcclCommunicatorTest, HostMemoryIsInvalidArgument) {
   });
 }
 
+// On the caller's stream (as a GPU worker's runner gives it its compute
+// stream): the collective is ordered after the kernels queued before it,
+// with no synchronization in between, and the call returns when it is
+// done. The input is written by an async copy queued on that stream just
+// before: a collective on another stream could read it early.
+TEST(NcclCommunicatorTest, CollectivesRunOnTheCallersStream) {
+  SKIP_WITHOUT_GPU(gpus);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking),
+            cudaSuccess);
+  auto id = NewNcclUniqueId();
+  ASSERT_TRUE(id.ok()) << id.status();
+  {
+    auto comm = NcclCommunicator::Create({.unique_id = *id,
+                                          .rank = 0,
+                                          .size = 1,
+                                          .device = 0,
+                                          .name = "on the caller's stream",
+                                          .stream = stream});
+    ASSERT_TRUE(comm.ok()) << comm.status();
+    constexpr int64_t kN = 1 << 22;  // 16 MiB: the copy takes a while.
+    DeviceF32 a(kN), b(kN);
+    std::vector<float> want = Inputs(3, kN);
+    float* pinned = nullptr;
+    ASSERT_EQ(cudaMallocHost(&pinned, kN * sizeof(float)), cudaSuccess);
+    std::memcpy(pinned, want.data(), kN * sizeof(float));
+    ASSERT_EQ(cudaMemcpyAsync(a.tensor().raw(), pinned, kN * sizeof(float),
+                              cudaMemcpyHostToDevice, stream),
+              cudaSuccess);
+    Tensor in = a.tensor(), out = b.tensor();
+    ASSERT_TRUE((*comm)->AllReduce(in, out, ReduceOp::kSum).ok());
+    EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);  // Drained on return.
+    EXPECT_EQ(b.Download(), want);
+    cudaFreeHost(pinned);
+  }
+  // The communicator does not own (or destroy) the caller's stream.
+  EXPECT_EQ(cudaStreamQuery(stream), cudaSuccess);
+  EXPECT_EQ(cudaStreamDestroy(stream), cudaSuccess);
+}
+
 // Needs one GPU: rank 1 of the group never joins.
 TEST(NcclCommunicatorTest, InitTimeoutNamesGroup) {
   SKIP_WITHOUT_GPU(n);

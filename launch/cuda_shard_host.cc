@@ -29,6 +29,10 @@ class CudaShardHost : public ShardHost {
   absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override {
     absl::StatusOr<KvPoolConfig> kv = LoadShard(a);
     if (!kv.ok()) {
+      // The communicators run on the runner's stream: they go first.
+      pp_.reset();
+      tp_.reset();
+      runner_.reset();
       return absl::Status(kv.status().code(),
                           absl::StrCat("worker rank ", o_.rank, " on cuda:",
                                        o_.device, ": ", kv.status().message()));
@@ -37,7 +41,7 @@ class CudaShardHost : public ShardHost {
   }
 
   absl::StatusOr<StepOutput> Step(const StepInput& step) override {
-    if (runner_ == nullptr) {
+    if (!loaded_) {
       return absl::FailedPreconditionError("step before the shard was loaded");
     }
     // The last stage's TP rank 0 samples (on the device when it can); the
@@ -50,7 +54,7 @@ class CudaShardHost : public ShardHost {
   }
 
   int64_t weight_bytes() const override {
-    return runner_ ? runner_->weight_bytes() : 0;
+    return loaded_ ? runner_->weight_bytes() : 0;
   }
   std::optional<RunnerStats> stats() const override {
     if (!loaded_) return std::nullopt;
@@ -60,10 +64,12 @@ class CudaShardHost : public ShardHost {
 
  private:
   // The NCCL communicator of one group this shard belongs to: its rank 0
-  // makes the id, the store relays it.
+  // makes the id, the store relays it. Its collectives run on `stream`
+  // (the runner's compute stream).
   absl::StatusOr<std::unique_ptr<Communicator>> Join(const std::string& key,
                                                      const std::string& name,
-                                                     int rank, int size) {
+                                                     int rank, int size,
+                                                     void* stream) {
     ASSIGN_OR_RETURN(std::string id,
                      AgreeOnGroupId(*o_.store, key, name, rank, NewNcclUniqueId,
                                     o_.timeout));
@@ -73,7 +79,8 @@ class CudaShardHost : public ShardHost {
                                                .size = size,
                                                .device = o_.device,
                                                .name = name,
-                                               .options = {o_.timeout}}));
+                                               .options = {o_.timeout},
+                                               .stream = stream}));
     return std::unique_ptr<Communicator>(std::move(comm));
   }
 
@@ -95,38 +102,40 @@ class CudaShardHost : public ShardHost {
     ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
 
-    // The groups first, every rank in the same order (its TP group, then
-    // its PP chain), so that inits pair up: a missing peer fails here, by
-    // the timeout, before minutes of loading.
-    if (a.tp > 1) {
-      ASSIGN_OR_RETURN(tp_, Join(NcclTpGroupKey(a.rendezvous_prefix, a.pp_rank),
-                                 absl::StrCat("tp group of stage ", a.pp_rank),
-                                 a.tp_rank, a.tp));
-    }
-    if (a.pp > 1) {
-      ASSIGN_OR_RETURN(pp_, Join(NcclPpChainKey(a.rendezvous_prefix, a.tp_rank),
-                                 absl::StrCat("pp chain of tp ", a.tp_rank),
-                                 a.pp_rank, a.pp));
-    }
-
-    // The shard's weights go up once (the f32 or quantized host copy is
-    // dropped after), then the activation buffers, and only then is the
-    // rest of the GPU's memory measured for the KV pool.
-    ASSIGN_OR_RETURN(
-        LlamaWeights host,
-        LoadLlamaWeights(
-            *source_, spec,
-            LogLoadProgress(absl::StrCat("worker rank ", o_.rank, " (pp ",
-                                         a.pp_rank, ", tp ", a.tp_rank, ")"))));
-    const ModelConfig config = host.config;
+    // The runner first (its stream carries the collectives), then the
+    // groups, every rank in the same order (its TP group, then its PP
+    // chain) so that inits pair up: a missing peer fails here, by the
+    // timeout, before minutes of loading. Then the shard's weights go up
+    // once (the host copy is dropped after), then the activation buffers,
+    // and only then is the rest of the GPU's memory measured for the KV
+    // pool.
+    const ModelConfig& config = source_->config();
     const KvPoolConfig placeholder{.n_layers = spec.n_layers(),
                                    .kv_heads = spec.n_kv_heads(),
                                    .head_dim = config.head_dim,
                                    .block_size = a.block_size,
                                    .num_blocks = 1,  // Sized below.
                                    .dtype = DType::kBF16};
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
+    ASSIGN_OR_RETURN(runner_,
                      CudaModelRunner::Create(o_.device, config, placeholder));
+    CudaModelRunner* runner = runner_.get();
+    void* stream = runner->exec().stream;
+    if (a.tp > 1) {
+      ASSIGN_OR_RETURN(tp_, Join(NcclTpGroupKey(a.rendezvous_prefix, a.pp_rank),
+                                 absl::StrCat("tp group of stage ", a.pp_rank),
+                                 a.tp_rank, a.tp, stream));
+    }
+    if (a.pp > 1) {
+      ASSIGN_OR_RETURN(pp_, Join(NcclPpChainKey(a.rendezvous_prefix, a.tp_rank),
+                                 absl::StrCat("pp chain of tp ", a.tp_rank),
+                                 a.pp_rank, a.pp, stream));
+    }
+    ASSIGN_OR_RETURN(
+        LlamaWeights host,
+        LoadLlamaWeights(
+            *source_, spec,
+            LogLoadProgress(absl::StrCat("worker rank ", o_.rank, " (pp ",
+                                         a.pp_rank, ", tp ", a.tp_rank, ")"))));
     ASSIGN_OR_RETURN(
         LlamaWeights weights,
         UploadLlamaWeights(host, runner->backend(), runner->exec()));
@@ -152,7 +161,7 @@ class CudaShardHost : public ShardHost {
                       " host-tier blocks (pinned) from --cpu-offload-bytes");
     }
     RETURN_IF_ERROR(runner->SetKvBlocks(blocks, host_blocks));
-    runner->SetComms({.tp = tp_.get(), .pp = pp_.get()});
+    runner->SetComms({.tp = tp_.get(), .pp = pp_.get()}, /*on_stream=*/true);
     std::fprintf(stderr,
                  "[shardlm] worker rank %d (pp %d, tp %d) on cuda:%d: weights "
                  "%.2f GiB (bf16), activations for %d tokens x %d sequences; "
@@ -162,7 +171,6 @@ class CudaShardHost : public ShardHost {
                  std::max<int32_t>(a.max_batched_tokens, 1),
                  std::max<int32_t>(a.max_seqs, 1), why.c_str(),
                  static_cast<long long>(blocks * a.block_size));
-    runner_ = std::move(runner);
     loaded_ = true;
     return runner_->kv_config();
   }
@@ -170,8 +178,10 @@ class CudaShardHost : public ShardHost {
   const WeightSource* source_;
   const CudaShardHostOptions o_;
   WorkerAssignment assignment_;
-  std::unique_ptr<Communicator> tp_, pp_;  // Null where the group is 1.
+  // Destroyed in reverse: the communicators (which run on the runner's
+  // stream) before the runner.
   std::unique_ptr<CudaModelRunner> runner_;
+  std::unique_ptr<Communicator> tp_, pp_;  // Null where the group is 1.
   std::atomic<bool> loaded_{false};
 };
 

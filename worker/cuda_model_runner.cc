@@ -254,8 +254,9 @@ absl::Status CudaModelRunner::SetWeights(LlamaWeights weights) {
   return absl::OkStatus();
 }
 
-void CudaModelRunner::SetComms(ShardComms comms) {
+void CudaModelRunner::SetComms(ShardComms comms, bool on_stream) {
   comms_ = comms;
+  comms_on_stream_ = on_stream;
   ++generation_;
 }
 
@@ -600,14 +601,14 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
     }
   }
   CudaForwardOps ops(exec_, ids, rows, batch_, rope_);
-  // The stream's work must be done before a communicator reads the data
-  // (they run on other streams or the host).
+  // The stream's work must be done before a communicator reads the data,
+  // unless it runs on this stream too (NCCL, enqueued after the kernels).
   const ShardForward forward{
       .weights = weights_,
       .comms = comms_,
       .ops = ops,
       .comm = [this](const std::function<absl::Status()>& call) {
-        RETURN_IF_ERROR(stream_->Synchronize());
+        if (!comms_on_stream_) RETURN_IF_ERROR(stream_->Synchronize());
         return call();
       }};
   RETURN_IF_ERROR(forward.Layers(b, {.k = &k_cache_,

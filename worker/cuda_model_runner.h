@@ -67,8 +67,11 @@ class CudaModelRunner : public ShardRunner {
   absl::Status SetWeights(LlamaWeights weights);
   const LlamaWeights& weights() const { return weights_; }
   // The shard's TP group and PP chain (none: a whole model). Steps with
-  // communicators run eagerly, the stream synchronized before each call.
-  void SetComms(ShardComms comms);
+  // communicators run eagerly. `on_stream`: the communicators enqueue on
+  // this runner's stream (exec().stream; NCCL) and return when it has
+  // drained; else (host or staged communicators) the stream is
+  // synchronized before each call.
+  void SetComms(ShardComms comms, bool on_stream = false);
 
   const ModelConfig& config() const override { return config_; }
   int64_t weight_bytes() const override { return weights_.bytes_per_step(); }
@@ -142,6 +145,7 @@ class CudaModelRunner : public ShardRunner {
   CudaRopeTable rope_;  // config_.Rope() on the device.
   LlamaWeights weights_;
   ShardComms comms_;
+  bool comms_on_stream_ = false;
   RunnerStats stats_;
   std::vector<Tensor> k_cache_, v_cache_;  // Per layer, bf16, device.
   std::vector<Tensor> k_host_, v_host_;    // Per layer, bf16, pinned; or none.
