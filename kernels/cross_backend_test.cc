@@ -301,6 +301,45 @@ TEST_F(CudaOpsTest, SwiGluAndAdd) {
   }
 }
 
+// The fused projections' helpers: SwiGLU of a [n, 2f] gate/up output
+// against the CPU's SwiGlu of its halves, and the QKV split (exact).
+TEST_F(CudaOpsTest, FusedGateUpAndQkvSplit) {
+  for (int64_t n : kTokens) {
+    const int64_t f = kHidden;
+    Tensor gate = RandomTensor({n, f}, 30, 4.0f);
+    Tensor up = RandomTensor({n, f}, 31);
+    Tensor gate_up = *Tensor::Host(DType::kF32, {n, 2 * f});
+    for (int64_t i = 0; i < n; ++i) {
+      std::memcpy(gate_up.f32().data() + i * 2 * f, gate.f32().data() + i * f,
+                  f * sizeof(float));
+      std::memcpy(gate_up.f32().data() + i * 2 * f + f, up.f32().data() + i * f,
+                  f * sizeof(float));
+    }
+    Tensor want = *Tensor::Host(DType::kF32, {n, f});
+    ASSERT_TRUE(SwiGlu(gate, up, want).ok());
+    Tensor out = Empty(DType::kF32, {n, f});
+    ASSERT_TRUE(SwiGluFusedCuda(Dev(gate_up), out, exec_).ok());
+    ExpectClose(ToHost(out), want, 1e-5, 1e-6, "fused swiglu f32");
+    Tensor out16 = Empty(DType::kBF16, {n, f});
+    ASSERT_TRUE(SwiGluFusedCuda(Dev(gate_up), out16, exec_).ok());
+    ExpectClose(ToHost(out16), want, 4e-3, 1e-6, "fused swiglu bf16");
+
+    const int64_t qd = kHeads * kHeadDim, kd = kKvHeads * kHeadDim;
+    Tensor qkv = RandomTensor({n, qd + 2 * kd}, 32);
+    Tensor q = Empty(DType::kF32, {n, qd}), k = Empty(DType::kF32, {n, kd}),
+           v = Empty(DType::kF32, {n, kd});
+    ASSERT_TRUE(SplitQkvCuda(Dev(qkv), q, k, v, exec_).ok());
+    const Tensor hq = ToHost(q), hk = ToHost(k), hv = ToHost(v);
+    for (int64_t i = 0; i < n; ++i) {
+      const float* row = qkv.f32().data() + i * (qd + 2 * kd);
+      ASSERT_EQ(std::memcmp(hq.f32().data() + i * qd, row, qd * 4), 0) << i;
+      ASSERT_EQ(std::memcmp(hk.f32().data() + i * kd, row + qd, kd * 4), 0);
+      ASSERT_EQ(std::memcmp(hv.f32().data() + i * kd, row + qd + kd, kd * 4),
+                0);
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, Linear) {
   for (int64_t n : kTokens) {
     Tensor x = RandomBf16({n, kHidden}, 9);

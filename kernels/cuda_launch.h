@@ -43,6 +43,16 @@ cudaError_t Rope(float* x, const int32_t* positions, int64_t n, int64_t heads,
 cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
                    Dt out_dt, cudaStream_t stream);
 
+// out = silu(gate_up[:, :f]) * gate_up[:, f:] (the fused gate/up GEMM's
+// output). gate_up: [n, 2 f] f32  out: [n, f] (out_dt)
+cudaError_t SwiGluFused(const float* gate_up, int64_t n, int64_t f, void* out,
+                        Dt out_dt, cudaStream_t stream);
+
+// q, k, v = the column blocks [0, qd), [qd, qd + kd), [qd + kd, qd + 2 kd)
+// of qkv ([n, qd + 2 kd] f32, the fused projection's output).
+cudaError_t SplitQkv(const float* qkv, int64_t n, int64_t qd, int64_t kd,
+                     float* q, float* k, float* v, cudaStream_t stream);
+
 // x += y, [count] f32.
 cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream);
 

@@ -241,6 +241,38 @@ absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
       "SwiGluCuda");
 }
 
+absl::Status SwiGluFusedCuda(const Tensor& gate_up, Tensor& out,
+                             const CudaExec& exec) {
+  if (gate_up.rank() != 2 || gate_up.dim(1) % 2 != 0) {
+    return absl::InvalidArgumentError(
+        "SwiGluFusedCuda: gate_up must be [n, 2 f]");
+  }
+  const int64_t n = gate_up.dim(0), f = gate_up.dim(1) / 2;
+  RETURN_IF_ERROR(CheckDevice("SwiGluFusedCuda", "gate_up", gate_up, {n, 2 * f},
+                              {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SwiGluFusedCuda", "out", out, {n, f},
+                              {DType::kF32, DType::kBF16}));
+  return Launched(cuda::SwiGluFused(gate_up.data<float>(), n, f, out.raw(),
+                                    ToDt(out.dtype()), S(exec)),
+                  "SwiGluFusedCuda");
+}
+
+absl::Status SplitQkvCuda(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v,
+                          const CudaExec& exec) {
+  if (qkv.rank() != 2 || q.rank() != 2 || k.rank() != 2) {
+    return absl::InvalidArgumentError("SplitQkvCuda: tensors must be 2-D");
+  }
+  const int64_t n = qkv.dim(0), qd = q.dim(1), kd = k.dim(1);
+  RETURN_IF_ERROR(
+      CheckDevice("SplitQkvCuda", "qkv", qkv, {n, qd + 2 * kd}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SplitQkvCuda", "q", q, {n, qd}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SplitQkvCuda", "k", k, {n, kd}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice("SplitQkvCuda", "v", v, {n, kd}, {DType::kF32}));
+  return Launched(cuda::SplitQkv(qkv.data<float>(), n, qd, kd, q.data<float>(),
+                                 k.data<float>(), v.data<float>(), S(exec)),
+                  "SplitQkvCuda");
+}
+
 absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec) {
   RETURN_IF_ERROR(
       CheckDevice("AddInPlaceCuda", "x", x, x.shape(), {DType::kF32}));

@@ -90,6 +90,16 @@ absl::Status RopeCuda(Tensor& x, const Tensor& positions,
 absl::Status SwiGluCuda(const Tensor& gate, const Tensor& up, Tensor& out,
                         const CudaExec& exec);
 
+// The fused gate/up GEMM's SwiGLU: out = silu(gate_up[:, :f]) *
+// gate_up[:, f:]. gate_up: [n, 2 f] f32  out: [n, f] f32|bf16.
+absl::Status SwiGluFusedCuda(const Tensor& gate_up, Tensor& out,
+                             const CudaExec& exec);
+
+// The fused QKV GEMM's output into its blocks of columns.
+//   qkv: [n, qd + 2 kd] f32  q: [n, qd]  k, v: [n, kd] f32
+absl::Status SplitQkvCuda(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v,
+                          const CudaExec& exec);
+
 // x += y, both f32 of one shape.
 absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec);
 

@@ -46,6 +46,38 @@ absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype, Backend& backend,
   return out;
 }
 
+// The rows of `parts` (host tensors of one width, or 1-D), one after the
+// other, as an f32 host tensor: the fused QKV and gate/up weights.
+absl::StatusOr<Tensor> ConcatRows(std::initializer_list<const Tensor*> parts) {
+  int64_t rows = 0;
+  const int64_t width =
+      (*parts.begin())->rank() == 2 ? (*parts.begin())->dim(1) : 1;
+  for (const Tensor* p : parts) {
+    if (p->empty() || (p->rank() == 2 ? p->dim(1) : 1) != width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot fuse ", p->DebugString(), " with rows of ", width));
+    }
+    rows += p->rank() == 2 ? p->dim(0) : p->numel();
+  }
+  const Shape shape =
+      (*parts.begin())->rank() == 2 ? Shape{rows, width} : Shape{rows};
+  ASSIGN_OR_RETURN(Tensor out, Tensor::HostUninitialized(DType::kF32, shape));
+  float* dst = out.data<float>();
+  for (const Tensor* p : parts) {
+    if (IsQuantized(p->dtype())) {
+      RETURN_IF_ERROR(DequantizeRow(
+          p->dtype(), static_cast<const uint8_t*>(p->raw()), p->numel(), dst));
+    } else if (p->dtype() == DType::kF32) {
+      std::memcpy(dst, p->raw(), p->bytes());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot fuse a ", DTypeName(p->dtype()), " tensor"));
+    }
+    dst += p->numel();
+  }
+  return out;
+}
+
 absl::StatusOr<Tensor> Random(DType dtype, const Shape& shape, uint64_t seed,
                               float scale, Backend& backend,
                               const CudaExec& exec) {
@@ -78,18 +110,19 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
     LlamaLayerWeights d;
     ASSIGN_OR_RETURN(d.attn_norm,
                      Upload(l.attn_norm, DType::kF32, backend, exec));
-    ASSIGN_OR_RETURN(d.wq, Upload(l.wq, bf, backend, exec));
-    ASSIGN_OR_RETURN(d.wk, Upload(l.wk, bf, backend, exec));
-    ASSIGN_OR_RETURN(d.wv, Upload(l.wv, bf, backend, exec));
-    // Qwen2's Q/K/V biases (empty otherwise), added to the f32 outputs.
-    ASSIGN_OR_RETURN(d.bq, Upload(l.bq, DType::kF32, backend, exec));
-    ASSIGN_OR_RETURN(d.bk, Upload(l.bk, DType::kF32, backend, exec));
-    ASSIGN_OR_RETURN(d.bv, Upload(l.bv, DType::kF32, backend, exec));
+    // Q, K and V as one matrix (one GEMM), and Qwen2's biases with them
+    // (added to the f32 output); gate and up as another.
+    ASSIGN_OR_RETURN(Tensor qkv, ConcatRows({&l.wq, &l.wk, &l.wv}));
+    ASSIGN_OR_RETURN(d.wqkv, Upload(qkv, bf, backend, exec));
+    if (!l.bq.empty()) {
+      ASSIGN_OR_RETURN(Tensor bqkv, ConcatRows({&l.bq, &l.bk, &l.bv}));
+      ASSIGN_OR_RETURN(d.bqkv, Upload(bqkv, DType::kF32, backend, exec));
+    }
     ASSIGN_OR_RETURN(d.wo, Upload(l.wo, bf, backend, exec));
     ASSIGN_OR_RETURN(d.ffn_norm,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
-    ASSIGN_OR_RETURN(d.w_gate, Upload(l.w_gate, bf, backend, exec));
-    ASSIGN_OR_RETURN(d.w_up, Upload(l.w_up, bf, backend, exec));
+    ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
+    ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
     ASSIGN_OR_RETURN(d.w_down, Upload(l.w_down, bf, backend, exec));
     w.layers.push_back(std::move(d));
   }
@@ -123,18 +156,14 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
     LlamaLayerWeights d;
     ASSIGN_OR_RETURN(d.attn_norm, Ones({c.hidden}, backend));
     ASSIGN_OR_RETURN(d.ffn_norm, Ones({c.hidden}, backend));
-    ASSIGN_OR_RETURN(d.wq, Random(bf, {q_dim, c.hidden}, ++next,
-                                  scale(c.hidden), backend, exec));
-    ASSIGN_OR_RETURN(d.wk, Random(bf, {kv_dim, c.hidden}, ++next,
-                                  scale(c.hidden), backend, exec));
-    ASSIGN_OR_RETURN(d.wv, Random(bf, {kv_dim, c.hidden}, ++next,
-                                  scale(c.hidden), backend, exec));
+    // Fused as UploadLlamaWeights fuses them (the same scale in each).
+    ASSIGN_OR_RETURN(d.wqkv, Random(bf, {q_dim + 2 * kv_dim, c.hidden}, ++next,
+                                    scale(c.hidden), backend, exec));
     ASSIGN_OR_RETURN(d.wo, Random(bf, {c.hidden, q_dim}, ++next, scale(q_dim),
                                   backend, exec));
-    ASSIGN_OR_RETURN(d.w_gate, Random(bf, {c.ffn_hidden, c.hidden}, ++next,
-                                      scale(c.hidden), backend, exec));
-    ASSIGN_OR_RETURN(d.w_up, Random(bf, {c.ffn_hidden, c.hidden}, ++next,
-                                    scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.w_gate_up,
+                     Random(bf, {2 * c.ffn_hidden, c.hidden}, ++next,
+                            scale(c.hidden), backend, exec));
     ASSIGN_OR_RETURN(d.w_down, Random(bf, {c.hidden, c.ffn_hidden}, ++next,
                                       scale(c.ffn_hidden), backend, exec));
     w.layers.push_back(std::move(d));
@@ -248,6 +277,13 @@ absl::Status CudaModelRunner::SetWeights(LlamaWeights weights) {
         " layers) do not fit the KV pool of ", kv_config_.n_layers,
         " layers x ", kv_config_.kv_heads, " KV heads"));
   }
+  for (const LlamaLayerWeights& l : weights.layers) {
+    if (l.wqkv.empty() || l.w_gate_up.empty()) {
+      return absl::InvalidArgumentError(
+          "CudaModelRunner takes fused QKV and gate/up weights "
+          "(UploadLlamaWeights makes them)");
+    }
+  }
   weights_ = std::move(weights);
   ++generation_;         // Graphs hold the old weights' addresses.
   cap_ = cap_rows_ = 0;  // Buffers are sized by the shard.
@@ -317,8 +353,9 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     RETURN_IF_ERROR(dev(q_, DType::kF32, {cap, q_dim}));
     RETURN_IF_ERROR(dev(k_, DType::kF32, {cap, kv_dim}));
     RETURN_IF_ERROR(dev(v_, DType::kF32, {cap, kv_dim}));
-    RETURN_IF_ERROR(dev(gate_, DType::kF32, {cap, ffn}));
-    RETURN_IF_ERROR(dev(up_, DType::kF32, {cap, ffn}));
+    // The fused projections' outputs (UploadLlamaWeights fuses them).
+    RETURN_IF_ERROR(dev(qkv_, DType::kF32, {cap, q_dim + 2 * kv_dim}));
+    RETURN_IF_ERROR(dev(gate_up_, DType::kF32, {cap, 2 * ffn}));
     RETURN_IF_ERROR(dev(xn16_, DType::kBF16, {cap, c.hidden}));
     RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
     RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, ffn}));
@@ -543,6 +580,13 @@ class CudaForwardOps : public ForwardOps {
   absl::Status AddBias(Tensor& x, const Tensor& bias) override {
     return AddBiasCuda(x, bias, exec_);
   }
+  absl::Status SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
+                        Tensor& v) override {
+    return SplitQkvCuda(qkv, q, k, v, exec_);
+  }
+  absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) override {
+    return SwiGluFusedCuda(gate_up, out, exec_);
+  }
   // The embedding kernel gathers rows of x as if it were a table.
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
     return EmbeddingCuda(x, rows_, 0, out, exec_);
@@ -581,8 +625,8 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   ASSIGN_OR_RETURN(b.k, k_.Rows(0, n));
   ASSIGN_OR_RETURN(b.v, v_.Rows(0, n));
   ASSIGN_OR_RETURN(b.attn, attn16_.Rows(0, n));
-  ASSIGN_OR_RETURN(b.gate, gate_.Rows(0, n));
-  ASSIGN_OR_RETURN(b.up, up_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.qkv, qkv_.Rows(0, n));
+  ASSIGN_OR_RETURN(b.gate_up, gate_up_.Rows(0, n));
   ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
   if (comms_.tp != nullptr) {
     ASSIGN_OR_RETURN(b.partial, partial_.Rows(0, n));

@@ -41,7 +41,9 @@
 namespace shardlm {
 
 // Uploads a shard's host weights to the device: matrices bf16 [out, in],
-// norms and biases f32; a tied LM head is the embedding's one copy.
+// Q/K/V fused into one (wqkv, with bqkv) and gate/up into another
+// (w_gate_up), so that each is one GEMM; norms and biases f32; a tied LM
+// head is the embedding's one copy.
 absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                                                 Backend& backend,
                                                 const CudaExec& exec);
@@ -63,7 +65,8 @@ class CudaModelRunner : public ShardRunner {
   Backend& backend() { return *backend_; }
   const CudaExec& exec() const { return exec_; }
   // InvalidArgument when the shard's layers and KV heads are not the KV
-  // pool's.
+  // pool's, or the weights are not fused (wqkv, w_gate_up: as
+  // UploadLlamaWeights makes them).
   absl::Status SetWeights(LlamaWeights weights);
   const LlamaWeights& weights() const { return weights_; }
   // The shard's TP group and PP chain (none: a whole model). Steps with
@@ -156,12 +159,12 @@ class CudaModelRunner : public ShardRunner {
   // Activation buffers of capacity cap_ tokens (cap_rows_ logit rows),
   // grown on demand; each step uses their first rows.
   int64_t cap_ = 0, cap_rows_ = 0;
-  Tensor ids_, rows_, sampled_;       // i32 [cap], [cap_rows], [cap_rows]
-  Tensor x_, q_, k_, v_, gate_, up_;  // f32
-  Tensor partial_;                    // f32 [cap, hidden], TP only
-  Tensor xn16_, attn16_, h16_;        // bf16 GEMM inputs
-  Tensor last_, last16_, logits_;     // [cap_rows, ...]
-  Tensor host_logits_;                // pinned [cap_rows, vocab]
+  Tensor ids_, rows_, sampled_;           // i32 [cap], [cap_rows], [cap_rows]
+  Tensor x_, q_, k_, v_, qkv_, gate_up_;  // f32
+  Tensor partial_;                        // f32 [cap, hidden], TP only
+  Tensor xn16_, attn16_, h16_;            // bf16 GEMM inputs
+  Tensor last_, last16_, logits_;         // [cap_rows, ...]
+  Tensor host_logits_;                    // pinned [cap_rows, vocab]
   Tensor gathered_;          // TP: flat [tp * cap_rows * vocab_padded] f32.
   Tensor host_logits_view_;  // The last eager step's host logits (TP).
 

@@ -59,9 +59,14 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     // wv xn + bv), each rank over its own heads, partial sums of wo reduced
     // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
-    RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q));
-    RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
-    RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
+    if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
+      RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
+      RETURN_IF_ERROR(ops.SplitQkv(b.qkv, b.q, b.k, b.v));
+    } else {
+      RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q));
+      RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
+      RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
+    }
     RETURN_IF_ERROR(ops.Rope(q3, rope));
     RETURN_IF_ERROR(ops.Rope(k3, rope));
     const KvLayer cache = kv.at(l);
@@ -70,9 +75,14 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(Residual(b.attn, w.wo, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
-    RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate, b.gate, false));
-    RETURN_IF_ERROR(ops.Linear(b.xn, w.w_up, b.up, false));
-    RETURN_IF_ERROR(ops.SwiGlu(b.gate, b.up, b.h));
+    if (!w.w_gate_up.empty()) {
+      RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate_up, b.gate_up, false));
+      RETURN_IF_ERROR(ops.SwiGluFused(b.gate_up, b.h));
+    } else {
+      RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate, b.gate, false));
+      RETURN_IF_ERROR(ops.Linear(b.xn, w.w_up, b.up, false));
+      RETURN_IF_ERROR(ops.SwiGlu(b.gate, b.up, b.h));
+    }
     RETURN_IF_ERROR(Residual(b.h, w.w_down, b));
   }
   if (!spec.last_stage()) {

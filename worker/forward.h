@@ -64,6 +64,16 @@ class ForwardOps {
   virtual absl::Status Add(Tensor& x, const Tensor& y) = 0;
   // x[i, :] += bias for every row (x: [n, c], bias: [c], f32).
   virtual absl::Status AddBias(Tensor& x, const Tensor& bias) = 0;
+  // Fused projections (backends whose weights are fused: wqkv,
+  // w_gate_up). q, k, v = the column blocks of qkv ([n, q + 2 kv]); out =
+  // silu(gate) * up of gate_up's two halves ([n, 2 f] -> [n, f]).
+  virtual absl::Status SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
+                                Tensor& v) {
+    return absl::UnimplementedError("SplitQkv on this backend");
+  }
+  virtual absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) {
+    return absl::UnimplementedError("SwiGluFused on this backend");
+  }
   // out = the rows of x ([n, hidden]) whose logits the step wants.
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
   // `t` readable on the host once this returns (itself when it is there).
@@ -85,6 +95,9 @@ struct ForwardBuffers {
   Tensor partial;       // [n, hidden] f32: TP partial sums (may be empty
                         // when the ops fuse the residual and tp = 1).
   Tensor gate, up;      // [n, ffn held] f32.
+  Tensor qkv;           // [n, (heads + 2 kv_heads) held * head_dim] f32,
+                        // when the weights are fused.
+  Tensor gate_up;       // [n, 2 ffn held] f32, when they are fused.
   Tensor h;             // [n, ffn held] SwiGLU output (GEMM input; may
                         // alias gate).
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).

@@ -45,8 +45,9 @@ absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
 
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm, &l.wq, &l.wk,       &l.wv,     &l.bq,   &l.bk,
-          &l.bv,        &l.wo, &l.ffn_norm, &l.w_gate, &l.w_up, &l.w_down};
+  return {&l.attn_norm, &l.wq,     &l.wk,   &l.wv,       &l.bq,
+          &l.bk,        &l.bv,     &l.wo,   &l.ffn_norm, &l.w_gate,
+          &l.w_up,      &l.w_down, &l.wqkv, &l.bqkv,     &l.w_gate_up};
 }
 
 }  // namespace

@@ -33,6 +33,11 @@ struct LlamaLayerWeights {
   Tensor w_gate;      // [f, hidden]          column-parallel
   Tensor w_up;        // [f, hidden]          column-parallel
   Tensor w_down;      // [hidden, f]          row-parallel (partial sums)
+  // Fused on GPUs (UploadLlamaWeights), one GEMM each instead of three and
+  // two; wq, wk, wv (bq, bk, bv) and w_gate, w_up are empty then.
+  Tensor wqkv;       // [(h + 2 kv) * d, hidden]: wq's rows, wk's, wv's.
+  Tensor bqkv;       // [(h + 2 kv) * d] f32, or empty (no biases).
+  Tensor w_gate_up;  // [2 f, hidden]: w_gate's rows, then w_up's.
 };
 
 struct LlamaWeights {

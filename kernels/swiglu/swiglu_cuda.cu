@@ -15,6 +15,32 @@ __global__ void SwiGluKernel(const float* gate, const float* up, int64_t count,
   Store(out, i, g / (1.0f + expf(-g)) * up[i]);
 }
 
+template <typename Out>
+__global__ void SwiGluFusedKernel(const float* gate_up, int64_t n, int64_t f,
+                                  Out* out) {
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n * f) return;
+  const int64_t row = i / f, col = i % f;
+  const float g = gate_up[row * 2 * f + col];
+  Store(out, i, g / (1.0f + expf(-g)) * gate_up[row * 2 * f + f + col]);
+}
+
+__global__ void SplitQkvKernel(const float* qkv, int64_t n, int64_t qd,
+                               int64_t kd, float* q, float* k, float* v) {
+  const int64_t width = qd + 2 * kd;
+  const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (i >= n * width) return;
+  const int64_t row = i / width, col = i % width;
+  const float x = qkv[i];
+  if (col < qd) {
+    q[row * qd + col] = x;
+  } else if (col < qd + kd) {
+    k[row * kd + col - qd] = x;
+  } else {
+    v[row * kd + col - qd - kd] = x;
+  }
+}
+
 __global__ void AddKernel(float* x, const float* y, int64_t count) {
   const int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (i < count) x[i] += y[i];
@@ -63,6 +89,29 @@ cudaError_t SwiGlu(const float* gate, const float* up, int64_t count, void* out,
     SwiGluKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
         gate, up, count, static_cast<float*>(out));
   }
+  return cudaGetLastError();
+}
+
+cudaError_t SwiGluFused(const float* gate_up, int64_t n, int64_t f, void* out,
+                        Dt out_dt, cudaStream_t stream) {
+  const int64_t count = n * f;
+  if (count == 0) return cudaSuccess;
+  if (out_dt == Dt::kBF16) {
+    SwiGluFusedKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
+        gate_up, n, f, static_cast<__nv_bfloat16*>(out));
+  } else {
+    SwiGluFusedKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(
+        gate_up, n, f, static_cast<float*>(out));
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t SplitQkv(const float* qkv, int64_t n, int64_t qd, int64_t kd,
+                     float* q, float* k, float* v, cudaStream_t stream) {
+  const int64_t count = n * (qd + 2 * kd);
+  if (count == 0) return cudaSuccess;
+  SplitQkvKernel<<<Blocks(count, kThreads), kThreads, 0, stream>>>(qkv, n, qd,
+                                                                   kd, q, k, v);
   return cudaGetLastError();
 }
 
