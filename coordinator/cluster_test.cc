@@ -5,6 +5,7 @@
 // workers (stream lost, silent, hung) and bad startups.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
@@ -22,10 +23,12 @@
 #include "core/max_abs_diff.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "kernels/threading.h"
 #include "model/in_memory_weights.h"
 #include "model/shard_plan.h"
+#include "worker/control_channel.h"
 #include "worker/kv_pool.h"
 #include "worker/worker_agent.h"
 
@@ -114,8 +117,9 @@ class TestHost : public ShardHost {
 class TestCluster {
  public:
   TestCluster(const WeightSource& source, ClusterOptions options,
-              absl::Duration comm_timeout = absl::Seconds(30))
-      : source_(source), service_(options) {
+              absl::Duration comm_timeout = absl::Seconds(30),
+              ControlTls tls = {})
+      : source_(source), service_(options), tls_(std::move(tls)) {
     const int tp = options.tp, pp = options.pp;
     comms_.resize(tp * pp);
     if (tp > 1) {
@@ -142,7 +146,7 @@ class TestCluster {
       hosts_.push_back(std::make_unique<TestHost>(source, comms_[r - 1]));
     }
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(),
+    builder.AddListeningPort("127.0.0.1:0", ControlServerCredentials(tls_),
                              &port_);
     AddControlService(builder, &service_);
     server_ = builder.BuildAndStart();
@@ -168,7 +172,8 @@ class TestCluster {
             .model_digest = "0123456789abcdef",
             .heartbeat_interval = absl::Milliseconds(100),
             .coordinator_timeout = absl::Seconds(5),
-            .connect_timeout = absl::Seconds(5)};
+            .connect_timeout = absl::Seconds(5),
+            .tls = tls_};
   }
 
   // Runs an agent for `rank` on a thread, with the host of `host_rank`.
@@ -205,6 +210,7 @@ class TestCluster {
  private:
   const WeightSource& source_;
   ControlService service_;
+  const ControlTls tls_;  // The server's; the agents' by default.
   std::vector<std::unique_ptr<Communicator>> owned_;
   std::vector<ShardComms> comms_;
   std::vector<std::unique_ptr<TestHost>> hosts_;
@@ -801,6 +807,105 @@ TEST(ClusterStartupTest, StrangersWithoutTheTokenAreRefusedAndStartupGoesOn) {
   EXPECT_TRUE(agents[3].ok()) << agents[3];
 }
 
+// A call to `method` of the control service opened as a bidirectional
+// stream from which nothing is sent: only its headers (with `token` as
+// the cluster token's metadata, unless empty) reach the coordinator.
+// Returns how the call ended, or DEADLINE_EXCEEDED if the coordinator
+// waited for a message for 3 s instead of refusing the call at once.
+grpc::Status OpenWithoutMessage(const std::string& address, const char* method,
+                                const std::string& token) {
+  auto channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::seconds(3));
+  if (!token.empty()) context.AddMetadata(kClusterTokenMetadata, token);
+  const grpc::internal::RpcMethod rpc(
+      method, grpc::internal::RpcMethod::BIDI_STREAMING, channel);
+  std::unique_ptr<
+      grpc::ClientReaderWriter<v1::StoreGetRequest, v1::StoreGetResponse>>
+      call(grpc::internal::ClientReaderWriterFactory<
+           v1::StoreGetRequest, v1::StoreGetResponse>::Create(channel.get(),
+                                                              rpc, &context));
+  v1::StoreGetResponse ignored;
+  while (call->Read(&ignored)) {
+  }
+  return call->Finish();
+}
+
+// The token is checked from the call's headers, before any message of the
+// call is read (gRPC buffers a whole message before it applies its size
+// limit): a stranger's first message, however large, is never buffered or
+// parsed, on Connect and on the store's calls alike.
+TEST(ClusterStartupTest, TheTokenIsCheckedBeforeAnyMessageIsRead) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(2, 1);
+  options.cluster_token = "the-cluster-token";
+  TestCluster cluster(*source, options);
+  for (const char* method :
+       {"/shardlm.v1.Control/Connect", "/shardlm.v1.Control/StoreSet",
+        "/shardlm.v1.Control/StoreGet"}) {
+    for (const std::string token : {"", "the-cluster-tokeX"}) {
+      const Clock::time_point start = Clock::now();
+      const grpc::Status s =
+          OpenWithoutMessage(cluster.address(), method, token);
+      EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+          << method << " token '" << token << "': " << s.error_message();
+      EXPECT_TRUE(absl::StrContains(s.error_message(), "cluster token"))
+          << s.error_message();
+      EXPECT_LT(Since(start), 2.0) << method;
+    }
+  }
+  // With the right token the coordinator does wait for the message.
+  EXPECT_EQ(
+      OpenWithoutMessage(cluster.address(), "/shardlm.v1.Control/StoreGet",
+                         "the-cluster-token")
+          .error_code(),
+      grpc::StatusCode::DEADLINE_EXCEEDED);
+
+  // A 64 MiB Register, with the right token inside it but not in the
+  // call's metadata: refused without being read.
+  {
+    auto channel = grpc::CreateCustomChannel(
+        cluster.address(), grpc::InsecureChannelCredentials(), [] {
+          grpc::ChannelArguments args;
+          args.SetMaxSendMessageSize(-1);
+          return args;
+        }());
+    auto stub = v1::Control::NewStub(channel);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
+    auto stream = stub->Connect(&context);
+    v1::WorkerMessage msg;
+    msg.mutable_register_()->set_rank(1);
+    msg.mutable_register_()->set_cluster_token("the-cluster-token");
+    msg.mutable_register_()->set_host(std::string(64 << 20, 'x'));
+    stream->Write(msg);  // May fail: the coordinator has refused the call.
+    stream->WritesDone();
+    v1::CoordinatorMessage in;
+    EXPECT_FALSE(stream->Read(&in));
+    const grpc::Status s = stream->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED)
+        << s.error_message();
+  }
+  // The real workers start the cluster, which serves.
+  for (int r = 1; r <= 2; ++r) {
+    WorkerAgentOptions o = cluster.AgentOptions(r);
+    o.cluster_token = "the-cluster-token";
+    cluster.StartWorker(o);
+  }
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  auto r = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens.size(), 3u);
+  for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
+}
+
 TEST(ClusterStartupTest, OutOfRangeBlockCountsAreRefused) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   for (int64_t blocks : {int64_t{-5}, int64_t{0}, int64_t{1} << 50}) {
@@ -855,6 +960,104 @@ TEST(ClusterStartupTest, RegistrationTimeoutNamesMissingRanks) {
                                 "ranks 1, 3, 4 never registered"))
       << executor.status();
   cluster.Stop();
+}
+
+// Certificates made by the openssl command in a fresh directory: the
+// cluster CA (ca.pem), a certificate for 127.0.0.1 it signed (node.pem,
+// node.key), and another CA's (other.pem, other.key). Nullopt when openssl
+// is missing or fails.
+std::optional<std::filesystem::path> MakeTestPki() {
+  const auto dir = std::filesystem::temp_directory_path() /
+                   absl::StrCat("shardlm_control_pki_", getpid());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string script = absl::StrCat(
+      "cd '", dir.string(), "' && exec >openssl.log 2>&1 && ",
+      "printf 'subjectAltName=IP:127.0.0.1\\n' > san.ext && ",
+      "for ca in ca other-ca; do openssl req -x509 -newkey rsa:2048 -nodes "
+      "-days 2 -subj \"/CN=$ca\" -keyout $ca.key -out $ca.pem || exit 1; "
+      "done && ",
+      "for n in node:ca other:other-ca; do name=${n%%:*}; ca=${n#*:}; "
+      "openssl req -newkey rsa:2048 -nodes -subj \"/CN=$name\" -keyout "
+      "$name.key -out $name.csr && openssl x509 -req -in $name.csr -CA "
+      "$ca.pem -CAkey $ca.key -CAcreateserial -days 2 -extfile san.ext -out "
+      "$name.pem || exit 1; done");
+  if (std::system(script.c_str()) != 0) return std::nullopt;
+  return dir;
+}
+
+std::string ReadFile(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+ControlTls TlsFrom(const std::filesystem::path& dir, const std::string& name,
+                   const std::string& ca = "ca") {
+  return {.ca_pem = ReadFile(dir / (ca + ".pem")),
+          .cert_chain_pem = ReadFile(dir / (name + ".pem")),
+          .private_key_pem = ReadFile(dir / (name + ".key"))};
+}
+
+// Mutual TLS on the control plane: workers with the cluster CA's
+// certificate form the cluster and serve; a worker without a certificate
+// (plaintext), one with another CA's, and one that trusts the right CA
+// but shows no certificate are refused and change nothing.
+TEST(ClusterTlsTest, MutualTlsClusterServesAndStrangersAreRefused) {
+  const std::optional<std::filesystem::path> pki = MakeTestPki();
+  if (!pki.has_value()) GTEST_SKIP() << "the openssl command failed";
+  absl::Cleanup remove = [&] { std::filesystem::remove_all(*pki); };
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(2, 1);
+  options.cluster_token = "the-cluster-token";
+  TestCluster cluster(*source, options, absl::Seconds(30),
+                      TlsFrom(*pki, "node"));
+  const auto stranger = [&](ControlTls tls) {
+    WorkerAgentOptions o = cluster.AgentOptions(1);
+    o.cluster_token = "the-cluster-token";
+    o.connect_timeout = absl::Seconds(2);
+    o.tls = std::move(tls);
+    return o;
+  };
+  cluster.StartWorker(stranger({}));  // Plaintext.
+  cluster.StartWorker(stranger(TlsFrom(*pki, "other", "other-ca")));
+  // Trusts the coordinator but shows another CA's certificate.
+  cluster.StartWorker(stranger(TlsFrom(*pki, "other", "ca")));
+  ControlTls no_cert = TlsFrom(*pki, "node");
+  no_cert.cert_chain_pem = no_cert.private_key_pem = "";
+  {
+    grpc::SslCredentialsOptions o;
+    o.pem_root_certs = no_cert.ca_pem;
+    auto channel =
+        grpc::CreateChannel(cluster.address(), grpc::SslCredentials(o));
+    EXPECT_FALSE(channel->WaitForConnected(std::chrono::system_clock::now() +
+                                           std::chrono::seconds(2)))
+        << "a TLS client without a certificate got a connection";
+  }
+  for (int r = 1; r <= 2; ++r) {
+    WorkerAgentOptions o = cluster.AgentOptions(r);
+    o.cluster_token = "the-cluster-token";
+    cluster.StartWorker(o);
+  }
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  auto r = engine->Generate({.prompt = {1, 2, 3}, .max_tokens = 3});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->tokens.size(), 3u);
+  std::vector<absl::Status> agents = cluster.Stop();
+  for (int i : {0, 1, 2}) {
+    std::printf("stranger %d: %s\n", i, agents[i].ToString().c_str());
+    EXPECT_EQ(agents[i].code(), absl::StatusCode::kUnavailable) << agents[i];
+    EXPECT_TRUE(
+        absl::StrContains(agents[i].message(), "port accepts connections"))
+        << agents[i];
+  }
+  EXPECT_TRUE(absl::StrContains(agents[0].message(), "--control-tls-cert"))
+      << agents[0];
+  EXPECT_TRUE(agents[3].ok()) << agents[3];
+  EXPECT_TRUE(agents[4].ok()) << agents[4];
 }
 
 TEST(WorkerAgentTest, UnreachableCoordinatorIsNamed) {

@@ -166,10 +166,26 @@ void ControlService::MarkDead(Worker& w, const std::string& reason,
   cv_.SignalAll();
 }
 
+bool ControlService::Authorized(const grpc::ServerContext& context) const {
+  if (options_.cluster_token.empty()) return true;
+  const auto [first, last] =
+      context.client_metadata().equal_range(kClusterTokenMetadata);
+  if (first == last || std::next(first) != last) return false;
+  return ConstantTimeEquals(
+      absl::string_view(first->second.data(), first->second.size()),
+      options_.cluster_token);
+}
+
 grpc::Status ControlService::Connect(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
         stream) {
+  // Before the first Read: a stranger's first message (of any size) is
+  // never buffered or parsed.
+  if (!Authorized(*context)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "wrong or missing cluster token (call metadata)");
+  }
   v1::WorkerMessage in;
   if (!stream->Read(&in)) {
     return grpc::Status(grpc::StatusCode::CANCELLED,
@@ -653,48 +669,91 @@ void ControlService::Watchdog() {
   }
 }
 
-grpc::Status ControlService::StoreSet(grpc::ServerContext* /*context*/,
-                                      const v1::StoreSetRequest* request,
-                                      v1::StoreSetResponse* /*response*/) {
+grpc::Status ControlService::StreamedStoreSet(
+    grpc::ServerContext* context,
+    grpc::ServerUnaryStreamer<v1::StoreSetRequest, v1::StoreSetResponse>*
+        stream) {
+  if (!Authorized(*context)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "StoreSet: wrong or missing cluster token (call "
+                        "metadata)");
+  }
+  v1::StoreSetRequest request;
+  if (!stream->Read(&request)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "StoreSet: no request");
+  }
+  grpc::Status s = SetInStore(request);
+  if (s.ok() && !stream->Write(v1::StoreSetResponse())) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "StoreSet: the caller left");
+  }
+  return s;
+}
+
+grpc::Status ControlService::StreamedStoreGet(
+    grpc::ServerContext* context,
+    grpc::ServerUnaryStreamer<v1::StoreGetRequest, v1::StoreGetResponse>*
+        stream) {
+  if (!Authorized(*context)) {
+    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
+                        "StoreGet: wrong or missing cluster token (call "
+                        "metadata)");
+  }
+  v1::StoreGetRequest request;
+  if (!stream->Read(&request)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "StoreGet: no request");
+  }
+  v1::StoreGetResponse response;
+  grpc::Status s = GetFromStore(context, request, &response);
+  if (s.ok() && !stream->Write(response)) {
+    return grpc::Status(grpc::StatusCode::CANCELLED,
+                        "StoreGet: the caller left");
+  }
+  return s;
+}
+
+grpc::Status ControlService::SetInStore(const v1::StoreSetRequest& request) {
   if (!options_.cluster_token.empty() &&
-      !ConstantTimeEquals(request->cluster_token(), options_.cluster_token)) {
+      !ConstantTimeEquals(request.cluster_token(), options_.cluster_token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "StoreSet: wrong or missing cluster token");
   }
   constexpr size_t kMaxKey = 512, kMaxValue = 64 << 10, kMaxKeys = 4096;
-  if (request->key().empty() || request->key().size() > kMaxKey ||
-      request->value().size() > kMaxValue) {
+  if (request.key().empty() || request.key().size() > kMaxKey ||
+      request.value().size() > kMaxValue) {
     return grpc::Status(
         grpc::StatusCode::INVALID_ARGUMENT,
-        absl::StrCat("StoreSet: key of ", request->key().size(), " bytes (1..",
-                     kMaxKey, ") or value of ", request->value().size(),
+        absl::StrCat("StoreSet: key of ", request.key().size(), " bytes (1..",
+                     kMaxKey, ") or value of ", request.value().size(),
                      " bytes (at most ", kMaxValue, ")"));
   }
   absl::MutexLock lock(&store_mu_);
-  if (store_.size() >= kMaxKeys && !store_.contains(request->key())) {
+  if (store_.size() >= kMaxKeys && !store_.contains(request.key())) {
     return grpc::Status(
         grpc::StatusCode::RESOURCE_EXHAUSTED,
         absl::StrCat("StoreSet: the store holds ", kMaxKeys, " keys already"));
   }
-  store_[request->key()] = request->value();
+  store_[request.key()] = request.value();
   store_cv_.SignalAll();
   return grpc::Status::OK;
 }
 
-grpc::Status ControlService::StoreGet(grpc::ServerContext* context,
-                                      const v1::StoreGetRequest* request,
-                                      v1::StoreGetResponse* response) {
+grpc::Status ControlService::GetFromStore(grpc::ServerContext* context,
+                                          const v1::StoreGetRequest& request,
+                                          v1::StoreGetResponse* response) {
   if (!options_.cluster_token.empty() &&
-      !ConstantTimeEquals(request->cluster_token(), options_.cluster_token)) {
+      !ConstantTimeEquals(request.cluster_token(), options_.cluster_token)) {
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
                         "StoreGet: wrong or missing cluster token");
   }
   const absl::Time deadline =
       absl::Now() +
-      absl::Milliseconds(std::clamp<int64_t>(request->wait_ms(), 0, 10'000));
+      absl::Milliseconds(std::clamp<int64_t>(request.wait_ms(), 0, 10'000));
   absl::MutexLock lock(&store_mu_);
   while (true) {
-    if (auto it = store_.find(request->key()); it != store_.end()) {
+    if (auto it = store_.find(request.key()); it != store_.end()) {
       response->set_value(it->second);
       return grpc::Status::OK;
     }
@@ -703,13 +762,13 @@ grpc::Status ControlService::StoreGet(grpc::ServerContext* context,
       break;
     }
   }
-  if (auto it = store_.find(request->key()); it != store_.end()) {
+  if (auto it = store_.find(request.key()); it != store_.end()) {
     response->set_value(it->second);
     return grpc::Status::OK;
   }
   return grpc::Status(
       grpc::StatusCode::NOT_FOUND,
-      absl::StrCat("StoreGet: key '", request->key(), "' is not set"));
+      absl::StrCat("StoreGet: key '", request.key(), "' is not set"));
 }
 
 void AddControlService(grpc::ServerBuilder& builder, ControlService* service) {
@@ -718,6 +777,11 @@ void AddControlService(grpc::ServerBuilder& builder, ControlService* service) {
   // A stream and a waiting StoreGet per worker, and a margin.
   quota.SetMaxThreads(2 * service->num_workers() + 16);
   builder.SetResourceQuota(quota);
+  // What a peer can send before its token is looked at: request headers,
+  // and streams on one connection (a worker has at most two calls open at
+  // once: its Connect stream and a store call).
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 << 10);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, 8);
   builder.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());
   builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
 }

@@ -25,6 +25,7 @@
 #include "coordinator/step_executor.h"
 #include "grpcpp/server_builder.h"
 #include "shardlm/v1/control.grpc.pb.h"
+#include "worker/control_channel.h"
 #include "worker/kv_pool.h"
 
 namespace shardlm {
@@ -75,7 +76,15 @@ struct ClusterOptions {
 // handler for the stream's life (gRPC sync server); writes to a stream are
 // serialized by a per-worker mutex. The grpc::Server must be shut down
 // (Shutdown + Wait) before the service is destroyed.
-class ControlService final : public v1::Control::Service {
+//
+// Every call must carry the cluster token in its metadata
+// (kClusterTokenMetadata), checked when the call arrives and before any of
+// its messages is read: gRPC's message limit is per server and is enforced
+// only once a whole message is buffered, so a stranger's first message
+// must never be read at all. StoreSet and StoreGet are "streamed unary"
+// handlers for that reason (a plain unary handler runs only after gRPC has
+// read its request).
+class ControlService final : public v1::Control::StreamedUnaryService {
  public:
   explicit ControlService(ClusterOptions options);
   ~ControlService() override;
@@ -90,12 +99,14 @@ class ControlService final : public v1::Control::Service {
 
   // The rendezvous store of the data plane (see control.proto); bounded:
   // keys of at most 512 bytes, values of at most 64 KiB, 4096 keys.
-  grpc::Status StoreSet(grpc::ServerContext* context,
-                        const v1::StoreSetRequest* request,
-                        v1::StoreSetResponse* response) override;
-  grpc::Status StoreGet(grpc::ServerContext* context,
-                        const v1::StoreGetRequest* request,
-                        v1::StoreGetResponse* response) override;
+  grpc::Status StreamedStoreSet(
+      grpc::ServerContext* context,
+      grpc::ServerUnaryStreamer<v1::StoreSetRequest, v1::StoreSetResponse>*
+          stream) override;
+  grpc::Status StreamedStoreGet(
+      grpc::ServerContext* context,
+      grpc::ServerUnaryStreamer<v1::StoreGetRequest, v1::StoreGetResponse>*
+          stream) override;
 
   // Waits until every rank has reported Ready. Errors: the first startup
   // failure (model files differing between workers, naming both ranks; a
@@ -145,6 +156,14 @@ class ControlService final : public v1::Control::Service {
   struct Worker;
   enum class State { kEmpty, kLoading, kReady, kDead, kDone };
 
+  // Whether the call's metadata carries the cluster token (exactly once;
+  // compared in constant time). Any call when the token is empty.
+  bool Authorized(const grpc::ServerContext& context) const;
+  // The store's work, once the token was checked and the request read.
+  grpc::Status SetInStore(const v1::StoreSetRequest& request);
+  grpc::Status GetFromStore(grpc::ServerContext* context,
+                            const v1::StoreGetRequest& request,
+                            v1::StoreGetResponse* response);
   // Sends `msg` on w's stream if it is still open. False when it is closed
   // or the write fails.
   bool Write(Worker& w, const v1::CoordinatorMessage& msg);
@@ -185,9 +204,11 @@ class ControlService final : public v1::Control::Service {
 };
 
 // Registers `service` on `builder`, lifting gRPC's 4 MiB message limit
-// (plans of long prompts and returned logits can be larger), and caps the
-// server's threads (one per open stream) at a few more than the workers
-// need, so that strangers opening streams cannot exhaust the coordinator.
+// (plans of long prompts and returned logits can be larger: only peers with
+// the token get a message read), and caps what a peer gets before its token
+// is checked: the server's threads (one per open stream) at a few more than
+// the workers need, streams per connection at 8, request headers at 16 KiB.
+// The listening port's credentials are ControlServerCredentials().
 void AddControlService(grpc::ServerBuilder& builder, ControlService* service);
 
 }  // namespace shardlm

@@ -10,12 +10,11 @@
 #include "absl/strings/str_cat.h"
 
 namespace shardlm {
-namespace {
 
-// Whether the first certificate of `cert_pem` and `key_pem` parse and
-// belong together; the problem naming the flag otherwise.
 absl::Status CheckKeyPair(const std::string& cert_pem,
-                          const std::string& key_pem) {
+                          const std::string& key_pem,
+                          const std::string& cert_what,
+                          const std::string& key_what) {
   BIO* cert_bio =
       BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
   X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
@@ -26,12 +25,14 @@ absl::Status CheckKeyPair(const std::string& cert_pem,
   BIO_free(key_bio);
   absl::Status status;
   if (cert == nullptr) {
-    status = absl::InvalidArgumentError("--tls-cert holds no certificate");
+    status = absl::InvalidArgumentError(
+        absl::StrCat(cert_what, " holds no certificate"));
   } else if (key == nullptr) {
     status = absl::InvalidArgumentError(
-        "--tls-key holds no private key (or an encrypted one)");
+        absl::StrCat(key_what, " holds no private key (or an encrypted one)"));
   } else if (X509_check_private_key(cert, key) != 1) {
-    status = absl::InvalidArgumentError("--tls-key does not match --tls-cert");
+    status = absl::InvalidArgumentError(
+        absl::StrCat(key_what, " does not match ", cert_what));
   }
   X509_free(cert);
   EVP_PKEY_free(key);
@@ -39,7 +40,27 @@ absl::Status CheckKeyPair(const std::string& cert_pem,
   return status;
 }
 
-}  // namespace
+absl::Status CheckCertificates(const std::string& pem,
+                               const std::string& what) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  int count = 0;
+  while (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    X509_free(cert);
+    ++count;
+  }
+  // The loop ends on the end of the text or on a block that does not parse.
+  const unsigned long last = ERR_peek_last_error();
+  const bool clean_end = ERR_GET_LIB(last) == ERR_LIB_PEM &&
+                         ERR_GET_REASON(last) == PEM_R_NO_START_LINE;
+  BIO_free(bio);
+  ERR_clear_error();
+  if (count == 0 || !clean_end) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, count == 0 ? " holds no certificate"
+                         : " holds a certificate that does not parse"));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::string> ReadPemFile(const std::string& path,
                                         const std::string& what) {
@@ -85,7 +106,10 @@ absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& cert_file,
   if (!cert.ok()) return cert.status();
   absl::StatusOr<std::string> key = ReadPemFile(key_file, "--tls-key");
   if (!key.ok()) return key.status();
-  if (absl::Status s = CheckKeyPair(*cert, *key); !s.ok()) return s;
+  if (absl::Status s = CheckKeyPair(*cert, *key, "--tls-cert", "--tls-key");
+      !s.ok()) {
+    return s;
+  }
   tls.cert_chain_pem = *std::move(cert);
   tls.private_key_pem = *std::move(key);
   if (!client_ca_file.empty()) {

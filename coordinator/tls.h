@@ -25,6 +25,18 @@ struct TlsConfig {
 absl::StatusOr<std::string> ReadPemFile(const std::string& path,
                                         const std::string& what);
 
+// Whether the first certificate of `cert_pem` and `key_pem` parse and
+// belong together; InvalidArgument naming `cert_what` or `key_what` (the
+// flag and file) otherwise.
+absl::Status CheckKeyPair(const std::string& cert_pem,
+                          const std::string& key_pem,
+                          const std::string& cert_what,
+                          const std::string& key_what);
+
+// Whether `pem` holds one or more certificates (a CA bundle) that all
+// parse; InvalidArgument naming `what` otherwise.
+absl::Status CheckCertificates(const std::string& pem, const std::string& what);
+
 // From --tls-cert, --tls-key and --tls-client-ca: all empty gives a
 // plaintext config; a key without a certificate (or the other way round),
 // or a client CA without both, is InvalidArgument. Whether the key matches

@@ -68,6 +68,7 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "that pipeline stages work at once (each step takes its share "
             "of the running requests); 0: --pp; 1: one step at a time");
   api.Register(flags);
+  control_tls.Register(flags);
 }
 
 std::string ClusterFlags::Problem() const {

@@ -14,6 +14,7 @@
 #include "coordinator/control_service.h"
 #include "grpcpp/server.h"
 #include "launch/api_flags.h"
+#include "launch/control_tls_flags.h"
 #include "launch/flags.h"
 #include "model/weight_source.h"
 
@@ -44,6 +45,7 @@ struct ClusterFlags {
   int64_t step_timeout_s = 30;
   int64_t max_steps_in_flight = 0;  // 0: pp.
   ApiFlags api;
+  ControlTlsFlags control_tls;
 
   // Adds the flags above; `model_help` says where the model must be.
   void Register(FlagSet& flags, const std::string& model_help);

@@ -83,6 +83,9 @@ int CoordinatorCommand(int argc, char** argv) {
   } else if (problem.empty() &&
              (failure_grace_s < 0 || failure_grace_s > 600)) {
     problem = "--failure-grace-s must be in [0, 600]";
+  } else if (absl::Status s = f.control_tls.Load();
+             problem.empty() && !s.ok()) {
+    problem = std::string(s.message());
   }
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n", problem.c_str());
@@ -119,7 +122,8 @@ int CoordinatorCommand(int argc, char** argv) {
   ControlService service(options);
   grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(control_listen, grpc::InsecureServerCredentials(),
+  builder.AddListeningPort(control_listen,
+                           ControlServerCredentials(f.control_tls.loaded),
                            &control_port);
   AddControlService(builder, &service);
   std::unique_ptr<grpc::Server> control = builder.BuildAndStart();

@@ -303,8 +303,8 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   ControlService service(f.Control(token, device));
   grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(),
-                           &control_port);
+  builder.AddListeningPort(
+      listen, ControlServerCredentials(f.control_tls.loaded), &control_port);
   AddControlService(builder, &service);
   std::unique_ptr<grpc::Server> control =
       token.empty() || listen.empty() ? nullptr : builder.BuildAndStart();
@@ -370,7 +370,8 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
     }
     ASSIGN_OR_RETURN(gpu_uuid, GpuUuid(gpu));
     store = std::make_unique<ControlPlaneStore>(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()),
+        NewControlChannel(address, f.control_tls.loaded,
+                          grpc::ChannelArguments()),
         address, token);
     std::fprintf(stderr, "[shardlm] worker rank %d: cuda:%d (%s)\n",
                  world.rank(), gpu, gpu_uuid.c_str());
@@ -405,7 +406,8 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
              std::fprintf(stderr, "shardlm launch (%s)\n", why.c_str());
              Exit(1);
            },
-       .stop = &stop},
+       .stop = &stop,
+       .tls = f.control_tls.loaded},
       **host);
   if (const std::optional<RunnerStats> st = (*host)->stats();
       st && st->steps > 0) {
@@ -467,6 +469,7 @@ int LaunchCommand(int argc, char** argv) {
             "host or address workers dial to reach rank 0; default: rank "
             "0's address on the subnet the workers share (see "
             "docs/multinode.md); set, the control plane listens on 0.0.0.0");
+  f.control_tls.RegisterServerName(flags);
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
@@ -496,7 +499,9 @@ int LaunchCommand(int argc, char** argv) {
   auto source = OpenWeights(f.model);
   std::string digest;
   uint64_t model_bytes = 0;
-  if (!source.ok()) {
+  if (absl::Status s = f.control_tls.Load(); !s.ok()) {
+    mine = absl::StrCat(Hostname(), ": ", s.message());
+  } else if (!source.ok()) {
     mine = absl::StrCat(Hostname(), ": ", source.status().message());
   } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
                                     static_cast<int>(f.pp));

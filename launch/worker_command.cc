@@ -34,6 +34,7 @@
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
+#include "launch/control_tls_flags.h"
 #include "launch/cuda_shard_host.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
@@ -58,6 +59,7 @@ struct WorkerFlags {
   std::string data_interface;
   int64_t drain_timeout_s = 30;
   std::string device = "auto";
+  ControlTlsFlags control_tls;
 };
 
 std::string Env(const char* name) {
@@ -122,10 +124,9 @@ ConnectShard GlooConnector(const WorkerFlags& f, int rank,
                      GlooTransport::Create(host, interface));
     std::fprintf(stderr, "[shardlm] worker rank %d: data plane on %s\n", rank,
                  transport->description().c_str());
-    grpc::ChannelArguments args;
     ControlPlaneStore store(
-        grpc::CreateCustomChannel(f.coordinator,
-                                  grpc::InsecureChannelCredentials(), args),
+        NewControlChannel(f.coordinator, f.control_tls.loaded,
+                          grpc::ChannelArguments()),
         f.coordinator, token);
     const CommOptions options{.timeout = absl::Seconds(f.join_timeout_s)};
     const auto label = [&](int pp_rank, int tp_rank) {
@@ -202,6 +203,8 @@ int WorkerCommand(int argc, char** argv) {
   flags.Add("drain-timeout-s", &f.drain_timeout_s,
             "on SIGTERM, how long to wait for the coordinator to drain and "
             "stop the cluster before leaving");
+  f.control_tls.Register(flags);
+  f.control_tls.RegisterServerName(flags);
   std::string problem, rank_source = "--rank";
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm worker: %s\n\n%s",
@@ -238,6 +241,8 @@ int WorkerCommand(int argc, char** argv) {
         "coordinator has";
   } else if (f.join_timeout_s < 1 || f.drain_timeout_s < 0) {
     problem = "--join-timeout-s must be >= 1, --drain-timeout-s >= 0";
+  } else if (absl::Status tls = f.control_tls.Load(); !tls.ok()) {
+    problem = std::string(tls.message());
   }
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm worker: %s\n", problem.c_str());
@@ -281,7 +286,8 @@ int WorkerCommand(int argc, char** argv) {
   // GPU workers' NCCL ids meet in the coordinator's store (it outlives
   // every shard).
   ControlPlaneStore store(
-      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials()),
+      NewControlChannel(f.coordinator, f.control_tls.loaded,
+                        grpc::ChannelArguments()),
       f.coordinator, token);
   std::mutex host_mu;
   std::unique_ptr<ShardHost> host;
@@ -359,7 +365,8 @@ int WorkerCommand(int argc, char** argv) {
                                            why.c_str());
                               Exit(1);
                             },
-                        .stop = &stop},
+                        .stop = &stop,
+                        .tls = f.control_tls.loaded},
                        *host);
     if (!absl::IsAborted(s) || stop.HasBeenNotified()) break;
     // The cluster re-forms (coordinator --rejoin): register again.

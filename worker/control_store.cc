@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "shardlm/v1/control.grpc.pb.h"
+#include "worker/control_channel.h"
 
 namespace shardlm {
 
@@ -40,6 +41,7 @@ absl::Status ControlPlaneStore::Set(const std::string& key,
   request.set_value(value);
   v1::StoreSetResponse response;
   grpc::ClientContext context;
+  context.AddMetadata(kClusterTokenMetadata, token_);
   context.set_deadline(std::chrono::system_clock::now() +
                        std::chrono::seconds(30));
   const grpc::Status s = stub_->stub->StoreSet(&context, request, &response);
@@ -62,6 +64,7 @@ absl::StatusOr<std::string> ControlPlaneStore::Get(const std::string& key,
     request.set_wait_ms(absl::ToInt64Milliseconds(wait));
     v1::StoreGetResponse response;
     grpc::ClientContext context;
+    context.AddMetadata(kClusterTokenMetadata, token_);
     context.set_deadline(
         absl::ToChronoTime(absl::Now() + wait + absl::Seconds(10)));
     const grpc::Status s = stub_->stub->StoreGet(&context, request, &response);

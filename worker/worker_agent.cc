@@ -67,6 +67,8 @@ class AgentSession {
       : o_(o), host_(host), stub_(v1::Control::NewStub(channel)) {}
 
   absl::Status Run() {
+    // Checked by the coordinator before it reads the Register below.
+    context_.AddMetadata(kClusterTokenMetadata, o_.cluster_token);
     stream_ = stub_->Connect(&context_);
     last_read_ = absl::Now();
     v1::WorkerMessage reg;
@@ -412,8 +414,8 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      options.coordinator, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::Channel> channel =
+      NewControlChannel(options.coordinator, options.tls, args);
   // Say what this worker waits for after a second, then every 10 s (pods
   // start in any order).
   const absl::Time give_up = absl::Now() + options.connect_timeout;
@@ -438,7 +440,8 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
         absl::StrCat("worker rank ", options.rank,
                      " cannot reach the coordinator at ", options.coordinator,
                      " within ", absl::FormatDuration(options.connect_timeout),
-                     ResolveHint(options.coordinator)));
+                     ResolveHint(options.coordinator),
+                     ControlHandshakeHint(options.coordinator, options.tls)));
   }
   AgentSession session(options, host, std::move(channel));
   return session.Run();

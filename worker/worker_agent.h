@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "worker/control_channel.h"
 #include "worker/model_runner.h"
 
 namespace shardlm {
@@ -87,6 +88,9 @@ struct WorkerAgentOptions {
   // When notified, the agent drops its stream and returns Cancelled (e.g.
   // on SIGTERM; tests use it to kill a worker). May be null.
   const absl::Notification* stop = nullptr;
+  // Mutual TLS to the coordinator (its control plane must have it too);
+  // empty: plaintext.
+  ControlTls tls;
 };
 
 // Serves one worker's stream until the coordinator sends Shutdown (OK;
