@@ -71,6 +71,9 @@ int Main(int argc, char** argv) {
   int prompt = 128, steps = 64, device = 0;
   double peak_gbps = 4800;
   std::string json_path, model = "1b";
+  // The fraction of every sequence's KV blocks (its oldest) kept in the
+  // host tier, which attention reads over the bus in place.
+  double host_fraction = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--batches") {
@@ -92,6 +95,11 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtod(value, &peak_gbps)) return Fail("bad --peak-gbps");
     } else if (flag == "--json") {
       json_path = value;
+    } else if (flag == "--host-fraction") {
+      if (!absl::SimpleAtod(value, &host_fraction) || host_fraction < 0 ||
+          host_fraction > 1) {
+        return Fail("--host-fraction must be in [0, 1]");
+      }
     } else if (flag == "--model") {
       if (value != "1b" && value != "8b") return Fail("--model: 1b or 8b");
       model = value;
@@ -140,6 +148,18 @@ int Main(int argc, char** argv) {
   if (absl::Status set = r.SetWeights(std::move(*weights)); !set.ok()) {
     return Fail(std::string(set.message()));
   }
+  // Sequence s owns device blocks [s * dev_per_seq, ...) and host blocks
+  // [s * host_per_seq, ...) (ids past the device pool), its oldest first.
+  const int64_t host_per_seq =
+      static_cast<int64_t>(host_fraction * blocks_per_seq);
+  const int64_t dev_per_seq = blocks_per_seq - host_per_seq;
+  if (absl::Status set =
+          r.SetKvBlocks(std::max<int64_t>(1, dev_per_seq) * max_batch,
+                        host_per_seq * max_batch);
+      !set.ok()) {
+    return Fail(std::string(set.message()));
+  }
+  const int64_t device_blocks = std::max<int64_t>(1, dev_per_seq) * max_batch;
 
   cudaDeviceProp prop{};
   cudaGetDeviceProperties(&prop, device);
@@ -156,12 +176,21 @@ int Main(int argc, char** argv) {
       "bandwidth: nominal peak %.0f GB/s, measured D2D copy %.0f "
       "GB/s (%.0f%% of peak)\n",
       peak_gbps, copy_gbps, 100 * copy_gbps / peak_gbps);
+  if (host_per_seq > 0) {
+    std::printf(
+        "host tier: the oldest %lld of each sequence's %lld KV blocks in "
+        "pinned host memory, read in place over the bus\n",
+        static_cast<long long>(host_per_seq),
+        static_cast<long long>(blocks_per_seq));
+  }
 
-  std::string json = "{\"device\": \"" + std::string(prop.name) +
-                     "\", \"peak_gbps\": " + std::to_string(peak_gbps) +
-                     ", \"copy_gbps\": " + std::to_string(copy_gbps) +
-                     ", \"weight_bytes\": " + std::to_string(weight_bytes) +
-                     ", \"runs\": [";
+  std::string json =
+      "{\"device\": \"" + std::string(prop.name) + "\", \"model\": \"" +
+      c.name + "\", \"host_fraction\": " + std::to_string(host_fraction) +
+      ", \"prompt\": " + std::to_string(prompt) +
+      ", \"peak_gbps\": " + std::to_string(peak_gbps) +
+      ", \"copy_gbps\": " + std::to_string(copy_gbps) +
+      ", \"weight_bytes\": " + std::to_string(weight_bytes) + ", \"runs\": [";
   bool first_run = true;
   bool failed = false;
   for (size_t bi = 0; bi < batches.size(); ++bi) {
@@ -173,11 +202,14 @@ int Main(int argc, char** argv) {
       std::mt19937 rng(1000 + batch);  // The same prompts for both modes.
       std::vector<int32_t>& trace = decoded[graphs ? 0 : 1];
       r.set_cuda_graphs(graphs);
-      // Sequence s owns blocks [s * blocks_per_seq, (s + 1) * blocks_per_seq).
       std::vector<std::vector<int32_t>> tables(batch);
       for (int s = 0; s < batch; ++s) {
-        for (int64_t b = 0; b < blocks_per_seq; ++b) {
-          tables[s].push_back(static_cast<int32_t>(s * blocks_per_seq + b));
+        for (int64_t b = 0; b < host_per_seq; ++b) {
+          tables[s].push_back(
+              static_cast<int32_t>(device_blocks + s * host_per_seq + b));
+        }
+        for (int64_t b = 0; b < dev_per_seq; ++b) {
+          tables[s].push_back(static_cast<int32_t>(s * dev_per_seq + b));
         }
       }
       std::vector<int32_t> last(batch);

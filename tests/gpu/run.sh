@@ -194,6 +194,18 @@ for model in 1b 8b; do
   tail -30 "$OUT/decode_bench_$model.log"
   [ $rc = 0 ] || failed+=("gpu_decode_bench-$model(rc=$rc)")
 done
+# The host KV tier read in place: decode at a 2K context with none, and
+# with the oldest half of every sequence's blocks in pinned host memory.
+for fraction in 0 0.5; do
+  stage "decode benchmark, 2K context, host-tier fraction $fraction"
+  timeout -k 10 "${BENCH_TIMEOUT:-240}" "$BIN/gpu_decode_bench" --model 1b \
+    --batches 1,8 --prompt 2048 --steps 32 --host-fraction $fraction \
+    --json "$OUT/decode_bench_host_$fraction.json" \
+    >"$OUT/decode_bench_host_$fraction.log" 2>&1
+  rc=$?
+  grep -E "host tier|batch" "$OUT/decode_bench_host_$fraction.log"
+  [ $rc = 0 ] || failed+=("gpu_decode_bench-host-$fraction(rc=$rc)")
+done
 
 if [ "${PROFILE:-0}" = 1 ]; then
   # Per-kernel time and DRAM bytes of decode steps at batch 1 (ncu), for
