@@ -384,6 +384,7 @@ class CudaAttentionAccess {
   static int64_t DeviceBlocks(const CudaAttentionBatch& b) {
     return b.device_blocks_;
   }
+  static int64_t Window(const CudaAttentionBatch& b) { return b.window_; }
   static int64_t HostBlocks(const CudaAttentionBatch& b) {
     return b.num_blocks_ - b.device_blocks_;
   }
@@ -547,8 +548,8 @@ absl::StatusOr<cuda::KvCaches> CheckCache(
           t->dim(0) < host_blocks || t->dim(1) != bs || t->dim(2) != kv_heads ||
           t->dim(3) != d) {
         return absl::InvalidArgumentError(absl::StrCat(
-            Sv(op), ": the batch addresses ", host_blocks,
-            " host-tier blocks; the host caches must be pinned bf16 [>= ",
+            Sv(op), ": the batch was uploaded for a pool with a host tier of ",
+            host_blocks, " blocks; its caches must be pinned bf16 [>= ",
             host_blocks, ", ", bs, ", ", kv_heads, ", ", d, "], not ",
             t == nullptr ? "missing" : t->DebugString()));
       }
@@ -635,9 +636,13 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                     "PagedAttentionCuda (prefill)");
   }
   if (splits <= 0) {
-    // About 256 keys per split, at most 64 splits.
-    splits = static_cast<int>(
-        std::clamp<int64_t>((batch.max_context() + 255) / 256, 1, 64));
+    // About 256 keys per split, at most 64 splits; a window bounds the
+    // keys each token reads.
+    const int64_t keys =
+        CudaAttentionAccess::Window(batch) > 0
+            ? std::min(batch.max_context(), CudaAttentionAccess::Window(batch))
+            : batch.max_context();
+    splits = static_cast<int>(std::clamp<int64_t>((keys + 255) / 256, 1, 64));
   }
   const size_t ws_floats = cuda::AttentionDecodeWorkspaceFloats(
       static_cast<int>(n), static_cast<int>(heads), static_cast<int>(d),

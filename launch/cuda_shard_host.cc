@@ -44,6 +44,10 @@ class CudaShardHost : public ShardHost {
     if (!loaded_) {
       return absl::FailedPreconditionError("step before the shard was loaded");
     }
+    // Every rank refuses a malformed step alike, before any collective:
+    // only the sampling rank would check it otherwise, leaving its peers
+    // waiting in a collective it never enters.
+    RETURN_IF_ERROR(ValidateStepSampling(step));
     // The last stage's TP rank 0 samples (on the device when it can); the
     // others take part in the step's collectives and return nothing.
     if (assignment_.pp_rank == assignment_.pp - 1 && assignment_.tp_rank == 0) {
@@ -82,6 +86,26 @@ class CudaShardHost : public ShardHost {
                                                .options = {o_.timeout},
                                                .stream = stream}));
     return std::unique_ptr<Communicator>(std::move(comm));
+  }
+
+  // One collective of each kind the steps use, in the steps' order on every
+  // rank (TP: all-reduce, all-gather; PP: the chain's receive, then send).
+  absl::Status WarmUp(CudaModelRunner& runner, const WorkerAssignment& a,
+                      int64_t hidden) {
+    Backend& b = runner.backend();
+    ASSIGN_OR_RETURN(Tensor x,
+                     b.Allocate(DType::kF32, {hidden}, MemoryType::kDevice));
+    if (tp_ != nullptr) {
+      ASSIGN_OR_RETURN(Tensor all, b.Allocate(DType::kF32, {a.tp * hidden},
+                                              MemoryType::kDevice));
+      RETURN_IF_ERROR(tp_->AllReduce(x, x, ReduceOp::kSum));
+      RETURN_IF_ERROR(tp_->AllGather(x, all));
+    }
+    if (pp_ != nullptr) {
+      if (a.pp_rank > 0) RETURN_IF_ERROR(pp_->Recv(x, a.pp_rank - 1));
+      if (a.pp_rank < a.pp - 1) RETURN_IF_ERROR(pp_->Send(x, a.pp_rank + 1));
+    }
+    return runner.Synchronize();
   }
 
   absl::StatusOr<KvPoolConfig> LoadShard(const WorkerAssignment& a) {
@@ -145,6 +169,9 @@ class CudaShardHost : public ShardHost {
         runner->ReserveActivations(std::max<int32_t>(a.max_batched_tokens, 1),
                                    std::max<int32_t>(a.max_seqs, 1)));
     RETURN_IF_ERROR(runner->Synchronize());
+    // NCCL connects peers and allocates its buffers at a group's first
+    // collective: have them now, so that the KV sizing below sees them.
+    RETURN_IF_ERROR(WarmUp(*runner, a, config.hidden));
     std::string why;
     ASSIGN_OR_RETURN(
         const int64_t blocks,
@@ -186,6 +213,8 @@ class CudaShardHost : public ShardHost {
 };
 
 }  // namespace
+
+bool GpuWorkersBuilt() { return true; }
 
 absl::StatusOr<std::unique_ptr<ShardHost>> NewCudaShardHost(
     const WeightSource* source, const CudaShardHostOptions& options) {

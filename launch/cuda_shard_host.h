@@ -34,8 +34,11 @@ struct CudaShardHostOptions {
   absl::Duration timeout = absl::Seconds(300);
 };
 
+// Whether this binary has GPU workers (CUDA and NCCL).
+bool GpuWorkersBuilt();
+
 // The host of one GPU worker. FailedPrecondition when this binary has no
-// CUDA or NCCL; Load's errors name the rank, its device and the group.
+// CUDA or no NCCL; Load's errors name the rank, its device and the group.
 absl::StatusOr<std::unique_ptr<ShardHost>> NewCudaShardHost(
     const WeightSource* source, const CudaShardHostOptions& options);
 

@@ -178,21 +178,23 @@ std::string ResolveWorkerDevice(const LaunchFlags& f,
   if (f.device == "auto") {
     // As generate/serve: the CPU when the configuration asks for what GPU
     // workers lack.
-    if (!cuda.built_with_cuda || cuda.devices == 0 ||
+    if (!GpuWorkersBuilt() || cuda.devices == 0 ||
         (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "bf16")) {
       return "cpu";
     }
+  } else if (!GpuWorkersBuilt()) {
+    return "!--device cuda: this shardlm has no GPU workers (built without "
+           "CUDA or without NCCL)";
   } else if (cuda.devices == 0) {
-    return absl::StrCat("!--device cuda: ", cuda.built_with_cuda
-                                                ? cuda.why_none
-                                                : "built without CUDA");
+    return absl::StrCat("!--device cuda: ", cuda.why_none);
   }
   return absl::StrCat("cuda:", local % cuda.devices);
 }
 
 // Every rank's device choice (collective); rank 0 (the coordinator) gives
-// "". Returns the workers' kind ("cpu" or "cuda"), or "" when they cannot
-// run or do not agree (rank 0 has said why).
+// "". Returns the workers' kind ("cpu" or "cuda"): with --device auto,
+// "cuda" only when every worker sees a GPU, else "cpu" for all; or "" when
+// they cannot run as asked (rank 0 has said why).
 std::string AgreeOnDevice(MpiCommunicator& world, const std::string& mine,
                           const LaunchFlags& f) {
   Tensor all = *Tensor::Host(DType::kI32, {world.size() * kMessageInts});
@@ -219,16 +221,17 @@ std::string AgreeOnDevice(MpiCommunicator& world, const std::string& mine,
     return "";
   }
   if (!on_cpu.empty() && !on_cuda.empty()) {
+    // Workers of one cluster run on one kind of device: auto falls back to
+    // CPUs for all (saying so); only cpu or cuda reach here otherwise.
     if (root) {
       std::fprintf(stderr,
-                   "shardlm launch: --device %s: ranks %s see a GPU but "
-                   "ranks %s do not (or cannot use one); workers of one "
-                   "cluster run on one kind of device: pass --device cpu, "
-                   "or give every worker host GPUs\n",
-                   f.device.c_str(), absl::StrJoin(on_cuda, ", ").c_str(),
+                   "[shardlm] --device auto: ranks %s see a GPU but ranks %s "
+                   "do not (or cannot use one): every worker runs on the "
+                   "CPU\n",
+                   absl::StrJoin(on_cuda, ", ").c_str(),
                    absl::StrJoin(on_cpu, ", ").c_str());
     }
-    return "";
+    return "cpu";
   }
   return on_cuda.empty() ? "cpu" : "cuda";
 }
@@ -547,7 +550,7 @@ int LaunchCommand(int argc, char** argv) {
   const int code =
       root ? RunCoordinator(world, f, **source, stop_signals, *nodes, kind)
            : RunWorker(world, **workers, f, **source, digest, model_bytes,
-                       stop_signals, device);
+                       stop_signals, kind == "cuda" ? device : "cpu");
   Exit(code);
 }
 

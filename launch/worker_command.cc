@@ -258,6 +258,20 @@ int WorkerCommand(int argc, char** argv) {
                  std::string(choice.status().message()).c_str());
     return 2;
   }
+  if (choice->kind == DeviceKind::kCuda && !GpuWorkersBuilt()) {
+    if (request->automatic) {
+      choice = DeviceChoice{.kind = DeviceKind::kCpu,
+                            .reason =
+                                "device auto: the CPU, since this "
+                                "shardlm has no GPU workers (no NCCL)"};
+    } else {
+      std::fprintf(stderr,
+                   "shardlm worker (rank %d): --device %s: this shardlm has "
+                   "no GPU workers (built without NCCL)\n",
+                   rank, f.device.c_str());
+      return 2;
+    }
+  }
   const bool on_gpu = choice->kind == DeviceKind::kCuda;
   std::string gpu_uuid;
   if (on_gpu) {
@@ -285,10 +299,9 @@ int WorkerCommand(int argc, char** argv) {
   // re-forms (the probes read it under the mutex).
   // GPU workers' NCCL ids meet in the coordinator's store (it outlives
   // every shard).
-  ControlPlaneStore store(
-      NewControlChannel(f.coordinator, f.control_tls.loaded,
-                        grpc::ChannelArguments()),
-      f.coordinator, token);
+  ControlPlaneStore store(NewControlChannel(f.coordinator, f.control_tls.loaded,
+                                            grpc::ChannelArguments()),
+                          f.coordinator, token);
   std::mutex host_mu;
   std::unique_ptr<ShardHost> host;
 

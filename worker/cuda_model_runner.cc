@@ -215,6 +215,23 @@ absl::Status CudaModelRunner::SetKvBlocks(int64_t num_blocks,
                      num_host_blocks, " host blocks (int32 slots)"));
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
+  if (num_host_blocks > 0) {
+    // The kernels read the host tier through its host pointers: pinned
+    // memory is mapped at the same address only with unified addressing
+    // (not, e.g., in confidential-computing mode).
+    int unified = 0, can_map = 0;
+    RETURN_IF_CUDA_ERROR(cudaDeviceGetAttribute(
+        &unified, cudaDevAttrUnifiedAddressing, device_));
+    RETURN_IF_CUDA_ERROR(
+        cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device_));
+    if (unified == 0 || can_map == 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "CUDA device ", device_,
+          " cannot address pinned host memory in place (unified addressing ",
+          unified, ", host memory mapping ", can_map,
+          "): a host KV tier (--cpu-offload-bytes) is not possible here"));
+    }
+  }
   if (stream_ != nullptr) RETURN_IF_ERROR(stream_->Synchronize());
   if (copy_stream_ != nullptr) RETURN_IF_ERROR(copy_stream_->Synchronize());
   // Free the old pools before allocating the new ones.
@@ -372,12 +389,16 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
     RETURN_IF_ERROR(stream_->Synchronize());
     RETURN_IF_ERROR(dev(rows_, DType::kI32, {cap}));
     RETURN_IF_ERROR(dev(sampled_, DType::kI32, {cap}));
-    RETURN_IF_ERROR(dev(last_, DType::kF32, {cap, c.hidden}));
-    RETURN_IF_ERROR(dev(last16_, DType::kBF16, {cap, c.hidden}));
-    RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, spec.vocab_padded}));
-    ASSIGN_OR_RETURN(host_logits_, b.Allocate(DType::kF32, {cap, c.vocab_size},
-                                              MemoryType::kHostPinned));
-    if (spec.tp_size > 1) {
+    // The LM head's buffers (a vocabulary wide) on the last stage only.
+    if (spec.last_stage()) {
+      RETURN_IF_ERROR(dev(last_, DType::kF32, {cap, c.hidden}));
+      RETURN_IF_ERROR(dev(last16_, DType::kBF16, {cap, c.hidden}));
+      RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, spec.vocab_padded}));
+      ASSIGN_OR_RETURN(host_logits_,
+                       b.Allocate(DType::kF32, {cap, c.vocab_size},
+                                  MemoryType::kHostPinned));
+    }
+    if (spec.last_stage() && spec.tp_size > 1) {
       // [tp, rows, vocab_padded] for any rows <= cap, as a flat prefix.
       RETURN_IF_ERROR(dev(gathered_, DType::kF32,
                           {spec.tp_size * cap * spec.vocab_padded}));
@@ -472,15 +493,11 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   // Every kernel argument is fixed by these (buffer addresses by the
   // generations), so a graph captured for the same key replays this step.
   const std::vector<int64_t> key = {
-      n,
-      m,
-      batch_.sequences(),
-      batch_.padded_blocks(),
-      batch_.tiles(),
+      n, m, batch_.sequences(), batch_.padded_blocks(), batch_.tiles(),
       batch_.max_tile() == 1 ? 1 : 0,
-      std::min<int64_t>((batch_.max_context() + 255) / 256, 64),
-      batch_.reallocations(),
-      generation_};
+      // The decode kernel's split count (PagedAttentionCuda's rule).
+      std::min<int64_t>((AttendedKeys() + 255) / 256, 64),
+      batch_.reallocations(), generation_};
   if (graph_exec_ == nullptr || key != graph_key_) {
     absl::Status captured = Capture(n, m);
     if (!captured.ok()) {
@@ -496,6 +513,12 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   return CudaStatus(
       cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s),
       "cudaGraphLaunch");
+}
+
+int64_t CudaModelRunner::AttendedKeys() const {
+  return config_.sliding_window > 0
+             ? std::min(batch_.max_context(), config_.sliding_window)
+             : batch_.max_context();
 }
 
 absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
@@ -684,15 +707,7 @@ absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
 
 absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   const size_t rows = step.logit_rows.size();
-  if (step.sampling.size() != rows || step.sample_index.size() != rows) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("step has ", rows, " logit rows but ",
-                     step.sampling.size(), " sampling parameters and ",
-                     step.sample_index.size(), " sample indices"));
-  }
-  for (const SamplingParams& p : step.sampling) {
-    RETURN_IF_ERROR(ValidateSamplingParams(p));
-  }
+  RETURN_IF_ERROR(ValidateStepSampling(step));
   const bool logprobs = std::any_of(step.logprobs.begin(), step.logprobs.end(),
                                     [](int32_t n) { return n > 0; });
   // Sampled on the host when the logits end there anyway (TP gather).

@@ -1,5 +1,6 @@
-// The forward pass (worker/forward.h) on one GPU: a single shard (TP = PP =
-// 1) over a paged bf16 KV cache, through the CUDA ops of kernels/cuda_ops.h.
+// The forward pass (worker/forward.h) on one GPU: one shard (the whole
+// model, or a TP x PP shard with communicators from SetComms) over a paged
+// bf16 KV cache, through the CUDA ops of kernels/cuda_ops.h.
 // It takes the same StepInput as ModelRunner and returns the same logits
 // and sampled tokens, so that the two can be compared step for step; what
 // it adds is device memory, the step's upload, CUDA graphs and sampling on
@@ -128,6 +129,8 @@ class CudaModelRunner : public ShardRunner {
   // logit rows), eagerly or while capturing.
   absl::Status Launch(int64_t n, int64_t m);
   absl::Status Capture(int64_t n, int64_t m);
+  // The most keys a token of the uploaded step attends to.
+  int64_t AttendedKeys() const;
   absl::Status Validate(const StepInput& step) const;
   // Queues the step's block copies on the copy stream, after the previous
   // step's compute, and makes the compute stream wait for them.

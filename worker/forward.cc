@@ -109,6 +109,9 @@ absl::StatusOr<Tensor> ShardForward::Logits(ForwardBuffers& b) const {
   const int tp = spec.tp_size;
   RETURN_IF_ERROR(
       Comm([&] { return comms.tp->AllGather(b.local_logits, b.gathered); }));
+  // Only TP rank 0's logits are sampled (and returned); the others took
+  // part in the gather.
+  if (spec.tp_rank != 0) return Tensor();
   ASSIGN_OR_RETURN(Tensor gathered, ops.ToHost(b.gathered));
   ASSIGN_OR_RETURN(Tensor logits, Tensor::Host(DType::kF32, {m, c.vocab_size}));
   for (int t = 0; t < tp; ++t) {

@@ -150,8 +150,8 @@ struct ShardForward {
   absl::Status Projection(const Tensor& xn, const Tensor& w, const Tensor& bias,
                           Tensor& y) const;
   // The logits of the step's m logit rows, [m, vocab], gathered over the TP
-  // group into a host tensor (b.local_logits itself when tp = 1). Last
-  // stage only.
+  // group into a host tensor (b.local_logits itself when tp = 1) on TP rank
+  // 0; an empty tensor on the other TP ranks. Last stage only.
   absl::StatusOr<Tensor> Logits(ForwardBuffers& b) const;
 
  private:

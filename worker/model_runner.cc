@@ -92,7 +92,7 @@ TokenLogprobs Logprobs(absl::Span<const float> logits, int32_t sampled,
   return out;
 }
 
-absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
+absl::Status ValidateStepSampling(const StepInput& step) {
   const size_t rows = step.logit_rows.size();
   if (step.sampling.size() != rows || step.sample_index.size() != rows) {
     return absl::InvalidArgumentError(
@@ -111,6 +111,15 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
           absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", n));
     }
   }
+  for (const SamplingParams& p : step.sampling) {
+    RETURN_IF_ERROR(ValidateSamplingParams(p));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
+  RETURN_IF_ERROR(ValidateStepSampling(step));
+  const size_t rows = step.logit_rows.size();
   StepOutput out;
   if (rows == 0) return out;
   const int64_t vocab = logits.dim(1);

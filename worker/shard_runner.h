@@ -50,10 +50,10 @@ class ShardRunner {
   // Element type of this rank's KV cache.
   virtual DType kv_dtype() const = 0;
   virtual RunnerStats stats() const = 0;
-  // Runs this shard's layers for the step's tokens. On the last stage,
-  // returns the logits of the requested rows on the host, gathered over
-  // the TP group: [logit_rows.size(), vocab]; an empty tensor on other
-  // stages. InvalidArgument for a malformed step, before anything is
+  // Runs this shard's layers for the step's tokens. On the last stage's
+  // TP rank 0, returns the logits of the requested rows on the host,
+  // gathered over the TP group: [logit_rows.size(), vocab]; an empty tensor
+  // on other ranks. InvalidArgument for a malformed step, before anything is
   // written (every rank sees the same step, so all fail alike).
   virtual absl::StatusOr<Tensor> Forward(const StepInput& step) = 0;
 };

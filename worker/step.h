@@ -79,7 +79,8 @@ struct RunnerStats {
   // rank, or the previous stage for PP), which is what it costs a step.
   double comm_seconds = 0;
   int64_t copied_blocks = 0;  // KV block copies run (swaps, spills).
-  double copy_seconds = 0;    // Inside them.
+  double copy_seconds = 0;    // Inside them (on GPUs: queueing them; the
+                              // copies themselves run on a copy stream).
   int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
 };
 
