@@ -126,6 +126,11 @@ NcclCommunicator::NcclCommunicator(const NcclConfig& config,
 
 NcclCommunicator::~NcclCommunicator() = default;
 
+void NcclCommunicator::set_timeout(absl::Duration timeout) {
+  options_.timeout = timeout;
+  impl_->timeout = timeout;
+}
+
 absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     const NcclConfig& config) {
   const std::string& name = config.name;

@@ -62,6 +62,10 @@ class NcclCommunicator : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   int device() const { return device_; }
+  // The deadline of each later call, and of the flush when the
+  // communicator is destroyed: e.g. the join timeout while a cluster
+  // forms, a step's after.
+  void set_timeout(absl::Duration timeout);
 
   absl::Status AllReduce(const Tensor& send, Tensor& recv,
                          ReduceOp op) override;

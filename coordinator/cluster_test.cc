@@ -737,6 +737,7 @@ TEST(ClusterStartupTest, GpuWorkersOnOneGpuAreRefusedNamingBoth) {
       EXPECT_EQ(a.max_batched_tokens, 96);
       EXPECT_EQ(a.max_seqs, 7);
       EXPECT_EQ(a.gpu_memory_utilization, 0.5);
+      EXPECT_EQ(a.step_timeout, options.step_timeout);
       EXPECT_EQ(a.rendezvous_prefix, options.rendezvous_prefix);
     }
     cluster.Stop();

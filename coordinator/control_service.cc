@@ -247,6 +247,7 @@ grpc::Status ControlService::Connect(
   a.set_max_batched_tokens(options_.max_batched_tokens);
   a.set_max_seqs(options_.max_seqs);
   a.set_gpu_memory_utilization(options_.gpu_memory_utilization);
+  a.set_step_timeout_ms(absl::ToInt64Milliseconds(options_.step_timeout));
   if (!Write(*w, out)) {
     absl::MutexLock lock(&mu_);
     MarkDead(*w, "stream closed before its assignment");

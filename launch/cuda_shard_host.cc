@@ -189,6 +189,16 @@ class CudaShardHost : public ShardHost {
     }
     RETURN_IF_ERROR(runner->SetKvBlocks(blocks, host_blocks));
     runner->SetComms({.tp = tp_.get(), .pp = pp_.get()}, /*on_stream=*/true);
+    // From now on a peer that does not arrive is dead or stuck: the
+    // collectives wait as long as the coordinator waits for a step, not as
+    // long as the cluster may take to form.
+    if (a.step_timeout > absl::ZeroDuration()) {
+      for (Communicator* c : {tp_.get(), pp_.get()}) {
+        if (c != nullptr) {
+          static_cast<NcclCommunicator*>(c)->set_timeout(a.step_timeout);
+        }
+      }
+    }
     std::fprintf(stderr,
                  "[shardlm] worker rank %d (pp %d, tp %d) on cuda:%d: weights "
                  "%.2f GiB (bf16), activations for %d tokens x %d sequences; "

@@ -123,7 +123,8 @@ class AgentSession {
                  .rendezvous_prefix = a.rendezvous_prefix(),
                  .max_batched_tokens = a.max_batched_tokens(),
                  .max_seqs = a.max_seqs(),
-                 .gpu_memory_utilization = a.gpu_memory_utilization()});
+                 .gpu_memory_utilization = a.gpu_memory_utilization(),
+                 .step_timeout = absl::Milliseconds(a.step_timeout_ms())});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {

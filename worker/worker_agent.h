@@ -36,6 +36,8 @@ struct WorkerAssignment {
   int32_t max_batched_tokens = 512;
   int32_t max_seqs = 64;
   double gpu_memory_utilization = 0.90;
+  // The coordinator's step timeout; zero: none given.
+  absl::Duration step_timeout;
 };
 
 // One shard of the model on this worker. Called from the agent's thread
