@@ -467,8 +467,12 @@ class CudaForwardOps : public ForwardOps {
     return WriteKvCuda(k, v, batch_, k_cache, v_cache, exec_);
   }
   absl::Status Attention(const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, float scale,
+                         const Tensor& v_cache, float scale, int64_t window,
                          Tensor& out) override {
+    // Create refuses sliding windows.
+    if (window > 0) {
+      return absl::UnimplementedError("PagedAttentionCuda: sliding window");
+    }
     return PagedAttentionCuda(q, k_cache, v_cache, batch_, scale, out, exec_);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,

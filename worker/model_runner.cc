@@ -133,11 +133,11 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
 namespace {
 
 // The forward pass's ops on the CPU (kernels/<op>/<op>.h), bound to one
-// step's host-side tokens, positions and block tables.
+// step's host-side tokens, positions and block tables (`batch`, whose
+// window Attention sets per layer).
 class CpuForwardOps : public ForwardOps {
  public:
-  CpuForwardOps(const StepInput& step, const AttentionBatch& batch,
-                int64_t hidden)
+  CpuForwardOps(const StepInput& step, AttentionBatch& batch, int64_t hidden)
       : step_(step), batch_(batch), hidden_(hidden) {}
 
   absl::Status Embed(const Tensor& table, int64_t vocab_begin,
@@ -160,8 +160,9 @@ class CpuForwardOps : public ForwardOps {
     return shardlm::WriteKv(k, v, batch_, k_cache, v_cache);
   }
   absl::Status Attention(const Tensor& q, const Tensor& k_cache,
-                         const Tensor& v_cache, float scale,
+                         const Tensor& v_cache, float scale, int64_t window,
                          Tensor& out) override {
+    batch_.window = window;  // Layers differ (Qwen2's max_window_layers).
     return PagedAttention(q, k_cache, v_cache, batch_, scale, out);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
@@ -188,7 +189,7 @@ class CpuForwardOps : public ForwardOps {
 
  private:
   const StepInput& step_;
-  const AttentionBatch& batch_;
+  AttentionBatch& batch_;
   const int64_t hidden_;
 };
 
@@ -217,8 +218,7 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
 
   AttentionBatch batch{.positions = step.positions,
-                       .token_seq = step.token_seq,
-                       .window = c.sliding_window};
+                       .token_seq = step.token_seq};
   for (const auto& table : step.block_tables) {
     batch.block_tables.push_back(table);
   }
