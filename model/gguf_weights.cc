@@ -37,9 +37,8 @@ absl::Status ReadRopeScaling(const GgufFile& g, const std::string& p,
   if (g.Find(p + "rope.scaling.type") != nullptr) {
     ASSIGN_OR_RETURN(std::string_view type,
                      g.GetString(p + "rope.scaling.type"));
-    // llama.cpp's types are none, linear, yarn and longrope; it has no
-    // dynamic NTK (its converter drops it) and writes llama3 as
-    // rope_freqs.weight.
+    // llama.cpp's types are none, linear, yarn and longrope: it has no
+    // dynamic NTK to write, and it writes llama3 as rope_freqs.weight.
     absl::StatusOr<RopeScalingType> t = ParseRopeScalingType(type);
     if (!t.ok() || *t == RopeScalingType::kLlama3 ||
         *t == RopeScalingType::kDynamic) {
