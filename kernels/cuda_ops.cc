@@ -384,7 +384,6 @@ class CudaAttentionAccess {
   static int64_t DeviceBlocks(const CudaAttentionBatch& b) {
     return b.device_blocks_;
   }
-  static int64_t Window(const CudaAttentionBatch& b) { return b.window_; }
   static int64_t HostBlocks(const CudaAttentionBatch& b) {
     return b.num_blocks_ - b.device_blocks_;
   }
@@ -594,7 +593,8 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const CudaAttentionBatch& batch, float scale,
                                 Tensor& out, const CudaExec& exec,
                                 AttentionKernel kernel, int splits,
-                                const Tensor* k_host, const Tensor* v_host) {
+                                const Tensor* k_host, const Tensor* v_host,
+                                int64_t window) {
   if (q.rank() != 3 || k_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         "PagedAttentionCuda: q must be [n, heads, d], caches 4-D");
@@ -623,7 +623,12 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                    CheckCache("PagedAttentionCuda", k_cache, v_cache, batch,
                               kv_heads, d, k_host, v_host));
   if (n == 0) return absl::OkStatus();
-  const cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
+  cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
+  if (window > 0x7fffffff) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttentionCuda: sliding window of ", window));
+  }
+  if (window >= 0) meta.window = static_cast<int>(window);
   if (kernel == AttentionKernel::kAuto) {
     kernel = batch.max_tile() == 1 ? AttentionKernel::kDecode
                                    : AttentionKernel::kPrefill;
@@ -639,9 +644,8 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
     // About 256 keys per split, at most 64 splits; a window bounds the
     // keys each token reads.
     const int64_t keys =
-        CudaAttentionAccess::Window(batch) > 0
-            ? std::min(batch.max_context(), CudaAttentionAccess::Window(batch))
-            : batch.max_context();
+        meta.window > 0 ? std::min<int64_t>(batch.max_context(), meta.window)
+                        : batch.max_context();
     splits = static_cast<int>(std::clamp<int64_t>((keys + 255) / 256, 1, 64));
   }
   const size_t ws_floats = cuda::AttentionDecodeWorkspaceFloats(

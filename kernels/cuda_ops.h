@@ -179,14 +179,17 @@ enum class AttentionKernel {
 //   q: [n, heads, head_dim] f32  out: [n, heads, head_dim] f32|bf16
 // head_dim must be a multiple of 32, at most 256. `splits` (decode) 0
 // picks one from the context length.
-// k_host / v_host: the host tier, as for WriteKvCuda.
+// k_host / v_host: the host tier, as for WriteKvCuda. `window` >= 0
+// replaces the batch's sliding window for this call (layers differ:
+// Qwen2's max_window_layers); -1 keeps it.
 absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache,
                                 const CudaAttentionBatch& batch, float scale,
                                 Tensor& out, const CudaExec& exec,
                                 AttentionKernel kernel = AttentionKernel::kAuto,
                                 int splits = 0, const Tensor* k_host = nullptr,
-                                const Tensor* v_host = nullptr);
+                                const Tensor* v_host = nullptr,
+                                int64_t window = -1);
 
 // Swap: copies whole KV blocks src_blocks[i] of `src` to dst_blocks[i] of
 // `dst` (caches [blocks, bs, kv_heads, head_dim] of one dtype and block

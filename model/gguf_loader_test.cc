@@ -533,6 +533,12 @@ TEST(GgufLoaderTest, RejectsRopeScalingItCannotApply) {
             },
             "longrope"},
            {[](GgufBuilder& b) {
+              // Not a llama.cpp type: its converter drops dynamic NTK.
+              b.Str("llama.rope.scaling.type", "dynamic");
+              b.F32("llama.rope.scaling.factor", 2.0f);
+            },
+            "'dynamic' is not supported"},
+           {[](GgufBuilder& b) {
               b.Str("llama.rope.scaling.type", "linear");
               b.F32("llama.rope.scaling.factor", 0.25f);
             },

@@ -37,8 +37,11 @@ absl::Status ReadRopeScaling(const GgufFile& g, const std::string& p,
   if (g.Find(p + "rope.scaling.type") != nullptr) {
     ASSIGN_OR_RETURN(std::string_view type,
                      g.GetString(p + "rope.scaling.type"));
+    // llama.cpp's types are none, linear, yarn and longrope: it has no
+    // dynamic NTK to write, and it writes llama3 as rope_freqs.weight.
     absl::StatusOr<RopeScalingType> t = ParseRopeScalingType(type);
-    if (!t.ok() || *t == RopeScalingType::kLlama3) {
+    if (!t.ok() || *t == RopeScalingType::kLlama3 ||
+        *t == RopeScalingType::kDynamic) {
       return absl::UnimplementedError(absl::StrCat(
           g.name(), ": ", p, "rope.scaling.type '", Sv(type),
           "' is not supported (none, linear and yarn are; llama3 comes as "

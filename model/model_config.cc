@@ -1,10 +1,12 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "core/status.h"
 
 namespace shardlm {
@@ -38,6 +40,11 @@ std::string RopeScalingString(const RopeScaling& s) {
                       s.original_context, ", beta ", s.beta_fast, "/",
                       s.beta_slow, ")");
       break;
+    case RopeScalingType::kDynamic:
+      absl::StrAppend(&out, " NTK, static (factor ", s.factor,
+                      ", original context ", s.original_context,
+                      "; the base scaled once for factor x that)");
+      break;
   }
   if (!s.freq_factors.empty()) {
     const char* factors =
@@ -45,6 +52,27 @@ std::string RopeScalingString(const RopeScaling& s) {
         "llama3 scaling)";
     out = s.type == RopeScalingType::kNone ? factors
                                            : absl::StrCat(out, " + ", factors);
+  }
+  return out;
+}
+
+std::string WindowString(const ModelConfig& c) {
+  if (c.sliding_window <= 0) return "none";
+  std::string out = absl::StrCat(c.sliding_window, " positions");
+  if (c.window_layers.empty()) return out;
+  std::vector<int64_t> layers;
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (c.LayerWindow(l) > 0) layers.push_back(l);
+  }
+  const bool suffix =
+      !layers.empty() && layers.back() == c.n_layers - 1 &&
+      layers.back() - layers.front() + 1 == static_cast<int64_t>(layers.size());
+  if (suffix) {
+    absl::StrAppend(&out, " in layers ", layers.front(), "-", layers.back(),
+                    " (the others attend to all)");
+  } else {
+    absl::StrAppend(&out, " in layers ", absl::StrJoin(layers, ", "),
+                    " (the others attend to all)");
   }
   return out;
 }
@@ -92,6 +120,19 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("model config: sliding_window ", sliding_window,
                      " is outside [0, 2^24]"));
   }
+  if (!window_layers.empty()) {
+    if (static_cast<int64_t>(window_layers.size()) != n_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: window_layers has ", window_layers.size(),
+                       " entries for ", n_layers, " layers"));
+    }
+    if (sliding_window == 0 ||
+        std::find(window_layers.begin(), window_layers.end(), true) ==
+            window_layers.end()) {
+      return absl::InvalidArgumentError(
+          "model config: window_layers is set but no layer has a window");
+    }
+  }
   if (absl::Status s = ValidateRopeScaling(rope_scaling, head_dim); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: ", s.message()));
@@ -113,8 +154,7 @@ std::string ModelConfig::DebugString() const {
                                               : "rotate half",
       RopeScalingString(rope_scaling), rms_norm_eps,
       tied_embeddings ? "yes" : "no", attention_bias ? "q, k, v" : "none",
-      sliding_window > 0 ? absl::StrCat(sliding_window, " positions") : "none",
-      bos_id, eos_id);
+      WindowString(*this), bos_id, eos_id);
 }
 
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "model/rope_scaling.h"
@@ -29,15 +30,26 @@ struct ModelConfig {
   RopeScaling rope_scaling;
   // The Q, K and V projections add a bias (Qwen2).
   bool attention_bias = false;
-  // 0: every query attends to its whole context. Otherwise to the last
-  // `sliding_window` positions, itself included (Mistral v0.1).
+  // 0: every query attends to its whole context. Otherwise, in the layers
+  // window_layers marks (every layer when it is empty), to the last
+  // `sliding_window` positions, itself included (Mistral v0.1: all layers;
+  // Qwen2 with use_sliding_window: the layers from max_window_layers on).
   int64_t sliding_window = 0;
+  // [n_layers] or empty; when set, sliding_window > 0 and some layer slides
+  // (the readers drop a window no layer uses).
+  std::vector<bool> window_layers;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 
   // InvalidArgument naming the field when a value is missing, absurd, or
   // inconsistent (e.g. n_heads not a multiple of n_kv_heads).
   absl::Status Validate() const;
+  // The attention window of layer `layer` (0-based over the whole model);
+  // 0: full causal attention.
+  int64_t LayerWindow(int64_t layer) const {
+    if (sliding_window <= 0) return 0;
+    return window_layers.empty() || window_layers[layer] ? sliding_window : 0;
+  }
   // The RoPE table of a head. Requires Validate().ok().
   RopeTable Rope() const {
     return MakeRopeTable(rope_style, rope_theta, head_dim, rope_scaling);

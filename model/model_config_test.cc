@@ -102,6 +102,29 @@ TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
   EXPECT_DOUBLE_EQ(y.inv_freq[kDim / 2 - 1], y0.inv_freq[kDim / 2 - 1] / 4);
   EXPECT_DOUBLE_EQ(y.mscale, 0.1 * std::log(4.0) + 1);
 
+  // Static NTK: plain RoPE over a larger base (so the CUDA kernel can run
+  // it from theta), transformers' dynamic base at 2.5 x the original
+  // context: 10000 (2.5^2 - 1.5)^(64 / 62). Factor 1 changes nothing.
+  RopeScaling ntk{.type = RopeScalingType::kDynamic,
+                  .factor = 2.5,
+                  .original_context = 4096};
+  ASSERT_TRUE(ValidateRopeScaling(ntk, kDim).ok());
+  const RopeTable n =
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, kDim, ntk);
+  const double base = 10000.0 * std::pow(4.75, 64.0 / 62.0);
+  EXPECT_TRUE(n.plain);
+  EXPECT_FLOAT_EQ(n.theta, static_cast<float>(base));
+  for (int64_t k = 0; k < kDim / 2; ++k) {
+    EXPECT_NEAR(n.inv_freq[k], std::pow(base, -2.0 * k / kDim),
+                1e-14 * y0.inv_freq[k]);
+    if (k > 0) EXPECT_LT(n.inv_freq[k], y0.inv_freq[k]);
+  }
+  ntk.factor = 1;
+  const RopeTable n1 =
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, kDim, ntk);
+  EXPECT_EQ(n1.theta, 10000.0f);
+  EXPECT_EQ(n1.inv_freq, y0.inv_freq);
+
   // GGUF's rope_freqs divide whatever else applies.
   RopeScaling factors;
   factors.freq_factors.assign(kDim / 2, 2.0f);
@@ -122,7 +145,15 @@ TEST(RopeTableTest, ValidateNamesTheBadParameter) {
   s.freq_factors = {1.0f, 2.0f};
   EXPECT_THAT(ValidateRopeScaling(s, 64).message(),
               testing::HasSubstr("freq_factors"));
-  EXPECT_FALSE(ParseRopeScalingType("dynamic").ok());
+  s = {.type = RopeScalingType::kDynamic, .factor = 2};
+  EXPECT_THAT(ValidateRopeScaling(s, 64).message(),
+              testing::HasSubstr("original_max_position_embeddings"));
+  s.original_context = 4096;
+  EXPECT_THAT(ValidateRopeScaling(s, 2).message(),
+              testing::HasSubstr("head_dim > 2"));
+  EXPECT_EQ(*ParseRopeScalingType("dynamic"), RopeScalingType::kDynamic);
+  EXPECT_THAT(ParseRopeScalingType("longrope").status().message(),
+              testing::HasSubstr("'longrope' is not supported"));
   EXPECT_EQ(*ParseRopeScalingType("default"), RopeScalingType::kNone);
 }
 

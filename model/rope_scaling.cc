@@ -38,6 +38,8 @@ const char* RopeScalingName(RopeScalingType type) {
       return "llama3";
     case RopeScalingType::kYarn:
       return "yarn";
+    case RopeScalingType::kDynamic:
+      return "dynamic";
   }
   return "?";
 }
@@ -47,10 +49,11 @@ absl::StatusOr<RopeScalingType> ParseRopeScalingType(std::string_view name) {
   if (name == "linear") return RopeScalingType::kLinear;
   if (name == "llama3") return RopeScalingType::kLlama3;
   if (name == "yarn") return RopeScalingType::kYarn;
+  if (name == "dynamic") return RopeScalingType::kDynamic;
   return absl::NotFoundError(absl::StrCat(
       "RoPE scaling type '", Sv(name),
-      "' is not supported (linear, llama3 and yarn are; dynamic NTK and "
-      "longrope are not yet)"));
+      "' is not supported (linear, llama3, yarn and dynamic are; longrope "
+      "is not yet)"));
 }
 
 absl::Status ValidateRopeScaling(const RopeScaling& s, int64_t head_dim) {
@@ -58,7 +61,8 @@ absl::Status ValidateRopeScaling(const RopeScaling& s, int64_t head_dim) {
       (!PositiveFinite(s.factor) || s.factor < 1 || s.factor > 1e4)) {
     return Bad("factor", absl::StrCat("= ", s.factor, " is outside [1, 1e4]"));
   }
-  if (s.type == RopeScalingType::kLlama3 || s.type == RopeScalingType::kYarn) {
+  if (s.type == RopeScalingType::kLlama3 || s.type == RopeScalingType::kYarn ||
+      s.type == RopeScalingType::kDynamic) {
     if (s.original_context < 1 || s.original_context > (int64_t{1} << 24)) {
       return Bad(
           "original_max_position_embeddings",
@@ -72,6 +76,11 @@ absl::Status ValidateRopeScaling(const RopeScaling& s, int64_t head_dim) {
     return Bad("low_freq_factor/high_freq_factor",
                absl::StrCat("= ", s.low_freq_factor, "/", s.high_freq_factor,
                             ": both must be positive, high above low"));
+  }
+  if (s.type == RopeScalingType::kDynamic && head_dim <= 2) {
+    // The exponent d / (d - 2).
+    return Bad("type",
+               absl::StrCat("dynamic needs head_dim > 2, not ", head_dim));
   }
   if (s.type == RopeScalingType::kYarn) {
     if (!(PositiveFinite(s.beta_fast) && PositiveFinite(s.beta_slow))) {
@@ -100,13 +109,22 @@ RopeTable MakeRopeTable(RopeStyle style, float theta, int64_t head_dim,
                         const RopeScaling& s) {
   RopeTable t{.style = style, .theta = theta};
   const int64_t half = head_dim / 2;
-  const double base = theta;
+  double base = theta;
+  if (s.type == RopeScalingType::kDynamic) {
+    // transformers' _compute_dynamic_ntk_parameters at seq_len = the
+    // longest sequence served, factor * original_context:
+    // (factor * seq_len / original - (factor - 1)) = factor^2 - factor + 1.
+    const double d = static_cast<double>(head_dim);
+    base *= std::pow(s.factor * s.factor - (s.factor - 1), d / (d - 2));
+    t.theta = static_cast<float>(base);
+  }
   t.inv_freq.resize(half);
   for (int64_t k = 0; k < half; ++k) {
     t.inv_freq[k] = std::pow(base, -2.0 * k / head_dim);
   }
   switch (s.type) {
     case RopeScalingType::kNone:
+    case RopeScalingType::kDynamic:  // The base is scaled above.
       break;
     case RopeScalingType::kLinear:
       for (double& f : t.inv_freq) f /= s.factor;
@@ -151,7 +169,9 @@ RopeTable MakeRopeTable(RopeStyle style, float theta, int64_t head_dim,
   for (size_t k = 0; k < s.freq_factors.size() && k < t.inv_freq.size(); ++k) {
     t.inv_freq[k] /= s.freq_factors[k];
   }
-  t.plain = s.type == RopeScalingType::kNone && s.freq_factors.empty();
+  t.plain = (s.type == RopeScalingType::kNone ||
+             s.type == RopeScalingType::kDynamic) &&
+            s.freq_factors.empty();
   return t;
 }
 

@@ -23,18 +23,25 @@ enum class RopeStyle : uint8_t { kAdjacentPairs, kRotateHalf };
 
 enum class RopeScalingType : uint8_t {
   kNone,
-  kLinear,  // Positions divided by `factor` (every frequency / factor).
-  kLlama3,  // Llama 3.1: low frequencies / factor, high kept, a smooth ramp
-            // between (wavelengths against original_context).
-  kYarn,    // YaRN: per-frequency blend of interpolation and extrapolation
-            // by a linear ramp over the correction range, and cos/sin
-            // scaled by attention_factor.
+  kLinear,   // Positions divided by `factor` (every frequency / factor).
+  kLlama3,   // Llama 3.1: low frequencies / factor, high kept, a smooth ramp
+             // between (wavelengths against original_context).
+  kYarn,     // YaRN: per-frequency blend of interpolation and extrapolation
+             // by a linear ramp over the correction range, and cos/sin
+             // scaled by attention_factor.
+  kDynamic,  // NTK-aware ("dynamic" in transformers), static: the base
+             // scaled once for the longest sequence served,
+             // factor * original_context, by transformers' formula
+             // (factor * len / original - (factor - 1))^(d / (d - 2)).
+             // See docs/design-notes.md for why not per sequence.
 };
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::kNone;
   double factor = 1.0;
-  int64_t original_context = 0;  // llama3, yarn: the training context.
+  // llama3, yarn, dynamic: the training context (dynamic: transformers'
+  // max_position_embeddings, which the served context is factor times).
+  int64_t original_context = 0;
   double low_freq_factor = 1.0;  // llama3.
   double high_freq_factor = 4.0;
   double beta_fast = 32.0;  // yarn: the correction range, in rotations.
@@ -47,8 +54,8 @@ struct RopeScaling {
 };
 
 const char* RopeScalingName(RopeScalingType type);
-// "linear", "llama3", "yarn" (and "default"/"none" as kNone); NotFound
-// otherwise.
+// "linear", "llama3", "yarn", "dynamic" (and "default"/"none" as kNone);
+// NotFound otherwise.
 absl::StatusOr<RopeScalingType> ParseRopeScalingType(std::string_view name);
 
 // InvalidArgument naming the field when a parameter is missing or absurd
@@ -61,8 +68,9 @@ struct RopeTable {
   RopeStyle style = RopeStyle::kRotateHalf;
   std::vector<double> inv_freq;  // [head_dim / 2]
   double mscale = 1.0;
-  // No scaling at all: inv_freq[k] = theta^(-2k / head_dim), mscale 1 (the
-  // only case the CUDA kernel computes itself, from theta).
+  // inv_freq[k] = theta^(-2k / head_dim) and mscale 1 (the only case the
+  // CUDA kernel computes itself, from theta): no scaling, or static NTK,
+  // whose theta is then the scaled base.
   bool plain = true;
   float theta = 10000.0f;
 };

@@ -226,6 +226,12 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
   RopeScaling s{.type = *type};
   if (s.type == RopeScalingType::kNone) return s;
   ASSIGN_OR_RETURN(s.factor, r.Float("factor"));
+  if (s.type == RopeScalingType::kDynamic) {
+    // transformers scales against max_position_embeddings (the training
+    // context); the served context becomes factor times that (as vLLM
+    // serves it), set by the caller.
+    s.original_context = max_position;
+  }
   if (s.type == RopeScalingType::kLlama3) {
     ASSIGN_OR_RETURN(s.original_context,
                      r.Int("original_max_position_embeddings"));
@@ -246,6 +252,62 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
     if (!truncate) return r.Error("truncate", "= false is not supported");
   }
   return s;
+}
+
+// Qwen2's window as transformers' Qwen2Config defines it: it exists only
+// with use_sliding_window (then sliding_window, default 4096), and applies
+// to the layers layer_types names "sliding_attention", by default those
+// from max_window_layers (default 28) on. A layer type of another name, or
+// a sliding layer with no window (which transformers cannot mask), is
+// refused. No sliding layer leaves the config without a window.
+absl::Status ReadQwen2Window(const Json& j, const ConfigReader& r,
+                             ModelConfig& c) {
+  // An absurd layer count is Validate's to report.
+  if (c.n_layers < 1 || c.n_layers > 1024) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool use, r.Bool("use_sliding_window", false));
+  // 0: none (sliding_window null: transformers' None; 4096 when absent).
+  int64_t window = 0;
+  if (use && !j.contains("sliding_window")) window = 4096;
+  if (use && r.Has("sliding_window")) {
+    ASSIGN_OR_RETURN(window, r.Int("sliding_window"));
+    if (window == 0) return r.Error("sliding_window", "= 0 is no window");
+  }
+  std::vector<bool> layers(c.n_layers, false);
+  if (r.Has("layer_types")) {
+    const Json& types = j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.n_layers) {
+      return r.Error("layer_types",
+                     absl::StrCat("must list one type for each of the ",
+                                  c.n_layers, " layers"));
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const Json& t = types[l];
+      const bool sliding = t == "sliding_attention";
+      if (!sliding && t != "full_attention") {
+        return r.Error("layer_types", absl::StrCat("[", l, "] = ", Brief(t),
+                                                   " is not full_attention or "
+                                                   "sliding_attention"));
+      }
+      if (sliding && window == 0) {
+        return r.Error("layer_types",
+                       absl::StrCat("[", l,
+                                    "] is sliding_attention but there is no "
+                                    "window (use_sliding_window is false)"));
+      }
+      layers[l] = sliding;
+    }
+  } else if (window > 0) {
+    ASSIGN_OR_RETURN(const int64_t first, r.Int("max_window_layers", 28));
+    for (int64_t l = first; l < c.n_layers; ++l) layers[l] = true;
+  }
+  if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
+    return absl::OkStatus();  // No layer slides.
+  }
+  c.sliding_window = window;
+  if (std::find(layers.begin(), layers.end(), false) != layers.end()) {
+    c.window_layers = std::move(layers);
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
@@ -327,16 +389,23 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   if (r.Has("rope_scaling")) {
     ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(j.at("rope_scaling"), path,
                                                      c.context_length));
-  }
-  // Mistral's sliding_window applies when set; Qwen2's only with
-  // use_sliding_window (and then to layers from max_window_layers on).
-  if (c.architecture == "qwen2") {
-    ASSIGN_OR_RETURN(const bool sliding, r.Bool("use_sliding_window", false));
-    if (sliding) {
-      return r.Error("use_sliding_window",
-                     "is true; Qwen2's per-layer sliding window is not "
-                     "supported");
+    if (c.rope_scaling.type == RopeScalingType::kDynamic) {
+      const double served =
+          std::floor(c.rope_scaling.factor * c.context_length);
+      if (!(served <= static_cast<double>(int64_t{1} << 24))) {
+        return r.Error(
+            "rope_scaling",
+            absl::StrCat("dynamic factor ", c.rope_scaling.factor,
+                         " x max_position_embeddings ", c.context_length,
+                         " is a context beyond 2^24"));
+      }
+      c.context_length = static_cast<int64_t>(served);
     }
+  }
+  // Mistral's sliding_window applies when set; Qwen2's as transformers'
+  // Qwen2Config reads it (ReadQwen2Window).
+  if (c.architecture == "qwen2") {
+    RETURN_IF_ERROR(ReadQwen2Window(j, r, c));
   } else if (r.Has("sliding_window")) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }

@@ -266,6 +266,20 @@ TEST(SafetensorsLoaderTest, ReadsFamilyFeatures) {
     EXPECT_EQ((*w)->config().rope_scaling.type, RopeScalingType::kYarn);
     EXPECT_EQ((*w)->config().rope_scaling.original_context, 4096);
   }
+  for (const char* key : {"type", "rope_type"}) {
+    // Dynamic NTK: scaled against max_position_embeddings, served to
+    // factor times it.
+    auto w = open({{"rope_scaling",
+                    absl::StrCat(R"({")", key, R"(":"dynamic","factor":2.5})")},
+                   {"max_position_embeddings", "4097"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ModelConfig& c = (*w)->config();
+    EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kDynamic);
+    EXPECT_EQ(c.rope_scaling.factor, 2.5);
+    EXPECT_EQ(c.rope_scaling.original_context, 4097);
+    EXPECT_EQ(c.context_length, 10242);  // floor(2.5 x 4097)
+    EXPECT_THAT(c.DebugString(), HasSubstr("dynamic NTK, static"));
+  }
   {
     auto w = open({{"model_type", R"("qwen2")"},
                    {"sliding_window", "4096"},
@@ -275,11 +289,83 @@ TEST(SafetensorsLoaderTest, ReadsFamilyFeatures) {
     EXPECT_TRUE((*w)->config().attention_bias);
     EXPECT_EQ((*w)->config().sliding_window, 0);  // Not used by Qwen2.
   }
-  {
-    auto w =
-        open({{"model_type", R"("qwen2")"}, {"use_sliding_window", "true"}});
+  // Qwen2's window as transformers' Qwen2Config reads it (kLayers = 2).
+  struct Qwen2Case {
+    std::map<std::string, std::string> keys;
+    int64_t window;               // ModelConfig::sliding_window.
+    std::vector<int64_t> layers;  // LayerWindow per layer.
+  };
+  for (const Qwen2Case& q : std::vector<Qwen2Case>{
+           // max_window_layers defaults to 28: no layer of 2 slides.
+           {{{"use_sliding_window", "true"}}, 0, {0, 0}},
+           // sliding_window defaults to 4096 (absent, not null).
+           {{{"use_sliding_window", "true"}, {"max_window_layers", "1"}},
+            4096,
+            {0, 4096}},
+           {{{"use_sliding_window", "true"},
+             {"sliding_window", "null"},
+             {"max_window_layers", "0"}},
+            0,
+            {0, 0}},
+           {{{"use_sliding_window", "true"},
+             {"sliding_window", "64"},
+             {"max_window_layers", "0"}},
+            64,
+            {64, 64}},
+           // layer_types wins over max_window_layers.
+           {{{"use_sliding_window", "true"},
+             {"sliding_window", "64"},
+             {"max_window_layers", "1"},
+             {"layer_types", R"(["sliding_attention", "full_attention"])"}},
+            64,
+            {64, 0}},
+           {{{"use_sliding_window", "false"},
+             {"sliding_window", "64"},
+             {"max_window_layers", "0"},
+             {"layer_types", R"(["full_attention", "full_attention"])"}},
+            0,
+            {0, 0}},
+       }) {
+    auto keys = q.keys;
+    keys["model_type"] = R"("qwen2")";
+    SCOPED_TRACE(absl::StrJoin(keys, ", ", absl::PairFormatter("=")));
+    auto w = open(keys);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ModelConfig& c = (*w)->config();
+    EXPECT_EQ(c.sliding_window, q.window);
+    for (int64_t l = 0; l < kLayers; ++l) {
+      EXPECT_EQ(c.LayerWindow(l), q.layers[l]) << "layer " << l;
+    }
+    if (q.layers[0] != q.layers[1]) {
+      EXPECT_THAT(c.DebugString(), HasSubstr("(the others attend to all)"));
+    }
+  }
+  for (const auto& [keys, needle] :
+       std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
+           {{{"layer_types", R"(["sliding_attention", "full_attention"])"}},
+            "no window"},
+           {{{"use_sliding_window", "true"},
+             {"layer_types", R"(["full_attention"])"}},
+            "one type for each"},
+           {{{"use_sliding_window", "true"},
+             {"layer_types", R"(["chunked_attention", "full_attention"])"}},
+            "chunked_attention"},
+           {{{"use_sliding_window", "true"}, {"sliding_window", "0"}},
+            "sliding_window"},
+           {{{"use_sliding_window", "1"}}, "use_sliding_window"},
+       }) {
+    auto all = keys;
+    all["model_type"] = R"("qwen2")";
+    SCOPED_TRACE(needle);
+    auto w = open(all);
     ASSERT_FALSE(w.ok());
-    EXPECT_THAT(w.status().message(), HasSubstr("use_sliding_window"));
+    EXPECT_THAT(w.status().message(), HasSubstr(needle));
+  }
+  {
+    auto w = open({{"rope_scaling", R"({"type":"dynamic","factor":1e4})"},
+                   {"max_position_embeddings", "4096"}});
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(), HasSubstr("beyond 2^24"));
   }
   for (const auto& [window, want] :
        {std::pair<std::string, int64_t>{"4096", 4096}, {"null", 0}}) {
@@ -313,7 +399,7 @@ TEST(SafetensorsLoaderTest, RejectsBadConfig) {
           {"rope_theta", R"("big")", "rope_theta"},
           {"rope_theta", "1e300", "rope_theta"},
           {"model_type", R"("gpt2")", "gpt2"},
-          {"rope_scaling", R"({"type":"dynamic","factor":2.0})", "dynamic"},
+          {"rope_scaling", R"({"type":"dynamic"})", "factor"},
           {"rope_scaling", R"({"rope_type":"longrope"})", "longrope"},
           {"rope_scaling", R"({"type":"linear"})", "factor"},
           {"rope_scaling", R"({"type":"linear","factor":0.5})", "factor"},

@@ -62,8 +62,17 @@ struct SpmConfig {
 // add_bos_token,add_space_prefix}, chat_template. InvalidArgument naming
 // the key when one is malformed.
 absl::StatusOr<SpmConfig> SpmConfigFromGguf(const GgufFile& gguf);
-// (tokenizer.json files of this kind, BPE with byte_fallback as Llama 2 and
-// Mistral folders ship them, are read by LoadTokenizerDirectory.)
+// From the bytes of a SentencePiece model file (a serialized ModelProto, as
+// Hugging Face folders ship it as tokenizer.model), read as llama.cpp's
+// converter reads one into GGUF: pieces, scores, types, unk/bos/eos ids and
+// the dummy prefix. InvalidArgument when the bytes are not a model;
+// Unimplemented naming the field for models that would tokenize otherwise
+// (Unigram, WORD and CHAR models, no byte_fallback, a normalization rule,
+// whitespace folding). add_bos stays true.
+absl::StatusOr<SpmConfig> SpmConfigFromModelProto(std::string_view bytes);
+// (Folders are read by LoadTokenizerDirectory: tokenizer.json files of this
+// kind, BPE with byte_fallback as Llama 2 and Mistral folders ship them, or
+// tokenizer.model when there is no tokenizer.json.)
 
 // Immutable after Create; all methods are thread-safe.
 class SpmTokenizer : public Tokenizer {

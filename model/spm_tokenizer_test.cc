@@ -1,10 +1,15 @@
 #include "model/spm_tokenizer.h"
 
+#include <filesystem>
+#include <fstream>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/sentencepiece_model.pb.h"
+#include "model/tokenizer_loaders.h"
 
 namespace shardlm {
 namespace {
@@ -88,6 +93,150 @@ TEST(SpmTokenizerTest, RejectsMalformedVocabularies) {
   c.eos_id = 100000;
   EXPECT_FALSE(SpmTokenizer::Create(c).ok());
   EXPECT_FALSE(SpmTokenizer::Create(SpmConfig{}).ok());
+}
+
+// TinyConfig as a tokenizer.model: BPE with byte fallback, the identity
+// normalizer with a dummy prefix and no whitespace folding (as Llama 2's).
+sentencepiece::ModelProto TinyModelProto() {
+  const SpmConfig c = TinyConfig();
+  sentencepiece::ModelProto m;
+  for (size_t i = 0; i < c.pieces.size(); ++i) {
+    auto* p = m.add_pieces();
+    p->set_piece(c.pieces[i]);
+    p->set_score(c.scores[i]);
+    p->set_type(static_cast<int32_t>(c.types[i]));
+  }
+  m.mutable_trainer_spec()->set_model_type(2);
+  m.mutable_trainer_spec()->set_byte_fallback(true);
+  m.mutable_normalizer_spec()->set_name("identity");
+  m.mutable_normalizer_spec()->set_remove_extra_whitespaces(false);
+  return m;
+}
+
+TEST(SpmModelProtoTest, ReadsWhatTheGgufConverterReads) {
+  absl::StatusOr<SpmConfig> c =
+      SpmConfigFromModelProto(TinyModelProto().SerializeAsString());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->pieces, TinyConfig().pieces);
+  EXPECT_EQ(c->scores, TinyConfig().scores);
+  EXPECT_EQ(c->types, TinyConfig().types);
+  EXPECT_EQ(c->bos_id, 1);  // trainer_spec's defaults.
+  EXPECT_EQ(c->eos_id, 2);
+  EXPECT_TRUE(c->add_space_prefix);
+  auto tok = SpmTokenizer::Create(*std::move(c));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_THAT((*tok)->Encode("ab"), ElementsAre(264));
+  EXPECT_THAT((*tok)->Encode("a</s>b"), ElementsAre(262, 2, 259, 261));
+
+  sentencepiece::ModelProto m = TinyModelProto();
+  m.mutable_normalizer_spec()->set_add_dummy_prefix(false);
+  m.mutable_trainer_spec()->set_bos_id(-1);
+  c = SpmConfigFromModelProto(m.SerializeAsString());
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->add_space_prefix);
+  EXPECT_EQ(c->bos_id, -1);
+}
+
+TEST(SpmModelProtoTest, RefusesModelsThatTokenizeOtherwiseByName) {
+  struct Case {
+    std::function<void(sentencepiece::ModelProto&)> change;
+    std::string needle;
+  };
+  for (const Case& c : std::vector<Case>{
+           {[](auto& m) { m.mutable_trainer_spec()->set_model_type(1); },
+            "model_type UNIGRAM is not supported"},
+           {[](auto& m) { m.mutable_trainer_spec()->clear_model_type(); },
+            "UNIGRAM"},  // The proto's default.
+           {[](auto& m) { m.mutable_trainer_spec()->set_model_type(4); },
+            "CHAR"},
+           {[](auto& m) { m.mutable_trainer_spec()->set_model_type(9); },
+            "not a SentencePiece model type"},
+           {[](auto& m) { m.mutable_trainer_spec()->set_byte_fallback(false); },
+            "byte_fallback"},
+           {[](auto& m) {
+              m.mutable_trainer_spec()->set_treat_whitespace_as_suffix(true);
+            },
+            "treat_whitespace_as_suffix"},
+           {[](auto& m) {
+              m.mutable_normalizer_spec()->set_name("nmt_nfkc");
+              m.mutable_normalizer_spec()->set_precompiled_charsmap("\x01");
+            },
+            "'nmt_nfkc'"},
+           {[](auto& m) {
+              m.mutable_normalizer_spec()->clear_remove_extra_whitespaces();
+            },
+            "remove_extra_whitespaces"},  // Default true.
+           {[](auto& m) {
+              m.mutable_normalizer_spec()->set_escape_whitespaces(false);
+            },
+            "escape_whitespaces"},
+           {[](auto& m) {
+              m.mutable_denormalizer_spec()->set_precompiled_charsmap("\x01");
+            },
+            "denormalizer_spec"},
+           {[](auto& m) { m.mutable_pieces(7)->set_type(7); },
+            "pieces[7].type = 7"},
+           {[](auto& m) { m.mutable_trainer_spec()->set_eos_id(266); },
+            "eos_id = 266"},
+           {[](auto& m) { m.clear_pieces(); }, "0 pieces"},
+       }) {
+    SCOPED_TRACE(c.needle);
+    sentencepiece::ModelProto m = TinyModelProto();
+    c.change(m);
+    absl::StatusOr<SpmConfig> config =
+        SpmConfigFromModelProto(m.SerializeAsString());
+    ASSERT_FALSE(config.ok());
+    EXPECT_THAT(config.status().message(), testing::HasSubstr(c.needle));
+  }
+  // Not a ModelProto at all, or cut short.
+  EXPECT_THAT(SpmConfigFromModelProto("\xff\xff\xff\xff").status().message(),
+              testing::HasSubstr("does not parse"));
+  const std::string bytes = TinyModelProto().SerializeAsString();
+  EXPECT_FALSE(SpmConfigFromModelProto(bytes.substr(0, bytes.size() - 3)).ok());
+}
+
+// A Hugging Face folder with tokenizer.model and no tokenizer.json.
+TEST(SpmModelProtoTest, FoldersWithOnlyTokenizerModel) {
+  const std::filesystem::path dir =
+      std::filesystem::path(testing::TempDir()) / "spm_model_folder";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.model", std::ios::binary)
+      << TinyModelProto().SerializeAsString();
+  const auto with_config = [&](const std::string& json) {
+    std::ofstream(dir / "tokenizer_config.json") << json;
+    return LoadTokenizerDirectory(dir.string());
+  };
+  {
+    auto tok = LoadTokenizerDirectory(dir.string());
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    EXPECT_THAT((*tok)->EncodePrompt("ab"), ElementsAre(1, 264));
+    EXPECT_EQ((*tok)->eos_id(), 2);
+  }
+  {
+    // Token names and the chat template from tokenizer_config.json.
+    auto tok = with_config(R"({"add_bos_token": false, "eos_token": "<s>",)"
+                           R"( "chat_template": "{{ messages }}"})");
+    ASSERT_TRUE(tok.ok()) << tok.status();
+    EXPECT_FALSE((*tok)->add_bos());
+    EXPECT_EQ((*tok)->eos_id(), 1);
+    EXPECT_EQ((*tok)->chat_template(), "{{ messages }}");
+  }
+  for (const auto& [json, needle] :
+       {std::pair<std::string, std::string>{R"({"legacy": false})",
+                                            "legacy = false"},
+        {R"({"add_eos_token": true})", "add_eos_token"}}) {
+    auto tok = with_config(json);
+    ASSERT_FALSE(tok.ok());
+    EXPECT_THAT(tok.status().message(), testing::HasSubstr(needle));
+    EXPECT_THAT(tok.status().message(),
+                testing::HasSubstr("tokenizer_config.json"));
+  }
+  std::ofstream(dir / "tokenizer.model", std::ios::binary) << "not a model";
+  auto tok = LoadTokenizerDirectory(dir.string());
+  ASSERT_FALSE(tok.ok());
+  EXPECT_THAT(tok.status().message(), testing::HasSubstr("tokenizer.model"));
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace

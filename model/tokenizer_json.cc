@@ -1,6 +1,7 @@
 // Hugging Face tokenizer.json: byte-level BPE -> BpeConfig, SentencePiece-style
 // BPE (byte_fallback) -> SpmConfig.
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
@@ -540,9 +541,21 @@ absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
   return BpeConfigFromRoot(root);
 }
 
+void ReadHfSpecialIds(const std::string& dir, BpeConfig* config) {
+  ReadSpecialIds(dir, config);
+}
+
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     const std::string& dir) {
   const std::string path = dir + "/tokenizer.json";
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    if (std::filesystem::exists(dir + "/tokenizer.model", ec)) {
+      return LoadSpmModelDirectory(dir);
+    }
+    return absl::NotFoundError(
+        absl::StrCat(dir, " has neither tokenizer.json nor tokenizer.model"));
+  }
   ASSIGN_OR_RETURN(std::string text, ReadFile(path));
   absl::StatusOr<Json> root = ParseRoot(text);
   if (!root.ok()) {

@@ -48,9 +48,25 @@ absl::Status OptionalKey(const absl::Status& status);
 absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view json);
 
 // `dir`/tokenizer.json, with bos/eos from tokenizer_config.json or else
-// config.json when present (a BOS from the post_processor stays).
+// config.json when present (a BOS from the post_processor stays); with no
+// tokenizer.json, `dir`/tokenizer.model (LoadSpmModelDirectory).
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
     const std::string& dir);
+
+// `dir`/tokenizer.model, a SentencePiece BPE model (SpmConfigFromModelProto)
+// run as transformers' LlamaTokenizer runs it with legacy behaviour (and
+// llama.cpp the GGUF converted from it): BOS unless tokenizer_config.json's
+// add_bos_token is false; bos/eos names and the chat template from
+// tokenizer_config.json. legacy = false and add_eos_token = true there are
+// Unimplemented.
+absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSpmModelDirectory(
+    const std::string& dir);
+
+// Sets config's bos_id (unless add_bos is already set: a BOS from a
+// post_processor), eos_id and chat_template from `dir`/tokenizer_config.json
+// (token names looked up in config's tokens and added tokens), or else
+// config.json's ids. Missing or malformed files change nothing.
+void ReadHfSpecialIds(const std::string& dir, BpeConfig* config);
 
 }  // namespace shardlm
 

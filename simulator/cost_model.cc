@@ -211,19 +211,27 @@ std::vector<double> RooflineCostModel::StageSeconds(
   const double n = static_cast<double>(step.tokens.size());
   const double rows = static_cast<double>(step.logit_rows.size());
   // Per sequence: the KV it reads (its whole visible context, once) and
-  // the query-key pairs its new tokens attend to.
+  // the query-key pairs its new tokens attend to, averaged over the layers
+  // (a window may apply to some layers only, as in Qwen2).
+  int64_t windowed = 0;
+  for (int64_t l = 0; l < c.n_layers; ++l) windowed += c.LayerWindow(l) > 0;
+  const double windowed_share =
+      c.n_layers > 0 ? static_cast<double>(windowed) / c.n_layers : 0.0;
   const size_t seqs = step.seq_ids.size();
-  std::vector<int64_t> context(seqs, 0);
+  std::vector<double> context(seqs, 0);
   double pairs = 0;
   for (size_t t = 0; t < step.tokens.size(); ++t) {
-    int64_t visible = step.positions[t] + 1;
-    if (c.sliding_window > 0) visible = std::min(visible, c.sliding_window);
-    pairs += static_cast<double>(visible);
-    int64_t& ctx = context[step.token_seq[t]];
+    const int64_t full = step.positions[t] + 1;
+    const int64_t window =
+        c.sliding_window > 0 ? std::min(full, c.sliding_window) : full;
+    const double visible = windowed_share * static_cast<double>(window) +
+                           (1 - windowed_share) * static_cast<double>(full);
+    pairs += visible;
+    double& ctx = context[step.token_seq[t]];
     ctx = std::max(ctx, visible);
   }
   double kv_tokens = 0;
-  for (int64_t ctx : context) kv_tokens += static_cast<double>(ctx);
+  for (double ctx : context) kv_tokens += ctx;
 
   const double hd = static_cast<double>(c.head_dim);
   const double activations =

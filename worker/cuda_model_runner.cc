@@ -456,9 +456,8 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   // Block tables are checked here, before anything is written.
-  AttentionBatch attn{.positions = step.positions,
-                      .token_seq = step.token_seq,
-                      .window = config_.sliding_window};
+  // Windows are per layer (the attention call's).
+  AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
   for (const auto& table : step.block_tables)
     attn.block_tables.push_back(table);
   RETURN_IF_ERROR(Reserve(n, std::max<int64_t>(m, 1)));
@@ -495,8 +494,9 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   const std::vector<int64_t> key = {
       n, m, batch_.sequences(), batch_.padded_blocks(), batch_.tiles(),
       batch_.max_tile() == 1 ? 1 : 0,
-      // The decode kernel's split count (PagedAttentionCuda's rule).
-      std::min<int64_t>((AttendedKeys() + 255) / 256, 64),
+      // The decode kernel's split count on layers without a window
+      // (PagedAttentionCuda's rule; windowed layers' change with it).
+      std::min<int64_t>((batch_.max_context() + 255) / 256, 64),
       batch_.reallocations(), generation_};
   if (graph_exec_ == nullptr || key != graph_key_) {
     absl::Status captured = Capture(n, m);
@@ -513,12 +513,6 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   return CudaStatus(
       cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s),
       "cudaGraphLaunch");
-}
-
-int64_t CudaModelRunner::AttendedKeys() const {
-  return config_.sliding_window > 0
-             ? std::min(batch_.max_context(), config_.sliding_window)
-             : batch_.max_context();
 }
 
 absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
@@ -588,10 +582,11 @@ class CudaForwardOps : public ForwardOps {
                        cache.v_host);
   }
   absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         Tensor& out) override {
+                         int64_t window, Tensor& out) override {
+    // The layer's window (Qwen2's differ by layer) over the step's batch.
     return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
                               AttentionKernel::kAuto, /*splits=*/0,
-                              cache.k_host, cache.v_host);
+                              cache.k_host, cache.v_host, window);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override {

@@ -129,8 +129,6 @@ class CudaModelRunner : public ShardRunner {
   // logit rows), eagerly or while capturing.
   absl::Status Launch(int64_t n, int64_t m);
   absl::Status Capture(int64_t n, int64_t m);
-  // The most keys a token of the uploaded step attends to.
-  int64_t AttendedKeys() const;
   absl::Status Validate(const StepInput& step) const;
   // Queues the step's block copies on the copy stream, after the previous
   // step's compute, and makes the compute stream wait for them.

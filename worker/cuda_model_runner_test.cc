@@ -227,8 +227,9 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
 // The model families' features on the GPU against the CPU, teacher-forced
 // on the CPU's greedy tokens (a prompt in chunks, then decode steps):
 // Qwen2's Q/K/V biases with theta 1e6, Llama 3.1's RoPE scaling, YaRN (its
-// cos/sin magnitude too), and Mistral's sliding window shorter than the
-// context (in prefill chunks and in decode). Bound as the synthetic test.
+// cos/sin magnitude too), Mistral's sliding window shorter than the
+// context (in prefill chunks and in decode), Qwen2's window in some layers
+// only, and dynamic NTK served static. Bound as the synthetic test.
 TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
   SKIP_WITHOUT_GPU();
   struct Variant {
@@ -262,6 +263,19 @@ TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
        [](ModelConfig& c) {
          c.architecture = "mistral";
          c.sliding_window = 20;
+       }},
+      {"qwen2 window in layer 1 only",
+       [](ModelConfig& c) {
+         c.architecture = "qwen2";
+         c.attention_bias = true;
+         c.sliding_window = 20;
+         c.window_layers = {false, true};
+       }},
+      {"dynamic ntk (static base)",
+       [](ModelConfig& c) {
+         c.rope_scaling = {.type = RopeScalingType::kDynamic,
+                           .factor = 2,
+                           .original_context = 128};
        }},
   };
   for (const Variant& v : variants) {

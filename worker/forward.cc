@@ -71,7 +71,8 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(ops.Rope(k3, rope));
     const KvLayer cache = kv.at(l);
     RETURN_IF_ERROR(ops.WriteKv(k3, v3, cache));
-    RETURN_IF_ERROR(ops.Attention(q3, cache, scale, attn3));
+    RETURN_IF_ERROR(ops.Attention(q3, cache, scale,
+                                  c.LayerWindow(spec.layer_begin + l), attn3));
     RETURN_IF_ERROR(Residual(b.attn, w.wo, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));

@@ -55,9 +55,10 @@ class ForwardOps {
   virtual absl::Status WriteKv(const Tensor& k, const Tensor& v,
                                const KvLayer& cache) = 0;
   // Causal attention of the step's queries over one layer's cache (over
-  // the last config.sliding_window positions of each query when set).
+  // the last `window` positions of each query when > 0: the layer's
+  // ModelConfig::LayerWindow).
   virtual absl::Status Attention(const Tensor& q, const KvLayer& cache,
-                                 float scale, Tensor& out) = 0;
+                                 float scale, int64_t window, Tensor& out) = 0;
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                               Tensor& out) = 0;
   // x += y.

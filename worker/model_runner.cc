@@ -142,11 +142,11 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
 namespace {
 
 // The forward pass's ops on the CPU (kernels/<op>/<op>.h), bound to one
-// step's host-side tokens, positions and block tables.
+// step's host-side tokens, positions and block tables (`batch`, whose
+// window Attention sets per layer).
 class CpuForwardOps : public ForwardOps {
  public:
-  CpuForwardOps(const StepInput& step, const AttentionBatch& batch,
-                int64_t hidden)
+  CpuForwardOps(const StepInput& step, AttentionBatch& batch, int64_t hidden)
       : step_(step), batch_(batch), hidden_(hidden) {}
 
   absl::Status Embed(const Tensor& table, int64_t vocab_begin,
@@ -170,7 +170,8 @@ class CpuForwardOps : public ForwardOps {
     return shardlm::WriteKv(k, v, batch_, cache.k, cache.v);
   }
   absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         Tensor& out) override {
+                         int64_t window, Tensor& out) override {
+    batch_.window = window;  // Layers differ (Qwen2's max_window_layers).
     return PagedAttention(q, cache.k, cache.v, batch_, scale, out);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
@@ -197,7 +198,7 @@ class CpuForwardOps : public ForwardOps {
 
  private:
   const StepInput& step_;
-  const AttentionBatch& batch_;
+  AttentionBatch& batch_;
   const int64_t hidden_;
 };
 
@@ -226,8 +227,7 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
 
   AttentionBatch batch{.positions = step.positions,
-                       .token_seq = step.token_seq,
-                       .window = c.sliding_window};
+                       .token_seq = step.token_seq};
   for (const auto& table : step.block_tables) {
     batch.block_tables.push_back(table);
   }

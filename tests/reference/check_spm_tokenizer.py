@@ -25,7 +25,14 @@ For the test strings of check_tokenizer.py and 1000 seeded random ones:
     from the pieces' scores), in both forms those files take: Llama 2's
     Prepend/Replace normalizer and the newer Metaspace pre-tokenizer with
     prepend_scheme "first": ids identical to Hugging Face `tokenizers`
-    reading the same file, for every string.
+    reading the same file, for every string;
+  - the trained model file itself as a Hugging Face folder with only
+    tokenizer.model (and tokenizer_config.json): ids identical to
+    sentencepiece's encode (strings without control tokens), to
+    sentencepiece run on each text between literal control tokens as
+    transformers' legacy LlamaTokenizer runs it (every string), and to
+    llama.cpp (every string, when installed); prompts start with <s>;
+    and a Unigram model trained the same way is refused by name.
 
 Exit 0: all agree; 1: a mismatch; 2: a tool or usage error.
 """
@@ -36,6 +43,7 @@ import argparse
 import glob
 import json
 import os
+import subprocess
 import sys
 
 import numpy as np
@@ -49,7 +57,7 @@ SPECIAL_STRINGS = ["<s>", "</s>", "Hello</s>world", "<s>[INST] hi [/INST]",
                    "a <s>b</s> c", "<unk>", "x<s><s>y"]
 
 
-def train(workdir: str):
+def train(workdir: str, model_type: str = "bpe", name: str = "spm"):
     import sentencepiece as spm
     corpus = os.path.join(workdir, "corpus.txt")
     root = os.path.join(HERE, "..", "..")
@@ -60,9 +68,10 @@ def train(workdir: str):
                 out.write(f.read())
         for s in check_tokenizer.STRINGS:
             out.write(s.replace("\n", " ") + "\n")
-    prefix = os.path.join(workdir, "spm")
+    prefix = os.path.join(workdir, name)
     spm.SentencePieceTrainer.train(
-        input=corpus, model_prefix=prefix, vocab_size=VOCAB, model_type="bpe",
+        input=corpus, model_prefix=prefix, vocab_size=VOCAB,
+        model_type=model_type,
         byte_fallback=True, add_dummy_prefix=True,
         remove_extra_whitespaces=False, normalization_rule_name="identity",
         character_coverage=0.9995, num_threads=1, minloglevel=2,
@@ -172,6 +181,43 @@ def hf_tokenizer_json(sp, form: str) -> dict:
     return tj
 
 
+def legacy_llama_encode(sp, text: str) -> list:
+    """transformers' LlamaTokenizer (legacy, the slow one, sentencepiece
+    underneath): the text is split at literal special tokens (here the
+    model's control and unknown pieces; leftmost, longest first) and each
+    text between them is encoded by sentencepiece on its own, dummy prefix
+    included."""
+    specials = sorted((sp.id_to_piece(i) for i in range(sp.get_piece_size())
+                       if sp.is_control(i) or sp.is_unknown(i)),
+                      key=len, reverse=True)
+    ids, start, i = [], 0, 0
+    while i < len(text):
+        match = next((p for p in specials if text.startswith(p, i)), None)
+        if match is None:
+            i += 1
+            continue
+        if i > start:
+            ids += sp.encode(text[start:i])
+        ids.append(sp.piece_to_id(match))
+        i += len(match)
+        start = i
+    if start < len(text):
+        ids += sp.encode(text[start:])
+    return ids
+
+
+def write_model_folder(d: str, model_file: str) -> None:
+    """A Hugging Face folder with tokenizer.model and no tokenizer.json,
+    and the tokenizer_config.json of Llama 2's LlamaTokenizer."""
+    import shutil
+    os.makedirs(d, exist_ok=True)
+    shutil.copyfile(model_file, os.path.join(d, "tokenizer.model"))
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump({"tokenizer_class": "LlamaTokenizer", "bos_token": "<s>",
+                   "eos_token": "</s>", "unk_token": "<unk>",
+                   "add_bos_token": True, "add_eos_token": False}, f)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -251,14 +297,53 @@ def main(argv=None) -> int:
         failures += not bos_ok
         print(f"[hf {form}] {same} of {len(strings)} strings identical to "
               f"Hugging Face; prompts start with <s>: {bos_ok}")
+    # The model file itself, in a folder with no tokenizer.json.
+    folder = os.path.join(a.workdir, "hf-tokenizer-model")
+    write_model_folder(folder, os.path.join(a.workdir, "spm.model"))
+    ours_model = check_tokenizer.run_tool(a.tool, folder, strings)
+
+    def report_folder(label, want_of, subset):
+        nonlocal failures
+        same = 0
+        for s in subset:
+            got = ours_model[strings.index(s)]["ids"]
+            want = want_of(s)
+            same += got == want
+            if got != want:
+                failures += 1
+                if failures <= 10:
+                    print(f"  {label} DIFFERS on {s!r}:\n    ours {got}\n"
+                          f"    want {want}")
+        print(f"[{label}] {same} of {len(subset)} strings identical")
+
+    report_folder("tokenizer.model: sentencepiece", lambda s: sp.encode(s),
+                  plain)
+    report_folder("tokenizer.model: legacy LlamaTokenizer",
+                  lambda s: legacy_llama_encode(sp, s), strings)
+    bos_ok = all(r["prompt_ids"][:1] == [sp.bos_id()] for r in ours_model)
+    failures += not bos_ok
+    print(f"[tokenizer.model] prompts start with <s>: {bos_ok}")
+    train(a.workdir, model_type="unigram", name="unigram")
+    bad = os.path.join(a.workdir, "hf-tokenizer-model-unigram")
+    write_model_folder(bad, os.path.join(a.workdir, "unigram.model"))
+    proc = subprocess.run([a.tool, "--model", bad], input="", text=True,
+                          capture_output=True)
+    refused = proc.returncode != 0 and "UNIGRAM" in proc.stderr
+    failures += not refused
+    print(f"[tokenizer.model] a Unigram model is refused by name: {refused}"
+          f" ({proc.stderr.strip()})")
     try:
         from llama_cpp import Llama  # noqa: PLC0415
     except ImportError:
         print("[llama.cpp] not compared: llama-cpp-python is not installed")
     else:
         llm = Llama(model_path=model, vocab_only=True, verbose=False)
-        report("llama.cpp", lambda s: llm.tokenize(
-            s.encode("utf-8"), add_bos=False, special=True), strings)
+
+        def llama_cpp(s):
+            return llm.tokenize(s.encode("utf-8"), add_bos=False,
+                                special=True)
+        report("llama.cpp", llama_cpp, strings)
+        report_folder("tokenizer.model: llama.cpp", llama_cpp, strings)
     print("PASSED" if failures == 0 else f"FAILED: {failures}")
     return 0 if failures == 0 else 1
 

@@ -53,12 +53,20 @@ class Config:
     rope_base: float
     norm_eps: float
     rope_style: str      # "adjacent" (GGUF) or "half" (HF rotate_half)
-    # RoPE scaling, normalized: {"type": "linear"|"llama3"|"yarn", ...} with
-    # transformers' parameter names, or None.
+    # RoPE scaling, normalized: {"type": "linear"|"llama3"|"yarn"|"dynamic",
+    # ...} with transformers' parameter names, or None.
     rope_scaling: dict | None = None
     # GGUF rope_freqs.weight: per-pair divisors of the frequencies.
     freq_factors: np.ndarray | None = None
     sliding_window: int = 0  # 0: full causal attention.
+    # Per layer, whether sliding_window applies (Qwen2's use_sliding_window:
+    # the layers from max_window_layers on); None: every layer.
+    window_layers: list | None = None
+
+    def layer_window(self, layer: int) -> int:
+        if self.window_layers is not None and not self.window_layers[layer]:
+            return 0
+        return self.sliding_window
 
 
 @dataclasses.dataclass
@@ -287,15 +295,34 @@ def load_hf_dir(d: str):
     if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):
         scaling = dict(rs)
         scaling["type"] = rs.get("rope_type", rs.get("type"))
-        if scaling["type"] not in ("linear", "llama3", "yarn"):
+        if scaling["type"] not in ("linear", "llama3", "yarn", "dynamic"):
             raise ValueError(f"rope_scaling {rs} unsupported by the reference")
         if scaling["type"] == "yarn":
             scaling.setdefault("original_max_position_embeddings",
                                int(hc["max_position_embeddings"]))
-    window = 0
+        if scaling["type"] == "dynamic":
+            # transformers' dynamic NTK compares the sequence length with
+            # max_position_embeddings, whatever else rope_scaling holds.
+            scaling["original_max_position_embeddings"] = int(
+                hc["max_position_embeddings"])
+    window, window_layers = 0, None
+    n_layers = int(hc["num_hidden_layers"])
     if hc.get("model_type") == "qwen2":
-        if hc.get("use_sliding_window"):
-            raise ValueError("Qwen2 use_sliding_window unsupported")
+        # transformers' Qwen2Config: sliding_window is None unless
+        # use_sliding_window; layer_types defaults to "sliding_attention"
+        # for layers i >= max_window_layers when there is a window, and
+        # Qwen2Attention uses the window in the sliding layers only.
+        sw = hc.get("sliding_window", 4096) if hc.get("use_sliding_window") \
+            else None
+        types = hc.get("layer_types") or [
+            "sliding_attention"
+            if sw is not None and i >= hc.get("max_window_layers", 28)
+            else "full_attention" for i in range(n_layers)]
+        if "sliding_attention" in types:
+            if sw is None:
+                raise ValueError("sliding_attention layers without a window")
+            window = int(sw)
+            window_layers = [t == "sliding_attention" for t in types]
     else:
         window = int(hc.get("sliding_window") or 0)
     cfg = Config(
@@ -311,6 +338,7 @@ def load_hf_dir(d: str):
         rope_style="half",
         rope_scaling=scaling,
         sliding_window=window,
+        window_layers=window_layers,
     )
     t = _load_hf_tensors(d)
     layers = []
@@ -367,7 +395,19 @@ def rope_frequencies(head_dim: int, base: float, scaling: dict | None,
     inv = base ** (-2.0 * i / head_dim)
     mscale = 1.0
     kind = scaling["type"] if scaling else None
-    if kind == "linear":
+    if kind == "dynamic":
+        # Static NTK (docs/design-notes.md): transformers'
+        # _compute_dynamic_ntk_parameters evaluated once, at the longest
+        # sequence served (factor x the original context), for every
+        # position: base x (factor x seq_len / original - (factor - 1))
+        # ^ (dim / (dim - 2)).
+        f = scaling["factor"]
+        original = scaling["original_max_position_embeddings"]
+        seq_len = f * original
+        ntk_base = base * ((f * seq_len / original) - (f - 1)) ** (
+            head_dim / (head_dim - 2))
+        inv = 1.0 / ntk_base ** (np.arange(0, head_dim, 2) / head_dim)
+    elif kind == "linear":
         inv = inv / scaling["factor"]
     elif kind == "llama3":
         f = scaling["factor"]
@@ -521,11 +561,12 @@ class LlamaRef:
             self.k_cache[li], self.v_cache[li] = K, V
             S = K.shape[0]
             # causal mask: query at absolute position p sees keys 0..p (the
-            # last sliding_window of them when set)
+            # last `window` of them when this layer has one)
             kpos = np.arange(S)
             seen = kpos[None, :] <= positions[:, None]
-            if c.sliding_window > 0:
-                seen &= positions[:, None] - kpos[None, :] < c.sliding_window
+            window = c.layer_window(li)
+            if window > 0:
+                seen &= positions[:, None] - kpos[None, :] < window
             mask = np.where(seen, 0.0, -np.inf)
             att_out = np.empty((T, c.n_heads, c.head_dim))
             for hq in range(c.n_heads):

@@ -3,11 +3,13 @@
 formats, for checking the C++ forward pass against the numpy reference
 (llama_ref.py) and llama.cpp (check_llama_cpp.py).
 
-  make_family_models.py OUTDIR --family llama3|qwen2|mistral|yarn|linear
+  make_family_models.py OUTDIR --family llama3|qwen2|mistral|yarn|linear|
+                                       dynamic|qwen2_swa
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
-                      vocabulary, so llama.cpp can load it.
+                      vocabulary, so llama.cpp can load it (not for dynamic
+                      and qwen2_swa, which GGUF has no keys for).
 OUTDIR/FAMILY-hf/     config.json (the family's transformers config) and
                       model.safetensors (F32).
 
@@ -25,6 +27,10 @@ the reference reading that same file). Families, all with odd GQA groups
            (llama.attention.sliding_window in GGUF).
   yarn     Qwen2 with YaRN scaling (factor 4, original context 32).
   linear   Llama with linear RoPE scaling (factor 4).
+  dynamic  Llama with dynamic NTK scaling (the older "type" key, factor
+           2.5): served statically, the base scaled for 2.5 x 4096.
+  qwen2_swa  Qwen2 with use_sliding_window: a window of 20 positions in
+           layers 2-4 (max_window_layers 2), full attention in 0-1.
 
 The model is only written when, on the fixed prompts, every one of 32
 reference greedy steps has a top-1 minus top-2 logit margin above
@@ -51,7 +57,7 @@ TOKENIZER_GGUF_DEFAULT = os.path.join(
 VOCAB = 49152
 BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             eps=1e-5, context=4096, theta=10000.0, tied=False, bias=False,
-            window=0, scaling=None)
+            window=0, scaling=None, formats=("gguf", "hf"))
 FAMILIES = {
     "llama3": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    theta=500000.0,
@@ -68,6 +74,11 @@ FAMILIES = {
                           "original_max_position_embeddings": 32}),
     "linear": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    scaling={"rope_type": "linear", "factor": 4.0}),
+    "dynamic": dict(hf_type="llama", formats=("hf",),
+                    scaling={"type": "dynamic", "factor": 2.5}),
+    "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
+                      tied=True, bias=True, eps=1e-6, window=20,
+                      max_window_layers=2),
 }
 HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "mistral": "MistralForCausalLM"}
@@ -220,7 +231,10 @@ def write_hf(d: str, f: dict, t: dict) -> None:
         "eos_token_id": 2,
         "torch_dtype": "float32",
     }
-    if f["hf_type"] == "qwen2":
+    if f["hf_type"] == "qwen2" and f["window"]:
+        config.update(use_sliding_window=True, sliding_window=f["window"],
+                      max_window_layers=f["max_window_layers"])
+    elif f["hf_type"] == "qwen2":  # As Qwen2.5 configs ship.
         config.update(use_sliding_window=False, sliding_window=f["context"],
                       max_window_layers=f["layers"])
     elif f["hf_type"] == "mistral":
@@ -266,6 +280,8 @@ def main(argv=None) -> int:
                (os.path.join(a.outdir, f"{a.family}-hf"),
                 lambda p, t: write_hf(p, f, t))]
     for k, (path, write) in enumerate(targets):
+        if ("gguf", "hf")[k] not in f["formats"]:
+            continue
         for seed in range(a.seed + 100 * k, a.seed + 100 * k + 20):
             write(path, draw(f, seed))
             m = min_margin_of(path)
