@@ -160,8 +160,11 @@ absl::Status RmsNormCuda(const Tensor& x, const Tensor& weight, float eps,
                   "RmsNormCuda");
 }
 
-absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
-                      RopeStyle style, const CudaExec& exec) {
+namespace {
+
+// The checks both RopeCuda forms share: x [n, heads, even head_dim] f32 and
+// one i32 position per token, on the device.
+absl::Status CheckRopeArgs(const Tensor& x, const Tensor& positions) {
   if (x.rank() != 3) {
     return absl::InvalidArgumentError(
         "RopeCuda: x must be [n, heads, head_dim]");
@@ -174,10 +177,18 @@ absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
   if (d % 2 != 0) {
     return absl::InvalidArgumentError("RopeCuda: head_dim must be even");
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status RopeCuda(Tensor& x, const Tensor& positions, float theta,
+                      RopeStyle style, const CudaExec& exec) {
+  RETURN_IF_ERROR(CheckRopeArgs(x, positions));
   return Launched(
-      cuda::Rope(x.data<float>(), positions.data<int32_t>(), n, heads, d, theta,
-                 /*inv_freq=*/nullptr, /*mscale=*/1.0,
-                 style == RopeStyle::kAdjacentPairs, S(exec)),
+      cuda::Rope(x.data<float>(), positions.data<int32_t>(), x.dim(0), x.dim(1),
+                 x.dim(2), theta, /*inv_freq=*/nullptr,
+                 /*mscale=*/1.0, style == RopeStyle::kAdjacentPairs, S(exec)),
       "RopeCuda");
 }
 
@@ -200,18 +211,8 @@ absl::StatusOr<CudaRopeTable> UploadRopeTable(const RopeTable& table,
 
 absl::Status RopeCuda(Tensor& x, const Tensor& positions,
                       const CudaRopeTable& table, const CudaExec& exec) {
-  if (x.rank() != 3) {
-    return absl::InvalidArgumentError(
-        "RopeCuda: x must be [n, heads, head_dim]");
-  }
+  RETURN_IF_ERROR(CheckRopeArgs(x, positions));
   const int64_t n = x.dim(0), heads = x.dim(1), d = x.dim(2);
-  RETURN_IF_ERROR(
-      CheckDevice("RopeCuda", "x", x, {n, heads, d}, {DType::kF32}));
-  RETURN_IF_ERROR(
-      CheckDevice("RopeCuda", "positions", positions, {n}, {DType::kI32}));
-  if (d % 2 != 0) {
-    return absl::InvalidArgumentError("RopeCuda: head_dim must be even");
-  }
   if (table.inv_freq == nullptr || table.pairs != d / 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("RopeCuda: the table has ", table.pairs,
