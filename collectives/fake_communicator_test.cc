@@ -41,7 +41,8 @@ class FakeCollectiveTest
     : public ::testing::TestWithParam<std::tuple<int, int64_t>> {};
 
 TEST_P(FakeCollectiveTest, AllReduceSumAndMaxExact) {
-  const auto [size, n] = GetParam();
+  const int size = std::get<0>(GetParam());
+  const int64_t n = std::get<1>(GetParam());
   auto comms = MakeFakeGroup(size, "test group");
   RunGroup(comms, [&](Communicator& c) {
     const int r = c.rank();
@@ -70,7 +71,8 @@ TEST_P(FakeCollectiveTest, AllReduceSumAndMaxExact) {
 }
 
 TEST_P(FakeCollectiveTest, AllGatherExact) {
-  const auto [size, n] = GetParam();
+  const int size = std::get<0>(GetParam());
+  const int64_t n = std::get<1>(GetParam());
   auto comms = MakeFakeGroup(size, "test group");
   RunGroup(comms, [&](Communicator& c) {
     Tensor send = F32(n);
@@ -96,7 +98,8 @@ TEST_P(FakeCollectiveTest, AllGatherExact) {
 }
 
 TEST_P(FakeCollectiveTest, BroadcastFromEveryRoot) {
-  const auto [size, n] = GetParam();
+  const int size = std::get<0>(GetParam());
+  const int64_t n = std::get<1>(GetParam());
   auto comms = MakeFakeGroup(size, "test group");
   RunGroup(comms, [&](Communicator& c) {
     for (int root = 0; root < size; ++root) {
@@ -109,7 +112,8 @@ TEST_P(FakeCollectiveTest, BroadcastFromEveryRoot) {
 }
 
 TEST_P(FakeCollectiveTest, SendRecvRing) {
-  const auto [size, n] = GetParam();
+  const int size = std::get<0>(GetParam());
+  const int64_t n = std::get<1>(GetParam());
   auto comms = MakeFakeGroup(size, "test group");
   if (size == 1) {
     // No peer in a group of one: sending to or receiving from oneself is
@@ -137,7 +141,8 @@ TEST_P(FakeCollectiveTest, SendRecvRing) {
 }
 
 TEST_P(FakeCollectiveTest, BackToBackRoundsDoNotMix) {
-  const auto [size, n] = GetParam();
+  const int size = std::get<0>(GetParam());
+  const int64_t n = std::get<1>(GetParam());
   auto comms = MakeFakeGroup(size, "test group");
   RunGroup(comms, [&](Communicator& c) {
     const int r = c.rank();

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets (tests/fuzz/) with clang under ASan and
-# UBSan in build-fuzz/ and runs each for FUZZ_SECONDS (default 30) from its
+# UBSan in build-san/ (scripts/build-san.sh) and runs each for FUZZ_SECONDS (default 30) from its
 # seed corpus (tests/fuzz/corpus/<target>, copied so the tree stays clean).
-# Fails on any finding; the crashing input is left in build-fuzz/findings/.
+# Fails on any finding; the crashing input is left in build-san/findings/.
 # FUZZ_SEED (default 1) fixes the mutation sequence; 0 takes the clock.
 #   scripts/fuzz.sh [target ...]
 set -euo pipefail
@@ -15,12 +15,10 @@ SECONDS_EACH=${FUZZ_SECONDS:-30}
 # same inputs each time (CI cannot fail at random); FUZZ_SEED=0 picks one
 # from the clock for deeper local runs.
 SEED=${FUZZ_SEED:-1}
-BUILD=build-fuzz
+BUILD=build-san
 export SHARDLM_MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 
-CC=clang CXX=clang++ BUILD_DIR=$BUILD \
-  CMAKE_ARGS="-DSHARDLM_FUZZ=ON -DSHARDLM_CUDA=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo" \
-  bash scripts/build.sh --target "${TARGETS[@]}"
+bash scripts/build-san.sh --target "${TARGETS[@]}"
 
 mkdir -p "$BUILD/findings"
 failed=()
