@@ -1,14 +1,18 @@
 // Engine throughput on this machine, as ratios against its own measured
 // memory bandwidth (a benchmark, not a test):
 //   engine_bench --model PATH [--threads 1,2] [--prompt-tokens 512]
-//                [--decode-tokens 128] [--bandwidth-mib 1024]
+//                [--decode-tokens 128] [--batch 1] [--bandwidth-mib 1024]
 //                [--json out.json]
 // For each thread count: prefill tokens/s of one prompt, decode tokens/s,
 // and decode time against the bandwidth floor (bytes each decode step must
 // read: every weight matrix once plus the KV cache so far, divided by the
-// measured read bandwidth at that thread count). Every timed run must
-// decode all its tokens, the same as an untimed reference run (one
-// thread, TP = PP = 1); exits 1 when one does not.
+// measured read bandwidth at that thread count). With --batch N, N
+// sequences of distinct prompts are prefilled in one step (N x
+// prompt-tokens must fit the engine's 512-token budget) and decoded side by
+// side: the decode figures are then per step of N tokens (what the
+// simulator's CPU profile calibrates its batched matrix-vector rate from).
+// Every timed run must decode all its tokens, the same as an untimed
+// reference run (one thread, TP = PP = 1); exits 1 when one does not.
 #include <omp.h>
 
 #include <algorithm>
@@ -58,11 +62,13 @@ int Main(int argc, char** argv) {
   std::string model, threads_arg = "1,2", json_path;
   int64_t tp = 1, pp = 1;
   int64_t prompt_tokens = 512, decode_tokens = 128, bandwidth_mib = 1024;
+  int64_t batch = 1;
   FlagSet flags("usage: engine_bench --model PATH [flags]");
   flags.Add("model", &model, "model path");
   flags.Add("threads", &threads_arg, "comma-separated thread counts");
   flags.Add("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Add("decode-tokens", &decode_tokens, "decode steps timed");
+  flags.Add("batch", &batch, "sequences decoded side by side");
   flags.Add("bandwidth-mib", &bandwidth_mib,
             "MiB summed to measure the read bandwidth");
   flags.Add("json", &json_path, "also write results here");
@@ -70,7 +76,7 @@ int Main(int argc, char** argv) {
   flags.Add("pp", &pp, "pipeline stages (threads of this process)");
   if (absl::Status s = flags.Parse(argc, argv, 1);
       !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1 ||
-      bandwidth_mib < 1) {
+      bandwidth_mib < 1 || batch < 1) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
                  flags.Usage().c_str());
     return 2;
@@ -82,36 +88,58 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const int32_t vocab = (*source)->config().vocab_size;
-  GenerateRequest req{.max_tokens = static_cast<int32_t>(decode_tokens + 1)};
-  for (int64_t i = 0; i < prompt_tokens; ++i) {
-    req.prompt.push_back(static_cast<int32_t>((i * 7919 + 13) % vocab));
+  const EngineOptions defaults;
+  if (batch > 1 && (batch * prompt_tokens > defaults.max_batched_tokens ||
+                    batch > defaults.max_seqs)) {
+    std::fprintf(stderr,
+                 "--batch %lld x --prompt-tokens %lld: the prompts must be "
+                 "prefilled in one step of at most %d tokens and %d "
+                 "sequences\n",
+                 static_cast<long long>(batch),
+                 static_cast<long long>(prompt_tokens),
+                 defaults.max_batched_tokens, defaults.max_seqs);
+    return 2;
+  }
+  // Distinct prompts (no shared prefix for the prefix cache to find).
+  std::vector<GenerateRequest> requests(batch);
+  for (int64_t r = 0; r < batch; ++r) {
+    requests[r].max_tokens = static_cast<int32_t>(decode_tokens + 1);
+    for (int64_t i = 0; i < prompt_tokens; ++i) {
+      requests[r].prompt.push_back(
+          static_cast<int32_t>((i * 7919 + 13 + r * 104729) % vocab));
+    }
   }
   // The tokens every timed run must decode (greedy; no stop tokens, so all
   // max_tokens of them).
-  std::vector<int32_t> reference;
+  std::vector<std::vector<int32_t>> reference;
   {
     auto engine = Engine::Create(**source, {.threads = 1});
-    auto result = engine.ok() ? (*engine)->Generate(req)
-                              : absl::StatusOr<GenerateResult>(engine.status());
-    if (!result.ok()) {
+    auto results =
+        engine.ok()
+            ? (*engine)->GenerateBatch(requests)
+            : absl::StatusOr<std::vector<GenerateResult>>(engine.status());
+    if (!results.ok()) {
       std::fprintf(stderr, "reference run: %s\n",
-                   std::string(result.status().message()).c_str());
+                   std::string(results.status().message()).c_str());
       return 1;
     }
-    reference = result->tokens;
-    if (reference.size() != static_cast<size_t>(req.max_tokens)) {
-      std::fprintf(stderr, "reference run: %zu tokens, want %d\n",
-                   reference.size(), req.max_tokens);
-      return 1;
+    for (const GenerateResult& r : *results) {
+      if (r.tokens.size() != static_cast<size_t>(decode_tokens + 1)) {
+        std::fprintf(stderr, "reference run: %zu tokens, want %lld\n",
+                     r.tokens.size(),
+                     static_cast<long long>(decode_tokens + 1));
+        return 1;
+      }
+      reference.push_back(r.tokens);
     }
   }
-  nlohmann::json results = nlohmann::json::array();
+  nlohmann::json rows = nlohmann::json::array();
   std::printf(
-      "tp %d x pp %d, quantized-weight decode kernel %s\n%-8s %14s %14s "
-      "%12s %14s %12s %10s\n",
-      static_cast<int>(tp), static_cast<int>(pp), QuantKernelName(), "threads",
-      "prefill tok/s", "decode tok/s", "read GB/s", "floor ms/tok", "of floor",
-      "comm");
+      "tp %d x pp %d, batch %d, quantized-weight decode kernel %s\n%-8s "
+      "%14s %14s %12s %14s %12s %10s\n",
+      static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(batch),
+      QuantKernelName(), "threads", "prefill tok/s", "decode tok/s",
+      "read GB/s", "floor ms/tok", "of floor", "comm");
   for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
     int threads;
     if (!absl::SimpleAtoi(t, &threads) || threads < 1) {
@@ -128,36 +156,48 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const ModelConfig& c = (*engine)->config();
-    auto result = (*engine)->Generate(req);
-    if (!result.ok()) {
+    auto results = (*engine)->GenerateBatch(requests);
+    if (!results.ok()) {
       std::fprintf(stderr, "%s\n",
-                   std::string(result.status().message()).c_str());
+                   std::string(results.status().message()).c_str());
       return 1;
     }
-    if (result->tokens != reference) {
-      size_t at = 0;
-      while (at < std::min(reference.size(), result->tokens.size()) &&
-             result->tokens[at] == reference[at]) {
-        ++at;
+    // The batch's prefill and decode spans: the slowest sequence's.
+    double prefill_s = 0, decode_s = 0;
+    for (int64_t r = 0; r < batch; ++r) {
+      const std::vector<int32_t>& got = (*results)[r].tokens;
+      const std::vector<int32_t>& want = reference[r];
+      if (got != want) {
+        size_t at = 0;
+        while (at < std::min(want.size(), got.size()) && got[at] == want[at]) {
+          ++at;
+        }
+        std::fprintf(stderr,
+                     "engine_bench: FAILED: %d threads decoded %zu tokens of "
+                     "sequence %lld that differ from the reference run's %zu "
+                     "at token %zu\n",
+                     threads, got.size(), static_cast<long long>(r),
+                     want.size(), at);
+        return 1;
       }
-      std::fprintf(stderr,
-                   "engine_bench: FAILED: %d threads decoded %zu tokens that "
-                   "differ from the reference run's %zu at token %zu\n",
-                   threads, result->tokens.size(), reference.size(), at);
-      return 1;
+      prefill_s = std::max(prefill_s, (*results)[r].prefill_seconds);
+      decode_s = std::max(decode_s, (*results)[r].decode_seconds);
     }
-    const double prefill_tps = prompt_tokens / result->prefill_seconds;
-    const double decode_tps = decode_tokens / result->decode_seconds;
+    // Tokens/s over the whole batch; a decode step makes `batch` of them.
+    const double prefill_tps = batch * prompt_tokens / prefill_s;
+    const double decode_tps = batch * decode_tokens / decode_s;
     // Bytes one decode step reads: every weight matrix once (the embedding
     // only as the LM head when tied), plus K and V of the average context.
     int64_t weight_bytes = (*engine)->executor().weight_bytes();
     if (!c.tied_embeddings) weight_bytes -= c.vocab_size * c.hidden * 4;
     const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
     const double kv_bytes =
-        avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;
+        batch * avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;
     const double bandwidth = ReadBandwidth(bandwidth_mib);
+    // One step's floor (weights once for the whole batch) against one step.
     const double floor_s = (weight_bytes + kv_bytes) / bandwidth;
-    const double fraction = floor_s / (1.0 / decode_tps);
+    const double step_s = decode_s / decode_tokens;
+    const double fraction = floor_s / step_s;
     // Share of each rank's step time spent in communicator calls
     // (including waits for peers), averaged over ranks.
     double comm_share = 0;
@@ -170,19 +210,21 @@ int Main(int argc, char** argv) {
     std::printf("%-8d %14.1f %14.2f %12.2f %14.2f %11.0f%% %9.0f%%\n", threads,
                 prefill_tps, decode_tps, bandwidth / 1e9, floor_s * 1e3,
                 fraction * 100, comm_share * 100);
-    results.push_back({{"threads", threads},
-                       {"prompt_tokens", prompt_tokens},
-                       {"decode_tokens", decode_tokens},
-                       {"prefill_tokens_per_s", prefill_tps},
-                       {"decode_tokens_per_s", decode_tps},
-                       {"read_bandwidth_bytes_per_s", bandwidth},
-                       {"bytes_per_decode_step", weight_bytes + kv_bytes},
-                       {"decode_fraction_of_bandwidth_floor", fraction},
-                       {"tp", tp},
-                       {"pp", pp},
-                       {"comm_share_of_step_time", comm_share}});
+    rows.push_back({{"threads", threads},
+                    {"batch", batch},
+                    {"prompt_tokens", prompt_tokens},
+                    {"decode_tokens", decode_tokens},
+                    {"decode_step_seconds", step_s},
+                    {"prefill_tokens_per_s", prefill_tps},
+                    {"decode_tokens_per_s", decode_tps},
+                    {"read_bandwidth_bytes_per_s", bandwidth},
+                    {"bytes_per_decode_step", weight_bytes + kv_bytes},
+                    {"decode_fraction_of_bandwidth_floor", fraction},
+                    {"tp", tp},
+                    {"pp", pp},
+                    {"comm_share_of_step_time", comm_share}});
   }
-  if (!json_path.empty()) std::ofstream(json_path) << results.dump(2) << "\n";
+  if (!json_path.empty()) std::ofstream(json_path) << rows.dump(2) << "\n";
   return 0;
 }
 

@@ -67,11 +67,12 @@ def model_shape(shardlm: str, model: str) -> dict:
 
 
 def engine_bench(binary: str, model: str, threads: int, tp: int,
-                 prompt: int, decode: int) -> dict:
+                 prompt: int, decode: int, batch: int = 1) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         r = run([binary, "--model", model, "--threads", str(threads),
                  "--prompt-tokens", str(prompt), "--decode-tokens",
-                 str(decode), "--tp", str(tp), "--json", f.name], timeout=900)
+                 str(decode), "--tp", str(tp), "--batch", str(batch),
+                 "--json", f.name], timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"engine_bench failed: {r.stderr[-400:]}")
         return json.load(open(f.name))[0]
@@ -81,16 +82,20 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
               tp: int) -> dict:
     """The CPU profile's rates for one rank (1/tp of each layer), from
     engine_bench: one-sequence decode gives the matrix-vector kernels' FLOP
-    rate; prefills of 32 and 256 tokens give the tiled path's per-step
-    dequantization (the intercept) and its FLOP rate (the slope); the
-    measured read bandwidth is the bandwidth."""
+    rate; four sequences decoded side by side against one, at the same
+    short context, give the rate of each token after a step's first (the
+    kernels read each weight row once for all of them); prefills of 32 and
+    256 tokens give the tiled path's per-step dequantization (the
+    intercept) and its FLOP rate (the slope); the measured read bandwidth
+    is the bandwidth."""
     s = shape
     kv_r = -(-s["n_kv_heads"] // tp)
     heads_r = kv_r * (s["n_heads"] // s["n_kv_heads"])
     layer = (s["hidden"] * s["head_dim"] * (2 * heads_r + 2 * kv_r) +
              3 * s["hidden"] * -(-s["ffn_hidden"] // tp))
     head = s["hidden"] * -(-s["vocab_size"] // tp)
-    short = engine_bench(binary, model, threads, tp, 32, 8)
+    short = engine_bench(binary, model, threads, tp, 32, 32)
+    batch4 = engine_bench(binary, model, threads, tp, 32, 32, batch=4)
     long = engine_bench(binary, model, threads, tp, 256, 64)
     # Decode: 2 FLOPs per weight and the head, per token (attention over
     # ~300 positions is under 1%), in the time not spent communicating.
@@ -99,6 +104,11 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
     step = 1 / long["decode_tokens_per_s"]
     comm = step * long.get("comm_share_of_step_time", 0) if tp > 1 else 0
     matvec = 2 * (s["n_layers"] * layer + head) / (step - comm)
+    # Three more tokens a step: their FLOPs over the added time (the
+    # communication, a few messages of a few KB, grows little).
+    extra = (batch4["decode_step_seconds"] - short["decode_step_seconds"]) / 3
+    matvec_batch = (2 * (s["n_layers"] * layer + head) / extra
+                    if extra > 0 else 100 * matvec)
     alpha = comm / (2 * s["n_layers"] * 2 * (tp - 1) + 1) if tp > 1 else 0
     t_short = 32 / short["prefill_tokens_per_s"]
     t_long = 256 / long["prefill_tokens_per_s"]
@@ -110,7 +120,10 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
             "prefill32_tokens_per_s": short["prefill_tokens_per_s"],
             "prefill256_tokens_per_s": long["prefill_tokens_per_s"],
             "bandwidth": long["read_bandwidth_bytes_per_s"],
+            "decode_step1_ms": 1e3 * short["decode_step_seconds"],
+            "decode_step4_ms": 1e3 * batch4["decode_step_seconds"],
             "matvec_flops": matvec,
+            "matvec_batch_flops": matvec_batch,
             "peak_flops": 2 * s["n_layers"] * layer / per_token,
             "dequantize_rate": params / intercept if intercept > 0 else 0,
             "tp_link_alpha": alpha}
@@ -166,7 +179,11 @@ def main() -> int:
         calibrations.append(cal)
         print(f"calibration tp {tp} x pp {pp} ({threads} thread(s) per rank): "
               f"decode {cal['decode_tokens_per_s']:.1f} tok/s -> matvec "
-              f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s; prefill "
+              f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s; steps of 1 / 4 "
+              f"tokens {cal['decode_step1_ms']:.2f} / "
+              f"{cal['decode_step4_ms']:.2f} ms -> "
+              f"{cal['matvec_batch_flops'] / 1e9:.1f} GFLOP/s each further "
+              f"token; prefill "
               f"{cal['prefill32_tokens_per_s']:.0f} / "
               f"{cal['prefill256_tokens_per_s']:.0f} tok/s (32 / 256) -> "
               f"{cal['peak_flops'] / 1e9:.1f} GFLOP/s + dequantize "
@@ -213,6 +230,7 @@ def main() -> int:
                      str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
                      "--peak-flops", str(cal["peak_flops"]),
                      "--matvec-flops", str(cal["matvec_flops"]),
+                     "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
                      "--dequantize-rate", str(cal["dequantize_rate"]),
                      "--tp-link-alpha", str(cal["tp_link_alpha"]),
                      "--step-overhead", "0", "--weight-dtype",

@@ -39,7 +39,7 @@ struct SimulateFlags {
   std::string gpu = "h100";
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
-  double matvec_flops = 0, dequantize_rate = -1;
+  double matvec_flops = 0, matvec_batch_flops = 0, dequantize_rate = -1;
   std::string trace;
   double poisson = 0;
   int64_t concurrency = 0;
@@ -285,6 +285,9 @@ int SimulateCommand(int argc, char** argv) {
             "achieved FLOP/s, replacing the profile's (calibration)");
   flags.Add("matvec-flops", &f.matvec_flops,
             "FLOP/s of small-batch CPU kernels (calibration)");
+  flags.Add("matvec-batch-flops", &f.matvec_batch_flops,
+            "FLOP/s of each token after a small-batch step's first "
+            "(calibration)");
   flags.Add("dequantize-rate", &f.dequantize_rate,
             "parameters/s the CPU dequantizes into tiles (calibration)");
   flags.Add("step-overhead", &f.step_overhead,
@@ -389,10 +392,11 @@ int SimulateCommand(int argc, char** argv) {
   absl::StatusOr<DeviceProfile> device = FindDeviceProfile(f.gpu);
   if (!device.ok()) return usage_error(std::string(device.status().message()));
   if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
-      f.matvec_flops < 0) {
+      f.matvec_flops < 0 || f.matvec_batch_flops < 0) {
     return usage_error(
-        "--memory-bandwidth and --peak-flops must be positive, "
-        "--step-overhead at most 10 s");
+        "--memory-bandwidth, --peak-flops, --matvec-flops and "
+        "--matvec-batch-flops must be positive, --step-overhead at most "
+        "10 s");
   }
   if (f.memory_bandwidth > 0) {
     device->memory_bandwidth = f.memory_bandwidth;
@@ -404,6 +408,9 @@ int SimulateCommand(int argc, char** argv) {
   }
   if (f.step_overhead >= 0) device->step_overhead_seconds = f.step_overhead;
   if (f.matvec_flops > 0) device->matvec_flops = f.matvec_flops;
+  if (f.matvec_batch_flops > 0) {
+    device->matvec_batch_flops = f.matvec_batch_flops;
+  }
   if (f.dequantize_rate >= 0) device->dequantize_rate = f.dequantize_rate;
 
   std::vector<SimRequest> trace;

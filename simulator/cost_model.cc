@@ -44,15 +44,15 @@ const DeviceProfile kDevices[] = {
      .source = "NVIDIA A100 SXM4 80GB datasheet: 2.039 TB/s, 312 TFLOPS "
                "dense BF16"},
     // This project's CPU engine (2 threads, Q4_1 weights) on its 2-core
-    // AMD EPYC (AVX-512) VM, calibrated with bench/simulator_validation.py
+    // Intel Xeon (AVX-512) VM, calibrated with bench/simulator_validation.py
     // (docs/simulator.md): achieved rates, efficiencies folded in. The
     // decode kernels handle at most 4 rows (kGemvRows) as matrix-vector
-    // products. Figures of the TP 1 calibration in docs/simulator.md; the
-    // VM's speed drifts by a third between runs.
+    // products. Figures of the TP 1 calibration in docs/simulator.md; such
+    // VMs drift by up to a third between runs.
     {.name = "cpu-this-machine",
      .memory_bytes = 24 * 1024.0 * 1024 * 1024,
-     .memory_bandwidth = 51.6 * kGB,
-     .peak_flops = 154.6e9,
+     .memory_bandwidth = 25.1 * kGB,
+     .peak_flops = 207.7e9,
      .bandwidth_efficiency = 1.0,
      .flops_efficiency = 1.0,
      .kernel_launch_seconds = 0,
@@ -60,9 +60,10 @@ const DeviceProfile kDevices[] = {
      .step_overhead_seconds = 0,
      .devices_per_node = 2,
      .matvec_max_tokens = 4,
-     .matvec_flops = 39.2e9,
-     .dequantize_rate = 7.09e9,
-     .source = "calibrated on the 2-core EPYC VM (docs/simulator.md)"},
+     .matvec_flops = 14.5e9,
+     .matvec_batch_flops = 56.1e9,
+     .dequantize_rate = 2.00e9,
+     .source = "calibrated on the 2-core Intel Xeon VM (docs/simulator.md)"},
 };
 
 // Per direction. Alphas are per message (per ring hop for all-reduces).
@@ -270,7 +271,11 @@ std::vector<double> RooflineCostModel::StageSeconds(
     }
     double compute = flops / (device_.peak_flops * device_.flops_efficiency);
     if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
-      compute = flops / device_.matvec_flops;
+      const double first = flops / n;
+      compute = first / device_.matvec_flops +
+                (flops - first) / (device_.matvec_batch_flops > 0
+                                       ? device_.matvec_batch_flops
+                                       : device_.matvec_flops);
     } else if (device_.dequantize_rate > 0) {
       compute += (layers * layer_params_per_rank_ +
                   (last ? lm_head_params_per_rank_ : 0)) /

@@ -31,11 +31,14 @@ struct DeviceProfile {
   int devices_per_node = 8;
   // CPU kernels (0: not modelled). A step of at most matvec_max_tokens
   // tokens runs matrix-vector kernels that dequantize in registers per
-  // token: FLOPs / matvec_flops. A larger one first dequantizes every
-  // weight into tiles (parameters / dequantize_rate seconds) and then
-  // multiplies at peak_flops.
+  // token: the first token's FLOPs / matvec_flops, each further token's
+  // FLOPs / matvec_batch_flops (the kernels read each weight row from
+  // memory once for all the step's tokens; 0: matvec_flops). A larger one
+  // first dequantizes every weight into tiles (parameters /
+  // dequantize_rate seconds) and then multiplies at peak_flops.
   int matvec_max_tokens = 0;
   double matvec_flops = 0;
+  double matvec_batch_flops = 0;
   double dequantize_rate = 0;  // Parameters per second.
   std::string source;          // Where the figures come from.
 };

@@ -1,7 +1,7 @@
 // The simulator: exact, hand-worked timelines with a fixed-cost model; the
-// roofline's arithmetic on a tiny config; refusals; the same seed gives the
-// same report; and at scale every request finishes or is refused with a
-// reason and no KV block leaks.
+// roofline's arithmetic and the CPU kernel terms on a tiny config; refusals;
+// the same seed gives the same report; and at scale every request finishes or
+// is refused with a reason and no KV block leaks.
 #include "simulator/simulation.h"
 
 #include <cstdio>
@@ -118,7 +118,9 @@ TEST(SimulateTest, RequestsThatCannotRunAreRefusedWithAReason) {
   EXPECT_EQ(r->finished, 2);
 }
 
-TEST(SimulateTest, TheRooflineAddsUpByHand) {
+// The roofline tests' model: 2 layers of 36,864 parameters, a 64,000-
+// parameter LM head, 256 KV bytes per token in bf16.
+ModelConfig ToyConfig() {
   ModelConfig c;
   c.n_layers = 2;
   c.hidden = 64;
@@ -128,6 +130,11 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   c.head_dim = 16;
   c.vocab_size = 1000;
   c.context_length = 512;
+  return c;
+}
+
+TEST(SimulateTest, TheRooflineAddsUpByHand) {
+  const ModelConfig c = ToyConfig();
   const DeviceProfile d{.name = "toy",
                         .memory_bytes = 1e9,
                         .memory_bandwidth = 1e9,
@@ -168,6 +175,53 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   EXPECT_DOUBLE_EQ(st[0], 99328e-9);
   // Stage 1: 73,728 + 12,800 + 128,000 bytes = 214,528; FLOPs 227,328.
   EXPECT_NEAR(st[1], 227328e-9 + 2e-6 + 128e-9, 1e-15);
+}
+
+// The CPU profile's kernel terms on the same toy config: steps of at most
+// matvec_max_tokens tokens pay the first token at matvec_flops and the rest
+// at matvec_batch_flops; larger ones dequantize every weight, then multiply
+// at peak_flops. Bandwidth is ample, so each step is compute-bound.
+TEST(SimulateTest, TheCpuKernelTermsAddUpByHand) {
+  const ModelConfig c = ToyConfig();
+  const DeviceProfile d{.name = "toy cpu",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e12,
+                        .peak_flops = 1e10,
+                        .bandwidth_efficiency = 1,
+                        .flops_efficiency = 1,
+                        .matvec_max_tokens = 4,
+                        .matvec_flops = 1e9,
+                        .matvec_batch_flops = 4e9,
+                        .dequantize_rate = 1e9};
+  // `n` sequences, each decoding one token at position 99.
+  const auto decode = [](int n) {
+    StepInput s;
+    for (int i = 0; i < n; ++i) {
+      s.tokens.push_back(5);
+      s.positions.push_back(99);
+      s.token_seq.push_back(i);
+      s.seq_ids.push_back(i);
+      s.logit_rows.push_back(i);
+    }
+    return s;
+  };
+  RooflineCostModel cpu(c, d, {.tp = 1, .pp = 1});
+  // One token: 326,656 FLOPs (as above) at 1 GFLOP/s.
+  EXPECT_NEAR(cpu.StageSeconds(decode(1))[0], 326656e-9, 1e-15);
+  // Three: 2 x 3 x 2 x 36,864 + 2 x 4 x 16 x 4 x 300 + 2 x 3 x 64,000 =
+  // 979,968 FLOPs, the first third at 1 GFLOP/s and the rest at 4.
+  EXPECT_NEAR(cpu.StageSeconds(decode(3))[0],
+              326656e-9 + (979968 - 326656) / 4e9, 1e-15);
+  // Five take the tiled path: 137,728 parameters dequantized at 1 G/s, then
+  // 2 x 5 x 2 x 36,864 + 2 x 4 x 16 x 4 x 500 + 2 x 5 x 64,000 = 1,633,280
+  // FLOPs at 10 GFLOP/s.
+  EXPECT_NEAR(cpu.StageSeconds(decode(5))[0], 137728e-9 + 163328e-9, 1e-15);
+  // Without a batched rate every token pays matvec_flops (three: 979,968
+  // FLOPs at 1 GFLOP/s).
+  DeviceProfile unbatched = d;
+  unbatched.matvec_batch_flops = 0;
+  RooflineCostModel flat(c, unbatched, {.tp = 1, .pp = 1});
+  EXPECT_NEAR(flat.StageSeconds(decode(3))[0], 979968e-9, 1e-15);
 }
 
 TEST(SimulateTest, TheSameSeedGivesTheSameReport) {
