@@ -33,6 +33,14 @@ namespace shardlm {
 namespace {
 
 constexpr int64_t kGemvRows = 4;
+// Decode prefetches the weight row this many bytes ahead of the one it
+// multiplies. On the 2-core Intel Xeon VM the hardware prefetchers alone
+// left decode at a fifth of the bandwidth floor (each matrix is cold and a
+// few hundred KB); 4 KiB ahead took SmolLM2 decode 2.3-2.6x faster for
+// Q4_0, Q4_1 and Q8_0 at one and two threads (engine_bench; 1, 2, 8 and 16
+// KiB ahead were no faster). Numerics are unchanged: a prefetch only warms
+// the cache.
+constexpr int64_t kPrefetchBytes = 4096;
 constexpr int64_t kTileRows = 16;      // Partition granule of output rows.
 constexpr int64_t kPrefillTile = 256;  // Rows dequantized per BLAS call.
 
@@ -465,8 +473,15 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
 #pragma omp parallel if (parallel)
   {
     const auto [begin, end] = ThreadRows(out);
+    // This thread's rows end here; nothing past them is prefetched.
+    const char* const stop =
+        reinterpret_cast<const char*>(wp + end * row_bytes);
     for (int64_t o = begin; o < end; ++o) {
       const uint8_t* row = wp + o * row_bytes;
+      const char* ahead = reinterpret_cast<const char*>(row) + kPrefetchBytes;
+      for (int64_t k = 0; k < row_bytes && ahead + k < stop; k += 64) {
+        _mm_prefetch(ahead + k, _MM_HINT_T0);
+      }
       for (int64_t r = 0; r < n; ++r) {
         const float v = dot(row, xp + r * in, xsum.data() + r * blocks, blocks);
         yp[r * out + o] = accumulate ? yp[r * out + o] + v : v;
