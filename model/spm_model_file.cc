@@ -189,18 +189,7 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSpmModelDirectory(
   spm->add_bos = flags.add_bos_token.value_or(true);
   // The bos/eos names (and the chat template) of tokenizer_config.json,
   // or else config.json's ids, as for tokenizer.json folders.
-  BpeConfig names;
-  names.tokens = std::move(spm->pieces);  // Lent for the lookups.
-  names.bos_id = spm->bos_id;
-  names.eos_id = spm->eos_id;
-  ReadHfSpecialIds(dir, &names);
-  spm->pieces = std::move(names.tokens);
-  spm->bos_id = names.bos_id;
-  spm->eos_id = names.eos_id;
-  spm->chat_template = std::move(names.chat_template);
-  ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok,
-                   SpmTokenizer::Create(*std::move(spm)));
-  return std::unique_ptr<Tokenizer>(std::move(tok));
+  return CreateSpmWithHfSpecialIds(dir, *std::move(spm), /*keep_bos=*/false);
 }
 
 }  // namespace shardlm

@@ -541,8 +541,21 @@ absl::StatusOr<BpeConfig> BpeConfigFromTokenizerJson(std::string_view text) {
   return BpeConfigFromRoot(root);
 }
 
-void ReadHfSpecialIds(const std::string& dir, BpeConfig* config) {
-  ReadSpecialIds(dir, config);
+absl::StatusOr<std::unique_ptr<Tokenizer>> CreateSpmWithHfSpecialIds(
+    const std::string& dir, SpmConfig spm, bool keep_bos) {
+  BpeConfig names;
+  names.tokens = std::move(spm.pieces);  // Lent for the lookups.
+  names.bos_id = spm.bos_id;
+  names.eos_id = spm.eos_id;
+  names.add_bos = keep_bos;  // ReadSpecialIds leaves bos_id alone then.
+  ReadSpecialIds(dir, &names);
+  spm.pieces = std::move(names.tokens);
+  spm.bos_id = names.bos_id;
+  spm.eos_id = names.eos_id;
+  spm.chat_template = std::move(names.chat_template);
+  ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok,
+                   SpmTokenizer::Create(std::move(spm)));
+  return std::unique_ptr<Tokenizer>(std::move(tok));
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
@@ -571,19 +584,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
                           absl::StrCat(path, ": ", spm.status().message()));
     }
     // bos/eos (and the chat template) from tokenizer_config.json or
-    // config.json, looked up as for byte-level BPE.
-    BpeConfig names;
-    names.tokens = std::move(spm->pieces);  // Lent for the lookups.
-    names.bos_id = spm->bos_id;
-    names.add_bos = spm->add_bos;
-    ReadSpecialIds(dir, &names);
-    spm->pieces = std::move(names.tokens);
-    spm->bos_id = names.bos_id;
-    spm->eos_id = names.eos_id;
-    spm->chat_template = std::move(names.chat_template);
-    ASSIGN_OR_RETURN(std::unique_ptr<SpmTokenizer> tok,
-                     SpmTokenizer::Create(*std::move(spm)));
-    return std::unique_ptr<Tokenizer>(std::move(tok));
+    // config.json; a BOS the post-processor adds keeps its id. (The root
+    // names no eos: spm's is -1.)
+    const bool keep_bos = spm->add_bos;
+    return CreateSpmWithHfSpecialIds(dir, *std::move(spm), keep_bos);
   }
   absl::StatusOr<BpeConfig> config = BpeConfigFromRoot(*root);
   if (!config.ok()) {

@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "model/bpe_tokenizer.h"
 #include "model/gguf.h"
+#include "model/spm_tokenizer.h"
 
 namespace shardlm {
 
@@ -62,11 +63,13 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> LoadTokenizerDirectory(
 absl::StatusOr<std::unique_ptr<Tokenizer>> LoadSpmModelDirectory(
     const std::string& dir);
 
-// Sets config's bos_id (unless add_bos is already set: a BOS from a
-// post_processor), eos_id and chat_template from `dir`/tokenizer_config.json
-// (token names looked up in config's tokens and added tokens), or else
-// config.json's ids. Missing or malformed files change nothing.
-void ReadHfSpecialIds(const std::string& dir, BpeConfig* config);
+// The SentencePiece tokenizer of `spm` with bos_id (unless keep_bos: a BOS
+// the tokenizer file already fixed), eos_id and chat_template taken from
+// `dir`/tokenizer_config.json (token names looked up in spm's pieces), or
+// else config.json's ids, as for a byte-level BPE folder. Missing or
+// malformed files change nothing.
+absl::StatusOr<std::unique_ptr<Tokenizer>> CreateSpmWithHfSpecialIds(
+    const std::string& dir, SpmConfig spm, bool keep_bos);
 
 }  // namespace shardlm
 
