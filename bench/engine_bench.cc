@@ -26,6 +26,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/engine.h"
 #include "core/tensor.h"
+#include "kernels/blas_cpu.h"
 #include "kernels/linear/linear.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
@@ -135,11 +136,11 @@ int Main(int argc, char** argv) {
   }
   nlohmann::json rows = nlohmann::json::array();
   std::printf(
-      "tp %d x pp %d, batch %d, quantized-weight decode kernel %s\n%-8s "
-      "%14s %14s %12s %14s %12s %10s\n",
+      "tp %d x pp %d, batch %d, quantized-weight decode kernel %s, OpenBLAS "
+      "%s\n%-8s %14s %14s %12s %14s %12s %10s\n",
       static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(batch),
-      QuantKernelName(), "threads", "prefill tok/s", "decode tok/s",
-      "read GB/s", "floor ms/tok", "of floor", "comm");
+      QuantKernelName(), BlasCoreName(), "threads", "prefill tok/s",
+      "decode tok/s", "read GB/s", "floor ms/tok", "of floor", "comm");
   for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
     int threads;
     if (!absl::SimpleAtoi(t, &threads) || threads < 1) {
@@ -222,6 +223,7 @@ int Main(int argc, char** argv) {
                     {"decode_fraction_of_bandwidth_floor", fraction},
                     {"tp", tp},
                     {"pp", pp},
+                    {"blas_core", BlasCoreName()},
                     {"comm_share_of_step_time", comm_share}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << rows.dump(2) << "\n";
@@ -231,4 +233,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shardlm
 
-int main(int argc, char** argv) { return shardlm::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shardlm::RerunWithBetterBlasCoreType(argv);
+  return shardlm::Main(argc, argv);
+}

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
 #include "core/status.h"
+#include "kernels/blas_cpu.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
 
@@ -269,4 +270,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shardlm
 
-int main(int argc, char** argv) { return shardlm::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shardlm::RerunWithBetterBlasCoreType(argv);
+  return shardlm::Main(argc, argv);
+}

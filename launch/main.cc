@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "kernels/blas_cpu.h"
 #include "launch/commands.h"
 
 namespace {
@@ -25,6 +26,7 @@ constexpr char kUsage[] =
 }  // namespace
 
 int main(int argc, char** argv) {
+  shardlm::RerunWithBetterBlasCoreType(argv);
   if (argc < 2 || std::strcmp(argv[1], "--help") == 0 ||
       std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "help") == 0) {
     std::fputs(kUsage, argc < 2 ? stderr : stdout);
