@@ -1,17 +1,18 @@
-// GEMV micro-benchmark (issue #11 part 5): Linear with one row of x (a
-// decode step) over weights in each GGUF block format, per decode kernel
-// (ISA path) and thread count.
+// GEMV micro-benchmark (issue #11 part 5): Linear with a few rows of x (a
+// decode step of one or more sequences) over weights in each GGUF block
+// format, per decode kernel (ISA path) and thread count.
 //
 //   gemv_bench [--shapes 576x1536,1536x576,576x49152,4096x4096]
-//              [--threads 1,2] [--formats Q4_0,Q4_1,Q8_0] [--seconds 0.3]
-//              [--json FILE]
+//              [--rows 1] [--threads 1,2] [--formats Q4_0,Q4_1,Q8_0]
+//              [--seconds 0.3] [--json FILE]
 //
-// A shape is IN x OUT (columns x rows of w). For each, it reports the
-// weight bytes read per call over the best call time (GB/s), the same as a
-// fraction of the read bandwidth measured in the same run with the same
-// threads, and the multiply-adds per second. Every kernel's output is
-// checked against the portable kernel's (the reference of the kernel
-// tests); a mismatch beyond f32 summation-order rounding exits 1.
+// A shape is IN x OUT (columns x rows of w); --rows lists the rows of x
+// (tokens of the step). For each, it reports the weight bytes read per
+// call over the best call time (GB/s), the same as a fraction of the read
+// bandwidth measured in the same run with the same threads, and the
+// multiply-adds per second (all rows). Every kernel's output is checked
+// against the portable kernel's (the reference of the kernel tests); a
+// mismatch beyond f32 summation-order rounding exits 1.
 #include <omp.h>
 
 #include <algorithm>
@@ -22,6 +23,8 @@
 #include <fstream>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -29,7 +32,9 @@
 #include "core/dtype.h"
 #include "core/half.h"
 #include "core/tensor.h"
+#include "kernels/blas_cpu.h"
 #include "kernels/linear/linear.h"
+#include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
 
@@ -84,12 +89,24 @@ struct Shape {
   int64_t in, out;
 };
 
+// Every shape with every row count, shape by shape.
+std::vector<std::pair<Shape, int64_t>> ShapesByRows(
+    const std::vector<Shape>& shapes, const std::vector<int>& rows) {
+  std::vector<std::pair<Shape, int64_t>> out;
+  for (const Shape& sh : shapes) {
+    for (int r : rows) out.emplace_back(sh, r);
+  }
+  return out;
+}
+
 int Main(int argc, char** argv) {
   std::string shapes_arg = "576x1536,1536x576,576x49152,4096x4096";
+  std::string rows_arg = "1";
   std::string threads_arg = "1,2", formats_arg = "Q4_0,Q4_1,Q8_0", json_path;
   double seconds = 0.3;
   FlagSet flags("usage: gemv_bench [flags]");
   flags.Add("shapes", &shapes_arg, "comma-separated INxOUT weight shapes");
+  flags.Add("rows", &rows_arg, "comma-separated rows of x (tokens a step)");
   flags.Add("threads", &threads_arg, "comma-separated thread counts");
   flags.Add("formats", &formats_arg, "comma-separated block formats");
   flags.Add("seconds", &seconds, "time spent per measurement");
@@ -114,15 +131,18 @@ int Main(int argc, char** argv) {
     }
     shapes.push_back(sh);
   }
-  std::vector<int> threads;
-  for (absl::string_view s : absl::StrSplit(threads_arg, ',')) {
-    int t = 0;
-    if (!absl::SimpleAtoi(s, &t) || t < 1) {
-      std::fprintf(stderr, "--threads: '%s' is not a thread count\n",
-                   std::string(s).c_str());
-      return 2;
+  std::vector<int> threads, row_counts;
+  for (auto [arg, name, out] : {std::tuple{&threads_arg, "--threads", &threads},
+                                std::tuple{&rows_arg, "--rows", &row_counts}}) {
+    for (absl::string_view s : absl::StrSplit(*arg, ',')) {
+      int v = 0;
+      if (!absl::SimpleAtoi(s, &v) || v < 1 || v > 4096) {
+        std::fprintf(stderr, "%s: '%s' is not a count from 1 to 4096\n", name,
+                     std::string(s).c_str());
+        return 2;
+      }
+      out->push_back(v);
     }
-    threads.push_back(t);
   }
   std::vector<DType> formats;
   for (absl::string_view s : absl::StrSplit(formats_arg, ',')) {
@@ -148,20 +168,21 @@ int Main(int argc, char** argv) {
   std::mt19937 rng(7);
   nlohmann::json results = nlohmann::json::array();
   bool wrong = false;
-  std::printf("%-6s %-12s %-9s %7s %10s %10s %9s %10s\n", "format", "shape",
-              "kernel", "threads", "us/call", "GB/s", "of read", "GMAC/s");
+  std::printf("%-6s %-12s %5s %-9s %7s %10s %10s %9s %10s\n", "format", "shape",
+              "rows", "kernel", "threads", "us/call", "GB/s", "of read",
+              "GMAC/s");
   for (int t : threads) {
-    omp_set_num_threads(t);
+    SetCpuThreads(t);  // OpenMP team of t; BLAS single-threaded inside it.
     const double bandwidth = ReadBandwidth();
     std::printf("read bandwidth at %d threads: %.1f GB/s\n", t,
                 bandwidth / 1e9);
     for (DType format : formats) {
-      for (const Shape& sh : shapes) {
+      for (const auto& [sh, rows] : ShapesByRows(shapes, row_counts)) {
         Tensor w = RandomBlocks(format, sh.out, sh.in, rng);
-        Tensor x = *Tensor::Host(DType::kF32, {1, sh.in});
+        Tensor x = *Tensor::Host(DType::kF32, {rows, sh.in});
         std::normal_distribution<float> normal(0.0f, 1.0f);
-        for (int64_t i = 0; i < sh.in; ++i) x.f32()[i] = normal(rng);
-        Tensor y = *Tensor::Host(DType::kF32, {1, sh.out});
+        for (float& v : x.f32()) v = normal(rng);
+        Tensor y = *Tensor::Host(DType::kF32, {rows, sh.out});
         std::vector<float> want;
         const double weight_bytes = static_cast<double>(w.bytes());
         for (QuantKernel k : kernels) {
@@ -175,19 +196,26 @@ int Main(int argc, char** argv) {
           } else {
             // Summation order differs between kernels: within f32 rounding
             // of the sum of |terms| (bounded by |x|_1 * 0.05 * 15).
-            double x1 = 0;
-            for (int64_t i = 0; i < sh.in; ++i) x1 += std::abs(x.f32()[i]);
-            const double bound = 1e-5 * x1 * 0.05 * 16 + 1e-6;
-            for (int64_t o = 0; o < sh.out; ++o) {
-              if (!(std::abs(double{y.f32()[o]} - want[o]) <= bound)) {
-                std::fprintf(stderr,
-                             "%s %s %lldx%lld row %lld: %g, portable %g\n",
-                             DTypeName(format), QuantKernelName(),
-                             static_cast<long long>(sh.in),
-                             static_cast<long long>(sh.out),
-                             static_cast<long long>(o), y.f32()[o], want[o]);
-                wrong = true;
-                break;
+            for (int64_t r = 0; r < rows && !wrong; ++r) {
+              double x1 = 0;
+              for (int64_t i = 0; i < sh.in; ++i) {
+                x1 += std::abs(x.f32()[r * sh.in + i]);
+              }
+              const double bound = 1e-5 * x1 * 0.05 * 16 + 1e-6;
+              for (int64_t o = r * sh.out; o < (r + 1) * sh.out; ++o) {
+                if (!(std::abs(double{y.f32()[o]} - want[o]) <= bound)) {
+                  std::fprintf(stderr,
+                               "%s %s %lldx%lld x row %lld, w row %lld: %g, "
+                               "portable %g\n",
+                               DTypeName(format), QuantKernelName(),
+                               static_cast<long long>(sh.in),
+                               static_cast<long long>(sh.out),
+                               static_cast<long long>(r),
+                               static_cast<long long>(o - r * sh.out),
+                               y.f32()[o], want[o]);
+                  wrong = true;
+                  break;
+                }
               }
             }
           }
@@ -203,17 +231,21 @@ int Main(int argc, char** argv) {
             ++calls;
           }
           const double gbps = weight_bytes / best / 1e9;
-          const double gmacs = static_cast<double>(sh.in) * sh.out / best / 1e9;
+          const double gmacs =
+              static_cast<double>(rows) * sh.in * sh.out / best / 1e9;
           char shape[32];
           std::snprintf(shape, sizeof(shape), "%lldx%lld",
                         static_cast<long long>(sh.in),
                         static_cast<long long>(sh.out));
-          std::printf("%-6s %-12s %-9s %7d %10.1f %10.2f %8.0f%% %10.2f\n",
-                      DTypeName(format), shape, QuantKernelName(), t,
-                      best * 1e6, gbps, 100 * gbps * 1e9 / bandwidth, gmacs);
+          std::printf(
+              "%-6s %-12s %5lld %-9s %7d %10.1f %10.2f %8.0f%% %10.2f\n",
+              DTypeName(format), shape, static_cast<long long>(rows),
+              QuantKernelName(), t, best * 1e6, gbps,
+              100 * gbps * 1e9 / bandwidth, gmacs);
           results.push_back({{"format", DTypeName(format)},
                              {"in", sh.in},
                              {"out", sh.out},
+                             {"rows", rows},
                              {"kernel", QuantKernelName()},
                              {"threads", t},
                              {"us_per_call", best * 1e6},
@@ -239,4 +271,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace shardlm
 
-int main(int argc, char** argv) { return shardlm::Main(argc, argv); }
+int main(int argc, char** argv) {
+  shardlm::RerunWithBetterBlasCoreType(argv);
+  return shardlm::Main(argc, argv);
+}

@@ -13,7 +13,11 @@ namespace shardlm {
 absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
                     bool accumulate = false);
 
-// The quantized path of Linear (w in a block format).
+// The quantized path of Linear (w in a block format). Steps of up to
+// kDecodeMaxRows rows of x read each row of w once for all of them, as
+// matrix-vector products whose result for a row of x is exactly the one it
+// gets alone; larger ones dequantize w into tiles for a GEMM.
+constexpr int64_t kDecodeMaxRows = 16;
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
                              bool accumulate);
 

@@ -1,8 +1,10 @@
 // Linear with weights in GGUF block formats against a double-precision
-// reference on the dequantized weights, for the portable and the AVX2
+// reference on the dequantized weights, for the portable, AVX2 and AVX-512
 // decode kernels and the tiled prefill path, on awkward shapes: output rows
 // not a multiple of the tile, 1 and 4097 blocks per row, a TP shard's
-// column slice starting mid-row. Also the quantized embedding.
+// column slice starting mid-row; and each row of a decode step against the
+// same row alone. Also the quantized embedding.
+#include <algorithm>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -83,6 +85,16 @@ void ExpectClose(const Tensor& y, const std::vector<double>& want,
   }
 }
 
+// The decode kernels this CPU runs, the portable reference first.
+std::vector<QuantKernel> Kernels() {
+  std::vector<QuantKernel> kernels;
+  for (QuantKernel k :
+       {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
+    if (QuantKernelSupported(k)) kernels.push_back(k);
+  }
+  return kernels;
+}
+
 class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
  protected:
   void TearDown() override { SetQuantKernel(QuantKernel::kAuto); }
@@ -90,22 +102,16 @@ class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
 
 TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
   const DType t = GetParam();
-  const bool avx2 =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  std::vector<QuantKernel> kernels = {QuantKernel::kPortable};
-  if (avx2) kernels.push_back(QuantKernel::kAvx2);
-  if (avx2 && __builtin_cpu_supports("avx512f") &&
-      __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl")) {
-    kernels.push_back(QuantKernel::kAvx512);
-  }
+  const std::vector<QuantKernel> kernels = Kernels();
   // (rows of w, blocks per row): 37 rows is not a multiple of the tile.
   for (const auto& [out, blocks] :
        std::vector<std::pair<int64_t, int64_t>>{{37, 1}, {37, 3}, {5, 4097}}) {
     const int64_t in = blocks * 32;
     const Tensor w = RandomQuantized(t, out, in, 7);
     const Tensor wf = Dequantized(w);
-    for (int64_t n : {1, 3, 7}) {  // Decode kernels, then the tiled path.
+    // Decode kernels (groups of 1, 2, 4, 8 rows of x), then the tiled path.
+    for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{7}, kDecodeMaxRows,
+                      kDecodeMaxRows + 1}) {
       const Tensor x = RandomTensor({n, in}, 11);
       const auto want = Reference(x, wf);
       std::vector<float> first_tiled;  // The tiled path of the first kernel.
@@ -117,7 +123,7 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
         Tensor y = *Tensor::Host(DType::kF32, {n, out});
         ASSERT_TRUE(Linear(x, w, y).ok());
         ExpectClose(y, want, x, wf);
-        if (n > 4) {
+        if (n > kDecodeMaxRows) {
           // Every kernel's tiles hold DequantizeRow's exact values, so the
           // BLAS products agree bit for bit.
           std::vector<float> got(y.f32().begin(), y.f32().end());
@@ -135,6 +141,37 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
         for (double& v : plus_one) v += 1.0;
         ExpectClose(acc, plus_one, x, wf);
       }
+    }
+  }
+}
+
+// A token's result must not depend on what else is in its step: with
+// every kernel, each row of a decode step of n rows equals, bit for bit,
+// the same row of x multiplied alone.
+TEST_P(LinearQuantizedTest, EachRowOfADecodeStepIsWhatItGetsAlone) {
+  const DType t = GetParam();
+  const int64_t out = 21, in = 32 * 5;
+  const Tensor w = RandomQuantized(t, out, in, 13);
+  const Tensor x = RandomTensor({kDecodeMaxRows, in}, 17);
+  for (QuantKernel k : Kernels()) {
+    SetQuantKernel(k);
+    std::vector<float> alone;  // [kDecodeMaxRows, out]
+    for (int64_t r = 0; r < kDecodeMaxRows; ++r) {
+      Tensor xr = *Tensor::Host(DType::kF32, {1, in});
+      std::copy_n(x.f32().begin() + r * in, in, xr.f32().begin());
+      Tensor yr = *Tensor::Host(DType::kF32, {1, out});
+      ASSERT_TRUE(Linear(xr, w, yr).ok());
+      alone.insert(alone.end(), yr.f32().begin(), yr.f32().end());
+    }
+    for (int64_t n = 2; n <= kDecodeMaxRows; ++n) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " kernel "
+                                        << QuantKernelName() << " n " << n);
+      Tensor xn = *Tensor::Host(DType::kF32, {n, in});
+      std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
+      Tensor yn = *Tensor::Host(DType::kF32, {n, out});
+      ASSERT_TRUE(Linear(xn, w, yn).ok());
+      EXPECT_EQ(std::vector<float>(yn.f32().begin(), yn.f32().end()),
+                std::vector<float>(alone.begin(), alone.begin() + n * out));
     }
   }
 }
