@@ -484,8 +484,10 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   if (!graphs_ || n > kMaxGraphTokens || comms) {
     host_logits_view_ = Tensor();
     RETURN_IF_ERROR(Launch(n, m));
-    // The TP gather leaves the logits on the host.
-    if (!host_logits_view_.empty()) logits = host_logits_view_;
+    // The TP gather leaves the logits on the host, on TP rank 0 only: the
+    // other ranks return none (as the CPU runner does), not their device
+    // buffer of vocab_padded columns.
+    if (comms_.tp != nullptr) logits = host_logits_view_;
     return absl::OkStatus();
   }
 
