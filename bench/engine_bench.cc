@@ -1,8 +1,8 @@
 // Engine throughput on this machine, as ratios against its own measured
 // memory bandwidth (a benchmark, not a test):
 //   engine_bench --model PATH [--threads 1,2] [--prompt-tokens 512]
-//                [--decode-tokens 128] [--batch 1] [--bandwidth-mib 1024]
-//                [--json out.json]
+//                [--decode-tokens 128] [--batch 1] [--repeat 1]
+//                [--bandwidth-mib 1024] [--json out.json]
 // For each thread count: prefill tokens/s of one prompt, decode tokens/s,
 // and decode time against the bandwidth floor (bytes each decode step must
 // read: every weight matrix once plus the KV cache so far, divided by the
@@ -11,6 +11,8 @@
 // prompt-tokens must fit the engine's 512-token budget) and decoded side by
 // side: the decode figures are then per step of N tokens (what the
 // simulator's CPU profile calibrates its batched matrix-vector rate from).
+// Each engine first runs an untimed warm-up batch of the same shape; with
+// --repeat R the batch is timed R times and the medians are reported.
 // Every timed run must decode all its tokens, the same as an untimed
 // reference run (one thread, TP = PP = 1); exits 1 when one does not.
 #include <omp.h>
@@ -39,6 +41,12 @@ using Clock = std::chrono::steady_clock;
 
 // Best-of-5 read bandwidth (bytes/s) summing a buffer of `mib` MiB with
 // the current thread count.
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
 double ReadBandwidth(int64_t mib) {
   const int64_t n = mib << 18;  // floats.
   Tensor buf = *Tensor::Host(DType::kF32, {n});
@@ -63,13 +71,15 @@ int Main(int argc, char** argv) {
   std::string model, threads_arg = "1,2", json_path;
   int64_t tp = 1, pp = 1;
   int64_t prompt_tokens = 512, decode_tokens = 128, bandwidth_mib = 1024;
-  int64_t batch = 1;
+  int64_t batch = 1, repeat = 1;
   FlagSet flags("usage: engine_bench --model PATH [flags]");
   flags.Add("model", &model, "model path");
   flags.Add("threads", &threads_arg, "comma-separated thread counts");
   flags.Add("prompt-tokens", &prompt_tokens, "prompt length");
   flags.Add("decode-tokens", &decode_tokens, "decode steps timed");
   flags.Add("batch", &batch, "sequences decoded side by side");
+  flags.Add("repeat", &repeat,
+            "timed batches per thread count (the medians are reported)");
   flags.Add("bandwidth-mib", &bandwidth_mib,
             "MiB summed to measure the read bandwidth");
   flags.Add("json", &json_path, "also write results here");
@@ -77,7 +87,7 @@ int Main(int argc, char** argv) {
   flags.Add("pp", &pp, "pipeline stages (threads of this process)");
   if (absl::Status s = flags.Parse(argc, argv, 1);
       !s.ok() || model.empty() || prompt_tokens < 1 || decode_tokens < 1 ||
-      bandwidth_mib < 1 || batch < 1) {
+      bandwidth_mib < 1 || batch < 1 || repeat < 1) {
     std::fprintf(stderr, "%s\n%s", std::string(s.message()).c_str(),
                  flags.Usage().c_str());
     return 2;
@@ -101,15 +111,21 @@ int Main(int argc, char** argv) {
                  defaults.max_batched_tokens, defaults.max_seqs);
     return 2;
   }
-  // Distinct prompts (no shared prefix for the prefix cache to find).
-  std::vector<GenerateRequest> requests(batch);
-  for (int64_t r = 0; r < batch; ++r) {
-    requests[r].max_tokens = static_cast<int32_t>(decode_tokens + 1);
-    for (int64_t i = 0; i < prompt_tokens; ++i) {
-      requests[r].prompt.push_back(
-          static_cast<int32_t>((i * 7919 + 13 + r * 104729) % vocab));
+  // Distinct prompts (no shared prefix for the prefix cache to find); a
+  // warm-up batch of the same shape with other prompts first.
+  const auto make_requests = [&](int64_t salt) {
+    std::vector<GenerateRequest> requests(batch);
+    for (int64_t r = 0; r < batch; ++r) {
+      requests[r].max_tokens = static_cast<int32_t>(decode_tokens + 1);
+      for (int64_t i = 0; i < prompt_tokens; ++i) {
+        requests[r].prompt.push_back(static_cast<int32_t>(
+            (i * 7919 + 13 + (r + salt * batch) * 104729) % vocab));
+      }
     }
-  }
+    return requests;
+  };
+  const std::vector<GenerateRequest> requests = make_requests(0);
+  const std::vector<GenerateRequest> warm_up = make_requests(1);
   // The tokens every timed run must decode (greedy; no stop tokens, so all
   // max_tokens of them).
   std::vector<std::vector<int32_t>> reference;
@@ -148,7 +164,12 @@ int Main(int argc, char** argv) {
                    std::string(t).c_str());
       return 2;
     }
-    auto engine = Engine::Create(**source, {.threads = threads,
+    // Without the prefix cache, the timed batches reuse the KV blocks (and
+    // scratch buffers, and OpenMP threads) the warm-up touched first, as
+    // a server's steps do after its first requests: the first step pays
+    // the page faults.
+    auto engine = Engine::Create(**source, {.prefix_caching = false,
+                                            .threads = threads,
                                             .tp = static_cast<int>(tp),
                                             .pp = static_cast<int>(pp)});
     if (!engine.ok()) {
@@ -157,33 +178,46 @@ int Main(int argc, char** argv) {
       return 1;
     }
     const ModelConfig& c = (*engine)->config();
-    auto results = (*engine)->GenerateBatch(requests);
-    if (!results.ok()) {
-      std::fprintf(stderr, "%s\n",
-                   std::string(results.status().message()).c_str());
+    if (auto w = (*engine)->GenerateBatch(warm_up); !w.ok()) {
+      std::fprintf(stderr, "warm-up: %s\n",
+                   std::string(w.status().message()).c_str());
       return 1;
     }
-    // The batch's prefill and decode spans: the slowest sequence's.
-    double prefill_s = 0, decode_s = 0;
-    for (int64_t r = 0; r < batch; ++r) {
-      const std::vector<int32_t>& got = (*results)[r].tokens;
-      const std::vector<int32_t>& want = reference[r];
-      if (got != want) {
-        size_t at = 0;
-        while (at < std::min(want.size(), got.size()) && got[at] == want[at]) {
-          ++at;
-        }
-        std::fprintf(stderr,
-                     "engine_bench: FAILED: %d threads decoded %zu tokens of "
-                     "sequence %lld that differ from the reference run's %zu "
-                     "at token %zu\n",
-                     threads, got.size(), static_cast<long long>(r),
-                     want.size(), at);
+    // Each timed batch's prefill and decode spans (the slowest sequence's);
+    // the medians are reported.
+    std::vector<double> prefills, decodes;
+    for (int64_t rep = 0; rep < repeat; ++rep) {
+      auto results = (*engine)->GenerateBatch(requests);
+      if (!results.ok()) {
+        std::fprintf(stderr, "%s\n",
+                     std::string(results.status().message()).c_str());
         return 1;
       }
-      prefill_s = std::max(prefill_s, (*results)[r].prefill_seconds);
-      decode_s = std::max(decode_s, (*results)[r].decode_seconds);
+      double prefill_s = 0, decode_s = 0;
+      for (int64_t r = 0; r < batch; ++r) {
+        const std::vector<int32_t>& got = (*results)[r].tokens;
+        const std::vector<int32_t>& want = reference[r];
+        if (got != want) {
+          size_t at = 0;
+          while (at < std::min(want.size(), got.size()) &&
+                 got[at] == want[at]) {
+            ++at;
+          }
+          std::fprintf(stderr,
+                       "engine_bench: FAILED: %d threads decoded %zu tokens "
+                       "of sequence %lld that differ from the reference "
+                       "run's %zu at token %zu\n",
+                       threads, got.size(), static_cast<long long>(r),
+                       want.size(), at);
+          return 1;
+        }
+        prefill_s = std::max(prefill_s, (*results)[r].prefill_seconds);
+        decode_s = std::max(decode_s, (*results)[r].decode_seconds);
+      }
+      prefills.push_back(prefill_s);
+      decodes.push_back(decode_s);
     }
+    const double prefill_s = Median(prefills), decode_s = Median(decodes);
     // Tokens/s over the whole batch; a decode step makes `batch` of them.
     const double prefill_tps = batch * prompt_tokens / prefill_s;
     const double decode_tps = batch * decode_tokens / decode_s;
