@@ -9,12 +9,15 @@ prefill rates at the thread count each rank gets become the CPU profile's
 achieved bandwidth and FLOP rate (the roofline's two rates; nothing is
 fitted to the serving runs being predicted). Each serving run is then
 simulated as a closed loop of the same clients sending the same prompts (by
-token count, read back from the server) and output lengths.
+token count, read back from the server) and output lengths. With --rounds
+N all of it is done N times, and the median of each figure and error over
+the rounds is reported too: this VM's speed drifts between runs minutes
+apart by as much as the errors looked for.
 
   bench/simulator_validation.py --shardlm build/launch/shardlm \\
       --engine-bench build/bench/engine_bench --model M.gguf \\
       [--layouts 1x1,2x1] [--concurrency 1,4,16] [--requests 48] \\
-      [--max-tokens 64] [--json OUT]
+      [--max-tokens 64] [--rounds 1] [--json OUT]
 
 A benchmark: it prints figures, and exits 1 only when a run fails.
 """
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import os
 import subprocess
 import sys
@@ -31,6 +35,10 @@ import urllib.request
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
 from testlib import free_port, run, start_serve, stop, wait_ready  # noqa: E402
+
+# The most tokens a step's matrix-vector kernels take (kDecodeMaxRows in
+# kernels/linear/linear.h); larger steps take the tiled path.
+DECODE_MAX_ROWS = 16
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards "
          "quietly judge boxing matches near the old river bank").split()
@@ -68,11 +76,13 @@ def model_shape(shardlm: str, model: str) -> dict:
 
 def engine_bench(binary: str, model: str, threads: int, tp: int,
                  prompt: int, decode: int, batch: int = 1) -> dict:
+    """Medians of five timed batches after a warm-up: single prefills on
+    this VM vary by a third from one to the next."""
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         r = run([binary, "--model", model, "--threads", str(threads),
                  "--prompt-tokens", str(prompt), "--decode-tokens",
                  str(decode), "--tp", str(tp), "--batch", str(batch),
-                 "--json", f.name], timeout=900)
+                 "--repeat", "5", "--json", f.name], timeout=900)
         if r.returncode != 0:
             raise RuntimeError(f"engine_bench failed: {r.stderr[-400:]}")
         return json.load(open(f.name))[0]
@@ -81,13 +91,16 @@ def engine_bench(binary: str, model: str, threads: int, tp: int,
 def calibrate(binary: str, model: str, threads: int, shape: dict,
               tp: int) -> dict:
     """The CPU profile's rates for one rank (1/tp of each layer), from
-    engine_bench: one-sequence decode gives the matrix-vector kernels' FLOP
-    rate; four sequences decoded side by side against one, at the same
-    short context, give the rate of each token after a step's first (the
-    kernels read each weight row once for all of them); prefills of 32 and
-    256 tokens give the tiled path's per-step dequantization (the
-    intercept) and its FLOP rate (the slope); the measured read bandwidth
-    is the bandwidth."""
+    engine_bench. One-sequence decode at a short (32-token) and a long
+    (256-token) prompt: the short one gives the matrix-vector kernels' FLOP
+    rate, the difference the rate of attention's FLOPs (4 x head_dim per
+    query-key pair and query head); DECODE_MAX_ROWS sequences decoded side
+    by side against one, at the short context, give the rate of each token
+    after a step's first (the kernels read each weight row once for all of
+    them); prefills of 32 and 256 tokens give the tiled path's per-step
+    dequantization (the intercept) and its FLOP rate (the slope); the
+    measured read bandwidth is the bandwidth. Each rate is what is left of
+    a step once the others' shares and the communication are taken out."""
     s = shape
     kv_r = -(-s["n_kv_heads"] // tp)
     heads_r = kv_r * (s["n_heads"] // s["n_kv_heads"])
@@ -95,20 +108,39 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
              3 * s["hidden"] * -(-s["ffn_hidden"] // tp))
     head = s["hidden"] * -(-s["vocab_size"] // tp)
     short = engine_bench(binary, model, threads, tp, 32, 32)
-    batch4 = engine_bench(binary, model, threads, tp, 32, 32, batch=4)
+    batched = engine_bench(binary, model, threads, tp, 32, 32,
+                           batch=DECODE_MAX_ROWS)
     long = engine_bench(binary, model, threads, tp, 256, 64)
-    # Decode: 2 FLOPs per weight and the head, per token (attention over
-    # ~300 positions is under 1%), in the time not spent communicating.
-    # That time, over the step's 2 all-reduces per layer of 2 (tp - 1) ring
-    # hops each (and the logits' gather), is the TP link's alpha.
-    step = 1 / long["decode_tokens_per_s"]
-    comm = step * long.get("comm_share_of_step_time", 0) if tp > 1 else 0
-    matvec = 2 * (s["n_layers"] * layer + head) / (step - comm)
-    # Three more tokens a step: their FLOPs over the added time (the
-    # communication, a few messages of a few KB, grows little).
-    extra = (batch4["decode_step_seconds"] - short["decode_step_seconds"]) / 3
-    matvec_batch = (2 * (s["n_layers"] * layer + head) / extra
-                    if extra > 0 else 100 * matvec)
+    weights = 2 * (s["n_layers"] * layer + head)  # FLOPs per token.
+
+    def attention(run: dict) -> float:
+        """Attention FLOPs of one decode token: its step's tokens sit at
+        positions prompt .. prompt + decode - 1, each seeing position + 1
+        keys."""
+        keys = run["prompt_tokens"] + (run["decode_tokens"] + 1) / 2
+        return s["n_layers"] * 4 * s["head_dim"] * heads_r * keys
+
+    def compute(run: dict) -> float:
+        """A decode step less its time in communicator calls."""
+        step = run["decode_step_seconds"]
+        return step * (1 - run.get("comm_share_of_step_time", 0)) \
+            if tp > 1 else step
+
+    # Attention's rate from the added context; none (folded into the
+    # matrix-vector rates) if the VM's noise hides it.
+    added = compute(long) - compute(short)
+    per_attention_flop = max(0.0, added / (attention(long) - attention(short)))
+    matvec = weights / (compute(short) - attention(short) * per_attention_flop)
+    # Each further token of a step: its weights' FLOPs over the added time
+    # less its attention (the communication, a few messages of a few KB,
+    # grows little).
+    extra = ((batched["decode_step_seconds"] - short["decode_step_seconds"]) /
+             (DECODE_MAX_ROWS - 1) - attention(short) * per_attention_flop)
+    matvec_batch = weights / extra if extra > 0 else 100 * matvec
+    # The TP link's alpha: the long run's communication over its step's 2
+    # all-reduces per layer of 2 (tp - 1) ring hops each (and the logits'
+    # gather).
+    comm = long["decode_step_seconds"] - compute(long)
     alpha = comm / (2 * s["n_layers"] * 2 * (tp - 1) + 1) if tp > 1 else 0
     t_short = 32 / short["prefill_tokens_per_s"]
     t_long = 256 / long["prefill_tokens_per_s"]
@@ -121,9 +153,12 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
             "prefill256_tokens_per_s": long["prefill_tokens_per_s"],
             "bandwidth": long["read_bandwidth_bytes_per_s"],
             "decode_step1_ms": 1e3 * short["decode_step_seconds"],
-            "decode_step4_ms": 1e3 * batch4["decode_step_seconds"],
+            "decode_step_long_ms": 1e3 * long["decode_step_seconds"],
+            "decode_step_batched_ms": 1e3 * batched["decode_step_seconds"],
             "matvec_flops": matvec,
             "matvec_batch_flops": matvec_batch,
+            "matvec_attention_flops": (1 / per_attention_flop
+                                       if per_attention_flop > 0 else 0),
             "peak_flops": 2 * s["n_layers"] * layer / per_token,
             "dequantize_rate": params / intercept if intercept > 0 else 0,
             "tp_link_alpha": alpha}
@@ -144,6 +179,144 @@ def prompt_tokens(http_port: int, texts: list[str]) -> list[int]:
     return out
 
 
+def print_table(rows: list, title: str) -> None:
+    print(f"\n{title}simulated / measured - 1 (the goal: within 15% on "
+          "throughput and medians)")
+    print(f"{'layout':>7} {'conc':>5} {'out tok/s':>22} {'TTFT p50 ms':>22} "
+          f"{'ITL p50 ms':>22} {'TTFT p99':>9} {'ITL p99':>8}")
+    for row in rows:
+        m, s, e = row["measured"], row["simulated"], row["error"]
+
+        def cell(k):
+            return (f"{m[k]:7.1f} {s[k]:7.1f} {100 * e.get(k, 0):+5.0f}%")
+
+        print(f"{row['layout']:>7} {row['concurrency']:>5} "
+              f"{cell('output_tokens_per_s'):>22} {cell('ttft_p50_ms'):>22} "
+              f"{cell('itl_p50_ms'):>22} "
+              f"{100 * e.get('ttft_p99_ms', 0):+8.0f}% "
+              f"{100 * e.get('itl_p99_ms', 0):+7.0f}%")
+
+
+def median_rows(rows: list) -> list:
+    """Per layout and load, the median over rounds of each measured and
+    simulated figure and of each error (not the error of the medians)."""
+    out = []
+    keys = []
+    for r in rows:
+        if (r["layout"], r["concurrency"]) not in keys:
+            keys.append((r["layout"], r["concurrency"]))
+    for layout, c in keys:
+        group = [r for r in rows
+                 if r["layout"] == layout and r["concurrency"] == c]
+        row = {"layout": layout, "concurrency": c}
+        for part in ("measured", "simulated", "error"):
+            row[part] = {k: statistics.median(g[part][k] for g in group
+                                              if k in g[part])
+                         for k in group[0][part]}
+        out.append(row)
+    return out
+
+
+def validate_layout(args, shape: dict, layout: str, texts: list[str],
+                    prompts_file: str, work: str, rows: list,
+                    calibrations: list) -> int:
+    """Calibrates one TPxPP layout, measures it serving, simulates the same
+    closed loops and appends the comparison to `rows`; 1 on a failure."""
+    tp, pp = (int(x) for x in layout.split("x"))
+    ranks = tp * pp
+    threads = max(1, args.threads // ranks)
+    cal = calibrate(args.engine_bench, args.model, threads, shape, tp)
+    calibrations.append(cal)
+    print(f"calibration tp {tp} x pp {pp} ({threads} thread(s) per rank): "
+          f"decode steps at 32 / 256 tokens of context "
+          f"{cal['decode_step1_ms']:.2f} / "
+          f"{cal['decode_step_long_ms']:.2f} ms -> matvec "
+          f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s, attention "
+          f"{cal['matvec_attention_flops'] / 1e9:.1f} GFLOP/s; steps of "
+          f"1 / {DECODE_MAX_ROWS} tokens {cal['decode_step1_ms']:.2f} / "
+          f"{cal['decode_step_batched_ms']:.2f} ms -> "
+          f"{cal['matvec_batch_flops'] / 1e9:.1f} GFLOP/s each further "
+          f"token; prefill "
+          f"{cal['prefill32_tokens_per_s']:.0f} / "
+          f"{cal['prefill256_tokens_per_s']:.0f} tok/s (32 / 256) -> "
+          f"{cal['peak_flops'] / 1e9:.1f} GFLOP/s + dequantize "
+          f"{cal['dequantize_rate'] / 1e9:.2f} G params/s; read "
+          f"bandwidth {cal['bandwidth'] / 1e9:.1f} GB/s; TP message "
+          f"{cal['tp_link_alpha'] * 1e6:.1f} us", flush=True)
+
+    http = free_port()
+    server, addr = start_serve(
+        args.shardlm, args.model,
+        ["--tp", str(tp), "--pp", str(pp), "--threads", str(args.threads),
+         "--prefix-caching=false",
+         "--http-listen", f"127.0.0.1:{http}"])
+    try:
+        if not wait_ready(args.shardlm, addr, server):
+            print("the server did not come up")
+            return 1
+        lengths = prompt_tokens(http, texts)
+        out = os.path.join(work, f"bench-{layout}.json")
+        r = run([args.shardlm, "bench", "--server", addr, "--concurrency",
+                 args.concurrency, "--requests", str(args.requests),
+                 "--max-tokens", str(args.max_tokens), "--prompts",
+                 prompts_file, "--json", out], timeout=3600)
+        if r.returncode != 0:
+            print(f"bench failed: {r.stderr[-400:]}")
+            return 1
+        measured = json.load(open(out))["levels"]
+    finally:
+        stop(server)
+
+    trace = os.path.join(work, "trace.csv")
+    with open(trace, "w") as f:
+        for i in range(args.requests):
+            f.write(f"0,{lengths[i % len(lengths)]},{args.max_tokens}\n")
+    # serve's defaults: KV for one full context (f16), 512 tokens a
+    # step, 64 sequences.
+    kv_bytes = (8192 * shape["n_layers"] * 2 *
+                -(-shape["n_kv_heads"] // tp) * shape["head_dim"] * 2)
+    for m in measured:
+        c = m["concurrency"]
+        sim_json = os.path.join(work, f"sim-{layout}-{c}.json")
+        r = run([args.shardlm, "simulate", "--model-config", args.model,
+                 "--gpu", "cpu-this-machine", "--tp", str(tp), "--pp",
+                 str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
+                 "--peak-flops", str(cal["peak_flops"]),
+                 "--matvec-flops", str(cal["matvec_flops"]),
+                 "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
+                 "--matvec-attention-flops",
+                 str(cal["matvec_attention_flops"]),
+                 "--dequantize-rate", str(cal["dequantize_rate"]),
+                 "--tp-link-alpha", str(cal["tp_link_alpha"]),
+                 "--step-overhead", "0", "--weight-dtype",
+                 args.weight_dtype, "--kv-cache-dtype", "f16",
+                 "--kv-cache-bytes", str(kv_bytes),
+                 "--max-batched-tokens", "512", "--max-seqs", "64",
+                 "--concurrency", str(c), "--trace", trace,
+                 "--json", sim_json])
+        if r.returncode != 0:
+            print(f"simulate failed: {r.stderr[-400:]}")
+            return 1
+        s = json.load(open(sim_json))
+        row = {
+            "layout": layout, "concurrency": c,
+            "measured": {"output_tokens_per_s": m["output_tokens_per_s"],
+                         "ttft_p50_ms": m["ttft_ms"]["p50"],
+                         "ttft_p99_ms": m["ttft_ms"]["p99"],
+                         "itl_p50_ms": m["itl_ms"]["p50"],
+                         "itl_p99_ms": m["itl_ms"]["p99"]},
+            "simulated": {"output_tokens_per_s": s["output_tokens_per_s"],
+                          "ttft_p50_ms": 1e3 * s["ttft_s"]["p50"],
+                          "ttft_p99_ms": 1e3 * s["ttft_s"]["p99"],
+                          "itl_p50_ms": 1e3 * s["itl_s"]["p50"],
+                          "itl_p99_ms": 1e3 * s["itl_s"]["p99"]},
+        }
+        row["error"] = {k: row["simulated"][k] / row["measured"][k] - 1
+                        for k in row["measured"] if row["measured"][k] > 0}
+        rows.append(row)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -155,6 +328,9 @@ def main() -> int:
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--weight-dtype", default="q4_1")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="calibrate, measure and simulate this many times "
+                    "(this VM drifts between runs: the median is reported)")
     ap.add_argument("--json")
     args = ap.parse_args()
     shape = model_shape(args.shardlm, args.model)
@@ -171,113 +347,25 @@ def main() -> int:
 
     rows = []
     calibrations = []
-    for layout in args.layouts.split(","):
-        tp, pp = (int(x) for x in layout.split("x"))
-        ranks = tp * pp
-        threads = max(1, args.threads // ranks)
-        cal = calibrate(args.engine_bench, args.model, threads, shape, tp)
-        calibrations.append(cal)
-        print(f"calibration tp {tp} x pp {pp} ({threads} thread(s) per rank): "
-              f"decode {cal['decode_tokens_per_s']:.1f} tok/s -> matvec "
-              f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s; steps of 1 / 4 "
-              f"tokens {cal['decode_step1_ms']:.2f} / "
-              f"{cal['decode_step4_ms']:.2f} ms -> "
-              f"{cal['matvec_batch_flops'] / 1e9:.1f} GFLOP/s each further "
-              f"token; prefill "
-              f"{cal['prefill32_tokens_per_s']:.0f} / "
-              f"{cal['prefill256_tokens_per_s']:.0f} tok/s (32 / 256) -> "
-              f"{cal['peak_flops'] / 1e9:.1f} GFLOP/s + dequantize "
-              f"{cal['dequantize_rate'] / 1e9:.2f} G params/s; read "
-              f"bandwidth {cal['bandwidth'] / 1e9:.1f} GB/s; TP message "
-              f"{cal['tp_link_alpha'] * 1e6:.1f} us", flush=True)
-
-        http = free_port()
-        server, addr = start_serve(
-            args.shardlm, args.model,
-            ["--tp", str(tp), "--pp", str(pp), "--threads", str(args.threads),
-             "--prefix-caching=false",
-             "--http-listen", f"127.0.0.1:{http}"])
-        try:
-            if not wait_ready(args.shardlm, addr, server):
-                print("the server did not come up")
+    for rnd in range(args.rounds):
+        for layout in args.layouts.split(","):
+            first = len(rows)
+            if validate_layout(args, shape, layout, texts, prompts_file, work,
+                               rows, calibrations):
                 return 1
-            lengths = prompt_tokens(http, texts)
-            out = os.path.join(work, f"bench-{layout}.json")
-            r = run([args.shardlm, "bench", "--server", addr, "--concurrency",
-                     args.concurrency, "--requests", str(args.requests),
-                     "--max-tokens", str(args.max_tokens), "--prompts",
-                     prompts_file, "--json", out], timeout=3600)
-            if r.returncode != 0:
-                print(f"bench failed: {r.stderr[-400:]}")
-                return 1
-            measured = json.load(open(out))["levels"]
-        finally:
-            stop(server)
+            for row in rows[first:]:
+                row["round"] = rnd
+            calibrations[-1]["round"] = rnd
 
-        trace = os.path.join(work, "trace.csv")
-        with open(trace, "w") as f:
-            for i in range(args.requests):
-                f.write(f"0,{lengths[i % len(lengths)]},{args.max_tokens}\n")
-        # serve's defaults: KV for one full context (f16), 512 tokens a
-        # step, 64 sequences.
-        kv_bytes = (8192 * shape["n_layers"] * 2 *
-                    -(-shape["n_kv_heads"] // tp) * shape["head_dim"] * 2)
-        for m in measured:
-            c = m["concurrency"]
-            sim_json = os.path.join(work, f"sim-{layout}-{c}.json")
-            r = run([args.shardlm, "simulate", "--model-config", args.model,
-                     "--gpu", "cpu-this-machine", "--tp", str(tp), "--pp",
-                     str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
-                     "--peak-flops", str(cal["peak_flops"]),
-                     "--matvec-flops", str(cal["matvec_flops"]),
-                     "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
-                     "--dequantize-rate", str(cal["dequantize_rate"]),
-                     "--tp-link-alpha", str(cal["tp_link_alpha"]),
-                     "--step-overhead", "0", "--weight-dtype",
-                     args.weight_dtype, "--kv-cache-dtype", "f16",
-                     "--kv-cache-bytes", str(kv_bytes),
-                     "--max-batched-tokens", "512", "--max-seqs", "64",
-                     "--concurrency", str(c), "--trace", trace,
-                     "--json", sim_json])
-            if r.returncode != 0:
-                print(f"simulate failed: {r.stderr[-400:]}")
-                return 1
-            s = json.load(open(sim_json))
-            row = {
-                "layout": layout, "concurrency": c,
-                "measured": {"output_tokens_per_s": m["output_tokens_per_s"],
-                             "ttft_p50_ms": m["ttft_ms"]["p50"],
-                             "ttft_p99_ms": m["ttft_ms"]["p99"],
-                             "itl_p50_ms": m["itl_ms"]["p50"],
-                             "itl_p99_ms": m["itl_ms"]["p99"]},
-                "simulated": {"output_tokens_per_s": s["output_tokens_per_s"],
-                              "ttft_p50_ms": 1e3 * s["ttft_s"]["p50"],
-                              "ttft_p99_ms": 1e3 * s["ttft_s"]["p99"],
-                              "itl_p50_ms": 1e3 * s["itl_s"]["p50"],
-                              "itl_p99_ms": 1e3 * s["itl_s"]["p99"]},
-            }
-            row["error"] = {k: row["simulated"][k] / row["measured"][k] - 1
-                            for k in row["measured"] if row["measured"][k] > 0}
-            rows.append(row)
-
-    print("\nsimulated / measured - 1 (the goal: within 15% on throughput "
-          "and medians)")
-    print(f"{'layout':>7} {'conc':>5} {'out tok/s':>22} {'TTFT p50 ms':>22} "
-          f"{'ITL p50 ms':>22} {'TTFT p99':>9} {'ITL p99':>8}")
-    for row in rows:
-        m, s, e = row["measured"], row["simulated"], row["error"]
-
-        def cell(k):
-            return (f"{m[k]:7.1f} {s[k]:7.1f} {100 * e.get(k, 0):+5.0f}%")
-
-        print(f"{row['layout']:>7} {row['concurrency']:>5} "
-              f"{cell('output_tokens_per_s'):>22} {cell('ttft_p50_ms'):>22} "
-              f"{cell('itl_p50_ms'):>22} "
-              f"{100 * e.get('ttft_p99_ms', 0):+8.0f}% "
-              f"{100 * e.get('itl_p99_ms', 0):+7.0f}%")
+    for rnd in range(args.rounds):
+        print_table([r for r in rows if r["round"] == rnd],
+                    f"round {rnd + 1} of {args.rounds}: ")
+    if args.rounds > 1:
+        print_table(median_rows(rows), f"median over {args.rounds} rounds: ")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"calibration": calibrations, "runs": rows}, f, indent=1)
+            json.dump({"calibration": calibrations, "runs": rows,
+                       "median": median_rows(rows)}, f, indent=1)
     return 0
 
 

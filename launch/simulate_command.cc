@@ -40,9 +40,11 @@ struct SimulateFlags {
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
   double matvec_flops = 0, matvec_batch_flops = 0, dequantize_rate = -1;
+  double matvec_attention_flops = 0;
   std::string trace;
   double poisson = 0;
   int64_t concurrency = 0;
+  double client_gap = 0.001;
   int64_t requests = 256;
   std::string prompt_len = "lognormal:512:1.0";
   std::string output_len = "lognormal:128:0.7";
@@ -204,6 +206,7 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   o.count_planner_time = f.count_planner_time;
   o.seed = static_cast<uint64_t>(f.seed);
   o.concurrency = static_cast<int>(f.concurrency);
+  o.client_gap = f.client_gap;
   return p;
 }
 
@@ -288,6 +291,8 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("matvec-batch-flops", &f.matvec_batch_flops,
             "FLOP/s of each token after a small-batch step's first "
             "(calibration)");
+  flags.Add("matvec-attention-flops", &f.matvec_attention_flops,
+            "FLOP/s of a small-batch CPU step's attention (calibration)");
   flags.Add("dequantize-rate", &f.dequantize_rate,
             "parameters/s the CPU dequantizes into tiles (calibration)");
   flags.Add("step-overhead", &f.step_overhead,
@@ -297,6 +302,9 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("concurrency", &f.concurrency,
             "closed loop of this many clients (as shardlm bench), each "
             "sending its next request when its last ends");
+  flags.Add("client-gap", &f.client_gap,
+            "seconds (at most, uniform) between a --concurrency client's "
+            "request ending and its next reaching the server");
   flags.Add("requests", &f.requests,
             "requests of a --concurrency run without --trace");
   flags.Add("duration", &f.duration, "seconds of Poisson arrivals");
@@ -364,6 +372,9 @@ int SimulateCommand(int argc, char** argv) {
         "give one of --trace FILE, --poisson RATE or --concurrency C "
         "(--trace may come with --concurrency)");
   }
+  if (!(f.client_gap >= 0 && f.client_gap <= 60)) {
+    return usage_error("--client-gap must be from 0 to 60 seconds");
+  }
   if (f.concurrency < 0 || f.concurrency > 1000000 || f.requests < 1 ||
       f.requests > 100000000) {
     return usage_error("--concurrency and --requests must be sane");
@@ -392,10 +403,11 @@ int SimulateCommand(int argc, char** argv) {
   absl::StatusOr<DeviceProfile> device = FindDeviceProfile(f.gpu);
   if (!device.ok()) return usage_error(std::string(device.status().message()));
   if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
-      f.matvec_flops < 0 || f.matvec_batch_flops < 0) {
+      f.matvec_flops < 0 || f.matvec_batch_flops < 0 ||
+      f.matvec_attention_flops < 0) {
     return usage_error(
-        "--memory-bandwidth, --peak-flops, --matvec-flops and "
-        "--matvec-batch-flops must be positive, --step-overhead at most "
+        "--memory-bandwidth, --peak-flops and the --matvec-* rates must be "
+        "positive, --step-overhead at most "
         "10 s");
   }
   if (f.memory_bandwidth > 0) {
@@ -410,6 +422,9 @@ int SimulateCommand(int argc, char** argv) {
   if (f.matvec_flops > 0) device->matvec_flops = f.matvec_flops;
   if (f.matvec_batch_flops > 0) {
     device->matvec_batch_flops = f.matvec_batch_flops;
+  }
+  if (f.matvec_attention_flops > 0) {
+    device->matvec_attention_flops = f.matvec_attention_flops;
   }
   if (f.dequantize_rate >= 0) device->dequantize_rate = f.dequantize_rate;
 

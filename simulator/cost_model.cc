@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "kernels/linear/linear.h"
 #include "model/shard_plan.h"
 
 namespace shardlm {
@@ -45,24 +46,25 @@ const DeviceProfile kDevices[] = {
                "dense BF16"},
     // This project's CPU engine (2 threads, Q4_1 weights) on its 2-core
     // Intel Xeon (AVX-512) VM, calibrated with bench/simulator_validation.py
-    // (docs/simulator.md): achieved rates, efficiencies folded in. The
-    // decode kernels handle at most 4 rows (kGemvRows) as matrix-vector
-    // products. Figures of the TP 1 calibration in docs/simulator.md; such
+    // (docs/simulator.md): achieved rates, efficiencies folded in, each the
+    // median of the three rounds' TP 1 calibrations. The decode kernels
+    // handle at most kDecodeMaxRows rows as matrix-vector products. Such
     // VMs drift by up to a third between runs.
     {.name = "cpu-this-machine",
      .memory_bytes = 24 * 1024.0 * 1024 * 1024,
-     .memory_bandwidth = 20.7 * kGB,
-     .peak_flops = 182.0e9,
+     .memory_bandwidth = 26.9 * kGB,
+     .peak_flops = 160.2e9,
      .bandwidth_efficiency = 1.0,
      .flops_efficiency = 1.0,
      .kernel_launch_seconds = 0,
      .kernels_per_layer = 0,
      .step_overhead_seconds = 0,
      .devices_per_node = 2,
-     .matvec_max_tokens = 4,
-     .matvec_flops = 30.4e9,
-     .matvec_batch_flops = 57.9e9,
-     .dequantize_rate = 3.71e9,
+     .matvec_max_tokens = kDecodeMaxRows,
+     .matvec_flops = 28.5e9,
+     .matvec_batch_flops = 68.2e9,
+     .matvec_attention_flops = 8.9e9,
+     .dequantize_rate = 3.56e9,
      .source = "calibrated on the 2-core Intel Xeon VM (docs/simulator.md)"},
 };
 
@@ -262,20 +264,26 @@ std::vector<double> RooflineCostModel::StageSeconds(
     double bytes =
         layers * layer_params_per_rank_ * layout_.weight_bytes_per_param +
         kv_tokens * KvBytesPerToken(s);
-    double flops =
-        2 * n * layers * layer_params_per_rank_ +
+    // The weights' FLOPs and attention's (query-key pairs).
+    double weight_flops = 2 * n * layers * layer_params_per_rank_;
+    const double attention_flops =
         layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs;
     if (last) {
       bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
-      flops += 2 * rows * lm_head_params_per_rank_;
+      weight_flops += 2 * rows * lm_head_params_per_rank_;
     }
+    const double flops = weight_flops + attention_flops;
     double compute = flops / (device_.peak_flops * device_.flops_efficiency);
     if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
-      const double first = flops / n;
+      // Attention at its own rate, or folded into the matrix-vector ones.
+      const bool apart = device_.matvec_attention_flops > 0;
+      const double folded = apart ? weight_flops : flops;
+      const double first = folded / n;
       compute = first / device_.matvec_flops +
-                (flops - first) / (device_.matvec_batch_flops > 0
-                                       ? device_.matvec_batch_flops
-                                       : device_.matvec_flops);
+                (folded - first) / (device_.matvec_batch_flops > 0
+                                        ? device_.matvec_batch_flops
+                                        : device_.matvec_flops);
+      if (apart) compute += attention_flops / device_.matvec_attention_flops;
     } else if (device_.dequantize_rate > 0) {
       compute += (layers * layer_params_per_rank_ +
                   (last ? lm_head_params_per_rank_ : 0)) /

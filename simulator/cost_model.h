@@ -30,15 +30,18 @@ struct DeviceProfile {
   double step_overhead_seconds = 0;  // Host work per step (sampling, I/O).
   int devices_per_node = 8;
   // CPU kernels (0: not modelled). A step of at most matvec_max_tokens
-  // tokens runs matrix-vector kernels that dequantize in registers per
-  // token: the first token's FLOPs / matvec_flops, each further token's
-  // FLOPs / matvec_batch_flops (the kernels read each weight row from
-  // memory once for all the step's tokens; 0: matvec_flops). A larger one
+  // tokens runs matrix-vector kernels that dequantize in registers: the
+  // first token's FLOPs / matvec_flops, each further token's FLOPs /
+  // matvec_batch_flops (the kernels read each weight row from memory once
+  // for all the step's tokens; 0: matvec_flops), and its attention's
+  // FLOPs (4 x head_dim per query-key pair and query head) /
+  // matvec_attention_flops (0: counted with the tokens'). A larger one
   // first dequantizes every weight into tiles (parameters /
   // dequantize_rate seconds) and then multiplies at peak_flops.
   int matvec_max_tokens = 0;
   double matvec_flops = 0;
   double matvec_batch_flops = 0;
+  double matvec_attention_flops = 0;
   double dequantize_rate = 0;  // Parameters per second.
   std::string source;          // Where the figures come from.
 };

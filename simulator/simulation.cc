@@ -269,13 +269,15 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
     done_events.clear();
   };
 
-  // Closed loop: each client sends its next request when the last ends.
+  // Closed loop: each client sends its next request when the last ends,
+  // arriving up to client_gap later.
   std::priority_queue<double, std::vector<double>, std::greater<double>>
       clients;
-  for (int c = 0; c < o.concurrency; ++c) clients.push(0);
+  std::uniform_real_distribution<double> gap(0, o.client_gap);
   const auto client_free = [&](double t) {
-    if (o.concurrency > 0) clients.push(t);
+    if (o.concurrency > 0) clients.push(t + (o.client_gap > 0 ? gap(rng) : 0));
   };
+  for (int c = 0; c < o.concurrency; ++c) client_free(0);
   const auto refuse = [&](const char* why) {
     ++report.refused[why];
     client_free(now);

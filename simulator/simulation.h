@@ -72,6 +72,12 @@ struct SimOptions {
   // sends the trace's next request (its arrival time ignored) as soon as
   // its previous one ended; all start at 0.
   int concurrency = 0;
+  // A closed loop's requests reach the server a seeded uniform [0,
+  // client_gap) seconds after their client is free (its round trip).
+  // Real requests never arrive at one instant: an idle loop starts a step
+  // with the first, and the others wait for the next; with no gap, clients
+  // that start or finish together stay in lockstep, prefilled side by side.
+  double client_gap = 0;
   // Per-request SLOs for goodput (seconds; 0: none): time to first token,
   // and time per output token after the first.
   double slo_ttft = 0, slo_tpot = 0;

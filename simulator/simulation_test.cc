@@ -96,6 +96,27 @@ TEST(SimulateTest, AClosedLoopSendsTheNextRequestWhenOneEnds) {
   EXPECT_EQ(two->steps, 2);
 }
 
+// With a client gap the two clients' first requests reach the server at
+// two instants in [0, 1 ms): the idle loop starts a step with the first
+// (A's prefill, 0-1 s), the second waits for the next (A's last token and
+// B's prefill, 1-2 s), and B's last token takes a third step (2-3 s).
+TEST(SimulateTest, AClientGapKeepsClientsOutOfLockstep) {
+  FixedCostModel cost(1, 1.0, 0);
+  const std::vector<SimRequest> trace = {
+      {.arrival = 0, .prompt_tokens = 4, .output_tokens = 2},
+      {.arrival = 0, .prompt_tokens = 4, .output_tokens = 2}};
+  SimOptions o = Options();
+  o.concurrency = 2;
+  o.client_gap = 0.001;
+  absl::StatusOr<SimReport> r = Simulate(cost, o, 100, trace);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->steps, 3);
+  EXPECT_GT(r->duration, 3.0);
+  EXPECT_LT(r->duration, 3.001);
+  EXPECT_NEAR(r->ttft.mean, 1.5, 0.001);  // A: one step; B: two.
+  EXPECT_NEAR(r->ttft.max, 2.0, 0.001);
+}
+
 TEST(SimulateTest, RequestsThatCannotRunAreRefusedWithAReason) {
   FixedCostModel cost(1, 1.0, 0);
   SimOptions o = Options(/*device_blocks=*/8);  // 32 tokens.
@@ -222,6 +243,18 @@ TEST(SimulateTest, TheCpuKernelTermsAddUpByHand) {
   unbatched.matvec_batch_flops = 0;
   RooflineCostModel flat(c, unbatched, {.tp = 1, .pp = 1});
   EXPECT_NEAR(flat.StageSeconds(decode(3))[0], 979968e-9, 1e-15);
+  // Attention at a rate of its own (2 GFLOP/s): per token 51,200 of the
+  // 326,656 FLOPs (2 x 4 x 16 x 4 x 100), the other 275,456 the weights'.
+  DeviceProfile apart = d;
+  apart.matvec_attention_flops = 2e9;
+  RooflineCostModel split(c, apart, {.tp = 1, .pp = 1});
+  EXPECT_NEAR(split.StageSeconds(decode(1))[0], 275456e-9 + 25600e-9, 1e-15);
+  // Three: the weights' 826,368, the first third at 1 GFLOP/s and the rest
+  // at 4; attention's 153,600 at 2.
+  EXPECT_NEAR(split.StageSeconds(decode(3))[0],
+              275456e-9 + 550912 / 4e9 + 153600 / 2e9, 1e-15);
+  // The tiled path is not affected (as above).
+  EXPECT_NEAR(split.StageSeconds(decode(5))[0], 137728e-9 + 163328e-9, 1e-15);
 }
 
 TEST(SimulateTest, TheSameSeedGivesTheSameReport) {
