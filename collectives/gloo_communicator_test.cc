@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <random>
 #include <thread>
 #include <vector>
@@ -168,13 +169,19 @@ TEST(GlooCommunicatorTest, MissingRankAtConnectIsNamed) {
 
 TEST(GlooCommunicatorTest, CollectiveTimeoutNamesGroupAndBreaksIt) {
   InMemoryStore store;
+  // Connect returns on a rank once its own links are up, which can be before
+  // its peers' are: a rank leaving at once could fail their Connect instead
+  // of the collective under test. All ranks connect before any leaves.
+  std::latch connected(3);
   RunRanks(3, [&](int r) {
     auto c = GlooCommunicator::Connect(
         store, "test", Loopback(), "world", r, 3,
         {.timeout = absl::Milliseconds(500)},
         {"rank 1 (stage 0, tp 0)", "rank 2 (stage 0, tp 1)",
          "rank 3 (stage 0, tp 2)"});
+    connected.count_down();
     ASSERT_TRUE(c.ok()) << c.status();
+    connected.wait();
     if (r == 2) return;  // Skips the AllReduce and leaves.
     Tensor t = F32(7);
     absl::Status s = (*c)->AllReduce(t, t, ReduceOp::kSum);
@@ -191,11 +198,14 @@ TEST(GlooCommunicatorTest, CollectiveTimeoutNamesGroupAndBreaksIt) {
 
 TEST(GlooCommunicatorTest, RecvFromALeftPeerFailsFastNamingIt) {
   InMemoryStore store;
+  std::latch connected(2);  // As above: the chain forms, then rank 1 leaves.
   RunRanks(2, [&](int r) {
     auto c =
         GlooCommunicator::Connect(store, "test", Loopback(), "pp chain of tp 0",
                                   r, 2, {.timeout = absl::Seconds(20)});
+    connected.count_down();
     ASSERT_TRUE(c.ok()) << c.status();
+    connected.wait();
     if (r == 1) {
       c->reset();  // Closes its connections, as a killed process would.
       return;
