@@ -39,6 +39,9 @@ from testlib import free_port, run, start_serve, stop, wait_ready  # noqa: E402
 # The most tokens a step's matrix-vector kernels take (kDecodeMaxRows in
 # kernels/linear/linear.h); larger steps take the tiled path.
 DECODE_MAX_ROWS = 16
+# The small batch the CPU profile rates apart (kMatvecSmallBatchTokens in
+# simulator/cost_model.h).
+SMALL_BATCH = 4
 
 WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards "
          "quietly judge boxing matches near the old river bank").split()
@@ -94,10 +97,13 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
     engine_bench. One-sequence decode at a short (32-token) and a long
     (256-token) prompt: the short one gives the matrix-vector kernels' FLOP
     rate, the difference the rate of attention's FLOPs (4 x head_dim per
-    query-key pair and query head); DECODE_MAX_ROWS sequences decoded side
-    by side against one, at the short context, give the rate of each token
-    after a step's first (the kernels read each weight row once for all of
-    them); prefills of 32 and 256 tokens give the tiled path's per-step
+    query-key pair and query head). SMALL_BATCH sequences decoded side by
+    side at 32 and 128 tokens of context: the difference gives the rate of the
+    further sequences' attention (it splits over threads by sequence), and
+    the short one against one sequence the rate of tokens 2 ..
+    SMALL_BATCH of a step (the kernels read each weight row once for all
+    of them); DECODE_MAX_ROWS sequences at the short context against
+    SMALL_BATCH, the rate of each token after those; prefills of 32 and 256 tokens give the tiled path's per-step
     dequantization (the intercept) and its FLOP rate (the slope); the
     measured read bandwidth is the bandwidth. Each rate is what is left of
     a step once the others' shares and the communication are taken out."""
@@ -108,9 +114,14 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
              3 * s["hidden"] * -(-s["ffn_hidden"] // tp))
     head = s["hidden"] * -(-s["vocab_size"] // tp)
     short = engine_bench(binary, model, threads, tp, 32, 32)
+    small = engine_bench(binary, model, threads, tp, 32, 32,
+                         batch=SMALL_BATCH)
     batched = engine_bench(binary, model, threads, tp, 32, 32,
                            batch=DECODE_MAX_ROWS)
     long = engine_bench(binary, model, threads, tp, 256, 64)
+    # engine_bench prefills a batch in one step of at most 512 tokens.
+    small_long = engine_bench(binary, model, threads, tp,
+                              512 // SMALL_BATCH, 64, batch=SMALL_BATCH)
     weights = 2 * (s["n_layers"] * layer + head)  # FLOPs per token.
 
     def attention(run: dict) -> float:
@@ -131,12 +142,28 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
     added = compute(long) - compute(short)
     per_attention_flop = max(0.0, added / (attention(long) - attention(short)))
     matvec = weights / (compute(short) - attention(short) * per_attention_flop)
-    # Each further token of a step: its weights' FLOPs over the added time
-    # less its attention (the communication, a few messages of a few KB,
-    # grows little).
-    extra = ((batched["decode_step_seconds"] - short["decode_step_seconds"]) /
-             (DECODE_MAX_ROWS - 1) - attention(short) * per_attention_flop)
-    matvec_batch = weights / extra if extra > 0 else 100 * matvec
+    # The further sequences' attention: what the added context adds to a
+    # small batch beyond its first sequence's share.
+    further = SMALL_BATCH - 1
+    added_attention = attention(small_long) - attention(small)
+    added = (compute(small_long) - compute(small) -
+             added_attention * per_attention_flop)
+    per_batch_attention_flop = max(0.0, added / (further * added_attention))
+    if per_batch_attention_flop == 0 or per_attention_flop == 0:
+        # None measured, or attention folded into the weights' rates.
+        per_batch_attention_flop = per_attention_flop
+
+    def per_token(more: dict, less: dict, tokens: int) -> float:
+        """A weights FLOP's seconds for each of `tokens` tokens a step of
+        `more` has beyond one of `less`: the added time less their
+        attention (the communication, a few messages of a few KB, grows
+        little), or near nothing if the VM's noise hides it."""
+        t = ((more["decode_step_seconds"] - less["decode_step_seconds"]) /
+             tokens - attention(short) * per_batch_attention_flop)
+        return t / weights if t > 0 else 0.01 / matvec
+
+    per_small = per_token(small, short, further)
+    per_batch = per_token(batched, small, DECODE_MAX_ROWS - SMALL_BATCH)
     # The TP link's alpha: the long run's communication over its step's 2
     # all-reduces per layer of 2 (tp - 1) ring hops each (and the logits'
     # gather).
@@ -154,11 +181,18 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
             "bandwidth": long["read_bandwidth_bytes_per_s"],
             "decode_step1_ms": 1e3 * short["decode_step_seconds"],
             "decode_step_long_ms": 1e3 * long["decode_step_seconds"],
+            "decode_step_small_ms": 1e3 * small["decode_step_seconds"],
+            "decode_step_small_long_ms":
+                1e3 * small_long["decode_step_seconds"],
             "decode_step_batched_ms": 1e3 * batched["decode_step_seconds"],
             "matvec_flops": matvec,
-            "matvec_batch_flops": matvec_batch,
+            "matvec_small_batch_flops": 1 / per_small,
+            "matvec_batch_flops": 1 / per_batch,
             "matvec_attention_flops": (1 / per_attention_flop
                                        if per_attention_flop > 0 else 0),
+            "matvec_batch_attention_flops": (
+                1 / per_batch_attention_flop
+                if per_batch_attention_flop > 0 else 0),
             "peak_flops": 2 * s["n_layers"] * layer / per_token,
             "dequantize_rate": params / intercept if intercept > 0 else 0,
             "tp_link_alpha": alpha}
@@ -232,9 +266,17 @@ def validate_layout(args, shape: dict, layout: str, texts: list[str],
           f"{cal['decode_step1_ms']:.2f} / "
           f"{cal['decode_step_long_ms']:.2f} ms -> matvec "
           f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s, attention "
-          f"{cal['matvec_attention_flops'] / 1e9:.1f} GFLOP/s; steps of "
-          f"1 / {DECODE_MAX_ROWS} tokens {cal['decode_step1_ms']:.2f} / "
+          f"{cal['matvec_attention_flops'] / 1e9:.1f} GFLOP/s; "
+          f"{SMALL_BATCH} sequences at 32 / {512 // SMALL_BATCH} "
+          f"{cal['decode_step_small_ms']:.2f} / "
+          f"{cal['decode_step_small_long_ms']:.2f} ms -> further "
+          f"sequences' attention "
+          f"{cal['matvec_batch_attention_flops'] / 1e9:.1f} GFLOP/s; steps "
+          f"of 1 / {SMALL_BATCH} / {DECODE_MAX_ROWS} tokens "
+          f"{cal['decode_step1_ms']:.2f} / "
+          f"{cal['decode_step_small_ms']:.2f} / "
           f"{cal['decode_step_batched_ms']:.2f} ms -> "
+          f"{cal['matvec_small_batch_flops'] / 1e9:.1f} / "
           f"{cal['matvec_batch_flops'] / 1e9:.1f} GFLOP/s each further "
           f"token; prefill "
           f"{cal['prefill32_tokens_per_s']:.0f} / "
@@ -283,9 +325,13 @@ def validate_layout(args, shape: dict, layout: str, texts: list[str],
                  str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
                  "--peak-flops", str(cal["peak_flops"]),
                  "--matvec-flops", str(cal["matvec_flops"]),
+                 "--matvec-small-batch-flops",
+                 str(cal["matvec_small_batch_flops"]),
                  "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
                  "--matvec-attention-flops",
                  str(cal["matvec_attention_flops"]),
+                 "--matvec-batch-attention-flops",
+                 str(cal["matvec_batch_attention_flops"]),
                  "--dequantize-rate", str(cal["dequantize_rate"]),
                  "--tp-link-alpha", str(cal["tp_link_alpha"]),
                  "--step-overhead", "0", "--weight-dtype",

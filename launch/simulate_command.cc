@@ -40,7 +40,8 @@ struct SimulateFlags {
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
   double matvec_flops = 0, matvec_batch_flops = 0, dequantize_rate = -1;
-  double matvec_attention_flops = 0;
+  double matvec_attention_flops = 0, matvec_small_batch_flops = 0;
+  double matvec_batch_attention_flops = 0;
   std::string trace;
   double poisson = 0;
   int64_t concurrency = 0;
@@ -291,8 +292,14 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("matvec-batch-flops", &f.matvec_batch_flops,
             "FLOP/s of each token after a small-batch step's first "
             "(calibration)");
+  flags.Add("matvec-small-batch-flops", &f.matvec_small_batch_flops,
+            "FLOP/s of tokens 2-4 of a small-batch step (calibration)");
   flags.Add("matvec-attention-flops", &f.matvec_attention_flops,
-            "FLOP/s of a small-batch CPU step's attention (calibration)");
+            "FLOP/s of a small-batch CPU step's first token's attention "
+            "(calibration)");
+  flags.Add("matvec-batch-attention-flops", &f.matvec_batch_attention_flops,
+            "FLOP/s of the further tokens' attention in a small-batch CPU "
+            "step (calibration)");
   flags.Add("dequantize-rate", &f.dequantize_rate,
             "parameters/s the CPU dequantizes into tiles (calibration)");
   flags.Add("step-overhead", &f.step_overhead,
@@ -404,7 +411,8 @@ int SimulateCommand(int argc, char** argv) {
   if (!device.ok()) return usage_error(std::string(device.status().message()));
   if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
       f.matvec_flops < 0 || f.matvec_batch_flops < 0 ||
-      f.matvec_attention_flops < 0) {
+      f.matvec_attention_flops < 0 || f.matvec_small_batch_flops < 0 ||
+      f.matvec_batch_attention_flops < 0) {
     return usage_error(
         "--memory-bandwidth, --peak-flops and the --matvec-* rates must be "
         "positive, --step-overhead at most "
@@ -423,8 +431,15 @@ int SimulateCommand(int argc, char** argv) {
   if (f.matvec_batch_flops > 0) {
     device->matvec_batch_flops = f.matvec_batch_flops;
   }
+  if (f.matvec_small_batch_flops > 0) {
+    device->matvec_small_batch_tokens = kMatvecSmallBatchTokens;
+    device->matvec_small_batch_flops = f.matvec_small_batch_flops;
+  }
   if (f.matvec_attention_flops > 0) {
     device->matvec_attention_flops = f.matvec_attention_flops;
+  }
+  if (f.matvec_batch_attention_flops > 0) {
+    device->matvec_batch_attention_flops = f.matvec_batch_attention_flops;
   }
   if (f.dequantize_rate >= 0) device->dequantize_rate = f.dequantize_rate;
 

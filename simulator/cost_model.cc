@@ -49,11 +49,12 @@ const DeviceProfile kDevices[] = {
     // (docs/simulator.md): achieved rates, efficiencies folded in, each the
     // median of the three rounds' TP 1 calibrations. The decode kernels
     // handle at most kDecodeMaxRows rows as matrix-vector products. Such
-    // VMs drift by up to a third between runs.
+    // VMs drift by up to a third between runs, and the attention rates are
+    // the least certain (the rounds gave 0-64 GFLOP/s).
     {.name = "cpu-this-machine",
      .memory_bytes = 24 * 1024.0 * 1024 * 1024,
-     .memory_bandwidth = 26.9 * kGB,
-     .peak_flops = 160.2e9,
+     .memory_bandwidth = 23.9 * kGB,
+     .peak_flops = 144.0e9,
      .bandwidth_efficiency = 1.0,
      .flops_efficiency = 1.0,
      .kernel_launch_seconds = 0,
@@ -61,10 +62,13 @@ const DeviceProfile kDevices[] = {
      .step_overhead_seconds = 0,
      .devices_per_node = 2,
      .matvec_max_tokens = kDecodeMaxRows,
-     .matvec_flops = 28.5e9,
-     .matvec_batch_flops = 68.2e9,
-     .matvec_attention_flops = 8.9e9,
-     .dequantize_rate = 3.56e9,
+     .matvec_flops = 27.7e9,
+     .matvec_small_batch_tokens = kMatvecSmallBatchTokens,
+     .matvec_small_batch_flops = 73.3e9,
+     .matvec_batch_flops = 57.4e9,
+     .matvec_attention_flops = 19.1e9,
+     .matvec_batch_attention_flops = 12.3e9,
+     .dequantize_rate = 2.82e9,
      .source = "calibrated on the 2-core Intel Xeon VM (docs/simulator.md)"},
 };
 
@@ -208,6 +212,33 @@ double RooflineCostModel::KvBytesPerToken(int stage) const {
          layout_.kv_bytes_per_value;
 }
 
+double RooflineCostModel::MatvecSeconds(double weight_flops,
+                                        double attention_flops,
+                                        int64_t n) const {
+  const DeviceProfile& d = device_;
+  // Attention at its own rates, or folded into the weights'.
+  const bool apart = d.matvec_attention_flops > 0;
+  const double per_token =
+      (apart ? weight_flops : weight_flops + attention_flops) / n;
+  const double batch =
+      d.matvec_batch_flops > 0 ? d.matvec_batch_flops : d.matvec_flops;
+  const int64_t small =
+      d.matvec_small_batch_flops > 0
+          ? std::clamp<int64_t>(d.matvec_small_batch_tokens, 1, n) - 1
+          : 0;
+  double seconds =
+      per_token / d.matvec_flops + (n - 1 - small) * per_token / batch;
+  if (small > 0) seconds += small * per_token / d.matvec_small_batch_flops;
+  if (apart) {
+    const double first = attention_flops / n;
+    seconds += first / d.matvec_attention_flops +
+               (attention_flops - first) / (d.matvec_batch_attention_flops > 0
+                                                ? d.matvec_batch_attention_flops
+                                                : d.matvec_attention_flops);
+  }
+  return seconds;
+}
+
 std::vector<double> RooflineCostModel::StageSeconds(
     const StepInput& step) const {
   const ModelConfig& c = config_;
@@ -275,15 +306,7 @@ std::vector<double> RooflineCostModel::StageSeconds(
     const double flops = weight_flops + attention_flops;
     double compute = flops / (device_.peak_flops * device_.flops_efficiency);
     if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
-      // Attention at its own rate, or folded into the matrix-vector ones.
-      const bool apart = device_.matvec_attention_flops > 0;
-      const double folded = apart ? weight_flops : flops;
-      const double first = folded / n;
-      compute = first / device_.matvec_flops +
-                (folded - first) / (device_.matvec_batch_flops > 0
-                                        ? device_.matvec_batch_flops
-                                        : device_.matvec_flops);
-      if (apart) compute += attention_flops / device_.matvec_attention_flops;
+      compute = MatvecSeconds(weight_flops, attention_flops, n);
     } else if (device_.dequantize_rate > 0) {
       compute += (layers * layer_params_per_rank_ +
                   (last ? lm_head_params_per_rank_ : 0)) /

@@ -16,6 +16,10 @@
 
 namespace shardlm {
 
+// The small batch of the CPU profile's matrix-vector steps: tokens 2-4 are
+// calibrated apart from the rest (bench/simulator_validation.py).
+inline constexpr int kMatvecSmallBatchTokens = 4;
+
 // One accelerator (or one CPU rank). Rates are the spec sheet's; the
 // efficiencies say what share of them a serving kernel reaches.
 struct DeviceProfile {
@@ -30,18 +34,25 @@ struct DeviceProfile {
   double step_overhead_seconds = 0;  // Host work per step (sampling, I/O).
   int devices_per_node = 8;
   // CPU kernels (0: not modelled). A step of at most matvec_max_tokens
-  // tokens runs matrix-vector kernels that dequantize in registers: the
-  // first token's FLOPs / matvec_flops, each further token's FLOPs /
-  // matvec_batch_flops (the kernels read each weight row from memory once
-  // for all the step's tokens; 0: matvec_flops), and its attention's
-  // FLOPs (4 x head_dim per query-key pair and query head) /
-  // matvec_attention_flops (0: counted with the tokens'). A larger one
-  // first dequantizes every weight into tiles (parameters /
-  // dequantize_rate seconds) and then multiplies at peak_flops.
+  // tokens runs matrix-vector kernels that dequantize in registers and read
+  // each weight row from memory once for all the step's tokens. Its
+  // weights' FLOPs, a share per token: the first token's / matvec_flops,
+  // those of tokens 2 .. matvec_small_batch_tokens /
+  // matvec_small_batch_flops (0: matvec_batch_flops), and any further
+  // token's / matvec_batch_flops (0: matvec_flops). Its attention's FLOPs
+  // (4 x head_dim per query-key pair and query head), a share per token:
+  // the first's / matvec_attention_flops (0: all counted with the
+  // weights'), the others' / matvec_batch_attention_flops (0:
+  // matvec_attention_flops). A larger step first dequantizes every weight
+  // into tiles (parameters / dequantize_rate seconds) and then multiplies
+  // at peak_flops.
   int matvec_max_tokens = 0;
   double matvec_flops = 0;
+  int matvec_small_batch_tokens = 0;
+  double matvec_small_batch_flops = 0;
   double matvec_batch_flops = 0;
   double matvec_attention_flops = 0;
+  double matvec_batch_attention_flops = 0;
   double dequantize_rate = 0;  // Parameters per second.
   std::string source;          // Where the figures come from.
 };
@@ -115,6 +126,9 @@ class RooflineCostModel : public CostModel {
   double StageWeightBytes(int stage) const;
   // KV cache bytes one token takes on one rank of stage `stage`.
   double KvBytesPerToken(int stage) const;
+  // Compute seconds of a matrix-vector step of n tokens (DeviceProfile).
+  double MatvecSeconds(double weight_flops, double attention_flops,
+                       int64_t n) const;
   const ModelConfig& config() const { return config_; }
   const DeviceProfile& device() const { return device_; }
   const Layout& layout() const { return layout_; }

@@ -255,6 +255,23 @@ TEST(SimulateTest, TheCpuKernelTermsAddUpByHand) {
               275456e-9 + 550912 / 4e9 + 153600 / 2e9, 1e-15);
   // The tiled path is not affected (as above).
   EXPECT_NEAR(split.StageSeconds(decode(5))[0], 137728e-9 + 163328e-9, 1e-15);
+  // A small batch of 2 tokens at 2 GFLOP/s: of three tokens' 979,968 FLOPs,
+  // a third each at 1, 2 and 4 GFLOP/s; one token is not affected.
+  DeviceProfile small = d;
+  small.matvec_small_batch_tokens = 2;
+  small.matvec_small_batch_flops = 2e9;
+  RooflineCostModel grouped(c, small, {.tp = 1, .pp = 1});
+  EXPECT_NEAR(grouped.StageSeconds(decode(1))[0], 326656e-9, 1e-15);
+  EXPECT_NEAR(grouped.StageSeconds(decode(3))[0],
+              326656 / 1e9 + 326656 / 2e9 + 326656 / 4e9, 1e-15);
+  // The further tokens' attention at 8 GFLOP/s: of three tokens' 153,600
+  // attention FLOPs, the first third at 2 GFLOP/s and the rest at 8.
+  DeviceProfile batched_attention = apart;
+  batched_attention.matvec_batch_attention_flops = 8e9;
+  RooflineCostModel both(c, batched_attention, {.tp = 1, .pp = 1});
+  EXPECT_NEAR(both.StageSeconds(decode(1))[0], 275456e-9 + 25600e-9, 1e-15);
+  EXPECT_NEAR(both.StageSeconds(decode(3))[0],
+              275456e-9 + 550912 / 4e9 + 51200 / 2e9 + 102400 / 8e9, 1e-15);
 }
 
 TEST(SimulateTest, TheSameSeedGivesTheSameReport) {
