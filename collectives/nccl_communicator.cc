@@ -219,9 +219,10 @@ absl::Status NcclCommunicator::Run(const char* op,
   ncclResult_t r = enqueue(comm, impl_->stream);
   if (r == ncclInProgress) r = Settle(comm, deadline);
   if (r == ncclInProgress) return timed_out();
-  if (r == ncclInvalidArgument || r == ncclInvalidUsage) {
-    return NcclError(where, r, comm);  // Nothing was enqueued.
-  }
+  // Even an argument NCCL rejects ends the communicator: on a non-blocking
+  // one, its enqueue stores the error as the communicator's async error,
+  // which fails every later call. (Our own checks reject the arguments we
+  // know of, as InvalidArgument, before NCCL sees them.)
   if (r != ncclSuccess) return fail(NcclError(where, r, comm));
 
   for (int polls = 0;; ++polls) {
