@@ -1,8 +1,11 @@
 #include "collectives/gloo_communicator.h"
 
+#include <signal.h>
+
 #include <chrono>
 #include <cstring>
 #include <exception>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/match.h"
@@ -67,10 +70,27 @@ class StoreAdapter : public gloo::rendezvous::Store {
   absl::Duration timeout_;
 };
 
+// Gloo's TCP pairs write with writev, which raises SIGPIPE when the peer
+// has gone; its default action kills the process before Gloo can report the
+// broken connection. A dead peer must be an error naming it, so SIGPIPE is
+// ignored process-wide (unless the program installed a handler of its own;
+// our sockets elsewhere send with MSG_NOSIGNAL, so nothing relies on it).
+void IgnoreSigpipeOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current = {};
+    if (sigaction(SIGPIPE, nullptr, &current) == 0 &&
+        (current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+      signal(SIGPIPE, SIG_IGN);
+    }
+  });
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<GlooTransport>> GlooTransport::Create(
     const std::string& host, const std::string& interface) {
+  IgnoreSigpipeOnce();
   gloo::transport::tcp::attr attr;
   if (!interface.empty()) {
     attr.iface = interface;
