@@ -89,6 +89,9 @@ void Scheduler::TakeIntake() {
   intake_.clear();
   for (RequestId id : cancels_) planner_.Cancel(id);
   cancels_.clear();
+  // Counted at once: until the next step's events, Submit would otherwise
+  // see neither the intake (now empty) nor the planner's grown queue.
+  planner_waiting_ = static_cast<int64_t>(planner_.waiting());
 }
 
 void Scheduler::DrainInFlight() {
