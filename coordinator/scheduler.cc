@@ -168,6 +168,12 @@ void Scheduler::Loop() {
       // A refused step comes back from Collect with its error.
       (void)executor_->Submit(plan->step);
     }
+    {
+      // Planning may have preempted sequences back into the queue; Submit
+      // must count them during the step, not only after it.
+      std::lock_guard<std::mutex> lock(mu_);
+      planner_waiting_ = static_cast<int64_t>(planner_.waiting());
+    }
     if (planner_.in_flight() == 0) continue;
     absl::StatusOr<StepOutput> out = executor_->Collect();
     // After a failure the other steps in flight are collected and dropped
