@@ -298,9 +298,18 @@ class WorkerPool {
         jobs_.pop_back();
         return false;
       }
+      // Idle from its start: a job submitted before it reaches its first
+      // wait must not start yet another thread (the pool never exceeds max).
+      ++idle_;
     }
     ++busy_;
     return true;
+  }
+  // Waits until no job is queued or running and every thread is back
+  // waiting; false at the deadline.
+  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return idle_cv_.wait_until(lock, deadline, [&] { return busy_ == 0; });
   }
   // Lets the running jobs finish, then joins every thread. Idempotent.
   void Join() {
@@ -321,8 +330,7 @@ class WorkerPool {
  private:
   void Loop() {
     std::unique_lock<std::mutex> lock(mu_);
-    while (true) {
-      ++idle_;
+    while (true) {  // Counted idle (by Submit, then here after each job).
       cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
       --idle_;
       if (jobs_.empty()) return;  // Stopping.
@@ -333,12 +341,15 @@ class WorkerPool {
       job = nullptr;
       lock.lock();
       --busy_;
+      ++idle_;
+      if (busy_ == 0) idle_cv_.notify_all();
     }
   }
 
   const int max_;
   mutable std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;              // A job came, or stop_.
+  std::condition_variable idle_cv_;         // busy_ reached 0.
   std::deque<std::function<void()>> jobs_;  // Guarded by mu_.
   int busy_ = 0;                            // Queued or running; mu_.
   int idle_ = 0;                            // Waiting for a job; mu_.
@@ -566,6 +577,10 @@ class HttpServer::Impl : private httplib::Server {
   int port() const { return port_; }
   int threads() const {
     return 1 + connections_.threads() + handlers_.threads();
+  }
+  bool WaitUntilIdle(std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    return connections_.WaitIdle(deadline) && handlers_.WaitIdle(deadline);
   }
 
  private:
@@ -1106,5 +1121,9 @@ int HttpServer::port() const { return impl_->port(); }
 void HttpServer::Shutdown() { impl_->Shutdown(); }
 
 int HttpServer::threads() const { return impl_->threads(); }
+
+bool HttpServer::WaitUntilIdle(std::chrono::milliseconds timeout) {
+  return impl_->WaitUntilIdle(timeout);
+}
 
 }  // namespace shardlm

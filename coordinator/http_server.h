@@ -139,6 +139,11 @@ class HttpServer {
   // Threads the server runs now (loop, connection and handler threads);
   // for tests that check idle clients cost none.
   int threads() const;
+  // Waits until no request is being served and every connection and
+  // handler thread is back waiting for work (a client can read its answer
+  // before the thread that wrote it is done); false after `timeout`. For
+  // tests that count threads.
+  bool WaitUntilIdle(std::chrono::milliseconds timeout);
 
  private:
   class Impl;
