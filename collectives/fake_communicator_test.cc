@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <latch>
 #include <random>
 #include <thread>
 
@@ -237,8 +238,10 @@ TEST(FakeCommunicatorTest, AllReduceI32AndSendRecvOfOtherDtypes) {
 TEST(FakeCommunicatorTest, TimeoutNamesMissingRankAndBreaksTheGroup) {
   const absl::Duration timeout = absl::Milliseconds(300);
   auto comms = MakeFakeGroup(3, "tp group of stage 0", {.timeout = timeout});
+  std::latch present(2);  // Ranks 0 and 1 call together, however late.
   RunGroup(comms, [&](Communicator& c) {
     if (c.rank() == 2) return;  // Never arrives.
+    present.arrive_and_wait();
     Tensor t = F32(7);
     const auto start = std::chrono::steady_clock::now();
     absl::Status s = c.AllReduce(t, t, ReduceOp::kSum);

@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "collectives/collective_checks.h"
 #include "gmock/gmock.h"
@@ -229,22 +230,28 @@ TEST(GlooCommunicatorTest, RecvFromALeftPeerFailsFastNamingIt) {
 
 TEST(GlooCommunicatorTest, RecvTimeoutNamesPeer) {
   InMemoryStore store;
+  std::latch connected(2);
+  std::latch checked(1);  // Rank 1 stays connected until rank 0 timed out.
   RunRanks(2, [&](int r) {
     auto c = GlooCommunicator::Connect(
         store, "test", Loopback(), "world", r, 2,
-        {.timeout = r == 0 ? absl::Milliseconds(300) : absl::Seconds(20)});
-    ASSERT_TRUE(c.ok()) << c.status();
-    if (r == 0) {
-      Tensor t = F32(5);
-      absl::Status s = (*c)->Recv(t, 1);
-      EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
-      EXPECT_THAT(std::string(s.message()),
-                  HasSubstr("Recv on rank 0 timed out after 300ms waiting "
-                            "for rank 1"));
-      EXPECT_EQ((*c)->Recv(t, 1).code(), absl::StatusCode::kUnavailable);
+        {.timeout = r == 0 ? absl::Milliseconds(1000) : absl::Seconds(20)});
+    connected.count_down();
+    if (r == 1) {
+      ASSERT_TRUE(c.ok()) << c.status();
+      checked.wait();
+      return;
     }
-    // Rank 1 stays connected until rank 0 has timed out.
-    std::this_thread::sleep_for(std::chrono::milliseconds(r == 1 ? 800 : 0));
+    absl::Cleanup done = [&] { checked.count_down(); };
+    ASSERT_TRUE(c.ok()) << c.status();
+    connected.wait();
+    Tensor t = F32(5);
+    absl::Status s = (*c)->Recv(t, 1);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDeadlineExceeded) << s;
+    EXPECT_THAT(std::string(s.message()),
+                HasSubstr("Recv on rank 0 timed out after 1s waiting for "
+                          "rank 1"));
+    EXPECT_EQ((*c)->Recv(t, 1).code(), absl::StatusCode::kUnavailable);
   });
 }
 

@@ -121,7 +121,10 @@ TEST(MpiCommunicatorTest, CollectiveTimeoutNamesGroupAndLateRankCompletes) {
                 HasSubstr("world: AllReduce on rank"));
     EXPECT_THAT(std::string(s.message()), HasSubstr("world ranks 0, 1"));
     EXPECT_GE(secs, 0.49);
-    EXPECT_LT(secs, 1.0 + 0.5 * size);  // Loose: 2 shared cores.
+    // It ends (no hang); how soon after the timeout depends on the load of
+    // the machine (oversubscribed ranks on 2 cores), so the bound is
+    // generous.
+    EXPECT_LT(secs, 10.0);
     s = (*comm)->Barrier();
     EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
   }

@@ -274,16 +274,20 @@ TEST_P(PipelinedSchedulerTest, HigherPriorityIsAdmittedFirst) {
 }
 
 // Fails the first step that carries `fail_at_seqs` sequences, as a lost
-// worker would.
+// worker would. No step runs before `go` is ready.
 class FlakyExecutor : public StepExecutor {
  public:
-  FlakyExecutor(std::unique_ptr<StepExecutor> inner, size_t fail_at_seqs)
-      : inner_(std::move(inner)), fail_at_seqs_(fail_at_seqs) {}
+  FlakyExecutor(std::unique_ptr<StepExecutor> inner, size_t fail_at_seqs,
+                std::shared_future<void> go)
+      : inner_(std::move(inner)),
+        fail_at_seqs_(fail_at_seqs),
+        go_(std::move(go)) {}
   const ModelConfig& config() const override { return inner_->config(); }
   int64_t num_kv_blocks() const override { return inner_->num_kv_blocks(); }
   DType kv_cache_dtype() const override { return inner_->kv_cache_dtype(); }
   int64_t weight_bytes() const override { return inner_->weight_bytes(); }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
+    go_.wait();
     if (!failed_ && step.seq_ids.size() == fail_at_seqs_) {
       failed_ = true;
       return absl::UnavailableError("rank 1 was lost");
@@ -295,6 +299,7 @@ class FlakyExecutor : public StepExecutor {
  private:
   std::unique_ptr<StepExecutor> inner_;
   size_t fail_at_seqs_;
+  std::shared_future<void> go_;
   bool failed_ = false;
 };
 
@@ -302,16 +307,21 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   auto inner = CreateInProcessExecutor(*source_, {});
   ASSERT_TRUE(inner.ok()) << inner.status();
   // At most 3 run at once: the 4th request waits, and is not running
-  // when the step of 3 fails.
-  Engine* engine = engines_.Keep(Engine::Create(
-      std::make_unique<FlakyExecutor>(std::move(*inner), 3), {.max_seqs = 3}));
+  // when the step of 3 fails. No step runs until all 4 are in (the first
+  // could otherwise finish before the others come).
+  std::promise<void> go;
+  Engine* engine = engines_.Keep(
+      Engine::Create(std::make_unique<FlakyExecutor>(std::move(*inner), 3,
+                                                     go.get_future().share()),
+                     {.max_seqs = 3}));
   ASSERT_NE(engine, nullptr);
   std::vector<GenerateRequest> reqs(
       4, {.prompt = Prompt(10, 4), .max_tokens = 50});
   Results results;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_TRUE(engine->Submit(reqs[i], results.Callbacks(i)).ok());
+    EXPECT_TRUE(engine->Submit(reqs[i], results.Callbacks(i)).ok());
   }
+  go.set_value();
   results.Wait();
   for (size_t i = 0; i < 3; ++i) {
     EXPECT_EQ(results[i].status().code(), absl::StatusCode::kUnavailable)
