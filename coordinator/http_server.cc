@@ -803,30 +803,11 @@ void HttpServer::Impl::AcceptLoop() {
       for (Pending& p : returned_) pending.push_back(std::move(p));
       returned_.clear();
     }
-    const auto now = Clock::now();
     bool ready_now = false;  // Bytes already buffered: no need to wait.
-    for (size_t i = pending.size(); i-- > 0;) {
-      Pending& p = pending[i];
-      if (p.buf.empty()) {
-        // Nothing sent: closed quietly once idle too long.
-        const auto idle =
-            p.kept ? options_.keep_alive_timeout : options_.header_timeout;
-        if (now - p.since >= idle) {
-          CloseConn(p.conn);
-          drop(i);
-        } else if (p.conn.ssl != nullptr && SSL_pending(p.conn.ssl) > 0) {
-          ready_now = true;
-        }
-        continue;
-      }
-      if (now - p.head_start >= options_.header_timeout) {
-        SendRefusal(p.conn, 408, "request not received in time");
-        CloseConn(p.conn);
-        drop(i);
-        continue;
-      }
-      // A pipelined request may already be whole.
-      ready_now = ready_now || p.buf.find("\r\n\r\n") != std::string::npos;
+    for (const Pending& p : pending) {
+      ready_now = ready_now ||
+                  (p.conn.ssl != nullptr && SSL_pending(p.conn.ssl) > 0) ||
+                  p.buf.find("\r\n\r\n") != std::string::npos;
     }
     polled.assign({pollfd{.fd = listen_fd_, .events = POLLIN},
                    pollfd{.fd = wake_fd_, .events = POLLIN}});
@@ -841,15 +822,35 @@ void HttpServer::Impl::AcceptLoop() {
       uint64_t count;
       (void)!::read(wake_fd_, &count, sizeof(count));
     }
+    // Reads first, then deadlines: bytes that arrived in time are taken
+    // even when this thread comes late (a loaded machine), and a head still
+    // incomplete past its deadline is refused however slowly it trickles.
     // Backwards, so that drop() (which moves the last entry into i) skips
     // nothing.
+    const auto now = Clock::now();
     for (size_t i = pending.size(); i-- > 0;) {
       Pending& p = pending[i];
       const bool readable =
           polled[i + 2].revents != 0 ||
           (p.conn.ssl != nullptr && SSL_pending(p.conn.ssl) > 0) ||
           p.buf.find("\r\n\r\n") != std::string::npos;
-      if (readable && Advance(p)) drop(i);
+      if (readable && Advance(p)) {
+        drop(i);
+        continue;
+      }
+      if (p.buf.empty()) {
+        // Nothing sent: closed quietly once idle too long.
+        const auto idle =
+            p.kept ? options_.keep_alive_timeout : options_.header_timeout;
+        if (now - p.since >= idle) {
+          CloseConn(p.conn);
+          drop(i);
+        }
+      } else if (now - p.head_start >= options_.header_timeout) {
+        SendRefusal(p.conn, 408, "request not received in time");
+        CloseConn(p.conn);
+        drop(i);
+      }
     }
     if ((polled[0].revents & POLLIN) == 0) continue;
     const int fd =

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -222,6 +223,22 @@ TEST(HttpServerTest, BadRequestsGetPreciseStatuses) {
   EXPECT_EQ(status("POST / HTTP/1.1\r\nContent-Length: 5\r\n\r\nab"),
             "HTTP/1.1 408 Request Timeout");
   EXPECT_EQ(status("GET / HTTP/1.1\r\n"), "HTTP/1.1 408 Request Timeout");
+  {
+    // A head that trickles in a byte at a time, each in time for the next
+    // poll, still has the head's deadline.
+    const int fd = Connect(port);
+    const std::string trickle = "GET / HTTP/1.1\r\nX: " + std::string(500, 'a');
+    const auto start = std::chrono::steady_clock::now();
+    pollfd answer{.fd = fd, .events = POLLIN};
+    for (size_t i = 0; i < trickle.size(); ++i) {
+      if (::poll(&answer, 1, 20) != 0) break;
+      ::send(fd, &trickle[i], 1, MSG_NOSIGNAL);
+    }
+    std::string buf;
+    EXPECT_EQ(ReadReply(fd, buf).status, "HTTP/1.1 408 Request Timeout");
+    EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(5000));
+    ::close(fd);
+  }
   EXPECT_EQ(status("GET /silent HTTP/1.1\r\n\r\n"),
             "HTTP/1.1 500 Internal Server Error");
   EXPECT_EQ(status("GET /throw HTTP/1.1\r\n\r\n"),
