@@ -102,10 +102,9 @@ cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
 
 // Split-K (flash-decoding) attention: each (token, head) context is cut
 // into `splits` parts reduced in a second kernel. `workspace` holds
-// AttentionDecodeWorkspaceFloats(n, heads, d, splits) floats when
-// splits > 1 (unused otherwise).
+// CudaDecodeWorkspaceFloats(n, heads, d, splits) floats
+// (kernels/attention/paged_attention.h) when splits > 1 (unused otherwise).
 //   q: [n, heads, d] f32  caches: bf16  out: [n, heads, d] (out_dt)
-size_t AttentionDecodeWorkspaceFloats(int n, int heads, int d, int splits);
 cudaError_t AttentionDecode(const float* q, const KvCaches& caches,
                             const AttnMeta& meta, int heads, int kv_heads,
                             int d, float scale, void* out, Dt out_dt,

@@ -595,7 +595,7 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 Tensor& out, const CudaExec& exec,
                                 AttentionKernel kernel, int splits,
                                 const Tensor* k_host, const Tensor* v_host,
-                                int64_t window) {
+                                int64_t window, Tensor* workspace) {
   if (q.rank() != 3 || k_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         "PagedAttentionCuda: q must be [n, heads, d], caches 4-D");
@@ -642,21 +642,25 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                     "PagedAttentionCuda (prefill)");
   }
   if (splits <= 0) {
-    // About 256 keys per split, at most 64 splits; a window bounds the
-    // keys each token reads.
+    // About 256 keys per split; a window bounds the keys each token reads.
     const int64_t keys =
         meta.window > 0 ? std::min<int64_t>(batch.max_context(), meta.window)
                         : batch.max_context();
-    splits = static_cast<int>(std::clamp<int64_t>((keys + 255) / 256, 1, 64));
+    splits = static_cast<int>(
+        std::clamp<int64_t>((keys + 255) / 256, 1, kMaxCudaDecodeSplits));
   }
-  const size_t ws_floats = cuda::AttentionDecodeWorkspaceFloats(
-      static_cast<int>(n), static_cast<int>(heads), static_cast<int>(d),
-      splits);
+  const int64_t ws_floats = CudaDecodeWorkspaceFloats(n, heads, d, splits);
   float* ws = nullptr;
-  if (ws_floats > 0) {
+  bool pooled = false;
+  if (ws_floats > 0 && workspace != nullptr &&
+      workspace->memory() == MemoryType::kDevice &&
+      workspace->dtype() == DType::kF32 && workspace->numel() >= ws_floats) {
+    ws = workspace->data<float>();
+  } else if (ws_floats > 0) {
     // Stream-ordered: the pool makes this cheap after the first step.
     RETURN_IF_CUDA_ERROR(cudaMallocAsync(reinterpret_cast<void**>(&ws),
                                          ws_floats * sizeof(float), S(exec)));
+    pooled = true;
   }
   const absl::Status launched =
       Launched(cuda::AttentionDecode(
@@ -664,7 +668,7 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                    static_cast<int>(kv_heads), static_cast<int>(d), scale,
                    out.raw(), ToDt(out.dtype()), ws, splits, S(exec)),
                "PagedAttentionCuda (decode)");
-  if (ws != nullptr) RETURN_IF_CUDA_ERROR(cudaFreeAsync(ws, S(exec)));
+  if (pooled) RETURN_IF_CUDA_ERROR(cudaFreeAsync(ws, S(exec)));
   return launched;
 }
 

@@ -181,7 +181,10 @@ enum class AttentionKernel {
 // picks one from the context length.
 // k_host / v_host: the host tier, as for WriteKvCuda. `window` >= 0
 // replaces the batch's sliding window for this call (layers differ:
-// Qwen2's max_window_layers); -1 keeps it.
+// Qwen2's max_window_layers); -1 keeps it. `workspace`: a device f32
+// tensor the decode kernel's splits use when it holds enough floats
+// (CudaDecodeWorkspaceFloats); otherwise (or when null) they come from the
+// stream-ordered pool for the call, memory that KV sizing did not see.
 absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache,
                                 const CudaAttentionBatch& batch, float scale,
@@ -189,7 +192,8 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 AttentionKernel kernel = AttentionKernel::kAuto,
                                 int splits = 0, const Tensor* k_host = nullptr,
                                 const Tensor* v_host = nullptr,
-                                int64_t window = -1);
+                                int64_t window = -1,
+                                Tensor* workspace = nullptr);
 
 // Swap: copies whole KV blocks src_blocks[i] of `src` to dst_blocks[i] of
 // `dst` (caches [blocks, bs, kv_heads, head_dim] of one dtype and block

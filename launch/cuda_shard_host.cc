@@ -15,6 +15,7 @@
 #include "coordinator/cuda_executor.h"
 #include "core/status.h"
 #include "model/shard_plan.h"
+#include "worker/activation_memory.h"
 #include "worker/cuda_model_runner.h"
 #include "worker/llama_weights.h"
 
@@ -201,10 +202,15 @@ class CudaShardHost : public ShardHost {
     }
     std::fprintf(stderr,
                  "[shardlm] worker rank %d (pp %d, tp %d) on cuda:%d: weights "
-                 "%.2f GiB (bf16), activations for %d tokens x %d sequences; "
-                 "%s; %lld tokens of KV\n",
+                 "%.2f GiB (bf16), step buffers %.2f GiB for %d tokens x %d "
+                 "sequences; %s; %lld tokens of KV\n",
                  o_.rank, a.pp_rank, a.tp_rank, o_.device,
                  static_cast<double>(runner->weights().bytes()) / (1 << 30),
+                 static_cast<double>(GpuActivationBytes(
+                     ActivationDimsOf(config, spec),
+                     std::max<int32_t>(a.max_batched_tokens, 1),
+                     std::max<int32_t>(a.max_seqs, 1))) /
+                     (1 << 30),
                  std::max<int32_t>(a.max_batched_tokens, 1),
                  std::max<int32_t>(a.max_seqs, 1), why.c_str(),
                  static_cast<long long>(blocks * a.block_size));

@@ -12,6 +12,7 @@
 #include "backend/cuda_backend.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
+#include "kernels/attention/paged_attention.h"
 #include "kernels/sampling/sampling.h"
 #include "model/dequantize.h"
 #include "worker/forward.h"
@@ -403,6 +404,13 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
       RETURN_IF_ERROR(dev(gathered_, DType::kF32,
                           {spec.tp_size * cap * spec.vocab_padded}));
     }
+    // The decode attention's splits for up to `cap` sequences of one token,
+    // held for good so that KV sizing sees it (the kernel would otherwise
+    // take it from the stream-ordered pool each step).
+    const int64_t ws_floats = CudaDecodeWorkspaceFloats(
+        cap, spec.n_heads(), c.head_dim, kMaxCudaDecodeSplits);
+    RETURN_IF_ERROR(
+        dev(attn_ws_, DType::kF32, {std::max<int64_t>(ws_floats, 1)}));
     cap_rows_ = cap;
     ++generation_;
   }
@@ -460,7 +468,10 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
   for (const auto& table : step.block_tables)
     attn.block_tables.push_back(table);
-  RETURN_IF_ERROR(Reserve(n, std::max<int64_t>(m, 1)));
+  // A step of one token per sequence runs the decode attention, whose
+  // workspace is sized by rows: enough for all n of them.
+  const bool decode = static_cast<size_t>(n) == step.block_tables.size();
+  RETURN_IF_ERROR(Reserve(n, std::max<int64_t>({m, 1, decode ? n : 0})));
   RETURN_IF_ERROR(batch_.Upload(attn, kv_config_.block_size,
                                 kv_config_.total_blocks(), device_, exec_,
                                 kv_config_.num_blocks));
@@ -555,8 +566,14 @@ namespace {
 class CudaForwardOps : public ForwardOps {
  public:
   CudaForwardOps(const CudaExec& exec, const Tensor& ids, const Tensor& rows,
-                 const CudaAttentionBatch& batch, const CudaRopeTable& rope)
-      : exec_(exec), ids_(ids), rows_(rows), batch_(batch), rope_(rope) {}
+                 const CudaAttentionBatch& batch, const CudaRopeTable& rope,
+                 Tensor& attention_workspace)
+      : exec_(exec),
+        ids_(ids),
+        rows_(rows),
+        batch_(batch),
+        rope_(rope),
+        attention_workspace_(attention_workspace) {}
 
   absl::Status Embed(const Tensor& table, int64_t vocab_begin,
                      Tensor& x) override {
@@ -588,7 +605,8 @@ class CudaForwardOps : public ForwardOps {
     // The layer's window (Qwen2's differ by layer) over the step's batch.
     return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
                               AttentionKernel::kAuto, /*splits=*/0,
-                              cache.k_host, cache.v_host, window);
+                              cache.k_host, cache.v_host, window,
+                              &attention_workspace_);
   }
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override {
@@ -630,6 +648,7 @@ class CudaForwardOps : public ForwardOps {
   const Tensor& rows_;
   const CudaAttentionBatch& batch_;
   const CudaRopeTable& rope_;
+  Tensor& attention_workspace_;
 };
 
 }  // namespace
@@ -664,7 +683,7 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
       ASSIGN_OR_RETURN(b.gathered, flat.Reshaped({tp, m, vp}));
     }
   }
-  CudaForwardOps ops(exec_, ids, rows, batch_, rope_);
+  CudaForwardOps ops(exec_, ids, rows, batch_, rope_, attn_ws_);
   // The stream's work must be done before a communicator reads the data,
   // unless it runs on this stream too (NCCL, enqueued after the kernels).
   const ShardForward forward{

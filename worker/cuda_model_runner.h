@@ -167,6 +167,7 @@ class CudaModelRunner : public ShardRunner {
   Tensor last_, last16_, logits_;         // [cap_rows, ...]
   Tensor host_logits_;                    // pinned [cap_rows, vocab]
   Tensor gathered_;          // TP: flat [tp * cap_rows * vocab_padded] f32.
+  Tensor attn_ws_;           // Decode attention splits for cap_rows tokens.
   Tensor host_logits_view_;  // The last eager step's host logits (TP).
 
   bool graphs_ = true;

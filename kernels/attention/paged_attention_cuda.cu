@@ -52,7 +52,8 @@ __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
 // One block per (token, head, split): four warps take 32-key chunks in
 // turn, each keeping its own running max, sum and output; the warps are
 // merged in shared memory, and the splits (when more than one) by
-// CombineKernel through `ws`: per (token, head, split) [max, sum, acc[d]].
+// CombineKernel through `ws`: per (token, head, split) [max, sum, acc[d]]
+// (CudaDecodeWorkspaceFloats in paged_attention.h counts it).
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
     DecodeKernel(const float* q, KvCaches c, AttnMeta m, int heads,
@@ -315,10 +316,6 @@ cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
   WriteKvKernel<<<Blocks(count, 256), 256, 0, stream>>>(k, v, meta, row,
                                                         caches);
   return cudaGetLastError();
-}
-
-size_t AttentionDecodeWorkspaceFloats(int n, int heads, int d, int splits) {
-  return splits <= 1 ? 0 : static_cast<size_t>(n) * heads * splits * (d + 2);
 }
 
 cudaError_t AttentionDecode(const float* q, const KvCaches& caches,

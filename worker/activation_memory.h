@@ -1,0 +1,40 @@
+// The device memory a GPU rank holds beside its weights and KV blocks: the
+// activation buffers of a step (CudaModelRunner::ReserveActivations) and the
+// decode attention's split-K workspace. Serving reserves them before it
+// sizes the KV pool from what is left; `shardlm simulate` subtracts the
+// same figure from a GPU's KV budget. Plain arithmetic, no CUDA.
+#ifndef SHARDLM_WORKER_ACTIVATION_MEMORY_H_
+#define SHARDLM_WORKER_ACTIVATION_MEMORY_H_
+
+#include <cstdint>
+
+#include "model/model_config.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+
+// What one rank's activation buffers depend on.
+struct RankActivationDims {
+  int64_t hidden = 0;
+  int64_t heads = 0;     // Query heads this rank holds.
+  int64_t kv_heads = 0;  // KV heads this rank holds.
+  int64_t head_dim = 0;
+  int64_t ffn = 0;           // FFN columns this rank holds.
+  int64_t vocab_padded = 0;  // Vocabulary rows of the rank's LM head slice.
+  int64_t tp = 1;
+  bool last_stage = true;  // Holds the LM head.
+};
+
+RankActivationDims ActivationDimsOf(const ModelConfig& config,
+                                    const ShardSpec& spec);
+
+// Device bytes of the buffers for steps of up to `tokens` tokens and `rows`
+// sequences (logit rows; a decode step has one token per sequence), the
+// decode workspace for `rows` tokens at the most splits included. Pinned
+// host buffers (the logits' staging) are not device memory and not counted.
+int64_t GpuActivationBytes(const RankActivationDims& dims, int64_t tokens,
+                           int64_t rows);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_WORKER_ACTIVATION_MEMORY_H_

@@ -1,0 +1,69 @@
+#include "worker/activation_memory.h"
+
+#include "gtest/gtest.h"
+#include "model/model_config.h"
+#include "model/shard_plan.h"
+
+namespace shardlm {
+namespace {
+
+// A toy rank, every buffer counted by hand: hidden 8, 2 query heads and 1
+// KV head of 4 dims (q_dim 8, kv_dim 4), 16 FFN columns, 10 vocabulary rows.
+constexpr RankActivationDims kToy{.hidden = 8,
+                                  .heads = 2,
+                                  .kv_heads = 1,
+                                  .head_dim = 4,
+                                  .ffn = 16,
+                                  .vocab_padded = 10};
+
+TEST(GpuActivationBytesTest, CountsEveryBufferByHand) {
+  // Per token: ids 4, x 8*4 = 32, q k v (8+4+4)*4 = 64, fused qkv 64,
+  // fused gate/up 32*4 = 128, bf16 GEMM inputs (8+8+16)*2 = 64: 356.
+  // Per row: row index and sampled id 8, last hidden f32 32 and bf16 16,
+  // logits 10*4 = 40: 96.
+  // Decode workspace: 2 rows * 2 heads * 64 splits * (4+2) floats * 4 = 6144.
+  EXPECT_EQ(GpuActivationBytes(kToy, /*tokens=*/3, /*rows=*/2),
+            3 * 356 + 2 * 96 + 6144);
+}
+
+TEST(GpuActivationBytesTest, TensorParallelAddsPartialSumsAndTheGather) {
+  RankActivationDims tp = kToy;
+  tp.tp = 2;
+  // A middle stage: partial sums 8*4 = 32 more per token; rows keep only
+  // their indices (8) without the LM head.
+  tp.last_stage = false;
+  EXPECT_EQ(GpuActivationBytes(tp, 3, 2), 3 * (356 + 32) + 2 * 8 + 6144);
+  // The last stage gathers [tp, rows, vocab_padded]: 2*10*4 = 80 per row.
+  tp.last_stage = true;
+  EXPECT_EQ(GpuActivationBytes(tp, 3, 2),
+            3 * (356 + 32) + 2 * (96 + 80) + 6144);
+}
+
+TEST(GpuActivationBytesTest, DimsComeFromTheShard) {
+  ModelConfig c;
+  c.hidden = 576;
+  c.head_dim = 64;
+  ShardSpec spec{.tp_rank = 1,
+                 .tp_size = 3,
+                 .pp_rank = 0,
+                 .pp_size = 2,
+                 .kv_head_begin = 1,
+                 .kv_head_end = 2,
+                 .head_begin = 3,
+                 .head_end = 6,
+                 .ffn_begin = 512,
+                 .ffn_end = 1024,
+                 .vocab_padded = 16384};
+  const RankActivationDims d = ActivationDimsOf(c, spec);
+  EXPECT_EQ(d.hidden, 576);
+  EXPECT_EQ(d.heads, 3);
+  EXPECT_EQ(d.kv_heads, 1);
+  EXPECT_EQ(d.head_dim, 64);
+  EXPECT_EQ(d.ffn, 512);
+  EXPECT_EQ(d.vocab_padded, 16384);
+  EXPECT_EQ(d.tp, 3);
+  EXPECT_FALSE(d.last_stage);
+}
+
+}  // namespace
+}  // namespace shardlm
