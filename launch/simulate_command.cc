@@ -26,8 +26,10 @@
 #include "launch/commands.h"
 #include "launch/flags.h"
 #include "model/safetensors.h"
+#include "model/shard_plan.h"
 #include "model/weight_source.h"
 #include "simulator/simulation.h"
+#include "worker/activation_memory.h"
 #include "worker/kv_pool.h"
 
 namespace shardlm {
@@ -111,6 +113,7 @@ absl::StatusOr<double> WeightBytesPerParam(const std::string& name) {
 struct Planned {
   std::unique_ptr<RooflineCostModel> cost;
   SimOptions options;
+  double activation_bytes = 0;  // Stage 0's step buffers per rank.
 };
 
 absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
@@ -161,15 +164,31 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   double blocks = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
     const double weights = p.cost->StageWeightBytes(s);
+    // A GPU rank reserves its step buffers before sizing KV, as serving
+    // does (worker/activation_memory.h); TP rank 0 holds the largest share.
+    const double activations =
+        cpu ? 0.0
+            : static_cast<double>(GpuActivationBytes(
+                  {.hidden = config.hidden,
+                   .heads = EvenSplit(config.n_heads, tp, 0).second,
+                   .kv_heads = EvenSplit(config.n_kv_heads, tp, 0).second,
+                   .head_dim = config.head_dim,
+                   .ffn = EvenSplit(config.ffn_hidden, tp, 0).second,
+                   .vocab_padded = (config.vocab_size + tp - 1) / tp,
+                   .tp = tp,
+                   .last_stage = s == pp - 1},
+                  f.max_batched_tokens, f.max_seqs));
+    if (s == 0) p.activation_bytes = activations;
     double kv_bytes = static_cast<double>(f.kv_cache_bytes);
     if (kv_bytes == 0) {
-      kv_bytes = device.memory_bytes * f.memory_utilization - weights;
+      kv_bytes =
+          device.memory_bytes * f.memory_utilization - weights - activations;
       if (kv_bytes <= 0) {
         return fail(absl::StrFormat(
-            "stage %d's weights (%.1f GB per rank) do not fit in %.0f%% of "
-            "the %s's %.0f GB",
-            s, weights / 1e9, 100 * f.memory_utilization, device.name,
-            device.memory_bytes / 1e9));
+            "stage %d's weights (%.1f GB per rank) and step buffers (%.2f GB) "
+            "do not fit in %.0f%% of the %s's %.0f GB",
+            s, weights / 1e9, activations / 1e9, 100 * f.memory_utilization,
+            device.name, device.memory_bytes / 1e9));
       }
     }
     blocks = std::min(
@@ -234,14 +253,15 @@ void PrintLayout(const char* what, const ModelConfig& config,
   const Layout& l = p.cost->layout();
   std::printf(
       "%s: %s on %s, tp %d x pp %d x %d replicas = %d devices; "
-      "%.2f GB of weights per rank (stage 0), %lld KV blocks of %d tokens per "
-      "replica (%lld tokens) + %lld host blocks; links tp %s, pp %s, host "
-      "%s; %d steps in flight\n",
+      "%.2f GB of weights and %.2f GB of step buffers per rank (stage 0), "
+      "%lld KV blocks of %d tokens per replica (%lld tokens) + %lld host "
+      "blocks; links tp %s, pp %s, host %s; %d steps in flight\n",
       what,
       config.name.empty() ? config.architecture.c_str() : config.name.c_str(),
       device.name.c_str(), l.tp, l.pp, p.options.replicas,
       l.tp * l.pp * p.options.replicas, p.cost->StageWeightBytes(0) / 1e9,
-      static_cast<long long>(p.options.device_blocks), p.options.block_size,
+      p.activation_bytes / 1e9, static_cast<long long>(p.options.device_blocks),
+      p.options.block_size,
       static_cast<long long>(p.options.device_blocks * p.options.block_size),
       static_cast<long long>(p.options.host_blocks), l.tp_link.name.c_str(),
       l.pp_link.name.c_str(), l.host_link.name.c_str(),
@@ -319,9 +339,9 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("output-len", &f.output_len, "output length distribution");
   flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
             "KV cache per rank (0: what --memory-utilization leaves after "
-            "the weights)");
+            "the weights and, on GPUs, the step buffers)");
   flags.Add("memory-utilization", &f.memory_utilization,
-            "share of device memory for weights and KV");
+            "share of device memory for weights, step buffers and KV");
   flags.Add("cpu-offload-bytes", &f.cpu_offload_bytes, "host KV tier per rank");
   flags.Add("max-batched-tokens", &f.max_batched_tokens, "tokens per step");
   flags.Add("max-seqs", &f.max_seqs, "sequences running per replica");
