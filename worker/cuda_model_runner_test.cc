@@ -7,6 +7,8 @@
 // Skips, saying why, without a GPU or without the model file.
 #include "worker/cuda_model_runner.h"
 
+#include <cuda_runtime_api.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -22,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
+#include "worker/activation_memory.h"
 #include "worker/gpu_parity_prompts.h"
 
 namespace shardlm {
@@ -524,6 +527,47 @@ TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
   auto out = (*gpu)->Step(ok);
   ASSERT_TRUE(out.ok()) << out.status();
   EXPECT_EQ(out->tokens.size(), 1u);
+}
+
+// The step buffers ReserveActivations allocates are what
+// GpuActivationBytes counts (serving reserves them before sizing KV, and
+// `shardlm simulate` subtracts the same figure): the device's free memory
+// drops by at least that, and by no more than cudaMalloc's 2 MiB rounding
+// of each of the (at most 17) buffers.
+TEST(CudaModelRunnerTest, ReservedStepBuffersAreWhatActivationMemoryCounts) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c;
+  c.n_layers = 1;
+  c.hidden = 512;
+  c.ffn_hidden = 1024;
+  c.n_heads = 8;
+  c.n_kv_heads = 2;
+  c.head_dim = 64;
+  c.vocab_size = 5000;
+  c.context_length = 4096;
+  const KvPoolConfig kv{.n_layers = 1,
+                        .kv_heads = 2,
+                        .head_dim = 64,
+                        .block_size = 16,
+                        .num_blocks = 4};
+  auto gpu = CudaModelRunner::Create(0, c, kv);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  auto dw = UploadLlamaWeights(RandomHostWeights(c, 1), (*gpu)->backend(),
+                               (*gpu)->exec());
+  ASSERT_TRUE(dw.ok()) << dw.status();
+  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
+  ASSERT_TRUE((*gpu)->Synchronize().ok());
+  size_t free_before = 0, free_after = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  constexpr int64_t kTokens = 4096, kRows = 256;
+  ASSERT_TRUE((*gpu)->ReserveActivations(kTokens, kRows).ok());
+  ASSERT_TRUE((*gpu)->Synchronize().ok());
+  ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+  const int64_t counted = GpuActivationBytes(
+      ActivationDimsOf(c, (*gpu)->weights().spec), kTokens, kRows);
+  const int64_t dropped = static_cast<int64_t>(free_before - free_after);
+  EXPECT_GE(dropped, counted);
+  EXPECT_LE(dropped, counted + 17 * (int64_t{2} << 20));
 }
 
 // Greedy generation through `forward`: the prompt as one step, then
