@@ -21,6 +21,7 @@
 
 #include "backend/cuda_backend.h"
 #include "core/half.h"
+#include "core/status.h"
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
@@ -56,6 +57,45 @@ StepInput SeqStep(const std::vector<int32_t>& tokens, int32_t start,
   s.sampling = {SamplingParams{}};
   s.sample_index = {0};
   return s;
+}
+
+// A one-layer Llama of these dimensions (bf16-exact random weights come
+// from RandomHostWeights).
+struct ToyDims {
+  int64_t hidden, ffn_hidden, n_heads, n_kv_heads, head_dim, vocab_size,
+      context_length;
+};
+ModelConfig OneLayer(const ToyDims& d) {
+  ModelConfig c;
+  c.n_layers = 1;
+  c.hidden = d.hidden;
+  c.ffn_hidden = d.ffn_hidden;
+  c.n_heads = d.n_heads;
+  c.n_kv_heads = d.n_kv_heads;
+  c.head_dim = d.head_dim;
+  c.vocab_size = d.vocab_size;
+  c.context_length = d.context_length;
+  return c;
+}
+
+// `blocks` blocks of 16 tokens for every layer of `c`.
+KvPoolConfig KvFor(const ModelConfig& c, int64_t blocks) {
+  return {.n_layers = c.n_layers,
+          .kv_heads = c.n_kv_heads,
+          .head_dim = c.head_dim,
+          .block_size = 16,
+          .num_blocks = blocks};
+}
+
+// A runner on GPU 0 holding `host`'s weights (uploaded as bf16).
+absl::StatusOr<std::unique_ptr<CudaModelRunner>> GpuRunner(
+    const ModelConfig& c, const KvPoolConfig& kv, const LlamaWeights& host) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> gpu,
+                   CudaModelRunner::Create(0, c, kv));
+  ASSIGN_OR_RETURN(LlamaWeights weights,
+                   UploadLlamaWeights(host, gpu->backend(), gpu->exec()));
+  RETURN_IF_ERROR(gpu->SetWeights(std::move(weights)));
+  return gpu;
 }
 
 int32_t Argmax(const float* v, int64_t n) {
@@ -141,17 +181,11 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
                         // The CPU reference keeps f32 KV.
                         .dtype = DType::kF32};
   LlamaWeights host = RandomHostWeights(c, 7);
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  auto gpu = GpuRunner(c, kv, host);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   // The same without CUDA graphs, to check graph replays against.
-  auto eager = CudaModelRunner::Create(0, c, kv);
+  auto eager = GpuRunner(c, kv, host);
   ASSERT_TRUE(eager.ok()) << eager.status();
-  auto ew = UploadLlamaWeights(host, (*eager)->backend(), (*eager)->exec());
-  ASSERT_TRUE(ew.ok()) << ew.status();
-  ASSERT_TRUE((*eager)->SetWeights(std::move(*ew)).ok());
   (*eager)->set_cuda_graphs(false);
   ModelRunner cpu(std::move(host), *KvPool::Create(kv));
 
@@ -303,11 +337,8 @@ TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
                           .num_blocks = 16,
                           .dtype = DType::kF32};  // The CPU's: f32 KV.
     LlamaWeights host = RandomHostWeights(c, 17);
-    auto gpu = CudaModelRunner::Create(0, c, kv);
+    auto gpu = GpuRunner(c, kv, host);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
-    auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
-    ASSERT_TRUE(dw.ok()) << dw.status();
-    ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
     ModelRunner cpu(std::move(host), *KvPool::Create(kv));
     std::vector<int32_t> prompt(100);
     std::mt19937 rng(9);
@@ -359,11 +390,8 @@ TEST(CudaModelRunnerTest, MixedBatchesOfSequencesMatchCpu) {
                         // The CPU reference keeps f32 KV.
                         .dtype = DType::kF32};
   LlamaWeights host = RandomHostWeights(c, 11);
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  auto gpu = GpuRunner(c, kv, host);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   ModelRunner cpu(std::move(host), *KvPool::Create(kv));
 
   // Three sequences, blocks interleaved across the pool.
@@ -427,11 +455,8 @@ TEST(CudaModelRunnerTest, HostTierSwapsMatchCpu) {
                   .num_host_blocks = 8,
                   .dtype = DType::kF32};
   LlamaWeights host = RandomHostWeights(c, 23);
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  auto gpu = GpuRunner(c, kv, host);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(host, (*gpu)->backend(), (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   ASSERT_TRUE((*gpu)->SetKvBlocks(8, 8).ok());
   ModelRunner cpu(std::move(host), *KvPool::Create(kv));
 
@@ -497,26 +522,16 @@ TEST(CudaModelRunnerTest, HostTierSwapsMatchCpu) {
 
 TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.n_layers = 1;
-  c.hidden = 64;
-  c.ffn_hidden = 96;
-  c.n_heads = 2;
-  c.n_kv_heads = 1;
-  c.head_dim = 32;
-  c.vocab_size = 50;
-  c.context_length = 64;
-  const KvPoolConfig kv{.n_layers = 1,
-                        .kv_heads = 1,
-                        .head_dim = 32,
-                        .block_size = 16,
-                        .num_blocks = 2};
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  const ModelConfig c = OneLayer({.hidden = 64,
+                                  .ffn_hidden = 96,
+                                  .n_heads = 2,
+                                  .n_kv_heads = 1,
+                                  .head_dim = 32,
+                                  .vocab_size = 50,
+                                  .context_length = 64});
+  const KvPoolConfig kv = KvFor(c, /*blocks=*/2);
+  auto gpu = GpuRunner(c, kv, RandomHostWeights(c, 1));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(RandomHostWeights(c, 1), (*gpu)->backend(),
-                               (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   StepInput bad_token = SeqStep({50}, 0, 16, 2);
   EXPECT_EQ((*gpu)->Forward(bad_token).status().code(),
             absl::StatusCode::kInvalidArgument);
@@ -536,26 +551,16 @@ TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
 // of each of the (at most 17) buffers.
 TEST(CudaModelRunnerTest, ReservedStepBuffersAreWhatActivationMemoryCounts) {
   SKIP_WITHOUT_GPU();
-  ModelConfig c;
-  c.n_layers = 1;
-  c.hidden = 512;
-  c.ffn_hidden = 1024;
-  c.n_heads = 8;
-  c.n_kv_heads = 2;
-  c.head_dim = 64;
-  c.vocab_size = 5000;
-  c.context_length = 4096;
-  const KvPoolConfig kv{.n_layers = 1,
-                        .kv_heads = 2,
-                        .head_dim = 64,
-                        .block_size = 16,
-                        .num_blocks = 4};
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  const ModelConfig c = OneLayer({.hidden = 512,
+                                  .ffn_hidden = 1024,
+                                  .n_heads = 8,
+                                  .n_kv_heads = 2,
+                                  .head_dim = 64,
+                                  .vocab_size = 5000,
+                                  .context_length = 4096});
+  const KvPoolConfig kv = KvFor(c, /*blocks=*/4);
+  auto gpu = GpuRunner(c, kv, RandomHostWeights(c, 1));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(RandomHostWeights(c, 1), (*gpu)->backend(),
-                               (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
   ASSERT_TRUE((*gpu)->Synchronize().ok());
   size_t free_before = 0, free_after = 0, total = 0;
   ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
@@ -617,11 +622,8 @@ TEST(CudaModelRunnerTest, SmolLM2GreedyParityWithCpu) {
                         .num_blocks = 64,
                         // The CPU reference keeps f32 KV.
                         .dtype = DType::kF32};
-  auto gpu = CudaModelRunner::Create(0, c, kv);
+  auto gpu = GpuRunner(c, kv, *host);
   ASSERT_TRUE(gpu.ok()) << gpu.status();
-  auto dw = UploadLlamaWeights(*host, (*gpu)->backend(), (*gpu)->exec());
-  ASSERT_TRUE(dw.ok()) << dw.status();
-  ASSERT_TRUE((*gpu)->SetWeights(std::move(*dw)).ok());
 
   for (const char* text : kGpuParityPrompts) {
     SCOPED_TRACE(text);
