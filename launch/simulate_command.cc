@@ -165,15 +165,18 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   for (int s = 0; s < pp; ++s) {
     const double weights = p.cost->StageWeightBytes(s);
     // A GPU rank reserves its step buffers before sizing KV, as serving
-    // does (worker/activation_memory.h); TP rank 0 holds the largest share.
+    // does (worker/activation_memory.h). TP rank 0 holds the largest share,
+    // split as PlanShards splits: by KV head (query heads follow their
+    // group) and by FFN blocks of 32 columns.
+    const int64_t kv_heads = EvenSplit(config.n_kv_heads, tp, 0).second;
     const double activations =
         cpu ? 0.0
             : static_cast<double>(GpuActivationBytes(
                   {.hidden = config.hidden,
-                   .heads = EvenSplit(config.n_heads, tp, 0).second,
-                   .kv_heads = EvenSplit(config.n_kv_heads, tp, 0).second,
+                   .heads = kv_heads * (config.n_heads / config.n_kv_heads),
+                   .kv_heads = kv_heads,
                    .head_dim = config.head_dim,
-                   .ffn = EvenSplit(config.ffn_hidden, tp, 0).second,
+                   .ffn = 32 * EvenSplit(config.ffn_hidden / 32, tp, 0).second,
                    .vocab_padded = (config.vocab_size + tp - 1) / tp,
                    .tp = tp,
                    .last_stage = s == pp - 1},
