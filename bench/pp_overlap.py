@@ -19,22 +19,18 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from testlib import free_port  # noqa: E402
+
 MPIRUN = ["mpirun", "--oversubscribe"]
 if os.geteuid() == 0:
     MPIRUN.insert(1, "--allow-run-as-root")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, float]:

@@ -129,7 +129,8 @@ int CoordinatorCommand(int argc, char** argv) {
   std::unique_ptr<grpc::Server> control = builder.BuildAndStart();
   if (control == nullptr || control_port == 0) {
     std::fprintf(stderr,
-                 "shardlm coordinator: cannot listen for workers on %s\n",
+                 "shardlm coordinator: cannot listen for workers on %s "
+                 "(malformed address, or the port is in use)\n",
                  control_listen.c_str());
     return 1;
   }

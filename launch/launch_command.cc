@@ -315,7 +315,9 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
   if (listen.empty()) {
     // ChooseControlAddress said why.
   } else if (control == nullptr || control_port == 0) {
-    std::fprintf(stderr, "shardlm launch: cannot listen for workers on %s\n",
+    std::fprintf(stderr,
+                 "shardlm launch: cannot listen for workers on %s (malformed "
+                 "address, or the port is in use)\n",
                  listen.c_str());
   } else {
     address = absl::StrCat(control_address.advertise, ":", control_port);

@@ -4,6 +4,7 @@ and waiting for a shardlm server to answer."""
 
 from __future__ import annotations
 
+import random
 import socket
 import subprocess
 import time
@@ -23,10 +24,48 @@ def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
+_HANDED_OUT: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A TCP port on 127.0.0.1 that nothing holds now and that this process
+    has not handed out before, for a server the test starts next.
+
+    Not bind(0)'s answer: the kernel may give the same port to two calls in
+    a row (check_lws once gave a coordinator's control port to a worker's
+    health server, which took it first), and ports in the ephemeral range
+    can be taken by any connect() or listener on port 0 (Gloo's, MPI's)
+    before the server binds them. Ports below that range are given out
+    only on request."""
+    low = _ephemeral_low()
+    first = max(1024, low - 12000)
+    if low - first >= 1000:
+        for _ in range(200):
+            port = random.randrange(first, low)
+            if port in _HANDED_OUT:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _HANDED_OUT.add(port)
+            return port
+    while True:  # A narrow range below the ephemeral one: bind(0), unique.
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _HANDED_OUT:
+            _HANDED_OUT.add(port)
+            return port
 
 
 def wait_ready(shardlm: str, addr: str, server: subprocess.Popen,
