@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""CI's gate on skips: after a ctest phase, fails when a test outside the
+allow-list below did not run or skipped, and prints what skipped and why.
+
+ctest's exit code alone lets a test vanish with CI green: a binary whose
+cases all skip (exit 77), a script that skips when a package is missing,
+a llama.cpp install that only warned. Every such test must be in the
+allow-list, with the reason it may skip on this machine.
+
+  ctest_gate.py --build-dir DIR --junit FILE [--phase NAME]
+
+FILE is ctest's --output-junit of the phase, DIR its build tree (for the
+tests' labels, from ctest --show-only=json-v1). Exit 0 when everything
+that did not run is allowed, 1 otherwise (and when the files are unreadable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+
+def gpu_visible() -> bool:
+    """True when nvidia-smi lists at least one GPU."""
+    if shutil.which("nvidia-smi") is None:
+        return False
+    r = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True)
+    return r.returncode == 0 and "GPU" in r.stdout
+
+
+def allow_list(has_gpu: bool) -> dict[str, str]:
+    """Label -> why tests with it may skip here. Nothing else may skip on a
+    root CI machine with scripts/install-deps.sh's packages: not the
+    llama.cpp family checks, multinode, k8s_manifests, nor a SmolLM2 test."""
+    allowed = {}
+    if not has_gpu:
+        # GPU-only binaries (every case needs a CUDA device) and the GPU
+        # benchmark: they run on a GPU machine (tests/gpu/run.sh).
+        allowed["gpu"] = "no GPU on this machine"
+    return allowed
+
+
+def labels_by_test(build_dir: str) -> dict[str, list[str]]:
+    out = subprocess.run(["ctest", "--show-only=json-v1"], cwd=build_dir,
+                         capture_output=True, text=True, check=True).stdout
+    labels = {}
+    for t in json.loads(out).get("tests", []):
+        names = [p["value"] for p in t.get("properties", [])
+                 if p.get("name") == "LABELS"]
+        labels[t["name"]] = names[0] if names else []
+    return labels
+
+
+def skip_reason(output: str, fallback: str) -> str:
+    """The line a test gave for skipping: gtest's message after
+    "file:line: Skipped", else the last line that mentions a skip, else the
+    last line of output, else ctest's own message."""
+    lines = [l.strip() for l in output.splitlines() if l.strip()]
+    for i, line in enumerate(lines):
+        if line.endswith(": Skipped") and i + 1 < len(lines):
+            return lines[i + 1]
+    for line in reversed(lines):
+        if "skip" in line.lower() and not line.startswith("[  SKIPPED ]"):
+            return line
+    return lines[-1] if lines else fallback
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--build-dir", required=True)
+    ap.add_argument("--junit", required=True)
+    ap.add_argument("--phase", default="ctest")
+    a = ap.parse_args(argv)
+    try:
+        cases = ET.parse(a.junit).getroot().iter("testcase")
+        labels = labels_by_test(a.build_dir)
+    except (OSError, ET.ParseError, subprocess.CalledProcessError,
+            json.JSONDecodeError) as e:
+        print(f"ctest_gate [{a.phase}]: cannot read the results: {e}")
+        return 1
+    allowed = allow_list(gpu_visible())
+    ran = failed = 0
+    ok_skips, bad_skips = [], []
+    for case in cases:
+        name, status = case.get("name"), case.get("status")
+        if status == "run":
+            ran += 1
+            continue
+        if status == "fail":
+            failed += 1
+            continue
+        skipped = case.find("skipped")
+        why = skip_reason(case.findtext("system-out") or "",
+                          skipped.get("message", status) if skipped is not None
+                          else status)
+        allowing = [l for l in labels.get(name, []) if l in allowed]
+        if allowing:
+            ok_skips.append(f"{name}: {why} (allowed: label {allowing[0]}, "
+                            f"{allowed[allowing[0]]})")
+        else:
+            bad_skips.append(f"{name}: {status}: {why}")
+    print(f"ctest_gate [{a.phase}]: {ran} ran, {failed} failed, "
+          f"{len(ok_skips)} skipped as allowed, {len(bad_skips)} did not run "
+          "or skipped outside the allow-list")
+    for line in ok_skips:
+        print(f"  skipped  {line}")
+    for line in bad_skips:
+        print(f"  NOT RUN  {line}")
+    if ran == 0 and failed == 0:
+        print(f"ctest_gate [{a.phase}]: no test ran")
+        return 1
+    return 1 if bad_skips else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
