@@ -6,9 +6,9 @@
 // that both backends see identical values and the bound only covers
 // accumulation order and the op's own output rounding.
 //
-// CUDA cases skip, with CUDA's reason, where no GPU is present; the
-// argument-validation cases run everywhere (they fail before any CUDA
-// call).
+// A GPU-only binary (label gpu, tests/gpu/run.sh): every case skips, with
+// CUDA's reason, where no GPU is present. The launchers' argument checks,
+// which need no GPU, are cuda_ops_validation_test.cc.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,9 +17,12 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda_backend.h"
+#include "core/half.h"
 #include "gtest/gtest.h"
 #include "kernels/add/add.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/cuda_ops.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -28,23 +31,10 @@
 #include "kernels/swiglu/swiglu.h"
 #include "kernels/test_util.h"
 
-#ifdef SHARDLM_HAVE_CUDA
-#include "backend/cuda_backend.h"
-#include "core/half.h"
-#include "kernels/cuda_ops.h"
-#endif
-
 namespace shardlm {
 namespace {
 
 using testing_util::RandomTensor;
-
-#ifndef SHARDLM_HAVE_CUDA
-TEST(CrossBackendTest, CudaNotBuilt) {
-  GTEST_SKIP() << "built without CUDA (SHARDLM_CUDA=OFF or no nvcc): only the "
-                  "CPU backend exists";
-}
-#else
 
 constexpr int64_t kHidden = 769;  // Odd on purpose.
 constexpr int64_t kHeads = 9, kKvHeads = 3, kHeadDim = 64;
@@ -691,65 +681,6 @@ TEST_F(CudaOpsTest, SamplingMatchesSampleTokenDraws) {
     }
   }
 }
-
-// Launchers check their arguments before any CUDA call, so these run
-// without a GPU too.
-TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {
-  Tensor x = *Tensor::Host(DType::kF32, {2, 8});
-  Tensor w = *Tensor::Host(DType::kF32, {8});
-  absl::Status s = RmsNormCuda(x, w, 1e-5f, x, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(std::string(s.message()).find("host memory"), std::string::npos)
-      << s;
-  // Device-typed views (never dereferenced: validation fails first).
-  static float fake[64];
-  Tensor dx = *Tensor::View(DType::kF32, {2, 8}, fake, MemoryType::kDevice);
-  Tensor dw = *Tensor::View(DType::kF32, {7}, fake, MemoryType::kDevice);
-  s = RmsNormCuda(dx, dw, 1e-5f, dx, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(std::string(s.message()).find("weight"), std::string::npos) << s;
-  Tensor dq = *Tensor::View(DType::kF32, {1, 3, 48}, fake, MemoryType::kDevice);
-  CudaAttentionBatch empty;
-  s = PagedAttentionCuda(dq, dq, dq, empty, 1.0f, dq, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  Tensor xi = *Tensor::View(DType::kF32, {2, 8}, fake, MemoryType::kDevice);
-  s = LinearCuda(xi, xi, xi, false, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(std::string(s.message()).find("BF16"), std::string::npos) << s;
-}
-
-// CudaAttentionBatch checks the batch against the pool before it
-// allocates or copies anything.
-TEST(CudaOpsValidationTest, AttentionBatchIsCheckedBeforeUpload) {
-  const std::vector<int32_t> pos = {0, 20}, seq = {0, 0};
-  const std::vector<int32_t> table = {1, 2}, bad_table = {1, 9};
-  CudaAttentionBatch b;
-  AttentionBatch ok{.positions = pos, .token_seq = seq};
-  ok.block_tables = {table};
-  // Block 9 outside a pool of 4.
-  AttentionBatch bad_block = ok;
-  bad_block.block_tables = {bad_table};
-  absl::Status s = b.Upload(bad_block, 16, 4, 0, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_NE(std::string(s.message()).find("physical block 9"),
-            std::string::npos)
-      << s;
-  // Position 40 needs a third block.
-  const std::vector<int32_t> far = {0, 40};
-  AttentionBatch short_table = ok;
-  short_table.positions = far;
-  s = b.Upload(short_table, 16, 4, 0, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  // A token of a sequence that has no table.
-  const std::vector<int32_t> seq1 = {0, 1};
-  AttentionBatch no_seq = ok;
-  no_seq.token_seq = seq1;
-  s = b.Upload(no_seq, 16, 4, 0, {});
-  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
-  EXPECT_EQ(b.tokens(), 0);  // Nothing was taken over.
-}
-
-#endif  // SHARDLM_HAVE_CUDA
 
 }  // namespace
 }  // namespace shardlm
