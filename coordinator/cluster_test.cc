@@ -986,7 +986,7 @@ TEST(ClusterStartupTest, RegistrationTimeoutNamesMissingRanks) {
 // cluster CA (ca.pem), a certificate for 127.0.0.1 it signed (node.pem,
 // node.key), and another CA's (other.pem, other.key). Nullopt when openssl
 // is missing or fails.
-std::optional<std::filesystem::path> MakeTestPki() {
+absl::StatusOr<std::filesystem::path> MakeTestPki() {
   const auto dir = std::filesystem::temp_directory_path() /
                    absl::StrCat("shardlm_control_pki_", getpid());
   std::filesystem::remove_all(dir);
@@ -1002,7 +1002,15 @@ std::optional<std::filesystem::path> MakeTestPki() {
       "$name.key -out $name.csr && openssl x509 -req -in $name.csr -CA "
       "$ca.pem -CAkey $ca.key -CAcreateserial -days 2 -extfile san.ext -out "
       "$name.pem || exit 1; done");
-  if (std::system(script.c_str()) != 0) return std::nullopt;
+  if (std::system(script.c_str()) != 0) {
+    std::ifstream log(dir / "openssl.log");
+    const std::string text(std::istreambuf_iterator<char>(log), {});
+    std::filesystem::remove_all(dir);
+    return absl::FailedPreconditionError(
+        absl::StrCat("openssl could not make the test certificates "
+                     "(scripts/install-deps.sh installs openssl): ",
+                     text));
+  }
   return dir;
 }
 
@@ -1023,8 +1031,8 @@ ControlTls TlsFrom(const std::filesystem::path& dir, const std::string& name,
 // (plaintext), one with another CA's, and one that trusts the right CA
 // but shows no certificate are refused and change nothing.
 TEST(ClusterTlsTest, MutualTlsClusterServesAndStrangersAreRefused) {
-  const std::optional<std::filesystem::path> pki = MakeTestPki();
-  if (!pki.has_value()) GTEST_SKIP() << "the openssl command failed";
+  const absl::StatusOr<std::filesystem::path> pki = MakeTestPki();
+  ASSERT_TRUE(pki.ok()) << pki.status();
   absl::Cleanup remove = [&] { std::filesystem::remove_all(*pki); };
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   ClusterOptions options = Options(2, 1);

@@ -1,8 +1,8 @@
 // Log-probabilities against an independent reference: for every generated
 // token, log_softmax (in double) of the full logits at that position,
 // obtained by running the prompt plus the tokens so far as a new prompt
-// with return_prompt_logits. On a random model always, and on SmolLM2-135M
-// when the GGUF is present (SHARDLM_TEST_MODEL, set by CMake).
+// with return_prompt_logits. On a random model and on SmolLM2-135M
+// (SHARDLM_TEST_MODEL, set by CMake; missing is a failure).
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include "coordinator/engine_leak_check.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "model/smollm2_test_model.h"
 
 namespace shardlm {
 namespace {
@@ -36,6 +37,8 @@ void ExpectReferenceLogprobs(Engine& engine, const std::vector<int32_t>& prompt,
                               .sampling = sampling,
                               .logprobs = top});
   ASSERT_TRUE(got.ok()) << got.status();
+  // No stop token: all 6 are generated (zero tokens would check nothing).
+  ASSERT_EQ(got->tokens.size(), 6u);
   ASSERT_EQ(got->logprobs.size(), got->tokens.size());
   std::vector<int32_t> context = prompt;
   for (size_t i = 0; i < got->tokens.size(); ++i) {
@@ -89,11 +92,8 @@ TEST(LogprobsTest, RandomModelMatchesLogSoftmax) {
 }
 
 TEST(LogprobsTest, SmolLm2MatchesLogSoftmax) {
-  const char* path = std::getenv("SHARDLM_TEST_MODEL");
-  if (path == nullptr || !std::filesystem::exists(path)) {
-    GTEST_SKIP() << "SHARDLM_TEST_MODEL not set or missing; run "
-                    "scripts/fetch-model.sh";
-  }
+  const std::string path = testing_util::SmolLm2ModelPath();
+  ASSERT_FALSE(path.empty());
   auto source = OpenWeights(path);
   ASSERT_TRUE(source.ok()) << source.status();
   EngineLeakCheck engines;

@@ -17,6 +17,7 @@
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "model/smollm2_test_model.h"
 
 namespace shardlm {
 namespace {
@@ -171,11 +172,8 @@ TEST(ParallelEquivalenceTest, RejectsImpossibleLayouts) {
 }
 
 TEST(ParallelEquivalenceTest, SmolLm2EveryLayout) {
-  const char* path = std::getenv("SHARDLM_TEST_MODEL");
-  if (path == nullptr || !std::filesystem::exists(path)) {
-    GTEST_SKIP() << "SHARDLM_TEST_MODEL not set or missing; run "
-                    "scripts/fetch-model.sh";
-  }
+  const std::string path = testing_util::SmolLm2ModelPath();
+  ASSERT_FALSE(path.empty());
   auto source = OpenWeights(path);
   ASSERT_TRUE(source.ok()) << source.status();
   // "The capital of France is", a ChatML turn asking "What is 2+2?", and

@@ -14,6 +14,7 @@
 #include "model/gguf.h"
 #include "model/normalizer.h"
 #include "model/pretokenizer.h"
+#include "model/smollm2_test_model.h"
 #include "model/tokenizer_loaders.h"
 #include "model/unicode_tables.h"
 
@@ -623,11 +624,9 @@ TEST(LoadTokenizerTest, Qwen2GgufNormalizesNfc) {
 
 // The real SmolLM2 GGUF, when models/ has it (scripts/fetch-model.sh).
 TEST(LoadTokenizerTest, SmolLm2Gguf) {
-  const std::filesystem::path model =
-      std::filesystem::path(__FILE__).parent_path().parent_path() /
-      "models/SmolLM2-135M-Instruct.Q4_1.gguf";
-  if (!std::filesystem::exists(model)) GTEST_SKIP() << model << " missing";
-  auto tok = LoadTokenizer(model.string());
+  const std::string model = testing_util::SmolLm2ModelPath();
+  ASSERT_FALSE(model.empty());
+  auto tok = LoadTokenizer(model);
   ASSERT_TRUE(tok.ok()) << tok.status();
   EXPECT_EQ((*tok)->Summary(),
             "byte-level BPE (smollm pre-tokenizer): 49152 tokens, 48900 "
