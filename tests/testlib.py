@@ -10,6 +10,7 @@ import subprocess
 import time
 
 FAILURES: list[str] = []
+SKIPPED: list[str] = []
 
 
 def check(cond: bool, what: str) -> None:
@@ -17,6 +18,28 @@ def check(cond: bool, what: str) -> None:
     print(("ok   " if cond else "FAIL ") + what, flush=True)
     if not cond:
         FAILURES.append(what)
+
+
+def skip(what: str) -> None:
+    """Records a named part of the script that cannot run here (say why in
+    `what`): the script then ends with exit 77, ctest's "skipped" (register
+    it with SKIP_RETURN_CODE 77), never 0, so CI's skip gate sees it."""
+    print("SKIP " + what, flush=True)
+    SKIPPED.append(what)
+
+
+def exit_code(passed: str = "all checks passed") -> int:
+    """The script's exit status: 1 when a check failed, else 77 when a part
+    was skipped, else 0; prints which."""
+    if FAILURES:
+        print(f"FAILED: {len(FAILURES)} check(s)")
+        return 1
+    if SKIPPED:
+        print(f"no check failed, but {len(SKIPPED)} part(s) did not run: "
+              + "; ".join(SKIPPED))
+        return 77
+    print(passed)
+    return 0
 
 
 def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:

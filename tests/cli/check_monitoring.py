@@ -11,7 +11,7 @@ be made here, answers a few requests; then its /metrics scrape must:
 2. carry every metric that deploy/monitoring/alerts.yaml and
    grafana-dashboard.json query;
 3. pass `promtool check metrics`, and the rules `promtool check rules`
-   (Debian's prometheus package; skipped with a message when absent).
+   (Debian's prometheus package; without it the script exits 77, skipped).
 
   check_monitoring.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -33,7 +33,8 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "cluster"))
 from check_cluster import Cluster, generate  # noqa: E402
-from testlib import FAILURES, check, free_port, prometheus_series  # noqa: E402
+from testlib import (check, exit_code, free_port,  # noqa: E402
+                     prometheus_series, skip)
 
 MONITORING = os.path.join(ROOT, "deploy", "monitoring")
 LIMIT = 8 << 30
@@ -106,8 +107,17 @@ def main() -> int:
         for prompt in ("The capital of France is", "def add(a, b):"):
             r = generate(a.shardlm, ["--server", c.address], prompt, 8)
             check(r.returncode == 0, f"{prompt!r} answered")
-        time.sleep(2.5)  # A heartbeat with the figures of the last steps.
-        text = scrape(f"http://{http}/metrics")
+        # The figures of the last steps come with each rank's next
+        # heartbeat: scrape until both ranks' steps are counted, with a
+        # deadline, instead of sleeping a fixed time.
+        deadline = time.monotonic() + 30
+        while True:
+            text = scrape(f"http://{http}/metrics")
+            steps = prometheus_series(text)
+            if all(steps.get(f'shardlm_rank_steps_total{{rank="{r}"}}', -1)
+                   >= 16 for r in (1, 2)) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
         with open(os.path.join(a.workdir, "metrics.txt"), "w") as f:
             f.write(text)
         m = prometheus_series(text)
@@ -153,8 +163,8 @@ def main() -> int:
             check(found, f"{name}, queried by deploy/monitoring, is scraped")
         promtool = shutil.which("promtool")
         if promtool is None:
-            print("SKIP promtool checks: promtool is not installed "
-                  "(Debian: apt-get install prometheus)")
+            skip("promtool checks: promtool is not installed "
+                 "(scripts/install-deps.sh installs Debian's prometheus)")
         else:
             r = subprocess.run([promtool, "check", "metrics"], input=text,
                                capture_output=True, text=True)
@@ -174,9 +184,7 @@ def main() -> int:
                 break
             except OSError:
                 time.sleep(0.1)
-    print(f"{len(FAILURES)} failed" if FAILURES else
-          "all monitoring checks passed")
-    return 1 if FAILURES else 0
+    return exit_code("all monitoring checks passed")
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run  # noqa: E402
+from testlib import check, exit_code, free_port, run, skip  # noqa: E402
 
 TOKEN = "control-plane-test-token-0123456789"
 PROMPT = "The capital of France is"
@@ -386,7 +386,8 @@ def mtls(a, d: str, want: str) -> None:
 def launch_mtls(a, d: str, want: str) -> None:
     mpirun = shutil.which("mpirun")
     if mpirun is None:
-        print("skip [launch] no mpirun")
+        skip("[launch]: no mpirun (scripts/install-deps.sh installs "
+             "openmpi-bin)")
         return
     cmd = [mpirun, "--oversubscribe", "-np", "3"]
     if os.geteuid() == 0:
@@ -455,11 +456,7 @@ def main() -> int:
             mtls(a, d, want)
         if a.only in (None, "launch"):
             launch_mtls(a, d, want)
-    if FAILURES:
-        print(f"FAILED: {len(FAILURES)} checks")
-        return 1
-    print("all control-plane checks passed")
-    return 0
+    return exit_code("all control-plane checks passed")
 
 
 if __name__ == "__main__":
