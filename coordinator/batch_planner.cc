@@ -160,23 +160,26 @@ void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
         absl::StrCat("the deadline passed after ", s.result.tokens.size(),
                      " of ", s.request.max_tokens, " tokens"));
   };
+  // A past deadline wins over a cancel: a front end cancels a request
+  // whose client's deadline passed (gRPC reports both), and the request
+  // ended because of the deadline.
+  const auto ended = [&](Sequence& s) -> absl::StatusOr<GenerateResult> {
+    if (s.request.deadline <= now) return late(s);
+    return cancelled_result(s);
+  };
   for (auto& s : running_) {
     // One in a step in flight ends once that step is back (its blocks are
     // being written): its cancellation waits for the next round.
     if (s->in_flight) continue;
-    if (cancelled_.contains(s->id)) {
-      Finish(*s, cancelled_result(*s), now, events);
+    if (cancelled_.contains(s->id) || s->request.deadline <= now) {
+      Finish(*s, ended(*s), now, events);
       cancelled_.erase(s->id);
-    } else if (s->request.deadline <= now) {
-      Finish(*s, late(*s), now, events);
     }
   }
   for (auto it = waiting_.begin(); it != waiting_.end();) {
     Sequence& s = **it;
     if (cancelled_.contains(s.id) || s.request.deadline <= now) {
-      absl::StatusOr<GenerateResult> r = late(s);
-      if (cancelled_.contains(s.id)) r = cancelled_result(s);
-      Finish(s, std::move(r), now, events);  // A preempted one holds blocks.
+      Finish(s, ended(s), now, events);  // A preempted one holds blocks.
       cancelled_.erase(s.id);
       it = waiting_.erase(it);
     } else {

@@ -565,9 +565,49 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
   EXPECT_EQ(engine_->blocks().used_blocks(), 0);
 }
 
+// Holds the scheduler's loop: a direct request whose first token waits
+// until release() (callbacks run on the loop thread, so no step runs in
+// between). Wait() returns once the loop is held.
+class LoopHold {
+ public:
+  explicit LoopHold(Engine& engine) {
+    std::shared_future<void> gate = release_.get_future().share();
+    EXPECT_TRUE(engine
+                    .Submit({.prompt = {1}, .max_tokens = 2},
+                            {.on_token =
+                                 [this, gate](int32_t, const TokenLogprobs*) {
+                                   if (!held_) {
+                                     held_ = true;
+                                     holding_.set_value();
+                                     gate.wait();
+                                   }
+                                   return TokenAction::kContinue;
+                                 },
+                             .on_done =
+                                 [this](absl::StatusOr<GenerateResult>) {
+                                   done_.set_value();
+                                 }})
+                    .ok());
+  }
+  void Wait() { holding_.get_future().wait(); }
+  // Lets the loop go on, and waits until the holding request is done.
+  void Release() {
+    release_.set_value();
+    done_.get_future().wait();
+  }
+
+ private:
+  bool held_ = false;  // Loop thread only.
+  std::promise<void> release_, holding_, done_;
+};
+
+// The server, not the client library, ends a cancelled stream: the
+// request cannot finish by itself while the loop is held, and after the
+// cancel it ends within a step or two (not after its 100 tokens), counted
+// as cancelled, with its blocks back.
 TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   v1::GenerateRequest req;
-  req.set_prompt("a long one");
+  req.set_prompt("a long one");  // 10 tokens + 100: 7 of the 8 blocks.
   req.set_max_tokens(100);
   req.set_ignore_eos(true);
   grpc::ClientContext ctx;
@@ -575,13 +615,18 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   v1::GenerateResponse r;
   ASSERT_TRUE(reader->Read(&r));
   ASSERT_TRUE(reader->Read(&r));
+  LoopHold hold(*engine_);
+  hold.Wait();
+  const int64_t steps_held = engine_->stats().steps;
   ctx.TryCancel();
   while (reader->Read(&r)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_GT(engine_->stats().running, 0);  // Still running, server side.
+  hold.Release();
 
-  // The client's Finish returns at once; the server notices the cancel
-  // within its poll and the engine frees the blocks within a step.
+  // The server notices the cancel within its poll and the engine frees
+  // the blocks within a step (the bound only keeps a failure from hanging).
   const auto deadline = absl::Now() + absl::Seconds(10);
   SchedulerStats st = engine_->stats();
   while ((st.running > 0 || st.device.used > 0) && absl::Now() < deadline) {
@@ -590,6 +635,13 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   }
   EXPECT_EQ(st.running, 0);
   EXPECT_EQ(st.device.used, 0);
+  EXPECT_LT(st.steps - steps_held, 10) << "the stream ran on after its cancel";
+  EXPECT_EQ(engine_->metrics().requests(RequestApi::kGrpc,
+                                        RequestOutcome::kCancelled),
+            1u);
+  EXPECT_EQ(
+      engine_->metrics().requests(RequestApi::kGrpc, RequestOutcome::kLength),
+      0u);
 
   v1::GenerateRequest next;
   next.set_prompt("next");
@@ -675,45 +727,45 @@ TEST_F(InferenceServiceTest, ConcurrentStreamsAreBatched) {
   EXPECT_EQ(engine_->blocks().used_blocks(), 0);
 }
 
+// The server applies the client's deadline itself: the loop is held past
+// it, so the request cannot finish in time, and the server ends it as
+// DEADLINE_EXCEEDED (its own counter) instead of running its 100 tokens.
 TEST_F(InferenceServiceTest, ClientDeadlineIsDeadlineExceeded) {
   v1::GenerateRequest req;
   req.set_prompt("slow");
   req.set_max_tokens(100);
   req.set_ignore_eos(true);
-  // The loop is held past the client's deadline.
-  std::promise<void> release;
-  std::shared_future<void> gate = release.get_future().share();
-  std::promise<void> gate_done;
-  ASSERT_TRUE(engine_
-                  ->Submit({.prompt = {1}, .max_tokens = 2},
-                           {.on_token =
-                                [gate](int32_t, const TokenLogprobs*) {
-                                  gate.wait();
-                                  return TokenAction::kContinue;
-                                },
-                            .on_done =
-                                [&](absl::StatusOr<GenerateResult>) {
-                                  gate_done.set_value();
-                                }})
-                  .ok());
+  LoopHold hold(*engine_);
+  hold.Wait();
+  const int64_t steps_held = engine_->stats().steps;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(200));
   auto reader = stub_->Generate(&ctx, req);
   std::this_thread::sleep_for(std::chrono::milliseconds(400));
-  release.set_value();
+  hold.Release();
   v1::GenerateResponse r;
   while (reader->Read(&r)) {
   }
   EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
-  gate_done.get_future().wait();
   // The server side ends within a step; its blocks come back (the bound
   // only keeps a failure from hanging: as in the cancel test above).
   const auto until = absl::Now() + absl::Seconds(10);
-  while (engine_->blocks().used_blocks() > 0 && absl::Now() < until) {
+  while ((engine_->blocks().used_blocks() > 0 ||
+          engine_->metrics().requests(RequestApi::kGrpc,
+                                      RequestOutcome::kDeadline) == 0) &&
+         absl::Now() < until) {
     absl::SleepFor(absl::Milliseconds(10));
   }
   EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+  EXPECT_EQ(
+      engine_->metrics().requests(RequestApi::kGrpc, RequestOutcome::kDeadline),
+      1u);
+  EXPECT_EQ(
+      engine_->metrics().requests(RequestApi::kGrpc, RequestOutcome::kLength),
+      0u);
+  EXPECT_LT(engine_->stats().steps - steps_held, 10)
+      << "the request ran on past its deadline";
 }
 
 TEST_F(InferenceServiceTest, TokenizeAndModelInfo) {
