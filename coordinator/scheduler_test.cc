@@ -43,7 +43,9 @@ TEST_P(PipelinedSchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
   reqs[0].prompt = Prompt(4096, 0);  // Prefilled in chunks beside the rest.
   reqs[5].sampling = {.temperature = 0.9f, .top_p = 0.9f, .seed = 11};
 
-  auto alone_engine = MakeEngine({});
+  // The reference: each request alone, with no prefix cache (so that no
+  // run reuses another's KV).
+  auto alone_engine = MakeEngine({.prefix_caching = false});
   std::vector<GenerateResult> alone;
   int64_t alone_steps = 0;
   for (const auto& r : reqs) {
@@ -79,13 +81,20 @@ TEST_P(PipelinedSchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
 }
 
 TEST_P(PipelinedSchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
-  auto engine = MakeEngine({.kv_cache_bytes = 40 * kBlockBytes});
-  // The reference: the same greedy requests run to max_tokens alone.
+  // f32 KV: batched and alone rows sum in other orders, which moves f32
+  // logprobs by ulps but flips f16 roundings of K and V (1.1e-4 seen), and
+  // the 1e-4 bound below is about each row keeping its own logprobs.
+  auto engine = MakeEngine({.kv_cache_bytes = 40 * 2 * kBlockBytes,  // f32.
+                            .kv_cache_dtype = DType::kF32});
+  // The reference: the same greedy requests run to max_tokens alone, on an
+  // engine of their own with no prefix cache (no KV reused from elsewhere).
+  auto reference =
+      MakeEngine({.kv_cache_dtype = DType::kF32, .prefix_caching = false});
   std::vector<GenerateResult> free_run;
   for (int i = 0; i < 6; ++i) {
-    auto got = engine->Generate({.prompt = Prompt(5 + 11 * i, i),
-                                 .max_tokens = 12,
-                                 .logprobs = i % 3 * 4});
+    auto got = reference->Generate({.prompt = Prompt(5 + 11 * i, i),
+                                    .max_tokens = 12,
+                                    .logprobs = i % 3 * 4});
     ASSERT_TRUE(got.ok()) << got.status();
     free_run.push_back(*got);
   }
