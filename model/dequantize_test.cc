@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 void PutU16(std::vector<uint8_t>& v, uint16_t x) {
   v.push_back(x & 0xff);
@@ -77,15 +80,20 @@ TEST(DequantizeTest, RowsOfA2DTensor) {
   EXPECT_EQ(t->shape(), (Shape{2, 2}));
   EXPECT_EQ(t->f32()[0], 1.0f);
   EXPECT_EQ(t->f32()[3], -2.0f);
-  EXPECT_FALSE(DequantizeRows(info, data, 2, 4).ok());
-  EXPECT_FALSE(
-      DequantizeRows(info, absl::MakeSpan(data).subspan(1), 0, 1).ok());
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_TRUE(IsError(DequantizeRows(info, data, 2, 4), kInvalid,
+                      "rows [2, 4) of tensor 'w' with 3 rows"));
+  EXPECT_TRUE(
+      IsError(DequantizeRows(info, absl::MakeSpan(data).subspan(1), 0, 1),
+              kInvalid, "tensor 'w' has 11 bytes, expected 12"));
 }
 
 TEST(DequantizeTest, RejectsPartialBlocks) {
   uint8_t zeros[64] = {};
   float out[64];
-  EXPECT_FALSE(DequantizeRow(DType::kQ4_1, zeros, 16, out).ok());
+  EXPECT_TRUE(IsError(DequantizeRow(DType::kQ4_1, zeros, 16, out),
+                      absl::StatusCode::kInvalidArgument,
+                      "16 values are not whole"));
 }
 
 }  // namespace
@@ -174,8 +182,11 @@ TEST(DequantizeTest, SliceReadsOnlyItsBlocks) {
                       .shape = {2, 96},
                       .bytes = 2 * 3 * 34};
   std::vector<uint8_t> zeros(q8.bytes);
-  EXPECT_FALSE(DequantizeSlice(q8, zeros, 0, 1, 16, 48).ok());  // Mid-block.
-  EXPECT_FALSE(DequantizeSlice(q8, zeros, 0, 3, 0, 32).ok());
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_TRUE(IsError(DequantizeSlice(q8, zeros, 0, 1, 16, 48), kInvalid,
+                      "slice rows [0, 1) cols [16, 48)"));  // Mid-block.
+  EXPECT_TRUE(IsError(DequantizeSlice(q8, zeros, 0, 3, 0, 32), kInvalid,
+                      "slice rows [0, 3) cols [0, 32)"));  // Row 3 of 2.
 }
 
 // Pages of memory of which some can be made unreadable: a read there is

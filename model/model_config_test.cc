@@ -2,11 +2,14 @@
 
 #include <cmath>
 
+#include "core/status_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 ModelConfig SmolLm2() {
   ModelConfig c;
@@ -27,20 +30,24 @@ TEST(ModelConfigTest, AcceptsSmolLm2) {
 
 TEST(ModelConfigTest, RejectsInconsistentOrAbsurdValues) {
   ModelConfig c = SmolLm2();
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
   c.n_kv_heads = 2;  // 9 query heads cannot be grouped over 2.
-  EXPECT_NE(c.Validate().message().find("n_kv_heads"), std::string::npos);
+  EXPECT_TRUE(IsError(c.Validate(), kInvalid,
+                      "n_heads (9) is not a multiple of n_kv_heads (2)"));
   c = SmolLm2();
   c.n_layers = 1'000'000'000;
-  EXPECT_NE(c.Validate().message().find("n_layers"), std::string::npos);
+  EXPECT_TRUE(IsError(c.Validate(), kInvalid, "n_layers"));
   c = SmolLm2();
   c.head_dim = 63;
-  EXPECT_FALSE(c.Validate().ok());
+  EXPECT_TRUE(IsError(c.Validate(), kInvalid, "head_dim 63 must be even"));
   c = SmolLm2();
   c.architecture = "gpt2";
-  EXPECT_FALSE(c.Validate().ok());
+  EXPECT_TRUE(
+      IsError(c.Validate(), kInvalid, "architecture 'gpt2' is not supported"));
   c = SmolLm2();
   c.rms_norm_eps = 0;
-  EXPECT_FALSE(c.Validate().ok());
+  EXPECT_TRUE(IsError(c.Validate(), kInvalid,
+                      "rope_theta and rms_norm_eps must be positive"));
 }
 
 // The scaling types' defining properties (the values themselves are checked

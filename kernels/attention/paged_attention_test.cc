@@ -10,11 +10,14 @@
 #include <vector>
 
 #include "core/half.h"
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/test_util.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 using testing_util::RandomTensor;
 
@@ -267,18 +270,27 @@ TEST(PagedAttentionTest, RejectsBadBlockTables) {
   const std::vector<int32_t> bad_block = {0, static_cast<int32_t>(f.blocks)};
   Tensor q = RandomTensor({1, 3, 64}, 1);
   Tensor out = *Tensor::Host(DType::kF32, {1, 3, 64});
-  for (const auto& table : {short_table, bad_block}) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  const std::string outside =
+      "PagedAttention: physical block " + std::to_string(f.blocks) +
+      " outside the pool of " + std::to_string(f.blocks);
+  for (const auto& [table, why] :
+       {std::pair{short_table, std::string("PagedAttention: sequence 0 has 1 "
+                                           "blocks, position 19 needs 2")},
+        std::pair{bad_block, outside}}) {
     AttentionBatch batch{.positions = positions,
                          .token_seq = token_seq,
                          .block_tables = {table}};
-    EXPECT_EQ(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out).code(),
-              absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(
+        IsError(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out),
+                kInvalid, why));
   }
   const std::vector<int32_t> bad_seq = {1};
   AttentionBatch batch{.positions = positions,
                        .token_seq = bad_seq,
                        .block_tables = {f.tables[0]}};
-  EXPECT_FALSE(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out).ok());
+  EXPECT_TRUE(IsError(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out),
+                      kInvalid, "PagedAttention: token 0 has sequence 1"));
 }
 
 // Caches of another type, of two types, or in the CUDA layout are refused.

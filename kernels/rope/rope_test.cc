@@ -3,11 +3,14 @@
 #include <cmath>
 #include <vector>
 
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/test_util.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 using testing_util::RandomTensor;
 
@@ -74,7 +77,9 @@ TEST(RopeTest, AdjacentPairsEqualRotateHalfUnderTheConverterPermutation) {
 TEST(RopeTest, RejectsMismatchedPositions) {
   Tensor x = RandomTensor({2, 1, 8}, 1);
   const std::vector<int32_t> pos = {0};
-  EXPECT_FALSE(Rope(x, pos, 10000.0f, RopeStyle::kRotateHalf).ok());
+  EXPECT_TRUE(IsError(Rope(x, pos, 10000.0f, RopeStyle::kRotateHalf),
+                      absl::StatusCode::kInvalidArgument,
+                      "Rope: need one position per token"));
 }
 
 }  // namespace

@@ -4,10 +4,13 @@
 #include <map>
 #include <vector>
 
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 TEST(SamplingTest, GreedyPicksLowestIndexOfTheMaximum) {
   const std::vector<float> logits = {0.5f, 2.0f, -1.0f, 2.0f};
@@ -115,11 +118,17 @@ TEST(SamplingTest, ValidatesParams) {
   EXPECT_TRUE(
       ValidateSamplingParams({.temperature = 0.8f, .top_k = 40, .top_p = 0.95f})
           .ok());
-  EXPECT_FALSE(ValidateSamplingParams({.temperature = -1}).ok());
-  EXPECT_FALSE(ValidateSamplingParams({.temperature = NAN}).ok());
-  EXPECT_FALSE(ValidateSamplingParams({.top_k = -2}).ok());
-  EXPECT_FALSE(ValidateSamplingParams({.top_p = 0}).ok());
-  EXPECT_FALSE(ValidateSamplingParams({.top_p = 1.5f}).ok());
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.temperature = -1}), kInvalid,
+                      "temperature must be >= 0, got -1"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.temperature = NAN}), kInvalid,
+                      "temperature must be >= 0, got nan"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.top_k = -2}), kInvalid,
+                      "top_k must be >= 0, got -2"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.top_p = 0}), kInvalid,
+                      "top_p must be in (0, 1], got 0"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.top_p = 1.5f}), kInvalid,
+                      "top_p must be in (0, 1], got 1.5"));
 }
 
 }  // namespace
