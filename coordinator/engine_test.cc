@@ -7,11 +7,14 @@
 
 #include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 // K and V, 3 layers, 16 tokens, 2 KV heads of 16 values, f16 (the
 // default KV dtype).
@@ -190,9 +193,13 @@ TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
 
 TEST(EngineCreateTest, RejectsBadOptions) {
   auto source = RandomLlamaWeights(TinyConfig(), 1);
-  EXPECT_FALSE(Engine::Create(*source, {.block_size = 0}).ok());
-  EXPECT_FALSE(Engine::Create(*source, {.kv_cache_bytes = 10}).ok());
-  EXPECT_FALSE(Engine::Create(*source, {.max_batched_tokens = -1}).ok());
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_TRUE(IsError(Engine::Create(*source, {.block_size = 0}), kInvalid,
+                      "block_size (0)"));
+  EXPECT_TRUE(IsError(Engine::Create(*source, {.kv_cache_bytes = 10}), kInvalid,
+                      "KV cache budget of 10 bytes holds no block"));
+  EXPECT_TRUE(IsError(Engine::Create(*source, {.max_batched_tokens = -1}),
+                      kInvalid, "max_batched_tokens (-1)"));
 }
 
 }  // namespace

@@ -1,10 +1,13 @@
 // Hostile-input tests for the GGUF reader (see loader_test_util.h).
 #include <functional>
 
+#include "core/status_test_util.h"
 #include "model/loader_test_util.h"
 
 namespace shardlm {
 namespace {
+
+using testing_util::IsError;
 
 // ================================================================ GGUF ===
 
@@ -327,7 +330,8 @@ TEST(GgufLoaderTest, RejectsEveryTruncation) {
     const std::vector<uint8_t> prefix(bytes.begin(), bytes.begin() + n);
     auto g = GgufFile::Parse(absl::MakeConstSpan(prefix), "cut.gguf");
     // Past the header, the tensors that run off the end must be caught.
-    EXPECT_FALSE(g.ok()) << "prefix of " << n << " bytes was accepted";
+    EXPECT_TRUE(IsError(g, absl::StatusCode::kInvalidArgument, "cut.gguf"))
+        << "prefix of " << n << " bytes";
   }
   EXPECT_TRUE(ParseGguf(bytes).ok());
 }
@@ -579,18 +583,24 @@ TEST(GgufLoaderTest, RejectsRopeScalingItCannotApply) {
 }
 
 TEST(GgufLoaderTest, RejectsAbsurdConfigValues) {
-  for (auto [key, value] : std::vector<std::pair<std::string, uint32_t>>{
-           {"llama.block_count", 1'000'000'000},
-           {"llama.attention.head_count", 3},  // Does not divide 32.
-           {"llama.attention.head_count_kv", 3},
-           {"llama.vocab_size", 0xffffffff}}) {
+  for (auto [key, value, why] :
+       std::vector<std::tuple<std::string, uint32_t, std::string>>{
+           {"llama.block_count", 1'000'000'000,
+            "n_layers = 1000000000 is outside [1, 1024]"},
+           {"llama.attention.head_count", 3,  // Does not divide 32.
+            "embedding_length 32 is not a multiple of head_count 3"},
+           {"llama.attention.head_count_kv", 3,
+            "n_heads (4) is not a multiple of n_kv_heads (3)"},
+           {"llama.vocab_size", 0xffffffff,
+            "vocab_size = 4294967295 is outside [1, 4194304]"}}) {
     GgufBuilder b = TinyGguf();
     std::string bytes = b.Build();
     PutU32(bytes, b.marks["value:" + key], value);
     auto g = ParseGguf(bytes);
     ASSERT_TRUE(g.ok()) << g.status();
     auto c = ModelConfigFromGguf(**g);
-    EXPECT_FALSE(c.ok()) << key << " = " << value << " was accepted";
+    EXPECT_TRUE(IsError(c, absl::StatusCode::kInvalidArgument, why))
+        << key << " = " << value;
   }
 }
 
