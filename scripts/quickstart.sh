@@ -4,6 +4,8 @@
 # starts a coordinator and TP=2 x PP=2 workers under mpirun, streams the
 # answer through the gRPC API, and stops the cluster.
 #   scripts/quickstart.sh ["your prompt"]
+# Env: PORT (default: a free one), EXPECT (a word the answer must contain:
+# scripts/test.sh asks "What is the capital of France?" and expects Paris).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PROMPT=${1:-"What is the capital of France? Answer in one sentence."}
@@ -12,7 +14,8 @@ bash scripts/install-deps.sh
 bash scripts/build.sh --target shardlm
 bash scripts/fetch-model.sh
 
-PORT=${PORT:-50051}
+# A port nothing holds now (bind(0)'s), unless PORT says which.
+PORT=${PORT:-$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}
 LOG=$(mktemp)
 ROOT_FLAG=()
 [ "$(id -u)" -eq 0 ] && ROOT_FLAG=(--allow-run-as-root)
@@ -42,9 +45,15 @@ echo "--- shardlm generate --server 127.0.0.1:$PORT --chat --prompt \"$PROMPT\""
 ANSWER=$(mktemp)
 build/launch/shardlm generate --server "127.0.0.1:$PORT" --chat \
   --prompt "$PROMPT" --max-tokens 96 --stats | tee "$ANSWER"
-# An empty answer is a failure too (the test command runs this script).
+# An empty answer is a failure too (the test command runs this script),
+# and so is one without the expected word.
 if ! grep -q '[[:alnum:]]' "$ANSWER"; then
   echo "quickstart: the cluster answered nothing" >&2
+  rm -f "$ANSWER"
+  exit 1
+fi
+if [ -n "${EXPECT:-}" ] && ! grep -q -- "$EXPECT" "$ANSWER"; then
+  echo "quickstart: the answer does not contain '$EXPECT'" >&2
   rm -f "$ANSWER"
   exit 1
 fi
