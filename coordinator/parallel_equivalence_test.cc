@@ -1,15 +1,15 @@
 // The core test of the project (DESIGN.md section 3): every (TP, PP) gives
-// the same greedy tokens as TP = PP = 1, and last-position logits within
-// 1e-4. Shards run on threads with in-process communicators, exercising the
-// same sharded runner code as the cluster.
+// the same tokens as TP = PP = 1 (greedy, and one seeded sampled request),
+// logits at the last prompt position and the top-k log-probabilities of
+// every decode step within a stated bound, and every rank's KV pool holds
+// the dtype asked for. Shards run on threads with in-process
+// communicators, exercising the same sharded runner code as the cluster.
 //
 // Models: a random Llama with 8 query / 4 KV heads (for TP up to 4) and
-// SmolLM2-135M (9 query / 3 KV heads: uneven TP splits), when the GGUF is
-// present (SHARDLM_TEST_MODEL, set by CMake).
+// SmolLM2-135M (9 query / 3 KV heads: uneven TP splits; SHARDLM_TEST_MODEL,
+// set by CMake, and a failure when it is missing).
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
-#include <filesystem>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
@@ -36,6 +36,20 @@ std::vector<int32_t> Prompt(int n, int salt, int vocab) {
   return p;
 }
 
+// Every rank's pool stores `kv`, and together the ranks hold exactly one
+// copy of each token's K and V in it (no KV head is replicated at these
+// layouts): a shard that kept f32, or f16 where bf16 was asked, fails here.
+void ExpectKvPools(const StepExecutor& executor, const ModelConfig& config,
+                   DType kv) {
+  int64_t bytes_per_token = 0;
+  for (const RunnerStats& rank : executor.RankStats()) {
+    EXPECT_EQ(rank.kv_dtype, kv) << "a rank stores " << DTypeName(rank.kv_dtype)
+                                 << ", asked " << DTypeName(kv);
+    bytes_per_token += rank.kv_bytes_per_token;
+  }
+  EXPECT_EQ(bytes_per_token, KvBytesPerToken(config, kv));
+}
+
 // Runs `reqs` on one process (TP = PP = 1) with KV caches of `kv`.
 absl::StatusOr<std::vector<GenerateResult>> RunUnsharded(
     const WeightSource& source, const std::vector<GenerateRequest>& reqs,
@@ -45,7 +59,38 @@ absl::StatusOr<std::vector<GenerateResult>> RunUnsharded(
       source,
       {.kv_cache_dtype = kv, .max_batched_tokens = chunk, .threads = 1}));
   if (engine == nullptr) return absl::InternalError("no engine");
+  ExpectKvPools(engine->executor(), source.config(), kv);
   return engine->GenerateBatch(reqs);
+}
+
+// Every decode step's log-probabilities of `got` against `want` (same
+// tokens): the sampled token's, and the k-th largest for every k. A
+// log-probability is logit - logsumexp(logits), so it moves by at most
+// twice the largest logit move; the k-th largest value moves no more than
+// the values do, ties or not, so top lists compare by rank, not by id.
+// Steps after the first token that differs (a sampled request's, allowed
+// to differ) are not compared: their distributions follow other contexts.
+void ExpectLogprobsClose(const GenerateResult& got, const GenerateResult& want,
+                         double logit_tol, int top) {
+  ASSERT_EQ(got.logprobs.size(), got.tokens.size());
+  ASSERT_EQ(want.logprobs.size(), want.tokens.size());
+  const size_t n = std::min(got.tokens.size(), want.tokens.size());
+  size_t steps = 0;
+  while (steps < n && got.tokens[steps] == want.tokens[steps]) ++steps;
+  if (steps < n) ++steps;  // The step that differs had the same context.
+  for (size_t t = 0; t < steps; ++t) {
+    const TokenLogprobs& a = got.logprobs[t];
+    const TokenLogprobs& b = want.logprobs[t];
+    if (got.tokens[t] == want.tokens[t]) {
+      EXPECT_NEAR(a.sampled, b.sampled, 2 * logit_tol) << "step " << t;
+    }
+    ASSERT_EQ(a.top.size(), static_cast<size_t>(top)) << "step " << t;
+    ASSERT_EQ(b.top.size(), static_cast<size_t>(top)) << "step " << t;
+    for (int k = 0; k < top; ++k) {
+      EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 2 * logit_tol)
+          << "step " << t << ", top " << k;
+    }
+  }
 }
 
 // Compares `reqs` under each layout, with KV caches of `kv`, against
@@ -62,12 +107,15 @@ absl::StatusOr<std::vector<GenerateResult>> RunUnsharded(
 // BLAS picks the summation order: on the random model, OpenBLAS's Haswell
 // and Zen kernels move f16 logits by 1.05e-4 where AVX-512 ones stay
 // under 1e-4, against a rounding error of 1.1e-3; on SmolLM2, TP moves
-// f16 logits by up to 6.6e-3, against 1.0e-2.
+// f16 logits by up to 6.6e-3, against 1.0e-2. (That the cache really holds
+// the dtype is checked directly: ExpectKvPools; the sharded compact-KV
+// runs against numpy with fixed bounds are the forward_reference_synthetic
+// _tp2_pp2_kv_* tests.)
 void ExpectEquivalentWithKv(const WeightSource& source,
                             const std::vector<Layout>& layouts,
                             const std::vector<GenerateRequest>& reqs, int chunk,
                             DType kv, const std::vector<GenerateResult>& exact,
-                            double f32_tol) {
+                            double f32_tol, bool sampled_exact) {
   SCOPED_TRACE(absl::StrCat(KvCacheDTypeName(kv), " KV"));
   absl::StatusOr<std::vector<GenerateResult>> base = exact;
   double logit_tol = f32_tol;
@@ -98,17 +146,24 @@ void ExpectEquivalentWithKv(const WeightSource& source,
     // The run really is sharded: one runner per rank.
     ASSERT_EQ(engine->executor().RankStats().size(),
               static_cast<size_t>(layout.tp * layout.pp));
+    ExpectKvPools(engine->executor(), source.config(), kv);
     auto got = engine->GenerateBatch(reqs);
     ASSERT_TRUE(got.ok()) << got.status();
     for (size_t i = 0; i < reqs.size(); ++i) {
-      EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "prompt " << i;
+      SCOPED_TRACE(absl::StrCat("prompt ", i));
+      if (reqs[i].sampling.temperature == 0 || sampled_exact) {
+        EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens);
+      }
+      ASSERT_EQ((*got)[i].tokens.size(),
+                static_cast<size_t>(reqs[i].max_tokens));
       ASSERT_EQ((*base)[i].prompt_logits.size(),
                 static_cast<size_t>(source.config().vocab_size));
       ASSERT_EQ((*got)[i].prompt_logits.size(),
                 (*base)[i].prompt_logits.size());
       const double err =
           MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits);
-      EXPECT_LT(err, logit_tol) << "prompt " << i;
+      EXPECT_LT(err, logit_tol);
+      ExpectLogprobsClose((*got)[i], (*base)[i], logit_tol, reqs[i].logprobs);
       std::printf("[%s] prompt %zu: max |dlogit| vs tp1_pp1 %.3g\n",
                   Name(layout).c_str(), i, err);
     }
@@ -117,20 +172,36 @@ void ExpectEquivalentWithKv(const WeightSource& source,
 
 // Runs `prompts` (batched together, in chunks of `chunk` tokens) under
 // each layout and each KV dtype of `kvs`, and compares with TP = PP = 1.
+// Every request returns the top-5 log-probabilities of each step; the
+// last prompt is also run once more, sampled (temperature 0.8, top-p 0.9,
+// seeded): its draws depend only on the seed and the position, so its
+// tokens must be identical too, for f32 KV always and for the compact
+// dtypes when `sampled_exact_compact`. (A logit move of a compact dtype's
+// rounding, 1e-2 on SmolLM2 f16, can carry a draw across a boundary of
+// the distribution: TP 2 did at step 15 of 32. Its logprobs are still
+// compared up to where it went another way.)
 void ExpectEquivalent(const WeightSource& source,
                       const std::vector<Layout>& layouts,
                       const std::vector<std::vector<int32_t>>& prompts,
                       int steps, int chunk, const std::vector<DType>& kvs,
-                      double f32_tol) {
+                      double f32_tol, bool sampled_exact_compact) {
   std::vector<GenerateRequest> reqs;
   for (const auto& p : prompts) {
-    reqs.push_back(
-        {.prompt = p, .max_tokens = steps, .return_prompt_logits = true});
+    reqs.push_back({.prompt = p,
+                    .max_tokens = steps,
+                    .return_prompt_logits = true,
+                    .logprobs = 5});
   }
+  GenerateRequest sampled = reqs.back();
+  sampled.sampling = {.temperature = 0.8f, .top_p = 0.9f, .seed = 1234};
+  reqs.push_back(sampled);
   auto exact = RunUnsharded(source, reqs, chunk, DType::kF32);
   ASSERT_TRUE(exact.ok()) << exact.status();
+  // The sampled request really samples: it leaves the greedy path.
+  EXPECT_NE(exact->back().tokens, (*exact)[exact->size() - 2].tokens);
   for (DType kv : kvs) {
-    ExpectEquivalentWithKv(source, layouts, reqs, chunk, kv, *exact, f32_tol);
+    ExpectEquivalentWithKv(source, layouts, reqs, chunk, kv, *exact, f32_tol,
+                           kv == DType::kF32 || sampled_exact_compact);
   }
 }
 
@@ -158,7 +229,8 @@ TEST(ParallelEquivalenceTest, RandomModelEveryLayout) {
   ExpectEquivalent(*source,
                    {{2, 1}, {3, 1}, {4, 1}, {1, 2}, {1, 3}, {2, 2}, {4, 3}},
                    prompts, 32, 13,
-                   {DType::kF32, DType::kF16, DType::kBF16, DType::kI8}, 1e-4);
+                   {DType::kF32, DType::kF16, DType::kBF16, DType::kI8}, 1e-4,
+                   /*sampled_exact_compact=*/true);
 }
 
 TEST(ParallelEquivalenceTest, RejectsImpossibleLayouts) {
@@ -184,7 +256,8 @@ TEST(ParallelEquivalenceTest, SmolLm2EveryLayout) {
       Prompt(40, 5, 49152)};
   const std::vector<Layout> layouts = {{2, 1}, {3, 1}, {1, 2}, {1, 3}, {2, 2}};
   ExpectEquivalent(**source, layouts, prompts, 32, 512,
-                   {DType::kF32, DType::kF16}, 1e-3);
+                   {DType::kF32, DType::kF16}, 1e-3,
+                   /*sampled_exact_compact=*/false);
 }
 
 }  // namespace

@@ -81,7 +81,14 @@ class CudaModelRunner : public ShardRunner {
   int64_t weight_bytes() const override { return weights_.bytes_per_step(); }
   // The CUDA kernels keep K and V in bf16 (paged_attention_cuda.cu).
   DType kv_dtype() const override { return DType::kBF16; }
-  RunnerStats stats() const override { return stats_; }
+  // kv_dtype and kv_bytes_per_token from the pool's shape: bf16 K and V.
+  RunnerStats stats() const override {
+    RunnerStats s = stats_;
+    s.kv_dtype = DType::kBF16;
+    s.kv_bytes_per_token =
+        2 * kv_config_.n_layers * kv_config_.kv_heads * kv_config_.head_dim * 2;
+    return s;
+  }
   const KvPoolConfig& kv_config() const { return kv_config_; }
 
   // Replaces the KV pools by `num_blocks` device blocks and

@@ -89,6 +89,15 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
   return kv;
 }
 
+int64_t KvPool::StoredBytesPerToken() const {
+  size_t bytes = 0;
+  for (const auto* layers : {&k_, &v_}) {
+    for (const Tensor& t : *layers) bytes += t.bytes();
+  }
+  const int64_t slots = config_.total_blocks() * config_.block_size;
+  return slots > 0 ? static_cast<int64_t>(bytes) / slots : 0;
+}
+
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     const KvPoolConfig& config) {
   if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||

@@ -83,6 +83,12 @@ class KvPool {
   int64_t bytes() const {
     return config_.total_blocks() * config_.BytesPerBlock();
   }
+  // What the tensors hold, whatever the config says: their element type
+  // and their bytes per token slot (both tiers' slots together).
+  DType stored_dtype() const {
+    return k_.empty() ? config_.dtype : k_[0].dtype();
+  }
+  int64_t StoredBytesPerToken() const;
 
   // Runs the copies in order. InvalidArgument, with nothing copied, for a
   // block outside the pool or a copy onto itself.

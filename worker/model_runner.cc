@@ -204,6 +204,13 @@ class CpuForwardOps : public ForwardOps {
 
 }  // namespace
 
+RunnerStats ModelRunner::stats() const {
+  RunnerStats s = stats_;
+  s.kv_dtype = kv_->stored_dtype();
+  s.kv_bytes_per_token = kv_->StoredBytesPerToken();
+  return s;
+}
+
 absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   const StepTimer timer(stats_);
   RETURN_IF_ERROR(Validate(step));

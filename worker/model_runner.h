@@ -47,7 +47,7 @@ class ModelRunner : public ShardRunner {
   const ModelConfig& config() const override { return weights_.config; }
   int64_t weight_bytes() const override { return weights_.bytes(); }
   DType kv_dtype() const override { return kv_->config().dtype; }
-  RunnerStats stats() const override { return stats_; }
+  RunnerStats stats() const override;
   const LlamaWeights& weights() const { return weights_; }
   const KvPool& kv() const { return *kv_; }
   // CPU threads this runner's kernels use, on whichever thread calls

@@ -82,6 +82,12 @@ struct RunnerStats {
   double copy_seconds = 0;    // Inside them (on GPUs: queueing them; the
                               // copies themselves run on a copy stream).
   int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
+  // The KV pool as allocated, read off its tensors rather than its config
+  // (so a shard that stores another dtype than it was asked shows): the
+  // element type it stores, and its bytes per token of context (K and V,
+  // scales included, over this rank's layers and KV heads).
+  DType kv_dtype = DType::kF32;
+  int64_t kv_bytes_per_token = 0;
 };
 
 }  // namespace shardlm
