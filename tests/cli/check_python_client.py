@@ -16,13 +16,29 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, run, start_serve, stop, wait_ready  # noqa: E402
+from testlib import (check, exit_code, free_port, run,  # noqa: E402
+                     start_serve, stop, wait_ready)
+
+
+def logprob_lines(stderr: str) -> list[tuple[int, list[str]]]:
+    """Each token's line of a --logprobs listing: its index and its
+    log-probabilities as printed (4 decimals: the sampled token's, then
+    each alternative's), whichever client printed it (the two quote the
+    token texts differently; shardlm's probability has 3 decimals)."""
+    out = []
+    for line in stderr.splitlines():
+        m = re.match(r"\s*(\d+): ", line)
+        if m:
+            out.append((int(m.group(1)),
+                        re.findall(r"(?<![\d.(])-?\d+\.\d{4}(?!\d)", line)))
+    return out
 
 
 def main() -> int:
@@ -61,6 +77,16 @@ def main() -> int:
             check(got.returncode == 0 and got.stdout == want.stdout,
                   f"generate.py {args} equals it: got {got.stdout!r}, want "
                   f"{want.stdout!r} ({got.stderr.strip()})")
+            if "--logprobs" in args:
+                n = int(args[args.index("--logprobs") + 1])
+                lp_got = logprob_lines(got.stderr)
+                lp_want = logprob_lines(want.stderr)
+                check(len(lp_want) > 0 and
+                      all(len(v) == n + 1 for _, v in lp_want) and
+                      lp_got == lp_want,
+                      f"generate.py {args} prints the same {len(lp_want)} "
+                      f"tokens' logprobs (1 + {n} each): got {lp_got}, "
+                      f"want {lp_want}")
         check(os.path.exists(os.path.join(stubs, "shardlm", "v1",
                                           "inference_pb2_grpc.py")),
               f"stubs were generated into {stubs}")
@@ -77,8 +103,7 @@ def main() -> int:
         check(server.poll() is None, "the server is still running")
     finally:
         stop(server)
-    print(f"{len(FAILURES)} failed" if FAILURES else "all python client checks passed")
-    return 1 if FAILURES else 0
+    return exit_code("all python client checks passed")
 
 
 if __name__ == "__main__":

@@ -102,8 +102,9 @@ def run_tool(tool, model, ids, steps, timeout, extra=()):
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
-                 timeout, decode, extra=()):
-    """Returns (ok, message lines)."""
+                 timeout, decode, extra=(), anchor=None):
+    """Returns (ok, message lines). `anchor`: text the reference's greedy
+    continuation must contain (a sanity check of the reference itself)."""
     msgs = []
     t0 = time.time()
     ref_greedy, ref_rows = ref.greedy(ids, steps, return_logits=True)
@@ -188,6 +189,17 @@ def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
                     f"ill-conditioned (choose another seed)")
     if decode is not None:
         msgs.append(f"  ref text: {decode(ref_greedy)!r}")
+    if anchor is not None:
+        # The C++ and the reference could share a misreading of the file
+        # (both plausible, both wrong): the reference must still say what
+        # the model is known to say.
+        text = decode(ref_greedy) if decode is not None else ""
+        if anchor not in text:
+            ok = False
+            msgs.append(f"  FAIL: the reference's text does not contain the "
+                        f"anchor {anchor!r}: the reference itself is wrong")
+        else:
+            msgs.append(f"  ok: the reference's text contains {anchor!r}")
     if ok:
         msgs.append(f"  ok: greedy {steps} ids identical")
     return ok, msgs
@@ -224,6 +236,11 @@ def main(argv=None):
                     help="what the reference rounds K and V to, when not "
                          "--kv-cache-dtype (f32: measure the accuracy cost "
                          "of a compact cache)")
+    ap.add_argument("--anchor", action="append", default=[],
+                    metavar="PROMPT=TEXT",
+                    help="the reference's greedy text for the named GGUF "
+                         "prompt must contain TEXT (repeatable), e.g. "
+                         "plain=Paris for SmolLM2")
     ap.add_argument("--tool-args", default="",
                     help="extra arguments for the tool, e.g. '--chunk 5'")
     ap.add_argument("--timeout", type=float, default=600,
@@ -274,13 +291,20 @@ def main(argv=None):
         print("error: prompt ids exceed the model's vocabulary", file=sys.stderr)
         return 2
 
+    anchors = dict(x.split("=", 1) for x in a.anchor)
+    unknown = set(anchors) - {n for n, _ in prompts}
+    if unknown or (anchors and decode is None):
+        what = sorted(unknown) if unknown else "a model without a tokenizer"
+        print(f"error: --anchor for {what}", file=sys.stderr)
+        return 2
     failures = 0
     for name, ids in prompts:
         try:
             ok, msgs = check_prompt(name, ids, ref, a.tool, model, a.steps,
                                     a.atol, min_margin, a.timeout, decode,
                                     ["--kv-cache-dtype", a.kv_cache_dtype,
-                                     *shlex.split(a.tool_args)])
+                                     *shlex.split(a.tool_args)],
+                                    anchors.get(name))
         except ToolError as e:
             print(f"[{name}] TOOL ERROR: {e}")
             return 2
