@@ -2,7 +2,9 @@
 # Builds the libFuzzer targets (tests/fuzz/) with clang under ASan and
 # UBSan in build-san/ (scripts/build-san.sh) and runs each for FUZZ_SECONDS (default 30) from its
 # seed corpus (tests/fuzz/corpus/<target>, copied so the tree stays clean).
-# Fails on any finding; the crashing input is left in build-san/findings/.
+# Fails on any finding, leaks included (tests/fuzz/lsan.supp lists the
+# intentional process-lifetime allocations, each with its reason); the
+# crashing input is left in build-san/findings/.
 # FUZZ_SEED (default 1) fixes the mutation sequence; 0 takes the clock.
 #   scripts/fuzz.sh [target ...]
 set -euo pipefail
@@ -27,7 +29,9 @@ for t in "${TARGETS[@]}"; do
   mkdir -p "$corpus"
   [ -d "tests/fuzz/corpus/$t" ] && cp -n "tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
   echo "fuzz: $t for ${SECONDS_EACH}s"
-  if ! ASAN_OPTIONS=detect_leaks=0:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+  if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+      LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" \
+      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
       "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -seed="$SEED" \
       -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
       -artifact_prefix="$BUILD/findings/$t-" "$corpus" \
