@@ -42,6 +42,18 @@ def exit_code(passed: str = "all checks passed") -> int:
     return 0
 
 
+def wait_until(done, timeout: float = 30, every: float = 0.1) -> bool:
+    """Polls done() until it is true (True) or `timeout` seconds pass
+    (False): a wait on an event with a deadline, instead of a fixed sleep
+    that a slow machine outlasts."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+    return True
+
+
 def run(cmd: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)

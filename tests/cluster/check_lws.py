@@ -45,7 +45,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from check_cluster import (KV, PROMPTS, check_like_local, generate,  # noqa: E402
                            local_references, step_logprobs)
-from testlib import FAILURES, check, free_port  # noqa: E402
+from testlib import FAILURES, check, free_port, wait_until  # noqa: E402
 
 TOKEN = "lws-test-token-0123456789abcdef"
 # Three full KV blocks of 16 tokens and more.
@@ -334,7 +334,9 @@ def drain(a):
         signalled = time.monotonic()
         for p in g.procs.values():  # As Kubernetes signals every pod.
             p.send_signal(signal.SIGTERM)
-        time.sleep(0.5)
+        # Draining begins with readiness off: wait for that, not a while.
+        check(wait_until(lambda: http_status(g.ready_url()) != 200, 30),
+              "[lws drain] /ready stops answering 200 after SIGTERM")
         late = generate(a.shardlm, ["--server", g.api], "hi", 4, timeout=30)
         check(late.returncode != 0 and "UNAVAILABLE" in late.stderr,
               f"[lws drain] a request sent after SIGTERM gets UNAVAILABLE "
@@ -374,13 +376,15 @@ def rejoin(a, local: dict):
         victim = 3
         g.procs[victim].send_signal(signal.SIGKILL)
         g.procs[victim].wait()
-        time.sleep(1)  # Noticed, and re-forming: no step runs to fail.
+        # Noticed (readiness off), and re-forming: no step runs to fail.
+        check(wait_until(lambda: http_status(g.ready_url()) == 503, 30),
+              f"[lws rejoin] the coordinator notices rank {victim} is gone")
         r = generate(a.shardlm, ["--server", g.api], "hi", 4, timeout=30)
         check(r.returncode != 0 and "UNAVAILABLE" in r.stderr
               and f"rank {victim}" in r.stderr,
               f"[lws rejoin] a request while the rank is missing fails with "
               f"UNAVAILABLE naming it ({r.stderr.strip()[-160:]})")
-        time.sleep(2)
+        time.sleep(2)  # Long enough for a wrong exit to happen, if any.
         status = http_status(g.ready_url())
         alive = [i for i, p in g.procs.items() if i != victim and p.poll() is None]
         check(status == 503 and sorted(alive) == [0, 1, 2, 4],

@@ -146,7 +146,11 @@ if [ -z "$cpu_text" ] || [ "$sharded" != "$cpu_text" ]; then
   tail -n 5 "$OUT/generate_gpu_tp2pp2.err"
   failed+=(generate-tp2pp2)
 fi
-PORT=50551
+# Ports nothing holds now (bind(0)'s), not fixed ones another run may hold.
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+PORT=$(free_port)
 timeout -k 5 180 "$BIN/shardlm" serve --model "$SHARDLM_MODEL" --device cuda \
   --listen "127.0.0.1:$PORT" >"$OUT/serve.log" 2>&1 &
 serve_pid=$!
@@ -173,8 +177,9 @@ wait $serve_pid 2>/dev/null
 # device sampling over the control plane.
 stage "shardlm coordinator + shardlm worker --device cuda against the CPU"
 export SHARDLM_CLUSTER_TOKEN=gpu-run-token-0123456789abcdef
-CPORT=50552
-APORT=50553
+CPORT=$(free_port)
+APORT=$(free_port)
+[ "$APORT" != "$CPORT" ] || APORT=$(free_port)
 timeout -k 5 180 "$BIN/shardlm" coordinator --model "$SHARDLM_MODEL" \
   --device cuda --listen "127.0.0.1:$APORT" \
   --control-listen "127.0.0.1:$CPORT" >"$OUT/coordinator.log" 2>&1 &

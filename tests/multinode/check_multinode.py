@@ -217,13 +217,8 @@ def pulled_cable(h: netns.Hosts, a):
         ready = http_status(h, 0, "/ready")
         check(ready == "503", f"[link] /ready is 503 ({ready})")
         h.link(victim, up=True)
-        time.sleep(3)
-        r = h.run(1, [a.shardlm, "generate", "--server", c.server, "--prompt",
-                      "hi", "--max-tokens", "4"], timeout=30)
-        check(r.returncode != 0 and "UNAVAILABLE" in r.stderr
-              and f"rank {victim}" in r.stderr,
-              f"[link] with the link back, requests still fail naming rank "
-              f"{victim}, not half-served ({r.stderr.strip()[-200:]})")
+        # The event to wait for: the workers see the failed cluster once
+        # the link is back, and exit; then the cluster must stay failed.
         deadline = time.time() + 20
         left = []
         while time.time() < deadline:
@@ -233,6 +228,12 @@ def pulled_cable(h: netns.Hosts, a):
             time.sleep(0.5)
         check(not left, f"[link] every worker process exits within 20 s of "
               f"the link's return (left: {left})\n" + c.tail())
+        r = h.run(1, [a.shardlm, "generate", "--server", c.server, "--prompt",
+                      "hi", "--max-tokens", "4"], timeout=30)
+        check(r.returncode != 0 and "UNAVAILABLE" in r.stderr
+              and f"rank {victim}" in r.stderr,
+              f"[link] with the link back, requests still fail naming rank "
+              f"{victim}, not half-served ({r.stderr.strip()[-200:]})")
         check(c.proc.poll() is None and c.shardlm_pids(0),
               "[link] the coordinator stays up to answer")
     finally:
