@@ -19,9 +19,16 @@
 namespace shardlm {
 namespace {
 
-// Vectors of 16 floats (GCC/Clang vector extensions: one AVX-512 register,
-// two AVX registers, or whatever the target has).
+// Vectors of one register (GCC/Clang vector extensions): 16 floats with
+// AVX-512, else 8 (AVX2's width). Wider than the register, the row tiles
+// below spill: 16-float vectors on AVX2 held UpdateRows<4>'s 8 score and
+// 16 value accumulators in 40 ymm registers of 16, and prefill attention
+// ran at a third of the speed.
+#if defined(__AVX512F__)
 constexpr int64_t kLanes = 16;
+#else
+constexpr int64_t kLanes = 8;
+#endif
 using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
 using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
 constexpr int64_t kAhead = 4;
@@ -168,8 +175,8 @@ struct I8 {
     const float vs = Quantize(v, d, 1, vb + o * (d + 4));
     std::memcpy(vb + o * (d + 4) + d, &vs, sizeof vs);
   }
-  // 16 int8 values as f32 (GCC 12 scalarizes __builtin_convertvector of
-  // int8 vectors, hence the intrinsics).
+  // kLanes int8 values as f32 (GCC 12 scalarizes __builtin_convertvector
+  // of int8 vectors, hence the intrinsics).
   static Vec Widen(const T* q) {
 #if defined(__AVX512F__)
     // maskz: see F16::Decode.
@@ -178,14 +185,9 @@ struct I8 {
         _mm512_maskz_cvtepi8_epi32(
             0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
 #elif defined(__AVX2__)
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
-    const __m256 hi =
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(b, 8)));
-    Vec v;
-    std::memcpy(&v, &lo, sizeof lo);
-    std::memcpy(reinterpret_cast<char*>(&v) + sizeof lo, &hi, sizeof hi);
-    return v;
+    // 8 values (kLanes is 8 without AVX-512).
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
+    return std::bit_cast<Vec>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
 #else
     Vec v;
     for (int64_t i = 0; i < kLanes; ++i) v[i] = q[i];
@@ -453,7 +455,7 @@ void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
     w.m[r] = m_new;
   }
 
-  // Values, 64 columns at a time (dp is a multiple of 64).
+  // Values, 4 * kLanes columns at a time (dp is a multiple of 64).
   for (int64_t c = 0; c < dp; c += 4 * kLanes) {
     Vec acc[NR][4];
     for (int g = 0; g < NR; ++g) {
