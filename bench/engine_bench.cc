@@ -33,6 +33,7 @@
 #include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 namespace {
@@ -222,12 +223,15 @@ int Main(int argc, char** argv) {
     const double prefill_tps = batch * prompt_tokens / prefill_s;
     const double decode_tps = batch * decode_tokens / decode_s;
     // Bytes one decode step reads: every weight matrix once (the embedding
-    // only as the LM head when tied), plus K and V of the average context.
+    // only as the LM head when tied), plus K and V of the average context
+    // in the cache's dtype.
     int64_t weight_bytes = (*engine)->executor().weight_bytes();
     if (!c.tied_embeddings) weight_bytes -= c.vocab_size * c.hidden * 4;
     const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
+    // In the dtype the cache really stores (f16 by default on CPUs).
+    const DType kv_dtype = (*engine)->executor().kv_cache_dtype();
     const double kv_bytes =
-        batch * avg_ctx * 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4.0;
+        batch * avg_ctx * static_cast<double>(KvBytesPerToken(c, kv_dtype));
     const double bandwidth = ReadBandwidth(bandwidth_mib);
     // One step's floor (weights once for the whole batch) against one step.
     const double floor_s = (weight_bytes + kv_bytes) / bandwidth;
@@ -254,6 +258,7 @@ int Main(int argc, char** argv) {
                     {"decode_tokens_per_s", decode_tps},
                     {"read_bandwidth_bytes_per_s", bandwidth},
                     {"bytes_per_decode_step", weight_bytes + kv_bytes},
+                    {"kv_cache_dtype", KvCacheDTypeName(kv_dtype)},
                     {"decode_fraction_of_bandwidth_floor", fraction},
                     {"tp", tp},
                     {"pp", pp},
