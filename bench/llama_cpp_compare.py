@@ -42,6 +42,37 @@ def run_shardlm(binary, model, threads, tokens, prompt=PROMPT):
     return prefill, decode, out.stdout
 
 
+# scripts/install-deps.sh --tests builds llama-cpp-python at -O1 for the
+# tests (quicker to compile) and leaves this marker, holding the sha256 of
+# the libggml-cpu.so it built, beside the package: a benchmark against
+# that build would understate llama.cpp.
+TEST_BUILD_MARKER = "shardlm-tests-O1-build"
+
+
+def check_llama_cpp_build():
+    """Exits with a message when llama_cpp is missing or the tests' -O1 build."""
+    import hashlib  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    try:
+        import llama_cpp  # noqa: PLC0415
+    except ImportError:
+        sys.exit("llama_cpp_compare: pip install llama-cpp-python first")
+    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    marker = os.path.join(lib, TEST_BUILD_MARKER)
+    so = os.path.join(lib, "libggml-cpu.so")
+    if os.path.exists(marker) and os.path.exists(so):
+        with open(so, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        with open(marker) as f:
+            if f.read().strip() == digest:
+                sys.exit(
+                    "llama_cpp_compare: this llama-cpp-python is the tests' "
+                    "-O1 build (scripts/install-deps.sh --tests); for a fair "
+                    "comparison use one built as pip does by default, e.g. in "
+                    "another venv: pip install --no-cache-dir "
+                    "llama-cpp-python==0.3.36")
+
+
 def run_llama_cpp(model, threads, tokens, prompt=PROMPT, n_ctx=1024):
     from llama_cpp import Llama  # noqa: PLC0415 (benchmark-only import)
     llm = Llama(model_path=model, n_threads=threads, n_threads_batch=threads,
@@ -69,10 +100,7 @@ def main():
     ap.add_argument("--threads", default="1,2")
     ap.add_argument("--tokens", type=int, default=128)
     args = ap.parse_args()
-    try:
-        import llama_cpp  # noqa: F401,PLC0415
-    except ImportError:
-        sys.exit("llama_cpp_compare: pip install llama-cpp-python first")
+    check_llama_cpp_build()
     print(f"model {args.model}, {args.tokens} greedy tokens after "
           f"{PROMPT!r}")
     print(f"{'threads':>7} {'shardlm dec':>12} {'llama.cpp dec':>14} "

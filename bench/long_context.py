@@ -75,6 +75,8 @@ def main():
         except ImportError:
             print("(llama-cpp-python not installed: shardlm only)")
             have_llama = False
+    if have_llama:
+        llama_cpp_compare.check_llama_cpp_build()
 
     per = paragraphs_for(a.shardlm, a.model, 1000) / 1000
     print(f"model {a.model}; decode: {a.decode_tokens} greedy tokens after "
