@@ -23,26 +23,44 @@ export SHARDLM_MODEL=${SHARDLM_MODEL:-$PWD/models/SmolLM2-135M-Instruct.Q4_1.ggu
 bash scripts/build-san.sh --target "${TARGETS[@]}"
 
 mkdir -p "$BUILD/findings"
-failed=()
-for t in "${TARGETS[@]}"; do
-  corpus="$BUILD/corpus/$t"
+# One target, its log in $BUILD/findings/<target>.log; exit status 1 on a
+# finding.
+fuzz_one() {
+  local t=$1 corpus="$BUILD/corpus/$1"
   mkdir -p "$corpus"
   [ -d "tests/fuzz/corpus/$t" ] && cp -n "tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null || true
-  echo "fuzz: $t for ${SECONDS_EACH}s"
-  if ! ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
-      LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" \
-      UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-      "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -seed="$SEED" \
-      -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
-      -artifact_prefix="$BUILD/findings/$t-" "$corpus" \
-      > "$BUILD/findings/$t.log" 2>&1; then
-    failed+=("$t")
-    tail -40 "$BUILD/findings/$t.log"
-  else
-    grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$BUILD/findings/$t.log" |
-      tr '\n' ' ' | sed "s/^/fuzz: $t: /"
-    echo
-  fi
+  ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 \
+    LSAN_OPTIONS="suppressions=$PWD/tests/fuzz/lsan.supp:print_suppressions=0" \
+    UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
+    "$BUILD/tests/fuzz/$t" -max_total_time="$SECONDS_EACH" -timeout=10 -seed="$SEED" \
+    -rss_limit_mb=4096 -max_len=65536 -print_final_stats=1 \
+    -artifact_prefix="$BUILD/findings/$t-" "$corpus" \
+    > "$BUILD/findings/$t.log" 2>&1
+}
+# Each libFuzzer process is single-threaded: FUZZ_JOBS targets (default:
+# one per core) run side by side, each for its full FUZZ_SECONDS, so two
+# cores fuzz as long per target in half the wall time.
+JOBS=${FUZZ_JOBS:-$(nproc)}
+failed=()
+for ((i = 0; i < ${#TARGETS[@]}; i += JOBS)); do
+  batch=("${TARGETS[@]:i:JOBS}")
+  pids=()
+  for t in "${batch[@]}"; do
+    echo "fuzz: $t for ${SECONDS_EACH}s"
+    fuzz_one "$t" &
+    pids+=($!)
+  done
+  for k in "${!batch[@]}"; do
+    t=${batch[$k]}
+    if ! wait "${pids[$k]}"; then
+      failed+=("$t")
+      tail -40 "$BUILD/findings/$t.log"
+    else
+      grep -E "^stat::number_of_executed_units|^stat::peak_rss_mb" "$BUILD/findings/$t.log" |
+        tr '\n' ' ' | sed "s/^/fuzz: $t: /"
+      echo
+    fi
+  done
 done
 if [ "${#failed[@]}" -gt 0 ]; then
   echo "fuzz: findings in ${failed[*]} (inputs in $BUILD/findings/)" >&2
