@@ -38,15 +38,31 @@ phase "model" bash scripts/fetch-model.sh
 # and so do the MPI communicator's ranks (label sanitize: two ranks under
 # mpirun). The same clang build (build-san/) holds the fuzz targets.
 phase "sanitizer build" bash scripts/build-san.sh
+# Side by side, one per core: in-process tests that wait on conditions,
+# not on the clock (tests/testlib.py, WaitFor), so load slows them but
+# does not fail them; on two cores this phase took 346 s instead of 560.
 phase "unit tests under ASan/UBSan" \
-  ctest_phase build-san sanitizers -L '^(unit|sanitize)$' -LE '^gpu$'
+  ctest_phase build-san sanitizers -j "$(nproc)" -L '^(unit|sanitize)$' -LE '^gpu$'
 
 # Coverage-guided fuzzing (tests/fuzz/): every target for FUZZ_SECONDS
 # (30) from its seed corpus under ASan and UBSan; any finding fails.
 phase "fuzzing" env FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh
 
 phase "release build" bash scripts/build.sh
-phase "all tests (release)" ctest_phase "${BUILD_DIR:-build}" release "$@"
+# The release tests. Without arguments in two runs: the in-process ones
+# (the unit tests, as under ASan above, and tests/reference/'s checks,
+# label parallel) one per core, then everything else (clusters under
+# mpirun, servers, fixed timeouts) one at a time. With arguments, one run
+# of ctest with them.
+if [ "$#" -gt 0 ]; then
+  phase "all tests (release)" ctest_phase "${BUILD_DIR:-build}" release "$@"
+else
+  phase "unit and reference checks (release, side by side)" \
+    ctest_phase "${BUILD_DIR:-build}" release-parallel -j "$(nproc)" \
+    -L '^(unit|parallel)$'
+  phase "all other tests (release)" \
+    ctest_phase "${BUILD_DIR:-build}" release -LE '^(unit|parallel)$'
+fi
 
 # The README's first command, as a user runs it: a TP=2 x PP=2 cluster
 # under mpirun answering a prompt (it exits non-zero on any failure, or
