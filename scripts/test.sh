@@ -28,7 +28,21 @@ ctest_phase() {
     --phase "$tag" || rc=1
   return $rc
 }
-phase "dependencies" bash scripts/install-deps.sh --tests
+phase "dependencies" bash scripts/install-deps.sh
+# llama.cpp for the family checks (install-deps.sh --tests: 5-6 CPU
+# minutes to compile on a fresh machine) builds in the background at the
+# lowest priority, on what the builds and tests below leave idle; the
+# tests that need it (tests/reference/, label parallel) run after it.
+LLAMA_LOG=$(mktemp)
+nice -n 19 bash scripts/install-deps.sh --tests >"$LLAMA_LOG" 2>&1 &
+LLAMA_PID=$!
+trap 'kill "$LLAMA_PID" 2>/dev/null || true; rm -f "$LLAMA_LOG"' EXIT
+wait_llama_cpp() {
+  local rc=0
+  wait "$LLAMA_PID" || rc=$?
+  cat "$LLAMA_LOG"
+  return $rc
+}
 phase "model" bash scripts/fetch-model.sh
 
 # Every unit test under AddressSanitizer and UBSan (leaks included), the
@@ -55,13 +69,15 @@ phase "release build" bash scripts/build.sh
 # mpirun, servers, fixed timeouts) one at a time. With arguments, one run
 # of ctest with them.
 if [ "$#" -gt 0 ]; then
+  phase "waiting for llama.cpp" wait_llama_cpp
   phase "all tests (release)" ctest_phase "${BUILD_DIR:-build}" release "$@"
 else
+  phase "all other tests (release)" \
+    ctest_phase "${BUILD_DIR:-build}" release -LE '^(unit|parallel)$'
+  phase "waiting for llama.cpp" wait_llama_cpp
   phase "unit and reference checks (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" release-parallel -j "$(nproc)" \
     -L '^(unit|parallel)$'
-  phase "all other tests (release)" \
-    ctest_phase "${BUILD_DIR:-build}" release -LE '^(unit|parallel)$'
 fi
 
 # The README's first command, as a user runs it: a TP=2 x PP=2 cluster
