@@ -64,7 +64,8 @@ fi
 # Only libllama and ggml are built (no multimodal library, tools, server,
 # tests or examples), at -O1: the tests run it on small models, and on a
 # 2-core Zen 3 this took the build from 8.4 to 5.7 minutes (the full
-# default build took about 10).
+# default build took about 10). LLAMA_CPP_TIMEOUT (s, default 1800) bounds
+# it; scripts/test.sh, which compiles it in the background, raises it.
 LLAMA_CPP_CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
   -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
   -DLLAVA_BUILD=OFF -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF
@@ -72,7 +73,7 @@ LLAMA_CPP_CMAKE_ARGS="-DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF
 if [ "$TESTS" = 1 ] && ! .venv/bin/python -c "import llama_cpp" 2>/dev/null; then
   echo "install-deps: pip installing llama-cpp-python (compiles llama.cpp)"
   if ! CMAKE_ARGS="$(echo $LLAMA_CPP_CMAKE_ARGS)" \
-    timeout 1800 .venv/bin/pip install -q --disable-pip-version-check \
+    timeout "${LLAMA_CPP_TIMEOUT:-1800}" .venv/bin/pip install -q --disable-pip-version-check \
     llama-cpp-python==0.3.36; then
     echo "install-deps: llama-cpp-python==0.3.36 did not install (above);" \
       "the family_*_llama_cpp tests need it" >&2
