@@ -81,6 +81,7 @@ class Engine {
                                    RequestCallbacks callbacks);
   // Ends a submitted request (kCancelled) within one step; thread-safe.
   void Cancel(RequestId id) { scheduler_->Cancel(id); }
+  int64_t cancel_requests() const { return scheduler_->cancel_requests(); }
   // See Scheduler::DropKvState.
   void DropKvState(absl::Status why) {
     scheduler_->DropKvState(std::move(why));

@@ -77,6 +77,7 @@ absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
 
 void Scheduler::Cancel(RequestId id) {
   std::lock_guard<std::mutex> lock(mu_);
+  ++cancel_requests_;
   cancels_.push_back(id);
   cv_.notify_all();
 }

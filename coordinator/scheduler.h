@@ -53,6 +53,9 @@ class Scheduler {
   void Cancel(RequestId id);
   // Steps run so far (for tests and metrics).
   int64_t steps() const { return steps_.load(); }
+  // Cancel() calls so far, taken or not yet (for tests: a held loop
+  // publishes no stats).
+  int64_t cancel_requests() const { return cancel_requests_.load(); }
   // Requests waiting for admission (for tests and metrics).
   int64_t waiting() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,6 +82,7 @@ class Scheduler {
   BlockManager* blocks_;    // Not owned.
   SchedulerOptions options_;
   std::atomic<int64_t> steps_{0};
+  std::atomic<int64_t> cancel_requests_{0};
   ServingMetrics metrics_;
   BatchPlanner planner_;  // Loop thread only.
 
