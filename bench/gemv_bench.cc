@@ -34,6 +34,7 @@
 #include "core/tensor.h"
 #include "kernels/blas_cpu.h"
 #include "kernels/linear/linear.h"
+#include "kernels/test_util.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
@@ -42,27 +43,6 @@ namespace shardlm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Random blocks: f16 scales in [0.01, 0.05), Q4_1 offsets in [-0.2, 0.2),
-// every quant value possible.
-Tensor RandomBlocks(DType t, int64_t rows, int64_t cols, std::mt19937& rng) {
-  Tensor w = *Tensor::Host(t, {rows, cols});
-  std::uniform_real_distribution<float> scale(0.01f, 0.05f), off(-0.2f, 0.2f);
-  auto* p = static_cast<uint8_t*>(w.raw());
-  const int64_t bytes = BlockBytes(t);
-  for (int64_t b = 0; b < rows * cols / 32; ++b, p += bytes) {
-    const uint16_t d = FloatToFp16(scale(rng));
-    std::memcpy(p, &d, 2);
-    int64_t q0 = 2;
-    if (t == DType::kQ4_1) {
-      const uint16_t m = FloatToFp16(off(rng));
-      std::memcpy(p + 2, &m, 2);
-      q0 = 4;
-    }
-    for (int64_t i = q0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
-  }
-  return w;
-}
 
 // Best-of-5 read bandwidth (bytes/s) over a 256 MiB buffer.
 double ReadBandwidth() {
@@ -146,16 +126,26 @@ int Main(int argc, char** argv) {
   }
   std::vector<DType> formats;
   for (absl::string_view s : absl::StrSplit(formats_arg, ',')) {
-    if (s == "Q4_0") {
-      formats.push_back(DType::kQ4_0);
-    } else if (s == "Q4_1") {
-      formats.push_back(DType::kQ4_1);
-    } else if (s == "Q8_0") {
-      formats.push_back(DType::kQ8_0);
-    } else {
-      std::fprintf(stderr, "--formats: '%s' is not Q4_0, Q4_1 or Q8_0\n",
+    bool found = false;
+    for (int t = 0; t <= static_cast<int>(DType::kIQ4_XS); ++t) {
+      if (IsQuantized(DType(t)) && s == DTypeName(DType(t))) {
+        formats.push_back(DType(t));
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "--formats: '%s' is not a GGUF block format\n",
                    std::string(s).c_str());
       return 2;
+    }
+  }
+  for (const Shape& sh : shapes) {
+    for (DType f : formats) {
+      if (sh.in % BlockElems(f) != 0) {
+        std::fprintf(stderr, "--shapes: IN %lld is not whole %s blocks\n",
+                     static_cast<long long>(sh.in), DTypeName(f));
+        return 2;
+      }
     }
   }
   // The kernels this CPU can run, the reference first.
@@ -178,13 +168,21 @@ int Main(int argc, char** argv) {
                 bandwidth / 1e9);
     for (DType format : formats) {
       for (const auto& [sh, rows] : ShapesByRows(shapes, row_counts)) {
-        Tensor w = RandomBlocks(format, sh.out, sh.in, rng);
+        Tensor w = testing_util::RandomQuantized(format, sh.out, sh.in, rng());
         Tensor x = *Tensor::Host(DType::kF32, {rows, sh.in});
         std::normal_distribution<float> normal(0.0f, 1.0f);
         for (float& v : x.f32()) v = normal(rng);
         Tensor y = *Tensor::Host(DType::kF32, {rows, sh.out});
         std::vector<float> want;
         const double weight_bytes = static_cast<double>(w.bytes());
+        // The largest |weight|, for the comparison's bound.
+        double wmax = 0;
+        {
+          std::vector<float> wf(w.numel());
+          Traits(format).to_f32(static_cast<const uint8_t*>(w.raw()),
+                                w.numel() / BlockElems(format), wf.data());
+          for (float v : wf) wmax = std::max(wmax, double{std::abs(v)});
+        }
         for (QuantKernel k : kernels) {
           SetQuantKernel(k);
           if (absl::Status s = Linear(x, w, y); !s.ok()) {
@@ -195,13 +193,13 @@ int Main(int argc, char** argv) {
             want.assign(y.f32().begin(), y.f32().end());
           } else {
             // Summation order differs between kernels: within f32 rounding
-            // of the sum of |terms| (bounded by |x|_1 * 0.05 * 15).
+            // of the sum of |terms| (bounded by |x|_1 * max |w|).
             for (int64_t r = 0; r < rows && !wrong; ++r) {
               double x1 = 0;
               for (int64_t i = 0; i < sh.in; ++i) {
                 x1 += std::abs(x.f32()[r * sh.in + i]);
               }
-              const double bound = 1e-5 * x1 * 0.05 * 16 + 1e-6;
+              const double bound = 1e-5 * x1 * wmax + 1e-6;
               for (int64_t o = r * sh.out; o < (r + 1) * sh.out; ++o) {
                 if (!(std::abs(double{y.f32()[o]} - want[o]) <= bound)) {
                   std::fprintf(stderr,

@@ -1,6 +1,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -8,6 +10,7 @@
 #include "core/max_abs_diff.h"
 #include "core/secret.h"
 #include "core/status.h"
+#include "core/status_test_util.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
 
@@ -49,6 +52,55 @@ TEST(DTypeTest, BlockSizes) {
   EXPECT_FALSE(BytesFor(DType::kQ4_0, 33).ok());
   EXPECT_FALSE(BytesFor(DType::kF32, -1).ok());
   EXPECT_FALSE(BytesFor(DType::kQ8_0, INT64_MAX / 32 * 32).ok());
+}
+
+// The table's rows against ggml's block sizes (ggml-common.h, as the gguf
+// package lists them in GGML_QUANT_SIZES).
+TEST(DTypeTest, GgufBlockLayouts) {
+  struct Row {
+    uint32_t ggml;
+    const char* name;
+    int64_t elems, bytes;
+  };
+  for (const Row& r :
+       {Row{2, "Q4_0", 32, 18}, Row{3, "Q4_1", 32, 20}, Row{6, "Q5_0", 32, 22},
+        Row{7, "Q5_1", 32, 24}, Row{8, "Q8_0", 32, 34},
+        Row{10, "Q2_K", 256, 84}, Row{11, "Q3_K", 256, 110},
+        Row{12, "Q4_K", 256, 144}, Row{13, "Q5_K", 256, 176},
+        Row{14, "Q6_K", 256, 210}, Row{20, "IQ4_NL", 32, 18},
+        Row{23, "IQ4_XS", 256, 136}, Row{0, "F32", 1, 4}, Row{1, "F16", 1, 2},
+        Row{30, "BF16", 1, 2}}) {
+    SCOPED_TRACE(r.name);
+    absl::StatusOr<DType> t = DTypeFromGgml(r.ggml);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_STREQ(DTypeName(*t), r.name);
+    EXPECT_EQ(BlockElems(*t), r.elems);
+    EXPECT_EQ(BlockBytes(*t), r.bytes);
+    EXPECT_EQ(Traits(*t).ggml_type, static_cast<int>(r.ggml));
+    EXPECT_NE(Traits(*t).to_f32, nullptr);
+  }
+  EXPECT_EQ(*BytesFor(DType::kQ4_K, 512), 288);
+  EXPECT_FALSE(BytesFor(DType::kQ6_K, 128).ok());  // Half a super-block.
+}
+
+TEST(DTypeTest, UnsupportedGgmlTypesAreNamed) {
+  for (const auto& [t, name] :
+       std::vector<std::pair<uint32_t, std::string>>{{16, "IQ2_XXS"},
+                                                     {29, "IQ1_M"},
+                                                     {34, "TQ1_0"},
+                                                     {39, "MXFP4"},
+                                                     {9, "Q8_1"},
+                                                     {4, "unknown"},
+                                                     {1000, "unknown"}}) {
+    absl::StatusOr<DType> d = DTypeFromGgml(t);
+    EXPECT_TRUE(
+        testing_util::IsError(d, absl::StatusCode::kUnimplemented, name));
+    EXPECT_NE(d.status().message().find(SupportedGgmlTypes()),
+              std::string_view::npos);
+  }
+  EXPECT_NE(SupportedGgmlTypes().find("Q5_0, Q5_1, Q2_K, Q3_K, Q4_K, "
+                                      "Q5_K, Q6_K, IQ4_NL, IQ4_XS"),
+            std::string::npos);
 }
 
 absl::StatusOr<int> Half(int x) {

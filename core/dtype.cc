@@ -1,65 +1,117 @@
 #include "core/dtype.h"
 
+#include <iterator>
 #include <limits>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/quant_blocks.h"
 
 namespace shardlm {
+namespace {
 
-int64_t BlockElems(DType t) {
-  switch (t) {
-    case DType::kQ8_0:
-    case DType::kQ4_0:
-    case DType::kQ4_1:
-      return 32;
-    default:
-      return 1;
-  }
+void F32ToF32(const uint8_t* src, int64_t n, float* dst) {
+  std::memcpy(dst, src, n * sizeof(float));
+}
+void F16ToF32(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = Fp16ToFloat(quant::LoadU16(src + 2 * i));
+}
+void BF16ToF32(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i)
+    dst[i] = Bf16ToFloat(quant::LoadU16(src + 2 * i));
 }
 
-int64_t BlockBytes(DType t) {
-  switch (t) {
-    case DType::kF32:
-    case DType::kI32:
-      return 4;
-    case DType::kF16:
-    case DType::kBF16:
-      return 2;
-    case DType::kI8:
-      return 1;
-    case DType::kQ8_0:
-      return 2 + 32;
-    case DType::kQ4_0:
-      return 2 + 16;
-    case DType::kQ4_1:
-      return 2 + 2 + 16;
-  }
-  return 0;
+template <typename Format>
+constexpr DTypeTraits Row(const char* name, int ggml_type) {
+  return {Format::kType,        name,           ggml_type,
+          Format::kElems,       Format::kBytes, Format::kSub,
+          quant::Decode<Format>};
 }
 
-const char* DTypeName(DType t) {
+// Indexed by DType (checked below).
+constexpr DTypeTraits kTraits[] = {
+    {DType::kF32, "F32", 0, 1, 4, 0, F32ToF32},
+    {DType::kF16, "F16", 1, 1, 2, 0, F16ToF32},
+    {DType::kBF16, "BF16", 30, 1, 2, 0, BF16ToF32},
+    Row<quant::Q8_0>("Q8_0", 8),
+    Row<quant::Q4_0>("Q4_0", 2),
+    Row<quant::Q4_1>("Q4_1", 3),
+    {DType::kI32, "I32", -1, 1, 4, 0, nullptr},
+    {DType::kI8, "I8", -1, 1, 1, 0, nullptr},
+    Row<quant::Q5_0>("Q5_0", 6),
+    Row<quant::Q5_1>("Q5_1", 7),
+    Row<quant::Q2_K>("Q2_K", 10),
+    Row<quant::Q3_K>("Q3_K", 11),
+    Row<quant::Q4_K>("Q4_K", 12),
+    Row<quant::Q5_K>("Q5_K", 13),
+    Row<quant::Q6_K>("Q6_K", 14),
+    Row<quant::IQ4_NL>("IQ4_NL", 20),
+    Row<quant::IQ4_XS>("IQ4_XS", 23),
+};
+
+constexpr bool TableIsIndexedByDType() {
+  for (size_t i = 0; i < std::size(kTraits); ++i) {
+    if (static_cast<size_t>(kTraits[i].dtype) != i) return false;
+  }
+  return std::size(kTraits) == static_cast<size_t>(DType::kIQ4_XS) + 1;
+}
+static_assert(TableIsIndexedByDType());
+
+// GGUF types shardlm does not read, by name, for the error that refuses
+// them (ggml.h's enum ggml_type; ids 4, 5, 31-33 and 36-38 were removed).
+const char* UnsupportedGgmlName(uint32_t t) {
   switch (t) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF16:
-      return "F16";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kQ8_0:
-      return "Q8_0";
-    case DType::kQ4_0:
-      return "Q4_0";
-    case DType::kQ4_1:
-      return "Q4_1";
-    case DType::kI32:
-      return "I32";
-    case DType::kI8:
+    case 9:
+      return "Q8_1";
+    case 15:
+      return "Q8_K";
+    case 16:
+      return "IQ2_XXS";
+    case 17:
+      return "IQ2_XS";
+    case 18:
+      return "IQ3_XXS";
+    case 19:
+      return "IQ1_S";
+    case 21:
+      return "IQ3_S";
+    case 22:
+      return "IQ2_S";
+    case 24:
       return "I8";
+    case 25:
+      return "I16";
+    case 26:
+      return "I32";
+    case 27:
+      return "I64";
+    case 28:
+      return "F64";
+    case 29:
+      return "IQ1_M";
+    case 34:
+      return "TQ1_0";
+    case 35:
+      return "TQ2_0";
+    case 39:
+      return "MXFP4";
+    case 40:
+      return "NVFP4";
+    case 41:
+      return "Q1_0";
+    default:
+      return nullptr;
   }
-  return "?";
 }
 
-bool IsQuantized(DType t) { return BlockElems(t) > 1; }
+}  // namespace
+
+const DTypeTraits& Traits(DType t) {
+  const size_t i = static_cast<size_t>(t);
+  return kTraits[i < std::size(kTraits) ? i : 0];
+}
 
 absl::StatusOr<int64_t> BytesFor(DType t, int64_t n) {
   const int64_t block = BlockElems(t);
@@ -74,6 +126,28 @@ absl::StatusOr<int64_t> BytesFor(DType t, int64_t n) {
         absl::StrCat(n, " values of ", DTypeName(t), " overflow a size"));
   }
   return blocks * BlockBytes(t);
+}
+
+std::string SupportedGgmlTypes() {
+  std::vector<std::string> names;
+  for (const DTypeTraits& t : kTraits) {
+    if (t.ggml_type >= 0) names.push_back(t.name);
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+absl::StatusOr<DType> DTypeFromGgml(uint32_t ggml_type) {
+  for (const DTypeTraits& t : kTraits) {
+    if (t.ggml_type >= 0 && static_cast<uint32_t>(t.ggml_type) == ggml_type) {
+      return t.dtype;
+    }
+  }
+  const char* name = UnsupportedGgmlName(ggml_type);
+  return absl::UnimplementedError(
+      absl::StrCat("ggml tensor type ", ggml_type,
+                   name != nullptr ? absl::StrCat(" (", name, ")")
+                                   : std::string(" (unknown)"),
+                   " is not supported; shardlm reads ", SupportedGgmlTypes()));
 }
 
 }  // namespace shardlm

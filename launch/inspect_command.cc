@@ -1,6 +1,7 @@
 // shardlm inspect: what a model file holds.
 #include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 
 #include "absl/strings/str_format.h"
@@ -64,16 +65,39 @@ int InspectCommand(int argc, char** argv) {
   }
   std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),
               w.format().c_str(), w.config().DebugString().c_str());
-  std::printf("%-36s %-5s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
+  std::printf("%-36s %-6s %-16s %12s\n", "tensor", "dtype", "shape", "bytes");
   uint64_t total = 0;
+  // The file's mix of types (llama.cpp's _M / _S files use several):
+  // tensors, values and bytes of each, in the table's order.
+  struct Mix {
+    int tensors = 0;
+    uint64_t values = 0, bytes = 0;
+  };
+  std::map<int, Mix> mix;
   for (const TensorInfo& t : w.tensors()) {
-    std::printf("%-36s %-5s %-16s %12llu\n", t.name.c_str(), DTypeName(t.dtype),
+    std::printf("%-36s %-6s %-16s %12llu\n", t.name.c_str(), DTypeName(t.dtype),
                 ShapeString(t.shape).c_str(),
                 static_cast<unsigned long long>(t.bytes));
     total += t.bytes;
+    uint64_t values = 1;
+    for (int64_t d : t.shape) values *= static_cast<uint64_t>(d);
+    Mix& m = mix[static_cast<int>(t.dtype)];
+    ++m.tensors;
+    m.values += values;
+    m.bytes += t.bytes;
   }
   std::printf("%zu tensors, %s bytes (%.1f MiB)\n\n", w.tensors().size(),
               absl::StrFormat("%d", total).c_str(), total / 1048576.0);
+  std::printf("%-6s %8s %12s %14s %10s\n", "dtype", "tensors", "MiB",
+              "share of bytes", "bits/value");
+  for (const auto& [t, m] : mix) {
+    std::printf("%-6s %8d %12.1f %13.1f%% %10.2f\n",
+                DTypeName(static_cast<DType>(t)), m.tensors,
+                m.bytes / 1048576.0,
+                100.0 * m.bytes / std::max<uint64_t>(total, 1),
+                8.0 * m.bytes / std::max<uint64_t>(m.values, 1));
+  }
+  std::printf("\n");
   auto tokenizer = LoadTokenizer(path);
   if (tokenizer.ok()) {
     std::printf("tokenizer  %s\n", (*tokenizer)->Summary().c_str());

@@ -4,76 +4,22 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "core/half.h"
 #include "core/status.h"
 
 namespace shardlm {
-namespace {
-
-uint16_t LoadU16(const uint8_t* p) {
-  uint16_t v;
-  std::memcpy(&v, p, 2);
-  return v;
-}
-
-}  // namespace
-
 absl::Status DequantizeRow(DType dtype, const uint8_t* src, int64_t n,
                            float* dst) {
-  if (n % BlockElems(dtype) != 0) {
+  const DTypeTraits& traits = Traits(dtype);
+  if (n % traits.block_elems != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat(n, " values are not whole ", DTypeName(dtype), " blocks"));
+        absl::StrCat(n, " values are not whole ", traits.name, " blocks"));
   }
-  switch (dtype) {
-    case DType::kF32:
-      std::memcpy(dst, src, n * sizeof(float));
-      return absl::OkStatus();
-    case DType::kF16:
-      for (int64_t i = 0; i < n; ++i)
-        dst[i] = Fp16ToFloat(LoadU16(src + 2 * i));
-      return absl::OkStatus();
-    case DType::kBF16:
-      for (int64_t i = 0; i < n; ++i)
-        dst[i] = Bf16ToFloat(LoadU16(src + 2 * i));
-      return absl::OkStatus();
-    case DType::kQ8_0:
-      // Block: f16 d, then 32 int8 q. value = d * q.
-      for (int64_t b = 0; b < n / 32; ++b, src += 34, dst += 32) {
-        const float d = Fp16ToFloat(LoadU16(src));
-        const auto* q = reinterpret_cast<const int8_t*>(src + 2);
-        for (int j = 0; j < 32; ++j) dst[j] = d * q[j];
-      }
-      return absl::OkStatus();
-    case DType::kQ4_0:
-      // Block: f16 d, 16 bytes; low nibbles are values 0..15, high nibbles
-      // 16..31. value = d * (nibble - 8).
-      for (int64_t b = 0; b < n / 32; ++b, src += 18, dst += 32) {
-        const float d = Fp16ToFloat(LoadU16(src));
-        const uint8_t* q = src + 2;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * (static_cast<int>(q[j] & 0xf) - 8);
-          dst[j + 16] = d * (static_cast<int>(q[j] >> 4) - 8);
-        }
-      }
-      return absl::OkStatus();
-    case DType::kQ4_1:
-      // Block: f16 d, f16 m, 16 bytes. value = d * nibble + m.
-      for (int64_t b = 0; b < n / 32; ++b, src += 20, dst += 32) {
-        const float d = Fp16ToFloat(LoadU16(src));
-        const float m = Fp16ToFloat(LoadU16(src + 2));
-        const uint8_t* q = src + 4;
-        for (int j = 0; j < 16; ++j) {
-          dst[j] = d * (q[j] & 0xf) + m;
-          dst[j + 16] = d * (q[j] >> 4) + m;
-        }
-      }
-      return absl::OkStatus();
-    case DType::kI32:
-    case DType::kI8:
-      break;
+  if (traits.to_f32 == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot dequantize ", traits.name, " to f32"));
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat("cannot dequantize ", DTypeName(dtype), " to f32"));
+  traits.to_f32(src, n / traits.block_elems, dst);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Tensor> DequantizeRows(const TensorInfo& info,

@@ -16,27 +16,6 @@ constexpr int64_t kMaxElements = int64_t{1} << 40;
 // ones are vocabularies of a few hundred thousand entries.
 constexpr uint64_t kMaxArrayLength = uint64_t{1} << 24;
 
-absl::StatusOr<DType> DTypeFromGgml(uint32_t t) {
-  switch (t) {
-    case 0:
-      return DType::kF32;
-    case 1:
-      return DType::kF16;
-    case 2:
-      return DType::kQ4_0;
-    case 3:
-      return DType::kQ4_1;
-    case 8:
-      return DType::kQ8_0;
-    case 30:
-      return DType::kBF16;
-    default:
-      return absl::UnimplementedError(absl::StrCat(
-          "ggml tensor type ", t,
-          " is not supported (F32, F16, BF16, Q8_0, Q4_0, Q4_1 are)"));
-  }
-}
-
 // Bounds-checked little-endian reader over the file bytes. Every error
 // names the offset and the field being read.
 class Reader {

@@ -415,12 +415,26 @@ TEST(GgufLoaderTest, RejectsBadTensorData) {
     PutU64(bytes, b.marks["offset:" + name], rel_end / 32 * 32);
     ExpectGgufError(bytes, {name});
   }
-  {  // Unknown and unsupported tensor types.
-    for (uint32_t t : {999u, 12u /* Q4_K */, 0xffffffffu}) {
+  {  // Unknown and unsupported tensor types: refused by number and name,
+     // with the list of the types that are read.
+    for (uint32_t t : {999u, 0xffffffffu}) {
       std::string bytes = good;
       PutU32(bytes, b.marks["ggml_type:" + name], t);
-      ExpectGgufError(bytes, {name, absl::StrCat(t)});
+      ExpectGgufError(bytes, {name, absl::StrCat(t), "unknown", "Q4_K"});
     }
+    for (const auto& [t, type_name] :
+         std::vector<std::pair<uint32_t, std::string>>{
+             {16, "IQ2_XXS"}, {19, "IQ1_S"}, {35, "TQ2_0"}, {39, "MXFP4"}}) {
+      std::string bytes = good;
+      PutU32(bytes, b.marks["ggml_type:" + name], t);
+      ExpectGgufError(bytes, {name, absl::StrCat(t), type_name, "IQ4_XS"});
+    }
+  }
+  {  // A K-quant whose rows (32 values) are not whole 256-value
+     // super-blocks: a type that disagrees with the shape.
+    std::string bytes = good;
+    PutU32(bytes, b.marks["ggml_type:" + name], 12 /* Q4_K */);
+    ExpectGgufError(bytes, {name, "Q4_K"});
   }
   {  // Unaligned offset.
     std::string bytes = good;

@@ -17,7 +17,8 @@ absl::Status Embedding(const Tensor& table, absl::Span<const int32_t> ids,
   // A quantized table (GGUF blocks) is dequantized row by row.
   const bool quantized = IsQuantized(table.dtype());
   if (quantized) {
-    if (table.memory() != MemoryType::kHost || hidden % 32 != 0) {
+    if (table.memory() != MemoryType::kHost ||
+        hidden % BlockElems(table.dtype()) != 0) {
       return absl::InvalidArgumentError(
           "Embedding: a quantized table must be on the host, rows of whole "
           "blocks");

@@ -20,30 +20,8 @@
 namespace shardlm {
 namespace {
 
+using testing_util::RandomQuantized;
 using testing_util::RandomTensor;
-
-// Random blocks of `t` for [rows, cols]: scales in [0.01, 0.05), offsets
-// in [-0.2, 0.2), every quant value possible.
-Tensor RandomQuantized(DType t, int64_t rows, int64_t cols, uint32_t seed) {
-  Tensor w = *Tensor::Host(t, {rows, cols});
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> scale(0.01f, 0.05f), off(-0.2f, 0.2f);
-  auto* p = static_cast<uint8_t*>(w.raw());
-  const int64_t blocks = rows * cols / 32;
-  const int64_t bytes = BlockBytes(t);
-  for (int64_t b = 0; b < blocks; ++b, p += bytes) {
-    const uint16_t d = FloatToFp16(scale(rng));
-    std::memcpy(p, &d, 2);
-    int64_t q0 = 2;
-    if (t == DType::kQ4_1) {
-      const uint16_t m = FloatToFp16(off(rng));
-      std::memcpy(p + 2, &m, 2);
-      q0 = 4;
-    }
-    for (int64_t i = q0; i < bytes; ++i) p[i] = static_cast<uint8_t>(rng());
-  }
-  return w;
-}
 
 Tensor Dequantized(const Tensor& w) {
   Tensor f = *Tensor::Host(DType::kF32, w.shape());
@@ -105,10 +83,13 @@ class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
 TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
   const DType t = GetParam();
   const std::vector<QuantKernel> kernels = Kernels();
-  // (rows of w, blocks per row): 37 rows is not a multiple of the tile.
-  for (const auto& [out, blocks] :
-       std::vector<std::pair<int64_t, int64_t>>{{37, 1}, {37, 3}, {5, 4097}}) {
-    const int64_t in = blocks * 32;
+  const int64_t block = BlockElems(t);
+  // (rows of w, blocks per row): 37 rows is not a multiple of the tile;
+  // 4097 blocks of 32, or 19 super-blocks of 256 (a row of 4864: Qwen2's
+  // FFN), is a long row.
+  for (const auto& [out, blocks] : std::vector<std::pair<int64_t, int64_t>>{
+           {37, 1}, {37, 3}, {5, block == 32 ? 4097 : 19}}) {
+    const int64_t in = blocks * block;
     const Tensor w = RandomQuantized(t, out, in, 7);
     const Tensor wf = Dequantized(w);
     // Decode kernels (groups of 1, 2, 4, 8 rows of x), then the tiled path.
@@ -150,7 +131,7 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
 // the same row of x multiplied alone.
 TEST_P(LinearQuantizedTest, EachRowOfADecodeStepIsWhatItGetsAlone) {
   const DType t = GetParam();
-  const int64_t out = 21, in = 32 * 5;
+  const int64_t out = 21, in = BlockElems(t) * 5;
   const Tensor w = RandomQuantized(t, out, in, 13);
   const Tensor x = RandomTensor({kDecodeMaxRows, in}, 17);
   for (QuantKernel k : Kernels()) {
@@ -178,7 +159,7 @@ TEST_P(LinearQuantizedTest, EachRowOfADecodeStepIsWhatItGetsAlone) {
 
 TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
   const DType t = GetParam();
-  const int64_t out = 19, in = 32 * 9;
+  const int64_t b = BlockElems(t), out = 19, in = b * 9;
   const Tensor w = RandomQuantized(t, out, in, 3);
   TensorInfo info{.name = "w",
                   .dtype = t,
@@ -186,40 +167,42 @@ TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
                   .bytes = static_cast<uint64_t>(w.bytes())};
   const absl::Span<const uint8_t> bytes(static_cast<const uint8_t*>(w.raw()),
                                         w.bytes());
-  // Rows [4, 17) x columns [96, 224): blocks 3..6 of each row.
-  auto slice = CopySlice(info, bytes, 4, 17, 96, 224);
+  // Rows [4, 17) x blocks 3..6 of each row.
+  auto slice = CopySlice(info, bytes, 4, 17, 3 * b, 7 * b);
   ASSERT_TRUE(slice.ok()) << slice.status();
-  auto slice_f = DequantizeSlice(info, bytes, 4, 17, 96, 224);
+  auto slice_f = DequantizeSlice(info, bytes, 4, 17, 3 * b, 7 * b);
   ASSERT_TRUE(slice_f.ok());
-  const Tensor x = RandomTensor({2, 128}, 5);
+  const Tensor x = RandomTensor({2, 4 * b}, 5);
   Tensor y = *Tensor::Host(DType::kF32, {2, 13});
   ASSERT_TRUE(Linear(x, *slice, y).ok());
   ExpectClose(y, Reference(x, *slice_f));
-  // Not on a block boundary: refused, naming the tensor.
-  auto bad = CopySlice(info, bytes, 0, 1, 16, 64);
+  // Not on a block boundary (a super-block cut by a TP split): refused.
+  auto bad = CopySlice(info, bytes, 0, 1, b / 2, 2 * b);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST_P(LinearQuantizedTest, EmbeddingDequantizesItsRows) {
   const DType t = GetParam();
-  const Tensor table = RandomQuantized(t, 10, 64, 9);
+  const int64_t h = 2 * BlockElems(t);
+  const Tensor table = RandomQuantized(t, 10, h, 9);
   const Tensor tf = Dequantized(table);
-  Tensor out = *Tensor::Host(DType::kF32, {3, 64});
+  Tensor out = *Tensor::Host(DType::kF32, {3, h});
   // Vocab slice [100, 110): 105 and 109 are in it, 99 is not.
   ASSERT_TRUE(
       Embedding(table, std::vector<int32_t>{105, 99, 109}, 100, out).ok());
-  EXPECT_EQ(MaxAbsDiff(out.f32().data(), tf.f32().data() + 5 * 64, 64), 0.0);
-  for (int j = 0; j < 64; ++j) EXPECT_EQ(out.f32()[64 + j], 0.0f);
-  EXPECT_EQ(MaxAbsDiff(out.f32().data() + 128, tf.f32().data() + 9 * 64, 64),
+  EXPECT_EQ(MaxAbsDiff(out.f32().data(), tf.f32().data() + 5 * h, h), 0.0);
+  for (int j = 0; j < h; ++j) EXPECT_EQ(out.f32()[h + j], 0.0f);
+  EXPECT_EQ(MaxAbsDiff(out.f32().data() + 2 * h, tf.f32().data() + 9 * h, h),
             0.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, LinearQuantizedTest,
-                         ::testing::Values(DType::kQ8_0, DType::kQ4_0,
-                                           DType::kQ4_1),
-                         [](const auto& info) {
-                           return std::string(DTypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Formats, LinearQuantizedTest,
+    ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
+                      DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
+                      DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
+                      DType::kIQ4_XS),
+    [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 }  // namespace
 }  // namespace shardlm

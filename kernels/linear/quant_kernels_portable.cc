@@ -1,0 +1,53 @@
+// The reference kernels: every format through its portable Unpack
+// (core/quant_blocks.h), one row of x at a time, scalar f32.
+#include "core/quant_blocks.h"
+#include "kernels/linear/quant_kernels.h"
+
+namespace shardlm::quant_kernels {
+namespace {
+
+// Per sub-block: scale * sum(code * x), plus min * sum(x) with a min.
+template <typename F>
+float RowDot(const uint8_t* row, const float* x, const float* xsum,
+             int64_t blocks) {
+  constexpr int kSubs = F::kElems / F::kSub;
+  int8_t codes[F::kElems];
+  float scale[kSubs], min[kSubs];
+  float acc = 0;
+  for (int64_t b = 0; b < blocks; ++b, row += F::kBytes) {
+    quant::Unpack<F>(row, codes, scale, min);
+    for (int s = 0; s < kSubs; ++s, x += F::kSub) {
+      float sum = 0;
+      for (int j = 0; j < F::kSub; ++j) {
+        sum += static_cast<float>(codes[s * F::kSub + j]) * x[j];
+      }
+      acc += scale[s] * sum;
+      if constexpr (F::kHasMin) acc += min[s] * xsum[b * kSubs + s];
+    }
+  }
+  return acc;
+}
+
+template <typename F, int kRows>
+void DotRows(const uint8_t* row, const float* x, int64_t in, const float* xsum,
+             int64_t blocks, float* dots) {
+  for (int r = 0; r < kRows; ++r) {
+    dots[r] = RowDot<F>(row, x + r * in, xsum + r * (in / F::kSub), blocks);
+  }
+}
+
+}  // namespace
+
+Kernels Portable(DType t) {
+  Kernels k;
+  quant::VisitFormat(t, [&]<typename F>() {
+    k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
+    k.by[2] = DotRows<F, 4>, k.by[3] = DotRows<F, 8>;
+    k.max_group = 8;
+    k.dequant = quant::Decode<F>;
+    k.xsum_sub = F::kHasMin ? F::kSub : 0;
+  });
+  return k;
+}
+
+}  // namespace shardlm::quant_kernels
