@@ -233,6 +233,26 @@ TEST(ParallelEquivalenceTest, RandomModelEveryLayout) {
                    /*sampled_exact_compact=*/true);
 }
 
+// Every matrix in Q4_K (256-value super-blocks), 12 query / 6 KV heads of
+// 64: at TP 4 the KV heads split 2, 2, 1, 1, so ranks 2 and 3 hold 128
+// query columns of a super-block and the FFN (2 super-blocks) splits on
+// 32 columns: those ranks hold the whole blocks around their columns and
+// multiply a zero-padded input. TP 2 and 3 split on block edges.
+TEST(ParallelEquivalenceTest, KQuantModelEveryLayout) {
+  ModelConfig c = RandomConfig();
+  c.n_layers = 2;
+  c.hidden = 256;
+  c.ffn_hidden = 512;
+  c.n_heads = 12;
+  c.n_kv_heads = 6;
+  c.head_dim = 64;
+  auto source = RandomLlamaWeights(c, 5, DType::kQ4_K);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 3; ++i) prompts.push_back(Prompt(3 + 11 * i, i, 311));
+  ExpectEquivalent(*source, {{2, 1}, {3, 1}, {4, 1}, {2, 2}}, prompts, 16, 13,
+                   {DType::kF32}, 1e-4, /*sampled_exact_compact=*/true);
+}
+
 TEST(ParallelEquivalenceTest, RejectsImpossibleLayouts) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   auto too_wide = Engine::Create(*source, {.tp = 5});  // 4 KV heads.

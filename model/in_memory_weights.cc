@@ -5,6 +5,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "core/quant_blocks.h"
 
 namespace shardlm {
 
@@ -21,12 +22,29 @@ void InMemoryWeights::AddF32(std::string name, Shape shape,
   data_.push_back(std::move(bytes));
 }
 
+void InMemoryWeights::AddRaw(std::string name, DType dtype, Shape shape,
+                             std::vector<uint8_t> bytes) {
+  tensors_.push_back(TensorInfo{.name = std::move(name),
+                                .dtype = dtype,
+                                .shape = std::move(shape),
+                                .file = static_cast<int>(data_.size()),
+                                .offset = 0,
+                                .bytes = bytes.size()});
+  data_.push_back(std::move(bytes));
+}
+
 absl::Span<const uint8_t> InMemoryWeights::Data(const TensorInfo& info) const {
   return data_[info.file];
 }
 
 std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
                                                     uint32_t seed) {
+  return RandomLlamaWeights(c, seed, DType::kF32);
+}
+
+std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
+                                                    uint32_t seed,
+                                                    DType matrices) {
   auto w = std::make_unique<InMemoryWeights>(c);
   std::mt19937 rng(seed);
   const auto add = [&](std::string name, Shape shape, float mean,
@@ -37,7 +55,17 @@ std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
     w->AddF32(std::move(name), std::move(shape), std::move(v));
   };
   const auto matrix = [&](std::string name, int64_t out, int64_t in) {
-    add(std::move(name), {out, in}, 0.0f, 1.0f / std::sqrt(float(in)));
+    if (matrices == DType::kF32) {
+      add(std::move(name), {out, in}, 0.0f, 1.0f / std::sqrt(float(in)));
+      return;
+    }
+    // Random codes span about 30 levels times d: 1 / (30 sqrt(in)) keeps
+    // the values near the f32 model's scale.
+    std::vector<uint8_t> bytes(BytesFor(matrices, out * in).value());
+    quant::FillRandomBlocks(matrices, bytes.data(),
+                            out * in / BlockElems(matrices),
+                            1.0f / (30 * std::sqrt(float(in))), rng);
+    w->AddRaw(std::move(name), matrices, {out, in}, std::move(bytes));
   };
   const int64_t q_dim = c.n_heads * c.head_dim;
   const int64_t kv_dim = c.n_kv_heads * c.head_dim;

@@ -18,6 +18,10 @@ class InMemoryWeights : public WeightSource {
 
   // Adds an f32 tensor with canonical name `name`.
   void AddF32(std::string name, Shape shape, std::vector<float> values);
+  // Adds a tensor of any dtype from its stored bytes (BytesFor(dtype,
+  // elements) of them).
+  void AddRaw(std::string name, DType dtype, Shape shape,
+              std::vector<uint8_t> bytes);
 
   const ModelConfig& config() const override { return config_; }
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
@@ -34,6 +38,13 @@ class InMemoryWeights : public WeightSource {
 // norms near 1: every tensor LoadLlamaWeights needs.
 std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& config,
                                                     uint32_t seed);
+
+// The same with every matrix but the embedding in block format `matrices`
+// (random blocks, quant::FillRandomBlocks, of about the same scale). Rows
+// must be whole blocks of it.
+std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& config,
+                                                    uint32_t seed,
+                                                    DType matrices);
 
 }  // namespace shardlm
 

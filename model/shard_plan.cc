@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <limits>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
@@ -75,6 +76,20 @@ std::vector<int64_t> BalancedPartition(const std::vector<uint64_t>& costs,
   return bounds;
 }
 
+// The column granule of the FFN split: the largest block of any layer's
+// ffn_down format (at least 32) when ffn_hidden holds one per rank.
+int64_t FfnGranule(const WeightSource& source, int64_t ffn_hidden, int tp) {
+  int64_t granule = 32;
+  for (const TensorInfo& t : source.tensors()) {
+    if (absl::StartsWith(t.name, "blk.") &&
+        absl::EndsWith(t.name, ".ffn_down.weight")) {
+      granule = std::max(granule, BlockElems(t.dtype));
+    }
+  }
+  if (ffn_hidden / granule < tp) return 32;
+  return granule;
+}
+
 }  // namespace
 
 std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
@@ -94,8 +109,11 @@ std::string ShardSpec::DebugString() const {
 
 std::string ShardPlan::DebugString() const {
   std::string out = absl::StrFormat(
-      "%-5s %-3s %-3s %-10s %-11s %-8s %-12s %-14s %10s\n", "rank", "pp", "tp",
-      "layers", "q heads", "kv heads", "ffn cols", "vocab rows", "MiB read");
+      "FFN columns split in multiples of %d (the %s of ffn_down's format)\n",
+      ffn_granule, ffn_granule > 32 ? "super-block" : "32-value block");
+  out += absl::StrFormat("%-5s %-3s %-3s %-10s %-11s %-8s %-12s %-14s %10s\n",
+                         "rank", "pp", "tp", "layers", "q heads", "kv heads",
+                         "ffn cols", "vocab rows", "MiB read");
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardSpec& s = shards[i];
     absl::StrAppendFormat(
@@ -128,12 +146,17 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
     return absl::InvalidArgumentError(absl::StrCat(
         "pp ", pp, " exceeds the model's ", c.n_layers, " layers"));
   }
-  const int64_t ffn_blocks = c.ffn_hidden / 32;
-  if (c.ffn_hidden % 32 != 0 || ffn_blocks < tp) {
+  if (c.ffn_hidden % 32 != 0 || c.ffn_hidden / 32 < tp) {
     return absl::InvalidArgumentError(absl::StrCat(
         "ffn_hidden ", c.ffn_hidden,
         " cannot be split into whole 32-column blocks over tp ", tp));
   }
+  // FFN columns split on the blocks of ffn_down's format (256 for the
+  // K-quants), so that each rank reads whole blocks of its columns; when
+  // there are fewer such blocks than ranks, on 32 columns, and a rank whose
+  // columns cut a block holds the whole block (LlamaLayerWeights).
+  const int64_t ffn_granule = FfnGranule(source, c.ffn_hidden, tp);
+  const int64_t ffn_blocks = c.ffn_hidden / ffn_granule;
   if (c.vocab_size < tp) {
     return absl::InvalidArgumentError("vocabulary smaller than tp");
   }
@@ -160,7 +183,7 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
   extra[pp - 1] += head;
   const std::vector<int64_t> bounds = BalancedPartition(layer_weights, extra);
 
-  ShardPlan plan{.tp = tp, .pp = pp};
+  ShardPlan plan{.tp = tp, .pp = pp, .ffn_granule = ffn_granule};
   const int64_t group = c.n_heads / c.n_kv_heads;
   for (int p = 0; p < pp; ++p) {
     for (int t = 0; t < tp; ++t) {
@@ -171,8 +194,8 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
       s.head_begin = s.kv_head_begin * group;
       s.head_end = s.kv_head_end * group;
       auto [fb, fe] = EvenSplit(ffn_blocks, tp, t);
-      s.ffn_begin = fb * 32;
-      s.ffn_end = fe * 32;
+      s.ffn_begin = fb * ffn_granule;
+      s.ffn_end = t == tp - 1 ? c.ffn_hidden : fe * ffn_granule;
       std::tie(s.vocab_begin, s.vocab_end) = EvenSplit(c.vocab_size, tp, t);
       s.vocab_padded = (c.vocab_size + tp - 1) / tp;
       // Bytes read: this rank's share of each sharded tensor, all of each

@@ -6,7 +6,10 @@
 // (Megatron-style): KV heads split as evenly as possible with each query
 // head kept with its KV head (SmolLM2's 3 KV heads over TP=2 give 2 and 1);
 // FFN columns and vocabulary rows split evenly. FFN splits are multiples of
-// 32 columns so that quantized rows can be read block by block.
+// ffn_down's block (32 values, or a K-quant's 256-value super-block) so
+// that quantized rows are read block by block; a rank whose columns cut a
+// block (heads inside a super-block, or fewer super-blocks than ranks)
+// holds the whole block (worker/llama_weights.h).
 #ifndef SHARDLM_MODEL_SHARD_PLAN_H_
 #define SHARDLM_MODEL_SHARD_PLAN_H_
 
@@ -44,6 +47,9 @@ struct ShardSpec {
 struct ShardPlan {
   int tp = 1, pp = 1;
   std::vector<ShardSpec> shards;  // Index pp_rank * tp + tp_rank.
+  // FFN columns split in multiples of this: the block of ffn_down's format
+  // (256 for the K-quants) when each rank can have one, else 32.
+  int64_t ffn_granule = 32;
 
   const ShardSpec& at(int pp_rank, int tp_rank) const {
     return shards[pp_rank * tp + tp_rank];

@@ -119,12 +119,18 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
       ASSIGN_OR_RETURN(Tensor bqkv, ConcatRows({&l.bq, &l.bk, &l.bv}));
       ASSIGN_OR_RETURN(d.bqkv, Upload(bqkv, DType::kF32, backend, exec));
     }
-    ASSIGN_OR_RETURN(d.wo, Upload(l.wo, bf, backend, exec));
+    // Exact columns: a CPU slice of whole blocks is cut to this rank's.
+    const int64_t q_cols = host.spec.n_heads() * host.config.head_dim;
+    const int64_t f_cols = host.spec.ffn_end - host.spec.ffn_begin;
+    ASSIGN_OR_RETURN(const Tensor wo, ExactColumns(l.wo, l.wo_offset, q_cols));
+    ASSIGN_OR_RETURN(d.wo, Upload(wo, bf, backend, exec));
     ASSIGN_OR_RETURN(d.ffn_norm,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
     ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
-    ASSIGN_OR_RETURN(d.w_down, Upload(l.w_down, bf, backend, exec));
+    ASSIGN_OR_RETURN(const Tensor w_down,
+                     ExactColumns(l.w_down, l.w_down_offset, f_cols));
+    ASSIGN_OR_RETURN(d.w_down, Upload(w_down, bf, backend, exec));
     w.layers.push_back(std::move(d));
   }
   ASSIGN_OR_RETURN(w.output_norm,

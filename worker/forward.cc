@@ -9,8 +9,13 @@
 
 namespace shardlm {
 
-absl::Status ShardForward::Residual(const Tensor& in, const Tensor& w,
-                                    ForwardBuffers& b) const {
+absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
+                                    int64_t offset, ForwardBuffers& b) const {
+  Tensor padded;
+  if (offset != 0 || w.dim(1) != in_cols.dim(1)) {
+    ASSIGN_OR_RETURN(padded, ops.PadColumns(in_cols, offset, w.dim(1)));
+  }
+  const Tensor& in = padded.empty() ? in_cols : padded;
   if (comms.tp == nullptr && ops.fuses_residual()) {
     return ops.Linear(in, w, b.x, /*accumulate=*/true);
   }
@@ -73,7 +78,7 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(ops.WriteKv(k3, v3, cache));
     RETURN_IF_ERROR(ops.Attention(q3, cache, scale,
                                   c.LayerWindow(spec.layer_begin + l), attn3));
-    RETURN_IF_ERROR(Residual(b.attn, w.wo, b));
+    RETURN_IF_ERROR(Residual(b.attn, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
     if (!w.w_gate_up.empty()) {
@@ -84,7 +89,7 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       RETURN_IF_ERROR(ops.Linear(b.xn, w.w_up, b.up, false));
       RETURN_IF_ERROR(ops.SwiGlu(b.gate, b.up, b.h));
     }
-    RETURN_IF_ERROR(Residual(b.h, w.w_down, b));
+    RETURN_IF_ERROR(Residual(b.h, w.w_down, w.w_down_offset, b));
   }
   if (!spec.last_stage()) {
     return Comm([&] { return comms.pp->Send(b.x, spec.pp_rank + 1); });

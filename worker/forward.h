@@ -75,6 +75,15 @@ class ForwardOps {
   virtual absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) {
     return absl::UnimplementedError("SwiGluFused on this backend");
   }
+  // x ([n, c]) at columns [offset, offset + c) of a zero [n, width]
+  // tensor that stays valid until the next call: the input of a weight
+  // slice that holds whole blocks around its columns
+  // (LlamaLayerWeights::wo_offset). Backends whose weights never hold any
+  // (GPUs cut them at upload) need not implement it.
+  virtual absl::StatusOr<Tensor> PadColumns(const Tensor& x, int64_t offset,
+                                            int64_t width) {
+    return absl::UnimplementedError("PadColumns on this backend");
+  }
   // out = the rows of x ([n, hidden]) whose logits the step wants.
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
   // `t` readable on the host once this returns (itself when it is there).
@@ -159,8 +168,9 @@ struct ShardForward {
   absl::Status Comm(const std::function<absl::Status()>& call) const {
     return comm ? comm(call) : call();
   }
-  // x += in w^T, summed over the TP group.
-  absl::Status Residual(const Tensor& in, const Tensor& w,
+  // x += in w^T, summed over the TP group; w's columns for `in` begin at
+  // `offset` (nonzero, or w wider than in, for a slice of whole blocks).
+  absl::Status Residual(const Tensor& in, const Tensor& w, int64_t offset,
                         ForwardBuffers& b) const;
 };
 

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -14,23 +15,49 @@
 namespace shardlm {
 namespace {
 
+// A matrix slice as loaded, and where its columns begin in the slice
+// asked for (see LlamaLayerWeights::wo_offset).
+struct Slice {
+  Tensor w;
+  int64_t offset = 0;
+};
+
 // Rows [r0, r1) x columns [c0, c1) of tensor `name`, whose full shape must
-// be `shape` (1-D tensors are read whole, as f32).
-absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
-                            const Shape& shape, int64_t r0 = 0, int64_t r1 = -1,
-                            int64_t c0 = 0, int64_t c1 = -1) {
+// be `shape` (1-D tensors are read whole, as f32). Matrices in a block
+// format stay in it, read in place by the CPU kernels; when [c0, c1) cuts
+// blocks (a TP split between heads inside a 256-value super-block), the
+// slice widens to the whole blocks around it and `offset` says where c0
+// falls in it.
+absl::StatusOr<Slice> LoadSlice(const WeightSource& source,
+                                const std::string& name, const Shape& shape,
+                                int64_t r0 = 0, int64_t r1 = -1, int64_t c0 = 0,
+                                int64_t c1 = -1) {
   ASSIGN_OR_RETURN(const TensorInfo* info, source.Require(name, shape));
-  if (shape.size() == 1) return DequantizeTensor(source, *info);
+  if (shape.size() == 1) {
+    ASSIGN_OR_RETURN(Tensor t, DequantizeTensor(source, *info));
+    return Slice{std::move(t), 0};
+  }
   if (r1 < 0) r1 = shape[0];
   if (c1 < 0) c1 = shape[1];
-  // Matrices in a block format the CPU kernels read stay in it (a TP
-  // slice's columns are whole blocks when the model's dimensions allow).
   const DType t = info->dtype;
-  if ((t == DType::kQ8_0 || t == DType::kQ4_0 || t == DType::kQ4_1) &&
-      c0 % 32 == 0 && c1 % 32 == 0) {
-    return CopySlice(*info, source.Data(*info), r0, r1, c0, c1);
+  if (!IsQuantized(t)) {
+    ASSIGN_OR_RETURN(
+        Tensor f32, DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1));
+    return Slice{std::move(f32), 0};
   }
-  return DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1);
+  const int64_t block = BlockElems(t);
+  const int64_t b0 = c0 / block * block;
+  const int64_t b1 = (c1 + block - 1) / block * block;
+  ASSIGN_OR_RETURN(Tensor blocks,
+                   CopySlice(*info, source.Data(*info), r0, r1, b0, b1));
+  return Slice{std::move(blocks), c0 - b0};
+}
+
+absl::StatusOr<Tensor> Load(const WeightSource& source, const std::string& name,
+                            const Shape& shape, int64_t r0 = 0,
+                            int64_t r1 = -1) {
+  ASSIGN_OR_RETURN(Slice s, LoadSlice(source, name, shape, r0, r1));
+  return std::move(s.w);
 }
 
 // Elements [begin, end) of the 1-D tensor `name` of `size` elements, as f32.
@@ -51,6 +78,26 @@ std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
 }
 
 }  // namespace
+
+absl::StatusOr<Tensor> ExactColumns(const Tensor& w, int64_t offset,
+                                    int64_t width) {
+  if (w.rank() != 2 || w.memory() != MemoryType::kHost || offset < 0 ||
+      width < 0 || offset + width > w.dim(1)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "columns [", offset, ", ", offset + width, ") of ", w.DebugString()));
+  }
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  ASSIGN_OR_RETURN(const int64_t row_bytes, BytesFor(w.dtype(), cols));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Host(DType::kF32, {rows, width}));
+  std::vector<float> row(cols);
+  const auto* src = static_cast<const uint8_t*>(w.raw());
+  for (int64_t r = 0; r < rows; ++r) {
+    RETURN_IF_ERROR(
+        DequantizeRow(w.dtype(), src + r * row_bytes, cols, row.data()));
+    std::copy_n(row.data() + offset, width, out.f32().data() + r * width);
+  }
+  return out;
+}
 
 ShardSpec WholeModelSpec(const ModelConfig& c) {
   return ShardSpec{.layer_begin = 0,
@@ -185,8 +232,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       ASSIGN_OR_RETURN(
           l.bv, LoadVectorSlice(source, p + "attn_v.bias", kv_dim, k0, k1));
     }
-    ASSIGN_OR_RETURN(l.wo, Load(source, p + "attn_output.weight",
-                                {c.hidden, q_dim}, 0, -1, q0, q1));
+    ASSIGN_OR_RETURN(Slice wo, LoadSlice(source, p + "attn_output.weight",
+                                         {c.hidden, q_dim}, 0, -1, q0, q1));
+    l.wo = std::move(wo.w);
+    l.wo_offset = wo.offset;
     ASSIGN_OR_RETURN(l.ffn_norm,
                      Load(source, p + "ffn_norm.weight", {c.hidden}));
     ASSIGN_OR_RETURN(
@@ -195,9 +244,11 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     ASSIGN_OR_RETURN(l.w_up,
                      Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden},
                           s.ffn_begin, s.ffn_end));
-    ASSIGN_OR_RETURN(
-        l.w_down, Load(source, p + "ffn_down.weight", {c.hidden, c.ffn_hidden},
-                       0, -1, s.ffn_begin, s.ffn_end));
+    ASSIGN_OR_RETURN(Slice down, LoadSlice(source, p + "ffn_down.weight",
+                                           {c.hidden, c.ffn_hidden}, 0, -1,
+                                           s.ffn_begin, s.ffn_end));
+    l.w_down = std::move(down.w);
+    l.w_down_offset = down.offset;
     for (const Tensor* t : LayerTensors(l)) loaded += t->bytes();
     w.layers.push_back(std::move(l));
     report(static_cast<int>(w.layers.size()));

@@ -1,5 +1,5 @@
 // The weights one worker holds (its shard): host tensors as loaded
-// (matrices in Q8_0 / Q4_0 / Q4_1 stay in those blocks, read in place by
+// (matrices in GGUF block formats stay in their blocks, read in place by
 // the CPU kernels; everything else is f32), or their device copy
 // (UploadLlamaWeights: bf16 matrices, f32 norms).
 #ifndef SHARDLM_WORKER_LLAMA_WEIGHTS_H_
@@ -33,6 +33,15 @@ struct LlamaLayerWeights {
   Tensor w_gate;      // [f, hidden]          column-parallel
   Tensor w_up;        // [f, hidden]          column-parallel
   Tensor w_down;      // [hidden, f]          row-parallel (partial sums)
+  // The row-parallel matrices of a TP rank whose columns cut a block of
+  // their format (heads of 64 or 128 values inside 256-value K-quant
+  // super-blocks) hold the whole blocks around their columns: wo is then
+  // [hidden, >= h * d], this rank's attention output multiplying its
+  // columns [wo_offset, wo_offset + h * d) and zeros the rest (the forward
+  // pass pads it); likewise w_down. 0 and the exact width otherwise (and
+  // always on GPUs, whose upload cuts the padding off).
+  int64_t wo_offset = 0;
+  int64_t w_down_offset = 0;
   // Fused on GPUs (UploadLlamaWeights), one GEMM each instead of three and
   // two; wq, wk, wv (bq, bk, bv) and w_gate, w_up are empty then.
   Tensor wqkv;       // [(h + 2 kv) * d, hidden]: wq's rows, wk's, wv's.
@@ -55,6 +64,12 @@ struct LlamaWeights {
   // of its tokens (the decode roofline).
   int64_t bytes_per_step() const;
 };
+
+// Columns [offset, offset + width) of a loaded matrix (a slice of whole
+// blocks, LlamaLayerWeights::wo_offset) as f32 [rows, width]: for
+// backends that upload exact slices.
+absl::StatusOr<Tensor> ExactColumns(const Tensor& w, int64_t offset,
+                                    int64_t width);
 
 // The spec of a single rank holding the whole model.
 ShardSpec WholeModelSpec(const ModelConfig& config);

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/dequantize.h"
 #include "model/in_memory_weights.h"
 #include "model/shard_plan.h"
 
@@ -46,6 +47,82 @@ TEST(LoadProgressTest, ReportsEveryLayerOfTheShardAndEndsAtItsBytes) {
   }
   EXPECT_GT(calls[0].bytes, 0);  // The LM head.
   EXPECT_EQ(calls.back().bytes, w->bytes());
+}
+
+// A Q4_K model whose heads (64 values) and FFN columns cut 256-value
+// super-blocks at TP 4: 6 KV heads split 2, 2, 1, 1 give query columns
+// [0, 256), [256, 512), [512, 640), [640, 768) of attn_output, and 512 FFN
+// columns (2 super-blocks for 4 ranks) split on 32: 128 each.
+ModelConfig KQuantConfig() {
+  ModelConfig c = Config();
+  c.hidden = 256;
+  c.ffn_hidden = 512;
+  c.n_heads = 12;
+  c.n_kv_heads = 6;
+  c.head_dim = 64;
+  return c;
+}
+
+TEST(LlamaWeightsTest, RanksWhoseColumnsCutBlocksHoldTheWholeBlocks) {
+  auto source = RandomLlamaWeights(KQuantConfig(), 2, DType::kQ4_K);
+  auto plan = PlanShards(*source, 4, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->ffn_granule, 32);  // 2 super-blocks for 4 ranks.
+  const TensorInfo* wo_info = source->Find("blk.0.attn_output.weight");
+  ASSERT_NE(wo_info, nullptr);
+  const int64_t q_cols[4][2] = {{0, 256}, {256, 512}, {512, 640}, {640, 768}};
+  for (int t = 0; t < 4; ++t) {
+    SCOPED_TRACE(t);
+    const ShardSpec& spec = plan->at(0, t);
+    EXPECT_EQ(spec.ffn_begin, 128 * t);
+    auto w = LoadLlamaWeights(*source, spec);
+    ASSERT_TRUE(w.ok()) << w.status();
+    const LlamaLayerWeights& l = w->layers[0];
+    // attn_output: the super-block(s) around this rank's columns, kept in
+    // Q4_K, and where its columns start in them.
+    const int64_t c0 = q_cols[t][0], c1 = q_cols[t][1];
+    EXPECT_EQ(l.wo.dtype(), DType::kQ4_K);
+    EXPECT_EQ(l.wo.dim(1), 256);
+    EXPECT_EQ(l.wo_offset, c0 % 256);
+    // Its exact columns are those of the file.
+    auto exact = ExactColumns(l.wo, l.wo_offset, c1 - c0);
+    ASSERT_TRUE(exact.ok()) << exact.status();
+    auto want = DequantizeTensor(*source, *wo_info);  // [256, 768]
+    ASSERT_TRUE(want.ok()) << want.status();
+    for (int64_t r = 0; r < 256; ++r) {
+      for (int64_t j = 0; j < c1 - c0; ++j) {
+        ASSERT_EQ(exact->f32()[r * (c1 - c0) + j],
+                  want->f32()[r * 768 + c0 + j])
+            << "row " << r << " column " << j;
+      }
+    }
+    // ffn_down: 128 columns inside one super-block.
+    EXPECT_EQ(l.w_down.dim(1), 256);
+    EXPECT_EQ(l.w_down_offset, (128 * t) % 256);
+  }
+  // At TP 2 the FFN splits on super-block edges (exact slices of ffn_down)
+  // while 6 heads (384 columns) still cut one; at TP 3, 4 heads do not.
+  auto plan2 = PlanShards(*source, 2, 1);
+  ASSERT_TRUE(plan2.ok()) << plan2.status();
+  EXPECT_EQ(plan2->ffn_granule, 256);
+  EXPECT_NE(plan2->DebugString().find("multiples of 256"), std::string::npos)
+      << plan2->DebugString();
+  for (int t = 0; t < 2; ++t) {
+    auto w = LoadLlamaWeights(*source, plan2->at(0, t));
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ(w->layers[0].w_down.dim(1), 256);
+    EXPECT_EQ(w->layers[0].w_down_offset, 0);
+    EXPECT_EQ(w->layers[0].wo.dim(1), 512);
+    EXPECT_EQ(w->layers[0].wo_offset, t == 0 ? 0 : 128);
+  }
+  auto plan3 = PlanShards(*source, 3, 1);
+  ASSERT_TRUE(plan3.ok()) << plan3.status();
+  auto w3 = LoadLlamaWeights(*source, plan3->at(0, 2));
+  ASSERT_TRUE(w3.ok()) << w3.status();
+  EXPECT_EQ(w3->layers[0].wo.dim(1), 256);
+  EXPECT_EQ(w3->layers[0].wo_offset, 0);
+  // Columns outside the slice are refused.
+  EXPECT_FALSE(ExactColumns(w3->layers[0].wo, 200, 100).ok());
 }
 
 TEST(LoadProgressTest, LogSaysNothingForAQuickLoadAndProgressForASlowOne) {

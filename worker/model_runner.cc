@@ -191,6 +191,27 @@ class CpuForwardOps : public ForwardOps {
     }
     return absl::OkStatus();
   }
+  absl::StatusOr<Tensor> PadColumns(const Tensor& x, int64_t offset,
+                                    int64_t width) override {
+    const int64_t n = x.dim(0), cols = x.dim(1);
+    if (offset < 0 || offset + cols > width) {
+      return absl::InvalidArgumentError(absl::StrCat("PadColumns: ", cols,
+                                                     " columns at ", offset,
+                                                     " do not fit in ", width));
+    }
+    if (padded_.numel() < n * width) {
+      ASSIGN_OR_RETURN(padded_, Tensor::Host(DType::kF32, {n * width}));
+    }
+    ASSIGN_OR_RETURN(Tensor out,
+                     Tensor::View(DType::kF32, {n, width}, padded_.raw(),
+                                  MemoryType::kHost));
+    float* dst = out.f32().data();
+    std::fill_n(dst, n * width, 0.0f);
+    for (int64_t r = 0; r < n; ++r) {
+      std::copy_n(x.f32().data() + r * cols, cols, dst + r * width + offset);
+    }
+    return out;
+  }
   absl::StatusOr<Tensor> ToHost(const Tensor& t) override { return t; }
   // The CPU adds the residual separately (the numerics every CPU test and
   // reference was written against).
@@ -200,6 +221,7 @@ class CpuForwardOps : public ForwardOps {
   const StepInput& step_;
   AttentionBatch& batch_;
   const int64_t hidden_;
+  Tensor padded_;  // PadColumns' output, reused across layers.
 };
 
 }  // namespace
