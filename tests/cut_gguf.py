@@ -9,10 +9,11 @@ the real tokenizer. Every metadata key is copied unchanged except
 `<arch>.block_count`; tensors of blocks >= N are dropped; quantized tensors
 are copied byte for byte (no requantization).
 
-With --requantize Q8_0|Q4_0|Q4_1 every 2-D weight matrix is dequantized
-and quantized again to that format (gguf.quants, llama.cpp's reference
-encoders), so that tests get a real-weights model in each format the CPU
-kernels read.
+With --requantize Q8_0|Q4_0|Q4_1|Q5_0|Q5_1 every 2-D weight matrix is
+dequantized and quantized again to that format (gguf.quants, llama.cpp's
+reference encoders), so that tests get a real-weights model in each format
+the CPU kernels read; F32 writes them dequantized, the input llama.cpp's
+quantizer takes for the K-quants (tests/quantize_gguf.py).
 
 With --context-length N, `<arch>.context_length` says N (the weights are
 unchanged): long-context benchmarks on a real model beyond its trained
@@ -48,7 +49,8 @@ def main():
     ap.add_argument("src")
     ap.add_argument("dst")
     ap.add_argument("--blocks", type=int, help="default: all")
-    ap.add_argument("--requantize", choices=["Q8_0", "Q4_0", "Q4_1"])
+    ap.add_argument("--requantize",
+                    choices=["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F32"])
     ap.add_argument("--context-length", type=int)
     args = ap.parse_args()
     target = (GGMLQuantizationType[args.requantize]
@@ -86,7 +88,8 @@ def main():
         dtype = t.tensor_type
         if target is not None and len(t.shape) == 2 and dtype != target:
             values = quants.dequantize(data, dtype).astype(np.float32)
-            data = quants.quantize(values, target)
+            data = (values if target == GGMLQuantizationType.F32
+                    else quants.quantize(values, target))
             dtype = target
         # Quantized data comes as raw bytes; the writer recovers the logical
         # shape from the byte shape and the type.

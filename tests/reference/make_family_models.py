@@ -31,6 +31,14 @@ the reference reading that same file). Families, all with odd GQA groups
            2.5): served statically, the base scaled for 2.5 x 4096.
   qwen2_swa  Qwen2 with use_sliding_window: a window of 20 positions in
            layers 2-4 (max_window_layers 2), full attention in 0-1.
+  kquant   Llama with every matrix row a multiple of 256 (hidden 256,
+           FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
+           K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
+           too (llama.cpp's quantizer, tests/quantize_gguf.py). At TP = 4
+           the KV heads split 2, 2, 1, 1, so ranks 2 and 3 hold 128 query
+           columns of 256-value super-blocks, and FFN columns split on 32
+           (2 super-blocks over 4 ranks): both row-parallel matrices cut
+           blocks.
 
 The model is only written when, on the fixed prompts, every one of 32
 reference greedy steps has a top-1 minus top-2 logit margin above
@@ -50,6 +58,10 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref  # noqa: E402
 import make_synthetic_model  # noqa: E402
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                ".."))
+import quantize_gguf  # noqa: E402
 
 TOKENIZER_GGUF_DEFAULT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
@@ -76,6 +88,9 @@ FAMILIES = {
                    scaling={"rope_type": "linear", "factor": 4.0}),
     "dynamic": dict(hf_type="llama", formats=("hf",),
                     scaling={"type": "dynamic", "factor": 2.5}),
+    "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
+                   hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
+                   formats=("gguf",)),
     "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
                       tied=True, bias=True, eps=1e-6, window=20,
                       max_window_layers=2),
@@ -167,6 +182,9 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     w.add_rope_freq_base(f["theta"])
     w.add_layer_norm_rms_eps(f["eps"])
     w.add_rope_dimension_count(f["head_dim"])
+    if f["head_dim"] * f["heads"] != f["hidden"]:  # As Qwen3's files say.
+        w.add_key_length(f["head_dim"])
+        w.add_value_length(f["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if f["window"]:
         w.add_sliding_window(f["window"])
@@ -272,6 +290,9 @@ def main(argv=None) -> int:
     ap.add_argument("--min-margin", type=float,
                     default=make_synthetic_model.DEFAULT_MIN_MARGIN)
     ap.add_argument("--seed", type=int, default=1, help="first seed tried")
+    ap.add_argument("--quantize", choices=sorted(quantize_gguf.FTYPES),
+                    help="also write OUTDIR/FAMILY-TYPE.gguf, quantized by "
+                    "llama.cpp; the margins are checked on that file")
     a = ap.parse_args(argv)
     f = family(a.family)
     os.makedirs(a.outdir, exist_ok=True)
@@ -284,12 +305,20 @@ def main(argv=None) -> int:
             continue
         for seed in range(a.seed + 100 * k, a.seed + 100 * k + 20):
             write(path, draw(f, seed))
-            m = min_margin_of(path)
+            checked = path
+            if a.quantize and path.endswith(".gguf"):
+                checked = os.path.join(a.outdir, f"{a.family}-{a.quantize}.gguf")
+                try:
+                    quantize_gguf.quantize(path, checked, a.quantize)
+                except quantize_gguf.NoLlamaCpp as e:
+                    print(f"make_family_models: {e}", file=sys.stderr)
+                    return 77
+            m = min_margin_of(checked)
             if m > a.min_margin:
-                print(f"{path}: seed {seed}, reference min top-2 margin "
+                print(f"{checked}: seed {seed}, reference min top-2 margin "
                       f"{m:.3g} over {STEPS} greedy steps")
                 break
-            print(f"{path}: seed {seed} has a near-tie (margin {m:.3g}); "
+            print(f"{checked}: seed {seed} has a near-tie (margin {m:.3g}); "
                   f"trying the next")
         else:
             print(f"error: no seed gives margins above {a.min_margin}",
