@@ -96,17 +96,22 @@ absl::StatusOr<ModelConfig> LoadConfig(const std::string& spec) {
   return FindModelPreset(spec).status();  // Lists the presets.
 }
 
+// Bytes per weight of a GGUF type named as --weight-dtype takes it (f16,
+// q4_k, ...: every type the loader reads).
 absl::StatusOr<double> WeightBytesPerParam(const std::string& name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kQ8_0,
-                  DType::kQ4_0, DType::kQ4_1}) {
-    std::string n = DTypeName(t);
+  std::string names;
+  for (int i = 0; i <= static_cast<int>(DType::kIQ4_XS); ++i) {
+    const DTypeTraits& t = Traits(static_cast<DType>(i));
+    if (t.ggml_type < 0) continue;  // Not a weight format.
+    std::string n = t.name;
     absl::AsciiStrToLower(&n);
     if (n == name) {
-      return static_cast<double>(BlockBytes(t)) / BlockElems(t);
+      return static_cast<double>(t.block_bytes) / t.block_elems;
     }
+    absl::StrAppend(&names, names.empty() ? "" : ", ", n);
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "--weight-dtype '", name, "': want f32, f16, bf16, q8_0, q4_0 or q4_1"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("--weight-dtype '", name, "': want one of ", names));
 }
 
 // One layout to simulate: the cost model and the KV blocks per replica.
@@ -353,7 +358,8 @@ int SimulateCommand(int argc, char** argv) {
   flags.Add("max-steps-in-flight", &f.max_steps_in_flight,
             "steps in flight per replica (0: pp)");
   flags.Add("weight-dtype", &f.weight_dtype,
-            "f32, f16, bf16, q8_0, q4_0 or q4_1");
+            "bytes per weight of this GGUF type (f16, bf16, q8_0, q4_k, "
+            "iq4_xs, ...: any the loader reads)");
   flags.Add("kv-cache-dtype", &f.kv_cache_dtype, "f32, f16, bf16 or int8");
   flags.Add("tp-link", &f.tp_link,
             "link profile (" + absl::StrJoin(LinkProfileNames(), ", ") +
