@@ -52,6 +52,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       CreateInProcessExecutor(
           source, {.tp = options.tp,
                    .pp = options.pp,
+                   .moe_sharding = options.moe_sharding,
                    .block_size = options.block_size,
                    .kv_cache_bytes = options.kv_cache_bytes,
                    .cpu_offload_bytes = options.cpu_offload_bytes,

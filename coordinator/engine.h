@@ -44,6 +44,8 @@ struct EngineOptions {
   // threads of this process (the cluster runs them on worker ranks).
   int tp = 1;
   int pp = 1;
+  // How a TP group splits a mixture of experts (ShardPlan).
+  MoeSharding moe_sharding = MoeSharding::kAuto;
   // Where the model runs. On CUDA (rank r of tp * pp on GPU r), a zero
   // kv_cache_bytes gives the KV cache gpu_memory_utilization of the GPU's
   // memory less what is in use.

@@ -210,7 +210,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
         o.kv_cache_bytes, ") and cpu_offload_bytes (", o.cpu_offload_bytes,
         ") not negative"));
   }
-  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp));
+  ASSIGN_OR_RETURN(ShardPlan plan,
+                   PlanShards(source, o.tp, o.pp, o.moe_sharding));
   std::vector<LlamaWeights> weights;
   PoolBlocks blocks;
   for (const ShardSpec& spec : plan.shards) {

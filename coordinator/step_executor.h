@@ -15,6 +15,7 @@
 #include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
+#include "model/shard_plan.h"
 #include "model/weight_source.h"
 #include "worker/kv_pool.h"
 #include "worker/shard_runner.h"
@@ -99,6 +100,7 @@ class StepExecutor {
 struct ExecutorOptions {
   int tp = 1;
   int pp = 1;
+  MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
   int32_t block_size = 16;
   // KV budget per rank; 0 sizes every rank for one full context.
   int64_t kv_cache_bytes = 0;

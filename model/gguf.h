@@ -39,13 +39,13 @@ enum class GgufType : uint32_t {
 };
 
 // A scalar metadata value. Strings point into the mapped file.
-using GgufScalar = std::variant<uint64_t, int64_t, double, bool,
-                                std::string_view>;
+using GgufScalar =
+    std::variant<uint64_t, int64_t, double, bool, std::string_view>;
 
 struct GgufValue {
-  GgufType type;              // kArray for arrays.
-  GgufType element_type;      // Arrays only.
-  GgufScalar scalar;          // Scalars only.
+  GgufType type;                  // kArray for arrays.
+  GgufType element_type;          // Arrays only.
+  GgufScalar scalar;              // Scalars only.
   std::vector<GgufScalar> array;  // Arrays only.
 };
 

@@ -166,6 +166,28 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, p + "vocab_size", vocab));
   c.tied_embeddings = FindTensor(g, "output.weight") == nullptr;
   c.attention_bias = FindTensor(g, "blk.0.attn_q.bias") != nullptr;
+  c.qk_norm = FindTensor(g, "blk.0.attn_q_norm.weight") != nullptr;
+  // Mixtures of experts: qwen3moe, and llama with expert_count (Mixtral).
+  ASSIGN_OR_RETURN(c.n_experts, IntOr(g, p + "expert_count", 0));
+  if (c.n_experts > 0) {
+    ASSIGN_OR_RETURN(c.n_experts_used, g.GetInt(p + "expert_used_count"));
+    ASSIGN_OR_RETURN(c.expert_ffn_hidden,
+                     IntOr(g, p + "expert_feed_forward_length", c.ffn_hidden));
+    ASSIGN_OR_RETURN(const int64_t shared,
+                     IntOr(g, p + "expert_shared_count", 0));
+    if (shared != 0) {
+      return absl::UnimplementedError(
+          absl::StrCat(g.name(), ": ", shared, " shared experts (", p,
+                       "expert_shared_count) are not supported"));
+    }
+    // Both families renormalize the top-k weights (llama.cpp's norm_w for
+    // qwen3moe and llama); a file may say otherwise.
+    c.expert_weights_norm = true;
+    if (g.Find(p + "expert_weights_norm") != nullptr) {
+      ASSIGN_OR_RETURN(c.expert_weights_norm,
+                       g.GetBool(p + "expert_weights_norm"));
+    }
+  }
   ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
   for (auto [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
@@ -178,9 +200,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   c.bos_id = static_cast<int32_t>(bos);
   c.eos_id = static_cast<int32_t>(eos);
   // llama.cpp's converter permutes Llama's Q/K rows so that RoPE pairs
-  // adjacent dimensions; Qwen2's it leaves alone (llama.cpp's "NeoX" RoPE).
-  c.rope_style = c.architecture == "qwen2" ? RopeStyle::kRotateHalf
-                                           : RopeStyle::kAdjacentPairs;
+  // adjacent dimensions; Qwen2's and Qwen3's it leaves alone (llama.cpp's
+  // "NeoX" RoPE).
+  c.rope_style = c.architecture == "qwen2" || c.architecture == "qwen3" ||
+                         c.architecture == "qwen3moe"
+                     ? RopeStyle::kRotateHalf
+                     : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(

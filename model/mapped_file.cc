@@ -17,8 +17,8 @@ absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
-    const std::string msg = absl::StrCat("cannot open ", path, ": ",
-                                         std::strerror(err));
+    const std::string msg =
+        absl::StrCat("cannot open ", path, ": ", std::strerror(err));
     if (err == ENOENT) return absl::NotFoundError(msg);
     if (err == EACCES) return absl::PermissionDeniedError(msg);
     return absl::InternalError(msg);

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <string_view>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
@@ -80,11 +82,28 @@ std::string WindowString(const ModelConfig& c) {
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
-  if (architecture != "llama" && architecture != "mistral" &&
-      architecture != "qwen2") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("model config: architecture '", architecture,
-                     "' is not supported (llama, mistral and qwen2 are)"));
+  static constexpr std::string_view kArchitectures[] = {
+      "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "qwen3_moe", "mixtral"};
+  if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
+                architecture) == std::end(kArchitectures)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: architecture '", architecture,
+        "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe and "
+        "mixtral are; llama with experts is Mixtral)"));
+  }
+  if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
+    for (auto [field, v, lo, hi] :
+         {std::tuple<const char*, int64_t, int64_t, int64_t>{
+              "n_experts", n_experts, 1, 1024},
+          {"n_experts_used", n_experts_used, 1, 1024},
+          {"expert_ffn_hidden", expert_ffn_hidden, 1, 1 << 19}}) {
+      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+    }
+    if (n_experts_used > n_experts) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: n_experts_used (top-k) ", n_experts_used,
+                       " exceeds n_experts ", n_experts));
+    }
   }
   // Bounds are generous (beyond any released Llama) but stop absurd values
   // from turning into huge allocations.
@@ -146,15 +165,21 @@ std::string ModelConfig::DebugString() const {
       "hidden           %d\nffn_hidden       %d\nheads            %d (kv %d, "
       "head_dim %d)\nvocab            %d\ncontext          %d\n"
       "rope_theta       %g (%s)\nrope_scaling     %s\nrms_norm_eps     %g\n"
-      "tied_embeddings  %s\nattention_bias   %s\nsliding_window   %s\n"
-      "bos/eos          %d / %d\n",
+      "tied_embeddings  %s\nattention_bias   %s\nqk_norm          %s\n"
+      "sliding_window   %s\nexperts          %s\nbos/eos          %d / %d\n",
       architecture, name, n_layers, hidden, ffn_hidden, n_heads, n_kv_heads,
       head_dim, vocab_size, context_length, rope_theta,
       rope_style == RopeStyle::kAdjacentPairs ? "adjacent pairs"
                                               : "rotate half",
       RopeScalingString(rope_scaling), rms_norm_eps,
       tied_embeddings ? "yes" : "no", attention_bias ? "q, k, v" : "none",
-      WindowString(*this), bos_id, eos_id);
+      qk_norm ? "per head (q, k)" : "none", WindowString(*this),
+      is_moe()
+          ? absl::StrFormat(
+                "%d, top %d%s, expert FFN %d", n_experts, n_experts_used,
+                expert_weights_norm ? " (renormalized)" : "", expert_ffn_hidden)
+          : std::string("none (dense FFN)"),
+      bos_id, eos_id);
 }
 
 }  // namespace shardlm

@@ -1,5 +1,6 @@
-// Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2),
-// read from GGUF metadata or from a Hugging Face config.json.
+// Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2,
+// Qwen3, and the mixtures of experts Qwen3-MoE and Mixtral), read from GGUF
+// metadata or from a Hugging Face config.json.
 #ifndef SHARDLM_MODEL_MODEL_CONFIG_H_
 #define SHARDLM_MODEL_MODEL_CONFIG_H_
 
@@ -38,8 +39,24 @@ struct ModelConfig {
   // [n_layers] or empty; when set, sliding_window > 0 and some layer slides
   // (the readers drop a window no layer uses).
   std::vector<bool> window_layers;
+  // Qwen3: q and k are RMS-normed per head (weights [head_dim], the
+  // model's eps) after their projections and before RoPE.
+  bool qk_norm = false;
+  // Mixture of experts (Qwen3-MoE, Mixtral): 0 for dense models. Every
+  // layer's FFN is n_experts SwiGLU experts of expert_ffn_hidden columns;
+  // a softmax router (gate, [n_experts, hidden]) picks n_experts_used per
+  // token (ties to the lower index), weighted by their probabilities,
+  // renormalized to sum to 1 when expert_weights_norm.
+  int64_t n_experts = 0;
+  int64_t n_experts_used = 0;
+  int64_t expert_ffn_hidden = 0;
+  bool expert_weights_norm = true;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
+
+  bool is_moe() const { return n_experts > 0; }
+  // The FFN width a shard splits: the experts' for a mixture.
+  int64_t SplitFfn() const { return is_moe() ? expert_ffn_hidden : ffn_hidden; }
 
   // InvalidArgument naming the field when a value is missing, absurd, or
   // inconsistent (e.g. n_heads not a multiple of n_kv_heads).

@@ -340,6 +340,9 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "LlamaForCausalLM") model_type = "llama";
       if (arch == "MistralForCausalLM") model_type = "mistral";
       if (arch == "Qwen2ForCausalLM") model_type = "qwen2";
+      if (arch == "Qwen3ForCausalLM") model_type = "qwen3";
+      if (arch == "Qwen3MoeForCausalLM") model_type = "qwen3_moe";
+      if (arch == "MixtralForCausalLM") model_type = "mixtral";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -414,6 +417,36 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     return r.Error("hidden_act",
                    absl::StrCat("= '", act, "'; only 'silu' is supported"));
   }
+  // Qwen3: per-head q/k RMSNorm, always.
+  c.qk_norm = c.architecture == "qwen3" || c.architecture == "qwen3_moe";
+  // Mixtures of experts: Mixtral's experts are as wide as intermediate_size
+  // and always renormalized; Qwen3-MoE's have moe_intermediate_size and
+  // norm_topk_prob, and may keep dense MLPs in some layers (refused).
+  if (c.architecture == "mixtral") {
+    ASSIGN_OR_RETURN(c.n_experts, r.Int("num_local_experts"));
+    ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+    c.expert_ffn_hidden = c.ffn_hidden;
+    c.expert_weights_norm = true;
+  } else if (c.architecture == "qwen3_moe") {
+    ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
+    ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+    ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
+    ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", false));
+    ASSIGN_OR_RETURN(const int64_t sparse_step,
+                     r.Int("decoder_sparse_step", 1));
+    if (sparse_step != 1) {
+      return r.Error("decoder_sparse_step",
+                     absl::StrCat("= ", sparse_step,
+                                  "; only every layer a mixture (1) is "
+                                  "supported"));
+    }
+    if (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
+                                      j.at("mlp_only_layers").empty())) {
+      return r.Error("mlp_only_layers",
+                     "is not empty; dense layers among the mixture layers "
+                     "are not supported");
+    }
+  }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
   // (which would also give o_proj one).
   c.attention_bias = c.architecture == "qwen2";
@@ -455,7 +488,19 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.down_proj.weight", "ffn_down.weight"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},               // Qwen3-MoE
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},  // Mixtral
   };
+  // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
+  // per-expert names llama.cpp's older Mixtral files use).
+  static const std::pair<std::string_view, std::string_view> kExpert[] = {
+      {"mlp.experts.", ""}, {"block_sparse_moe.experts.", ""}};
+  static const std::pair<std::string_view, std::string_view> kExpertMatrix[] = {
+      {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"},
+      {"down_proj.weight", "ffn_down"}, {"w1.weight", "ffn_gate"},
+      {"w3.weight", "ffn_up"},          {"w2.weight", "ffn_down"}};
   for (const auto& [from, to] : kGlobal) {
     if (hf == from) return std::string(to);
   }
@@ -474,6 +519,22 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
   const std::string_view suffix = rest.substr(dot + 1);
   for (const auto& [from, to] : kLayer) {
     if (suffix == from) return absl::StrCat("blk.", layer, ".", Sv(to));
+  }
+  for (const auto& [prefix, unused] : kExpert) {
+    if (!suffix.starts_with(prefix)) continue;
+    const std::string_view e = suffix.substr(prefix.size());
+    const size_t edot = e.find('.');
+    uint32_t expert = 0;
+    if (edot == std::string_view::npos || edot == 0 || edot > 5 ||
+        !absl::SimpleAtoi(Sv(e.substr(0, edot)), &expert) ||
+        absl::StrCat(expert) != e.substr(0, edot)) {
+      return std::nullopt;
+    }
+    for (const auto& [from, to] : kExpertMatrix) {
+      if (e.substr(edot + 1) == from) {
+        return absl::StrCat("blk.", layer, ".", Sv(to), ".", expert, ".weight");
+      }
+    }
   }
   return std::nullopt;
 }

@@ -37,6 +37,21 @@ uint64_t TensorBytes(const WeightSource& source, const std::string& name) {
   return t == nullptr ? 0 : t->bytes;
 }
 
+// Bytes of the tensors named `prefix`...`infix`... (a layer's merged
+// expert tensors: "blk.3." and "_exps.").
+uint64_t ElementsWithPrefixBytes(const WeightSource& source,
+                                 const std::string& prefix,
+                                 std::string_view infix) {
+  uint64_t total = 0;
+  for (const TensorInfo& t : source.tensors()) {
+    if (absl::StartsWith(t.name, prefix) &&
+        t.name.find(infix) != std::string::npos) {
+      total += t.bytes;
+    }
+  }
+  return total;
+}
+
 // Contiguous split of `costs` into `parts` non-empty ranges minimizing the
 // largest range cost, where range p also costs extra[p]. Returns the
 // boundaries (parts + 1 entries).
@@ -77,12 +92,15 @@ std::vector<int64_t> BalancedPartition(const std::vector<uint64_t>& costs,
 }
 
 // The column granule of the FFN split: the largest block of any layer's
-// ffn_down format (at least 32) when ffn_hidden holds one per rank.
+// ffn_down format (the experts' too: ffn_down_exps, ffn_down.E) (at least
+// 32) when ffn_hidden holds one per rank.
 int64_t FfnGranule(const WeightSource& source, int64_t ffn_hidden, int tp) {
   int64_t granule = 32;
   for (const TensorInfo& t : source.tensors()) {
     if (absl::StartsWith(t.name, "blk.") &&
-        absl::EndsWith(t.name, ".ffn_down.weight")) {
+        (absl::EndsWith(t.name, ".ffn_down.weight") ||
+         absl::EndsWith(t.name, ".ffn_down_exps.weight") ||
+         absl::StrContains(t.name, ".ffn_down."))) {
       granule = std::max(granule, BlockElems(t.dtype));
     }
   }
@@ -91,6 +109,25 @@ int64_t FfnGranule(const WeightSource& source, int64_t ffn_hidden, int tp) {
 }
 
 }  // namespace
+
+const char* MoeShardingName(MoeSharding m) {
+  switch (m) {
+    case MoeSharding::kTensor:
+      return "tp";
+    case MoeSharding::kExpert:
+      return "ep";
+    default:
+      return "auto";
+  }
+}
+
+absl::StatusOr<MoeSharding> ParseMoeSharding(std::string_view name) {
+  if (name == "auto") return MoeSharding::kAuto;
+  if (name == "tp") return MoeSharding::kTensor;
+  if (name == "ep") return MoeSharding::kExpert;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--moe-sharding '", Sv(name), "': want auto, tp or ep"));
+}
 
 std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
   const int64_t base = n / parts, extra = n % parts;
@@ -101,37 +138,51 @@ std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
 std::string ShardSpec::DebugString() const {
   return absl::StrFormat(
       "pp %d tp %d: layers [%d, %d) heads [%d, %d) kv [%d, %d) ffn [%d, %d) "
-      "vocab [%d, %d) %.1f MiB",
+      "experts [%d, %d) vocab [%d, %d) %.1f MiB",
       pp_rank, tp_rank, layer_begin, layer_end, head_begin, head_end,
-      kv_head_begin, kv_head_end, ffn_begin, ffn_end, vocab_begin, vocab_end,
-      weight_bytes / 1048576.0);
+      kv_head_begin, kv_head_end, ffn_begin, ffn_end, expert_begin, expert_end,
+      vocab_begin, vocab_end, weight_bytes / 1048576.0);
 }
 
 std::string ShardPlan::DebugString() const {
-  std::string out = absl::StrFormat(
-      "FFN columns split in multiples of %d (the %s of ffn_down's format)\n",
-      ffn_granule, ffn_granule > 32 ? "super-block" : "32-value block");
-  out += absl::StrFormat("%-5s %-3s %-3s %-10s %-11s %-8s %-12s %-14s %10s\n",
-                         "rank", "pp", "tp", "layers", "q heads", "kv heads",
-                         "ffn cols", "vocab rows", "MiB read");
+  const bool moe = moe_sharding != MoeSharding::kAuto;
+  std::string out;
+  if (moe_sharding == MoeSharding::kExpert) {
+    out = "experts held whole (--moe-sharding ep), in contiguous ranges\n";
+  } else {
+    out = absl::StrFormat(
+        "%s columns split in multiples of %d (the %s of ffn_down's format)%s\n",
+        moe ? "every expert's FFN" : "FFN", ffn_granule,
+        ffn_granule > 32 ? "super-block" : "32-value block",
+        moe ? " (--moe-sharding tp)" : "");
+  }
+  absl::StrAppendFormat(&out, "%-5s %-3s %-3s %-10s %-11s %-8s %-12s %-14s ",
+                        "rank", "pp", "tp", "layers", "q heads", "kv heads",
+                        "ffn cols", "vocab rows");
+  if (moe) absl::StrAppendFormat(&out, "%-10s ", "experts");
+  absl::StrAppendFormat(&out, "%10s\n", "MiB read");
   for (size_t i = 0; i < shards.size(); ++i) {
     const ShardSpec& s = shards[i];
     absl::StrAppendFormat(
-        &out, "%-5d %-3d %-3d %-10s %-11s %-8s %-12s %-14s %10.1f\n", i + 1,
-        s.pp_rank, s.tp_rank,
-        absl::StrFormat("%d-%d", s.layer_begin, s.layer_end - 1),
+        &out, "%-5d %-3d %-3d %-10s %-11s %-8s %-12s %-14s ", i + 1, s.pp_rank,
+        s.tp_rank, absl::StrFormat("%d-%d", s.layer_begin, s.layer_end - 1),
         absl::StrFormat("%d-%d (%d)", s.head_begin, s.head_end - 1,
                         s.n_heads()),
         absl::StrFormat("%d-%d", s.kv_head_begin, s.kv_head_end - 1),
         absl::StrFormat("%d-%d", s.ffn_begin, s.ffn_end - 1),
-        absl::StrFormat("%d-%d", s.vocab_begin, s.vocab_end - 1),
-        s.weight_bytes / 1048576.0);
+        absl::StrFormat("%d-%d", s.vocab_begin, s.vocab_end - 1));
+    if (moe) {
+      absl::StrAppendFormat(
+          &out, "%-10s ",
+          absl::StrFormat("%d-%d", s.expert_begin, s.expert_end - 1));
+    }
+    absl::StrAppendFormat(&out, "%10.1f\n", s.weight_bytes / 1048576.0);
   }
   return out;
 }
 
-absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
-                                     int pp) {
+absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
+                                     MoeSharding moe) {
   const ModelConfig& c = source.config();
   if (tp < 1 || pp < 1) {
     return absl::InvalidArgumentError(
@@ -146,17 +197,38 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
     return absl::InvalidArgumentError(absl::StrCat(
         "pp ", pp, " exceeds the model's ", c.n_layers, " layers"));
   }
-  if (c.ffn_hidden % 32 != 0 || c.ffn_hidden / 32 < tp) {
+  // Experts: whole per rank (ep) or split like a dense FFN (tp).
+  MoeSharding moe_sharding = MoeSharding::kAuto;
+  if (c.is_moe()) {
+    const bool divides = c.n_experts % tp == 0;
+    moe_sharding = moe == MoeSharding::kAuto
+                       ? (divides ? MoeSharding::kExpert : MoeSharding::kTensor)
+                       : moe;
+    if (moe_sharding == MoeSharding::kExpert && !divides) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--moe-sharding ep: tp ", tp, " does not divide the model's ",
+          c.n_experts, " experts; use tp (every expert split across the ",
+          "group) or a TP size that divides ", c.n_experts));
+    }
+  } else if (moe == MoeSharding::kExpert) {
+    return absl::InvalidArgumentError(
+        "--moe-sharding ep: the model has no experts (a dense FFN)");
+  }
+  // The FFN columns split over TP: a dense FFN's, or every expert's (tp).
+  const int64_t split_ffn = c.SplitFfn();
+  const bool split_columns = moe_sharding != MoeSharding::kExpert;
+  if (split_columns && (split_ffn % 32 != 0 || split_ffn / 32 < tp)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "ffn_hidden ", c.ffn_hidden,
+        c.is_moe() ? "expert_ffn_hidden " : "ffn_hidden ", split_ffn,
         " cannot be split into whole 32-column blocks over tp ", tp));
   }
   // FFN columns split on the blocks of ffn_down's format (256 for the
   // K-quants), so that each rank reads whole blocks of its columns; when
   // there are fewer such blocks than ranks, on 32 columns, and a rank whose
   // columns cut a block holds the whole block (LlamaLayerWeights).
-  const int64_t ffn_granule = FfnGranule(source, c.ffn_hidden, tp);
-  const int64_t ffn_blocks = c.ffn_hidden / ffn_granule;
+  const int64_t ffn_granule =
+      split_columns ? FfnGranule(source, split_ffn, tp) : split_ffn;
+  const int64_t ffn_blocks = split_ffn / ffn_granule;
   if (c.vocab_size < tp) {
     return absl::InvalidArgumentError("vocabulary smaller than tp");
   }
@@ -183,7 +255,10 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
   extra[pp - 1] += head;
   const std::vector<int64_t> bounds = BalancedPartition(layer_weights, extra);
 
-  ShardPlan plan{.tp = tp, .pp = pp, .ffn_granule = ffn_granule};
+  ShardPlan plan{.tp = tp,
+                 .pp = pp,
+                 .ffn_granule = ffn_granule,
+                 .moe_sharding = moe_sharding};
   const int64_t group = c.n_heads / c.n_kv_heads;
   for (int p = 0; p < pp; ++p) {
     for (int t = 0; t < tp; ++t) {
@@ -193,15 +268,23 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
       std::tie(s.kv_head_begin, s.kv_head_end) = EvenSplit(c.n_kv_heads, tp, t);
       s.head_begin = s.kv_head_begin * group;
       s.head_end = s.kv_head_end * group;
-      auto [fb, fe] = EvenSplit(ffn_blocks, tp, t);
-      s.ffn_begin = fb * ffn_granule;
-      s.ffn_end = t == tp - 1 ? c.ffn_hidden : fe * ffn_granule;
+      if (split_columns) {
+        auto [fb, fe] = EvenSplit(ffn_blocks, tp, t);
+        s.ffn_begin = fb * ffn_granule;
+        s.ffn_end = t == tp - 1 ? split_ffn : fe * ffn_granule;
+        s.expert_end = c.n_experts;  // Every expert (none when dense).
+      } else {
+        s.ffn_end = split_ffn;
+        std::tie(s.expert_begin, s.expert_end) = EvenSplit(c.n_experts, tp, t);
+      }
       std::tie(s.vocab_begin, s.vocab_end) = EvenSplit(c.vocab_size, tp, t);
       s.vocab_padded = (c.vocab_size + tp - 1) / tp;
       // Bytes read: this rank's share of each sharded tensor, all of each
       // replicated one (norms).
       const double share_kv = double(s.n_kv_heads()) / c.n_kv_heads;
-      const double share_ffn = double(s.ffn_end - s.ffn_begin) / c.ffn_hidden;
+      const double share_ffn =
+          double(s.ffn_end - s.ffn_begin) / split_ffn *
+          (c.is_moe() ? double(s.n_experts()) / c.n_experts : 1.0);
       const double share_vocab =
           double(s.vocab_end - s.vocab_begin) / c.vocab_size;
       double bytes = 0;
@@ -216,14 +299,28 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
         bytes += share_ffn * (TensorBytes(source, pre + "ffn_gate.weight") +
                               TensorBytes(source, pre + "ffn_up.weight") +
                               TensorBytes(source, pre + "ffn_down.weight"));
+        if (c.is_moe()) {
+          // The router on every rank; the experts (merged or one tensor
+          // each) by share.
+          bytes += TensorBytes(source, pre + "ffn_gate_inp.weight");
+          bytes += share_ffn * ElementsWithPrefixBytes(source, pre, "_exps.");
+          for (int64_t e = 0; e < c.n_experts; ++e) {
+            for (const char* kind : {"ffn_gate.", "ffn_up.", "ffn_down."}) {
+              bytes +=
+                  share_ffn *
+                  TensorBytes(source, absl::StrCat(pre, kind, e, ".weight"));
+            }
+          }
+        }
       }
       if (s.first_stage()) bytes += share_vocab * embd;
       if (s.last_stage()) {
         bytes += TensorBytes(source, "output_norm.weight");
         // A tied head on the first stage re-uses the rows already read.
         if (!(c.tied_embeddings && s.first_stage())) {
-          bytes +=
-              share_vocab * (head - TensorBytes(source, "output_norm.weight"));
+          bytes += share_vocab * TensorBytes(source, c.tied_embeddings
+                                                         ? "token_embd.weight"
+                                                         : "output.weight");
         }
       }
       s.weight_bytes = static_cast<uint64_t>(bytes);

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,14 +24,27 @@
 
 namespace shardlm {
 
+// How a TP group splits a mixture of experts' FFNs (DESIGN.md section 3):
+// kTensor, every expert's columns as a dense FFN's; kExpert (expert
+// parallel), whole experts per rank, contiguous ranges [E r / T,
+// E (r + 1) / T) of the E experts; kAuto: kExpert when T divides E, else
+// kTensor.
+enum class MoeSharding { kAuto, kTensor, kExpert };
+const char* MoeShardingName(MoeSharding m);  // "auto", "tp", "ep".
+// "auto", "tp" or "ep"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<MoeSharding> ParseMoeSharding(std::string_view name);
+
 struct ShardSpec {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
   int64_t layer_begin = 0, layer_end = 0;      // [begin, end)
   int64_t kv_head_begin = 0, kv_head_end = 0;  // KV heads held.
   int64_t head_begin = 0, head_end = 0;        // Query heads held.
-  int64_t ffn_begin = 0, ffn_end = 0;          // FFN columns held.
-  int64_t vocab_begin = 0, vocab_end = 0;      // Vocabulary rows held.
+  // FFN columns held: of the dense FFN, or of every expert held (a
+  // mixture of experts: ModelConfig::SplitFfn()).
+  int64_t ffn_begin = 0, ffn_end = 0;
+  int64_t expert_begin = 0, expert_end = 0;  // Experts held (mixtures).
+  int64_t vocab_begin = 0, vocab_end = 0;    // Vocabulary rows held.
   // Vocabulary rows every TP rank pads its slice to, so that logits can be
   // all-gathered in equal parts: ceil(vocab / tp).
   int64_t vocab_padded = 0;
@@ -41,6 +55,7 @@ struct ShardSpec {
   int64_t n_layers() const { return layer_end - layer_begin; }
   int64_t n_kv_heads() const { return kv_head_end - kv_head_begin; }
   int64_t n_heads() const { return head_end - head_begin; }
+  int64_t n_experts() const { return expert_end - expert_begin; }
   std::string DebugString() const;
 };
 
@@ -50,6 +65,9 @@ struct ShardPlan {
   // FFN columns split in multiples of this: the block of ffn_down's format
   // (256 for the K-quants) when each rank can have one, else 32.
   int64_t ffn_granule = 32;
+  // For a mixture of experts, kTensor or kExpert (never kAuto); kAuto for
+  // a dense model.
+  MoeSharding moe_sharding = MoeSharding::kAuto;
 
   const ShardSpec& at(int pp_rank, int tp_rank) const {
     return shards[pp_rank * tp + tp_rank];
@@ -58,9 +76,11 @@ struct ShardPlan {
 };
 
 // The plan for TP x PP ranks over `source`. InvalidArgument when tp
-// exceeds the KV head count, pp the layer count, or either is < 1.
-absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp,
-                                     int pp);
+// exceeds the KV head count, pp the layer count, or either is < 1, and
+// for kExpert when tp does not divide the expert count (or the model has
+// no experts).
+absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
+                                     MoeSharding moe = MoeSharding::kAuto);
 
 // [begin, end) of part `i` of `n` items split into `parts` as evenly as
 // possible, earlier parts taking the remainder.

@@ -102,6 +102,14 @@ absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
 absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                                                 Backend& backend,
                                                 const CudaExec& exec) {
+  if (host.config.is_moe()) {
+    // Experts need gather / scatter-add ops and grouped GEMMs on the
+    // device (ForwardOps::GatherRows...), which the CUDA backend lacks.
+    return absl::UnimplementedError(
+        absl::StrCat("mixture-of-experts models (", host.config.architecture,
+                     ", ", host.config.n_experts,
+                     " experts) run on CPUs only so far; use --device cpu"));
+  }
   LlamaWeights w;
   w.config = host.config;
   w.spec = host.spec;
@@ -126,6 +134,8 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
     ASSIGN_OR_RETURN(d.wo, Upload(wo, bf, backend, exec));
     ASSIGN_OR_RETURN(d.ffn_norm,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.q_norm, Upload(l.q_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.k_norm, Upload(l.k_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
     ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
     ASSIGN_OR_RETURN(const Tensor w_down,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/moe/routing.h"
 #include "model/shard_plan.h"
 
 namespace shardlm {
@@ -20,6 +21,54 @@ absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
     return ops.Linear(in, w, b.x, /*accumulate=*/true);
   }
   RETURN_IF_ERROR(ops.Linear(in, w, b.partial, false));
+  if (comms.tp != nullptr) {
+    RETURN_IF_ERROR(Comm([&] {
+      return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
+    }));
+  }
+  return ops.Add(b.x, b.partial);
+}
+
+absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
+                                   ForwardBuffers& b) const {
+  const ModelConfig& c = weights.config;
+  const ShardSpec& spec = weights.spec;
+  const int64_t n = b.xn.dim(0), f = spec.ffn_end - spec.ffn_begin;
+  // The router is replicated: every rank routes every token the same way.
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.router, b.router_logits, false));
+  ASSIGN_OR_RETURN(const Tensor logits, ops.ToHost(b.router_logits));
+  ASSIGN_OR_RETURN(const Routing routing,
+                   RouteTokens(logits.f32().data(), n, c.n_experts,
+                               c.n_experts_used, c.expert_weights_norm));
+  RETURN_IF_ERROR(ops.Zero(b.partial));
+  // This rank's experts, each over the rows routed to it (experts in
+  // index order, so a token's sum has the same order in any step).
+  for (int64_t e = spec.expert_begin; e < spec.expert_end; ++e) {
+    const std::vector<int32_t>& rows = routing.tokens[e];
+    if (rows.empty()) continue;
+    const int64_t m = static_cast<int64_t>(rows.size());
+    const int64_t i = e - spec.expert_begin;
+    ASSIGN_OR_RETURN(const Tensor gate, w.exp_gate.Rows(i * f, (i + 1) * f));
+    ASSIGN_OR_RETURN(const Tensor up, w.exp_up.Rows(i * f, (i + 1) * f));
+    ASSIGN_OR_RETURN(const Tensor down,
+                     w.exp_down.Rows(i * c.hidden, (i + 1) * c.hidden));
+    ASSIGN_OR_RETURN(Tensor x, b.moe_x.Rows(0, m));
+    ASSIGN_OR_RETURN(Tensor g, b.moe_gate.Rows(0, m));
+    ASSIGN_OR_RETURN(Tensor u, b.moe_up.Rows(0, m));
+    ASSIGN_OR_RETURN(Tensor y, b.moe_out.Rows(0, m));
+    RETURN_IF_ERROR(ops.GatherRows(b.xn, rows, x));
+    RETURN_IF_ERROR(ops.Linear(x, gate, g, false));
+    RETURN_IF_ERROR(ops.Linear(x, up, u, false));
+    RETURN_IF_ERROR(ops.SwiGlu(g, u, g));
+    Tensor padded;
+    if (w.exp_down_offset != 0 || down.dim(1) != f) {
+      ASSIGN_OR_RETURN(padded,
+                       ops.PadColumns(g, w.exp_down_offset, down.dim(1)));
+    }
+    RETURN_IF_ERROR(ops.Linear(padded.empty() ? g : padded, down, y, false));
+    RETURN_IF_ERROR(ops.ScatterAddRows(y, rows, routing.weights[e], b.partial));
+    if (expert_tokens != nullptr) (*expert_tokens)[i] += m;
+  }
   if (comms.tp != nullptr) {
     RETURN_IF_ERROR(Comm([&] {
       return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
@@ -72,6 +121,12 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
       RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
     }
+    if (!w.q_norm.empty()) {  // Qwen3: RMSNorm of each head, then RoPE.
+      ASSIGN_OR_RETURN(Tensor qh, b.q.Reshaped({n * spec.n_heads(), d}));
+      ASSIGN_OR_RETURN(Tensor kh, b.k.Reshaped({n * spec.n_kv_heads(), d}));
+      RETURN_IF_ERROR(ops.RmsNorm(qh, w.q_norm, c.rms_norm_eps, qh));
+      RETURN_IF_ERROR(ops.RmsNorm(kh, w.k_norm, c.rms_norm_eps, kh));
+    }
     RETURN_IF_ERROR(ops.Rope(q3, rope));
     RETURN_IF_ERROR(ops.Rope(k3, rope));
     const KvLayer cache = kv.at(l);
@@ -81,6 +136,10 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(Residual(b.attn, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
+    if (c.is_moe()) {
+      RETURN_IF_ERROR(Experts(w, b));
+      continue;
+    }
     if (!w.w_gate_up.empty()) {
       RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate_up, b.gate_up, false));
       RETURN_IF_ERROR(ops.SwiGluFused(b.gate_up, b.h));

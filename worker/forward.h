@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
@@ -84,6 +85,22 @@ class ForwardOps {
                                             int64_t width) {
     return absl::UnimplementedError("PadColumns on this backend");
   }
+  // Mixtures of experts. out[i, :] = x[rows[i], :] (out: [rows.size(), c]).
+  virtual absl::Status GatherRows(const Tensor& x,
+                                  absl::Span<const int32_t> rows, Tensor& out) {
+    return absl::UnimplementedError("GatherRows on this backend");
+  }
+  // out[rows[i], :] += weights[i] * y[i, :] (y: [rows.size(), c]).
+  virtual absl::Status ScatterAddRows(const Tensor& y,
+                                      absl::Span<const int32_t> rows,
+                                      absl::Span<const float> weights,
+                                      Tensor& out) {
+    return absl::UnimplementedError("ScatterAddRows on this backend");
+  }
+  // x = 0.
+  virtual absl::Status Zero(Tensor& x) {
+    return absl::UnimplementedError("Zero on this backend");
+  }
   // out = the rows of x ([n, hidden]) whose logits the step wants.
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
   // `t` readable on the host once this returns (itself when it is there).
@@ -97,19 +114,25 @@ class ForwardOps {
 // Activations of one step: views of n rows (m logit rows for the last
 // three), allocated by the runner on its backend.
 struct ForwardBuffers {
-  Tensor x;             // [n, hidden] f32: the residual stream.
-  Tensor xn;            // [n, hidden] normed x (GEMM input).
-  Tensor q, k, v;       // [n, (kv_)heads held * head_dim] f32.
-  Tensor attn;          // [n, heads held * head_dim] attention output
-                        // (GEMM input).
-  Tensor partial;       // [n, hidden] f32: TP partial sums (may be empty
-                        // when the ops fuse the residual and tp = 1).
-  Tensor gate, up;      // [n, ffn held] f32.
-  Tensor qkv;           // [n, (heads + 2 kv_heads) held * head_dim] f32,
-                        // when the weights are fused.
-  Tensor gate_up;       // [n, 2 ffn held] f32, when they are fused.
-  Tensor h;             // [n, ffn held] SwiGLU output (GEMM input; may
-                        // alias gate).
+  Tensor x;         // [n, hidden] f32: the residual stream.
+  Tensor xn;        // [n, hidden] normed x (GEMM input).
+  Tensor q, k, v;   // [n, (kv_)heads held * head_dim] f32.
+  Tensor attn;      // [n, heads held * head_dim] attention output
+                    // (GEMM input).
+  Tensor partial;   // [n, hidden] f32: TP partial sums (may be empty
+                    // when the ops fuse the residual and tp = 1).
+  Tensor gate, up;  // [n, ffn held] f32.
+  Tensor qkv;       // [n, (heads + 2 kv_heads) held * head_dim] f32,
+                    // when the weights are fused.
+  Tensor gate_up;   // [n, 2 ffn held] f32, when they are fused.
+  Tensor h;         // [n, ffn held] SwiGLU output (GEMM input; may
+                    // alias gate).
+  // Mixtures of experts: the router's logits [n, n_experts] and one
+  // expert's gathered rows: its input [n, hidden], gate and up [n, f held]
+  // (SwiGLU in place into gate) and output [n, hidden] (views of the first
+  // rows that go to it).
+  Tensor router_logits;
+  Tensor moe_x, moe_gate, moe_up, moe_out;
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
@@ -152,6 +175,9 @@ struct ShardForward {
   ShardComms comms;
   ForwardOps& ops;
   CommCall comm;  // Null: call directly.
+  // Mixtures: tokens routed to each expert this shard holds, added to over
+  // the step's layers ([experts held]); null: not counted.
+  std::vector<int64_t>* expert_tokens = nullptr;
 
   // The step's layers on this shard; x holds the last layer's output (on a
   // last stage) or has been sent to the next stage.
@@ -168,6 +194,9 @@ struct ShardForward {
   absl::Status Comm(const std::function<absl::Status()>& call) const {
     return comm ? comm(call) : call();
   }
+  // x += the layer's mixture of experts of b.xn, summed over the TP group
+  // (each rank adds its experts' share, or its columns of every expert).
+  absl::Status Experts(const LlamaLayerWeights& w, ForwardBuffers& b) const;
   // x += in w^T, summed over the TP group; w's columns for `in` begin at
   // `offset` (nonzero, or w wider than in, for a slice of whole blocks).
   absl::Status Residual(const Tensor& in, const Tensor& w, int64_t offset,

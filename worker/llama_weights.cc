@@ -72,9 +72,122 @@ absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
 
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm, &l.wq,     &l.wk,   &l.wv,       &l.bq,
-          &l.bk,        &l.bv,     &l.wo,   &l.ffn_norm, &l.w_gate,
-          &l.w_up,      &l.w_down, &l.wqkv, &l.bqkv,     &l.w_gate_up};
+  return {&l.attn_norm, &l.wq,     &l.wk,     &l.wv,       &l.bq,
+          &l.bk,        &l.bv,     &l.wo,     &l.ffn_norm, &l.w_gate,
+          &l.w_up,      &l.w_down, &l.wqkv,   &l.bqkv,     &l.w_gate_up,
+          &l.q_norm,    &l.k_norm, &l.router, &l.exp_gate, &l.exp_up,
+          &l.exp_down};
+}
+
+// Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
+// [H, F]) of layer `layer`, as a 2-D tensor of its bytes: a slab of the
+// merged 3-D tensor blk.L.<kind>_exps.weight [E, rows, cols] (llama.cpp's
+// files), else the tensor blk.L.<kind>.<e>.weight [rows, cols] (Hugging
+// Face folders, older Mixtral GGUFs).
+struct ExpertMatrix {
+  TensorInfo info;
+  absl::Span<const uint8_t> data;
+};
+
+absl::StatusOr<ExpertMatrix> FindExpert(const WeightSource& source,
+                                        int64_t layer, const std::string& kind,
+                                        int64_t e, int64_t experts,
+                                        int64_t rows, int64_t cols) {
+  const std::string merged =
+      absl::StrCat("blk.", layer, ".", kind, "_exps.weight");
+  if (const TensorInfo* m = source.Find(merged); m != nullptr) {
+    if (m->shape != Shape{experts, rows, cols}) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", merged, "' has shape ", ShapeString(m->shape),
+          ", expected ", ShapeString({experts, rows, cols}), " (", experts,
+          " experts of ", rows, " x ", cols, ")"));
+    }
+    ASSIGN_OR_RETURN(const int64_t bytes, BytesFor(m->dtype, rows * cols));
+    ExpertMatrix out;
+    out.info = TensorInfo{.name = absl::StrCat(merged, "[", e, "]"),
+                          .dtype = m->dtype,
+                          .shape = {rows, cols},
+                          .bytes = static_cast<uint64_t>(bytes)};
+    out.data = source.Data(*m).subspan(e * bytes, bytes);
+    return out;
+  }
+  const std::string single =
+      absl::StrCat("blk.", layer, ".", kind, ".", e, ".weight");
+  const TensorInfo* t = source.Find(single);
+  if (t == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "model has no tensor '", merged, "' (nor '", single, "'): layer ",
+        layer, " is a mixture of ", experts, " experts"));
+  }
+  if (t->shape != Shape{rows, cols}) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", single, "' has shape ", ShapeString(t->shape),
+                     ", expected ", ShapeString({rows, cols})));
+  }
+  return ExpertMatrix{*t, source.Data(*t)};
+}
+
+// Every tensor a mixture layer needs, checked before anything is read:
+// the router and each expert's three matrices.
+absl::Status CheckExperts(const WeightSource& source, int64_t layer) {
+  const ModelConfig& c = source.config();
+  const int64_t f = c.expert_ffn_hidden;
+  RETURN_IF_ERROR(
+      source
+          .Require(absl::StrCat("blk.", layer, ".ffn_gate_inp.weight"),
+                   {c.n_experts, c.hidden})
+          .status());
+  for (int64_t e = 0; e < c.n_experts; ++e) {
+    RETURN_IF_ERROR(
+        FindExpert(source, layer, "ffn_gate", e, c.n_experts, f, c.hidden)
+            .status());
+    RETURN_IF_ERROR(
+        FindExpert(source, layer, "ffn_up", e, c.n_experts, f, c.hidden)
+            .status());
+    RETURN_IF_ERROR(
+        FindExpert(source, layer, "ffn_down", e, c.n_experts, c.hidden, f)
+            .status());
+  }
+  return absl::OkStatus();
+}
+
+// Rows [r0, r1) x columns [c0, c1) of each held expert's `kind` matrix,
+// one after the other (in their format; whole blocks around [c0, c1) as
+// LoadSlice does).
+absl::StatusOr<Slice> LoadExperts(const WeightSource& source, int64_t layer,
+                                  const std::string& kind, const ShardSpec& s,
+                                  int64_t rows, int64_t cols, int64_t r0,
+                                  int64_t r1, int64_t c0, int64_t c1) {
+  const ModelConfig& c = source.config();
+  std::vector<Tensor> parts;
+  int64_t offset = 0;
+  for (int64_t e = s.expert_begin; e < s.expert_end; ++e) {
+    ASSIGN_OR_RETURN(ExpertMatrix m, FindExpert(source, layer, kind, e,
+                                                c.n_experts, rows, cols));
+    Tensor part;
+    if (IsQuantized(m.info.dtype)) {
+      const int64_t block = BlockElems(m.info.dtype);
+      const int64_t b0 = c0 / block * block;
+      const int64_t b1 = (c1 + block - 1) / block * block;
+      ASSIGN_OR_RETURN(part, CopySlice(m.info, m.data, r0, r1, b0, b1));
+      offset = c0 - b0;
+    } else {
+      ASSIGN_OR_RETURN(part, DequantizeSlice(m.info, m.data, r0, r1, c0, c1));
+    }
+    parts.push_back(std::move(part));
+  }
+  if (parts.empty()) return Slice{};
+  const int64_t width = parts[0].dim(1), part_rows = parts[0].dim(0);
+  ASSIGN_OR_RETURN(
+      Tensor all, Tensor::HostUninitialized(
+                      parts[0].dtype(),
+                      {part_rows * static_cast<int64_t>(parts.size()), width}));
+  auto* dst = static_cast<uint8_t*>(all.raw());
+  for (const Tensor& p : parts) {
+    std::memcpy(dst, p.raw(), p.bytes());
+    dst += p.bytes();
+  }
+  return Slice{std::move(all), offset};
 }
 
 }  // namespace
@@ -209,6 +322,13 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       w.lm_head = w.token_embd;  // Share one copy.
     }
   }
+  // A mixture's tensors are all checked before any layer is read: a file
+  // that lacks an expert or gives it the wrong shape is refused whole.
+  if (c.is_moe()) {
+    for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
+      RETURN_IF_ERROR(CheckExperts(source, i));
+    }
+  }
   loaded = w.bytes();  // The embeddings, head and final norm so far.
   report(0);
   const int64_t q0 = s.head_begin * d, q1 = s.head_end * d;
@@ -236,19 +356,44 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                          {c.hidden, q_dim}, 0, -1, q0, q1));
     l.wo = std::move(wo.w);
     l.wo_offset = wo.offset;
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(l.q_norm,
+                       Load(source, p + "attn_q_norm.weight", {c.head_dim}));
+      ASSIGN_OR_RETURN(l.k_norm,
+                       Load(source, p + "attn_k_norm.weight", {c.head_dim}));
+    }
     ASSIGN_OR_RETURN(l.ffn_norm,
                      Load(source, p + "ffn_norm.weight", {c.hidden}));
-    ASSIGN_OR_RETURN(
-        l.w_gate, Load(source, p + "ffn_gate.weight", {c.ffn_hidden, c.hidden},
+    if (c.is_moe()) {
+      const int64_t f = c.expert_ffn_hidden;
+      ASSIGN_OR_RETURN(l.router, Load(source, p + "ffn_gate_inp.weight",
+                                      {c.n_experts, c.hidden}));
+      ASSIGN_OR_RETURN(Slice gate,
+                       LoadExperts(source, i, "ffn_gate", s, f, c.hidden,
+                                   s.ffn_begin, s.ffn_end, 0, c.hidden));
+      ASSIGN_OR_RETURN(Slice up,
+                       LoadExperts(source, i, "ffn_up", s, f, c.hidden,
+                                   s.ffn_begin, s.ffn_end, 0, c.hidden));
+      ASSIGN_OR_RETURN(Slice down,
+                       LoadExperts(source, i, "ffn_down", s, c.hidden, f, 0,
+                                   c.hidden, s.ffn_begin, s.ffn_end));
+      l.exp_gate = std::move(gate.w);
+      l.exp_up = std::move(up.w);
+      l.exp_down = std::move(down.w);
+      l.exp_down_offset = down.offset;
+    } else {
+      ASSIGN_OR_RETURN(l.w_gate,
+                       Load(source, p + "ffn_gate.weight",
+                            {c.ffn_hidden, c.hidden}, s.ffn_begin, s.ffn_end));
+      ASSIGN_OR_RETURN(
+          l.w_up, Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden},
                        s.ffn_begin, s.ffn_end));
-    ASSIGN_OR_RETURN(l.w_up,
-                     Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden},
-                          s.ffn_begin, s.ffn_end));
-    ASSIGN_OR_RETURN(Slice down, LoadSlice(source, p + "ffn_down.weight",
-                                           {c.hidden, c.ffn_hidden}, 0, -1,
-                                           s.ffn_begin, s.ffn_end));
-    l.w_down = std::move(down.w);
-    l.w_down_offset = down.offset;
+      ASSIGN_OR_RETURN(Slice down, LoadSlice(source, p + "ffn_down.weight",
+                                             {c.hidden, c.ffn_hidden}, 0, -1,
+                                             s.ffn_begin, s.ffn_end));
+      l.w_down = std::move(down.w);
+      l.w_down_offset = down.offset;
+    }
     for (const Tensor* t : LayerTensors(l)) loaded += t->bytes();
     w.layers.push_back(std::move(l));
     report(static_cast<int>(w.layers.size()));

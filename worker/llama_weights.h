@@ -22,17 +22,28 @@ namespace shardlm {
 // Shapes are those of the shard: h = heads held, kv = KV heads held,
 // f = FFN columns held, d = head_dim.
 struct LlamaLayerWeights {
-  Tensor attn_norm;   // [hidden]
-  Tensor wq;          // [h * d, hidden]      column-parallel
-  Tensor wk;          // [kv * d, hidden]     column-parallel
-  Tensor wv;          // [kv * d, hidden]     column-parallel
-  Tensor bq, bk, bv;  // [h * d], [kv * d], [kv * d] f32 when the model has
-                      // attention biases (Qwen2), else empty.
-  Tensor wo;          // [hidden, h * d]      row-parallel (partial sums)
-  Tensor ffn_norm;    // [hidden]
-  Tensor w_gate;      // [f, hidden]          column-parallel
-  Tensor w_up;        // [f, hidden]          column-parallel
-  Tensor w_down;      // [hidden, f]          row-parallel (partial sums)
+  Tensor attn_norm;       // [hidden]
+  Tensor wq;              // [h * d, hidden]      column-parallel
+  Tensor wk;              // [kv * d, hidden]     column-parallel
+  Tensor wv;              // [kv * d, hidden]     column-parallel
+  Tensor bq, bk, bv;      // [h * d], [kv * d], [kv * d] f32 when the model has
+                          // attention biases (Qwen2), else empty.
+  Tensor wo;              // [hidden, h * d]      row-parallel (partial sums)
+  Tensor ffn_norm;        // [hidden]
+  Tensor w_gate;          // [f, hidden]          column-parallel
+  Tensor w_up;            // [f, hidden]          column-parallel
+  Tensor w_down;          // [hidden, f]          row-parallel (partial sums)
+  Tensor q_norm, k_norm;  // [d] f32: Qwen3's per-head RMSNorm weights, or
+                          // empty.
+  // A mixture of experts (ModelConfig::is_moe(); w_gate, w_up and w_down
+  // are empty then), e = experts held (ShardSpec::expert_begin..end), f =
+  // their FFN columns held: expert i of the held ones is rows
+  // [i f, (i + 1) f) of exp_gate and exp_up and rows [i hidden,
+  // (i + 1) hidden) of exp_down, each in its stored format.
+  Tensor router;            // [n_experts, hidden] replicated, f32 or stored.
+  Tensor exp_gate, exp_up;  // [e * f, hidden]
+  Tensor exp_down;          // [e * hidden, f (+ padding: exp_down_offset)]
+  int64_t exp_down_offset = 0;
   // The row-parallel matrices of a TP rank whose columns cut a block of
   // their format (heads of 64 or 128 values inside 256-value K-quant
   // super-blocks) hold the whole blocks around their columns: wo is then

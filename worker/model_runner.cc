@@ -212,6 +212,44 @@ class CpuForwardOps : public ForwardOps {
     }
     return out;
   }
+  absl::Status GatherRows(const Tensor& x, absl::Span<const int32_t> rows,
+                          Tensor& out) override {
+    const int64_t c = x.dim(1);
+    if (out.dim(0) != static_cast<int64_t>(rows.size()) || out.dim(1) != c) {
+      return absl::InvalidArgumentError("GatherRows: output shape");
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0 || rows[i] >= x.dim(0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("GatherRows: row ", rows[i], " of ", x.dim(0)));
+      }
+      std::copy_n(x.f32().data() + rows[i] * c, c, out.f32().data() + i * c);
+    }
+    return absl::OkStatus();
+  }
+  absl::Status ScatterAddRows(const Tensor& y, absl::Span<const int32_t> rows,
+                              absl::Span<const float> weights,
+                              Tensor& out) override {
+    const int64_t c = out.dim(1);
+    if (y.dim(0) != static_cast<int64_t>(rows.size()) || y.dim(1) != c ||
+        weights.size() != rows.size()) {
+      return absl::InvalidArgumentError("ScatterAddRows: shapes");
+    }
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (rows[i] < 0 || rows[i] >= out.dim(0)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("ScatterAddRows: row ", rows[i], " of ", out.dim(0)));
+      }
+      const float* src = y.f32().data() + i * c;
+      float* dst = out.f32().data() + rows[i] * c;
+      for (int64_t j = 0; j < c; ++j) dst[j] += weights[i] * src[j];
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Zero(Tensor& x) override {
+    std::fill(x.f32().begin(), x.f32().end(), 0.0f);
+    return absl::OkStatus();
+  }
   absl::StatusOr<Tensor> ToHost(const Tensor& t) override { return t; }
   // The CPU adds the residual separately (the numerics every CPU test and
   // reference was written against).
@@ -273,9 +311,17 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
   ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
   ASSIGN_OR_RETURN(b.attn, host({n, q_dim}));
-  ASSIGN_OR_RETURN(b.gate, host({n, ffn}));
-  ASSIGN_OR_RETURN(b.up, host({n, ffn}));
-  b.h = b.gate;
+  if (c.is_moe()) {
+    ASSIGN_OR_RETURN(b.router_logits, host({n, c.n_experts}));
+    ASSIGN_OR_RETURN(b.moe_x, host({n, c.hidden}));
+    ASSIGN_OR_RETURN(b.moe_gate, host({n, ffn}));
+    ASSIGN_OR_RETURN(b.moe_up, host({n, ffn}));
+    ASSIGN_OR_RETURN(b.moe_out, host({n, c.hidden}));
+  } else {
+    ASSIGN_OR_RETURN(b.gate, host({n, ffn}));
+    ASSIGN_OR_RETURN(b.up, host({n, ffn}));
+    b.h = b.gate;
+  }
   if (spec.last_stage() && m > 0) {
     ASSIGN_OR_RETURN(b.last, host({m, c.hidden}));
     b.last_n = b.last;
@@ -286,13 +332,19 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   }
 
   CpuForwardOps ops(step, batch, c.hidden);
+  if (stats_.expert_tokens.size() != static_cast<size_t>(spec.n_experts())) {
+    stats_.expert_begin = spec.expert_begin;
+    stats_.expert_tokens.assign(spec.n_experts(), 0);
+  }
   const ShardForward forward{
       .weights = weights_,
       .comms = comms_,
       .ops = ops,
-      .comm = [this](const std::function<absl::Status()>& call) {
-        return Comm(call);
-      }};
+      .comm =
+          [this](const std::function<absl::Status()>& call) {
+            return Comm(call);
+          },
+      .expert_tokens = &stats_.expert_tokens};
   RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
   if (!spec.last_stage()) return Tensor();
   return forward.Logits(b);

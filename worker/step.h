@@ -88,6 +88,10 @@ struct RunnerStats {
   // scales included, over this rank's layers and KV heads).
   DType kv_dtype = DType::kF32;
   int64_t kv_bytes_per_token = 0;
+  // Mixtures of experts: tokens routed to each expert this rank holds
+  // (experts expert_begin, expert_begin + 1, ...), over all its layers.
+  int64_t expert_begin = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 }  // namespace shardlm

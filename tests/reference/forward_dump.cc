@@ -1,6 +1,7 @@
 // Prints what the engine computes for one prompt, for check_forward.py:
 //   forward_dump --model PATH --tokens 1,2,3 [--steps 32] [--chunk N]
-//                [--tp T --pp P] [--kv-cache-dtype f32|f16|bf16]
+//                [--tp T --pp P] [--moe-sharding auto|tp|ep]
+//                [--kv-cache-dtype f32|f16|bf16]
 // writes one JSON object to stdout:
 //   {"logits": [last prompt position, vocab floats], "greedy": [steps ids],
 //    "step_logprobs": [per step: {"sampled": lp, "top": [[id, lp] x 20]}]}
@@ -28,6 +29,7 @@ int Main(int argc, char** argv) {
   std::string model, tokens_arg;
   int steps = 32, chunk = 512, tp = 1, pp = 1;
   std::optional<DType> kv_dtype;  // The engine's default.
+  MoeSharding moe = MoeSharding::kAuto;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--model") {
@@ -42,6 +44,10 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtoi(value, &tp)) return Fail("bad --tp");
     } else if (flag == "--pp") {
       if (!absl::SimpleAtoi(value, &pp)) return Fail("bad --pp");
+    } else if (flag == "--moe-sharding") {
+      absl::StatusOr<MoeSharding> m = ParseMoeSharding(value);
+      if (!m.ok()) return Fail(std::string(m.status().message()));
+      moe = *m;
     } else if (flag == "--kv-cache-dtype") {
       absl::StatusOr<DType> t = ParseKvCacheDType(value);
       if (!t.ok()) return Fail(std::string(t.status().message()));
@@ -66,7 +72,8 @@ int Main(int argc, char** argv) {
   auto engine = Engine::Create(**source, {.kv_cache_dtype = kv_dtype,
                                           .max_batched_tokens = chunk,
                                           .tp = tp,
-                                          .pp = pp});
+                                          .pp = pp,
+                                          .moe_sharding = moe});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   auto result = (*engine)->Generate({.prompt = prompt,
                                      .max_tokens = steps,

@@ -62,6 +62,14 @@ class Config:
     # Per layer, whether sliding_window applies (Qwen2's use_sliding_window:
     # the layers from max_window_layers on); None: every layer.
     window_layers: list | None = None
+    qk_norm: bool = False     # Qwen3: RMSNorm of each q / k head before RoPE
+    # Mixture of experts (0: dense): n_experts SwiGLU experts of
+    # expert_hidden_dim columns, top experts_used by softmax probability
+    # (ties to the lower index), weights renormalized when experts_norm.
+    n_experts: int = 0
+    experts_used: int = 0
+    expert_hidden_dim: int = 0
+    experts_norm: bool = True
 
     def layer_window(self, layer: int) -> int:
         if self.window_layers is not None and not self.window_layers[layer]:
@@ -83,6 +91,12 @@ class Layer:
     bq: np.ndarray | None = None  # (n_heads*head_dim,) Qwen2 biases
     bk: np.ndarray | None = None  # (n_kv_heads*head_dim,)
     bv: np.ndarray | None = None  # (n_kv_heads*head_dim,)
+    q_norm: np.ndarray | None = None  # (head_dim,) Qwen3
+    k_norm: np.ndarray | None = None  # (head_dim,)
+    router: np.ndarray | None = None  # (n_experts, dim) mixtures
+    e_gate: np.ndarray | None = None  # (n_experts, expert_hidden_dim, dim)
+    e_up: np.ndarray | None = None    # (n_experts, expert_hidden_dim, dim)
+    e_down: np.ndarray | None = None  # (n_experts, dim, expert_hidden_dim)
 
 
 @dataclasses.dataclass
@@ -113,10 +127,24 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
             f"{i}.wv": (L.wv, (kv, cfg.dim)),
             f"{i}.wo": (L.wo, (cfg.dim, q)),
             f"{i}.ffn_norm": (L.ffn_norm, (cfg.dim,)),
-            f"{i}.w_gate": (L.w_gate, (cfg.hidden_dim, cfg.dim)),
-            f"{i}.w_up": (L.w_up, (cfg.hidden_dim, cfg.dim)),
-            f"{i}.w_down": (L.w_down, (cfg.dim, cfg.hidden_dim)),
         })
+        if cfg.n_experts:
+            e, f = cfg.n_experts, cfg.expert_hidden_dim
+            want.update({
+                f"{i}.router": (L.router, (e, cfg.dim)),
+                f"{i}.e_gate": (L.e_gate, (e, f, cfg.dim)),
+                f"{i}.e_up": (L.e_up, (e, f, cfg.dim)),
+                f"{i}.e_down": (L.e_down, (e, cfg.dim, f)),
+            })
+        else:
+            want.update({
+                f"{i}.w_gate": (L.w_gate, (cfg.hidden_dim, cfg.dim)),
+                f"{i}.w_up": (L.w_up, (cfg.hidden_dim, cfg.dim)),
+                f"{i}.w_down": (L.w_down, (cfg.dim, cfg.hidden_dim)),
+            })
+        if cfg.qk_norm:
+            want.update({f"{i}.q_norm": (L.q_norm, (cfg.head_dim,)),
+                         f"{i}.k_norm": (L.k_norm, (cfg.head_dim,))})
     assert len(w.layers) == cfg.n_layers
     assert cfg.n_heads % cfg.n_kv_heads == 0
     for name, (arr, shape) in want.items():
@@ -141,8 +169,9 @@ def load_gguf(path: str):
 
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2"):
-        raise ValueError(f"{path}: architecture {arch!r}, want llama or qwen2")
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
+        raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
+                         f"qwen3 or qwen3moe")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -177,10 +206,19 @@ def load_gguf(path: str):
         rope_base=float(kv("rope.freq_base", 10000.0)),
         norm_eps=float(kv("attention.layer_norm_rms_epsilon")),
         # llama.cpp runs Llama with "normal" RoPE on its permuted Q/K rows
-        # (adjacent pairs) and Qwen2 with NeoX RoPE (halves).
-        rope_style="half" if arch == "qwen2" else "adjacent",
+        # (adjacent pairs) and Qwen2 / Qwen3 with NeoX RoPE (halves).
+        rope_style="adjacent" if arch == "llama" else "half",
         sliding_window=int(kv("attention.sliding_window", 0)),
+        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        n_experts=int(kv("expert_count", 0)),
     )
+    if cfg.n_experts:
+        cfg.experts_used = int(kv("expert_used_count"))
+        cfg.expert_hidden_dim = int(kv("expert_feed_forward_length",
+                                       cfg.hidden_dim))
+        # llama.cpp renormalizes the top-k weights of qwen3moe and llama
+        # (Mixtral) mixtures.
+        cfg.experts_norm = bool(kv("expert_weights_norm", True))
     st = str(kv("rope.scaling.type", "none"))
     if st == "linear":
         cfg.rope_scaling = {"type": "linear",
@@ -198,9 +236,17 @@ def load_gguf(path: str):
     if rope_dims != head_dim:
         raise ValueError(f"partial RoPE ({rope_dims} of {head_dim}) unsupported")
 
+    def experts(p, kind):
+        """Merged (n_experts, rows, cols), or stacked per-expert tensors."""
+        if p + kind + "_exps.weight" in tensors:
+            return tensors[p + kind + "_exps.weight"]
+        return np.stack([tensors[f"{p}{kind}.{e}.weight"]
+                         for e in range(cfg.n_experts)])
+
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
+        moe = cfg.n_experts > 0
         layers.append(Layer(
             attn_norm=tensors[p + "attn_norm.weight"],
             wq=tensors[p + "attn_q.weight"],
@@ -208,12 +254,18 @@ def load_gguf(path: str):
             wv=tensors[p + "attn_v.weight"],
             wo=tensors[p + "attn_output.weight"],
             ffn_norm=tensors[p + "ffn_norm.weight"],
-            w_gate=tensors[p + "ffn_gate.weight"],
-            w_up=tensors[p + "ffn_up.weight"],
-            w_down=tensors[p + "ffn_down.weight"],
+            w_gate=None if moe else tensors[p + "ffn_gate.weight"],
+            w_up=None if moe else tensors[p + "ffn_up.weight"],
+            w_down=None if moe else tensors[p + "ffn_down.weight"],
             bq=tensors.get(p + "attn_q.bias"),
             bk=tensors.get(p + "attn_k.bias"),
             bv=tensors.get(p + "attn_v.bias"),
+            q_norm=tensors.get(p + "attn_q_norm.weight"),
+            k_norm=tensors.get(p + "attn_k_norm.weight"),
+            router=tensors[p + "ffn_gate_inp.weight"] if moe else None,
+            e_gate=experts(p, "ffn_gate") if moe else None,
+            e_up=experts(p, "ffn_up") if moe else None,
+            e_down=experts(p, "ffn_down") if moe else None,
         ))
     w = Weights(
         tok_embd=tok_embd,
@@ -325,6 +377,7 @@ def load_hf_dir(d: str):
             window_layers = [t == "sliding_attention" for t in types]
     else:
         window = int(hc.get("sliding_window") or 0)
+    model_type = hc.get("model_type")
     cfg = Config(
         dim=dim,
         hidden_dim=int(hc["intermediate_size"]),
@@ -339,11 +392,33 @@ def load_hf_dir(d: str):
         rope_scaling=scaling,
         sliding_window=window,
         window_layers=window_layers,
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
     )
+    # transformers' MixtralSparseMoeBlock (always renormalized) and
+    # Qwen3MoeSparseMoeBlock (norm_topk_prob).
+    if model_type == "mixtral":
+        cfg.n_experts = int(hc["num_local_experts"])
+        cfg.experts_used = int(hc["num_experts_per_tok"])
+        cfg.expert_hidden_dim = cfg.hidden_dim
+        cfg.experts_norm = True
+    elif model_type == "qwen3_moe":
+        cfg.n_experts = int(hc["num_experts"])
+        cfg.experts_used = int(hc["num_experts_per_tok"])
+        cfg.expert_hidden_dim = int(hc["moe_intermediate_size"])
+        cfg.experts_norm = bool(hc.get("norm_topk_prob", False))
     t = _load_hf_tensors(d)
+    moe_block, expert_names = (
+        ("block_sparse_moe", ("w1", "w3", "w2")) if model_type == "mixtral"
+        else ("mlp", ("gate_proj", "up_proj", "down_proj")))
+
+    def experts(p, j):
+        return np.stack([t[f"{p}{moe_block}.experts.{e}.{expert_names[j]}"
+                           f".weight"] for e in range(cfg.n_experts)])
+
     layers = []
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
+        moe = cfg.n_experts > 0
         layers.append(Layer(
             attn_norm=t[p + "input_layernorm.weight"],
             wq=t[p + "self_attn.q_proj.weight"],
@@ -351,12 +426,18 @@ def load_hf_dir(d: str):
             wv=t[p + "self_attn.v_proj.weight"],
             wo=t[p + "self_attn.o_proj.weight"],
             ffn_norm=t[p + "post_attention_layernorm.weight"],
-            w_gate=t[p + "mlp.gate_proj.weight"],
-            w_up=t[p + "mlp.up_proj.weight"],
-            w_down=t[p + "mlp.down_proj.weight"],
+            w_gate=None if moe else t[p + "mlp.gate_proj.weight"],
+            w_up=None if moe else t[p + "mlp.up_proj.weight"],
+            w_down=None if moe else t[p + "mlp.down_proj.weight"],
             bq=t.get(p + "self_attn.q_proj.bias"),
             bk=t.get(p + "self_attn.k_proj.bias"),
             bv=t.get(p + "self_attn.v_proj.bias"),
+            q_norm=t.get(p + "self_attn.q_norm.weight"),
+            k_norm=t.get(p + "self_attn.k_norm.weight"),
+            router=t[f"{p}{moe_block}.gate.weight"] if moe else None,
+            e_gate=experts(p, 0) if moe else None,
+            e_up=experts(p, 1) if moe else None,
+            e_down=experts(p, 2) if moe else None,
         ))
     emb = t["model.embed_tokens.weight"]
     tied = bool(hc.get("tie_word_embeddings", False))
@@ -475,6 +556,37 @@ def softmax(x: np.ndarray, axis=-1) -> np.ndarray:
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def route(logits: np.ndarray, top_k: int, renormalize: bool):
+    """One token's experts: softmax of the router logits (n_experts,), the
+    top_k probabilities (ties to the lower expert index: a stable sort),
+    renormalized to sum to 1 when asked. Returns ([(expert, weight)], the
+    logit gap between the last chosen and the first unchosen expert)."""
+    p = softmax(logits)
+    ranked = np.argsort(-p, kind="stable")
+    order = ranked[:top_k]
+    w = p[order]
+    if renormalize:
+        w = w / np.sum(w)
+    gap = (float(logits[ranked[top_k - 1]] - logits[ranked[top_k]])
+           if top_k < len(p) else float("inf"))
+    return list(zip(order.tolist(), w.tolist())), gap
+
+
+def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
+    """h: (T, dim). Each token through its routed experts' SwiGLU FFNs,
+    weighted. Appends each routing's gap to `gaps` (a list) when given."""
+    out = np.zeros_like(h)
+    logits = h @ L.router.T                                 # (T, n_experts)
+    for t in range(h.shape[0]):
+        chosen, gap = route(logits[t], c.experts_used, c.experts_norm)
+        if gaps is not None:
+            gaps.append(gap)
+        for e, wt in chosen:
+            y = (silu(L.e_gate[e] @ h[t]) * (L.e_up[e] @ h[t]))
+            out[t] += wt * (L.e_down[e] @ y)
+    return out
+
+
 # ----------------------------------------------------------------------------
 # The model
 # ----------------------------------------------------------------------------
@@ -512,6 +624,10 @@ class LlamaRef:
         self.w = w
         round_kv(np.zeros(1), kv_dtype)  # Validates the name.
         self.kv_dtype = kv_dtype
+        # Mixtures: every routing's logit gap between the last chosen and
+        # the first unchosen expert (a near-tie there could route the C++
+        # side's f32 differently), over the model's life.
+        self.route_gaps = []
         self.reset()
 
     @classmethod
@@ -553,6 +669,9 @@ class LlamaRef:
             q = q.reshape(T, c.n_heads, c.head_dim)
             k = k.reshape(T, c.n_kv_heads, c.head_dim)
             v = v.reshape(T, c.n_kv_heads, c.head_dim)
+            if c.qk_norm:  # Qwen3: each head RMS-normed, then RoPE
+                q = rmsnorm(q, L.q_norm, c.norm_eps)
+                k = rmsnorm(k, L.k_norm, c.norm_eps)
             q = apply_rope(q, cos, sin, c.rope_style)
             k = apply_rope(k, cos, sin, c.rope_style)
             k, v = round_kv(k, self.kv_dtype), round_kv(v, self.kv_dtype)
@@ -574,9 +693,12 @@ class LlamaRef:
                 scores = (q[:, hq, :] @ K[:, hk, :].T) * scale + mask  # (T, S)
                 att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
             x = x + att_out.reshape(T, -1) @ L.wo.T
-            # --- SwiGLU FFN ---
+            # --- SwiGLU FFN, or a mixture of them ---
             h = rmsnorm(x, L.ffn_norm, c.norm_eps)
-            x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+            if c.n_experts:
+                x = x + moe_ffn(h, L, c, self.route_gaps)
+            else:
+                x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
 
         x = rmsnorm(x, w.final_norm, c.norm_eps)
         self.pos += T

@@ -69,7 +69,8 @@ TOKENIZER_GGUF_DEFAULT = os.path.join(
 VOCAB = 49152
 BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             eps=1e-5, context=4096, theta=10000.0, tied=False, bias=False,
-            window=0, scaling=None, formats=("gguf", "hf"))
+            window=0, scaling=None, formats=("gguf", "hf"), qk_norm=False,
+            experts=0, experts_used=0, expert_ffn=0, experts_norm=True)
 FAMILIES = {
     "llama3": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    theta=500000.0,
@@ -88,6 +89,15 @@ FAMILIES = {
                    scaling={"rope_type": "linear", "factor": 4.0}),
     "dynamic": dict(hf_type="llama", formats=("hf",),
                     scaling={"type": "dynamic", "factor": 2.5}),
+    "qwen3": dict(gguf_arch="qwen3", hf_type="qwen3", pre="qwen2",
+                  theta=1e6, tied=True, eps=1e-6, head_dim=24, qk_norm=True),
+    "qwen3moe": dict(gguf_arch="qwen3moe", hf_type="qwen3_moe", pre="qwen2",
+                     theta=1e6, eps=1e-6, head_dim=24, qk_norm=True,
+                     experts=8, experts_used=2, expert_ffn=64,
+                     experts_norm=True),
+    "mixtral": dict(gguf_arch="llama", hf_type="mixtral", pre="llama-bpe",
+                    theta=1e6, heads=8, kv_heads=4, head_dim=12, experts=6,
+                    experts_used=2, expert_ffn=128),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -96,7 +106,9 @@ FAMILIES = {
                       max_window_layers=2),
 }
 HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
-           "mistral": "MistralForCausalLM"}
+           "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
+           "qwen3_moe": "Qwen3MoeForCausalLM",
+           "mixtral": "MixtralForCausalLM"}
 STEPS = 32
 
 
@@ -134,10 +146,25 @@ def draw(f: dict, seed: int) -> dict:
                 t[p + f"attn_{n}.bias"] = (
                     0.5 * rng.standard_normal(size)).astype(np.float32)
         t[p + "attn_output.weight"] = lin(h, q)
+        if f["qk_norm"]:
+            t[p + "attn_q_norm.weight"] = norm(d)
+            t[p + "attn_k_norm.weight"] = norm(d)
         t[p + "ffn_norm.weight"] = norm(h)
-        t[p + "ffn_gate.weight"] = lin(f["ffn"], h)
-        t[p + "ffn_up.weight"] = lin(f["ffn"], h)
-        t[p + "ffn_down.weight"] = lin(h, f["ffn"])
+        if f["experts"]:
+            # The router with a larger gain, so that routings are decisive;
+            # experts merged as llama.cpp's files hold them.
+            e, fe = f["experts"], f["expert_ffn"]
+            t[p + "ffn_gate_inp.weight"] = lin(e, h, gain=4.0)
+            t[p + "ffn_gate_exps.weight"] = np.stack(
+                [lin(fe, h) for _ in range(e)])
+            t[p + "ffn_up_exps.weight"] = np.stack(
+                [lin(fe, h) for _ in range(e)])
+            t[p + "ffn_down_exps.weight"] = np.stack(
+                [lin(h, fe) for _ in range(e)])
+        else:
+            t[p + "ffn_gate.weight"] = lin(f["ffn"], h)
+            t[p + "ffn_up.weight"] = lin(f["ffn"], h)
+            t[p + "ffn_down.weight"] = lin(h, f["ffn"])
     return t
 
 
@@ -176,7 +203,14 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     w.add_block_count(f["layers"])
     w.add_context_length(f["context"])
     w.add_embedding_length(f["hidden"])
-    w.add_feed_forward_length(f["ffn"])
+    # Mixtral's experts are its FFN; Qwen3-MoE's have a width of their own.
+    w.add_feed_forward_length(
+        f["expert_ffn"] if f["experts"] and arch == "llama" else f["ffn"])
+    if f["experts"]:
+        w.add_expert_count(f["experts"])
+        w.add_expert_used_count(f["experts_used"])
+        if arch != "llama":
+            w.add_expert_feed_forward_length(f["expert_ffn"])
     w.add_head_count(f["heads"])
     w.add_head_count_kv(f["kv_heads"])
     w.add_rope_freq_base(f["theta"])
@@ -224,7 +258,9 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight",
             "attn_output.weight": "self_attn.o_proj.weight",
             "ffn_gate.weight": "mlp.gate_proj.weight",
             "ffn_up.weight": "mlp.up_proj.weight",
-            "ffn_down.weight": "mlp.down_proj.weight"}
+            "ffn_down.weight": "mlp.down_proj.weight",
+            "attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_k_norm.weight": "self_attn.k_norm.weight"}
 
 
 def write_hf(d: str, f: dict, t: dict) -> None:
@@ -249,6 +285,18 @@ def write_hf(d: str, f: dict, t: dict) -> None:
         "eos_token_id": 2,
         "torch_dtype": "float32",
     }
+    if f["head_dim"] * f["heads"] != f["hidden"] or f["qk_norm"]:
+        config["head_dim"] = f["head_dim"]
+    if f["hf_type"] == "mixtral":
+        config.update(num_local_experts=f["experts"],
+                      num_experts_per_tok=f["experts_used"],
+                      intermediate_size=f["expert_ffn"])
+    elif f["hf_type"] == "qwen3_moe":
+        config.update(num_experts=f["experts"],
+                      num_experts_per_tok=f["experts_used"],
+                      moe_intermediate_size=f["expert_ffn"],
+                      norm_topk_prob=f["experts_norm"],
+                      decoder_sparse_step=1, mlp_only_layers=[])
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
@@ -263,20 +311,46 @@ def write_hf(d: str, f: dict, t: dict) -> None:
            "model.norm.weight": t["output_norm.weight"]}
     if "output.weight" in t:
         out["lm_head.weight"] = t["output.weight"]
+    moe_block, expert_names = (
+        ("block_sparse_moe", ("w1", "w3", "w2")) if f["hf_type"] == "mixtral"
+        else ("mlp", ("gate_proj", "up_proj", "down_proj")))
     for name, a in t.items():
-        if name.startswith("blk."):
-            _, i, rest = name.split(".", 2)
-            out[f"model.layers.{i}.{HF_NAMES[rest]}"] = a
+        if not name.startswith("blk."):
+            continue
+        _, i, rest = name.split(".", 2)
+        pre = f"model.layers.{i}."
+        if rest == "ffn_gate_inp.weight":
+            out[f"{pre}{moe_block}.gate.weight"] = a
+        elif rest.endswith("_exps.weight"):
+            kind = ("ffn_gate", "ffn_up", "ffn_down").index(
+                rest[:-len("_exps.weight")])
+            for e in range(a.shape[0]):
+                out[f"{pre}{moe_block}.experts.{e}.{expert_names[kind]}"
+                    f".weight"] = a[e]
+        else:
+            out[pre + HF_NAMES[rest]] = a
     save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
               os.path.join(d, "model.safetensors"))
 
 
+# A mixture's routings must be decisive too: the last chosen expert's
+# router logit above the first unchosen one's by this much (f32 moves
+# logits of ~10 by ~1e-6).
+MIN_ROUTE_GAP = 1e-3
+
+
 def min_margin_of(path: str) -> float:
+    """The smallest top-2 logit margin over the prompts' greedy steps, or
+    0 when some routing of a mixture is a near-tie."""
     ref = llama_ref.LlamaRef.load(path)
     worst = float("inf")
     for ids in make_synthetic_model.SYNTHETIC_PROMPTS:
         _, rows = ref.greedy(ids, STEPS, return_logits=True)
         worst = min(worst, min(llama_ref.top2_margin(r) for r in rows))
+    if ref.route_gaps and min(ref.route_gaps) <= MIN_ROUTE_GAP:
+        print(f"{path}: a routing near-tie (logit gap "
+              f"{min(ref.route_gaps):.2g})")
+        return 0.0
     return worst
 
 
