@@ -15,6 +15,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "model/smollm2_test_model.h"
@@ -251,6 +252,75 @@ TEST(ParallelEquivalenceTest, KQuantModelEveryLayout) {
   for (int i = 0; i < 3; ++i) prompts.push_back(Prompt(3 + 11 * i, i, 311));
   ExpectEquivalent(*source, {{2, 1}, {3, 1}, {4, 1}, {2, 2}}, prompts, 16, 13,
                    {DType::kF32}, 1e-4, /*sampled_exact_compact=*/true);
+}
+
+// A Qwen3-MoE-shaped mixture: QK norms, 8 experts, top 2, renormalized.
+// TP 2 and 4 split experts whole (ep) and by columns (tp); TP 3 does not
+// divide 8 and falls back to tp.
+TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
+  ModelConfig c = RandomConfig();
+  c.architecture = "qwen3moe";
+  c.qk_norm = true;
+  c.n_experts = 8;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 128;
+  auto source = RandomLlamaWeights(c, 11);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 4; ++i) prompts.push_back(Prompt(2 + 9 * i, i, 311));
+  ExpectEquivalent(*source, {{2, 1}, {3, 1}, {4, 1}, {2, 2}}, prompts, 16, 13,
+                   {DType::kF32}, 1e-4, /*sampled_exact_compact=*/true);
+  for (MoeSharding moe : {MoeSharding::kTensor, MoeSharding::kExpert}) {
+    SCOPED_TRACE(MoeShardingName(moe));
+    std::vector<GenerateRequest> reqs;
+    for (const auto& p : prompts) {
+      reqs.push_back({.prompt = p, .max_tokens = 8,
+                      .return_prompt_logits = true});
+    }
+    auto base = RunUnsharded(*source, reqs, 13, DType::kF32);
+    ASSERT_TRUE(base.ok()) << base.status();
+    EngineLeakCheck engines;
+    Engine* engine = engines.Keep(Engine::Create(
+        *source, {.kv_cache_dtype = DType::kF32,
+                  .max_batched_tokens = 13,
+                  .threads = 1,
+                  .tp = 2,
+                  .moe_sharding = moe}));
+    ASSERT_NE(engine, nullptr);
+    auto got = engine->GenerateBatch(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens);
+      EXPECT_LT(MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits),
+                1e-4);
+    }
+    // Each rank holds what the sharding says, and every token went to
+    // top-k experts on the ranks that hold them.
+    int64_t routed = 0, held = 0;
+    for (const RunnerStats& rank : engine->executor().RankStats()) {
+      held += static_cast<int64_t>(rank.expert_tokens.size());
+      for (int64_t t : rank.expert_tokens) routed += t;
+    }
+    EXPECT_EQ(held, moe == MoeSharding::kExpert ? 8 : 16);
+    EXPECT_GT(routed, 0);
+  }
+  // Every token to the same experts (a zero router: all logits tie, so
+  // experts 0 and 1, both on TP rank 0 under ep; rank 1 computes nothing):
+  // the imbalance changes no result.
+  InMemoryWeights skewed(c);
+  for (const TensorInfo& t : source->tensors()) {
+    const absl::Span<const uint8_t> data = source->Data(t);
+    std::vector<uint8_t> bytes(data.begin(), data.end());
+    if (t.name.find("ffn_gate_inp") != std::string::npos) {
+      std::fill(bytes.begin(), bytes.end(), 0);
+    }
+    skewed.AddRaw(t.name, t.dtype, t.shape, std::move(bytes));
+  }
+  ExpectEquivalent(skewed, {{2, 1}}, prompts, 8, 13, {DType::kF32}, 1e-4,
+                   /*sampled_exact_compact=*/true);
+  // ep needs TP to divide the experts.
+  auto bad = Engine::Create(*source, {.tp = 3, .moe_sharding = MoeSharding::kExpert});
+  EXPECT_TRUE(testing_util::IsError(bad, absl::StatusCode::kInvalidArgument,
+                                    "does not divide the model's 8 experts"));
 }
 
 TEST(ParallelEquivalenceTest, RejectsImpossibleLayouts) {

@@ -79,7 +79,24 @@ std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
     matrix(p + "attn_k.weight", kv_dim, c.hidden);
     matrix(p + "attn_v.weight", kv_dim, c.hidden);
     matrix(p + "attn_output.weight", c.hidden, q_dim);
+    if (c.qk_norm) {
+      add(p + "attn_q_norm.weight", {c.head_dim}, 1.0f, 0.1f);
+      add(p + "attn_k_norm.weight", {c.head_dim}, 1.0f, 0.1f);
+    }
     add(p + "ffn_norm.weight", {c.hidden}, 1.0f, 0.1f);
+    if (c.is_moe()) {
+      // A decisive router (logits of a few units) and one tensor per
+      // expert, as Hugging Face folders name them.
+      add(p + "ffn_gate_inp.weight", {c.n_experts, c.hidden}, 0.0f,
+          4.0f / std::sqrt(float(c.hidden)));
+      for (int64_t e = 0; e < c.n_experts; ++e) {
+        const std::string x = absl::StrCat(".", e, ".weight");
+        matrix(p + "ffn_gate" + x, c.expert_ffn_hidden, c.hidden);
+        matrix(p + "ffn_up" + x, c.expert_ffn_hidden, c.hidden);
+        matrix(p + "ffn_down" + x, c.hidden, c.expert_ffn_hidden);
+      }
+      continue;
+    }
     matrix(p + "ffn_gate.weight", c.ffn_hidden, c.hidden);
     matrix(p + "ffn_up.weight", c.ffn_hidden, c.hidden);
     matrix(p + "ffn_down.weight", c.hidden, c.ffn_hidden);

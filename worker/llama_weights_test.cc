@@ -1,7 +1,12 @@
 #include "worker/llama_weights.h"
 
+#include <functional>
+#include <memory>
+#include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/dequantize.h"
 #include "model/in_memory_weights.h"
@@ -123,6 +128,80 @@ TEST(LlamaWeightsTest, RanksWhoseColumnsCutBlocksHoldTheWholeBlocks) {
   EXPECT_EQ(w3->layers[0].wo_offset, 0);
   // Columns outside the slice are refused.
   EXPECT_FALSE(ExactColumns(w3->layers[0].wo, 200, 100).ok());
+}
+
+// A copy of `source` in which `edit` may rename, reshape or drop (return
+// false) each tensor.
+std::unique_ptr<InMemoryWeights> Edited(
+    const WeightSource& source, ModelConfig config,
+    const std::function<bool(TensorInfo&)>& edit) {
+  auto out = std::make_unique<InMemoryWeights>(std::move(config));
+  for (TensorInfo t : source.tensors()) {
+    const absl::Span<const uint8_t> data = source.Data(t);
+    if (!edit(t)) continue;
+    out->AddRaw(t.name, t.dtype, t.shape,
+                std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  return out;
+}
+
+ModelConfig MoeConfig() {
+  ModelConfig c = Config();
+  c.architecture = "qwen3moe";
+  c.n_experts = 4;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 64;
+  return c;
+}
+
+TEST(LlamaWeightsTest, MixturesWithBadExpertTensorsAreRefusedByName) {
+  const ModelConfig c = MoeConfig();
+  auto source = RandomLlamaWeights(c, 3);
+  ASSERT_TRUE(LoadLlamaWeights(*source).ok());
+  const auto refused = [&](const WeightSource& s, absl::StatusCode code,
+                           const std::string& phrase) {
+    auto w = LoadLlamaWeights(s);
+    EXPECT_TRUE(testing_util::IsError(w, code, phrase)) << w.status();
+  };
+  // An expert missing (the last layer's, so that the check comes first).
+  auto missing = Edited(*source, c, [](TensorInfo& t) {
+    return t.name != "blk.3.ffn_up.2.weight";
+  });
+  refused(*missing, absl::StatusCode::kNotFound, "blk.3.ffn_up.2.weight");
+  // An expert of the wrong width.
+  auto narrow = Edited(*source, c, [](TensorInfo& t) {
+    if (t.name == "blk.1.ffn_down.0.weight") t.shape = {32, 128};
+    return true;
+  });
+  refused(*narrow, absl::StatusCode::kInvalidArgument,
+          "'blk.1.ffn_down.0.weight' has shape [32, 128], expected [64, 64]");
+  // A router of the wrong width.
+  auto router = Edited(*source, c, [](TensorInfo& t) {
+    if (t.name == "blk.0.ffn_gate_inp.weight") t.shape = {2, 128};
+    return true;
+  });
+  refused(*router, absl::StatusCode::kInvalidArgument, "ffn_gate_inp");
+  // Merged experts whose count disagrees with the config's.
+  InMemoryWeights merged(c);
+  for (const TensorInfo& t : source->tensors()) {
+    const absl::Span<const uint8_t> data = source->Data(t);
+    if (t.name.find("ffn_gate.") != std::string::npos) continue;
+    merged.AddRaw(t.name, t.dtype, t.shape,
+                  std::vector<uint8_t>(data.begin(), data.end()));
+  }
+  for (int l = 0; l < 4; ++l) {
+    merged.AddRaw(absl::StrCat("blk.", l, ".ffn_gate_exps.weight"),
+                  DType::kF32, {3, 64, 64},
+                  std::vector<uint8_t>(3 * 64 * 64 * 4));
+  }
+  refused(merged, absl::StatusCode::kInvalidArgument,
+          "has shape [3, 64, 64], expected [4, 64, 64] (4 experts");
+  // Top-k beyond the expert count.
+  ModelConfig too_many = c;
+  too_many.n_experts_used = 5;
+  EXPECT_TRUE(testing_util::IsError(too_many.Validate(),
+                                    absl::StatusCode::kInvalidArgument,
+                                    "n_experts_used (top-k) 5 exceeds"));
 }
 
 TEST(LoadProgressTest, LogSaysNothingForAQuickLoadAndProgressForASlowOne) {
