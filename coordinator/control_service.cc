@@ -236,6 +236,7 @@ grpc::Status ControlService::Connect(
   v1::Assignment& a = *out.mutable_assignment();
   a.set_tp(options_.tp);
   a.set_pp(options_.pp);
+  a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
   a.set_tp_rank(w->tp_rank);
   a.set_pp_rank(w->pp_rank);
   a.set_block_size(options_.block_size);
@@ -518,6 +519,14 @@ std::vector<RankReport> ControlService::Reports() const {
                .comm_seconds = h.comm_seconds(),
                .copied_blocks = h.copied_blocks(),
                .copy_seconds = h.copy_seconds()};
+    // Bounded by what the worker holds; a worker that says more is
+    // believed only up to 4096 experts.
+    if (h.expert_tokens_size() <= 4096 && h.expert_begin() >= 0 &&
+        h.expert_begin() <= (int64_t{1} << 20)) {
+      r.stats.expert_begin = h.expert_begin();
+      r.stats.expert_tokens.assign(h.expert_tokens().begin(),
+                                   h.expert_tokens().end());
+    }
     if (h.resident_bytes() > 0) r.resident_bytes = h.resident_bytes();
     if (h.memory_limit_bytes() > 0) {
       r.memory_limit_bytes = h.memory_limit_bytes();

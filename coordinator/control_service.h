@@ -33,6 +33,8 @@ namespace shardlm {
 struct ClusterOptions {
   int tp = 1;
   int pp = 1;
+  // How the TP group splits a mixture of experts (sent to every worker).
+  MoeSharding moe_sharding = MoeSharding::kAuto;
   // Workers must register with this token (compared in constant time);
   // others are refused with UNAUTHENTICATED and do not disturb startup.
   // Empty accepts any worker: tests only.

@@ -286,6 +286,21 @@ void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks,
          "Seconds of those in collectives and sends, including waits for "
          "peers (a slower TP rank, the previous stage).",
          [](const RankReport& r) -> V { return r.stats.comm_seconds; });
+  bool experts_header = false;
+  for (const RankReport& r : ranks) {
+    if (r.stats.expert_tokens.empty()) continue;
+    if (!experts_header) {
+      Header(out, "shardlm_rank_expert_tokens_total", "counter",
+             "Tokens routed to each expert the rank holds, over its layers: "
+             "a mixture's load by expert (imbalance shows as uneven rates).");
+    }
+    experts_header = true;
+    for (size_t e = 0; e < r.stats.expert_tokens.size(); ++e) {
+      absl::StrAppend(&out, "shardlm_rank_expert_tokens_total{rank=\"", r.rank,
+                      "\",expert=\"", r.stats.expert_begin + e, "\"} ",
+                      r.stats.expert_tokens[e], "\n");
+    }
+  }
   series("shardlm_rank_kv_copy_seconds_total", "counter",
          "Seconds of those in KV block copies between tiers.",
          [](const RankReport& r) -> V { return r.stats.copy_seconds; });

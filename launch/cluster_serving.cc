@@ -25,6 +25,10 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("model", &model, model_help);
   flags.Add("tp", &tp, "tensor-parallel degree");
   flags.Add("pp", &pp, "pipeline-parallel degree");
+  flags.Add("moe-sharding", &moe_sharding,
+            "how a TP group splits a mixture of experts: tp (every expert's "
+            "columns), ep (whole experts per rank) or auto (ep when tp "
+            "divides the expert count)");
   flags.Add("listen", &listen, "address of the public gRPC API");
   flags.Add("http-listen", &http_listen,
             "address of the HTTP API (OpenAI-style routes, /metrics, "
@@ -86,6 +90,9 @@ std::string ClusterFlags::Problem() const {
            "--step-timeout-s >= 1, --max-steps-in-flight in [0, 64]";
   }
   if (std::string p = api.Problem(); !p.empty()) return p;
+  if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
+    return std::string(m.status().message());
+  }
   if (kv_cache_dtype != "auto") {
     if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
       return absl::StrCat("--kv-cache-dtype: ", t.status().message());
@@ -124,6 +131,7 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   ClusterOptions o;
   o.tp = static_cast<int>(tp);
   o.pp = static_cast<int>(pp);
+  o.moe_sharding = MoeShardingOf();
   o.cluster_token = std::move(cluster_token);
   o.block_size = static_cast<int32_t>(block_size);
   o.kv_cache_bytes = kv_cache_bytes;

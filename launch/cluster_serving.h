@@ -24,6 +24,7 @@ struct ClusterFlags {
   std::string model;
   int64_t tp = 1;
   int64_t pp = 1;
+  std::string moe_sharding = "auto";
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
   int64_t threads = 1;
@@ -53,6 +54,10 @@ struct ClusterFlags {
   std::string Problem() const;
   // The control plane's options for these flags, with the workers on
   // `device` ("cpu" or "cuda": --device resolved).
+  // --moe-sharding (checked by Problem(): auto on a bad value).
+  MoeSharding MoeShardingOf() const {
+    return ParseMoeSharding(moe_sharding).value_or(MoeSharding::kAuto);
+  }
   ClusterOptions Control(std::string cluster_token,
                          const std::string& device) const;
   // The KV cache dtype on `device`: --kv-cache-dtype, "auto" resolved.

@@ -97,8 +97,8 @@ int CoordinatorCommand(int argc, char** argv) {
                  std::string(source.status().message()).c_str());
     return 1;
   }
-  if (auto plan =
-          PlanShards(**source, static_cast<int>(f.tp), static_cast<int>(f.pp));
+  if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
+                             static_cast<int>(f.pp), f.MoeShardingOf());
       !plan.ok()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n",
                  std::string(plan.status().message()).c_str());

@@ -124,7 +124,8 @@ class CudaShardHost : public ShardHost {
       return absl::InternalError("no rendezvous store for the NCCL ids");
     }
     assignment_ = a;
-    ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp));
+    ASSIGN_OR_RETURN(ShardPlan plan,
+                     PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
 
     // The runner first (its stream carries the collectives), then the

@@ -30,6 +30,10 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "tokens per step; longer prompts prefill in chunks");
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
   flags.Add("pp", &pp, "pipeline stages (run on threads here)");
+  flags.Add("moe-sharding", &moe_sharding,
+            "how a TP group splits a mixture of experts: tp (every expert's "
+            "columns), ep (whole experts per rank) or auto (ep when tp "
+            "divides the expert count)");
   flags.Add("device", &device,
             "auto, cpu, cuda or cuda:N; auto takes a GPU when one is usable");
   flags.Add("gpu-memory-utilization", &gpu_memory_utilization,
@@ -49,6 +53,9 @@ std::string LocalEngineFlags::Problem() const {
     return "--tp and --pp must be in [1, 64]";
   }
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
+  if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
+    return std::string(m.status().message());
+  }
   if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
   if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
   if (kv_cache_dtype != "auto") {
@@ -90,6 +97,8 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .threads = static_cast<int>(threads),
           .tp = static_cast<int>(tp),
           .pp = static_cast<int>(pp),
+          .moe_sharding =
+              ParseMoeSharding(moe_sharding).value_or(MoeSharding::kAuto),
           .device = d.kind,
           .device_ordinal = d.ordinal,
           .gpu_memory_utilization = gpu_memory_utilization,

@@ -25,6 +25,7 @@ struct LocalEngineFlags {
   int64_t max_batched_tokens = 512;
   int64_t tp = 1;
   int64_t pp = 1;
+  std::string moe_sharding = "auto";
   std::string device = "auto";
   double gpu_memory_utilization = 0.90;
   bool allow_shared_gpu = false;

@@ -17,14 +17,18 @@ namespace shardlm {
 int InspectCommand(int argc, char** argv) {
   bool plan = false;
   int64_t tp = 1, pp = 1;
+  std::string moe_sharding = "auto";
   FlagSet flags(
-      "usage: shardlm inspect PATH [--plan --tp T --pp P]\n"
+      "usage: shardlm inspect PATH [--plan --tp T --pp P "
+      "--moe-sharding auto|tp|ep]\n"
       "Prints the model config, every tensor (name, dtype, shape, bytes) and\n"
       "a tokenizer summary of a GGUF file or a safetensors directory; with\n"
       "--plan, the shard plan instead: layers, heads and bytes per rank.");
   flags.Add("plan", &plan, "print the TP x PP shard plan");
   flags.Add("tp", &tp, "tensor-parallel degree for --plan");
   flags.Add("pp", &pp, "pipeline-parallel degree for --plan");
+  flags.Add("moe-sharding", &moe_sharding,
+            "how --plan splits a mixture of experts: auto, tp or ep");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm inspect: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -48,9 +52,15 @@ int InspectCommand(int argc, char** argv) {
   }
   const WeightSource& w = **source;
   if (plan) {
+    absl::StatusOr<MoeSharding> moe = ParseMoeSharding(moe_sharding);
+    if (!moe.ok()) {
+      std::fprintf(stderr, "shardlm inspect: %s\n",
+                   std::string(moe.status().message()).c_str());
+      return 2;
+    }
     auto shards =
         PlanShards(w, static_cast<int>(std::clamp<int64_t>(tp, 0, 4096)),
-                   static_cast<int>(std::clamp<int64_t>(pp, 0, 4096)));
+                   static_cast<int>(std::clamp<int64_t>(pp, 0, 4096)), *moe);
     if (!shards.ok()) {
       std::fprintf(stderr, "shardlm inspect: %s\n",
                    std::string(shards.status().message()).c_str());
@@ -98,6 +108,30 @@ int InspectCommand(int argc, char** argv) {
                 8.0 * m.bytes / std::max<uint64_t>(m.values, 1));
   }
   std::printf("\n");
+  if (w.config().is_moe()) {
+    // Parameters a token computes with: everything but the experts, and
+    // top-k of each layer's experts (merged or one tensor each).
+    const ModelConfig& c = w.config();
+    uint64_t experts = 0, other = 0;
+    for (const TensorInfo& t : w.tensors()) {
+      uint64_t values = 1;
+      for (int64_t d : t.shape) values *= static_cast<uint64_t>(d);
+      const bool expert = t.name.find("_exps.") != std::string::npos ||
+                          (t.name.find(".ffn_") != std::string::npos &&
+                           std::count(t.name.begin(), t.name.end(), '.') == 4);
+      (expert ? experts : other) += values;
+    }
+    const double active =
+        other + static_cast<double>(experts) * c.n_experts_used / c.n_experts;
+    std::printf(
+        "experts  %lld per layer, top %lld%s, expert FFN %lld; parameters "
+        "%.1fM in all, %.1fM active per token (%.1fM in experts)\n\n",
+        static_cast<long long>(c.n_experts),
+        static_cast<long long>(c.n_experts_used),
+        c.expert_weights_norm ? " renormalized" : "",
+        static_cast<long long>(c.expert_ffn_hidden), (experts + other) / 1e6,
+        active / 1e6, experts / 1e6);
+  }
   auto tokenizer = LoadTokenizer(path);
   if (tokenizer.ok()) {
     std::printf("tokenizer  %s\n", (*tokenizer)->Summary().c_str());

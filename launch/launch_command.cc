@@ -509,7 +509,7 @@ int LaunchCommand(int argc, char** argv) {
   } else if (!source.ok()) {
     mine = absl::StrCat(Hostname(), ": ", source.status().message());
   } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
-                                    static_cast<int>(f.pp));
+                                    static_cast<int>(f.pp), f.MoeShardingOf());
              !plan.ok()) {
     mine = std::string(plan.status().message());
   } else if (!root) {

@@ -48,7 +48,8 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   ASSIGN_OR_RETURN(comms_, connect_(a));
   assignment_ = a;
   SetCpuThreads(a.threads);
-  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp));
+  ASSIGN_OR_RETURN(ShardPlan plan,
+                   PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
   const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
   ASSIGN_OR_RETURN(
       LlamaWeights weights,

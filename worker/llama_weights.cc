@@ -399,6 +399,18 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     report(static_cast<int>(w.layers.size()));
   }
   if (layers_total == 0) report(0);
+  if (progress && c.is_moe()) {
+    // Which experts this rank holds, for an operator reading the logs.
+    std::fprintf(stderr,
+                 "[shardlm] shard pp %d tp %d: experts %lld-%lld of %lld "
+                 "(%s), FFN columns %lld-%lld of each; %.1f MiB of weights\n",
+                 s.pp_rank, s.tp_rank, static_cast<long long>(s.expert_begin),
+                 static_cast<long long>(s.expert_end - 1),
+                 static_cast<long long>(c.n_experts),
+                 s.n_experts() == c.n_experts && s.tp_size > 1 ? "tp" : "ep",
+                 static_cast<long long>(s.ffn_begin),
+                 static_cast<long long>(s.ffn_end - 1), w.bytes() / 1048576.0);
+  }
   return w;
 }
 

@@ -110,6 +110,10 @@ class AgentSession {
               [&]() -> absl::StatusOr<KvPoolConfig> {
             ASSIGN_OR_RETURN(DType kv_dtype,
                              ParseKvCacheDType(a.kv_cache_dtype()));
+            ASSIGN_OR_RETURN(
+                MoeSharding moe,
+                ParseMoeSharding(a.moe_sharding().empty() ? "auto"
+                                                          : a.moe_sharding()));
             return host_.Load(
                 {.tp = a.tp(),
                  .pp = a.pp(),
@@ -124,7 +128,8 @@ class AgentSession {
                  .max_batched_tokens = a.max_batched_tokens(),
                  .max_seqs = a.max_seqs(),
                  .gpu_memory_utilization = a.gpu_memory_utilization(),
-                 .step_timeout = absl::Milliseconds(a.step_timeout_ms())});
+                 .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
+                 .moe_sharding = moe});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {
@@ -271,6 +276,8 @@ class AgentSession {
     h.set_comm_seconds(stats_.comm_seconds);
     h.set_copy_seconds(stats_.copy_seconds);
     h.set_copied_blocks(stats_.copied_blocks);
+    h.set_expert_begin(stats_.expert_begin);
+    for (int64_t t : stats_.expert_tokens) h.add_expert_tokens(t);
     return msg;
   }
 

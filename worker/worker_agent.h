@@ -38,6 +38,7 @@ struct WorkerAssignment {
   double gpu_memory_utilization = 0.90;
   // The coordinator's step timeout; zero: none given.
   absl::Duration step_timeout;
+  MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
 };
 
 // One shard of the model on this worker. Called from the agent's thread
