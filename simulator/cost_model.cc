@@ -1,6 +1,7 @@
 #include "simulator/cost_model.h"
 
 #include <algorithm>
+#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -115,6 +116,28 @@ std::vector<ModelConfig> Presets() {
   p[3].architecture = p[4].architecture = "qwen2";
   p[3].attention_bias = p[4].attention_bias = true;
   p[6].tied_embeddings = true;
+  // Mixtures of experts (their config.json files: num_experts or
+  // num_local_experts, num_experts_per_tok, moe_intermediate_size).
+  const auto moe = [](ModelConfig c, std::string arch, int64_t experts,
+                      int64_t top_k, int64_t expert_ffn) {
+    c.architecture = std::move(arch);
+    c.n_experts = experts;
+    c.n_experts_used = top_k;
+    c.expert_ffn_hidden = expert_ffn;
+    c.qk_norm = c.architecture == "qwen3moe";
+    return c;
+  };
+  ModelConfig a3b =
+      Llama("qwen3-30b-a3b", 48, 2048, 6144, 32, 4, 151936, 40960, 1e6);
+  a3b.head_dim = 128;
+  p.push_back(moe(a3b, "qwen3moe", 128, 8, 768));
+  ModelConfig a22b =
+      Llama("qwen3-235b-a22b", 94, 4096, 12288, 64, 4, 151936, 40960, 1e6);
+  a22b.head_dim = 128;
+  p.push_back(moe(a22b, "qwen3moe", 128, 8, 1536));
+  p.push_back(
+      moe(Llama("mixtral-8x7b", 32, 4096, 14336, 32, 8, 32000, 32768, 1e6),
+          "mixtral", 8, 2, 14336));
   return p;
 }
 
@@ -165,6 +188,12 @@ std::vector<std::string> ModelPresetNames() {
   return out;
 }
 
+double ExpectedDistinctExperts(double tokens, int64_t experts, int64_t top_k) {
+  if (experts <= 0 || tokens <= 0) return 0;
+  const double e = static_cast<double>(experts);
+  return e * (1 - std::pow(1 - static_cast<double>(top_k) / e, tokens));
+}
+
 std::vector<double> FixedCostModel::StageSeconds(const StepInput& step) const {
   return std::vector<double>(
       pp_, per_step_ + per_token_ * static_cast<double>(step.tokens.size()));
@@ -190,15 +219,27 @@ RooflineCostModel::RooflineCostModel(ModelConfig config, DeviceProfile device,
   const double ffn = static_cast<double>((c.ffn_hidden + tp - 1) / tp);
   layer_params_per_rank_ =
       hidden * hd *
-          static_cast<double>(2 * heads_per_rank_ + 2 * kv_heads_per_rank_) +
-      3 * hidden * ffn;
+      static_cast<double>(2 * heads_per_rank_ + 2 * kv_heads_per_rank_);
+  if (c.is_moe()) {
+    const bool whole = c.n_experts % tp == 0;  // ShardPlan's auto.
+    experts_per_rank_ = whole ? c.n_experts / tp : c.n_experts;
+    expert_params_per_rank_ =
+        3 * hidden *
+        static_cast<double>(whole ? c.expert_ffn_hidden
+                                  : (c.expert_ffn_hidden + tp - 1) / tp);
+    layer_params_per_rank_ += hidden * static_cast<double>(c.n_experts);
+  } else {
+    layer_params_per_rank_ += 3 * hidden * ffn;
+  }
   lm_head_params_per_rank_ =
       hidden * static_cast<double>((c.vocab_size + tp - 1) / tp);
 }
 
 double RooflineCostModel::StageWeightBytes(int stage) const {
   double params =
-      static_cast<double>(stage_layers_[stage]) * layer_params_per_rank_;
+      static_cast<double>(stage_layers_[stage]) *
+      (layer_params_per_rank_ +
+       static_cast<double>(experts_per_rank_) * expert_params_per_rank_);
   if (stage == layout_.pp - 1) params += lm_head_params_per_rank_;
   if (stage == 0 && !config_.tied_embeddings) {
     params += lm_head_params_per_rank_;  // The embedding table.
@@ -292,11 +333,23 @@ std::vector<double> RooflineCostModel::StageSeconds(
     }
     const double layers = static_cast<double>(stage_layers_[s]);
     const bool last = s == layout_.pp - 1;
-    double bytes =
-        layers * layer_params_per_rank_ * layout_.weight_bytes_per_param +
-        kv_tokens * KvBytesPerToken(s);
+    // A mixture reads the experts the step's tokens touch (those on this
+    // rank: a share of the expected distinct ones) and computes with top-k
+    // of them per token (the rank's share, routing taken as balanced).
+    double expert_reads = 0, expert_flops_params = 0;
+    if (c.is_moe()) {
+      const double share = static_cast<double>(experts_per_rank_) / c.n_experts;
+      expert_reads = share *
+                     ExpectedDistinctExperts(n, c.n_experts, c.n_experts_used) *
+                     expert_params_per_rank_;
+      expert_flops_params = share * c.n_experts_used * expert_params_per_rank_;
+    }
+    double bytes = layers * (layer_params_per_rank_ + expert_reads) *
+                       layout_.weight_bytes_per_param +
+                   kv_tokens * KvBytesPerToken(s);
     // The weights' FLOPs and attention's (query-key pairs).
-    double weight_flops = 2 * n * layers * layer_params_per_rank_;
+    double weight_flops =
+        2 * n * layers * (layer_params_per_rank_ + expert_flops_params);
     const double attention_flops =
         layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs;
     if (last) {
@@ -308,7 +361,7 @@ std::vector<double> RooflineCostModel::StageSeconds(
     if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
       compute = MatvecSeconds(weight_flops, attention_flops, n);
     } else if (device_.dequantize_rate > 0) {
-      compute += (layers * layer_params_per_rank_ +
+      compute += (layers * (layer_params_per_rank_ + expert_reads) +
                   (last ? lm_head_params_per_rank_ : 0)) /
                  device_.dequantize_rate;
     }

@@ -73,10 +73,20 @@ std::vector<std::string> DeviceProfileNames();
 std::vector<std::string> LinkProfileNames();
 
 // Model configurations users plan with, by name (llama3-8b, llama3-70b,
-// llama3.1-405b, qwen2.5-7b, qwen2.5-72b, mistral-7b, smollm2-135m), from
-// their published config.json files.
+// llama3.1-405b, qwen2.5-7b, qwen2.5-72b, mistral-7b, smollm2-135m, and the
+// mixtures qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b), from their
+// published config.json files.
 absl::StatusOr<ModelConfig> FindModelPreset(const std::string& name);
 std::vector<std::string> ModelPresetNames();
+
+// The expected number of distinct experts, of `experts`, that `tokens`
+// tokens each routed to `top_k` of them touch, when every set of top_k is
+// equally likely and tokens route independently: each expert is missed by
+// one token with probability 1 - top_k / experts, so
+//   E x (1 - (1 - k / E)^B).
+// (Real routers are skewed, which touches fewer.) A mixture's decode step
+// reads only these experts' weights.
+double ExpectedDistinctExperts(double tokens, int64_t experts, int64_t top_k);
 
 class CostModel {
  public:
@@ -139,7 +149,13 @@ class RooflineCostModel : public CostModel {
   Layout layout_;
   std::vector<int64_t> stage_layers_;
   int64_t heads_per_rank_ = 0, kv_heads_per_rank_ = 0;
+  // Per layer, per rank: the parameters every step reads (attention, a
+  // dense FFN, a mixture's router) and, for a mixture, one expert's share
+  // on this rank and the experts the rank holds (ShardPlan's split: whole
+  // experts when TP divides them, else every expert's columns).
   double layer_params_per_rank_ = 0, lm_head_params_per_rank_ = 0;
+  double expert_params_per_rank_ = 0;
+  int64_t experts_per_rank_ = 0;
 };
 
 }  // namespace shardlm

@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <utility>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -196,6 +198,70 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   EXPECT_DOUBLE_EQ(st[0], 99328e-9);
   // Stage 1: 73,728 + 12,800 + 128,000 bytes = 214,528; FLOPs 227,328.
   EXPECT_NEAR(st[1], 227328e-9 + 2e-6 + 128e-9, 1e-15);
+}
+
+// The expected distinct experts against exact enumeration: 4 experts, top
+// 2, every token choosing each of the 6 pairs with equal probability.
+TEST(SimulateTest, ExpectedDistinctExpertsIsExactForUniformRouting) {
+  const std::vector<std::pair<int, int>> pairs = {{0, 1}, {0, 2}, {0, 3},
+                                                  {1, 2}, {1, 3}, {2, 3}};
+  for (int tokens = 1; tokens <= 4; ++tokens) {
+    double sum = 0;
+    int cases = 1;
+    for (int t = 0; t < tokens; ++t) cases *= 6;
+    for (int code = 0; code < cases; ++code) {
+      int mask = 0;
+      for (int t = 0, c = code; t < tokens; ++t, c /= 6) {
+        mask |= 1 << pairs[c % 6].first | 1 << pairs[c % 6].second;
+      }
+      sum += __builtin_popcount(mask);
+    }
+    EXPECT_NEAR(ExpectedDistinctExperts(tokens, 4, 2), sum / cases, 1e-12)
+        << tokens << " tokens";
+  }
+  EXPECT_DOUBLE_EQ(ExpectedDistinctExperts(1, 128, 8), 8);
+  EXPECT_NEAR(ExpectedDistinctExperts(1e6, 128, 8), 128, 1e-9);
+}
+
+// A mixture's decode reads the router and the experts its tokens touch:
+// one token reads top-k experts; at TP 2 (which divides the experts) each
+// rank holds half of them and reads its share of the expected touched ones.
+TEST(SimulateTest, AMixtureReadsTheExpertsItsTokensTouch) {
+  ModelConfig c = ToyConfig();
+  c.n_experts = 8;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 32;
+  const DeviceProfile d{.name = "toy",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e9,
+                        .peak_flops = 1e12,
+                        .bandwidth_efficiency = 1,
+                        .flops_efficiency = 1};
+  StepInput decode;
+  decode.tokens = {5};
+  decode.positions = {99};
+  decode.token_seq = {0};
+  decode.seq_ids = {0};
+  decode.logit_rows = {0};
+  // TP = 1, per layer: attention 64 x 16 x 12 = 12,288, router 64 x 8 =
+  // 512, 2 experts of 3 x 64 x 32 = 6,144 each: 25,088 parameters read.
+  // Bytes: 2 layers x 25,088 x 2 + head 64,000 x 2 + 100 x 256 KV =
+  // 253,952; memory-bound at 1 GB/s.
+  RooflineCostModel tp1(c, d, {.tp = 1, .pp = 1});
+  EXPECT_NEAR(tp1.StageSeconds(decode)[0], 253952e-9, 1e-15);
+  // Held: 12,288 + 512 + 8 x 6,144 per layer, x 2 layers, + the embedding
+  // and the head (64,000 each, untied), x 2 bytes.
+  EXPECT_DOUBLE_EQ(tp1.StageWeightBytes(0),
+                   (2 * (12288 + 512 + 8 * 6144) + 2 * 64000) * 2.0);
+  // TP = 2: 4 experts per rank; one token touches 2 of 8, so a rank reads
+  // half of that: 1 expert. Per layer 6,144 + 512 + 6,144 = 12,800; bytes
+  // 2 x 12,800 x 2 + 32,000 x 2 + 100 x 128 = 128,000; plus the 2 x 2
+  // all-reduces (as in TheRooflineAddsUpByHand).
+  RooflineCostModel tp2(
+      c, d,
+      {.tp = 2, .pp = 1, .tp_link = {.alpha_seconds = 1e-6, .bandwidth = 1e9}});
+  EXPECT_NEAR(tp2.StageSeconds(decode)[0], 128000e-9 + 4 * 2 * (1e-6 + 64e-9),
+              1e-15);
 }
 
 // The CPU profile's kernel terms on the same toy config: steps of at most
