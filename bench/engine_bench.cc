@@ -18,6 +18,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -66,6 +67,27 @@ double ReadBandwidth(int64_t mib) {
     best = std::max(best, n * 4.0 / s);
   }
   return best;
+}
+
+// The weight bytes a decode step of `batch` tokens reads, from the file.
+double DecodeWeightBytes(const WeightSource& source, int64_t batch) {
+  const ModelConfig& c = source.config();
+  double expert_share = 1;
+  if (c.is_moe()) {
+    const double e = static_cast<double>(c.n_experts);
+    expert_share =
+        1 - std::pow(1 - static_cast<double>(c.n_experts_used) / e,
+                     static_cast<double>(batch));
+  }
+  double bytes = 0;
+  for (const TensorInfo& t : source.tensors()) {
+    if (t.name == "token_embd.weight" && !c.tied_embeddings) continue;
+    const bool expert = t.name.find("_exps.") != std::string::npos ||
+                        (t.name.find(".ffn_") != std::string::npos &&
+                         std::count(t.name.begin(), t.name.end(), '.') == 4);
+    bytes += static_cast<double>(t.bytes) * (expert ? expert_share : 1.0);
+  }
+  return bytes;
 }
 
 int Main(int argc, char** argv) {
@@ -222,11 +244,12 @@ int Main(int argc, char** argv) {
     // Tokens/s over the whole batch; a decode step makes `batch` of them.
     const double prefill_tps = batch * prompt_tokens / prefill_s;
     const double decode_tps = batch * decode_tokens / decode_s;
-    // Bytes one decode step reads: every weight matrix once (the embedding
-    // only as the LM head when tied), plus K and V of the average context
-    // in the cache's dtype.
-    int64_t weight_bytes = (*engine)->executor().weight_bytes();
-    if (!c.tied_embeddings) weight_bytes -= c.vocab_size * c.hidden * 4;
+    // Bytes one decode step reads: every weight tensor once in its stored
+    // format (the embedding only as the LM head when tied), a mixture's
+    // experts only as many as the step's tokens touch on average (of E,
+    // top-k each: E (1 - (1 - k/E)^batch)), plus K and V of the average
+    // context in the cache's dtype.
+    const double weight_bytes = DecodeWeightBytes(**source, batch);
     const double avg_ctx = prompt_tokens + decode_tokens / 2.0;
     // In the dtype the cache really stores (f16 by default on CPUs).
     const DType kv_dtype = (*engine)->executor().kv_cache_dtype();

@@ -13,7 +13,7 @@ installed: scripts/install-deps.sh --tests installs it.
 """
 import sys
 
-FTYPES = {"Q5_0": 8, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17,
+FTYPES = {"Q8_0": 7, "Q5_0": 8, "Q2_K": 10, "Q3_K_M": 12, "Q4_K_M": 15, "Q5_K_M": 17,
           "Q6_K": 18, "IQ4_XS": 30}
 
 
