@@ -26,6 +26,7 @@
 #include "kernels/blas_cpu.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {

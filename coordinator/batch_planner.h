@@ -34,7 +34,7 @@
 #include "coordinator/block_manager.h"
 #include "coordinator/request.h"
 #include "coordinator/serving_metrics.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

@@ -29,7 +29,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

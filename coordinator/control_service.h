@@ -26,7 +26,8 @@
 #include "grpcpp/server_builder.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "worker/control_channel.h"
-#include "worker/kv_pool.h"
+#include "model/shard_plan.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 

@@ -16,6 +16,7 @@
 #include "backend/cuda_backend.h"
 #include "collectives/staged_communicator.h"
 #include "coordinator/device.h"
+#include "coordinator/in_process_executor.h"
 #include "core/status.h"
 #include "model/shard_plan.h"
 #include "worker/cuda_model_runner.h"

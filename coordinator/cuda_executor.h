@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/step_executor.h"
+#include "coordinator/in_process_executor.h"
 #include "model/weight_source.h"
 
 namespace shardlm {

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/cuda_executor.h"
 #include "coordinator/device.h"
+#include "coordinator/in_process_executor.h"
 
 namespace shardlm {
 

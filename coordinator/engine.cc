@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/cuda_executor.h"
+#include "coordinator/in_process_executor.h"
 #include "core/status.h"
 #include "kernels/threading.h"
 

@@ -19,8 +19,9 @@
 #include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
+#include "model/shard_plan.h"
 #include "model/weight_source.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

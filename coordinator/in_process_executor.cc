@@ -2,6 +2,8 @@
 // cluster of runners on threads joined by fake communicators. The threaded
 // one exercises exactly the sharded code paths of the real cluster, which
 // makes TP/PP equivalence testable in one process.
+#include "coordinator/in_process_executor.h"
+
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
@@ -11,7 +13,6 @@
 
 #include "absl/strings/str_cat.h"
 #include "collectives/fake_communicator.h"
-#include "coordinator/step_executor.h"
 #include "core/status.h"
 #include "kernels/threading.h"
 #include "model/shard_plan.h"

@@ -17,6 +17,7 @@
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "model/stop_tokens.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {
@@ -443,7 +444,8 @@ grpc::Status InferenceService::GetModelInfo(
   const DType kv_dtype = engine_->executor().kv_cache_dtype();
   response->set_kv_cache_dtype(KvCacheDTypeName(kv_dtype));
   response->set_kv_bytes_per_token(
-      KvBytesPerToken(engine_->config(), kv_dtype));
+      KvBytesPerToken(engine_->config().n_layers, engine_->config().n_kv_heads,
+                      engine_->config().head_dim, kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   return grpc::Status::OK;
 }

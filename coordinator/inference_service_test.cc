@@ -13,6 +13,7 @@
 
 #include "absl/time/clock.h"
 #include "coordinator/engine_leak_check.h"
+#include "coordinator/in_process_executor.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"

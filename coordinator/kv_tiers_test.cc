@@ -13,6 +13,7 @@
 #include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 namespace {

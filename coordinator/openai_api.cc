@@ -12,6 +12,7 @@
 #include "coordinator/api_key.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {

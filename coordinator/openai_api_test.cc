@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "coordinator/engine_leak_check.h"
+#include "coordinator/in_process_executor.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 

@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "model/smollm2_test_model.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 namespace {
@@ -273,18 +274,18 @@ TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
     SCOPED_TRACE(MoeShardingName(moe));
     std::vector<GenerateRequest> reqs;
     for (const auto& p : prompts) {
-      reqs.push_back({.prompt = p, .max_tokens = 8,
-                      .return_prompt_logits = true});
+      reqs.push_back(
+          {.prompt = p, .max_tokens = 8, .return_prompt_logits = true});
     }
     auto base = RunUnsharded(*source, reqs, 13, DType::kF32);
     ASSERT_TRUE(base.ok()) << base.status();
     EngineLeakCheck engines;
-    Engine* engine = engines.Keep(Engine::Create(
-        *source, {.kv_cache_dtype = DType::kF32,
-                  .max_batched_tokens = 13,
-                  .threads = 1,
-                  .tp = 2,
-                  .moe_sharding = moe}));
+    Engine* engine =
+        engines.Keep(Engine::Create(*source, {.kv_cache_dtype = DType::kF32,
+                                              .max_batched_tokens = 13,
+                                              .threads = 1,
+                                              .tp = 2,
+                                              .moe_sharding = moe}));
     ASSERT_NE(engine, nullptr);
     auto got = engine->GenerateBatch(reqs);
     ASSERT_TRUE(got.ok()) << got.status();
@@ -318,7 +319,8 @@ TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
   ExpectEquivalent(skewed, {{2, 1}}, prompts, 8, 13, {DType::kF32}, 1e-4,
                    /*sampled_exact_compact=*/true);
   // ep needs TP to divide the experts.
-  auto bad = Engine::Create(*source, {.tp = 3, .moe_sharding = MoeSharding::kExpert});
+  auto bad =
+      Engine::Create(*source, {.tp = 3, .moe_sharding = MoeSharding::kExpert});
   EXPECT_TRUE(testing_util::IsError(bad, absl::StatusCode::kInvalidArgument,
                                     "does not divide the model's 8 experts"));
 }

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "coordinator/control_service.h"
 #include "coordinator/step_executor.h"
-#include "worker/step_codec.h"
+#include "step/step_codec.h"
 
 namespace shardlm {
 

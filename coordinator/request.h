@@ -11,7 +11,7 @@
 #include "absl/time/time.h"
 #include "coordinator/serving_metrics.h"
 #include "kernels/sampling/sampling.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

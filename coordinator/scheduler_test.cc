@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "coordinator/engine.h"
+#include "coordinator/in_process_executor.h"
 #include "coordinator/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"

@@ -14,6 +14,7 @@
 
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
+#include "coordinator/in_process_executor.h"
 #include "coordinator/scheduler.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"

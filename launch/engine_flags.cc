@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "model/weight_source.h"
+#include "step/kv_cache.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 

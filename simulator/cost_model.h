@@ -12,7 +12,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/model_config.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

@@ -10,15 +10,9 @@
 #include "grpcpp/channel.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/support/channel_arguments.h"
+#include "step/cluster_token.h"
 
 namespace shardlm {
-
-// The gRPC metadata key of the cluster token, sent by workers on every
-// control-plane call. The coordinator checks it when the call arrives,
-// before it reads any message of the call, so that a peer without the
-// token never gets a message buffered or parsed. A binary ("-bin") key:
-// gRPC base64-encodes it on the wire, so any token bytes are allowed.
-inline constexpr char kClusterTokenMetadata[] = "shardlm-cluster-token-bin";
 
 // Mutual TLS on the control plane, as PEM texts; all empty: plaintext.
 // The coordinator presents `cert_chain_pem` as the server and requires

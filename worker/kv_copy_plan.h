@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

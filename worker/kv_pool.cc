@@ -14,33 +14,8 @@ int64_t KvPoolConfig::BytesPerBlock() const {
          KvHeadBlockBytes(dtype, block_size, head_dim);
 }
 
-absl::StatusOr<DType> ParseKvCacheDType(std::string_view name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI8}) {
-    if (name == KvCacheDTypeName(t)) return t;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("KV cache dtype '", std::string(name),
-                   "': expected f32, f16, bf16 or int8"));
-}
-
 int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
-  return 2 * c.n_layers * c.n_kv_heads *
-         KvHeadBlockBytes(dtype, /*block_size=*/1, c.head_dim);
-}
-
-const char* KvCacheDTypeName(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI8:
-      return "int8";
-    default:
-      return DTypeName(t);
-  }
+  return KvBytesPerToken(c.n_layers, c.n_kv_heads, c.head_dim, dtype);
 }
 
 int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {

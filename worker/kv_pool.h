@@ -16,19 +16,11 @@
 #include "core/tensor.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
-#include "worker/step.h"
+#include "step/kv_cache.h"
+#include "step/step.h"
 
 namespace shardlm {
 
-// f16 halves the bytes of f32 (so a budget holds twice the tokens) and
-// keeps greedy tokens and logits close (README, "KV cache dtype").
-inline constexpr DType kDefaultCpuKvDType = DType::kF16;
-
-// --kv-cache-dtype: "f32", "f16", "bf16" or "int8" (DType::kI8).
-// InvalidArgument naming the choices for anything else.
-absl::StatusOr<DType> ParseKvCacheDType(std::string_view name);
-// The flag's spelling of `t` ("f16", ...).
-const char* KvCacheDTypeName(DType t);
 // K and V bytes of one token of context over every layer and KV head of
 // the model (all ranks together, when no KV head is replicated).
 int64_t KvBytesPerToken(const ModelConfig& config, DType dtype);

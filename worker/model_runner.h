@@ -11,11 +11,11 @@
 #include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "kernels/sampling/sampling.h"
+#include "step/step.h"
 #include "worker/forward.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
 #include "worker/shard_runner.h"
-#include "worker/step.h"
 
 namespace shardlm {
 

@@ -10,7 +10,7 @@
 #include "collectives/communicator.h"
 #include "core/tensor.h"
 #include "model/model_config.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 

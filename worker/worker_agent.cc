@@ -21,7 +21,7 @@
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "shardlm/v1/control.grpc.pb.h"
-#include "worker/step_codec.h"
+#include "step/step_codec.h"
 
 namespace shardlm {
 namespace {

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/tensor.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 
@@ -47,8 +48,8 @@ Shape KeyCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
                     int64_t head_dim, DType dtype = DType::kF32);
 Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
                       int64_t head_dim, DType dtype = DType::kF32);
-// Bytes of one KV head's K (or V) in one block.
-int64_t KvHeadBlockBytes(DType dtype, int64_t block_size, int64_t head_dim);
+// Bytes of one KV head's K (or V) in one block: KvHeadBlockBytes
+// (step/kv_cache.h).
 // Whether the CPU kernels take caches of `t`: f32, f16, bf16 or I8.
 bool IsCpuKvDType(DType t);
 

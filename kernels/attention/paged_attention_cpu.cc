@@ -700,11 +700,6 @@ Shape ValueCacheShape(int64_t blocks, int64_t block_size, int64_t kv_heads,
   return {kv_heads, blocks, block_size, row};
 }
 
-int64_t KvHeadBlockBytes(DType dtype, int64_t block_size, int64_t head_dim) {
-  return dtype == DType::kI8 ? (head_dim + 4) * block_size
-                             : head_dim * block_size * BlockBytes(dtype);
-}
-
 bool IsCpuKvDType(DType t) {
   return t == DType::kF32 || t == DType::kF16 || t == DType::kBF16 ||
          t == DType::kI8;

@@ -26,22 +26,6 @@ int32_t Argmax(absl::Span<const float> logits) {
 
 }  // namespace
 
-absl::Status ValidateSamplingParams(const SamplingParams& p) {
-  if (!(p.temperature >= 0.0f) || !std::isfinite(p.temperature)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("temperature must be >= 0, got ", p.temperature));
-  }
-  if (p.top_k < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_k must be >= 0, got ", p.top_k));
-  }
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("top_p must be in (0, 1], got ", p.top_p));
-  }
-  return absl::OkStatus();
-}
-
 double SampleUniform(uint64_t seed, uint64_t step) {
   const uint64_t bits = SplitMix64(SplitMix64(seed) ^ SplitMix64(~step));
   return static_cast<double>(bits >> 11) * 0x1.0p-53;

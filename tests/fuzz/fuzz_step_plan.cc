@@ -12,10 +12,10 @@
 #include "model/in_memory_weights.h"
 #include "model/shard_plan.h"
 #include "shardlm/v1/control.pb.h"
+#include "step/step_codec.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
 #include "worker/model_runner.h"
-#include "worker/step_codec.h"
 
 namespace {
 

@@ -16,6 +16,7 @@
 #include "absl/strings/str_split.h"
 #include "coordinator/engine.h"
 #include "nlohmann/json.hpp"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {

@@ -3,14 +3,14 @@
 // per-rank accounting executors report. Plain structs, shared by the
 // coordinator, the executors, the control plane's codec (step_codec.h)
 // and the runners; no worker internals.
-#ifndef SHARDLM_WORKER_STEP_H_
-#define SHARDLM_WORKER_STEP_H_
+#ifndef SHARDLM_STEP_STEP_H_
+#define SHARDLM_STEP_STEP_H_
 
 #include <cstdint>
 #include <vector>
 
 #include "core/tensor.h"
-#include "kernels/sampling/sampling.h"
+#include "step/sampling_params.h"
 
 namespace shardlm {
 
@@ -96,4 +96,4 @@ struct RunnerStats {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_WORKER_STEP_H_
+#endif  // SHARDLM_STEP_STEP_H_

@@ -2,7 +2,7 @@
 // (tables growing, a sequence released, a table that is not an extension
 // of what was sent, copies, sampling, logprobs), every decoded StepInput
 // equals the one encoded, and only new blocks travel.
-#include "worker/step_codec.h"
+#include "step/step_codec.h"
 
 #include "gtest/gtest.h"
 

@@ -3,8 +3,8 @@
 // (BlockTableDeltas) sends only the blocks each sequence gained since the
 // last plan, and every worker (BlockTableMirror) rebuilds the full tables.
 // Decode(Encode(step)) == step, checked by step_codec_test.
-#ifndef SHARDLM_WORKER_STEP_CODEC_H_
-#define SHARDLM_WORKER_STEP_CODEC_H_
+#ifndef SHARDLM_STEP_STEP_CODEC_H_
+#define SHARDLM_STEP_STEP_CODEC_H_
 
 #include <cstdint>
 #include <vector>
@@ -12,7 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "shardlm/v1/control.pb.h"
-#include "worker/step.h"
+#include "step/step.h"
 
 namespace shardlm {
 
@@ -53,4 +53,4 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables);
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_WORKER_STEP_CODEC_H_
+#endif  // SHARDLM_STEP_STEP_CODEC_H_

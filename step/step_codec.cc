@@ -1,4 +1,4 @@
-#include "worker/step_codec.h"
+#include "step/step_codec.h"
 
 #include <algorithm>
 

@@ -1,0 +1,65 @@
+// StepExecutors that run in this process: a single shard, or a TP x PP
+// cluster of shards on threads joined by in-process communicators.
+#ifndef SHARDLM_COORDINATOR_IN_PROCESS_EXECUTOR_H_
+#define SHARDLM_COORDINATOR_IN_PROCESS_EXECUTOR_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "collectives/communicator.h"
+#include "coordinator/step_executor.h"
+#include "model/shard_plan.h"
+#include "model/weight_source.h"
+#include "step/kv_cache.h"
+#include "worker/shard_runner.h"
+
+namespace shardlm {
+
+struct ExecutorOptions {
+  int tp = 1;
+  int pp = 1;
+  MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
+  int32_t block_size = 16;
+  // KV budget per rank; 0 sizes every rank for one full context.
+  int64_t kv_cache_bytes = 0;
+  // Host (CPU offload) KV tier per rank.
+  int64_t cpu_offload_bytes = 0;
+  DType kv_cache_dtype = kDefaultCpuKvDType;
+  // CPU threads each rank's kernels use (on whichever thread calls
+  // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
+  // (ranks on threads).
+  int threads_per_rank = 0;
+};
+
+// One ModelRunner in this process when tp * pp == 1; otherwise tp * pp
+// runners on threads, exchanging activations through in-process
+// communicators, each loading only its shard.
+absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
+    const WeightSource& source, const ExecutorOptions& options);
+
+// The communicators of a TP x PP cluster on threads of this process: a fake
+// group per TP group and per PP chain, each passed through `wrap` when it
+// is set (e.g. to stage device tensors through the host).
+struct InProcessComms {
+  std::vector<std::unique_ptr<Communicator>> owned;
+  std::vector<ShardComms> per_rank;  // Rank r = pp_rank * tp + tp_rank.
+};
+InProcessComms MakeInProcessComms(
+    int tp, int pp,
+    const std::function<std::unique_ptr<Communicator>(
+        std::unique_ptr<Communicator>)>& wrap = nullptr);
+
+// tp * pp runners on threads of their own, each running every step; the
+// logits come from the last stage's TP rank 0. Every rank holds
+// `device_blocks` + `host_blocks` KV blocks. `comms` outlive the runners.
+std::unique_ptr<StepExecutor> NewThreadedExecutor(
+    std::vector<std::unique_ptr<Communicator>> comms,
+    std::vector<std::unique_ptr<ShardRunner>> runners, int64_t device_blocks,
+    int64_t host_blocks, int tp, int pp, int threads_per_rank);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_IN_PROCESS_EXECUTOR_H_
