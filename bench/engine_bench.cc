@@ -18,8 +18,8 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -75,9 +75,8 @@ double DecodeWeightBytes(const WeightSource& source, int64_t batch) {
   double expert_share = 1;
   if (c.is_moe()) {
     const double e = static_cast<double>(c.n_experts);
-    expert_share =
-        1 - std::pow(1 - static_cast<double>(c.n_experts_used) / e,
-                     static_cast<double>(batch));
+    expert_share = 1 - std::pow(1 - static_cast<double>(c.n_experts_used) / e,
+                                static_cast<double>(batch));
   }
   double bytes = 0;
   for (const TensorInfo& t : source.tensors()) {
@@ -123,15 +122,16 @@ int Main(int argc, char** argv) {
   }
   const int32_t vocab = (*source)->config().vocab_size;
   const EngineOptions defaults;
-  if (batch > 1 && (batch * prompt_tokens > defaults.max_batched_tokens ||
-                    batch > defaults.max_seqs)) {
+  if (batch > 1 &&
+      (batch * prompt_tokens > defaults.limits.max_batched_tokens ||
+       batch > defaults.limits.max_seqs)) {
     std::fprintf(stderr,
                  "--batch %lld x --prompt-tokens %lld: the prompts must be "
                  "prefilled in one step of at most %d tokens and %d "
                  "sequences\n",
                  static_cast<long long>(batch),
                  static_cast<long long>(prompt_tokens),
-                 defaults.max_batched_tokens, defaults.max_seqs);
+                 defaults.limits.max_batched_tokens, defaults.limits.max_seqs);
     return 2;
   }
   // Distinct prompts (no shared prefix for the prefix cache to find); a
@@ -191,7 +191,7 @@ int Main(int argc, char** argv) {
     // scratch buffers, and OpenMP threads) the warm-up touched first, as
     // a server's steps do after its first requests: the first step pays
     // the page faults.
-    auto engine = Engine::Create(**source, {.prefix_caching = false,
+    auto engine = Engine::Create(**source, {.kv = {.prefix_caching = false},
                                             .threads = threads,
                                             .tp = static_cast<int>(tp),
                                             .pp = static_cast<int>(pp)});

@@ -119,13 +119,15 @@ int Main(int argc, char** argv) {
   const int64_t need = requests * ((prompt_tokens + 64 + max_tokens) / 16 + 1);
   EngineOptions base;
   base.threads = static_cast<int>(threads);
-  base.max_batched_tokens = 256;
-  base.kv_cache_dtype = kv;
+  base.limits.max_batched_tokens = 256;
+  base.kv.dtype = kv;
   EngineOptions big = base, swap = base, recompute = base;
-  big.kv_cache_bytes = need * block_bytes;
-  swap.kv_cache_bytes = recompute.kv_cache_bytes = device_blocks * block_bytes;
-  swap.cpu_offload_bytes = need * block_bytes;
-  big.prefix_caching = swap.prefix_caching = recompute.prefix_caching = false;
+  big.kv.kv_cache_bytes = need * block_bytes;
+  swap.kv.kv_cache_bytes = recompute.kv.kv_cache_bytes =
+      device_blocks * block_bytes;
+  swap.kv.cpu_offload_bytes = need * block_bytes;
+  big.kv.prefix_caching = swap.kv.prefix_caching = recompute.kv.prefix_caching =
+      false;
 
   nlohmann::json out;
   std::printf(
@@ -210,7 +212,7 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<int32_t>> first_tokens;
   for (bool cache : {false, true}) {
     EngineOptions o = base;
-    o.prefix_caching = cache;
+    o.kv.prefix_caching = cache;
     auto engine = Engine::Create(**source, o);
     if (!engine.ok()) {
       std::fprintf(stderr, "%s\n",

@@ -63,7 +63,7 @@ RequestOutcome OutcomeOf(const absl::StatusOr<GenerateResult>& result) {
 }  // namespace
 
 BatchPlanner::BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
-                           SchedulerOptions options, int64_t vocab_size,
+                           BatchLimits options, int64_t vocab_size,
                            std::function<void(RequestId)> release)
     : blocks_(blocks),
       metrics_(metrics),

@@ -34,15 +34,10 @@
 #include "coordinator/block_manager.h"
 #include "coordinator/request.h"
 #include "coordinator/serving_metrics.h"
+#include "step/batch_limits.h"
 #include "step/step.h"
 
 namespace shardlm {
-
-struct SchedulerOptions {
-  int32_t max_batched_tokens = 512;  // Most tokens in one step.
-  int32_t max_seqs = 64;             // Most sequences running at once.
-  int32_t max_queued = 256;          // Most requests waiting for admission.
-};
 
 // Counters and a snapshot of the queues, for metrics and tests.
 struct SchedulerStats {
@@ -82,7 +77,7 @@ class BatchPlanner {
   // `release` is told each sequence whose KV an executor may drop (ended,
   // or preempted without a host copy); it may be empty.
   BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
-               SchedulerOptions options, int64_t vocab_size,
+               BatchLimits options, int64_t vocab_size,
                std::function<void(RequestId)> release);
   ~BatchPlanner();
   BatchPlanner(const BatchPlanner&) = delete;
@@ -164,7 +159,7 @@ class BatchPlanner {
 
   BlockManager* blocks_;     // Not owned.
   ServingMetrics* metrics_;  // Not owned.
-  SchedulerOptions options_;
+  BatchLimits options_;
   int64_t vocab_size_;
   std::function<void(RequestId)> release_;
 

@@ -30,8 +30,7 @@ std::vector<int32_t> Prompt(int n) {
 
 class BatchPlannerTest : public ::testing::Test {
  protected:
-  void Make(int32_t device_blocks, int32_t host_blocks,
-            SchedulerOptions options) {
+  void Make(int32_t device_blocks, int32_t host_blocks, BatchLimits options) {
     blocks_.emplace(device_blocks, kBlock, host_blocks);
     planner_.emplace(&*blocks_, &metrics_, options, kVocab,
                      [this](RequestId id) { released_.push_back(id); });

@@ -9,8 +9,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <thread>
 
@@ -30,6 +30,7 @@
 #include "kernels/threading.h"
 #include "model/in_memory_weights.h"
 #include "model/shard_plan.h"
+#include "step/step_codec.h"
 #include "worker/control_channel.h"
 #include "worker/kv_pool.h"
 #include "worker/worker_agent.h"
@@ -93,8 +94,8 @@ class TestHost : public ShardHost {
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
     ASSIGN_OR_RETURN(
         KvPoolConfig kv,
-        PoolConfigForShard(w.config, spec, a.block_size, a.kv_cache_dtype,
-                           a.kv_cache_bytes, a.cpu_offload_bytes));
+        PoolConfigForShard(w.config, spec, a.kv.block_size, a.kv.DTypeOnCpu(),
+                           a.kv.kv_cache_bytes, a.kv.cpu_offload_bytes));
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
     runner_ =
         std::make_unique<ModelRunner>(std::move(w), std::move(pool), comms_);
@@ -321,15 +322,16 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   // and its 1e-4 moves are no sign of a wrong cluster. The swap test below
   // runs the cluster on the default f16.
   EngineLeakCheck base_engines;
-  Engine* base_engine = base_engines.Keep(Engine::Create(
-      *source,
-      {.kv_cache_dtype = DType::kF32, .max_batched_tokens = 13, .threads = 1}));
+  Engine* base_engine = base_engines.Keep(
+      Engine::Create(*source, {.kv = {.dtype = DType::kF32},
+                               .limits = {.max_batched_tokens = 13},
+                               .threads = 1}));
   ASSERT_NE(base_engine, nullptr);
   auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
 
   ClusterOptions options = Options(tp, pp);
-  options.kv_cache_dtype = DType::kF32;
+  options.kv.dtype = DType::kF32;
   TestCluster cluster(*source, options);
   cluster.StartAll();
   auto executor = RemoteExecutor::WaitForWorkers(
@@ -338,8 +340,8 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   const RemoteExecutor* remote = executor->get();
   EXPECT_EQ(remote->num_kv_blocks(), 512 / 16);
   EXPECT_TRUE(remote->Health().ok()) << remote->Health();
-  Engine* engine = cluster.Keep(
-      Engine::Create(std::move(*executor), {.max_batched_tokens = 13}));
+  Engine* engine = cluster.Keep(Engine::Create(
+      std::move(*executor), {.limits = {.max_batched_tokens = 13}}));
   ASSERT_NE(engine, nullptr);
   auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -391,9 +393,10 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   const std::vector<GenerateRequest> reqs = Requests(24);
   EngineLeakCheck base_engines;
-  Engine* base_engine = base_engines.Keep(Engine::Create(
-      *source,
-      {.prefix_caching = false, .max_batched_tokens = 13, .threads = 1}));
+  Engine* base_engine = base_engines.Keep(
+      Engine::Create(*source, {.kv = {.prefix_caching = false},
+                               .limits = {.max_batched_tokens = 13},
+                               .threads = 1}));
   ASSERT_NE(base_engine, nullptr);
   auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
@@ -402,8 +405,8 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   // heads of 8 values, f16 (the default KV dtype).
   constexpr int64_t kShardBlock = 2 * 2 * 16 * 2 * 8 * 2;
   ClusterOptions options = Options(2, 2);
-  options.kv_cache_bytes = 8 * kShardBlock;
-  options.cpu_offload_bytes = 60 * kShardBlock;
+  options.kv.kv_cache_bytes = 8 * kShardBlock;
+  options.kv.cpu_offload_bytes = 60 * kShardBlock;
   TestCluster cluster(*source, options);
   cluster.StartAll();
   auto executor = RemoteExecutor::WaitForWorkers(
@@ -411,8 +414,8 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   ASSERT_TRUE(executor.ok()) << executor.status();
   EXPECT_EQ((*executor)->num_kv_blocks(), 8);
   EXPECT_EQ((*executor)->num_host_kv_blocks(), 60);
-  Engine* engine = cluster.Keep(
-      Engine::Create(std::move(*executor), {.max_batched_tokens = 13}));
+  Engine* engine = cluster.Keep(Engine::Create(
+      std::move(*executor), {.limits = {.max_batched_tokens = 13}}));
   ASSERT_NE(engine, nullptr);
   auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
@@ -660,7 +663,8 @@ TEST(ClusterStartupTest, DifferentModelFilesNameBothRanks) {
   ASSERT_TRUE(WaitFor([&] {
     return !absl::StrContains(cluster.service().Health().message(),
                               "waiting for worker ranks 1,");
-  })) << "rank 1 never joined: " << cluster.service().Health();
+  })) << "rank 1 never joined: "
+      << cluster.service().Health();
   WorkerAgentOptions o2 = cluster.AgentOptions(2);
   o2.model_digest = "fedcba9876543210";
   cluster.StartWorker(o2);
@@ -736,7 +740,8 @@ TEST(ClusterStartupTest, GpuWorkersOnOneGpuAreRefusedNamingBoth) {
     ASSERT_TRUE(WaitFor([&] {
       return !absl::StrContains(cluster.service().Health().message(),
                                 "waiting for worker ranks 1,");
-    })) << "rank 1 never joined: " << cluster.service().Health();
+    })) << "rank 1 never joined: "
+        << cluster.service().Health();
     cluster.StartWorker(gpu_worker(cluster, 2, "GPU-aaaa"));
     auto executor = RemoteExecutor::WaitForWorkers(
         cluster.service(), source->config(), absl::Seconds(30));
@@ -749,9 +754,9 @@ TEST(ClusterStartupTest, GpuWorkersOnOneGpuAreRefusedNamingBoth) {
     cluster.Stop();
   }
   {  // Distinct GPUs form; the assignment carries the GPU sizing settings.
-    options.max_batched_tokens = 96;
-    options.max_seqs = 7;
-    options.gpu_memory_utilization = 0.5;
+    options.limits.max_batched_tokens = 96;
+    options.limits.max_seqs = 7;
+    options.kv.gpu_memory_utilization = 0.5;
     TestCluster cluster(*source, options);
     cluster.StartWorker(gpu_worker(cluster, 1, "GPU-aaaa"));
     cluster.StartWorker(gpu_worker(cluster, 2, "GPU-bbbb"));
@@ -761,9 +766,9 @@ TEST(ClusterStartupTest, GpuWorkersOnOneGpuAreRefusedNamingBoth) {
     EXPECT_STREQ((*executor)->backend(), "cuda");
     for (int r = 1; r <= 2; ++r) {
       const WorkerAssignment& a = cluster.host(r).assignment;
-      EXPECT_EQ(a.max_batched_tokens, 96);
-      EXPECT_EQ(a.max_seqs, 7);
-      EXPECT_EQ(a.gpu_memory_utilization, 0.5);
+      EXPECT_EQ(a.limits.max_batched_tokens, 96);
+      EXPECT_EQ(a.limits.max_seqs, 7);
+      EXPECT_EQ(a.kv.gpu_memory_utilization, 0.5);
       EXPECT_EQ(a.step_timeout, options.step_timeout);
       EXPECT_EQ(a.rendezvous_prefix, options.rendezvous_prefix);
     }
@@ -1130,9 +1135,10 @@ class SilentCoordinator final : public v1::Control::Service {
     v1::CoordinatorMessage out;
     out.mutable_assignment()->set_tp(1);
     out.mutable_assignment()->set_pp(1);
-    out.mutable_assignment()->set_block_size(16);
     out.mutable_assignment()->set_threads(1);
-    out.mutable_assignment()->set_kv_cache_dtype("f16");
+    EncodeKvCacheOptions({.dtype = DType::kF16},
+                         out.mutable_assignment()->mutable_kv());
+    EncodeBatchLimits({}, out.mutable_assignment()->mutable_limits());
     stream->Write(out);
     while (stream->Read(&in)) {
     }

@@ -10,6 +10,7 @@
 #include "core/secret.h"
 #include "core/status.h"
 #include "grpcpp/resource_quota.h"
+#include "step/step_codec.h"
 
 namespace shardlm {
 namespace {
@@ -239,15 +240,10 @@ grpc::Status ControlService::Connect(
   a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
   a.set_tp_rank(w->tp_rank);
   a.set_pp_rank(w->pp_rank);
-  a.set_block_size(options_.block_size);
-  a.set_kv_cache_bytes(options_.kv_cache_bytes);
-  a.set_cpu_offload_bytes(options_.cpu_offload_bytes);
-  a.set_kv_cache_dtype(KvCacheDTypeName(options_.kv_cache_dtype));
+  EncodeKvCacheOptions(options_.kv, a.mutable_kv());
+  EncodeBatchLimits(options_.limits, a.mutable_limits());
   a.set_threads(options_.threads_per_worker);
   a.set_rendezvous_prefix(rendezvous_prefix);
-  a.set_max_batched_tokens(options_.max_batched_tokens);
-  a.set_max_seqs(options_.max_seqs);
-  a.set_gpu_memory_utilization(options_.gpu_memory_utilization);
   a.set_step_timeout_ms(absl::ToInt64Milliseconds(options_.step_timeout));
   if (!Write(*w, out)) {
     absl::MutexLock lock(&mu_);

@@ -24,14 +24,19 @@
 #include "absl/time/time.h"
 #include "coordinator/step_executor.h"
 #include "grpcpp/server_builder.h"
-#include "shardlm/v1/control.grpc.pb.h"
-#include "worker/control_channel.h"
 #include "model/shard_plan.h"
+#include "shardlm/v1/control.grpc.pb.h"
+#include "step/batch_limits.h"
 #include "step/kv_cache.h"
+#include "worker/control_channel.h"
 
 namespace shardlm {
 
 struct ClusterOptions {
+  // Every worker's KV cache (its dtype resolved: set) and the step limits
+  // CUDA workers reserve activations for before sizing their KV pool.
+  KvCacheOptions kv;
+  BatchLimits limits;
   int tp = 1;
   int pp = 1;
   // How the TP group splits a mixture of experts (sent to every worker).
@@ -40,10 +45,6 @@ struct ClusterOptions {
   // others are refused with UNAUTHENTICATED and do not disturb startup.
   // Empty accepts any worker: tests only.
   std::string cluster_token;
-  int32_t block_size = 16;
-  int64_t kv_cache_bytes = 0;     // Per worker; 0: one full context.
-  int64_t cpu_offload_bytes = 0;  // Host KV tier per worker.
-  DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads_per_worker = 1;
   // The prefix of the data plane's rendezvous keys (Gloo addresses, NCCL
   // ids; Assignment.rendezvous_prefix).
@@ -55,11 +56,6 @@ struct ClusterOptions {
   // naming both, unless this is set (tests: NCCL itself refuses two ranks
   // of one communicator on one GPU).
   bool allow_shared_gpu = false;
-  // CUDA workers reserve activations for steps this large before sizing
-  // their KV pool from gpu_memory_utilization (kv_cache_bytes 0).
-  int32_t max_batched_tokens = 512;
-  int32_t max_seqs = 64;
-  double gpu_memory_utilization = 0.90;
   // Sent to a worker after this long without another message to it.
   absl::Duration heartbeat_interval = absl::Seconds(1);
   // No message from a worker for this long: it is dead. Workers heartbeat

@@ -120,11 +120,11 @@ class CudaEngineTest : public ::testing::Test {
 TEST_F(CudaEngineTest, BatchedRequestsMatchTheCpuEngine) {
   // Chunked prefill: prompts of 7-31 tokens in steps of at most 16. The
   // CPU reference keeps an f32 KV cache; the GPU's is bf16.
-  const EngineOptions cpu{.kv_cache_dtype = DType::kF32,
-                          .max_batched_tokens = 16};
+  const EngineOptions cpu{.kv = {.dtype = DType::kF32},
+                          .limits = {.max_batched_tokens = 16}};
   EngineOptions gpu = cpu;
   gpu.device = DeviceKind::kCuda;
-  gpu.kv_cache_dtype.reset();  // bf16, the only KV type on GPUs.
+  gpu.kv.dtype.reset();  // bf16, the only KV type on GPUs.
   const auto want = Run(cpu);
   const auto got = Run(gpu);
   ExpectSame(got, want);
@@ -136,12 +136,12 @@ TEST_F(CudaEngineTest, RecomputePreemptionOnASmallGpuPoolMatchesTheCpu) {
   // to 4 blocks each) at once, so sequences are preempted and recomputed.
   const int64_t block_bytes =
       2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 2;
-  const EngineOptions cpu{.kv_cache_dtype = DType::kF32,
-                          .max_batched_tokens = 64};
+  const EngineOptions cpu{.kv = {.dtype = DType::kF32},
+                          .limits = {.max_batched_tokens = 64}};
   EngineOptions gpu = cpu;
   gpu.device = DeviceKind::kCuda;
-  gpu.kv_cache_dtype.reset();  // bf16, the only KV type on GPUs.
-  gpu.kv_cache_bytes = 6 * block_bytes;
+  gpu.kv.dtype.reset();  // bf16, the only KV type on GPUs.
+  gpu.kv.kv_cache_bytes = 6 * block_bytes;
   const auto want = Run(cpu);
   const auto got = Run(gpu);
   std::printf("gpu preemptions (recompute): %lld\n",
@@ -158,13 +158,13 @@ TEST_F(CudaEngineTest, HostTierSwapsAndAnOverlongPromptMatchTheCpu) {
   const ModelConfig& c = source_->config();
   const int64_t block_bytes =
       2 * c.n_layers * 16 * c.n_kv_heads * c.head_dim * 2;
-  const EngineOptions cpu{.kv_cache_dtype = DType::kF32,
-                          .max_batched_tokens = 64};
+  const EngineOptions cpu{.kv = {.dtype = DType::kF32},
+                          .limits = {.max_batched_tokens = 64}};
   EngineOptions gpu = cpu;
   gpu.device = DeviceKind::kCuda;
-  gpu.kv_cache_dtype.reset();  // bf16, the only KV type on GPUs.
-  gpu.kv_cache_bytes = 6 * block_bytes;
-  gpu.cpu_offload_bytes = 40 * block_bytes;
+  gpu.kv.dtype.reset();  // bf16, the only KV type on GPUs.
+  gpu.kv.kv_cache_bytes = 6 * block_bytes;
+  gpu.kv.cpu_offload_bytes = 40 * block_bytes;
   {
     const auto want = Run(cpu);
     const auto got = Run(gpu);
@@ -193,18 +193,18 @@ TEST_F(CudaEngineTest, HostTierSwapsAndAnOverlongPromptMatchTheCpu) {
 // TP x PP shards on threads sharing this GPU (their communicators stage
 // through the host), against the CPU at TP = PP = 1.
 TEST_F(CudaEngineTest, ShardsOnOneGpuMatchTheCpu) {
-  const EngineOptions cpu{.kv_cache_dtype = DType::kF32,
-                          .max_batched_tokens = 16};
+  const EngineOptions cpu{.kv = {.dtype = DType::kF32},
+                          .limits = {.max_batched_tokens = 16}};
   const auto want = Run(cpu);
   for (const auto& [tp, pp] : {std::pair{2, 1}, {1, 2}, {2, 2}}) {
     SCOPED_TRACE("tp " + std::to_string(tp) + " pp " + std::to_string(pp));
     EngineOptions gpu = cpu;
     gpu.device = DeviceKind::kCuda;
-    gpu.kv_cache_dtype.reset();  // bf16, the only KV type on GPUs.
+    gpu.kv.dtype.reset();  // bf16, the only KV type on GPUs.
     gpu.tp = tp;
     gpu.pp = pp;
     gpu.allow_shared_gpu = true;
-    gpu.kv_cache_bytes = int64_t{64} << 20;  // Per rank.
+    gpu.kv.kv_cache_bytes = int64_t{64} << 20;  // Per rank.
     ExpectSame(Run(gpu), want);
   }
 }

@@ -143,13 +143,15 @@ absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>& ranks,
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     const WeightSource& source, const CudaExecutorOptions& o) {
-  if (o.block_size <= 0 || o.kv_cache_bytes < 0 || o.max_batched_tokens <= 0 ||
-      o.max_seqs <= 0 || o.tp < 1 || o.pp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA executor: block_size (", o.block_size, "), max_batched_tokens (",
-        o.max_batched_tokens, "), max_seqs (", o.max_seqs, "), tp (", o.tp,
-        ") and pp (", o.pp, ") must be positive, kv_cache_bytes (",
-        o.kv_cache_bytes, ") not negative"));
+  if (o.kv.block_size <= 0 || o.kv.kv_cache_bytes < 0 ||
+      o.limits.max_batched_tokens <= 0 || o.limits.max_seqs <= 0 || o.tp < 1 ||
+      o.pp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA executor: block_size (", o.kv.block_size,
+                     "), max_batched_tokens (", o.limits.max_batched_tokens,
+                     "), max_seqs (", o.limits.max_seqs, "), tp (", o.tp,
+                     ") and pp (", o.pp, ") must be positive, kv_cache_bytes (",
+                     o.kv.kv_cache_bytes, ") not negative"));
   }
   const CudaAvailability cuda = QueryCuda();
   if (cuda.devices == 0) return absl::FailedPreconditionError(cuda.why_none);
@@ -179,7 +181,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     const KvPoolConfig kv{.n_layers = spec.n_layers(),
                           .kv_heads = spec.n_kv_heads(),
                           .head_dim = c.head_dim,
-                          .block_size = o.block_size,
+                          .block_size = o.kv.block_size,
                           .num_blocks = 1,  // Sized below.
                           .dtype = DType::kBF16};
     ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
@@ -190,8 +192,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     host = LlamaWeights();
     weight_bytes += weights.bytes();
     RETURN_IF_ERROR(runner->SetWeights(std::move(weights)));
-    RETURN_IF_ERROR(runner->ReserveActivations(o.max_batched_tokens,
-                                               std::max(o.max_seqs, 1)));
+    RETURN_IF_ERROR(runner->ReserveActivations(o.limits.max_batched_tokens,
+                                               std::max(o.limits.max_seqs, 1)));
     RETURN_IF_ERROR(runner->Synchronize());
     runners.push_back(std::move(runner));
   }
@@ -204,16 +206,17 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   }
   std::string why;
   ASSIGN_OR_RETURN(const int64_t blocks,
-                   SizeGpuKv(ranks_kv, o.kv_cache_bytes,
-                             o.gpu_memory_utilization, o.block_size,
+                   SizeGpuKv(ranks_kv, o.kv.kv_cache_bytes,
+                             o.kv.gpu_memory_utilization, o.kv.block_size,
                              /*placeholder_blocks=*/1, &why));
   // The host tier: what --cpu-offload-bytes holds for every rank.
   int64_t host_blocks = 0;
-  if (o.cpu_offload_bytes > 0) {
-    host_blocks = std::numeric_limits<int32_t>::max() / o.block_size - blocks;
+  if (o.kv.cpu_offload_bytes > 0) {
+    host_blocks =
+        std::numeric_limits<int32_t>::max() / o.kv.block_size - blocks;
     for (const auto& r : runners) {
       host_blocks = std::min(
-          host_blocks, o.cpu_offload_bytes / r->kv_config().BytesPerBlock());
+          host_blocks, o.kv.cpu_offload_bytes / r->kv_config().BytesPerBlock());
     }
     absl::StrAppend(&why, "; ", std::max<int64_t>(host_blocks, 0),
                     " host-tier blocks (pinned) from --cpu-offload-bytes");
@@ -225,8 +228,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                "weights %s (bf16), activations for %d tokens x %d "
                "sequences; %s; %lld tokens of KV\n",
                ranks, o.tp, o.pp, absl::StrJoin(devices, ",").c_str(),
-               Gib(weight_bytes).c_str(), o.max_batched_tokens, o.max_seqs,
-               why.c_str(), static_cast<long long>(blocks * o.block_size));
+               Gib(weight_bytes).c_str(), o.limits.max_batched_tokens,
+               o.limits.max_seqs, why.c_str(),
+               static_cast<long long>(blocks * o.kv.block_size));
   if (ranks == 1) {
     return std::unique_ptr<StepExecutor>(
         std::make_unique<CudaExecutor>(std::move(runners[0]), devices[0]));

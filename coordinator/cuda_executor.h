@@ -14,25 +14,23 @@
 #include "absl/status/statusor.h"
 #include "coordinator/in_process_executor.h"
 #include "model/weight_source.h"
+#include "step/batch_limits.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 
 struct CudaExecutorOptions {
+  // The KV cache (bf16; the host tier in pinned host memory; a zero
+  // kv_cache_bytes sizes it by gpu_memory_utilization).
+  KvCacheOptions kv;
+  // The largest step (tokens) and the most sequences in one: activation
+  // buffers are reserved for them before the KV pool is sized.
+  BatchLimits limits;
   int device = 0;  // When tp * pp = 1; rank r takes device r % devices.
   int tp = 1;
   int pp = 1;
   // Ranks may share a GPU (their communicators stage through the host).
   bool allow_shared_gpu = false;
-  int32_t block_size = 16;
-  // KV budget on the device; 0 sizes it by gpu_memory_utilization.
-  int64_t kv_cache_bytes = 0;
-  // The host KV tier of each rank, in pinned host memory.
-  int64_t cpu_offload_bytes = 0;
-  double gpu_memory_utilization = 0.90;
-  // The largest step (tokens) and the most sequences in one: activation
-  // buffers are reserved for them before the KV pool is sized.
-  int32_t max_batched_tokens = 512;
-  int32_t max_seqs = 64;
 };
 
 // How many KV blocks every rank gets when ranks share GPUs: `ranks` holds

@@ -173,7 +173,7 @@ TEST(EngineDeviceTest, CudaEngineRefusesWhatGpusDoNotRunYet) {
   auto w = RandomLlamaWeights(c, 1);
   // The CUDA kernels keep the KV cache in bf16 only.
   auto f16 = Engine::Create(
-      *w, {.kv_cache_dtype = DType::kF16, .device = DeviceKind::kCuda});
+      *w, {.kv = {.dtype = DType::kF16}, .device = DeviceKind::kCuda});
   EXPECT_EQ(f16.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_NE(f16.status().message().find("--kv-cache-dtype f16"),
             std::string_view::npos)

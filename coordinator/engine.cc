@@ -14,36 +14,32 @@
 namespace shardlm {
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const WeightSource& source, const EngineOptions& options) {
-  if (options.block_size <= 0 || options.max_batched_tokens <= 0 ||
-      options.kv_cache_bytes < 0 || options.cpu_offload_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine options: block_size (", options.block_size,
-                     ") and max_batched_tokens (", options.max_batched_tokens,
-                     ") must be positive, kv_cache_bytes (",
-                     options.kv_cache_bytes, ") and cpu_offload_bytes (",
-                     options.cpu_offload_bytes, ") not negative"));
+  const KvCacheOptions& kv = options.kv;
+  if (kv.block_size <= 0 || options.limits.max_batched_tokens <= 0 ||
+      kv.kv_cache_bytes < 0 || kv.cpu_offload_bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine options: block_size (", kv.block_size,
+        ") and max_batched_tokens (", options.limits.max_batched_tokens,
+        ") must be positive, kv_cache_bytes (", kv.kv_cache_bytes,
+        ") and cpu_offload_bytes (", kv.cpu_offload_bytes, ") not negative"));
   }
   SetCpuThreads(options.threads);
   if (options.device == DeviceKind::kCuda) {
-    if (options.kv_cache_dtype.value_or(DType::kBF16) != DType::kBF16) {
+    if (kv.dtype.value_or(DType::kBF16) != DType::kBF16) {
       return absl::UnimplementedError(absl::StrCat(
-          "--kv-cache-dtype ", KvCacheDTypeName(*options.kv_cache_dtype),
+          "--kv-cache-dtype ", KvCacheDTypeName(*kv.dtype),
           " on CUDA: the GPU kernels keep the KV cache in bf16 only; use "
           "bf16 (the default there), or --device cpu"));
     }
     ASSIGN_OR_RETURN(
         std::unique_ptr<StepExecutor> executor,
-        CreateCudaExecutor(
-            source, {.device = options.device_ordinal,
-                     .tp = options.tp,
-                     .pp = options.pp,
-                     .allow_shared_gpu = options.allow_shared_gpu,
-                     .block_size = options.block_size,
-                     .kv_cache_bytes = options.kv_cache_bytes,
-                     .cpu_offload_bytes = options.cpu_offload_bytes,
-                     .gpu_memory_utilization = options.gpu_memory_utilization,
-                     .max_batched_tokens = options.max_batched_tokens,
-                     .max_seqs = options.max_seqs}));
+        CreateCudaExecutor(source,
+                           {.kv = kv,
+                            .limits = options.limits,
+                            .device = options.device_ordinal,
+                            .tp = options.tp,
+                            .pp = options.pp,
+                            .allow_shared_gpu = options.allow_shared_gpu}));
     return Create(std::move(executor), options);
   }
   // Ranks on threads share the cores.
@@ -51,35 +47,32 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   ASSIGN_OR_RETURN(
       std::unique_ptr<StepExecutor> executor,
       CreateInProcessExecutor(
-          source, {.tp = options.tp,
+          source, {.kv = kv,
+                   .tp = options.tp,
                    .pp = options.pp,
                    .moe_sharding = options.moe_sharding,
-                   .block_size = options.block_size,
-                   .kv_cache_bytes = options.kv_cache_bytes,
-                   .cpu_offload_bytes = options.cpu_offload_bytes,
-                   .kv_cache_dtype =
-                       options.kv_cache_dtype.value_or(kDefaultCpuKvDType),
                    .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
   return Create(std::move(executor), options);
 }
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     std::unique_ptr<StepExecutor> executor, const EngineOptions& options) {
-  if (options.block_size <= 0 || options.max_batched_tokens <= 0 ||
-      options.max_seqs <= 0 || options.max_queued < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("engine options: block_size (", options.block_size,
-                     "), max_batched_tokens (", options.max_batched_tokens,
-                     ") and max_seqs (", options.max_seqs,
-                     ") must be positive, max_queued (", options.max_queued,
-                     ") not negative"));
+  const BatchLimits& limits = options.limits;
+  if (options.kv.block_size <= 0 || limits.max_batched_tokens <= 0 ||
+      limits.max_seqs <= 0 || limits.max_queued < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "engine options: block_size (", options.kv.block_size,
+        "), max_batched_tokens (", limits.max_batched_tokens,
+        ") and max_seqs (", limits.max_seqs, ") must be positive, max_queued (",
+        limits.max_queued, ") not negative"));
   }
   const int64_t blocks = executor->num_kv_blocks();
   const int64_t host_blocks = executor->num_host_kv_blocks();
   return std::unique_ptr<Engine>(new Engine(
       std::move(executor),
-      BlockManager(static_cast<int32_t>(blocks), options.block_size,
-                   static_cast<int32_t>(host_blocks), options.prefix_caching),
+      BlockManager(static_cast<int32_t>(blocks), options.kv.block_size,
+                   static_cast<int32_t>(host_blocks),
+                   options.kv.prefix_caching),
       options));
 }
 

@@ -21,25 +21,15 @@
 #include "kernels/sampling/sampling.h"
 #include "model/shard_plan.h"
 #include "model/weight_source.h"
+#include "step/batch_limits.h"
+#include "step/kv_cache.h"
 #include "step/step.h"
 
 namespace shardlm {
 
 struct EngineOptions {
-  // KV cache budget (device tier, per rank); 0 sizes it for one sequence
-  // of the full context.
-  int64_t kv_cache_bytes = 0;
-  // Host (CPU offload) tier per rank: preempted sequences swap there, long
-  // ones spill there, evicted prefix blocks stay cached there.
-  int64_t cpu_offload_bytes = 0;
-  // Element type of the KV cache; unset: the device's default (f16 on
-  // CPUs, bf16 on GPUs, whose kernels take bf16 only).
-  std::optional<DType> kv_cache_dtype;
-  // Reuse the KV of full blocks shared with earlier requests.
-  bool prefix_caching = true;
-  int32_t block_size = 16;
-  // Most tokens in one step; longer prompts are prefilled in chunks.
-  int32_t max_batched_tokens = 512;
+  KvCacheOptions kv;
+  BatchLimits limits;
   int threads = 0;  // CPU threads; 0 means all cores.
   // Tensor and pipeline parallel degrees. tp * pp > 1 runs the shards on
   // threads of this process (the cluster runs them on worker ranks).
@@ -47,17 +37,10 @@ struct EngineOptions {
   int pp = 1;
   // How a TP group splits a mixture of experts (ShardPlan).
   MoeSharding moe_sharding = MoeSharding::kAuto;
-  // Where the model runs. On CUDA (rank r of tp * pp on GPU r), a zero
-  // kv_cache_bytes gives the KV cache gpu_memory_utilization of the GPU's
-  // memory less what is in use.
+  // Where the model runs (rank r of tp * pp on GPU r on CUDA).
   DeviceKind device = DeviceKind::kCpu;
   int device_ordinal = 0;
-  double gpu_memory_utilization = 0.90;
   bool allow_shared_gpu = false;  // Tests: TP x PP ranks on one GPU.
-  // Most sequences running at once, and most requests waiting for
-  // admission (Submit fails with ResourceExhausted beyond it).
-  int32_t max_seqs = 64;
-  int32_t max_queued = 256;
 };
 
 // Called with (request index, token) as each token is produced; returning
@@ -119,11 +102,8 @@ class Engine {
       : executor_(std::move(executor)),
         blocks_(std::move(blocks)),
         options_(options),
-        scheduler_(std::make_unique<Scheduler>(
-            executor_.get(), &blocks_,
-            SchedulerOptions{.max_batched_tokens = options.max_batched_tokens,
-                             .max_seqs = options.max_seqs,
-                             .max_queued = options.max_queued})) {}
+        scheduler_(std::make_unique<Scheduler>(executor_.get(), &blocks_,
+                                               options.limits)) {}
   absl::Status Validate(const std::vector<GenerateRequest>& requests) const;
   absl::Status ValidateOne(const GenerateRequest& request) const;
 

@@ -54,7 +54,7 @@ class EngineTest : public ::testing::Test {
 
 TEST_F(EngineTest, ChunkedPrefillEqualsOneShot) {
   auto whole = MakeEngine();
-  auto chunked = MakeEngine({.max_batched_tokens = 7});
+  auto chunked = MakeEngine({.limits = {.max_batched_tokens = 7}});
   const GenerateRequest req{
       .prompt = Prompt(40, 1), .max_tokens = 12, .return_prompt_logits = true};
   auto a = whole->Generate(req);
@@ -83,7 +83,7 @@ TEST_F(EngineTest, ThreadsReachTheKernelsOnTheSchedulerThread) {
 }
 
 TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
-  auto engine = MakeEngine({.max_batched_tokens = 16});
+  auto engine = MakeEngine({.limits = {.max_batched_tokens = 16}});
   std::vector<GenerateRequest> reqs;
   for (int i = 0; i < 5; ++i) {
     reqs.push_back({.prompt = Prompt(1 + 13 * i, i), .max_tokens = 9 + i});
@@ -94,7 +94,7 @@ TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
   ASSERT_TRUE(batched.ok()) << batched.status();
   // The reference runs each request alone on an engine of its own with no
   // prefix cache, so that it reuses no KV the batched run wrote.
-  auto reference = MakeEngine({.prefix_caching = false});
+  auto reference = MakeEngine({.kv = {.prefix_caching = false}});
   for (size_t i = 0; i < reqs.size(); ++i) {
     auto alone = reference->Generate(reqs[i]);
     ASSERT_TRUE(alone.ok());
@@ -106,7 +106,7 @@ TEST_F(EngineTest, BatchingGivesEachRequestItsOwnTokens) {
 TEST_F(EngineTest, WaitsForBlocksWhenTheCacheIsShort) {
   // 8 blocks of 16: each request needs 4, so at most two run at once.
   const int64_t block_bytes = kBlockBytes;
-  auto engine = MakeEngine({.kv_cache_bytes = 8 * block_bytes});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 8 * block_bytes}});
   ASSERT_EQ(engine->blocks().num_blocks(), 8);
   std::vector<GenerateRequest> reqs(
       5, {.prompt = Prompt(30, 3), .max_tokens = 30});
@@ -124,7 +124,7 @@ TEST_F(EngineTest, WaitsForBlocksWhenTheCacheIsShort) {
   ASSERT_TRUE(results.ok()) << results.status();
   // Each equals the request run alone with room to spare and no prefix
   // cache, whether it waited, shared the prompt's blocks or was recomputed.
-  auto alone = MakeEngine({.prefix_caching = false})->Generate(reqs[0]);
+  auto alone = MakeEngine({.kv = {.prefix_caching = false}})->Generate(reqs[0]);
   ASSERT_TRUE(alone.ok()) << alone.status();
   for (const auto& r : *results) {
     EXPECT_EQ(r.tokens.size(), 30u);
@@ -161,7 +161,7 @@ TEST_F(EngineTest, StopTokensAndCancellationFreeBlocks) {
 
 TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
   const int64_t block_bytes = kBlockBytes;
-  auto engine = MakeEngine({.kv_cache_bytes = 4 * block_bytes});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 4 * block_bytes}});
   // Each bad request, and a piece of the reason it must be refused for.
   const std::vector<std::pair<GenerateRequest, std::string>> bad = {
       {{.prompt = {}, .max_tokens = 4}, "the prompt is empty"},
@@ -194,12 +194,13 @@ TEST_F(EngineTest, RejectsBadRequestsUpFrontAndAllocatesNothing) {
 TEST(EngineCreateTest, RejectsBadOptions) {
   auto source = RandomLlamaWeights(TinyConfig(), 1);
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
-  EXPECT_TRUE(IsError(Engine::Create(*source, {.block_size = 0}), kInvalid,
-                      "block_size (0)"));
-  EXPECT_TRUE(IsError(Engine::Create(*source, {.kv_cache_bytes = 10}), kInvalid,
-                      "KV cache budget of 10 bytes holds no block"));
-  EXPECT_TRUE(IsError(Engine::Create(*source, {.max_batched_tokens = -1}),
-                      kInvalid, "max_batched_tokens (-1)"));
+  EXPECT_TRUE(IsError(Engine::Create(*source, {.kv = {.block_size = 0}}),
+                      kInvalid, "block_size (0)"));
+  EXPECT_TRUE(IsError(Engine::Create(*source, {.kv = {.kv_cache_bytes = 10}}),
+                      kInvalid, "KV cache budget of 10 bytes holds no block"));
+  EXPECT_TRUE(
+      IsError(Engine::Create(*source, {.limits = {.max_batched_tokens = -1}}),
+              kInvalid, "max_batched_tokens (-1)"));
 }
 
 }  // namespace

@@ -30,8 +30,9 @@ struct PoolBlocks {
 
 absl::StatusOr<KvPoolConfig> PoolConfig(const LlamaWeights& w,
                                         const ExecutorOptions& o) {
-  return PoolConfigForShard(w.config, w.spec, o.block_size, o.kv_cache_dtype,
-                            o.kv_cache_bytes, o.cpu_offload_bytes);
+  return PoolConfigForShard(w.config, w.spec, o.kv.block_size,
+                            o.kv.DTypeOnCpu(), o.kv.kv_cache_bytes,
+                            o.kv.cpu_offload_bytes);
 }
 
 absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
@@ -205,11 +206,12 @@ class ThreadedExecutor : public StepExecutor {
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& o) {
-  if (o.block_size <= 0 || o.kv_cache_bytes < 0 || o.cpu_offload_bytes < 0) {
+  if (o.kv.block_size <= 0 || o.kv.kv_cache_bytes < 0 ||
+      o.kv.cpu_offload_bytes < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "block_size (", o.block_size, ") must be positive, kv_cache_bytes (",
-        o.kv_cache_bytes, ") and cpu_offload_bytes (", o.cpu_offload_bytes,
-        ") not negative"));
+        "block_size (", o.kv.block_size, ") must be positive, kv_cache_bytes (",
+        o.kv.kv_cache_bytes, ") and cpu_offload_bytes (",
+        o.kv.cpu_offload_bytes, ") not negative"));
   }
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(source, o.tp, o.pp, o.moe_sharding));

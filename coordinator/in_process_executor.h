@@ -19,15 +19,10 @@
 namespace shardlm {
 
 struct ExecutorOptions {
+  KvCacheOptions kv;  // Its dtype unset: the CPU default.
   int tp = 1;
   int pp = 1;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
-  int32_t block_size = 16;
-  // KV budget per rank; 0 sizes every rank for one full context.
-  int64_t kv_cache_bytes = 0;
-  // Host (CPU offload) KV tier per rank.
-  int64_t cpu_offload_bytes = 0;
-  DType kv_cache_dtype = kDefaultCpuKvDType;
   // CPU threads each rank's kernels use (on whichever thread calls
   // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
   // (ranks on threads).

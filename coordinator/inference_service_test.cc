@@ -133,7 +133,8 @@ class InferenceServiceTest : public ::testing::Test {
   void SetUp() override {
     weights_ = RandomLlamaWeights(TinyConfig(), 7);
     engine_ = engines_.Keep(Engine::Create(
-        *weights_, {.kv_cache_bytes = kBlocks * kBlockBytes, .threads = 1}));
+        *weights_,
+        {.kv = {.kv_cache_bytes = kBlocks * kBlockBytes}, .threads = 1}));
     ASSERT_NE(engine_, nullptr);
     ASSERT_EQ(engine_->blocks().num_blocks(), kBlocks);
     auto server =

@@ -27,7 +27,7 @@ class KvTiersTest
   KvTiersTest() : TinyEngineTest(4096, 5) {}
   DType dtype() const { return std::get<0>(GetParam()); }
   Engine* MakeEngine(EngineOptions options) {
-    options.kv_cache_dtype = dtype();
+    options.kv.dtype = dtype();
     return TinyEngineTest::MakeEngine(options, std::get<1>(GetParam()));
   }
   // One block (16 tokens) of the tiny model's K and V in the dtype under
@@ -37,7 +37,7 @@ class KvTiersTest
   }
   // Each request alone, with room for a full context and no prefix cache.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
-    auto engine = MakeEngine({.prefix_caching = false});
+    auto engine = MakeEngine({.kv = {.prefix_caching = false}});
     std::vector<GenerateResult> out;
     for (const auto& r : reqs) {
       auto got = engine->Generate(r);
@@ -71,10 +71,10 @@ TEST_P(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
   const auto reqs = MixedRequests(32);
   const auto alone = Alone(reqs);
   // 24 device blocks hold about 3 of these at once; the host holds all.
-  auto engine = MakeEngine({.kv_cache_bytes = 24 * block_bytes(),
-                            .cpu_offload_bytes = 400 * block_bytes(),
-                            .prefix_caching = false,
-                            .max_batched_tokens = 128});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 24 * block_bytes(),
+                                   .cpu_offload_bytes = 400 * block_bytes(),
+                                   .prefix_caching = false},
+                            .limits = {.max_batched_tokens = 128}});
   Results results;
   RunTogether(*engine, reqs, results);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -101,9 +101,9 @@ TEST_P(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
 TEST_P(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {
   const auto reqs = MixedRequests(16);
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 20 * block_bytes(),
-                            .prefix_caching = false,
-                            .max_batched_tokens = 128});
+  auto engine = MakeEngine(
+      {.kv = {.kv_cache_bytes = 20 * block_bytes(), .prefix_caching = false},
+       .limits = {.max_batched_tokens = 128}});
   Results results;
   RunTogether(*engine, reqs, results);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -121,9 +121,9 @@ TEST_P(KvTiersTest, AHigherPriorityArrivalPreemptsARunningRequest) {
       {.prompt = Prompt(100, 2), .max_tokens = 8, .priority = 5}};
   const auto alone = Alone(reqs);
   // 10 device blocks: either request alone, not both.
-  auto engine = MakeEngine({.kv_cache_bytes = 10 * block_bytes(),
-                            .cpu_offload_bytes = 40 * block_bytes(),
-                            .prefix_caching = false});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 10 * block_bytes(),
+                                   .cpu_offload_bytes = 40 * block_bytes(),
+                                   .prefix_caching = false}});
   Results results;
   std::promise<void> started, submitted;
   std::shared_future<void> arrived = submitted.get_future().share();
@@ -160,9 +160,9 @@ TEST_P(KvTiersTest, APromptLargerThanTheDevicePoolRunsThroughTheHostTier) {
        .max_tokens = 12,
        .sampling = {.temperature = 0.7f, .top_p = 0.9f, .seed = 1}}};
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 8 * block_bytes(),
-                            .cpu_offload_bytes = 80 * block_bytes(),
-                            .max_batched_tokens = 64});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 8 * block_bytes(),
+                                   .cpu_offload_bytes = 80 * block_bytes()},
+                            .limits = {.max_batched_tokens = 64}});
   Results results;
   RunTogether(*engine, reqs, results);
   for (size_t i = 0; i < reqs.size(); ++i) {
@@ -232,8 +232,8 @@ TEST_P(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
       {.prompt = Prompt(300, 2), .max_tokens = 4},  // Evicts the first.
       {.prompt = Prompt(200, 1), .max_tokens = 4}};
   const auto alone = Alone(reqs);
-  auto engine = MakeEngine({.kv_cache_bytes = 24 * block_bytes(),
-                            .cpu_offload_bytes = 40 * block_bytes()});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 24 * block_bytes(),
+                                   .cpu_offload_bytes = 40 * block_bytes()}});
   for (size_t i = 0; i < reqs.size(); ++i) {
     const SchedulerStats before = engine->stats();
     auto got = engine->Generate(reqs[i]);

@@ -57,9 +57,10 @@ absl::StatusOr<std::vector<GenerateResult>> RunUnsharded(
     const WeightSource& source, const std::vector<GenerateRequest>& reqs,
     int chunk, DType kv) {
   EngineLeakCheck engines;
-  Engine* engine = engines.Keep(Engine::Create(
-      source,
-      {.kv_cache_dtype = kv, .max_batched_tokens = chunk, .threads = 1}));
+  Engine* engine = engines.Keep(
+      Engine::Create(source, {.kv = {.dtype = kv},
+                              .limits = {.max_batched_tokens = chunk},
+                              .threads = 1}));
   if (engine == nullptr) return absl::InternalError("no engine");
   ExpectKvPools(engine->executor(), source.config(), kv);
   return engine->GenerateBatch(reqs);
@@ -138,12 +139,12 @@ void ExpectEquivalentWithKv(const WeightSource& source,
   for (const Layout& layout : layouts) {
     SCOPED_TRACE(Name(layout));
     EngineLeakCheck engines;  // Checked at the end of each layout.
-    Engine* engine =
-        engines.Keep(Engine::Create(source, {.kv_cache_dtype = kv,
-                                             .max_batched_tokens = chunk,
-                                             .threads = 1,
-                                             .tp = layout.tp,
-                                             .pp = layout.pp}));
+    Engine* engine = engines.Keep(
+        Engine::Create(source, {.kv = {.dtype = kv},
+                                .limits = {.max_batched_tokens = chunk},
+                                .threads = 1,
+                                .tp = layout.tp,
+                                .pp = layout.pp}));
     ASSERT_NE(engine, nullptr);
     // The run really is sharded: one runner per rank.
     ASSERT_EQ(engine->executor().RankStats().size(),
@@ -280,12 +281,12 @@ TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
     auto base = RunUnsharded(*source, reqs, 13, DType::kF32);
     ASSERT_TRUE(base.ok()) << base.status();
     EngineLeakCheck engines;
-    Engine* engine =
-        engines.Keep(Engine::Create(*source, {.kv_cache_dtype = DType::kF32,
-                                              .max_batched_tokens = 13,
-                                              .threads = 1,
-                                              .tp = 2,
-                                              .moe_sharding = moe}));
+    Engine* engine = engines.Keep(
+        Engine::Create(*source, {.kv = {.dtype = DType::kF32},
+                                 .limits = {.max_batched_tokens = 13},
+                                 .threads = 1,
+                                 .tp = 2,
+                                 .moe_sharding = moe}));
     ASSERT_NE(engine, nullptr);
     auto got = engine->GenerateBatch(reqs);
     ASSERT_TRUE(got.ok()) << got.status();

@@ -44,7 +44,7 @@ class RemoteExecutor : public StepExecutor {
   int64_t num_kv_blocks() const override { return kv_blocks_; }
   int64_t num_host_kv_blocks() const override { return host_kv_blocks_; }
   DType kv_cache_dtype() const override {
-    return service_.options().kv_cache_dtype;
+    return service_.options().kv.DTypeOnCpu();
   }
   int64_t weight_bytes() const override { return weight_bytes_; }
   // Not concurrent with itself or Release (the engine loop calls both).

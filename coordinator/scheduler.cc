@@ -32,7 +32,7 @@ const char* FinishReasonName(FinishReason r) {
 }
 
 Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
-                     SchedulerOptions options)
+                     BatchLimits options)
     : executor_(executor),
       blocks_(blocks),
       options_(options),

@@ -30,8 +30,7 @@ namespace shardlm {
 // (blocks() readers see a consistent state once a request's on_done ran).
 class Scheduler {
  public:
-  Scheduler(StepExecutor* executor, BlockManager* blocks,
-            SchedulerOptions options);
+  Scheduler(StepExecutor* executor, BlockManager* blocks, BatchLimits options);
   // Ends every request (Unavailable) and joins the loop.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -80,7 +79,7 @@ class Scheduler {
 
   StepExecutor* executor_;  // Not owned.
   BlockManager* blocks_;    // Not owned.
-  SchedulerOptions options_;
+  BatchLimits options_;
   std::atomic<int64_t> steps_{0};
   std::atomic<int64_t> cancel_requests_{0};
   ServingMetrics metrics_;

@@ -50,7 +50,8 @@ TEST_P(PipelinedSchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
   // the 64 requests alone take half a minute.
   static const auto* const alone_run = [&] {
     auto* run = new std::pair<std::vector<GenerateResult>, int64_t>();
-    auto alone_engine = SchedulerTest::MakeEngine({.prefix_caching = false});
+    auto alone_engine =
+        SchedulerTest::MakeEngine({.kv = {.prefix_caching = false}});
     for (const auto& r : reqs) {
       const int64_t before = alone_engine->steps();
       auto got = alone_engine->Generate(r);
@@ -63,8 +64,8 @@ TEST_P(PipelinedSchedulerTest, ConcurrentRequestsGetTheirOwnTokens) {
   const std::vector<GenerateResult>& alone = alone_run->first;
   const int64_t alone_steps = alone_run->second;
 
-  auto engine = MakeEngine(
-      {.kv_cache_bytes = 600 * kBlockBytes, .max_batched_tokens = 256});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 600 * kBlockBytes},
+                            .limits = {.max_batched_tokens = 256}});
   Results results;
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
@@ -91,12 +92,12 @@ TEST_P(PipelinedSchedulerTest, StopFromOnTokenEndsWithStopAndFreesBlocks) {
   // f32 KV: batched and alone rows sum in other orders, which moves f32
   // logprobs by ulps but flips f16 roundings of K and V (1.1e-4 seen), and
   // the 1e-4 bound below is about each row keeping its own logprobs.
-  auto engine = MakeEngine({.kv_cache_bytes = 40 * 2 * kBlockBytes,  // f32.
-                            .kv_cache_dtype = DType::kF32});
+  auto engine = MakeEngine(
+      {.kv = {.kv_cache_bytes = 40 * 2 * kBlockBytes, .dtype = DType::kF32}});
   // The reference: the same greedy requests run to max_tokens alone, on an
   // engine of their own with no prefix cache (no KV reused from elsewhere).
   auto reference =
-      MakeEngine({.kv_cache_dtype = DType::kF32, .prefix_caching = false});
+      MakeEngine({.kv = {.dtype = DType::kF32, .prefix_caching = false}});
   std::vector<GenerateResult> free_run;
   for (int i = 0; i < 6; ++i) {
     auto got = reference->Generate({.prompt = Prompt(5 + 11 * i, i),
@@ -154,10 +155,10 @@ TEST_P(PipelinedSchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
   // three times, and every run must end cleanly.
   int64_t swaps = 0;
   for (int attempt = 0; attempt < 3 && swaps == 0; ++attempt) {
-    auto engine = MakeEngine({.kv_cache_bytes = 30 * kBlockBytes,
-                              .cpu_offload_bytes = 40 * kBlockBytes,
-                              .max_batched_tokens = 64,
-                              .max_seqs = 8});
+    auto engine =
+        MakeEngine({.kv = {.kv_cache_bytes = 30 * kBlockBytes,
+                           .cpu_offload_bytes = 40 * kBlockBytes},
+                    .limits = {.max_batched_tokens = 64, .max_seqs = 8}});
     Results results;
     std::mt19937 rng(7 + attempt);
     std::vector<RequestId> ids;
@@ -194,7 +195,7 @@ TEST_P(PipelinedSchedulerTest, CancellingAtRandomPointsLeaksNoBlock) {
 }
 
 TEST_F(SchedulerTest, QueueOverflowIsResourceExhausted) {
-  auto engine = MakeEngine({.max_seqs = 1, .max_queued = 2});
+  auto engine = MakeEngine({.limits = {.max_seqs = 1, .max_queued = 2}});
   std::promise<void> running;
   std::atomic<bool> first{true};
   Results results;
@@ -248,7 +249,7 @@ TEST_P(PipelinedSchedulerTest, HigherPriorityIsAdmittedFirst) {
   // 8 blocks; each request needs 7 (100 tokens): one at a time. The first
   // is already running when the others arrive; as the higher-priority ones
   // grow it is preempted, and it resumes in its own class's order.
-  auto engine = MakeEngine({.kv_cache_bytes = 8 * kBlockBytes});
+  auto engine = MakeEngine({.kv = {.kv_cache_bytes = 8 * kBlockBytes}});
   ASSERT_EQ(engine->blocks().num_blocks(), 8);
   std::promise<void> submitted;
   std::shared_future<void> gate = submitted.get_future().share();
@@ -329,7 +330,7 @@ TEST_F(SchedulerTest, AFailedStepFailsTheRunningRequestsOnly) {
   Engine* engine = engines_.Keep(
       Engine::Create(std::make_unique<FlakyExecutor>(std::move(*inner), 3,
                                                      go.get_future().share()),
-                     {.max_seqs = 3}));
+                     {.limits = {.max_seqs = 3}}));
   ASSERT_NE(engine, nullptr);
   std::vector<GenerateRequest> reqs(
       4, {.prompt = Prompt(10, 4), .max_tokens = 50});
@@ -388,7 +389,7 @@ TEST_F(SchedulerTest, PipelineStagesOnThreadsRunStepsInFlight) {
 // request generating fails with the reason, a request without blocks
 // stays queued and then runs whole, and the prefix cache is forgotten.
 TEST_F(SchedulerTest, DropKvStateFailsHoldersAndForgetsThePrefixCache) {
-  Engine* engine = MakeEngine({.prefix_caching = true});
+  Engine* engine = MakeEngine({.kv = {.prefix_caching = true}});
   ASSERT_NE(engine, nullptr);
   ASSERT_TRUE(
       engine->Generate({.prompt = Prompt(64, 2), .max_tokens = 1}).ok());
@@ -462,8 +463,8 @@ TEST_F(SchedulerTest, ALongPrefillDelaysDecodingStreamsByOneChunkPerStep) {
   ASSERT_TRUE(inner.ok()) << inner.status();
   auto recorder = std::make_unique<RecordingExecutor>(std::move(*inner));
   RecordingExecutor* rec = recorder.get();
-  Engine* engine = engines_.Keep(
-      Engine::Create(std::move(recorder), {.max_batched_tokens = 128}));
+  Engine* engine = engines_.Keep(Engine::Create(
+      std::move(recorder), {.limits = {.max_batched_tokens = 128}}));
   ASSERT_NE(engine, nullptr);
   Results results;
   std::promise<void> decoding;

@@ -140,12 +140,7 @@ class TinyEngineTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Engine>> e;
     if (steps_in_flight > 1) {
       auto inner = CreateInProcessExecutor(
-          *source_, {.block_size = options.block_size,
-                     .kv_cache_bytes = options.kv_cache_bytes,
-                     .cpu_offload_bytes = options.cpu_offload_bytes,
-                     .kv_cache_dtype =
-                         options.kv_cache_dtype.value_or(kDefaultCpuKvDType),
-                     .threads_per_rank = 1});
+          *source_, {.kv = options.kv, .threads_per_rank = 1});
       EXPECT_TRUE(inner.ok()) << inner.status();
       if (!inner.ok()) return nullptr;
       e = Engine::Create(std::make_unique<DeferredExecutor>(std::move(*inner),

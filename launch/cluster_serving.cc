@@ -34,32 +34,16 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "address of the HTTP API (OpenAI-style routes, /metrics, "
             "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
   flags.Add("threads", &threads, "CPU threads per worker");
-  flags.Add("kv-cache-bytes", &kv_cache_bytes,
-            "KV cache budget per worker, 0 = one full context");
-  flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
-            "host KV tier per worker (swapping, overlong sequences, "
-            "evicted prefix blocks)");
-  flags.Add("kv-cache-dtype", &kv_cache_dtype,
-            "KV cache element type: auto (f16 on CPUs, bf16 on GPUs), f32, "
-            "f16, bf16 or int8 (f16 and bf16 hold twice the tokens of f32, "
-            "int8 3.8 times; GPUs take bf16 only)");
+  kv.Register(flags, "per worker");
+  limits.Register(flags);
   flags.Add("device", &device,
             "where the workers run: auto (launch: cuda when every worker "
             "sees a GPU and the binary has CUDA, else cpu; coordinator: "
             "cpu), cpu or cuda (worker r of each host takes GPU "
             "local index % visible GPUs)");
-  flags.Add("gpu-memory-utilization", &gpu_memory_utilization,
-            "CUDA workers: fraction of each GPU for weights, activations "
-            "and the KV cache (the KV cache gets what the rest leaves; "
-            "--kv-cache-bytes overrides)");
   flags.Add("allow-shared-gpu", &allow_shared_gpu,
             "let two CUDA workers use one GPU (tests; NCCL itself refuses "
             "two ranks of one group on one GPU)");
-  flags.Add("prefix-caching", &prefix_caching,
-            "reuse the KV of full blocks shared with earlier requests");
-  flags.Add("block-size", &block_size, "tokens per KV block");
-  flags.Add("max-batched-tokens", &max_batched_tokens,
-            "tokens per step; longer prompts prefill in chunks");
   flags.Add("worker-timeout-ms", &worker_timeout_ms,
             "a worker silent this long is declared dead");
   flags.Add("startup-timeout-s", &startup_timeout_s,
@@ -80,30 +64,22 @@ std::string ClusterFlags::Problem() const {
   if (tp < 1 || pp < 1 || tp * pp > 4096) {
     return "--tp and --pp must be >= 1 (and tp x pp at most 4096)";
   }
-  if (threads < 1 || block_size < 1 || max_batched_tokens < 1 ||
-      kv_cache_bytes < 0 || cpu_offload_bytes < 0 || worker_timeout_ms < 100 ||
-      startup_timeout_s < 1 || step_timeout_s < 1 || max_steps_in_flight < 0 ||
+  if (threads < 1 || worker_timeout_ms < 100 || startup_timeout_s < 1 ||
+      step_timeout_s < 1 || max_steps_in_flight < 0 ||
       max_steps_in_flight > 64) {
-    return "--threads, --block-size and --max-batched-tokens must be >= 1, "
-           "--kv-cache-bytes and --cpu-offload-bytes >= 0, "
-           "--worker-timeout-ms >= 100, --startup-timeout-s and "
-           "--step-timeout-s >= 1, --max-steps-in-flight in [0, 64]";
+    return "--threads must be >= 1, --worker-timeout-ms >= 100, "
+           "--startup-timeout-s and --step-timeout-s >= 1, "
+           "--max-steps-in-flight in [0, 64]";
   }
+  if (std::string p = kv.Problem(); !p.empty()) return p;
+  if (std::string p = limits.Problem(); !p.empty()) return p;
   if (std::string p = api.Problem(); !p.empty()) return p;
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
     return std::string(m.status().message());
   }
-  if (kv_cache_dtype != "auto") {
-    if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
-      return absl::StrCat("--kv-cache-dtype: ", t.status().message());
-    }
-  }
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return absl::StrCat("--device must be auto, cpu or cuda, not '", device,
                         "'");
-  }
-  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
-    return "--gpu-memory-utilization must be in (0, 1]";
   }
   if (device == "cuda") {
     if (absl::StatusOr<DType> t = KvDType("cuda"); !t.ok()) {
@@ -114,13 +90,13 @@ std::string ClusterFlags::Problem() const {
 }
 
 absl::StatusOr<DType> ClusterFlags::KvDType(const std::string& on) const {
-  if (kv_cache_dtype == "auto") {
+  if (kv.kv_cache_dtype == "auto") {
     return on == "cuda" ? DType::kBF16 : kDefaultCpuKvDType;
   }
-  ASSIGN_OR_RETURN(const DType t, ParseKvCacheDType(kv_cache_dtype));
+  ASSIGN_OR_RETURN(const DType t, ParseKvCacheDType(kv.kv_cache_dtype));
   if (on == "cuda" && t != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--kv-cache-dtype ", kv_cache_dtype,
+        "--kv-cache-dtype ", kv.kv_cache_dtype,
         ": GPU workers keep the KV cache in bf16 (use bf16 or auto)"));
   }
   return t;
@@ -133,14 +109,11 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   o.pp = static_cast<int>(pp);
   o.moe_sharding = MoeShardingOf();
   o.cluster_token = std::move(cluster_token);
-  o.block_size = static_cast<int32_t>(block_size);
-  o.kv_cache_bytes = kv_cache_bytes;
-  o.cpu_offload_bytes = cpu_offload_bytes;
-  o.kv_cache_dtype = KvDType(on).value_or(kDefaultCpuKvDType);
+  o.kv = kv.ToOptions();
+  o.kv.dtype = KvDType(on).value_or(kDefaultCpuKvDType);
+  o.limits = limits.ToLimits();
   o.device = on;
   o.allow_shared_gpu = allow_shared_gpu;
-  o.max_batched_tokens = static_cast<int32_t>(max_batched_tokens);
-  o.gpu_memory_utilization = gpu_memory_utilization;
   o.threads_per_worker = static_cast<int>(threads);
   o.worker_timeout = absl::Milliseconds(worker_timeout_ms);
   o.step_timeout = absl::Seconds(step_timeout_s);
@@ -252,11 +225,9 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
       f.max_steps_in_flight > 0 ? f.max_steps_in_flight : f.pp));
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
-  auto engine = Engine::Create(
-      std::move(*executor),
-      {.prefix_caching = f.prefix_caching,
-       .block_size = static_cast<int32_t>(f.block_size),
-       .max_batched_tokens = static_cast<int32_t>(f.max_batched_tokens)});
+  auto engine =
+      Engine::Create(std::move(*executor),
+                     {.kv = f.kv.ToOptions(), .limits = f.limits.ToLimits()});
   if (!engine.ok()) return fail("", engine.status());
   std::string name = source.config().name;
   if (name.empty()) name = std::filesystem::path(f.model).filename().string();
@@ -279,7 +250,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
                name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
                static_cast<int>(f.tp * f.pp),
                static_cast<long long>((*engine)->blocks().num_blocks()),
-               static_cast<int>(f.block_size), host.c_str(), (*api)->port(),
+               static_cast<int>(f.kv.block_size), host.c_str(), (*api)->port(),
                o.workers_dial.c_str());
 
   const bool watch = o.exit_when_cluster_fails || o.rejoin;

@@ -14,6 +14,7 @@
 #include "coordinator/control_service.h"
 #include "grpcpp/server.h"
 #include "launch/api_flags.h"
+#include "launch/cache_flags.h"
 #include "launch/control_tls_flags.h"
 #include "launch/flags.h"
 #include "model/weight_source.h"
@@ -28,19 +29,15 @@ struct ClusterFlags {
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
   int64_t threads = 1;
-  int64_t kv_cache_bytes = 0;
-  int64_t cpu_offload_bytes = 0;
-  // "auto": f16 on CPU workers, bf16 (the only type the CUDA kernels
-  // take) on GPU workers.
-  std::string kv_cache_dtype = "auto";
+  // The KV cache's flags (--kv-cache-dtype "auto": f16 on CPU workers,
+  // bf16, the only type the CUDA kernels take, on GPU workers) and the
+  // step limits.
+  KvCacheFlags kv;
+  BatchLimitFlags limits;
   // Where the workers run their shards: "auto" (launch: CUDA when every
   // worker sees a GPU, else the CPU; coordinator: cpu), "cpu" or "cuda".
   std::string device = "auto";
-  double gpu_memory_utilization = 0.90;
   bool allow_shared_gpu = false;
-  bool prefix_caching = true;
-  int64_t block_size = 16;
-  int64_t max_batched_tokens = 512;
   int64_t worker_timeout_ms = 5000;
   int64_t startup_timeout_s = 300;
   int64_t step_timeout_s = 30;

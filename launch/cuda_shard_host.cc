@@ -113,11 +113,11 @@ class CudaShardHost : public ShardHost {
     if (runner_ != nullptr) {
       return absl::FailedPreconditionError("the shard is loaded already");
     }
-    if (a.kv_cache_dtype != DType::kBF16) {
+    if (a.kv.dtype != DType::kBF16) {
       return absl::InvalidArgumentError(
           absl::StrCat("the CUDA kernels keep the KV cache in bf16; the "
                        "coordinator asked for ",
-                       KvCacheDTypeName(a.kv_cache_dtype),
+                       KvCacheDTypeName(a.kv.DTypeOnCpu()),
                        " (--kv-cache-dtype bf16 or auto)"));
     }
     if ((a.tp > 1 || a.pp > 1) && o_.store == nullptr) {
@@ -139,7 +139,7 @@ class CudaShardHost : public ShardHost {
     const KvPoolConfig placeholder{.n_layers = spec.n_layers(),
                                    .kv_heads = spec.n_kv_heads(),
                                    .head_dim = config.head_dim,
-                                   .block_size = a.block_size,
+                                   .block_size = a.kv.block_size,
                                    .num_blocks = 1,  // Sized below.
                                    .dtype = DType::kBF16};
     ASSIGN_OR_RETURN(runner_,
@@ -167,9 +167,9 @@ class CudaShardHost : public ShardHost {
         UploadLlamaWeights(host, runner->backend(), runner->exec()));
     host = LlamaWeights();
     RETURN_IF_ERROR(runner->SetWeights(std::move(weights)));
-    RETURN_IF_ERROR(
-        runner->ReserveActivations(std::max<int32_t>(a.max_batched_tokens, 1),
-                                   std::max<int32_t>(a.max_seqs, 1)));
+    RETURN_IF_ERROR(runner->ReserveActivations(
+        std::max<int32_t>(a.limits.max_batched_tokens, 1),
+        std::max<int32_t>(a.limits.max_seqs, 1)));
     RETURN_IF_ERROR(runner->Synchronize());
     // NCCL connects peers and allocates its buffers at a group's first
     // collective: have them now, so that the KV sizing below sees them.
@@ -179,12 +179,13 @@ class CudaShardHost : public ShardHost {
         const int64_t blocks,
         SizeGpuKv({{.device = o_.device,
                     .block_bytes = runner->kv_config().BytesPerBlock()}},
-                  a.kv_cache_bytes, a.gpu_memory_utilization, a.block_size,
+                  a.kv.kv_cache_bytes, a.kv.gpu_memory_utilization,
+                  a.kv.block_size,
                   /*placeholder_blocks=*/1, &why));
     // The host tier, in pinned memory, from --cpu-offload-bytes.
     const int64_t host_blocks = std::clamp<int64_t>(
-        a.cpu_offload_bytes / runner->kv_config().BytesPerBlock(), 0,
-        std::numeric_limits<int32_t>::max() / a.block_size - blocks);
+        a.kv.cpu_offload_bytes / runner->kv_config().BytesPerBlock(), 0,
+        std::numeric_limits<int32_t>::max() / a.kv.block_size - blocks);
     if (host_blocks > 0) {
       absl::StrAppend(&why, "; ", host_blocks,
                       " host-tier blocks (pinned) from --cpu-offload-bytes");
@@ -209,12 +210,12 @@ class CudaShardHost : public ShardHost {
                  static_cast<double>(runner->weights().bytes()) / (1 << 30),
                  static_cast<double>(GpuActivationBytes(
                      ActivationDimsOf(config, spec),
-                     std::max<int32_t>(a.max_batched_tokens, 1),
-                     std::max<int32_t>(a.max_seqs, 1))) /
+                     std::max<int32_t>(a.limits.max_batched_tokens, 1),
+                     std::max<int32_t>(a.limits.max_seqs, 1))) /
                      (1 << 30),
-                 std::max<int32_t>(a.max_batched_tokens, 1),
-                 std::max<int32_t>(a.max_seqs, 1), why.c_str(),
-                 static_cast<long long>(blocks * a.block_size));
+                 std::max<int32_t>(a.limits.max_batched_tokens, 1),
+                 std::max<int32_t>(a.limits.max_seqs, 1), why.c_str(),
+                 static_cast<long long>(blocks * a.kv.block_size));
     loaded_ = true;
     return runner_->kv_config();
   }

@@ -10,6 +10,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/device.h"
 #include "coordinator/engine.h"
+#include "launch/cache_flags.h"
 #include "launch/flags.h"
 #include "model/tokenizer.h"
 
@@ -18,22 +19,17 @@ namespace shardlm {
 struct LocalEngineFlags {
   std::string model;
   int64_t threads = 0;
-  int64_t kv_cache_bytes = 0;
-  int64_t cpu_offload_bytes = 0;
-  std::string kv_cache_dtype = "auto";
-  bool prefix_caching = true;
-  int64_t max_batched_tokens = 512;
+  KvCacheFlags kv;
+  BatchLimitFlags limits;
   int64_t tp = 1;
   int64_t pp = 1;
   std::string moe_sharding = "auto";
   std::string device = "auto";
-  double gpu_memory_utilization = 0.90;
   bool allow_shared_gpu = false;
 
-  // Adds --model, --threads, --kv-cache-bytes, --cpu-offload-bytes,
-  // --kv-cache-dtype, --prefix-caching, --max-batched-tokens, --tp, --pp,
-  // --device and
-  // --gpu-memory-utilization and --allow-shared-gpu.
+  // Adds --model, --threads, the KV cache's flags (KvCacheFlags), the step
+  // limits' (BatchLimitFlags), --tp, --pp, --moe-sharding, --device and
+  // --allow-shared-gpu.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.

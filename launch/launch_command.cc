@@ -179,7 +179,7 @@ std::string ResolveWorkerDevice(const LaunchFlags& f,
     // As generate/serve: the CPU when the configuration asks for what GPU
     // workers lack.
     if (!GpuWorkersBuilt() || cuda.devices == 0 ||
-        (f.kv_cache_dtype != "auto" && f.kv_cache_dtype != "bf16")) {
+        (f.kv.kv_cache_dtype != "auto" && f.kv.kv_cache_dtype != "bf16")) {
       return "cpu";
     }
   } else if (!GpuWorkersBuilt()) {

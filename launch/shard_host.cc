@@ -56,10 +56,10 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
       LoadLlamaWeights(*source_, spec,
                        LogLoadProgress(absl::StrCat("worker (pp ", a.pp_rank,
                                                     ", tp ", a.tp_rank, ")"))));
-  ASSIGN_OR_RETURN(
-      KvPoolConfig kv,
-      PoolConfigForShard(weights.config, spec, a.block_size, a.kv_cache_dtype,
-                         a.kv_cache_bytes, a.cpu_offload_bytes));
+  ASSIGN_OR_RETURN(KvPoolConfig kv,
+                   PoolConfigForShard(weights.config, spec, a.kv.block_size,
+                                      a.kv.DTypeOnCpu(), a.kv.kv_cache_bytes,
+                                      a.kv.cpu_offload_bytes));
   ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
   ShardComms comms{.tp = a.tp > 1 ? comms_.tp.get() : nullptr,
                    .pp = a.pp > 1 ? comms_.pp.get() : nullptr};

@@ -61,7 +61,7 @@ struct SimOptions {
   int replicas = 1;
   // Per replica; the real default is the stage count.
   int max_steps_in_flight = 1;
-  SchedulerOptions scheduler;
+  BatchLimits scheduler;
   int32_t block_size = 16;
   int64_t device_blocks = 0;  // KV blocks per replica (every rank's).
   int64_t host_blocks = 0;    // CPU offload tier.

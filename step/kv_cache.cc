@@ -30,6 +30,28 @@ const char* KvCacheDTypeName(DType t) {
   }
 }
 
+absl::Status KvCacheOptions::Validate() const {
+  if (block_size < 1 || block_size > 4096) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--block-size ", block_size, " is outside [1, 4096]"));
+  }
+  if (kv_cache_bytes < 0 || cpu_offload_bytes < 0) {
+    return absl::InvalidArgumentError(
+        "--kv-cache-bytes and --cpu-offload-bytes must be >= 0");
+  }
+  if (dtype.has_value() && !ParseKvCacheDType(KvCacheDTypeName(*dtype)).ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv-cache-dtype ", DTypeName(*dtype),
+                     ": expected f32, f16, bf16 or int8"));
+  }
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("--gpu-memory-utilization ",
+                                                   gpu_memory_utilization,
+                                                   " must be in (0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
 int64_t KvHeadBlockBytes(DType dtype, int64_t block_size, int64_t head_dim) {
   return dtype == DType::kI8 ? (head_dim + 4) * block_size
                              : head_dim * block_size * BlockBytes(dtype);

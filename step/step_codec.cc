@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace shardlm {
 
@@ -108,6 +109,41 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
   }
   step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
   return step;
+}
+
+void EncodeKvCacheOptions(const KvCacheOptions& kv, v1::KvCacheOptions* out) {
+  out->set_block_size(kv.block_size);
+  out->set_kv_cache_bytes(kv.kv_cache_bytes);
+  out->set_cpu_offload_bytes(kv.cpu_offload_bytes);
+  out->set_dtype(KvCacheDTypeName(kv.DTypeOnCpu()));
+  out->set_gpu_memory_utilization(kv.gpu_memory_utilization);
+  out->set_prefix_caching(kv.prefix_caching);
+}
+
+absl::StatusOr<KvCacheOptions> DecodeKvCacheOptions(
+    const v1::KvCacheOptions& in) {
+  KvCacheOptions kv{.block_size = in.block_size(),
+                    .kv_cache_bytes = in.kv_cache_bytes(),
+                    .cpu_offload_bytes = in.cpu_offload_bytes(),
+                    .gpu_memory_utilization = in.gpu_memory_utilization(),
+                    .prefix_caching = in.prefix_caching()};
+  ASSIGN_OR_RETURN(kv.dtype, ParseKvCacheDType(in.dtype()));
+  RETURN_IF_ERROR(kv.Validate());
+  return kv;
+}
+
+void EncodeBatchLimits(const BatchLimits& limits, v1::BatchLimits* out) {
+  out->set_max_batched_tokens(limits.max_batched_tokens);
+  out->set_max_seqs(limits.max_seqs);
+  out->set_max_queued(limits.max_queued);
+}
+
+absl::StatusOr<BatchLimits> DecodeBatchLimits(const v1::BatchLimits& in) {
+  const BatchLimits limits{.max_batched_tokens = in.max_batched_tokens(),
+                           .max_seqs = in.max_seqs(),
+                           .max_queued = in.max_queued()};
+  RETURN_IF_ERROR(limits.Validate());
+  return limits;
 }
 
 }  // namespace shardlm

@@ -11,7 +11,10 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "shardlm/v1/control.pb.h"
+#include "step/batch_limits.h"
+#include "step/kv_cache.h"
 #include "step/step.h"
 
 namespace shardlm {
@@ -50,6 +53,15 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
 // Applies the plan's releases and deltas to `tables`, then rebuilds the
 // StepInput the coordinator encoded.
 StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables);
+
+// The KV cache's and the step limits' options on the wire. Decoding
+// validates (InvalidArgument naming the field): the worker trusts nothing a
+// message says. A KV dtype must be set to encode.
+void EncodeKvCacheOptions(const KvCacheOptions& kv, v1::KvCacheOptions* out);
+absl::StatusOr<KvCacheOptions> DecodeKvCacheOptions(
+    const v1::KvCacheOptions& in);
+void EncodeBatchLimits(const BatchLimits& limits, v1::BatchLimits* out);
+absl::StatusOr<BatchLimits> DecodeBatchLimits(const v1::BatchLimits& in);
 
 }  // namespace shardlm
 

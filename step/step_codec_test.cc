@@ -4,6 +4,8 @@
 // equals the one encoded, and only new blocks travel.
 #include "step/step_codec.h"
 
+#include <string>
+
 #include "gtest/gtest.h"
 
 namespace shardlm {
@@ -65,6 +67,72 @@ TEST(StepCodecTest, MismatchedTablesAreRefused) {
   v1::StepPlan plan;
   EXPECT_EQ(EncodeStepPlan(s, 0, sent, &plan).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepCodecTest, KvCacheOptionsAndBatchLimitsRoundTrip) {
+  const KvCacheOptions kv{.block_size = 32,
+                          .kv_cache_bytes = 1 << 20,
+                          .cpu_offload_bytes = 3 << 20,
+                          .dtype = DType::kI8,
+                          .gpu_memory_utilization = 0.5,
+                          .prefix_caching = false};
+  v1::KvCacheOptions wire;
+  EncodeKvCacheOptions(kv, &wire);
+  v1::KvCacheOptions received;
+  ASSERT_TRUE(received.ParseFromString(wire.SerializeAsString()));
+  auto back = DecodeKvCacheOptions(received);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->block_size, 32);
+  EXPECT_EQ(back->kv_cache_bytes, 1 << 20);
+  EXPECT_EQ(back->cpu_offload_bytes, 3 << 20);
+  EXPECT_EQ(back->dtype, DType::kI8);
+  EXPECT_EQ(back->gpu_memory_utilization, 0.5);
+  EXPECT_FALSE(back->prefix_caching);
+
+  const BatchLimits limits{
+      .max_batched_tokens = 7, .max_seqs = 3, .max_queued = 9};
+  v1::BatchLimits lw;
+  EncodeBatchLimits(limits, &lw);
+  auto lb = DecodeBatchLimits(lw);
+  ASSERT_TRUE(lb.ok()) << lb.status();
+  EXPECT_EQ(lb->max_batched_tokens, 7);
+  EXPECT_EQ(lb->max_seqs, 3);
+  EXPECT_EQ(lb->max_queued, 9);
+}
+
+// A worker trusts nothing an assignment says: every field is checked.
+TEST(StepCodecTest, OutOfRangeOptionsAreRefusedNamingTheField) {
+  const auto refused = [](v1::KvCacheOptions w, const std::string& phrase) {
+    auto kv = DecodeKvCacheOptions(w);
+    ASSERT_FALSE(kv.ok());
+    EXPECT_EQ(kv.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(kv.status().message().find(phrase), std::string::npos)
+        << kv.status();
+  };
+  v1::KvCacheOptions good;
+  EncodeKvCacheOptions({.dtype = DType::kF16}, &good);
+  ASSERT_TRUE(DecodeKvCacheOptions(good).ok());
+  v1::KvCacheOptions w = good;
+  w.set_block_size(0);
+  refused(w, "--block-size 0");
+  w = good;
+  w.set_kv_cache_bytes(-1);
+  refused(w, "--kv-cache-bytes");
+  w = good;
+  w.set_dtype("f64");
+  refused(w, "'f64'");
+  w = good;
+  w.set_gpu_memory_utilization(1.5);
+  refused(w, "--gpu-memory-utilization 1.5");
+  v1::BatchLimits l;
+  EncodeBatchLimits({}, &l);
+  l.set_max_batched_tokens(0);
+  EXPECT_EQ(DecodeBatchLimits(l).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  l.set_max_batched_tokens(16);
+  l.set_max_seqs(-2);
+  EXPECT_NE(DecodeBatchLimits(l).status().message().find("--max-seqs"),
+            std::string::npos);
 }
 
 }  // namespace

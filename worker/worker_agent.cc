@@ -108,26 +108,23 @@ class AgentSession {
           const v1::Assignment& a = msg->assignment();
           const absl::StatusOr<KvPoolConfig> blocks =
               [&]() -> absl::StatusOr<KvPoolConfig> {
-            ASSIGN_OR_RETURN(DType kv_dtype,
-                             ParseKvCacheDType(a.kv_cache_dtype()));
+            ASSIGN_OR_RETURN(const KvCacheOptions kv,
+                             DecodeKvCacheOptions(a.kv()));
+            ASSIGN_OR_RETURN(const BatchLimits limits,
+                             DecodeBatchLimits(a.limits()));
             ASSIGN_OR_RETURN(
                 MoeSharding moe,
                 ParseMoeSharding(a.moe_sharding().empty() ? "auto"
                                                           : a.moe_sharding()));
             return host_.Load(
-                {.tp = a.tp(),
+                {.kv = kv,
+                 .limits = limits,
+                 .tp = a.tp(),
                  .pp = a.pp(),
                  .tp_rank = a.tp_rank(),
                  .pp_rank = a.pp_rank(),
-                 .block_size = a.block_size(),
-                 .kv_cache_bytes = a.kv_cache_bytes(),
-                 .cpu_offload_bytes = a.cpu_offload_bytes(),
-                 .kv_cache_dtype = kv_dtype,
                  .threads = a.threads(),
                  .rendezvous_prefix = a.rendezvous_prefix(),
-                 .max_batched_tokens = a.max_batched_tokens(),
-                 .max_seqs = a.max_seqs(),
-                 .gpu_memory_utilization = a.gpu_memory_utilization(),
                  .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
                  .moe_sharding = moe});
           }();

@@ -16,26 +16,24 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "step/batch_limits.h"
+#include "step/kv_cache.h"
 #include "worker/control_channel.h"
 #include "worker/model_runner.h"
 
 namespace shardlm {
 
 struct WorkerAssignment {
+  // The KV cache (its dtype set) and the step limits: GPU workers reserve
+  // activations for steps of limits.max_batched_tokens tokens and
+  // limits.max_seqs sequences, then KV blocks take gpu_memory_utilization
+  // of the GPU (when kv_cache_bytes is 0).
+  KvCacheOptions kv;
+  BatchLimits limits;
   int tp = 1, pp = 1, tp_rank = 0, pp_rank = 0;
-  int32_t block_size = 16;
-  int64_t kv_cache_bytes = 0;  // 0: one full context.
-  int64_t cpu_offload_bytes = 0;
-  DType kv_cache_dtype = kDefaultCpuKvDType;
   int threads = 1;
   // The prefix of this cluster's rendezvous keys (Gloo addresses, NCCL ids).
   std::string rendezvous_prefix;
-  // GPU workers: activations are reserved for steps of max_batched_tokens
-  // tokens and max_seqs sequences, then KV blocks take
-  // gpu_memory_utilization of the GPU (when kv_cache_bytes is 0).
-  int32_t max_batched_tokens = 512;
-  int32_t max_seqs = 64;
-  double gpu_memory_utilization = 0.90;
   // The coordinator's step timeout; zero: none given.
   absl::Duration step_timeout;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.

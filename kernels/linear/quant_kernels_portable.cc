@@ -32,7 +32,9 @@ template <typename F, int kRows>
 void DotRows(const uint8_t* row, const float* x, int64_t in, const float* xsum,
              int64_t blocks, float* dots) {
   for (int r = 0; r < kRows; ++r) {
-    dots[r] = RowDot<F>(row, x + r * in, xsum + r * (in / F::kSub), blocks);
+    // xsum is null for formats without mins: no offset may be applied to it.
+    const float* xs = F::kHasMin ? xsum + r * (in / F::kSub) : nullptr;
+    dots[r] = RowDot<F>(row, x + r * in, xs, blocks);
   }
 }
 

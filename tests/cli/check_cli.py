@@ -90,6 +90,15 @@ def main() -> int:
         (gen + ["--prompt", "x", "--kv-cache-bytes", "100000"], 1,
          "KV cache"),
         ([a.shardlm, "frobnicate"], 2, "unknown command"),
+        # The KV cache's and step limits' flags are one set (launch/
+        # cache_flags.h) on every command that runs an engine or a cluster.
+        (gen + ["--prompt", "x", "--max-seqs", "0"], 2, "--max-seqs"),
+        ([a.shardlm, "serve", "--model", a.gguf, "--max-queued", "-1"], 2,
+         "--max-queued"),
+        ([a.shardlm, "launch", "--model", a.gguf, "--block-size", "0"], 2,
+         "--block-size"),
+        ([a.shardlm, "coordinator", "--model", a.gguf,
+          "--gpu-memory-utilization", "2"], 2, "--gpu-memory-utilization"),
     ]
     for cmd, code, needle in bad:
         r = run(cmd)

@@ -70,11 +70,12 @@ int Main(int argc, char** argv) {
   }
   auto source = OpenWeights(model);
   if (!source.ok()) return Fail(std::string(source.status().message()));
-  auto engine = Engine::Create(**source, {.kv_cache_dtype = kv_dtype,
-                                          .max_batched_tokens = chunk,
-                                          .tp = tp,
-                                          .pp = pp,
-                                          .moe_sharding = moe});
+  auto engine =
+      Engine::Create(**source, {.kv = {.dtype = kv_dtype},
+                                .limits = {.max_batched_tokens = chunk},
+                                .tp = tp,
+                                .pp = pp,
+                                .moe_sharding = moe});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   auto result = (*engine)->Generate({.prompt = prompt,
                                      .max_tokens = steps,

@@ -1,0 +1,89 @@
+#include "launch/cache_flags.h"
+
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardlm {
+
+void KvCacheFlags::Register(FlagSet& flags, const std::string& per) {
+  flags.Add("block-size", &block_size, "tokens per KV block");
+  flags.Add("kv-cache-bytes", &kv_cache_bytes,
+            absl::StrCat("KV cache budget ", per,
+                         "; 0 = one full context on CPUs, what "
+                         "--gpu-memory-utilization leaves on GPUs"));
+  flags.Add("cpu-offload-bytes", &cpu_offload_bytes,
+            absl::StrCat("host KV tier ", per,
+                         ": preempted and overlong sequences swap there, "
+                         "evicted prefix blocks stay cached there"));
+  flags.Add("kv-cache-dtype", &kv_cache_dtype,
+            "KV cache element type: auto (f16 on CPUs, bf16 on GPUs), f32, "
+            "f16, bf16 or int8 (f16 and bf16 hold twice the tokens of f32, "
+            "int8 3.8 times; GPUs take bf16 only)");
+  flags.Add("gpu-memory-utilization", &gpu_memory_utilization,
+            "on GPUs, the fraction of each GPU's memory for weights, step "
+            "buffers and the KV cache (the KV cache gets what the rest "
+            "leaves; --kv-cache-bytes overrides)");
+  flags.Add("prefix-caching", &prefix_caching,
+            "reuse the KV of full blocks shared with earlier requests");
+}
+
+std::string KvCacheFlags::Problem() const {
+  if (block_size < 1 || block_size > 4096) {
+    return "--block-size must be in [1, 4096]";
+  }
+  if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
+  if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
+  if (kv_cache_dtype != "auto") {
+    if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
+      return absl::StrCat("--kv-cache-dtype: ", t.status().message(),
+                          " or auto");
+    }
+  }
+  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
+    return "--gpu-memory-utilization must be in (0, 1]";
+  }
+  return "";
+}
+
+KvCacheOptions KvCacheFlags::ToOptions() const {
+  KvCacheOptions kv{.block_size = static_cast<int32_t>(block_size),
+                    .kv_cache_bytes = kv_cache_bytes,
+                    .cpu_offload_bytes = cpu_offload_bytes,
+                    .gpu_memory_utilization = gpu_memory_utilization,
+                    .prefix_caching = prefix_caching};
+  if (kv_cache_dtype != "auto") {
+    kv.dtype = ParseKvCacheDType(kv_cache_dtype).value_or(kDefaultCpuKvDType);
+  }
+  return kv;
+}
+
+void BatchLimitFlags::Register(FlagSet& flags) {
+  flags.Add("max-batched-tokens", &max_batched_tokens,
+            "tokens per step; longer prompts prefill in chunks");
+  flags.Add("max-seqs", &max_seqs, "sequences running at once");
+  flags.Add("max-queued", &max_queued,
+            "requests waiting for admission; beyond it new ones are "
+            "refused (RESOURCE_EXHAUSTED)");
+}
+
+std::string BatchLimitFlags::Problem() const {
+  if (max_batched_tokens < 1 || max_batched_tokens > (1 << 20)) {
+    return "--max-batched-tokens must be in [1, 1048576]";
+  }
+  if (max_seqs < 1 || max_seqs > (1 << 16)) {
+    return "--max-seqs must be in [1, 65536]";
+  }
+  if (max_queued < 0 || max_queued > (1 << 24)) {
+    return "--max-queued must be in [0, 16777216]";
+  }
+  return "";
+}
+
+BatchLimits BatchLimitFlags::ToLimits() const {
+  return {.max_batched_tokens = static_cast<int32_t>(max_batched_tokens),
+          .max_seqs = static_cast<int32_t>(max_seqs),
+          .max_queued = static_cast<int32_t>(max_queued)};
+}
+
+}  // namespace shardlm
