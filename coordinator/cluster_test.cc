@@ -88,7 +88,7 @@ class TestHost : public ShardHost {
     if (!load_error.ok()) return load_error;
     absl::SleepFor(load_delay);
     SetCpuThreads(a.threads);
-    reports_ = a.pp_rank == a.pp - 1 && a.tp_rank == 0;
+    reports_ = SamplingShard(a.tp, a.pp) == a.pp_rank * a.tp + a.tp_rank;
     ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
     ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));

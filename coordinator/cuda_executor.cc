@@ -239,13 +239,13 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   // Ranks on threads; their communicators are in-process groups that stage
   // device tensors through the host (the ranks may share a GPU).
   InProcessComms comms = MakeInProcessComms(o.tp, o.pp, StageThroughHost);
-  std::vector<std::unique_ptr<ShardRunner>> shard_runners;
+  std::vector<std::unique_ptr<Shard>> shards;
   for (size_t r = 0; r < runners.size(); ++r) {
     runners[r]->SetComms(comms.per_rank[r]);
-    shard_runners.push_back(std::move(runners[r]));
+    shards.push_back(WrapRunner(plan.shards[r], std::move(runners[r]),
+                                {.device = blocks, .host = host_blocks}));
   }
-  return NewThreadedExecutor(std::move(comms.owned), std::move(shard_runners),
-                             blocks, host_blocks, o.tp, o.pp,
+  return NewThreadedExecutor(std::move(comms.owned), std::move(shards),
                              /*threads_per_rank=*/1);
 }
 

@@ -16,60 +16,35 @@
 #include "core/status.h"
 #include "kernels/threading.h"
 #include "model/shard_plan.h"
-#include "worker/model_runner.h"
+#include "worker/shard.h"
 
 namespace shardlm {
 namespace {
 
-// Every rank gets the same block counts (the minimum over ranks), so that
-// a block id means the same slot everywhere.
-struct PoolBlocks {
-  int64_t device = std::numeric_limits<int64_t>::max();
-  int64_t host = std::numeric_limits<int64_t>::max();
-};
-
-absl::StatusOr<KvPoolConfig> PoolConfig(const LlamaWeights& w,
-                                        const ExecutorOptions& o) {
-  return PoolConfigForShard(w.config, w.spec, o.kv.block_size,
-                            o.kv.DTypeOnCpu(), o.kv.kv_cache_bytes,
-                            o.kv.cpu_offload_bytes);
-}
-
-absl::StatusOr<std::unique_ptr<KvPool>> MakePool(const LlamaWeights& w,
-                                                 const ExecutorOptions& o,
-                                                 PoolBlocks blocks) {
-  ASSIGN_OR_RETURN(KvPoolConfig kv, PoolConfig(w, o));
-  kv.num_blocks = blocks.device;
-  kv.num_host_blocks = blocks.host;
-  return KvPool::Create(kv);
-}
-
 class SingleExecutor : public StepExecutor {
  public:
-  SingleExecutor(std::unique_ptr<ModelRunner> runner, int threads)
-      : runner_(std::move(runner)) {
-    // The scheduler's loop thread runs the steps, not the creating one.
-    runner_->set_cpu_threads(threads);
+  explicit SingleExecutor(std::unique_ptr<Shard> shard)
+      : shard_(std::move(shard)) {}
+  const ModelConfig& config() const override {
+    return shard_->runner()->config();
   }
-  const ModelConfig& config() const override { return runner_->config(); }
-  int64_t num_kv_blocks() const override {
-    return runner_->kv().config().num_blocks;
+  int64_t num_kv_blocks() const override { return shard_->blocks().device; }
+  int64_t num_host_kv_blocks() const override { return shard_->blocks().host; }
+  DType kv_cache_dtype() const override {
+    return shard_->runner()->kv_dtype();
   }
-  int64_t num_host_kv_blocks() const override {
-    return runner_->kv().config().num_host_blocks;
+  int64_t weight_bytes() const override {
+    return shard_->runner()->weight_bytes();
   }
-  DType kv_cache_dtype() const override { return runner_->kv_dtype(); }
-  int64_t weight_bytes() const override { return runner_->weights().bytes(); }
   std::vector<RunnerStats> RankStats() const override {
-    return {runner_->stats()};
+    return {shard_->runner()->stats()};
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
-    ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
-    return SampleStep(step, std::move(logits));
+    return shard_->Step(step);
   }
 
  private:
-  std::unique_ptr<ModelRunner> runner_;
+  std::unique_ptr<Shard> shard_;
 };
 
 // Rank threads run the submitted steps in order, each at its own pace, and
@@ -79,16 +54,16 @@ class SingleExecutor : public StepExecutor {
 class ThreadedExecutor : public StepExecutor {
  public:
   ThreadedExecutor(std::vector<std::unique_ptr<Communicator>> comms,
-                   std::vector<std::unique_ptr<ShardRunner>> runners,
-                   PoolBlocks blocks, int tp, int pp, int threads_per_rank)
+                   std::vector<std::unique_ptr<Shard>> shards,
+                   int threads_per_rank)
       : threads_per_rank_(threads_per_rank),
         comms_(std::move(comms)),
-        runners_(std::move(runners)),
-        blocks_(blocks),
-        tp_(tp),
-        pp_(pp) {
-    for (const auto& r : runners_) stats_.push_back(r->stats());
-    for (size_t r = 0; r < runners_.size(); ++r) {
+        shards_(std::move(shards)),
+        blocks_(shards_[0]->blocks()),
+        tp_(shards_[0]->spec().tp_size),
+        pp_(shards_[0]->spec().pp_size) {
+    for (const auto& s : shards_) stats_.push_back(s->runner()->stats());
+    for (size_t r = 0; r < shards_.size(); ++r) {
       threads_.emplace_back([this, r] { Loop(r); });
     }
   }
@@ -101,13 +76,17 @@ class ThreadedExecutor : public StepExecutor {
     for (std::thread& t : threads_) t.join();
   }
 
-  const ModelConfig& config() const override { return runners_[0]->config(); }
+  const ModelConfig& config() const override {
+    return shards_[0]->runner()->config();
+  }
   int64_t num_kv_blocks() const override { return blocks_.device; }
   int64_t num_host_kv_blocks() const override { return blocks_.host; }
-  DType kv_cache_dtype() const override { return runners_[0]->kv_dtype(); }
+  DType kv_cache_dtype() const override {
+    return shards_[0]->runner()->kv_dtype();
+  }
   int64_t weight_bytes() const override {
     int64_t total = 0;
-    for (const auto& r : runners_) total += r->weight_bytes();
+    for (const auto& s : shards_) total += s->runner()->weight_bytes();
     return total;
   }
 
@@ -125,7 +104,7 @@ class ThreadedExecutor : public StepExecutor {
   absl::Status Submit(const StepInput& step) override {
     auto job = std::make_shared<Job>();
     job->step = step;
-    job->pending = static_cast<int>(runners_.size());
+    job->pending = static_cast<int>(shards_.size());
     {
       std::lock_guard<std::mutex> lock(mu_);
       jobs_.push_back(std::move(job));
@@ -146,7 +125,7 @@ class ThreadedExecutor : public StepExecutor {
       ++collected_;
     }
     if (!job->status.ok()) return job->status;
-    return SampleStep(job->step, std::move(job->logits));
+    return std::move(job->output);
   }
 
  private:
@@ -154,14 +133,12 @@ class ThreadedExecutor : public StepExecutor {
     StepInput step;
     int pending = 0;  // Ranks that have not finished it.
     absl::Status status;
-    Tensor logits;
+    StepOutput output;  // The sampling shard's.
   };
 
   void Loop(size_t r) {
     SetCpuThreads(threads_per_rank_);  // Per-thread OpenMP setting.
     uint64_t next = 0;  // The number of the next step this rank runs.
-    // The logits come from the last stage's TP rank 0.
-    const bool reports = r == static_cast<size_t>((pp_ - 1) * tp_);
     while (true) {
       std::shared_ptr<Job> job;
       {
@@ -171,8 +148,8 @@ class ThreadedExecutor : public StepExecutor {
         if (stop_) return;
         job = jobs_[next - collected_];
       }
-      absl::StatusOr<Tensor> out = runners_[r]->Forward(job->step);
-      const RunnerStats stats = runners_[r]->stats();
+      absl::StatusOr<StepOutput> out = shards_[r]->Step(job->step);
+      const RunnerStats stats = shards_[r]->runner()->stats();
       std::lock_guard<std::mutex> lock(mu_);
       stats_[r] = stats;
       if (!out.ok() && job->status.ok()) {
@@ -181,16 +158,18 @@ class ThreadedExecutor : public StepExecutor {
                          absl::StrCat("rank pp ", r / tp_, " tp ", r % tp_,
                                       ": ", out.status().message()));
       }
-      if (out.ok() && reports) job->logits = std::move(*out);
+      if (out.ok() && shards_[r]->spec().samples()) {
+        job->output = std::move(*out);
+      }
       ++next;
       if (--job->pending == 0) done_cv_.notify_all();
     }
   }
 
   const int threads_per_rank_;
-  std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive runners.
-  std::vector<std::unique_ptr<ShardRunner>> runners_;
-  PoolBlocks blocks_;
+  std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive shards.
+  std::vector<std::unique_ptr<Shard>> shards_;
+  const KvBlockCounts blocks_;  // Every shard's.
   int tp_, pp_;
   mutable std::mutex mu_;
   std::condition_variable cv_, done_cv_;
@@ -206,43 +185,32 @@ class ThreadedExecutor : public StepExecutor {
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& o) {
-  if (o.kv.block_size <= 0 || o.kv.kv_cache_bytes < 0 ||
-      o.kv.cpu_offload_bytes < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block_size (", o.kv.block_size, ") must be positive, kv_cache_bytes (",
-        o.kv.kv_cache_bytes, ") and cpu_offload_bytes (",
-        o.kv.cpu_offload_bytes, ") not negative"));
-  }
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(source, o.tp, o.pp, o.moe_sharding));
-  std::vector<LlamaWeights> weights;
-  PoolBlocks blocks;
+  // Every shard loads, then every one gets the blocks all of them hold.
+  std::vector<std::unique_ptr<Shard>> shards;
+  KvBlockCounts blocks = KvBlockCounts::Unbounded();
   for (const ShardSpec& spec : plan.shards) {
     ASSIGN_OR_RETURN(
-        LlamaWeights w,
-        LoadLlamaWeights(source, spec,
-                         LogLoadProgress(absl::StrCat("shard pp ", spec.pp_rank,
-                                                      " tp ", spec.tp_rank))));
-    ASSIGN_OR_RETURN(KvPoolConfig kv, PoolConfig(w, o));
-    blocks.device = std::min(blocks.device, kv.num_blocks);
-    blocks.host = std::min(blocks.host, kv.num_host_blocks);
-    weights.push_back(std::move(w));
+        std::unique_ptr<Shard> shard,
+        LoadCpuShard(source, {.spec = spec,
+                              .kv = o.kv,
+                              .threads = o.threads_per_rank,
+                              .name = absl::StrCat("shard pp ", spec.pp_rank,
+                                                   " tp ", spec.tp_rank)}));
+    ASSIGN_OR_RETURN(const KvBlockCounts available, shard->BlocksAvailable());
+    blocks = blocks.Min(available);
+    shards.push_back(std::move(shard));
   }
-  if (plan.shards.size() == 1) {
-    ASSIGN_OR_RETURN(auto pool, MakePool(weights[0], o, blocks));
-    return std::make_unique<SingleExecutor>(
-        std::make_unique<ModelRunner>(std::move(weights[0]), std::move(pool)),
-        o.threads_per_rank);
+  if (shards.size() == 1) {
+    RETURN_IF_ERROR(shards[0]->InitializeCache(blocks, {}));
+    return std::make_unique<SingleExecutor>(std::move(shards[0]));
   }
   InProcessComms comms = MakeInProcessComms(o.tp, o.pp);
-  std::vector<std::unique_ptr<ShardRunner>> runners;
-  for (size_t r = 0; r < weights.size(); ++r) {
-    ASSIGN_OR_RETURN(auto pool, MakePool(weights[r], o, blocks));
-    runners.push_back(std::make_unique<ModelRunner>(
-        std::move(weights[r]), std::move(pool), comms.per_rank[r]));
+  for (size_t r = 0; r < shards.size(); ++r) {
+    RETURN_IF_ERROR(shards[r]->InitializeCache(blocks, comms.per_rank[r]));
   }
-  return NewThreadedExecutor(std::move(comms.owned), std::move(runners),
-                             blocks.device, blocks.host, o.tp, o.pp,
+  return NewThreadedExecutor(std::move(comms.owned), std::move(shards),
                              std::max(1, o.threads_per_rank));
 }
 
@@ -281,12 +249,9 @@ InProcessComms MakeInProcessComms(
 
 std::unique_ptr<StepExecutor> NewThreadedExecutor(
     std::vector<std::unique_ptr<Communicator>> comms,
-    std::vector<std::unique_ptr<ShardRunner>> runners, int64_t device_blocks,
-    int64_t host_blocks, int tp, int pp, int threads_per_rank) {
+    std::vector<std::unique_ptr<Shard>> shards, int threads_per_rank) {
   return std::make_unique<ThreadedExecutor>(
-      std::move(comms), std::move(runners),
-      PoolBlocks{.device = device_blocks, .host = host_blocks}, tp, pp,
-      threads_per_rank);
+      std::move(comms), std::move(shards), threads_per_rank);
 }
 
 }  // namespace shardlm

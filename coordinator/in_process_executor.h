@@ -14,7 +14,7 @@
 #include "model/shard_plan.h"
 #include "model/weight_source.h"
 #include "step/kv_cache.h"
-#include "worker/shard_runner.h"
+#include "worker/shard.h"
 
 namespace shardlm {
 
@@ -29,9 +29,9 @@ struct ExecutorOptions {
   int threads_per_rank = 0;
 };
 
-// One ModelRunner in this process when tp * pp == 1; otherwise tp * pp
-// runners on threads, exchanging activations through in-process
-// communicators, each loading only its shard.
+// One shard in this process when tp * pp == 1; otherwise tp * pp shards
+// on threads, exchanging activations through in-process communicators,
+// each loading only its part of the weights.
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& options);
 
@@ -47,13 +47,12 @@ InProcessComms MakeInProcessComms(
     const std::function<std::unique_ptr<Communicator>(
         std::unique_ptr<Communicator>)>& wrap = nullptr);
 
-// tp * pp runners on threads of their own, each running every step; the
-// logits come from the last stage's TP rank 0. Every rank holds
-// `device_blocks` + `host_blocks` KV blocks. `comms` outlive the runners.
+// tp * pp shards (their caches set up, one block count for all) on threads
+// of their own, each running every step; the sampling shard's tokens are
+// the step's. `comms` outlive the shards.
 std::unique_ptr<StepExecutor> NewThreadedExecutor(
     std::vector<std::unique_ptr<Communicator>> comms,
-    std::vector<std::unique_ptr<ShardRunner>> runners, int64_t device_blocks,
-    int64_t host_blocks, int tp, int pp, int threads_per_rank);
+    std::vector<std::unique_ptr<Shard>> shards, int threads_per_rank);
 
 }  // namespace shardlm
 

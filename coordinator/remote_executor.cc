@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "model/shard_plan.h"
 
 namespace shardlm {
 
@@ -82,27 +83,28 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
     failed_ = results.status();
     return results.status();
   }
-  // The last stage's TP rank 0 samples: rank (pp - 1) * tp + 1.
   const ClusterOptions& o = service_.options();
-  v1::StepResult& r = (*results)[(o.pp - 1) * o.tp];
+  // The sampling shard's result (worker ranks count from 1).
+  const int sampler = SamplingShard(o.tp, o.pp) + 1;
+  v1::StepResult& r = (*results)[sampler - 1];
   const size_t rows = step.rows;
   absl::Status bad;
   if (static_cast<size_t>(r.tokens_size()) != rows) {
     bad = absl::InternalError(
-        absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1, " returned ",
+        absl::StrCat("worker rank ", sampler, " returned ",
                      r.tokens_size(), " tokens for ", rows, " logit rows"));
   } else if (step.return_logits &&
              static_cast<int64_t>(r.logits_size()) !=
                  static_cast<int64_t>(rows) * config_.vocab_size) {
     bad = absl::InternalError(absl::StrCat(
-        "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logits_size(),
+        "worker rank ", sampler, " returned ", r.logits_size(),
         " logits for ", rows, " rows of ", config_.vocab_size));
   }
   const bool want_logprobs = step.want_logprobs;
   if (bad.ok() && want_logprobs &&
       static_cast<size_t>(r.logprobs_size()) != rows) {
     bad = absl::InternalError(absl::StrCat(
-        "worker rank ", (o.pp - 1) * o.tp + 1, " returned ", r.logprobs_size(),
+        "worker rank ", sampler, " returned ", r.logprobs_size(),
         " log-probability rows for ", rows, " logit rows"));
   }
   // Token ids index the vocabulary all the way to the client: a worker's
@@ -113,7 +115,7 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
   for (int i = 0; bad.ok() && i < r.tokens_size(); ++i) {
     if (outside_vocab(r.tokens(i))) {
       bad = absl::InternalError(absl::StrCat(
-          "worker rank ", (o.pp - 1) * o.tp + 1, " returned token ",
+          "worker rank ", sampler, " returned token ",
           r.tokens(i), ", outside the vocabulary of ", config_.vocab_size));
     }
   }
@@ -121,14 +123,14 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
     if (bad.ok() && (row.top_tokens_size() != row.top_logprobs_size() ||
                      row.top_tokens_size() > kMaxLogprobs)) {
       bad = absl::InternalError(
-          absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1, " returned ",
+          absl::StrCat("worker rank ", sampler, " returned ",
                        row.top_tokens_size(), " top tokens with ",
                        row.top_logprobs_size(), " log-probabilities"));
     }
     for (int k = 0; bad.ok() && k < row.top_tokens_size(); ++k) {
       if (outside_vocab(row.top_tokens(k))) {
         bad = absl::InternalError(
-            absl::StrCat("worker rank ", (o.pp - 1) * o.tp + 1,
+            absl::StrCat("worker rank ", sampler,
                          " returned top token ", row.top_tokens(k),
                          ", outside the vocabulary of ", config_.vocab_size));
       }

@@ -4,6 +4,8 @@
 #ifndef SHARDLM_CORE_STATUS_TEST_UTIL_H_
 #define SHARDLM_CORE_STATUS_TEST_UTIL_H_
 
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -30,5 +32,24 @@ template <typename T>
 }
 
 }  // namespace shardlm::testing_util
+
+// Asserts that a Status is OK (printing it when not).
+#define ASSERT_OK(expr)                                   \
+  do {                                                    \
+    const ::absl::Status shardlm_status_ = (expr);        \
+    ASSERT_TRUE(shardlm_status_.ok()) << shardlm_status_; \
+  } while (false)
+
+// `ASSERT_OK_AND_ASSIGN(auto x, MakeX());`: asserts that the StatusOr is OK
+// and declares (or assigns) `x` from its value.
+#define ASSERT_OK_AND_ASSIGN(lhs, expr) \
+  SHARDLM_ASSERT_OK_AND_ASSIGN_IMPL_(   \
+      SHARDLM_TEST_CONCAT_(shardlm_statusor_, __LINE__), lhs, expr)
+#define SHARDLM_TEST_CONCAT_INNER_(a, b) a##b
+#define SHARDLM_TEST_CONCAT_(a, b) SHARDLM_TEST_CONCAT_INNER_(a, b)
+#define SHARDLM_ASSERT_OK_AND_ASSIGN_IMPL_(tmp, lhs, expr) \
+  auto tmp = (expr);                                       \
+  ASSERT_TRUE(tmp.ok()) << tmp.status();                   \
+  lhs = std::move(*tmp)
 
 #endif  // SHARDLM_CORE_STATUS_TEST_UTIL_H_

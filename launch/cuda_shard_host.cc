@@ -51,9 +51,7 @@ class CudaShardHost : public ShardHost {
     RETURN_IF_ERROR(ValidateStepSampling(step));
     // The last stage's TP rank 0 samples (on the device when it can); the
     // others take part in the step's collectives and return nothing.
-    if (assignment_.pp_rank == assignment_.pp - 1 && assignment_.tp_rank == 0) {
-      return runner_->Step(step);
-    }
+    if (spec_.samples()) return runner_->Step(step);
     RETURN_IF_ERROR(runner_->Forward(step).status());
     return StepOutput{};
   }
@@ -126,7 +124,7 @@ class CudaShardHost : public ShardHost {
     assignment_ = a;
     ASSIGN_OR_RETURN(ShardPlan plan,
                      PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
-    const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
+    const ShardSpec& spec = spec_ = plan.at(a.pp_rank, a.tp_rank);
 
     // The runner first (its stream carries the collectives), then the
     // groups, every rank in the same order (its TP group, then its PP
@@ -223,6 +221,7 @@ class CudaShardHost : public ShardHost {
   const WeightSource* source_;
   const CudaShardHostOptions o_;
   WorkerAssignment assignment_;
+  ShardSpec spec_;  // The assigned shard's.
   // Destroyed in reverse: the communicators (which run on the runner's
   // stream) before the runner.
   std::unique_ptr<CudaModelRunner> runner_;

@@ -4,8 +4,7 @@
 #include "core/status.h"
 #include "kernels/threading.h"
 #include "model/shard_plan.h"
-#include "worker/kv_pool.h"
-#include "worker/llama_weights.h"
+#include "worker/shard.h"
 
 namespace shardlm {
 
@@ -42,44 +41,47 @@ absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
 }
 
 absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
-  if (runner_ != nullptr) {
+  if (shard_ != nullptr) {
     return absl::FailedPreconditionError("the shard is loaded already");
   }
   ASSIGN_OR_RETURN(comms_, connect_(a));
-  assignment_ = a;
   SetCpuThreads(a.threads);
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
-  const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
   ASSIGN_OR_RETURN(
-      LlamaWeights weights,
-      LoadLlamaWeights(*source_, spec,
-                       LogLoadProgress(absl::StrCat("worker (pp ", a.pp_rank,
-                                                    ", tp ", a.tp_rank, ")"))));
-  ASSIGN_OR_RETURN(KvPoolConfig kv,
-                   PoolConfigForShard(weights.config, spec, a.kv.block_size,
-                                      a.kv.DTypeOnCpu(), a.kv.kv_cache_bytes,
-                                      a.kv.cpu_offload_bytes));
-  ASSIGN_OR_RETURN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
-  ShardComms comms{.tp = a.tp > 1 ? comms_.tp.get() : nullptr,
-                   .pp = a.pp > 1 ? comms_.pp.get() : nullptr};
-  runner_ =
-      std::make_unique<ModelRunner>(std::move(weights), std::move(pool), comms);
-  // Steps may run on another thread than this one (OpenMP is per thread).
-  runner_->set_cpu_threads(a.threads);
+      std::unique_ptr<Shard> shard,
+      LoadCpuShard(*source_,
+                   {.spec = plan.at(a.pp_rank, a.tp_rank),
+                    .kv = a.kv,
+                    .limits = a.limits,
+                    .threads = a.threads,
+                    .name = absl::StrCat("worker (pp ", a.pp_rank, ", tp ",
+                                         a.tp_rank, ")")}));
+  // Each worker allocates what its own budget holds; the coordinator uses
+  // the fewest any worker reports (ControlService), so a block id means
+  // the same slot on every worker.
+  ASSIGN_OR_RETURN(const KvBlockCounts blocks, shard->BlocksAvailable());
+  RETURN_IF_ERROR(shard->InitializeCache(
+      blocks, {.tp = a.tp > 1 ? comms_.tp.get() : nullptr,
+               .pp = a.pp > 1 ? comms_.pp.get() : nullptr}));
+  shard_ = std::move(shard);
   loaded_ = true;
-  return kv;
+  const ModelConfig& c = shard_->runner()->config();
+  const ShardSpec& spec = shard_->spec();
+  return KvPoolConfig{.n_layers = spec.n_layers(),
+                      .kv_heads = spec.n_kv_heads(),
+                      .head_dim = c.head_dim,
+                      .block_size = a.kv.block_size,
+                      .num_blocks = blocks.device,
+                      .num_host_blocks = blocks.host,
+                      .dtype = shard_->runner()->kv_dtype()};
 }
 
 absl::StatusOr<StepOutput> CommShardHost::Step(const StepInput& step) {
-  if (runner_ == nullptr) {
+  if (shard_ == nullptr) {
     return absl::FailedPreconditionError("step before the shard was loaded");
   }
-  ASSIGN_OR_RETURN(Tensor logits, runner_->Forward(step));
-  if (assignment_.pp_rank != assignment_.pp - 1 || assignment_.tp_rank != 0) {
-    return StepOutput{};
-  }
-  return SampleStep(step, std::move(logits));
+  return shard_->Step(step);
 }
 
 }  // namespace shardlm

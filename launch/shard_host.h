@@ -1,5 +1,5 @@
 // A worker's shard over communicators between processes: its TP group and
-// PP chain, its slice of the weights, its KV pool, and a ModelRunner. The
+// PP chain, and its Shard (worker/shard.h) on the CPU. The
 // communicators come from MPI (shardlm launch under mpirun) or Gloo
 // (shardlm worker, rendezvous through the coordinator).
 #ifndef SHARDLM_LAUNCH_SHARD_HOST_H_
@@ -15,7 +15,7 @@
 #include "collectives/communicator.h"
 #include "collectives/mpi_communicator.h"
 #include "model/weight_source.h"
-#include "worker/model_runner.h"
+#include "worker/shard.h"
 #include "worker/worker_agent.h"
 
 namespace shardlm {
@@ -44,20 +44,19 @@ class CommShardHost : public ShardHost {
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
   // None before Load.
   std::optional<RunnerStats> stats() const override {
-    if (!runner_) return std::nullopt;
-    return runner_->stats();
+    if (!loaded_) return std::nullopt;
+    return shard_->runner()->stats();
   }
   int64_t weight_bytes() const override {
-    return runner_ ? runner_->weight_bytes() : 0;
+    return loaded_ ? shard_->runner()->weight_bytes() : 0;
   }
   bool loaded() const override { return loaded_.load(); }
 
  private:
   const WeightSource* source_;
   ConnectShard connect_;
-  WorkerAssignment assignment_;
-  ShardCommunicators comms_;
-  std::unique_ptr<ModelRunner> runner_;
+  ShardCommunicators comms_;  // Outlive the shard.
+  std::unique_ptr<Shard> shard_;
   std::atomic<bool> loaded_{false};
 };
 

@@ -52,12 +52,19 @@ struct ShardSpec {
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
+  // Whether this shard samples: the last stage's TP rank 0, which holds
+  // the logits gathered over its TP group.
+  bool samples() const { return last_stage() && tp_rank == 0; }
   int64_t n_layers() const { return layer_end - layer_begin; }
   int64_t n_kv_heads() const { return kv_head_end - kv_head_begin; }
   int64_t n_heads() const { return head_end - head_begin; }
   int64_t n_experts() const { return expert_end - expert_begin; }
   std::string DebugString() const;
 };
+
+// The index (pp_rank * tp + tp_rank) of the shard that samples in a tp x
+// pp layout: ShardSpec::samples() of the last stage's TP rank 0.
+constexpr int SamplingShard(int tp, int pp) { return (pp - 1) * tp; }
 
 struct ShardPlan {
   int tp = 1, pp = 1;

@@ -110,7 +110,7 @@ class CudaModelRunner : public ShardRunner {
   // the device (SampleCuda: SampleToken's draws) with only the ids copied
   // back, unless the logits or log-probabilities are wanted too; then the
   // logits come back and SampleStep draws on the host.
-  absl::StatusOr<StepOutput> Step(const StepInput& step);
+  absl::StatusOr<StepOutput> Step(const StepInput& step) override;
 
   // Waits for all queued work.
   absl::Status Synchronize();

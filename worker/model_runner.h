@@ -43,6 +43,10 @@ class ModelRunner : public ShardRunner {
   ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv,
               ShardComms comms = {})
       : weights_(std::move(weights)), kv_(std::move(kv)), comms_(comms) {}
+  // The weights alone: SetKv before the first step.
+  explicit ModelRunner(LlamaWeights weights) : weights_(std::move(weights)) {}
+  void SetKv(std::unique_ptr<KvPool> kv) { kv_ = std::move(kv); }
+  void SetComms(ShardComms comms) { comms_ = comms; }
 
   const ModelConfig& config() const override { return weights_.config; }
   int64_t weight_bytes() const override { return weights_.bytes(); }

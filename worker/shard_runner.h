@@ -56,6 +56,10 @@ class ShardRunner {
   // on other ranks. InvalidArgument for a malformed step, before anything is
   // written (every rank sees the same step, so all fail alike).
   virtual absl::StatusOr<Tensor> Forward(const StepInput& step) = 0;
+  // Forward, then the step's tokens sampled from the logits (SampleStep);
+  // on the shard that samples (ShardSpec::samples()). A backend may sample
+  // where the logits are (the GPU runner does).
+  virtual absl::StatusOr<StepOutput> Step(const StepInput& step);
 };
 
 }  // namespace shardlm

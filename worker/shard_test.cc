@@ -1,0 +1,148 @@
+// The shard lifecycle (worker/shard.h): what a shard's budget holds, the
+// counts it is given, and which shard samples. Tokens across layouts are
+// compared in coordinator/parallel_equivalence_test.cc.
+#include "worker/shard.h"
+
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "collectives/fake_communicator.h"
+#include "core/status_test_util.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+#include "worker/model_runner.h"
+
+namespace shardlm {
+namespace {
+
+ModelConfig Config() {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.hidden = 64;
+  c.ffn_hidden = 128;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 97;
+  c.context_length = 64;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
+// One sequence's prompt, greedy-sampled at its last token.
+StepInput Prompt() {
+  StepInput s;
+  s.tokens = {5, 17, 42, 8};
+  s.positions = {0, 1, 2, 3};
+  s.token_seq = {0, 0, 0, 0};
+  s.block_tables = {{0}};
+  s.seq_ids = {1};
+  s.logit_rows = {3};
+  s.sampling = {SamplingParams{.temperature = 0}};
+  s.sample_index = {0};
+  return s;
+}
+
+ShardRequest Request(const ShardSpec& spec) {
+  return {.spec = spec, .kv = {.block_size = 16}, .name = "test shard"};
+}
+
+TEST(ShardTest, ABudgetHoldsWhatItSaysAndTheShardTakesNoMore) {
+  auto source = RandomLlamaWeights(Config(), 1);
+  ASSERT_OK_AND_ASSIGN(ShardPlan plan, PlanShards(*source, 1, 1));
+  ShardRequest r = Request(plan.shards[0]);
+  // Two layers x two KV heads x 16 dims x 16 tokens x K and V, in f16.
+  const int64_t block_bytes = 2 * 2 * 16 * 16 * 2 * 2;
+  r.kv.kv_cache_bytes = 5 * block_bytes + block_bytes / 2;
+  r.kv.cpu_offload_bytes = 3 * block_bytes;
+  r.kv.dtype = DType::kF16;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Shard> shard, LoadCpuShard(*source, r));
+  ASSERT_OK_AND_ASSIGN(const KvBlockCounts available, shard->BlocksAvailable());
+  EXPECT_EQ(available.device, 5);
+  EXPECT_EQ(available.host, 3);
+  EXPECT_EQ(shard->runner(), nullptr);
+  EXPECT_EQ(shard->Step(Prompt()).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(shard->InitializeCache({.device = 6, .host = 0}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(shard->InitializeCache({.device = 2, .host = 4}, {}).code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_OK(shard->InitializeCache({.device = 2, .host = 1}, {}));
+  EXPECT_EQ(shard->blocks().device, 2);
+  EXPECT_EQ(shard->blocks().host, 1);
+  EXPECT_EQ(shard->InitializeCache({.device = 2, .host = 1}, {}).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ShardTest, AWholeModelShardSamplesAsItsRunnerDoes) {
+  auto source = RandomLlamaWeights(Config(), 2);
+  ASSERT_OK_AND_ASSIGN(ShardPlan plan, PlanShards(*source, 1, 1));
+  ASSERT_TRUE(plan.shards[0].samples());
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<Shard> shard,
+                       LoadCpuShard(*source, Request(plan.shards[0])));
+  ASSERT_OK(shard->InitializeCache({.device = 4, .host = 0}, {}));
+  ASSERT_OK_AND_ASSIGN(StepOutput out, shard->Step(Prompt()));
+
+  // The reference: the runner built by hand, its logits sampled.
+  ASSERT_OK_AND_ASSIGN(LlamaWeights w,
+                       LoadLlamaWeights(*source, plan.shards[0]));
+  ASSERT_OK_AND_ASSIGN(
+      KvPoolConfig kv,
+      PoolConfigForShard(w.config, plan.shards[0], 16, kDefaultCpuKvDType, 0));
+  kv.num_blocks = 4;
+  ASSERT_OK_AND_ASSIGN(std::unique_ptr<KvPool> pool, KvPool::Create(kv));
+  ModelRunner runner(std::move(w), std::move(pool));
+  ASSERT_OK_AND_ASSIGN(Tensor logits, runner.Forward(Prompt()));
+  ASSERT_OK_AND_ASSIGN(StepOutput want, SampleStep(Prompt(), logits));
+  EXPECT_EQ(out.tokens, want.tokens);
+  ASSERT_EQ(out.tokens.size(), 1u);
+}
+
+// At TP 2 x PP 2 only the last stage's TP rank 0 returns tokens, and a bad
+// sampling part is refused by every shard before any collective (none of
+// them waits for a peer that refused).
+TEST(ShardTest, OnlyTheSamplingShardReturnsTokensAndAllRefuseABadStep) {
+  auto source = RandomLlamaWeights(Config(), 3);
+  ASSERT_OK_AND_ASSIGN(ShardPlan plan, PlanShards(*source, 2, 2));
+  EXPECT_EQ(SamplingShard(2, 2), 2);
+  std::vector<std::unique_ptr<Shard>> shards;
+  for (const ShardSpec& spec : plan.shards) {
+    EXPECT_EQ(spec.samples(),
+              &spec == &plan.shards[SamplingShard(plan.tp, plan.pp)]);
+    ASSERT_OK_AND_ASSIGN(std::unique_ptr<Shard> s,
+                         LoadCpuShard(*source, Request(spec)));
+    shards.push_back(std::move(s));
+  }
+  auto tp0 = MakeFakeGroup(2, "tp 0"), tp1 = MakeFakeGroup(2, "tp 1");
+  auto pp0 = MakeFakeGroup(2, "pp 0"), pp1 = MakeFakeGroup(2, "pp 1");
+  const ShardComms comms[4] = {{tp0[0].get(), pp0[0].get()},
+                               {tp0[1].get(), pp1[0].get()},
+                               {tp1[0].get(), pp0[1].get()},
+                               {tp1[1].get(), pp1[1].get()}};
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_OK(shards[r]->InitializeCache({.device = 4, .host = 0}, comms[r]));
+  }
+  const auto run = [&](const StepInput& step) {
+    std::vector<absl::StatusOr<StepOutput>> out(4, StepOutput{});
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 4; ++r) {
+      threads.emplace_back([&, r] { out[r] = shards[r]->Step(step); });
+    }
+    for (std::thread& t : threads) t.join();
+    return out;
+  };
+  const auto out = run(Prompt());
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_OK(out[r].status());
+    EXPECT_EQ(out[r]->tokens.size(), r == 2 ? 1u : 0u) << "rank " << r;
+  }
+  StepInput bad = Prompt();
+  bad.sampling[0].top_p = 2;
+  for (const auto& o : run(bad)) {
+    EXPECT_EQ(o.status().code(), absl::StatusCode::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace shardlm
