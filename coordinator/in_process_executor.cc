@@ -5,13 +5,12 @@
 #include "coordinator/in_process_executor.h"
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <limits>
-#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "collectives/fake_communicator.h"
 #include "core/status.h"
 #include "kernels/threading.h"
@@ -30,9 +29,7 @@ class SingleExecutor : public StepExecutor {
   }
   int64_t num_kv_blocks() const override { return shard_->blocks().device; }
   int64_t num_host_kv_blocks() const override { return shard_->blocks().host; }
-  DType kv_cache_dtype() const override {
-    return shard_->runner()->kv_dtype();
-  }
+  DType kv_cache_dtype() const override { return shard_->runner()->kv_dtype(); }
   int64_t weight_bytes() const override {
     return shard_->runner()->weight_bytes();
   }
@@ -69,10 +66,9 @@ class ThreadedExecutor : public StepExecutor {
   }
   ~ThreadedExecutor() override {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stop_ = true;
     }
-    cv_.notify_all();
     for (std::thread& t : threads_) t.join();
   }
 
@@ -93,7 +89,7 @@ class ThreadedExecutor : public StepExecutor {
   // As of each rank's last finished step (copied by the rank thread: a
   // runner updates its figures while it steps).
   std::vector<RunnerStats> RankStats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return stats_;
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
@@ -105,22 +101,22 @@ class ThreadedExecutor : public StepExecutor {
     auto job = std::make_shared<Job>();
     job->step = step;
     job->pending = static_cast<int>(shards_.size());
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      jobs_.push_back(std::move(job));
-    }
-    cv_.notify_all();
+    absl::MutexLock lock(&mu_);
+    jobs_.push_back(std::move(job));
     return absl::OkStatus();
   }
   absl::StatusOr<StepOutput> Collect() override {
     std::shared_ptr<Job> job;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (jobs_.empty()) {
         return absl::FailedPreconditionError("Collect with no step in flight");
       }
       job = jobs_.front();
-      done_cv_.wait(lock, [&] { return job->pending == 0; });
+      const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return job->pending == 0;
+      };
+      mu_.Await(absl::Condition(&done));
       jobs_.pop_front();
       ++collected_;
     }
@@ -142,15 +138,17 @@ class ThreadedExecutor : public StepExecutor {
     while (true) {
       std::shared_ptr<Job> job;
       {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock,
-                 [&] { return stop_ || next < collected_ + jobs_.size(); });
+        absl::MutexLock lock(&mu_);
+        const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          return stop_ || next < collected_ + jobs_.size();
+        };
+        mu_.Await(absl::Condition(&ready));
         if (stop_) return;
         job = jobs_[next - collected_];
       }
       absl::StatusOr<StepOutput> out = shards_[r]->Step(job->step);
       const RunnerStats stats = shards_[r]->runner()->stats();
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       stats_[r] = stats;
       if (!out.ok() && job->status.ok()) {
         job->status =
@@ -162,7 +160,7 @@ class ThreadedExecutor : public StepExecutor {
         job->output = std::move(*out);
       }
       ++next;
-      if (--job->pending == 0) done_cv_.notify_all();
+      --job->pending;
     }
   }
 
@@ -171,13 +169,15 @@ class ThreadedExecutor : public StepExecutor {
   std::vector<std::unique_ptr<Shard>> shards_;
   const KvBlockCounts blocks_;  // Every shard's.
   int tp_, pp_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_, done_cv_;
+  // Waiters wait on conditions over these (Mutex::Await), re-checked
+  // whenever the mutex is released. A Job's fields are guarded by it too.
+  mutable absl::Mutex mu_;
   // Submitted and not collected, oldest first; step number collected_ + i.
-  std::deque<std::shared_ptr<Job>> jobs_;
-  uint64_t collected_ = 0;
-  std::vector<RunnerStats> stats_;  // Per rank, after its last step.
-  bool stop_ = false;
+  std::deque<std::shared_ptr<Job>> jobs_ ABSL_GUARDED_BY(mu_);
+  uint64_t collected_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per rank, after its last step.
+  std::vector<RunnerStats> stats_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_;
 };
 
@@ -250,8 +250,8 @@ InProcessComms MakeInProcessComms(
 std::unique_ptr<StepExecutor> NewThreadedExecutor(
     std::vector<std::unique_ptr<Communicator>> comms,
     std::vector<std::unique_ptr<Shard>> shards, int threads_per_rank) {
-  return std::make_unique<ThreadedExecutor>(
-      std::move(comms), std::move(shards), threads_per_rank);
+  return std::make_unique<ThreadedExecutor>(std::move(comms), std::move(shards),
+                                            threads_per_rank);
 }
 
 }  // namespace shardlm

@@ -44,10 +44,9 @@ Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
 
 Scheduler::~Scheduler() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
   }
-  cv_.notify_all();
   loop_.join();
 }
 
@@ -59,7 +58,7 @@ absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
   if (request.deadline != absl::InfiniteFuture()) {
     request.deadline = now + (request.deadline - absl::Now());
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
   const int64_t queued =
       static_cast<int64_t>(intake_.size()) + planner_waiting_;
@@ -71,15 +70,13 @@ absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
   }
   const RequestId id = next_id_++;
   intake_.push_back({id, std::move(request), std::move(callbacks), now});
-  cv_.notify_all();
   return id;
 }
 
 void Scheduler::Cancel(RequestId id) {
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++cancel_requests_;
   cancels_.push_back(id);
-  cv_.notify_all();
 }
 
 void Scheduler::TakeIntake() {
@@ -104,12 +101,12 @@ void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
   // Whoever a callback wakes sees the figures that include its request.
   SchedulerStats s = planner_.Stats();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     planner_waiting_ = s.waiting;
     s.waiting += static_cast<int64_t>(intake_.size());
   }
   {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     stats_ = s;
   }
   for (auto& e : events) e();
@@ -117,11 +114,13 @@ void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
 }
 
 void Scheduler::DropKvState(absl::Status why) {
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const uint64_t ticket = ++drops_requested_;
   drop_why_ = std::move(why);
-  cv_.notify_all();
-  cv_.wait(lock, [&] { return drops_done_ >= ticket || stopping_; });
+  const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return drops_done_ >= ticket || stopping_;
+  };
+  mu_.Await(absl::Condition(&done));
 }
 
 void Scheduler::Loop() {
@@ -129,11 +128,11 @@ void Scheduler::Loop() {
   while (true) {
     std::optional<absl::Status> drop;
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] {
-        return stopping_ || !intake_.empty() || !cancels_.empty() ||
-               !planner_.idle() || drops_done_ < drops_requested_;
-      });
+      absl::MutexLock lock(&mu_);
+      const auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return HasNews() || !planner_.idle();
+      };
+      mu_.Await(absl::Condition(&work));
       if (stopping_) break;
       TakeIntake();
       if (drops_done_ < drops_requested_) drop = drop_why_;
@@ -142,9 +141,8 @@ void Scheduler::Loop() {
       DrainInFlight();
       planner_.FailKvHolders(*drop, MonotonicNow(), events);
       RunEvents(events);
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       drops_done_ = drops_requested_;
-      cv_.notify_all();
       continue;
     }
     planner_.Admit(MonotonicNow(), events);
@@ -152,11 +150,11 @@ void Scheduler::Loop() {
     if (planner_.running() == 0 && planner_.in_flight() == 0) {
       // Requests wait only while others run (each fits the cache alone);
       // never spin should that ever not hold.
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait_for(lock, std::chrono::milliseconds(10), [&] {
-        return stopping_ || !intake_.empty() || !cancels_.empty() ||
-               drops_done_ < drops_requested_;
-      });
+      absl::MutexLock lock(&mu_);
+      const auto news = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return HasNews();
+      };
+      mu_.AwaitWithTimeout(absl::Condition(&news), absl::Milliseconds(10));
       continue;
     }
     // Fill the pipeline: each step takes its share of the runnable
@@ -172,7 +170,7 @@ void Scheduler::Loop() {
     {
       // Planning may have preempted sequences back into the queue; Submit
       // must count them during the step, not only after it.
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       planner_waiting_ = static_cast<int64_t>(planner_.waiting());
     }
     if (planner_.in_flight() == 0) continue;
@@ -190,7 +188,7 @@ void Scheduler::Loop() {
   DrainInFlight();
   // Shutting down: nothing new is accepted (stopping_ is set).
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     TakeIntake();
   }
   planner_.EndAll(absl::UnavailableError("the engine shut down"),

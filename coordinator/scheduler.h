@@ -8,15 +8,14 @@
 #define SHARDLM_COORDINATOR_SCHEDULER_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/batch_planner.h"
 #include "coordinator/block_manager.h"
 #include "coordinator/request.h"
@@ -57,21 +56,26 @@ class Scheduler {
   int64_t cancel_requests() const { return cancel_requests_.load(); }
   // Requests waiting for admission (for tests and metrics).
   int64_t waiting() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return static_cast<int64_t>(intake_.size()) + planner_waiting_;
   }
   // Latency histograms and request counters (thread-safe).
   ServingMetrics& metrics() { return metrics_; }
   const ServingMetrics& metrics() const { return metrics_; }
   SchedulerStats stats() const {
-    std::lock_guard<std::mutex> lock(stats_mu_);
+    absl::MutexLock lock(&stats_mu_);
     return stats_;
   }
 
  private:
   void Loop();
-  // Under mu_: moves submissions and cancellations into the planner.
-  void TakeIntake();
+  // Moves submissions and cancellations into the planner.
+  void TakeIntake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Whether the loop has something to do besides running steps.
+  bool HasNews() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || !intake_.empty() || !cancels_.empty() ||
+           drops_done_ < drops_requested_;
+  }
   // Publishes the stats, then runs the callbacks (no lock held).
   void RunEvents(std::vector<PlannerEvent>& events);
   // Collects and drops every step in flight (after a failure).
@@ -91,18 +95,20 @@ class Scheduler {
     RequestCallbacks callbacks;
     absl::Time submitted;
   };
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                          // Guarded by mu_.
-  uint64_t drops_requested_ = 0, drops_done_ = 0;  // Guarded by mu_.
-  absl::Status drop_why_;                          // Guarded by mu_.
-  RequestId next_id_ = 0;                          // Guarded by mu_.
-  std::vector<Submission> intake_;                 // Guarded by mu_.
-  std::vector<RequestId> cancels_;                 // Guarded by mu_.
+  // Waiters wait on conditions over these (Mutex::Await), which the mutex
+  // re-checks when it is released: no condition variable to notify.
+  mutable absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t drops_requested_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t drops_done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status drop_why_ ABSL_GUARDED_BY(mu_);
+  RequestId next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<Submission> intake_ ABSL_GUARDED_BY(mu_);
+  std::vector<RequestId> cancels_ ABSL_GUARDED_BY(mu_);
   // The planner's queue as of its last change (for max_queued).
-  int64_t planner_waiting_ = 0;  // Guarded by mu_.
-  mutable std::mutex stats_mu_;
-  SchedulerStats stats_;  // Guarded by stats_mu_.
+  int64_t planner_waiting_ ABSL_GUARDED_BY(mu_) = 0;
+  mutable absl::Mutex stats_mu_;
+  SchedulerStats stats_ ABSL_GUARDED_BY(stats_mu_);
   std::thread loop_;
 };
 

@@ -72,14 +72,14 @@ Histogram::Histogram(std::vector<double> bounds)
 void Histogram::Observe(double value) {
   const size_t bucket =
       std::lower_bound(bounds_.begin(), bounds_.end(), value) - bounds_.begin();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   ++counts_[bucket];
   sum_ += value;
 }
 
 Histogram::Snapshot Histogram::Read() const {
   Snapshot s{.bounds = bounds_};
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   uint64_t total = 0;
   for (uint64_t c : counts_) {
     total += c;

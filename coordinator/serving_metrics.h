@@ -11,11 +11,11 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/synchronization/mutex.h"
 #include "coordinator/step_executor.h"
 
 namespace shardlm {
@@ -52,9 +52,10 @@ class Histogram {
 
  private:
   const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // Per bucket (not cumulative), then +Inf.
-  double sum_ = 0;
+  mutable absl::Mutex mu_;
+  // Per bucket (not cumulative), then +Inf.
+  std::vector<uint64_t> counts_ ABSL_GUARDED_BY(mu_);
+  double sum_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Buckets that resolve 1 ms to 60 s (latencies).

@@ -5,21 +5,21 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <optional>
 #include <thread>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
 #include "core/process_memory.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
+#include "model/shard_plan.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "step/step_codec.h"
 
@@ -70,7 +70,10 @@ class AgentSession {
     // Checked by the coordinator before it reads the Register below.
     context_.AddMetadata(kClusterTokenMetadata, o_.cluster_token);
     stream_ = stub_->Connect(&context_);
-    last_read_ = absl::Now();
+    {
+      absl::MutexLock lock(&mu_);
+      last_read_ = absl::Now();
+    }
     v1::WorkerMessage reg;
     v1::Register& r = *reg.mutable_register_();
     r.set_rank(o_.rank);
@@ -139,7 +142,8 @@ class AgentSession {
             return blocks.status();
           }
           loaded = true;
-          reports_ = a.pp_rank() == a.pp() - 1 && a.tp_rank() == 0;
+          reports_ = SamplingShard(a.tp(), a.pp()) ==
+                     a.pp_rank() * a.tp() + a.tp_rank();
           out.mutable_ready()->set_kv_blocks(blocks->num_blocks);
           out.mutable_ready()->set_host_kv_blocks(blocks->num_host_blocks);
           out.mutable_ready()->set_kv_block_bytes(blocks->BytesPerBlock());
@@ -203,7 +207,7 @@ class AgentSession {
   absl::Status Lost() {
     std::string why;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       why = abort_reason_;
     }
     if (o_.stop != nullptr && o_.stop->HasBeenNotified()) {
@@ -232,13 +236,13 @@ class AgentSession {
   }
 
   void Write(const v1::WorkerMessage& msg) {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (writes_closed_) return;
     stream_->Write(msg);
   }
 
   void CloseWrites() {
-    std::lock_guard<std::mutex> lock(write_mu_);
+    absl::MutexLock lock(&write_mu_);
     if (writes_closed_) return;
     writes_closed_ = true;
     stream_->WritesDone();
@@ -246,8 +250,11 @@ class AgentSession {
 
   // The next message other than a heartbeat; nullopt when the stream ended.
   std::optional<v1::CoordinatorMessage> Next() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !inbox_.empty() || read_done_; });
+    absl::MutexLock lock(&mu_);
+    const auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return !inbox_.empty() || read_done_;
+    };
+    mu_.Await(absl::Condition(&ready));
     if (inbox_.empty()) return std::nullopt;
     v1::CoordinatorMessage msg = std::move(inbox_.front());
     inbox_.pop_front();
@@ -256,14 +263,14 @@ class AgentSession {
 
   void SetInStep(bool in_step,
                  std::optional<RunnerStats> stats = std::nullopt) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     in_step_ = in_step;
     if (stats) stats_ = *stats;
   }
 
   // A heartbeat with this process's memory and the step figures as of the
-  // last step. Under mu_.
-  v1::WorkerMessage Heartbeat() const {
+  // last step.
+  v1::WorkerMessage Heartbeat() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     v1::WorkerMessage msg;
     v1::Heartbeat& h = *msg.mutable_heartbeat();
     h.set_resident_bytes(ResidentMemoryBytes());
@@ -281,18 +288,16 @@ class AgentSession {
   void ReadLoop() {
     v1::CoordinatorMessage msg;
     while (stream_->Read(&msg)) {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       last_read_ = absl::Now();
       if (msg.has_shutdown()) {
         shutdown_reason_ = msg.shutdown().reason();
         if (shutdown_reason_.empty()) shutdown_reason_ = "shutdown";
       }
       if (!msg.has_heartbeat()) inbox_.push_back(std::move(msg));
-      cv_.notify_all();
     }
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     read_done_ = true;
-    cv_.notify_all();
   }
 
   void Watchdog() {
@@ -300,9 +305,9 @@ class AgentSession {
         std::max(absl::Milliseconds(5),
                  std::min(o_.heartbeat_interval, o_.coordinator_timeout / 4));
     absl::Time last_heartbeat = absl::InfinitePast();
-    std::unique_lock<std::mutex> lock(mu_);
+    mu_.Lock();
     while (!stop_watchdog_) {
-      cv_.wait_for(lock, absl::ToChronoNanoseconds(tick));
+      mu_.AwaitWithTimeout(absl::Condition(&stop_watchdog_), tick);
       if (stop_watchdog_) continue;
       const absl::Time now = absl::Now();
       MaybeAbandonStep(now);
@@ -322,24 +327,25 @@ class AgentSession {
       // carry the figures /metrics shows.
       if (now - last_heartbeat < o_.heartbeat_interval) continue;
       const v1::WorkerMessage heartbeat = Heartbeat();
-      lock.unlock();
-      {
-        // Never wait behind a write blocked on a stalled stream.
-        std::unique_lock<std::mutex> w(write_mu_, std::try_to_lock);
-        if (w.owns_lock() && !writes_closed_) {
+      mu_.Unlock();
+      // Never wait behind a write blocked on a stalled stream.
+      if (write_mu_.TryLock()) {
+        if (!writes_closed_) {
           last_heartbeat = now;
           stream_->Write(heartbeat);
         }
+        write_mu_.Unlock();
       }
-      lock.lock();
+      mu_.Lock();
     }
+    mu_.Unlock();
   }
 
   // A step cannot be interrupted (it may wait in a collective for a peer
   // that is gone), so when the stream has ended (Shutdown, cancelled, the
   // coordinator silent) while one runs, the agent waits abandon_grace for
   // it and then hands over to on_abandon, which ends the process.
-  void MaybeAbandonStep(absl::Time now) {
+  void MaybeAbandonStep(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const bool ended =
         !shutdown_reason_.empty() || !abort_reason_.empty() || read_done_;
     if (!in_step_ || !ended || abandoned_ || !o_.on_abandon) {
@@ -367,13 +373,12 @@ class AgentSession {
   void Stop() {
     CloseWrites();
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      if (!cv_.wait_for(lock, std::chrono::seconds(5),
-                        [&] { return read_done_; })) {
+      absl::MutexLock lock(&mu_);
+      if (!mu_.AwaitWithTimeout(absl::Condition(&read_done_),
+                                absl::Seconds(5))) {
         context_.TryCancel();
       }
       stop_watchdog_ = true;
-      cv_.notify_all();
     }
     JoinReader();
     watchdog_.join();
@@ -391,21 +396,22 @@ class AgentSession {
   bool reports_ = false;   // Last stage, TP rank 0: returns tokens.
   bool finished_ = false;  // Finish() was called.
 
-  std::mutex write_mu_;
-  bool writes_closed_ = false;
+  absl::Mutex write_mu_;
+  bool writes_closed_ ABSL_GUARDED_BY(write_mu_) = false;
 
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<v1::CoordinatorMessage> inbox_;
-  bool read_done_ = false;
-  bool stop_watchdog_ = false;
-  bool in_step_ = false;
-  bool abandoned_ = false;
-  absl::Time stuck_since_ = absl::InfiniteFuture();
-  std::string shutdown_reason_;
-  RunnerStats stats_;  // As of the last step.
-  absl::Time last_read_;
-  std::string abort_reason_;
+  // Waiters wait on conditions over these (Mutex::Await), re-checked
+  // whenever the mutex is released.
+  absl::Mutex mu_;
+  std::deque<v1::CoordinatorMessage> inbox_ ABSL_GUARDED_BY(mu_);
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_watchdog_ ABSL_GUARDED_BY(mu_) = false;
+  bool in_step_ ABSL_GUARDED_BY(mu_) = false;
+  bool abandoned_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time stuck_since_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  std::string shutdown_reason_ ABSL_GUARDED_BY(mu_);
+  RunnerStats stats_ ABSL_GUARDED_BY(mu_);  // As of the last step.
+  absl::Time last_read_ ABSL_GUARDED_BY(mu_);
+  std::string abort_reason_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
