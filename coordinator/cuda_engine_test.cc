@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "coordinator/cuda_executor.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"

@@ -15,7 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "backend/cuda_backend.h"
 #include "collectives/staged_communicator.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/in_process_executor.h"
 #include "core/status.h"
 #include "model/shard_plan.h"

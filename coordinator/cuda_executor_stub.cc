@@ -2,7 +2,7 @@
 // request for a GPU gets an error that says so.
 #include "absl/strings/str_cat.h"
 #include "coordinator/cuda_executor.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/in_process_executor.h"
 
 namespace shardlm {

@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/block_manager.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"

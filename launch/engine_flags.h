@@ -8,7 +8,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/engine.h"
 #include "launch/cache_flags.h"
 #include "launch/flags.h"

@@ -27,7 +27,7 @@
 #include "absl/synchronization/notification.h"
 #include "collectives/mpi_communicator.h"
 #include "coordinator/control_service.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"

@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "collectives/gloo_communicator.h"
-#include "coordinator/device.h"
+#include "backend/device.h"
 #include "coordinator/http_server.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"

@@ -1,4 +1,4 @@
-#include "coordinator/device.h"
+#include "backend/device.h"
 
 #include <algorithm>
 #include <cmath>

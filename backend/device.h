@@ -1,8 +1,8 @@
 // Where a model runs (--device) and how much of a GPU its KV cache takes
 // (--gpu-memory-utilization): the decisions, as plain functions of what
 // the machine reports, so that they are tested without a GPU.
-#ifndef SHARDLM_COORDINATOR_DEVICE_H_
-#define SHARDLM_COORDINATOR_DEVICE_H_
+#ifndef SHARDLM_BACKEND_DEVICE_H_
+#define SHARDLM_BACKEND_DEVICE_H_
 
 #include <cstdint>
 #include <string>
@@ -82,4 +82,4 @@ absl::StatusOr<GpuKvPlan> PlanGpuKv(const GpuMemory& memory, double utilization,
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_COORDINATOR_DEVICE_H_
+#endif  // SHARDLM_BACKEND_DEVICE_H_

@@ -1,29 +1,13 @@
-// --device parsing and choice, GPU KV sizing arithmetic, and what an engine
-// asked for CUDA says where it cannot have it. Runs without a GPU.
-#include "coordinator/device.h"
+// --device parsing and choice, and the GPU KV sizing arithmetic; without a
+// GPU (coordinator/engine_device_test.cc: an engine asked for CUDA).
+#include "backend/device.h"
 
 #include <gtest/gtest.h>
 
 #include <cmath>
 
-#include "coordinator/engine.h"
-#include "model/in_memory_weights.h"
-
 namespace shardlm {
 namespace {
-
-ModelConfig TinyConfig() {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.hidden = 64;
-  c.ffn_hidden = 96;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 97;
-  c.context_length = 128;
-  return c;
-}
 
 TEST(DeviceFlagTest, ParsesEveryForm) {
   auto a = ParseDeviceFlag("auto");
@@ -166,39 +150,6 @@ TEST(DeviceChoiceTest, RanksTakeOneGpuEachUnlessSharingIsAllowed) {
   EXPECT_EQ(*allowed, (std::vector<int>{0, 1, 0, 1}));
   EXPECT_EQ(AssignGpus(0, 1, true).status().code(),
             absl::StatusCode::kInvalidArgument);
-}
-
-TEST(EngineDeviceTest, CudaEngineRefusesWhatGpusDoNotRunYet) {
-  const ModelConfig c = TinyConfig();
-  auto w = RandomLlamaWeights(c, 1);
-  // The CUDA kernels keep the KV cache in bf16 only.
-  auto f16 = Engine::Create(
-      *w, {.kv = {.dtype = DType::kF16}, .device = DeviceKind::kCuda});
-  EXPECT_EQ(f16.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_NE(f16.status().message().find("--kv-cache-dtype f16"),
-            std::string_view::npos)
-      << f16.status();
-}
-
-// Without a GPU, an engine on CUDA is refused with the reason; with one
-// (a GPU machine), the same request makes an engine. Either way the case
-// checks something, so it never skips.
-TEST(EngineDeviceTest, CudaEngineWithoutAGpuIsFailedPrecondition) {
-  const ModelConfig c = TinyConfig();
-  auto w = RandomLlamaWeights(c, 1);
-  if (QueryCuda().devices > 0) {
-    auto e = Engine::Create(*w, {.device = DeviceKind::kCuda});
-    EXPECT_TRUE(e.ok()) << e.status();
-    return;
-  }
-  auto e = Engine::Create(*w, {.device = DeviceKind::kCuda});
-  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition)
-      << e.status();
-  // Sharded too: the missing GPU is the reason, not the layout.
-  auto sharded =
-      Engine::Create(*w, {.tp = 2, .pp = 2, .device = DeviceKind::kCuda});
-  EXPECT_EQ(sharded.status().code(), absl::StatusCode::kFailedPrecondition)
-      << sharded.status();
 }
 
 }  // namespace
