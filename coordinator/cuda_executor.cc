@@ -14,9 +14,10 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "backend/cuda_backend.h"
-#include "collectives/staged_communicator.h"
 #include "backend/device.h"
+#include "collectives/staged_communicator.h"
 #include "coordinator/in_process_executor.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "model/shard_plan.h"
 #include "worker/cuda_model_runner.h"
@@ -223,14 +224,12 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   }
   host_blocks = std::max<int64_t>(host_blocks, 0);
   for (auto& r : runners) RETURN_IF_ERROR(r->SetKvBlocks(blocks, host_blocks));
-  std::fprintf(stderr,
-               "shardlm: CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s: "
-               "weights %s (bf16), activations for %d tokens x %d "
-               "sequences; %s; %lld tokens of KV\n",
-               ranks, o.tp, o.pp, absl::StrJoin(devices, ",").c_str(),
-               Gib(weight_bytes).c_str(), o.limits.max_batched_tokens,
-               o.limits.max_seqs, why.c_str(),
-               static_cast<long long>(blocks * o.kv.block_size));
+  Log("CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s: "
+      "weights %s (bf16), activations for %d tokens x %d "
+      "sequences; %s; %lld tokens of KV",
+      ranks, o.tp, o.pp, absl::StrJoin(devices, ",").c_str(),
+      Gib(weight_bytes).c_str(), o.limits.max_batched_tokens, o.limits.max_seqs,
+      why.c_str(), static_cast<long long>(blocks * o.kv.block_size));
   if (ranks == 1) {
     return std::unique_ptr<StepExecutor>(
         std::make_unique<CudaExecutor>(std::move(runners[0]), devices[0]));

@@ -7,6 +7,7 @@
 
 #include "core/dtype.h"
 #include "core/half.h"
+#include "core/log.h"
 #include "core/max_abs_diff.h"
 #include "core/secret.h"
 #include "core/status.h"
@@ -16,6 +17,14 @@
 
 namespace shardlm {
 namespace {
+
+TEST(LogTest, OneLineWithThePrefixAndOneNewline) {
+  ::testing::internal::CaptureStderr();
+  Log("rank %d: %s", 3, "ready");
+  LogLine("already ends\n");
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(),
+            "[shardlm] rank 3: ready\n[shardlm] already ends\n");
+}
 
 TEST(HalfTest, Fp16RoundTripsExactValues) {
   for (float v : {0.0f, 1.0f, -2.5f, 65504.0f, 6.1035156e-05f,

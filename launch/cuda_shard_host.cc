@@ -13,6 +13,7 @@
 #include "backend/cuda_backend.h"
 #include "collectives/nccl_communicator.h"
 #include "coordinator/cuda_executor.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "model/shard_plan.h"
 #include "worker/activation_memory.h"
@@ -200,20 +201,19 @@ class CudaShardHost : public ShardHost {
         }
       }
     }
-    std::fprintf(stderr,
-                 "[shardlm] worker rank %d (pp %d, tp %d) on cuda:%d: weights "
-                 "%.2f GiB (bf16), step buffers %.2f GiB for %d tokens x %d "
-                 "sequences; %s; %lld tokens of KV\n",
-                 o_.rank, a.pp_rank, a.tp_rank, o_.device,
-                 static_cast<double>(runner->weights().bytes()) / (1 << 30),
-                 static_cast<double>(GpuActivationBytes(
-                     ActivationDimsOf(config, spec),
-                     std::max<int32_t>(a.limits.max_batched_tokens, 1),
-                     std::max<int32_t>(a.limits.max_seqs, 1))) /
-                     (1 << 30),
-                 std::max<int32_t>(a.limits.max_batched_tokens, 1),
-                 std::max<int32_t>(a.limits.max_seqs, 1), why.c_str(),
-                 static_cast<long long>(blocks * a.kv.block_size));
+    Log("worker rank %d (pp %d, tp %d) on cuda:%d: weights "
+        "%.2f GiB (bf16), step buffers %.2f GiB for %d tokens x %d "
+        "sequences; %s; %lld tokens of KV",
+        o_.rank, a.pp_rank, a.tp_rank, o_.device,
+        static_cast<double>(runner->weights().bytes()) / (1 << 30),
+        static_cast<double>(GpuActivationBytes(
+            ActivationDimsOf(config, spec),
+            std::max<int32_t>(a.limits.max_batched_tokens, 1),
+            std::max<int32_t>(a.limits.max_seqs, 1))) /
+            (1 << 30),
+        std::max<int32_t>(a.limits.max_batched_tokens, 1),
+        std::max<int32_t>(a.limits.max_seqs, 1), why.c_str(),
+        static_cast<long long>(blocks * a.kv.block_size));
     loaded_ = true;
     return runner_->kv_config();
   }

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_backend.h"
 #include "backend/cuda_status.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/sampling/sampling.h"
@@ -530,10 +531,9 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   if (graph_exec_ == nullptr || key != graph_key_) {
     absl::Status captured = Capture(n, m);
     if (!captured.ok()) {
-      std::fprintf(stderr,
-                   "CudaModelRunner: CUDA graph capture failed, running "
-                   "eagerly from now on: %s\n",
-                   std::string(captured.message()).c_str());
+      Log("CUDA graph capture failed, running "
+          "eagerly from now on: %s",
+          std::string(captured.message()).c_str());
       graphs_ = false;
       return Launch(n, m);
     }

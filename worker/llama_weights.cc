@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "model/dequantize.h"
 
@@ -255,31 +256,26 @@ LoadProgress LogLoadProgress(std::string who, absl::Duration every) {
     bool said = false;
   };
   auto state = std::make_shared<State>();
-  return
-      [who = std::move(who), every, state](int64_t bytes, int done, int total) {
-        const absl::Time now = absl::Now();
-        const double mib = static_cast<double>(bytes) / (1 << 20);
-        if (done == total) {
-          if (state->said) {
-            std::fprintf(stderr,
-                         "[shardlm] %s: loaded %.0f MiB of weights (%d layers) "
-                         "in %.1f s\n",
-                         who.c_str(), mib, total,
-                         absl::ToDoubleSeconds(now - state->start));
-          }
-          return;
-        }
-        if (now - state->start < every || now - state->last_said < every)
-          return;
-        state->said = true;
-        state->last_said = now;
-        std::fprintf(stderr,
-                     "[shardlm] %s: loading weights: %d of %d layers, %.0f MiB "
-                     "(%.0f%%), %.0f s so far\n",
-                     who.c_str(), done, total, mib,
-                     total > 0 ? 100.0 * done / total : 0.0,
-                     absl::ToDoubleSeconds(now - state->start));
-      };
+  return [who = std::move(who), every, state](int64_t bytes, int done,
+                                              int total) {
+    const absl::Time now = absl::Now();
+    const double mib = static_cast<double>(bytes) / (1 << 20);
+    if (done == total) {
+      if (state->said) {
+        Log("%s: loaded %.0f MiB of weights (%d layers) "
+            "in %.1f s",
+            who.c_str(), mib, total, absl::ToDoubleSeconds(now - state->start));
+      }
+      return;
+    }
+    if (now - state->start < every || now - state->last_said < every) return;
+    state->said = true;
+    state->last_said = now;
+    Log("%s: loading weights: %d of %d layers, %.0f MiB "
+        "(%.0f%%), %.0f s so far",
+        who.c_str(), done, total, mib, total > 0 ? 100.0 * done / total : 0.0,
+        absl::ToDoubleSeconds(now - state->start));
+  };
 }
 
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
@@ -401,15 +397,14 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   if (layers_total == 0) report(0);
   if (progress && c.is_moe()) {
     // Which experts this rank holds, for an operator reading the logs.
-    std::fprintf(stderr,
-                 "[shardlm] shard pp %d tp %d: experts %lld-%lld of %lld "
-                 "(%s), FFN columns %lld-%lld of each; %.1f MiB of weights\n",
-                 s.pp_rank, s.tp_rank, static_cast<long long>(s.expert_begin),
-                 static_cast<long long>(s.expert_end - 1),
-                 static_cast<long long>(c.n_experts),
-                 s.n_experts() == c.n_experts && s.tp_size > 1 ? "tp" : "ep",
-                 static_cast<long long>(s.ffn_begin),
-                 static_cast<long long>(s.ffn_end - 1), w.bytes() / 1048576.0);
+    Log("shard pp %d tp %d: experts %lld-%lld of %lld "
+        "(%s), FFN columns %lld-%lld of each; %.1f MiB of weights",
+        s.pp_rank, s.tp_rank, static_cast<long long>(s.expert_begin),
+        static_cast<long long>(s.expert_end - 1),
+        static_cast<long long>(c.n_experts),
+        s.n_experts() == c.n_experts && s.tp_size > 1 ? "tp" : "ep",
+        static_cast<long long>(s.ffn_begin),
+        static_cast<long long>(s.ffn_end - 1), w.bytes() / 1048576.0);
   }
   return w;
 }

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
+#include "core/log.h"
 #include "core/process_memory.h"
 #include "core/status.h"
 #include "grpcpp/grpcpp.h"
@@ -436,14 +437,13 @@ absl::Status RunWorkerAgent(const WorkerAgentOptions& options,
     connected = channel->WaitForConnected(
         ToChrono(std::min(give_up, absl::Now() + wait)));
     if (!connected && absl::Now() < give_up) {
-      std::fprintf(stderr,
-                   "[shardlm] worker rank %d: waiting for the coordinator at "
-                   "%s (%s left)%s\n",
-                   options.rank, options.coordinator.c_str(),
-                   absl::FormatDuration(
-                       absl::Trunc(give_up - absl::Now(), absl::Seconds(1)))
-                       .c_str(),
-                   ResolveHint(options.coordinator).c_str());
+      Log("worker rank %d: waiting for the coordinator at "
+          "%s (%s left)%s",
+          options.rank, options.coordinator.c_str(),
+          absl::FormatDuration(
+              absl::Trunc(give_up - absl::Now(), absl::Seconds(1)))
+              .c_str(),
+          ResolveHint(options.coordinator).c_str());
     }
   }
   if (!connected) {

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "kernels/check_args.h"
 #include "kernels/linear/linear.h"
@@ -91,17 +92,15 @@ QuantKernel FromEnvironment() {
   } else if (name == "portable") {
     asked = QuantKernel::kPortable;
   } else {
-    std::fprintf(stderr,
-                 "[shardlm] SHARDLM_CPU_ISA=%s is not avx512, avx2 or "
-                 "portable; using the CPU's best\n",
-                 env);
+    Log("SHARDLM_CPU_ISA=%s is not avx512, avx2 or "
+        "portable; using the CPU's best",
+        env);
     return best;
   }
   if (!QuantKernelSupported(asked)) {
-    std::fprintf(stderr,
-                 "[shardlm] SHARDLM_CPU_ISA=%s: this CPU cannot run it; "
-                 "using the CPU's best\n",
-                 env);
+    Log("SHARDLM_CPU_ISA=%s: this CPU cannot run it; "
+        "using the CPU's best",
+        env);
     return best;
   }
   return asked;
