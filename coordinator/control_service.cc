@@ -212,7 +212,7 @@ grpc::Status ControlService::Connect(
     // A replacement arriving while the cluster re-forms, or before the
     // coordinator has begun to (its rank still dead), waits for it.
     const int rank = in.register_().rank();
-    const auto wait_for_reform = [&] {
+    const auto wait_for_reform = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       if (reforming_) return true;
       return options_.rejoin && started_ && !shutdown_ && rank >= 1 &&
              rank <= num_workers() && workers_[rank - 1]->state == State::kDead;
