@@ -25,7 +25,12 @@ struct BatchPlanner::Sequence {
   int64_t computed = 0;         // Tokens whose KV is in the cache.
   bool done = false;
   bool preempted = false;  // In this step: leaves running_ for waiting_.
-  bool in_flight = false;  // In a planned step whose output is not back.
+  // Planned steps holding it whose outputs are not back: several when
+  // consecutive chunks of its prompt are in the pipeline at once.
+  int in_flight = 0;
+  // Cancelled or past its deadline while in flight: planned no further,
+  // ended once its steps are back.
+  bool ending = false;
   absl::Time submitted;
   std::optional<absl::Time> started;  // First in running_.
   absl::Time first_token, last_token;
@@ -168,9 +173,12 @@ void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
     return cancelled_result(s);
   };
   for (auto& s : running_) {
-    // One in a step in flight ends once that step is back (its blocks are
-    // being written): its cancellation waits for the next round.
-    if (s->in_flight) continue;
+    // One in a step in flight ends once its steps are back (its blocks are
+    // being written): until then it is only planned no further.
+    if (s->in_flight > 0) {
+      s->ending |= cancelled_.contains(s->id) || s->request.deadline <= now;
+      continue;
+    }
     if (cancelled_.contains(s->id) || s->request.deadline <= now) {
       Finish(*s, ended(*s), now, events);
       cancelled_.erase(s->id);
@@ -206,7 +214,7 @@ void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
     const auto victim_at = [&] {
       for (size_t v = running_.size(); v-- > 0;) {
         if (running_[v]->request.priority >= s->request.priority) break;
-        if (!running_[v]->in_flight) return v;
+        if (running_[v]->in_flight == 0) return v;
       }
       return running_.size();
     };
@@ -267,7 +275,8 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
   // Later (lower priority, newer) sequences not in this step give way.
   for (size_t v = running_.size(); v-- > index + 1 && short_by(target) > 0;) {
     Sequence& victim = *running_[v];
-    if (!in_step[v] && !victim.preempted && !victim.done && !victim.in_flight) {
+    if (!in_step[v] && !victim.preempted && !victim.done &&
+        victim.in_flight == 0) {
       Preempt(victim);
     }
   }
@@ -317,8 +326,13 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   const auto decoding = [&](const Sequence& s) {
     return remaining(s) == 1 && s.computed > 0;
   };
+  // A sequence in flight is runnable only while its prompt has chunks
+  // left (its steps in flight sample nothing): the next chunk follows the
+  // previous one through the pipeline, each stage running them in order,
+  // so that a lone long prompt keeps every stage busy. A sequence whose
+  // step in flight samples has no tokens left until that step is back.
   const auto runnable = [&](const Sequence& s) {
-    return !s.preempted && !s.in_flight && remaining(s) > 0;
+    return !s.preempted && !s.ending && remaining(s) > 0;
   };
   int64_t decode_budget = options_.max_batched_tokens;
   int64_t prefill_budget = options_.max_batched_tokens;
@@ -358,6 +372,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
         step.token_seq.push_back(seq_index);
       }
       s.computed += chunk[i];
+      f.computed.push_back(s.computed);
       // Logits only where a token is sampled: the end of the known tokens.
       if (s.computed == static_cast<int64_t>(s.tokens.size())) {
         const GenerateRequest& req = s.request;
@@ -385,7 +400,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   }
   std::erase_if(running_, [](const auto& s) { return s == nullptr; });
   if (step.tokens.empty() && step.copies.empty()) return std::nullopt;
-  for (Sequence* s : f.stepped) s->in_flight = true;
+  for (Sequence* s : f.stepped) ++s->in_flight;
   f.tokens = static_cast<int64_t>(step.tokens.size());
   in_flight_.push_back(std::move(f));
   ++counters_.steps;
@@ -406,7 +421,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
   SHARDLM_CHECK(!in_flight_.empty(), "Apply with no step in flight");
   InFlight f = std::move(in_flight_.front());
   in_flight_.pop_front();
-  for (Sequence* s : f.stepped) s->in_flight = false;
+  for (Sequence* s : f.stepped) --s->in_flight;
   const std::vector<Sequence*>& rows = f.rows;
   if (out.ok() && out->tokens.size() != rows.size()) {
     out =
@@ -433,8 +448,10 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
     return;
   }
   counters_.computed_tokens += f.tokens;
-  for (Sequence* s : f.stepped) {
-    blocks_->CacheFullBlocks(s->id, s->tokens, s->computed);
+  // The blocks this step filled (a later chunk in flight fills more).
+  for (size_t i = 0; i < f.stepped.size(); ++i) {
+    blocks_->CacheFullBlocks(f.stepped[i]->id, f.stepped[i]->tokens,
+                             f.computed[i]);
   }
   for (size_t row = 0; row < rows.size(); ++row) {
     Sequence& s = *rows[row];
@@ -483,7 +500,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
 
 void BatchPlanner::AbandonInFlight() {
   for (const InFlight& f : in_flight_) {
-    for (Sequence* s : f.stepped) s->in_flight = false;
+    for (Sequence* s : f.stepped) s->in_flight = 0;
   }
   in_flight_.clear();
 }
@@ -516,7 +533,8 @@ size_t BatchPlanner::busy() const {
   size_t n = 0;
   for (const auto& q : running_) {
     n += !q->preempted && !q->done &&
-         (q->in_flight || static_cast<int64_t>(q->tokens.size()) > q->computed);
+         (q->in_flight > 0 ||
+          static_cast<int64_t>(q->tokens.size()) > q->computed);
   }
   return n;
 }

@@ -171,6 +171,7 @@ class BatchPlanner {
   struct InFlight {
     std::vector<Sequence*> rows;     // One per logit row.
     std::vector<Sequence*> stepped;  // Every sequence in the step.
+    std::vector<int64_t> computed;   // Per stepped: its tokens computed.
     int64_t tokens = 0;
     bool want_logprobs = false;
   };

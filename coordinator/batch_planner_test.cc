@@ -130,6 +130,75 @@ TEST_F(BatchPlannerTest, MaxSeqsBoundsOneStepAndStepsInFlightAreDisjoint) {
   EXPECT_THAT(c->step.tokens, ElementsAre(7));
 }
 
+// A lone long prompt keeps a pipeline busy: its next chunk is planned while
+// the previous ones are in flight (each stage runs them in order), and only
+// the last chunk samples; its first decode waits for that chunk.
+TEST_F(BatchPlannerTest, ALongPromptsChunksFollowEachOtherThroughThePipeline) {
+  Make(64, 0, {.max_batched_tokens = 4, .max_seqs = 8});
+  Add(0, 10);
+  Admit();
+  std::optional<StepPlan> a = planner_->PlanForPipeline(2);
+  std::optional<StepPlan> b = planner_->PlanForPipeline(2);
+  ASSERT_TRUE(a.has_value() && b.has_value());
+  EXPECT_THAT(a->step.positions, ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(b->step.positions, ElementsAre(4, 5, 6, 7));
+  EXPECT_THAT(a->rows, IsEmpty());
+  EXPECT_THAT(b->rows, IsEmpty());
+  EXPECT_FALSE(planner_->PlanForPipeline(2).has_value());  // Depth 2.
+  EXPECT_EQ(planner_->busy(), 1u);
+  Apply({});
+  std::optional<StepPlan> c = planner_->PlanForPipeline(2);
+  ASSERT_TRUE(c.has_value());
+  EXPECT_THAT(c->step.positions, ElementsAre(8, 9));
+  EXPECT_THAT(c->rows, ElementsAre(0));
+  EXPECT_THAT(c->step.logit_rows, ElementsAre(1));
+  Apply({});
+  // Its last chunk samples: nothing more until that is back.
+  EXPECT_FALSE(planner_->PlanForPipeline(2).has_value());
+  Apply({42});
+  std::optional<StepPlan> d = planner_->PlanForPipeline(2);
+  ASSERT_TRUE(d.has_value());
+  EXPECT_THAT(d->step.tokens, ElementsAre(42));
+  EXPECT_THAT(d->step.positions, ElementsAre(10));
+  Apply({43});
+  EXPECT_EQ(planner_->Stats().computed_tokens, 11);
+}
+
+// Cancelled with chunks in flight: planned no further, ended once they are
+// back, its blocks freed. A failed chunk fails it, and frees them too.
+TEST_F(BatchPlannerTest, ChunksInFlightEndWithTheirSequence) {
+  Make(64, 0, {.max_batched_tokens = 4, .max_seqs = 8});
+  Add(0, 16);
+  Admit();
+  ASSERT_TRUE(planner_->PlanForPipeline(3).has_value());
+  ASSERT_TRUE(planner_->PlanForPipeline(3).has_value());
+  planner_->Cancel(0);
+  Admit();
+  EXPECT_EQ(done_.count(0), 0u);  // Its chunks are being written.
+  EXPECT_FALSE(planner_->PlanForPipeline(3).has_value());
+  Apply({});
+  Admit();
+  EXPECT_EQ(done_.count(0), 0u);
+  EXPECT_FALSE(planner_->PlanForPipeline(3).has_value());
+  Apply({});
+  Admit();
+  ASSERT_EQ(done_.count(0), 1u);
+  ASSERT_TRUE(done_.at(0).ok());
+  EXPECT_EQ(done_.at(0)->finish_reason, FinishReason::kCancelled);
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+
+  Add(1, 16);
+  Admit();
+  ASSERT_TRUE(planner_->PlanForPipeline(3).has_value());
+  ASSERT_TRUE(planner_->PlanForPipeline(3).has_value());
+  ASSERT_TRUE(planner_->PlanForPipeline(3).has_value());
+  Fail(absl::UnavailableError("rank 2 died"));
+  ASSERT_EQ(done_.count(1), 1u);
+  EXPECT_TRUE(absl::IsUnavailable(done_.at(1).status()));
+  EXPECT_EQ(planner_->in_flight(), 0u);
+  EXPECT_EQ(blocks_->used_blocks(), 0);
+}
+
 TEST_F(BatchPlannerTest, AdmissionIsByPriorityThenArrivalAndStrictlyInOrder) {
   // 4 device blocks of 4 tokens, no host.
   Make(4, 0, {.max_batched_tokens = 64, .max_seqs = 8});

@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Time to first token of one long prompt on an mpirun cluster (issue #35,
+part 1): PP = 1, PP = P with one step at a time (--max-steps-in-flight 1:
+each chunk waits for the previous one to leave the last stage, as every
+PP run did before chunks were pipelined), and PP = P with P steps in flight
+(the default: a prompt's next chunk enters stage 0 as soon as the previous
+one has left it). One thread per worker, prefix caching off (every run
+computes the whole prompt), the same prompt in all of them.
+
+  bench/long_prompt_pp.py --shardlm build/launch/shardlm --model M.gguf \\
+      [--pp 2] [--tokens 2048,7000] [--chunk 512] [--repeats 2]
+
+A benchmark, not a test: it prints figures (and exits 1 only when a run
+fails or the runs' greedy continuations differ, which would make the
+figures meaningless).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "tests"))
+from testlib import free_port  # noqa: E402
+
+MPIRUN = ["mpirun", "--oversubscribe"]
+if os.geteuid() == 0:
+    MPIRUN.insert(1, "--allow-run-as-root")
+
+# About one token per word with SmolLM2's tokenizer; the exact count is
+# what the server reports back.
+WORDS = ("the river ran past the old mill where the miller kept his accounts "
+         "in a ledger bound in green cloth and every evening he counted the "
+         "sacks of flour twice before he slept").split()
+
+
+def prompt_of(words: int) -> str:
+    return " ".join(WORDS[i % len(WORDS)] for i in range(words))
+
+
+def wait_ready(http: int, what: str) -> None:
+    deadline = time.time() + 180
+    while time.time() < deadline:
+        try:
+            if "ready" in urllib.request.urlopen(
+                    f"http://127.0.0.1:{http}/ready",
+                    timeout=2).read().decode():
+                return
+        except OSError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError(f"{what} did not start")
+
+
+def run(a, pp: int, in_flight: int, prompts: list[str], workdir: str) -> dict:
+    api, http = free_port(), free_port()
+    name = f"pp{pp}_inflight{in_flight}"
+    log = open(os.path.join(workdir, f"{name}.log"), "w")
+    proc = subprocess.Popen(
+        MPIRUN + ["-np", str(1 + pp), a.shardlm, "launch", "--model", a.model,
+                  "--pp", str(pp), "--listen", f"127.0.0.1:{api}",
+                  "--http-listen", f"127.0.0.1:{http}", "--threads", "1",
+                  "--max-batched-tokens", str(a.chunk),
+                  "--prefix-caching=false",
+                  "--max-steps-in-flight", str(in_flight)],
+        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+        start_new_session=True)
+    gen = [a.shardlm, "generate", "--server", f"127.0.0.1:{api}"]
+    try:
+        wait_ready(http, name)
+        subprocess.run(gen + ["--prompt", "warm up", "--max-tokens", "4"],
+                       capture_output=True, check=True)
+        ttft, texts = [], []
+        for p in prompts:
+            best = float("inf")
+            for _ in range(a.repeats):
+                t0 = time.time()
+                r = subprocess.run(gen + ["--prompt", p, "--max-tokens", "1"],
+                                   capture_output=True, text=True)
+                if r.returncode != 0:
+                    raise RuntimeError(f"{name}: {r.stderr[-400:]}")
+                best = min(best, time.time() - t0)
+            ttft.append(best)
+            r = subprocess.run(gen + ["--prompt", p, "--max-tokens", "8",
+                                      "--ignore-eos"],
+                               capture_output=True, text=True)
+            texts.append(r.stdout)
+        return {"name": name, "ttft": ttft, "texts": texts}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--pp", type=int, default=2)
+    ap.add_argument("--tokens", default="2048,7000",
+                    help="prompt lengths, in words (about one token each)")
+    ap.add_argument("--chunk", type=int, default=512,
+                    help="--max-batched-tokens: the prefill chunk")
+    ap.add_argument("--repeats", type=int, default=2)
+    a = ap.parse_args()
+    a.shardlm, a.model = os.path.abspath(a.shardlm), os.path.abspath(a.model)
+    lengths = [int(x) for x in a.tokens.split(",")]
+    prompts = [prompt_of(n) for n in lengths]
+    workdir = tempfile.mkdtemp(prefix="long_prompt_pp_")
+    runs = [run(a, 1, 1, prompts, workdir), run(a, a.pp, 1, prompts, workdir),
+            run(a, a.pp, a.pp, prompts, workdir)]
+    print(f"TTFT of one prompt, 1 thread per worker, chunks of {a.chunk} "
+          f"tokens, best of {a.repeats} (cluster logs in {workdir}):")
+    print("| prompt (words) | PP 1 | PP %d, chunks one at a time | "
+          "PP %d, chunks pipelined | pipelined vs one at a time |" %
+          (a.pp, a.pp))
+    print("|---|---|---|---|---|")
+    for i, n in enumerate(lengths):
+        t = [r["ttft"][i] for r in runs]
+        print(f"| {n} | {t[0]:.2f} s | {t[1]:.2f} s | {t[2]:.2f} s | "
+              f"{t[1] / t[2]:.2f}x |")
+    for i in range(len(lengths)):
+        if len({r["texts"][i] for r in runs}) != 1 or not runs[0]["texts"][i]:
+            print(f"the runs' greedy continuations of prompt {i} differ: "
+                  f"{[r['texts'][i] for r in runs]}", file=sys.stderr)
+            return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
