@@ -37,6 +37,20 @@ absl::Span<const uint8_t> InMemoryWeights::Data(const TensorInfo& info) const {
   return data_[info.file];
 }
 
+ModelConfig SmallTestConfig() {
+  ModelConfig c;
+  c.n_layers = 4;
+  c.hidden = 64;
+  c.ffn_hidden = 128;
+  c.n_heads = 4;
+  c.n_kv_heads = 2;
+  c.head_dim = 16;
+  c.vocab_size = 97;
+  c.context_length = 64;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
 std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
                                                     uint32_t seed) {
   return RandomLlamaWeights(c, seed, DType::kF32);

@@ -34,6 +34,10 @@ class InMemoryWeights : public WeightSource {
   std::vector<std::vector<uint8_t>> data_;  // Indexed by TensorInfo::file.
 };
 
+// A small Llama shape for tests: 4 layers, hidden 64, FFN 128, 4 query
+// and 2 KV heads of 16, vocabulary 97, context 64. Tests adjust fields.
+ModelConfig SmallTestConfig();
+
 // A Llama model of `config` with seeded normal weights (fan-in scaled) and
 // norms near 1: every tensor LoadLlamaWeights needs (Qwen3's QK norms and
 // a mixture's router and experts, one tensor each, when the config has

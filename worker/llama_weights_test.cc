@@ -15,19 +15,7 @@
 namespace shardlm {
 namespace {
 
-ModelConfig Config() {
-  ModelConfig c;
-  c.n_layers = 4;
-  c.hidden = 64;
-  c.ffn_hidden = 128;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 97;
-  c.context_length = 64;
-  c.rope_theta = 10000.0f;
-  return c;
-}
+ModelConfig Config() { return SmallTestConfig(); }
 
 struct Call {
   int64_t bytes;
@@ -190,9 +178,8 @@ TEST(LlamaWeightsTest, MixturesWithBadExpertTensorsAreRefusedByName) {
                   std::vector<uint8_t>(data.begin(), data.end()));
   }
   for (int l = 0; l < 4; ++l) {
-    merged.AddRaw(absl::StrCat("blk.", l, ".ffn_gate_exps.weight"),
-                  DType::kF32, {3, 64, 64},
-                  std::vector<uint8_t>(3 * 64 * 64 * 4));
+    merged.AddRaw(absl::StrCat("blk.", l, ".ffn_gate_exps.weight"), DType::kF32,
+                  {3, 64, 64}, std::vector<uint8_t>(3 * 64 * 64 * 4));
   }
   refused(merged, absl::StatusCode::kInvalidArgument,
           "has shape [3, 64, 64], expected [4, 64, 64] (4 experts");

@@ -16,19 +16,7 @@
 namespace shardlm {
 namespace {
 
-ModelConfig Config() {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.hidden = 64;
-  c.ffn_hidden = 128;
-  c.n_heads = 4;
-  c.n_kv_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 97;
-  c.context_length = 64;
-  c.rope_theta = 10000.0f;
-  return c;
-}
+ModelConfig Config() { return SmallTestConfig(); }
 
 // One sequence's prompt, greedy-sampled at its last token.
 StepInput Prompt() {
@@ -52,8 +40,10 @@ TEST(ShardTest, ABudgetHoldsWhatItSaysAndTheShardTakesNoMore) {
   auto source = RandomLlamaWeights(Config(), 1);
   ASSERT_OK_AND_ASSIGN(ShardPlan plan, PlanShards(*source, 1, 1));
   ShardRequest r = Request(plan.shards[0]);
-  // Two layers x two KV heads x 16 dims x 16 tokens x K and V, in f16.
-  const int64_t block_bytes = 2 * 2 * 16 * 16 * 2 * 2;
+  // Layers x KV heads x head_dim x 16 tokens x K and V, in f16.
+  const ModelConfig c = Config();
+  const int64_t block_bytes =
+      c.n_layers * c.n_kv_heads * c.head_dim * 16 * 2 * 2;
   r.kv.kv_cache_bytes = 5 * block_bytes + block_bytes / 2;
   r.kv.cpu_offload_bytes = 3 * block_bytes;
   r.kv.dtype = DType::kF16;
