@@ -67,6 +67,15 @@ phase "unit tests under ASan/UBSan" \
 phase "fuzzing" env FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh
 
 phase "release build" bash scripts/build.sh
+# The kernels as the Docker image and the GPU kit build them (x86-64-v3:
+# AVX2, no AVX-512 at compile time): the build must compile (AVX-512 code
+# lives behind target attributes), and the compile-time AVX2 paths (the
+# attention kernel's 8-lane vectors, f16 conversion) pass the kernel tests
+# on AVX-512 machines too. The GEMV picks its ISA at run time and its test
+# runs every kernel this CPU supports.
+phase "kernels built for x86-64-v3" env BUILD_DIR=build-v3 \
+  CMAKE_ARGS="-DSHARDLM_MARCH=x86-64-v3 -DSHARDLM_CUDA=OFF" \
+  bash -c 'bash scripts/build.sh --target kernels_test && build-v3/kernels/kernels_test'
 # The release tests. Without arguments in two runs: the in-process ones
 # (the unit tests, as under ASan above, and tests/reference/'s checks,
 # label parallel) one per core, then everything else (clusters under

@@ -271,6 +271,16 @@ SHARDLM_AVX512 inline __m512 Pick(__m512i idx, __m512 low, __m512 high) {
   }
 }
 
+template <int kLevels, bool kHasMin>
+SHARDLM_AVX512 inline void SubBlockTable(float scale, float min, __m512 lv_low,
+                                         __m512 lv_high, __m512* low,
+                                         __m512* high) {
+  const __m512 sc = _mm512_set1_ps(scale);
+  const __m512 mn = kHasMin ? _mm512_set1_ps(min) : _mm512_setzero_ps();
+  *low = _mm512_fmadd_ps(sc, lv_low, mn);
+  if constexpr (kLevels > 16) *high = _mm512_fmadd_ps(sc, lv_high, mn);
+}
+
 template <typename F, int kRows>
 SHARDLM_AVX512 void LookupRows(const uint8_t* row, const float* x, int64_t in,
                                const float*, int64_t blocks, float* dots) {
@@ -280,12 +290,12 @@ SHARDLM_AVX512 void LookupRows(const uint8_t* row, const float* x, int64_t in,
   Levels<F>(&lv_low, &lv_high);
   __m512 acc0[kRows], acc1[kRows];
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  // The table of one sub-block: fma(scale, level, min).
+  // The table of one sub-block: fma(scale, level, min). (A function, not
+  // a lambda: a lambda does not take this function's target, and builds
+  // for x86-64-v3 cannot inline the AVX-512 intrinsics into it.)
   const auto table = [&](int s, __m512* low, __m512* high) {
-    const __m512 sc = _mm512_set1_ps(scale[s]);
-    const __m512 mn = F::kHasMin ? _mm512_set1_ps(min[s]) : _mm512_setzero_ps();
-    *low = _mm512_fmadd_ps(sc, lv_low, mn);
-    if constexpr (kLevels > 16) *high = _mm512_fmadd_ps(sc, lv_high, mn);
+    SubBlockTable<kLevels, F::kHasMin>(scale[s], min[s], lv_low, lv_high, low,
+                                       high);
   };
   for (int64_t b = 0; b < blocks; ++b, row += F::kBytes) {
     ScalesAvx2<F>::Run(row, scale, min);
