@@ -177,6 +177,129 @@ bool ControlService::Authorized(const grpc::ServerContext& context) const {
       options_.cluster_token);
 }
 
+absl::StatusOr<ControlService::Joined> ControlService::Join(
+    grpc::ServerContext* context, const v1::WorkerMessage& in) {
+  if (!in.has_register_()) {
+    return absl::InvalidArgumentError(
+        "the first message of a worker must be Register");
+  }
+  // A stream without the token is a stranger (or a worker of another
+  // cluster): refused, and it does not fail this cluster's startup.
+  if (!options_.cluster_token.empty() &&
+      !ConstantTimeEquals(in.register_().cluster_token(),
+                          options_.cluster_token)) {
+    return absl::UnauthenticatedError("wrong or missing cluster token");
+  }
+  absl::MutexLock lock(&mu_);
+  // A replacement arriving while the cluster re-forms, or before the
+  // coordinator has begun to (its rank still dead), waits for it.
+  const int rank = in.register_().rank();
+  const auto wait_for_reform = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reforming_) return true;
+    return options_.rejoin && started_ && !shutdown_ && rank >= 1 &&
+           rank <= num_workers() && workers_[rank - 1]->state == State::kDead;
+  };
+  while (wait_for_reform() && !context->IsCancelled()) {
+    cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
+  }
+  absl::StatusOr<Worker*> claimed = Claim(context, in.register_());
+  if (!claimed.ok()) {
+    if (!started_) StartupFailed(claimed.status());
+    return claimed.status();
+  }
+  return Joined{.worker = *claimed,
+                .generation = (*claimed)->generation,
+                .rendezvous_prefix = rendezvous_prefix_};
+}
+
+void ControlService::Assign(Worker& w, const std::string& rendezvous_prefix) {
+  v1::CoordinatorMessage out;
+  v1::Assignment& a = *out.mutable_assignment();
+  a.set_tp(options_.tp);
+  a.set_pp(options_.pp);
+  a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
+  a.set_tp_rank(w.tp_rank);
+  a.set_pp_rank(w.pp_rank);
+  EncodeKvCacheOptions(options_.kv, a.mutable_kv());
+  EncodeBatchLimits(options_.limits, a.mutable_limits());
+  a.set_threads(options_.threads_per_worker);
+  a.set_rendezvous_prefix(rendezvous_prefix);
+  a.set_step_timeout_ms(absl::ToInt64Milliseconds(options_.step_timeout));
+  if (!Write(w, out)) {
+    absl::MutexLock lock(&mu_);
+    MarkDead(w, "stream closed before its assignment");
+  }
+}
+
+void ControlService::Receive(Worker& w, v1::WorkerMessage& in) {
+  switch (in.msg_case()) {
+    case v1::WorkerMessage::kReady: {
+      if (w.state != State::kLoading) break;
+      // Block counts size the coordinator's block manager: checked before
+      // use (a pool of 2^40 blocks is no real worker's).
+      constexpr int64_t kMaxBlocks = int64_t{1} << 40;
+      const int64_t device = in.ready().kv_blocks();
+      const int64_t host = in.ready().host_kv_blocks();
+      if (device < 1 || device > kMaxBlocks || host < 0 || host > kMaxBlocks) {
+        MarkDead(w,
+                 absl::StrCat("reported ", device, " device and ", host,
+                              " host KV blocks, outside [1, 2^40] and "
+                              "[0, 2^40]"),
+                 absl::StatusCode::kInvalidArgument);
+        break;
+      }
+      w.state = State::kReady;
+      w.kv_blocks = device;
+      w.host_kv_blocks = host;
+      w.kv_block_bytes = std::max<int64_t>(0, in.ready().kv_block_bytes());
+      w.weight_bytes = std::max<int64_t>(0, in.ready().weight_bytes());
+      cv_.SignalAll();
+      break;
+    }
+    case v1::WorkerMessage::kFailure: {
+      const auto code = static_cast<absl::StatusCode>(in.failure().code());
+      MarkDead(
+          w, absl::StrCat("failed: ", in.failure().message()),
+          code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code);
+      break;
+    }
+    case v1::WorkerMessage::kResult:
+      if (w.results.size() < 64) {  // Bounded: a worker may not flood.
+        const uint64_t id = in.result().step_id();
+        w.results[id] = std::move(*in.mutable_result());
+      }
+      cv_.SignalAll();
+      break;
+    case v1::WorkerMessage::kHeartbeat:
+      w.figures = std::move(*in.mutable_heartbeat());
+      break;
+    default:
+      MarkDead(w, "protocol error: unexpected message after Register");
+      break;
+  }
+}
+
+grpc::Status ControlService::Ended(Worker& w, uint64_t generation) {
+  if (w.generation != generation) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "the cluster re-formed without this stream");
+  }
+  w.context = nullptr;
+  cv_.SignalAll();  // Reform waits for every stream to end.
+  if (w.state == State::kLoading || w.state == State::kReady) {
+    if (shutdown_) {
+      w.state = State::kDone;
+      cv_.SignalAll();
+    } else {
+      MarkDead(w, "stream closed");
+    }
+  }
+  if (w.state == State::kDead) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE, w.reason);
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status ControlService::Connect(
     grpc::ServerContext* context,
     grpc::ServerReaderWriter<v1::CoordinatorMessage, v1::WorkerMessage>*
@@ -192,138 +315,26 @@ grpc::Status ControlService::Connect(
     return grpc::Status(grpc::StatusCode::CANCELLED,
                         "stream closed before Register");
   }
-  if (!in.has_register_()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        "the first message of a worker must be Register");
-  }
-  // A stream without the token is a stranger (or a worker of another
-  // cluster): refused, and it does not fail this cluster's startup.
-  if (!options_.cluster_token.empty() &&
-      !ConstantTimeEquals(in.register_().cluster_token(),
-                          options_.cluster_token)) {
-    return grpc::Status(grpc::StatusCode::UNAUTHENTICATED,
-                        "wrong or missing cluster token");
-  }
-  Worker* w;
-  uint64_t generation = 0;
-  std::string rendezvous_prefix;
+  absl::StatusOr<Joined> joined = Join(context, in);
+  if (!joined.ok()) return ToGrpc(joined.status());
+  Worker& w = *joined->worker;
   {
-    absl::MutexLock lock(&mu_);
-    // A replacement arriving while the cluster re-forms, or before the
-    // coordinator has begun to (its rank still dead), waits for it.
-    const int rank = in.register_().rank();
-    const auto wait_for_reform = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      if (reforming_) return true;
-      return options_.rejoin && started_ && !shutdown_ && rank >= 1 &&
-             rank <= num_workers() && workers_[rank - 1]->state == State::kDead;
-    };
-    while (wait_for_reform() && !context->IsCancelled()) {
-      cv_.WaitWithTimeout(&mu_, absl::Seconds(1));
-    }
-    absl::StatusOr<Worker*> claimed = Claim(context, in.register_());
-    if (!claimed.ok()) {
-      if (!started_) StartupFailed(claimed.status());
-      return ToGrpc(claimed.status());
-    }
-    w = *claimed;
-    generation = w->generation;
-    rendezvous_prefix = rendezvous_prefix_;
+    std::lock_guard<std::mutex> lock(w.write_mu);
+    w.stream = stream;
   }
-  {
-    std::lock_guard<std::mutex> lock(w->write_mu);
-    w->stream = stream;
-  }
-  v1::CoordinatorMessage out;
-  v1::Assignment& a = *out.mutable_assignment();
-  a.set_tp(options_.tp);
-  a.set_pp(options_.pp);
-  a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
-  a.set_tp_rank(w->tp_rank);
-  a.set_pp_rank(w->pp_rank);
-  EncodeKvCacheOptions(options_.kv, a.mutable_kv());
-  EncodeBatchLimits(options_.limits, a.mutable_limits());
-  a.set_threads(options_.threads_per_worker);
-  a.set_rendezvous_prefix(rendezvous_prefix);
-  a.set_step_timeout_ms(absl::ToInt64Milliseconds(options_.step_timeout));
-  if (!Write(*w, out)) {
-    absl::MutexLock lock(&mu_);
-    MarkDead(*w, "stream closed before its assignment");
-  }
-
+  Assign(w, joined->rendezvous_prefix);
   while (stream->Read(&in)) {
     absl::MutexLock lock(&mu_);
-    if (w->generation != generation) break;  // Re-formed without us.
-    w->last_seen = absl::Now();
-    switch (in.msg_case()) {
-      case v1::WorkerMessage::kReady:
-        if (w->state == State::kLoading) {
-          // Block counts size the coordinator's block manager: checked
-          // before use (a pool of 2^40 blocks is no real worker's).
-          constexpr int64_t kMaxBlocks = int64_t{1} << 40;
-          const int64_t device = in.ready().kv_blocks();
-          const int64_t host = in.ready().host_kv_blocks();
-          if (device < 1 || device > kMaxBlocks || host < 0 ||
-              host > kMaxBlocks) {
-            MarkDead(*w,
-                     absl::StrCat("reported ", device, " device and ", host,
-                                  " host KV blocks, outside [1, 2^40] and "
-                                  "[0, 2^40]"),
-                     absl::StatusCode::kInvalidArgument);
-            break;
-          }
-          w->state = State::kReady;
-          w->kv_blocks = device;
-          w->host_kv_blocks = host;
-          w->kv_block_bytes = std::max<int64_t>(0, in.ready().kv_block_bytes());
-          w->weight_bytes = std::max<int64_t>(0, in.ready().weight_bytes());
-          cv_.SignalAll();
-        }
-        break;
-      case v1::WorkerMessage::kFailure: {
-        const auto code = static_cast<absl::StatusCode>(in.failure().code());
-        MarkDead(
-            *w, absl::StrCat("failed: ", in.failure().message()),
-            code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : code);
-        break;
-      }
-      case v1::WorkerMessage::kResult:
-        if (w->results.size() < 64) {  // Bounded: a worker may not flood.
-          const uint64_t id = in.result().step_id();
-          w->results[id] = std::move(*in.mutable_result());
-        }
-        cv_.SignalAll();
-        break;
-      case v1::WorkerMessage::kHeartbeat:
-        w->figures = std::move(*in.mutable_heartbeat());
-        break;
-      default:
-        MarkDead(*w, "protocol error: unexpected message after Register");
-        break;
-    }
+    if (w.generation != joined->generation) break;  // Re-formed without us.
+    w.last_seen = absl::Now();
+    Receive(w, in);
   }
   {
-    std::lock_guard<std::mutex> lock(w->write_mu);
-    if (w->stream == stream) w->stream = nullptr;
+    std::lock_guard<std::mutex> lock(w.write_mu);
+    if (w.stream == stream) w.stream = nullptr;
   }
   absl::MutexLock lock(&mu_);
-  if (w->generation != generation) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
-                        "the cluster re-formed without this stream");
-  }
-  w->context = nullptr;
-  cv_.SignalAll();  // Reform waits for every stream to end.
-  if (w->state == State::kLoading || w->state == State::kReady) {
-    if (shutdown_) {
-      w->state = State::kDone;
-      cv_.SignalAll();
-    } else {
-      MarkDead(*w, "stream closed");
-    }
-  }
-  if (w->state == State::kDead) {
-    return grpc::Status(grpc::StatusCode::UNAVAILABLE, w->reason);
-  }
-  return grpc::Status::OK;
+  return Ended(w, joined->generation);
 }
 
 absl::Status ControlService::WaitUntilReady(absl::Duration timeout) {

@@ -176,6 +176,22 @@ class ControlService final : public v1::Control::StreamedUnaryService {
   void StartupFailed(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watchdog();
 
+  // A worker stream's life (Connect): its Register checked and its slot
+  // claimed (waiting while the cluster re-forms), its assignment sent, each
+  // later message taken in, and its end.
+  struct Joined {
+    Worker* worker = nullptr;
+    uint64_t generation = 0;  // The slot's, when claimed.
+    std::string rendezvous_prefix;
+  };
+  absl::StatusOr<Joined> Join(grpc::ServerContext* context,
+                              const v1::WorkerMessage& in);
+  void Assign(Worker& w, const std::string& rendezvous_prefix);
+  void Receive(Worker& w, v1::WorkerMessage& in)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  grpc::Status Ended(Worker& w, uint64_t generation)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const ClusterOptions options_;
   std::vector<std::unique_ptr<Worker>> workers_;  // Index rank - 1; fixed.
 
