@@ -281,30 +281,7 @@ bool MeetsSlo(const SimReport& r, double attainment) {
   return r.slo_attainment >= attainment;
 }
 
-}  // namespace
-
-int SimulateCommand(int argc, char** argv) {
-  SimulateFlags f;
-  FlagSet flags(
-      "usage: shardlm simulate --model-config CONFIG [--tp T --pp P "
-      "--replicas R]\n"
-      "         [--gpu h100|h200|a100|cpu-this-machine]\n"
-      "         (--trace FILE | --poisson RATE --duration S [--prompt-len "
-      "DIST --output-len DIST])\n"
-      "         [--slo-ttft S --slo-tpot S] [--sweep tp=1,2,4,8 --sweep "
-      "pp=1,2,4] [--json OUT]\n"
-      "Runs the real scheduler (BatchPlanner, BlockManager) against simulated\n"
-      "workers on a virtual clock and reports throughput, latency "
-      "percentiles,\n"
-      "queueing, preemptions, KV use and goodput. CONFIG is a preset (" +
-      absl::StrJoin(ModelPresetNames(), ", ") +
-      "), a config.json, a directory holding one, or a GGUF file. DIST is N,\n"
-      "uniform:A:B or lognormal:MEDIAN:SIGMA. A trace is CSV lines of\n"
-      "arrival_seconds,prompt_tokens,output_tokens[,priority]. With --sweep,\n"
-      "every TP x PP layout is run at the fewest replicas (up to --max-gpus)\n"
-      "whose SLO attainment reaches --slo-attainment, cheapest first.\n"
-      "Figures come from a roofline model (docs/simulator.md says how far\n"
-      "to trust them).");
+void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("model-config", &f.model_config, "model preset or config");
   flags.Add("tp", &f.tp, "tensor-parallel degree");
   flags.Add("pp", &f.pp, "pipeline-parallel degree");
@@ -382,6 +359,251 @@ int SimulateCommand(int argc, char** argv) {
             "add the planner's measured time on this machine to the clock");
   flags.Add("seed", &f.seed, "seed of arrivals, lengths and prompts");
   flags.Add("json", &f.json, "also write the report(s) here as JSON");
+}
+
+// Empty when the flags make sense together, else the problem.
+std::string SimulateProblem(const SimulateFlags& f) {
+  if ((f.trace.empty() && f.poisson <= 0 && f.concurrency <= 0) ||
+      (!f.trace.empty() && f.poisson > 0) ||
+      (f.poisson > 0 && f.concurrency > 0)) {
+    return "give one of --trace FILE, --poisson RATE or --concurrency C "
+           "(--trace may come with --concurrency)";
+  }
+  if (!(f.client_gap >= 0 && f.client_gap <= 60)) {
+    return "--client-gap must be from 0 to 60 seconds";
+  }
+  if (f.concurrency < 0 || f.concurrency > 1000000 || f.requests < 1 ||
+      f.requests > 100000000) {
+    return "--concurrency and --requests must be sane";
+  }
+  if (f.duration <= 0 || f.duration > 1e7) {
+    return "--duration must be in (0, 1e7] seconds";
+  }
+  if (f.replicas < 1 || f.replicas > 100000 || f.block_size < 1 ||
+      f.block_size > 4096 || f.max_batched_tokens < 1 ||
+      f.max_batched_tokens > (1 << 24) || f.max_seqs < 1 ||
+      f.max_seqs > (1 << 24) || f.max_queued < 0 || f.max_queued > (1 << 30) ||
+      f.max_steps_in_flight < 0 || f.max_steps_in_flight > 64 ||
+      f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 || f.max_gpus < 1) {
+    return "--replicas, --block-size, --max-batched-tokens, --max-seqs and "
+           "--max-gpus must be positive and sane; byte sizes not negative";
+  }
+  if (!(f.memory_utilization > 0 && f.memory_utilization <= 1)) {
+    return "--memory-utilization must be in (0, 1]";
+  }
+  if (f.router != "least-kv" && f.router != "round-robin") {
+    return "--router must be least-kv or round-robin";
+  }
+  return "";
+}
+
+// The --memory-bandwidth, --peak-flops, --matvec-* ... calibration
+// replacing the profile's figures.
+absl::Status Calibrate(const SimulateFlags& f, DeviceProfile& d) {
+  if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
+      f.matvec_flops < 0 || f.matvec_batch_flops < 0 ||
+      f.matvec_attention_flops < 0 || f.matvec_small_batch_flops < 0 ||
+      f.matvec_batch_attention_flops < 0) {
+    return absl::InvalidArgumentError(
+        "--memory-bandwidth, --peak-flops and the --matvec-* rates must be "
+        "positive, --step-overhead at most "
+        "10 s");
+  }
+  if (f.memory_bandwidth > 0) {
+    d.memory_bandwidth = f.memory_bandwidth;
+    d.bandwidth_efficiency = 1;
+  }
+  if (f.peak_flops > 0) {
+    d.peak_flops = f.peak_flops;
+    d.flops_efficiency = 1;
+  }
+  if (f.step_overhead >= 0) d.step_overhead_seconds = f.step_overhead;
+  if (f.matvec_flops > 0) d.matvec_flops = f.matvec_flops;
+  if (f.matvec_batch_flops > 0) {
+    d.matvec_batch_flops = f.matvec_batch_flops;
+  }
+  if (f.matvec_small_batch_flops > 0) {
+    d.matvec_small_batch_tokens = kMatvecSmallBatchTokens;
+    d.matvec_small_batch_flops = f.matvec_small_batch_flops;
+  }
+  if (f.matvec_attention_flops > 0) {
+    d.matvec_attention_flops = f.matvec_attention_flops;
+  }
+  if (f.matvec_batch_attention_flops > 0) {
+    d.matvec_batch_attention_flops = f.matvec_batch_attention_flops;
+  }
+  if (f.dequantize_rate >= 0) d.dequantize_rate = f.dequantize_rate;
+
+  return absl::OkStatus();
+}
+
+// The requests: --trace, or drawn (--poisson or --concurrency).
+absl::StatusOr<std::vector<SimRequest>> MakeTrace(const SimulateFlags& f) {
+  std::vector<SimRequest> trace;
+  if (!f.trace.empty()) {
+    absl::StatusOr<std::vector<SimRequest>> t = ReadTraceCsv(f.trace);
+    if (!t.ok()) return t.status();
+    return *std::move(t);
+  } else {
+    absl::StatusOr<LengthDistribution> in =
+        LengthDistribution::Parse(f.prompt_len);
+    absl::StatusOr<LengthDistribution> out =
+        LengthDistribution::Parse(f.output_len);
+    if (!in.ok()) return in.status();
+    if (!out.ok()) return out.status();
+    if (f.poisson > 0) {
+      trace = PoissonTrace(f.poisson, f.duration, *in, *out,
+                           static_cast<uint64_t>(f.seed));
+    } else {
+      std::mt19937_64 rng(static_cast<uint64_t>(f.seed));
+      for (int64_t i = 0; i < f.requests; ++i) {
+        trace.push_back(
+            {.prompt_tokens = in->Draw(rng), .output_tokens = out->Draw(rng)});
+      }
+    }
+  }
+  return trace;
+}
+
+// --sweep: every TP x PP layout at the fewest replicas that meet the SLOs;
+// prints the table and returns its JSON.
+absl::StatusOr<std::string> Sweep(const SimulateFlags& f,
+                                  const ModelConfig& config,
+                                  const DeviceProfile& device,
+                                  const std::vector<SimRequest>& trace) {
+  std::string json;
+  absl::StatusOr<std::vector<int>> tps = ParseList("tp", f.sweep);
+  absl::StatusOr<std::vector<int>> pps = ParseList("pp", f.sweep);
+  if (!tps.ok()) return tps.status();
+  if (!pps.ok()) return pps.status();
+  if (tps->empty()) tps->push_back(static_cast<int>(f.tp));
+  if (pps->empty()) pps->push_back(static_cast<int>(f.pp));
+  if (f.slo_ttft <= 0 && f.slo_tpot <= 0) {
+    return absl::InvalidArgumentError(
+        "--sweep needs --slo-ttft and/or --slo-tpot");
+  }
+  struct Row {
+    int tp, pp, replicas;
+    SimReport report;
+  };
+  std::vector<Row> met;
+  std::vector<std::string> skipped;
+  for (int tp : *tps) {
+    for (int pp : *pps) {
+      const int most = static_cast<int>(f.max_gpus / (tp * pp));
+      if (most < 1) continue;
+      // The fewest replicas that meet the SLOs: double, then bisect.
+      std::optional<Row> best;
+      std::string why;
+      const auto run = [&](int replicas) -> std::optional<SimReport> {
+        absl::StatusOr<Planned> p =
+            PlanLayout(f, config, device, tp, pp, replicas);
+        if (!p.ok()) {
+          why = std::string(p.status().message());
+          return std::nullopt;
+        }
+        absl::StatusOr<SimReport> r =
+            Simulate(*p->cost, p->options, config.vocab_size, trace);
+        if (!r.ok()) {
+          why = std::string(r.status().message());
+          return std::nullopt;
+        }
+        return *std::move(r);
+      };
+      int lo = 0, hi = 1;
+      std::optional<SimReport> r;
+      for (; hi <= most; hi *= 2) {
+        r = run(hi);
+        if (!r.has_value()) break;
+        if (MeetsSlo(*r, f.slo_attainment)) {
+          best = Row{tp, pp, hi, *r};
+          break;
+        }
+        lo = hi;
+      }
+      if (!best.has_value() && r.has_value() && hi > most && lo < most) {
+        hi = most;  // The last try: all that --max-gpus allows.
+        r = run(hi);
+        if (r.has_value() && MeetsSlo(*r, f.slo_attainment)) {
+          best = Row{tp, pp, hi, *r};
+        }
+      }
+      if (!best.has_value()) {
+        skipped.push_back(
+            why.empty()
+                ? absl::StrFormat("tp %d x pp %d: SLOs not met within %d "
+                                  "devices",
+                                  tp, pp, most * tp * pp)
+                : why);
+        continue;
+      }
+      while (hi - lo > 1) {
+        const int mid = lo + (hi - lo) / 2;
+        std::optional<SimReport> m = run(mid);
+        if (m.has_value() && MeetsSlo(*m, f.slo_attainment)) {
+          hi = mid;
+          best = Row{tp, pp, mid, *m};
+        } else {
+          lo = mid;
+        }
+      }
+      met.push_back(*std::move(best));
+    }
+  }
+  std::sort(met.begin(), met.end(), [](const Row& a, const Row& b) {
+    const int ga = a.tp * a.pp * a.replicas, gb = b.tp * b.pp * b.replicas;
+    if (ga != gb) return ga < gb;
+    return a.report.ttft.p90 < b.report.ttft.p90;
+  });
+  std::printf(
+      "\nlayouts meeting the SLOs (%.0f%% of requests with TTFT <= %g s, "
+      "TPOT <= %g s), fewest devices first:\n"
+      "  devices   tp   pp replicas  attain  TTFT p90  TPOT p90  "
+      "out tok/s\n",
+      100 * f.slo_attainment, f.slo_ttft, f.slo_tpot);
+  json = "[";
+  for (const Row& row : met) {
+    std::printf("  %7d %4d %4d %8d  %5.1f%% %8.1fms %8.1fms %10.0f\n",
+                row.tp * row.pp * row.replicas, row.tp, row.pp, row.replicas,
+                100 * row.report.slo_attainment, 1e3 * row.report.ttft.p90,
+                1e3 * row.report.tpot.p90, row.report.output_token_rate());
+    absl::StrAppendFormat(
+        &json, "%s{\"tp\": %d, \"pp\": %d, \"replicas\": %d, \"report\": %s}",
+        json.size() > 1 ? ", " : "", row.tp, row.pp, row.replicas,
+        ReportJson(row.report));
+  }
+  json += "]";
+  for (const std::string& s : skipped)
+    std::printf("  not met: %s\n", s.c_str());
+  if (met.empty()) std::printf("  none\n");
+  return json;
+}
+
+}  // namespace
+
+int SimulateCommand(int argc, char** argv) {
+  SimulateFlags f;
+  FlagSet flags(
+      "usage: shardlm simulate --model-config CONFIG [--tp T --pp P "
+      "--replicas R]\n"
+      "         [--gpu h100|h200|a100|cpu-this-machine]\n"
+      "         (--trace FILE | --poisson RATE --duration S [--prompt-len "
+      "DIST --output-len DIST])\n"
+      "         [--slo-ttft S --slo-tpot S] [--sweep tp=1,2,4,8 --sweep "
+      "pp=1,2,4] [--json OUT]\n"
+      "Runs the real scheduler (BatchPlanner, BlockManager) against simulated\n"
+      "workers on a virtual clock and reports throughput, latency "
+      "percentiles,\n"
+      "queueing, preemptions, KV use and goodput. CONFIG is a preset (" +
+      absl::StrJoin(ModelPresetNames(), ", ") +
+      "), a config.json, a directory holding one, or a GGUF file. DIST is N,\n"
+      "uniform:A:B or lognormal:MEDIAN:SIGMA. A trace is CSV lines of\n"
+      "arrival_seconds,prompt_tokens,output_tokens[,priority]. With --sweep,\n"
+      "every TP x PP layout is run at the fewest replicas (up to --max-gpus)\n"
+      "whose SLO attainment reaches --slo-attainment, cheapest first.\n"
+      "Figures come from a roofline model (docs/simulator.md says how far\n"
+      "to trust them).");
+  RegisterSimulateFlags(flags, f);
   const auto usage_error = [&](const std::string& why) {
     std::fprintf(stderr, "shardlm simulate: %s\n\n%s", why.c_str(),
                  flags.Usage().c_str());
@@ -401,100 +623,18 @@ int SimulateCommand(int argc, char** argv) {
     }
     f.sweep.push_back(p);
   }
-  if ((f.trace.empty() && f.poisson <= 0 && f.concurrency <= 0) ||
-      (!f.trace.empty() && f.poisson > 0) ||
-      (f.poisson > 0 && f.concurrency > 0)) {
-    return usage_error(
-        "give one of --trace FILE, --poisson RATE or --concurrency C "
-        "(--trace may come with --concurrency)");
-  }
-  if (!(f.client_gap >= 0 && f.client_gap <= 60)) {
-    return usage_error("--client-gap must be from 0 to 60 seconds");
-  }
-  if (f.concurrency < 0 || f.concurrency > 1000000 || f.requests < 1 ||
-      f.requests > 100000000) {
-    return usage_error("--concurrency and --requests must be sane");
-  }
-  if (f.duration <= 0 || f.duration > 1e7) {
-    return usage_error("--duration must be in (0, 1e7] seconds");
-  }
-  if (f.replicas < 1 || f.replicas > 100000 || f.block_size < 1 ||
-      f.block_size > 4096 || f.max_batched_tokens < 1 ||
-      f.max_batched_tokens > (1 << 24) || f.max_seqs < 1 ||
-      f.max_seqs > (1 << 24) || f.max_queued < 0 || f.max_queued > (1 << 30) ||
-      f.max_steps_in_flight < 0 || f.max_steps_in_flight > 64 ||
-      f.kv_cache_bytes < 0 || f.cpu_offload_bytes < 0 || f.max_gpus < 1) {
-    return usage_error(
-        "--replicas, --block-size, --max-batched-tokens, --max-seqs and "
-        "--max-gpus must be positive and sane; byte sizes not negative");
-  }
-  if (!(f.memory_utilization > 0 && f.memory_utilization <= 1)) {
-    return usage_error("--memory-utilization must be in (0, 1]");
-  }
-  if (f.router != "least-kv" && f.router != "round-robin") {
-    return usage_error("--router must be least-kv or round-robin");
-  }
+  if (std::string p = SimulateProblem(f); !p.empty()) return usage_error(p);
   absl::StatusOr<ModelConfig> config = LoadConfig(f.model_config);
   if (!config.ok()) return usage_error(std::string(config.status().message()));
   absl::StatusOr<DeviceProfile> device = FindDeviceProfile(f.gpu);
   if (!device.ok()) return usage_error(std::string(device.status().message()));
-  if (f.memory_bandwidth < 0 || f.peak_flops < 0 || f.step_overhead > 10 ||
-      f.matvec_flops < 0 || f.matvec_batch_flops < 0 ||
-      f.matvec_attention_flops < 0 || f.matvec_small_batch_flops < 0 ||
-      f.matvec_batch_attention_flops < 0) {
-    return usage_error(
-        "--memory-bandwidth, --peak-flops and the --matvec-* rates must be "
-        "positive, --step-overhead at most "
-        "10 s");
+  if (absl::Status s = Calibrate(f, *device); !s.ok()) {
+    return usage_error(std::string(s.message()));
   }
-  if (f.memory_bandwidth > 0) {
-    device->memory_bandwidth = f.memory_bandwidth;
-    device->bandwidth_efficiency = 1;
-  }
-  if (f.peak_flops > 0) {
-    device->peak_flops = f.peak_flops;
-    device->flops_efficiency = 1;
-  }
-  if (f.step_overhead >= 0) device->step_overhead_seconds = f.step_overhead;
-  if (f.matvec_flops > 0) device->matvec_flops = f.matvec_flops;
-  if (f.matvec_batch_flops > 0) {
-    device->matvec_batch_flops = f.matvec_batch_flops;
-  }
-  if (f.matvec_small_batch_flops > 0) {
-    device->matvec_small_batch_tokens = kMatvecSmallBatchTokens;
-    device->matvec_small_batch_flops = f.matvec_small_batch_flops;
-  }
-  if (f.matvec_attention_flops > 0) {
-    device->matvec_attention_flops = f.matvec_attention_flops;
-  }
-  if (f.matvec_batch_attention_flops > 0) {
-    device->matvec_batch_attention_flops = f.matvec_batch_attention_flops;
-  }
-  if (f.dequantize_rate >= 0) device->dequantize_rate = f.dequantize_rate;
 
-  std::vector<SimRequest> trace;
-  if (!f.trace.empty()) {
-    absl::StatusOr<std::vector<SimRequest>> t = ReadTraceCsv(f.trace);
-    if (!t.ok()) return usage_error(std::string(t.status().message()));
-    trace = *std::move(t);
-  } else {
-    absl::StatusOr<LengthDistribution> in =
-        LengthDistribution::Parse(f.prompt_len);
-    absl::StatusOr<LengthDistribution> out =
-        LengthDistribution::Parse(f.output_len);
-    if (!in.ok()) return usage_error(std::string(in.status().message()));
-    if (!out.ok()) return usage_error(std::string(out.status().message()));
-    if (f.poisson > 0) {
-      trace = PoissonTrace(f.poisson, f.duration, *in, *out,
-                           static_cast<uint64_t>(f.seed));
-    } else {
-      std::mt19937_64 rng(static_cast<uint64_t>(f.seed));
-      for (int64_t i = 0; i < f.requests; ++i) {
-        trace.push_back(
-            {.prompt_tokens = in->Draw(rng), .output_tokens = out->Draw(rng)});
-      }
-    }
-  }
+  absl::StatusOr<std::vector<SimRequest>> made = MakeTrace(f);
+  if (!made.ok()) return usage_error(std::string(made.status().message()));
+  const std::vector<SimRequest>& trace = *made;
   if (f.concurrency > 0) {
     std::printf("trace: %zu requests from %lld closed-loop clients\n",
                 trace.size(), static_cast<long long>(f.concurrency));
@@ -520,109 +660,9 @@ int SimulateCommand(int argc, char** argv) {
     std::fputs(FormatReport(*r).c_str(), stdout);
     json = ReportJson(*r);
   } else {
-    absl::StatusOr<std::vector<int>> tps = ParseList("tp", f.sweep);
-    absl::StatusOr<std::vector<int>> pps = ParseList("pp", f.sweep);
-    if (!tps.ok()) return usage_error(std::string(tps.status().message()));
-    if (!pps.ok()) return usage_error(std::string(pps.status().message()));
-    if (tps->empty()) tps->push_back(static_cast<int>(f.tp));
-    if (pps->empty()) pps->push_back(static_cast<int>(f.pp));
-    if (f.slo_ttft <= 0 && f.slo_tpot <= 0) {
-      return usage_error("--sweep needs --slo-ttft and/or --slo-tpot");
-    }
-    struct Row {
-      int tp, pp, replicas;
-      SimReport report;
-    };
-    std::vector<Row> met;
-    std::vector<std::string> skipped;
-    for (int tp : *tps) {
-      for (int pp : *pps) {
-        const int most = static_cast<int>(f.max_gpus / (tp * pp));
-        if (most < 1) continue;
-        // The fewest replicas that meet the SLOs: double, then bisect.
-        std::optional<Row> best;
-        std::string why;
-        const auto run = [&](int replicas) -> std::optional<SimReport> {
-          absl::StatusOr<Planned> p =
-              PlanLayout(f, *config, *device, tp, pp, replicas);
-          if (!p.ok()) {
-            why = std::string(p.status().message());
-            return std::nullopt;
-          }
-          absl::StatusOr<SimReport> r =
-              Simulate(*p->cost, p->options, config->vocab_size, trace);
-          if (!r.ok()) {
-            why = std::string(r.status().message());
-            return std::nullopt;
-          }
-          return *std::move(r);
-        };
-        int lo = 0, hi = 1;
-        std::optional<SimReport> r;
-        for (; hi <= most; hi *= 2) {
-          r = run(hi);
-          if (!r.has_value()) break;
-          if (MeetsSlo(*r, f.slo_attainment)) {
-            best = Row{tp, pp, hi, *r};
-            break;
-          }
-          lo = hi;
-        }
-        if (!best.has_value() && r.has_value() && hi > most && lo < most) {
-          hi = most;  // The last try: all that --max-gpus allows.
-          r = run(hi);
-          if (r.has_value() && MeetsSlo(*r, f.slo_attainment)) {
-            best = Row{tp, pp, hi, *r};
-          }
-        }
-        if (!best.has_value()) {
-          skipped.push_back(
-              why.empty()
-                  ? absl::StrFormat("tp %d x pp %d: SLOs not met within %d "
-                                    "devices",
-                                    tp, pp, most * tp * pp)
-                  : why);
-          continue;
-        }
-        while (hi - lo > 1) {
-          const int mid = lo + (hi - lo) / 2;
-          std::optional<SimReport> m = run(mid);
-          if (m.has_value() && MeetsSlo(*m, f.slo_attainment)) {
-            hi = mid;
-            best = Row{tp, pp, mid, *m};
-          } else {
-            lo = mid;
-          }
-        }
-        met.push_back(*std::move(best));
-      }
-    }
-    std::sort(met.begin(), met.end(), [](const Row& a, const Row& b) {
-      const int ga = a.tp * a.pp * a.replicas, gb = b.tp * b.pp * b.replicas;
-      if (ga != gb) return ga < gb;
-      return a.report.ttft.p90 < b.report.ttft.p90;
-    });
-    std::printf(
-        "\nlayouts meeting the SLOs (%.0f%% of requests with TTFT <= %g s, "
-        "TPOT <= %g s), fewest devices first:\n"
-        "  devices   tp   pp replicas  attain  TTFT p90  TPOT p90  "
-        "out tok/s\n",
-        100 * f.slo_attainment, f.slo_ttft, f.slo_tpot);
-    json = "[";
-    for (const Row& row : met) {
-      std::printf("  %7d %4d %4d %8d  %5.1f%% %8.1fms %8.1fms %10.0f\n",
-                  row.tp * row.pp * row.replicas, row.tp, row.pp, row.replicas,
-                  100 * row.report.slo_attainment, 1e3 * row.report.ttft.p90,
-                  1e3 * row.report.tpot.p90, row.report.output_token_rate());
-      absl::StrAppendFormat(
-          &json, "%s{\"tp\": %d, \"pp\": %d, \"replicas\": %d, \"report\": %s}",
-          json.size() > 1 ? ", " : "", row.tp, row.pp, row.replicas,
-          ReportJson(row.report));
-    }
-    json += "]";
-    for (const std::string& s : skipped)
-      std::printf("  not met: %s\n", s.c_str());
-    if (met.empty()) std::printf("  none\n");
+    absl::StatusOr<std::string> swept = Sweep(f, *config, *device, trace);
+    if (!swept.ok()) return usage_error(std::string(swept.status().message()));
+    json = *std::move(swept);
   }
   if (!f.json.empty()) {
     std::ofstream out(f.json);
