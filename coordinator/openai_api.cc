@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "coordinator/api_key.h"
+#include "coordinator/openai_request_scan.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
@@ -19,39 +20,11 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Deeper JSON than any OpenAI request has (messages[i].content[j].text is
-// 5 levels).
-constexpr int kMaxJsonDepth = 32;
-
 // Serializes `j`; invalid UTF-8 in its strings (a client's path or model
 // name echoed in an error, a token's bytes in logprobs) becomes U+FFFD
 // instead of an exception.
 std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
-}
-
-// Whether the JSON text nests arrays and objects at most `limit` deep
-// (strings are skipped; the text need not be valid JSON).
-bool NestingWithin(absl::string_view text, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < text.size(); ++i) {
-    const char c = text[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return false;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return true;
 }
 
 absl::Status Invalid(auto&&... parts) {
@@ -420,9 +393,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
     res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
   };
-  if (!NestingWithin(req.body, kMaxJsonDepth)) {
-    return fail(Invalid("the body nests deeper than ", kMaxJsonDepth));
-  }
+  // Counts first, keeping nothing: the DOM below costs tens of bytes per
+  // element, so a body of millions of tiny elements is refused before it
+  // exists.
+  if (absl::Status s = ScanOpenAiRequest(req.body); !s.ok()) return fail(s);
   const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return fail(Invalid("the body is not a JSON object"));
