@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
+#include "step/step.h"
 
 namespace shardlm {
 namespace {
@@ -25,6 +26,14 @@ using Json = nlohmann::json;
 // instead of an exception.
 std::string Dump(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+// A client's string as an error message echoes it: at most 256 bytes of it
+// (a 1 MB model name must not come back whole).
+std::string Echo(absl::string_view client_text) {
+  constexpr size_t kMaxEcho = 256;
+  if (client_text.size() <= kMaxEcho) return std::string(client_text);
+  return absl::StrCat(client_text.substr(0, kMaxEcho), "...");
 }
 
 absl::Status Invalid(auto&&... parts) {
@@ -95,7 +104,7 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
     }
     const std::string role = m["role"];
     if (role != "system" && role != "user" && role != "assistant") {
-      return Invalid("messages[", i, "].role '", role,
+      return Invalid("messages[", i, "].role '", Echo(role),
                      "' is not system, user or assistant");
     }
     std::string content;
@@ -131,7 +140,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   std::string model;
   RETURN_IF_ERROR(Get(body, "model", &model));
   if (!model.empty() && model != model_name) {
-    return absl::NotFoundError(absl::StrCat("model '", model,
+    return absl::NotFoundError(absl::StrCat("model '", Echo(model),
                                             "' is not served here (this "
                                             "server serves '",
                                             model_name, "')"));
@@ -228,14 +237,18 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
     if (top != 0 && !logprobs) {
       return Invalid("'top_logprobs' needs 'logprobs': true");
     }
+    if (top < 0 || top > kMaxLogprobs) {
+      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
+    }
     if (logprobs) *top_n = top;
   } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     int32_t top = 0;
     RETURN_IF_ERROR(Get(body, "logprobs", &top));
+    // The same range and words as the gRPC API's.
+    if (top < 0 || top > kMaxLogprobs) {
+      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
+    }
     *top_n = top;
-  }
-  if (*top_n > 20 || (*top_n < 0 && *top_n != -1)) {
-    return Invalid("logprobs must be in [0, 20], got ", *top_n);
   }
   // The service returns at least one alternative when asked for any.
   if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
@@ -358,7 +371,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     return send(200, "text/plain; version=0.0.4", Metrics());
   }
   if (!absl::StartsWith(req.path, "/v1/")) {
-    return fail(absl::NotFoundError(absl::StrCat("no route ", req.path)));
+    return fail(absl::NotFoundError(absl::StrCat("no route ", Echo(req.path))));
   }
   if (!ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
     res.AddHeader("WWW-Authenticate", "Bearer");
@@ -383,9 +396,9 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     res.AddHeader("Allow", completions || chat ? "POST" : "GET");
     return send(405, "application/json",
                 ErrorJson(absl::InvalidArgumentError(
-                    absl::StrCat(req.method, " is not allowed here"))));
+                    absl::StrCat(Echo(req.method), " is not allowed here"))));
   }
-  fail(absl::NotFoundError(absl::StrCat("no route ", req.path)));
+  fail(absl::NotFoundError(absl::StrCat("no route ", Echo(req.path))));
 }
 
 void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {

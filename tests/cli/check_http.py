@@ -332,6 +332,11 @@ def main() -> int:
              "999999 is outside the vocabulary"),
             ("logprobs 50", "/v1/completions", dict(ok_req, logprobs=50),
              None, 400, "logprobs must be in [0, 20]"),
+            ("logprobs -1", "/v1/completions", dict(ok_req, logprobs=-1),
+             None, 400, "logprobs must be in [0, 20], got -1"),
+            ("top_logprobs -1", "/v1/chat/completions",
+             dict(chat_req, logprobs=True, top_logprobs=-1), None, 400,
+             "logprobs must be in [0, 20], got -1"),
             ("a million stop objects", "/v1/completions",
              dict(ok_req, stop=[{}] * 1000000), None, 400,
              "at most 8 stop strings in 'stop'"),
@@ -365,6 +370,11 @@ def main() -> int:
                   want_msg in err,
                   f"{name}: {want_status} saying {want_msg!r} "
                   f"(got {status}: {err})")
+        # Client strings come back cut to 256 bytes.
+        status, _, out = api.request("POST", "/v1/completions",
+                                     dict(ok_req, model="m" * 1000000))
+        check(status == 404 and len(out) < 1000,
+              f"a 1 MB model name: 404 of {len(out)} bytes")
         status, _, _ = api.request("GET", "/v1/completions")
         check(status == 405, f"GET /v1/completions: 405 ({status})")
         status, got = api.json("POST", "/v1/completions", ok_req)
