@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/cuda_executor.h"
 #include "backend/device.h"
+#include "coordinator/cuda_executor.h"
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"

@@ -1,8 +1,8 @@
 // CreateCudaExecutor and QueryCuda in a binary built without CUDA: every
 // request for a GPU gets an error that says so.
 #include "absl/strings/str_cat.h"
-#include "coordinator/cuda_executor.h"
 #include "backend/device.h"
+#include "coordinator/cuda_executor.h"
 #include "coordinator/in_process_executor.h"
 
 namespace shardlm {

@@ -14,8 +14,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/block_manager.h"
 #include "backend/device.h"
+#include "coordinator/block_manager.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"

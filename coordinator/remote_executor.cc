@@ -91,21 +91,21 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
   absl::Status bad;
   if (static_cast<size_t>(r.tokens_size()) != rows) {
     bad = absl::InternalError(
-        absl::StrCat("worker rank ", sampler, " returned ",
-                     r.tokens_size(), " tokens for ", rows, " logit rows"));
+        absl::StrCat("worker rank ", sampler, " returned ", r.tokens_size(),
+                     " tokens for ", rows, " logit rows"));
   } else if (step.return_logits &&
              static_cast<int64_t>(r.logits_size()) !=
                  static_cast<int64_t>(rows) * config_.vocab_size) {
-    bad = absl::InternalError(absl::StrCat(
-        "worker rank ", sampler, " returned ", r.logits_size(),
-        " logits for ", rows, " rows of ", config_.vocab_size));
+    bad = absl::InternalError(
+        absl::StrCat("worker rank ", sampler, " returned ", r.logits_size(),
+                     " logits for ", rows, " rows of ", config_.vocab_size));
   }
   const bool want_logprobs = step.want_logprobs;
   if (bad.ok() && want_logprobs &&
       static_cast<size_t>(r.logprobs_size()) != rows) {
-    bad = absl::InternalError(absl::StrCat(
-        "worker rank ", sampler, " returned ", r.logprobs_size(),
-        " log-probability rows for ", rows, " logit rows"));
+    bad = absl::InternalError(
+        absl::StrCat("worker rank ", sampler, " returned ", r.logprobs_size(),
+                     " log-probability rows for ", rows, " logit rows"));
   }
   // Token ids index the vocabulary all the way to the client: a worker's
   // bug (or a stranger on the control plane) must not reach the tokenizer.
@@ -114,25 +114,23 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
   };
   for (int i = 0; bad.ok() && i < r.tokens_size(); ++i) {
     if (outside_vocab(r.tokens(i))) {
-      bad = absl::InternalError(absl::StrCat(
-          "worker rank ", sampler, " returned token ",
-          r.tokens(i), ", outside the vocabulary of ", config_.vocab_size));
+      bad = absl::InternalError(
+          absl::StrCat("worker rank ", sampler, " returned token ", r.tokens(i),
+                       ", outside the vocabulary of ", config_.vocab_size));
     }
   }
   for (const v1::RowLogprobs& row : r.logprobs()) {
     if (bad.ok() && (row.top_tokens_size() != row.top_logprobs_size() ||
                      row.top_tokens_size() > kMaxLogprobs)) {
-      bad = absl::InternalError(
-          absl::StrCat("worker rank ", sampler, " returned ",
-                       row.top_tokens_size(), " top tokens with ",
-                       row.top_logprobs_size(), " log-probabilities"));
+      bad = absl::InternalError(absl::StrCat(
+          "worker rank ", sampler, " returned ", row.top_tokens_size(),
+          " top tokens with ", row.top_logprobs_size(), " log-probabilities"));
     }
     for (int k = 0; bad.ok() && k < row.top_tokens_size(); ++k) {
       if (outside_vocab(row.top_tokens(k))) {
-        bad = absl::InternalError(
-            absl::StrCat("worker rank ", sampler,
-                         " returned top token ", row.top_tokens(k),
-                         ", outside the vocabulary of ", config_.vocab_size));
+        bad = absl::InternalError(absl::StrCat(
+            "worker rank ", sampler, " returned top token ", row.top_tokens(k),
+            ", outside the vocabulary of ", config_.vocab_size));
       }
     }
   }

@@ -50,13 +50,12 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
                    PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
   ASSIGN_OR_RETURN(
       std::unique_ptr<Shard> shard,
-      LoadCpuShard(*source_,
-                   {.spec = plan.at(a.pp_rank, a.tp_rank),
-                    .kv = a.kv,
-                    .limits = a.limits,
-                    .threads = a.threads,
-                    .name = absl::StrCat("worker (pp ", a.pp_rank, ", tp ",
-                                         a.tp_rank, ")")}));
+      LoadCpuShard(*source_, {.spec = plan.at(a.pp_rank, a.tp_rank),
+                              .kv = a.kv,
+                              .limits = a.limits,
+                              .threads = a.threads,
+                              .name = absl::StrCat("worker (pp ", a.pp_rank,
+                                                   ", tp ", a.tp_rank, ")")}));
   // Each worker allocates what its own budget holds; the coordinator uses
   // the fewest any worker reports (ControlService), so a block id means
   // the same slot on every worker.
