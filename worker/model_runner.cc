@@ -7,14 +7,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
-#include "kernels/add/add.h"
 #include "kernels/attention/paged_attention.h"
-#include "kernels/embedding/embedding.h"
-#include "kernels/linear/linear.h"
-#include "kernels/rmsnorm/rmsnorm.h"
-#include "kernels/rope/rope.h"
-#include "kernels/swiglu/swiglu.h"
 #include "kernels/threading.h"
+#include "worker/cpu_forward_ops.h"
 
 namespace shardlm {
 
@@ -138,131 +133,6 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
   if (step.return_logits) out.logits = std::move(logits);
   return out;
 }
-
-namespace {
-
-// The forward pass's ops on the CPU (kernels/<op>/<op>.h), bound to one
-// step's host-side tokens, positions and block tables (`batch`, whose
-// window Attention sets per layer).
-class CpuForwardOps : public ForwardOps {
- public:
-  CpuForwardOps(const StepInput& step, AttentionBatch& batch, int64_t hidden)
-      : step_(step), batch_(batch), hidden_(hidden) {}
-
-  absl::Status Embed(const Tensor& table, int64_t vocab_begin,
-                     Tensor& x) override {
-    return Embedding(table, step_.tokens, vocab_begin, x);
-  }
-  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
-                       Tensor& out) override {
-    return shardlm::RmsNorm(x, weight, eps, out);
-  }
-  absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
-                      bool accumulate) override {
-    return shardlm::Linear(x, w, y, accumulate);
-  }
-  absl::Status Rope(Tensor& x, const RopeTable& rope) override {
-    return shardlm::Rope(x, step_.positions, rope);
-  }
-  // Both tiers are in the one allocation of each cache.
-  absl::Status WriteKv(const Tensor& k, const Tensor& v,
-                       const KvLayer& cache) override {
-    return shardlm::WriteKv(k, v, batch_, cache.k, cache.v);
-  }
-  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         int64_t window, Tensor& out) override {
-    batch_.window = window;  // Layers differ (Qwen2's max_window_layers).
-    return PagedAttention(q, cache.k, cache.v, batch_, scale, out);
-  }
-  absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
-                      Tensor& out) override {
-    return shardlm::SwiGlu(gate, up, out);
-  }
-  absl::Status Add(Tensor& x, const Tensor& y) override {
-    return AddInPlace(x, y);
-  }
-  absl::Status AddBias(Tensor& x, const Tensor& bias) override {
-    return shardlm::AddBias(x, bias);
-  }
-  absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
-    for (size_t r = 0; r < step_.logit_rows.size(); ++r) {
-      std::copy_n(x.f32().data() + step_.logit_rows[r] * hidden_, hidden_,
-                  out.f32().data() + r * hidden_);
-    }
-    return absl::OkStatus();
-  }
-  absl::StatusOr<Tensor> PadColumns(const Tensor& x, int64_t offset,
-                                    int64_t width) override {
-    const int64_t n = x.dim(0), cols = x.dim(1);
-    if (offset < 0 || offset + cols > width) {
-      return absl::InvalidArgumentError(absl::StrCat("PadColumns: ", cols,
-                                                     " columns at ", offset,
-                                                     " do not fit in ", width));
-    }
-    if (padded_.numel() < n * width) {
-      ASSIGN_OR_RETURN(padded_, Tensor::Host(DType::kF32, {n * width}));
-    }
-    ASSIGN_OR_RETURN(Tensor out,
-                     Tensor::View(DType::kF32, {n, width}, padded_.raw(),
-                                  MemoryType::kHost));
-    float* dst = out.f32().data();
-    std::fill_n(dst, n * width, 0.0f);
-    for (int64_t r = 0; r < n; ++r) {
-      std::copy_n(x.f32().data() + r * cols, cols, dst + r * width + offset);
-    }
-    return out;
-  }
-  absl::Status GatherRows(const Tensor& x, absl::Span<const int32_t> rows,
-                          Tensor& out) override {
-    const int64_t c = x.dim(1);
-    if (out.dim(0) != static_cast<int64_t>(rows.size()) || out.dim(1) != c) {
-      return absl::InvalidArgumentError("GatherRows: output shape");
-    }
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i] < 0 || rows[i] >= x.dim(0)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("GatherRows: row ", rows[i], " of ", x.dim(0)));
-      }
-      std::copy_n(x.f32().data() + rows[i] * c, c, out.f32().data() + i * c);
-    }
-    return absl::OkStatus();
-  }
-  absl::Status ScatterAddRows(const Tensor& y, absl::Span<const int32_t> rows,
-                              absl::Span<const float> weights,
-                              Tensor& out) override {
-    const int64_t c = out.dim(1);
-    if (y.dim(0) != static_cast<int64_t>(rows.size()) || y.dim(1) != c ||
-        weights.size() != rows.size()) {
-      return absl::InvalidArgumentError("ScatterAddRows: shapes");
-    }
-    for (size_t i = 0; i < rows.size(); ++i) {
-      if (rows[i] < 0 || rows[i] >= out.dim(0)) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("ScatterAddRows: row ", rows[i], " of ", out.dim(0)));
-      }
-      const float* src = y.f32().data() + i * c;
-      float* dst = out.f32().data() + rows[i] * c;
-      for (int64_t j = 0; j < c; ++j) dst[j] += weights[i] * src[j];
-    }
-    return absl::OkStatus();
-  }
-  absl::Status Zero(Tensor& x) override {
-    std::fill(x.f32().begin(), x.f32().end(), 0.0f);
-    return absl::OkStatus();
-  }
-  absl::StatusOr<Tensor> ToHost(const Tensor& t) override { return t; }
-  // The CPU adds the residual separately (the numerics every CPU test and
-  // reference was written against).
-  bool fuses_residual() const override { return false; }
-
- private:
-  const StepInput& step_;
-  AttentionBatch& batch_;
-  const int64_t hidden_;
-  Tensor padded_;  // PadColumns' output, reused across layers.
-};
-
-}  // namespace
 
 RunnerStats ModelRunner::stats() const {
   RunnerStats s = stats_;

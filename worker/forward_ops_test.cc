@@ -1,0 +1,785 @@
+// The ForwardOps conformance suite: every op of the backend seam
+// (worker/forward.h), each against a double-precision reference written
+// here from the op's contract, with its own error bound, on every backend
+// present (the CPU always; CUDA in the GPU binary, forward_ops_gpu_test).
+// A new op is one test here; a new backend one OpsBackend
+// (forward_ops_backend_test.h).
+//
+// Shapes are the awkward ones that found bugs before: hidden 769 (no
+// vector multiple), 4097 tokens and a 4097-token context (one past a power
+// of two), 9 query heads over 3 KV heads, block tables out of order, and
+// sequences of several lengths mixed in one step.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/status_test_util.h"
+#include "gtest/gtest.h"
+#include "kernels/attention/paged_attention.h"
+#include "kernels/test_util.h"
+#include "model/dequantize.h"
+#include "worker/cpu_forward_ops.h"
+#include "worker/forward_ops_backend_test.h"
+
+namespace shardlm {
+namespace {
+
+using testing_util::RandomQuantized;
+using testing_util::RandomTensor;
+
+// ---------------------------------------------------------------------------
+// The CPU backend: host tensors as they are, weights in their blocks.
+
+// The batch outlives the ops that point at it (base-from-member).
+struct CpuBatchHolder {
+  AttentionBatch batch;
+};
+
+class BoundCpuOps : private CpuBatchHolder, public CpuForwardOps {
+ public:
+  BoundCpuOps(const StepInput& step, int64_t hidden)
+      : CpuBatchHolder{MakeBatch(step)}, CpuForwardOps(step, batch, hidden) {}
+
+ private:
+  static AttentionBatch MakeBatch(const StepInput& step) {
+    AttentionBatch b{.positions = step.positions, .token_seq = step.token_seq};
+    for (const auto& table : step.block_tables) b.block_tables.push_back(table);
+    return b;
+  }
+};
+
+class CpuOpsBackend : public OpsBackend {
+ public:
+  std::string name() const override { return "cpu"; }
+  absl::StatusOr<Tensor> Put(const Tensor& t, DType dtype) override {
+    if (dtype != DType::kF32) {
+      return absl::InvalidArgumentError("the CPU's buffers are f32");
+    }
+    ASSIGN_OR_RETURN(Tensor out,
+                     Tensor::HostUninitialized(t.dtype(), t.shape()));
+    std::copy_n(static_cast<const uint8_t*>(t.raw()), t.bytes(),
+                static_cast<uint8_t*>(out.raw()));
+    return out;
+  }
+  absl::StatusOr<Tensor> Weight(const Tensor& t) override {
+    return Put(t, DType::kF32);
+  }
+  absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape) override {
+    return Tensor::Host(dtype, std::move(shape));
+  }
+  absl::StatusOr<Tensor> Get(const Tensor& t) override {
+    return Put(t, DType::kF32);
+  }
+  absl::StatusOr<OpsKvCache> NewKvCache(int64_t blocks, int64_t block_size,
+                                        int64_t kv_heads, int64_t head_dim,
+                                        DType dtype) override {
+    OpsKvCache c;
+    ASSIGN_OR_RETURN(
+        c.k, Tensor::Host(dtype, KeyCacheShape(blocks, block_size, kv_heads,
+                                               head_dim, dtype)));
+    ASSIGN_OR_RETURN(
+        c.v, Tensor::Host(dtype, ValueCacheShape(blocks, block_size, kv_heads,
+                                                 head_dim, dtype)));
+    return c;
+  }
+  absl::StatusOr<std::unique_ptr<ForwardOps>> Bind(const StepInput& step,
+                                                   const RopeTable&,
+                                                   int64_t hidden,
+                                                   int64_t) override {
+    return std::make_unique<BoundCpuOps>(step, hidden);
+  }
+  DType gemm_input() const override { return DType::kF32; }
+  double weight_rounding() const override { return 0; }
+  std::vector<DType> kv_dtypes() const override {
+    return {DType::kF32, DType::kF16, DType::kBF16, DType::kI8};
+  }
+  std::vector<DType> embedding_dtypes() const override {
+    return {DType::kF32, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
+  }
+  std::vector<DType> linear_dtypes() const override {
+    return {DType::kF32,   DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+            DType::kQ5_0,  DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+            DType::kQ4_K,  DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
+            DType::kIQ4_XS};
+  }
+  bool fused_ops() const override { return false; }
+  bool pad_columns() const override { return true; }
+  bool expert_ops() const override { return true; }
+};
+
+}  // namespace
+
+std::unique_ptr<OpsBackend> MakeCpuOpsBackend() {
+  return std::make_unique<CpuOpsBackend>();
+}
+
+#ifndef SHARDLM_FORWARD_OPS_WITH_CUDA
+std::unique_ptr<OpsBackend> MakeCudaOpsBackend() { return nullptr; }
+#endif
+
+namespace {
+
+// ---------------------------------------------------------------------------
+// References and helpers.
+
+// Setup that cannot fail unless the harness is wrong: abort naming it.
+template <typename T>
+T Must(absl::StatusOr<T> v) {
+  if (!v.ok()) {
+    std::fprintf(stderr, "forward_ops_test setup: %s\n",
+                 std::string(v.status().message()).c_str());
+    std::abort();
+  }
+  return *std::move(v);
+}
+
+// The f32 values of host `t` (f32 or quantized blocks), row-major.
+std::vector<double> Values(const Tensor& t) {
+  std::vector<double> out(t.numel());
+  if (t.dtype() == DType::kF32) {
+    std::copy(t.f32().begin(), t.f32().end(), out.begin());
+    return out;
+  }
+  const int64_t cols = t.dim(t.rank() - 1), rows = t.numel() / cols;
+  const int64_t row_bytes = Must(BytesFor(t.dtype(), cols));
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    const absl::Status s = DequantizeRow(
+        t.dtype(), static_cast<const uint8_t*>(t.raw()) + r * row_bytes, cols,
+        row.data());
+    if (!s.ok()) Must<int>(s);
+    std::copy(row.begin(), row.end(), out.begin() + r * cols);
+  }
+  return out;
+}
+
+// x rounded as the backend's `dtype` buffer holds it (f32 or bf16).
+std::vector<double> Rounded(std::vector<double> x, DType dtype) {
+  if (dtype == DType::kBF16) {
+    for (double& v : x) v = Bf16ToFloat(FloatToBf16(static_cast<float>(v)));
+  } else {
+    for (double& v : x) v = static_cast<float>(v);
+  }
+  return x;
+}
+
+// |got - want| <= bound[i] everywhere, else a failure naming the worst
+// element.
+void ExpectNear(const Tensor& got, const std::vector<double>& want,
+                const std::vector<double>& bound, const std::string& what) {
+  ASSERT_EQ(got.dtype(), DType::kF32) << what;
+  ASSERT_EQ(static_cast<size_t>(got.numel()), want.size()) << what;
+  const absl::Span<const float> g = got.f32();
+  int64_t worst = -1;
+  double worst_excess = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double err = std::abs(g[i] - want[i]);
+    if (!(err <= bound[i])) {  // NaN fails too.
+      const double excess = std::isnan(err) ? INFINITY : err - bound[i];
+      if (worst < 0 || excess > worst_excess) {
+        worst = static_cast<int64_t>(i);
+        worst_excess = excess;
+      }
+    }
+  }
+  EXPECT_EQ(worst, -1) << what << ": element " << worst << " is "
+                       << (worst >= 0 ? g[worst] : 0) << ", reference "
+                       << (worst >= 0 ? want[worst] : 0) << ", bound "
+                       << (worst >= 0 ? bound[worst] : 0);
+}
+
+void ExpectNear(const Tensor& got, const std::vector<double>& want,
+                double bound, const std::string& what) {
+  ExpectNear(got, want, std::vector<double>(want.size(), bound), what);
+}
+
+Tensor HostF32(Shape shape, const std::vector<double>& v) {
+  Tensor t = *Tensor::Host(DType::kF32, std::move(shape));
+  std::copy(v.begin(), v.end(), t.f32().begin());
+  return t;
+}
+
+// A step of n tokens of one sequence at positions [0, n), all of whose
+// rows are logit rows: what ops that ignore the step are bound to.
+StepInput PlainStep(int64_t n) {
+  StepInput s;
+  for (int64_t i = 0; i < n; ++i) {
+    s.tokens.push_back(static_cast<int32_t>(i));
+    s.positions.push_back(static_cast<int32_t>(i));
+    s.token_seq.push_back(0);
+  }
+  s.block_tables = {{0}};
+  return s;
+}
+
+RopeTable TestRope(RopeStyle style, int64_t head_dim) {
+  return MakeRopeTable(style, 10000.0f, head_dim, RopeScaling{});
+}
+
+class ForwardOpsTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    backend_ = GetParam() == "cpu" ? MakeCpuOpsBackend() : MakeCudaOpsBackend();
+    ASSERT_NE(backend_, nullptr);
+  }
+  OpsBackend& b() { return *backend_; }
+  // The ops bound to `step`; the step must outlive them.
+  std::unique_ptr<ForwardOps> Bind(const StepInput& step, int64_t hidden,
+                                   const RopeTable& rope = {},
+                                   int64_t block_size = 16) {
+    return Must(b().Bind(step, rope, hidden, block_size));
+  }
+  Tensor Put(const Tensor& t, DType dtype = DType::kF32) {
+    return Must(b().Put(t, dtype));
+  }
+  Tensor Get(const Tensor& t) { return Must(b().Get(t)); }
+  Tensor Weight(const Tensor& t) { return Must(b().Weight(t)); }
+  Tensor Zeros(DType dtype, Shape shape) {
+    return Must(b().Zeros(dtype, std::move(shape)));
+  }
+  // Relative rounding of a GEMM input buffer.
+  double input_rounding() const {
+    return backend_->gemm_input() == DType::kBF16 ? 1.0 / 256 : 0.0;
+  }
+
+  std::unique_ptr<OpsBackend> backend_;
+};
+
+// ---------------------------------------------------------------------------
+// Embed: rows of the table for the step's ids, offset by vocab_begin; ids
+// outside the slice embed to exactly zero (vocab-parallel TP sums them).
+
+TEST_P(ForwardOpsTest, Embed) {
+  for (const DType dtype : b().embedding_dtypes()) {
+    // 769 columns where a plain type allows it; whole blocks otherwise.
+    const int64_t hidden = IsQuantized(dtype) ? 768 : 769, rows = 50;
+    const int64_t vocab_begin = 20;
+    const Tensor host = IsQuantized(dtype)
+                            ? RandomQuantized(dtype, rows, hidden, 7)
+                            : RandomTensor({rows, hidden}, 7);
+    StepInput step = PlainStep(6);
+    step.tokens = {20, 69, 3, 45, 70, 1000};  // In, in, before, in, after x2.
+    const std::vector<double> table = Values(host);
+    std::vector<double> want(6 * hidden, 0.0);
+    for (int64_t i = 0; i < 6; ++i) {
+      const int64_t r = step.tokens[i] - vocab_begin;
+      if (r < 0 || r >= rows) continue;
+      std::copy_n(table.begin() + r * hidden, hidden,
+                  want.begin() + i * hidden);
+    }
+    const Tensor w = Weight(host);
+    Tensor x = Zeros(DType::kF32, {6, hidden});
+    ASSERT_OK(Bind(step, hidden)->Embed(w, vocab_begin, x));
+    std::vector<double> bound(want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      bound[i] = b().weight_rounding() * std::abs(want[i]);
+    }
+    ExpectNear(Get(x), want, bound, DTypeName(dtype));
+  }
+}
+
+// ---------------------------------------------------------------------------
+// RmsNorm: out = x / sqrt(mean(x^2) + eps) * weight, row by row; also in
+// place over per-head rows (Qwen3's q/k norm).
+
+std::vector<double> RmsNormRef(const std::vector<double>& x,
+                               const std::vector<double>& w, int64_t cols,
+                               double eps) {
+  std::vector<double> out(x.size());
+  for (size_t r = 0; r < x.size() / cols; ++r) {
+    double ss = 0;
+    for (int64_t j = 0; j < cols; ++j) ss += x[r * cols + j] * x[r * cols + j];
+    const double inv = 1.0 / std::sqrt(ss / cols + eps);
+    for (int64_t j = 0; j < cols; ++j) {
+      out[r * cols + j] = x[r * cols + j] * inv * w[j];
+    }
+  }
+  return out;
+}
+
+TEST_P(ForwardOpsTest, RmsNorm) {
+  constexpr double kBound = 2e-6;  // Relative, f32 sums of 769 squares.
+  for (const int64_t n : {1, 7, 4097}) {
+    const int64_t hidden = 769;
+    const Tensor x = RandomTensor({n, hidden}, 11, 3.0f);
+    const Tensor w = RandomTensor({hidden}, 12);
+    const std::vector<double> want =
+        RmsNormRef(Values(x), Values(w), hidden, 1e-5);
+    const DType out_type = b().gemm_input();
+    Tensor out = Zeros(out_type, {n, hidden});
+    ASSERT_OK(
+        Bind(PlainStep(n), hidden)->RmsNorm(Put(x), Weight(w), 1e-5f, out));
+    std::vector<double> bound(want.size());
+    for (size_t i = 0; i < want.size(); ++i) {
+      bound[i] = (kBound + input_rounding() + b().weight_rounding()) *
+                     std::abs(want[i]) +
+                 1e-7;
+    }
+    ExpectNear(Get(out), want, bound, absl::StrCat("n = ", n));
+  }
+}
+
+TEST_P(ForwardOpsTest, RmsNormInPlacePerHead) {
+  // [n * heads, head_dim] rows normed in place, f32 in and out.
+  const int64_t n = 5, heads = 9, d = 64;
+  const Tensor x = RandomTensor({n * heads, d}, 13, 2.0f);
+  const Tensor w = RandomTensor({d}, 14);
+  const std::vector<double> want = RmsNormRef(Values(x), Values(w), d, 1e-6);
+  Tensor dev = Put(x);
+  ASSERT_OK(Bind(PlainStep(n), 769)->RmsNorm(dev, Weight(w), 1e-6f, dev));
+  std::vector<double> bound(want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    bound[i] = (2e-6 + b().weight_rounding()) * std::abs(want[i]) + 1e-7;
+  }
+  ExpectNear(Get(dev), want, bound, "in place");
+}
+
+// ---------------------------------------------------------------------------
+// Linear: y = x w^T, or y += x w^T, for every weight type the backend
+// holds, at decode (1 row), small-batch (7) and GEMM (37) sizes.
+
+TEST_P(ForwardOpsTest, Linear) {
+  for (const DType dtype : b().linear_dtypes()) {
+    // 769 inputs where a plain type allows it; two 256-value super-blocks
+    // otherwise.
+    const int64_t in = IsQuantized(dtype) ? 512 : 769, out = 40;
+    const Tensor w_host = IsQuantized(dtype)
+                              ? RandomQuantized(dtype, out, in, 3)
+                              : RandomTensor({out, in}, 3, 0.05f);
+    const Tensor w = Weight(w_host);
+    const std::vector<double> wv = Values(w_host);
+    for (const int64_t n : {1, 7, 37}) {
+      for (const bool accumulate : {false, true}) {
+        const Tensor x = RandomTensor({n, in}, 4);
+        const Tensor y0 = RandomTensor({n, out}, 5);
+        // The GEMM reads x as the backend's buffers hold it.
+        const std::vector<double> xv = Rounded(Values(x), b().gemm_input());
+        std::vector<double> want(n * out), bound(n * out);
+        for (int64_t i = 0; i < n; ++i) {
+          for (int64_t j = 0; j < out; ++j) {
+            double sum = 0, mag = 0;
+            for (int64_t k = 0; k < in; ++k) {
+              sum += xv[i * in + k] * wv[j * in + k];
+              mag += std::abs(xv[i * in + k] * wv[j * in + k]);
+            }
+            const double base = accumulate ? y0.f32()[i * out + j] : 0.0;
+            want[i * out + j] = base + sum;
+            // f32 accumulation, plus the weight's rounding as held.
+            bound[i * out + j] = (1e-5 + 2 * b().weight_rounding()) * mag +
+                                 1e-6 * std::abs(base);
+          }
+        }
+        Tensor y = Put(y0);
+        ASSERT_OK(Bind(PlainStep(n), in)
+                      ->Linear(Put(x, b().gemm_input()), w, y, accumulate));
+        ExpectNear(Get(y), want, bound,
+                   absl::StrCat(DTypeName(dtype), " n = ", n,
+                                accumulate ? " accumulate" : ""));
+      }
+    }
+  }
+}
+
+TEST_P(ForwardOpsTest, LinearRefusesMismatchedShapes) {
+  const Tensor w = Weight(RandomTensor({40, 769}, 3));
+  const Tensor x = Put(RandomTensor({3, 768}, 4), b().gemm_input());
+  Tensor y = Zeros(DType::kF32, {3, 40});
+  const absl::Status s = Bind(PlainStep(3), 769)->Linear(x, w, y, false);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("Linear"), std::string::npos) << s;
+}
+
+// ---------------------------------------------------------------------------
+// Rope: each pair rotated by position * inv_freq, in both pair styles, at
+// positions across a 4097-token context.
+
+TEST_P(ForwardOpsTest, Rope) {
+  const int64_t heads = 9, d = 64, n = 9;
+  for (const RopeStyle style :
+       {RopeStyle::kRotateHalf, RopeStyle::kAdjacentPairs}) {
+    const RopeTable rope = TestRope(style, d);
+    StepInput step = PlainStep(n);
+    step.positions = {0, 1, 2, 17, 255, 1023, 4094, 4095, 4096};
+    const Tensor x = RandomTensor({n, heads, d}, 21);
+    const std::vector<double> xv = Values(x);
+    std::vector<double> want(xv.size());
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t base = (i * heads + h) * d;
+        for (int64_t k = 0; k < d / 2; ++k) {
+          const double a = step.positions[i] * rope.inv_freq[k];
+          const double c = std::cos(a) * rope.mscale,
+                       s = std::sin(a) * rope.mscale;
+          const int64_t p0 = style == RopeStyle::kRotateHalf ? k : 2 * k;
+          const int64_t p1 =
+              style == RopeStyle::kRotateHalf ? k + d / 2 : 2 * k + 1;
+          want[base + p0] = xv[base + p0] * c - xv[base + p1] * s;
+          want[base + p1] = xv[base + p0] * s + xv[base + p1] * c;
+        }
+      }
+    }
+    Tensor dev = Put(x);
+    ASSERT_OK(Bind(step, 769, rope)->Rope(dev, rope));
+    // The angle in double, its cos and sin rounded to f32 (a GPU's sincosf
+    // at 4096 radians is within a few ulps of that).
+    ExpectNear(Get(dev), want, 2e-5,
+               style == RopeStyle::kRotateHalf ? "rotate half" : "adjacent");
+  }
+}
+
+// ---------------------------------------------------------------------------
+// WriteKv + Attention: causal attention over the paged cache, per query
+// head over its KV head (GQA 9 / 3), for three sequences in one step: one
+// at the end of a 4097-token context (written over two steps), one
+// prefilling its first 5 tokens, one decoding at position 37; block tables
+// out of order; with and without a sliding window.
+
+struct AttentionSetup {
+  static constexpr int64_t kHeads = 9, kKvHeads = 3, kDim = 64, kBlock = 16;
+  // Positions each sequence has after the second step.
+  std::vector<int64_t> lengths = {4097, 5, 38};
+  std::vector<std::vector<int32_t>> tables;
+  int64_t blocks = 0;
+  // Every sequence's K and V by position: [len, kv_heads, dim].
+  std::vector<std::vector<double>> k, v;
+  StepInput first, second;  // Positions [0, len - t) and the last t.
+  Tensor k1, v1, k2, v2, q2;
+
+  AttentionSetup() {
+    std::mt19937 rng(5);
+    for (int64_t len : lengths) blocks += (len + kBlock - 1) / kBlock;
+    blocks += 7;  // Unused blocks in between.
+    std::vector<int32_t> perm(blocks);
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    size_t next = 0;
+    std::normal_distribution<double> dist(0.0, 1.0);
+    for (int64_t len : lengths) {
+      std::vector<int32_t> table;
+      for (int64_t j = 0; j < (len + kBlock - 1) / kBlock; ++j) {
+        table.push_back(perm[next++]);
+      }
+      tables.push_back(table);
+      std::vector<double> ks(len * kKvHeads * kDim), vs(ks.size());
+      for (double& x : ks) x = dist(rng);
+      for (double& x : vs) x = dist(rng);
+      k.push_back(ks);
+      v.push_back(vs);
+    }
+    // The second step: 3 tokens of sequence 0, all 5 of 1, the last of 2.
+    const std::vector<int64_t> in_second = {3, 5, 1};
+    std::vector<double> kf, vf, ks, vs;
+    for (int64_t s = 0; s < 3; ++s) {
+      const int64_t split = lengths[s] - in_second[s];
+      for (int64_t p = 0; p < lengths[s]; ++p) {
+        StepInput& step = p < split ? first : second;
+        step.tokens.push_back(0);
+        step.positions.push_back(static_cast<int32_t>(p));
+        step.token_seq.push_back(static_cast<int32_t>(s));
+        auto& kd = p < split ? kf : ks;
+        auto& vd = p < split ? vf : vs;
+        const int64_t row = kKvHeads * kDim;
+        kd.insert(kd.end(), k[s].begin() + p * row,
+                  k[s].begin() + (p + 1) * row);
+        vd.insert(vd.end(), v[s].begin() + p * row,
+                  v[s].begin() + (p + 1) * row);
+      }
+    }
+    for (StepInput* step : {&first, &second}) step->block_tables = tables;
+    const auto rows = [](const StepInput& s) {
+      return static_cast<int64_t>(s.tokens.size());
+    };
+    k1 = HostF32({rows(first), kKvHeads, kDim}, kf);
+    v1 = HostF32({rows(first), kKvHeads, kDim}, vf);
+    k2 = HostF32({rows(second), kKvHeads, kDim}, ks);
+    v2 = HostF32({rows(second), kKvHeads, kDim}, vs);
+    q2 = RandomTensor({rows(second), kHeads, kDim}, 6);
+  }
+
+  // The attention of the second step's queries (as `q_rounding` rounds
+  // them) with window `window`, and bounds: `rel` of each output's scale
+  // (max |v| it averages over) plus the effect of K rounded by
+  // `kv_rounding` on the scores.
+  void Reference(int64_t window, double scale, std::vector<double>& want,
+                 std::vector<double>& bound, double rel,
+                 double kv_rounding) const {
+    const std::vector<double> q = Values(q2);
+    const int64_t n = static_cast<int64_t>(second.tokens.size());
+    want.assign(n * kHeads * kDim, 0.0);
+    bound.assign(want.size(), 0.0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t s = second.token_seq[i], pos = second.positions[i];
+      const int64_t begin =
+          window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
+      for (int64_t h = 0; h < kHeads; ++h) {
+        const int64_t g = h / (kHeads / kKvHeads);
+        const double* qh = q.data() + (i * kHeads + h) * kDim;
+        std::vector<double> scores;
+        double top = -INFINITY, qnorm = 0;
+        for (int64_t d = 0; d < kDim; ++d) qnorm += std::abs(qh[d]);
+        for (int64_t p = begin; p <= pos; ++p) {
+          const double* kp = k[s].data() + (p * kKvHeads + g) * kDim;
+          double dot = 0;
+          for (int64_t d = 0; d < kDim; ++d) dot += qh[d] * kp[d];
+          scores.push_back(dot * scale);
+          top = std::max(top, scores.back());
+        }
+        double sum = 0;
+        for (double& x : scores) sum += (x = std::exp(x - top));
+        double* out = want.data() + (i * kHeads + h) * kDim;
+        double vmax = 0;
+        for (int64_t p = begin; p <= pos; ++p) {
+          const double w = scores[p - begin] / sum;
+          const double* vp = v[s].data() + (p * kKvHeads + g) * kDim;
+          for (int64_t d = 0; d < kDim; ++d) {
+            out[d] += w * vp[d];
+            vmax = std::max(vmax, std::abs(vp[d]));
+          }
+        }
+        // A score off by e moves the output by at most about 2 e vmax.
+        const double score_err = kv_rounding * qnorm * 4.0 * scale;
+        for (int64_t d = 0; d < kDim; ++d) {
+          bound[(i * kHeads + h) * kDim + d] =
+              (rel + kv_rounding + 2 * score_err) * vmax + 1e-6;
+        }
+      }
+    }
+  }
+};
+
+// Relative rounding of a KV element as the cache stores it.
+double KvRounding(DType t) {
+  switch (t) {
+    case DType::kF32:
+      return 0;
+    case DType::kF16:
+      return 1.0 / 2048;
+    case DType::kBF16:
+      return 1.0 / 256;
+    default:  // int8 per token and head: max |x| / 254 of ~4 sigma.
+      return 4.0 / 254;
+  }
+}
+
+TEST_P(ForwardOpsTest, WriteKvThenAttention) {
+  using S = AttentionSetup;
+  const S setup;
+  const double scale = 1.0 / std::sqrt(static_cast<double>(S::kDim));
+  for (const DType kv : b().kv_dtypes()) {
+    for (const int64_t window : {int64_t{0}, int64_t{100}}) {
+      ASSERT_OK_AND_ASSIGN(
+          OpsKvCache cache,
+          b().NewKvCache(setup.blocks, S::kBlock, S::kKvHeads, S::kDim, kv));
+      const KvLayer layer{.k = cache.k, .v = cache.v};
+      {
+        const auto ops = Bind(setup.first, 769, {}, S::kBlock);
+        ASSERT_OK(ops->WriteKv(Put(setup.k1), Put(setup.v1), layer));
+      }
+      const auto ops = Bind(setup.second, 769, {}, S::kBlock);
+      ASSERT_OK(ops->WriteKv(Put(setup.k2), Put(setup.v2), layer));
+      Tensor out = Zeros(b().gemm_input(), setup.q2.shape());
+      ASSERT_OK(ops->Attention(Put(setup.q2), layer, static_cast<float>(scale),
+                               window, out));
+      std::vector<double> want, bound;
+      setup.Reference(window, scale, want, bound, 2e-5 + input_rounding(),
+                      KvRounding(kv));
+      ExpectNear(Get(out), want, bound,
+                 absl::StrCat(DTypeName(kv), " window ", window));
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Elementwise ops.
+
+double Silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+TEST_P(ForwardOpsTest, SwiGlu) {
+  for (const int64_t n : {1, 37}) {
+    const int64_t f = 769;
+    const Tensor gate = RandomTensor({n, f}, 31, 3.0f);
+    const Tensor up = RandomTensor({n, f}, 32, 3.0f);
+    const std::vector<double> g = Values(gate), u = Values(up);
+    std::vector<double> want(g.size()), bound(g.size());
+    for (size_t i = 0; i < g.size(); ++i) {
+      want[i] = Silu(g[i]) * u[i];
+      bound[i] = (4e-7 * 8 + input_rounding()) * std::abs(want[i]) + 1e-7;
+    }
+    Tensor out = Zeros(b().gemm_input(), {n, f});
+    ASSERT_OK(Bind(PlainStep(n), 769)->SwiGlu(Put(gate), Put(up), out));
+    ExpectNear(Get(out), want, bound, absl::StrCat("n = ", n));
+  }
+}
+
+TEST_P(ForwardOpsTest, AddAndAddBias) {
+  const int64_t n = 7, c = 769;
+  const Tensor x = RandomTensor({n, c}, 41), y = RandomTensor({n, c}, 42);
+  const Tensor bias = RandomTensor({c}, 43);
+  const std::vector<double> xv = Values(x), yv = Values(y), bv = Values(bias);
+  std::vector<double> sum(xv.size()), biased(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    sum[i] = xv[i] + yv[i];
+    biased[i] = xv[i] + bv[i % c];
+  }
+  const auto ops = Bind(PlainStep(n), c);
+  Tensor dev = Put(x);
+  ASSERT_OK(ops->Add(dev, Put(y)));
+  ExpectNear(Get(dev), sum, 1e-6, "Add");
+  dev = Put(x);
+  ASSERT_OK(ops->AddBias(dev, Weight(bias)));
+  std::vector<double> bound(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    bound[i] = 1e-6 + b().weight_rounding() * std::abs(bv[i % c]);
+  }
+  ExpectNear(Get(dev), biased, bound, "AddBias");
+}
+
+TEST_P(ForwardOpsTest, GatherLogitRows) {
+  const int64_t n = 9, hidden = 769;
+  StepInput step = PlainStep(n);
+  step.logit_rows = {8, 0, 4};
+  const Tensor x = RandomTensor({n, hidden}, 51);
+  const std::vector<double> xv = Values(x);
+  std::vector<double> want;
+  for (int32_t r : step.logit_rows) {
+    want.insert(want.end(), xv.begin() + r * hidden,
+                xv.begin() + (r + 1) * hidden);
+  }
+  Tensor out = Zeros(DType::kF32, {3, hidden});
+  ASSERT_OK(Bind(step, hidden)->GatherLogitRows(Put(x), out));
+  ExpectNear(Get(out), want, 0.0, "rows 8, 0, 4");
+}
+
+TEST_P(ForwardOpsTest, ToHostReadsBack) {
+  const Tensor x = RandomTensor({3, 769}, 61);
+  ASSERT_OK_AND_ASSIGN(const Tensor host,
+                       Bind(PlainStep(3), 769)->ToHost(Put(x)));
+  ASSERT_EQ(host.memory(), MemoryType::kHost);
+  ExpectNear(host, Values(x), 0.0, "ToHost");
+}
+
+// ---------------------------------------------------------------------------
+// The optional ops: each backend implements them or says Unimplemented.
+
+TEST_P(ForwardOpsTest, FusedOps) {
+  const int64_t n = 5, q = 9 * 64, kv = 3 * 64, f = 769;
+  const Tensor qkv = RandomTensor({n, q + 2 * kv}, 71);
+  const Tensor gate_up = RandomTensor({n, 2 * f}, 72, 3.0f);
+  Tensor dq = Zeros(DType::kF32, {n, q}), dk = Zeros(DType::kF32, {n, kv}),
+         dv = Zeros(DType::kF32, {n, kv});
+  Tensor h = Zeros(b().gemm_input(), {n, f});
+  const auto ops = Bind(PlainStep(n), f);
+  const absl::Status split = ops->SplitQkv(Put(qkv), dq, dk, dv);
+  const absl::Status fused = ops->SwiGluFused(Put(gate_up), h);
+  if (!b().fused_ops()) {
+    EXPECT_EQ(split.code(), absl::StatusCode::kUnimplemented) << split;
+    EXPECT_EQ(fused.code(), absl::StatusCode::kUnimplemented) << fused;
+    return;
+  }
+  ASSERT_OK(split);
+  ASSERT_OK(fused);
+  const std::vector<double> all = Values(qkv), gu = Values(gate_up);
+  std::vector<double> wq, wk, wv, wh(n * f), bound(n * f);
+  for (int64_t i = 0; i < n; ++i) {
+    const auto row = all.begin() + i * (q + 2 * kv);
+    wq.insert(wq.end(), row, row + q);
+    wk.insert(wk.end(), row + q, row + q + kv);
+    wv.insert(wv.end(), row + q + kv, row + q + 2 * kv);
+    for (int64_t j = 0; j < f; ++j) {
+      wh[i * f + j] = Silu(gu[i * 2 * f + j]) * gu[i * 2 * f + f + j];
+      bound[i * f + j] =
+          (4e-7 * 8 + input_rounding()) * std::abs(wh[i * f + j]) + 1e-7;
+    }
+  }
+  ExpectNear(Get(dq), wq, 0.0, "SplitQkv q");
+  ExpectNear(Get(dk), wk, 0.0, "SplitQkv k");
+  ExpectNear(Get(dv), wv, 0.0, "SplitQkv v");
+  ExpectNear(Get(h), wh, bound, "SwiGluFused");
+}
+
+TEST_P(ForwardOpsTest, PadColumns) {
+  const int64_t n = 4, c = 100, width = 256, offset = 37;
+  const Tensor x = RandomTensor({n, c}, 81);
+  const auto ops = Bind(PlainStep(n), 769);
+  absl::StatusOr<Tensor> padded = ops->PadColumns(Put(x), offset, width);
+  if (!b().pad_columns()) {
+    EXPECT_EQ(padded.status().code(), absl::StatusCode::kUnimplemented);
+    return;
+  }
+  ASSERT_OK(padded.status());
+  const std::vector<double> xv = Values(x);
+  std::vector<double> want(n * width, 0.0);
+  for (int64_t i = 0; i < n; ++i) {
+    std::copy_n(xv.begin() + i * c, c, want.begin() + i * width + offset);
+  }
+  ExpectNear(Get(*padded), want, 0.0, "padded");
+  // Columns that do not fit are refused.
+  EXPECT_EQ(ops->PadColumns(Put(x), 200, width).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST_P(ForwardOpsTest, ExpertRows) {
+  const int64_t n = 6, c = 769;
+  const Tensor x = RandomTensor({n, c}, 91);
+  const std::vector<int32_t> rows = {5, 0, 3};
+  const std::vector<float> weights = {0.25f, 0.5f, 1.5f};
+  const auto ops = Bind(PlainStep(n), c);
+  Tensor gathered = Zeros(DType::kF32, {3, c});
+  Tensor acc = Put(RandomTensor({n, c}, 92));
+  const absl::Status zero = ops->Zero(acc);
+  if (!b().expert_ops()) {
+    EXPECT_EQ(zero.code(), absl::StatusCode::kUnimplemented) << zero;
+    EXPECT_EQ(ops->GatherRows(Put(x), rows, gathered).code(),
+              absl::StatusCode::kUnimplemented);
+    return;
+  }
+  ASSERT_OK(zero);
+  ExpectNear(Get(acc), std::vector<double>(n * c, 0.0), 0.0, "Zero");
+  ASSERT_OK(ops->GatherRows(Put(x), rows, gathered));
+  const std::vector<double> xv = Values(x);
+  std::vector<double> want_gathered, want_acc(n * c, 0.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    want_gathered.insert(want_gathered.end(), xv.begin() + rows[i] * c,
+                         xv.begin() + (rows[i] + 1) * c);
+  }
+  ExpectNear(Get(gathered), want_gathered, 0.0, "GatherRows");
+  // Scattered twice: the second adds to the first.
+  for (int pass = 0; pass < 2; ++pass) {
+    ASSERT_OK(ops->ScatterAddRows(gathered, rows, weights, acc));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      for (int64_t j = 0; j < c; ++j) {
+        want_acc[rows[i] * c + j] += weights[i] * want_gathered[i * c + j];
+      }
+    }
+  }
+  ExpectNear(Get(acc), want_acc, 1e-6, "ScatterAddRows");
+  // A row outside the tensor is refused.
+  const std::vector<int32_t> bad = {0, 6, 1};
+  EXPECT_EQ(ops->GatherRows(Put(x), bad, gathered).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops->ScatterAddRows(gathered, bad, weights, acc).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+std::vector<std::string> Backends() {
+  std::vector<std::string> names = {"cpu"};
+  if (MakeCudaOpsBackend() != nullptr) names.push_back("cuda");
+  return names;
+}
+
+INSTANTIATE_TEST_SUITE_P(Backends, ForwardOpsTest,
+                         ::testing::ValuesIn(Backends()),
+                         [](const auto& info) { return info.param; });
+
+}  // namespace
+}  // namespace shardlm
