@@ -16,6 +16,7 @@
 #include "kernels/attention/paged_attention.h"
 #include "kernels/sampling/sampling.h"
 #include "model/dequantize.h"
+#include "worker/cuda_forward_ops.h"
 #include "worker/forward.h"
 #include "worker/kv_copy_plan.h"
 
@@ -573,101 +574,6 @@ absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
   ++captures_;
   return absl::OkStatus();
 }
-
-namespace {
-
-// The forward pass's ops on a GPU (kernels/cuda_ops.h), bound to the
-// runner's stream and to the step's device-side token ids, logit rows and
-// attention metadata (buffers that stay put while a graph replays).
-class CudaForwardOps : public ForwardOps {
- public:
-  CudaForwardOps(const CudaExec& exec, const Tensor& ids, const Tensor& rows,
-                 const CudaAttentionBatch& batch, const CudaRopeTable& rope,
-                 Tensor& attention_workspace)
-      : exec_(exec),
-        ids_(ids),
-        rows_(rows),
-        batch_(batch),
-        rope_(rope),
-        attention_workspace_(attention_workspace) {}
-
-  absl::Status Embed(const Tensor& table, int64_t vocab_begin,
-                     Tensor& x) override {
-    return EmbeddingCuda(table, ids_, vocab_begin, x, exec_);
-  }
-  absl::Status RmsNorm(const Tensor& x, const Tensor& weight, float eps,
-                       Tensor& out) override {
-    return RmsNormCuda(x, weight, eps, out, exec_);
-  }
-  absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
-                      bool accumulate) override {
-    return LinearCuda(x, w, y, accumulate, exec_);
-  }
-  // `rope` is the model's table, uploaded at Create as rope_.
-  absl::Status Rope(Tensor& x, const RopeTable& rope) override {
-    if (static_cast<int64_t>(rope.inv_freq.size()) != rope_.pairs ||
-        rope.style != rope_.style) {
-      return absl::InternalError("RoPE table differs from the uploaded one");
-    }
-    return RopeCuda(x, batch_.positions(), rope_, exec_);
-  }
-  absl::Status WriteKv(const Tensor& k, const Tensor& v,
-                       const KvLayer& cache) override {
-    return WriteKvCuda(k, v, batch_, cache.k, cache.v, exec_, cache.k_host,
-                       cache.v_host);
-  }
-  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         int64_t window, Tensor& out) override {
-    // The layer's window (Qwen2's differ by layer) over the step's batch.
-    return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
-                              AttentionKernel::kAuto, /*splits=*/0,
-                              cache.k_host, cache.v_host, window,
-                              &attention_workspace_);
-  }
-  absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
-                      Tensor& out) override {
-    return SwiGluCuda(gate, up, out, exec_);
-  }
-  absl::Status Add(Tensor& x, const Tensor& y) override {
-    return AddInPlaceCuda(x, y, exec_);
-  }
-  absl::Status AddBias(Tensor& x, const Tensor& bias) override {
-    return AddBiasCuda(x, bias, exec_);
-  }
-  absl::Status SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
-                        Tensor& v) override {
-    return SplitQkvCuda(qkv, q, k, v, exec_);
-  }
-  absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) override {
-    return SwiGluFusedCuda(gate_up, out, exec_);
-  }
-  // The embedding kernel gathers rows of x as if it were a table.
-  absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override {
-    return EmbeddingCuda(x, rows_, 0, out, exec_);
-  }
-  absl::StatusOr<Tensor> ToHost(const Tensor& t) override {
-    if (t.memory() == MemoryType::kHost) return t;
-    ASSIGN_OR_RETURN(Tensor host,
-                     Tensor::HostUninitialized(t.dtype(), t.shape()));
-    auto* s = static_cast<cudaStream_t>(exec_.stream);
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host.raw(), t.raw(), t.bytes(),
-                                         cudaMemcpyDeviceToHost, s));
-    RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
-    return host;
-  }
-  // x += attn wo^T as the GEMM's beta = 1.
-  bool fuses_residual() const override { return true; }
-
- private:
-  const CudaExec& exec_;
-  const Tensor& ids_;
-  const Tensor& rows_;
-  const CudaAttentionBatch& batch_;
-  const CudaRopeTable& rope_;
-  Tensor& attention_workspace_;
-};
-
-}  // namespace
 
 absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   // Views of the first n (m) rows of the runner's buffers; GEMM inputs are

@@ -33,8 +33,9 @@ class OpsBackend {
   // input type where an op writes one).
   virtual absl::StatusOr<Tensor> Put(const Tensor& t,
                                      DType dtype = DType::kF32) = 0;
-  // A host weight (f32 or quantized blocks) as the backend's runner holds
-  // it after loading: the CPU keeps blocks, a GPU has bf16.
+  // A host weight matrix (f32 or quantized blocks) as the backend's runner
+  // holds it after loading: the CPU keeps blocks, a GPU has bf16. (Norm
+  // weights and biases stay f32: Put.)
   virtual absl::StatusOr<Tensor> Weight(const Tensor& t) = 0;
   // A zero tensor on the backend.
   virtual absl::StatusOr<Tensor> Zeros(DType dtype, Shape shape) = 0;
@@ -47,11 +48,11 @@ class OpsBackend {
                                                 int64_t head_dim,
                                                 DType dtype) = 0;
   // The ops bound to `step` (kept alive by the caller while they are used)
-  // for a model of `hidden` and RoPE table `rope`, over `blocks` KV blocks
-  // of `block_size`.
+  // for a model of `hidden` and RoPE table `rope`, over caches of
+  // `num_blocks` blocks of `block_size`.
   virtual absl::StatusOr<std::unique_ptr<ForwardOps>> Bind(
       const StepInput& step, const RopeTable& rope, int64_t hidden,
-      int64_t block_size) = 0;
+      int64_t block_size, int64_t num_blocks) = 0;
 
   // What the backend's buffers and weights are: the dtype of GEMM inputs
   // (RmsNorm's and SwiGlu's outputs, Linear's x), the relative rounding of

@@ -117,6 +117,7 @@ export SHARDLM_MODEL
 SHARDLM_MODEL=$(ls "$KIT"/models/*.gguf | head -1)
 run_test cuda_backend_test
 run_test kernels_cross_backend_test
+run_test forward_ops_gpu_test
 run_test nccl_communicator_test
 run_test cuda_model_runner_test
 run_test cuda_engine_test

@@ -1,0 +1,86 @@
+#include "worker/cuda_forward_ops.h"
+
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda_status.h"
+#include "core/status.h"
+
+namespace shardlm {
+
+absl::Status CudaForwardOps::Embed(const Tensor& table, int64_t vocab_begin,
+                                   Tensor& x) {
+  return EmbeddingCuda(table, ids_, vocab_begin, x, exec_);
+}
+
+absl::Status CudaForwardOps::RmsNorm(const Tensor& x, const Tensor& weight,
+                                     float eps, Tensor& out) {
+  return RmsNormCuda(x, weight, eps, out, exec_);
+}
+
+absl::Status CudaForwardOps::Linear(const Tensor& x, const Tensor& w, Tensor& y,
+                                    bool accumulate) {
+  return LinearCuda(x, w, y, accumulate, exec_);
+}
+
+absl::Status CudaForwardOps::Rope(Tensor& x, const RopeTable& rope) {
+  if (static_cast<int64_t>(rope.inv_freq.size()) != rope_.pairs ||
+      rope.style != rope_.style) {
+    return absl::InternalError("RoPE table differs from the uploaded one");
+  }
+  return RopeCuda(x, batch_.positions(), rope_, exec_);
+}
+
+absl::Status CudaForwardOps::WriteKv(const Tensor& k, const Tensor& v,
+                                     const KvLayer& cache) {
+  return WriteKvCuda(k, v, batch_, cache.k, cache.v, exec_, cache.k_host,
+                     cache.v_host);
+}
+
+absl::Status CudaForwardOps::Attention(const Tensor& q, const KvLayer& cache,
+                                       float scale, int64_t window,
+                                       Tensor& out) {
+  // The layer's window (Qwen2's differ by layer) over the step's batch.
+  return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
+                            AttentionKernel::kAuto, /*splits=*/0, cache.k_host,
+                            cache.v_host, window, &attention_workspace_);
+}
+
+absl::Status CudaForwardOps::SwiGlu(const Tensor& gate, const Tensor& up,
+                                    Tensor& out) {
+  return SwiGluCuda(gate, up, out, exec_);
+}
+
+absl::Status CudaForwardOps::Add(Tensor& x, const Tensor& y) {
+  return AddInPlaceCuda(x, y, exec_);
+}
+
+absl::Status CudaForwardOps::AddBias(Tensor& x, const Tensor& bias) {
+  return AddBiasCuda(x, bias, exec_);
+}
+
+absl::Status CudaForwardOps::SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
+                                      Tensor& v) {
+  return SplitQkvCuda(qkv, q, k, v, exec_);
+}
+
+absl::Status CudaForwardOps::SwiGluFused(const Tensor& gate_up, Tensor& out) {
+  return SwiGluFusedCuda(gate_up, out, exec_);
+}
+
+// The embedding kernel gathers rows of x as if it were a table.
+absl::Status CudaForwardOps::GatherLogitRows(const Tensor& x, Tensor& out) {
+  return EmbeddingCuda(x, rows_, 0, out, exec_);
+}
+
+absl::StatusOr<Tensor> CudaForwardOps::ToHost(const Tensor& t) {
+  if (t.memory() == MemoryType::kHost) return t;
+  ASSIGN_OR_RETURN(Tensor host,
+                   Tensor::HostUninitialized(t.dtype(), t.shape()));
+  auto* s = static_cast<cudaStream_t>(exec_.stream);
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(host.raw(), t.raw(), t.bytes(),
+                                       cudaMemcpyDeviceToHost, s));
+  RETURN_IF_CUDA_ERROR(cudaStreamSynchronize(s));
+  return host;
+}
+
+}  // namespace shardlm
