@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "core/status.h"
 
 namespace shardlm {
 namespace {
@@ -203,6 +204,352 @@ absl::StatusOr<std::vector<SimRequest>> ReadTraceCsv(const std::string& path) {
   return out;
 }
 
+namespace {
+
+// One run of Simulate: the replicas, the clients and the requests'
+// timelines on the virtual clock. Route and Act are the two events; Run
+// takes them in time order; Finish summarises.
+class Simulation {
+ public:
+  Simulation(const CostModel& cost, const SimOptions& o, int64_t vocab_size,
+             const std::vector<SimRequest>& trace)
+      : cost_(cost),
+        o_(o),
+        vocab_size_(vocab_size),
+        trace_(trace),
+        stages_(cost.StageSeconds(StepInput{}).size()),
+        tracked_(trace.size()),
+        rng_(o.seed),
+        gap_(0, o.client_gap) {
+    report_.requests = static_cast<int64_t>(trace.size());
+    for (int r = 0; r < o.replicas; ++r) {
+      replicas_.push_back(std::make_unique<Replica>(o, vocab_size, &metrics_));
+      replicas_.back()->stage_free.assign(stages_, 0);
+    }
+    for (int c = 0; c < o.concurrency; ++c) ClientFree(0);
+  }
+
+  // Every arrival and step in time order, until nothing is left to do.
+  absl::Status Run();
+  SimReport Finish(double wall_seconds);
+
+ private:
+  // Replicas by the time they act next (stale entries skipped).
+  using Entry = std::tuple<double, int, uint64_t>;
+
+  void Wake(int r, double t);
+  // Integrates replica `rep`'s KV use up to t and samples it anew.
+  void SampleKv(Replica& rep, double t);
+  // Runs f, adding its wall time to the planner's; returns that time.
+  template <typename F>
+  double Timed(F&& f);
+  void RunEvents();
+  // A closed-loop client is free to send again (at t plus its gap).
+  void ClientFree(double t);
+  void Refuse(const char* why);
+  // Request `index` arrives now: refused, or added to a replica's planner.
+  void Route(size_t index);
+  int PickReplica();
+  RequestCallbacks Callbacks(size_t index);
+  void RecordToken(size_t index);
+  // Replica r at time t: applies its finished step, admits, plans what it
+  // can and schedules the steps on its stages.
+  void Act(int r, double t);
+  // The step's stages after `ready`, each when its stage is free; returns
+  // when the last ends.
+  double Schedule(Replica& rep, const StepPlan& plan, double ready);
+
+  const CostModel& cost_;
+  const SimOptions& o_;
+  const int64_t vocab_size_;
+  const std::vector<SimRequest>& trace_;
+  const size_t stages_;
+
+  SimReport report_;
+  ServingMetrics metrics_;  // The planner records into it; unused here.
+  std::vector<std::unique_ptr<Replica>> replicas_;
+  std::vector<Tracked> tracked_;
+  std::vector<double> itl_;
+  std::mt19937_64 rng_;
+  int64_t itl_seen_ = 0;
+  double now_ = 0;
+  double planner_wall_ = 0;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> events_;
+  std::vector<PlannerEvent> done_events_;
+  // Closed loop: each client sends its next request when the last ends,
+  // arriving up to client_gap later.
+  std::priority_queue<double, std::vector<double>, std::greater<double>>
+      clients_;
+  std::uniform_real_distribution<double> gap_;
+  size_t round_robin_ = 0;
+  absl::Status bad_cost_;
+};
+
+void Simulation::Wake(int r, double t) {
+  Replica& rep = *replicas_[r];
+  rep.next = t;
+  ++rep.version;
+  if (t != kNever) events_.emplace(t, r, rep.version);
+}
+
+void Simulation::SampleKv(Replica& rep, double t) {
+  rep.device_integral += rep.device_used * (t - rep.sampled_at);
+  rep.host_integral += rep.host_used * (t - rep.sampled_at);
+  rep.sampled_at = t;
+  const TierUsage d = rep.blocks.device_usage();
+  const TierUsage h = rep.blocks.host_usage();
+  rep.device_used = d.total > 0 ? static_cast<double>(d.used) / d.total : 0;
+  rep.host_used = h.total > 0 ? static_cast<double>(h.used) / h.total : 0;
+  report_.device_kv_peak = std::max(report_.device_kv_peak, rep.device_used);
+  report_.host_kv_peak = std::max(report_.host_kv_peak, rep.host_used);
+}
+
+template <typename F>
+double Simulation::Timed(F&& f) {
+  using WallClock = std::chrono::steady_clock;
+  const auto a = WallClock::now();
+  f();
+  const double s = std::chrono::duration<double>(WallClock::now() - a).count();
+  planner_wall_ += s;
+  return s;
+}
+
+void Simulation::RunEvents() {
+  for (auto& e : done_events_) e();
+  done_events_.clear();
+}
+
+void Simulation::ClientFree(double t) {
+  if (o_.concurrency > 0) {
+    clients_.push(t + (o_.client_gap > 0 ? gap_(rng_) : 0));
+  }
+}
+
+void Simulation::Refuse(const char* why) {
+  ++report_.refused[why];
+  ClientFree(now_);
+}
+
+int Simulation::PickReplica() {
+  if (o_.router == Router::kRoundRobin) {
+    return static_cast<int>(round_robin_++ % replicas_.size());
+  }
+  // The most free device blocks, then the shortest queue.
+  const auto key = [](const Replica& x) {
+    return std::make_pair(-static_cast<int64_t>(x.blocks.DeviceAvailable()),
+                          static_cast<int64_t>(x.planner.waiting()));
+  };
+  int r = 0;
+  for (int i = 1; i < o_.replicas; ++i) {
+    if (key(*replicas_[i]) < key(*replicas_[r])) r = i;
+  }
+  return r;
+}
+
+void Simulation::RecordToken(size_t index) {
+  Tracked& x = tracked_[index];
+  if (x.tokens == 0) {
+    x.first_token = now_;
+  } else {
+    const double gap = now_ - x.last_token;
+    ++itl_seen_;
+    if (itl_.size() < kMaxItlSamples) {
+      itl_.push_back(gap);
+    } else {
+      const uint64_t j = rng_() % static_cast<uint64_t>(itl_seen_);
+      if (j < kMaxItlSamples) itl_[j] = gap;
+    }
+  }
+  x.last_token = now_;
+  ++x.tokens;
+}
+
+RequestCallbacks Simulation::Callbacks(size_t index) {
+  RequestCallbacks cb;
+  cb.on_token = [this, index](int32_t, const TokenLogprobs*) {
+    RecordToken(index);
+    return TokenAction::kContinue;
+  };
+  cb.on_done = [this, index](absl::StatusOr<GenerateResult> result) {
+    if (!result.ok()) {
+      Refuse("failed");
+      return;
+    }
+    ++report_.finished;
+    report_.prompt_tokens += trace_[index].prompt_tokens;
+    report_.output_tokens += static_cast<int64_t>(result->tokens.size());
+    report_.duration = std::max(report_.duration, now_);
+    ClientFree(now_);
+  };
+  return cb;
+}
+
+void Simulation::Route(size_t index) {
+  const SimRequest& req = trace_[index];
+  const double arrival = now_;
+  const int64_t total = int64_t{req.prompt_tokens} + req.output_tokens;
+  const int64_t capacity = o_.device_blocks + o_.host_blocks;
+  if (o_.context_length > 0 && total > o_.context_length) {
+    return Refuse("context_length");
+  }
+  if ((total + o_.block_size - 1) / o_.block_size > capacity) {
+    return Refuse("kv_capacity");
+  }
+  const int r = PickReplica();
+  Replica& rep = *replicas_[r];
+  if (static_cast<int64_t>(rep.planner.waiting()) >= o_.scheduler.max_queued) {
+    return Refuse("queue_full");
+  }
+  GenerateRequest g{.max_tokens = req.output_tokens, .priority = req.priority};
+  g.prompt.resize(req.prompt_tokens);
+  // Distinct prompts: no accidental prefix-cache hits.
+  for (int32_t& t : g.prompt) {
+    t = static_cast<int32_t>(rng_() % static_cast<uint64_t>(vocab_size_));
+  }
+  tracked_[index].arrival = arrival;
+  RequestCallbacks cb = Callbacks(index);
+  Timed([&] {
+    rep.planner.Add(static_cast<RequestId>(index), std::move(g), std::move(cb),
+                    At(arrival));
+  });
+  if (rep.next == kNever) Wake(r, arrival);
+}
+
+double Simulation::Schedule(Replica& rep, const StepPlan& plan, double ready) {
+  const std::vector<double> stage = cost_.StageSeconds(plan.step);
+  for (double x : stage) {
+    if (!std::isfinite(x) || x < 0) {
+      bad_cost_ = absl::InternalError(
+          absl::StrCat("the cost model gave a stage ", x, " s for a step of ",
+                       plan.step.tokens.size(), " tokens"));
+    }
+  }
+  for (size_t s = 0; s < stage.size(); ++s) {
+    const double start = std::max(ready, rep.stage_free[s]);
+    ready = start + stage[s];
+    rep.stage_free[s] = ready;
+    rep.stage_busy += stage[s];
+  }
+  return ready;
+}
+
+void Simulation::Act(int r, double t) {
+  Replica& rep = *replicas_[r];
+  now_ = t;
+  double spent = Timed([&] {
+    if (!rep.in_flight.empty() && rep.in_flight.front().done <= t) {
+      StepOutput out;
+      out.tokens.assign(rep.in_flight.front().rows, 1);
+      rep.in_flight.pop_front();
+      rep.planner.Apply(std::move(out), At(t), done_events_);
+    }
+    rep.planner.Admit(At(t), done_events_);
+  });
+  RunEvents();
+  while (true) {
+    std::optional<StepPlan> plan;
+    spent += Timed(
+        [&] { plan = rep.planner.PlanForPipeline(o_.max_steps_in_flight); });
+    if (!plan.has_value()) break;
+    ++report_.steps;
+    for (int64_t id : plan->stepped) {
+      if (tracked_[id].scheduled < 0) tracked_[id].scheduled = t;
+    }
+    const double done =
+        Schedule(rep, *plan, o_.count_planner_time ? t + spent : t);
+    rep.in_flight.push_back({done, plan->rows.size()});
+  }
+  report_.max_running = std::max<int64_t>(
+      report_.max_running, static_cast<int64_t>(rep.planner.running()));
+  SampleKv(rep, t);
+  if (!rep.in_flight.empty()) {
+    Wake(r, rep.in_flight.front().done);
+  } else if (!rep.planner.idle()) {
+    Wake(r, t + 0.01);  // The real loop's wait when nothing can run.
+  } else {
+    Wake(r, kNever);
+  }
+}
+
+absl::Status Simulation::Run() {
+  size_t next_arrival = 0;
+  while (bad_cost_.ok()) {
+    while (!events_.empty()) {
+      const auto [t, r, version] = events_.top();
+      if (replicas_[r]->version == version) break;
+      events_.pop();
+    }
+    double arrival = kNever;
+    if (next_arrival < trace_.size()) {
+      if (o_.concurrency == 0) {
+        arrival = trace_[next_arrival].arrival;
+      } else if (!clients_.empty()) {
+        arrival = clients_.top();
+      }
+    }
+    const double step = events_.empty() ? kNever : std::get<0>(events_.top());
+    if (arrival == kNever && step == kNever) break;
+    if (arrival <= step) {
+      now_ = arrival;
+      if (o_.concurrency > 0) clients_.pop();
+      Route(next_arrival++);
+    } else {
+      const int r = std::get<1>(events_.top());
+      events_.pop();
+      Act(r, step);
+    }
+  }
+  return bad_cost_;
+}
+
+SimReport Simulation::Finish(double wall_seconds) {
+  SimReport& report = report_;
+  std::vector<double> ttft, tpot, e2e, queueing;
+  int64_t met = 0;
+  for (const Tracked& t : tracked_) {
+    if (t.tokens == 0) continue;
+    ttft.push_back(t.first_token - t.arrival);
+    e2e.push_back(t.last_token - t.arrival);
+    queueing.push_back(t.scheduled - t.arrival);
+    double per_token = 0;
+    if (t.tokens > 1) {
+      per_token = (t.last_token - t.first_token) / (t.tokens - 1);
+      tpot.push_back(per_token);
+    }
+    const bool ok = (o_.slo_ttft <= 0 || ttft.back() <= o_.slo_ttft) &&
+                    (o_.slo_tpot <= 0 || per_token <= o_.slo_tpot);
+    met += ok ? 1 : 0;
+  }
+  report.ttft = Summarize(std::move(ttft));
+  report.tpot = Summarize(std::move(tpot));
+  report.itl = Summarize(std::move(itl_));
+  report.e2e = Summarize(std::move(e2e));
+  report.queueing = Summarize(std::move(queueing));
+  report.slo_set = o_.slo_ttft > 0 || o_.slo_tpot > 0;
+  report.slo_attainment =
+      report.requests > 0 ? static_cast<double>(met) / report.requests : 0;
+  report.goodput = report.duration > 0 ? met / report.duration : 0;
+  for (auto& rep : replicas_) {
+    SampleKv(*rep, report.duration);
+    const SchedulerStats s = rep->planner.Stats();
+    report.preempted_swap += s.preempted_swap;
+    report.preempted_recompute += s.preempted_recompute;
+    report.leaked_blocks += rep->blocks.used_blocks();
+    if (report.duration > 0) {
+      report.device_kv_mean +=
+          rep->device_integral / report.duration / o_.replicas;
+      report.host_kv_mean += rep->host_integral / report.duration / o_.replicas;
+      report.stage_utilization +=
+          rep->stage_busy / (report.duration * stages_) / o_.replicas;
+    }
+  }
+  report.planner_wall_seconds = planner_wall_;
+  report.wall_seconds = wall_seconds;
+  return report;
+}
+
+}  // namespace
+
 absl::StatusOr<SimReport> Simulate(const CostModel& cost,
                                    const SimOptions& options,
                                    int64_t vocab_size,
@@ -218,273 +565,11 @@ absl::StatusOr<SimReport> Simulate(const CostModel& cost,
                      o.block_size, ") and device_blocks (", o.device_blocks,
                      ") must be positive and the blocks fit in 32 bits"));
   }
-  const size_t stages = cost.StageSeconds(StepInput{}).size();
-
-  SimReport report;
-  report.requests = static_cast<int64_t>(trace.size());
-  ServingMetrics metrics;  // The planner records into it; unused here.
-  std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < o.replicas; ++r) {
-    replicas.push_back(std::make_unique<Replica>(o, vocab_size, &metrics));
-    replicas.back()->stage_free.assign(stages, 0);
-  }
-  std::vector<Tracked> tracked(trace.size());
-  std::vector<double> itl;
-  std::mt19937_64 rng(o.seed);
-  int64_t itl_seen = 0;
-  double now = 0;
-
-  // Replicas by the time they act next (stale entries skipped).
-  using Entry = std::tuple<double, int, uint64_t>;
-  std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> events;
-  const auto wake = [&](int r, double t) {
-    Replica& rep = *replicas[r];
-    rep.next = t;
-    ++rep.version;
-    if (t != kNever) events.emplace(t, r, rep.version);
-  };
-  const auto sample_kv = [&](Replica& rep, double t) {
-    rep.device_integral += rep.device_used * (t - rep.sampled_at);
-    rep.host_integral += rep.host_used * (t - rep.sampled_at);
-    rep.sampled_at = t;
-    const TierUsage d = rep.blocks.device_usage();
-    const TierUsage h = rep.blocks.host_usage();
-    rep.device_used = d.total > 0 ? static_cast<double>(d.used) / d.total : 0;
-    rep.host_used = h.total > 0 ? static_cast<double>(h.used) / h.total : 0;
-    report.device_kv_peak = std::max(report.device_kv_peak, rep.device_used);
-    report.host_kv_peak = std::max(report.host_kv_peak, rep.host_used);
-  };
-  double planner_wall = 0;
-  const auto timed = [&](auto&& f) {
-    const auto a = WallClock::now();
-    f();
-    const double s =
-        std::chrono::duration<double>(WallClock::now() - a).count();
-    planner_wall += s;
-    return s;
-  };
-  std::vector<PlannerEvent> done_events;
-  const auto run_events = [&] {
-    for (auto& e : done_events) e();
-    done_events.clear();
-  };
-
-  // Closed loop: each client sends its next request when the last ends,
-  // arriving up to client_gap later.
-  std::priority_queue<double, std::vector<double>, std::greater<double>>
-      clients;
-  std::uniform_real_distribution<double> gap(0, o.client_gap);
-  const auto client_free = [&](double t) {
-    if (o.concurrency > 0) clients.push(t + (o.client_gap > 0 ? gap(rng) : 0));
-  };
-  for (int c = 0; c < o.concurrency; ++c) client_free(0);
-  const auto refuse = [&](const char* why) {
-    ++report.refused[why];
-    client_free(now);
-  };
-  const int64_t capacity = o.device_blocks + o.host_blocks;
-  size_t round_robin = 0;
-  const auto route = [&](size_t index) {
-    const SimRequest& req = trace[index];
-    const double arrival = now;
-    const int64_t total = int64_t{req.prompt_tokens} + req.output_tokens;
-    if (o.context_length > 0 && total > o.context_length) {
-      return refuse("context_length");
-    }
-    if ((total + o.block_size - 1) / o.block_size > capacity) {
-      return refuse("kv_capacity");
-    }
-    int r = 0;
-    if (o.router == Router::kRoundRobin) {
-      r = static_cast<int>(round_robin++ % replicas.size());
-    } else {
-      // The most free device blocks, then the shortest queue.
-      for (int i = 1; i < o.replicas; ++i) {
-        const Replica& a = *replicas[i];
-        const Replica& b = *replicas[r];
-        const auto key = [](const Replica& x) {
-          return std::make_pair(
-              -static_cast<int64_t>(x.blocks.DeviceAvailable()),
-              static_cast<int64_t>(x.planner.waiting()));
-        };
-        if (key(a) < key(b)) r = i;
-      }
-    }
-    Replica& rep = *replicas[r];
-    if (static_cast<int64_t>(rep.planner.waiting()) >= o.scheduler.max_queued) {
-      return refuse("queue_full");
-    }
-    GenerateRequest g{.max_tokens = req.output_tokens,
-                      .priority = req.priority};
-    g.prompt.resize(req.prompt_tokens);
-    // Distinct prompts: no accidental prefix-cache hits.
-    for (int32_t& t : g.prompt) {
-      t = static_cast<int32_t>(rng() % static_cast<uint64_t>(vocab_size));
-    }
-    Tracked& tr = tracked[index];
-    tr.arrival = arrival;
-    RequestCallbacks cb;
-    cb.on_token = [&, index](int32_t, const TokenLogprobs*) {
-      Tracked& x = tracked[index];
-      if (x.tokens == 0) {
-        x.first_token = now;
-      } else {
-        const double gap = now - x.last_token;
-        ++itl_seen;
-        if (itl.size() < kMaxItlSamples) {
-          itl.push_back(gap);
-        } else {
-          const uint64_t j = rng() % static_cast<uint64_t>(itl_seen);
-          if (j < kMaxItlSamples) itl[j] = gap;
-        }
-      }
-      x.last_token = now;
-      ++x.tokens;
-      return TokenAction::kContinue;
-    };
-    cb.on_done = [&, index](absl::StatusOr<GenerateResult> result) {
-      if (!result.ok()) {
-        refuse("failed");
-        return;
-      }
-      ++report.finished;
-      report.prompt_tokens += trace[index].prompt_tokens;
-      report.output_tokens += static_cast<int64_t>(result->tokens.size());
-      report.duration = std::max(report.duration, now);
-      client_free(now);
-    };
-    timed([&] {
-      rep.planner.Add(static_cast<RequestId>(index), std::move(g),
-                      std::move(cb), At(arrival));
-    });
-    if (rep.next == kNever) wake(r, arrival);
-  };
-
-  absl::Status bad_cost;
-  const auto act = [&](int r, double t) {
-    Replica& rep = *replicas[r];
-    now = t;
-    double spent = timed([&] {
-      if (!rep.in_flight.empty() && rep.in_flight.front().done <= t) {
-        StepOutput out;
-        out.tokens.assign(rep.in_flight.front().rows, 1);
-        rep.in_flight.pop_front();
-        rep.planner.Apply(std::move(out), At(t), done_events);
-      }
-      rep.planner.Admit(At(t), done_events);
-    });
-    run_events();
-    while (true) {
-      std::optional<StepPlan> plan;
-      spent += timed(
-          [&] { plan = rep.planner.PlanForPipeline(o.max_steps_in_flight); });
-      if (!plan.has_value()) break;
-      ++report.steps;
-      for (int64_t id : plan->stepped) {
-        if (tracked[id].scheduled < 0) tracked[id].scheduled = t;
-      }
-      const std::vector<double> stage = cost.StageSeconds(plan->step);
-      for (double x : stage) {
-        if (!std::isfinite(x) || x < 0) {
-          bad_cost = absl::InternalError(absl::StrCat(
-              "the cost model gave a stage ", x, " s for a step of ",
-              plan->step.tokens.size(), " tokens"));
-        }
-      }
-      double ready = o.count_planner_time ? t + spent : t;
-      for (size_t s = 0; s < stage.size(); ++s) {
-        const double start = std::max(ready, rep.stage_free[s]);
-        ready = start + stage[s];
-        rep.stage_free[s] = ready;
-        rep.stage_busy += stage[s];
-      }
-      rep.in_flight.push_back({ready, plan->rows.size()});
-    }
-    report.max_running = std::max<int64_t>(
-        report.max_running, static_cast<int64_t>(rep.planner.running()));
-    sample_kv(rep, t);
-    if (!rep.in_flight.empty()) {
-      wake(r, rep.in_flight.front().done);
-    } else if (!rep.planner.idle()) {
-      wake(r, t + 0.01);  // The real loop's wait when nothing can run.
-    } else {
-      wake(r, kNever);
-    }
-  };
-
-  size_t next_arrival = 0;
-  while (bad_cost.ok()) {
-    while (!events.empty()) {
-      const auto [t, r, version] = events.top();
-      if (replicas[r]->version == version) break;
-      events.pop();
-    }
-    double arrival = kNever;
-    if (next_arrival < trace.size()) {
-      if (o.concurrency == 0) {
-        arrival = trace[next_arrival].arrival;
-      } else if (!clients.empty()) {
-        arrival = clients.top();
-      }
-    }
-    const double step = events.empty() ? kNever : std::get<0>(events.top());
-    if (arrival == kNever && step == kNever) break;
-    if (arrival <= step) {
-      now = arrival;
-      if (o.concurrency > 0) clients.pop();
-      route(next_arrival++);
-    } else {
-      const int r = std::get<1>(events.top());
-      events.pop();
-      act(r, step);
-    }
-  }
-
-  if (!bad_cost.ok()) return bad_cost;
-  // Summaries.
-  std::vector<double> ttft, tpot, e2e, queueing;
-  int64_t met = 0;
-  for (const Tracked& t : tracked) {
-    if (t.tokens == 0) continue;
-    ttft.push_back(t.first_token - t.arrival);
-    e2e.push_back(t.last_token - t.arrival);
-    queueing.push_back(t.scheduled - t.arrival);
-    double per_token = 0;
-    if (t.tokens > 1) {
-      per_token = (t.last_token - t.first_token) / (t.tokens - 1);
-      tpot.push_back(per_token);
-    }
-    const bool ok = (o.slo_ttft <= 0 || ttft.back() <= o.slo_ttft) &&
-                    (o.slo_tpot <= 0 || per_token <= o.slo_tpot);
-    met += ok ? 1 : 0;
-  }
-  report.ttft = Summarize(std::move(ttft));
-  report.tpot = Summarize(std::move(tpot));
-  report.itl = Summarize(std::move(itl));
-  report.e2e = Summarize(std::move(e2e));
-  report.queueing = Summarize(std::move(queueing));
-  report.slo_set = o.slo_ttft > 0 || o.slo_tpot > 0;
-  report.slo_attainment =
-      report.requests > 0 ? static_cast<double>(met) / report.requests : 0;
-  report.goodput = report.duration > 0 ? met / report.duration : 0;
-  for (auto& rep : replicas) {
-    sample_kv(*rep, report.duration);
-    const SchedulerStats s = rep->planner.Stats();
-    report.preempted_swap += s.preempted_swap;
-    report.preempted_recompute += s.preempted_recompute;
-    report.leaked_blocks += rep->blocks.used_blocks();
-    if (report.duration > 0) {
-      report.device_kv_mean +=
-          rep->device_integral / report.duration / o.replicas;
-      report.host_kv_mean += rep->host_integral / report.duration / o.replicas;
-      report.stage_utilization +=
-          rep->stage_busy / (report.duration * stages) / o.replicas;
-    }
-  }
-  report.planner_wall_seconds = planner_wall;
-  report.wall_seconds =
-      std::chrono::duration<double>(WallClock::now() - wall_start).count();
-  return report;
+  // Held by pointer: the planners' callbacks point into it.
+  auto sim = std::make_unique<Simulation>(cost, o, vocab_size, trace);
+  RETURN_IF_ERROR(sim->Run());
+  return sim->Finish(
+      std::chrono::duration<double>(WallClock::now() - wall_start).count());
 }
 
 namespace {
