@@ -21,6 +21,7 @@
 #include "core/status.h"
 #include "model/shard_plan.h"
 #include "worker/cuda_model_runner.h"
+#include "worker/cuda_shard.h"
 
 namespace shardlm {
 
@@ -37,12 +38,14 @@ CudaAvailability QueryCuda() {
 
 namespace {
 
-// One runner on one GPU; sampling on the device.
+// One shard on one GPU; sampling on the device.
 class CudaExecutor : public StepExecutor {
  public:
   const char* backend() const override { return "cuda"; }
-  CudaExecutor(std::unique_ptr<CudaModelRunner> runner, int device)
-      : runner_(std::move(runner)), device_(device) {}
+  explicit CudaExecutor(std::unique_ptr<CudaShard> shard)
+      : shard_(std::move(shard)),
+        runner_(&shard_->device_runner()),
+        device_(shard_->device()) {}
   const ModelConfig& config() const override { return runner_->config(); }
   int64_t num_kv_blocks() const override {
     return runner_->kv_config().num_blocks;
@@ -75,11 +78,12 @@ class CudaExecutor : public StepExecutor {
     return {r};
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
-    return runner_->Step(step);
+    return shard_->Step(step);
   }
 
  private:
-  std::unique_ptr<CudaModelRunner> runner_;
+  std::unique_ptr<CudaShard> shard_;
+  const CudaModelRunner* runner_;  // The shard's.
   int device_;
 };
 
@@ -88,59 +92,6 @@ std::string Gib(int64_t bytes) {
 }
 
 }  // namespace
-
-absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>& ranks,
-                                  int64_t kv_cache_bytes,
-                                  double gpu_memory_utilization,
-                                  int32_t block_size,
-                                  int64_t placeholder_blocks,
-                                  std::string* why) {
-  if (ranks.empty() || block_size <= 0 || placeholder_blocks < 0) {
-    return absl::InvalidArgumentError("SizeGpuKv: no ranks or no block size");
-  }
-  // Block ids and KV slots are int32.
-  const int64_t max_blocks = std::numeric_limits<int32_t>::max() / block_size;
-  int64_t blocks = max_blocks;
-  if (kv_cache_bytes > 0) {
-    for (const GpuRankKv& r : ranks) {
-      blocks = std::min(blocks, kv_cache_bytes / r.block_bytes);
-    }
-    if (blocks < 1) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--kv-cache-bytes ", kv_cache_bytes, " holds no KV block of ",
-          ranks[0].block_bytes, " bytes"));
-    }
-    *why = absl::StrCat(blocks, " KV blocks per rank from --kv-cache-bytes");
-    return blocks;
-  }
-  // Every rank gets the same number of blocks: the fewest any GPU holds
-  // for all of its ranks.
-  std::map<int, int64_t> per_device;  // Bytes of one block of each rank.
-  for (const GpuRankKv& r : ranks) per_device[r.device] += r.block_bytes;
-  bool first = true;
-  for (const auto& [device, block_bytes] : per_device) {
-    size_t free = 0, total = 0;
-    if (cudaSetDevice(device) != cudaSuccess ||
-        cudaMemGetInfo(&free, &total) != cudaSuccess) {
-      cudaGetLastError();
-      return absl::InternalError(
-          absl::StrCat("cudaMemGetInfo on CUDA device ", device, " failed"));
-    }
-    // The placeholder pools are freed before the real ones are allocated.
-    ASSIGN_OR_RETURN(
-        GpuKvPlan plan,
-        PlanGpuKv({.total_bytes = static_cast<int64_t>(total),
-                   .free_bytes = static_cast<int64_t>(free) +
-                                 placeholder_blocks * block_bytes},
-                  gpu_memory_utilization, block_bytes, max_blocks));
-    if (plan.blocks < blocks || first) {
-      blocks = plan.blocks;
-      *why = absl::StrCat("device ", device, ": ", plan.explanation);
-    }
-    first = false;
-  }
-  return blocks;
-}
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     const WeightSource& source, const CudaExecutorOptions& o) {
@@ -173,57 +124,50 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   // Each shard's weights go up one at a time (the f32 host copy is dropped
   // once uploaded), then every runner reserves its activations, and only
   // then is the rest of each GPU's memory given to the KV caches.
-  std::vector<std::unique_ptr<CudaModelRunner>> runners;
-  int64_t weight_bytes = 0;
-  for (size_t r = 0; r < plan.shards.size(); ++r) {
-    const ShardSpec& spec = plan.shards[r];
-    ASSIGN_OR_RETURN(LlamaWeights host, LoadLlamaWeights(source, spec));
-    const ModelConfig c = host.config;  // A copy: `host` is dropped below.
-    const KvPoolConfig kv{.n_layers = spec.n_layers(),
-                          .kv_heads = spec.n_kv_heads(),
-                          .head_dim = c.head_dim,
-                          .block_size = o.kv.block_size,
-                          .num_blocks = 1,  // Sized below.
-                          .dtype = DType::kBF16};
-    ASSIGN_OR_RETURN(std::unique_ptr<CudaModelRunner> runner,
-                     CudaModelRunner::Create(devices[r], c, kv));
-    ASSIGN_OR_RETURN(
-        LlamaWeights weights,
-        UploadLlamaWeights(host, runner->backend(), runner->exec()));
-    host = LlamaWeights();
-    weight_bytes += weights.bytes();
-    RETURN_IF_ERROR(runner->SetWeights(std::move(weights)));
-    RETURN_IF_ERROR(runner->ReserveActivations(o.limits.max_batched_tokens,
-                                               std::max(o.limits.max_seqs, 1)));
-    RETURN_IF_ERROR(runner->Synchronize());
-    runners.push_back(std::move(runner));
-  }
-
+  // Multi-rank: the ranks run on threads; their communicators are
+  // in-process groups that stage device tensors through the host (the
+  // ranks may share a GPU).
+  std::vector<std::unique_ptr<CudaShard>> shards;
   std::vector<GpuRankKv> ranks_kv;
-  for (size_t r = 0; r < runners.size(); ++r) {
-    ranks_kv.push_back(
-        {.device = devices[r],
-         .block_bytes = runners[r]->kv_config().BytesPerBlock()});
+  int64_t weight_bytes = 0, block_bytes = 0;
+  for (size_t r = 0; r < plan.shards.size(); ++r) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<CudaShard> shard,
+        LoadCudaShard(source,
+                      {.spec = plan.shards[r],
+                       .kv = o.kv,
+                       .limits = o.limits,
+                       .name = absl::StrCat("shard pp ", plan.shards[r].pp_rank,
+                                            " tp ", plan.shards[r].tp_rank)},
+                      {.device = devices[r], .comms_on_stream = false}));
+    const CudaModelRunner& runner = shard->device_runner();
+    weight_bytes += runner.weights().bytes();
+    block_bytes = std::max(block_bytes, runner.kv_config().BytesPerBlock());
+    ranks_kv.push_back({.device = devices[r],
+                        .block_bytes = runner.kv_config().BytesPerBlock()});
+    shards.push_back(std::move(shard));
   }
+  // Every rank gets the same blocks: the fewest any GPU holds for all of
+  // the ranks on it (ranks may share one, so not each shard's own figure).
   std::string why;
   ASSIGN_OR_RETURN(const int64_t blocks,
                    SizeGpuKv(ranks_kv, o.kv.kv_cache_bytes,
                              o.kv.gpu_memory_utilization, o.kv.block_size,
                              /*placeholder_blocks=*/1, &why));
   // The host tier: what --cpu-offload-bytes holds for every rank.
-  int64_t host_blocks = 0;
+  const int64_t host_blocks = HostTierBlocks(
+      o.kv.cpu_offload_bytes, block_bytes, o.kv.block_size, blocks);
   if (o.kv.cpu_offload_bytes > 0) {
-    host_blocks =
-        std::numeric_limits<int32_t>::max() / o.kv.block_size - blocks;
-    for (const auto& r : runners) {
-      host_blocks = std::min(
-          host_blocks, o.kv.cpu_offload_bytes / r->kv_config().BytesPerBlock());
-    }
-    absl::StrAppend(&why, "; ", std::max<int64_t>(host_blocks, 0),
+    absl::StrAppend(&why, "; ", host_blocks,
                     " host-tier blocks (pinned) from --cpu-offload-bytes");
   }
-  host_blocks = std::max<int64_t>(host_blocks, 0);
-  for (auto& r : runners) RETURN_IF_ERROR(r->SetKvBlocks(blocks, host_blocks));
+  InProcessComms comms;
+  if (ranks > 1) comms = MakeInProcessComms(o.tp, o.pp, StageThroughHost);
+  for (size_t r = 0; r < shards.size(); ++r) {
+    RETURN_IF_ERROR(shards[r]->InitializeCache(
+        {.device = blocks, .host = host_blocks},
+        ranks > 1 ? comms.per_rank[r] : ShardComms{}));
+  }
   Log("CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s: "
       "weights %s (bf16), activations for %d tokens x %d "
       "sequences; %s; %lld tokens of KV",
@@ -232,19 +176,11 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
       why.c_str(), static_cast<long long>(blocks * o.kv.block_size));
   if (ranks == 1) {
     return std::unique_ptr<StepExecutor>(
-        std::make_unique<CudaExecutor>(std::move(runners[0]), devices[0]));
+        std::make_unique<CudaExecutor>(std::move(shards[0])));
   }
-
-  // Ranks on threads; their communicators are in-process groups that stage
-  // device tensors through the host (the ranks may share a GPU).
-  InProcessComms comms = MakeInProcessComms(o.tp, o.pp, StageThroughHost);
-  std::vector<std::unique_ptr<Shard>> shards;
-  for (size_t r = 0; r < runners.size(); ++r) {
-    runners[r]->SetComms(comms.per_rank[r]);
-    shards.push_back(WrapRunner(plan.shards[r], std::move(runners[r]),
-                                {.device = blocks, .host = host_blocks}));
-  }
-  return NewThreadedExecutor(std::move(comms.owned), std::move(shards),
+  std::vector<std::unique_ptr<Shard>> as_shards;
+  for (auto& shard : shards) as_shards.push_back(std::move(shard));
+  return NewThreadedExecutor(std::move(comms.owned), std::move(as_shards),
                              /*threads_per_rank=*/1);
 }
 

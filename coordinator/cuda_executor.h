@@ -33,24 +33,6 @@ struct CudaExecutorOptions {
   bool allow_shared_gpu = false;
 };
 
-// How many KV blocks every rank gets when ranks share GPUs: `ranks` holds
-// each rank's GPU and the bytes of one of its KV blocks, measured after
-// every rank's weights and activations are allocated and with each rank's
-// current (placeholder) pool of `placeholder_blocks` blocks about to be
-// freed. kv_cache_bytes > 0: that budget per rank; else
-// gpu_memory_utilization of each GPU (PlanGpuKv), the fewest blocks any GPU
-// affords. `why` gets the arithmetic for the log. InvalidArgument /
-// ResourceExhausted when not one block fits.
-struct GpuRankKv {
-  int device = 0;
-  int64_t block_bytes = 0;
-};
-absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>& ranks,
-                                  int64_t kv_cache_bytes,
-                                  double gpu_memory_utilization,
-                                  int32_t block_size,
-                                  int64_t placeholder_blocks, std::string* why);
-
 // Loads `source` onto GPU `options.device`. FailedPrecondition without a
 // usable GPU (or in a binary built without CUDA), ResourceExhausted when
 // the weights or not one KV block fit; the KV sizing is logged to stderr.

@@ -16,10 +16,4 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
       ": this shardlm was built without CUDA (SHARDLM_CUDA=OFF or no nvcc)"));
 }
 
-absl::StatusOr<int64_t> SizeGpuKv(const std::vector<GpuRankKv>&, int64_t,
-                                  double, int32_t, int64_t, std::string*) {
-  return absl::FailedPreconditionError(
-      "this shardlm was built without CUDA (SHARDLM_CUDA=OFF or no nvcc)");
-}
-
 }  // namespace shardlm

@@ -37,15 +37,15 @@
 #include "launch/api_flags.h"
 #include "launch/cluster_serving.h"
 #include "launch/commands.h"
-#include "launch/cuda_shard_host.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
 #include "launch/node_address.h"
 #include "launch/remote_generate.h"
-#include "launch/shard_host.h"
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "worker/control_store.h"
+#include "worker/cuda_shard_host.h"
+#include "worker/shard_host.h"
 #include "worker/worker_agent.h"
 
 namespace shardlm {

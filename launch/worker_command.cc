@@ -35,13 +35,13 @@
 #include "grpcpp/grpcpp.h"
 #include "launch/commands.h"
 #include "launch/control_tls_flags.h"
-#include "launch/cuda_shard_host.h"
 #include "launch/drain.h"
 #include "launch/flags.h"
 #include "launch/node_address.h"
-#include "launch/shard_host.h"
 #include "model/shard_plan.h"
 #include "worker/control_store.h"
+#include "worker/cuda_shard_host.h"
+#include "worker/shard_host.h"
 #include "worker/worker_agent.h"
 
 namespace shardlm {

@@ -75,35 +75,7 @@ class CpuShard : public Shard {
   std::unique_ptr<ModelRunner> runner_;
 };
 
-class WrappedShard : public Shard {
- public:
-  WrappedShard(ShardSpec spec, std::unique_ptr<ShardRunner> runner,
-               KvBlockCounts blocks)
-      : Shard(std::move(spec)), runner_(std::move(runner)) {
-    blocks_ = blocks;
-  }
-  absl::StatusOr<KvBlockCounts> BlocksAvailable() const override {
-    return blocks_;
-  }
-  absl::Status InitializeCache(KvBlockCounts, ShardComms) override {
-    return absl::FailedPreconditionError(
-        "this shard's KV cache was set up by its creator");
-  }
-  ShardRunner* runner() override { return runner_.get(); }
-  const ShardRunner* runner() const override { return runner_.get(); }
-
- private:
-  std::unique_ptr<ShardRunner> runner_;
-};
-
 }  // namespace
-
-std::unique_ptr<Shard> WrapRunner(ShardSpec spec,
-                                  std::unique_ptr<ShardRunner> runner,
-                                  KvBlockCounts blocks) {
-  return std::make_unique<WrappedShard>(std::move(spec), std::move(runner),
-                                        blocks);
-}
 
 absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
                                                     const ShardRequest& r) {

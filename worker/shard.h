@@ -85,13 +85,6 @@ class Shard {
 absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
                                                     const ShardRequest& r);
 
-// A shard around a runner whose KV cache and communicators its caller set
-// up (`blocks` of each tier): the in-process CUDA executor's, until the
-// GPU runner's lifecycle is a Shard of its own.
-std::unique_ptr<Shard> WrapRunner(ShardSpec spec,
-                                  std::unique_ptr<ShardRunner> runner,
-                                  KvBlockCounts blocks);
-
 }  // namespace shardlm
 
 #endif  // SHARDLM_WORKER_SHARD_H_

@@ -9,8 +9,8 @@
 //
 // CUDA-free header; in a binary built without CUDA (or NCCL) the factory
 // says so.
-#ifndef SHARDLM_LAUNCH_CUDA_SHARD_HOST_H_
-#define SHARDLM_LAUNCH_CUDA_SHARD_HOST_H_
+#ifndef SHARDLM_WORKER_CUDA_SHARD_HOST_H_
+#define SHARDLM_WORKER_CUDA_SHARD_HOST_H_
 
 #include <memory>
 #include <string>
@@ -56,4 +56,4 @@ inline std::string NcclPpChainKey(const std::string& prefix, int tp_rank) {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_LAUNCH_CUDA_SHARD_HOST_H_
+#endif  // SHARDLM_WORKER_CUDA_SHARD_HOST_H_

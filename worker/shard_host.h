@@ -2,8 +2,8 @@
 // PP chain, and its Shard (worker/shard.h) on the CPU. The
 // communicators come from MPI (shardlm launch under mpirun) or Gloo
 // (shardlm worker, rendezvous through the coordinator).
-#ifndef SHARDLM_LAUNCH_SHARD_HOST_H_
-#define SHARDLM_LAUNCH_SHARD_HOST_H_
+#ifndef SHARDLM_WORKER_SHARD_HOST_H_
+#define SHARDLM_WORKER_SHARD_HOST_H_
 
 #include <atomic>
 #include <functional>
@@ -69,4 +69,4 @@ absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_LAUNCH_SHARD_HOST_H_
+#endif  // SHARDLM_WORKER_SHARD_HOST_H_

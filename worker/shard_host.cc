@@ -1,4 +1,4 @@
-#include "launch/shard_host.h"
+#include "worker/shard_host.h"
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"

@@ -1,7 +1,7 @@
 // NewCudaShardHost in a binary built without CUDA, or with CUDA but without
 // NCCL (GPU workers need both; generate/serve on GPUs need only CUDA).
 #include "absl/strings/str_cat.h"
-#include "launch/cuda_shard_host.h"
+#include "worker/cuda_shard_host.h"
 
 namespace shardlm {
 

@@ -1,6 +1,6 @@
-// NewCudaShardHost (launch/cuda_shard_host.h): a worker's shard on one GPU
+// NewCudaShardHost (worker/cuda_shard_host.h): a worker's shard on one GPU
 // with NCCL communicators. Built only with CUDA and NCCL.
-#include "launch/cuda_shard_host.h"
+#include "worker/cuda_shard_host.h"
 
 #include <algorithm>
 #include <atomic>
@@ -12,12 +12,12 @@
 #include "absl/strings/str_format.h"
 #include "backend/cuda_backend.h"
 #include "collectives/nccl_communicator.h"
-#include "coordinator/cuda_executor.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "model/shard_plan.h"
 #include "worker/activation_memory.h"
 #include "worker/cuda_model_runner.h"
+#include "worker/cuda_shard.h"
 #include "worker/llama_weights.h"
 
 namespace shardlm {
@@ -34,7 +34,7 @@ class CudaShardHost : public ShardHost {
       // The communicators run on the runner's stream: they go first.
       pp_.reset();
       tp_.reset();
-      runner_.reset();
+      shard_.reset();
       return absl::Status(kv.status().code(),
                           absl::StrCat("worker rank ", o_.rank, " on cuda:",
                                        o_.device, ": ", kv.status().message()));
@@ -42,27 +42,21 @@ class CudaShardHost : public ShardHost {
     return kv;
   }
 
+  // The last stage's TP rank 0 samples (on the device when it can); the
+  // others take part in the step's collectives and return nothing.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override {
     if (!loaded_) {
       return absl::FailedPreconditionError("step before the shard was loaded");
     }
-    // Every rank refuses a malformed step alike, before any collective:
-    // only the sampling rank would check it otherwise, leaving its peers
-    // waiting in a collective it never enters.
-    RETURN_IF_ERROR(ValidateStepSampling(step));
-    // The last stage's TP rank 0 samples (on the device when it can); the
-    // others take part in the step's collectives and return nothing.
-    if (spec_.samples()) return runner_->Step(step);
-    RETURN_IF_ERROR(runner_->Forward(step).status());
-    return StepOutput{};
+    return shard_->Step(step);
   }
 
   int64_t weight_bytes() const override {
-    return loaded_ ? runner_->weight_bytes() : 0;
+    return loaded_ ? shard_->device_runner().weight_bytes() : 0;
   }
   std::optional<RunnerStats> stats() const override {
     if (!loaded_) return std::nullopt;
-    return runner_->stats();
+    return shard_->device_runner().stats();
   }
   bool loaded() const override { return loaded_.load(); }
 
@@ -109,7 +103,7 @@ class CudaShardHost : public ShardHost {
   }
 
   absl::StatusOr<KvPoolConfig> LoadShard(const WorkerAssignment& a) {
-    if (runner_ != nullptr) {
+    if (shard_ != nullptr) {
       return absl::FailedPreconditionError("the shard is loaded already");
     }
     if (a.kv.dtype != DType::kBF16) {
@@ -122,29 +116,28 @@ class CudaShardHost : public ShardHost {
     if ((a.tp > 1 || a.pp > 1) && o_.store == nullptr) {
       return absl::InternalError("no rendezvous store for the NCCL ids");
     }
-    assignment_ = a;
     ASSIGN_OR_RETURN(ShardPlan plan,
                      PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
-    const ShardSpec& spec = spec_ = plan.at(a.pp_rank, a.tp_rank);
+    const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
 
-    // The runner first (its stream carries the collectives), then the
-    // groups, every rank in the same order (its TP group, then its PP
+    // The shard's runner first (its stream carries the collectives), then
+    // the groups, every rank in the same order (its TP group, then its PP
     // chain) so that inits pair up: a missing peer fails here, by the
-    // timeout, before minutes of loading. Then the shard's weights go up
-    // once (the host copy is dropped after), then the activation buffers,
-    // and only then is the rest of the GPU's memory measured for the KV
-    // pool.
+    // timeout, before minutes of loading. Then the weights and step
+    // buffers (CudaShard::Load), and only then is the rest of the GPU's
+    // memory measured for the KV pool.
     const ModelConfig& config = source_->config();
-    const KvPoolConfig placeholder{.n_layers = spec.n_layers(),
-                                   .kv_heads = spec.n_kv_heads(),
-                                   .head_dim = config.head_dim,
-                                   .block_size = a.kv.block_size,
-                                   .num_blocks = 1,  // Sized below.
-                                   .dtype = DType::kBF16};
-    ASSIGN_OR_RETURN(runner_,
-                     CudaModelRunner::Create(o_.device, config, placeholder));
-    CudaModelRunner* runner = runner_.get();
-    void* stream = runner->exec().stream;
+    ASSIGN_OR_RETURN(
+        shard_, CudaShard::Create(
+                    config,
+                    {.spec = spec,
+                     .kv = a.kv,
+                     .limits = a.limits,
+                     .name = absl::StrCat("worker rank ", o_.rank, " (pp ",
+                                          a.pp_rank, ", tp ", a.tp_rank, ")")},
+                    {.device = o_.device, .comms_on_stream = true}));
+    CudaModelRunner& runner = shard_->device_runner();
+    void* stream = runner.exec().stream;
     if (a.tp > 1) {
       ASSIGN_OR_RETURN(tp_, Join(NcclTpGroupKey(a.rendezvous_prefix, a.pp_rank),
                                  absl::StrCat("tp group of stage ", a.pp_rank),
@@ -155,42 +148,14 @@ class CudaShardHost : public ShardHost {
                                  absl::StrCat("pp chain of tp ", a.tp_rank),
                                  a.pp_rank, a.pp, stream));
     }
-    ASSIGN_OR_RETURN(
-        LlamaWeights host,
-        LoadLlamaWeights(
-            *source_, spec,
-            LogLoadProgress(absl::StrCat("worker rank ", o_.rank, " (pp ",
-                                         a.pp_rank, ", tp ", a.tp_rank, ")"))));
-    ASSIGN_OR_RETURN(
-        LlamaWeights weights,
-        UploadLlamaWeights(host, runner->backend(), runner->exec()));
-    host = LlamaWeights();
-    RETURN_IF_ERROR(runner->SetWeights(std::move(weights)));
-    RETURN_IF_ERROR(runner->ReserveActivations(
-        std::max<int32_t>(a.limits.max_batched_tokens, 1),
-        std::max<int32_t>(a.limits.max_seqs, 1)));
-    RETURN_IF_ERROR(runner->Synchronize());
+    RETURN_IF_ERROR(shard_->Load(*source_));
     // NCCL connects peers and allocates its buffers at a group's first
     // collective: have them now, so that the KV sizing below sees them.
-    RETURN_IF_ERROR(WarmUp(*runner, a, config.hidden));
+    RETURN_IF_ERROR(WarmUp(runner, a, config.hidden));
     std::string why;
-    ASSIGN_OR_RETURN(
-        const int64_t blocks,
-        SizeGpuKv({{.device = o_.device,
-                    .block_bytes = runner->kv_config().BytesPerBlock()}},
-                  a.kv.kv_cache_bytes, a.kv.gpu_memory_utilization,
-                  a.kv.block_size,
-                  /*placeholder_blocks=*/1, &why));
-    // The host tier, in pinned memory, from --cpu-offload-bytes.
-    const int64_t host_blocks = std::clamp<int64_t>(
-        a.kv.cpu_offload_bytes / runner->kv_config().BytesPerBlock(), 0,
-        std::numeric_limits<int32_t>::max() / a.kv.block_size - blocks);
-    if (host_blocks > 0) {
-      absl::StrAppend(&why, "; ", host_blocks,
-                      " host-tier blocks (pinned) from --cpu-offload-bytes");
-    }
-    RETURN_IF_ERROR(runner->SetKvBlocks(blocks, host_blocks));
-    runner->SetComms({.tp = tp_.get(), .pp = pp_.get()}, /*on_stream=*/true);
+    ASSIGN_OR_RETURN(const KvBlockCounts blocks, shard_->PlanBlocks(&why));
+    RETURN_IF_ERROR(
+        shard_->InitializeCache(blocks, {.tp = tp_.get(), .pp = pp_.get()}));
     // From now on a peer that does not arrive is dead or stuck: the
     // collectives wait as long as the coordinator waits for a step, not as
     // long as the cluster may take to form.
@@ -201,30 +166,27 @@ class CudaShardHost : public ShardHost {
         }
       }
     }
+    const int32_t tokens = std::max<int32_t>(a.limits.max_batched_tokens, 1);
+    const int32_t seqs = std::max<int32_t>(a.limits.max_seqs, 1);
     Log("worker rank %d (pp %d, tp %d) on cuda:%d: weights "
         "%.2f GiB (bf16), step buffers %.2f GiB for %d tokens x %d "
         "sequences; %s; %lld tokens of KV",
         o_.rank, a.pp_rank, a.tp_rank, o_.device,
-        static_cast<double>(runner->weights().bytes()) / (1 << 30),
-        static_cast<double>(GpuActivationBytes(
-            ActivationDimsOf(config, spec),
-            std::max<int32_t>(a.limits.max_batched_tokens, 1),
-            std::max<int32_t>(a.limits.max_seqs, 1))) /
+        static_cast<double>(runner.weights().bytes()) / (1 << 30),
+        static_cast<double>(
+            GpuActivationBytes(ActivationDimsOf(config, spec), tokens, seqs)) /
             (1 << 30),
-        std::max<int32_t>(a.limits.max_batched_tokens, 1),
-        std::max<int32_t>(a.limits.max_seqs, 1), why.c_str(),
-        static_cast<long long>(blocks * a.kv.block_size));
+        tokens, seqs, why.c_str(),
+        static_cast<long long>(blocks.device * a.kv.block_size));
     loaded_ = true;
-    return runner_->kv_config();
+    return runner.kv_config();
   }
 
   const WeightSource* source_;
   const CudaShardHostOptions o_;
-  WorkerAssignment assignment_;
-  ShardSpec spec_;  // The assigned shard's.
-  // Destroyed in reverse: the communicators (which run on the runner's
-  // stream) before the runner.
-  std::unique_ptr<CudaModelRunner> runner_;
+  // Destroyed in reverse: the communicators (which run on the shard's
+  // stream) before the shard.
+  std::unique_ptr<CudaShard> shard_;
   std::unique_ptr<Communicator> tp_, pp_;  // Null where the group is 1.
   std::atomic<bool> loaded_{false};
 };
