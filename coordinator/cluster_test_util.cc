@@ -11,6 +11,7 @@
 #include "model/shard_plan.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
+#include "worker/sample_step.h"
 
 namespace shardlm::cluster_testing {
 

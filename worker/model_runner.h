@@ -19,21 +19,6 @@
 
 namespace shardlm {
 
-// The log-probabilities of `sampled` and of the `top_n` most likely tokens
-// under one row of logits ([vocab]).
-TokenLogprobs Logprobs(absl::Span<const float> logits, int32_t sampled,
-                       int32_t top_n);
-
-// Samples one token per logit row of `logits` ([rows, vocab]) with the
-// step's per-row parameters, and computes the log-probabilities asked for.
-absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits);
-
-// What SampleStep checks of a step (one sampling parameter set, sample
-// index and logprobs count per logit row, each in range), on its own: for
-// ranks that must refuse a bad step alike before any collective, whichever
-// of them samples.
-absl::Status ValidateStepSampling(const StepInput& step);
-
 // Runs one shard (weights.spec) on the CPU: its layers, with its heads and FFN
 // columns (TP partial sums all-reduced over comms.tp), receiving hidden states
 // from the previous stage and sending them to the next (comms.pp). Every rank

@@ -5,6 +5,7 @@
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
 #include "worker/model_runner.h"
+#include "worker/sample_step.h"
 
 namespace shardlm {
 

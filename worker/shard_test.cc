@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "worker/model_runner.h"
+#include "worker/sample_step.h"
 
 namespace shardlm {
 namespace {

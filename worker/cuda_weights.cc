@@ -1,0 +1,194 @@
+#include "worker/cuda_weights.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstring>
+#include <initializer_list>
+
+#include "absl/strings/str_cat.h"
+#include "backend/cuda_status.h"
+#include "core/status.h"
+#include "model/dequantize.h"
+
+namespace shardlm {
+
+namespace {
+
+// A device bf16 (matrices) or f32 (norms) copy of a host f32 tensor.
+absl::StatusOr<Tensor> Upload(const Tensor& host, DType dtype, Backend& backend,
+                              const CudaExec& exec) {
+  if (host.empty()) return Tensor();  // Not held by this shard.
+  if (IsQuantized(host.dtype())) {
+    // GGUF blocks as loaded for the CPU: dequantized here, then uploaded.
+    ASSIGN_OR_RETURN(Tensor f32,
+                     Tensor::HostUninitialized(DType::kF32, host.shape()));
+    RETURN_IF_ERROR(DequantizeRow(host.dtype(),
+                                  static_cast<const uint8_t*>(host.raw()),
+                                  host.numel(), f32.data<float>()));
+    return Upload(f32, dtype, backend, exec);
+  }
+  ASSIGN_OR_RETURN(Tensor f32, backend.Allocate(DType::kF32, host.shape(),
+                                                MemoryType::kDevice));
+  RETURN_IF_ERROR(backend.Copy(host, f32));
+  if (dtype == DType::kF32) return f32;
+  ASSIGN_OR_RETURN(Tensor out,
+                   backend.Allocate(dtype, host.shape(), MemoryType::kDevice));
+  RETURN_IF_ERROR(CastCuda(f32, out, exec));
+  // f32 is freed when this returns: finish the cast first.
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(exec.stream)));
+  return out;
+}
+
+// The rows of `parts` (host tensors of one width, or 1-D), one after the
+// other, as an f32 host tensor: the fused QKV and gate/up weights.
+absl::StatusOr<Tensor> ConcatRows(std::initializer_list<const Tensor*> parts) {
+  int64_t rows = 0;
+  const int64_t width =
+      (*parts.begin())->rank() == 2 ? (*parts.begin())->dim(1) : 1;
+  for (const Tensor* p : parts) {
+    if (p->empty() || (p->rank() == 2 ? p->dim(1) : 1) != width) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot fuse ", p->DebugString(), " with rows of ", width));
+    }
+    rows += p->rank() == 2 ? p->dim(0) : p->numel();
+  }
+  const Shape shape =
+      (*parts.begin())->rank() == 2 ? Shape{rows, width} : Shape{rows};
+  ASSIGN_OR_RETURN(Tensor out, Tensor::HostUninitialized(DType::kF32, shape));
+  float* dst = out.data<float>();
+  for (const Tensor* p : parts) {
+    if (IsQuantized(p->dtype())) {
+      RETURN_IF_ERROR(DequantizeRow(
+          p->dtype(), static_cast<const uint8_t*>(p->raw()), p->numel(), dst));
+    } else if (p->dtype() == DType::kF32) {
+      std::memcpy(dst, p->raw(), p->bytes());
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot fuse a ", DTypeName(p->dtype()), " tensor"));
+    }
+    dst += p->numel();
+  }
+  return out;
+}
+
+absl::StatusOr<Tensor> Random(DType dtype, const Shape& shape, uint64_t seed,
+                              float scale, Backend& backend,
+                              const CudaExec& exec) {
+  ASSIGN_OR_RETURN(Tensor t,
+                   backend.Allocate(dtype, shape, MemoryType::kDevice));
+  RETURN_IF_ERROR(FillRandomCuda(t, seed, scale, exec));
+  return t;
+}
+
+absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
+  ASSIGN_OR_RETURN(Tensor host, Tensor::Host(DType::kF32, shape));
+  for (float& v : host.f32()) v = 1.0f;
+  ASSIGN_OR_RETURN(Tensor t,
+                   backend.Allocate(DType::kF32, shape, MemoryType::kDevice));
+  RETURN_IF_ERROR(backend.Copy(host, t));
+  return t;
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
+                                                Backend& backend,
+                                                const CudaExec& exec) {
+  if (host.config.is_moe()) {
+    // Experts need gather / scatter-add ops and grouped GEMMs on the
+    // device (ForwardOps::GatherRows...), which the CUDA backend lacks.
+    return absl::UnimplementedError(
+        absl::StrCat("mixture-of-experts models (", host.config.architecture,
+                     ", ", host.config.n_experts,
+                     " experts) run on CPUs only so far; use --device cpu"));
+  }
+  LlamaWeights w;
+  w.config = host.config;
+  w.spec = host.spec;
+  const DType bf = DType::kBF16;
+  ASSIGN_OR_RETURN(w.token_embd, Upload(host.token_embd, bf, backend, exec));
+  for (const LlamaLayerWeights& l : host.layers) {
+    LlamaLayerWeights d;
+    ASSIGN_OR_RETURN(d.attn_norm,
+                     Upload(l.attn_norm, DType::kF32, backend, exec));
+    // Q, K and V as one matrix (one GEMM), and Qwen2's biases with them
+    // (added to the f32 output); gate and up as another.
+    ASSIGN_OR_RETURN(Tensor qkv, ConcatRows({&l.wq, &l.wk, &l.wv}));
+    ASSIGN_OR_RETURN(d.wqkv, Upload(qkv, bf, backend, exec));
+    if (!l.bq.empty()) {
+      ASSIGN_OR_RETURN(Tensor bqkv, ConcatRows({&l.bq, &l.bk, &l.bv}));
+      ASSIGN_OR_RETURN(d.bqkv, Upload(bqkv, DType::kF32, backend, exec));
+    }
+    // Exact columns: a CPU slice of whole blocks is cut to this rank's.
+    const int64_t q_cols = host.spec.n_heads() * host.config.head_dim;
+    const int64_t f_cols = host.spec.ffn_end - host.spec.ffn_begin;
+    ASSIGN_OR_RETURN(const Tensor wo, ExactColumns(l.wo, l.wo_offset, q_cols));
+    ASSIGN_OR_RETURN(d.wo, Upload(wo, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.ffn_norm,
+                     Upload(l.ffn_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.q_norm, Upload(l.q_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(d.k_norm, Upload(l.k_norm, DType::kF32, backend, exec));
+    ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
+    ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
+    ASSIGN_OR_RETURN(const Tensor w_down,
+                     ExactColumns(l.w_down, l.w_down_offset, f_cols));
+    ASSIGN_OR_RETURN(d.w_down, Upload(w_down, bf, backend, exec));
+    w.layers.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(w.output_norm,
+                   Upload(host.output_norm, DType::kF32, backend, exec));
+  if (!host.lm_head.empty() && host.lm_head.raw() == host.token_embd.raw()) {
+    w.lm_head = w.token_embd;  // Tied: one device copy.
+  } else {
+    ASSIGN_OR_RETURN(w.lm_head, Upload(host.lm_head, bf, backend, exec));
+  }
+  return w;
+}
+
+absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
+                                                uint64_t seed, Backend& backend,
+                                                const CudaExec& exec) {
+  RETURN_IF_ERROR(c.Validate());
+  LlamaWeights w;
+  w.config = c;
+  w.spec = WholeModelSpec(c);
+  const DType bf = DType::kBF16;
+  const int64_t q_dim = c.n_heads * c.head_dim,
+                kv_dim = c.n_kv_heads * c.head_dim;
+  const auto scale = [](int64_t in) {
+    return 1.0f / std::sqrt(static_cast<float>(in));
+  };
+  uint64_t next = seed * 1000;
+  ASSIGN_OR_RETURN(w.token_embd, Random(bf, {c.vocab_size, c.hidden}, ++next,
+                                        1.0f, backend, exec));
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    LlamaLayerWeights d;
+    ASSIGN_OR_RETURN(d.attn_norm, Ones({c.hidden}, backend));
+    ASSIGN_OR_RETURN(d.ffn_norm, Ones({c.hidden}, backend));
+    // Fused as UploadLlamaWeights fuses them (the same scale in each).
+    ASSIGN_OR_RETURN(d.wqkv, Random(bf, {q_dim + 2 * kv_dim, c.hidden}, ++next,
+                                    scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.wo, Random(bf, {c.hidden, q_dim}, ++next, scale(q_dim),
+                                  backend, exec));
+    ASSIGN_OR_RETURN(d.w_gate_up,
+                     Random(bf, {2 * c.ffn_hidden, c.hidden}, ++next,
+                            scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.w_down, Random(bf, {c.hidden, c.ffn_hidden}, ++next,
+                                      scale(c.ffn_hidden), backend, exec));
+    w.layers.push_back(std::move(d));
+  }
+  ASSIGN_OR_RETURN(w.output_norm, Ones({c.hidden}, backend));
+  if (c.tied_embeddings) {
+    w.lm_head = w.token_embd;
+  } else {
+    ASSIGN_OR_RETURN(w.lm_head, Random(bf, {c.vocab_size, c.hidden}, ++next,
+                                       scale(c.hidden), backend, exec));
+  }
+  RETURN_IF_CUDA_ERROR(
+      cudaStreamSynchronize(static_cast<cudaStream_t>(exec.stream)));
+  return w;
+}
+
+}  // namespace shardlm
