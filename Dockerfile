@@ -1,4 +1,4 @@
-# shardlm image for Kubernetes (k8s/): the CPU build of the `shardlm` binary
+# shardlm image for Kubernetes (deploy/k8s/): the CPU build of the `shardlm` binary
 # on Debian 12, run as uid 10001 under tini.
 #
 #   docker build -t shardlm:0.1.0 .
@@ -6,7 +6,7 @@
 #
 # The build stage uses the project's own scripts/install-deps.sh and
 # scripts/build.sh. Not built in CI (no Docker daemon there); see
-# k8s/README.md for what has and has not been run.
+# deploy/k8s/README.md for what has and has not been run.
 
 FROM debian:bookworm AS build
 # The Release build targets -march=$SHARDLM_MARCH (CMake's SHARDLM_MARCH,

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
-"""Renders and validates k8s/ offline (CI has no cluster and no registry).
+"""Renders and validates deploy/k8s/ offline (CI has no cluster and no registry).
 
   check_manifests.py --root REPO [--lws-crd FILE] [--k8s-version 1.30]
 
 1. Renders every kustomization (base, overlays/cpu, overlays/gpu,
    statefulset, and base + examples/models-hostpath.yaml) with a small
-   Python renderer that knows the parts of kustomize k8s/ uses (resources,
+   Python renderer that knows the parts of kustomize deploy/k8s/ uses (resources,
    JSON 6902 patches, images). When `kubectl` with kustomize >= v4 is on
    PATH, `kubectl kustomize` renders too and must give the same objects.
 2. Validates core kinds with kubernetes-validate --strict (unknown fields
@@ -52,7 +52,7 @@ TINI = ["/usr/bin/tini", "--"]
 
 # The flags each subcommand takes (issue #13's contract, checked against
 # launch/coordinator_command.cc, cluster_serving.cc, api_flags.cc and
-# worker_command.cc); anything else on a command line in k8s/ is an error.
+# worker_command.cc); anything else on a command line in deploy/k8s/ is an error.
 # --device (both roles) is the GPU variant.
 ALLOWED_FLAGS = {
     "coordinator": {
@@ -82,14 +82,14 @@ MIN_STARTUP_S = 600  # startupProbe must allow this long for model loading
 
 # What each render must look like: kinds present, and whether GPU.
 TARGETS = {
-    "base": dict(path="k8s/base", lws=True, gpu=False),
-    "overlays/cpu": dict(path="k8s/overlays/cpu", lws=True, gpu=False),
-    "overlays/gpu": dict(path="k8s/overlays/gpu", lws=True, gpu=True),
-    "statefulset": dict(path="k8s/statefulset", lws=False, gpu=False),
+    "base": dict(path="deploy/k8s/base", lws=True, gpu=False),
+    "overlays/cpu": dict(path="deploy/k8s/overlays/cpu", lws=True, gpu=False),
+    "overlays/gpu": dict(path="deploy/k8s/overlays/gpu", lws=True, gpu=True),
+    "statefulset": dict(path="deploy/k8s/statefulset", lws=False, gpu=False),
 }
-EXAMPLE_FILES = ["k8s/examples/models-pvc.yaml",
-                 "k8s/examples/model-loader.yaml"]
-HOSTPATH_PATCH = "k8s/examples/models-hostpath.yaml"
+EXAMPLE_FILES = ["deploy/k8s/examples/models-pvc.yaml",
+                 "deploy/k8s/examples/model-loader.yaml"]
+HOSTPATH_PATCH = "deploy/k8s/examples/models-hostpath.yaml"
 
 
 class Failure(Exception):
@@ -131,7 +131,7 @@ def apply_json6902(obj, ops):
     """RFC 6902 add / remove / replace / test, as kustomize applies them."""
     if not isinstance(ops, list):
         raise Failure("a JSON 6902 patch must be a list of operations "
-                      "(strategic-merge patches are not used in k8s/)")
+                      "(strategic-merge patches are not used in deploy/k8s/)")
     for op in ops:
         kind, path = op.get("op"), op.get("path", "")
         parts = _pointer(path)
@@ -194,7 +194,7 @@ def _set_images(obj, images):
 
 
 def render_python(directory):
-    """The subset of kustomize that k8s/ uses; anything else is an error."""
+    """The subset of kustomize that deploy/k8s/ uses; anything else is an error."""
     directory = Path(directory)
     k = yaml.safe_load((directory / "kustomization.yaml").read_text())
     unknown = set(k) - {"apiVersion", "kind", "resources", "patches", "images"}
@@ -220,7 +220,7 @@ def render_python(directory):
 
 
 def kubectl_kustomize():
-    """`kubectl` when its kustomize can render k8s/, else (None, reason)."""
+    """`kubectl` when its kustomize can render deploy/k8s/, else (None, reason)."""
     kubectl = shutil.which("kubectl")
     if not kubectl:
         return None, "kubectl is not on PATH"
