@@ -34,10 +34,10 @@
 #include "core/tensor.h"
 #include "kernels/blas_cpu.h"
 #include "kernels/linear/linear.h"
-#include "kernels/test_util.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
+#include "testing/random_tensors.h"
 
 namespace shardlm {
 namespace {

@@ -1,4 +1,4 @@
-# How ctest reads a GoogleTest binary built on kernels/test_main.cc, whose
+# How ctest reads a GoogleTest binary built on testing/test_main.cc, whose
 # main exits 0 (all ran and passed), 77 (some case skipped, none failed)
 # or non-zero otherwise (a failed case, a sanitizer report, a crash): 77 is
 # ctest's "skipped" and every other non-zero exit "failed", so a skipped

@@ -17,11 +17,11 @@
 #include "backend/device.h"
 #include "coordinator/cuda_executor.h"
 #include "coordinator/engine.h"
-#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
-#include "worker/gpu_parity_prompts.h"
+#include "testing/engine_leak_check.h"
+#include "testing/gpu_parity_prompts.h"
 
 namespace shardlm {
 namespace {

@@ -5,11 +5,11 @@
 #include <algorithm>
 #include <cmath>
 
-#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "testing/engine_leak_check.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

@@ -11,9 +11,9 @@
 #include "core/max_abs_diff.h"
 #include "core/secret.h"
 #include "core/status.h"
-#include "core/status_test_util.h"
 #include "core/tensor.h"
 #include "gtest/gtest.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

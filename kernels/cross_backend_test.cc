@@ -29,7 +29,7 @@
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/swiglu/swiglu.h"
-#include "kernels/test_util.h"
+#include "testing/random_tensors.h"
 
 namespace shardlm {
 namespace {

@@ -8,7 +8,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/softmax/softmax.h"
 #include "kernels/swiglu/swiglu.h"
-#include "kernels/test_util.h"
+#include "testing/random_tensors.h"
 
 namespace shardlm {
 namespace {

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/half.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

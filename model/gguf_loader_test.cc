@@ -1,8 +1,8 @@
 // Hostile-input tests for the GGUF reader (see loader_test_util.h).
 #include <functional>
 
-#include "core/status_test_util.h"
 #include "model/loader_test_util.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

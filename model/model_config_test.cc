@@ -2,9 +2,9 @@
 
 #include <cmath>
 
-#include "core/status_test_util.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

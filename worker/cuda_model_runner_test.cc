@@ -25,8 +25,8 @@
 #include "gtest/gtest.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
+#include "testing/gpu_parity_prompts.h"
 #include "worker/activation_memory.h"
-#include "worker/gpu_parity_prompts.h"
 
 namespace shardlm {
 namespace {

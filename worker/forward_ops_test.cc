@@ -23,11 +23,11 @@
 #include "absl/strings/str_cat.h"
 #include "core/dtype.h"
 #include "core/status.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention.h"
-#include "kernels/test_util.h"
 #include "model/dequantize.h"
+#include "testing/random_tensors.h"
+#include "testing/status.h"
 #include "worker/cpu_forward_ops.h"
 #include "worker/forward_ops_backend_test.h"
 

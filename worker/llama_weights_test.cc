@@ -6,11 +6,11 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/dequantize.h"
 #include "model/in_memory_weights.h"
 #include "model/shard_plan.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

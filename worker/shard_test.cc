@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "collectives/fake_communicator.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "testing/status.h"
 #include "worker/model_runner.h"
 #include "worker/sample_step.h"
 

@@ -10,9 +10,9 @@
 #include <vector>
 
 #include "core/half.h"
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
-#include "kernels/test_util.h"
+#include "testing/random_tensors.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

@@ -14,8 +14,8 @@
 #include "gtest/gtest.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
-#include "kernels/test_util.h"
 #include "model/dequantize.h"
+#include "testing/random_tensors.h"
 
 namespace shardlm {
 namespace {

@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/test_util.h"
+#include "testing/random_tensors.h"
 
 namespace shardlm {
 namespace {

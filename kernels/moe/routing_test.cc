@@ -4,8 +4,8 @@
 #include <cmath>
 #include <vector>
 
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

@@ -3,9 +3,9 @@
 #include <cmath>
 #include <vector>
 
-#include "core/status_test_util.h"
 #include "gtest/gtest.h"
-#include "kernels/test_util.h"
+#include "testing/random_tensors.h"
+#include "testing/status.h"
 
 namespace shardlm {
 namespace {

@@ -1,6 +1,6 @@
 // A probe for tests/harness/check_skip_semantics.py, never registered as a
 // test of its own: one case that passes, one that fails, one that skips,
-// picked by --gtest_filter, on the shared test main (kernels/test_main.cc).
+// picked by --gtest_filter, on the shared test main (testing/test_main.cc).
 #include "gtest/gtest.h"
 
 namespace {

@@ -3,8 +3,8 @@
 // widest top-2 logit margins (>= 0.05 at every one of 32 steps on the CPU);
 // none of the 8 changed a greedy token under a CPU emulation of the GPU's
 // bf16 roundings, so a differing token means a bug, not rounding.
-#ifndef SHARDLM_WORKER_GPU_PARITY_PROMPTS_H_
-#define SHARDLM_WORKER_GPU_PARITY_PROMPTS_H_
+#ifndef SHARDLM_TESTING_GPU_PARITY_PROMPTS_H_
+#define SHARDLM_TESTING_GPU_PARITY_PROMPTS_H_
 
 namespace shardlm {
 
@@ -20,4 +20,4 @@ inline constexpr const char* kGpuParityPrompts[] = {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_WORKER_GPU_PARITY_PROMPTS_H_
+#endif  // SHARDLM_TESTING_GPU_PARITY_PROMPTS_H_

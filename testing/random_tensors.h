@@ -1,6 +1,6 @@
 // Helpers for kernel tests: seeded random tensors and comparisons.
-#ifndef SHARDLM_KERNELS_TEST_UTIL_H_
-#define SHARDLM_KERNELS_TEST_UTIL_H_
+#ifndef SHARDLM_TESTING_RANDOM_TENSORS_H_
+#define SHARDLM_TESTING_RANDOM_TENSORS_H_
 
 #include <algorithm>
 #include <cmath>
@@ -44,4 +44,4 @@ inline double MaxAbsDiff(const float* a, const double* b, int64_t n) {
 
 }  // namespace shardlm::testing_util
 
-#endif  // SHARDLM_KERNELS_TEST_UTIL_H_
+#endif  // SHARDLM_TESTING_RANDOM_TENSORS_H_

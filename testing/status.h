@@ -1,8 +1,8 @@
 // For tests: a rejection asserted by its code and a phrase of its message,
 // so that a test cannot pass on the wrong error (any !ok() would).
 //   EXPECT_TRUE(IsError(s, absl::StatusCode::kInvalidArgument, "n_layers"));
-#ifndef SHARDLM_CORE_STATUS_TEST_UTIL_H_
-#define SHARDLM_CORE_STATUS_TEST_UTIL_H_
+#ifndef SHARDLM_TESTING_STATUS_H_
+#define SHARDLM_TESTING_STATUS_H_
 
 #include <utility>
 
@@ -52,4 +52,4 @@ template <typename T>
   ASSERT_TRUE(tmp.ok()) << tmp.status();                   \
   lhs = std::move(*tmp)
 
-#endif  // SHARDLM_CORE_STATUS_TEST_UTIL_H_
+#endif  // SHARDLM_TESTING_STATUS_H_
