@@ -19,13 +19,10 @@ namespace {
 using cluster_testing::Clock;
 using cluster_testing::ExpectUnavailable;
 using cluster_testing::Options;
-using cluster_testing::Prompt;
 using cluster_testing::RandomConfig;
 using cluster_testing::Requests;
 using cluster_testing::Since;
 using cluster_testing::TestCluster;
-using cluster_testing::TestHost;
-using cluster_testing::WaitFor;
 
 TEST(ClusterFailureTest, LostWorkerFailsTheCallAndStaysFailed) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);

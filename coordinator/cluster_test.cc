@@ -22,16 +22,10 @@
 namespace shardlm {
 namespace {
 
-using cluster_testing::Clock;
-using cluster_testing::ExpectUnavailable;
 using cluster_testing::Options;
-using cluster_testing::Prompt;
 using cluster_testing::RandomConfig;
 using cluster_testing::Requests;
-using cluster_testing::Since;
 using cluster_testing::TestCluster;
-using cluster_testing::TestHost;
-using cluster_testing::WaitFor;
 
 TEST(BlockTableDeltasTest, SendsOnlyNewBlocks) {
   BlockTableDeltas d;
