@@ -37,7 +37,7 @@ int DeviceCount(std::string& why) {
 
 // A group of one rank makes every collective the identity, which proves
 // nothing about NCCL between ranks: on one GPU these cases skip, and
-// tests/gpu/run.sh reports them as "multi-rank cases not run: one GPU".
+// tests/gpu/session.sh reports them as "multi-rank cases not run: one GPU".
 #define SKIP_WITHOUT_TWO_GPUS(n) \
   SKIP_WITHOUT_GPU(n);           \
   if (n < 2)                     \

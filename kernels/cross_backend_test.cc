@@ -6,7 +6,7 @@
 // that both backends see identical values and the bound only covers
 // accumulation order and the op's own output rounding.
 //
-// A GPU-only binary (label gpu, tests/gpu/run.sh): every case skips, with
+// A GPU-only binary (label gpu, tests/gpu/session.sh): every case skips, with
 // CUDA's reason, where no GPU is present. The launchers' argument checks,
 // which need no GPU, are cuda_ops_validation_test.cc.
 #include <algorithm>

@@ -5,7 +5,7 @@
 # One build serves both the unit tests (scripts/test.sh) and the fuzzers
 # (scripts/fuzz.sh): two sanitizer builds of every library cost CI a
 # quarter of an hour on two cores. CUDA is off (the GPU tests run on a GPU
-# machine: tests/gpu/run.sh). Extra arguments go to the build step, e.g.
+# machine: tests/gpu/session.sh). Extra arguments go to the build step, e.g.
 # `scripts/build-san.sh --target fuzz_gguf`.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -39,7 +39,7 @@ def allow_list(has_gpu: bool) -> dict[str, str]:
     allowed = {}
     if not has_gpu:
         # GPU-only binaries (every case needs a CUDA device) and the GPU
-        # benchmark: they run on a GPU machine (tests/gpu/run.sh).
+        # benchmark: they run on a GPU machine (tests/gpu/session.sh).
         allowed["gpu"] = "no GPU on this machine"
     return allowed
 

@@ -6,7 +6,7 @@ A kit must run on a bare GPU machine with at most 64 MiB copied to it, so:
   - every NEEDED library of every ELF in it (binaries and libraries) is in
     the kit or on the allow-list of what such a machine has (glibc,
     libstdc++, libgcc_s, the CUDA driver, cudart, cuBLAS, NCCL);
-  - MANIFEST names every binary, and the binaries run.sh calls are there;
+  - MANIFEST names every binary, and the binaries session.sh calls are there;
   - the cut model is a valid GGUF whose tensors are byte for byte those of
     the model it was cut from, with block_count matching its blocks.
 Usage: check_kit.py KIT_DIR SOURCE_MODEL
@@ -26,7 +26,7 @@ ALLOWED = re.compile(
     r"^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|"
     r"libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)"
     r"\.so")
-RUN_SH_BINARIES = {"cuda_backend_test", "kernels_cross_backend_test",
+SESSION_BINARIES = {"cuda_backend_test", "kernels_cross_backend_test",
                    "forward_ops_gpu_test",
                    "nccl_communicator_test", "cuda_model_runner_test",
                    "cuda_engine_test", "gpu_decode_bench", "shardlm"}
@@ -83,9 +83,9 @@ def main():
             t.extractall(tmp)
         bins = sorted(os.listdir(os.path.join(tmp, "bin")))
         libs = set(os.listdir(os.path.join(tmp, "lib")))
-        check(RUN_SH_BINARIES <= set(bins),
-              f"bin: has everything run.sh runs (missing "
-              f"{sorted(RUN_SH_BINARIES - set(bins))})")
+        check(SESSION_BINARIES <= set(bins),
+              f"bin: has everything session.sh runs (missing "
+              f"{sorted(SESSION_BINARIES - set(bins))})")
         manifest = open(os.path.join(kit, "MANIFEST")).read()
         check(all(b in manifest for b in bins), "MANIFEST names every binary")
         elfs = [os.path.join(tmp, "bin", b) for b in bins] + \

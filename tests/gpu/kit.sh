@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the GPU kit: everything tests/gpu/run.sh needs on a bare GPU machine
+# Builds the GPU kit: everything tests/gpu/session.sh needs on a bare GPU machine
 # (CUDA toolkit, cmake, ninja and Python; none of our Debian packages, no
 # network, at most 64 MiB copied), so that nothing compiles there.
 #   DIR/kit.tar.xz  bin/: the GPU tests, benches and shardlm, stripped;
@@ -11,14 +11,19 @@
 # The allow-list is what the GPU machine has: glibc, libstdc++, libgcc_s, the
 # CUDA driver, cudart and cuBLAS from its toolkit, and NCCL from its Python
 # package nvidia-nccl-cu13 (218 MB: far too big to carry).
-# Usage: bash tests/gpu/kit.sh DIR   (BUILD_DIR: default build; it must be
-# configured with the CUDA backend for sm_90, which this script asks for;
-# SKIP_BUILD=1 packs what is built, as the kit's ctest does)
+# Usage: bash tests/gpu/kit.sh DIR   (BUILD_DIR: default build-gpu-kit,
+# configured here with the CUDA backend for sm_90 and the CPU code for
+# x86-64-v3, so that the kit runs on any GPU host's CPU: a kit built for
+# this machine (-march=native, the default elsewhere) can die of an illegal
+# instruction there. SKIP_BUILD=1 packs what BUILD_DIR has, as the kit's
+# ctest does; KIT_ISA=native then allows a native build, and the MANIFEST
+# says so.)
 set -euo pipefail
 DIR=${1:?usage: bash tests/gpu/kit.sh DIR}
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
-BUILD_DIR=${BUILD_DIR:-build}
+BUILD_DIR=${BUILD_DIR:-build-gpu-kit}
+KIT_ISA=${KIT_ISA:-x86-64-v3}
 MODEL=${SHARDLM_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BLOCKS=4
 TARGETS=(cuda_backend_test kernels_cross_backend_test forward_ops_gpu_test
@@ -31,8 +36,16 @@ ALLOWED='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libstdc\+
 [ -x .venv/bin/python ] || { echo "kit: no .venv (scripts/install-deps.sh)" >&2; exit 1; }
 
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
-  CMAKE_ARGS="-DSHARDLM_CUDA=ON ${CMAKE_ARGS:-}" BUILD_DIR="$BUILD_DIR" \
-    bash scripts/build.sh --target "${TARGETS[@]}"
+  CMAKE_ARGS="-DSHARDLM_CUDA=ON -DSHARDLM_MARCH=$KIT_ISA ${CMAKE_ARGS:-}" \
+    BUILD_DIR="$BUILD_DIR" bash scripts/build.sh --target "${TARGETS[@]}"
+fi
+# The CPU code must be for the ISA asked for (scripts/build.sh configures a
+# build folder once and ignores flags afterwards).
+march=$(sed -n 's/^SHARDLM_MARCH:[A-Z]*=//p' "$BUILD_DIR/CMakeCache.txt")
+if [ "$march" != "$KIT_ISA" ]; then
+  echo "kit: $BUILD_DIR is configured for -march=${march:-?}, not $KIT_ISA" \
+    "(remove it, or KIT_ISA=$march to pack it anyway)" >&2
+  exit 1
 fi
 # The kernels must carry sm_90 machine code (nvcc flags in build.ninja).
 archs=$(grep -o 'generate-code=arch=compute_[0-9a-z]*,code=\[[^]]*\]' \
@@ -72,6 +85,11 @@ tar -C "$stage" -cf - bin lib | xz -T0 -6 >"$DIR/kit.tar.xz"
 {
   echo "commit: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
   echo "built: $(date -u +%FT%TZ) on $(uname -m), CUDA archs $archs"
+  if [ "$KIT_ISA" = native ]; then
+    echo "isa: native ($(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //'); runs only on CPUs with its extensions)"
+  else
+    echo "isa: $KIT_ISA"
+  fi
   echo "nvcc: $(nvcc --version 2>/dev/null | tail -1)"
   echo "model: $(basename "$MODEL") cut to $BLOCKS blocks"
   echo "bin: $(cd "$stage/bin" && echo *)"
