@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <limits>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -16,6 +18,9 @@
 #include "backend/cuda_backend.h"
 #include "backend/device.h"
 #include "collectives/staged_communicator.h"
+#ifdef SHARDLM_WITH_NCCL
+#include "collectives/nccl_communicator.h"
+#endif
 #include "coordinator/in_process_executor.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -91,6 +96,67 @@ std::string Gib(int64_t bytes) {
   return absl::StrFormat("%.2f GiB", static_cast<double>(bytes) / (1 << 30));
 }
 
+#ifdef SHARDLM_WITH_NCCL
+bool NcclBuilt() { return true; }
+
+// The ranks' NCCL groups (ids made here, one per group), each member on its
+// rank's device and runner stream, then one collective of each kind on
+// every rank at once (NCCL's buffers exist before the KV sizing).
+absl::StatusOr<InProcessComms> MakeNcclComms(
+    int tp, int pp, const std::vector<std::unique_ptr<CudaShard>>& shards) {
+  std::map<std::string, std::string> ids;
+  for (int p = 0; tp > 1 && p < pp; ++p) {
+    ASSIGN_OR_RETURN(ids[absl::StrCat("tp group of stage ", p)],
+                     NewNcclUniqueId());
+  }
+  for (int t = 0; pp > 1 && t < tp; ++t) {
+    ASSIGN_OR_RETURN(ids[absl::StrCat("pp chain of tp ", t)],
+                     NewNcclUniqueId());
+  }
+  ASSIGN_OR_RETURN(
+      InProcessComms comms,
+      MakeGroupComms(
+          tp, pp,
+          [&](const GroupMember& m)
+              -> absl::StatusOr<std::unique_ptr<Communicator>> {
+            CudaShard& shard = *shards[m.cluster_rank];
+            ASSIGN_OR_RETURN(
+                std::unique_ptr<NcclCommunicator> c,
+                NcclCommunicator::Create(
+                    {.unique_id = ids.at(m.group),
+                     .rank = m.rank,
+                     .size = m.size,
+                     .device = shard.device(),
+                     .name = m.group,
+                     .options = {.timeout = absl::Seconds(120)},
+                     .stream = shard.device_runner().exec().stream}));
+            return std::unique_ptr<Communicator>(std::move(c));
+          }));
+  std::vector<absl::Status> warm(shards.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < shards.size(); ++r) {
+    threads.emplace_back(
+        [&, r] { warm[r] = shards[r]->WarmUpCollectives(comms.per_rank[r]); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t r = 0; r < warm.size(); ++r) {
+    if (!warm[r].ok()) {
+      return absl::Status(
+          warm[r].code(),
+          absl::StrCat("rank ", r, " warming up NCCL: ", warm[r].message()));
+    }
+  }
+  return comms;
+}
+#else
+bool NcclBuilt() { return false; }
+
+absl::StatusOr<InProcessComms> MakeNcclComms(
+    int, int, const std::vector<std::unique_ptr<CudaShard>>&) {
+  return absl::FailedPreconditionError("this shardlm was built without NCCL");
+}
+#endif
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
@@ -121,12 +187,17 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
   }
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp));
 
+  // Ranks on distinct GPUs talk over NCCL, on their runners' streams;
+  // ranks that share a GPU (--allow-shared-gpu; NCCL refuses two ranks of
+  // a group on one device) through in-process groups that stage device
+  // tensors through the host.
+  const bool shared =
+      std::set<int>(devices.begin(), devices.end()).size() < devices.size();
+  const bool nccl = ranks > 1 && !shared && NcclBuilt();
+
   // Each shard's weights go up one at a time (the f32 host copy is dropped
   // once uploaded), then every runner reserves its activations, and only
   // then is the rest of each GPU's memory given to the KV caches.
-  // Multi-rank: the ranks run on threads; their communicators are
-  // in-process groups that stage device tensors through the host (the
-  // ranks may share a GPU).
   std::vector<std::unique_ptr<CudaShard>> shards;
   std::vector<GpuRankKv> ranks_kv;
   int64_t weight_bytes = 0, block_bytes = 0;
@@ -139,13 +210,19 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                        .limits = o.limits,
                        .name = absl::StrCat("shard pp ", plan.shards[r].pp_rank,
                                             " tp ", plan.shards[r].tp_rank)},
-                      {.device = devices[r], .comms_on_stream = false}));
+                      {.device = devices[r], .comms_on_stream = nccl}));
     const CudaModelRunner& runner = shard->device_runner();
     weight_bytes += runner.weights().bytes();
     block_bytes = std::max(block_bytes, runner.kv_config().BytesPerBlock());
     ranks_kv.push_back({.device = devices[r],
                         .block_bytes = runner.kv_config().BytesPerBlock()});
     shards.push_back(std::move(shard));
+  }
+  InProcessComms comms;
+  if (nccl) {
+    ASSIGN_OR_RETURN(comms, MakeNcclComms(o.tp, o.pp, shards));
+  } else if (ranks > 1) {
+    comms = MakeInProcessComms(o.tp, o.pp, StageThroughHost);
   }
   // Every rank gets the same blocks: the fewest any GPU holds for all of
   // the ranks on it (ranks may share one, so not each shard's own figure).
@@ -161,17 +238,18 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     absl::StrAppend(&why, "; ", host_blocks,
                     " host-tier blocks (pinned) from --cpu-offload-bytes");
   }
-  InProcessComms comms;
-  if (ranks > 1) comms = MakeInProcessComms(o.tp, o.pp, StageThroughHost);
   for (size_t r = 0; r < shards.size(); ++r) {
     RETURN_IF_ERROR(shards[r]->InitializeCache(
         {.device = blocks, .host = host_blocks},
         ranks > 1 ? comms.per_rank[r] : ShardComms{}));
   }
-  Log("CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s: "
+  Log("CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s%s: "
       "weights %s (bf16), activations for %d tokens x %d "
       "sequences; %s; %lld tokens of KV",
       ranks, o.tp, o.pp, absl::StrJoin(devices, ",").c_str(),
+      ranks == 1 ? ""
+      : nccl     ? ", NCCL between them"
+                 : ", collectives staged through the host",
       Gib(weight_bytes).c_str(), o.limits.max_batched_tokens, o.limits.max_seqs,
       why.c_str(), static_cast<long long>(blocks * o.kv.block_size));
   if (ranks == 1) {

@@ -214,6 +214,58 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
                              std::max(1, o.threads_per_rank));
 }
 
+absl::StatusOr<InProcessComms> MakeGroupComms(int tp, int pp,
+                                              const MakeGroupMember& make) {
+  const int ranks = tp * pp;
+  InProcessComms out;
+  out.per_rank.resize(ranks);
+  std::vector<std::vector<std::unique_ptr<Communicator>>> made(ranks);
+  std::vector<absl::Status> status(ranks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < ranks; ++r) {
+    threads.emplace_back([&, r] {
+      const int p = r / tp, t = r % tp;
+      std::vector<GroupMember> members;
+      if (tp > 1) {
+        members.push_back({.group = absl::StrCat("tp group of stage ", p),
+                           .rank = t,
+                           .size = tp,
+                           .cluster_rank = r});
+      }
+      if (pp > 1) {
+        members.push_back({.group = absl::StrCat("pp chain of tp ", t),
+                           .rank = p,
+                           .size = pp,
+                           .cluster_rank = r});
+      }
+      for (const GroupMember& m : members) {
+        absl::StatusOr<std::unique_ptr<Communicator>> c = make(m);
+        if (!c.ok()) {
+          status[r] = absl::Status(
+              c.status().code(), absl::StrCat(m.group, ", rank ", m.rank, ": ",
+                                              c.status().message()));
+          return;
+        }
+        made[r].push_back(*std::move(c));
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // The cause first: a member that failed outright makes its peers wait
+  // out their deadlines.
+  for (const absl::Status& s : status) {
+    if (!s.ok() && s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+  }
+  for (const absl::Status& s : status) RETURN_IF_ERROR(s);
+  for (int r = 0; r < ranks; ++r) {
+    size_t i = 0;
+    if (tp > 1) out.per_rank[r].tp = made[r][i++].get();
+    if (pp > 1) out.per_rank[r].pp = made[r][i++].get();
+    for (auto& c : made[r]) out.owned.push_back(std::move(c));
+  }
+  return out;
+}
+
 InProcessComms MakeInProcessComms(
     int tp, int pp,
     const std::function<

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -46,6 +47,27 @@ InProcessComms MakeInProcessComms(
     int tp, int pp,
     const std::function<std::unique_ptr<Communicator>(
         std::unique_ptr<Communicator>)>& wrap = nullptr);
+
+// One rank's member of one group, as MakeGroupComms asks a factory for it.
+struct GroupMember {
+  std::string group;  // "tp group of stage P" or "pp chain of tp T".
+  int rank = 0;       // Within the group.
+  int size = 1;
+  int cluster_rank = 0;  // pp_rank * tp + tp_rank.
+};
+using MakeGroupMember =
+    std::function<absl::StatusOr<std::unique_ptr<Communicator>>(
+        const GroupMember&)>;
+
+// The communicators of a TP x PP cluster on threads of this process, made
+// one member at a time by `make` (NCCL: each member joins its group with
+// ncclCommInitRank, which returns only when the whole group has arrived).
+// Each rank's members are made on a thread of its own, in the order every
+// rank uses (its TP group, then its PP chain), all ranks at once. Once
+// every thread is done, the first error that is not a peer's deadline (the
+// cause, not its echo), naming its group and rank, is returned.
+absl::StatusOr<InProcessComms> MakeGroupComms(int tp, int pp,
+                                              const MakeGroupMember& make);
 
 // tp * pp shards (their caches set up, one block count for all) on threads
 // of their own, each running every step; the sampling shard's tokens are

@@ -49,6 +49,26 @@ absl::Status CudaShard::Load(const WeightSource& source) {
   return absl::OkStatus();
 }
 
+absl::Status CudaShard::WarmUpCollectives(ShardComms comms) {
+  const int64_t hidden = runner_->config().hidden;
+  Backend& b = runner_->backend();
+  ASSIGN_OR_RETURN(Tensor x,
+                   b.Allocate(DType::kF32, {hidden}, MemoryType::kDevice));
+  if (comms.tp != nullptr) {
+    ASSIGN_OR_RETURN(Tensor all,
+                     b.Allocate(DType::kF32, {comms.tp->size() * hidden},
+                                MemoryType::kDevice));
+    RETURN_IF_ERROR(comms.tp->AllReduce(x, x, ReduceOp::kSum));
+    RETURN_IF_ERROR(comms.tp->AllGather(x, all));
+  }
+  if (comms.pp != nullptr) {
+    const int p = comms.pp->rank(), stages = comms.pp->size();
+    if (p > 0) RETURN_IF_ERROR(comms.pp->Recv(x, p - 1));
+    if (p < stages - 1) RETURN_IF_ERROR(comms.pp->Send(x, p + 1));
+  }
+  return runner_->Synchronize();
+}
+
 absl::StatusOr<KvBlockCounts> CudaShard::PlanBlocks(std::string* why) const {
   if (!loaded_) {
     return absl::FailedPreconditionError("KV sized before the weights loaded");

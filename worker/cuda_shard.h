@@ -39,6 +39,13 @@ class CudaShard : public Shard {
   // buffers for the request's limits: what KV sizing must see.
   absl::Status Load(const WeightSource& source);
 
+  // One collective of each kind the steps use, in the steps' order (TP:
+  // all-reduce, all-gather; PP: receive from the previous stage, then send
+  // to the next), so that NCCL connects its peers and allocates its
+  // buffers before PlanBlocks measures free memory. Every member of the
+  // groups calls it at once.
+  absl::Status WarmUpCollectives(ShardComms comms);
+
   // What this shard alone on its GPU holds: device blocks by the request's
   // kv_cache_bytes or gpu_memory_utilization (after the weights, step
   // buffers and whatever else is on the GPU now), host-tier blocks by

@@ -82,26 +82,6 @@ class CudaShardHost : public ShardHost {
     return std::unique_ptr<Communicator>(std::move(comm));
   }
 
-  // One collective of each kind the steps use, in the steps' order on every
-  // rank (TP: all-reduce, all-gather; PP: the chain's receive, then send).
-  absl::Status WarmUp(CudaModelRunner& runner, const WorkerAssignment& a,
-                      int64_t hidden) {
-    Backend& b = runner.backend();
-    ASSIGN_OR_RETURN(Tensor x,
-                     b.Allocate(DType::kF32, {hidden}, MemoryType::kDevice));
-    if (tp_ != nullptr) {
-      ASSIGN_OR_RETURN(Tensor all, b.Allocate(DType::kF32, {a.tp * hidden},
-                                              MemoryType::kDevice));
-      RETURN_IF_ERROR(tp_->AllReduce(x, x, ReduceOp::kSum));
-      RETURN_IF_ERROR(tp_->AllGather(x, all));
-    }
-    if (pp_ != nullptr) {
-      if (a.pp_rank > 0) RETURN_IF_ERROR(pp_->Recv(x, a.pp_rank - 1));
-      if (a.pp_rank < a.pp - 1) RETURN_IF_ERROR(pp_->Send(x, a.pp_rank + 1));
-    }
-    return runner.Synchronize();
-  }
-
   absl::StatusOr<KvPoolConfig> LoadShard(const WorkerAssignment& a) {
     if (shard_ != nullptr) {
       return absl::FailedPreconditionError("the shard is loaded already");
@@ -151,7 +131,8 @@ class CudaShardHost : public ShardHost {
     RETURN_IF_ERROR(shard_->Load(*source_));
     // NCCL connects peers and allocates its buffers at a group's first
     // collective: have them now, so that the KV sizing below sees them.
-    RETURN_IF_ERROR(WarmUp(runner, a, config.hidden));
+    RETURN_IF_ERROR(
+        shard_->WarmUpCollectives({.tp = tp_.get(), .pp = pp_.get()}));
     std::string why;
     ASSIGN_OR_RETURN(const KvBlockCounts blocks, shard_->PlanBlocks(&why));
     RETURN_IF_ERROR(
