@@ -27,7 +27,7 @@ ALLOWED = re.compile(
     r"libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)"
     r"\.so")
 SESSION_BINARIES = {"cuda_backend_test", "kernels_cross_backend_test",
-                   "forward_ops_gpu_test",
+                   "forward_ops_gpu_test", "gpu_probe",
                    "nccl_communicator_test", "cuda_model_runner_test",
                    "cuda_engine_test", "gpu_decode_bench", "shardlm"}
 MAX_BYTES = 60 << 20

@@ -150,6 +150,9 @@ step_probe() {
   nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem \
     --format=csv || echo "nvidia-smi failed"
   nvcc --version 2>/dev/null | tail -1
+  # Driver, runtime, NCCL and cuBLAS against what the kit was built with.
+  "$BIN/gpu_probe"
+  local probe=$?
   # The kit's CPU instruction set against this machine's.
   local isa flags need=""
   isa=$(sed -n 's/^isa: \([^ ]*\).*/\1/p' "$KIT/MANIFEST")
@@ -174,6 +177,10 @@ step_probe() {
   done
   if [ ${#missing[@]} -gt 0 ]; then
     echo "libraries missing for: ${missing[*]}" | tee "$DETAIL"
+    return 1
+  fi
+  if [ "$probe" != 0 ]; then
+    echo "gpu_probe: exit $probe ($(grep -m1 '^MISMATCH\|^devices: none' "$LOG"))" >"$DETAIL"
     return 1
   fi
 }
