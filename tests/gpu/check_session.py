@@ -160,8 +160,53 @@ def killed_session(d: str) -> None:
           "killed from outside: the summary of the finished steps is there")
 
 
+TABLE = """[logprobs] token: text logprob (prob) | alternatives
+   0: " ("               -0.9524 (0.386) | " (" -0.9524 "." -1.4970
+   1: ","                -1.0851 (0.338) | "," -1.0851 " I" -1.1128
+   2: " most"            -0.4424 (0.643) | " most" -0.4424 " I" -2.1472
+   3: "\\"x"            -0.5423 (0.581) | "\\"x" -0.5423 " of" -0.9881
+"""
+
+
+def greedy_comparison(d: str) -> None:
+    """compare_greedy.py, which the session's text checks use."""
+    script = os.path.join(os.path.dirname(SESSION), "compare_greedy.py")
+
+    def verdict(other: str) -> tuple[int, str]:
+        a, b = os.path.join(d, "a.err"), os.path.join(d, "b.err")
+        with open(a, "w") as f:
+            f.write("shardlm: device: the CPU\n" + TABLE)
+        with open(b, "w") as f:
+            f.write(other)
+        p = subprocess.run([sys.executable, script, a, b],
+                           capture_output=True, text=True)
+        return p.returncode, p.stdout.strip()
+
+    rc, why = verdict(TABLE)
+    check(rc == 0 and "all 4" in why, f"the same table agrees: {why}")
+    drift = TABLE.replace("-0.4424 (0.643)", "-0.7424 (0.476)")
+    rc, why = verdict(drift)
+    check(rc == 1 and "token 2" in why, f"a logprob off by 0.3 differs: {why}")
+    # Token 1 is a near tie on the reference (margin 0.028): the other pick
+    # is allowed, and the rest is not compared.
+    tie = TABLE.replace('1: ","                -1.0851', '1: " I"               -1.0900')
+    tie = tie.replace('" most"', '" the"')
+    rc, why = verdict(tie)
+    check(rc == 0 and "near tie" in why, f"a flip at a near tie agrees: {why}")
+    # Token 2 is not a near tie (margin 1.7).
+    flip = TABLE.replace('2: " most"            -0.4424',
+                         '2: " I"               -0.5000')
+    rc, why = verdict(flip)
+    check(rc == 1 and "margin" in why, f"a flip past the margin differs: {why}")
+    rc, why = verdict("\n".join(TABLE.splitlines()[:3]))
+    check(rc == 1 and "stops after 2" in why, f"a short answer differs: {why}")
+    rc, why = verdict("no table at all")
+    check(rc == 1, f"no table differs: {why}")
+
+
 def main() -> int:
     with tempfile.TemporaryDirectory() as d:
+        greedy_comparison(d)
         full_session(d)
         one_step(d)
         killed_session(d)
