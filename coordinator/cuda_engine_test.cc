@@ -17,10 +17,10 @@
 #include "backend/device.h"
 #include "coordinator/cuda_executor.h"
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
-#include "testing/engine_leak_check.h"
 #include "testing/gpu_parity_prompts.h"
 
 namespace shardlm {

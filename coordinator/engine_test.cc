@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <cmath>
 
+#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
-#include "testing/engine_leak_check.h"
 #include "testing/status.h"
 
 namespace shardlm {

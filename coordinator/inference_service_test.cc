@@ -12,13 +12,13 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
-#include "testing/engine_leak_check.h"
 
 namespace shardlm {
 namespace {

@@ -10,10 +10,10 @@
 #include <numeric>
 
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "model/smollm2_test_model.h"
-#include "testing/engine_leak_check.h"
 
 namespace shardlm {
 namespace {

@@ -7,10 +7,10 @@
 #include <mutex>
 #include <thread>
 
+#include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
-#include "testing/engine_leak_check.h"
 
 namespace shardlm {
 namespace {

@@ -13,11 +13,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "model/smollm2_test_model.h"
-#include "testing/engine_leak_check.h"
 #include "testing/status.h"
 #include "worker/kv_pool.h"
 

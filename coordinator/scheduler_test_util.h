@@ -13,12 +13,12 @@
 #include <vector>
 
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "coordinator/scheduler.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "model/model_config.h"
-#include "testing/engine_leak_check.h"
 
 namespace shardlm {
 

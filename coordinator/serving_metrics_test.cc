@@ -6,9 +6,9 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
-#include "testing/engine_leak_check.h"
 
 namespace shardlm {
 namespace {

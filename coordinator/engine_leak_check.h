@@ -1,7 +1,7 @@
 // Test helper: owns a test's engines and, when it closes, checks that
 // every KV block came back.
-#ifndef SHARDLM_TESTING_ENGINE_LEAK_CHECK_H_
-#define SHARDLM_TESTING_ENGINE_LEAK_CHECK_H_
+#ifndef SHARDLM_COORDINATOR_ENGINE_LEAK_CHECK_H_
+#define SHARDLM_COORDINATOR_ENGINE_LEAK_CHECK_H_
 
 #include <chrono>
 #include <memory>
@@ -75,4 +75,4 @@ class EngineLeakCheck {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_TESTING_ENGINE_LEAK_CHECK_H_
+#endif  // SHARDLM_COORDINATOR_ENGINE_LEAK_CHECK_H_
