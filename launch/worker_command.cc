@@ -21,12 +21,12 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <mutex>
 #include <string>
 #include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "backend/device.h"
 #include "collectives/gloo_communicator.h"
@@ -156,22 +156,7 @@ ConnectShard GlooConnector(const WorkerFlags& f, int rank,
   std::_Exit(code);
 }
 
-}  // namespace
-
-int WorkerCommand(int argc, char** argv) {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
-
-  WorkerFlags f;
-  FlagSet flags(
-      "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm worker --model PATH "
-      "[--coordinator HOST:PORT] [--rank N] [flags]\n"
-      "One worker rank of a cluster that `shardlm coordinator` leads; the\n"
-      "coordinator assigns its shard. SHARDLM_CLUSTER_TOKEN must match the\n"
-      "coordinator's.");
+void RegisterWorkerFlags(FlagSet& flags, WorkerFlags& f) {
   flags.Add("model", &f.model,
             "GGUF file or safetensors directory (the same bytes as every "
             "other rank's)");
@@ -205,7 +190,132 @@ int WorkerCommand(int argc, char** argv) {
             "stop the cluster before leaving");
   f.control_tls.Register(flags);
   f.control_tls.RegisterServerName(flags);
-  std::string problem, rank_source = "--rank";
+}
+
+// Fills what the environment gives (the rank, the coordinator's address)
+// and says what is wrong with the flags, or "" when nothing is.
+std::string CompleteWorkerFlags(WorkerFlags& f, std::string& rank_source,
+                                const std::string& token) {
+  if (f.rank == -1) f.rank = RankFromEnv(&rank_source);
+  if (f.coordinator.empty() && !Env("LWS_LEADER_ADDRESS").empty()) {
+    const std::string port = Env("SHARDLM_CONTROL_PORT");
+    f.coordinator = absl::StrCat(Env("LWS_LEADER_ADDRESS"), ":",
+                                 port.empty() ? kDefaultControlPort : port);
+  }
+  if (f.model.empty()) return "--model is required";
+  if (f.coordinator.empty()) {
+    return "--coordinator is required (or LWS_LEADER_ADDRESS)";
+  }
+  if (f.coordinator.rfind(':') == std::string::npos) {
+    return absl::StrCat("--coordinator '", f.coordinator,
+                        "' must be HOST:PORT");
+  }
+  if (f.rank == -1) {
+    return "--rank is required (or LWS_WORKER_INDEX, or SHARDLM_POD_INDEX)";
+  }
+  if (f.rank < 1) {
+    return absl::StrCat(rank_source, " gives rank ", f.rank,
+                        "; worker ranks start at 1 (rank 0 is the "
+                        "coordinator)");
+  }
+  if (token.empty()) {
+    return "SHARDLM_CLUSTER_TOKEN is not set; it must hold the secret the "
+           "coordinator has";
+  }
+  if (f.join_timeout_s < 1 || f.drain_timeout_s < 0) {
+    return "--join-timeout-s must be >= 1, --drain-timeout-s >= 0";
+  }
+  if (absl::Status tls = f.control_tls.Load(); !tls.ok()) {
+    return std::string(tls.message());
+  }
+  return "";
+}
+
+// The device this worker runs on (--device, this binary, the machine) and,
+// on a GPU, its UUID. InvalidArgument for a device it cannot have.
+struct WorkerDevice {
+  DeviceChoice choice;
+  std::string gpu_uuid;
+  bool on_gpu() const { return choice.kind == DeviceKind::kCuda; }
+};
+absl::StatusOr<WorkerDevice> ChooseWorkerDevice(const std::string& flag) {
+  const absl::StatusOr<DeviceRequest> parsed = ParseDeviceFlag(flag);
+  absl::StatusOr<DeviceChoice> choice =
+      parsed.ok() ? ChooseDevice(*parsed, QueryCuda())
+                  : absl::StatusOr<DeviceChoice>(parsed.status());
+  if (!choice.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--device: ", choice.status().message()));
+  }
+  WorkerDevice d{.choice = *choice};
+  if (d.on_gpu() && !GpuWorkersBuilt()) {
+    if (!parsed->automatic) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--device ", flag,
+                       ": this shardlm has no GPU workers (built without "
+                       "NCCL)"));
+    }
+    d.choice = DeviceChoice{.kind = DeviceKind::kCpu,
+                            .reason =
+                                "device auto: the CPU, since this "
+                                "shardlm has no GPU workers (no NCCL)"};
+  }
+  if (d.on_gpu()) {
+    absl::StatusOr<std::string> uuid = GpuUuid(d.choice.ordinal);
+    if (!uuid.ok()) return absl::InternalError(uuid.status().message());
+    d.gpu_uuid = *uuid;
+  }
+  return d;
+}
+
+// The shard of the current formation; replaced when the cluster re-forms
+// (the probes read it under the mutex).
+struct CurrentHost {
+  absl::Mutex mu;
+  std::unique_ptr<ShardHost> host ABSL_GUARDED_BY(mu);
+};
+
+// /health (the process serves) and /ready (joined and loaded) on `listen`.
+absl::StatusOr<std::unique_ptr<HttpServer>> StartProbes(
+    const std::string& listen, CurrentHost& current) {
+  HttpServerOptions options;
+  options.listen_address = listen;
+  options.max_connections = 16;
+  options.probe_paths = {"/health", "/ready"};
+  return HttpServer::Start(
+      options, [&current](const HttpRequest& req, HttpResponse& res) {
+        if (req.path == "/health") {
+          res.Send(200, "text/plain", "ok\n");
+        } else if (req.path == "/ready") {
+          absl::MutexLock lock(&current.mu);
+          if (current.host != nullptr && current.host->loaded()) {
+            res.Send(200, "text/plain", "ready\n");
+          } else {
+            res.Send(503, "text/plain", "joining or loading\n");
+          }
+        } else {
+          res.Send(404, "text/plain", "not found\n");
+        }
+      });
+}
+
+}  // namespace
+
+int WorkerCommand(int argc, char** argv) {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGINT);
+  sigaddset(&stop_signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+  WorkerFlags f;
+  FlagSet flags(
+      "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm worker --model PATH "
+      "[--coordinator HOST:PORT] [--rank N] [flags]\n"
+      "One worker rank of a cluster that `shardlm coordinator` leads; the\n"
+      "coordinator assigns its shard. SHARDLM_CLUSTER_TOKEN must match the\n"
+      "coordinator's.");
+  RegisterWorkerFlags(flags, f);
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm worker: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -215,76 +325,24 @@ int WorkerCommand(int argc, char** argv) {
     std::fputs(flags.Usage().c_str(), stdout);
     return 0;
   }
-  if (f.rank == -1) f.rank = RankFromEnv(&rank_source);
-  if (f.coordinator.empty() && !Env("LWS_LEADER_ADDRESS").empty()) {
-    const std::string port = Env("SHARDLM_CONTROL_PORT");
-    f.coordinator = absl::StrCat(Env("LWS_LEADER_ADDRESS"), ":",
-                                 port.empty() ? kDefaultControlPort : port);
-  }
   const std::string token = Env("SHARDLM_CLUSTER_TOKEN");
-  if (f.model.empty()) {
-    problem = "--model is required";
-  } else if (f.coordinator.empty()) {
-    problem = "--coordinator is required (or LWS_LEADER_ADDRESS)";
-  } else if (f.coordinator.rfind(':') == std::string::npos) {
-    problem =
-        absl::StrCat("--coordinator '", f.coordinator, "' must be HOST:PORT");
-  } else if (f.rank == -1) {
-    problem = "--rank is required (or LWS_WORKER_INDEX, or SHARDLM_POD_INDEX)";
-  } else if (f.rank < 1) {
-    problem = absl::StrCat(rank_source, " gives rank ", f.rank,
-                           "; worker ranks start at 1 (rank 0 is the "
-                           "coordinator)");
-  } else if (token.empty()) {
-    problem =
-        "SHARDLM_CLUSTER_TOKEN is not set; it must hold the secret the "
-        "coordinator has";
-  } else if (f.join_timeout_s < 1 || f.drain_timeout_s < 0) {
-    problem = "--join-timeout-s must be >= 1, --drain-timeout-s >= 0";
-  } else if (absl::Status tls = f.control_tls.Load(); !tls.ok()) {
-    problem = std::string(tls.message());
-  }
-  if (!problem.empty()) {
+  std::string rank_source = "--rank";
+  if (const std::string problem = CompleteWorkerFlags(f, rank_source, token);
+      !problem.empty()) {
     std::fprintf(stderr, "shardlm worker: %s\n", problem.c_str());
     return 2;
   }
   const int rank = static_cast<int>(f.rank);
-  absl::StatusOr<DeviceRequest> request = ParseDeviceFlag(f.device);
-  absl::StatusOr<DeviceChoice> choice =
-      request.ok() ? ChooseDevice(*request, QueryCuda())
-                   : absl::StatusOr<DeviceChoice>(request.status());
-  if (!choice.ok()) {
-    std::fprintf(stderr, "shardlm worker (rank %d): --device: %s\n", rank,
-                 std::string(choice.status().message()).c_str());
-    return 2;
+  absl::StatusOr<WorkerDevice> device = ChooseWorkerDevice(f.device);
+  if (!device.ok()) {
+    std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+                 std::string(device.status().message()).c_str());
+    return absl::IsInvalidArgument(device.status()) ? 2 : 1;
   }
-  if (choice->kind == DeviceKind::kCuda && !GpuWorkersBuilt()) {
-    if (request->automatic) {
-      choice = DeviceChoice{.kind = DeviceKind::kCpu,
-                            .reason =
-                                "device auto: the CPU, since this "
-                                "shardlm has no GPU workers (no NCCL)"};
-    } else {
-      std::fprintf(stderr,
-                   "shardlm worker (rank %d): --device %s: this shardlm has "
-                   "no GPU workers (built without NCCL)\n",
-                   rank, f.device.c_str());
-      return 2;
-    }
-  }
-  const bool on_gpu = choice->kind == DeviceKind::kCuda;
-  std::string gpu_uuid;
-  if (on_gpu) {
-    absl::StatusOr<std::string> uuid = GpuUuid(choice->ordinal);
-    if (!uuid.ok()) {
-      std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
-                   std::string(uuid.status().message()).c_str());
-      return 1;
-    }
-    gpu_uuid = *uuid;
-  }
+  const bool on_gpu = device->on_gpu();
   std::fprintf(stderr, "[shardlm] worker rank %d: %s%s%s\n", rank,
-               choice->reason.c_str(), on_gpu ? " " : "", gpu_uuid.c_str());
+               device->choice.reason.c_str(), on_gpu ? " " : "",
+               device->gpu_uuid.c_str());
 
   auto source = OpenWeights(f.model);
   uint64_t model_bytes = 0;
@@ -295,37 +353,16 @@ int WorkerCommand(int argc, char** argv) {
                  std::string(digest.status().message()).c_str());
     return 1;
   }
-  // The shard of the current formation; replaced when the cluster
-  // re-forms (the probes read it under the mutex).
   // GPU workers' NCCL ids meet in the coordinator's store (it outlives
   // every shard).
   ControlPlaneStore store(NewControlChannel(f.coordinator, f.control_tls.loaded,
                                             grpc::ChannelArguments()),
                           f.coordinator, token);
-  std::mutex host_mu;
-  std::unique_ptr<ShardHost> host;
-
+  CurrentHost current;
   std::unique_ptr<HttpServer> probes;
   if (!f.health_listen.empty()) {
-    HttpServerOptions options;
-    options.listen_address = f.health_listen;
-    options.max_connections = 16;
-    options.probe_paths = {"/health", "/ready"};
-    auto server = HttpServer::Start(
-        options, [&](const HttpRequest& req, HttpResponse& res) {
-          if (req.path == "/health") {
-            res.Send(200, "text/plain", "ok\n");
-          } else if (req.path == "/ready") {
-            std::lock_guard<std::mutex> lock(host_mu);
-            if (host != nullptr && host->loaded()) {
-              res.Send(200, "text/plain", "ready\n");
-            } else {
-              res.Send(503, "text/plain", "joining or loading\n");
-            }
-          } else {
-            res.Send(404, "text/plain", "not found\n");
-          }
-        });
+    absl::StatusOr<std::unique_ptr<HttpServer>> server =
+        StartProbes(f.health_listen, current);
     if (!server.ok()) {
       std::fprintf(stderr, "shardlm worker (rank %d): --health-listen: %s\n",
                    rank, std::string(server.status().message()).c_str());
@@ -342,12 +379,13 @@ int WorkerCommand(int argc, char** argv) {
                            &stop);
   absl::Status s;
   while (true) {
+    ShardHost* host = nullptr;
     {
-      std::lock_guard<std::mutex> lock(host_mu);
-      host.reset();  // The last formation's shard and data plane first.
+      absl::MutexLock lock(&current.mu);
+      current.host.reset();  // The last formation's shard and data plane.
       if (on_gpu) {
         absl::StatusOr<std::unique_ptr<ShardHost>> gpu = NewCudaShardHost(
-            source->get(), {.device = choice->ordinal,
+            source->get(), {.device = device->choice.ordinal,
                             .rank = rank,
                             .store = &store,
                             .timeout = absl::Seconds(f.join_timeout_s)});
@@ -356,11 +394,12 @@ int WorkerCommand(int argc, char** argv) {
                        std::string(gpu.status().message()).c_str());
           Exit(1);
         }
-        host = *std::move(gpu);
+        current.host = *std::move(gpu);
       } else {
-        host = std::make_unique<CommShardHost>(source->get(),
-                                               GlooConnector(f, rank, token));
+        current.host = std::make_unique<CommShardHost>(
+            source->get(), GlooConnector(f, rank, token));
       }
+      host = current.host.get();
     }
     s = RunWorkerAgent({.coordinator = f.coordinator,
                         .rank = rank,
@@ -369,8 +408,8 @@ int WorkerCommand(int argc, char** argv) {
                         .model_digest = *digest,
                         .cluster_token = token,
                         .device = on_gpu ? "cuda" : "cpu",
-                        .gpu_uuid = gpu_uuid,
-                        .gpu_ordinal = choice->ordinal,
+                        .gpu_uuid = device->gpu_uuid,
+                        .gpu_ordinal = device->choice.ordinal,
                         .connect_timeout = absl::Seconds(f.join_timeout_s),
                         .on_abandon =
                             [](const std::string& why) {
