@@ -32,6 +32,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/http_pool.h"
 
 namespace shardlm {
 namespace {
@@ -46,6 +47,15 @@ constexpr size_t kMaxQueuedStreamBytes = 1 << 20;
 bool IsServedMethod(absl::string_view m) {
   return m == "GET" || m == "HEAD" || m == "POST" || m == "PUT" ||
          m == "DELETE" || m == "OPTIONS" || m == "PATCH";
+}
+
+// Both pools: every thread a request may need, trimmed to the base when
+// idle.
+HttpPoolOptions PoolOptions(const HttpServerOptions& options) {
+  return {.max_threads =
+              options.max_connections + options.reserved_probe_connections,
+          .base_threads = options.base_threads,
+          .idle_timeout = absl::FromChrono(options.idle_thread_timeout)};
 }
 
 std::string ErrorBody(int status, absl::string_view message) {
@@ -141,13 +151,14 @@ ssize_t SendNow(const HttpConn& conn, const char* data, size_t n) {
 // A refusal written from the loop thread before any thread is spent on the
 // connection: best effort, never waits (a client that does not read it
 // loses it).
-void SendRefusal(const HttpConn& conn, int status, absl::string_view why) {
+// `extra_headers`: whole lines, each ending in CRLF.
+void SendRefusal(const HttpConn& conn, int status, absl::string_view why,
+                 absl::string_view extra_headers = "") {
   const std::string body = ErrorBody(status, why);
-  const std::string all =
-      absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
-                   "\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                   "Content-Length: ",
-                   body.size(), "\r\n\r\n", body);
+  const std::string all = absl::StrCat(
+      "HTTP/1.1 ", status, " ", HttpReason(status),
+      "\r\nContent-Type: application/json\r\nConnection: close\r\n",
+      extra_headers, "Content-Length: ", body.size(), "\r\n\r\n", body);
   size_t done = 0;
   while (done < all.size()) {
     const ssize_t w = SendNow(conn, all.data() + done, all.size() - done);
@@ -274,87 +285,6 @@ class ConnStream final : public httplib::Stream {
   bool read_failed_ = false;
   bool write_failed_ = false;
   bool read_timed_out_ = false;
-};
-
-// Threads started as jobs come, up to `max` running at once, kept for the
-// next job. Thread-safe.
-class WorkerPool {
- public:
-  explicit WorkerPool(int max) : max_(std::max(1, max)) {}
-  ~WorkerPool() { Join(); }
-
-  // Runs `job` on a thread of the pool; false when `max` jobs are running
-  // (or the system refuses another thread).
-  bool Submit(std::function<void()> job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || busy_ >= max_) return false;
-    jobs_.push_back(std::move(job));
-    if (static_cast<size_t>(idle_) >= jobs_.size()) {
-      cv_.notify_one();
-    } else {
-      try {
-        threads_.emplace_back([this] { Loop(); });
-      } catch (const std::system_error&) {
-        jobs_.pop_back();
-        return false;
-      }
-      // Idle from its start: a job submitted before it reaches its first
-      // wait must not start yet another thread (the pool never exceeds max).
-      ++idle_;
-    }
-    ++busy_;
-    return true;
-  }
-  // Waits until no job is queued or running and every thread is back
-  // waiting; false at the deadline.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return idle_cv_.wait_until(lock, deadline, [&] { return busy_ == 0; });
-  }
-  // Lets the running jobs finish, then joins every thread. Idempotent.
-  void Join() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  int threads() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int>(threads_.size());
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {  // Counted idle (by Submit, then here after each job).
-      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
-      --idle_;
-      if (jobs_.empty()) return;  // Stopping.
-      std::function<void()> job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      job();
-      job = nullptr;
-      lock.lock();
-      --busy_;
-      ++idle_;
-      if (busy_ == 0) idle_cv_.notify_all();
-    }
-  }
-
-  const int max_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;              // A job came, or stop_.
-  std::condition_variable idle_cv_;         // busy_ reached 0.
-  std::deque<std::function<void()>> jobs_;  // Guarded by mu_.
-  int busy_ = 0;                            // Queued or running; mu_.
-  int idle_ = 0;                            // Waiting for a job; mu_.
-  bool stop_ = false;                       // mu_.
-  std::vector<std::thread> threads_;        // mu_.
 };
 
 // One request's response between the handler (on a handler thread, which
@@ -488,80 +418,6 @@ std::string NormalisedHead(const HttpRequest& req, absl::string_view version,
   return head;
 }
 
-// An OpenSSL BIO over PEM text.
-struct PemBio {
-  explicit PemBio(const std::string& pem)
-      : bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))) {}
-  ~PemBio() { BIO_free(bio); }
-  BIO* bio;
-};
-
-std::string OpenSslError() {
-  const unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown error";
-  char text[256];
-  ERR_error_string_n(e, text, sizeof(text));
-  return text;
-}
-
-// A server context for `tls`: TLS 1.2 and later, its certificate chain and
-// key (which must match), and with a client CA, peers must present a
-// certificate it signed. Sockets are non-blocking, so writes may be
-// partial and retried from another buffer address.
-absl::StatusOr<SSL_CTX*> NewTlsContext(const TlsConfig& tls) {
-  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
-  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
-  const auto fail = [&](const std::string& what) {
-    SSL_CTX_free(ctx);
-    return absl::InvalidArgumentError(
-        absl::StrCat("TLS: ", what, ": ", OpenSslError()));
-  };
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  SSL_CTX_set_mode(
-      ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  {
-    PemBio in(tls.cert_chain_pem);
-    X509* cert = PEM_read_bio_X509_AUX(in.bio, nullptr, nullptr, nullptr);
-    if (cert == nullptr || SSL_CTX_use_certificate(ctx, cert) != 1) {
-      X509_free(cert);
-      return fail("the certificate (--tls-cert) does not load");
-    }
-    X509_free(cert);
-    while (X509* extra = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
-      if (SSL_CTX_add_extra_chain_cert(ctx, extra) != 1) {
-        X509_free(extra);
-        return fail("a chain certificate in --tls-cert does not load");
-      }
-    }
-    ERR_clear_error();  // The end of the PEM text.
-  }
-  {
-    PemBio in(tls.private_key_pem);
-    EVP_PKEY* key = PEM_read_bio_PrivateKey(in.bio, nullptr, nullptr, nullptr);
-    const bool ok = key != nullptr && SSL_CTX_use_PrivateKey(ctx, key) == 1;
-    EVP_PKEY_free(key);
-    if (!ok) return fail("the key (--tls-key) does not load");
-  }
-  if (SSL_CTX_check_private_key(ctx) != 1) {
-    return fail("--tls-key does not match --tls-cert");
-  }
-  if (!tls.client_ca_pem.empty()) {
-    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-    PemBio in(tls.client_ca_pem);
-    int loaded = 0;
-    while (X509* ca = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
-      loaded += X509_STORE_add_cert(store, ca) == 1;
-      X509_free(ca);
-    }
-    ERR_clear_error();
-    if (loaded == 0) return fail("no certificate in --tls-client-ca");
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                       nullptr);
-  }
-  return ctx;
-}
-
 }  // namespace
 
 // httplib's Server, for its protected process_request: one request (head,
@@ -579,7 +435,7 @@ class HttpServer::Impl : private httplib::Server {
     return 1 + connections_.threads() + handlers_.threads();
   }
   bool WaitUntilIdle(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
     return connections_.WaitIdle(deadline) && handlers_.WaitIdle(deadline);
   }
 
@@ -633,8 +489,8 @@ class HttpServer::Impl : private httplib::Server {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread loop_thread_;
-  WorkerPool connections_;
-  WorkerPool handlers_;
+  HttpPool connections_;
+  HttpPool handlers_;
   std::mutex mu_;
   std::condition_variable idle_cv_;
   absl::flat_hash_set<int> serving_fds_;  // Guarded by mu_.
@@ -651,10 +507,8 @@ thread_local HttpServer::Impl::RequestContext* HttpServer::Impl::current_ =
 HttpServer::Impl::Impl(HttpServerOptions options, HttpHandler handler)
     : options_(std::move(options)),
       handler_(std::move(handler)),
-      connections_(options_.max_connections +
-                   options_.reserved_probe_connections),
-      handlers_(options_.max_connections +
-                options_.reserved_probe_connections) {
+      connections_(PoolOptions(options_)),
+      handlers_(PoolOptions(options_)) {
   // The normalised head always has path "/": no route regex ever runs on
   // a client's bytes.
   const auto route = [this](const httplib::Request& req,
@@ -728,7 +582,7 @@ absl::Status HttpServer::Impl::Listen() {
         "HTTP listen address '", address, "': ", ::gai_strerror(e)));
   }
   if (options_.tls.enabled()) {
-    absl::StatusOr<SSL_CTX*> ctx = NewTlsContext(options_.tls);
+    absl::StatusOr<SSL_CTX*> ctx = NewServerTlsContext(options_.tls);
     if (!ctx.ok()) {
       ::freeaddrinfo(found);
       return ctx.status();
@@ -998,9 +852,24 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
       p.served + 1 >= options_.max_requests_per_connection || stopping_.load();
   bool client_closes = false;
   bool written = false;
+  // The body is charged before a byte of it is read: one that does not fit
+  // the budget is refused unread, and the connection closed.
+  MemoryShare body_share;
+  bool admitted = true;
+  if (options_.memory_budget != nullptr && length > 0) {
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        static_cast<int64_t>(length) * kBodyChargeFactor, "the HTTP body");
+    if (share.ok()) {
+      body_share = *std::move(share);
+    } else {
+      admitted = false;
+      SendRefusal(p.conn, 429, share.status().message(), "Retry-After: 1\r\n");
+    }
+  }
   current_ = &context;
   try {
-    written = process_request(stream, last, client_closes, nullptr);
+    if (admitted)
+      written = process_request(stream, last, client_closes, nullptr);
   } catch (const std::exception& e) {  // Out of memory, say.
     std::fprintf(stderr, "[shardlm] HTTP connection failed: %s\n", e.what());
   }

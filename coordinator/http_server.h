@@ -45,6 +45,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
 
 namespace shardlm {
@@ -119,7 +120,21 @@ struct HttpServerOptions {
   std::vector<std::string> probe_paths;
   int reserved_probe_connections = 8;
   TlsConfig tls;  // Not enabled(): plaintext.
+  // When set (not owned; outlives the server), a request's body is charged
+  // to it before it is read (kBodyChargeFactor times its declared length);
+  // a body that does not fit is answered 429 with Retry-After and its
+  // connection closed unread.
+  MemoryBudget* memory_budget = nullptr;
+  // Pool threads kept however long they idle; those above it exit after
+  // idle_thread_timeout without work, so that a burst's threads do not
+  // stay for good.
+  int base_threads = 4;
+  std::chrono::milliseconds idle_thread_timeout{10000};
 };
+
+// What a body costs while it is served, per byte of it: the bytes as read,
+// and the handler's copy of them.
+inline constexpr int64_t kBodyChargeFactor = 2;
 
 class HttpServer {
  public:

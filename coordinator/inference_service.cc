@@ -37,7 +37,24 @@ constexpr int kMaxStopTokenIds = 256;
 constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
 
+// What tokenizing costs at most per byte of text (the text's code points
+// and pieces as the pre-tokenizer walks them, the BPE scratch of one piece
+// of at most 16 KiB, the token ids), measured in model/tokenizer_memory_test
+// with room; and what a queued request holds besides its prompt's ids.
+constexpr int64_t kTokenizeBytesPerByte = 8;
+constexpr int64_t kQueuedRequestBytes = 4096;
+
 }  // namespace
+
+size_t MaxGrpcRequestBytes(size_t max_prompt_bytes) {
+  // Each field: its bytes plus at most 16 of tag and length.
+  const size_t bytes =
+      (max_prompt_bytes + 16) + (size_t{kMaxPromptTokenIds} * 5 + 16) +
+      kMaxStopStrings * (kMaxStopStringBytes + 16) +
+      (size_t{kMaxStopTokenIds} * 5 + 16) + 1024;  // Scalars, sampling.
+  constexpr size_t kRound = 64 * 1024;
+  return (bytes + kRound - 1) / kRound * kRound;
+}
 
 namespace {
 
@@ -256,6 +273,11 @@ grpc::Status InferenceService::Generate(
     grpc::ServerContext* context, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  // The message as received and as parsed, held while the call runs.
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      static_cast<int64_t>(request->ByteSizeLong() + request->SpaceUsedLong()),
+      "the gRPC message");
+  if (!share.ok()) return ToGrpcStatus(share.status());
   return ToGrpcStatus(Run(
       *request, ToAbslDeadline(context->deadline()),
       [context] { return context->IsCancelled(); },
@@ -279,8 +301,26 @@ absl::Status InferenceService::Run(
         "it has and takes no new ones");
   }
   const v1::GenerateRequest* request = &request_proto;
+  // Tokenizing is paid for before it starts; what is left of the share then
+  // holds the queued request's prompt until the request ends.
+  int64_t text_bytes = static_cast<int64_t>(
+      std::min(request->prompt().size(), options_.max_prompt_bytes));
+  for (const v1::ChatMessage& m : request->messages()) {
+    text_bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+  }
+  text_bytes = std::min<int64_t>(
+      text_bytes, static_cast<int64_t>(options_.max_prompt_bytes) * 2);
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      text_bytes * kTokenizeBytesPerByte +
+          std::min(request->prompt_token_ids_size(), kMaxPromptTokenIds) *
+              int64_t{sizeof(int32_t)} +
+          kQueuedRequestBytes,
+      "tokenizing the prompt");
+  if (!share.ok()) return share.status();
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return req.status();
+  share->ShrinkTo(static_cast<int64_t>(req->prompt.size() * sizeof(int32_t)) +
+                  kQueuedRequestBytes);
   req->api = api;
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
   if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
@@ -397,6 +437,12 @@ absl::Status InferenceService::Run(
   return absl::OkStatus();
 }
 
+absl::StatusOr<MemoryShare> InferenceService::TakeMemory(
+    int64_t bytes, absl::string_view what) const {
+  if (options_.memory_budget == nullptr) return MemoryShare();
+  return options_.memory_budget->Take(bytes, what);
+}
+
 absl::Status InferenceService::CheckApiKey(
     const grpc::ServerContext& context) const {
   if (options_.api_key.empty()) return absl::OkStatus();
@@ -421,6 +467,11 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                 " bytes; at most ", options_.max_prompt_bytes,
                                 " are accepted"));
   }
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      static_cast<int64_t>(request->ByteSizeLong() + request->SpaceUsedLong()) +
+          static_cast<int64_t>(request->text().size()) * kTokenizeBytesPerByte,
+      "tokenizing the text");
+  if (!share.ok()) return ToGrpcStatus(share.status());
   for (int32_t id : tokenizer_->Encode(request->text())) {
     response->add_token_ids(id);
   }
@@ -459,8 +510,13 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
   }
   std::unique_ptr<ApiServer> s(new ApiServer());
   s->engine_ = engine;
+  s->budget_ = std::make_unique<MemoryBudget>(
+      options.request_memory_bytes > 0 ? options.request_memory_bytes
+                                       : MemoryBudget::DefaultLimitBytes());
+  ServiceOptions service_options = options.service;
+  service_options.memory_budget = s->budget_.get();
   s->service_ = std::make_unique<InferenceService>(
-      engine, tokenizer, options.model_name, options.service);
+      engine, tokenizer, options.model_name, service_options);
 
   // Both are process-wide switches read when a builder is made; setting
   // them again is harmless.
@@ -476,6 +532,10 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
   grpc::ResourceQuota quota("shardlm-api");
   quota.SetMaxThreads(std::max(4, options.max_grpc_calls + 8));
   builder.SetResourceQuota(quota);
+  // gRPC's default is 4 MiB; no legitimate request needs more than this,
+  // and a larger one is refused before it is parsed.
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(MaxGrpcRequestBytes(service_options.max_prompt_bytes)));
   s->server_ = builder.BuildAndStart();
   if (s->server_ == nullptr || s->port_ == 0) {
     return absl::UnavailableError(
@@ -492,10 +552,13 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
         OpenAiApiOptions{.model_name = options.model_name,
                          .api_key = options.service.api_key,
                          .metrics_auth = options.metrics_auth,
-                         .metrics_prefix_cache = options.metrics_prefix_cache});
+                         .metrics_prefix_cache = options.metrics_prefix_cache,
+                         .memory_budget = s->budget_.get()});
     HttpServerOptions http;
     http.listen_address = options.http_listen_address;
     http.tls = options.tls;
+    http.memory_budget = s->budget_.get();
+    http.idle_thread_timeout = options.idle_thread_timeout;
     ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(), std::move(http)));
   }
   // The first status before Start returns: a client's first Check must not

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
+#include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
 #include "grpcpp/server.h"
 #include "model/chat_template.h"
@@ -47,6 +48,9 @@ struct ServiceOptions {
   // Priorities above another request's preempt it, so by default (0) no
   // client outranks the default; negative priorities are always allowed.
   int32_t max_client_priority = 0;
+  // When set (not owned), each request takes its share of it before it is
+  // tokenized and holds it while it is queued and runs (issue 39).
+  MemoryBudget* memory_budget = nullptr;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -110,6 +114,9 @@ class InferenceService final : public v1::Inference::Service {
 
  private:
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
+  // A share of options_.memory_budget (an empty one without a budget).
+  absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
+                                         absl::string_view what) const;
 
   Engine* engine_;              // Not owned.
   const Tokenizer* tokenizer_;  // Not owned.
@@ -139,7 +146,22 @@ struct ApiServerOptions {
   // See OpenAiApiOptions (metrics_auth needs service.api_key).
   bool metrics_auth = false;
   bool metrics_prefix_cache = false;
+  // Bytes the requests in flight may cost (both APIs; see MemoryBudget);
+  // 0: MemoryBudget::DefaultLimitBytes(). service.memory_budget is set to
+  // the server's own budget.
+  int64_t request_memory_bytes = 0;
+  // HTTP pool threads above the base exit after this long idle.
+  std::chrono::milliseconds idle_thread_timeout{10000};
 };
+
+// The largest gRPC message a legitimate request needs: a prompt of
+// max_prompt_bytes and, beside it, 2^18 prompt_token_ids of at most 5 bytes
+// each (token ids take precedence over text, so both may come), 8 stop
+// strings of 256 bytes, 256 stop_token_ids and the scalars, each with its
+// tag and length; rounded up to 64 KiB. A chat request (1 MiB of messages,
+// which exclude prompt and token ids) needs less. gRPC refuses a larger
+// message (RESOURCE_EXHAUSTED) before parsing it.
+size_t MaxGrpcRequestBytes(size_t max_prompt_bytes);
 
 // A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the
 // overall status "" and "shardlm.v1.Inference": SERVING while the engine's
@@ -180,6 +202,7 @@ class ApiServer {
   void WatchHealth(std::chrono::milliseconds poll);
 
   const Engine* engine_ = nullptr;
+  std::unique_ptr<MemoryBudget> budget_;  // Outlives both servers below.
   std::unique_ptr<InferenceService> service_;
   std::unique_ptr<OpenAiApi> openai_;
   std::unique_ptr<HttpServer> http_;

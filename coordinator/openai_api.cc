@@ -40,6 +40,12 @@ absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
 
+// What a parsed body costs at most per JSON value: a value is 16 bytes, an
+// array slot up to twice that while the vector grows, an object member a
+// map node with its key (~80 bytes); the strings' bytes are charged
+// separately (at most the body's size).
+constexpr int64_t kDomBytesPerValue = 96;
+
 std::string ErrorJson(const absl::Status& status) {
   const char* type = "server_error";
   switch (status.code()) {
@@ -404,12 +410,28 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
 void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const auto fail = [&](const absl::Status& s) {
     (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      res.AddHeader("Retry-After", "1");
+    }
     res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
   };
   // Counts first, keeping nothing: the DOM below costs tens of bytes per
   // element, so a body of millions of tiny elements is refused before it
   // exists.
-  if (absl::Status s = ScanOpenAiRequest(req.body); !s.ok()) return fail(s);
+  OpenAiScanStats scanned;
+  if (absl::Status s = ScanOpenAiRequest(req.body, {}, &scanned); !s.ok()) {
+    return fail(s);
+  }
+  // The DOM, and the request built from it, are paid for before they exist.
+  MemoryShare parse_share;
+  if (options_.memory_budget != nullptr) {
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        static_cast<int64_t>(scanned.values) * kDomBytesPerValue +
+            2 * static_cast<int64_t>(req.body.size()),
+        "parsing the JSON body");
+    if (!share.ok()) return fail(share.status());
+    parse_share = *std::move(share);
+  }
   const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return fail(Invalid("the body is not a JSON object"));
@@ -598,6 +620,18 @@ std::string OpenAiApi::Metrics() {
          {{"class=\"2xx\"", http_ok_.load()},
           {"class=\"4xx\"", http_client_error_.load()},
           {"class=\"5xx\"", http_server_error_.load()}});
+  if (const MemoryBudget* b = options_.memory_budget; b != nullptr) {
+    metric("shardlm_request_memory_bytes", "gauge",
+           "The memory budget of requests in flight (--request-memory-mb): "
+           "its limit, the bytes taken now, and the most taken at once.",
+           {{"kind=\"limit\"", b->limit()},
+            {"kind=\"in_use\"", b->in_use()},
+            {"kind=\"peak\"", b->peak()}});
+    metric("shardlm_request_memory_refused_total", "counter",
+           "Requests refused because their share of the memory budget did "
+           "not fit within 250 ms (429 / RESOURCE_EXHAUSTED).",
+           {{"", b->refused()}});
+  }
   metric("shardlm_kv_slots", "gauge",
          "Token slots of the KV blocks sequences hold, and how many hold a "
          "token (see shardlm_kv_fragmentation_ratio).",

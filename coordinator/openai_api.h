@@ -17,6 +17,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
+#include "coordinator/memory_budget.h"
 
 namespace shardlm {
 
@@ -34,6 +35,9 @@ struct OpenAiApiOptions {
   // can read the counters learns, by sending a prompt and watching them,
   // whether someone sent the same beginning before.
   bool metrics_prefix_cache = false;
+  // When set (not owned), a body's parse is charged to it before the DOM is
+  // built, and /metrics shows it.
+  MemoryBudget* memory_budget = nullptr;
 };
 
 // Thread-safe; `engine` and `service` are not owned and must outlive it.
