@@ -37,11 +37,12 @@ constexpr int kMaxStopTokenIds = 256;
 constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
 
-// What tokenizing costs at most per byte of text (the text's code points
-// and pieces as the pre-tokenizer walks them, the BPE scratch of one piece
-// of at most 16 KiB, the token ids), measured in model/tokenizer_memory_test
-// with room; and what a queued request holds besides its prompt's ids.
-constexpr int64_t kTokenizeBytesPerByte = 8;
+// What tokenizing costs at most per byte of text: the token ids (up to 4
+// bytes per byte, twice that while their vector grows) and the merge state
+// of one 16 KiB cut (under 1 MiB); the pre-tokenizer keeps nothing.
+// model/tokenizer_memory_test holds Encode to 8 bytes per byte + 1 MiB.
+// And what a queued request holds besides its prompt's ids.
+constexpr int64_t kTokenizeBytesPerByte = 10;
 constexpr int64_t kQueuedRequestBytes = 4096;
 
 }  // namespace
