@@ -167,6 +167,42 @@ void SendRefusal(const HttpConn& conn, int status, absl::string_view why,
   }
 }
 
+// Sends `refusal` on a connection whose request body is left unread, then
+// closes its sending side and reads (discarding) what the client still
+// sends for up to a second: closing at once with bytes unread would make the
+// kernel reset the connection, and the client could lose the answer.
+void RefuseUnread(const HttpConn& conn, const HttpRefusal& refusal) {
+  std::string all = absl::StrCat(
+      "HTTP/1.1 ", refusal.status, " ", HttpReason(refusal.status),
+      "\r\nContent-Type: ", refusal.content_type, "\r\nConnection: close\r\n");
+  for (const auto& [name, value] : refusal.headers) {
+    absl::StrAppend(&all, name, ": ", value, "\r\n");
+  }
+  absl::StrAppend(&all, "Content-Length: ", refusal.body.size(), "\r\n\r\n",
+                  refusal.body);
+  const auto deadline = Clock::now() + std::chrono::seconds(1);
+  size_t done = 0;
+  while (done < all.size()) {
+    const ssize_t w = SendNow(conn, all.data() + done, all.size() - done);
+    if (w > 0) {
+      done += static_cast<size_t>(w);
+    } else if (w == -1 ||
+               !WaitFor(conn.fd, w == -2 ? POLLOUT : POLLIN, deadline)) {
+      return;
+    }
+  }
+  if (conn.ssl != nullptr) SSL_shutdown(conn.ssl);
+  ::shutdown(conn.fd, SHUT_WR);
+  char sink[16384];
+  while (true) {
+    const ssize_t n = ReceiveNow(conn, sink, sizeof(sink));
+    if (n == 0 || n == -1) return;
+    if (n < 0 && !WaitFor(conn.fd, n == -2 ? POLLIN : POLLOUT, deadline)) {
+      return;
+    }
+  }
+}
+
 // "1.2.3.4" and 80 for a socket address.
 void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip,
                int& port) {
@@ -856,14 +892,23 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
   // the budget is refused unread, and the connection closed.
   MemoryShare body_share;
   bool admitted = true;
-  if (options_.memory_budget != nullptr && length > 0) {
+  if (options_.head_check && length > 0) {
+    if (std::optional<HttpRefusal> refusal =
+            options_.head_check(context.request)) {
+      admitted = false;
+      RefuseUnread(p.conn, *refusal);
+    }
+  }
+  if (admitted && options_.memory_budget != nullptr && length > 0) {
     absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
         static_cast<int64_t>(length) * kBodyChargeFactor, "the HTTP body");
     if (share.ok()) {
       body_share = *std::move(share);
     } else {
       admitted = false;
-      SendRefusal(p.conn, 429, share.status().message(), "Retry-After: 1\r\n");
+      RefuseUnread(p.conn, {.status = 429,
+                            .body = ErrorBody(429, share.status().message()),
+                            .headers = {{"Retry-After", "1"}}});
     }
   }
   current_ = &context;

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -80,6 +81,21 @@ class HttpResponse {
 };
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
+
+// A whole response sent in place of reading a request's body.
+struct HttpRefusal {
+  int status = 400;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+// Runs on a request's checked head before its body is read (`head.body` is
+// empty); a refusal it returns is sent instead and the connection closed
+// with the body unread, so that what needs no body to decide (the API key)
+// costs a caller who fails it no body. Thread-safe; called concurrently.
+using HttpHeadCheck =
+    std::function<std::optional<HttpRefusal>(const HttpRequest& head)>;
 
 // Parses and checks a request head (the request line and headers, without
 // the blank line that ends them) into `req`: {0, ""} when it is well formed,
@@ -125,6 +141,9 @@ struct HttpServerOptions {
   // a body that does not fit is answered 429 with Retry-After and its
   // connection closed unread.
   MemoryBudget* memory_budget = nullptr;
+  // Run on the head of each request that declares a body (see
+  // HttpHeadCheck); none when empty.
+  HttpHeadCheck head_check;
   // Pool threads kept however long they idle; those above it exit after
   // idle_thread_timeout without work, so that a burst's threads do not
   // stay for good.

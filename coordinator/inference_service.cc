@@ -6,23 +6,16 @@
 #include <optional>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/api_key.h"
-#include "coordinator/openai_api.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 #include "model/stop_tokens.h"
 #include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {
-
-constexpr char kServiceName[] = "shardlm.v1.Inference";
 
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
@@ -44,6 +37,10 @@ constexpr int kMaxPromptTokenIds = 1 << 18;
 // And what a queued request holds besides its prompt's ids.
 constexpr int64_t kTokenizeBytesPerByte = 10;
 constexpr int64_t kQueuedRequestBytes = 4096;
+// A parsed request beyond its wire bytes: the objects of at most 256
+// messages, 8 stop strings and 256 unknown fields (~100 bytes each), and the
+// 4-byte slots of up to 2^18 + 256 token ids (varints of 1 byte or more).
+constexpr int64_t kParsedMessageBytes = 256 * 1024 + 4 * (1 << 18);
 
 }  // namespace
 
@@ -56,25 +53,6 @@ size_t MaxGrpcRequestBytes(size_t max_prompt_bytes) {
   constexpr size_t kRound = 64 * 1024;
   return (bytes + kRound - 1) / kRound * kRound;
 }
-
-namespace {
-
-// TLS credentials for `tls` (mutual TLS with a client CA), or insecure
-// ones when it is not enabled.
-std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
-    const TlsConfig& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(
-      tls.client_ca_pem.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = tls.client_ca_pem;
-  ssl.pem_key_cert_pairs.push_back(
-      {.private_key = tls.private_key_pem, .cert_chain = tls.cert_chain_pem});
-  return grpc::SslServerCredentials(ssl);
-}
-
-}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -438,6 +416,71 @@ absl::Status InferenceService::Run(
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::string> InferenceService::ReadWire(
+    const grpc::ByteBuffer& request,
+    absl::Status (*scan)(absl::string_view, const GrpcScanLimits&),
+    MemoryShare* share) {
+  // The bytes as gRPC holds them, the flat copy below, and the parsed
+  // message: the scan bounds its counts, so it is at most about its bytes
+  // plus a small overhead per element.
+  const int64_t bytes = static_cast<int64_t>(request.Length());
+  ASSIGN_OR_RETURN(
+      *share, TakeMemory(3 * bytes + kParsedMessageBytes, "the gRPC message"));
+  std::vector<grpc::Slice> slices;
+  if (!request.Dump(&slices).ok()) {
+    return absl::InternalError("the request's bytes could not be read");
+  }
+  std::string flat;
+  flat.reserve(static_cast<size_t>(bytes));
+  for (const grpc::Slice& slice : slices) {
+    flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (absl::Status s = scan(flat, GrpcScanLimits{}); !s.ok()) {
+    if (absl::StrContains(s.message(), "is not valid UTF-8")) ++invalid_utf8_;
+    return s;
+  }
+  return flat;
+}
+
+grpc::Status InferenceService::GenerateWire(
+    grpc::ServerContext* context, const grpc::ByteBuffer& request,
+    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  MemoryShare share;
+  absl::StatusOr<std::string> wire =
+      ReadWire(request, &ScanGenerateRequest, &share);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
+  v1::GenerateRequest parsed;
+  if (!parsed.ParseFromString(*wire)) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        "the request is not a valid shardlm.v1.GenerateRequest");
+  }
+  *wire = std::string();
+  return ToGrpcStatus(Run(
+      parsed, ToAbslDeadline(context->deadline()),
+      [context] { return context->IsCancelled(); },
+      [writer](const v1::GenerateResponse& r) { return writer->Write(r); }));
+}
+
+grpc::Status InferenceService::TokenizeWire(grpc::ServerContext* context,
+                                            const grpc::ByteBuffer& request,
+                                            v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  MemoryShare share;
+  absl::StatusOr<std::string> wire =
+      ReadWire(request, &ScanTokenizeRequest, &share);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
+  v1::TokenizeRequest parsed;
+  if (!parsed.ParseFromString(*wire)) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        "the request is not a valid shardlm.v1.TokenizeRequest");
+  }
+  *wire = std::string();
+  return Tokenize(context, &parsed, response);
+}
+
 absl::StatusOr<MemoryShare> InferenceService::TakeMemory(
     int64_t bytes, absl::string_view what) const {
   if (options_.memory_budget == nullptr) return MemoryShare();
@@ -501,139 +544,5 @@ grpc::Status InferenceService::GetModelInfo(
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   return grpc::Status::OK;
 }
-
-absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
-    Engine* engine, const Tokenizer* tokenizer,
-    const ApiServerOptions& options) {
-  if (options.metrics_auth && options.service.api_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--metrics-auth needs an API key (set SHARDLM_API_KEY)");
-  }
-  std::unique_ptr<ApiServer> s(new ApiServer());
-  s->engine_ = engine;
-  s->budget_ = std::make_unique<MemoryBudget>(
-      options.request_memory_bytes > 0 ? options.request_memory_bytes
-                                       : MemoryBudget::DefaultLimitBytes());
-  ServiceOptions service_options = options.service;
-  service_options.memory_budget = s->budget_.get();
-  s->service_ = std::make_unique<InferenceService>(
-      engine, tokenizer, options.model_name, service_options);
-
-  // Both are process-wide switches read when a builder is made; setting
-  // them again is harmless.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           GrpcServerCredentials(options.tls), &s->port_);
-  builder.RegisterService(s->service_.get());
-  // A burst of streams costs threads up to this cap, then
-  // RESOURCE_EXHAUSTED; a few threads more keep the health service and
-  // short calls answering.
-  grpc::ResourceQuota quota("shardlm-api");
-  quota.SetMaxThreads(std::max(4, options.max_grpc_calls + 8));
-  builder.SetResourceQuota(quota);
-  // gRPC's default is 4 MiB; no legitimate request needs more than this,
-  // and a larger one is refused before it is parsed.
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(MaxGrpcRequestBytes(service_options.max_prompt_bytes)));
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address,
-                     " (malformed address, or the port is in use)"));
-  }
-  if (!options.http_listen_address.empty()) {
-    const auto& chat = s->service_->chat_template();
-    std::fprintf(stderr, "[shardlm] chat completions: %s\n",
-                 chat.ok() ? chat->Describe().c_str()
-                           : std::string(chat.status().message()).c_str());
-    s->openai_ = std::make_unique<OpenAiApi>(
-        engine, s->service_.get(),
-        OpenAiApiOptions{.model_name = options.model_name,
-                         .api_key = options.service.api_key,
-                         .metrics_auth = options.metrics_auth,
-                         .metrics_prefix_cache = options.metrics_prefix_cache,
-                         .memory_budget = s->budget_.get()});
-    HttpServerOptions http;
-    http.listen_address = options.http_listen_address;
-    http.tls = options.tls;
-    http.memory_budget = s->budget_.get();
-    http.idle_thread_timeout = options.idle_thread_timeout;
-    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(), std::move(http)));
-  }
-  // The first status before Start returns: a client's first Check must not
-  // find the service unknown.
-  if (grpc::HealthCheckServiceInterface* health =
-          s->server_->GetHealthCheckService()) {
-    const bool serving = engine->executor().Health().ok();
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kServiceName, serving);
-  }
-  s->health_thread_ = std::thread(
-      [p = s.get(), poll = options.health_poll] { p->WatchHealth(poll); });
-  return s;
-}
-
-void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    const bool serving =
-        !service_->draining() && engine_->executor().Health().ok();
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kServiceName, serving);
-    stop_cv_.wait_for(lock, poll, [&] { return stopping_ || recheck_; });
-    recheck_ = false;
-  }
-}
-
-void ApiServer::Wait() { server_->Wait(); }
-
-void ApiServer::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  stop_cv_.notify_all();
-  if (health_thread_.joinable()) health_thread_.join();
-  // HTTP streams end when their connections close; their requests are
-  // cancelled within one engine step.
-  if (http_ != nullptr) http_->Shutdown();
-  if (server_ == nullptr) return;  // Start() failed.
-  // A second of grace; then in-flight calls are cancelled and see
-  // IsCancelled() within one engine step.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-}
-
-bool ApiServer::Drain(absl::Duration timeout,
-                      const std::function<bool()>& interrupted) {
-  service_->StartDraining();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    recheck_ = true;  // WatchHealth says NOT_SERVING now, not a poll later.
-  }
-  stop_cv_.notify_all();
-  const absl::Time deadline = absl::Now() + timeout;
-  bool drained = false;
-  while (true) {
-    if (service_->in_flight() == 0) {
-      drained = true;
-      break;
-    }
-    if (absl::Now() >= deadline) break;
-    if (!interrupted) {
-      absl::SleepFor(absl::Milliseconds(50));
-    } else if (interrupted()) {
-      break;
-    }
-  }
-  Shutdown();
-  return drained;
-}
-
-ApiServer::~ApiServer() { Shutdown(); }
 
 }  // namespace shardlm

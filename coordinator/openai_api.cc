@@ -347,6 +347,21 @@ OpenAiApi::OpenAiApi(Engine* engine, InferenceService* service,
                      OpenAiApiOptions options)
     : engine_(engine), service_(service), options_(std::move(options)) {}
 
+// What Handle answers a /v1/ request without the key.
+constexpr char kMissingKey[] =
+    "missing or wrong API key (Authorization: Bearer <key>)";
+
+std::optional<HttpRefusal> OpenAiApi::CheckHead(const HttpRequest& head) {
+  if (!absl::StartsWith(head.path, "/v1/") ||
+      ApiKeyMatches(head.Header("authorization"), options_.api_key)) {
+    return std::nullopt;
+  }
+  http_client_error_++;
+  return HttpRefusal{.status = 401,
+                     .body = ErrorJson(absl::UnauthenticatedError(kMissingKey)),
+                     .headers = {{"WWW-Authenticate", "Bearer"}}};
+}
+
 void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   const auto send = [&](int status, const std::string& type,
                         const std::string& body) {
@@ -381,8 +396,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   }
   if (!ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
     res.AddHeader("WWW-Authenticate", "Bearer");
-    return fail(absl::UnauthenticatedError(
-        "missing or wrong API key (Authorization: Bearer <key>)"));
+    return fail(absl::UnauthenticatedError(kMissingKey));
   }
   if (req.path == "/v1/models" && get) {
     const Json body = {
@@ -627,6 +641,10 @@ std::string OpenAiApi::Metrics() {
            {{"kind=\"limit\"", b->limit()},
             {"kind=\"in_use\"", b->in_use()},
             {"kind=\"peak\"", b->peak()}});
+    metric("shardlm_invalid_utf8_total", "counter",
+           "gRPC requests refused (INVALID_ARGUMENT) for invalid UTF-8 in a "
+           "string field.",
+           {{"", service_->invalid_utf8()}});
     metric("shardlm_request_memory_refused_total", "counter",
            "Requests refused because their share of the memory budget did "
            "not fit within 250 ms (429 / RESOURCE_EXHAUSTED).",
@@ -665,6 +683,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
   if (options.probe_paths.empty()) {
     options.probe_paths = {"/health", "/ready", "/metrics"};
   }
+  options.head_check = [api](const HttpRequest& head) {
+    return api->CheckHead(head);
+  };
   return HttpServer::Start(std::move(options),
                            [api](const HttpRequest& req, HttpResponse& res) {
                              api->Handle(req, res);

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -48,6 +49,9 @@ class OpenAiApi {
 
   // An HttpHandler.
   void Handle(const HttpRequest& request, HttpResponse& response);
+  // An HttpHeadCheck: a request to /v1/ without the API key (when one is
+  // set) is refused before its body is read, with the 401 Handle would send.
+  std::optional<HttpRefusal> CheckHead(const HttpRequest& head);
 
   // The Prometheus text exposition of the engine's figures.
   std::string Metrics();
