@@ -9,6 +9,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "coordinator/api_key.h"
+#include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
 #include "model/stop_tokens.h"
@@ -79,28 +80,18 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
 
   req.max_tokens = request.max_tokens() == 0 ? options_.default_max_tokens
                                              : request.max_tokens();
-  if (req.max_tokens < 1 || req.max_tokens > config.context_length) {
-    return Invalid("max_tokens must be in [1, ", config.context_length,
-                   "] (the context window), got ", request.max_tokens());
+  if (!CheckMaxTokens(req.max_tokens, config.context_length).ok()) {
+    return CheckMaxTokens(request.max_tokens(), config.context_length);
   }
 
   const v1::SamplingParams& s = request.sampling();
+  RETURN_IF_ERROR(CheckSampling(s.temperature(), s.top_k(), s.top_p()));
   // In the proto, top_p 0 (the default) means off, like 1.
   req.sampling = {.temperature = s.temperature(),
                   .top_k = s.top_k(),
                   .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
                   .seed = s.seed()};
-  if (!std::isfinite(s.temperature()) || !std::isfinite(s.top_p())) {
-    return Invalid("sampling.temperature and sampling.top_p must be finite");
-  }
-  if (absl::Status st = ValidateSamplingParams(req.sampling); !st.ok()) {
-    return Invalid("sampling: ", st.message());
-  }
-
-  if (request.logprobs() < 0 || request.logprobs() > kMaxLogprobs) {
-    return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ",
-                   request.logprobs());
-  }
+  RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
   if (request.stop_size() > kMaxStopStrings) {
     return Invalid("at most ", kMaxStopStrings, " stop strings, got ",
@@ -113,10 +104,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
                      " bytes, got ", n);
     }
   }
-  if (request.truncate_prompt_tokens() < 0) {
-    return Invalid("truncate_prompt_tokens must be >= 0 (0: off), got ",
-                   request.truncate_prompt_tokens());
-  }
+  RETURN_IF_ERROR(CheckTruncatePromptTokens(request.truncate_prompt_tokens()));
 
   // Sizes first: nothing below may cost more than the request's bytes.
   if (request.prompt().size() > options_.max_prompt_bytes) {

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/api_key.h"
 #include "coordinator/openai_request_scan.h"
+#include "coordinator/request_ranges.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
@@ -141,6 +142,7 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
 // alternatives to report per token (-1: no logprobs).
 absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
                                             const std::string& model_name,
+                                            int64_t context_length,
                                             int* top_n) {
   v1::GenerateRequest req;
   std::string model;
@@ -202,8 +204,14 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   int32_t max_tokens = 0;
   RETURN_IF_ERROR(Get(body, "max_tokens", &max_tokens));
   if (chat) RETURN_IF_ERROR(Get(body, "max_completion_tokens", &max_tokens));
-  if (body.contains("max_tokens") && max_tokens <= 0) {
-    return Invalid("'max_tokens' must be positive");
+  // 0 is "the default" in the proto, an error here: the service's range and
+  // words.
+  const bool max_given =
+      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+      (chat && body.contains("max_completion_tokens") &&
+       !body["max_completion_tokens"].is_null());
+  if (max_given && max_tokens <= 0) {
+    return CheckMaxTokens(max_tokens, context_length);
   }
   req.set_max_tokens(max_tokens);  // 0: the server's default.
 
@@ -219,7 +227,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   v1::SamplingParams& s = *req.mutable_sampling();
   s.set_temperature(static_cast<float>(temperature));
   s.set_top_p(static_cast<float>(top_p));
-  s.set_top_k(top_k < 0 ? -1 : top_k);  // The service refuses negatives.
+  s.set_top_k(top_k);  // The service refuses negatives, as over gRPC.
   s.set_seed(static_cast<uint64_t>(seed));
 
   const Json& stop = body.contains("stop") ? body["stop"] : Json();
@@ -243,17 +251,12 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
     if (top != 0 && !logprobs) {
       return Invalid("'top_logprobs' needs 'logprobs': true");
     }
-    if (top < 0 || top > kMaxLogprobs) {
-      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
-    }
+    RETURN_IF_ERROR(CheckLogprobs(top));
     if (logprobs) *top_n = top;
   } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     int32_t top = 0;
     RETURN_IF_ERROR(Get(body, "logprobs", &top));
-    // The same range and words as the gRPC API's.
-    if (top < 0 || top > kMaxLogprobs) {
-      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
-    }
+    RETURN_IF_ERROR(CheckLogprobs(top));  // The gRPC API's range and words.
     *top_n = top;
   }
   // The service returns at least one alternative when asked for any.
@@ -452,7 +455,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   int top_n = -1;
   absl::StatusOr<v1::GenerateRequest> proto =
-      ToProto(body, chat, options_.model_name, &top_n);
+      ToProto(body, chat, options_.model_name, engine_->config().context_length,
+              &top_n);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
