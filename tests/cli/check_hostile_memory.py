@@ -17,7 +17,11 @@ parsed, and the peak grows by no more than the bytes received. Last, the
 HTTP pool's threads return to their base after a burst of 400 requests,
 within --idle-thread-timeout-s.
 
-  check_hostile_memory.py --shardlm BIN --gguf MODEL
+  check_hostile_memory.py --shardlm BIN --gguf MODEL [--measure-only]
+
+--measure-only runs the same phases against a server without the budget
+flags (an older build) and prints the figures without checking them: the
+"before" column of docs/limits.md.
 """
 
 from __future__ import annotations
@@ -44,6 +48,15 @@ BUDGET_MB = 256
 OVERHEAD_MB = 128
 N = 16
 KEY = "memory-key"
+MEASURE_ONLY = False
+ONLY = ""  # --only: run just the phases whose name holds this.
+
+
+def expect(cond: bool, what: str) -> None:
+    if MEASURE_ONLY:
+        print("     " + what, flush=True)
+    else:
+        check(cond, what)
 
 
 def kib(pid: int, field: str) -> int:
@@ -160,11 +173,13 @@ class Server:
         env.pop("SHARDLM_API_KEY", None)
         if env_key:
             env["SHARDLM_API_KEY"] = env_key
+        flags = [] if MEASURE_ONLY else [
+            "--request-memory-mb", str(BUDGET_MB),
+            "--idle-thread-timeout-s", "2"]
         self.proc = subprocess.Popen(
             [a.shardlm, "serve", "--model", a.gguf, "--listen",
              f"127.0.0.1:{self.grpc_port}", "--http-listen",
-             f"127.0.0.1:{self.port}", "--request-memory-mb", str(BUDGET_MB),
-             "--idle-thread-timeout-s", "2"],
+             f"127.0.0.1:{self.port}"] + flags,
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE, text=True, env=env)
         self.key = env_key
@@ -185,7 +200,7 @@ class Server:
         s, m = http(self.port, "/v1/completions",
                     b'{"prompt": "The capital of France is", '
                     b'"max_tokens": 1}', self.key)
-        check(s == 200 and self.proc.poll() is None,
+        expect(s == 200 and self.proc.poll() is None,
               f"  ... and then a real completion is 200 ({what}; got {s} {m})")
 
     def metric(self, name: str) -> str:
@@ -208,6 +223,8 @@ def phase(server: Server, name: str, calls, accept, bound: int,
     """Runs `calls` (zero-argument callables) at once; each result must
     satisfy accept(result); the peak over what the server held before must
     stay under `bound` bytes."""
+    if ONLY not in name:
+        return
     pid = server.proc.pid
     before = kib(pid, "VmRSS")
     reset_peak(pid)
@@ -224,9 +241,9 @@ def phase(server: Server, name: str, calls, accept, bound: int,
         kinds[key] = kinds.get(key, 0) + 1
         if not accept(r):
             bad.append(r)
-    check(not bad, f"{name}: {len(calls)} at once, each its clear answer "
+    expect(not bad, f"{name}: {len(calls)} at once, each its clear answer "
           f"({kinds}; first unexpected: {bad[0] if bad else None})")
-    check(growth <= bound,
+    expect(growth <= bound,
           f"{name}: peak RSS {peak >> 20} MiB, +{growth >> 20} MiB over "
           f"{before >> 20} MiB (bound {bound >> 20} MiB) in {seconds:.1f} s")
     table.append((name, before >> 20, peak >> 20, growth >> 20))
@@ -260,10 +277,12 @@ def attacks(server: Server, key: str | None, table: list) -> None:
           lambda r: r[0] == "OK" or (r[0] == "RESOURCE_EXHAUSTED" and
                                      "--request-memory-mb" in r[1]),
           budget, table)
+    if ONLY:
+        return
     bad_utf8 = field(11, field(1, b"user") + field(2, b"hi")) + field(
         11, field(1, b"user") + field(2, b"\xff")) + varint(3 << 3) + varint(1)
     code, details = grpc_raw(server.channel, gen, bad_utf8, key)
-    check(code == "INVALID_ARGUMENT" and
+    expect(code == "INVALID_ARGUMENT" and
           details == "messages[1].content is not valid UTF-8 (byte 0)",
           f"invalid UTF-8 in messages[1].content: INVALID_ARGUMENT naming "
           f"it ({code}: {details})")
@@ -296,7 +315,7 @@ def threads_return(server: Server) -> None:
     statuses: dict = {}
     for s, _ in results:
         statuses[s] = statuses.get(s, 0) + 1
-    check(set(statuses) <= {200, 503, 429},
+    expect(set(statuses) <= {200, 503, 429},
           f"a burst of 400 HTTP requests: each 200 or a clear refusal "
           f"({statuses})")
     deadline = time.monotonic() + 20
@@ -306,7 +325,7 @@ def threads_return(server: Server) -> None:
         if now <= base + 2:
             break
         time.sleep(0.5)
-    check(now <= base + 2,
+    expect(now <= base + 2,
           f"threads back to base after the burst: {now} (base {base}, "
           f"--idle-thread-timeout-s 2)")
 
@@ -315,7 +334,14 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--gguf", required=True)
+    ap.add_argument("--measure-only", action="store_true")
+    ap.add_argument("--only", default="",
+                    help="run only the phases whose name holds this (each "
+                    "then on a fresh server: the figures of docs/limits.md)")
     a = ap.parse_args()
+    global MEASURE_ONLY, ONLY
+    MEASURE_ONLY = a.measure_only
+    ONLY = a.only
     table: list = []
     for key in (None, KEY):
         server = Server(a, key)
@@ -328,7 +354,8 @@ def main() -> int:
                 attacks(server, None, table)
                 print(server.metric("shardlm_request_memory"))
                 print(server.metric("shardlm_invalid_utf8_total"))
-                threads_return(server)
+                if ONLY in "threads":
+                    threads_return(server)
             else:
                 keyless(server, table)
                 attacks(server, key, table)
