@@ -19,11 +19,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -32,16 +30,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/http_connection.h"
 #include "coordinator/http_pool.h"
 
 namespace shardlm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-// A handler's streamed bytes not yet taken by the client; past this its
-// Write() waits (backpressure instead of memory).
-constexpr size_t kMaxQueuedStreamBytes = 1 << 20;
+using namespace http_internal;  // This server's connection plumbing.
 
 // The methods httplib 0.11.4 routes; any other token is answered 501.
 bool IsServedMethod(absl::string_view m) {
@@ -56,402 +51,6 @@ HttpPoolOptions PoolOptions(const HttpServerOptions& options) {
               options.max_connections + options.reserved_probe_connections,
           .base_threads = options.base_threads,
           .idle_timeout = absl::FromChrono(options.idle_thread_timeout)};
-}
-
-std::string ErrorBody(int status, absl::string_view message) {
-  return absl::StrCat("{\"error\":{\"message\":\"", message,
-                      "\",\"type\":\"invalid_request_error\",\"code\":", status,
-                      "}}");
-}
-
-// An accepted connection: its socket (non-blocking) and, on a TLS server,
-// its session.
-struct HttpConn {
-  int fd = -1;
-  SSL* ssl = nullptr;
-};
-
-// Ends the session (a close_notify, best effort) and closes the socket.
-void CloseConn(HttpConn& conn) {
-  if (conn.ssl != nullptr) {
-    SSL_shutdown(conn.ssl);
-    SSL_free(conn.ssl);
-    conn.ssl = nullptr;
-    ERR_clear_error();
-  }
-  if (conn.fd >= 0) ::close(conn.fd);
-  conn.fd = -1;
-}
-
-// Waits until `fd` has `events` or `deadline` passes; false on timeout.
-bool WaitFor(int fd, short events, Clock::time_point deadline) {
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{.fd = fd, .events = events};
-    const int r = ::poll(&p, 1, static_cast<int>(left.count()) + 1);
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return true;  // Let the I/O call fail.
-  }
-}
-
-// Up to n bytes without waiting: how many (> 0), 0 when the peer closed, -1
-// on an error, -2 when nothing is there yet; for TLS, -3 when the session
-// needs to write first.
-ssize_t ReceiveNow(const HttpConn& conn, char* buf, size_t n) {
-  if (conn.ssl == nullptr) {
-    while (true) {
-      const ssize_t r = ::recv(conn.fd, buf, n, 0);
-      if (r >= 0) return r;
-      if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK ? -2 : -1;
-    }
-  }
-  const int r = SSL_read(conn.ssl, buf, static_cast<int>(n));
-  if (r > 0) return r;
-  switch (SSL_get_error(conn.ssl, r)) {
-    case SSL_ERROR_WANT_READ:
-      return -2;
-    case SSL_ERROR_WANT_WRITE:
-      return -3;
-    case SSL_ERROR_ZERO_RETURN:
-      return 0;
-    default:
-      ERR_clear_error();
-      return -1;
-  }
-}
-
-// Writes without waiting: bytes written (> 0), -2 when the socket is full
-// (-3: a TLS session must read first), -1 on an error.
-ssize_t SendNow(const HttpConn& conn, const char* data, size_t n) {
-  if (conn.ssl == nullptr) {
-    while (true) {
-      const ssize_t w = ::send(conn.fd, data, n, MSG_NOSIGNAL);
-      if (w > 0) return w;
-      if (w < 0 && errno == EINTR) continue;
-      return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? -2 : -1;
-    }
-  }
-  const int w =
-      SSL_write(conn.ssl, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
-  if (w > 0) return w;
-  switch (SSL_get_error(conn.ssl, w)) {
-    case SSL_ERROR_WANT_WRITE:
-      return -2;
-    case SSL_ERROR_WANT_READ:
-      return -3;
-    default:
-      ERR_clear_error();
-      return -1;
-  }
-}
-
-// A refusal written from the loop thread before any thread is spent on the
-// connection: best effort, never waits (a client that does not read it
-// loses it).
-// `extra_headers`: whole lines, each ending in CRLF.
-void SendRefusal(const HttpConn& conn, int status, absl::string_view why,
-                 absl::string_view extra_headers = "") {
-  const std::string body = ErrorBody(status, why);
-  const std::string all = absl::StrCat(
-      "HTTP/1.1 ", status, " ", HttpReason(status),
-      "\r\nContent-Type: application/json\r\nConnection: close\r\n",
-      extra_headers, "Content-Length: ", body.size(), "\r\n\r\n", body);
-  size_t done = 0;
-  while (done < all.size()) {
-    const ssize_t w = SendNow(conn, all.data() + done, all.size() - done);
-    if (w <= 0) return;
-    done += static_cast<size_t>(w);
-  }
-}
-
-// Sends `refusal` on a connection whose request body is left unread, then
-// closes its sending side and reads (discarding) what the client still
-// sends for up to a second: closing at once with bytes unread would make the
-// kernel reset the connection, and the client could lose the answer.
-void RefuseUnread(const HttpConn& conn, const HttpRefusal& refusal) {
-  std::string all = absl::StrCat(
-      "HTTP/1.1 ", refusal.status, " ", HttpReason(refusal.status),
-      "\r\nContent-Type: ", refusal.content_type, "\r\nConnection: close\r\n");
-  for (const auto& [name, value] : refusal.headers) {
-    absl::StrAppend(&all, name, ": ", value, "\r\n");
-  }
-  absl::StrAppend(&all, "Content-Length: ", refusal.body.size(), "\r\n\r\n",
-                  refusal.body);
-  const auto deadline = Clock::now() + std::chrono::seconds(1);
-  size_t done = 0;
-  while (done < all.size()) {
-    const ssize_t w = SendNow(conn, all.data() + done, all.size() - done);
-    if (w > 0) {
-      done += static_cast<size_t>(w);
-    } else if (w == -1 ||
-               !WaitFor(conn.fd, w == -2 ? POLLOUT : POLLIN, deadline)) {
-      return;
-    }
-  }
-  if (conn.ssl != nullptr) SSL_shutdown(conn.ssl);
-  ::shutdown(conn.fd, SHUT_WR);
-  char sink[16384];
-  while (true) {
-    const ssize_t n = ReceiveNow(conn, sink, sizeof(sink));
-    if (n == 0 || n == -1) return;
-    if (n < 0 && !WaitFor(conn.fd, n == -2 ? POLLIN : POLLOUT, deadline)) {
-      return;
-    }
-  }
-}
-
-// "1.2.3.4" and 80 for a socket address.
-void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip,
-               int& port) {
-  char host[NI_MAXHOST];
-  char serv[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host,
-                    sizeof(host), serv, sizeof(serv),
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
-    ip = host;
-    port = std::atoi(serv);
-  }
-}
-
-// httplib's view of one connection for one request: first the bytes the
-// loop thread already has (the normalised head, then whatever of the body
-// came with it), then the socket, with a deadline for reading the request
-// and a timeout on each write. Bytes past the request stay buffered for the
-// next one (pipelining).
-class ConnStream final : public httplib::Stream {
- public:
-  ConnStream(HttpConn conn, std::string buffered,
-             Clock::time_point read_deadline,
-             std::chrono::milliseconds write_timeout)
-      : conn_(conn),
-        buf_(std::move(buffered)),
-        read_deadline_(read_deadline),
-        write_timeout_(write_timeout) {}
-
-  bool is_readable() const override {
-    return pos_ < buf_.size() ||
-           (conn_.ssl != nullptr && SSL_pending(conn_.ssl) > 0);
-  }
-  bool is_writable() const override {
-    pollfd p{.fd = conn_.fd, .events = POLLOUT};
-    return !write_failed_ && ::poll(&p, 1, 0) > 0 && (p.revents & POLLOUT) != 0;
-  }
-  ssize_t read(char* ptr, size_t size) override {
-    if (pos_ == buf_.size() && !Fill()) return -1;
-    const size_t n = std::min(size, buf_.size() - pos_);
-    std::memcpy(ptr, buf_.data() + pos_, n);
-    pos_ += n;
-    consumed_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    size_t done = 0;
-    auto deadline = Clock::now() + write_timeout_;
-    while (done < size && !write_failed_) {
-      const ssize_t w = SendNow(conn_, ptr + done, size - done);
-      if (w > 0) {
-        done += static_cast<size_t>(w);
-        deadline = Clock::now() + write_timeout_;
-      } else if (w == -1 ||
-                 !WaitFor(conn_.fd, w == -2 ? POLLOUT : POLLIN, deadline)) {
-        write_failed_ = true;  // Gone, or took nothing for write_timeout.
-      }
-    }
-    return write_failed_ ? -1 : static_cast<ssize_t>(size);
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getpeername(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getsockname(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  // httplib reads this only to refuse fds its select()-based streams
-  // cannot wait on (past FD_SETSIZE); this stream polls, so such an fd is
-  // not reported.
-  socket_t socket() const override {
-    return conn_.fd < FD_SETSIZE ? conn_.fd : INVALID_SOCKET;
-  }
-
-  size_t consumed() const { return consumed_; }
-  bool read_timed_out() const { return read_timed_out_; }
-  // A read or a write failed (or timed out): the connection is done.
-  bool failed() const { return read_failed_ || write_failed_; }
-  std::string TakeLeftover() { return buf_.substr(pos_); }
-
- private:
-  // Appends what the socket has (waiting up to the read deadline); false
-  // on close, error or timeout.
-  bool Fill() {
-    buf_.clear();
-    pos_ = 0;
-    char chunk[16384];
-    while (!read_failed_) {
-      const ssize_t n = ReceiveNow(conn_, chunk, sizeof(chunk));
-      if (n > 0) {
-        buf_.assign(chunk, static_cast<size_t>(n));
-        return true;
-      }
-      if (n == 0 || n == -1) {
-        read_failed_ = true;
-      } else if (!WaitFor(conn_.fd, n == -2 ? POLLIN : POLLOUT,
-                          read_deadline_)) {
-        read_failed_ = read_timed_out_ = true;
-      }
-    }
-    return false;
-  }
-
-  HttpConn conn_;
-  std::string buf_;
-  size_t pos_ = 0;
-  size_t consumed_ = 0;
-  const Clock::time_point read_deadline_;
-  const std::chrono::milliseconds write_timeout_;
-  bool read_failed_ = false;
-  bool write_failed_ = false;
-  bool read_timed_out_ = false;
-};
-
-// One request's response between the handler (on a handler thread, which
-// pushes) and httplib (on the connection thread, which pulls).
-struct Exchange {
-  Exchange(int fd, const std::atomic<bool>* stopping)
-      : fd(fd), stopping(stopping) {}
-  enum class State { kUnanswered, kWhole, kStreamed };
-
-  const int fd;  // For ClientGone's poll only.
-  const std::atomic<bool>* const stopping;
-  HttpRequest request;
-  std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  State state = State::kUnanswered;
-  int status = 0;
-  std::string content_type;
-  std::string body;  // Of a whole response.
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string queued;         // Streamed bytes not yet written.
-  bool handler_done = false;  // The handler returned (or threw).
-  bool writer_gone = false;   // httplib stopped writing: client gone.
-
-  bool Stopping() const { return stopping->load(); }
-};
-
-// The handler's side of an Exchange.
-class BridgeResponse : public HttpResponse {
- public:
-  explicit BridgeResponse(Exchange& ex) : ex_(ex) {}
-
-  bool Send(int status, const std::string& content_type,
-            const std::string& body) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kUnanswered) return false;
-    ex_.state = Exchange::State::kWhole;
-    ex_.status = status;
-    ex_.content_type = content_type;
-    ex_.body = body;
-    ex_.cv.notify_all();
-    return !ex_.writer_gone;
-  }
-  bool Start(int status, const std::string& content_type) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kUnanswered) return false;
-    ex_.state = Exchange::State::kStreamed;
-    ex_.status = status;
-    ex_.content_type = content_type;
-    ex_.cv.notify_all();
-    return !ex_.writer_gone;
-  }
-  bool Write(const std::string& data) override {
-    std::unique_lock<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kStreamed) return false;
-    while (ex_.queued.size() > kMaxQueuedStreamBytes && !ex_.writer_gone &&
-           !ex_.Stopping()) {
-      ex_.cv.wait_for(lock, std::chrono::milliseconds(100));
-    }
-    if (ex_.writer_gone || ex_.Stopping()) return false;
-    ex_.queued += data;
-    ex_.cv.notify_all();
-    return true;
-  }
-  void AddHeader(std::string name, std::string value) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state == Exchange::State::kUnanswered) {
-      ex_.headers.emplace_back(std::move(name), std::move(value));
-    }
-  }
-  bool ClientGone() const override {
-    {
-      std::lock_guard<std::mutex> lock(ex_.mu);
-      if (ex_.writer_gone) return true;
-    }
-    if (ex_.Stopping()) return true;
-    pollfd p{.fd = ex_.fd, .events = POLLRDHUP};
-    return ::poll(&p, 1, 0) > 0 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-  }
-
- private:
-  Exchange& ex_;
-};
-
-// httplib's content provider for a streamed response: writes what the
-// handler queued, ends the body once the handler returned.
-bool PullStream(Exchange& ex, httplib::DataSink& sink) {
-  std::string data;
-  {
-    std::unique_lock<std::mutex> lock(ex.mu);
-    while (ex.queued.empty() && !ex.handler_done && !ex.writer_gone) {
-      if (ex.Stopping()) ex.writer_gone = true;
-      ex.cv.wait_for(lock, std::chrono::milliseconds(100));
-    }
-    if (ex.writer_gone) return false;
-    data.swap(ex.queued);
-    ex.cv.notify_all();  // Room for a waiting Write().
-  }
-  if (data.empty()) {  // The handler is done and all of it was written.
-    sink.done();
-    return true;
-  }
-  if (!sink.write(data.data(), data.size())) {
-    std::lock_guard<std::mutex> lock(ex.mu);
-    ex.writer_gone = true;
-    ex.cv.notify_all();
-    return false;
-  }
-  return true;
-}
-
-// The normalised head httplib parses: method, version, the body's length
-// and the Connection and Expect semantics of the checked original.
-std::string NormalisedHead(const HttpRequest& req, absl::string_view version,
-                           uint64_t body_length) {
-  std::string head = absl::StrCat(req.method, " / ", version,
-                                  "\r\nContent-Length: ", body_length, "\r\n");
-  const std::string connection =
-      absl::AsciiStrToLower(req.Header("connection"));
-  if (absl::StrContains(connection, "close")) {
-    absl::StrAppend(&head, "Connection: close\r\n");
-  } else if (absl::StrContains(connection, "keep-alive")) {
-    absl::StrAppend(&head, "Connection: Keep-Alive\r\n");
-  }
-  if (body_length > 0 &&
-      absl::EqualsIgnoreCase(req.Header("expect"), "100-continue")) {
-    absl::StrAppend(&head, "Expect: 100-continue\r\n");
-  }
-  absl::StrAppend(&head, "\r\n");
-  return head;
 }
 
 }  // namespace
@@ -527,14 +126,13 @@ class HttpServer::Impl : private httplib::Server {
   std::thread loop_thread_;
   HttpPool connections_;
   HttpPool handlers_;
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  absl::flat_hash_set<int> serving_fds_;  // Guarded by mu_.
-  std::vector<Pending> returned_;         // Kept alive; guarded by mu_.
+  absl::Mutex mu_;
+  absl::flat_hash_set<int> serving_fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> returned_ ABSL_GUARDED_BY(mu_);  // Kept alive.
   // Connection threads serving, within max_connections and past it
-  // (probes); guarded by mu_.
-  int active_ = 0;
-  int probe_active_ = 0;
+  // (probes).
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  int probe_active_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 thread_local HttpServer::Impl::RequestContext* HttpServer::Impl::current_ =
@@ -670,9 +268,12 @@ void HttpServer::Impl::Shutdown() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (int fd : serving_fds_) ::shutdown(fd, SHUT_RDWR);
-    idle_cv_.wait(lock, [&] { return active_ + probe_active_ == 0; });
+    const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return active_ + probe_active_ == 0;
+    };
+    mu_.Await(absl::Condition(&idle));
     for (Pending& p : returned_) CloseConn(p.conn);
     returned_.clear();
   }
@@ -689,7 +290,7 @@ void HttpServer::Impl::AcceptLoop() {
   };
   while (!stopping_.load()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (Pending& p : returned_) pending.push_back(std::move(p));
       returned_.clear();
     }
@@ -848,7 +449,7 @@ void HttpServer::Impl::Dispatch(Pending p, size_t head_end) {
   const bool probe =
       std::find(options_.probe_paths.begin(), options_.probe_paths.end(),
                 req.path) != options_.probe_paths.end();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const bool over = active_ >= options_.max_connections;
   if (stopping_.load() ||
       (over &&
@@ -926,7 +527,7 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
   const bool keep = written && !client_closes && !last && context.routed &&
                     !context.close && !stream.failed() &&
                     stream.consumed() == head_bytes + length;
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   serving_fds_.erase(p.conn.fd);
   if (keep && !stopping_.load()) {
     p.buf = stream.TakeLeftover();
@@ -939,8 +540,7 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
   } else {
     CloseConn(p.conn);
   }
-  --(probe ? probe_active_ : active_);
-  if (active_ + probe_active_ == 0) idle_cv_.notify_all();
+  --(probe ? probe_active_ : active_);  // Shutdown's Await sees it.
 }
 
 void HttpServer::Impl::Route(const httplib::Request& hreq,
@@ -955,10 +555,10 @@ void HttpServer::Impl::Route(const httplib::Request& hreq,
     hres.set_content(ErrorBody(503, "shutting down"), "application/json");
     return;
   }
-  std::unique_lock<std::mutex> lock(ex->mu);
-  ex->cv.wait(lock, [&] {
-    return ex->state != Exchange::State::kUnanswered || ex->handler_done;
-  });
+  absl::MutexLock lock(&ex->mu);
+  while (ex->state == Exchange::State::kUnanswered && !ex->handler_done) {
+    ex->cv.Wait(&ex->mu);
+  }
   for (const auto& [name, value] : ex->headers) hres.set_header(name, value);
   if (ex->state == Exchange::State::kStreamed) {
     hres.status = ex->status;
@@ -970,10 +570,10 @@ void HttpServer::Impl::Route(const httplib::Request& hreq,
     // the handler's writes fail from then on, and this thread waits for it
     // to return.
     auto release = [ex](bool) {
-      std::unique_lock<std::mutex> lock(ex->mu);
+      absl::MutexLock lock(&ex->mu);
       ex->writer_gone = true;
-      ex->cv.notify_all();
-      ex->cv.wait(lock, [&] { return ex->handler_done; });
+      ex->cv.SignalAll();
+      while (!ex->handler_done) ex->cv.Wait(&ex->mu);
     };
     if (hreq.version == "HTTP/1.0") {  // No chunked encoding: until close.
       context.close = true;
@@ -986,7 +586,7 @@ void HttpServer::Impl::Route(const httplib::Request& hreq,
     }
     return;
   }
-  ex->cv.wait(lock, [&] { return ex->handler_done; });
+  while (!ex->handler_done) ex->cv.Wait(&ex->mu);
   hres.status = ex->status;
   hres.set_content(std::move(ex->body), ex->content_type);
 }
@@ -1008,7 +608,7 @@ void HttpServer::Impl::RunHandler(Exchange& ex) {
                  ex.request.method.c_str(), ex.request.path.c_str(),
                  thrown.c_str());
   }
-  std::lock_guard<std::mutex> lock(ex.mu);
+  absl::MutexLock lock(&ex.mu);
   if (ex.state == Exchange::State::kUnanswered) {
     ex.state = Exchange::State::kWhole;
     ex.status = 500;
@@ -1017,7 +617,7 @@ void HttpServer::Impl::RunHandler(Exchange& ex) {
                                             : "internal error");
   }
   ex.handler_done = true;
-  ex.cv.notify_all();
+  ex.cv.SignalAll();
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
