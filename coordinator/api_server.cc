@@ -159,13 +159,16 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
 void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   if (health == nullptr) return;
-  std::unique_lock<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
+  const auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stopping_ || recheck_;
+  };
   while (!stopping_) {
     const bool serving =
         !service_->draining() && engine_->executor().Health().ok();
     health->SetServingStatus("", serving);
     health->SetServingStatus(kServiceName, serving);
-    stop_cv_.wait_for(lock, poll, [&] { return stopping_ || recheck_; });
+    mu_.AwaitWithTimeout(absl::Condition(&woken), absl::FromChrono(poll));
     recheck_ = false;
   }
 }
@@ -174,11 +177,10 @@ void ApiServer::Wait() { server_->Wait(); }
 
 void ApiServer::Shutdown() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    stopping_ = true;
+    stopping_ = true;  // WatchHealth's Await sees it.
   }
-  stop_cv_.notify_all();
   if (health_thread_.joinable()) health_thread_.join();
   // HTTP streams end when their connections close; their requests are
   // cancelled within one engine step.
@@ -193,10 +195,9 @@ bool ApiServer::Drain(absl::Duration timeout,
                       const std::function<bool()>& interrupted) {
   service_->StartDraining();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     recheck_ = true;  // WatchHealth says NOT_SERVING now, not a poll later.
   }
-  stop_cv_.notify_all();
   const absl::Time deadline = absl::Now() + timeout;
   bool drained = false;
   while (true) {

@@ -6,14 +6,14 @@
 #define SHARDLM_COORDINATOR_API_SERVER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
@@ -102,10 +102,9 @@ class ApiServer {
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // Guarded by mu_.
-  bool recheck_ = false;   // Guarded by mu_: WatchHealth looks again now.
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool recheck_ ABSL_GUARDED_BY(mu_) = false;  // WatchHealth looks again now.
   std::thread health_thread_;
 };
 

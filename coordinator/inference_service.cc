@@ -6,8 +6,10 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/api_key.h"
 #include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
@@ -197,10 +199,9 @@ struct Stream {
   Stream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
       : detok(tokenizer), stops(std::move(stop_strings)) {}
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<v1::GenerateResponse> responses;          // Guarded by mu.
-  std::optional<absl::StatusOr<GenerateResult>> done;  // Guarded by mu.
+  absl::Mutex mu;
+  std::deque<v1::GenerateResponse> responses ABSL_GUARDED_BY(mu);
+  std::optional<absl::StatusOr<GenerateResult>> done ABSL_GUARDED_BY(mu);
   // Used by on_token, then (once done is set) by the RPC's thread.
   StreamingDetokenizer detok;
   StopStringFilter stops;
@@ -341,17 +342,15 @@ absl::Status InferenceService::Run(
             if (stop || generated >= max_tokens) {
               finish(response, stop ? "stop" : "length", generated);
             }
-            std::lock_guard<std::mutex> lock(s.mu);
+            absl::MutexLock lock(&s.mu);  // The RPC's Await sees it.
             s.responses.push_back(std::move(response));
-            s.cv.notify_all();
             return s.stops.stopped() ? TokenAction::kStop
                                      : TokenAction::kContinue;
           },
       .on_done =
           [stream](absl::StatusOr<GenerateResult> result) {
-            std::lock_guard<std::mutex> lock(stream->mu);
+            absl::MutexLock lock(&stream->mu);
             stream->done = std::move(result);
-            stream->cv.notify_all();
           }};
   absl::StatusOr<RequestId> id =
       engine_->Submit(*std::move(req), std::move(callbacks));
@@ -360,16 +359,19 @@ absl::Status InferenceService::Run(
   bool sent_final = false;
   bool client_gone = false;
   absl::StatusOr<GenerateResult> result;
-  std::unique_lock<std::mutex> lock(stream->mu);
+  Stream* const st = stream.get();
+  const auto ready = [st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) {
+    return !st->responses.empty() || st->done.has_value();
+  };
+  st->mu.Lock();
   while (true) {
-    stream->cv.wait_for(lock, std::chrono::milliseconds(50), [&] {
-      return !stream->responses.empty() || stream->done.has_value();
-    });
+    // Woken by the loop's callbacks; every 50 ms anyway, to see a cancel.
+    st->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
     std::deque<v1::GenerateResponse> responses;
-    responses.swap(stream->responses);
-    const bool finished = stream->done.has_value();
-    if (finished) result = std::move(*stream->done);
-    lock.unlock();
+    responses.swap(st->responses);
+    const bool finished = st->done.has_value();
+    if (finished) result = std::move(*st->done);
+    st->mu.Unlock();
     if (!client_gone && cancelled()) {
       client_gone = true;
       engine_->Cancel(*id);
@@ -384,7 +386,7 @@ absl::Status InferenceService::Run(
     }
     // After a cancel, wait for the end too: its blocks are free by then.
     if (finished) break;
-    lock.lock();
+    st->mu.Lock();
   }
 
   if (!result.ok()) return result.status();

@@ -566,7 +566,7 @@ absl::Status OpenAiApi::Ready() {
   // Making progress: with requests in the engine, steps advance.
   const SchedulerStats s = engine_->stats();
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(ready_mu_);
+  absl::MutexLock lock(&ready_mu_);
   if (s.steps != last_steps_ || s.running + s.waiting == 0) {
     last_steps_ = s.steps;
     last_progress_ = now;

@@ -10,10 +10,11 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
@@ -66,9 +67,9 @@ class OpenAiApi {
   InferenceService* service_;
   OpenAiApiOptions options_;
   std::atomic<int64_t> next_id_{0};
-  std::mutex ready_mu_;
-  int64_t last_steps_ = -1;   // Guarded by ready_mu_.
-  absl::Time last_progress_;  // Guarded by ready_mu_.
+  absl::Mutex ready_mu_;
+  int64_t last_steps_ ABSL_GUARDED_BY(ready_mu_) = -1;
+  absl::Time last_progress_ ABSL_GUARDED_BY(ready_mu_);
   // Counters by outcome, for /metrics.
   std::atomic<int64_t> http_ok_{0}, http_client_error_{0},
       http_server_error_{0};
