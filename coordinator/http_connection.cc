@@ -148,65 +148,114 @@ void RefuseUnread(const HttpConn& conn, const HttpRefusal& refusal) {
   }
 }
 
-// "1.2.3.4" and 80 for a socket address.
-void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip,
-               int& port) {
-  char host[NI_MAXHOST];
-  char serv[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host,
-                    sizeof(host), serv, sizeof(serv),
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
-    ip = host;
-    port = std::atoi(serv);
+Pull PullStream(Exchange& ex, std::string& data) {
+  data.clear();
+  absl::MutexLock lock(&ex.mu);
+  while (ex.queued.empty() && !ex.handler_done && !ex.writer_gone) {
+    if (ex.Stopping()) ex.writer_gone = true;
+    ex.cv.WaitWithTimeout(&ex.mu, absl::Milliseconds(100));
   }
+  if (ex.writer_gone) return Pull::kGone;
+  data.swap(ex.queued);
+  ex.cv.SignalAll();  // Room for a waiting Write().
+  return data.empty() ? Pull::kDone : Pull::kData;
 }
 
-// httplib's content provider for a streamed response: writes what the
-// handler queued, ends the body once the handler returned.
-bool PullStream(Exchange& ex, httplib::DataSink& sink) {
-  std::string data;
-  {
-    absl::MutexLock lock(&ex.mu);
-    while (ex.queued.empty() && !ex.handler_done && !ex.writer_gone) {
-      if (ex.Stopping()) ex.writer_gone = true;
-      ex.cv.WaitWithTimeout(&ex.mu, absl::Milliseconds(100));
-    }
-    if (ex.writer_gone) return false;
-    data.swap(ex.queued);
-    ex.cv.SignalAll();  // Room for a waiting Write().
-  }
-  if (data.empty()) {  // The handler is done and all of it was written.
-    sink.done();
-    return true;
-  }
-  if (!sink.write(data.data(), data.size())) {
-    absl::MutexLock lock(&ex.mu);
-    ex.writer_gone = true;
-    ex.cv.SignalAll();
-    return false;
-  }
-  return true;
+ResponseFraming FramingFor(absl::string_view method, absl::string_view version,
+                           absl::string_view connection_lower, bool last,
+                           std::chrono::milliseconds keep_alive_timeout,
+                           int max_requests_per_connection) {
+  const bool http10 = version == "HTTP/1.0";
+  const bool says_close = absl::StrContains(connection_lower, "close");
+  const bool says_keep =
+      !says_close && absl::StrContains(connection_lower, "keep-alive");
+  ResponseFraming f;
+  f.head_only = method == "HEAD";
+  f.chunked = !http10;
+  f.close_delimited = http10;
+  f.close_header = last || says_close;
+  f.close_after = f.close_header || (http10 && !says_keep);
+  f.keep_alive =
+      absl::StrCat("timeout=", (keep_alive_timeout.count() + 999) / 1000,
+                   ", max=", std::max(1, max_requests_per_connection));
+  return f;
 }
 
-// The normalised head httplib parses: method, version, the body's length
-// and the Connection and Expect semantics of the checked original.
-std::string NormalisedHead(const HttpRequest& req, absl::string_view version,
-                           uint64_t body_length) {
-  std::string head = absl::StrCat(req.method, " / ", version,
-                                  "\r\nContent-Length: ", body_length, "\r\n");
-  const std::string connection =
-      absl::AsciiStrToLower(req.Header("connection"));
-  if (absl::StrContains(connection, "close")) {
-    absl::StrAppend(&head, "Connection: close\r\n");
-  } else if (absl::StrContains(connection, "keep-alive")) {
-    absl::StrAppend(&head, "Connection: Keep-Alive\r\n");
-  }
-  if (body_length > 0 &&
-      absl::EqualsIgnoreCase(req.Header("expect"), "100-continue")) {
-    absl::StrAppend(&head, "Expect: 100-continue\r\n");
+bool MethodReadsBody(absl::string_view method) {
+  return method == "POST" || method == "PUT" || method == "PATCH" ||
+         method == "DELETE";
+}
+
+namespace {
+
+// The reason phrase on the status line, as cpp-httplib wrote it (499, which
+// is no standard code, as "Internal Server Error").
+const char* WireReason(int status) {
+  const char* reason = HttpReason(status);
+  return status == 499 || absl::string_view(reason) == "Unknown"
+             ? "Internal Server Error"
+             : reason;
+}
+
+bool LessIgnoringCase(const std::pair<std::string, std::string>& a,
+                      const std::pair<std::string, std::string>& b) {
+  return std::lexicographical_compare(
+      a.first.begin(), a.first.end(), b.first.begin(), b.first.end(),
+      [](char x, char y) {
+        return absl::ascii_tolower(x) < absl::ascii_tolower(y);
+      });
+}
+
+// The status line and the headers, sorted by name (equal names in the
+// order they were added), then the blank line.
+std::string Head(int status,
+                 std::vector<std::pair<std::string, std::string>> headers) {
+  std::stable_sort(headers.begin(), headers.end(), LessIgnoringCase);
+  std::string head =
+      absl::StrCat("HTTP/1.1 ", status, " ", WireReason(status), "\r\n");
+  for (const auto& [name, value] : headers) {
+    absl::StrAppend(&head, name, ": ", value, "\r\n");
   }
   absl::StrAppend(&head, "\r\n");
   return head;
+}
+
+void AddConnectionHeaders(
+    const ResponseFraming& framing,
+    std::vector<std::pair<std::string, std::string>>& headers) {
+  if (framing.close_header) {
+    headers.emplace_back("Connection", "close");
+  } else {
+    headers.emplace_back("Keep-Alive", framing.keep_alive);
+  }
+  if (framing.head_only) headers.emplace_back("Accept-Ranges", "bytes");
+}
+
+}  // namespace
+
+bool WriteWhole(ConnStream& stream, const ResponseFraming& framing, int status,
+                const std::string& content_type, const std::string& body,
+                std::vector<std::pair<std::string, std::string>> headers) {
+  AddConnectionHeaders(framing, headers);
+  headers.emplace_back("Content-Type", content_type);
+  headers.emplace_back("Content-Length", std::to_string(body.size()));
+  std::string all = Head(status, std::move(headers));
+  if (!framing.head_only) all += body;
+  return stream.WriteAll(all);
+}
+
+bool WriteStreamHead(ConnStream& stream, const ResponseFraming& framing,
+                     int status, const std::string& content_type,
+                     std::vector<std::pair<std::string, std::string>> headers) {
+  if (framing.close_delimited) headers.emplace_back("Connection", "close");
+  AddConnectionHeaders(framing, headers);
+  headers.emplace_back("Content-Type", content_type);
+  if (framing.chunked) headers.emplace_back("Transfer-Encoding", "chunked");
+  return stream.WriteAll(Head(status, std::move(headers)));
+}
+
+std::string Chunk(const std::string& data) {
+  return absl::StrCat(absl::Hex(data.size()), "\r\n", data, "\r\n");
 }
 
 }  // namespace shardlm::http_internal

@@ -1,15 +1,12 @@
 // The bytes of one HTTP connection, for HttpServer (coordinator/http_server.cc)
 // alone: reading and writing a socket or TLS session without blocking, the
-// refusals written before a request is handed on, httplib's stream over a
-// connection, and the response exchange between a handler (which pushes)
-// and httplib (which pulls). Internal: included by the server only.
+// refusals written before a request is handed on, a request's stream over
+// a connection, the response exchange between a handler (which pushes)
+// and the connection thread (which writes), and the response's framing.
+// Internal: included by the server only.
 #ifndef SHARDLM_COORDINATOR_HTTP_CONNECTION_H_
 #define SHARDLM_COORDINATOR_HTTP_CONNECTION_H_
 
-// With the flags of Debian's cpp-httplib.pc (CPPHTTPLIB_OPENSSL_SUPPORT,
-// ..._ZLIB_..., ..._BROTLI_...): the split library was built with them, and
-// its classes' layout depends on them.
-#include <httplib.h>
 #include <netinet/in.h>
 #include <openssl/ssl.h>
 #include <poll.h>
@@ -74,16 +71,11 @@ void SendRefusal(const HttpConn& conn, int status, absl::string_view why);
 // kernel reset the connection, and the client could lose the answer.
 void RefuseUnread(const HttpConn& conn, const HttpRefusal& refusal);
 
-// "1.2.3.4" and 80 for a socket address.
-void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip,
-               int& port);
-
-// httplib's view of one connection for one request: first the bytes the
-// loop thread already has (the normalised head, then whatever of the body
-// came with it), then the socket, with a deadline for reading the request
-// and a timeout on each write. Bytes past the request stay buffered for the
-// next one (pipelining).
-class ConnStream final : public httplib::Stream {
+// One connection for one request: first the bytes the loop thread already
+// has (whatever of the body came with the head), then the socket, with a
+// deadline for reading the request and a timeout on each write. Bytes past
+// the request stay buffered for the next one (pipelining).
+class ConnStream {
  public:
   ConnStream(HttpConn conn, std::string buffered,
              Clock::time_point read_deadline,
@@ -93,15 +85,9 @@ class ConnStream final : public httplib::Stream {
         read_deadline_(read_deadline),
         write_timeout_(write_timeout) {}
 
-  bool is_readable() const override {
-    return pos_ < buf_.size() ||
-           (conn_.ssl != nullptr && SSL_pending(conn_.ssl) > 0);
-  }
-  bool is_writable() const override {
-    pollfd p{.fd = conn_.fd, .events = POLLOUT};
-    return !write_failed_ && ::poll(&p, 1, 0) > 0 && (p.revents & POLLOUT) != 0;
-  }
-  ssize_t read(char* ptr, size_t size) override {
+  // Up to `size` bytes of the request (buffered first), waiting up to the
+  // read deadline; -1 on close, error or timeout.
+  ssize_t Read(char* ptr, size_t size) {
     if (pos_ == buf_.size() && !Fill()) return -1;
     const size_t n = std::min(size, buf_.size() - pos_);
     std::memcpy(ptr, buf_.data() + pos_, n);
@@ -109,7 +95,9 @@ class ConnStream final : public httplib::Stream {
     consumed_ += n;
     return static_cast<ssize_t>(n);
   }
-  ssize_t write(const char* ptr, size_t size) override {
+  // All of `size` bytes, each write within the write timeout; -1 when the
+  // client is gone or took nothing for that long.
+  ssize_t Write(const char* ptr, size_t size) {
     size_t done = 0;
     auto deadline = Clock::now() + write_timeout_;
     while (done < size && !write_failed_) {
@@ -124,25 +112,8 @@ class ConnStream final : public httplib::Stream {
     }
     return write_failed_ ? -1 : static_cast<ssize_t>(size);
   }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getpeername(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getsockname(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  // httplib reads this only to refuse fds its select()-based streams
-  // cannot wait on (past FD_SETSIZE); this stream polls, so such an fd is
-  // not reported.
-  socket_t socket() const override {
-    return conn_.fd < FD_SETSIZE ? conn_.fd : INVALID_SOCKET;
+  bool WriteAll(absl::string_view data) {
+    return Write(data.data(), data.size()) >= 0;
   }
 
   size_t consumed() const { return consumed_; }
@@ -186,7 +157,7 @@ class ConnStream final : public httplib::Stream {
 };
 
 // One request's response between the handler (on a handler thread, which
-// pushes) and httplib (on the connection thread, which pulls).
+// pushes) and the connection thread (which writes it).
 struct Exchange {
   Exchange(int fd, const std::atomic<bool>* stopping)
       : fd(fd), stopping(stopping) {}
@@ -205,7 +176,7 @@ struct Exchange {
   std::string queued ABSL_GUARDED_BY(mu);  // Streamed, not yet written.
   // The handler returned (or threw).
   bool handler_done ABSL_GUARDED_BY(mu) = false;
-  // httplib stopped writing: the client is gone.
+  // The connection thread stopped writing: the client is gone.
   bool writer_gone ABSL_GUARDED_BY(mu) = false;
 
   bool Stopping() const { return stopping->load(); }
@@ -269,14 +240,49 @@ class BridgeResponse : public HttpResponse {
   Exchange& ex_;
 };
 
-// httplib's content provider for a streamed response: writes what the
-// handler queued, ends the body once the handler returned.
-bool PullStream(Exchange& ex, httplib::DataSink& sink);
+// What a handler's stream has for the connection thread: data to write,
+// the end (the handler returned and all of it was taken), or a gone client.
+enum class Pull { kData, kDone, kGone };
+// Waits for the handler to queue data (or finish); moves it into `data`.
+Pull PullStream(Exchange& ex, std::string& data);
 
-// The normalised head httplib parses: method, version, the body's length
-// and the Connection and Expect semantics of the checked original.
-std::string NormalisedHead(const HttpRequest& req, absl::string_view version,
-                           uint64_t body_length);
+// How a response is framed, from its request: as cpp-httplib 0.11.4 framed
+// it while the server used it (the bytes on the wire did not change when it
+// went; docs/design-notes.md section 6).
+struct ResponseFraming {
+  bool head_only = false;  // HEAD: the head, no body.
+  // A stream is chunked (HTTP/1.1), or delimited by closing (HTTP/1.0).
+  bool chunked = true;
+  bool close_delimited = false;
+  // "Connection: close": the request said close, or was the connection's
+  // last; else "Keep-Alive: <keep_alive>".
+  bool close_header = false;
+  std::string keep_alive;
+  // The connection closes after the response (close_header, or HTTP/1.0
+  // without keep-alive).
+  bool close_after = false;
+};
+ResponseFraming FramingFor(absl::string_view method, absl::string_view version,
+                           absl::string_view connection_lower, bool last,
+                           std::chrono::milliseconds keep_alive_timeout,
+                           int max_requests_per_connection);
+
+// Whether a request of `method` has its body read (POST, PUT, PATCH,
+// DELETE); another method's body is left unread and its connection closed.
+bool MethodReadsBody(absl::string_view method);
+
+// Writes a whole response: the status line, `headers` and the framing's
+// sorted by name case-insensitively, Content-Type, Content-Length, then the
+// body (not for HEAD). False when the client is gone.
+bool WriteWhole(ConnStream& stream, const ResponseFraming& framing, int status,
+                const std::string& content_type, const std::string& body,
+                std::vector<std::pair<std::string, std::string>> headers);
+// Writes a streamed response's head (chunked, or close-delimited).
+bool WriteStreamHead(ConnStream& stream, const ResponseFraming& framing,
+                     int status, const std::string& content_type,
+                     std::vector<std::pair<std::string, std::string>> headers);
+// One chunk of a chunked body: its size in hex, CRLF, the data, CRLF.
+std::string Chunk(const std::string& data);
 
 }  // namespace shardlm::http_internal
 

@@ -1,17 +1,14 @@
 #include "coordinator/http_server.h"
 
-// With the flags of Debian's cpp-httplib.pc (CPPHTTPLIB_OPENSSL_SUPPORT,
-// ..._ZLIB_..., ..._BROTLI_...): the split library was built with them, and
-// its classes' layout depends on them.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <httplib.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -38,7 +35,8 @@ namespace {
 
 using namespace http_internal;  // This server's connection plumbing.
 
-// The methods httplib 0.11.4 routes; any other token is answered 501.
+// The methods served; any other token is answered 501 (as cpp-httplib
+// 0.11.4, which the server used to frame requests, routed these).
 bool IsServedMethod(absl::string_view m) {
   return m == "GET" || m == "HEAD" || m == "POST" || m == "PUT" ||
          m == "DELETE" || m == "OPTIONS" || m == "PATCH";
@@ -55,13 +53,13 @@ HttpPoolOptions PoolOptions(const HttpServerOptions& options) {
 
 }  // namespace
 
-// httplib's Server, for its protected process_request: one request (head,
-// body, routing, response) on a Stream of ours. Its own listener, thread
-// pool and sockets are not used.
-class HttpServer::Impl : private httplib::Server {
+// The server: one loop thread for connections that wait for a head, and
+// two bounded pools, one for connections with a request (reading its body,
+// writing its response) and one for handlers.
+class HttpServer::Impl {
  public:
   Impl(HttpServerOptions options, HttpHandler handler);
-  ~Impl() override;
+  ~Impl();
 
   absl::Status Listen();
   void Shutdown();
@@ -86,14 +84,6 @@ class HttpServer::Impl : private httplib::Server {
     bool wants_write = false;      // The TLS handshake waits to send.
     int served = 0;                // Requests answered on it.
   };
-  // What the route handler needs of the request on its thread.
-  struct RequestContext {
-    HttpRequest request;
-    ConnStream* stream;
-    int fd;
-    bool routed = false;  // The handler ran (httplib accepted the request).
-    bool close = false;   // The response is close-delimited.
-  };
 
   // The loop thread: accepts, handshakes, reads heads, dispatches.
   void AcceptLoop();
@@ -103,18 +93,16 @@ class HttpServer::Impl : private httplib::Server {
   // Checks the whole head in p.buf[0, head_end) and hands it to a
   // connection thread, or refuses it.
   void Dispatch(Pending p, size_t head_end);
-  // On a connection thread: one request through httplib; the connection
-  // then goes back to the loop (keep-alive) or is closed.
+  // On a connection thread: one request (its admission, its body, its
+  // handler, its response); the connection then goes back to the loop
+  // (keep-alive) or is closed.
   void Serve(Pending p, size_t head_end, HttpRequest req, uint64_t length,
              bool probe);
-  // httplib's route handler (on the connection thread): runs the handler
-  // on a handler thread and gives httplib its response.
-  void Route(const httplib::Request& hreq, httplib::Response& hres);
+  // Reads the body, runs the handler and writes its response on `stream`;
+  // true when the connection may serve another request.
+  bool ServeRequest(ConnStream& stream, const HttpRequest& head,
+                    uint64_t length, const ResponseFraming& framing, int fd);
   void RunHandler(Exchange& ex);
-
-  // The request a connection thread is serving (process_request calls the
-  // route handler on the calling thread).
-  static thread_local RequestContext* current_;
 
   HttpServerOptions options_;
   HttpHandler handler_;
@@ -135,53 +123,11 @@ class HttpServer::Impl : private httplib::Server {
   int probe_active_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-thread_local HttpServer::Impl::RequestContext* HttpServer::Impl::current_ =
-    nullptr;
-
 HttpServer::Impl::Impl(HttpServerOptions options, HttpHandler handler)
     : options_(std::move(options)),
       handler_(std::move(handler)),
       connections_(PoolOptions(options_)),
-      handlers_(PoolOptions(options_)) {
-  // The normalised head always has path "/": no route regex ever runs on
-  // a client's bytes.
-  const auto route = [this](const httplib::Request& req,
-                            httplib::Response& res) { Route(req, res); };
-  Get("/", route);  // And HEAD.
-  Post("/", route);
-  Put("/", route);
-  Patch("/", route);
-  Delete("/", route);
-  Options("/", route);
-  set_payload_max_length(options_.max_body_bytes);
-  // For the Keep-Alive header httplib writes.
-  set_keep_alive_max_count(
-      static_cast<size_t>(std::max(1, options_.max_requests_per_connection)));
-  set_keep_alive_timeout(
-      static_cast<time_t>((options_.keep_alive_timeout.count() + 999) / 1000));
-  // httplib's own refusals (a body cut short or late, ...) get JSON bodies
-  // like ours; a late body is 408, not httplib's 400.
-  set_error_handler(
-      HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-        if (current_ != nullptr && current_->stream->read_timed_out()) {
-          res.status = 408;
-          res.set_content(ErrorBody(408, "request body not received in time"),
-                          "application/json");
-          return HandlerResponse::Handled;
-        }
-        if (!res.body.empty() || res.content_provider_) {
-          return HandlerResponse::Unhandled;
-        }
-        res.set_content(ErrorBody(res.status, HttpReason(res.status)),
-                        "application/json");
-        return HandlerResponse::Handled;
-      }));
-  set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        res.status = 500;
-        res.set_content(ErrorBody(500, "internal error"), "application/json");
-      });
-}
+      handlers_(PoolOptions(options_)) {}
 
 HttpServer::Impl::~Impl() {
   Shutdown();
@@ -250,15 +196,12 @@ absl::Status HttpServer::Impl::Listen() {
   listen_fd_ = fd;
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
-  // httplib ends streamed bodies once this is INVALID_SOCKET (Shutdown).
-  svr_sock_ = fd;
   loop_thread_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();
 }
 
 void HttpServer::Impl::Shutdown() {
   if (stopping_.exchange(true)) return;
-  svr_sock_ = INVALID_SOCKET;
   if (loop_thread_.joinable()) {
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
@@ -475,27 +418,25 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
                              uint64_t length, bool probe) {
   const absl::string_view line =
       absl::string_view(p.buf).substr(0, p.buf.find("\r\n"));
-  const absl::string_view version = line.substr(line.rfind(' ') + 1);
-  std::string buffered = NormalisedHead(req, version, length);
-  const size_t head_bytes = buffered.size();
-  buffered.append(p.buf, head_end + 4);
-  p.buf.clear();
-  ConnStream stream(p.conn, std::move(buffered),
-                    p.head_start + options_.read_timeout,
-                    options_.write_timeout);
-  RequestContext context{
-      .request = std::move(req), .stream = &stream, .fd = p.conn.fd};
+  const std::string connection =
+      absl::AsciiStrToLower(req.Header("connection"));
   const bool last =
       p.served + 1 >= options_.max_requests_per_connection || stopping_.load();
-  bool client_closes = false;
-  bool written = false;
+  const ResponseFraming framing = FramingFor(
+      req.method, line.substr(line.rfind(' ') + 1), connection, last,
+      options_.keep_alive_timeout, options_.max_requests_per_connection);
+  ConnStream stream(p.conn, p.buf.substr(head_end + 4),
+                    p.head_start + options_.read_timeout,
+                    options_.write_timeout);
+  p.buf.clear();
+  bool keep = false;
   // The body is charged before a byte of it is read: one that does not fit
-  // the budget is refused unread, and the connection closed.
+  // the budget, or whose head the head check refuses, is not read at all,
+  // and the connection is closed.
   MemoryShare body_share;
   bool admitted = true;
   if (options_.head_check && length > 0) {
-    if (std::optional<HttpRefusal> refusal =
-            options_.head_check(context.request)) {
+    if (std::optional<HttpRefusal> refusal = options_.head_check(req)) {
       admitted = false;
       RefuseUnread(p.conn, *refusal);
     }
@@ -512,21 +453,13 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
                             .headers = {{"Retry-After", "1"}}});
     }
   }
-  current_ = &context;
   try {
-    if (admitted)
-      written = process_request(stream, last, client_closes, nullptr);
+    if (admitted) keep = ServeRequest(stream, req, length, framing, p.conn.fd);
   } catch (const std::exception& e) {  // Out of memory, say.
     std::fprintf(stderr, "[shardlm] HTTP connection failed: %s\n", e.what());
+    keep = false;
   }
-  current_ = nullptr;
-  // Another request on this connection only after a clean one: answered
-  // by the handler, written whole, its body read to the byte (httplib does
-  // not read the body of a GET, say; what it left would be parsed as the
-  // next request).
-  const bool keep = written && !client_closes && !last && context.routed &&
-                    !context.close && !stream.failed() &&
-                    stream.consumed() == head_bytes + length;
+  body_share.Release();
   absl::MutexLock lock(&mu_);
   serving_fds_.erase(p.conn.fd);
   if (keep && !stopping_.load()) {
@@ -543,52 +476,86 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
   --(probe ? probe_active_ : active_);  // Shutdown's Await sees it.
 }
 
-void HttpServer::Impl::Route(const httplib::Request& hreq,
-                             httplib::Response& hres) {
-  RequestContext& context = *current_;
-  context.routed = true;
-  auto ex = std::make_shared<Exchange>(context.fd, &stopping_);
-  ex->request = std::move(context.request);
-  ex->request.body = hreq.body;
+bool HttpServer::Impl::ServeRequest(ConnStream& stream, const HttpRequest& head,
+                                    uint64_t length,
+                                    const ResponseFraming& framing, int fd) {
+  if (length > 0 &&
+      absl::EqualsIgnoreCase(head.Header("expect"), "100-continue") &&
+      !stream.WriteAll("HTTP/1.1 100 Continue\r\n\r\n")) {
+    return false;
+  }
+  // The body of the methods that carry one, read to the byte; another
+  // method's body is left unread (and the connection then closed).
+  std::string body;
+  const bool reads_body = MethodReadsBody(head.method);
+  if (reads_body && length > 0) {
+    body.reserve(static_cast<size_t>(length));
+    char chunk[16384];
+    while (body.size() < length) {
+      const ssize_t n = stream.Read(
+          chunk, std::min<uint64_t>(sizeof(chunk), length - body.size()));
+      if (n <= 0) break;
+      body.append(chunk, static_cast<size_t>(n));
+    }
+    if (body.size() < length) {  // Late (408), or cut short (400).
+      const int status = stream.read_timed_out() ? 408 : 400;
+      WriteWhole(
+          stream, framing, status, "application/json",
+          ErrorBody(status, status == 408 ? "request body not received in time"
+                                          : HttpReason(status)),
+          {});
+      return false;
+    }
+  }
+  const bool consumed = reads_body || length == 0;
+
+  auto ex = std::make_shared<Exchange>(fd, &stopping_);
+  ex->request = head;
+  ex->request.body = std::move(body);
   if (!handlers_.Submit([this, ex] { RunHandler(*ex); })) {
-    hres.status = 503;  // Stopping, or no thread to be had.
-    hres.set_content(ErrorBody(503, "shutting down"), "application/json");
-    return;
+    // Stopping, or no thread to be had.
+    return WriteWhole(stream, framing, 503, "application/json",
+                      ErrorBody(503, "shutting down"), {}) &&
+           consumed && !framing.close_after;
   }
   absl::MutexLock lock(&ex->mu);
   while (ex->state == Exchange::State::kUnanswered && !ex->handler_done) {
     ex->cv.Wait(&ex->mu);
   }
-  for (const auto& [name, value] : ex->headers) hres.set_header(name, value);
-  if (ex->state == Exchange::State::kStreamed) {
-    hres.status = ex->status;
-    hres.set_header("Cache-Control", "no-cache");
-    auto pull = [ex](size_t, httplib::DataSink& sink) {
-      return PullStream(*ex, sink);
-    };
-    // Once httplib is done with the response (written, failed, or HEAD):
-    // the handler's writes fail from then on, and this thread waits for it
-    // to return.
-    auto release = [ex](bool) {
-      absl::MutexLock lock(&ex->mu);
-      ex->writer_gone = true;
-      ex->cv.SignalAll();
-      while (!ex->handler_done) ex->cv.Wait(&ex->mu);
-    };
-    if (hreq.version == "HTTP/1.0") {  // No chunked encoding: until close.
-      context.close = true;
-      hres.set_header("Connection", "close");
-      hres.set_content_provider(ex->content_type, std::move(pull),
-                                std::move(release));
-    } else {
-      hres.set_chunked_content_provider(ex->content_type, std::move(pull),
-                                        std::move(release));
-    }
-    return;
+  if (ex->state != Exchange::State::kStreamed) {
+    while (!ex->handler_done) ex->cv.Wait(&ex->mu);
+    const bool written = WriteWhole(stream, framing, ex->status,
+                                    ex->content_type, ex->body, ex->headers);
+    return written && consumed && !framing.close_after && !stream.failed();
   }
+  // A stream: the handler pushes, this thread writes what it queued.
+  std::vector<std::pair<std::string, std::string>> headers = ex->headers;
+  headers.emplace_back("Cache-Control", "no-cache");
+  const int status = ex->status;
+  const std::string content_type = ex->content_type;
+  ex->mu.Unlock();
+  bool written = WriteStreamHead(stream, framing, status, content_type,
+                                 std::move(headers));
+  std::string data;
+  while (written && !framing.head_only) {
+    const Pull pulled = PullStream(*ex, data);
+    if (pulled == Pull::kGone) {
+      written = false;
+    } else if (pulled == Pull::kDone) {
+      if (framing.chunked) written = stream.WriteAll("0\r\n\r\n");
+      break;
+    } else if (!stream.WriteAll(framing.chunked ? Chunk(data) : data)) {
+      written = false;
+    }
+  }
+  // Done with the response (written, failed, or HEAD): the handler's
+  // writes fail from now on, and this thread waits for it to return.
+  ex->mu.Lock();
+  ex->writer_gone = true;
+  ex->cv.SignalAll();
   while (!ex->handler_done) ex->cv.Wait(&ex->mu);
-  hres.status = ex->status;
-  hres.set_content(std::move(ex->body), ex->content_type);
+  return written && consumed && !framing.close_after &&
+         !framing.close_delimited && !stream.failed();
 }
 
 void HttpServer::Impl::RunHandler(Exchange& ex) {
@@ -626,6 +593,11 @@ HttpServer::~HttpServer() = default;
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     HttpServerOptions options, HttpHandler handler) {
+  // A write to a connection the peer closed must fail, not kill the
+  // process: plain sends use MSG_NOSIGNAL, but OpenSSL writes TLS records
+  // with write(). (cpp-httplib's Server, which this server used, did this
+  // in its constructor.)
+  ::signal(SIGPIPE, SIG_IGN);
   auto impl = std::make_unique<Impl>(std::move(options), std::move(handler));
   if (absl::Status s = impl->Listen(); !s.ok()) return s;
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));

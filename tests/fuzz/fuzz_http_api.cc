@@ -1,11 +1,10 @@
 // One HTTP request (head, blank line, body) through the head check the
-// server runs on every request before httplib sees it (ParseHttpHead: the
-// bytes, the framing) and the OpenAI-style handlers (/v1/completions, chat,
+// server runs on every request (ParseHttpHead: the bytes, the framing) and
+// the OpenAI-style handlers (/v1/completions, chat,
 // models, tokenize, metrics, probes) over a tiny random model with
 // SmolLM2's tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's
 // models/ copy). Every request gets one well-formed response; none may
-// crash. (httplib then parses only a normalised head the server writes
-// itself; see coordinator/http_server.h.) The heap each input costs is
+// crash. The heap each input costs is
 // metered (alloc_meter.h): at most 32 times its size plus kAllowance.
 #include <cstddef>
 #include <cstdint>
