@@ -26,11 +26,11 @@ RUN CMAKE_ARGS="-DSHARDLM_MARCH=${SHARDLM_MARCH} -DSHARDLM_CUDA=OFF" \
 FROM debian:bookworm-slim
 # Runtime libraries only: the shared objects of the -dev packages that
 # scripts/install-deps.sh installs for the build (gRPC, protobuf, Abseil,
-# OpenBLAS, OpenMPI, Gloo, OpenMP, cpp-httplib), and tini as PID 1.
+# OpenBLAS, OpenMPI, Gloo, OpenMP, OpenSSL), and tini as PID 1.
 RUN apt-get update -qq && \
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
       libgrpc++1.51 libgrpc29 libprotobuf32 libabsl20220623 \
-      libopenblas0-pthread libopenmpi3 libgloo0 libgomp1 libcpp-httplib0.11 \
+      libopenblas0-pthread libopenmpi3 libgloo0 libgomp1 libssl3 \
       tini && \
     rm -rf /var/lib/apt/lists/* && \
     groupadd --gid 10001 shardlm && \

@@ -1,5 +1,5 @@
-// Request heads: parsed and checked byte by byte before the server hands
-// them to httplib (http_server.h says why).
+// Request heads: parsed and checked byte by byte before the server reads a
+// body or runs a handler (http_server.h).
 #include <algorithm>
 #include <cctype>
 #include <cstring>

@@ -1,17 +1,14 @@
 #include "coordinator/http_server.h"
 
-// With the flags of Debian's cpp-httplib.pc (CPPHTTPLIB_OPENSSL_SUPPORT,
-// ..._ZLIB_..., ..._BROTLI_...): the split library was built with them, and
-// its classes' layout depends on them.
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <httplib.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <openssl/err.h>
 #include <openssl/ssl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -19,11 +16,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <mutex>
 #include <system_error>
 #include <thread>
 
@@ -32,545 +27,39 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "coordinator/http_connection.h"
+#include "coordinator/http_pool.h"
 
 namespace shardlm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+using namespace http_internal;  // This server's connection plumbing.
 
-// A handler's streamed bytes not yet taken by the client; past this its
-// Write() waits (backpressure instead of memory).
-constexpr size_t kMaxQueuedStreamBytes = 1 << 20;
-
-// The methods httplib 0.11.4 routes; any other token is answered 501.
+// The methods served; any other token is answered 501 (as cpp-httplib
+// 0.11.4, which the server used to frame requests, routed these).
 bool IsServedMethod(absl::string_view m) {
   return m == "GET" || m == "HEAD" || m == "POST" || m == "PUT" ||
          m == "DELETE" || m == "OPTIONS" || m == "PATCH";
 }
 
-std::string ErrorBody(int status, absl::string_view message) {
-  return absl::StrCat("{\"error\":{\"message\":\"", message,
-                      "\",\"type\":\"invalid_request_error\",\"code\":", status,
-                      "}}");
-}
-
-// An accepted connection: its socket (non-blocking) and, on a TLS server,
-// its session.
-struct HttpConn {
-  int fd = -1;
-  SSL* ssl = nullptr;
-};
-
-// Ends the session (a close_notify, best effort) and closes the socket.
-void CloseConn(HttpConn& conn) {
-  if (conn.ssl != nullptr) {
-    SSL_shutdown(conn.ssl);
-    SSL_free(conn.ssl);
-    conn.ssl = nullptr;
-    ERR_clear_error();
-  }
-  if (conn.fd >= 0) ::close(conn.fd);
-  conn.fd = -1;
-}
-
-// Waits until `fd` has `events` or `deadline` passes; false on timeout.
-bool WaitFor(int fd, short events, Clock::time_point deadline) {
-  while (true) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - Clock::now());
-    if (left.count() <= 0) return false;
-    pollfd p{.fd = fd, .events = events};
-    const int r = ::poll(&p, 1, static_cast<int>(left.count()) + 1);
-    if (r > 0) return true;
-    if (r < 0 && errno != EINTR) return true;  // Let the I/O call fail.
-  }
-}
-
-// Up to n bytes without waiting: how many (> 0), 0 when the peer closed, -1
-// on an error, -2 when nothing is there yet; for TLS, -3 when the session
-// needs to write first.
-ssize_t ReceiveNow(const HttpConn& conn, char* buf, size_t n) {
-  if (conn.ssl == nullptr) {
-    while (true) {
-      const ssize_t r = ::recv(conn.fd, buf, n, 0);
-      if (r >= 0) return r;
-      if (errno == EINTR) continue;
-      return errno == EAGAIN || errno == EWOULDBLOCK ? -2 : -1;
-    }
-  }
-  const int r = SSL_read(conn.ssl, buf, static_cast<int>(n));
-  if (r > 0) return r;
-  switch (SSL_get_error(conn.ssl, r)) {
-    case SSL_ERROR_WANT_READ:
-      return -2;
-    case SSL_ERROR_WANT_WRITE:
-      return -3;
-    case SSL_ERROR_ZERO_RETURN:
-      return 0;
-    default:
-      ERR_clear_error();
-      return -1;
-  }
-}
-
-// Writes without waiting: bytes written (> 0), -2 when the socket is full
-// (-3: a TLS session must read first), -1 on an error.
-ssize_t SendNow(const HttpConn& conn, const char* data, size_t n) {
-  if (conn.ssl == nullptr) {
-    while (true) {
-      const ssize_t w = ::send(conn.fd, data, n, MSG_NOSIGNAL);
-      if (w > 0) return w;
-      if (w < 0 && errno == EINTR) continue;
-      return w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) ? -2 : -1;
-    }
-  }
-  const int w =
-      SSL_write(conn.ssl, data, static_cast<int>(std::min<size_t>(n, 1 << 30)));
-  if (w > 0) return w;
-  switch (SSL_get_error(conn.ssl, w)) {
-    case SSL_ERROR_WANT_WRITE:
-      return -2;
-    case SSL_ERROR_WANT_READ:
-      return -3;
-    default:
-      ERR_clear_error();
-      return -1;
-  }
-}
-
-// A refusal written from the loop thread before any thread is spent on the
-// connection: best effort, never waits (a client that does not read it
-// loses it).
-void SendRefusal(const HttpConn& conn, int status, absl::string_view why) {
-  const std::string body = ErrorBody(status, why);
-  const std::string all =
-      absl::StrCat("HTTP/1.1 ", status, " ", HttpReason(status),
-                   "\r\nContent-Type: application/json\r\nConnection: close\r\n"
-                   "Content-Length: ",
-                   body.size(), "\r\n\r\n", body);
-  size_t done = 0;
-  while (done < all.size()) {
-    const ssize_t w = SendNow(conn, all.data() + done, all.size() - done);
-    if (w <= 0) return;
-    done += static_cast<size_t>(w);
-  }
-}
-
-// "1.2.3.4" and 80 for a socket address.
-void AddressOf(const sockaddr_storage& a, socklen_t len, std::string& ip,
-               int& port) {
-  char host[NI_MAXHOST];
-  char serv[NI_MAXSERV];
-  if (::getnameinfo(reinterpret_cast<const sockaddr*>(&a), len, host,
-                    sizeof(host), serv, sizeof(serv),
-                    NI_NUMERICHOST | NI_NUMERICSERV) == 0) {
-    ip = host;
-    port = std::atoi(serv);
-  }
-}
-
-// httplib's view of one connection for one request: first the bytes the
-// loop thread already has (the normalised head, then whatever of the body
-// came with it), then the socket, with a deadline for reading the request
-// and a timeout on each write. Bytes past the request stay buffered for the
-// next one (pipelining).
-class ConnStream final : public httplib::Stream {
- public:
-  ConnStream(HttpConn conn, std::string buffered,
-             Clock::time_point read_deadline,
-             std::chrono::milliseconds write_timeout)
-      : conn_(conn),
-        buf_(std::move(buffered)),
-        read_deadline_(read_deadline),
-        write_timeout_(write_timeout) {}
-
-  bool is_readable() const override {
-    return pos_ < buf_.size() ||
-           (conn_.ssl != nullptr && SSL_pending(conn_.ssl) > 0);
-  }
-  bool is_writable() const override {
-    pollfd p{.fd = conn_.fd, .events = POLLOUT};
-    return !write_failed_ && ::poll(&p, 1, 0) > 0 && (p.revents & POLLOUT) != 0;
-  }
-  ssize_t read(char* ptr, size_t size) override {
-    if (pos_ == buf_.size() && !Fill()) return -1;
-    const size_t n = std::min(size, buf_.size() - pos_);
-    std::memcpy(ptr, buf_.data() + pos_, n);
-    pos_ += n;
-    consumed_ += n;
-    return static_cast<ssize_t>(n);
-  }
-  ssize_t write(const char* ptr, size_t size) override {
-    size_t done = 0;
-    auto deadline = Clock::now() + write_timeout_;
-    while (done < size && !write_failed_) {
-      const ssize_t w = SendNow(conn_, ptr + done, size - done);
-      if (w > 0) {
-        done += static_cast<size_t>(w);
-        deadline = Clock::now() + write_timeout_;
-      } else if (w == -1 ||
-                 !WaitFor(conn_.fd, w == -2 ? POLLOUT : POLLIN, deadline)) {
-        write_failed_ = true;  // Gone, or took nothing for write_timeout.
-      }
-    }
-    return write_failed_ ? -1 : static_cast<ssize_t>(size);
-  }
-  void get_remote_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getpeername(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  void get_local_ip_and_port(std::string& ip, int& port) const override {
-    sockaddr_storage a{};
-    socklen_t len = sizeof(a);
-    if (::getsockname(conn_.fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-      AddressOf(a, len, ip, port);
-    }
-  }
-  // httplib reads this only to refuse fds its select()-based streams
-  // cannot wait on (past FD_SETSIZE); this stream polls, so such an fd is
-  // not reported.
-  socket_t socket() const override {
-    return conn_.fd < FD_SETSIZE ? conn_.fd : INVALID_SOCKET;
-  }
-
-  size_t consumed() const { return consumed_; }
-  bool read_timed_out() const { return read_timed_out_; }
-  // A read or a write failed (or timed out): the connection is done.
-  bool failed() const { return read_failed_ || write_failed_; }
-  std::string TakeLeftover() { return buf_.substr(pos_); }
-
- private:
-  // Appends what the socket has (waiting up to the read deadline); false
-  // on close, error or timeout.
-  bool Fill() {
-    buf_.clear();
-    pos_ = 0;
-    char chunk[16384];
-    while (!read_failed_) {
-      const ssize_t n = ReceiveNow(conn_, chunk, sizeof(chunk));
-      if (n > 0) {
-        buf_.assign(chunk, static_cast<size_t>(n));
-        return true;
-      }
-      if (n == 0 || n == -1) {
-        read_failed_ = true;
-      } else if (!WaitFor(conn_.fd, n == -2 ? POLLIN : POLLOUT,
-                          read_deadline_)) {
-        read_failed_ = read_timed_out_ = true;
-      }
-    }
-    return false;
-  }
-
-  HttpConn conn_;
-  std::string buf_;
-  size_t pos_ = 0;
-  size_t consumed_ = 0;
-  const Clock::time_point read_deadline_;
-  const std::chrono::milliseconds write_timeout_;
-  bool read_failed_ = false;
-  bool write_failed_ = false;
-  bool read_timed_out_ = false;
-};
-
-// Threads started as jobs come, up to `max` running at once, kept for the
-// next job. Thread-safe.
-class WorkerPool {
- public:
-  explicit WorkerPool(int max) : max_(std::max(1, max)) {}
-  ~WorkerPool() { Join(); }
-
-  // Runs `job` on a thread of the pool; false when `max` jobs are running
-  // (or the system refuses another thread).
-  bool Submit(std::function<void()> job) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_ || busy_ >= max_) return false;
-    jobs_.push_back(std::move(job));
-    if (static_cast<size_t>(idle_) >= jobs_.size()) {
-      cv_.notify_one();
-    } else {
-      try {
-        threads_.emplace_back([this] { Loop(); });
-      } catch (const std::system_error&) {
-        jobs_.pop_back();
-        return false;
-      }
-      // Idle from its start: a job submitted before it reaches its first
-      // wait must not start yet another thread (the pool never exceeds max).
-      ++idle_;
-    }
-    ++busy_;
-    return true;
-  }
-  // Waits until no job is queued or running and every thread is back
-  // waiting; false at the deadline.
-  bool WaitIdle(std::chrono::steady_clock::time_point deadline) {
-    std::unique_lock<std::mutex> lock(mu_);
-    return idle_cv_.wait_until(lock, deadline, [&] { return busy_ == 0; });
-  }
-  // Lets the running jobs finish, then joins every thread. Idempotent.
-  void Join() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (std::thread& t : threads_) {
-      if (t.joinable()) t.join();
-    }
-  }
-  int threads() const {
-    std::lock_guard<std::mutex> lock(mu_);
-    return static_cast<int>(threads_.size());
-  }
-
- private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    while (true) {  // Counted idle (by Submit, then here after each job).
-      cv_.wait(lock, [&] { return !jobs_.empty() || stop_; });
-      --idle_;
-      if (jobs_.empty()) return;  // Stopping.
-      std::function<void()> job = std::move(jobs_.front());
-      jobs_.pop_front();
-      lock.unlock();
-      job();
-      job = nullptr;
-      lock.lock();
-      --busy_;
-      ++idle_;
-      if (busy_ == 0) idle_cv_.notify_all();
-    }
-  }
-
-  const int max_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;              // A job came, or stop_.
-  std::condition_variable idle_cv_;         // busy_ reached 0.
-  std::deque<std::function<void()>> jobs_;  // Guarded by mu_.
-  int busy_ = 0;                            // Queued or running; mu_.
-  int idle_ = 0;                            // Waiting for a job; mu_.
-  bool stop_ = false;                       // mu_.
-  std::vector<std::thread> threads_;        // mu_.
-};
-
-// One request's response between the handler (on a handler thread, which
-// pushes) and httplib (on the connection thread, which pulls).
-struct Exchange {
-  Exchange(int fd, const std::atomic<bool>* stopping)
-      : fd(fd), stopping(stopping) {}
-  enum class State { kUnanswered, kWhole, kStreamed };
-
-  const int fd;  // For ClientGone's poll only.
-  const std::atomic<bool>* const stopping;
-  HttpRequest request;
-  std::mutex mu;
-  std::condition_variable cv;
-  // Guarded by mu.
-  State state = State::kUnanswered;
-  int status = 0;
-  std::string content_type;
-  std::string body;  // Of a whole response.
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string queued;         // Streamed bytes not yet written.
-  bool handler_done = false;  // The handler returned (or threw).
-  bool writer_gone = false;   // httplib stopped writing: client gone.
-
-  bool Stopping() const { return stopping->load(); }
-};
-
-// The handler's side of an Exchange.
-class BridgeResponse : public HttpResponse {
- public:
-  explicit BridgeResponse(Exchange& ex) : ex_(ex) {}
-
-  bool Send(int status, const std::string& content_type,
-            const std::string& body) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kUnanswered) return false;
-    ex_.state = Exchange::State::kWhole;
-    ex_.status = status;
-    ex_.content_type = content_type;
-    ex_.body = body;
-    ex_.cv.notify_all();
-    return !ex_.writer_gone;
-  }
-  bool Start(int status, const std::string& content_type) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kUnanswered) return false;
-    ex_.state = Exchange::State::kStreamed;
-    ex_.status = status;
-    ex_.content_type = content_type;
-    ex_.cv.notify_all();
-    return !ex_.writer_gone;
-  }
-  bool Write(const std::string& data) override {
-    std::unique_lock<std::mutex> lock(ex_.mu);
-    if (ex_.state != Exchange::State::kStreamed) return false;
-    while (ex_.queued.size() > kMaxQueuedStreamBytes && !ex_.writer_gone &&
-           !ex_.Stopping()) {
-      ex_.cv.wait_for(lock, std::chrono::milliseconds(100));
-    }
-    if (ex_.writer_gone || ex_.Stopping()) return false;
-    ex_.queued += data;
-    ex_.cv.notify_all();
-    return true;
-  }
-  void AddHeader(std::string name, std::string value) override {
-    std::lock_guard<std::mutex> lock(ex_.mu);
-    if (ex_.state == Exchange::State::kUnanswered) {
-      ex_.headers.emplace_back(std::move(name), std::move(value));
-    }
-  }
-  bool ClientGone() const override {
-    {
-      std::lock_guard<std::mutex> lock(ex_.mu);
-      if (ex_.writer_gone) return true;
-    }
-    if (ex_.Stopping()) return true;
-    pollfd p{.fd = ex_.fd, .events = POLLRDHUP};
-    return ::poll(&p, 1, 0) > 0 &&
-           (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
-  }
-
- private:
-  Exchange& ex_;
-};
-
-// httplib's content provider for a streamed response: writes what the
-// handler queued, ends the body once the handler returned.
-bool PullStream(Exchange& ex, httplib::DataSink& sink) {
-  std::string data;
-  {
-    std::unique_lock<std::mutex> lock(ex.mu);
-    while (ex.queued.empty() && !ex.handler_done && !ex.writer_gone) {
-      if (ex.Stopping()) ex.writer_gone = true;
-      ex.cv.wait_for(lock, std::chrono::milliseconds(100));
-    }
-    if (ex.writer_gone) return false;
-    data.swap(ex.queued);
-    ex.cv.notify_all();  // Room for a waiting Write().
-  }
-  if (data.empty()) {  // The handler is done and all of it was written.
-    sink.done();
-    return true;
-  }
-  if (!sink.write(data.data(), data.size())) {
-    std::lock_guard<std::mutex> lock(ex.mu);
-    ex.writer_gone = true;
-    ex.cv.notify_all();
-    return false;
-  }
-  return true;
-}
-
-// The normalised head httplib parses: method, version, the body's length
-// and the Connection and Expect semantics of the checked original.
-std::string NormalisedHead(const HttpRequest& req, absl::string_view version,
-                           uint64_t body_length) {
-  std::string head = absl::StrCat(req.method, " / ", version,
-                                  "\r\nContent-Length: ", body_length, "\r\n");
-  const std::string connection =
-      absl::AsciiStrToLower(req.Header("connection"));
-  if (absl::StrContains(connection, "close")) {
-    absl::StrAppend(&head, "Connection: close\r\n");
-  } else if (absl::StrContains(connection, "keep-alive")) {
-    absl::StrAppend(&head, "Connection: Keep-Alive\r\n");
-  }
-  if (body_length > 0 &&
-      absl::EqualsIgnoreCase(req.Header("expect"), "100-continue")) {
-    absl::StrAppend(&head, "Expect: 100-continue\r\n");
-  }
-  absl::StrAppend(&head, "\r\n");
-  return head;
-}
-
-// An OpenSSL BIO over PEM text.
-struct PemBio {
-  explicit PemBio(const std::string& pem)
-      : bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))) {}
-  ~PemBio() { BIO_free(bio); }
-  BIO* bio;
-};
-
-std::string OpenSslError() {
-  const unsigned long e = ERR_get_error();
-  ERR_clear_error();
-  if (e == 0) return "unknown error";
-  char text[256];
-  ERR_error_string_n(e, text, sizeof(text));
-  return text;
-}
-
-// A server context for `tls`: TLS 1.2 and later, its certificate chain and
-// key (which must match), and with a client CA, peers must present a
-// certificate it signed. Sockets are non-blocking, so writes may be
-// partial and retried from another buffer address.
-absl::StatusOr<SSL_CTX*> NewTlsContext(const TlsConfig& tls) {
-  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
-  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
-  const auto fail = [&](const std::string& what) {
-    SSL_CTX_free(ctx);
-    return absl::InvalidArgumentError(
-        absl::StrCat("TLS: ", what, ": ", OpenSslError()));
-  };
-  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
-  SSL_CTX_set_mode(
-      ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
-  {
-    PemBio in(tls.cert_chain_pem);
-    X509* cert = PEM_read_bio_X509_AUX(in.bio, nullptr, nullptr, nullptr);
-    if (cert == nullptr || SSL_CTX_use_certificate(ctx, cert) != 1) {
-      X509_free(cert);
-      return fail("the certificate (--tls-cert) does not load");
-    }
-    X509_free(cert);
-    while (X509* extra = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
-      if (SSL_CTX_add_extra_chain_cert(ctx, extra) != 1) {
-        X509_free(extra);
-        return fail("a chain certificate in --tls-cert does not load");
-      }
-    }
-    ERR_clear_error();  // The end of the PEM text.
-  }
-  {
-    PemBio in(tls.private_key_pem);
-    EVP_PKEY* key = PEM_read_bio_PrivateKey(in.bio, nullptr, nullptr, nullptr);
-    const bool ok = key != nullptr && SSL_CTX_use_PrivateKey(ctx, key) == 1;
-    EVP_PKEY_free(key);
-    if (!ok) return fail("the key (--tls-key) does not load");
-  }
-  if (SSL_CTX_check_private_key(ctx) != 1) {
-    return fail("--tls-key does not match --tls-cert");
-  }
-  if (!tls.client_ca_pem.empty()) {
-    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
-    PemBio in(tls.client_ca_pem);
-    int loaded = 0;
-    while (X509* ca = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
-      loaded += X509_STORE_add_cert(store, ca) == 1;
-      X509_free(ca);
-    }
-    ERR_clear_error();
-    if (loaded == 0) return fail("no certificate in --tls-client-ca");
-    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
-                       nullptr);
-  }
-  return ctx;
+// Both pools: every thread a request may need, trimmed to the base when
+// idle.
+HttpPoolOptions PoolOptions(const HttpServerOptions& options) {
+  return {.max_threads =
+              options.max_connections + options.reserved_probe_connections,
+          .base_threads = options.base_threads,
+          .idle_timeout = absl::FromChrono(options.idle_thread_timeout)};
 }
 
 }  // namespace
 
-// httplib's Server, for its protected process_request: one request (head,
-// body, routing, response) on a Stream of ours. Its own listener, thread
-// pool and sockets are not used.
-class HttpServer::Impl : private httplib::Server {
+// The server: one loop thread for connections that wait for a head, and
+// two bounded pools, one for connections with a request (reading its body,
+// writing its response) and one for handlers.
+class HttpServer::Impl {
  public:
   Impl(HttpServerOptions options, HttpHandler handler);
-  ~Impl() override;
+  ~Impl();
 
   absl::Status Listen();
   void Shutdown();
@@ -579,7 +68,7 @@ class HttpServer::Impl : private httplib::Server {
     return 1 + connections_.threads() + handlers_.threads();
   }
   bool WaitUntilIdle(std::chrono::milliseconds timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const absl::Time deadline = absl::Now() + absl::FromChrono(timeout);
     return connections_.WaitIdle(deadline) && handlers_.WaitIdle(deadline);
   }
 
@@ -595,14 +84,6 @@ class HttpServer::Impl : private httplib::Server {
     bool wants_write = false;      // The TLS handshake waits to send.
     int served = 0;                // Requests answered on it.
   };
-  // What the route handler needs of the request on its thread.
-  struct RequestContext {
-    HttpRequest request;
-    ConnStream* stream;
-    int fd;
-    bool routed = false;  // The handler ran (httplib accepted the request).
-    bool close = false;   // The response is close-delimited.
-  };
 
   // The loop thread: accepts, handshakes, reads heads, dispatches.
   void AcceptLoop();
@@ -612,18 +93,16 @@ class HttpServer::Impl : private httplib::Server {
   // Checks the whole head in p.buf[0, head_end) and hands it to a
   // connection thread, or refuses it.
   void Dispatch(Pending p, size_t head_end);
-  // On a connection thread: one request through httplib; the connection
-  // then goes back to the loop (keep-alive) or is closed.
+  // On a connection thread: one request (its admission, its body, its
+  // handler, its response); the connection then goes back to the loop
+  // (keep-alive) or is closed.
   void Serve(Pending p, size_t head_end, HttpRequest req, uint64_t length,
              bool probe);
-  // httplib's route handler (on the connection thread): runs the handler
-  // on a handler thread and gives httplib its response.
-  void Route(const httplib::Request& hreq, httplib::Response& hres);
+  // Reads the body, runs the handler and writes its response on `stream`;
+  // true when the connection may serve another request.
+  bool ServeRequest(ConnStream& stream, const HttpRequest& head,
+                    uint64_t length, const ResponseFraming& framing, int fd);
   void RunHandler(Exchange& ex);
-
-  // The request a connection thread is serving (process_request calls the
-  // route handler on the calling thread).
-  static thread_local RequestContext* current_;
 
   HttpServerOptions options_;
   HttpHandler handler_;
@@ -633,67 +112,22 @@ class HttpServer::Impl : private httplib::Server {
   int port_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread loop_thread_;
-  WorkerPool connections_;
-  WorkerPool handlers_;
-  std::mutex mu_;
-  std::condition_variable idle_cv_;
-  absl::flat_hash_set<int> serving_fds_;  // Guarded by mu_.
-  std::vector<Pending> returned_;         // Kept alive; guarded by mu_.
+  HttpPool connections_;
+  HttpPool handlers_;
+  absl::Mutex mu_;
+  absl::flat_hash_set<int> serving_fds_ ABSL_GUARDED_BY(mu_);
+  std::vector<Pending> returned_ ABSL_GUARDED_BY(mu_);  // Kept alive.
   // Connection threads serving, within max_connections and past it
-  // (probes); guarded by mu_.
-  int active_ = 0;
-  int probe_active_ = 0;
+  // (probes).
+  int active_ ABSL_GUARDED_BY(mu_) = 0;
+  int probe_active_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-thread_local HttpServer::Impl::RequestContext* HttpServer::Impl::current_ =
-    nullptr;
 
 HttpServer::Impl::Impl(HttpServerOptions options, HttpHandler handler)
     : options_(std::move(options)),
       handler_(std::move(handler)),
-      connections_(options_.max_connections +
-                   options_.reserved_probe_connections),
-      handlers_(options_.max_connections +
-                options_.reserved_probe_connections) {
-  // The normalised head always has path "/": no route regex ever runs on
-  // a client's bytes.
-  const auto route = [this](const httplib::Request& req,
-                            httplib::Response& res) { Route(req, res); };
-  Get("/", route);  // And HEAD.
-  Post("/", route);
-  Put("/", route);
-  Patch("/", route);
-  Delete("/", route);
-  Options("/", route);
-  set_payload_max_length(options_.max_body_bytes);
-  // For the Keep-Alive header httplib writes.
-  set_keep_alive_max_count(
-      static_cast<size_t>(std::max(1, options_.max_requests_per_connection)));
-  set_keep_alive_timeout(
-      static_cast<time_t>((options_.keep_alive_timeout.count() + 999) / 1000));
-  // httplib's own refusals (a body cut short or late, ...) get JSON bodies
-  // like ours; a late body is 408, not httplib's 400.
-  set_error_handler(
-      HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-        if (current_ != nullptr && current_->stream->read_timed_out()) {
-          res.status = 408;
-          res.set_content(ErrorBody(408, "request body not received in time"),
-                          "application/json");
-          return HandlerResponse::Handled;
-        }
-        if (!res.body.empty() || res.content_provider_) {
-          return HandlerResponse::Unhandled;
-        }
-        res.set_content(ErrorBody(res.status, HttpReason(res.status)),
-                        "application/json");
-        return HandlerResponse::Handled;
-      }));
-  set_exception_handler(
-      [](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-        res.status = 500;
-        res.set_content(ErrorBody(500, "internal error"), "application/json");
-      });
-}
+      connections_(PoolOptions(options_)),
+      handlers_(PoolOptions(options_)) {}
 
 HttpServer::Impl::~Impl() {
   Shutdown();
@@ -728,7 +162,7 @@ absl::Status HttpServer::Impl::Listen() {
         "HTTP listen address '", address, "': ", ::gai_strerror(e)));
   }
   if (options_.tls.enabled()) {
-    absl::StatusOr<SSL_CTX*> ctx = NewTlsContext(options_.tls);
+    absl::StatusOr<SSL_CTX*> ctx = NewServerTlsContext(options_.tls);
     if (!ctx.ok()) {
       ::freeaddrinfo(found);
       return ctx.status();
@@ -762,15 +196,12 @@ absl::Status HttpServer::Impl::Listen() {
   listen_fd_ = fd;
   wake_fd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
   if (wake_fd_ < 0) return absl::InternalError("eventfd failed");
-  // httplib ends streamed bodies once this is INVALID_SOCKET (Shutdown).
-  svr_sock_ = fd;
   loop_thread_ = std::thread([this] { AcceptLoop(); });
   return absl::OkStatus();
 }
 
 void HttpServer::Impl::Shutdown() {
   if (stopping_.exchange(true)) return;
-  svr_sock_ = INVALID_SOCKET;
   if (loop_thread_.joinable()) {
     const uint64_t one = 1;
     (void)!::write(wake_fd_, &one, sizeof(one));
@@ -780,9 +211,12 @@ void HttpServer::Impl::Shutdown() {
   if (listen_fd_ >= 0) ::close(listen_fd_);
   listen_fd_ = -1;
   {
-    std::unique_lock<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     for (int fd : serving_fds_) ::shutdown(fd, SHUT_RDWR);
-    idle_cv_.wait(lock, [&] { return active_ + probe_active_ == 0; });
+    const auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return active_ + probe_active_ == 0;
+    };
+    mu_.Await(absl::Condition(&idle));
     for (Pending& p : returned_) CloseConn(p.conn);
     returned_.clear();
   }
@@ -799,7 +233,7 @@ void HttpServer::Impl::AcceptLoop() {
   };
   while (!stopping_.load()) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       for (Pending& p : returned_) pending.push_back(std::move(p));
       returned_.clear();
     }
@@ -958,7 +392,7 @@ void HttpServer::Impl::Dispatch(Pending p, size_t head_end) {
   const bool probe =
       std::find(options_.probe_paths.begin(), options_.probe_paths.end(),
                 req.path) != options_.probe_paths.end();
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const bool over = active_ >= options_.max_connections;
   if (stopping_.load() ||
       (over &&
@@ -984,35 +418,49 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
                              uint64_t length, bool probe) {
   const absl::string_view line =
       absl::string_view(p.buf).substr(0, p.buf.find("\r\n"));
-  const absl::string_view version = line.substr(line.rfind(' ') + 1);
-  std::string buffered = NormalisedHead(req, version, length);
-  const size_t head_bytes = buffered.size();
-  buffered.append(p.buf, head_end + 4);
-  p.buf.clear();
-  ConnStream stream(p.conn, std::move(buffered),
-                    p.head_start + options_.read_timeout,
-                    options_.write_timeout);
-  RequestContext context{
-      .request = std::move(req), .stream = &stream, .fd = p.conn.fd};
+  const std::string connection =
+      absl::AsciiStrToLower(req.Header("connection"));
   const bool last =
       p.served + 1 >= options_.max_requests_per_connection || stopping_.load();
-  bool client_closes = false;
-  bool written = false;
-  current_ = &context;
+  const ResponseFraming framing = FramingFor(
+      req.method, line.substr(line.rfind(' ') + 1), connection, last,
+      options_.keep_alive_timeout, options_.max_requests_per_connection);
+  ConnStream stream(p.conn, p.buf.substr(head_end + 4),
+                    p.head_start + options_.read_timeout,
+                    options_.write_timeout);
+  p.buf.clear();
+  bool keep = false;
+  // The body is charged before a byte of it is read: one that does not fit
+  // the budget, or whose head the head check refuses, is not read at all,
+  // and the connection is closed.
+  MemoryShare body_share;
+  bool admitted = true;
+  if (options_.head_check && length > 0) {
+    if (std::optional<HttpRefusal> refusal = options_.head_check(req)) {
+      admitted = false;
+      RefuseUnread(p.conn, *refusal);
+    }
+  }
+  if (admitted && options_.memory_budget != nullptr && length > 0) {
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        static_cast<int64_t>(length) * kBodyChargeFactor, "the HTTP body");
+    if (share.ok()) {
+      body_share = *std::move(share);
+    } else {
+      admitted = false;
+      RefuseUnread(p.conn, {.status = 429,
+                            .body = ErrorBody(429, share.status().message()),
+                            .headers = {{"Retry-After", "1"}}});
+    }
+  }
   try {
-    written = process_request(stream, last, client_closes, nullptr);
+    if (admitted) keep = ServeRequest(stream, req, length, framing, p.conn.fd);
   } catch (const std::exception& e) {  // Out of memory, say.
     std::fprintf(stderr, "[shardlm] HTTP connection failed: %s\n", e.what());
+    keep = false;
   }
-  current_ = nullptr;
-  // Another request on this connection only after a clean one: answered
-  // by the handler, written whole, its body read to the byte (httplib does
-  // not read the body of a GET, say; what it left would be parsed as the
-  // next request).
-  const bool keep = written && !client_closes && !last && context.routed &&
-                    !context.close && !stream.failed() &&
-                    stream.consumed() == head_bytes + length;
-  std::lock_guard<std::mutex> lock(mu_);
+  body_share.Release();
+  absl::MutexLock lock(&mu_);
   serving_fds_.erase(p.conn.fd);
   if (keep && !stopping_.load()) {
     p.buf = stream.TakeLeftover();
@@ -1025,56 +473,89 @@ void HttpServer::Impl::Serve(Pending p, size_t head_end, HttpRequest req,
   } else {
     CloseConn(p.conn);
   }
-  --(probe ? probe_active_ : active_);
-  if (active_ + probe_active_ == 0) idle_cv_.notify_all();
+  --(probe ? probe_active_ : active_);  // Shutdown's Await sees it.
 }
 
-void HttpServer::Impl::Route(const httplib::Request& hreq,
-                             httplib::Response& hres) {
-  RequestContext& context = *current_;
-  context.routed = true;
-  auto ex = std::make_shared<Exchange>(context.fd, &stopping_);
-  ex->request = std::move(context.request);
-  ex->request.body = hreq.body;
-  if (!handlers_.Submit([this, ex] { RunHandler(*ex); })) {
-    hres.status = 503;  // Stopping, or no thread to be had.
-    hres.set_content(ErrorBody(503, "shutting down"), "application/json");
-    return;
+bool HttpServer::Impl::ServeRequest(ConnStream& stream, const HttpRequest& head,
+                                    uint64_t length,
+                                    const ResponseFraming& framing, int fd) {
+  if (length > 0 &&
+      absl::EqualsIgnoreCase(head.Header("expect"), "100-continue") &&
+      !stream.WriteAll("HTTP/1.1 100 Continue\r\n\r\n")) {
+    return false;
   }
-  std::unique_lock<std::mutex> lock(ex->mu);
-  ex->cv.wait(lock, [&] {
-    return ex->state != Exchange::State::kUnanswered || ex->handler_done;
-  });
-  for (const auto& [name, value] : ex->headers) hres.set_header(name, value);
-  if (ex->state == Exchange::State::kStreamed) {
-    hres.status = ex->status;
-    hres.set_header("Cache-Control", "no-cache");
-    auto pull = [ex](size_t, httplib::DataSink& sink) {
-      return PullStream(*ex, sink);
-    };
-    // Once httplib is done with the response (written, failed, or HEAD):
-    // the handler's writes fail from then on, and this thread waits for it
-    // to return.
-    auto release = [ex](bool) {
-      std::unique_lock<std::mutex> lock(ex->mu);
-      ex->writer_gone = true;
-      ex->cv.notify_all();
-      ex->cv.wait(lock, [&] { return ex->handler_done; });
-    };
-    if (hreq.version == "HTTP/1.0") {  // No chunked encoding: until close.
-      context.close = true;
-      hres.set_header("Connection", "close");
-      hres.set_content_provider(ex->content_type, std::move(pull),
-                                std::move(release));
-    } else {
-      hres.set_chunked_content_provider(ex->content_type, std::move(pull),
-                                        std::move(release));
+  // The body of the methods that carry one, read to the byte; another
+  // method's body is left unread (and the connection then closed).
+  std::string body;
+  const bool reads_body = MethodReadsBody(head.method);
+  if (reads_body && length > 0) {
+    body.reserve(static_cast<size_t>(length));
+    char chunk[16384];
+    while (body.size() < length) {
+      const ssize_t n = stream.Read(
+          chunk, std::min<uint64_t>(sizeof(chunk), length - body.size()));
+      if (n <= 0) break;
+      body.append(chunk, static_cast<size_t>(n));
     }
-    return;
+    if (body.size() < length) {  // Late (408), or cut short (400).
+      const int status = stream.read_timed_out() ? 408 : 400;
+      WriteWhole(
+          stream, framing, status, "application/json",
+          ErrorBody(status, status == 408 ? "request body not received in time"
+                                          : HttpReason(status)),
+          {});
+      return false;
+    }
   }
-  ex->cv.wait(lock, [&] { return ex->handler_done; });
-  hres.status = ex->status;
-  hres.set_content(std::move(ex->body), ex->content_type);
+  const bool consumed = reads_body || length == 0;
+
+  auto ex = std::make_shared<Exchange>(fd, &stopping_);
+  ex->request = head;
+  ex->request.body = std::move(body);
+  if (!handlers_.Submit([this, ex] { RunHandler(*ex); })) {
+    // Stopping, or no thread to be had.
+    return WriteWhole(stream, framing, 503, "application/json",
+                      ErrorBody(503, "shutting down"), {}) &&
+           consumed && !framing.close_after;
+  }
+  absl::MutexLock lock(&ex->mu);
+  while (ex->state == Exchange::State::kUnanswered && !ex->handler_done) {
+    ex->cv.Wait(&ex->mu);
+  }
+  if (ex->state != Exchange::State::kStreamed) {
+    while (!ex->handler_done) ex->cv.Wait(&ex->mu);
+    const bool written = WriteWhole(stream, framing, ex->status,
+                                    ex->content_type, ex->body, ex->headers);
+    return written && consumed && !framing.close_after && !stream.failed();
+  }
+  // A stream: the handler pushes, this thread writes what it queued.
+  std::vector<std::pair<std::string, std::string>> headers = ex->headers;
+  headers.emplace_back("Cache-Control", "no-cache");
+  const int status = ex->status;
+  const std::string content_type = ex->content_type;
+  ex->mu.Unlock();
+  bool written = WriteStreamHead(stream, framing, status, content_type,
+                                 std::move(headers));
+  std::string data;
+  while (written && !framing.head_only) {
+    const Pull pulled = PullStream(*ex, data);
+    if (pulled == Pull::kGone) {
+      written = false;
+    } else if (pulled == Pull::kDone) {
+      if (framing.chunked) written = stream.WriteAll("0\r\n\r\n");
+      break;
+    } else if (!stream.WriteAll(framing.chunked ? Chunk(data) : data)) {
+      written = false;
+    }
+  }
+  // Done with the response (written, failed, or HEAD): the handler's
+  // writes fail from now on, and this thread waits for it to return.
+  ex->mu.Lock();
+  ex->writer_gone = true;
+  ex->cv.SignalAll();
+  while (!ex->handler_done) ex->cv.Wait(&ex->mu);
+  return written && consumed && !framing.close_after &&
+         !framing.close_delimited && !stream.failed();
 }
 
 void HttpServer::Impl::RunHandler(Exchange& ex) {
@@ -1094,7 +575,7 @@ void HttpServer::Impl::RunHandler(Exchange& ex) {
                  ex.request.method.c_str(), ex.request.path.c_str(),
                  thrown.c_str());
   }
-  std::lock_guard<std::mutex> lock(ex.mu);
+  absl::MutexLock lock(&ex.mu);
   if (ex.state == Exchange::State::kUnanswered) {
     ex.state = Exchange::State::kWhole;
     ex.status = 500;
@@ -1103,7 +584,7 @@ void HttpServer::Impl::RunHandler(Exchange& ex) {
                                             : "internal error");
   }
   ex.handler_done = true;
-  ex.cv.notify_all();
+  ex.cv.SignalAll();
 }
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -1112,6 +593,11 @@ HttpServer::~HttpServer() = default;
 
 absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     HttpServerOptions options, HttpHandler handler) {
+  // A write to a connection the peer closed must fail, not kill the
+  // process: plain sends use MSG_NOSIGNAL, but OpenSSL writes TLS records
+  // with write(). (cpp-httplib's Server, which this server used, did this
+  // in its constructor.)
+  ::signal(SIGPIPE, SIG_IGN);
   auto impl = std::make_unique<Impl>(std::move(options), std::move(handler));
   if (absl::Status s = impl->Listen(); !s.ok()) return s;
   return std::unique_ptr<HttpServer>(new HttpServer(std::move(impl)));

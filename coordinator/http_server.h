@@ -1,30 +1,29 @@
 // The HTTP/1.1 server of the OpenAI-style API, metrics and probes (DESIGN.md
-// section 6), on cpp-httplib (Debian's libcpp-httplib-dev 0.11.4, as
-// llama.cpp's server uses it) behind this small interface. httplib does the
-// HTTP: request framing and bodies (Content-Length, the payload limit,
-// Expect: 100-continue), keep-alive, the response head, and streamed bodies
-// (chunked for HTTP/1.1, close-delimited for HTTP/1.0). Connections and
-// threads are ours:
+// section 6), behind this small interface. The server is ours end to end
+// (cpp-httplib, which framed requests until issue 42, is gone; the bytes on
+// the wire did not change: docs/design-notes.md section 6):
 //
 // - One loop thread accepts, runs TLS handshakes and reads every request
 //   head with poll(), so an idle, keep-alive or slow client costs an fd, not
 //   a thread (up to max_pending; a head must be whole within
 //   header_timeout, an idle keep-alive connection is closed after
 //   keep_alive_timeout).
-// - A whole head is checked byte by byte (ParseHttpHead) before httplib sees
-//   it: methods and header names are RFC 9110 tokens, targets visible ASCII,
-//   header values free of control bytes, Content-Length digits only and
-//   never two that differ, Transfer-Encoding refused. httplib 0.11.4 is
-//   laxer (it skips header lines without CRLF, percent-decodes header values
-//   and caps neither their number nor a line's growth), so it is handed a
-//   normalised head carrying only what it needs (method, version,
-//   Content-Length, Connection, Expect); handlers see the checked original.
-// - Whole heads run on a bounded pool of threads, up to max_connections;
-//   past that up to reserved_probe_connections more serve probe_paths only,
-//   so that clients holding every API thread cannot make a liveness probe
-//   restart a healthy server. A handler runs on a thread of a second pool
-//   of the same bound, so that a streamed response can be written by
-//   httplib (which pulls it) while the handler pushes it.
+// - A whole head is checked byte by byte (ParseHttpHead): methods and
+//   header names are RFC 9110 tokens, targets visible ASCII, header values
+//   free of control bytes, Content-Length digits only and never two that
+//   differ, Transfer-Encoding refused. Handlers see the checked original.
+// - Before a body is read, options.head_check may refuse the request from
+//   its head (the API key), and its share of options.memory_budget is
+//   taken: a request refused there costs no body.
+// - Whole heads run on a bounded pool of threads (coordinator/http_pool.h),
+//   up to max_connections; past that up to reserved_probe_connections more
+//   serve probe_paths only, so that clients holding every API thread cannot
+//   make a liveness probe restart a healthy server. That thread reads the
+//   body (Content-Length, Expect: 100-continue) and writes the response
+//   (Content-Length; streams chunked for HTTP/1.1, close-delimited for
+//   HTTP/1.0; keep-alive). A handler runs on a thread of a second pool of
+//   the same bound, so that it can push a stream while the connection
+//   thread writes it. Threads above a base exit when idle.
 // - A handler that throws gets a 500 for its request alone.
 //
 // With options.tls, connections are TLS (our OpenSSL context; mutual TLS
@@ -39,12 +38,14 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
 
 namespace shardlm {
@@ -80,13 +81,28 @@ class HttpResponse {
 
 using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
 
+// A whole response sent in place of reading a request's body.
+struct HttpRefusal {
+  int status = 400;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
+// Runs on a request's checked head before its body is read (`head.body` is
+// empty); a refusal it returns is sent instead and the connection closed
+// with the body unread, so that what needs no body to decide (the API key)
+// costs a caller who fails it no body. Thread-safe; called concurrently.
+using HttpHeadCheck =
+    std::function<std::optional<HttpRefusal>(const HttpRequest& head)>;
+
 // Parses and checks a request head (the request line and headers, without
 // the blank line that ends them) into `req`: {0, ""} when it is well formed,
 // else the status to answer with and why. The framing is checked too:
 // Transfer-Encoding is refused (411) and every Content-Length must be the
 // same run of digits (400); `body_length`, when given, gets the length
-// declared (0 without one). What the server runs on every head before
-// httplib sees it; public for the fuzzer (tests/fuzz/).
+// declared (0 without one). What the server runs on every head; public for
+// the fuzzer (tests/fuzz/).
 std::pair<int, const char*> ParseHttpHead(absl::string_view head,
                                           HttpRequest& req,
                                           uint64_t* body_length = nullptr);
@@ -119,7 +135,24 @@ struct HttpServerOptions {
   std::vector<std::string> probe_paths;
   int reserved_probe_connections = 8;
   TlsConfig tls;  // Not enabled(): plaintext.
+  // When set (not owned; outlives the server), a request's body is charged
+  // to it before it is read (kBodyChargeFactor times its declared length);
+  // a body that does not fit is answered 429 with Retry-After and its
+  // connection closed unread.
+  MemoryBudget* memory_budget = nullptr;
+  // Run on the head of each request that declares a body (see
+  // HttpHeadCheck); none when empty.
+  HttpHeadCheck head_check;
+  // Pool threads kept however long they idle; those above it exit after
+  // idle_thread_timeout without work, so that a burst's threads do not
+  // stay for good.
+  int base_threads = 4;
+  std::chrono::milliseconds idle_thread_timeout{10000};
 };
+
+// What a body costs while it is served, per byte of it: the bytes as read,
+// and the handler's copy of them.
+inline constexpr int64_t kBodyChargeFactor = 2;
 
 class HttpServer {
  public:

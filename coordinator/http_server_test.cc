@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -454,6 +455,93 @@ TEST(HttpServerTest, RejectsBadListenAddresses) {
       {.listen_address = absl::StrCat("127.0.0.1:", first->port())}, {});
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable)
       << taken.status();
+}
+
+// Issue 39: threads a burst started exit once idle, down to the base.
+TEST(HttpServerTest, IdleThreadsAboveTheBaseExit) {
+  std::atomic<int> inside{0};
+  std::atomic<bool> release{false};
+  auto server = HttpServer::Start(
+      {.base_threads = 1, .idle_thread_timeout = milliseconds(200)},
+      [&](const HttpRequest&, HttpResponse& res) {
+        ++inside;
+        while (!release) std::this_thread::sleep_for(milliseconds(5));
+        res.Send(200, "text/plain", "ok");
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  std::vector<std::thread> clients;
+  for (int i = 0; i < 12; ++i) {
+    clients.emplace_back([&] { RoundTrip(port, "GET /x HTTP/1.1\r\n\r\n"); });
+  }
+  const auto until =
+      std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (inside < 12 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(inside, 12);
+  // The loop, and a connection and a handler thread per request.
+  EXPECT_GE((*server)->threads(), 1 + 12 + 12);
+  release = true;
+  for (auto& t : clients) t.join();
+  ASSERT_TRUE((*server)->WaitUntilIdle(std::chrono::seconds(20)));
+  while ((*server)->threads() > 1 + 1 + 1 &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  EXPECT_EQ((*server)->threads(), 1 + 1 + 1);  // The loop and each base.
+  // And the pool grows again for the next request.
+  EXPECT_EQ(RoundTrip(port, "GET /x HTTP/1.1\r\n\r\n").status,
+            "HTTP/1.1 200 OK");
+}
+
+// Issue 39: a head check refuses a request before its body is read, and a
+// body that does not fit the memory budget gets 429 unread.
+TEST(HttpServerTest, HeadCheckAndBudgetRefuseBeforeTheBody) {
+  MemoryBudget budget(1000);
+  std::atomic<int> handled{0};
+  HttpServerOptions options;
+  options.memory_budget = &budget;
+  options.head_check =
+      [](const HttpRequest& head) -> std::optional<HttpRefusal> {
+    if (head.Header("x-key") == "right") return std::nullopt;
+    return HttpRefusal{.status = 401,
+                       .body = "{\"error\":\"key\"}",
+                       .headers = {{"WWW-Authenticate", "Bearer"}}};
+  };
+  auto server = HttpServer::Start(
+      options, [&](const HttpRequest& req, HttpResponse& res) {
+        ++handled;
+        res.Send(200, "text/plain", req.body);
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = (*server)->port();
+  // Without the key: 401 from the head, though the body never comes.
+  const int fd = Connect(port);
+  SendAll(fd, "POST /x HTTP/1.1\r\nContent-Length: 100000\r\n\r\n");
+  std::string buf;
+  const Reply refused = ReadReply(fd, buf);
+  ::close(fd);
+  EXPECT_EQ(refused.status, "HTTP/1.1 401 Unauthorized");
+  EXPECT_NE(refused.head.find("WWW-Authenticate: Bearer"), std::string::npos)
+      << refused.head;
+  // With it, a body of 2 x 600 bytes does not fit 1000: 429, unread.
+  const Reply big = RoundTrip(
+      port, "POST /x HTTP/1.1\r\nx-key: right\r\nContent-Length: 600\r\n\r\n");
+  EXPECT_EQ(big.status, "HTTP/1.1 429 Too Many Requests");
+  EXPECT_EQ(budget.refused(), 1);
+  // A small one is served, its share given back afterwards.
+  EXPECT_EQ(RoundTrip(port,
+                      "POST /x HTTP/1.1\r\nx-key: right\r\nContent-Length: "
+                      "2\r\n\r\nhi")
+                .status,
+            "HTTP/1.1 200 OK");
+  EXPECT_EQ(handled, 1);
+  ASSERT_TRUE((*server)->WaitUntilIdle(std::chrono::seconds(20)));
+  EXPECT_EQ(budget.in_use(), 0);
+  // Without a body the head check does not run: the handler decides.
+  EXPECT_EQ(RoundTrip(port, "GET /x HTTP/1.1\r\n\r\n").status,
+            "HTTP/1.1 200 OK");
 }
 
 }  // namespace

@@ -6,23 +6,19 @@
 #include <optional>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "coordinator/api_key.h"
-#include "coordinator/openai_api.h"
+#include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
-#include "grpcpp/ext/proto_server_reflection_plugin.h"
-#include "grpcpp/health_check_service_interface.h"
-#include "grpcpp/resource_quota.h"
-#include "grpcpp/security/server_credentials.h"
-#include "grpcpp/server_builder.h"
 #include "model/stop_tokens.h"
 #include "step/kv_cache.h"
 
 namespace shardlm {
 namespace {
-
-constexpr char kServiceName[] = "shardlm.v1.Inference";
 
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
@@ -37,26 +33,29 @@ constexpr int kMaxStopTokenIds = 256;
 constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
 
+// What tokenizing costs at most per byte of text: the token ids (up to 4
+// bytes per byte, twice that while their vector grows) and the merge state
+// of one 16 KiB cut (under 1 MiB); the pre-tokenizer keeps nothing.
+// model/tokenizer_memory_test holds Encode to 8 bytes per byte + 1 MiB.
+// And what a queued request holds besides its prompt's ids.
+constexpr int64_t kTokenizeBytesPerByte = 10;
+constexpr int64_t kQueuedRequestBytes = 4096;
+// A parsed request beyond its wire bytes: the objects of at most 256
+// messages, 8 stop strings and 256 unknown fields (~100 bytes each), and the
+// 4-byte slots of up to 2^18 + 256 token ids (varints of 1 byte or more).
+constexpr int64_t kParsedMessageBytes = 256 * 1024 + 4 * (1 << 18);
+
 }  // namespace
 
-namespace {
-
-// TLS credentials for `tls` (mutual TLS with a client CA), or insecure
-// ones when it is not enabled.
-std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
-    const TlsConfig& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(
-      tls.client_ca_pem.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = tls.client_ca_pem;
-  ssl.pem_key_cert_pairs.push_back(
-      {.private_key = tls.private_key_pem, .cert_chain = tls.cert_chain_pem});
-  return grpc::SslServerCredentials(ssl);
+size_t MaxGrpcRequestBytes(size_t max_prompt_bytes) {
+  // Each field: its bytes plus at most 16 of tag and length.
+  const size_t bytes =
+      (max_prompt_bytes + 16) + (size_t{kMaxPromptTokenIds} * 5 + 16) +
+      kMaxStopStrings * (kMaxStopStringBytes + 16) +
+      (size_t{kMaxStopTokenIds} * 5 + 16) + 1024;  // Scalars, sampling.
+  constexpr size_t kRound = 64 * 1024;
+  return (bytes + kRound - 1) / kRound * kRound;
 }
-
-}  // namespace
 
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
@@ -83,28 +82,18 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
 
   req.max_tokens = request.max_tokens() == 0 ? options_.default_max_tokens
                                              : request.max_tokens();
-  if (req.max_tokens < 1 || req.max_tokens > config.context_length) {
-    return Invalid("max_tokens must be in [1, ", config.context_length,
-                   "] (the context window), got ", request.max_tokens());
+  if (!CheckMaxTokens(req.max_tokens, config.context_length).ok()) {
+    return CheckMaxTokens(request.max_tokens(), config.context_length);
   }
 
   const v1::SamplingParams& s = request.sampling();
+  RETURN_IF_ERROR(CheckSampling(s.temperature(), s.top_k(), s.top_p()));
   // In the proto, top_p 0 (the default) means off, like 1.
   req.sampling = {.temperature = s.temperature(),
                   .top_k = s.top_k(),
                   .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
                   .seed = s.seed()};
-  if (!std::isfinite(s.temperature()) || !std::isfinite(s.top_p())) {
-    return Invalid("sampling.temperature and sampling.top_p must be finite");
-  }
-  if (absl::Status st = ValidateSamplingParams(req.sampling); !st.ok()) {
-    return Invalid("sampling: ", st.message());
-  }
-
-  if (request.logprobs() < 0 || request.logprobs() > kMaxLogprobs) {
-    return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ",
-                   request.logprobs());
-  }
+  RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
   if (request.stop_size() > kMaxStopStrings) {
     return Invalid("at most ", kMaxStopStrings, " stop strings, got ",
@@ -117,10 +106,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
                      " bytes, got ", n);
     }
   }
-  if (request.truncate_prompt_tokens() < 0) {
-    return Invalid("truncate_prompt_tokens must be >= 0 (0: off), got ",
-                   request.truncate_prompt_tokens());
-  }
+  RETURN_IF_ERROR(CheckTruncatePromptTokens(request.truncate_prompt_tokens()));
 
   // Sizes first: nothing below may cost more than the request's bytes.
   if (request.prompt().size() > options_.max_prompt_bytes) {
@@ -213,10 +199,9 @@ struct Stream {
   Stream(const Tokenizer* tokenizer, std::vector<std::string> stop_strings)
       : detok(tokenizer), stops(std::move(stop_strings)) {}
 
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<v1::GenerateResponse> responses;          // Guarded by mu.
-  std::optional<absl::StatusOr<GenerateResult>> done;  // Guarded by mu.
+  absl::Mutex mu;
+  std::deque<v1::GenerateResponse> responses ABSL_GUARDED_BY(mu);
+  std::optional<absl::StatusOr<GenerateResult>> done ABSL_GUARDED_BY(mu);
   // Used by on_token, then (once done is set) by the RPC's thread.
   StreamingDetokenizer detok;
   StopStringFilter stops;
@@ -256,6 +241,11 @@ grpc::Status InferenceService::Generate(
     grpc::ServerContext* context, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  // The message as received and as parsed, held while the call runs.
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      static_cast<int64_t>(request->ByteSizeLong() + request->SpaceUsedLong()),
+      "the gRPC message");
+  if (!share.ok()) return ToGrpcStatus(share.status());
   return ToGrpcStatus(Run(
       *request, ToAbslDeadline(context->deadline()),
       [context] { return context->IsCancelled(); },
@@ -279,8 +269,26 @@ absl::Status InferenceService::Run(
         "it has and takes no new ones");
   }
   const v1::GenerateRequest* request = &request_proto;
+  // Tokenizing is paid for before it starts; what is left of the share then
+  // holds the queued request's prompt until the request ends.
+  int64_t text_bytes = static_cast<int64_t>(
+      std::min(request->prompt().size(), options_.max_prompt_bytes));
+  for (const v1::ChatMessage& m : request->messages()) {
+    text_bytes += static_cast<int64_t>(m.role().size() + m.content().size());
+  }
+  text_bytes = std::min<int64_t>(
+      text_bytes, static_cast<int64_t>(options_.max_prompt_bytes) * 2);
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      text_bytes * kTokenizeBytesPerByte +
+          std::min(request->prompt_token_ids_size(), kMaxPromptTokenIds) *
+              int64_t{sizeof(int32_t)} +
+          kQueuedRequestBytes,
+      "tokenizing the prompt");
+  if (!share.ok()) return share.status();
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return req.status();
+  share->ShrinkTo(static_cast<int64_t>(req->prompt.size() * sizeof(int32_t)) +
+                  kQueuedRequestBytes);
   req->api = api;
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
   if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
@@ -334,17 +342,15 @@ absl::Status InferenceService::Run(
             if (stop || generated >= max_tokens) {
               finish(response, stop ? "stop" : "length", generated);
             }
-            std::lock_guard<std::mutex> lock(s.mu);
+            absl::MutexLock lock(&s.mu);  // The RPC's Await sees it.
             s.responses.push_back(std::move(response));
-            s.cv.notify_all();
             return s.stops.stopped() ? TokenAction::kStop
                                      : TokenAction::kContinue;
           },
       .on_done =
           [stream](absl::StatusOr<GenerateResult> result) {
-            std::lock_guard<std::mutex> lock(stream->mu);
+            absl::MutexLock lock(&stream->mu);
             stream->done = std::move(result);
-            stream->cv.notify_all();
           }};
   absl::StatusOr<RequestId> id =
       engine_->Submit(*std::move(req), std::move(callbacks));
@@ -353,16 +359,19 @@ absl::Status InferenceService::Run(
   bool sent_final = false;
   bool client_gone = false;
   absl::StatusOr<GenerateResult> result;
-  std::unique_lock<std::mutex> lock(stream->mu);
+  Stream* const st = stream.get();
+  const auto ready = [st]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(st->mu) {
+    return !st->responses.empty() || st->done.has_value();
+  };
+  st->mu.Lock();
   while (true) {
-    stream->cv.wait_for(lock, std::chrono::milliseconds(50), [&] {
-      return !stream->responses.empty() || stream->done.has_value();
-    });
+    // Woken by the loop's callbacks; every 50 ms anyway, to see a cancel.
+    st->mu.AwaitWithTimeout(absl::Condition(&ready), absl::Milliseconds(50));
     std::deque<v1::GenerateResponse> responses;
-    responses.swap(stream->responses);
-    const bool finished = stream->done.has_value();
-    if (finished) result = std::move(*stream->done);
-    lock.unlock();
+    responses.swap(st->responses);
+    const bool finished = st->done.has_value();
+    if (finished) result = std::move(*st->done);
+    st->mu.Unlock();
     if (!client_gone && cancelled()) {
       client_gone = true;
       engine_->Cancel(*id);
@@ -377,7 +386,7 @@ absl::Status InferenceService::Run(
     }
     // After a cancel, wait for the end too: its blocks are free by then.
     if (finished) break;
-    lock.lock();
+    st->mu.Lock();
   }
 
   if (!result.ok()) return result.status();
@@ -395,6 +404,77 @@ absl::Status InferenceService::Run(
     write(response);
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> InferenceService::ReadWire(
+    const grpc::ByteBuffer& request,
+    absl::Status (*scan)(absl::string_view, const GrpcScanLimits&),
+    MemoryShare* share) {
+  // The bytes as gRPC holds them, the flat copy below, and the parsed
+  // message: the scan bounds its counts, so it is at most about its bytes
+  // plus a small overhead per element.
+  const int64_t bytes = static_cast<int64_t>(request.Length());
+  ASSIGN_OR_RETURN(
+      *share, TakeMemory(3 * bytes + kParsedMessageBytes, "the gRPC message"));
+  std::vector<grpc::Slice> slices;
+  if (!request.Dump(&slices).ok()) {
+    return absl::InternalError("the request's bytes could not be read");
+  }
+  std::string flat;
+  flat.reserve(static_cast<size_t>(bytes));
+  for (const grpc::Slice& slice : slices) {
+    flat.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (absl::Status s = scan(flat, GrpcScanLimits{}); !s.ok()) {
+    if (absl::StrContains(s.message(), "is not valid UTF-8")) ++invalid_utf8_;
+    return s;
+  }
+  return flat;
+}
+
+grpc::Status InferenceService::GenerateWire(
+    grpc::ServerContext* context, const grpc::ByteBuffer& request,
+    grpc::ServerWriter<v1::GenerateResponse>* writer) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  MemoryShare share;
+  absl::StatusOr<std::string> wire =
+      ReadWire(request, &ScanGenerateRequest, &share);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
+  v1::GenerateRequest parsed;
+  if (!parsed.ParseFromString(*wire)) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        "the request is not a valid shardlm.v1.GenerateRequest");
+  }
+  *wire = std::string();
+  return ToGrpcStatus(Run(
+      parsed, ToAbslDeadline(context->deadline()),
+      [context] { return context->IsCancelled(); },
+      [writer](const v1::GenerateResponse& r) { return writer->Write(r); }));
+}
+
+grpc::Status InferenceService::TokenizeWire(grpc::ServerContext* context,
+                                            const grpc::ByteBuffer& request,
+                                            v1::TokenizeResponse* response) {
+  if (absl::Status s = CheckApiKey(*context); !s.ok()) return ToGrpcStatus(s);
+  MemoryShare share;
+  absl::StatusOr<std::string> wire =
+      ReadWire(request, &ScanTokenizeRequest, &share);
+  if (!wire.ok()) return ToGrpcStatus(wire.status());
+  v1::TokenizeRequest parsed;
+  if (!parsed.ParseFromString(*wire)) {
+    return grpc::Status(
+        grpc::StatusCode::INTERNAL,
+        "the request is not a valid shardlm.v1.TokenizeRequest");
+  }
+  *wire = std::string();
+  return Tokenize(context, &parsed, response);
+}
+
+absl::StatusOr<MemoryShare> InferenceService::TakeMemory(
+    int64_t bytes, absl::string_view what) const {
+  if (options_.memory_budget == nullptr) return MemoryShare();
+  return options_.memory_budget->Take(bytes, what);
 }
 
 absl::Status InferenceService::CheckApiKey(
@@ -421,6 +501,11 @@ grpc::Status InferenceService::Tokenize(grpc::ServerContext* context,
                                 " bytes; at most ", options_.max_prompt_bytes,
                                 " are accepted"));
   }
+  absl::StatusOr<MemoryShare> share = TakeMemory(
+      static_cast<int64_t>(request->ByteSizeLong() + request->SpaceUsedLong()) +
+          static_cast<int64_t>(request->text().size()) * kTokenizeBytesPerByte,
+      "tokenizing the text");
+  if (!share.ok()) return ToGrpcStatus(share.status());
   for (int32_t id : tokenizer_->Encode(request->text())) {
     response->add_token_ids(id);
   }
@@ -449,127 +534,5 @@ grpc::Status InferenceService::GetModelInfo(
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   return grpc::Status::OK;
 }
-
-absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
-    Engine* engine, const Tokenizer* tokenizer,
-    const ApiServerOptions& options) {
-  if (options.metrics_auth && options.service.api_key.empty()) {
-    return absl::InvalidArgumentError(
-        "--metrics-auth needs an API key (set SHARDLM_API_KEY)");
-  }
-  std::unique_ptr<ApiServer> s(new ApiServer());
-  s->engine_ = engine;
-  s->service_ = std::make_unique<InferenceService>(
-      engine, tokenizer, options.model_name, options.service);
-
-  // Both are process-wide switches read when a builder is made; setting
-  // them again is harmless.
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen_address,
-                           GrpcServerCredentials(options.tls), &s->port_);
-  builder.RegisterService(s->service_.get());
-  // A burst of streams costs threads up to this cap, then
-  // RESOURCE_EXHAUSTED; a few threads more keep the health service and
-  // short calls answering.
-  grpc::ResourceQuota quota("shardlm-api");
-  quota.SetMaxThreads(std::max(4, options.max_grpc_calls + 8));
-  builder.SetResourceQuota(quota);
-  s->server_ = builder.BuildAndStart();
-  if (s->server_ == nullptr || s->port_ == 0) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", options.listen_address,
-                     " (malformed address, or the port is in use)"));
-  }
-  if (!options.http_listen_address.empty()) {
-    const auto& chat = s->service_->chat_template();
-    std::fprintf(stderr, "[shardlm] chat completions: %s\n",
-                 chat.ok() ? chat->Describe().c_str()
-                           : std::string(chat.status().message()).c_str());
-    s->openai_ = std::make_unique<OpenAiApi>(
-        engine, s->service_.get(),
-        OpenAiApiOptions{.model_name = options.model_name,
-                         .api_key = options.service.api_key,
-                         .metrics_auth = options.metrics_auth,
-                         .metrics_prefix_cache = options.metrics_prefix_cache});
-    HttpServerOptions http;
-    http.listen_address = options.http_listen_address;
-    http.tls = options.tls;
-    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(), std::move(http)));
-  }
-  // The first status before Start returns: a client's first Check must not
-  // find the service unknown.
-  if (grpc::HealthCheckServiceInterface* health =
-          s->server_->GetHealthCheckService()) {
-    const bool serving = engine->executor().Health().ok();
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kServiceName, serving);
-  }
-  s->health_thread_ = std::thread(
-      [p = s.get(), poll = options.health_poll] { p->WatchHealth(poll); });
-  return s;
-}
-
-void ApiServer::WatchHealth(std::chrono::milliseconds poll) {
-  grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
-  if (health == nullptr) return;
-  std::unique_lock<std::mutex> lock(mu_);
-  while (!stopping_) {
-    const bool serving =
-        !service_->draining() && engine_->executor().Health().ok();
-    health->SetServingStatus("", serving);
-    health->SetServingStatus(kServiceName, serving);
-    stop_cv_.wait_for(lock, poll, [&] { return stopping_ || recheck_; });
-    recheck_ = false;
-  }
-}
-
-void ApiServer::Wait() { server_->Wait(); }
-
-void ApiServer::Shutdown() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_) return;
-    stopping_ = true;
-  }
-  stop_cv_.notify_all();
-  if (health_thread_.joinable()) health_thread_.join();
-  // HTTP streams end when their connections close; their requests are
-  // cancelled within one engine step.
-  if (http_ != nullptr) http_->Shutdown();
-  if (server_ == nullptr) return;  // Start() failed.
-  // A second of grace; then in-flight calls are cancelled and see
-  // IsCancelled() within one engine step.
-  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-}
-
-bool ApiServer::Drain(absl::Duration timeout,
-                      const std::function<bool()>& interrupted) {
-  service_->StartDraining();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    recheck_ = true;  // WatchHealth says NOT_SERVING now, not a poll later.
-  }
-  stop_cv_.notify_all();
-  const absl::Time deadline = absl::Now() + timeout;
-  bool drained = false;
-  while (true) {
-    if (service_->in_flight() == 0) {
-      drained = true;
-      break;
-    }
-    if (absl::Now() >= deadline) break;
-    if (!interrupted) {
-      absl::SleepFor(absl::Milliseconds(50));
-    } else if (interrupted()) {
-      break;
-    }
-  }
-  Shutdown();
-  return drained;
-}
-
-ApiServer::~ApiServer() { Shutdown(); }
 
 }  // namespace shardlm

@@ -1,6 +1,5 @@
 // The public gRPC API (DESIGN.md section 6): shardlm.v1.Inference over an
-// Engine, plus the server that hosts it next to the standard health service
-// and server reflection.
+// Engine. coordinator/api_server.h hosts it (and the HTTP API).
 #ifndef SHARDLM_COORDINATOR_INFERENCE_SERVICE_H_
 #define SHARDLM_COORDINATOR_INFERENCE_SERVICE_H_
 
@@ -16,9 +15,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "coordinator/engine.h"
-#include "coordinator/http_server.h"
+#include "coordinator/grpc_request_scan.h"
+#include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
-#include "grpcpp/server.h"
+#include "grpcpp/support/byte_buffer.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.grpc.pb.h"
@@ -47,6 +47,9 @@ struct ServiceOptions {
   // Priorities above another request's preempt it, so by default (0) no
   // client outranks the default; negative priorities are always allowed.
   int32_t max_client_priority = 0;
+  // When set (not owned), each request takes its share of it before it is
+  // tokenized and holds it while it is queued and runs (issue 39).
+  MemoryBudget* memory_budget = nullptr;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -73,6 +76,20 @@ class InferenceService final : public v1::Inference::Service {
   grpc::Status GetModelInfo(grpc::ServerContext* context,
                             const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
+
+  // Generate and Tokenize on the request's bytes as received (ApiServer
+  // registers these): the API key is checked and the message's share of
+  // the memory budget taken before anything is parsed; then the wire format
+  // is scanned (coordinator/grpc_request_scan.h: counts, unknown fields,
+  // UTF-8 naming the field) and only then parsed.
+  grpc::Status GenerateWire(grpc::ServerContext* context,
+                            const grpc::ByteBuffer& request,
+                            grpc::ServerWriter<v1::GenerateResponse>* writer);
+  grpc::Status TokenizeWire(grpc::ServerContext* context,
+                            const grpc::ByteBuffer& request,
+                            v1::TokenizeResponse* response);
+  // gRPC requests refused for invalid UTF-8 in a string field.
+  int64_t invalid_utf8() const { return invalid_utf8_.load(); }
 
   // Generate without gRPC (the HTTP API uses it): runs `request` until it
   // ends, handing each response to `write` (false: the client is gone, the
@@ -110,6 +127,15 @@ class InferenceService final : public v1::Inference::Service {
 
  private:
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
+  // A share of options_.memory_budget (an empty one without a budget).
+  absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
+                                         absl::string_view what) const;
+  // The raw request's share of the budget, then its bytes flattened, and
+  // `scan` run on them: the flat bytes, or the scan's refusal.
+  absl::StatusOr<std::string> ReadWire(
+      const grpc::ByteBuffer& request,
+      absl::Status (*scan)(absl::string_view, const GrpcScanLimits&),
+      MemoryShare* share);
 
   Engine* engine_;              // Not owned.
   const Tokenizer* tokenizer_;  // Not owned.
@@ -118,79 +144,17 @@ class InferenceService final : public v1::Inference::Service {
   ServiceOptions options_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
+  std::atomic<int64_t> invalid_utf8_{0};
 };
 
-struct ApiServerOptions {
-  // "host:port"; port 0 binds a free port (see ApiServer::port()).
-  std::string listen_address = "127.0.0.1:0";
-  std::string model_name;
-  ServiceOptions service;
-  // How often the executor's health is polled for the health service.
-  std::chrono::milliseconds health_poll{1000};
-  // "host:port" of the HTTP API (OpenAI-style routes, /metrics, /health,
-  // /ready); empty: none. ServiceOptions.api_key guards both.
-  std::string http_listen_address;
-  // Most gRPC calls handled at once (each holds a server thread while it
-  // streams); calls beyond it get RESOURCE_EXHAUSTED at once, and the
-  // engine's own queue (max_queued) refuses beyond that.
-  int max_grpc_calls = 512;
-  // Both APIs on TLS when enabled (mutual TLS with a client CA).
-  TlsConfig tls;
-  // See OpenAiApiOptions (metrics_auth needs service.api_key).
-  bool metrics_auth = false;
-  bool metrics_prefix_cache = false;
-};
-
-// A started gRPC server: shardlm.v1.Inference, grpc.health.v1.Health (the
-// overall status "" and "shardlm.v1.Inference": SERVING while the engine's
-// executor is healthy) and server reflection. Shuts down on destruction.
-class ApiServer {
- public:
-  // Builds and starts the server. `engine` and `tokenizer` are not owned
-  // and must outlive the server. Unavailable naming the address when it
-  // cannot be bound.
-  static absl::StatusOr<std::unique_ptr<ApiServer>> Start(
-      Engine* engine, const Tokenizer* tokenizer,
-      const ApiServerOptions& options);
-  ~ApiServer();
-  ApiServer(const ApiServer&) = delete;
-  ApiServer& operator=(const ApiServer&) = delete;
-
-  int port() const { return port_; }
-  // The HTTP API's port; 0 without one.
-  int http_port() const { return http_ == nullptr ? 0 : http_->port(); }
-  // Blocks until Shutdown() (from another thread).
-  void Wait();
-  // Stops accepting calls, gives in-flight ones a second, then cancels them
-  // (a Generate stops within one engine step) and returns when all are
-  // done. Idempotent; called by the destructor.
-  void Shutdown();
-  // A graceful stop: the health service and /ready say not serving at
-  // once, new requests get UNAVAILABLE (HTTP 503), and requests in flight
-  // run to their end. Returns true once none is left, false when `timeout`
-  // passed or `interrupted` said so first; either way then Shutdown()
-  // (which cancels what is left). `interrupted` paces the polling (it may
-  // block up to ~50 ms; null: the loop sleeps 50 ms itself).
-  bool Drain(absl::Duration timeout,
-             const std::function<bool()>& interrupted = nullptr);
-  grpc::Server* server() { return server_.get(); }
-
- private:
-  ApiServer() = default;
-  void WatchHealth(std::chrono::milliseconds poll);
-
-  const Engine* engine_ = nullptr;
-  std::unique_ptr<InferenceService> service_;
-  std::unique_ptr<OpenAiApi> openai_;
-  std::unique_ptr<HttpServer> http_;
-  std::unique_ptr<grpc::Server> server_;
-  int port_ = 0;
-  std::mutex mu_;
-  std::condition_variable stop_cv_;
-  bool stopping_ = false;  // Guarded by mu_.
-  bool recheck_ = false;   // Guarded by mu_: WatchHealth looks again now.
-  std::thread health_thread_;
-};
+// The largest gRPC message a legitimate request needs: a prompt of
+// max_prompt_bytes and, beside it, 2^18 prompt_token_ids of at most 5 bytes
+// each (token ids take precedence over text, so both may come), 8 stop
+// strings of 256 bytes, 256 stop_token_ids and the scalars, each with its
+// tag and length; rounded up to 64 KiB. A chat request (1 MiB of messages,
+// which exclude prompt and token ids) needs less. gRPC refuses a larger
+// message (RESOURCE_EXHAUSTED) before parsing it.
+size_t MaxGrpcRequestBytes(size_t max_prompt_bytes);
 
 }  // namespace shardlm
 

@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "absl/time/clock.h"
+#include "coordinator/api_server.h"
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "grpcpp/create_channel.h"

@@ -11,6 +11,7 @@
 #include "absl/time/clock.h"
 #include "coordinator/api_key.h"
 #include "coordinator/openai_request_scan.h"
+#include "coordinator/request_ranges.h"
 #include "core/status.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
@@ -39,6 +40,12 @@ std::string Echo(absl::string_view client_text) {
 absl::Status Invalid(auto&&... parts) {
   return absl::InvalidArgumentError(absl::StrCat(parts...));
 }
+
+// What a parsed body costs at most per JSON value: a value is 16 bytes, an
+// array slot up to twice that while the vector grows, an object member a
+// map node with its key (~80 bytes); the strings' bytes are charged
+// separately (at most the body's size).
+constexpr int64_t kDomBytesPerValue = 96;
 
 std::string ErrorJson(const absl::Status& status) {
   const char* type = "server_error";
@@ -135,6 +142,7 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
 // alternatives to report per token (-1: no logprobs).
 absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
                                             const std::string& model_name,
+                                            int64_t context_length,
                                             int* top_n) {
   v1::GenerateRequest req;
   std::string model;
@@ -196,8 +204,14 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   int32_t max_tokens = 0;
   RETURN_IF_ERROR(Get(body, "max_tokens", &max_tokens));
   if (chat) RETURN_IF_ERROR(Get(body, "max_completion_tokens", &max_tokens));
-  if (body.contains("max_tokens") && max_tokens <= 0) {
-    return Invalid("'max_tokens' must be positive");
+  // 0 is "the default" in the proto, an error here: the service's range and
+  // words.
+  const bool max_given =
+      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+      (chat && body.contains("max_completion_tokens") &&
+       !body["max_completion_tokens"].is_null());
+  if (max_given && max_tokens <= 0) {
+    return CheckMaxTokens(max_tokens, context_length);
   }
   req.set_max_tokens(max_tokens);  // 0: the server's default.
 
@@ -213,7 +227,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   v1::SamplingParams& s = *req.mutable_sampling();
   s.set_temperature(static_cast<float>(temperature));
   s.set_top_p(static_cast<float>(top_p));
-  s.set_top_k(top_k < 0 ? -1 : top_k);  // The service refuses negatives.
+  s.set_top_k(top_k);  // The service refuses negatives, as over gRPC.
   s.set_seed(static_cast<uint64_t>(seed));
 
   const Json& stop = body.contains("stop") ? body["stop"] : Json();
@@ -237,17 +251,12 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
     if (top != 0 && !logprobs) {
       return Invalid("'top_logprobs' needs 'logprobs': true");
     }
-    if (top < 0 || top > kMaxLogprobs) {
-      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
-    }
+    RETURN_IF_ERROR(CheckLogprobs(top));
     if (logprobs) *top_n = top;
   } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
     int32_t top = 0;
     RETURN_IF_ERROR(Get(body, "logprobs", &top));
-    // The same range and words as the gRPC API's.
-    if (top < 0 || top > kMaxLogprobs) {
-      return Invalid("logprobs must be in [0, ", kMaxLogprobs, "], got ", top);
-    }
+    RETURN_IF_ERROR(CheckLogprobs(top));  // The gRPC API's range and words.
     *top_n = top;
   }
   // The service returns at least one alternative when asked for any.
@@ -341,6 +350,21 @@ OpenAiApi::OpenAiApi(Engine* engine, InferenceService* service,
                      OpenAiApiOptions options)
     : engine_(engine), service_(service), options_(std::move(options)) {}
 
+// What Handle answers a /v1/ request without the key.
+constexpr char kMissingKey[] =
+    "missing or wrong API key (Authorization: Bearer <key>)";
+
+std::optional<HttpRefusal> OpenAiApi::CheckHead(const HttpRequest& head) {
+  if (!absl::StartsWith(head.path, "/v1/") ||
+      ApiKeyMatches(head.Header("authorization"), options_.api_key)) {
+    return std::nullopt;
+  }
+  http_client_error_++;
+  return HttpRefusal{.status = 401,
+                     .body = ErrorJson(absl::UnauthenticatedError(kMissingKey)),
+                     .headers = {{"WWW-Authenticate", "Bearer"}}};
+}
+
 void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   const auto send = [&](int status, const std::string& type,
                         const std::string& body) {
@@ -375,8 +399,7 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   }
   if (!ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
     res.AddHeader("WWW-Authenticate", "Bearer");
-    return fail(absl::UnauthenticatedError(
-        "missing or wrong API key (Authorization: Bearer <key>)"));
+    return fail(absl::UnauthenticatedError(kMissingKey));
   }
   if (req.path == "/v1/models" && get) {
     const Json body = {
@@ -404,19 +427,36 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
 void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const auto fail = [&](const absl::Status& s) {
     (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      res.AddHeader("Retry-After", "1");
+    }
     res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
   };
   // Counts first, keeping nothing: the DOM below costs tens of bytes per
   // element, so a body of millions of tiny elements is refused before it
   // exists.
-  if (absl::Status s = ScanOpenAiRequest(req.body); !s.ok()) return fail(s);
+  OpenAiScanStats scanned;
+  if (absl::Status s = ScanOpenAiRequest(req.body, {}, &scanned); !s.ok()) {
+    return fail(s);
+  }
+  // The DOM, and the request built from it, are paid for before they exist.
+  MemoryShare parse_share;
+  if (options_.memory_budget != nullptr) {
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        static_cast<int64_t>(scanned.values) * kDomBytesPerValue +
+            2 * static_cast<int64_t>(req.body.size()),
+        "parsing the JSON body");
+    if (!share.ok()) return fail(share.status());
+    parse_share = *std::move(share);
+  }
   const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
   if (body.is_discarded() || !body.is_object()) {
     return fail(Invalid("the body is not a JSON object"));
   }
   int top_n = -1;
   absl::StatusOr<v1::GenerateRequest> proto =
-      ToProto(body, chat, options_.model_name, &top_n);
+      ToProto(body, chat, options_.model_name, engine_->config().context_length,
+              &top_n);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
@@ -526,7 +566,7 @@ absl::Status OpenAiApi::Ready() {
   // Making progress: with requests in the engine, steps advance.
   const SchedulerStats s = engine_->stats();
   const absl::Time now = absl::Now();
-  std::lock_guard<std::mutex> lock(ready_mu_);
+  absl::MutexLock lock(&ready_mu_);
   if (s.steps != last_steps_ || s.running + s.waiting == 0) {
     last_steps_ = s.steps;
     last_progress_ = now;
@@ -598,6 +638,22 @@ std::string OpenAiApi::Metrics() {
          {{"class=\"2xx\"", http_ok_.load()},
           {"class=\"4xx\"", http_client_error_.load()},
           {"class=\"5xx\"", http_server_error_.load()}});
+  if (const MemoryBudget* b = options_.memory_budget; b != nullptr) {
+    metric("shardlm_request_memory_bytes", "gauge",
+           "The memory budget of requests in flight (--request-memory-mb): "
+           "its limit, the bytes taken now, and the most taken at once.",
+           {{"kind=\"limit\"", b->limit()},
+            {"kind=\"in_use\"", b->in_use()},
+            {"kind=\"peak\"", b->peak()}});
+    metric("shardlm_invalid_utf8_total", "counter",
+           "gRPC requests refused (INVALID_ARGUMENT) for invalid UTF-8 in a "
+           "string field.",
+           {{"", service_->invalid_utf8()}});
+    metric("shardlm_request_memory_refused_total", "counter",
+           "Requests refused because their share of the memory budget did "
+           "not fit within 250 ms (429 / RESOURCE_EXHAUSTED).",
+           {{"", b->refused()}});
+  }
   metric("shardlm_kv_slots", "gauge",
          "Token slots of the KV blocks sequences hold, and how many hold a "
          "token (see shardlm_kv_fragmentation_ratio).",
@@ -631,6 +687,9 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
   if (options.probe_paths.empty()) {
     options.probe_paths = {"/health", "/ready", "/metrics"};
   }
+  options.head_check = [api](const HttpRequest& head) {
+    return api->CheckHead(head);
+  };
   return HttpServer::Start(std::move(options),
                            [api](const HttpRequest& req, HttpResponse& res) {
                              api->Handle(req, res);

@@ -10,13 +10,16 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
-#include <mutex>
+#include <optional>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
+#include "coordinator/memory_budget.h"
 
 namespace shardlm {
 
@@ -34,6 +37,9 @@ struct OpenAiApiOptions {
   // can read the counters learns, by sending a prompt and watching them,
   // whether someone sent the same beginning before.
   bool metrics_prefix_cache = false;
+  // When set (not owned), a body's parse is charged to it before the DOM is
+  // built, and /metrics shows it.
+  MemoryBudget* memory_budget = nullptr;
 };
 
 // Thread-safe; `engine` and `service` are not owned and must outlive it.
@@ -44,6 +50,9 @@ class OpenAiApi {
 
   // An HttpHandler.
   void Handle(const HttpRequest& request, HttpResponse& response);
+  // An HttpHeadCheck: a request to /v1/ without the API key (when one is
+  // set) is refused before its body is read, with the 401 Handle would send.
+  std::optional<HttpRefusal> CheckHead(const HttpRequest& head);
 
   // The Prometheus text exposition of the engine's figures.
   std::string Metrics();
@@ -58,9 +67,9 @@ class OpenAiApi {
   InferenceService* service_;
   OpenAiApiOptions options_;
   std::atomic<int64_t> next_id_{0};
-  std::mutex ready_mu_;
-  int64_t last_steps_ = -1;   // Guarded by ready_mu_.
-  absl::Time last_progress_;  // Guarded by ready_mu_.
+  absl::Mutex ready_mu_;
+  int64_t last_steps_ ABSL_GUARDED_BY(ready_mu_) = -1;
+  absl::Time last_progress_ ABSL_GUARDED_BY(ready_mu_);
   // Counters by outcome, for /metrics.
   std::atomic<int64_t> http_ok_{0}, http_client_error_{0},
       http_server_error_{0};

@@ -2,6 +2,7 @@
 
 #include <openssl/err.h>
 #include <openssl/pem.h>
+#include <openssl/ssl.h>
 #include <openssl/x509.h>
 
 #include <fstream>
@@ -10,6 +11,79 @@
 #include "absl/strings/str_cat.h"
 
 namespace shardlm {
+namespace {
+
+// An OpenSSL BIO over PEM text.
+struct PemBio {
+  explicit PemBio(const std::string& pem)
+      : bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()))) {}
+  ~PemBio() { BIO_free(bio); }
+  BIO* bio;
+};
+
+std::string OpenSslError() {
+  const unsigned long e = ERR_get_error();
+  ERR_clear_error();
+  if (e == 0) return "unknown error";
+  char text[256];
+  ERR_error_string_n(e, text, sizeof(text));
+  return text;
+}
+
+}  // namespace
+
+absl::StatusOr<SSL_CTX*> NewServerTlsContext(const TlsConfig& tls) {
+  SSL_CTX* ctx = SSL_CTX_new(TLS_server_method());
+  if (ctx == nullptr) return absl::InternalError("SSL_CTX_new failed");
+  const auto fail = [&](const std::string& what) {
+    SSL_CTX_free(ctx);
+    return absl::InvalidArgumentError(
+        absl::StrCat("TLS: ", what, ": ", OpenSslError()));
+  };
+  SSL_CTX_set_min_proto_version(ctx, TLS1_2_VERSION);
+  SSL_CTX_set_mode(
+      ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+  {
+    PemBio in(tls.cert_chain_pem);
+    X509* cert = PEM_read_bio_X509_AUX(in.bio, nullptr, nullptr, nullptr);
+    if (cert == nullptr || SSL_CTX_use_certificate(ctx, cert) != 1) {
+      X509_free(cert);
+      return fail("the certificate (--tls-cert) does not load");
+    }
+    X509_free(cert);
+    while (X509* extra = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
+      if (SSL_CTX_add_extra_chain_cert(ctx, extra) != 1) {
+        X509_free(extra);
+        return fail("a chain certificate in --tls-cert does not load");
+      }
+    }
+    ERR_clear_error();  // The end of the PEM text.
+  }
+  {
+    PemBio in(tls.private_key_pem);
+    EVP_PKEY* key = PEM_read_bio_PrivateKey(in.bio, nullptr, nullptr, nullptr);
+    const bool ok = key != nullptr && SSL_CTX_use_PrivateKey(ctx, key) == 1;
+    EVP_PKEY_free(key);
+    if (!ok) return fail("the key (--tls-key) does not load");
+  }
+  if (SSL_CTX_check_private_key(ctx) != 1) {
+    return fail("--tls-key does not match --tls-cert");
+  }
+  if (!tls.client_ca_pem.empty()) {
+    X509_STORE* store = SSL_CTX_get_cert_store(ctx);
+    PemBio in(tls.client_ca_pem);
+    int loaded = 0;
+    while (X509* ca = PEM_read_bio_X509(in.bio, nullptr, nullptr, nullptr)) {
+      loaded += X509_STORE_add_cert(store, ca) == 1;
+      X509_free(ca);
+    }
+    ERR_clear_error();
+    if (loaded == 0) return fail("no certificate in --tls-client-ca");
+    SSL_CTX_set_verify(ctx, SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT,
+                       nullptr);
+  }
+  return ctx;
+}
 
 absl::Status CheckKeyPair(const std::string& cert_pem,
                           const std::string& key_pem,

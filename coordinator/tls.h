@@ -7,6 +7,9 @@
 
 #include "absl/status/statusor.h"
 
+// OpenSSL's SSL_CTX, without its headers.
+typedef struct ssl_ctx_st SSL_CTX;
+
 namespace shardlm {
 
 // PEM texts; all empty: plaintext.
@@ -44,6 +47,14 @@ absl::Status CheckCertificates(const std::string& pem, const std::string& what);
 absl::StatusOr<TlsConfig> LoadTlsConfig(const std::string& cert_file,
                                         const std::string& key_file,
                                         const std::string& client_ca_file);
+
+// A server context for `tls` (enabled()): TLS 1.2 and later, its
+// certificate chain and key (which must match), and with a client CA,
+// peers must present a certificate it signed. Partial writes and moving
+// write buffers are allowed (for non-blocking sockets). The caller owns the
+// context (SSL_CTX_free). InvalidArgument naming the flag when a PEM text
+// does not load.
+absl::StatusOr<SSL_CTX*> NewServerTlsContext(const TlsConfig& tls);
 
 }  // namespace shardlm
 

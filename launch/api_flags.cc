@@ -23,6 +23,14 @@ void ApiFlags::Register(FlagSet& flags) {
   flags.Add("metrics-prefix-cache", &metrics_prefix_cache,
             "show the prefix cache's hits on /metrics (off: whoever reads "
             "them could learn whether another user sent a prompt)");
+  flags.Add("request-memory-mb", &request_memory_mb,
+            "MiB that requests in flight may cost the server (bodies, "
+            "parsing, tokenizing, queued prompts); past it a request waits "
+            "250 ms, then gets 429 / RESOURCE_EXHAUSTED. 0: an eighth of "
+            "the machine's (or cgroup's) memory, within 256 MiB..16 GiB");
+  flags.Add("idle-thread-timeout-s", &idle_thread_timeout_s,
+            "HTTP pool threads above the base (4) exit after this many "
+            "seconds without work");
 }
 
 absl::StatusOr<TlsConfig> ApiFlags::LoadTls() const {
@@ -37,6 +45,12 @@ std::string ApiFlags::Problem() const {
     return "--max-grpc-calls must be in [1, 100000]";
   }
   if (drain_timeout_s < 0) return "--drain-timeout-s must be >= 0";
+  if (request_memory_mb < 0 || request_memory_mb > (int64_t{1} << 30)) {
+    return "--request-memory-mb must be in [0, 2^30] (0: the default)";
+  }
+  if (idle_thread_timeout_s < 1 || idle_thread_timeout_s > 86400) {
+    return "--idle-thread-timeout-s must be in [1, 86400]";
+  }
   return "";
 }
 
@@ -47,6 +61,8 @@ void ApiFlags::Apply(ApiServerOptions& options, TlsConfig tls) const {
   options.metrics_auth = metrics_auth;
   options.metrics_prefix_cache = metrics_prefix_cache;
   options.tls = std::move(tls);
+  options.request_memory_bytes = request_memory_mb << 20;
+  options.idle_thread_timeout = std::chrono::seconds(idle_thread_timeout_s);
 }
 
 }  // namespace shardlm

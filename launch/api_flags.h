@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "coordinator/inference_service.h"
+#include "coordinator/api_server.h"
 #include "launch/flags.h"
 
 namespace shardlm {
@@ -18,10 +18,13 @@ struct ApiFlags {
   std::string tls_cert, tls_key, tls_client_ca;
   bool metrics_auth = false;
   bool metrics_prefix_cache = false;
+  // 0: MemoryBudget::DefaultLimitBytes() (an eighth of memory, clamped).
+  int64_t request_memory_mb = 0;
+  int64_t idle_thread_timeout_s = 10;
 
   // Adds --max-client-priority, --max-grpc-calls, --drain-timeout-s,
-  // --tls-cert, --tls-key, --tls-client-ca, --metrics-auth and
-  // --metrics-prefix-cache.
+  // --tls-cert, --tls-key, --tls-client-ca, --metrics-auth,
+  // --metrics-prefix-cache, --request-memory-mb and --idle-thread-timeout-s.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   std::string Problem() const;

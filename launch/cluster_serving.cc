@@ -9,9 +9,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/api_server.h"
 #include "coordinator/engine.h"
 #include "coordinator/http_server.h"
-#include "coordinator/inference_service.h"
 #include "coordinator/remote_executor.h"
 #include "core/secret.h"
 #include "core/status.h"

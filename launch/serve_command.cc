@@ -6,8 +6,8 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/api_server.h"
 #include "coordinator/engine.h"
-#include "coordinator/inference_service.h"
 #include "launch/api_flags.h"
 #include "launch/commands.h"
 #include "launch/drain.h"

@@ -177,11 +177,31 @@ struct BpeTokenizer::Scratch {
   };
   std::vector<Symbol> symbols;
   std::vector<Candidate> heap;
-  std::vector<std::string_view> pieces;
 };
 
 void BpeTokenizer::EncodePiece(std::string_view piece, Scratch* scratch,
                                std::vector<int32_t>* ids) const {
+  // A piece longer than kMaxMergedPieceBytes is merged in cuts of at most
+  // that many bytes, each ending at a UTF-8 boundary (as llama.cpp bounds
+  // its work on one word): the merge state costs ~40 bytes per byte of a
+  // cut, not of a whole 1 MiB word. Tokens are those of the whole piece for
+  // every piece up to the bound (tests/reference/check_tokenizer.py).
+  while (piece.size() > kMaxMergedPieceBytes) {
+    size_t cut = kMaxMergedPieceBytes;
+    // Back off over continuation bytes (at most 3) to a code point's start.
+    for (int k = 0;
+         k < 3 && (static_cast<unsigned char>(piece[cut]) & 0xC0) == 0x80;
+         ++k) {
+      --cut;
+    }
+    EncodeMerged(piece.substr(0, cut), scratch, ids);
+    piece.remove_prefix(cut);
+  }
+  EncodeMerged(piece, scratch, ids);
+}
+
+void BpeTokenizer::EncodeMerged(std::string_view piece, Scratch* scratch,
+                                std::vector<int32_t>* ids) const {
   if (ignore_merges_) {
     auto it = token_ids_.find(ByteLevelEncode(piece));
     if (it != token_ids_.end()) {
@@ -243,10 +263,10 @@ void BpeTokenizer::EncodeOrdinary(std::string_view text,
     normalized = NormalizeNfc(text);
     text = normalized;
   }
-  PreTokenize(text, pre_, &scratch.pieces);
-  for (std::string_view piece : scratch.pieces) {
+  // Each piece is merged as the pre-tokenizer finds it: no list of pieces.
+  ForEachPiece(text, pre_, [&](std::string_view piece) {
     EncodePiece(piece, &scratch, ids);
-  }
+  });
 }
 
 std::vector<int32_t> BpeTokenizer::Encode(std::string_view text) const {

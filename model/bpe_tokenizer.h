@@ -60,6 +60,10 @@ struct BpeConfig {
 // Immutable after Create; all methods are thread-safe.
 class BpeTokenizer : public Tokenizer {
  public:
+  // Pieces longer than this are merged in cuts of at most this many bytes
+  // (see EncodePiece); tokens are exact for every piece up to it.
+  static constexpr size_t kMaxMergedPieceBytes = 16 * 1024;
+
   // InvalidArgument naming the problem when a merge refers to a token not
   // in the vocabulary or an id is out of range.
   static absl::StatusOr<std::unique_ptr<BpeTokenizer>> Create(BpeConfig config);
@@ -86,9 +90,13 @@ class BpeTokenizer : public Tokenizer {
   BpeTokenizer(const BpeTokenizer&) = delete;
   BpeTokenizer& operator=(const BpeTokenizer&) = delete;
   struct Scratch;
-  // Appends the BPE tokens of one pre-tokenized piece (raw bytes).
+  // Appends the BPE tokens of one pre-tokenized piece (raw bytes), merged
+  // in cuts of at most kMaxMergedPieceBytes.
   void EncodePiece(std::string_view piece, Scratch* scratch,
                    std::vector<int32_t>* ids) const;
+  // Appends the BPE tokens of `piece` merged whole.
+  void EncodeMerged(std::string_view piece, Scratch* scratch,
+                    std::vector<int32_t>* ids) const;
   // Appends the tokens of text that holds no added token.
   void EncodeOrdinary(std::string_view text, std::vector<int32_t>* ids) const;
 

@@ -5,14 +5,6 @@
 namespace shardlm {
 namespace {
 
-struct CodePoint {
-  size_t offset;  // Byte offset in the text.
-  uint32_t cp;    // kInvalidCodePointBase + byte for an invalid byte.
-  CharClass cls;
-};
-
-bool IsNewline(const CodePoint& c) { return c.cp == '\r' || c.cp == '\n'; }
-
 CharClass Classify(uint32_t cp) {
   if (cp < 0x80) {
     if (cp == ' ' || (cp >= 0x09 && cp <= 0x0D)) return CharClass::kSpace;
@@ -32,161 +24,151 @@ uint32_t FoldContractionLetter(uint32_t cp, bool ignore_case) {
   return ignore_case && cp >= 'A' && cp <= 'Z' ? (cp | 0x20) : cp;
 }
 
-// 's|'t|'re|'ve|'m|'ll|'d at cps[i], case-insensitively when `ignore_case`;
-// *len is the match length in code points.
-bool IsContractionAt(const std::vector<CodePoint>& cps, size_t i, size_t end,
-                     bool ignore_case, size_t* len) {
-  if (cps[i].cp != '\'' || i + 1 >= end) return false;
-  const uint32_t c1 = FoldContractionLetter(cps[i + 1].cp, ignore_case);
-  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') {
-    *len = 2;
-    return true;
+// The text's code points, decoded where they are looked at: positions are
+// byte offsets, so going back to one is free and nothing is kept (a 1 MiB
+// word costs no memory here; each code point is decoded a few times, as
+// the splitters look ahead by at most two).
+class Cursor {
+ public:
+  // With `stop_at_numbers`, the splitter's text ends before the next \p{N}
+  // (smollm runs the GPT-2 regex on the stretches between numbers).
+  Cursor(std::string_view text, bool stop_at_numbers)
+      : text_(text), stop_at_numbers_(stop_at_numbers) {}
+
+  // Whether a code point starts at `pos` inside the splitter's text.
+  bool In(size_t pos) const {
+    return pos < text_.size() &&
+           !(stop_at_numbers_ && Class(pos) == CharClass::kNumber);
   }
-  if (i + 2 >= end) return false;
-  const uint32_t c2 = FoldContractionLetter(cps[i + 2].cp, ignore_case);
+  uint32_t Cp(size_t pos) const {
+    size_t p = pos;
+    return NextCodePoint(text_, &p);
+  }
+  CharClass Class(size_t pos) const { return Classify(Cp(pos)); }
+  // The offset after the code point at `pos`.
+  size_t Next(size_t pos) const {
+    NextCodePoint(text_, &pos);
+    return pos;
+  }
+  bool IsNewline(size_t pos) const {
+    const uint32_t cp = Cp(pos);
+    return cp == '\r' || cp == '\n';
+  }
+  std::string_view text() const { return text_; }
+
+ private:
+  std::string_view text_;
+  bool stop_at_numbers_;
+};
+
+// 's|'t|'re|'ve|'m|'ll|'d at `i`, case-insensitively when `ignore_case`;
+// the offset after the match, or 0 when there is none.
+size_t ContractionEnd(const Cursor& c, size_t i, bool ignore_case) {
+  if (c.Cp(i) != '\'') return 0;
+  const size_t i1 = c.Next(i);
+  if (!c.In(i1)) return 0;
+  const uint32_t c1 = FoldContractionLetter(c.Cp(i1), ignore_case);
+  const size_t i2 = c.Next(i1);
+  if (c1 == 's' || c1 == 't' || c1 == 'm' || c1 == 'd') return i2;
+  if (!c.In(i2)) return 0;
+  const uint32_t c2 = FoldContractionLetter(c.Cp(i2), ignore_case);
   if ((c1 == 'r' && c2 == 'e') || (c1 == 'v' && c2 == 'e') ||
       (c1 == 'l' && c2 == 'l')) {
-    *len = 3;
-    return true;
+    return c.Next(i2);
   }
-  return false;
+  return 0;
 }
 
-// Appends text[cps[from].offset, cps[to].offset) to *pieces.
-void Emit(const std::vector<CodePoint>& cps, std::string_view text, size_t from,
-          size_t to, std::vector<std::string_view>* pieces) {
-  const size_t b = cps[from].offset;
-  const size_t e = to < cps.size() ? cps[to].offset : text.size();
-  pieces->push_back(text.substr(b, e - b));
-}
-
-// The GPT-2 regex over code points [begin, end) of `cps`. Alternatives are
-// tried in regex order at each position, as a backtracking engine would.
-void SplitGpt2(const std::vector<CodePoint>& cps, std::string_view text,
-               size_t begin, size_t end,
-               std::vector<std::string_view>* pieces) {
-  auto emit = [&](size_t from, size_t to) {
-    Emit(cps, text, from, to, pieces);
-  };
-  size_t i = begin;
-  while (i < end) {
-    size_t len = 0;
-    // 's|'t|'re|'ve|'m|'ll|'d
-    if (IsContractionAt(cps, i, end, /*ignore_case=*/false, &len)) {
-      emit(i, i + len);
-      i += len;
-      continue;
-    }
-    // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': a run of one class, with one
-    // optional U+0020 in front.
-    size_t j = i;
-    if (cps[i].cp == ' ' && i + 1 < end &&
-        cps[i + 1].cls != CharClass::kSpace) {
-      j = i + 1;
-    }
-    if (cps[j].cls != CharClass::kSpace) {
-      const CharClass cls = cps[j].cls;
-      size_t k = j + 1;
-      while (k < end && cps[k].cls == cls) ++k;
-      emit(i, k);
-      i = k;
-      continue;
-    }
-    // '\s+(?!\S)|\s+': the whole whitespace run at the end of the text;
-    // otherwise all of it but the last one, which may prefix the next word;
-    // a single whitespace before a non-space stands alone.
-    size_t r = i + 1;
-    while (r < end && cps[r].cls == CharClass::kSpace) ++r;
-    size_t stop = r;
-    if (r < end && r - i >= 2) stop = r - 1;
-    emit(i, stop);
-    i = stop;
+// One piece of the GPT-2 regex at `i` (In(i)); the offset where it ends.
+// Alternatives are tried in regex order, as a backtracking engine would.
+size_t Gpt2PieceEnd(const Cursor& c, size_t i) {
+  // 's|'t|'re|'ve|'m|'ll|'d
+  if (const size_t end = ContractionEnd(c, i, /*ignore_case=*/false)) {
+    return end;
   }
+  // ' ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+': a run of one class, with one
+  // optional U+0020 in front.
+  size_t j = i;
+  const size_t i1 = c.Next(i);
+  if (c.Cp(i) == ' ' && c.In(i1) && c.Class(i1) != CharClass::kSpace) j = i1;
+  const CharClass cls = c.Class(j);
+  if (cls != CharClass::kSpace) {
+    size_t k = c.Next(j);
+    while (c.In(k) && c.Class(k) == cls) k = c.Next(k);
+    return k;
+  }
+  // '\s+(?!\S)|\s+': the whole whitespace run at the end of the text;
+  // otherwise all of it but the last one, which may prefix the next word;
+  // a single whitespace before a non-space stands alone.
+  size_t last = i;  // The run's last code point.
+  size_t r = i1;
+  while (c.In(r) && c.Class(r) == CharClass::kSpace) {
+    last = r;
+    r = c.Next(r);
+  }
+  if (c.In(r) && last != i) return last;
+  return r;
 }
 
-// The Llama 3 regex (Qwen2's when max_digits is 1) over all of `cps`:
+// One piece of the Llama 3 regex (Qwen2's when max_digits is 1) at `i`:
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-// Alternatives are tried in regex order at each position; each branch
-// below is what the first matching alternative takes there.
-void SplitLlama3(const std::vector<CodePoint>& cps, std::string_view text,
-                 size_t max_digits, std::vector<std::string_view>* pieces) {
-  const size_t end = cps.size();
-  size_t i = 0;
-  while (i < end) {
-    const CharClass cls = cps[i].cls;
-    size_t len = 0;
-    // (?i:'s|'t|'re|'ve|'m|'ll|'d)
-    if (IsContractionAt(cps, i, end, /*ignore_case=*/true, &len)) {
-      Emit(cps, text, i, i + len, pieces);
-      i += len;
-      continue;
-    }
-    // [^\r\n\p{L}\p{N}]?\p{L}+: a letter run, with one code point in front
-    // that is neither a letter, a number nor CR/LF (a space, a tab,
-    // punctuation...).
-    size_t j = i;
-    if (cls != CharClass::kLetter && cls != CharClass::kNumber &&
-        !IsNewline(cps[i]) && i + 1 < end &&
-        cps[i + 1].cls == CharClass::kLetter) {
-      j = i + 1;
-    }
-    if (cps[j].cls == CharClass::kLetter) {
-      size_t k = j + 1;
-      while (k < end && cps[k].cls == CharClass::kLetter) ++k;
-      Emit(cps, text, i, k, pieces);
-      i = k;
-      continue;
-    }
-    // \p{N}{1,3}
-    if (cls == CharClass::kNumber) {
-      size_t k = i + 1;
-      while (k < end && k - i < max_digits &&
-             cps[k].cls == CharClass::kNumber) {
-        ++k;
-      }
-      Emit(cps, text, i, k, pieces);
-      i = k;
-      continue;
-    }
-    // ' ?[^\s\p{L}\p{N}]+[\r\n]*': a run of other code points, with one
-    // optional U+0020 in front and the CR/LF run after it.
-    j = i;
-    if (cps[i].cp == ' ' && i + 1 < end &&
-        cps[i + 1].cls == CharClass::kOther) {
-      j = i + 1;
-    }
-    if (cps[j].cls == CharClass::kOther) {
-      size_t k = j + 1;
-      while (k < end && cps[k].cls == CharClass::kOther) ++k;
-      while (k < end && IsNewline(cps[k])) ++k;
-      Emit(cps, text, i, k, pieces);
-      i = k;
-      continue;
-    }
-    // cps[i] is whitespace; [i, r) is its run.
-    size_t r = i + 1;
-    while (r < end && cps[r].cls == CharClass::kSpace) ++r;
-    // \s*[\r\n]+: \s* backs off from the end of the run until [\r\n]+
-    // matches, so the piece ends just after the run's last CR/LF.
-    size_t last_newline = r;
-    for (size_t k = r; k > i; --k) {
-      if (IsNewline(cps[k - 1])) {
-        last_newline = k - 1;
-        break;
-      }
-    }
-    if (last_newline < r) {
-      Emit(cps, text, i, last_newline + 1, pieces);
-      i = last_newline + 1;
-      continue;
-    }
-    // \s+(?!\S)|\s+: as in GPT-2's regex.
-    size_t stop = r;
-    if (r < end && r - i >= 2) stop = r - 1;
-    Emit(cps, text, i, stop, pieces);
-    i = stop;
+// Alternatives are tried in regex order; each branch below is what the
+// first matching alternative takes there.
+size_t Llama3PieceEnd(const Cursor& c, size_t i, size_t max_digits) {
+  const CharClass cls = c.Class(i);
+  // (?i:'s|'t|'re|'ve|'m|'ll|'d)
+  if (const size_t end = ContractionEnd(c, i, /*ignore_case=*/true)) {
+    return end;
   }
+  const size_t i1 = c.Next(i);
+  // [^\r\n\p{L}\p{N}]?\p{L}+: a letter run, with one code point in front
+  // that is neither a letter, a number nor CR/LF (a space, a tab,
+  // punctuation...).
+  size_t j = i;
+  if (cls != CharClass::kLetter && cls != CharClass::kNumber &&
+      !c.IsNewline(i) && c.In(i1) && c.Class(i1) == CharClass::kLetter) {
+    j = i1;
+  }
+  if (c.Class(j) == CharClass::kLetter) {
+    size_t k = c.Next(j);
+    while (c.In(k) && c.Class(k) == CharClass::kLetter) k = c.Next(k);
+    return k;
+  }
+  // \p{N}{1,3}
+  if (cls == CharClass::kNumber) {
+    size_t k = i1;
+    for (size_t n = 1;
+         n < max_digits && c.In(k) && c.Class(k) == CharClass::kNumber; ++n) {
+      k = c.Next(k);
+    }
+    return k;
+  }
+  // ' ?[^\s\p{L}\p{N}]+[\r\n]*': a run of other code points, with one
+  // optional U+0020 in front and the CR/LF run after it.
+  j = i;
+  if (c.Cp(i) == ' ' && c.In(i1) && c.Class(i1) == CharClass::kOther) j = i1;
+  if (c.Class(j) == CharClass::kOther) {
+    size_t k = c.Next(j);
+    while (c.In(k) && c.Class(k) == CharClass::kOther) k = c.Next(k);
+    while (c.In(k) && c.IsNewline(k)) k = c.Next(k);
+    return k;
+  }
+  // `i` is whitespace; [i, r) is its run, `last` its last code point.
+  // \s*[\r\n]+: \s* backs off from the end of the run until [\r\n]+
+  // matches, so the piece ends just after the run's last CR/LF.
+  size_t last = i;
+  size_t after_newline = c.IsNewline(i) ? i1 : 0;
+  size_t r = i1;
+  while (c.In(r) && c.Class(r) == CharClass::kSpace) {
+    last = r;
+    r = c.Next(r);
+    if (c.IsNewline(last)) after_newline = r;
+  }
+  if (after_newline != 0) return after_newline;
+  // \s+(?!\S)|\s+: as in GPT-2's regex.
+  if (c.In(r) && last != i) return last;
+  return r;
 }
 
 }  // namespace
@@ -247,38 +229,40 @@ uint32_t NextCodePoint(std::string_view text, size_t* pos) {
   return cp;
 }
 
+void ForEachPiece(std::string_view text, PreTokenizerKind kind,
+                  const std::function<void(std::string_view)>& piece) {
+  const bool smollm = kind == PreTokenizerKind::kSmollm;
+  const Cursor cursor(text, /*stop_at_numbers=*/smollm);
+  size_t i = 0;
+  while (i < text.size()) {
+    size_t end;
+    switch (kind) {
+      case PreTokenizerKind::kLlama3:
+        end = Llama3PieceEnd(cursor, i, /*max_digits=*/3);
+        break;
+      case PreTokenizerKind::kQwen2:
+        end = Llama3PieceEnd(cursor, i, /*max_digits=*/1);
+        break;
+      case PreTokenizerKind::kSmollm:
+        // Each number code point is a piece of its own; the GPT-2 regex
+        // runs on the stretches between them.
+        end = cursor.Class(i) == CharClass::kNumber ? cursor.Next(i)
+                                                    : Gpt2PieceEnd(cursor, i);
+        break;
+      case PreTokenizerKind::kGpt2:
+      default:
+        end = Gpt2PieceEnd(cursor, i);
+        break;
+    }
+    piece(text.substr(i, end - i));
+    i = end;
+  }
+}
+
 void PreTokenize(std::string_view text, PreTokenizerKind kind,
                  std::vector<std::string_view>* pieces) {
-  std::vector<CodePoint> cps;
-  cps.reserve(text.size());
-  for (size_t pos = 0; pos < text.size();) {
-    const size_t offset = pos;
-    const uint32_t cp = NextCodePoint(text, &pos);
-    cps.push_back({offset, cp, Classify(cp)});
-  }
-  switch (kind) {
-    case PreTokenizerKind::kGpt2:
-      SplitGpt2(cps, text, 0, cps.size(), pieces);
-      return;
-    case PreTokenizerKind::kLlama3:
-      SplitLlama3(cps, text, /*max_digits=*/3, pieces);
-      return;
-    case PreTokenizerKind::kQwen2:
-      SplitLlama3(cps, text, /*max_digits=*/1, pieces);
-      return;
-    case PreTokenizerKind::kSmollm:
-      break;
-  }
-  // smollm: each number code point is a piece of its own; the regex runs
-  // on the stretches between them.
-  size_t begin = 0;
-  for (size_t i = 0; i < cps.size(); ++i) {
-    if (cps[i].cls != CharClass::kNumber) continue;
-    SplitGpt2(cps, text, begin, i, pieces);
-    SplitGpt2(cps, text, i, i + 1, pieces);
-    begin = i + 1;
-  }
-  SplitGpt2(cps, text, begin, cps.size(), pieces);
+  ForEachPiece(text, kind,
+               [pieces](std::string_view p) { pieces->push_back(p); });
 }
 
 }  // namespace shardlm

@@ -5,6 +5,7 @@
 #define SHARDLM_MODEL_PRETOKENIZER_H_
 
 #include <cstdint>
+#include <functional>
 #include <string_view>
 #include <vector>
 
@@ -39,8 +40,14 @@ const char* PreTokenizerName(PreTokenizerKind kind);
 // Requires *pos < text.size().
 uint32_t NextCodePoint(std::string_view text, size_t* pos);
 
-// Appends the pieces of `text` to *pieces; they are views into `text` and
-// concatenate back to it. Thread-safe.
+// Calls `piece` with each piece of `text` in order: views into `text` that
+// concatenate back to it. Code points are decoded as they are looked at,
+// so this costs no memory beyond the callback's (issue 39: a 1 MiB word
+// must not cost tens of bytes per byte). Thread-safe.
+void ForEachPiece(std::string_view text, PreTokenizerKind kind,
+                  const std::function<void(std::string_view)>& piece);
+
+// Appends the pieces of `text` to *pieces (ForEachPiece). Thread-safe.
 void PreTokenize(std::string_view text, PreTokenizerKind kind,
                  std::vector<std::string_view>* pieces);
 

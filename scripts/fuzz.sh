@@ -10,7 +10,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TARGETS=(fuzz_gguf fuzz_safetensors fuzz_tokenizer_json
-  fuzz_tokenizer_roundtrip fuzz_stop_strings fuzz_http_api fuzz_step_plan)
+  fuzz_tokenizer_roundtrip fuzz_stop_strings fuzz_http_api fuzz_grpc_api
+  fuzz_step_plan)
 [ "$#" -gt 0 ] && TARGETS=("$@")
 SECONDS_EACH=${FUZZ_SECONDS:-30}
 # libFuzzer's mutation seed: fixed by default, so that a run explores the

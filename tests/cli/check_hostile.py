@@ -256,8 +256,9 @@ def grpc_cases() -> list[tuple[str, str, bytes, grpc.StatusCode]]:
     gen, tok = "/shardlm.v1.Inference/Generate", "/shardlm.v1.Inference/Tokenize"
     ok_tail = field(3, 1)  # max_tokens 1
     return [
+        # Issue 39: the proto promises INVALID_ARGUMENT (it was INTERNAL).
         ("gRPC prompt of invalid UTF-8", gen, field(1, b"\xff\xfe") + ok_tail,
-         grpc.StatusCode.INTERNAL),
+         grpc.StatusCode.INVALID_ARGUMENT),
         ("gRPC prompt of 2 MiB", gen, field(1, b"a" * (2 << 20)) + ok_tail,
          grpc.StatusCode.INVALID_ARGUMENT),
         ("gRPC message over 4 MiB", gen, field(1, b"a" * (5 << 20)),

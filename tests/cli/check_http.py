@@ -320,7 +320,8 @@ def main() -> int:
             ("top_p 2", "/v1/completions", dict(ok_req, top_p=2), None, 400,
              "top_p must be in (0, 1]"),
             ("max_tokens -5", "/v1/completions", dict(ok_req, max_tokens=-5),
-             None, 400, "'max_tokens' must be positive"),
+             # Issue 39: the gRPC API's range and words.
+             None, 400, "max_tokens must be in [1, "),
             ("max_tokens a string", "/v1/completions",
              dict(ok_req, max_tokens="9"), None, 400,
              "'max_tokens' has the wrong type"),

@@ -1,11 +1,11 @@
 // One HTTP request (head, blank line, body) through the head check the
-// server runs on every request before httplib sees it (ParseHttpHead: the
-// bytes, the framing) and the OpenAI-style handlers (/v1/completions, chat,
+// server runs on every request (ParseHttpHead: the bytes, the framing) and
+// the OpenAI-style handlers (/v1/completions, chat,
 // models, tokenize, metrics, probes) over a tiny random model with
 // SmolLM2's tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's
 // models/ copy). Every request gets one well-formed response; none may
-// crash. (httplib then parses only a normalised head the server writes
-// itself; see coordinator/http_server.h.)
+// crash. The heap each input costs is
+// metered (alloc_meter.h): at most 32 times its size plus kAllowance.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +19,7 @@
 #include "coordinator/openai_api.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
+#include "tests/fuzz/alloc_meter.h"
 
 namespace {
 
@@ -105,8 +106,14 @@ Server& Tiny() {
 
 }  // namespace
 
+// What any request may cost beyond 32 bytes per byte of it: a generation's
+// fixed parts (the engine's per-request state and step buffers for at most
+// the 48-token context, the response's JSON), and the 256-byte echoes.
+constexpr int64_t kAllowance = 4 << 20;
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Server& server = Tiny();
+  const shardlm::fuzz::AllocMeter meter;
   const std::string input(reinterpret_cast<const char*>(data), size);
   const size_t end = input.find("\r\n\r\n");
   if (end == std::string::npos) return 0;
@@ -123,5 +130,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   Collect response;
   server.api->Handle(request, response);
   if (response.responses() != 1) std::abort();
+  meter.Check(size, kAllowance, "fuzz_http_api");
   return 0;
 }

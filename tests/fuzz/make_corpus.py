@@ -230,6 +230,38 @@ TEXT = ["Hello, world!", "don't stop 1234 56", "  two  spaces\n\ttab",
         "<|eot_id|>"]
 
 
+def grpc_seeds() -> list[bytes]:
+    """fuzz_grpc_api inputs: a selector byte (even: Generate, odd:
+    Tokenize), then a request's wire bytes, hand-encoded (proto3 field
+    numbers of proto/shardlm/v1/inference.proto)."""
+    def varint(n: int) -> bytes:
+        n &= (1 << 64) - 1
+        out = b""
+        while True:
+            b = n & 0x7F
+            n >>= 7
+            out += bytes([b | (0x80 if n else 0)])
+            if not n:
+                return out
+
+    def string(num: int, value: bytes) -> bytes:
+        return varint(num << 3 | 2) + varint(len(value)) + value
+
+    def scalar(num: int, value: int) -> bytes:
+        return varint(num << 3) + varint(value)
+
+    msg = lambda role, content: string(11, string(1, role) +  # noqa: E731
+                                       string(2, content))
+    return [
+        b"\x00" + string(1, b"Once upon a time") + scalar(3, 4),
+        b"\x00" + string(2, bytes([1, 2, 3])) + scalar(3, 2) + scalar(9, 2) +
+        string(8, b"."),
+        b"\x00" + msg(b"system", b"Be brief.") + msg(b"user", b"Hi!") +
+        scalar(3, 3) + string(4, scalar(2, 5) + scalar(4, 7)),
+        b"\x01" + string(1, "h\u00e9llo w\u00f6rld 123".encode()),
+    ]
+
+
 def main() -> int:
     put("fuzz_gguf", "tiny.gguf", gguf_seed())
     put("fuzz_safetensors", "f32.safetensors",
@@ -246,6 +278,8 @@ def main() -> int:
         b"\x02\x03end\x01.\x02\xc3\xa9Once upon a time. The end.")
     for i, r in enumerate(HTTP):
         put("fuzz_http_api", f"req{i}", r)
+    for i, r in enumerate(grpc_seeds()):
+        put("fuzz_grpc_api", f"req{i}", r)
     for i, s in enumerate(step_plan_seeds()):
         put("fuzz_step_plan", f"plan{i}", s)
     print(f"seeds written to {CORPUS}")

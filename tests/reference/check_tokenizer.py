@@ -154,6 +154,24 @@ STRINGS += [
 LOSSY = ["ctrl\x04chars\x13\x14 here", "\x1d\x16"]
 STRINGS += LOSSY
 
+# Long pieces (issue 39): BpeTokenizer merges a piece in cuts of at most
+# 16 KiB (kMaxMergedPieceBytes), so every piece up to 16,384 bytes must
+# still give exactly the reference's tokens: a single word of 16,384 random
+# ASCII letters, one of 8,192 two-byte letters, 16,384 bytes of
+# punctuation, of spaces before a word, and a word just under the bound
+# after text.
+_long = random.Random(39)
+STRINGS += [
+    "".join(_long.choice("abcdefghijklmnopqrstuvwxyzABCDEFGHIJ")
+            for _ in range(16384)),
+    "".join(_long.choice("\u00e9\u00e8\u00fc\u0436\u03bb")
+            for _ in range(8192)),
+    "".join(_long.choice("!?.,;:-") for _ in range(16384)),
+    " " * 16383 + "x",
+    "Some text, then " + "".join(_long.choice("etaoinshrdlu")
+                                 for _ in range(16000)) + " and more.",
+]
+
 
 # Pieces that tell the regexes apart, for random strings.
 ATOMS = [

@@ -1,0 +1,303 @@
+#include "coordinator/grpc_request_scan.h"
+
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+
+namespace shardlm {
+namespace {
+
+enum WireType : uint32_t {
+  kVarint = 0,
+  kFixed64 = 1,
+  kLength = 2,
+  kStartGroup = 3,
+  kEndGroup = 4,
+  kFixed32 = 5,
+};
+
+// Reads protobuf fields off `wire`, one at a time.
+class WireReader {
+ public:
+  explicit WireReader(absl::string_view wire) : wire_(wire) {}
+
+  bool done() const { return pos_ >= wire_.size(); }
+  size_t pos() const { return pos_; }
+
+  // The next field's number and wire type; for a length-delimited field
+  // its bytes, for a varint its value. False when the bytes are malformed.
+  bool Next(uint32_t* number, uint32_t* type, absl::string_view* bytes,
+            uint64_t* value) {
+    uint64_t tag;
+    if (!Varint(&tag)) return false;
+    *number = static_cast<uint32_t>(tag >> 3);
+    *type = static_cast<uint32_t>(tag & 7);
+    if (*number == 0 || (tag >> 3) > 0x1FFFFFFF) return false;
+    switch (*type) {
+      case kVarint:
+        return Varint(value);
+      case kFixed64:
+        return Skip(8);
+      case kFixed32:
+        return Skip(4);
+      case kLength: {
+        uint64_t n;
+        if (!Varint(&n) || n > wire_.size() - pos_) return false;
+        *bytes = wire_.substr(pos_, n);
+        pos_ += n;
+        return true;
+      }
+      default:  // Groups: no client of this API sends them.
+        return false;
+    }
+  }
+
+  bool Varint(uint64_t* v) {
+    *v = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+      if (pos_ >= wire_.size()) return false;
+      const uint8_t b = static_cast<uint8_t>(wire_[pos_++]);
+      *v |= static_cast<uint64_t>(b & 0x7F) << shift;
+      if ((b & 0x80) == 0) return true;
+    }
+    return false;
+  }
+
+ private:
+  bool Skip(size_t n) {
+    if (n > wire_.size() - pos_) return false;
+    pos_ += n;
+    return true;
+  }
+
+  absl::string_view wire_;
+  size_t pos_ = 0;
+};
+
+absl::Status Malformed(absl::string_view message, size_t at) {
+  return absl::InternalError(absl::StrCat(
+      "the request is not a valid ", message, " (malformed at byte ", at, ")"));
+}
+
+absl::Status CheckUtf8(absl::string_view s, absl::string_view field) {
+  const size_t bad = FirstInvalidUtf8(s);
+  if (bad == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(field, " is not valid UTF-8 (byte ", bad, ")"));
+}
+
+// Counts the varints of a packed repeated field; false when malformed.
+bool CountPacked(absl::string_view bytes, int64_t* count) {
+  for (const char c : bytes) {
+    if ((static_cast<uint8_t>(c) & 0x80) == 0) ++*count;
+  }
+  return bytes.empty() || (static_cast<uint8_t>(bytes.back()) & 0x80) == 0;
+}
+
+struct Budget {
+  const GrpcScanLimits& limits;
+  int unknown = 0;
+  // False once there are too many.
+  bool AddUnknown() { return ++unknown <= limits.max_unknown_fields; }
+  absl::Status TooManyUnknown() const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("more than ", limits.max_unknown_fields,
+                     " unknown fields in the request"));
+  }
+};
+
+// A ChatMessage (role 1, content 2) at messages[index].
+absl::Status ScanChatMessage(absl::string_view wire, int64_t index,
+                             Budget& budget) {
+  WireReader r(wire);
+  while (!r.done()) {
+    uint32_t number, type;
+    absl::string_view bytes;
+    uint64_t value;
+    if (!r.Next(&number, &type, &bytes, &value)) {
+      return Malformed("shardlm.v1.ChatMessage", r.pos());
+    }
+    if ((number == 1 || number == 2) && type == kLength) {
+      if (absl::Status s =
+              CheckUtf8(bytes, absl::StrCat("messages[", index, "].",
+                                            number == 1 ? "role" : "content"));
+          !s.ok()) {
+        return s;
+      }
+    } else if (!budget.AddUnknown()) {
+      return budget.TooManyUnknown();
+    }
+  }
+  return absl::OkStatus();
+}
+
+// SamplingParams: temperature 1 (fixed32), top_k 2 (varint), top_p 3
+// (fixed32), seed 4 (varint); anything else is unknown.
+absl::Status ScanSampling(absl::string_view wire, Budget& budget) {
+  WireReader r(wire);
+  while (!r.done()) {
+    uint32_t number, type;
+    absl::string_view bytes;
+    uint64_t value;
+    if (!r.Next(&number, &type, &bytes, &value)) {
+      return Malformed("shardlm.v1.SamplingParams", r.pos());
+    }
+    const bool known = ((number == 1 || number == 3) && type == kFixed32) ||
+                       ((number == 2 || number == 4) && type == kVarint);
+    if (!known && !budget.AddUnknown()) return budget.TooManyUnknown();
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+size_t FirstInvalidUtf8(absl::string_view s) {
+  const auto* p = reinterpret_cast<const uint8_t*>(s.data());
+  const size_t n = s.size();
+  size_t i = 0;
+  while (i < n) {
+    const uint8_t b0 = p[i];
+    if (b0 < 0x80) {
+      ++i;
+      continue;
+    }
+    size_t len = 0;
+    uint8_t lo = 0x80, hi = 0xBF;  // Allowed range of the second byte.
+    if (b0 >= 0xC2 && b0 <= 0xDF) {
+      len = 2;
+    } else if (b0 >= 0xE0 && b0 <= 0xEF) {
+      len = 3;
+      if (b0 == 0xE0) lo = 0xA0;  // Overlong.
+      if (b0 == 0xED) hi = 0x9F;  // Surrogates.
+    } else if (b0 >= 0xF0 && b0 <= 0xF4) {
+      len = 4;
+      if (b0 == 0xF0) lo = 0x90;  // Overlong.
+      if (b0 == 0xF4) hi = 0x8F;  // Past U+10FFFF.
+    } else {
+      return i;
+    }
+    if (i + len > n) return i;
+    if (p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (size_t k = 2; k < len; ++k) {
+      if (p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+    }
+    i += len;
+  }
+  return absl::string_view::npos;
+}
+
+absl::Status ScanGenerateRequest(absl::string_view wire,
+                                 const GrpcScanLimits& limits) {
+  Budget budget{limits};
+  int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0;
+  // Counts first, cheaply; the strings' UTF-8 afterwards, so that a huge
+  // count is refused without reading every element's bytes.
+  WireReader r(wire);
+  while (!r.done()) {
+    uint32_t number, type;
+    absl::string_view bytes;
+    uint64_t value;
+    if (!r.Next(&number, &type, &bytes, &value)) {
+      return Malformed("shardlm.v1.GenerateRequest", r.pos());
+    }
+    bool known = true;
+    switch (number) {
+      case 1:  // prompt
+      case 4:  // sampling
+        known = type == kLength;
+        break;
+      case 2:  // prompt_token_ids
+      case 5:  // stop_token_ids
+        if (type == kLength) {
+          if (!CountPacked(bytes, number == 2 ? &prompt_ids : &stop_ids)) {
+            return Malformed("shardlm.v1.GenerateRequest", r.pos());
+          }
+        } else if (type == kVarint) {
+          ++(number == 2 ? prompt_ids : stop_ids);
+        } else {
+          known = false;
+        }
+        break;
+      case 3:   // max_tokens
+      case 6:   // ignore_eos
+      case 7:   // priority
+      case 9:   // logprobs
+      case 10:  // truncate_prompt_tokens
+        known = type == kVarint;
+        break;
+      case 8:  // stop
+        known = type == kLength;
+        stops += known;
+        break;
+      case 11:  // messages
+        known = type == kLength;
+        messages += known;
+        break;
+      default:
+        known = false;
+    }
+    if (!known && !budget.AddUnknown()) return budget.TooManyUnknown();
+  }
+  const auto too_many = [](int64_t got, int limit, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", limit, " ", what, ", got ", got));
+  };
+  if (stops > limits.max_stop) {
+    return too_many(stops, limits.max_stop, "stop strings");
+  }
+  if (prompt_ids > limits.max_prompt_token_ids) {
+    return too_many(prompt_ids, limits.max_prompt_token_ids,
+                    "prompt_token_ids");
+  }
+  if (stop_ids > limits.max_stop_token_ids) {
+    return too_many(stop_ids, limits.max_stop_token_ids, "stop_token_ids");
+  }
+  if (messages > limits.max_messages) {
+    return too_many(messages, limits.max_messages, "messages");
+  }
+
+  WireReader again(wire);
+  int64_t message = 0, stop = 0;
+  while (!again.done()) {
+    uint32_t number, type;
+    absl::string_view bytes;
+    uint64_t value;
+    again.Next(&number, &type, &bytes, &value);  // Read whole above.
+    if (type != kLength) continue;
+    absl::Status s;
+    if (number == 1) {
+      s = CheckUtf8(bytes, "prompt");
+    } else if (number == 8) {
+      s = CheckUtf8(bytes, absl::StrCat("stop[", stop++, "]"));
+    } else if (number == 11) {
+      s = ScanChatMessage(bytes, message++, budget);
+    } else if (number == 4) {
+      s = ScanSampling(bytes, budget);
+    }
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ScanTokenizeRequest(absl::string_view wire,
+                                 const GrpcScanLimits& limits) {
+  Budget budget{limits};
+  WireReader r(wire);
+  while (!r.done()) {
+    uint32_t number, type;
+    absl::string_view bytes;
+    uint64_t value;
+    if (!r.Next(&number, &type, &bytes, &value)) {
+      return Malformed("shardlm.v1.TokenizeRequest", r.pos());
+    }
+    if (number == 1 && type == kLength) {
+      if (absl::Status s = CheckUtf8(bytes, "text"); !s.ok()) return s;
+    } else if (!budget.AddUnknown()) {
+      return budget.TooManyUnknown();
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace shardlm

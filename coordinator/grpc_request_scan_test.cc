@@ -1,0 +1,136 @@
+#include "coordinator/grpc_request_scan.h"
+
+#include <string>
+
+#include "gtest/gtest.h"
+#include "shardlm/v1/inference.pb.h"
+
+namespace shardlm {
+namespace {
+
+std::string Varint(uint64_t v) {
+  std::string out;
+  do {
+    const uint8_t b = v & 0x7F;
+    v >>= 7;
+    out.push_back(static_cast<char>(b | (v ? 0x80 : 0)));
+  } while (v);
+  return out;
+}
+
+std::string Field(int number, const std::string& bytes) {
+  return Varint(static_cast<uint64_t>(number) << 3 | 2) + Varint(bytes.size()) +
+         bytes;
+}
+
+std::string Scalar(int number, uint64_t value) {
+  return Varint(static_cast<uint64_t>(number) << 3) + Varint(value);
+}
+
+TEST(GrpcRequestScanTest, AcceptsWhatTheServiceAccepts) {
+  v1::GenerateRequest req;
+  req.set_prompt("h\xC3\xA9llo \xF0\x9F\x98\x80");
+  for (int i = 0; i < 300; ++i) req.add_prompt_token_ids(i);
+  req.set_max_tokens(4);
+  req.mutable_sampling()->set_temperature(0.5f);
+  req.mutable_sampling()->set_seed(7);
+  for (int i = 0; i < 8; ++i) req.add_stop("x");
+  for (int i = 0; i < 256; ++i) req.add_stop_token_ids(i);
+  EXPECT_TRUE(ScanGenerateRequest(req.SerializeAsString()).ok());
+
+  v1::GenerateRequest chat;
+  for (int i = 0; i < 256; ++i) {
+    v1::ChatMessage* m = chat.add_messages();
+    m->set_role("user");
+    m->set_content("caf\xC3\xA9");
+  }
+  EXPECT_TRUE(ScanGenerateRequest(chat.SerializeAsString()).ok());
+  EXPECT_TRUE(ScanGenerateRequest("").ok());
+  v1::TokenizeRequest tok;
+  tok.set_text("tokens");
+  EXPECT_TRUE(ScanTokenizeRequest(tok.SerializeAsString()).ok());
+}
+
+TEST(GrpcRequestScanTest, CountsAreRefusedWithTheServicesMessages) {
+  std::string wide;
+  for (int i = 0; i < 2'000'000; ++i) wide += Field(11, "");
+  absl::Status s = ScanGenerateRequest(wide);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "at most 256 messages, got 2000000");
+
+  std::string stops;
+  for (int i = 0; i < 9; ++i) stops += Field(8, "x");
+  EXPECT_EQ(ScanGenerateRequest(stops).message(),
+            "at most 8 stop strings, got 9");
+
+  // Packed and unpacked token ids count alike.
+  std::string ids(300000, '\x01');
+  EXPECT_EQ(ScanGenerateRequest(Field(2, ids)).message(),
+            "at most 262144 prompt_token_ids, got 300000");
+  std::string unpacked;
+  for (int i = 0; i < 257; ++i) unpacked += Scalar(5, 1);
+  EXPECT_EQ(ScanGenerateRequest(unpacked).message(),
+            "at most 256 stop_token_ids, got 257");
+}
+
+TEST(GrpcRequestScanTest, UnknownFieldsAreBounded) {
+  std::string some, many;
+  for (int i = 0; i < 256; ++i) some += Scalar(100, 1);
+  EXPECT_TRUE(ScanGenerateRequest(some).ok());
+  many = some + Scalar(101, 1);
+  EXPECT_EQ(ScanGenerateRequest(many).code(),
+            absl::StatusCode::kInvalidArgument);
+  // Inside a message too, and a known number with the wrong wire type.
+  EXPECT_EQ(ScanGenerateRequest(some + Field(11, Scalar(9, 1))).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanGenerateRequest(some + Field(3, "x")).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ScanTokenizeRequest(many).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(GrpcRequestScanTest, InvalidUtf8NamesTheFieldAndByte) {
+  const auto message = [](const std::string& wire) {
+    absl::Status s = ScanGenerateRequest(wire);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+    return std::string(s.message());
+  };
+  EXPECT_EQ(message(Field(1, "ab\xFF")), "prompt is not valid UTF-8 (byte 2)");
+  EXPECT_EQ(message(Field(8, "ok") + Field(8, "\xC0\x80")),
+            "stop[1] is not valid UTF-8 (byte 0)");
+  const std::string user = Field(1, "user") + Field(2, "hi");
+  EXPECT_EQ(message(Field(11, user) +
+                    Field(11, Field(1, "user") + Field(2, "\xED\xA0\x80"))),
+            "messages[1].content is not valid UTF-8 (byte 0)");
+  EXPECT_EQ(message(Field(11, Field(1, "\xF4\x90\x80\x80"))),
+            "messages[0].role is not valid UTF-8 (byte 0)");
+  absl::Status t = ScanTokenizeRequest(Field(1, "x\xE2\x82"));
+  EXPECT_EQ(t.message(), "text is not valid UTF-8 (byte 1)");
+}
+
+TEST(GrpcRequestScanTest, MalformedBytesAreInternalAsBefore) {
+  EXPECT_EQ(ScanGenerateRequest(std::string(64, '\xFF')).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(ScanGenerateRequest(Field(1, "abc").substr(0, 3)).code(),
+            absl::StatusCode::kInternal);
+  EXPECT_EQ(ScanGenerateRequest(std::string("\x00", 1)).code(),
+            absl::StatusCode::kInternal);
+}
+
+// What the scan accepts, libprotobuf parses; UTF-8 as libprotobuf checks it.
+TEST(GrpcRequestScanTest, Utf8AsProtobufChecksIt) {
+  for (const std::string& s :
+       {std::string("plain"), std::string("\xC3\xA9"),
+        std::string("\xEF\xBF\xBF"), std::string("\xF4\x8F\xBF\xBF"),
+        std::string("\xC1\xBF"), std::string("\xE0\x80\x80"),
+        std::string("\xED\xBF\xBF"), std::string("\xF5\x80\x80\x80"),
+        std::string("\x80"), std::string("\xE2\x82")}) {
+    v1::TokenizeRequest req;
+    const bool parses = req.ParseFromString(Field(1, s));
+    EXPECT_EQ(FirstInvalidUtf8(s) == absl::string_view::npos, parses)
+        << testing::PrintToString(s);
+  }
+}
+
+}  // namespace
+}  // namespace shardlm

@@ -1,0 +1,28 @@
+// The ranges of a generation request's numbers, one definition for both
+// public APIs (issue 39: "HTTP and gRPC apply the same ranges to every
+// field"). InferenceService checks every request with them; the HTTP API
+// checks with them, in the same words, the values it must judge before a
+// proto exists (an explicit max_tokens of 0 means "the default" in the
+// proto but is an error in OpenAI's API; top_logprobs becomes logprobs).
+#ifndef SHARDLM_COORDINATOR_REQUEST_RANGES_H_
+#define SHARDLM_COORDINATOR_REQUEST_RANGES_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+
+namespace shardlm {
+
+// "max_tokens must be in [1, C] (the context window), got N".
+absl::Status CheckMaxTokens(int64_t max_tokens, int64_t context_length);
+// logprobs (completions) and top_logprobs (chat): [0, kMaxLogprobs].
+absl::Status CheckLogprobs(int64_t logprobs);
+// temperature >= 0 and finite, top_k >= 0, top_p in (0, 1] and finite
+// (0 in the proto means off, as 1).
+absl::Status CheckSampling(float temperature, int32_t top_k, float top_p);
+// truncate_prompt_tokens >= 0 (0: off).
+absl::Status CheckTruncatePromptTokens(int64_t n);
+
+}  // namespace shardlm
+
+#endif  // SHARDLM_COORDINATOR_REQUEST_RANGES_H_

@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""The same numeric ranges, with the same words, on both public APIs (issue
+39): every out-of-range number sent to /v1/completions (or
+/v1/chat/completions) and as the matching field of a gRPC GenerateRequest
+is refused with HTTP 400 and INVALID_ARGUMENT, and the two messages are
+identical. gRPC requests are hand-encoded, so that any value can be sent.
+
+  check_api_ranges.py --shardlm BIN --gguf MODEL
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import FAILURES, check, free_port, stop  # noqa: E402
+
+
+def varint(n: int) -> bytes:
+    n &= (1 << 64) - 1
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def scalar(num: int, value: int) -> bytes:
+    return varint(num << 3) + varint(value)
+
+
+def string(num: int, value: bytes) -> bytes:
+    return varint(num << 3 | 2) + varint(len(value)) + value
+
+
+def f32(num: int, value: float) -> bytes:
+    return varint(num << 3 | 5) + struct.pack("<f", value)
+
+
+def http(port: int, path: str, body: dict) -> tuple[int | None, str]:
+    raw = json.dumps(body).encode()
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+           ).encode() + raw
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
+        s.sendall(req)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    try:
+        return status, json.loads(data.partition(b"\r\n\r\n")[2])[
+            "error"]["message"]
+    except (ValueError, KeyError, TypeError):
+        return status, ""
+
+
+def generate(channel, body: bytes) -> tuple[str, str]:
+    call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    try:
+        for _ in call(body, timeout=60):
+            pass
+        return "OK", ""
+    except grpc.RpcError as e:
+        return e.code().name, e.details() or ""
+
+
+PROMPT = string(1, b"Hello")
+
+
+def sampling(*fields: bytes) -> bytes:
+    return string(4, b"".join(fields))
+
+
+# (name, HTTP path, HTTP body, gRPC request bytes).
+CASES = [
+    ("max_tokens -5", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": -5}, PROMPT + scalar(3, -5)),
+    ("max_tokens past the context", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 100000}, PROMPT + scalar(3, 100000)),
+    ("temperature -1", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "temperature": -1},
+     PROMPT + scalar(3, 1) + sampling(f32(1, -1.0))),
+    ("top_p 2", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "top_p": 2},
+     PROMPT + scalar(3, 1) + sampling(f32(3, 2.0))),
+    ("top_k -3", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "top_k": -3},
+     PROMPT + scalar(3, 1) + sampling(scalar(2, -3))),
+    ("logprobs -1", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "logprobs": -1},
+     PROMPT + scalar(3, 1) + scalar(9, -1)),
+    ("logprobs 21", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "logprobs": 21},
+     PROMPT + scalar(3, 1) + scalar(9, 21)),
+    ("top_logprobs 21 (chat)", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1,
+      "logprobs": True, "top_logprobs": 21},
+     PROMPT + scalar(3, 1) + scalar(9, 21)),
+    ("truncate_prompt_tokens -1", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "truncate_prompt_tokens": -1},
+     PROMPT + scalar(3, 1) + scalar(10, -1)),
+]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    a = ap.parse_args()
+    grpc_port, port = free_port(), free_port()
+    env = dict(os.environ)
+    env.pop("SHARDLM_API_KEY", None)
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen",
+         f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{port}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        up = False
+        while time.monotonic() < deadline and server.poll() is None:
+            try:
+                up = http(port, "/v1/completions",
+                          {"prompt": "Hi", "max_tokens": 1})[0] == 200
+            except OSError:
+                up = False
+            if up:
+                break
+            time.sleep(0.2)
+        check(up, "shardlm serve answers")
+        if not up:
+            return 1
+        channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+        for name, path, body, proto in CASES:
+            status, http_message = http(port, path, body)
+            code, grpc_message = generate(channel, proto)
+            check(status == 400 and code == "INVALID_ARGUMENT" and
+                  http_message == grpc_message and http_message != "",
+                  f"{name}: HTTP {status} {http_message!r}, gRPC {code} "
+                  f"{grpc_message!r}")
+    finally:
+        stop(server)
+    print(f"{len(FAILURES)} failed" if FAILURES else
+          "the same ranges and words on both APIs")
+    return 1 if FAILURES else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
