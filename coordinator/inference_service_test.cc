@@ -11,6 +11,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "coordinator/api_server.h"
 #include "coordinator/engine_leak_check.h"
@@ -608,7 +609,37 @@ class LoopHold {
 // request cannot finish by itself while the loop is held, and after the
 // cancel it ends within a step or two (not after its 100 tokens), counted
 // as cancelled, with its blocks back.
+// Slows the scheduler's loop: a direct request (one block) whose every
+// token waits `per_token` on the loop thread, so that other requests'
+// tokens come at that pace while it runs.
+class LoopPacer {
+ public:
+  LoopPacer(Engine& engine, int32_t tokens, absl::Duration per_token) {
+    EXPECT_TRUE(engine
+                    .Submit({.prompt = {1}, .max_tokens = tokens},
+                            {.on_token =
+                                 [per_token](int32_t, const TokenLogprobs*) {
+                                   absl::SleepFor(per_token);
+                                   return TokenAction::kContinue;
+                                 },
+                             .on_done =
+                                 [this](absl::StatusOr<GenerateResult>) {
+                                   done_.Notify();
+                                 }})
+                    .ok());
+  }
+  ~LoopPacer() { done_.WaitForNotification(); }
+
+ private:
+  absl::Notification done_;
+};
+
 TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
+  // The tiny model decodes 100 tokens in milliseconds, faster than the
+  // client reads two of them and holds the loop: paced at 40 ms a token
+  // until the hold is admitted (the pacer's block is the last free one, so
+  // the hold waits for it to end), the stream is still running when held.
+  LoopPacer pacer(*engine_, 12, absl::Milliseconds(40));
   v1::GenerateRequest req;
   req.set_prompt("a long one");  // 10 tokens + 100: 7 of the 8 blocks.
   req.set_max_tokens(100);
@@ -620,6 +651,8 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   ASSERT_TRUE(reader->Read(&r));
   LoopHold hold(*engine_);
   hold.Wait();
+  ASSERT_GT(engine_->stats().running, 1)  // The stream and the hold.
+      << "the stream ended before the loop was held";
   const int64_t steps_held = engine_->stats().steps;
   const int64_t cancels = engine_->cancel_requests();
   ctx.TryCancel();
