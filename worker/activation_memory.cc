@@ -16,29 +16,48 @@ RankActivationDims ActivationDimsOf(const ModelConfig& config,
           .last_stage = spec.last_stage()};
 }
 
-// Buffer for buffer as CudaModelRunner::Reserve allocates them; change both
-// together.
-int64_t GpuActivationBytes(const RankActivationDims& d, int64_t tokens,
-                           int64_t rows) {
-  constexpr int64_t kF32 = 4, kBf16 = 2, kI32 = 4;
+std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& d) {
   const int64_t q_dim = d.heads * d.head_dim;
   const int64_t kv_dim = d.kv_heads * d.head_dim;
-  int64_t per_token = kI32                                   // ids
-                      + kF32 * d.hidden                      // x
-                      + kF32 * (q_dim + 2 * kv_dim)          // q, k, v
-                      + kF32 * (q_dim + 2 * kv_dim)          // fused qkv
-                      + kF32 * 2 * d.ffn                     // fused gate/up
-                      + kBf16 * (d.hidden + q_dim + d.ffn);  // GEMM inputs
-  if (d.tp > 1) per_token += kF32 * d.hidden;                // TP partial sums.
-  int64_t per_row = 2 * kI32;  // Row indices, sampled ids.
+  std::vector<StepBufferPlan> plan = {
+      {StepBuffer::kIds, DType::kI32, 1},
+      {StepBuffer::kX, DType::kF32, d.hidden},
+      {StepBuffer::kQ, DType::kF32, q_dim},
+      {StepBuffer::kK, DType::kF32, kv_dim},
+      {StepBuffer::kV, DType::kF32, kv_dim},
+      {StepBuffer::kQkv, DType::kF32, q_dim + 2 * kv_dim},
+      {StepBuffer::kGateUp, DType::kF32, 2 * d.ffn},
+      {StepBuffer::kXn, DType::kBF16, d.hidden},
+      {StepBuffer::kAttn, DType::kBF16, q_dim},
+      {StepBuffer::kH, DType::kBF16, d.ffn},
+  };
+  // TP partial sums are all-reduced before the residual add, which cannot
+  // then be the GEMM's beta = 1.
+  if (d.tp > 1) plan.push_back({StepBuffer::kPartial, DType::kF32, d.hidden});
+  plan.push_back({StepBuffer::kRows, DType::kI32, 1, /*per_row=*/true});
+  plan.push_back({StepBuffer::kSampled, DType::kI32, 1, /*per_row=*/true});
   if (d.last_stage) {
-    per_row += kF32 * d.hidden + kBf16 * d.hidden + kF32 * d.vocab_padded;
-    if (d.tp > 1) per_row += kF32 * d.tp * d.vocab_padded;  // The gather.
+    plan.push_back({StepBuffer::kLast, DType::kF32, d.hidden, true});
+    plan.push_back({StepBuffer::kLastN, DType::kBF16, d.hidden, true});
+    plan.push_back({StepBuffer::kLogits, DType::kF32, d.vocab_padded, true});
+    if (d.tp > 1) {
+      plan.push_back({StepBuffer::kGathered, DType::kF32, d.tp * d.vocab_padded,
+                      true, /*flat=*/true});
+    }
   }
-  const int64_t workspace =
-      kF32 * CudaDecodeWorkspaceFloats(rows, d.heads, d.head_dim,
-                                       kMaxCudaDecodeSplits);
-  return tokens * per_token + rows * per_row + workspace;
+  return plan;
+}
+
+int64_t GpuActivationBytes(const RankActivationDims& d, int64_t tokens,
+                           int64_t rows) {
+  int64_t bytes = 0;
+  for (const StepBufferPlan& b : GpuStepBuffers(d)) {
+    bytes += BlockBytes(b.dtype) * b.width * (b.per_row ? rows : tokens);
+  }
+  const int64_t workspace = int64_t{sizeof(float)} *
+                            CudaDecodeWorkspaceFloats(rows, d.heads, d.head_dim,
+                                                      kMaxCudaDecodeSplits);
+  return bytes + workspace;
 }
 
 }  // namespace shardlm

@@ -7,7 +7,9 @@
 #define SHARDLM_WORKER_ACTIVATION_MEMORY_H_
 
 #include <cstdint>
+#include <vector>
 
+#include "core/dtype.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
 
@@ -27,6 +29,40 @@ struct RankActivationDims {
 
 RankActivationDims ActivationDimsOf(const ModelConfig& config,
                                     const ShardSpec& spec);
+
+// The device buffers of a GPU rank's steps, in the order
+// CudaModelRunner::Reserve allocates them (it allocates from this list, so
+// that what serving counts is what the runner holds): each `width` values
+// of `dtype` per token of a step, or per logit row (`per_row`), as a
+// [count, width] tensor ([count] when width is 1, flat [count * width]
+// when `flat`).
+enum class StepBuffer : uint8_t {
+  kIds,  // Token ids.
+  kX,    // The residual stream.
+  kQ,
+  kK,
+  kV,
+  kQkv,     // The fused QKV projection's output.
+  kGateUp,  // The fused gate/up projection's output.
+  kXn,      // GEMM inputs, bf16: normed x, attention output, SwiGLU.
+  kAttn,
+  kH,
+  kPartial,   // TP partial sums (tp > 1).
+  kRows,      // Logit row indices.
+  kSampled,   // Sampled ids.
+  kLast,      // The logit rows' hidden states, f32 and normed bf16
+  kLastN,     // (last stage).
+  kLogits,    // This rank's vocabulary slice of the logits (last stage).
+  kGathered,  // [tp, rows, vocab_padded] (last stage, tp > 1).
+};
+struct StepBufferPlan {
+  StepBuffer buffer;
+  DType dtype;
+  int64_t width;
+  bool per_row = false;
+  bool flat = false;
+};
+std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& dims);
 
 // Device bytes of the buffers for steps of up to `tokens` tokens and `rows`
 // sequences (logit rows; a decode step has one token per sequence), the

@@ -15,6 +15,7 @@
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/sampling/sampling.h"
+#include "worker/activation_memory.h"
 #include "worker/cuda_forward_ops.h"
 #include "worker/forward.h"
 #include "worker/kv_copy_plan.h"
@@ -192,65 +193,90 @@ absl::Status CudaModelRunner::Validate(const StepInput& step) const {
   return absl::OkStatus();
 }
 
+Tensor& CudaModelRunner::Buffer(StepBuffer b) {
+  switch (b) {
+    case StepBuffer::kIds:
+      return ids_;
+    case StepBuffer::kX:
+      return x_;
+    case StepBuffer::kQ:
+      return q_;
+    case StepBuffer::kK:
+      return k_;
+    case StepBuffer::kV:
+      return v_;
+    case StepBuffer::kQkv:
+      return qkv_;
+    case StepBuffer::kGateUp:
+      return gate_up_;
+    case StepBuffer::kXn:
+      return xn16_;
+    case StepBuffer::kAttn:
+      return attn16_;
+    case StepBuffer::kH:
+      return h16_;
+    case StepBuffer::kPartial:
+      return partial_;
+    case StepBuffer::kRows:
+      return rows_;
+    case StepBuffer::kSampled:
+      return sampled_;
+    case StepBuffer::kLast:
+      return last_;
+    case StepBuffer::kLastN:
+      return last16_;
+    case StepBuffer::kLogits:
+      return logits_;
+    case StepBuffer::kGathered:
+      return gathered_;
+  }
+  return x_;  // Unreachable: every StepBuffer is above.
+}
+
+// The buffers of GpuStepBuffers (activation_memory.h), which serving counts
+// before it sizes the KV pool; grown to twice the old capacity at least.
 absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
   const ModelConfig& c = config_;
   const ShardSpec& spec = weights_.spec;
-  const int64_t ffn = spec.ffn_end - spec.ffn_begin;
   Backend& b = *backend_;
-  const auto dev = [&](Tensor& t, DType dt, Shape shape) -> absl::Status {
-    ASSIGN_OR_RETURN(t, b.Allocate(dt, shape, MemoryType::kDevice));
+  const std::vector<StepBufferPlan> plan =
+      GpuStepBuffers(ActivationDimsOf(c, spec));
+  const auto allocate = [&](bool per_row, int64_t cap) -> absl::Status {
+    for (const StepBufferPlan& p : plan) {
+      if (p.per_row != per_row) continue;
+      const Shape shape = p.width == 1 ? Shape{cap}
+                          : p.flat     ? Shape{cap * p.width}
+                                       : Shape{cap, p.width};
+      ASSIGN_OR_RETURN(Buffer(p.buffer),
+                       b.Allocate(p.dtype, shape, MemoryType::kDevice));
+    }
     return absl::OkStatus();
   };
   if (n > cap_) {
     const int64_t cap = std::max<int64_t>(n, 2 * cap_);
-    const int64_t q_dim = spec.n_heads() * c.head_dim;
-    const int64_t kv_dim = spec.n_kv_heads() * c.head_dim;
     RETURN_IF_ERROR(stream_->Synchronize());  // Old buffers may be in use.
-    RETURN_IF_ERROR(dev(ids_, DType::kI32, {cap}));
-    RETURN_IF_ERROR(dev(x_, DType::kF32, {cap, c.hidden}));
-    RETURN_IF_ERROR(dev(q_, DType::kF32, {cap, q_dim}));
-    RETURN_IF_ERROR(dev(k_, DType::kF32, {cap, kv_dim}));
-    RETURN_IF_ERROR(dev(v_, DType::kF32, {cap, kv_dim}));
-    // The fused projections' outputs (UploadLlamaWeights fuses them).
-    RETURN_IF_ERROR(dev(qkv_, DType::kF32, {cap, q_dim + 2 * kv_dim}));
-    RETURN_IF_ERROR(dev(gate_up_, DType::kF32, {cap, 2 * ffn}));
-    RETURN_IF_ERROR(dev(xn16_, DType::kBF16, {cap, c.hidden}));
-    RETURN_IF_ERROR(dev(attn16_, DType::kBF16, {cap, q_dim}));
-    RETURN_IF_ERROR(dev(h16_, DType::kBF16, {cap, ffn}));
-    if (spec.tp_size > 1) {
-      // TP partial sums are all-reduced before the residual add, which
-      // cannot then be the GEMM's beta = 1.
-      RETURN_IF_ERROR(dev(partial_, DType::kF32, {cap, c.hidden}));
-    }
+    RETURN_IF_ERROR(allocate(/*per_row=*/false, cap));
     cap_ = cap;
     ++generation_;
   }
   if (rows > cap_rows_) {
     const int64_t cap = std::max<int64_t>(rows, 2 * cap_rows_);
     RETURN_IF_ERROR(stream_->Synchronize());
-    RETURN_IF_ERROR(dev(rows_, DType::kI32, {cap}));
-    RETURN_IF_ERROR(dev(sampled_, DType::kI32, {cap}));
-    // The LM head's buffers (a vocabulary wide) on the last stage only.
+    RETURN_IF_ERROR(allocate(/*per_row=*/true, cap));
     if (spec.last_stage()) {
-      RETURN_IF_ERROR(dev(last_, DType::kF32, {cap, c.hidden}));
-      RETURN_IF_ERROR(dev(last16_, DType::kBF16, {cap, c.hidden}));
-      RETURN_IF_ERROR(dev(logits_, DType::kF32, {cap, spec.vocab_padded}));
+      // Where the logits land on the host (pinned: not device memory).
       ASSIGN_OR_RETURN(host_logits_,
                        b.Allocate(DType::kF32, {cap, c.vocab_size},
                                   MemoryType::kHostPinned));
-    }
-    if (spec.last_stage() && spec.tp_size > 1) {
-      // [tp, rows, vocab_padded] for any rows <= cap, as a flat prefix.
-      RETURN_IF_ERROR(dev(gathered_, DType::kF32,
-                          {spec.tp_size * cap * spec.vocab_padded}));
     }
     // The decode attention's splits for up to `cap` sequences of one token,
     // held for good so that KV sizing sees it (the kernel would otherwise
     // take it from the stream-ordered pool each step).
     const int64_t ws_floats = CudaDecodeWorkspaceFloats(
         cap, spec.n_heads(), c.head_dim, kMaxCudaDecodeSplits);
-    RETURN_IF_ERROR(
-        dev(attn_ws_, DType::kF32, {std::max<int64_t>(ws_floats, 1)}));
+    ASSIGN_OR_RETURN(attn_ws_,
+                     b.Allocate(DType::kF32, {std::max<int64_t>(ws_floats, 1)},
+                                MemoryType::kDevice));
     cap_rows_ = cap;
     ++generation_;
   }

@@ -35,6 +35,7 @@
 #include "core/tensor.h"
 #include "kernels/cuda_ops.h"
 #include "model/model_config.h"
+#include "worker/activation_memory.h"
 #include "worker/cuda_weights.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
@@ -132,6 +133,7 @@ class CudaModelRunner : public ShardRunner {
   // vocab] f32.
   absl::Status ForwardOnDevice(const StepInput& step, Tensor& logits);
   absl::Status Reserve(int64_t n, int64_t rows);
+  Tensor& Buffer(StepBuffer b);  // The member that holds it.
 
   int device_ = 0;
   ModelConfig config_;
