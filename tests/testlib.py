@@ -149,3 +149,34 @@ def prometheus_series(text: str) -> dict[str, float]:
             name, value = line.rsplit(" ", 1)
             out[name] = float(value)
     return out
+
+
+# --- The protobuf wire format, for requests encoded by hand ----------------
+
+def pb_varint(n: int) -> bytes:
+    """A base-128 varint (negative numbers as their 64-bit two's
+    complement, as protobuf encodes int32/int64)."""
+    n &= (1 << 64) - 1
+    out = b""
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        out += bytes([b | (0x80 if n else 0)])
+        if not n:
+            return out
+
+
+def pb_scalar(num: int, value: int) -> bytes:
+    """Field `num` as a varint (wire type 0)."""
+    return pb_varint(num << 3) + pb_varint(value)
+
+
+def pb_bytes(num: int, value: bytes) -> bytes:
+    """Field `num` as length-delimited bytes (wire type 2)."""
+    return pb_varint(num << 3 | 2) + pb_varint(len(value)) + value
+
+
+def pb_field(num: int, value) -> bytes:
+    """pb_scalar for an int, pb_bytes otherwise."""
+    return pb_scalar(num, value) if isinstance(value, int) else pb_bytes(
+        num, value)

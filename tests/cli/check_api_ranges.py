@@ -23,25 +23,15 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import FAILURES, check, free_port, stop  # noqa: E402
+from testlib import pb_bytes as string  # noqa: E402
+from testlib import pb_scalar as scalar  # noqa: E402
+from testlib import pb_varint as varint  # noqa: E402
 
 
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
 
 
-def scalar(num: int, value: int) -> bytes:
-    return varint(num << 3) + varint(value)
 
 
-def string(num: int, value: bytes) -> bytes:
-    return varint(num << 3 | 2) + varint(len(value)) + value
 
 
 def f32(num: int, value: float) -> bytes:

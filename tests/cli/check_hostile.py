@@ -27,6 +27,8 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import FAILURES, check, free_port, stop  # noqa: E402
+from testlib import pb_field as field  # noqa: E402
+from testlib import pb_varint as varint  # noqa: E402
 
 KEY = "hostile-key"
 AUTH = f"Authorization: Bearer {KEY}\r\n".encode()
@@ -231,21 +233,8 @@ def http_cases() -> list[tuple[str, bytes, int]]:
 
 # --- gRPC, with hand-encoded protobuf -------------------------------------
 
-def varint(n: int) -> bytes:
-    n &= (1 << 64) - 1
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
 
 
-def field(num: int, value) -> bytes:
-    if isinstance(value, int):
-        return varint(num << 3) + varint(value)
-    return varint(num << 3 | 2) + varint(len(value)) + value
 
 
 def packed(num: int, values: list[int]) -> bytes:

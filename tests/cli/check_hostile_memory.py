@@ -40,6 +40,8 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import FAILURES, check, free_port, stop  # noqa: E402
+from testlib import pb_bytes as field  # noqa: E402
+from testlib import pb_varint as varint  # noqa: E402
 
 BUDGET_MB = 256
 # What the server may hold beyond the budget in a phase: requests' bytes as
@@ -116,18 +118,8 @@ def http(port: int, path: str, body: bytes, key: str | None = None,
         return status, payload[:200].decode(errors="replace")
 
 
-def varint(n: int) -> bytes:
-    out = b""
-    while True:
-        b = n & 0x7F
-        n >>= 7
-        out += bytes([b | (0x80 if n else 0)])
-        if not n:
-            return out
 
 
-def field(num: int, value: bytes) -> bytes:
-    return varint(num << 3 | 2) + varint(len(value)) + value
 
 
 def grpc_raw(channel, method: str, body: bytes, key: str | None):

@@ -23,64 +23,24 @@
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.pb.h"
 #include "tests/fuzz/alloc_meter.h"
+#include "tests/fuzz/tiny_service.h"
 
 namespace {
 
 using namespace shardlm;
 
-struct Server {
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<InMemoryWeights> weights;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<InferenceService> service;
-};
+using fuzzing::TinyService;
 
-Server& Tiny() {
-  static Server* server = [] {
-    auto* s = new Server;
-    const char* env = std::getenv("SHARDLM_MODEL");
-    auto t = LoadTokenizer(
-        env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (!t.ok()) {
-      std::fprintf(stderr, "fuzz_grpc_api: %s (set SHARDLM_MODEL)\n",
-                   t.status().ToString().c_str());
-      std::abort();
-    }
-    s->tokenizer = *std::move(t);
-    ModelConfig c;
-    c.n_layers = 1;
-    c.hidden = 32;
-    c.ffn_hidden = 64;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.head_dim = 16;
-    c.vocab_size = s->tokenizer->vocab_size();
-    c.context_length = 48;  // Bounds any request's work.
-    c.rope_theta = 10000.0f;
-    c.rope_style = RopeStyle::kRotateHalf;
-    s->weights = RandomLlamaWeights(c, 1);
-    auto e = Engine::Create(*s->weights, {.threads = 1});
-    if (!e.ok()) {
-      std::fprintf(stderr, "fuzz_grpc_api setup: %s\n",
-                   e.status().ToString().c_str());
-      std::abort();
-    }
-    s->engine = *std::move(e);
-    s->service = std::make_unique<InferenceService>(
-        s->engine.get(), s->tokenizer.get(), "tiny", ServiceOptions{});
-    return s;
-  }();
-  return *server;
+TinyService& Tiny() {
+  static TinyService* service = fuzzing::NewTinyService("fuzz_grpc_api");
+  return *service;
 }
-
-// As fuzz_http_api's: a generation's fixed parts over the 48-token context.
-constexpr int64_t kAllowance = 4 << 20;
 
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  Server& server = Tiny();
+  TinyService& server = Tiny();
   const shardlm::fuzz::AllocMeter meter;
   const bool tokenize = (data[0] & 1) != 0;
   const absl::string_view wire(reinterpret_cast<const char*>(data) + 1,

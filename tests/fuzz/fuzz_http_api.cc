@@ -20,6 +20,7 @@
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 #include "tests/fuzz/alloc_meter.h"
+#include "tests/fuzz/tiny_service.h"
 
 namespace {
 
@@ -55,50 +56,18 @@ class Collect : public HttpResponse {
   size_t bytes_ = 0;
 };
 
+// The tiny service and the OpenAI API over it.
 struct Server {
-  std::unique_ptr<Tokenizer> tokenizer;
-  std::unique_ptr<InMemoryWeights> weights;
-  std::unique_ptr<Engine> engine;
-  std::unique_ptr<InferenceService> service;
+  fuzzing::TinyService* tiny;
   std::unique_ptr<OpenAiApi> api;
 };
 
 Server& Tiny() {
   static Server* server = [] {
-    auto* s = new Server;
-    const char* env = std::getenv("SHARDLM_MODEL");
-    auto t = LoadTokenizer(
-        env != nullptr ? env : "models/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (!t.ok()) {
-      std::fprintf(stderr, "fuzz_http_api: %s (set SHARDLM_MODEL)\n",
-                   t.status().ToString().c_str());
-      std::abort();
-    }
-    s->tokenizer = *std::move(t);
-    ModelConfig c;
-    c.n_layers = 1;
-    c.hidden = 32;
-    c.ffn_hidden = 64;
-    c.n_heads = 2;
-    c.n_kv_heads = 1;
-    c.head_dim = 16;
-    c.vocab_size = s->tokenizer->vocab_size();
-    c.context_length = 48;  // Bounds any request's work.
-    c.rope_theta = 10000.0f;
-    c.rope_style = RopeStyle::kRotateHalf;
-    s->weights = RandomLlamaWeights(c, 1);
-    auto e = Engine::Create(*s->weights, {.threads = 1});
-    if (!e.ok()) {
-      std::fprintf(stderr, "fuzz_http_api setup: %s\n",
-                   e.status().ToString().c_str());
-      std::abort();
-    }
-    s->engine = *std::move(e);
-    s->service = std::make_unique<InferenceService>(
-        s->engine.get(), s->tokenizer.get(), "tiny", ServiceOptions{});
-    s->api =
-        std::make_unique<OpenAiApi>(s->engine.get(), s->service.get(),
-                                    OpenAiApiOptions{.model_name = "tiny"});
+    auto* s = new Server{fuzzing::NewTinyService("fuzz_http_api")};
+    s->api = std::make_unique<OpenAiApi>(
+        s->tiny->engine.get(), s->tiny->service.get(),
+        OpenAiApiOptions{.model_name = "tiny"});
     return s;
   }();
   return *server;

@@ -19,6 +19,9 @@ import tempfile
 
 import numpy as np
 
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import pb_bytes, pb_scalar, pb_varint  # noqa: E402
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 CORPUS = os.path.join(HERE, "corpus")
@@ -234,21 +237,7 @@ def grpc_seeds() -> list[bytes]:
     """fuzz_grpc_api inputs: a selector byte (even: Generate, odd:
     Tokenize), then a request's wire bytes, hand-encoded (proto3 field
     numbers of proto/shardlm/v1/inference.proto)."""
-    def varint(n: int) -> bytes:
-        n &= (1 << 64) - 1
-        out = b""
-        while True:
-            b = n & 0x7F
-            n >>= 7
-            out += bytes([b | (0x80 if n else 0)])
-            if not n:
-                return out
-
-    def string(num: int, value: bytes) -> bytes:
-        return varint(num << 3 | 2) + varint(len(value)) + value
-
-    def scalar(num: int, value: int) -> bytes:
-        return varint(num << 3) + varint(value)
+    varint, string, scalar = pb_varint, pb_bytes, pb_scalar
 
     msg = lambda role, content: string(11, string(1, role) +  # noqa: E731
                                        string(2, content))
