@@ -4,6 +4,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "core/status.h"
 
 namespace shardlm {
 namespace {
@@ -80,6 +81,31 @@ absl::Status Malformed(absl::string_view message, size_t at) {
       "the request is not a valid ", message, " (malformed at byte ", at, ")"));
 }
 
+// One field of a message on the wire; `end` is the offset just past it.
+struct WireField {
+  uint32_t number = 0, type = 0;
+  absl::string_view bytes;  // kLength.
+  uint64_t value = 0;       // kVarint, kFixed32, kFixed64.
+  size_t end = 0;
+};
+
+// Calls f(field) for each field of `wire` in order, stopping at the first
+// error f returns; a field that does not parse is `message` malformed.
+template <typename F>
+absl::Status ForEachField(absl::string_view wire, absl::string_view message,
+                          F&& f) {
+  WireReader r(wire);
+  while (!r.done()) {
+    WireField field;
+    if (!r.Next(&field.number, &field.type, &field.bytes, &field.value)) {
+      return Malformed(message, r.pos());
+    }
+    field.end = r.pos();
+    if (absl::Status s = f(field); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckUtf8(absl::string_view s, absl::string_view field) {
   const size_t bad = FirstInvalidUtf8(s);
   if (bad == absl::string_view::npos) return absl::OkStatus();
@@ -110,44 +136,27 @@ struct Budget {
 // A ChatMessage (role 1, content 2) at messages[index].
 absl::Status ScanChatMessage(absl::string_view wire, int64_t index,
                              Budget& budget) {
-  WireReader r(wire);
-  while (!r.done()) {
-    uint32_t number, type;
-    absl::string_view bytes;
-    uint64_t value;
-    if (!r.Next(&number, &type, &bytes, &value)) {
-      return Malformed("shardlm.v1.ChatMessage", r.pos());
+  return ForEachField(wire, "shardlm.v1.ChatMessage", [&](const WireField& f) {
+    if ((f.number == 1 || f.number == 2) && f.type == kLength) {
+      return CheckUtf8(f.bytes,
+                       absl::StrCat("messages[", index, "].",
+                                    f.number == 1 ? "role" : "content"));
     }
-    if ((number == 1 || number == 2) && type == kLength) {
-      if (absl::Status s =
-              CheckUtf8(bytes, absl::StrCat("messages[", index, "].",
-                                            number == 1 ? "role" : "content"));
-          !s.ok()) {
-        return s;
-      }
-    } else if (!budget.AddUnknown()) {
-      return budget.TooManyUnknown();
-    }
-  }
-  return absl::OkStatus();
+    return budget.AddUnknown() ? absl::OkStatus() : budget.TooManyUnknown();
+  });
 }
 
 // SamplingParams: temperature 1 (fixed32), top_k 2 (varint), top_p 3
 // (fixed32), seed 4 (varint); anything else is unknown.
 absl::Status ScanSampling(absl::string_view wire, Budget& budget) {
-  WireReader r(wire);
-  while (!r.done()) {
-    uint32_t number, type;
-    absl::string_view bytes;
-    uint64_t value;
-    if (!r.Next(&number, &type, &bytes, &value)) {
-      return Malformed("shardlm.v1.SamplingParams", r.pos());
-    }
-    const bool known = ((number == 1 || number == 3) && type == kFixed32) ||
-                       ((number == 2 || number == 4) && type == kVarint);
-    if (!known && !budget.AddUnknown()) return budget.TooManyUnknown();
-  }
-  return absl::OkStatus();
+  return ForEachField(
+      wire, "shardlm.v1.SamplingParams", [&](const WireField& f) {
+        const bool known =
+            ((f.number == 1 || f.number == 3) && f.type == kFixed32) ||
+            ((f.number == 2 || f.number == 4) && f.type == kVarint);
+        return known || budget.AddUnknown() ? absl::OkStatus()
+                                            : budget.TooManyUnknown();
+      });
 }
 
 }  // namespace
@@ -193,14 +202,9 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
   int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0;
   // Counts first, cheaply; the strings' UTF-8 afterwards, so that a huge
   // count is refused without reading every element's bytes.
-  WireReader r(wire);
-  while (!r.done()) {
-    uint32_t number, type;
-    absl::string_view bytes;
-    uint64_t value;
-    if (!r.Next(&number, &type, &bytes, &value)) {
-      return Malformed("shardlm.v1.GenerateRequest", r.pos());
-    }
+  constexpr absl::string_view kGenerate = "shardlm.v1.GenerateRequest";
+  RETURN_IF_ERROR(ForEachField(wire, kGenerate, [&](const WireField& f) {
+    const uint32_t number = f.number, type = f.type;
     bool known = true;
     switch (number) {
       case 1:  // prompt
@@ -210,8 +214,8 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 2:  // prompt_token_ids
       case 5:  // stop_token_ids
         if (type == kLength) {
-          if (!CountPacked(bytes, number == 2 ? &prompt_ids : &stop_ids)) {
-            return Malformed("shardlm.v1.GenerateRequest", r.pos());
+          if (!CountPacked(f.bytes, number == 2 ? &prompt_ids : &stop_ids)) {
+            return Malformed(kGenerate, f.end);
           }
         } else if (type == kVarint) {
           ++(number == 2 ? prompt_ids : stop_ids);
@@ -237,8 +241,9 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       default:
         known = false;
     }
-    if (!known && !budget.AddUnknown()) return budget.TooManyUnknown();
-  }
+    return known || budget.AddUnknown() ? absl::OkStatus()
+                                        : budget.TooManyUnknown();
+  }));
   const auto too_many = [](int64_t got, int limit, absl::string_view what) {
     return absl::InvalidArgumentError(
         absl::StrCat("at most ", limit, " ", what, ", got ", got));
@@ -257,47 +262,34 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
     return too_many(messages, limits.max_messages, "messages");
   }
 
-  WireReader again(wire);
   int64_t message = 0, stop = 0;
-  while (!again.done()) {
-    uint32_t number, type;
-    absl::string_view bytes;
-    uint64_t value;
-    again.Next(&number, &type, &bytes, &value);  // Read whole above.
-    if (type != kLength) continue;
-    absl::Status s;
-    if (number == 1) {
-      s = CheckUtf8(bytes, "prompt");
-    } else if (number == 8) {
-      s = CheckUtf8(bytes, absl::StrCat("stop[", stop++, "]"));
-    } else if (number == 11) {
-      s = ScanChatMessage(bytes, message++, budget);
-    } else if (number == 4) {
-      s = ScanSampling(bytes, budget);
+  return ForEachField(wire, kGenerate, [&](const WireField& f) {
+    if (f.type != kLength) return absl::OkStatus();
+    switch (f.number) {
+      case 1:
+        return CheckUtf8(f.bytes, "prompt");
+      case 8:
+        return CheckUtf8(f.bytes, absl::StrCat("stop[", stop++, "]"));
+      case 11:
+        return ScanChatMessage(f.bytes, message++, budget);
+      case 4:
+        return ScanSampling(f.bytes, budget);
+      default:
+        return absl::OkStatus();
     }
-    if (!s.ok()) return s;
-  }
-  return absl::OkStatus();
+  });
 }
 
 absl::Status ScanTokenizeRequest(absl::string_view wire,
                                  const GrpcScanLimits& limits) {
   Budget budget{limits};
-  WireReader r(wire);
-  while (!r.done()) {
-    uint32_t number, type;
-    absl::string_view bytes;
-    uint64_t value;
-    if (!r.Next(&number, &type, &bytes, &value)) {
-      return Malformed("shardlm.v1.TokenizeRequest", r.pos());
-    }
-    if (number == 1 && type == kLength) {
-      if (absl::Status s = CheckUtf8(bytes, "text"); !s.ok()) return s;
-    } else if (!budget.AddUnknown()) {
-      return budget.TooManyUnknown();
-    }
-  }
-  return absl::OkStatus();
+  return ForEachField(
+      wire, "shardlm.v1.TokenizeRequest", [&](const WireField& f) {
+        if (f.number == 1 && f.type == kLength) {
+          return CheckUtf8(f.bytes, "text");
+        }
+        return budget.AddUnknown() ? absl::OkStatus() : budget.TooManyUnknown();
+      });
 }
 
 }  // namespace shardlm
