@@ -239,10 +239,9 @@ absl::Status CudaModelRunner::Reserve(int64_t n, int64_t rows) {
   const ModelConfig& c = config_;
   const ShardSpec& spec = weights_.spec;
   Backend& b = *backend_;
-  const std::vector<StepBufferPlan> plan =
-      GpuStepBuffers(ActivationDimsOf(c, spec));
+  // Every step calls this; the list is made only when a buffer grows.
   const auto allocate = [&](bool per_row, int64_t cap) -> absl::Status {
-    for (const StepBufferPlan& p : plan) {
+    for (const StepBufferPlan& p : GpuStepBuffers(ActivationDimsOf(c, spec))) {
       if (p.per_row != per_row) continue;
       const Shape shape = p.width == 1 ? Shape{cap}
                           : p.flat     ? Shape{cap * p.width}
