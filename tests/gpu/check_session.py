@@ -124,7 +124,8 @@ def one_step(d: str) -> None:
     os.mkdir(bins)
     make_stubs(bins)
     steps = steps_file(d, [("fails", 20, f"{bins}/fail_test"),
-                           ("passes", 20, f"{bins}/pass_test")])
+                           ("passes", 20, f"{bins}/pass_test"),
+                           ("again", 20, f"{bins}/pass_test")])
     out = os.path.join(d, "out1")
     p = subprocess.run(["bash", SESSION, out, "--steps", steps,
                         "--only", "passes"],
@@ -133,7 +134,14 @@ def one_step(d: str) -> None:
     check(p.returncode == 0 and list(s) == ["passes"],
           f"--only runs the one step: rc {p.returncode}, {list(s)}")
     p = subprocess.run(["bash", SESSION, out, "--steps", steps,
-                        "--only", "nonesuch"],
+                        "--only", "again,passes"],
+                       capture_output=True, text=True, timeout=60)
+    s = summary(out)
+    check(p.returncode == 0 and list(s) == ["passes", "again"],
+          f"--only a,b runs those steps in the list's order: "
+          f"rc {p.returncode}, {list(s)}")
+    p = subprocess.run(["bash", SESSION, out, "--steps", steps,
+                        "--only", "passes,nonesuch"],
                        capture_output=True, text=True, timeout=60)
     check(p.returncode == 2 and "no step 'nonesuch'" in p.stderr,
           f"--only with an unknown step is refused: {p.stderr.strip()}")

@@ -5,8 +5,8 @@
 # time budget.
 #
 #   bash tests/gpu/session.sh OUT KIT                  every step (BUDGET 420 s)
-#   bash tests/gpu/session.sh OUT KIT --only STEP [--debug nccl|blocking|sanitizer]
-#                                                      one step again (180 s)
+#   bash tests/gpu/session.sh OUT KIT --only STEP[,STEP...] [--debug nccl|blocking|sanitizer]
+#                                                      those steps again (180 s)
 #   bash tests/gpu/session.sh OUT --steps FILE         a dry run: FILE's steps,
 #                                                      no kit (tests/gpu/check_session.py)
 #   bash tests/gpu/session.sh --list                   the steps, in order
@@ -489,19 +489,21 @@ case $DEBUG in
   *) usage ;;
 esac
 
-found=0
+# --only's steps, each checked against the list before anything runs.
+for want in ${ONLY//,/ }; do
+  case " ${STEP_NAMES[*]} " in
+    *" $want "*) ;;
+    *) echo "session.sh: no step '$want' (--list names them)" >&2; exit 2 ;;
+  esac
+done
 for i in "${!STEP_NAMES[@]}"; do
   name=${STEP_NAMES[$i]}
-  if [ -n "$ONLY" ] && [ "$name" != "$ONLY" ] && [ "$name" != probe ]; then
-    continue
-  fi
-  [ "$name" = "$ONLY" ] && found=1
+  case ",$ONLY,probe," in
+    ,,*|*",$name,"*) ;;
+    *) continue ;;
+  esac
   run_step "$name" "${STEP_CAPS[$i]}" "${STEP_CMDS[$i]}"
 done
-if [ -n "$ONLY" ] && [ "$found" = 0 ]; then
-  echo "session.sh: no step '$ONLY' (--list names them)" >&2
-  exit 2
-fi
 
 cleanup
 trap - EXIT
