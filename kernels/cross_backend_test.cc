@@ -356,6 +356,40 @@ TEST_F(CudaOpsTest, Linear) {
   }
 }
 
+// Decode batches over inputs a multiple of 8 take the GEMV kernel
+// (kernels/linear/linear_cuda.cu): 1 row by default, up to 8 with
+// SHARDLM_CUDA_GEMV_ROWS=8 (the GPU session sets it); 9 rows or an odd
+// width take cuBLAS:
+// each against the CPU, both outputs, with and without accumulation, for
+// widths of one 16-byte piece per row, a partial round of pieces and many.
+TEST_F(CudaOpsTest, LinearDecodeBatches) {
+  for (const int64_t in : {8, 1032, 8200}) {
+    for (const int64_t n : {1, 2, 5, 8, 9}) {
+      Tensor x = RandomBf16({n, in}, 11);
+      Tensor w = RandomBf16({1001, in}, 12);
+      Tensor want = *Tensor::Host(DType::kF32, {n, 1001});
+      ASSERT_TRUE(Linear(x, w, want).ok());
+      const std::string what = absl::StrCat("in ", in, ", n ", n);
+      // |x w| ~ 1 per term: sums of `in` terms in another order.
+      const double atol = 1e-6 * static_cast<double>(in) + 1e-4;
+      Tensor dx = Dev(x, DType::kBF16), dw = Dev(w, DType::kBF16);
+      Tensor y = Empty(DType::kF32, {n, 1001});
+      ASSERT_TRUE(LinearCuda(dx, dw, y, false, exec_).ok()) << what;
+      ExpectClose(ToHost(y), want, 1e-5, atol, what.c_str());
+      ASSERT_TRUE(LinearCuda(dx, dw, y, true, exec_).ok()) << what;
+      Tensor twice = *Tensor::Host(DType::kF32, want.shape());
+      for (int64_t i = 0; i < want.numel(); ++i) {
+        twice.f32()[i] = 2 * want.f32()[i];
+      }
+      ExpectClose(ToHost(y), twice, 1e-5, 2 * atol,
+                  (what + " accumulate").c_str());
+      Tensor y16 = Empty(DType::kBF16, {n, 1001});
+      ASSERT_TRUE(LinearCuda(dx, dw, y16, false, exec_).ok()) << what;
+      ExpectClose(ToHost(y16), want, 4e-3, atol, (what + " bf16 out").c_str());
+    }
+  }
+}
+
 // Sequences of the given context lengths with `new_tokens` tokens each in
 // this step (the last ones), K/V already cached for the earlier positions;
 // shuffled physical blocks.
@@ -546,6 +580,42 @@ TEST_F(CudaOpsTest, PagedAttentionHeadDim128) {
            .heads = 8,
            .kv_heads = 2,
            .head_dim = 128},
+       }) {
+    CheckAttention(c);
+  }
+}
+
+// The decode kernel serves the query heads of one KV head together, up to
+// kCudaDecodeHeadsPerBlock (16) per block, four warps over them: no grouping
+// (MHA: three warps idle), a group of 8 (two heads per warp), a group of 20
+// (two blocks per KV head, the second with 4 heads), and the smallest and
+// largest head dimensions.
+TEST_F(CudaOpsTest, PagedAttentionDecodeGroups) {
+  for (const AttentionShape& c : {
+           AttentionShape{.name = "MHA 4/4, d 32",
+          .lens = {1, 70, 300},
+          .new_tokens = {1, 1, 1},
+          .heads = 4,
+          .kv_heads = 4,
+          .head_dim = 32},
+           AttentionShape{.name = "GQA 16/2, d 128",
+           .lens = {5, 129, 1000},
+           .new_tokens = {1, 1, 1},
+           .heads = 16,
+           .kv_heads = 2,
+           .head_dim = 128},
+           AttentionShape{.name = "GQA 40/2, d 64",
+           .lens = {33, 700},
+           .new_tokens = {1, 1},
+           .heads = 40,
+           .kv_heads = 2,
+           .head_dim = 64},
+           AttentionShape{.name = "GQA 8/1, d 256",
+           .lens = {3, 500},
+           .new_tokens = {1, 1},
+           .heads = 8,
+           .kv_heads = 1,
+           .head_dim = 256},
        }) {
     CheckAttention(c);
   }

@@ -60,6 +60,18 @@ cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream);
 cudaError_t AddBias(float* x, const float* bias, int64_t n, int64_t c,
                     cudaStream_t stream);
 
+// y = x w^T (y += x w^T when accumulate) for 1 to kGemvMaxRows rows of x:
+// x [n, in] bf16, w [out, in] bf16, y [n, out] (y_dt); in a multiple of 8,
+// x and w 16-byte aligned (LinearCuda checks). LinearCuda takes it for up
+// to kGemvDefaultRows rows: on an H200 (Llama-8B shapes, gpu_decode_bench)
+// it reads the weights 7% faster than cuBLAS at one row and loses from two
+// rows on (its f32 FMAs, not tensor cores, bound it there).
+inline constexpr int kGemvMaxRows = 8;
+inline constexpr int kGemvDefaultRows = 1;
+cudaError_t GemvBf16(const void* x, const void* w, void* y, Dt y_dt, int n,
+                     int64_t in, int64_t out, bool accumulate,
+                     cudaStream_t stream);
+
 // dst = src converted (f32 <-> bf16, or a plain copy), [count].
 cudaError_t Cast(const void* src, Dt src_dt, void* dst, Dt dst_dt,
                  int64_t count, cudaStream_t stream);

@@ -7,6 +7,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
 #include <initializer_list>
 #include <string_view>
 #include <utility>
@@ -15,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
+#include "kernels/attention/cuda_decode_plan.h"
 #include "kernels/cuda_launch.h"
 
 namespace shardlm {
@@ -318,6 +322,33 @@ absl::Status FillRandomCuda(Tensor& t, uint64_t seed, float scale,
 
 // Linear
 
+namespace {
+
+// Rows of x up to which LinearCuda runs the GEMV kernel: kGemvDefaultRows,
+// or SHARDLM_CUDA_GEMV_ROWS (0 to kGemvMaxRows; 0: cuBLAS always), which
+// the GPU session sets to measure where the GEMV stops paying.
+int64_t GemvMaxRows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("SHARDLM_CUDA_GEMV_ROWS");
+    int64_t v = cuda::kGemvDefaultRows;
+    if (env != nullptr && *env != '\0') {
+      char* end = nullptr;
+      const long parsed = std::strtol(env, &end, 10);
+      if (*end == '\0' && parsed >= 0 && parsed <= cuda::kGemvMaxRows) {
+        v = parsed;
+      } else {
+        std::fprintf(stderr,
+                     "shardlm: ignoring SHARDLM_CUDA_GEMV_ROWS=%s (0 to %d)\n",
+                     env, cuda::kGemvMaxRows);
+      }
+    }
+    return v;
+  }();
+  return rows;
+}
+
+}  // namespace
+
 absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
                         bool accumulate, const CudaExec& exec) {
   if (x.rank() != 2 || w.rank() != 2) {
@@ -336,6 +367,18 @@ absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
     return absl::InvalidArgumentError("LinearCuda: dimension beyond int32");
   }
   if (n == 0 || out == 0) return absl::OkStatus();
+  // Decode batches: our GEMV streams the weight at nearly full bandwidth
+  // where cuBLAS's GEMM kernels do not (kernels/linear/linear_cuda.cu).
+  const auto aligned = [](const void* p) {
+    return reinterpret_cast<uintptr_t>(p) % 16 == 0;
+  };
+  if (n <= GemvMaxRows() && in % 8 == 0 && aligned(x.raw()) &&
+      aligned(w.raw())) {
+    return Launched(
+        cuda::GemvBf16(x.raw(), w.raw(), y.raw(), ToDt(y.dtype()),
+                       static_cast<int>(n), in, out, accumulate, S(exec)),
+        "LinearCuda (GEMV)");
+  }
   // Column-major view: y^T [out, n] = w [out, in] (stored as w^T [in, out],
   // so op T) * x^T [in, n].
   const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
@@ -589,6 +632,41 @@ absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                   "WriteKvCuda");
 }
 
+namespace {
+
+// The current device's multiprocessor count, asked once per device.
+int Multiprocessors() {
+  constexpr int kDevices = 64;
+  static std::atomic<int> counts[kDevices] = {};
+  int device = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return 1;
+  if (device < 0 || device >= kDevices) return 1;
+  int n = counts[device].load(std::memory_order_relaxed);
+  if (n == 0) {
+    if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) !=
+            cudaSuccess ||
+        n < 1) {
+      n = 1;
+    }
+    counts[device].store(n, std::memory_order_relaxed);
+  }
+  return n;
+}
+
+}  // namespace
+
+int CudaDecodeSplitsFor(const CudaAttentionBatch& batch, int64_t heads,
+                        int64_t kv_heads, int64_t window) {
+  const cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
+  if (window < 0) window = meta.window;
+  // A window bounds the keys each token reads.
+  const int64_t keys = window > 0
+                           ? std::min<int64_t>(batch.max_context(), window)
+                           : batch.max_context();
+  return CudaDecodeSplits(keys, batch.tokens(), heads, kv_heads,
+                          Multiprocessors());
+}
+
 absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                                 const Tensor& v_cache,
                                 const CudaAttentionBatch& batch, float scale,
@@ -641,14 +719,8 @@ absl::Status PagedAttentionCuda(const Tensor& q, const Tensor& k_cache,
                         out.raw(), ToDt(out.dtype()), S(exec)),
                     "PagedAttentionCuda (prefill)");
   }
-  if (splits <= 0) {
-    // About 256 keys per split; a window bounds the keys each token reads.
-    const int64_t keys =
-        meta.window > 0 ? std::min<int64_t>(batch.max_context(), meta.window)
-                        : batch.max_context();
-    splits = static_cast<int>(
-        std::clamp<int64_t>((keys + 255) / 256, 1, kMaxCudaDecodeSplits));
-  }
+  if (splits <= 0)
+    splits = CudaDecodeSplitsFor(batch, heads, kv_heads, meta.window);
   const int64_t ws_floats = CudaDecodeWorkspaceFloats(n, heads, d, splits);
   float* ws = nullptr;
   bool pooled = false;

@@ -174,6 +174,13 @@ enum class AttentionKernel {
   kPrefill,  // Query tiles with K/V chunks staged in shared memory.
 };
 
+// The decode kernel's split count PagedAttentionCuda picks (splits = 0) for
+// `batch` with `heads` query and `kv_heads` KV heads on the current device
+// (CudaDecodeSplits of kernels/attention/cuda_decode_plan.h); `window` as
+// for PagedAttentionCuda.
+int CudaDecodeSplitsFor(const CudaAttentionBatch& batch, int64_t heads,
+                        int64_t kv_heads, int64_t window = -1);
+
 // Causal attention as PagedAttention (call WriteKvCuda first), over the
 // last batch.window positions of each query when the uploaded batch has one.
 //   q: [n, heads, head_dim] f32  out: [n, heads, head_dim] f32|bf16

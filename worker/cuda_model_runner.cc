@@ -373,8 +373,10 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
       n, m, batch_.sequences(), batch_.padded_blocks(), batch_.tiles(),
       batch_.max_tile() == 1 ? 1 : 0,
       // The decode kernel's split count on layers without a window
-      // (PagedAttentionCuda's rule; windowed layers' change with it).
-      std::min<int64_t>((batch_.max_context() + 255) / 256, 64),
+      // (windowed layers' change only when it does).
+      CudaDecodeSplitsFor(batch_, weights_.spec.n_heads(),
+                          weights_.spec.n_kv_heads(),
+                          /*window=*/0),
       batch_.reallocations(), generation_};
   if (graph_exec_ == nullptr || key != graph_key_) {
     absl::Status captured = Capture(n, m);

@@ -28,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "core/tensor.h"
+#include "kernels/attention/cuda_decode_plan.h"
 #include "step/kv_cache.h"
 
 namespace shardlm {
@@ -72,17 +73,6 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
 absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                             const Tensor& v_cache, const AttentionBatch& batch,
                             float scale, Tensor& out);
-
-// The CUDA decode kernel (PagedAttentionCuda in cuda_ops.h) cuts each
-// token's context into at most kMaxCudaDecodeSplits parts and, when it cuts
-// it at all, keeps per (token, head, split) a partial result [max, sum,
-// acc[head_dim]] in an f32 workspace of this many floats. Here, not beside
-// the kernel, so that memory sizing can count it without CUDA.
-inline constexpr int kMaxCudaDecodeSplits = 64;
-constexpr int64_t CudaDecodeWorkspaceFloats(int64_t tokens, int64_t heads,
-                                            int64_t head_dim, int splits) {
-  return splits <= 1 ? 0 : tokens * heads * splits * (head_dim + 2);
-}
 
 }  // namespace shardlm
 

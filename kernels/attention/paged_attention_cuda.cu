@@ -4,6 +4,9 @@
 // device pool live in a host tier of pinned memory, read and written in
 // place over the bus (KvCaches). Softmax statistics and accumulation are
 // f32 (online softmax).
+#include <algorithm>
+
+#include "kernels/attention/cuda_decode_plan.h"
 #include "kernels/cuda_common.cuh"
 
 namespace shardlm::cuda {
@@ -49,21 +52,78 @@ __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
   const_cast<Bf*>(VRow(c, slot, row))[e] = __float2bfloat16_rn(v[idx]);
 }
 
-// One block per (token, head, split): four warps take 32-key chunks in
-// turn, each keeping its own running max, sum and output; the warps are
-// merged in shared memory, and the splits (when more than one) by
-// CombineKernel through `ws`: per (token, head, split) [max, sum, acc[d]]
-// (CudaDecodeWorkspaceFloats in paged_attention.h counts it).
+// One block per (token, KV head, split), serving the query heads that
+// share that KV head (a GQA group, or kCudaDecodeHeadsPerBlock of a larger
+// one), so that each K/V row is read from memory once per block, not once
+// per query head. Chunks of kKeys keys are staged in shared memory with
+// coalesced 16-byte asynchronous copies (a row's head_dim elements are
+// contiguous), kStages - 1 chunks ahead of the one in use; warp w owns heads w,
+// w + kWarps, ... of the block: lane = key for the scores (each lane reads its
+// key's row from shared memory 16 bytes at a time: the padded row stride keeps
+// a quarter-warp's reads on distinct banks), lane = dimension for the weighted
+// sum of V. A warp owns its heads' whole online-softmax state, so the block
+// needs no merge; the splits (when more than one) are merged by CombineKernel
+// through `ws`: per (token, head, split) [max, sum, acc[d]]
+// (CudaDecodeWorkspaceFloats in cuda_decode_plan.h counts it).
+constexpr int kHeadsPerWarp = kCudaDecodeHeadsPerBlock / kWarps;
+constexpr int kRowPad = 8;  // bf16 elements: 16 bytes.
+// Chunks in flight per block: one used while the next ones load.
+constexpr int kStages = 3;
+
+// Copies 16 bytes from global (device or mapped host) to shared memory
+// without passing through registers (sm_80+; completion per commit group).
+__device__ __forceinline__ void CopyAsync16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d),
+               "l"(src));
+}
+__device__ __forceinline__ void CommitAsync() {
+  asm volatile("cp.async.commit_group;\n" ::);
+}
+template <int kPending>
+__device__ __forceinline__ void WaitAsync() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+}
+
+// Starts copying keys [base, base + cnt) of the sequence into one stage's
+// K rows (padded stride ks_row) and V rows, then closes this thread's
+// commit group (empty when cnt is 0, so that every thread counts the same
+// groups).
+__device__ __forceinline__ void IssueChunk(const KvCaches& c, const AttnMeta& m,
+                                           int seq, int base, int cnt, int d,
+                                           int64_t row, int64_t head_off,
+                                           Bf* ks, int ks_row, Bf* vs) {
+  const int vec = d / 8;  // 16-byte pieces per row.
+  for (int p = threadIdx.x; p < cnt * vec; p += kThreads) {
+    const int t = p / vec, e = p % vec * 8;
+    const int64_t slot = Slot(m, seq, base + t);
+    CopyAsync16(ks + t * ks_row + e, KRow(c, slot, row) + head_off + e);
+    CopyAsync16(vs + t * d + e, VRow(c, slot, row) + head_off + e);
+  }
+  CommitAsync();
+}
+
 template <typename Out>
 __global__ void __launch_bounds__(kThreads)
     DecodeKernel(const float* q, KvCaches c, AttnMeta m, int heads,
                  int kv_heads, int d, float scale, Out* out, float* ws) {
   extern __shared__ float smem[];
-  float* qs = smem;                // [d]
-  float* wacc = qs + d;            // [kWarps, d]
-  float* wml = wacc + kWarps * d;  // [kWarps, 2]
-  const int i = blockIdx.x / heads, h = blockIdx.x % heads;
-  const int kvh = h / (heads / kv_heads);
+  const int group = heads / kv_heads;
+  const int head_blocks =
+      (group + kCudaDecodeHeadsPerBlock - 1) / kCudaDecodeHeadsPerBlock;
+  const int hb = blockIdx.x % head_blocks;
+  const int kvh = blockIdx.x / head_blocks % kv_heads;
+  const int i = blockIdx.x / head_blocks / kv_heads;
+  // The block's query heads: [h0, h0 + nh).
+  const int h0 = kvh * group + hb * kCudaDecodeHeadsPerBlock;
+  const int nh =
+      min(kCudaDecodeHeadsPerBlock, group - hb * kCudaDecodeHeadsPerBlock);
+  const int ks_row = d + kRowPad;
+  const int stage = kKeys * (ks_row + d);  // bf16 elements of one stage.
+  float* qs = smem;                        // [nh, d]
+  // kStages x (K [kKeys, ks_row], V [kKeys, d]).
+  Bf* kv = reinterpret_cast<Bf*>(qs + min(group, kCudaDecodeHeadsPerBlock) * d);
+
   const int splits = gridDim.y, s = blockIdx.y;
   const int ctx = m.positions[i] + 1;
   // The window's first position (0 without one); the splits share the rest.
@@ -74,76 +134,109 @@ __global__ void __launch_bounds__(kThreads)
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int dpl = d / 32;
   const int64_t row = static_cast<int64_t>(kv_heads) * d;
-  const int64_t qoff = (static_cast<int64_t>(i) * heads + h) * d;
-  for (int e = threadIdx.x; e < d; e += blockDim.x) qs[e] = q[qoff + e] * scale;
-  __syncthreads();
-
-  float mx = -INFINITY, l = 0.0f;
-  float acc[kMaxDimsPerLane] = {};
-  for (int base = begin + warp * kKeys; base < end; base += kWarps * kKeys) {
-    const int j = base + lane;
-    float sc = -INFINITY;
-    int64_t slot = 0;
-    if (j < end) {
-      slot = Slot(m, seq, j);
-      const Bf* kr = KRow(c, slot, row) + static_cast<int64_t>(kvh) * d;
-      float dot = 0.0f;
-      for (int e = 0; e < d; e += 2) {
-        const float2 kv = __bfloat1622float2(
-            *reinterpret_cast<const __nv_bfloat162*>(kr + e));
-        dot += qs[e] * kv.x + qs[e + 1] * kv.y;
-      }
-      sc = dot;
-    }
-    const float nm = fmaxf(mx, WarpMax(sc));  // Finite: lane 0 has a key.
-    const float p = j < end ? expf(sc - nm) : 0.0f;
-    const float alpha = expf(mx - nm);  // 0 on the first chunk.
-    l = l * alpha + WarpSum(p);
+  const int64_t head_off = static_cast<int64_t>(kvh) * d;
+  const int64_t qoff = (static_cast<int64_t>(i) * heads + h0) * d;
+  const int chunks = end > begin ? (end - begin + kKeys - 1) / kKeys : 0;
+  const auto issue = [&](int chunk) {
+    const int base = begin + chunk * kKeys;
+    const int cnt = chunk < chunks ? min(kKeys, end - base) : 0;
+    Bf* ks = kv + (chunk % kStages) * stage;
+    IssueChunk(c, m, seq, base, cnt, d, row, head_off, ks, ks_row,
+               ks + kKeys * ks_row);
+  };
 #pragma unroll
-    for (int c = 0; c < kMaxDimsPerLane; ++c) acc[c] *= alpha;
+  for (int chunk = 0; chunk < kStages - 1; ++chunk) issue(chunk);
+  for (int e = threadIdx.x; e < nh * d; e += blockDim.x) {
+    qs[e] = q[qoff + e] * scale;
+  }
+
+  float mx[kHeadsPerWarp], l[kHeadsPerWarp];
+  float acc[kHeadsPerWarp][kMaxDimsPerLane];
+#pragma unroll
+  for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
+    mx[hh] = -INFINITY;
+    l[hh] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kMaxDimsPerLane; ++c) acc[hh][c] = 0.0f;
+  }
+  for (int chunk = 0; chunk < chunks; ++chunk) {
+    const int base = begin + chunk * kKeys;
     const int cnt = min(kKeys, end - base);
-    for (int t = 0; t < cnt; ++t) {
-      const float pt = __shfl_sync(0xffffffffu, p, t);
-      const long long st =
-          __shfl_sync(0xffffffffu, static_cast<long long>(slot), t);
-      const Bf* vr = VRow(c, st, row) + static_cast<int64_t>(kvh) * d;
+    // The stage this issue overwrites was consumed in the previous round.
+    issue(chunk + kStages - 1);
+    WaitAsync<kStages - 1>();  // This thread's copies of `chunk` landed...
+    __syncthreads();           // ...and every thread's; q is stored.
+    const Bf* ks = kv + (chunk % kStages) * stage;
+    const Bf* vs = ks + kKeys * ks_row;
+    // Scores of the warp's heads against the chunk's keys (lane = key).
+    float sc[kHeadsPerWarp];
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerWarp; ++hh) sc[hh] = 0.0f;
+    const Bf* kr = ks + lane * ks_row;
+    for (int e = 0; e < d; e += 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(kr + e);
+      const __nv_bfloat162* k2 = reinterpret_cast<const __nv_bfloat162*>(&raw);
+      float kf[8];
+#pragma unroll
+      for (int x = 0; x < 4; ++x) {
+        const float2 f = __bfloat1622float2(k2[x]);
+        kf[2 * x] = f.x;
+        kf[2 * x + 1] = f.y;
+      }
+#pragma unroll
+      for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
+        const int h = warp + hh * kWarps;
+        if (h < nh) {
+          const float4* qh = reinterpret_cast<const float4*>(qs + h * d + e);
+          const float4 a = qh[0], b = qh[1];
+          sc[hh] += a.x * kf[0] + a.y * kf[1] + a.z * kf[2] + a.w * kf[3] +
+                    b.x * kf[4] + b.y * kf[5] + b.z * kf[6] + b.w * kf[7];
+        }
+      }
+    }
+#pragma unroll
+    for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
+      if (warp + hh * kWarps >= nh) break;  // Uniform across the warp.
+      const float score = lane < cnt ? sc[hh] : -INFINITY;
+      const float nm = fmaxf(mx[hh], WarpMax(score));  // Lane 0 has a key.
+      const float p = lane < cnt ? expf(score - nm) : 0.0f;
+      const float alpha = expf(mx[hh] - nm);  // 0 on the first chunk.
+      l[hh] = l[hh] * alpha + WarpSum(p);
+#pragma unroll
+      for (int c = 0; c < kMaxDimsPerLane; ++c) acc[hh][c] *= alpha;
+      for (int t = 0; t < cnt; ++t) {
+        const float pt = __shfl_sync(0xffffffffu, p, t);
+        const Bf* vr = vs + t * d;
+#pragma unroll
+        for (int c = 0; c < kMaxDimsPerLane; ++c) {
+          if (c < dpl) acc[hh][c] += pt * __bfloat162float(vr[c * 32 + lane]);
+        }
+      }
+      mx[hh] = nm;
+    }
+    __syncthreads();  // The stage is free for the next round's copies.
+  }
+#pragma unroll
+  for (int hh = 0; hh < kHeadsPerWarp; ++hh) {
+    const int h = warp + hh * kWarps;
+    if (h >= nh) break;
+    const int64_t th = static_cast<int64_t>(i) * heads + h0 + h;
+    if (splits == 1) {
 #pragma unroll
       for (int c = 0; c < kMaxDimsPerLane; ++c) {
-        if (c < dpl) acc[c] += pt * __bfloat162float(vr[c * 32 + lane]);
+        if (c < dpl) Store(out, th * d + c * 32 + lane, acc[hh][c] / l[hh]);
       }
+      continue;
     }
-    mx = nm;
-  }
+    float* part = ws + (th * splits + s) * (d + 2);
 #pragma unroll
-  for (int c = 0; c < kMaxDimsPerLane; ++c) {
-    if (c < dpl) wacc[warp * d + c * 32 + lane] = acc[c];
-  }
-  if (lane == 0) {
-    wml[warp * 2] = mx;
-    wml[warp * 2 + 1] = l;
-  }
-  __syncthreads();
-  float bm = -INFINITY, bl = 0.0f;
-  for (int w = 0; w < kWarps; ++w) bm = fmaxf(bm, wml[w * 2]);
-  for (int w = 0; w < kWarps; ++w) {
-    if (wml[w * 2] > -INFINITY) bl += wml[w * 2 + 1] * expf(wml[w * 2] - bm);
-  }
-  float* part =
-      ws + ((static_cast<int64_t>(i) * heads + h) * splits + s) * (d + 2);
-  for (int e = threadIdx.x; e < d; e += blockDim.x) {
-    float a = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      if (wml[w * 2] > -INFINITY) a += wacc[w * d + e] * expf(wml[w * 2] - bm);
+    for (int c = 0; c < kMaxDimsPerLane; ++c) {
+      if (c < dpl) part[2 + c * 32 + lane] = acc[hh][c];
     }
-    if (splits == 1) {
-      Store(out, qoff + e, a / bl);
-    } else {
-      part[2 + e] = a;
+    if (lane == 0) {
+      part[0] = mx[hh];  // -inf for an empty split.
+      part[1] = l[hh];
     }
-  }
-  if (splits > 1 && threadIdx.x == 0) {
-    part[0] = bm;  // -inf for an empty split.
-    part[1] = bl;
   }
 }
 
@@ -276,8 +369,19 @@ template <typename Out>
 cudaError_t Decode(const float* q, const KvCaches& c, const AttnMeta& m,
                    int heads, int kv_heads, int d, float scale, Out* out,
                    float* ws, int splits, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(m.n) * heads, splits);
-  const size_t smem = (d + kWarps * d + kWarps * 2) * sizeof(float);
+  const int group = heads / kv_heads;
+  const int head_blocks =
+      (group + kCudaDecodeHeadsPerBlock - 1) / kCudaDecodeHeadsPerBlock;
+  const dim3 grid(static_cast<unsigned>(m.n) * kv_heads * head_blocks, splits);
+  const size_t smem =
+      std::min(group, kCudaDecodeHeadsPerBlock) * d * sizeof(float) +
+      kStages * kKeys * (d + kRowPad + d) * sizeof(Bf);
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(
+        DecodeKernel<Out>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
   DecodeKernel<Out><<<grid, kThreads, smem, stream>>>(q, c, m, heads, kv_heads,
                                                       d, scale, out, ws);
   if (splits > 1) {

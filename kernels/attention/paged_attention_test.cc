@@ -315,5 +315,29 @@ TEST(PagedAttentionTest, RejectsCachesItCannotRead) {
             absl::StatusCode::kInvalidArgument);
 }
 
+
+// The CUDA decode kernel's plan (cuda_decode_plan.h), worked by hand for an
+// H200's 132 SMs and Llama-3-8B's heads (32 over 8): a block per (token,
+// KV head, split), about three blocks per SM, no split under 32 keys.
+TEST(CudaDecodePlanTest, SplitsFillTheGpuWithoutTinySplits) {
+  // One token: 8 blocks per split; 396 / 8 -> 50 splits would fill the GPU.
+  EXPECT_EQ(CudaDecodeSplits(136, 1, 32, 8, 132), 5);  // 136 keys / 32.
+  EXPECT_EQ(CudaDecodeSplits(2048, 1, 32, 8, 132), 50);
+  EXPECT_EQ(CudaDecodeSplits(100000, 1, 32, 8, 132), 50);
+  // 64 tokens are 512 blocks already.
+  EXPECT_EQ(CudaDecodeSplits(2048, 64, 32, 8, 132), 1);
+  // At most kMaxCudaDecodeSplits; at least one, even for no keys.
+  EXPECT_EQ(CudaDecodeSplits(1 << 20, 1, 1, 1, 10000), kMaxCudaDecodeSplits);
+  EXPECT_EQ(CudaDecodeSplits(0, 1, 32, 8, 132), 1);
+  EXPECT_EQ(CudaDecodeSplits(32, 1, 32, 8, 132), 1);
+  EXPECT_EQ(CudaDecodeSplits(33, 1, 32, 8, 132), 2);
+  // A group of 20 heads takes two blocks of up to 16 heads.
+  EXPECT_EQ(CudaDecodeBlocks(1, 40, 2), 4);
+  EXPECT_EQ(CudaDecodeBlocks(3, 32, 8), 24);
+  // The workspace: per (token, query head, split) max, sum and head_dim.
+  EXPECT_EQ(CudaDecodeWorkspaceFloats(2, 32, 128, 3), 2 * 32 * 3 * 130);
+  EXPECT_EQ(CudaDecodeWorkspaceFloats(2, 32, 128, 1), 0);
+}
+
 }  // namespace
 }  // namespace shardlm
