@@ -254,13 +254,13 @@ decode_bench() {  # name, flags...
   return "$rc"
 }
 
-step_profile() {
-  # Per-kernel time and DRAM bytes of decode steps at batch 1: not a check.
+step_profile() {  # batch, kernels to skip (the prefill steps and more)
+  # Per-kernel time and DRAM bytes of decode steps: not a check.
   ncu --clock-control none \
     --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-    --launch-skip "${PROFILE_SKIP:-600}" --launch-count "${PROFILE_COUNT:-300}" \
-    --csv "$BIN/gpu_decode_bench" --batches 1 --prompt 128 --steps 8 \
-    >"$LOGS/ncu_decode.csv"
+    --launch-skip "$2" --launch-count "${PROFILE_COUNT:-300}" \
+    --csv "$BIN/gpu_decode_bench" --batches "$1" --prompt 128 --steps 8 \
+    >"$LOGS/ncu_decode_b$1.csv"
 }
 
 STEP_NAMES=() STEP_CAPS=() STEP_CMDS=()
@@ -270,7 +270,9 @@ add_step engine_shards 120 step_engine_shards
 add_step gpu_worker 150 step_gpu_worker
 add_step cuda_backend_test 60 "gtest cuda_backend_test"
 add_step forward_ops_gpu_test 90 "gtest forward_ops_gpu_test"
-add_step kernels_cross_backend_test 120 "gtest kernels_cross_backend_test"
+# With the GEMV kernel on every batch it takes (LinearCuda's default is 1 row).
+add_step kernels_cross_backend_test 120 \
+  "export SHARDLM_CUDA_GEMV_ROWS=8; gtest kernels_cross_backend_test"
 add_step nccl_communicator_test 90 "gtest nccl_communicator_test"
 add_step cuda_model_runner_test 150 "gtest cuda_model_runner_test"
 add_step cuda_engine_test 150 \
@@ -285,7 +287,16 @@ for fraction in 0 0.5; do
   add_step "decode_host_$fraction" 90 \
     "decode_bench decode_host_$fraction --model 1b --batches 1,8 --prompt 2048 --steps 32 --host-fraction $fraction"
 done
-[ "${PROFILE:-0}" = 1 ] && add_step profile 180 step_profile
+# Where the GEMV kernel stops beating cuBLAS (LinearCuda's kGemvMaxRows).
+add_step decode_gemv_8b 120 \
+  "export SHARDLM_CUDA_GEMV_ROWS=8; decode_bench decode_gemv_8b --model 8b --batches 1,2,3,4,6,8 --prompt 128 --steps 32"
+add_step decode_cublas_8b 120 \
+  "export SHARDLM_CUDA_GEMV_ROWS=0; decode_bench decode_cublas_8b --model 8b --batches 1,2,3,4,6,8 --prompt 128 --steps 32"
+# A 1B decode step is about 210 kernels: skip the prefill and warm-up steps.
+if [ "${PROFILE:-0}" = 1 ]; then
+  add_step profile 180 "step_profile 1 600"
+  add_step profile_b64 180 "step_profile 64 15000"
+fi
 
 if [ "$LIST" = 1 ]; then
   for i in "${!STEP_NAMES[@]}"; do
