@@ -1,6 +1,7 @@
 #include "coordinator/batch_planner.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <utility>
 
@@ -35,6 +36,14 @@ struct BatchPlanner::Sequence {
   std::optional<absl::Time> started;  // First in running_.
   absl::Time first_token, last_token;
   GenerateResult result;
+  // When the request has penalties: token -> times generated (0: in the
+  // prompt only, kept when repetition_penalty counts the prompt), updated
+  // as tokens come, so that a step's SampleHistory costs O(distinct
+  // tokens), not a pass over the sequence.
+  std::map<int32_t, int32_t> penalized;
+  // The request's stop tokens, distinct and ascending: masked while fewer
+  // than min_tokens have been generated.
+  std::vector<int32_t> min_tokens_mask;
 };
 
 namespace {
@@ -65,6 +74,11 @@ RequestOutcome OutcomeOf(const absl::StatusOr<GenerateResult>& result) {
   return RequestOutcome::kError;
 }
 
+bool HasPenalties(const SamplingParams& p) {
+  return p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f ||
+         p.repetition_penalty != 1.0f;
+}
+
 }  // namespace
 
 BatchPlanner::BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
@@ -89,6 +103,16 @@ void BatchPlanner::Add(RequestId id, GenerateRequest request,
   auto s = std::make_unique<Sequence>();
   s->id = id;
   s->tokens = request.prompt;
+  if (request.sampling.repetition_penalty != 1.0f) {
+    for (int32_t t : request.prompt) s->penalized.emplace(t, 0);
+  }
+  if (request.min_tokens > 0) {
+    s->min_tokens_mask = request.stop_token_ids;
+    std::sort(s->min_tokens_mask.begin(), s->min_tokens_mask.end());
+    s->min_tokens_mask.erase(
+        std::unique(s->min_tokens_mask.begin(), s->min_tokens_mask.end()),
+        s->min_tokens_mask.end());
+  }
   s->request = std::move(request);
   s->callbacks = std::move(callbacks);
   s->submitted = submitted;
@@ -315,6 +339,20 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
   return target - s.computed;
 }
 
+SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
+  SampleHistory h;
+  if (HasPenalties(s.request.sampling)) {
+    h.tokens.reserve(s.penalized.size());
+    h.counts.reserve(s.penalized.size());
+    for (const auto& [token, count] : s.penalized) {
+      h.tokens.push_back(token);
+      h.counts.push_back(count);
+    }
+  }
+  if (generated < s.request.min_tokens) h.masked = s.min_tokens_mask;
+  return h;
+}
+
 std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   // Blocks are taken in priority order, so that a sequence can make room
   // by preempting only lower-priority ones, whatever it is doing. The token
@@ -381,6 +419,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
         step.sampling.push_back(req.sampling);
         step.sample_index.push_back(generated);
         step.logprobs.push_back(req.logprobs);
+        step.history.push_back(History(s, static_cast<int64_t>(generated)));
         step.return_logits |= generated == 0 && req.return_prompt_logits;
         plan.rows.push_back(s.id);
         f.rows.push_back(&s);
@@ -399,6 +438,11 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     Enqueue(std::move(s));
   }
   std::erase_if(running_, [](const auto& s) { return s == nullptr; });
+  // Most steps have no row with penalties or min_tokens: no histories.
+  if (std::all_of(step.history.begin(), step.history.end(),
+                  [](const SampleHistory& h) { return h.empty(); })) {
+    step.history.clear();
+  }
   if (step.tokens.empty() && step.copies.empty()) return std::nullopt;
   for (Sequence* s : f.stepped) ++s->in_flight;
   f.tokens = static_cast<int64_t>(step.tokens.size());
@@ -465,6 +509,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
     const int32_t token = out->tokens[row];
     s.tokens.push_back(token);
     s.result.tokens.push_back(token);
+    if (HasPenalties(req.sampling)) ++s.penalized[token];
     const TokenLogprobs* logprobs = nullptr;
     if (req.logprobs > 0) {
       s.result.logprobs.push_back(std::move(out->logprobs[row]));

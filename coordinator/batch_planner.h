@@ -137,6 +137,9 @@ class BatchPlanner {
   struct Sequence;
 
   void Enqueue(std::unique_ptr<Sequence> s);
+  // What the row sampling token number `generated` of `s` needs for its
+  // penalties and min_tokens (empty when it has neither).
+  static SampleHistory History(const Sequence& s, int64_t generated);
   // Whether the head of the queue can start now, beside the `promised`
   // blocks of sequences started in this round (increased by its own first
   // chunk when it starts); swaps its blocks back in (or attaches its cached

@@ -130,6 +130,65 @@ TEST_F(BatchPlannerTest, MaxSeqsBoundsOneStepAndStepsInFlightAreDisjoint) {
   EXPECT_THAT(c->step.tokens, ElementsAre(7));
 }
 
+// Rows carry what their penalties and min_tokens need: the generated
+// tokens' counts (and the prompt's tokens with a repetition penalty), and
+// the stop tokens masked while fewer than min_tokens were generated; a step
+// with no such row carries no histories.
+TEST_F(BatchPlannerTest, RowsCarryTheirPenaltyCountsAndMinTokensMask) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  const auto add = [&](RequestId id, GenerateRequest r) {
+    planner_->Add(id, std::move(r), {}, kT0);
+  };
+  add(0, {.prompt = {5, 3, 5},
+          .max_tokens = 8,
+          .sampling = {.frequency_penalty = 1, .repetition_penalty = 1.2f},
+          .stop_token_ids = {9, 2, 9},
+          .min_tokens = 2});
+  add(1,
+      {.prompt = {7}, .max_tokens = 8, .sampling = {.presence_penalty = 0.5f}});
+  add(2, {.prompt = {8}, .max_tokens = 8});
+  Admit();
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(p->step.history.size(), 3u);
+  EXPECT_THAT(p->step.history[0].tokens, ElementsAre(3, 5));  // The prompt.
+  EXPECT_THAT(p->step.history[0].counts, ElementsAre(0, 0));
+  EXPECT_THAT(p->step.history[0].masked, ElementsAre(2, 9));
+  EXPECT_TRUE(p->step.history[1].empty());  // Nothing generated yet.
+  EXPECT_TRUE(p->step.history[2].empty());
+  Apply({5, 4, 6});
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(p->step.history.size(), 3u);
+  EXPECT_THAT(p->step.history[0].tokens, ElementsAre(3, 5));
+  EXPECT_THAT(p->step.history[0].counts, ElementsAre(0, 1));
+  EXPECT_THAT(p->step.history[0].masked, ElementsAre(2, 9));  // 1 < 2.
+  EXPECT_THAT(p->step.history[1].tokens, ElementsAre(4));
+  EXPECT_THAT(p->step.history[1].counts, ElementsAre(1));
+  EXPECT_THAT(p->step.history[1].masked, IsEmpty());
+  Apply({3, 4, 6});
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.history[0].counts, ElementsAre(1, 1));
+  EXPECT_THAT(p->step.history[0].masked, IsEmpty());  // 2 generated.
+  EXPECT_THAT(p->step.history[1].counts, ElementsAre(2));
+  Apply({1, 1, 1});
+}
+
+TEST_F(BatchPlannerTest, ALogitBiasAloneNeedsNoHistory) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  planner_->Add(3,
+                {.prompt = {1, 2},
+                 .max_tokens = 4,
+                 .sampling = {.logit_bias = {{.token = 3, .bias = 1}}}},
+                {}, kT0);
+  Admit();
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.history, IsEmpty());  // The bias is in the params.
+  EXPECT_EQ(p->step.sampling[0].logit_bias.size(), 1u);
+}
+
 // A lone long prompt keeps a pipeline busy: its next chunk is planned while
 // the previous ones are in flight (each stage runs them in order), and only
 // the last chunk samples; its first decode waits for that chunk.

@@ -111,7 +111,18 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
                 " (", blocks_.num_blocks(), " device + ",
                 blocks_.num_host_blocks(), " host)");
   }
-  return ValidateSamplingParams(req.sampling);
+  if (req.min_tokens < 0 || req.min_tokens > req.max_tokens) {
+    return fail("min_tokens must be in [0, max_tokens = ", req.max_tokens,
+                "], got ", req.min_tokens);
+  }
+  RETURN_IF_ERROR(ValidateSamplingParams(req.sampling));
+  for (const LogitBias& b : req.sampling.logit_bias) {
+    if (b.token >= c.vocab_size) {
+      return fail("logit_bias token ", b.token,
+                  " is outside the vocabulary of ", c.vocab_size);
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Engine::Validate(

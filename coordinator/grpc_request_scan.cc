@@ -146,17 +146,48 @@ absl::Status ScanChatMessage(absl::string_view wire, int64_t index,
   });
 }
 
-// SamplingParams: temperature 1 (fixed32), top_k 2 (varint), top_p 3
-// (fixed32), seed 4 (varint); anything else is unknown.
-absl::Status ScanSampling(absl::string_view wire, Budget& budget) {
+// A logit_bias map entry: key 1 (varint), value 2 (fixed32).
+absl::Status ScanBiasEntry(absl::string_view wire, Budget& budget) {
   return ForEachField(
-      wire, "shardlm.v1.SamplingParams", [&](const WireField& f) {
-        const bool known =
-            ((f.number == 1 || f.number == 3) && f.type == kFixed32) ||
-            ((f.number == 2 || f.number == 4) && f.type == kVarint);
+      wire, "shardlm.v1.SamplingParams.LogitBiasEntry",
+      [&](const WireField& f) {
+        const bool known = (f.number == 1 && f.type == kVarint) ||
+                           (f.number == 2 && f.type == kFixed32);
         return known || budget.AddUnknown() ? absl::OkStatus()
                                             : budget.TooManyUnknown();
       });
+}
+
+// SamplingParams: temperature 1, top_p 3 and the penalties 5 to 7
+// (fixed32), top_k 2 and seed 4 (varint), logit_bias 8 (map entries,
+// counted against max_logit_bias before any is read); anything else is
+// unknown.
+absl::Status ScanSampling(absl::string_view wire, Budget& budget) {
+  int64_t bias = 0;
+  RETURN_IF_ERROR(
+      ForEachField(wire, "shardlm.v1.SamplingParams", [&](const WireField& f) {
+        const bool fixed =
+            f.number == 1 || f.number == 3 || (f.number >= 5 && f.number <= 7);
+        const bool known =
+            (fixed && f.type == kFixed32) ||
+            ((f.number == 2 || f.number == 4) && f.type == kVarint) ||
+            (f.number == 8 && f.type == kLength);
+        bias += f.number == 8 && known;
+        return known || budget.AddUnknown() ? absl::OkStatus()
+                                            : budget.TooManyUnknown();
+      }));
+  if (bias > budget.limits.max_logit_bias) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling: at most ", budget.limits.max_logit_bias,
+                     " logit_bias entries, got ", bias));
+  }
+  if (bias == 0) return absl::OkStatus();
+  return ForEachField(wire, "shardlm.v1.SamplingParams",
+                      [&](const WireField& f) {
+                        return f.number == 8 && f.type == kLength
+                                   ? ScanBiasEntry(f.bytes, budget)
+                                   : absl::OkStatus();
+                      });
 }
 
 }  // namespace
@@ -228,6 +259,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 7:   // priority
       case 9:   // logprobs
       case 10:  // truncate_prompt_tokens
+      case 12:  // min_tokens
         known = type == kVarint;
         break;
       case 8:  // stop

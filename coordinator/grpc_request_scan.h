@@ -22,6 +22,7 @@ struct GrpcScanLimits {
   int max_stop = 8;
   int max_prompt_token_ids = 1 << 18;
   int max_stop_token_ids = 256;
+  int max_logit_bias = 300;  // sampling.logit_bias entries.
   // Fields of no known number (or the wrong wire type) in the whole
   // request, nested messages included; libprotobuf keeps each.
   int max_unknown_fields = 256;

@@ -34,6 +34,13 @@ TEST(GrpcRequestScanTest, AcceptsWhatTheServiceAccepts) {
   req.set_max_tokens(4);
   req.mutable_sampling()->set_temperature(0.5f);
   req.mutable_sampling()->set_seed(7);
+  req.mutable_sampling()->set_presence_penalty(0.5f);
+  req.mutable_sampling()->set_frequency_penalty(-1);
+  req.mutable_sampling()->set_repetition_penalty(1.1f);
+  for (int i = 0; i < 300; ++i) {
+    (*req.mutable_sampling()->mutable_logit_bias())[i * 7] = -1.5f;
+  }
+  req.set_min_tokens(2);
   for (int i = 0; i < 8; ++i) req.add_stop("x");
   for (int i = 0; i < 256; ++i) req.add_stop_token_ids(i);
   EXPECT_TRUE(ScanGenerateRequest(req.SerializeAsString()).ok());
@@ -71,6 +78,17 @@ TEST(GrpcRequestScanTest, CountsAreRefusedWithTheServicesMessages) {
   for (int i = 0; i < 257; ++i) unpacked += Scalar(5, 1);
   EXPECT_EQ(ScanGenerateRequest(unpacked).message(),
             "at most 256 stop_token_ids, got 257");
+
+  // logit_bias map entries (key 1, value 2), counted before any is read.
+  std::string bias;
+  for (int i = 0; i < 301; ++i) bias += Field(8, Scalar(1, i));
+  EXPECT_EQ(ScanGenerateRequest(Field(4, bias)).message(),
+            "sampling: at most 300 logit_bias entries, got 301");
+  // An entry's unknown fields count against the request's budget.
+  std::string odd;
+  for (int i = 0; i < 257; ++i) odd += Scalar(9, 1);
+  EXPECT_EQ(ScanGenerateRequest(Field(4, Field(8, odd))).message(),
+            "more than 256 unknown fields in the request");
 }
 
 TEST(GrpcRequestScanTest, UnknownFieldsAreBounded) {

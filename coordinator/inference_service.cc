@@ -52,7 +52,9 @@ size_t MaxGrpcRequestBytes(size_t max_prompt_bytes) {
   const size_t bytes =
       (max_prompt_bytes + 16) + (size_t{kMaxPromptTokenIds} * 5 + 16) +
       kMaxStopStrings * (kMaxStopStringBytes + 16) +
-      (size_t{kMaxStopTokenIds} * 5 + 16) + 1024;  // Scalars, sampling.
+      (size_t{kMaxStopTokenIds} * 5 + 16) +
+      size_t{kMaxLogitBias} * 16 +  // Entries: tag, length, key, value.
+      1024;                         // Scalars, sampling.
   constexpr size_t kRound = 64 * 1024;
   return (bytes + kRound - 1) / kRound * kRound;
 }
@@ -86,13 +88,33 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     return CheckMaxTokens(request.max_tokens(), config.context_length);
   }
 
+  RETURN_IF_ERROR(CheckMinTokens(request.min_tokens(), req.max_tokens));
+  req.min_tokens = request.min_tokens();
+
   const v1::SamplingParams& s = request.sampling();
-  RETURN_IF_ERROR(CheckSampling(s.temperature(), s.top_k(), s.top_p()));
-  // In the proto, top_p 0 (the default) means off, like 1.
+  // In the proto, top_p and repetition_penalty 0 (the default) mean off,
+  // like 1.
   req.sampling = {.temperature = s.temperature(),
                   .top_k = s.top_k(),
                   .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
-                  .seed = s.seed()};
+                  .seed = s.seed(),
+                  .presence_penalty = s.presence_penalty(),
+                  .frequency_penalty = s.frequency_penalty(),
+                  .repetition_penalty = s.repetition_penalty() == 0.0f
+                                            ? 1.0f
+                                            : s.repetition_penalty()};
+  if (s.logit_bias_size() > kMaxLogitBias) {  // Before copying them.
+    return Invalid("sampling: at most ", kMaxLogitBias,
+                   " logit_bias entries, got ", s.logit_bias_size());
+  }
+  for (const auto& entry : s.logit_bias()) {
+    req.sampling.logit_bias.push_back(
+        {.token = entry.first, .bias = entry.second});
+  }
+  std::sort(
+      req.sampling.logit_bias.begin(), req.sampling.logit_bias.end(),
+      [](const LogitBias& a, const LogitBias& b) { return a.token < b.token; });
+  RETURN_IF_ERROR(CheckSampling(req.sampling, vocab));
   RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
   if (request.stop_size() > kMaxStopStrings) {

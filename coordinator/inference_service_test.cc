@@ -529,6 +529,43 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
        "logprobs must be in [0, 20], got 21"},
       {"negative logprobs", with([](auto& r) { r.set_logprobs(-1); }),
        "logprobs must be in [0, 20], got -1"},
+      {"presence_penalty over 2",
+       with([](auto& r) { r.mutable_sampling()->set_presence_penalty(2.5f); }),
+       "sampling: presence_penalty must be in [-2, 2], got 2.5"},
+      {"NaN frequency_penalty",
+       with([&](auto& r) { r.mutable_sampling()->set_frequency_penalty(nan); }),
+       "sampling: frequency_penalty must be in [-2, 2], got nan"},
+      {"frequency_penalty under -2",
+       with([](auto& r) { r.mutable_sampling()->set_frequency_penalty(-3); }),
+       "sampling: frequency_penalty must be in [-2, 2], got -3"},
+      {"negative repetition_penalty",
+       with([](auto& r) { r.mutable_sampling()->set_repetition_penalty(-1); }),
+       "sampling: repetition_penalty must be > 0 and finite, got -1"},
+      {"logit_bias id outside the vocabulary", with([](auto& r) {
+         (*r.mutable_sampling()->mutable_logit_bias())[kVocab] = 1;
+       }),
+       "sampling: logit_bias token 301 is outside the vocabulary of 301"},
+      {"negative logit_bias id", with([](auto& r) {
+         (*r.mutable_sampling()->mutable_logit_bias())[-2] = 1;
+       }),
+       "sampling: logit_bias token -2 is not a token id (negative)"},
+      {"logit_bias over 100", with([](auto& r) {
+         (*r.mutable_sampling()->mutable_logit_bias())[3] = 101;
+       }),
+       "sampling: logit_bias of token 3 must be in [-100, 100], got 101"},
+      {"301 logit_bias entries", with([](auto& r) {
+         for (int i = 0; i < 301; ++i) {
+           (*r.mutable_sampling()->mutable_logit_bias())[i] = 1;
+         }
+       }),
+       "sampling: at most 300 logit_bias entries, got 301"},
+      {"min_tokens over max_tokens", with([](auto& r) {
+         r.set_max_tokens(4);
+         r.set_min_tokens(5);
+       }),
+       "min_tokens must be in [0, max_tokens = 4], got 5"},
+      {"negative min_tokens", with([](auto& r) { r.set_min_tokens(-1); }),
+       "min_tokens must be in [0, max_tokens"},
       {"negative truncate_prompt_tokens",
        with([](auto& r) { r.set_truncate_prompt_tokens(-5); }),
        "truncate_prompt_tokens must be >= 0"},

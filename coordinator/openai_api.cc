@@ -1,7 +1,9 @@
 #include "coordinator/openai_api.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <utility>
 #include <vector>
@@ -138,6 +140,40 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
   return absl::OkStatus();
 }
 
+// OpenAI's "logit_bias": an object of token ids (as strings) to numbers.
+// Its size is bounded before the parse (OpenAiScanLimits::max_logit_bias);
+// the ranges are the service's.
+absl::Status AddLogitBias(const Json& body, v1::SamplingParams& s) {
+  auto it = body.find("logit_bias");
+  if (it == body.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return Invalid("'logit_bias' must be an object of token ids to biases");
+  }
+  for (const auto& [key, value] : it->items()) {
+    int64_t id = 0;
+    const bool digits = !key.empty() && key.size() <= 10 &&
+                        std::all_of(key.begin(), key.end(), [](char c) {
+                          return c >= '0' && c <= '9';
+                        });
+    if (digits) id = std::stoll(key);
+    if (!digits || id > std::numeric_limits<int32_t>::max()) {
+      return Invalid(
+          "'logit_bias' keys must be token ids (integers >= 0), "
+          "got '",
+          Echo(key), "'");
+    }
+    if (!value.is_number()) {
+      return Invalid("'logit_bias' values must be numbers (token ", id, ")");
+    }
+    if (s.logit_bias().count(static_cast<int32_t>(id)) > 0) {
+      return Invalid("'logit_bias' gives token ", id, " twice");
+    }
+    (*s.mutable_logit_bias())[static_cast<int32_t>(id)] =
+        static_cast<float>(value.get<double>());
+  }
+  return absl::OkStatus();
+}
+
 // The OpenAI request as a shardlm.v1 request. `top_n` is how many
 // alternatives to report per token (-1: no logprobs).
 absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
@@ -155,21 +191,11 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   }
   int64_t n = 1, best_of = 1;
   bool echo = false;
-  double presence = 0, frequency = 0;
   RETURN_IF_ERROR(Get(body, "n", &n));
   RETURN_IF_ERROR(Get(body, "best_of", &best_of));
   RETURN_IF_ERROR(Get(body, "echo", &echo));
-  RETURN_IF_ERROR(Get(body, "presence_penalty", &presence));
-  RETURN_IF_ERROR(Get(body, "frequency_penalty", &frequency));
   if (n != 1 || best_of != 1) return Invalid("only n = 1 is supported");
   if (echo) return Invalid("'echo' is not supported");
-  if (presence != 0 || frequency != 0) {
-    return Invalid("presence and frequency penalties are not supported");
-  }
-  if (body.contains("logit_bias") && !body["logit_bias"].is_null() &&
-      !body["logit_bias"].empty()) {
-    return Invalid("'logit_bias' is not supported");
-  }
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
   }
@@ -229,6 +255,24 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   s.set_top_p(static_cast<float>(top_p));
   s.set_top_k(top_k);  // The service refuses negatives, as over gRPC.
   s.set_seed(static_cast<uint64_t>(seed));
+  // The penalties and logit_bias; the service checks their ranges (and
+  // the bias's ids against the vocabulary), in the gRPC API's words.
+  double presence = 0, frequency = 0, repetition = 1;
+  RETURN_IF_ERROR(Get(body, "presence_penalty", &presence));
+  RETURN_IF_ERROR(Get(body, "frequency_penalty", &frequency));
+  RETURN_IF_ERROR(Get(body, "repetition_penalty", &repetition));
+  s.set_presence_penalty(static_cast<float>(presence));
+  s.set_frequency_penalty(static_cast<float>(frequency));
+  // 0 reads as "off" in the proto: refused here, in the service's words.
+  if (repetition == 0) {
+    return Invalid(
+        "sampling: repetition_penalty must be > 0 and finite, got 0");
+  }
+  s.set_repetition_penalty(static_cast<float>(repetition));
+  RETURN_IF_ERROR(AddLogitBias(body, s));
+  int32_t min_tokens = 0;
+  RETURN_IF_ERROR(Get(body, "min_tokens", &min_tokens));
+  req.set_min_tokens(min_tokens);
 
   const Json& stop = body.contains("stop") ? body["stop"] : Json();
   if (stop.is_string()) {

@@ -20,7 +20,10 @@ struct GenerateRequest {
   int32_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // Generation ends after one of these.
-  bool return_prompt_logits = false;    // Logits at the last prompt position.
+  // The stop tokens cannot be sampled until this many tokens have been
+  // generated (0 to max_tokens).
+  int32_t min_tokens = 0;
+  bool return_prompt_logits = false;  // Logits at the last prompt position.
   // Per generated token: its log-probability and those of the `logprobs`
   // most likely tokens (0: none; at most kMaxLogprobs).
   int32_t logprobs = 0;

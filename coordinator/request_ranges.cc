@@ -3,7 +3,6 @@
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
-#include "step/sampling_params.h"
 #include "step/step.h"
 
 namespace shardlm {
@@ -21,18 +20,24 @@ absl::Status CheckLogprobs(int64_t logprobs) {
       "logprobs must be in [0, ", kMaxLogprobs, "], got ", logprobs));
 }
 
-absl::Status CheckSampling(float temperature, int32_t top_k, float top_p) {
-  if (!std::isfinite(temperature) || !std::isfinite(top_p)) {
+absl::Status CheckSampling(const SamplingParams& p, int64_t vocab) {
+  if (!std::isfinite(p.temperature) || !std::isfinite(p.top_p)) {
     return absl::InvalidArgumentError(
         "sampling.temperature and sampling.top_p must be finite");
   }
-  const SamplingParams p{.temperature = temperature,
-                         .top_k = top_k,
-                         .top_p = top_p == 0.0f ? 1.0f : top_p};
-  if (absl::Status s = ValidateSamplingParams(p); !s.ok()) {
+  absl::Status s = ValidateSamplingParams(p);
+  if (s.ok()) s = ValidateSampleHistory(p, SampleHistory{}, vocab);
+  if (!s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("sampling: ", s.message()));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckMinTokens(int64_t min_tokens, int64_t max_tokens) {
+  if (min_tokens >= 0 && min_tokens <= max_tokens) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("min_tokens must be in [0, max_tokens = ", max_tokens,
+                   "], got ", min_tokens));
 }
 
 absl::Status CheckTruncatePromptTokens(int64_t n) {

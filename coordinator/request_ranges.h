@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "absl/status/status.h"
+#include "step/sampling_params.h"
 
 namespace shardlm {
 
@@ -17,9 +18,15 @@ namespace shardlm {
 absl::Status CheckMaxTokens(int64_t max_tokens, int64_t context_length);
 // logprobs (completions) and top_logprobs (chat): [0, kMaxLogprobs].
 absl::Status CheckLogprobs(int64_t logprobs);
-// temperature >= 0 and finite, top_k >= 0, top_p in (0, 1] and finite
-// (0 in the proto means off, as 1).
-absl::Status CheckSampling(float temperature, int32_t top_k, float top_p);
+// The engine's ranges (ValidateSamplingParams), in the API's words
+// ("sampling: top_k must be >= 0, got -1"): temperature >= 0 and finite,
+// top_k >= 0, top_p in (0, 1], presence and frequency penalties in [-2, 2],
+// repetition_penalty > 0, at most kMaxLogitBias logit_bias entries, each in
+// [-100, 100] for a token inside [0, vocab). `p` is as the engine takes it
+// (the proto's 0 for top_p or repetition_penalty already made 1).
+absl::Status CheckSampling(const SamplingParams& p, int64_t vocab);
+// min_tokens in [0, max_tokens].
+absl::Status CheckMinTokens(int64_t min_tokens, int64_t max_tokens);
 // truncate_prompt_tokens >= 0 (0: off).
 absl::Status CheckTruncatePromptTokens(int64_t n);
 

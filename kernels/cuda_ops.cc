@@ -837,6 +837,11 @@ absl::Status SampleCuda(const Tensor& logits,
   std::vector<cuda::SampleRow> host(rows);
   for (int64_t r = 0; r < rows; ++r) {
     RETURN_IF_ERROR(ValidateSamplingParams(params[r]));
+    if (params[r].HasLogitProcessors()) {
+      return absl::InvalidArgumentError(
+          "SampleCuda: penalties and logit_bias are applied on the host "
+          "(ProcessLogits, then SampleToken)");
+    }
     host[r] = {.temperature = params[r].temperature,
                .top_k = params[r].top_k,
                .top_p = params[r].top_p,

@@ -220,9 +220,10 @@ absl::Status ArgmaxCuda(const Tensor& logits, Tensor& out,
 // Sampling on the device with SampleToken's semantics and draws: out[r] =
 // SampleToken(logits[r], params[r], steps[r]) (greedy, temperature,
 // top-k, top-p; the uniform draw SampleUniform(seed, step) is made on the
-// host). Sums are in double like the CPU's, in another order, so a draw
-// landing within ~1e-15 of a boundary could differ. logits: [rows, vocab]
-// f32  out: [rows] i32.
+// host; rows with logit processors, SamplingParams::HasLogitProcessors,
+// are refused: they are sampled on the host). Sums are in double like the
+// CPU's, in another order, so a draw landing within ~1e-15 of a boundary could
+// differ. logits: [rows, vocab] f32  out: [rows] i32.
 absl::Status SampleCuda(const Tensor& logits,
                         absl::Span<const SamplingParams> params,
                         absl::Span<const uint64_t> steps, Tensor& out,

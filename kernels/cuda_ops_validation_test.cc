@@ -36,6 +36,28 @@ TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {
   EXPECT_NE(std::string(s.message()).find("BF16"), std::string::npos) << s;
 }
 
+// Rows with logit processors are sampled on the host (SampleStep); the
+// device sampler refuses them rather than ignore their penalties.
+TEST(CudaOpsValidationTest, SampleCudaRefusesRowsWithLogitProcessors) {
+  static float fake[64];
+  static int32_t ids[2];
+  Tensor logits =
+      *Tensor::View(DType::kF32, {2, 32}, fake, MemoryType::kDevice);
+  Tensor out = *Tensor::View(DType::kI32, {2}, ids, MemoryType::kDevice);
+  const std::vector<uint64_t> steps = {0, 0};
+  for (const SamplingParams& p :
+       {SamplingParams{.frequency_penalty = 0.5f},
+        SamplingParams{.repetition_penalty = 1.2f},
+        SamplingParams{.logit_bias = {{.token = 3, .bias = -100}}}}) {
+    const std::vector<SamplingParams> params = {SamplingParams{}, p};
+    const absl::Status s = SampleCuda(logits, params, steps, out, {});
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find("applied on the host"),
+              std::string::npos)
+        << s;
+  }
+}
+
 // CudaAttentionBatch checks the batch against the pool before it
 // allocates or copies anything.
 TEST(CudaOpsValidationTest, AttentionBatchIsCheckedBeforeUpload) {

@@ -38,6 +38,10 @@ struct StepInput {
   std::vector<int32_t> logit_rows;
   std::vector<SamplingParams> sampling;
   std::vector<uint64_t> sample_index;
+  // Empty, or per logit row: what its penalties and min_tokens need of its
+  // sequence (see SampleHistory). Built by the planner for rows whose
+  // request uses them, so an empty entry is the common case.
+  std::vector<SampleHistory> history;
   bool return_logits = false;  // Also return the logits of logit_rows.
   // Empty, or per logit row: how many most likely alternatives to report
   // with the sampled token's log-probability (0: no log-probabilities for
@@ -55,9 +59,10 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
-// Log-probabilities of one sampled token under the model's distribution:
-// log_softmax of the raw logits (temperature 1, before top-k and top-p),
-// computed in double, whatever the row's sampling parameters.
+// Log-probabilities of one sampled token under the distribution it was
+// sampled from before temperature, top-k and top-p: log_softmax of the
+// logits after the row's logit processors (penalties, logit_bias, masked
+// tokens; the raw logits when it has none), computed in double.
 struct TokenLogprobs {
   float sampled = 0;              // Of the sampled token.
   std::vector<TokenLogprob> top;  // Most likely first (lower id on ties).
@@ -65,7 +70,9 @@ struct TokenLogprobs {
 
 struct StepOutput {
   std::vector<int32_t> tokens;  // One per logit row.
-  Tensor logits;                // [rows, vocab] when return_logits, else empty.
+  // [rows, vocab] when return_logits, else empty: the model's, before any
+  // logit processor.
+  Tensor logits;
   // One per logit row when any row asked for log-probabilities (rows that
   // did not have an empty entry), else empty.
   std::vector<TokenLogprobs> logprobs;

@@ -63,6 +63,18 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
     s.set_top_k(p.top_k);
     s.set_top_p(p.top_p);
     s.set_seed(p.seed);
+    s.set_presence_penalty(p.presence_penalty);
+    s.set_frequency_penalty(p.frequency_penalty);
+    s.set_repetition_penalty(p.repetition_penalty);
+    for (const LogitBias& b : p.logit_bias) {
+      (*s.mutable_logit_bias())[b.token] = b.bias;
+    }
+  }
+  for (const SampleHistory& h : step.history) {
+    v1::SampleHistory& out = *plan->add_history();
+    out.mutable_tokens()->Add(h.tokens.begin(), h.tokens.end());
+    out.mutable_counts()->Add(h.counts.begin(), h.counts.end());
+    out.mutable_masked()->Add(h.masked.begin(), h.masked.end());
   }
   plan->mutable_sample_index()->Add(step.sample_index.begin(),
                                     step.sample_index.end());
@@ -96,10 +108,28 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
   }
   step.logit_rows.assign(plan.logit_rows().begin(), plan.logit_rows().end());
   for (const v1::SamplingParams& s : plan.sampling()) {
-    step.sampling.push_back({.temperature = s.temperature(),
-                             .top_k = s.top_k(),
-                             .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
-                             .seed = s.seed()});
+    SamplingParams& p = step.sampling.emplace_back(SamplingParams{
+        .temperature = s.temperature(),
+        .top_k = s.top_k(),
+        .top_p = s.top_p() == 0.0f ? 1.0f : s.top_p(),
+        .seed = s.seed(),
+        .presence_penalty = s.presence_penalty(),
+        .frequency_penalty = s.frequency_penalty(),
+        .repetition_penalty =
+            s.repetition_penalty() == 0.0f ? 1.0f : s.repetition_penalty()});
+    // A map's order on the wire is unspecified; the contract's is by id.
+    for (const auto& entry : s.logit_bias()) {
+      p.logit_bias.push_back({.token = entry.first, .bias = entry.second});
+    }
+    std::sort(p.logit_bias.begin(), p.logit_bias.end(),
+              [](const LogitBias& a, const LogitBias& b) {
+                return a.token < b.token;
+              });
+  }
+  for (const v1::SampleHistory& h : plan.history()) {
+    step.history.push_back({.tokens = {h.tokens().begin(), h.tokens().end()},
+                            .counts = {h.counts().begin(), h.counts().end()},
+                            .masked = {h.masked().begin(), h.masked().end()}});
   }
   step.sample_index.assign(plan.sample_index().begin(),
                            plan.sample_index().end());

@@ -36,6 +36,16 @@ TEST(StepCodecTest, DecodeOfEncodeIsTheStep) {
   steps.push_back(Step({1, 2}, {{4, 5, 9}, {6}}));  // 1 grew.
   steps.back().copies = {{.src = 3, .dst = 70}, {.src = 71, .dst = 2}};
   steps.back().logprobs = {0, 5};
+  // Logit processors and the rows' histories travel too; the bias map
+  // comes back in id order whatever its order on the wire.
+  steps.back().sampling[1].presence_penalty = 0.5f;
+  steps.back().sampling[1].frequency_penalty = -1.25f;
+  steps.back().sampling[1].repetition_penalty = 1.5f;
+  steps.back().sampling[1].logit_bias = {{.token = 3, .bias = -100},
+                                         {.token = 17, .bias = 2.5f},
+                                         {.token = 40000, .bias = 0.25f}};
+  steps.back().history = {
+      {}, {.tokens = {1, 5, 9}, .counts = {0, 2, 1}, .masked = {2, 7}}};
   steps.back().return_logits = true;
   steps.push_back(Step({2, 3}, {{6, 10}, {11, 12}}));  // 1 gone, 3 new.
   steps.push_back(Step({3}, {{13}}));  // Not an extension: resent whole.

@@ -96,8 +96,9 @@ class CudaModelRunner : public ShardRunner {
 
   // Forward and sampling, as SampleStep(step, Forward(step)): sampled on
   // the device (SampleCuda: SampleToken's draws) with only the ids copied
-  // back, unless the logits or log-probabilities are wanted too; then the
-  // logits come back and SampleStep draws on the host.
+  // back, unless the logits or log-probabilities are wanted too or a row
+  // has logit processors (penalties, logit_bias, min_tokens masks); then
+  // the logits come back and SampleStep draws on the host.
   absl::StatusOr<StepOutput> Step(const StepInput& step) override;
 
   // Waits for all queued work.

@@ -54,6 +54,11 @@ absl::Status ValidateStepSampling(const StepInput& step) {
           absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", n));
     }
   }
+  if (!step.history.empty() && step.history.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", rows, " logit rows but ", step.history.size(),
+                     " sample histories"));
+  }
   for (const SamplingParams& p : step.sampling) {
     RETURN_IF_ERROR(ValidateSamplingParams(p));
   }
@@ -70,10 +75,21 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
       std::any_of(step.logprobs.begin(), step.logprobs.end(),
                   [](int32_t n) { return n > 0; });
   if (any_logprobs) out.logprobs.resize(rows);
+  const SampleHistory no_history;
+  std::vector<float> processed;  // A row with logit processors, processed.
   for (size_t r = 0; r < rows; ++r) {
-    const absl::Span<const float> row(logits.f32().data() + r * vocab, vocab);
-    out.tokens.push_back(
-        SampleToken(row, step.sampling[r], step.sample_index[r]));
+    const SamplingParams& params = step.sampling[r];
+    const SampleHistory& history =
+        step.history.empty() ? no_history : step.history[r];
+    absl::Span<const float> row(logits.f32().data() + r * vocab, vocab);
+    // On a copy: the logits returned (return_logits) stay the model's.
+    if (params.HasLogitProcessors() || !history.empty()) {
+      RETURN_IF_ERROR(ValidateSampleHistory(params, history, vocab));
+      processed.assign(row.begin(), row.end());
+      ProcessLogits(absl::MakeSpan(processed), params, history);
+      row = processed;
+    }
+    out.tokens.push_back(SampleToken(row, params, step.sample_index[r]));
     if (any_logprobs && step.logprobs[r] > 0) {
       out.logprobs[r] = Logprobs(row, out.tokens.back(), step.logprobs[r]);
     }

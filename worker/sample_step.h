@@ -20,11 +20,15 @@ TokenLogprobs Logprobs(absl::Span<const float> logits, int32_t sampled,
                        int32_t top_n);
 
 // Samples one token per logit row of `logits` ([rows, vocab]) with the
-// step's per-row parameters, and computes the log-probabilities asked for.
+// step's per-row parameters, after the row's logit processors
+// (ProcessLogits: penalties, logit_bias, masked tokens), and computes the
+// log-probabilities asked for, of the processed logits.
 absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits);
 
 // What SampleStep checks of a step (one sampling parameter set, sample
-// index and logprobs count per logit row, each in range), on its own: for
+// index and logprobs count per logit row, each in range, and no or one
+// history per row; the token ids against the vocabulary are checked by
+// SampleStep, which knows it), on its own: for
 // ranks that must refuse a bad step alike before any collective, whichever
 // of them samples.
 absl::Status ValidateStepSampling(const StepInput& step);

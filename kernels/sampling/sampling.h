@@ -1,4 +1,5 @@
-// Token sampling from logits: greedy, temperature, top-k, top-p, seeded.
+// Token sampling from logits: the logit processors (penalties, bias,
+// masks), then greedy, temperature, top-k, top-p, seeded.
 #ifndef SHARDLM_KERNELS_SAMPLING_SAMPLING_H_
 #define SHARDLM_KERNELS_SAMPLING_SAMPLING_H_
 
@@ -15,6 +16,16 @@ namespace shardlm {
 // generator, so that any worker, a retry or a recomputation after
 // preemption draws exactly the same number.
 double SampleUniform(uint64_t seed, uint64_t step);
+
+// Applies a row's logit processors to `logits` (one row, [vocab], in
+// place), in vLLM's order: logit_bias is added and the masked tokens set to
+// -inf, then the repetition penalty (on the biased logits) divides positive
+// logits and multiplies the others of every token in history.tokens, then
+// logit[t] -= presence * (count[t] > 0) + frequency * count[t]. Nothing
+// changes when no processor is on and nothing is masked. `history` must be
+// valid for the row (ValidateSampleHistory).
+void ProcessLogits(absl::Span<float> logits, const SamplingParams& params,
+                   const SampleHistory& history);
 
 // Picks a token from `logits` (one row, the full vocabulary). Greedy picks
 // the lowest index among equal maxima.

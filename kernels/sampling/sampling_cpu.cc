@@ -31,6 +31,26 @@ double SampleUniform(uint64_t seed, uint64_t step) {
   return static_cast<double>(bits >> 11) * 0x1.0p-53;
 }
 
+void ProcessLogits(absl::Span<float> logits, const SamplingParams& p,
+                   const SampleHistory& h) {
+  for (const LogitBias& b : p.logit_bias) logits[b.token] += b.bias;
+  for (int32_t t : h.masked) logits[t] = -INFINITY;
+  if (p.repetition_penalty != 1.0f) {
+    for (int32_t t : h.tokens) {
+      float& l = logits[t];
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
+  }
+  if (p.presence_penalty != 0.0f || p.frequency_penalty != 0.0f) {
+    for (size_t i = 0; i < h.tokens.size(); ++i) {
+      const int32_t c = h.counts[i];
+      if (c == 0) continue;  // In the prompt only.
+      logits[h.tokens[i]] -=
+          p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
+    }
+  }
+}
+
 int32_t SampleToken(absl::Span<const float> logits, const SamplingParams& p,
                     uint64_t step) {
   const int32_t vocab = static_cast<int32_t>(logits.size());

@@ -1,5 +1,6 @@
 #include "kernels/sampling/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 #include <vector>
@@ -129,6 +130,206 @@ TEST(SamplingTest, ValidatesParams) {
                       "top_p must be in (0, 1], got 0"));
   EXPECT_TRUE(IsError(ValidateSamplingParams({.top_p = 1.5f}), kInvalid,
                       "top_p must be in (0, 1], got 1.5"));
+}
+
+// The logit processors, written the obvious way from their definitions
+// (vLLM's order): counts by scanning the output, "in the prompt" by
+// scanning the prompt, every token of the vocabulary visited.
+std::vector<float> ReferenceProcess(std::vector<float> logits,
+                                    const SamplingParams& p,
+                                    const std::vector<int32_t>& prompt,
+                                    const std::vector<int32_t>& output,
+                                    const std::vector<int32_t>& stop_tokens,
+                                    int32_t min_tokens) {
+  const int32_t vocab = static_cast<int32_t>(logits.size());
+  for (const LogitBias& b : p.logit_bias) logits[b.token] += b.bias;
+  if (static_cast<int32_t>(output.size()) < min_tokens) {
+    for (int32_t t : stop_tokens) logits[t] = -INFINITY;
+  }
+  for (int32_t t = 0; t < vocab; ++t) {
+    int32_t count = 0;
+    for (int32_t o : output) count += o == t;
+    bool in_prompt = false;
+    for (int32_t q : prompt) in_prompt |= q == t;
+    if (count > 0 || in_prompt) {
+      logits[t] = logits[t] > 0 ? logits[t] / p.repetition_penalty
+                                : logits[t] * p.repetition_penalty;
+    }
+    logits[t] -= p.frequency_penalty * static_cast<float>(count);
+    logits[t] -= p.presence_penalty * (count > 0 ? 1.0f : 0.0f);
+  }
+  return logits;
+}
+
+// SampleHistory as the planner builds it from the same tokens.
+SampleHistory HistoryOf(const SamplingParams& p,
+                        const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& output,
+                        std::vector<int32_t> stop_tokens, int32_t min_tokens) {
+  std::map<int32_t, int32_t> counts;
+  if (p.repetition_penalty != 1.0f) {
+    for (int32_t t : prompt) counts.emplace(t, 0);
+  }
+  for (int32_t t : output) ++counts[t];
+  SampleHistory h;
+  for (const auto& [t, c] : counts) {
+    h.tokens.push_back(t);
+    h.counts.push_back(c);
+  }
+  if (static_cast<int32_t>(output.size()) < min_tokens) {
+    std::sort(stop_tokens.begin(), stop_tokens.end());
+    h.masked = stop_tokens;
+  }
+  return h;
+}
+
+// Logits in eighths and penalties in quarters keep the penalties' sums
+// exact, so the processed logits must equal the reference's bit for bit
+// (the repetition penalty is one division or product on both sides).
+std::vector<float> FixedLogits(int32_t vocab) {
+  std::vector<float> logits(vocab);
+  for (int32_t i = 0; i < vocab; ++i) {
+    logits[i] = static_cast<float>((i * 37) % 61 - 30) / 8.0f;
+  }
+  return logits;
+}
+
+struct ProcessorCase {
+  const char* name;
+  SamplingParams params;
+  int32_t min_tokens = 0;
+};
+
+std::vector<ProcessorCase> ProcessorCases() {
+  return {
+      {"off", {}},
+      {"presence", {.presence_penalty = 1.5f}},
+      {"negative presence", {.presence_penalty = -2.0f}},
+      {"frequency", {.frequency_penalty = 0.75f}},
+      {"presence and frequency",
+       {.presence_penalty = 0.5f, .frequency_penalty = 2.0f}},
+      {"repetition", {.repetition_penalty = 1.25f}},
+      {"repetition under 1", {.repetition_penalty = 0.5f}},
+      {"bias",
+       {.logit_bias = {{.token = 2, .bias = 100},
+                       {.token = 9, .bias = -100},
+                       {.token = 60, .bias = 0.25f}}}},
+      {"everything",
+       {.presence_penalty = 0.25f,
+        .frequency_penalty = -0.5f,
+        .repetition_penalty = 2.0f,
+        .logit_bias = {{.token = 4, .bias = 3.5f}, {.token = 7, .bias = -1}}},
+       5},
+      {"min_tokens", {}, 8},
+  };
+}
+
+TEST(LogitProcessorsTest, MatchTheReferenceOnFixedLogits) {
+  constexpr int32_t kVocab = 67;  // Awkward on purpose.
+  const std::vector<int32_t> prompt = {3, 5, 5, 40, 66, 12};
+  const std::vector<int32_t> output = {7, 12, 7, 7, 30, 0, 4};
+  const std::vector<int32_t> stops = {9, 1};
+  for (const ProcessorCase& c : ProcessorCases()) {
+    SCOPED_TRACE(c.name);
+    ASSERT_TRUE(ValidateSamplingParams(c.params).ok());
+    const SampleHistory h =
+        HistoryOf(c.params, prompt, output, stops, c.min_tokens);
+    ASSERT_TRUE(ValidateSampleHistory(c.params, h, kVocab).ok());
+    std::vector<float> got = FixedLogits(kVocab);
+    ProcessLogits(absl::MakeSpan(got), c.params, h);
+    const std::vector<float> want = ReferenceProcess(
+        FixedLogits(kVocab), c.params, prompt, output, stops, c.min_tokens);
+    for (int32_t t = 0; t < kVocab; ++t) ASSERT_EQ(got[t], want[t]) << t;
+  }
+}
+
+// Greedy decoding takes the argmax of the processed logits, and seeded
+// sampling draws from them: the same tokens as from the reference's, and
+// different ones from the raw logits'.
+TEST(LogitProcessorsTest, GreedyAndSeededSamplingUseTheProcessedLogits) {
+  constexpr int32_t kVocab = 67;
+  const std::vector<float> raw = FixedLogits(kVocab);
+  // The raw argmax, generated three times already.
+  const int32_t raw_best = SampleToken(raw, {}, 0);
+  const std::vector<int32_t> prompt = {1, 2};
+  const std::vector<int32_t> output = {raw_best, raw_best, raw_best};
+  int changed = 0;
+  for (const ProcessorCase& c : ProcessorCases()) {
+    SCOPED_TRACE(c.name);
+    const SampleHistory h =
+        HistoryOf(c.params, prompt, output, {raw_best}, c.min_tokens);
+    std::vector<float> got = raw;
+    ProcessLogits(absl::MakeSpan(got), c.params, h);
+    const std::vector<float> want = ReferenceProcess(
+        raw, c.params, prompt, output, {raw_best}, c.min_tokens);
+    SamplingParams greedy = c.params;
+    EXPECT_EQ(SampleToken(got, greedy, 0), SampleToken(want, greedy, 0));
+    changed += SampleToken(got, greedy, 0) != raw_best;
+    for (uint64_t step = 0; step < 200; ++step) {
+      SamplingParams p = c.params;
+      p.temperature = 0.8f;
+      p.top_p = 0.9f;
+      p.seed = 11 + step % 3;
+      ASSERT_EQ(SampleToken(got, p, step), SampleToken(want, p, step)) << step;
+    }
+  }
+  // Positive presence and frequency penalties, repetition > 1, the +100
+  // bias, the min_tokens mask and "everything" move the argmax off the
+  // repeated token (7 cases).
+  EXPECT_EQ(changed, 7);
+}
+
+TEST(LogitProcessorsTest, ABiasOfMinus100AndAMaskRemoveATokenFromSampling) {
+  const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f};
+  SamplingParams p{.temperature = 1.0f,
+                   .seed = 5,
+                   .logit_bias = {{.token = 1, .bias = -100}}};
+  SampleHistory h{.masked = {2}};
+  std::vector<float> got = logits;
+  ProcessLogits(absl::MakeSpan(got), p, h);
+  EXPECT_EQ(got[2], -INFINITY);
+  EXPECT_EQ(SampleToken(got, {}, 0), 0);  // Greedy.
+  for (uint64_t step = 0; step < 2000; ++step) {
+    const int32_t t = SampleToken(got, p, step);
+    ASSERT_NE(t, 2) << step;  // Masked: never.
+    // 1 has probability ~e^-98 of the rest.
+    ASSERT_NE(t, 1) << step;
+  }
+}
+
+TEST(LogitProcessorsTest, ValidatesRangesAndHistories) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.presence_penalty = 2.5f}),
+                      kInvalid,
+                      "presence_penalty must be in [-2, 2], got 2.5"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.frequency_penalty = NAN}),
+                      kInvalid,
+                      "frequency_penalty must be in [-2, 2], got nan"));
+  EXPECT_TRUE(IsError(ValidateSamplingParams({.repetition_penalty = 0}),
+                      kInvalid, "repetition_penalty must be > 0 and finite"));
+  EXPECT_TRUE(IsError(
+      ValidateSamplingParams({.logit_bias = {{.token = 3, .bias = -100.5f}}}),
+      kInvalid, "logit_bias of token 3 must be in [-100, 100], got -100.5"));
+  EXPECT_TRUE(IsError(
+      ValidateSamplingParams({.logit_bias = {{.token = 3}, {.token = 3}}}),
+      kInvalid, "distinct tokens in ascending order"));
+  SamplingParams many;
+  for (int32_t i = 0; i <= kMaxLogitBias; ++i) many.logit_bias.push_back({i});
+  EXPECT_TRUE(IsError(ValidateSamplingParams(many), kInvalid,
+                      "at most 300 logit_bias entries, got 301"));
+  EXPECT_TRUE(
+      IsError(ValidateSampleHistory({.logit_bias = {{.token = 10}}}, {}, 10),
+              kInvalid, "logit_bias token 10 is outside the vocabulary of 10"));
+  EXPECT_TRUE(IsError(ValidateSampleHistory({}, {.tokens = {1, 2}}, 10),
+                      kInvalid, "2 tokens but 0 counts"));
+  EXPECT_TRUE(IsError(
+      ValidateSampleHistory({}, {.tokens = {2, 1}, .counts = {0, 0}}, 10),
+      kInvalid, "distinct and ascending"));
+  EXPECT_TRUE(IsError(ValidateSampleHistory({}, {.masked = {10}}, 10), kInvalid,
+                      "outside the vocabulary of 10"));
+  EXPECT_TRUE(
+      IsError(ValidateSampleHistory({}, {.tokens = {1}, .counts = {-1}}, 10),
+              kInvalid, "negative count"));
 }
 
 }  // namespace

@@ -71,6 +71,11 @@ def generate(channel, body: bytes) -> tuple[str, str]:
 PROMPT = string(1, b"Hello")
 
 
+def bias_entry(token: int, bias: float) -> bytes:
+    """One entry of SamplingParams.logit_bias (map field 8)."""
+    return string(8, scalar(1, token) + f32(2, bias))
+
+
 def sampling(*fields: bytes) -> bytes:
     return string(4, b"".join(fields))
 
@@ -100,6 +105,28 @@ CASES = [
      {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1,
       "logprobs": True, "top_logprobs": 21},
      PROMPT + scalar(3, 1) + scalar(9, 21)),
+    ("presence_penalty 2.5", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "presence_penalty": 2.5},
+     PROMPT + scalar(3, 1) + sampling(f32(5, 2.5))),
+    ("frequency_penalty -3", "/v1/chat/completions",
+     {"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 1,
+      "frequency_penalty": -3},
+     PROMPT + scalar(3, 1) + sampling(f32(6, -3.0))),
+    ("repetition_penalty -1", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "repetition_penalty": -1},
+     PROMPT + scalar(3, 1) + sampling(f32(7, -1.0))),
+    ("logit_bias 101", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "logit_bias": {"5": 101}},
+     PROMPT + scalar(3, 1) + sampling(bias_entry(5, 101.0))),
+    ("logit_bias id outside the vocabulary", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "logit_bias": {"49152": 1}},
+     PROMPT + scalar(3, 1) + sampling(bias_entry(49152, 1.0))),
+    ("min_tokens over max_tokens", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 2, "min_tokens": 3},
+     PROMPT + scalar(3, 2) + scalar(12, 3)),
+    ("min_tokens -1", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 2, "min_tokens": -1},
+     PROMPT + scalar(3, 2) + scalar(12, -1)),
     ("truncate_prompt_tokens -1", "/v1/completions",
      {"prompt": "Hello", "max_tokens": 1, "truncate_prompt_tokens": -1},
      PROMPT + scalar(3, 1) + scalar(10, -1)),

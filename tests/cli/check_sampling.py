@@ -1,0 +1,374 @@
+#!/usr/bin/env python3
+"""The logit processors end to end (issue 38): presence, frequency and
+repetition penalties, logit_bias and min_tokens through the HTTP API of
+`shardlm serve` on SmolLM2, their token ids over gRPC, and the same greedy
+tokens from a TP=2 x PP=2 cluster under mpirun as from TP=PP=1.
+
+Behaviour is checked against what the fields promise on the real model,
+each beside the same request without the field:
+- a -100 logit_bias on the greedy first token changes it (and it is out of
+  that position's top logprobs: they are of the biased distribution), a
+  +100 one forces its token;
+- frequency, presence and repetition penalties each leave fewer repeated
+  tokens than none on a repetitive prompt;
+- min_tokens keeps a chat reply that ends after a few tokens going for at
+  least that many;
+- a seeded sampled request with penalties is reproducible.
+The sampling math itself is checked against a reference in
+kernels/sampling/sampling_test.cc.
+
+  check_sampling.py --shardlm BIN --gguf MODEL --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+
+import grpc
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+from testlib import (FAILURES, check, exit_code, free_port, pb_bytes,  # noqa: E402
+                     pb_scalar, pb_varint, skip, stop)
+
+MPIRUN = ["mpirun", "--oversubscribe"]
+if os.geteuid() == 0:
+    MPIRUN.insert(1, "--allow-run-as-root")
+
+REPETITIVE = "one two one two one two one two one two one two"
+CHAT_SHORT = [{"role": "user", "content": "Reply with only the word: yes"}]
+
+
+def http(port: int, path: str, body: dict) -> tuple[int, dict]:
+    raw = json.dumps(body).encode()
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+           ).encode() + raw
+    with socket.create_connection(("127.0.0.1", port), timeout=300) as s:
+        s.sendall(req)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    try:
+        return status, json.loads(data.partition(b"\r\n\r\n")[2])
+    except ValueError:
+        return status, {}
+
+
+def f32(num: int, value: float) -> bytes:
+    return pb_varint(num << 3 | 5) + struct.pack("<f", value)
+
+
+def read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def token_ids(response: bytes) -> list[int]:
+    """GenerateResponse.token_ids (field 2, packed or not)."""
+    out, i = [], 0
+    while i < len(response):
+        key, i = read_varint(response, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = read_varint(response, i)
+            if num == 2:
+                out.append(v)
+        elif wire == 2:
+            n, i = read_varint(response, i)
+            if num == 2:
+                j = i
+                while j < i + n:
+                    v, j = read_varint(response, j)
+                    out.append(v)
+            i += n
+        elif wire == 5:
+            i += 4
+        elif wire == 1:
+            i += 8
+        else:
+            raise ValueError(f"wire type {wire}")
+    return out
+
+
+def grpc_request(prompt: str, max_tokens: int, presence: float = 0,
+                 frequency: float = 0, repetition: float = 0,
+                 bias: dict[int, float] | None = None, min_tokens: int = 0,
+                 ignore_eos: bool = True) -> bytes:
+    """A GenerateRequest, greedy, with the logit processors given; a
+    prompt "user: TEXT" is sent as a chat of one user message."""
+    sampling = b""
+    if presence:
+        sampling += f32(5, presence)
+    if frequency:
+        sampling += f32(6, frequency)
+    if repetition:
+        sampling += f32(7, repetition)
+    for token, b in (bias or {}).items():
+        sampling += pb_bytes(8, pb_scalar(1, token) + f32(2, b))
+    # A prompt of "user: TEXT" is a one-message chat (field 11).
+    if prompt.startswith("user: "):
+        out = pb_bytes(11, pb_bytes(1, b"user") +
+                       pb_bytes(2, prompt[len("user: "):].encode()))
+    else:
+        out = pb_bytes(1, prompt.encode())
+    out += pb_scalar(3, max_tokens)
+    if sampling:
+        out += pb_bytes(4, sampling)
+    if ignore_eos:
+        out += pb_scalar(6, 1)
+    if min_tokens:
+        out += pb_scalar(12, min_tokens)
+    return out
+
+
+def generate(channel, body: bytes) -> list[int] | str:
+    """The token ids generated, or the error."""
+    call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    ids = []
+    try:
+        for r in call(body, timeout=300):
+            ids += token_ids(r)
+        return ids
+    except grpc.RpcError as e:
+        return f"{e.code().name}: {e.details()}"
+
+
+def repeats(tokens: list) -> int:
+    return len(tokens) - len(set(tokens))
+
+
+def completion(port: int, **fields) -> dict:
+    body = {"prompt": REPETITIVE, "max_tokens": 32, "temperature": 0,
+            "ignore_eos": True, "logprobs": 0}
+    body.update(fields)
+    status, got = http(port, "/v1/completions", body)
+    check(status == 200,
+          f"completions {fields}: 200 ({status}{'' if status == 200 else got})")
+    return got if status == 200 else {
+        "choices": [{"text": "", "logprobs": {"tokens": [],
+                                              "top_logprobs": []}}]}
+
+
+def http_checks(port: int, channel) -> None:
+    # logit_bias against the greedy first token, found over gRPC.
+    prompt = "The capital of France is"
+    base = generate(channel, grpc_request(prompt, 6))
+    check(isinstance(base, list) and len(base) == 6,
+          f"gRPC greedy baseline: 6 tokens ({base})")
+    if not isinstance(base, list) or not base:
+        return
+    first = base[0]
+    banned = generate(channel, grpc_request(prompt, 6, bias={first: -100}))
+    check(isinstance(banned, list) and banned and banned[0] != first,
+          f"gRPC: logit_bias -100 on {first} moves the first token "
+          f"({banned})")
+    forced = generate(channel, grpc_request(prompt, 3, bias={1000: 100}))
+    check(forced == [1000, 1000, 1000],
+          f"gRPC: logit_bias +100 on token 1000 forces it ({forced})")
+    plain = completion(port, prompt=prompt, max_tokens=6, logprobs=5)
+    biased = completion(port, prompt=prompt, max_tokens=6, logprobs=5,
+                        logit_bias={str(first): -100})
+    ptext, btext = plain["choices"][0]["text"], biased["choices"][0]["text"]
+    check(ptext != btext, f"HTTP: the bias changes the text ({ptext!r} -> "
+          f"{btext!r})")
+    ptop = plain["choices"][0]["logprobs"]["top_logprobs"]
+    btop = biased["choices"][0]["logprobs"]["top_logprobs"]
+    blp = biased["choices"][0]["logprobs"]["token_logprobs"]
+    first_text = plain["choices"][0]["logprobs"]["tokens"][:1]
+    check(bool(ptop) and bool(btop) and first_text and
+          first_text[0] in ptop[0] and first_text[0] not in btop[0] and
+          abs(blp[0] - max(btop[0].values())) < 1e-6,
+          f"HTTP logprobs are of the biased distribution: the banned "
+          f"{first_text} is top-1 without the bias ({ptop[:1]}), out of the "
+          f"top 5 with it ({btop[:1]}), and greedy is its top-1")
+
+    # Penalties: fewer repeated tokens than none, on a repetitive prompt.
+    none = completion(port)["choices"][0]["logprobs"]["tokens"]
+    check(repeats(none) >= 16,
+          f"without penalties the prompt repeats ({repeats(none)} repeats "
+          f"in {len(none)}: {''.join(none)!r})")
+    for field, value in [("frequency_penalty", 2.0),
+                         ("presence_penalty", 2.0),
+                         ("repetition_penalty", 1.5)]:
+        got = completion(port, **{field: value})
+        toks = got["choices"][0]["logprobs"]["tokens"]
+        check(len(toks) == 32 and repeats(toks) < repeats(none),
+              f"{field} {value}: {repeats(toks)} repeats < "
+              f"{repeats(none)} ({''.join(toks)!r})")
+    # Chat, too, takes them.
+    status, got = http(port, "/v1/chat/completions",
+                       {"messages": [{"role": "user", "content": REPETITIVE}],
+                        "max_tokens": 8, "temperature": 0,
+                        "frequency_penalty": 1.0, "presence_penalty": 0.5,
+                        "logit_bias": {"28": 5}})
+    check(status == 200, f"chat with penalties and a bias: 200 ({status})")
+
+    # min_tokens: a short chat reply goes on for at least that many.
+    body = {"messages": CHAT_SHORT, "max_tokens": 64, "temperature": 0}
+    status, short = http(port, "/v1/chat/completions", body)
+    n_short = short.get("usage", {}).get("completion_tokens", 0)
+    finish = short.get("choices", [{}])[0].get("finish_reason")
+    check(status == 200 and finish == "stop" and 0 < n_short <= 54,
+          f"the chat reply ends by itself after {n_short} tokens ({finish}, "
+          f"{short.get('choices', [{}])[0].get('message')})")
+    want = n_short + 10
+    status, longer = http(port, "/v1/chat/completions",
+                          dict(body, min_tokens=want))
+    n_long = longer.get("usage", {}).get("completion_tokens", 0)
+    check(status == 200 and n_long >= want,
+          f"min_tokens {want}: {n_long} tokens "
+          f"({longer.get('choices', [{}])[0].get('finish_reason')})")
+    chat_prompt = "user: " + CHAT_SHORT[0]["content"]
+    free = generate(channel, grpc_request(chat_prompt, 64, ignore_eos=False))
+    ids = generate(channel, grpc_request(chat_prompt, 64, min_tokens=want,
+                                         ignore_eos=False))
+    check(isinstance(free, list) and isinstance(ids, list) and
+          len(free) < want <= len(ids),
+          f"gRPC min_tokens {want}: {len(ids)} tokens, "
+          f"{len(free) if isinstance(free, list) else free} without")
+
+    # Seeded sampling with penalties is reproducible.
+    seeded = dict(temperature=0.9, seed=7, frequency_penalty=0.7,
+                  presence_penalty=0.3, repetition_penalty=1.2,
+                  logit_bias={"28": -3})
+    a = completion(port, **seeded)["choices"][0]["text"]
+    b = completion(port, **seeded)["choices"][0]["text"]
+    check(a == b and a != "", f"seeded sampling with penalties repeats "
+          f"({a!r} == {b!r})")
+
+    # Refusals naming the field.
+    for name, fields, want_msg in [
+        ("a key that is no id", {"logit_bias": {"abc": 1}},
+         "'logit_bias' keys must be token ids (integers >= 0), got 'abc'"),
+        ("a negative key", {"logit_bias": {"-5": 1}},
+         "'logit_bias' keys must be token ids"),
+        ("a string bias", {"logit_bias": {"5": "x"}},
+         "'logit_bias' values must be numbers"),
+        ("a list", {"logit_bias": [1, 2]}, "'logit_bias' must be an object"),
+        ("301 entries", {"logit_bias": {str(i): 1 for i in range(301)}},
+         "at most 300 logit_bias entries"),
+        ("repetition_penalty 0", {"repetition_penalty": 0},
+         "repetition_penalty must be > 0"),
+        ("presence_penalty a string", {"presence_penalty": "1"},
+         "'presence_penalty' has the wrong type"),
+    ]:
+        status, got = http(port, "/v1/completions",
+                           dict({"prompt": "Hi", "max_tokens": 2}, **fields))
+        msg = got.get("error", {}).get("message", "")
+        check(status == 400 and want_msg in msg,
+              f"{name}: 400 saying {want_msg!r} ({status} {msg!r})")
+
+
+# Greedy requests with every field, compared across layouts.
+LAYOUT_REQUESTS = [
+    grpc_request(REPETITIVE, 24, frequency=1.5),
+    grpc_request(REPETITIVE, 24, presence=1.0, repetition=1.3),
+    grpc_request("The capital of France is", 12, bias={264: -100, 1000: 8}),
+    grpc_request("user: " + CHAT_SHORT[0]["content"], 40, min_tokens=34,
+                 ignore_eos=False),
+    grpc_request("def fibonacci(n):\n    ", 16, frequency=0.5, presence=0.5,
+                 repetition=1.1, bias={28: 2.5}),
+]
+
+
+def layout_tokens(address: str) -> list:
+    with grpc.insecure_channel(address) as channel:
+        return [generate(channel, r) for r in LAYOUT_REQUESTS]
+
+
+def wait_grpc(address: str, proc: subprocess.Popen, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        with grpc.insecure_channel(address) as channel:
+            if isinstance(generate(channel, grpc_request("x", 1)), list):
+                return True
+        time.sleep(0.5)
+    return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    env = dict(os.environ)
+    env.pop("SHARDLM_API_KEY", None)
+
+    grpc_port, port = free_port(), free_port()
+    server = subprocess.Popen(
+        [a.shardlm, "serve", "--model", a.gguf, "--listen",
+         f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{port}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env=env)
+    address = f"127.0.0.1:{grpc_port}"
+    try:
+        up = wait_grpc(address, server, 120)
+        check(up, "shardlm serve answers")
+        if not up:
+            return 1
+        with grpc.insecure_channel(address) as channel:
+            http_checks(port, channel)
+        reference = layout_tokens(address)
+    finally:
+        stop(server)
+    check(all(isinstance(t, list) and t for t in reference),
+          f"TP=PP=1: every layout request served ({reference})")
+
+    if shutil.which("mpirun") is None:
+        skip("TP=2 x PP=2 under mpirun: no mpirun")
+        return exit_code()
+    cport = free_port()
+    log_path = os.path.join(a.workdir, "sampling_cluster.log")
+    with open(log_path, "w") as log:
+        cluster = subprocess.Popen(
+            MPIRUN + ["-np", "5", a.shardlm, "launch", "--model", a.gguf,
+                      "--tp", "2", "--pp", "2", "--listen",
+                      f"127.0.0.1:{cport}"],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env)
+        try:
+            caddr = f"127.0.0.1:{cport}"
+            up = wait_grpc(caddr, cluster, 300)
+            check(up, "the TP=2 x PP=2 cluster serves")
+            if up:
+                got = layout_tokens(caddr)
+                for i, (want, have) in enumerate(zip(reference, got)):
+                    check(want == have,
+                          f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
+                          f"tokens ({have} vs {want})")
+        finally:
+            if cluster.poll() is None:
+                os.killpg(cluster.pid, signal.SIGTERM)
+                try:
+                    cluster.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(cluster.pid, signal.SIGKILL)
+                    cluster.wait()
+    if FAILURES:
+        with open(log_path) as f:
+            print("cluster log tail:\n" + "".join(f.readlines()[-15:]))
+    return exit_code("the logit processors behave, on every layout")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

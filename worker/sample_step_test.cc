@@ -1,0 +1,101 @@
+// SampleStep with logit processors: each row samples from its processed
+// logits (ProcessLogits, checked against a reference in
+// kernels/sampling/sampling_test.cc), its log-probabilities are of those
+// logits, the logits returned stay the model's, and a bad history is
+// refused.
+#include "worker/sample_step.h"
+
+#include <cmath>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/sampling/sampling.h"
+#include "testing/status.h"
+
+namespace shardlm {
+namespace {
+
+using testing_util::IsError;
+
+constexpr int64_t kVocab = 37;
+
+Tensor Logits(int64_t rows) {
+  Tensor t = Tensor::Host(DType::kF32, {rows, kVocab}).value();
+  for (int64_t i = 0; i < rows * kVocab; ++i) {
+    t.f32()[i] = std::sin(0.7f * static_cast<float>(i)) * 4.0f;
+  }
+  return t;
+}
+
+// Two rows: one with every processor, one plain.
+StepInput TwoRows() {
+  StepInput s;
+  s.logit_rows = {0, 1};
+  s.sampling = {SamplingParams{.temperature = 0,
+                               .presence_penalty = 1.0f,
+                               .frequency_penalty = 0.5f,
+                               .repetition_penalty = 1.3f,
+                               .logit_bias = {{.token = 4, .bias = -100},
+                                              {.token = 20, .bias = 2}}},
+                SamplingParams{.temperature = 0.7f, .seed = 9}};
+  s.sample_index = {3, 5};
+  s.history = {{.tokens = {2, 7, 11}, .counts = {0, 3, 1}, .masked = {5}}, {}};
+  s.logprobs = {3, 2};
+  s.return_logits = true;
+  return s;
+}
+
+TEST(SampleStepTest, RowsSampleFromTheirProcessedLogits) {
+  const StepInput step = TwoRows();
+  const Tensor raw = Logits(2);
+  ASSERT_OK_AND_ASSIGN(StepOutput out, SampleStep(step, Logits(2)));
+  ASSERT_EQ(out.tokens.size(), 2u);
+  ASSERT_EQ(out.logprobs.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(r);
+    std::vector<float> row(raw.f32().begin() + r * kVocab,
+                           raw.f32().begin() + (r + 1) * kVocab);
+    ProcessLogits(absl::MakeSpan(row), step.sampling[r], step.history[r]);
+    EXPECT_EQ(out.tokens[r],
+              SampleToken(row, step.sampling[r], step.sample_index[r]));
+    const TokenLogprobs want = Logprobs(row, out.tokens[r], step.logprobs[r]);
+    EXPECT_EQ(out.logprobs[r].sampled, want.sampled);
+    ASSERT_EQ(out.logprobs[r].top.size(), want.top.size());
+    for (size_t i = 0; i < want.top.size(); ++i) {
+      EXPECT_EQ(out.logprobs[r].top[i].token, want.top[i].token);
+      EXPECT_EQ(out.logprobs[r].top[i].logprob, want.top[i].logprob);
+    }
+  }
+  // Row 0's masked and -100-biased tokens are out of its alternatives.
+  for (const TokenLogprob& t : out.logprobs[0].top) {
+    EXPECT_NE(t.token, 5);
+    EXPECT_NE(t.token, 4);
+  }
+  // The logits returned are the model's.
+  for (int64_t i = 0; i < 2 * kVocab; ++i) {
+    ASSERT_EQ(out.logits.f32()[i], raw.f32()[i]) << i;
+  }
+}
+
+TEST(SampleStepTest, RefusesABadHistory) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  StepInput step = TwoRows();
+  step.history.pop_back();
+  EXPECT_TRUE(IsError(ValidateStepSampling(step), kInvalid,
+                      "2 logit rows but 1 sample histories"));
+  step = TwoRows();
+  step.history[0].masked = {kVocab};
+  EXPECT_TRUE(IsError(SampleStep(step, Logits(2)), kInvalid,
+                      "outside the vocabulary of 37"));
+  step = TwoRows();
+  step.sampling[1].logit_bias = {{.token = kVocab, .bias = 1}};
+  EXPECT_TRUE(IsError(SampleStep(step, Logits(2)), kInvalid,
+                      "logit_bias token 37 is outside the vocabulary of 37"));
+  step = TwoRows();
+  step.sampling[0].presence_penalty = 3;
+  EXPECT_TRUE(IsError(ValidateStepSampling(step), kInvalid,
+                      "presence_penalty must be in [-2, 2], got 3"));
+}
+
+}  // namespace
+}  // namespace shardlm
