@@ -30,7 +30,7 @@
 #include "coordinator/engine.h"
 #include "core/tensor.h"
 #include "kernels/blas_cpu.h"
-#include "kernels/linear/linear.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
@@ -175,10 +175,10 @@ int Main(int argc, char** argv) {
   }
   nlohmann::json rows = nlohmann::json::array();
   std::printf(
-      "tp %d x pp %d, batch %d, quantized-weight decode kernel %s, OpenBLAS "
+      "tp %d x pp %d, batch %d, CPU kernels %s, OpenBLAS "
       "%s\n%-8s %14s %14s %12s %14s %12s %10s\n",
       static_cast<int>(tp), static_cast<int>(pp), static_cast<int>(batch),
-      QuantKernelName(), BlasCoreName(), "threads", "prefill tok/s",
+      CpuIsaName(ActiveCpuIsa()), BlasCoreName(), "threads", "prefill tok/s",
       "decode tok/s", "read GB/s", "floor ms/tok", "of floor", "comm");
   for (absl::string_view t : absl::StrSplit(threads_arg, ',')) {
     int threads;

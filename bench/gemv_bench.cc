@@ -33,6 +33,7 @@
 #include "core/half.h"
 #include "core/tensor.h"
 #include "kernels/blas_cpu.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/linear/linear.h"
 #include "kernels/threading.h"
 #include "launch/flags.h"
@@ -149,10 +150,9 @@ int Main(int argc, char** argv) {
     }
   }
   // The kernels this CPU can run, the reference first.
-  std::vector<QuantKernel> kernels;
-  for (QuantKernel k :
-       {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
-    if (QuantKernelSupported(k)) kernels.push_back(k);
+  std::vector<CpuIsa> kernels;
+  for (CpuIsa k : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuIsaSupported(k)) kernels.push_back(k);
   }
 
   std::mt19937 rng(7);
@@ -183,13 +183,13 @@ int Main(int argc, char** argv) {
                                 w.numel() / BlockElems(format), wf.data());
           for (float v : wf) wmax = std::max(wmax, double{std::abs(v)});
         }
-        for (QuantKernel k : kernels) {
-          SetQuantKernel(k);
+        for (CpuIsa k : kernels) {
+          SetCpuIsa(k);
           if (absl::Status s = Linear(x, w, y); !s.ok()) {
             std::fprintf(stderr, "%s\n", std::string(s.message()).c_str());
             return 1;
           }
-          if (k == QuantKernel::kPortable) {
+          if (k == CpuIsa::kPortable) {
             want.assign(y.f32().begin(), y.f32().end());
           } else {
             // Summation order differs between kernels: within f32 rounding
@@ -205,7 +205,7 @@ int Main(int argc, char** argv) {
                   std::fprintf(stderr,
                                "%s %s %lldx%lld x row %lld, w row %lld: %g, "
                                "portable %g\n",
-                               DTypeName(format), QuantKernelName(),
+                               DTypeName(format), CpuIsaName(ActiveCpuIsa()),
                                static_cast<long long>(sh.in),
                                static_cast<long long>(sh.out),
                                static_cast<long long>(r),
@@ -238,13 +238,13 @@ int Main(int argc, char** argv) {
           std::printf(
               "%-6s %-12s %5lld %-9s %7d %10.1f %10.2f %8.0f%% %10.2f\n",
               DTypeName(format), shape, static_cast<long long>(rows),
-              QuantKernelName(), t, best * 1e6, gbps,
+              CpuIsaName(ActiveCpuIsa()), t, best * 1e6, gbps,
               100 * gbps * 1e9 / bandwidth, gmacs);
           results.push_back({{"format", DTypeName(format)},
                              {"in", sh.in},
                              {"out", sh.out},
                              {"rows", rows},
-                             {"kernel", QuantKernelName()},
+                             {"kernel", CpuIsaName(ActiveCpuIsa())},
                              {"threads", t},
                              {"us_per_call", best * 1e6},
                              {"weight_gbps", gbps},
@@ -254,7 +254,7 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  SetQuantKernel(QuantKernel::kAuto);
+  SetCpuIsa(CpuIsa::kAuto);
   std::printf(
       "(GB/s: quantized weight bytes per call / best call time; of read: "
       "that over the read bandwidth measured with the same threads)\n");

@@ -52,8 +52,8 @@ def run_engine_bench(binary, model, threads, prompt, decode, repeat):
         row = json.load(open(out.name))[0]
     kernel = "?"
     for line in proc.stdout.splitlines():
-        if "decode kernel" in line:
-            kernel = line.split("decode kernel", 1)[1].split(",")[0].strip()
+        if "CPU kernels" in line:
+            kernel = line.split("CPU kernels", 1)[1].split(",")[0].strip()
     return row, kernel
 
 

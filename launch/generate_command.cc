@@ -8,6 +8,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/stop_strings.h"
+#include "kernels/cpu_isa.h"
 #include "launch/commands.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
@@ -206,11 +207,12 @@ int GenerateCommand(int argc, char** argv) {
     std::fprintf(
         stderr,
         "[shardlm] load %.2fs | prompt %zu tokens, prefill %.3fs (%.1f tok/s)"
-        " | generated %zu tokens, decode %.1f tok/s | finish: %s\n",
+        " | generated %zu tokens, decode %.1f tok/s | finish: %s | cpu "
+        "kernels: %s\n",
         load_s, req.prompt.size(), result->prefill_seconds,
         req.prompt.size() / result->prefill_seconds, n,
         n > 1 ? (n - 1) / result->decode_seconds : 0.0,
-        FinishReasonName(result->finish_reason));
+        FinishReasonName(result->finish_reason), CpuIsaName(ActiveCpuIsa()));
   }
   return 0;
 }

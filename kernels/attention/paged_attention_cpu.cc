@@ -1,7 +1,9 @@
+// The CPU paged attention (paged_attention.h): argument checks, WriteKv,
+// and the split of a step into items run on the OpenMP team and merged;
+// the items' arithmetic is the ISA's kernel (paged_attention_kernels.h).
 #include <omp.h>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,7 +12,9 @@
 #include "core/half.h"
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/attention/paged_attention_kernels.h"
 #include "kernels/check_args.h"
+#include "kernels/cpu_isa.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -19,64 +23,31 @@
 namespace shardlm {
 namespace {
 
-// Vectors of one register (GCC/Clang vector extensions): 16 floats with
-// AVX-512, else 8 (AVX2's width). Wider than the register, the row tiles
-// below spill: 16-float vectors on AVX2 held UpdateRows<4>'s 8 score and
-// 16 value accumulators in 40 ymm registers of 16, and prefill attention
-// ran at a third of the speed.
-#if defined(__AVX512F__)
-constexpr int64_t kLanes = 16;
-#else
-constexpr int64_t kLanes = 8;
-#endif
-using Vec = float __attribute__((vector_size(kLanes * sizeof(float))));
-using IVec = int32_t __attribute__((vector_size(kLanes * sizeof(int32_t))));
-constexpr int64_t kAhead = 4;
+using attention_kernels::Item;
+using attention_kernels::Kernels;
+using attention_kernels::Problem;
+using attention_kernels::RunItemFn;
+using attention_kernels::Scratch;
+using attention_kernels::Tile;
+
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-int64_t RoundUp(int64_t x) { return (x + kLanes - 1) / kLanes * kLanes; }
-Vec Splat(float x) { return Vec{} + x; }
-Vec Load(const float* p) {
-  Vec v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-void Store(float* p, Vec v) { std::memcpy(p, &v, sizeof v); }
-float Max(Vec v) {
-  float m = v[0];
-  for (int64_t i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
-}
-float Sum(Vec v) {
-  float s = 0;
-  for (int64_t i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
-
-// e^x, relative error ~1e-7 for x in [-87, 88] (Cephes' expf polynomial on
-// x - n ln 2, times 2^n); smaller x gives ~1e-38, which callers mask.
-Vec Exp(Vec x) {
-  x = x < Splat(-87.0f) ? Splat(-87.0f) : x;
-  x = x > Splat(88.0f) ? Splat(88.0f) : x;
-  const Vec magic = Splat(12582912.0f);  // 1.5 * 2^23: rounds to integers.
-  const Vec n = (x * 1.44269504f + magic) - magic;
-  const Vec r = x - n * 0.693359375f - n * -2.12194440e-4f;
-  Vec p = Splat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const IVec bits = (__builtin_convertvector(n, IVec) + 127) << 23;
-  return p * std::bit_cast<Vec>(bits);
+// The attention kernels of the ISA kernels/cpu_isa.h chose.
+Kernels KernelsForCpu() {
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      return attention_kernels::Avx512();
+    case CpuIsa::kAvx2:
+      return attention_kernels::Avx2();
+    default:
+      return attention_kernels::Portable();
+  }
 }
 
 // Cache element types: how a token's K and V are stored in a KV head's
-// block, and how a block is read back as f32 (K as [d, bsp], V as
-// [bs, dp], padding untouched).
+// block (the kernels read them back: paged_attention_kernels.inc).
 
-// Types of one value per element: Encode one value, Decode a run.
+// Types of one value per element: Encode one value.
 template <typename E>
 struct PlainKv {
   static int64_t HeadBlock(int64_t d, int64_t bs) { return d * bs; }
@@ -86,28 +57,11 @@ struct PlainKv {
     for (int64_t e = 0; e < d; ++e) kb[e * bs + o] = E::Encode(k[e]);
     for (int64_t e = 0; e < d; ++e) vb[o * d + e] = E::Encode(v[e]);
   }
-  template <typename T>
-  static void DecodeBlock(const T* kb, const T* vb, int64_t d, int64_t bs,
-                          int64_t bsp, int64_t dp, float* kt, float* vs) {
-    if (bsp == bs) {
-      E::Decode(kb, d * bs, kt);
-    } else {
-      for (int64_t e = 0; e < d; ++e) E::Decode(kb + e * bs, bs, kt + e * bsp);
-    }
-    if (dp == d) {
-      E::Decode(vb, bs * d, vs);
-    } else {
-      for (int64_t j = 0; j < bs; ++j) E::Decode(vb + j * d, d, vs + j * dp);
-    }
-  }
 };
 
 struct F32 : PlainKv<F32> {
   using T = float;
   static T Encode(float x) { return x; }
-  static void Decode(const T* s, int64_t n, float* d) {
-    std::memcpy(d, s, n * sizeof(float));
-  }
 };
 
 struct F16 : PlainKv<F16> {
@@ -119,35 +73,11 @@ struct F16 : PlainKv<F16> {
     return FloatToFp16(x);
 #endif
   }
-  static void Decode(const T* s, int64_t n, float* d) {
-    int64_t i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16) {
-      // The maskz form: GCC 12 warns that _mm512_cvtph_ps reads an
-      // undefined register.
-      _mm512_storeu_ps(
-          d + i, _mm512_maskz_cvtph_ps(
-                     0xffff, _mm256_loadu_si256(
-                                 reinterpret_cast<const __m256i*>(s + i))));
-    }
-#elif defined(__F16C__)
-    for (; i + 8 <= n; i += 8) {
-      _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                  reinterpret_cast<const __m128i*>(s + i))));
-    }
-#endif
-    for (; i < n; ++i) d[i] = Fp16ToFloat(s[i]);
-  }
 };
 
 struct Bf16 : PlainKv<Bf16> {
   using T = uint16_t;
   static T Encode(float x) { return FloatToBf16(x); }
-  static void Decode(const T* s, int64_t n, float* d) {
-    for (int64_t i = 0; i < n; ++i) {
-      d[i] = std::bit_cast<float>(static_cast<uint32_t>(s[i]) << 16);
-    }
-  }
 };
 
 // int8 with an f32 scale (max |x| / 127) per token and KV head, for K and
@@ -174,63 +104,6 @@ struct I8 {
     std::memcpy(kb + d * bs + o * 4, &ks, sizeof ks);
     const float vs = Quantize(v, d, 1, vb + o * (d + 4));
     std::memcpy(vb + o * (d + 4) + d, &vs, sizeof vs);
-  }
-  // kLanes int8 values as f32 (GCC 12 scalarizes __builtin_convertvector
-  // of int8 vectors, hence the intrinsics).
-  static Vec Widen(const T* q) {
-#if defined(__AVX512F__)
-    // maskz: see F16::Decode.
-    return std::bit_cast<Vec>(_mm512_maskz_cvtepi32_ps(
-        0xffff,
-        _mm512_maskz_cvtepi8_epi32(
-            0xffff, _mm_loadu_si128(reinterpret_cast<const __m128i*>(q)))));
-#elif defined(__AVX2__)
-    // 8 values (kLanes is 8 without AVX-512).
-    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q));
-    return std::bit_cast<Vec>(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)));
-#else
-    Vec v;
-    for (int64_t i = 0; i < kLanes; ++i) v[i] = q[i];
-    return v;
-#endif
-  }
-  static void DecodeBlock(const T* kb, const T* vb, int64_t d, int64_t bs,
-                          int64_t bsp, int64_t dp, float* kt, float* vs) {
-    if (bs % kLanes == 0 && d % kLanes == 0 && bs <= 64) {
-      Vec scale[64 / kLanes];
-      std::memcpy(scale, kb + d * bs, bs * sizeof(float));
-      for (int64_t e = 0; e < d; ++e) {
-        for (int64_t c = 0; c < bs; c += kLanes) {
-          Store(kt + e * bsp + c, Widen(kb + e * bs + c) * scale[c / kLanes]);
-        }
-      }
-      for (int64_t j = 0; j < bs; ++j) {
-        const T* q = vb + j * (d + 4);
-        float s;
-        std::memcpy(&s, q + d, sizeof s);
-        for (int64_t e = 0; e < d; e += kLanes) {
-          Store(vs + j * dp + e, Widen(q + e) * s);
-        }
-      }
-      return;
-    }
-    constexpr int64_t kRun = 64;  // Keys whose scales are read at once.
-    for (int64_t j0 = 0; j0 < bs; j0 += kRun) {
-      const int64_t n = std::min(kRun, bs - j0);
-      float scale[kRun];
-      std::memcpy(scale, kb + d * bs + j0 * 4, n * sizeof(float));
-      for (int64_t e = 0; e < d; ++e) {
-        const T* q = kb + e * bs + j0;
-        float* out = kt + e * bsp + j0;
-        for (int64_t j = 0; j < n; ++j) out[j] = q[j] * scale[j];
-      }
-    }
-    for (int64_t j = 0; j < bs; ++j) {
-      const T* q = vb + j * (d + 4);
-      float scale;
-      std::memcpy(&scale, q + d, sizeof scale);
-      for (int64_t e = 0; e < d; ++e) vs[j * dp + e] = q[e] * scale;
-    }
   }
 };
 
@@ -314,251 +187,8 @@ void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
 }
 
 // ---------------------------------------------------------------------------
-// Attention. A tile is up to kTileTokens query tokens of one sequence; an
-// item is a tile's rows (tokens x the GQA group's heads) against one KV
-// head's keys in [k0, k1), whole blocks.
-
-struct Tile {
-  int32_t seq = 0;
-  int64_t first = 0, count = 0;  // Into the position-sorted token order.
-  int64_t context = 0;           // Largest position + 1.
-  int64_t key_begin = 0;         // First key any token of it attends to.
-};
-
-struct Item {
-  int64_t tile = 0, kvh = 0;
-  int64_t k0 = 0, k1 = 0;
-  int64_t part = -1;  // Offset of its partial results, or -1: final.
-  int64_t cost = 0;
-};
-
-struct Problem {
-  const float* q = nullptr;
-  float* out = nullptr;
-  const void* k_cache = nullptr;
-  const void* v_cache = nullptr;
-  const AttentionBatch* batch = nullptr;
-  std::vector<int64_t> order;  // Token indices, by sequence then position.
-  int64_t heads = 0, kv_heads = 0, group = 0, d = 0, dp = 0, bs = 0, bsp = 0;
-  int64_t blocks = 0;  // In the pool.
-  float scale = 1;
-
-  int64_t rows(const Tile& t) const { return t.count * group; }
-  // Floats of one row's partial result: max, sum, accumulator[dp].
-  int64_t part_row() const { return dp + 2; }
-};
-
-// One thread's buffers (dp = head_dim rounded up to 64, bsp = block_size
-// rounded up to the vector width; the padding stays zero).
-struct Scratch {
-  // first/limit: each row's keys are positions [first, limit).
-  std::vector<float> q, o, m, l, first, limit, kt, vs, s;
-  void Reset(const Problem& p, int64_t rows) {
-    const auto fit = [](std::vector<float>& v, int64_t n) {
-      if (static_cast<int64_t>(v.size()) < n) v.assign(n, 0.0f);
-    };
-    fit(q, rows * p.dp);
-    fit(o, rows * p.dp);
-    fit(m, rows);
-    fit(l, rows);
-    fit(first, rows);
-    fit(limit, rows);
-    fit(kt, p.d * p.bsp);
-    fit(vs, p.bs * p.dp);
-    fit(s, 4 * p.bsp);
-  }
-};
-
-void Prefetch(const void* p, int64_t bytes) {
-  const char* c = static_cast<const char*>(p);
-  for (int64_t i = 0; i < bytes; i += 64) __builtin_prefetch(c + i, 0, 1);
-}
-
-// Rows [r0, r0 + NR) of a tile meet one block of keys starting at position
-// `start` (its K and V already in w.kt and w.vs as f32): scores, the online
-// softmax update, and the probability-weighted values. The NR rows share
-// every K and V load and keep 2 * NR (scores) and 4 * NR (values)
-// independent FMA chains in flight.
-template <int NR>
-void UpdateRows(const Problem& p, Scratch& w, int64_t r0, int64_t start) {
-  const int64_t d = p.d, dp = p.dp, bsp = p.bsp;
-  // Row g sees the block's keys [lo[g], valid[g]); valid[g] = 0: none.
-  int64_t lo[NR], valid[NR], most = 0;
-  for (int g = 0; g < NR; ++g) {
-    valid[g] = std::clamp<int64_t>(
-        static_cast<int64_t>(w.limit[r0 + g]) - start, 0, p.bs);
-    lo[g] = std::clamp<int64_t>(static_cast<int64_t>(w.first[r0 + g]) - start,
-                                0, p.bs);
-    if (lo[g] >= valid[g]) lo[g] = valid[g] = 0;
-    most = std::max(most, valid[g]);
-  }
-  if (most == 0) return;
-  const float* q[NR];
-  for (int g = 0; g < NR; ++g) q[g] = w.q.data() + (r0 + g) * dp;
-  float* s = w.s.data();  // [NR, bsp]: scores, then probabilities.
-  Vec lane;
-  for (int64_t i = 0; i < kLanes; ++i) lane[i] = static_cast<float>(i);
-
-  // Scores, masked outside each row's keys.
-  float block_max[NR];
-  std::fill_n(block_max, NR, kNegInf);
-  for (int64_t c = 0; c < bsp; c += kLanes) {
-    const float* kt = w.kt.data() + c;
-    Vec a[NR][2] = {};
-    int64_t e = 0;
-    for (; e + 1 < d; e += 2) {
-      const Vec k0 = Load(kt + e * bsp), k1 = Load(kt + (e + 1) * bsp);
-      for (int g = 0; g < NR; ++g) {
-        a[g][0] += q[g][e] * k0;
-        a[g][1] += q[g][e + 1] * k1;
-      }
-    }
-    if (e < d) {
-      const Vec k0 = Load(kt + e * bsp);
-      for (int g = 0; g < NR; ++g) a[g][0] += q[g][e] * k0;
-    }
-    const Vec idx = lane + Splat(static_cast<float>(c));
-    for (int g = 0; g < NR; ++g) {
-      const Vec sc = (idx >= Splat(static_cast<float>(lo[g]))) &
-                             (idx < Splat(static_cast<float>(valid[g])))
-                         ? a[g][0] + a[g][1]
-                         : Splat(kNegInf);
-      block_max[g] = std::max(block_max[g], Max(sc));
-      Store(s + g * bsp + c, sc);
-    }
-  }
-
-  // Online softmax: probabilities against the new running maximum, and
-  // the factor that rescales what came before (1 when the maximum holds).
-  float alpha[NR];
-  for (int g = 0; g < NR; ++g) {
-    const int64_t r = r0 + g;
-    alpha[g] = 1.0f;
-    if (valid[g] == 0) {  // Every key of the block is past this row.
-      std::fill_n(s + g * bsp, bsp, 0.0f);
-      continue;
-    }
-    const float m_new = std::max(w.m[r], block_max[g]);
-    if (m_new > w.m[r]) alpha[g] = std::exp(w.m[r] - m_new);  // 0 at first.
-    float sum = 0;
-    for (int64_t c = 0; c < bsp; c += kLanes) {
-      const Vec pr = Exp(Load(s + g * bsp + c) - m_new);
-      const Vec idx = lane + Splat(static_cast<float>(c));
-      const Vec masked = (idx >= Splat(static_cast<float>(lo[g]))) &
-                                 (idx < Splat(static_cast<float>(valid[g])))
-                             ? pr
-                             : Splat(0.0f);
-      sum += Sum(masked);
-      Store(s + g * bsp + c, masked);
-    }
-    w.l[r] = w.l[r] * alpha[g] + sum;
-    w.m[r] = m_new;
-  }
-
-  // Values, 4 * kLanes columns at a time (dp is a multiple of 64).
-  for (int64_t c = 0; c < dp; c += 4 * kLanes) {
-    Vec acc[NR][4];
-    for (int g = 0; g < NR; ++g) {
-      const float* o = w.o.data() + (r0 + g) * dp + c;
-      for (int k = 0; k < 4; ++k) acc[g][k] = Load(o + k * kLanes) * alpha[g];
-    }
-    for (int64_t j = 0; j < most; ++j) {
-      const float* v = w.vs.data() + j * dp + c;
-      const Vec v0 = Load(v), v1 = Load(v + kLanes), v2 = Load(v + 2 * kLanes),
-                v3 = Load(v + 3 * kLanes);
-      for (int g = 0; g < NR; ++g) {
-        const float pr = s[g * bsp + j];
-        acc[g][0] += pr * v0;
-        acc[g][1] += pr * v1;
-        acc[g][2] += pr * v2;
-        acc[g][3] += pr * v3;
-      }
-    }
-    for (int g = 0; g < NR; ++g) {
-      float* o = w.o.data() + (r0 + g) * dp + c;
-      for (int k = 0; k < 4; ++k) Store(o + k * kLanes, acc[g][k]);
-    }
-  }
-}
-
-template <typename E>
-void RunItem(const Problem& p, const Tile& tile, const Item& it, Scratch& w,
-             float* parts) {
-  using T = typename E::T;
-  const int64_t d = p.d, dp = p.dp, bs = p.bs, bsp = p.bsp;
-  const int64_t rows = p.rows(tile);
-  const auto& table = p.batch->block_tables[tile.seq];
-  w.Reset(p, rows);
-  const int64_t window = p.batch->window;
-  int64_t key_end = 0;
-  for (int64_t t = 0; t < tile.count; ++t) {
-    const int64_t tok = p.order[tile.first + t];
-    const int64_t pos = p.batch->positions[tok];
-    const int64_t limit = std::min<int64_t>(pos + 1, it.k1);
-    const int64_t first =
-        window > 0 ? std::max<int64_t>(0, pos - window + 1) : 0;
-    key_end = std::max(key_end, limit);
-    for (int64_t g = 0; g < p.group; ++g) {
-      const int64_t r = t * p.group + g, h = it.kvh * p.group + g;
-      const float* qi = p.q + (tok * p.heads + h) * d;
-      float* qr = w.q.data() + r * dp;
-      for (int64_t e = 0; e < d; ++e) qr[e] = qi[e] * p.scale;
-      std::fill(w.o.data() + r * dp, w.o.data() + (r + 1) * dp, 0.0f);
-      w.m[r] = kNegInf;
-      w.l[r] = 0;
-      w.first[r] = static_cast<float>(first);
-      w.limit[r] = static_cast<float>(limit);
-    }
-  }
-  const T* kbase = static_cast<const T*>(p.k_cache);
-  const T* vbase = static_cast<const T*>(p.v_cache);
-  const int64_t head_block = E::HeadBlock(d, bs);
-  const auto head_of = [&](const T* base, int64_t start) {
-    return base + (it.kvh * p.blocks + table[start / bs]) * head_block;
-  };
-  for (int64_t start = it.k0; start < key_end; start += bs) {
-    const T* kb = head_of(kbase, start);
-    const T* vb = head_of(vbase, start);
-    // The pool's blocks are scattered: fetch the next one while this one
-    // is computed.
-    if (start + kAhead * bs < key_end) {
-      Prefetch(head_of(kbase, start + kAhead * bs), head_block * sizeof(T));
-      Prefetch(head_of(vbase, start + kAhead * bs), head_block * sizeof(T));
-    }
-    E::DecodeBlock(kb, vb, d, bs, bsp, dp, w.kt.data(), w.vs.data());
-    int64_t r = 0;
-    for (; r + 4 <= rows; r += 4) UpdateRows<4>(p, w, r, start);
-    switch (rows - r) {
-      case 3:
-        UpdateRows<3>(p, w, r, start);
-        break;
-      case 2:
-        UpdateRows<2>(p, w, r, start);
-        break;
-      case 1:
-        UpdateRows<1>(p, w, r, start);
-        break;
-    }
-  }
-
-  for (int64_t t = 0; t < tile.count; ++t) {
-    const int64_t tok = p.order[tile.first + t];
-    for (int64_t g = 0; g < p.group; ++g) {
-      const int64_t r = t * p.group + g, h = it.kvh * p.group + g;
-      const float* o = w.o.data() + r * dp;
-      if (it.part < 0) {
-        float* dst = p.out + (tok * p.heads + h) * d;
-        const float inv = 1.0f / w.l[r];
-        for (int64_t e = 0; e < d; ++e) dst[e] = o[e] * inv;
-      } else {
-        float* dst = parts + it.part + r * p.part_row();
-        dst[0] = w.m[r];
-        dst[1] = w.l[r];
-        std::copy_n(o, d, dst + 2);
-      }
-    }
-  }
-}
+// Attention: the step is split into items (paged_attention_kernels.h),
+// which the ISA's kernel runs on the OpenMP team.
 
 // Merges the partial softmaxes of one tile's splits (items [begin, end) of
 // one KV head, in key order) into the output.
@@ -589,8 +219,7 @@ void MergeSplits(const Problem& p, const Tile& tile,
   }
 }
 
-template <typename E>
-void Attend(Problem& p) {
+void Attend(Problem& p, RunItemFn run_item) {
   const AttentionBatch& batch = *p.batch;
   const int64_t n = static_cast<int64_t>(batch.positions.size());
   // Tokens by sequence, then position.
@@ -668,7 +297,7 @@ void Attend(Problem& p) {
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < n_items; ++i) {
       const Item& it = items[by_cost[i]];
-      RunItem<E>(p, tiles[it.tile], it, w, parts.data());
+      run_item(p, tiles[it.tile], it, w, parts.data());
     }
   }
   // Items of one (tile, KV head) are adjacent and in key order.
@@ -751,6 +380,24 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
   RETURN_IF_ERROR(
       CheckBatch("PagedAttention", batch, n, k_cache, v_cache, kv_heads, d));
   if (n == 0) return absl::OkStatus();
+  const Kernels kernels = KernelsForCpu();
+  const int64_t bs = v_cache.dim(2), lanes = kernels.lanes;
+  int64_t head_block = F32::HeadBlock(d, bs);
+  RunItemFn run_item = kernels.f32;
+  switch (k_cache.dtype()) {
+    case DType::kF16:
+      run_item = kernels.f16;
+      break;
+    case DType::kBF16:
+      run_item = kernels.bf16;
+      break;
+    case DType::kI8:
+      head_block = I8::HeadBlock(d, bs);
+      run_item = kernels.i8;
+      break;
+    default:
+      break;
+  }
   Problem p{.q = q.data<float>(),
             .out = out.data<float>(),
             .k_cache = k_cache.raw(),
@@ -761,23 +408,12 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
             .group = heads / kv_heads,
             .d = d,
             .dp = (d + 63) / 64 * 64,  // UpdateRows takes 64 columns.
-            .bs = v_cache.dim(2),
-            .bsp = RoundUp(v_cache.dim(2)),
+            .bs = bs,
+            .bsp = (bs + lanes - 1) / lanes * lanes,
             .blocks = v_cache.dim(1),
+            .head_block = head_block,
             .scale = scale};
-  switch (k_cache.dtype()) {
-    case DType::kF16:
-      Attend<F16>(p);
-      break;
-    case DType::kBF16:
-      Attend<Bf16>(p);
-      break;
-    case DType::kI8:
-      Attend<I8>(p);
-      break;
-    default:
-      Attend<F32>(p);
-  }
+  Attend(p, run_item);
   return absl::OkStatus();
 }
 

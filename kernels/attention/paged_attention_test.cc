@@ -7,10 +7,12 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/half.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu_isa.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
 
@@ -207,12 +209,34 @@ const Case kCases[] = {
     {"window 600, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 600},
 };
 
-class PagedAttentionTest : public testing::TestWithParam<DType> {};
+// Every ISA's kernels (kernels/cpu_isa.h) on every KV dtype: those this
+// CPU cannot run are skipped, saying so.
+constexpr CpuIsa kIsas[] = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
+
+// Runs the test body on one ISA's kernels, then back to the CPU's choice.
+class OnCpuIsa {
+ protected:
+  void Use(CpuIsa isa) {
+    if (!CpuIsaSupported(isa)) {
+      GTEST_SKIP() << "this CPU cannot run " << CpuIsaName(isa);
+    }
+    SetCpuIsa(isa);
+  }
+  ~OnCpuIsa() { SetCpuIsa(CpuIsa::kAuto); }
+};
+
+class PagedAttentionTest
+    : public testing::TestWithParam<std::tuple<CpuIsa, DType>>,
+      public OnCpuIsa {
+ protected:
+  void SetUp() override { Use(std::get<0>(GetParam())); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(PagedAttentionTest, MatchesNaiveAttention) {
   for (const Case& c : kCases) {
     SCOPED_TRACE(c.name);
-    EXPECT_LT(StepError(c, GetParam()), 1e-5);
+    EXPECT_LT(StepError(c, dtype()), 1e-5);
   }
 }
 
@@ -222,22 +246,31 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
   omp_set_num_threads(1);
   for (const Case& c : {kCases[1], kCases[2], kCases[8], kCases[10]}) {
     SCOPED_TRACE(c.name);
-    EXPECT_LT(StepError(c, GetParam()), 1e-5);
+    EXPECT_LT(StepError(c, dtype()), 1e-5);
   }
   omp_set_num_threads(before);
 }
 
-INSTANTIATE_TEST_SUITE_P(KvDTypes, PagedAttentionTest,
-                         testing::Values(DType::kF32, DType::kF16, DType::kBF16,
-                                         DType::kI8),
-                         [](const auto& info) {
-                           return std::string(DTypeName(info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    IsasAndKvDTypes, PagedAttentionTest,
+    testing::Combine(testing::ValuesIn(kIsas),
+                     testing::Values(DType::kF32, DType::kF16, DType::kBF16,
+                                     DType::kI8)),
+    [](const auto& info) {
+      return std::string(CpuIsaName(std::get<0>(info.param))) + "_" +
+             DTypeName(std::get<1>(info.param));
+    });
 
 // Compact caches round each stored value once: against an f32 cache the
 // outputs differ by about the rounding of V (|v| ~ 1, max |v| ~ 3 here),
 // not more.
-TEST(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
+class PagedAttentionDTypeTest : public testing::TestWithParam<CpuIsa>,
+                                public OnCpuIsa {
+ protected:
+  void SetUp() override { Use(GetParam()); }
+};
+
+TEST_P(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
   const Case c = kCases[3];
   for (auto [dtype, bound] :
        {std::pair{DType::kF16, 2e-3}, std::pair{DType::kBF16, 1.6e-2},
@@ -262,6 +295,11 @@ TEST(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
     EXPECT_LT(diff, bound) << DTypeName(dtype);
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, PagedAttentionDTypeTest,
+                         testing::ValuesIn(kIsas), [](const auto& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
 
 TEST(PagedAttentionTest, RejectsBadBlockTables) {
   Fixture f({"", 3, 3, 64, 16, {20}, {1}}, DType::kF32);
@@ -314,7 +352,6 @@ TEST(PagedAttentionTest, RejectsCachesItCannotRead) {
   EXPECT_EQ(WriteKv(k, k, batch, k16, f.v_cache).code(),
             absl::StatusCode::kInvalidArgument);
 }
-
 
 // The CUDA decode kernel's plan (cuda_decode_plan.h), worked by hand for an
 // H200's 132 SMs and Llama-3-8B's heads (32 over 8): a block per (token,

@@ -16,19 +16,11 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
 // The quantized path of Linear (w in a block format). Steps of up to
 // kDecodeMaxRows rows of x read each row of w once for all of them, as
 // matrix-vector products whose result for a row of x is exactly the one it
-// gets alone; larger ones dequantize w into tiles for a GEMM.
+// gets alone; larger ones dequantize w into tiles for a GEMM. The vector
+// code is kernels/cpu_isa.h's choice (SetCpuIsa to compare them).
 constexpr int64_t kDecodeMaxRows = 16;
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
                              bool accumulate);
-
-// Which decode kernel quantized weights use: the CPU's best (kAuto:
-// AVX-512, else AVX2 + FMA + F16C, else portable) or a given one (tests
-// compare them; benches report). Asking for one the CPU lacks is the
-// caller's error.
-enum class QuantKernel { kAuto, kPortable, kAvx2, kAvx512 };
-void SetQuantKernel(QuantKernel kernel);
-bool QuantKernelSupported(QuantKernel kernel);  // This CPU can run it.
-const char* QuantKernelName();  // "avx512", "avx2" or "portable", resolved.
 
 }  // namespace shardlm
 

@@ -9,7 +9,7 @@
 // sums it would get alone: a token's logits do not depend on what else is
 // in the step. The arithmetic on blocks is quant_kernels.h's, one file per
 // ISA: a portable reference, AVX2 + FMA + F16C, AVX-512 (F, BW, VL), chosen
-// at run time (or by SHARDLM_CPU_ISA).
+// at run time (kernels/cpu_isa.h; SHARDLM_CPU_ISA forces one).
 //
 // Prefill: tiles of kPrefillTile rows of w are dequantized into a per-thread
 // f32 scratch buffer and multiplied by OpenBLAS, so long prompts keep the
@@ -18,22 +18,18 @@
 // Threads: the OpenMP team splits the output rows into equal contiguous
 // ranges (rounded to kTileRows), one per thread, on both paths.
 #include <cblas.h>
-#include <cpuid.h>
 #include <immintrin.h>
 #include <omp.h>
 
 #include <algorithm>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
-#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "core/log.h"
 #include "core/status.h"
 #include "kernels/check_args.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/quant_kernels.h"
 
@@ -51,75 +47,13 @@ constexpr int64_t kPrefetchBytes = 4096;
 constexpr int64_t kTileRows = 16;      // Partition granule of output rows.
 constexpr int64_t kPrefillTile = 256;  // Rows dequantized per BLAS call.
 
-QuantKernel g_kernel = QuantKernel::kAuto;
-
-// F16C from CPUID leaf 1 (ECX bit 29): clang 14 knows no "f16c" for
-// __builtin_cpu_supports.
-bool HasF16c() {
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  return __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
-}
-
-bool HasAvx2() {
-  static const bool has = __builtin_cpu_supports("avx2") &&
-                          __builtin_cpu_supports("fma") && HasF16c();
-  return has;
-}
-
-bool HasAvx512() {
-  static const bool has = HasAvx2() && __builtin_cpu_supports("avx512f") &&
-                          __builtin_cpu_supports("avx512bw") &&
-                          __builtin_cpu_supports("avx512vl");
-  return has;
-}
-
-// The CPU's best kernel, or the one SHARDLM_CPU_ISA names (avx512, avx2,
-// portable: benchmarks and tests of one ISA's paths on a CPU that has a
-// better one). A name this CPU cannot run, or no name, is said once on
-// stderr and the best one is used.
-QuantKernel FromEnvironment() {
-  const QuantKernel best = HasAvx512() ? QuantKernel::kAvx512
-                           : HasAvx2() ? QuantKernel::kAvx2
-                                       : QuantKernel::kPortable;
-  const char* env = std::getenv("SHARDLM_CPU_ISA");
-  if (env == nullptr || *env == '\0') return best;
-  const std::string_view name(env);
-  QuantKernel asked = best;
-  if (name == "avx512") {
-    asked = QuantKernel::kAvx512;
-  } else if (name == "avx2") {
-    asked = QuantKernel::kAvx2;
-  } else if (name == "portable") {
-    asked = QuantKernel::kPortable;
-  } else {
-    Log("SHARDLM_CPU_ISA=%s is not avx512, avx2 or "
-        "portable; using the CPU's best",
-        env);
-    return best;
-  }
-  if (!QuantKernelSupported(asked)) {
-    Log("SHARDLM_CPU_ISA=%s: this CPU cannot run it; "
-        "using the CPU's best",
-        env);
-    return best;
-  }
-  return asked;
-}
-
-// The kernel in use: the one asked for, or the environment's choice.
-QuantKernel Resolved() {
-  if (g_kernel != QuantKernel::kAuto) return g_kernel;
-  static const QuantKernel chosen = FromEnvironment();
-  return chosen;
-}
-
 absl::StatusOr<quant_kernels::Kernels> KernelsFor(DType t) {
   quant_kernels::Kernels k;
-  switch (Resolved()) {
-    case QuantKernel::kAvx512:
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
       k = quant_kernels::Avx512(t);
       break;
-    case QuantKernel::kAvx2:
+    case CpuIsa::kAvx2:
       k = quant_kernels::Avx2(t);
       break;
     default:
@@ -142,30 +76,6 @@ std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
 }
 
 }  // namespace
-
-void SetQuantKernel(QuantKernel k) { g_kernel = k; }
-
-bool QuantKernelSupported(QuantKernel k) {
-  switch (k) {
-    case QuantKernel::kAvx512:
-      return HasAvx512();
-    case QuantKernel::kAvx2:
-      return HasAvx2();
-    default:
-      return true;
-  }
-}
-
-const char* QuantKernelName() {
-  switch (Resolved()) {
-    case QuantKernel::kAvx512:
-      return "avx512";
-    case QuantKernel::kAvx2:
-      return "avx2";
-    default:
-      return "portable";
-  }
-}
 
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
                              bool accumulate) {

@@ -12,6 +12,7 @@
 #include "core/half.h"
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
 #include "model/dequantize.h"
@@ -66,23 +67,22 @@ void ExpectClose(const Tensor& y, const Expected& want, double offset = 0) {
 }
 
 // The decode kernels this CPU runs, the portable reference first.
-std::vector<QuantKernel> Kernels() {
-  std::vector<QuantKernel> kernels;
-  for (QuantKernel k :
-       {QuantKernel::kPortable, QuantKernel::kAvx2, QuantKernel::kAvx512}) {
-    if (QuantKernelSupported(k)) kernels.push_back(k);
+std::vector<CpuIsa> Kernels() {
+  std::vector<CpuIsa> kernels;
+  for (CpuIsa k : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (CpuIsaSupported(k)) kernels.push_back(k);
   }
   return kernels;
 }
 
 class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
  protected:
-  void TearDown() override { SetQuantKernel(QuantKernel::kAuto); }
+  void TearDown() override { SetCpuIsa(CpuIsa::kAuto); }
 };
 
 TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
   const DType t = GetParam();
-  const std::vector<QuantKernel> kernels = Kernels();
+  const std::vector<CpuIsa> kernels = Kernels();
   const int64_t block = BlockElems(t);
   // (rows of w, blocks per row): 37 rows is not a multiple of the tile;
   // 4097 blocks of 32, or 19 super-blocks of 256 (a row of 4864: Qwen2's
@@ -98,11 +98,11 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
       const Tensor x = RandomTensor({n, in}, 11);
       const auto want = Reference(x, wf);
       std::vector<float> first_tiled;  // The tiled path of the first kernel.
-      for (QuantKernel k : kernels) {
+      for (CpuIsa k : kernels) {
         SCOPED_TRACE(::testing::Message()
                      << DTypeName(t) << " out " << out << " in " << in << " n "
                      << n << " kernel " << static_cast<int>(k));
-        SetQuantKernel(k);
+        SetCpuIsa(k);
         Tensor y = *Tensor::Host(DType::kF32, {n, out});
         ASSERT_TRUE(Linear(x, w, y).ok());
         ExpectClose(y, want);
@@ -134,8 +134,8 @@ TEST_P(LinearQuantizedTest, EachRowOfADecodeStepIsWhatItGetsAlone) {
   const int64_t out = 21, in = BlockElems(t) * 5;
   const Tensor w = RandomQuantized(t, out, in, 13);
   const Tensor x = RandomTensor({kDecodeMaxRows, in}, 17);
-  for (QuantKernel k : Kernels()) {
-    SetQuantKernel(k);
+  for (CpuIsa k : Kernels()) {
+    SetCpuIsa(k);
     std::vector<float> alone;  // [kDecodeMaxRows, out]
     for (int64_t r = 0; r < kDecodeMaxRows; ++r) {
       Tensor xr = *Tensor::Host(DType::kF32, {1, in});
@@ -145,8 +145,9 @@ TEST_P(LinearQuantizedTest, EachRowOfADecodeStepIsWhatItGetsAlone) {
       alone.insert(alone.end(), yr.f32().begin(), yr.f32().end());
     }
     for (int64_t n = 2; n <= kDecodeMaxRows; ++n) {
-      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " kernel "
-                                        << QuantKernelName() << " n " << n);
+      SCOPED_TRACE(::testing::Message()
+                   << DTypeName(t) << " kernel " << CpuIsaName(ActiveCpuIsa())
+                   << " n " << n);
       Tensor xn = *Tensor::Host(DType::kF32, {n, in});
       std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
       Tensor yn = *Tensor::Host(DType::kF32, {n, out});

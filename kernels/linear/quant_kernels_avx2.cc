@@ -9,7 +9,9 @@
 // so the activations stay f32 (no int8 quantization of x) and the result
 // is the dequantized weights' dot product up to f32 summation order. Two
 // accumulators per row (even and odd sub-blocks) keep the FMA latency off
-// the critical path at one row; up to 4 rows (16 ymm registers).
+// the critical path at one row; up to 4 rows (16 ymm registers). Compiled
+// with -mno-avx512f (kernels/CMakeLists.txt): in a -march=native build on
+// an AVX-512 machine it is still the code an AVX2 CPU runs.
 #include <immintrin.h>
 
 #include <cmath>

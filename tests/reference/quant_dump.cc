@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "core/dtype.h"
+#include "kernels/cpu_isa.h"
 #include "kernels/linear/linear.h"
 #include "model/dequantize.h"
 #include "nlohmann/json.hpp"
@@ -100,13 +101,13 @@ int Main(int argc, char** argv) {
   nlohmann::json out;
   out["dequant"] =
       std::vector<float>(dequant->f32().begin(), dequant->f32().end());
-  const std::pair<QuantKernel, const char*> kernels[] = {
-      {QuantKernel::kPortable, "portable"},
-      {QuantKernel::kAvx2, "avx2"},
-      {QuantKernel::kAvx512, "avx512"}};
+  const std::pair<CpuIsa, const char*> kernels[] = {
+      {CpuIsa::kPortable, "portable"},
+      {CpuIsa::kAvx2, "avx2"},
+      {CpuIsa::kAvx512, "avx512"}};
   for (const auto& [kernel, name] : kernels) {
-    if (!QuantKernelSupported(kernel)) continue;
-    SetQuantKernel(kernel);
+    if (!CpuIsaSupported(kernel)) continue;
+    SetCpuIsa(kernel);
     auto y = Tensor::Host(DType::kF32, {n, rows});
     if (!y.ok()) return Fail(std::string(y.status().message()));
     if (absl::Status s = Linear(*x, *w, *y); !s.ok()) {
