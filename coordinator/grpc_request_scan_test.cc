@@ -91,6 +91,29 @@ TEST(GrpcRequestScanTest, CountsAreRefusedWithTheServicesMessages) {
             "more than 256 unknown fields in the request");
 }
 
+// Packed token ids whose varints are cut short or longer than 10 bytes
+// (the fuzzer's finding: 19 continuation bytes): the scan refuses what
+// libprotobuf's parser refuses, and passes a 10-byte varint (a negative
+// int32), which it parses.
+TEST(GrpcRequestScanTest, MalformedPackedVarintsAreRefusedAsTheParserDoes) {
+  const std::string ten = std::string(9, '\xff') + '\x01';
+  const struct {
+    std::string ids;
+    bool parses;
+  } cases[] = {
+      {"\x03" + ten + "\x05", true},
+      {"\x03" + std::string(10, '\xff') + "\x01", false},
+      {"\x03" + std::string(19, '\xff') + "\x01\x0a", false},
+      {"\x03\x80", false},
+  };
+  for (const auto& c : cases) {
+    const std::string wire = Field(2, c.ids);
+    v1::GenerateRequest parsed;
+    ASSERT_EQ(parsed.ParseFromString(wire), c.parses) << c.ids.size();
+    EXPECT_EQ(ScanGenerateRequest(wire).ok(), c.parses) << c.ids.size();
+  }
+}
+
 TEST(GrpcRequestScanTest, UnknownFieldsAreBounded) {
   std::string some, many;
   for (int i = 0; i < 256; ++i) some += Scalar(100, 1);
