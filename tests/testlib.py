@@ -4,6 +4,7 @@ and waiting for a shardlm server to answer."""
 
 from __future__ import annotations
 
+import json
 import random
 import socket
 import subprocess
@@ -139,6 +140,23 @@ def stop(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+
+
+def http_post_json(port: int, path: str, body: dict,
+                   timeout: float = 60) -> tuple[int, bytes]:
+    """POSTs `body` as JSON to 127.0.0.1:port over one raw HTTP/1.1
+    connection (no client library between the test and the server's
+    framing); returns the status and the response body."""
+    raw = json.dumps(body).encode()
+    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
+           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
+           ).encode() + raw
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(req)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+    return int(data.split(b" ", 2)[1]), data.partition(b"\r\n\r\n")[2]
 
 
 def prometheus_series(text: str) -> dict[str, float]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import struct
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, free_port, stop  # noqa: E402
+from testlib import FAILURES, check, free_port, http_post_json, stop  # noqa: E402
 from testlib import pb_bytes as string  # noqa: E402
 from testlib import pb_scalar as scalar  # noqa: E402
 from testlib import pb_varint as varint  # noqa: E402
@@ -39,19 +38,9 @@ def f32(num: int, value: float) -> bytes:
 
 
 def http(port: int, path: str, body: dict) -> tuple[int | None, str]:
-    raw = json.dumps(body).encode()
-    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
-           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
-           ).encode() + raw
-    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
-        s.sendall(req)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    status = int(data.split(b" ", 2)[1])
+    status, raw = http_post_json(port, path, body)
     try:
-        return status, json.loads(data.partition(b"\r\n\r\n")[2])[
-            "error"]["message"]
+        return status, json.loads(raw)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         return status, ""
 

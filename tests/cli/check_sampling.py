@@ -27,7 +27,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import struct
 import subprocess
 import sys
@@ -36,8 +35,9 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import (FAILURES, check, exit_code, free_port, pb_bytes,  # noqa: E402
-                     pb_scalar, pb_varint, skip, stop)
+from testlib import (FAILURES, check, exit_code, free_port,  # noqa: E402
+                     http_post_json, pb_bytes, pb_scalar, pb_varint, skip,
+                     stop)
 
 MPIRUN = ["mpirun", "--oversubscribe"]
 if os.geteuid() == 0:
@@ -48,18 +48,9 @@ CHAT_SHORT = [{"role": "user", "content": "Reply with only the word: yes"}]
 
 
 def http(port: int, path: str, body: dict) -> tuple[int, dict]:
-    raw = json.dumps(body).encode()
-    req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
-           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
-           ).encode() + raw
-    with socket.create_connection(("127.0.0.1", port), timeout=300) as s:
-        s.sendall(req)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
-    status = int(data.split(b" ", 2)[1])
+    status, raw = http_post_json(port, path, body, timeout=300)
     try:
-        return status, json.loads(data.partition(b"\r\n\r\n")[2])
+        return status, json.loads(raw)
     except ValueError:
         return status, {}
 
