@@ -44,6 +44,12 @@ struct BatchPlanner::Sequence {
   // The request's stop tokens, distinct and ascending: masked while fewer
   // than min_tokens have been generated.
   std::vector<int32_t> min_tokens_mask;
+  // Failed steps it was in (BatchPlanner::Interrupt); from the second on,
+  // it is planned alone, so that a request that kills its step is told
+  // from the requests batched with it.
+  int interruptions = 0;
+  bool isolated = false;
+  int failed_alone = 0;  // Failed steps that held only it.
 };
 
 namespace {
@@ -179,7 +185,8 @@ bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
   return true;
 }
 
-void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
+void BatchPlanner::EndCancelledAndLate(absl::Time now,
+                                       std::vector<PlannerEvent>& events) {
   const auto cancelled_result = [](Sequence& s) {
     s.result.finish_reason = FinishReason::kCancelled;
     return std::move(s.result);
@@ -224,7 +231,10 @@ void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
                         [&](const auto& r) { return r->id == id; });
   });
   std::erase_if(running_, [](const auto& s) { return s->done; });
+}
 
+void BatchPlanner::Admit(absl::Time now, std::vector<PlannerEvent>& events) {
+  EndCancelledAndLate(now, events);
   // Strictly in order: a large request at the head is not starved by
   // smaller ones behind it. The head may preempt running sequences of a
   // lower priority (latest first) to make room.
@@ -377,6 +387,11 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   for (const auto& s : running_) {
     prefill_budget -= runnable(*s) && decoding(*s) ? 1 : 0;
   }
+  // A sequence that was in several failed steps runs alone (Interrupt).
+  size_t solo = running_.size();
+  for (size_t i = 0; i < running_.size() && solo == running_.size(); ++i) {
+    if (running_[i]->isolated && runnable(*running_[i])) solo = i;
+  }
   size_t seqs = 0;
   std::vector<int64_t> chunk(running_.size(), 0);
   std::vector<bool> scheduled(running_.size(), false);
@@ -384,6 +399,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   for (size_t i = 0; i < running_.size(); ++i) {
     Sequence& s = *running_[i];
     if (!runnable(s) || seqs >= max_seqs) continue;
+    if (solo < running_.size() && i != solo) continue;
     decode[i] = decoding(s);
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
@@ -488,7 +504,13 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
     // the blocks this step was to copy: all holders fail (the sequences of
     // the steps still in flight are among them).
     AbandonInFlight();
-    FailKvHolders(out.status(), now, events);
+    if (resume_interrupted_) {
+      std::vector<RequestId> suspects;
+      for (const Sequence* s : f.stepped) suspects.push_back(s->id);
+      Interrupt(out.status(), suspects, now, events);
+    } else {
+      FailKvHolders(out.status(), now, events);
+    }
     return;
   }
   counters_.computed_tokens += f.tokens;
@@ -562,6 +584,49 @@ void BatchPlanner::FailKvHolders(const absl::Status& why, absl::Time now,
     Finish(**it, why, now, events);
     it = waiting_.erase(it);
   }
+  blocks_->DropCache();
+}
+
+void BatchPlanner::Interrupt(const absl::Status& why,
+                             const std::vector<RequestId>& suspects,
+                             absl::Time now,
+                             std::vector<PlannerEvent>& events) {
+  SHARDLM_CHECK(in_flight_.empty(), "Interrupt with steps in flight");
+  ++counters_.interruptions;
+  const auto suspect = [&](const Sequence& s) {
+    return std::find(suspects.begin(), suspects.end(), s.id) != suspects.end();
+  };
+  // Whatever was lost goes back to the queue; its tokens stay.
+  const auto requeue = [&](Sequence& s) {
+    counters_.recomputed_tokens += s.computed;
+    ++counters_.resumed;
+    Drop(s);
+    s.preempted = false;
+    s.ending = false;  // Still in cancelled_, or late: Admit ends it.
+  };
+  for (auto& s : running_) {
+    if (suspect(*s) && s->isolated && suspects.size() == 1 &&
+        ++s->failed_alone >= kFailAfterFailuresAlone) {
+      // It failed steps it had to itself: it is the cause, not a victim.
+      Finish(*s,
+             absl::Status(why.code(),
+                          absl::StrCat(why.message(), " (", s->failed_alone,
+                                       " steps of this request alone failed)")),
+             now, events);
+      continue;
+    }
+    if (suspect(*s) && ++s->interruptions >= kIsolateAfterInterruptions) {
+      s->isolated = true;
+    }
+    requeue(*s);
+    Enqueue(std::move(s));
+  }
+  running_.clear();
+  for (auto& s : waiting_) {
+    if (!blocks_->Table(s->id).empty()) requeue(*s);
+  }
+  // Copies planned for the lost pools are moot.
+  (void)blocks_->TakeCopies();
   blocks_->DropCache();
 }
 

@@ -51,6 +51,12 @@ struct SchedulerStats {
   int64_t preempted_swap = 0;       // Preemptions that swapped to the host.
   int64_t preempted_recompute = 0;  // Preemptions that dropped the KV.
   int64_t offloaded = 0;  // Blocks a sequence moved to the host for itself.
+  // Resuming after a failure (BatchPlanner::Interrupt): the failures, the
+  // sequences put back in the queue to be recomputed, and the tokens of
+  // KV they lost.
+  int64_t interruptions = 0;
+  int64_t resumed = 0;
+  int64_t recomputed_tokens = 0;
   // Token slots of the blocks sequences hold, and how many of them hold a
   // token's KV (a shared prefix block counts for each sequence holding
   // it); 1 - filled / allocated is the KV cache's internal fragmentation.
@@ -109,7 +115,8 @@ class BatchPlanner {
   std::optional<StepPlan> PlanForPipeline(int depth);
   // Applies the oldest step in flight: `out` is its output, or the error
   // that failed it (then every step in flight is abandoned and every holder
-  // of KV fails with it). Runs on_token; on_done goes to events.
+  // of KV fails with it, or, with resume_interrupted, is interrupted). Runs
+  // on_token; on_done goes to events.
   void Apply(absl::StatusOr<StepOutput> out, absl::Time now,
              std::vector<PlannerEvent>& events);
   // Forgets every step in flight; their outputs will never be applied.
@@ -118,6 +125,31 @@ class BatchPlanner {
   // cache (after a failed step or a cluster re-forming).
   void FailKvHolders(const absl::Status& why, absl::Time now,
                      std::vector<PlannerEvent>& events);
+  // The KV of every sequence is lost (a rank died) but its tokens are not:
+  // every running or swapped sequence goes back to the queue (at the head
+  // of its priority class, as a preempted one) to be recomputed from its
+  // prompt and the tokens generated so far, then decodes on; the prefix
+  // cache is dropped. Sampling draws depend only on (seed, token index),
+  // so the tokens that follow are those of an undisturbed run, and the
+  // client sees only a pause. `suspects` are the failed step's sequences
+  // (empty when the KV was lost between steps): one that was in
+  // kIsolateAfterInterruptions failed steps is planned alone from then
+  // on, and fails with `why` once kFailAfterFailuresAlone steps of its own
+  // failed, so that a request that kills its step cannot re-form the
+  // cluster forever, nor take the requests batched with it along. Nothing
+  // may be in flight (AbandonInFlight first).
+  void Interrupt(const absl::Status& why,
+                 const std::vector<RequestId>& suspects, absl::Time now,
+                 std::vector<PlannerEvent>& events);
+  static constexpr int kIsolateAfterInterruptions = 2;
+  static constexpr int kFailAfterFailuresAlone = 2;
+  // A failed step interrupts its sequences (Interrupt) instead of failing
+  // them: for an executor that comes back after a failure (coordinator
+  // --rejoin), with the scheduler paused until it does.
+  void set_resume_interrupted(bool on) { resume_interrupted_ = on; }
+  // Ends cancelled requests and those past their deadline (Admit does it
+  // first; a paused scheduler does only this).
+  void EndCancelledAndLate(absl::Time now, std::vector<PlannerEvent>& events);
   // Ends every request with `why` (shutting down).
   void EndAll(const absl::Status& why, absl::Time now,
               std::vector<PlannerEvent>& events);
@@ -180,6 +212,7 @@ class BatchPlanner {
   };
   std::deque<InFlight> in_flight_;
   SchedulerStats counters_;
+  bool resume_interrupted_ = false;
 };
 
 }  // namespace shardlm

@@ -41,6 +41,10 @@ struct EngineOptions {
   DeviceKind device = DeviceKind::kCpu;
   int device_ordinal = 0;
   bool allow_shared_gpu = false;  // Tests: TP x PP ranks on one GPU.
+  // A failed step pauses the engine and keeps its requests to be
+  // recomputed once Resume() is called, instead of failing them: for an
+  // executor that comes back (coordinator --rejoin). See Scheduler.
+  bool resume_interrupted = false;
 };
 
 // Called with (request index, token) as each token is produced; returning
@@ -68,10 +72,13 @@ class Engine {
   // Ends a submitted request (kCancelled) within one step; thread-safe.
   void Cancel(RequestId id) { scheduler_->Cancel(id); }
   int64_t cancel_requests() const { return scheduler_->cancel_requests(); }
-  // See Scheduler::DropKvState.
+  // See Scheduler::DropKvState, Resume and EndAll.
   void DropKvState(absl::Status why) {
     scheduler_->DropKvState(std::move(why));
   }
+  void Resume() { scheduler_->Resume(); }
+  void EndAll(absl::Status why) { scheduler_->EndAll(std::move(why)); }
+  bool paused() const { return scheduler_->paused(); }
   // Forward steps run so far.
   int64_t steps() const { return scheduler_->steps(); }
   int64_t waiting_requests() const { return scheduler_->waiting(); }
@@ -103,7 +110,8 @@ class Engine {
         blocks_(std::move(blocks)),
         options_(options),
         scheduler_(std::make_unique<Scheduler>(executor_.get(), &blocks_,
-                                               options.limits)) {}
+                                               options.limits,
+                                               options.resume_interrupted)) {}
   absl::Status Validate(const std::vector<GenerateRequest>& requests) const;
   absl::Status ValidateOne(const GenerateRequest& request) const;
 

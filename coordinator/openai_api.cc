@@ -665,6 +665,17 @@ std::string OpenAiApi::Metrics() {
   metric("shardlm_preemptions_total", "counter", "Preemptions by kind.",
          {{"kind=\"swap\"", s.preempted_swap},
           {"kind=\"recompute\"", s.preempted_recompute}});
+  metric("shardlm_interruptions_total", "counter",
+         "Failed steps (a lost rank) after which the requests holding KV "
+         "were kept to resume (coordinator --rejoin).",
+         {{"", s.interruptions}});
+  metric("shardlm_resumed_requests_total", "counter",
+         "Requests put back in the queue after an interruption, to be "
+         "recomputed from their tokens.",
+         {{"", s.resumed}});
+  metric("shardlm_recomputed_tokens_total", "counter",
+         "Tokens of KV lost to interruptions (recomputed on resuming).",
+         {{"", s.recomputed_tokens}});
   metric("shardlm_kv_blocks_moved_total", "counter",
          "KV blocks copied between tiers.",
          {{"kind=\"swap_out\"", s.blocks.swapped_out},

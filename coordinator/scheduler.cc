@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/log.h"
 
 namespace shardlm {
 namespace {
@@ -32,12 +33,14 @@ const char* FinishReasonName(FinishReason r) {
 }
 
 Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
-                     BatchLimits options)
+                     BatchLimits options, bool resume_interrupted)
     : executor_(executor),
       blocks_(blocks),
       options_(options),
       planner_(blocks, &metrics_, options, executor->config().vocab_size,
-               [executor](RequestId id) { executor->Release(id); }) {
+               [executor](RequestId id) { executor->Release(id); }),
+      resume_interrupted_(resume_interrupted) {
+  planner_.set_resume_interrupted(resume_interrupted);
   stats_ = planner_.Stats();
   loop_ = std::thread([this] { Loop(); });
 }
@@ -114,35 +117,87 @@ void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
 }
 
 void Scheduler::DropKvState(absl::Status why) {
+  RunOnLoop(Command::kDropKv, std::move(why));
+}
+
+void Scheduler::EndAll(absl::Status why) {
+  RunOnLoop(Command::kEndAll, std::move(why));
+}
+
+void Scheduler::RunOnLoop(Command command, absl::Status why) {
   absl::MutexLock lock(&mu_);
-  const uint64_t ticket = ++drops_requested_;
-  drop_why_ = std::move(why);
+  commands_.emplace_back(command, std::move(why));
+  const uint64_t ticket = ++commands_requested_;
   const auto done = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return drops_done_ >= ticket || stopping_;
+    return commands_done_ >= ticket || stopping_;
   };
   mu_.Await(absl::Condition(&done));
+}
+
+void Scheduler::Pause(const absl::Status& why) {
+  if (paused_) return;
+  const int64_t waiting = planner_.waiting() + intake_.size();
+  paused_ = true;
+  paused_since_ = MonotonicNow();
+  Log("the engine paused: %s; %d request(s) wait to resume (recomputed "
+      "from their tokens) once the cluster is back",
+      why.message(), waiting);
+}
+
+void Scheduler::Resume() {
+  absl::MutexLock lock(&mu_);
+  if (!paused_) return;
+  paused_ = false;
+  const double seconds = absl::ToDoubleSeconds(MonotonicNow() - paused_since_);
+  metrics_.Paused(seconds);
+  Log("the engine resumed after %.2f s; %d request(s) to recompute first",
+      seconds, static_cast<int64_t>(planner_waiting_));
 }
 
 void Scheduler::Loop() {
   std::vector<PlannerEvent> events;
   while (true) {
-    std::optional<absl::Status> drop;
+    std::vector<std::pair<Command, absl::Status>> commands;
+    bool paused;
     {
       absl::MutexLock lock(&mu_);
       const auto work = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return HasNews() || !planner_.idle();
+        return HasNews() || (!paused_ && !planner_.idle());
       };
-      mu_.Await(absl::Condition(&work));
+      if (paused_) {
+        // Cancellations and deadlines still end requests while paused.
+        mu_.AwaitWithTimeout(absl::Condition(&work), absl::Milliseconds(100));
+      } else {
+        mu_.Await(absl::Condition(&work));
+      }
       if (stopping_) break;
       TakeIntake();
-      if (drops_done_ < drops_requested_) drop = drop_why_;
+      commands.swap(commands_);
+      paused = paused_;
     }
-    if (drop.has_value()) {
+    if (!commands.empty()) {
       DrainInFlight();
-      planner_.FailKvHolders(*drop, MonotonicNow(), events);
+      for (auto& [command, why] : commands) {
+        if (command == Command::kEndAll) {
+          planner_.EndAll(why, MonotonicNow(), events);
+          absl::MutexLock lock(&mu_);
+          paused_ = false;
+        } else if (resume_interrupted_) {
+          planner_.Interrupt(why, {}, MonotonicNow(), events);
+          absl::MutexLock lock(&mu_);
+          Pause(why);
+        } else {
+          planner_.FailKvHolders(why, MonotonicNow(), events);
+        }
+      }
       RunEvents(events);
       absl::MutexLock lock(&mu_);
-      drops_done_ = drops_requested_;
+      commands_done_ += commands.size();
+      continue;
+    }
+    if (paused) {
+      planner_.EndCancelledAndLate(MonotonicNow(), events);
+      RunEvents(events);
       continue;
     }
     planner_.Admit(MonotonicNow(), events);
@@ -176,13 +231,20 @@ void Scheduler::Loop() {
     if (planner_.in_flight() == 0) continue;
     absl::StatusOr<StepOutput> out = executor_->Collect();
     // After a failure the other steps in flight are collected and dropped
-    // (the planner fails their sequences with this one's error).
-    if (!out.ok()) {
+    // (the planner fails, or interrupts, their sequences with this one's
+    // error).
+    const absl::Status failed = out.status();
+    if (!failed.ok()) {
       for (int64_t n = planner_.in_flight() - 1; n > 0; --n) {
         (void)executor_->Collect();
       }
     }
     planner_.Apply(std::move(out), MonotonicNow(), events);
+    if (!failed.ok() && resume_interrupted_) {
+      absl::MutexLock lock(&mu_);
+      planner_waiting_ = static_cast<int64_t>(planner_.waiting());
+      Pause(failed);
+    }
     RunEvents(events);
   }
   DrainInFlight();

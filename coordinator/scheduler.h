@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,7 +30,12 @@ namespace shardlm {
 // (blocks() readers see a consistent state once a request's on_done ran).
 class Scheduler {
  public:
-  Scheduler(StepExecutor* executor, BlockManager* blocks, BatchLimits options);
+  // With `resume_interrupted`, a failed step pauses the scheduler and puts
+  // its sequences back in the queue to be recomputed
+  // (BatchPlanner::Interrupt) until Resume() or EndAll(): for an executor
+  // that comes back after a failure (coordinator --rejoin).
+  Scheduler(StepExecutor* executor, BlockManager* blocks, BatchLimits options,
+            bool resume_interrupted = false);
   // Ends every request (Unavailable) and joins the loop.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -44,8 +50,20 @@ class Scheduler {
   // The workers lost their KV caches (a cluster re-forming): fails every
   // request that holds blocks (running, swapped, preempted) with `why`
   // and empties the prefix cache, on the loop thread; returns once done.
-  // Requests without blocks stay queued.
+  // Requests without blocks stay queued. With resume_interrupted, those
+  // requests are interrupted instead (queued to be recomputed) and the
+  // scheduler pauses until Resume() or EndAll().
   void DropKvState(absl::Status why);
+  // The executor is back (the cluster re-formed): plans steps again.
+  void Resume();
+  // Ends every request with `why`, on the loop thread; returns once done
+  // (the cluster could not re-form). Later submissions still run.
+  void EndAll(absl::Status why);
+  // Whether a failure paused the scheduler (see DropKvState).
+  bool paused() const {
+    absl::MutexLock lock(&mu_);
+    return paused_;
+  }
   // Ends the request (kCancelled) and frees its blocks within one step.
   // Unknown or finished ids are ignored.
   void Cancel(RequestId id);
@@ -74,8 +92,12 @@ class Scheduler {
   // Whether the loop has something to do besides running steps.
   bool HasNews() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !intake_.empty() || !cancels_.empty() ||
-           drops_done_ < drops_requested_;
+           commands_done_ < commands_requested_;
   }
+  // Runs a command on the loop thread and waits for it.
+  enum class Command { kDropKv, kEndAll };
+  void RunOnLoop(Command command, absl::Status why);
+  void Pause(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Publishes the stats, then runs the callbacks (no lock held).
   void RunEvents(std::vector<PlannerEvent>& events);
   // Collects and drops every step in flight (after a failure).
@@ -99,9 +121,14 @@ class Scheduler {
   // re-checks when it is released: no condition variable to notify.
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t drops_requested_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t drops_done_ ABSL_GUARDED_BY(mu_) = 0;
-  absl::Status drop_why_ ABSL_GUARDED_BY(mu_);
+  const bool resume_interrupted_;
+  // Commands for the loop (DropKvState, EndAll), in order.
+  uint64_t commands_requested_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t commands_done_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::pair<Command, absl::Status>> commands_ ABSL_GUARDED_BY(mu_);
+  // A failure paused planning (resume_interrupted), since `paused_since_`.
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Time paused_since_ ABSL_GUARDED_BY(mu_);
   RequestId next_id_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<Submission> intake_ ABSL_GUARDED_BY(mu_);
   std::vector<RequestId> cancels_ ABSL_GUARDED_BY(mu_);

@@ -116,7 +116,8 @@ ServingMetrics::ServingMetrics()
       inter_token_(LatencyBuckets()),
       e2e_(LatencyBuckets()),
       prefill_(LatencyBuckets()),
-      decode_(LatencyBuckets()) {}
+      decode_(LatencyBuckets()),
+      pause_({0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300}) {}
 
 void ServingMetrics::RequestFinished(const RequestRecord& r) {
   const int api = static_cast<int>(r.api);
@@ -160,6 +161,10 @@ std::string ServingMetrics::Prometheus() const {
       "From first scheduled to the first token (prompt processing).");
   decode_.AppendPrometheus(out, "shardlm_request_decode_seconds",
                            "From the first token to the last.");
+  pause_.AppendPrometheus(
+      out, "shardlm_interruption_pause_seconds",
+      "How long a failed rank paused the engine until the cluster re-formed "
+      "(coordinator --rejoin); its requests resume after it.");
   Header(out, "shardlm_requests_total", "counter",
          "Finished requests by API and outcome (stop, length, cancelled, "
          "deadline, error).");

@@ -82,6 +82,8 @@ class ServingMetrics {
   // The gap between two consecutive tokens of one request.
   void InterTokenGap(double seconds) { inter_token_.Observe(seconds); }
   void Refused(RequestApi api, Refusal why);
+  // How long a failure paused the engine (until the cluster re-formed).
+  void Paused(double seconds) { pause_.Observe(seconds); }
 
   // Every series, in Prometheus text format.
   std::string Prometheus() const;
@@ -90,7 +92,7 @@ class ServingMetrics {
   uint64_t requests(RequestApi api, RequestOutcome outcome) const;
 
  private:
-  Histogram queue_, ttft_, inter_token_, e2e_, prefill_, decode_;
+  Histogram queue_, ttft_, inter_token_, e2e_, prefill_, decode_, pause_;
   std::array<std::array<std::atomic<uint64_t>, kNumRequestOutcomes>,
              kNumRequestApis>
       requests_{};

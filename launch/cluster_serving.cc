@@ -134,8 +134,8 @@ int WaitForStop(const sigset_t& stop_signals, const StepExecutor* watch) {
   }
 }
 
-// A rank was lost (`why`): fails what held KV, waits for the ranks to
-// register again under a new rendezvous prefix, and resumes. Sets *sig
+// A rank was lost (`why`): pauses what held KV, waits for the ranks to
+// register again under a new rendezvous prefix, and resumes it. Sets *sig
 // when a stop signal came meanwhile.
 absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
                     const std::string& why, ControlService& service,
@@ -144,9 +144,9 @@ absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
   *sig = 0;
   std::fprintf(stderr,
                "[shardlm] %s: lost a rank: %s; re-forming (--rejoin): waiting "
-               "up to %llds for it to come back\n",
+               "up to %s for it to come back\n",
                o.command, why.c_str(),
-               static_cast<long long>(f.startup_timeout_s));
+               absl::FormatDuration(o.rejoin_timeout).c_str());
   const absl::Status lost = absl::UnavailableError(
       absl::StrCat("the cluster is re-forming after: ", why));
   remote.BeginReform(lost);
@@ -155,7 +155,7 @@ absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
   auto id = RandomHexToken(8);
   RETURN_IF_ERROR(service.Reform(
       absl::StrCat("reform-", ++formation, "-", id.ok() ? *id : "0")));
-  const absl::Time give_up = absl::Now() + absl::Seconds(f.startup_timeout_s);
+  const absl::Time give_up = absl::Now() + o.rejoin_timeout;
   while (true) {
     absl::Status s = service.WaitUntilReady(absl::Seconds(1));
     if (s.ok()) break;
@@ -164,13 +164,20 @@ absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
       *sig = got;
       return absl::CancelledError("stopped while re-forming");
     }
-    if (!absl::IsDeadlineExceeded(s) || absl::Now() >= give_up) {
+    if (!absl::IsDeadlineExceeded(s)) {
       return absl::UnavailableError(
           absl::StrCat("could not re-form the cluster: ", s.message()));
+    }
+    if (absl::Now() >= give_up) {
+      return absl::UnavailableError(
+          absl::StrCat("the cluster did not re-form within ",
+                       absl::FormatDuration(o.rejoin_timeout),
+                       " (--rejoin-timeout-s): ", s.message()));
     }
   }
   RETURN_IF_ERROR(remote.EndReform());
   std::fprintf(stderr, "[shardlm] %s: re-formed; serving again\n", o.command);
+  engine.Resume();
   return absl::OkStatus();
 }
 
@@ -226,8 +233,9 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
   auto engine =
-      Engine::Create(std::move(*executor),
-                     {.kv = f.kv.ToOptions(), .limits = f.limits.ToLimits()});
+      Engine::Create(std::move(*executor), {.kv = f.kv.ToOptions(),
+                                            .limits = f.limits.ToLimits(),
+                                            .resume_interrupted = o.rejoin});
   if (!engine.ok()) return fail("", engine.status());
   std::string name = source.config().name;
   if (name.empty()) name = std::filesystem::path(f.model).filename().string();
@@ -271,6 +279,13 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
       absl::Status s =
           Reform(f, o, why, service, *remote, **engine, stop_signals, &sig);
       if (s.ok()) continue;
+      // The paused requests end now, naming the lost rank; not later as
+      // "the engine shut down".
+      (*engine)->EndAll(absl::UnavailableError(
+          sig != 0 ? absl::StrCat("the server stopped while re-forming "
+                                  "after: ",
+                                  why)
+                   : absl::StrCat(s.message(), " (lost: ", why, ")")));
       if (sig != 0) {  // Stopped while re-forming: nothing to drain.
         service.Shutdown("coordinator shutting down");
         break;

@@ -72,11 +72,15 @@ struct ServeClusterOptions {
   bool exit_when_cluster_fails = false;
   absl::Duration failure_grace = absl::Seconds(3);
   // Instead (shardlm coordinator --rejoin; `service` built with
-  // ClusterOptions::rejoin): stay up, not ready, fail the requests that
-  // held KV, and wait up to --startup-timeout-s for the lost ranks to come
+  // ClusterOptions::rejoin): stay up, not ready, pause the requests that
+  // held KV, and wait up to `rejoin_timeout` for the lost ranks to come
   // back (a restarted worker with the same rank), re-form the data plane
-  // with the survivors and serve again.
+  // with the survivors and resume every paused request (recomputed from
+  // its tokens: the stream continues as if undisturbed). A replacement
+  // that does not come in time fails them with UNAVAILABLE naming the
+  // rank.
   bool rejoin = false;
+  absl::Duration rejoin_timeout = absl::Seconds(120);
 };
 
 // Waits for the workers of `service` to load, builds the engine, serves

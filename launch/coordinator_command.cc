@@ -42,6 +42,7 @@ int CoordinatorCommand(int argc, char** argv) {
   std::string control_listen = "0.0.0.0:50052";
   double failure_grace_s = 3;
   bool rejoin = false;
+  int64_t rejoin_timeout_s = 120;
   FlagSet flags(
       "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm coordinator --model PATH "
       "--tp TP --pp PP [flags]\n"
@@ -58,9 +59,14 @@ int CoordinatorCommand(int argc, char** argv) {
             "answering UNAVAILABLE, before exiting 1");
   flags.Add("rejoin", &rejoin,
             "after a rank is lost: stay up (not ready), wait up to "
-            "--startup-timeout-s for a worker with that rank to come back, "
-            "re-form with the survivors and serve again, instead of "
-            "exiting");
+            "--rejoin-timeout-s for a worker with that rank to come back, "
+            "re-form with the survivors and resume every request where it "
+            "was (recomputed: streams pause, then continue unchanged), "
+            "instead of exiting");
+  flags.Add("rejoin-timeout-s", &rejoin_timeout_s,
+            "with --rejoin: how long to wait for a lost rank's replacement "
+            "before the paused requests fail (UNAVAILABLE naming the rank) "
+            "and the coordinator exits 1");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -83,6 +89,9 @@ int CoordinatorCommand(int argc, char** argv) {
   } else if (problem.empty() &&
              (failure_grace_s < 0 || failure_grace_s > 600)) {
     problem = "--failure-grace-s must be in [0, 600]";
+  } else if (problem.empty() &&
+             (rejoin_timeout_s < 1 || rejoin_timeout_s > 86400)) {
+    problem = "--rejoin-timeout-s must be in [1, 86400]";
   } else if (absl::Status s = f.control_tls.Load();
              problem.empty() && !s.ok()) {
     problem = std::string(s.message());
@@ -149,7 +158,8 @@ int CoordinatorCommand(int argc, char** argv) {
                     .workers_dial = address,
                     .exit_when_cluster_fails = !rejoin,
                     .failure_grace = absl::Seconds(failure_grace_s),
-                    .rejoin = rejoin},
+                    .rejoin = rejoin,
+                    .rejoin_timeout = absl::Seconds(rejoin_timeout_s)},
                    **source, service, *control, stop_signals);
   std::fflush(stderr);
   std::_Exit(code);

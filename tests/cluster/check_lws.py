@@ -25,6 +25,11 @@ exchange activations over Gloo.
    coordinator and the survivors stay up, not ready;
    a new process with the same rank re-forms the group, which answers the
    three prompts like one process again.
+6. Resume (--rejoin, issue #37): a worker killed while 8 streams run
+   (greedy, seeded, a stop string, a prompt in prefill chunks) and
+   replaced: every stream's text equals the undisturbed run's byte for
+   byte. With no replacement, the paused stream fails after
+   --rejoin-timeout-s naming the rank, and the coordinator exits 1.
 
   check_lws.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -43,8 +48,9 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(__file__))
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from check_cluster import (KV, PROMPTS, check_like_local, generate,  # noqa: E402
-                           local_references, step_logprobs)
+from check_cluster import (KV, LOGPROB_TOL, PROMPTS,  # noqa: E402
+                           check_like_local, generate, local_references,
+                           logprob_error, step_logprobs)
 from testlib import FAILURES, check, free_port, wait_until  # noqa: E402
 
 TOKEN = "lws-test-token-0123456789abcdef"
@@ -409,6 +415,131 @@ def rejoin(a, local: dict):
         g.stop()
 
 
+def start_stream(a, g, prompt: str, extra: list[str],
+                 n: int = 80) -> subprocess.Popen:
+    return subprocess.Popen(
+        [a.shardlm, "generate", "--server", g.api, "--prompt", prompt,
+         "--max-tokens", str(n), "--logprobs", "3", *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+# Greedy and seeded streams, one with a stop string, one long prompt that
+# is prefilled in chunks of 32 tokens (--max-batched-tokens) when the rank
+# dies.
+RESUMED = [(PROMPTS[0], ["--ignore-eos"]),
+           (PROMPTS[1], ["--ignore-eos"]),
+           (PROMPTS[2], ["--stop", " the"]),
+           (LONG * 3, ["--ignore-eos"]),
+           (PROMPTS[0], ["--ignore-eos", "--temperature", "0.8", "--seed", "7"]),
+           (PROMPTS[1], ["--ignore-eos", "--temperature", "1.0", "--top-p",
+                         "0.95", "--seed", "8"]),
+           (PROMPTS[2], ["--temperature", "0.7", "--seed", "9"]),
+           ("Once upon a time", ["--ignore-eos", "--temperature", "0.9",
+                                 "--top-k", "40", "--seed", "10"])]
+
+
+def resume(a):
+    """coordinator --rejoin resumes every stream (issue #37): a worker is
+    killed (SIGKILL) while 8 streams run and a new process takes its rank;
+    each stream pauses, then continues: its whole text equals the
+    undisturbed run's byte for byte, its log-probabilities within
+    LOGPROB_TOL, and /metrics counts the interruption."""
+    g = Group(a, 2, 2, "resume", ["--rejoin", "--max-batched-tokens", "32"])
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws resume] group serves\n" + g.tail())
+            return
+        # Undisturbed, the same 8 at once.
+        clients = [start_stream(a, g, p, x) for p, x in RESUMED]
+        want = [c.communicate(timeout=240) for c in clients]
+        check(all(c.returncode == 0 for c in clients),
+              "[lws resume] the undisturbed streams complete")
+        clients = [start_stream(a, g, p, x) for p, x in RESUMED]
+        # Tokens are flowing. (From the pipe itself: communicate() reads
+        # the pipe, not what a buffered read kept.)
+        first = os.read(clients[0].stdout.fileno(), 1).decode()
+        victim = 3
+        g.procs[victim].send_signal(signal.SIGKILL)
+        g.procs[victim].wait()
+        killed = time.monotonic()
+        time.sleep(1)
+        g.start_worker(victim)  # As the supervisor restarts the pod.
+        got = []
+        for c in clients:
+            try:
+                got.append(c.communicate(timeout=240))
+            except subprocess.TimeoutExpired:
+                c.kill()
+                got.append(c.communicate())
+        got[0] = (first + got[0][0], got[0][1])
+        took = time.monotonic() - killed
+        for i, ((p, x), (w_out, w_err), (g_out, g_err), c) in enumerate(
+                zip(RESUMED, want, got, clients)):
+            same = c.returncode == 0 and g_out == w_out
+            check(same, f"[lws resume] stream {i} ({p[:20]!r} {' '.join(x)}) "
+                  f"continues across the lost rank with the undisturbed "
+                  f"text, byte for byte" + ("" if same else
+                                            f"\n  got  {g_out!r}\n  want "
+                                            f"{w_out!r}\n  "
+                                            f"{g_err.strip()[-300:]}"))
+            err = logprob_error(step_logprobs(g_err), step_logprobs(w_err))
+            check(err <= LOGPROB_TOL, f"[lws resume] stream {i}: every "
+                  f"step's log-probabilities within {LOGPROB_TOL:g} of the "
+                  f"undisturbed run (max {err:.2g})")
+        log = g.log(0)
+        check("the engine paused" in log and "the engine resumed" in log,
+              f"[lws resume] the coordinator logs the pause and the resume "
+              f"({took:.1f}s from the kill to the last stream's end)")
+        try:
+            with urllib.request.urlopen(
+                    f"http://127.0.0.1:{g.http}/metrics", timeout=5) as r:
+                metrics = r.read().decode()
+        except OSError as e:
+            metrics = str(e)
+        m = re.search(r"^shardlm_resumed_requests_total (\d+)", metrics, re.M)
+        check(m is not None and int(m.group(1)) >= 1,
+              f"[lws resume] /metrics counts the resumed requests "
+              f"({m.group(0) if m else 'absent'})")
+    finally:
+        g.stop()
+
+
+def rejoin_timeout(a):
+    """--rejoin with no replacement: the paused stream fails after
+    --rejoin-timeout-s with UNAVAILABLE naming the lost rank, and the
+    coordinator exits 1."""
+    g = Group(a, 1, 2, "rejoin_timeout", ["--rejoin", "--rejoin-timeout-s",
+                                          "4"])
+    try:
+        g.start()
+        if not g.wait_ready():
+            check(False, "[lws rejoin timeout] group serves\n" + g.tail())
+            return
+        client = start_stream(a, g, "Tell me a long story about a dragon.",
+                              ["--ignore-eos"], n=3000)
+        client.stdout.read(1)
+        victim = 2
+        g.procs[victim].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        try:
+            _, err = client.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            client.kill()
+            _, err = client.communicate()
+        took = time.monotonic() - killed
+        check(client.returncode != 0 and "UNAVAILABLE" in err
+              and f"rank {victim}" in err and 3 <= took < 15,
+              f"[lws rejoin timeout] the paused stream fails with "
+              f"UNAVAILABLE naming rank {victim} after the timeout "
+              f"({took:.1f}s: {err.strip()[-200:]})")
+        codes = g.wait_exits([0], 10)
+        check(codes.get(0) == 1, f"[lws rejoin timeout] the coordinator "
+              f"exits 1 ({codes})")
+    finally:
+        g.stop()
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -420,6 +551,8 @@ def main() -> int:
     os.makedirs(a.workdir, exist_ok=True)
     local = equivalence(a)
     rejoin(a, local)
+    resume(a)
+    rejoin_timeout(a)
     kill_worker(a)
     freeze_worker(a)
     kill_coordinator(a)
