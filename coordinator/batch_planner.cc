@@ -109,8 +109,13 @@ void BatchPlanner::Add(RequestId id, GenerateRequest request,
   auto s = std::make_unique<Sequence>();
   s->id = id;
   s->tokens = request.prompt;
+  s->tokens.insert(s->tokens.end(), request.resumed.begin(),
+                   request.resumed.end());
   if (request.sampling.repetition_penalty != 1.0f) {
     for (int32_t t : request.prompt) s->penalized.emplace(t, 0);
+  }
+  if (HasPenalties(request.sampling)) {
+    for (int32_t t : request.resumed) ++s->penalized[t];
   }
   if (request.min_tokens > 0) {
     s->min_tokens_mask = request.stop_token_ids;
@@ -135,8 +140,8 @@ void BatchPlanner::Drop(Sequence& s) {
 
 void BatchPlanner::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
                           absl::Time now, std::vector<PlannerEvent>& events) {
-  const int64_t generated =
-      static_cast<int64_t>(s.tokens.size() - s.request.prompt.size());
+  // Tokens generated here (not those of a resumed stream).
+  const int64_t generated = static_cast<int64_t>(s.result.tokens.size());
   RequestRecord record{
       .api = s.request.api,
       .outcome = OutcomeOf(result),
@@ -529,6 +534,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
       s.result.prompt_logits.assign(l, l + vocab_size_);
     }
     const int32_t token = out->tokens[row];
+    const bool first = s.result.tokens.empty();  // Its first token here.
     s.tokens.push_back(token);
     s.result.tokens.push_back(token);
     if (HasPenalties(req.sampling)) ++s.penalized[token];
@@ -537,7 +543,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
       s.result.logprobs.push_back(std::move(out->logprobs[row]));
       logprobs = &s.result.logprobs.back();
     }
-    if (generated == 0) {
+    if (first) {
       s.first_token = now;
       s.result.prefill_seconds = Seconds(s.submitted, now);
     } else {

@@ -95,6 +95,22 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
                   c.vocab_size);
     }
   }
+  if (static_cast<int64_t>(req.resumed.size()) >= req.max_tokens) {
+    return fail(req.resumed.size(),
+                " resumed tokens leave none of max_tokens = ", req.max_tokens);
+  }
+  for (size_t i = 0; i < req.resumed.size(); ++i) {
+    const int32_t t = req.resumed[i];
+    if (t < 0 || t >= c.vocab_size) {
+      return fail("resumed token ", t, " is outside the vocabulary of ",
+                  c.vocab_size);
+    }
+    if (std::find(req.stop_token_ids.begin(), req.stop_token_ids.end(), t) !=
+        req.stop_token_ids.end()) {
+      return fail("resumed token ", i, " (", t,
+                  ") is a stop token: the stream had ended");
+    }
+  }
   const int64_t total =
       static_cast<int64_t>(req.prompt.size()) + req.max_tokens;
   if (total > c.context_length) {

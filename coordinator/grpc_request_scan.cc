@@ -237,7 +237,7 @@ size_t FirstInvalidUtf8(absl::string_view s) {
 absl::Status ScanGenerateRequest(absl::string_view wire,
                                  const GrpcScanLimits& limits) {
   Budget budget{limits};
-  int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0;
+  int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0, resume_ids = 0;
   // Counts first, cheaply; the strings' UTF-8 afterwards, so that a huge
   // count is refused without reading every element's bytes.
   constexpr absl::string_view kGenerate = "shardlm.v1.GenerateRequest";
@@ -249,24 +249,28 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 4:  // sampling
         known = type == kLength;
         break;
-      case 2:  // prompt_token_ids
-      case 5:  // stop_token_ids
+      case 2:     // prompt_token_ids
+      case 5:     // stop_token_ids
+      case 20: {  // resume_token_ids
+        int64_t* count = number == 2   ? &prompt_ids
+                         : number == 5 ? &stop_ids
+                                       : &resume_ids;
         if (type == kLength) {
-          if (!CountPacked(f.bytes, number == 2 ? &prompt_ids : &stop_ids)) {
-            return Malformed(kGenerate, f.end);
-          }
+          if (!CountPacked(f.bytes, count)) return Malformed(kGenerate, f.end);
         } else if (type == kVarint) {
-          ++(number == 2 ? prompt_ids : stop_ids);
+          ++*count;
         } else {
           known = false;
         }
         break;
+      }
       case 3:   // max_tokens
       case 6:   // ignore_eos
       case 7:   // priority
       case 9:   // logprobs
       case 10:  // truncate_prompt_tokens
       case 12:  // min_tokens
+      case 21:  // resume_position
         known = type == kVarint;
         break;
       case 8:  // stop
@@ -293,6 +297,10 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
   if (prompt_ids > limits.max_prompt_token_ids) {
     return too_many(prompt_ids, limits.max_prompt_token_ids,
                     "prompt_token_ids");
+  }
+  if (resume_ids > limits.max_prompt_token_ids) {
+    return too_many(resume_ids, limits.max_prompt_token_ids,
+                    "resume_token_ids");
   }
   if (stop_ids > limits.max_stop_token_ids) {
     return too_many(stop_ids, limits.max_stop_token_ids, "stop_token_ids");

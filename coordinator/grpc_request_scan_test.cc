@@ -74,6 +74,11 @@ TEST(GrpcRequestScanTest, CountsAreRefusedWithTheServicesMessages) {
   std::string ids(300000, '\x01');
   EXPECT_EQ(ScanGenerateRequest(Field(2, ids)).message(),
             "at most 262144 prompt_token_ids, got 300000");
+  EXPECT_EQ(ScanGenerateRequest(Field(20, ids)).message(),
+            "at most 262144 resume_token_ids, got 300000");
+  // Resume fields are known: 300 resumed ids are not 300 unknown fields.
+  std::string resume(300, '\x01');
+  EXPECT_TRUE(ScanGenerateRequest(Field(20, resume) + Scalar(21, 300)).ok());
   std::string unpacked;
   for (int i = 0; i < 257; ++i) unpacked += Scalar(5, 1);
   EXPECT_EQ(ScanGenerateRequest(unpacked).message(),

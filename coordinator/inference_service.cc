@@ -140,6 +140,10 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     return Invalid("at most ", kMaxPromptTokenIds, " prompt_token_ids, got ",
                    request.prompt_token_ids_size());
   }
+  if (request.resume_token_ids_size() > kMaxPromptTokenIds) {
+    return Invalid("at most ", kMaxPromptTokenIds, " resume_token_ids, got ",
+                   request.resume_token_ids_size());
+  }
   if (request.stop_token_ids_size() > kMaxStopTokenIds) {
     return Invalid("at most ", kMaxStopTokenIds, " stop_token_ids, got ",
                    request.stop_token_ids_size());
@@ -208,6 +212,24 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
       req.stop_token_ids.push_back(id);
     }
   }
+
+  // A resumed stream: the engine checks the tokens against max_tokens and
+  // the stop tokens; here, the count and the vocabulary.
+  if (request.resume_position() != request.resume_token_ids_size()) {
+    return Invalid("resume_position (", request.resume_position(),
+                   ") must equal the number of resume_token_ids (",
+                   request.resume_token_ids_size(),
+                   "): it is the draw index of the next token");
+  }
+  for (int i = 0; i < request.resume_token_ids_size(); ++i) {
+    const int32_t t = request.resume_token_ids(i);
+    if (t < 0 || t >= vocab) {
+      return Invalid("resume_token_ids[", i, "] = ", t,
+                     " is outside the vocabulary of ", vocab);
+    }
+  }
+  req.resumed.assign(request.resume_token_ids().begin(),
+                     request.resume_token_ids().end());
   return req;
 }
 
@@ -302,15 +324,18 @@ absl::Status InferenceService::Run(
       text_bytes, static_cast<int64_t>(options_.max_prompt_bytes) * 2);
   absl::StatusOr<MemoryShare> share = TakeMemory(
       text_bytes * kTokenizeBytesPerByte +
-          std::min(request->prompt_token_ids_size(), kMaxPromptTokenIds) *
+          (std::min(request->prompt_token_ids_size(), kMaxPromptTokenIds) +
+           std::min(request->resume_token_ids_size(), kMaxPromptTokenIds)) *
               int64_t{sizeof(int32_t)} +
           kQueuedRequestBytes,
       "tokenizing the prompt");
   if (!share.ok()) return share.status();
   absl::StatusOr<GenerateRequest> req = ToEngineRequest(*request);
   if (!req.ok()) return req.status();
-  share->ShrinkTo(static_cast<int64_t>(req->prompt.size() * sizeof(int32_t)) +
-                  kQueuedRequestBytes);
+  share->ShrinkTo(
+      static_cast<int64_t>((req->prompt.size() + req->resumed.size()) *
+                           sizeof(int32_t)) +
+      kQueuedRequestBytes);
   req->api = api;
   // A cluster with a lost (or not yet joined) rank: UNAVAILABLE naming it.
   if (absl::Status h = engine_->executor().Health(); !h.ok()) return h;
@@ -335,6 +360,16 @@ absl::Status InferenceService::Run(
   auto stream = std::make_shared<Stream>(
       tokenizer_,
       std::vector<std::string>(request->stop().begin(), request->stop().end()));
+  // A resumed stream: whoever generated these tokens sent their text, up
+  // to what the stop strings held back, which is a function of the text:
+  // the same pass over them leaves this stream where that one was.
+  for (int32_t id : req->resumed)
+    (void)stream->stops.Push(stream->detok.Push(id));
+  if (stream->stops.stopped()) {
+    return absl::InvalidArgumentError(
+        "resume_token_ids contain a stop string: the stream had ended");
+  }
+  stream->generated = static_cast<int32_t>(req->resumed.size());
   const Tokenizer* tokenizer = tokenizer_;
   RequestCallbacks callbacks{
       .on_token =
@@ -421,8 +456,7 @@ absl::Status InferenceService::Run(
     v1::GenerateResponse response;
     std::string text = s.stops.Push(s.detok.Finish());
     response.set_text(text + s.stops.Finish());
-    finish(response, FinishReasonName(result->finish_reason),
-           static_cast<int32_t>(result->tokens.size()));
+    finish(response, FinishReasonName(result->finish_reason), s.generated);
     write(response);
   }
   return absl::OkStatus();

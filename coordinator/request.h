@@ -17,6 +17,11 @@ namespace shardlm {
 
 struct GenerateRequest {
   std::vector<int32_t> prompt;  // Token ids; at least one.
+  // Tokens generated earlier (a resumed stream, GenerateRequest's
+  // resume_token_ids): the sequence goes on after them as if it had
+  // generated them (max_tokens, min_tokens, penalties and the sampler's
+  // draw index count them); on_token and the result see only later ones.
+  std::vector<int32_t> resumed;
   int32_t max_tokens = 16;
   SamplingParams sampling;
   std::vector<int32_t> stop_token_ids;  // Generation ends after one of these.

@@ -272,6 +272,36 @@ TEST_P(ResumeTest, ACancelWhilePausedEndsTheRequest) {
   engine->Resume();
 }
 
+// A request given the first k tokens of another run (resume_token_ids)
+// generates the rest of that run: max_tokens, the draw index and the
+// penalties count the resumed tokens.
+TEST_P(ResumeTest, AResumedRequestGeneratesTheRestOfTheRun) {
+  Engine* engine = MakeEngine({}, GetParam());
+  ASSERT_NE(engine, nullptr);
+  for (const GenerateRequest& base : Workload()) {
+    auto full = engine->Generate(base);
+    ASSERT_TRUE(full.ok()) << full.status();
+    const size_t n = full->tokens.size();
+    for (size_t k : {size_t{1}, n / 2, n - 1}) {
+      GenerateRequest resumed = base;
+      resumed.resumed.assign(full->tokens.begin(), full->tokens.begin() + k);
+      auto rest = engine->Generate(resumed);
+      ASSERT_TRUE(rest.ok()) << rest.status();
+      EXPECT_EQ(rest->tokens, std::vector<int32_t>(full->tokens.begin() + k,
+                                                   full->tokens.end()))
+          << "resumed after " << k << " of " << n;
+      EXPECT_EQ(rest->finish_reason, full->finish_reason);
+    }
+  }
+  GenerateRequest bad = Workload()[0];
+  bad.resumed.assign(bad.max_tokens, 1);
+  EXPECT_EQ(engine->Generate(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  bad.resumed = {1, 301};
+  EXPECT_EQ(engine->Generate(bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 INSTANTIATE_TEST_SUITE_P(StepsInFlight, ResumeTest, ::testing::Values(1, 2));
 
 }  // namespace
