@@ -121,13 +121,16 @@ int Main(int argc, char** argv) {
   base.threads = static_cast<int>(threads);
   base.limits.max_batched_tokens = 256;
   base.kv.dtype = kv;
-  EngineOptions big = base, swap = base, recompute = base;
+  EngineOptions big = base, swap = base, recompute = base, checked = base;
   big.kv.kv_cache_bytes = need * block_bytes;
   swap.kv.kv_cache_bytes = recompute.kv.kv_cache_bytes =
       device_blocks * block_bytes;
   swap.kv.cpu_offload_bytes = need * block_bytes;
   big.kv.prefix_caching = swap.kv.prefix_caching = recompute.kv.prefix_caching =
       false;
+  // The swap run again with --kv-checksum: what the checksums cost.
+  checked = swap;
+  checked.kv.checksum = true;
 
   nlohmann::json out;
   std::printf(
@@ -141,8 +144,8 @@ int Main(int argc, char** argv) {
   for (auto [name, opts] :
        {std::pair{std::string("big device pool"), big},
         std::pair{absl::StrCat(device_blocks, " blocks + host"), swap},
-        std::pair{absl::StrCat(device_blocks, " blocks, no host"),
-                  recompute}}) {
+        std::pair{absl::StrCat(device_blocks, " blocks, no host"), recompute},
+        std::pair{absl::StrCat(device_blocks, " + host, checksum"), checked}}) {
     auto run = Concurrent(**source, opts, reqs, name);
     if (!run.ok()) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(),
@@ -176,11 +179,15 @@ int Main(int argc, char** argv) {
       return fail(
           absl::StrCat(r.device_blocks, " device blocks, want ", want_blocks));
     }
-    if (runs.size() == 2 && r.stats.preempted_swap == 0) {
+    if ((runs.size() == 2 || runs.size() == 4) && r.stats.preempted_swap == 0) {
       return fail("no request was swapped out (more --requests?)");
     }
     if (runs.size() == 3 && r.stats.preempted_recompute == 0) {
       return fail("no request was recomputed (more --requests?)");
+    }
+    if (runs.size() == 4 && r.stats.kv_checksum_failures != 0) {
+      return fail(absl::StrCat(r.stats.kv_checksum_failures,
+                               " checksum failures without corruption"));
     }
     out["preemption"].push_back(
         {{"run", r.name},
@@ -193,6 +200,30 @@ int Main(int argc, char** argv) {
          {"blocks_swapped_in", r.stats.blocks.swapped_in},
          {"copy_seconds", r.copy_seconds},
          {"copy_share_of_step_time", share}});
+  }
+
+  // Copy throughput of the swap runs without and with checksums: blocks
+  // moved per second of copy time (both directions), and bytes.
+  {
+    const auto rate = [&](const Run& r) {
+      const double blocks = static_cast<double>(r.stats.blocks.swapped_out +
+                                                r.stats.blocks.swapped_in);
+      return r.copy_seconds > 0 ? blocks / r.copy_seconds : 0.0;
+    };
+    const double plain = rate(runs[1]), checked_rate = rate(runs[3]);
+    std::printf(
+        "swap copies: %.0f blocks/s (%.2f GB/s) plain, %.0f blocks/s (%.2f "
+        "GB/s) with --kv-checksum: %.2fx the copy time; the whole run "
+        "%.3fx\n",
+        plain, plain * block_bytes / 1e9, checked_rate,
+        checked_rate * block_bytes / 1e9,
+        checked_rate > 0 ? plain / checked_rate : 0,
+        runs[3].seconds / runs[1].seconds);
+    out["checksum"] = {
+        {"copy_blocks_per_second_plain", plain},
+        {"copy_blocks_per_second_checksum", checked_rate},
+        {"block_bytes", block_bytes},
+        {"run_seconds_ratio", runs[3].seconds / runs[1].seconds}};
   }
 
   // Prefix cache: 4 requests sharing a prefix, one after another.

@@ -509,7 +509,11 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
     // the blocks this step was to copy: all holders fail (the sequences of
     // the steps still in flight are among them).
     AbandonInFlight();
-    if (resume_interrupted_) {
+    if (absl::IsDataLoss(out.status())) {
+      // Corrupt KV produced no token: recompute, and serve on.
+      ++counters_.kv_checksum_failures;
+      Interrupt(out.status(), {}, now, events);
+    } else if (resume_interrupted_) {
       std::vector<RequestId> suspects;
       for (const Sequence* s : f.stepped) suspects.push_back(s->id);
       Interrupt(out.status(), suspects, now, events);

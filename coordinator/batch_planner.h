@@ -57,6 +57,9 @@ struct SchedulerStats {
   int64_t interruptions = 0;
   int64_t resumed = 0;
   int64_t recomputed_tokens = 0;
+  // Steps failed by a KV block that failed its checksum (DataLoss): their
+  // sequences were recomputed, no token came from them.
+  int64_t kv_checksum_failures = 0;
   // Token slots of the blocks sequences hold, and how many of them hold a
   // token's KV (a shared prefix block counts for each sequence holding
   // it); 1 - filled / allocated is the KV cache's internal fragmentation.
@@ -115,8 +118,9 @@ class BatchPlanner {
   std::optional<StepPlan> PlanForPipeline(int depth);
   // Applies the oldest step in flight: `out` is its output, or the error
   // that failed it (then every step in flight is abandoned and every holder
-  // of KV fails with it, or, with resume_interrupted, is interrupted). Runs
-  // on_token; on_done goes to events.
+  // of KV fails with it, or, with resume_interrupted, is interrupted; a
+  // DataLoss, a KV block that failed its checksum, always interrupts).
+  // Runs on_token; on_done goes to events.
   void Apply(absl::StatusOr<StepOutput> out, absl::Time now,
              std::vector<PlannerEvent>& events);
   // Forgets every step in flight; their outputs will never be applied.

@@ -4,6 +4,7 @@
 // test compares tokens with the same request run alone on an engine with a
 // full-size device pool and no cache sharing.
 #include <atomic>
+#include <cstdlib>
 #include <future>
 #include <thread>
 #include <tuple>
@@ -96,6 +97,38 @@ TEST_P(KvTiersTest, PreemptedSequencesSwapToTheHostAndBack) {
       static_cast<long long>(st.blocks.swapped_out),
       static_cast<long long>(st.blocks.swapped_in),
       static_cast<long long>(st.steps));
+}
+
+// --kv-checksum: the same swaps find every block as it was copied out (no
+// false alarm); with one byte of one host block flipped (the test hook of
+// worker/kv_pool.h), the step that copies it back produces no token: its
+// sequences are recomputed, every request still ends with the tokens of
+// the request alone, and the failure is counted once.
+TEST_P(KvTiersTest, HostBlocksThatFailTheirChecksumAreRecomputed) {
+  const auto reqs = MixedRequests(24);
+  const auto alone = Alone(reqs);
+  for (const bool corrupt : {false, true}) {
+    if (corrupt) setenv(KvPool::kCorruptEnv, "5", 1);
+    auto engine = MakeEngine({.kv = {.kv_cache_bytes = 24 * block_bytes(),
+                                     .cpu_offload_bytes = 400 * block_bytes(),
+                                     .prefix_caching = false,
+                                     .checksum = true},
+                              .limits = {.max_batched_tokens = 128}});
+    unsetenv(KvPool::kCorruptEnv);
+    ASSERT_NE(engine, nullptr);
+    Results results;
+    RunTogether(*engine, reqs, results);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(results[i].ok()) << i << ": " << results[i].status();
+      EXPECT_EQ(results[i]->tokens, alone[i].tokens)
+          << "request " << i << (corrupt ? " (a block corrupted)" : "");
+    }
+    const SchedulerStats st = engine->stats();
+    EXPECT_GT(st.blocks.swapped_in, 5);
+    EXPECT_EQ(st.kv_checksum_failures, corrupt ? 1 : 0);
+    EXPECT_EQ(st.interruptions, corrupt ? 1 : 0);
+    EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  }
 }
 
 TEST_P(KvTiersTest, WithoutAHostTierPreemptedSequencesAreRecomputed) {

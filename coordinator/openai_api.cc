@@ -676,6 +676,10 @@ std::string OpenAiApi::Metrics() {
   metric("shardlm_recomputed_tokens_total", "counter",
          "Tokens of KV lost to interruptions (recomputed on resuming).",
          {{"", s.recomputed_tokens}});
+  metric("shardlm_kv_checksum_failures_total", "counter",
+         "Steps in which a KV block copied back from the host tier failed "
+         "its checksum (--kv-checksum): their sequences were recomputed.",
+         {{"", s.kv_checksum_failures}});
   metric("shardlm_kv_blocks_moved_total", "counter",
          "KV blocks copied between tiers.",
          {{"kind=\"swap_out\"", s.blocks.swapped_out},

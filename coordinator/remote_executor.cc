@@ -80,7 +80,9 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
       service_.WaitStep(step.step_id);
   absl::MutexLock lock(&mu_);
   if (!results.ok()) {
-    failed_ = results.status();
+    // A KV block that failed its checksum fails the step, not the
+    // cluster: the scheduler recomputes its sequences.
+    if (!absl::IsDataLoss(results.status())) failed_ = results.status();
     return results.status();
   }
   const ClusterOptions& o = service_.options();

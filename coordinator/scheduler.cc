@@ -240,7 +240,11 @@ void Scheduler::Loop() {
       }
     }
     planner_.Apply(std::move(out), MonotonicNow(), events);
-    if (!failed.ok() && resume_interrupted_) {
+    if (absl::IsDataLoss(failed)) {
+      Log("a step failed a KV checksum: %s; %d request(s) recomputed from "
+          "their tokens",
+          failed.message(), static_cast<int64_t>(planner_.waiting()));
+    } else if (!failed.ok() && resume_interrupted_) {
       absl::MutexLock lock(&mu_);
       planner_waiting_ = static_cast<int64_t>(planner_.waiting());
       Pause(failed);

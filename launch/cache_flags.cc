@@ -26,6 +26,10 @@ void KvCacheFlags::Register(FlagSet& flags, const std::string& per) {
             "leaves; --kv-cache-bytes overrides)");
   flags.Add("prefix-caching", &prefix_caching,
             "reuse the KV of full blocks shared with earlier requests");
+  flags.Add("kv-checksum", &checksum,
+            "keep a CRC-32C of every KV block copied to the host tier and "
+            "check it when the block comes back; a mismatch recomputes the "
+            "sequence instead of producing tokens (CPU workers)");
 }
 
 std::string KvCacheFlags::Problem() const {
@@ -51,7 +55,8 @@ KvCacheOptions KvCacheFlags::ToOptions() const {
                     .kv_cache_bytes = kv_cache_bytes,
                     .cpu_offload_bytes = cpu_offload_bytes,
                     .gpu_memory_utilization = gpu_memory_utilization,
-                    .prefix_caching = prefix_caching};
+                    .prefix_caching = prefix_caching,
+                    .checksum = checksum};
   if (kv_cache_dtype != "auto") {
     kv.dtype = ParseKvCacheDType(kv_cache_dtype).value_or(kDefaultCpuKvDType);
   }

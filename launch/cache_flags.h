@@ -20,6 +20,7 @@ struct KvCacheFlags {
   std::string kv_cache_dtype = "auto";
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   bool prefix_caching = true;
+  bool checksum = false;
 
   // Adds --block-size, --kv-cache-bytes, --cpu-offload-bytes,
   // --kv-cache-dtype, --gpu-memory-utilization and --prefix-caching; `per`

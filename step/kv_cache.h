@@ -39,6 +39,10 @@ struct KvCacheOptions {
   double gpu_memory_utilization = kDefaultGpuMemoryUtilization;
   // Reuse the KV of full blocks shared with earlier requests.
   bool prefix_caching = true;
+  // A CRC-32C of every block copied into the host tier, checked when it
+  // is copied back; a mismatch recomputes the sequences instead of
+  // producing tokens (CPU workers).
+  bool checksum = false;
 
   // InvalidArgument naming the field (as its flag) when out of range.
   absl::Status Validate() const;

@@ -148,6 +148,7 @@ void EncodeKvCacheOptions(const KvCacheOptions& kv, v1::KvCacheOptions* out) {
   out->set_dtype(KvCacheDTypeName(kv.DTypeOnCpu()));
   out->set_gpu_memory_utilization(kv.gpu_memory_utilization);
   out->set_prefix_caching(kv.prefix_caching);
+  out->set_checksum(kv.checksum);
 }
 
 absl::StatusOr<KvCacheOptions> DecodeKvCacheOptions(
@@ -156,7 +157,8 @@ absl::StatusOr<KvCacheOptions> DecodeKvCacheOptions(
                     .kv_cache_bytes = in.kv_cache_bytes(),
                     .cpu_offload_bytes = in.cpu_offload_bytes(),
                     .gpu_memory_utilization = in.gpu_memory_utilization(),
-                    .prefix_caching = in.prefix_caching()};
+                    .prefix_caching = in.prefix_caching(),
+                    .checksum = in.checksum()};
   ASSIGN_OR_RETURN(kv.dtype, ParseKvCacheDType(in.dtype()));
   RETURN_IF_ERROR(kv.Validate());
   return kv;

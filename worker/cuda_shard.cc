@@ -16,6 +16,11 @@ namespace shardlm {
 absl::StatusOr<std::unique_ptr<CudaShard>> CudaShard::Create(
     const ModelConfig& config, const ShardRequest& request,
     const CudaShardOptions& options) {
+  if (request.kv.checksum) {
+    return absl::InvalidArgumentError(
+        "--kv-checksum is for CPU workers: a GPU's host tier is copied by "
+        "the copy engine and not checked yet");
+  }
   // The cache is bf16 whatever request.kv.dtype says (the callers check
   // what they were asked for).
   const ShardSpec& spec = request.spec;

@@ -1,9 +1,12 @@
 #include "worker/kv_pool.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "core/crc32c.h"
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
 
@@ -103,12 +106,63 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
     }
+    if (config.checksum_host_tier) {
+      pool->host_checksums_.assign(config.num_host_blocks, 0);
+      if (const char* n = std::getenv(kCorruptEnv); n != nullptr) {
+        pool->corrupt_countdown_ = std::atoll(n);
+      }
+    }
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(
         absl::StrCat("cannot allocate a KV pool of ", config.total_blocks(),
                      " blocks (", pool->bytes(), " bytes)"));
   }
   return pool;
+}
+
+size_t KvPool::HeadBytes() const {
+  return static_cast<size_t>(config_.BytesPerBlock() / 2 / config_.n_layers /
+                             config_.kv_heads);
+}
+
+void KvPool::CopyBlock(int64_t src, int64_t dst) {
+  const size_t head_bytes = HeadBytes();
+  const size_t head_stride = head_bytes * config_.total_blocks();
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (Tensor* t : {&k_[l], &v_[l]}) {
+      for (int64_t g = 0; g < config_.kv_heads; ++g) {
+        char* base = t->data<char>() + g * head_stride;
+        std::memcpy(base + dst * head_bytes, base + src * head_bytes,
+                    head_bytes);
+      }
+    }
+  }
+}
+
+uint32_t KvPool::BlockChecksum(int64_t block) const {
+  const size_t head_bytes = HeadBytes();
+  const size_t head_stride = head_bytes * config_.total_blocks();
+  uint32_t crc = 0;
+  for (int64_t l = 0; l < config_.n_layers; ++l) {
+    for (const Tensor* t : {&k_[l], &v_[l]}) {
+      for (int64_t g = 0; g < config_.kv_heads; ++g) {
+        const char* base = t->data<char>() + g * head_stride;
+        crc = Crc32c(base + block * head_bytes, head_bytes, crc);
+      }
+    }
+  }
+  return crc;
+}
+
+absl::Status KvPool::TakeChecksumFailures() {
+  if (checksum_failures_.empty()) return absl::OkStatus();
+  const std::string blocks = absl::StrJoin(checksum_failures_, ", ");
+  const size_t n = checksum_failures_.size();
+  checksum_failures_.clear();
+  return absl::DataLossError(absl::StrCat(
+      "KV block", n == 1 ? " " : "s ", blocks,
+      " of the host tier failed the checksum taken when copied there: "
+      "the sequences reading them are recomputed"));
 }
 
 absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
@@ -121,10 +175,26 @@ absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
                        " in a pool of ", total, " blocks"));
     }
   }
-  // One block of one KV head of one layer's K (or V): the caches are
-  // [kv_heads, blocks, ...] (KeyCacheShape, ValueCacheShape).
-  const size_t head_bytes = static_cast<size_t>(
-      config_.BytesPerBlock() / 2 / config_.n_layers / config_.kv_heads);
+  if (config_.checksum_host_tier) {
+    // Block by block, in order: a block copied in may be copied out later
+    // in the same list.
+    for (const BlockCopy& c : copies) {
+      if (IsHost(c.src) &&
+          BlockChecksum(c.src) != host_checksums_[c.src - config_.num_blocks]) {
+        checksum_failures_.push_back(c.src);
+      }
+      CopyBlock(c.src, c.dst);
+      if (IsHost(c.dst)) {
+        host_checksums_[c.dst - config_.num_blocks] = BlockChecksum(c.dst);
+        if (corrupt_countdown_ > 0 && --corrupt_countdown_ == 0) {
+          k_[0].data<char>()[c.dst * HeadBytes()] ^= 0x10;
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+  // Layer by layer (each copy's bytes, head by head).
+  const size_t head_bytes = HeadBytes();
   const size_t head_stride = head_bytes * total;
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     for (Tensor* t : {&k_[l], &v_[l]}) {

@@ -37,6 +37,9 @@ struct KvPoolConfig {
   int64_t num_host_blocks = 0;  // Host tier.
   // Element type of the cache (f32, f16, bf16 or I8: IsCpuKvDType).
   DType dtype = kDefaultCpuKvDType;
+  // Every block copied into the host tier keeps a CRC-32C of its bytes,
+  // checked when it is copied out (--kv-checksum).
+  bool checksum_host_tier = false;
 
   int64_t total_blocks() const { return num_blocks + num_host_blocks; }
 
@@ -83,13 +86,36 @@ class KvPool {
   int64_t StoredBytesPerToken() const;
 
   // Runs the copies in order. InvalidArgument, with nothing copied, for a
-  // block outside the pool or a copy onto itself.
+  // block outside the pool or a copy onto itself. With
+  // checksum_host_tier, a host block copied out whose bytes no longer
+  // match the checksum taken when it was copied in is still copied (the
+  // step must run on, its peers are in collectives with it) and noted
+  // for TakeChecksumFailures.
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies);
+  // DataLoss naming the host blocks that failed their checksum since the
+  // last call (the step that read them must not produce tokens), else OK.
+  absl::Status TakeChecksumFailures();
+
+  // Tests (SHARDLM_TEST_CORRUPT_HOST_KV=N in the environment when the pool
+  // is created): flips one byte of the N-th block copied into the host
+  // tier, after its checksum was taken, as a bit flip in memory would.
+  static constexpr const char* kCorruptEnv = "SHARDLM_TEST_CORRUPT_HOST_KV";
 
  private:
   explicit KvPool(const KvPoolConfig& config) : config_(config) {}
+  // One block of one KV head of one layer's K (or V), and the distance
+  // between heads: the caches are [kv_heads, blocks, ...].
+  size_t HeadBytes() const;
+  // Copies one block over every layer, K and V, and KV head.
+  void CopyBlock(int64_t src, int64_t dst);
+  uint32_t BlockChecksum(int64_t block) const;
+  bool IsHost(int64_t block) const { return block >= config_.num_blocks; }
+
   KvPoolConfig config_;
   std::vector<Tensor> k_, v_;
+  std::vector<uint32_t> host_checksums_;  // Per host block.
+  std::vector<int64_t> checksum_failures_;
+  int64_t corrupt_countdown_ = 0;  // Host copies to the test's bit flip.
 };
 
 }  // namespace shardlm

@@ -84,7 +84,10 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
                                .count();
     stats_.copied_blocks += static_cast<int64_t>(step.copies.size());
   }
-  if (step.tokens.empty()) return Tensor();  // Copies only.
+  if (step.tokens.empty()) {  // Copies only.
+    RETURN_IF_ERROR(kv_->TakeChecksumFailures());
+    return Tensor();
+  }
   const ModelConfig& c = config();
   const ShardSpec& spec = weights_.spec;
   const int64_t n = static_cast<int64_t>(step.tokens.size());
@@ -146,8 +149,12 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
           },
       .expert_tokens = &stats_.expert_tokens};
   RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
-  if (!spec.last_stage()) return Tensor();
-  return forward.Logits(b);
+  absl::StatusOr<Tensor> logits =
+      spec.last_stage() ? forward.Logits(b) : Tensor();
+  // Only now: the step ran in full, so that its peers' collectives with
+  // this rank completed; its tokens are not to be used.
+  RETURN_IF_ERROR(kv_->TakeChecksumFailures());
+  return logits;
 }
 
 }  // namespace shardlm

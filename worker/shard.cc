@@ -87,6 +87,7 @@ absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
                    PoolConfigForShard(weights.config, r.spec, r.kv.block_size,
                                       r.kv.DTypeOnCpu(), r.kv.kv_cache_bytes,
                                       r.kv.cpu_offload_bytes));
+  kv.checksum_host_tier = r.kv.checksum;
   return std::unique_ptr<Shard>(
       std::make_unique<CpuShard>(std::move(weights), kv, r.threads));
 }
