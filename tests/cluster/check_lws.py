@@ -76,13 +76,15 @@ class Group:
     process of its own with LWS's environment."""
 
     def __init__(self, a, tp: int, pp: int, tag: str,
-                 leader_extra: list[str] | tuple = ()):
+                 leader_extra: list[str] | tuple = (),
+                 worker_env: dict[int, dict] | None = None):
         self.a, self.tp, self.pp, self.tag = a, tp, pp, tag
         self.api = f"127.0.0.1:{free_port()}"
         self.http = free_port()
         self.control = free_port()
         self.health = {r: free_port() for r in range(1, tp * pp + 1)}
         self.leader_extra = list(leader_extra)
+        self.worker_env = worker_env or {}
         self.procs: dict[int, subprocess.Popen] = {}
         self.logs: dict[int, str] = {}
 
@@ -92,6 +94,7 @@ class Group:
                   "LWS_WORKER_INDEX": str(index),
                   "SHARDLM_CONTROL_PORT": str(self.control),
                   "SHARDLM_CLUSTER_TOKEN": token})
+        e.update(self.worker_env.get(index, {}))
         return e
 
     def _spawn(self, index: int, args: list[str], token: str = TOKEN,
@@ -415,6 +418,25 @@ def rejoin(a, local: dict):
         g.stop()
 
 
+def metrics(g) -> dict[str, float]:
+    """The coordinator's /metrics series (name with labels -> value)."""
+    try:
+        with urllib.request.urlopen(
+                f"http://127.0.0.1:{g.http}/metrics", timeout=5) as r:
+            text = r.read().decode()
+    except OSError:
+        return {}
+    return {k: float(v) for k, v in re.findall(
+        r"^(shardlm_[a-z_]+(?:\{[^}]*\})?) (\S+)$", text, re.M)}
+
+
+def requests_in(g) -> float:
+    """Requests running or waiting on the coordinator."""
+    m = metrics(g)
+    return (m.get('shardlm_requests{state="running"}', 0) +
+            m.get('shardlm_requests{state="waiting"}', 0))
+
+
 def start_stream(a, g, prompt: str, extra: list[str],
                  n: int = 80) -> subprocess.Popen:
     return subprocess.Popen(
@@ -443,8 +465,18 @@ def resume(a):
     killed (SIGKILL) while 8 streams run and a new process takes its rank;
     each stream pauses, then continues: its whole text equals the
     undisturbed run's byte for byte, its log-probabilities within
-    LOGPROB_TOL, and /metrics counts the interruption."""
-    g = Group(a, 2, 2, "resume", ["--rejoin", "--max-batched-tokens", "32"])
+    LOGPROB_TOL, and /metrics counts the interruption.
+
+    The device pools hold about half the streams, so sequences swap to the
+    host tier, with --kv-checksum; rank 1 flips one byte of the 3rd block
+    copied to its host tier (SHARDLM_TEST_CORRUPT_HOST_KV), during the
+    undisturbed run (and again in its new pool once re-formed): that
+    step's sequences are recomputed (the texts still agree), the cluster
+    stays up, and the failures are counted."""
+    g = Group(a, 2, 2, "resume",
+              ["--rejoin", "--max-batched-tokens", "32", "--kv-cache-bytes",
+               "8000000", "--cpu-offload-bytes", "64000000", "--kv-checksum"],
+              worker_env={1: {"SHARDLM_TEST_CORRUPT_HOST_KV": "3"}})
     try:
         g.start()
         if not g.wait_ready():
@@ -459,6 +491,12 @@ def resume(a):
         # Tokens are flowing. (From the pipe itself: communicate() reads
         # the pipe, not what a buffered read kept.)
         first = os.read(clients[0].stdout.fileno(), 1).decode()
+        # Every stream is in (a request that arrives while the rank is
+        # missing is refused, as the rejoin test checks): then the long
+        # prompt is still being prefilled in chunks.
+        check(wait_until(lambda: requests_in(g) >= len(RESUMED), 30),
+              f"[lws resume] all {len(RESUMED)} streams were accepted "
+              f"({requests_in(g)})")
         victim = 3
         g.procs[victim].send_signal(signal.SIGKILL)
         g.procs[victim].wait()
@@ -491,16 +529,20 @@ def resume(a):
         check("the engine paused" in log and "the engine resumed" in log,
               f"[lws resume] the coordinator logs the pause and the resume "
               f"({took:.1f}s from the kill to the last stream's end)")
-        try:
-            with urllib.request.urlopen(
-                    f"http://127.0.0.1:{g.http}/metrics", timeout=5) as r:
-                metrics = r.read().decode()
-        except OSError as e:
-            metrics = str(e)
-        m = re.search(r"^shardlm_resumed_requests_total (\d+)", metrics, re.M)
-        check(m is not None and int(m.group(1)) >= 1,
-              f"[lws resume] /metrics counts the resumed requests "
-              f"({m.group(0) if m else 'absent'})")
+        series = metrics(g)
+        resumed = series.get("shardlm_resumed_requests_total", 0)
+        check(resumed >= 1, f"[lws resume] /metrics counts the resumed "
+              f"requests ({resumed:g})")
+        swapped = series.get('shardlm_kv_blocks_moved_total{kind="swap_out"}', 0)
+        failures = series.get("shardlm_kv_checksum_failures_total")
+        used = [series.get(f'shardlm_kv_blocks{{tier="{t}",state="used"}}')
+                for t in ("device", "host")]
+        check(used == [0, 0], f"[lws resume] every KV block came back once "
+              f"the streams ended (used: device, host = {used})")
+        check(swapped > 0 and failures is not None and 1 <= failures <= 2,
+              f"[lws resume] sequences swapped to the host tier "
+              f"({swapped:g} blocks) and each corrupted block failed its "
+              f"checksum ({failures}: once per pool rank 1 had)")
     finally:
         g.stop()
 
