@@ -140,8 +140,10 @@ void BatchPlanner::Drop(Sequence& s) {
 
 void BatchPlanner::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
                           absl::Time now, std::vector<PlannerEvent>& events) {
-  // Tokens generated here (not those of a resumed stream).
-  const int64_t generated = static_cast<int64_t>(s.result.tokens.size());
+  // Tokens generated here (not those of a resumed stream; `result` may
+  // have been moved from s.result).
+  const int64_t generated = static_cast<int64_t>(
+      s.tokens.size() - s.request.prompt.size() - s.request.resumed.size());
   RequestRecord record{
       .api = s.request.api,
       .outcome = OutcomeOf(result),
