@@ -4,7 +4,7 @@
   check_manifests.py --root REPO [--lws-crd FILE] [--k8s-version 1.30]
 
 1. Renders every kustomization (base, overlays/cpu, overlays/gpu,
-   statefulset, and base + examples/models-hostpath.yaml) with a small
+   overlays/rejoin, statefulset, and base + examples/models-hostpath.yaml) with a small
    Python renderer that knows the parts of kustomize deploy/k8s/ uses (resources,
    JSON 6902 patches, images). When `kubectl` with kustomize >= v4 is on
    PATH, `kubectl kustomize` renders too and must give the same objects.
@@ -61,7 +61,8 @@ ALLOWED_FLAGS = {
         "prefix-caching", "block-size", "max-batched-tokens",
         "worker-timeout-ms", "startup-timeout-s", "step-timeout-s",
         "failure-grace-s", "drain-timeout-s", "max-client-priority",
-        "max-grpc-calls", "device", "gpu-memory-utilization",
+        "max-grpc-calls", "device", "gpu-memory-utilization", "rejoin",
+        "rejoin-timeout-s", "kv-checksum",
     },
     "worker": {
         "model", "coordinator", "rank", "health-listen", "join-timeout-s",
@@ -85,6 +86,8 @@ TARGETS = {
     "base": dict(path="deploy/k8s/base", lws=True, gpu=False),
     "overlays/cpu": dict(path="deploy/k8s/overlays/cpu", lws=True, gpu=False),
     "overlays/gpu": dict(path="deploy/k8s/overlays/gpu", lws=True, gpu=True),
+    "overlays/rejoin": dict(path="deploy/k8s/overlays/rejoin", lws=True,
+                            gpu=False, rejoin=True),
     "statefulset": dict(path="deploy/k8s/statefulset", lws=False, gpu=False),
 }
 EXAMPLE_FILES = ["deploy/k8s/examples/models-pvc.yaml",
@@ -552,8 +555,18 @@ def lint_render(objs, target):
             return [f"expected one LeaderWorkerSet, got {len(lwss)}"], done
         lws = lwss[0]
         lwt = lws["spec"].get("leaderWorkerTemplate", {})
-        if lwt.get("restartPolicy") != "RecreateGroupOnPodRestart":
-            e.append("LWS restartPolicy is not RecreateGroupOnPodRestart")
+        # A coordinator with --rejoin re-forms the group itself: only the
+        # failed pod may restart. Without it, the whole group must.
+        leader_args = lwt.get("leaderTemplate", {}).get("spec", {}).get(
+            "containers", [{}])[0].get("args", [])
+        rejoin = "--rejoin" in leader_args
+        want = "None" if rejoin else "RecreateGroupOnPodRestart"
+        if lwt.get("restartPolicy") != want:
+            e.append(f"LWS restartPolicy is not {want} (the coordinator "
+                     f"{'has' if rejoin else 'lacks'} --rejoin)")
+        if rejoin != target.get("rejoin", False):
+            e.append(f"coordinator --rejoin {'set' if rejoin else 'missing'} "
+                     f"in this target")
         if lws["spec"].get("startupPolicy", "LeaderCreated") != "LeaderCreated":
             e.append("LWS startupPolicy must be LeaderCreated (the leader is "
                      "ready only after the workers join it)")
@@ -728,6 +741,12 @@ def negative_tests(renders, validator):
          lambda o: lws(o)["spec"]["leaderWorkerTemplate"].update(size=4)),
         ("startupPolicy LeaderReady", "base",
          lambda o: lws(o)["spec"].update(startupPolicy="LeaderReady")),
+        ("--rejoin with RecreateGroupOnPodRestart", "overlays/rejoin",
+         lambda o: lws(o)["spec"]["leaderWorkerTemplate"].update(
+             restartPolicy="RecreateGroupOnPodRestart")),
+        ("restartPolicy None without --rejoin", "base",
+         lambda o: lws(o)["spec"]["leaderWorkerTemplate"].update(
+             restartPolicy="None")),
         ("GPU overlay without nvidia.com/gpu", "overlays/gpu",
          lambda o: lt(o, "workerTemplate")["containers"][0]["resources"][
              "limits"].pop("nvidia.com/gpu")),
