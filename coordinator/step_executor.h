@@ -59,19 +59,9 @@ class StepExecutor {
   // order. By default one step at a time: Submit runs Forward, Collect
   // hands its output back. Not concurrent with each other or Forward.
   virtual int max_steps_in_flight() const { return 1; }
-  virtual absl::Status Submit(const StepInput& step) {
-    submitted_.push_back(Forward(step));
-    return absl::OkStatus();
-  }
+  virtual absl::Status Submit(const StepInput& step);
   // FailedPrecondition when nothing is in flight.
-  virtual absl::StatusOr<StepOutput> Collect() {
-    if (submitted_.empty()) {
-      return absl::FailedPreconditionError("Collect with no step in flight");
-    }
-    absl::StatusOr<StepOutput> out = std::move(submitted_.front());
-    submitted_.pop_front();
-    return out;
-  }
+  virtual absl::StatusOr<StepOutput> Collect();
   // The engine is done with sequence `seq_id`: executors that mirror block
   // tables (remote workers) drop theirs.
   virtual void Release(int64_t seq_id) {}
