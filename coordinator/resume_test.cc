@@ -191,6 +191,35 @@ TEST_P(ResumeTest, InterruptedRequestsEndAsIfUndisturbed) {
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
 }
 
+// Requests still queued when the step failed (max_seqs 2 of 8) wait out
+// the pause and run after the resume, like the interrupted ones, each with
+// its undisturbed tokens.
+TEST_P(ResumeTest, QueuedRequestsAreServedAfterTheResume) {
+  const std::vector<GenerateRequest> reqs = Workload();
+  Engine* plain = MakeEngine({});
+  Engine* engine = MakeInterrupted({4}, -1, {.limits = {.max_seqs = 2}});
+  ASSERT_NE(plain, nullptr);
+  ASSERT_NE(engine, nullptr);
+  Results want, got;
+  {
+    Reformer reformer(engine);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_TRUE(plain->Submit(reqs[i], want.Callbacks(i)).ok());
+      ASSERT_TRUE(engine->Submit(reqs[i], got.Callbacks(i)).ok());
+    }
+    want.Wait();
+    got.Wait();
+    EXPECT_EQ(reformer.resumes(), 1);
+  }
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_TRUE(got[i].ok()) << "request " << i << ": " << got[i].status();
+    EXPECT_EQ(got[i]->tokens, want[i]->tokens) << "request " << i;
+  }
+  // Only the (at most 2) running ones held KV; the queued ones just waited.
+  EXPECT_GE(engine->stats().resumed, 1);
+  EXPECT_LE(engine->stats().resumed, 2);
+}
+
 // A request whose step fails every time: after two failures it and its
 // batch mates run alone, and it fails (with the failure's status) once two
 // steps of its own failed; the others finish.
