@@ -38,6 +38,8 @@ namespace {
 struct SimulateFlags {
   std::string model_config;
   int64_t tp = 1, pp = 1, replicas = 1;
+  int64_t cp = 1;  // Context parallel (modelled only; issue #35).
+  std::string cp_link;
   std::string gpu = "h100";
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
@@ -135,8 +137,11 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
                 " KV heads (shardlm splits KV heads across TP ranks)");
   }
   if (pp > config.n_layers) return fail("pp exceeds the layer count");
-  Layout layout{
-      .tp = tp, .pp = pp, .block_size = static_cast<int32_t>(f.block_size)};
+  if (f.cp < 1 || f.cp > 64) return fail("--cp must be in [1, 64]");
+  Layout layout{.tp = tp,
+                .pp = pp,
+                .cp = static_cast<int>(f.cp),
+                .block_size = static_cast<int32_t>(f.block_size)};
   ASSIGN_OR_RETURN(layout.weight_bytes_per_param,
                    WeightBytesPerParam(f.weight_dtype));
   ASSIGN_OR_RETURN(const DType kv, ParseKvCacheDType(f.kv_cache_dtype));
@@ -156,6 +161,11 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
       FindLinkProfile(!f.pp_link.empty()                   ? f.pp_link
                       : tp * pp <= device.devices_per_node ? within
                                                            : across));
+  ASSIGN_OR_RETURN(
+      layout.cp_link,
+      FindLinkProfile(!f.cp_link.empty()                          ? f.cp_link
+                      : tp * pp * f.cp <= device.devices_per_node ? within
+                                                                  : across));
   ASSIGN_OR_RETURN(layout.host_link,
                    FindLinkProfile(!f.host_link.empty()    ? f.host_link
                                    : cpu                   ? "shm"
@@ -224,8 +234,11 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
       .max_seqs = static_cast<int32_t>(f.max_seqs),
       .max_queued = static_cast<int32_t>(f.max_queued)};
   o.block_size = static_cast<int32_t>(f.block_size);
-  o.device_blocks = static_cast<int64_t>(std::min(blocks, kMaxBlocks));
-  o.host_blocks = static_cast<int64_t>(std::min(host_blocks, kMaxBlocks));
+  // Context parallel: each CP rank holds its share of every sequence's
+  // blocks, so the replica holds cp times the blocks of one rank.
+  o.device_blocks = static_cast<int64_t>(std::min(blocks * f.cp, kMaxBlocks));
+  o.host_blocks =
+      static_cast<int64_t>(std::min(host_blocks * f.cp, kMaxBlocks));
   o.prefix_caching = f.prefix_caching;
   o.context_length = config.context_length;
   o.router = f.router == "round-robin" ? Router::kRoundRobin : Router::kLeastKv;
@@ -260,16 +273,16 @@ void PrintLayout(const char* what, const ModelConfig& config,
                  const DeviceProfile& device, const Planned& p) {
   const Layout& l = p.cost->layout();
   std::printf(
-      "%s: %s on %s, tp %d x pp %d x %d replicas = %d devices; "
+      "%s: %s on %s, tp %d x pp %d x cp %d x %d replicas = %d devices; "
       "%.2f GB of weights and %.2f GB of step buffers per rank (stage 0), "
       "%lld KV blocks of %d tokens per replica (%lld tokens) + %lld host "
       "blocks; links tp %s, pp %s, host %s; %d steps in flight\n",
       what,
       config.name.empty() ? config.architecture.c_str() : config.name.c_str(),
-      device.name.c_str(), l.tp, l.pp, p.options.replicas,
-      l.tp * l.pp * p.options.replicas, p.cost->StageWeightBytes(0) / 1e9,
-      p.activation_bytes / 1e9, static_cast<long long>(p.options.device_blocks),
-      p.options.block_size,
+      device.name.c_str(), l.tp, l.pp, l.cp, p.options.replicas,
+      l.tp * l.pp * l.cp * p.options.replicas,
+      p.cost->StageWeightBytes(0) / 1e9, p.activation_bytes / 1e9,
+      static_cast<long long>(p.options.device_blocks), p.options.block_size,
       static_cast<long long>(p.options.device_blocks * p.options.block_size),
       static_cast<long long>(p.options.host_blocks), l.tp_link.name.c_str(),
       l.pp_link.name.c_str(), l.host_link.name.c_str(),
@@ -285,6 +298,14 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("model-config", &f.model_config, "model preset or config");
   flags.Add("tp", &f.tp, "tensor-parallel degree");
   flags.Add("pp", &f.pp, "pipeline-parallel degree");
+  flags.Add(
+      "cp", &f.cp,
+      "context-parallel degree, modelled only (shardlm does not run "
+      "it yet): each sequence's KV split by block over cp ranks that "
+      "hold the same weights, queries all-gathered (docs/long-context.md)");
+  flags.Add("cp-link", &f.cp_link,
+            "link profile between CP ranks (default: the TP link within a "
+            "node, ib-400g across nodes)");
   flags.Add("replicas", &f.replicas, "engine replicas behind the router");
   flags.Add("gpu", &f.gpu,
             "device profile: " + absl::StrJoin(DeviceProfileNames(), ", "));

@@ -112,6 +112,9 @@ std::vector<ModelConfig> Presets() {
       Llama("qwen2.5-72b", 80, 8192, 29568, 64, 8, 152064, 32768, 1e6),
       Llama("mistral-7b", 32, 4096, 14336, 32, 8, 32000, 32768, 10000),
       Llama("smollm2-135m", 30, 576, 1536, 9, 3, 49152, 8192, 100000),
+      // Llama 3 with 3.1's 128K context (what long-context plans use).
+      Llama("llama3.1-8b", 32, 4096, 14336, 32, 8, 128256, 131072, 500000),
+      Llama("llama3.1-70b", 80, 8192, 28672, 64, 8, 128256, 131072, 500000),
   };
   p[3].architecture = p[4].architecture = "qwen2";
   p[3].attention_bias = p[4].attention_bias = true;
@@ -309,8 +312,22 @@ std::vector<double> RooflineCostModel::StageSeconds(
   for (double ctx : context) kv_tokens += ctx;
 
   const double hd = static_cast<double>(c.head_dim);
+  // Context parallel: the slowest CP rank's share of the tokens, rows and
+  // the KV (the whole step's queries attend to its KV).
+  const double cp = std::max(1, layout_.cp);
+  const double n_rank = std::ceil(n / cp);
+  const double rows_rank = std::ceil(rows / cp);
   const double activations =
-      n * static_cast<double>(c.hidden) * layout_.activation_bytes;
+      n_rank * static_cast<double>(c.hidden) * layout_.activation_bytes;
+  const auto ring_all_gather = [&](double bytes) {
+    if (cp <= 1) return 0.0;
+    return (cp - 1) * (layout_.cp_link.alpha_seconds +
+                       bytes / (cp * layout_.cp_link.bandwidth));
+  };
+  const double cp_exchange =
+      ring_all_gather(n * static_cast<double>(heads_per_rank_) * hd *
+                      layout_.activation_bytes) +
+      ring_all_gather(n * static_cast<double>(heads_per_rank_) * (hd + 1) * 4);
   const auto ring_all_reduce = [&](double bytes) {
     const double p = layout_.tp;
     if (layout_.tp <= 1) return 0.0;
@@ -346,20 +363,21 @@ std::vector<double> RooflineCostModel::StageSeconds(
     }
     double bytes = layers * (layer_params_per_rank_ + expert_reads) *
                        layout_.weight_bytes_per_param +
-                   kv_tokens * KvBytesPerToken(s);
+                   kv_tokens * KvBytesPerToken(s) / cp;
     // The weights' FLOPs and attention's (query-key pairs).
     double weight_flops =
-        2 * n * layers * (layer_params_per_rank_ + expert_flops_params);
+        2 * n_rank * layers * (layer_params_per_rank_ + expert_flops_params);
     const double attention_flops =
-        layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs;
+        layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs / cp;
     if (last) {
       bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
-      weight_flops += 2 * rows * lm_head_params_per_rank_;
+      weight_flops += 2 * rows_rank * lm_head_params_per_rank_;
     }
     const double flops = weight_flops + attention_flops;
     double compute = flops / (device_.peak_flops * device_.flops_efficiency);
-    if (device_.matvec_max_tokens > 0 && n <= device_.matvec_max_tokens) {
-      compute = MatvecSeconds(weight_flops, attention_flops, n);
+    if (device_.matvec_max_tokens > 0 && n_rank <= device_.matvec_max_tokens) {
+      compute = MatvecSeconds(weight_flops, attention_flops,
+                              static_cast<int64_t>(n_rank));
     } else if (device_.dequantize_rate > 0) {
       compute += (layers * (layer_params_per_rank_ + expert_reads) +
                   (last ? lm_head_params_per_rank_ : 0)) /
@@ -370,6 +388,7 @@ std::vector<double> RooflineCostModel::StageSeconds(
         compute);
     t += layers * device_.kernels_per_layer * device_.kernel_launch_seconds;
     t += layers * 2 * ring_all_reduce(activations);
+    t += layers * cp_exchange;
     if (s > 0) {
       t += layout_.pp_link.alpha_seconds +
            activations / layout_.pp_link.bandwidth;

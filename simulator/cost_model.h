@@ -73,6 +73,7 @@ std::vector<std::string> DeviceProfileNames();
 std::vector<std::string> LinkProfileNames();
 
 // Model configurations users plan with, by name (llama3-8b, llama3-70b,
+// llama3.1-8b, llama3.1-70b (their 128K context),
 // llama3.1-405b, qwen2.5-7b, qwen2.5-72b, mistral-7b, smollm2-135m, and the
 // mixtures qwen3-30b-a3b, qwen3-235b-a22b, mixtral-8x7b), from their
 // published config.json files.
@@ -111,13 +112,21 @@ class FixedCostModel : public CostModel {
 struct Layout {
   int tp = 1;
   int pp = 1;
+  // Context parallel (issue #35, not built in the product yet): each TP x
+  // PP rank becomes cp ranks, which hold the same weights and split every
+  // sequence's KV by block (round robin), each computing the projections
+  // and MLP of the tokens whose blocks it holds (sequence parallel) and the
+  // attention of all the step's queries against its KV ("pass-Q": the
+  // queries are all-gathered and the partial outputs with their
+  // log-sum-exp sent back to the queries' ranks over cp_link).
+  int cp = 1;
   double weight_bytes_per_param = 2;  // bf16; 1.0625 for Q8_0, 0.5625 Q4_0.
   double kv_bytes_per_value = 2;      // The KV cache's dtype.
   double activation_bytes = 2;        // What TP and PP links carry.
   int32_t block_size = 16;            // Tokens per KV block.
-  // TP all-reduces, PP sends, and KV block copies between the device and
-  // the host tier.
-  LinkProfile tp_link, pp_link, host_link;
+  // TP all-reduces, PP sends, KV block copies between the device and the
+  // host tier, and CP's query and partial-output exchanges.
+  LinkProfile tp_link, pp_link, host_link, cp_link;
 };
 
 // The roofline of each stage's slowest TP rank: the larger of (weights +
@@ -127,6 +136,11 @@ struct Layout {
 // activations received from the previous stage over the PP link, the
 // step's KV block copies over the host link, and the host's per-step
 // overhead on the last stage. A step of copies alone costs its copies.
+// With cp > 1, the slowest CP rank: ceil(n / cp) of the step's n tokens
+// (and logit rows), 1 / cp of the KV read and of the attention's
+// query-key pairs, the whole weights, and per layer two ring all-gathers
+// over the CP link: the step's queries, then the partial outputs and
+// their log-sum-exp in f32.
 class RooflineCostModel : public CostModel {
  public:
   RooflineCostModel(ModelConfig config, DeviceProfile device, Layout layout);

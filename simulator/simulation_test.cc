@@ -200,6 +200,56 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   EXPECT_NEAR(st[1], 227328e-9 + 2e-6 + 128e-9, 1e-15);
 }
 
+// Context parallel (pass-Q) by hand: CP = 2 on the decode step above and a
+// prefill chunk.
+TEST(SimulateTest, ContextParallelAddsUpByHand) {
+  const ModelConfig c = ToyConfig();
+  const DeviceProfile d{.name = "toy",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e9,
+                        .peak_flops = 1e9,
+                        .bandwidth_efficiency = 1,
+                        .flops_efficiency = 1};
+  StepInput decode;
+  decode.tokens = {5};
+  decode.positions = {99};
+  decode.token_seq = {0};
+  decode.seq_ids = {0};
+  decode.logit_rows = {0};
+  const LinkProfile link{.alpha_seconds = 1e-6, .bandwidth = 1e9};
+  // The one token on one rank: its weights' 147,456 + 128,000 FLOPs, half
+  // the attention (25,600 of 51,200), over half the KV (12,800 of 25,600
+  // bytes): 301,056 FLOPs, compute-bound. Per layer, two all-gathers over
+  // 2 ranks: the 4 queries of 16 bf16 values (128 bytes) and the partial
+  // outputs with their log-sum-exp in f32 (4 x 17 x 4 = 272 bytes), each
+  // 1 us + bytes / (2 x 1 GB/s).
+  RooflineCostModel cp2(c, d, {.tp = 1, .pp = 1, .cp = 2, .cp_link = link});
+  EXPECT_NEAR(cp2.StageSeconds(decode)[0],
+              301056e-9 + 2 * ((1e-6 + 64e-9) + (1e-6 + 136e-9)), 1e-15);
+  // A chunk of 1024 prompt tokens: each rank computes half of them, so the
+  // compute-bound step takes about half as long, plus the exchanges.
+  StepInput chunk;
+  for (int i = 0; i < 1024; ++i) {
+    chunk.tokens.push_back(1);
+    chunk.positions.push_back(i);
+    chunk.token_seq.push_back(0);
+  }
+  chunk.seq_ids = {0};
+  chunk.logit_rows = {1023};
+  RooflineCostModel cp1(c, d, {.tp = 1, .pp = 1});
+  const double one = cp1.StageSeconds(chunk)[0];
+  const double two = cp2.StageSeconds(chunk)[0];
+  // Weights: 2 x 512 x 2 x 36,864 FLOPs instead of 1024's; the head's one
+  // row and half the attention's pairs.
+  const double pairs = 1024.0 * 1025 / 2;
+  const double flops2 =
+      2 * 512 * 2 * 36864.0 + 2 * 4 * 16 * 4 * pairs / 2 + 2 * 64000.0;
+  const double exchange =
+      2 * ((1e-6 + 1024 * 128 / 2e9) + (1e-6 + 1024 * 272 / 2e9));
+  EXPECT_NEAR(two, flops2 * 1e-9 + exchange, 1e-12);
+  EXPECT_LT(two, 0.6 * one);
+}
+
 // The expected distinct experts against exact enumeration: 4 experts, top
 // 2, every token choosing each of the 6 pairs with equal probability.
 TEST(SimulateTest, ExpectedDistinctExpertsIsExactForUniformRouting) {
