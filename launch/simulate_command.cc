@@ -503,6 +503,11 @@ absl::StatusOr<std::string> Sweep(const SimulateFlags& f,
     return absl::InvalidArgumentError(
         "--sweep needs --slo-ttft and/or --slo-tpot");
   }
+  if (f.cp > 1) {
+    return absl::InvalidArgumentError(
+        "--sweep counts devices as tp x pp x replicas: run --cp without "
+        "--sweep");
+  }
   struct Row {
     int tp, pp, replicas;
     SimReport report;
