@@ -18,12 +18,12 @@
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "coordinator/prefix_hash.h"
-#include "shardlm/v1/replica_state.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "shardlm/v1/replica_state.grpc.pb.h"
 
 namespace shardlm {
 namespace {
@@ -1014,8 +1014,7 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
 TEST_F(InferenceServiceTest, WatchStatePublishesThePrefixCacheExactly) {
   auto state = v1::ReplicaState::NewStub(channel_);
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::seconds(60));
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::WatchStateRequest wreq;
   wreq.set_interval_ms(5);
   auto reader = state->WatchState(&ctx, wreq);

@@ -43,9 +43,8 @@ grpc::Status ReplicaStateService::WatchState(
                         "interval_ms must be 0 or 5..1000 and heartbeat_ms 0 "
                         "or 10..10000");
   }
-  const absl::Duration interval =
-      absl::Milliseconds(request->interval_ms() > 0 ? request->interval_ms()
-                                                    : 20);
+  const absl::Duration interval = absl::Milliseconds(
+      request->interval_ms() > 0 ? request->interval_ms() : 20);
   const absl::Duration heartbeat = absl::Milliseconds(
       request->heartbeat_ms() > 0 ? request->heartbeat_ms() : 250);
   const BlockManager& blocks = engine_->blocks();
@@ -84,8 +83,8 @@ grpc::Status ReplicaStateService::WatchState(
       for (const auto& [k, in] : batch.changes) net[k] = in;
       for (const auto& [k, in] : net) (in ? inserted : evicted).push_back(k);
     }
-    const bool changed = batch.reset || !inserted.empty() ||
-                         !evicted.empty() || !SameLoad(u, last);
+    const bool changed = batch.reset || !inserted.empty() || !evicted.empty() ||
+                         !SameLoad(u, last);
     if (changed || now - last_sent >= heartbeat) {
       u.set_reset(batch.reset);
       size_t from = 0;
