@@ -109,8 +109,8 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
                            GrpcServerCredentials(options.tls), &s->port_);
   s->wire_service_ = std::make_unique<WireService>(s->service_.get());
   builder.RegisterService(s->wire_service_.get());
-  s->state_service_ =
-      std::make_unique<ReplicaStateService>(engine, s->service_.get());
+  s->state_service_ = std::make_unique<ReplicaStateService>(
+      engine, s->service_.get(), options.metrics_prefix_cache);
   builder.RegisterService(s->state_service_.get());
   // A burst of streams costs threads up to this cap, then
   // RESOURCE_EXHAUSTED; a few threads more keep the health service and

@@ -1012,7 +1012,27 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
 // cache holds (inserted as prompts are computed, evicted as blocks are
 // taken back), so that a router's index predicts the cache's hits.
 TEST_F(InferenceServiceTest, WatchStatePublishesThePrefixCacheExactly) {
-  auto state = v1::ReplicaState::NewStub(channel_);
+  // Keys only with --metrics-prefix-cache (they disclose prompts); the
+  // fixture's server sends the load alone.
+  {
+    grpc::ClientContext ctx;
+    auto reader = v1::ReplicaState::NewStub(channel_)->WatchState(
+        &ctx, v1::WatchStateRequest());
+    v1::ReplicaStateUpdate u;
+    ASSERT_TRUE(reader->Read(&u));
+    EXPECT_FALSE(u.publishes_keys());
+    EXPECT_TRUE(u.ready());
+    ctx.TryCancel();
+  }
+  auto keyed = ApiServer::Start(engine_, &tokenizer_,
+                                {.listen_address = "127.0.0.1:0",
+                                 .model_name = "tiny",
+                                 .service = {.tp = 1, .pp = 1},
+                                 .metrics_prefix_cache = true});
+  ASSERT_TRUE(keyed.ok()) << keyed.status();
+  auto state = v1::ReplicaState::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*keyed)->port()),
+                          grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
   v1::WatchStateRequest wreq;
@@ -1035,6 +1055,7 @@ TEST_F(InferenceServiceTest, WatchStatePublishesThePrefixCacheExactly) {
   EXPECT_EQ(u.block_size(), 16);
   EXPECT_EQ(u.kv_total_blocks(), kBlocks);
   EXPECT_TRUE(u.prefix_caching());
+  EXPECT_TRUE(u.publishes_keys());
   EXPECT_TRUE(index.empty());
   // Reads until `done` holds; false after 10 s (heartbeats every 250 ms).
   const auto until = [&](const std::function<bool()>& done) {
@@ -1069,6 +1090,7 @@ TEST_F(InferenceServiceTest, WatchStatePublishesThePrefixCacheExactly) {
   for (uint64_t k : second_keys) EXPECT_TRUE(index.contains(k));
   EXPECT_TRUE(index.contains(first_keys[1]));  // Cached, though unreachable.
   ctx.TryCancel();
+  (*keyed)->Shutdown();
 }
 
 TEST_F(InferenceServiceTest, WatchStateRefusesBadIntervals) {

@@ -71,8 +71,14 @@ grpc::Status ReplicaStateService::WatchState(
     u.set_kv_total_blocks(blocks.num_blocks());
     u.set_block_size(blocks.block_size());
     u.set_prefix_caching(blocks.prefix_caching());
+    u.set_publishes_keys(publish_keys_);
 
-    PrefixEventBatch batch = engine_->prefix_events().Since(cursor);
+    PrefixEventBatch batch;
+    if (publish_keys_) {
+      batch = engine_->prefix_events().Since(cursor);
+    } else {
+      batch.reset = !cursor.has_value();
+    }
     cursor = batch.cursor;
     std::vector<uint64_t> inserted, evicted;
     if (batch.reset) {

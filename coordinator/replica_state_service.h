@@ -16,9 +16,12 @@ namespace shardlm {
 class ReplicaStateService final : public v1::ReplicaState::Service {
  public:
   // Not owned; both outlive the service. `inference` gives the API key and
-  // whether the server is draining.
-  ReplicaStateService(const Engine* engine, const InferenceService* inference)
-      : engine_(engine), inference_(inference) {}
+  // whether the server is draining. `publish_keys`: send the prefix
+  // cache's keys (they disclose which prompt beginnings were sent; the
+  // server's --metrics-prefix-cache), else the load alone.
+  ReplicaStateService(const Engine* engine, const InferenceService* inference,
+                      bool publish_keys)
+      : engine_(engine), inference_(inference), publish_keys_(publish_keys) {}
 
   grpc::Status WatchState(
       grpc::ServerContext* context, const v1::WatchStateRequest* request,
@@ -31,6 +34,7 @@ class ReplicaStateService final : public v1::ReplicaState::Service {
  private:
   const Engine* engine_;
   const InferenceService* inference_;
+  const bool publish_keys_;
 };
 
 }  // namespace shardlm
