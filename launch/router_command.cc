@@ -17,6 +17,7 @@
 #include "coordinator/inference_service.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "launch/commands.h"
@@ -40,6 +41,7 @@ struct RouterFlags {
   double load_factor = 1.5;
   int64_t load_slack = 4;
   int64_t stale_after_ms = 1000;
+  int64_t max_grpc_calls = 512;
 };
 
 // Addresses from a file: one per line; blank lines and #-comments skipped.
@@ -100,6 +102,9 @@ int RouterCommand(int argc, char** argv) {
   flags.Add("stale-after-ms", &f.stale_after_ms,
             "a replica silent this long (no state update) takes no new "
             "requests");
+  flags.Add("max-grpc-calls", &f.max_grpc_calls,
+            "most gRPC calls handled at once (each holds a thread while it "
+            "streams); beyond: RESOURCE_EXHAUSTED");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm router: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -137,6 +142,9 @@ int RouterCommand(int argc, char** argv) {
     problem =
         "--stale-after-ms must be 300..60000 (replicas send state "
         "every 250 ms)";
+  }
+  if (problem.empty() && (f.max_grpc_calls < 1 || f.max_grpc_calls > 65536)) {
+    problem = "--max-grpc-calls must be 1..65536";
   }
   if (!problem.empty()) {
     std::fprintf(stderr, "shardlm router: %s\n\n%s", problem.c_str(),
@@ -177,6 +185,11 @@ int RouterCommand(int argc, char** argv) {
   int port = 0;
   builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
   builder.RegisterService(&service);
+  // As on a replica: a burst of streams costs threads up to this cap, then
+  // RESOURCE_EXHAUSTED; a few more keep health checks answering.
+  grpc::ResourceQuota quota("shardlm-router");
+  quota.SetMaxThreads(static_cast<int>(f.max_grpc_calls) + 8);
+  builder.SetResourceQuota(quota);
   builder.SetMaxReceiveMessageSize(
       static_cast<int>(MaxGrpcRequestBytes(ServiceOptions().max_prompt_bytes)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();

@@ -162,6 +162,7 @@ grpc::Status RouterService::Generate(
       calls_.push_back(&call);
     }
     bool wrote = false;
+    bool finished = false;  // The last response (finish_reason) was sent.
     grpc::Status s;
     {
       auto reader = replicas_->stub(r).Generate(upstream.get(), forward);
@@ -175,6 +176,7 @@ grpc::Status RouterService::Generate(
           break;
         }
         wrote = true;
+        finished = finished || !response.finish_reason().empty();
       }
       s = reader->Finish();
       if (client_gone) s = grpc::Status(grpc::StatusCode::CANCELLED, "");
@@ -189,7 +191,12 @@ grpc::Status RouterService::Generate(
                                     absl::FormatDuration(options_.stall_after),
                                     "; call cancelled"));
     }
-    if (s.ok()) return s;
+    // The client has every response: a failure after the last one (the
+    // replica died before closing the call) is no failure to it.
+    if (s.ok() ||
+        (finished && s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+      return grpc::Status::OK;
+    }
     if (context->IsCancelled() ||
         s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return Named(s, replicas_->address(r));

@@ -270,6 +270,30 @@ def main() -> int:
               "GetModelInfo through the router")
         check_same_text(rstub, direct, pb2)
 
+        # Bad input: the replica's error, named, and nothing else changes.
+        bad = pb2.GenerateRequest(prompt="x", max_tokens=4)
+        bad.sampling.temperature = -1
+        try:
+            list(rstub.Generate(bad, timeout=30))
+            check(False, "a negative temperature is refused")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                  "temperature" in e.details() and "replica" in e.details(),
+                  f"a negative temperature: INVALID_ARGUMENT naming the "
+                  f"field and the replica ({e.code()}: {e.details()})")
+        raw = grpc.insecure_channel(kv_addr).unary_stream(
+            "/shardlm.v1.Inference/Generate",
+            request_serializer=lambda b: b, response_deserializer=lambda b: b)
+        try:
+            list(raw(b"\xff\xff\xff\xff\x0f garbage", timeout=30))
+            check(False, "garbage bytes are refused")
+        except grpc.RpcError as e:
+            check(e.code() != grpc.StatusCode.OK,
+                  f"garbage bytes refused ({e.code()})")
+        check(kv.poll() is None and
+              rstub.GetModelInfo(pb2.GetModelInfoRequest()).name == model,
+              "the router still serves after bad input")
+
         # --- shared prefixes: kv vs round-robin ---------------------------
         before = hit_tokens(https)
         prompts = shared_prefix_workload(rstub, pb2, "kv")
