@@ -184,7 +184,8 @@ int RouterCommand(int argc, char** argv) {
   grpc::ServerBuilder builder;
   int port = 0;
   builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Service> wire = RouterWireService(&service);
+  builder.RegisterService(wire.get());
   // As on a replica: a burst of streams costs threads up to this cap, then
   // RESOURCE_EXHAUSTED; a few more keep health checks answering.
   grpc::ResourceQuota quota("shardlm-router");

@@ -6,6 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/api_key.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/support/byte_buffer.h"
+#include "grpcpp/support/method_handler.h"
 
 namespace shardlm {
 namespace {
@@ -20,7 +22,77 @@ grpc::Status Named(const grpc::Status& s, const std::string& address) {
                                                    s.error_message()));
 }
 
+// `request` parsed as a T, or INVALID_ARGUMENT naming what it should be.
+template <typename T>
+grpc::Status Parse(const grpc::ByteBuffer& request, const char* what, T* out) {
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (request.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  if (!out->ParseFromString(bytes)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("the request is not a valid ", what,
+                                     " message (", bytes.size(), " bytes)"));
+  }
+  return grpc::Status::OK;
+}
+
+class WireService final : public grpc::Service {
+ public:
+  explicit WireService(RouterService* service) : service_(service) {
+    using grpc::internal::RpcMethod;
+    using grpc::internal::RpcServiceMethod;
+    AddMethod(new RpcServiceMethod(
+        "/shardlm.v1.Inference/Generate", RpcMethod::SERVER_STREAMING,
+        new grpc::internal::ServerStreamingHandler<
+            WireService, grpc::ByteBuffer, v1::GenerateResponse>(
+            [](WireService* s, grpc::ServerContext* context,
+               const grpc::ByteBuffer* request,
+               grpc::ServerWriter<v1::GenerateResponse>* writer) {
+              v1::GenerateRequest parsed;
+              grpc::Status st = Parse(*request, "GenerateRequest", &parsed);
+              if (!st.ok()) return st;
+              return s->service_->Generate(context, &parsed, writer);
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        "/shardlm.v1.Inference/Tokenize", RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<WireService, grpc::ByteBuffer,
+                                             v1::TokenizeResponse>(
+            [](WireService* s, grpc::ServerContext* context,
+               const grpc::ByteBuffer* request,
+               v1::TokenizeResponse* response) {
+              v1::TokenizeRequest parsed;
+              grpc::Status st = Parse(*request, "TokenizeRequest", &parsed);
+              if (!st.ok()) return st;
+              return s->service_->Tokenize(context, &parsed, response);
+            },
+            this)));
+    AddMethod(new RpcServiceMethod(
+        "/shardlm.v1.Inference/GetModelInfo", RpcMethod::NORMAL_RPC,
+        new grpc::internal::RpcMethodHandler<
+            WireService, v1::GetModelInfoRequest, v1::ModelInfo,
+            grpc::protobuf::MessageLite, grpc::protobuf::MessageLite>(
+            [](WireService* s, grpc::ServerContext* context,
+               const v1::GetModelInfoRequest* request,
+               v1::ModelInfo* response) {
+              return s->service_->GetModelInfo(context, request, response);
+            },
+            this)));
+  }
+
+ private:
+  RouterService* service_;  // Not owned.
+};
+
 }  // namespace
+
+std::unique_ptr<grpc::Service> RouterWireService(RouterService* service) {
+  return std::make_unique<WireService>(service);
+}
 
 RouterService::RouterService(ReplicaSet* replicas, const Tokenizer* tokenizer,
                              RouterServiceOptions options)

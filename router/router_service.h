@@ -105,6 +105,12 @@ class RouterService final : public v1::Inference::Service {
   std::thread watchdog_;
 };
 
+// shardlm.v1.Inference as the router registers it: requests are taken as
+// raw bytes and parsed here, so that a message that is not a valid request
+// is INVALID_ARGUMENT saying so (the generated service would answer
+// INTERNAL), as on a replica. `service` is not owned and outlives it.
+std::unique_ptr<grpc::Service> RouterWireService(RouterService* service);
+
 }  // namespace shardlm
 
 #endif  // SHARDLM_ROUTER_ROUTER_SERVICE_H_

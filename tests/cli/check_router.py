@@ -288,8 +288,10 @@ def main() -> int:
             list(raw(b"\xff\xff\xff\xff\x0f garbage", timeout=30))
             check(False, "garbage bytes are refused")
         except grpc.RpcError as e:
-            check(e.code() != grpc.StatusCode.OK,
-                  f"garbage bytes refused ({e.code()})")
+            check(e.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                  "GenerateRequest" in e.details(),
+                  f"garbage bytes: INVALID_ARGUMENT ({e.code()}: "
+                  f"{e.details()})")
         check(kv.poll() is None and
               rstub.GetModelInfo(pb2.GetModelInfoRequest()).name == model,
               "the router still serves after bad input")
