@@ -404,6 +404,34 @@ def main() -> int:
             stream(rstub, pb2, f"Back again, request {i}:", 1)
         check(metrics(kv_http).get(victim_key, 0) > before_new,
               "the restarted replica gets requests again")
+
+        # A hung replica (SIGSTOP: connections stay open, nothing answers)
+        # stops getting requests once its state is 1 s old.
+        hung = (victim + 1) % 3
+        hung_key = f'shardlm_router_requests_total{{replica="{addrs[hung]}"}}'
+        replicas[hung].send_signal(signal.SIGSTOP)
+        stopped_at = time.monotonic()
+        try:
+            check(wait_until(lambda: metrics(kv_http).get(
+                "shardlm_router_replicas_ready") == 2, timeout=5, every=0.05),
+                "the hung replica drops out")
+            print(f"hung replica out after "
+                  f"{time.monotonic() - stopped_at:.2f} s")
+            check(time.monotonic() - stopped_at < 1.6,
+                  "within about a second (1 s stale bound + a probe)")
+            before_hung = metrics(kv_http).get(hung_key)
+            for i in range(4):
+                r = stream(rstub, pb2, f"While one hangs, request {i}:", 2,
+                           timeout=30)
+                check(not isinstance(r, grpc.RpcError),
+                      f"request {i} while a replica hangs: {r}")
+            check(metrics(kv_http).get(hung_key) == before_hung,
+                  "nothing sent to the hung replica")
+        finally:
+            replicas[hung].send_signal(signal.SIGCONT)
+        check(wait_until(lambda: metrics(kv_http).get(
+            "shardlm_router_replicas_ready") == 3, timeout=10),
+            "the hung replica is back once it answers again")
         stop(kv)
         routers.remove(kv)
 
