@@ -256,7 +256,9 @@ int RouterCommand(int argc, char** argv) {
   std::fprintf(stderr,
                "[shardlm] router (%s, %d replicas, model '%s') on %s:%d\n",
                f.policy.c_str(), (*replicas)->size(),
-               (*replicas)->model().c_str(), host.c_str(), port);
+               (*replicas)->model().empty() ? "(none answered yet)"
+                                            : (*replicas)->model().c_str(),
+               host.c_str(), port);
   if (http != nullptr) {
     std::fprintf(stderr, "[shardlm] router HTTP on %s:%d\n",
                  f.http_listen.substr(0, f.http_listen.rfind(':')).c_str(),
