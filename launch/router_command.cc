@@ -5,6 +5,7 @@
 // SIGTERM.
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
@@ -84,8 +85,8 @@ int RouterCommand(int argc, char** argv) {
   flags.Add("replica", &f.replicas,
             "a replica's gRPC address (a coordinator or serve); repeatable");
   flags.Add("replicas-file", &f.replicas_file,
-            "a file of replica addresses, one per line (# comments); read "
-            "at startup");
+            "a file of replica addresses, one per line (# comments); "
+            "re-read when it changes (looked at every second)");
   flags.Add("listen", &f.listen, "gRPC address to listen on; port 0 picks one");
   flags.Add("http-listen", &f.http_listen,
             "address of /health, /ready (200 while a replica is ready) and "
@@ -120,6 +121,7 @@ int RouterCommand(int argc, char** argv) {
   if (problem.empty() && !flags.positional().empty()) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
   }
+  const std::vector<std::string> flag_replicas = f.replicas;
   if (problem.empty() && !f.replicas_file.empty()) {
     auto more = ReadReplicasFile(f.replicas_file);
     if (!more.ok()) {
@@ -252,6 +254,40 @@ int RouterCommand(int argc, char** argv) {
     }
   });
 
+  // --replicas-file: re-read when its modification time or size changes.
+  std::thread file_watcher;
+  if (!f.replicas_file.empty()) {
+    file_watcher = std::thread([&] {
+      namespace fs = std::filesystem;
+      const auto stamp = [&]() -> std::pair<fs::file_time_type, uintmax_t> {
+        std::error_code ec;
+        const auto t = fs::last_write_time(f.replicas_file, ec);
+        const auto n = fs::file_size(f.replicas_file, ec);
+        return {ec ? fs::file_time_type() : t, ec ? 0 : n};
+      };
+      auto seen = stamp();
+      absl::MutexLock lock(&mu);
+      while (
+          !mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1))) {
+        const auto now = stamp();
+        if (now == seen) continue;
+        seen = now;
+        auto listed = ReadReplicasFile(f.replicas_file);
+        if (!listed.ok()) {
+          std::fprintf(stderr, "[shardlm router] %s; keeping the replicas\n",
+                       std::string(listed.status().message()).c_str());
+          continue;
+        }
+        std::vector<std::string> all = flag_replicas;
+        all.insert(all.end(), listed->begin(), listed->end());
+        if (absl::Status s = (*replicas)->SetAddresses(all); !s.ok()) {
+          std::fprintf(stderr, "[shardlm router] %s\n",
+                       std::string(s.message()).c_str());
+        }
+      }
+    });
+  }
+
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
   std::fprintf(stderr,
                "[shardlm] router (%s, %d replicas, model '%s') on %s:%d\n",
@@ -274,6 +310,7 @@ int RouterCommand(int argc, char** argv) {
     stopping = true;
   }
   health.join();
+  if (file_watcher.joinable()) file_watcher.join();
   if (http != nullptr) http->Shutdown();
   // A second of grace; then calls in flight are cancelled (and with them
   // their calls to the replicas).

@@ -1,5 +1,6 @@
 #include "router/replica_set.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -36,22 +37,92 @@ std::string Malformed(const v1::ReplicaStateUpdate& u) {
 }  // namespace
 
 ReplicaSet::ReplicaSet(ReplicaSetOptions options)
-    : options_(std::move(options)) {}
+    : options_(std::move(options)) {
+  replicas_.reserve(kMaxReplicas);
+}
+
+ReplicaSet::Replica* ReplicaSet::Add(const std::string& address) {
+  auto r = std::make_unique<Replica>();
+  r->address = address;
+  r->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  r->stub = v1::Inference::NewStub(r->channel);
+  r->problem = "not contacted yet";
+  replicas_.push_back(std::move(r));
+  count_.store(static_cast<int>(replicas_.size()), std::memory_order_release);
+  return replicas_.back().get();
+}
+
+void ReplicaSet::StartWatching(Replica* r) {
+  if (r->watching) return;
+  if (r->watcher.joinable()) {
+    // It saw `removed` and is on its way out (it takes mu_ no more).
+    mu_.Unlock();
+    r->watcher.join();
+    mu_.Lock();
+  }
+  r->watching = true;
+  r->watcher = std::thread([this, r] { Watch(r); });
+}
+
+absl::Status ReplicaSet::SetAddresses(
+    const std::vector<std::string>& addresses) {
+  absl::MutexLock lock(&mu_);
+  const auto known = [this](const std::string& a)
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                           for (const auto& r : replicas_) {
+                             if (r->address == a) return true;
+                           }
+                           return false;
+                         };
+  size_t fresh = 0;
+  for (const std::string& a : addresses) fresh += known(a) ? 0 : 1;
+  if (replicas_.size() + fresh > static_cast<size_t>(kMaxReplicas)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", kMaxReplicas, " replica addresses; ",
+                     replicas_.size() + fresh, " given over time"));
+  }
+  // By index: StartWatching may let go of mu_, and only this function
+  // (serialized by its caller) appends.
+  const size_t n = replicas_.size();
+  for (size_t i = 0; i < n; ++i) {
+    Replica* r = replicas_[i].get();
+    const bool wanted = std::find(addresses.begin(), addresses.end(),
+                                  r->address) != addresses.end();
+    if (!wanted && !r->removed) {
+      r->removed = true;
+      if (r->watch != nullptr) r->watch->TryCancel();
+      std::fprintf(stderr, "[shardlm router] replica %s removed\n",
+                   r->address.c_str());
+    } else if (wanted && r->removed) {
+      r->removed = false;
+      std::fprintf(stderr, "[shardlm router] replica %s added again\n",
+                   r->address.c_str());
+      StartWatching(r);
+    }
+  }
+  for (const std::string& a : addresses) {
+    if (known(a)) continue;
+    std::fprintf(stderr, "[shardlm router] replica %s added\n", a.c_str());
+    StartWatching(Add(a));
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Start(
     ReplicaSetOptions options) {
   if (options.addresses.empty()) {
     return absl::InvalidArgumentError("no replicas (give --replica ADDR)");
   }
+  if (options.addresses.size() > static_cast<size_t>(kMaxReplicas)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "at most ", kMaxReplicas, " replicas, got ", options.addresses.size()));
+  }
   std::unique_ptr<ReplicaSet> set(new ReplicaSet(std::move(options)));
-  for (const std::string& address : set->options_.addresses) {
-    auto r = std::make_unique<Replica>();
-    r->address = address;
-    r->channel =
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-    r->stub = v1::Inference::NewStub(r->channel);
-    r->problem = "not contacted yet";
-    set->replicas_.push_back(std::move(r));
+  {
+    absl::MutexLock lock(&set->mu_);
+    for (const std::string& address : set->options_.addresses) {
+      set->Add(address);
+    }
   }
   // Two replicas that answer now must agree; the first that answers sets
   // the model the others are held to.
@@ -74,9 +145,11 @@ absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Start(
           set->model_, "', ", r->address, " serves '", *model, "'"));
     }
   }
-  for (auto& r : set->replicas_) {
-    Replica* p = r.get();
-    r->watcher = std::thread([s = set.get(), p] { s->Watch(p); });
+  {
+    absl::MutexLock lock(&set->mu_);
+    for (size_t i = 0; i < set->replicas_.size(); ++i) {
+      set->StartWatching(set->replicas_[i].get());
+    }
   }
   return set;
 }
@@ -89,6 +162,7 @@ ReplicaSet::~ReplicaSet() {
       if (r->watch != nullptr) r->watch->TryCancel();
     }
   }
+  // The owner destroys the set: no SetAddresses runs, the vector stays.
   for (auto& r : replicas_) {
     if (r->watcher.joinable()) r->watcher.join();
   }
@@ -117,11 +191,15 @@ absl::StatusOr<std::string> ReplicaSet::ModelOf(Replica& r) {
 
 void ReplicaSet::Watch(Replica* r) {
   auto state = v1::ReplicaState::NewStub(r->channel);
-  const auto pause = [this](absl::Duration d) {
+  const auto pause = [this, r](absl::Duration d) {
     absl::MutexLock lock(&mu_);
-    mu_.AwaitWithTimeout(absl::Condition(&stopping_), d);
-    return !stopping_;
+    const auto woken = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || r->removed;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&woken), d);
+    return true;  // The loop's top sees stopping_ or removed.
   };
+
   std::string last_logged;
   bool warned_keys = false;
   const auto note = [&](std::string problem) {
@@ -133,11 +211,17 @@ void ReplicaSet::Watch(Replica* r) {
     absl::MutexLock lock(&mu_);
     r->problem = std::move(problem);
   };
-  while (true) {
-    {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+  // Whether to go on; false (watching cleared) once stopping or removed.
+  const auto going = [&] {
+    absl::MutexLock lock(&mu_);
+    if (stopping_ || r->removed) {
+      r->watching = false;
+      return false;
     }
+    return true;
+  };
+  while (true) {
+    if (!going()) return;
     absl::StatusOr<std::string> model = ModelOf(*r);
     if (!model.ok()) {
       note(std::string(model.status().message()));
@@ -163,7 +247,10 @@ void ReplicaSet::Watch(Replica* r) {
     Authorize(ctx, options_.api_key);
     {
       absl::MutexLock lock(&mu_);
-      if (stopping_) return;
+      if (stopping_ || r->removed) {
+        r->watching = false;
+        return;
+      }
       r->watch = &ctx;
     }
     v1::WatchStateRequest req;
@@ -219,7 +306,8 @@ void ReplicaSet::Watch(Replica* r) {
 }
 
 bool ReplicaSet::Usable(const Replica& r, absl::Time now) const {
-  return r.up && r.ready && now - r.last_update <= options_.stale_after;
+  return !r.removed && r.up && r.ready &&
+         now - r.last_update <= options_.stale_after;
 }
 
 RouteDecision ReplicaSet::Route(RoutingPolicy& policy,
@@ -266,6 +354,7 @@ std::string ReplicaSet::Describe() const {
   const absl::Time now = absl::Now();
   std::string out;
   for (const auto& r : replicas_) {
+    if (r->removed) continue;
     if (!out.empty()) out += "; ";
     out += r->address;
     if (Usable(*r, now)) {

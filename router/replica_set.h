@@ -64,7 +64,8 @@ class ReplicaSet {
   ReplicaSet(const ReplicaSet&) = delete;
   ReplicaSet& operator=(const ReplicaSet&) = delete;
 
-  int size() const { return static_cast<int>(replicas_.size()); }
+  // Replicas known (removed ones included: indices never change).
+  int size() const { return count_.load(std::memory_order_acquire); }
   const std::string& address(int i) const { return replicas_[i]->address; }
   v1::Inference::Stub& stub(int i) { return *replicas_[i]->stub; }
   ReplicaCounters& counters(int i) { return replicas_[i]->counters; }
@@ -76,6 +77,14 @@ class ReplicaSet {
   // `exclude` (-1: none). -1 when none is ready.
   RouteDecision Route(RoutingPolicy& policy, absl::Span<const int32_t> prompt,
                       int exclude = -1);
+  // Makes `addresses` the replicas (a re-read --replicas-file): new ones
+  // are added and watched (their model checked as they connect), missing
+  // ones removed (no new requests; calls in flight run on), and a removed
+  // one that comes back is watched again. InvalidArgument, changing
+  // nothing, past kMaxReplicas addresses ever known.
+  absl::Status SetAddresses(const std::vector<std::string>& addresses);
+  static constexpr int kMaxReplicas = 1024;
+
   // Time since replica i's last state update (infinite before the first).
   absl::Duration SilentFor(int i) const;
   // Replicas that take new requests now.
@@ -100,9 +109,15 @@ class ReplicaSet {
     PrefixIndex index;
     std::string problem;                   // Why it is not up (for Describe).
     grpc::ClientContext* watch = nullptr;  // The open stream's context.
+    bool removed = false;                  // No longer in the replica list.
+    bool watching = false;                 // Its watcher thread runs.
   };
 
   explicit ReplicaSet(ReplicaSetOptions options);
+  // A replica for `address`, not yet watched.
+  Replica* Add(const std::string& address) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts r's watcher (joining one that ended).
+  void StartWatching(Replica* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watch(Replica* r);
   // GetModelInfo on `r`: the model's name, or why not.
   absl::StatusOr<std::string> ModelOf(Replica& r);
@@ -110,7 +125,10 @@ class ReplicaSet {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ReplicaSetOptions options_;
+  // Reserved for kMaxReplicas and only appended to (under mu_), so that an
+  // element, once counted in count_, stays put for lock-free readers.
   std::vector<std::unique_ptr<Replica>> replicas_;
+  std::atomic<int> count_{0};
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string model_ ABSL_GUARDED_BY(mu_);

@@ -312,6 +312,39 @@ TEST_F(RouterTest, AStreamIsResumedAtMostTwice) {
   EXPECT_TRUE(d.requests().empty());
 }
 
+TEST_F(RouterTest, ReplicasCanBeAddedRemovedAndAddedAgain) {
+  FakeReplica a({.tokens = {1}});
+  FakeReplica b({.tokens = {2}});
+  Start({&a});
+  const auto ready_within = [&](int n) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (set_->ready_count() != n && absl::Now() < end) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    return set_->ready_count() == n;
+  };
+  ASSERT_TRUE(set_->SetAddresses({a.address(), b.address()}).ok());
+  ASSERT_TRUE(ready_within(2));
+  EXPECT_EQ(set_->size(), 2);
+  ASSERT_TRUE(set_->SetAddresses({b.address()}).ok());
+  ASSERT_TRUE(ready_within(1));
+  const size_t a_before = a.requests().size();
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(Call(Request()).tokens, std::vector<int32_t>{2});
+  }
+  EXPECT_EQ(a.requests().size(), a_before) << "a removed replica was used";
+  ASSERT_TRUE(set_->SetAddresses({a.address(), b.address()}).ok());
+  ASSERT_TRUE(ready_within(2));
+  EXPECT_EQ(set_->size(), 2);  // The same entry again, not a new one.
+  std::vector<std::string> many;
+  for (int i = 0; i <= ReplicaSet::kMaxReplicas; ++i) {
+    many.push_back("127.0.0.1:" + std::to_string(10000 + i));
+  }
+  const absl::Status too_many = set_->SetAddresses(many);
+  EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(set_->size(), 2) << "a refused list changed something";
+}
+
 TEST_F(RouterTest, NoReadyReplicaIsUnavailableNamingThem) {
   StartAt({"127.0.0.1:1"}, 0);  // Nothing listens there.
   const Streamed s = Call(Request());

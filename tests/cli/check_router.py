@@ -14,7 +14,7 @@
   retried once elsewhere and succeed; one whose state stream is malformed
   gets nothing; one that never answers is skipped with its name logged;
   a replica serving another model makes the router refuse to start,
-  naming both models.
+  naming both models; --replicas-file is re-read when it changes.
 
   check_router.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -434,6 +434,31 @@ def main() -> int:
             "the hung replica is back once it answers again")
         stop(kv)
         routers.remove(kv)
+
+        # --- --replicas-file, re-read when it changes ----------------------
+        listing = work / "replicas.txt"
+        listing.write_text(f"# the replicas\n{addrs[0]}\n")
+        rf, rf_addr, rf_http = start_router(
+            a.shardlm, a.gguf, [], "round-robin", work / "file.log",
+            ("--replicas-file", str(listing)))
+        routers.append(rf)
+        ready = lambda n: wait_until(lambda: metrics(rf_http).get(  # noqa
+            "shardlm_router_replicas_ready") == n, timeout=15)
+        check(ready(1), "replicas file: 1 replica")
+        listing.write_text(f"{addrs[0]}\n{addrs[1]}  # added\n")
+        check(ready(2), "replicas file: a line added, 2 replicas")
+        listing.write_text(f"{addrs[1]}\n")
+        check(ready(1), "replicas file: a line removed, 1 replica")
+        rfstub = pb2_grpc.InferenceStub(grpc.insecure_channel(rf_addr))
+        key0 = f'shardlm_router_requests_total{{replica="{addrs[0]}"}}'
+        before0 = metrics(rf_http).get(key0)
+        for i in range(3):
+            r = stream(rfstub, pb2, f"File request {i}:", 1)
+            check(not isinstance(r, grpc.RpcError), f"file request {i}: {r}")
+        check(metrics(rf_http).get(key0) == before0,
+              "nothing sent to the replica taken out of the file")
+        stop(rf)
+        routers.remove(rf)
 
         # --- retries and a malformed state stream --------------------------
         flaky = FakeReplica(model, "unavailable")
