@@ -341,6 +341,11 @@ absl::Duration ReplicaSet::SilentFor(int i) const {
   return absl::Now() - replicas_[i]->last_update;
 }
 
+bool ReplicaSet::Removed(int i) const {
+  absl::MutexLock lock(&mu_);
+  return replicas_[i]->removed;
+}
+
 int ReplicaSet::ready_count() const {
   absl::MutexLock lock(&mu_);
   const absl::Time now = absl::Now();

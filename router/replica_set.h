@@ -87,6 +87,9 @@ class ReplicaSet {
 
   // Time since replica i's last state update (infinite before the first).
   absl::Duration SilentFor(int i) const;
+  // Whether replica i was taken out of the list (it is no longer watched,
+  // so its silence says nothing).
+  bool Removed(int i) const;
   // Replicas that take new requests now.
   int ready_count() const;
   // Why each replica is not ready ("a:1 (connecting: ...)"), for errors.

@@ -119,7 +119,9 @@ void RouterService::WatchStalls() {
   absl::MutexLock lock(&calls_mu_);
   while (!stopping_) {
     for (Call* c : calls_) {
-      if (!c->stalled.load() &&
+      // A replica taken out of the list is no longer watched: its calls
+      // run on (a broken one still ends them), guarded by their deadline.
+      if (!c->stalled.load() && !replicas_->Removed(c->replica) &&
           replicas_->SilentFor(c->replica) > options_.stall_after) {
         c->stalled = true;
         c->context->TryCancel();

@@ -11,7 +11,8 @@
 //
 // A replica that stops sending state (no update for stall_after) has its
 // calls cancelled and handled as failed with UNAVAILABLE, so that a hung
-// replica does not hold a stream forever.
+// replica does not hold a stream forever (one taken out of the replica
+// list is no longer watched: its calls run on, under their deadline).
 #ifndef SHARDLM_ROUTER_ROUTER_SERVICE_H_
 #define SHARDLM_ROUTER_ROUTER_SERVICE_H_
 

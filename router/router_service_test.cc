@@ -3,9 +3,11 @@
 // deadline), when a call is retried or resumed and when it is not.
 #include "router/router_service.h"
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -26,6 +28,7 @@ namespace {
 struct Script {
   std::vector<int32_t> tokens;
   grpc::Status end = grpc::Status::OK;
+  absl::Duration gap = absl::ZeroDuration();  // Before each token.
 };
 
 class FakeReplica final : public v1::Inference::Service,
@@ -66,7 +69,7 @@ class FakeReplica final : public v1::Inference::Service,
         absl::MutexLock lock(&mu_);
         if (stopping_) break;
       }
-      if (!writer->Write(u)) break;
+      if (!muted_.load() && !writer->Write(u)) break;
       absl::SleepFor(absl::Milliseconds(50));
     }
     return grpc::Status::OK;
@@ -85,6 +88,7 @@ class FakeReplica final : public v1::Inference::Service,
       deadlines_.push_back(context->deadline());
     }
     for (int32_t t : script_.tokens) {
+      absl::SleepFor(script_.gap);
       v1::GenerateResponse r;
       r.add_token_ids(t);
       r.set_text("<" + std::to_string(t) + ">");
@@ -97,6 +101,9 @@ class FakeReplica final : public v1::Inference::Service,
     }
     return script_.end;
   }
+
+  // Muted: the state stream stays open and says nothing (a hung replica).
+  void Mute() { muted_ = true; }
 
   std::vector<v1::GenerateRequest> requests() {
     absl::MutexLock lock(&mu_);
@@ -117,6 +124,7 @@ class FakeReplica final : public v1::Inference::Service,
   std::unique_ptr<grpc::Server> server_;
   absl::Mutex mu_;
   bool stopping_ = false;
+  std::atomic<bool> muted_{false};
   std::vector<v1::GenerateRequest> requests_;
   std::vector<std::string> keys_;
   std::vector<std::chrono::system_clock::time_point> deadlines_;
@@ -343,6 +351,50 @@ TEST_F(RouterTest, ReplicasCanBeAddedRemovedAndAddedAgain) {
   const absl::Status too_many = set_->SetAddresses(many);
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(set_->size(), 2) << "a refused list changed something";
+}
+
+// A replica taken out of the list finishes what it runs: its silence (it
+// is no longer watched) does not cancel its calls.
+TEST_F(RouterTest, ARemovedReplicaFinishesItsCalls) {
+  FakeReplica slow({.tokens = {1, 2, 3, 4, 5}, .gap = absl::Milliseconds(800)});
+  FakeReplica other({.tokens = {9}});
+  Start({&slow, &other});
+  Streamed s;
+  std::thread call([&] { s = Call(Request()); });  // Round-robin: `slow`.
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE(set_->SetAddresses({other.address()}).ok());
+  call.join();  // 4 s: past the 3 s a silent replica is given.
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(s.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5}));
+  EXPECT_EQ(service_->resumes(), 0);
+  EXPECT_TRUE(other.requests().empty());
+}
+
+// A replica whose state goes silent mid-stream (hung) has its call
+// cancelled after stall_after and the stream resumed elsewhere.
+TEST_F(RouterTest, ASilentReplicasCallsAreResumedElsewhere) {
+  FakeReplica hangs(
+      {.tokens = {1, 2, 3, 4, 5, 6, 7, 8}, .gap = absl::Milliseconds(700)});
+  FakeReplica other({.tokens = {9}});
+  Start({&hangs, &other});
+  Streamed s;
+  std::thread call([&] { s = Call(Request()); });  // Round-robin: `hangs`.
+  absl::SleepFor(absl::Milliseconds(900));         // Token 1 is out.
+  hangs.Mute();
+  call.join();
+  ASSERT_TRUE(s.status.ok()) << s.status.error_message();
+  EXPECT_EQ(service_->resumes(), 1);
+  const std::vector<v1::GenerateRequest> sent = other.requests();
+  ASSERT_EQ(sent.size(), 1u);
+  const v1::GenerateRequest& resumed = sent[0];
+  // Resumed from exactly what the client had: the tokens before 9.
+  std::vector<int32_t> before(s.tokens.begin(), s.tokens.end() - 1);
+  EXPECT_EQ(std::vector<int32_t>(resumed.resume_token_ids().begin(),
+                                 resumed.resume_token_ids().end()),
+            before);
+  EXPECT_EQ(resumed.resume_position(), static_cast<int>(before.size()));
+  EXPECT_EQ(s.tokens.back(), 9);
+  EXPECT_LT(before.size(), 8u) << "the silent replica was never cut off";
 }
 
 TEST_F(RouterTest, NoReadyReplicaIsUnavailableNamingThem) {
