@@ -124,25 +124,37 @@ absl::StatusOr<std::unique_ptr<ReplicaSet>> ReplicaSet::Start(
       set->Add(address);
     }
   }
-  // Two replicas that answer now must agree; the first that answers sets
-  // the model the others are held to.
+  // Two replicas that answer now must agree; the first in the list that
+  // answers sets the model the others are held to. Asked all at once, so
+  // that unreachable replicas cost one call_timeout, not one each.
+  std::vector<absl::StatusOr<std::string>> models(
+      set->replicas_.size(), absl::UnknownError("not asked"));
+  {
+    std::vector<std::thread> askers;
+    for (size_t i = 0; i < set->replicas_.size(); ++i) {
+      askers.emplace_back(
+          [&set, &models, i] { models[i] = set->ModelOf(*set->replicas_[i]); });
+    }
+    for (std::thread& t : askers) t.join();
+  }
   std::string first_address;
-  for (auto& r : set->replicas_) {
-    absl::StatusOr<std::string> model = set->ModelOf(*r);
+  for (size_t i = 0; i < set->replicas_.size(); ++i) {
+    const Replica& r = *set->replicas_[i];
+    const absl::StatusOr<std::string>& model = models[i];
     if (!model.ok()) {
       std::fprintf(stderr, "[shardlm router] replica %s: %s\n",
-                   r->address.c_str(),
+                   r.address.c_str(),
                    std::string(model.status().message()).c_str());
       continue;
     }
     absl::MutexLock lock(&set->mu_);
     if (set->model_.empty()) {
       set->model_ = *model;
-      first_address = r->address;
+      first_address = r.address;
     } else if (*model != set->model_) {
       return absl::InvalidArgumentError(absl::StrCat(
           "replicas serve different models: ", first_address, " serves '",
-          set->model_, "', ", r->address, " serves '", *model, "'"));
+          set->model_, "', ", r.address, " serves '", *model, "'"));
     }
   }
   {
