@@ -208,8 +208,8 @@ void ReplicaSet::Watch(Replica* r) {
     const auto woken = [this, r]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stopping_ || r->removed;
     };
+    // Woken early by stopping_ or removed, which the loop's top sees.
     mu_.AwaitWithTimeout(absl::Condition(&woken), d);
-    return true;  // The loop's top sees stopping_ or removed.
   };
 
   std::string last_logged;
@@ -237,7 +237,7 @@ void ReplicaSet::Watch(Replica* r) {
     absl::StatusOr<std::string> model = ModelOf(*r);
     if (!model.ok()) {
       note(std::string(model.status().message()));
-      if (!pause(options_.retry_every)) return;
+      pause(options_.retry_every);
       continue;
     }
     std::string refused;
@@ -251,7 +251,7 @@ void ReplicaSet::Watch(Replica* r) {
     }
     if (!refused.empty()) {
       note(refused);
-      if (!pause(absl::Seconds(1))) return;
+      pause(absl::Seconds(1));
       continue;
     }
 
@@ -313,7 +313,7 @@ void ReplicaSet::Watch(Replica* r) {
              ? absl::StrCat("state stream ended: ", s.error_message())
              : absl::StrCat("malformed state stream (", malformed,
                             "): not routed to until it reconnects"));
-    if (!pause(options_.retry_every)) return;
+    pause(options_.retry_every);
   }
 }
 
