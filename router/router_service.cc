@@ -312,6 +312,10 @@ grpc::Status RouterService::Tokenize(grpc::ServerContext* context,
         absl::StrCat("no replica is ready: ", replicas_->Describe()));
   }
   std::unique_ptr<grpc::ClientContext> upstream = Upstream(context);
+  // A unary call is not watched for stalls: it gets a deadline of its own
+  // (the client's, when sooner, still applies).
+  upstream->set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
   const grpc::Status s =
       replicas_->stub(r).Tokenize(upstream.get(), *request, response);
   return s.ok() ? s : Named(s, replicas_->address(r));
@@ -328,6 +332,8 @@ grpc::Status RouterService::GetModelInfo(grpc::ServerContext* context,
         absl::StrCat("no replica is ready: ", replicas_->Describe()));
   }
   std::unique_ptr<grpc::ClientContext> upstream = Upstream(context);
+  upstream->set_deadline(std::chrono::system_clock::now() +
+                         std::chrono::seconds(30));
   const grpc::Status s =
       replicas_->stub(r).GetModelInfo(upstream.get(), *request, response);
   return s.ok() ? s : Named(s, replicas_->address(r));
