@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/openai_api.h"
+#include "coordinator/replica_state_service.h"
 #include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -108,6 +109,9 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
                            GrpcServerCredentials(options.tls), &s->port_);
   s->wire_service_ = std::make_unique<WireService>(s->service_.get());
   builder.RegisterService(s->wire_service_.get());
+  s->state_service_ = std::make_unique<ReplicaStateService>(
+      engine, s->service_.get(), options.metrics_prefix_cache);
+  builder.RegisterService(s->state_service_.get());
   // A burst of streams costs threads up to this cap, then
   // RESOURCE_EXHAUSTED; a few threads more keep the health service and
   // short calls answering.

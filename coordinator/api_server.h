@@ -26,6 +26,7 @@
 namespace shardlm {
 
 class OpenAiApi;
+class ReplicaStateService;
 
 struct ApiServerOptions {
   // "host:port"; port 0 binds a free port (see ApiServer::port()).
@@ -98,6 +99,8 @@ class ApiServer {
   // shardlm.v1.Inference as registered: reads each request's bytes raw,
   // so that the key and the budget are checked before the parse.
   std::unique_ptr<grpc::Service> wire_service_;
+  // shardlm.v1.ReplicaState, which routers watch.
+  std::unique_ptr<ReplicaStateService> state_service_;
   std::unique_ptr<OpenAiApi> openai_;
   std::unique_ptr<HttpServer> http_;
   std::unique_ptr<grpc::Server> server_;

@@ -3,29 +3,10 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "coordinator/prefix_hash.h"
 #include "core/check.h"
 
 namespace shardlm {
-namespace {
-
-constexpr uint64_t kRootKey = 0x9e3779b97f4a7c15ull;
-
-uint64_t Mix(uint64_t h) {  // splitmix64's finalizer.
-  h ^= h >> 30;
-  h *= 0xbf58476d1ce4e5b9ull;
-  h ^= h >> 27;
-  h *= 0x94d049bb133111ebull;
-  return h ^ (h >> 31);
-}
-
-// The key of a full block: its parent's key and its tokens.
-uint64_t BlockKey(uint64_t parent, absl::Span<const int32_t> tokens) {
-  uint64_t h = Mix(parent);
-  for (int32_t t : tokens) h = Mix(h ^ static_cast<uint32_t>(t));
-  return h;
-}
-
-}  // namespace
 
 BlockManager::BlockManager(int32_t device_blocks, int32_t block_size,
                            int32_t host_blocks, bool prefix_caching)
@@ -82,7 +63,10 @@ void BlockManager::Unkey(int32_t b) {
   Block& blk = blocks_[b];
   if (!blk.keyed) return;
   auto it = by_key_.find(blk.key);
-  if (it != by_key_.end() && it->second == b) by_key_.erase(it);
+  if (it != by_key_.end() && it->second == b) {
+    by_key_.erase(it);
+    if (events_ != nullptr) events_->Evicted(blk.key);
+  }
   blk.keyed = false;
   blk.tokens.clear();
 }
@@ -258,10 +242,10 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
   const int64_t full =
       std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) /
       block_size_;
-  uint64_t parent = kRootKey;
+  uint64_t parent = kPrefixRootKey;
   for (int64_t k = 0; k < full; ++k) {
     const auto slice = tokens.subspan(k * block_size_, block_size_);
-    const uint64_t key = BlockKey(parent, slice);
+    const uint64_t key = PrefixBlockKey(parent, slice);
     auto it = by_key_.find(key);
     if (it == by_key_.end()) break;
     int32_t b = it->second;
@@ -310,10 +294,10 @@ void BlockManager::CacheFullBlocks(int64_t seq,
       std::min<int64_t>(computed, static_cast<int64_t>(tokens.size())) /
           block_size_,
       static_cast<int64_t>(table.size()));
-  uint64_t parent = kRootKey;
+  uint64_t parent = kPrefixRootKey;
   for (int64_t k = 0; k < full; ++k) {
     const auto slice = tokens.subspan(k * block_size_, block_size_);
-    const uint64_t key = BlockKey(parent, slice);
+    const uint64_t key = PrefixBlockKey(parent, slice);
     parent = key;
     Block& blk = blocks_[table[k]];
     blk.last_use = ++tick_;
@@ -322,6 +306,7 @@ void BlockManager::CacheFullBlocks(int64_t seq,
     blk.key = key;
     blk.tokens.assign(slice.begin(), slice.end());
     by_key_[key] = table[k];
+    if (events_ != nullptr) events_->Inserted(key);
   }
 }
 
@@ -341,6 +326,7 @@ void BlockManager::DropCache() {
     ++counters_.dropped;
   }
   by_key_.clear();
+  if (events_ != nullptr) events_->Cleared();
 }
 
 std::vector<BlockCopy> BlockManager::TakeCopies() {

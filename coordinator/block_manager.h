@@ -15,9 +15,10 @@
 // that reads it (copies run in the order they were recorded).
 //
 // Prefix caching: a full block is keyed by a hash of (its parent block's
-// key, its tokens). A freed block that has a key stays cached, least
-// recently used first out; a device block evicted while the host has room
-// (free, or cached blocks older than it) spills there before being dropped.
+// key, its tokens) (coordinator/prefix_hash.h). A freed block that has a key
+// stays cached, least recently used first out; a device block evicted while the
+// host has room (free, or cached blocks older than it) spills there before
+// being dropped.
 #ifndef SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 #define SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 
@@ -29,6 +30,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "coordinator/prefix_events.h"
 #include "step/step.h"
 
 namespace shardlm {
@@ -107,6 +109,9 @@ class BlockManager {
   // is computed) in the prefix cache. No-op when prefix caching is off.
   void CacheFullBlocks(int64_t seq, absl::Span<const int32_t> tokens,
                        int64_t computed);
+  // Reports every key the prefix cache gains or loses to `events` (not
+  // owned; null: none), for readers on other threads.
+  void set_event_log(PrefixEventLog* events) { events_ = events; }
   // Forgets every cached block (their contents may be bad after a failed
   // step).
   void DropCache();
@@ -152,6 +157,7 @@ class BlockManager {
   absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
   std::vector<BlockCopy> copies_;
   BlockCounters counters_;
+  PrefixEventLog* events_ = nullptr;
 };
 
 }  // namespace shardlm

@@ -61,6 +61,8 @@ class Engine {
 
   const ModelConfig& config() const { return executor_->config(); }
   const BlockManager& blocks() const { return blocks_; }
+  // The prefix cache's key insertions and evictions (for WatchState).
+  const PrefixEventLog& prefix_events() const { return prefix_events_; }
   const StepExecutor& executor() const { return *executor_; }
 
   // Queues a request for the scheduler loop, which batches it with every
@@ -107,15 +109,20 @@ class Engine {
   Engine(std::unique_ptr<StepExecutor> executor, BlockManager blocks,
          EngineOptions options)
       : executor_(std::move(executor)),
-        blocks_(std::move(blocks)),
+        blocks_(WithEventLog(std::move(blocks), &prefix_events_)),
         options_(options),
         scheduler_(std::make_unique<Scheduler>(executor_.get(), &blocks_,
                                                options.limits,
                                                options.resume_interrupted)) {}
+  static BlockManager WithEventLog(BlockManager blocks, PrefixEventLog* log) {
+    blocks.set_event_log(log);
+    return blocks;
+  }
   absl::Status Validate(const std::vector<GenerateRequest>& requests) const;
   absl::Status ValidateOne(const GenerateRequest& request) const;
 
   std::unique_ptr<StepExecutor> executor_;
+  PrefixEventLog prefix_events_;  // Before blocks_, which writes to it.
   BlockManager blocks_;
   EngineOptions options_;
   // Last: its loop uses the members above and is joined first.

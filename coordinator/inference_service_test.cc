@@ -9,6 +9,7 @@
 #include <future>
 #include <limits>
 #include <numeric>
+#include <set>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
@@ -16,11 +17,13 @@
 #include "coordinator/api_server.h"
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
+#include "coordinator/prefix_hash.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "shardlm/v1/replica_state.grpc.pb.h"
 
 namespace shardlm {
 namespace {
@@ -1003,6 +1006,104 @@ TEST(ApiServerTest, LostRankIsUnavailableAndNotServing) {
   executor->lost = false;
   EXPECT_EQ(wait_for_health(1), 1);
   EXPECT_TRUE(generate().ok());
+}
+
+// The state stream a router watches: load, and exactly the keys the prefix
+// cache holds (inserted as prompts are computed, evicted as blocks are
+// taken back), so that a router's index predicts the cache's hits.
+TEST_F(InferenceServiceTest, WatchStatePublishesThePrefixCacheExactly) {
+  // Keys only with --metrics-prefix-cache (they disclose prompts); the
+  // fixture's server sends the load alone.
+  {
+    grpc::ClientContext ctx;
+    auto reader = v1::ReplicaState::NewStub(channel_)->WatchState(
+        &ctx, v1::WatchStateRequest());
+    v1::ReplicaStateUpdate u;
+    ASSERT_TRUE(reader->Read(&u));
+    EXPECT_FALSE(u.publishes_keys());
+    EXPECT_TRUE(u.ready());
+    ctx.TryCancel();
+  }
+  auto keyed = ApiServer::Start(engine_, &tokenizer_,
+                                {.listen_address = "127.0.0.1:0",
+                                 .model_name = "tiny",
+                                 .service = {.tp = 1, .pp = 1},
+                                 .metrics_prefix_cache = true});
+  ASSERT_TRUE(keyed.ok()) << keyed.status();
+  auto state = v1::ReplicaState::NewStub(
+      grpc::CreateChannel("127.0.0.1:" + std::to_string((*keyed)->port()),
+                          grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+  v1::WatchStateRequest wreq;
+  wreq.set_interval_ms(5);
+  auto reader = state->WatchState(&ctx, wreq);
+  std::set<uint64_t> index;
+  v1::ReplicaStateUpdate u;
+  const auto read = [&] {
+    if (!reader->Read(&u)) return false;
+    if (u.reset()) index.clear();
+    index.insert(u.inserted().begin(), u.inserted().end());
+    for (uint64_t k : u.evicted()) {
+      EXPECT_EQ(index.erase(k), 1u) << "evicted a key never inserted";
+    }
+    return true;
+  };
+  ASSERT_TRUE(read());
+  EXPECT_TRUE(u.reset());
+  EXPECT_TRUE(u.ready());
+  EXPECT_EQ(u.block_size(), 16);
+  EXPECT_EQ(u.kv_total_blocks(), kBlocks);
+  EXPECT_TRUE(u.prefix_caching());
+  EXPECT_TRUE(u.publishes_keys());
+  EXPECT_TRUE(index.empty());
+  // Reads until `done` holds; false after 10 s (heartbeats every 250 ms).
+  const auto until = [&](const std::function<bool()>& done) {
+    const absl::Time end = absl::Now() + absl::Seconds(10);
+    while (!done()) {
+      if (absl::Now() > end || !read()) return false;
+    }
+    return true;
+  };
+
+  std::vector<int32_t> first(40);  // 2 full blocks and 8 tokens.
+  std::iota(first.begin(), first.end(), 1);
+  v1::GenerateRequest req;
+  req.mutable_prompt_token_ids()->Assign(first.begin(), first.end());
+  req.set_max_tokens(4);
+  req.set_ignore_eos(true);
+  ASSERT_TRUE(Call(req).status.ok());
+  const std::vector<uint64_t> first_keys = PrefixBlockKeys(first, 16);
+  ASSERT_TRUE(until([&] { return index.size() == 2; }))
+      << index.size() << " keys";
+  EXPECT_EQ(index, std::set<uint64_t>(first_keys.begin(), first_keys.end()));
+
+  // 100 tokens + 4 need 7 of the 8 blocks: 6 are free, so the older of the
+  // two cached blocks (the first prompt's block 0) is taken back.
+  std::vector<int32_t> second(100);
+  std::iota(second.begin(), second.end(), 60);
+  req.mutable_prompt_token_ids()->Assign(second.begin(), second.end());
+  ASSERT_TRUE(Call(req).status.ok());
+  ASSERT_TRUE(until([&] { return !index.contains(first_keys[0]); }));
+  ASSERT_TRUE(until([&] { return index.size() == 7; })) << index.size();
+  const std::vector<uint64_t> second_keys = PrefixBlockKeys(second, 16);
+  for (uint64_t k : second_keys) EXPECT_TRUE(index.contains(k));
+  EXPECT_TRUE(index.contains(first_keys[1]));  // Cached, though unreachable.
+  ctx.TryCancel();
+  (*keyed)->Shutdown();
+}
+
+TEST_F(InferenceServiceTest, WatchStateRefusesBadIntervals) {
+  auto state = v1::ReplicaState::NewStub(channel_);
+  grpc::ClientContext ctx;
+  v1::WatchStateRequest wreq;
+  wreq.set_interval_ms(2);
+  auto reader = state->WatchState(&ctx, wreq);
+  v1::ReplicaStateUpdate u;
+  EXPECT_FALSE(reader->Read(&u));
+  const grpc::Status s = reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(s.error_message().find("interval_ms"), std::string::npos);
 }
 
 TEST(ApiServerTest, UnusableAddressIsAnError) {

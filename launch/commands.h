@@ -10,6 +10,7 @@ int CoordinatorCommand(int argc, char** argv);
 int GenerateCommand(int argc, char** argv);
 int InspectCommand(int argc, char** argv);
 int LaunchCommand(int argc, char** argv);
+int RouterCommand(int argc, char** argv);
 int ServeCommand(int argc, char** argv);
 int SimulateCommand(int argc, char** argv);
 int WorkerCommand(int argc, char** argv);

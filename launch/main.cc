@@ -17,6 +17,7 @@ constexpr char kUsage[] =
     "--server)\n"
     "  inspect      print a model file's config, tensors and tokenizer\n"
     "  launch       run a TP x PP cluster under mpirun (rank 0 coordinates)\n"
+    "  router       one endpoint routing requests over several replicas\n"
     "  serve        serve the gRPC API from a model in this process\n"
     "  simulate     plan capacity: the real scheduler on simulated GPUs\n"
     "  worker       one worker rank joining a `shardlm coordinator`\n"
@@ -52,6 +53,9 @@ int main(int argc, char** argv) {
   }
   if (std::strcmp(argv[1], "serve") == 0) {
     return shardlm::ServeCommand(argc, argv);
+  }
+  if (std::strcmp(argv[1], "router") == 0) {
+    return shardlm::RouterCommand(argc, argv);
   }
   if (std::strcmp(argv[1], "simulate") == 0) {
     return shardlm::SimulateCommand(argc, argv);

@@ -68,6 +68,8 @@ struct SimulateFlags {
   double tp_link_alpha = -1;  // Calibration: replaces the TP link's alpha.
   std::string router = "least-kv";
   bool prefix_caching = false;
+  int64_t shared_prefix_tokens = 0;
+  int64_t prefix_groups = 0;
   double slo_ttft = 0, slo_tpot = 0, slo_attainment = 0.9;
   std::vector<std::string> sweep;
   int64_t max_gpus = 1024;
@@ -241,7 +243,12 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
       static_cast<int64_t>(std::min(host_blocks * f.cp, kMaxBlocks));
   o.prefix_caching = f.prefix_caching;
   o.context_length = config.context_length;
-  o.router = f.router == "round-robin" ? Router::kRoundRobin : Router::kLeastKv;
+  o.router = f.router == "round-robin"  ? Router::kRoundRobin
+             : f.router == "kv"         ? Router::kKv
+             : f.router == "least-load" ? Router::kLeastLoad
+                                        : Router::kLeastKv;
+  o.shared_prefix_tokens = static_cast<int32_t>(f.shared_prefix_tokens);
+  o.prefix_groups = static_cast<int32_t>(f.prefix_groups);
   o.slo_ttft = f.slo_ttft;
   o.slo_tpot = f.slo_tpot;
   o.count_planner_time = f.count_planner_time;
@@ -367,9 +374,18 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("pp-link", &f.pp_link,
             "default: the TP link within a node, ib-400g across nodes");
   flags.Add("host-link", &f.host_link, "device <-> host tier link");
-  flags.Add("router", &f.router, "least-kv or round-robin");
+  flags.Add("router", &f.router,
+            "least-kv (the simulator's own: most free KV blocks), or the "
+            "router's policies kv, least-load, round-robin "
+            "(docs/router.md)");
   flags.Add("prefix-caching", &f.prefix_caching,
-            "cache prefix blocks (simulated prompts share none)");
+            "cache prefix blocks (simulated prompts share none unless "
+            "--shared-prefix-tokens)");
+  flags.Add("shared-prefix-tokens", &f.shared_prefix_tokens,
+            "with --prefix-groups: request i's prompt begins with these many "
+            "tokens of group i mod G's prefix");
+  flags.Add("prefix-groups", &f.prefix_groups,
+            "how many distinct shared prefixes (see --shared-prefix-tokens)");
   flags.Add("slo-ttft", &f.slo_ttft, "time-to-first-token SLO, seconds");
   flags.Add("slo-tpot", &f.slo_tpot, "time-per-output-token SLO, seconds");
   flags.Add("slo-attainment", &f.slo_attainment,
@@ -412,8 +428,16 @@ std::string SimulateProblem(const SimulateFlags& f) {
   if (!(f.memory_utilization > 0 && f.memory_utilization <= 1)) {
     return "--memory-utilization must be in (0, 1]";
   }
-  if (f.router != "least-kv" && f.router != "round-robin") {
-    return "--router must be least-kv or round-robin";
+  if (f.router != "least-kv" && f.router != "round-robin" && f.router != "kv" &&
+      f.router != "least-load") {
+    return "--router must be least-kv, kv, least-load or round-robin";
+  }
+  if (f.shared_prefix_tokens < 0 || f.shared_prefix_tokens > (1 << 20) ||
+      f.prefix_groups < 0 || f.prefix_groups > (1 << 20)) {
+    return "--shared-prefix-tokens and --prefix-groups must be 0..1048576";
+  }
+  if ((f.shared_prefix_tokens > 0) != (f.prefix_groups > 0)) {
+    return "--shared-prefix-tokens and --prefix-groups go together";
   }
   return "";
 }

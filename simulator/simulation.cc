@@ -17,6 +17,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "coordinator/prefix_hash.h"
 #include "core/status.h"
 
 namespace shardlm {
@@ -61,9 +62,15 @@ struct Replica {
   Replica(const SimOptions& o, int64_t vocab, ServingMetrics* metrics)
       : blocks(static_cast<int32_t>(o.device_blocks), o.block_size,
                static_cast<int32_t>(o.host_blocks), o.prefix_caching),
-        planner(&blocks, metrics, o.scheduler, vocab, nullptr) {}
+        planner(&blocks, metrics, o.scheduler, vocab, nullptr) {
+    if (o.router == Router::kKv) blocks.set_event_log(&events);
+  }
   BlockManager blocks;
   BatchPlanner planner;
+  // The prefix cache's keys as a router would index them (Router::kKv).
+  PrefixEventLog events;
+  PrefixIndex index;
+  std::optional<uint64_t> cursor;
   std::vector<double> stage_free;  // When each stage is next free.
   struct Step {
     double done = 0;
@@ -220,7 +227,8 @@ class Simulation {
         stages_(cost.StageSeconds(StepInput{}).size()),
         tracked_(trace.size()),
         rng_(o.seed),
-        gap_(0, o.client_gap) {
+        gap_(0, o.client_gap),
+        policy_(SharedPolicy(o)) {
     report_.requests = static_cast<int64_t>(trace.size());
     for (int r = 0; r < o.replicas; ++r) {
       replicas_.push_back(std::make_unique<Replica>(o, vocab_size, &metrics_));
@@ -249,7 +257,16 @@ class Simulation {
   void Refuse(const char* why);
   // Request `index` arrives now: refused, or added to a replica's planner.
   void Route(size_t index);
-  int PickReplica();
+  // `prompt`: the request's tokens (Router::kKv only; else empty).
+  int PickReplica(const std::vector<int32_t>& prompt);
+  std::vector<int32_t> MakePrompt(size_t index);
+  static RoutingOptions SharedPolicy(const SimOptions& o) {
+    RoutingOptions r = o.routing;
+    r.kind = o.router == Router::kKv          ? RoutingPolicyKind::kKv
+             : o.router == Router::kLeastLoad ? RoutingPolicyKind::kLeastLoad
+                                              : RoutingPolicyKind::kRoundRobin;
+    return r;
+  }
   RequestCallbacks Callbacks(size_t index);
   void RecordToken(size_t index);
   // Replica r at time t: applies its finished step, admits, plans what it
@@ -282,6 +299,7 @@ class Simulation {
       clients_;
   std::uniform_real_distribution<double> gap_;
   size_t round_robin_ = 0;
+  RoutingPolicy policy_;
   absl::Status bad_cost_;
 };
 
@@ -330,20 +348,66 @@ void Simulation::Refuse(const char* why) {
   ClientFree(now_);
 }
 
-int Simulation::PickReplica() {
-  if (o_.router == Router::kRoundRobin) {
-    return static_cast<int>(round_robin_++ % replicas_.size());
+int Simulation::PickReplica(const std::vector<int32_t>& prompt) {
+  if (o_.router == Router::kLeastKv) {
+    // The most free device blocks, then the shortest queue.
+    const auto key = [](const Replica& x) {
+      return std::make_pair(-static_cast<int64_t>(x.blocks.DeviceAvailable()),
+                            static_cast<int64_t>(x.planner.waiting()));
+    };
+    int r = 0;
+    for (int i = 1; i < o_.replicas; ++i) {
+      if (key(*replicas_[i]) < key(*replicas_[r])) r = i;
+    }
+    return r;
   }
-  // The most free device blocks, then the shortest queue.
-  const auto key = [](const Replica& x) {
-    return std::make_pair(-static_cast<int64_t>(x.blocks.DeviceAvailable()),
-                          static_cast<int64_t>(x.planner.waiting()));
-  };
-  int r = 0;
-  for (int i = 1; i < o_.replicas; ++i) {
-    if (key(*replicas_[i]) < key(*replicas_[r])) r = i;
+  std::vector<ReplicaView> views(replicas_.size());
+  for (size_t i = 0; i < replicas_.size(); ++i) {
+    Replica& x = *replicas_[i];
+    if (o_.router == Router::kKv) {
+      PrefixEventBatch b = x.events.Since(x.cursor);
+      x.cursor = b.cursor;
+      if (b.reset) x.index.Reset(b.inserted);
+      for (const auto& [key, inserted] : b.changes) {
+        if (inserted) {
+          x.index.Insert(key);
+        } else {
+          x.index.Evict(key);
+        }
+      }
+    }
+    const TierUsage d = x.blocks.device_usage();
+    views[i] = {
+        .ready = true,
+        .running = static_cast<int64_t>(x.planner.running()),
+        .waiting = static_cast<int64_t>(x.planner.waiting()),
+        .kv_use = d.total > 0 ? static_cast<double>(d.used) / d.total : 0.0,
+        .index = &x.index};
   }
-  return r;
+  const std::vector<uint64_t> keys =
+      o_.router == Router::kKv ? PrefixBlockKeys(prompt, o_.block_size)
+                               : std::vector<uint64_t>();
+  return policy_.Choose(views, keys).replica;
+}
+
+std::vector<int32_t> Simulation::MakePrompt(size_t index) {
+  const SimRequest& req = trace_[index];
+  std::vector<int32_t> prompt(req.prompt_tokens);
+  size_t shared = 0;
+  if (o_.shared_prefix_tokens > 0 && o_.prefix_groups > 0) {
+    shared = std::min<size_t>(prompt.size(), o_.shared_prefix_tokens);
+    // The group's prefix from its own seed: the same tokens every time.
+    std::mt19937_64 group(o_.seed * 1000003 + index % o_.prefix_groups);
+    for (size_t i = 0; i < shared; ++i) {
+      prompt[i] = static_cast<int32_t>(group() % vocab_size_);
+    }
+  }
+  // Distinct otherwise: no accidental prefix-cache hits.
+  for (size_t i = shared; i < prompt.size(); ++i) {
+    prompt[i] =
+        static_cast<int32_t>(rng_() % static_cast<uint64_t>(vocab_size_));
+  }
+  return prompt;
 }
 
 void Simulation::RecordToken(size_t index) {
@@ -395,17 +459,17 @@ void Simulation::Route(size_t index) {
   if ((total + o_.block_size - 1) / o_.block_size > capacity) {
     return Refuse("kv_capacity");
   }
-  const int r = PickReplica();
+  // kv hashes the prompt to choose; the other routers draw it after
+  // choosing, as they always did (a refused request draws none).
+  std::vector<int32_t> prompt;
+  if (o_.router == Router::kKv) prompt = MakePrompt(index);
+  const int r = PickReplica(prompt);
   Replica& rep = *replicas_[r];
   if (static_cast<int64_t>(rep.planner.waiting()) >= o_.scheduler.max_queued) {
     return Refuse("queue_full");
   }
   GenerateRequest g{.max_tokens = req.output_tokens, .priority = req.priority};
-  g.prompt.resize(req.prompt_tokens);
-  // Distinct prompts: no accidental prefix-cache hits.
-  for (int32_t& t : g.prompt) {
-    t = static_cast<int32_t>(rng_() % static_cast<uint64_t>(vocab_size_));
-  }
+  g.prompt = o_.router == Router::kKv ? std::move(prompt) : MakePrompt(index);
   tracked_[index].arrival = arrival;
   RequestCallbacks cb = Callbacks(index);
   Timed([&] {
@@ -535,6 +599,7 @@ SimReport Simulation::Finish(double wall_seconds) {
     report.preempted_swap += s.preempted_swap;
     report.preempted_recompute += s.preempted_recompute;
     report.leaked_blocks += rep->blocks.used_blocks();
+    report.prefix_hit_tokens += rep->blocks.counters().prefix_hit_tokens;
     if (report.duration > 0) {
       report.device_kv_mean +=
           rep->device_integral / report.duration / o_.replicas;
@@ -610,14 +675,15 @@ std::string FormatReport(const SimReport& r) {
   absl::StrAppendFormat(
       &out,
       "steps: %d; stage utilization %.1f%%; most running on a replica: %d\n"
-      "preemptions: %d swapped, %d recomputed\n"
+      "preemptions: %d swapped, %d recomputed; prefix cache hits: %d "
+      "tokens\n"
       "KV in use: device %.1f%% mean, %.1f%% peak; host %.1f%% mean, "
       "%.1f%% peak\n"
       "%s\n"
       "planner: %.2f us per step on this machine; simulated in %.2f s\n",
       r.steps, 100 * r.stage_utilization, r.max_running, r.preempted_swap,
-      r.preempted_recompute, 100 * r.device_kv_mean, 100 * r.device_kv_peak,
-      100 * r.host_kv_mean, 100 * r.host_kv_peak,
+      r.preempted_recompute, r.prefix_hit_tokens, 100 * r.device_kv_mean,
+      100 * r.device_kv_peak, 100 * r.host_kv_mean, 100 * r.host_kv_peak,
       r.slo_set ? absl::StrFormat("SLO attainment: %.1f%%; goodput %.2f "
                                   "requests/s",
                                   100 * r.slo_attainment, r.goodput)
@@ -641,6 +707,7 @@ std::string ReportJson(const SimReport& r) {
       "\"e2e_s\": %s, \"queueing_s\": %s, \"steps\": %d, "
       "\"stage_utilization\": %.6g, \"max_running\": %d, "
       "\"preempted_swap\": %d, \"preempted_recompute\": %d, "
+      "\"prefix_hit_tokens\": %d, "
       "\"device_kv_mean\": %.6g, \"device_kv_peak\": %.6g, "
       "\"host_kv_mean\": %.6g, \"host_kv_peak\": %.6g, "
       "\"slo_attainment\": %.6g, \"goodput_rps\": %.6g, "
@@ -650,9 +717,9 @@ std::string ReportJson(const SimReport& r) {
       PercentilesJson(r.ttft), PercentilesJson(r.tpot), PercentilesJson(r.itl),
       PercentilesJson(r.e2e), PercentilesJson(r.queueing), r.steps,
       r.stage_utilization, r.max_running, r.preempted_swap,
-      r.preempted_recompute, r.device_kv_mean, r.device_kv_peak, r.host_kv_mean,
-      r.host_kv_peak, r.slo_attainment, r.goodput, r.planner_wall_seconds,
-      r.leaked_blocks, r.wall_seconds);
+      r.preempted_recompute, r.prefix_hit_tokens, r.device_kv_mean,
+      r.device_kv_peak, r.host_kv_mean, r.host_kv_peak, r.slo_attainment,
+      r.goodput, r.planner_wall_seconds, r.leaked_blocks, r.wall_seconds);
 }
 
 }  // namespace shardlm

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "coordinator/batch_planner.h"
+#include "router/routing_policy.h"
 #include "simulator/cost_model.h"
 
 namespace shardlm {
@@ -55,7 +56,14 @@ std::vector<SimRequest> PoissonTrace(double rate, double duration,
 // InvalidArgument naming the line otherwise.
 absl::StatusOr<std::vector<SimRequest>> ReadTraceCsv(const std::string& path);
 
-enum class Router { kRoundRobin, kLeastKv };
+// kRoundRobin, kKv and kLeastLoad are the router's policies
+// (router/routing_policy.h, the library `shardlm router` runs), fed each
+// replica's load and, for kKv, its prefix cache's keys as the block
+// manager reports them (exact and at once; the real router hears of them
+// within ~20 ms). kLeastKv (most free device blocks, then the shortest
+// queue) is the simulator's own, kept as the default so that the
+// validated figures (bench/simulator_validation.py) stay as they were.
+enum class Router { kRoundRobin, kLeastKv, kKv, kLeastLoad };
 
 struct SimOptions {
   int replicas = 1;
@@ -68,6 +76,12 @@ struct SimOptions {
   bool prefix_caching = false;
   int64_t context_length = 0;  // Longest prompt + output; 0: no limit.
   Router router = Router::kRoundRobin;
+  RoutingOptions routing;  // kKv's load bound (its kind is `router`).
+  // Shared prefixes: request i's first shared_prefix_tokens tokens are
+  // those of group i mod prefix_groups (seeded), the rest random; 0: every
+  // prompt distinct.
+  int32_t shared_prefix_tokens = 0;
+  int32_t prefix_groups = 0;
   // > 0: a closed loop of this many clients, as `shardlm bench` runs: each
   // sends the trace's next request (its arrival time ignored) as soon as
   // its previous one ended; all start at 0.
@@ -104,7 +118,8 @@ struct SimReport {
   // the mean is over time.
   double device_kv_peak = 0, device_kv_mean = 0;
   double host_kv_peak = 0, host_kv_mean = 0;
-  int64_t max_running = 0;  // Most sequences one replica ran at once.
+  int64_t max_running = 0;        // Most sequences one replica ran at once.
+  int64_t prefix_hit_tokens = 0;  // Prompt tokens found in prefix caches.
   // Requests (of the trace) that finished meeting every SLO set, and their
   // rate; without SLOs every finished request counts.
   bool slo_set = false;

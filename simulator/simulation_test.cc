@@ -390,6 +390,42 @@ TEST(SimulateTest, TheCpuKernelTermsAddUpByHand) {
               275456e-9 + 550912 / 4e9 + 51200 / 2e9 + 102400 / 8e9, 1e-15);
 }
 
+// The router's policies (router/routing_policy.h) in the simulator: on 4
+// shared 256-token prefixes over 3 replicas, kv finds every hit one
+// replica would (each prefix computed once), round-robin computes each
+// prefix once per replica.
+TEST(SimulateTest, KvRoutingFindsTheSharedPrefixes) {
+  FixedCostModel cost(/*pp=*/1, /*per_step=*/0.01, /*per_token=*/1e-4);
+  std::vector<SimRequest> trace;
+  for (int i = 0; i < 48; ++i) {
+    trace.push_back(
+        {.arrival = 0.5 * i, .prompt_tokens = 300, .output_tokens = 4});
+  }
+  const auto hits = [&](Router router, int replicas) {
+    SimOptions o = Options(4096);
+    o.scheduler.max_batched_tokens = 512;
+    o.replicas = replicas;
+    o.prefix_caching = true;
+    o.shared_prefix_tokens = 256;
+    o.prefix_groups = 4;
+    o.router = router;
+    absl::StatusOr<SimReport> r = Simulate(cost, o, 1000, trace);
+    EXPECT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->finished, 48);
+    EXPECT_EQ(r->leaked_blocks, 0);
+    return r->prefix_hit_tokens;
+  };
+  const int64_t one = hits(Router::kRoundRobin, 1);
+  EXPECT_EQ(one, (48 - 4) * 256);  // Every prefix after its first time.
+  const int64_t kv = hits(Router::kKv, 3);
+  EXPECT_EQ(kv, one);  // Requests 0.5 s apart: each prefix known in time.
+  const int64_t rr = hits(Router::kRoundRobin, 3);
+  // Request i goes to replica i mod 3 with prefix i mod 4: each of the 12
+  // (replica, prefix) pairs computes its prefix once.
+  EXPECT_EQ(rr, (48 - 12) * 256);
+  EXPECT_LT(hits(Router::kLeastLoad, 3), kv);
+}
+
 TEST(SimulateTest, TheSameSeedGivesTheSameReport) {
   absl::StatusOr<ModelConfig> c = FindModelPreset("llama3-8b");
   ASSERT_TRUE(c.ok()) << c.status();
