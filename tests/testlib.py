@@ -198,3 +198,50 @@ def pb_field(num: int, value) -> bytes:
     """pb_scalar for an int, pb_bytes otherwise."""
     return pb_scalar(num, value) if isinstance(value, int) else pb_bytes(
         num, value)
+
+
+def pb_read_varint(buf: bytes, i: int) -> tuple[int, int]:
+    """The varint at buf[i:], and the index after it."""
+    n = shift = 0
+    while True:
+        b = buf[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def pb_fields(buf: bytes) -> list[tuple[int, object]]:
+    """(field number, value) of a message, in order: ints for varints,
+    bytes for length-delimited fields (packed ints are left as bytes: see
+    pb_ints); fixed-width fields are skipped."""
+    out, i = [], 0
+    while i < len(buf):
+        key, i = pb_read_varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = pb_read_varint(buf, i)
+            out.append((num, v))
+        elif wire == 2:
+            n, i = pb_read_varint(buf, i)
+            out.append((num, buf[i:i + n]))
+            i += n
+        elif wire == 5:
+            i += 4
+        elif wire == 1:
+            i += 8
+        else:
+            raise ValueError(f"wire type {wire}")
+    return out
+
+
+def pb_ints(value) -> list[int]:
+    """A repeated int field's value from pb_fields, packed or not."""
+    if isinstance(value, int):
+        return [value]
+    out, j = [], 0
+    while j < len(value):
+        v, j = pb_read_varint(value, j)
+        out.append(v)
+    return out

@@ -21,8 +21,9 @@ import sys
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import (check, exit_code, pb_bytes, pb_scalar,  # noqa: E402
-                     pb_varint, start_serve, stop, wait_ready)
+from testlib import (check, exit_code, pb_bytes, pb_fields,  # noqa: E402
+                     pb_ints, pb_scalar, pb_varint, start_serve, stop,
+                     wait_ready)
 
 PROMPT = "The capital of France is"
 EOS_FREE = "Write a short poem about the sea."
@@ -31,64 +32,20 @@ CHAT = ("<|im_start|>user\nName three colors.<|im_end|>\n"
 MAX_TOKENS = 40
 
 
-def read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
-
-
-def fields(buf: bytes) -> list[tuple[int, object]]:
-    """(field number, value) of a message: ints for varints, bytes for
-    length-delimited fields (packed ints are left as bytes)."""
-    out, i = [], 0
-    while i < len(buf):
-        key, i = read_varint(buf, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            v, i = read_varint(buf, i)
-            out.append((num, v))
-        elif wire == 2:
-            n, i = read_varint(buf, i)
-            out.append((num, buf[i:i + n]))
-            i += n
-        elif wire == 5:
-            i += 4
-        elif wire == 1:
-            i += 8
-        else:
-            raise ValueError(f"wire type {wire}")
-    return out
-
-
-def packed(value) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    out, j = [], 0
-    while j < len(value):
-        v, j = read_varint(value, j)
-        out.append(v)
-    return out
-
-
 class Response:
     """One GenerateResponse: text, token ids, finish_reason, usage."""
 
     def __init__(self, raw: bytes):
         self.text, self.ids, self.finish, self.usage = "", [], "", None
-        for num, v in fields(raw):
+        for num, v in pb_fields(raw):
             if num == 1:
                 self.text += v.decode()
             elif num == 2:
-                self.ids += packed(v)
+                self.ids += pb_ints(v)
             elif num == 3:
                 self.finish = v.decode()
             elif num == 4:
-                u = dict(fields(v))
+                u = dict(pb_fields(v))
                 self.usage = (u.get(1, 0), u.get(2, 0))
 
 

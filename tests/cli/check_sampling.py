@@ -36,8 +36,8 @@ import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import (FAILURES, check, exit_code, free_port,  # noqa: E402
-                     http_post_json, pb_bytes, pb_scalar, pb_varint, skip,
-                     stop)
+                     http_post_json, pb_bytes, pb_fields, pb_ints, pb_scalar,
+                     pb_varint, skip, stop)
 
 MPIRUN = ["mpirun", "--oversubscribe"]
 if os.geteuid() == 0:
@@ -59,42 +59,10 @@ def f32(num: int, value: float) -> bytes:
     return pb_varint(num << 3 | 5) + struct.pack("<f", value)
 
 
-def read_varint(buf: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = buf[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
-
-
 def token_ids(response: bytes) -> list[int]:
     """GenerateResponse.token_ids (field 2, packed or not)."""
-    out, i = [], 0
-    while i < len(response):
-        key, i = read_varint(response, i)
-        num, wire = key >> 3, key & 7
-        if wire == 0:
-            v, i = read_varint(response, i)
-            if num == 2:
-                out.append(v)
-        elif wire == 2:
-            n, i = read_varint(response, i)
-            if num == 2:
-                j = i
-                while j < i + n:
-                    v, j = read_varint(response, j)
-                    out.append(v)
-            i += n
-        elif wire == 5:
-            i += 4
-        elif wire == 1:
-            i += 8
-        else:
-            raise ValueError(f"wire type {wire}")
-    return out
+    return [t for num, v in pb_fields(response) if num == 2
+            for t in pb_ints(v)]
 
 
 def grpc_request(prompt: str, max_tokens: int, presence: float = 0,
