@@ -423,10 +423,14 @@ class SchemaCompiler {
       months.push_back(b_.Seq({b_.Literal(mm), b_.Byte('-'), d30}));
     }
     months.push_back(b_.Seq({b_.Literal("02"), b_.Byte('-'), d28}));
-    const Sym digit = Digits('0', '9');
-    return b_.Seq({digit, digit, digit, digit, b_.Byte('-'),
-                   b_.Choice(months, "month-day")},
-                  "date");
+    // Years 0001 to 9999 (year 0 is no date in RFC 3339's validators).
+    const Sym digit = Digits('0', '9'), nonzero = Digits('1', '9');
+    const Sym year = b_.Choice({b_.Seq({nonzero, digit, digit, digit}),
+                                b_.Seq({b_.Byte('0'), nonzero, digit, digit}),
+                                b_.Seq({b_.Literal("00"), nonzero, digit}),
+                                b_.Seq({b_.Literal("000"), nonzero})},
+                               "year");
+    return b_.Seq({year, b_.Byte('-'), b_.Choice(months, "month-day")}, "date");
   }
 
   Sym DateTime() {

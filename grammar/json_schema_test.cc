@@ -118,6 +118,8 @@ TEST(JsonSchemaTest, Formats) {
   EXPECT_FALSE(date.Accepts(R"("2023-04-31")"));
   EXPECT_FALSE(date.Accepts(R"("2023-02-30")"));
   EXPECT_FALSE(date.Accepts(R"("2023-13-01")"));
+  EXPECT_TRUE(date.Accepts(R"("0001-01-01")"));
+  EXPECT_FALSE(date.Accepts(R"("0000-01-20")"));  // No year 0.
   const Grammar dt = Compile(R"({"type":"string","format":"date-time"})");
   EXPECT_TRUE(dt.Accepts(R"("2024-01-02T03:04:05Z")"));
   EXPECT_TRUE(dt.Accepts(R"("2024-01-02T23:59:59.123+05:30")"));
