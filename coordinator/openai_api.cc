@@ -573,6 +573,22 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+  // OpenAI's stream_options.include_usage: one more chunk before [DONE],
+  // with no choices and the request's usage.
+  bool include_usage = false;
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const Json& options = body["stream_options"];
+    if (!stream) {
+      return fail(Invalid("'stream_options' needs 'stream': true"));
+    }
+    if (!options.is_object()) {
+      return fail(Invalid("'stream_options' must be an object"));
+    }
+    if (absl::Status s = Get(options, "include_usage", &include_usage);
+        !s.ok()) {
+      return fail(Invalid("'stream_options.include_usage' must be a boolean"));
+    }
+  }
 
   const std::string id =
       absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
@@ -646,6 +662,19 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   if (stream) {
     http_ok_++;
+    if (include_usage) {
+      const Json last = {{"id", id},
+                         {"object", object},
+                         {"created", created},
+                         {"model", options_.model_name},
+                         {"choices", Json::array()},
+                         {"usage",
+                          {{"prompt_tokens", usage.prompt_tokens()},
+                           {"completion_tokens", usage.completion_tokens()},
+                           {"total_tokens", usage.prompt_tokens() +
+                                                usage.completion_tokens()}}}};
+      res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
+    }
     res.Write("data: [DONE]\n\n");
     return;
   }

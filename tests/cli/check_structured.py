@@ -251,6 +251,27 @@ def api_checks(port: int, channel) -> None:
     check(keys == ["color", "size", "ok", "kind"],
           f"properties come in the schema's order ({content!r})")
 
+    # stream_options.include_usage: a last chunk with no choices and the
+    # usage, before [DONE]; refused without stream.
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
+    conn.request("POST", "/v1/chat/completions", body=json.dumps(dict(
+        chat, stream=True, max_tokens=5,
+        stream_options={"include_usage": True})),
+        headers={"Content-Type": "application/json"})
+    events = [b[len("data: "):] for b in
+              conn.getresponse().read().decode().split("\n\n")
+              if b.startswith("data: ")]
+    conn.close()
+    last = json.loads(events[-2]) if len(events) >= 2 else {}
+    check(events[-1:] == ["[DONE]"] and last.get("choices") == [] and
+          last.get("usage", {}).get("completion_tokens") == 5,
+          f"include_usage: a usage chunk before [DONE] ({events[-2:]})")
+    status, got = post(port, "/v1/chat/completions",
+                       dict(chat, stream_options={"include_usage": True}))
+    check(status == 400 and "needs 'stream': true" in
+          got.get("error", {}).get("message", ""),
+          f"stream_options without stream: 400 ({status} {got})")
+
     # The grammar extension.
     gbnf = ('root ::= "The answer is " ("yes" | "no") "." ( " " [A-Z] [a-z]+ '
             '"." )?\n')
