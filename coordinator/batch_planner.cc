@@ -358,6 +358,13 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
 
 SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
   SampleHistory h;
+  if (s.request.constraint != nullptr) {
+    // Timed by the constraint: the planner keeps no clock of its own.
+    const double before = s.request.constraint->mask_seconds();
+    s.request.constraint->Allowed(vocab_size_, h.allowed);
+    counters_.mask_seconds += s.request.constraint->mask_seconds() - before;
+    ++counters_.constrained_rows;
+  }
   if (HasPenalties(s.request.sampling)) {
     h.tokens.reserve(s.penalized.size());
     h.counts.reserve(s.penalized.size());
@@ -367,6 +374,16 @@ SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
     }
   }
   if (generated < s.request.min_tokens) h.masked = s.min_tokens_mask;
+  if (!h.masked.empty() && !h.allowed.empty()) {
+    // A complete structured output may only end: the grammar wins over
+    // min_tokens, rather than leaving no token to sample.
+    std::vector<uint64_t> rest = h.allowed;
+    for (int32_t t : h.masked) rest[t >> 6] &= ~(uint64_t{1} << (t & 63));
+    if (std::all_of(rest.begin(), rest.end(),
+                    [](uint64_t w) { return w == 0; })) {
+      h.masked.clear();
+    }
+  }
   return h;
 }
 
@@ -540,6 +557,14 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
       s.result.prompt_logits.assign(l, l + vocab_size_);
     }
     const int32_t token = out->tokens[row];
+    if (req.constraint != nullptr) {
+      // The sampler drew from the mask, so this fails only on a bug; the
+      // request ends rather than emit text outside its grammar.
+      if (absl::Status st = req.constraint->Accept(token); !st.ok()) {
+        Finish(s, absl::InternalError(st.message()), now, events);
+        continue;
+      }
+    }
     const bool first = s.result.tokens.empty();  // Its first token here.
     s.tokens.push_back(token);
     s.result.tokens.push_back(token);

@@ -60,6 +60,10 @@ struct SchedulerStats {
   // Steps failed by a KV block that failed its checksum (DataLoss): their
   // sequences were recomputed, no token came from them.
   int64_t kv_checksum_failures = 0;
+  // Structured outputs: rows planned with a grammar mask, and the time
+  // spent computing those masks (on the planning thread).
+  int64_t constrained_rows = 0;
+  double mask_seconds = 0;
   // Token slots of the blocks sequences hold, and how many of them hold a
   // token's KV (a shared prefix block counts for each sequence holding
   // it); 1 - filled / allocated is the KV cache's internal fragmentation.
@@ -175,7 +179,8 @@ class BatchPlanner {
   void Enqueue(std::unique_ptr<Sequence> s);
   // What the row sampling token number `generated` of `s` needs for its
   // penalties and min_tokens (empty when it has neither).
-  static SampleHistory History(const Sequence& s, int64_t generated);
+  // (and, for a constrained request, the tokens its grammar allows next).
+  SampleHistory History(const Sequence& s, int64_t generated);
   // Whether the head of the queue can start now, beside the `promised`
   // blocks of sequences started in this round (increased by its own first
   // chunk when it starts); swaps its blocks back in (or attaches its cached

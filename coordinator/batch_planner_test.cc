@@ -130,6 +130,88 @@ TEST_F(BatchPlannerTest, MaxSeqsBoundsOneStepAndStepsInFlightAreDisjoint) {
   EXPECT_THAT(c->step.tokens, ElementsAre(7));
 }
 
+// A constraint that allows token 20 + k for the k-th token, then only the
+// stop tokens (99), and records what it was given.
+class CountingConstraint : public TokenConstraint {
+ public:
+  void Allowed(int64_t vocab, std::vector<uint64_t>& mask) override {
+    mask.assign((vocab + 63) / 64, 0);
+    const int32_t t = accepted.size() < 2 ? 20 + int32_t(accepted.size()) : 99;
+    mask[t >> 6] |= uint64_t{1} << (t & 63);
+  }
+  absl::Status Accept(int32_t token) override {
+    if (token != 99 && token != 20 + int32_t(accepted.size())) {
+      return absl::FailedPreconditionError("not allowed");
+    }
+    accepted.push_back(token);
+    return absl::OkStatus();
+  }
+  double mask_seconds() const override { return 0; }
+  std::vector<int32_t> accepted;
+};
+
+// A constrained row carries its constraint's mask (min_tokens yields when
+// the mask allows only stop tokens); each token sampled is given to the
+// constraint; a token it refuses ends the request with an error.
+TEST_F(BatchPlannerTest, ConstrainedRowsCarryTheirMaskAndFeedTheConstraint) {
+  Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
+  auto c0 = std::make_shared<CountingConstraint>();
+  auto c1 = std::make_shared<CountingConstraint>();
+  planner_->Add(0,
+                {.prompt = {5, 6},
+                 .max_tokens = 8,
+                 .stop_token_ids = {99},
+                 .min_tokens = 5,
+                 .constraint = c0},
+                {.on_done =
+                     [this](absl::StatusOr<GenerateResult> r) {
+                       done_.emplace(0, std::move(r));
+                     }},
+                kT0);
+  planner_->Add(1, {.prompt = {7}, .max_tokens = 8, .constraint = c1},
+                {.on_done =
+                     [this](absl::StatusOr<GenerateResult> r) {
+                       done_.emplace(1, std::move(r));
+                     }},
+                kT0);
+  Add(2, 3);
+  Admit();
+  const auto allowed = [](const SampleHistory& h) {
+    std::vector<int32_t> ids;
+    for (int32_t t = 0; t < int32_t(h.allowed.size()) * 64; ++t) {
+      if ((h.allowed[t >> 6] >> (t & 63)) & 1) ids.push_back(t);
+    }
+    return ids;
+  };
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(p->step.history.size(), 3u);
+  EXPECT_EQ(p->step.history[0].allowed.size(), 2u);  // 100 tokens.
+  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(20));
+  EXPECT_THAT(p->step.history[0].masked, ElementsAre(99));  // min_tokens.
+  EXPECT_THAT(allowed(p->step.history[1]), ElementsAre(20));
+  EXPECT_TRUE(p->step.history[2].empty());
+  Apply({20, 33, 50});  // 1's 33 is outside its mask.
+  ASSERT_TRUE(done_.contains(1));
+  EXPECT_EQ(done_.at(1).status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(c0->accepted, ElementsAre(20));
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(21));
+  Apply({21, 51});
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  // Complete: only the stop token, and min_tokens (5) no longer masks it.
+  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(99));
+  EXPECT_THAT(p->step.history[0].masked, IsEmpty());
+  Apply({99, 52});
+  ASSERT_TRUE(done_.contains(0));
+  ASSERT_TRUE(done_.at(0).ok());
+  EXPECT_THAT(done_.at(0)->tokens, ElementsAre(20, 21, 99));
+  EXPECT_EQ(done_.at(0)->finish_reason, FinishReason::kStop);
+  EXPECT_EQ(planner_->Stats().constrained_rows, 4);
+}
+
 // Rows carry what their penalties and min_tokens need: the generated
 // tokens' counts (and the prompt's tokens with a repetition penalty), and
 // the stop tokens masked while fewer than min_tokens were generated; a step

@@ -281,6 +281,9 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
         known = type == kLength;
         messages += known;
         break;
+      case 13:  // constraint (its sizes are checked after the parse)
+        known = type == kLength;
+        break;
       default:
         known = false;
     }

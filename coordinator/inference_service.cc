@@ -14,6 +14,7 @@
 #include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
+#include "grammar/json_schema.h"
 #include "model/stop_tokens.h"
 #include "step/kv_cache.h"
 
@@ -54,6 +55,7 @@ size_t MaxGrpcRequestBytes(size_t max_prompt_bytes) {
       kMaxStopStrings * (kMaxStopStringBytes + 16) +
       (size_t{kMaxStopTokenIds} * 5 + 16) +
       size_t{kMaxLogitBias} * 16 +  // Entries: tag, length, key, value.
+      (kMaxJsonSchemaBytes + 32) +  // constraint: a schema or grammar.
       1024;                         // Scalars, sampling.
   constexpr size_t kRound = 64 * 1024;
   return (bytes + kRound - 1) / kRound * kRound;
@@ -74,7 +76,45 @@ InferenceService::InferenceService(Engine* engine, const Tokenizer* tokenizer,
                          ? ChatTemplate::ForModel(*tokenizer)
                          : absl::FailedPreconditionError("no tokenizer")),
       model_name_(std::move(model_name)),
-      options_(options) {}
+      options_(options),
+      grammars_(tokenizer != nullptr ? std::make_unique<GrammarCache>(tokenizer)
+                                     : nullptr) {}
+
+absl::Status InferenceService::AddConstraint(const v1::GenerateRequest& request,
+                                             GenerateRequest& req) const {
+  const v1::OutputConstraint& c = request.constraint();
+  GrammarKind kind;
+  std::string_view source;
+  switch (c.kind_case()) {
+    case v1::OutputConstraint::KIND_NOT_SET:
+      return absl::OkStatus();
+    case v1::OutputConstraint::kJsonObject:
+      if (!c.json_object()) return absl::OkStatus();
+      kind = GrammarKind::kJsonObject;
+      break;
+    case v1::OutputConstraint::kJsonSchema:
+      kind = GrammarKind::kJsonSchema;
+      source = c.json_schema();
+      break;
+    case v1::OutputConstraint::kGrammar:
+      kind = GrammarKind::kGbnf;
+      source = c.grammar();
+      break;
+  }
+  if (req.stop_token_ids.empty()) {
+    return Invalid(
+        "constraint: a constrained output ends with an end-of-text token; "
+        "give stop_token_ids or do not set ignore_eos");
+  }
+  if (grammars_ == nullptr) {
+    return Invalid("constraint: this server has no tokenizer");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> grammar,
+                   grammars_->Get(kind, source));
+  req.constraint =
+      std::make_shared<GrammarConstraint>(grammar, req.stop_token_ids);
+  return absl::OkStatus();
+}
 
 absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     const v1::GenerateRequest& request) const {
@@ -230,6 +270,17 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   }
   req.resumed.assign(request.resume_token_ids().begin(),
                      request.resume_token_ids().end());
+  RETURN_IF_ERROR(AddConstraint(request, req));
+  // A resumed constrained stream: its grammar state follows the tokens
+  // already sent, which must be a prefix of a sentence.
+  if (req.constraint != nullptr) {
+    for (size_t i = 0; i < req.resumed.size(); ++i) {
+      if (absl::Status s = req.constraint->Accept(req.resumed[i]); !s.ok()) {
+        return Invalid("resume_token_ids[", i, "] breaks the constraint: ",
+                       s.message());
+      }
+    }
+  }
   return req;
 }
 

@@ -18,6 +18,7 @@
 #include "coordinator/grpc_request_scan.h"
 #include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
+#include "grammar/grammar_cache.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
@@ -126,6 +127,10 @@ class InferenceService final : public v1::Inference::Service {
   }
 
  private:
+  // Compiles request.constraint (cached) into req.constraint, after
+  // req.stop_token_ids are known; InvalidArgument naming the keyword.
+  absl::Status AddConstraint(const v1::GenerateRequest& request,
+                             GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
@@ -142,6 +147,9 @@ class InferenceService final : public v1::Inference::Service {
   absl::StatusOr<ChatTemplate> chat_template_;
   std::string model_name_;
   ServiceOptions options_;
+  // Structured outputs' compiled grammars (thread-safe; mutable: compiling
+  // is part of validating a request).
+  mutable std::unique_ptr<GrammarCache> grammars_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> invalid_utf8_{0};

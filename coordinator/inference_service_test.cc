@@ -18,6 +18,7 @@
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "coordinator/prefix_hash.h"
+#include "grammar/grammar.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -410,6 +411,30 @@ TEST_F(InferenceServiceTest, LogprobsAreTheModelsLogSoftmax) {
       std::find(order.begin(), order.end(), got.tokens[0]) - order.begin(), 5);
 }
 
+// A grammar constrains what a (random) model writes: every sampled output
+// is a sentence of it, ended by the end-of-text token, which is not shown.
+TEST_F(InferenceServiceTest, GrammarConstrainsTheOutput) {
+  const std::string gbnf = "root ::= \"ab\" [0-9] [0-9]? (\"!\" | \"?\")\n";
+  absl::StatusOr<Grammar> grammar = ParseGbnf(gbnf);
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    v1::GenerateRequest req;
+    req.set_prompt("Hello");
+    req.set_max_tokens(16);
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.mutable_sampling()->set_seed(seed);
+    req.mutable_constraint()->set_grammar(gbnf);
+    const Streamed got = Call(req);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_TRUE(grammar->Accepts(got.text)) << got.text;
+    ASSERT_FALSE(got.responses.empty());
+    EXPECT_EQ(got.responses.back().finish_reason(), "stop");
+    ASSERT_FALSE(got.tokens.empty());
+    EXPECT_TRUE(got.tokens.back() == kEos || got.tokens.back() == kImEnd);
+  }
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
 TEST_F(InferenceServiceTest, TruncatePromptTokensKeepsTheEnd) {
   std::vector<int32_t> ids;
   for (int i = 0; i < 300; ++i) ids.push_back((i * 13 + 1) % 256);
@@ -588,6 +613,26 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
        }),
        "prompt + max_tokens = 220 tokens need 14 KV blocks of 16 tokens but "
        "the cache holds 8 (8 device + 0 host)"},
+      {"a schema keyword outside the subset", with([](auto& r) {
+         r.mutable_constraint()->set_json_schema(
+             R"({"type":"object","properties":{"a":{"type":"string",)"
+             R"("pattern":"x"}}})");
+       }),
+       "json_schema: 'pattern' is not supported (at #/properties/a)"},
+      {"a schema over 64 KiB", with([](auto& r) {
+         r.mutable_constraint()->set_json_schema(
+             R"({"description":")" + std::string(70000, 'x') + R"("})");
+       }),
+       "json_schema: the schema is 70018 bytes; at most 65536"},
+      {"a left-recursive grammar", with([](auto& r) {
+         r.mutable_constraint()->set_grammar("root ::= root \"a\" | \"b\"\n");
+       }),
+       "grammar: rule 'root' is left-recursive"},
+      {"a constraint with no end-of-text token", with([](auto& r) {
+         r.set_ignore_eos(true);
+         r.mutable_constraint()->set_json_object(true);
+       }),
+       "constraint: a constrained output ends with an end-of-text token"},
   };
   ASSERT_GE(cases.size(), 20u);
   for (const Case& c : cases) {

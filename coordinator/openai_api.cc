@@ -15,6 +15,7 @@
 #include "coordinator/openai_request_scan.h"
 #include "coordinator/request_ranges.h"
 #include "core/status.h"
+#include "grammar/json_schema.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
 #include "step/step.h"
@@ -174,12 +175,79 @@ absl::Status AddLogitBias(const Json& body, v1::SamplingParams& s) {
   return absl::OkStatus();
 }
 
+// Structured outputs: OpenAI's "response_format" (text, json_object,
+// json_schema) or our "grammar" extension, as the request's constraint.
+// The schema's text is taken from `raw_body` parsed again in order, since
+// the DOM sorts keys and properties are generated in the schema's order.
+absl::Status AddConstraint(const Json& body, absl::string_view raw_body,
+                           v1::GenerateRequest& req) {
+  const bool has_format =
+      body.contains("response_format") && !body["response_format"].is_null();
+  const bool has_grammar =
+      body.contains("grammar") && !body["grammar"].is_null();
+  if (has_format && has_grammar) {
+    return Invalid("give one of 'response_format' and 'grammar'");
+  }
+  if (has_grammar) {
+    if (!body["grammar"].is_string()) {
+      return Invalid("'grammar' must be a string (GBNF-like grammar text)");
+    }
+    req.mutable_constraint()->set_grammar(body["grammar"].get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!has_format) return absl::OkStatus();
+  const Json& format = body["response_format"];
+  if (!format.is_object() || !format.contains("type") ||
+      !format["type"].is_string()) {
+    return Invalid("'response_format' must be an object with a string 'type'");
+  }
+  const std::string type = format["type"].get<std::string>();
+  if (type == "text") return absl::OkStatus();
+  if (type == "json_object") {
+    req.mutable_constraint()->set_json_object(true);
+    return absl::OkStatus();
+  }
+  if (type != "json_schema") {
+    return Invalid("'response_format' type '", Echo(type),
+                   "' is not supported (text, json_object and json_schema "
+                   "are)");
+  }
+  const auto it = format.find("json_schema");
+  if (it == format.end() || !it->is_object()) {
+    return Invalid("'response_format.json_schema' must be an object");
+  }
+  const Json& js = *it;
+  if (js.contains("name") && !js["name"].is_string()) {
+    return Invalid("'response_format.json_schema.name' must be a string");
+  }
+  if (js.contains("strict") && !js["strict"].is_null() &&
+      !js["strict"].is_boolean()) {
+    return Invalid("'response_format.json_schema.strict' must be a boolean");
+  }
+  if (!js.contains("schema") ||
+      !(js["schema"].is_object() || js["schema"].is_boolean())) {
+    return Invalid(
+        "'response_format.json_schema.schema' must be a JSON Schema object");
+  }
+  // Its size first, so that a huge schema is refused before a second parse.
+  if (const size_t n = js["schema"].dump().size(); n > kMaxJsonSchemaBytes) {
+    return Invalid("json_schema: the schema is ", n, " bytes; at most ",
+                   kMaxJsonSchemaBytes, " are accepted");
+  }
+  // Ordered: the scan and the first parse accepted this body already.
+  const nlohmann::ordered_json ordered = nlohmann::ordered_json::parse(
+      raw_body, nullptr, /*allow_exceptions=*/false);
+  if (ordered.is_discarded()) return Invalid("the body is not a JSON object");
+  req.mutable_constraint()->set_json_schema(
+      ordered["response_format"]["json_schema"]["schema"].dump());
+  return absl::OkStatus();
+}
+
 // The OpenAI request as a shardlm.v1 request. `top_n` is how many
 // alternatives to report per token (-1: no logprobs).
-absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
-                                            const std::string& model_name,
-                                            int64_t context_length,
-                                            int* top_n) {
+absl::StatusOr<v1::GenerateRequest> ToProto(
+    const Json& body, absl::string_view raw_body, bool chat,
+    const std::string& model_name, int64_t context_length, int* top_n) {
   v1::GenerateRequest req;
   std::string model;
   RETURN_IF_ERROR(Get(body, "model", &model));
@@ -314,6 +382,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body, bool chat,
   req.set_ignore_eos(ignore_eos);
   req.set_priority(priority);
   req.set_truncate_prompt_tokens(truncate);
+  RETURN_IF_ERROR(AddConstraint(body, raw_body, req));
   return req;
 }
 
@@ -499,11 +568,27 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   int top_n = -1;
   absl::StatusOr<v1::GenerateRequest> proto =
-      ToProto(body, chat, options_.model_name, engine_->config().context_length,
-              &top_n);
+      ToProto(body, req.body, chat, options_.model_name,
+              engine_->config().context_length, &top_n);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+  // OpenAI's stream_options.include_usage: one more chunk before [DONE],
+  // with no choices and the request's usage.
+  bool include_usage = false;
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const Json& options = body["stream_options"];
+    if (!stream) {
+      return fail(Invalid("'stream_options' needs 'stream': true"));
+    }
+    if (!options.is_object()) {
+      return fail(Invalid("'stream_options' must be an object"));
+    }
+    if (absl::Status s = Get(options, "include_usage", &include_usage);
+        !s.ok()) {
+      return fail(Invalid("'stream_options.include_usage' must be a boolean"));
+    }
+  }
 
   const std::string id =
       absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
@@ -577,6 +662,19 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   if (stream) {
     http_ok_++;
+    if (include_usage) {
+      const Json last = {{"id", id},
+                         {"object", object},
+                         {"created", created},
+                         {"model", options_.model_name},
+                         {"choices", Json::array()},
+                         {"usage",
+                          {{"prompt_tokens", usage.prompt_tokens()},
+                           {"completion_tokens", usage.completion_tokens()},
+                           {"total_tokens", usage.prompt_tokens() +
+                                                usage.completion_tokens()}}}};
+      res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
+    }
     res.Write("data: [DONE]\n\n");
     return;
   }

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/serving_metrics.h"
+#include "grammar/token_constraint.h"
 #include "kernels/sampling/sampling.h"
 #include "step/step.h"
 
@@ -39,6 +41,10 @@ struct GenerateRequest {
   absl::Time deadline = absl::InfiniteFuture();
   // Where it came from (a label of the request metrics).
   RequestApi api = RequestApi::kDirect;
+  // Structured outputs: when set, each token is sampled from those it
+  // allows (the planner ships its mask with the row) and then given to it.
+  // Owned by this request alone (not shared with another request).
+  std::shared_ptr<TokenConstraint> constraint;
 };
 
 enum class FinishReason { kLength, kStop, kCancelled };

@@ -1,5 +1,6 @@
 #include "step/sampling_params.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/str_cat.h"
@@ -96,6 +97,23 @@ absl::Status ValidateSampleHistory(const SamplingParams& params,
   for (int32_t c : h.counts) {
     if (c < 0) {
       return absl::InvalidArgumentError("sample history has a negative count");
+    }
+  }
+  if (!h.allowed.empty()) {
+    if (static_cast<int64_t>(h.allowed.size()) != (vocab + 63) / 64) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("sample history's allowed mask has ", h.allowed.size(),
+                       " words for a vocabulary of ", vocab));
+    }
+    const uint64_t tail = vocab % 64 == 0 ? 0 : ~0ull << (vocab % 64);
+    if ((h.allowed.back() & tail) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sample history allows a token outside the vocabulary of ", vocab));
+    }
+    if (std::all_of(h.allowed.begin(), h.allowed.end(),
+                    [](uint64_t w) { return w == 0; })) {
+      return absl::InvalidArgumentError(
+          "sample history's allowed mask allows no token");
     }
   }
   return absl::OkStatus();

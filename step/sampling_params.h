@@ -62,8 +62,17 @@ struct SampleHistory {
   // Tokens that may not be sampled at this row (logit -inf): the stop
   // tokens while fewer than min_tokens have been generated. Ascending.
   std::vector<int32_t> masked;
+  // Empty, or the only tokens that may be sampled at this row (structured
+  // outputs: the tokens that extend the grammar's valid prefix, and the
+  // stop tokens once it is complete), as (vocab + 63) / 64 words, bit
+  // t % 64 of word t / 64 for token t. Computed by the coordinator, which
+  // follows each constrained sequence's grammar state, so the sampler
+  // needs no grammar.
+  std::vector<uint64_t> allowed;
 
-  bool empty() const { return tokens.empty() && masked.empty(); }
+  bool empty() const {
+    return tokens.empty() && masked.empty() && allowed.empty();
+  }
   friend bool operator==(const SampleHistory&, const SampleHistory&) = default;
 };
 
@@ -71,8 +80,9 @@ struct SampleHistory {
 absl::Status ValidateSamplingParams(const SamplingParams& params);
 
 // InvalidArgument when `history` is malformed (unsorted or repeated ids,
-// counts of the wrong length or negative) or names a token outside
-// [0, vocab); also checks params.logit_bias's ids against `vocab`.
+// counts of the wrong length or negative, an allowed mask of the wrong
+// size or allowing no token) or names a token outside [0, vocab); also
+// checks params.logit_bias's ids against `vocab`.
 absl::Status ValidateSampleHistory(const SamplingParams& params,
                                    const SampleHistory& history, int64_t vocab);
 

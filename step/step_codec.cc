@@ -75,6 +75,7 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
     out.mutable_tokens()->Add(h.tokens.begin(), h.tokens.end());
     out.mutable_counts()->Add(h.counts.begin(), h.counts.end());
     out.mutable_masked()->Add(h.masked.begin(), h.masked.end());
+    out.mutable_allowed()->Add(h.allowed.begin(), h.allowed.end());
   }
   plan->mutable_sample_index()->Add(step.sample_index.begin(),
                                     step.sample_index.end());
@@ -127,9 +128,11 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
               });
   }
   for (const v1::SampleHistory& h : plan.history()) {
-    step.history.push_back({.tokens = {h.tokens().begin(), h.tokens().end()},
-                            .counts = {h.counts().begin(), h.counts().end()},
-                            .masked = {h.masked().begin(), h.masked().end()}});
+    step.history.push_back(
+        {.tokens = {h.tokens().begin(), h.tokens().end()},
+         .counts = {h.counts().begin(), h.counts().end()},
+         .masked = {h.masked().begin(), h.masked().end()},
+         .allowed = {h.allowed().begin(), h.allowed().end()}});
   }
   step.sample_index.assign(plan.sample_index().begin(),
                            plan.sample_index().end());

@@ -45,7 +45,8 @@ TEST(StepCodecTest, DecodeOfEncodeIsTheStep) {
                                          {.token = 17, .bias = 2.5f},
                                          {.token = 40000, .bias = 0.25f}};
   steps.back().history = {
-      {}, {.tokens = {1, 5, 9}, .counts = {0, 2, 1}, .masked = {2, 7}}};
+      {.allowed = {0x8000000000000001ull, 0, 0x10}},
+      {.tokens = {1, 5, 9}, .counts = {0, 2, 1}, .masked = {2, 7}}};
   steps.back().return_logits = true;
   steps.push_back(Step({2, 3}, {{6, 10}, {11, 12}}));  // 1 gone, 3 new.
   steps.push_back(Step({3}, {{13}}));  // Not an extension: resent whole.

@@ -18,12 +18,13 @@ namespace shardlm {
 double SampleUniform(uint64_t seed, uint64_t step);
 
 // Applies a row's logit processors to `logits` (one row, [vocab], in
-// place), in vLLM's order: logit_bias is added and the masked tokens set to
-// -inf, then the repetition penalty (on the biased logits) divides positive
-// logits and multiplies the others of every token in history.tokens, then
-// logit[t] -= presence * (count[t] > 0) + frequency * count[t]. Nothing
-// changes when no processor is on and nothing is masked. `history` must be
-// valid for the row (ValidateSampleHistory).
+// place), in vLLM's order: logit_bias is added and the masked tokens (and
+// those outside history.allowed, when it is given) set to -inf, then the
+// repetition penalty (on the biased logits) divides positive logits and
+// multiplies the others of every token in history.tokens, then logit[t] -=
+// presence * (count[t] > 0) + frequency * count[t]. Nothing changes when no
+// processor is on and nothing is masked. `history` must be valid for the row
+// (ValidateSampleHistory).
 void ProcessLogits(absl::Span<float> logits, const SamplingParams& params,
                    const SampleHistory& history);
 

@@ -35,6 +35,16 @@ void ProcessLogits(absl::Span<float> logits, const SamplingParams& p,
                    const SampleHistory& h) {
   for (const LogitBias& b : p.logit_bias) logits[b.token] += b.bias;
   for (int32_t t : h.masked) logits[t] = -INFINITY;
+  if (!h.allowed.empty()) {
+    for (size_t w = 0; w < h.allowed.size(); ++w) {
+      const uint64_t word = h.allowed[w];
+      if (word == ~0ull) continue;
+      const size_t end = std::min(logits.size(), (w + 1) * 64);
+      for (size_t t = w * 64; t < end; ++t) {
+        if (((word >> (t & 63)) & 1) == 0) logits[t] = -INFINITY;
+      }
+    }
+  }
   if (p.repetition_penalty != 1.0f) {
     for (int32_t t : h.tokens) {
       float& l = logits[t];

@@ -297,6 +297,31 @@ TEST(LogitProcessorsTest, ABiasOfMinus100AndAMaskRemoveATokenFromSampling) {
   }
 }
 
+TEST(LogitProcessorsTest, AnAllowedMaskLeavesOnlyItsTokens) {
+  // 130 tokens (three mask words, the last partial); allowed: 3, 64, 129.
+  std::vector<float> logits(130);
+  for (size_t i = 0; i < logits.size(); ++i) logits[i] = float(i % 7);
+  SampleHistory h{.allowed = {1ull << 3, 1ull << 0, 1ull << 1}};
+  ASSERT_TRUE(ValidateSampleHistory({}, h, 130).ok());
+  std::vector<float> got = logits;
+  ProcessLogits(absl::MakeSpan(got), {}, h);
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (i == 3 || i == 64 || i == 129) {
+      EXPECT_EQ(got[i], logits[i]) << i;
+    } else {
+      EXPECT_EQ(got[i], -INFINITY) << i;
+    }
+  }
+  const SamplingParams p{.temperature = 1.0f, .seed = 9};
+  int seen[3] = {0, 0, 0};
+  for (uint64_t step = 0; step < 600; ++step) {
+    const int32_t t = SampleToken(got, p, step);
+    ASSERT_TRUE(t == 3 || t == 64 || t == 129) << t;
+    ++seen[t == 3 ? 0 : t == 64 ? 1 : 2];
+  }
+  for (int n : seen) EXPECT_GT(n, 0);
+}
+
 TEST(LogitProcessorsTest, ValidatesRangesAndHistories) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   EXPECT_TRUE(IsError(ValidateSamplingParams({.presence_penalty = 2.5f}),
@@ -330,6 +355,12 @@ TEST(LogitProcessorsTest, ValidatesRangesAndHistories) {
   EXPECT_TRUE(
       IsError(ValidateSampleHistory({}, {.tokens = {1}, .counts = {-1}}, 10),
               kInvalid, "negative count"));
+  EXPECT_TRUE(IsError(ValidateSampleHistory({}, {.allowed = {1, 1}}, 10),
+                      kInvalid, "2 words for a vocabulary of 10"));
+  EXPECT_TRUE(IsError(ValidateSampleHistory({}, {.allowed = {1ull << 10}}, 10),
+                      kInvalid, "allows a token outside the vocabulary of 10"));
+  EXPECT_TRUE(IsError(ValidateSampleHistory({}, {.allowed = {0}}, 10), kInvalid,
+                      "allows no token"));
 }
 
 }  // namespace
