@@ -52,8 +52,10 @@ class Response:
 def request(prompt: str, seed: int | None, stop: str | None = None,
             resume: list[int] | None = None,
             position: int | None = None, max_tokens: int = MAX_TOKENS,
-            ignore_eos: bool = True) -> bytes:
+            ignore_eos: bool = True, json_object: bool = False) -> bytes:
     out = pb_bytes(1, prompt.encode()) + pb_scalar(3, max_tokens)
+    if json_object:  # constraint { json_object: true }
+        out += pb_bytes(13, pb_scalar(1, 1))
     if seed is not None:  # temperature 0.9, top_p 0.95, the seed
         out += pb_bytes(4, pb_varint(1 << 3 | 5) + struct.pack("<f", 0.9) +
                         pb_varint(3 << 3 | 5) + struct.pack("<f", 0.95) +
@@ -159,6 +161,34 @@ def main() -> int:
                       f"another server: the same text, ids, finish_reason "
                       f"({want[2]}) and usage ({want[3]})" +
                       ("" if got == want else f"\n  got  {got}\n  want {want}"))
+
+        # A constrained (JSON) stream resumes with its grammar state
+        # following the resumed tokens; tokens that break the grammar are
+        # refused.
+        body = dict(prompt=CHAT, seed=None, ignore_eos=False, json_object=True)
+        undisturbed = generate(one, request(**body))
+        if isinstance(undisturbed, grpc.RpcError):
+            check(False, f"[json_object] undisturbed: {undisturbed.details()}")
+        else:
+            want = joined(undisturbed)
+            k = len(want[1]) // 2
+            rest = generate(two, request(**body, resume=want[1][:k],
+                                         position=k))
+            got = None if isinstance(rest, grpc.RpcError) else (
+                sent_for(undisturbed, k) + joined(rest)[0],
+                want[1][:k] + joined(rest)[1], rest[-1].finish,
+                rest[-1].usage)
+            check(got == want, f"[json_object] cut after {k} of "
+                  f"{len(want[1])} tokens and resumed: the same JSON "
+                  f"({want[0][:60]!r})" + ("" if got == want else
+                                           f"\n  got {got}\n  want {want}"))
+            r = generate(two, request(**body, resume=ids[:2], position=2))
+            ok = (isinstance(r, grpc.RpcError) and
+                  r.code() == grpc.StatusCode.INVALID_ARGUMENT and
+                  "breaks the constraint" in r.details())
+            check(ok, "resume of a JSON stream with tokens that are not "
+                  f"JSON: INVALID_ARGUMENT "
+                  f"({r.details() if isinstance(r, grpc.RpcError) else r})")
 
         # Bad resume inputs: INVALID_ARGUMENT, naming what is wrong.
         vocab_ids = ids[:3]
