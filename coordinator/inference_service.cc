@@ -276,8 +276,8 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   if (req.constraint != nullptr) {
     for (size_t i = 0; i < req.resumed.size(); ++i) {
       if (absl::Status s = req.constraint->Accept(req.resumed[i]); !s.ok()) {
-        return Invalid("resume_token_ids[", i, "] breaks the constraint: ",
-                       s.message());
+        return Invalid("resume_token_ids[", i,
+                       "] breaks the constraint: ", s.message());
       }
     }
   }
