@@ -53,6 +53,26 @@ cudaError_t SwiGluFused(const float* gate_up, int64_t n, int64_t f, void* out,
 cudaError_t SplitQkv(const float* qkv, int64_t n, int64_t qd, int64_t kd,
                      float* q, float* k, float* v, cudaStream_t stream);
 
+// Mixtures of experts: up to kExpertRowsPerLaunch row indices (and their
+// routing weights) of one launch, passed by value (2 KB of the launch's
+// 4 KB of arguments).
+inline constexpr int kExpertRowsPerLaunch = 256;
+struct ExpertRows {
+  int32_t row[kExpertRowsPerLaunch];
+  float weight[kExpertRowsPerLaunch];
+  int32_t count = 0;
+};
+
+// out[i, :] = x[rows.row[i], :] for i < rows.count.
+//   x: [n, c] (dt)  out: [rows.count, c] (dt)
+cudaError_t GatherRows(const void* x, Dt dt, int64_t c, const ExpertRows& rows,
+                       void* out, cudaStream_t stream);
+
+// out[rows.row[i], :] += rows.weight[i] * y[i, :] for i < rows.count; the
+// rows must be distinct. y: [rows.count, c] f32  out: [n, c] f32
+cudaError_t ScatterAddRows(const float* y, int64_t c, const ExpertRows& rows,
+                           float* out, cudaStream_t stream);
+
 // x += y, [count] f32.
 cudaError_t Add(float* x, const float* y, int64_t count, cudaStream_t stream);
 

@@ -301,6 +301,96 @@ absl::Status AddBiasCuda(Tensor& x, const Tensor& bias, const CudaExec& exec) {
       "AddBiasCuda");
 }
 
+namespace {
+
+// Every row in [0, n) and, when `distinct`, none twice.
+absl::Status CheckRows(std::string_view op, absl::Span<const int32_t> rows,
+                       int64_t n, bool distinct) {
+  std::vector<bool> seen(distinct ? n : 0, false);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const int32_t r = rows[i];
+    if (r < 0 || r >= n) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Sv(op), ": row ", r, " (entry ", i, ") of a tensor of ", n, " rows"));
+    }
+    if (distinct && seen[r]) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(Sv(op), ": row ", r, " is listed twice"));
+    }
+    if (distinct) seen[r] = true;
+  }
+  return absl::OkStatus();
+}
+
+// Launches `launch` for each run of at most kExpertRowsPerLaunch of `rows`
+// (and `weights`, if any), with the run's first index.
+template <typename Launch>
+absl::Status ForEachRowRun(absl::Span<const int32_t> rows,
+                           absl::Span<const float> weights, const char* op,
+                           Launch launch) {
+  for (size_t begin = 0; begin < rows.size();
+       begin += cuda::kExpertRowsPerLaunch) {
+    cuda::ExpertRows run;
+    run.count = static_cast<int32_t>(
+        std::min<size_t>(cuda::kExpertRowsPerLaunch, rows.size() - begin));
+    for (int32_t i = 0; i < run.count; ++i) {
+      run.row[i] = rows[begin + i];
+      run.weight[i] = weights.empty() ? 0.0f : weights[begin + i];
+    }
+    RETURN_IF_ERROR(Launched(launch(static_cast<int64_t>(begin), run), op));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status GatherRowsCuda(const Tensor& x, absl::Span<const int32_t> rows,
+                            Tensor& out, const CudaExec& exec) {
+  if (x.rank() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GatherRowsCuda: x is ", x.DebugString(), "; expected [n, c]"));
+  }
+  const int64_t n = x.dim(0), c = x.dim(1),
+                m = static_cast<int64_t>(rows.size());
+  RETURN_IF_ERROR(CheckDevice("GatherRowsCuda", "x", x, {n, c},
+                              {DType::kF32, DType::kBF16}));
+  RETURN_IF_ERROR(
+      CheckDevice("GatherRowsCuda", "out", out, {m, c}, {x.dtype()}));
+  RETURN_IF_ERROR(CheckRows("GatherRowsCuda", rows, n, /*distinct=*/false));
+  const int64_t row_bytes = c * BlockBytes(x.dtype());
+  return ForEachRowRun(rows, {}, "GatherRowsCuda",
+                       [&](int64_t begin, const cuda::ExpertRows& r) {
+                         return cuda::GatherRows(
+                             x.raw(), ToDt(x.dtype()), c, r,
+                             static_cast<char*>(out.raw()) + begin * row_bytes,
+                             S(exec));
+                       });
+}
+
+absl::Status ScatterAddRowsCuda(const Tensor& y, absl::Span<const int32_t> rows,
+                                absl::Span<const float> weights, Tensor& out,
+                                const CudaExec& exec) {
+  if (out.rank() != 2 || weights.size() != rows.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ScatterAddRowsCuda: out is ", out.DebugString(),
+                     " (expected [n, c]), ", rows.size(), " rows and ",
+                     weights.size(), " weights"));
+  }
+  const int64_t n = out.dim(0), c = out.dim(1),
+                m = static_cast<int64_t>(rows.size());
+  RETURN_IF_ERROR(
+      CheckDevice("ScatterAddRowsCuda", "y", y, {m, c}, {DType::kF32}));
+  RETURN_IF_ERROR(
+      CheckDevice("ScatterAddRowsCuda", "out", out, {n, c}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckRows("ScatterAddRowsCuda", rows, n, /*distinct=*/true));
+  return ForEachRowRun(rows, weights, "ScatterAddRowsCuda",
+                       [&](int64_t begin, const cuda::ExpertRows& r) {
+                         return cuda::ScatterAddRows(
+                             y.data<float>() + begin * c, c, r,
+                             out.data<float>(), S(exec));
+                       });
+}
+
 absl::Status CastCuda(const Tensor& src, Tensor& dst, const CudaExec& exec) {
   RETURN_IF_ERROR(CheckDevice("CastCuda", "src", src, src.shape(),
                               {DType::kF32, DType::kBF16}));

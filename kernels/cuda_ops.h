@@ -103,6 +103,17 @@ absl::Status SplitQkvCuda(const Tensor& qkv, Tensor& q, Tensor& k, Tensor& v,
 // x += y, both f32 of one shape.
 absl::Status AddInPlaceCuda(Tensor& x, const Tensor& y, const CudaExec& exec);
 
+// Mixtures of experts (ForwardOps::GatherRows, ScatterAddRows), with the
+// rows listed on the host, each in [0, n):
+//   out[i, :] = x[rows[i], :]. x: [n, c] f32|bf16  out: [rows, c] the same
+absl::Status GatherRowsCuda(const Tensor& x, absl::Span<const int32_t> rows,
+                            Tensor& out, const CudaExec& exec);
+//   out[rows[i], :] += weights[i] * y[i, :], rows distinct.
+//   y: [rows, c] f32  out: [n, c] f32
+absl::Status ScatterAddRowsCuda(const Tensor& y, absl::Span<const int32_t> rows,
+                                absl::Span<const float> weights, Tensor& out,
+                                const CudaExec& exec);
+
 // x[i, :] += bias for every row. x: [n, c] f32  bias: [c] f32.
 absl::Status AddBiasCuda(Tensor& x, const Tensor& bias, const CudaExec& exec);
 

@@ -11,6 +11,7 @@ RankActivationDims ActivationDimsOf(const ModelConfig& config,
           .kv_heads = spec.n_kv_heads(),
           .head_dim = config.head_dim,
           .ffn = spec.ffn_end - spec.ffn_begin,
+          .experts = config.n_experts,
           .vocab_padded = spec.vocab_padded,
           .tp = spec.tp_size,
           .last_stage = spec.last_stage()};
@@ -26,14 +27,28 @@ std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& d) {
       {StepBuffer::kK, DType::kF32, kv_dim},
       {StepBuffer::kV, DType::kF32, kv_dim},
       {StepBuffer::kQkv, DType::kF32, q_dim + 2 * kv_dim},
-      {StepBuffer::kGateUp, DType::kF32, 2 * d.ffn},
       {StepBuffer::kXn, DType::kBF16, d.hidden},
       {StepBuffer::kAttn, DType::kBF16, q_dim},
-      {StepBuffer::kH, DType::kBF16, d.ffn},
   };
+  if (d.experts > 0) {
+    // The router's logits, then one expert's gathered rows at a time: its
+    // input, gate and up outputs, SwiGLU (a GEMM input) and output.
+    plan.push_back({StepBuffer::kRouterLogits, DType::kF32, d.experts});
+    plan.push_back({StepBuffer::kMoeX, DType::kBF16, d.hidden});
+    plan.push_back({StepBuffer::kMoeGate, DType::kF32, d.ffn});
+    plan.push_back({StepBuffer::kMoeUp, DType::kF32, d.ffn});
+    plan.push_back({StepBuffer::kMoeH, DType::kBF16, d.ffn});
+    plan.push_back({StepBuffer::kMoeOut, DType::kF32, d.hidden});
+  } else {
+    plan.push_back({StepBuffer::kGateUp, DType::kF32, 2 * d.ffn});
+    plan.push_back({StepBuffer::kH, DType::kBF16, d.ffn});
+  }
   // TP partial sums are all-reduced before the residual add, which cannot
-  // then be the GEMM's beta = 1.
-  if (d.tp > 1) plan.push_back({StepBuffer::kPartial, DType::kF32, d.hidden});
+  // then be the GEMM's beta = 1; the experts' outputs are scattered into
+  // them, weighted, before it.
+  if (d.tp > 1 || d.experts > 0) {
+    plan.push_back({StepBuffer::kPartial, DType::kF32, d.hidden});
+  }
   plan.push_back({StepBuffer::kRows, DType::kI32, 1, /*per_row=*/true});
   plan.push_back({StepBuffer::kSampled, DType::kI32, 1, /*per_row=*/true});
   if (d.last_stage) {

@@ -21,7 +21,8 @@ struct RankActivationDims {
   int64_t heads = 0;     // Query heads this rank holds.
   int64_t kv_heads = 0;  // KV heads this rank holds.
   int64_t head_dim = 0;
-  int64_t ffn = 0;           // FFN columns this rank holds.
+  int64_t ffn = 0;           // FFN columns this rank holds (of each expert).
+  int64_t experts = 0;       // A mixture's experts (the router's width), or 0.
   int64_t vocab_padded = 0;  // Vocabulary rows of the rank's LM head slice.
   int64_t tp = 1;
   bool last_stage = true;  // Holds the LM head.
@@ -54,6 +55,14 @@ enum class StepBuffer : uint8_t {
   kLastN,     // (last stage).
   kLogits,    // This rank's vocabulary slice of the logits (last stage).
   kGathered,  // [tp, rows, vocab_padded] (last stage, tp > 1).
+  // Mixtures of experts (ForwardBuffers::router_logits, moe_*), in place of
+  // kGateUp and kH: one expert's rows at a time.
+  kRouterLogits,
+  kMoeX,
+  kMoeGate,
+  kMoeUp,
+  kMoeH,
+  kMoeOut,
 };
 struct StepBufferPlan {
   StepBuffer buffer;

@@ -39,6 +39,16 @@ TEST(GpuActivationBytesTest, TensorParallelAddsPartialSumsAndTheGather) {
             3 * (356 + 32) + 2 * (96 + 80) + 6144);
 }
 
+TEST(GpuActivationBytesTest, MixturesHoldOneExpertsRowsAndPartialSums) {
+  RankActivationDims moe = kToy;
+  moe.experts = 4;
+  // Per token, in place of fused gate/up (128) and SwiGLU (32): router
+  // logits 4*4 = 16, expert input bf16 8*2 = 16, gate and up 2*16*4 = 128,
+  // SwiGLU bf16 16*2 = 32, output 8*4 = 32; and partial sums 32 even at
+  // tp = 1 (the experts scatter into them): 356 - 160 + 256 = 452.
+  EXPECT_EQ(GpuActivationBytes(moe, 3, 2), 3 * 452 + 2 * 96 + 6144);
+}
+
 TEST(GpuActivationBytesTest, DimsComeFromTheShard) {
   ModelConfig c;
   c.hidden = 576;
@@ -63,6 +73,9 @@ TEST(GpuActivationBytesTest, DimsComeFromTheShard) {
   EXPECT_EQ(d.vocab_padded, 16384);
   EXPECT_EQ(d.tp, 3);
   EXPECT_FALSE(d.last_stage);
+  EXPECT_EQ(d.experts, 0);
+  c.n_experts = 8;
+  EXPECT_EQ(ActivationDimsOf(c, spec).experts, 8);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "absl/strings/str_cat.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
 
@@ -65,6 +66,29 @@ absl::Status CudaForwardOps::SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
 
 absl::Status CudaForwardOps::SwiGluFused(const Tensor& gate_up, Tensor& out) {
   return SwiGluFusedCuda(gate_up, out, exec_);
+}
+
+absl::Status CudaForwardOps::GatherRows(const Tensor& x,
+                                        absl::Span<const int32_t> rows,
+                                        Tensor& out) {
+  return GatherRowsCuda(x, rows, out, exec_);
+}
+
+absl::Status CudaForwardOps::ScatterAddRows(const Tensor& y,
+                                            absl::Span<const int32_t> rows,
+                                            absl::Span<const float> weights,
+                                            Tensor& out) {
+  return ScatterAddRowsCuda(y, rows, weights, out, exec_);
+}
+
+absl::Status CudaForwardOps::Zero(Tensor& x) {
+  if (x.memory() != MemoryType::kDevice) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Zero: ", x.DebugString(), " is not in device memory"));
+  }
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(
+      x.raw(), 0, x.bytes(), static_cast<cudaStream_t>(exec_.stream)));
+  return absl::OkStatus();
 }
 
 // The embedding kernel gathers rows of x as if it were a table.

@@ -45,6 +45,13 @@ class CudaForwardOps : public ForwardOps {
   absl::Status SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
                         Tensor& v) override;
   absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) override;
+  // Mixtures of experts; the rows come from the host's routing.
+  absl::Status GatherRows(const Tensor& x, absl::Span<const int32_t> rows,
+                          Tensor& out) override;
+  absl::Status ScatterAddRows(const Tensor& y, absl::Span<const int32_t> rows,
+                              absl::Span<const float> weights,
+                              Tensor& out) override;
+  absl::Status Zero(Tensor& x) override;
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override;
   absl::StatusOr<Tensor> ToHost(const Tensor& t) override;
   // x += attn wo^T as the GEMM's beta = 1.

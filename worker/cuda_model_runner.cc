@@ -136,10 +136,11 @@ absl::Status CudaModelRunner::SetWeights(LlamaWeights weights) {
         " layers) do not fit the KV pool of ", kv_config_.n_layers,
         " layers x ", kv_config_.kv_heads, " KV heads"));
   }
+  const bool moe = weights.config.is_moe();
   for (const LlamaLayerWeights& l : weights.layers) {
-    if (l.wqkv.empty() || l.w_gate_up.empty()) {
+    if (l.wqkv.empty() || (moe ? l.exp_gate.empty() : l.w_gate_up.empty())) {
       return absl::InvalidArgumentError(
-          "CudaModelRunner takes fused QKV and gate/up weights "
+          "CudaModelRunner takes fused QKV and gate/up weights, or experts "
           "(UploadLlamaWeights makes them)");
     }
   }
@@ -229,6 +230,18 @@ Tensor& CudaModelRunner::Buffer(StepBuffer b) {
       return logits_;
     case StepBuffer::kGathered:
       return gathered_;
+    case StepBuffer::kRouterLogits:
+      return router_logits_;
+    case StepBuffer::kMoeX:
+      return moe_x16_;
+    case StepBuffer::kMoeGate:
+      return moe_gate_;
+    case StepBuffer::kMoeUp:
+      return moe_up_;
+    case StepBuffer::kMoeH:
+      return moe_h16_;
+    case StepBuffer::kMoeOut:
+      return moe_out_;
   }
   return x_;  // Unreachable: every StepBuffer is above.
 }
@@ -355,9 +368,10 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   if (sampled_here) {
     ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
   }
-  // Communicator calls are host calls: no graphs across them.
+  // Communicator calls are host calls: no graphs across them; nor across
+  // a mixture's routing, which reads the router's logits on the host.
   const bool comms = comms_.tp != nullptr || comms_.pp != nullptr;
-  if (!graphs_ || n > kMaxGraphTokens || comms) {
+  if (!graphs_ || n > kMaxGraphTokens || comms || config_.is_moe()) {
     host_logits_view_ = Tensor();
     RETURN_IF_ERROR(Launch(n, m));
     // The TP gather leaves the logits on the host, on TP rank 0 only: the
@@ -436,9 +450,18 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   ASSIGN_OR_RETURN(b.v, v_.Rows(0, n));
   ASSIGN_OR_RETURN(b.attn, attn16_.Rows(0, n));
   ASSIGN_OR_RETURN(b.qkv, qkv_.Rows(0, n));
-  ASSIGN_OR_RETURN(b.gate_up, gate_up_.Rows(0, n));
-  ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
-  if (comms_.tp != nullptr) {
+  if (config_.is_moe()) {
+    ASSIGN_OR_RETURN(b.router_logits, router_logits_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.moe_x, moe_x16_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.moe_gate, moe_gate_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.moe_up, moe_up_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.moe_h, moe_h16_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.moe_out, moe_out_.Rows(0, n));
+  } else {
+    ASSIGN_OR_RETURN(b.gate_up, gate_up_.Rows(0, n));
+    ASSIGN_OR_RETURN(b.h, h16_.Rows(0, n));
+  }
+  if (comms_.tp != nullptr || config_.is_moe()) {
     ASSIGN_OR_RETURN(b.partial, partial_.Rows(0, n));
   }
   const ShardSpec& spec = weights_.spec;
@@ -457,14 +480,20 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   CudaForwardOps ops(exec_, ids, rows, batch_, rope_, attn_ws_);
   // The stream's work must be done before a communicator reads the data,
   // unless it runs on this stream too (NCCL, enqueued after the kernels).
+  if (stats_.expert_tokens.size() != static_cast<size_t>(spec.n_experts())) {
+    stats_.expert_begin = spec.expert_begin;
+    stats_.expert_tokens.assign(spec.n_experts(), 0);
+  }
   const ShardForward forward{
       .weights = weights_,
       .comms = comms_,
       .ops = ops,
-      .comm = [this](const std::function<absl::Status()>& call) {
-        if (!comms_on_stream_) RETURN_IF_ERROR(stream_->Synchronize());
-        return call();
-      }};
+      .comm =
+          [this](const std::function<absl::Status()>& call) {
+            if (!comms_on_stream_) RETURN_IF_ERROR(stream_->Synchronize());
+            return call();
+          },
+      .expert_tokens = &stats_.expert_tokens};
   RETURN_IF_ERROR(forward.Layers(b, {.k = &k_cache_,
                                      .v = &v_cache_,
                                      .k_host = &k_host_,

@@ -159,10 +159,12 @@ class CudaModelRunner : public ShardRunner {
   int64_t cap_ = 0, cap_rows_ = 0;
   Tensor ids_, rows_, sampled_;           // i32 [cap], [cap_rows], [cap_rows]
   Tensor x_, q_, k_, v_, qkv_, gate_up_;  // f32
-  Tensor partial_;                        // f32 [cap, hidden], TP only
-  Tensor xn16_, attn16_, h16_;            // bf16 GEMM inputs
-  Tensor last_, last16_, logits_;         // [cap_rows, ...]
-  Tensor host_logits_;                    // pinned [cap_rows, vocab]
+  Tensor partial_;  // f32 [cap, hidden]: TP or a mixture of experts
+  // Mixtures of experts (ForwardBuffers::router_logits, moe_*).
+  Tensor router_logits_, moe_x16_, moe_gate_, moe_up_, moe_h16_, moe_out_;
+  Tensor xn16_, attn16_, h16_;     // bf16 GEMM inputs
+  Tensor last_, last16_, logits_;  // [cap_rows, ...]
+  Tensor host_logits_;             // pinned [cap_rows, vocab]
   Tensor gathered_;          // TP: flat [tp * cap_rows * vocab_padded] f32.
   Tensor attn_ws_;           // Decode attention splits for cap_rows tokens.
   Tensor host_logits_view_;  // The last eager step's host logits (TP).

@@ -119,8 +119,11 @@ Diff Compare(const Tensor& got, const Tensor& want) {
 }
 
 // Random host weights of `c`, rounded to bf16 so that the GPU's bf16 copy
-// holds exactly the CPU's values.
-LlamaWeights RandomHostWeights(const ModelConfig& c, uint32_t seed) {
+// holds exactly the CPU's values. A mixture's router is random at
+// `router_scale` (0: all zero, so every token's experts tie and go to the
+// lowest indices on both backends).
+LlamaWeights RandomHostWeights(const ModelConfig& c, uint32_t seed,
+                               float router_scale = 1.0f) {
   std::mt19937 rng(seed);
   const auto make = [&](Shape shape, float scale, float offset = 0.0f) {
     Tensor t = *Tensor::Host(DType::kF32, std::move(shape));
@@ -142,10 +145,23 @@ LlamaWeights RandomHostWeights(const ModelConfig& c, uint32_t seed) {
     lw.wk = make({kv, c.hidden}, 2 * sh);
     lw.wv = make({kv, c.hidden}, sh);
     lw.wo = make({c.hidden, q}, 1.0f / std::sqrt(static_cast<float>(q)));
-    lw.w_gate = make({c.ffn_hidden, c.hidden}, sh);
-    lw.w_up = make({c.ffn_hidden, c.hidden}, sh);
-    lw.w_down = make({c.hidden, c.ffn_hidden},
-                     1.0f / std::sqrt(static_cast<float>(c.ffn_hidden)));
+    if (c.is_moe()) {
+      const int64_t e = c.n_experts, f = c.expert_ffn_hidden;
+      lw.router = make({e, c.hidden}, router_scale * 4 * sh);
+      lw.exp_gate = make({e * f, c.hidden}, sh);
+      lw.exp_up = make({e * f, c.hidden}, sh);
+      lw.exp_down =
+          make({e * c.hidden, f}, 1.0f / std::sqrt(static_cast<float>(f)));
+    } else {
+      lw.w_gate = make({c.ffn_hidden, c.hidden}, sh);
+      lw.w_up = make({c.ffn_hidden, c.hidden}, sh);
+      lw.w_down = make({c.hidden, c.ffn_hidden},
+                       1.0f / std::sqrt(static_cast<float>(c.ffn_hidden)));
+    }
+    if (c.qk_norm) {  // Qwen3: per-head RMSNorm of q and k.
+      lw.q_norm = make({c.head_dim}, 0.2f, 1.0f);
+      lw.k_norm = make({c.head_dim}, 0.2f, 1.0f);
+    }
     if (c.attention_bias) {  // Qwen2: biases of Q, K and V.
       lw.bq = make({q}, 0.5f);
       lw.bk = make({kv}, 0.5f);
@@ -272,6 +288,7 @@ TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
   struct Variant {
     const char* name;
     std::function<void(ModelConfig&)> apply;
+    float router_scale = 1.0f;  // Mixtures (RandomHostWeights).
   };
   const Variant variants[] = {
       {"qwen2 biases",
@@ -314,6 +331,37 @@ TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
                            .factor = 2,
                            .original_context = 128};
        }},
+      {"qwen3 qk norm, head_dim 64 of hidden 192 / 6 heads",
+       [](ModelConfig& c) {
+         c.architecture = "qwen3";
+         c.qk_norm = true;
+         c.head_dim = 64;
+         c.rope_theta = 1000000.0f;
+       }},
+      // Mixtures. Routing is discontinuous: a token whose k-th and
+      // (k+1)-th router logits differ by less than bf16's rounding of the
+      // normed input could pick another expert on the GPU than on the CPU.
+      // So: every expert for every token (weights continuous in the
+      // logits), and a zero router (exact ties, the lowest indices win on
+      // both; experts 2 and 3 get no tokens). The ops' own test checks
+      // gathers of arbitrary rows exactly.
+      {"qwen3moe, top-4 of 4 experts",
+       [](ModelConfig& c) {
+         c.architecture = "qwen3moe";
+         c.qk_norm = true;
+         c.n_experts = 4;
+         c.n_experts_used = 4;
+         c.expert_ffn_hidden = 96;
+         c.expert_weights_norm = true;
+       }},
+      {"mixtral, tied router: top-2 of 4 experts",
+       [](ModelConfig& c) {
+         c.architecture = "mixtral";
+         c.n_experts = 4;
+         c.n_experts_used = 2;
+         c.expert_ffn_hidden = 96;
+       },
+       /*router_scale=*/0.0f},
   };
   for (const Variant& v : variants) {
     SCOPED_TRACE(v.name);
@@ -336,7 +384,7 @@ TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
                           .block_size = 16,
                           .num_blocks = 16,
                           .dtype = DType::kF32};  // The CPU's: f32 KV.
-    LlamaWeights host = RandomHostWeights(c, 17);
+    LlamaWeights host = RandomHostWeights(c, 17, v.router_scale);
     auto gpu = GpuRunner(c, kv, host);
     ASSERT_TRUE(gpu.ok()) << gpu.status();
     ModelRunner cpu(std::move(host), *KvPool::Create(kv));
@@ -548,16 +596,8 @@ TEST(CudaModelRunnerTest, BadStepIsInvalidArgumentAndWritesNothing) {
 // GpuActivationBytes counts (serving reserves them before sizing KV, and
 // `shardlm simulate` subtracts the same figure): the device's free memory
 // drops by at least that, and by no more than cudaMalloc's 2 MiB rounding
-// of each of the (at most 17) buffers.
-TEST(CudaModelRunnerTest, ReservedStepBuffersAreWhatActivationMemoryCounts) {
-  SKIP_WITHOUT_GPU();
-  const ModelConfig c = OneLayer({.hidden = 512,
-                                  .ffn_hidden = 1024,
-                                  .n_heads = 8,
-                                  .n_kv_heads = 2,
-                                  .head_dim = 64,
-                                  .vocab_size = 5000,
-                                  .context_length = 4096});
+// of each buffer.
+void ExpectReservedBuffersCounted(const ModelConfig& c) {
   const KvPoolConfig kv = KvFor(c, /*blocks=*/4);
   auto gpu = GpuRunner(c, kv, RandomHostWeights(c, 1));
   ASSERT_TRUE(gpu.ok()) << gpu.status();
@@ -568,11 +608,33 @@ TEST(CudaModelRunnerTest, ReservedStepBuffersAreWhatActivationMemoryCounts) {
   ASSERT_TRUE((*gpu)->ReserveActivations(kTokens, kRows).ok());
   ASSERT_TRUE((*gpu)->Synchronize().ok());
   ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
-  const int64_t counted = GpuActivationBytes(
-      ActivationDimsOf(c, (*gpu)->weights().spec), kTokens, kRows);
+  const RankActivationDims dims = ActivationDimsOf(c, (*gpu)->weights().spec);
+  const int64_t counted = GpuActivationBytes(dims, kTokens, kRows);
+  // The step buffers and the decode workspace, each rounded up.
+  const int64_t buffers = static_cast<int64_t>(GpuStepBuffers(dims).size()) + 1;
   const int64_t dropped = static_cast<int64_t>(free_before - free_after);
   EXPECT_GE(dropped, counted);
-  EXPECT_LE(dropped, counted + 17 * (int64_t{2} << 20));
+  EXPECT_LE(dropped, counted + buffers * (int64_t{2} << 20));
+}
+
+TEST(CudaModelRunnerTest, ReservedStepBuffersAreWhatActivationMemoryCounts) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig dense = OneLayer({.hidden = 512,
+                                .ffn_hidden = 1024,
+                                .n_heads = 8,
+                                .n_kv_heads = 2,
+                                .head_dim = 64,
+                                .vocab_size = 5000,
+                                .context_length = 4096});
+  ModelConfig moe = dense;  // The experts' buffers in place of the FFN's.
+  moe.architecture = "qwen3moe";
+  moe.n_experts = 8;
+  moe.n_experts_used = 2;
+  moe.expert_ffn_hidden = 384;
+  for (const ModelConfig& c : {dense, moe}) {
+    SCOPED_TRACE(c.architecture);
+    ExpectReservedBuffersCounted(c);
+  }
 }
 
 // Greedy generation through `forward`: the prompt as one step, then

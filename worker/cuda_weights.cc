@@ -96,14 +96,6 @@ absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
 absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                                                 Backend& backend,
                                                 const CudaExec& exec) {
-  if (host.config.is_moe()) {
-    // Experts need gather / scatter-add ops and grouped GEMMs on the
-    // device (ForwardOps::GatherRows...), which the CUDA backend lacks.
-    return absl::UnimplementedError(
-        absl::StrCat("mixture-of-experts models (", host.config.architecture,
-                     ", ", host.config.n_experts,
-                     " experts) run on CPUs only so far; use --device cpu"));
-  }
   LlamaWeights w;
   w.config = host.config;
   w.spec = host.spec;
@@ -130,6 +122,19 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(d.q_norm, Upload(l.q_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(d.k_norm, Upload(l.k_norm, DType::kF32, backend, exec));
+    if (host.config.is_moe()) {
+      // The router (replicated) and the held experts, each expert's gate
+      // and up rows and its down rows as stored (ForwardBuffers' one
+      // expert at a time), down cut to this rank's columns.
+      ASSIGN_OR_RETURN(d.router, Upload(l.router, bf, backend, exec));
+      ASSIGN_OR_RETURN(d.exp_gate, Upload(l.exp_gate, bf, backend, exec));
+      ASSIGN_OR_RETURN(d.exp_up, Upload(l.exp_up, bf, backend, exec));
+      ASSIGN_OR_RETURN(const Tensor exp_down,
+                       ExactColumns(l.exp_down, l.exp_down_offset, f_cols));
+      ASSIGN_OR_RETURN(d.exp_down, Upload(exp_down, bf, backend, exec));
+      w.layers.push_back(std::move(d));
+      continue;
+    }
     ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
     ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
     ASSIGN_OR_RETURN(const Tensor w_down,

@@ -55,17 +55,18 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     ASSIGN_OR_RETURN(Tensor x, b.moe_x.Rows(0, m));
     ASSIGN_OR_RETURN(Tensor g, b.moe_gate.Rows(0, m));
     ASSIGN_OR_RETURN(Tensor u, b.moe_up.Rows(0, m));
+    ASSIGN_OR_RETURN(Tensor h, b.moe_h.Rows(0, m));
     ASSIGN_OR_RETURN(Tensor y, b.moe_out.Rows(0, m));
     RETURN_IF_ERROR(ops.GatherRows(b.xn, rows, x));
     RETURN_IF_ERROR(ops.Linear(x, gate, g, false));
     RETURN_IF_ERROR(ops.Linear(x, up, u, false));
-    RETURN_IF_ERROR(ops.SwiGlu(g, u, g));
+    RETURN_IF_ERROR(ops.SwiGlu(g, u, h));
     Tensor padded;
     if (w.exp_down_offset != 0 || down.dim(1) != f) {
       ASSIGN_OR_RETURN(padded,
-                       ops.PadColumns(g, w.exp_down_offset, down.dim(1)));
+                       ops.PadColumns(h, w.exp_down_offset, down.dim(1)));
     }
-    RETURN_IF_ERROR(ops.Linear(padded.empty() ? g : padded, down, y, false));
+    RETURN_IF_ERROR(ops.Linear(padded.empty() ? h : padded, down, y, false));
     RETURN_IF_ERROR(ops.ScatterAddRows(y, rows, routing.weights[e], b.partial));
     if (expert_tokens != nullptr) (*expert_tokens)[i] += m;
   }

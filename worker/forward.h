@@ -90,7 +90,8 @@ class ForwardOps {
                                   absl::Span<const int32_t> rows, Tensor& out) {
     return absl::UnimplementedError("GatherRows on this backend");
   }
-  // out[rows[i], :] += weights[i] * y[i, :] (y: [rows.size(), c]).
+  // out[rows[i], :] += weights[i] * y[i, :] (y: [rows.size(), c]; rows
+  // distinct, as one expert's tokens are).
   virtual absl::Status ScatterAddRows(const Tensor& y,
                                       absl::Span<const int32_t> rows,
                                       absl::Span<const float> weights,
@@ -128,11 +129,11 @@ struct ForwardBuffers {
   Tensor h;         // [n, ffn held] SwiGLU output (GEMM input; may
                     // alias gate).
   // Mixtures of experts: the router's logits [n, n_experts] and one
-  // expert's gathered rows: its input [n, hidden], gate and up [n, f held]
-  // (SwiGLU in place into gate) and output [n, hidden] (views of the first
-  // rows that go to it).
+  // expert's gathered rows: its input [n, hidden] (GEMM input), gate and up
+  // [n, f held] f32, SwiGLU [n, f held] (GEMM input; may alias moe_gate)
+  // and output [n, hidden] f32 (views of the first rows that go to it).
   Tensor router_logits;
-  Tensor moe_x, moe_gate, moe_up, moe_out;
+  Tensor moe_x, moe_gate, moe_up, moe_h, moe_out;
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.

@@ -63,11 +63,11 @@ class OpsBackend {
   virtual std::vector<DType> embedding_dtypes() const = 0;
   virtual std::vector<DType> linear_dtypes() const = 0;
   // The optional ops it implements (forward.h): fused Q/K/V and gate/up
-  // (SplitQkv, SwiGluFused), PadColumns, and the experts' GatherRows,
-  // ScatterAddRows and Zero. The others must answer Unimplemented.
+  // (SplitQkv, SwiGluFused) and PadColumns. The others must answer
+  // Unimplemented. (Every backend has the experts' GatherRows,
+  // ScatterAddRows and Zero.)
   virtual bool fused_ops() const = 0;
   virtual bool pad_columns() const = 0;
-  virtual bool expert_ops() const = 0;
 };
 
 std::unique_ptr<OpsBackend> MakeCpuOpsBackend();

@@ -166,7 +166,6 @@ class CudaOpsBackend : public OpsBackend {
   }
   bool fused_ops() const override { return true; }
   bool pad_columns() const override { return false; }
-  bool expert_ops() const override { return false; }
 
  private:
   CudaOpsBackend() = default;

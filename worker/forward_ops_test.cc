@@ -114,7 +114,6 @@ class CpuOpsBackend : public OpsBackend {
   }
   bool fused_ops() const override { return false; }
   bool pad_columns() const override { return true; }
-  bool expert_ops() const override { return true; }
 };
 
 }  // namespace
@@ -740,14 +739,7 @@ TEST_P(ForwardOpsTest, ExpertRows) {
   const auto ops = Bind(PlainStep(n), c);
   Tensor gathered = Zeros(DType::kF32, {3, c});
   Tensor acc = Put(RandomTensor({n, c}, 92));
-  const absl::Status zero = ops->Zero(acc);
-  if (!b().expert_ops()) {
-    EXPECT_EQ(zero.code(), absl::StatusCode::kUnimplemented) << zero;
-    EXPECT_EQ(ops->GatherRows(Put(x), rows, gathered).code(),
-              absl::StatusCode::kUnimplemented);
-    return;
-  }
-  ASSERT_OK(zero);
+  ASSERT_OK(ops->Zero(acc));
   ExpectNear(Get(acc), std::vector<double>(n * c, 0.0), 0.0, "Zero");
   ASSERT_OK(ops->GatherRows(Put(x), rows, gathered));
   const std::vector<double> xv = Values(x);
@@ -757,6 +749,17 @@ TEST_P(ForwardOpsTest, ExpertRows) {
                          xv.begin() + (rows[i] + 1) * c);
   }
   ExpectNear(Get(gathered), want_gathered, 0.0, "GatherRows");
+  // The forward pass gathers GEMM inputs (bf16 on GPUs): copied exactly.
+  const Tensor x_in = Put(x, b().gemm_input());
+  Tensor gathered_in = Zeros(b().gemm_input(), {3, c});
+  ASSERT_OK(ops->GatherRows(x_in, rows, gathered_in));
+  const std::vector<double> xv_in = Values(Get(x_in));
+  std::vector<double> want_in;
+  for (int32_t r : rows) {
+    want_in.insert(want_in.end(), xv_in.begin() + r * c,
+                   xv_in.begin() + (r + 1) * c);
+  }
+  ExpectNear(Get(gathered_in), want_in, 0.0, "GatherRows of GEMM inputs");
   // Scattered twice: the second adds to the first.
   for (int pass = 0; pass < 2; ++pass) {
     ASSERT_OK(ops->ScatterAddRows(gathered, rows, weights, acc));
@@ -773,6 +776,34 @@ TEST_P(ForwardOpsTest, ExpertRows) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(ops->ScatterAddRows(gathered, bad, weights, acc).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// More rows than one CUDA launch takes (256), in a shuffled order.
+TEST_P(ForwardOpsTest, ExpertRowsOfALongPrefill) {
+  const int64_t n = 600, c = 40;
+  const Tensor x = RandomTensor({n, c}, 93);
+  std::vector<int32_t> rows(n);
+  for (int32_t i = 0; i < n; ++i) rows[i] = i;
+  std::shuffle(rows.begin(), rows.end(), std::mt19937(94));
+  rows.resize(300);
+  std::vector<float> weights(rows.size());
+  for (size_t i = 0; i < weights.size(); ++i) weights[i] = 0.01f * (i % 97);
+  const auto ops = Bind(PlainStep(n), c);
+  Tensor gathered = Zeros(DType::kF32, {300, c});
+  ASSERT_OK(ops->GatherRows(Put(x), rows, gathered));
+  Tensor acc = Zeros(DType::kF32, {n, c});
+  ASSERT_OK(ops->ScatterAddRows(gathered, rows, weights, acc));
+  const std::vector<double> xv = Values(x);
+  std::vector<double> want_gathered, want_acc(n * c, 0.0);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int64_t j = 0; j < c; ++j) {
+      const double v = xv[rows[i] * c + j];
+      want_gathered.push_back(v);
+      want_acc[rows[i] * c + j] = double{weights[i]} * static_cast<float>(v);
+    }
+  }
+  ExpectNear(Get(gathered), want_gathered, 0.0, "GatherRows");
+  ExpectNear(Get(acc), want_acc, 1e-6, "ScatterAddRows");
 }
 
 // The GPU binary runs CUDA's cases (skipped without a device) beside the

@@ -221,7 +221,9 @@ ShardSpec WholeModelSpec(const ModelConfig& c) {
                    .head_begin = 0,
                    .head_end = c.n_heads,
                    .ffn_begin = 0,
-                   .ffn_end = c.ffn_hidden,
+                   .ffn_end = c.SplitFfn(),
+                   .expert_begin = 0,
+                   .expert_end = c.n_experts,
                    .vocab_begin = 0,
                    .vocab_end = c.vocab_size,
                    .vocab_padded = c.vocab_size};

@@ -120,6 +120,7 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ASSIGN_OR_RETURN(b.moe_gate, host({n, ffn}));
     ASSIGN_OR_RETURN(b.moe_up, host({n, ffn}));
     ASSIGN_OR_RETURN(b.moe_out, host({n, c.hidden}));
+    b.moe_h = b.moe_gate;
   } else {
     ASSIGN_OR_RETURN(b.gate, host({n, ffn}));
     ASSIGN_OR_RETURN(b.up, host({n, ffn}));
