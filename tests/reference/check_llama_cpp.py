@@ -66,6 +66,21 @@ def max_err(a, b) -> float:
     return float("inf") if not np.all(np.isfinite(e)) else float(e.max())
 
 
+def report(name: str, errs: dict, same: dict, atol: float) -> int:
+    """Prints each max error (against atol) and each greedy comparison of
+    one prompt; returns how many failed."""
+    failures = 0
+    for what, e in errs.items():
+        bad = not e <= atol
+        failures += bad
+        print(f"[{name}] {what}: max |dlogit| {e:.3e}"
+              f"{'  FAIL > atol %g' % atol if bad else ''}")
+    for what, ok in same.items():
+        failures += not ok
+        print(f"[{name}] {what}: {'identical' if ok else 'DIFFER'}")
+    return failures
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -122,14 +137,7 @@ def main(argv=None) -> int:
             errs[f"llama.cpp-ref {agree} decode steps"] = max_err(
                 l_rows[:agree], ref_rows[:agree])
             same["llama.cpp-ref greedy"] = l_greedy == ref_greedy
-        for what, e in errs.items():
-            bad = not e <= a.atol
-            failures += bad
-            print(f"[{name}] {what}: max |dlogit| {e:.3e}"
-                  f"{'  FAIL > atol %g' % a.atol if bad else ''}")
-        for what, ok in same.items():
-            failures += not ok
-            print(f"[{name}] {what}: {'identical' if ok else 'DIFFER'}")
+        failures += report(name, errs, same, a.atol)
     print("PASSED" if failures == 0 else f"FAILED: {failures} checks")
     return 0 if failures == 0 else 1
 

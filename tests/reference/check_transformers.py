@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 import check_forward  # noqa: E402
 import llama_ref  # noqa: E402
 import make_synthetic_model  # noqa: E402
-from check_llama_cpp import max_err  # noqa: E402
+from check_llama_cpp import max_err, report  # noqa: E402
 
 SKIP = 77
 
@@ -110,14 +110,7 @@ def main(argv=None) -> int:
         }
         same = {"transformers-ref greedy": t_greedy == ref_greedy,
                 "transformers-cpp greedy": t_greedy == cpp_greedy}
-        for what, e in errs.items():
-            bad = not e <= a.atol
-            failures += bad
-            print(f"[{name}] {what}: max |dlogit| {e:.3e}"
-                  f"{'  FAIL > atol %g' % a.atol if bad else ''}")
-        for what, ok in same.items():
-            failures += not ok
-            print(f"[{name}] {what}: {'identical' if ok else 'DIFFER'}")
+        failures += report(name, errs, same, a.atol)
     print("PASSED" if failures == 0 else f"FAILED: {failures} checks")
     return 0 if failures == 0 else 1
 
