@@ -161,6 +161,37 @@ TEST(ClusterFailureTest, HungStepTimesOut) {
   EXPECT_FALSE(agents[0].ok());  // Its stream was cancelled.
 }
 
+// With steps in flight, a step waits in stage 0's queue behind the one
+// before it: its timeout counts from when it is waited for (the step before
+// it done), not from its send, or a pipeline of slow healthy steps (long
+// prompts' chunks on CPUs) would be taken for a hang.
+TEST(ClusterFailureTest, StepQueuedBehindASlowStepIsNotHung) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  ClusterOptions options = Options(1, 2);
+  options.step_timeout = absl::Seconds(2);
+  TestCluster cluster(*source, options);
+  // Stage 0 takes 1.3 s over each of four steps: a step sent while the one
+  // before it is there has its results 2.6 s after its send.
+  cluster.host(1).before_step = [](int step) {
+    if (step >= 3 && step <= 6) absl::SleepFor(absl::Milliseconds(1300));
+  };
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  (*executor)->set_max_steps_in_flight(2);
+  Engine* engine = cluster.Keep(Engine::Create(std::move(*executor), {}));
+  ASSERT_NE(engine, nullptr);
+  // Two sequences: their steps alternate, two in flight.
+  auto got = engine->GenerateBatch({{.prompt = {1, 2, 3}, .max_tokens = 4},
+                                    {.prompt = {4, 5}, .max_tokens = 4}});
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ((*got)[0].tokens.size(), 4u);
+  EXPECT_EQ((*got)[1].tokens.size(), 4u);
+  std::vector<absl::Status> agents = cluster.Stop();
+  for (const absl::Status& a : agents) EXPECT_TRUE(a.ok()) << a;
+}
+
 // Workers heartbeat while they load and step: a load or a step longer than
 // worker_timeout is not death.
 TEST(ClusterFailureTest, SlowLoadAndStepAreNotDeath) {

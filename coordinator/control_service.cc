@@ -430,7 +430,12 @@ absl::StatusOr<std::vector<v1::StepResult>> ControlService::WaitStep(
     return absl::FailedPreconditionError(
         absl::StrCat("step ", step_id, " was not sent"));
   }
-  const absl::Time deadline = sent->second;
+  // From the send, or from now when later: a step in flight waits in the
+  // first stage's queue behind the steps before it, so its time counts
+  // from when it is waited for (the step before it done). A hang is still
+  // seen within step_timeout of the step becoming the oldest.
+  const absl::Time deadline =
+      std::max(sent->second, absl::Now() + options_.step_timeout);
   step_deadlines_.erase(sent);
   const auto take = [&](Worker& w) -> std::optional<v1::StepResult> {
     auto it = w.results.find(step_id);

@@ -126,7 +126,9 @@ class ControlService final : public v1::Control::StreamedUnaryService {
   absl::StatusOr<std::vector<v1::StepResult>> RunStep(const v1::StepPlan& plan);
   // Steps in flight: SendStep sends `plan` to every worker and returns;
   // WaitStep(plan.step_id) waits for that step's results (with the same
-  // errors as RunStep; its step timeout counts from the send). Every sent
+  // errors as RunStep; its step timeout counts from the send or from the
+  // wait, whichever is later: a step in flight queues behind the ones
+  // sent before it). Every sent
   // step must be waited for once, in any order; from one thread.
   absl::Status SendStep(const v1::StepPlan& plan);
   absl::StatusOr<std::vector<v1::StepResult>> WaitStep(uint64_t step_id);

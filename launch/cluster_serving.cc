@@ -50,7 +50,8 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "how long workers may take to register and load");
   flags.Add("step-timeout-s", &step_timeout_s,
             "a step without every worker's result this long after it was "
-            "sent: the ranks missing are hung, and the cluster fails");
+            "sent (or, with steps in flight, after the step before it "
+            "ended): the ranks missing are hung, and the cluster fails");
   flags.Add("max-steps-in-flight", &max_steps_in_flight,
             "steps submitted before the oldest one's tokens are back, so "
             "that pipeline stages work at once (each step takes its share "
