@@ -51,6 +51,7 @@ struct RouterFlags {
   int64_t load_slack = 4;
   int64_t stale_after_ms = 1000;
   int64_t max_grpc_calls = 512;
+  int64_t drain_timeout_s = 30;
   std::string replicas_dns;
   int64_t dns_interval_ms = 5000;
   int64_t dns_wait_s = 30;
@@ -142,6 +143,10 @@ int RouterCommand(int argc, char** argv) {
             "a file of replica addresses, one per line (# comments); "
             "re-read when it changes (looked at every second)");
   flags.Add("listen", &f.listen, "gRPC address to listen on; port 0 picks one");
+  flags.Add("drain-timeout-s", &f.drain_timeout_s,
+            "on SIGTERM/SIGINT, how long requests in flight may take to "
+            "finish (new ones are refused, /ready says 503) before they are "
+            "cancelled; a second signal stops at once");
   flags.Add("replicas-dns", &f.replicas_dns,
             "NAME:PORT: every address NAME resolves to is a replica on PORT "
             "(a LeaderWorkerSet's leader headless service); re-resolved "
@@ -233,6 +238,9 @@ int RouterCommand(int argc, char** argv) {
     problem =
         "give at least one --replica HOST:PORT (or --replicas-file, or "
         "--replicas-dns NAME:PORT)";
+  }
+  if (problem.empty() && (f.drain_timeout_s < 0 || f.drain_timeout_s > 86400)) {
+    problem = "--drain-timeout-s must be 0..86400";
   }
   if (problem.empty() &&
       (f.dns_interval_ms < 100 || f.dns_interval_ms > 3600000)) {
@@ -387,7 +395,8 @@ int RouterCommand(int argc, char** argv) {
     grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
     absl::MutexLock lock(&mu);
     while (!stopping) {
-      const bool serving = (*replicas)->ready_count() > 0;
+      const bool serving =
+          (*replicas)->ready_count() > 0 && !service.draining();
       if (h != nullptr) {
         h->SetServingStatus("", serving);
         h->SetServingStatus("shardlm.v1.Inference", serving);
@@ -476,7 +485,25 @@ int RouterCommand(int argc, char** argv) {
   int sig = 0;
   RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "[shardlm] router: signal %d, stopping\n", sig);
+  // Drain: not ready at once, new requests refused, those in flight run
+  // on for up to --drain-timeout-s (a second signal cuts it short).
+  std::fprintf(stderr,
+               "[shardlm] router: %s: draining (up to %lld s; new requests "
+               "are refused; a second signal stops at once)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM",
+               static_cast<long long>(f.drain_timeout_s));
+  service.StartDraining();  // The health thread sees it within 100 ms.
+  const absl::Time drain_end = absl::Now() + absl::Seconds(f.drain_timeout_s);
+  bool second = false;
+  while (service.in_flight() > 0 && absl::Now() < drain_end && !second) {
+    const timespec pace = {0, 50'000'000};
+    second = sigtimedwait(&stop_signals, nullptr, &pace) > 0;
+  }
+  const int64_t left = service.in_flight();
+  std::fprintf(stderr, "[shardlm] router: %s; stopping\n",
+               left == 0 ? "drained"
+               : second  ? "second signal, cancelling the calls left"
+                         : "drain timeout, cancelling the calls left");
   {
     absl::MutexLock lock(&mu);
     stopping = true;
@@ -487,7 +514,7 @@ int RouterCommand(int argc, char** argv) {
   // A second of grace; then calls in flight are cancelled (and with them
   // their calls to the replicas).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return 0;
+  return second ? 1 : 0;
 }
 
 }  // namespace shardlm

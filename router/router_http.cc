@@ -69,7 +69,9 @@ void RouterHttpApi::Handle(const HttpRequest& req, HttpResponse& res) {
   }
   if (req.path == "/ready") {
     const int n = replicas_->ready_count();
-    if (n > 0) {
+    if (service_->draining()) {
+      res.Send(503, "text/plain", "draining: shutting down\n");
+    } else if (n > 0) {
       res.Send(200, "text/plain",
                absl::StrCat(n, " of ", replicas_->size(), " replicas ready\n"));
     } else {

@@ -270,6 +270,17 @@ grpc::Status RouterService::Forward(
     const std::function<std::unique_ptr<grpc::ClientContext>()>& make_upstream,
     const std::function<bool()>& client_gone, bool watch_client,
     const std::function<bool(const v1::GenerateResponse&)>& write) {
+  // Counted before draining is looked at, so that a drain that saw no call
+  // in flight cannot miss one that got past the check.
+  ++in_flight_;
+  struct Done {
+    std::atomic<int64_t>& n;
+    ~Done() { --n; }
+  } done{in_flight_};
+  if (draining_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "draining: the router is shutting down");
+  }
   // Only kv hashes the prompt; the other policies need no tokens.
   const std::vector<int32_t> prompt =
       options_.routing.kind == RoutingPolicyKind::kKv ? PromptTokens(request)

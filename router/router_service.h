@@ -84,6 +84,14 @@ class RouterService final : public v1::Inference::Service {
   // prefix blocks, routing decision time, replicas ready.
   std::string Metrics() const;
   int64_t retries() const { return retries_.load(); }
+
+  // Draining (SIGTERM): from now on Generate (both APIs) refuses new
+  // requests with UNAVAILABLE; those already in it run to their end. Not
+  // undone.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+  // Generate calls in progress (either API).
+  int64_t in_flight() const { return in_flight_.load(); }
   int64_t resumes() const { return resumes_.load(); }
 
   // The prompt's token ids as a replica's engine will see them (chat
@@ -127,6 +135,8 @@ class RouterService final : public v1::Inference::Service {
   RoutingPolicy policy_ ABSL_GUARDED_BY(policy_mu_);
   Histogram decision_seconds_;
   std::atomic<int64_t> retries_{0}, resumes_{0}, no_replica_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
 
   absl::Mutex calls_mu_;
   std::list<Call*> calls_ ABSL_GUARDED_BY(calls_mu_);

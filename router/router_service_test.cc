@@ -451,6 +451,21 @@ TEST_F(RouterTest, RunStopsWhenTheClientGoes) {
   EXPECT_LE(written.load(), 2);
 }
 
+TEST_F(RouterTest, DrainingRefusesNewCallsOnBothApis) {
+  FakeReplica replica({.tokens = {1}});
+  Start({&replica});
+  service_->StartDraining();
+  const Streamed s = Call(Request());
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.status.error_message().find("draining"), std::string::npos);
+  const absl::Status r = service_->Run(
+      Request(), absl::InfiniteFuture(), [] { return false; },
+      [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable) << r;
+  EXPECT_TRUE(replica.requests().empty());
+  EXPECT_EQ(service_->in_flight(), 0);
+}
+
 TEST_F(RouterTest, NoReadyReplicaIsUnavailableNamingThem) {
   StartAt({"127.0.0.1:1"}, 0);  // Nothing listens there.
   const Streamed s = Call(Request());

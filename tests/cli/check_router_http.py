@@ -16,7 +16,9 @@ replicas (--threads 1), a direct request to a replica as the reference:
   gets no answer; a --replica-tls-ca that is not a file is an error naming
   the flag;
 - --replicas-dns localhost:PORT finds the replica; a name that does not
-  resolve and a value that is not NAME:PORT are errors naming them.
+  resolve and a value that is not NAME:PORT are errors naming them;
+- SIGTERM drains: /ready 503 and new requests refused at once, the stream
+  in flight runs to its end, exit 0.
 
   check_router_http.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -389,6 +391,40 @@ def check_dns(a, addr, work, reference):
           f"--replicas-dns without a port: a usage error naming it (rc {rc})")
 
 
+def check_drain(a, addr, work):
+    """SIGTERM: /ready 503 and new requests refused at once, the stream in
+    flight runs to its end, then exit 0."""
+    router, _, hport = start_router(
+        a.shardlm, ["--replica", addr, "--drain-timeout-s", "60"],
+        work / "drain-router.log")
+    try:
+        check(ready(hport, 1), "drain router: 1 replica ready")
+        prompt = "Describe a long walk along the river, step by step."
+        long = {"ignore_eos": True}
+        want = completion(hport, False, prompt, 96, stream=True, extra=long)
+        got = {}
+        t = threading.Thread(target=lambda: got.update(r=completion(
+            hport, False, prompt, 96, stream=True, extra=long)))
+        t.start()
+        time.sleep(0.5)
+        router.send_signal(signal.SIGTERM)
+        check(wait_until(lambda: request(hport, "GET", "/ready")[0] == 503,
+                         timeout=2, every=0.05),
+              "draining: /ready is 503 at once")
+        status, _, body = request(hport, "POST", "/v1/completions",
+                                  {"prompt": "x", "max_tokens": 1})
+        check(status == 503 and "draining" in body,
+              f"draining: a new request is 503 ({status} {body.strip()})")
+        t.join(timeout=120)
+        check(got.get("r") == want and want[2] == "length",
+              f"the stream in flight ran to its end: {got.get('r')!r}")
+        rc = router.wait(timeout=30)
+        check(rc == 0, f"drained router exits 0 (rc {rc})")
+    finally:
+        if router.poll() is None:
+            stop(router)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -435,6 +471,9 @@ def main() -> int:
         t = time.monotonic()
         check_dns(a, addrs[0], work, reference)
         print(f"DNS: {time.monotonic() - t:.1f} s")
+        t = time.monotonic()
+        check_drain(a, addrs[0], work)
+        print(f"drain: {time.monotonic() - t:.1f} s")
     finally:
         for r in routers:
             stop(r)

@@ -79,7 +79,7 @@ ALLOWED_FLAGS = {
         "load-factor", "load-slack", "stale-after-ms", "max-grpc-calls",
         "tls-cert", "tls-key", "tls-client-ca", "replica-tls-ca",
         "replica-tls-cert", "replica-tls-key", "request-memory-mb",
-        "idle-thread-timeout-s", "metrics-auth",
+        "idle-thread-timeout-s", "metrics-auth", "drain-timeout-s",
     },
 }
 # --listen and --http-listen default to loopback / none, --health-listen to
@@ -534,9 +534,8 @@ def lint_pod_template(tmpl, where, gpu):
               set(volumes.get(mm[0]["name"], {}))):
         e.append(f"{w}: the model volume is neither a PVC nor a hostPath")
 
-    # Grace period covers the drain (a router has none: it stops within
-    # about a second of SIGTERM).
-    drain = int(get("drain-timeout-s")) if role != "router" else 0
+    # Grace period covers the drain.
+    drain = int(get("drain-timeout-s"))
     grace = spec.get("terminationGracePeriodSeconds", 30)
     if grace < drain + 5:
         e.append(f"{w}: terminationGracePeriodSeconds {grace} < drain "
