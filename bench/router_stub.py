@@ -9,8 +9,9 @@ For each concurrency, the same load runs against one stub directly (the
 floor: client + stub + loopback) and through the router in front of
 --stubs stubs; added latency = router - direct at each percentile. The
 load generator, the stubs and the router share this machine's cores, so
-the figures are a floor for the router's cost, not its ceiling on a
-machine of its own. Prints a Markdown table and the CPU (lscpu).
+the latencies bound the router's cost from above; its CPU time per
+request (from /proc, all its threads) gives the requests/s one core of
+its own would sustain. Prints a Markdown table and the CPU (lscpu).
 
   bench/router_stub.py --build build [--policy kv] [--stubs 2]
       [--concurrency 1,4,16,64] [--seconds 5]
@@ -52,6 +53,13 @@ def cpu_name() -> str:
             f"{fields.get('CPU(s)', '?').strip()} CPUs")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def load(bench: str, target: str, concurrency: int, seconds: float) -> dict:
     r = subprocess.run([bench, "load", "--target", target, "--concurrency",
                         str(concurrency), "--seconds", str(seconds)],
@@ -87,7 +95,8 @@ def main() -> int:
                "--http-listen", f"127.0.0.1:{hport}", "--policy", a.policy]
         for s in stubs:
             cmd += ["--replica", s]
-        procs.append(subprocess.Popen(cmd, stderr=subprocess.DEVNULL))
+        router = subprocess.Popen(cmd, stderr=subprocess.DEVNULL)
+        procs.append(router)
         if not wait_port(rport):
             sys.exit("the router did not start")
         time.sleep(1)  # Its state streams up.
@@ -95,7 +104,13 @@ def main() -> int:
         rows = []
         for c in [int(x) for x in a.concurrency.split(",")]:
             direct = load(bench, stubs[0], c, a.seconds)
+            cpu0 = cpu_seconds(router.pid)
             routed = load(bench, f"127.0.0.1:{rport}", c, a.seconds)
+            # The router's CPU per request. The CPU time spans the load's
+            # 1 s warm-up too, so the measured requests are scaled by
+            # (seconds + 1) / seconds.
+            routed["cpu_us"] = (cpu_seconds(router.pid) - cpu0) * 1e6 / max(
+                1, routed["requests"] * (1 + 1 / a.seconds))
             rows.append((c, direct, routed))
     finally:
         for p in procs:
@@ -105,12 +120,14 @@ def main() -> int:
     print(f"CPU: {cpu_name()}; load average before: {load_avg:.2f}; "
           f"policy {a.policy}, {a.stubs} stubs, {a.seconds:g} s per point")
     print("| concurrency | direct req/s | router req/s | direct p50 / p99 us "
-          "| router p50 / p99 us | added p50 / p99 us |")
-    print("|---|---|---|---|---|---|")
+          "| router p50 / p99 us | added p50 / p99 us | router CPU us/req "
+          "(req/s per core) |")
+    print("|---|---|---|---|---|---|---|")
     for c, d, r in rows:
         print(f"| {c} | {d['rps']:.0f} | {r['rps']:.0f} | {d['p50_us']} / "
               f"{d['p99_us']} | {r['p50_us']} / {r['p99_us']} | "
-              f"{r['p50_us'] - d['p50_us']} / {r['p99_us'] - d['p99_us']} |")
+              f"{r['p50_us'] - d['p50_us']} / {r['p99_us'] - d['p99_us']} | "
+              f"{r['cpu_us']:.0f} ({1e6 / max(r['cpu_us'], 1):.0f}) |")
     return 0
 
 
