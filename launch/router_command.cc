@@ -321,7 +321,14 @@ int RouterCommand(int argc, char** argv) {
       std::fprintf(stderr, "[shardlm router] --replicas-dns %s: %s; retrying\n",
                    f.replicas_dns.c_str(),
                    std::string(found.status().message()).c_str());
-      absl::SleepFor(absl::Seconds(1));
+      // A second, or a stop signal (nothing to drain yet: exit at once).
+      const timespec second = {1, 0};
+      if (sigtimedwait(&stop_signals, nullptr, &second) > 0) {
+        std::fprintf(stderr,
+                     "[shardlm] router: stopped while waiting for "
+                     "--replicas-dns\n");
+        return 0;
+      }
     }
   }
 

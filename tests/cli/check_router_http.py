@@ -384,6 +384,22 @@ def check_dns(a, addr, work, reference):
     check(rc == 1 and "no-such-replica.invalid" in log,
           f"an unresolvable name is an error naming it (rc {rc}: "
           f"{log.strip()})")
+    # Waiting for a name that does not resolve yet: SIGTERM ends the wait.
+    waiting = subprocess.Popen(
+        [a.shardlm, "router", "--replicas-dns", "not-yet.invalid:5",
+         "--dns-wait-s", "60", "--listen", "127.0.0.1:0"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=open(work / "dns-wait.log", "w"))
+    check(wait_until(lambda: "retrying" in
+                     (work / "dns-wait.log").read_text(), timeout=10),
+          "waiting for --replicas-dns, it says so")
+    waiting.send_signal(signal.SIGTERM)
+    try:
+        rc = waiting.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        waiting.kill()
+        rc = None
+    check(rc == 0, f"SIGTERM while waiting for DNS: exit 0 at once (rc {rc})")
     rc, log = run_to_end(
         [a.shardlm, "router", "--replicas-dns", "leaders-without-port"],
         work / "dns-flag.log")
