@@ -11,7 +11,8 @@ replicas (--threads 1), a direct request to a replica as the reference:
   it served resumes elsewhere with the undisturbed text, and requests sent
   while it dies all succeed;
 - with SHARDLM_API_KEY and TLS (certificates made here with openssl) on
-  the router's ports and to the replicas: no key is 401 / UNAUTHENTICATED,
+  the router's ports and mutual TLS to the replica (and mutual TLS on the
+  router's ports too): no key is 401 / UNAUTHENTICATED,
   the key gives the reference text over HTTPS and gRPC over TLS, plaintext
   gets no answer; a --replica-tls-ca that is not a file is an error naming
   the flag;
@@ -158,18 +159,20 @@ def openssl(*args, cwd):
 
 
 def make_pki(d):
-    """ca.pem/ca.key and server.pem/server.key for 127.0.0.1."""
+    """ca.pem/ca.key, server.pem/server.key for 127.0.0.1 and
+    client.pem/client.key, both signed by ca."""
     openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
             "-subj", "/CN=shardlm router test ca", "-keyout", "ca.key",
             "-out", "ca.pem", cwd=d)
     with open(os.path.join(d, "san.ext"), "w") as f:
         f.write("subjectAltName=IP:127.0.0.1,DNS:localhost\n")
-    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj",
-            "/CN=shardlm router test server", "-keyout", "server.key",
-            "-out", "server.csr", cwd=d)
-    openssl("x509", "-req", "-in", "server.csr", "-CA", "ca.pem", "-CAkey",
-            "ca.key", "-CAcreateserial", "-days", "2", "-extfile", "san.ext",
-            "-out", "server.pem", cwd=d)
+    for name in ("server", "client"):
+        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj",
+                f"/CN=shardlm router test {name}", "-keyout", f"{name}.key",
+                "-out", f"{name}.csr", cwd=d)
+        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.pem",
+                "-CAkey", "ca.key", "-CAcreateserial", "-days", "2",
+                "-extfile", "san.ext", "-out", f"{name}.pem", cwd=d)
 
 
 CASES = [  # (chat, prompt, stream, extra fields)
@@ -294,19 +297,32 @@ def check_security(a, pb2, pb2_grpc, work, reference):
     ca, cert, key = str(pki / "ca.pem"), str(pki / "server.pem"), \
         str(pki / "server.key")
     env = dict(os.environ, SHARDLM_API_KEY="router-test-key")
+    ccert, ckey = str(pki / "client.pem"), str(pki / "client.key")
+    # The replica wants a client certificate (mutual TLS): the router
+    # presents one with --replica-tls-cert/--replica-tls-key.
     replica, raddr = start_serve(
         a.shardlm, a.gguf, ["--threads", "1", "--tls-cert", cert,
-                            "--tls-key", key],
+                            "--tls-key", key, "--tls-client-ca", ca],
         stderr=open(work / "tls-replica.log", "w"), env=env)
     procs = [replica]
     try:
         router, gaddr, hport = start_router(
             a.shardlm, ["--replica", raddr, "--replica-tls-ca", ca,
-                        "--tls-cert", cert, "--tls-key", key],
+                        "--replica-tls-cert", ccert, "--replica-tls-key",
+                        ckey, "--tls-cert", cert, "--tls-key", key],
             work / "tls-router.log", env=env)
         procs.append(router)
         check(wait_until(lambda: _ready_count(hport, ca) == 1, timeout=120),
-              "the router reaches its TLS replica with the key")
+              "the router reaches its mutual-TLS replica with the key")
+        # Without a client certificate the replica refuses the router.
+        nocert, _, ncport = start_router(
+            a.shardlm, ["--replica", raddr, "--replica-tls-ca", ca],
+            work / "tls-router-nocert.log", env=env)
+        procs.append(nocert)
+        time.sleep(2)
+        check(_ready_count(ncport, None) == 0,
+              "without --replica-tls-cert the mutual-TLS replica is not "
+              "ready to the router")
         status, _, body = request(hport, "POST", "/v1/completions",
                                   {"prompt": "x", "max_tokens": 1}, ca=ca)
         check(status == 401 and "API key" in body,
@@ -347,6 +363,56 @@ def check_security(a, pb2, pb2_grpc, work, reference):
         except (OSError, http.client.HTTPException):
             check(True, "plaintext HTTP to the HTTPS port gets no answer")
         check(router.poll() is None, "the TLS router still runs")
+
+        # Mutual TLS on the router's own ports (--tls-client-ca).
+        mtls, mgaddr, mport = start_router(
+            a.shardlm, ["--replica", raddr, "--replica-tls-ca", ca,
+                        "--replica-tls-cert", ccert, "--replica-tls-key",
+                        ckey, "--tls-cert", cert, "--tls-key", key,
+                        "--tls-client-ca", ca],
+            work / "mtls-router.log", env=env)
+        procs.append(mtls)
+
+        def https_with_cert():
+            ctx = ssl.create_default_context(cafile=ca)
+            ctx.load_cert_chain(ccert, ckey)
+            conn = http.client.HTTPSConnection("127.0.0.1", mport, timeout=10,
+                                               context=ctx)
+            try:
+                conn.request("GET", "/health")
+                return conn.getresponse().status
+            except OSError:
+                return 0
+            finally:
+                conn.close()
+
+        check(wait_until(lambda: https_with_cert() == 200, timeout=30),
+              "mutual TLS on the router: HTTPS with a client certificate")
+        try:
+            status, _, _ = request(mport, "GET", "/health", ca=ca, timeout=5)
+            check(False, f"mutual TLS: HTTPS without a client certificate "
+                  f"is refused ({status})")
+        except (OSError, http.client.HTTPException):
+            check(True, "mutual TLS: HTTPS without a client certificate is "
+                  "refused")
+        good = grpc.ssl_channel_credentials(
+            open(ca, "rb").read(), open(ckey, "rb").read(),
+            open(ccert, "rb").read())
+        mstub = pb2_grpc.InferenceStub(grpc.secure_channel(mgaddr, good))
+        text = "".join(r.text for r in mstub.Generate(
+            req, timeout=60,
+            metadata=[("authorization", "Bearer router-test-key")]))
+        check(text == reference[1], "mutual TLS: gRPC with a client "
+              "certificate gets the reference text")
+        bare = pb2_grpc.InferenceStub(grpc.secure_channel(mgaddr, creds))
+        try:
+            bare.GetModelInfo(pb2.GetModelInfoRequest(), timeout=5)
+            check(False, "mutual TLS: gRPC without a client certificate is "
+                  "refused")
+        except grpc.RpcError as e:
+            check(e.code() == grpc.StatusCode.UNAVAILABLE,
+                  f"mutual TLS: gRPC without a client certificate fails "
+                  f"({e.code()})")
 
         rc, log = run_to_end(
             [a.shardlm, "router", "--replica", raddr, "--replica-tls-ca",
