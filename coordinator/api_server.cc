@@ -20,21 +20,6 @@ namespace {
 
 constexpr char kServiceName[] = "shardlm.v1.Inference";
 
-// TLS credentials for `tls` (mutual TLS with a client CA), or insecure
-// ones when it is not enabled.
-std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
-    const TlsConfig& tls) {
-  if (!tls.enabled()) return grpc::InsecureServerCredentials();
-  grpc::SslServerCredentialsOptions ssl(
-      tls.client_ca_pem.empty()
-          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
-          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
-  ssl.pem_root_certs = tls.client_ca_pem;
-  ssl.pem_key_cert_pairs.push_back(
-      {.private_key = tls.private_key_pem, .cert_chain = tls.cert_chain_pem});
-  return grpc::SslServerCredentials(ssl);
-}
-
 // shardlm.v1.Inference with the requests of Generate and Tokenize taken as
 // raw bytes (gRPC's generated sync service parses a message before any
 // code of ours runs): InferenceService checks the key, takes the budget
@@ -82,6 +67,19 @@ class WireService final : public grpc::Service {
 };
 
 }  // namespace
+
+std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
+    const TlsConfig& tls) {
+  if (!tls.enabled()) return grpc::InsecureServerCredentials();
+  grpc::SslServerCredentialsOptions ssl(
+      tls.client_ca_pem.empty()
+          ? GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE
+          : GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  ssl.pem_root_certs = tls.client_ca_pem;
+  ssl.pem_key_cert_pairs.push_back(
+      {.private_key = tls.private_key_pem, .cert_chain = tls.cert_chain_pem});
+  return grpc::SslServerCredentials(ssl);
+}
 
 absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
     Engine* engine, const Tokenizer* tokenizer,

@@ -20,6 +20,7 @@
 #include "coordinator/inference_service.h"
 #include "coordinator/memory_budget.h"
 #include "coordinator/tls.h"
+#include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "model/tokenizer.h"
 
@@ -27,6 +28,11 @@ namespace shardlm {
 
 class OpenAiApi;
 class ReplicaStateService;
+
+// gRPC server credentials for `tls` (mutual TLS with a client CA), or
+// insecure ones when it is not enabled. The router uses them too.
+std::shared_ptr<grpc::ServerCredentials> GrpcServerCredentials(
+    const TlsConfig& tls);
 
 struct ApiServerOptions {
   // "host:port"; port 0 binds a free port (see ApiServer::port()).

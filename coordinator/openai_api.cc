@@ -461,7 +461,25 @@ int HttpStatusFor(absl::StatusCode code) {
 
 OpenAiApi::OpenAiApi(Engine* engine, InferenceService* service,
                      OpenAiApiOptions options)
-    : engine_(engine), service_(service), options_(std::move(options)) {}
+    : engine_(engine),
+      service_(service),
+      run_([service](
+               const v1::GenerateRequest& request, absl::Time deadline,
+               const std::function<bool()>& cancelled,
+               const std::function<bool(const v1::GenerateResponse&)>& write,
+               RequestApi api) {
+        return service->Run(request, deadline, cancelled, write, api);
+      }),
+      context_length_(engine->config().context_length),
+      options_(std::move(options)) {}
+
+OpenAiApi::OpenAiApi(CompletionRunner run, int64_t context_length,
+                     OpenAiApiOptions options)
+    : engine_(nullptr),
+      service_(nullptr),
+      run_(std::move(run)),
+      context_length_(context_length),
+      options_(std::move(options)) {}
 
 // What Handle answers a /v1/ request without the key.
 constexpr char kMissingKey[] =
@@ -494,11 +512,11 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     // Live: the process answers.
     return send(200, "text/plain", "ok\n");
   }
-  if (req.path == "/ready") {
+  if (req.path == "/ready" && engine_ != nullptr) {
     if (absl::Status s = Ready(); !s.ok()) return fail(s);
     return send(200, "text/plain", "ready\n");
   }
-  if (req.path == "/metrics" && get) {
+  if (req.path == "/metrics" && get && engine_ != nullptr) {
     if (options_.metrics_auth &&
         !ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
       res.AddHeader("WWW-Authenticate", "Bearer");
@@ -515,14 +533,13 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     return fail(absl::UnauthenticatedError(kMissingKey));
   }
   if (req.path == "/v1/models" && get) {
-    const Json body = {
-        {"object", "list"},
-        {"data",
-         {{{"id", options_.model_name},
-           {"object", "model"},
-           {"created", 0},
-           {"owned_by", "shardlm"},
-           {"max_model_len", engine_->config().context_length}}}}};
+    const Json body = {{"object", "list"},
+                       {"data",
+                        {{{"id", options_.model_name},
+                          {"object", "model"},
+                          {"created", 0},
+                          {"owned_by", "shardlm"},
+                          {"max_model_len", context_length_}}}}};
     return send(200, "application/json", Dump(body));
   }
   const bool completions = req.path == "/v1/completions";
@@ -567,9 +584,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return fail(Invalid("the body is not a JSON object"));
   }
   int top_n = -1;
-  absl::StatusOr<v1::GenerateRequest> proto =
-      ToProto(body, req.body, chat, options_.model_name,
-              engine_->config().context_length, &top_n);
+  absl::StatusOr<v1::GenerateRequest> proto = ToProto(
+      body, req.body, chat, options_.model_name, context_length_, &top_n);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
@@ -650,7 +666,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     }
     return res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"));
   };
-  const absl::Status status = service_->Run(
+  const absl::Status status = run_(
       *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
       RequestApi::kHttp);
   if (!status.ok()) {

@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -42,10 +43,23 @@ struct OpenAiApiOptions {
   MemoryBudget* memory_budget = nullptr;
 };
 
+// Runs one request as InferenceService::Run does (the router's forwarding
+// has the same contract).
+using CompletionRunner = std::function<absl::Status(
+    const v1::GenerateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::GenerateResponse&)>& write,
+    RequestApi api)>;
+
 // Thread-safe; `engine` and `service` are not owned and must outlive it.
 class OpenAiApi {
  public:
   OpenAiApi(Engine* engine, InferenceService* service,
+            OpenAiApiOptions options);
+  // Without an engine (the router, docs/router.md): requests run on `run`,
+  // for a model of `context_length` tokens; Handle serves /health and /v1/
+  // only (/ready and /metrics are the caller's to answer).
+  OpenAiApi(CompletionRunner run, int64_t context_length,
             OpenAiApiOptions options);
 
   // An HttpHandler.
@@ -63,8 +77,10 @@ class OpenAiApi {
  private:
   void Complete(const HttpRequest& request, HttpResponse& response, bool chat);
 
-  Engine* engine_;
-  InferenceService* service_;
+  Engine* engine_;             // Null without an engine.
+  InferenceService* service_;  // Null without an engine.
+  CompletionRunner run_;
+  int64_t context_length_;
   OpenAiApiOptions options_;
   std::atomic<int64_t> next_id_{0};
   absl::Mutex ready_mu_;

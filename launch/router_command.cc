@@ -1,12 +1,13 @@
 // shardlm router: one endpoint in front of several replicas (clusters or
 // `serve` processes) of the same model (DESIGN.md section 1; docs/
 // router.md). Serves shardlm.v1.Inference, grpc.health.v1 and reflection
-// over gRPC, and /health, /ready and /metrics over HTTP, until SIGINT or
-// SIGTERM.
+// over gRPC, and the OpenAI-style API, /health, /ready and /metrics over
+// HTTP, until SIGINT or SIGTERM.
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -14,11 +15,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "absl/synchronization/mutex.h"
+#include "coordinator/api_server.h"
 #include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
+#include "coordinator/memory_budget.h"
+#include "coordinator/tls.h"
+#include "core/status.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "grpcpp/resource_quota.h"
+#include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
 #include "launch/commands.h"
@@ -26,7 +32,9 @@
 #include "launch/flags.h"
 #include "launch/remote_generate.h"
 #include "model/tokenizer.h"
+#include "router/replica_dns.h"
 #include "router/replica_set.h"
+#include "router/router_http.h"
 #include "router/router_service.h"
 
 namespace shardlm {
@@ -43,7 +51,51 @@ struct RouterFlags {
   int64_t load_slack = 4;
   int64_t stale_after_ms = 1000;
   int64_t max_grpc_calls = 512;
+  int64_t drain_timeout_s = 30;
+  std::string replicas_dns;
+  int64_t dns_interval_ms = 5000;
+  int64_t dns_wait_s = 30;
+  // The router's own ports (as a coordinator's), and its calls to replicas.
+  std::string tls_cert, tls_key, tls_client_ca;
+  std::string replica_tls_ca, replica_tls_cert, replica_tls_key;
+  int64_t request_memory_mb = 0;
+  int64_t idle_thread_timeout_s = 10;
+  bool metrics_auth = false;
 };
+
+// Channel credentials for the calls to the replicas: TLS when
+// --replica-tls-ca is given (mutual with --replica-tls-cert/-key).
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReplicaCredentials(
+    const RouterFlags& f) {
+  if (f.replica_tls_ca.empty()) {
+    if (!f.replica_tls_cert.empty() || !f.replica_tls_key.empty()) {
+      return absl::InvalidArgumentError(
+          "--replica-tls-cert and --replica-tls-key need --replica-tls-ca "
+          "(the replicas' CA)");
+    }
+    return grpc::InsecureChannelCredentials();
+  }
+  if (f.replica_tls_cert.empty() != f.replica_tls_key.empty()) {
+    return absl::InvalidArgumentError(
+        "--replica-tls-cert and --replica-tls-key go together: give both or "
+        "neither");
+  }
+  grpc::SslCredentialsOptions ssl;
+  ASSIGN_OR_RETURN(ssl.pem_root_certs,
+                   ReadPemFile(f.replica_tls_ca, "--replica-tls-ca"));
+  if (!f.replica_tls_cert.empty()) {
+    ASSIGN_OR_RETURN(ssl.pem_cert_chain,
+                     ReadPemFile(f.replica_tls_cert, "--replica-tls-cert"));
+    ASSIGN_OR_RETURN(ssl.pem_private_key,
+                     ReadPemFile(f.replica_tls_key, "--replica-tls-key"));
+    RETURN_IF_ERROR(CheckKeyPair(ssl.pem_cert_chain, ssl.pem_private_key,
+                                 "--replica-tls-cert " + f.replica_tls_cert,
+                                 "--replica-tls-key " + f.replica_tls_key));
+  }
+  RETURN_IF_ERROR(CheckCertificates(ssl.pem_root_certs,
+                                    "--replica-tls-ca " + f.replica_tls_ca));
+  return grpc::SslCredentials(ssl);
+}
 
 // Addresses from a file: one per line; blank lines and #-comments skipped.
 absl::StatusOr<std::vector<std::string>> ReadReplicasFile(
@@ -75,10 +127,13 @@ int Fail(const absl::Status& s) {
 int RouterCommand(int argc, char** argv) {
   RouterFlags f;
   FlagSet flags(
-      "usage: shardlm router --replica HOST:PORT [--replica ...] "
-      "[--listen HOST:PORT] [flags]\n"
-      "One gRPC endpoint (shardlm.v1.Inference, health, reflection) in front\n"
-      "of several replicas serving the same model: each Generate goes to the\n"
+      "usage: shardlm router (--replica HOST:PORT ... | --replicas-file FILE "
+      "|\n"
+      "    --replicas-dns NAME:PORT) [--listen HOST:PORT] [--http-listen "
+      "HOST:PORT] [flags]\n"
+      "One gRPC endpoint (shardlm.v1.Inference, health, reflection) and one\n"
+      "OpenAI-style HTTP endpoint in front of several replicas serving the\n"
+      "same model: each request goes to the\n"
       "replica the policy picks; a request that fails before its first token\n"
       "is retried once elsewhere, one that fails mid-stream is resumed\n"
       "elsewhere with the same text. See docs/router.md.");
@@ -88,9 +143,49 @@ int RouterCommand(int argc, char** argv) {
             "a file of replica addresses, one per line (# comments); "
             "re-read when it changes (looked at every second)");
   flags.Add("listen", &f.listen, "gRPC address to listen on; port 0 picks one");
+  flags.Add("drain-timeout-s", &f.drain_timeout_s,
+            "on SIGTERM/SIGINT, how long requests in flight may take to "
+            "finish (new ones are refused, /ready says 503) before they are "
+            "cancelled; a second signal stops at once");
+  flags.Add("replicas-dns", &f.replicas_dns,
+            "NAME:PORT: every address NAME resolves to is a replica on PORT "
+            "(a LeaderWorkerSet's leader headless service); re-resolved "
+            "every --dns-interval-ms, replicas added and removed as the "
+            "records change");
+  flags.Add("dns-interval-ms", &f.dns_interval_ms,
+            "how often --replicas-dns is resolved again");
+  flags.Add("dns-wait-s", &f.dns_wait_s,
+            "at startup, how long --replicas-dns may fail to resolve "
+            "(retried every second) before the router gives up");
   flags.Add("http-listen", &f.http_listen,
-            "address of /health, /ready (200 while a replica is ready) and "
-            "/metrics; empty: none");
+            "address of the OpenAI-style API (/v1/completions, "
+            "/v1/chat/completions, /v1/models), /health, /ready (200 while "
+            "a replica is ready) and /metrics; empty: none");
+  flags.Add("tls-cert", &f.tls_cert,
+            "PEM certificate (chain) of the router's gRPC and HTTP ports: "
+            "both serve TLS only (with --tls-key)");
+  flags.Add("tls-key", &f.tls_key, "PEM private key of --tls-cert");
+  flags.Add("tls-client-ca", &f.tls_client_ca,
+            "PEM CA for mutual TLS: clients must present a certificate it "
+            "signed");
+  flags.Add("replica-tls-ca", &f.replica_tls_ca,
+            "PEM CA that signed the replicas' certificates: call them over "
+            "TLS");
+  flags.Add("replica-tls-cert", &f.replica_tls_cert,
+            "PEM client certificate for replicas that require mutual TLS "
+            "(with --replica-tls-key and --replica-tls-ca)");
+  flags.Add("replica-tls-key", &f.replica_tls_key,
+            "PEM private key of --replica-tls-cert");
+  flags.Add("request-memory-mb", &f.request_memory_mb,
+            "MiB that requests in flight may cost the router (HTTP bodies "
+            "and their parse, gRPC requests); past it a request waits "
+            "250 ms, then gets 429 / RESOURCE_EXHAUSTED. 0: an eighth of "
+            "the machine's (or cgroup's) memory, within 256 MiB..16 GiB");
+  flags.Add("idle-thread-timeout-s", &f.idle_thread_timeout_s,
+            "HTTP pool threads above the base (4) exit after this many "
+            "seconds without work");
+  flags.Add("metrics-auth", &f.metrics_auth,
+            "/metrics needs the API key (SHARDLM_API_KEY) too");
   flags.Add("policy", &f.policy, "kv, least-load or round-robin");
   flags.Add("model", &f.model,
             "the replicas' model file or directory, for its tokenizer: kv "
@@ -130,8 +225,37 @@ int RouterCommand(int argc, char** argv) {
       f.replicas.insert(f.replicas.end(), more->begin(), more->end());
     }
   }
-  if (problem.empty() && f.replicas.empty()) {
-    problem = "give at least one --replica HOST:PORT (or --replicas-file)";
+  std::optional<DnsTarget> dns;
+  if (problem.empty() && !f.replicas_dns.empty()) {
+    absl::StatusOr<DnsTarget> t = ParseDnsTarget(f.replicas_dns);
+    if (t.ok()) {
+      dns = *t;
+    } else {
+      problem = std::string(t.status().message());
+    }
+  }
+  if (problem.empty() && f.replicas.empty() && !dns.has_value()) {
+    problem =
+        "give at least one --replica HOST:PORT (or --replicas-file, or "
+        "--replicas-dns NAME:PORT)";
+  }
+  if (problem.empty() && (f.drain_timeout_s < 0 || f.drain_timeout_s > 86400)) {
+    problem = "--drain-timeout-s must be 0..86400";
+  }
+  if (problem.empty() &&
+      (f.dns_interval_ms < 100 || f.dns_interval_ms > 3600000)) {
+    problem = "--dns-interval-ms must be 100..3600000";
+  }
+  if (problem.empty() && (f.dns_wait_s < 0 || f.dns_wait_s > 3600)) {
+    problem = "--dns-wait-s must be 0..3600";
+  }
+  if (problem.empty() &&
+      (f.request_memory_mb < 0 || f.request_memory_mb > (int64_t{1} << 30))) {
+    problem = "--request-memory-mb must be in [0, 2^30] (0: the default)";
+  }
+  if (problem.empty() &&
+      (f.idle_thread_timeout_s < 1 || f.idle_thread_timeout_s > 86400)) {
+    problem = "--idle-thread-timeout-s must be in [1, 86400]";
   }
   if (problem.empty() && f.listen.empty()) problem = "--listen is empty";
   if (problem.empty() && !(f.load_factor >= 1.0)) {
@@ -160,16 +284,64 @@ int RouterCommand(int argc, char** argv) {
   sigaddset(&stop_signals, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+  absl::StatusOr<TlsConfig> tls =
+      LoadTlsConfig(f.tls_cert, f.tls_key, f.tls_client_ca);
+  if (!tls.ok()) return Fail(tls.status());
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> replica_creds =
+      ReplicaCredentials(f);
+  if (!replica_creds.ok()) return Fail(replica_creds.status());
+  const std::string api_key = ApiKeyFromEnv();
+  if (f.metrics_auth && api_key.empty()) {
+    return Fail(absl::InvalidArgumentError(
+        "--metrics-auth needs an API key (set SHARDLM_API_KEY)"));
+  }
+
+  // The replica list's sources; with DNS, its first answer is waited for.
+  ReplicaSources sources(flag_replicas);
+  std::vector<std::string> file_replicas(
+      f.replicas.begin() + flag_replicas.size(), f.replicas.end());
+  sources.Set(ReplicaSources::kFile, file_replicas);
+  if (dns.has_value()) {
+    const absl::Time give_up = absl::Now() + absl::Seconds(f.dns_wait_s);
+    while (true) {
+      absl::StatusOr<std::vector<std::string>> found =
+          DnsReplicaAddresses(*dns, ResolveHost);
+      if (found.ok()) {
+        sources.Set(ReplicaSources::kDns, *found);
+        std::fprintf(stderr,
+                     "[shardlm router] --replicas-dns %s: %zu replicas\n",
+                     f.replicas_dns.c_str(), found->size());
+        break;
+      }
+      if (absl::Now() >= give_up) {
+        return Fail(absl::NotFoundError(absl::StrCat(
+            "--replicas-dns ", f.replicas_dns, ": ", found.status().message(),
+            " (for ", f.dns_wait_s, " s)")));
+      }
+      std::fprintf(stderr, "[shardlm router] --replicas-dns %s: %s; retrying\n",
+                   f.replicas_dns.c_str(),
+                   std::string(found.status().message()).c_str());
+      // A second, or a stop signal (nothing to drain yet: exit at once).
+      const timespec second = {1, 0};
+      if (sigtimedwait(&stop_signals, nullptr, &second) > 0) {
+        std::fprintf(stderr,
+                     "[shardlm] router: stopped while waiting for "
+                     "--replicas-dns\n");
+        return 0;
+      }
+    }
+  }
+
   std::unique_ptr<Tokenizer> tokenizer;
   if (!f.model.empty()) {
     auto t = LoadTokenizer(f.model);
     if (!t.ok()) return Fail(t.status());
     tokenizer = *std::move(t);
   }
-  const std::string api_key = ApiKeyFromEnv();
   ReplicaSetOptions set_options;
-  set_options.addresses = f.replicas;
+  set_options.addresses = sources.All();
   set_options.api_key = api_key;
+  set_options.credentials = *replica_creds;
   set_options.stale_after = absl::Milliseconds(f.stale_after_ms);
   auto replicas = ReplicaSet::Start(std::move(set_options));
   if (!replicas.ok()) return Fail(replicas.status());
@@ -185,8 +357,12 @@ int RouterCommand(int argc, char** argv) {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(f.listen, grpc::InsecureServerCredentials(), &port);
-  std::unique_ptr<grpc::Service> wire = RouterWireService(&service);
+  builder.AddListeningPort(f.listen, GrpcServerCredentials(*tls), &port);
+  // What requests in flight may cost, as on a replica.
+  MemoryBudget budget(f.request_memory_mb > 0
+                          ? f.request_memory_mb << 20
+                          : MemoryBudget::DefaultLimitBytes());
+  std::unique_ptr<grpc::Service> wire = RouterWireService(&service, &budget);
   builder.RegisterService(wire.get());
   // As on a replica: a burst of streams costs threads up to this cap, then
   // RESOURCE_EXHAUSTED; a few more keep health checks answering.
@@ -203,37 +379,18 @@ int RouterCommand(int argc, char** argv) {
   }
 
   std::unique_ptr<HttpServer> http;
+  RouterHttpApi http_api(replicas->get(), &service,
+                         RouterHttpOptions{.api_key = api_key,
+                                           .metrics_auth = f.metrics_auth,
+                                           .memory_budget = &budget});
   if (!f.http_listen.empty()) {
     HttpServerOptions http_options;
     http_options.listen_address = f.http_listen;
-    http_options.probe_paths = {"/health", "/ready"};
-    ReplicaSet* set = replicas->get();
-    auto started = HttpServer::Start(http_options, [set, &service](
-                                                       const HttpRequest& req,
-                                                       HttpResponse& res) {
-      if (req.method != "GET") {
-        res.Send(405, "text/plain", "GET only\n");
-      } else if (req.path == "/health") {
-        res.Send(200, "text/plain", "ok\n");
-      } else if (req.path == "/ready") {
-        const int n = set->ready_count();
-        if (n > 0) {
-          res.Send(200, "text/plain",
-                   absl::StrCat(n, " of ", set->size(), " replicas ready\n"));
-        } else {
-          res.Send(
-              503, "text/plain",
-              absl::StrCat("no replica is ready: ", set->Describe(), "\n"));
-        }
-      } else if (req.path == "/metrics") {
-        res.Send(200, "text/plain; version=0.0.4", service.Metrics());
-      } else {
-        res.Send(404, "text/plain",
-                 "the router serves /health, /ready and /metrics over "
-                 "HTTP; the OpenAI-style API is not routed yet (use "
-                 "gRPC)\n");
-      }
-    });
+    http_options.tls = *tls;
+    http_options.memory_budget = &budget;
+    http_options.idle_thread_timeout =
+        std::chrono::seconds(f.idle_thread_timeout_s);
+    auto started = StartRouterHttp(&http_api, std::move(http_options));
     if (!started.ok()) return Fail(started.status());
     http = *std::move(started);
   }
@@ -245,7 +402,8 @@ int RouterCommand(int argc, char** argv) {
     grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
     absl::MutexLock lock(&mu);
     while (!stopping) {
-      const bool serving = (*replicas)->ready_count() > 0;
+      const bool serving =
+          (*replicas)->ready_count() > 0 && !service.draining();
       if (h != nullptr) {
         h->SetServingStatus("", serving);
         h->SetServingStatus("shardlm.v1.Inference", serving);
@@ -254,33 +412,63 @@ int RouterCommand(int argc, char** argv) {
     }
   });
 
-  // --replicas-file: re-read when its modification time or size changes.
-  std::thread file_watcher;
-  if (!f.replicas_file.empty()) {
-    file_watcher = std::thread([&] {
+  // --replicas-file: re-read when its modification time or size changes
+  // (looked at every second); --replicas-dns: resolved again every
+  // --dns-interval-ms. Either change hands the union to the set.
+  std::thread source_watcher;
+  if (!f.replicas_file.empty() || dns.has_value()) {
+    source_watcher = std::thread([&] {
       namespace fs = std::filesystem;
       const auto stamp = [&]() -> std::pair<fs::file_time_type, uintmax_t> {
+        if (f.replicas_file.empty()) return {};
         std::error_code ec;
         const auto t = fs::last_write_time(f.replicas_file, ec);
         const auto n = fs::file_size(f.replicas_file, ec);
         return {ec ? fs::file_time_type() : t, ec ? 0 : n};
       };
       auto seen = stamp();
+      const absl::Duration dns_every = absl::Milliseconds(f.dns_interval_ms);
+      absl::Time next_dns = absl::Now() + dns_every;
+      std::string last_dns_problem;
+      const absl::Duration tick = std::min(
+          absl::Seconds(1), dns.has_value() ? dns_every : absl::Seconds(1));
       absl::MutexLock lock(&mu);
-      while (
-          !mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Seconds(1))) {
+      while (!mu.AwaitWithTimeout(absl::Condition(&stopping), tick)) {
+        bool changed = false;
         const auto now = stamp();
-        if (now == seen) continue;
-        seen = now;
-        auto listed = ReadReplicasFile(f.replicas_file);
-        if (!listed.ok()) {
-          std::fprintf(stderr, "[shardlm router] %s; keeping the replicas\n",
-                       std::string(listed.status().message()).c_str());
-          continue;
+        if (!f.replicas_file.empty() && now != seen) {
+          seen = now;
+          auto listed = ReadReplicasFile(f.replicas_file);
+          if (!listed.ok()) {
+            std::fprintf(stderr, "[shardlm router] %s; keeping the replicas\n",
+                         std::string(listed.status().message()).c_str());
+          } else {
+            changed |= sources.Set(ReplicaSources::kFile, *std::move(listed));
+          }
         }
-        std::vector<std::string> all = flag_replicas;
-        all.insert(all.end(), listed->begin(), listed->end());
-        if (absl::Status s = (*replicas)->SetAddresses(all); !s.ok()) {
+        if (dns.has_value() && absl::Now() >= next_dns) {
+          next_dns = absl::Now() + dns_every;
+          auto found = DnsReplicaAddresses(*dns, ResolveHost);
+          if (!found.ok()) {
+            // A name that stops resolving (every leader gone, or DNS down)
+            // keeps the replicas it had: their own state says whether
+            // they take requests.
+            const std::string why(found.status().message());
+            if (why != last_dns_problem) {
+              std::fprintf(stderr,
+                           "[shardlm router] --replicas-dns %s: %s; keeping "
+                           "the replicas\n",
+                           f.replicas_dns.c_str(), why.c_str());
+              last_dns_problem = why;
+            }
+          } else {
+            last_dns_problem.clear();
+            changed |= sources.Set(ReplicaSources::kDns, *std::move(found));
+          }
+        }
+        if (!changed) continue;
+        if (absl::Status s = (*replicas)->SetAddresses(sources.All());
+            !s.ok()) {
           std::fprintf(stderr, "[shardlm router] %s\n",
                        std::string(s.message()).c_str());
         }
@@ -304,18 +492,36 @@ int RouterCommand(int argc, char** argv) {
   int sig = 0;
   RouteStopSignalsHere();
   sigwait(&stop_signals, &sig);
-  std::fprintf(stderr, "[shardlm] router: signal %d, stopping\n", sig);
+  // Drain: not ready at once, new requests refused, those in flight run
+  // on for up to --drain-timeout-s (a second signal cuts it short).
+  std::fprintf(stderr,
+               "[shardlm] router: %s: draining (up to %lld s; new requests "
+               "are refused; a second signal stops at once)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM",
+               static_cast<long long>(f.drain_timeout_s));
+  service.StartDraining();  // The health thread sees it within 100 ms.
+  const absl::Time drain_end = absl::Now() + absl::Seconds(f.drain_timeout_s);
+  bool second = false;
+  while (service.in_flight() > 0 && absl::Now() < drain_end && !second) {
+    const timespec pace = {0, 50'000'000};
+    second = sigtimedwait(&stop_signals, nullptr, &pace) > 0;
+  }
+  const int64_t left = service.in_flight();
+  std::fprintf(stderr, "[shardlm] router: %s; stopping\n",
+               left == 0 ? "drained"
+               : second  ? "second signal, cancelling the calls left"
+                         : "drain timeout, cancelling the calls left");
   {
     absl::MutexLock lock(&mu);
     stopping = true;
   }
   health.join();
-  if (file_watcher.joinable()) file_watcher.join();
+  if (source_watcher.joinable()) source_watcher.join();
   if (http != nullptr) http->Shutdown();
   // A second of grace; then calls in flight are cancelled (and with them
   // their calls to the replicas).
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return 0;
+  return second ? 1 : 0;
 }
 
 }  // namespace shardlm

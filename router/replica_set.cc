@@ -44,7 +44,10 @@ ReplicaSet::ReplicaSet(ReplicaSetOptions options)
 ReplicaSet::Replica* ReplicaSet::Add(const std::string& address) {
   auto r = std::make_unique<Replica>();
   r->address = address;
-  r->channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  r->channel =
+      grpc::CreateChannel(address, options_.credentials != nullptr
+                                       ? options_.credentials
+                                       : grpc::InsecureChannelCredentials());
   r->stub = v1::Inference::NewStub(r->channel);
   r->problem = "not contacted yet";
   replicas_.push_back(std::move(r));
@@ -198,7 +201,18 @@ absl::StatusOr<std::string> ReplicaSet::ModelOf(Replica& r) {
         "GetModelInfo on ", r.address, " failed within ",
         absl::FormatDuration(options_.call_timeout), ": ", s.error_message()));
   }
+  {
+    absl::MutexLock lock(&mu_);
+    if (context_length_ == 0 && (model_.empty() || model_ == info.name())) {
+      context_length_ = info.context_length();
+    }
+  }
   return info.name();
+}
+
+int64_t ReplicaSet::context_length() const {
+  absl::MutexLock lock(&mu_);
+  return context_length_;
 }
 
 void ReplicaSet::Watch(Replica* r) {

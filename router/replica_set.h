@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/security/credentials.h"
 #include "router/routing_policy.h"
 #include "shardlm/v1/inference.grpc.pb.h"
 
@@ -41,6 +42,8 @@ struct ReplicaSetOptions {
   absl::Duration call_timeout = absl::Seconds(2);
   // Between reconnection attempts to a replica that is down.
   absl::Duration retry_every = absl::Milliseconds(200);
+  // The channels' credentials (TLS to the replicas); null: plaintext.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
 
 // Figures for /metrics, per replica.
@@ -71,6 +74,8 @@ class ReplicaSet {
   ReplicaCounters& counters(int i) { return replicas_[i]->counters; }
   // The model every replica must serve; empty until one answered.
   std::string model() const;
+  // Its context length (as that replica reported it); 0 until one answered.
+  int64_t context_length() const;
 
   // Chooses a replica with `policy` for a request whose prompt is
   // `prompt` (empty: unknown; kv then ranks by load alone), never
@@ -122,8 +127,10 @@ class ReplicaSet {
   // Starts r's watcher (joining one that ended).
   void StartWatching(Replica* r) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Watch(Replica* r);
-  // GetModelInfo on `r`: the model's name, or why not.
+  // GetModelInfo on `r`: the model's name, or why not. Notes its context
+  // length when it serves the set's model (or none is set yet).
   absl::StatusOr<std::string> ModelOf(Replica& r);
+
   bool Usable(const Replica& r, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
@@ -135,6 +142,7 @@ class ReplicaSet {
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string model_ ABSL_GUARDED_BY(mu_);
+  int64_t context_length_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace shardlm

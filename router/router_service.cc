@@ -22,9 +22,21 @@ grpc::Status Named(const grpc::Status& s, const std::string& address) {
                                                    s.error_message()));
 }
 
-// `request` parsed as a T, or INVALID_ARGUMENT naming what it should be.
+// `request` parsed as a T, or INVALID_ARGUMENT naming what it should be;
+// with a budget, its share taken into `share` first (RESOURCE_EXHAUSTED
+// when it does not fit).
 template <typename T>
-grpc::Status Parse(const grpc::ByteBuffer& request, const char* what, T* out) {
+grpc::Status Parse(const grpc::ByteBuffer& request, const char* what,
+                   MemoryBudget* budget, MemoryShare* share, T* out) {
+  if (budget != nullptr) {
+    absl::StatusOr<MemoryShare> taken = budget->Take(
+        3 * static_cast<int64_t>(request.Length()) + 4096, "the gRPC message");
+    if (!taken.ok()) {
+      return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                          std::string(taken.status().message()));
+    }
+    *share = *std::move(taken);
+  }
   std::vector<grpc::Slice> slices;
   std::string bytes;
   if (request.Dump(&slices).ok()) {
@@ -42,7 +54,8 @@ grpc::Status Parse(const grpc::ByteBuffer& request, const char* what, T* out) {
 
 class WireService final : public grpc::Service {
  public:
-  explicit WireService(RouterService* service) : service_(service) {
+  WireService(RouterService* service, MemoryBudget* budget)
+      : service_(service), budget_(budget) {
     using grpc::internal::RpcMethod;
     using grpc::internal::RpcServiceMethod;
     AddMethod(new RpcServiceMethod(
@@ -52,8 +65,13 @@ class WireService final : public grpc::Service {
             [](WireService* s, grpc::ServerContext* context,
                const grpc::ByteBuffer* request,
                grpc::ServerWriter<v1::GenerateResponse>* writer) {
+              if (grpc::Status st = s->service_->CheckKey(*context); !st.ok()) {
+                return st;
+              }
+              MemoryShare share;
               v1::GenerateRequest parsed;
-              grpc::Status st = Parse(*request, "GenerateRequest", &parsed);
+              grpc::Status st = Parse(*request, "GenerateRequest", s->budget_,
+                                      &share, &parsed);
               if (!st.ok()) return st;
               return s->service_->Generate(context, &parsed, writer);
             },
@@ -65,8 +83,13 @@ class WireService final : public grpc::Service {
             [](WireService* s, grpc::ServerContext* context,
                const grpc::ByteBuffer* request,
                v1::TokenizeResponse* response) {
+              if (grpc::Status st = s->service_->CheckKey(*context); !st.ok()) {
+                return st;
+              }
+              MemoryShare share;
               v1::TokenizeRequest parsed;
-              grpc::Status st = Parse(*request, "TokenizeRequest", &parsed);
+              grpc::Status st = Parse(*request, "TokenizeRequest", s->budget_,
+                                      &share, &parsed);
               if (!st.ok()) return st;
               return s->service_->Tokenize(context, &parsed, response);
             },
@@ -86,12 +109,14 @@ class WireService final : public grpc::Service {
 
  private:
   RouterService* service_;  // Not owned.
+  MemoryBudget* budget_;    // Not owned; may be null.
 };
 
 }  // namespace
 
-std::unique_ptr<grpc::Service> RouterWireService(RouterService* service) {
-  return std::make_unique<WireService>(service);
+std::unique_ptr<grpc::Service> RouterWireService(RouterService* service,
+                                                 MemoryBudget* budget) {
+  return std::make_unique<WireService>(service, budget);
 }
 
 RouterService::RouterService(ReplicaSet* replicas, const Tokenizer* tokenizer,
@@ -121,6 +146,10 @@ void RouterService::WatchStalls() {
     for (Call* c : calls_) {
       // A replica taken out of the list is no longer watched: its calls
       // run on (a broken one still ends them), guarded by their deadline.
+      if (c->client_gone != nullptr && (*c->client_gone)()) {
+        c->context->TryCancel();  // Forward sees client_gone() after.
+        continue;
+      }
       if (!c->stalled.load() && !replicas_->Removed(c->replica) &&
           replicas_->SilentFor(c->replica) > options_.stall_after) {
         c->stalled = true;
@@ -209,15 +238,58 @@ grpc::Status RouterService::Generate(
     grpc::ServerContext* context, const v1::GenerateRequest* request,
     grpc::ServerWriter<v1::GenerateResponse>* writer) {
   if (grpc::Status s = CheckKey(*context); !s.ok()) return s;
+  return Forward(
+      *request, [&] { return Upstream(context); },
+      [context] { return context->IsCancelled(); }, /*watch_client=*/false,
+      [writer](const v1::GenerateResponse& r) { return writer->Write(r); });
+}
+
+absl::Status RouterService::Run(
+    const v1::GenerateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::GenerateResponse&)>& write) {
+  const auto upstream = [&] {
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    if (deadline != absl::InfiniteFuture()) {
+      ctx->set_deadline(absl::ToChronoTime(deadline));
+    }
+    if (!options_.api_key.empty()) {
+      ctx->AddMetadata("authorization", "Bearer " + options_.api_key);
+    }
+    return ctx;
+  };
+  const grpc::Status s = Forward(
+      request, upstream, cancelled, /*watch_client=*/true,
+      [&](const v1::GenerateResponse& r) { return !cancelled() && write(r); });
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      s.error_message());
+}
+
+grpc::Status RouterService::Forward(
+    const v1::GenerateRequest& request,
+    const std::function<std::unique_ptr<grpc::ClientContext>()>& make_upstream,
+    const std::function<bool()>& client_gone, bool watch_client,
+    const std::function<bool(const v1::GenerateResponse&)>& write) {
+  // Counted before draining is looked at, so that a drain that saw no call
+  // in flight cannot miss one that got past the check.
+  ++in_flight_;
+  struct Done {
+    std::atomic<int64_t>& n;
+    ~Done() { --n; }
+  } done{in_flight_};
+  if (draining_.load()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        "draining: the router is shutting down");
+  }
   // Only kv hashes the prompt; the other policies need no tokens.
   const std::vector<int32_t> prompt =
-      options_.routing.kind == RoutingPolicyKind::kKv ? PromptTokens(*request)
+      options_.routing.kind == RoutingPolicyKind::kKv ? PromptTokens(request)
                                                       : std::vector<int32_t>();
   const int32_t max_tokens =
-      request->max_tokens() > 0 ? request->max_tokens() : 16;
+      request.max_tokens() > 0 ? request.max_tokens() : 16;
   // What this call sends: the request, plus (after a mid-stream failure)
   // every token the client has been sent.
-  v1::GenerateRequest forward = *request;
+  v1::GenerateRequest forward = request;
   bool retried = false;
   int resumed = 0;
   int failed = -1;  // The replica the last attempt failed on.
@@ -229,8 +301,10 @@ grpc::Status RouterService::Generate(
           grpc::StatusCode::UNAVAILABLE,
           absl::StrCat("no replica is ready: ", replicas_->Describe()));
     }
-    std::unique_ptr<grpc::ClientContext> upstream = Upstream(context);
-    Call call{.replica = r, .context = upstream.get()};
+    std::unique_ptr<grpc::ClientContext> upstream = make_upstream();
+    Call call{.replica = r,
+              .context = upstream.get(),
+              .client_gone = watch_client ? &client_gone : nullptr};
     {
       absl::MutexLock lock(&calls_mu_);
       calls_.push_back(&call);
@@ -241,11 +315,11 @@ grpc::Status RouterService::Generate(
     {
       auto reader = replicas_->stub(r).Generate(upstream.get(), forward);
       v1::GenerateResponse response;
-      bool client_gone = false;
+      bool left = false;
       while (reader->Read(&response)) {
         for (int32_t t : response.token_ids()) forward.add_resume_token_ids(t);
-        if (!writer->Write(response)) {
-          client_gone = true;
+        if (!write(response)) {
+          left = true;
           upstream->TryCancel();
           break;
         }
@@ -253,7 +327,7 @@ grpc::Status RouterService::Generate(
         finished = finished || !response.finish_reason().empty();
       }
       s = reader->Finish();
-      if (client_gone) s = grpc::Status(grpc::StatusCode::CANCELLED, "");
+      if (left) s = grpc::Status(grpc::StatusCode::CANCELLED, "");
     }
     {
       absl::MutexLock lock(&calls_mu_);
@@ -271,14 +345,13 @@ grpc::Status RouterService::Generate(
         (finished && s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
       return grpc::Status::OK;
     }
-    if (context->IsCancelled() ||
-        s.error_code() != grpc::StatusCode::UNAVAILABLE) {
+    if (client_gone() || s.error_code() != grpc::StatusCode::UNAVAILABLE) {
       return Named(s, replicas_->address(r));
     }
     replicas_->counters(r).failures++;
     failed = r;
     const bool started = wrote || forward.resume_token_ids_size() >
-                                      request->resume_token_ids_size();
+                                      request.resume_token_ids_size();
     if (!started) {
       if (retried) return Named(s, replicas_->address(r));
       retried = true;

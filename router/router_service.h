@@ -17,6 +17,7 @@
 #define SHARDLM_ROUTER_ROUTER_SERVICE_H_
 
 #include <atomic>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "coordinator/memory_budget.h"
 #include "coordinator/serving_metrics.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"
@@ -66,29 +68,63 @@ class RouterService final : public v1::Inference::Service {
                             const v1::GetModelInfoRequest* request,
                             v1::ModelInfo* response) override;
 
+  // Generate without gRPC (the router's HTTP API, through OpenAiApi), with
+  // InferenceService::Run's contract: routed, retried and resumed as a
+  // gRPC call is; `deadline` bounds the calls to replicas; `cancelled` is
+  // polled (every 100 ms, and before each response is handed to `write`)
+  // and cancels the call; `write` returning false does too (Cancelled).
+  // The router's own API key goes to the replicas (the caller checked the
+  // client's).
+  absl::Status Run(
+      const v1::GenerateRequest& request, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<bool(const v1::GenerateResponse&)>& write);
+
   // Prometheus text: requests per replica, retries, resumes, predicted
   // prefix blocks, routing decision time, replicas ready.
   std::string Metrics() const;
   int64_t retries() const { return retries_.load(); }
+
+  // Draining (SIGTERM): from now on Generate (both APIs) refuses new
+  // requests with UNAVAILABLE; those already in it run to their end. Not
+  // undone.
+  void StartDraining() { draining_ = true; }
+  bool draining() const { return draining_.load(); }
+  // Generate calls in progress (either API).
+  int64_t in_flight() const { return in_flight_.load(); }
   int64_t resumes() const { return resumes_.load(); }
 
   // The prompt's token ids as a replica's engine will see them (chat
   // template, truncation), or empty when the router cannot know them.
   std::vector<int32_t> PromptTokens(const v1::GenerateRequest& request) const;
 
+  // OK, or UNAUTHENTICATED when the call lacks the API key.
+  grpc::Status CheckKey(const grpc::ServerContext& context) const;
+
  private:
   // One call in flight to a replica, for the stall watchdog.
   struct Call {
     int replica;
     grpc::ClientContext* context;
+    // Polled by the watchdog; null when cancellation travels by itself
+    // (a gRPC client's, through ClientContext::FromServerContext).
+    const std::function<bool()>* client_gone = nullptr;
     std::atomic<bool> stalled{false};
   };
-  grpc::Status CheckKey(const grpc::ServerContext& context) const;
   // A client context for a call on behalf of `context`: its deadline and
   // cancellation, and the key.
   std::unique_ptr<grpc::ClientContext> Upstream(
       grpc::ServerContext* context) const;
   int Choose(absl::Span<const int32_t> prompt, int exclude);
+  // Generate for either API: each attempt's context comes from `upstream`
+  // (deadline, cancellation, key); `client_gone` says the client left (for
+  // the watchdog; null: gRPC propagates it); `write` hands a response on
+  // (false: the client is gone).
+  grpc::Status Forward(
+      const v1::GenerateRequest& request,
+      const std::function<std::unique_ptr<grpc::ClientContext>()>& upstream,
+      const std::function<bool()>& client_gone, bool watch_client,
+      const std::function<bool(const v1::GenerateResponse&)>& write);
   void WatchStalls();
 
   ReplicaSet* replicas_;
@@ -99,6 +135,8 @@ class RouterService final : public v1::Inference::Service {
   RoutingPolicy policy_ ABSL_GUARDED_BY(policy_mu_);
   Histogram decision_seconds_;
   std::atomic<int64_t> retries_{0}, resumes_{0}, no_replica_{0};
+  std::atomic<bool> draining_{false};
+  std::atomic<int64_t> in_flight_{0};
 
   absl::Mutex calls_mu_;
   std::list<Call*> calls_ ABSL_GUARDED_BY(calls_mu_);
@@ -109,8 +147,12 @@ class RouterService final : public v1::Inference::Service {
 // shardlm.v1.Inference as the router registers it: requests are taken as
 // raw bytes and parsed here, so that a message that is not a valid request
 // is INVALID_ARGUMENT saying so (the generated service would answer
-// INTERNAL), as on a replica. `service` is not owned and outlives it.
-std::unique_ptr<grpc::Service> RouterWireService(RouterService* service);
+// INTERNAL), as on a replica. As on a replica too, the API key is checked
+// and the request's share of `budget` (three times its bytes: as received,
+// flattened, parsed) taken before the parse, and held until the call ends.
+// `service` and `budget` (may be null) are not owned and outlive it.
+std::unique_ptr<grpc::Service> RouterWireService(
+    RouterService* service, MemoryBudget* budget = nullptr);
 
 }  // namespace shardlm
 

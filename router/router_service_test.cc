@@ -397,6 +397,75 @@ TEST_F(RouterTest, ASilentReplicasCallsAreResumedElsewhere) {
   EXPECT_LT(before.size(), 8u) << "the silent replica was never cut off";
 }
 
+// The HTTP API's path (RouterService::Run, which OpenAiApi calls): routed,
+// resumed and keyed as a gRPC call is.
+TEST_F(RouterTest, RunResumesAMidStreamFailureAsGenerateDoes) {
+  FakeReplica dies(
+      {.tokens = {5, 6},
+       .end = grpc::Status(grpc::StatusCode::UNAVAILABLE, "gone")});
+  FakeReplica takes_over({.tokens = {7}});
+  Start({&dies, &takes_over});
+  std::vector<int32_t> tokens;
+  std::string finish;
+  const absl::Status s = service_->Run(
+      Request(), absl::Now() + absl::Seconds(20), [] { return false; },
+      [&](const v1::GenerateResponse& r) {
+        tokens.insert(tokens.end(), r.token_ids().begin(), r.token_ids().end());
+        if (!r.finish_reason().empty()) finish = r.finish_reason();
+        return true;
+      });
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(tokens, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_EQ(finish, "length");
+  ASSERT_EQ(takes_over.requests().size(), 1u);
+  EXPECT_EQ(takes_over.requests()[0].resume_position(), 2);
+  // No key configured: none is sent; the deadline travels.
+  EXPECT_EQ(takes_over.keys()[0], "(none)");
+  const auto left =
+      takes_over.deadlines()[0] - std::chrono::system_clock::now();
+  EXPECT_GT(left, std::chrono::seconds(10));
+  EXPECT_LT(left, std::chrono::seconds(21));
+}
+
+TEST_F(RouterTest, RunStopsWhenTheClientGoes) {
+  FakeReplica slow({.tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10},
+                    .gap = absl::Milliseconds(300)});
+  Start({&slow});
+  std::atomic<bool> gone{false};
+  std::atomic<int> written{0};
+  std::thread leave([&] {
+    absl::SleepFor(absl::Milliseconds(450));
+    gone = true;
+  });
+  const absl::Time start = absl::Now();
+  const absl::Status s = service_->Run(
+      Request(), absl::InfiniteFuture(), [&] { return gone.load(); },
+      [&](const v1::GenerateResponse&) {
+        ++written;
+        return true;
+      });
+  leave.join();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  // Cut by the watchdog (every 100 ms), not after the 3 s stream.
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  EXPECT_LE(written.load(), 2);
+}
+
+TEST_F(RouterTest, DrainingRefusesNewCallsOnBothApis) {
+  FakeReplica replica({.tokens = {1}});
+  Start({&replica});
+  service_->StartDraining();
+  const Streamed s = Call(Request());
+  EXPECT_EQ(s.status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_NE(s.status.error_message().find("draining"), std::string::npos);
+  const absl::Status r = service_->Run(
+      Request(), absl::InfiniteFuture(), [] { return false; },
+      [](const v1::GenerateResponse&) { return true; });
+  EXPECT_EQ(r.code(), absl::StatusCode::kUnavailable) << r;
+  EXPECT_TRUE(replica.requests().empty());
+  EXPECT_EQ(service_->in_flight(), 0);
+}
+
 TEST_F(RouterTest, NoReadyReplicaIsUnavailableNamingThem) {
   StartAt({"127.0.0.1:1"}, 0);  // Nothing listens there.
   const Streamed s = Call(Request());

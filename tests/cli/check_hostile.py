@@ -9,7 +9,12 @@ client, and 300 idle connections while the probes and the API must keep
 answering. (That the probes outlive API clients holding every handler
 thread is http_server_test's IdleConnectionsTakeNoThread... case.)
 
-  check_hostile.py --shardlm BIN --gguf MODEL
+  check_hostile.py --shardlm BIN --gguf MODEL [--router]
+
+With --router, the same table goes to a `shardlm router` (same key) in
+front of the serve process, and must get the same answers (but
+INVALID_ARGUMENT, not INTERNAL, for gRPC bytes that are no message); the
+request and KV leak checks read the replica's /metrics.
 """
 
 from __future__ import annotations
@@ -293,15 +298,31 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--gguf", required=True)
+    ap.add_argument("--router", action="store_true",
+                    help="send everything through a router")
     a = ap.parse_args()
 
     grpc_port, port = free_port(), free_port()
+    env = dict(os.environ, SHARDLM_API_KEY=KEY)
+    replica = None
+    metrics_port = port  # Where requests and KV blocks are counted.
+    if a.router:
+        replica_grpc, metrics_port = free_port(), free_port()
+        replica = subprocess.Popen(
+            [a.shardlm, "serve", "--model", a.gguf, "--listen",
+             f"127.0.0.1:{replica_grpc}", "--http-listen",
+             f"127.0.0.1:{metrics_port}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, env=env)
+        cmd = [a.shardlm, "router", "--replica", f"127.0.0.1:{replica_grpc}",
+               "--model", a.gguf]
+    else:
+        cmd = [a.shardlm, "serve", "--model", a.gguf]
     server = subprocess.Popen(
-        [a.shardlm, "serve", "--model", a.gguf, "--listen",
-         f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{port}"],
+        cmd + ["--listen", f"127.0.0.1:{grpc_port}", "--http-listen",
+               f"127.0.0.1:{port}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True,
-        env=dict(os.environ, SHARDLM_API_KEY=KEY))
+        stderr=subprocess.PIPE, text=True, env=env)
     good = completion(b'"The capital of France is"')
 
     class ServerDied(Exception):
@@ -328,7 +349,7 @@ def main() -> int:
             except OSError:
                 pass
             time.sleep(0.2)
-        check(server.poll() is None, "shardlm serve started")
+        check(server.poll() is None, f"shardlm {cmd[1]} started")
         if server.poll() is not None:
             return 1
 
@@ -344,6 +365,11 @@ def main() -> int:
         channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
         gcases = grpc_cases()
         for name, method, body, want in gcases:
+            if a.router and want == grpc.StatusCode.INTERNAL:
+                # Bytes that are no message: a replica answers as gRPC's
+                # generated code would, the router says what is wrong
+                # (docs/router.md).
+                want = grpc.StatusCode.INVALID_ARGUMENT
             code, _ = grpc_call(channel, method, body)
             check(code == want, f"{name}: {want.name} (got {code.name})")
             serves(name)
@@ -392,7 +418,8 @@ def main() -> int:
         stalled.close()
         running = None
         for _ in range(300):
-            metrics = exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").decode()
+            metrics = exchange(metrics_port,
+                               b"GET /metrics HTTP/1.1\r\n\r\n").decode()
             running = next((line.split()[-1] for line in metrics.splitlines()
                             if line.startswith(
                                 'shardlm_requests{state="running"}')), None)
@@ -438,7 +465,8 @@ def main() -> int:
     try:
         # Nothing hostile leaked a request or a KV block.
         if server.poll() is None:
-            metrics = exchange(port, b"GET /metrics HTTP/1.1\r\n\r\n").decode()
+            metrics = exchange(metrics_port,
+                               b"GET /metrics HTTP/1.1\r\n\r\n").decode()
             figures = {line.rsplit(" ", 1)[0]: line.rsplit(" ", 1)[1]
                        for line in metrics.splitlines()
                        if line and not line.startswith("#")}
@@ -451,6 +479,8 @@ def main() -> int:
                   f"no request or KV block left behind ({leaked})")
     finally:
         stop(server)
+        if replica is not None:
+            stop(replica)
     err = server.stderr.read() if server.stderr else ""
     check(server.returncode == 0,
           f"SIGTERM stops the server with exit 0 (rc {server.returncode})")

@@ -4,7 +4,8 @@
   check_manifests.py --root REPO [--lws-crd FILE] [--k8s-version 1.30]
 
 1. Renders every kustomization (base, overlays/cpu, overlays/gpu,
-   overlays/rejoin, statefulset, and base + examples/models-hostpath.yaml) with a small
+   overlays/rejoin, overlays/router, statefulset, and base +
+   examples/models-hostpath.yaml) with a small
    Python renderer that knows the parts of kustomize deploy/k8s/ uses (resources,
    JSON 6902 patches, images). When `kubectl` with kustomize >= v4 is on
    PATH, `kubectl kustomize` renders too and must give the same objects.
@@ -17,7 +18,10 @@
    /dev/shm, grace period vs drain, image tag, secrets, interface env, the
    command line against the flags the subcommands take) and the wiring
    between objects (group size = 1 + TP x PP, Services select the leader,
-   the headless Service, ranks from the pod index).
+   the headless Service, ranks from the pod index); in overlays/router, the
+   router Deployment (x2, probes, flags of `shardlm router`) in front of 2
+   LWS groups: --replicas-dns names a headless Service of the leaders only,
+   on their gRPC port, and the API Service selects the routers.
 4. Proves each check can fail: broken copies must be rejected.
 
 Exit 0 when all pass, 1 on a failure, 77 (skipped) when a Python package
@@ -62,11 +66,20 @@ ALLOWED_FLAGS = {
         "worker-timeout-ms", "startup-timeout-s", "step-timeout-s",
         "failure-grace-s", "drain-timeout-s", "max-client-priority",
         "max-grpc-calls", "device", "gpu-memory-utilization", "rejoin",
-        "rejoin-timeout-s", "kv-checksum",
+        "rejoin-timeout-s", "kv-checksum", "metrics-prefix-cache",
     },
     "worker": {
         "model", "coordinator", "rank", "health-listen", "join-timeout-s",
         "data-address", "data-interface", "drain-timeout-s", "device",
+    },
+    # launch/router_command.cc
+    "router": {
+        "replica", "replicas-file", "replicas-dns", "dns-interval-ms",
+        "dns-wait-s", "listen", "http-listen", "policy", "model",
+        "load-factor", "load-slack", "stale-after-ms", "max-grpc-calls",
+        "tls-cert", "tls-key", "tls-client-ca", "replica-tls-ca",
+        "replica-tls-cert", "replica-tls-key", "request-memory-mb",
+        "idle-thread-timeout-s", "metrics-auth", "drain-timeout-s",
     },
 }
 # --listen and --http-listen default to loopback / none, --health-listen to
@@ -75,6 +88,7 @@ REQUIRED_FLAGS = {
     "coordinator": {"model", "tp", "pp", "listen", "http-listen",
                     "control-listen"},
     "worker": {"model", "health-listen"},
+    "router": {"listen", "http-listen", "replicas-dns"},
 }
 LISTEN_FLAGS = ("listen", "http-listen", "control-listen", "health-listen")
 # Defaults of the binary where the manifests may leave a flag out.
@@ -89,6 +103,9 @@ TARGETS = {
     "overlays/rejoin": dict(path="deploy/k8s/overlays/rejoin", lws=True,
                             gpu=False, rejoin=True),
     "statefulset": dict(path="deploy/k8s/statefulset", lws=False, gpu=False),
+    # Two LWS groups behind a router Deployment (issue #36).
+    "overlays/router": dict(path="deploy/k8s/overlays/router", lws=True,
+                            gpu=False, router=True),
 }
 EXAMPLE_FILES = ["deploy/k8s/examples/models-pvc.yaml",
                  "deploy/k8s/examples/model-loader.yaml"]
@@ -405,7 +422,8 @@ def lint_pod_template(tmpl, where, gpu):
         argv = argv[2:]
     role = argv[1] if len(argv) > 1 and argv[0] == SHARDLM else None
     if role not in ALLOWED_FLAGS:
-        return [f"{w}: command {argv[:2]} is not `{SHARDLM} coordinator|worker`"], {}
+        return [f"{w}: command {argv[:2]} is not "
+                f"`{SHARDLM} coordinator|worker|router`"], {}
     flags, fe = parse_flags(argv[2:], w)
     e += fe
     for f in sorted(set(flags) - ALLOWED_FLAGS[role]):
@@ -430,7 +448,8 @@ def lint_pod_template(tmpl, where, gpu):
 
     # Probes: startup covers loading, liveness /health, readiness /ready.
     ports = {p["containerPort"] for p in c.get("ports", [])}
-    health_port = (_port(get("http-listen")) if role == "coordinator"
+    health_port = (_port(get("http-listen")) if role in ("coordinator",
+                                                           "router")
                    else _port(get("health-listen")))
     for kind, path in (("startupProbe", "/health"), ("livenessProbe", "/health"),
                        ("readinessProbe", "/ready")):
@@ -450,7 +469,7 @@ def lint_pod_template(tmpl, where, gpu):
                  f"< {MIN_STARTUP_S} s for loading")
     if health_port not in ports:
         e.append(f"{w}: health port {health_port} is not a containerPort")
-    if role == "coordinator":
+    if role in ("coordinator", "router"):
         for f in ("listen", "http-listen", "control-listen"):
             if f in flags and _port(flags[f]) not in ports:
                 e.append(f"{w}: --{f} port is not a containerPort")
@@ -501,8 +520,9 @@ def lint_pod_template(tmpl, where, gpu):
     volumes = {v["name"]: v for v in spec.get("volumes", [])}
     mounts = {m["mountPath"]: m for m in c.get("volumeMounts", [])}
     shm = volumes.get(mounts.get("/dev/shm", {}).get("name"), {})
-    if shm.get("emptyDir", {}).get("medium") != "Memory" or \
-            not shm.get("emptyDir", {}).get("sizeLimit"):
+    if role != "router" and (
+            shm.get("emptyDir", {}).get("medium") != "Memory" or
+            not shm.get("emptyDir", {}).get("sizeLimit")):
         e.append(f"{w}: /dev/shm is not an emptyDir medium Memory with sizeLimit")
     model = get("model") or ""
     mm = [m for p, m in mounts.items() if model.startswith(p.rstrip("/") + "/")]
@@ -523,7 +543,7 @@ def lint_pod_template(tmpl, where, gpu):
 
     # Environment: secrets from a Secret, interfaces named.
     env = {v["name"]: v for v in c.get("env", [])}
-    for name, required in (("SHARDLM_CLUSTER_TOKEN", True),
+    for name, required in (("SHARDLM_CLUSTER_TOKEN", role != "router"),
                            ("SHARDLM_API_KEY", False)):
         v = env.get(name)
         if v is None:
@@ -532,13 +552,73 @@ def lint_pod_template(tmpl, where, gpu):
         elif "value" in v or "secretKeyRef" not in v.get("valueFrom", {}):
             e.append(f"{w}: {name} is not from a secretKeyRef")
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        if not env.get(name, {}).get("value"):
+        if role != "router" and not env.get(name, {}).get("value"):
             e.append(f"{w}: {name} is not set")
     return e, dict(role=role, flags=flags, env=env, labels=labels)
 
 
 def _selects(selector, labels):
     return bool(selector) and all(labels.get(k) == v for k, v in selector.items())
+
+
+def lint_routers(objs, by_kind, templates):
+    """Lints the router Deployment and its wiring to the LWS leaders;
+    appends its pod template to `templates`. Returns (errors, summary)."""
+    e, done = [], []
+    deps = by_kind.get("Deployment", [])
+    if len(deps) != 1:
+        return [f"expected one router Deployment, got {len(deps)}"], done
+    d = deps[0]
+    name = d["metadata"]["name"]
+    t = d["spec"]["template"]
+    if not _selects(d["spec"]["selector"].get("matchLabels"),
+                    t["metadata"].get("labels", {})):
+        e.append(f"Deployment {name}: selector does not match its pods")
+    if d["spec"].get("replicas", 1) < 2:
+        e.append(f"Deployment {name}: {d['spec'].get('replicas', 1)} router; "
+                 "run at least 2 (any router can take any request)")
+    te, info = lint_pod_template(t, f"Deployment {name}", False)
+    e += te
+    if info.get("role") != "router":
+        return e + [f"Deployment {name} must run `shardlm router`"], done
+    templates.append((name, t, info))
+    lwss = by_kind.get("LeaderWorkerSet", [])
+    if len(lwss) != 1 or lwss[0]["spec"].get("replicas") != 2:
+        e.append("the router overlay must run one LeaderWorkerSet with "
+                 "replicas: 2")
+    host, _, port = info["flags"].get("replicas-dns", "").rpartition(":")
+    headless = [s for s in by_kind.get("Service", [])
+                if s["spec"].get("clusterIP") == "None"]
+    target = [s for s in headless
+              if host.split(".")[0] == s["metadata"]["name"]]
+    if not target:
+        e.append(f"--replicas-dns host {host!r} is no headless Service "
+                 f"here ({[s['metadata']['name'] for s in headless]})")
+        return e, done
+    h = target[0]
+    lwt = lwss[0]["spec"]["leaderWorkerTemplate"] if lwss else {}
+    for key, role in (("leaderTemplate", True), ("workerTemplate", False)):
+        labels = lwt.get(key, {}).get("metadata", {}).get("labels", {})
+        if _selects(h["spec"].get("selector"), labels) != role:
+            e.append(f"headless Service {h['metadata']['name']} "
+                     f"{'misses' if role else 'selects'} the {key} pods")
+    if _selects(h["spec"].get("selector"), t["metadata"].get("labels", {})):
+        e.append(f"headless Service {h['metadata']['name']} selects routers")
+    ports = {p["port"] for p in h["spec"].get("ports", [])}
+    if not port.isdigit() or int(port) not in ports:
+        e.append(f"--replicas-dns port {port} is not a port of "
+                 f"{h['metadata']['name']} ({sorted(ports)})")
+    leader_args = lwt.get("leaderTemplate", {}).get("spec", {}).get(
+        "containers", [{}])[0].get("args", [])
+    if (info["flags"].get("policy", "kv") == "kv" and
+            "--metrics-prefix-cache" not in leader_args):
+        e.append("kv routing, but the leaders lack --metrics-prefix-cache "
+                 "(the router would see no cached prefix)")
+    done.append(f"Deployment {name} x{d['spec'].get('replicas', 1)} "
+                f"(--replicas-dns {info['flags'].get('replicas-dns')}) in "
+                f"front of LWS replicas "
+                f"{lwss[0]['spec'].get('replicas') if lwss else '?'}")
+    return e, done
 
 
 def lint_render(objs, target):
@@ -653,7 +733,20 @@ def lint_render(objs, target):
                     "headless Service publishNotReadyAddresses, rank from "
                     "apps.kubernetes.io/pod-index")
 
-    # The API Service: selects leaders only, exposes gRPC and HTTP.
+    # Routers (overlays/router): a Deployment of at least 2 in front of 2
+    # LWS groups, finding the leaders through a headless Service.
+    deployments = by_kind.get("Deployment", [])
+    if target.get("router"):
+        re_, rdone = lint_routers(objs, by_kind, templates)
+        e += re_
+        done += rdone
+    elif deployments:
+        e.append(f"unexpected Deployments here: "
+                 f"{[d['metadata']['name'] for d in deployments]}")
+    front = "router" if target.get("router") else "coordinator"
+
+    # The API Service: selects leaders (or the routers in front of them)
+    # only, exposes gRPC and HTTP.
     api = [s for s in by_kind.get("Service", [])
            if s["spec"].get("clusterIP") != "None"]
     if len(api) != 1:
@@ -663,13 +756,13 @@ def lint_render(objs, target):
         for where, t, info in templates:
             sel = _selects(s["spec"].get("selector"),
                            t["metadata"].get("labels", {}))
-            if sel != (info.get("role") == "coordinator"):
+            if sel != (info.get("role") == front):
                 e.append(f"API Service {'selects' if sel else 'misses'} "
                          f"{where} pods")
         got = {p["port"] for p in s["spec"].get("ports", [])}
         if not {50051, 8000} <= got:
             e.append(f"API Service ports {sorted(got)} lack 50051 and 8000")
-        done.append("API Service on the leader: " + ", ".join(
+        done.append(f"API Service on the {front}s: " + ", ".join(
             f"{p['name']} {p['port']}" for p in s["spec"]["ports"]))
     done.append(f"{len(templates)} pod templates linted"
                 + (" (GPU: nvidia.com/gpu, --device=cuda)" if target["gpu"] else ""))
@@ -702,6 +795,16 @@ def negative_tests(renders, validator):
     def headless(objs):
         return next(o for o in objs if o["kind"] == "Service"
                     and o["spec"].get("clusterIP") == "None")
+
+    def router(objs):
+        return next(o for o in objs if o["kind"] == "Deployment")
+
+    def router_c(objs):
+        return router(objs)["spec"]["template"]["spec"]["containers"][0]
+
+    def api_service(objs):
+        return next(o for o in objs if o["kind"] == "Service"
+                    and o["spec"].get("clusterIP") != "None")
 
     cases = [
         ("leader readinessProbe removed", "base",
@@ -755,6 +858,32 @@ def negative_tests(renders, validator):
         ("workers OrderedReady", "statefulset",
          lambda o: worker_sts(o)["spec"].update(
              podManagementPolicy="OrderedReady")),
+        ("router readinessProbe removed", "overlays/router",
+         lambda o: router_c(o).pop("readinessProbe")),
+        ("router livenessProbe on /ready", "overlays/router",
+         lambda o: router_c(o)["livenessProbe"]["httpGet"].update(
+             path="/ready")),
+        ("a flag the router lacks", "overlays/router",
+         lambda o: router_c(o)["args"].append("--tp=2")),
+        ("one router", "overlays/router",
+         lambda o: router(o)["spec"].update(replicas=1)),
+        ("one LWS group behind the routers", "overlays/router",
+         lambda o: lws(o)["spec"].update(replicas=1)),
+        ("--replicas-dns naming another Service", "overlays/router",
+         lambda o: router_c(o)["args"].__setitem__(
+             0, "--replicas-dns=shardlm:50051")),
+        ("--replicas-dns on the control port", "overlays/router",
+         lambda o: router_c(o)["args"].__setitem__(
+             0, "--replicas-dns=shardlm-leaders:50052")),
+        ("leaders Service selecting workers too", "overlays/router",
+         lambda o: headless(o)["spec"]["selector"].pop(
+             "app.kubernetes.io/component")),
+        ("API Service still on the leaders", "overlays/router",
+         lambda o: api_service(o)["spec"]["selector"].update(
+             {"app.kubernetes.io/component": "coordinator"})),
+        ("kv routing without --metrics-prefix-cache", "overlays/router",
+         lambda o: lt(o)["containers"][0]["args"].remove(
+             "--metrics-prefix-cache")),
         ("workers without the pod index", "statefulset",
          lambda o: worker_sts(o)["spec"]["template"]["spec"]["containers"][0][
              "env"].pop(0)),
