@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -35,13 +34,9 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import (FAILURES, check, exit_code, free_port,  # noqa: E402
+from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_ints, pb_scalar,
-                     pb_varint, skip, stop)
-
-MPIRUN = ["mpirun", "--oversubscribe"]
-if os.geteuid() == 0:
-    MPIRUN.insert(1, "--allow-run-as-root")
+                     mpirun_cluster, pb_varint, skip, stop)
 
 REPETITIVE = "one two one two one two one two one two one two"
 CHAT_SHORT = [{"role": "user", "content": "Reply with only the word: yes"}]
@@ -296,36 +291,15 @@ def main() -> int:
     if shutil.which("mpirun") is None:
         skip("TP=2 x PP=2 under mpirun: no mpirun")
         return exit_code()
-    cport = free_port()
     log_path = os.path.join(a.workdir, "sampling_cluster.log")
-    with open(log_path, "w") as log:
-        cluster = subprocess.Popen(
-            MPIRUN + ["-np", "5", a.shardlm, "launch", "--model", a.gguf,
-                      "--tp", "2", "--pp", "2", "--listen",
-                      f"127.0.0.1:{cport}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env)
-        try:
-            caddr = f"127.0.0.1:{cport}"
-            up = wait_grpc(caddr, cluster, 300)
-            check(up, "the TP=2 x PP=2 cluster serves")
-            if up:
-                got = layout_tokens(caddr)
-                for i, (want, have) in enumerate(zip(reference, got)):
-                    check(want == have,
-                          f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
-                          f"tokens ({have} vs {want})")
-        finally:
-            if cluster.poll() is None:
-                os.killpg(cluster.pid, signal.SIGTERM)
-                try:
-                    cluster.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(cluster.pid, signal.SIGKILL)
-                    cluster.wait()
-    if FAILURES:
-        with open(log_path) as f:
-            print("cluster log tail:\n" + "".join(f.readlines()[-15:]))
+    with mpirun_cluster(a.shardlm, a.gguf, log_path, wait_grpc,
+                        env=env) as caddr:
+        if caddr:
+            got = layout_tokens(caddr)
+            for i, (want, have) in enumerate(zip(reference, got)):
+                check(want == have,
+                      f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
+                      f"tokens ({have} vs {want})")
     return exit_code("the logit processors behave, on every layout")
 
 
