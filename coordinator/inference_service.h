@@ -51,6 +51,9 @@ struct ServiceOptions {
   // When set (not owned), each request takes its share of it before it is
   // tokenized and holds it while it is queued and runs (issue 39).
   MemoryBudget* memory_budget = nullptr;
+  // A Jinja chat template to use instead of the model's (--chat-template);
+  // empty: the model's.
+  std::string chat_template;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -113,6 +116,13 @@ class InferenceService final : public v1::Inference::Service {
   absl::StatusOr<GenerateRequest> ToEngineRequest(
       const v1::GenerateRequest& request) const;
 
+  // The functions whose calls the output of `request` is parsed for (by
+  // ToolCallStream): its tools' names, or only tool_choice_function's;
+  // none when it has no tools, tool_choice is "none", or the model's
+  // template renders no tools.
+  std::vector<std::string> ToolCallNames(
+      const v1::GenerateRequest& request) const;
+
   // Draining: from now on Run (both APIs) refuses new requests with
   // Unavailable; those already in it run to their end. Not undone.
   void StartDraining() { draining_ = true; }
@@ -131,6 +141,12 @@ class InferenceService final : public v1::Inference::Service {
   // req.stop_token_ids are known; InvalidArgument naming the keyword.
   absl::Status AddConstraint(const v1::GenerateRequest& request,
                              GenerateRequest& req) const;
+  // Checks request.tools and tool_choice; with tool_choice "required" or a
+  // function, compiles the tool-call grammar into req.constraint (after
+  // req.stop_token_ids are known).
+  absl::Status CheckTools(const v1::GenerateRequest& request) const;
+  absl::Status AddToolConstraint(const v1::GenerateRequest& request,
+                                 GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,

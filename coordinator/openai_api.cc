@@ -16,6 +16,7 @@
 #include "coordinator/request_ranges.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
+#include "model/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
 #include "step/step.h"
@@ -102,7 +103,8 @@ absl::Status Get(const Json& body, const char* name, T* out) {
 }
 
 // An OpenAI "messages" array as the request's conversation (the service
-// renders it in the model's chat format).
+// renders it in the model's chat format): system, user, assistant (with
+// "tool_calls") and tool messages.
 absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
   if (!messages.is_array() || messages.empty()) {
     return Invalid("'messages' must be a non-empty array");
@@ -113,12 +115,15 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
       return Invalid("messages[", i, "] needs a string 'role'");
     }
     const std::string role = m["role"];
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" &&
+        role != "tool") {
       return Invalid("messages[", i, "].role '", Echo(role),
-                     "' is not system, user or assistant");
+                     "' is not system, user, assistant or tool");
     }
     std::string content;
     const Json& c = m.contains("content") ? m["content"] : Json();
+    const bool calls = role == "assistant" && m.contains("tool_calls") &&
+                       !m["tool_calls"].is_null();
     if (c.is_string()) {
       content = c;
     } else if (c.is_array()) {  // [{"type": "text", "text": ...}]
@@ -131,12 +136,115 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
         }
         content += part["text"].get<std::string>();
       }
-    } else {
+    } else if (!(c.is_null() && calls)) {  // An assistant's calls alone.
       return Invalid("messages[", i, "].content must be a string or parts");
     }
     v1::ChatMessage* out = req.add_messages();
     out->set_role(role);
     out->set_content(std::move(content));
+    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
+      out->set_tool_call_id(m["tool_call_id"].get<std::string>());
+    }
+    if (!calls) continue;
+    if (!m["tool_calls"].is_array()) {
+      return Invalid("messages[", i, "].tool_calls must be an array");
+    }
+    for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+      const Json& call = m["tool_calls"][k];
+      const auto field = [&](const char* name) {
+        return absl::StrCat("messages[", i, "].tool_calls[", k, "].", name);
+      };
+      if (!call.is_object() || !call.contains("function") ||
+          !call["function"].is_object()) {
+        return Invalid(field("function"), " must be an object");
+      }
+      const Json& f = call["function"];
+      if (!f.contains("name") || !f["name"].is_string()) {
+        return Invalid(field("function.name"), " must be a string");
+      }
+      v1::ToolCall* tc = out->add_tool_calls();
+      tc->set_name(f["name"].get<std::string>());
+      if (call.contains("id") && call["id"].is_string()) {
+        tc->set_id(call["id"].get<std::string>());
+      }
+      // OpenAI sends the arguments as JSON text; an object is taken too.
+      const Json args = f.contains("arguments") ? f["arguments"] : Json();
+      if (args.is_string()) {
+        tc->set_arguments(args.get<std::string>());
+      } else if (args.is_object()) {
+        tc->set_arguments(Dump(args));
+      } else {
+        return Invalid(field("function.arguments"),
+                       " must be a JSON object as a string");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI's "tools" (function tools) and "tool_choice". `ordered` is the
+// body parsed again in order (a schema's properties render, and are
+// generated, in the client's order), when it has tools.
+absl::Status AddTools(const Json& body, const nlohmann::ordered_json* ordered,
+                      v1::GenerateRequest& req) {
+  const bool has_tools = body.contains("tools") && !body["tools"].is_null();
+  if (has_tools) {
+    const Json& tools = body["tools"];
+    if (!tools.is_array()) return Invalid("'tools' must be an array");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const Json& t = tools[i];
+      if (!t.is_object() || t.value("type", "") != "function") {
+        return Invalid("tools[", i,
+                       "].type must be 'function' (the only kind of tool)");
+      }
+      if (!t.contains("function") || !t["function"].is_object()) {
+        return Invalid("tools[", i, "].function must be an object");
+      }
+      const Json& f = t["function"];
+      if (!f.contains("name") || !f["name"].is_string()) {
+        return Invalid("tools[", i, "].function.name must be a string");
+      }
+      v1::Tool* tool = req.add_tools();
+      tool->set_name(f["name"].get<std::string>());
+      if (f.contains("description") && !f["description"].is_null()) {
+        if (!f["description"].is_string()) {
+          return Invalid("tools[", i,
+                         "].function.description must be a string");
+        }
+        tool->set_description(f["description"].get<std::string>());
+      }
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        if (!f["parameters"].is_object()) {
+          return Invalid("tools[", i,
+                         "].function.parameters must be a JSON Schema object");
+        }
+        if (const size_t n = f["parameters"].dump().size();
+            n > kMaxJsonSchemaBytes) {
+          return Invalid("tools[", i, "].function.parameters is ", n,
+                         " bytes; at most ", kMaxJsonSchemaBytes,
+                         " are accepted");
+        }
+        tool->set_parameters(
+            (*ordered)["tools"][i]["function"]["parameters"].dump());
+      }
+    }
+  }
+  const Json& choice =
+      body.contains("tool_choice") ? body["tool_choice"] : Json();
+  if (choice.is_string()) {
+    req.set_tool_choice(choice.get<std::string>());  // The service checks it.
+  } else if (choice.is_object()) {
+    if (choice.value("type", "") != "function" ||
+        !choice.contains("function") || !choice["function"].is_object() ||
+        !choice["function"].contains("name") ||
+        !choice["function"]["name"].is_string()) {
+      return Invalid(
+          "'tool_choice' must be auto, none, required or {\"type\": "
+          "\"function\", \"function\": {\"name\": ...}}");
+    }
+    req.set_tool_choice_function(choice["function"]["name"].get<std::string>());
+  } else if (!choice.is_null()) {
+    return Invalid("'tool_choice' must be a string or an object");
   }
   return absl::OkStatus();
 }
@@ -271,7 +379,21 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   if (chat) {
     if (!body.contains("messages")) return Invalid("'messages' is required");
     RETURN_IF_ERROR(AddMessages(body["messages"], req));
+    std::optional<nlohmann::ordered_json> ordered;
+    if (body.contains("tools") && !body["tools"].is_null()) {
+      ordered = nlohmann::ordered_json::parse(raw_body, nullptr,
+                                              /*allow_exceptions=*/false);
+      if (ordered->is_discarded()) {
+        return Invalid("the body is not a JSON object");
+      }
+    }
+    RETURN_IF_ERROR(AddTools(body, ordered ? &*ordered : nullptr, req));
   } else {
+    for (const char* field : {"tools", "tool_choice"}) {
+      if (body.contains(field) && !body[field].is_null()) {
+        return Invalid("'", field, "' is for /v1/chat/completions");
+      }
+    }
     const Json& p = body.contains("prompt") ? body["prompt"] : Json();
     if (p.is_string()) {
       req.set_prompt(p.get<std::string>());
@@ -605,12 +727,39 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   v1::Usage usage;
   bool started = false;
   bool first_chunk = true;
+  // Tool calls: the service parses them (the last response carries them);
+  // the same parser here keeps their markup out of the content.
+  std::optional<ToolCallStream> tool_filter;
+  if (chat) {
+    std::vector<std::string> names = service_->ToolCallNames(*proto);
+    if (!names.empty()) tool_filter.emplace(std::move(names));
+  }
+  Json tool_calls = Json::array();
+  const auto calls_json = [](const v1::GenerateResponse& r, bool delta) {
+    Json calls = Json::array();
+    for (int i = 0; i < r.tool_calls_size(); ++i) {
+      const v1::ToolCall& c = r.tool_calls(i);
+      Json call = {
+          {"id", c.id()},
+          {"type", "function"},
+          {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}};
+      if (delta) call["index"] = i;
+      calls.push_back(std::move(call));
+    }
+    return calls;
+  };
 
   const auto write = [&](const v1::GenerateResponse& r) {
     if (r.has_usage()) usage = r.usage();
     if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    std::string piece = r.text();
+    if (tool_filter) {
+      piece = tool_filter->Push(r.text()).content;
+      if (!r.finish_reason().empty()) piece += tool_filter->Finish().content;
+    }
     if (!stream) {
-      text += r.text();
+      text += piece;
+      if (r.tool_calls_size() > 0) tool_calls = calls_json(r, false);
       if (top_n >= 0) AppendLogprobs(r, chat, top_n, logprobs, &text_offset);
       return true;
     }
@@ -626,8 +775,11 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       choice["logprobs"] = Json();
     }
     if (chat) {
-      Json delta = {{"content", r.text()}};
+      Json delta = {{"content", piece}};
       if (first_chunk) delta["role"] = "assistant";
+      // All calls in the last chunk, whole (each call's first delta, as
+      // OpenAI's, with its id, name and arguments).
+      if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
       choice["delta"] = delta;
     } else {
       choice["text"] = r.text();
@@ -683,6 +835,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                  {"logprobs", top_n >= 0 ? logprobs : Json()}};
   if (chat) {
     choice["message"] = {{"role", "assistant"}, {"content", text}};
+    if (!tool_calls.empty()) {
+      if (text.empty()) choice["message"]["content"] = Json();
+      choice["message"]["tool_calls"] = tool_calls;
+    }
   } else {
     choice["text"] = text;
   }

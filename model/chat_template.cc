@@ -148,7 +148,8 @@ absl::StatusOr<std::string> PythonJsonDumps(std::string_view json_text) {
 }
 
 absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
-                                                    absl::Time now) {
+                                                    absl::Time now,
+                                                    std::string_view source) {
   std::string bos, eos;
   if (tokenizer.bos_id() >= 0) {
     bos = std::string(tokenizer.TokenBytes(tokenizer.bos_id()));
@@ -156,7 +157,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
   if (tokenizer.eos_id() >= 0) {
     eos = std::string(tokenizer.TokenBytes(tokenizer.eos_id()));
   }
-  return FromSource(tokenizer.chat_template(), std::move(bos), std::move(eos),
+  return FromSource(source.empty() ? tokenizer.chat_template() : source,
+                    std::move(bos), std::move(eos),
                     tokenizer.TokenId("<|im_start|>").has_value() &&
                         tokenizer.TokenId("<|im_end|>").has_value(),
                     now);

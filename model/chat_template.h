@@ -84,8 +84,10 @@ class ChatTemplate {
   // template is Unimplemented, naming what it found: rendering it in the
   // wrong format would give plausible but wrong answers. `now` dates the
   // Llama 3.2 system block (its template asks for today's date).
+  // `source`, when not empty, is used instead of the model's template.
   static absl::StatusOr<ChatTemplate> ForModel(const Tokenizer& tokenizer,
-                                               absl::Time now = absl::Now());
+                                               absl::Time now = absl::Now(),
+                                               std::string_view source = {});
   // The same from a template's source; `bos` and `eos` are the BOS and
   // EOS tokens' texts.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
