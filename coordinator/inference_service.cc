@@ -662,6 +662,7 @@ absl::Status InferenceService::Run(
   };
 
   bool sent_final = false;
+  std::optional<v1::GenerateResponse> final_response;
   bool client_gone = false;
   absl::StatusOr<GenerateResult> result;
   Stream* const st = stream.get();
@@ -681,13 +682,26 @@ absl::Status InferenceService::Run(
       client_gone = true;
       engine_->Cancel(*id);
     }
-    for (const v1::GenerateResponse& response : responses) {
+    for (v1::GenerateResponse& response : responses) {
       if (client_gone) break;
-      sent_final |= !response.finish_reason().empty();
+      if (!response.finish_reason().empty()) {
+        // Its usage takes the cached prompt tokens from the result, which
+        // on_done brings right after the last token.
+        sent_final = true;
+        final_response = std::move(response);
+        break;
+      }
       if (!write_parsed(response)) {
         client_gone = true;
         engine_->Cancel(*id);
       }
+    }
+    if (finished && final_response && !client_gone) {
+      if (result.ok()) {
+        final_response->mutable_usage()->set_cached_tokens(
+            static_cast<int32_t>(result->cached_prompt_tokens));
+      }
+      if (!write_parsed(*final_response)) client_gone = true;
     }
     // After a cancel, wait for the end too: its blocks are free by then.
     if (finished) break;
@@ -705,6 +719,8 @@ absl::Status InferenceService::Run(
     std::string text = s.stops.Push(s.detok.Finish());
     response.set_text(text + s.stops.Finish());
     finish(response, FinishReasonName(result->finish_reason), s.generated);
+    response.mutable_usage()->set_cached_tokens(
+        static_cast<int32_t>(result->cached_prompt_tokens));
     write_parsed(response);
   }
   return absl::OkStatus();

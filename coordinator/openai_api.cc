@@ -508,6 +508,14 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   return req;
 }
 
+// OpenAI's usage object, with the prompt tokens the prefix cache held.
+Json UsageJson(const v1::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens()},
+          {"completion_tokens", u.completion_tokens()},
+          {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
+}
+
 Json Bytes(const std::string& text) {
   Json b = Json::array();
   for (unsigned char c : text) b.push_back(c);
@@ -791,10 +799,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                   {"model", options_.model_name},
                   {"choices", {choice}}};
     if (r.has_usage()) {
-      chunk["usage"] = {{"prompt_tokens", r.usage().prompt_tokens()},
-                        {"completion_tokens", r.usage().completion_tokens()},
-                        {"total_tokens", r.usage().prompt_tokens() +
-                                             r.usage().completion_tokens()}};
+      chunk["usage"] = UsageJson(r.usage());
     }
     if (!started) {
       started = true;
@@ -820,11 +825,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                          {"created", created},
                          {"model", options_.model_name},
                          {"choices", Json::array()},
-                         {"usage",
-                          {{"prompt_tokens", usage.prompt_tokens()},
-                           {"completion_tokens", usage.completion_tokens()},
-                           {"total_tokens", usage.prompt_tokens() +
-                                                usage.completion_tokens()}}}};
+                         {"usage", UsageJson(usage)}};
       res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
     }
     res.Write("data: [DONE]\n\n");
@@ -842,16 +843,12 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   } else {
     choice["text"] = text;
   }
-  const Json out = {
-      {"id", id},
-      {"object", object},
-      {"created", created},
-      {"model", options_.model_name},
-      {"choices", {choice}},
-      {"usage",
-       {{"prompt_tokens", usage.prompt_tokens()},
-        {"completion_tokens", usage.completion_tokens()},
-        {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}};
+  const Json out = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices", {choice}},
+                    {"usage", UsageJson(usage)}};
   http_ok_++;
   res.Send(200, "application/json", Dump(out));
 }

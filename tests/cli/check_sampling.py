@@ -121,7 +121,49 @@ def completion(port: int, **fields) -> dict:
                                               "top_logprobs": []}}]}
 
 
+def model_info(channel) -> dict:
+    """GetModelInfo's block_size (7) and prefix_caching (9)."""
+    call = channel.unary_unary("/shardlm.v1.Inference/GetModelInfo",
+                               request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    return dict(pb_fields(call(b"", timeout=30)))
+
+
+def cached_tokens_checks(port: int, channel) -> None:
+    """usage.prompt_tokens_details.cached_tokens: none for a prompt never
+    seen, then the full blocks of it that the prefix cache holds (all but
+    the last prompt token are looked up, in whole blocks)."""
+    info = model_info(channel)
+    block, caching = info.get(7, 0), bool(info.get(9, 0))
+    prompt = (f"A unique prompt {time.time_ns()} about the weather in a "
+              "town by the sea, where the fishing boats come in at dawn "
+              "and the market opens before the sun is up.")
+    seen = []
+    for stream in (False, False, True):
+        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+            status, raw = http_post_json(port, "/v1/completions", body,
+                                         timeout=300)
+            usage = [json.loads(b[6:]) for b in raw.decode().split("\n\n")
+                     if b.startswith("data: {")][-1].get("usage", {})
+        else:
+            status, got = http(port, "/v1/completions", body)
+            usage = got.get("usage", {})
+        seen.append((status, usage.get("prompt_tokens", 0),
+                     usage.get("prompt_tokens_details", {})
+                     .get("cached_tokens")))
+    prompt_tokens = seen[0][1]
+    full = (prompt_tokens - 1) // block * block if caching and block else 0
+    check(all(st == 200 for st, _, _ in seen) and prompt_tokens > 2 * block
+          and [c for _, _, c in seen] == [0, full, full],
+          f"cached_tokens: 0, then the {full} tokens of whole blocks "
+          f"(prompt {prompt_tokens} tokens, block {block}, prefix caching "
+          f"{caching}): {seen}")
+
+
 def http_checks(port: int, channel) -> None:
+    cached_tokens_checks(port, channel)
     # logit_bias against the greedy first token, found over gRPC.
     prompt = "The capital of France is"
     base = generate(channel, grpc_request(prompt, 6))
