@@ -276,6 +276,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 10:  // truncate_prompt_tokens
       case 12:  // min_tokens
       case 21:  // resume_position
+      case 25:  // n
         known = type == kVarint;
         break;
       case 8:  // stop

@@ -4,12 +4,14 @@
 #include <cmath>
 #include <deque>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/api_key.h"
 #include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
@@ -37,6 +39,8 @@ constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
 // OpenAI's limit on tools.
 constexpr int kMaxTools = 128;
+// Parallel sampling: at most this many sequences per request (`n`).
+constexpr int kMaxN = 16;
 
 // What tokenizing costs at most per byte of text: the token ids (up to 4
 // bytes per byte, twice that while their vector grows) and the merge state
@@ -515,6 +519,67 @@ grpc::Status InferenceService::Generate(
 }
 
 absl::Status InferenceService::Run(
+    const v1::GenerateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::GenerateResponse&)>& write,
+    RequestApi api) {
+  const int n = request.n() == 0 ? 1 : request.n();
+  if (n < 1 || n > kMaxN) {
+    return Invalid("n must be 1 to ", kMaxN, ", got ", request.n());
+  }
+  if (n == 1) return RunOne(request, deadline, cancelled, write, api);
+  if (request.resume_token_ids_size() > 0) {
+    return Invalid("resume_token_ids need n = 1 (a stream is one sequence)");
+  }
+  absl::Mutex write_mu;
+  bool writing = true;  // False once a write failed: the client is gone.
+  const auto indexed = [&](int index, const v1::GenerateResponse& r) {
+    absl::MutexLock lock(&write_mu);
+    if (!writing) return false;
+    v1::GenerateResponse tagged = r;
+    tagged.set_index(index);
+    writing = write(tagged);
+    return writing;
+  };
+  // Sequence 0 first: the others start once its first token is back (its
+  // prompt's full blocks then in the prefix cache), or never when it ended
+  // without one.
+  absl::Notification first;
+  std::atomic<bool> first_sent{false};
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> others;
+  for (int i = 1; i < n; ++i) {
+    others.emplace_back([&, i] {
+      first.WaitForNotification();
+      if (!first_sent) return;
+      v1::GenerateRequest child = request;
+      child.mutable_sampling()->set_seed(request.sampling().seed() +
+                                         static_cast<uint64_t>(i));
+      statuses[i] = RunOne(
+          child, deadline, cancelled,
+          [&, i](const v1::GenerateResponse& r) { return indexed(i, r); }, api);
+    });
+  }
+  statuses[0] = RunOne(
+      request, deadline, cancelled,
+      [&](const v1::GenerateResponse& r) {
+        const bool ok = indexed(0, r);
+        if (!first.HasBeenNotified()) {
+          first_sent = true;
+          first.Notify();
+        }
+        return ok;
+      },
+      api);
+  if (!first.HasBeenNotified()) first.Notify();
+  for (std::thread& t : others) t.join();
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::RunOne(
     const v1::GenerateRequest& request_proto, absl::Time deadline,
     const std::function<bool()>& cancelled,
     const std::function<bool(const v1::GenerateResponse&)>& write,

@@ -102,6 +102,14 @@ class InferenceService final : public v1::Inference::Service {
   // Cancelled when the client went away; otherwise the error (validation,
   // queue, deadline, a lost rank), before or after some responses. `api`
   // labels the request in the metrics.
+  //
+  // request.n > 1: n sequences, each response tagged with its `index`
+  // (calls to `write` are serialized, from several threads). Sequence i
+  // samples with seed + i. Sequence 0 runs first; the others are submitted
+  // once its first token is back, when its prompt's full blocks are in the
+  // prefix cache, so they share those blocks (reference-counted) and
+  // compute only the prompt's last, partial block. The first error of any
+  // sequence is the request's.
   absl::Status Run(
       const v1::GenerateRequest& request, absl::Time deadline,
       const std::function<bool()>& cancelled,
@@ -148,6 +156,12 @@ class InferenceService final : public v1::Inference::Service {
   absl::Status AddToolConstraint(const v1::GenerateRequest& request,
                                  GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
+  // Run for one sequence (request.n ignored).
+  absl::Status RunOne(
+      const v1::GenerateRequest& request, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<bool(const v1::GenerateResponse&)>& write,
+      RequestApi api);
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
                                          absl::string_view what) const;

@@ -370,7 +370,11 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   RETURN_IF_ERROR(Get(body, "n", &n));
   RETURN_IF_ERROR(Get(body, "best_of", &best_of));
   RETURN_IF_ERROR(Get(body, "echo", &echo));
-  if (n != 1 || best_of != 1) return Invalid("only n = 1 is supported");
+  if (n < 1 || n > 16) return Invalid("'n' must be 1 to 16, got ", n);
+  if (best_of != 1 && best_of != n) {
+    return Invalid("'best_of' other than n is not supported");
+  }
+  req.set_n(static_cast<int32_t>(n));
   if (echo) return Invalid("'echo' is not supported");
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
@@ -727,22 +731,38 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const char* object =
       chat ? (stream ? "chat.completion.chunk" : "chat.completion")
            : "text_completion";
-  // What the whole (non-streamed) answer accumulates.
-  std::string text;
-  Json logprobs = EmptyLogprobs(chat);
-  int64_t text_offset = 0;
-  std::string finish_reason;
-  v1::Usage usage;
-  bool started = false;
-  bool first_chunk = true;
-  // Tool calls: the service parses them (the last response carries them);
-  // the same parser here keeps their markup out of the content.
-  std::optional<ToolCallStream> tool_filter;
-  if (chat) {
-    std::vector<std::string> names = service_->ToolCallNames(*proto);
-    if (!names.empty()) tool_filter.emplace(std::move(names));
+  // What each of the n choices accumulates (the whole answer when not
+  // streamed). Tool calls: the service parses them (the last response
+  // carries them); the same parser here keeps their markup out of the
+  // content.
+  struct Choice {
+    std::string text;
+    Json logprobs;
+    int64_t text_offset = 0;
+    std::string finish_reason;
+    bool first_chunk = true;
+    std::optional<ToolCallStream> tool_filter;
+    Json tool_calls = Json::array();
+    v1::Usage usage;
+  };
+  const int n = std::max(1, proto->n());
+  std::vector<Choice> choices(n);
+  std::vector<std::string> names;
+  if (chat) names = service_->ToolCallNames(*proto);
+  for (Choice& c : choices) {
+    c.logprobs = EmptyLogprobs(chat);
+    if (!names.empty()) c.tool_filter.emplace(names);
   }
-  Json tool_calls = Json::array();
+  // One usage for the request: the prompt once, every choice's tokens.
+  const auto total_usage = [&] {
+    v1::Usage u = choices[0].usage;
+    for (int i = 1; i < n; ++i) {
+      u.set_completion_tokens(u.completion_tokens() +
+                              choices[i].usage.completion_tokens());
+    }
+    return u;
+  };
+  bool started = false;
   const auto calls_json = [](const v1::GenerateResponse& r, bool delta) {
     Json calls = Json::array();
     for (int i = 0; i < r.tool_calls_size(); ++i) {
@@ -757,34 +777,39 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return calls;
   };
 
+  // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
-    if (r.has_usage()) usage = r.usage();
-    if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    if (r.index() < 0 || r.index() >= n) return false;
+    Choice& c = choices[r.index()];
+    if (r.has_usage()) c.usage = r.usage();
+    if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
-    if (tool_filter) {
-      piece = tool_filter->Push(r.text()).content;
-      if (!r.finish_reason().empty()) piece += tool_filter->Finish().content;
+    if (c.tool_filter) {
+      piece = c.tool_filter->Push(r.text()).content;
+      if (!r.finish_reason().empty()) piece += c.tool_filter->Finish().content;
     }
     if (!stream) {
-      text += piece;
-      if (r.tool_calls_size() > 0) tool_calls = calls_json(r, false);
-      if (top_n >= 0) AppendLogprobs(r, chat, top_n, logprobs, &text_offset);
+      c.text += piece;
+      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r, false);
+      if (top_n >= 0) {
+        AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
+      }
       return true;
     }
     Json choice = {
-        {"index", 0},
+        {"index", r.index()},
         {"finish_reason",
          r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
     if (top_n >= 0) {
       Json lp = EmptyLogprobs(chat);
-      AppendLogprobs(r, chat, top_n, lp, &text_offset);
+      AppendLogprobs(r, chat, top_n, lp, &c.text_offset);
       choice["logprobs"] = lp;
     } else {
       choice["logprobs"] = Json();
     }
     if (chat) {
       Json delta = {{"content", piece}};
-      if (first_chunk) delta["role"] = "assistant";
+      if (c.first_chunk) delta["role"] = "assistant";
       // All calls in the last chunk, whole (each call's first delta, as
       // OpenAI's, with its id, name and arguments).
       if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
@@ -792,15 +817,14 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     } else {
       choice["text"] = r.text();
     }
-    first_chunk = false;
+    c.first_chunk = false;
     Json chunk = {{"id", id},
                   {"object", object},
                   {"created", created},
                   {"model", options_.model_name},
                   {"choices", {choice}}};
-    if (r.has_usage()) {
-      chunk["usage"] = UsageJson(r.usage());
-    }
+    // With n > 1 the request's usage is in the include_usage chunk only.
+    if (r.has_usage() && n == 1) chunk["usage"] = UsageJson(r.usage());
     if (!started) {
       started = true;
       if (!res.Start(200, "text/event-stream")) return false;
@@ -825,30 +849,35 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                          {"created", created},
                          {"model", options_.model_name},
                          {"choices", Json::array()},
-                         {"usage", UsageJson(usage)}};
+                         {"usage", UsageJson(total_usage())}};
       res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
     }
     res.Write("data: [DONE]\n\n");
     return;
   }
-  Json choice = {{"index", 0},
-                 {"finish_reason", finish_reason},
-                 {"logprobs", top_n >= 0 ? logprobs : Json()}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-    if (!tool_calls.empty()) {
-      if (text.empty()) choice["message"]["content"] = Json();
-      choice["message"]["tool_calls"] = tool_calls;
+  Json out_choices = Json::array();
+  for (int i = 0; i < n; ++i) {
+    const Choice& c = choices[i];
+    Json choice = {{"index", i},
+                   {"finish_reason", c.finish_reason},
+                   {"logprobs", top_n >= 0 ? c.logprobs : Json()}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = Json();
+        choice["message"]["tool_calls"] = c.tool_calls;
+      }
+    } else {
+      choice["text"] = c.text;
     }
-  } else {
-    choice["text"] = text;
+    out_choices.push_back(std::move(choice));
   }
   const Json out = {{"id", id},
                     {"object", object},
                     {"created", created},
                     {"model", options_.model_name},
-                    {"choices", {choice}},
-                    {"usage", UsageJson(usage)}};
+                    {"choices", out_choices},
+                    {"usage", UsageJson(total_usage())}};
   http_ok_++;
   res.Send(200, "application/json", Dump(out));
 }
