@@ -370,7 +370,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   RETURN_IF_ERROR(Get(body, "n", &n));
   RETURN_IF_ERROR(Get(body, "best_of", &best_of));
   RETURN_IF_ERROR(Get(body, "echo", &echo));
-  if (n < 1 || n > 16) return Invalid("'n' must be 1 to 16, got ", n);
+  if (n < 1 || n > 16) return Invalid("n must be 1 to 16, got ", n);
   if (best_of != 1 && best_of != n) {
     return Invalid("'best_of' other than n is not supported");
   }

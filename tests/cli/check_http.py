@@ -311,7 +311,7 @@ def main() -> int:
             ("prompt of objects", "/v1/completions",
              {"prompt": [{"a": 1}]}, None, 400, "'prompt' must be"),
             ("n = 17", "/v1/completions", dict(ok_req, n=17), None, 400,
-             "'n' must be 1 to 16"),
+             "n must be 1 to 16"),
             ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400,
              "'echo' is not supported"),
             ("negative temperature", "/v1/completions",

@@ -244,11 +244,33 @@ def n_checks(port: int, channel) -> None:
           got_texts == [want_text] * 4,
           f"greedy n = 4: four identical texts, n = 1's ({got_texts} vs "
           f"{want_text!r})")
+    # gRPC: n = 3 greedy, each response tagged with its index (field 7),
+    # three identical token lists, n = 1's; n = 17 refused.
+    call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    req = grpc_request("The capital of France is", 5)
+    by_index: dict[int, list[int]] = {}
+    try:
+        for r in call(req + pb_scalar(25, 3), timeout=300):
+            index = dict((n, v) for n, v in pb_fields(r)
+                         if isinstance(v, int)).get(7, 0)
+            by_index.setdefault(index, []).extend(token_ids(r))
+    except grpc.RpcError as e:
+        by_index = {-1: [f"{e.code().name}: {e.details()}"]}
+    single = generate(channel, req)
+    check(sorted(by_index) == [0, 1, 2] and
+          all(v == single for v in by_index.values()),
+          f"gRPC greedy n = 3: responses tagged 0..2, each n = 1's tokens "
+          f"({by_index} vs {single})")
+    refused = generate(channel, req + pb_scalar(25, 17))
+    check(isinstance(refused, str) and "n must be 1 to 16" in refused,
+          f"gRPC n = 17: INVALID_ARGUMENT naming n ({refused})")
     for bad in (0, 17, 10000):
         status, got = http(port, "/v1/completions",
                            {"prompt": "x", "max_tokens": 2, "n": bad})
         msg = got.get("error", {}).get("message", "")
-        check(status == 400 and "'n' must be 1 to 16" in msg,
+        check(status == 400 and "n must be 1 to 16" in msg,
               f"n = {bad}: 400 naming n ({status} {msg!r})")
 
 
