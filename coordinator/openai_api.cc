@@ -375,7 +375,11 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
     return Invalid("'best_of' other than n is not supported");
   }
   req.set_n(static_cast<int32_t>(n));
-  if (echo) return Invalid("'echo' is not supported");
+  if (echo) {
+    return Invalid(
+        "'echo' is not supported (it needs the logits of every prompt "
+        "position, which the engine does not return yet)");
+  }
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
   }
