@@ -24,6 +24,7 @@ struct BatchPlanner::Sequence {
   RequestCallbacks callbacks;
   std::vector<int32_t> tokens;  // Prompt, then generated tokens.
   int64_t computed = 0;         // Tokens whose KV is in the cache.
+  bool attached = false;        // Its prefix was looked up once.
   bool done = false;
   bool preempted = false;  // In this step: leaves running_ for waiting_.
   // Planned steps holding it whose outputs are not back: several when
@@ -171,6 +172,11 @@ bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
   if (s.computed == 0 && blocks_->Table(s.id).empty()) {
     s.computed = blocks_->AttachPrefix(
         s.id, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
+    if (!s.attached) {
+      s.attached = true;
+      s.result.cached_prompt_tokens = std::min<int64_t>(
+          s.computed, static_cast<int64_t>(s.request.prompt.size()));
+    }
   }
   const int64_t table = static_cast<int64_t>(blocks_->Table(s.id).size());
   const int64_t chunk =

@@ -140,15 +140,20 @@ struct Budget {
   }
 };
 
-// A ChatMessage (role 1, content 2) at messages[index].
+// A ChatMessage (role 1, content 2, tool_calls 3, tool_call_id 4) at
+// messages[index]. The calls' strings are left to protobuf's own UTF-8
+// check.
 absl::Status ScanChatMessage(absl::string_view wire, int64_t index,
                              Budget& budget) {
   return ForEachField(wire, "shardlm.v1.ChatMessage", [&](const WireField& f) {
-    if ((f.number == 1 || f.number == 2) && f.type == kLength) {
-      return CheckUtf8(f.bytes,
-                       absl::StrCat("messages[", index, "].",
-                                    f.number == 1 ? "role" : "content"));
+    if ((f.number == 1 || f.number == 2 || f.number == 4) &&
+        f.type == kLength) {
+      return CheckUtf8(f.bytes, absl::StrCat("messages[", index, "].",
+                                             f.number == 1   ? "role"
+                                             : f.number == 2 ? "content"
+                                                             : "tool_call_id"));
     }
+    if (f.number == 3 && f.type == kLength) return absl::OkStatus();
     return budget.AddUnknown() ? absl::OkStatus() : budget.TooManyUnknown();
   });
 }
@@ -271,6 +276,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 10:  // truncate_prompt_tokens
       case 12:  // min_tokens
       case 21:  // resume_position
+      case 25:  // n
         known = type == kVarint;
         break;
       case 8:  // stop
@@ -282,6 +288,9 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
         messages += known;
         break;
       case 13:  // constraint (its sizes are checked after the parse)
+      case 22:  // tools (counted and sized after the parse)
+      case 23:  // tool_choice
+      case 24:  // tool_choice_function
         known = type == kLength;
         break;
       default:

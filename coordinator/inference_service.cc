@@ -4,18 +4,22 @@
 #include <cmath>
 #include <deque>
 #include <optional>
+#include <thread>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "coordinator/api_key.h"
 #include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
 #include "model/stop_tokens.h"
+#include "model/tool_calls.h"
+#include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
 
 namespace shardlm {
@@ -33,6 +37,10 @@ constexpr size_t kMaxStopStringBytes = 256;
 constexpr int kMaxStopTokenIds = 256;
 constexpr int kMaxChatMessages = 256;
 constexpr int kMaxPromptTokenIds = 1 << 18;
+// OpenAI's limit on tools.
+constexpr int kMaxTools = 128;
+// Parallel sampling: at most this many sequences per request (`n`).
+constexpr int kMaxN = 16;
 
 // What tokenizing costs at most per byte of text: the token ids (up to 4
 // bytes per byte, twice that while their vector grows) and the merge state
@@ -73,7 +81,8 @@ InferenceService::InferenceService(Engine* engine, const Tokenizer* tokenizer,
     : engine_(engine),
       tokenizer_(tokenizer),
       chat_template_(tokenizer != nullptr
-                         ? ChatTemplate::ForModel(*tokenizer)
+                         ? ChatTemplate::ForModel(*tokenizer, absl::Now(),
+                                                  options.chat_template)
                          : absl::FailedPreconditionError("no tokenizer")),
       model_name_(std::move(model_name)),
       options_(options),
@@ -111,6 +120,141 @@ absl::Status InferenceService::AddConstraint(const v1::GenerateRequest& request,
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> grammar,
                    grammars_->Get(kind, source));
+  req.constraint =
+      std::make_shared<GrammarConstraint>(grammar, req.stop_token_ids);
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::CheckTools(
+    const v1::GenerateRequest& request) const {
+  const std::string& choice = request.tool_choice();
+  if (choice != "" && choice != "auto" && choice != "none" &&
+      choice != "required") {
+    return Invalid("tool_choice '", choice.substr(0, 64),
+                   "' is not auto, none, required or a function");
+  }
+  const bool has_function = !request.tool_choice_function().empty();
+  if (has_function && choice != "" && choice != "required") {
+    return Invalid(
+        "tool_choice_function needs tool_choice '' or required, "
+        "not '",
+        choice, "'");
+  }
+  if (request.tools_size() == 0) {
+    if (choice == "required" || has_function) {
+      return Invalid("tool_choice ",
+                     has_function ? "names a function" : "'required'",
+                     " but the request has no tools");
+    }
+    return absl::OkStatus();
+  }
+  if (request.tools_size() > kMaxTools) {
+    return Invalid("at most ", kMaxTools, " tools, got ", request.tools_size());
+  }
+  if (request.messages_size() == 0) {
+    return Invalid("tools need messages (a chat request)");
+  }
+  bool found = false;
+  for (int i = 0; i < request.tools_size(); ++i) {
+    const v1::Tool& tool = request.tools(i);
+    const std::string& name = tool.name();
+    const bool valid = !name.empty() && name.size() <= 64 &&
+                       std::all_of(name.begin(), name.end(), [](char c) {
+                         return (c >= 'a' && c <= 'z') ||
+                                (c >= 'A' && c <= 'Z') ||
+                                (c >= '0' && c <= '9') || c == '_' || c == '-';
+                       });
+    if (!valid) {
+      return Invalid("tools[", i,
+                     "].function.name must be 1 to 64 of a-z, A-Z, 0-9, _ "
+                     "and -, got '",
+                     name.substr(0, 80), "'");
+    }
+    for (int j = 0; j < i; ++j) {
+      if (request.tools(j).name() == name) {
+        return Invalid("tools[", i, "].function.name '", name,
+                       "' is also tools[", j, "]'s");
+      }
+    }
+    found |= name == request.tool_choice_function();
+    if (tool.parameters().size() > kMaxJsonSchemaBytes) {
+      return Invalid("tools[", i, "].function.parameters is ",
+                     tool.parameters().size(), " bytes; at most ",
+                     kMaxJsonSchemaBytes, " are accepted");
+    }
+    if (!tool.parameters().empty()) {
+      const nlohmann::json p = nlohmann::json::parse(
+          tool.parameters(), nullptr, /*allow_exceptions=*/false);
+      if (!p.is_object()) {
+        return Invalid("tools[", i,
+                       "].function.parameters must be a JSON Schema object");
+      }
+    }
+  }
+  if (has_function && !found) {
+    return Invalid("tool_choice names function '",
+                   request.tool_choice_function().substr(0, 80),
+                   "', which is not in tools");
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> InferenceService::ToolCallNames(
+    const v1::GenerateRequest& request) const {
+  std::vector<std::string> names;
+  if (request.tools_size() == 0 || request.tool_choice() == "none" ||
+      !chat_template_.ok() ||
+      chat_template_->tool_format() == ToolCallFormat::kNone) {
+    return names;
+  }
+  for (const v1::Tool& tool : request.tools()) {
+    if (request.tool_choice_function().empty() ||
+        tool.name() == request.tool_choice_function()) {
+      names.push_back(tool.name());
+    }
+  }
+  return names;
+}
+
+absl::Status InferenceService::AddToolConstraint(
+    const v1::GenerateRequest& request, GenerateRequest& req) const {
+  const bool forced = !request.tool_choice_function().empty();
+  if (request.tool_choice() != "required" && !forced) return absl::OkStatus();
+  if (request.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
+    return Invalid(
+        "tool_choice required or a function constrains the output to tool "
+        "calls: it cannot be combined with a constraint (response_format, "
+        "grammar)");
+  }
+  if (req.stop_token_ids.empty()) {
+    return Invalid(
+        "tool_choice: a constrained output ends with an end-of-text token; "
+        "give stop_token_ids or do not set ignore_eos");
+  }
+  if (grammars_ == nullptr) {
+    return Invalid("tool_choice: this server has no tokenizer");
+  }
+  // The Hermes format, as the template renders an assistant's calls (the
+  // model writes its turn from the "\n" after the role on).
+  using OrderedJson = nlohmann::ordered_json;
+  OrderedJson spec = {{"open", "<tool_call>\n"},
+                      {"close", "\n</tool_call>"},
+                      {"separator", "\n"},
+                      {"multiple", !forced},
+                      {"tools", OrderedJson::array()}};
+  for (int i = 0; i < request.tools_size(); ++i) {
+    const v1::Tool& tool = request.tools(i);
+    if (forced && tool.name() != request.tool_choice_function()) continue;
+    OrderedJson params;  // null: any object.
+    if (!tool.parameters().empty()) {
+      params = OrderedJson::parse(tool.parameters(), nullptr,
+                                  /*allow_exceptions=*/false);
+    }
+    spec["tools"].push_back(
+        {{"index", i}, {"name", tool.name()}, {"parameters", params}});
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const CompiledGrammar> grammar,
+                   grammars_->Get(GrammarKind::kToolCalls, spec.dump()));
   req.constraint =
       std::make_shared<GrammarConstraint>(grammar, req.stop_token_ids);
   return absl::OkStatus();
@@ -192,9 +336,17 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     return Invalid("at most ", kMaxChatMessages, " messages, got ",
                    request.messages_size());
   }
+  RETURN_IF_ERROR(CheckTools(request));
   size_t message_bytes = 0;
   for (const v1::ChatMessage& m : request.messages()) {
     message_bytes += m.role().size() + m.content().size();
+    for (const v1::ToolCall& c : m.tool_calls()) {
+      message_bytes += c.name().size() + c.arguments().size();
+    }
+  }
+  for (const v1::Tool& t : request.tools()) {
+    message_bytes +=
+        t.name().size() + t.description().size() + t.parameters().size();
   }
   if (message_bytes > options_.max_prompt_bytes) {
     return Invalid("the messages are ", message_bytes, " bytes; at most ",
@@ -210,9 +362,27 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
     }
     std::vector<ChatMessage> conversation;
     for (const v1::ChatMessage& m : request.messages()) {
-      conversation.push_back({m.role(), m.content()});
+      ChatMessage message{m.role(), m.content()};
+      for (const v1::ToolCall& c : m.tool_calls()) {
+        message.tool_calls.push_back(
+            {.id = c.id(), .name = c.name(), .arguments = c.arguments()});
+      }
+      message.tool_call_id = m.tool_call_id();
+      conversation.push_back(std::move(message));
     }
-    absl::StatusOr<std::string> text = chat_template_->Render(conversation);
+    // tool_choice "none" with a template that renders no tools: the tools
+    // are left out (the model is not to call them anyway).
+    std::vector<ChatTool> tools;
+    if (request.tool_choice() != "none" ||
+        chat_template_->tool_format() != ToolCallFormat::kNone) {
+      for (const v1::Tool& t : request.tools()) {
+        tools.push_back({.name = t.name(),
+                         .description = t.description(),
+                         .parameters = t.parameters()});
+      }
+    }
+    absl::StatusOr<std::string> text =
+        chat_template_->Render(conversation, tools);
     if (!text.ok()) return Invalid(text.status().message());
     req.prompt = tokenizer_->EncodePrompt(*text);
   } else if (request.prompt_token_ids_size() > 0) {
@@ -271,6 +441,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   req.resumed.assign(request.resume_token_ids().begin(),
                      request.resume_token_ids().end());
   RETURN_IF_ERROR(AddConstraint(request, req));
+  RETURN_IF_ERROR(AddToolConstraint(request, req));
   // A resumed constrained stream: its grammar state follows the tokens
   // already sent, which must be a prefix of a sentence.
   if (req.constraint != nullptr) {
@@ -348,6 +519,67 @@ grpc::Status InferenceService::Generate(
 }
 
 absl::Status InferenceService::Run(
+    const v1::GenerateRequest& request, absl::Time deadline,
+    const std::function<bool()>& cancelled,
+    const std::function<bool(const v1::GenerateResponse&)>& write,
+    RequestApi api) {
+  const int n = request.n() == 0 ? 1 : request.n();
+  if (n < 1 || n > kMaxN) {
+    return Invalid("n must be 1 to ", kMaxN, ", got ", request.n());
+  }
+  if (n == 1) return RunOne(request, deadline, cancelled, write, api);
+  if (request.resume_token_ids_size() > 0) {
+    return Invalid("resume_token_ids need n = 1 (a stream is one sequence)");
+  }
+  absl::Mutex write_mu;
+  bool writing = true;  // False once a write failed: the client is gone.
+  const auto indexed = [&](int index, const v1::GenerateResponse& r) {
+    absl::MutexLock lock(&write_mu);
+    if (!writing) return false;
+    v1::GenerateResponse tagged = r;
+    tagged.set_index(index);
+    writing = write(tagged);
+    return writing;
+  };
+  // Sequence 0 first: the others start once its first token is back (its
+  // prompt's full blocks then in the prefix cache), or never when it ended
+  // without one.
+  absl::Notification first;
+  std::atomic<bool> first_sent{false};
+  std::vector<absl::Status> statuses(n);
+  std::vector<std::thread> others;
+  for (int i = 1; i < n; ++i) {
+    others.emplace_back([&, i] {
+      first.WaitForNotification();
+      if (!first_sent) return;
+      v1::GenerateRequest child = request;
+      child.mutable_sampling()->set_seed(request.sampling().seed() +
+                                         static_cast<uint64_t>(i));
+      statuses[i] = RunOne(
+          child, deadline, cancelled,
+          [&, i](const v1::GenerateResponse& r) { return indexed(i, r); }, api);
+    });
+  }
+  statuses[0] = RunOne(
+      request, deadline, cancelled,
+      [&](const v1::GenerateResponse& r) {
+        const bool ok = indexed(0, r);
+        if (!first.HasBeenNotified()) {
+          first_sent = true;
+          first.Notify();
+        }
+        return ok;
+      },
+      api);
+  if (!first.HasBeenNotified()) first.Notify();
+  for (std::thread& t : others) t.join();
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status InferenceService::RunOne(
     const v1::GenerateRequest& request_proto, absl::Time deadline,
     const std::function<bool()>& cancelled,
     const std::function<bool(const v1::GenerateResponse&)>& write,
@@ -464,7 +696,38 @@ absl::Status InferenceService::Run(
       engine_->Submit(*std::move(req), std::move(callbacks));
   if (!id.ok()) return id.status();
 
+  // Tool calls: the text streams as the model wrote it; the last response
+  // carries the calls parsed from it.
+  const std::vector<std::string> tool_names = ToolCallNames(*request);
+  std::optional<ToolCallStream> tool_calls;
+  std::vector<ChatToolCall> calls;
+  if (!tool_names.empty()) tool_calls.emplace(tool_names);
+  const std::string call_id_prefix = absl::StrCat(
+      "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ *id), "_");
+  const auto write_parsed = [&](const v1::GenerateResponse& response) {
+    if (!tool_calls) return write(response);
+    for (ChatToolCall& c : tool_calls->Push(response.text()).calls) {
+      calls.push_back(std::move(c));
+    }
+    if (response.finish_reason().empty()) return write(response);
+    for (ChatToolCall& c : tool_calls->Finish().calls) {
+      calls.push_back(std::move(c));
+    }
+    v1::GenerateResponse last = response;
+    for (size_t i = 0; i < calls.size(); ++i) {
+      v1::ToolCall& c = *last.add_tool_calls();
+      c.set_id(absl::StrCat(call_id_prefix, i));
+      c.set_name(calls[i].name);
+      c.set_arguments(calls[i].arguments);
+    }
+    if (!calls.empty() && last.finish_reason() == "stop") {
+      last.set_finish_reason("tool_calls");
+    }
+    return write(last);
+  };
+
   bool sent_final = false;
+  std::optional<v1::GenerateResponse> final_response;
   bool client_gone = false;
   absl::StatusOr<GenerateResult> result;
   Stream* const st = stream.get();
@@ -484,13 +747,26 @@ absl::Status InferenceService::Run(
       client_gone = true;
       engine_->Cancel(*id);
     }
-    for (const v1::GenerateResponse& response : responses) {
+    for (v1::GenerateResponse& response : responses) {
       if (client_gone) break;
-      sent_final |= !response.finish_reason().empty();
-      if (!write(response)) {
+      if (!response.finish_reason().empty()) {
+        // Its usage takes the cached prompt tokens from the result, which
+        // on_done brings right after the last token.
+        sent_final = true;
+        final_response = std::move(response);
+        break;
+      }
+      if (!write_parsed(response)) {
         client_gone = true;
         engine_->Cancel(*id);
       }
+    }
+    if (finished && final_response && !client_gone) {
+      if (result.ok()) {
+        final_response->mutable_usage()->set_cached_tokens(
+            static_cast<int32_t>(result->cached_prompt_tokens));
+      }
+      if (!write_parsed(*final_response)) client_gone = true;
     }
     // After a cancel, wait for the end too: its blocks are free by then.
     if (finished) break;
@@ -508,7 +784,9 @@ absl::Status InferenceService::Run(
     std::string text = s.stops.Push(s.detok.Finish());
     response.set_text(text + s.stops.Finish());
     finish(response, FinishReasonName(result->finish_reason), s.generated);
-    write(response);
+    response.mutable_usage()->set_cached_tokens(
+        static_cast<int32_t>(result->cached_prompt_tokens));
+    write_parsed(response);
   }
   return absl::OkStatus();
 }

@@ -51,6 +51,9 @@ struct ServiceOptions {
   // When set (not owned), each request takes its share of it before it is
   // tokenized and holds it while it is queued and runs (issue 39).
   MemoryBudget* memory_budget = nullptr;
+  // A Jinja chat template to use instead of the model's (--chat-template);
+  // empty: the model's.
+  std::string chat_template;
 };
 
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
@@ -99,6 +102,14 @@ class InferenceService final : public v1::Inference::Service {
   // Cancelled when the client went away; otherwise the error (validation,
   // queue, deadline, a lost rank), before or after some responses. `api`
   // labels the request in the metrics.
+  //
+  // request.n > 1: n sequences, each response tagged with its `index`
+  // (calls to `write` are serialized, from several threads). Sequence i
+  // samples with seed + i. Sequence 0 runs first; the others are submitted
+  // once its first token is back, when its prompt's full blocks are in the
+  // prefix cache, so they share those blocks (reference-counted) and
+  // compute only the prompt's last, partial block. The first error of any
+  // sequence is the request's.
   absl::Status Run(
       const v1::GenerateRequest& request, absl::Time deadline,
       const std::function<bool()>& cancelled,
@@ -111,6 +122,13 @@ class InferenceService final : public v1::Inference::Service {
   // (sampling fields, token ranges, stop strings, which the service
   // matches itself); the engine checks context and KV capacity.
   absl::StatusOr<GenerateRequest> ToEngineRequest(
+      const v1::GenerateRequest& request) const;
+
+  // The functions whose calls the output of `request` is parsed for (by
+  // ToolCallStream): its tools' names, or only tool_choice_function's;
+  // none when it has no tools, tool_choice is "none", or the model's
+  // template renders no tools.
+  std::vector<std::string> ToolCallNames(
       const v1::GenerateRequest& request) const;
 
   // Draining: from now on Run (both APIs) refuses new requests with
@@ -131,7 +149,19 @@ class InferenceService final : public v1::Inference::Service {
   // req.stop_token_ids are known; InvalidArgument naming the keyword.
   absl::Status AddConstraint(const v1::GenerateRequest& request,
                              GenerateRequest& req) const;
+  // Checks request.tools and tool_choice; with tool_choice "required" or a
+  // function, compiles the tool-call grammar into req.constraint (after
+  // req.stop_token_ids are known).
+  absl::Status CheckTools(const v1::GenerateRequest& request) const;
+  absl::Status AddToolConstraint(const v1::GenerateRequest& request,
+                                 GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
+  // Run for one sequence (request.n ignored).
+  absl::Status RunOne(
+      const v1::GenerateRequest& request, absl::Time deadline,
+      const std::function<bool()>& cancelled,
+      const std::function<bool(const v1::GenerateResponse&)>& write,
+      RequestApi api);
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
                                          absl::string_view what) const;

@@ -16,6 +16,7 @@
 #include "coordinator/request_ranges.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
+#include "model/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
 #include "step/step.h"
@@ -102,7 +103,8 @@ absl::Status Get(const Json& body, const char* name, T* out) {
 }
 
 // An OpenAI "messages" array as the request's conversation (the service
-// renders it in the model's chat format).
+// renders it in the model's chat format): system, user, assistant (with
+// "tool_calls") and tool messages.
 absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
   if (!messages.is_array() || messages.empty()) {
     return Invalid("'messages' must be a non-empty array");
@@ -113,12 +115,15 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
       return Invalid("messages[", i, "] needs a string 'role'");
     }
     const std::string role = m["role"];
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" &&
+        role != "tool") {
       return Invalid("messages[", i, "].role '", Echo(role),
-                     "' is not system, user or assistant");
+                     "' is not system, user, assistant or tool");
     }
     std::string content;
     const Json& c = m.contains("content") ? m["content"] : Json();
+    const bool calls = role == "assistant" && m.contains("tool_calls") &&
+                       !m["tool_calls"].is_null();
     if (c.is_string()) {
       content = c;
     } else if (c.is_array()) {  // [{"type": "text", "text": ...}]
@@ -131,12 +136,115 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
         }
         content += part["text"].get<std::string>();
       }
-    } else {
+    } else if (!(c.is_null() && calls)) {  // An assistant's calls alone.
       return Invalid("messages[", i, "].content must be a string or parts");
     }
     v1::ChatMessage* out = req.add_messages();
     out->set_role(role);
     out->set_content(std::move(content));
+    if (m.contains("tool_call_id") && m["tool_call_id"].is_string()) {
+      out->set_tool_call_id(m["tool_call_id"].get<std::string>());
+    }
+    if (!calls) continue;
+    if (!m["tool_calls"].is_array()) {
+      return Invalid("messages[", i, "].tool_calls must be an array");
+    }
+    for (size_t k = 0; k < m["tool_calls"].size(); ++k) {
+      const Json& call = m["tool_calls"][k];
+      const auto field = [&](const char* name) {
+        return absl::StrCat("messages[", i, "].tool_calls[", k, "].", name);
+      };
+      if (!call.is_object() || !call.contains("function") ||
+          !call["function"].is_object()) {
+        return Invalid(field("function"), " must be an object");
+      }
+      const Json& f = call["function"];
+      if (!f.contains("name") || !f["name"].is_string()) {
+        return Invalid(field("function.name"), " must be a string");
+      }
+      v1::ToolCall* tc = out->add_tool_calls();
+      tc->set_name(f["name"].get<std::string>());
+      if (call.contains("id") && call["id"].is_string()) {
+        tc->set_id(call["id"].get<std::string>());
+      }
+      // OpenAI sends the arguments as JSON text; an object is taken too.
+      const Json args = f.contains("arguments") ? f["arguments"] : Json();
+      if (args.is_string()) {
+        tc->set_arguments(args.get<std::string>());
+      } else if (args.is_object()) {
+        tc->set_arguments(Dump(args));
+      } else {
+        return Invalid(field("function.arguments"),
+                       " must be a JSON object as a string");
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI's "tools" (function tools) and "tool_choice". `ordered` is the
+// body parsed again in order (a schema's properties render, and are
+// generated, in the client's order), when it has tools.
+absl::Status AddTools(const Json& body, const nlohmann::ordered_json* ordered,
+                      v1::GenerateRequest& req) {
+  const bool has_tools = body.contains("tools") && !body["tools"].is_null();
+  if (has_tools) {
+    const Json& tools = body["tools"];
+    if (!tools.is_array()) return Invalid("'tools' must be an array");
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const Json& t = tools[i];
+      if (!t.is_object() || t.value("type", "") != "function") {
+        return Invalid("tools[", i,
+                       "].type must be 'function' (the only kind of tool)");
+      }
+      if (!t.contains("function") || !t["function"].is_object()) {
+        return Invalid("tools[", i, "].function must be an object");
+      }
+      const Json& f = t["function"];
+      if (!f.contains("name") || !f["name"].is_string()) {
+        return Invalid("tools[", i, "].function.name must be a string");
+      }
+      v1::Tool* tool = req.add_tools();
+      tool->set_name(f["name"].get<std::string>());
+      if (f.contains("description") && !f["description"].is_null()) {
+        if (!f["description"].is_string()) {
+          return Invalid("tools[", i,
+                         "].function.description must be a string");
+        }
+        tool->set_description(f["description"].get<std::string>());
+      }
+      if (f.contains("parameters") && !f["parameters"].is_null()) {
+        if (!f["parameters"].is_object()) {
+          return Invalid("tools[", i,
+                         "].function.parameters must be a JSON Schema object");
+        }
+        if (const size_t n = f["parameters"].dump().size();
+            n > kMaxJsonSchemaBytes) {
+          return Invalid("tools[", i, "].function.parameters is ", n,
+                         " bytes; at most ", kMaxJsonSchemaBytes,
+                         " are accepted");
+        }
+        tool->set_parameters(
+            (*ordered)["tools"][i]["function"]["parameters"].dump());
+      }
+    }
+  }
+  const Json& choice =
+      body.contains("tool_choice") ? body["tool_choice"] : Json();
+  if (choice.is_string()) {
+    req.set_tool_choice(choice.get<std::string>());  // The service checks it.
+  } else if (choice.is_object()) {
+    if (choice.value("type", "") != "function" ||
+        !choice.contains("function") || !choice["function"].is_object() ||
+        !choice["function"].contains("name") ||
+        !choice["function"]["name"].is_string()) {
+      return Invalid(
+          "'tool_choice' must be auto, none, required or {\"type\": "
+          "\"function\", \"function\": {\"name\": ...}}");
+    }
+    req.set_tool_choice_function(choice["function"]["name"].get<std::string>());
+  } else if (!choice.is_null()) {
+    return Invalid("'tool_choice' must be a string or an object");
   }
   return absl::OkStatus();
 }
@@ -262,8 +370,16 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   RETURN_IF_ERROR(Get(body, "n", &n));
   RETURN_IF_ERROR(Get(body, "best_of", &best_of));
   RETURN_IF_ERROR(Get(body, "echo", &echo));
-  if (n != 1 || best_of != 1) return Invalid("only n = 1 is supported");
-  if (echo) return Invalid("'echo' is not supported");
+  if (n < 1 || n > 16) return Invalid("n must be 1 to 16, got ", n);
+  if (best_of != 1 && best_of != n) {
+    return Invalid("'best_of' other than n is not supported");
+  }
+  req.set_n(static_cast<int32_t>(n));
+  if (echo) {
+    return Invalid(
+        "'echo' is not supported (it needs the logits of every prompt "
+        "position, which the engine does not return yet)");
+  }
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
   }
@@ -271,7 +387,21 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   if (chat) {
     if (!body.contains("messages")) return Invalid("'messages' is required");
     RETURN_IF_ERROR(AddMessages(body["messages"], req));
+    std::optional<nlohmann::ordered_json> ordered;
+    if (body.contains("tools") && !body["tools"].is_null()) {
+      ordered = nlohmann::ordered_json::parse(raw_body, nullptr,
+                                              /*allow_exceptions=*/false);
+      if (ordered->is_discarded()) {
+        return Invalid("the body is not a JSON object");
+      }
+    }
+    RETURN_IF_ERROR(AddTools(body, ordered ? &*ordered : nullptr, req));
   } else {
+    for (const char* field : {"tools", "tool_choice"}) {
+      if (body.contains(field) && !body[field].is_null()) {
+        return Invalid("'", field, "' is for /v1/chat/completions");
+      }
+    }
     const Json& p = body.contains("prompt") ? body["prompt"] : Json();
     if (p.is_string()) {
       req.set_prompt(p.get<std::string>());
@@ -384,6 +514,14 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   req.set_truncate_prompt_tokens(truncate);
   RETURN_IF_ERROR(AddConstraint(body, raw_body, req));
   return req;
+}
+
+// OpenAI's usage object, with the prompt tokens the prefix cache held.
+Json UsageJson(const v1::Usage& u) {
+  return {{"prompt_tokens", u.prompt_tokens()},
+          {"completion_tokens", u.completion_tokens()},
+          {"total_tokens", u.prompt_tokens() + u.completion_tokens()},
+          {"prompt_tokens_details", {{"cached_tokens", u.cached_tokens()}}}};
 }
 
 Json Bytes(const std::string& text) {
@@ -613,53 +751,100 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const char* object =
       chat ? (stream ? "chat.completion.chunk" : "chat.completion")
            : "text_completion";
-  // What the whole (non-streamed) answer accumulates.
-  std::string text;
-  Json logprobs = EmptyLogprobs(chat);
-  int64_t text_offset = 0;
-  std::string finish_reason;
-  v1::Usage usage;
+  // What each of the n choices accumulates (the whole answer when not
+  // streamed). Tool calls: the service parses them (the last response
+  // carries them); the same parser here keeps their markup out of the
+  // content.
+  struct Choice {
+    std::string text;
+    Json logprobs;
+    int64_t text_offset = 0;
+    std::string finish_reason;
+    bool first_chunk = true;
+    std::optional<ToolCallStream> tool_filter;
+    Json tool_calls = Json::array();
+    v1::Usage usage;
+  };
+  const int n = std::max(1, proto->n());
+  std::vector<Choice> choices(n);
+  std::vector<std::string> names;
+  if (chat) names = service_->ToolCallNames(*proto);
+  for (Choice& c : choices) {
+    c.logprobs = EmptyLogprobs(chat);
+    if (!names.empty()) c.tool_filter.emplace(names);
+  }
+  // One usage for the request: the prompt once, every choice's tokens.
+  const auto total_usage = [&] {
+    v1::Usage u = choices[0].usage;
+    for (int i = 1; i < n; ++i) {
+      u.set_completion_tokens(u.completion_tokens() +
+                              choices[i].usage.completion_tokens());
+    }
+    return u;
+  };
   bool started = false;
-  bool first_chunk = true;
+  const auto calls_json = [](const v1::GenerateResponse& r, bool delta) {
+    Json calls = Json::array();
+    for (int i = 0; i < r.tool_calls_size(); ++i) {
+      const v1::ToolCall& c = r.tool_calls(i);
+      Json call = {
+          {"id", c.id()},
+          {"type", "function"},
+          {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}};
+      if (delta) call["index"] = i;
+      calls.push_back(std::move(call));
+    }
+    return calls;
+  };
 
+  // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
-    if (r.has_usage()) usage = r.usage();
-    if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    if (r.index() < 0 || r.index() >= n) return false;
+    Choice& c = choices[r.index()];
+    if (r.has_usage()) c.usage = r.usage();
+    if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
+    std::string piece = r.text();
+    if (c.tool_filter) {
+      piece = c.tool_filter->Push(r.text()).content;
+      if (!r.finish_reason().empty()) piece += c.tool_filter->Finish().content;
+    }
     if (!stream) {
-      text += r.text();
-      if (top_n >= 0) AppendLogprobs(r, chat, top_n, logprobs, &text_offset);
+      c.text += piece;
+      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r, false);
+      if (top_n >= 0) {
+        AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
+      }
       return true;
     }
     Json choice = {
-        {"index", 0},
+        {"index", r.index()},
         {"finish_reason",
          r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
     if (top_n >= 0) {
       Json lp = EmptyLogprobs(chat);
-      AppendLogprobs(r, chat, top_n, lp, &text_offset);
+      AppendLogprobs(r, chat, top_n, lp, &c.text_offset);
       choice["logprobs"] = lp;
     } else {
       choice["logprobs"] = Json();
     }
     if (chat) {
-      Json delta = {{"content", r.text()}};
-      if (first_chunk) delta["role"] = "assistant";
+      Json delta = {{"content", piece}};
+      if (c.first_chunk) delta["role"] = "assistant";
+      // All calls in the last chunk, whole (each call's first delta, as
+      // OpenAI's, with its id, name and arguments).
+      if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
       choice["delta"] = delta;
     } else {
       choice["text"] = r.text();
     }
-    first_chunk = false;
+    c.first_chunk = false;
     Json chunk = {{"id", id},
                   {"object", object},
                   {"created", created},
                   {"model", options_.model_name},
                   {"choices", {choice}}};
-    if (r.has_usage()) {
-      chunk["usage"] = {{"prompt_tokens", r.usage().prompt_tokens()},
-                        {"completion_tokens", r.usage().completion_tokens()},
-                        {"total_tokens", r.usage().prompt_tokens() +
-                                             r.usage().completion_tokens()}};
-    }
+    // With n > 1 the request's usage is in the include_usage chunk only.
+    if (r.has_usage() && n == 1) chunk["usage"] = UsageJson(r.usage());
     if (!started) {
       started = true;
       if (!res.Start(200, "text/event-stream")) return false;
@@ -684,34 +869,35 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                          {"created", created},
                          {"model", options_.model_name},
                          {"choices", Json::array()},
-                         {"usage",
-                          {{"prompt_tokens", usage.prompt_tokens()},
-                           {"completion_tokens", usage.completion_tokens()},
-                           {"total_tokens", usage.prompt_tokens() +
-                                                usage.completion_tokens()}}}};
+                         {"usage", UsageJson(total_usage())}};
       res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
     }
     res.Write("data: [DONE]\n\n");
     return;
   }
-  Json choice = {{"index", 0},
-                 {"finish_reason", finish_reason},
-                 {"logprobs", top_n >= 0 ? logprobs : Json()}};
-  if (chat) {
-    choice["message"] = {{"role", "assistant"}, {"content", text}};
-  } else {
-    choice["text"] = text;
+  Json out_choices = Json::array();
+  for (int i = 0; i < n; ++i) {
+    const Choice& c = choices[i];
+    Json choice = {{"index", i},
+                   {"finish_reason", c.finish_reason},
+                   {"logprobs", top_n >= 0 ? c.logprobs : Json()}};
+    if (chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      if (!c.tool_calls.empty()) {
+        if (c.text.empty()) choice["message"]["content"] = Json();
+        choice["message"]["tool_calls"] = c.tool_calls;
+      }
+    } else {
+      choice["text"] = c.text;
+    }
+    out_choices.push_back(std::move(choice));
   }
-  const Json out = {
-      {"id", id},
-      {"object", object},
-      {"created", created},
-      {"model", options_.model_name},
-      {"choices", {choice}},
-      {"usage",
-       {{"prompt_tokens", usage.prompt_tokens()},
-        {"completion_tokens", usage.completion_tokens()},
-        {"total_tokens", usage.prompt_tokens() + usage.completion_tokens()}}}};
+  const Json out = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices", out_choices},
+                    {"usage", UsageJson(total_usage())}};
   http_ok_++;
   res.Send(200, "application/json", Dump(out));
 }

@@ -58,6 +58,9 @@ struct GenerateResult {
   double decode_seconds = 0;         // From the first to the last token.
   // When asked for (request.logprobs > 0): one per generated token.
   std::vector<TokenLogprobs> logprobs;
+  // Prompt tokens whose KV the prefix cache held when the request first
+  // started (not computed for it); later recomputations do not change it.
+  int64_t cached_prompt_tokens = 0;
 };
 
 // What on_token wants done with its request after a token: go on, end it

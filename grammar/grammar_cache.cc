@@ -39,6 +39,9 @@ absl::StatusOr<std::shared_ptr<const CompiledGrammar>> GrammarCache::Get(
     case GrammarKind::kGbnf:
       grammar = ParseGbnf(source);
       break;
+    case GrammarKind::kToolCalls:
+      grammar = CompileToolCalls(source);
+      break;
   }
   if (!grammar.ok()) return grammar.status();
   auto compiled =

@@ -20,7 +20,8 @@
 
 namespace shardlm {
 
-enum class GrammarKind { kJsonObject, kJsonSchema, kGbnf };
+// kToolCalls: the source is CompileToolCalls' specification.
+enum class GrammarKind { kJsonObject, kJsonSchema, kGbnf, kToolCalls };
 
 // Thread-safe.
 class GrammarCache {

@@ -102,10 +102,10 @@ std::string Unescape(std::string_view token) {
 
 class SchemaCompiler {
  public:
-  explicit SchemaCompiler(const Json& root) : root_(root) {}
+  explicit SchemaCompiler(const Json& root) : root_(&root) {}
 
   absl::StatusOr<Grammar> Run() {
-    absl::StatusOr<Sym> top = Compile(root_, "#", 0);
+    absl::StatusOr<Sym> top = Compile(*root_, "#", 0);
     if (!top.ok()) return top.status();
     const uint32_t root = b_.NewRule("root");
     b_.AddAlt(root, {*top});
@@ -620,7 +620,7 @@ class SchemaCompiler {
       return Refuse(path, "'$ref' '", ref,
                     "' is not supported (only local references, #/...)");
     }
-    const Json* target = &root_;
+    const Json* target = root_;
     std::string_view rest = std::string_view(ref).substr(1);
     while (!rest.empty()) {
       if (rest[0] != '/')
@@ -745,8 +745,65 @@ class SchemaCompiler {
     return options.size() == 1 ? options[0] : b_.Choice(options, "types");
   }
 
+  // Tool calls (CompileToolCalls): each call is `open` {"name": "NAME",
+  // "arguments": ARGS} `close`, NAME one of the tools' and ARGS valid
+  // against that tool's parameters; one call, or several separated by
+  // `separator`.
+  absl::StatusOr<Grammar> RunToolCalls(const Json& spec) {
+    const std::string open = spec.value("open", "");
+    const std::string close = spec.value("close", "");
+    std::vector<Sym> calls;
+    for (const Json& tool : spec["tools"]) {
+      const std::string where = absl::StrCat("tools[", tool.value("index", 0),
+                                             "].function.parameters");
+      const Json& params = tool["parameters"];
+      absl::StatusOr<Sym> args;
+      if (params.is_null()) {
+        args = AnyObject(
+            b_.Seq({String(), Ws(), b_.Byte(':'), Ws(), AnyValue()}, "member"));
+      } else {
+        // A tool's references resolve in its own schema.
+        if (NestingDepth(params.dump()) > kMaxJsonSchemaDepth) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": the schema nests deeper than ",
+                           kMaxJsonSchemaDepth, " levels"));
+        }
+        root_ = &params;
+        refs_.clear();
+        args = Compile(params, "#", 0);
+      }
+      if (!args.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(where, ": ", args.status().message()));
+      }
+      std::vector<Sym> seq;
+      b_.AppendLiteral(seq, absl::StrCat(open, "{\"name\": ",
+                                         Json(tool.value("name", "")).dump(),
+                                         ", \"arguments\": "));
+      seq.push_back(*args);
+      b_.AppendLiteral(seq, absl::StrCat("}", close));
+      calls.push_back(b_.Seq(std::move(seq), "tool_call"));
+    }
+    if (calls.empty()) {
+      return absl::InvalidArgumentError("tool calls: no function to call");
+    }
+    const Sym one = calls.size() == 1 ? calls[0] : b_.Choice(calls, "tool");
+    const Sym top = spec.value("multiple", false)
+                        ? b_.List(one, b_.Literal(spec.value("separator", "")),
+                                  1, -1, "tool_calls")
+                        : one;
+    const uint32_t root = b_.NewRule("root");
+    b_.AddAlt(root, {top});
+    absl::StatusOr<Grammar> g = std::move(b_).Build(root);
+    if (!g.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tool calls: ", g.status().message()));
+    }
+    return g;
+  }
+
  private:
-  const Json& root_;
+  const Json* root_;  // What "#" refers to.
   GrammarBuilder b_;
   absl::flat_hash_map<std::string, uint32_t> refs_;
   std::optional<Sym> any_value_, ws_, string_char_, string_, number_;
@@ -772,6 +829,28 @@ absl::StatusOr<Grammar> CompileJsonSchema(std::string_view schema_json) {
     return absl::InvalidArgumentError("json_schema: the schema is not JSON");
   }
   return SchemaCompiler(schema).Run();
+}
+
+absl::StatusOr<Grammar> CompileToolCalls(std::string_view spec_json) {
+  // A tool's schema sits 3 levels down: {"tools": [{"parameters": ...}]}.
+  if (NestingDepth(spec_json) > kMaxJsonSchemaDepth + 3) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tools: a function's parameters nest deeper than ",
+                     kMaxJsonSchemaDepth, " levels"));
+  }
+  const Json spec = Json::parse(spec_json, nullptr, /*allow_exceptions=*/false);
+  if (!spec.is_object() || !spec.contains("tools") ||
+      !spec["tools"].is_array()) {
+    return absl::InvalidArgumentError("tool calls: a malformed specification");
+  }
+  for (const Json& tool : spec["tools"]) {
+    if (!tool.is_object() || !tool.contains("parameters")) {
+      return absl::InvalidArgumentError(
+          "tool calls: a malformed specification");
+    }
+  }
+  const Json none;
+  return SchemaCompiler(none).RunToolCalls(spec);
 }
 
 Grammar JsonObjectGrammar() {

@@ -31,6 +31,18 @@ inline constexpr int kMaxJsonSchemaRepeat = 1000;
 // 20 spaces or tabs after a newline or one space between tokens.
 absl::StatusOr<Grammar> CompileJsonSchema(std::string_view schema_json);
 
+// The grammar of tool calls (tool_choice required, or a named function).
+// `spec_json`: {"open": TEXT, "close": TEXT, "separator": TEXT, "multiple":
+// bool, "tools": [{"index": i, "name": NAME, "parameters": SCHEMA or
+// null}]}. A sentence is one call (`multiple` false) or one or more
+// separated by `separator`; a call is
+//   open {"name": "NAME", "arguments": ARGS} close
+// with NAME one of the tools' and ARGS a JSON object valid against that
+// tool's parameters (any object when null), within the subset above.
+// InvalidArgument naming "tools[i].function.parameters" and the keyword for
+// a schema outside it.
+absl::StatusOr<Grammar> CompileToolCalls(std::string_view spec_json);
+
 // The grammar of any JSON object (response_format json_object).
 Grammar JsonObjectGrammar();
 

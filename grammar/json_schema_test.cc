@@ -171,5 +171,69 @@ TEST(JsonSchemaTest, RefusesWhatIsOutsideTheSubsetNamingTheKeyword) {
   ExpectRefused(big, "bytes; at most 65536");
 }
 
+constexpr char kToolSpec[] = R"({"open": "<tool_call>\n",
+  "close": "\n</tool_call>", "separator": "\n", "multiple": MULTI,
+  "tools": [
+    {"index": 0, "name": "get_weather", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string", "maxLength": 10},
+                     "unit": {"enum": ["c", "f"]}},
+      "required": ["city"], "additionalProperties": false}},
+    {"index": 2, "name": "now", "parameters": null},
+    {"index": 3, "name": "tree", "parameters": {"$ref": "#/$defs/n",
+      "$defs": {"n": {"type": "object", "properties": {
+        "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+        "additionalProperties": false}}}}]})";
+
+Grammar ToolCalls(bool multiple) {
+  std::string spec = kToolSpec;
+  spec.replace(spec.find("MULTI"), 5, multiple ? "true" : "false");
+  absl::StatusOr<Grammar> g = CompileToolCalls(spec);
+  EXPECT_TRUE(g.ok()) << g.status();
+  return g.ok() ? *std::move(g) : Grammar();
+}
+
+TEST(ToolCallGrammarTest, OneCallOfAnOfferedFunctionWithValidArguments) {
+  const Grammar g = ToolCalls(false);
+  const std::string weather =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Paris\", \"unit\": \"c\"}}\n</tool_call>";
+  EXPECT_TRUE(g.Accepts(weather));
+  EXPECT_TRUE(g.Accepts(
+      "<tool_call>\n{\"name\": \"now\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_TRUE(
+      g.Accepts("<tool_call>\n{\"name\": \"now\", \"arguments\": "
+                "{\"any\": [1, null]}}\n</tool_call>"));
+  // Each tool's $ref resolves in its own schema.
+  EXPECT_TRUE(
+      g.Accepts("<tool_call>\n{\"name\": \"tree\", \"arguments\": "
+                "{\"kids\": [{}, {\"kids\": []}]}}\n</tool_call>"));
+  EXPECT_FALSE(g.Accepts(weather + "\n" + weather));  // One call only.
+  EXPECT_FALSE(g.Accepts(                             // city is required.
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"unit\": \"c\"}}\n</tool_call>"));
+  EXPECT_FALSE(g.Accepts(  // Not offered.
+      "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>"));
+  EXPECT_FALSE(g.AcceptsPrefix("Sure! <tool_call>"));
+  const Grammar many = ToolCalls(true);
+  EXPECT_TRUE(many.Accepts(weather));
+  EXPECT_TRUE(many.Accepts(weather + "\n" + weather));
+  EXPECT_FALSE(many.Accepts(""));
+}
+
+TEST(ToolCallGrammarTest, RefusalsNameTheTool) {
+  absl::StatusOr<Grammar> g = CompileToolCalls(
+      R"({"tools": [{"index": 0, "name": "a", "parameters": null},
+                    {"index": 1, "name": "b", "parameters":
+                      {"type": "string", "pattern": "x+"}}]})");
+  ASSERT_FALSE(g.ok());
+  EXPECT_EQ(g.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(g.status().message().find("tools[1].function.parameters"),
+            std::string::npos)
+      << g.status();
+  EXPECT_NE(g.status().message().find("'pattern'"), std::string::npos);
+  EXPECT_FALSE(CompileToolCalls(R"({"tools": []})").ok());
+  EXPECT_FALSE(CompileToolCalls("not json").ok());
+}
+
 }  // namespace
 }  // namespace shardlm

@@ -1,6 +1,22 @@
 #include "launch/api_flags.h"
 
+#include <fstream>
+#include <optional>
+#include <sstream>
+
 namespace shardlm {
+namespace {
+
+// The file's bytes, or nullopt when it cannot be read.
+std::optional<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return std::nullopt;
+  std::stringstream bytes;
+  bytes << in.rdbuf();
+  return bytes.str();
+}
+
+}  // namespace
 
 void ApiFlags::Register(FlagSet& flags) {
   flags.Add("max-client-priority", &max_client_priority,
@@ -28,6 +44,10 @@ void ApiFlags::Register(FlagSet& flags) {
             "parsing, tokenizing, queued prompts); past it a request waits "
             "250 ms, then gets 429 / RESOURCE_EXHAUSTED. 0: an eighth of "
             "the machine's (or cgroup's) memory, within 256 MiB..16 GiB");
+  flags.Add("chat-template", &chat_template,
+            "a Jinja chat template file to use instead of the model's (as "
+            "transformers' chat_template; shardlm renders the formats it "
+            "recognizes, e.g. Qwen2.5's with tools, and refuses others)");
   flags.Add("idle-thread-timeout-s", &idle_thread_timeout_s,
             "HTTP pool threads above the base (4) exit after this many "
             "seconds without work");
@@ -51,6 +71,9 @@ std::string ApiFlags::Problem() const {
   if (idle_thread_timeout_s < 1 || idle_thread_timeout_s > 86400) {
     return "--idle-thread-timeout-s must be in [1, 86400]";
   }
+  if (!chat_template.empty() && !ReadFile(chat_template).has_value()) {
+    return "--chat-template: cannot read " + chat_template;
+  }
   return "";
 }
 
@@ -63,6 +86,9 @@ void ApiFlags::Apply(ApiServerOptions& options, TlsConfig tls) const {
   options.tls = std::move(tls);
   options.request_memory_bytes = request_memory_mb << 20;
   options.idle_thread_timeout = std::chrono::seconds(idle_thread_timeout_s);
+  if (!chat_template.empty()) {
+    options.service.chat_template = ReadFile(chat_template).value_or("");
+  }
 }
 
 }  // namespace shardlm

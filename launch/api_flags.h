@@ -21,18 +21,21 @@ struct ApiFlags {
   // 0: MemoryBudget::DefaultLimitBytes() (an eighth of memory, clamped).
   int64_t request_memory_mb = 0;
   int64_t idle_thread_timeout_s = 10;
+  std::string chat_template;  // A Jinja file replacing the model's.
 
   // Adds --max-client-priority, --max-grpc-calls, --drain-timeout-s,
   // --tls-cert, --tls-key, --tls-client-ca, --metrics-auth,
-  // --metrics-prefix-cache, --request-memory-mb and --idle-thread-timeout-s.
+  // --metrics-prefix-cache, --request-memory-mb, --idle-thread-timeout-s
+  // and --chat-template.
   void Register(FlagSet& flags);
-  // Empty when the values are in range, else the problem (naming the flag).
+  // Empty when the values are in range (and --chat-template's file reads),
+  // else the problem (naming the flag).
   std::string Problem() const;
   // The TLS files read (plaintext when none given), or the problem naming
   // the flag and file.
   absl::StatusOr<TlsConfig> LoadTls() const;
   // Sets what these flags govern in `options`, with `tls` from LoadTls()
-  // (read once, before the model loads).
+  // (read once, before the model loads) and --chat-template's source.
   void Apply(ApiServerOptions& options, TlsConfig tls) const;
 };
 

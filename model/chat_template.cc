@@ -7,12 +7,60 @@
 #include "absl/time/time.h"
 #include "core/status.h"
 #include "model/pretokenizer.h"
+#include "nlohmann/json.hpp"
 
 namespace shardlm {
 namespace {
 
 constexpr std::string_view kChatMlSystem = "<|im_start|>system\n";
 constexpr std::string_view kChatMlEnd = "<|im_end|>\n";
+
+// What Qwen2.5's template writes around tools, tool calls and tool results
+// (the Hermes format). A template is taken as Hermes only when it writes
+// every one of these literals: a variant that words them otherwise (Qwen3
+// opens a call without the newline) is not rendered as this one.
+constexpr std::string_view kHermesToolsOpen =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the "
+    "user query.\n\nYou are provided with function signatures within "
+    "<tools></tools> XML tags:\n<tools>";
+constexpr std::string_view kHermesToolsClose =
+    "\n</tools>\n\nFor each function call, return a json object with "
+    "function name and arguments within <tool_call></tool_call> XML "
+    "tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call><|im_end|>\n";
+constexpr std::string_view kHermesCallOpen = "\n<tool_call>\n{\"name\": \"";
+constexpr std::string_view kHermesCallArgs = "\", \"arguments\": ";
+constexpr std::string_view kHermesCallClose = "}\n</tool_call>";
+constexpr std::string_view kHermesResponseOpen = "\n<tool_response>\n";
+constexpr std::string_view kHermesResponseClose = "\n</tool_response>";
+
+using OrderedJson = nlohmann::ordered_json;
+
+void AppendPythonJson(const OrderedJson& j, std::string& out) {
+  if (j.is_object()) {
+    out += '{';
+    bool first = true;
+    for (const auto& [key, value] : j.items()) {
+      if (!first) out += ", ";
+      first = false;
+      out += OrderedJson(key).dump(-1, ' ', false);
+      out += ": ";
+      AppendPythonJson(value, out);
+    }
+    out += '}';
+  } else if (j.is_array()) {
+    out += '[';
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (i > 0) out += ", ";
+      AppendPythonJson(j[i], out);
+    }
+    out += ']';
+  } else {
+    // Strings escape as Python's (\" \\ \b \f \n \r \t, other control
+    // bytes \u00xx); numbers print shortest round-trip, as repr().
+    out += j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+  }
+}
 
 // The literal starting at source[*pos] (a quote), decoded; *pos ends past
 // its closing quote (or at the end of an unterminated one).
@@ -90,8 +138,18 @@ std::vector<std::string> JinjaStringLiterals(std::string_view source) {
   return out;
 }
 
+absl::StatusOr<std::string> PythonJsonDumps(std::string_view json_text) {
+  const OrderedJson j =
+      OrderedJson::parse(json_text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
+  std::string out;
+  AppendPythonJson(j, out);
+  return out;
+}
+
 absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
-                                                    absl::Time now) {
+                                                    absl::Time now,
+                                                    std::string_view source) {
   std::string bos, eos;
   if (tokenizer.bos_id() >= 0) {
     bos = std::string(tokenizer.TokenBytes(tokenizer.bos_id()));
@@ -99,7 +157,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
   if (tokenizer.eos_id() >= 0) {
     eos = std::string(tokenizer.TokenBytes(tokenizer.eos_id()));
   }
-  return FromSource(tokenizer.chat_template(), std::move(bos), std::move(eos),
+  return FromSource(source.empty() ? tokenizer.chat_template() : source,
+                    std::move(bos), std::move(eos),
                     tokenizer.TokenId("<|im_start|>").has_value() &&
                         tokenizer.TokenId("<|im_end|>").has_value(),
                     now);
@@ -154,6 +213,16 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
             l.substr(kChatMlSystem.size(),
                      l.size() - kChatMlSystem.size() - kChatMlEnd.size());
       }
+    }
+    const auto literal = [&](std::string_view what) {
+      return std::find(literals.begin(), literals.end(), what) !=
+             literals.end();
+    };
+    if (literal(kHermesToolsOpen) && literal(kHermesToolsClose) &&
+        literal(kHermesCallOpen) && literal(kHermesCallArgs) &&
+        literal(kHermesCallClose) && literal(kHermesResponseOpen) &&
+        literal(kHermesResponseClose)) {
+      t.tool_format_ = ToolCallFormat::kHermes;
     }
     return t;
   }
@@ -215,7 +284,121 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  if (tool_format_ == ToolCallFormat::kHermes) {
+    return RenderHermes(messages, tools);
+  }
+  const std::string why = absl::StrCat(
+      " needs a chat template that renders tools; this model's (", Describe(),
+      ") does not (shardlm renders Qwen2.5's Hermes <tool_call> format)");
+  if (!tools.empty())
+    return absl::InvalidArgumentError(absl::StrCat("tools", why));
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == "tool") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role 'tool'", why));
+    }
+    if (!messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].tool_calls", why));
+    }
+  }
+  return Render(messages);
+}
+
+// Qwen2.5's template: the tools go into the system block (the leading
+// system message's content or the default one); an assistant's calls
+// follow its content, each in <tool_call> tags with its arguments as
+// tojson writes them; consecutive tool results share one user turn.
+absl::StatusOr<std::string> ChatTemplate::RenderHermes(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant" &&
+        role != "tool") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", role,
+                       "' is not system, user, assistant or tool"));
+    }
+    if (role != "assistant" && !messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", i, "].tool_calls: only an assistant makes calls"));
+    }
+  }
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::string out;
+  if (!tools.empty()) {
+    absl::StrAppend(&out, Sv(kChatMlSystem),
+                    system ? messages[0].content : default_system_,
+                    Sv(kHermesToolsOpen));
+    for (size_t i = 0; i < tools.size(); ++i) {
+      const ChatTool& tool = tools[i];
+      OrderedJson function = {{"name", tool.name}};
+      if (!tool.description.empty()) function["description"] = tool.description;
+      if (!tool.parameters.empty()) {
+        OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
+                                           /*allow_exceptions=*/false);
+        if (p.is_discarded()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("tools[", i, "].function.parameters is not JSON"));
+        }
+        function["parameters"] = std::move(p);
+      }
+      out += "\n";
+      AppendPythonJson({{"type", "function"}, {"function", function}}, out);
+    }
+    absl::StrAppend(&out, Sv(kHermesToolsClose));
+  } else if (system) {
+    absl::StrAppend(&out, Sv(kChatMlSystem), messages[0].content,
+                    Sv(kChatMlEnd));
+  } else {
+    absl::StrAppend(&out, Sv(kChatMlSystem), default_system_, Sv(kChatMlEnd));
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user" || (m.role == "system" && i > 0) ||
+        (m.role == "assistant" && m.tool_calls.empty())) {
+      absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content,
+                      Sv(kChatMlEnd));
+    } else if (m.role == "assistant") {
+      absl::StrAppend(&out, "<|im_start|>assistant");
+      if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        const OrderedJson args =
+            OrderedJson::parse(m.tool_calls[c].arguments, nullptr,
+                               /*allow_exceptions=*/false);
+        if (!args.is_object()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("messages[", i, "].tool_calls[", c,
+                           "].function.arguments must be a JSON object"));
+        }
+        absl::StrAppend(&out, Sv(kHermesCallOpen), m.tool_calls[c].name,
+                        Sv(kHermesCallArgs));
+        AppendPythonJson(args, out);
+        absl::StrAppend(&out, Sv(kHermesCallClose));
+      }
+      absl::StrAppend(&out, Sv(kChatMlEnd));
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") {
+        absl::StrAppend(&out, "<|im_start|>user");
+      }
+      absl::StrAppend(&out, Sv(kHermesResponseOpen), m.content,
+                      Sv(kHermesResponseClose));
+      if (i + 1 == messages.size() || messages[i + 1].role != "tool") {
+        absl::StrAppend(&out, Sv(kChatMlEnd));
+      }
+    }
+  }
+  absl::StrAppend(&out, "<|im_start|>assistant\n");
+  return out;
+}
+
+absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages) const {
+  if (tool_format_ == ToolCallFormat::kHermes)
+    return RenderHermes(messages, {});
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -347,6 +530,12 @@ std::string ChatTemplate::Describe() const {
                : "llama3";
   }
   if (!from_template_) return "chatml (no template in the model)";
+  if (tool_format_ == ToolCallFormat::kHermes) {
+    return absl::StrCat(
+        "chatml with Hermes <tool_call> tools (default system "
+        "prompt \"",
+        default_system_, "\")");
+  }
   return default_system_.empty()
              ? "chatml"
              : absl::StrCat("chatml (default system prompt \"", default_system_,

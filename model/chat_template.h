@@ -1,10 +1,11 @@
 // Chat prompts in the format a model was trained on, chosen from the
 // model's own Jinja chat template (GGUF tokenizer.chat_template,
 // tokenizer_config.json chat_template) by what its string literals write,
-// and rendered for plain conversations (system, user and assistant
-// messages; no tools) exactly as Hugging Face's apply_chat_template renders
-// that template (tests/reference/check_chat_template.py compares the two
-// with jinja2).
+// and rendered exactly as Hugging Face's apply_chat_template renders that
+// template (tests/reference/check_chat_template.py compares the two with
+// jinja2): plain conversations (system, user and assistant messages) in
+// every format below, and tools, tool calls and tool results in Qwen2.5's
+// (Hermes-style <tool_call> JSON; ToolCallFormat::kHermes).
 #ifndef SHARDLM_MODEL_CHAT_TEMPLATE_H_
 #define SHARDLM_MODEL_CHAT_TEMPLATE_H_
 
@@ -19,9 +20,37 @@
 
 namespace shardlm {
 
+// A function call an assistant made, as OpenAI writes it.
+struct ChatToolCall {
+  std::string id;
+  std::string name;
+  std::string arguments;  // A JSON object, as JSON text.
+};
+
 struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant".
+  std::string role;  // "system", "user", "assistant" or "tool".
   std::string content;
+  // An assistant's calls (with a tool-capable template only).
+  std::vector<ChatToolCall> tool_calls = {};
+  std::string tool_call_id = {};  // A tool result's call (not rendered).
+};
+
+// A function the model may call. Rendered as the JSON object
+// {"type": "function", "function": {"name", "description", "parameters"}}
+// (description and parameters only when given), with Python's json.dumps
+// layout, as transformers' tojson writes it.
+struct ChatTool {
+  std::string name;
+  std::string description;  // Empty: not given.
+  std::string parameters;   // A JSON Schema as JSON text; empty: not given.
+};
+
+// How a template's model writes tool calls.
+enum class ToolCallFormat {
+  kNone,  // The template renders no tools (shardlm knows of).
+  // Qwen2.5 (Hermes): each call is
+  // <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>.
+  kHermes,
 };
 
 class ChatTemplate {
@@ -55,8 +84,10 @@ class ChatTemplate {
   // template is Unimplemented, naming what it found: rendering it in the
   // wrong format would give plausible but wrong answers. `now` dates the
   // Llama 3.2 system block (its template asks for today's date).
+  // `source`, when not empty, is used instead of the model's template.
   static absl::StatusOr<ChatTemplate> ForModel(const Tokenizer& tokenizer,
-                                               absl::Time now = absl::Now());
+                                               absl::Time now = absl::Now(),
+                                               std::string_view source = {});
   // The same from a template's source; `bos` and `eos` are the BOS and
   // EOS tokens' texts.
   static absl::StatusOr<ChatTemplate> FromSource(std::string_view source,
@@ -69,16 +100,27 @@ class ChatTemplate {
   // (add_generation_prompt). InvalidArgument for another role.
   absl::StatusOr<std::string> Render(
       absl::Span<const ChatMessage> messages) const;
+  // The same with `tools` in the system block. InvalidArgument when the
+  // template renders no tools (tool_format() kNone) and `tools`, a tool
+  // message or an assistant's tool call is given, naming the field; and for
+  // an assistant's call whose arguments are not a JSON object.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     absl::Span<const ChatTool> tools) const;
 
   Format format() const { return format_; }
+  ToolCallFormat tool_format() const { return tool_format_; }
   // One line for logs and `shardlm inspect`.
   std::string Describe() const;
 
  private:
   absl::StatusOr<std::string> RenderInst(
       absl::Span<const ChatMessage> messages) const;
+  absl::StatusOr<std::string> RenderHermes(
+      absl::Span<const ChatMessage> messages,
+      absl::Span<const ChatTool> tools) const;
 
   Format format_ = Format::kChatMl;
+  ToolCallFormat tool_format_ = ToolCallFormat::kNone;
   bool from_template_ = false;    // False: the ChatML fallback.
   std::string bos_;               // Llama 3, Mistral: written first.
   std::string eos_;               // Mistral: ends an assistant turn
@@ -91,6 +133,11 @@ class ChatTemplate {
 // The string literals inside a Jinja template's {{ }} and {% %} tags, with
 // their escapes (\n, \t, \', \", \\) decoded, in order.
 std::vector<std::string> JinjaStringLiterals(std::string_view source);
+
+// `json_text` (valid JSON) as Python's json.dumps(x, ensure_ascii=False)
+// writes it: keys in their order, ", " and ": " between items, non-ASCII
+// characters as they are. InvalidArgument when it is not JSON.
+absl::StatusOr<std::string> PythonJsonDumps(std::string_view json_text);
 
 }  // namespace shardlm
 

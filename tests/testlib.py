@@ -4,8 +4,11 @@ and waiting for a shardlm server to answer."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -140,6 +143,52 @@ def stop(server: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         server.kill()
         server.wait()
+
+
+MPIRUN = ["mpirun", "--oversubscribe"]
+if os.geteuid() == 0:
+    MPIRUN.insert(1, "--allow-run-as-root")
+
+
+@contextlib.contextmanager
+def mpirun_cluster(shardlm: str, model: str, log_path: str, wait,
+                   tp: int = 2, pp: int = 2, env: dict | None = None,
+                   timeout: float = 300):
+    """Runs `mpirun -np 1+tp*pp shardlm launch` (coordinator on rank 0, a
+    worker per other rank) on a free local gRPC port, output to `log_path`.
+    Yields the coordinator's address once wait(address, process, timeout)
+    says it serves, or None after recording the failed check "the TP x PP
+    cluster serves". On leaving, stops the whole process group (SIGTERM,
+    SIGKILL after 30 s) and, when any check of the script has failed,
+    prints the log's last 15 lines.
+
+        with mpirun_cluster(shardlm, gguf, log, wait_grpc, env=env) as addr:
+            if addr:
+                got = texts(addr)  # compare with a TP=PP=1 reference
+    """
+    address = f"127.0.0.1:{free_port()}"
+    with open(log_path, "w") as log:
+        cluster = subprocess.Popen(
+            MPIRUN + ["-np", str(1 + tp * pp), shardlm, "launch", "--model",
+                      model, "--tp", str(tp), "--pp", str(pp), "--listen",
+                      address],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, env=env)
+        try:
+            up = wait(address, cluster, timeout)
+            check(up, f"the TP={tp} x PP={pp} cluster serves")
+            yield address if up else None
+        finally:
+            if cluster.poll() is None:
+                os.killpg(cluster.pid, signal.SIGTERM)
+                try:
+                    cluster.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    os.killpg(cluster.pid, signal.SIGKILL)
+                    cluster.wait()
+    if FAILURES:
+        with open(log_path) as f:
+            print("cluster log tail:\n" + "".join(f.readlines()[-15:]))
 
 
 def http_post_json(port: int, path: str, body: dict,

@@ -119,6 +119,9 @@ CASES = [
     ("truncate_prompt_tokens -1", "/v1/completions",
      {"prompt": "Hello", "max_tokens": 1, "truncate_prompt_tokens": -1},
      PROMPT + scalar(3, 1) + scalar(10, -1)),
+    ("n 17", "/v1/completions",
+     {"prompt": "Hello", "max_tokens": 1, "n": 17},
+     PROMPT + scalar(3, 1) + scalar(25, 17)),
 ]
 
 

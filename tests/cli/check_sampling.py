@@ -23,10 +23,10 @@ kernels/sampling/sampling_test.cc.
 from __future__ import annotations
 
 import argparse
+import http.client as http_client
 import json
 import os
 import shutil
-import signal
 import struct
 import subprocess
 import sys
@@ -35,13 +35,10 @@ import time
 import grpc
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import (FAILURES, check, exit_code, free_port,  # noqa: E402
+from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_ints, pb_scalar,
-                     pb_varint, skip, stop)
-
-MPIRUN = ["mpirun", "--oversubscribe"]
-if os.geteuid() == 0:
-    MPIRUN.insert(1, "--allow-run-as-root")
+                     mpirun_cluster, pb_varint, prometheus_series, skip,
+                     stop)
 
 REPETITIVE = "one two one two one two one two one two one two"
 CHAT_SHORT = [{"role": "user", "content": "Reply with only the word: yes"}]
@@ -126,7 +123,160 @@ def completion(port: int, **fields) -> dict:
                                               "top_logprobs": []}}]}
 
 
+def model_info(channel) -> dict:
+    """GetModelInfo's block_size (7) and prefix_caching (9)."""
+    call = channel.unary_unary("/shardlm.v1.Inference/GetModelInfo",
+                               request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+    return dict(pb_fields(call(b"", timeout=30)))
+
+
+def cached_tokens_checks(port: int, channel) -> None:
+    """usage.prompt_tokens_details.cached_tokens: none for a prompt never
+    seen, then the full blocks of it that the prefix cache holds (all but
+    the last prompt token are looked up, in whole blocks)."""
+    info = model_info(channel)
+    block, caching = info.get(7, 0), bool(info.get(9, 0))
+    prompt = (f"A unique prompt {time.time_ns()} about the weather in a "
+              "town by the sea, where the fishing boats come in at dawn "
+              "and the market opens before the sun is up.")
+    seen = []
+    for stream in (False, False, True):
+        body = {"prompt": prompt, "max_tokens": 2, "temperature": 0}
+        if stream:
+            body.update(stream=True, stream_options={"include_usage": True})
+            status, raw = http_post_json(port, "/v1/completions", body,
+                                         timeout=300)
+            usage = [json.loads(b[6:]) for b in raw.decode().split("\n\n")
+                     if b.startswith("data: {")][-1].get("usage", {})
+        else:
+            status, got = http(port, "/v1/completions", body)
+            usage = got.get("usage", {})
+        seen.append((status, usage.get("prompt_tokens", 0),
+                     usage.get("prompt_tokens_details", {})
+                     .get("cached_tokens")))
+    prompt_tokens = seen[0][1]
+    full = (prompt_tokens - 1) // block * block if caching and block else 0
+    check(all(st == 200 for st, _, _ in seen) and prompt_tokens > 2 * block
+          and [c for _, _, c in seen] == [0, full, full],
+          f"cached_tokens: 0, then the {full} tokens of whole blocks "
+          f"(prompt {prompt_tokens} tokens, block {block}, prefix caching "
+          f"{caching}): {seen}")
+
+
+def computed_tokens(port: int) -> float:
+    """shardlm_computed_tokens_total: tokens run through the model."""
+    conn = http_client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return prometheus_series(text).get("shardlm_computed_tokens_total", -1)
+
+
+def sse_choices(port: int, path: str, body: dict) -> dict[int, str]:
+    """Streamed text per choice index."""
+    conn = http_client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", path, body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    raw = conn.getresponse().read()  # De-chunked.
+    conn.close()
+    out: dict[int, str] = {}
+    for block in raw.decode().split("\n\n"):
+        if not block.startswith("data: {"):
+            continue
+        for c in json.loads(block[6:]).get("choices", []):
+            piece = c.get("text") or c.get("delta", {}).get("content") or ""
+            out[c["index"]] = out.get(c["index"], "") + piece
+    return out
+
+
+def n_checks(port: int, channel) -> None:
+    """n: sequence i samples with seed + i (seeded: n different,
+    reproducible texts; greedy: n identical ones, n = 1's); one prefill
+    (the others compute only the prompt's last partial block, counted in
+    shardlm_computed_tokens_total); streamed chunks carry their index."""
+    info = model_info(channel)
+    block, caching = info.get(7, 0), bool(info.get(9, 0))
+    prompt = (f"Story {time.time_ns()}: once upon a time, in a quiet village "
+              "beside a wide river, there lived an old clockmaker who")
+    seeded = {"prompt": prompt, "max_tokens": 12, "temperature": 1.0,
+              "seed": 7, "n": 4, "ignore_eos": True}
+    before = computed_tokens(port)
+    status, got = http(port, "/v1/completions", seeded)
+    after = computed_tokens(port)
+    texts = [c["text"] for c in got.get("choices", [])]
+    indices = [c["index"] for c in got.get("choices", [])]
+    usage = got.get("usage", {})
+    p, m = usage.get("prompt_tokens", 0), 12
+    check(status == 200 and indices == [0, 1, 2, 3] and
+          len(set(texts)) == 4 and usage.get("completion_tokens") == 4 * m,
+          f"seeded n = 4: four different texts, usage counts all "
+          f"({status} {texts} {usage})")
+    # One prefill: sequence 0 computes the prompt, the other three only
+    # what is past its whole cached blocks (all but the last prompt token
+    # are looked up), and each of the four decodes m - 1 tokens.
+    shared = (p - 1) // block * block if caching else 0
+    want = p + 3 * (p - shared) + 4 * (m - 1)
+    check(after - before == want and shared > 0,
+          f"n = 4: one prefill: {after - before:.0f} tokens computed = "
+          f"{p} + 3 x {p - shared} + 4 x {m - 1} (the {shared} prompt "
+          f"tokens of whole blocks shared; {4 * p + 4 * (m - 1)} without)")
+    # Reproducible from the same state: the prompt now cached, as it stays
+    # (the first run computed it; CPU logits differ in their last bits
+    # with what a row is batched with, which can flip a token sampled at
+    # temperature 1 near a boundary, so cold and warm runs may differ).
+    warm = [c["text"] for c in
+            http(port, "/v1/completions", seeded)[1].get("choices", [])]
+    again = [c["text"] for c in
+             http(port, "/v1/completions", seeded)[1].get("choices", [])]
+    check(len(warm) == 4 and again == warm and len(set(warm)) == 4,
+          f"seeded n = 4 is reproducible ({warm} then {again})")
+    streamed = sse_choices(port, "/v1/completions", seeded)
+    check(streamed == dict(enumerate(warm)),
+          f"streamed n = 4: chunks carry their index, same texts "
+          f"({streamed})")
+    greedy = {"messages": CHAT_SHORT, "max_tokens": 8, "temperature": 0}
+    one = http(port, "/v1/chat/completions", greedy)[1]
+    status, four = http(port, "/v1/chat/completions", dict(greedy, n=4))
+    want_text = one.get("choices", [{}])[0].get("message", {}).get("content")
+    got_texts = [c["message"]["content"] for c in four.get("choices", [])]
+    check(status == 200 and want_text is not None and
+          got_texts == [want_text] * 4,
+          f"greedy n = 4: four identical texts, n = 1's ({got_texts} vs "
+          f"{want_text!r})")
+    # gRPC: n = 3 greedy, each response tagged with its index (field 7),
+    # three identical token lists, n = 1's; n = 17 refused.
+    call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                request_serializer=lambda b: b,
+                                response_deserializer=lambda b: b)
+    req = grpc_request("The capital of France is", 5)
+    by_index: dict[int, list[int]] = {}
+    try:
+        for r in call(req + pb_scalar(25, 3), timeout=300):
+            index = dict((n, v) for n, v in pb_fields(r)
+                         if isinstance(v, int)).get(7, 0)
+            by_index.setdefault(index, []).extend(token_ids(r))
+    except grpc.RpcError as e:
+        by_index = {-1: [f"{e.code().name}: {e.details()}"]}
+    single = generate(channel, req)
+    check(sorted(by_index) == [0, 1, 2] and
+          all(v == single for v in by_index.values()),
+          f"gRPC greedy n = 3: responses tagged 0..2, each n = 1's tokens "
+          f"({by_index} vs {single})")
+    refused = generate(channel, req + pb_scalar(25, 17))
+    check(isinstance(refused, str) and "n must be 1 to 16" in refused,
+          f"gRPC n = 17: INVALID_ARGUMENT naming n ({refused})")
+    for bad in (0, 17, 10000):
+        status, got = http(port, "/v1/completions",
+                           {"prompt": "x", "max_tokens": 2, "n": bad})
+        msg = got.get("error", {}).get("message", "")
+        check(status == 400 and "n must be 1 to 16" in msg,
+              f"n = {bad}: 400 naming n ({status} {msg!r})")
+
+
 def http_checks(port: int, channel) -> None:
+    cached_tokens_checks(port, channel)
+    n_checks(port, channel)
     # logit_bias against the greedy first token, found over gRPC.
     prompt = "The capital of France is"
     base = generate(channel, grpc_request(prompt, 6))
@@ -296,36 +446,15 @@ def main() -> int:
     if shutil.which("mpirun") is None:
         skip("TP=2 x PP=2 under mpirun: no mpirun")
         return exit_code()
-    cport = free_port()
     log_path = os.path.join(a.workdir, "sampling_cluster.log")
-    with open(log_path, "w") as log:
-        cluster = subprocess.Popen(
-            MPIRUN + ["-np", "5", a.shardlm, "launch", "--model", a.gguf,
-                      "--tp", "2", "--pp", "2", "--listen",
-                      f"127.0.0.1:{cport}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env)
-        try:
-            caddr = f"127.0.0.1:{cport}"
-            up = wait_grpc(caddr, cluster, 300)
-            check(up, "the TP=2 x PP=2 cluster serves")
-            if up:
-                got = layout_tokens(caddr)
-                for i, (want, have) in enumerate(zip(reference, got)):
-                    check(want == have,
-                          f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
-                          f"tokens ({have} vs {want})")
-        finally:
-            if cluster.poll() is None:
-                os.killpg(cluster.pid, signal.SIGTERM)
-                try:
-                    cluster.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(cluster.pid, signal.SIGKILL)
-                    cluster.wait()
-    if FAILURES:
-        with open(log_path) as f:
-            print("cluster log tail:\n" + "".join(f.readlines()[-15:]))
+    with mpirun_cluster(a.shardlm, a.gguf, log_path, wait_grpc,
+                        env=env) as caddr:
+        if caddr:
+            got = layout_tokens(caddr)
+            for i, (want, have) in enumerate(zip(reference, got)):
+                check(want == have,
+                      f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
+                      f"tokens ({have} vs {want})")
     return exit_code("the logit processors behave, on every layout")
 
 

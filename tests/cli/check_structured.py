@@ -22,7 +22,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -31,12 +30,9 @@ import grpc
 import jsonschema
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import (FAILURES, check, exit_code, free_port,  # noqa: E402
-                     http_post_json, pb_bytes, pb_scalar, skip, stop)
-
-MPIRUN = ["mpirun", "--oversubscribe"]
-if os.geteuid() == 0:
-    MPIRUN.insert(1, "--allow-run-as-root")
+from testlib import (check, exit_code, free_port,  # noqa: E402
+                     http_post_json, mpirun_cluster, pb_bytes, pb_scalar,
+                     skip, stop)
 
 NAME = {"type": "string", "maxLength": 24}
 SCHEMAS = {
@@ -462,36 +458,15 @@ def main() -> int:
     if shutil.which("mpirun") is None:
         skip("TP=2 x PP=2 under mpirun: no mpirun")
         return exit_code()
-    cport = free_port()
     log_path = os.path.join(a.workdir, "structured_cluster.log")
-    with open(log_path, "w") as log:
-        cluster = subprocess.Popen(
-            MPIRUN + ["-np", "5", a.shardlm, "launch", "--model", a.gguf,
-                      "--tp", "2", "--pp", "2", "--listen",
-                      f"127.0.0.1:{cport}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, env=env)
-        try:
-            caddr = f"127.0.0.1:{cport}"
-            up = wait_grpc(caddr, cluster, 300)
-            check(up, "the TP=2 x PP=2 cluster serves")
-            if up:
-                got = layout_texts(caddr)
-                for i, (want, have) in enumerate(zip(reference, got)):
-                    check(want == have,
-                          f"constrained request {i}: TP=2 x PP=2 gives "
-                          f"TP=PP=1's text ({have} vs {want})")
-        finally:
-            if cluster.poll() is None:
-                os.killpg(cluster.pid, signal.SIGTERM)
-                try:
-                    cluster.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    os.killpg(cluster.pid, signal.SIGKILL)
-                    cluster.wait()
-    if FAILURES:
-        with open(log_path) as f:
-            print("cluster log tail:\n" + "".join(f.readlines()[-15:]))
+    with mpirun_cluster(a.shardlm, a.gguf, log_path, wait_grpc,
+                        env=env) as caddr:
+        if caddr:
+            got = layout_texts(caddr)
+            for i, (want, have) in enumerate(zip(reference, got)):
+                check(want == have,
+                      f"constrained request {i}: TP=2 x PP=2 gives "
+                      f"TP=PP=1's text ({have} vs {want})")
     return exit_code("structured outputs validate, on every layout")
 
 

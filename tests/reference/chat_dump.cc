@@ -6,8 +6,9 @@
 //
 // The template comes from the model's tokenizer, or from FILE (a Jinja
 // source) with BOS and EOS texts (EOS default "</s>"). Each stdin line is a
-// JSON array of
-// {"role", "content"} messages; each stdout line is {"prompt": text} or
+// JSON array of {"role", "content"} messages (an assistant's may carry
+// OpenAI "tool_calls", arguments as JSON text), or an object {"messages":
+// [...], "tools": [OpenAI tools]}; each stdout line is {"prompt": text} or
 // {"error": message}. The chosen format (Describe()) goes to stderr.
 #include <cstdio>
 #include <fstream>
@@ -23,6 +24,7 @@
 namespace {
 
 using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
 
 int Usage() {
   std::fprintf(stderr,
@@ -85,12 +87,35 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "chat_dump: format %s\n", chat->Describe().c_str());
   std::string line;
   while (std::getline(std::cin, line)) {
-    const Json in = Json::parse(line, nullptr, /*allow_exceptions=*/false);
+    // Ordered: tools and arguments render in their keys' order.
+    const OrderedJson in =
+        OrderedJson::parse(line, nullptr, /*allow_exceptions=*/false);
+    const OrderedJson& list = in.is_object() ? in["messages"] : in;
     std::vector<shardlm::ChatMessage> messages;
-    for (const Json& m : in) {
-      messages.push_back({m.value("role", ""), m.value("content", "")});
+    for (const OrderedJson& m : list) {
+      shardlm::ChatMessage message{m.value("role", ""), m.value("content", "")};
+      if (m.contains("tool_calls")) {
+        for (const OrderedJson& c : m["tool_calls"]) {
+          message.tool_calls.push_back(
+              {.id = c.value("id", ""),
+               .name = c["function"].value("name", ""),
+               .arguments = c["function"].value("arguments", "")});
+        }
+      }
+      messages.push_back(std::move(message));
     }
-    auto prompt = chat->Render(messages);
+    std::vector<shardlm::ChatTool> tools;
+    if (in.is_object() && in.contains("tools")) {
+      for (const OrderedJson& t : in["tools"]) {
+        const OrderedJson& f = t["function"];
+        tools.push_back({.name = f.value("name", ""),
+                         .description = f.value("description", ""),
+                         .parameters = f.contains("parameters")
+                                           ? f["parameters"].dump()
+                                           : ""});
+      }
+    }
+    auto prompt = chat->Render(messages, tools);
     const Json out =
         prompt.ok() ? Json{{"prompt", *prompt}}
                     : Json{{"error", std::string(prompt.status().message())}};

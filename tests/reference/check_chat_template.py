@@ -18,6 +18,14 @@ v0.3 (the system message in the last turn). Every conversation must render
 identically. Templates of other formats (another <<SYS>> layout, an
 unknown one) must be refused, not rendered wrongly.
 
+Tools: Qwen2.5's full template (its tools, tool-call and tool-result
+branches) renders conversations with `tools`, assistant messages carrying
+`tool_calls` and `tool` messages, compared with jinja2 given the same
+messages as transformers passes them (arguments as dicts, tojson as
+transformers defines it: json.dumps, ensure_ascii=False, keys unsorted).
+Every other template must refuse the same conversations (tools, the tool
+role or tool calls), naming the field, not drop the tools silently.
+
 Exit 0: all match; 1: a mismatch; 2: a tool or usage error.
 """
 
@@ -129,6 +137,63 @@ MISTRAL03 = r"""{%- if messages[0]["role"] == "system" %}
 {%- endfor %}
 """
 
+# Qwen2.5-Instruct's template as published, tool branches included.
+QWEN25_TOOLS = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- messages[0]['content'] }}
+    {%- else %}
+        {{- 'You are Qwen, created by Alibaba Cloud. You are a helpful assistant.' }}
+    {%- endif %}
+    {{- "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0]['role'] == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0]['content'] + '<|im_end|>\n' }}
+    {%- else %}
+        {{- '<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- for message in messages %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) or (message.role == "assistant" and not message.tool_calls) %}
+        {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {{- '<|im_start|>' + message.role }}
+        {%- if message.content %}
+            {{- '\n' + message.content }}
+        {%- endif %}
+        {%- for tool_call in message.tool_calls %}
+            {%- if tool_call.function is defined %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {{- '\n<tool_call>\n{"name": "' }}
+            {{- tool_call.name }}
+            {{- '", "arguments": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- '}\n</tool_call>' }}
+        {%- endfor %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- message.content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+{%- endif %}
+"""
+
 # An [INST] format of no family we know (<<SYS>> blocks as messages of
 # their own): must be refused, not rendered as Llama 2.
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
@@ -143,6 +208,7 @@ TEMPLATES = [
     ("llama3.2", LLAMA32, "<|begin_of_text|>", False),
     ("qwen2", QWEN2, "<|endoftext|>", False),
     ("qwen2.5", QWEN25, "<|endoftext|>", False),
+    ("qwen2.5 with tools", QWEN25_TOOLS, "<|endoftext|>", False),
     ("mistral v0.2", MISTRAL, "<s>", False),
     ("mistral v0.1", MISTRAL01, "<s>", False),
     ("llama2", LLAMA2, "<s>", False),
@@ -173,7 +239,66 @@ CONVERSATIONS = [
 ]
 
 
-def jinja_render(source, bos, messages):
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Today's weather in a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "Name, e.g. \"Paris\""},
+        "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}
+# No description; non-ASCII and escapes in the schema; numbers.
+ADD = {"type": "function", "function": {
+    "name": "add", "parameters": {"type": "object", "properties": {
+        "a": {"type": "number", "minimum": -1.5, "title": "été\tß"},
+        "b": {"type": "integer", "maximum": 100}}}}}
+# Neither description nor parameters.
+NOW_FN = {"type": "function", "function": {"name": "now"}}
+
+
+def call(name, args, id_="call_1"):
+    return {"id": id_, "type": "function",
+            "function": {"name": name, "arguments": args}}
+
+
+def with_tool_calls(content, *calls):
+    return {"role": "assistant", "content": content, "tool_calls": list(calls)}
+
+
+# (messages, tools); arguments as dicts, as transformers takes them.
+TOOL_CONVERSATIONS = [
+    ([m("user", "Weather in Paris?")], [WEATHER]),
+    ([m("system", "You are terse."), m("user", "Add 2 and 3")],
+     [WEATHER, ADD, NOW_FN]),
+    ([m("user", "Weather in Paris and Oslo?"),
+      with_tool_calls("", call("get_weather", {"city": "Paris"}),
+                      call("get_weather", {"city": "Oslo", "unit": "c"},
+                           "call_2")),
+      {"role": "tool", "tool_call_id": "call_1", "content": "18 C"},
+      {"role": "tool", "tool_call_id": "call_2", "content": "{\"t\": 4}"},
+      m("assistant", "Paris 18, Oslo 4."), m("user", "Thanks")], [WEATHER]),
+    ([m("user", "Add"),
+      with_tool_calls("Sure, adding.", call("add", {"b": 2, "a": 1.25})),
+      {"role": "tool", "content": "3.25"}], [ADD]),
+    # A history with calls and results but no tools offered now.
+    ([m("system", "S"), m("user", "u"),
+      with_tool_calls("", call("now", {})),
+      {"role": "tool", "content": "9:30"}, m("user", "ünï")], []),
+]
+
+
+def openai_messages(messages):
+    """The messages as an OpenAI client sends them: arguments as JSON text."""
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if "tool_calls" in msg:
+            msg["tool_calls"] = [
+                {**c, "function": {**c["function"], "arguments":
+                                   json.dumps(c["function"]["arguments"])}}
+                for c in msg["tool_calls"]]
+        out.append(msg)
+    return out
+
+
+def jinja_render(source, bos, messages, tools=None):
     import jinja2
     import jinja2.ext
     import jinja2.sandbox
@@ -186,9 +311,18 @@ def jinja_render(source, bos, messages):
         extensions=[jinja2.ext.loopcontrols])
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = lambda fmt: NOW.strftime(fmt)
+
+    # transformers' tojson (chat_template_utils.py), not jinja2's (which
+    # sorts keys and escapes HTML).
+    def tojson(x, ensure_ascii=False, indent=None, separators=None,
+               sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent,
+                          separators=separators, sort_keys=sort_keys)
+
+    env.filters["tojson"] = tojson
     return env.from_string(source).render(
-        messages=messages, bos_token=bos, eos_token="</s>",
-        add_generation_prompt=True)
+        messages=messages, tools=tools or None, bos_token=bos,
+        eos_token="</s>", add_generation_prompt=True)
 
 
 def run_tool(tool, args, conversations):
@@ -246,6 +380,33 @@ def main(argv=None) -> int:
                   f"  jinja2: {want!r}\n  ours:   {got!r}")
         print(f"[{name}] {same} of {len(CONVERSATIONS)} conversations "
               f"identical ({err.removeprefix('chat_dump: ')})")
+        # Tools: rendered exactly by the tool-capable template, refused by
+        # every other.
+        tool_inputs = [{"messages": openai_messages(msgs), "tools": tools}
+                       for msgs, tools in TOOL_CONVERSATIONS]
+        rc, outs, err = run_tool(a.tool, args, tool_inputs)
+        if rc != 0 or len(outs) != len(TOOL_CONVERSATIONS):
+            print(f"[{name}] TOOL ERROR on tools (exit {rc}): {err}")
+            return 2
+        tool_capable = source is QWEN25_TOOLS
+        same = 0
+        for (msgs, tools), out in zip(TOOL_CONVERSATIONS, outs):
+            if tool_capable:
+                want = jinja_render(source, bos, msgs, tools)
+                ok = out.get("prompt") == want
+            else:
+                want = "refused, naming tools, the tool role or tool_calls"
+                e = out.get("error", "")
+                ok = "needs a chat template that renders tools" in e and \
+                    any(f in e for f in ("tools", "role 'tool'", "tool_calls"))
+            same += ok
+            if not ok:
+                failures += 1
+                print(f"[{name}] FAIL with tools on "
+                      f"{json.dumps(msgs, ensure_ascii=False)}\n"
+                      f"  want: {want!r}\n  ours: {out!r}")
+        print(f"[{name}] tools: {same} of {len(TOOL_CONVERSATIONS)} "
+              f"{'identical' if tool_capable else 'refused'}")
     print("PASSED" if failures == 0 else f"FAILED: {failures}")
     return 0 if failures == 0 else 1
 

@@ -1,0 +1,100 @@
+#include "model/tool_calls.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "nlohmann/json.hpp"
+
+namespace shardlm {
+namespace {
+
+constexpr std::string_view kOpen = "<tool_call>";
+constexpr std::string_view kClose = "</tool_call>";
+
+bool IsJsonSpace(char c) {
+  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
+}
+
+// The length of the longest suffix of `text` that is a proper prefix of
+// `tag` (text that may be the tag's beginning).
+size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
+  for (size_t n = std::min(text.size(), tag.size() - 1); n > 0; --n) {
+    if (tag.starts_with(text.substr(text.size() - n))) return n;
+  }
+  return 0;
+}
+
+}  // namespace
+
+ToolCallEvents ToolCallStream::Push(std::string_view text) {
+  ToolCallEvents events;
+  if (passthrough_) {
+    events.content = std::string(text);
+    return events;
+  }
+  held_ += text;
+  Drain(events);
+  return events;
+}
+
+void ToolCallStream::Drain(ToolCallEvents& events) {
+  using OrderedJson = nlohmann::ordered_json;
+  if (!in_calls_) {
+    const size_t open = held_.find(kOpen);
+    if (open == std::string::npos) {
+      const size_t keep = PartialTagSuffix(held_, kOpen);
+      events.content += held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return;
+    }
+    events.content += held_.substr(0, open);
+    held_.erase(0, open);
+    in_calls_ = true;
+  }
+  while (!passthrough_) {
+    // Between calls: whitespace, then the next <tool_call>.
+    size_t at = 0;
+    while (at < held_.size() && IsJsonSpace(held_[at])) ++at;
+    const std::string_view rest = std::string_view(held_).substr(at);
+    if (rest.size() < kOpen.size() && kOpen.starts_with(rest)) return;
+    if (!rest.starts_with(kOpen)) break;  // Other text: malformed.
+    const size_t close = held_.find(kClose, at);
+    if (close == std::string::npos) return;  // The call is not over yet.
+    const std::string_view body = std::string_view(held_).substr(
+        at + kOpen.size(), close - at - kOpen.size());
+    const OrderedJson j =
+        OrderedJson::parse(body, nullptr, /*allow_exceptions=*/false);
+    const bool ok = j.is_object() && j.size() == 2 && j.contains("name") &&
+                    j["name"].is_string() && j.contains("arguments") &&
+                    j["arguments"].is_object() &&
+                    std::find(names_.begin(), names_.end(),
+                              j["name"].get<std::string>()) != names_.end();
+    if (!ok) break;
+    absl::StatusOr<std::string> args = PythonJsonDumps(j["arguments"].dump());
+    if (!args.ok()) break;
+    events.calls.push_back(
+        {.name = j["name"].get<std::string>(), .arguments = *std::move(args)});
+    ++calls_;
+    held_.erase(0, close + kClose.size());
+  }
+  if (passthrough_ || !in_calls_) return;
+  // Malformed: all that is held, and all that follows, is content.
+  passthrough_ = true;
+  events.content += held_;
+  held_.clear();
+}
+
+ToolCallEvents ToolCallStream::Finish() {
+  ToolCallEvents events;
+  // Whitespace after the last call is dropped; anything else held (a part
+  // of a tag, an open call) is content.
+  if (in_calls_ && !passthrough_ &&
+      std::all_of(held_.begin(), held_.end(), IsJsonSpace)) {
+    held_.clear();
+  }
+  events.content = std::move(held_);
+  held_.clear();
+  return events;
+}
+
+}  // namespace shardlm

@@ -1,0 +1,99 @@
+#include "model/tool_calls.h"
+
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+
+namespace shardlm {
+namespace {
+
+// Feeds `text` in pieces of `step` bytes and gathers what came out.
+ToolCallEvents Feed(std::string_view text, size_t step,
+                    std::vector<std::string> names = {"get_weather", "add"}) {
+  ToolCallStream stream(std::move(names));
+  ToolCallEvents all;
+  const auto take = [&](ToolCallEvents e) {
+    all.content += e.content;
+    for (ChatToolCall& c : e.calls) all.calls.push_back(std::move(c));
+  };
+  for (size_t i = 0; i < text.size(); i += step) {
+    take(stream.Push(text.substr(i, step)));
+  }
+  take(stream.Finish());
+  return all;
+}
+
+TEST(ToolCallStream, PlainTextPassesThrough) {
+  for (size_t step : {1, 3, 100}) {
+    const ToolCallEvents e = Feed("Hello <tool a tag-like < text", step);
+    EXPECT_EQ(e.content, "Hello <tool a tag-like < text");
+    EXPECT_TRUE(e.calls.empty());
+  }
+}
+
+TEST(ToolCallStream, ContentThenTwoCalls) {
+  const std::string text =
+      "Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\":\"Paris\",\"unit\":\"c\"}}\n</tool_call>\n<tool_call>\n"
+      "{\"name\": \"add\", \"arguments\": {\"b\": 2, \"a\": [1.5, true]}}\n"
+      "</tool_call>\n";
+  for (size_t step : {1, 2, 7, 1000}) {
+    const ToolCallEvents e = Feed(text, step);
+    EXPECT_EQ(e.content, "Let me check.") << step;
+    ASSERT_EQ(e.calls.size(), 2u) << step;
+    EXPECT_EQ(e.calls[0].name, "get_weather");
+    // Python's json.dumps layout, keys in the model's order.
+    EXPECT_EQ(e.calls[0].arguments, R"({"city": "Paris", "unit": "c"})");
+    EXPECT_EQ(e.calls[1].name, "add");
+    EXPECT_EQ(e.calls[1].arguments, R"({"b": 2, "a": [1.5, true]})");
+  }
+}
+
+TEST(ToolCallStream, MalformedCallsComeBackAsContent) {
+  const std::vector<std::string> malformed = {
+      // Not JSON.
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": }\n</tool_call>",
+      // A function that was not offered.
+      "<tool_call>\n{\"name\": \"rm\", \"arguments\": {}}\n</tool_call>",
+      // Arguments not an object.
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": \"{}\"}\n</tool_call>",
+      // Left open at the end.
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {}}",
+      // A part of the tag at the end.
+      "<tool_ca",
+      // Extra keys.
+      "<tool_call>{\"name\": \"add\", \"arguments\": {}, \"x\": 1}</tool_call>",
+  };
+  for (const std::string& text : malformed) {
+    for (size_t step : {1, 5, 1000}) {
+      const ToolCallEvents e = Feed("Hi " + text, step);
+      EXPECT_EQ(e.content, "Hi " + text) << step;
+      EXPECT_TRUE(e.calls.empty()) << text;
+    }
+  }
+}
+
+TEST(ToolCallStream, TextAfterAValidCallIsContentFromThere) {
+  const std::string call =
+      "<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1}}\n"
+      "</tool_call>";
+  const ToolCallEvents e = Feed(call + " and then some words", 4);
+  ASSERT_EQ(e.calls.size(), 1u);
+  EXPECT_EQ(e.calls[0].arguments, R"({"a": 1})");
+  EXPECT_EQ(e.content, " and then some words");
+}
+
+TEST(PythonJsonDumps, MatchesPythonLayout) {
+  // json.dumps(json.loads(s), ensure_ascii=False) for each, by hand.
+  EXPECT_EQ(*PythonJsonDumps(R"({"b":1,"a":{"x":[1,2,{}],"y":[]}})"),
+            R"({"b": 1, "a": {"x": [1, 2, {}], "y": []}})");
+  EXPECT_EQ(*PythonJsonDumps("\"\\u00e9\\n\\u0001\\\"\""),
+            "\"\xc3\xa9\\n\\u0001\\\"\"");
+  EXPECT_EQ(*PythonJsonDumps("[0.5, -3, 1e-07, null, false]"),
+            "[0.5, -3, 1e-07, null, false]");
+  EXPECT_FALSE(PythonJsonDumps("{").ok());
+}
+
+}  // namespace
+}  // namespace shardlm

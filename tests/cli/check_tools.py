@@ -1,0 +1,340 @@
+#!/usr/bin/env python3
+"""Tool calls (issue 38) end to end through `shardlm serve`, raw HTTP and
+gRPC: SmolLM2 served with Qwen2.5's chat template (--chat-template, the
+Hermes <tool_call> format), since SmolLM2's own renders no tools.
+
+- A chat with tools, an assistant's tool calls and tool results gives the
+  same greedy text as /v1/completions given jinja2's rendering of the same
+  conversation (the template renders as transformers does, end to end).
+- tool_choice naming a function, and "required" (seeded, temperature 1):
+  message.tool_calls with an offered name and arguments valid against its
+  parameters (jsonschema), finish_reason "tool_calls"; streamed, the same
+  call in OpenAI's tool-call delta, and no markup in the content.
+- auto: a call the model writes is parsed; a malformed one (forced here
+  with the grammar extension) comes back as content, finish_reason stop.
+- gRPC: tools and tool_choice_function; the last response's tool_calls.
+- Bad input: 400 naming the field (an unknown function, a keyword outside
+  the schema subset, too many tools, tools on completions), and SmolLM2's
+  own template refuses tools unless tool_choice is none.
+
+  check_tools.py --shardlm build/launch/shardlm --gguf MODEL --workdir DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import sys
+
+import grpc
+import jsonschema
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "reference"))
+from check_chat_template import QWEN25_TOOLS, jinja_render  # noqa: E402
+from testlib import (check, exit_code, free_port,  # noqa: E402
+                     http_post_json, pb_bytes, pb_fields, pb_scalar, stop,
+                     start_serve, wait_until)
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city today.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"], "additionalProperties": False}}}
+ADD = {"type": "function", "function": {
+    "name": "add", "description": "Adds two integers.",
+    "parameters": {"type": "object", "properties": {
+        "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+        "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
+        "required": ["a", "b"], "additionalProperties": False}}}
+TOOLS = [WEATHER, ADD]
+SCHEMA = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
+
+
+def post(port: int, path: str, body: dict) -> tuple[int, dict]:
+    status, raw = http_post_json(port, path, body, timeout=300)
+    try:
+        return status, json.loads(raw)
+    except ValueError:
+        return status, {"raw": raw[:200]}
+
+
+def chat(port: int, **fields) -> tuple[int, dict]:
+    return post(port, "/v1/chat/completions",
+                {"messages": ASK, "tools": TOOLS, "max_tokens": 48,
+                 "temperature": 0, **fields})
+
+
+def sse(port: int, body: dict) -> list[dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", "/v1/chat/completions",
+                 body=json.dumps(dict(body, stream=True)),
+                 headers={"Content-Type": "application/json"})
+    out = conn.getresponse().read().decode()
+    conn.close()
+    return [json.loads(b[len("data: "):]) for b in out.split("\n\n")
+            if b.startswith("data: ") and b != "data: [DONE]"]
+
+
+def valid_calls(calls, names) -> str | None:
+    """None when every call is well formed, offered and valid, else why."""
+    if not calls:
+        return "no tool_calls"
+    for c in calls:
+        f = c.get("function", {})
+        if c.get("type") != "function" or not c.get("id", "").startswith(
+                "call_"):
+            return f"malformed call {c}"
+        if f.get("name") not in names:
+            return f"name {f.get('name')!r} not offered"
+        try:
+            jsonschema.validate(json.loads(f["arguments"]),
+                                SCHEMA[f["name"]])
+        except (ValueError, jsonschema.ValidationError) as e:
+            return f"arguments {f.get('arguments')!r}: {e}"
+    return None
+
+
+def history_checks(port: int) -> None:
+    """Tools, an assistant's calls and tool results render as jinja2 does:
+    the same greedy text as completions of jinja2's rendering."""
+    history = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": "get_weather",
+                "arguments": json.dumps({"city": "Paris",
+                                         "unit": "celsius"})}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
+    ]
+    jinja_messages = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {
+                "name": "get_weather",
+                "arguments": {"city": "Paris", "unit": "celsius"}}}]},
+        history[2]]
+    prompt = jinja_render(QWEN25_TOOLS, "<|im_start|>", jinja_messages, TOOLS)
+    s1, got = chat(port, messages=history, max_tokens=12, tool_choice="none")
+    s2, want = post(port, "/v1/completions",
+                    {"prompt": prompt, "max_tokens": 12, "temperature": 0})
+    ok = s1 == 200 and s2 == 200
+    check(ok and got["usage"]["prompt_tokens"] ==
+          want["usage"]["prompt_tokens"] and
+          got["choices"][0]["message"]["content"] ==
+          want["choices"][0]["text"],
+          f"a history with tool calls and results renders as jinja2's "
+          f"({s1} {s2}: {got.get('usage')} {want.get('usage')})")
+
+
+def named_and_required_checks(port: int) -> None:
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    status, got = chat(port, tool_choice=forced)
+    choice = got.get("choices", [{}])[0]
+    msg = choice.get("message", {})
+    calls = msg.get("tool_calls")
+    why = valid_calls(calls, {"get_weather"}) if status == 200 else got
+    check(why is None and len(calls) == 1 and
+          choice.get("finish_reason") == "tool_calls" and
+          msg.get("content") is None,
+          f"tool_choice get_weather: one valid call, finish tool_calls "
+          f"({why}; {choice})")
+    # Streamed: the same call (greedy) in a tool-call delta, no markup in
+    # the content.
+    chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 48,
+                        "temperature": 0, "tool_choice": forced})
+    content = "".join(c["choices"][0]["delta"].get("content") or ""
+                      for c in chunks if c.get("choices"))
+    deltas = [t for c in chunks if c.get("choices")
+              for t in c["choices"][0]["delta"].get("tool_calls") or []]
+    finish = [c["choices"][0]["finish_reason"] for c in chunks
+              if c.get("choices") and c["choices"][0]["finish_reason"]]
+    check(len(deltas) == 1 and deltas[0].get("index") == 0 and calls and
+          deltas[0]["function"] == calls[0]["function"] and content == ""
+          and finish == ["tool_calls"],
+          f"streamed: the same call as one delta with index 0 "
+          f"({deltas}, content {content!r}, finish {finish})")
+    # required, sampled: every answer calls an offered function validly.
+    for seed in (1, 2, 3):
+        status, got = chat(port, tool_choice="required", temperature=1.0,
+                           seed=seed, max_tokens=64)
+        choice = got.get("choices", [{}])[0]
+        calls = choice.get("message", {}).get("tool_calls")
+        why = valid_calls(calls, set(SCHEMA)) if status == 200 else got
+        # The grammar allows more calls after each one: at temperature 1
+        # SmolLM2 may go on until max_tokens ("length"), with the calls it
+        # completed returned.
+        check(why is None and choice.get("finish_reason") in
+              ("tool_calls", "length"),
+              f"required, seed {seed}: {len(calls or [])} valid call(s) "
+              f"({why}; {choice.get('finish_reason')})")
+
+
+def auto_checks(port: int) -> None:
+    """auto parses what the model writes; the grammar extension decides
+    what that is here, so that both outcomes are tested."""
+    good = ('root ::= "<tool_call>\\n{\\"name\\": \\"add\\", '
+            '\\"arguments\\": {\\"a\\": 2, \\"b\\": 3}}\\n</tool_call>"')
+    status, got = chat(port, grammar=good)
+    choice = got.get("choices", [{}])[0]
+    calls = choice.get("message", {}).get("tool_calls") or []
+    check(status == 200 and choice.get("finish_reason") == "tool_calls" and
+          [c["function"] for c in calls] ==
+          [{"name": "add", "arguments": '{"a": 2, "b": 3}'}],
+          f"auto: a written call is parsed ({status} {choice})")
+    bad = 'root ::= "Sure. <tool_call>\\n{\\"name\\": \\"rm\\", \\"arguments\\": {}}"'
+    text = 'Sure. <tool_call>\n{"name": "rm", "arguments": {}}'
+    for streamed in (False, True):
+        if streamed:
+            chunks = sse(port, {"messages": ASK, "tools": TOOLS,
+                                "max_tokens": 48, "temperature": 0,
+                                "grammar": bad})
+            content = "".join(c["choices"][0]["delta"].get("content") or ""
+                              for c in chunks if c.get("choices"))
+            finish = [c["choices"][0]["finish_reason"] for c in chunks
+                      if c.get("choices") and c["choices"][0]["finish_reason"]]
+            has_calls = any(c["choices"][0]["delta"].get("tool_calls")
+                            for c in chunks if c.get("choices"))
+            ok = content == text and finish == ["stop"] and not has_calls
+            seen = (content, finish)
+        else:
+            status, got = chat(port, grammar=bad)
+            choice = got.get("choices", [{}])[0]
+            msg = choice.get("message", {})
+            ok = (status == 200 and msg.get("content") == text and
+                  "tool_calls" not in msg and
+                  choice.get("finish_reason") == "stop")
+            seen = (status, choice)
+        check(ok, f"auto{' streamed' if streamed else ''}: a malformed call "
+                  f"(unknown function, left open) is content, finish stop "
+                  f"({seen})")
+
+
+def grpc_checks(address: str) -> None:
+    tool = (pb_bytes(1, b"get_weather") +
+            pb_bytes(3, json.dumps(SCHEMA["get_weather"]).encode()))
+    req = (pb_bytes(11, pb_bytes(1, b"user") + pb_bytes(2, ASK[0]["content"]
+                                                         .encode())) +
+           pb_scalar(3, 48) + pb_bytes(22, tool) +
+           pb_bytes(24, b"get_weather"))
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        try:
+            last = list(call(req, timeout=300))[-1]
+        except grpc.RpcError as e:
+            check(False, f"gRPC tools: {e.code().name} {e.details()}")
+            return
+    fields = pb_fields(last)
+    finish = [v for n, v in fields if n == 3]
+    calls = [dict(pb_fields(v)) for n, v in fields if n == 6]
+    ok = finish == [b"tool_calls"] and len(calls) == 1 and \
+        calls[0].get(2) == b"get_weather"
+    if ok:
+        try:
+            jsonschema.validate(json.loads(calls[0][3]),
+                                SCHEMA["get_weather"])
+        except (ValueError, jsonschema.ValidationError, KeyError):
+            ok = False
+    check(ok, f"gRPC tool_choice_function: the last response's tool_calls "
+              f"({finish} {calls})")
+
+
+def bad_input_checks(port: int) -> None:
+    def refused(what: str, words: str, path="/v1/chat/completions", **body):
+        status, got = post(port, path, dict(
+            {"messages": ASK, "tools": TOOLS, "max_tokens": 4}, **body))
+        msg = got.get("error", {}).get("message", "")
+        check(status == 400 and words in msg,
+              f"{what}: 400 naming {words!r} ({status} {msg!r})")
+
+    refused("tool_choice naming an unknown function", "'delete_all'",
+            tool_choice={"type": "function",
+                         "function": {"name": "delete_all"}})
+    pattern = {"type": "function", "function": {
+        "name": "f", "parameters": {"type": "object", "properties": {
+            "s": {"type": "string", "pattern": "^a+$"}}}}}
+    refused("an unsupported keyword in a constrained function's parameters",
+            "tools[1].function.parameters", tools=[WEATHER, pattern],
+            tool_choice="required")
+    many = [{"type": "function", "function": {"name": f"f{i}"}}
+            for i in range(129)]
+    refused("129 tools", "at most 128 tools", tools=many)
+    refused("a tool that is not a function", "tools[0].type",
+            tools=[{"type": "retrieval"}])
+    refused("tool_choice 'sometimes'", "tool_choice 'sometimes'",
+            tool_choice="sometimes")
+    refused("tools on /v1/completions", "'tools'", path="/v1/completions",
+            prompt="x", messages=None)
+    refused("required with response_format", "cannot be combined",
+            tool_choice="required",
+            response_format={"type": "json_object"})
+
+
+def own_template_checks(shardlm: str, gguf: str) -> None:
+    """SmolLM2's own template renders no tools: refused, naming them,
+    unless tool_choice is none."""
+    port = free_port()
+    server, addr = start_serve(shardlm, gguf,
+                               ["--http-listen", f"127.0.0.1:{port}"])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        check(up, "serve with the model's own template answers")
+        if not up:
+            return
+        status, got = chat(port, max_tokens=4)
+        msg = got.get("error", {}).get("message", "")
+        check(status == 400 and "tools needs a chat template" in msg,
+              f"own template: tools refused ({status} {msg!r})")
+        status, got = chat(port, max_tokens=4, tool_choice="none")
+        check(status == 200, f"own template: tool_choice none is served "
+                             f"without the tools ({status})")
+    finally:
+        stop(server)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return post(port, "/v1/completions",
+                    {"prompt": "x", "max_tokens": 1})[0] == 200
+    except OSError:
+        return False
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shardlm", required=True)
+    ap.add_argument("--gguf", required=True)
+    ap.add_argument("--workdir", required=True)
+    a = ap.parse_args()
+    os.makedirs(a.workdir, exist_ok=True)
+    os.environ.pop("SHARDLM_API_KEY", None)
+    template = os.path.join(a.workdir, "qwen2.5_tools.jinja")
+    with open(template, "w", encoding="utf-8") as f:
+        f.write(QWEN25_TOOLS)
+    port = free_port()
+    server, addr = start_serve(a.shardlm, a.gguf,
+                               ["--http-listen", f"127.0.0.1:{port}",
+                                "--chat-template", template])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        check(up, "serve --chat-template (Qwen2.5's) answers")
+        if not up:
+            return exit_code()
+        history_checks(port)
+        named_and_required_checks(port)
+        auto_checks(port)
+        grpc_checks(addr)
+        bad_input_checks(port)
+    finally:
+        stop(server)
+    own_template_checks(a.shardlm, a.gguf)
+    return exit_code("tool calls render, parse, constrain and refuse")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
