@@ -199,12 +199,10 @@ absl::Status InferenceService::CheckTools(
   return absl::OkStatus();
 }
 
-std::vector<std::string> InferenceService::ToolCallNames(
-    const v1::GenerateRequest& request) const {
+std::vector<std::string> RequestedToolCallNames(
+    const v1::GenerateRequest& request) {
   std::vector<std::string> names;
-  if (request.tools_size() == 0 || request.tool_choice() == "none" ||
-      !chat_template_.ok() ||
-      chat_template_->tool_format() == ToolCallFormat::kNone) {
+  if (request.tools_size() == 0 || request.tool_choice() == "none") {
     return names;
   }
   for (const v1::Tool& tool : request.tools()) {
@@ -214,6 +212,15 @@ std::vector<std::string> InferenceService::ToolCallNames(
     }
   }
   return names;
+}
+
+std::vector<std::string> InferenceService::ToolCallNames(
+    const v1::GenerateRequest& request) const {
+  if (!chat_template_.ok() ||
+      chat_template_->tool_format() == ToolCallFormat::kNone) {
+    return {};
+  }
+  return RequestedToolCallNames(request);
 }
 
 absl::Status InferenceService::AddToolConstraint(

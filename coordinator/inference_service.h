@@ -56,6 +56,15 @@ struct ServiceOptions {
   std::string chat_template;
 };
 
+// The functions whose calls the output of `request` is parsed for, if the
+// model's template renders tools: its tools' names, or only
+// tool_choice_function's; none when it has no tools or tool_choice is
+// "none". (InferenceService::ToolCallNames adds the template's check; the
+// router, which has no template, forwards to replicas that refuse tools
+// their template cannot render.)
+std::vector<std::string> RequestedToolCallNames(
+    const v1::GenerateRequest& request);
+
 // Serves Generate, Tokenize and GetModelInfo. `engine` and `tokenizer` are
 // not owned and must outlive the service. All methods are thread-safe.
 //

@@ -768,7 +768,12 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const int n = std::max(1, proto->n());
   std::vector<Choice> choices(n);
   std::vector<std::string> names;
-  if (chat) names = service_->ToolCallNames(*proto);
+  if (chat) {
+    // Without an engine (the router) the replica's template is unknown: a
+    // replica whose template renders no tools refuses them.
+    names = service_ != nullptr ? service_->ToolCallNames(*proto)
+                                : RequestedToolCallNames(*proto);
+  }
   for (Choice& c : choices) {
     c.logprobs = EmptyLogprobs(chat);
     if (!names.empty()) c.tool_filter.emplace(names);

@@ -1,5 +1,6 @@
 #include "router/router_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 
@@ -290,6 +291,9 @@ grpc::Status RouterService::Forward(
   // What this call sends: the request, plus (after a mid-stream failure)
   // every token the client has been sent.
   v1::GenerateRequest forward = request;
+  // n > 1: several sequences in one stream (GenerateResponse.index); the
+  // resume API takes one, so such a stream is not resumed.
+  const int choices = std::max(1, request.n());
   bool retried = false;
   int resumed = 0;
   int failed = -1;  // The replica the last attempt failed on.
@@ -310,21 +314,25 @@ grpc::Status RouterService::Forward(
       calls_.push_back(&call);
     }
     bool wrote = false;
-    bool finished = false;  // The last response (finish_reason) was sent.
+    int finished = 0;  // Choices whose last response (finish_reason) was sent.
     grpc::Status s;
     {
       auto reader = replicas_->stub(r).Generate(upstream.get(), forward);
       v1::GenerateResponse response;
       bool left = false;
       while (reader->Read(&response)) {
-        for (int32_t t : response.token_ids()) forward.add_resume_token_ids(t);
+        if (choices == 1) {
+          for (int32_t t : response.token_ids()) {
+            forward.add_resume_token_ids(t);
+          }
+        }
         if (!write(response)) {
           left = true;
           upstream->TryCancel();
           break;
         }
         wrote = true;
-        finished = finished || !response.finish_reason().empty();
+        finished += !response.finish_reason().empty();
       }
       s = reader->Finish();
       if (left) s = grpc::Status(grpc::StatusCode::CANCELLED, "");
@@ -341,8 +349,8 @@ grpc::Status RouterService::Forward(
     }
     // The client has every response: a failure after the last one (the
     // replica died before closing the call) is no failure to it.
-    if (s.ok() ||
-        (finished && s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
+    if (s.ok() || (finished >= choices &&
+                   s.error_code() == grpc::StatusCode::UNAVAILABLE)) {
       return grpc::Status::OK;
     }
     if (client_gone() || s.error_code() != grpc::StatusCode::UNAVAILABLE) {
@@ -359,7 +367,7 @@ grpc::Status RouterService::Forward(
       continue;
     }
     // Mid-stream: the resume API continues it from the tokens sent.
-    if (resumed >= options_.max_resumes ||
+    if (choices > 1 || resumed >= options_.max_resumes ||
         forward.resume_token_ids_size() >= max_tokens) {
       return Named(s, replicas_->address(r));
     }
