@@ -26,6 +26,7 @@ import argparse
 import http.client
 import json
 import os
+import subprocess
 import sys
 
 import grpc
@@ -297,6 +298,35 @@ def own_template_checks(shardlm: str, gguf: str) -> None:
         stop(server)
 
 
+def router_checks(shardlm: str, gguf: str, replica: str) -> None:
+    """The same calls through `shardlm router` in front of the replica:
+    its OpenAI layer takes the calls from the replica's last response and
+    keeps their markup out of the content without a template of its own;
+    n choices come back whole."""
+    port = free_port()
+    router = subprocess.Popen(
+        [shardlm, "router", "--replica", replica, "--model", gguf,
+         "--listen", f"127.0.0.1:{free_port()}",
+         "--http-listen", f"127.0.0.1:{port}"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    try:
+        up = wait_until(lambda: _answers(port), timeout=60, every=0.3)
+        check(up, "a router in front of the replica answers")
+        if not up:
+            return
+        named_and_required_checks(port)
+        auto_checks(port)
+        status, got = chat(port, n=2)
+        texts = [c.get("message", {}).get("content")
+                 for c in got.get("choices", [])]
+        check(status == 200 and len(texts) == 2 and texts[0] == texts[1],
+              f"router: greedy n = 2 gives two equal choices ({status} "
+              f"{texts})")
+    finally:
+        stop(router)
+
+
 def _answers(port: int) -> bool:
     try:
         return post(port, "/v1/completions",
@@ -330,6 +360,7 @@ def main() -> int:
         auto_checks(port)
         grpc_checks(addr)
         bad_input_checks(port)
+        router_checks(a.shardlm, a.gguf, addr)
     finally:
         stop(server)
     own_template_checks(a.shardlm, a.gguf)
