@@ -74,7 +74,9 @@ def request(port, method, path, body=None, key=None, ca=None,
 def completion(port, chat, prompt, max_tokens=12, stream=False, key=None,
                ca=None, extra=None):
     """(status, text, finish_reason, usage) of one completion; for an
-    error, (status, error body, None, None)."""
+    error, (status, error body, None, None). The usage leaves out
+    prompt_tokens_details: its cached_tokens depend on what the replica's
+    prefix cache held, not on the route."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": stream}
     if chat:
         body["messages"] = [{"role": "user", "content": prompt}]
@@ -91,7 +93,7 @@ def completion(port, chat, prompt, max_tokens=12, stream=False, key=None,
         out = json.loads(text)
         c = out["choices"][0]
         got = c["message"]["content"] if chat else c["text"]
-        return status, got, c["finish_reason"], out["usage"]
+        return status, got, c["finish_reason"], _counts(out["usage"])
     got, finish, usage, done = "", None, None, False
     for line in text.split("\n"):
         if not line.startswith("data: "):
@@ -108,7 +110,13 @@ def completion(port, chat, prompt, max_tokens=12, stream=False, key=None,
         for c in chunk["choices"]:
             got += (c["delta"].get("content", "") if chat else c["text"])
             finish = c["finish_reason"] or finish
-    return (status if done else 0), got, finish, usage
+    return (status if done else 0), got, finish, _counts(usage)
+
+
+def _counts(usage):
+    if usage is None:
+        return None
+    return {k: v for k, v in usage.items() if k != "prompt_tokens_details"}
 
 
 def metrics(port):
