@@ -143,7 +143,7 @@ absl::StatusOr<std::unique_ptr<ApiServer>> ApiServer::Start(
     http.tls = options.tls;
     http.memory_budget = s->budget_.get();
     http.idle_thread_timeout = options.idle_thread_timeout;
-    ASSIGN_OR_RETURN(s->http_, StartHttpApi(s->openai_.get(), std::move(http)));
+    ASSIGN_OR_RETURN(s->http_, StartApiHttp(s->openai_.get(), std::move(http)));
   }
   // The first status before Start returns: a client's first Check must not
   // find the service unknown.

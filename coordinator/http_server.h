@@ -184,6 +184,25 @@ class HttpServer {
   std::unique_ptr<Impl> impl_;
 };
 
+// An HttpServer on options.listen_address serving `api` (not owned; any
+// type with CheckHead and Handle: OpenAiApi, the router's RouterHttpApi).
+// Requests without the key are refused before their body is read, and the
+// probes and metrics keep answering when API clients hold every thread.
+template <typename Api>
+absl::StatusOr<std::unique_ptr<HttpServer>> StartApiHttp(
+    Api* api, HttpServerOptions options) {
+  if (options.probe_paths.empty()) {
+    options.probe_paths = {"/health", "/ready", "/metrics"};
+  }
+  options.head_check = [api](const HttpRequest& head) {
+    return api->CheckHead(head);
+  };
+  return HttpServer::Start(std::move(options),
+                           [api](const HttpRequest& req, HttpResponse& res) {
+                             api->Handle(req, res);
+                           });
+}
+
 // The reason phrase of a status code ("OK", "Not Found", ...).
 const char* HttpReason(int status);
 

@@ -1044,20 +1044,4 @@ std::string OpenAiApi::Metrics() {
   return out;
 }
 
-absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
-    OpenAiApi* api, HttpServerOptions options) {
-  // Probes and metrics keep answering when API clients hold every
-  // connection.
-  if (options.probe_paths.empty()) {
-    options.probe_paths = {"/health", "/ready", "/metrics"};
-  }
-  options.head_check = [api](const HttpRequest& head) {
-    return api->CheckHead(head);
-  };
-  return HttpServer::Start(std::move(options),
-                           [api](const HttpRequest& req, HttpResponse& res) {
-                             api->Handle(req, res);
-                           });
-}
-
 }  // namespace shardlm

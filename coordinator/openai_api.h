@@ -96,10 +96,6 @@ class OpenAiApi {
 // 499, UNAVAILABLE 503, DEADLINE_EXCEEDED 504, others 500).
 int HttpStatusFor(absl::StatusCode code);
 
-// An HTTP server on options.listen_address serving `api`.
-absl::StatusOr<std::unique_ptr<HttpServer>> StartHttpApi(
-    OpenAiApi* api, HttpServerOptions options);
-
 }  // namespace shardlm
 
 #endif  // SHARDLM_COORDINATOR_OPENAI_API_H_

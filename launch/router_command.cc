@@ -390,7 +390,7 @@ int RouterCommand(int argc, char** argv) {
     http_options.memory_budget = &budget;
     http_options.idle_thread_timeout =
         std::chrono::seconds(f.idle_thread_timeout_s);
-    auto started = StartRouterHttp(&http_api, std::move(http_options));
+    auto started = StartApiHttp(&http_api, std::move(http_options));
     if (!started.ok()) return Fail(started.status());
     http = *std::move(started);
   }

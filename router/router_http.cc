@@ -116,18 +116,4 @@ void RouterHttpApi::Handle(const HttpRequest& req, HttpResponse& res) {
   api->Handle(req, res);
 }
 
-absl::StatusOr<std::unique_ptr<HttpServer>> StartRouterHttp(
-    RouterHttpApi* api, HttpServerOptions options) {
-  if (options.probe_paths.empty()) {
-    options.probe_paths = {"/health", "/ready", "/metrics"};
-  }
-  options.head_check = [api](const HttpRequest& head) {
-    return api->CheckHead(head);
-  };
-  return HttpServer::Start(std::move(options),
-                           [api](const HttpRequest& req, HttpResponse& res) {
-                             api->Handle(req, res);
-                           });
-}
-
 }  // namespace shardlm

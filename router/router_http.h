@@ -54,11 +54,6 @@ class RouterHttpApi {
   std::unique_ptr<OpenAiApi> api_ ABSL_GUARDED_BY(mu_);
 };
 
-// An HTTP server on options.listen_address serving `api` (probe paths
-// /health and /ready still answer when API clients hold every thread).
-absl::StatusOr<std::unique_ptr<HttpServer>> StartRouterHttp(
-    RouterHttpApi* api, HttpServerOptions options);
-
 }  // namespace shardlm
 
 #endif  // SHARDLM_ROUTER_ROUTER_HTTP_H_
