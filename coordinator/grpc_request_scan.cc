@@ -1,6 +1,7 @@
 #include "coordinator/grpc_request_scan.h"
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "absl/strings/str_cat.h"
@@ -140,20 +141,46 @@ struct Budget {
   }
 };
 
+// A message of string fields (`names[i]` is field i + 1's; an empty name:
+// a field of another kind), `path` naming it in errors: its wire and its
+// strings' UTF-8 as libprotobuf's parse checks them (a nested message's bytes
+// are parsed too: the fuzzer found a ToolCall of bytes that were none). Other
+// fields, and known ones of another wire type, are unknown fields.
+absl::Status ScanStrings(absl::string_view wire, absl::string_view message,
+                         absl::string_view path,
+                         std::initializer_list<absl::string_view> names,
+                         Budget& budget) {
+  return ForEachField(wire, message, [&](const WireField& f) {
+    if (f.number >= 1 && f.number <= static_cast<int>(names.size())) {
+      const absl::string_view name = names.begin()[f.number - 1];
+      if (name.empty()) return absl::OkStatus();  // Not a string.
+      if (f.type == kLength) {
+        return CheckUtf8(f.bytes, absl::StrCat(path, ".", name));
+      }
+    }
+    return budget.AddUnknown() ? absl::OkStatus() : budget.TooManyUnknown();
+  });
+}
+
 // A ChatMessage (role 1, content 2, tool_calls 3, tool_call_id 4) at
-// messages[index]. The calls' strings are left to protobuf's own UTF-8
-// check.
+// messages[index].
 absl::Status ScanChatMessage(absl::string_view wire, int64_t index,
                              Budget& budget) {
+  int64_t call = 0;
+  const std::string path = absl::StrCat("messages[", index, "]");
   return ForEachField(wire, "shardlm.v1.ChatMessage", [&](const WireField& f) {
     if ((f.number == 1 || f.number == 2 || f.number == 4) &&
         f.type == kLength) {
-      return CheckUtf8(f.bytes, absl::StrCat("messages[", index, "].",
+      return CheckUtf8(f.bytes, absl::StrCat(path, ".",
                                              f.number == 1   ? "role"
                                              : f.number == 2 ? "content"
                                                              : "tool_call_id"));
     }
-    if (f.number == 3 && f.type == kLength) return absl::OkStatus();
+    if (f.number == 3 && f.type == kLength) {
+      return ScanStrings(f.bytes, "shardlm.v1.ToolCall",
+                         absl::StrCat(path, ".tool_calls[", call++, "]"),
+                         {"id", "name", "arguments"}, budget);
+    }
     return budget.AddUnknown() ? absl::OkStatus() : budget.TooManyUnknown();
   });
 }
@@ -321,7 +348,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
     return too_many(messages, limits.max_messages, "messages");
   }
 
-  int64_t message = 0, stop = 0;
+  int64_t message = 0, stop = 0, tool = 0;
   return ForEachField(wire, kGenerate, [&](const WireField& f) {
     if (f.type != kLength) return absl::OkStatus();
     switch (f.number) {
@@ -333,6 +360,17 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
         return ScanChatMessage(f.bytes, message++, budget);
       case 4:
         return ScanSampling(f.bytes, budget);
+      case 13:  // OutputConstraint: json_object 1 (a bool), then strings.
+        return ScanStrings(f.bytes, "shardlm.v1.OutputConstraint", "constraint",
+                           {"", "json_schema", "grammar"}, budget);
+      case 22:
+        return ScanStrings(f.bytes, "shardlm.v1.Tool",
+                           absl::StrCat("tools[", tool++, "]"),
+                           {"name", "description", "parameters"}, budget);
+      case 23:
+        return CheckUtf8(f.bytes, "tool_choice");
+      case 24:
+        return CheckUtf8(f.bytes, "tool_choice_function");
       default:
         return absl::OkStatus();
     }

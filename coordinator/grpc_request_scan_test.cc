@@ -119,6 +119,40 @@ TEST(GrpcRequestScanTest, MalformedPackedVarintsAreRefusedAsTheParserDoes) {
   }
 }
 
+// Nested messages are parsed by libprotobuf too: what the scan passes
+// there, it parses (the fuzzer's finding: a ChatMessage whose content's
+// tag had one bit flipped, making its bytes a tool call that is none).
+TEST(GrpcRequestScanTest, NestedMessagesAreScannedAsTheParserParsesThem) {
+  const std::string call = Field(1, "c1") + Field(2, "add") + Field(3, "{}");
+  const std::string tool = Field(1, "add") + Field(3, "{}");
+  const struct {
+    const char* what;
+    std::string wire;
+  } cases[] = {
+      {"a tool call", Field(11, Field(1, "assistant") + Field(3, call))},
+      {"content's tag made tool_calls (the finding)",
+       Field(11, Field(1, "system") + Field(3, "Be briaf."))},
+      {"a tool call's name not UTF-8", Field(11, Field(3, Field(2, "ad\xFF")))},
+      {"a tool", Field(22, tool) + Field(23, "auto")},
+      {"a tool cut short", Field(22, tool.substr(0, 4))},
+      {"a tool's parameters not UTF-8", Field(22, Field(3, "\xC0\x80"))},
+      {"tool_choice not UTF-8", Field(23, "\xFF")},
+      {"tool_choice_function not UTF-8", Field(24, "a\xE2\x82")},
+      {"a constraint", Field(13, Scalar(1, 1))},
+      {"a constraint of bytes that are none", Field(13, "Be briaf.")},
+      {"a grammar not UTF-8", Field(13, Field(3, "\xED\xA0\x80"))},
+  };
+  for (const auto& c : cases) {
+    v1::GenerateRequest parsed;
+    EXPECT_EQ(ScanGenerateRequest(c.wire).ok(), parsed.ParseFromString(c.wire))
+        << c.what;
+  }
+  const absl::Status named = ScanGenerateRequest(
+      Field(11, Field(1, "user")) + Field(11, Field(3, Field(2, "\xFF"))));
+  EXPECT_EQ(named.message(),
+            "messages[1].tool_calls[0].name is not valid UTF-8 (byte 0)");
+}
+
 TEST(GrpcRequestScanTest, UnknownFieldsAreBounded) {
   std::string some, many;
   for (int i = 0; i < 256; ++i) some += Scalar(100, 1);
