@@ -147,8 +147,13 @@ def cached_tokens_checks(port: int, channel) -> None:
             body.update(stream=True, stream_options={"include_usage": True})
             status, raw = http_post_json(port, "/v1/completions", body,
                                          timeout=300)
-            usage = [json.loads(b[6:]) for b in raw.decode().split("\n\n")
-                     if b.startswith("data: {")][-1].get("usage", {})
+            events = [json.loads(b[6:]) for b in raw.decode().split("\n\n")
+                      if b.startswith("data: {")]
+            # No event: say what came instead (the check below then fails).
+            usage = events[-1].get("usage", {}) if events else {}
+            if not events:
+                print(f"streamed usage: status {status}, no event in "
+                      f"{raw[:300]!r}")
         else:
             status, got = http(port, "/v1/completions", body)
             usage = got.get("usage", {})
