@@ -195,7 +195,9 @@ def http_post_json(port: int, path: str, body: dict,
                    timeout: float = 60) -> tuple[int, bytes]:
     """POSTs `body` as JSON to 127.0.0.1:port over one raw HTTP/1.1
     connection (no client library between the test and the server's
-    framing); returns the status and the response body."""
+    framing); returns the status and the response body, de-chunked when
+    the server sent it chunked (a stream: one chunk per write, so the raw
+    bytes hold chunk-size lines wherever the writes fell)."""
     raw = json.dumps(body).encode()
     req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
            f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
@@ -205,7 +207,28 @@ def http_post_json(port: int, path: str, body: dict,
         data = b""
         while chunk := s.recv(65536):
             data += chunk
-    return int(data.split(b" ", 2)[1]), data.partition(b"\r\n\r\n")[2]
+    head, _, body = data.partition(b"\r\n\r\n")
+    if b"transfer-encoding: chunked" in head.lower():
+        body = dechunk(body)
+    return int(data.split(b" ", 2)[1]), body
+
+
+def dechunk(raw: bytes) -> bytes:
+    """An HTTP/1.1 chunked body's bytes (RFC 9112 7.1); a malformed or cut
+    framing raises ValueError naming the offset."""
+    out, at = b"", 0
+    while True:
+        line_end = raw.find(b"\r\n", at)
+        if line_end < 0:
+            raise ValueError(f"chunked body cut at byte {at}")
+        size = int(raw[at:line_end].split(b";", 1)[0], 16)
+        if size == 0:
+            return out
+        start = line_end + 2
+        if raw[start + size:start + size + 2] != b"\r\n":
+            raise ValueError(f"chunk at byte {at} not ended by CRLF")
+        out += raw[start:start + size]
+        at = start + size + 2
 
 
 def prometheus_series(text: str) -> dict[str, float]:
