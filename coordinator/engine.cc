@@ -161,6 +161,26 @@ absl::StatusOr<RequestId> Engine::Submit(GenerateRequest request,
   return scheduler_->Submit(std::move(request), std::move(callbacks));
 }
 
+std::vector<absl::StatusOr<RequestId>> Engine::SubmitGroup(
+    std::vector<Scheduler::GroupMember> members) {
+  std::vector<absl::StatusOr<RequestId>> ids(members.size());
+  std::vector<Scheduler::GroupMember> valid;
+  std::vector<size_t> at;  // valid[i] is members[at[i]].
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (absl::Status s = Validate({members[i].request}); !s.ok()) {
+      scheduler_->metrics().Refused(members[i].request.api, Refusal::kInvalid);
+      ids[i] = s;
+      continue;
+    }
+    valid.push_back(std::move(members[i]));
+    at.push_back(i);
+  }
+  std::vector<absl::StatusOr<RequestId>> queued =
+      scheduler_->SubmitGroup(std::move(valid));
+  for (size_t i = 0; i < queued.size(); ++i) ids[at[i]] = std::move(queued[i]);
+  return ids;
+}
+
 absl::StatusOr<std::vector<GenerateResult>> Engine::GenerateBatch(
     const std::vector<GenerateRequest>& requests,
     const TokenCallback& on_token) {

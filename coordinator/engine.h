@@ -71,6 +71,10 @@ class Engine {
   // requests already wait. See RequestCallbacks for how it reports back.
   absl::StatusOr<RequestId> Submit(GenerateRequest request,
                                    RequestCallbacks callbacks);
+  // Submit for several requests that the loop takes in one intake
+  // (Scheduler::SubmitGroup); each validated alone, each its own result.
+  std::vector<absl::StatusOr<RequestId>> SubmitGroup(
+      std::vector<Scheduler::GroupMember> members);
   // Ends a submitted request (kCancelled) within one step; thread-safe.
   void Cancel(RequestId id) { scheduler_->Cancel(id); }
   int64_t cancel_requests() const { return scheduler_->cancel_requests(); }

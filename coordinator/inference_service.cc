@@ -11,7 +11,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "coordinator/api_key.h"
 #include "coordinator/request_ranges.h"
 #include "coordinator/stop_strings.h"
@@ -462,6 +461,48 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   return req;
 }
 
+// The n sequences of one request, submitted to the engine in one intake
+// (Engine::SubmitGroup) once every member is ready or has left (refused
+// before submitting): each member's RunOne calls Submit, which waits for
+// the others, or Leave.
+class SequenceGroup {
+ public:
+  SequenceGroup(Engine* engine, int members)
+      : engine_(engine), expected_(members) {}
+
+  absl::StatusOr<RequestId> Submit(GenerateRequest request,
+                                   RequestCallbacks callbacks) {
+    absl::MutexLock lock(&mu_);
+    const size_t at = members_.size();
+    members_.push_back({std::move(request), std::move(callbacks)});
+    SubmitIfComplete();
+    mu_.Await(absl::Condition(
+        +[](bool* submitted) { return *submitted; }, &submitted_));
+    return ids_[at];
+  }
+
+  void Leave() {
+    absl::MutexLock lock(&mu_);
+    ++left_;
+    SubmitIfComplete();
+  }
+
+ private:
+  void SubmitIfComplete() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (static_cast<int>(members_.size()) + left_ < expected_) return;
+    ids_ = engine_->SubmitGroup(std::move(members_));
+    submitted_ = true;
+  }
+
+  Engine* const engine_;
+  const int expected_;
+  absl::Mutex mu_;
+  std::vector<Scheduler::GroupMember> members_ ABSL_GUARDED_BY(mu_);
+  int left_ ABSL_GUARDED_BY(mu_) = 0;
+  bool submitted_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<absl::StatusOr<RequestId>> ids_ ABSL_GUARDED_BY(mu_);
+};
+
 namespace {
 
 // One request's stream. The scheduler's loop thread turns each token into
@@ -540,46 +581,55 @@ absl::Status InferenceService::Run(
   }
   absl::Mutex write_mu;
   bool writing = true;  // False once a write failed: the client is gone.
+  // With prefix caching, a hidden one-token request computes the prompt
+  // first: the n sequences then find its full blocks cached and compute
+  // only the rest (one prefill, not n). Its cached tokens are the
+  // request's (what the n found cached, it computed).
+  int32_t cached_tokens = -1;
+  if (engine_->blocks().prefix_caching()) {
+    v1::GenerateRequest prefill = request;
+    prefill.set_n(1);
+    prefill.set_max_tokens(1);
+    prefill.set_min_tokens(0);
+    prefill.set_logprobs(0);  // The constraint stays: a bad one fails here.
+    RETURN_IF_ERROR(RunOne(
+        prefill, deadline, cancelled,
+        [&](const v1::GenerateResponse& r) {
+          if (r.has_usage()) cached_tokens = r.usage().cached_tokens();
+          return true;
+        },
+        api));
+  }
   const auto indexed = [&](int index, const v1::GenerateResponse& r) {
     absl::MutexLock lock(&write_mu);
     if (!writing) return false;
     v1::GenerateResponse tagged = r;
     tagged.set_index(index);
+    if (tagged.has_usage() && cached_tokens >= 0) {
+      tagged.mutable_usage()->set_cached_tokens(cached_tokens);
+    }
     writing = write(tagged);
     return writing;
   };
-  // Sequence 0 first: the others start once its first token is back (its
-  // prompt's full blocks then in the prefix cache), or never when it ended
-  // without one.
-  absl::Notification first;
-  std::atomic<bool> first_sent{false};
+  // The n sequences enter the scheduler together (SequenceGroup): planned
+  // from the same state in the same steps, so a seeded request's n texts
+  // do not depend on when each thread got there. Sequence i samples with
+  // seed + i.
+  SequenceGroup group(engine_, n);
   std::vector<absl::Status> statuses(n);
-  std::vector<std::thread> others;
-  for (int i = 1; i < n; ++i) {
-    others.emplace_back([&, i] {
-      first.WaitForNotification();
-      if (!first_sent) return;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i] {
       v1::GenerateRequest child = request;
       child.mutable_sampling()->set_seed(request.sampling().seed() +
                                          static_cast<uint64_t>(i));
       statuses[i] = RunOne(
           child, deadline, cancelled,
-          [&, i](const v1::GenerateResponse& r) { return indexed(i, r); }, api);
+          [&, i](const v1::GenerateResponse& r) { return indexed(i, r); }, api,
+          &group);
     });
   }
-  statuses[0] = RunOne(
-      request, deadline, cancelled,
-      [&](const v1::GenerateResponse& r) {
-        const bool ok = indexed(0, r);
-        if (!first.HasBeenNotified()) {
-          first_sent = true;
-          first.Notify();
-        }
-        return ok;
-      },
-      api);
-  if (!first.HasBeenNotified()) first.Notify();
-  for (std::thread& t : others) t.join();
+  for (std::thread& t : threads) t.join();
   for (const absl::Status& s : statuses) {
     if (!s.ok()) return s;
   }
@@ -590,13 +640,21 @@ absl::Status InferenceService::RunOne(
     const v1::GenerateRequest& request_proto, absl::Time deadline,
     const std::function<bool()>& cancelled,
     const std::function<bool(const v1::GenerateResponse&)>& write,
-    RequestApi api) {
+    RequestApi api, SequenceGroup* group) {
   // Counted before the check, so that Drain never misses one that passed.
   ++in_flight_;
   struct Leave {
     std::atomic<int64_t>& n;
     ~Leave() { --n; }
   } leave{in_flight_};
+  // A member of a group that returns before submitting leaves it, so that
+  // the others are not kept waiting.
+  struct LeaveGroup {
+    SequenceGroup* group;
+    ~LeaveGroup() {
+      if (group != nullptr) group->Leave();
+    }
+  } leave_group{group};
   if (draining_) {
     return absl::UnavailableError(
         "the server is draining (shutting down): it finishes the requests "
@@ -699,8 +757,10 @@ absl::Status InferenceService::RunOne(
             absl::MutexLock lock(&stream->mu);
             stream->done = std::move(result);
           }};
+  leave_group.group = nullptr;
   absl::StatusOr<RequestId> id =
-      engine_->Submit(*std::move(req), std::move(callbacks));
+      group != nullptr ? group->Submit(*std::move(req), std::move(callbacks))
+                       : engine_->Submit(*std::move(req), std::move(callbacks));
   if (!id.ok()) return id.status();
 
   // Tool calls: the text streams as the model wrote it; the last response

@@ -75,6 +75,8 @@ std::vector<std::string> RequestedToolCallNames(
 // client that cancels (or whose stream breaks) cancels its request; the
 // client's deadline becomes the request's (DEADLINE_EXCEEDED); a full queue
 // is RESOURCE_EXHAUSTED.
+class SequenceGroup;
+
 class InferenceService final : public v1::Inference::Service {
  public:
   InferenceService(Engine* engine, const Tokenizer* tokenizer,
@@ -165,12 +167,13 @@ class InferenceService final : public v1::Inference::Service {
   absl::Status AddToolConstraint(const v1::GenerateRequest& request,
                                  GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
-  // Run for one sequence (request.n ignored).
+  // Run for one sequence (request.n ignored); with a group, the sequence
+  // enters the scheduler with the group's others (SequenceGroup).
   absl::Status RunOne(
       const v1::GenerateRequest& request, absl::Time deadline,
       const std::function<bool()>& cancelled,
       const std::function<bool(const v1::GenerateResponse&)>& write,
-      RequestApi api);
+      RequestApi api, SequenceGroup* group = nullptr);
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
                                          absl::string_view what) const;

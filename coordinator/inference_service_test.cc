@@ -269,6 +269,42 @@ TEST_F(InferenceServiceTest, SeededSamplingFromTokenIdsEqualsEngine) {
   EXPECT_EQ(Call(req).tokens, got.tokens);
 }
 
+// n = 3 seeded: choice i is the engine's run with seed + i, and the three
+// run in the same steps (one intake, after the prompt's one-token prefill
+// request): 1 + max_tokens steps in all, whichever thread got there first.
+TEST_F(InferenceServiceTest, SeededChoicesRunTogetherAsTheirSeedsAlone) {
+  ASSERT_TRUE(engine_->blocks().prefix_caching());
+  v1::GenerateRequest req;
+  for (int i = 0; i < 20; ++i) req.add_prompt_token_ids((i * 29 + 3) % 256);
+  req.set_max_tokens(8);
+  req.set_ignore_eos(true);
+  req.set_n(3);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.mutable_sampling()->set_seed(99);
+  const std::vector<int32_t> prompt(req.prompt_token_ids().begin(),
+                                    req.prompt_token_ids().end());
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(::testing::Message() << "round " << round);
+    const int64_t before = engine_->steps();
+    const Streamed got = Call(req);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(engine_->steps() - before, 1 + 8);
+    std::vector<std::vector<int32_t>> by_choice(3);
+    for (const v1::GenerateResponse& r : got.responses) {
+      ASSERT_TRUE(r.index() >= 0 && r.index() < 3) << r.index();
+      by_choice[r.index()].insert(by_choice[r.index()].end(),
+                                  r.token_ids().begin(), r.token_ids().end());
+    }
+    for (int i = 0; i < 3; ++i) {
+      const GenerateResult want =
+          Direct(prompt, 8, {.temperature = 1.0f, .seed = 99u + i}, {});
+      EXPECT_EQ(by_choice[i], want.tokens) << "choice " << i;
+    }
+    EXPECT_NE(by_choice[0], by_choice[1]);
+  }
+  EXPECT_EQ(engine_->blocks().used_blocks(), 0);
+}
+
 TEST_F(InferenceServiceTest, StopTokenEndsStreamAndIsNotPrinted) {
   const std::vector<int32_t> prompt = tokenizer_.Encode("stop here");
   const GenerateResult free_run = Direct(prompt, 12, {}, {});

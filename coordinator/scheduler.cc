@@ -56,12 +56,30 @@ Scheduler::~Scheduler() {
 absl::StatusOr<RequestId> Scheduler::Submit(GenerateRequest request,
                                             RequestCallbacks callbacks,
                                             bool ignore_queue_limit) {
+  absl::MutexLock lock(&mu_);
+  return SubmitLocked(std::move(request), std::move(callbacks),
+                      ignore_queue_limit);
+}
+
+std::vector<absl::StatusOr<RequestId>> Scheduler::SubmitGroup(
+    std::vector<GroupMember> members) {
+  std::vector<absl::StatusOr<RequestId>> ids;
+  absl::MutexLock lock(&mu_);
+  for (GroupMember& m : members) {
+    ids.push_back(SubmitLocked(std::move(m.request), std::move(m.callbacks),
+                               /*ignore_queue_limit=*/false));
+  }
+  return ids;
+}
+
+absl::StatusOr<RequestId> Scheduler::SubmitLocked(GenerateRequest request,
+                                                  RequestCallbacks callbacks,
+                                                  bool ignore_queue_limit) {
   const absl::Time now = MonotonicNow();
   // Deadlines move to the planner's monotonic clock.
   if (request.deadline != absl::InfiniteFuture()) {
     request.deadline = now + (request.deadline - absl::Now());
   }
-  absl::MutexLock lock(&mu_);
   if (stopping_) return absl::UnavailableError("the engine is shutting down");
   const int64_t queued =
       static_cast<int64_t>(intake_.size()) + planner_waiting_;

@@ -47,6 +47,16 @@ class Scheduler {
   absl::StatusOr<RequestId> Submit(GenerateRequest request,
                                    RequestCallbacks callbacks,
                                    bool ignore_queue_limit = false);
+  // Queues several requests in one intake, so the loop plans them from the
+  // same state (the n sequences of one API request: in the same steps, in
+  // order, their tokens do not depend on when each thread got here). Each
+  // gets its id, or ResourceExhausted / Unavailable as from Submit.
+  struct GroupMember {
+    GenerateRequest request;
+    RequestCallbacks callbacks;
+  };
+  std::vector<absl::StatusOr<RequestId>> SubmitGroup(
+      std::vector<GroupMember> members);
   // The workers lost their KV caches (a cluster re-forming): fails every
   // request that holds blocks (running, swapped, preempted) with `why`
   // and empties the prefix cache, on the loop thread; returns once done.
@@ -89,6 +99,10 @@ class Scheduler {
   void Loop();
   // Moves submissions and cancellations into the planner.
   void TakeIntake() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<RequestId> SubmitLocked(GenerateRequest request,
+                                         RequestCallbacks callbacks,
+                                         bool ignore_queue_limit)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Whether the loop has something to do besides running steps.
   bool HasNews() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !intake_.empty() || !cancels_.empty() ||
