@@ -112,6 +112,58 @@ SCHEMAS = {
         "items": {"oneOf": [{"type": "integer", "minimum": 0, "maximum": 9},
                             {"type": "string", "maxLength": 6}]},
     },
+    "event": {
+        "type": "object",
+        "properties": {
+            "title": NAME,
+            "starts": {"type": "string", "format": "date-time"},
+            "minutes": {"type": "integer", "exclusiveMinimum": 0,
+                        "maximum": 600},
+            "room": {"type": ["integer", "null"], "minimum": 1,
+                     "maximum": 999},
+            "online": {"type": "boolean"},
+        },
+        "required": ["title", "starts", "minutes", "room", "online"],
+        "additionalProperties": False,
+    },
+    "matrix": {
+        "type": "array", "minItems": 1, "maxItems": 3,
+        "items": {"type": "array", "minItems": 2, "maxItems": 3,
+                  "items": {"type": "number", "minimum": -1,
+                            "exclusiveMaximum": 1}},
+    },
+    "reading": {
+        "type": "object",
+        "properties": {
+            "sensor": {"enum": ["température", "humidité", "pression"]},
+            "value": {"type": "number", "minimum": -40, "maximum": 85.5},
+            "unit": {"const": "°C"},
+            "flags": {"type": "array", "maxItems": 3,
+                      "items": {"enum": ["ok", "drift", "stale"]}},
+        },
+        "required": ["sensor", "value", "unit", "flags"],
+        "additionalProperties": False,
+    },
+    "order": {
+        "$defs": {
+            "line": {"type": "object",
+                     "properties": {"sku": {"type": "string",
+                                            "format": "uuid"},
+                                    "qty": {"type": "integer", "minimum": 1,
+                                            "maximum": 20}},
+                     "required": ["sku", "qty"],
+                     "additionalProperties": False},
+        },
+        "type": "object",
+        "properties": {
+            "lines": {"type": "array", "minItems": 1, "maxItems": 3,
+                      "items": {"$ref": "#/$defs/line"}},
+            "note": {"anyOf": [{"type": "string", "maxLength": 20},
+                               {"type": "null"}]},
+        },
+        "required": ["lines", "note"],
+        "additionalProperties": False,
+    },
 }
 PROMPTS = {
     "person": "Describe a person as JSON.",
@@ -120,6 +172,10 @@ PROMPTS = {
     "anyof": "Report a measurement as JSON.",
     "tree": "Write a small family tree as JSON.",
     "list": "Give a short list as JSON.",
+    "event": "Describe a meeting as JSON.",
+    "matrix": "Write a small matrix of numbers as JSON.",
+    "reading": "Report a sensor reading as JSON.",
+    "order": "Write an order as JSON.",
 }
 FORMATS = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
