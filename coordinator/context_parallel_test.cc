@@ -153,6 +153,19 @@ TEST(ContextParallelTest, RandomModelSingleSequences) {
   }
 }
 
+// Sliding-window attention (Mistral-style, every layer, 20 positions): a
+// query's window may start inside one rank's block and leave the other
+// rank's blocks wholly behind it.
+TEST(ContextParallelTest, SlidingWindowMatchesCp1) {
+  ModelConfig c = RandomConfig();
+  c.sliding_window = 20;
+  auto source = RandomLlamaWeights(c, 6);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : {7, 45}) prompts.push_back(Prompt(n, n, 311));
+  ExpectEquivalent(*source, {{1, 1, 2}, {1, 1, 3}}, Requests(prompts, 30), 13,
+                   1e-4);
+}
+
 // SmolLM2-135M (9 query / 3 KV heads: TP 2 splits them unevenly).
 TEST(ContextParallelTest, SmolLm2MatchesCp1) {
   const std::string path = testing_util::SmolLm2ModelPath();
