@@ -64,7 +64,7 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
   ASSIGN_OR_RETURN(DeviceRequest request, ParseDeviceFlag(device));
   std::string not_on_gpu;
   if (cp > 1) {
-    not_on_gpu = "--cp > 1 (context parallelism is built for CPUs only)";
+    not_on_gpu = "--cp > 1";
   } else if (kv.kv_cache_dtype != "auto" && kv.kv_cache_dtype != "bf16") {
     not_on_gpu = absl::StrCat("--kv-cache-dtype ", kv.kv_cache_dtype);
   } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
