@@ -95,6 +95,7 @@ int ServeCommand(int argc, char** argv) {
   api.model_name = name;
   api.service.tp = tp;
   api.service.pp = pp;
+  api.service.cp = static_cast<int>(f.engine.cp);
   api.service.api_key = ApiKeyFromEnv();
   f.api.Apply(api, *std::move(tls));
   api.http_listen_address = f.http_listen;

@@ -6,7 +6,9 @@ prompt with a KV pool of 20 blocks (320 tokens) per rank.
    cache holds.
 2. --cp 2 (two ranks of 20 blocks) serves it, logs the group's blocks and
    each rank's, and prints the greedy text of --cp 1 given 40 blocks.
-3. Values it cannot take are refused naming the flag: --cp 0, and --cp 2
+3. `shardlm serve --cp 2` with the same pools: GetModelInfo reports cp 2
+   and 20 blocks per worker, and a remote generate prints the same text.
+4. Values it cannot take are refused naming the flag: --cp 0, and --cp 2
    with a host tier.
 
   check_context_parallel.py --shardlm BIN --gguf MODEL
@@ -19,7 +21,9 @@ import os
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, run  # noqa: E402
+import grpc  # noqa: E402
+from testlib import (FAILURES, check, pb_fields, run, start_serve,  # noqa: E402
+                     stop, wait_ready)
 
 # ~38 SmolLM2 tokens per paragraph: ~610 tokens.
 PROMPT = "".join(
@@ -57,6 +61,28 @@ def main() -> int:
     check(cp.stdout == twice.stdout,
           f"--cp 2 prints the text of --cp 1 with twice the pool "
           f"({cp.stdout!r} vs {twice.stdout!r})")
+
+    server, addr = start_serve(
+        a.shardlm, a.gguf,
+        ["--cp", "2", "--kv-cache-bytes", str(20 * BLOCK_BYTES),
+         "--kv-cache-dtype", "f16", "--device", "cpu", "--threads", "2"])
+    try:
+        check(wait_ready(a.shardlm, addr, server), "serve --cp 2 is ready")
+        with grpc.insecure_channel(addr) as channel:
+            call = channel.unary_unary("/shardlm.v1.Inference/GetModelInfo",
+                                       request_serializer=lambda b: b,
+                                       response_deserializer=lambda b: b)
+            info = dict(pb_fields(call(b"", timeout=30)))
+        check(info.get(12) == 2 and info.get(6) == 20,
+              f"GetModelInfo: cp 2, 20 KV blocks per worker ({info})")
+        remote = run([a.shardlm, "generate", "--server", addr, "--prompt",
+                      PROMPT, "--max-tokens", "12", "--ignore-eos"],
+                     timeout=600)
+        check(remote.returncode == 0 and remote.stdout == twice.stdout,
+              f"serve --cp 2 gives the same text ({remote.stdout!r}, "
+              f"{remote.stderr[-200:]})")
+    finally:
+        stop(server)
 
     zero = generate("--cp", "0")
     check(zero.returncode != 0 and "--cp must be in [1, 64], got 0"
