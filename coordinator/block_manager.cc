@@ -165,8 +165,26 @@ absl::Status BlockManager::Reserve(int64_t seq, int64_t tokens) {
         block_size_, " but only ", DeviceAvailable(), " of ", device_blocks_,
         " device blocks are available"));
   }
-  for (int64_t i = 0; i < need; ++i) table.push_back(TakeDevice());
+  for (int64_t i = 0; i < need; ++i) {
+    int32_t b = -1;
+    if (interleave_ > 1) {
+      b = TakeFreeDeviceOf(static_cast<int>(table.size() % interleave_));
+    }
+    table.push_back(b >= 0 ? b : TakeDevice());
+  }
   return absl::OkStatus();
+}
+
+int32_t BlockManager::TakeFreeDeviceOf(int rank) {
+  // The scan is short: ranks alternate through the free list.
+  for (auto it = device_free_.rbegin(); it != device_free_.rend(); ++it) {
+    if (*it % interleave_ != rank) continue;
+    const int32_t d = *it;
+    device_free_.erase(std::next(it).base());
+    blocks_[d].refs = 1;
+    return d;
+  }
+  return -1;
 }
 
 const std::vector<int32_t>& BlockManager::Table(int64_t seq) const {

@@ -56,6 +56,15 @@ class BlockManager {
   BlockManager(int32_t device_blocks, int32_t block_size,
                int32_t host_blocks = 0, bool prefix_caching = false);
 
+  // Context parallel over `cp` ranks, each holding the ids g with g % cp
+  // equal to its rank (worker/model_runner.h): Reserve then takes, for
+  // entry j of a table, a free device block with id % cp == j % cp when
+  // there is one, so that a sequence's blocks (and its attention work)
+  // alternate over the ranks. Any block is still correct, only less
+  // balanced; a cached block is evicted regardless of its rank.
+  void set_interleave(int cp) { interleave_ = std::max(1, cp); }
+  int interleave() const { return interleave_; }
+
   int32_t block_size() const { return block_size_; }
   // Device blocks (the pool every step computes in).
   int32_t num_blocks() const { return device_blocks_; }
@@ -134,6 +143,9 @@ class BlockManager {
   // A block for a sequence (refs = 1) from the tier's free list or by
   // evicting its least recently used cached block; -1 when neither.
   int32_t TakeDevice();
+  // A free device block (refs = 1) whose id % interleave_ is `rank`, the
+  // most recently freed one; -1 when there is none.
+  int32_t TakeFreeDeviceOf(int rank);
   int32_t TakeHost();
   // Drops a reference; an unreferenced block goes to its cache or free list.
   void Unref(int32_t b);
@@ -147,6 +159,7 @@ class BlockManager {
   int32_t host_blocks_;
   int32_t block_size_;
   bool prefix_caching_;
+  int interleave_ = 1;
   uint64_t tick_ = 0;
   std::vector<Block> blocks_;
   std::vector<int32_t> device_free_;  // LIFO: recently freed blocks are warm.

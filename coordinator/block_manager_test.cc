@@ -29,6 +29,28 @@ TEST(BlockManagerTest, GrowsTablesAndReturnsEveryBlock) {
   EXPECT_TRUE(bm.Table(1).empty());
 }
 
+// Context parallel over 2 ranks: entry j of a table takes an id of rank j
+// % 2 whenever one is free, after frees in any order; when that rank's ids
+// run out, any free one (still correct: ownership follows the id).
+TEST(BlockManagerTest, InterleavesTablesOverCpRanks) {
+  BlockManager bm(12, 16);
+  bm.set_interleave(2);
+  ASSERT_TRUE(bm.Reserve(1, 3 * 16).ok());
+  ASSERT_TRUE(bm.Reserve(2, 2 * 16).ok());
+  bm.Free(1);  // Ids 0, 1, 2 back, in an order the LIFO list scrambles.
+  ASSERT_TRUE(bm.Reserve(3, 5 * 16).ok());
+  const std::vector<int32_t>& t = bm.Table(3);
+  for (size_t j = 0; j < t.size(); ++j) {
+    EXPECT_EQ(t[j] % 2, static_cast<int32_t>(j % 2)) << "entry " << j;
+  }
+  // 12 - 2 - 5 = 5 free: ids of both ranks; 5 more entries take them all.
+  ASSERT_TRUE(bm.Reserve(3, 10 * 16).ok());
+  EXPECT_EQ(bm.DeviceAvailable(), 0);
+  bm.Free(2);
+  bm.Free(3);
+  EXPECT_EQ(bm.used_blocks(), 0);
+}
+
 TEST(BlockManagerTest, ExhaustionAllocatesNothing) {
   BlockManager bm(3, 4);
   ASSERT_TRUE(bm.Reserve(1, 8).ok());

@@ -24,6 +24,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         ") and cpu_offload_bytes (", kv.cpu_offload_bytes, ") not negative"));
   }
   SetCpuThreads(options.threads);
+  if (options.cp < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cp must be >= 1, got ", options.cp));
+  }
+  if (options.device == DeviceKind::kCuda && options.cp > 1) {
+    return absl::UnimplementedError(
+        absl::StrCat("--cp ", options.cp,
+                     " on CUDA: context parallelism is built for the CPU "
+                     "path only so far; use --cp 1, or --device cpu"));
+  }
   if (options.device == DeviceKind::kCuda) {
     if (kv.dtype.value_or(DType::kBF16) != DType::kBF16) {
       return absl::UnimplementedError(absl::StrCat(
@@ -43,13 +53,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     return Create(std::move(executor), options);
   }
   // Ranks on threads share the cores.
-  const int ranks = std::max(1, options.tp * options.pp);
+  const int ranks = std::max(1, options.tp * options.pp * options.cp);
   ASSIGN_OR_RETURN(
       std::unique_ptr<StepExecutor> executor,
       CreateInProcessExecutor(
           source, {.kv = kv,
                    .tp = options.tp,
                    .pp = options.pp,
+                   .cp = options.cp,
                    .moe_sharding = options.moe_sharding,
                    .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
   return Create(std::move(executor), options);
@@ -68,12 +79,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
   }
   const int64_t blocks = executor->num_kv_blocks();
   const int64_t host_blocks = executor->num_host_kv_blocks();
-  return std::unique_ptr<Engine>(new Engine(
-      std::move(executor),
-      BlockManager(static_cast<int32_t>(blocks), options.kv.block_size,
-                   static_cast<int32_t>(host_blocks),
-                   options.kv.prefix_caching),
-      options));
+  BlockManager manager(static_cast<int32_t>(blocks), options.kv.block_size,
+                       static_cast<int32_t>(host_blocks),
+                       options.kv.prefix_caching);
+  manager.set_interleave(options.cp);
+  return std::unique_ptr<Engine>(
+      new Engine(std::move(executor), std::move(manager), options));
 }
 
 absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
@@ -121,11 +132,16 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
   const int64_t capacity =
       int64_t{blocks_.num_blocks()} + blocks_.num_host_blocks();
   if (blocks_.BlocksFor(total) > capacity) {
-    return fail("prompt + max_tokens = ", total, " tokens need ",
-                blocks_.BlocksFor(total), " KV blocks of ",
-                blocks_.block_size(), " tokens but the cache holds ", capacity,
-                " (", blocks_.num_blocks(), " device + ",
-                blocks_.num_host_blocks(), " host)");
+    return fail(
+        "prompt + max_tokens = ", total, " tokens need ",
+        blocks_.BlocksFor(total), " KV blocks of ", blocks_.block_size(),
+        " tokens but the cache holds ", capacity, " (", blocks_.num_blocks(),
+        " device + ", blocks_.num_host_blocks(), " host",
+        blocks_.interleave() > 1
+            ? absl::StrCat(" over ", blocks_.interleave(), " CP ranks, ",
+                           capacity / blocks_.interleave(), " each")
+            : "",
+        ")");
   }
   if (req.min_tokens < 0 || req.min_tokens > req.max_tokens) {
     return fail("min_tokens must be in [0, max_tokens = ", req.max_tokens,

@@ -35,6 +35,9 @@ struct EngineOptions {
   // threads of this process (the cluster runs them on worker ranks).
   int tp = 1;
   int pp = 1;
+  // Context parallel degree (CPU only): each stage's ranks form TP x CP,
+  // a sequence's KV blocks spread over the CP ranks (ExecutorOptions::cp).
+  int cp = 1;
   // How a TP group splits a mixture of experts (ShardPlan).
   MoeSharding moe_sharding = MoeSharding::kAuto;
   // Where the model runs (rank r of tp * pp on GPU r on CUDA).

@@ -58,7 +58,8 @@ class ThreadedExecutor : public StepExecutor {
         shards_(std::move(shards)),
         blocks_(shards_[0]->blocks()),
         tp_(shards_[0]->spec().tp_size),
-        pp_(shards_[0]->spec().pp_size) {
+        pp_(shards_[0]->spec().pp_size),
+        cp_(shards_[0]->spec().cp_size) {
     for (const auto& s : shards_) stats_.push_back(s->runner()->stats());
     for (size_t r = 0; r < shards_.size(); ++r) {
       threads_.emplace_back([this, r] { Loop(r); });
@@ -75,8 +76,9 @@ class ThreadedExecutor : public StepExecutor {
   const ModelConfig& config() const override {
     return shards_[0]->runner()->config();
   }
-  int64_t num_kv_blocks() const override { return blocks_.device; }
-  int64_t num_host_kv_blocks() const override { return blocks_.host; }
+  // The CP group's: each CP rank holds blocks_ of them.
+  int64_t num_kv_blocks() const override { return blocks_.device * cp_; }
+  int64_t num_host_kv_blocks() const override { return blocks_.host * cp_; }
   DType kv_cache_dtype() const override {
     return shards_[0]->runner()->kv_dtype();
   }
@@ -151,10 +153,12 @@ class ThreadedExecutor : public StepExecutor {
       absl::MutexLock lock(&mu_);
       stats_[r] = stats;
       if (!out.ok() && job->status.ok()) {
-        job->status =
-            absl::Status(out.status().code(),
-                         absl::StrCat("rank pp ", r / tp_, " tp ", r % tp_,
-                                      ": ", out.status().message()));
+        const ShardSpec& spec = shards_[r]->spec();
+        job->status = absl::Status(
+            out.status().code(),
+            absl::StrCat("rank pp ", spec.pp_rank, " tp ", spec.tp_rank,
+                         cp_ > 1 ? absl::StrCat(" cp ", spec.cp_rank) : "",
+                         ": ", out.status().message()));
       }
       if (out.ok() && shards_[r]->spec().samples()) {
         job->output = std::move(*out);
@@ -168,7 +172,7 @@ class ThreadedExecutor : public StepExecutor {
   std::vector<std::unique_ptr<Communicator>> comms_;  // Outlive shards.
   std::vector<std::unique_ptr<Shard>> shards_;
   const KvBlockCounts blocks_;  // Every shard's.
-  int tp_, pp_;
+  int tp_, pp_, cp_;
   // Waiters wait on conditions over these (Mutex::Await), re-checked
   // whenever the mutex is released. A Job's fields are guarded by it too.
   mutable absl::Mutex mu_;
@@ -185,28 +189,52 @@ class ThreadedExecutor : public StepExecutor {
 
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& o) {
+  if (o.cp < 1 || o.cp > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--cp must be in [1, 64], got ", o.cp));
+  }
+  if (o.cp > 1 && o.kv.cpu_offload_bytes > 0) {
+    return absl::UnimplementedError(
+        absl::StrCat("--cp ", o.cp,
+                     " with a host KV tier (--cpu-offload-bytes): a block "
+                     "copied between tiers may change CP rank, and copies "
+                     "between CP ranks are not built; use --cp 1 or no host "
+                     "tier"));
+  }
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(source, o.tp, o.pp, o.moe_sharding));
   // Every shard loads, then every one gets the blocks all of them hold.
+  // Rank (pp_rank * cp + cp_rank) * tp + tp_rank: the CP ranks of a stage
+  // hold the same weights.
   std::vector<std::unique_ptr<Shard>> shards;
   KvBlockCounts blocks = KvBlockCounts::Unbounded();
-  for (const ShardSpec& spec : plan.shards) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<Shard> shard,
-        LoadCpuShard(source, {.spec = spec,
-                              .kv = o.kv,
-                              .threads = o.threads_per_rank,
-                              .name = absl::StrCat("shard pp ", spec.pp_rank,
-                                                   " tp ", spec.tp_rank)}));
-    ASSIGN_OR_RETURN(const KvBlockCounts available, shard->BlocksAvailable());
-    blocks = blocks.Min(available);
-    shards.push_back(std::move(shard));
+  for (int p = 0; p < o.pp; ++p) {
+    for (int c = 0; c < o.cp; ++c) {
+      for (int t = 0; t < o.tp; ++t) {
+        ShardSpec spec = plan.at(p, t);
+        spec.cp_rank = c;
+        spec.cp_size = o.cp;
+        ASSIGN_OR_RETURN(
+            std::unique_ptr<Shard> shard,
+            LoadCpuShard(source,
+                         {.spec = spec,
+                          .kv = o.kv,
+                          .threads = o.threads_per_rank,
+                          .name = absl::StrCat(
+                              "shard pp ", p, " tp ", t,
+                              o.cp > 1 ? absl::StrCat(" cp ", c) : "")}));
+        ASSIGN_OR_RETURN(const KvBlockCounts available,
+                         shard->BlocksAvailable());
+        blocks = blocks.Min(available);
+        shards.push_back(std::move(shard));
+      }
+    }
   }
   if (shards.size() == 1) {
     RETURN_IF_ERROR(shards[0]->InitializeCache(blocks, {}));
     return std::make_unique<SingleExecutor>(std::move(shards[0]));
   }
-  InProcessComms comms = MakeInProcessComms(o.tp, o.pp);
+  InProcessComms comms = MakeInProcessComms(o.tp, o.pp, nullptr, o.cp);
   for (size_t r = 0; r < shards.size(); ++r) {
     RETURN_IF_ERROR(shards[r]->InitializeCache(blocks, comms.per_rank[r]));
   }
@@ -269,7 +297,8 @@ absl::StatusOr<InProcessComms> MakeGroupComms(int tp, int pp,
 InProcessComms MakeInProcessComms(
     int tp, int pp,
     const std::function<
-        std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap) {
+        std::unique_ptr<Communicator>(std::unique_ptr<Communicator>)>& wrap,
+    int cp) {
   const auto add = [&](std::unique_ptr<Communicator> c, InProcessComms& out) {
     Communicator* raw = nullptr;
     if (wrap) c = wrap(std::move(c));
@@ -277,22 +306,44 @@ InProcessComms MakeInProcessComms(
     out.owned.push_back(std::move(c));
     return raw;
   };
-  // One TP group per stage, one PP chain per TP index.
+  // One TP group per stage and CP rank, one CP group per stage and TP
+  // index, one PP chain per CP rank and TP index.
   InProcessComms out;
-  out.per_rank.resize(static_cast<size_t>(tp) * pp);
+  out.per_rank.resize(static_cast<size_t>(tp) * pp * cp);
+  const auto rank = [&](int p, int c, int t) { return (p * cp + c) * tp + t; };
+  const auto cp_name = [&](int c) {
+    return cp > 1 ? absl::StrCat(" cp ", c) : std::string();
+  };
   if (tp > 1) {
     for (int p = 0; p < pp; ++p) {
-      auto group = MakeFakeGroup(tp, absl::StrCat("tp group of stage ", p));
+      for (int c = 0; c < cp; ++c) {
+        auto group = MakeFakeGroup(
+            tp, absl::StrCat("tp group of stage ", p, cp_name(c)));
+        for (int t = 0; t < tp; ++t) {
+          out.per_rank[rank(p, c, t)].tp = add(std::move(group[t]), out);
+        }
+      }
+    }
+  }
+  if (cp > 1) {
+    for (int p = 0; p < pp; ++p) {
       for (int t = 0; t < tp; ++t) {
-        out.per_rank[p * tp + t].tp = add(std::move(group[t]), out);
+        auto group =
+            MakeFakeGroup(cp, absl::StrCat("cp group of stage ", p, " tp ", t));
+        for (int c = 0; c < cp; ++c) {
+          out.per_rank[rank(p, c, t)].cp = add(std::move(group[c]), out);
+        }
       }
     }
   }
   if (pp > 1) {
-    for (int t = 0; t < tp; ++t) {
-      auto chain = MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t));
-      for (int p = 0; p < pp; ++p) {
-        out.per_rank[p * tp + t].pp = add(std::move(chain[p]), out);
+    for (int c = 0; c < cp; ++c) {
+      for (int t = 0; t < tp; ++t) {
+        auto chain =
+            MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t, cp_name(c)));
+        for (int p = 0; p < pp; ++p) {
+          out.per_rank[rank(p, c, t)].pp = add(std::move(chain[p]), out);
+        }
       }
     }
   }

@@ -23,6 +23,11 @@ struct ExecutorOptions {
   KvCacheOptions kv;  // Its dtype unset: the CPU default.
   int tp = 1;
   int pp = 1;
+  // Context parallel: each stage's ranks form TP x CP, the CP ranks
+  // holding the same weights and each 1/cp of the KV blocks (block id g on
+  // CP rank g % cp): the block count is cp times one rank's. No host KV
+  // tier with cp > 1 yet (cross-rank tier copies are not built).
+  int cp = 1;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
   // CPU threads each rank's kernels use (on whichever thread calls
   // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
@@ -30,23 +35,27 @@ struct ExecutorOptions {
   int threads_per_rank = 0;
 };
 
-// One shard in this process when tp * pp == 1; otherwise tp * pp shards
-// on threads, exchanging activations through in-process communicators,
-// each loading only its part of the weights.
+// One shard in this process when tp * pp * cp == 1; otherwise tp * pp *
+// cp shards on threads, exchanging activations through in-process
+// communicators, each loading only its part of the weights.
 absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     const WeightSource& source, const ExecutorOptions& options);
 
-// The communicators of a TP x PP cluster on threads of this process: a fake
-// group per TP group and per PP chain, each passed through `wrap` when it
-// is set (e.g. to stage device tensors through the host).
+// The communicators of a TP x CP x PP cluster on threads of this process:
+// a fake group per TP group, per CP group (the CP ranks of one stage and
+// TP index) and per PP chain (one per CP and TP index), each passed
+// through `wrap` when it is set (e.g. to stage device tensors through the
+// host).
 struct InProcessComms {
   std::vector<std::unique_ptr<Communicator>> owned;
-  std::vector<ShardComms> per_rank;  // Rank r = pp_rank * tp + tp_rank.
+  // Rank r = (pp_rank * cp + cp_rank) * tp + tp_rank.
+  std::vector<ShardComms> per_rank;
 };
 InProcessComms MakeInProcessComms(
     int tp, int pp,
     const std::function<std::unique_ptr<Communicator>(
-        std::unique_ptr<Communicator>)>& wrap = nullptr);
+        std::unique_ptr<Communicator>)>& wrap = nullptr,
+    int cp = 1);
 
 // One rank's member of one group, as MakeGroupComms asks a factory for it.
 struct GroupMember {
@@ -69,9 +78,9 @@ using MakeGroupMember =
 absl::StatusOr<InProcessComms> MakeGroupComms(int tp, int pp,
                                               const MakeGroupMember& make);
 
-// tp * pp shards (their caches set up, one block count for all) on threads
-// of their own, each running every step; the sampling shard's tokens are
-// the step's. `comms` outlive the shards.
+// tp * pp * cp shards (their caches set up, one block count for all) on
+// threads of their own, each running every step; the sampling shard's
+// tokens are the step's. `comms` outlive the shards.
 std::unique_ptr<StepExecutor> NewThreadedExecutor(
     std::vector<std::unique_ptr<Communicator>> comms,
     std::vector<std::unique_ptr<Shard>> shards, int threads_per_rank);

@@ -975,9 +975,12 @@ grpc::Status InferenceService::GetModelInfo(
   response->set_context_length(static_cast<int32_t>(config.context_length));
   response->set_tp(options_.tp);
   response->set_pp(options_.pp);
-  response->set_kv_blocks(engine_->blocks().num_blocks());
+  response->set_cp(options_.cp);
+  // Per worker: the block manager's ids are the CP group's.
+  const int cp = engine_->blocks().interleave();
+  response->set_kv_blocks(engine_->blocks().num_blocks() / cp);
   response->set_block_size(engine_->blocks().block_size());
-  response->set_host_kv_blocks(engine_->blocks().num_host_blocks());
+  response->set_host_kv_blocks(engine_->blocks().num_host_blocks() / cp);
   const DType kv_dtype = engine_->executor().kv_cache_dtype();
   response->set_kv_cache_dtype(KvCacheDTypeName(kv_dtype));
   response->set_kv_bytes_per_token(

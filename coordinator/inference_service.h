@@ -35,6 +35,7 @@ struct ServiceOptions {
   // Reported by GetModelInfo: how the engine's model is sharded.
   int tp = 1;
   int pp = 1;
+  int cp = 1;
   // max_tokens when a request leaves it at 0.
   int32_t default_max_tokens = 16;
   // Longest prompt (Generate) or text (Tokenize) accepted, checked before

@@ -955,6 +955,7 @@ TEST_F(InferenceServiceTest, TokenizeAndModelInfo) {
   EXPECT_EQ(info.context_length(), 256);
   EXPECT_EQ(info.tp(), 1);
   EXPECT_EQ(info.pp(), 1);
+  EXPECT_EQ(info.cp(), 1);
   EXPECT_EQ(info.kv_blocks(), kBlocks);
   EXPECT_EQ(info.block_size(), 16);
   EXPECT_EQ(info.host_kv_blocks(), 0);

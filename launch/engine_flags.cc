@@ -20,6 +20,11 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   limits.Register(flags);
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
   flags.Add("pp", &pp, "pipeline stages (run on threads here)");
+  flags.Add("cp", &cp,
+            "context-parallel ranks per stage (run on threads here; CPU "
+            "only): a sequence's KV blocks are spread over them, so the "
+            "longest sequence grows cp-fold at the same --kv-cache-bytes "
+            "per rank; attention is split, projections and MLP are not");
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
@@ -34,6 +39,13 @@ void LocalEngineFlags::Register(FlagSet& flags) {
 std::string LocalEngineFlags::Problem() const {
   if (tp < 1 || tp > 64 || pp < 1 || pp > 64) {
     return "--tp and --pp must be in [1, 64]";
+  }
+  if (cp < 1 || cp > 64) {
+    return absl::StrCat("--cp must be in [1, 64], got ", cp);
+  }
+  if (cp > 1 && kv.cpu_offload_bytes > 0) {
+    return "--cp > 1 with --cpu-offload-bytes: a host KV tier under context "
+           "parallelism is not built yet";
   }
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
@@ -51,7 +63,9 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
     const CudaAvailability& cuda) const {
   ASSIGN_OR_RETURN(DeviceRequest request, ParseDeviceFlag(device));
   std::string not_on_gpu;
-  if (kv.kv_cache_dtype != "auto" && kv.kv_cache_dtype != "bf16") {
+  if (cp > 1) {
+    not_on_gpu = "--cp > 1";
+  } else if (kv.kv_cache_dtype != "auto" && kv.kv_cache_dtype != "bf16") {
     not_on_gpu = absl::StrCat("--kv-cache-dtype ", kv.kv_cache_dtype);
   } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
     not_on_gpu = absl::StrCat("--tp x --pp = ", tp * pp, " ranks on ",
@@ -66,6 +80,7 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .threads = static_cast<int>(threads),
           .tp = static_cast<int>(tp),
           .pp = static_cast<int>(pp),
+          .cp = static_cast<int>(cp),
           .moe_sharding =
               ParseMoeSharding(moe_sharding).value_or(MoeSharding::kAuto),
           .device = d.kind,
@@ -83,12 +98,16 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
   ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
   const BlockManager& blocks = m.engine->blocks();
   const DType kv = m.engine->executor().kv_cache_dtype();
-  std::fprintf(stderr,
-               "shardlm: KV cache: %d device + %d host blocks of %d tokens, "
-               "%s, %.1f KiB per token\n",
-               blocks.num_blocks(), blocks.num_host_blocks(),
-               blocks.block_size(), KvCacheDTypeName(kv),
-               KvBytesPerToken(m.engine->config(), kv) / 1024.0);
+  std::fprintf(
+      stderr,
+      "shardlm: KV cache: %d device + %d host blocks of %d tokens, "
+      "%s, %.1f KiB per token%s\n",
+      blocks.num_blocks(), blocks.num_host_blocks(), blocks.block_size(),
+      KvCacheDTypeName(kv), KvBytesPerToken(m.engine->config(), kv) / 1024.0,
+      flags.cp > 1 ? absl::StrCat(" (over ", flags.cp, " CP ranks, ",
+                                  blocks.num_blocks() / flags.cp, " each)")
+                         .c_str()
+                   : "");
   m.name = source->config().name;
   if (m.name.empty()) {
     m.name = std::filesystem::path(flags.model).filename().string();

@@ -23,13 +23,14 @@ struct LocalEngineFlags {
   BatchLimitFlags limits;
   int64_t tp = 1;
   int64_t pp = 1;
+  int64_t cp = 1;  // Context parallel (CPU only).
   std::string moe_sharding = "auto";
   std::string device = "auto";
   bool allow_shared_gpu = false;
 
   // Adds --model, --threads, the KV cache's flags (KvCacheFlags), the step
-  // limits' (BatchLimitFlags), --tp, --pp, --moe-sharding, --device and
-  // --allow-shared-gpu.
+  // limits' (BatchLimitFlags), --tp, --pp, --cp, --moe-sharding, --device
+  // and --allow-shared-gpu.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.

@@ -155,7 +155,8 @@ int GenerateCommand(int argc, char** argv) {
   // (chat format, BOS, stop tokens, limits).
   const InferenceService service(&engine, &tok, local->name,
                                  {.tp = static_cast<int>(f.engine.tp),
-                                  .pp = static_cast<int>(f.engine.pp)});
+                                  .pp = static_cast<int>(f.engine.pp),
+                                  .cp = static_cast<int>(f.engine.cp)});
   absl::StatusOr<GenerateRequest> built =
       service.ToEngineRequest(GenerateRequestProto(request));
   if (!built.ok()) return Fail(built.status());

@@ -95,6 +95,7 @@ int ServeCommand(int argc, char** argv) {
   api.model_name = name;
   api.service.tp = tp;
   api.service.pp = pp;
+  api.service.cp = static_cast<int>(f.engine.cp);
   api.service.api_key = ApiKeyFromEnv();
   f.api.Apply(api, *std::move(tls));
   api.http_listen_address = f.http_listen;
@@ -103,8 +104,10 @@ int ServeCommand(int argc, char** argv) {
   if (!server.ok()) return Fail(server.status());
   // The host as given, the port as bound (they differ for port 0).
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
-  std::fprintf(stderr, "[shardlm] serving %s (tp %d, pp %d) on %s:%d\n",
-               name.c_str(), tp, pp, host.c_str(), (*server)->port());
+  std::fprintf(
+      stderr, "[shardlm] serving %s (tp %d, pp %d%s) on %s:%d\n", name.c_str(),
+      tp, pp, f.engine.cp > 1 ? absl::StrCat(", cp ", f.engine.cp).c_str() : "",
+      host.c_str(), (*server)->port());
   if ((*server)->http_port() != 0) {
     std::fprintf(stderr, "[shardlm] HTTP API on %s:%d%s\n",
                  f.http_listen.substr(0, f.http_listen.rfind(':')).c_str(),

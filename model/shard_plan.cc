@@ -137,11 +137,13 @@ std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
 
 std::string ShardSpec::DebugString() const {
   return absl::StrFormat(
-      "pp %d tp %d: layers [%d, %d) heads [%d, %d) kv [%d, %d) ffn [%d, %d) "
+      "pp %d tp %d%s: layers [%d, %d) heads [%d, %d) kv [%d, %d) ffn [%d, %d) "
       "experts [%d, %d) vocab [%d, %d) %.1f MiB",
-      pp_rank, tp_rank, layer_begin, layer_end, head_begin, head_end,
-      kv_head_begin, kv_head_end, ffn_begin, ffn_end, expert_begin, expert_end,
-      vocab_begin, vocab_end, weight_bytes / 1048576.0);
+      pp_rank, tp_rank,
+      cp_size > 1 ? absl::StrFormat(" cp %d of %d", cp_rank, cp_size) : "",
+      layer_begin, layer_end, head_begin, head_end, kv_head_begin, kv_head_end,
+      ffn_begin, ffn_end, expert_begin, expert_end, vocab_begin, vocab_end,
+      weight_bytes / 1048576.0);
 }
 
 std::string ShardPlan::DebugString() const {

@@ -37,6 +37,11 @@ absl::StatusOr<MoeSharding> ParseMoeSharding(std::string_view name);
 struct ShardSpec {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
+  // Context parallel (--cp): the ranks of a stage form TP x CP. CP ranks
+  // hold the same weights (PlanShards plans TP x PP; the executor copies
+  // each spec cp times) and each holds the KV blocks whose id is cp_rank
+  // mod cp_size (worker/model_runner.h).
+  int cp_rank = 0, cp_size = 1;
   int64_t layer_begin = 0, layer_end = 0;      // [begin, end)
   int64_t kv_head_begin = 0, kv_head_end = 0;  // KV heads held.
   int64_t head_begin = 0, head_end = 0;        // Query heads held.
@@ -52,9 +57,9 @@ struct ShardSpec {
 
   bool first_stage() const { return pp_rank == 0; }
   bool last_stage() const { return pp_rank == pp_size - 1; }
-  // Whether this shard samples: the last stage's TP rank 0, which holds
-  // the logits gathered over its TP group.
-  bool samples() const { return last_stage() && tp_rank == 0; }
+  // Whether this shard samples: the last stage's TP rank 0 (of CP rank
+  // 0), which holds the logits gathered over its TP group.
+  bool samples() const { return last_stage() && tp_rank == 0 && cp_rank == 0; }
   int64_t n_layers() const { return layer_end - layer_begin; }
   int64_t n_kv_heads() const { return kv_head_end - kv_head_begin; }
   int64_t n_heads() const { return head_end - head_begin; }

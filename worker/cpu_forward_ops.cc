@@ -44,6 +44,19 @@ absl::Status CpuForwardOps::Attention(const Tensor& q, const KvLayer& cache,
   return PagedAttention(q, cache.k, cache.v, batch_, scale, out);
 }
 
+absl::Status CpuForwardOps::AttentionPartial(const Tensor& q,
+                                             const KvLayer& cache, float scale,
+                                             int64_t window, Tensor& out,
+                                             Tensor& lse) {
+  batch_.window = window;
+  return PagedAttentionPartial(q, cache.k, cache.v, batch_, scale, out, lse);
+}
+
+absl::Status CpuForwardOps::MergeAttention(const Tensor& outs,
+                                           const Tensor& lses, Tensor& out) {
+  return shardlm::MergeAttention(outs, lses, out);
+}
+
 absl::Status CpuForwardOps::SwiGlu(const Tensor& gate, const Tensor& up,
                                    Tensor& out) {
   return shardlm::SwiGlu(gate, up, out);

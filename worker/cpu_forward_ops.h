@@ -32,6 +32,11 @@ class CpuForwardOps : public ForwardOps {
                        const KvLayer& cache) override;
   absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
                          int64_t window, Tensor& out) override;
+  absl::Status AttentionPartial(const Tensor& q, const KvLayer& cache,
+                                float scale, int64_t window, Tensor& out,
+                                Tensor& lse) override;
+  absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
+                              Tensor& out) override;
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override;
   absl::Status Add(Tensor& x, const Tensor& y) override;

@@ -84,6 +84,21 @@ absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
   return bias.empty() ? absl::OkStatus() : ops.AddBias(y, bias);
 }
 
+absl::Status ShardForward::Attention(const Tensor& q, const KvLayer& cache,
+                                     float scale, int64_t window, Tensor& out,
+                                     ForwardBuffers& b) const {
+  if (comms.cp == nullptr) return ops.Attention(q, cache, scale, window, out);
+  // Each CP rank's softmax over its keys, then the exact merge by the
+  // parts' log-sum-exps (every rank merges, so all hold the same output).
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  RETURN_IF_ERROR(ops.AttentionPartial(q, cache, scale, window, out, b.lse));
+  RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(out, b.cp_out); }));
+  RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(b.lse, b.cp_lse); }));
+  ASSIGN_OR_RETURN(const Tensor outs,
+                   b.cp_out.Reshaped({comms.cp->size(), n, heads, d}));
+  return ops.MergeAttention(outs, b.cp_lse, out);
+}
+
 absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   const ModelConfig& c = weights.config;
   const ShardSpec& spec = weights.spec;
@@ -132,8 +147,8 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(ops.Rope(k3, rope));
     const KvLayer cache = kv.at(l);
     RETURN_IF_ERROR(ops.WriteKv(k3, v3, cache));
-    RETURN_IF_ERROR(ops.Attention(q3, cache, scale,
-                                  c.LayerWindow(spec.layer_begin + l), attn3));
+    RETURN_IF_ERROR(Attention(q3, cache, scale,
+                              c.LayerWindow(spec.layer_begin + l), attn3, b));
     RETURN_IF_ERROR(Residual(b.attn, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));

@@ -60,6 +60,23 @@ class ForwardOps {
   // ModelConfig::LayerWindow).
   virtual absl::Status Attention(const Tensor& q, const KvLayer& cache,
                                  float scale, int64_t window, Tensor& out) = 0;
+  // Context parallel: Attention over only the keys of the blocks this CP
+  // rank holds, with each row's log-sum-exp (lse: [n, heads]); and the
+  // exact merge of every CP rank's parts (outs [cp, n, heads, head_dim],
+  // lses [cp, n, heads]) into out. See kernels/attention/paged_attention.h.
+  virtual absl::Status AttentionPartial(const Tensor& q, const KvLayer& cache,
+                                        float scale, int64_t window,
+                                        Tensor& out, Tensor& lse) {
+    return absl::UnimplementedError(
+        "context parallel attention on this "
+        "backend");
+  }
+  virtual absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
+                                      Tensor& out) {
+    return absl::UnimplementedError(
+        "context parallel attention on this "
+        "backend");
+  }
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                               Tensor& out) = 0;
   // x += y.
@@ -137,6 +154,10 @@ struct ForwardBuffers {
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
+  // Context parallel (cp > 1): this rank's attention log-sum-exps [n,
+  // heads held] and every CP rank's partial outputs and lses, gathered:
+  // [cp, n, heads held * head_dim] and [cp, n, heads held], f32.
+  Tensor lse, cp_out, cp_lse;
 };
 
 // One layer's KV cache as its backend keeps it: k and v (on the CPU both
@@ -181,7 +202,10 @@ struct ShardForward {
   std::vector<int64_t>* expert_tokens = nullptr;
 
   // The step's layers on this shard; x holds the last layer's output (on a
-  // last stage) or has been sent to the next stage.
+  // last stage) or has been sent to the next stage. Under CP (comms.cp)
+  // every CP rank runs the same tokens through the same weights; only
+  // attention differs: each rank attends over the blocks it holds and the
+  // parts are merged after an all-gather over the CP group.
   absl::Status Layers(ForwardBuffers& b, KvLayers kv) const;
   // y = xn w^T (+ bias when there is one).
   absl::Status Projection(const Tensor& xn, const Tensor& w, const Tensor& bias,
@@ -202,6 +226,10 @@ struct ShardForward {
   // `offset` (nonzero, or w wider than in, for a slice of whole blocks).
   absl::Status Residual(const Tensor& in, const Tensor& w, int64_t offset,
                         ForwardBuffers& b) const;
+  // out = attention of q over one layer's cache, over this rank's blocks
+  // and merged over the CP group when there is one.
+  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
+                         int64_t window, Tensor& out, ForwardBuffers& b) const;
 };
 
 }  // namespace shardlm

@@ -26,6 +26,9 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
                      " positions and ", step.token_seq.size(), " seq ids"));
   }
   const int64_t bs = kv_->config().block_size;
+  const int64_t cp = weights_.spec.cp_size;
+  // Under CP the ids are the group's (see the class comment).
+  const int64_t pool = kv_->config().total_blocks() * cp;
   for (size_t i = 0; i < n; ++i) {
     if (step.tokens[i] < 0 || step.tokens[i] >= c.vocab_size) {
       return absl::InvalidArgumentError(
@@ -48,11 +51,18 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
   }
   for (const auto& table : step.block_tables) {
     for (int32_t b : table) {
-      if (b < 0 || b >= kv_->config().total_blocks()) {
+      if (b < 0 || b >= pool) {
         return absl::InvalidArgumentError(
-            absl::StrCat("KV block ", b, " is outside the pool of ",
-                         kv_->config().total_blocks()));
+            absl::StrCat("KV block ", b, " is outside the pool of ", pool));
       }
+    }
+  }
+  for (const BlockCopy& copy : step.copies) {
+    if (copy.src % cp != copy.dst % cp) {
+      return absl::UnimplementedError(absl::StrCat(
+          "KV block copy ", copy.src, " -> ", copy.dst, " crosses CP ranks ",
+          copy.src % cp, " and ", copy.dst % cp,
+          " (copies between CP ranks are not built)"));
     }
   }
   for (int32_t r : step.logit_rows) {
@@ -76,20 +86,35 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   RETURN_IF_ERROR(Validate(step));
   EnsureCpuThreads(cpu_threads_);
   stats_.cpu_threads = CpuThreads();
-  if (!step.copies.empty()) {
+  const ShardSpec& spec = weights_.spec;
+  const int cp = spec.cp_size;
+  if (cp > 1 && comms_.cp == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CP rank ", spec.cp_rank, " of ", cp, " has no CP communicator"));
+  }
+  // This rank's slot of a group block id under CP, or -1: another rank's.
+  const auto local = [&](int32_t g) {
+    return g % cp == spec.cp_rank ? g / cp : -1;
+  };
+  std::vector<BlockCopy> copies;
+  for (const BlockCopy& copy : step.copies) {
+    if (local(copy.src) >= 0) {
+      copies.push_back({local(copy.src), local(copy.dst)});
+    }
+  }
+  if (!copies.empty()) {
     const auto copy_start = std::chrono::steady_clock::now();
-    RETURN_IF_ERROR(kv_->CopyBlocks(step.copies));
+    RETURN_IF_ERROR(kv_->CopyBlocks(copies));
     stats_.copy_seconds += std::chrono::duration<double>(
                                std::chrono::steady_clock::now() - copy_start)
                                .count();
-    stats_.copied_blocks += static_cast<int64_t>(step.copies.size());
+    stats_.copied_blocks += static_cast<int64_t>(copies.size());
   }
   if (step.tokens.empty()) {  // Copies only.
     RETURN_IF_ERROR(kv_->TakeChecksumFailures());
     return Tensor();
   }
   const ModelConfig& c = config();
-  const ShardSpec& spec = weights_.spec;
   const int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
   const int64_t ffn = spec.ffn_end - spec.ffn_begin;
@@ -98,7 +123,15 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
 
   AttentionBatch batch{.positions = step.positions,
                        .token_seq = step.token_seq};
-  for (const auto& table : step.block_tables) {
+  std::vector<std::vector<int32_t>> local_tables;  // Under CP.
+  if (cp > 1) {
+    for (const auto& table : step.block_tables) {
+      std::vector<int32_t>& t = local_tables.emplace_back(table.size());
+      std::transform(table.begin(), table.end(), t.begin(), local);
+    }
+    batch.remote_blocks = true;
+  }
+  for (const auto& table : cp > 1 ? local_tables : step.block_tables) {
     batch.block_tables.push_back(table);
   }
 
@@ -114,6 +147,11 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
   ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
   ASSIGN_OR_RETURN(b.attn, host({n, q_dim}));
+  if (comms_.cp != nullptr) {
+    ASSIGN_OR_RETURN(b.lse, host({n, spec.n_heads()}));
+    ASSIGN_OR_RETURN(b.cp_out, host({cp, n, q_dim}));
+    ASSIGN_OR_RETURN(b.cp_lse, host({cp, n, spec.n_heads()}));
+  }
   if (c.is_moe()) {
     ASSIGN_OR_RETURN(b.router_logits, host({n, c.n_experts}));
     ASSIGN_OR_RETURN(b.moe_x, host({n, c.hidden}));

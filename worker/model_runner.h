@@ -23,6 +23,13 @@ namespace shardlm {
 // columns (TP partial sums all-reduced over comms.tp), receiving hidden states
 // from the previous stage and sending them to the next (comms.pp). Every rank
 // of the cluster is given the same StepInput.
+//
+// Context parallel (weights.spec.cp_size = C > 1, comms.cp set): block ids
+// in a step are the CP group's, C times as many as this rank's pool holds;
+// id g lives on CP rank g % C, in slot g / C of that rank's pool. This rank
+// writes the K/V of the tokens in its blocks only and attends over them
+// (the parts are merged over comms.cp: ShardForward). Tier copies must stay
+// on one rank (both ids held by the same CP rank).
 class ModelRunner : public ShardRunner {
  public:
   ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv,

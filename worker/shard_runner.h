@@ -18,6 +18,9 @@ namespace shardlm {
 struct ShardComms {
   Communicator* tp = nullptr;  // The TP group of this stage.
   Communicator* pp = nullptr;  // The stages of this TP index, rank = stage.
+  // The CP group of this stage and TP index (rank = cp_rank): attention's
+  // partial outputs are all-gathered over it (ShardForward::Layers).
+  Communicator* cp = nullptr;
 };
 
 // Counts a step and adds the time until it goes out of scope to

@@ -42,6 +42,10 @@ struct AttentionBatch {
   // > 0: sliding-window attention, the token at position p attends to
   // positions (p - window, p] only; blocks wholly before that are not read.
   int64_t window = 0;
+  // Context parallel (worker/forward.h): a table entry of -1 is a block
+  // another rank of the CP group holds. WriteKv skips the tokens that fall
+  // in one and attention the keys; without this, -1 is an error.
+  bool remote_blocks = false;
 };
 
 // The CPU cache shapes of one layer (see the layouts above).
@@ -73,6 +77,26 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
 absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                             const Tensor& v_cache, const AttentionBatch& batch,
                             float scale, Tensor& out);
+
+// The same over only the keys of the blocks this rank holds
+// (batch.remote_blocks), for one rank of a CP group: out is the softmax
+// over those keys, and lse ([n, heads] f32) the log of its denominator,
+// log sum_j exp(scale q.k_j), over the same keys. A row with none of its
+// keys here gets out = 0 and lse = -inf. MergeAttention combines the
+// ranks' parts into the softmax over every key.
+absl::Status PagedAttentionPartial(const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache,
+                                   const AttentionBatch& batch, float scale,
+                                   Tensor& out, Tensor& lse);
+
+// Exactly merges P partial attentions of the same queries over disjoint
+// key sets (the flash-decoding merge, also used across the splits inside
+// PagedAttention): out = sum_p w_p outs[p] / sum_p w_p, w_p = exp(lses[p]
+// - max_p lses[p]). Parts whose lse is -inf (no keys) weigh nothing; a
+// row with no keys in any part is an error.
+//   outs: [P, n, heads, d] f32, lses: [P, n, heads] f32, out: [n, heads, d].
+absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
+                            Tensor& out);
 
 }  // namespace shardlm
 

@@ -32,6 +32,11 @@ using attention_kernels::Tile;
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// PagedAttention, and with `lse` (not null) PagedAttentionPartial.
+absl::Status RunAttention(const Tensor& q, const Tensor& k_cache,
+                          const Tensor& v_cache, const AttentionBatch& batch,
+                          float scale, Tensor& out, Tensor* lse);
+
 // The attention kernels of the ISA kernels/cpu_isa.h chose.
 Kernels KernelsForCpu() {
   switch (ActiveCpuIsa()) {
@@ -156,6 +161,7 @@ absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
   }
   for (const auto& table : batch.block_tables) {
     for (int32_t b : table) {
+      if (b == -1 && batch.remote_blocks) continue;  // Another CP rank's.
       if (b < 0 || b >= blocks) {
         return absl::InvalidArgumentError(absl::StrCat(
             op, ": physical block ", b, " outside the pool of ", blocks));
@@ -176,6 +182,7 @@ void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
   for (int64_t i = 0; i < n; ++i) {
     const int32_t pos = batch.positions[i];
     const int64_t block = batch.block_tables[batch.token_seq[i]][pos / bs];
+    if (block < 0) continue;  // Another CP rank's (remote_blocks).
     const int64_t o = pos % bs;
     for (int64_t g = 0; g < kv_heads; ++g) {
       const float* ki = k.data<float>() + (i * kv_heads + g) * d;
@@ -212,6 +219,10 @@ void MergeSplits(const Problem& p, const Tile& tile,
         const float wgt = std::exp(part[0] - m);
         l += part[1] * wgt;
         for (int64_t e = 0; e < d; ++e) dst[e] += part[2 + e] * wgt;
+      }
+      if (p.lse != nullptr) {  // A CP part: it may hold none of the keys.
+        p.lse[tok * p.heads + h] = l == 0 ? kNegInf : m + std::log(l);
+        if (l == 0) continue;  // dst stays 0.
       }
       const float inv = 1.0f / l;
       for (int64_t e = 0; e < d; ++e) dst[e] *= inv;
@@ -364,6 +375,64 @@ absl::Status WriteKv(const Tensor& k, const Tensor& v,
 absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
                             const Tensor& v_cache, const AttentionBatch& batch,
                             float scale, Tensor& out) {
+  return RunAttention(q, k_cache, v_cache, batch, scale, out, nullptr);
+}
+
+absl::Status PagedAttentionPartial(const Tensor& q, const Tensor& k_cache,
+                                   const Tensor& v_cache,
+                                   const AttentionBatch& batch, float scale,
+                                   Tensor& out, Tensor& lse) {
+  return RunAttention(q, k_cache, v_cache, batch, scale, out, &lse);
+}
+
+absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
+                            Tensor& out) {
+  if (outs.rank() != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("MergeAttention: outs must be [parts, n, heads, d], got ",
+                     outs.DebugString()));
+  }
+  const int64_t parts = outs.dim(0), n = outs.dim(1), heads = outs.dim(2),
+                d = outs.dim(3);
+  RETURN_IF_ERROR(
+      CheckHostF32("MergeAttention", "outs", outs, {parts, n, heads, d}));
+  RETURN_IF_ERROR(
+      CheckHostF32("MergeAttention", "lses", lses, {parts, n, heads}));
+  RETURN_IF_ERROR(CheckHostF32("MergeAttention", "out", out, {n, heads, d}));
+  const float* o = outs.data<float>();
+  const float* lse = lses.data<float>();
+  float* dst = out.data<float>();
+  const int64_t rows = n * heads;
+  for (int64_t r = 0; r < rows; ++r) {
+    float m = kNegInf;
+    for (int64_t p = 0; p < parts; ++p) m = std::max(m, lse[p * rows + r]);
+    if (m == kNegInf) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "MergeAttention: row ", r, " (token ", r / heads, ", head ",
+          r % heads, ") has no key in any of the ", parts, " parts"));
+    }
+    float* y = dst + r * d;
+    std::fill(y, y + d, 0.0f);
+    float l = 0;
+    for (int64_t p = 0; p < parts; ++p) {
+      const float l_p = lse[p * rows + r];
+      if (l_p == kNegInf) continue;
+      const float w = std::exp(l_p - m);
+      l += w;
+      const float* x = o + (p * rows + r) * d;
+      for (int64_t e = 0; e < d; ++e) y[e] += w * x[e];
+    }
+    const float inv = 1.0f / l;
+    for (int64_t e = 0; e < d; ++e) y[e] *= inv;
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
+absl::Status RunAttention(const Tensor& q, const Tensor& k_cache,
+                          const Tensor& v_cache, const AttentionBatch& batch,
+                          float scale, Tensor& out, Tensor* lse) {
   if (q.rank() != 3 || v_cache.rank() != 4) {
     return absl::InvalidArgumentError(
         "PagedAttention: q must be [n, heads, d], caches 4-D");
@@ -372,6 +441,9 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
   const int64_t kv_heads = v_cache.dim(0);
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "q", q, {n, heads, d}));
   RETURN_IF_ERROR(CheckHostF32("PagedAttention", "out", out, {n, heads, d}));
+  if (lse != nullptr) {
+    RETURN_IF_ERROR(CheckHostF32("PagedAttention", "lse", *lse, {n, heads}));
+  }
   if (kv_heads <= 0 || heads % kv_heads != 0) {
     return absl::InvalidArgumentError(absl::StrCat("PagedAttention: ", heads,
                                                    " query heads over ",
@@ -413,8 +485,10 @@ absl::Status PagedAttention(const Tensor& q, const Tensor& k_cache,
             .blocks = v_cache.dim(1),
             .head_block = head_block,
             .scale = scale};
+  if (lse != nullptr) p.lse = lse->data<float>();
   Attend(p, run_item);
   return absl::OkStatus();
 }
 
+}  // namespace
 }  // namespace shardlm

@@ -40,6 +40,9 @@ struct Item {
 struct Problem {
   const float* q = nullptr;  // [n, heads, d]
   float* out = nullptr;      // [n, heads, d]
+  // [n, heads]: log sum exp of each row's scaled scores, or null: not
+  // wanted (PagedAttentionPartial). Rows with no keys then get out = 0.
+  float* lse = nullptr;
   const void* k_cache = nullptr;
   const void* v_cache = nullptr;
   const AttentionBatch* batch = nullptr;

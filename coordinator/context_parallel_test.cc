@@ -1,0 +1,238 @@
+// Context parallelism (issue #35 part 2, DESIGN.md section 3): CP ranks of
+// a stage hold the same weights and each 1/cp of a sequence's KV blocks;
+// each attends over its own blocks and the parts are merged exactly by
+// their log-sum-exp. So every CP layout (alone and with TP and PP) must give
+// the tokens of CP = 1, and logits and every decode step's top
+// log-probabilities within the f32 reassociation bound; and a prompt that
+// one rank's pool cannot hold is served at CP = 2 as CP = 1 serves it with
+// twice the pool. Shards run on threads with in-process communicators.
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/engine.h"
+#include "coordinator/engine_leak_check.h"
+#include "core/max_abs_diff.h"
+#include "core/status.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+#include "model/smollm2_test_model.h"
+#include "testing/status.h"
+
+namespace shardlm {
+namespace {
+
+struct Layout {
+  int tp, pp, cp;
+};
+
+std::string Name(const Layout& l) {
+  return absl::StrCat("tp", l.tp, "_pp", l.pp, "_cp", l.cp);
+}
+
+std::vector<int32_t> Prompt(int n, int salt, int vocab) {
+  std::vector<int32_t> p;
+  for (int i = 0; i < n; ++i) p.push_back((i * 7919 + salt * 104729) % vocab);
+  return p;
+}
+
+ModelConfig RandomConfig() {
+  ModelConfig c;
+  c.n_layers = 4;
+  c.hidden = 64;
+  c.ffn_hidden = 160;
+  c.n_heads = 8;
+  c.n_kv_heads = 4;
+  c.head_dim = 8;
+  c.vocab_size = 311;
+  c.context_length = 512;
+  c.rope_theta = 10000.0f;
+  c.rope_style = RopeStyle::kRotateHalf;
+  return c;
+}
+
+absl::StatusOr<std::vector<GenerateResult>> RunLayout(
+    const WeightSource& source, const Layout& l,
+    const std::vector<GenerateRequest>& reqs, int chunk,
+    int64_t kv_cache_bytes = 0, int64_t* blocks = nullptr) {
+  EngineLeakCheck engines;
+  auto engine = Engine::Create(
+      source, {.kv = {.kv_cache_bytes = kv_cache_bytes, .dtype = DType::kF32},
+               .limits = {.max_batched_tokens = chunk},
+               .threads = 1,
+               .tp = l.tp,
+               .pp = l.pp,
+               .cp = l.cp});
+  RETURN_IF_ERROR(engine.status());
+  Engine* e = engines.Keep(std::move(engine));
+  // One runner per rank.
+  EXPECT_EQ(e->executor().RankStats().size(),
+            static_cast<size_t>(l.tp * l.pp * l.cp));
+  if (blocks != nullptr) *blocks = e->blocks().num_blocks();
+  return e->GenerateBatch(reqs);
+}
+
+// Greedy tokens equal; the prompt's last logits, each decode step's
+// sampled log-probability and its top-k (by rank) within tol.
+void ExpectSame(const std::vector<GenerateResult>& got,
+                const std::vector<GenerateResult>& want, double tol) {
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE(absl::StrCat("prompt ", i));
+    EXPECT_EQ(got[i].tokens, want[i].tokens);
+    EXPECT_LT(MaxAbsDiff(got[i].prompt_logits, want[i].prompt_logits), tol);
+    ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
+    for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
+      const TokenLogprobs& a = got[i].logprobs[t];
+      const TokenLogprobs& b = want[i].logprobs[t];
+      EXPECT_NEAR(a.sampled, b.sampled, 2 * tol) << "step " << t;
+      ASSERT_EQ(a.top.size(), b.top.size());
+      for (size_t k = 0; k < a.top.size(); ++k) {
+        EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 2 * tol)
+            << "step " << t << ", top " << k;
+      }
+    }
+  }
+}
+
+std::vector<GenerateRequest> Requests(
+    const std::vector<std::vector<int32_t>>& prompts, int steps) {
+  std::vector<GenerateRequest> reqs;
+  for (const auto& p : prompts) {
+    reqs.push_back({.prompt = p,
+                    .max_tokens = steps,
+                    .return_prompt_logits = true,
+                    .logprobs = 5});
+  }
+  return reqs;
+}
+
+void ExpectEquivalent(const WeightSource& source,
+                      const std::vector<Layout>& layouts,
+                      const std::vector<GenerateRequest>& reqs, int chunk,
+                      double tol) {
+  auto base = RunLayout(source, {1, 1, 1}, reqs, chunk);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const Layout& l : layouts) {
+    SCOPED_TRACE(Name(l));
+    auto got = RunLayout(source, l, reqs, chunk);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, *base, tol);
+    double err = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      err = std::max(
+          err, MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits));
+    }
+    std::printf("[%s] max |dlogit| vs tp1_pp1_cp1: %.3g\n", Name(l).c_str(),
+                err);
+  }
+}
+
+// Prompts of 5 tokens (one block of 16, partly filled), 16 (one full
+// block), 17 (ends one token into the second), 37 and 70 (mid-block),
+// batched and prefilled in chunks of 13 so that chunks cross blocks and
+// CP ranks; 24 decode steps each cross further blocks.
+TEST(ContextParallelTest, RandomModelMatchesCp1) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  std::vector<std::vector<int32_t>> prompts;
+  int salt = 0;
+  for (int n : {5, 16, 17, 37, 70}) prompts.push_back(Prompt(n, salt++, 311));
+  ExpectEquivalent(*source,
+                   {{1, 1, 2}, {1, 1, 3}, {2, 1, 2}, {1, 2, 2}, {2, 2, 2}},
+                   Requests(prompts, 24), 13, 1e-4);
+}
+
+// Each prompt alone: a lone single-block prompt leaves one CP rank with no
+// key at all for every step until the sequence reaches the second block.
+TEST(ContextParallelTest, RandomModelSingleSequences) {
+  auto source = RandomLlamaWeights(RandomConfig(), 4);
+  for (int n : {1, 3, 16, 33}) {
+    SCOPED_TRACE(absl::StrCat(n, "-token prompt"));
+    ExpectEquivalent(*source, {{1, 1, 2}, {2, 2, 2}},
+                     Requests({Prompt(n, n, 311)}, 20), 512, 1e-4);
+  }
+}
+
+// Sliding-window attention (Mistral-style, every layer, 20 positions): a
+// query's window may start inside one rank's block and leave the other
+// rank's blocks wholly behind it.
+TEST(ContextParallelTest, SlidingWindowMatchesCp1) {
+  ModelConfig c = RandomConfig();
+  c.sliding_window = 20;
+  auto source = RandomLlamaWeights(c, 6);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : {7, 45}) prompts.push_back(Prompt(n, n, 311));
+  ExpectEquivalent(*source, {{1, 1, 2}, {1, 1, 3}}, Requests(prompts, 30), 13,
+                   1e-4);
+}
+
+// SmolLM2-135M (9 query / 3 KV heads: TP 2 splits them unevenly).
+TEST(ContextParallelTest, SmolLm2MatchesCp1) {
+  const std::string path = testing_util::SmolLm2ModelPath();
+  ASSERT_FALSE(path.empty());
+  auto source = OpenWeights(path);
+  ASSERT_TRUE(source.ok()) << source.status();
+  // "The capital of France is" (one block), a ChatML turn of exactly 16
+  // tokens, and 40 mixed ids (mid-block).
+  std::vector<std::vector<int32_t>> prompts = {
+      {504, 3575, 282, 4649, 314},
+      {1, 4093, 198, 1780, 314, 216, 34, 27, 34, 47, 2, 198, 1, 520, 9531, 198},
+      Prompt(40, 5, 49152)};
+  ExpectEquivalent(**source, {{1, 1, 2}, {2, 1, 2}, {2, 2, 2}},
+                   Requests(prompts, 16), 512, 1e-3);
+}
+
+// A rank's pool of 8 blocks (128 tokens) cannot hold 150 + 20 tokens (11
+// blocks): refused at CP = 1 with the numbers; at CP = 2 each rank keeps
+// its 8-block pool, the group holds 16, and the text is that of CP = 1
+// given twice the pool.
+TEST(ContextParallelTest, CapacityGrowsWithCp) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 5);
+  // f32 K and V of every layer and KV head, 16 tokens.
+  const int64_t block_bytes =
+      2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * 16;
+  const std::vector<GenerateRequest> reqs = Requests({Prompt(150, 1, 311)}, 20);
+  int64_t blocks = 0;
+  auto small =
+      RunLayout(*source, {1, 1, 1}, reqs, 64, 8 * block_bytes, &blocks);
+  EXPECT_EQ(blocks, 8);
+  EXPECT_TRUE(testing_util::IsError(
+      small, absl::StatusCode::kInvalidArgument,
+      "170 tokens need 11 KV blocks of 16 tokens but the cache holds 8"));
+  auto twice =
+      RunLayout(*source, {1, 1, 1}, reqs, 64, 16 * block_bytes, &blocks);
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  EXPECT_EQ(blocks, 16);
+  for (const Layout& l : {Layout{1, 1, 2}, Layout{2, 1, 2}}) {
+    SCOPED_TRACE(Name(l));
+    // A TP rank holds 1/tp of the KV heads: 8 blocks per rank again.
+    auto cp = RunLayout(*source, l, reqs, 64, 8 * block_bytes / l.tp, &blocks);
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    EXPECT_EQ(blocks, 16);  // Two ranks of 8.
+    ExpectSame(*cp, *twice, 1e-4);
+  }
+  // And CP = 2 has a limit too, stated per rank.
+  auto too_long =
+      RunLayout(*source, {1, 1, 2}, Requests({Prompt(300, 2, 311)}, 20), 64,
+                8 * block_bytes);
+  EXPECT_TRUE(testing_util::IsError(
+      too_long, absl::StatusCode::kInvalidArgument,
+      "the cache holds 16 (16 device + 0 host over 2 CP ranks, 8 each)"));
+}
+
+TEST(ContextParallelTest, RefusesWhatIsNotBuilt) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  EXPECT_TRUE(testing_util::IsError(Engine::Create(*source, {.cp = 0}),
+                                    absl::StatusCode::kInvalidArgument,
+                                    "--cp must be >= 1"));
+  EXPECT_TRUE(testing_util::IsError(
+      Engine::Create(*source, {.kv = {.cpu_offload_bytes = 1 << 20}, .cp = 2}),
+      absl::StatusCode::kUnimplemented, "host KV tier"));
+  EXPECT_TRUE(testing_util::IsError(
+      Engine::Create(*source, {.cp = 2, .device = DeviceKind::kCuda}),
+      absl::StatusCode::kUnimplemented, "on CUDA"));
+}
+
+}  // namespace
+}  // namespace shardlm
