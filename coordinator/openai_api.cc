@@ -352,10 +352,14 @@ absl::Status AddConstraint(const Json& body, absl::string_view raw_body,
 }
 
 // The OpenAI request as a shardlm.v1 request. `top_n` is how many
-// alternatives to report per token (-1: no logprobs).
-absl::StatusOr<v1::GenerateRequest> ToProto(
-    const Json& body, absl::string_view raw_body, bool chat,
-    const std::string& model_name, int64_t context_length, int* top_n) {
+// alternatives to report per token (-1: no logprobs); `echo_text` what
+// echo prepends to each choice's text (empty without echo).
+absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
+                                            absl::string_view raw_body,
+                                            bool chat,
+                                            const std::string& model_name,
+                                            int64_t context_length, int* top_n,
+                                            std::string* echo_text) {
   v1::GenerateRequest req;
   std::string model;
   RETURN_IF_ERROR(Get(body, "model", &model));
@@ -375,11 +379,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
     return Invalid("'best_of' other than n is not supported");
   }
   req.set_n(static_cast<int32_t>(n));
-  if (echo) {
-    return Invalid(
-        "'echo' is not supported (it needs the logits of every prompt "
-        "position, which the engine does not return yet)");
-  }
+  if (echo && chat) return Invalid("'echo' is for /v1/completions");
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
   }
@@ -503,6 +503,20 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   }
   // The service returns at least one alternative when asked for any.
   if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
+  // echo prepends the prompt to each choice's text. With logprobs it would
+  // need every prompt position's logits, which the step does not return.
+  if (echo) {
+    if (*top_n >= 0) {
+      return Invalid(
+          "'echo' with 'logprobs' is not supported (the prompt tokens' "
+          "logprobs need the logits of every prompt position, which the "
+          "engine does not return yet); 'echo' alone is");
+    }
+    if (req.prompt_token_ids_size() > 0) {
+      return Invalid("'echo' needs a text 'prompt', not token ids");
+    }
+    *echo_text = req.prompt();
+  }
 
   bool ignore_eos = false;
   int32_t priority = 0, truncate = 0;
@@ -512,6 +526,9 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   req.set_ignore_eos(ignore_eos);
   req.set_priority(priority);
   req.set_truncate_prompt_tokens(truncate);
+  if (echo && truncate != 0) {
+    return Invalid("'echo' with 'truncate_prompt_tokens' is not supported");
+  }
   RETURN_IF_ERROR(AddConstraint(body, raw_body, req));
   return req;
 }
@@ -722,8 +739,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return fail(Invalid("the body is not a JSON object"));
   }
   int top_n = -1;
-  absl::StatusOr<v1::GenerateRequest> proto = ToProto(
-      body, req.body, chat, options_.model_name, context_length_, &top_n);
+  std::string echo_text;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      ToProto(body, req.body, chat, options_.model_name, context_length_,
+              &top_n, &echo_text);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
@@ -775,6 +794,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                                 : RequestedToolCallNames(*proto);
   }
   for (Choice& c : choices) {
+    c.text = echo_text;  // Streamed, it leads the choice's first chunk.
     c.logprobs = EmptyLogprobs(chat);
     if (!names.empty()) c.tool_filter.emplace(names);
   }
@@ -840,7 +860,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
       choice["delta"] = delta;
     } else {
-      choice["text"] = r.text();
+      choice["text"] = c.first_chunk ? echo_text + r.text() : r.text();
     }
     c.first_chunk = false;
     Json chunk = {{"id", id},

@@ -244,6 +244,25 @@ def main() -> int:
               chunks[-1]["usage"] == got["usage"],
               "only the last chunk has finish_reason and usage")
 
+        # echo: the prompt leads each choice's text (n = 2 greedy: both),
+        # streamed in each choice's first chunk; best_of == n is accepted
+        # and ignored.
+        status, got = api.json("POST", "/v1/completions",
+                               dict(req, echo=True, n=2, best_of=2))
+        texts = [c["text"] for c in got.get("choices", [])]
+        check(status == 200 and texts == [prompt + want] * 2 and
+              got["usage"]["prompt_tokens"] == 5,
+              f"echo, n = 2, best_of = 2: the prompt then the completion in "
+              f"both choices ({status} {texts})")
+        events = api.stream("/v1/completions", dict(req, echo=True,
+                                                    stream=True))
+        chunks = [e for e in events if e != "[DONE]"]
+        check(chunks and chunks[0]["choices"][0]["text"].startswith(prompt)
+              and "".join(c["choices"][0]["text"] for c in chunks) ==
+              prompt + want,
+              f"echo streamed: the first chunk leads with the prompt "
+              f"({[c['choices'][0]['text'] for c in chunks][:3]})")
+
         # Chat == local generate --chat (the same template, the model's own).
         local_chat = run([a.shardlm, "generate", "--model", a.gguf, "--chat",
                           "--prompt", "Name a planet.", "--max-tokens", "16"])
@@ -312,8 +331,18 @@ def main() -> int:
              {"prompt": [{"a": 1}]}, None, 400, "'prompt' must be"),
             ("n = 17", "/v1/completions", dict(ok_req, n=17), None, 400,
              "n must be 1 to 16"),
-            ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400,
-             "'echo' is not supported"),
+            ("echo with logprobs", "/v1/completions",
+             dict(ok_req, echo=True, logprobs=1), None, 400,
+             "'echo' with 'logprobs' is not supported"),
+            ("echo with token ids", "/v1/completions",
+             {"prompt": [1, 2], "max_tokens": 2, "echo": True}, None, 400,
+             "'echo' needs a text 'prompt'"),
+            ("echo on chat", "/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "Hi"}],
+              "echo": True}, None, 400, "'echo' is for /v1/completions"),
+            ("best_of other than n", "/v1/completions",
+             dict(ok_req, n=2, best_of=3), None, 400,
+             "'best_of' other than n is not supported"),
             ("negative temperature", "/v1/completions",
              dict(ok_req, temperature=-1), None, 400,
              "temperature must be >= 0"),
