@@ -782,6 +782,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
     Json tool_calls = Json::array();
+    int streamed_calls = 0;  // Tool calls sent as deltas so far.
     v1::Usage usage;
   };
   const int n = std::max(1, proto->n());
@@ -808,19 +809,21 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return u;
   };
   bool started = false;
-  const auto calls_json = [](const v1::GenerateResponse& r, bool delta) {
+  const auto calls_json = [](const v1::GenerateResponse& r) {
     Json calls = Json::array();
     for (int i = 0; i < r.tool_calls_size(); ++i) {
       const v1::ToolCall& c = r.tool_calls(i);
-      Json call = {
-          {"id", c.id()},
-          {"type", "function"},
-          {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}};
-      if (delta) call["index"] = i;
-      calls.push_back(std::move(call));
+      calls.push_back(
+          {{"id", c.id()},
+           {"type", "function"},
+           {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
     }
     return calls;
   };
+  // Streamed calls are named here (the service names the calls of its
+  // last response, which a stream has sent as deltas by then).
+  const std::string call_id_prefix = absl::StrCat(
+      "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
 
   // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
@@ -829,13 +832,21 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     if (r.has_usage()) c.usage = r.usage();
     if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
+    std::vector<ChatToolCall> closed;  // Calls whose </tool_call> came now.
     if (c.tool_filter) {
-      piece = c.tool_filter->Push(r.text()).content;
-      if (!r.finish_reason().empty()) piece += c.tool_filter->Finish().content;
+      ToolCallEvents events = c.tool_filter->Push(r.text());
+      piece = std::move(events.content);
+      closed = std::move(events.calls);
+      if (!r.finish_reason().empty()) {
+        events = c.tool_filter->Finish();
+        piece += events.content;
+        for (ChatToolCall& call : events.calls)
+          closed.push_back(std::move(call));
+      }
     }
     if (!stream) {
       c.text += piece;
-      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r, false);
+      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r);
       if (top_n >= 0) {
         AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
       }
@@ -852,29 +863,62 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     } else {
       choice["logprobs"] = Json();
     }
-    if (chat) {
-      Json delta = {{"content", piece}};
-      if (c.first_chunk) delta["role"] = "assistant";
-      // All calls in the last chunk, whole (each call's first delta, as
-      // OpenAI's, with its id, name and arguments).
-      if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
-      choice["delta"] = delta;
-    } else {
-      choice["text"] = c.first_chunk ? echo_text + r.text() : r.text();
+    // Tool calls stream as OpenAI's do: a call's first delta carries its
+    // index, id, type, name and empty arguments, the next its arguments.
+    // Each call is sent when its </tool_call> arrives, arguments whole: a
+    // malformed call must come back as content, which is known only then.
+    std::vector<Json> call_deltas;
+    for (ChatToolCall& call : closed) {
+      const int k = c.streamed_calls++;
+      call_deltas.push_back(
+          {{"index", k},
+           {"id", absl::StrCat(call_id_prefix, r.index(), "_", k)},
+           {"type", "function"},
+           {"function", {{"name", call.name}, {"arguments", ""}}}});
+      call_deltas.push_back(
+          {{"index", k}, {"function", {{"arguments", call.arguments}}}});
     }
-    c.first_chunk = false;
-    Json chunk = {{"id", id},
-                  {"object", object},
-                  {"created", created},
-                  {"model", options_.model_name},
-                  {"choices", {choice}}};
-    // With n > 1 the request's usage is in the include_usage chunk only.
-    if (r.has_usage() && n == 1) chunk["usage"] = UsageJson(r.usage());
-    if (!started) {
-      started = true;
-      if (!res.Start(200, "text/event-stream")) return false;
+    // One chunk per delta: the text first (with the logprobs), then the
+    // call deltas; the last chunk has the finish_reason and usage.
+    const size_t chunks = chat ? 1 + call_deltas.size() : 1;
+    for (size_t i = 0; i < chunks; ++i) {
+      Json one = choice;
+      if (i > 0 && top_n >= 0) one["logprobs"] = EmptyLogprobs(chat);
+      if (i + 1 < chunks) one["finish_reason"] = Json();
+      if (chat) {
+        Json delta = Json::object();
+        if (i == 0) delta["content"] = piece;
+        if (c.first_chunk) delta["role"] = "assistant";
+        if (i > 0) delta["tool_calls"] = Json::array({call_deltas[i - 1]});
+        one["delta"] = std::move(delta);
+      } else {
+        one["text"] = c.first_chunk ? echo_text + r.text() : r.text();
+      }
+      c.first_chunk = false;
+      // The text chunk of a piece that was all tool-call markup is empty:
+      // skipped when call deltas follow.
+      if (chat && i == 0 && chunks > 1 && piece.empty() &&
+          !one["delta"].contains("role") && top_n < 0) {
+        continue;
+      }
+      Json chunk = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices", {one}}};
+      // With n > 1 the request's usage is in the include_usage chunk only.
+      if (r.has_usage() && n == 1 && i + 1 == chunks) {
+        chunk["usage"] = UsageJson(r.usage());
+      }
+      if (!started) {
+        started = true;
+        if (!res.Start(200, "text/event-stream")) return false;
+      }
+      if (!res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"))) {
+        return false;
+      }
     }
-    return res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"));
+    return true;
   };
   const absl::Status status = run_(
       *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,

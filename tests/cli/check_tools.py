@@ -9,7 +9,8 @@ Hermes <tool_call> format), since SmolLM2's own renders no tools.
 - tool_choice naming a function, and "required" (seeded, temperature 1):
   message.tool_calls with an offered name and arguments valid against its
   parameters (jsonschema), finish_reason "tool_calls"; streamed, the same
-  call in OpenAI's tool-call delta, and no markup in the content.
+  call from OpenAI's tool-call deltas (id, type, name and empty arguments
+  first, then the arguments), reassembled; no markup in the content.
 - auto: a call the model writes is parsed; a malformed one (forced here
   with the grammar extension) comes back as content, finish_reason stop.
 - gRPC: tools and tool_choice_function; the last response's tool_calls.
@@ -82,6 +83,36 @@ def sse(port: int, body: dict) -> list[dict]:
             if b.startswith("data: ") and b != "data: [DONE]"]
 
 
+def reassemble(chunks: list[dict]) -> tuple[list[dict], str | None]:
+    """The calls of a stream's tool-call deltas put together as the openai
+    client's stream helper does (by index: id, type and name from the
+    first delta, arguments concatenated), and None when every call's first
+    delta has index, id, type, name and empty arguments as OpenAI's, else
+    why not."""
+    calls: dict[int, dict] = {}
+    why = None
+    for c in chunks:
+        if not c.get("choices"):
+            continue
+        for d in c["choices"][0]["delta"].get("tool_calls") or []:
+            i = d.get("index")
+            f = d.get("function", {})
+            if i not in calls:
+                if not (d.get("id", "").startswith("call_") and
+                        d.get("type") == "function" and "name" in f and
+                        f.get("arguments") == ""):
+                    why = why or f"first delta of call {i}: {d}"
+                calls[i] = {"id": d.get("id"), "type": d.get("type"),
+                            "function": {"name": f.get("name"),
+                                         "arguments": ""}}
+            elif "id" in d or "name" in f:
+                why = why or f"a later delta of call {i} renames it: {d}"
+            calls[i]["function"]["arguments"] += f.get("arguments", "")
+    if sorted(calls) != list(range(len(calls))):
+        why = why or f"indices {sorted(calls)}"
+    return [calls[i] for i in sorted(calls)], why
+
+
 def valid_calls(calls, names) -> str | None:
     """None when every call is well formed, offered and valid, else why."""
     if not calls:
@@ -143,21 +174,22 @@ def named_and_required_checks(port: int) -> None:
           msg.get("content") is None,
           f"tool_choice get_weather: one valid call, finish tool_calls "
           f"({why}; {choice})")
-    # Streamed: the same call (greedy) in a tool-call delta, no markup in
-    # the content.
+    # Streamed: the same call (greedy) in OpenAI's tool-call deltas (the
+    # first with id, type, name and empty arguments, then the arguments),
+    # no markup in the content.
     chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 48,
                         "temperature": 0, "tool_choice": forced})
     content = "".join(c["choices"][0]["delta"].get("content") or ""
                       for c in chunks if c.get("choices"))
-    deltas = [t for c in chunks if c.get("choices")
-              for t in c["choices"][0]["delta"].get("tool_calls") or []]
+    got_calls, why = reassemble(chunks)
     finish = [c["choices"][0]["finish_reason"] for c in chunks
               if c.get("choices") and c["choices"][0]["finish_reason"]]
-    check(len(deltas) == 1 and deltas[0].get("index") == 0 and calls and
-          deltas[0]["function"] == calls[0]["function"] and content == ""
-          and finish == ["tool_calls"],
-          f"streamed: the same call as one delta with index 0 "
-          f"({deltas}, content {content!r}, finish {finish})")
+    check(why is None and calls and
+          [c["function"] for c in got_calls] ==
+          [c["function"] for c in calls] and content == "" and
+          finish == ["tool_calls"],
+          f"streamed: the same call from OpenAI-shaped deltas ({why}; "
+          f"{got_calls}, content {content!r}, finish {finish})")
     # required, sampled: every answer calls an offered function validly.
     for seed in (1, 2, 3):
         status, got = chat(port, tool_choice="required", temperature=1.0,
@@ -186,6 +218,28 @@ def auto_checks(port: int) -> None:
           [c["function"] for c in calls] ==
           [{"name": "add", "arguments": '{"a": 2, "b": 3}'}],
           f"auto: a written call is parsed ({status} {choice})")
+    # Two calls, streamed: indices 0 and 1, each reassembled as the
+    # non-streamed call.
+    two = ('root ::= "<tool_call>\\n{\\"name\\": \\"add\\", '
+           '\\"arguments\\": {\\"a\\": 2, \\"b\\": 3}}\\n</tool_call>\\n'
+           '<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+           '{\\"city\\": \\"Oslo\\", \\"unit\\": \\"celsius\\"}}\\n'
+           '</tool_call>"')
+    status, got = chat(port, grammar=two, max_tokens=160)
+    want = [c["function"] for c in
+            got.get("choices", [{}])[0].get("message", {}).get("tool_calls")
+            or []]
+    chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 160,
+                        "temperature": 0, "grammar": two})
+    got_calls, why = reassemble(chunks)
+    finish = [c["choices"][0]["finish_reason"] for c in chunks
+              if c.get("choices") and c["choices"][0]["finish_reason"]]
+    check(status == 200 and why is None and len(want) == 2 and
+          finish == ["tool_calls"] and
+          [c["function"] for c in got_calls] == want and
+          len({c["id"] for c in got_calls}) == 2,
+          f"two calls streamed: indices 0 and 1, the same as not streamed "
+          f"({why}; {got_calls} vs {want})")
     bad = 'root ::= "Sure. <tool_call>\\n{\\"name\\": \\"rm\\", \\"arguments\\": {}}"'
     text = 'Sure. <tool_call>\n{"name": "rm", "arguments": {}}'
     for streamed in (False, True):
