@@ -33,6 +33,14 @@ constexpr std::string_view kHermesCallArgs = "\", \"arguments\": ";
 constexpr std::string_view kHermesCallClose = "}\n</tool_call>";
 constexpr std::string_view kHermesResponseOpen = "\n<tool_response>\n";
 constexpr std::string_view kHermesResponseClose = "\n</tool_response>";
+// Qwen3's variant: the same calls and results, the tools block without the
+// blank line in front (there is no default system prompt), a call opened
+// without the newline (the template writes it between calls), and <think>
+// blocks in the assistant's turns.
+constexpr std::string_view kQwen3ToolsOpen = kHermesToolsOpen.substr(2);
+constexpr std::string_view kQwen3CallOpen = kHermesCallOpen.substr(1);
+constexpr std::string_view kQwen3ThinkOpen = "\n<think>\n";
+constexpr std::string_view kQwen3ThinkClose = "\n</think>\n\n";
 
 using OrderedJson = nlohmann::ordered_json;
 
@@ -106,6 +114,78 @@ std::string_view Trim(std::string_view s) {
     end = start;
   }
   return s.substr(begin, end - begin);
+}
+
+// Python's str.strip(chars), lstrip and rstrip for one character.
+std::string_view LStrip(std::string_view s, char c) {
+  while (!s.empty() && s.front() == c) s.remove_prefix(1);
+  return s;
+}
+std::string_view RStrip(std::string_view s, char c) {
+  while (!s.empty() && s.back() == c) s.remove_suffix(1);
+  return s;
+}
+
+// The part of `s` after the last `sep` (all of it without one), and before
+// the first: Python's s.split(sep)[-1] and s.split(sep)[0].
+std::string_view AfterLast(std::string_view s, std::string_view sep) {
+  const size_t at = s.rfind(sep);
+  return at == std::string_view::npos ? s : s.substr(at + sep.size());
+}
+std::string_view BeforeFirst(std::string_view s, std::string_view sep) {
+  return s.substr(0, std::min(s.size(), s.find(sep)));
+}
+
+// "\n" then the JSON lines of `tools`, as the Hermes templates write them.
+absl::Status AppendHermesTools(absl::Span<const ChatTool> tools,
+                               std::string& out) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const ChatTool& tool = tools[i];
+    OrderedJson function = {{"name", tool.name}};
+    if (!tool.description.empty()) function["description"] = tool.description;
+    if (!tool.parameters.empty()) {
+      OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
+                                         /*allow_exceptions=*/false);
+      if (p.is_discarded()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("tools[", i, "].function.parameters is not JSON"));
+      }
+      function["parameters"] = std::move(p);
+    }
+    out += "\n";
+    AppendPythonJson({{"type", "function"}, {"function", function}}, out);
+  }
+  return absl::OkStatus();
+}
+
+// A call's arguments, which must be a JSON object.
+absl::StatusOr<OrderedJson> CallArguments(const ChatToolCall& call, size_t i,
+                                          size_t c) {
+  OrderedJson args =
+      OrderedJson::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
+  if (!args.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages[", i, "].tool_calls[", c,
+                     "].function.arguments must be a JSON object"));
+  }
+  return args;
+}
+
+absl::Status CheckToolRoles(absl::Span<const ChatMessage> messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant" &&
+        role != "tool") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", role,
+                       "' is not system, user, assistant or tool"));
+    }
+    if (role != "assistant" && !messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", i, "].tool_calls: only an assistant makes calls"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -184,6 +264,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     }
     return false;
   };
+  const auto has = [&](std::string_view what) {
+    return source.find(what) != std::string_view::npos;
+  };
   if (writes("<|start_header_id|>")) {
     t.format_ = Format::kLlama3;
     t.bos_ = std::move(bos);
@@ -218,20 +301,24 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       return std::find(literals.begin(), literals.end(), what) !=
              literals.end();
     };
-    if (literal(kHermesToolsOpen) && literal(kHermesToolsClose) &&
-        literal(kHermesCallOpen) && literal(kHermesCallArgs) &&
+    const bool hermes_calls =
+        literal(kHermesToolsClose) && literal(kHermesCallArgs) &&
         literal(kHermesCallClose) && literal(kHermesResponseOpen) &&
-        literal(kHermesResponseClose)) {
+        literal(kHermesResponseClose);
+    if (hermes_calls && literal(kHermesToolsOpen) && literal(kHermesCallOpen)) {
       t.tool_format_ = ToolCallFormat::kHermes;
+    } else if (hermes_calls && literal(kQwen3ToolsOpen) &&
+               literal(kQwen3CallOpen) && literal(kQwen3ThinkOpen) &&
+               literal(kQwen3ThinkClose) && literal("</think>") &&
+               literal("<think>") && has("last_query_index")) {
+      t.tool_format_ = ToolCallFormat::kHermes;
+      t.qwen3_ = true;
     }
     return t;
   }
   // Mistral v0.1/v0.2: user and assistant turns only. Llama 2's <<SYS>>
   // and the later Mistral templates (a system message folded into the last
   // user turn, tools) differ and are refused below.
-  const auto has = [&](std::string_view what) {
-    return source.find(what) != std::string_view::npos;
-  };
   if (writes("[INST] ") && writes(" [/INST]") && !has("<<SYS>>") &&
       !has("system_message") && !has("tools")) {
     t.format_ = Format::kMistralInst;
@@ -287,7 +374,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages,
     absl::Span<const ChatTool> tools) const {
   if (tool_format_ == ToolCallFormat::kHermes) {
-    return RenderHermes(messages, tools);
+    return qwen3_ ? RenderQwen3(messages, tools)
+                  : RenderHermes(messages, tools);
   }
   const std::string why = absl::StrCat(
       " needs a chat template that renders tools; this model's (", Describe(),
@@ -314,41 +402,14 @@ absl::StatusOr<std::string> ChatTemplate::Render(
 absl::StatusOr<std::string> ChatTemplate::RenderHermes(
     absl::Span<const ChatMessage> messages,
     absl::Span<const ChatTool> tools) const {
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant" &&
-        role != "tool") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("messages[", i, "].role '", role,
-                       "' is not system, user, assistant or tool"));
-    }
-    if (role != "assistant" && !messages[i].tool_calls.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", i, "].tool_calls: only an assistant makes calls"));
-    }
-  }
+  RETURN_IF_ERROR(CheckToolRoles(messages));
   const bool system = !messages.empty() && messages[0].role == "system";
   std::string out;
   if (!tools.empty()) {
     absl::StrAppend(&out, Sv(kChatMlSystem),
                     system ? messages[0].content : default_system_,
                     Sv(kHermesToolsOpen));
-    for (size_t i = 0; i < tools.size(); ++i) {
-      const ChatTool& tool = tools[i];
-      OrderedJson function = {{"name", tool.name}};
-      if (!tool.description.empty()) function["description"] = tool.description;
-      if (!tool.parameters.empty()) {
-        OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
-                                           /*allow_exceptions=*/false);
-        if (p.is_discarded()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tools[", i, "].function.parameters is not JSON"));
-        }
-        function["parameters"] = std::move(p);
-      }
-      out += "\n";
-      AppendPythonJson({{"type", "function"}, {"function", function}}, out);
-    }
+    RETURN_IF_ERROR(AppendHermesTools(tools, out));
     absl::StrAppend(&out, Sv(kHermesToolsClose));
   } else if (system) {
     absl::StrAppend(&out, Sv(kChatMlSystem), messages[0].content,
@@ -366,14 +427,8 @@ absl::StatusOr<std::string> ChatTemplate::RenderHermes(
       absl::StrAppend(&out, "<|im_start|>assistant");
       if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
       for (size_t c = 0; c < m.tool_calls.size(); ++c) {
-        const OrderedJson args =
-            OrderedJson::parse(m.tool_calls[c].arguments, nullptr,
-                               /*allow_exceptions=*/false);
-        if (!args.is_object()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("messages[", i, "].tool_calls[", c,
-                           "].function.arguments must be a JSON object"));
-        }
+        ASSIGN_OR_RETURN(const OrderedJson args,
+                         CallArguments(m.tool_calls[c], i, c));
         absl::StrAppend(&out, Sv(kHermesCallOpen), m.tool_calls[c].name,
                         Sv(kHermesCallArgs));
         AppendPythonJson(args, out);
@@ -395,10 +450,84 @@ absl::StatusOr<std::string> ChatTemplate::RenderHermes(
   return out;
 }
 
+// Qwen3's template: as Qwen2.5's, but no default system prompt, and the
+// assistant's turns after the last user query (a user message that is not
+// a <tool_response> block) keep their <think> block (the last turn always
+// gets one), earlier ones lose it.
+absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  RETURN_IF_ERROR(CheckToolRoles(messages));
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::string out;
+  if (!tools.empty()) {
+    out = kChatMlSystem;
+    if (system) absl::StrAppend(&out, messages[0].content, "\n\n");
+    out += kQwen3ToolsOpen;
+    RETURN_IF_ERROR(AppendHermesTools(tools, out));
+    out += kHermesToolsClose;
+  } else if (system) {
+    absl::StrAppend(&out, Sv(kChatMlSystem), messages[0].content,
+                    Sv(kChatMlEnd));
+  }
+  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") &&
+                                        c.ends_with("</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == messages.size();
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content,
+                      Sv(kChatMlEnd));
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content;
+      std::string_view reasoning;
+      if (content.find("</think>") != std::string_view::npos) {
+        reasoning =
+            LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
+                             "<think>"),
+                   '\n');
+        content = LStrip(AfterLast(content, "</think>"), '\n');
+      }
+      if (i > last_query && (last || !reasoning.empty())) {
+        absl::StrAppend(&out, "<|im_start|>assistant", Sv(kQwen3ThinkOpen),
+                        Sv(LStrip(RStrip(reasoning, '\n'), '\n')),
+                        Sv(kQwen3ThinkClose), Sv(LStrip(content, '\n')));
+      } else {
+        absl::StrAppend(&out, "<|im_start|>assistant\n", Sv(content));
+      }
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        ASSIGN_OR_RETURN(OrderedJson args,
+                         CallArguments(m.tool_calls[c], i, c));
+        if (c > 0 || !content.empty()) out += "\n";
+        absl::StrAppend(&out, Sv(kQwen3CallOpen), m.tool_calls[c].name,
+                        Sv(kHermesCallArgs));
+        AppendPythonJson(args, out);
+        out += kHermesCallClose;
+      }
+      out += kChatMlEnd;
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      absl::StrAppend(&out, Sv(kHermesResponseOpen), m.content,
+                      Sv(kHermesResponseClose));
+      if (last || messages[i + 1].role != "tool") out += kChatMlEnd;
+    }
+  }
+  out += "<|im_start|>assistant\n";
+  return out;
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages) const {
-  if (tool_format_ == ToolCallFormat::kHermes)
-    return RenderHermes(messages, {});
+  if (tool_format_ == ToolCallFormat::kHermes) {
+    return qwen3_ ? RenderQwen3(messages, {}) : RenderHermes(messages, {});
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -530,6 +659,7 @@ std::string ChatTemplate::Describe() const {
                : "llama3";
   }
   if (!from_template_) return "chatml (no template in the model)";
+  if (qwen3_) return "chatml with Hermes <tool_call> tools (qwen3, <think>)";
   if (tool_format_ == ToolCallFormat::kHermes) {
     return absl::StrCat(
         "chatml with Hermes <tool_call> tools (default system "

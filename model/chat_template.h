@@ -118,6 +118,9 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;
+  absl::StatusOr<std::string> RenderQwen3(
+      absl::Span<const ChatMessage> messages,
+      absl::Span<const ChatTool> tools) const;
 
   Format format_ = Format::kChatMl;
   ToolCallFormat tool_format_ = ToolCallFormat::kNone;
@@ -126,6 +129,7 @@ class ChatTemplate {
   std::string eos_;               // Mistral: ends an assistant turn
   bool space_after_eos_ = false;  // Mistral v0.1: "</s> " then.
   std::string default_system_;    // ChatML: when no system message leads.
+  bool qwen3_ = false;            // Hermes tools, Qwen3's template.
   bool dated_system_ = false;     // Llama 3.1+.
   std::string date_;              // "26 Jul 2024".
 };

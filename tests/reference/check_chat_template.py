@@ -18,8 +18,8 @@ v0.3 (the system message in the last turn). Every conversation must render
 identically. Templates of other formats (another <<SYS>> layout, an
 unknown one) must be refused, not rendered wrongly.
 
-Tools: Qwen2.5's full template (its tools, tool-call and tool-result
-branches) renders conversations with `tools`, assistant messages carrying
+Tools: Qwen2.5's and Qwen3's full templates (their tools, tool-call and
+tool-result branches; Qwen3's <think> handling) render conversations with `tools`, assistant messages carrying
 `tool_calls` and `tool` messages, compared with jinja2 given the same
 messages as transformers passes them (arguments as dicts, tojson as
 transformers defines it: json.dumps, ensure_ascii=False, keys unsorted).
@@ -194,6 +194,101 @@ QWEN25_TOOLS = r"""{%- if tools %}
 {%- endif %}
 """
 
+# Qwen3's template as published (Qwen3-0.6B's tokenizer_config.json, the
+# revision whose checks read "message.content is string"): Hermes calls
+# and results as Qwen2.5's, no default system prompt, <think> blocks kept
+# on the assistant's turns after the last user query.
+QWEN3 = r"""{%- if tools %}
+    {{- '<|im_start|>system\n' }}
+    {%- if messages[0].role == 'system' %}
+        {{- messages[0].content + '\n\n' }}
+    {%- endif %}
+    {{- "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>" }}
+    {%- for tool in tools %}
+        {{- "\n" }}
+        {{- tool | tojson }}
+    {%- endfor %}
+    {{- "\n</tools>\n\nFor each function call, return a json object with function name and arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n" }}
+{%- else %}
+    {%- if messages[0].role == 'system' %}
+        {{- '<|im_start|>system\n' + messages[0].content + '<|im_end|>\n' }}
+    {%- endif %}
+{%- endif %}
+{%- set ns = namespace(multi_step_tool=true, last_query_index=messages|length - 1) %}
+{%- for message in messages[::-1] %}
+    {%- set index = (messages|length - 1) - loop.index0 %}
+    {%- if ns.multi_step_tool and message.role == "user" and message.content is string and not(message.content.startswith('<tool_response>') and message.content.endswith('</tool_response>')) %}
+        {%- set ns.multi_step_tool = false %}
+        {%- set ns.last_query_index = index %}
+    {%- endif %}
+{%- endfor %}
+{%- for message in messages %}
+    {%- if message.content is string %}
+        {%- set content = message.content %}
+    {%- else %}
+        {%- set content = '' %}
+    {%- endif %}
+    {%- if (message.role == "user") or (message.role == "system" and not loop.first) %}
+        {{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>' + '\n' }}
+    {%- elif message.role == "assistant" %}
+        {%- set reasoning_content = '' %}
+        {%- if message.reasoning_content is string %}
+            {%- set reasoning_content = message.reasoning_content %}
+        {%- else %}
+            {%- if '</think>' in content %}
+                {%- set reasoning_content = content.split('</think>')[0].rstrip('\n').split('<think>')[-1].lstrip('\n') %}
+                {%- set content = content.split('</think>')[-1].lstrip('\n') %}
+            {%- endif %}
+        {%- endif %}
+        {%- if loop.index0 > ns.last_query_index %}
+            {%- if loop.last or (not loop.last and reasoning_content) %}
+                {{- '<|im_start|>' + message.role + '\n<think>\n' + reasoning_content.strip('\n') + '\n</think>\n\n' + content.lstrip('\n') }}
+            {%- else %}
+                {{- '<|im_start|>' + message.role + '\n' + content }}
+            {%- endif %}
+        {%- else %}
+            {{- '<|im_start|>' + message.role + '\n' + content }}
+        {%- endif %}
+        {%- if message.tool_calls %}
+            {%- for tool_call in message.tool_calls %}
+                {%- if (loop.first and content) or (not loop.first) %}
+                    {{- '\n' }}
+                {%- endif %}
+                {%- if tool_call.function %}
+                    {%- set tool_call = tool_call.function %}
+                {%- endif %}
+                {{- '<tool_call>\n{"name": "' }}
+                {{- tool_call.name }}
+                {{- '", "arguments": ' }}
+                {%- if tool_call.arguments is string %}
+                    {{- tool_call.arguments }}
+                {%- else %}
+                    {{- tool_call.arguments | tojson }}
+                {%- endif %}
+                {{- '}\n</tool_call>' }}
+            {%- endfor %}
+        {%- endif %}
+        {{- '<|im_end|>\n' }}
+    {%- elif message.role == "tool" %}
+        {%- if loop.first or (messages[loop.index0 - 1].role != "tool") %}
+            {{- '<|im_start|>user' }}
+        {%- endif %}
+        {{- '\n<tool_response>\n' }}
+        {{- content }}
+        {{- '\n</tool_response>' }}
+        {%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}
+            {{- '<|im_end|>\n' }}
+        {%- endif %}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|im_start|>assistant\n' }}
+    {%- if enable_thinking is defined and enable_thinking is false %}
+        {{- '<think>\n\n</think>\n\n' }}
+    {%- endif %}
+{%- endif %}
+"""
+
 # An [INST] format of no family we know (<<SYS>> blocks as messages of
 # their own): must be refused, not rendered as Llama 2.
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
@@ -209,6 +304,7 @@ TEMPLATES = [
     ("qwen2", QWEN2, "<|endoftext|>", False),
     ("qwen2.5", QWEN25, "<|endoftext|>", False),
     ("qwen2.5 with tools", QWEN25_TOOLS, "<|endoftext|>", False),
+    ("qwen3", QWEN3, "<|endoftext|>", False),
     ("mistral v0.2", MISTRAL, "<s>", False),
     ("mistral v0.1", MISTRAL01, "<s>", False),
     ("llama2", LLAMA2, "<s>", False),
@@ -236,6 +332,14 @@ CONVERSATIONS = [
     [m("assistant", "I start."), m("user", "Then I answer.")],
     [m("user", "first"), m("system", "a system message later on"),
      m("user", "second")],
+    # Reasoning in the assistant's turns (Qwen3 keeps or drops it by where
+    # the turn is; the others render it as text).
+    [m("user", "2+2?"), m("assistant", "<think>\nadd\n</think>\n\n4"),
+     m("user", "3+3?")],
+    [m("system", "S"), m("user", "2+2?"),
+     m("assistant", "\n<think>\n\nadd them\n\n</think>\n\n\n4\n")],
+    [m("user", "q"), m("assistant", "no think block here")],
+    [m("user", "q"), m("assistant", "a</think>b</think>\nc")],
 ]
 
 
@@ -281,6 +385,13 @@ TOOL_CONVERSATIONS = [
     ([m("system", "S"), m("user", "u"),
       with_tool_calls("", call("now", {})),
       {"role": "tool", "content": "9:30"}, m("user", "ünï")], []),
+    # Reasoning before a call, after the last query (kept by Qwen3), and
+    # a tool result that reads as a query's <tool_response> block.
+    ([m("user", "Weather?"),
+      with_tool_calls("<think>\nneed the tool\n</think>\n\nChecking.",
+                      call("get_weather", {"city": "Oslo"})),
+      {"role": "tool", "content": "4 C"},
+      m("user", "<tool_response>\nmore\n</tool_response>")], [WEATHER]),
 ]
 
 
@@ -388,7 +499,7 @@ def main(argv=None) -> int:
         if rc != 0 or len(outs) != len(TOOL_CONVERSATIONS):
             print(f"[{name}] TOOL ERROR on tools (exit {rc}): {err}")
             return 2
-        tool_capable = source is QWEN25_TOOLS
+        tool_capable = source is QWEN25_TOOLS or source is QWEN3
         same = 0
         for (msgs, tools), out in zip(TOOL_CONVERSATIONS, outs):
             if tool_capable:
