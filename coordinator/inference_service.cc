@@ -214,6 +214,11 @@ std::vector<std::string> RequestedToolCallNames(
   return names;
 }
 
+ToolCallFormat InferenceService::tool_call_format() const {
+  return chat_template_.ok() ? chat_template_->tool_format()
+                             : ToolCallFormat::kNone;
+}
+
 std::vector<std::string> InferenceService::ToolCallNames(
     const v1::GenerateRequest& request) const {
   if (!chat_template_.ok() ||
@@ -241,13 +246,16 @@ absl::Status InferenceService::AddToolConstraint(
   if (grammars_ == nullptr) {
     return Invalid("tool_choice: this server has no tokenizer");
   }
-  // The Hermes format, as the template renders an assistant's calls (the
-  // model writes its turn from the "\n" after the role on).
+  // The calls as the template renders an assistant's: Hermes (the model
+  // writes its turn from the "\n" after the role on), or Llama 3.1's one
+  // JSON call as the whole turn (its template renders one call a turn).
   using OrderedJson = nlohmann::ordered_json;
-  OrderedJson spec = {{"open", "<tool_call>\n"},
-                      {"close", "\n</tool_call>"},
+  const bool llama = tool_call_format() == ToolCallFormat::kLlamaJson;
+  OrderedJson spec = {{"open", llama ? "" : "<tool_call>\n"},
+                      {"close", llama ? "" : "\n</tool_call>"},
                       {"separator", "\n"},
-                      {"multiple", !forced},
+                      {"multiple", !forced && !llama},
+                      {"arguments_key", llama ? "parameters" : "arguments"},
                       {"tools", OrderedJson::array()}};
   for (int i = 0; i < request.tools_size(); ++i) {
     const v1::Tool& tool = request.tools(i);
@@ -708,7 +716,7 @@ absl::Status InferenceService::RunOne(
   const std::vector<std::string> tool_names = ToolCallNames(*request);
   std::optional<ToolCallStream> tool_calls;
   std::vector<ChatToolCall> calls;
-  if (!tool_names.empty()) tool_calls.emplace(tool_names);
+  if (!tool_names.empty()) tool_calls.emplace(tool_names, tool_call_format());
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ *id), "_");
   const auto write_parsed = [&](const v1::GenerateResponse& response) {
@@ -924,6 +932,7 @@ grpc::Status InferenceService::GetModelInfo(
       KvBytesPerToken(engine_->config().n_layers, engine_->config().n_kv_heads,
                       engine_->config().head_dim, kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
+  response->set_tool_call_format(ToolCallFormatName(tool_call_format()));
   return grpc::Status::OK;
 }
 

@@ -794,10 +794,13 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     names = service_ != nullptr ? service_->ToolCallNames(*proto)
                                 : RequestedToolCallNames(*proto);
   }
+  ToolCallFormat format = options_.tool_call_format;
+  if (service_ != nullptr) format = service_->tool_call_format();
+  if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
   for (Choice& c : choices) {
     c.text = echo_text;  // Streamed, it leads the choice's first chunk.
     c.logprobs = EmptyLogprobs(chat);
-    if (!names.empty()) c.tool_filter.emplace(names);
+    if (!names.empty()) c.tool_filter.emplace(names, format);
   }
   // One usage for the request: the prompt once, every choice's tokens.
   const auto total_usage = [&] {

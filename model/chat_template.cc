@@ -42,7 +42,50 @@ constexpr std::string_view kQwen3CallOpen = kHermesCallOpen.substr(1);
 constexpr std::string_view kQwen3ThinkOpen = "\n<think>\n";
 constexpr std::string_view kQwen3ThinkClose = "\n</think>\n\n";
 
+// What Llama 3.1's and 3.2's templates write around JSON tool calls (with
+// tools_in_user_message, their default: the functions go in front of the
+// first user message; a call is the assistant's whole turn; results come
+// in `ipython` turns).
+constexpr std::string_view kLlamaEnvironment = "Environment: ipython\n";
+constexpr std::string_view kLlamaToolsLead1 =
+    "Given the following functions, please respond with a JSON for a "
+    "function call ";
+constexpr std::string_view kLlamaToolsLead2 =
+    "with its proper arguments that best answers the given prompt.\n\n";
+constexpr std::string_view kLlamaToolsFormat =
+    "Respond in the format {\"name\": function name, \"parameters\": "
+    "dictionary of argument name and its value}.";
+constexpr std::string_view kLlamaNoVariables = "Do not use variables.\n\n";
+constexpr std::string_view kLlamaIpython =
+    "<|start_header_id|>ipython<|end_header_id|>\n\n";
+
 using OrderedJson = nlohmann::ordered_json;
+
+void AppendPythonJson(const OrderedJson& j, std::string& out);
+
+// Python's json.dumps(j, ensure_ascii=False, indent=4) at nesting `level`:
+// each member on its own line, "," and ": " between, empty containers as
+// {} and [].
+void AppendPythonJsonIndented(const OrderedJson& j, int level,
+                              std::string& out) {
+  if (!(j.is_object() || j.is_array()) || j.empty()) {
+    AppendPythonJson(j, out);
+    return;
+  }
+  const std::string inner(4 * (level + 1), ' ');
+  out += j.is_object() ? '{' : '[';
+  bool first = true;
+  for (const auto& [key, value] : j.items()) {
+    absl::StrAppend(&out, first ? "\n" : ",\n", inner);
+    first = false;
+    if (j.is_object()) {
+      absl::StrAppend(&out, OrderedJson(key).dump(-1, ' ', false), ": ");
+    }
+    AppendPythonJsonIndented(value, level + 1, out);
+  }
+  absl::StrAppend(&out, "\n", std::string(4 * level, ' '));
+  out += j.is_object() ? '}' : ']';
+}
 
 void AppendPythonJson(const OrderedJson& j, std::string& out) {
   if (j.is_object()) {
@@ -136,24 +179,31 @@ std::string_view BeforeFirst(std::string_view s, std::string_view sep) {
   return s.substr(0, std::min(s.size(), s.find(sep)));
 }
 
-// "\n" then the JSON lines of `tools`, as the Hermes templates write them.
+// A tool as transformers passes it to a template: {"type": "function",
+// "function": {"name", "description", "parameters"}} (the last two only
+// when given).
+absl::StatusOr<OrderedJson> ToolJson(const ChatTool& tool, size_t i) {
+  OrderedJson function = {{"name", tool.name}};
+  if (!tool.description.empty()) function["description"] = tool.description;
+  if (!tool.parameters.empty()) {
+    OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
+                                       /*allow_exceptions=*/false);
+    if (p.is_discarded()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", i, "].function.parameters is not JSON"));
+    }
+    function["parameters"] = std::move(p);
+  }
+  return OrderedJson{{"type", "function"}, {"function", std::move(function)}};
+}
+
+// "\n" then the JSON line of each tool, as the Hermes templates write them.
 absl::Status AppendHermesTools(absl::Span<const ChatTool> tools,
                                std::string& out) {
   for (size_t i = 0; i < tools.size(); ++i) {
-    const ChatTool& tool = tools[i];
-    OrderedJson function = {{"name", tool.name}};
-    if (!tool.description.empty()) function["description"] = tool.description;
-    if (!tool.parameters.empty()) {
-      OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
-                                         /*allow_exceptions=*/false);
-      if (p.is_discarded()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("tools[", i, "].function.parameters is not JSON"));
-      }
-      function["parameters"] = std::move(p);
-    }
+    ASSIGN_OR_RETURN(const OrderedJson tool, ToolJson(tools[i], i));
     out += "\n";
-    AppendPythonJson({{"type", "function"}, {"function", function}}, out);
+    AppendPythonJson(tool, out);
   }
   return absl::OkStatus();
 }
@@ -189,6 +239,24 @@ absl::Status CheckToolRoles(absl::Span<const ChatMessage> messages) {
 }
 
 }  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlamaJson:
+      return "llama_json";
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return "";
+}
+
+ToolCallFormat ToolCallFormatFromName(std::string_view name) {
+  if (name == "hermes") return ToolCallFormat::kHermes;
+  if (name == "llama_json") return ToolCallFormat::kLlamaJson;
+  return ToolCallFormat::kNone;
+}
 
 std::vector<std::string> JinjaStringLiterals(std::string_view source) {
   std::vector<std::string> out;
@@ -281,6 +349,19 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                  at != std::string_view::npos) {
         at = source.find_first_of("'\"", at);
         if (at != std::string_view::npos) t.date_ = ReadLiteral(source, &at);
+      }
+      const auto literal = [&](std::string_view what) {
+        return std::find(literals.begin(), literals.end(), what) !=
+               literals.end();
+      };
+      // The JSON tool branch with its defaults: tools in the first user
+      // message (tools_in_user_message = true), no builtin tools.
+      if (literal(kLlamaEnvironment) && literal(kLlamaToolsLead1) &&
+          literal(kLlamaToolsLead2) && literal(kLlamaToolsFormat) &&
+          literal(kLlamaNoVariables) && literal(kLlamaIpython) &&
+          literal("{\"name\": \"") && literal("\"parameters\": ") &&
+          has("set tools_in_user_message = true")) {
+        t.tool_format_ = ToolCallFormat::kLlamaJson;
       }
     }
     return t;
@@ -377,9 +458,13 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     return qwen3_ ? RenderQwen3(messages, tools)
                   : RenderHermes(messages, tools);
   }
+  if (tool_format_ == ToolCallFormat::kLlamaJson) {
+    return RenderLlamaJson(messages, tools);
+  }
   const std::string why = absl::StrCat(
       " needs a chat template that renders tools; this model's (", Describe(),
-      ") does not (shardlm renders Qwen2.5's Hermes <tool_call> format)");
+      ") does not (shardlm renders Qwen2.5's and Qwen3's Hermes <tool_call> "
+      "format and Llama 3.1's JSON calls)");
   if (!tools.empty())
     return absl::InvalidArgumentError(absl::StrCat("tools", why));
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -523,10 +608,79 @@ absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
   return out;
 }
 
+// Llama 3.1's and 3.2's template with its defaults: the dated system
+// block (with "Environment: ipython" when there are tools), the functions
+// as indented JSON in front of the first message after the system one, an
+// assistant's one call as {"name": ..., "parameters": ...} in place of its
+// content, tool results in ipython turns as JSON strings (the template's
+// tojson of a string).
+absl::StatusOr<std::string> ChatTemplate::RenderLlamaJson(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  RETURN_IF_ERROR(CheckToolRoles(messages));
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::string out = bos_;
+  absl::StrAppend(&out, "<|start_header_id|>system<|end_header_id|>\n\n",
+                  tools.empty() ? "" : Sv(kLlamaEnvironment),
+                  "Cutting Knowledge Date: December 2023\n",
+                  "Today Date: ", date_, "\n\n",
+                  Sv(system ? Trim(messages[0].content) : ""), "<|eot_id|>");
+  size_t i = system ? 1 : 0;
+  if (!tools.empty()) {
+    if (i == messages.size()) {
+      return absl::InvalidArgumentError(
+          "tools need a user message to go in front of (this model's chat "
+          "template puts them in the first one)");
+    }
+    absl::StrAppend(&out, "<|start_header_id|>user<|end_header_id|>\n\n",
+                    Sv(kLlamaToolsLead1), Sv(kLlamaToolsLead2),
+                    Sv(kLlamaToolsFormat), Sv(kLlamaNoVariables));
+    for (size_t t = 0; t < tools.size(); ++t) {
+      ASSIGN_OR_RETURN(const OrderedJson tool, ToolJson(tools[t], t));
+      AppendPythonJsonIndented(tool, 0, out);
+      out += "\n\n";
+    }
+    absl::StrAppend(&out, Sv(Trim(messages[i].content)), "<|eot_id|>");
+    ++i;
+  }
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      out += kLlamaIpython;
+      AppendPythonJson(OrderedJson(m.content), out);
+      out += "<|eot_id|>";
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("messages[", i,
+                         "].tool_calls: this model's chat template takes "
+                         "one call per assistant message"));
+      }
+      ASSIGN_OR_RETURN(const OrderedJson args,
+                       CallArguments(m.tool_calls[0], i, 0));
+      absl::StrAppend(&out,
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                      "{\"name\": \"",
+                      m.tool_calls[0].name, "\", \"parameters\": ");
+      AppendPythonJson(args, out);
+      out += "}<|eot_id|>";
+    } else {
+      absl::StrAppend(&out, "<|start_header_id|>", m.role,
+                      "<|end_header_id|>\n\n", Sv(Trim(m.content)),
+                      "<|eot_id|>");
+    }
+  }
+  absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out;
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages) const {
   if (tool_format_ == ToolCallFormat::kHermes) {
     return qwen3_ ? RenderQwen3(messages, {}) : RenderHermes(messages, {});
+  }
+  if (tool_format_ == ToolCallFormat::kLlamaJson) {
+    return RenderLlamaJson(messages, {});
   }
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
@@ -655,7 +809,10 @@ std::string ChatTemplate::Describe() const {
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";
   if (format_ == Format::kLlama3) {
     return dated_system_
-               ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")")
+               ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")",
+                              tool_format_ == ToolCallFormat::kLlamaJson
+                                  ? " with JSON tool calls"
+                                  : "")
                : "llama3";
   }
   if (!from_template_) return "chatml (no template in the model)";

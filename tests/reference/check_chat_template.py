@@ -19,7 +19,8 @@ identically. Templates of other formats (another <<SYS>> layout, an
 unknown one) must be refused, not rendered wrongly.
 
 Tools: Qwen2.5's and Qwen3's full templates (their tools, tool-call and
-tool-result branches; Qwen3's <think> handling) render conversations with `tools`, assistant messages carrying
+tool-result branches; Qwen3's <think> handling) and Llama 3.1's and 3.2's
+(JSON calls, tools in the first user message, ipython results) render conversations with `tools`, assistant messages carrying
 `tool_calls` and `tool` messages, compared with jinja2 given the same
 messages as transformers passes them (arguments as dicts, tojson as
 transformers defines it: json.dumps, ensure_ascii=False, keys unsorted).
@@ -74,6 +75,123 @@ LLAMA31_BODY = r"""
     {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
 {%- endif %}
 """
+
+# Llama 3.1-Instruct's template as published (tokenizer_config.json),
+# after its date block: JSON tool calls, tools in the first user message
+# by default, tool results in ipython turns. Llama 3.2's is the same with
+# its own date block.
+LLAMA31_TOOLS_BODY = r"""
+{%- if not tools is defined %}
+    {%- set tools = none %}
+{%- endif %}
+
+{#- This block extracts the system message, so we can slot it into the right place. #}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+
+{#- System message + builtin tools #}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{%- if builtin_tools is defined or tools is not none %}
+    {{- "Environment: ipython\n" }}
+{%- endif %}
+{%- if builtin_tools is defined %}
+    {{- "Tools: " + builtin_tools | reject('equalto', 'code_interpreter') | join(", ") + "\n\n"}}
+{%- endif %}
+{{- "Cutting Knowledge Date: December 2023\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{%- if tools is not none and not tools_in_user_message %}
+    {{- "You have access to the following functions. To call a function, please respond with JSON for a function call." }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+{%- endif %}
+{{- system_message }}
+{{- "<|eot_id|>" }}
+
+{#- Custom tools are passed in a user message with some extra guidance #}
+{%- if tools_in_user_message and not tools is none %}
+    {#- Extract the first user message so we can plug it in here #}
+    {%- if messages | length != 0 %}
+        {%- set first_user_message = messages[0]['content']|trim %}
+        {%- set messages = messages[1:] %}
+    {%- else %}
+        {{- raise_exception("Cannot put tools in the first user message when there's no first user message!") }}
+{%- endif %}
+    {{- '<|start_header_id|>user<|end_header_id|>\n\n' -}}
+    {{- "Given the following functions, please respond with a JSON for a function call " }}
+    {{- "with its proper arguments that best answers the given prompt.\n\n" }}
+    {{- 'Respond in the format {"name": function name, "parameters": dictionary of argument name and its value}.' }}
+    {{- "Do not use variables.\n\n" }}
+    {%- for t in tools %}
+        {{- t | tojson(indent=4) }}
+        {{- "\n\n" }}
+    {%- endfor %}
+    {{- first_user_message + "<|eot_id|>"}}
+{%- endif %}
+
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or message.role == 'tool' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- elif 'tool_calls' in message %}
+        {%- if not message.tool_calls|length == 1 %}
+            {{- raise_exception("This model only supports single tool-calls at once!") }}
+        {%- endif %}
+        {%- set tool_call = message.tool_calls[0].function %}
+        {%- if builtin_tools is defined and tool_call.name in builtin_tools %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- "<|python_tag|>" + tool_call.name + ".call(" }}
+            {%- for arg_name, arg_val in tool_call.arguments | items %}
+                {{- arg_name + '="' + arg_val + '"' }}
+                {%- if not loop.last %}
+                    {{- ", " }}
+                {%- endif %}
+                {%- endfor %}
+            {{- ")" }}
+        {%- else  %}
+            {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' -}}
+            {{- '{"name": "' + tool_call.name + '", ' }}
+            {{- '"parameters": ' }}
+            {{- tool_call.arguments | tojson }}
+            {{- "}" }}
+        {%- endif %}
+        {%- if builtin_tools is defined %}
+            {#- This means we're in ipython mode #}
+            {{- "<|eom_id|>" }}
+        {%- else %}
+            {{- "<|eot_id|>" }}
+        {%- endif %}
+    {%- elif message.role == "tool" or message.role == "ipython" %}
+        {{- "<|start_header_id|>ipython<|end_header_id|>\n\n" }}
+        {%- if message.content is mapping or message.content is iterable %}
+            {{- message.content | tojson }}
+        {%- else %}
+            {{- message.content }}
+        {%- endif %}
+        {{- "<|eot_id|>" }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}
+{%- endif %}
+"""
+
+LLAMA31_TOOLS_HEAD = r"""{{- bos_token }}
+{%- if custom_tools is defined %}
+    {%- set tools = custom_tools %}
+{%- endif %}
+{%- if not tools_in_user_message is defined %}
+    {%- set tools_in_user_message = true %}
+{%- endif %}
+"""
+LLAMA31_TOOLS = LLAMA31_TOOLS_HEAD + LLAMA31_DATE + LLAMA31_TOOLS_BODY
+LLAMA32_TOOLS = LLAMA31_TOOLS_HEAD + LLAMA32_DATE + LLAMA31_TOOLS_BODY
 
 LLAMA31 = "{{- bos_token }}\n" + LLAMA31_DATE + LLAMA31_BODY
 LLAMA32 = "{{- bos_token }}\n" + LLAMA32_DATE + LLAMA31_BODY
@@ -305,6 +423,8 @@ TEMPLATES = [
     ("qwen2.5", QWEN25, "<|endoftext|>", False),
     ("qwen2.5 with tools", QWEN25_TOOLS, "<|endoftext|>", False),
     ("qwen3", QWEN3, "<|endoftext|>", False),
+    ("llama3.1 with tools", LLAMA31_TOOLS, "<|begin_of_text|>", False),
+    ("llama3.2 with tools", LLAMA32_TOOLS, "<|begin_of_text|>", False),
     ("mistral v0.2", MISTRAL, "<s>", False),
     ("mistral v0.1", MISTRAL01, "<s>", False),
     ("llama2", LLAMA2, "<s>", False),
@@ -312,6 +432,9 @@ TEMPLATES = [
     ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
+
+
+TOOL_TEMPLATES = (QWEN25_TOOLS, QWEN3, LLAMA31_TOOLS, LLAMA32_TOOLS)
 
 
 def m(role, content):
@@ -499,12 +622,16 @@ def main(argv=None) -> int:
         if rc != 0 or len(outs) != len(TOOL_CONVERSATIONS):
             print(f"[{name}] TOOL ERROR on tools (exit {rc}): {err}")
             return 2
-        tool_capable = source is QWEN25_TOOLS or source is QWEN3
+        tool_capable = any(source is t for t in TOOL_TEMPLATES)
         same = 0
         for (msgs, tools), out in zip(TOOL_CONVERSATIONS, outs):
             if tool_capable:
-                want = jinja_render(source, bos, msgs, tools)
-                ok = out.get("prompt") == want
+                try:
+                    want = jinja_render(source, bos, msgs, tools)
+                    ok = out.get("prompt") == want
+                except Exception as e:  # raise_exception: refused too.
+                    want = f"refused ({e})"
+                    ok = "error" in out
             else:
                 want = "refused, naming tools, the tool role or tool_calls"
                 e = out.get("error", "")
