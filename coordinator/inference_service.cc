@@ -316,6 +316,12 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   RETURN_IF_ERROR(CheckSampling(req.sampling, vocab));
   RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
+  if (request.prompt_logprobs() < 0 ||
+      request.prompt_logprobs() > kMaxLogprobs) {
+    return Invalid("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                   request.prompt_logprobs());
+  }
+  req.prompt_logprobs = request.prompt_logprobs();
   if (request.stop_size() > kMaxStopStrings) {
     return Invalid("at most ", kMaxStopStrings, " stop strings, got ",
                    request.stop_size());
@@ -487,6 +493,8 @@ struct Stream {
   StreamingDetokenizer detok;
   StopStringFilter stops;
   int32_t generated = 0;
+  // Prompt logprobs, from on_prompt_logprobs until the first response.
+  std::vector<v1::TokenLogprobs> prompt_logprobs;
 };
 
 // The text of one token alone, as valid UTF-8.
@@ -568,6 +576,7 @@ absl::Status InferenceService::Run(
       first.WaitForNotification();
       if (!first_sent) return;
       v1::GenerateRequest child = request;
+      child.set_prompt_logprobs(0);  // Sequence 0 reports them.
       child.mutable_sampling()->set_seed(request.sampling().seed() +
                                          static_cast<uint64_t>(i));
       statuses[i] = RunOne(
@@ -676,6 +685,10 @@ absl::Status InferenceService::RunOne(
             Stream& s = *stream;  // Only this thread uses it until done.
             const int32_t generated = ++s.generated;
             v1::GenerateResponse response;
+            for (v1::TokenLogprobs& lp : s.prompt_logprobs) {
+              *response.add_prompt_logprobs() = std::move(lp);
+            }
+            s.prompt_logprobs.clear();
             response.add_token_ids(id);
             if (logprobs != nullptr) {
               AddLogprobs(*tokenizer, id, *logprobs, response);
@@ -701,6 +714,23 @@ absl::Status InferenceService::RunOne(
             s.responses.push_back(std::move(response));
             return s.stops.stopped() ? TokenAction::kStop
                                      : TokenAction::kContinue;
+          },
+      .on_prompt_logprobs =
+          [stream, tokenizer,
+           prompt =
+               req->prompt_logprobs > 0 ? req->prompt : std::vector<int32_t>{}](
+              const std::vector<TokenLogprobs>& logprobs) {
+            // The first prompt token has no logprob; the others' follow.
+            std::vector<v1::TokenLogprobs>& out = stream->prompt_logprobs;
+            v1::TokenLogprob& first = *out.emplace_back().mutable_token();
+            first.set_token_id(prompt[0]);
+            first.set_text(TokenText(*tokenizer, prompt[0]));
+            for (size_t i = 0; i < logprobs.size() && i + 1 < prompt.size();
+                 ++i) {
+              v1::GenerateResponse one;
+              AddLogprobs(*tokenizer, prompt[i + 1], logprobs[i], one);
+              out.push_back(std::move(*one.mutable_logprobs(0)));
+            }
           },
       .on_done =
           [stream](absl::StatusOr<GenerateResult> result) {

@@ -503,15 +503,10 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
   }
   // The service returns at least one alternative when asked for any.
   if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
-  // echo prepends the prompt to each choice's text. With logprobs it would
-  // need every prompt position's logits, which the step does not return.
+  // echo prepends the prompt to each choice's text; with logprobs, the
+  // prompt tokens' logprobs lead each choice's (prompt_logprobs).
   if (echo) {
-    if (*top_n >= 0) {
-      return Invalid(
-          "'echo' with 'logprobs' is not supported (the prompt tokens' "
-          "logprobs need the logits of every prompt position, which the "
-          "engine does not return yet); 'echo' alone is");
-    }
+    if (*top_n >= 0) req.set_prompt_logprobs(std::max(1, *top_n));
     if (req.prompt_token_ids_size() > 0) {
       return Invalid("'echo' needs a text 'prompt', not token ids");
     }
@@ -545,6 +540,31 @@ Json Bytes(const std::string& text) {
   Json b = Json::array();
   for (unsigned char c : text) b.push_back(c);
   return b;
+}
+
+// The prompt's tokens and log-probabilities (`r.prompt_logprobs`) in the
+// completions format, from text offset 0; the first token's logprob and
+// alternatives are null, as OpenAI's.
+Json PromptLogprobsJson(const v1::GenerateResponse& r, int top_n) {
+  Json out = {{"tokens", Json::array()},
+              {"token_logprobs", Json::array()},
+              {"top_logprobs", Json::array()},
+              {"text_offset", Json::array()}};
+  int64_t offset = 0;
+  for (int k = 0; k < r.prompt_logprobs_size(); ++k) {
+    const v1::TokenLogprobs& lp = r.prompt_logprobs(k);
+    Json top = Json::object();
+    for (int i = 0; i < std::min(top_n, lp.top_size()); ++i) {
+      top[lp.top(i).text()] = lp.top(i).logprob();
+    }
+    out["tokens"].push_back(lp.token().text());
+    out["token_logprobs"].push_back(k == 0 ? Json()
+                                           : Json(lp.token().logprob()));
+    out["top_logprobs"].push_back(k == 0 ? Json() : top);
+    out["text_offset"].push_back(offset);
+    offset += static_cast<int64_t>(lp.token().text().size());
+  }
+  return out;
 }
 
 // Log-probabilities of the tokens of one response, in the completions
@@ -782,7 +802,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
     Json tool_calls = Json::array();
-    int streamed_calls = 0;  // Tool calls sent as deltas so far.
+    int streamed_calls = 0;        // Tool calls sent as deltas so far.
+    bool echoed_logprobs = false;  // The prompt's logprobs are in.
     v1::Usage usage;
   };
   const int n = std::max(1, proto->n());
@@ -799,6 +820,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
   for (Choice& c : choices) {
     c.text = echo_text;  // Streamed, it leads the choice's first chunk.
+    c.text_offset = static_cast<int64_t>(echo_text.size());
     c.logprobs = EmptyLogprobs(chat);
     if (!names.empty()) c.tool_filter.emplace(names, format);
   }
@@ -828,10 +850,23 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
 
+  // echo with logprobs: the prompt's, from sequence 0's first response
+  // (the others start after it), leading every choice's logprobs.
+  Json prompt_logprobs;
+  const bool echo_logprobs = proto->prompt_logprobs() > 0;
   // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
     if (r.index() < 0 || r.index() >= n) return false;
     Choice& c = choices[r.index()];
+    if (r.prompt_logprobs_size() > 0) {
+      prompt_logprobs = PromptLogprobsJson(r, top_n);
+    }
+    // The logprobs this response's piece starts from: the prompt's first.
+    Json lead = EmptyLogprobs(chat);
+    if (echo_logprobs && !c.echoed_logprobs && prompt_logprobs.is_object()) {
+      c.echoed_logprobs = true;
+      lead = prompt_logprobs;
+    }
     if (r.has_usage()) c.usage = r.usage();
     if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
@@ -851,6 +886,12 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       c.text += piece;
       if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r);
       if (top_n >= 0) {
+        if (!chat && !lead["tokens"].empty()) {
+          for (const char* key :
+               {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+            for (Json& v : lead[key]) c.logprobs[key].push_back(std::move(v));
+          }
+        }
         AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
       }
       return true;
@@ -860,7 +901,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
         {"finish_reason",
          r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
     if (top_n >= 0) {
-      Json lp = EmptyLogprobs(chat);
+      Json lp = std::move(lead);
       AppendLogprobs(r, chat, top_n, lp, &c.text_offset);
       choice["logprobs"] = lp;
     } else {
