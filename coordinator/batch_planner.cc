@@ -169,7 +169,11 @@ void BatchPlanner::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
 bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
   // A fresh (or dropped) sequence starts from its cached prefix; at least
   // its last token is computed, for the logits.
-  if (s.computed == 0 && blocks_->Table(s.id).empty()) {
+  // One that still scores its prompt (prompt logprobs) computes all of it.
+  const bool scoring =
+      s.request.prompt_logprobs > 0 &&
+      s.result.prompt_logprobs.size() + 1 < s.request.prompt.size();
+  if (s.computed == 0 && blocks_->Table(s.id).empty() && !scoring) {
     s.computed = blocks_->AttachPrefix(
         s.id, s.tokens, static_cast<int64_t>(s.tokens.size()) - 1);
     if (!s.attached) {
@@ -422,6 +426,17 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   for (size_t i = 0; i < running_.size() && solo == running_.size(); ++i) {
     if (running_[i]->isolated && runnable(*running_[i])) solo = i;
   }
+  // Rows that score prompt tokens (prompt logprobs) share the step's logit
+  // rows with the sampled ones, at most max_seqs in all (the rows a GPU
+  // runner's buffers hold): a scoring sequence's chunk is cut to what is
+  // left after one sampled row per sequence that may run.
+  const auto scoring = [](const Sequence& s) {
+    return s.request.prompt_logprobs > 0 &&
+           s.computed + 1 < static_cast<int64_t>(s.request.prompt.size());
+  };
+  int64_t score_budget =
+      static_cast<int64_t>(options_.max_seqs) -
+      static_cast<int64_t>(std::min(running_.size(), max_seqs));
   size_t seqs = 0;
   std::vector<int64_t> chunk(running_.size(), 0);
   std::vector<bool> scheduled(running_.size(), false);
@@ -433,7 +448,13 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     decode[i] = decoding(s);
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
-    chunk[i] = Grow(i, std::min(remaining(s), budget), scheduled);
+    int64_t want = std::min(remaining(s), budget);
+    if (scoring(s)) {
+      if (score_budget <= 0) continue;
+      want = std::min(want, score_budget);
+    }
+    chunk[i] = Grow(i, want, scheduled);
+    if (scoring(s)) score_budget -= chunk[i];
     scheduled[i] = chunk[i] > 0;
     budget -= chunk[i];
     seqs += scheduled[i] ? 1 : 0;
@@ -450,10 +471,31 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
       step.seq_ids.push_back(s.id);
       plan.stepped.push_back(s.id);
       f.stepped.push_back(&s);
+      const GenerateRequest& request = s.request;
+      const int64_t prompt_size = static_cast<int64_t>(request.prompt.size());
       for (int64_t j = 0; j < chunk[i]; ++j) {
-        step.tokens.push_back(s.tokens[s.computed + j]);
-        step.positions.push_back(static_cast<int32_t>(s.computed + j));
+        const int64_t pos = s.computed + j;
+        step.tokens.push_back(s.tokens[pos]);
+        step.positions.push_back(static_cast<int32_t>(pos));
         step.token_seq.push_back(seq_index);
+        // Prompt logprobs: this position's logits score the next prompt
+        // token (positions scored before a recompute are not again).
+        if (request.prompt_logprobs > 0 && pos + 1 < prompt_size &&
+            pos >= static_cast<int64_t>(s.result.prompt_logprobs.size())) {
+          step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) -
+                                    1);
+          step.sampling.push_back(SamplingParams{});
+          step.sample_index.push_back(0);
+          step.logprobs.push_back(request.prompt_logprobs);
+          step.history.emplace_back();
+          step.score_tokens.resize(step.logit_rows.size() - 1, -1);
+          step.score_tokens.push_back(request.prompt[pos + 1]);
+          f.scored.resize(f.rows.size(), false);
+          f.scored.push_back(true);
+          plan.rows.push_back(s.id);
+          f.rows.push_back(&s);
+          f.want_logprobs = true;
+        }
       }
       s.computed += chunk[i];
       f.computed.push_back(s.computed);
@@ -470,6 +512,10 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
         plan.rows.push_back(s.id);
         f.rows.push_back(&s);
         f.want_logprobs |= req.logprobs > 0;
+        if (!step.score_tokens.empty()) {
+          step.score_tokens.push_back(-1);
+          f.scored.push_back(false);
+        }
       }
     }
   }
@@ -488,6 +534,11 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   if (std::all_of(step.history.begin(), step.history.end(),
                   [](const SampleHistory& h) { return h.empty(); })) {
     step.history.clear();
+  }
+  // Rows sampled after the last scored one.
+  if (!step.score_tokens.empty()) {
+    step.score_tokens.resize(step.logit_rows.size(), -1);
+    f.scored.resize(f.rows.size(), false);
   }
   if (step.tokens.empty() && step.copies.empty()) return std::nullopt;
   for (Sequence* s : f.stepped) ++s->in_flight;
@@ -556,6 +607,11 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
   for (size_t row = 0; row < rows.size(); ++row) {
     Sequence& s = *rows[row];
     const GenerateRequest& req = s.request;
+    if (!f.scored.empty() && f.scored[row]) {
+      if (!s.done)
+        s.result.prompt_logprobs.push_back(std::move(out->logprobs[row]));
+      continue;
+    }
     const int64_t generated =
         static_cast<int64_t>(s.tokens.size() - req.prompt.size());
     if (generated == 0 && req.return_prompt_logits) {
@@ -572,6 +628,9 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
       }
     }
     const bool first = s.result.tokens.empty();  // Its first token here.
+    if (first && req.prompt_logprobs > 0 && s.callbacks.on_prompt_logprobs) {
+      s.callbacks.on_prompt_logprobs(s.result.prompt_logprobs);
+    }
     s.tokens.push_back(token);
     s.result.tokens.push_back(token);
     if (HasPenalties(req.sampling)) ++s.penalized[token];

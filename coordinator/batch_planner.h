@@ -213,7 +213,10 @@ class BatchPlanner {
   std::vector<std::unique_ptr<Sequence>> running_;
   // Planned and not yet applied, oldest first.
   struct InFlight {
-    std::vector<Sequence*> rows;     // One per logit row.
+    std::vector<Sequence*> rows;  // One per logit row.
+    // Empty, or per logit row: whether it scores a prompt token (prompt
+    // logprobs) rather than samples.
+    std::vector<bool> scored;
     std::vector<Sequence*> stepped;  // Every sequence in the step.
     std::vector<int64_t> computed;   // Per stepped: its tokens computed.
     int64_t tokens = 0;

@@ -257,6 +257,72 @@ TEST_F(BatchPlannerTest, RowsCarryTheirPenaltyCountsAndMinTokensMask) {
   Apply({1, 1, 1});
 }
 
+TEST_F(BatchPlannerTest, PromptLogprobsScoreEveryPromptPositionInChunks) {
+  Make(64, 0, {.max_batched_tokens = 16, .max_seqs = 4});
+  std::vector<TokenLogprobs> reported;
+  int first_tokens = 0;
+  planner_->Add(0,
+                {.prompt = Prompt(10), .max_tokens = 2, .prompt_logprobs = 2},
+                {.on_token =
+                     [&](int32_t, const TokenLogprobs*) {
+                       ++first_tokens;
+                       return TokenAction::kContinue;
+                     },
+                 .on_prompt_logprobs =
+                     [&](const std::vector<TokenLogprobs>& lp) {
+                       EXPECT_EQ(first_tokens, 0);  // Before the first.
+                       reported = lp;
+                     },
+                 .on_done =
+                     [this](absl::StatusOr<GenerateResult> r) {
+                       done_.emplace(0, std::move(r));
+                     }},
+                kT0);
+  Add(1, 3, 0, 2);
+  Admit();
+  // Apply a step: scored rows report their score token with a logprob
+  // naming its position; sampled rows give token 50.
+  const auto apply = [&](const StepPlan& p) {
+    StepOutput out;
+    for (size_t r = 0; r < p.step.logit_rows.size(); ++r) {
+      const int32_t score =
+          p.step.score_tokens.empty() ? -1 : p.step.score_tokens[r];
+      out.tokens.push_back(score >= 0 ? score : 50);
+      out.logprobs.push_back({.sampled = -static_cast<float>(
+                                  p.step.positions[p.step.logit_rows[r]])});
+    }
+    std::vector<PlannerEvent> events;
+    planner_->Apply(std::move(out), kT0, events);
+    for (auto& e : events) e();
+  };
+  // Logit rows are at most max_seqs (4): two sequences may sample, so 0's
+  // chunk is cut to 2 scored positions; 1 prefills whole.
+  std::optional<StepPlan> p = planner_->Plan(4);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.positions, ElementsAre(0, 1, 0, 1, 2));
+  EXPECT_THAT(p->step.logit_rows, ElementsAre(0, 1, 4));
+  EXPECT_THAT(p->step.score_tokens, ElementsAre(11, 12, -1));
+  EXPECT_THAT(p->step.logprobs, ElementsAre(2, 2, 0));
+  EXPECT_THAT(p->rows, ElementsAre(0, 0, 1));
+  apply(*p);
+  for (int steps = 0; steps < 8 && !done_.contains(0); ++steps) {
+    p = planner_->Plan(4);
+    ASSERT_TRUE(p.has_value());
+    EXPECT_LE(p->step.logit_rows.size(), 4u);
+    apply(*p);
+  }
+  ASSERT_TRUE(done_.contains(0));
+  ASSERT_TRUE(done_.at(0).ok()) << done_.at(0).status();
+  const GenerateResult& r = *done_.at(0);
+  EXPECT_EQ(r.cached_prompt_tokens, 0);
+  ASSERT_EQ(r.prompt_logprobs.size(), 9u);  // Tokens 1 to 9.
+  ASSERT_EQ(reported.size(), 9u);
+  for (int i = 0; i < 9; ++i) {
+    EXPECT_EQ(r.prompt_logprobs[i].sampled, -static_cast<float>(i)) << i;
+  }
+  EXPECT_EQ(first_tokens, 2);
+}
+
 TEST_F(BatchPlannerTest, ALogitBiasAloneNeedsNoHistory) {
   Make(64, 0, {.max_batched_tokens = 64, .max_seqs = 8});
   planner_->Add(3,

@@ -100,6 +100,10 @@ absl::Status Engine::ValidateOne(const GenerateRequest& req) const {
     return fail("logprobs must be in [0, ", kMaxLogprobs, "], got ",
                 req.logprobs);
   }
+  if (req.prompt_logprobs < 0 || req.prompt_logprobs > kMaxLogprobs) {
+    return fail("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                req.prompt_logprobs);
+  }
   for (int32_t t : req.prompt) {
     if (t < 0 || t >= c.vocab_size) {
       return fail("prompt token ", t, " is outside the vocabulary of ",

@@ -304,6 +304,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 12:  // min_tokens
       case 21:  // resume_position
       case 25:  // n
+      case 26:  // prompt_logprobs
         known = type == kVarint;
         break;
       case 8:  // stop

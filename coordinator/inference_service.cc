@@ -213,6 +213,11 @@ std::vector<std::string> RequestedToolCallNames(
   return names;
 }
 
+ToolCallFormat InferenceService::tool_call_format() const {
+  return chat_template_.ok() ? chat_template_->tool_format()
+                             : ToolCallFormat::kNone;
+}
+
 std::vector<std::string> InferenceService::ToolCallNames(
     const v1::GenerateRequest& request) const {
   if (!chat_template_.ok() ||
@@ -240,13 +245,16 @@ absl::Status InferenceService::AddToolConstraint(
   if (grammars_ == nullptr) {
     return Invalid("tool_choice: this server has no tokenizer");
   }
-  // The Hermes format, as the template renders an assistant's calls (the
-  // model writes its turn from the "\n" after the role on).
+  // The calls as the template renders an assistant's: Hermes (the model
+  // writes its turn from the "\n" after the role on), or Llama 3.1's one
+  // JSON call as the whole turn (its template renders one call a turn).
   using OrderedJson = nlohmann::ordered_json;
-  OrderedJson spec = {{"open", "<tool_call>\n"},
-                      {"close", "\n</tool_call>"},
+  const bool llama = tool_call_format() == ToolCallFormat::kLlamaJson;
+  OrderedJson spec = {{"open", llama ? "" : "<tool_call>\n"},
+                      {"close", llama ? "" : "\n</tool_call>"},
                       {"separator", "\n"},
-                      {"multiple", !forced},
+                      {"multiple", !forced && !llama},
+                      {"arguments_key", llama ? "parameters" : "arguments"},
                       {"tools", OrderedJson::array()}};
   for (int i = 0; i < request.tools_size(); ++i) {
     const v1::Tool& tool = request.tools(i);
@@ -307,6 +315,12 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   RETURN_IF_ERROR(CheckSampling(req.sampling, vocab));
   RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
+  if (request.prompt_logprobs() < 0 ||
+      request.prompt_logprobs() > kMaxLogprobs) {
+    return Invalid("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                   request.prompt_logprobs());
+  }
+  req.prompt_logprobs = request.prompt_logprobs();
   if (request.stop_size() > kMaxStopStrings) {
     return Invalid("at most ", kMaxStopStrings, " stop strings, got ",
                    request.stop_size());
@@ -520,6 +534,8 @@ struct Stream {
   StreamingDetokenizer detok;
   StopStringFilter stops;
   int32_t generated = 0;
+  // Prompt logprobs, from on_prompt_logprobs until the first response.
+  std::vector<v1::TokenLogprobs> prompt_logprobs;
 };
 
 // The text of one token alone, as valid UTF-8.
@@ -584,9 +600,12 @@ absl::Status InferenceService::Run(
   // With prefix caching, a hidden one-token request computes the prompt
   // first: the n sequences then find its full blocks cached and compute
   // only the rest (one prefill, not n). Its cached tokens are the
-  // request's (what the n found cached, it computed).
+  // request's (what the n found cached, it computed), and it scores the
+  // prompt when prompt logprobs are asked for (choice 0 carries them).
+  const bool prefill_first = engine_->blocks().prefix_caching();
   int32_t cached_tokens = -1;
-  if (engine_->blocks().prefix_caching()) {
+  std::vector<v1::TokenLogprobs> prompt_logprobs;
+  if (prefill_first) {
     v1::GenerateRequest prefill = request;
     prefill.set_n(1);
     prefill.set_max_tokens(1);
@@ -596,10 +615,14 @@ absl::Status InferenceService::Run(
         prefill, deadline, cancelled,
         [&](const v1::GenerateResponse& r) {
           if (r.has_usage()) cached_tokens = r.usage().cached_tokens();
+          prompt_logprobs.insert(prompt_logprobs.end(),
+                                 r.prompt_logprobs().begin(),
+                                 r.prompt_logprobs().end());
           return true;
         },
         api));
   }
+  bool first_of_0 = true;
   const auto indexed = [&](int index, const v1::GenerateResponse& r) {
     absl::MutexLock lock(&write_mu);
     if (!writing) return false;
@@ -607,6 +630,12 @@ absl::Status InferenceService::Run(
     tagged.set_index(index);
     if (tagged.has_usage() && cached_tokens >= 0) {
       tagged.mutable_usage()->set_cached_tokens(cached_tokens);
+    }
+    if (index == 0 && first_of_0) {
+      first_of_0 = false;
+      for (v1::TokenLogprobs& lp : prompt_logprobs) {
+        *tagged.add_prompt_logprobs() = std::move(lp);
+      }
     }
     writing = write(tagged);
     return writing;
@@ -621,6 +650,8 @@ absl::Status InferenceService::Run(
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       v1::GenerateRequest child = request;
+      // Without the prefill request, choice 0 scores the prompt.
+      if (prefill_first || i > 0) child.set_prompt_logprobs(0);
       child.mutable_sampling()->set_seed(request.sampling().seed() +
                                          static_cast<uint64_t>(i));
       statuses[i] = RunOne(
@@ -726,6 +757,10 @@ absl::Status InferenceService::RunOne(
             Stream& s = *stream;  // Only this thread uses it until done.
             const int32_t generated = ++s.generated;
             v1::GenerateResponse response;
+            for (v1::TokenLogprobs& lp : s.prompt_logprobs) {
+              *response.add_prompt_logprobs() = std::move(lp);
+            }
+            s.prompt_logprobs.clear();
             response.add_token_ids(id);
             if (logprobs != nullptr) {
               AddLogprobs(*tokenizer, id, *logprobs, response);
@@ -752,6 +787,23 @@ absl::Status InferenceService::RunOne(
             return s.stops.stopped() ? TokenAction::kStop
                                      : TokenAction::kContinue;
           },
+      .on_prompt_logprobs =
+          [stream, tokenizer,
+           prompt =
+               req->prompt_logprobs > 0 ? req->prompt : std::vector<int32_t>{}](
+              const std::vector<TokenLogprobs>& logprobs) {
+            // The first prompt token has no logprob; the others' follow.
+            std::vector<v1::TokenLogprobs>& out = stream->prompt_logprobs;
+            v1::TokenLogprob& first = *out.emplace_back().mutable_token();
+            first.set_token_id(prompt[0]);
+            first.set_text(TokenText(*tokenizer, prompt[0]));
+            for (size_t i = 0; i < logprobs.size() && i + 1 < prompt.size();
+                 ++i) {
+              v1::GenerateResponse one;
+              AddLogprobs(*tokenizer, prompt[i + 1], logprobs[i], one);
+              out.push_back(std::move(*one.mutable_logprobs(0)));
+            }
+          },
       .on_done =
           [stream](absl::StatusOr<GenerateResult> result) {
             absl::MutexLock lock(&stream->mu);
@@ -768,7 +820,7 @@ absl::Status InferenceService::RunOne(
   const std::vector<std::string> tool_names = ToolCallNames(*request);
   std::optional<ToolCallStream> tool_calls;
   std::vector<ChatToolCall> calls;
-  if (!tool_names.empty()) tool_calls.emplace(tool_names);
+  if (!tool_names.empty()) tool_calls.emplace(tool_names, tool_call_format());
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ *id), "_");
   const auto write_parsed = [&](const v1::GenerateResponse& response) {
@@ -987,6 +1039,7 @@ grpc::Status InferenceService::GetModelInfo(
       KvBytesPerToken(engine_->config().n_layers, engine_->config().n_kv_heads,
                       engine_->config().head_dim, kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
+  response->set_tool_call_format(ToolCallFormatName(tool_call_format()));
   return grpc::Status::OK;
 }
 

@@ -352,10 +352,14 @@ absl::Status AddConstraint(const Json& body, absl::string_view raw_body,
 }
 
 // The OpenAI request as a shardlm.v1 request. `top_n` is how many
-// alternatives to report per token (-1: no logprobs).
-absl::StatusOr<v1::GenerateRequest> ToProto(
-    const Json& body, absl::string_view raw_body, bool chat,
-    const std::string& model_name, int64_t context_length, int* top_n) {
+// alternatives to report per token (-1: no logprobs); `echo_text` what
+// echo prepends to each choice's text (empty without echo).
+absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
+                                            absl::string_view raw_body,
+                                            bool chat,
+                                            const std::string& model_name,
+                                            int64_t context_length, int* top_n,
+                                            std::string* echo_text) {
   v1::GenerateRequest req;
   std::string model;
   RETURN_IF_ERROR(Get(body, "model", &model));
@@ -375,11 +379,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
     return Invalid("'best_of' other than n is not supported");
   }
   req.set_n(static_cast<int32_t>(n));
-  if (echo) {
-    return Invalid(
-        "'echo' is not supported (it needs the logits of every prompt "
-        "position, which the engine does not return yet)");
-  }
+  if (echo && chat) return Invalid("'echo' is for /v1/completions");
   if (body.contains("suffix") && !body["suffix"].is_null()) {
     return Invalid("'suffix' is not supported");
   }
@@ -503,6 +503,15 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   }
   // The service returns at least one alternative when asked for any.
   if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
+  // echo prepends the prompt to each choice's text; with logprobs, the
+  // prompt tokens' logprobs lead each choice's (prompt_logprobs).
+  if (echo) {
+    if (*top_n >= 0) req.set_prompt_logprobs(std::max(1, *top_n));
+    if (req.prompt_token_ids_size() > 0) {
+      return Invalid("'echo' needs a text 'prompt', not token ids");
+    }
+    *echo_text = req.prompt();
+  }
 
   bool ignore_eos = false;
   int32_t priority = 0, truncate = 0;
@@ -512,6 +521,9 @@ absl::StatusOr<v1::GenerateRequest> ToProto(
   req.set_ignore_eos(ignore_eos);
   req.set_priority(priority);
   req.set_truncate_prompt_tokens(truncate);
+  if (echo && truncate != 0) {
+    return Invalid("'echo' with 'truncate_prompt_tokens' is not supported");
+  }
   RETURN_IF_ERROR(AddConstraint(body, raw_body, req));
   return req;
 }
@@ -528,6 +540,31 @@ Json Bytes(const std::string& text) {
   Json b = Json::array();
   for (unsigned char c : text) b.push_back(c);
   return b;
+}
+
+// The prompt's tokens and log-probabilities (`r.prompt_logprobs`) in the
+// completions format, from text offset 0; the first token's logprob and
+// alternatives are null, as OpenAI's.
+Json PromptLogprobsJson(const v1::GenerateResponse& r, int top_n) {
+  Json out = {{"tokens", Json::array()},
+              {"token_logprobs", Json::array()},
+              {"top_logprobs", Json::array()},
+              {"text_offset", Json::array()}};
+  int64_t offset = 0;
+  for (int k = 0; k < r.prompt_logprobs_size(); ++k) {
+    const v1::TokenLogprobs& lp = r.prompt_logprobs(k);
+    Json top = Json::object();
+    for (int i = 0; i < std::min(top_n, lp.top_size()); ++i) {
+      top[lp.top(i).text()] = lp.top(i).logprob();
+    }
+    out["tokens"].push_back(lp.token().text());
+    out["token_logprobs"].push_back(k == 0 ? Json()
+                                           : Json(lp.token().logprob()));
+    out["top_logprobs"].push_back(k == 0 ? Json() : top);
+    out["text_offset"].push_back(offset);
+    offset += static_cast<int64_t>(lp.token().text().size());
+  }
+  return out;
 }
 
 // Log-probabilities of the tokens of one response, in the completions
@@ -722,8 +759,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return fail(Invalid("the body is not a JSON object"));
   }
   int top_n = -1;
-  absl::StatusOr<v1::GenerateRequest> proto = ToProto(
-      body, req.body, chat, options_.model_name, context_length_, &top_n);
+  std::string echo_text;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      ToProto(body, req.body, chat, options_.model_name, context_length_,
+              &top_n, &echo_text);
   if (!proto.ok()) return fail(proto.status());
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
@@ -763,6 +802,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
     Json tool_calls = Json::array();
+    int streamed_calls = 0;        // Tool calls sent as deltas so far.
+    bool echoed_logprobs = false;  // The prompt's logprobs are in.
     v1::Usage usage;
   };
   const int n = std::max(1, proto->n());
@@ -774,9 +815,14 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     names = service_ != nullptr ? service_->ToolCallNames(*proto)
                                 : RequestedToolCallNames(*proto);
   }
+  ToolCallFormat format = options_.tool_call_format;
+  if (service_ != nullptr) format = service_->tool_call_format();
+  if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
   for (Choice& c : choices) {
+    c.text = echo_text;  // Streamed, it leads the choice's first chunk.
+    c.text_offset = static_cast<int64_t>(echo_text.size());
     c.logprobs = EmptyLogprobs(chat);
-    if (!names.empty()) c.tool_filter.emplace(names);
+    if (!names.empty()) c.tool_filter.emplace(names, format);
   }
   // One usage for the request: the prompt once, every choice's tokens.
   const auto total_usage = [&] {
@@ -788,35 +834,64 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     return u;
   };
   bool started = false;
-  const auto calls_json = [](const v1::GenerateResponse& r, bool delta) {
+  const auto calls_json = [](const v1::GenerateResponse& r) {
     Json calls = Json::array();
     for (int i = 0; i < r.tool_calls_size(); ++i) {
       const v1::ToolCall& c = r.tool_calls(i);
-      Json call = {
-          {"id", c.id()},
-          {"type", "function"},
-          {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}};
-      if (delta) call["index"] = i;
-      calls.push_back(std::move(call));
+      calls.push_back(
+          {{"id", c.id()},
+           {"type", "function"},
+           {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
     }
     return calls;
   };
+  // Streamed calls are named here (the service names the calls of its
+  // last response, which a stream has sent as deltas by then).
+  const std::string call_id_prefix = absl::StrCat(
+      "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
 
+  // echo with logprobs: the prompt's, from sequence 0's first response
+  // (the others start after it), leading every choice's logprobs.
+  Json prompt_logprobs;
+  const bool echo_logprobs = proto->prompt_logprobs() > 0;
   // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
     if (r.index() < 0 || r.index() >= n) return false;
     Choice& c = choices[r.index()];
+    if (r.prompt_logprobs_size() > 0) {
+      prompt_logprobs = PromptLogprobsJson(r, top_n);
+    }
+    // The logprobs this response's piece starts from: the prompt's first.
+    Json lead = EmptyLogprobs(chat);
+    if (echo_logprobs && !c.echoed_logprobs && prompt_logprobs.is_object()) {
+      c.echoed_logprobs = true;
+      lead = prompt_logprobs;
+    }
     if (r.has_usage()) c.usage = r.usage();
     if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
+    std::vector<ChatToolCall> closed;  // Calls whose </tool_call> came now.
     if (c.tool_filter) {
-      piece = c.tool_filter->Push(r.text()).content;
-      if (!r.finish_reason().empty()) piece += c.tool_filter->Finish().content;
+      ToolCallEvents events = c.tool_filter->Push(r.text());
+      piece = std::move(events.content);
+      closed = std::move(events.calls);
+      if (!r.finish_reason().empty()) {
+        events = c.tool_filter->Finish();
+        piece += events.content;
+        for (ChatToolCall& call : events.calls)
+          closed.push_back(std::move(call));
+      }
     }
     if (!stream) {
       c.text += piece;
-      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r, false);
+      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r);
       if (top_n >= 0) {
+        if (!chat && !lead["tokens"].empty()) {
+          for (const char* key :
+               {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+            for (Json& v : lead[key]) c.logprobs[key].push_back(std::move(v));
+          }
+        }
         AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
       }
       return true;
@@ -826,35 +901,68 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
         {"finish_reason",
          r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
     if (top_n >= 0) {
-      Json lp = EmptyLogprobs(chat);
+      Json lp = std::move(lead);
       AppendLogprobs(r, chat, top_n, lp, &c.text_offset);
       choice["logprobs"] = lp;
     } else {
       choice["logprobs"] = Json();
     }
-    if (chat) {
-      Json delta = {{"content", piece}};
-      if (c.first_chunk) delta["role"] = "assistant";
-      // All calls in the last chunk, whole (each call's first delta, as
-      // OpenAI's, with its id, name and arguments).
-      if (r.tool_calls_size() > 0) delta["tool_calls"] = calls_json(r, true);
-      choice["delta"] = delta;
-    } else {
-      choice["text"] = r.text();
+    // Tool calls stream as OpenAI's do: a call's first delta carries its
+    // index, id, type, name and empty arguments, the next its arguments.
+    // Each call is sent when its </tool_call> arrives, arguments whole: a
+    // malformed call must come back as content, which is known only then.
+    std::vector<Json> call_deltas;
+    for (ChatToolCall& call : closed) {
+      const int k = c.streamed_calls++;
+      call_deltas.push_back(
+          {{"index", k},
+           {"id", absl::StrCat(call_id_prefix, r.index(), "_", k)},
+           {"type", "function"},
+           {"function", {{"name", call.name}, {"arguments", ""}}}});
+      call_deltas.push_back(
+          {{"index", k}, {"function", {{"arguments", call.arguments}}}});
     }
-    c.first_chunk = false;
-    Json chunk = {{"id", id},
-                  {"object", object},
-                  {"created", created},
-                  {"model", options_.model_name},
-                  {"choices", {choice}}};
-    // With n > 1 the request's usage is in the include_usage chunk only.
-    if (r.has_usage() && n == 1) chunk["usage"] = UsageJson(r.usage());
-    if (!started) {
-      started = true;
-      if (!res.Start(200, "text/event-stream")) return false;
+    // One chunk per delta: the text first (with the logprobs), then the
+    // call deltas; the last chunk has the finish_reason and usage.
+    const size_t chunks = chat ? 1 + call_deltas.size() : 1;
+    for (size_t i = 0; i < chunks; ++i) {
+      Json one = choice;
+      if (i > 0 && top_n >= 0) one["logprobs"] = EmptyLogprobs(chat);
+      if (i + 1 < chunks) one["finish_reason"] = Json();
+      if (chat) {
+        Json delta = Json::object();
+        if (i == 0) delta["content"] = piece;
+        if (c.first_chunk) delta["role"] = "assistant";
+        if (i > 0) delta["tool_calls"] = Json::array({call_deltas[i - 1]});
+        one["delta"] = std::move(delta);
+      } else {
+        one["text"] = c.first_chunk ? echo_text + r.text() : r.text();
+      }
+      c.first_chunk = false;
+      // The text chunk of a piece that was all tool-call markup is empty:
+      // skipped when call deltas follow.
+      if (chat && i == 0 && chunks > 1 && piece.empty() &&
+          !one["delta"].contains("role") && top_n < 0) {
+        continue;
+      }
+      Json chunk = {{"id", id},
+                    {"object", object},
+                    {"created", created},
+                    {"model", options_.model_name},
+                    {"choices", {one}}};
+      // With n > 1 the request's usage is in the include_usage chunk only.
+      if (r.has_usage() && n == 1 && i + 1 == chunks) {
+        chunk["usage"] = UsageJson(r.usage());
+      }
+      if (!started) {
+        started = true;
+        if (!res.Start(200, "text/event-stream")) return false;
+      }
+      if (!res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"))) {
+        return false;
+      }
     }
-    return res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"));
+    return true;
   };
   const absl::Status status = run_(
       *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,

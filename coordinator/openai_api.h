@@ -41,6 +41,10 @@ struct OpenAiApiOptions {
   // When set (not owned), a body's parse is charged to it before the DOM is
   // built, and /metrics shows it.
   MemoryBudget* memory_budget = nullptr;
+  // Without an engine (the router): how the replicas' template writes tool
+  // calls, which the content filter parses (with an engine, its template
+  // says). kNone reads as Hermes, the format before replicas reported it.
+  ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
 };
 
 // Runs one request as InferenceService::Run does (the router's forwarding

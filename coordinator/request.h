@@ -34,6 +34,11 @@ struct GenerateRequest {
   // Per generated token: its log-probability and those of the `logprobs`
   // most likely tokens (0: none; at most kMaxLogprobs).
   int32_t logprobs = 0;
+  // Per prompt token after the first: its log-probability given the tokens
+  // before it and those of the `prompt_logprobs` most likely tokens there
+  // (0: none; at most kMaxLogprobs), from the prefill's own logits. Such a
+  // request computes its whole prompt (no prefix cache hit).
+  int32_t prompt_logprobs = 0;
   // Waiting requests are admitted highest priority first, then in arrival
   // order.
   int32_t priority = 0;
@@ -58,6 +63,9 @@ struct GenerateResult {
   double decode_seconds = 0;         // From the first to the last token.
   // When asked for (request.logprobs > 0): one per generated token.
   std::vector<TokenLogprobs> logprobs;
+  // When asked for (request.prompt_logprobs > 0): one per prompt token
+  // after the first.
+  std::vector<TokenLogprobs> prompt_logprobs;
   // Prompt tokens whose KV the prefix cache held when the request first
   // started (not computed for it); later recomputations do not change it.
   int64_t cached_prompt_tokens = 0;
@@ -77,6 +85,9 @@ struct RequestCallbacks {
   // unless the request asked for them; valid during the call only).
   std::function<TokenAction(int32_t token, const TokenLogprobs* logprobs)>
       on_token;
+  // With prompt_logprobs: once, before the first on_token, with them all.
+  std::function<void(const std::vector<TokenLogprobs>& prompt_logprobs)>
+      on_prompt_logprobs;
   // Exactly once, last: the result (finish_reason kCancelled when
   // cancelled, kStop when on_token said kStop), or the error that ended the
   // request (DeadlineExceeded, a failed step's status, Unavailable when the

@@ -746,7 +746,8 @@ class SchemaCompiler {
   }
 
   // Tool calls (CompileToolCalls): each call is `open` {"name": "NAME",
-  // "arguments": ARGS} `close`, NAME one of the tools' and ARGS valid
+  // "arguments": ARGS} `close` (`arguments_key` in place of "arguments"
+  // when given: Llama's "parameters"), NAME one of the tools' and ARGS valid
   // against that tool's parameters; one call, or several separated by
   // `separator`.
   absl::StatusOr<Grammar> RunToolCalls(const Json& spec) {
@@ -777,9 +778,11 @@ class SchemaCompiler {
             absl::StrCat(where, ": ", args.status().message()));
       }
       std::vector<Sym> seq;
-      b_.AppendLiteral(seq, absl::StrCat(open, "{\"name\": ",
-                                         Json(tool.value("name", "")).dump(),
-                                         ", \"arguments\": "));
+      b_.AppendLiteral(
+          seq,
+          absl::StrCat(
+              open, "{\"name\": ", Json(tool.value("name", "")).dump(), ", ",
+              Json(spec.value("arguments_key", "arguments")).dump(), ": "));
       seq.push_back(*args);
       b_.AppendLiteral(seq, absl::StrCat("}", close));
       calls.push_back(b_.Seq(std::move(seq), "tool_call"));

@@ -33,10 +33,11 @@ absl::StatusOr<Grammar> CompileJsonSchema(std::string_view schema_json);
 
 // The grammar of tool calls (tool_choice required, or a named function).
 // `spec_json`: {"open": TEXT, "close": TEXT, "separator": TEXT, "multiple":
-// bool, "tools": [{"index": i, "name": NAME, "parameters": SCHEMA or
-// null}]}. A sentence is one call (`multiple` false) or one or more
-// separated by `separator`; a call is
-//   open {"name": "NAME", "arguments": ARGS} close
+// bool, "arguments_key": KEY, "tools": [{"index": i, "name": NAME,
+// "parameters": SCHEMA or null}]}. A sentence is one call (`multiple`
+// false) or one or more separated by `separator`; a call is
+//   open {"name": "NAME", "KEY": ARGS} close
+// (KEY "arguments" unless given; Llama 3.1 writes "parameters")
 // with NAME one of the tools' and ARGS a JSON object valid against that
 // tool's parameters (any object when null), within the subset above.
 // InvalidArgument naming "tools[i].function.parameters" and the keyword for

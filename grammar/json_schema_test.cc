@@ -220,6 +220,18 @@ TEST(ToolCallGrammarTest, OneCallOfAnOfferedFunctionWithValidArguments) {
   EXPECT_FALSE(many.Accepts(""));
 }
 
+TEST(ToolCallGrammarTest, LlamaCallsUseParametersWithoutTags) {
+  absl::StatusOr<Grammar> g = CompileToolCalls(
+      R"({"open": "", "close": "", "arguments_key": "parameters",
+          "tools": [{"index": 0, "name": "add", "parameters": {
+            "type": "object", "properties": {"a": {"type": "integer"}},
+            "required": ["a"], "additionalProperties": false}}]})");
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE(g->Accepts(R"({"name": "add", "parameters": {"a": 2}})"));
+  EXPECT_FALSE(g->Accepts(R"({"name": "add", "arguments": {"a": 2}})"));
+  EXPECT_FALSE(g->Accepts(R"({"name": "add", "parameters": {}})"));
+}
+
 TEST(ToolCallGrammarTest, RefusalsNameTheTool) {
   absl::StatusOr<Grammar> g = CompileToolCalls(
       R"({"tools": [{"index": 0, "name": "a", "parameters": null},

@@ -126,6 +126,13 @@ v1::GenerateRequest GenerateRequestProto(const RemoteGenerateOptions& o) {
   s->set_top_k(o.sampling.top_k);
   s->set_top_p(o.sampling.top_p);
   s->set_seed(o.sampling.seed);
+  s->set_presence_penalty(o.sampling.presence_penalty);
+  s->set_frequency_penalty(o.sampling.frequency_penalty);
+  s->set_repetition_penalty(o.sampling.repetition_penalty);
+  for (const LogitBias& b : o.sampling.logit_bias) {
+    (*s->mutable_logit_bias())[b.token] = b.bias;
+  }
+  req.set_min_tokens(o.min_tokens);
   for (const std::string& stop : o.stop) req.add_stop(stop);
   req.set_logprobs(o.logprobs);
   return req;

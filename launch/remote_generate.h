@@ -42,6 +42,7 @@ struct RemoteGenerateOptions {
   bool stats = false;             // Usage and timings to stderr.
   std::vector<std::string> stop;  // Stop strings.
   int32_t logprobs = 0;           // > 0: print each token's logprobs to stderr.
+  int32_t min_tokens = 0;
   // How long to wait for the server to accept a connection.
   double connect_timeout_s = 5.0;
 };

@@ -33,8 +33,59 @@ constexpr std::string_view kHermesCallArgs = "\", \"arguments\": ";
 constexpr std::string_view kHermesCallClose = "}\n</tool_call>";
 constexpr std::string_view kHermesResponseOpen = "\n<tool_response>\n";
 constexpr std::string_view kHermesResponseClose = "\n</tool_response>";
+// Qwen3's variant: the same calls and results, the tools block without the
+// blank line in front (there is no default system prompt), a call opened
+// without the newline (the template writes it between calls), and <think>
+// blocks in the assistant's turns.
+constexpr std::string_view kQwen3ToolsOpen = kHermesToolsOpen.substr(2);
+constexpr std::string_view kQwen3CallOpen = kHermesCallOpen.substr(1);
+constexpr std::string_view kQwen3ThinkOpen = "\n<think>\n";
+constexpr std::string_view kQwen3ThinkClose = "\n</think>\n\n";
+
+// What Llama 3.1's and 3.2's templates write around JSON tool calls (with
+// tools_in_user_message, their default: the functions go in front of the
+// first user message; a call is the assistant's whole turn; results come
+// in `ipython` turns).
+constexpr std::string_view kLlamaEnvironment = "Environment: ipython\n";
+constexpr std::string_view kLlamaToolsLead1 =
+    "Given the following functions, please respond with a JSON for a "
+    "function call ";
+constexpr std::string_view kLlamaToolsLead2 =
+    "with its proper arguments that best answers the given prompt.\n\n";
+constexpr std::string_view kLlamaToolsFormat =
+    "Respond in the format {\"name\": function name, \"parameters\": "
+    "dictionary of argument name and its value}.";
+constexpr std::string_view kLlamaNoVariables = "Do not use variables.\n\n";
+constexpr std::string_view kLlamaIpython =
+    "<|start_header_id|>ipython<|end_header_id|>\n\n";
 
 using OrderedJson = nlohmann::ordered_json;
+
+void AppendPythonJson(const OrderedJson& j, std::string& out);
+
+// Python's json.dumps(j, ensure_ascii=False, indent=4) at nesting `level`:
+// each member on its own line, "," and ": " between, empty containers as
+// {} and [].
+void AppendPythonJsonIndented(const OrderedJson& j, int level,
+                              std::string& out) {
+  if (!(j.is_object() || j.is_array()) || j.empty()) {
+    AppendPythonJson(j, out);
+    return;
+  }
+  const std::string inner(4 * (level + 1), ' ');
+  out += j.is_object() ? '{' : '[';
+  bool first = true;
+  for (const auto& [key, value] : j.items()) {
+    absl::StrAppend(&out, first ? "\n" : ",\n", inner);
+    first = false;
+    if (j.is_object()) {
+      absl::StrAppend(&out, OrderedJson(key).dump(-1, ' ', false), ": ");
+    }
+    AppendPythonJsonIndented(value, level + 1, out);
+  }
+  absl::StrAppend(&out, "\n", std::string(4 * level, ' '));
+  out += j.is_object() ? '}' : ']';
+}
 
 void AppendPythonJson(const OrderedJson& j, std::string& out) {
   if (j.is_object()) {
@@ -108,7 +159,104 @@ std::string_view Trim(std::string_view s) {
   return s.substr(begin, end - begin);
 }
 
+// Python's str.strip(chars), lstrip and rstrip for one character.
+std::string_view LStrip(std::string_view s, char c) {
+  while (!s.empty() && s.front() == c) s.remove_prefix(1);
+  return s;
+}
+std::string_view RStrip(std::string_view s, char c) {
+  while (!s.empty() && s.back() == c) s.remove_suffix(1);
+  return s;
+}
+
+// The part of `s` after the last `sep` (all of it without one), and before
+// the first: Python's s.split(sep)[-1] and s.split(sep)[0].
+std::string_view AfterLast(std::string_view s, std::string_view sep) {
+  const size_t at = s.rfind(sep);
+  return at == std::string_view::npos ? s : s.substr(at + sep.size());
+}
+std::string_view BeforeFirst(std::string_view s, std::string_view sep) {
+  return s.substr(0, std::min(s.size(), s.find(sep)));
+}
+
+// A tool as transformers passes it to a template: {"type": "function",
+// "function": {"name", "description", "parameters"}} (the last two only
+// when given).
+absl::StatusOr<OrderedJson> ToolJson(const ChatTool& tool, size_t i) {
+  OrderedJson function = {{"name", tool.name}};
+  if (!tool.description.empty()) function["description"] = tool.description;
+  if (!tool.parameters.empty()) {
+    OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
+                                       /*allow_exceptions=*/false);
+    if (p.is_discarded()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tools[", i, "].function.parameters is not JSON"));
+    }
+    function["parameters"] = std::move(p);
+  }
+  return OrderedJson{{"type", "function"}, {"function", std::move(function)}};
+}
+
+// "\n" then the JSON line of each tool, as the Hermes templates write them.
+absl::Status AppendHermesTools(absl::Span<const ChatTool> tools,
+                               std::string& out) {
+  for (size_t i = 0; i < tools.size(); ++i) {
+    ASSIGN_OR_RETURN(const OrderedJson tool, ToolJson(tools[i], i));
+    out += "\n";
+    AppendPythonJson(tool, out);
+  }
+  return absl::OkStatus();
+}
+
+// A call's arguments, which must be a JSON object.
+absl::StatusOr<OrderedJson> CallArguments(const ChatToolCall& call, size_t i,
+                                          size_t c) {
+  OrderedJson args =
+      OrderedJson::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
+  if (!args.is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("messages[", i, "].tool_calls[", c,
+                     "].function.arguments must be a JSON object"));
+  }
+  return args;
+}
+
+absl::Status CheckToolRoles(absl::Span<const ChatMessage> messages) {
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant" &&
+        role != "tool") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", role,
+                       "' is not system, user, assistant or tool"));
+    }
+    if (role != "assistant" && !messages[i].tool_calls.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "messages[", i, "].tool_calls: only an assistant makes calls"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+const char* ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kHermes:
+      return "hermes";
+    case ToolCallFormat::kLlamaJson:
+      return "llama_json";
+    case ToolCallFormat::kNone:
+      break;
+  }
+  return "";
+}
+
+ToolCallFormat ToolCallFormatFromName(std::string_view name) {
+  if (name == "hermes") return ToolCallFormat::kHermes;
+  if (name == "llama_json") return ToolCallFormat::kLlamaJson;
+  return ToolCallFormat::kNone;
+}
 
 std::vector<std::string> JinjaStringLiterals(std::string_view source) {
   std::vector<std::string> out;
@@ -184,6 +332,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     }
     return false;
   };
+  const auto has = [&](std::string_view what) {
+    return source.find(what) != std::string_view::npos;
+  };
   if (writes("<|start_header_id|>")) {
     t.format_ = Format::kLlama3;
     t.bos_ = std::move(bos);
@@ -198,6 +349,19 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                  at != std::string_view::npos) {
         at = source.find_first_of("'\"", at);
         if (at != std::string_view::npos) t.date_ = ReadLiteral(source, &at);
+      }
+      const auto literal = [&](std::string_view what) {
+        return std::find(literals.begin(), literals.end(), what) !=
+               literals.end();
+      };
+      // The JSON tool branch with its defaults: tools in the first user
+      // message (tools_in_user_message = true), no builtin tools.
+      if (literal(kLlamaEnvironment) && literal(kLlamaToolsLead1) &&
+          literal(kLlamaToolsLead2) && literal(kLlamaToolsFormat) &&
+          literal(kLlamaNoVariables) && literal(kLlamaIpython) &&
+          literal("{\"name\": \"") && literal("\"parameters\": ") &&
+          has("set tools_in_user_message = true")) {
+        t.tool_format_ = ToolCallFormat::kLlamaJson;
       }
     }
     return t;
@@ -218,20 +382,24 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       return std::find(literals.begin(), literals.end(), what) !=
              literals.end();
     };
-    if (literal(kHermesToolsOpen) && literal(kHermesToolsClose) &&
-        literal(kHermesCallOpen) && literal(kHermesCallArgs) &&
+    const bool hermes_calls =
+        literal(kHermesToolsClose) && literal(kHermesCallArgs) &&
         literal(kHermesCallClose) && literal(kHermesResponseOpen) &&
-        literal(kHermesResponseClose)) {
+        literal(kHermesResponseClose);
+    if (hermes_calls && literal(kHermesToolsOpen) && literal(kHermesCallOpen)) {
       t.tool_format_ = ToolCallFormat::kHermes;
+    } else if (hermes_calls && literal(kQwen3ToolsOpen) &&
+               literal(kQwen3CallOpen) && literal(kQwen3ThinkOpen) &&
+               literal(kQwen3ThinkClose) && literal("</think>") &&
+               literal("<think>") && has("last_query_index")) {
+      t.tool_format_ = ToolCallFormat::kHermes;
+      t.qwen3_ = true;
     }
     return t;
   }
   // Mistral v0.1/v0.2: user and assistant turns only. Llama 2's <<SYS>>
   // and the later Mistral templates (a system message folded into the last
   // user turn, tools) differ and are refused below.
-  const auto has = [&](std::string_view what) {
-    return source.find(what) != std::string_view::npos;
-  };
   if (writes("[INST] ") && writes(" [/INST]") && !has("<<SYS>>") &&
       !has("system_message") && !has("tools")) {
     t.format_ = Format::kMistralInst;
@@ -287,11 +455,16 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages,
     absl::Span<const ChatTool> tools) const {
   if (tool_format_ == ToolCallFormat::kHermes) {
-    return RenderHermes(messages, tools);
+    return qwen3_ ? RenderQwen3(messages, tools)
+                  : RenderHermes(messages, tools);
+  }
+  if (tool_format_ == ToolCallFormat::kLlamaJson) {
+    return RenderLlamaJson(messages, tools);
   }
   const std::string why = absl::StrCat(
       " needs a chat template that renders tools; this model's (", Describe(),
-      ") does not (shardlm renders Qwen2.5's Hermes <tool_call> format)");
+      ") does not (shardlm renders Qwen2.5's and Qwen3's Hermes <tool_call> "
+      "format and Llama 3.1's JSON calls)");
   if (!tools.empty())
     return absl::InvalidArgumentError(absl::StrCat("tools", why));
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -314,41 +487,14 @@ absl::StatusOr<std::string> ChatTemplate::Render(
 absl::StatusOr<std::string> ChatTemplate::RenderHermes(
     absl::Span<const ChatMessage> messages,
     absl::Span<const ChatTool> tools) const {
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role != "system" && role != "user" && role != "assistant" &&
-        role != "tool") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("messages[", i, "].role '", role,
-                       "' is not system, user, assistant or tool"));
-    }
-    if (role != "assistant" && !messages[i].tool_calls.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", i, "].tool_calls: only an assistant makes calls"));
-    }
-  }
+  RETURN_IF_ERROR(CheckToolRoles(messages));
   const bool system = !messages.empty() && messages[0].role == "system";
   std::string out;
   if (!tools.empty()) {
     absl::StrAppend(&out, Sv(kChatMlSystem),
                     system ? messages[0].content : default_system_,
                     Sv(kHermesToolsOpen));
-    for (size_t i = 0; i < tools.size(); ++i) {
-      const ChatTool& tool = tools[i];
-      OrderedJson function = {{"name", tool.name}};
-      if (!tool.description.empty()) function["description"] = tool.description;
-      if (!tool.parameters.empty()) {
-        OrderedJson p = OrderedJson::parse(tool.parameters, nullptr,
-                                           /*allow_exceptions=*/false);
-        if (p.is_discarded()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("tools[", i, "].function.parameters is not JSON"));
-        }
-        function["parameters"] = std::move(p);
-      }
-      out += "\n";
-      AppendPythonJson({{"type", "function"}, {"function", function}}, out);
-    }
+    RETURN_IF_ERROR(AppendHermesTools(tools, out));
     absl::StrAppend(&out, Sv(kHermesToolsClose));
   } else if (system) {
     absl::StrAppend(&out, Sv(kChatMlSystem), messages[0].content,
@@ -366,14 +512,8 @@ absl::StatusOr<std::string> ChatTemplate::RenderHermes(
       absl::StrAppend(&out, "<|im_start|>assistant");
       if (!m.content.empty()) absl::StrAppend(&out, "\n", m.content);
       for (size_t c = 0; c < m.tool_calls.size(); ++c) {
-        const OrderedJson args =
-            OrderedJson::parse(m.tool_calls[c].arguments, nullptr,
-                               /*allow_exceptions=*/false);
-        if (!args.is_object()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("messages[", i, "].tool_calls[", c,
-                           "].function.arguments must be a JSON object"));
-        }
+        ASSIGN_OR_RETURN(const OrderedJson args,
+                         CallArguments(m.tool_calls[c], i, c));
         absl::StrAppend(&out, Sv(kHermesCallOpen), m.tool_calls[c].name,
                         Sv(kHermesCallArgs));
         AppendPythonJson(args, out);
@@ -395,10 +535,153 @@ absl::StatusOr<std::string> ChatTemplate::RenderHermes(
   return out;
 }
 
+// Qwen3's template: as Qwen2.5's, but no default system prompt, and the
+// assistant's turns after the last user query (a user message that is not
+// a <tool_response> block) keep their <think> block (the last turn always
+// gets one), earlier ones lose it.
+absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  RETURN_IF_ERROR(CheckToolRoles(messages));
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::string out;
+  if (!tools.empty()) {
+    out = kChatMlSystem;
+    if (system) absl::StrAppend(&out, messages[0].content, "\n\n");
+    out += kQwen3ToolsOpen;
+    RETURN_IF_ERROR(AppendHermesTools(tools, out));
+    out += kHermesToolsClose;
+  } else if (system) {
+    absl::StrAppend(&out, Sv(kChatMlSystem), messages[0].content,
+                    Sv(kChatMlEnd));
+  }
+  size_t last_query = messages.empty() ? 0 : messages.size() - 1;
+  for (size_t i = messages.size(); i-- > 0;) {
+    const std::string& c = messages[i].content;
+    if (messages[i].role == "user" && !(c.starts_with("<tool_response>") &&
+                                        c.ends_with("</tool_response>"))) {
+      last_query = i;
+      break;
+    }
+  }
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    const bool last = i + 1 == messages.size();
+    if (m.role == "user" || (m.role == "system" && i > 0)) {
+      absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content,
+                      Sv(kChatMlEnd));
+    } else if (m.role == "assistant") {
+      std::string_view content = m.content;
+      std::string_view reasoning;
+      if (content.find("</think>") != std::string_view::npos) {
+        reasoning =
+            LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
+                             "<think>"),
+                   '\n');
+        content = LStrip(AfterLast(content, "</think>"), '\n');
+      }
+      if (i > last_query && (last || !reasoning.empty())) {
+        absl::StrAppend(&out, "<|im_start|>assistant", Sv(kQwen3ThinkOpen),
+                        Sv(LStrip(RStrip(reasoning, '\n'), '\n')),
+                        Sv(kQwen3ThinkClose), Sv(LStrip(content, '\n')));
+      } else {
+        absl::StrAppend(&out, "<|im_start|>assistant\n", Sv(content));
+      }
+      for (size_t c = 0; c < m.tool_calls.size(); ++c) {
+        ASSIGN_OR_RETURN(OrderedJson args,
+                         CallArguments(m.tool_calls[c], i, c));
+        if (c > 0 || !content.empty()) out += "\n";
+        absl::StrAppend(&out, Sv(kQwen3CallOpen), m.tool_calls[c].name,
+                        Sv(kHermesCallArgs));
+        AppendPythonJson(args, out);
+        out += kHermesCallClose;
+      }
+      out += kChatMlEnd;
+    } else if (m.role == "tool") {
+      if (i == 0 || messages[i - 1].role != "tool") out += "<|im_start|>user";
+      absl::StrAppend(&out, Sv(kHermesResponseOpen), m.content,
+                      Sv(kHermesResponseClose));
+      if (last || messages[i + 1].role != "tool") out += kChatMlEnd;
+    }
+  }
+  out += "<|im_start|>assistant\n";
+  return out;
+}
+
+// Llama 3.1's and 3.2's template with its defaults: the dated system
+// block (with "Environment: ipython" when there are tools), the functions
+// as indented JSON in front of the first message after the system one, an
+// assistant's one call as {"name": ..., "parameters": ...} in place of its
+// content, tool results in ipython turns as JSON strings (the template's
+// tojson of a string).
+absl::StatusOr<std::string> ChatTemplate::RenderLlamaJson(
+    absl::Span<const ChatMessage> messages,
+    absl::Span<const ChatTool> tools) const {
+  RETURN_IF_ERROR(CheckToolRoles(messages));
+  const bool system = !messages.empty() && messages[0].role == "system";
+  std::string out = bos_;
+  absl::StrAppend(&out, "<|start_header_id|>system<|end_header_id|>\n\n",
+                  tools.empty() ? "" : Sv(kLlamaEnvironment),
+                  "Cutting Knowledge Date: December 2023\n",
+                  "Today Date: ", date_, "\n\n",
+                  Sv(system ? Trim(messages[0].content) : ""), "<|eot_id|>");
+  size_t i = system ? 1 : 0;
+  if (!tools.empty()) {
+    if (i == messages.size()) {
+      return absl::InvalidArgumentError(
+          "tools need a user message to go in front of (this model's chat "
+          "template puts them in the first one)");
+    }
+    absl::StrAppend(&out, "<|start_header_id|>user<|end_header_id|>\n\n",
+                    Sv(kLlamaToolsLead1), Sv(kLlamaToolsLead2),
+                    Sv(kLlamaToolsFormat), Sv(kLlamaNoVariables));
+    for (size_t t = 0; t < tools.size(); ++t) {
+      ASSIGN_OR_RETURN(const OrderedJson tool, ToolJson(tools[t], t));
+      AppendPythonJsonIndented(tool, 0, out);
+      out += "\n\n";
+    }
+    absl::StrAppend(&out, Sv(Trim(messages[i].content)), "<|eot_id|>");
+    ++i;
+  }
+  for (; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "tool") {
+      out += kLlamaIpython;
+      AppendPythonJson(OrderedJson(m.content), out);
+      out += "<|eot_id|>";
+    } else if (!m.tool_calls.empty()) {
+      if (m.tool_calls.size() != 1) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("messages[", i,
+                         "].tool_calls: this model's chat template takes "
+                         "one call per assistant message"));
+      }
+      ASSIGN_OR_RETURN(const OrderedJson args,
+                       CallArguments(m.tool_calls[0], i, 0));
+      absl::StrAppend(&out,
+                      "<|start_header_id|>assistant<|end_header_id|>\n\n"
+                      "{\"name\": \"",
+                      m.tool_calls[0].name, "\", \"parameters\": ");
+      AppendPythonJson(args, out);
+      out += "}<|eot_id|>";
+    } else {
+      absl::StrAppend(&out, "<|start_header_id|>", m.role,
+                      "<|end_header_id|>\n\n", Sv(Trim(m.content)),
+                      "<|eot_id|>");
+    }
+  }
+  absl::StrAppend(&out, "<|start_header_id|>assistant<|end_header_id|>\n\n");
+  return out;
+}
+
 absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages) const {
-  if (tool_format_ == ToolCallFormat::kHermes)
-    return RenderHermes(messages, {});
+  if (tool_format_ == ToolCallFormat::kHermes) {
+    return qwen3_ ? RenderQwen3(messages, {}) : RenderHermes(messages, {});
+  }
+  if (tool_format_ == ToolCallFormat::kLlamaJson) {
+    return RenderLlamaJson(messages, {});
+  }
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -526,10 +809,14 @@ std::string ChatTemplate::Describe() const {
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";
   if (format_ == Format::kLlama3) {
     return dated_system_
-               ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")")
+               ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")",
+                              tool_format_ == ToolCallFormat::kLlamaJson
+                                  ? " with JSON tool calls"
+                                  : "")
                : "llama3";
   }
   if (!from_template_) return "chatml (no template in the model)";
+  if (qwen3_) return "chatml with Hermes <tool_call> tools (qwen3, <think>)";
   if (tool_format_ == ToolCallFormat::kHermes) {
     return absl::StrCat(
         "chatml with Hermes <tool_call> tools (default system "

@@ -5,7 +5,8 @@
 // template (tests/reference/check_chat_template.py compares the two with
 // jinja2): plain conversations (system, user and assistant messages) in
 // every format below, and tools, tool calls and tool results in Qwen2.5's
-// (Hermes-style <tool_call> JSON; ToolCallFormat::kHermes).
+// and Qwen3's (Hermes-style <tool_call> JSON; ToolCallFormat::kHermes) and
+// Llama 3.1's and 3.2's (JSON calls; ToolCallFormat::kLlamaJson).
 #ifndef SHARDLM_MODEL_CHAT_TEMPLATE_H_
 #define SHARDLM_MODEL_CHAT_TEMPLATE_H_
 
@@ -51,7 +52,15 @@ enum class ToolCallFormat {
   // Qwen2.5 (Hermes): each call is
   // <tool_call>\n{"name": NAME, "arguments": {...}}\n</tool_call>.
   kHermes,
+  // Llama 3.1 and 3.2 (JSON tool calls): a call is the assistant's whole
+  // turn, {"name": NAME, "parameters": {...}}; results are ipython turns.
+  kLlamaJson,
 };
+
+// "hermes", "llama_json", or "" for kNone (the gRPC API's ModelInfo);
+// ToolCallFormatFromName reads them back (kNone for another name).
+const char* ToolCallFormatName(ToolCallFormat format);
+ToolCallFormat ToolCallFormatFromName(std::string_view name);
 
 class ChatTemplate {
  public:
@@ -118,6 +127,12 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;
+  absl::StatusOr<std::string> RenderQwen3(
+      absl::Span<const ChatMessage> messages,
+      absl::Span<const ChatTool> tools) const;
+  absl::StatusOr<std::string> RenderLlamaJson(
+      absl::Span<const ChatMessage> messages,
+      absl::Span<const ChatTool> tools) const;
 
   Format format_ = Format::kChatMl;
   ToolCallFormat tool_format_ = ToolCallFormat::kNone;
@@ -126,6 +141,7 @@ class ChatTemplate {
   std::string eos_;               // Mistral: ends an assistant turn
   bool space_after_eos_ = false;  // Mistral v0.1: "</s> " then.
   std::string default_system_;    // ChatML: when no system message leads.
+  bool qwen3_ = false;            // Hermes tools, Qwen3's template.
   bool dated_system_ = false;     // Llama 3.1+.
   std::string date_;              // "26 Jul 2024".
 };

@@ -10,6 +10,7 @@ namespace {
 
 constexpr std::string_view kOpen = "<tool_call>";
 constexpr std::string_view kClose = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
 
 bool IsJsonSpace(char c) {
   return c == ' ' || c == '\n' || c == '\t' || c == '\r';
@@ -24,6 +25,30 @@ size_t PartialTagSuffix(std::string_view text, std::string_view tag) {
   return 0;
 }
 
+// The end of the JSON object that starts at text[0] ("{"): the index past
+// its closing brace, or npos when it is not closed in `text`.
+size_t ObjectEnd(std::string_view text) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
 }  // namespace
 
 ToolCallEvents ToolCallStream::Push(std::string_view text) {
@@ -33,8 +58,66 @@ ToolCallEvents ToolCallStream::Push(std::string_view text) {
     return events;
   }
   held_ += text;
-  Drain(events);
+  if (format_ == ToolCallFormat::kLlamaJson) {
+    DrainLlama(events);
+  } else {
+    Drain(events);
+  }
   return events;
+}
+
+bool ToolCallStream::Named(const std::string& name) const {
+  return std::find(names_.begin(), names_.end(), name) != names_.end();
+}
+
+void ToolCallStream::DrainLlama(ToolCallEvents& events) {
+  if (in_calls_) return;  // Held to the end.
+  size_t at = 0;
+  while (at < held_.size() && IsJsonSpace(held_[at])) ++at;
+  const std::string_view rest = std::string_view(held_).substr(at);
+  if (rest.empty()) return;
+  if (rest.starts_with("{") || rest.starts_with(kPythonTag)) {
+    in_calls_ = true;
+    return;
+  }
+  if (kPythonTag.starts_with(rest)) return;  // Maybe the tag: wait.
+  passthrough_ = true;
+  events.content = std::move(held_);
+  held_.clear();
+}
+
+bool ToolCallStream::ParseLlamaCalls(std::vector<ChatToolCall>& calls) const {
+  using OrderedJson = nlohmann::ordered_json;
+  std::string_view rest = held_;
+  const auto skip_space = [&] {
+    while (!rest.empty() && IsJsonSpace(rest.front())) rest.remove_prefix(1);
+  };
+  skip_space();
+  if (rest.starts_with(kPythonTag)) rest.remove_prefix(kPythonTag.size());
+  while (true) {
+    skip_space();
+    if (!rest.starts_with("{")) return false;
+    const size_t end = ObjectEnd(rest);
+    if (end == std::string_view::npos) return false;
+    const OrderedJson j = OrderedJson::parse(rest.substr(0, end), nullptr,
+                                             /*allow_exceptions=*/false);
+    rest.remove_prefix(end);
+    const char* key =
+        j.is_object() && j.contains("parameters") ? "parameters" : "arguments";
+    if (!j.is_object() || j.size() != 2 || !j.contains("name") ||
+        !j["name"].is_string() || !j.contains(key) || !j[key].is_object() ||
+        !Named(j["name"].get<std::string>())) {
+      return false;
+    }
+    absl::StatusOr<std::string> args = PythonJsonDumps(j[key].dump());
+    if (!args.ok()) return false;
+    calls.push_back(
+        {.name = j["name"].get<std::string>(), .arguments = *std::move(args)});
+    skip_space();
+    if (rest.empty()) return true;
+    if (!rest.starts_with(";")) return false;
+    rest.remove_prefix(1);
+  }
 }
 
 void ToolCallStream::Drain(ToolCallEvents& events) {
@@ -86,6 +169,16 @@ void ToolCallStream::Drain(ToolCallEvents& events) {
 
 ToolCallEvents ToolCallStream::Finish() {
   ToolCallEvents events;
+  if (format_ == ToolCallFormat::kLlamaJson) {
+    if (in_calls_ && !passthrough_ && ParseLlamaCalls(events.calls)) {
+      calls_ += static_cast<int>(events.calls.size());
+    } else {
+      events.calls.clear();
+      events.content = std::move(held_);
+    }
+    held_.clear();
+    return events;
+  }
   // Whitespace after the last call is dropped; anything else held (a part
   // of a tag, an open call) is content.
   if (in_calls_ && !passthrough_ &&

@@ -1,6 +1,8 @@
-// Tool calls in a model's output text: the Hermes format (Qwen2.5) that
-// ChatTemplate renders, <tool_call>\n{"name": ..., "arguments": {...}}\n
-// </tool_call>, split off the text as the model streams it.
+// Tool calls in a model's output text, split off the text as the model
+// streams it: the Hermes format (Qwen2.5, Qwen3) that ChatTemplate
+// renders, <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>,
+// and Llama 3.1's JSON calls, the whole output {"name": ..., "parameters":
+// {...}}.
 #ifndef SHARDLM_MODEL_TOOL_CALLS_H_
 #define SHARDLM_MODEL_TOOL_CALLS_H_
 
@@ -28,11 +30,19 @@ struct ToolCallEvents {
 // whitespace between calls is dropped. Anything else (malformed JSON, an
 // unknown name, other text between or after calls, a call left open at the
 // end) is given back as content, as it came, and so is all text after it:
-// a malformed call never fails the request. Not thread-safe.
+// a malformed call never fails the request.
+//
+// kLlamaJson: an output whose first non-space text is "{" (or Llama's
+// <|python_tag|>) is held to the end, then parsed as calls
+// {"name": NAME, "parameters": {...}} ("arguments" is taken too, as
+// vLLM's llama3_json parser does), several separated by ";"; anything
+// else, or a parse that fails, is content, as it came. Any other output
+// passes through at once. Not thread-safe.
 class ToolCallStream {
  public:
-  explicit ToolCallStream(std::vector<std::string> names)
-      : names_(std::move(names)) {}
+  explicit ToolCallStream(std::vector<std::string> names,
+                          ToolCallFormat format = ToolCallFormat::kHermes)
+      : names_(std::move(names)), format_(format) {}
 
   ToolCallEvents Push(std::string_view text);
   // The end of the output: what is held back, as content.
@@ -43,10 +53,15 @@ class ToolCallStream {
 
  private:
   void Drain(ToolCallEvents& events);
+  void DrainLlama(ToolCallEvents& events);
+  // Llama: the held output as calls; false (and none) when it is not.
+  bool ParseLlamaCalls(std::vector<ChatToolCall>& calls) const;
+  bool Named(const std::string& name) const;
 
   std::vector<std::string> names_;
+  ToolCallFormat format_;
   std::string held_;
-  bool in_calls_ = false;     // Past the first <tool_call>.
+  bool in_calls_ = false;     // Past the first <tool_call> (Llama: "{").
   bool passthrough_ = false;  // After a malformed call: all is content.
   int calls_ = 0;
 };

@@ -10,8 +10,9 @@ namespace {
 
 // Feeds `text` in pieces of `step` bytes and gathers what came out.
 ToolCallEvents Feed(std::string_view text, size_t step,
-                    std::vector<std::string> names = {"get_weather", "add"}) {
-  ToolCallStream stream(std::move(names));
+                    std::vector<std::string> names = {"get_weather", "add"},
+                    ToolCallFormat format = ToolCallFormat::kHermes) {
+  ToolCallStream stream(std::move(names), format);
   ToolCallEvents all;
   const auto take = [&](ToolCallEvents e) {
     all.content += e.content;
@@ -82,6 +83,60 @@ TEST(ToolCallStream, TextAfterAValidCallIsContentFromThere) {
   ASSERT_EQ(e.calls.size(), 1u);
   EXPECT_EQ(e.calls[0].arguments, R"({"a": 1})");
   EXPECT_EQ(e.content, " and then some words");
+}
+
+ToolCallEvents FeedLlama(std::string_view text, size_t step) {
+  return Feed(text, step, {"get_weather", "add"}, ToolCallFormat::kLlamaJson);
+}
+
+TEST(ToolCallStreamLlama, WholeOutputCallsAreParsed) {
+  const std::string one =
+      " {\"name\": \"add\", \"parameters\": {\"a\":1, \"b\": \"}{;\"}}";
+  const std::string two =
+      "<|python_tag|>{\"name\": \"get_weather\", \"arguments\": "
+      "{\"city\": \"Oslo\"}}; {\"name\": \"add\", \"parameters\": {}}\n";
+  for (size_t step : {1, 3, 1000}) {
+    ToolCallEvents e = FeedLlama(one, step);
+    EXPECT_EQ(e.content, "") << step;
+    ASSERT_EQ(e.calls.size(), 1u) << step;
+    EXPECT_EQ(e.calls[0].name, "add");
+    EXPECT_EQ(e.calls[0].arguments, R"({"a": 1, "b": "}{;"})");
+    e = FeedLlama(two, step);
+    EXPECT_EQ(e.content, "") << step;
+    ASSERT_EQ(e.calls.size(), 2u) << step;
+    EXPECT_EQ(e.calls[0].name, "get_weather");
+    EXPECT_EQ(e.calls[0].arguments, R"({"city": "Oslo"})");
+    EXPECT_EQ(e.calls[1].arguments, "{}");
+  }
+}
+
+TEST(ToolCallStreamLlama, TextAndMalformedCallsAreContent) {
+  const std::vector<std::string> outputs = {
+      "The weather is fine. {\"name\": \"add\", \"parameters\": {}}",
+      "<|python",
+      "<|python_tag|>print(1)",
+      "{\"name\": \"rm\", \"parameters\": {}}",             // Not offered.
+      "{\"name\": \"add\", \"parameters\": [1]}",           // Not an object.
+      "{\"name\": \"add\", \"parameters\": {}, \"x\": 1}",  // Extra key.
+      "{\"name\": \"add\", \"parameters\": {\"a\": 1}",     // Left open.
+      "{\"name\": \"add\", \"parameters\": {}} and more",
+      "{\"name\": \"add\", \"parameters\": {}};",
+  };
+  for (const std::string& text : outputs) {
+    for (size_t step : {1, 4, 1000}) {
+      const ToolCallEvents e = FeedLlama(text, step);
+      EXPECT_EQ(e.content, text) << step;
+      EXPECT_TRUE(e.calls.empty()) << text;
+    }
+  }
+}
+
+TEST(ToolCallStreamLlama, PlainTextStreamsAtOnce) {
+  ToolCallStream stream({"add"}, ToolCallFormat::kLlamaJson);
+  EXPECT_EQ(stream.Push("  ").content, "");
+  EXPECT_EQ(stream.Push("Hi").content, "  Hi");
+  EXPECT_EQ(stream.Push(" {").content, " {");
+  EXPECT_EQ(stream.Finish().content, "");
 }
 
 TEST(PythonJsonDumps, MatchesPythonLayout) {

@@ -205,6 +205,7 @@ absl::StatusOr<std::string> ReplicaSet::ModelOf(Replica& r) {
     absl::MutexLock lock(&mu_);
     if (context_length_ == 0 && (model_.empty() || model_ == info.name())) {
       context_length_ = info.context_length();
+      tool_call_format_ = info.tool_call_format();
     }
   }
   return info.name();
@@ -213,6 +214,11 @@ absl::StatusOr<std::string> ReplicaSet::ModelOf(Replica& r) {
 int64_t ReplicaSet::context_length() const {
   absl::MutexLock lock(&mu_);
   return context_length_;
+}
+
+std::string ReplicaSet::tool_call_format() const {
+  absl::MutexLock lock(&mu_);
+  return tool_call_format_;
 }
 
 void ReplicaSet::Watch(Replica* r) {

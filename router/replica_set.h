@@ -76,6 +76,10 @@ class ReplicaSet {
   std::string model() const;
   // Its context length (as that replica reported it); 0 until one answered.
   int64_t context_length() const;
+  // How its chat template writes tool calls (ModelInfo.tool_call_format,
+  // from the same replica); empty until one answered or when it renders
+  // none.
+  std::string tool_call_format() const;
 
   // Chooses a replica with `policy` for a request whose prompt is
   // `prompt` (empty: unknown; kv then ranks by load alone), never
@@ -143,6 +147,7 @@ class ReplicaSet {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::string model_ ABSL_GUARDED_BY(mu_);
   int64_t context_length_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string tool_call_format_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardlm

@@ -44,7 +44,9 @@ OpenAiApi* RouterHttpApi::Api() {
       OpenAiApiOptions{.model_name = model,
                        .api_key = options_.api_key,
                        .metrics_auth = options_.metrics_auth,
-                       .memory_budget = options_.memory_budget});
+                       .memory_budget = options_.memory_budget,
+                       .tool_call_format = ToolCallFormatFromName(
+                           replicas_->tool_call_format())});
   return api_.get();
 }
 

@@ -47,6 +47,12 @@ struct StepInput {
   // with the sampled token's log-probability (0: no log-probabilities for
   // that row; at most kMaxLogprobs).
   std::vector<int32_t> logprobs;
+  // Empty, or per logit row: -1 to sample the row's token, or a token id
+  // to score instead: the row's output token is that token and its
+  // log-probabilities (with `logprobs` alternatives) are reported, nothing
+  // drawn. Prompt logprobs: a row per prompt position, scoring the next
+  // prompt token, from the same forward pass as the prefill.
+  std::vector<int32_t> score_tokens;
 
   friend bool operator==(const StepInput&, const StepInput&) = default;
 };

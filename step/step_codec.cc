@@ -86,6 +86,8 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
     out.set_dst(c.dst);
   }
   plan->mutable_logprobs()->Add(step.logprobs.begin(), step.logprobs.end());
+  plan->mutable_score_tokens()->Add(step.score_tokens.begin(),
+                                    step.score_tokens.end());
   if (blocks_sent != nullptr) *blocks_sent = blocks;
   return absl::OkStatus();
 }
@@ -141,6 +143,8 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
     step.copies.push_back({.src = c.src(), .dst = c.dst()});
   }
   step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
+  step.score_tokens.assign(plan.score_tokens().begin(),
+                           plan.score_tokens().end());
   return step;
 }
 

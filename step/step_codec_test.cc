@@ -36,6 +36,7 @@ TEST(StepCodecTest, DecodeOfEncodeIsTheStep) {
   steps.push_back(Step({1, 2}, {{4, 5, 9}, {6}}));  // 1 grew.
   steps.back().copies = {{.src = 3, .dst = 70}, {.src = 71, .dst = 2}};
   steps.back().logprobs = {0, 5};
+  steps.back().score_tokens = {-1, 12};  // Row 1 scores a prompt token.
   // Logit processors and the rows' histories travel too; the bias map
   // comes back in id order whatever its order on the wire.
   steps.back().sampling[1].presence_penalty = 0.5f;

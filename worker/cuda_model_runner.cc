@@ -535,8 +535,9 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
       std::any_of(step.history.begin(), step.history.end(),
                   [](const SampleHistory& h) { return !h.empty(); });
   // Sampled on the host when the logits end there anyway (TP gather).
+  // Scored rows (prompt logprobs) too: they come with logprobs.
   if (step.return_logits || logprobs || processed || rows == 0 ||
-      comms_.tp != nullptr) {
+      !step.score_tokens.empty() || comms_.tp != nullptr) {
     ASSIGN_OR_RETURN(Tensor logits, Forward(step));
     return SampleStep(step, std::move(logits));
   }

@@ -54,6 +54,11 @@ absl::Status ValidateStepSampling(const StepInput& step) {
           absl::StrCat("logprobs must be in [0, ", kMaxLogprobs, "], got ", n));
     }
   }
+  if (!step.score_tokens.empty() && step.score_tokens.size() != rows) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", rows, " logit rows but ",
+                     step.score_tokens.size(), " score tokens"));
+  }
   if (!step.history.empty() && step.history.size() != rows) {
     return absl::InvalidArgumentError(
         absl::StrCat("step has ", rows, " logit rows but ", step.history.size(),
@@ -75,6 +80,12 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
       std::any_of(step.logprobs.begin(), step.logprobs.end(),
                   [](int32_t n) { return n > 0; });
   if (any_logprobs) out.logprobs.resize(rows);
+  for (int32_t t : step.score_tokens) {
+    if (t < -1 || t >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "score token ", t, " is outside the vocabulary of ", vocab));
+    }
+  }
   const SampleHistory no_history;
   std::vector<float> processed;  // A row with logit processors, processed.
   for (size_t r = 0; r < rows; ++r) {
@@ -89,7 +100,9 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
       ProcessLogits(absl::MakeSpan(processed), params, history);
       row = processed;
     }
-    out.tokens.push_back(SampleToken(row, params, step.sample_index[r]));
+    const int32_t score = step.score_tokens.empty() ? -1 : step.score_tokens[r];
+    out.tokens.push_back(
+        score >= 0 ? score : SampleToken(row, params, step.sample_index[r]));
     if (any_logprobs && step.logprobs[r] > 0) {
       out.logprobs[r] = Logprobs(row, out.tokens.back(), step.logprobs[r]);
     }

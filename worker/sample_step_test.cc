@@ -77,6 +77,35 @@ TEST(SampleStepTest, RowsSampleFromTheirProcessedLogits) {
   }
 }
 
+TEST(SampleStepTest, ScoredRowsReportTheirTokenAndDrawNothing) {
+  // Row 0 scores token 7 (a prompt position), row 1 samples as before.
+  StepInput step = TwoRows();
+  step.sampling[0] = SamplingParams{};
+  step.history[0] = {};
+  step.score_tokens = {7, -1};
+  const Tensor raw = Logits(2);
+  ASSERT_OK_AND_ASSIGN(StepOutput out, SampleStep(step, Logits(2)));
+  ASSERT_EQ(out.tokens.size(), 2u);
+  EXPECT_EQ(out.tokens[0], 7);
+  const std::vector<float> row0(raw.f32().begin(), raw.f32().begin() + kVocab);
+  const TokenLogprobs want = Logprobs(row0, 7, 3);
+  EXPECT_EQ(out.logprobs[0].sampled, want.sampled);
+  ASSERT_EQ(out.logprobs[0].top.size(), 3u);
+  EXPECT_EQ(out.logprobs[0].top[0].token, want.top[0].token);
+  const std::vector<float> row1(raw.f32().begin() + kVocab,
+                                raw.f32().begin() + 2 * kVocab);
+  EXPECT_EQ(out.tokens[1], SampleToken(row1, step.sampling[1], 5));
+
+  step.score_tokens = {kVocab, -1};
+  EXPECT_TRUE(IsError(SampleStep(step, Logits(2)),
+                      absl::StatusCode::kInvalidArgument,
+                      "score token 37 is outside the vocabulary of 37"));
+  step.score_tokens = {1};
+  EXPECT_TRUE(IsError(ValidateStepSampling(step),
+                      absl::StatusCode::kInvalidArgument,
+                      "2 logit rows but 1 score tokens"));
+}
+
 TEST(SampleStepTest, RefusesABadHistory) {
   const auto kInvalid = absl::StatusCode::kInvalidArgument;
   StepInput step = TwoRows();

@@ -7,6 +7,9 @@
    the Hugging Face reference tokenizer: this covers the wiring of encode,
    engine, stop tokens and streaming decode.
 2. The same seed gives the same sampled text; another seed, other text.
+   The sampling fields' flags (--presence-penalty, --frequency-penalty,
+   --repetition-penalty, --logit-bias ID=BIAS, --min-tokens) give the HTTP
+   API's text for the same fields.
 3. Bad input (unknown flag, bad value, missing or corrupt model, over-long
    request) exits non-zero with a message that names the problem, and no
    crash.
@@ -26,7 +29,52 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "reference"))
 import hf_tokenizer  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-from testlib import FAILURES, check, run  # noqa: E402
+from testlib import (FAILURES, check, free_port,  # noqa: E402
+                     http_post_json, run, start_serve, stop, wait_until)
+
+
+def sampling_flag_checks(a, gen: list[str], tok) -> None:
+    prompt = "The capital of France is"
+    the = tok.encode(" the").ids
+    fields = {"presence_penalty": 0.5, "frequency_penalty": 1.0,
+              "repetition_penalty": 1.3, "logit_bias": {str(the[0]): -5}}
+    flags = ["--presence-penalty", "0.5", "--frequency-penalty", "1.0",
+             "--repetition-penalty", "1.3", "--logit-bias", f"{the[0]}=-5"]
+    out = run(gen + ["--prompt", prompt, "--max-tokens", "24"] + flags)
+    plain = run(gen + ["--prompt", prompt, "--max-tokens", "24"])
+    port = free_port()
+    server, _ = start_serve(a.shardlm, a.gguf,
+                            ["--http-listen", f"127.0.0.1:{port}"])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        status, raw = http_post_json(port, "/v1/completions", {
+            "prompt": prompt, "max_tokens": 24, "temperature": 0, **fields})
+        want = json.loads(raw)["choices"][0]["text"] if status == 200 else \
+            raw[:200]
+    finally:
+        stop(server)
+    check(up and out.returncode == 0 and out.stdout == want + "\n" and
+          out.stdout != plain.stdout,
+          f"generate --presence/--frequency/--repetition-penalty "
+          f"--logit-bias: the API's text for the same fields, not the plain "
+          f"greedy one (got {out.stdout!r}, want {want!r}, plain "
+          f"{plain.stdout!r}; {out.stderr.strip()})")
+    # +100 on one token: every greedy token is it (until --max-tokens, with
+    # --min-tokens keeping end-of-text away).
+    x = tok.encode(" x").ids[0]
+    out = run(gen + ["--prompt", prompt, "--max-tokens", "6", "--min-tokens",
+                     "6", "--logit-bias", f"{x}=100"])
+    check(out.returncode == 0 and out.stdout == " x" * 6 + "\n",
+          f"generate --logit-bias {x}=100: six ' x' ({out.stdout!r} "
+          f"{out.stderr.strip()})")
+
+
+def _answers(port: int) -> bool:
+    try:
+        return http_post_json(port, "/v1/completions",
+                              {"prompt": "x", "max_tokens": 1})[0] == 200
+    except OSError:
+        return False
 
 
 def main() -> int:
@@ -66,6 +114,12 @@ def main() -> int:
     check(s1 == s2 and s1.strip() != "", "same seed, same text")
     check(s1 != s3, "another seed, other text")
 
+    # 2b. The sampling fields' flags (issue 38): the same text as the HTTP
+    # API given the same fields (check_sampling checks the API against a
+    # numpy reference of the penalties and logit_bias), and a +100 bias
+    # makes every greedy token the biased one.
+    sampling_flag_checks(a, gen, tok)
+
     # 3. Bad input: non-zero exit and a message naming the problem.
     truncated = os.path.join(a.workdir, "truncated.gguf")
     with open(a.gguf, "rb") as f, open(truncated, "wb") as g:
@@ -78,6 +132,16 @@ def main() -> int:
         (gen + ["--prompt", "x", "--max-tokens", "ten"], 2, "--max-tokens"),
         (gen + ["--prompt", "x", "--temperature", "-1"], 2, "temperature"),
         (gen + ["--prompt", "x", "--top-p", "0"], 2, "top_p"),
+        (gen + ["--prompt", "x", "--logit-bias", "42"], 2, "--logit-bias"),
+        (gen + ["--prompt", "x", "--logit-bias", "42=-101"], 2,
+         "logit_bias of token 42"),
+        (gen + ["--prompt", "x", "--logit-bias", "99999999=1"], 1,
+         "logit_bias token 99999999"),
+        (gen + ["--prompt", "x", "--presence-penalty", "3"], 2,
+         "presence_penalty"),
+        (gen + ["--prompt", "x", "--repetition-penalty", "0"], 2,
+         "repetition_penalty"),
+        (gen + ["--prompt", "x", "--min-tokens", "200"], 2, "--min-tokens"),
         ([a.shardlm, "generate", "--prompt", "x"], 2, "--model"),
         (gen, 2, "--prompt"),
         ([a.shardlm, "generate", "--model", "/nonexistent.gguf",

@@ -170,6 +170,70 @@ def metrics_options(a, env) -> None:
         stop(server)
 
 
+def echo_logprobs_checks(api: "Api", prompt: str) -> None:
+    """echo with logprobs: the prompt tokens' logprobs come from the
+    prefill's logits at every prompt position. Checked against another
+    path: greedy decoding from `prompt` reports each generated token's
+    logprob (and top 2) one decode step at a time; given prompt + that text
+    as the prompt, the same tokens' prompt logprobs must be the same."""
+    steps = 8
+    status, dec = api.json("POST", "/v1/completions", {
+        "prompt": prompt, "max_tokens": steps, "temperature": 0,
+        "logprobs": 2})
+    want = dec["choices"][0]["logprobs"] if status == 200 else {}
+    text = dec["choices"][0]["text"] if status == 200 else ""
+    req = {"prompt": prompt + text, "max_tokens": 2, "temperature": 0,
+           "logprobs": 2, "echo": True}
+    status, got = api.json("POST", "/v1/completions", req)
+    lp = got["choices"][0]["logprobs"] if status == 200 else {}
+    toks = lp.get("tokens", [])
+    n_prompt = got.get("usage", {}).get("prompt_tokens", -1)
+    close = lambda a, b: abs(a - b) <= 2e-3  # noqa: E731
+    ok = (status == 200 and len(toks) == n_prompt + 2 and
+          lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+          and all(isinstance(x, float) for x in lp["token_logprobs"][1:]) and
+          toks[n_prompt - steps:n_prompt] == want.get("tokens") and
+          "".join(toks[:n_prompt]) == prompt + text and
+          lp["text_offset"][n_prompt] == len((prompt + text).encode()))
+    worst = 0.0
+    if ok:
+        for i in range(steps):
+            j = n_prompt - steps + i
+            a, b = lp["token_logprobs"][j], want["token_logprobs"][i]
+            worst = max(worst, abs(a - b))
+            ta, tb = lp["top_logprobs"][j], want["top_logprobs"][i]
+            ok &= close(a, b) and sorted(ta) == sorted(tb) and all(
+                close(ta[k], tb[k]) for k in tb)
+    check(ok and got["usage"]["prompt_tokens_details"]["cached_tokens"] == 0,
+          f"echo + logprobs: the last {steps} prompt tokens' logprobs and "
+          f"top 2 equal greedy decoding's (worst |diff| {worst:.2g}); the "
+          f"first is null; nothing from the prefix cache ({status} "
+          f"{toks[-steps - 2:]} vs {want.get('tokens')})")
+    # Streamed: the first chunk leads with the prompt's logprobs; the
+    # chunks concatenate to the same logprobs.
+    events = api.stream("/v1/completions", dict(req, stream=True))
+    chunks = [e for e in events if e != "[DONE]"]
+    joined = {k: [v for c in chunks for v in c["choices"][0]["logprobs"][k]]
+              for k in ("tokens", "token_logprobs", "text_offset")}
+    check(chunks and len(chunks[0]["choices"][0]["logprobs"]["tokens"]) ==
+          n_prompt + 1 and joined["tokens"] == toks and
+          all(a == b or close(a, b) for a, b in
+              zip(joined["token_logprobs"][1:], lp["token_logprobs"][1:])) and
+          joined["text_offset"] == lp["text_offset"],
+          f"echo + logprobs streamed: the first chunk has the prompt's "
+          f"{n_prompt} tokens and the first generated one; the same "
+          f"logprobs ({len(joined['tokens'])} tokens)")
+    # n = 2: every choice leads with the same prompt logprobs.
+    status, two = api.json("POST", "/v1/completions", dict(req, n=2))
+    firsts = [c["logprobs"]["token_logprobs"][:n_prompt]
+              for c in two.get("choices", [])]
+    check(status == 200 and len(firsts) == 2 and firsts[0] == firsts[1] and
+          all(a == b or close(a, b) for a, b in
+              zip(firsts[0][1:], lp["token_logprobs"][1:n_prompt])),
+          f"echo + logprobs, n = 2: both choices carry the prompt's logprobs "
+          f"({status})")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -244,6 +308,27 @@ def main() -> int:
               chunks[-1]["usage"] == got["usage"],
               "only the last chunk has finish_reason and usage")
 
+        # echo: the prompt leads each choice's text (n = 2 greedy: both),
+        # streamed in each choice's first chunk; best_of == n is accepted
+        # and ignored.
+        status, got = api.json("POST", "/v1/completions",
+                               dict(req, echo=True, n=2, best_of=2))
+        texts = [c["text"] for c in got.get("choices", [])]
+        check(status == 200 and texts == [prompt + want] * 2 and
+              got["usage"]["prompt_tokens"] == 5,
+              f"echo, n = 2, best_of = 2: the prompt then the completion in "
+              f"both choices ({status} {texts})")
+        events = api.stream("/v1/completions", dict(req, echo=True,
+                                                    stream=True))
+        chunks = [e for e in events if e != "[DONE]"]
+        check(chunks and chunks[0]["choices"][0]["text"].startswith(prompt)
+              and "".join(c["choices"][0]["text"] for c in chunks) ==
+              prompt + want,
+              f"echo streamed: the first chunk leads with the prompt "
+              f"({[c['choices'][0]['text'] for c in chunks][:3]})")
+
+        echo_logprobs_checks(api, prompt)
+
         # Chat == local generate --chat (the same template, the model's own).
         local_chat = run([a.shardlm, "generate", "--model", a.gguf, "--chat",
                           "--prompt", "Name a planet.", "--max-tokens", "16"])
@@ -312,8 +397,15 @@ def main() -> int:
              {"prompt": [{"a": 1}]}, None, 400, "'prompt' must be"),
             ("n = 17", "/v1/completions", dict(ok_req, n=17), None, 400,
              "n must be 1 to 16"),
-            ("echo", "/v1/completions", dict(ok_req, echo=True), None, 400,
-             "'echo' is not supported"),
+            ("echo with token ids", "/v1/completions",
+             {"prompt": [1, 2], "max_tokens": 2, "echo": True}, None, 400,
+             "'echo' needs a text 'prompt'"),
+            ("echo on chat", "/v1/chat/completions",
+             {"messages": [{"role": "user", "content": "Hi"}],
+              "echo": True}, None, 400, "'echo' is for /v1/completions"),
+            ("best_of other than n", "/v1/completions",
+             dict(ok_req, n=2, best_of=3), None, 400,
+             "'best_of' other than n is not supported"),
             ("negative temperature", "/v1/completions",
              dict(ok_req, temperature=-1), None, 400,
              "temperature must be >= 0"),

@@ -37,7 +37,8 @@ import grpc
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_ints, pb_scalar,
-                     mpirun_cluster, pb_varint, prometheus_series, skip,
+                     mpirun_cluster, pb_read_varint, pb_varint,
+                     prometheus_series, skip,
                      stop)
 
 REPETITIVE = "one two one two one two one two one two one two"
@@ -407,6 +408,57 @@ LAYOUT_REQUESTS = [
 ]
 
 
+def message_fields(buf: bytes) -> list[tuple[int, object]]:
+    """(field, value) of a message, fixed32 fields as floats (pb_fields
+    skips them)."""
+    out, i = [], 0
+    while i < len(buf):
+        key, i = pb_read_varint(buf, i)
+        num, wire = key >> 3, key & 7
+        if wire == 0:
+            v, i = pb_read_varint(buf, i)
+        elif wire == 2:
+            n, i = pb_read_varint(buf, i)
+            v, i = buf[i:i + n], i + n
+        elif wire == 5:
+            v, i = struct.unpack("<f", buf[i:i + 4])[0], i + 4
+        else:
+            v, i = None, i + 8
+        out.append((num, v))
+    return out
+
+
+def prompt_logprobs(address: str) -> list | str:
+    """gRPC prompt_logprobs (field 26) of a prompt: per prompt token, its
+    id, its logprob and its top-2 ids, from the first response (field 8)."""
+    body = grpc_request("The quick brown fox jumps over the lazy dog. "
+                        "The capital of France is", 1) + pb_scalar(26, 2)
+    with grpc.insecure_channel(address) as channel:
+        call = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                                    request_serializer=lambda b: b,
+                                    response_deserializer=lambda b: b)
+        try:
+            first = next(iter(call(body, timeout=300)))
+        except grpc.RpcError as e:
+            return f"{e.code().name}: {e.details()}"
+    out = []
+    for num, lp in message_fields(first):
+        if num != 8:
+            continue
+        fields = message_fields(lp)
+        tok = dict(message_fields(next(v for n, v in fields if n == 1)))
+        top = [dict(message_fields(v)).get(1, 0) for n, v in fields if n == 2]
+        out.append((tok.get(1, 0), tok.get(3, 0.0), top))
+    return out
+
+
+def same_prompt_logprobs(want, have) -> bool:
+    return (isinstance(want, list) and isinstance(have, list) and want and
+            len(want) == len(have) and all(
+                a[0] == b[0] and abs(a[1] - b[1]) <= 2e-3 and a[2] == b[2]
+                for a, b in zip(want, have)))
+
+
 def layout_tokens(address: str) -> list:
     with grpc.insecure_channel(address) as channel:
         return [generate(channel, r) for r in LAYOUT_REQUESTS]
@@ -447,10 +499,16 @@ def main() -> int:
         with grpc.insecure_channel(address) as channel:
             http_checks(port, channel)
         reference = layout_tokens(address)
+        reference_lp = prompt_logprobs(address)
     finally:
         stop(server)
     check(all(isinstance(t, list) and t for t in reference),
           f"TP=PP=1: every layout request served ({reference})")
+    check(isinstance(reference_lp, list) and len(reference_lp) > 10 and
+          reference_lp[0][1] == 0 and not reference_lp[0][2] and
+          all(x[1] < 0 and len(x[2]) == 2 for x in reference_lp[1:]),
+          f"gRPC prompt_logprobs 2: one per prompt token on the first "
+          f"response, the first with none ({reference_lp})")
 
     if shutil.which("mpirun") is None:
         skip("TP=2 x PP=2 under mpirun: no mpirun")
@@ -464,6 +522,10 @@ def main() -> int:
                 check(want == have,
                       f"layout request {i}: TP=2 x PP=2 gives TP=PP=1's "
                       f"tokens ({have} vs {want})")
+            have_lp = prompt_logprobs(caddr)
+            check(same_prompt_logprobs(reference_lp, have_lp),
+                  f"prompt logprobs: TP=2 x PP=2 gives TP=PP=1's (ids, "
+                  f"logprobs within 2e-3, top 2) ({have_lp})")
     return exit_code("the logit processors behave, on every layout")
 
 

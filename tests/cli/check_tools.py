@@ -9,10 +9,16 @@ Hermes <tool_call> format), since SmolLM2's own renders no tools.
 - tool_choice naming a function, and "required" (seeded, temperature 1):
   message.tool_calls with an offered name and arguments valid against its
   parameters (jsonschema), finish_reason "tool_calls"; streamed, the same
-  call in OpenAI's tool-call delta, and no markup in the content.
+  call from OpenAI's tool-call deltas (id, type, name and empty arguments
+  first, then the arguments), reassembled; no markup in the content.
 - auto: a call the model writes is parsed; a malformed one (forced here
   with the grammar extension) comes back as content, finish_reason stop.
 - gRPC: tools and tool_choice_function; the last response's tool_calls.
+- Qwen3's template: the history as jinja2's, a named function's call.
+- Llama 3.1's template (JSON calls): the history as jinja2's; a named
+  function's call, streamed too; auto's parse of a written call and of a
+  malformed one; the same through a router, which learns the format from
+  the replica's ModelInfo.
 - Bad input: 400 naming the field (an unknown function, a keyword outside
   the schema subset, too many tools, tools on completions), and SmolLM2's
   own template refuses tools unless tool_choice is none.
@@ -35,7 +41,8 @@ import jsonschema
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from check_chat_template import QWEN25_TOOLS, jinja_render  # noqa: E402
+from check_chat_template import (LLAMA31_TOOLS, QWEN3,  # noqa: E402
+                                 QWEN25_TOOLS, jinja_render)
 from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_scalar, stop,
                      start_serve, wait_until)
@@ -82,6 +89,36 @@ def sse(port: int, body: dict) -> list[dict]:
             if b.startswith("data: ") and b != "data: [DONE]"]
 
 
+def reassemble(chunks: list[dict]) -> tuple[list[dict], str | None]:
+    """The calls of a stream's tool-call deltas put together as the openai
+    client's stream helper does (by index: id, type and name from the
+    first delta, arguments concatenated), and None when every call's first
+    delta has index, id, type, name and empty arguments as OpenAI's, else
+    why not."""
+    calls: dict[int, dict] = {}
+    why = None
+    for c in chunks:
+        if not c.get("choices"):
+            continue
+        for d in c["choices"][0]["delta"].get("tool_calls") or []:
+            i = d.get("index")
+            f = d.get("function", {})
+            if i not in calls:
+                if not (d.get("id", "").startswith("call_") and
+                        d.get("type") == "function" and "name" in f and
+                        f.get("arguments") == ""):
+                    why = why or f"first delta of call {i}: {d}"
+                calls[i] = {"id": d.get("id"), "type": d.get("type"),
+                            "function": {"name": f.get("name"),
+                                         "arguments": ""}}
+            elif "id" in d or "name" in f:
+                why = why or f"a later delta of call {i} renames it: {d}"
+            calls[i]["function"]["arguments"] += f.get("arguments", "")
+    if sorted(calls) != list(range(len(calls))):
+        why = why or f"indices {sorted(calls)}"
+    return [calls[i] for i in sorted(calls)], why
+
+
 def valid_calls(calls, names) -> str | None:
     """None when every call is well formed, offered and valid, else why."""
     if not calls:
@@ -101,7 +138,8 @@ def valid_calls(calls, names) -> str | None:
     return None
 
 
-def history_checks(port: int) -> None:
+def history_checks(port: int, template: str = QWEN25_TOOLS,
+                   name: str = "qwen2.5") -> None:
     """Tools, an assistant's calls and tool results render as jinja2 does:
     the same greedy text as completions of jinja2's rendering."""
     history = ASK + [
@@ -118,7 +156,7 @@ def history_checks(port: int) -> None:
                 "name": "get_weather",
                 "arguments": {"city": "Paris", "unit": "celsius"}}}]},
         history[2]]
-    prompt = jinja_render(QWEN25_TOOLS, "<|im_start|>", jinja_messages, TOOLS)
+    prompt = jinja_render(template, "<|im_start|>", jinja_messages, TOOLS)
     s1, got = chat(port, messages=history, max_tokens=12, tool_choice="none")
     s2, want = post(port, "/v1/completions",
                     {"prompt": prompt, "max_tokens": 12, "temperature": 0})
@@ -127,8 +165,8 @@ def history_checks(port: int) -> None:
           want["usage"]["prompt_tokens"] and
           got["choices"][0]["message"]["content"] ==
           want["choices"][0]["text"],
-          f"a history with tool calls and results renders as jinja2's "
-          f"({s1} {s2}: {got.get('usage')} {want.get('usage')})")
+          f"{name}: a history with tool calls and results renders as "
+          f"jinja2's ({s1} {s2}: {got.get('usage')} {want.get('usage')})")
 
 
 def named_and_required_checks(port: int) -> None:
@@ -143,21 +181,22 @@ def named_and_required_checks(port: int) -> None:
           msg.get("content") is None,
           f"tool_choice get_weather: one valid call, finish tool_calls "
           f"({why}; {choice})")
-    # Streamed: the same call (greedy) in a tool-call delta, no markup in
-    # the content.
+    # Streamed: the same call (greedy) in OpenAI's tool-call deltas (the
+    # first with id, type, name and empty arguments, then the arguments),
+    # no markup in the content.
     chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 48,
                         "temperature": 0, "tool_choice": forced})
     content = "".join(c["choices"][0]["delta"].get("content") or ""
                       for c in chunks if c.get("choices"))
-    deltas = [t for c in chunks if c.get("choices")
-              for t in c["choices"][0]["delta"].get("tool_calls") or []]
+    got_calls, why = reassemble(chunks)
     finish = [c["choices"][0]["finish_reason"] for c in chunks
               if c.get("choices") and c["choices"][0]["finish_reason"]]
-    check(len(deltas) == 1 and deltas[0].get("index") == 0 and calls and
-          deltas[0]["function"] == calls[0]["function"] and content == ""
-          and finish == ["tool_calls"],
-          f"streamed: the same call as one delta with index 0 "
-          f"({deltas}, content {content!r}, finish {finish})")
+    check(why is None and calls and
+          [c["function"] for c in got_calls] ==
+          [c["function"] for c in calls] and content == "" and
+          finish == ["tool_calls"],
+          f"streamed: the same call from OpenAI-shaped deltas ({why}; "
+          f"{got_calls}, content {content!r}, finish {finish})")
     # required, sampled: every answer calls an offered function validly.
     for seed in (1, 2, 3):
         status, got = chat(port, tool_choice="required", temperature=1.0,
@@ -186,6 +225,28 @@ def auto_checks(port: int) -> None:
           [c["function"] for c in calls] ==
           [{"name": "add", "arguments": '{"a": 2, "b": 3}'}],
           f"auto: a written call is parsed ({status} {choice})")
+    # Two calls, streamed: indices 0 and 1, each reassembled as the
+    # non-streamed call.
+    two = ('root ::= "<tool_call>\\n{\\"name\\": \\"add\\", '
+           '\\"arguments\\": {\\"a\\": 2, \\"b\\": 3}}\\n</tool_call>\\n'
+           '<tool_call>\\n{\\"name\\": \\"get_weather\\", \\"arguments\\": '
+           '{\\"city\\": \\"Oslo\\", \\"unit\\": \\"celsius\\"}}\\n'
+           '</tool_call>"')
+    status, got = chat(port, grammar=two, max_tokens=160)
+    want = [c["function"] for c in
+            got.get("choices", [{}])[0].get("message", {}).get("tool_calls")
+            or []]
+    chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 160,
+                        "temperature": 0, "grammar": two})
+    got_calls, why = reassemble(chunks)
+    finish = [c["choices"][0]["finish_reason"] for c in chunks
+              if c.get("choices") and c["choices"][0]["finish_reason"]]
+    check(status == 200 and why is None and len(want) == 2 and
+          finish == ["tool_calls"] and
+          [c["function"] for c in got_calls] == want and
+          len({c["id"] for c in got_calls}) == 2,
+          f"two calls streamed: indices 0 and 1, the same as not streamed "
+          f"({why}; {got_calls} vs {want})")
     bad = 'root ::= "Sure. <tool_call>\\n{\\"name\\": \\"rm\\", \\"arguments\\": {}}"'
     text = 'Sure. <tool_call>\n{"name": "rm", "arguments": {}}'
     for streamed in (False, True):
@@ -327,6 +388,113 @@ def router_checks(shardlm: str, gguf: str, replica: str) -> None:
         stop(router)
 
 
+def llama_checks(shardlm: str, gguf: str, workdir: str) -> None:
+    """Llama 3.1's JSON tool calls (its template given to SmolLM2): the
+    history renders as jinja2's; a named function gives one valid call of
+    {"name", "parameters"} as the whole turn, streamed as OpenAI's deltas;
+    auto parses a written call and gives a malformed one back as content;
+    a router learns the format from the replica (ModelInfo) and parses the
+    same calls."""
+    template = os.path.join(workdir, "llama3.1_tools.jinja")
+    with open(template, "w", encoding="utf-8") as f:
+        f.write(LLAMA31_TOOLS)
+    port = free_port()
+    server, addr = start_serve(shardlm, gguf,
+                               ["--http-listen", f"127.0.0.1:{port}",
+                                "--chat-template", template])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        check(up, "serve --chat-template (Llama 3.1's) answers")
+        if not up:
+            return
+        history_checks(port, LLAMA31_TOOLS, "llama3.1")
+        llama_call_checks(port, "llama3.1")
+        router = subprocess.Popen(
+            [shardlm, "router", "--replica", addr, "--model", gguf,
+             "--listen", f"127.0.0.1:{free_port()}",
+             "--http-listen", f"127.0.0.1:{(rport := free_port())}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            up = wait_until(lambda: _answers(rport), timeout=60, every=0.3)
+            check(up, "a router in front of the Llama 3.1 replica answers")
+            if up:
+                llama_call_checks(rport, "llama3.1 through a router")
+        finally:
+            stop(router)
+    finally:
+        stop(server)
+
+
+def llama_call_checks(port: int, name: str) -> None:
+    forced = {"type": "function", "function": {"name": "get_weather"}}
+    status, got = chat(port, tool_choice=forced, max_tokens=64)
+    choice = got.get("choices", [{}])[0]
+    calls = choice.get("message", {}).get("tool_calls")
+    why = valid_calls(calls, {"get_weather"}) if status == 200 else got
+    check(why is None and len(calls) == 1 and
+          choice.get("finish_reason") == "tool_calls" and
+          choice["message"].get("content") is None,
+          f"{name}: tool_choice get_weather gives one valid call ({why}; "
+          f"{choice})")
+    chunks = sse(port, {"messages": ASK, "tools": TOOLS, "max_tokens": 64,
+                        "temperature": 0, "tool_choice": forced})
+    got_calls, why = reassemble(chunks)
+    content = "".join(c["choices"][0]["delta"].get("content") or ""
+                      for c in chunks if c.get("choices"))
+    check(why is None and calls and content == "" and
+          [c["function"] for c in got_calls] ==
+          [c["function"] for c in calls],
+          f"{name}: streamed, the same call from OpenAI's deltas ({why}; "
+          f"{got_calls}, content {content!r})")
+    good = ('root ::= "{\\"name\\": \\"add\\", \\"parameters\\": '
+            '{\\"a\\": 2, \\"b\\": 3}}"')
+    status, got = chat(port, grammar=good, max_tokens=64)
+    choice = got.get("choices", [{}])[0]
+    calls = choice.get("message", {}).get("tool_calls") or []
+    check(status == 200 and choice.get("finish_reason") == "tool_calls" and
+          [c["function"] for c in calls] ==
+          [{"name": "add", "arguments": '{"a": 2, "b": 3}'}],
+          f"{name}: auto parses a written call ({status} {choice})")
+    bad = 'root ::= "{\\"name\\": \\"rm\\", \\"parameters\\": {}}"'
+    status, got = chat(port, grammar=bad, max_tokens=64)
+    choice = got.get("choices", [{}])[0]
+    msg = choice.get("message", {})
+    check(status == 200 and msg.get("content") ==
+          '{"name": "rm", "parameters": {}}' and "tool_calls" not in msg and
+          choice.get("finish_reason") == "stop",
+          f"{name}: a call of a function not offered is content "
+          f"({status} {choice})")
+
+
+def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
+    """Qwen3's template: the history renders as jinja2's, and a named
+    function gives one valid Hermes call."""
+    template = os.path.join(workdir, "qwen3.jinja")
+    with open(template, "w", encoding="utf-8") as f:
+        f.write(QWEN3)
+    port = free_port()
+    server, _ = start_serve(shardlm, gguf,
+                            ["--http-listen", f"127.0.0.1:{port}",
+                             "--chat-template", template])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        check(up, "serve --chat-template (Qwen3's) answers")
+        if not up:
+            return
+        history_checks(port, QWEN3, "qwen3")
+        forced = {"type": "function", "function": {"name": "add"}}
+        status, got = chat(port, tool_choice=forced)
+        choice = got.get("choices", [{}])[0]
+        calls = choice.get("message", {}).get("tool_calls")
+        why = valid_calls(calls, {"add"}) if status == 200 else got
+        check(why is None and len(calls) == 1 and
+              choice.get("finish_reason") == "tool_calls",
+              f"qwen3: tool_choice add gives one valid call ({why}; {choice})")
+    finally:
+        stop(server)
+
+
 def _answers(port: int) -> bool:
     try:
         return post(port, "/v1/completions",
@@ -364,6 +532,8 @@ def main() -> int:
     finally:
         stop(server)
     own_template_checks(a.shardlm, a.gguf)
+    qwen3_checks(a.shardlm, a.gguf, a.workdir)
+    llama_checks(a.shardlm, a.gguf, a.workdir)
     return exit_code("tool calls render, parse, constrain and refuse")
 
 
