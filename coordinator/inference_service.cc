@@ -601,8 +601,10 @@ absl::Status InferenceService::Run(
   // first: the n sequences then find its full blocks cached and compute
   // only the rest (one prefill, not n). Its cached tokens are the
   // request's (what the n found cached, it computed), and it scores the
-  // prompt when prompt logprobs are asked for (choice 0 carries them).
-  const bool prefill_first = engine_->blocks().prefix_caching();
+  // prompt when prompt logprobs are asked for (then even without prefix
+  // caching): they go out with the first response, whichever choice's.
+  const bool prefill_first =
+      engine_->blocks().prefix_caching() || request.prompt_logprobs() > 0;
   int32_t cached_tokens = -1;
   std::vector<v1::TokenLogprobs> prompt_logprobs;
   if (prefill_first) {
@@ -622,7 +624,7 @@ absl::Status InferenceService::Run(
         },
         api));
   }
-  bool first_of_0 = true;
+  bool first = true;
   const auto indexed = [&](int index, const v1::GenerateResponse& r) {
     absl::MutexLock lock(&write_mu);
     if (!writing) return false;
@@ -631,8 +633,8 @@ absl::Status InferenceService::Run(
     if (tagged.has_usage() && cached_tokens >= 0) {
       tagged.mutable_usage()->set_cached_tokens(cached_tokens);
     }
-    if (index == 0 && first_of_0) {
-      first_of_0 = false;
+    if (first) {
+      first = false;
       for (v1::TokenLogprobs& lp : prompt_logprobs) {
         *tagged.add_prompt_logprobs() = std::move(lp);
       }
@@ -650,8 +652,7 @@ absl::Status InferenceService::Run(
   for (int i = 0; i < n; ++i) {
     threads.emplace_back([&, i] {
       v1::GenerateRequest child = request;
-      // Without the prefill request, choice 0 scores the prompt.
-      if (prefill_first || i > 0) child.set_prompt_logprobs(0);
+      child.set_prompt_logprobs(0);  // The prefill request scored.
       child.mutable_sampling()->set_seed(request.sampling().seed() +
                                          static_cast<uint64_t>(i));
       statuses[i] = RunOne(

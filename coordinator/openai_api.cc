@@ -850,8 +850,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
 
-  // echo with logprobs: the prompt's, from sequence 0's first response
-  // (the others start after it), leading every choice's logprobs.
+  // echo with logprobs: the prompt's, from the request's first response
+  // (whichever choice's), leading every choice's logprobs.
   Json prompt_logprobs;
   const bool echo_logprobs = proto->prompt_logprobs() > 0;
   // Calls to it are serialized (with n > 1, from several threads).
