@@ -180,8 +180,8 @@ TEST(AttentionMergeTest, MinusOneNeedsRemoteBlocks) {
   const Tensor k = RandomTensor({1, kKvHeads, kD}, 1);
   Tensor kc = *Tensor::Host(DType::kF32, KeyCacheShape(2, kBs, kKvHeads, kD));
   Tensor vc = *Tensor::Host(DType::kF32, ValueCacheShape(2, kBs, kKvHeads, kD));
-  std::vector<int32_t> pos = {0}, seq = {0};
-  AttentionBatch b{.positions = pos, .token_seq = seq, .block_tables = {{-1}}};
+  std::vector<int32_t> pos = {0}, seq = {0}, table = {-1};
+  AttentionBatch b{.positions = pos, .token_seq = seq, .block_tables = {table}};
   EXPECT_TRUE(testing_util::IsError(WriteKv(k, k, b, kc, vc),
                                     absl::StatusCode::kInvalidArgument,
                                     "outside the pool"));
