@@ -124,9 +124,16 @@ class Group:
         leader, then (after `between()`, if given) the rest: pods come up
         in any order."""
         ranks = list(range(1, self.tp * self.pp + 1))
-        for r in ranks[: len(ranks) // 2]:
+        early = ranks[: len(ranks) // 2]
+        for r in early:
             self.start_worker(r)
-        time.sleep(1)
+        # Until they say they wait (a second after reaching the connect
+        # loop), or 30 s: a fixed second was too short on a loaded machine,
+        # where a worker could reach the loop after the leader was up.
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not all(
+                "waiting for the coordinator" in self.log(r) for r in early):
+            time.sleep(0.1)
         self.start_leader()
         if between is not None:
             between()
