@@ -367,14 +367,9 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
 }
 
 SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
+  // A constrained row's mask is not computed here: the plan names the row
+  // (StepPlan::masks) and the scheduler computes it while the step runs.
   SampleHistory h;
-  if (s.request.constraint != nullptr) {
-    // Timed by the constraint: the planner keeps no clock of its own.
-    const double before = s.request.constraint->mask_seconds();
-    s.request.constraint->Allowed(vocab_size_, h.allowed);
-    counters_.mask_seconds += s.request.constraint->mask_seconds() - before;
-    ++counters_.constrained_rows;
-  }
   if (HasPenalties(s.request.sampling)) {
     h.tokens.reserve(s.penalized.size());
     h.counts.reserve(s.penalized.size());
@@ -383,17 +378,8 @@ SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
       h.counts.push_back(count);
     }
   }
+  // Where the grammar allows only stop tokens, ResolvedHistory drops this.
   if (generated < s.request.min_tokens) h.masked = s.min_tokens_mask;
-  if (!h.masked.empty() && !h.allowed.empty()) {
-    // A complete structured output may only end: the grammar wins over
-    // min_tokens, rather than leaving no token to sample.
-    std::vector<uint64_t> rest = h.allowed;
-    for (int32_t t : h.masked) rest[t >> 6] &= ~(uint64_t{1} << (t & 63));
-    if (std::all_of(rest.begin(), rest.end(),
-                    [](uint64_t w) { return w == 0; })) {
-      h.masked.clear();
-    }
-  }
   return h;
 }
 
@@ -508,6 +494,12 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
         step.sample_index.push_back(generated);
         step.logprobs.push_back(req.logprobs);
         step.history.push_back(History(s, static_cast<int64_t>(generated)));
+        if (req.constraint != nullptr) {
+          plan.masks.push_back(
+              {.row = static_cast<int32_t>(step.logit_rows.size()) - 1,
+               .constraint = req.constraint.get()});
+          ++counters_.constrained_rows;
+        }
         step.return_logits |= generated == 0 && req.return_prompt_logits;
         plan.rows.push_back(s.id);
         f.rows.push_back(&s);

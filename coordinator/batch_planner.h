@@ -60,10 +60,12 @@ struct SchedulerStats {
   // Steps failed by a KV block that failed its checksum (DataLoss): their
   // sequences were recomputed, no token came from them.
   int64_t kv_checksum_failures = 0;
-  // Structured outputs: rows planned with a grammar mask, and the time
-  // spent computing those masks (on the planning thread).
+  // Structured outputs: rows planned with a grammar mask, the time spent
+  // computing those masks (on the scheduler's mask thread, while the steps
+  // ran), and the part of it the steps waited for (not hidden).
   int64_t constrained_rows = 0;
   double mask_seconds = 0;
+  double mask_wait_seconds = 0;
   // Token slots of the blocks sequences hold, and how many of them hold a
   // token's KV (a shared prefix block counts for each sequence holding
   // it); 1 - filled / allocated is the KV cache's internal fragmentation.
@@ -73,11 +75,22 @@ struct SchedulerStats {
   BlockCounters blocks;
 };
 
+// A constrained logit row of a plan: its mask is the constraint's
+// Allowed() in the sequence's current state. The constraint stays the
+// planner's; it may be read (only) until the plan's output is applied.
+struct MaskRow {
+  int32_t row = 0;
+  TokenConstraint* constraint = nullptr;
+};
+
 // One planned step, as a value: what the executor runs, and whose it is.
 struct StepPlan {
   StepInput step;
   std::vector<RequestId> rows;     // The request of each logit row.
   std::vector<RequestId> stepped;  // Every request with tokens in the step.
+  // The constrained rows, whose masks step.history does not hold yet:
+  // computed by ComputeMasks (mask_worker.h), in step.late_masks.
+  std::vector<MaskRow> masks;
 };
 
 // A request callback to run once no lock is held.
@@ -172,15 +185,21 @@ class BatchPlanner {
   size_t busy() const;
   // The counters, queue lengths and KV use (steps: those planned).
   SchedulerStats Stats() const;
+  // Counts a plan's masks (StepPlan::masks) once computed: the time they
+  // took, and the time the step waited for them.
+  void CountMasks(double compute_seconds, double waited_seconds) {
+    counters_.mask_seconds += compute_seconds;
+    counters_.mask_wait_seconds += waited_seconds;
+  }
 
  private:
   struct Sequence;
 
   void Enqueue(std::unique_ptr<Sequence> s);
   // What the row sampling token number `generated` of `s` needs for its
-  // penalties and min_tokens (empty when it has neither).
-  // (and, for a constrained request, the tokens its grammar allows next).
-  SampleHistory History(const Sequence& s, int64_t generated);
+  // penalties and min_tokens (empty when it has neither; a constrained
+  // row's mask comes apart, see StepPlan::masks).
+  static SampleHistory History(const Sequence& s, int64_t generated);
   // Whether the head of the queue can start now, beside the `promised`
   // blocks of sequences started in this round (increased by its own first
   // chunk when it starts); swaps its blocks back in (or attaches its cached

@@ -9,8 +9,10 @@
 #include <optional>
 #include <vector>
 
+#include "coordinator/mask_worker.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "step/late_masks.h"
 
 namespace shardlm {
 namespace {
@@ -183,27 +185,44 @@ TEST_F(BatchPlannerTest, ConstrainedRowsCarryTheirMaskAndFeedTheConstraint) {
     }
     return ids;
   };
+  // The plan names its constrained rows; their masks are computed apart
+  // (by the scheduler's mask thread) and read through ResolvedHistory, as
+  // the sampler reads them.
+  const auto resolved = [](StepPlan& p) {
+    double seconds = 0;
+    auto masks = std::make_shared<LateMasks>();
+    masks->Set(ComputeMasks(p.masks, 100, &seconds), seconds);
+    p.step.late_masks = masks;
+    return ResolvedHistory(p.step);
+  };
   std::optional<StepPlan> p = planner_->Plan(8);
   ASSERT_TRUE(p.has_value());
+  ASSERT_EQ(p->masks.size(), 2u);
+  EXPECT_EQ(p->masks[0].row, 0);
+  EXPECT_EQ(p->masks[1].row, 1);
   ASSERT_EQ(p->step.history.size(), 3u);
-  EXPECT_EQ(p->step.history[0].allowed.size(), 2u);  // 100 tokens.
-  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(20));
-  EXPECT_THAT(p->step.history[0].masked, ElementsAre(99));  // min_tokens.
-  EXPECT_THAT(allowed(p->step.history[1]), ElementsAre(20));
-  EXPECT_TRUE(p->step.history[2].empty());
+  EXPECT_TRUE(p->step.history[0].allowed.empty());  // Not computed yet.
+  std::vector<SampleHistory> h = resolved(*p);
+  ASSERT_EQ(h.size(), 3u);
+  EXPECT_EQ(h[0].allowed.size(), 2u);  // 100 tokens.
+  EXPECT_THAT(allowed(h[0]), ElementsAre(20));
+  EXPECT_THAT(h[0].masked, ElementsAre(99));  // min_tokens.
+  EXPECT_THAT(allowed(h[1]), ElementsAre(20));
+  EXPECT_TRUE(h[2].empty());
   Apply({20, 33, 50});  // 1's 33 is outside its mask.
   ASSERT_TRUE(done_.contains(1));
   EXPECT_EQ(done_.at(1).status().code(), absl::StatusCode::kInternal);
   EXPECT_THAT(c0->accepted, ElementsAre(20));
   p = planner_->Plan(8);
   ASSERT_TRUE(p.has_value());
-  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(21));
+  EXPECT_THAT(allowed(resolved(*p)[0]), ElementsAre(21));
   Apply({21, 51});
   p = planner_->Plan(8);
   ASSERT_TRUE(p.has_value());
   // Complete: only the stop token, and min_tokens (5) no longer masks it.
-  EXPECT_THAT(allowed(p->step.history[0]), ElementsAre(99));
-  EXPECT_THAT(p->step.history[0].masked, IsEmpty());
+  h = resolved(*p);
+  EXPECT_THAT(allowed(h[0]), ElementsAre(99));
+  EXPECT_THAT(h[0].masked, IsEmpty());
   Apply({99, 52});
   ASSERT_TRUE(done_.contains(0));
   ASSERT_TRUE(done_.at(0).ok());

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 #include "core/log.h"
 
 namespace shardlm {
@@ -39,6 +40,7 @@ Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
       options_(options),
       planner_(blocks, &metrics_, options, executor->config().vocab_size,
                [executor](RequestId id) { executor->Release(id); }),
+      mask_worker_(executor->config().vocab_size),
       resume_interrupted_(resume_interrupted) {
   planner_.set_resume_interrupted(resume_interrupted);
   stats_ = planner_.Stats();
@@ -114,8 +116,22 @@ void Scheduler::TakeIntake() {
 }
 
 void Scheduler::DrainInFlight() {
-  for (int64_t n = planner_.in_flight(); n > 0; --n) (void)executor_->Collect();
+  for (int64_t n = planner_.in_flight(); n > 0; --n) {
+    (void)executor_->Collect();
+    FinishMasks();
+  }
   planner_.AbandonInFlight();
+}
+
+void Scheduler::FinishMasks() {
+  SHARDLM_CHECK(!in_flight_masks_.empty(), "masks of no step in flight");
+  const std::shared_ptr<LateMasks> masks = std::move(in_flight_masks_.front());
+  in_flight_masks_.pop_front();
+  if (masks == nullptr) return;
+  // Done before the step's output is applied (its constraints then take
+  // the sampled tokens), even where the step failed before sampling.
+  masks->Wait();
+  planner_.CountMasks(masks->compute_seconds(), masks->waited_seconds());
 }
 
 void Scheduler::RunEvents(std::vector<PlannerEvent>& events) {
@@ -237,6 +253,11 @@ void Scheduler::Loop() {
       std::optional<StepPlan> plan = planner_.PlanForPipeline(depth);
       if (!plan.has_value()) break;
       ++steps_;
+      // Its masks are computed while it runs; the sampler waits for them.
+      std::shared_ptr<LateMasks> masks =
+          mask_worker_.Start(std::move(plan->masks));
+      plan->step.late_masks = masks;
+      in_flight_masks_.push_back(std::move(masks));
       // A refused step comes back from Collect with its error.
       (void)executor_->Submit(plan->step);
     }
@@ -248,6 +269,7 @@ void Scheduler::Loop() {
     }
     if (planner_.in_flight() == 0) continue;
     absl::StatusOr<StepOutput> out = executor_->Collect();
+    FinishMasks();
     // After a failure the other steps in flight are collected and dropped
     // (the planner fails, or interrupts, their sequences with this one's
     // error).
@@ -255,6 +277,7 @@ void Scheduler::Loop() {
     if (!failed.ok()) {
       for (int64_t n = planner_.in_flight() - 1; n > 0; --n) {
         (void)executor_->Collect();
+        FinishMasks();
       }
     }
     planner_.Apply(std::move(out), MonotonicNow(), events);

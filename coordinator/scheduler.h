@@ -9,6 +9,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <thread>
@@ -19,6 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "coordinator/batch_planner.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/mask_worker.h"
 #include "coordinator/request.h"
 #include "coordinator/serving_metrics.h"
 #include "coordinator/step_executor.h"
@@ -116,6 +118,9 @@ class Scheduler {
   void RunEvents(std::vector<PlannerEvent>& events);
   // Collects and drops every step in flight (after a failure).
   void DrainInFlight();
+  // Waits for the masks of the oldest step in flight (whose output is
+  // collected) and counts them: its constraints are the planner's again.
+  void FinishMasks();
 
   StepExecutor* executor_;  // Not owned.
   BlockManager* blocks_;    // Not owned.
@@ -124,6 +129,10 @@ class Scheduler {
   std::atomic<int64_t> cancel_requests_{0};
   ServingMetrics metrics_;
   BatchPlanner planner_;  // Loop thread only.
+  // Computes the constrained rows' masks while their steps run; the masks
+  // of the steps in flight, oldest first (null: none). Loop thread only.
+  MaskWorker mask_worker_;
+  std::deque<std::shared_ptr<LateMasks>> in_flight_masks_;
 
   struct Submission {
     RequestId id;

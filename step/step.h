@@ -7,12 +7,15 @@
 #define SHARDLM_STEP_STEP_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/tensor.h"
 #include "step/sampling_params.h"
 
 namespace shardlm {
+
+class LateMasks;  // step/late_masks.h
 
 // Copy block `src` to block `dst` in every layer (K and V). Swapping
 // between tiers and spilling cached blocks are such copies.
@@ -53,6 +56,11 @@ struct StepInput {
   // drawn. Prompt logprobs: a row per prompt position, scoring the next
   // prompt token, from the same forward pass as the prefill.
   std::vector<int32_t> score_tokens;
+  // Null, or the allowed masks of the constrained rows, still being
+  // computed when the step was submitted (in-process only; see
+  // late_masks.h): whoever reads `history` to sample, or to send the step
+  // elsewhere, reads ResolvedHistory(step) instead.
+  std::shared_ptr<const LateMasks> late_masks;
 
   friend bool operator==(const StepInput&, const StepInput&) = default;
 };

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "step/late_masks.h"
 
 namespace shardlm {
 
@@ -70,7 +71,8 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
       (*s.mutable_logit_bias())[b.token] = b.bias;
     }
   }
-  for (const SampleHistory& h : step.history) {
+  // A plan leaves the process with its masks (waited for, if late).
+  for (const SampleHistory& h : ResolvedHistory(step)) {
     v1::SampleHistory& out = *plan->add_history();
     out.mutable_tokens()->Add(h.tokens.begin(), h.tokens.end());
     out.mutable_counts()->Add(h.counts.begin(), h.counts.end());

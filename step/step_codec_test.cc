@@ -4,9 +4,12 @@
 // equals the one encoded, and only new blocks travel.
 #include "step/step_codec.h"
 
+#include <memory>
 #include <string>
+#include <thread>
 
 #include "gtest/gtest.h"
+#include "step/late_masks.h"
 
 namespace shardlm {
 namespace {
@@ -71,6 +74,30 @@ TEST(StepCodecTest, DecodeOfEncodeIsTheStep) {
     EXPECT_EQ(DecodeStepPlan(received, mirror), steps[i]);
   }
   EXPECT_FALSE(mirror.contains(1));  // The released sequence is dropped.
+}
+
+// A step whose constrained rows' masks are still being computed (late
+// masks) goes on the wire once they are there, with them in its
+// histories: a remote rank samples exactly as an in-process one.
+TEST(StepCodecTest, LateMasksTravelInTheHistories) {
+  StepInput step = Step({1, 2}, {{4}, {6}});
+  step.history = {{}, {.masked = {2}}};
+  auto masks = std::make_shared<LateMasks>();
+  step.late_masks = masks;
+  StepInput want = step;
+  want.late_masks = nullptr;
+  want.history[0].allowed = {0x5};
+  want.history[1].allowed = {0x6};
+  v1::StepPlan plan;
+  absl::Status encoded;
+  BlockTableDeltas sent;
+  std::thread encoder(
+      [&] { encoded = EncodeStepPlan(step, 1, sent, &plan, nullptr); });
+  masks->Set({{.row = 0, .allowed = {0x5}}, {.row = 1, .allowed = {0x6}}}, 0);
+  encoder.join();
+  ASSERT_TRUE(encoded.ok()) << encoded;
+  BlockTableMirror mirror;
+  EXPECT_EQ(DecodeStepPlan(plan, mirror), want);
 }
 
 TEST(StepCodecTest, MismatchedTablesAreRefused) {

@@ -526,14 +526,15 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   RETURN_IF_ERROR(ValidateStepSampling(step));
   const bool logprobs = std::any_of(step.logprobs.begin(), step.logprobs.end(),
                                     [](int32_t n) { return n > 0; });
-  // The logit processors (penalties, logit_bias, min_tokens masks) run on
-  // the host: the device sampler has no sparse per-row edits.
+  // The logit processors (penalties, logit_bias, min_tokens and grammar
+  // masks) run on the host: the device sampler has no sparse per-row edits.
   const bool processed =
       std::any_of(
           step.sampling.begin(), step.sampling.end(),
           [](const SamplingParams& p) { return p.HasLogitProcessors(); }) ||
       std::any_of(step.history.begin(), step.history.end(),
-                  [](const SampleHistory& h) { return !h.empty(); });
+                  [](const SampleHistory& h) { return !h.empty(); }) ||
+      step.late_masks != nullptr;
   // Sampled on the host when the logits end there anyway (TP gather).
   // Scored rows (prompt logprobs) too: they come with logprobs.
   if (step.return_logits || logprobs || processed || rows == 0 ||

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/sampling/sampling.h"
+#include "step/late_masks.h"
 
 namespace shardlm {
 
@@ -86,12 +87,15 @@ absl::StatusOr<StepOutput> SampleStep(const StepInput& step, Tensor logits) {
           "score token ", t, " is outside the vocabulary of ", vocab));
     }
   }
+  // Constrained rows' masks may still be in the making (late_masks.h):
+  // waited for here, after the forward pass.
+  const std::vector<SampleHistory> histories = ResolvedHistory(step);
   const SampleHistory no_history;
   std::vector<float> processed;  // A row with logit processors, processed.
   for (size_t r = 0; r < rows; ++r) {
     const SamplingParams& params = step.sampling[r];
     const SampleHistory& history =
-        step.history.empty() ? no_history : step.history[r];
+        histories.empty() ? no_history : histories[r];
     absl::Span<const float> row(logits.f32().data() + r * vocab, vocab);
     // On a copy: the logits returned (return_logits) stay the model's.
     if (params.HasLogitProcessors() || !history.empty()) {

@@ -6,10 +6,13 @@
 #include "worker/sample_step.h"
 
 #include <cmath>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/sampling/sampling.h"
+#include "step/late_masks.h"
 #include "testing/status.h"
 
 namespace shardlm {
@@ -104,6 +107,47 @@ TEST(SampleStepTest, ScoredRowsReportTheirTokenAndDrawNothing) {
   EXPECT_TRUE(IsError(ValidateStepSampling(step),
                       absl::StatusCode::kInvalidArgument,
                       "2 logit rows but 1 score tokens"));
+}
+
+// Masks that arrive after the step was submitted (a constrained row's,
+// computed while the forward pass runs): SampleStep waits for them, then
+// samples as from the same step with the masks in its histories, min_tokens
+// yielding where the mask allows only a masked token.
+TEST(SampleStepTest, LateMasksAreWaitedForAndApplied) {
+  StepInput step = TwoRows();
+  step.history[0].masked = {5, 30};  // min_tokens' stop tokens.
+  const auto only = [](std::vector<int32_t> ids) {
+    std::vector<uint64_t> mask((kVocab + 63) / 64, 0);
+    for (int32_t t : ids) mask[t >> 6] |= uint64_t{1} << (t & 63);
+    return mask;
+  };
+  // Row 0: the grammar allows only 30, a stop token (the output is
+  // complete), so min_tokens yields; row 1: two tokens to choose from.
+  StepInput want = step;
+  want.history[0].allowed = only({30});
+  want.history[0].masked.clear();
+  want.history[1].allowed = only({3, 11});
+  ASSERT_OK_AND_ASSIGN(const StepOutput expected, SampleStep(want, Logits(2)));
+  EXPECT_EQ(expected.tokens[0], 30);
+  EXPECT_TRUE(expected.tokens[1] == 3 || expected.tokens[1] == 11);
+
+  auto masks = std::make_shared<LateMasks>();
+  step.late_masks = masks;
+  absl::StatusOr<StepOutput> out;
+  // Sampled on another thread, as a runner does; the masks come after.
+  std::thread sampler([&] { out = SampleStep(step, Logits(2)); });
+  masks->Set(
+      {{.row = 0, .allowed = only({30})}, {.row = 1, .allowed = only({3, 11})}},
+      0.25);
+  sampler.join();
+  ASSERT_OK(out.status());
+  EXPECT_EQ(out->tokens, expected.tokens);
+  ASSERT_EQ(out->logprobs.size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_EQ(out->logprobs[r].sampled, expected.logprobs[r].sampled);
+  }
+  EXPECT_EQ(masks->compute_seconds(), 0.25);
+  EXPECT_GE(masks->waited_seconds(), 0.0);
 }
 
 TEST(SampleStepTest, RefusesABadHistory) {
