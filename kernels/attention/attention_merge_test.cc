@@ -8,10 +8,12 @@
 #include <limits>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/cpu_isa_testing.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
 
@@ -102,8 +104,15 @@ TEST(AttentionMergeTest, RejectsARowWithNoKeys) {
 // tokens of its blocks (the others are -1 in its table) and attends over
 // them; the merged result is the softmax over every key. Blocks split in
 // contiguous ranges 1:3 and 3:1, and interleaved (block i on rank i mod 2);
-// queries: the last token (decode) and the last 20 (a prefill chunk).
-TEST(AttentionMergeTest, PartialPagedAttentionOverTwoRanks) {
+// queries: the last token (decode) and the last 20 (a prefill chunk). On
+// every ISA's attention kernels.
+class PartialAttentionTest : public testing::TestWithParam<CpuIsa>,
+                             public OnCpuIsa {
+ protected:
+  void SetUp() override { Use(GetParam()); }
+};
+
+TEST_P(PartialAttentionTest, OverTwoRanksEqualsTheSoftmaxOverAllKeys) {
   enum Layout { kQuarter, kThreeQuarters, kInterleaved };
   for (int64_t keys : {1, 15, 16, 17, 4097}) {
     for (Layout layout : {kQuarter, kThreeQuarters, kInterleaved}) {
@@ -174,6 +183,11 @@ TEST(AttentionMergeTest, PartialPagedAttentionOverTwoRanks) {
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, PartialAttentionTest,
+                         testing::ValuesIn(kTestIsas), [](const auto& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
 
 // Without remote_blocks, a -1 in a table is still an error.
 TEST(AttentionMergeTest, MinusOneNeedsRemoteBlocks) {

@@ -12,7 +12,7 @@
 
 #include "core/half.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu_isa.h"
+#include "kernels/cpu_isa_testing.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
 
@@ -209,22 +209,6 @@ const Case kCases[] = {
     {"window 600, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 600},
 };
 
-// Every ISA's kernels (kernels/cpu_isa.h) on every KV dtype: those this
-// CPU cannot run are skipped, saying so.
-constexpr CpuIsa kIsas[] = {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512};
-
-// Runs the test body on one ISA's kernels, then back to the CPU's choice.
-class OnCpuIsa {
- protected:
-  void Use(CpuIsa isa) {
-    if (!CpuIsaSupported(isa)) {
-      GTEST_SKIP() << "this CPU cannot run " << CpuIsaName(isa);
-    }
-    SetCpuIsa(isa);
-  }
-  ~OnCpuIsa() { SetCpuIsa(CpuIsa::kAuto); }
-};
-
 class PagedAttentionTest
     : public testing::TestWithParam<std::tuple<CpuIsa, DType>>,
       public OnCpuIsa {
@@ -253,7 +237,7 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
 
 INSTANTIATE_TEST_SUITE_P(
     IsasAndKvDTypes, PagedAttentionTest,
-    testing::Combine(testing::ValuesIn(kIsas),
+    testing::Combine(testing::ValuesIn(kTestIsas),
                      testing::Values(DType::kF32, DType::kF16, DType::kBF16,
                                      DType::kI8)),
     [](const auto& info) {
@@ -297,7 +281,7 @@ TEST_P(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PagedAttentionDTypeTest,
-                         testing::ValuesIn(kIsas), [](const auto& info) {
+                         testing::ValuesIn(kTestIsas), [](const auto& info) {
                            return std::string(CpuIsaName(info.param));
                          });
 
