@@ -3,8 +3,9 @@
 
 For each model and thread count, back to back in one run: engine_bench
 (prefill of --prompt-tokens, then --decode-tokens greedy steps, medians
-of --repeat runs after a warm-up) and llama-bench (-p PROMPT -n DECODE -r
-REPEAT, its mean), and their ratios, with shardlm's decode against the
+of --repeat runs after a warm-up) and llama-bench (-p PROMPT, and -n DECODE
+-d PROMPT so that it decodes at the same context, -r REPEAT, its means),
+and their ratios, with shardlm's decode against the
 quantized-bytes bandwidth floor engine_bench measures. The machine (CPU
 model, ISA flags) and the ISA of each side are printed with the table:
 shardlm's is its decode kernel set (SHARDLM_CPU_ISA chooses another), the
@@ -57,16 +58,21 @@ def run_engine_bench(binary, model, threads, prompt, decode, repeat):
     return row, kernel
 
 
-def run_llama_bench(binary, model, threads, prompt, decode, repeat):
-    proc = subprocess.run(
-        [binary, "-m", model, "-t", str(threads), "-p", str(prompt),
-         "-n", str(decode), "-r", str(repeat), "-o", "json"],
-        capture_output=True, text=True, timeout=1800, check=True)
+def run_llama_bench(binary, model, threads, prompt, decode, repeat, depth):
+    """llama-bench's prefill of `prompt` tokens (from an empty context) and
+    decode of `decode` tokens after `depth` tokens of context (-d)."""
+    def bench(args):
+        proc = subprocess.run(
+            [binary, "-m", model, "-t", str(threads), "-r", str(repeat),
+             "-o", "json"] + args,
+            capture_output=True, text=True, timeout=3600, check=True)
+        return json.loads(proc.stdout)
     pre = dec = None
-    for row in json.loads(proc.stdout):
+    for row in bench(["-p", str(prompt), "-n", "0"]):
         if row["n_prompt"] > 0 and row["n_gen"] == 0:
             pre = row["avg_ts"]
-        elif row["n_gen"] > 0 and row["n_prompt"] == 0:
+    for row in bench(["-p", "0", "-n", str(decode), "-d", str(depth)]):
+        if row["n_gen"] > 0 and row["n_prompt"] == 0:
             dec = row["avg_ts"]
     return pre, dec
 
@@ -83,10 +89,18 @@ def main():
     ap.add_argument("--prompt-tokens", type=int, default=512)
     ap.add_argument("--decode-tokens", type=int, default=128)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--llama-decode-depth", type=int, default=None,
+                    help="context llama-bench decodes after (-d); default "
+                    "--prompt-tokens, where engine_bench decodes (0: "
+                    "llama-bench's tg from an empty context, as tables "
+                    "before 2026-12-05 were measured)")
     args = ap.parse_args()
     print(f"machine: {cpu_summary()}")
+    depth = (args.prompt_tokens if args.llama_decode_depth is None
+             else args.llama_decode_depth)
     print(f"llama.cpp: {args.llama_bench} ({args.llama_isa}); "
-          f"prefill {args.prompt_tokens} tokens, decode {args.decode_tokens}, "
+          f"prefill {args.prompt_tokens} tokens, decode {args.decode_tokens} "
+          f"after {args.prompt_tokens} (llama-bench -d {depth}), "
           f"{args.repeat} runs each")
     print(f"{'model':<28} {'thr':>3} {'isa':>8} {'dec':>7} {'l.cpp':>7} "
           f"{'ratio':>6} {'floor':>6} {'pre':>7} {'l.cpp':>7} {'ratio':>6}")
@@ -97,7 +111,8 @@ def main():
                                            args.decode_tokens, args.repeat)
             l_pre, l_dec = run_llama_bench(args.llama_bench, model, t,
                                            args.prompt_tokens,
-                                           args.decode_tokens, args.repeat)
+                                           args.decode_tokens, args.repeat,
+                                           depth)
             dec, pre = row["decode_tokens_per_s"], row["prefill_tokens_per_s"]
             print(f"{os.path.basename(model)[:28]:<28} {t:>3} {kernel:>8} "
                   f"{dec:>7.1f} {l_dec:>7.1f} {dec / l_dec:>6.2f} "
