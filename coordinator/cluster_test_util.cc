@@ -55,7 +55,11 @@ absl::StatusOr<KvPoolConfig> TestHost::Load(const WorkerAssignment& a) {
   if (!load_error.ok()) return load_error;
   absl::SleepFor(load_delay);
   SetCpuThreads(a.threads);
-  reports_ = SamplingShard(a.tp, a.pp) == a.pp_rank * a.tp + a.tp_rank;
+  reports_ =
+      SamplingShard(a.tp, a.pp, a.cp) ==
+      RankIndex(
+          {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
+          a.tp, a.cp);
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
   const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
   ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
