@@ -241,6 +241,8 @@ def main() -> int:
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--workdir", required=True)
     a = ap.parse_args()
+    # mpirun -wdir resolves a relative program path in that directory.
+    a.shardlm = os.path.abspath(a.shardlm)
     os.makedirs(a.workdir, exist_ok=True)
     t0 = time.time()
     want = references(a)
