@@ -45,8 +45,7 @@ absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
       return absl::FailedPreconditionError(absl::StrCat(
           "assigned tp ", a.tp_rank, "/", a.tp, " pp ", a.pp_rank, "/", a.pp,
           " cp ", a.cp_rank, "/", a.cp, " but this MPI rank is tp ", tp_rank,
-          "/", tp, " pp ", pp_rank, "/", pp, " cp ", cp_rank, "/", cp,
-          a.cp != cp ? " (launch and coordinator differ in --cp?)" : ""));
+          "/", tp, " pp ", pp_rank, "/", pp, " cp ", cp_rank, "/", cp));
     }
     if (split->tp == nullptr) {
       return absl::FailedPreconditionError("assigned twice");
