@@ -11,12 +11,13 @@ context parallelism; the cluster tests' LOGPROB_TOL is for f32 caches).
    the long prompt and of a short one.
 2. `launch --tp 1 --cp 1` with 20 blocks refuses the long prompt, with
    the numbers (blocks needed, blocks held).
-3. `launch --tp 1 --cp 2` with 20 blocks per worker serves it: the same
+3. `launch --tp 1 --cp 2` with 20 blocks per worker (prefill chunks of
+   128 tokens) serves it: the same
    text and logprobs within LOGPROB_TOL of the reference; the log names
    each rank's cp index and the group's blocks; GetModelInfo gives cp 2
    and 20 blocks per worker; /metrics gives each worker's KV pool. Then a
-   CP worker killed mid-stream fails the stream with UNAVAILABLE naming
-   the rank and its cp index.
+   CP worker killed while the long prompt prefills fails the request with
+   UNAVAILABLE naming the rank and its cp index, and its blocks are freed.
 4. `launch --tp 2 --cp 2` (five processes): the same text and logprobs.
 5. Without mpirun: `shardlm coordinator --cp 2` and two `shardlm worker`s
    (the CP group over Gloo): the same text and logprobs.
@@ -46,7 +47,7 @@ from check_cluster import (LOGPROB_TOL, Cluster, generate,  # noqa: E402
 from check_context_parallel import PROMPT  # noqa: E402
 # Without --enable-recovery: a refused launch then exits non-zero.
 from testlib import (FAILURES, MPIRUN, check, free_port,  # noqa: E402
-                     pb_fields, prometheus_series)
+                     pb_fields, prometheus_series, wait_until)
 
 SHORT = "The capital of France is"
 N = 12
@@ -115,7 +116,10 @@ def cp1_refuses(a) -> None:
 
 def cp2(a, want: dict) -> None:
     http = free_port()
-    c = start(a, "tp1_cp2", 1, 2, ["--http-listen", f"127.0.0.1:{http}"])
+    # Chunks of 128 tokens: the long prompt prefills over five steps across
+    # both CP ranks' blocks, which leaves the kill below a wide window.
+    c = start(a, "tp1_cp2", 1, 2, ["--http-listen", f"127.0.0.1:{http}",
+                                   "--max-batched-tokens", "128"])
     try:
         t0 = time.time()
         if not c.wait_serving():
@@ -138,30 +142,37 @@ def cp2(a, want: dict) -> None:
               f"[tp1 cp2] GetModelInfo: cp 2, 20 KV blocks per worker "
               f"({info})")
         like_reference(a, "tp1 cp2", ["--server", c.address], want)
-        with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics",
-                                    timeout=10) as m:
-            series = prometheus_series(m.read().decode())
+        series = metrics(http)
         kv = [series.get(f'shardlm_rank_kv_cache_bytes{{rank="{r}",'
                          f'tier="device"}}', -1) for r in (1, 2)]
         check(kv == [20 * BLOCK_BYTES] * 2,
               f"[tp1 cp2] /metrics: each worker's KV pool is 20 blocks ({kv})")
-        kill(a, c)
+        kill(a, c, http)
     finally:
         c.stop()
 
 
-def kill(a, c: Cluster) -> None:
-    """CP rank 1 (worker rank 2) killed mid-stream."""
+def metrics(http: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http}/metrics",
+                                timeout=10) as m:
+        return prometheus_series(m.read().decode())
+
+
+def kill(a, c: Cluster, http: int) -> None:
+    """CP rank 1 (worker rank 2) killed while the long prompt prefills (its
+    blocks taken, no token out yet)."""
     ranks = c.worker_pids()
     check(sorted(ranks) == [0, 1, 2], f"[kill] found ranks {ranks}")
     if 2 not in ranks:
         return
+    used = 'shardlm_kv_blocks{tier="device",state="used"}'
     client = subprocess.Popen(
-        [a.shardlm, "generate", "--server", c.address, "--prompt",
-         "Tell me a long story about a dragon.", "--max-tokens", "560",
-         "--ignore-eos"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True)
-    first = client.stdout.read(1)  # Generating: a token arrived.
+        [a.shardlm, "generate", "--server", c.address, "--prompt", PROMPT,
+         "--max-tokens", str(N), "--ignore-eos"], stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 30
+    while time.time() < deadline and metrics(http).get(used, 0) == 0:
+        time.sleep(0.05)
     os.kill(ranks[2], signal.SIGKILL)
     killed = time.time()
     try:
@@ -170,11 +181,15 @@ def kill(a, c: Cluster) -> None:
         client.kill()
         out, err = client.communicate()
     took = time.time() - killed
+    check(out.strip() == "",
+          f"[kill] killed mid-prefill: no token out ({out!r})")
     check(client.returncode != 0 and "UNAVAILABLE" in err
           and "rank 2 (pp 0, tp 0, cp 1)" in err and took <= 10,
-          f"[kill] the stream fails with UNAVAILABLE naming rank 2, cp 1, "
+          f"[kill] the request fails with UNAVAILABLE naming rank 2, cp 1, "
           f"within {took:.1f}s ({err.strip()[-250:]})")
-    check(len(first) > 0, "[kill] tokens streamed before the kill")
+    check(wait_until(lambda: metrics(http).get(used, -1) == 0, 10),
+          "[kill] the failed request's blocks are free again "
+          f"({metrics(http).get(used, -1):g} used)")
 
 
 def gloo_cp2(a, want: dict) -> None:
