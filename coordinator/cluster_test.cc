@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <fstream>
 #include <thread>
+#include <tuple>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -211,6 +212,76 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
       static_cast<long long>(after.blocks.spilled));
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
+
+// Context parallel workers (tp x pp x cp of them, numbered as in-process)
+// give the tokens and logprobs of CP 1 in one process, with the group's
+// blocks in the coordinator's block manager: cp x one worker's. The 8
+// requests' tables interleave over the CP ranks (the longest prompt, 64
+// tokens, spans 4+ blocks), so every rank attends part of every long row.
+class ClusterContextParallelTest
+    : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+
+TEST_P(ClusterContextParallelTest, SameTokensAsCpOneInOneProcess) {
+  const auto [tp, pp, cp] = GetParam();
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  const std::vector<GenerateRequest> reqs = Requests(12);
+  EngineLeakCheck base_engines;
+  Engine* base_engine = base_engines.Keep(
+      Engine::Create(*source, {.kv = {.dtype = DType::kF32},
+                               .limits = {.max_batched_tokens = 13},
+                               .threads = 1}));
+  ASSERT_NE(base_engine, nullptr);
+  auto base = base_engine->GenerateBatch(reqs);
+  ASSERT_TRUE(base.ok()) << base.status();
+
+  ClusterOptions options = Options(tp, pp);
+  options.cp = cp;
+  options.kv.dtype = DType::kF32;
+  TestCluster cluster(*source, options);
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  EXPECT_EQ((*executor)->num_kv_blocks(), cp * 512 / 16);
+  for (int r = 1; r <= tp * pp * cp; ++r) {
+    const WorkerAssignment& a = cluster.host(r).assignment;
+    EXPECT_EQ(a.cp, cp);
+    EXPECT_EQ(
+        RankIndex(
+            {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
+            tp, cp),
+        r - 1);
+  }
+  Engine* engine = cluster.Keep(Engine::Create(
+      std::move(*executor), {.limits = {.max_batched_tokens = 13}, .cp = cp}));
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->blocks().interleave(), cp);
+  auto got = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
+    ASSERT_EQ((*got)[i].prompt_logits.size(), (*base)[i].prompt_logits.size());
+    EXPECT_LT(MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits),
+              1e-4)
+        << "request " << i;
+    ASSERT_EQ((*got)[i].logprobs.size(), (*base)[i].logprobs.size());
+    for (size_t t = 0; t < (*base)[i].logprobs.size(); ++t) {
+      EXPECT_NEAR((*got)[i].logprobs[t].sampled, (*base)[i].logprobs[t].sampled,
+                  1e-4)
+          << "request " << i;
+    }
+  }
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, ClusterContextParallelTest,
+                         ::testing::Values(std::tuple{1, 1, 2},
+                                           std::tuple{2, 2, 2}),
+                         [](const auto& info) {
+                           return absl::StrCat("tp", std::get<0>(info.param),
+                                               "_pp", std::get<1>(info.param),
+                                               "_cp", std::get<2>(info.param));
+                         });
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalenceTest,
                          ::testing::Values(std::pair{1, 1}, std::pair{2, 1},

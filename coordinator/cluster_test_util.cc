@@ -55,9 +55,15 @@ absl::StatusOr<KvPoolConfig> TestHost::Load(const WorkerAssignment& a) {
   if (!load_error.ok()) return load_error;
   absl::SleepFor(load_delay);
   SetCpuThreads(a.threads);
-  reports_ = SamplingShard(a.tp, a.pp) == a.pp_rank * a.tp + a.tp_rank;
+  reports_ =
+      SamplingShard(a.tp, a.pp, a.cp) ==
+      RankIndex(
+          {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
+          a.tp, a.cp);
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source_, a.tp, a.pp));
-  const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
+  ShardSpec spec = plan.at(a.pp_rank, a.tp_rank);
+  spec.cp_rank = a.cp_rank;
+  spec.cp_size = a.cp;
   ASSIGN_OR_RETURN(LlamaWeights w, LoadLlamaWeights(source_, spec));
   ASSIGN_OR_RETURN(
       KvPoolConfig kv,
@@ -81,29 +87,53 @@ absl::StatusOr<StepOutput> TestHost::Step(const StepInput& step) {
 TestCluster::TestCluster(const WeightSource& source, ClusterOptions options,
                          absl::Duration comm_timeout, ControlTls tls)
     : source_(source), service_(options), tls_(std::move(tls)) {
-  const int tp = options.tp, pp = options.pp;
-  comms_.resize(tp * pp);
+  // Rank index (p * cp + c) * tp + t (PlaceOfRank).
+  const int tp = options.tp, pp = options.pp, cp = options.cp;
+  const auto index = [&](int p, int c, int t) { return (p * cp + c) * tp + t; };
+  const auto cp_name = [&](int c) {
+    return cp > 1 ? absl::StrCat(" cp ", c) : std::string();
+  };
+  comms_.resize(tp * pp * cp);
   if (tp > 1) {
     for (int p = 0; p < pp; ++p) {
-      auto g = MakeFakeGroup(tp, absl::StrCat("tp group of stage ", p),
-                             {.timeout = comm_timeout});
+      for (int c = 0; c < cp; ++c) {
+        auto g =
+            MakeFakeGroup(tp, absl::StrCat("tp group of stage ", p, cp_name(c)),
+                          {.timeout = comm_timeout});
+        for (int t = 0; t < tp; ++t) {
+          comms_[index(p, c, t)].tp = g[t].get();
+          owned_.push_back(std::move(g[t]));
+        }
+      }
+    }
+  }
+  if (cp > 1) {
+    for (int p = 0; p < pp; ++p) {
       for (int t = 0; t < tp; ++t) {
-        comms_[p * tp + t].tp = g[t].get();
-        owned_.push_back(std::move(g[t]));
+        auto g =
+            MakeFakeGroup(cp, absl::StrCat("cp group of stage ", p, " tp ", t),
+                          {.timeout = comm_timeout});
+        for (int c = 0; c < cp; ++c) {
+          comms_[index(p, c, t)].cp = g[c].get();
+          owned_.push_back(std::move(g[c]));
+        }
       }
     }
   }
   if (pp > 1) {
-    for (int t = 0; t < tp; ++t) {
-      auto g = MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t),
-                             {.timeout = comm_timeout});
-      for (int p = 0; p < pp; ++p) {
-        comms_[p * tp + t].pp = g[p].get();
-        owned_.push_back(std::move(g[p]));
+    for (int c = 0; c < cp; ++c) {
+      for (int t = 0; t < tp; ++t) {
+        auto g =
+            MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t, cp_name(c)),
+                          {.timeout = comm_timeout});
+        for (int p = 0; p < pp; ++p) {
+          comms_[index(p, c, t)].pp = g[p].get();
+          owned_.push_back(std::move(g[p]));
+        }
       }
     }
   }
-  for (int r = 1; r <= tp * pp; ++r) {
+  for (int r = 1; r <= tp * pp * cp; ++r) {
     hosts_.push_back(std::make_unique<TestHost>(source, comms_[r - 1]));
   }
   grpc::ServerBuilder builder;
@@ -111,7 +141,7 @@ TestCluster::TestCluster(const WeightSource& source, ClusterOptions options,
                            &port_);
   AddControlService(builder, &service_);
   server_ = builder.BuildAndStart();
-  statuses_.resize(tp * pp + 8);
+  statuses_.resize(tp * pp * cp + 8);
 }
 
 std::string TestCluster::address() const {

@@ -70,8 +70,10 @@ class TestHost : public ShardHost {
 };
 
 // A ControlService behind a gRPC server on a free port, and worker agents
-// on threads: the TP group of each stage and the PP chain of each TP index
-// joined by fake communicators, as in in_process_executor.cc.
+// on threads: the TP group of each stage (and CP rank), the CP group of
+// each stage and TP index (ClusterOptions::cp > 1) and the PP chain of each
+// TP (and CP) index joined by fake communicators, as in
+// in_process_executor.cc.
 class TestCluster {
  public:
   TestCluster(const WeightSource& source, ClusterOptions options,

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "core/log.h"
 #include "core/secret.h"
 #include "core/status.h"
 #include "grpcpp/resource_quota.h"
@@ -27,7 +28,8 @@ std::string Who(const v1::Register& reg) {
 }  // namespace
 
 struct ControlService::Worker {
-  int rank = 0, tp_rank = 0, pp_rank = 0;
+  int rank = 0, tp_rank = 0, pp_rank = 0, cp_rank = 0;
+  bool context_parallel = false;  // Whether Name() gives the CP rank.
 
   // Guarded by ControlService::mu_ (host .. digest are written once, when
   // the slot is claimed, and only read afterwards).
@@ -52,7 +54,9 @@ struct ControlService::Worker {
 
   std::string Name() const {
     return absl::StrCat("worker rank ", rank, " (pp ", pp_rank, ", tp ",
-                        tp_rank, ") at ", Who(reg));
+                        tp_rank,
+                        context_parallel ? absl::StrCat(", cp ", cp_rank) : "",
+                        ") at ", Who(reg));
   }
 };
 
@@ -62,8 +66,11 @@ ControlService::ControlService(ClusterOptions options)
   for (int r = 1; r <= num_workers(); ++r) {
     auto w = std::make_unique<Worker>();
     w->rank = r;
-    w->tp_rank = (r - 1) % options_.tp;
-    w->pp_rank = (r - 1) / options_.tp;
+    const RankPlace place = PlaceOfRank(r - 1, options_.tp, options_.cp);
+    w->tp_rank = place.tp_rank;
+    w->cp_rank = place.cp_rank;
+    w->pp_rank = place.pp_rank;
+    w->context_parallel = options_.cp > 1;
     workers_.push_back(std::move(w));
   }
   watchdog_ = std::thread([this] { Watchdog(); });
@@ -92,10 +99,11 @@ absl::StatusOr<ControlService::Worker*> ControlService::Claim(
                      ": the coordinator is shutting down"));
   }
   if (reg.rank() < 1 || reg.rank() > num_workers()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker at ", Who(reg), " registered as rank ", reg.rank(),
-                     ", but worker ranks are 1..", num_workers(), " (tp ",
-                     options_.tp, " x pp ", options_.pp, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker at ", Who(reg), " registered as rank ", reg.rank(),
+        ", but worker ranks are 1..", num_workers(), " (tp ", options_.tp,
+        " x pp ", options_.pp,
+        options_.cp > 1 ? absl::StrCat(" x cp ", options_.cp) : "", ")"));
   }
   Worker& w = *workers_[reg.rank() - 1];
   if (w.state != State::kEmpty) {
@@ -220,6 +228,8 @@ void ControlService::Assign(Worker& w, const std::string& rendezvous_prefix) {
   a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
   a.set_tp_rank(w.tp_rank);
   a.set_pp_rank(w.pp_rank);
+  a.set_cp(options_.cp);
+  a.set_cp_rank(w.cp_rank);
   EncodeKvCacheOptions(options_.kv, a.mutable_kv());
   EncodeBatchLimits(options_.limits, a.mutable_limits());
   a.set_threads(options_.threads_per_worker);
@@ -253,6 +263,12 @@ void ControlService::Receive(Worker& w, v1::WorkerMessage& in) {
       w.host_kv_blocks = host;
       w.kv_block_bytes = std::max<int64_t>(0, in.ready().kv_block_bytes());
       w.weight_bytes = std::max<int64_t>(0, in.ready().weight_bytes());
+      // The load log: which rank (its CP index too) holds what.
+      Log("%s loaded: %d device + %d host KV blocks (%.1f MiB on the "
+          "device), %.0f MiB of weights",
+          w.Name(), device, host,
+          static_cast<double>(device * w.kv_block_bytes) / (1 << 20),
+          static_cast<double>(w.weight_bytes) / (1 << 20));
       cv_.SignalAll();
       break;
     }

@@ -5,7 +5,8 @@
 // or Failure -> StepPlans in, StepResults out, heartbeats both ways ->
 // Shutdown. A stream that ends or breaks, or a worker silent for
 // `worker_timeout`, makes that rank DEAD for good; the reason names it
-// ("worker rank 3 (pp 1, tp 0) at host:pid: stream closed"). Recovery is
+// ("worker rank 3 (pp 1, tp 0) at host:pid: stream closed"; with CP
+// ranks, "(pp 1, tp 0, cp 1)"). Recovery is
 // not supported: a cluster with a dead rank stays unavailable.
 #ifndef SHARDLM_COORDINATOR_CONTROL_SERVICE_H_
 #define SHARDLM_COORDINATOR_CONTROL_SERVICE_H_
@@ -39,6 +40,10 @@ struct ClusterOptions {
   BatchLimits limits;
   int tp = 1;
   int pp = 1;
+  // Context parallel (CPU workers): each stage's ranks form TP x CP, worker
+  // rank r at index r - 1 = (pp_rank * cp + cp_rank) * tp + tp_rank; CP
+  // rank c holds the KV block ids g with g % cp == c.
+  int cp = 1;
   // How the TP group splits a mixture of experts (sent to every worker).
   MoeSharding moe_sharding = MoeSharding::kAuto;
   // Workers must register with this token (compared in constant time);
@@ -89,7 +94,7 @@ class ControlService final : public v1::Control::StreamedUnaryService {
   ~ControlService() override;
 
   const ClusterOptions& options() const { return options_; }
-  int num_workers() const { return options_.tp * options_.pp; }
+  int num_workers() const { return options_.tp * options_.pp * options_.cp; }
 
   grpc::Status Connect(
       grpc::ServerContext* context,

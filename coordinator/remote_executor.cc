@@ -87,7 +87,7 @@ absl::StatusOr<StepOutput> RemoteExecutor::Collect() {
   }
   const ClusterOptions& o = service_.options();
   // The sampling shard's result (worker ranks count from 1).
-  const int sampler = SamplingShard(o.tp, o.pp) + 1;
+  const int sampler = SamplingShard(o.tp, o.pp, cp()) + 1;
   v1::StepResult& r = (*results)[sampler - 1];
   const size_t rows = step.rows;
   absl::Status bad;

@@ -41,8 +41,10 @@ class RemoteExecutor : public StepExecutor {
       absl::Duration timeout, int64_t weight_bytes = 0);
 
   const ModelConfig& config() const override { return config_; }
-  int64_t num_kv_blocks() const override { return kv_blocks_; }
-  int64_t num_host_kv_blocks() const override { return host_kv_blocks_; }
+  // The CP group's (ClusterOptions::cp): each CP rank holds the fewest
+  // blocks any worker reported, block id g on CP rank g % cp.
+  int64_t num_kv_blocks() const override { return kv_blocks_ * cp(); }
+  int64_t num_host_kv_blocks() const override { return host_kv_blocks_ * cp(); }
   DType kv_cache_dtype() const override {
     return service_.options().kv.DTypeOnCpu();
   }
@@ -88,8 +90,11 @@ class RemoteExecutor : public StepExecutor {
         host_kv_blocks_(host_kv_blocks),
         weight_bytes_(weight_bytes) {}
 
+  int cp() const { return std::max(1, service_.options().cp); }
+
   ControlService& service_;
   const ModelConfig config_;
+  // The fewest blocks of each tier any worker holds.
   const int64_t kv_blocks_;
   const int64_t host_kv_blocks_;
   const int64_t weight_bytes_;

@@ -25,6 +25,14 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("model", &model, model_help);
   flags.Add("tp", &tp, "tensor-parallel degree");
   flags.Add("pp", &pp, "pipeline-parallel degree");
+  flags.Add("cp", &cp,
+            "context-parallel ranks per stage (CPU workers only, no "
+            "--cpu-offload-bytes): each stage's ranks form tp x cp, a "
+            "sequence's KV blocks spread over the cp ranks (block i on cp "
+            "rank i mod cp), so the longest sequence grows cp-fold at the "
+            "same --kv-cache-bytes per worker; attention is split, "
+            "projections and MLP are not (every cp rank holds the stage's "
+            "weights)");
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
@@ -64,6 +72,24 @@ std::string ClusterFlags::Problem() const {
   if (model.empty()) return "--model is required";
   if (tp < 1 || pp < 1 || tp * pp > 4096) {
     return "--tp and --pp must be >= 1 (and tp x pp at most 4096)";
+  }
+  if (cp < 1 || cp > 64 || tp * pp * cp > 4096) {
+    return absl::StrCat(
+        "--cp must be in [1, 64] (and tp x pp x cp at most "
+        "4096), got ",
+        cp);
+  }
+  if (cp > 1 && kv.cpu_offload_bytes > 0) {
+    return absl::StrCat(
+        "--cp ", cp,
+        " with --cpu-offload-bytes: a host KV tier under context parallelism "
+        "is not built yet (a block copied between tiers may change CP rank); "
+        "use --cp 1 or no host tier");
+  }
+  if (cp > 1 && device == "cuda") {
+    return absl::StrCat("--cp ", cp,
+                        " with --device cuda: context parallelism is built for "
+                        "CPU workers only so far; use --cp 1, or --device cpu");
   }
   if (threads < 1 || worker_timeout_ms < 100 || startup_timeout_s < 1 ||
       step_timeout_s < 1 || max_steps_in_flight < 0 ||
@@ -108,6 +134,7 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   ClusterOptions o;
   o.tp = static_cast<int>(tp);
   o.pp = static_cast<int>(pp);
+  o.cp = static_cast<int>(cp);
   o.moe_sharding = MoeShardingOf();
   o.cluster_token = std::move(cluster_token);
   o.kv = kv.ToOptions();
@@ -236,6 +263,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   auto engine =
       Engine::Create(std::move(*executor), {.kv = f.kv.ToOptions(),
                                             .limits = f.limits.ToLimits(),
+                                            .cp = static_cast<int>(f.cp),
                                             .resume_interrupted = o.rejoin});
   if (!engine.ok()) return fail("", engine.status());
   std::string name = source.config().name;
@@ -247,20 +275,28 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   api_options.model_name = name;
   api_options.service.tp = static_cast<int>(f.tp);
   api_options.service.pp = static_cast<int>(f.pp);
+  api_options.service.cp = static_cast<int>(f.cp);
   api_options.service.api_key = ApiKeyFromEnv();
   f.api.Apply(api_options, *tls);
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) return fail("", api.status());
   const std::string host = f.listen.substr(0, f.listen.rfind(':'));
+  const int64_t blocks = (*engine)->blocks().num_blocks();
+  const std::string layout =
+      f.cp > 1 ? absl::StrCat(" x cp ", f.cp) : std::string();
+  const std::string per_rank =
+      f.cp > 1
+          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp, " each")
+          : std::string();
   std::fprintf(stderr,
-               "[shardlm] serving %s with tp %d x pp %d (%d workers, %lld KV "
-               "blocks of %d) on %s:%d; workers connect to %s\n",
+               "[shardlm] serving %s with tp %d x pp %d%s (%d workers, %lld KV "
+               "blocks of %d%s) on %s:%d; workers connect to %s\n",
                name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
-               static_cast<int>(f.tp * f.pp),
-               static_cast<long long>((*engine)->blocks().num_blocks()),
-               static_cast<int>(f.kv.block_size), host.c_str(), (*api)->port(),
-               o.workers_dial.c_str());
+               layout.c_str(), static_cast<int>(f.tp * f.pp * f.cp),
+               static_cast<long long>(blocks),
+               static_cast<int>(f.kv.block_size), per_rank.c_str(),
+               host.c_str(), (*api)->port(), o.workers_dial.c_str());
 
   const bool watch = o.exit_when_cluster_fails || o.rejoin;
   int code = 0;

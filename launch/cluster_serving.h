@@ -25,6 +25,9 @@ struct ClusterFlags {
   std::string model;
   int64_t tp = 1;
   int64_t pp = 1;
+  // Context parallel (CPU workers, no host tier): each stage's ranks form
+  // TP x CP, tp * pp * cp workers in all.
+  int64_t cp = 1;
   std::string moe_sharding = "auto";
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;

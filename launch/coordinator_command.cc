@@ -3,11 +3,11 @@
 // without mpirun.
 //
 //   SHARDLM_CLUSTER_TOKEN=... shardlm coordinator --model PATH --tp T
-//       --pp P --listen H:P [--http-listen H:P] --control-listen H:P
+//       --pp P [--cp C] --listen H:P [--http-listen H:P] --control-listen H:P
 //
-// It reads only the model's config and tokenizer, waits for workers 1..T*P
-// to register on the control plane and load, then serves the public API.
-// Workers exchange activations over Gloo, meeting through the rendezvous
+// It reads only the model's config and tokenizer, waits for workers
+// 1..T*P*C to register on the control plane and load, then serves the public
+// API. Workers exchange activations over Gloo, meeting through the rendezvous
 // store of the control plane. When a rank is lost (killed, hung in a step
 // for --step-timeout-s, or silent) the coordinator turns not-ready, fails
 // requests with UNAVAILABLE naming the rank, tells the other workers to
@@ -45,8 +45,9 @@ int CoordinatorCommand(int argc, char** argv) {
   int64_t rejoin_timeout_s = 120;
   FlagSet flags(
       "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm coordinator --model PATH "
-      "--tp TP --pp PP [flags]\n"
-      "Leads TP*PP `shardlm worker` processes (ranks 1..TP*PP) that dial\n"
+      "--tp TP --pp PP [--cp CP] [flags]\n"
+      "Leads TP*PP*CP `shardlm worker` processes (ranks 1..TP*PP*CP) that "
+      "dial\n"
       "--control-listen with the same SHARDLM_CLUSTER_TOKEN, and serves the\n"
       "API on --listen (and --http-listen).");
   f.Register(flags,
@@ -147,10 +148,11 @@ int CoordinatorCommand(int argc, char** argv) {
       control_listen.substr(0, control_listen.rfind(':')), ":", control_port);
   std::fprintf(stderr,
                "[shardlm] coordinator: waiting up to %llds for %lld workers "
-               "(tp %lld x pp %lld) on %s\n",
+               "(tp %lld x pp %lld%s) on %s\n",
                static_cast<long long>(f.startup_timeout_s),
-               static_cast<long long>(f.tp * f.pp),
+               static_cast<long long>(f.tp * f.pp * f.cp),
                static_cast<long long>(f.tp), static_cast<long long>(f.pp),
+               f.cp > 1 ? absl::StrCat(" x cp ", f.cp).c_str() : "",
                address.c_str());
   const int code =
       ServeCluster(f,

@@ -1,15 +1,16 @@
 // shardlm launch: the whole cluster from one mpirun (DESIGN.md section 1).
 //
-//   mpirun --enable-recovery -np 1+TP*PP shardlm launch --model PATH
-//       --tp TP --pp PP --listen HOST:PORT
+//   mpirun --enable-recovery -np 1+TP*PP*CP shardlm launch --model PATH
+//       --tp TP --pp PP [--cp CP] --listen HOST:PORT
 //
 // Rank 0 becomes the coordinator (no weights: config and tokenizer only);
-// ranks 1..TP*PP become workers, worker r serving stage (r-1)/TP, TP index
-// (r-1)%TP. Every rank first checks what it can (flags, world size, model
-// file, shard plan); if any rank fails, rank 0 prints every rank's reason
-// and all exit. Then the coordinator's control address reaches the workers
-// by MPI broadcast, the workers connect over gRPC, load their shards and
-// exchange activations over MPI, and the coordinator serves the public API.
+// ranks 1..TP*PP*CP become workers, worker r serving stage (r-1)/(TP*CP),
+// CP index ((r-1)/TP)%CP, TP index (r-1)%TP (CP 1: stage (r-1)/TP). Every rank
+// first checks what it can (flags, world size, model file, shard plan); if any
+// rank fails, rank 0 prints every rank's reason and all exit. Then the
+// coordinator's control address reaches the workers by MPI broadcast, the
+// workers connect over gRPC, load their shards and exchange activations over
+// MPI, and the coordinator serves the public API.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
@@ -146,7 +147,7 @@ absl::StatusOr<std::vector<NodeInfo>> GatherNodes(MpiCommunicator& world) {
 }
 
 // One line per host: which ranks it holds.
-void PrintPlacement(const std::vector<NodeInfo>& nodes, int tp) {
+void PrintPlacement(const std::vector<NodeInfo>& nodes, int tp, int cp) {
   std::vector<bool> printed(nodes.size());
   for (size_t r = 0; r < nodes.size(); ++r) {
     if (printed[r]) continue;
@@ -154,9 +155,14 @@ void PrintPlacement(const std::vector<NodeInfo>& nodes, int tp) {
     for (size_t q = r; q < nodes.size(); ++q) {
       if (nodes[q].stack != nodes[r].stack) continue;
       printed[q] = true;
-      ranks.push_back(q == 0 ? "0 (coordinator)"
-                             : absl::StrCat(q, " (stage ", (q - 1) / tp,
-                                            ", tp ", (q - 1) % tp, ")"));
+      if (q == 0) {
+        ranks.push_back("0 (coordinator)");
+        continue;
+      }
+      const RankPlace place = PlaceOfRank(static_cast<int>(q) - 1, tp, cp);
+      ranks.push_back(absl::StrCat(
+          q, " (stage ", place.pp_rank, ", tp ", place.tp_rank,
+          cp > 1 ? absl::StrCat(", cp ", place.cp_rank) : "", ")"));
     }
     const std::string address = FirstAddress(nodes[r]);
     std::fprintf(stderr, "[shardlm] host %s%s%s: %s %s\n",
@@ -177,8 +183,8 @@ std::string ResolveWorkerDevice(const LaunchFlags& f,
   if (f.device == "cpu") return "cpu";
   if (f.device == "auto") {
     // As generate/serve: the CPU when the configuration asks for what GPU
-    // workers lack.
-    if (!GpuWorkersBuilt() || cuda.devices == 0 ||
+    // workers lack (context parallelism is CPU-only so far).
+    if (!GpuWorkersBuilt() || cuda.devices == 0 || f.cp > 1 ||
         (f.kv.kv_cache_dtype != "auto" && f.kv.kv_cache_dtype != "bf16")) {
       return "cpu";
     }
@@ -298,7 +304,7 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
     std::fprintf(stderr, "shardlm launch: %s\n",
                  std::string(t.status().message()).c_str());
   }
-  PrintPlacement(nodes, static_cast<int>(f.tp));
+  PrintPlacement(nodes, static_cast<int>(f.tp), static_cast<int>(f.cp));
   std::fprintf(stderr, "[shardlm] workers run on %s (--device %s)\n",
                device == "cuda" ? "GPUs" : "CPUs", f.device.c_str());
   const ControlAddress control_address = ChooseControlAddress(f, nodes);
@@ -352,7 +358,7 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
   absl::StatusOr<std::unique_ptr<CommShardHost>> mpi_host =
       on_gpu ? absl::StatusOr<std::unique_ptr<CommShardHost>>(nullptr)
              : MpiShardHost(&source, workers, static_cast<int>(f.tp),
-                            static_cast<int>(f.pp));
+                            static_cast<int>(f.pp), static_cast<int>(f.cp));
   Tensor packed = *Tensor::Host(DType::kI32, {kMessageInts});
   if (absl::Status s = world.Broadcast(packed, 0); !s.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
@@ -456,8 +462,8 @@ int LaunchCommand(int argc, char** argv) {
 
   LaunchFlags f;
   FlagSet flags(
-      "usage: mpirun --enable-recovery -np 1+TP*PP shardlm launch --model PATH "
-      "--tp TP --pp PP [flags]\n"
+      "usage: mpirun --enable-recovery -np 1+TP*PP*CP shardlm launch --model "
+      "PATH --tp TP --pp PP [--cp CP] [flags]\n"
       "Rank 0 coordinates and serves the API on --listen; the other ranks\n"
       "are workers holding one shard each (see launch/run-local-cluster.sh).");
   f.Register(flags,
@@ -485,11 +491,13 @@ int LaunchCommand(int argc, char** argv) {
     Exit(0);
   } else if (std::string p = f.Problem(); !p.empty()) {
     problem = p;
-  } else if (world.size() != 1 + f.tp * f.pp) {
-    problem =
-        absl::StrCat("the MPI world has ", world.size(), " ranks but --tp ",
-                     f.tp, " x --pp ", f.pp, " needs 1 + ", f.tp * f.pp, " = ",
-                     1 + f.tp * f.pp, " (mpirun -np ", 1 + f.tp * f.pp, ")");
+  } else if (const int64_t workers = f.tp * f.pp * f.cp;
+             world.size() != 1 + workers) {
+    problem = absl::StrCat("the MPI world has ", world.size(),
+                           " ranks but --tp ", f.tp, " x --pp ", f.pp,
+                           f.cp > 1 ? absl::StrCat(" x --cp ", f.cp) : "",
+                           " needs 1 + ", workers, " = ", 1 + workers,
+                           " (mpirun -np ", 1 + workers, ")");
   }
   if (!problem.empty()) {  // The same on every rank: rank 0 reports.
     if (root) {

@@ -9,7 +9,7 @@
 // of workers); the coordinator to $LWS_LEADER_ADDRESS:50052 (the port from
 // SHARDLM_CONTROL_PORT when set). The worker dials the coordinator
 // (retrying, and saying what it waits for, up to --join-timeout-s), takes
-// its assignment, meets its TP and PP peers over Gloo through the
+// its assignment, meets its TP, CP and PP peers over Gloo through the
 // coordinator's rendezvous store, loads its shard and serves steps. It exits 0
 // when the coordinator stops the cluster, and non-zero within seconds when the
 // coordinator or a peer is lost.
@@ -101,9 +101,12 @@ ConnectShard GlooConnector(const WorkerFlags& f, int rank,
                            const std::string& token) {
   return [f, rank, token](
              const WorkerAssignment& a) -> absl::StatusOr<ShardCommunicators> {
-    if ((rank - 1) % a.tp != a.tp_rank || (rank - 1) / a.tp != a.pp_rank) {
-      return absl::InternalError(absl::StrCat(
-          "rank ", rank, " was assigned tp ", a.tp_rank, " pp ", a.pp_rank));
+    const RankPlace place{
+        .tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank};
+    if (RankIndex(place, a.tp, a.cp) != rank - 1) {
+      return absl::InternalError(
+          absl::StrCat("rank ", rank, " was assigned tp ", a.tp_rank, " pp ",
+                       a.pp_rank, " cp ", a.cp_rank));
     }
     std::string interface = f.data_interface;
     if (interface.empty()) interface = Env("GLOO_SOCKET_IFNAME");
@@ -129,23 +132,44 @@ ConnectShard GlooConnector(const WorkerFlags& f, int rank,
                           grpc::ChannelArguments()),
         f.coordinator, token);
     const CommOptions options{.timeout = absl::Seconds(f.join_timeout_s)};
-    const auto label = [&](int pp_rank, int tp_rank) {
-      return absl::StrCat("rank ", 1 + pp_rank * a.tp + tp_rank, " (stage ",
-                          pp_rank, ", tp ", tp_rank, ")");
+    // Group names and peer labels as MpiShardHost's; " cp C" only with
+    // CP ranks, so that a cp 1 cluster's keys are what they were.
+    const std::string my_cp =
+        a.cp > 1 ? absl::StrCat(" cp ", a.cp_rank) : std::string();
+    const auto label = [&](int pp_rank, int tp_rank, int cp_rank) {
+      return absl::StrCat(
+          "rank ", 1 + RankIndex({tp_rank, cp_rank, pp_rank}, a.tp, a.cp),
+          " (stage ", pp_rank, ", tp ", tp_rank,
+          a.cp > 1 ? absl::StrCat(", cp ", cp_rank) : "", ")");
     };
-    std::vector<std::string> tp_labels, pp_labels;
-    for (int t = 0; t < a.tp; ++t) tp_labels.push_back(label(a.pp_rank, t));
-    for (int p = 0; p < a.pp; ++p) pp_labels.push_back(label(p, a.tp_rank));
+    std::vector<std::string> tp_labels, pp_labels, cp_labels;
+    for (int t = 0; t < a.tp; ++t) {
+      tp_labels.push_back(label(a.pp_rank, t, a.cp_rank));
+    }
+    for (int p = 0; p < a.pp; ++p) {
+      pp_labels.push_back(label(p, a.tp_rank, a.cp_rank));
+    }
+    for (int c = 0; c < a.cp; ++c) {
+      cp_labels.push_back(label(a.pp_rank, a.tp_rank, c));
+    }
     ShardCommunicators comms;
-    ASSIGN_OR_RETURN(
-        comms.tp,
-        GlooCommunicator::Connect(store, a.rendezvous_prefix, transport,
-                                  absl::StrCat("tp group of stage ", a.pp_rank),
-                                  a.tp_rank, a.tp, options, tp_labels));
-    ASSIGN_OR_RETURN(comms.pp, GlooCommunicator::Connect(
-                                   store, a.rendezvous_prefix, transport,
-                                   absl::StrCat("pp chain of tp ", a.tp_rank),
-                                   a.pp_rank, a.pp, options, pp_labels));
+    ASSIGN_OR_RETURN(comms.tp,
+                     GlooCommunicator::Connect(
+                         store, a.rendezvous_prefix, transport,
+                         absl::StrCat("tp group of stage ", a.pp_rank, my_cp),
+                         a.tp_rank, a.tp, options, tp_labels));
+    if (a.cp > 1) {
+      ASSIGN_OR_RETURN(comms.cp, GlooCommunicator::Connect(
+                                     store, a.rendezvous_prefix, transport,
+                                     absl::StrCat("cp group of stage ",
+                                                  a.pp_rank, " tp ", a.tp_rank),
+                                     a.cp_rank, a.cp, options, cp_labels));
+    }
+    ASSIGN_OR_RETURN(comms.pp,
+                     GlooCommunicator::Connect(
+                         store, a.rendezvous_prefix, transport,
+                         absl::StrCat("pp chain of tp ", a.tp_rank, my_cp),
+                         a.pp_rank, a.pp, options, pp_labels));
     return comms;
   };
 }
@@ -165,9 +189,9 @@ void RegisterWorkerFlags(FlagSet& flags, WorkerFlags& f) {
             "$LWS_LEADER_ADDRESS:$SHARDLM_CONTROL_PORT (port 50052 when "
             "unset)");
   flags.Add("rank", &f.rank,
-            "worker rank, 1..tp*pp (stage (rank-1)/tp, tp index "
-            "(rank-1)%tp); default: $LWS_WORKER_INDEX, else "
-            "$SHARDLM_POD_INDEX + 1");
+            "worker rank, 1..tp*pp*cp (rank-1 = (stage*cp + cp index)*tp + "
+            "tp index; cp 1: stage (rank-1)/tp, tp index (rank-1)%tp); "
+            "default: $LWS_WORKER_INDEX, else $SHARDLM_POD_INDEX + 1");
   flags.Add("join-timeout-s", &f.join_timeout_s,
             "how long to wait for the coordinator and the peers (DNS, "
             "connection, rendezvous)");

@@ -68,8 +68,26 @@ struct ShardSpec {
 };
 
 // The index (pp_rank * tp + tp_rank) of the shard that samples in a tp x
-// pp layout: ShardSpec::samples() of the last stage's TP rank 0.
-constexpr int SamplingShard(int tp, int pp) { return (pp - 1) * tp; }
+// pp layout: ShardSpec::samples() of the last stage's TP rank 0. With CP
+// ranks (below), that of the last stage's CP rank 0, TP rank 0.
+constexpr int SamplingShard(int tp, int pp, int cp = 1) {
+  return (pp - 1) * cp * tp;
+}
+
+// Where rank index i (a worker's rank - 1; an in-process shard's index)
+// sits in a TP x CP x PP layout: i = (pp_rank * cp + cp_rank) * tp +
+// tp_rank, so that cp = 1 is the TP x PP layout (pp_rank * tp + tp_rank).
+struct RankPlace {
+  int tp_rank = 0, cp_rank = 0, pp_rank = 0;
+};
+constexpr RankPlace PlaceOfRank(int index, int tp, int cp) {
+  return {.tp_rank = index % tp,
+          .cp_rank = (index / tp) % cp,
+          .pp_rank = index / (tp * cp)};
+}
+constexpr int RankIndex(const RankPlace& p, int tp, int cp) {
+  return (p.pp_rank * cp + p.cp_rank) * tp + p.tp_rank;
+}
 
 struct ShardPlan {
   int tp = 1, pp = 1;

@@ -29,7 +29,13 @@ class CudaShardHost : public ShardHost {
       : source_(source), o_(std::move(options)) {}
 
   absl::StatusOr<KvPoolConfig> Load(const WorkerAssignment& a) override {
-    absl::StatusOr<KvPoolConfig> kv = LoadShard(a);
+    // The coordinator refuses --cp with CUDA workers; a worker told
+    // otherwise must not hold all of the KV it was given a share of.
+    absl::StatusOr<KvPoolConfig> kv =
+        a.cp > 1 ? absl::UnimplementedError(absl::StrCat(
+                       "assigned cp ", a.cp_rank, " of ", a.cp,
+                       ": context parallelism is built for CPU workers only"))
+                 : LoadShard(a);
     if (!kv.ok()) {
       // The communicators run on the runner's stream: they go first.
       pp_.reset();

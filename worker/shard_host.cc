@@ -9,28 +9,43 @@
 namespace shardlm {
 
 absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
-    const WeightSource* source, MpiCommunicator& workers, int tp, int pp) {
-  if (workers.size() != tp * pp) {
+    const WeightSource* source, MpiCommunicator& workers, int tp, int pp,
+    int cp) {
+  if (workers.size() != tp * pp * cp) {
     return absl::InvalidArgumentError(
-        absl::StrCat(workers.size(), " workers for tp ", tp, " x pp ", pp));
+        absl::StrCat(workers.size(), " workers for tp ", tp, " x pp ", pp,
+                     cp > 1 ? absl::StrCat(" x cp ", cp) : ""));
   }
-  const int tp_rank = workers.rank() % tp, pp_rank = workers.rank() / tp;
-  // Every worker takes part in both splits, in the same order.
+  const RankPlace me = PlaceOfRank(workers.rank(), tp, cp);
+  const int tp_rank = me.tp_rank, pp_rank = me.pp_rank, cp_rank = me.cp_rank;
+  // Every worker takes part in every split, in the same order. Colors:
+  // one TP group per stage and CP rank, one CP group per stage and TP
+  // index, one PP chain per CP rank and TP index.
   auto split = std::make_shared<ShardCommunicators>();
-  ASSIGN_OR_RETURN(split->tp,
-                   workers.Split(pp_rank, tp_rank,
-                                 absl::StrCat("tp group of stage ", pp_rank)));
-  ASSIGN_OR_RETURN(split->pp,
-                   workers.Split(tp_rank, pp_rank,
-                                 absl::StrCat("pp chain of tp ", tp_rank)));
+  ASSIGN_OR_RETURN(
+      split->tp,
+      workers.Split(pp_rank * cp + cp_rank, tp_rank,
+                    absl::StrCat("tp group of stage ", pp_rank,
+                                 cp > 1 ? absl::StrCat(" cp ", cp_rank) : "")));
+  if (cp > 1) {
+    ASSIGN_OR_RETURN(split->cp,
+                     workers.Split(pp_rank * tp + tp_rank, cp_rank,
+                                   absl::StrCat("cp group of stage ", pp_rank,
+                                                " tp ", tp_rank)));
+  }
+  ASSIGN_OR_RETURN(
+      split->pp,
+      workers.Split(cp_rank * tp + tp_rank, pp_rank,
+                    absl::StrCat("pp chain of tp ", tp_rank,
+                                 cp > 1 ? absl::StrCat(" cp ", cp_rank) : "")));
   auto connect =
       [=](const WorkerAssignment& a) -> absl::StatusOr<ShardCommunicators> {
-    if (a.tp != tp || a.pp != pp || a.tp_rank != tp_rank ||
-        a.pp_rank != pp_rank) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("assigned tp ", a.tp_rank, "/", a.tp, " pp ", a.pp_rank,
-                       "/", a.pp, " but this MPI rank is tp ", tp_rank, "/", tp,
-                       " pp ", pp_rank, "/", pp));
+    if (a.tp != tp || a.pp != pp || a.cp != cp || a.tp_rank != tp_rank ||
+        a.pp_rank != pp_rank || a.cp_rank != cp_rank) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "assigned tp ", a.tp_rank, "/", a.tp, " pp ", a.pp_rank, "/", a.pp,
+          " cp ", a.cp_rank, "/", a.cp, " but this MPI rank is tp ", tp_rank,
+          "/", tp, " pp ", pp_rank, "/", pp, " cp ", cp_rank, "/", cp));
     }
     if (split->tp == nullptr) {
       return absl::FailedPreconditionError("assigned twice");
@@ -48,21 +63,30 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   SetCpuThreads(a.threads);
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
+  // CP ranks hold the same weights: the TP x PP spec, with the CP place.
+  ShardSpec mine = plan.at(a.pp_rank, a.tp_rank);
+  mine.cp_rank = a.cp_rank;
+  mine.cp_size = a.cp;
   ASSIGN_OR_RETURN(
       std::unique_ptr<Shard> shard,
-      LoadCpuShard(*source_, {.spec = plan.at(a.pp_rank, a.tp_rank),
-                              .kv = a.kv,
-                              .limits = a.limits,
-                              .threads = a.threads,
-                              .name = absl::StrCat("worker (pp ", a.pp_rank,
-                                                   ", tp ", a.tp_rank, ")")}));
+      LoadCpuShard(
+          *source_,
+          {.spec = mine,
+           .kv = a.kv,
+           .limits = a.limits,
+           .threads = a.threads,
+           .name = absl::StrCat(
+               "worker (pp ", a.pp_rank, ", tp ", a.tp_rank,
+               a.cp > 1 ? absl::StrCat(", cp ", a.cp_rank, " of ", a.cp) : "",
+               ")")}));
   // Each worker allocates what its own budget holds; the coordinator uses
   // the fewest any worker reports (ControlService), so a block id means
   // the same slot on every worker.
   ASSIGN_OR_RETURN(const KvBlockCounts blocks, shard->BlocksAvailable());
   RETURN_IF_ERROR(shard->InitializeCache(
       blocks, {.tp = a.tp > 1 ? comms_.tp.get() : nullptr,
-               .pp = a.pp > 1 ? comms_.pp.get() : nullptr}));
+               .pp = a.pp > 1 ? comms_.pp.get() : nullptr,
+               .cp = a.cp > 1 ? comms_.cp.get() : nullptr}));
   shard_ = std::move(shard);
   loaded_ = true;
   const ModelConfig& c = shard_->runner()->config();

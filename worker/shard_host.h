@@ -22,8 +22,10 @@ namespace shardlm {
 
 // The groups one shard talks in.
 struct ShardCommunicators {
-  std::unique_ptr<Communicator> tp;  // This stage's TP group.
-  std::unique_ptr<Communicator> pp;  // The PP chain of this TP index.
+  std::unique_ptr<Communicator> tp;  // This stage's (and CP rank's) TP group.
+  std::unique_ptr<Communicator> pp;  // The PP chain of this TP (and CP) index.
+  // This stage's CP group of this TP index (context parallel; null at cp 1).
+  std::unique_ptr<Communicator> cp;
 };
 
 // Makes a shard's communicators for its assignment. Every worker calls it
@@ -61,11 +63,13 @@ class CommShardHost : public ShardHost {
 };
 
 // Under mpirun: splits `workers` (every worker rank, in rank order; a
-// collective call on all of them) into this rank's TP group and PP chain
-// for a tp x pp layout now; Load checks that the assignment is the one this
-// rank's position implies.
+// collective call on all of them) into this rank's TP group, CP group
+// (cp > 1) and PP chain for a tp x cp x pp layout now (worker index
+// (pp_rank * cp + cp_rank) * tp + tp_rank, PlaceOfRank); Load checks that
+// the assignment is the one this rank's position implies.
 absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
-    const WeightSource* source, MpiCommunicator& workers, int tp, int pp);
+    const WeightSource* source, MpiCommunicator& workers, int tp, int pp,
+    int cp = 1);
 
 }  // namespace shardlm
 

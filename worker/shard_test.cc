@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "collectives/fake_communicator.h"
@@ -88,6 +89,31 @@ TEST(ShardTest, AWholeModelShardSamplesAsItsRunnerDoes) {
   ASSERT_OK_AND_ASSIGN(StepOutput want, SampleStep(Prompt(), logits));
   EXPECT_EQ(out.tokens, want.tokens);
   ASSERT_EQ(out.tokens.size(), 1u);
+}
+
+// Worker index (pp_rank * cp + cp_rank) * tp + tp_rank, in-process and in a
+// cluster alike: every index has one place and back; at CP 1 it is the TP x
+// PP numbering; the sampler is the last stage's CP 0, TP 0 (index 6 of 12
+// at TP 2 x CP 3 x PP 2).
+TEST(ShardTest, RankPlacesOfATpCpPpLayout) {
+  for (const auto& [tp, cp, pp] : {std::tuple{1, 2, 1}, std::tuple{2, 2, 1},
+                                   std::tuple{2, 3, 2}, std::tuple{3, 1, 2}}) {
+    for (int i = 0; i < tp * cp * pp; ++i) {
+      const RankPlace p = PlaceOfRank(i, tp, cp);
+      EXPECT_EQ(RankIndex(p, tp, cp), i) << tp << " " << cp << " " << pp;
+      EXPECT_LT(p.pp_rank, pp);
+      if (cp == 1) {
+        EXPECT_EQ(p.pp_rank * tp + p.tp_rank, i);
+        EXPECT_EQ(p.cp_rank, 0);
+      }
+    }
+    const RankPlace sampler = PlaceOfRank(SamplingShard(tp, pp, cp), tp, cp);
+    EXPECT_EQ(sampler.pp_rank, pp - 1);
+    EXPECT_EQ(sampler.tp_rank, 0);
+    EXPECT_EQ(sampler.cp_rank, 0);
+  }
+  EXPECT_EQ(SamplingShard(2, 2, 3), 6);
+  EXPECT_EQ(SamplingShard(2, 2), SamplingShard(2, 2, 1));
 }
 
 // At TP 2 x PP 2 only the last stage's TP rank 0 returns tokens, and a bad

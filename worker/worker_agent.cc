@@ -127,6 +127,8 @@ class AgentSession {
                  .pp = a.pp(),
                  .tp_rank = a.tp_rank(),
                  .pp_rank = a.pp_rank(),
+                 .cp = std::max(1, a.cp()),
+                 .cp_rank = a.cp_rank(),
                  .threads = a.threads(),
                  .rendezvous_prefix = a.rendezvous_prefix(),
                  .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
@@ -143,8 +145,12 @@ class AgentSession {
             return blocks.status();
           }
           loaded = true;
-          reports_ = SamplingShard(a.tp(), a.pp()) ==
-                     a.pp_rank() * a.tp() + a.tp_rank();
+          const int cp = std::max(1, a.cp());
+          reports_ = SamplingShard(a.tp(), a.pp(), cp) ==
+                     RankIndex({.tp_rank = a.tp_rank(),
+                                .cp_rank = a.cp_rank(),
+                                .pp_rank = a.pp_rank()},
+                               a.tp(), cp);
           out.mutable_ready()->set_kv_blocks(blocks->num_blocks);
           out.mutable_ready()->set_host_kv_blocks(blocks->num_host_blocks);
           out.mutable_ready()->set_kv_block_bytes(blocks->BytesPerBlock());

@@ -31,6 +31,10 @@ struct WorkerAssignment {
   KvCacheOptions kv;
   BatchLimits limits;
   int tp = 1, pp = 1, tp_rank = 0, pp_rank = 0;
+  // Context parallel: the stage's ranks form TP x CP (worker rank - 1 =
+  // (pp_rank * cp + cp_rank) * tp + tp_rank); this rank holds the KV
+  // blocks whose id is cp_rank mod cp.
+  int cp = 1, cp_rank = 0;
   int threads = 1;
   // The prefix of this cluster's rendezvous keys (Gloo addresses, NCCL ids).
   std::string rendezvous_prefix;
@@ -59,7 +63,7 @@ class ShardHost {
 
 struct WorkerAgentOptions {
   std::string coordinator;  // host:port
-  int rank = 0;             // 1 .. tp * pp.
+  int rank = 0;             // 1 .. tp * pp * cp.
   std::string model_path;   // Reported at registration, with:
   uint64_t model_bytes = 0;
   std::string model_digest;  // ModelDigest(): files must match across nodes.

@@ -53,16 +53,17 @@ PROMPTS = ["The capital of France is",
 
 
 class Cluster:
-    """mpirun -np 1+tp*pp shardlm launch, serving on a free local port."""
+    """mpirun -np 1+tp*pp*cp shardlm launch, serving on a free local port."""
 
     def __init__(self, shardlm: str, model: str, tp: int, pp: int, log: str,
-                 extra: list[str] | tuple = ()):
+                 extra: list[str] | tuple = (), cp: int = 1):
         self.port = free_port()
         self.log_path = log
         self.log = open(log, "w")
         self.proc = subprocess.Popen(
-            MPIRUN + ["-np", str(1 + tp * pp), shardlm, "launch",
+            MPIRUN + ["-np", str(1 + tp * pp * cp), shardlm, "launch",
                       "--model", model, "--tp", str(tp), "--pp", str(pp),
+                      *(["--cp", str(cp)] if cp > 1 else []),
                       "--listen", f"127.0.0.1:{self.port}",
                       "--worker-timeout-ms", "3000", *extra],
             stdout=self.log, stderr=subprocess.STDOUT,
