@@ -315,11 +315,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
   RETURN_IF_ERROR(CheckSampling(req.sampling, vocab));
   RETURN_IF_ERROR(CheckLogprobs(request.logprobs()));
   req.logprobs = request.logprobs();
-  if (request.prompt_logprobs() < 0 ||
-      request.prompt_logprobs() > kMaxLogprobs) {
-    return Invalid("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
-                   request.prompt_logprobs());
-  }
+  RETURN_IF_ERROR(CheckPromptLogprobs(request.prompt_logprobs()));
   req.prompt_logprobs = request.prompt_logprobs();
   if (request.stop_size() > kMaxStopStrings) {
     return Invalid("at most ", kMaxStopStrings, " stop strings, got ",

@@ -351,15 +351,24 @@ absl::Status AddConstraint(const Json& body, absl::string_view raw_body,
   return absl::OkStatus();
 }
 
-// The OpenAI request as a shardlm.v1 request. `top_n` is how many
-// alternatives to report per token (-1: no logprobs); `echo_text` what
-// echo prepends to each choice's text (empty without echo).
+// What the HTTP response shows beside the service's text, as the request
+// body asked.
+struct ResponseShape {
+  int top_n = -1;         // Alternatives reported per token (-1: no logprobs).
+  bool echo = false;      // The prompt leads each choice (completions).
+  std::string echo_text;  // What echo prepends to each choice's text.
+  // vLLM's prompt_logprobs: alternatives per prompt token (-1: not asked).
+  int prompt_top_n = -1;
+};
+
+// The OpenAI request as a shardlm.v1 request, and what its response shows.
 absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
                                             absl::string_view raw_body,
                                             bool chat,
                                             const std::string& model_name,
-                                            int64_t context_length, int* top_n,
-                                            std::string* echo_text) {
+                                            int64_t context_length,
+                                            ResponseShape* shape) {
+  int* const top_n = &shape->top_n;
   v1::GenerateRequest req;
   std::string model;
   RETURN_IF_ERROR(Get(body, "model", &model));
@@ -370,7 +379,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
                                             model_name, "')"));
   }
   int64_t n = 1, best_of = 1;
-  bool echo = false;
+  bool& echo = shape->echo;
   RETURN_IF_ERROR(Get(body, "n", &n));
   RETURN_IF_ERROR(Get(body, "best_of", &best_of));
   RETURN_IF_ERROR(Get(body, "echo", &echo));
@@ -510,7 +519,18 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
     if (req.prompt_token_ids_size() > 0) {
       return Invalid("'echo' needs a text 'prompt', not token ids");
     }
-    *echo_text = req.prompt();
+    shape->echo_text = req.prompt();
+  }
+  // vLLM's prompt_logprobs k: per prompt token its own logprob and rank,
+  // and the k most likely tokens there. The service is asked for all
+  // kMaxLogprobs alternatives, so that the prompt token's rank is known
+  // whenever it is among them.
+  if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
+    int64_t k = 0;
+    RETURN_IF_ERROR(Get(body, "prompt_logprobs", &k));
+    RETURN_IF_ERROR(CheckPromptLogprobs(k));  // The gRPC API's words.
+    shape->prompt_top_n = static_cast<int>(k);
+    req.set_prompt_logprobs(kMaxLogprobs);
   }
 
   bool ignore_eos = false;
@@ -563,6 +583,40 @@ Json PromptLogprobsJson(const v1::GenerateResponse& r, int top_n) {
     out["top_logprobs"].push_back(k == 0 ? Json() : top);
     out["text_offset"].push_back(offset);
     offset += static_cast<int64_t>(lp.token().text().size());
+  }
+  return out;
+}
+
+// vLLM's prompt_logprobs from the service's (`r.prompt_logprobs`, one per
+// prompt token): null for the first token (nothing precedes it), then per
+// token an object of token id (decimal) to {logprob, rank, decoded_token}
+// holding the prompt token and the `k` most likely tokens there. A rank is
+// the position among the most likely (from 1, lower id first on ties); the
+// prompt token's is null when it is not among the alternatives returned.
+Json VllmPromptLogprobsJson(const v1::GenerateResponse& r, int k) {
+  Json out = Json::array();
+  for (int p = 0; p < r.prompt_logprobs_size(); ++p) {
+    if (p == 0) {
+      out.push_back(Json());
+      continue;
+    }
+    const v1::TokenLogprobs& lp = r.prompt_logprobs(p);
+    const auto one = [](const v1::TokenLogprob& t, const Json& rank) {
+      return Json{{"logprob", t.logprob()},
+                  {"rank", rank},
+                  {"decoded_token", t.text()}};
+    };
+    Json rank;
+    for (int i = 0; i < lp.top_size() && rank.is_null(); ++i) {
+      if (lp.top(i).token_id() == lp.token().token_id()) rank = i + 1;
+    }
+    Json entry = {
+        {std::to_string(lp.token().token_id()), one(lp.token(), rank)}};
+    for (int i = 0; i < std::min(k, lp.top_size()); ++i) {
+      entry.emplace(std::to_string(lp.top(i).token_id()),
+                    one(lp.top(i), i + 1));
+    }
+    out.push_back(std::move(entry));
   }
   return out;
 }
@@ -758,14 +812,18 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   if (body.is_discarded() || !body.is_object()) {
     return fail(Invalid("the body is not a JSON object"));
   }
-  int top_n = -1;
-  std::string echo_text;
-  absl::StatusOr<v1::GenerateRequest> proto =
-      ToProto(body, req.body, chat, options_.model_name, context_length_,
-              &top_n, &echo_text);
+  ResponseShape shape;
+  absl::StatusOr<v1::GenerateRequest> proto = ToProto(
+      body, req.body, chat, options_.model_name, context_length_, &shape);
   if (!proto.ok()) return fail(proto.status());
+  const int top_n = shape.top_n;
+  const std::string& echo_text = shape.echo_text;
   bool stream = false;
   if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+  // As vLLM: prompt_logprobs are in the whole response only.
+  if (stream && shape.prompt_top_n >= 0) {
+    return fail(Invalid("'prompt_logprobs' is not supported with 'stream'"));
+  }
   // OpenAI's stream_options.include_usage: one more chunk before [DONE],
   // with no choices and the request's usage.
   bool include_usage = false;
@@ -851,15 +909,19 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
 
   // echo with logprobs: the prompt's, from the request's first response
-  // (whichever choice's), leading every choice's logprobs.
-  Json prompt_logprobs;
-  const bool echo_logprobs = proto->prompt_logprobs() > 0;
+  // (whichever choice's), leading every choice's logprobs; and vLLM's
+  // prompt_logprobs, from the same response.
+  Json prompt_logprobs, vllm_prompt_logprobs;
+  const bool echo_logprobs = shape.echo && top_n >= 0;
   // Calls to it are serialized (with n > 1, from several threads).
   const auto write = [&](const v1::GenerateResponse& r) {
     if (r.index() < 0 || r.index() >= n) return false;
     Choice& c = choices[r.index()];
     if (r.prompt_logprobs_size() > 0) {
-      prompt_logprobs = PromptLogprobsJson(r, top_n);
+      if (echo_logprobs) prompt_logprobs = PromptLogprobsJson(r, top_n);
+      if (shape.prompt_top_n >= 0) {
+        vllm_prompt_logprobs = VllmPromptLogprobsJson(r, shape.prompt_top_n);
+      }
     }
     // The logprobs this response's piece starts from: the prompt's first.
     Json lead = EmptyLogprobs(chat);
@@ -1002,15 +1064,23 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       }
     } else {
       choice["text"] = c.text;
+      // vLLM puts a completion's prompt_logprobs in each choice.
+      if (shape.prompt_top_n >= 0) {
+        choice["prompt_logprobs"] = vllm_prompt_logprobs;
+      }
     }
     out_choices.push_back(std::move(choice));
   }
-  const Json out = {{"id", id},
-                    {"object", object},
-                    {"created", created},
-                    {"model", options_.model_name},
-                    {"choices", out_choices},
-                    {"usage", UsageJson(total_usage())}};
+  Json out = {{"id", id},
+              {"object", object},
+              {"created", created},
+              {"model", options_.model_name},
+              {"choices", out_choices},
+              {"usage", UsageJson(total_usage())}};
+  // ... and a chat's beside the choices.
+  if (chat && shape.prompt_top_n >= 0) {
+    out["prompt_logprobs"] = vllm_prompt_logprobs;
+  }
   http_ok_++;
   res.Send(200, "application/json", Dump(out));
 }

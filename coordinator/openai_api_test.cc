@@ -1,5 +1,7 @@
 // OpenAiApi pieces that the end-to-end check (tests/cli/check_http.py)
-// cannot provoke on a healthy server: /ready failing when steps stall.
+// cannot provoke on a healthy server: /ready failing when steps stall; and
+// the exact shape of vLLM's prompt_logprobs from responses made by hand
+// (end to end: tests/cli/check_openai_client.py).
 #include "coordinator/openai_api.h"
 
 #include <atomic>
@@ -11,6 +13,7 @@
 #include "coordinator/in_process_executor.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
+#include "nlohmann/json.hpp"
 
 namespace shardlm {
 namespace {
@@ -96,6 +99,164 @@ TEST(OpenAiApiTest, ReadyFailsWhileRequestsWaitAndNoStepRuns) {
   client.join();
   EXPECT_TRUE(done);
   EXPECT_TRUE(api.Ready().ok()) << api.Ready();
+}
+
+class RecordedResponse final : public HttpResponse {
+ public:
+  bool Send(int s, const std::string&, const std::string& b) override {
+    status = s;
+    body = b;
+    return true;
+  }
+  bool Start(int s, const std::string&) override {
+    status = s;
+    return true;
+  }
+  bool Write(const std::string& data) override {
+    body += data;
+    return true;
+  }
+  void AddHeader(std::string, std::string) override {}
+  bool ClientGone() const override { return false; }
+
+  int status = 0;
+  std::string body;
+};
+
+v1::TokenLogprob Lp(int32_t id, const char* text, float logprob) {
+  v1::TokenLogprob t;
+  t.set_token_id(id);
+  t.set_text(text);
+  t.set_logprob(logprob);
+  return t;
+}
+
+// A service that answers every request with one response: the token "!"
+// after a three-token prompt (ids 1, 7, 9) whose prompt logprobs it makes
+// up: 7 is the second most likely at its position, 9 is not among the
+// alternatives at its.
+class PromptLogprobsTest : public ::testing::Test {
+ protected:
+  PromptLogprobsTest()
+      : api_(
+            [this](
+                const v1::GenerateRequest& request, absl::Time,
+                const std::function<bool()>&,
+                const std::function<bool(const v1::GenerateResponse&)>& write,
+                RequestApi) {
+              seen_.push_back(request);
+              v1::GenerateResponse r;
+              r.set_text("!");
+              r.add_token_ids(0);
+              r.set_finish_reason("length");
+              r.mutable_usage()->set_prompt_tokens(3);
+              r.mutable_usage()->set_completion_tokens(1);
+              if (request.prompt_logprobs() > 0) {
+                *r.add_prompt_logprobs()->mutable_token() = Lp(1, "a", 0);
+                v1::TokenLogprobs& second = *r.add_prompt_logprobs();
+                *second.mutable_token() = Lp(7, " b", -1.5f);
+                *second.add_top() = Lp(5, " c", -0.5f);
+                *second.add_top() = Lp(7, " b", -1.5f);
+                v1::TokenLogprobs& third = *r.add_prompt_logprobs();
+                *third.mutable_token() = Lp(9, "d", -9);
+                *third.add_top() = Lp(5, " c", -0.25f);
+                *third.add_top() = Lp(6, "e", -2);
+              }
+              write(r);
+              return absl::OkStatus();
+            },
+            /*context_length=*/64, {.model_name = "m"}) {}
+
+  RecordedResponse Post(const std::string& path, const std::string& body) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    RecordedResponse res;
+    api_.Handle(req, res);
+    return res;
+  }
+
+  std::vector<v1::GenerateRequest> seen_;
+  OpenAiApi api_;
+};
+
+TEST_F(PromptLogprobsTest, CompletionsChoicesCarryVllmsFormat) {
+  const RecordedResponse res =
+      Post("/v1/completions", R"({"prompt": "a b d", "prompt_logprobs": 1})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  ASSERT_EQ(seen_.size(), 1u);
+  // All the alternatives, for the prompt token's rank.
+  EXPECT_EQ(seen_[0].prompt_logprobs(), 20);
+  const auto got = nlohmann::json::parse(res.body);
+  const auto want = nlohmann::json::parse(R"([
+      null,
+      {"7": {"logprob": -1.5, "rank": 2, "decoded_token": " b"},
+       "5": {"logprob": -0.5, "rank": 1, "decoded_token": " c"}},
+      {"9": {"logprob": -9.0, "rank": null, "decoded_token": "d"},
+       "5": {"logprob": -0.25, "rank": 1, "decoded_token": " c"}}])");
+  EXPECT_EQ(got["choices"][0]["prompt_logprobs"], want) << res.body;
+  EXPECT_FALSE(got.contains("prompt_logprobs"));
+  // Without echo the text is the generated one only.
+  EXPECT_EQ(got["choices"][0]["text"], "!");
+}
+
+TEST_F(PromptLogprobsTest, ZeroGivesThePromptTokensOnly) {
+  const RecordedResponse res =
+      Post("/v1/completions", R"({"prompt": "a b d", "prompt_logprobs": 0})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto lps =
+      nlohmann::json::parse(res.body)["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(lps.size(), 3u) << res.body;
+  EXPECT_TRUE(lps[0].is_null());
+  EXPECT_EQ(lps[1].size(), 1u);
+  EXPECT_EQ(lps[1]["7"]["rank"], 2);
+  EXPECT_EQ(lps[2].size(), 1u);
+  EXPECT_TRUE(lps[2]["9"]["rank"].is_null());
+}
+
+TEST_F(PromptLogprobsTest, ChatHasThemBesideTheChoices) {
+  const RecordedResponse res =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "hi"}],
+               "prompt_logprobs": 2})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto got = nlohmann::json::parse(res.body);
+  ASSERT_EQ(got["prompt_logprobs"].size(), 3u) << res.body;
+  EXPECT_EQ(got["prompt_logprobs"][2].size(), 3u);  // 9, then 5 and 6.
+  EXPECT_FALSE(got["choices"][0].contains("prompt_logprobs"));
+}
+
+TEST_F(PromptLogprobsTest, EchoAloneAddsNone) {
+  const RecordedResponse res = Post(
+      "/v1/completions", R"({"prompt": "a b d", "echo": true, "logprobs": 1})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  ASSERT_EQ(seen_.size(), 1u);
+  EXPECT_EQ(seen_[0].prompt_logprobs(), 1);
+  const auto got = nlohmann::json::parse(res.body);
+  EXPECT_FALSE(got["choices"][0].contains("prompt_logprobs")) << res.body;
+  EXPECT_EQ(got["choices"][0]["text"], "a b d!");
+  // The prompt's three tokens (the fake's "!" carries no logprobs).
+  EXPECT_EQ(got["choices"][0]["logprobs"]["tokens"],
+            nlohmann::json::parse(R"(["a", " b", "d"])"));
+}
+
+TEST_F(PromptLogprobsTest, RefusedOutsideTheRangeOrStreamed) {
+  for (const char* body :
+       {R"({"prompt": "x", "prompt_logprobs": 21})",
+        R"({"prompt": "x", "prompt_logprobs": -1})",
+        R"({"prompt": "x", "prompt_logprobs": 1e30})",
+        R"({"prompt": "x", "prompt_logprobs": "2"})",
+        R"({"prompt": "x", "prompt_logprobs": 1, "stream": true})"}) {
+    const RecordedResponse res = Post("/v1/completions", body);
+    EXPECT_EQ(res.status, 400) << body;
+    EXPECT_NE(res.body.find("prompt_logprobs"), std::string::npos)
+        << body << " -> " << res.body;
+  }
+  EXPECT_NE(Post("/v1/completions", R"({"prompt": "x", "prompt_logprobs": 21})")
+                .body.find("prompt_logprobs must be in [0, 20], got 21"),
+            std::string::npos);
+  EXPECT_TRUE(seen_.empty());  // Nothing ran.
 }
 
 }  // namespace

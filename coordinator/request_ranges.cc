@@ -20,6 +20,15 @@ absl::Status CheckLogprobs(int64_t logprobs) {
       "logprobs must be in [0, ", kMaxLogprobs, "], got ", logprobs));
 }
 
+absl::Status CheckPromptLogprobs(int64_t prompt_logprobs) {
+  if (prompt_logprobs >= 0 && prompt_logprobs <= kMaxLogprobs) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("prompt_logprobs must be in [0, ", kMaxLogprobs, "], got ",
+                   prompt_logprobs));
+}
+
 absl::Status CheckSampling(const SamplingParams& p, int64_t vocab) {
   if (!std::isfinite(p.temperature) || !std::isfinite(p.top_p)) {
     return absl::InvalidArgumentError(

@@ -18,6 +18,8 @@ namespace shardlm {
 absl::Status CheckMaxTokens(int64_t max_tokens, int64_t context_length);
 // logprobs (completions) and top_logprobs (chat): [0, kMaxLogprobs].
 absl::Status CheckLogprobs(int64_t logprobs);
+// prompt_logprobs (gRPC's, and vLLM's HTTP extension): [0, kMaxLogprobs].
+absl::Status CheckPromptLogprobs(int64_t prompt_logprobs);
 // The engine's ranges (ValidateSamplingParams), in the API's words
 // ("sampling: top_k must be >= 0, got -1"): temperature >= 0 and finite,
 // top_k >= 0, top_p in (0, 1], presence and frequency penalties in [-2, 2],
