@@ -153,9 +153,10 @@ if os.geteuid() == 0:
 @contextlib.contextmanager
 def mpirun_cluster(shardlm: str, model: str, log_path: str, wait,
                    tp: int = 2, pp: int = 2, env: dict | None = None,
-                   timeout: float = 300):
+                   timeout: float = 300, extra: list[str] | tuple = ()):
     """Runs `mpirun -np 1+tp*pp shardlm launch` (coordinator on rank 0, a
-    worker per other rank) on a free local gRPC port, output to `log_path`.
+    worker per other rank; `extra` flags added to launch's) on a free local
+    gRPC port, output to `log_path`.
     Yields the coordinator's address once wait(address, process, timeout)
     says it serves, or None after recording the failed check "the TP x PP
     cluster serves". On leaving, stops the whole process group (SIGTERM,
@@ -171,7 +172,7 @@ def mpirun_cluster(shardlm: str, model: str, log_path: str, wait,
         cluster = subprocess.Popen(
             MPIRUN + ["-np", str(1 + tp * pp), shardlm, "launch", "--model",
                       model, "--tp", str(tp), "--pp", str(pp), "--listen",
-                      address],
+                      address, *extra],
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
             start_new_session=True, env=env)
         try:

@@ -428,11 +428,14 @@ def message_fields(buf: bytes) -> list[tuple[int, object]]:
     return out
 
 
-def prompt_logprobs(address: str) -> list | str:
+LOGPROBS_PROMPT = ("The quick brown fox jumps over the lazy dog. "
+                   "The capital of France is")
+
+
+def prompt_logprobs(address: str, prompt: str = LOGPROBS_PROMPT) -> list | str:
     """gRPC prompt_logprobs (field 26) of a prompt: per prompt token, its
     id, its logprob and its top-2 ids, from the first response (field 8)."""
-    body = grpc_request("The quick brown fox jumps over the lazy dog. "
-                        "The capital of France is", 1) + pb_scalar(26, 2)
+    body = grpc_request(prompt, 1) + pb_scalar(26, 2)
     with grpc.insecure_channel(address) as channel:
         call = channel.unary_stream("/shardlm.v1.Inference/Generate",
                                     request_serializer=lambda b: b,
