@@ -314,6 +314,15 @@ def prompt_logprobs_checks(client, address: str) -> None:
                   for g, h in zip(grpc_lp, http_lp)),
           f"prompt_logprobs 2 = gRPC's prompt_logprobs 2 (ids, logprobs, "
           f"top 2) ({http_lp[:2]} vs {grpc_lp[:2]})")
+    # Chat: beside the choices, one per token of the rendered prompt.
+    reply = chat(client, messages=PLANET, max_tokens=1, temperature=0,
+                 extra_body={"prompt_logprobs": 1})
+    listed = extra(reply, "prompt_logprobs") or []
+    check(len(listed) == reply.usage.prompt_tokens and listed[0] is None and
+          all(1 <= len(d) <= 2 for d in listed[1:]) and
+          extra(reply.choices[0], "prompt_logprobs") is None,
+          f"chat prompt_logprobs 1: beside the choices, one per prompt token "
+          f"({len(listed)} for {reply.usage.prompt_tokens})")
     for bad in (21, -1):
         try:
             complete(client, prompt="x", max_tokens=1,
