@@ -166,6 +166,22 @@ TEST(ContextParallelTest, SlidingWindowMatchesCp1) {
                    1e-4);
 }
 
+// A Qwen3-MoE-shaped mixture (QK norms, 8 experts, top 2): under sequence
+// parallel each CP rank routes and runs only its slice's tokens.
+TEST(ContextParallelTest, MixtureOfExpertsMatchesCp1) {
+  ModelConfig c = RandomConfig();
+  c.architecture = "qwen3moe";
+  c.qk_norm = true;
+  c.n_experts = 8;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 128;
+  auto source = RandomLlamaWeights(c, 11);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : {5, 37}) prompts.push_back(Prompt(n, n, 311));
+  ExpectEquivalent(*source, {{1, 1, 2}, {2, 1, 2}, {1, 1, 3}},
+                   Requests(prompts, 12), 13, 1e-4);
+}
+
 // SmolLM2-135M (9 query / 3 KV heads: TP 2 splits them unevenly).
 TEST(ContextParallelTest, SmolLm2MatchesCp1) {
   const std::string path = testing_util::SmolLm2ModelPath();
