@@ -166,6 +166,22 @@ TEST(ContextParallelTest, SlidingWindowMatchesCp1) {
                    1e-4);
 }
 
+// A Qwen3-MoE-shaped mixture (QK norms, 8 experts, top 2): under sequence
+// parallel each CP rank routes and runs only its slice's tokens.
+TEST(ContextParallelTest, MixtureOfExpertsMatchesCp1) {
+  ModelConfig c = RandomConfig();
+  c.architecture = "qwen3moe";
+  c.qk_norm = true;
+  c.n_experts = 8;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 128;
+  auto source = RandomLlamaWeights(c, 11);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : {5, 37}) prompts.push_back(Prompt(n, n, 311));
+  ExpectEquivalent(*source, {{1, 1, 2}, {2, 1, 2}, {1, 1, 3}},
+                   Requests(prompts, 12), 13, 1e-4);
+}
+
 // SmolLM2-135M (9 query / 3 KV heads: TP 2 splits them unevenly).
 TEST(ContextParallelTest, SmolLm2MatchesCp1) {
   const std::string path = testing_util::SmolLm2ModelPath();
@@ -219,6 +235,46 @@ TEST(ContextParallelTest, CapacityGrowsWithCp) {
   EXPECT_TRUE(testing_util::IsError(
       too_long, absl::StatusCode::kInvalidArgument,
       "the cache holds 16 (16 device + 0 host over 2 CP ranks, 8 each)"));
+}
+
+// Sequence parallel: a step of n >= C tokens runs only its slice through
+// each CP rank's projections and MLP, tokens [c n / C, (c + 1) n / C) on
+// CP rank c (every TP and PP rank of it alike), so prefill compute is
+// divided; a lone sequence's decode step (one token, fewer than C) runs
+// on every rank. Counted by the runners, not timed.
+TEST(ContextParallelTest, PrefillTokensAreSplitOverCpRanks) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  // One 70-token prefill step (it samples the first token), then two
+  // decode steps of one token.
+  const std::vector<GenerateRequest> reqs = Requests({Prompt(70, 1, 311)}, 3);
+  for (const Layout& l :
+       {Layout{1, 1, 1}, Layout{1, 1, 2}, Layout{1, 1, 3}, Layout{2, 2, 2}}) {
+    SCOPED_TRACE(Name(l));
+    EngineLeakCheck engines;
+    auto engine =
+        Engine::Create(*source, {.kv = {.dtype = DType::kF32},
+                                 .limits = {.max_batched_tokens = 512},
+                                 .threads = 1,
+                                 .tp = l.tp,
+                                 .pp = l.pp,
+                                 .cp = l.cp});
+    ASSERT_TRUE(engine.ok()) << engine.status();
+    Engine* e = engines.Keep(std::move(engine));
+    const std::vector<RunnerStats> before = e->executor().RankStats();
+    auto got = e->GenerateBatch(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    const std::vector<RunnerStats> after = e->executor().RankStats();
+    ASSERT_EQ(after.size(), static_cast<size_t>(l.tp * l.pp * l.cp));
+    ASSERT_EQ(before.size(), after.size());
+    for (size_t r = 0; r < after.size(); ++r) {
+      // Rank index (pp * cp + cp_rank) * tp + tp_rank.
+      const int64_t c = (static_cast<int64_t>(r) / l.tp) % l.cp;
+      const int64_t slice = (c + 1) * 70 / l.cp - c * 70 / l.cp;
+      EXPECT_EQ(after[r].steps - before[r].steps, 3) << "rank " << r;
+      EXPECT_EQ(after[r].token_rows - before[r].token_rows, slice + 2)
+          << "rank " << r;
+    }
+  }
 }
 
 TEST(ContextParallelTest, RefusesWhatIsNotBuilt) {

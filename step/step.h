@@ -103,6 +103,10 @@ struct RunnerStats {
   double copy_seconds = 0;    // Inside them (on GPUs: queueing them; the
                               // copies themselves run on a copy stream).
   int cpu_threads = 0;  // OpenMP threads the last step's kernels could use.
+  // Token rows this rank ran through its layers' token-wise work
+  // (projections, MLP), once per step whatever the layers: a step's n
+  // tokens, or under CP with sequence parallel its slice of about n / C.
+  int64_t token_rows = 0;
   // The KV pool as allocated, read off its tensors rather than its config
   // (so a shard that stores another dtype than it was asked shows): the
   // element type it stores, and its bytes per token of context (K and V,

@@ -1,6 +1,7 @@
 #include "worker/cpu_forward_ops.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -81,12 +82,41 @@ absl::Status CpuForwardOps::GatherLogitRows(const Tensor& x, Tensor& out) {
   }
   for (int64_t r = 0; r < m; ++r) {
     const int32_t row = step_.logit_rows[r];
+    if (row == -1) {  // Another CP rank's (sequence parallel).
+      std::fill_n(out.f32().data() + r * hidden_, hidden_, 0.0f);
+      continue;
+    }
     if (row < 0 || row >= x.dim(0)) {
       return absl::InvalidArgumentError(
           absl::StrCat("GatherLogitRows: row ", row, " of ", x.dim(0)));
     }
     std::copy_n(x.f32().data() + row * hidden_, hidden_,
                 out.f32().data() + r * hidden_);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuForwardOps::CompactRows(Tensor& x, int64_t slot,
+                                        absl::Span<const int64_t> counts) {
+  const int64_t parts = static_cast<int64_t>(counts.size());
+  if (x.dtype() != DType::kF32 || x.rank() != 2 || x.dim(0) != parts * slot) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CompactRows: x ", x.DebugString(), " for ", parts,
+                     " parts of ", slot, " rows"));
+  }
+  const int64_t c = x.dim(1);
+  float* data = x.f32().data();
+  int64_t row = 0;
+  for (int64_t i = 0; i < parts; ++i) {
+    if (counts[i] < 0 || counts[i] > slot) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CompactRows: part of ", counts[i], " rows in a slot of ", slot));
+    }
+    // Moves towards row 0 (row <= i * slot), so parts already placed are
+    // never overwritten; the ranges may overlap.
+    std::memmove(data + row * c, data + i * slot * c,
+                 counts[i] * c * sizeof(float));
+    row += counts[i];
   }
   return absl::OkStatus();
 }

@@ -50,6 +50,8 @@ class CpuForwardOps : public ForwardOps {
                               Tensor& out) override;
   absl::Status Zero(Tensor& x) override;
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override;
+  absl::Status CompactRows(Tensor& x, int64_t slot,
+                           absl::Span<const int64_t> counts) override;
   absl::StatusOr<Tensor> ToHost(const Tensor& t) override { return t; }
   // The CPU adds the residual separately (the numerics every CPU test and
   // reference was written against).

@@ -99,27 +99,64 @@ absl::Status ShardForward::Attention(const Tensor& q, const KvLayer& cache,
   return ops.MergeAttention(outs, b.cp_lse, out);
 }
 
+std::vector<int64_t> SequenceParallel::counts() const {
+  std::vector<int64_t> c;
+  for (size_t i = 0; i + 1 < begin.size(); ++i) {
+    c.push_back(begin[i + 1] - begin[i]);
+  }
+  return c;
+}
+
+absl::Status ShardForward::GatherSlices(const Tensor& slot, Tensor& all) const {
+  RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(slot, all); }));
+  return ops.CompactRows(all, seq->rows, seq->counts());
+}
+
 absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   const ModelConfig& c = weights.config;
   const ShardSpec& spec = weights.spec;
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   const RopeTable rope = c.Rope();
-  const int64_t n = b.x.dim(0), d = c.head_dim;
-  // Per-head views of the same memory: [n, heads, head_dim].
-  ASSIGN_OR_RETURN(Tensor q3, b.q.Reshaped({n, spec.n_heads(), d}));
-  ASSIGN_OR_RETURN(Tensor k3, b.k.Reshaped({n, spec.n_kv_heads(), d}));
-  ASSIGN_OR_RETURN(Tensor v3, b.v.Reshaped({n, spec.n_kv_heads(), d}));
+  // s: the tokens this rank runs through the token-wise work (n, or its
+  // slice under sequence parallel); n: those attention runs.
+  const int64_t s = b.x.dim(0), n = b.attn.dim(0), d = c.head_dim;
+  if (seq != nullptr && comms.cp == nullptr) {
+    return absl::FailedPreconditionError("sequence parallel without CP");
+  }
+  // The ops that read the step's tokens, positions or logit rows (Embed,
+  // Rope): bound to this rank's slice under sequence parallel.
+  ForwardOps& tok = seq != nullptr ? seq->ops : ops;
+  // Per-head views of the same memory: [s, heads, head_dim].
+  ASSIGN_OR_RETURN(Tensor q3, b.q.Reshaped({s, spec.n_heads(), d}));
+  ASSIGN_OR_RETURN(Tensor k3, b.k.Reshaped({s, spec.n_kv_heads(), d}));
+  ASSIGN_OR_RETURN(Tensor v3, b.v.Reshaped({s, spec.n_kv_heads(), d}));
   ASSIGN_OR_RETURN(Tensor attn3, b.attn.Reshaped({n, spec.n_heads(), d}));
+  // What attention reads ([n, heads, head_dim]): the gathered slices under
+  // sequence parallel, else the step's own.
+  Tensor qa3 = q3, ka3 = k3, va3 = v3, attn_rows = b.attn;
+  if (seq != nullptr) {
+    ASSIGN_OR_RETURN(const Tensor qa, b.q_all.Rows(0, n));
+    ASSIGN_OR_RETURN(const Tensor ka, b.k_all.Rows(0, n));
+    ASSIGN_OR_RETURN(const Tensor va, b.v_all.Rows(0, n));
+    ASSIGN_OR_RETURN(qa3, qa.Reshaped({n, spec.n_heads(), d}));
+    ASSIGN_OR_RETURN(ka3, ka.Reshaped({n, spec.n_kv_heads(), d}));
+    ASSIGN_OR_RETURN(va3, va.Reshaped({n, spec.n_kv_heads(), d}));
+    // The o-proj's input: this rank's rows of the merged output.
+    ASSIGN_OR_RETURN(attn_rows,
+                     b.attn.Rows(seq->slice_begin(), seq->slice_end()));
+  }
 
   if (spec.first_stage()) {
     // Vocab-parallel: rows outside this rank's slice embed to zero, so the
     // sum over the TP group is the full embedding.
-    RETURN_IF_ERROR(ops.Embed(weights.token_embd, spec.vocab_begin, b.x));
+    RETURN_IF_ERROR(tok.Embed(weights.token_embd, spec.vocab_begin, b.x));
     if (comms.tp != nullptr) {
       RETURN_IF_ERROR(
           Comm([&] { return comms.tp->AllReduce(b.x, b.x, ReduceOp::kSum); }));
     }
   } else {
+    // Under sequence parallel the previous stage's rank of the same CP
+    // index ran the same slice.
     RETURN_IF_ERROR(
         Comm([&] { return comms.pp->Recv(b.x, spec.pp_rank - 1); }));
   }
@@ -138,18 +175,23 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
     }
     if (!w.q_norm.empty()) {  // Qwen3: RMSNorm of each head, then RoPE.
-      ASSIGN_OR_RETURN(Tensor qh, b.q.Reshaped({n * spec.n_heads(), d}));
-      ASSIGN_OR_RETURN(Tensor kh, b.k.Reshaped({n * spec.n_kv_heads(), d}));
+      ASSIGN_OR_RETURN(Tensor qh, b.q.Reshaped({s * spec.n_heads(), d}));
+      ASSIGN_OR_RETURN(Tensor kh, b.k.Reshaped({s * spec.n_kv_heads(), d}));
       RETURN_IF_ERROR(ops.RmsNorm(qh, w.q_norm, c.rms_norm_eps, qh));
       RETURN_IF_ERROR(ops.RmsNorm(kh, w.k_norm, c.rms_norm_eps, kh));
     }
-    RETURN_IF_ERROR(ops.Rope(q3, rope));
-    RETURN_IF_ERROR(ops.Rope(k3, rope));
+    RETURN_IF_ERROR(tok.Rope(q3, rope));
+    RETURN_IF_ERROR(tok.Rope(k3, rope));
+    if (seq != nullptr) {  // Every rank's slice of Q, K and V.
+      RETURN_IF_ERROR(GatherSlices(b.q_slot, b.q_all));
+      RETURN_IF_ERROR(GatherSlices(b.k_slot, b.k_all));
+      RETURN_IF_ERROR(GatherSlices(b.v_slot, b.v_all));
+    }
     const KvLayer cache = kv.at(l);
-    RETURN_IF_ERROR(ops.WriteKv(k3, v3, cache));
-    RETURN_IF_ERROR(Attention(q3, cache, scale,
+    RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
+    RETURN_IF_ERROR(Attention(qa3, cache, scale,
                               c.LayerWindow(spec.layer_begin + l), attn3, b));
-    RETURN_IF_ERROR(Residual(b.attn, w.wo, w.wo_offset, b));
+    RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
     if (c.is_moe()) {
@@ -178,7 +220,14 @@ absl::StatusOr<Tensor> ShardForward::Logits(ForwardBuffers& b) const {
   const int64_t m = b.last.empty() ? 0 : b.last.dim(0);
   if (m == 0) return Tensor();  // A prefill chunk that samples nothing.
   // Final norm and LM head, only for the rows whose logits are wanted.
-  RETURN_IF_ERROR(ops.GatherLogitRows(b.x, b.last));
+  if (seq == nullptr) {
+    RETURN_IF_ERROR(ops.GatherLogitRows(b.x, b.last));
+  } else {
+    // Each CP rank has the rows of its slice and zeros for the others'.
+    RETURN_IF_ERROR(seq->ops.GatherLogitRows(b.x, b.last));
+    RETURN_IF_ERROR(Comm(
+        [&] { return comms.cp->AllReduce(b.last, b.last, ReduceOp::kSum); }));
+  }
   RETURN_IF_ERROR(
       ops.RmsNorm(b.last, weights.output_norm, c.rms_norm_eps, b.last_n));
   // This rank's vocabulary rows, padded to vocab_padded.

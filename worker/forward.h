@@ -119,8 +119,16 @@ class ForwardOps {
   virtual absl::Status Zero(Tensor& x) {
     return absl::UnimplementedError("Zero on this backend");
   }
-  // out = the rows of x ([n, hidden]) whose logits the step wants.
+  // out = the rows of x ([n, hidden]) whose logits the step wants; a row
+  // of -1 gives zeros (sequence parallel: a row another CP rank holds).
   virtual absl::Status GatherLogitRows(const Tensor& x, Tensor& out) = 0;
+  // Sequence parallel: x ([counts.size() * slot, c]) holds part i in rows
+  // [i * slot, i * slot + counts[i]); moves the parts, in place, to follow
+  // one another from row 0.
+  virtual absl::Status CompactRows(Tensor& x, int64_t slot,
+                                   absl::Span<const int64_t> counts) {
+    return absl::UnimplementedError("CompactRows on this backend");
+  }
   // `t` readable on the host once this returns (itself when it is there).
   virtual absl::StatusOr<Tensor> ToHost(const Tensor& t) = 0;
   // Whether Linear can add into the f32 residual stream itself (the GEMM's
@@ -158,6 +166,30 @@ struct ForwardBuffers {
   // heads held] and every CP rank's partial outputs and lses, gathered:
   // [cp, n, heads held * head_dim] and [cp, n, heads held], f32.
   Tensor lse, cp_out, cp_lse;
+  // Sequence parallel (ShardForward::seq set): x, xn, partial, q, k, v,
+  // gate, up, h and the expert buffers hold this rank's s tokens, not n;
+  // q, k and v are the first s rows of q_slot, k_slot, v_slot ([rows,
+  // (kv_)heads held * head_dim], what each rank sends), gathered over the
+  // CP group into q_all, k_all, v_all ([cp * rows, ...], the step's n
+  // tokens in the first n rows once compacted); attn, lse, cp_out and
+  // cp_lse keep n rows (attention runs every query).
+  Tensor q_slot, k_slot, v_slot, q_all, k_all, v_all;
+};
+
+// Sequence parallel under CP: the step's n tokens split into contiguous
+// slices, CP rank c running tokens [begin[c], begin[c + 1]) through the
+// token-wise work (embedding, norms, projections, RoPE, o-proj, MLP) and
+// all of them through attention. Used when n >= C (see ModelRunner).
+struct SequenceParallel {
+  // Bound to this rank's slice of the step: its tokens and positions, and
+  // its logit rows (-1 for a row another rank holds).
+  ForwardOps& ops;
+  std::vector<int64_t> begin;  // [C + 1], begin[C] = n.
+  int64_t rows = 0;            // The longest slice: ceil(n / C).
+  int rank = 0;                // This CP rank.
+  int64_t slice_begin() const { return begin[rank]; }
+  int64_t slice_end() const { return begin[rank + 1]; }
+  std::vector<int64_t> counts() const;
 };
 
 // One layer's KV cache as its backend keeps it: k and v (on the CPU both
@@ -200,12 +232,17 @@ struct ShardForward {
   // Mixtures: tokens routed to each expert this shard holds, added to over
   // the step's layers ([experts held]); null: not counted.
   std::vector<int64_t>* expert_tokens = nullptr;
+  // Null, or (CP only) this rank's slice of the step's tokens: see
+  // SequenceParallel.
+  const SequenceParallel* seq = nullptr;
 
   // The step's layers on this shard; x holds the last layer's output (on a
   // last stage) or has been sent to the next stage. Under CP (comms.cp)
-  // every CP rank runs the same tokens through the same weights; only
-  // attention differs: each rank attends over the blocks it holds and the
-  // parts are merged after an all-gather over the CP group.
+  // each rank attends over the blocks it holds and the parts are merged
+  // after an all-gather over the CP group. Without `seq` every CP rank
+  // runs the same tokens through the same weights; with it, each runs its
+  // slice, all-gathers the slices' Q, K and V before attention and keeps
+  // its slice's rows of the merged output (x holds the slice's rows).
   absl::Status Layers(ForwardBuffers& b, KvLayers kv) const;
   // y = xn w^T (+ bias when there is one).
   absl::Status Projection(const Tensor& xn, const Tensor& w, const Tensor& bias,
@@ -230,6 +267,9 @@ struct ShardForward {
   // and merged over the CP group when there is one.
   absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
                          int64_t window, Tensor& out, ForwardBuffers& b) const;
+  // Sequence parallel: all = every CP rank's `slot`, gathered and
+  // compacted to the step's n rows.
+  absl::Status GatherSlices(const Tensor& slot, Tensor& all) const;
 };
 
 }  // namespace shardlm

@@ -63,11 +63,13 @@ class OpsBackend {
   virtual std::vector<DType> embedding_dtypes() const = 0;
   virtual std::vector<DType> linear_dtypes() const = 0;
   // The optional ops it implements (forward.h): fused Q/K/V and gate/up
-  // (SplitQkv, SwiGluFused) and PadColumns. The others must answer
-  // Unimplemented. (Every backend has the experts' GatherRows,
-  // ScatterAddRows and Zero.)
+  // (SplitQkv, SwiGluFused), PadColumns, and context parallel's
+  // CompactRows and GatherLogitRows of row -1. The others must answer
+  // Unimplemented (CompactRows) or refuse row -1. (Every backend has the
+  // experts' GatherRows, ScatterAddRows and Zero.)
   virtual bool fused_ops() const = 0;
   virtual bool pad_columns() const = 0;
+  virtual bool sequence_parallel() const = 0;
 };
 
 std::unique_ptr<OpsBackend> MakeCpuOpsBackend();

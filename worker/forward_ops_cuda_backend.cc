@@ -166,6 +166,7 @@ class CudaOpsBackend : public OpsBackend {
   }
   bool fused_ops() const override { return true; }
   bool pad_columns() const override { return false; }
+  bool sequence_parallel() const override { return false; }
 
  private:
   CudaOpsBackend() = default;

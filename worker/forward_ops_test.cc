@@ -114,6 +114,7 @@ class CpuOpsBackend : public OpsBackend {
   }
   bool fused_ops() const override { return false; }
   bool pad_columns() const override { return true; }
+  bool sequence_parallel() const override { return true; }
 };
 
 }  // namespace
@@ -729,6 +730,45 @@ TEST_P(ForwardOpsTest, PadColumns) {
   // Columns that do not fit are refused.
   EXPECT_EQ(ops->PadColumns(Put(x), 200, width).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Sequence parallel: slices of 3, 4 and 3 rows gathered in slots of 4
+// move together, in place; a logit row of -1 (another CP rank's) is zeros.
+TEST_P(ForwardOpsTest, SequenceParallelRows) {
+  const int64_t slot = 4, c = 769;
+  const std::vector<int64_t> counts = {3, 4, 3};
+  const Tensor x = RandomTensor({3 * slot, c}, 91);
+  const auto ops = Bind(PlainStep(3 * slot), c);
+  Tensor dev = Put(x);
+  const absl::Status compact = ops->CompactRows(dev, slot, counts);
+  if (!b().sequence_parallel()) {
+    EXPECT_EQ(compact.code(), absl::StatusCode::kUnimplemented) << compact;
+    return;
+  }
+  ASSERT_OK(compact);
+  const std::vector<double> xv = Values(x), got = Values(Get(dev));
+  std::vector<double> want;
+  for (int64_t i = 0; i < 3; ++i) {
+    want.insert(want.end(), xv.begin() + i * slot * c,
+                xv.begin() + (i * slot + counts[i]) * c);
+  }
+  const std::vector<double> head(got.begin(), got.begin() + 10 * c);
+  EXPECT_EQ(head, want);
+  // A part longer than its slot, and a tensor of other rows, are refused.
+  EXPECT_EQ(ops->CompactRows(dev, slot, {3, 5, 3}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ops->CompactRows(dev, 5, counts).code(),
+            absl::StatusCode::kInvalidArgument);
+
+  StepInput step = PlainStep(5);
+  step.logit_rows = {-1, 2, -1};
+  const Tensor rows = RandomTensor({5, c}, 92);
+  Tensor out = Put(RandomTensor({3, c}, 93));
+  ASSERT_OK(Bind(step, c)->GatherLogitRows(Put(rows), out));
+  const std::vector<double> rv = Values(rows);
+  std::vector<double> want_rows(3 * c, 0.0);
+  std::copy_n(rv.begin() + 2 * c, c, want_rows.begin() + c);
+  ExpectNear(Get(out), want_rows, 0.0, "rows -1, 2, -1");
 }
 
 TEST_P(ForwardOpsTest, ExpertRows) {

@@ -135,17 +135,57 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     batch.block_tables.push_back(table);
   }
 
+  // Sequence parallel (SequenceParallel in worker/forward.h): a step of at
+  // least C tokens is split into C contiguous slices, CP rank c running
+  // tokens [c n / C, (c + 1) n / C) through the token-wise work; a shorter
+  // one (a lone sequence's decode) runs whole on every CP rank.
+  const bool seq_parallel = cp > 1 && n >= cp;
+  int64_t s = n;          // Tokens this rank runs through the projections.
+  int64_t slot_rows = n;  // The longest slice (what each rank sends).
+  StepInput slice_step;   // This rank's slice (tokens, positions, logit rows).
+  std::vector<int64_t> slice_begin;
+  if (seq_parallel) {
+    for (int64_t r = 0; r <= cp; ++r) slice_begin.push_back(r * n / cp);
+    const int64_t b0 = slice_begin[spec.cp_rank];
+    const int64_t b1 = slice_begin[spec.cp_rank + 1];
+    s = b1 - b0;
+    slot_rows = (n + cp - 1) / cp;
+    slice_step.tokens.assign(step.tokens.begin() + b0,
+                             step.tokens.begin() + b1);
+    slice_step.positions.assign(step.positions.begin() + b0,
+                                step.positions.begin() + b1);
+    slice_step.token_seq.assign(step.token_seq.begin() + b0,
+                                step.token_seq.begin() + b1);
+    for (int32_t r : step.logit_rows) {
+      slice_step.logit_rows.push_back(r >= b0 && r < b1 ? r - b0 : -1);
+    }
+  }
+  stats_.token_rows += s;
+
   // Activations, f32 throughout; SwiGLU and the final norm work in place.
+  // Token-wise buffers have s rows, attention's n.
   ForwardBuffers b;
   const auto host = [](Shape shape) {
     return Tensor::Host(DType::kF32, std::move(shape));
   };
-  ASSIGN_OR_RETURN(b.x, host({n, c.hidden}));
-  ASSIGN_OR_RETURN(b.xn, host({n, c.hidden}));
-  ASSIGN_OR_RETURN(b.partial, host({n, c.hidden}));
-  ASSIGN_OR_RETURN(b.q, host({n, q_dim}));
-  ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
-  ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
+  ASSIGN_OR_RETURN(b.x, host({s, c.hidden}));
+  ASSIGN_OR_RETURN(b.xn, host({s, c.hidden}));
+  ASSIGN_OR_RETURN(b.partial, host({s, c.hidden}));
+  if (seq_parallel) {
+    ASSIGN_OR_RETURN(b.q_slot, host({slot_rows, q_dim}));
+    ASSIGN_OR_RETURN(b.k_slot, host({slot_rows, kv_dim}));
+    ASSIGN_OR_RETURN(b.v_slot, host({slot_rows, kv_dim}));
+    ASSIGN_OR_RETURN(b.q, b.q_slot.Rows(0, s));
+    ASSIGN_OR_RETURN(b.k, b.k_slot.Rows(0, s));
+    ASSIGN_OR_RETURN(b.v, b.v_slot.Rows(0, s));
+    ASSIGN_OR_RETURN(b.q_all, host({cp * slot_rows, q_dim}));
+    ASSIGN_OR_RETURN(b.k_all, host({cp * slot_rows, kv_dim}));
+    ASSIGN_OR_RETURN(b.v_all, host({cp * slot_rows, kv_dim}));
+  } else {
+    ASSIGN_OR_RETURN(b.q, host({n, q_dim}));
+    ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
+    ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
+  }
   ASSIGN_OR_RETURN(b.attn, host({n, q_dim}));
   if (comms_.cp != nullptr) {
     ASSIGN_OR_RETURN(b.lse, host({n, spec.n_heads()}));
@@ -153,15 +193,15 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ASSIGN_OR_RETURN(b.cp_lse, host({cp, n, spec.n_heads()}));
   }
   if (c.is_moe()) {
-    ASSIGN_OR_RETURN(b.router_logits, host({n, c.n_experts}));
-    ASSIGN_OR_RETURN(b.moe_x, host({n, c.hidden}));
-    ASSIGN_OR_RETURN(b.moe_gate, host({n, ffn}));
-    ASSIGN_OR_RETURN(b.moe_up, host({n, ffn}));
-    ASSIGN_OR_RETURN(b.moe_out, host({n, c.hidden}));
+    ASSIGN_OR_RETURN(b.router_logits, host({s, c.n_experts}));
+    ASSIGN_OR_RETURN(b.moe_x, host({s, c.hidden}));
+    ASSIGN_OR_RETURN(b.moe_gate, host({s, ffn}));
+    ASSIGN_OR_RETURN(b.moe_up, host({s, ffn}));
+    ASSIGN_OR_RETURN(b.moe_out, host({s, c.hidden}));
     b.moe_h = b.moe_gate;
   } else {
-    ASSIGN_OR_RETURN(b.gate, host({n, ffn}));
-    ASSIGN_OR_RETURN(b.up, host({n, ffn}));
+    ASSIGN_OR_RETURN(b.gate, host({s, ffn}));
+    ASSIGN_OR_RETURN(b.up, host({s, ffn}));
     b.h = b.gate;
   }
   if (spec.last_stage() && m > 0) {
@@ -174,6 +214,11 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   }
 
   CpuForwardOps ops(step, batch, c.hidden);
+  CpuForwardOps slice_ops(slice_step, batch, c.hidden);
+  const SequenceParallel seq{.ops = slice_ops,
+                             .begin = slice_begin,
+                             .rows = slot_rows,
+                             .rank = spec.cp_rank};
   if (stats_.expert_tokens.size() != static_cast<size_t>(spec.n_experts())) {
     stats_.expert_begin = spec.expert_begin;
     stats_.expert_tokens.assign(spec.n_experts(), 0);
@@ -186,7 +231,8 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
           [this](const std::function<absl::Status()>& call) {
             return Comm(call);
           },
-      .expert_tokens = &stats_.expert_tokens};
+      .expert_tokens = &stats_.expert_tokens,
+      .seq = seq_parallel ? &seq : nullptr};
   RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
   absl::StatusOr<Tensor> logits =
       spec.last_stage() ? forward.Logits(b) : Tensor();

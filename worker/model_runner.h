@@ -28,8 +28,11 @@ namespace shardlm {
 // in a step are the CP group's, C times as many as this rank's pool holds;
 // id g lives on CP rank g % C, in slot g / C of that rank's pool. This rank
 // writes the K/V of the tokens in its blocks only and attends over them
-// (the parts are merged over comms.cp: ShardForward). Tier copies must stay
-// on one rank (both ids held by the same CP rank).
+// (the parts are merged over comms.cp: ShardForward). A step of n >= C
+// tokens is run sequence parallel: this rank runs tokens [c n / C, (c + 1)
+// n / C) through the projections and MLP (SequenceParallel; counted in
+// stats().token_rows), a shorter one whole. Tier copies must stay on one
+// rank (both ids held by the same CP rank).
 class ModelRunner : public ShardRunner {
  public:
   ModelRunner(LlamaWeights weights, std::unique_ptr<KvPool> kv,
