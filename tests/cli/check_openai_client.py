@@ -31,7 +31,9 @@ client parsed with a reference that does not go through it:
   whole blocks of it the prefix cache holds;
 - and a TP=2 x PP=2 cluster under mpirun (`shardlm launch`) answers the
   same client with TP=PP=1's greedy completion, chat, json_schema and
-  tool call, and seeded n = 2 (exit 77 without mpirun).
+  tool call, seeded n = 2, frequency, presence and repetition penalties,
+  logit_bias, echo with logprobs, a stream with include_usage and
+  min_tokens (exit 77 without mpirun).
 
   check_openai_client.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -492,10 +494,40 @@ def layout_results(client) -> dict:
     call = chat(client, messages=ASK, tools=TOOLS, tool_choice=NAMED,
                 max_tokens=48, temperature=0).choices[0].message.tool_calls
     seeded = [c.text for c in complete(client, n=2, **SEEDED).choices]
+
+    def repetitive(**kw) -> str:
+        eb = dict(kw.pop("extra_body", {}), ignore_eos=True)
+        return complete(client, prompt=REPETITIVE, max_tokens=16,
+                        temperature=0, extra_body=eb, **kw).choices[0].text
+
+    echoed = complete(client, prompt=FRANCE, max_tokens=4, temperature=0,
+                      echo=True, logprobs=1).choices[0]
+    chunks = list(complete(client, prompt=FRANCE, max_tokens=8,
+                           temperature=0, stream=True,
+                           stream_options={"include_usage": True}))
+    short = [{"role": "user", "content": "Reply with only the word: yes"}]
+    held = chat(client, messages=short, max_tokens=32, temperature=0,
+                extra_body={"min_tokens": 12})
+    # The sampling fields, each where the sampling rank (the last stage's
+    # TP rank 0 in a cluster) applies it; tokens, not logprobs (those agree
+    # within rounding, checked by tests/cluster/).
     return {"completion": text, "chat": reply, "json_schema": structured,
             "tool_call": [(c.function.name, c.function.arguments)
                           for c in call or []],
-            "seeded n = 2": seeded}
+            "seeded n = 2": seeded,
+            "frequency_penalty": repetitive(frequency_penalty=2.0),
+            "presence_penalty": repetitive(presence_penalty=2.0),
+            "repetition_penalty": repetitive(
+                extra_body={"repetition_penalty": 1.5}),
+            "logit_bias": complete(client, prompt=FRANCE, max_tokens=3,
+                                   temperature=0,
+                                   logit_bias={"1000": 100}).choices[0].text,
+            "echo": (echoed.text, echoed.logprobs.tokens),
+            "stream + include_usage": (
+                "".join(c.choices[0].text for c in chunks if c.choices),
+                chunks[-1].usage.completion_tokens),
+            "min_tokens": (held.choices[0].message.content,
+                           held.usage.completion_tokens)}
 
 
 def serve_checks(a, env: dict) -> dict | None:
