@@ -13,6 +13,13 @@ computes the whole prompt), the same prompt in all of them.
 A benchmark, not a test: it prints figures (and exits 1 only when a run
 fails or the runs' greedy continuations differ, which would make the
 figures meaningless).
+
+With --ceiling, it also measures what the machine allows: PP copies of a
+single-threaded in-process `shardlm generate` computing the same prompt at
+once, against one alone. PP x alone / together is the most any PP-way
+split of that work can gain on this machine (cores that share caches,
+memory bandwidth or a hypervisor's physical cores run two streams slower
+than one), so the pipelined column can be read against it.
 """
 
 from __future__ import annotations
@@ -61,6 +68,36 @@ def wait_ready(http: int, what: str) -> None:
             pass
         time.sleep(0.3)
     raise RuntimeError(f"{what} did not start")
+
+
+# What in-process `shardlm generate --stats` prints.
+PREFILL = re.compile(r"prompt (\d+) tokens, prefill ([0-9.]+)s")
+
+
+def ceiling(a, prompt: str) -> tuple[float, float]:
+    """Prefill seconds of one in-process run alone, and the mean of a.pp
+    identical runs started at once (one thread each)."""
+    cmd = [a.shardlm, "generate", "--model", a.model, "--threads", "1",
+           "--prompt", prompt, "--max-tokens", "1", "--stats",
+           "--prefix-caching=false", "--max-batched-tokens", str(a.chunk)]
+
+    def wait(procs) -> list[float]:
+        out = []
+        for p in procs:
+            _, err = p.communicate()
+            m = PREFILL.search(err)
+            if p.returncode != 0 or m is None:
+                raise RuntimeError(f"ceiling run: {err[-400:]}")
+            out.append(float(m.group(2)))
+        return out
+
+    def start():
+        return subprocess.Popen(cmd, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True)
+
+    alone = min(wait([start()])[0] for _ in range(a.repeats))
+    together = wait([start() for _ in range(a.pp)])
+    return alone, sum(together) / len(together)
 
 
 def run(a, pp: int, in_flight: int, prompts: list[str], workdir: str) -> dict:
@@ -116,6 +153,9 @@ def main() -> int:
     ap.add_argument("--chunk", type=int, default=512,
                     help="--max-batched-tokens: the prefill chunk")
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--ceiling", action="store_true",
+                    help="also measure the machine's parallel ceiling "
+                    "(--pp single-threaded copies of the prefill at once)")
     a = ap.parse_args()
     a.shardlm, a.model = os.path.abspath(a.shardlm), os.path.abspath(a.model)
     lengths = [int(x) for x in a.tokens.split(",")]
@@ -133,6 +173,20 @@ def main() -> int:
         t = [r["ttft"][i] for r in runs]
         print(f"| {runs[0]['tokens'][i]} | {t[0]:.2f} s | {t[1]:.2f} s | {t[2]:.2f} s | "
               f"{t[1] / t[2]:.2f}x |")
+    if a.ceiling:
+        print(f"\nThe machine's ceiling: {a.pp} single-threaded in-process "
+              "prefills of the same prompt at once, against one alone:")
+        print(f"| prompt (tokens) | alone | {a.pp} at once (mean) | "
+              f"ceiling ({a.pp} x alone / at once) | pipelined vs one at a "
+              "time, of the ceiling |")
+        print("|---|---|---|---|---|")
+        for i, p in enumerate(prompts):
+            alone, together = ceiling(a, p)
+            best = a.pp * alone / together
+            t = [r["ttft"][i] for r in runs]
+            print(f"| {runs[0]['tokens'][i]} | {alone:.2f} s | "
+                  f"{together:.2f} s | {best:.2f}x | "
+                  f"{t[1] / t[2] / best:.0%} |")
     for i in range(len(lengths)):
         if len({r["texts"][i] for r in runs}) != 1 or not runs[0]["texts"][i]:
             print(f"the runs' greedy continuations of prompt {i} differ: "
