@@ -80,11 +80,17 @@ TEST(ModelDigestTest, CatchesDifferentFiles) {
   std::filesystem::remove_all(dir);
 }
 
+// Workers of every layout (tp x pp x cp of them, numbered as in-process)
+// give the tokens and logprobs of TP = PP = CP = 1 in one process. Under
+// CP the coordinator's block manager holds the group's blocks (cp x one
+// worker's) and the 12 requests' tables interleave over the CP ranks (the
+// longest prompts span 4+ blocks), so every rank attends part of every
+// long row.
 class ClusterEquivalenceTest
-    : public ::testing::TestWithParam<std::pair<int, int>> {};
+    : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
 
 TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
-  const auto [tp, pp] = GetParam();
+  const auto [tp, pp, cp] = GetParam();
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   const std::vector<GenerateRequest> reqs = Requests(12);
   // f32 KV on both sides, so that the bound is f32's reordering (1e-6
@@ -102,6 +108,7 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   ASSERT_TRUE(base.ok()) << base.status();
 
   ClusterOptions options = Options(tp, pp);
+  options.cp = cp;
   options.kv.dtype = DType::kF32;
   TestCluster cluster(*source, options);
   cluster.StartAll();
@@ -109,11 +116,21 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
       cluster.service(), source->config(), absl::Seconds(30));
   ASSERT_TRUE(executor.ok()) << executor.status();
   const RemoteExecutor* remote = executor->get();
-  EXPECT_EQ(remote->num_kv_blocks(), 512 / 16);
+  EXPECT_EQ(remote->num_kv_blocks(), cp * 512 / 16);
   EXPECT_TRUE(remote->Health().ok()) << remote->Health();
+  for (int r = 1; r <= tp * pp * cp; ++r) {
+    const WorkerAssignment& a = cluster.host(r).assignment;
+    EXPECT_EQ(a.cp, cp);
+    EXPECT_EQ(
+        RankIndex(
+            {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
+            tp, cp),
+        r - 1);
+  }
   Engine* engine = cluster.Keep(Engine::Create(
-      std::move(*executor), {.limits = {.max_batched_tokens = 13}}));
+      std::move(*executor), {.limits = {.max_batched_tokens = 13}, .cp = cp}));
   ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->blocks().interleave(), cp);
   auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
   int64_t blocks = 0;
@@ -146,8 +163,8 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   const RemoteExecutorStats stats = remote->stats();
   EXPECT_EQ(stats.blocks_sent, blocks);
   EXPECT_GT(stats.steps, 12);
-  std::printf("[tp%d pp%d] %lld steps, %lld block ids, %lld plan bytes\n", tp,
-              pp, static_cast<long long>(stats.steps),
+  std::printf("[tp%d pp%d cp%d] %lld steps, %lld block ids, %lld plan bytes\n",
+              tp, pp, cp, static_cast<long long>(stats.steps),
               static_cast<long long>(stats.blocks_sent),
               static_cast<long long>(stats.plan_bytes));
   // A second batch reuses the workers' tables cleanly.
@@ -213,83 +230,20 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
 }
 
-// Context parallel workers (tp x pp x cp of them, numbered as in-process)
-// give the tokens and logprobs of CP 1 in one process, with the group's
-// blocks in the coordinator's block manager: cp x one worker's. The 8
-// requests' tables interleave over the CP ranks (the longest prompt, 64
-// tokens, spans 4+ blocks), so every rank attends part of every long row.
-class ClusterContextParallelTest
-    : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
-
-TEST_P(ClusterContextParallelTest, SameTokensAsCpOneInOneProcess) {
-  const auto [tp, pp, cp] = GetParam();
-  auto source = RandomLlamaWeights(RandomConfig(), 3);
-  const std::vector<GenerateRequest> reqs = Requests(12);
-  EngineLeakCheck base_engines;
-  Engine* base_engine = base_engines.Keep(
-      Engine::Create(*source, {.kv = {.dtype = DType::kF32},
-                               .limits = {.max_batched_tokens = 13},
-                               .threads = 1}));
-  ASSERT_NE(base_engine, nullptr);
-  auto base = base_engine->GenerateBatch(reqs);
-  ASSERT_TRUE(base.ok()) << base.status();
-
-  ClusterOptions options = Options(tp, pp);
-  options.cp = cp;
-  options.kv.dtype = DType::kF32;
-  TestCluster cluster(*source, options);
-  cluster.StartAll();
-  auto executor = RemoteExecutor::WaitForWorkers(
-      cluster.service(), source->config(), absl::Seconds(30));
-  ASSERT_TRUE(executor.ok()) << executor.status();
-  EXPECT_EQ((*executor)->num_kv_blocks(), cp * 512 / 16);
-  for (int r = 1; r <= tp * pp * cp; ++r) {
-    const WorkerAssignment& a = cluster.host(r).assignment;
-    EXPECT_EQ(a.cp, cp);
-    EXPECT_EQ(
-        RankIndex(
-            {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
-            tp, cp),
-        r - 1);
-  }
-  Engine* engine = cluster.Keep(Engine::Create(
-      std::move(*executor), {.limits = {.max_batched_tokens = 13}, .cp = cp}));
-  ASSERT_NE(engine, nullptr);
-  EXPECT_EQ(engine->blocks().interleave(), cp);
-  auto got = engine->GenerateBatch(reqs);
-  ASSERT_TRUE(got.ok()) << got.status();
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
-    ASSERT_EQ((*got)[i].prompt_logits.size(), (*base)[i].prompt_logits.size());
-    EXPECT_LT(MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits),
-              1e-4)
-        << "request " << i;
-    ASSERT_EQ((*got)[i].logprobs.size(), (*base)[i].logprobs.size());
-    for (size_t t = 0; t < (*base)[i].logprobs.size(); ++t) {
-      EXPECT_NEAR((*got)[i].logprobs[t].sampled, (*base)[i].logprobs[t].sampled,
-                  1e-4)
-          << "request " << i;
-    }
-  }
-  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+// The name of a layout: "tp2_pp2", with "_cp2" when cp > 1.
+std::string LayoutName(
+    const ::testing::TestParamInfo<std::tuple<int, int, int>>& info) {
+  const auto [tp, pp, cp] = info.param;
+  return absl::StrCat("tp", tp, "_pp", pp,
+                      cp > 1 ? absl::StrCat("_cp", cp) : "");
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, ClusterContextParallelTest,
-                         ::testing::Values(std::tuple{1, 1, 2},
-                                           std::tuple{2, 2, 2}),
-                         [](const auto& info) {
-                           return absl::StrCat("tp", std::get<0>(info.param),
-                                               "_pp", std::get<1>(info.param),
-                                               "_cp", std::get<2>(info.param));
-                         });
-
-INSTANTIATE_TEST_SUITE_P(Layouts, ClusterEquivalenceTest,
-                         ::testing::Values(std::pair{1, 1}, std::pair{2, 1},
-                                           std::pair{1, 2}, std::pair{2, 2}),
-                         [](const auto& info) {
-                           return absl::StrCat("tp", info.param.first, "_pp",
-                                               info.param.second);
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, ClusterEquivalenceTest,
+    ::testing::Values(std::tuple{1, 1, 1}, std::tuple{2, 1, 1},
+                      std::tuple{1, 2, 1}, std::tuple{2, 2, 1},
+                      std::tuple{1, 1, 2}, std::tuple{2, 2, 2}),
+    LayoutName);
 
 }  // namespace
 }  // namespace shardlm
