@@ -293,7 +293,9 @@ void BatchPlanner::Preempt(Sequence& s) {
   const int32_t device = blocks_->DeviceBlocksOf(s.id);
   s.preempted = true;
   if (device == 0) return;  // Admitted but not started: nothing to move.
-  if (blocks_->HostAvailable() >= device) {
+  // All of its device blocks or none (under CP each needs a host block of
+  // its own rank): a preempted sequence holds no device block.
+  if (blocks_->CanSwapOut(s.id)) {
     blocks_->SwapOut(s.id, device);
     ++counters_.preempted_swap;
   } else {
