@@ -26,11 +26,12 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("tp", &tp, "tensor-parallel degree");
   flags.Add("pp", &pp, "pipeline-parallel degree");
   flags.Add("cp", &cp,
-            "context-parallel ranks per stage (CPU workers only, no "
-            "--cpu-offload-bytes): each stage's ranks form tp x cp, a "
+            "context-parallel ranks per stage (CPU workers only): each "
+            "stage's ranks form tp x cp, a "
             "sequence's KV blocks spread over the cp ranks (block i on cp "
             "rank i mod cp), so the longest sequence grows cp-fold at the "
-            "same --kv-cache-bytes per worker; attention is split, "
+            "same --kv-cache-bytes (and --cpu-offload-bytes) per worker; "
+            "attention is split, "
             "projections and MLP are not (every cp rank holds the stage's "
             "weights)");
   flags.Add("moe-sharding", &moe_sharding,
@@ -78,13 +79,6 @@ std::string ClusterFlags::Problem() const {
         "--cp must be in [1, 64] (and tp x pp x cp at most "
         "4096), got ",
         cp);
-  }
-  if (cp > 1 && kv.cpu_offload_bytes > 0) {
-    return absl::StrCat(
-        "--cp ", cp,
-        " with --cpu-offload-bytes: a host KV tier under context parallelism "
-        "is not built yet (a block copied between tiers may change CP rank); "
-        "use --cp 1 or no host tier");
   }
   if (cp > 1 && device == "cuda") {
     return absl::StrCat("--cp ", cp,
