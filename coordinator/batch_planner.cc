@@ -761,6 +761,10 @@ SchedulerStats BatchPlanner::Stats() const {
   for (const auto& q : waiting_) slots(*q);
   s.device = blocks_->device_usage();
   s.host = blocks_->host_usage();
+  if (blocks_->interleave() > 1) {  // O(free + cached blocks).
+    s.device_by_cp_rank = blocks_->DeviceUsageByRank();
+    s.host_by_cp_rank = blocks_->HostUsageByRank();
+  }
   s.blocks = blocks_->counters();
   return s;
 }
