@@ -282,6 +282,75 @@ TEST(ContextParallelTest, SwappedOutBlocksMatchCp1) {
   }
 }
 
+// Under pressure on both tiers (6 device and 3 host blocks per rank),
+// preemption swaps where every block has a host block of its own rank
+// and recomputes where not: twelve requests at CP 2 still give CP 1's
+// tokens and logprobs, and every block comes back.
+TEST(ContextParallelTest, HostTierExhaustionFallsBackToRecompute) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i)
+    prompts.push_back(Prompt(20 + (i * 29) % 70, i, 311));
+  const std::vector<GenerateRequest> reqs = Requests(prompts, 16);
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 32);
+  ASSERT_TRUE(base.ok()) << base.status();
+  SchedulerStats st;
+  auto got = RunLayout(*source, {1, 1, 2}, reqs, 32, 6 * BlockBytes(c), nullptr,
+                       3 * BlockBytes(c), &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, *base, 1e-4);
+  EXPECT_GT(st.preempted_swap + st.preempted_recompute, 0);
+  EXPECT_EQ(st.device.used + st.host.used, 0);
+  std::printf(
+      "cp 2, 6 + 3 blocks per rank: %lld swap and %lld recompute "
+      "preemptions\n",
+      static_cast<long long>(st.preempted_swap),
+      static_cast<long long>(st.preempted_recompute));
+}
+
+// Prefix caching with a host tier under CP: a prompt's cached blocks,
+// evicted by a longer one, spill to the host (each to its own rank) and
+// are hit from there by the same prompt again (192 of its 200 tokens),
+// with CP 1's tokens and logprobs.
+TEST(ContextParallelTest, SpilledPrefixBlocksStillHitUnderCp) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 10);
+  const std::vector<GenerateRequest> reqs = {
+      Requests({Prompt(200, 1, 311)}, 4)[0],
+      Requests({Prompt(300, 2, 311)}, 4)[0],  // Evicts the first.
+      Requests({Prompt(200, 1, 311)}, 4)[0]};
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 64);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const Layout& l : {Layout{1, 1, 2}, Layout{2, 1, 2}}) {
+    SCOPED_TRACE(Name(l));
+    EngineLeakCheck engines;
+    Engine* e = engines.Keep(Engine::Create(
+        *source, {.kv = {.kv_cache_bytes = 12 * BlockBytes(c) / l.tp,
+                         .cpu_offload_bytes = 20 * BlockBytes(c) / l.tp,
+                         .dtype = DType::kF32},
+                  .limits = {.max_batched_tokens = 64},
+                  .threads = 1,
+                  .tp = l.tp,
+                  .cp = l.cp}));
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->blocks().prefix_caching());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const SchedulerStats before = e->stats();
+      auto got = e->Generate(reqs[i]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame({*got}, {(*base)[i]}, 1e-4);
+      if (i == 2) {
+        EXPECT_EQ(e->stats().blocks.prefix_hit_tokens -
+                      before.blocks.prefix_hit_tokens,
+                  192);  // 12 full blocks, back from the host.
+      }
+    }
+    EXPECT_GT(e->stats().blocks.spilled, 0);
+    EXPECT_EQ(e->blocks().used_blocks(), 0);
+  }
+}
+
 // The capacity test with the host tier counted: a rank's pool of 4 device
 // + 4 host blocks cannot hold 150 + 20 tokens (11 blocks): refused at CP =
 // 1 with the numbers; at CP = 2 the group holds 8 + 8 and the lone
