@@ -279,9 +279,14 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   const int64_t blocks = (*engine)->blocks().num_blocks();
   const std::string layout =
       f.cp > 1 ? absl::StrCat(" x cp ", f.cp) : std::string();
+  const int64_t host_blocks = (*engine)->blocks().num_host_blocks();
   const std::string per_rank =
       f.cp > 1
-          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp, " each")
+          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp,
+                         host_blocks > 0
+                             ? absl::StrCat(" + ", host_blocks / f.cp, " host")
+                             : "",
+                         " each")
           : std::string();
   std::fprintf(stderr,
                "[shardlm] serving %s with tp %d x pp %d%s (%d workers, %lld KV "

@@ -101,10 +101,17 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
       "%s, %.1f KiB per token%s\n",
       blocks.num_blocks(), blocks.num_host_blocks(), blocks.block_size(),
       KvCacheDTypeName(kv), KvBytesPerToken(m.engine->config(), kv) / 1024.0,
-      flags.cp > 1 ? absl::StrCat(" (over ", flags.cp, " CP ranks, ",
-                                  blocks.num_blocks() / flags.cp, " each)")
-                         .c_str()
-                   : "");
+      flags.cp > 1
+          ? absl::StrCat(
+                " (over ", flags.cp, " CP ranks, ",
+                blocks.num_blocks() / flags.cp,
+                blocks.num_host_blocks() > 0
+                    ? absl::StrCat(" + ", blocks.num_host_blocks() / flags.cp,
+                                   " host")
+                    : "",
+                " each)")
+                .c_str()
+          : "");
   m.name = source->config().name;
   if (m.name.empty()) {
     m.name = std::filesystem::path(flags.model).filename().string();

@@ -92,6 +92,7 @@ def main() -> int:
     host = generate("--cp", "2", "--kv-cache-bytes", str(10 * BLOCK_BYTES),
                     "--cpu-offload-bytes", str(10 * BLOCK_BYTES))
     check(host.returncode == 0 and "20 device + 20 host blocks" in host.stderr
+          and "(over 2 CP ranks, 10 + 10 host each)" in host.stderr
           and host.stdout == twice.stdout,
           f"--cp 2 with 10 device + 10 host blocks per rank prints the text "
           f"of --cp 1 with 40 blocks ({host.stdout!r}, {host.stderr[-200:]})")

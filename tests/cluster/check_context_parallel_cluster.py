@@ -282,9 +282,11 @@ def main() -> int:
         if c.wait_serving():
             with open(c.log_path) as f:
                 log = f.read()
-            check("loaded: 12 device + 12 host KV blocks" in log,
+            check("loaded: 12 device + 12 host KV blocks" in log
+                  and "24 KV blocks of 16 over 2 CP ranks, 12 + 12 host each"
+                  in log,
                   "[tp2 cp2 host] a worker with 2 KV heads holds 12 + 12 "
-                  "blocks")
+                  "blocks, and the group 24 + 24")
             like_reference(a, "tp2 cp2 host", ["--server", c.address], want)
         else:
             check(False, "[tp2 cp2] cluster serves\n" + c.tail())
