@@ -351,6 +351,40 @@ TEST(ContextParallelTest, SpilledPrefixBlocksStillHitUnderCp) {
   }
 }
 
+// A lone sequence larger than the device, after other prompts left cached
+// blocks of uneven ranks on both tiers: new blocks may come from any rank
+// (evicting cached ones), its older blocks move to the host of their own
+// rank, and it still runs to the end with CP 1's tokens, at CP 2 and 3.
+TEST(ContextParallelTest, LoneSequenceThroughTheHostAfterCachedBlocks) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 12);
+  const std::vector<GenerateRequest> reqs = {
+      Requests({Prompt(50, 3, 311)}, 2)[0],
+      Requests({Prompt(23, 4, 311)}, 2)[0],
+      Requests({Prompt(190, 5, 311)}, 30)[0]};
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 32);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const int cp : {2, 3}) {
+    SCOPED_TRACE(cp);
+    EngineLeakCheck engines;
+    Engine* e = engines.Keep(
+        Engine::Create(*source, {.kv = {.kv_cache_bytes = 4 * BlockBytes(c),
+                                        .cpu_offload_bytes = 3 * BlockBytes(c),
+                                        .dtype = DType::kF32},
+                                 .limits = {.max_batched_tokens = 32},
+                                 .threads = 1,
+                                 .cp = cp}));
+    ASSERT_NE(e, nullptr);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto got = e->Generate(reqs[i]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame({*got}, {(*base)[i]}, 1e-4);
+    }
+    EXPECT_GT(e->stats().offloaded, 0);
+    EXPECT_EQ(e->blocks().used_blocks(), 0);
+  }
+}
+
 // The capacity test with the host tier counted: a rank's pool of 4 device
 // + 4 host blocks cannot hold 150 + 20 tokens (11 blocks): refused at CP =
 // 1 with the numbers; at CP = 2 the group holds 8 + 8 and the lone
