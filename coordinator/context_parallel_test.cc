@@ -354,7 +354,8 @@ TEST(ContextParallelTest, SpilledPrefixBlocksStillHitUnderCp) {
 // A lone sequence larger than the device, after other prompts left cached
 // blocks of uneven ranks on both tiers: new blocks may come from any rank
 // (evicting cached ones), its older blocks move to the host of their own
-// rank, and it still runs to the end with CP 1's tokens, at CP 2 and 3.
+// rank, and it still runs to the end with CP 1's tokens, at CP 2 (4 + 3
+// blocks per rank: exactly the 14 blocks of its 220 tokens) and CP 3.
 TEST(ContextParallelTest, LoneSequenceThroughTheHostAfterCachedBlocks) {
   const ModelConfig c = RandomConfig();
   auto source = RandomLlamaWeights(c, 12);
