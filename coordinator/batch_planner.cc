@@ -293,7 +293,9 @@ void BatchPlanner::Preempt(Sequence& s) {
   const int32_t device = blocks_->DeviceBlocksOf(s.id);
   s.preempted = true;
   if (device == 0) return;  // Admitted but not started: nothing to move.
-  if (blocks_->HostAvailable() >= device) {
+  // All of its device blocks or none (under CP each needs a host block of
+  // its own rank): a preempted sequence holds no device block.
+  if (blocks_->CanSwapOut(s.id)) {
     blocks_->SwapOut(s.id, device);
     ++counters_.preempted_swap;
   } else {
@@ -759,6 +761,10 @@ SchedulerStats BatchPlanner::Stats() const {
   for (const auto& q : waiting_) slots(*q);
   s.device = blocks_->device_usage();
   s.host = blocks_->host_usage();
+  if (blocks_->interleave() > 1) {  // O(free + cached blocks).
+    s.device_by_cp_rank = blocks_->DeviceUsageByRank();
+    s.host_by_cp_rank = blocks_->HostUsageByRank();
+  }
   s.blocks = blocks_->counters();
   return s;
 }

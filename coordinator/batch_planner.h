@@ -72,6 +72,9 @@ struct SchedulerStats {
   int64_t kv_slots_allocated = 0;
   int64_t kv_slots_filled = 0;
   TierUsage device, host;
+  // Under CP (more than one rank), each CP rank's share of each tier (its
+  // block ids, BlockManager::RankOf); empty otherwise.
+  std::vector<TierUsage> device_by_cp_rank, host_by_cp_rank;
   BlockCounters blocks;
 };
 

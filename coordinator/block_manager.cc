@@ -26,6 +26,15 @@ BlockManager::BlockManager(int32_t device_blocks, int32_t block_size,
   }
 }
 
+void BlockManager::set_interleave(int cp) {
+  cp = std::max(1, cp);
+  SHARDLM_CHECK(
+      host_blocks_ == 0 || (device_blocks_ % cp == 0 && host_blocks_ % cp == 0),
+      "a host tier under CP ", cp, " needs both tiers' sizes ",
+      "multiples of it, got ", device_blocks_, " + ", host_blocks_);
+  interleave_ = cp;
+}
+
 int64_t BlockManager::BlocksFor(int64_t tokens) const {
   return (tokens + block_size_ - 1) / block_size_;
 }
@@ -47,6 +56,37 @@ TierUsage BlockManager::host_usage() const {
   return u;
 }
 
+namespace {
+// Ids g < n with g % cp == r.
+int32_t IdsOfRank(int32_t n, int cp, int r) {
+  return n <= r ? 0 : (n - r + cp - 1) / cp;
+}
+}  // namespace
+
+std::vector<TierUsage> BlockManager::DeviceUsageByRank() const {
+  std::vector<TierUsage> u(interleave_);
+  for (int r = 0; r < interleave_; ++r) {
+    u[r].total = IdsOfRank(device_blocks_, interleave_, r);
+  }
+  for (int32_t b : device_free_) ++u[RankOf(b)].free;
+  for (const auto& [use, b] : device_lru_) ++u[RankOf(b)].cached;
+  for (TierUsage& t : u) t.used = t.total - t.cached - t.free;
+  return u;
+}
+
+std::vector<TierUsage> BlockManager::HostUsageByRank() const {
+  std::vector<TierUsage> u(interleave_);
+  for (int r = 0; r < interleave_; ++r) {
+    u[r].total = IdsOfRank(device_blocks_ + host_blocks_, interleave_, r) -
+                 IdsOfRank(device_blocks_, interleave_, r);
+  }
+  for (int32_t b : host_free_) ++u[RankOf(b)].free;
+  for (int32_t b : host_held_) ++u[RankOf(b)].free;
+  for (const auto& [use, b] : host_lru_) ++u[RankOf(b)].cached;
+  for (TierUsage& t : u) t.used = t.total - t.cached - t.free;
+  return u;
+}
+
 int32_t BlockManager::used_blocks() const {
   return device_usage().used + host_usage().used;
 }
@@ -57,6 +97,18 @@ int32_t BlockManager::DeviceAvailable() const {
 
 int32_t BlockManager::HostAvailable() const {
   return static_cast<int32_t>(host_free_.size() + host_lru_.size());
+}
+
+bool BlockManager::CanSwapOut(int64_t seq) const {
+  if (interleave_ == 1) return HostAvailable() >= DeviceBlocksOf(seq);
+  std::vector<int32_t> need(interleave_, 0);
+  for (int32_t b : Table(seq)) {
+    if (!IsHost(b)) ++need[RankOf(b)];
+  }
+  for (int32_t b : host_free_) --need[RankOf(b)];
+  for (const auto& [use, b] : host_lru_) --need[RankOf(b)];
+  return std::all_of(need.begin(), need.end(),
+                     [](int32_t n) { return n <= 0; });
 }
 
 void BlockManager::Unkey(int32_t b) {
@@ -87,55 +139,70 @@ void BlockManager::Rekey(int32_t from, int32_t to) {
   by_key_[t.key] = to;
 }
 
-int32_t BlockManager::TakeHost() {
-  int32_t h = -1;
-  if (!host_free_.empty()) {
-    h = host_free_.back();
-    host_free_.pop_back();
-  } else if (!host_lru_.empty()) {
-    h = host_lru_.begin()->second;
-    host_lru_.erase(host_lru_.begin());
+int32_t BlockManager::PopFree(std::vector<int32_t>& free, int rank) {
+  // The scan is short: ranks alternate through a free list.
+  for (auto it = free.rbegin(); it != free.rend(); ++it) {
+    if (rank != kAnyRank && RankOf(*it) != rank) continue;
+    const int32_t b = *it;
+    free.erase(std::next(it).base());
+    return b;
+  }
+  return -1;
+}
+
+BlockManager::Lru::iterator BlockManager::OldestOf(Lru& lru, int rank) {
+  if (rank == kAnyRank) return lru.begin();
+  return std::find_if(lru.begin(), lru.end(),
+                      [&](const auto& e) { return RankOf(e.second) == rank; });
+}
+
+int32_t BlockManager::TakeHost(int rank) {
+  int32_t h = PopFree(host_free_, rank);
+  if (h < 0) {
+    const auto oldest = OldestOf(host_lru_, rank);
+    if (oldest == host_lru_.end()) return -1;
+    h = oldest->second;
+    host_lru_.erase(oldest);
     Unkey(h);
     ++counters_.dropped;
-  } else {
-    return -1;
   }
   blocks_[h].refs = 1;
   return h;
 }
 
-int32_t BlockManager::TakeDevice() {
-  int32_t d = -1;
-  if (!device_free_.empty()) {
-    d = device_free_.back();
-    device_free_.pop_back();
-  } else if (!device_lru_.empty()) {
-    d = device_lru_.begin()->second;
-    device_lru_.erase(device_lru_.begin());
-    // Spill to the host when it has a free block or a cached one used
-    // longer ago than this one; drop it otherwise.
-    int32_t h = -1;
-    if (!host_free_.empty()) {
-      h = host_free_.back();
-      host_free_.pop_back();
-    } else if (!host_lru_.empty() &&
-               host_lru_.begin()->first < blocks_[d].last_use) {
-      h = host_lru_.begin()->second;
-      host_lru_.erase(host_lru_.begin());
+void BlockManager::EvictDevice(int32_t d) {
+  // Spill to the host when its rank has a free host block or a cached one
+  // used longer ago than this one; drop it otherwise.
+  const int rank = RankOf(d);
+  int32_t h = PopFree(host_free_, rank);
+  if (h < 0) {
+    const auto oldest = OldestOf(host_lru_, rank);
+    if (oldest != host_lru_.end() && oldest->first < blocks_[d].last_use) {
+      h = oldest->second;
+      host_lru_.erase(oldest);
       Unkey(h);
       ++counters_.dropped;
     }
-    if (h >= 0) {
-      copies_.push_back({d, h});
-      Rekey(d, h);
-      host_lru_.insert({blocks_[h].last_use, h});
-      ++counters_.spilled;
-    } else {
-      Unkey(d);
-      ++counters_.dropped;
-    }
+  }
+  if (h >= 0) {
+    copies_.push_back({d, h});
+    Rekey(d, h);
+    host_lru_.insert({blocks_[h].last_use, h});
+    ++counters_.spilled;
   } else {
-    return -1;
+    Unkey(d);
+    ++counters_.dropped;
+  }
+}
+
+int32_t BlockManager::TakeDevice(int rank) {
+  int32_t d = PopFree(device_free_, rank);
+  if (d < 0) {
+    const auto oldest = OldestOf(device_lru_, rank);
+    if (oldest == device_lru_.end()) return -1;
+    d = oldest->second;
+    device_lru_.erase(oldest);
+    EvictDevice(d);
   }
   blocks_[d].refs = 1;
   return d;
@@ -176,15 +243,9 @@ absl::Status BlockManager::Reserve(int64_t seq, int64_t tokens) {
 }
 
 int32_t BlockManager::TakeFreeDeviceOf(int rank) {
-  // The scan is short: ranks alternate through the free list.
-  for (auto it = device_free_.rbegin(); it != device_free_.rend(); ++it) {
-    if (*it % interleave_ != rank) continue;
-    const int32_t d = *it;
-    device_free_.erase(std::next(it).base());
-    blocks_[d].refs = 1;
-    return d;
-  }
-  return -1;
+  const int32_t d = PopFree(device_free_, rank);
+  if (d >= 0) blocks_[d].refs = 1;
+  return d;
 }
 
 const std::vector<int32_t>& BlockManager::Table(int64_t seq) const {
@@ -220,8 +281,11 @@ int32_t BlockManager::SwapOut(int64_t seq, int32_t max_blocks,
   for (int64_t i = 0; i < end && moved < max_blocks; ++i) {
     const int32_t d = table[i];
     if (IsHost(d)) continue;
-    const int32_t h = TakeHost();
-    if (h < 0) break;
+    const int32_t h = TakeHost(RankOf(d));
+    if (h < 0) {
+      if (interleave_ == 1) break;
+      continue;  // Another rank's host blocks may have room.
+    }
     copies_.push_back({d, h});
     table[i] = h;
     Unref(d);  // A keyed block stays cached on the device.
@@ -239,8 +303,11 @@ int32_t BlockManager::SwapIn(int64_t seq, int32_t max_blocks) {
   for (size_t i = 0; i < table.size() && moved < max_blocks; ++i) {
     const int32_t h = table[i];
     if (!IsHost(h)) continue;
-    const int32_t d = TakeDevice();
-    if (d < 0) break;
+    const int32_t d = TakeDevice(RankOf(h));
+    if (d < 0) {
+      if (interleave_ == 1) break;
+      continue;  // Another rank's device blocks may have room.
+    }
     copies_.push_back({h, d});
     table[i] = d;
     Unref(h);
@@ -275,7 +342,7 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
     if (blk.refs == 0) Uncache(b);
     ++blk.refs;  // Pinned: no eviction below may take it.
     if (IsHost(b)) {
-      const int32_t d = TakeDevice();
+      const int32_t d = TakeDevice(RankOf(b));
       if (d < 0) {
         // The device is full: attach the host block where it is (attention
         // reads either tier; the scheduler swaps it in when there is room,

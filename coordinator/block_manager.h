@@ -19,6 +19,13 @@
 // stays cached, least recently used first out; a device block evicted while the
 // host has room (free, or cached blocks older than it) spills there before
 // being dropped.
+//
+// Context parallel (set_interleave): block id g lives on CP rank g % cp in
+// either tier, and every copy between tiers (swap out, swap in, spill, a
+// host prefix hit promoted to the device) goes to a block of the same rank,
+// so that each rank copies only within its own pool. Where the source's
+// rank has no block to give, the copy is not made: fewer blocks move, a
+// spilled block is dropped, a host prefix hit stays attached in the host.
 #ifndef SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 #define SHARDLM_COORDINATOR_BLOCK_MANAGER_H_
 
@@ -61,9 +68,15 @@ class BlockManager {
   // entry j of a table, a free device block with id % cp == j % cp when
   // there is one, so that a sequence's blocks (and its attention work)
   // alternate over the ranks. Any block is still correct, only less
-  // balanced; a cached block is evicted regardless of its rank.
-  void set_interleave(int cp) { interleave_ = std::max(1, cp); }
+  // balanced; a cached block is evicted regardless of its rank. Tier
+  // copies keep a block's rank (see the file comment). With a host tier,
+  // both tiers' sizes must be multiples of cp (each rank's pool is device
+  // blocks, then host blocks: the executors' group counts are cp times one
+  // rank's).
+  void set_interleave(int cp);
   int interleave() const { return interleave_; }
+  // The CP rank that holds block `b`.
+  int RankOf(int32_t b) const { return b % interleave_; }
 
   int32_t block_size() const { return block_size_; }
   // Device blocks (the pool every step computes in).
@@ -75,6 +88,10 @@ class BlockManager {
   int32_t used_blocks() const;
   TierUsage device_usage() const;
   TierUsage host_usage() const;
+  // Per CP rank (interleave() entries; the blocks with RankOf(b) == r), in
+  // O(free + cached blocks). They sum to device_usage() and host_usage().
+  std::vector<TierUsage> DeviceUsageByRank() const;
+  std::vector<TierUsage> HostUsageByRank() const;
   const BlockCounters& counters() const { return counters_; }
   // Blocks needed to hold `tokens` tokens.
   int64_t BlocksFor(int64_t tokens) const;
@@ -83,6 +100,10 @@ class BlockManager {
   int32_t DeviceAvailable() const;
   // Host blocks a swap-out can take now: free (not held back) or cached.
   int32_t HostAvailable() const;
+  // Whether SwapOut(seq, n) can move all n of the device blocks of `seq`:
+  // each to a host block of its own CP rank (HostAvailable() >= n when
+  // not context parallel).
+  bool CanSwapOut(int64_t seq) const;
 
   // Grows the table of `seq` (created when new) to hold `tokens` tokens
   // with new device blocks (evicting cached ones, spilling them to the host
@@ -99,11 +120,13 @@ class BlockManager {
   void Free(int64_t seq);
 
   // Moves up to `max_blocks` of the device blocks of `seq`, oldest first
-  // and never among its last `keep_last` table entries, to the host.
-  // Returns how many moved (fewer when the host fills up).
+  // and never among its last `keep_last` table entries, to the host (each
+  // to a host block of its CP rank). Returns how many moved (fewer when the
+  // host, or a rank's part of it, fills up).
   int32_t SwapOut(int64_t seq, int32_t max_blocks, int32_t keep_last = 0);
-  // Moves up to `max_blocks` host blocks of `seq` to the device, oldest
-  // first. Returns how many moved (fewer when the device fills up).
+  // Moves up to `max_blocks` host blocks of `seq` to the device (each to a
+  // device block of its CP rank), oldest first. Returns how many moved
+  // (fewer when the device, or a rank's part of it, fills up).
   int32_t SwapIn(int64_t seq, int32_t max_blocks);
 
   // For a sequence with no table yet: attaches the longest run of cached
@@ -140,13 +163,25 @@ class BlockManager {
   };
   using Lru = std::set<std::pair<uint64_t, int32_t>>;  // (last_use, block)
 
-  // A block for a sequence (refs = 1) from the tier's free list or by
-  // evicting its least recently used cached block; -1 when neither.
-  int32_t TakeDevice();
+  // Any CP rank, for TakeDevice and TakeHost.
+  static constexpr int kAnyRank = -1;
+  // A block for a sequence (refs = 1) of CP rank `rank` (or any) from the
+  // tier's free list or by evicting its least recently used cached block
+  // of that rank; -1 when neither.
+  int32_t TakeDevice(int rank = kAnyRank);
+  int32_t TakeHost(int rank = kAnyRank);
   // A free device block (refs = 1) whose id % interleave_ is `rank`, the
   // most recently freed one; -1 when there is none.
   int32_t TakeFreeDeviceOf(int rank);
-  int32_t TakeHost();
+  // Removes and returns the last entry of `free` of CP rank `rank` (or
+  // any); -1 when none.
+  int32_t PopFree(std::vector<int32_t>& free, int rank);
+  // The least recently used block of `lru` of CP rank `rank` (or any), or
+  // lru.end().
+  Lru::iterator OldestOf(Lru& lru, int rank);
+  // A device block just taken out of the cache: spilled to a host block
+  // of its rank (free, or cached and used longer ago) or dropped.
+  void EvictDevice(int32_t d);
   // Drops a reference; an unreferenced block goes to its cache or free list.
   void Unref(int32_t b);
   // Removes a cached (unreferenced, keyed) block from its cache.

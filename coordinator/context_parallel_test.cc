@@ -51,25 +51,38 @@ ModelConfig RandomConfig() {
   return c;
 }
 
+// kv_cache_bytes and cpu_offload_bytes are per rank (0: a full context on
+// the device, no host tier); `stats`, when set, gets the engine's figures
+// after the batch.
 absl::StatusOr<std::vector<GenerateResult>> RunLayout(
     const WeightSource& source, const Layout& l,
     const std::vector<GenerateRequest>& reqs, int chunk,
-    int64_t kv_cache_bytes = 0, int64_t* blocks = nullptr) {
+    int64_t kv_cache_bytes = 0, int64_t* blocks = nullptr,
+    int64_t cpu_offload_bytes = 0, SchedulerStats* stats = nullptr) {
   EngineLeakCheck engines;
-  auto engine = Engine::Create(
-      source, {.kv = {.kv_cache_bytes = kv_cache_bytes, .dtype = DType::kF32},
-               .limits = {.max_batched_tokens = chunk},
-               .threads = 1,
-               .tp = l.tp,
-               .pp = l.pp,
-               .cp = l.cp});
+  auto engine =
+      Engine::Create(source, {.kv = {.kv_cache_bytes = kv_cache_bytes,
+                                     .cpu_offload_bytes = cpu_offload_bytes,
+                                     .dtype = DType::kF32},
+                              .limits = {.max_batched_tokens = chunk},
+                              .threads = 1,
+                              .tp = l.tp,
+                              .pp = l.pp,
+                              .cp = l.cp});
   RETURN_IF_ERROR(engine.status());
   Engine* e = engines.Keep(std::move(engine));
   // One runner per rank.
   EXPECT_EQ(e->executor().RankStats().size(),
             static_cast<size_t>(l.tp * l.pp * l.cp));
   if (blocks != nullptr) *blocks = e->blocks().num_blocks();
-  return e->GenerateBatch(reqs);
+  auto out = e->GenerateBatch(reqs);
+  if (stats != nullptr) *stats = e->stats();
+  return out;
+}
+
+// f32 K and V of every layer and KV head of `c`, one block of 16 tokens.
+int64_t BlockBytes(const ModelConfig& c) {
+  return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * 16;
 }
 
 // Greedy tokens equal; the prompt's last logits, each decode step's
@@ -237,6 +250,183 @@ TEST(ContextParallelTest, CapacityGrowsWithCp) {
       "the cache holds 16 (16 device + 0 host over 2 CP ranks, 8 each)"));
 }
 
+// A host tier under CP: a block swapped out, spilled or offloaded stays on
+// its CP rank (each rank's host pool holds its own blocks, every tier copy
+// is within one rank). Six requests on a device pool of 6 blocks per rank
+// preempt one another (swapped to the host and back): the tokens and
+// every step's logprobs are those of CP = 1 with a full-size pool.
+TEST(ContextParallelTest, SwappedOutBlocksMatchCp1) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 8);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int n : {40, 57, 70, 33, 90, 64}) prompts.push_back(Prompt(n, n, 311));
+  const std::vector<GenerateRequest> reqs = Requests(prompts, 24);
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 32);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const Layout& l : {Layout{1, 1, 2}, Layout{2, 1, 2}, Layout{1, 1, 3}}) {
+    SCOPED_TRACE(Name(l));
+    SchedulerStats st;
+    // A TP rank holds 1/tp of the KV heads: 6 device and 40 host blocks
+    // per rank whatever the TP degree.
+    auto got = RunLayout(*source, l, reqs, 32, 6 * BlockBytes(c) / l.tp,
+                         nullptr, 40 * BlockBytes(c) / l.tp, &st);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, *base, 1e-4);
+    EXPECT_GT(st.preempted_swap, 0);
+    EXPECT_GT(st.blocks.swapped_in, 0);
+    EXPECT_EQ(st.device.used + st.host.used, 0);
+    std::printf("[%s] %lld swap preemptions, %lld blocks out, %lld in\n",
+                Name(l).c_str(), static_cast<long long>(st.preempted_swap),
+                static_cast<long long>(st.blocks.swapped_out),
+                static_cast<long long>(st.blocks.swapped_in));
+  }
+}
+
+// Under pressure on both tiers (6 device and 3 host blocks per rank),
+// preemption swaps where every block has a host block of its own rank
+// and recomputes where not: twelve requests at CP 2 still give CP 1's
+// tokens and logprobs, and every block comes back.
+TEST(ContextParallelTest, HostTierExhaustionFallsBackToRecompute) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 9);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 12; ++i)
+    prompts.push_back(Prompt(20 + (i * 29) % 70, i, 311));
+  const std::vector<GenerateRequest> reqs = Requests(prompts, 16);
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 32);
+  ASSERT_TRUE(base.ok()) << base.status();
+  SchedulerStats st;
+  auto got = RunLayout(*source, {1, 1, 2}, reqs, 32, 6 * BlockBytes(c), nullptr,
+                       3 * BlockBytes(c), &st);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, *base, 1e-4);
+  EXPECT_GT(st.preempted_swap + st.preempted_recompute, 0);
+  EXPECT_EQ(st.device.used + st.host.used, 0);
+  std::printf(
+      "cp 2, 6 + 3 blocks per rank: %lld swap and %lld recompute "
+      "preemptions\n",
+      static_cast<long long>(st.preempted_swap),
+      static_cast<long long>(st.preempted_recompute));
+}
+
+// Prefix caching with a host tier under CP: a prompt's cached blocks,
+// evicted by a longer one, spill to the host (each to its own rank) and
+// are hit from there by the same prompt again (192 of its 200 tokens),
+// with CP 1's tokens and logprobs.
+TEST(ContextParallelTest, SpilledPrefixBlocksStillHitUnderCp) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 10);
+  const std::vector<GenerateRequest> reqs = {
+      Requests({Prompt(200, 1, 311)}, 4)[0],
+      Requests({Prompt(300, 2, 311)}, 4)[0],  // Evicts the first.
+      Requests({Prompt(200, 1, 311)}, 4)[0]};
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 64);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const Layout& l : {Layout{1, 1, 2}, Layout{2, 1, 2}}) {
+    SCOPED_TRACE(Name(l));
+    EngineLeakCheck engines;
+    Engine* e = engines.Keep(Engine::Create(
+        *source, {.kv = {.kv_cache_bytes = 12 * BlockBytes(c) / l.tp,
+                         .cpu_offload_bytes = 20 * BlockBytes(c) / l.tp,
+                         .dtype = DType::kF32},
+                  .limits = {.max_batched_tokens = 64},
+                  .threads = 1,
+                  .tp = l.tp,
+                  .cp = l.cp}));
+    ASSERT_NE(e, nullptr);
+    ASSERT_TRUE(e->blocks().prefix_caching());
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const SchedulerStats before = e->stats();
+      auto got = e->Generate(reqs[i]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame({*got}, {(*base)[i]}, 1e-4);
+      if (i == 2) {
+        EXPECT_EQ(e->stats().blocks.prefix_hit_tokens -
+                      before.blocks.prefix_hit_tokens,
+                  192);  // 12 full blocks, back from the host.
+      }
+    }
+    EXPECT_GT(e->stats().blocks.spilled, 0);
+    EXPECT_EQ(e->blocks().used_blocks(), 0);
+  }
+}
+
+// A lone sequence larger than the device, after other prompts left cached
+// blocks of uneven ranks on both tiers: new blocks may come from any rank
+// (evicting cached ones), its older blocks move to the host of their own
+// rank, and it still runs to the end with CP 1's tokens, at CP 2 (4 + 3
+// blocks per rank: exactly the 14 blocks of its 220 tokens) and CP 3.
+TEST(ContextParallelTest, LoneSequenceThroughTheHostAfterCachedBlocks) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 12);
+  const std::vector<GenerateRequest> reqs = {
+      Requests({Prompt(50, 3, 311)}, 2)[0],
+      Requests({Prompt(23, 4, 311)}, 2)[0],
+      Requests({Prompt(190, 5, 311)}, 30)[0]};
+  auto base = RunLayout(*source, {1, 1, 1}, reqs, 32);
+  ASSERT_TRUE(base.ok()) << base.status();
+  for (const int cp : {2, 3}) {
+    SCOPED_TRACE(cp);
+    EngineLeakCheck engines;
+    Engine* e = engines.Keep(
+        Engine::Create(*source, {.kv = {.kv_cache_bytes = 4 * BlockBytes(c),
+                                        .cpu_offload_bytes = 3 * BlockBytes(c),
+                                        .dtype = DType::kF32},
+                                 .limits = {.max_batched_tokens = 32},
+                                 .threads = 1,
+                                 .cp = cp}));
+    ASSERT_NE(e, nullptr);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      auto got = e->Generate(reqs[i]);
+      ASSERT_TRUE(got.ok()) << got.status();
+      ExpectSame({*got}, {(*base)[i]}, 1e-4);
+    }
+    EXPECT_GT(e->stats().offloaded, 0);
+    EXPECT_EQ(e->blocks().used_blocks(), 0);
+  }
+}
+
+// The capacity test with the host tier counted: a rank's pool of 4 device
+// + 4 host blocks cannot hold 150 + 20 tokens (11 blocks): refused at CP =
+// 1 with the numbers; at CP = 2 the group holds 8 + 8 and the lone
+// sequence runs through both ranks' host tiers (its older blocks offloaded,
+// each to its own rank) with the tokens of CP = 1 given twice the pool.
+TEST(ContextParallelTest, CapacityWithAHostTierGrowsWithCp) {
+  const ModelConfig c = RandomConfig();
+  auto source = RandomLlamaWeights(c, 5);
+  const int64_t block_bytes = BlockBytes(c);
+  const std::vector<GenerateRequest> reqs = Requests({Prompt(150, 1, 311)}, 20);
+  auto small = RunLayout(*source, {1, 1, 1}, reqs, 32, 4 * block_bytes, nullptr,
+                         4 * block_bytes);
+  EXPECT_TRUE(testing_util::IsError(
+      small, absl::StatusCode::kInvalidArgument,
+      "170 tokens need 11 KV blocks of 16 tokens but the cache holds 8 (4 "
+      "device + 4 host)"));
+  int64_t blocks = 0;
+  auto twice =
+      RunLayout(*source, {1, 1, 1}, reqs, 32, 16 * block_bytes, &blocks);
+  ASSERT_TRUE(twice.ok()) << twice.status();
+  EXPECT_EQ(blocks, 16);
+  for (const Layout& l : {Layout{1, 1, 2}, Layout{2, 1, 2}}) {
+    SCOPED_TRACE(Name(l));
+    SchedulerStats st;
+    auto cp = RunLayout(*source, l, reqs, 32, 4 * block_bytes / l.tp, &blocks,
+                        4 * block_bytes / l.tp, &st);
+    ASSERT_TRUE(cp.ok()) << cp.status();
+    EXPECT_EQ(blocks, 8);  // Two ranks of 4 device blocks.
+    ExpectSame(*cp, *twice, 1e-4);
+    EXPECT_GT(st.offloaded, 0) << "the host tier held part of the sequence";
+    EXPECT_EQ(st.device.used + st.host.used, 0);
+  }
+  // And CP = 2 has a limit too, stated per rank with both tiers.
+  auto too_long =
+      RunLayout(*source, {1, 1, 2}, Requests({Prompt(300, 2, 311)}, 20), 32,
+                4 * block_bytes, nullptr, 4 * block_bytes);
+  EXPECT_TRUE(testing_util::IsError(
+      too_long, absl::StatusCode::kInvalidArgument,
+      "the cache holds 16 (8 device + 8 host over 2 CP ranks, 8 each)"));
+}
+
 // Sequence parallel: a step of n >= C tokens runs only its slice through
 // each CP rank's projections and MLP, tokens [c n / C, (c + 1) n / C) on
 // CP rank c (every TP and PP rank of it alike), so prefill compute is
@@ -282,9 +472,6 @@ TEST(ContextParallelTest, RefusesWhatIsNotBuilt) {
   EXPECT_TRUE(testing_util::IsError(Engine::Create(*source, {.cp = 0}),
                                     absl::StatusCode::kInvalidArgument,
                                     "--cp must be >= 1"));
-  EXPECT_TRUE(testing_util::IsError(
-      Engine::Create(*source, {.kv = {.cpu_offload_bytes = 1 << 20}, .cp = 2}),
-      absl::StatusCode::kUnimplemented, "host KV tier"));
   EXPECT_TRUE(testing_util::IsError(
       Engine::Create(*source, {.cp = 2, .device = DeviceKind::kCuda}),
       absl::StatusCode::kUnimplemented, "on CUDA"));

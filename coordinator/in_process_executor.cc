@@ -193,14 +193,6 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     return absl::InvalidArgumentError(
         absl::StrCat("--cp must be in [1, 64], got ", o.cp));
   }
-  if (o.cp > 1 && o.kv.cpu_offload_bytes > 0) {
-    return absl::UnimplementedError(
-        absl::StrCat("--cp ", o.cp,
-                     " with a host KV tier (--cpu-offload-bytes): a block "
-                     "copied between tiers may change CP rank, and copies "
-                     "between CP ranks are not built; use --cp 1 or no host "
-                     "tier"));
-  }
   ASSIGN_OR_RETURN(ShardPlan plan,
                    PlanShards(source, o.tp, o.pp, o.moe_sharding));
   // Every shard loads, then every one gets the blocks all of them hold.

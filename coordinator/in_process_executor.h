@@ -25,8 +25,8 @@ struct ExecutorOptions {
   int pp = 1;
   // Context parallel: each stage's ranks form TP x CP, the CP ranks
   // holding the same weights and each 1/cp of the KV blocks (block id g on
-  // CP rank g % cp): the block count is cp times one rank's. No host KV
-  // tier with cp > 1 yet (cross-rank tier copies are not built).
+  // CP rank g % cp): the block count is cp times one rank's, in each tier
+  // (a host block stays on its rank: BlockManager::set_interleave).
   int cp = 1;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
   // CPU threads each rank's kernels use (on whichever thread calls

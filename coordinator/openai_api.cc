@@ -1135,6 +1135,7 @@ std::string OpenAiApi::Metrics() {
           {"tier=\"host\",state=\"used\"", s.host.used},
           {"tier=\"host\",state=\"cached\"", s.host.cached},
           {"tier=\"host\",state=\"free\"", s.host.free}});
+  AppendCpRankKvMetrics(out, s.device_by_cp_rank, s.host_by_cp_rank);
   metric("shardlm_steps_total", "counter", "Forward steps run.",
          {{"", s.steps}});
   metric("shardlm_steps_in_flight", "gauge",

@@ -323,6 +323,30 @@ void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks,
   }
 }
 
+void AppendCpRankKvMetrics(std::string& out,
+                           const std::vector<TierUsage>& device,
+                           const std::vector<TierUsage>& host) {
+  if (device.empty() && host.empty()) return;
+  Header(out, "shardlm_kv_cp_rank_blocks", "gauge",
+         "KV blocks of each CP rank by tier and state (used: held by "
+         "sequences; cached: kept for prefix hits); they sum to "
+         "shardlm_kv_blocks.");
+  for (const bool is_host : {false, true}) {
+    const std::vector<TierUsage>& tier = is_host ? host : device;
+    for (size_t r = 0; r < tier.size(); ++r) {
+      const std::pair<const char*, int32_t> states[] = {
+          {"used", tier[r].used},
+          {"cached", tier[r].cached},
+          {"free", tier[r].free}};
+      for (const auto& [state, n] : states) {
+        absl::StrAppend(&out, "shardlm_kv_cp_rank_blocks{cp_rank=\"", r,
+                        "\",tier=\"", is_host ? "host" : "device",
+                        "\",state=\"", state, "\"} ", n, "\n");
+      }
+    }
+  }
+}
+
 void AppendBuildInfo(std::string& out, const std::string& backend,
                      const std::string& kv_cache_dtype, int ranks) {
   Header(out, "shardlm_build_info", "gauge",

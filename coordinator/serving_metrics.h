@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
+#include "coordinator/block_manager.h"
 #include "coordinator/step_executor.h"
 
 namespace shardlm {
@@ -109,6 +110,13 @@ class ServingMetrics {
 // busy fraction.
 void AppendRankMetrics(std::string& out, const std::vector<RankReport>& ranks,
                        int tp = 1);
+
+// shardlm_kv_cp_rank_blocks{cp_rank,tier,state}: the KV blocks of each CP
+// rank (entry r of `device` and `host`) by tier and state, as
+// shardlm_kv_blocks counts the group's. Nothing when both are empty.
+void AppendCpRankKvMetrics(std::string& out,
+                           const std::vector<TierUsage>& device,
+                           const std::vector<TierUsage>& host);
 
 // shardlm_build_info{version,commit,backend,kv_cache_dtype,ranks} 1.
 void AppendBuildInfo(std::string& out, const std::string& backend,

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "coordinator/engine.h"
 #include "coordinator/engine_leak_check.h"
@@ -191,6 +192,70 @@ TEST(ServingMetricsTest, EngineWorkloadIsCountedExactly) {
   EXPECT_EQ(
       engine->metrics().requests(RequestApi::kGrpc, RequestOutcome::kLength),
       4u);
+}
+
+// Under CP, shardlm_kv_cp_rank_blocks gives each CP rank's blocks by the
+// ids it holds: while a 70-token prompt's first tokens come out, its 5
+// blocks alternate over the two ranks (3 on rank 0, 2 on rank 1), each
+// rank has its 8 device and 4 host blocks, and the ranks' series sum to
+// the group's. Without CP there is no such series.
+TEST(ServingMetricsTest, KvBlocksPerCpRank) {
+  auto source = RandomLlamaWeights(TinyConfig(), 5);
+  // f32 K and V of 2 layers x 2 KV heads x 16, 16 tokens.
+  constexpr int64_t kBlock = 2 * 2 * 2 * 16 * 4 * 16;
+  for (const int cp : {1, 2}) {
+    SCOPED_TRACE(cp);
+    EngineLeakCheck engines;
+    Engine* engine = engines.Keep(
+        Engine::Create(*source, {.kv = {.kv_cache_bytes = 8 * kBlock,
+                                        .cpu_offload_bytes = 4 * kBlock,
+                                        .dtype = DType::kF32},
+                                 .threads = 1,
+                                 .cp = cp}));
+    ASSERT_NE(engine, nullptr);
+    // At the second token: the figures published after the prefill step
+    // (the first token's callback runs before they are).
+    SchedulerStats during;
+    int tokens = 0;
+    auto got = engine->Generate(
+        {.prompt = std::vector<int32_t>(70, 3), .max_tokens = 3}, [&](int32_t) {
+          if (++tokens == 2) during = engine->stats();
+          return true;
+        });
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_EQ(tokens, 3);
+    std::string text;
+    AppendCpRankKvMetrics(text, during.device_by_cp_rank,
+                          during.host_by_cp_rank);
+    if (cp == 1) {
+      EXPECT_EQ(text, "");
+      continue;
+    }
+    auto m = Parse(text);
+    const auto at = [&](int r, const char* tier, const char* state) {
+      return m[absl::StrCat("shardlm_kv_cp_rank_blocks{cp_rank=\"", r,
+                            "\",tier=\"", tier, "\",state=\"", state, "\"}")];
+    };
+    EXPECT_EQ(m.size(), 2u * 2 * 3);
+    EXPECT_EQ(at(0, "device", "used"), 3);
+    EXPECT_EQ(at(1, "device", "used"), 2);
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_EQ(at(r, "device", "used") + at(r, "device", "cached") +
+                    at(r, "device", "free"),
+                8);
+      EXPECT_EQ(at(r, "host", "used") + at(r, "host", "cached") +
+                    at(r, "host", "free"),
+                4);
+    }
+    const std::pair<const char*, TierUsage> tiers[] = {
+        {"device", during.device}, {"host", during.host}};
+    for (const auto& [tier, all] : tiers) {
+      EXPECT_EQ(at(0, tier, "used") + at(1, tier, "used"), all.used) << tier;
+      EXPECT_EQ(at(0, tier, "cached") + at(1, tier, "cached"), all.cached)
+          << tier;
+      EXPECT_EQ(at(0, tier, "free") + at(1, tier, "free"), all.free) << tier;
+    }
+  }
 }
 
 }  // namespace

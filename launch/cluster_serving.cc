@@ -26,11 +26,12 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("tp", &tp, "tensor-parallel degree");
   flags.Add("pp", &pp, "pipeline-parallel degree");
   flags.Add("cp", &cp,
-            "context-parallel ranks per stage (CPU workers only, no "
-            "--cpu-offload-bytes): each stage's ranks form tp x cp, a "
+            "context-parallel ranks per stage (CPU workers only): each "
+            "stage's ranks form tp x cp, a "
             "sequence's KV blocks spread over the cp ranks (block i on cp "
             "rank i mod cp), so the longest sequence grows cp-fold at the "
-            "same --kv-cache-bytes per worker; attention is split, "
+            "same --kv-cache-bytes (and --cpu-offload-bytes) per worker; "
+            "attention is split, "
             "projections and MLP are not (every cp rank holds the stage's "
             "weights)");
   flags.Add("moe-sharding", &moe_sharding,
@@ -78,13 +79,6 @@ std::string ClusterFlags::Problem() const {
         "--cp must be in [1, 64] (and tp x pp x cp at most "
         "4096), got ",
         cp);
-  }
-  if (cp > 1 && kv.cpu_offload_bytes > 0) {
-    return absl::StrCat(
-        "--cp ", cp,
-        " with --cpu-offload-bytes: a host KV tier under context parallelism "
-        "is not built yet (a block copied between tiers may change CP rank); "
-        "use --cp 1 or no host tier");
   }
   if (cp > 1 && device == "cuda") {
     return absl::StrCat("--cp ", cp,
@@ -285,9 +279,14 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   const int64_t blocks = (*engine)->blocks().num_blocks();
   const std::string layout =
       f.cp > 1 ? absl::StrCat(" x cp ", f.cp) : std::string();
+  const int64_t host_blocks = (*engine)->blocks().num_host_blocks();
   const std::string per_rank =
       f.cp > 1
-          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp, " each")
+          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp,
+                         host_blocks > 0
+                             ? absl::StrCat(" + ", host_blocks / f.cp, " host")
+                             : "",
+                         " each")
           : std::string();
   std::fprintf(stderr,
                "[shardlm] serving %s with tp %d x pp %d%s (%d workers, %lld KV "

@@ -25,7 +25,7 @@ struct ClusterFlags {
   std::string model;
   int64_t tp = 1;
   int64_t pp = 1;
-  // Context parallel (CPU workers, no host tier): each stage's ranks form
+  // Context parallel (CPU workers): each stage's ranks form
   // TP x CP, tp * pp * cp workers in all.
   int64_t cp = 1;
   std::string moe_sharding = "auto";

@@ -24,7 +24,8 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "context-parallel ranks per stage (run on threads here; CPU "
             "only): a sequence's KV blocks are spread over them, so the "
             "longest sequence grows cp-fold at the same --kv-cache-bytes "
-            "per rank; attention is split, projections and MLP are not");
+            "(and --cpu-offload-bytes) per rank; attention is split, "
+            "projections and MLP are not");
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
@@ -42,10 +43,6 @@ std::string LocalEngineFlags::Problem() const {
   }
   if (cp < 1 || cp > 64) {
     return absl::StrCat("--cp must be in [1, 64], got ", cp);
-  }
-  if (cp > 1 && kv.cpu_offload_bytes > 0) {
-    return "--cp > 1 with --cpu-offload-bytes: a host KV tier under context "
-           "parallelism is not built yet";
   }
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
@@ -104,10 +101,17 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
       "%s, %.1f KiB per token%s\n",
       blocks.num_blocks(), blocks.num_host_blocks(), blocks.block_size(),
       KvCacheDTypeName(kv), KvBytesPerToken(m.engine->config(), kv) / 1024.0,
-      flags.cp > 1 ? absl::StrCat(" (over ", flags.cp, " CP ranks, ",
-                                  blocks.num_blocks() / flags.cp, " each)")
-                         .c_str()
-                   : "");
+      flags.cp > 1
+          ? absl::StrCat(
+                " (over ", flags.cp, " CP ranks, ",
+                blocks.num_blocks() / flags.cp,
+                blocks.num_host_blocks() > 0
+                    ? absl::StrCat(" + ", blocks.num_host_blocks() / flags.cp,
+                                   " host")
+                    : "",
+                " each)")
+                .c_str()
+          : "");
   m.name = source->config().name;
   if (m.name.empty()) {
     m.name = std::filesystem::path(flags.model).filename().string();

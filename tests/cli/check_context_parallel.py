@@ -8,8 +8,10 @@ prompt with a KV pool of 20 blocks (320 tokens) per rank.
    each rank's, and prints the greedy text of --cp 1 given 40 blocks.
 3. `shardlm serve --cp 2` with the same pools: GetModelInfo reports cp 2
    and 20 blocks per worker, and a remote generate prints the same text.
-4. Values it cannot take are refused naming the flag: --cp 0, and --cp 2
-   with a host tier.
+4. --cp 2 with a host tier, 10 device + 10 host blocks per rank: the
+   prompt runs through both ranks' host tiers (each block on its own
+   rank) and prints the same text.
+5. A value it cannot take is refused naming the flag: --cp 0.
 
   check_context_parallel.py --shardlm BIN --gguf MODEL
 """
@@ -87,9 +89,13 @@ def main() -> int:
     zero = generate("--cp", "0")
     check(zero.returncode != 0 and "--cp must be in [1, 64], got 0"
           in zero.stderr, "--cp 0 is refused naming the flag")
-    host = generate("--cp", "2", "--cpu-offload-bytes", "1000000")
-    check(host.returncode != 0 and "--cpu-offload-bytes" in host.stderr,
-          "--cp 2 with a host tier is refused")
+    host = generate("--cp", "2", "--kv-cache-bytes", str(10 * BLOCK_BYTES),
+                    "--cpu-offload-bytes", str(10 * BLOCK_BYTES))
+    check(host.returncode == 0 and "20 device + 20 host blocks" in host.stderr
+          and "(over 2 CP ranks, 10 + 10 host each)" in host.stderr
+          and host.stdout == twice.stdout,
+          f"--cp 2 with 10 device + 10 host blocks per rank prints the text "
+          f"of --cp 1 with 40 blocks ({host.stdout!r}, {host.stderr[-200:]})")
     return 1 if FAILURES else 0
 
 

@@ -15,14 +15,18 @@ context parallelism; the cluster tests' LOGPROB_TOL is for f32 caches).
    128 tokens) serves it: the same
    text and logprobs within LOGPROB_TOL of the reference; the log names
    each rank's cp index and the group's blocks; GetModelInfo gives cp 2
-   and 20 blocks per worker; /metrics gives each worker's KV pool. Then a
+   and 20 blocks per worker; /metrics gives each worker's KV pool and
+   each CP rank's blocks (shardlm_kv_cp_rank_blocks). Then a
    CP worker killed while the long prompt prefills fails the request with
    UNAVAILABLE naming the rank and its cp index, and its blocks are freed.
-4. `launch --tp 2 --cp 2` (five processes): the same text and logprobs.
+4. `launch --tp 2 --cp 2` (five processes) with a host tier: 8 blocks'
+   worth of bytes of device and 8 of host per worker (12 + 12 blocks for a worker
+   holding 2 of the 3 KV heads), so the long prompt runs through both CP
+   ranks' host tiers, each block staying on its rank: the same text and
+   logprobs.
 5. Without mpirun: `shardlm coordinator --cp 2` and two `shardlm worker`s
    (the CP group over Gloo): the same text and logprobs.
-6. Refusals: --cp with a host tier, and --cp with --device cuda, before
-   any worker loads.
+6. Refusals: --cp with --device cuda, before any worker loads.
 
   check_context_parallel_cluster.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -83,10 +87,14 @@ def like_reference(a, name: str, where: list[str], want: dict) -> None:
               f"step's logprobs within {LOGPROB_TOL:g} (max {err:.2g})")
 
 
-def start(a, tag: str, tp: int, cp: int, extra=()) -> Cluster:
+def start(a, tag: str, tp: int, cp: int, extra=(), blocks: int = 20,
+          host_blocks: int = 0) -> Cluster:
+    """Pools of `blocks` and `host_blocks` full-model blocks' bytes per
+    worker."""
     return Cluster(a.shardlm, a.gguf, tp, 1,
                    os.path.join(a.workdir, f"{tag}.log"),
-                   [*KV, "--kv-cache-bytes", str(20 * BLOCK_BYTES),
+                   [*KV, "--kv-cache-bytes", str(blocks * BLOCK_BYTES),
+                    "--cpu-offload-bytes", str(host_blocks * BLOCK_BYTES),
                     "--device", "cpu", *extra], cp=cp)
 
 
@@ -147,6 +155,13 @@ def cp2(a, want: dict) -> None:
                          f'tier="device"}}', -1) for r in (1, 2)]
         check(kv == [20 * BLOCK_BYTES] * 2,
               f"[tp1 cp2] /metrics: each worker's KV pool is 20 blocks ({kv})")
+        per_rank = [sum(series.get(
+            f'shardlm_kv_cp_rank_blocks{{cp_rank="{r}",tier="device",'
+            f'state="{state}"}}', -100) for state in ("used", "cached", "free"))
+            for r in (0, 1)]
+        check(per_rank == [20, 20],
+              f"[tp1 cp2] /metrics: each CP rank's device blocks (used, "
+              f"cached, free) add up to its 20 ({per_rank})")
         kill(a, c, http)
     finally:
         c.stop()
@@ -237,8 +252,7 @@ def gloo_cp2(a, want: dict) -> None:
 
 def refusals(a) -> None:
     for extra, want in (
-            (["--cpu-offload-bytes", "1000000"], "--cp 2 with --cpu-offload"),
-            (["--device", "cuda"], "--cp 2 with --device cuda")):
+            (["--device", "cuda"], "--cp 2 with --device cuda"),):
         r = subprocess.run(
             MPIRUN + ["-np", "3", a.shardlm, "launch", "--model", a.gguf,
                       "--cp", "2", "--listen", f"127.0.0.1:{free_port()}",
@@ -263,10 +277,17 @@ def main() -> int:
     want = references(a)
     cp1_refuses(a)
     cp2(a, want)
-    c = start(a, "tp2_cp2", 2, 2)
+    c = start(a, "tp2_cp2", 2, 2, blocks=8, host_blocks=8)
     try:
         if c.wait_serving():
-            like_reference(a, "tp2 cp2", ["--server", c.address], want)
+            with open(c.log_path) as f:
+                log = f.read()
+            check("loaded: 12 device + 12 host KV blocks" in log
+                  and "24 KV blocks of 16 over 2 CP ranks, 12 + 12 host each"
+                  in log,
+                  "[tp2 cp2 host] a worker with 2 KV heads holds 12 + 12 "
+                  "blocks, and the group 24 + 24")
+            like_reference(a, "tp2 cp2 host", ["--server", c.address], want)
         else:
             check(False, "[tp2 cp2] cluster serves\n" + c.tail())
     finally:
