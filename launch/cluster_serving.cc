@@ -31,9 +31,9 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "sequence's KV blocks spread over the cp ranks (block i on cp "
             "rank i mod cp), so the longest sequence grows cp-fold at the "
             "same --kv-cache-bytes (and --cpu-offload-bytes) per worker; "
-            "attention is split, "
-            "projections and MLP are not (every cp rank holds the stage's "
-            "weights)");
+            "attention is split, and a step of at least cp tokens is split "
+            "by tokens for the projections and MLP (every cp rank holds the "
+            "stage's weights; a lone sequence's decode runs whole on each)");
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "

@@ -24,8 +24,10 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "context-parallel ranks per stage (run on threads here; CPU "
             "only): a sequence's KV blocks are spread over them, so the "
             "longest sequence grows cp-fold at the same --kv-cache-bytes "
-            "(and --cpu-offload-bytes) per rank; attention is split, "
-            "projections and MLP are not");
+            "(and --cpu-offload-bytes) per rank; attention is split, and a "
+            "step of at least cp tokens is split by tokens for the "
+            "projections and MLP (a lone sequence's decode runs whole on "
+            "every cp rank)");
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
