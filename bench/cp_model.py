@@ -15,7 +15,12 @@ blocks, and the partial outputs with their log-sum-exps all-gathered (f32,
 as the CPU path sends them) and merged. CP on GPUs is not built: these are
 the cost model's figures for that scheme on H200s, not measurements.
 
-  bench/cp_model.py --shardlm build/launch/shardlm [--chunk 8192]
+With --compare, the same table again for an exchange that is not built:
+bf16 Q/K/V and outputs, each rank sending each peer only that peer's
+slice of its partial outputs (--cp-exchange-dtype bf16
+--cp-scatter-outputs).
+
+  bench/cp_model.py --shardlm build/launch/shardlm [--chunk 8192] [--compare]
 """
 
 from __future__ import annotations
@@ -49,7 +54,7 @@ def config_dir(root: str, size: str, context: int) -> str:
 
 
 def ttft(shardlm: str, config: str, tp: int, cp: int, tokens: int,
-         chunk: int, out: dict) -> float | str:
+         chunk: int, out: dict, extra: list) -> float | str:
     """The simulated TTFT in seconds (or why there is none); out gets the
     bytes each CP rank sends."""
     path = os.path.join(os.path.dirname(config), f"report-{cp}.json")
@@ -58,7 +63,7 @@ def ttft(shardlm: str, config: str, tp: int, cp: int, tokens: int,
          "--tp", str(tp), "--cp", str(cp), "--concurrency", "1",
          "--requests", "1", "--prompt-len", f"fixed:{tokens}",
          "--output-len", "fixed:1", "--max-batched-tokens", str(chunk),
-         "--json", path],
+         "--json", path] + extra,
         capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         return r.stderr.strip().splitlines()[0] if r.stderr else "failed"
@@ -76,29 +81,40 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--compare", action="store_true",
+                    help="also an exchange that is not built (bf16, "
+                    "outputs scattered)")
     a = ap.parse_args()
     cps = [1, 2, 4, 8]
+    variants = [("as built: f32, outputs all-gathered", [])]
+    if a.compare:
+        variants.append(("not built: bf16, outputs scattered",
+                         ["--cp-exchange-dtype", "bf16",
+                          "--cp-scatter-outputs"]))
     with tempfile.TemporaryDirectory() as root:
-        print(f"TTFT (s) of one prompt, H200s, chunks of {a.chunk} tokens, "
-              f"bf16 weights and KV (shardlm simulate --cp)")
-        print(f"{'model':<14} {'tokens':>8} " +
-              " ".join(f"{'cp ' + str(c):>9}" for c in cps) +
-              "   speed-up at cp 8")
-        for size, tp in (("8b", 1), ("70b", 8)):
-            for tokens in (32_000, 128_000, 512_000):
-                cfg = config_dir(root, size, 524288 if tokens > 131072
-                                 else 131072)
-                sent = {}
-                row = [ttft(a.shardlm, cfg, tp, c, tokens, a.chunk, sent)
-                       for c in cps]
-                cells = " ".join(f"{v:>9.2f}" if isinstance(v, float)
-                                 else f"{v[:9]:>9}" for v in row)
-                gain = (f"{row[0] / row[-1]:.2f}x"
-                        if all(isinstance(v, float) for v in row) else "")
-                print(f"{size + ' tp ' + str(tp):<14} {tokens:>8} {cells}   "
-                      f"{gain:>8}   GB sent per CP rank: " +
-                      ", ".join(f"cp {c} {sent[c] / 1e9:.1f}"
-                                for c in cps[1:] if c in sent))
+        for name, extra in variants:
+            print(f"TTFT (s) of one prompt, H200s, chunks of {a.chunk} "
+                  f"tokens, bf16 weights and KV (shardlm simulate --cp); CP "
+                  f"exchange {name}")
+            print(f"{'model':<14} {'tokens':>8} " +
+                  " ".join(f"{'cp ' + str(c):>9}" for c in cps) +
+                  "   speed-up at cp 8")
+            for size, tp in (("8b", 1), ("70b", 8)):
+                for tokens in (32_000, 128_000, 512_000):
+                    cfg = config_dir(root, size, 524288 if tokens > 131072
+                                     else 131072)
+                    sent = {}
+                    row = [ttft(a.shardlm, cfg, tp, c, tokens, a.chunk, sent,
+                                extra) for c in cps]
+                    cells = " ".join(f"{v:>9.2f}" if isinstance(v, float)
+                                     else f"{v[:9]:>9}" for v in row)
+                    gain = (f"{row[0] / row[-1]:.2f}x"
+                            if all(isinstance(v, float) for v in row)
+                            else "")
+                    print(f"{size + ' tp ' + str(tp):<14} {tokens:>8} "
+                          f"{cells}   {gain:>8}   GB sent per CP rank: " +
+                          ", ".join(f"cp {c} {sent[c] / 1e9:.1f}"
+                                    for c in cps[1:] if c in sent))
     return 0
 
 

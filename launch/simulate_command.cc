@@ -41,6 +41,8 @@ struct SimulateFlags {
   int64_t cp = 1;  // Context parallel (issue #35).
   std::string cp_link;
   double cp_link_alpha = -1;  // Calibration: replaces the CP link's alpha.
+  std::string cp_exchange_dtype = "f32";
+  bool cp_scatter_outputs = false;
   std::string gpu = "h100";
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
@@ -176,6 +178,11 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
                                                            : "pcie5"));
   if (f.tp_link_alpha >= 0) layout.tp_link.alpha_seconds = f.tp_link_alpha;
   if (f.cp_link_alpha >= 0) layout.cp_link.alpha_seconds = f.cp_link_alpha;
+  if (f.cp_exchange_dtype != "f32" && f.cp_exchange_dtype != "bf16") {
+    return fail("--cp-exchange-dtype must be f32 or bf16");
+  }
+  layout.cp_activation_bytes = f.cp_exchange_dtype == "bf16" ? 2 : 4;
+  layout.cp_scatter_outputs = f.cp_scatter_outputs;
   Planned p;
   p.cost = std::make_unique<RooflineCostModel>(config, device, layout);
   // Every rank holds the same number of blocks: the fewest any stage's
@@ -319,6 +326,12 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
             "node, ib-400g across nodes)");
   flags.Add("cp-link-alpha", &f.cp_link_alpha,
             "seconds per CP message, replacing the link's (calibration)");
+  flags.Add("cp-exchange-dtype", &f.cp_exchange_dtype,
+            "f32 (what the CPU path sends) or bf16 (not built): the dtype "
+            "of CP's Q/K/V, attention outputs and logit rows");
+  flags.Add("cp-scatter-outputs", &f.cp_scatter_outputs,
+            "not built, to compare: each CP rank sends each peer only that "
+            "peer's slice of its partial attention outputs, not all rows");
   flags.Add("replicas", &f.replicas, "engine replicas behind the router");
   flags.Add("gpu", &f.gpu,
             "device profile: " + absl::StrJoin(DeviceProfileNames(), ", "));

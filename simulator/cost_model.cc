@@ -309,7 +309,11 @@ RooflineCostModel::CpLayerBuffers RooflineCostModel::CpLayerBytes(
     const double rows = static_cast<double>((n + cp - 1) / cp);
     b.qkv = rows * (heads + 2 * kv_heads) * hd * v;
   }
-  b.output = static_cast<double>(n) * heads * (hd + 1) * v;
+  const double out_rows = layout_.cp_scatter_outputs && n >= cp
+                              ? static_cast<double>((n + cp - 1) / cp)
+                              : static_cast<double>(n);
+  b.lse = out_rows * heads * 4;
+  b.output = out_rows * heads * hd * v + b.lse;
   return b;
 }
 
@@ -394,8 +398,7 @@ std::vector<double> RooflineCostModel::StageSeconds(
                   2 * cp_all_gather(b.qkv * kv_heads / (heads + 2 * kv_heads));
     }
     // The output, then the lse.
-    cp_layer += cp_all_gather(b.output * hd / (hd + 1)) +
-                cp_all_gather(b.output / (hd + 1));
+    cp_layer += cp_all_gather(b.output - b.lse) + cp_all_gather(b.lse);
   }
   // The logit rows summed over the CP group (the MPI, Gloo and in-process
   // all-reduces gather every rank's buffer).

@@ -138,9 +138,14 @@ struct Layout {
   double weight_bytes_per_param = 2;  // bf16; 1.0625 for Q8_0, 0.5625 Q4_0.
   double kv_bytes_per_value = 2;      // The KV cache's dtype.
   double activation_bytes = 2;        // What TP and PP links carry.
-  // What CP's exchanges carry per value: the CPU path sends f32 (Q/K/V,
-  // outputs, lses and logit rows).
+  // What CP's exchanges carry per value of Q/K/V, attention outputs and
+  // logit rows: the CPU path sends f32 (lses are f32 in any case).
   double cp_activation_bytes = 4;
+  // Not built (a design option to compare): under sequence parallel, each
+  // rank sends each peer only the rows of that peer's slice of its partial
+  // outputs and lses (a reduce-scatter-style exchange: ceil(n / cp) rows
+  // instead of all n).
+  bool cp_scatter_outputs = false;
   int32_t block_size = 16;  // Tokens per KV block.
   // TP all-reduces, PP sends, KV block copies between the device and the
   // host tier, and CP's all-gathers.
@@ -167,15 +172,17 @@ class RooflineCostModel : public CostModel {
   std::vector<double> StageSeconds(const StepInput& step) const override;
   CpBytes StepCpBytes(const StepInput& step) const override;
 
-  // One CP rank's buffers per layer for a step of n tokens (0 without CP):
-  // its slice's Q, K and V, ceil(n / cp) rows of (heads + 2 kv_heads) x
-  // head_dim values when n >= cp (0 otherwise: every rank has all n), and
-  // its attention output and lse of all n queries, n x heads x (head_dim +
-  // 1); heads and KV heads those of its TP rank, values of
-  // cp_activation_bytes. Each goes to the cp - 1 peers.
+  // What one CP rank sends each of its cp - 1 peers per layer for a step of
+  // n tokens (0 without CP): its slice's Q, K and V, ceil(n / cp) rows of
+  // (heads + 2 kv_heads) x head_dim values when n >= cp (0 otherwise: every
+  // rank has all n), and its attention output and lse of all n queries, n x
+  // heads x head_dim values and n x heads f32 (ceil(n / cp) rows with
+  // cp_scatter_outputs under sequence parallel); heads and KV heads those
+  // of its TP rank, values of cp_activation_bytes.
   struct CpLayerBuffers {
     double qkv = 0;     // Three all-gathers (Q, K, V).
-    double output = 0;  // Two all-gathers (output, lse).
+    double output = 0;  // Two all-gathers (output, lse): their sum.
+    double lse = 0;     // Of which the lses.
   };
   CpLayerBuffers CpLayerBytes(int64_t n) const;
 

@@ -248,6 +248,20 @@ TEST(SimulateTest, ContextParallelBytesFollowTheDesignNotes) {
   RooflineCostModel tp2cp2(c, d, {.tp = 2, .pp = 1, .cp = 2});
   EXPECT_DOUBLE_EQ(tp2cp2.CpLayerBytes(10).qkv, 5.0 * 4 * 16 * 4);
   EXPECT_DOUBLE_EQ(tp2cp2.CpLayerBytes(10).output, 10.0 * 2 * 17 * 4);
+  // Not built, to compare: bf16 exchanges (lses stay f32), and outputs
+  // scattered (each peer gets its slice's 512 rows; a decode's single row
+  // still goes to every rank).
+  Layout bf16{.tp = 1, .pp = 1, .cp = 2};
+  bf16.cp_activation_bytes = 2;
+  RooflineCostModel half(c, d, bf16);
+  EXPECT_DOUBLE_EQ(half.CpLayerBytes(1024).qkv, 512.0 * 8 * 16 * 2);
+  EXPECT_DOUBLE_EQ(half.CpLayerBytes(1024).output, 1024.0 * 4 * (32 + 4));
+  Layout scatter{.tp = 1, .pp = 1, .cp = 2};
+  scatter.cp_scatter_outputs = true;
+  RooflineCostModel scattered(c, d, scatter);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1024).output, 512.0 * 4 * 17 * 4);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1024).lse, 512.0 * 4 * 4);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1).output, 1.0 * 4 * 17 * 4);
   // No CP: nothing.
   RooflineCostModel cp1(c, d, {.tp = 1, .pp = 1, .cp = 1});
   EXPECT_DOUBLE_EQ(cp1.StepCpBytes(step(1024, 1)).total(), 0);
