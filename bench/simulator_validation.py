@@ -38,7 +38,6 @@ import argparse
 import json
 import statistics
 import os
-import re
 import resource
 import subprocess
 import sys
@@ -248,24 +247,31 @@ def cp_rows(args, shape: dict, work: str) -> list:
                                       16 // max(cps)) + 2)
         for cp in cps:
             pool = group_blocks // cp * BLOCK_BYTES
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
-            r = run([args.shardlm, "generate", "--model", args.model,
-                     "--prompt", text, "--max-tokens", str(args.cp_tokens),
-                     "--ignore-eos", "--kv-cache-dtype", "f16", "--device",
-                     "cpu", "--threads", "1", "--stats", "--cp", str(cp),
-                     "--prefix-caching=false", "--kv-cache-bytes", str(pool)],
-                    timeout=1800)
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            m = LINE.search(r.stderr)
-            loaded = re.search(r"load ([\d.]+)s", r.stderr)
-            if r.returncode != 0 or m is None or loaded is None:
-                raise RuntimeError(f"generate --cp {cp} failed: "
-                                   f"{r.stderr[-400:]}")
-            # The run's CPU seconds (every rank's) less the model's load
-            # (taken as all CPU): what the work cost whatever the wait for
-            # cores shared with other processes.
-            cpu = (after.ru_utime + after.ru_stime - before.ru_utime -
-                   before.ru_stime - float(loaded[1]))
+
+            def generate(text: str, tokens: int):
+                """Runs generate; its stderr and CPU seconds (every
+                rank's)."""
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                r = run([args.shardlm, "generate", "--model", args.model,
+                         "--prompt", text, "--max-tokens", str(tokens),
+                         "--ignore-eos", "--kv-cache-dtype", "f16",
+                         "--device", "cpu", "--threads", "1", "--stats",
+                         "--cp", str(cp), "--prefix-caching=false",
+                         "--kv-cache-bytes", str(pool)], timeout=1800)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                m = LINE.search(r.stderr)
+                if r.returncode != 0 or m is None:
+                    raise RuntimeError(f"generate --cp {cp} failed: "
+                                       f"{r.stderr[-400:]}")
+                return m, (after.ru_utime + after.ru_stime -
+                           before.ru_utime - before.ru_stime)
+
+            # What the work cost whatever the wait for cores shared with
+            # other processes: the run's CPU seconds less those of a
+            # one-token request (loading, start-up).
+            _, idle = generate("Hi", 1)
+            m, cpu = generate(text, args.cp_tokens)
+            cpu -= idle
             tokens, generated = int(m[1]), int(m[3])
             load = os.getloadavg()[0]
             trace = os.path.join(work, "cp-trace.csv")
