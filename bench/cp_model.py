@@ -6,13 +6,21 @@ and 512K tokens at CP = 1, 2, 4, 8 (chunks of --chunk tokens). 512K is
 past Llama 3.1's 128K context: it is simulated with the same shapes and a
 512K window, as a context-extended variant would have.
 
-CP is modelled only (shardlm does not run it yet); the model is the
-"pass-Q" scheme of docs/long-context.md: the KV of every sequence split by
-block over the CP ranks, each chunk's tokens computed by the ranks that
-own their blocks, the chunk's queries all-gathered and every rank's
-partial attention outputs (with their log-sum-exp) sent back.
+The model is the scheme the CPU path runs (docs/design-notes.md, section
+3): the KV of every sequence split by block over the CP ranks (block j on
+rank j mod C); each chunk cut into C contiguous slices, each rank running
+its slice through the projections and MLP; the slices' Q, K and V
+all-gathered, every rank attending all the chunk's queries over its own
+blocks, and the partial outputs with their log-sum-exps all-gathered (f32,
+as the CPU path sends them) and merged. CP on GPUs is not built: these are
+the cost model's figures for that scheme on H200s, not measurements.
 
-  bench/cp_model.py --shardlm build/launch/shardlm [--chunk 8192]
+With --compare, the same table again for an exchange that is not built:
+bf16 Q/K/V and outputs, each rank sending each peer only that peer's
+slice of its partial outputs (--cp-exchange-dtype bf16
+--cp-scatter-outputs).
+
+  bench/cp_model.py --shardlm build/launch/shardlm [--chunk 8192] [--compare]
 """
 
 from __future__ import annotations
@@ -46,18 +54,25 @@ def config_dir(root: str, size: str, context: int) -> str:
 
 
 def ttft(shardlm: str, config: str, tp: int, cp: int, tokens: int,
-         chunk: int) -> float | str:
+         chunk: int, out: dict, extra: list) -> float | str:
+    """The simulated TTFT in seconds (or why there is none); out gets the
+    bytes each CP rank sends."""
+    path = os.path.join(os.path.dirname(config), f"report-{cp}.json")
     r = subprocess.run(
         [shardlm, "simulate", "--model-config", config, "--gpu", "h200",
          "--tp", str(tp), "--cp", str(cp), "--concurrency", "1",
          "--requests", "1", "--prompt-len", f"fixed:{tokens}",
-         "--output-len", "fixed:1", "--max-batched-tokens", str(chunk)],
+         "--output-len", "fixed:1", "--max-batched-tokens", str(chunk),
+         "--json", path] + extra,
         capture_output=True, text=True, timeout=600)
     if r.returncode != 0:
         return r.stderr.strip().splitlines()[0] if r.stderr else "failed"
     refused = re.search(r"(\d+) refused \(([^)]*)\)", r.stdout)
     if refused and refused.group(1) != "0":
         return f"refused ({refused.group(2)})"
+    with open(path) as f:
+        b = json.load(f)["cp_bytes_per_rank"]
+    out[cp] = b["all_gather"] + b["all_reduce"]
     m = re.search(r"time to first token\s+([\d.]+)", r.stdout)
     return float(m.group(1)) / 1000 if m else "no TTFT"
 
@@ -66,26 +81,40 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
     ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--compare", action="store_true",
+                    help="also an exchange that is not built (bf16, "
+                    "outputs scattered)")
     a = ap.parse_args()
     cps = [1, 2, 4, 8]
+    variants = [("as built: f32, outputs all-gathered", [])]
+    if a.compare:
+        variants.append(("not built: bf16, outputs scattered",
+                         ["--cp-exchange-dtype", "bf16",
+                          "--cp-scatter-outputs"]))
     with tempfile.TemporaryDirectory() as root:
-        print(f"TTFT (s) of one prompt, H200s, chunks of {a.chunk} tokens, "
-              f"bf16 weights and KV (shardlm simulate --cp)")
-        print(f"{'model':<14} {'tokens':>8} " +
-              " ".join(f"{'cp ' + str(c):>9}" for c in cps) +
-              "   speed-up at cp 8")
-        for size, tp in (("8b", 1), ("70b", 8)):
-            for tokens in (32_000, 128_000, 512_000):
-                cfg = config_dir(root, size, 524288 if tokens > 131072
-                                 else 131072)
-                row = [ttft(a.shardlm, cfg, tp, c, tokens, a.chunk)
-                       for c in cps]
-                cells = " ".join(f"{v:>9.2f}" if isinstance(v, float)
-                                 else f"{v[:9]:>9}" for v in row)
-                gain = (f"{row[0] / row[-1]:.2f}x"
-                        if all(isinstance(v, float) for v in row) else "")
-                print(f"{size + ' tp ' + str(tp):<14} {tokens:>8} {cells}   "
-                      f"{gain}")
+        for name, extra in variants:
+            print(f"TTFT (s) of one prompt, H200s, chunks of {a.chunk} "
+                  f"tokens, bf16 weights and KV (shardlm simulate --cp); CP "
+                  f"exchange {name}")
+            print(f"{'model':<14} {'tokens':>8} " +
+                  " ".join(f"{'cp ' + str(c):>9}" for c in cps) +
+                  "   speed-up at cp 8")
+            for size, tp in (("8b", 1), ("70b", 8)):
+                for tokens in (32_000, 128_000, 512_000):
+                    cfg = config_dir(root, size, 524288 if tokens > 131072
+                                     else 131072)
+                    sent = {}
+                    row = [ttft(a.shardlm, cfg, tp, c, tokens, a.chunk, sent,
+                                extra) for c in cps]
+                    cells = " ".join(f"{v:>9.2f}" if isinstance(v, float)
+                                     else f"{v[:9]:>9}" for v in row)
+                    gain = (f"{row[0] / row[-1]:.2f}x"
+                            if all(isinstance(v, float) for v in row)
+                            else "")
+                    print(f"{size + ' tp ' + str(tp):<14} {tokens:>8} "
+                          f"{cells}   {gain:>8}   GB sent per CP rank: " +
+                          ", ".join(f"cp {c} {sent[c] / 1e9:.1f}"
+                                    for c in cps[1:] if c in sent))
     return 0
 
 

@@ -17,7 +17,17 @@ apart by as much as the errors looked for.
   bench/simulator_validation.py --shardlm build/launch/shardlm \\
       --engine-bench build/bench/engine_bench --model M.gguf \\
       [--layouts 1x1,2x1] [--concurrency 1,4,16] [--requests 48] \\
-      [--max-tokens 64] [--rounds 1] [--json OUT]
+      [--max-tokens 64] [--rounds 1] [--json OUT] \\
+      [--cp-paragraphs 27,80 [--cp 1,2]]
+
+Context parallel (issue #35), with --cp-paragraphs: one long prompt (that
+many of bench/cp_prefill.py's paragraphs, about 37 SmolLM2 tokens each)
+through `shardlm generate --cp C --threads 1` (the CP ranks are threads of
+one process, one thread each), its prefill time and decode tokens/s against
+`shardlm simulate --cp C` of the same prompt on the rates of one thread
+(engine_bench at 1 thread, TP 1) and the in-process communicator's cost per
+message (engine_bench --tp 2 at 1 thread per rank: the same communicator
+carries CP's all-gathers). --layouts "" skips the serving runs.
 
 A benchmark: it prints figures, and exits 1 only when a run fails.
 """
@@ -28,6 +38,7 @@ import argparse
 import json
 import statistics
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -196,6 +207,178 @@ def calibrate(binary: str, model: str, threads: int, shape: dict,
             "peak_flops": 2 * s["n_layers"] * layer / per_token,
             "dequantize_rate": params / intercept if intercept > 0 else 0,
             "tp_link_alpha": alpha}
+
+
+def cp_alpha(binary: str, model: str, shape: dict) -> float:
+    """Seconds per message of the in-process communicator (what --cp's
+    threads use too): engine_bench --tp 2 at one thread per rank, its
+    decode step's communication over its 2 all-reduces per layer and the
+    logits' gather."""
+    run2 = engine_bench(binary, model, 1, 2, 256, 64)
+    comm = (run2["decode_step_seconds"] *
+            run2.get("comm_share_of_step_time", 0))
+    return comm / (2 * shape["n_layers"] * 2 + 1)
+
+
+def cp_rows(args, shape: dict, work: str) -> list:
+    """Calibrates one thread, then for each prompt and CP degree runs
+    `shardlm generate` and simulates the same request; a row per run."""
+    sys.path.insert(0, os.path.dirname(__file__))
+    from cp_prefill import BLOCK_BYTES, LINE, prompt  # noqa: E402
+    cal = calibrate(args.engine_bench, args.model, 1, shape, 1)
+    alpha = cp_alpha(args.engine_bench, args.model, shape)
+    print(f"calibration for CP (1 thread per rank): decode steps at 32 / "
+          f"256 tokens {cal['decode_step1_ms']:.2f} / "
+          f"{cal['decode_step_long_ms']:.2f} ms -> matvec "
+          f"{cal['matvec_flops'] / 1e9:.1f} GFLOP/s, attention "
+          f"{cal['matvec_attention_flops'] / 1e9:.1f} GFLOP/s; prefill "
+          f"{cal['prefill32_tokens_per_s']:.0f} / "
+          f"{cal['prefill256_tokens_per_s']:.0f} tok/s -> "
+          f"{cal['peak_flops'] / 1e9:.1f} GFLOP/s + dequantize "
+          f"{cal['dequantize_rate'] / 1e9:.2f} G params/s; communicator "
+          f"{alpha * 1e6:.1f} us per message", flush=True)
+    rows = []
+    cps = [int(c) for c in args.cp.split(",")]
+    for paragraphs in (int(p) for p in args.cp_paragraphs.split(",")):
+        text = prompt(paragraphs)
+        # Blocks enough for the prompt and output at the largest CP;
+        # every CP degree gets the same group total.
+        group_blocks = max(cps) * (-(-(40 * paragraphs + args.cp_tokens) //
+                                      16 // max(cps)) + 2)
+        for cp in cps:
+            pool = group_blocks // cp * BLOCK_BYTES
+
+            def generate(text: str, tokens: int):
+                """Runs generate; its stderr and CPU seconds (every
+                rank's)."""
+                before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                r = run([args.shardlm, "generate", "--model", args.model,
+                         "--prompt", text, "--max-tokens", str(tokens),
+                         "--ignore-eos", "--kv-cache-dtype", "f16",
+                         "--device", "cpu", "--threads", "1", "--stats",
+                         "--cp", str(cp), "--prefix-caching=false",
+                         "--kv-cache-bytes", str(pool)], timeout=1800)
+                after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                m = LINE.search(r.stderr)
+                if r.returncode != 0 or m is None:
+                    raise RuntimeError(f"generate --cp {cp} failed: "
+                                       f"{r.stderr[-400:]}")
+                return m, (after.ru_utime + after.ru_stime -
+                           before.ru_utime - before.ru_stime)
+
+            # What the work cost whatever the wait for cores shared with
+            # other processes: the run's CPU seconds less those of a
+            # one-token request (loading, start-up).
+            _, idle = generate("Hi", 1)
+            m, cpu = generate(text, args.cp_tokens)
+            cpu -= idle
+            tokens, generated = int(m[1]), int(m[3])
+            load = os.getloadavg()[0]
+            trace = os.path.join(work, "cp-trace.csv")
+            with open(trace, "w") as f:
+                f.write(f"0,{tokens},{generated}\n")
+            sim_json = os.path.join(work, f"sim-cp{cp}-{tokens}.json")
+            r = run([args.shardlm, "simulate", "--model-config", args.model,
+                     "--gpu", "cpu-this-machine", "--cp", str(cp),
+                     "--memory-bandwidth", str(cal["bandwidth"]),
+                     "--peak-flops", str(cal["peak_flops"]),
+                     "--matvec-flops", str(cal["matvec_flops"]),
+                     "--matvec-small-batch-flops",
+                     str(cal["matvec_small_batch_flops"]),
+                     "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
+                     "--matvec-attention-flops",
+                     str(cal["matvec_attention_flops"]),
+                     "--matvec-batch-attention-flops",
+                     str(cal["matvec_batch_attention_flops"]),
+                     "--dequantize-rate", str(cal["dequantize_rate"]),
+                     "--cp-link-alpha", str(alpha), "--step-overhead", "0",
+                     "--weight-dtype", args.weight_dtype,
+                     "--kv-cache-dtype", "f16", "--kv-cache-bytes",
+                     str(pool), "--max-batched-tokens", "512",
+                     "--concurrency", "1", "--client-gap", "0",
+                     "--trace", trace, "--json", sim_json])
+            if r.returncode != 0:
+                raise RuntimeError(f"simulate failed: {r.stderr[-400:]}")
+            sim = json.load(open(sim_json))
+            measured = {"prefill_s": float(m[2]),
+                        "decode_tokens_per_s": float(m[4]),
+                        "cpu_s": cpu}
+            # Every rank busy for the whole request (communication taken
+            # as busy too: an upper bound).
+            simulated = {"prefill_s": sim["ttft_s"]["p50"],
+                         "decode_tokens_per_s": 1 / sim["tpot_s"]["p50"],
+                         "cpu_s": cp * sim["e2e_s"]["p50"]}
+            # Cores the run had on average: CPU seconds over the request's
+            # wall time (CP C on C free cores would have close to C).
+            wall = measured["prefill_s"] + (generated - 1) / max(
+                measured["decode_tokens_per_s"], 1e-9)
+            row = {"cp": cp, "prompt_tokens": tokens, "load": load,
+                   "cores_used": cpu / wall,
+                   "measured": measured, "simulated": simulated,
+                   "cp_bytes_per_rank": sim["cp_bytes_per_rank"],
+                   "calibration": cal, "cp_link_alpha": alpha,
+                   "error": {k: simulated[k] / measured[k] - 1
+                             for k in measured}}
+            print(f"cp {cp}, {tokens} tokens (load {load:.1f}, "
+                  f"{row['cores_used']:.2f} cores used): prefill "
+                  f"{measured['prefill_s']:.2f} s measured, "
+                  f"{simulated['prefill_s']:.2f} s simulated "
+                  f"({100 * row['error']['prefill_s']:+.0f}%); decode "
+                  f"{measured['decode_tokens_per_s']:.1f} / "
+                  f"{simulated['decode_tokens_per_s']:.1f} tok/s "
+                  f"({100 * row['error']['decode_tokens_per_s']:+.0f}%); "
+                  f"CPU {measured['cpu_s']:.1f} / {simulated['cpu_s']:.1f} s "
+                  f"({100 * row['error']['cpu_s']:+.0f}%)", flush=True)
+            rows.append(row)
+    return rows
+
+
+def print_cp_table(rows: list, title: str) -> None:
+    """The errors, and CP C's prefill speed-up over CP 1 of the same
+    prompt, measured against simulated."""
+    print(f"\n{title}context parallel, simulated / measured - 1")
+    print(f"{'cp':>3} {'prompt':>7} {'prefill s (meas, sim)':>28} "
+          f"{'decode tok/s (meas, sim)':>28} {'CPU s (meas, sim)':>28} "
+          f"{'prefill speed-up':>17}")
+    for row in rows:
+        m, s, e = row["measured"], row["simulated"], row["error"]
+        base = [r for r in rows
+                if r["cp"] == 1 and r["prompt_tokens"] == row["prompt_tokens"]]
+        gain = ""
+        if base and row["cp"] > 1:
+            b = base[0]
+            gain = (f"{b['measured']['prefill_s'] / m['prefill_s']:.2f}x, "
+                    f"{b['simulated']['prefill_s'] / s['prefill_s']:.2f}x")
+        print(f"{row['cp']:>3} {row['prompt_tokens']:>7} "
+              f"{m['prefill_s']:>9.2f} {s['prefill_s']:>8.2f} "
+              f"{100 * e['prefill_s']:+7.0f}% "
+              f"{m['decode_tokens_per_s']:>9.1f} "
+              f"{s['decode_tokens_per_s']:>8.1f} "
+              f"{100 * e['decode_tokens_per_s']:+7.0f}% "
+              f"{m['cpu_s']:>9.1f} {s['cpu_s']:>8.1f} "
+              f"{100 * e['cpu_s']:+7.0f}% {gain:>17}")
+
+
+def median_cp_rows(rows: list) -> list:
+    """Per CP degree and prompt, the median over rounds of each figure and
+    error."""
+    out = []
+    keys = []
+    for r in rows:
+        if (r["cp"], r["prompt_tokens"]) not in keys:
+            keys.append((r["cp"], r["prompt_tokens"]))
+    for cp, tokens in keys:
+        group = [r for r in rows
+                 if r["cp"] == cp and r["prompt_tokens"] == tokens]
+        row = {"cp": cp, "prompt_tokens": tokens}
+        for part in ("measured", "simulated", "error"):
+            row[part] = {k: statistics.median(g[part][k] for g in group)
+                         for k in group[0][part]}
+        row["range"] = {k: (min(g["error"][k] for g in group),
+                            max(g["error"][k] for g in group))
+                        for k in group[0]["error"]}
+        out.append(row)
+    return out
 
 
 def prompt_tokens(http_port: int, texts: list[str]) -> list[int]:
@@ -377,6 +560,13 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1,
                     help="calibrate, measure and simulate this many times "
                     "(this VM drifts between runs: the median is reported)")
+    ap.add_argument("--cp-paragraphs", default="",
+                    help="context parallel: prompts of these many "
+                    "paragraphs (27: ~1K tokens, 80: ~3K) through "
+                    "generate --cp (empty: none)")
+    ap.add_argument("--cp", default="1,2", help="CP degrees to run")
+    ap.add_argument("--cp-tokens", type=int, default=32,
+                    help="tokens generated after each CP prompt")
     ap.add_argument("--json")
     args = ap.parse_args()
     shape = model_shape(args.shardlm, args.model)
@@ -393,8 +583,18 @@ def main() -> int:
 
     rows = []
     calibrations = []
+    cp_runs = []
     for rnd in range(args.rounds):
-        for layout in args.layouts.split(","):
+        if args.cp_paragraphs:
+            try:
+                more = cp_rows(args, shape, work)
+            except RuntimeError as e:
+                print(e)
+                return 1
+            for row in more:
+                row["round"] = rnd
+                cp_runs.append(row)
+        for layout in filter(None, args.layouts.split(",")):
             first = len(rows)
             if validate_layout(args, shape, layout, texts, prompts_file, work,
                                rows, calibrations):
@@ -403,15 +603,23 @@ def main() -> int:
                 row["round"] = rnd
             calibrations[-1]["round"] = rnd
 
-    for rnd in range(args.rounds):
+    for rnd in range(args.rounds if rows else 0):
         print_table([r for r in rows if r["round"] == rnd],
                     f"round {rnd + 1} of {args.rounds}: ")
-    if args.rounds > 1:
+    if rows and args.rounds > 1:
         print_table(median_rows(rows), f"median over {args.rounds} rounds: ")
+    for rnd in range(args.rounds if cp_runs else 0):
+        print_cp_table([r for r in cp_runs if r["round"] == rnd],
+                       f"round {rnd + 1} of {args.rounds}: ")
+    if cp_runs and args.rounds > 1:
+        print_cp_table(median_cp_rows(cp_runs),
+                       f"median over {args.rounds} rounds: ")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"calibration": calibrations, "runs": rows,
-                       "median": median_rows(rows)}, f, indent=1)
+                       "median": median_rows(rows) if rows else [],
+                       "cp_runs": cp_runs,
+                       "cp_median": median_cp_rows(cp_runs)}, f, indent=1)
     return 0
 
 

@@ -38,8 +38,11 @@ namespace {
 struct SimulateFlags {
   std::string model_config;
   int64_t tp = 1, pp = 1, replicas = 1;
-  int64_t cp = 1;  // Context parallel (modelled only; issue #35).
+  int64_t cp = 1;  // Context parallel (issue #35).
   std::string cp_link;
+  double cp_link_alpha = -1;  // Calibration: replaces the CP link's alpha.
+  std::string cp_exchange_dtype = "f32";
+  bool cp_scatter_outputs = false;
   std::string gpu = "h100";
   // Calibrated rates that replace the profile's (efficiency 1).
   double memory_bandwidth = 0, peak_flops = 0, step_overhead = -1;
@@ -174,6 +177,12 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
                                    : device.name == "a100" ? "pcie4"
                                                            : "pcie5"));
   if (f.tp_link_alpha >= 0) layout.tp_link.alpha_seconds = f.tp_link_alpha;
+  if (f.cp_link_alpha >= 0) layout.cp_link.alpha_seconds = f.cp_link_alpha;
+  if (f.cp_exchange_dtype != "f32" && f.cp_exchange_dtype != "bf16") {
+    return fail("--cp-exchange-dtype must be f32 or bf16");
+  }
+  layout.cp_activation_bytes = f.cp_exchange_dtype == "bf16" ? 2 : 4;
+  layout.cp_scatter_outputs = f.cp_scatter_outputs;
   Planned p;
   p.cost = std::make_unique<RooflineCostModel>(config, device, layout);
   // Every rank holds the same number of blocks: the fewest any stage's
@@ -283,7 +292,7 @@ void PrintLayout(const char* what, const ModelConfig& config,
       "%s: %s on %s, tp %d x pp %d x cp %d x %d replicas = %d devices; "
       "%.2f GB of weights and %.2f GB of step buffers per rank (stage 0), "
       "%lld KV blocks of %d tokens per replica (%lld tokens) + %lld host "
-      "blocks; links tp %s, pp %s, host %s; %d steps in flight\n",
+      "blocks; links tp %s, pp %s, host %s%s; %d steps in flight\n",
       what,
       config.name.empty() ? config.architecture.c_str() : config.name.c_str(),
       device.name.c_str(), l.tp, l.pp, l.cp, p.options.replicas,
@@ -293,6 +302,7 @@ void PrintLayout(const char* what, const ModelConfig& config,
       static_cast<long long>(p.options.device_blocks * p.options.block_size),
       static_cast<long long>(p.options.host_blocks), l.tp_link.name.c_str(),
       l.pp_link.name.c_str(), l.host_link.name.c_str(),
+      l.cp > 1 ? absl::StrCat(", cp ", l.cp_link.name).c_str() : "",
       p.options.max_steps_in_flight);
 }
 
@@ -305,14 +315,23 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("model-config", &f.model_config, "model preset or config");
   flags.Add("tp", &f.tp, "tensor-parallel degree");
   flags.Add("pp", &f.pp, "pipeline-parallel degree");
-  flags.Add(
-      "cp", &f.cp,
-      "context-parallel degree, modelled only (shardlm does not run "
-      "it yet): each sequence's KV split by block over cp ranks that "
-      "hold the same weights, queries all-gathered (docs/long-context.md)");
+  flags.Add("cp", &f.cp,
+            "context-parallel degree, as the CPU path runs it: each sequence's "
+            "KV split by block over cp ranks that hold the same weights, a "
+            "step's tokens split into cp slices for the projections and MLP, "
+            "Q/K/V and the partial attention outputs all-gathered "
+            "(docs/long-context.md)");
   flags.Add("cp-link", &f.cp_link,
             "link profile between CP ranks (default: the TP link within a "
             "node, ib-400g across nodes)");
+  flags.Add("cp-link-alpha", &f.cp_link_alpha,
+            "seconds per CP message, replacing the link's (calibration)");
+  flags.Add("cp-exchange-dtype", &f.cp_exchange_dtype,
+            "f32 (what the CPU path sends) or bf16 (not built): the dtype "
+            "of CP's Q/K/V, attention outputs and logit rows");
+  flags.Add("cp-scatter-outputs", &f.cp_scatter_outputs,
+            "not built, to compare: each CP rank sends each peer only that "
+            "peer's slice of its partial attention outputs, not all rows");
   flags.Add("replicas", &f.replicas, "engine replicas behind the router");
   flags.Add("gpu", &f.gpu,
             "device profile: " + absl::StrJoin(DeviceProfileNames(), ", "));

@@ -283,51 +283,130 @@ double RooflineCostModel::MatvecSeconds(double weight_flops,
   return seconds;
 }
 
+namespace {
+
+// Positions of [0, x) whose block (position / block) sits on CP rank r of
+// cp, blocks dealt round robin.
+double KeysBelowOnRank(int64_t x, int64_t block, int64_t cp, int64_t r) {
+  const int64_t cycle = block * cp;
+  return static_cast<double>(
+      (x / cycle) * block +
+      std::clamp<int64_t>(x % cycle - r * block, 0, block));
+}
+
+}  // namespace
+
+RooflineCostModel::CpLayerBuffers RooflineCostModel::CpLayerBytes(
+    int64_t n) const {
+  const int64_t cp = layout_.cp;
+  if (cp <= 1 || n <= 0) return {};
+  const double hd = static_cast<double>(config_.head_dim);
+  const double heads = static_cast<double>(heads_per_rank_);
+  const double kv_heads = static_cast<double>(kv_heads_per_rank_);
+  const double v = layout_.cp_activation_bytes;
+  CpLayerBuffers b;
+  if (n >= cp) {
+    const double rows = static_cast<double>((n + cp - 1) / cp);
+    b.qkv = rows * (heads + 2 * kv_heads) * hd * v;
+  }
+  const double out_rows = layout_.cp_scatter_outputs && n >= cp
+                              ? static_cast<double>((n + cp - 1) / cp)
+                              : static_cast<double>(n);
+  b.lse = out_rows * heads * 4;
+  b.output = out_rows * heads * hd * v + b.lse;
+  return b;
+}
+
+CpBytes RooflineCostModel::StepCpBytes(const StepInput& step) const {
+  const int64_t cp = layout_.cp;
+  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  if (cp <= 1 || n == 0) return {};
+  const CpLayerBuffers b = CpLayerBytes(n);
+  const double peers = static_cast<double>(cp - 1);
+  CpBytes out;
+  out.all_gather =
+      peers * static_cast<double>(config_.n_layers) * (b.qkv + b.output);
+  if (n >= cp) {  // The logit rows, summed over the group.
+    out.all_reduce = peers * static_cast<double>(step.logit_rows.size()) *
+                     static_cast<double>(config_.hidden) *
+                     layout_.cp_activation_bytes;
+  }
+  return out;
+}
+
 std::vector<double> RooflineCostModel::StageSeconds(
     const StepInput& step) const {
   const ModelConfig& c = config_;
-  const double n = static_cast<double>(step.tokens.size());
+  const int64_t n_tokens = static_cast<int64_t>(step.tokens.size());
+  const double n = static_cast<double>(n_tokens);
   const double rows = static_cast<double>(step.logit_rows.size());
-  // Per sequence: the KV it reads (its whole visible context, once) and
-  // the query-key pairs its new tokens attend to, averaged over the layers
-  // (a window may apply to some layers only, as in Qwen2).
+  const int64_t cp = std::max(1, layout_.cp);
+  // Per CP rank and sequence: the KV it reads (its whole visible context
+  // on that rank's blocks, once) and the query-key pairs its new tokens
+  // attend to there, averaged over the layers (a window may apply to some
+  // layers only, as in Qwen2). Without CP, rank 0 holds every block.
   int64_t windowed = 0;
   for (int64_t l = 0; l < c.n_layers; ++l) windowed += c.LayerWindow(l) > 0;
   const double windowed_share =
       c.n_layers > 0 ? static_cast<double>(windowed) / c.n_layers : 0.0;
   const size_t seqs = step.seq_ids.size();
-  std::vector<double> context(seqs, 0);
-  double pairs = 0;
+  std::vector<double> context(seqs * cp, 0), pairs(cp, 0);
+  const int64_t block = std::max<int32_t>(1, layout_.block_size);
   for (size_t t = 0; t < step.tokens.size(); ++t) {
     const int64_t full = step.positions[t] + 1;
     const int64_t window =
         c.sliding_window > 0 ? std::min(full, c.sliding_window) : full;
-    const double visible = windowed_share * static_cast<double>(window) +
-                           (1 - windowed_share) * static_cast<double>(full);
-    pairs += visible;
-    double& ctx = context[step.token_seq[t]];
-    ctx = std::max(ctx, visible);
+    for (int64_t r = 0; r < cp; ++r) {
+      const double all = cp == 1 ? static_cast<double>(full)
+                                 : KeysBelowOnRank(full, block, cp, r);
+      const double in_window =
+          cp == 1 ? static_cast<double>(window)
+                  : all - KeysBelowOnRank(full - window, block, cp, r);
+      const double visible =
+          windowed_share * in_window + (1 - windowed_share) * all;
+      pairs[r] += visible;
+      double& ctx = context[step.token_seq[t] * cp + r];
+      ctx = std::max(ctx, visible);
+    }
   }
-  double kv_tokens = 0;
-  for (double ctx : context) kv_tokens += ctx;
+  std::vector<double> kv_tokens(cp, 0);
+  for (size_t q = 0; q < seqs; ++q) {
+    for (int64_t r = 0; r < cp; ++r) kv_tokens[r] += context[q * cp + r];
+  }
 
   const double hd = static_cast<double>(c.head_dim);
-  // Context parallel: the slowest CP rank's share of the tokens, rows and
-  // the KV (the whole step's queries attend to its KV).
-  const double cp = std::max(1, layout_.cp);
-  const double n_rank = std::ceil(n / cp);
-  const double rows_rank = std::ceil(rows / cp);
+  // Context parallel: a step of at least cp tokens is cut into cp slices
+  // (sequence parallel), the longest ceil(n / cp); a shorter one runs whole
+  // on every rank. Every rank computes the LM head of all logit rows.
+  const bool seq_parallel = cp > 1 && n_tokens >= cp;
+  const double n_rank =
+      seq_parallel ? static_cast<double>((n_tokens + cp - 1) / cp) : n;
   const double activations =
       n_rank * static_cast<double>(c.hidden) * layout_.activation_bytes;
-  const auto ring_all_gather = [&](double bytes) {
-    if (cp <= 1) return 0.0;
-    return (cp - 1) * (layout_.cp_link.alpha_seconds +
-                       bytes / (cp * layout_.cp_link.bandwidth));
+  // Ring all-gather of one rank's buffer: cp - 1 hops.
+  const auto cp_all_gather = [&](double buffer) {
+    return static_cast<double>(cp - 1) *
+           (layout_.cp_link.alpha_seconds + buffer / layout_.cp_link.bandwidth);
   };
-  const double cp_exchange =
-      ring_all_gather(n * static_cast<double>(heads_per_rank_) * hd *
-                      layout_.activation_bytes) +
-      ring_all_gather(n * static_cast<double>(heads_per_rank_) * (hd + 1) * 4);
+  double cp_layer = 0;
+  if (cp > 1) {
+    const CpLayerBuffers b = CpLayerBytes(n_tokens);
+    const double heads = static_cast<double>(heads_per_rank_);
+    const double kv_heads = static_cast<double>(kv_heads_per_rank_);
+    if (seq_parallel) {  // Q, K, V: three calls.
+      cp_layer += cp_all_gather(b.qkv * heads / (heads + 2 * kv_heads)) +
+                  2 * cp_all_gather(b.qkv * kv_heads / (heads + 2 * kv_heads));
+    }
+    // The output, then the lse.
+    cp_layer += cp_all_gather(b.output - b.lse) + cp_all_gather(b.lse);
+  }
+  // The logit rows summed over the CP group (the MPI, Gloo and in-process
+  // all-reduces gather every rank's buffer).
+  const double cp_logits =
+      seq_parallel && rows > 0
+          ? cp_all_gather(rows * static_cast<double>(c.hidden) *
+                          layout_.cp_activation_bytes)
+          : 0.0;
   const auto ring_all_reduce = [&](double bytes) {
     const double p = layout_.tp;
     if (layout_.tp <= 1) return 0.0;
@@ -356,39 +435,48 @@ std::vector<double> RooflineCostModel::StageSeconds(
     double expert_reads = 0, expert_flops_params = 0;
     if (c.is_moe()) {
       const double share = static_cast<double>(experts_per_rank_) / c.n_experts;
-      expert_reads = share *
-                     ExpectedDistinctExperts(n, c.n_experts, c.n_experts_used) *
-                     expert_params_per_rank_;
+      expert_reads =
+          share *
+          ExpectedDistinctExperts(n_rank, c.n_experts, c.n_experts_used) *
+          expert_params_per_rank_;
       expert_flops_params = share * c.n_experts_used * expert_params_per_rank_;
     }
-    double bytes = layers * (layer_params_per_rank_ + expert_reads) *
-                       layout_.weight_bytes_per_param +
-                   kv_tokens * KvBytesPerToken(s) / cp;
-    // The weights' FLOPs and attention's (query-key pairs).
+    // The weights' FLOPs (this rank's tokens; the head's rows on all).
     double weight_flops =
         2 * n_rank * layers * (layer_params_per_rank_ + expert_flops_params);
-    const double attention_flops =
-        layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs / cp;
+    double weight_bytes = layers * (layer_params_per_rank_ + expert_reads) *
+                          layout_.weight_bytes_per_param;
     if (last) {
-      bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
-      weight_flops += 2 * rows_rank * lm_head_params_per_rank_;
+      weight_bytes += lm_head_params_per_rank_ * layout_.weight_bytes_per_param;
+      weight_flops += 2 * rows * lm_head_params_per_rank_;
     }
-    const double flops = weight_flops + attention_flops;
-    double compute = flops / (device_.peak_flops * device_.flops_efficiency);
-    if (device_.matvec_max_tokens > 0 && n_rank <= device_.matvec_max_tokens) {
-      compute = MatvecSeconds(weight_flops, attention_flops,
-                              static_cast<int64_t>(n_rank));
-    } else if (device_.dequantize_rate > 0) {
-      compute += (layers * (layer_params_per_rank_ + expert_reads) +
-                  (last ? lm_head_params_per_rank_ : 0)) /
-                 device_.dequantize_rate;
+    // The slowest CP rank: the most query-key pairs and KV on its blocks.
+    double roofline = 0;
+    for (int64_t r = 0; r < cp; ++r) {
+      const double bytes = weight_bytes + kv_tokens[r] * KvBytesPerToken(s);
+      const double attention_flops =
+          layers * 4 * hd * static_cast<double>(heads_per_rank_) * pairs[r];
+      double compute = (weight_flops + attention_flops) /
+                       (device_.peak_flops * device_.flops_efficiency);
+      if (device_.matvec_max_tokens > 0 &&
+          n_rank <= device_.matvec_max_tokens) {
+        compute = MatvecSeconds(weight_flops, attention_flops,
+                                static_cast<int64_t>(n_rank));
+      } else if (device_.dequantize_rate > 0) {
+        compute += (layers * (layer_params_per_rank_ + expert_reads) +
+                    (last ? lm_head_params_per_rank_ : 0)) /
+                   device_.dequantize_rate;
+      }
+      roofline =
+          std::max(roofline, std::max(bytes / (device_.memory_bandwidth *
+                                               device_.bandwidth_efficiency),
+                                      compute));
     }
-    double t = std::max(
-        bytes / (device_.memory_bandwidth * device_.bandwidth_efficiency),
-        compute);
+    double t = roofline;
     t += layers * device_.kernels_per_layer * device_.kernel_launch_seconds;
     t += layers * 2 * ring_all_reduce(activations);
-    t += layers * cp_exchange;
+    t += layers * cp_layer;
+    if (last) t += cp_logits;
     if (s > 0) {
       t += layout_.pp_link.alpha_seconds +
            activations / layout_.pp_link.bandwidth;

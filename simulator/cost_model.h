@@ -89,12 +89,25 @@ std::vector<std::string> ModelPresetNames();
 // reads only these experts' weights.
 double ExpectedDistinctExperts(double tokens, int64_t experts, int64_t top_k);
 
+// What one CP rank sends to its CP peers for one step, summed over the
+// pipeline stages (each stage's CP group sends for its own layers), counted
+// as collectives/communicator.h's CommBytes counts it: an all-gather or an
+// all-reduce of a rank's buffer as (cp - 1) x the buffer (each peer gets
+// it once; a ring's links carry the same). Zero without CP.
+struct CpBytes {
+  double all_gather = 0;  // Q/K/V slices, attention outputs and lses.
+  double all_reduce = 0;  // The last stage's logit rows.
+  double total() const { return all_gather + all_reduce; }
+};
+
 class CostModel {
  public:
   virtual ~CostModel() = default;
   // Seconds each of the `pp` stages spends on `step` (stage s starts once
   // stage s - 1 has handed it the activations).
   virtual std::vector<double> StageSeconds(const StepInput& step) const = 0;
+  // Context parallel's traffic for `step` (none unless overridden).
+  virtual CpBytes StepCpBytes(const StepInput& /*step*/) const { return {}; }
 };
 
 // A fixed cost per step and per token, the same for every stage.
@@ -112,20 +125,30 @@ class FixedCostModel : public CostModel {
 struct Layout {
   int tp = 1;
   int pp = 1;
-  // Context parallel (issue #35, not built in the product yet): each TP x
-  // PP rank becomes cp ranks, which hold the same weights and split every
-  // sequence's KV by block (round robin), each computing the projections
-  // and MLP of the tokens whose blocks it holds (sequence parallel) and the
-  // attention of all the step's queries against its KV ("pass-Q": the
-  // queries are all-gathered and the partial outputs with their
-  // log-sum-exp sent back to the queries' ranks over cp_link).
+  // Context parallel (issue #35; docs/design-notes.md section 3): each
+  // TP x PP rank becomes cp ranks, which hold the same weights and split
+  // every sequence's KV by block (block j of a sequence on CP rank j mod
+  // cp). A step of n >= cp tokens is cut into cp contiguous slices, each
+  // rank running ceil(n / cp) or fewer through the projections and MLP
+  // (sequence parallel); the slices' Q, K and V are all-gathered, every rank
+  // attends all n queries over its own blocks, and the partial outputs with
+  // their log-sum-exps are all-gathered and merged. A step of fewer than cp
+  // tokens runs whole on every rank (attention still split by block).
   int cp = 1;
   double weight_bytes_per_param = 2;  // bf16; 1.0625 for Q8_0, 0.5625 Q4_0.
   double kv_bytes_per_value = 2;      // The KV cache's dtype.
   double activation_bytes = 2;        // What TP and PP links carry.
-  int32_t block_size = 16;            // Tokens per KV block.
+  // What CP's exchanges carry per value of Q/K/V, attention outputs and
+  // logit rows: the CPU path sends f32 (lses are f32 in any case).
+  double cp_activation_bytes = 4;
+  // Not built (a design option to compare): under sequence parallel, each
+  // rank sends each peer only the rows of that peer's slice of its partial
+  // outputs and lses (a reduce-scatter-style exchange: ceil(n / cp) rows
+  // instead of all n).
+  bool cp_scatter_outputs = false;
+  int32_t block_size = 16;  // Tokens per KV block.
   // TP all-reduces, PP sends, KV block copies between the device and the
-  // host tier, and CP's query and partial-output exchanges.
+  // host tier, and CP's all-gathers.
   LinkProfile tp_link, pp_link, host_link, cp_link;
 };
 
@@ -137,14 +160,31 @@ struct Layout {
 // step's KV block copies over the host link, and the host's per-step
 // overhead on the last stage. A step of copies alone costs its copies.
 // With cp > 1, the slowest CP rank: ceil(n / cp) of the step's n tokens
-// (and logit rows), 1 / cp of the KV read and of the attention's
-// query-key pairs, the whole weights, and per layer two ring all-gathers
-// over the CP link: the step's queries, then the partial outputs and
-// their log-sum-exp in f32.
+// through the weights when n >= cp (all n otherwise), the LM head of all
+// the step's logit rows (every rank computes them), the query-key pairs
+// and KV reads of its own blocks, the whole weights read (and, on the CPU
+// profile's tiled path, dequantized), and per layer the all-gathers of
+// CpLayerBytes over the CP link (ring: cp - 1 hops of alpha + one rank's
+// buffer / bandwidth), with one all-reduce of the logit rows per step.
 class RooflineCostModel : public CostModel {
  public:
   RooflineCostModel(ModelConfig config, DeviceProfile device, Layout layout);
   std::vector<double> StageSeconds(const StepInput& step) const override;
+  CpBytes StepCpBytes(const StepInput& step) const override;
+
+  // What one CP rank sends each of its cp - 1 peers per layer for a step of
+  // n tokens (0 without CP): its slice's Q, K and V, ceil(n / cp) rows of
+  // (heads + 2 kv_heads) x head_dim values when n >= cp (0 otherwise: every
+  // rank has all n), and its attention output and lse of all n queries, n x
+  // heads x head_dim values and n x heads f32 (ceil(n / cp) rows with
+  // cp_scatter_outputs under sequence parallel); heads and KV heads those
+  // of its TP rank, values of cp_activation_bytes.
+  struct CpLayerBuffers {
+    double qkv = 0;     // Three all-gathers (Q, K, V).
+    double output = 0;  // Two all-gathers (output, lse): their sum.
+    double lse = 0;     // Of which the lses.
+  };
+  CpLayerBuffers CpLayerBytes(int64_t n) const;
 
   // Weight bytes one TP rank of stage `stage` holds.
   double StageWeightBytes(int stage) const;

@@ -291,6 +291,7 @@ class Simulation {
   int64_t itl_seen_ = 0;
   double now_ = 0;
   double planner_wall_ = 0;
+  CpBytes cp_bytes_;  // Summed over the steps of every replica.
   std::priority_queue<Entry, std::vector<Entry>, std::greater<Entry>> events_;
   std::vector<PlannerEvent> done_events_;
   // Closed loop: each client sends its next request when the last ends,
@@ -481,6 +482,9 @@ void Simulation::Route(size_t index) {
 
 double Simulation::Schedule(Replica& rep, const StepPlan& plan, double ready) {
   const std::vector<double> stage = cost_.StageSeconds(plan.step);
+  const CpBytes cp = cost_.StepCpBytes(plan.step);
+  cp_bytes_.all_gather += cp.all_gather;
+  cp_bytes_.all_reduce += cp.all_reduce;
   for (double x : stage) {
     if (!std::isfinite(x) || x < 0) {
       bad_cost_ = absl::InternalError(
@@ -609,6 +613,7 @@ SimReport Simulation::Finish(double wall_seconds) {
     }
   }
   report.planner_wall_seconds = planner_wall_;
+  report.cp_bytes = cp_bytes_;
   report.wall_seconds = wall_seconds;
   return report;
 }
@@ -689,6 +694,14 @@ std::string FormatReport(const SimReport& r) {
                                   100 * r.slo_attainment, r.goodput)
                 : std::string("SLOs: none set (--slo-ttft, --slo-tpot)"),
       r.steps > 0 ? 1e6 * r.planner_wall_seconds / r.steps : 0, r.wall_seconds);
+  if (r.cp_bytes.total() > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "context parallel: each CP rank sent %.1f MB (all-gathers %.1f MB, "
+        "all-reduces %.1f MB; summed over stages and replicas)\n",
+        r.cp_bytes.total() / 1e6, r.cp_bytes.all_gather / 1e6,
+        r.cp_bytes.all_reduce / 1e6);
+  }
   return out;
 }
 
@@ -711,7 +724,9 @@ std::string ReportJson(const SimReport& r) {
       "\"device_kv_mean\": %.6g, \"device_kv_peak\": %.6g, "
       "\"host_kv_mean\": %.6g, \"host_kv_peak\": %.6g, "
       "\"slo_attainment\": %.6g, \"goodput_rps\": %.6g, "
-      "\"planner_wall_s\": %.6g, \"leaked_blocks\": %d, \"wall_s\": %.6g}",
+      "\"planner_wall_s\": %.6g, \"leaked_blocks\": %d, \"wall_s\": %.6g, "
+      "\"cp_bytes_per_rank\": {\"all_gather\": %.17g, \"all_reduce\": "
+      "%.17g}}",
       r.requests, r.finished, refused, r.duration, r.request_rate(),
       r.output_token_rate(), r.prompt_tokens, r.output_tokens,
       PercentilesJson(r.ttft), PercentilesJson(r.tpot), PercentilesJson(r.itl),
@@ -719,7 +734,8 @@ std::string ReportJson(const SimReport& r) {
       r.stage_utilization, r.max_running, r.preempted_swap,
       r.preempted_recompute, r.prefix_hit_tokens, r.device_kv_mean,
       r.device_kv_peak, r.host_kv_mean, r.host_kv_peak, r.slo_attainment,
-      r.goodput, r.planner_wall_seconds, r.leaked_blocks, r.wall_seconds);
+      r.goodput, r.planner_wall_seconds, r.leaked_blocks, r.wall_seconds,
+      r.cp_bytes.all_gather, r.cp_bytes.all_reduce);
 }
 
 }  // namespace shardlm

@@ -129,6 +129,10 @@ struct SimReport {
   // The planner's own cost on this machine.
   double planner_wall_seconds = 0;
   int64_t leaked_blocks = 0;  // Held once every request ended: must be 0.
+  // Context parallel: what one CP rank sent to its peers (CpBytes: each
+  // peer's copy counted), summed over the pipeline stages, the steps and
+  // the replicas; at PP 1 with one replica, what each CP rank sends.
+  CpBytes cp_bytes;
   double wall_seconds = 0;
 
   double request_rate() const { return duration > 0 ? finished / duration : 0; }

@@ -4,6 +4,7 @@
 // is refused with a reason and no KV block leaks.
 #include "simulator/simulation.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <utility>
@@ -200,8 +201,103 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   EXPECT_NEAR(st[1], 227328e-9 + 2e-6 + 128e-9, 1e-15);
 }
 
-// Context parallel (pass-Q) by hand: CP = 2 on the decode step above and a
-// prefill chunk.
+// Context parallel as built (docs/design-notes.md section 3): the
+// buffers each CP rank sends per layer, by the design notes' formula.
+TEST(SimulateTest, ContextParallelBytesFollowTheDesignNotes) {
+  const ModelConfig c = ToyConfig();  // 2 layers, 4 heads, 2 KV heads of 16.
+  const DeviceProfile d{.name = "toy",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e9,
+                        .peak_flops = 1e9};
+  const auto step = [](int n, int logit_rows) {
+    StepInput s;
+    for (int i = 0; i < n; ++i) {
+      s.tokens.push_back(1);
+      s.positions.push_back(i);
+      s.token_seq.push_back(0);
+    }
+    s.seq_ids = {0};
+    for (int i = 0; i < logit_rows; ++i) s.logit_rows.push_back(n - 1 - i);
+    return s;
+  };
+  // CP 2, a chunk of 1024: each rank's slice of 512 rows of Q, K and V,
+  // (4 + 2 x 2) x 16 f32 values each (262,144 bytes), and the output with
+  // its lse of all 1024 queries, 4 x (16 + 1) f32 each (278,528 bytes), to
+  // its 1 peer, in each of 2 layers; the one logit row's 64 f32 summed.
+  RooflineCostModel cp2(c, d, {.tp = 1, .pp = 1, .cp = 2});
+  EXPECT_DOUBLE_EQ(cp2.CpLayerBytes(1024).qkv, 512.0 * 8 * 16 * 4);
+  EXPECT_DOUBLE_EQ(cp2.CpLayerBytes(1024).output, 1024.0 * 4 * 17 * 4);
+  CpBytes b = cp2.StepCpBytes(step(1024, 1));
+  EXPECT_DOUBLE_EQ(b.all_gather, 1 * 2 * (262144.0 + 278528.0));
+  EXPECT_DOUBLE_EQ(b.all_reduce, 1 * 1 * 64 * 4.0);
+  // CP 4, 1025 tokens: slices of 256 or 257 rows, each sent padded to 257,
+  // to 3 peers; three logit rows (a batch's) summed.
+  RooflineCostModel cp4(c, d, {.tp = 1, .pp = 1, .cp = 4});
+  EXPECT_DOUBLE_EQ(cp4.CpLayerBytes(1025).qkv, 257.0 * 8 * 16 * 4);
+  b = cp4.StepCpBytes(step(1025, 3));
+  EXPECT_DOUBLE_EQ(b.all_gather,
+                   3 * 2 * (257.0 * 8 * 16 * 4 + 1025.0 * 4 * 17 * 4));
+  EXPECT_DOUBLE_EQ(b.all_reduce, 3 * 3 * 64 * 4.0);
+  // Fewer tokens than ranks: no slices (every rank runs all of them), only
+  // the outputs and lses; no logit rows to sum.
+  EXPECT_DOUBLE_EQ(cp4.CpLayerBytes(3).qkv, 0);
+  b = cp4.StepCpBytes(step(3, 3));
+  EXPECT_DOUBLE_EQ(b.all_gather, 3 * 2 * (3.0 * 4 * 17 * 4));
+  EXPECT_DOUBLE_EQ(b.all_reduce, 0);
+  // TP 2 x CP 2: each rank sends its TP rank's heads (2 and 1 KV head).
+  RooflineCostModel tp2cp2(c, d, {.tp = 2, .pp = 1, .cp = 2});
+  EXPECT_DOUBLE_EQ(tp2cp2.CpLayerBytes(10).qkv, 5.0 * 4 * 16 * 4);
+  EXPECT_DOUBLE_EQ(tp2cp2.CpLayerBytes(10).output, 10.0 * 2 * 17 * 4);
+  // Not built, to compare: bf16 exchanges (lses stay f32), and outputs
+  // scattered (each peer gets its slice's 512 rows; a decode's single row
+  // still goes to every rank).
+  Layout bf16{.tp = 1, .pp = 1, .cp = 2};
+  bf16.cp_activation_bytes = 2;
+  RooflineCostModel half(c, d, bf16);
+  EXPECT_DOUBLE_EQ(half.CpLayerBytes(1024).qkv, 512.0 * 8 * 16 * 2);
+  EXPECT_DOUBLE_EQ(half.CpLayerBytes(1024).output, 1024.0 * 4 * (32 + 4));
+  Layout scatter{.tp = 1, .pp = 1, .cp = 2};
+  scatter.cp_scatter_outputs = true;
+  RooflineCostModel scattered(c, d, scatter);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1024).output, 512.0 * 4 * 17 * 4);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1024).lse, 512.0 * 4 * 4);
+  EXPECT_DOUBLE_EQ(scattered.CpLayerBytes(1).output, 1.0 * 4 * 17 * 4);
+  // No CP: nothing.
+  RooflineCostModel cp1(c, d, {.tp = 1, .pp = 1, .cp = 1});
+  EXPECT_DOUBLE_EQ(cp1.StepCpBytes(step(1024, 1)).total(), 0);
+}
+
+// CP 1 is the model without CP, whatever the CP link.
+TEST(SimulateTest, ContextParallelOneIsNoContextParallel) {
+  const ModelConfig c = ToyConfig();
+  const DeviceProfile d{.name = "toy",
+                        .memory_bytes = 1e9,
+                        .memory_bandwidth = 1e9,
+                        .peak_flops = 1e9,
+                        .bandwidth_efficiency = 1,
+                        .flops_efficiency = 1};
+  RooflineCostModel plain(c, d, {.tp = 2, .pp = 2});
+  RooflineCostModel cp1(c, d,
+                        {.tp = 2,
+                         .pp = 2,
+                         .cp = 1,
+                         .cp_link = {.alpha_seconds = 1, .bandwidth = 1}});
+  for (int n : {1, 3, 700}) {
+    StepInput s;
+    for (int i = 0; i < n; ++i) {
+      s.tokens.push_back(1);
+      s.positions.push_back(40 + i);
+      s.token_seq.push_back(0);
+    }
+    s.seq_ids = {0};
+    s.logit_rows = {n - 1};
+    EXPECT_EQ(cp1.StageSeconds(s), plain.StageSeconds(s)) << n;
+    EXPECT_DOUBLE_EQ(cp1.StepCpBytes(s).total(), 0);
+  }
+}
+
+// Context parallel's time by hand: a decode step (one token, fewer than
+// CP: replicated) and a prefill chunk (sequence parallel).
 TEST(SimulateTest, ContextParallelAddsUpByHand) {
   const ModelConfig c = ToyConfig();
   const DeviceProfile d{.name = "toy",
@@ -210,24 +306,25 @@ TEST(SimulateTest, ContextParallelAddsUpByHand) {
                         .peak_flops = 1e9,
                         .bandwidth_efficiency = 1,
                         .flops_efficiency = 1};
+  const LinkProfile link{.alpha_seconds = 1e-6, .bandwidth = 1e9};
+  RooflineCostModel cp2(c, d, {.tp = 1, .pp = 1, .cp = 2, .cp_link = link});
   StepInput decode;
   decode.tokens = {5};
   decode.positions = {99};
   decode.token_seq = {0};
   decode.seq_ids = {0};
   decode.logit_rows = {0};
-  const LinkProfile link{.alpha_seconds = 1e-6, .bandwidth = 1e9};
-  // The one token on one rank: its weights' 147,456 + 128,000 FLOPs, half
-  // the attention (25,600 of 51,200), over half the KV (12,800 of 25,600
-  // bytes): 301,056 FLOPs, compute-bound. Per layer, two all-gathers over
-  // 2 ranks: the 4 queries of 16 bf16 values (128 bytes) and the partial
-  // outputs with their log-sum-exp in f32 (4 x 17 x 4 = 272 bytes), each
-  // 1 us + bytes / (2 x 1 GB/s).
-  RooflineCostModel cp2(c, d, {.tp = 1, .pp = 1, .cp = 2, .cp_link = link});
+  // The token at position 99 sees 100 keys in blocks 0-6 of 16 (the last
+  // holding 4); rank 0 holds blocks 0, 2, 4, 6: 52 keys, rank 1 48. The
+  // slowest rank runs the whole token through the weights (147,456 FLOPs),
+  // the head (128,000) and 52 keys' attention (2 x 4 x 16 x 4 x 52 =
+  // 26,624): 302,080 FLOPs, more than its 275,456 + 52 x 256 bytes, so
+  // compute-bound. Per layer two all-gathers to its 1 peer: the output (4 x
+  // 16 f32 = 256 bytes) and the lse (16 bytes); no Q/K/V, no logit sum.
   EXPECT_NEAR(cp2.StageSeconds(decode)[0],
-              301056e-9 + 2 * ((1e-6 + 64e-9) + (1e-6 + 136e-9)), 1e-15);
-  // A chunk of 1024 prompt tokens: each rank computes half of them, so the
-  // compute-bound step takes about half as long, plus the exchanges.
+              302080e-9 + 2 * ((1e-6 + 256e-9) + (1e-6 + 16e-9)), 1e-15);
+  // A chunk of 1024 prompt tokens: each rank runs a slice of 512 through
+  // the weights, the head's one row, and all 1024 queries over its blocks.
   StepInput chunk;
   for (int i = 0; i < 1024; ++i) {
     chunk.tokens.push_back(1);
@@ -236,18 +333,24 @@ TEST(SimulateTest, ContextParallelAddsUpByHand) {
   }
   chunk.seq_ids = {0};
   chunk.logit_rows = {1023};
-  RooflineCostModel cp1(c, d, {.tp = 1, .pp = 1});
-  const double one = cp1.StageSeconds(chunk)[0];
+  // The slowest rank's query-key pairs, counted key by key.
+  double pairs[2] = {0, 0};
+  for (int q = 0; q < 1024; ++q) {
+    for (int k = 0; k <= q; ++k) pairs[(k / 16) % 2] += 1;
+  }
+  const double most = std::max(pairs[0], pairs[1]);
+  EXPECT_LT(most, 0.51 * 1024 * 1025 / 2);
+  const double flops =
+      2 * 512 * 2 * 36864.0 + 2 * 64000.0 + 2 * 4 * 16 * 4 * most;
+  // Per layer: Q (512 x 4 x 16 f32), K and V (512 x 2 x 16 f32 each), the
+  // output (1024 x 4 x 16 f32) and lse (1024 x 4 f32); per step the logit
+  // row (64 f32).
+  const double layer = (1e-6 + 131072e-9) + 2 * (1e-6 + 65536e-9) +
+                       (1e-6 + 262144e-9) + (1e-6 + 16384e-9);
   const double two = cp2.StageSeconds(chunk)[0];
-  // Weights: 2 x 512 x 2 x 36,864 FLOPs instead of 1024's; the head's one
-  // row and half the attention's pairs.
-  const double pairs = 1024.0 * 1025 / 2;
-  const double flops2 =
-      2 * 512 * 2 * 36864.0 + 2 * 4 * 16 * 4 * pairs / 2 + 2 * 64000.0;
-  const double exchange =
-      2 * ((1e-6 + 1024 * 128 / 2e9) + (1e-6 + 1024 * 272 / 2e9));
-  EXPECT_NEAR(two, flops2 * 1e-9 + exchange, 1e-12);
-  EXPECT_LT(two, 0.6 * one);
+  EXPECT_NEAR(two, flops * 1e-9 + 2 * layer + (1e-6 + 256e-9), 1e-12);
+  RooflineCostModel cp1(c, d, {.tp = 1, .pp = 1});
+  EXPECT_LT(two, 0.6 * cp1.StageSeconds(chunk)[0]);
 }
 
 // The expected distinct experts against exact enumeration: 4 experts, top

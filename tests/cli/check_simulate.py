@@ -4,7 +4,8 @@ errors that say what is wrong; a trace's requests all end (finished or
 refused with a reason) with no leaked KV block and the token counts the trace
 asks for; the SmolLM2 preset and the real GGUF give the same report (the
 preset is the file's config); more replicas under an overload cut queueing;
-and --sweep ranks layouts by devices.
+--sweep ranks layouts by devices; and --cp reports the bytes each CP rank
+sends, as docs/design-notes.md's formula gives them.
 
   check_simulate.py --shardlm BIN --gguf MODEL --workdir DIR
 """
@@ -127,6 +128,38 @@ def main() -> int:
               "every listed layout meets the SLOs")
         check("tp 1 x pp 1" in r.stdout and "do not fit" in r.stdout,
               "a layout whose weights do not fit says so")
+
+    # Context parallel: one 3,000-token prompt in chunks of 512 and 31
+    # decode steps. Per layer a CP 2 rank sends its slice's Q, K and V
+    # (ceil(n / 2) rows of (9 + 2 x 3) x 64 f32) when n >= 2, and the output
+    # and lse of all n queries (9 x 65 f32 each); the last chunk's logit row
+    # (576 f32) is summed. SmolLM2: 30 layers.
+    cp_reports = {}
+    for cp in ("1", "2"):
+        path = os.path.join(args.workdir, f"cp{cp}.json")
+        r = run(sim + ["--model-config", "smollm2-135m", "--gpu",
+                       "cpu-this-machine", "--cp", cp, "--concurrency", "1",
+                       "--requests", "1", "--prompt-len", "3000",
+                       "--output-len", "32", "--max-batched-tokens", "512",
+                       "--kv-cache-dtype", "f16", "--json", path])
+        check(r.returncode == 0, f"simulate --cp {cp} (exit {r.returncode}: "
+              f"{r.stderr.strip()[:200]})")
+        if r.returncode == 0:
+            cp_reports[cp] = json.load(open(path))
+    if len(cp_reports) == 2:
+        chunks = [512] * 5 + [440]
+        gather = sum(30 * (-(-n // 2) * 15 * 64 * 4 + n * 9 * 65 * 4)
+                     for n in chunks) + 31 * 30 * 9 * 65 * 4
+        got = cp_reports["2"]["cp_bytes_per_rank"]
+        check(got == {"all_gather": gather, "all_reduce": 576 * 4},
+              f"CP 2's bytes per rank: {got}, want all_gather {gather}, "
+              f"all_reduce {576 * 4}")
+        check(cp_reports["1"]["cp_bytes_per_rank"] ==
+              {"all_gather": 0, "all_reduce": 0}, "CP 1 sends nothing")
+        t1 = cp_reports["1"]["ttft_s"]["p50"]
+        t2 = cp_reports["2"]["ttft_s"]["p50"]
+        check(t2 < 0.7 * t1, f"CP 2 prefills faster ({t2:.2f} s against "
+              f"{t1:.2f} s)")
 
     if FAILURES:
         print(f"{len(FAILURES)} check(s) failed")
