@@ -1,7 +1,8 @@
 // The exact-result checks every host Communicator passes (fake, MPI,
 // Gloo): AllReduce sum and max, AllGather (also in place), Broadcast from
-// every root and a Send/Recv ring, at sizes 1, 7 and 4097. Every rank of
-// the group calls CheckExactResults at once.
+// every root and a Send/Recv ring, at sizes 1, 7 and 4097, and the bytes
+// each rank counts as sent for them (CommBytes). Every rank of the group
+// calls CheckExactResults at once.
 #ifndef SHARDLM_COLLECTIVES_COLLECTIVE_CHECKS_H_
 #define SHARDLM_COLLECTIVES_COLLECTIVE_CHECKS_H_
 
@@ -28,6 +29,8 @@ inline void Fill(Tensor& t, int rank) {
 inline void CheckExactResults(Communicator& c) {
   const int size = c.size(), r = c.rank();
   SCOPED_TRACE(c.name() + " rank " + std::to_string(r));
+  const CommBytes before = c.bytes_sent();
+  CommBytes want = before;
   for (int64_t n : {1, 7, 4097}) {
     SCOPED_TRACE("n=" + std::to_string(n));
     for (bool in_place : {false, true}) {
@@ -81,7 +84,18 @@ inline void CheckExactResults(Communicator& c) {
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(in.f32()[i], Input(prev, i));
     }
     ASSERT_TRUE(c.Barrier().ok());
+    // Each peer gets this rank's buffer of 4n bytes once per call: four
+    // all-reduces, two all-gathers, the broadcast this rank roots, one send.
+    const int64_t to_peers = (size - 1) * n * 4;
+    want.all_reduce += 4 * to_peers;
+    want.all_gather += 2 * to_peers;
+    want.broadcast += to_peers;
+    if (size > 1) want.send += n * 4;
   }
+  EXPECT_EQ(c.bytes_sent().all_reduce, want.all_reduce);
+  EXPECT_EQ(c.bytes_sent().all_gather, want.all_gather);
+  EXPECT_EQ(c.bytes_sent().broadcast, want.broadcast);
+  EXPECT_EQ(c.bytes_sent().send, want.send);
 }
 
 }  // namespace shardlm

@@ -25,6 +25,24 @@ namespace shardlm {
 
 enum class ReduceOp : uint8_t { kSum, kMax };
 
+// Bytes a rank's successful calls delivered to its peers, by kind of call,
+// cumulative over the communicator's life: an all-gather or an all-reduce
+// counts (size - 1) x the rank's buffer (each peer gets the rank's
+// contribution once; the MPI, Gloo and in-process all-reduces all gather
+// every input and reduce locally), a broadcast (size - 1) x the buffer at
+// the root and 0 elsewhere, a send its buffer. This is the payload, not
+// what MPI's or Gloo's algorithm puts on the wire (headers, or a ring's
+// forwarding of other ranks' blocks: a ring all-gather still sends
+// (size - 1) blocks per rank). Counted by the MPI, Gloo and in-process
+// communicators; NCCL's and the staged one leave it at zero.
+struct CommBytes {
+  int64_t all_reduce = 0;
+  int64_t all_gather = 0;
+  int64_t broadcast = 0;
+  int64_t send = 0;
+  int64_t total() const { return all_reduce + all_gather + broadcast + send; }
+};
+
 struct CommOptions {
   absl::Duration timeout = absl::Seconds(30);  // Per call.
 };
@@ -53,6 +71,18 @@ class Communicator {
   virtual absl::Status Send(const Tensor& data, int peer) = 0;
   virtual absl::Status Recv(Tensor& data, int peer) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // What this rank has sent (see CommBytes). Read on the communicator's
+  // thread.
+  const CommBytes& bytes_sent() const { return bytes_sent_; }
+
+ protected:
+  // For implementations, after a call succeeded: `bytes` of this rank's
+  // buffer delivered to every peer.
+  int64_t ToPeers(size_t bytes) const {
+    return static_cast<int64_t>(size() - 1) * static_cast<int64_t>(bytes);
+  }
+  CommBytes bytes_sent_;
 };
 
 }  // namespace shardlm

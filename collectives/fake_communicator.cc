@@ -189,7 +189,9 @@ class FakeCommunicator : public Communicator {
                    .op = op};
     c.data.assign(static_cast<const char*>(send.raw()),
                   static_cast<const char*>(send.raw()) + send.bytes());
-    return RunCollective(std::move(c), recv.raw());
+    RETURN_IF_ERROR(RunCollective(std::move(c), recv.raw()));
+    bytes_sent_.all_reduce += ToPeers(send.bytes());
+    return absl::OkStatus();
   }
 
   absl::Status AllGather(const Tensor& send, Tensor& recv) override {
@@ -201,7 +203,9 @@ class FakeCommunicator : public Communicator {
                    .bytes = send.bytes()};
     c.data.assign(static_cast<const char*>(send.raw()),
                   static_cast<const char*>(send.raw()) + send.bytes());
-    return RunCollective(std::move(c), recv.raw());
+    RETURN_IF_ERROR(RunCollective(std::move(c), recv.raw()));
+    bytes_sent_.all_gather += ToPeers(send.bytes());
+    return absl::OkStatus();
   }
 
   absl::Status Broadcast(Tensor& data, int root) override {
@@ -216,7 +220,10 @@ class FakeCommunicator : public Communicator {
       c.data.assign(static_cast<const char*>(data.raw()),
                     static_cast<const char*>(data.raw()) + data.bytes());
     }
-    return RunCollective(std::move(c), rank_ == root ? nullptr : data.raw());
+    RETURN_IF_ERROR(
+        RunCollective(std::move(c), rank_ == root ? nullptr : data.raw()));
+    if (rank_ == root) bytes_sent_.broadcast += ToPeers(data.bytes());
+    return absl::OkStatus();
   }
 
   absl::Status Barrier() override {
@@ -237,7 +244,9 @@ class FakeCommunicator : public Communicator {
       queue.erase(std::find(queue.begin(), queue.end(), &m));
       return TimedOut(lock, "Send", {peer});
     }
-    return m.status;
+    RETURN_IF_ERROR(m.status);
+    bytes_sent_.send += static_cast<int64_t>(data.bytes());
+    return absl::OkStatus();
   }
 
   absl::Status Recv(Tensor& data, int peer) override {

@@ -191,6 +191,34 @@ INSTANTIATE_TEST_SUITE_P(
              std::to_string(std::get<1>(info.param));
     });
 
+TEST(FakeCommunicatorTest, CountsBytesSentPerKindOfCall) {
+  // CP's attention-output gather at CP 3 for SmolLM2 (9 heads of 64): 5
+  // rows of 576 floats, 11,520 bytes, go to each of the 2 peers: 23,040
+  // bytes per rank. Its lse (5 x 9 floats, 180 bytes): 360 more.
+  auto comms = MakeFakeGroup(3, "cp group");
+  RunGroup(comms, [&](Communicator& c) {
+    Tensor out = F32(5 * 576), all = F32(3 * 5 * 576);
+    ASSERT_TRUE(c.AllGather(out, all).ok());
+    EXPECT_EQ(c.bytes_sent().all_gather, 23040);
+    Tensor lse = F32(5 * 9), lse_all = F32(3 * 5 * 9);
+    ASSERT_TRUE(c.AllGather(lse, lse_all).ok());
+    EXPECT_EQ(c.bytes_sent().all_gather, 23400);
+    Tensor rows = F32(576);  // The logit-row sum: 2,304 bytes to 2 peers.
+    ASSERT_TRUE(c.AllReduce(rows, rows, ReduceOp::kSum).ok());
+    EXPECT_EQ(c.bytes_sent().all_reduce, 4608);
+    Tensor data = F32(10);  // Only the root sends a broadcast.
+    ASSERT_TRUE(c.Broadcast(data, 1).ok());
+    EXPECT_EQ(c.bytes_sent().broadcast, c.rank() == 1 ? 80 : 0);
+    EXPECT_EQ(c.bytes_sent().send, 0);
+    EXPECT_EQ(c.bytes_sent().total(), 23400 + 4608 + (c.rank() == 1 ? 80 : 0));
+  });
+  // A failed call counts nothing.
+  auto pair = MakeFakeGroup(2, "pair");
+  Tensor a = F32(4), wrong = F32(7);
+  EXPECT_FALSE(pair[0]->AllGather(a, wrong).ok());
+  EXPECT_EQ(pair[0]->bytes_sent().total(), 0);
+}
+
 TEST(FakeCommunicatorTest, SumIsBitIdenticalOnEveryRankAndInRankOrder) {
   constexpr int kSize = 4;
   constexpr int64_t kN = 1031;

@@ -212,6 +212,7 @@ absl::Status GlooCommunicator::AllReduce(const Tensor& send, Tensor& recv,
   }
   ReduceInRankOrder(gathered_.data(), size_, send.dtype(), send.numel(), op,
                     recv.raw());
+  bytes_sent_.all_reduce += ToPeers(bytes);
   return absl::OkStatus();
 }
 
@@ -223,27 +224,32 @@ absl::Status GlooCommunicator::AllGather(const Tensor& send, Tensor& recv) {
   char* out = static_cast<char*>(recv.raw());
   std::memmove(out + send.bytes() * rank_, send.raw(), send.bytes());
   if (size_ == 1) return absl::OkStatus();
-  return Guard("AllGather", absl::StrCat("the group (", Others(), ")"), [&] {
-    gloo::AllgatherOptions opts(context_);
-    opts.setOutput(out, recv.bytes());
-    opts.setTimeout(Millis(options_.timeout));
-    gloo::allgather(opts);
-  });
+  RETURN_IF_ERROR(
+      Guard("AllGather", absl::StrCat("the group (", Others(), ")"), [&] {
+        gloo::AllgatherOptions opts(context_);
+        opts.setOutput(out, recv.bytes());
+        opts.setTimeout(Millis(options_.timeout));
+        gloo::allgather(opts);
+      }));
+  bytes_sent_.all_gather += ToPeers(send.bytes());
+  return absl::OkStatus();
 }
 
 absl::Status GlooCommunicator::Broadcast(Tensor& data, int root) {
   RETURN_IF_ERROR(CheckBroadcastArgs(name_, Reach::kHost, size_, data, root));
   RETURN_IF_ERROR(dead_);
   if (size_ == 1) return absl::OkStatus();
-  return Guard("Broadcast",
-               absl::StrCat(labels_[root], " and the group (", Others(), ")"),
-               [&] {
-                 gloo::BroadcastOptions opts(context_);
-                 opts.setOutput(static_cast<char*>(data.raw()), data.bytes());
-                 opts.setRoot(root);
-                 opts.setTimeout(Millis(options_.timeout));
-                 gloo::broadcast(opts);
-               });
+  RETURN_IF_ERROR(Guard(
+      "Broadcast",
+      absl::StrCat(labels_[root], " and the group (", Others(), ")"), [&] {
+        gloo::BroadcastOptions opts(context_);
+        opts.setOutput(static_cast<char*>(data.raw()), data.bytes());
+        opts.setRoot(root);
+        opts.setTimeout(Millis(options_.timeout));
+        gloo::broadcast(opts);
+      }));
+  if (rank_ == root) bytes_sent_.broadcast += ToPeers(data.bytes());
+  return absl::OkStatus();
 }
 
 // Every message is preceded by its byte count (8 bytes): Gloo aborts the
@@ -254,14 +260,16 @@ absl::Status GlooCommunicator::Send(const Tensor& data, int peer) {
       CheckPeerArgs(name_, Reach::kHost, "Send", rank_, size_, data, peer));
   RETURN_IF_ERROR(dead_);
   uint64_t bytes = data.bytes();
-  return Guard("Send", labels_[peer], [&] {
+  RETURN_IF_ERROR(Guard("Send", labels_[peer], [&] {
     auto header = context_->createUnboundBuffer(&bytes, sizeof(bytes));
     auto buffer = context_->createUnboundBuffer(data.raw(), data.bytes());
     header->send(peer, kPointToPointSlot);
     buffer->send(peer, kPointToPointSlot);
     header->waitSend(Millis(options_.timeout));
     buffer->waitSend(Millis(options_.timeout));
-  });
+  }));
+  bytes_sent_.send += static_cast<int64_t>(data.bytes());
+  return absl::OkStatus();
 }
 
 absl::Status GlooCommunicator::Recv(Tensor& data, int peer) {

@@ -239,6 +239,7 @@ absl::Status MpiCommunicator::AllReduce(const Tensor& send, Tensor& recv,
                        absl::StrCat("the group (", MembersString(), ")"), all));
   ReduceInRankOrder(all->data(), size_, send.dtype(), send.numel(), op,
                     recv.raw());
+  bytes_sent_.all_reduce += ToPeers(bytes);
   return absl::OkStatus();
 }
 
@@ -257,6 +258,7 @@ absl::Status MpiCommunicator::AllGather(const Tensor& send, Tensor& recv) {
   RETURN_IF_ERROR(Wait(request, "AllGather",
                        absl::StrCat("the group (", MembersString(), ")"), all));
   std::memcpy(recv.raw(), all->data(), recv.bytes());
+  bytes_sent_.all_gather += ToPeers(bytes);
   return absl::OkStatus();
 }
 
@@ -275,6 +277,7 @@ absl::Status MpiCommunicator::Broadcast(Tensor& data, int root) {
       absl::StrCat("root ", root, " and the group (", MembersString(), ")"),
       buf));
   if (rank_ != root) std::memcpy(data.raw(), buf->data(), data.bytes());
+  if (rank_ == root) bytes_sent_.broadcast += ToPeers(data.bytes());
   return absl::OkStatus();
 }
 
@@ -289,10 +292,12 @@ absl::Status MpiCommunicator::Send(const Tensor& data, int peer) {
   const int rc = MPI_Isend(buf->data(), static_cast<int>(data.bytes()),
                            MPI_BYTE, peer, kTag, comm_, &request);
   if (rc != MPI_SUCCESS) return MpiError(rc, "MPI_Isend");
-  return Wait(
+  RETURN_IF_ERROR(Wait(
       request, "Send",
       absl::StrCat("rank ", peer, " (world rank ", world_ranks_[peer], ")"),
-      buf);
+      buf));
+  bytes_sent_.send += static_cast<int64_t>(data.bytes());
+  return absl::OkStatus();
 }
 
 absl::Status MpiCommunicator::Recv(Tensor& data, int peer) {

@@ -428,6 +428,21 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                  world.rank(), static_cast<long long>(st->steps),
                  st->forward_seconds, st->comm_seconds,
                  100 * st->comm_seconds / st->forward_seconds);
+    if (st->cp_split_steps + st->cp_whole_steps > 0) {
+      const auto per = [](int64_t bytes, int64_t steps) {
+        return steps > 0 ? static_cast<double>(bytes) / steps : 0.0;
+      };
+      std::fprintf(stderr,
+                   "[shardlm] worker rank %d: CP sent %lld bytes in %lld "
+                   "sequence-parallel steps (%.0f per step), %lld bytes in "
+                   "%lld whole steps (%.0f per step)\n",
+                   world.rank(), static_cast<long long>(st->cp_split_bytes),
+                   static_cast<long long>(st->cp_split_steps),
+                   per(st->cp_split_bytes, st->cp_split_steps),
+                   static_cast<long long>(st->cp_whole_bytes),
+                   static_cast<long long>(st->cp_whole_steps),
+                   per(st->cp_whole_bytes, st->cp_whole_steps));
+    }
   }
   if (s.ok() || absl::IsCancelled(s)) return 0;
   // A refusal or a failed load was reported by the coordinator, which

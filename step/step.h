@@ -107,6 +107,14 @@ struct RunnerStats {
   // (projections, MLP), once per step whatever the layers: a step's n
   // tokens, or under CP with sequence parallel its slice of about n / C.
   int64_t token_rows = 0;
+  // Under CP: bytes this rank sent over its CP group (CommBytes::total of
+  // the CP communicator), in steps run sequence parallel (n >= CP tokens:
+  // prefill chunks, batched decodes) and in steps run whole on every CP
+  // rank (n < CP: a lone sequence's decode), with the steps of each.
+  int64_t cp_split_steps = 0;
+  int64_t cp_split_bytes = 0;
+  int64_t cp_whole_steps = 0;
+  int64_t cp_whole_bytes = 0;
   // The KV pool as allocated, read off its tensors rather than its config
   // (so a shard that stores another dtype than it was asked shows): the
   // element type it stores, and its bytes per token of context (K and V,

@@ -233,9 +233,16 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
           },
       .expert_tokens = &stats_.expert_tokens,
       .seq = seq_parallel ? &seq : nullptr};
+  const int64_t cp_bytes_before =
+      comms_.cp != nullptr ? comms_.cp->bytes_sent().total() : 0;
   RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
   absl::StatusOr<Tensor> logits =
       spec.last_stage() ? forward.Logits(b) : Tensor();
+  if (comms_.cp != nullptr) {
+    const int64_t sent = comms_.cp->bytes_sent().total() - cp_bytes_before;
+    (seq_parallel ? stats_.cp_split_steps : stats_.cp_whole_steps) += 1;
+    (seq_parallel ? stats_.cp_split_bytes : stats_.cp_whole_bytes) += sent;
+  }
   // Only now: the step ran in full, so that its peers' collectives with
   // this rank completed; its tokens are not to be used.
   RETURN_IF_ERROR(kv_->TakeChecksumFailures());
