@@ -4,7 +4,10 @@ part 1): PP = 1, PP = P with one step at a time (--max-steps-in-flight 1:
 each chunk waits for the previous one to leave the last stage, as every
 PP run did before chunks were pipelined), and PP = P with P steps in flight
 (the default: a prompt's next chunk enters stage 0 as soon as the previous
-one has left it). One thread per worker, prefix caching off (every run
+one has left it), the latter with launch's default --pp-balance decode
+(stage boundaries charge the last stage the output head that decode rows
+run: SmolLM2's PP 2 stages hold 19 and 11 layers) and with --pp-balance
+prefill (the layers only: 15 and 15). One thread per worker, prefix caching off (every run
 computes the whole prompt), the same prompt in all of them.
 
   bench/long_prompt_pp.py --shardlm build/launch/shardlm --model M.gguf \\
@@ -45,7 +48,7 @@ MPIRUN = ["mpirun", "--oversubscribe"]
 if os.geteuid() == 0:
     MPIRUN.insert(1, "--allow-run-as-root")
 
-# About one token per word with SmolLM2's tokenizer; the exact count is
+# About 1.06 tokens per word with SmolLM2's tokenizer; the exact count is
 # what the server reports back.
 WORDS = ("the river ran past the old mill where the miller kept his accounts "
          "in a ledger bound in green cloth and every evening he counted the "
@@ -100,9 +103,10 @@ def ceiling(a, prompt: str) -> tuple[float, float]:
     return alone, sum(together) / len(together)
 
 
-def run(a, pp: int, in_flight: int, prompts: list[str], workdir: str) -> dict:
+def run(a, pp: int, in_flight: int, prompts: list[str], workdir: str,
+        balance: str = "decode") -> dict:
     api, http = free_port(), free_port()
-    name = f"pp{pp}_inflight{in_flight}"
+    name = f"pp{pp}_inflight{in_flight}_{balance}"
     log = open(os.path.join(workdir, f"{name}.log"), "w")
     proc = subprocess.Popen(
         MPIRUN + ["-np", str(1 + pp), a.shardlm, "launch", "--model", a.model,
@@ -110,7 +114,8 @@ def run(a, pp: int, in_flight: int, prompts: list[str], workdir: str) -> dict:
                   "--http-listen", f"127.0.0.1:{http}", "--threads", "1",
                   "--max-batched-tokens", str(a.chunk),
                   "--prefix-caching=false",
-                  "--max-steps-in-flight", str(in_flight)],
+                  "--max-steps-in-flight", str(in_flight),
+                  "--pp-balance", balance],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True)
     gen = [a.shardlm, "generate", "--server", f"127.0.0.1:{api}"]
@@ -162,17 +167,20 @@ def main() -> int:
     prompts = [prompt_of(n) for n in lengths]
     workdir = tempfile.mkdtemp(prefix="long_prompt_pp_")
     runs = [run(a, 1, 1, prompts, workdir), run(a, a.pp, 1, prompts, workdir),
-            run(a, a.pp, a.pp, prompts, workdir)]
+            run(a, a.pp, a.pp, prompts, workdir),
+            run(a, a.pp, a.pp, prompts, workdir, "prefill")]
     print(f"TTFT of one prompt, 1 thread per worker, chunks of {a.chunk} "
           f"tokens, best of {a.repeats}, each with 8 tokens generated (cluster logs in {workdir}):")
     print("| prompt (tokens) | PP 1 | PP %d, chunks one at a time | "
-          "PP %d, chunks pipelined | pipelined vs one at a time |" %
+          "PP %d, chunks pipelined | pipelined vs one at a time | "
+          "pipelined, --pp-balance prefill | vs one at a time |" %
           (a.pp, a.pp))
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for i, n in enumerate(lengths):
         t = [r["ttft"][i] for r in runs]
-        print(f"| {runs[0]['tokens'][i]} | {t[0]:.2f} s | {t[1]:.2f} s | {t[2]:.2f} s | "
-              f"{t[1] / t[2]:.2f}x |")
+        print(f"| {runs[0]['tokens'][i]} | {t[0]:.2f} s | {t[1]:.2f} s | "
+              f"{t[2]:.2f} s | {t[1] / t[2]:.2f}x | {t[3]:.2f} s | "
+              f"{t[1] / t[3]:.2f}x |")
     if a.ceiling:
         print(f"\nThe machine's ceiling: {a.pp} single-threaded in-process "
               "prefills of the same prompt at once, against one alone:")

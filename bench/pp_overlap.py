@@ -6,7 +6,8 @@ share of the measured window (its step time minus the time it waited in
 communication, from /metrics), for both.
 
   bench/pp_overlap.py --shardlm build/launch/shardlm --model M.gguf \
-      [--pp 2] [--concurrency 16] [--requests 48] [--max-tokens 64]
+      [--pp 2] [--concurrency 16] [--requests 48] [--max-tokens 64] \
+      [--pp-balance decode|prefill]
 
 A benchmark, not a test: it prints figures (and exits 1 only when a run
 fails or the two runs' greedy texts differ, which would make the figures
@@ -55,7 +56,8 @@ def run(a, in_flight: int, workdir: str) -> dict:
         MPIRUN + ["-np", str(1 + a.pp), a.shardlm, "launch", "--model",
                   a.model, "--pp", str(a.pp), "--listen", f"127.0.0.1:{api}",
                   "--http-listen", f"127.0.0.1:{http}", "--threads", "1",
-                  "--max-steps-in-flight", str(in_flight)],
+                  "--max-steps-in-flight", str(in_flight),
+                  "--pp-balance", a.pp_balance],
         stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
         start_new_session=True)
     try:
@@ -119,6 +121,8 @@ def main() -> int:
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--requests", type=int, default=48)
     ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--pp-balance", default="decode",
+                    help="launch's --pp-balance: decode or prefill")
     a = ap.parse_args()
     a.shardlm, a.model = os.path.abspath(a.shardlm), os.path.abspath(a.model)
     workdir = tempfile.mkdtemp(prefix="pp_overlap_")

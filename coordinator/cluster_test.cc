@@ -86,11 +86,15 @@ TEST(ModelDigestTest, CatchesDifferentFiles) {
 // worker's) and the 12 requests' tables interleave over the CP ranks (the
 // longest prompts span 4+ blocks), so every rank attends part of every
 // long row.
-class ClusterEquivalenceTest
-    : public ::testing::TestWithParam<std::tuple<int, int, int>> {};
+struct Layout {
+  int tp = 1, pp = 1, cp = 1;
+  PpBalance balance = PpBalance::kDecode;
+};
+
+class ClusterEquivalenceTest : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
-  const auto [tp, pp, cp] = GetParam();
+  const auto [tp, pp, cp, balance] = GetParam();
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   const std::vector<GenerateRequest> reqs = Requests(12);
   // f32 KV on both sides, so that the bound is f32's reordering (1e-6
@@ -109,6 +113,7 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
 
   ClusterOptions options = Options(tp, pp);
   options.cp = cp;
+  options.pp_balance = balance;
   options.kv.dtype = DType::kF32;
   TestCluster cluster(*source, options);
   cluster.StartAll();
@@ -121,6 +126,7 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   for (int r = 1; r <= tp * pp * cp; ++r) {
     const WorkerAssignment& a = cluster.host(r).assignment;
     EXPECT_EQ(a.cp, cp);
+    EXPECT_EQ(a.pp_balance, balance);
     EXPECT_EQ(
         RankIndex(
             {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank},
@@ -231,18 +237,22 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
 }
 
 // The name of a layout: "tp2_pp2", with "_cp2" when cp > 1.
-std::string LayoutName(
-    const ::testing::TestParamInfo<std::tuple<int, int, int>>& info) {
-  const auto [tp, pp, cp] = info.param;
-  return absl::StrCat("tp", tp, "_pp", pp,
-                      cp > 1 ? absl::StrCat("_cp", cp) : "");
+// The name of a layout: "tp2_pp2", with "_cp2" when cp > 1 and
+// "_prefill" for --pp-balance prefill.
+std::string LayoutName(const ::testing::TestParamInfo<Layout>& info) {
+  const Layout& l = info.param;
+  return absl::StrCat("tp", l.tp, "_pp", l.pp,
+                      l.cp > 1 ? absl::StrCat("_cp", l.cp) : "",
+                      l.balance == PpBalance::kPrefill ? "_prefill" : "");
 }
 
+// --pp-balance prefill reaches every worker's assignment (each plans its
+// layers from it; worker/shard_test checks the boundaries it gives).
 INSTANTIATE_TEST_SUITE_P(
     Layouts, ClusterEquivalenceTest,
-    ::testing::Values(std::tuple{1, 1, 1}, std::tuple{2, 1, 1},
-                      std::tuple{1, 2, 1}, std::tuple{2, 2, 1},
-                      std::tuple{1, 1, 2}, std::tuple{2, 2, 2}),
+    ::testing::Values(Layout{1, 1, 1}, Layout{2, 1, 1}, Layout{1, 2, 1},
+                      Layout{2, 2, 1}, Layout{1, 1, 2}, Layout{2, 2, 2},
+                      Layout{1, 2, 1, PpBalance::kPrefill}),
     LayoutName);
 
 }  // namespace

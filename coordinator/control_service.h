@@ -46,6 +46,8 @@ struct ClusterOptions {
   int cp = 1;
   // How the TP group splits a mixture of experts (sent to every worker).
   MoeSharding moe_sharding = MoeSharding::kAuto;
+  // What PP's stage boundaries balance (sent to every worker).
+  PpBalance pp_balance = PpBalance::kDecode;
   // Workers must register with this token (compared in constant time);
   // others are refused with UNAUTHENTICATED and do not disturb startup.
   // Empty accepts any worker: tests only.

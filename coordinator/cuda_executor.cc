@@ -185,7 +185,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
     ASSIGN_OR_RETURN(devices,
                      AssignGpus(ranks, cuda.devices, o.allow_shared_gpu));
   }
-  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp));
+  ASSIGN_OR_RETURN(
+      ShardPlan plan,
+      PlanShards(source, o.tp, o.pp, MoeSharding::kAuto, o.pp_balance));
 
   // Ranks on distinct GPUs talk over NCCL, on their runners' streams;
   // ranks that share a GPU (--allow-shared-gpu; NCCL refuses two ranks of

@@ -29,6 +29,7 @@ struct CudaExecutorOptions {
   int device = 0;  // When tp * pp = 1; rank r takes device r % devices.
   int tp = 1;
   int pp = 1;
+  PpBalance pp_balance = PpBalance::kDecode;  // PP's stage boundaries.
   // Ranks may share a GPU (their communicators stage through the host).
   bool allow_shared_gpu = false;
 };

@@ -49,6 +49,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                             .device = options.device_ordinal,
                             .tp = options.tp,
                             .pp = options.pp,
+                            .pp_balance = options.pp_balance,
                             .allow_shared_gpu = options.allow_shared_gpu}));
     return Create(std::move(executor), options);
   }
@@ -62,6 +63,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                    .pp = options.pp,
                    .cp = options.cp,
                    .moe_sharding = options.moe_sharding,
+                   .pp_balance = options.pp_balance,
                    .threads_per_rank = std::max(1, CpuThreads() / ranks)}));
   return Create(std::move(executor), options);
 }

@@ -40,6 +40,8 @@ struct EngineOptions {
   int cp = 1;
   // How a TP group splits a mixture of experts (ShardPlan).
   MoeSharding moe_sharding = MoeSharding::kAuto;
+  // What PP's stage boundaries balance (PlanShards).
+  PpBalance pp_balance = PpBalance::kDecode;
   // Where the model runs (rank r of tp * pp on GPU r on CUDA).
   DeviceKind device = DeviceKind::kCpu;
   int device_ordinal = 0;

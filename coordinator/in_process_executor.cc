@@ -193,8 +193,8 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     return absl::InvalidArgumentError(
         absl::StrCat("--cp must be in [1, 64], got ", o.cp));
   }
-  ASSIGN_OR_RETURN(ShardPlan plan,
-                   PlanShards(source, o.tp, o.pp, o.moe_sharding));
+  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp,
+                                              o.moe_sharding, o.pp_balance));
   // Every shard loads, then every one gets the blocks all of them hold.
   // Rank (pp_rank * cp + cp_rank) * tp + tp_rank: the CP ranks of a stage
   // hold the same weights.

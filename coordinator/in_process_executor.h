@@ -29,6 +29,7 @@ struct ExecutorOptions {
   // (a host block stays on its rank: BlockManager::set_interleave).
   int cp = 1;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
+  PpBalance pp_balance = PpBalance::kDecode;      // PP's stage boundaries.
   // CPU threads each rank's kernels use (on whichever thread calls
   // Forward); 0 leaves the caller's OpenMP setting (one rank) or uses 1
   // (ranks on threads).

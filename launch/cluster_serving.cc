@@ -34,6 +34,7 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "attention is split, and a step of at least cp tokens is split "
             "by tokens for the projections and MLP (every cp rank holds the "
             "stage's weights; a lone sequence's decode runs whole on each)");
+  flags.Add("pp-balance", &pp_balance, kPpBalanceHelp);
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
@@ -98,6 +99,9 @@ std::string ClusterFlags::Problem() const {
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
     return std::string(m.status().message());
   }
+  if (absl::StatusOr<PpBalance> b = ParsePpBalance(pp_balance); !b.ok()) {
+    return std::string(b.status().message());
+  }
   if (device != "auto" && device != "cpu" && device != "cuda") {
     return absl::StrCat("--device must be auto, cpu or cuda, not '", device,
                         "'");
@@ -130,6 +134,7 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   o.pp = static_cast<int>(pp);
   o.cp = static_cast<int>(cp);
   o.moe_sharding = MoeShardingOf();
+  o.pp_balance = PpBalanceOf();
   o.cluster_token = std::move(cluster_token);
   o.kv = kv.ToOptions();
   o.kv.dtype = KvDType(on).value_or(kDefaultCpuKvDType);

@@ -29,6 +29,7 @@ struct ClusterFlags {
   // TP x CP, tp * pp * cp workers in all.
   int64_t cp = 1;
   std::string moe_sharding = "auto";
+  std::string pp_balance = "decode";
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
   int64_t threads = 1;
@@ -57,6 +58,10 @@ struct ClusterFlags {
   // --moe-sharding (checked by Problem(): auto on a bad value).
   MoeSharding MoeShardingOf() const {
     return ParseMoeSharding(moe_sharding).value_or(MoeSharding::kAuto);
+  }
+  // --pp-balance (checked by Problem(): decode on a bad value).
+  PpBalance PpBalanceOf() const {
+    return ParsePpBalance(pp_balance).value_or(PpBalance::kDecode);
   }
   ClusterOptions Control(std::string cluster_token,
                          const std::string& device) const;

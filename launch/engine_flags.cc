@@ -28,6 +28,7 @@ void LocalEngineFlags::Register(FlagSet& flags) {
             "step of at least cp tokens is split by tokens for the "
             "projections and MLP (a lone sequence's decode runs whole on "
             "every cp rank)");
+  flags.Add("pp-balance", &pp_balance, kPpBalanceHelp);
   flags.Add("moe-sharding", &moe_sharding,
             "how a TP group splits a mixture of experts: tp (every expert's "
             "columns), ep (whole experts per rank) or auto (ep when tp "
@@ -49,6 +50,9 @@ std::string LocalEngineFlags::Problem() const {
   if (threads < 0 || threads > 4096) return "--threads must be in [0, 4096]";
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
     return std::string(m.status().message());
+  }
+  if (absl::StatusOr<PpBalance> b = ParsePpBalance(pp_balance); !b.ok()) {
+    return std::string(b.status().message());
   }
   if (std::string p = kv.Problem(); !p.empty()) return p;
   if (std::string p = limits.Problem(); !p.empty()) return p;
@@ -82,6 +86,7 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .cp = static_cast<int>(cp),
           .moe_sharding =
               ParseMoeSharding(moe_sharding).value_or(MoeSharding::kAuto),
+          .pp_balance = ParsePpBalance(pp_balance).value_or(PpBalance::kDecode),
           .device = d.kind,
           .device_ordinal = d.ordinal,
           .allow_shared_gpu = allow_shared_gpu};

@@ -25,11 +25,13 @@ struct LocalEngineFlags {
   int64_t pp = 1;
   int64_t cp = 1;  // Context parallel (CPU only).
   std::string moe_sharding = "auto";
+  std::string pp_balance = "decode";
   std::string device = "auto";
   bool allow_shared_gpu = false;
 
   // Adds --model, --threads, the KV cache's flags (KvCacheFlags), the step
-  // limits' (BatchLimitFlags), --tp, --pp, --cp, --moe-sharding, --device
+  // limits' (BatchLimitFlags), --tp, --pp, --cp, --moe-sharding,
+  // --pp-balance, --device
   // and --allow-shared-gpu.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).

@@ -18,9 +18,10 @@ int InspectCommand(int argc, char** argv) {
   bool plan = false;
   int64_t tp = 1, pp = 1;
   std::string moe_sharding = "auto";
+  std::string pp_balance = "decode";
   FlagSet flags(
       "usage: shardlm inspect PATH [--plan --tp T --pp P "
-      "--moe-sharding auto|tp|ep]\n"
+      "--moe-sharding auto|tp|ep --pp-balance decode|prefill]\n"
       "Prints the model config, every tensor (name, dtype, shape, bytes) and\n"
       "a tokenizer summary of a GGUF file or a safetensors directory; with\n"
       "--plan, the shard plan instead: layers, heads and bytes per rank.");
@@ -29,6 +30,7 @@ int InspectCommand(int argc, char** argv) {
   flags.Add("pp", &pp, "pipeline-parallel degree for --plan");
   flags.Add("moe-sharding", &moe_sharding,
             "how --plan splits a mixture of experts: auto, tp or ep");
+  flags.Add("pp-balance", &pp_balance, kPpBalanceHelp);
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm inspect: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -53,14 +55,17 @@ int InspectCommand(int argc, char** argv) {
   const WeightSource& w = **source;
   if (plan) {
     absl::StatusOr<MoeSharding> moe = ParseMoeSharding(moe_sharding);
-    if (!moe.ok()) {
-      std::fprintf(stderr, "shardlm inspect: %s\n",
-                   std::string(moe.status().message()).c_str());
-      return 2;
+    absl::StatusOr<PpBalance> balance = ParsePpBalance(pp_balance);
+    for (const absl::Status& s : {moe.status(), balance.status()}) {
+      if (!s.ok()) {
+        std::fprintf(stderr, "shardlm inspect: %s\n",
+                     std::string(s.message()).c_str());
+        return 2;
+      }
     }
-    auto shards =
-        PlanShards(w, static_cast<int>(std::clamp<int64_t>(tp, 0, 4096)),
-                   static_cast<int>(std::clamp<int64_t>(pp, 0, 4096)), *moe);
+    auto shards = PlanShards(
+        w, static_cast<int>(std::clamp<int64_t>(tp, 0, 4096)),
+        static_cast<int>(std::clamp<int64_t>(pp, 0, 4096)), *moe, *balance);
     if (!shards.ok()) {
       std::fprintf(stderr, "shardlm inspect: %s\n",
                    std::string(shards.status().message()).c_str());

@@ -129,6 +129,17 @@ absl::StatusOr<MoeSharding> ParseMoeSharding(std::string_view name) {
       absl::StrCat("--moe-sharding '", Sv(name), "': want auto, tp or ep"));
 }
 
+const char* PpBalanceName(PpBalance b) {
+  return b == PpBalance::kPrefill ? "prefill" : "decode";
+}
+
+absl::StatusOr<PpBalance> ParsePpBalance(std::string_view name) {
+  if (name == "decode") return PpBalance::kDecode;
+  if (name == "prefill") return PpBalance::kPrefill;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--pp-balance '", Sv(name), "': want decode or prefill"));
+}
+
 std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
   const int64_t base = n / parts, extra = n % parts;
   const int64_t begin = i * base + std::min(i, extra);
@@ -184,7 +195,7 @@ std::string ShardPlan::DebugString() const {
 }
 
 absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
-                                     MoeSharding moe) {
+                                     MoeSharding moe, PpBalance balance) {
   const ModelConfig& c = source.config();
   if (tp < 1 || pp < 1) {
     return absl::InvalidArgumentError(
@@ -237,9 +248,10 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
 
   // Stage boundaries, balanced by the weights each stage computes with per
   // step: its layers, and on the last stage the output head (the whole
-  // vocabulary matrix, every step). The first stage's embedding gathers a
-  // few rows per step, not the table, so it adds nothing. Weights, not
-  // bytes: the dequantizing kernels' time follows the element count more
+  // vocabulary matrix, every decode step; kPrefill leaves it out, since a
+  // prompt's chunks run it for at most one row). The first stage's embedding
+  // gathers a few rows per step, not the table, so it adds nothing. Weights,
+  // not bytes: the dequantizing kernels' time follows the element count more
   // than the format (SmolLM2's tied Q8_0 head weighs 15 Q4_1 layers in
   // bytes, measured ~7 in time, 8 in weights). The old byte balance that
   // also charged the embedding left the last stage ~1.5x the first's work
@@ -254,7 +266,7 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
       TensorElements(source,
                      c.tied_embeddings ? "token_embd.weight" : "output.weight");
   std::vector<uint64_t> extra(pp, 0);
-  extra[pp - 1] += head;
+  if (balance == PpBalance::kDecode) extra[pp - 1] += head;
   const std::vector<int64_t> bounds = BalancedPartition(layer_weights, extra);
 
   ShardPlan plan{.tp = tp,

@@ -34,6 +34,25 @@ const char* MoeShardingName(MoeSharding m);  // "auto", "tp", "ep".
 // "auto", "tp" or "ep"; InvalidArgument naming the flag otherwise.
 absl::StatusOr<MoeSharding> ParseMoeSharding(std::string_view name);
 
+// What PP's stage boundaries balance (--pp-balance). kDecode: the weights
+// each stage computes with per decode step, the last stage's output head
+// included (every decode row runs it; SmolLM2's tied head weighs about 8 of
+// its 30 layers, so at PP 2 the last stage gets 11 layers to the first's
+// 19). kPrefill: the layers' weights only, for long prompts, whose chunks
+// run the head for at most one row, so each stage's share of a chunk's work
+// is its share of the layers (15 and 15).
+enum class PpBalance { kDecode, kPrefill };
+const char* PpBalanceName(PpBalance b);  // "decode", "prefill".
+// "decode" or "prefill"; InvalidArgument naming the flag otherwise.
+absl::StatusOr<PpBalance> ParsePpBalance(std::string_view name);
+// The help of --pp-balance, for every command that takes it.
+inline constexpr char kPpBalanceHelp[] =
+    "what PP's stage boundaries balance: decode (the layers and the last "
+    "stage's output head, which every decode row runs) or prefill (the "
+    "layers only: a long prompt's chunks run the head for at most one row, "
+    "so its stages do equal work: faster time to first token for long "
+    "prompts, slower decode, whose last stage then also runs the head)";
+
 struct ShardSpec {
   int tp_rank = 0, tp_size = 1;
   int pp_rank = 0, pp_size = 1;
@@ -110,7 +129,8 @@ struct ShardPlan {
 // for kExpert when tp does not divide the expert count (or the model has
 // no experts).
 absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
-                                     MoeSharding moe = MoeSharding::kAuto);
+                                     MoeSharding moe = MoeSharding::kAuto,
+                                     PpBalance balance = PpBalance::kDecode);
 
 // [begin, end) of part `i` of `n` items split into `parts` as evenly as
 // possible, earlier parts taking the remainder.

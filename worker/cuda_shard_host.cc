@@ -102,8 +102,8 @@ class CudaShardHost : public ShardHost {
     if ((a.tp > 1 || a.pp > 1) && o_.store == nullptr) {
       return absl::InternalError("no rendezvous store for the NCCL ids");
     }
-    ASSIGN_OR_RETURN(ShardPlan plan,
-                     PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
+    ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp,
+                                                a.moe_sharding, a.pp_balance));
     const ShardSpec& spec = plan.at(a.pp_rank, a.tp_rank);
 
     // The shard's runner first (its stream carries the collectives), then

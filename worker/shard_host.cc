@@ -61,8 +61,8 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   }
   ASSIGN_OR_RETURN(comms_, connect_(a));
   SetCpuThreads(a.threads);
-  ASSIGN_OR_RETURN(ShardPlan plan,
-                   PlanShards(*source_, a.tp, a.pp, a.moe_sharding));
+  ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp,
+                                              a.moe_sharding, a.pp_balance));
   // CP ranks hold the same weights: the TP x PP spec, with the CP place.
   ShardSpec mine = plan.at(a.pp_rank, a.tp_rank);
   mine.cp_rank = a.cp_rank;

@@ -91,6 +91,60 @@ TEST(ShardTest, AWholeModelShardSamplesAsItsRunnerDoes) {
   ASSERT_EQ(out.tokens.size(), 1u);
 }
 
+// PP's stage boundaries (--pp-balance). Every layer of the random model
+// weighs the same, and the head (about 7 layers' weights, not tied) is only
+// charged by kDecode. The reference boundary is found by brute force over every
+// split of the layers into two stages.
+TEST(ShardTest, PpBalanceDecidesWhetherTheHeadCounts) {
+  ModelConfig c = Config();
+  c.n_layers = 12;
+  c.vocab_size = 4096;  // A head of about 7 layers' weights.
+  c.tied_embeddings = false;
+  auto source = RandomLlamaWeights(c, 5);
+  uint64_t layer = 0, head = 0;
+  for (const TensorInfo& t : source->tensors()) {
+    uint64_t n = 1;
+    for (int64_t d : t.shape) n *= static_cast<uint64_t>(d);
+    if (t.name.rfind("blk.0.", 0) == 0) layer += n;
+    if (t.name == "output.weight" || t.name == "output_norm.weight") {
+      head += n;
+    }
+  }
+  ASSERT_GT(layer, 0u);
+  ASSERT_GT(head, layer);  // Else the two balances could agree.
+  const auto best_split = [&](uint64_t last_extra) {
+    int64_t best = 1;
+    uint64_t best_cost = UINT64_MAX;
+    for (int64_t b = 1; b < c.n_layers; ++b) {
+      const uint64_t cost =
+          std::max(b * layer, (c.n_layers - b) * layer + last_extra);
+      if (cost < best_cost) best = b, best_cost = cost;
+    }
+    return best;
+  };
+  ASSERT_OK_AND_ASSIGN(
+      ShardPlan decode,
+      PlanShards(*source, 1, 2, MoeSharding::kAuto, PpBalance::kDecode));
+  ASSERT_OK_AND_ASSIGN(
+      ShardPlan prefill,
+      PlanShards(*source, 1, 2, MoeSharding::kAuto, PpBalance::kPrefill));
+  EXPECT_EQ(decode.at(0, 0).layer_end, best_split(head));
+  EXPECT_EQ(prefill.at(0, 0).layer_end, c.n_layers / 2);
+  EXPECT_LT(decode.at(1, 0).layer_end - decode.at(1, 0).layer_begin,
+            c.n_layers / 2);
+  for (const ShardPlan* p : {&decode, &prefill}) {
+    EXPECT_EQ(p->at(0, 0).layer_begin, 0);
+    EXPECT_EQ(p->at(1, 0).layer_begin, p->at(0, 0).layer_end);
+    EXPECT_EQ(p->at(1, 0).layer_end, c.n_layers);
+  }
+  EXPECT_EQ(ParsePpBalance("prefill").value(), PpBalance::kPrefill);
+  EXPECT_EQ(PpBalanceName(PpBalance::kDecode), std::string("decode"));
+  const auto bad = ParsePpBalance("both");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("--pp-balance 'both'"),
+            std::string::npos);
+}
+
 // Worker index (pp_rank * cp + cp_rank) * tp + tp_rank, in-process and in a
 // cluster alike: every index has one place and back; at CP 1 it is the TP x
 // PP numbering; the sampler is the last stage's CP 0, TP 0 (index 6 of 12

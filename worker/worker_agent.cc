@@ -120,6 +120,10 @@ class AgentSession {
                 MoeSharding moe,
                 ParseMoeSharding(a.moe_sharding().empty() ? "auto"
                                                           : a.moe_sharding()));
+            ASSIGN_OR_RETURN(
+                PpBalance balance,
+                ParsePpBalance(a.pp_balance().empty() ? "decode"
+                                                      : a.pp_balance()));
             return host_.Load(
                 {.kv = kv,
                  .limits = limits,
@@ -132,7 +136,8 @@ class AgentSession {
                  .threads = a.threads(),
                  .rendezvous_prefix = a.rendezvous_prefix(),
                  .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
-                 .moe_sharding = moe});
+                 .moe_sharding = moe,
+                 .pp_balance = balance});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {

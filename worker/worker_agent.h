@@ -41,6 +41,7 @@ struct WorkerAssignment {
   // The coordinator's step timeout; zero: none given.
   absl::Duration step_timeout;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
+  PpBalance pp_balance = PpBalance::kDecode;      // PP's stage boundaries.
 };
 
 // One shard of the model on this worker. Called from the agent's thread

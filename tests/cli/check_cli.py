@@ -104,6 +104,17 @@ def main() -> int:
     check(out.stdout == want + "\n",
           f"generate streams the reference text: got {out.stdout!r}, "
           f"want {want!r}")
+    # PP 2 with either stage balance (SmolLM2's stages: 19 + 11 layers,
+    # or 15 + 15 with --pp-balance prefill) computes the same layers.
+    for balance in ("decode", "prefill"):
+        out = run(gen + ["--prompt", prompt, "--max-tokens", str(n), "--pp",
+                         "2", "--pp-balance", balance, "--threads", "2"])
+        check(out.returncode == 0 and out.stdout == want + "\n",
+              f"generate --pp 2 --pp-balance {balance}: the reference text "
+              f"({out.stdout!r} {out.stderr.strip()[-300:]})")
+    out = run(gen + ["--prompt", prompt, "--pp-balance", "both"])
+    check(out.returncode != 0 and "--pp-balance 'both'" in out.stderr,
+          f"--pp-balance both is refused naming the flag ({out.stderr!r})")
 
     # 2. Seeded sampling is reproducible.
     sample = gen + ["--prompt", "Once upon a time", "--max-tokens", "24",
