@@ -30,8 +30,9 @@ decode steps: `CommBytes`). Predicted:
          outputs and lse of every row)], plus the logit-row sum of the
          sampled row (hidden x 4) after the last chunk; a whole step (one
          decode) sends (C - 1) x heads x (head_dim + 1) x 4 per layer.
-         Computed here: `shardlm simulate --cp` models a different split
-         (pass-Q with tokens on their block's owner) and prints no bytes.
+         Computed here from the formula, independently of `shardlm
+         simulate --cp`, which models the same scheme and prints its own
+         bytes per rank (kept in the JSON as cp_lines).
   time   `shardlm simulate --gpu cpu-this-machine --cp C` for the same
          request (the cost model, uncalibrated for this machine: each rank
          its own device, CP traffic over its `shm` link), and for netns:
