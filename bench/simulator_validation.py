@@ -58,6 +58,21 @@ WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards "
          "quietly judge boxing matches near the old river bank").split()
 
 
+
+def calibration_flags(cal: dict) -> list[str]:
+    """`shardlm simulate` flags that replace the cpu-this-machine profile's
+    rates with the ones calibrated here."""
+    return ["--memory-bandwidth", str(cal["bandwidth"]),
+            "--peak-flops", str(cal["peak_flops"]),
+            "--matvec-flops", str(cal["matvec_flops"]),
+            "--matvec-small-batch-flops",
+            str(cal["matvec_small_batch_flops"]),
+            "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
+            "--matvec-attention-flops", str(cal["matvec_attention_flops"]),
+            "--matvec-batch-attention-flops",
+            str(cal["matvec_batch_attention_flops"]),
+            "--dequantize-rate", str(cal["dequantize_rate"])]
+
 def prompts(n: int) -> list[str]:
     """n distinct prompts (no shared prefix block) from a few words to a
     few hundred."""
@@ -280,17 +295,7 @@ def cp_rows(args, shape: dict, work: str) -> list:
             sim_json = os.path.join(work, f"sim-cp{cp}-{tokens}.json")
             r = run([args.shardlm, "simulate", "--model-config", args.model,
                      "--gpu", "cpu-this-machine", "--cp", str(cp),
-                     "--memory-bandwidth", str(cal["bandwidth"]),
-                     "--peak-flops", str(cal["peak_flops"]),
-                     "--matvec-flops", str(cal["matvec_flops"]),
-                     "--matvec-small-batch-flops",
-                     str(cal["matvec_small_batch_flops"]),
-                     "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
-                     "--matvec-attention-flops",
-                     str(cal["matvec_attention_flops"]),
-                     "--matvec-batch-attention-flops",
-                     str(cal["matvec_batch_attention_flops"]),
-                     "--dequantize-rate", str(cal["dequantize_rate"]),
+                     *calibration_flags(cal),
                      "--cp-link-alpha", str(alpha), "--step-overhead", "0",
                      "--weight-dtype", args.weight_dtype,
                      "--kv-cache-dtype", "f16", "--kv-cache-bytes",
@@ -505,17 +510,7 @@ def validate_layout(args, shape: dict, layout: str, texts: list[str],
         sim_json = os.path.join(work, f"sim-{layout}-{c}.json")
         r = run([args.shardlm, "simulate", "--model-config", args.model,
                  "--gpu", "cpu-this-machine", "--tp", str(tp), "--pp",
-                 str(pp), "--memory-bandwidth", str(cal["bandwidth"]),
-                 "--peak-flops", str(cal["peak_flops"]),
-                 "--matvec-flops", str(cal["matvec_flops"]),
-                 "--matvec-small-batch-flops",
-                 str(cal["matvec_small_batch_flops"]),
-                 "--matvec-batch-flops", str(cal["matvec_batch_flops"]),
-                 "--matvec-attention-flops",
-                 str(cal["matvec_attention_flops"]),
-                 "--matvec-batch-attention-flops",
-                 str(cal["matvec_batch_attention_flops"]),
-                 "--dequantize-rate", str(cal["dequantize_rate"]),
+                 str(pp), *calibration_flags(cal),
                  "--tp-link-alpha", str(cal["tp_link_alpha"]),
                  "--step-overhead", "0", "--weight-dtype",
                  args.weight_dtype, "--kv-cache-dtype", "f16",

@@ -157,14 +157,19 @@ ModelConfig ToyConfig() {
   return c;
 }
 
+// 1 GB of memory, 1 GB/s and 1 GFLOP/s, all achieved: times by hand.
+DeviceProfile ToyDevice() {
+  return {.name = "toy",
+          .memory_bytes = 1e9,
+          .memory_bandwidth = 1e9,
+          .peak_flops = 1e9,
+          .bandwidth_efficiency = 1,
+          .flops_efficiency = 1};
+}
+
 TEST(SimulateTest, TheRooflineAddsUpByHand) {
   const ModelConfig c = ToyConfig();
-  const DeviceProfile d{.name = "toy",
-                        .memory_bytes = 1e9,
-                        .memory_bandwidth = 1e9,
-                        .peak_flops = 1e9,
-                        .bandwidth_efficiency = 1,
-                        .flops_efficiency = 1};
+  const DeviceProfile d = ToyDevice();
   StepInput decode;
   decode.tokens = {5};
   decode.positions = {99};
@@ -270,12 +275,7 @@ TEST(SimulateTest, ContextParallelBytesFollowTheDesignNotes) {
 // CP 1 is the model without CP, whatever the CP link.
 TEST(SimulateTest, ContextParallelOneIsNoContextParallel) {
   const ModelConfig c = ToyConfig();
-  const DeviceProfile d{.name = "toy",
-                        .memory_bytes = 1e9,
-                        .memory_bandwidth = 1e9,
-                        .peak_flops = 1e9,
-                        .bandwidth_efficiency = 1,
-                        .flops_efficiency = 1};
+  const DeviceProfile d = ToyDevice();
   RooflineCostModel plain(c, d, {.tp = 2, .pp = 2});
   RooflineCostModel cp1(c, d,
                         {.tp = 2,
@@ -300,12 +300,7 @@ TEST(SimulateTest, ContextParallelOneIsNoContextParallel) {
 // CP: replicated) and a prefill chunk (sequence parallel).
 TEST(SimulateTest, ContextParallelAddsUpByHand) {
   const ModelConfig c = ToyConfig();
-  const DeviceProfile d{.name = "toy",
-                        .memory_bytes = 1e9,
-                        .memory_bandwidth = 1e9,
-                        .peak_flops = 1e9,
-                        .bandwidth_efficiency = 1,
-                        .flops_efficiency = 1};
+  const DeviceProfile d = ToyDevice();
   const LinkProfile link{.alpha_seconds = 1e-6, .bandwidth = 1e9};
   RooflineCostModel cp2(c, d, {.tp = 1, .pp = 1, .cp = 2, .cp_link = link});
   StepInput decode;
