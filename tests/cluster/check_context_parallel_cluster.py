@@ -181,8 +181,13 @@ def kill(a, c: Cluster, http: int) -> None:
     if 2 not in ranks:
         return
     used = 'shardlm_kv_blocks{tier="device",state="used"}'
+    # Not PROMPT itself: this cluster served it already, and its cached
+    # blocks would make the prefill one short step, over before the kill
+    # lands (seen once in CI: a token came out). A different first word
+    # changes every block's prefix hash.
     client = subprocess.Popen(
-        [a.shardlm, "generate", "--server", c.address, "--prompt", PROMPT,
+        [a.shardlm, "generate", "--server", c.address, "--prompt",
+         "Again: " + PROMPT,
          "--max-tokens", str(N), "--ignore-eos"], stdout=subprocess.PIPE,
         stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 30
