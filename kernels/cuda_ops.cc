@@ -117,7 +117,10 @@ CublasHandle::CublasHandle(CublasHandle&& other) noexcept
 
 CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
   if (this != &other) {
-    if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+    if (handle_ != nullptr) {
+      cublasDestroy(static_cast<cublasHandle_t>(handle_));
+      ReleaseDequantScratchCuda(handle_);
+    }
     handle_ = std::exchange(other.handle_, nullptr);
     workspace_ = std::move(other.workspace_);
   }
@@ -125,7 +128,10 @@ CublasHandle& CublasHandle::operator=(CublasHandle&& other) noexcept {
 }
 
 CublasHandle::~CublasHandle() {
-  if (handle_ != nullptr) cublasDestroy(static_cast<cublasHandle_t>(handle_));
+  if (handle_ != nullptr) {
+    cublasDestroy(static_cast<cublasHandle_t>(handle_));
+    ReleaseDequantScratchCuda(handle_);  // linear_quant_cuda_ops.cc
+  }
 }
 
 // Elementwise and row ops

@@ -129,6 +129,39 @@ absl::Status FillRandomCuda(Tensor& t, uint64_t seed, float scale,
 absl::Status LinearCuda(const Tensor& x, const Tensor& w, Tensor& y,
                         bool accumulate, const CudaExec& exec);
 
+// Quantized weights on the device (issue #43 part 4): w a Q8_0 or Q4_0
+// device tensor [out, in] holding the packed layout of
+// kernels/linear/quant_device_layout.h (PackQuantized, copied up byte for
+// byte; in a multiple of 32). Not run on a GPU yet.
+//
+// y = x w^T (y += x w^T when accumulate) for n <= kQuantGemvMaxRows (8):
+// a GEMV that reads each weight block once for all rows, dequantizing in
+// registers. x: [n, in] bf16  y: [n, out] f32|bf16.
+absl::Status LinearQuantizedCuda(const Tensor& x, const Tensor& w, Tensor& y,
+                                 bool accumulate, const CudaExec& exec);
+// Rows [row_begin, row_end) of w as bf16 (d * code rounded to nearest) into
+// dst [row_end - row_begin, in] bf16.
+absl::Status DequantizePackedCuda(const Tensor& w, int64_t row_begin,
+                                  int64_t row_end, Tensor& dst,
+                                  const CudaExec& exec);
+// Any n: LinearQuantizedCuda up to 8 rows; above, chunks of w's rows are
+// dequantized into `scratch` (device bf16, DequantChunkRows of
+// quant_device_pack.h) and multiplied by cuBLAS (exec.cublas), one GEMM a
+// chunk. FailedPrecondition without a scratch of at least one row.
+absl::Status LinearPackedCuda(const Tensor& x, const Tensor& w, Tensor& y,
+                              bool accumulate, const Tensor& scratch,
+                              const CudaExec& exec);
+// The rank's dequantization scratch (DequantScratchBytes), held with the
+// cuBLAS handle of `exec` (one per runner and stream) and freed with it:
+// reserved once when quantized weights are uploaded, before the KV pool is
+// sized from the free memory; grows only (synchronizing exec's stream).
+absl::Status ReserveDequantScratchCuda(const CudaExec& exec, int64_t bytes);
+// That scratch as flat bf16 [bytes / 2], or an empty tensor when none.
+Tensor DequantScratchCuda(const CudaExec& exec);
+int64_t DequantScratchBytesCuda(const CudaExec& exec);
+// Called by ~CublasHandle: drops the scratch of handle `cublas`.
+void ReleaseDequantScratchCuda(void* cublas);
+
 // One step's AttentionBatch on the device, validated against a cache of
 // `num_blocks` blocks of `block_size` tokens: positions, sequence of each
 // token, cache slots, padded block tables and prefill tiles in one i32
