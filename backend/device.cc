@@ -9,6 +9,17 @@
 
 namespace shardlm {
 
+absl::StatusOr<CudaWeights> ParseCudaWeights(std::string_view flag) {
+  if (flag == "bf16") return CudaWeights::kBf16;
+  if (flag == "quantized") return CudaWeights::kQuantized;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--cuda-weights '", std::string(flag), "': want bf16 or quantized"));
+}
+
+const char* CudaWeightsName(CudaWeights w) {
+  return w == CudaWeights::kQuantized ? "quantized" : "bf16";
+}
+
 absl::StatusOr<DeviceRequest> ParseDeviceFlag(std::string_view flag) {
   if (flag == "auto") return DeviceRequest{};
   if (flag == "cpu") {

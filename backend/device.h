@@ -24,6 +24,22 @@ struct DeviceRequest {
 
 absl::StatusOr<DeviceRequest> ParseDeviceFlag(std::string_view flag);
 
+// --cuda-weights: how a GPU holds GGUF matrices. kBf16 dequantizes every
+// format to bf16 at upload (the default, the only form that has run on a
+// GPU). kQuantized keeps Q8_0 and Q4_0 projection matrices in their blocks
+// (kernels/linear/quant_device_layout.h: 1.0625 and 0.5625 bytes a weight
+// against 2), read by a quantized GEMV at decode (up to 8 rows) and
+// dequantized chunk by chunk for cuBLAS above; other formats, the
+// embedding and experts stay bf16. Not run on a GPU yet.
+enum class CudaWeights : uint8_t { kBf16, kQuantized };
+absl::StatusOr<CudaWeights> ParseCudaWeights(std::string_view flag);
+const char* CudaWeightsName(CudaWeights w);
+inline constexpr char kCudaWeightsHelp[] =
+    "how a GPU holds GGUF matrices: bf16 (dequantized at load) or quantized "
+    "(Q8_0 and Q4_0 projections stay in their blocks: about 2x and 3.5x "
+    "fewer bytes a decode step reads; other formats stay bf16; not yet run "
+    "on a GPU)";
+
 // What this process can use: whether the binary has the CUDA backend, and
 // how many GPUs it sees (or why none).
 struct CudaAvailability {

@@ -35,6 +35,18 @@ TEST(DeviceFlagTest, ParsesEveryForm) {
   }
 }
 
+TEST(CudaWeightsFlagTest, ParsesBothFormsAndNamesTheFlag) {
+  EXPECT_EQ(*ParseCudaWeights("bf16"), CudaWeights::kBf16);
+  EXPECT_EQ(*ParseCudaWeights("quantized"), CudaWeights::kQuantized);
+  EXPECT_STREQ(CudaWeightsName(CudaWeights::kQuantized), "quantized");
+  EXPECT_STREQ(CudaWeightsName(CudaWeights::kBf16), "bf16");
+  for (const char* bad : {"", "BF16", "q8_0", "quant"}) {
+    const auto r = ParseCudaWeights(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.status().message().find("--cuda-weights"), std::string::npos);
+  }
+}
+
 TEST(DeviceChoiceTest, AutoTakesAGpuOnlyWhenOneIsUsable) {
   const DeviceRequest automatic;
   const CudaAvailability two_gpus{.built_with_cuda = true, .devices = 2};

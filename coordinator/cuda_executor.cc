@@ -212,7 +212,9 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                        .limits = o.limits,
                        .name = absl::StrCat("shard pp ", plan.shards[r].pp_rank,
                                             " tp ", plan.shards[r].tp_rank)},
-                      {.device = devices[r], .comms_on_stream = nccl}));
+                      {.device = devices[r],
+                       .comms_on_stream = nccl,
+                       .cuda_weights = o.cuda_weights}));
     const CudaModelRunner& runner = shard->device_runner();
     weight_bytes += runner.weights().bytes();
     block_bytes = std::max(block_bytes, runner.kv_config().BytesPerBlock());
@@ -246,14 +248,15 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
         ranks > 1 ? comms.per_rank[r] : ShardComms{}));
   }
   Log("CUDA, %d rank(s) (tp %d x pp %d) on device(s) %s%s: "
-      "weights %s (bf16), activations for %d tokens x %d "
+      "weights %s (%s), activations for %d tokens x %d "
       "sequences; %s; %lld tokens of KV",
       ranks, o.tp, o.pp, absl::StrJoin(devices, ",").c_str(),
       ranks == 1 ? ""
       : nccl     ? ", NCCL between them"
                  : ", collectives staged through the host",
-      Gib(weight_bytes).c_str(), o.limits.max_batched_tokens, o.limits.max_seqs,
-      why.c_str(), static_cast<long long>(blocks * o.kv.block_size));
+      Gib(weight_bytes).c_str(), CudaWeightsName(o.cuda_weights),
+      o.limits.max_batched_tokens, o.limits.max_seqs, why.c_str(),
+      static_cast<long long>(blocks * o.kv.block_size));
   if (ranks == 1) {
     return std::unique_ptr<StepExecutor>(
         std::make_unique<CudaExecutor>(std::move(shards[0])));

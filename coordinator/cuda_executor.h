@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/device.h"
 #include "coordinator/in_process_executor.h"
 #include "model/weight_source.h"
 #include "step/batch_limits.h"
@@ -32,6 +33,9 @@ struct CudaExecutorOptions {
   PpBalance pp_balance = PpBalance::kDecode;  // PP's stage boundaries.
   // Ranks may share a GPU (their communicators stage through the host).
   bool allow_shared_gpu = false;
+  // --cuda-weights: bf16, or Q8_0 / Q4_0 matrices kept quantized
+  // (worker/cuda_weights.h).
+  CudaWeights cuda_weights = CudaWeights::kBf16;
 };
 
 // Loads `source` onto GPU `options.device`. FailedPrecondition without a

@@ -41,16 +41,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
           " on CUDA: the GPU kernels keep the KV cache in bf16 only; use "
           "bf16 (the default there), or --device cpu"));
     }
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<StepExecutor> executor,
-        CreateCudaExecutor(source,
-                           {.kv = kv,
-                            .limits = options.limits,
-                            .device = options.device_ordinal,
-                            .tp = options.tp,
-                            .pp = options.pp,
-                            .pp_balance = options.pp_balance,
-                            .allow_shared_gpu = options.allow_shared_gpu}));
+    ASSIGN_OR_RETURN(std::unique_ptr<StepExecutor> executor,
+                     CreateCudaExecutor(
+                         source, {.kv = kv,
+                                  .limits = options.limits,
+                                  .device = options.device_ordinal,
+                                  .tp = options.tp,
+                                  .pp = options.pp,
+                                  .pp_balance = options.pp_balance,
+                                  .allow_shared_gpu = options.allow_shared_gpu,
+                                  .cuda_weights = options.cuda_weights}));
     return Create(std::move(executor), options);
   }
   // Ranks on threads share the cores.

@@ -46,6 +46,8 @@ struct EngineOptions {
   DeviceKind device = DeviceKind::kCpu;
   int device_ordinal = 0;
   bool allow_shared_gpu = false;  // Tests: TP x PP ranks on one GPU.
+  // --cuda-weights: how GPUs hold GGUF matrices (backend/device.h).
+  CudaWeights cuda_weights = CudaWeights::kBf16;
   // A failed step pauses the engine and keeps its requests to be
   // recomputed once Resume() is called, instead of failing them: for an
   // executor that comes back (coordinator --rejoin). See Scheduler.

@@ -38,6 +38,7 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   flags.Add("allow-shared-gpu", &allow_shared_gpu,
             "let --tp x --pp ranks share GPUs (tests only: slow, staged "
             "through the host)");
+  flags.Add("cuda-weights", &cuda_weights, kCudaWeightsHelp);
 }
 
 std::string LocalEngineFlags::Problem() const {
@@ -58,6 +59,9 @@ std::string LocalEngineFlags::Problem() const {
   if (std::string p = limits.Problem(); !p.empty()) return p;
   if (absl::StatusOr<DeviceRequest> r = ParseDeviceFlag(device); !r.ok()) {
     return std::string(r.status().message());
+  }
+  if (absl::StatusOr<CudaWeights> w = ParseCudaWeights(cuda_weights); !w.ok()) {
+    return std::string(w.status().message());
   }
   return "";
 }
@@ -89,7 +93,9 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .pp_balance = ParsePpBalance(pp_balance).value_or(PpBalance::kDecode),
           .device = d.kind,
           .device_ordinal = d.ordinal,
-          .allow_shared_gpu = allow_shared_gpu};
+          .allow_shared_gpu = allow_shared_gpu,
+          .cuda_weights =
+              ParseCudaWeights(cuda_weights).value_or(CudaWeights::kBf16)};
 }
 
 absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {

@@ -28,11 +28,12 @@ struct LocalEngineFlags {
   std::string pp_balance = "decode";
   std::string device = "auto";
   bool allow_shared_gpu = false;
+  std::string cuda_weights = "bf16";
 
   // Adds --model, --threads, the KV cache's flags (KvCacheFlags), the step
   // limits' (BatchLimitFlags), --tp, --pp, --cp, --moe-sharding,
-  // --pp-balance, --device
-  // and --allow-shared-gpu.
+  // --pp-balance, --device, --allow-shared-gpu
+  // and --cuda-weights.
   void Register(FlagSet& flags);
   // Empty when the values are in range, else the problem (naming the flag).
   // Does not require --model.

@@ -59,6 +59,7 @@ struct WorkerFlags {
   std::string data_interface;
   int64_t drain_timeout_s = 30;
   std::string device = "auto";
+  std::string cuda_weights = "bf16";
   ControlTlsFlags control_tls;
 };
 
@@ -209,6 +210,7 @@ void RegisterWorkerFlags(FlagSet& flags, WorkerFlags& f) {
             "else cpu), cpu, cuda (GPU 0) or cuda:N; the coordinator's "
             "--device must match. GPU workers exchange activations over "
             "NCCL, CPU workers over Gloo");
+  flags.Add("cuda-weights", &f.cuda_weights, kCudaWeightsHelp);
   flags.Add("drain-timeout-s", &f.drain_timeout_s,
             "on SIGTERM, how long to wait for the coordinator to drain and "
             "stop the cluster before leaving");
@@ -357,6 +359,13 @@ int WorkerCommand(int argc, char** argv) {
     return 2;
   }
   const int rank = static_cast<int>(f.rank);
+  const absl::StatusOr<CudaWeights> cuda_weights =
+      ParseCudaWeights(f.cuda_weights);
+  if (!cuda_weights.ok()) {
+    std::fprintf(stderr, "shardlm worker: %s\n",
+                 std::string(cuda_weights.status().message()).c_str());
+    return 2;
+  }
   absl::StatusOr<WorkerDevice> device = ChooseWorkerDevice(f.device);
   if (!device.ok()) {
     std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
@@ -412,7 +421,8 @@ int WorkerCommand(int argc, char** argv) {
             source->get(), {.device = device->choice.ordinal,
                             .rank = rank,
                             .store = &store,
-                            .timeout = absl::Seconds(f.join_timeout_s)});
+                            .timeout = absl::Seconds(f.join_timeout_s),
+                            .cuda_weights = *cuda_weights});
         if (!gpu.ok()) {
           std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
                        std::string(gpu.status().message()).c_str());

@@ -1,6 +1,9 @@
 #include "worker/activation_memory.h"
 
+#include <algorithm>
+
 #include "kernels/attention/paged_attention.h"
+#include "kernels/linear/quant_device_pack.h"
 
 namespace shardlm {
 
@@ -73,6 +76,30 @@ int64_t GpuActivationBytes(const RankActivationDims& d, int64_t tokens,
                             CudaDecodeWorkspaceFloats(rows, d.heads, d.head_dim,
                                                       kMaxCudaDecodeSplits);
   return bytes + workspace;
+}
+
+int64_t LargestPackedMatrix(const LlamaWeights& w) {
+  int64_t largest = 0;
+  const auto see = [&](const Tensor& t) {
+    if (!t.empty() && t.memory() == MemoryType::kDevice &&
+        HasDeviceQuantLayout(t.dtype())) {
+      largest = std::max(largest, t.numel());
+    }
+  };
+  see(w.token_embd);
+  see(w.lm_head);
+  for (const LlamaLayerWeights& l : w.layers) {
+    for (const Tensor* t :
+         {&l.wqkv, &l.wo, &l.w_gate_up, &l.w_down, &l.wq, &l.wk, &l.wv,
+          &l.w_gate, &l.w_up, &l.router, &l.exp_gate, &l.exp_up, &l.exp_down}) {
+      see(*t);
+    }
+  }
+  return largest;
+}
+
+int64_t GpuDequantScratchBytes(const LlamaWeights& w) {
+  return DequantScratchBytes(LargestPackedMatrix(w));
 }
 
 }  // namespace shardlm

@@ -12,6 +12,7 @@
 #include "core/dtype.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
+#include "worker/llama_weights.h"
 
 namespace shardlm {
 
@@ -79,6 +80,17 @@ std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& dims);
 // host buffers (the logits' staging) are not device memory and not counted.
 int64_t GpuActivationBytes(const RankActivationDims& dims, int64_t tokens,
                            int64_t rows);
+
+// Quantized weights on a GPU (--cuda-weights quantized, worker/cuda_weights.h).
+// A packed Q8_0 / Q4_0 matrix is a device tensor of that dtype whose bytes()
+// are its packed bytes (the GGUF bytes: the layout pads nothing), so
+// LlamaWeights::bytes() and bytes_per_step() count them as they are. Beside
+// them a rank holds one dequantization scratch (steps of more than 8 rows):
+// the values of the largest device tensor in Q8_0 / Q4_0 (0 when none) ...
+int64_t LargestPackedMatrix(const LlamaWeights& device_weights);
+// ... and its bytes: DequantScratchBytes (kernels/linear/quant_device_pack.h)
+// of that, bf16 for at most 32 Mi values.
+int64_t GpuDequantScratchBytes(const LlamaWeights& device_weights);
 
 }  // namespace shardlm
 

@@ -1,5 +1,7 @@
 #include "worker/activation_memory.h"
 
+#include <vector>
+
 #include "gtest/gtest.h"
 #include "model/model_config.h"
 #include "model/shard_plan.h"
@@ -76,6 +78,52 @@ TEST(GpuActivationBytesTest, DimsComeFromTheShard) {
   EXPECT_EQ(d.experts, 0);
   c.n_experts = 8;
   EXPECT_EQ(ActivationDimsOf(c, spec).experts, 8);
+}
+
+// Quantized weights on a GPU: packed matrices count their packed (GGUF)
+// bytes, by hand; the scratch is bf16 for the largest device Q8_0 / Q4_0
+// matrix. Device tensors are views of host memory marked kDevice (only
+// their sizes are read).
+TEST(QuantizedWeightMemoryTest, PackedBytesAndTheScratchByHand) {
+  std::vector<uint8_t> mem(1 << 20);
+  const auto dev = [&](DType t, Shape shape) {
+    return *Tensor::View(t, std::move(shape), mem.data(), MemoryType::kDevice);
+  };
+  LlamaWeights w;
+  std::vector<uint8_t> embd(200 * 64 * 2);
+  w.token_embd =
+      *Tensor::View(DType::kBF16, {200, 64}, embd.data(), MemoryType::kDevice);
+  w.output_norm = dev(DType::kF32, {64});
+  w.lm_head = dev(DType::kQ8_0, {200, 64});
+  LlamaLayerWeights l;
+  l.attn_norm = dev(DType::kF32, {64});
+  l.ffn_norm = dev(DType::kF32, {64});
+  l.wqkv = dev(DType::kQ8_0, {96, 64});
+  l.wo = dev(DType::kBF16, {64, 32});  // Not packed (another format).
+  l.w_gate_up = dev(DType::kQ4_0, {128, 64});
+  l.w_down = dev(DType::kQ4_0, {64, 64});
+  w.layers.push_back(l);
+  // Q8_0: 34 bytes a block of 32, Q4_0: 18.
+  const int64_t layer =
+      2 * 64 * 4 + 96 * 2 * 34 + 64 * 32 * 2 + 128 * 2 * 18 + 64 * 2 * 18;
+  const int64_t head = 200 * 2 * 34;
+  EXPECT_EQ(w.bytes(), 64 * 4 + head + 200 * 64 * 2 + layer);
+  EXPECT_EQ(w.bytes_per_step(), 64 * 4 + head + layer);
+  EXPECT_EQ(LargestPackedMatrix(w), 200 * 64);
+  EXPECT_EQ(GpuDequantScratchBytes(w), 200 * 64 * 2);
+
+  // Without the LM head the largest is the fused gate/up.
+  w.lm_head = Tensor();
+  EXPECT_EQ(GpuDequantScratchBytes(w), 128 * 64 * 2);
+  // A host Q4_0 tensor is not a packed device matrix.
+  w.layers[0].w_gate_up =
+      *Tensor::View(DType::kQ4_0, {128, 64}, mem.data(), MemoryType::kHost);
+  EXPECT_EQ(LargestPackedMatrix(w), 96 * 64);
+  // bf16 weights only: no scratch.
+  w.layers[0].wqkv = dev(DType::kBF16, {96, 64});
+  w.layers[0].w_down = dev(DType::kBF16, {64, 64});
+  w.layers[0].w_gate_up = Tensor();
+  EXPECT_EQ(GpuDequantScratchBytes(w), 0);
 }
 
 }  // namespace

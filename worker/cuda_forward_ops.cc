@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
+#include "kernels/linear/quant_device_pack.h"
 
 namespace shardlm {
 
@@ -20,6 +21,16 @@ absl::Status CudaForwardOps::RmsNorm(const Tensor& x, const Tensor& weight,
 
 absl::Status CudaForwardOps::Linear(const Tensor& x, const Tensor& w, Tensor& y,
                                     bool accumulate) {
+  if (HasDeviceQuantLayout(w.dtype())) {
+    // A packed Q8_0 / Q4_0 matrix (--cuda-weights quantized): the quantized
+    // GEMV for decode steps of up to 8 rows, else chunks of it dequantized
+    // into the rank's scratch (reserved at upload) for cuBLAS.
+    if (x.rank() == 2 && x.dim(0) <= kQuantGemvMaxRows) {
+      return LinearQuantizedCuda(x, w, y, accumulate, exec_);
+    }
+    return LinearPackedCuda(x, w, y, accumulate, DequantScratchCuda(exec_),
+                            exec_);
+  }
   return LinearCuda(x, w, y, accumulate, exec_);
 }
 

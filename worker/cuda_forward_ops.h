@@ -12,8 +12,9 @@ namespace shardlm {
 // Bound to a stream (`exec`) and to the step's device-side token ids,
 // logit rows and attention metadata (buffers that stay put while a CUDA
 // graph replays); all must outlive the ops. GEMM inputs are bf16, the
-// residual stream and GEMM outputs f32, weights bf16 (norms and biases
-// f32), KV caches bf16 in the CUDA layout.
+// residual stream and GEMM outputs f32, weights bf16 or packed Q8_0 / Q4_0
+// (--cuda-weights quantized; Linear dispatches on the weight's dtype),
+// norms and biases f32, KV caches bf16 in the CUDA layout.
 class CudaForwardOps : public ForwardOps {
  public:
   CudaForwardOps(const CudaExec& exec, const Tensor& ids, const Tensor& rows,

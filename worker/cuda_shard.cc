@@ -41,9 +41,9 @@ absl::Status CudaShard::Load(const WeightSource& source) {
   ASSIGN_OR_RETURN(
       LlamaWeights host,
       LoadLlamaWeights(source, spec(), LogLoadProgress(request_.name)));
-  ASSIGN_OR_RETURN(
-      LlamaWeights weights,
-      UploadLlamaWeights(host, runner_->backend(), runner_->exec()));
+  ASSIGN_OR_RETURN(LlamaWeights weights,
+                   UploadLlamaWeights(host, runner_->backend(), runner_->exec(),
+                                      {.weights = options_.cuda_weights}));
   host = LlamaWeights();
   RETURN_IF_ERROR(runner_->SetWeights(std::move(weights)));
   RETURN_IF_ERROR(runner_->ReserveActivations(

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "backend/device.h"
 #include "model/weight_source.h"
 #include "worker/cuda_model_runner.h"
 #include "worker/shard.h"
@@ -23,6 +24,9 @@ struct CudaShardOptions {
   // (in-process groups that stage through the host) the stream is
   // synchronized before each collective.
   bool comms_on_stream = false;
+  // --cuda-weights: how the upload holds GGUF matrices
+  // (UploadLlamaWeights).
+  CudaWeights cuda_weights = CudaWeights::kBf16;
 };
 
 class CudaShard : public Shard {

@@ -121,7 +121,9 @@ class CudaShardHost : public ShardHost {
                      .limits = a.limits,
                      .name = absl::StrCat("worker rank ", o_.rank, " (pp ",
                                           a.pp_rank, ", tp ", a.tp_rank, ")")},
-                    {.device = o_.device, .comms_on_stream = true}));
+                    {.device = o_.device,
+                     .comms_on_stream = true,
+                     .cuda_weights = o_.cuda_weights}));
     CudaModelRunner& runner = shard_->device_runner();
     void* stream = runner.exec().stream;
     if (a.tp > 1) {
@@ -156,10 +158,11 @@ class CudaShardHost : public ShardHost {
     const int32_t tokens = std::max<int32_t>(a.limits.max_batched_tokens, 1);
     const int32_t seqs = std::max<int32_t>(a.limits.max_seqs, 1);
     Log("worker rank %d (pp %d, tp %d) on cuda:%d: weights "
-        "%.2f GiB (bf16), step buffers %.2f GiB for %d tokens x %d "
+        "%.2f GiB (%s), step buffers %.2f GiB for %d tokens x %d "
         "sequences; %s; %lld tokens of KV",
         o_.rank, a.pp_rank, a.tp_rank, o_.device,
         static_cast<double>(runner.weights().bytes()) / (1 << 30),
+        CudaWeightsName(o_.cuda_weights),
         static_cast<double>(
             GpuActivationBytes(ActivationDimsOf(config, spec), tokens, seqs)) /
             (1 << 30),

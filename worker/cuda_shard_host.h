@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "backend/device.h"
 #include "collectives/rendezvous_store.h"
 #include "model/weight_source.h"
 #include "worker/worker_agent.h"
@@ -32,6 +33,8 @@ struct CudaShardHostOptions {
   RendezvousStore* store = nullptr;
   // NCCL init (waiting for the group), the rendezvous, every collective.
   absl::Duration timeout = absl::Seconds(300);
+  // --cuda-weights: how the shard's upload holds GGUF matrices.
+  CudaWeights cuda_weights = CudaWeights::kBf16;
 };
 
 // Whether this binary has GPU workers (CUDA and NCCL).

@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
+#include "kernels/linear/quant_device_pack.h"
 #include "model/dequantize.h"
+#include "worker/activation_memory.h"
 
 namespace shardlm {
 
@@ -73,12 +75,94 @@ absl::StatusOr<Tensor> ConcatRows(std::initializer_list<const Tensor*> parts) {
   return out;
 }
 
+// Whether `t` goes up packed under `options` (a 2-D Q8_0 / Q4_0 host
+// matrix of whole blocks per row).
+bool Packable(const Tensor& t, const CudaUploadOptions& options) {
+  return options.weights == CudaWeights::kQuantized && !t.empty() &&
+         t.rank() == 2 && HasDeviceQuantLayout(t.dtype()) &&
+         PackedQuantBytes(t.dtype(), t.dim(0), t.dim(1)).ok();
+}
+
+// The rows of `parts` (host matrices of one packable dtype and width) as
+// one GGUF matrix of that dtype, block bytes back to back; an empty tensor
+// when they differ in dtype or width or one is not packable.
+absl::StatusOr<Tensor> ConcatQuantizedRows(
+    std::initializer_list<const Tensor*> parts,
+    const CudaUploadOptions& options) {
+  const Tensor& first = **parts.begin();
+  int64_t rows = 0;
+  for (const Tensor* p : parts) {
+    if (!Packable(*p, options) || p->dtype() != first.dtype() ||
+        p->dim(1) != first.dim(1)) {
+      return Tensor();
+    }
+    rows += p->dim(0);
+  }
+  ASSIGN_OR_RETURN(Tensor out, Tensor::HostUninitialized(first.dtype(),
+                                                         {rows, first.dim(1)}));
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (const Tensor* p : parts) {
+    std::memcpy(dst, p->raw(), p->bytes());
+    dst += p->bytes();
+  }
+  return out;
+}
+
+// A packable host matrix, repacked (PackQuantized) and copied up as is.
+absl::StatusOr<Tensor> UploadPacked(const Tensor& host, Backend& backend) {
+  ASSIGN_OR_RETURN(const Tensor packed, PackQuantized(host));
+  ASSIGN_OR_RETURN(
+      Tensor device,
+      backend.Allocate(packed.dtype(), packed.shape(), MemoryType::kDevice));
+  RETURN_IF_ERROR(backend.Copy(packed, device));
+  return device;
+}
+
+// A projection: packed when it can be, else bf16.
+absl::StatusOr<Tensor> UploadMatrix(const Tensor& host, Backend& backend,
+                                    const CudaExec& exec,
+                                    const CudaUploadOptions& options) {
+  if (Packable(host, options)) return UploadPacked(host, backend);
+  return Upload(host, DType::kBF16, backend, exec);
+}
+
+// A fused projection (QKV, gate/up): one packed matrix when every part is
+// of one packable format, else the bf16 concatenation.
+absl::StatusOr<Tensor> UploadFused(std::initializer_list<const Tensor*> parts,
+                                   Backend& backend, const CudaExec& exec,
+                                   const CudaUploadOptions& options) {
+  ASSIGN_OR_RETURN(const Tensor quantized, ConcatQuantizedRows(parts, options));
+  if (!quantized.empty()) return UploadPacked(quantized, backend);
+  ASSIGN_OR_RETURN(const Tensor f32, ConcatRows(parts));
+  return Upload(f32, DType::kBF16, backend, exec);
+}
+
 absl::StatusOr<Tensor> Random(DType dtype, const Shape& shape, uint64_t seed,
                               float scale, Backend& backend,
                               const CudaExec& exec) {
   ASSIGN_OR_RETURN(Tensor t,
                    backend.Allocate(dtype, shape, MemoryType::kDevice));
   RETURN_IF_ERROR(FillRandomCuda(t, seed, scale, exec));
+  return t;
+}
+
+// A packed Q8_0 / Q4_0 matrix of random codes (FillRandomCuda's bf16 bits
+// over the codes), every scale 0x1c1c (f16 2^-8 * 1.027): for timing.
+absl::StatusOr<Tensor> RandomPacked(DType dtype, const Shape& shape,
+                                    uint64_t seed, Backend& backend,
+                                    const CudaExec& exec) {
+  ASSIGN_OR_RETURN(const quant_layout::QuantFormat f, DeviceQuantFormat(dtype));
+  ASSIGN_OR_RETURN(const int64_t bytes,
+                   PackedQuantBytes(dtype, shape[0], shape[1]));
+  ASSIGN_OR_RETURN(Tensor t,
+                   backend.Allocate(dtype, shape, MemoryType::kDevice));
+  const int64_t codes = quant_layout::ScalesOffset(f, shape[0], shape[1]);
+  ASSIGN_OR_RETURN(Tensor as_bf16, Tensor::View(DType::kBF16, {codes / 2},
+                                                t.raw(), MemoryType::kDevice));
+  RETURN_IF_ERROR(FillRandomCuda(as_bf16, seed, 1.0f, exec));
+  RETURN_IF_CUDA_ERROR(cudaMemsetAsync(static_cast<uint8_t*>(t.raw()) + codes,
+                                       0x1c, bytes - codes,
+                                       static_cast<cudaStream_t>(exec.stream)));
   return t;
 }
 
@@ -93,9 +177,9 @@ absl::StatusOr<Tensor> Ones(const Shape& shape, Backend& backend) {
 
 }  // namespace
 
-absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
-                                                Backend& backend,
-                                                const CudaExec& exec) {
+absl::StatusOr<LlamaWeights> UploadLlamaWeights(
+    const LlamaWeights& host, Backend& backend, const CudaExec& exec,
+    const CudaUploadOptions& options) {
   LlamaWeights w;
   w.config = host.config;
   w.spec = host.spec;
@@ -107,8 +191,8 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
                      Upload(l.attn_norm, DType::kF32, backend, exec));
     // Q, K and V as one matrix (one GEMM), and Qwen2's biases with them
     // (added to the f32 output); gate and up as another.
-    ASSIGN_OR_RETURN(Tensor qkv, ConcatRows({&l.wq, &l.wk, &l.wv}));
-    ASSIGN_OR_RETURN(d.wqkv, Upload(qkv, bf, backend, exec));
+    ASSIGN_OR_RETURN(
+        d.wqkv, UploadFused({&l.wq, &l.wk, &l.wv}, backend, exec, options));
     if (!l.bq.empty()) {
       ASSIGN_OR_RETURN(Tensor bqkv, ConcatRows({&l.bq, &l.bk, &l.bv}));
       ASSIGN_OR_RETURN(d.bqkv, Upload(bqkv, DType::kF32, backend, exec));
@@ -116,8 +200,14 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
     // Exact columns: a CPU slice of whole blocks is cut to this rank's.
     const int64_t q_cols = host.spec.n_heads() * host.config.head_dim;
     const int64_t f_cols = host.spec.ffn_end - host.spec.ffn_begin;
-    ASSIGN_OR_RETURN(const Tensor wo, ExactColumns(l.wo, l.wo_offset, q_cols));
-    ASSIGN_OR_RETURN(d.wo, Upload(wo, bf, backend, exec));
+    if (l.wo_offset == 0 && l.wo.rank() == 2 && l.wo.dim(1) == q_cols &&
+        Packable(l.wo, options)) {
+      ASSIGN_OR_RETURN(d.wo, UploadPacked(l.wo, backend));
+    } else {
+      ASSIGN_OR_RETURN(const Tensor wo,
+                       ExactColumns(l.wo, l.wo_offset, q_cols));
+      ASSIGN_OR_RETURN(d.wo, Upload(wo, bf, backend, exec));
+    }
     ASSIGN_OR_RETURN(d.ffn_norm,
                      Upload(l.ffn_norm, DType::kF32, backend, exec));
     ASSIGN_OR_RETURN(d.q_norm, Upload(l.q_norm, DType::kF32, backend, exec));
@@ -135,11 +225,16 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
       w.layers.push_back(std::move(d));
       continue;
     }
-    ASSIGN_OR_RETURN(Tensor gate_up, ConcatRows({&l.w_gate, &l.w_up}));
-    ASSIGN_OR_RETURN(d.w_gate_up, Upload(gate_up, bf, backend, exec));
-    ASSIGN_OR_RETURN(const Tensor w_down,
-                     ExactColumns(l.w_down, l.w_down_offset, f_cols));
-    ASSIGN_OR_RETURN(d.w_down, Upload(w_down, bf, backend, exec));
+    ASSIGN_OR_RETURN(d.w_gate_up,
+                     UploadFused({&l.w_gate, &l.w_up}, backend, exec, options));
+    if (l.w_down_offset == 0 && l.w_down.rank() == 2 &&
+        l.w_down.dim(1) == f_cols && Packable(l.w_down, options)) {
+      ASSIGN_OR_RETURN(d.w_down, UploadPacked(l.w_down, backend));
+    } else {
+      ASSIGN_OR_RETURN(const Tensor w_down,
+                       ExactColumns(l.w_down, l.w_down_offset, f_cols));
+      ASSIGN_OR_RETURN(d.w_down, Upload(w_down, bf, backend, exec));
+    }
     w.layers.push_back(std::move(d));
   }
   ASSIGN_OR_RETURN(w.output_norm,
@@ -147,15 +242,33 @@ absl::StatusOr<LlamaWeights> UploadLlamaWeights(const LlamaWeights& host,
   if (!host.lm_head.empty() && host.lm_head.raw() == host.token_embd.raw()) {
     w.lm_head = w.token_embd;  // Tied: one device copy.
   } else {
-    ASSIGN_OR_RETURN(w.lm_head, Upload(host.lm_head, bf, backend, exec));
+    ASSIGN_OR_RETURN(w.lm_head,
+                     UploadMatrix(host.lm_head, backend, exec, options));
   }
+  // Steps of more than 8 rows dequantize packed matrices chunk by chunk.
+  RETURN_IF_ERROR(ReserveDequantScratchCuda(
+      exec, DequantScratchBytes(LargestPackedMatrix(w))));
   return w;
 }
 
 absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
                                                 uint64_t seed, Backend& backend,
-                                                const CudaExec& exec) {
+                                                const CudaExec& exec,
+                                                DType matrices) {
   RETURN_IF_ERROR(c.Validate());
+  if (matrices != DType::kBF16 && !HasDeviceQuantLayout(matrices)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RandomLlamaWeights: matrices in ", DTypeName(matrices),
+                     "; bf16, Q8_0 or Q4_0"));
+  }
+  // A projection [out, in]: bf16 in [-1, 1) * scale, or packed blocks.
+  const auto matrix = [&](const Shape& shape, uint64_t id,
+                          float scale) -> absl::StatusOr<Tensor> {
+    if (matrices == DType::kBF16) {
+      return Random(DType::kBF16, shape, id, scale, backend, exec);
+    }
+    return RandomPacked(matrices, shape, id, backend, exec);
+  };
   LlamaWeights w;
   w.config = c;
   w.spec = WholeModelSpec(c);
@@ -173,24 +286,24 @@ absl::StatusOr<LlamaWeights> RandomLlamaWeights(const ModelConfig& c,
     ASSIGN_OR_RETURN(d.attn_norm, Ones({c.hidden}, backend));
     ASSIGN_OR_RETURN(d.ffn_norm, Ones({c.hidden}, backend));
     // Fused as UploadLlamaWeights fuses them (the same scale in each).
-    ASSIGN_OR_RETURN(d.wqkv, Random(bf, {q_dim + 2 * kv_dim, c.hidden}, ++next,
-                                    scale(c.hidden), backend, exec));
-    ASSIGN_OR_RETURN(d.wo, Random(bf, {c.hidden, q_dim}, ++next, scale(q_dim),
-                                  backend, exec));
-    ASSIGN_OR_RETURN(d.w_gate_up,
-                     Random(bf, {2 * c.ffn_hidden, c.hidden}, ++next,
-                            scale(c.hidden), backend, exec));
-    ASSIGN_OR_RETURN(d.w_down, Random(bf, {c.hidden, c.ffn_hidden}, ++next,
-                                      scale(c.ffn_hidden), backend, exec));
+    ASSIGN_OR_RETURN(d.wqkv, matrix({q_dim + 2 * kv_dim, c.hidden}, ++next,
+                                    scale(c.hidden)));
+    ASSIGN_OR_RETURN(d.wo, matrix({c.hidden, q_dim}, ++next, scale(q_dim)));
+    ASSIGN_OR_RETURN(d.w_gate_up, matrix({2 * c.ffn_hidden, c.hidden}, ++next,
+                                         scale(c.hidden)));
+    ASSIGN_OR_RETURN(d.w_down, matrix({c.hidden, c.ffn_hidden}, ++next,
+                                      scale(c.ffn_hidden)));
     w.layers.push_back(std::move(d));
   }
   ASSIGN_OR_RETURN(w.output_norm, Ones({c.hidden}, backend));
   if (c.tied_embeddings) {
     w.lm_head = w.token_embd;
   } else {
-    ASSIGN_OR_RETURN(w.lm_head, Random(bf, {c.vocab_size, c.hidden}, ++next,
-                                       scale(c.hidden), backend, exec));
+    ASSIGN_OR_RETURN(w.lm_head,
+                     matrix({c.vocab_size, c.hidden}, ++next, scale(c.hidden)));
   }
+  RETURN_IF_ERROR(ReserveDequantScratchCuda(
+      exec, DequantScratchBytes(LargestPackedMatrix(w))));
   RETURN_IF_CUDA_ERROR(
       cudaStreamSynchronize(static_cast<cudaStream_t>(exec.stream)));
   return w;

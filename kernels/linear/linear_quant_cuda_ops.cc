@@ -139,11 +139,11 @@ absl::Status LinearPackedCuda(const Tensor& x, const Tensor& w, Tensor& y,
 }
 
 absl::Status ReserveDequantScratchCuda(const CudaExec& exec, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
   if (exec.cublas == nullptr) {
     return absl::InvalidArgumentError(
         "ReserveDequantScratchCuda: no cuBLAS handle to hold the scratch");
   }
-  if (bytes <= 0) return absl::OkStatus();
   Scratches& all = AllScratches();
   {
     std::lock_guard<std::mutex> lock(all.mu);
