@@ -3,6 +3,15 @@
 //
 //   gpu_decode_bench [--batches 1,16] [--prompt 128] [--steps 64]
 //                    [--peak-gbps 4800] [--device 0] [--json FILE]
+//                    [--weights bf16|q8_0|q4_0]
+//
+// --weights q8_0 / q4_0 keeps the projections and the LM head packed in
+// that format (--cuda-weights quantized; RandomLlamaWeights): decode steps
+// of up to 8 sequences take the quantized GEMV, the prompts' prefill the
+// dequantize + cuBLAS path. The bytes a step reads then count the packed
+// bytes (1.0625 / 0.5625 a weight; the embedding, read one row a token, is
+// not counted), so the fraction of the floor is against the quantized
+// floor, not bf16's.
 //
 // For each batch size, with CUDA graphs and with eager launches: every
 // sequence is prefilled with `prompt` random
@@ -25,6 +34,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "worker/cuda_model_runner.h"
 
@@ -72,6 +82,7 @@ int Main(int argc, char** argv) {
   int prompt = 128, steps = 64, device = 0;
   double peak_gbps = 4800;
   std::string json_path, model = "1b";
+  DType matrices = DType::kBF16;
   // The fraction of every sequence's KV blocks (its oldest) kept in the
   // host tier, which attention reads over the bus in place.
   double host_fraction = 0;
@@ -100,6 +111,16 @@ int Main(int argc, char** argv) {
       if (!absl::SimpleAtod(value, &host_fraction) || host_fraction < 0 ||
           host_fraction > 1) {
         return Fail("--host-fraction must be in [0, 1]");
+      }
+    } else if (flag == "--weights") {
+      if (value == "bf16") {
+        matrices = DType::kBF16;
+      } else if (value == "q8_0") {
+        matrices = DType::kQ8_0;
+      } else if (value == "q4_0") {
+        matrices = DType::kQ4_0;
+      } else {
+        return Fail("--weights: bf16, q8_0 or q4_0");
       }
     } else if (flag == "--model") {
       if (value != "1b" && value != "8b") return Fail("--model: 1b or 8b");
@@ -152,7 +173,10 @@ int Main(int argc, char** argv) {
     return Fail(msg);
   }
   CudaModelRunner& r = **runner;
-  auto weights = RandomLlamaWeights(c, 1, r.backend(), r.exec());
+  if (matrices != DType::kBF16) {
+    c.name = absl::StrCat("synthetic-", model, "-", DTypeName(matrices));
+  }
+  auto weights = RandomLlamaWeights(c, 1, r.backend(), r.exec(), matrices);
   if (!weights.ok()) return Fail(std::string(weights.status().message()));
   const int64_t weight_bytes = weights->bytes_per_step();
   if (absl::Status set = r.SetWeights(std::move(*weights)); !set.ok()) {
@@ -178,10 +202,11 @@ int Main(int argc, char** argv) {
               prop.totalGlobalMem / double(1 << 30));
   std::printf(
       "model %s: %lld layers, hidden %lld, ffn %lld, %lld/%lld "
-      "heads, vocab %lld; %.3f GB of bf16 weights read per step\n",
+      "heads, vocab %lld; %.3f GB of %s weights read per step\n",
       c.name.c_str(), (long long)c.n_layers, (long long)c.hidden,
       (long long)c.ffn_hidden, (long long)c.n_heads, (long long)c.n_kv_heads,
-      (long long)c.vocab_size, weight_bytes / 1e9);
+      (long long)c.vocab_size, weight_bytes / 1e9,
+      matrices == DType::kBF16 ? "bf16" : DTypeName(matrices));
   std::printf(
       "bandwidth: nominal peak %.0f GB/s, measured D2D copy %.0f "
       "GB/s (%.0f%% of peak)\n",
@@ -196,7 +221,8 @@ int Main(int argc, char** argv) {
 
   std::string json =
       "{\"device\": \"" + std::string(prop.name) + "\", \"model\": \"" +
-      c.name + "\", \"host_fraction\": " + std::to_string(host_fraction) +
+      c.name + "\", \"weights\": \"" + DTypeName(matrices) +
+      "\", \"host_fraction\": " + std::to_string(host_fraction) +
       ", \"prompt\": " + std::to_string(prompt) +
       ", \"peak_gbps\": " + std::to_string(peak_gbps) +
       ", \"copy_gbps\": " + std::to_string(copy_gbps) +

@@ -25,10 +25,12 @@
 #include "kernels/cuda_ops.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
+#include "kernels/linear/quant_device_pack.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/sampling.h"
 #include "kernels/swiglu/swiglu.h"
+#include "model/dequantize.h"
 #include "testing/random_tensors.h"
 
 namespace shardlm {
@@ -388,6 +390,186 @@ TEST_F(CudaOpsTest, LinearDecodeBatches) {
       ExpectClose(ToHost(y16), want, 4e-3, atol, (what + " bf16 out").c_str());
     }
   }
+}
+
+// Quantized weights on the device (issue #43 part 4): packed Q8_0 / Q4_0
+// matrices (PackQuantized) against the CPU's quantized Linear
+// (linear_quantized_cpu.cc) on the same blocks, x rounded to bf16 first.
+// Both multiply the exact weights d * code in f32; they differ only in
+// summation order (the GPU sums code * x over 16 or 32 values, scales once
+// per unit, and reduces a warp as a tree), so the bound is 1e-5 of each
+// output's sum of |terms| (~170 f32 roundings of it) plus 1e-5; a bf16
+// output adds its own rounding (2^-8 of |y|).
+class QuantizedWeightsTest : public CudaOpsTest {
+ protected:
+  // |x| |w|^T with the dequantized weights: what rounding is relative to.
+  Tensor Magnitude(const Tensor& x, const Tensor& w) {
+    Tensor ax = *Tensor::Host(DType::kF32, x.shape()), aw = Dequantized(w);
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      ax.f32()[i] = std::abs(x.f32()[i]);
+    }
+    for (float& v : aw.f32()) v = std::abs(v);
+    Tensor mag = *Tensor::Host(DType::kF32, {x.dim(0), w.dim(0)});
+    EXPECT_TRUE(Linear(ax, aw, mag).ok());
+    return mag;
+  }
+  static Tensor Dequantized(const Tensor& w) {
+    Tensor f = *Tensor::Host(DType::kF32, w.shape());
+    EXPECT_TRUE(DequantizeRow(w.dtype(), static_cast<const uint8_t*>(w.raw()),
+                              w.numel(), f.data<float>())
+                    .ok());
+    return f;
+  }
+  // |got - want| <= rel_mag * mag + rel * |want| + atol, the worst named.
+  static void ExpectWithin(const Tensor& got, const Tensor& want,
+                           const Tensor& mag, double rel_mag, double rel,
+                           const std::string& what) {
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    double worst = 0;
+    int64_t at = 0;
+    for (int64_t i = 0; i < want.numel(); ++i) {
+      const double diff = std::abs(double{got.f32()[i]} - want.f32()[i]);
+      const double bound =
+          rel_mag * mag.f32()[i] + rel * std::abs(double{want.f32()[i]}) + 1e-5;
+      const double ratio = diff / bound;
+      if (std::isnan(ratio) || ratio > worst) {
+        worst = std::isnan(ratio) ? INFINITY : ratio;
+        at = i;
+      }
+    }
+    EXPECT_LE(worst, 1.0) << what << ": element " << at << " got "
+                          << got.f32()[at] << " want " << want.f32()[at]
+                          << " magnitude " << mag.f32()[at];
+  }
+  Tensor DevPacked(const Tensor& gguf) {
+    absl::StatusOr<Tensor> packed = PackQuantized(gguf);
+    EXPECT_TRUE(packed.ok()) << packed.status();
+    return Dev(*packed);
+  }
+};
+
+TEST_F(QuantizedWeightsTest, GemvMatchesTheCpuOnAwkwardShapes) {
+  uint32_t seed = 100;
+  for (const DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const int64_t out : {1, 3, 4097}) {
+      for (const int64_t in : {32, 96, 4096}) {
+        const Tensor w = testing_util::RandomQuantized(t, out, in, ++seed);
+        const Tensor dw = DevPacked(w);
+        for (int64_t n = 1; n <= kQuantGemvMaxRows; ++n) {
+          const std::string what =
+              absl::StrCat(DTypeName(t), " out ", out, ", in ", in, ", n ", n);
+          const Tensor x = RandomBf16({n, in}, ++seed);
+          Tensor want = *Tensor::Host(DType::kF32, {n, out});
+          ASSERT_TRUE(Linear(x, w, want).ok()) << what;
+          const Tensor mag = Magnitude(x, w);
+          const Tensor dx = Dev(x, DType::kBF16);
+          Tensor y = Empty(DType::kF32, {n, out});
+          ASSERT_TRUE(LinearQuantizedCuda(dx, dw, y, false, exec_).ok())
+              << what;
+          ExpectWithin(ToHost(y), want, mag, 1e-5, 0, what);
+          // Accumulate: y += x w^T doubles it.
+          ASSERT_TRUE(LinearQuantizedCuda(dx, dw, y, true, exec_).ok());
+          Tensor twice = *Tensor::Host(DType::kF32, want.shape());
+          for (int64_t i = 0; i < want.numel(); ++i) {
+            twice.f32()[i] = 2 * want.f32()[i];
+          }
+          ExpectWithin(ToHost(y), twice, mag, 2e-5, 0, what + " accumulate");
+          Tensor y16 = Empty(DType::kBF16, {n, out});
+          ASSERT_TRUE(LinearQuantizedCuda(dx, dw, y16, false, exec_).ok());
+          ExpectWithin(ToHost(y16), want, mag, 1e-5, 1.0 / 256,
+                       what + " bf16 out");
+        }
+      }
+    }
+  }
+}
+
+// The dequantization kernel is exact: each value is the f32 d * code
+// rounded to bf16 once, as the host computes it.
+TEST_F(QuantizedWeightsTest, DequantizeIsExact) {
+  uint32_t seed = 300;
+  for (const DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const int64_t out : {1, 3, 4097}) {
+      for (const int64_t in : {32, 96, 4096}) {
+        const Tensor w = testing_util::RandomQuantized(t, out, in, ++seed);
+        Tensor want = Dequantized(w);
+        RoundToBf16(want);
+        const Tensor dw = DevPacked(w);
+        Tensor all = Empty(DType::kBF16, {out, in});
+        ASSERT_TRUE(DequantizePackedCuda(dw, 0, out, all, exec_).ok());
+        ExpectClose(ToHost(all), want, 0, 0,
+                    absl::StrCat(DTypeName(t), " ", out, " x ", in));
+        if (out < 3) continue;
+        // Rows [1, 3) only.
+        Tensor two = Empty(DType::kBF16, {2, in});
+        ASSERT_TRUE(DequantizePackedCuda(dw, 1, 3, two, exec_).ok());
+        Tensor want2 = *want.Rows(1, 3);
+        ExpectClose(ToHost(two), want2, 0, 0, "rows 1..3");
+      }
+    }
+  }
+}
+
+// Steps of more than 8 rows: chunks of w dequantized into a scratch (here
+// two rows, so that a 4097-row matrix takes 2049 chunks, and one large
+// enough for all) and multiplied by cuBLAS. The weights are then bf16
+// (as today's bf16 upload rounds them): against a bf16-weight reference the
+// bound is LinearCuda's; against the CPU's quantized Linear it adds the
+// weights' rounding, 2^-9 of the sum of |terms|.
+TEST_F(QuantizedWeightsTest, LargerStepsDequantizeInChunks) {
+  uint32_t seed = 500;
+  for (const DType t : {DType::kQ8_0, DType::kQ4_0}) {
+    for (const int64_t out : {3, 4097}) {
+      const int64_t in = 96;
+      const Tensor w = testing_util::RandomQuantized(t, out, in, ++seed);
+      const Tensor dw = DevPacked(w);
+      Tensor w16 = Dequantized(w);
+      RoundToBf16(w16);
+      for (const int64_t scratch_rows : {int64_t{2}, out}) {
+        Tensor scratch = Empty(DType::kBF16, {scratch_rows * in});
+        for (const int64_t n : {9, 37}) {
+          const std::string what =
+              absl::StrCat(DTypeName(t), " out ", out, ", n ", n,
+                           ", scratch rows ", scratch_rows);
+          const Tensor x = RandomBf16({n, in}, ++seed);
+          Tensor want16 = *Tensor::Host(DType::kF32, {n, out});
+          ASSERT_TRUE(Linear(x, w16, want16).ok());
+          Tensor want = *Tensor::Host(DType::kF32, {n, out});
+          ASSERT_TRUE(Linear(x, w, want).ok());
+          const Tensor mag = Magnitude(x, w);
+          const Tensor dx = Dev(x, DType::kBF16);
+          Tensor y = Empty(DType::kF32, {n, out});
+          ASSERT_TRUE(LinearPackedCuda(dx, dw, y, false, scratch, exec_).ok())
+              << what;
+          const Tensor got = ToHost(y);
+          ExpectWithin(got, want16, mag, 1e-5, 0, what + " vs bf16 weights");
+          ExpectWithin(got, want, mag, 1.0 / 512 + 1e-5, 0,
+                       what + " vs the CPU's quantized Linear");
+        }
+      }
+    }
+  }
+  // Without a scratch a large step is refused, saying what it needs.
+  const Tensor w = testing_util::RandomQuantized(DType::kQ8_0, 3, 64, 1);
+  const Tensor dw = DevPacked(w);
+  const Tensor dx = Dev(RandomBf16({9, 64}, 2), DType::kBF16);
+  Tensor y = Empty(DType::kF32, {9, 3});
+  const absl::Status s = LinearPackedCuda(dx, dw, y, false, Tensor(), exec_);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("scratch"), std::string::npos) << s;
+}
+
+// The scratch held with the cuBLAS handle: reserved, found, grown only.
+TEST_F(QuantizedWeightsTest, ScratchBelongsToTheCublasHandle) {
+  EXPECT_TRUE(DequantScratchCuda(exec_).empty());
+  ASSERT_TRUE(ReserveDequantScratchCuda(exec_, 4096).ok());
+  EXPECT_EQ(DequantScratchBytesCuda(exec_), 4096);
+  ASSERT_TRUE(ReserveDequantScratchCuda(exec_, 1024).ok());
+  EXPECT_EQ(DequantScratchBytesCuda(exec_), 4096);
+  ASSERT_TRUE(ReserveDequantScratchCuda(exec_, 8192).ok());
+  EXPECT_EQ(DequantScratchCuda(exec_).numel(), 4096);
+  ReleaseDequantScratchCuda(exec_.cublas);
+  EXPECT_TRUE(DequantScratchCuda(exec_).empty());
 }
 
 // Sequences of the given context lengths with `new_tokens` tokens each in

@@ -36,6 +36,39 @@ TEST(CudaOpsValidationTest, HostMemoryAndBadShapesAreInvalidArgument) {
   EXPECT_NE(std::string(s.message()).find("BF16"), std::string::npos) << s;
 }
 
+// The quantized-weight entry points refuse before any CUDA call: nine rows
+// for the GEMV, a format without a device layout, a step of nine rows
+// without a scratch (FailedPrecondition naming it), no cuBLAS handle for
+// the scratch.
+TEST(CudaOpsValidationTest, QuantizedWeightsRefuseBadArguments) {
+  alignas(16) static uint8_t fake[4096];
+  const Tensor w =
+      *Tensor::View(DType::kQ8_0, {3, 64}, fake, MemoryType::kDevice);
+  const Tensor x9 =
+      *Tensor::View(DType::kBF16, {9, 64}, fake, MemoryType::kDevice);
+  Tensor y9 = *Tensor::View(DType::kF32, {9, 3}, fake, MemoryType::kDevice);
+  absl::Status s = LinearQuantizedCuda(x9, w, y9, false, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("9 rows"), std::string::npos) << s;
+  s = LinearPackedCuda(x9, w, y9, false, Tensor(), {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(std::string(s.message()).find("scratch"), std::string::npos) << s;
+  const Tensor q41 =
+      *Tensor::View(DType::kQ4_1, {3, 64}, fake, MemoryType::kDevice);
+  const Tensor x1 =
+      *Tensor::View(DType::kBF16, {1, 64}, fake, MemoryType::kDevice);
+  Tensor y1 = *Tensor::View(DType::kF32, {1, 3}, fake, MemoryType::kDevice);
+  s = LinearQuantizedCuda(x1, q41, y1, false, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  Tensor dst = *Tensor::View(DType::kBF16, {2, 64}, fake, MemoryType::kDevice);
+  s = DequantizePackedCuda(w, 2, 4, dst, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = ReserveDequantScratchCuda({}, 1024);
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_TRUE(ReserveDequantScratchCuda({}, 0).ok());  // Nothing to hold.
+  EXPECT_TRUE(DequantScratchCuda({}).empty());
+}
+
 // Rows with logit processors are sampled on the host (SampleStep); the
 // device sampler refuses them rather than ignore their penalties.
 TEST(CudaOpsValidationTest, SampleCudaRefusesRowsWithLogitProcessors) {

@@ -286,6 +286,8 @@ add_step forward_ops_gpu_test 90 "gtest forward_ops_gpu_test"
 # With the GEMV kernel on every batch it takes (LinearCuda's default is 1 row).
 add_step kernels_cross_backend_test 120 \
   "export SHARDLM_CUDA_GEMV_ROWS=8; gtest kernels_cross_backend_test"
+# --cuda-weights quantized (Q8_0, Q4_0) through the runner against the CPU.
+add_step cuda_quantized_weights_test 60 "gtest cuda_quantized_weights_test"
 add_step nccl_communicator_test 90 "gtest nccl_communicator_test"
 add_step cuda_model_runner_test 150 "gtest cuda_model_runner_test"
 add_step cuda_engine_test 150 \
@@ -296,6 +298,13 @@ add_step decode_bench_1b 150 \
   "decode_bench decode_bench_1b --model 1b --batches 1,8,64 --prompt 128 --steps 64"
 add_step decode_bench_8b 180 \
   "decode_bench decode_bench_8b --model 8b --batches 1,8,64 --prompt 128 --steps 64"
+# Quantized weights kept in their blocks (--cuda-weights quantized, #43
+# part 4; never run on a GPU before): Q8_0 and Q4_0 at batch 1 and 8 (the
+# quantized GEMV), against the floor of their packed bytes.
+for q in q8_0 q4_0; do
+  add_step "decode_${q}_8b" 90 \
+    "decode_bench decode_${q}_8b --model 8b --weights $q --batches 1,8 --prompt 128 --steps 32"
+done
 for fraction in 0 0.5; do
   add_step "decode_host_$fraction" 90 \
     "decode_bench decode_host_$fraction --model 1b --batches 1,8 --prompt 2048 --steps 32 --host-fraction $fraction"
