@@ -155,6 +155,7 @@ absl::Status LinearPackedCuda(const Tensor& x, const Tensor& w, Tensor& y,
 // cuBLAS handle of `exec` (one per runner and stream) and freed with it:
 // reserved once when quantized weights are uploaded, before the KV pool is
 // sized from the free memory; grows only (synchronizing exec's stream).
+// Allocated on the current device, which must be the stream's.
 absl::Status ReserveDequantScratchCuda(const CudaExec& exec, int64_t bytes);
 // That scratch as flat bf16 [bytes / 2], or an empty tensor when none.
 Tensor DequantScratchCuda(const CudaExec& exec);

@@ -153,6 +153,10 @@ absl::Status ReserveDequantScratchCuda(const CudaExec& exec, int64_t bytes) {
       return absl::OkStatus();
     }
   }
+  // On the current device, which must be the stream's: UploadLlamaWeights
+  // calls this after the runner's backend made its device current (its
+  // copies do). cudaStreamGetDevice would say, but needs CUDA 12.8 where
+  // the kit runs on the GPU machine's runtime.
   int device = 0;
   RETURN_IF_CUDA_ERROR(cudaGetDevice(&device));
   // The old one (smaller) may still be read by queued work.
