@@ -6,7 +6,8 @@
 // GemvQuant: one warp per output row, as the bf16 GEMV
 // (linear_cuda.cu): each lane takes 16-byte units of the row's codes
 // (half a Q8_0 block, a whole Q4_0 block), kUnroll of them in flight, with
-// their blocks' f16 scales; it multiplies the codes into the rows of x
+// their blocks' f16 scales; it turns the codes into floats without
+// integer conversions (DecodeUnit) and multiplies them into the rows of x
 // (bf16, read through L1: every warp of the SM reads the same x) in f32,
 // scales the unit's sum once, and the warp reduces at the end. The index
 // arithmetic is quant_device_layout.h's, which the host reference
@@ -47,12 +48,8 @@ template <int N, QuantFormat F>
 __device__ __forceinline__ void Unit(const uint4& raw, float d, const Bf* x,
                                      int64_t in, int64_t first, float acc[N]) {
   constexpr int kElems = F == QuantFormat::kQ8_0 ? 16 : 32;
-  const uint8_t* codes = reinterpret_cast<const uint8_t*>(&raw);
   float w[kElems];
-#pragma unroll
-  for (int e = 0; e < kElems; ++e) {
-    w[e] = static_cast<float>(ql::UnitCode(F, codes, e));
-  }
+  ql::DecodeUnit(F, raw.x, raw.y, raw.z, raw.w, w);
 #pragma unroll
   for (int b = 0; b < N; ++b) {
     const uint4* xv = reinterpret_cast<const uint4*>(x + b * in + first);
@@ -126,7 +123,8 @@ __global__ void __launch_bounds__(256)
         reinterpret_cast<const uint4*>(w + ql::QuantOffset(F, in, row, 0)) + u);
     const float d = __half2float(*reinterpret_cast<const __half*>(
         w + ql::ScaleOffset(F, out, in, row, ql::UnitBlock(F, u))));
-    const uint8_t* codes = reinterpret_cast<const uint8_t*>(&raw);
+    float c[kElems];
+    ql::DecodeUnit(F, raw.x, raw.y, raw.z, raw.w, c);
     uint4* o = reinterpret_cast<uint4*>(dst + r * in + ql::UnitFirstElem(F, u));
 #pragma unroll
     for (int v = 0; v < kElems / 8; ++v) {
@@ -135,9 +133,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int p = 0; p < 4; ++p) {
         const int e = 8 * v + 2 * p;
-        h[p] = __floats2bfloat162_rn(
-            d * static_cast<float>(ql::UnitCode(F, codes, e)),
-            d * static_cast<float>(ql::UnitCode(F, codes, e + 1)));
+        h[p] = __floats2bfloat162_rn(d * c[e], d * c[e + 1]);
       }
       o[v] = pack;
     }

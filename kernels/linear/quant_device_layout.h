@@ -32,6 +32,7 @@
 #define SHARDLM_KERNELS_LINEAR_QUANT_DEVICE_LAYOUT_H_
 
 #include <cstdint>
+#include <cstring>
 
 #if defined(__CUDACC__)
 #define SHARDLM_HD __host__ __device__ __forceinline__
@@ -101,6 +102,56 @@ SHARDLM_HD int64_t UnitFirstElem(QuantFormat f, int64_t u) {
 SHARDLM_HD int UnitCode(QuantFormat f, const uint8_t* codes, int e) {
   if (f == QuantFormat::kQ8_0) return static_cast<int8_t>(codes[e]);
   return e < 16 ? (codes[e] & 0xf) - 8 : (codes[e - 16] >> 4) - 8;
+}
+
+// The codes of one unit as floats, exactly UnitCode(f, codes, e) for e in
+// [0, UnitElems(f)), without integer-to-float conversions (a quarter-rate
+// instruction on the GPU, 16 a clock per SM: at one conversion a weight,
+// Q4_0's 32 a unit would cap the GEMV near 45% of the HBM floor). A byte b
+// placed in the low byte of the f32 0x4B000000 (2^23) is exactly
+// 2^23 + b; subtracting 2^23 + 128 (Q8_0, whose int8 code c is stored as
+// b = c ^ 0x80 after flipping the sign bits) or 2^23 + 8 (Q4_0's nibbles)
+// gives the code exactly. A unit's 16 bytes are 4 little-endian 32-bit
+// words; Q4_0's low nibbles of word i are values 4i..4i+3, its high
+// nibbles values 16+4i..16+4i+3.
+SHARDLM_HD float MagicByte(uint32_t w, int k, float bias) {
+#if defined(__CUDA_ARCH__)
+  // Result bytes: w's byte k, 0, 0, 0x4B (y = 0x4B000000 is bytes 4..7).
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u | k)) - bias;
+#else
+  const uint32_t bits = 0x4B000000u | ((w >> (8 * k)) & 0xffu);
+  float v;
+  std::memcpy(&v, &bits, sizeof v);
+  return v - bias;
+#endif
+}
+// Word i (0..3) of a unit into its values of `out`.
+SHARDLM_HD void DecodeWord(QuantFormat f, uint32_t w, int i, float* out) {
+  if (f == QuantFormat::kQ8_0) {
+    const uint32_t u = w ^ 0x80808080u;
+    out[4 * i] = MagicByte(u, 0, 8388736.0f);
+    out[4 * i + 1] = MagicByte(u, 1, 8388736.0f);
+    out[4 * i + 2] = MagicByte(u, 2, 8388736.0f);
+    out[4 * i + 3] = MagicByte(u, 3, 8388736.0f);
+    return;
+  }
+  const uint32_t lo = w & 0x0F0F0F0Fu, hi = (w >> 4) & 0x0F0F0F0Fu;
+  out[4 * i] = MagicByte(lo, 0, 8388616.0f);
+  out[4 * i + 1] = MagicByte(lo, 1, 8388616.0f);
+  out[4 * i + 2] = MagicByte(lo, 2, 8388616.0f);
+  out[4 * i + 3] = MagicByte(lo, 3, 8388616.0f);
+  out[16 + 4 * i] = MagicByte(hi, 0, 8388616.0f);
+  out[16 + 4 * i + 1] = MagicByte(hi, 1, 8388616.0f);
+  out[16 + 4 * i + 2] = MagicByte(hi, 2, 8388616.0f);
+  out[16 + 4 * i + 3] = MagicByte(hi, 3, 8388616.0f);
+}
+// A unit whose 16 bytes are the little-endian words w0..w3.
+SHARDLM_HD void DecodeUnit(QuantFormat f, uint32_t w0, uint32_t w1, uint32_t w2,
+                           uint32_t w3, float* out) {
+  DecodeWord(f, w0, 0, out);
+  DecodeWord(f, w1, 1, out);
+  DecodeWord(f, w2, 2, out);
+  DecodeWord(f, w3, 3, out);
 }
 
 }  // namespace shardlm::quant_layout

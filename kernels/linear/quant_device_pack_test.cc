@@ -110,6 +110,28 @@ TEST_P(PackedLayoutTest, RefusesRowsThatAreNotWholeBlocks) {
                    .ok());
 }
 
+// The kernels' conversion-free decoding (DecodeUnit) against UnitCode for
+// every byte value in every position of a unit (the host build of the same
+// arithmetic; the GPU's __byte_perm is checked by the cross-backend test).
+TEST_P(PackedLayoutTest, DecodeUnitIsExactForEveryByte) {
+  const ql::QuantFormat f = *DeviceQuantFormat(GetParam());
+  for (int v = 0; v < 256; ++v) {
+    for (int pos = 0; pos < 16; ++pos) {
+      uint8_t codes[16];
+      for (int i = 0; i < 16; ++i) codes[i] = static_cast<uint8_t>(v + 37 * i);
+      codes[pos] = static_cast<uint8_t>(v);
+      uint32_t words[4];
+      std::memcpy(words, codes, sizeof words);
+      float got[32];
+      ql::DecodeUnit(f, words[0], words[1], words[2], words[3], got);
+      for (int e = 0; e < ql::UnitElems(f); ++e) {
+        ASSERT_EQ(got[e], static_cast<float>(ql::UnitCode(f, codes, e)))
+            << "byte " << v << " at " << pos << ", value " << e;
+      }
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Formats, PackedLayoutTest,
                          ::testing::Values(DType::kQ8_0, DType::kQ4_0),
                          [](const auto& info) {
