@@ -55,7 +55,8 @@ namespace {
 struct LaunchFlags : ClusterFlags {
   std::string control_listen;  // Empty: the advertised address (below).
   int64_t control_port = 0;
-  std::string advertise_address;  // Empty: ChooseAdvertisedAddress.
+  std::string advertise_address;      // Empty: ChooseAdvertisedAddress.
+  std::string cuda_weights = "bf16";  // GPU workers' uploads.
 };
 
 // Fixed-size text exchanged between ranks (MPI moves bytes).
@@ -386,11 +387,14 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
         address, token);
     std::fprintf(stderr, "[shardlm] worker rank %d: cuda:%d (%s)\n",
                  world.rank(), gpu, gpu_uuid.c_str());
-    return NewCudaShardHost(&source,
-                            {.device = gpu,
-                             .rank = world.rank(),
-                             .store = store.get(),
-                             .timeout = absl::Seconds(f.startup_timeout_s)});
+    return NewCudaShardHost(
+        &source,
+        {.device = gpu,
+         .rank = world.rank(),
+         .store = store.get(),
+         .timeout = absl::Seconds(f.startup_timeout_s),
+         .cuda_weights =
+             ParseCudaWeights(f.cuda_weights).value_or(CudaWeights::kBf16)});
   }();
   if (!host.ok()) {
     std::fprintf(stderr, "shardlm launch (rank %d): %s\n", world.rank(),
@@ -495,6 +499,7 @@ int LaunchCommand(int argc, char** argv) {
             "host or address workers dial to reach rank 0; default: rank "
             "0's address on the subnet the workers share (see "
             "docs/multinode.md); set, the control plane listens on 0.0.0.0");
+  flags.Add("cuda-weights", &f.cuda_weights, kCudaWeightsHelp);
   f.control_tls.RegisterServerName(flags);
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
@@ -506,6 +511,9 @@ int LaunchCommand(int argc, char** argv) {
     Exit(0);
   } else if (std::string p = f.Problem(); !p.empty()) {
     problem = p;
+  } else if (absl::StatusOr<CudaWeights> w = ParseCudaWeights(f.cuda_weights);
+             !w.ok()) {
+    problem = std::string(w.status().message());
   } else if (const int64_t workers = f.tp * f.pp * f.cp;
              world.size() != 1 + workers) {
     problem = absl::StrCat("the MPI world has ", world.size(),
