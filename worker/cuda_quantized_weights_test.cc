@@ -8,8 +8,8 @@
 // GEMV). Also: what was packed, and that the rank's dequantization scratch
 // is the bytes worker/activation_memory.h counts.
 //
-// A GPU binary (tests/gpu/session.sh): skips, saying why, without a GPU.
-// Not run on a GPU yet.
+// Part of the cuda_model_runner_test binary (its session step runs it):
+// skips, saying why, without a GPU. Not run on a GPU yet.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>

@@ -31,7 +31,11 @@ using Bf = __nv_bfloat16;
 using ql::QuantFormat;
 
 constexpr int kWarpsPerBlock = 8;
-constexpr int kUnroll = 4;  // 16-byte units in flight per lane.
+// 16-byte units in flight per lane: 4 for one row of x (few registers,
+// many warps per SM), 2 for up to 8 (98 registers; also half the code,
+// which every binary carries for two architectures).
+template <int N>
+constexpr int kUnroll = N == 1 ? 4 : 2;
 
 __device__ __forceinline__ void Unpack8(const uint4& raw, float f[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
@@ -43,15 +47,18 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float f[8]) {
   }
 }
 
-// acc[b] += d * sum_e code[e] * x[b, first + e] over one unit's values.
+// acc[b] += d * sum_e code[e] * x[b, first + e] over one unit's values,
+// for the n <= N rows of x.
 template <int N, QuantFormat F>
 __device__ __forceinline__ void Unit(const uint4& raw, float d, const Bf* x,
-                                     int64_t in, int64_t first, float acc[N]) {
+                                     int n, int64_t in, int64_t first,
+                                     float acc[N]) {
   constexpr int kElems = F == QuantFormat::kQ8_0 ? 16 : 32;
   float w[kElems];
   ql::DecodeUnit(F, raw.x, raw.y, raw.z, raw.w, w);
 #pragma unroll
   for (int b = 0; b < N; ++b) {
+    if (b >= n) break;  // The same for the whole warp.
     const uint4* xv = reinterpret_cast<const uint4*>(x + b * in + first);
     float sum = 0.0f;
 #pragma unroll
@@ -65,10 +72,12 @@ __device__ __forceinline__ void Unit(const uint4& raw, float d, const Bf* x,
   }
 }
 
-template <int N, QuantFormat F, typename Out>
+// N: 1, 2, 4 or 8 rows of x held in registers, n <= N of them used (a
+// kernel per row count would quadruple the code every binary carries).
+template <int N, QuantFormat F>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
-    GemvQuantKernel(const Bf* x, const uint8_t* w, Out* y, int64_t in,
-                    int64_t out, bool accumulate) {
+    GemvQuantKernel(const Bf* x, const uint8_t* w, void* y, bool y_bf16, int n,
+                    int64_t in, int64_t out, bool accumulate) {
   const int lane = threadIdx.x % 32;
   const int64_t r =
       static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
@@ -81,30 +90,37 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float acc[N] = {};
   int64_t u = lane;
   // Whole rounds of kUnroll units per lane, their loads issued together.
-  for (; u + (kUnroll - 1) * 32 < units; u += kUnroll * 32) {
-    uint4 raw[kUnroll];
-    float d[kUnroll];
+  for (; u + (kUnroll<N> - 1) * 32 < units; u += kUnroll<N> * 32) {
+    uint4 raw[kUnroll<N>];
+    float d[kUnroll<N>];
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
+    for (int k = 0; k < kUnroll<N>; ++k) {
       raw[k] = __ldcs(q + u + k * 32);
       d[k] = __half2float(__ldg(s + ql::UnitBlock(F, u + k * 32)));
     }
 #pragma unroll
-    for (int k = 0; k < kUnroll; ++k) {
-      Unit<N, F>(raw[k], d[k], x, in, ql::UnitFirstElem(F, u + k * 32), acc);
+    for (int k = 0; k < kUnroll<N>; ++k) {
+      Unit<N, F>(raw[k], d[k], x, n, in, ql::UnitFirstElem(F, u + k * 32), acc);
     }
   }
   for (; u < units; u += 32) {
     const uint4 raw = __ldcs(q + u);
     const float d = __half2float(__ldg(s + ql::UnitBlock(F, u)));
-    Unit<N, F>(raw, d, x, in, ql::UnitFirstElem(F, u), acc);
+    Unit<N, F>(raw, d, x, n, in, ql::UnitFirstElem(F, u), acc);
   }
 #pragma unroll
   for (int b = 0; b < N; ++b) {
+    if (b >= n) break;
     const float sum = WarpSum(acc[b]);
     if (lane == 0) {
       const int64_t at = b * out + r;
-      Store(y, at, accumulate ? Load(y, at) + sum : sum);
+      if (y_bf16) {
+        Bf* yb = static_cast<Bf*>(y);
+        Store(yb, at, accumulate ? Load(yb, at) + sum : sum);
+      } else {
+        float* yf = static_cast<float*>(y);
+        Store(yf, at, accumulate ? Load(yf, at) + sum : sum);
+      }
     }
   }
 }
@@ -140,42 +156,22 @@ __global__ void __launch_bounds__(256)
   }
 }
 
-template <QuantFormat F, typename Out>
-cudaError_t LaunchGemv(const Bf* x, const uint8_t* w, Out* y, int n, int64_t in,
-                       int64_t out, bool accumulate, cudaStream_t stream) {
-  const unsigned blocks = Blocks(out, kWarpsPerBlock);
-  const int threads = kWarpsPerBlock * 32;
-  switch (n) {
-#define SHARDLM_QGEMV_CASE(N)                                           \
-  case N:                                                               \
-    GemvQuantKernel<N, F, Out>                                          \
-        <<<blocks, threads, 0, stream>>>(x, w, y, in, out, accumulate); \
-    break;
-    SHARDLM_QGEMV_CASE(1)
-    SHARDLM_QGEMV_CASE(2)
-    SHARDLM_QGEMV_CASE(3)
-    SHARDLM_QGEMV_CASE(4)
-    SHARDLM_QGEMV_CASE(5)
-    SHARDLM_QGEMV_CASE(6)
-    SHARDLM_QGEMV_CASE(7)
-    SHARDLM_QGEMV_CASE(8)
-#undef SHARDLM_QGEMV_CASE
-    default:
-      return cudaErrorInvalidValue;
-  }
-  return cudaGetLastError();
-}
-
-template <typename Out>
-cudaError_t LaunchGemv(const Bf* x, const uint8_t* w, QuantFormat f, Out* y,
+template <QuantFormat F>
+cudaError_t LaunchGemv(const Bf* x, const uint8_t* w, void* y, bool y_bf16,
                        int n, int64_t in, int64_t out, bool accumulate,
                        cudaStream_t stream) {
-  if (f == QuantFormat::kQ8_0) {
-    return LaunchGemv<QuantFormat::kQ8_0>(x, w, y, n, in, out, accumulate,
-                                          stream);
+  const unsigned blocks = Blocks(out, kWarpsPerBlock);
+  const int threads = kWarpsPerBlock * 32;
+  if (n == 1) {
+    GemvQuantKernel<1, F><<<blocks, threads, 0, stream>>>(x, w, y, y_bf16, n,
+                                                          in, out, accumulate);
+  } else if (n <= 8) {
+    GemvQuantKernel<8, F><<<blocks, threads, 0, stream>>>(x, w, y, y_bf16, n,
+                                                          in, out, accumulate);
+  } else {
+    return cudaErrorInvalidValue;
   }
-  return LaunchGemv<QuantFormat::kQ4_0>(x, w, y, n, in, out, accumulate,
-                                        stream);
+  return cudaGetLastError();
 }
 
 }  // namespace
@@ -187,12 +183,13 @@ cudaError_t GemvQuant(const void* x, const void* w, QuantFormat f, void* y,
   if (in % ql::kBlockElems != 0) return cudaErrorInvalidValue;
   const auto* xb = static_cast<const Bf*>(x);
   const auto* wq = static_cast<const uint8_t*>(w);
-  if (y_dt == Dt::kBF16) {
-    return LaunchGemv(xb, wq, f, static_cast<Bf*>(y), n, in, out, accumulate,
-                      stream);
+  const bool y_bf16 = y_dt == Dt::kBF16;
+  if (f == QuantFormat::kQ8_0) {
+    return LaunchGemv<QuantFormat::kQ8_0>(xb, wq, y, y_bf16, n, in, out,
+                                          accumulate, stream);
   }
-  return LaunchGemv(xb, wq, f, static_cast<float*>(y), n, in, out, accumulate,
-                    stream);
+  return LaunchGemv<QuantFormat::kQ4_0>(xb, wq, y, y_bf16, n, in, out,
+                                        accumulate, stream);
 }
 
 cudaError_t DequantizePacked(const void* w, QuantFormat f, int64_t out,

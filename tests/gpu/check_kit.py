@@ -29,8 +29,7 @@ ALLOWED = re.compile(
 SESSION_BINARIES = {"cuda_backend_test", "kernels_cross_backend_test",
                    "forward_ops_gpu_test", "gpu_probe",
                    "nccl_communicator_test", "cuda_model_runner_test",
-                   "cuda_engine_test", "gpu_decode_bench", "shardlm",
-                   "cuda_quantized_weights_test"}
+                   "cuda_engine_test", "gpu_decode_bench", "shardlm"}
 MAX_BYTES = 60 << 20
 
 

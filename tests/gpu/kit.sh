@@ -28,7 +28,7 @@ MODEL=${SHARDLM_MODEL:-$ROOT/models/SmolLM2-135M-Instruct.Q4_1.gguf}
 BLOCKS=4
 TARGETS=(cuda_backend_test kernels_cross_backend_test forward_ops_gpu_test
   cuda_model_runner_test nccl_communicator_test cuda_engine_test
-  gpu_decode_bench gpu_probe shardlm cuda_quantized_weights_test)
+  gpu_decode_bench gpu_probe shardlm)
 # Shared objects the GPU machine provides (matched against the soname).
 ALLOWED='^(linux-vdso|ld-linux-x86-64|libc|libm|libpthread|libdl|librt|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcublasLt|libnccl)\.so'
 

@@ -286,8 +286,6 @@ add_step forward_ops_gpu_test 90 "gtest forward_ops_gpu_test"
 # With the GEMV kernel on every batch it takes (LinearCuda's default is 1 row).
 add_step kernels_cross_backend_test 120 \
   "export SHARDLM_CUDA_GEMV_ROWS=8; gtest kernels_cross_backend_test"
-# --cuda-weights quantized (Q8_0, Q4_0) through the runner against the CPU.
-add_step cuda_quantized_weights_test 60 "gtest cuda_quantized_weights_test"
 add_step nccl_communicator_test 90 "gtest nccl_communicator_test"
 add_step cuda_model_runner_test 150 "gtest cuda_model_runner_test"
 add_step cuda_engine_test 150 \
