@@ -48,6 +48,7 @@ __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
   if (idx >= static_cast<int64_t>(m.n) * row) return;
   const int64_t i = idx / row, e = idx % row;
   const int64_t slot = m.slots[i];
+  if (slot < 0) return;  // A padding sequence's token writes nothing.
   const_cast<Bf*>(KRow(c, slot, row))[e] = __float2bfloat16_rn(k[idx]);
   const_cast<Bf*>(VRow(c, slot, row))[e] = __float2bfloat16_rn(v[idx]);
 }
