@@ -1,6 +1,9 @@
 #include "worker/activation_memory.h"
 
+#include <algorithm>
+
 #include "kernels/attention/paged_attention.h"
+#include "worker/cuda_graphs.h"
 
 namespace shardlm {
 
@@ -65,6 +68,9 @@ std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& d) {
 
 int64_t GpuActivationBytes(const RankActivationDims& d, int64_t tokens,
                            int64_t rows) {
+  // Decode steps run padded to their graph's batch size.
+  rows = GraphPaddedRows(rows);
+  tokens = std::max(tokens, rows);
   int64_t bytes = 0;
   for (const StepBufferPlan& b : GpuStepBuffers(d)) {
     bytes += BlockBytes(b.dtype) * b.width * (b.per_row ? rows : tokens);
