@@ -647,6 +647,46 @@ absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                   "WriteKvCuda");
 }
 
+absl::Status QkvRopeWriteKvCuda(const Tensor& qkv,
+                                const CudaAttentionBatch& batch,
+                                const CudaRopeTable& rope, Tensor& q,
+                                Tensor& k_cache, Tensor& v_cache,
+                                const CudaExec& exec, Tensor* k_host,
+                                Tensor* v_host) {
+  constexpr std::string_view kOp = "QkvRopeWriteKvCuda";
+  if (q.rank() != 3 || qkv.rank() != 2 || k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(kOp),
+        ": q must be [n, heads, d], qkv [n, (heads + 2 kv_heads) d], "
+        "the caches 4-D"));
+  }
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  const int64_t kv_heads = k_cache.dim(2);
+  RETURN_IF_ERROR(CheckDevice(kOp, "q", q, {n, heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice(kOp, "qkv", qkv, {n, (heads + 2 * kv_heads) * d},
+                              {DType::kF32}));
+  if (n != batch.tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(kOp), ": ", n, " tokens, batch of ", batch.tokens()));
+  }
+  if (d % 2 != 0 || rope.inv_freq == nullptr || rope.pairs != d / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(kOp), ": the RoPE table has ", rope.pairs,
+                     " frequencies; head_dim ", d, " needs ", d / 2));
+  }
+  ASSIGN_OR_RETURN(
+      const cuda::KvCaches caches,
+      CheckCache(kOp, k_cache, v_cache, batch, kv_heads, d, k_host, v_host));
+  return Launched(
+      cuda::QkvRopeWriteKv(qkv.data<float>(), CudaAttentionAccess::Meta(batch),
+                           static_cast<int>(heads), static_cast<int>(kv_heads),
+                           static_cast<int>(d),
+                           static_cast<const double*>(rope.inv_freq->data()),
+                           rope.mscale, rope.style == RopeStyle::kAdjacentPairs,
+                           q.data<float>(), caches, S(exec)),
+      "QkvRopeWriteKvCuda");
+}
+
 namespace {
 
 // The current device's multiprocessor count, asked once per device.
