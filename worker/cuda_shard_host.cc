@@ -84,7 +84,12 @@ class CudaShardHost : public ShardHost {
                                                .device = o_.device,
                                                .name = name,
                                                .options = {o_.timeout},
-                                               .stream = stream}));
+                                               .stream = stream,
+                                               // Synchronous until the
+                                               // runner synchronises once
+                                               // per step (Communicator::
+                                               // asynchronous).
+                                               .asynchronous = false}));
     return std::unique_ptr<Communicator>(std::move(comm));
   }
 
