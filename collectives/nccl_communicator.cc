@@ -4,9 +4,11 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -145,6 +147,11 @@ struct NcclCommunicator::Impl {
     if (stream != nullptr && owns_stream) cudaStreamDestroy(stream);
   }
 };
+
+bool NcclAsyncRequested() {
+  const char* v = std::getenv("SHARDLM_NCCL_ASYNC");
+  return v != nullptr && std::string_view(v) == "1";
+}
 
 absl::StatusOr<std::string> NewNcclUniqueId() {
   ncclUniqueId id;

@@ -50,6 +50,11 @@ namespace shardlm {
 // hand to every rank of one group.
 absl::StatusOr<std::string> NewNcclUniqueId();
 
+// Whether the environment asks GPU workers for asynchronous communicators
+// (SHARDLM_NCCL_ASYNC=1: NcclConfig::asynchronous). Synchronous stays the
+// default until the asynchronous mode has run on GPUs.
+bool NcclAsyncRequested();
+
 struct NcclConfig {
   std::string unique_id;  // From NewNcclUniqueId(), the same on every rank.
   int rank = 0;

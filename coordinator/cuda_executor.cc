@@ -130,9 +130,8 @@ absl::StatusOr<InProcessComms> MakeNcclComms(
                      .name = m.group,
                      .options = {.timeout = absl::Seconds(120)},
                      .stream = shard.device_runner().exec().stream,
-                     // Synchronous until the runner synchronises once per
-                     // step (Communicator::asynchronous, Synchronize).
-                     .asynchronous = false}));
+                     // The runner synchronises once per step (FinishStep).
+                     .asynchronous = NcclAsyncRequested()}));
             return std::unique_ptr<Communicator>(std::move(c));
           }));
   std::vector<absl::Status> warm(shards.size());

@@ -537,17 +537,27 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModelRunner::FinishStep() {
+  // An asynchronous communicator's collectives were only queued: its
+  // Synchronize returns the error (naming the group and peers) that its
+  // watchdog recorded, where a hung peer would otherwise hold the stream.
+  for (Communicator* c : {comms_.tp, comms_.pp}) {
+    if (c != nullptr && c->asynchronous()) RETURN_IF_ERROR(c->Synchronize());
+  }
+  return stream_->Synchronize();
+}
+
 absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
   const StepTimer timer(stats_);
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));
   if (logits.empty() || logits.memory() != MemoryType::kDevice) {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(FinishStep());
     return logits;  // None (a stage before the last), or gathered on the host.
   }
   ASSIGN_OR_RETURN(Tensor pinned, host_logits_.Rows(0, logits.dim(0)));
   RETURN_IF_ERROR(backend_->Copy(logits, pinned, stream_.get()));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  RETURN_IF_ERROR(FinishStep());
   ASSIGN_OR_RETURN(Tensor out,
                    Tensor::HostUninitialized(DType::kF32, logits.shape()));
   std::memcpy(out.raw(), pinned.raw(), out.bytes());
@@ -587,7 +597,7 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(
       out.tokens.data(), ids.raw(), rows * sizeof(int32_t),
       cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(exec_.stream)));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  RETURN_IF_ERROR(FinishStep());
   return out;
 }
 

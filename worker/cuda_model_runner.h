@@ -62,7 +62,8 @@ class CudaModelRunner : public ShardRunner {
   // The shard's TP group and PP chain (none: a whole model). Steps with
   // communicators run eagerly. `on_stream`: the communicators enqueue on
   // this runner's stream (exec().stream; NCCL) and return when it has
-  // drained; else (host or staged communicators) the stream is
+  // drained, or, asynchronous ones, once queued (each step ends with their
+  // Synchronize); else (host or staged communicators) the stream is
   // synchronized before each call.
   void SetComms(ShardComms comms, bool on_stream = false);
 
@@ -145,6 +146,8 @@ class CudaModelRunner : public ShardRunner {
   // vocab] f32.
   absl::Status ForwardOnDevice(const StepInput& step, Tensor& logits);
   absl::Status Reserve(int64_t n, int64_t rows);
+  // Waits for the step: the communicators' queued work, then the stream.
+  absl::Status FinishStep();
   Tensor& Buffer(StepBuffer b);  // The member that holds it.
 
   int device_ = 0;
