@@ -6,8 +6,9 @@
 // host memory, NCCL device memory) with InvalidArgument. Every wait on a
 // peer has a deadline: on expiry the call returns DeadlineExceeded naming
 // the group and the peer(s) it was waiting for, and the communicator is
-// unusable afterwards (Unavailable). Not thread-safe: one thread per
-// communicator.
+// unusable afterwards (Unavailable); an asynchronous communicator (below)
+// reports the expiry at its next call instead. Not thread-safe: one thread
+// per communicator.
 #ifndef SHARDLM_COLLECTIVES_COMMUNICATOR_H_
 #define SHARDLM_COLLECTIVES_COMMUNICATOR_H_
 
@@ -71,6 +72,27 @@ class Communicator {
   virtual absl::Status Send(const Tensor& data, int peer) = 0;
   virtual absl::Status Recv(Tensor& data, int peer) = 0;
   virtual absl::Status Barrier() = 0;
+
+  // The asynchronous contract (NcclCommunicator with
+  // NcclConfig::asynchronous; every other communicator is synchronous and
+  // keeps these defaults). An asynchronous communicator's collectives and
+  // transfers return once their work is queued on its stream, before it
+  // has run: the stream's consumer orders its reads after them on that
+  // stream, and calls Synchronize before it trusts a result on the host
+  // (once per step). A watchdog holds each call to its deadline: when one
+  // passes or the group reports an error, the group is aborted and the
+  // next call (any of the above, Track or Synchronize) returns that error,
+  // later ones Unavailable.
+  virtual bool asynchronous() const { return false; }
+  // Watches whatever the communicator's stream holds now (e.g. a CUDA
+  // graph replay whose collectives were captured, so never watched) against
+  // the call timeout, named `what` in errors. Does nothing while the stream
+  // is being captured, or for a synchronous communicator.
+  virtual absl::Status Track(const std::string& /*what*/) { return {}; }
+  // Returns once all the work on the communicator's stream is done (OK),
+  // or with the error that ended the communicator; bounded by the call
+  // timeout. OK at once for a synchronous communicator.
+  virtual absl::Status Synchronize() { return {}; }
 
   // What this rank has sent (see CommBytes). Read on the communicator's
   // thread.

@@ -4,10 +4,14 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <mutex>
+#include <string_view>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -84,10 +88,45 @@ ncclDataType_t NcclType(DType t) {
 struct NcclCommunicator::Impl {
   int device = 0;
   absl::Duration timeout;
+  // Guards `comm` between the owner's calls and the watchdog's thread
+  // (asynchronous mode), which polls its async error and aborts it.
+  std::mutex comm_mu;
   ncclComm_t comm = nullptr;  // Null once aborted.
   cudaStream_t stream = nullptr;
   bool owns_stream = true;   // Else the caller's compute stream.
   float* scratch = nullptr;  // [1] on the device, for Barrier.
+  // Events the watchdog is done with (asynchronous mode), for reuse.
+  std::mutex events_mu;
+  std::vector<cudaEvent_t> free_events;
+
+  // Aborts the communicator unless it is aborted already; any thread.
+  void Abort() {
+    std::lock_guard<std::mutex> lock(comm_mu);
+    if (comm == nullptr) return;
+    cudaSetDevice(device);
+    ncclCommAbort(comm);
+    comm = nullptr;
+  }
+
+  // An event of `device` (the caller's current device).
+  absl::StatusOr<cudaEvent_t> TakeEvent() {
+    {
+      std::lock_guard<std::mutex> lock(events_mu);
+      if (!free_events.empty()) {
+        cudaEvent_t e = free_events.back();
+        free_events.pop_back();
+        return e;
+      }
+    }
+    cudaEvent_t e = nullptr;
+    const cudaError_t r = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    if (r != cudaSuccess) return CudaError("cudaEventCreateWithFlags", r);
+    return e;
+  }
+  void GiveEvent(cudaEvent_t e) {
+    std::lock_guard<std::mutex> lock(events_mu);
+    free_events.push_back(e);
+  }
 
   ~Impl() {
     cudaSetDevice(device);
@@ -103,10 +142,16 @@ struct NcclCommunicator::Impl {
         ncclCommAbort(comm);
       }
     }
+    for (cudaEvent_t e : free_events) cudaEventDestroy(e);
     if (scratch != nullptr) cudaFree(scratch);
     if (stream != nullptr && owns_stream) cudaStreamDestroy(stream);
   }
 };
+
+bool NcclAsyncRequested() {
+  const char* v = std::getenv("SHARDLM_NCCL_ASYNC");
+  return v != nullptr && std::string_view(v) == "1";
+}
 
 absl::StatusOr<std::string> NewNcclUniqueId() {
   ncclUniqueId id;
@@ -124,7 +169,14 @@ NcclCommunicator::NcclCommunicator(const NcclConfig& config,
       device_(config.device),
       impl_(std::move(impl)) {}
 
-NcclCommunicator::~NcclCommunicator() = default;
+NcclCommunicator::~NcclCommunicator() {
+  if (watchdog_ != nullptr) {
+    // The watched work finishes or meets its deadline (and the abort)
+    // before the watchdog goes, and with it every event back to the pool.
+    watchdog_->Wait().IgnoreError();  // Nobody to tell.
+    watchdog_.reset();
+  }
+}
 
 void NcclCommunicator::set_timeout(absl::Duration timeout) {
   options_.timeout = timeout;
@@ -186,25 +238,121 @@ absl::StatusOr<std::unique_ptr<NcclCommunicator>> NcclCommunicator::Create(
     impl->comm = nullptr;
     return s;
   }
-  return std::unique_ptr<NcclCommunicator>(
+  std::unique_ptr<NcclCommunicator> comm(
       new NcclCommunicator(config, std::move(impl)));
+  if (config.asynchronous) {
+    Impl* owned = comm->impl_.get();
+    comm->watchdog_ = std::make_unique<CollectiveWatchdog>(WatchdogOptions{
+        .name = name,
+        .interval = config.watchdog_interval,
+        .async_error = [owned, where]() -> absl::Status {
+          // Skipped while a call holds the communicator (it polls the same
+          // error itself) or after the abort.
+          std::unique_lock<std::mutex> lock(owned->comm_mu, std::try_to_lock);
+          if (!lock.owns_lock() || owned->comm == nullptr) return {};
+          ncclResult_t state = ncclSuccess;
+          ncclResult_t r = ncclCommGetAsyncError(owned->comm, &state);
+          if (r == ncclSuccess && state != ncclInProgress) r = state;
+          if (r == ncclSuccess) return {};
+          return NcclError(absl::StrCat(where, ": NCCL async error"), r,
+                           owned->comm);
+        },
+        .abort = [owned](const absl::Status&) { owned->Abort(); }});
+  }
+  return comm;
+}
+
+absl::Status NcclCommunicator::Usable() {
+  if (!dead_.ok()) return dead_;
+  if (watchdog_ == nullptr) return absl::OkStatus();
+  absl::Status failed = watchdog_->status();
+  if (failed.ok()) return failed;
+  dead_ = absl::UnavailableError(absl::StrCat(
+      name_, ": rank ", rank_, " is unusable after an earlier error (",
+      failed.message(), ")"));
+  return failed;
+}
+
+absl::StatusOr<bool> NcclCommunicator::capturing() const {
+  cudaStreamCaptureStatus state = cudaStreamCaptureStatusNone;
+  const cudaError_t e = cudaStreamIsCapturing(impl_->stream, &state);
+  if (e != cudaSuccess) {
+    return CudaError(absl::StrCat(name_, ": cudaStreamIsCapturing"), e);
+  }
+  return state != cudaStreamCaptureStatusNone;
+}
+
+absl::Status NcclCommunicator::WatchStream(std::string what,
+                                           absl::Time deadline) {
+  ASSIGN_OR_RETURN(const bool in_capture, capturing());
+  if (in_capture) return absl::OkStatus();  // The replay is tracked.
+  ASSIGN_OR_RETURN(cudaEvent_t event, impl_->TakeEvent());
+  const cudaError_t e = cudaEventRecord(event, impl_->stream);
+  if (e != cudaSuccess) {
+    impl_->GiveEvent(event);
+    return CudaError(absl::StrCat(what, ": cudaEventRecord"), e);
+  }
+  Impl* impl = impl_.get();
+  return watchdog_->Watch(
+      {.what = std::move(what),
+       .deadline = deadline,
+       .timeout = options_.timeout,
+       .done = [event]() -> absl::StatusOr<bool> {
+         const cudaError_t q = cudaEventQuery(event);
+         if (q == cudaSuccess) return true;
+         if (q == cudaErrorNotReady) return false;
+         return CudaError("cudaEventQuery", q);
+       },
+       .release = [impl, event] { impl->GiveEvent(event); }});
+}
+
+absl::Status NcclCommunicator::Track(const std::string& what) {
+  if (watchdog_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(Usable());
+  const cudaError_t e = cudaSetDevice(device_);
+  if (e != cudaSuccess) return CudaError(name_, e);
+  return WatchStream(absl::StrCat(name_, ": ", what, " on rank ", rank_,
+                                  " (device ", device_, ")"),
+                     absl::Now() + options_.timeout);
+}
+
+absl::Status NcclCommunicator::Synchronize() {
+  if (watchdog_ == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const bool in_capture, capturing());
+  if (in_capture) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, ": Synchronize while the stream is captured"));
+  }
+  RETURN_IF_ERROR(Track("the work queued before Synchronize"));
+  watchdog_->Wait().IgnoreError();  // Usable() reports it.
+  return Usable();
 }
 
 template <typename Enqueue>
 absl::Status NcclCommunicator::Run(const char* op,
                                    const std::string& waiting_for,
                                    Enqueue enqueue) {
-  RETURN_IF_ERROR(dead_);
+  RETURN_IF_ERROR(Usable());
   const std::string where = absl::StrCat(name_, ": ", op, " on rank ", rank_,
                                          " (device ", device_, ")");
   cudaError_t e = cudaSetDevice(device_);
   if (e != cudaSuccess) return CudaError(where, e);
   const absl::Time deadline = absl::Now() + options_.timeout;
+  // Held while this call uses the communicator: the watchdog's abort waits
+  // for the enqueue to settle (bounded by the same deadline).
+  std::unique_lock<std::mutex> lock(impl_->comm_mu);
   ncclComm_t comm = impl_->comm;
+  if (comm == nullptr) {  // The watchdog aborted it since Usable().
+    lock.unlock();
+    RETURN_IF_ERROR(Usable());
+    return absl::UnavailableError(
+        absl::StrCat(where, ": the communicator was aborted"));
+  }
   auto fail = [&](absl::Status s) {
     // The communicator's state is unknown after an error: abort it.
-    ncclCommAbort(impl_->comm);
-    impl_->comm = nullptr;
+    lock.unlock();
+    impl_->Abort();
+    if (watchdog_ != nullptr) watchdog_->Fail(s).IgnoreError();
     dead_ = absl::UnavailableError(absl::StrCat(
         name_, ": rank ", rank_, " is unusable after an earlier error (",
         s.message(), ")"));
@@ -225,6 +373,12 @@ absl::Status NcclCommunicator::Run(const char* op,
   // know of, as InvalidArgument, before NCCL sees them.)
   if (r != ncclSuccess) return fail(NcclError(where, r, comm));
 
+  if (watchdog_ != nullptr) {
+    absl::Status watched = WatchStream(
+        absl::StrCat(where, ", waiting for ", waiting_for), deadline);
+    if (!watched.ok()) return fail(watched);
+    return absl::OkStatus();
+  }
   for (int polls = 0;; ++polls) {
     e = cudaStreamQuery(impl_->stream);
     if (e == cudaSuccess) return absl::OkStatus();
@@ -313,11 +467,13 @@ absl::Status NcclCommunicator::Recv(Tensor& data, int peer) {
 }
 
 absl::Status NcclCommunicator::Barrier() {
-  return Run("Barrier", "the other ranks of the group",
-             [&](ncclComm_t comm, cudaStream_t stream) {
-               return ncclAllReduce(impl_->scratch, impl_->scratch, 1,
-                                    ncclFloat32, ncclSum, comm, stream);
-             });
+  RETURN_IF_ERROR(Run("Barrier", "the other ranks of the group",
+                      [&](ncclComm_t comm, cudaStream_t stream) {
+                        return ncclAllReduce(impl_->scratch, impl_->scratch, 1,
+                                             ncclFloat32, ncclSum, comm,
+                                             stream);
+                      }));
+  return Synchronize();
 }
 
 }  // namespace shardlm

@@ -1,6 +1,7 @@
 #include "coordinator/block_manager.h"
 
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "coordinator/prefix_hash.h"
@@ -156,34 +157,28 @@ BlockManager::Lru::iterator BlockManager::OldestOf(Lru& lru, int rank) {
                       [&](const auto& e) { return RankOf(e.second) == rank; });
 }
 
+int32_t BlockManager::ReclaimHost(int rank, uint64_t used_before) {
+  const int32_t h = PopFree(host_free_, rank);
+  if (h >= 0) return h;
+  const auto oldest = OldestOf(host_lru_, rank);
+  if (oldest == host_lru_.end() || oldest->first >= used_before) return -1;
+  const int32_t cached = oldest->second;
+  host_lru_.erase(oldest);
+  Unkey(cached);
+  ++counters_.dropped;
+  return cached;
+}
+
 int32_t BlockManager::TakeHost(int rank) {
-  int32_t h = PopFree(host_free_, rank);
-  if (h < 0) {
-    const auto oldest = OldestOf(host_lru_, rank);
-    if (oldest == host_lru_.end()) return -1;
-    h = oldest->second;
-    host_lru_.erase(oldest);
-    Unkey(h);
-    ++counters_.dropped;
-  }
-  blocks_[h].refs = 1;
+  const int32_t h = ReclaimHost(rank, std::numeric_limits<uint64_t>::max());
+  if (h >= 0) blocks_[h].refs = 1;
   return h;
 }
 
 void BlockManager::EvictDevice(int32_t d) {
   // Spill to the host when its rank has a free host block or a cached one
   // used longer ago than this one; drop it otherwise.
-  const int rank = RankOf(d);
-  int32_t h = PopFree(host_free_, rank);
-  if (h < 0) {
-    const auto oldest = OldestOf(host_lru_, rank);
-    if (oldest != host_lru_.end() && oldest->first < blocks_[d].last_use) {
-      h = oldest->second;
-      host_lru_.erase(oldest);
-      Unkey(h);
-      ++counters_.dropped;
-    }
-  }
+  const int32_t h = ReclaimHost(RankOf(d), blocks_[d].last_use);
   if (h >= 0) {
     copies_.push_back({d, h});
     Rekey(d, h);

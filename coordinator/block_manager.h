@@ -179,6 +179,10 @@ class BlockManager {
   // The least recently used block of `lru` of CP rank `rank` (or any), or
   // lru.end().
   Lru::iterator OldestOf(Lru& lru, int rank);
+  // A host block of CP rank `rank` (or any) with no reference: a free one,
+  // else the least recently used cached one if it was used before
+  // `used_before` (its contents dropped); -1 when neither.
+  int32_t ReclaimHost(int rank, uint64_t used_before);
   // A device block just taken out of the cache: spilled to a host block
   // of its rank (free, or cached and used longer ago) or dropped.
   void EvictDevice(int32_t d);

@@ -129,7 +129,9 @@ absl::StatusOr<InProcessComms> MakeNcclComms(
                      .device = shard.device(),
                      .name = m.group,
                      .options = {.timeout = absl::Seconds(120)},
-                     .stream = shard.device_runner().exec().stream}));
+                     .stream = shard.device_runner().exec().stream,
+                     // The runner synchronises once per step (FinishStep).
+                     .asynchronous = NcclAsyncRequested()}));
             return std::unique_ptr<Communicator>(std::move(c));
           }));
   std::vector<absl::Status> warm(shards.size());

@@ -50,6 +50,30 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return WarpSum(v);
 }
 
+// RoPE pair k of a head of d elements at position `pos`: the pair's two
+// elements (a, b), and the rotation's cos and sin. Angles in double, as on
+// the CPU (rope_cpu.cc): positions reach 10^5 and more, where float angles
+// lose the low bits that decide the rotation. inv_freq: [d / 2] f64 on the
+// device, or null for theta^(-2k / d) (log_theta = log(theta)).
+struct RopePair {
+  int a, b;
+  float cs, sn;
+};
+__device__ __forceinline__ RopePair RopePairAt(int pos, int k, int d,
+                                               double log_theta,
+                                               const double* inv_freq,
+                                               double mscale, bool adjacent) {
+  const int half = d / 2;
+  const double f = inv_freq != nullptr
+                       ? inv_freq[k]
+                       : exp(-2.0 * static_cast<double>(k) / d * log_theta);
+  double s, c;
+  sincos(pos * f, &s, &c);
+  // As the CPU: cos and sin scaled in double, then rounded to float.
+  return {adjacent ? 2 * k : k, adjacent ? 2 * k + 1 : k + half,
+          static_cast<float>(c * mscale), static_cast<float>(s * mscale)};
+}
+
 inline unsigned Blocks(int64_t count, int threads) {
   return static_cast<unsigned>((count + threads - 1) / threads);
 }

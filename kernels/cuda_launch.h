@@ -132,6 +132,15 @@ cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
                     int kv_heads, int d, const KvCaches& caches,
                     cudaStream_t stream);
 
+// SplitQkv, Rope of the Q and K heads (inv_freq: [d / 2] f64 on the device,
+// scaled by mscale) and WriteKv in one kernel: q = the RoPE'd Q block, the
+// caches' slots = the RoPE'd K block and the V block (bf16).
+//   qkv: [n, (heads + 2 kv_heads) d] f32  q: [n, heads, d] f32
+cudaError_t QkvRopeWriteKv(const float* qkv, const AttnMeta& meta, int heads,
+                           int kv_heads, int d, const double* inv_freq,
+                           double mscale, bool adjacent_pairs, float* q,
+                           const KvCaches& caches, cudaStream_t stream);
+
 // Split-K (flash-decoding) attention: each (token, head) context is cut
 // into `splits` parts reduced in a second kernel. `workspace` holds
 // CudaDecodeWorkspaceFloats(n, heads, d, splits) floats

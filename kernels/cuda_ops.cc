@@ -18,6 +18,7 @@
 #include "absl/strings/str_cat.h"
 #include "backend/cuda_status.h"
 #include "core/status.h"
+#include "kernels/attention/cuda_attention_layout.h"
 #include "kernels/attention/cuda_decode_plan.h"
 #include "kernels/cuda_launch.h"
 
@@ -533,88 +534,11 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
                                         int64_t block_size, int64_t num_blocks,
                                         int device, const CudaExec& exec,
                                         int64_t device_blocks) {
-  const int64_t n = static_cast<int64_t>(batch.positions.size());
-  const int64_t n_seqs = static_cast<int64_t>(batch.block_tables.size());
   if (device_blocks < 0) device_blocks = num_blocks;
-  if (block_size <= 0 || num_blocks <= 0 || device_blocks > num_blocks) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: KV pool of ", num_blocks, " blocks (",
-                     device_blocks, " on the device)"));
-  }
-  if (static_cast<int64_t>(batch.token_seq.size()) != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: ", n, " positions but ",
-                     batch.token_seq.size(), " seq ids"));
-  }
-  if (batch.window < 0 || batch.window > 0x7fffffff) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("attention: sliding window of ", batch.window));
-  }
-  int64_t max_blocks = 1, max_ctx = 0;
-  for (const auto& table : batch.block_tables) {
-    max_blocks = std::max<int64_t>(max_blocks, table.size());
-    for (int32_t b : table) {
-      if (b < 0 || b >= num_blocks) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("attention: physical block ", b,
-                         " outside the pool of ", num_blocks));
-      }
-    }
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t s = batch.token_seq[i], pos = batch.positions[i];
-    if (s < 0 || s >= n_seqs || pos < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention: token ", i, " has sequence ", s, " position ", pos));
-    }
-    if (static_cast<int64_t>(batch.block_tables[s].size()) <=
-        pos / block_size) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "attention: sequence ", s, " has ", batch.block_tables[s].size(),
-          " blocks, position ", pos, " needs ", pos / block_size + 1));
-    }
-    max_ctx = std::max<int64_t>(max_ctx, pos + 1);
-  }
-  // Padded so that the layout (and a CUDA graph captured over it) changes
-  // only every 32 blocks of growth.
-  max_blocks = (max_blocks + 31) / 32 * 32;
-  if (n_seqs * max_blocks > 0x7fffffff || n > 0x7fffffff / 4) {
-    return absl::InvalidArgumentError("attention: batch too large");
-  }
-  // Tiles: runs of at most kPrefillTile consecutive tokens of one sequence.
-  std::vector<int32_t> tile_begin, tile_len;
-  int64_t max_tile = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (tile_begin.empty() || tile_len.back() == cuda::kPrefillTile ||
-        batch.token_seq[i] != batch.token_seq[tile_begin.back()]) {
-      tile_begin.push_back(static_cast<int32_t>(i));
-      tile_len.push_back(0);
-    }
-    ++tile_len.back();
-    max_tile = std::max<int64_t>(max_tile, tile_len.back());
-  }
-  // Layout: positions | token_seq | slots | tables | tile_begin | tile_len.
-  const int64_t n_tiles = static_cast<int64_t>(tile_begin.size());
-  std::vector<int32_t> host;
-  host.reserve(3 * n + n_seqs * max_blocks + 2 * n_tiles);
-  host.insert(host.end(), batch.positions.begin(), batch.positions.end());
-  host.insert(host.end(), batch.token_seq.begin(), batch.token_seq.end());
-  for (int64_t i = 0; i < n; ++i) {
-    const int32_t pos = batch.positions[i];
-    host.push_back(static_cast<int32_t>(
-        batch.block_tables[batch.token_seq[i]][pos / block_size] * block_size +
-        pos % block_size));
-  }
-  for (const auto& table : batch.block_tables) {
-    host.insert(host.end(), table.begin(), table.end());
-    host.insert(host.end(), max_blocks - table.size(), -1);
-  }
-  host.insert(host.end(), tile_begin.begin(), tile_begin.end());
-  host.insert(host.end(), tile_len.begin(), tile_len.end());
-  if (num_blocks * block_size > 0x7fffffff) {
-    return absl::InvalidArgumentError("attention: KV pool beyond int32 slots");
-  }
-
+  ASSIGN_OR_RETURN(const CudaAttentionLayout l,
+                   MakeCudaAttentionLayout(batch, block_size, num_blocks,
+                                           device_blocks, cuda::kPrefillTile));
+  const std::vector<int32_t>& host = l.host;
   const size_t bytes = std::max<size_t>(host.size(), 1) * sizeof(int32_t);
   if (buffer_ == nullptr || buffer_->size() < bytes) {
     ASSIGN_OR_RETURN(DeviceBuffer b, DeviceBuffer::Allocate(bytes * 2, device));
@@ -625,23 +549,24 @@ absl::Status CudaAttentionBatch::Upload(const AttentionBatch& batch,
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(buffer_->data(), host.data(),
                                        host.size() * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, S(exec)));
-  n_ = n;
-  max_tile_ = max_tile;
-  n_seqs_ = n_seqs;
-  max_blocks_ = max_blocks;
-  max_ctx_ = max_ctx;
-  n_tiles_ = n_tiles;
+  n_ = l.n;
+  max_tile_ = l.max_tile;
+  n_seqs_ = l.n_seqs;
+  max_blocks_ = l.max_blocks;
+  max_ctx_ = l.max_ctx;
+  n_tiles_ = l.n_tiles;
   block_size_ = block_size;
   window_ = batch.window;
   num_blocks_ = num_blocks;
   device_blocks_ = device_blocks;
-  off_token_seq_ = n;
-  off_slots_ = 2 * n;
-  off_tables_ = 3 * n;
-  off_tile_begin_ = 3 * n + n_seqs * max_blocks;
-  off_tile_len_ = off_tile_begin_ + n_tiles;
-  ASSIGN_OR_RETURN(positions_, Tensor::Owning(DType::kI32, {n}, buffer_->data(),
-                                              MemoryType::kDevice, buffer_));
+  off_token_seq_ = l.off_token_seq;
+  off_slots_ = l.off_slots;
+  off_tables_ = l.off_tables;
+  off_tile_begin_ = l.off_tile_begin;
+  off_tile_len_ = l.off_tile_len;
+  ASSIGN_OR_RETURN(positions_,
+                   Tensor::Owning(DType::kI32, {l.n}, buffer_->data(),
+                                  MemoryType::kDevice, buffer_));
   return absl::OkStatus();
 }
 
@@ -728,6 +653,46 @@ absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                   "WriteKvCuda");
 }
 
+absl::Status QkvRopeWriteKvCuda(const Tensor& qkv,
+                                const CudaAttentionBatch& batch,
+                                const CudaRopeTable& rope, Tensor& q,
+                                Tensor& k_cache, Tensor& v_cache,
+                                const CudaExec& exec, Tensor* k_host,
+                                Tensor* v_host) {
+  constexpr std::string_view kOp = "QkvRopeWriteKvCuda";
+  if (q.rank() != 3 || qkv.rank() != 2 || k_cache.rank() != 4) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        Sv(kOp),
+        ": q must be [n, heads, d], qkv [n, (heads + 2 kv_heads) d], "
+        "the caches 4-D"));
+  }
+  const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
+  const int64_t kv_heads = k_cache.dim(2);
+  RETURN_IF_ERROR(CheckDevice(kOp, "q", q, {n, heads, d}, {DType::kF32}));
+  RETURN_IF_ERROR(CheckDevice(kOp, "qkv", qkv, {n, (heads + 2 * kv_heads) * d},
+                              {DType::kF32}));
+  if (n != batch.tokens()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(kOp), ": ", n, " tokens, batch of ", batch.tokens()));
+  }
+  if (d % 2 != 0 || rope.inv_freq == nullptr || rope.pairs != d / 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(kOp), ": the RoPE table has ", rope.pairs,
+                     " frequencies; head_dim ", d, " needs ", d / 2));
+  }
+  ASSIGN_OR_RETURN(
+      const cuda::KvCaches caches,
+      CheckCache(kOp, k_cache, v_cache, batch, kv_heads, d, k_host, v_host));
+  return Launched(
+      cuda::QkvRopeWriteKv(qkv.data<float>(), CudaAttentionAccess::Meta(batch),
+                           static_cast<int>(heads), static_cast<int>(kv_heads),
+                           static_cast<int>(d),
+                           static_cast<const double*>(rope.inv_freq->data()),
+                           rope.mscale, rope.style == RopeStyle::kAdjacentPairs,
+                           q.data<float>(), caches, S(exec)),
+      "QkvRopeWriteKvCuda");
+}
+
 namespace {
 
 // The current device's multiprocessor count, asked once per device.
@@ -756,9 +721,12 @@ int CudaDecodeSplitsFor(const CudaAttentionBatch& batch, int64_t heads,
   const cuda::AttnMeta meta = CudaAttentionAccess::Meta(batch);
   if (window < 0) window = meta.window;
   // A window bounds the keys each token reads.
-  const int64_t keys = window > 0
-                           ? std::min<int64_t>(batch.max_context(), window)
-                           : batch.max_context();
+  // From the padded table width, not the longest context: the split count
+  // is then part of the layout (a CUDA graph's key) and changes only every
+  // kCudaTableBlocksMultiple blocks; shorter splits stay empty, which the
+  // merge skips.
+  const int64_t width = batch.padded_blocks() * meta.block_size;
+  const int64_t keys = window > 0 ? std::min<int64_t>(width, window) : width;
   return CudaDecodeSplits(keys, batch.tokens(), heads, kv_heads,
                           Multiprocessors());
 }

@@ -213,6 +213,18 @@ absl::Status WriteKvCuda(const Tensor& k, const Tensor& v,
                          Tensor& v_cache, const CudaExec& exec,
                          Tensor* k_host = nullptr, Tensor* v_host = nullptr);
 
+// SplitQkvCuda, RopeCuda of the Q and K heads and WriteKvCuda in one
+// kernel: q = RoPE'd Q block of the fused QKV output; the K (RoPE'd) and V
+// blocks go straight to the caches (as WriteKvCuda's; no f32 K or V is
+// written). Bit for bit the unfused ops' results.
+//   qkv: [n, (heads + 2 kv_heads) head_dim] f32  q: [n, heads, head_dim] f32
+absl::Status QkvRopeWriteKvCuda(const Tensor& qkv,
+                                const CudaAttentionBatch& batch,
+                                const CudaRopeTable& rope, Tensor& q,
+                                Tensor& k_cache, Tensor& v_cache,
+                                const CudaExec& exec, Tensor* k_host = nullptr,
+                                Tensor* v_host = nullptr);
+
 enum class AttentionKernel {
   kAuto,     // kDecode when every sequence has one token in the step.
   kDecode,   // Split-K over the context (flash-decoding).

@@ -69,6 +69,36 @@ TEST(CudaOpsValidationTest, QuantizedWeightsRefuseBadArguments) {
   EXPECT_TRUE(DequantScratchCuda({}).empty());
 }
 
+// The fused QKV kernel checks shapes, the batch and the RoPE table before
+// any CUDA call.
+TEST(CudaOpsValidationTest, QkvRopeWriteKvRefusesBadArguments) {
+  static float fake[4096];
+  const auto device = [](Shape shape, DType t = DType::kF32) {
+    return *Tensor::View(t, std::move(shape), fake, MemoryType::kDevice);
+  };
+  // 2 tokens, 4 heads over 2 KV heads of 8: qkv [2, (4 + 4) * 8].
+  Tensor q = device({2, 4, 8});
+  Tensor cache = device({4, 16, 2, 8}, DType::kBF16);
+  CudaAttentionBatch none;  // Holds no tokens.
+  CudaRopeTable rope;       // Empty.
+  const auto expect = [](const absl::Status& s, const std::string& phrase) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find(phrase), std::string::npos) << s;
+  };
+  expect(QkvRopeWriteKvCuda(device({2, 60}), none, rope, q, cache, cache, {}),
+         "QkvRopeWriteKvCuda: qkv");
+  expect(QkvRopeWriteKvCuda(device({2, 64}), none, rope, q, cache, cache, {}),
+         "2 tokens, batch of 0");
+  Tensor flat_q = device({2, 32});
+  expect(
+      QkvRopeWriteKvCuda(device({2, 64}), none, rope, flat_q, cache, cache, {}),
+      "q must be [n, heads, d]");
+  Tensor host_q = *Tensor::Host(DType::kF32, {2, 4, 8});
+  expect(
+      QkvRopeWriteKvCuda(device({2, 64}), none, rope, host_q, cache, cache, {}),
+      "host memory");
+}
+
 // Rows with logit processors are sampled on the host (SampleStep); the
 // device sampler refuses them rather than ignore their penalties.
 TEST(CudaOpsValidationTest, SampleCudaRefusesRowsWithLogitProcessors) {

@@ -4,6 +4,7 @@
 
 #include "kernels/attention/paged_attention.h"
 #include "kernels/linear/quant_device_pack.h"
+#include "worker/cuda_graphs.h"
 
 namespace shardlm {
 
@@ -68,6 +69,9 @@ std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& d) {
 
 int64_t GpuActivationBytes(const RankActivationDims& d, int64_t tokens,
                            int64_t rows) {
+  // Decode steps run padded to their graph's batch size.
+  rows = GraphPaddedRows(rows);
+  tokens = std::max(tokens, rows);
   int64_t bytes = 0;
   for (const StepBufferPlan& b : GpuStepBuffers(d)) {
     bytes += BlockBytes(b.dtype) * b.width * (b.per_row ? rows : tokens);

@@ -76,7 +76,9 @@ std::vector<StepBufferPlan> GpuStepBuffers(const RankActivationDims& dims);
 
 // Device bytes of the buffers for steps of up to `tokens` tokens and `rows`
 // sequences (logit rows; a decode step has one token per sequence), the
-// decode workspace for `rows` tokens at the most splits included. Pinned
+// decode workspace for `rows` tokens at the most splits included; `rows`
+// counts as GraphPaddedRows(rows) (worker/cuda_graphs.h), since decode steps
+// run padded to their CUDA graph's batch size. Pinned
 // host buffers (the logits' staging) are not device memory and not counted.
 int64_t GpuActivationBytes(const RankActivationDims& dims, int64_t tokens,
                            int64_t rows);

@@ -28,6 +28,19 @@ TEST(GpuActivationBytesTest, CountsEveryBufferByHand) {
             3 * 356 + 2 * 96 + 6144);
 }
 
+// Decode steps run padded to their CUDA graph's batch size (5 sequences
+// at 8), so 5 rows are counted as 8, and as 8 tokens when fewer are asked.
+TEST(GpuActivationBytesTest, RowsCountAtTheirGraphBatchSize) {
+  const int64_t workspace = 8 * 2 * 64 * 6 * 4;
+  EXPECT_EQ(GpuActivationBytes(kToy, /*tokens=*/3, /*rows=*/5),
+            8 * 356 + 8 * 96 + workspace);
+  EXPECT_EQ(GpuActivationBytes(kToy, /*tokens=*/100, /*rows=*/5),
+            100 * 356 + 8 * 96 + workspace);
+  // Past the graphs' range rows count as they are.
+  EXPECT_EQ(GpuActivationBytes(kToy, 1000, 300),
+            1000 * 356 + 300 * 96 + 300 * 2 * 64 * 6 * 4);
+}
+
 TEST(GpuActivationBytesTest, TensorParallelAddsPartialSumsAndTheGather) {
   RankActivationDims tp = kToy;
   tp.tp = 2;

@@ -75,6 +75,17 @@ absl::Status CudaForwardOps::SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
   return SplitQkvCuda(qkv, q, k, v, exec_);
 }
 
+absl::Status CudaForwardOps::QkvRopeKv(const Tensor& qkv, const RopeTable& rope,
+                                       Tensor& q, Tensor& k, Tensor& v,
+                                       const KvLayer& cache) {
+  if (static_cast<int64_t>(rope.inv_freq.size()) != rope_.pairs ||
+      rope.style != rope_.style) {
+    return absl::InternalError("RoPE table differs from the uploaded one");
+  }
+  return QkvRopeWriteKvCuda(qkv, batch_, rope_, q, cache.k, cache.v, exec_,
+                            cache.k_host, cache.v_host);
+}
+
 absl::Status CudaForwardOps::SwiGluFused(const Tensor& gate_up, Tensor& out) {
   return SwiGluFusedCuda(gate_up, out, exec_);
 }

@@ -45,6 +45,9 @@ class CudaForwardOps : public ForwardOps {
   absl::Status AddBias(Tensor& x, const Tensor& bias) override;
   absl::Status SplitQkv(const Tensor& qkv, Tensor& q, Tensor& k,
                         Tensor& v) override;
+  // One kernel (QkvRopeWriteKvCuda): k and v are not written.
+  absl::Status QkvRopeKv(const Tensor& qkv, const RopeTable& rope, Tensor& q,
+                         Tensor& k, Tensor& v, const KvLayer& cache) override;
   absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) override;
   // Mixtures of experts; the rows come from the host's routing.
   absl::Status GatherRows(const Tensor& x, absl::Span<const int32_t> rows,

@@ -114,16 +114,15 @@ absl::Status CudaModelRunner::ReserveActivations(int64_t tokens, int64_t rows) {
         "reserve ", tokens, " tokens and ", rows, " rows: must be positive"));
   }
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
-  return Reserve(tokens, rows);
+  // As GpuActivationBytes counts: decode steps run padded.
+  rows = GraphPaddedRows(rows);
+  return Reserve(std::max(tokens, rows), rows);
 }
 
 absl::Status CudaModelRunner::Synchronize() { return stream_->Synchronize(); }
 
 CudaModelRunner::~CudaModelRunner() {
-  if (graph_exec_ != nullptr) {
-    cudaStreamSynchronize(static_cast<cudaStream_t>(exec_.stream));
-    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
-  }
+  graph_cache_.reset();  // Before the stream its graphs wait on.
 }
 
 absl::Status CudaModelRunner::SetWeights(LlamaWeights weights) {
@@ -339,83 +338,118 @@ absl::Status CudaModelRunner::ForwardOnDevice(const StepInput& step,
   // The caller's thread may have another device current.
   RETURN_IF_CUDA_ERROR(cudaSetDevice(device_));
   if (step.tokens.empty()) return RunCopies(step.copies);  // Copies only.
-  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  int64_t n = static_cast<int64_t>(step.tokens.size());
   const int64_t m = static_cast<int64_t>(step.logit_rows.size());
+  // Communicator calls are host calls: no graphs across them; nor across
+  // a mixture's routing, which reads the router's logits on the host.
+  const bool comms = comms_.tp != nullptr || comms_.pp != nullptr;
+  const bool graph = graphs_ && !comms && !config_.is_moe() &&
+                     GraphBatchSize(n) > 0 && IsDecodeStep(step);
+  // A graph's decode step runs at its padded batch size; its inputs are
+  // these (the step's own otherwise).
+  PaddedDecode padded;
+  absl::Span<const int32_t> tokens = step.tokens, rows = step.logit_rows;
   // Block tables are checked here, before anything is written.
   // Windows are per layer (the attention call's).
   AttentionBatch attn{.positions = step.positions, .token_seq = step.token_seq};
-  for (const auto& table : step.block_tables)
-    attn.block_tables.push_back(table);
+  if (graph) {
+    padded = PadDecodeStep(step, GraphBatchSize(n));
+    n = static_cast<int64_t>(padded.tokens.size());
+    tokens = padded.tokens;
+    rows = padded.logit_rows;
+    attn = {.positions = padded.positions,
+            .token_seq = padded.token_seq,
+            .block_tables = padded.block_tables,
+            .padding = padded.padding};
+  } else {
+    for (const auto& table : step.block_tables)
+      attn.block_tables.push_back(table);
+  }
+  const int64_t rows_run = static_cast<int64_t>(rows.size());
   // A step of one token per sequence runs the decode attention, whose
   // workspace is sized by rows: enough for all n of them.
-  const bool decode = static_cast<size_t>(n) == step.block_tables.size();
-  RETURN_IF_ERROR(Reserve(n, std::max<int64_t>({m, 1, decode ? n : 0})));
+  const bool decode = static_cast<size_t>(n) == attn.block_tables.size();
+  RETURN_IF_ERROR(Reserve(n, std::max<int64_t>({rows_run, 1, decode ? n : 0})));
   RETURN_IF_ERROR(batch_.Upload(attn, kv_config_.block_size,
                                 kv_config_.total_blocks(), device_, exec_,
                                 kv_config_.num_blocks));
   // Everything is checked now (the copies by their plan): they go first.
   RETURN_IF_ERROR(RunCopies(step.copies));
   auto* s = static_cast<cudaStream_t>(exec_.stream);
-  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), step.tokens.data(),
+  RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(ids_.raw(), tokens.data(),
                                        n * sizeof(int32_t),
                                        cudaMemcpyHostToDevice, s));
   const bool sampled_here = m > 0 && weights_.spec.last_stage();
-  if (m > 0) {
-    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), step.logit_rows.data(),
-                                         m * sizeof(int32_t),
+  if (rows_run > 0) {
+    RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(rows_.raw(), rows.data(),
+                                         rows_run * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, s));
   }
   if (sampled_here) {
+    // The step's own rows: a padded step's come first.
     ASSIGN_OR_RETURN(logits, logits_.Rows(0, m));
   }
-  // Communicator calls are host calls: no graphs across them; nor across
-  // a mixture's routing, which reads the router's logits on the host.
-  const bool comms = comms_.tp != nullptr || comms_.pp != nullptr;
-  if (!graphs_ || n > kMaxGraphTokens || comms || config_.is_moe()) {
-    host_logits_view_ = Tensor();
-    RETURN_IF_ERROR(Launch(n, m));
-    // The TP gather leaves the logits on the host, on TP rank 0 only: the
-    // other ranks return none (as the CPU runner does), not their device
-    // buffer of vocab_padded columns.
-    if (comms_.tp != nullptr) logits = host_logits_view_;
-    return absl::OkStatus();
-  }
+  if (graph) return LaunchGraph(n);
+  host_logits_view_ = Tensor();
+  RETURN_IF_ERROR(Launch(n, m));
+  // The TP gather leaves the logits on the host, on TP rank 0 only: the
+  // other ranks return none (as the CPU runner does), not their device
+  // buffer of vocab_padded columns.
+  if (comms_.tp != nullptr) logits = host_logits_view_;
+  return absl::OkStatus();
+}
 
-  // Every kernel argument is fixed by these (buffer addresses by the
-  // generations), so a graph captured for the same key replays this step.
-  const std::vector<int64_t> key = {
-      n, m, batch_.sequences(), batch_.padded_blocks(), batch_.tiles(),
-      batch_.max_tile() == 1 ? 1 : 0,
+absl::Status CudaModelRunner::LaunchGraph(int64_t n) {
+  if (graph_cache_ == nullptr) {
+    graph_cache_ = std::make_unique<GraphCache>(
+        kMaxGraphs, kMaxGraphFailures, [this](void* exec) {
+          // A replay of it may still run.
+          cudaStreamSynchronize(static_cast<cudaStream_t>(exec_.stream));
+          cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(exec));
+        });
+  }
+  // Graphs captured over buffers that have moved since are of no use.
+  if (cached_generation_ != generation_ ||
+      cached_reallocations_ != batch_.reallocations()) {
+    graph_cache_->Clear();
+    cached_generation_ = generation_;
+    cached_reallocations_ = batch_.reallocations();
+  }
+  // With the buffers' generation (above), these fix every kernel argument
+  // of a decode step, so a graph captured for the same key replays it.
+  const GraphCache::Key key = {
+      n, batch_.padded_blocks(),
       // The decode kernel's split count on layers without a window
       // (windowed layers' change only when it does).
       CudaDecodeSplitsFor(batch_, weights_.spec.n_heads(),
                           weights_.spec.n_kv_heads(),
-                          /*window=*/0),
-      batch_.reallocations(), generation_};
-  if (graph_exec_ == nullptr || key != graph_key_) {
-    absl::Status captured = Capture(n, m);
+                          /*window=*/0)};
+  if (graph_cache_->Failed(key)) return Launch(n, n);
+  void* exec = graph_cache_->Find(key);
+  if (exec == nullptr) {
+    absl::StatusOr<void*> captured = Capture(n, n);
     if (!captured.ok()) {
-      Log("CUDA graph capture failed, running "
-          "eagerly from now on: %s",
-          std::string(captured.message()).c_str());
-      graphs_ = false;
-      return Launch(n, m);
+      graph_cache_->MarkFailed(key);
+      Log("CUDA graph capture of a decode step of %lld sequences failed, "
+          "running that shape eagerly%s: %s",
+          static_cast<long long>(n),
+          graph_cache_->Disabled() ? " (and every other from now on)" : "",
+          std::string(captured.status().message()).c_str());
+      if (graph_cache_->Disabled()) graphs_ = false;
+      return Launch(n, n);
     }
-    graph_key_ = key;
+    exec = *captured;
+    graph_cache_->Insert(key, exec);
+  } else {
+    ++replays_;
   }
-  return CudaStatus(
-      cudaGraphLaunch(static_cast<cudaGraphExec_t>(graph_exec_), s),
-      "cudaGraphLaunch");
+  return CudaStatus(cudaGraphLaunch(static_cast<cudaGraphExec_t>(exec),
+                                    static_cast<cudaStream_t>(exec_.stream)),
+                    "cudaGraphLaunch");
 }
 
-absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
+absl::StatusOr<void*> CudaModelRunner::Capture(int64_t n, int64_t m) {
   auto* s = static_cast<cudaStream_t>(exec_.stream);
-  if (graph_exec_ != nullptr) {
-    // The previous replay may still run.
-    RETURN_IF_ERROR(stream_->Synchronize());
-    cudaGraphExecDestroy(static_cast<cudaGraphExec_t>(graph_exec_));
-    graph_exec_ = nullptr;
-  }
   RETURN_IF_CUDA_ERROR(
       cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
   const absl::Status launched = Launch(n, m);
@@ -433,9 +467,8 @@ absl::Status CudaModelRunner::Capture(int64_t n, int64_t m) {
   const cudaError_t inst = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   RETURN_IF_ERROR(CudaStatus(inst, "cudaGraphInstantiate"));
-  graph_exec_ = exec;
   ++captures_;
-  return absl::OkStatus();
+  return static_cast<void*>(exec);
 }
 
 absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
@@ -504,17 +537,27 @@ absl::Status CudaModelRunner::Launch(int64_t n, int64_t m) {
   return absl::OkStatus();
 }
 
+absl::Status CudaModelRunner::FinishStep() {
+  // An asynchronous communicator's collectives were only queued: its
+  // Synchronize returns the error (naming the group and peers) that its
+  // watchdog recorded, where a hung peer would otherwise hold the stream.
+  for (Communicator* c : {comms_.tp, comms_.pp}) {
+    if (c != nullptr && c->asynchronous()) RETURN_IF_ERROR(c->Synchronize());
+  }
+  return stream_->Synchronize();
+}
+
 absl::StatusOr<Tensor> CudaModelRunner::Forward(const StepInput& step) {
   const StepTimer timer(stats_);
   Tensor logits;
   RETURN_IF_ERROR(ForwardOnDevice(step, logits));
   if (logits.empty() || logits.memory() != MemoryType::kDevice) {
-    RETURN_IF_ERROR(stream_->Synchronize());
+    RETURN_IF_ERROR(FinishStep());
     return logits;  // None (a stage before the last), or gathered on the host.
   }
   ASSIGN_OR_RETURN(Tensor pinned, host_logits_.Rows(0, logits.dim(0)));
   RETURN_IF_ERROR(backend_->Copy(logits, pinned, stream_.get()));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  RETURN_IF_ERROR(FinishStep());
   ASSIGN_OR_RETURN(Tensor out,
                    Tensor::HostUninitialized(DType::kF32, logits.shape()));
   std::memcpy(out.raw(), pinned.raw(), out.bytes());
@@ -554,7 +597,7 @@ absl::StatusOr<StepOutput> CudaModelRunner::Step(const StepInput& step) {
   RETURN_IF_CUDA_ERROR(cudaMemcpyAsync(
       out.tokens.data(), ids.raw(), rows * sizeof(int32_t),
       cudaMemcpyDeviceToHost, static_cast<cudaStream_t>(exec_.stream)));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  RETURN_IF_ERROR(FinishStep());
   return out;
 }
 

@@ -36,6 +36,7 @@
 #include "kernels/cuda_ops.h"
 #include "model/model_config.h"
 #include "worker/activation_memory.h"
+#include "worker/cuda_graphs.h"
 #include "worker/cuda_weights.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
@@ -61,7 +62,8 @@ class CudaModelRunner : public ShardRunner {
   // The shard's TP group and PP chain (none: a whole model). Steps with
   // communicators run eagerly. `on_stream`: the communicators enqueue on
   // this runner's stream (exec().stream; NCCL) and return when it has
-  // drained; else (host or staged communicators) the stream is
+  // drained, or, asynchronous ones, once queued (each step ends with their
+  // Synchronize); else (host or staged communicators) the stream is
   // synchronized before each call.
   void SetComms(ShardComms comms, bool on_stream = false);
 
@@ -84,8 +86,9 @@ class CudaModelRunner : public ShardRunner {
   // lost): serving sizes the pools after the weights are on the device.
   absl::Status SetKvBlocks(int64_t num_blocks, int64_t num_host_blocks = 0);
   // Grows the activation buffers to `tokens` tokens and `rows` logit rows
-  // now, so that steps within those sizes allocate nothing (and memory
-  // sizing sees them).
+  // (GraphPaddedRows(rows): decode steps run padded) now, so that steps
+  // within those sizes allocate nothing (and memory sizing sees them, as
+  // GpuActivationBytes counts).
   absl::Status ReserveActivations(int64_t tokens, int64_t rows);
 
   // As ModelRunner::Forward on a whole-model shard: the f32 logits of the
@@ -104,16 +107,21 @@ class CudaModelRunner : public ShardRunner {
   // Waits for all queued work.
   absl::Status Synchronize();
 
-  // Steps of at most kMaxGraphTokens tokens (decode) run as a CUDA graph,
-  // captured once per step shape (tokens, logit rows, padded block-table
-  // width, kernel choice) and replayed while the shape repeats: a decode
-  // step is ~15 launches per layer, which otherwise bounds small batches
-  // by launch latency. On by default; a failed capture falls back to
-  // eager launches for good (reported once on stderr).
+  // Decode steps of at most kMaxGraphBatch sequences run as CUDA graphs
+  // (worker/cuda_graphs.h): padded to GraphBatchSize sequences and
+  // replayed from a cache of graphs kept per step shape (padded batch,
+  // block-table width, split count), so that a steady decode loop captures
+  // a few graphs and then only replays: a decode step is ~15 launches per
+  // layer, which otherwise bounds small batches by launch latency. Prefill
+  // and mixed steps, steps with communicators or a mixture's routing launch
+  // eagerly. A shape whose capture fails runs eagerly (reported once on
+  // stderr); after kMaxGraphFailures such shapes graphs are off.
   void set_cuda_graphs(bool on) { graphs_ = on; }
   bool cuda_graphs() const { return graphs_; }
   int64_t graph_captures() const { return captures_; }
-  static constexpr int64_t kMaxGraphTokens = 256;
+  int64_t graph_replays() const { return replays_; }
+  static constexpr size_t kMaxGraphs = 64;
+  static constexpr int kMaxGraphFailures = 3;
 
   CudaModelRunner(const CudaModelRunner&) = delete;
   CudaModelRunner& operator=(const CudaModelRunner&) = delete;
@@ -124,7 +132,11 @@ class CudaModelRunner : public ShardRunner {
   // Queues the layers and LM head for the uploaded step (n tokens, m
   // logit rows), eagerly or while capturing.
   absl::Status Launch(int64_t n, int64_t m);
-  absl::Status Capture(int64_t n, int64_t m);
+  // Captures Launch(n, m) as an executable graph (cudaGraphExec_t).
+  absl::StatusOr<void*> Capture(int64_t n, int64_t m);
+  // Runs the uploaded decode step of n (padded) sequences from the graph
+  // cache, capturing it on a miss; eagerly where capture fails.
+  absl::Status LaunchGraph(int64_t n);
   absl::Status Validate(const StepInput& step) const;
   // Queues the step's block copies on the copy stream, after the previous
   // step's compute, and makes the compute stream wait for them.
@@ -134,6 +146,8 @@ class CudaModelRunner : public ShardRunner {
   // vocab] f32.
   absl::Status ForwardOnDevice(const StepInput& step, Tensor& logits);
   absl::Status Reserve(int64_t n, int64_t rows);
+  // Waits for the step: the communicators' queued work, then the stream.
+  absl::Status FinishStep();
   Tensor& Buffer(StepBuffer b);  // The member that holds it.
 
   int device_ = 0;
@@ -170,10 +184,10 @@ class CudaModelRunner : public ShardRunner {
   Tensor host_logits_view_;  // The last eager step's host logits (TP).
 
   bool graphs_ = true;
-  void* graph_exec_ = nullptr;  // cudaGraphExec_t
-  std::vector<int64_t> graph_key_;
+  std::unique_ptr<GraphCache> graph_cache_;  // Of cudaGraphExec_t.
   int64_t generation_ = 0;  // Bumped when buffers or weights move.
-  int64_t captures_ = 0;
+  int64_t cached_generation_ = -1, cached_reallocations_ = -1;
+  int64_t captures_ = 0, replays_ = 0;
 };
 
 }  // namespace shardlm

@@ -283,6 +283,90 @@ TEST(CudaModelRunnerTest, SyntheticModelMatchesCpuStepByStep) {
 // cos/sin magnitude too), Mistral's sliding window shorter than the
 // context (in prefill chunks and in decode), Qwen2's window in some layers
 // only, and dynamic NTK served static. Bound as the synthetic test.
+// Decode steps of varying batch sizes run as graphs padded to
+// GraphBatchSize: one capture per padded size, replays after, and the same
+// logits as eager launches of the unpadded steps (the padding sequences,
+// whose table names block 0, must not write sequence 0's first block).
+TEST(CudaModelRunnerTest, DecodeGraphsArePaddedAndKeptPerBatchSize) {
+  SKIP_WITHOUT_GPU();
+  ModelConfig c = OneLayer({.hidden = 256,
+                            .ffn_hidden = 512,
+                            .n_heads = 8,
+                            .n_kv_heads = 2,
+                            .head_dim = 32,
+                            .vocab_size = 500,
+                            .context_length = 512});
+  c.n_layers = 2;
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  const KvPoolConfig kv = KvFor(c, 64);
+  const LlamaWeights host = RandomHostWeights(c, 11);
+  auto graphs = GpuRunner(c, kv, host);
+  auto eager = GpuRunner(c, kv, host);
+  ASSERT_TRUE(graphs.ok()) << graphs.status();
+  ASSERT_TRUE(eager.ok()) << eager.status();
+  (*eager)->set_cuda_graphs(false);
+
+  // Seven sequences; sequence s holds blocks 4s .. 4s + 3 (so sequence 0
+  // holds block 0) and starts with a prompt of 10 + 3s tokens.
+  constexpr int kSeqs = 7;
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  std::vector<int32_t> next_pos(kSeqs);
+  std::mt19937 rng(5);
+  const auto token = [&] { return static_cast<int32_t>(rng() % c.vocab_size); };
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int b = 0; b < 4; ++b) tables[s].push_back(4 * s + b);
+    StepInput p;
+    for (int i = 0; i < 10 + 3 * s; ++i) {
+      p.tokens.push_back(token());
+      p.positions.push_back(i);
+      p.token_seq.push_back(0);
+    }
+    p.block_tables = {tables[s]};
+    p.seq_ids = {s};
+    p.logit_rows = {static_cast<int32_t>(p.tokens.size() - 1)};
+    p.sampling = {SamplingParams{}};
+    p.sample_index = {0};
+    next_pos[s] = static_cast<int32_t>(p.tokens.size());
+    ASSERT_TRUE((*graphs)->Forward(p).ok());
+    ASSERT_TRUE((*eager)->Forward(p).ok());
+  }
+  ASSERT_EQ((*graphs)->graph_captures(), 0) << "prefill steps are eager";
+
+  // Batches of 3, 5, 7 and 2 sequences: padded to 4, 8, 8 and 2.
+  const std::vector<std::vector<int>> rounds = {
+      {0, 1, 2}, {0, 1, 2}, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4, 5, 6},
+      {5, 6},    {0, 1, 2}, {2, 3, 4, 5, 6}, {0, 1, 2, 3, 4, 5, 6},
+      {1, 3, 5}, {5, 6},    {0, 1, 2, 3, 4}, {4, 5, 6}};
+  for (size_t r = 0; r < rounds.size(); ++r) {
+    StepInput d;
+    for (const int s : rounds[r]) {
+      const int32_t i = static_cast<int32_t>(d.tokens.size());
+      d.tokens.push_back(token());
+      d.positions.push_back(next_pos[s]++);
+      d.token_seq.push_back(i);
+      d.block_tables.push_back(tables[s]);
+      d.seq_ids.push_back(s);
+      d.logit_rows.push_back(i);
+      d.sampling.push_back(SamplingParams{});
+      d.sample_index.push_back(0);
+    }
+    auto g = (*graphs)->Forward(d);
+    auto e = (*eager)->Forward(d);
+    ASSERT_TRUE(g.ok()) << g.status();
+    ASSERT_TRUE(e.ok()) << e.status();
+    ASSERT_EQ(g->shape(), e->shape()) << "round " << r;
+    const Diff diff = Compare(*g, *e);
+    EXPECT_LE(diff.max_abs, 1e-4 * diff.max_ref) << "round " << r;
+  }
+  EXPECT_TRUE((*graphs)->cuda_graphs());
+  // Padded sizes 4, 8 and 2, each captured once (the tables' width and the
+  // split count stay put below 32 blocks).
+  EXPECT_EQ((*graphs)->graph_captures(), 3);
+  EXPECT_EQ((*graphs)->graph_replays(),
+            static_cast<int64_t>(rounds.size()) - 3);
+  EXPECT_EQ((*eager)->graph_captures(), 0);
+}
+
 TEST(CudaModelRunnerTest, ModelFamilyFeaturesMatchCpu) {
   SKIP_WITHOUT_GPU();
   struct Variant {

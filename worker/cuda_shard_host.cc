@@ -78,13 +78,16 @@ class CudaShardHost : public ShardHost {
                      AgreeOnGroupId(*o_.store, key, name, rank, NewNcclUniqueId,
                                     o_.timeout));
     ASSIGN_OR_RETURN(std::unique_ptr<NcclCommunicator> comm,
-                     NcclCommunicator::Create({.unique_id = std::move(id),
-                                               .rank = rank,
-                                               .size = size,
-                                               .device = o_.device,
-                                               .name = name,
-                                               .options = {o_.timeout},
-                                               .stream = stream}));
+                     NcclCommunicator::Create(
+                         {.unique_id = std::move(id),
+                          .rank = rank,
+                          .size = size,
+                          .device = o_.device,
+                          .name = name,
+                          .options = {o_.timeout},
+                          .stream = stream,
+                          // The runner synchronises once per step (FinishStep).
+                          .asynchronous = NcclAsyncRequested()}));
     return std::unique_ptr<Communicator>(std::move(comm));
   }
 

@@ -112,6 +112,26 @@ absl::Status ShardForward::GatherSlices(const Tensor& slot, Tensor& all) const {
   return ops.CompactRows(all, seq->rows, seq->counts());
 }
 
+absl::Status ForwardOps::QkvRopeKv(const Tensor& qkv, const RopeTable& rope,
+                                   Tensor& q, Tensor& k, Tensor& v,
+                                   const KvLayer& cache) {
+  if (q.rank() != 3 || k.rank() != 3 || v.rank() != 3) {
+    return absl::InvalidArgumentError(
+        "QkvRopeKv: q, k and v must be [n, heads, head_dim]");
+  }
+  // SplitQkv's [n, heads * head_dim] views of the same memory.
+  const auto flat = [](const Tensor& t) {
+    return t.Reshaped({t.dim(0), t.dim(1) * t.dim(2)});
+  };
+  ASSIGN_OR_RETURN(Tensor q2, flat(q));
+  ASSIGN_OR_RETURN(Tensor k2, flat(k));
+  ASSIGN_OR_RETURN(Tensor v2, flat(v));
+  RETURN_IF_ERROR(SplitQkv(qkv, q2, k2, v2));
+  RETURN_IF_ERROR(Rope(q, rope));
+  RETURN_IF_ERROR(Rope(k, rope));
+  return WriteKv(k, v, cache);
+}
+
 absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   const ModelConfig& c = weights.config;
   const ShardSpec& spec = weights.spec;
@@ -166,7 +186,16 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     // wv xn + bv), each rank over its own heads, partial sums of wo reduced
     // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
-    if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
+    const KvLayer cache = kv.at(l);
+    // One GEMM, then its column blocks split, turned and cached by one op
+    // (one kernel on GPUs), unless Qwen3's per-head norms come between or
+    // sequence parallel gathers the slices first.
+    const bool fused_qkv =
+        !w.wqkv.empty() && w.q_norm.empty() && seq == nullptr;
+    if (fused_qkv) {
+      RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
+      RETURN_IF_ERROR(ops.QkvRopeKv(b.qkv, rope, q3, k3, v3, cache));
+    } else if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
       RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
       RETURN_IF_ERROR(ops.SplitQkv(b.qkv, b.q, b.k, b.v));
     } else {
@@ -180,15 +209,16 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       RETURN_IF_ERROR(ops.RmsNorm(qh, w.q_norm, c.rms_norm_eps, qh));
       RETURN_IF_ERROR(ops.RmsNorm(kh, w.k_norm, c.rms_norm_eps, kh));
     }
-    RETURN_IF_ERROR(tok.Rope(q3, rope));
-    RETURN_IF_ERROR(tok.Rope(k3, rope));
-    if (seq != nullptr) {  // Every rank's slice of Q, K and V.
-      RETURN_IF_ERROR(GatherSlices(b.q_slot, b.q_all));
-      RETURN_IF_ERROR(GatherSlices(b.k_slot, b.k_all));
-      RETURN_IF_ERROR(GatherSlices(b.v_slot, b.v_all));
+    if (!fused_qkv) {
+      RETURN_IF_ERROR(tok.Rope(q3, rope));
+      RETURN_IF_ERROR(tok.Rope(k3, rope));
+      if (seq != nullptr) {  // Every rank's slice of Q, K and V.
+        RETURN_IF_ERROR(GatherSlices(b.q_slot, b.q_all));
+        RETURN_IF_ERROR(GatherSlices(b.k_slot, b.k_all));
+        RETURN_IF_ERROR(GatherSlices(b.v_slot, b.v_all));
+      }
+      RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
     }
-    const KvLayer cache = kv.at(l);
-    RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
     RETURN_IF_ERROR(Attention(qa3, cache, scale,
                               c.LayerWindow(spec.layer_begin + l), attn3, b));
     RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));

@@ -90,6 +90,13 @@ class ForwardOps {
                                 Tensor& v) {
     return absl::UnimplementedError("SplitQkv on this backend");
   }
+  // SplitQkv, Rope of q and k (q: [n, heads, head_dim], k and v: [n,
+  // kv_heads, head_dim]) and WriteKv of k and v into `cache`, which a
+  // backend may fuse into one kernel; k and v hold unspecified values
+  // afterwards (a fused kernel writes the cache only).
+  virtual absl::Status QkvRopeKv(const Tensor& qkv, const RopeTable& rope,
+                                 Tensor& q, Tensor& k, Tensor& v,
+                                 const KvLayer& cache);
   virtual absl::Status SwiGluFused(const Tensor& gate_up, Tensor& out) {
     return absl::UnimplementedError("SwiGluFused on this backend");
   }

@@ -711,6 +711,77 @@ TEST_P(ForwardOpsTest, FusedOps) {
   ExpectNear(Get(h), wh, bound, "SwiGluFused");
 }
 
+// QkvRopeKv: SplitQkv, Rope of q and k, WriteKv (one kernel on GPUs): q
+// against the double-precision rotation, the caches against the unfused
+// ops' (each tested above) bit for bit, over the attention test's step
+// (three sequences, positions up to 4096, block tables out of order).
+TEST_P(ForwardOpsTest, QkvRopeKvIsSplitRopeAndWriteKv) {
+  using S = AttentionSetup;
+  const S setup;
+  const StepInput& step = setup.second;
+  const int64_t n = static_cast<int64_t>(step.tokens.size());
+  const int64_t heads = S::kHeads, kvh = S::kKvHeads, d = S::kDim;
+  const Tensor qkv = RandomTensor({n, (heads + 2 * kvh) * d}, 91);
+  for (const RopeStyle style :
+       {RopeStyle::kRotateHalf, RopeStyle::kAdjacentPairs}) {
+    const RopeTable rope = TestRope(style, d);
+    const auto ops = Bind(step, 769, rope, S::kBlock);
+    for (const DType kv : b().kv_dtypes()) {
+      OpsKvCache fused =
+          Must(b().NewKvCache(setup.blocks, S::kBlock, kvh, d, kv));
+      OpsKvCache apart =
+          Must(b().NewKvCache(setup.blocks, S::kBlock, kvh, d, kv));
+      const KvLayer fused_layer{.k = fused.k, .v = fused.v};
+      const KvLayer apart_layer{.k = apart.k, .v = apart.v};
+      Tensor q = Zeros(DType::kF32, {n, heads, d});
+      Tensor k = Zeros(DType::kF32, {n, kvh, d});
+      Tensor v = Zeros(DType::kF32, {n, kvh, d});
+      const absl::Status done =
+          ops->QkvRopeKv(Put(qkv), rope, q, k, v, fused_layer);
+      if (!b().fused_ops()) {  // The default composition: SplitQkv first.
+        EXPECT_EQ(done.code(), absl::StatusCode::kUnimplemented) << done;
+        return;
+      }
+      ASSERT_OK(done);
+      const std::vector<double> all = Values(qkv);
+      std::vector<double> want(n * heads * d);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t h = 0; h < heads; ++h) {
+          const double* x = all.data() + i * (heads + 2 * kvh) * d + h * d;
+          double* out = want.data() + (i * heads + h) * d;
+          for (int64_t j = 0; j < d / 2; ++j) {
+            const double a = step.positions[i] * rope.inv_freq[j];
+            const double c = std::cos(a) * rope.mscale,
+                         s = std::sin(a) * rope.mscale;
+            const int64_t p0 = style == RopeStyle::kRotateHalf ? j : 2 * j;
+            const int64_t p1 =
+                style == RopeStyle::kRotateHalf ? j + d / 2 : 2 * j + 1;
+            out[p0] = x[p0] * c - x[p1] * s;
+            out[p1] = x[p0] * s + x[p1] * c;
+          }
+        }
+      }
+      const std::string what = absl::StrCat(
+          style == RopeStyle::kRotateHalf ? "rotate half" : "adjacent", " ",
+          DTypeName(kv));
+      ExpectNear(Get(q), want, 2e-5, what + " q");
+      // The unfused ops into the other cache.
+      Tensor q2 = Zeros(DType::kF32, {n, heads * d});
+      Tensor k2 = Zeros(DType::kF32, {n, kvh * d});
+      Tensor v2 = Zeros(DType::kF32, {n, kvh * d});
+      ASSERT_OK(ops->SplitQkv(Put(qkv), q2, k2, v2));
+      Tensor k3 = Must(k2.Reshaped({n, kvh, d}));
+      Tensor q3 = Must(q2.Reshaped({n, heads, d}));
+      ASSERT_OK(ops->Rope(q3, rope));
+      ASSERT_OK(ops->Rope(k3, rope));
+      ASSERT_OK(ops->WriteKv(k3, Must(v2.Reshaped({n, kvh, d})), apart_layer));
+      ExpectNear(Get(q), Values(Get(q3)), 0.0, what + " q against Rope");
+      ExpectNear(Get(fused.k), Values(Get(apart.k)), 0.0, what + " K cache");
+      ExpectNear(Get(fused.v), Values(Get(apart.v)), 0.0, what + " V cache");
+    }
+  }
+}
+
 TEST_P(ForwardOpsTest, PadColumns) {
   const int64_t n = 4, c = 100, width = 256, offset = 37;
   const Tensor x = RandomTensor({n, c}, 81);

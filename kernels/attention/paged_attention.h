@@ -46,6 +46,11 @@ struct AttentionBatch {
   // another rank of the CP group holds. WriteKv skips the tokens that fall
   // in one and attention the keys; without this, -1 is an error.
   bool remote_blocks = false;
+  // The last `padding` sequences pad a batch to a CUDA graph's fixed size
+  // (worker/cuda_graphs.h): their tokens attend over their tables as any
+  // other's, but WriteKv writes none of their keys and values, so a table
+  // may name any block (the kernels only read it).
+  int64_t padding = 0;
 };
 
 // The CPU cache shapes of one layer (see the layouts above).

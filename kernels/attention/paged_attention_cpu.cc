@@ -146,6 +146,11 @@ absl::Status CheckBatch(const char* op, const AttentionBatch& batch, int64_t n,
                      " positions and ", batch.token_seq.size(), " seq ids"));
   }
   const int64_t n_seqs = static_cast<int64_t>(batch.block_tables.size());
+  if (batch.padding < 0 || (batch.padding > 0 && batch.padding >= n_seqs)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": ", batch.padding, " padding sequences of ", n_seqs,
+                     " (at least one must be real)"));
+  }
   for (int64_t i = 0; i < n; ++i) {
     const int32_t s = batch.token_seq[i], pos = batch.positions[i];
     if (s < 0 || s >= n_seqs || pos < 0) {
@@ -179,8 +184,11 @@ void WriteKvAs(const Tensor& k, const Tensor& v, const AttentionBatch& batch,
   using T = typename E::T;
   T* kc = k_cache.data<T>();
   T* vc = v_cache.data<T>();
+  const int64_t first_padding =
+      static_cast<int64_t>(batch.block_tables.size()) - batch.padding;
   for (int64_t i = 0; i < n; ++i) {
     const int32_t pos = batch.positions[i];
+    if (batch.token_seq[i] >= first_padding) continue;  // Writes nothing.
     const int64_t block = batch.block_tables[batch.token_seq[i]][pos / bs];
     if (block < 0) continue;  // Another CP rank's (remote_blocks).
     const int64_t o = pos % bs;

@@ -48,8 +48,54 @@ __global__ void WriteKvKernel(const float* k, const float* v, AttnMeta m,
   if (idx >= static_cast<int64_t>(m.n) * row) return;
   const int64_t i = idx / row, e = idx % row;
   const int64_t slot = m.slots[i];
+  if (slot < 0) return;  // A padding sequence's token writes nothing.
   const_cast<Bf*>(KRow(c, slot, row))[e] = __float2bfloat16_rn(k[idx]);
   const_cast<Bf*>(VRow(c, slot, row))[e] = __float2bfloat16_rn(v[idx]);
+}
+
+// The fused QKV GEMM's output [n, (heads + 2 kv_heads) d] -> q (RoPE'd,
+// f32 [n, heads, d]) and the caches' slots (K RoPE'd, V as is, bf16), in
+// one pass: the work of SplitQkv, two Ropes and WriteKv, with the same
+// arithmetic (RopePairAt; round to nearest bf16). Threads [0, rot) turn
+// one pair of a Q or K head each, the rest copy one V element each.
+__global__ void QkvRopeKvKernel(const float* qkv, AttnMeta m, int heads,
+                                int kv_heads, int d, const double* inv_freq,
+                                double mscale, bool adjacent, float* q,
+                                KvCaches c) {
+  const int half = d / 2, turned = heads + kv_heads, row = kv_heads * d;
+  const int64_t rot = static_cast<int64_t>(m.n) * turned * half;
+  const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (idx >= rot + static_cast<int64_t>(m.n) * row) return;
+  const int64_t width = static_cast<int64_t>(heads + 2 * kv_heads) * d;
+  if (idx < rot) {
+    const int64_t head_row = idx / half;  // token * turned + head
+    const int64_t i = head_row / turned;
+    const int h = static_cast<int>(head_row % turned);
+    const RopePair r =
+        RopePairAt(m.positions[i], static_cast<int>(idx % half), d,
+                   /*log_theta=*/0.0, inv_freq, mscale, adjacent);
+    const float* x = qkv + i * width + static_cast<int64_t>(h) * d;
+    const float x0 = x[r.a], x1 = x[r.b];
+    const float y0 = x0 * r.cs - x1 * r.sn, y1 = x0 * r.sn + x1 * r.cs;
+    if (h < heads) {
+      float* out = q + (i * heads + h) * d;
+      out[r.a] = y0;
+      out[r.b] = y1;
+      return;
+    }
+    const int64_t slot = m.slots[i];
+    if (slot < 0) return;  // A padding sequence's token writes nothing.
+    Bf* out = const_cast<Bf*>(KRow(c, slot, row)) +
+              static_cast<int64_t>(h - heads) * d;
+    out[r.a] = __float2bfloat16_rn(y0);
+    out[r.b] = __float2bfloat16_rn(y1);
+    return;
+  }
+  const int64_t j = idx - rot, i = j / row, e = j % row;
+  const int64_t slot = m.slots[i];
+  if (slot < 0) return;
+  const_cast<Bf*>(VRow(c, slot, row))[e] = __float2bfloat16_rn(
+      qkv[i * width + static_cast<int64_t>(turned) * d + e]);
 }
 
 // One block per (token, KV head, split), serving the query heads that
@@ -419,6 +465,19 @@ cudaError_t WriteKv(const float* k, const float* v, const AttnMeta& meta,
   if (count == 0) return cudaSuccess;
   WriteKvKernel<<<Blocks(count, 256), 256, 0, stream>>>(k, v, meta, row,
                                                         caches);
+  return cudaGetLastError();
+}
+
+cudaError_t QkvRopeWriteKv(const float* qkv, const AttnMeta& meta, int heads,
+                           int kv_heads, int d, const double* inv_freq,
+                           double mscale, bool adjacent_pairs, float* q,
+                           const KvCaches& caches, cudaStream_t stream) {
+  const int64_t count = static_cast<int64_t>(meta.n) *
+                        ((heads + kv_heads) * (d / 2) + kv_heads * d);
+  if (count == 0) return cudaSuccess;
+  QkvRopeKvKernel<<<Blocks(count, 256), 256, 0, stream>>>(
+      qkv, meta, heads, kv_heads, d, inv_freq, mscale, adjacent_pairs, q,
+      caches);
   return cudaGetLastError();
 }
 

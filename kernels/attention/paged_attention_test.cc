@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numeric>
 #include <random>
 #include <string>
@@ -313,6 +314,74 @@ TEST(PagedAttentionTest, RejectsBadBlockTables) {
                        .block_tables = {f.tables[0]}};
   EXPECT_TRUE(IsError(PagedAttention(q, f.k_cache, f.v_cache, batch, 1.0f, out),
                       kInvalid, "PagedAttention: token 0 has sequence 1"));
+}
+
+// Padding sequences (a CUDA graph's fixed batch size) attend as any other
+// but write no K/V: the real rows' outputs and the caches are those of the
+// step without them.
+TEST(PagedAttentionTest, PaddingSequencesWriteNothing) {
+  const int64_t heads = 4, kv_heads = 2, d = 32, bs = 16, blocks = 8;
+  const auto random_cache = [&](const Shape& shape, uint32_t seed) {
+    Tensor t = RandomTensor({blocks * bs * kv_heads * d}, seed);
+    return *t.Reshaped(shape);
+  };
+  const Tensor k0 = random_cache(KeyCacheShape(blocks, bs, kv_heads, d), 1);
+  const Tensor v0 = random_cache(ValueCacheShape(blocks, bs, kv_heads, d), 2);
+  const auto copy = [](const Tensor& t) {
+    Tensor c = *Tensor::Host(t.dtype(), t.shape());
+    std::memcpy(c.raw(), t.raw(), t.bytes());
+    return c;
+  };
+  // Three real decode tokens at contexts 5, 20 and 33, then two padding
+  // sequences at position 0 whose tables name block 0, which sequence 0
+  // holds (its slot 0 is a real key).
+  const std::vector<std::vector<int32_t>> tables = {
+      {0}, {3, 5}, {1, 2, 6}, {0}, {0}};
+  const std::vector<int32_t> positions = {4, 19, 32, 0, 0};
+  const std::vector<int32_t> token_seq = {0, 1, 2, 3, 4};
+  const Tensor k = RandomTensor({5, kv_heads, d}, 3);
+  const Tensor v = RandomTensor({5, kv_heads, d}, 4);
+  const Tensor q = RandomTensor({5, heads, d}, 5);
+  struct Run {
+    Tensor k_cache, v_cache, out;
+  };
+  const auto run = [&](int64_t n, int64_t padding) {
+    Run r{copy(k0), copy(v0), *Tensor::Host(DType::kF32, {n, heads, d})};
+    AttentionBatch batch{.positions = absl::MakeConstSpan(positions).first(n),
+                         .token_seq = absl::MakeConstSpan(token_seq).first(n),
+                         .padding = padding};
+    for (int64_t s = 0; s < n; ++s) batch.block_tables.push_back(tables[s]);
+    const absl::Status wrote =
+        WriteKv(*k.Rows(0, n), *v.Rows(0, n), batch, r.k_cache, r.v_cache);
+    EXPECT_TRUE(wrote.ok()) << wrote;
+    const absl::Status attended = PagedAttention(
+        *q.Rows(0, n), r.k_cache, r.v_cache, batch, 0.125f, r.out);
+    EXPECT_TRUE(attended.ok()) << attended;
+    return r;
+  };
+  const Run real = run(3, 0), padded = run(5, 2), unmarked = run(5, 0);
+  const auto same_bytes = [](const Tensor& a, const Tensor& b) {
+    return a.bytes() == b.bytes() &&
+           std::memcmp(a.raw(), b.raw(), a.bytes()) == 0;
+  };
+  EXPECT_TRUE(same_bytes(padded.k_cache, real.k_cache));
+  EXPECT_TRUE(same_bytes(padded.v_cache, real.v_cache));
+  // Unmarked, the same tokens overwrite sequence 0's first key.
+  EXPECT_FALSE(same_bytes(unmarked.k_cache, real.k_cache));
+  const float* a = real.out.data<float>();
+  const float* b = padded.out.data<float>();
+  for (int64_t i = 0; i < 3 * heads * d; ++i) {
+    ASSERT_NEAR(b[i], a[i], 1e-5f * (1.0f + std::fabs(a[i]))) << "at " << i;
+  }
+  // At least one must be real; no more than there are.
+  AttentionBatch all_padding{.positions = absl::MakeConstSpan(positions),
+                             .token_seq = absl::MakeConstSpan(token_seq),
+                             .padding = 5};
+  for (const auto& t : tables) all_padding.block_tables.push_back(t);
+  Tensor kc = copy(k0), vc = copy(v0);
+  EXPECT_TRUE(IsError(WriteKv(k, v, all_padding, kc, vc),
+                      absl::StatusCode::kInvalidArgument,
+                      "WriteKv: 5 padding sequences of 5"));
 }
 
 // Caches of another type, of two types, or in the CUDA layout are refused.

@@ -1,7 +1,6 @@
 // CUDA twin of rope_cpu.cc, both pair conventions, with a RopeTable's
-// frequencies (RoPE scaling) or theta^(-2k/d). Angles in double, as on the
-// CPU: positions reach 10^5 and more, where float angles lose the low bits
-// that decide the rotation.
+// frequencies (RoPE scaling) or theta^(-2k/d) (the rotation: RopePairAt in
+// cuda_common.cuh, which the fused QKV kernel shares).
 #include "kernels/cuda_common.cuh"
 
 namespace shardlm::cuda {
@@ -14,23 +13,14 @@ __global__ void RopeKernel(float* x, const int32_t* positions, int64_t n,
   const int64_t half = d / 2;
   const int64_t idx = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   if (idx >= n * heads * half) return;
-  const int64_t k = idx % half;
   const int64_t row = idx / half;  // token * heads + head
-  const int64_t i = row / heads;
-  const double f = inv_freq != nullptr
-                       ? inv_freq[k]
-                       : exp(-2.0 * static_cast<double>(k) / d * log_theta);
-  double s, c;
-  sincos(positions[i] * f, &s, &c);
-  // As the CPU: cos and sin scaled in double, then rounded to float.
-  const float cs = static_cast<float>(c * mscale);
-  const float sn = static_cast<float>(s * mscale);
+  const RopePair r =
+      RopePairAt(positions[row / heads], static_cast<int>(idx % half),
+                 static_cast<int>(d), log_theta, inv_freq, mscale, adjacent);
   float* v = x + row * d;
-  const int64_t a = adjacent ? 2 * k : k;
-  const int64_t b = adjacent ? 2 * k + 1 : k + half;
-  const float x0 = v[a], x1 = v[b];
-  v[a] = x0 * cs - x1 * sn;
-  v[b] = x0 * sn + x1 * cs;
+  const float x0 = v[r.a], x1 = v[r.b];
+  v[r.a] = x0 * r.cs - x1 * r.sn;
+  v[r.b] = x0 * r.sn + x1 * r.cs;
 }
 
 }  // namespace
