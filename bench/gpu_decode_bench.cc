@@ -289,6 +289,10 @@ int Main(int argc, char** argv) {
           return Fail(std::string(s.message()));
         }
       }
+      // Graphs captured during the timed steps: none while the padded
+      // shape holds (the graph cache replays; worker/cuda_graphs.h).
+      const int64_t captures_before = r.graph_captures();
+      const int64_t replays_before = r.graph_replays();
       const double start = Now();
       for (int i = 0; i < steps; ++i) {
         if (auto s = decode(prompt + warmup + i); !s.ok()) {
@@ -296,6 +300,8 @@ int Main(int argc, char** argv) {
         }
       }
       const double secs = Now() - start;
+      const int64_t captures = r.graph_captures() - captures_before;
+      const int64_t replays = r.graph_replays() - replays_before;
       const double step_s = secs / steps;
       // K and V of every sequence at its average context during the run.
       const double avg_ctx = prompt + warmup + steps / 2.0;
@@ -310,16 +316,19 @@ int Main(int argc, char** argv) {
       std::printf(
           "batch %2d %-6s: %8.1f tokens/s, %.3f ms/step, %.2f GB/step "
           "-> %.0f GB/s = %.1f%% of peak, %.1f%% of measured copy "
-          "bandwidth\n",
+          "bandwidth; %lld captures, %lld replays\n",
           batch, mode, batch / step_s, step_s * 1e3, bytes / 1e9, gbps,
-          100 * gbps / peak_gbps, 100 * gbps / copy_gbps);
+          100 * gbps / peak_gbps, 100 * gbps / copy_gbps,
+          static_cast<long long>(captures), static_cast<long long>(replays));
       json += std::string(first_run ? "" : ", ") +
               "{\"batch\": " + std::to_string(batch) + ", \"mode\": \"" + mode +
               "\"" + ", \"tokens_per_s\": " + std::to_string(batch / step_s) +
               ", \"step_ms\": " + std::to_string(step_s * 1e3) +
               ", \"bytes_per_step\": " + std::to_string(bytes) +
               ", \"frac_of_peak\": " + std::to_string(gbps / peak_gbps) +
-              ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) + "}";
+              ", \"frac_of_copy\": " + std::to_string(gbps / copy_gbps) +
+              ", \"graph_captures\": " + std::to_string(captures) +
+              ", \"graph_replays\": " + std::to_string(replays) + "}";
       first_run = false;
     }
     if (decoded[0] != decoded[1]) {
