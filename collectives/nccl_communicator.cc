@@ -297,7 +297,12 @@ absl::Status NcclCommunicator::WatchStream(std::string what,
       {.what = std::move(what),
        .deadline = deadline,
        .timeout = options_.timeout,
-       .done = [event]() -> absl::StatusOr<bool> {
+       .done = [event, device = device_]() -> absl::StatusOr<bool> {
+         // The watchdog's thread: on another device's context by default
+         // (device 0, whose context it would otherwise create there).
+         if (const cudaError_t d = cudaSetDevice(device); d != cudaSuccess) {
+           return CudaError("cudaSetDevice", d);
+         }
          const cudaError_t q = cudaEventQuery(event);
          if (q == cudaSuccess) return true;
          if (q == cudaErrorNotReady) return false;

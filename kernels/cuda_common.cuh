@@ -50,6 +50,17 @@ __device__ __forceinline__ float BlockSum(float v, float* scratch) {
   return WarpSum(v);
 }
 
+// The 8 bf16 values of one 16-byte load, as floats.
+__device__ __forceinline__ void UnpackBf16x8(const uint4& raw, float f[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 v = __bfloat1622float2(h[i]);
+    f[2 * i] = v.x;
+    f[2 * i + 1] = v.y;
+  }
+}
+
 // RoPE pair k of a head of d elements at position `pos`: the pair's two
 // elements (a, b), and the rotation's cos and sin. Angles in double, as on
 // the CPU (rope_cpu.cc): positions reach 10^5 and more, where float angles

@@ -428,6 +428,13 @@ absl::Status CudaModelRunner::LaunchGraph(int64_t n) {
   void* exec = graph_cache_->Find(key);
   if (exec == nullptr) {
     absl::StatusOr<void*> captured = Capture(n, n);
+    if (absl::IsResourceExhausted(captured.status()) &&
+        graph_cache_->size() > 0) {
+      // The other shapes' graphs hold device memory: drop them and retry
+      // before counting this shape as failed.
+      graph_cache_->Clear();
+      captured = Capture(n, n);
+    }
     if (!captured.ok()) {
       graph_cache_->MarkFailed(key);
       Log("CUDA graph capture of a decode step of %lld sequences failed, "

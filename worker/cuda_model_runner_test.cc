@@ -305,6 +305,12 @@ TEST(CudaModelRunnerTest, DecodeGraphsArePaddedAndKeptPerBatchSize) {
   ASSERT_TRUE(graphs.ok()) << graphs.status();
   ASSERT_TRUE(eager.ok()) << eager.status();
   (*eager)->set_cuda_graphs(false);
+  // As serving does at load: buffers that grow move, which drops every
+  // graph captured over them (the first rounds would otherwise be
+  // captured again after round 2 grows the rows from 4 to 8).
+  for (auto* r : {&*graphs, &*eager}) {
+    ASSERT_TRUE((*r)->ReserveActivations(64, 8).ok());
+  }
 
   // Seven sequences; sequence s holds blocks 4s .. 4s + 3 (so sequence 0
   // holds block 0) and starts with a prompt of 10 + 3s tokens.

@@ -229,6 +229,19 @@ RopeTable TestRope(RopeStyle style, int64_t head_dim) {
   return MakeRopeTable(style, 10000.0f, head_dim, RopeScaling{});
 }
 
+// One head's d values at `x` turned by RoPE at `pos`, in double, into `out`.
+void RopeReference(const RopeTable& rope, int64_t pos, int64_t d,
+                   const double* x, double* out) {
+  for (int64_t k = 0; k < d / 2; ++k) {
+    const double a = pos * rope.inv_freq[k];
+    const double c = std::cos(a) * rope.mscale, s = std::sin(a) * rope.mscale;
+    const bool half = rope.style == RopeStyle::kRotateHalf;
+    const int64_t p0 = half ? k : 2 * k, p1 = half ? k + d / 2 : 2 * k + 1;
+    out[p0] = x[p0] * c - x[p1] * s;
+    out[p1] = x[p0] * s + x[p1] * c;
+  }
+}
+
 class ForwardOpsTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -424,16 +437,8 @@ TEST_P(ForwardOpsTest, Rope) {
     for (int64_t i = 0; i < n; ++i) {
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t base = (i * heads + h) * d;
-        for (int64_t k = 0; k < d / 2; ++k) {
-          const double a = step.positions[i] * rope.inv_freq[k];
-          const double c = std::cos(a) * rope.mscale,
-                       s = std::sin(a) * rope.mscale;
-          const int64_t p0 = style == RopeStyle::kRotateHalf ? k : 2 * k;
-          const int64_t p1 =
-              style == RopeStyle::kRotateHalf ? k + d / 2 : 2 * k + 1;
-          want[base + p0] = xv[base + p0] * c - xv[base + p1] * s;
-          want[base + p1] = xv[base + p0] * s + xv[base + p1] * c;
-        }
+        RopeReference(rope, step.positions[i], d, xv.data() + base,
+                      want.data() + base);
       }
     }
     Tensor dev = Put(x);
@@ -747,18 +752,9 @@ TEST_P(ForwardOpsTest, QkvRopeKvIsSplitRopeAndWriteKv) {
       std::vector<double> want(n * heads * d);
       for (int64_t i = 0; i < n; ++i) {
         for (int64_t h = 0; h < heads; ++h) {
-          const double* x = all.data() + i * (heads + 2 * kvh) * d + h * d;
-          double* out = want.data() + (i * heads + h) * d;
-          for (int64_t j = 0; j < d / 2; ++j) {
-            const double a = step.positions[i] * rope.inv_freq[j];
-            const double c = std::cos(a) * rope.mscale,
-                         s = std::sin(a) * rope.mscale;
-            const int64_t p0 = style == RopeStyle::kRotateHalf ? j : 2 * j;
-            const int64_t p1 =
-                style == RopeStyle::kRotateHalf ? j + d / 2 : 2 * j + 1;
-            out[p0] = x[p0] * c - x[p1] * s;
-            out[p1] = x[p0] * s + x[p1] * c;
-          }
+          RopeReference(rope, step.positions[i], d,
+                        all.data() + i * (heads + 2 * kvh) * d + h * d,
+                        want.data() + (i * heads + h) * d);
         }
       }
       const std::string what = absl::StrCat(

@@ -14,16 +14,6 @@ using Bf = __nv_bfloat16;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kUnroll = 8;  // 16-byte loads in flight per lane.
 
-__device__ __forceinline__ void Unpack(const uint4& raw, float f[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-
 template <int N, typename Out>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     GemvKernel(const Bf* x, const Bf* w, Out* y, int64_t in, int64_t out,
@@ -44,12 +34,12 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       float wf[8];
-      Unpack(wv[u], wf);
+      UnpackBf16x8(wv[u], wf);
 #pragma unroll
       for (int b = 0; b < N; ++b) {
         float xf[8];
-        Unpack(__ldg(reinterpret_cast<const uint4*>(x + b * in) + v + u * 32),
-               xf);
+        UnpackBf16x8(
+            __ldg(reinterpret_cast<const uint4*>(x + b * in) + v + u * 32), xf);
 #pragma unroll
         for (int e = 0; e < 8; ++e) acc[b] += wf[e] * xf[e];
       }
@@ -57,11 +47,11 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   }
   for (; v < vecs; v += 32) {
     float wf[8];
-    Unpack(__ldcs(wr + v), wf);
+    UnpackBf16x8(__ldcs(wr + v), wf);
 #pragma unroll
     for (int b = 0; b < N; ++b) {
       float xf[8];
-      Unpack(__ldg(reinterpret_cast<const uint4*>(x + b * in) + v), xf);
+      UnpackBf16x8(__ldg(reinterpret_cast<const uint4*>(x + b * in) + v), xf);
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[b] += wf[e] * xf[e];
     }

@@ -37,16 +37,6 @@ constexpr int kWarpsPerBlock = 8;
 template <int N>
 constexpr int kUnroll = N == 1 ? 4 : 2;
 
-__device__ __forceinline__ void Unpack8(const uint4& raw, float f[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 v = __bfloat1622float2(h[i]);
-    f[2 * i] = v.x;
-    f[2 * i + 1] = v.y;
-  }
-}
-
 // acc[b] += d * sum_e code[e] * x[b, first + e] over one unit's values,
 // for the n <= N rows of x.
 template <int N, QuantFormat F>
@@ -64,7 +54,7 @@ __device__ __forceinline__ void Unit(const uint4& raw, float d, const Bf* x,
 #pragma unroll
     for (int v = 0; v < kElems / 8; ++v) {
       float xf[8];
-      Unpack8(__ldg(xv + v), xf);
+      UnpackBf16x8(__ldg(xv + v), xf);
 #pragma unroll
       for (int e = 0; e < 8; ++e) sum += w[8 * v + e] * xf[e];
     }
