@@ -27,6 +27,7 @@
 #include "model/weight_source.h"
 #include "testing/gpu_parity_prompts.h"
 #include "worker/activation_memory.h"
+#include "worker/seq_step_testing.h"
 
 namespace shardlm {
 namespace {
@@ -35,29 +36,6 @@ namespace {
   if (auto n = CudaDeviceCount(); !n.ok()) GTEST_SKIP() << n.status().message()
 
 using ForwardFn = std::function<absl::StatusOr<Tensor>(const StepInput&)>;
-
-// One sequence (id 0) whose blocks are 0, 1, 2, ... in a pool of
-// `blocks`; steps of `tokens` at `start`, logits of the last row.
-StepInput SeqStep(const std::vector<int32_t>& tokens, int32_t start,
-                  int64_t block_size, int64_t blocks) {
-  StepInput s;
-  s.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    s.positions.push_back(start + static_cast<int32_t>(i));
-    s.token_seq.push_back(0);
-  }
-  const int64_t need = (start + tokens.size() + block_size - 1) / block_size;
-  std::vector<int32_t> table;
-  for (int64_t b = 0; b < need && b < blocks; ++b) {
-    table.push_back(static_cast<int32_t>(b));
-  }
-  s.block_tables = {table};
-  s.seq_ids = {0};
-  s.logit_rows = {static_cast<int32_t>(tokens.size() - 1)};
-  s.sampling = {SamplingParams{}};
-  s.sample_index = {0};
-  return s;
-}
 
 // A one-layer Llama of these dimensions (bf16-exact random weights come
 // from RandomHostWeights).

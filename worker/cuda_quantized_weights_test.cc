@@ -25,27 +25,10 @@
 #include "worker/cuda_weights.h"
 #include "worker/kv_pool.h"
 #include "worker/model_runner.h"
+#include "worker/seq_step_testing.h"
 
 namespace shardlm {
 namespace {
-
-StepInput SeqStep(const std::vector<int32_t>& tokens, int32_t start,
-                  int64_t blocks) {
-  StepInput s;
-  s.tokens = tokens;
-  for (size_t i = 0; i < tokens.size(); ++i) {
-    s.positions.push_back(start + static_cast<int32_t>(i));
-    s.token_seq.push_back(0);
-  }
-  std::vector<int32_t> table;
-  for (int64_t b = 0; b < blocks; ++b) table.push_back(static_cast<int32_t>(b));
-  s.block_tables = {table};
-  s.seq_ids = {0};
-  s.logit_rows = {static_cast<int32_t>(tokens.size() - 1)};
-  s.sampling = {SamplingParams{}};
-  s.sample_index = {0};
-  return s;
-}
 
 double MaxAbsDiff(const Tensor& a, const Tensor& b, double* max_ref) {
   double d = 0;
@@ -118,7 +101,7 @@ TEST_P(CudaQuantizedWeightsTest, RunnerMatchesTheCpuOnTheSameBlocks) {
   std::vector<int32_t> prompt(40);
   std::mt19937 rng(9);
   for (auto& tok : prompt) tok = static_cast<int32_t>(rng() % c.vocab_size);
-  const StepInput first = SeqStep(prompt, 0, kv.num_blocks);
+  const StepInput first = SeqStep(prompt, 0, kv.block_size, kv.num_blocks);
   auto a = cpu.Forward(first);
   auto b = (*gpu)->Forward(first);
   ASSERT_TRUE(a.ok()) << a.status();
@@ -133,7 +116,7 @@ TEST_P(CudaQuantizedWeightsTest, RunnerMatchesTheCpuOnTheSameBlocks) {
     const auto logits = a->f32();
     const int32_t want = static_cast<int32_t>(
         std::max_element(logits.begin(), logits.end()) - logits.begin());
-    const StepInput s = SeqStep({want}, pos++, kv.num_blocks);
+    const StepInput s = SeqStep({want}, pos++, kv.block_size, kv.num_blocks);
     a = cpu.Forward(s);
     b = (*gpu)->Forward(s);
     ASSERT_TRUE(a.ok()) << a.status();

@@ -82,7 +82,8 @@ TEST(CudaAttentionLayoutTest, PaddingTokensHaveNoSlot) {
   batch.block_tables = {real, pad, pad};
   ASSERT_OK_AND_ASSIGN(CudaAttentionLayout l,
                        MakeCudaAttentionLayout(batch, 16, 4, 4, 16));
-  EXPECT_EQ(Part(l, l.off_slots, 3), (std::vector<int32_t>{3 * 16 + 9, -1, -1}));
+  EXPECT_EQ(Part(l, l.off_slots, 3),
+            (std::vector<int32_t>{3 * 16 + 9, -1, -1}));
   EXPECT_EQ(l.host[l.off_tables + kCudaTableBlocksMultiple], 0);
   EXPECT_EQ(l.host[l.off_tables + 2 * kCudaTableBlocksMultiple], 0);
   EXPECT_EQ(l.n_tiles, 3);
