@@ -1,5 +1,7 @@
 #include "kernels/cpu_isa.h"
 
+#include <cstdio>
+#include <cstdlib>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -27,6 +29,35 @@ TEST(CpuIsaTest, SetOverridesUntilAuto) {
   EXPECT_EQ(std::string(CpuIsaName(CpuIsa::kAvx512)), "avx512");
   EXPECT_EQ(std::string(CpuIsaName(CpuIsa::kAvx2)), "avx2");
   EXPECT_EQ(std::string(CpuIsaName(CpuIsa::kPortable)), "portable");
+}
+
+// SHARDLM_CPU_ISA caps what the process believes the CPU supports, not only
+// the kernels it picks (ctest's kernels_test_as_avx2_cpu runs this binary
+// with SHARDLM_CPU_ISA=avx2), so that the tests that run every supported
+// ISA leave out those above the cap.
+TEST(CpuIsaTest, TheEnvironmentCapsWhatIsSupported) {
+  const char* env = std::getenv("SHARDLM_CPU_ISA");
+  const std::string cap = env != nullptr ? env : "";
+  if (cap == "avx2" || cap == "portable") {
+    EXPECT_FALSE(CpuIsaSupported(CpuIsa::kAvx512));
+    EXPECT_NE(std::string(CpuIsaUnsupportedReason(CpuIsa::kAvx512)), "");
+  }
+  if (cap == "portable") {
+    EXPECT_FALSE(CpuIsaSupported(CpuIsa::kAvx2));
+  }
+  for (CpuIsa isa : kAllCpuIsas) {
+    EXPECT_EQ(CpuIsaSupported(isa),
+              std::string(CpuIsaUnsupportedReason(isa)).empty())
+        << CpuIsaName(isa);
+  }
+  // The process's choice is the best it may run.
+  CpuIsa best = CpuIsa::kPortable;
+  for (CpuIsa isa : kAllCpuIsas) {
+    if (CpuIsaSupported(isa)) best = isa;
+  }
+  EXPECT_EQ(ActiveCpuIsa(), best);
+  std::printf("SHARDLM_CPU_ISA=%s: the kernels run %s\n", cap.c_str(),
+              CpuIsaName(best));
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ TEST_P(PartialAttentionTest, OverTwoRanksEqualsTheSoftmaxOverAllKeys) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PartialAttentionTest,
-                         testing::ValuesIn(kTestIsas), [](const auto& info) {
+                         testing::ValuesIn(TestIsas()), [](const auto& info) {
                            return std::string(CpuIsaName(info.param));
                          });
 

@@ -238,7 +238,7 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
 
 INSTANTIATE_TEST_SUITE_P(
     IsasAndKvDTypes, PagedAttentionTest,
-    testing::Combine(testing::ValuesIn(kTestIsas),
+    testing::Combine(testing::ValuesIn(TestIsas()),
                      testing::Values(DType::kF32, DType::kF16, DType::kBF16,
                                      DType::kI8)),
     [](const auto& info) {
@@ -282,7 +282,7 @@ TEST_P(PagedAttentionDTypeTest, CompactCachesStayCloseToF32) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PagedAttentionDTypeTest,
-                         testing::ValuesIn(kTestIsas), [](const auto& info) {
+                         testing::ValuesIn(TestIsas()), [](const auto& info) {
                            return std::string(CpuIsaName(info.param));
                          });
 

@@ -12,7 +12,7 @@
 #include "core/half.h"
 #include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
-#include "kernels/cpu_isa.h"
+#include "kernels/cpu_isa_testing.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
 #include "model/dequantize.h"
@@ -66,14 +66,9 @@ void ExpectClose(const Tensor& y, const Expected& want, double offset = 0) {
   }
 }
 
-// The decode kernels this CPU runs, the portable reference first.
-std::vector<CpuIsa> Kernels() {
-  std::vector<CpuIsa> kernels;
-  for (CpuIsa k : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (CpuIsaSupported(k)) kernels.push_back(k);
-  }
-  return kernels;
-}
+// The decode kernels this process runs, the portable reference first (the
+// others are named once on the gate's note line: kernels/cpu_isa_testing.h).
+const std::vector<CpuIsa>& Kernels() { return TestIsas(); }
 
 class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
  protected:
@@ -82,7 +77,7 @@ class LinearQuantizedTest : public ::testing::TestWithParam<DType> {
 
 TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
   const DType t = GetParam();
-  const std::vector<CpuIsa> kernels = Kernels();
+  const std::vector<CpuIsa>& kernels = Kernels();
   const int64_t block = BlockElems(t);
   // (rows of w, blocks per row): 37 rows is not a multiple of the tile;
   // 4097 blocks of 32, or 19 super-blocks of 256 (a row of 4864: Qwen2's

@@ -10,7 +10,8 @@ runs quant_dump on them, and requires
   - shardlm's decoder = gguf's dequantize within 1e-6 of each block's
     largest |value| (one rounding: shardlm forms d * q + m in one FMA);
   - Linear(x, w) of every decode kernel this CPU runs (portable, avx2,
-    avx512) and the tiled prefill path (17 rows of x), on the whole row or
+    avx512: read from /proc/cpuinfo, capped by SHARDLM_CPU_ISA as the
+    kernels are; a missing one fails) and the tiled prefill path (17 rows of x), on the whole row or
     a TP shard's column slice, within 1e-5 of sum(|w x|) (f32 summation
     order) of the float64 product of gguf's weights.
 
@@ -39,6 +40,33 @@ F16_FIELDS = {
 ENCODABLE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
 
 
+ISAS = ("portable", "avx2", "avx512")
+# The CPU flags each ISA's kernels need (kernels/cpu_isa.cc).
+ISA_FLAGS = {"portable": set(), "avx2": {"avx2", "fma", "f16c"},
+             "avx512": {"avx2", "fma", "f16c", "avx512f", "avx512bw",
+                        "avx512vl"}}
+
+
+def expected_kernels():
+    """The decode kernels quant_dump must run here, and the note line for
+    the others: this CPU's flags, capped by SHARDLM_CPU_ISA."""
+    flags = set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    have = [i for i in ISAS if ISA_FLAGS[i] <= flags]
+    cap = os.environ.get("SHARDLM_CPU_ISA", "")
+    if cap in have:
+        have = have[:have.index(cap) + 1]
+    missing = [i for i in ISAS if i not in have]
+    note = (f"[gate note] CPU kernels not tested here: {', '.join(missing)} "
+            f"(this CPU's flags{', SHARDLM_CPU_ISA=' + cap if cap else ''})"
+            if missing else "")
+    return set(have), note
+
+
 def make_blocks(name, rows, cols, rng):
     qtype = T[name]
     block, size = GGML_QUANT_SIZES[qtype]
@@ -60,7 +88,7 @@ def make_blocks(name, rows, cols, rng):
     return raw.reshape(-1)
 
 
-def check(tool, workdir, name, rows, cols, n, cols_slice, rng):
+def check(tool, workdir, name, rows, cols, n, cols_slice, rng, kernels):
     qtype = T[name]
     raw = make_blocks(name, rows, cols, rng)
     blocks_path = os.path.join(workdir, "blocks.bin")
@@ -92,6 +120,9 @@ def check(tool, workdir, name, rows, cols, n, cols_slice, rng):
     ref = x.astype(np.float64) @ w.T
     mag = np.abs(x.astype(np.float64)) @ np.abs(w).T
     worst_linear = {}
+    if set(got["linear"]) != kernels:
+        failures.append(f"linear ran the kernels {sorted(got['linear'])}, "
+                        f"not this CPU's {sorted(kernels)}")
     for kernel, y in got["linear"].items():
         y = np.array(y, dtype=np.float64).reshape(n, rows)
         rel = np.abs(y - ref) / np.maximum(mag, 1e-30)
@@ -118,6 +149,9 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     rng = np.random.default_rng(args.seed)
+    kernels, note = expected_kernels()
+    if note:
+        print(note)
     ok = True
     for name in F16_FIELDS:
         block = GGML_QUANT_SIZES[T[name]][0]
@@ -132,7 +166,7 @@ def main():
         for rows, cols, cols_slice in shapes:
             for n in (1, 3, 17):
                 ok &= check(args.tool, args.workdir, name, rows, cols, n,
-                            cols_slice, rng)
+                            cols_slice, rng, kernels)
     print("all formats match the gguf package's decoder" if ok else "FAILED")
     return 0 if ok else 1
 

@@ -101,12 +101,11 @@ int Main(int argc, char** argv) {
   nlohmann::json out;
   out["dequant"] =
       std::vector<float>(dequant->f32().begin(), dequant->f32().end());
-  const std::pair<CpuIsa, const char*> kernels[] = {
-      {CpuIsa::kPortable, "portable"},
-      {CpuIsa::kAvx2, "avx2"},
-      {CpuIsa::kAvx512, "avx512"}};
-  for (const auto& [kernel, name] : kernels) {
+  // Every kernel this process runs (check_quant_formats.py requires the
+  // ones this CPU has, so a kernel left out here fails there).
+  for (CpuIsa kernel : kAllCpuIsas) {
     if (!CpuIsaSupported(kernel)) continue;
+    const char* name = CpuIsaName(kernel);
     SetCpuIsa(kernel);
     auto y = Tensor::Host(DType::kF32, {n, rows});
     if (!y.ok()) return Fail(std::string(y.status().message()));
