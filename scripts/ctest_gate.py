@@ -12,6 +12,11 @@ allow-list, with the reason it may skip on this machine.
 FILE is ctest's --output-junit of the phase, DIR its build tree (for the
 tests' labels, from ctest --show-only=json-v1). Exit 0 when everything
 that did not run is allowed, 1 otherwise (and when the files are unreadable).
+
+It also prints the phase's slowest tests (where CI's minutes go) and every
+line a test printed starting with NOTE_MARK: what a test left out on
+purpose, said once, without skipping (e.g. the AVX-512 kernels on a CPU
+without them: kernels/cpu_isa_testing.h).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ import shutil
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+
+
+NOTE_MARK = "[gate note] "
+SLOWEST = 15
 
 
 def gpu_visible() -> bool:
@@ -85,8 +94,17 @@ def main(argv=None) -> int:
     allowed = allow_list(gpu_visible())
     ran = failed = 0
     ok_skips, bad_skips = [], []
+    notes, times = {}, []
     for case in cases:
         name, status = case.get("name"), case.get("status")
+        output = case.findtext("system-out") or ""
+        for line in output.splitlines():
+            if line.startswith(NOTE_MARK):
+                notes.setdefault(line[len(NOTE_MARK):].strip(), []).append(name)
+        try:
+            times.append((float(case.get("time", "0")), name))
+        except ValueError:
+            pass
         if status == "run":
             ran += 1
             continue
@@ -94,7 +112,7 @@ def main(argv=None) -> int:
             failed += 1
             continue
         skipped = case.find("skipped")
-        why = skip_reason(case.findtext("system-out") or "",
+        why = skip_reason(output,
                           skipped.get("message", status) if skipped is not None
                           else status)
         allowing = [l for l in labels.get(name, []) if l in allowed]
@@ -110,6 +128,13 @@ def main(argv=None) -> int:
         print(f"  skipped  {line}")
     for line in bad_skips:
         print(f"  NOT RUN  {line}")
+    for note, names in notes.items():
+        print(f"  note     {note} ({', '.join(sorted(set(names)))})")
+    times.sort(reverse=True)
+    if times:
+        print(f"ctest_gate [{a.phase}]: the {min(SLOWEST, len(times))} "
+              "slowest tests (s): " + ", ".join(
+                  f"{name} {t:.0f}" for t, name in times[:SLOWEST]))
     if ran == 0 and failed == 0:
         print(f"ctest_gate [{a.phase}]: no test ran")
         return 1
