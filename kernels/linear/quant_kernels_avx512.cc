@@ -290,13 +290,13 @@ SHARDLM_AVX512 void LookupRows(const uint8_t* row, const float* x, int64_t in,
   Levels<F>(&lv_low, &lv_high);
   __m512 acc0[kRows], acc1[kRows];
   for (int r = 0; r < kRows; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
-  // The table of one sub-block: fma(scale, level, min). (A function, not
-  // a lambda: a lambda does not take this function's target, and builds
-  // for x86-64-v3 cannot inline the AVX-512 intrinsics into it.)
-  const auto table = [&](int s, __m512* low, __m512* high) {
-    SubBlockTable<kLevels, F::kHasMin>(scale[s], min[s], lv_low, lv_high, low,
-                                       high);
-  };
+  // Each sub-block's table, fma(scale, level, min), by SubBlockTable called
+  // here, not through a lambda: a lambda does not take this function's
+  // target, so builds without AVX-512 in -march cannot inline the
+  // intrinsics into it, and clang refuses to pass it __m512 values (it
+  // changes the ABI): every clang build on a CPU without AVX-512
+  // (-march=native) failed.
+  constexpr bool kMin = F::kHasMin;
   for (int64_t b = 0; b < blocks; ++b, row += F::kBytes) {
     ScalesAvx2<F>::Run(row, scale, min);
     const float* xb = x + b * F::kElems;
@@ -306,13 +306,16 @@ SHARDLM_AVX512 void LookupRows(const uint8_t* row, const float* x, int64_t in,
       const __m512i hi = Lookup<F>::Indices(row, i, 1);
       __m512 t_low, t_high = t_low = _mm512_setzero_ps(), w0, w1;
       if constexpr (F::kSub == 32) {
-        table(i, &t_low, &t_high);
+        SubBlockTable<kLevels, kMin>(scale[i], min[i], lv_low, lv_high, &t_low,
+                                     &t_high);
         w0 = Pick<kLevels>(lo, t_low, t_high);
         w1 = Pick<kLevels>(hi, t_low, t_high);
       } else {  // Sub-blocks of 16: one table each.
-        table(2 * i, &t_low, &t_high);
+        SubBlockTable<kLevels, kMin>(scale[2 * i], min[2 * i], lv_low, lv_high,
+                                     &t_low, &t_high);
         w0 = Pick<kLevels>(lo, t_low, t_high);
-        table(2 * i + 1, &t_low, &t_high);
+        SubBlockTable<kLevels, kMin>(scale[2 * i + 1], min[2 * i + 1], lv_low,
+                                     lv_high, &t_low, &t_high);
         w1 = Pick<kLevels>(hi, t_low, t_high);
       }
 #pragma GCC unroll 8
