@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -41,7 +42,19 @@ def gpu_visible() -> bool:
     return r.returncode == 0 and "GPU" in r.stdout
 
 
-def allow_list(has_gpu: bool) -> dict[str, str]:
+def cuda_setting(build_dir: str) -> str:
+    """SHARDLM_CUDA as the build tree was configured (AUTO, ON, OFF)."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt")) as f:
+            for line in f:
+                if line.startswith("SHARDLM_CUDA:"):
+                    return line.split("=", 1)[1].strip().upper()
+    except OSError:
+        pass
+    return "AUTO"
+
+
+def allow_list(has_gpu: bool, cuda: str, ci: bool) -> dict[str, str]:
     """Label -> why tests with it may skip here. Nothing else may skip on a
     root CI machine with scripts/install-deps.sh's packages: not the
     llama.cpp family checks, multinode, k8s_manifests, nor a SmolLM2 test."""
@@ -50,6 +63,14 @@ def allow_list(has_gpu: bool) -> dict[str, str]:
         # GPU-only binaries (every case needs a CUDA device) and the GPU
         # benchmark: they run on a GPU machine (tests/gpu/session.sh).
         allowed["gpu"] = "no GPU on this machine"
+    # CPU tests that need the CUDA toolkit to build (shardlm_cuda_unit_test
+    # in CMakeLists.txt): in a tree built without CUDA on purpose (the
+    # sanitizer tree), or on a user's machine without nvcc; CI machines
+    # have the toolkit, so there a tree that looked for it must have it.
+    if cuda == "OFF":
+        allowed["cuda_build"] = "this tree is built with SHARDLM_CUDA=OFF"
+    elif not ci:
+        allowed["cuda_build"] = "no CUDA toolkit found (CI requires one)"
     return allowed
 
 
@@ -91,7 +112,8 @@ def main(argv=None) -> int:
             json.JSONDecodeError) as e:
         print(f"ctest_gate [{a.phase}]: cannot read the results: {e}")
         return 1
-    allowed = allow_list(gpu_visible())
+    allowed = allow_list(gpu_visible(), cuda_setting(a.build_dir),
+                         bool(os.environ.get("CI")))
     ran = failed = 0
     ok_skips, bad_skips = [], []
     notes, times = {}, []
