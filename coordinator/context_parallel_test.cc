@@ -85,8 +85,13 @@ int64_t BlockBytes(const ModelConfig& c) {
   return 2 * c.n_layers * c.n_kv_heads * c.head_dim * 4 * 16;
 }
 
+// The top log-probabilities every request asks for (Requests()).
+constexpr int kTopLogprobs = 5;
+
 // Greedy tokens equal; the prompt's last logits, each decode step's
-// sampled log-probability and its top-k (by rank) within tol.
+// sampled log-probability and its top-k (by rank) within tol. The
+// log-probabilities are as the requests asked (one per token, kTopLogprobs
+// each), not only as many in `got` as in `want`.
 void ExpectSame(const std::vector<GenerateResult>& got,
                 const std::vector<GenerateResult>& want, double tol) {
   ASSERT_EQ(got.size(), want.size());
@@ -94,12 +99,15 @@ void ExpectSame(const std::vector<GenerateResult>& got,
     SCOPED_TRACE(absl::StrCat("prompt ", i));
     EXPECT_EQ(got[i].tokens, want[i].tokens);
     EXPECT_LT(MaxAbsDiff(got[i].prompt_logits, want[i].prompt_logits), tol);
+    ASSERT_EQ(got[i].logprobs.size(), got[i].tokens.size());
+    ASSERT_EQ(want[i].logprobs.size(), want[i].tokens.size());
     ASSERT_EQ(got[i].logprobs.size(), want[i].logprobs.size());
     for (size_t t = 0; t < got[i].logprobs.size(); ++t) {
       const TokenLogprobs& a = got[i].logprobs[t];
       const TokenLogprobs& b = want[i].logprobs[t];
       EXPECT_NEAR(a.sampled, b.sampled, 2 * tol) << "step " << t;
-      ASSERT_EQ(a.top.size(), b.top.size());
+      ASSERT_EQ(a.top.size(), static_cast<size_t>(kTopLogprobs));
+      ASSERT_EQ(b.top.size(), static_cast<size_t>(kTopLogprobs));
       for (size_t k = 0; k < a.top.size(); ++k) {
         EXPECT_NEAR(a.top[k].logprob, b.top[k].logprob, 2 * tol)
             << "step " << t << ", top " << k;
@@ -115,7 +123,7 @@ std::vector<GenerateRequest> Requests(
     reqs.push_back({.prompt = p,
                     .max_tokens = steps,
                     .return_prompt_logits = true,
-                    .logprobs = 5});
+                    .logprobs = kTopLogprobs});
   }
   return reqs;
 }

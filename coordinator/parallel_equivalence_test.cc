@@ -271,6 +271,7 @@ TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
   for (int i = 0; i < 4; ++i) prompts.push_back(Prompt(2 + 9 * i, i, 311));
   ExpectEquivalent(*source, {{2, 1}, {3, 1}, {4, 1}, {2, 2}}, prompts, 16, 13,
                    {DType::kF32}, 1e-4, /*sampled_exact_compact=*/true);
+  int64_t tp_routed = -1;  // Tokens x top-k routed, as each tp rank saw.
   for (MoeSharding moe : {MoeSharding::kTensor, MoeSharding::kExpert}) {
     SCOPED_TRACE(MoeShardingName(moe));
     std::vector<GenerateRequest> reqs;
@@ -295,15 +296,36 @@ TEST(ParallelEquivalenceTest, MixtureOfExpertsEveryLayoutAndSharding) {
       EXPECT_LT(MaxAbsDiff((*got)[i].prompt_logits, (*base)[i].prompt_logits),
                 1e-4);
     }
-    // Each rank holds what the sharding says, and every token went to
-    // top-k experts on the ranks that hold them.
-    int64_t routed = 0, held = 0;
-    for (const RunnerStats& rank : engine->executor().RankStats()) {
-      held += static_cast<int64_t>(rank.expert_tokens.size());
-      for (int64_t t : rank.expert_tokens) routed += t;
+    // Each rank holds what the sharding says: under ep its own 8 / TP
+    // experts, starting at rank x 4; under tp a column slice of all 8. On
+    // this (unskewed) router every rank computes tokens, and the routed
+    // count is the same either way: under ep the ranks' counts add up to
+    // what each tp rank saw (every token's top-k, on the rank that holds
+    // the expert).
+    const std::vector<RunnerStats> ranks = engine->executor().RankStats();
+    ASSERT_EQ(ranks.size(), 2u);
+    int64_t routed = 0;
+    for (size_t r = 0; r < ranks.size(); ++r) {
+      SCOPED_TRACE("TP rank " + std::to_string(r));
+      const bool ep = moe == MoeSharding::kExpert;
+      EXPECT_EQ(ranks[r].expert_tokens.size(), ep ? 4u : 8u);
+      EXPECT_EQ(ranks[r].expert_begin, ep ? 4 * static_cast<int64_t>(r) : 0);
+      int64_t rank_routed = 0;
+      for (int64_t t : ranks[r].expert_tokens) rank_routed += t;
+      EXPECT_GT(rank_routed, 0);
+      if (ep) {
+        routed += rank_routed;
+      } else if (r == 0) {
+        routed = rank_routed;
+      } else {
+        EXPECT_EQ(rank_routed, routed) << "tp ranks see every token";
+      }
     }
-    EXPECT_EQ(held, moe == MoeSharding::kExpert ? 8 : 16);
-    EXPECT_GT(routed, 0);
+    if (moe == MoeSharding::kTensor) {
+      tp_routed = routed;
+    } else {
+      EXPECT_EQ(routed, tp_routed) << "ep ranks' counts add up to tp's";
+    }
   }
   // Every token to the same experts (a zero router: all logits tie, so
   // experts 0 and 1, both on TP rank 0 under ep; rank 1 computes nothing):

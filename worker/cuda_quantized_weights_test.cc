@@ -17,7 +17,9 @@
 #include <random>
 #include <vector>
 
+#include "absl/types/span.h"
 #include "backend/cuda_backend.h"
+#include "core/max_abs_diff.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "worker/activation_memory.h"
@@ -30,16 +32,16 @@
 namespace shardlm {
 namespace {
 
-double MaxAbsDiff(const Tensor& a, const Tensor& b, double* max_ref) {
-  double d = 0;
-  *max_ref = 0;
-  for (size_t i = 0; i < b.f32().size(); ++i) {
-    double e = std::abs(double{a.f32()[i]} - b.f32()[i]);
-    if (std::isnan(e)) e = INFINITY;
-    d = std::max(d, e);
-    *max_ref = std::max(*max_ref, std::abs(double{b.f32()[i]}));
-  }
-  return d;
+// The index of the largest logit.
+int32_t Argmax(absl::Span<const float> logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) -
+                              logits.begin());
+}
+
+double MaxAbs(absl::Span<const float> v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, std::abs(double{x}));
+  return m;
 }
 
 class CudaQuantizedWeightsTest : public ::testing::TestWithParam<DType> {};
@@ -108,14 +110,22 @@ TEST_P(CudaQuantizedWeightsTest, RunnerMatchesTheCpuOnTheSameBlocks) {
   ASSERT_TRUE(b.ok()) << b.status();
   int32_t pos = static_cast<int32_t>(prompt.size());
   for (int step = 0; step < 16; ++step) {
-    double max_ref = 0;
-    const double d = MaxAbsDiff(*b, *a, &max_ref);
+    const auto logits = a->f32();
+    const double max_ref = MaxAbs(logits);
+    // core/max_abs_diff.h: +inf on a NaN or a size mismatch.
+    const double d = MaxAbsDiff(b->f32(), logits);
     EXPECT_LE(d, 0.03 * max_ref) << DTypeName(t) << " step " << step;
     std::printf("%s step %2d: max |gpu - cpu| %.4g of %.4g\n", DTypeName(t),
                 step, d, max_ref);
-    const auto logits = a->f32();
-    const int32_t want = static_cast<int32_t>(
-        std::max_element(logits.begin(), logits.end()) - logits.begin());
+    // The greedy token agrees, but for a near tie: the GPU's pick may
+    // differ only where the CPU puts both within twice the logit error.
+    const int32_t want = Argmax(logits);
+    const int32_t got = Argmax(b->f32());
+    if (got != want) {
+      EXPECT_LE(logits[want] - logits[got], 2 * d)
+          << DTypeName(t) << " step " << step << ": the GPU picks " << got
+          << ", the CPU " << want;
+    }
     const StepInput s = SeqStep({want}, pos++, kv.block_size, kv.num_blocks);
     a = cpu.Forward(s);
     b = (*gpu)->Forward(s);
