@@ -168,12 +168,16 @@ TEST(ClusterFailureTest, HungStepTimesOut) {
 TEST(ClusterFailureTest, StepQueuedBehindASlowStepIsNotHung) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   ClusterOptions options = Options(1, 2);
-  options.step_timeout = absl::Seconds(2);
+  // The shape that tells the two clocks apart: a step's own time S under
+  // the timeout T, two steps' time 2S over it; T = 1.5 S leaves S / 2 on
+  // both sides (1.2 s: a loaded 2-core machine's scheduling is well
+  // within it; 0.7 and 0.6 s were not always).
+  options.step_timeout = absl::Milliseconds(3600);
   TestCluster cluster(*source, options);
-  // Stage 0 takes 1.3 s over each of four steps: a step sent while the one
-  // before it is there has its results 2.6 s after its send.
+  // Stage 0 takes 2.4 s over each of four steps: a step sent while the one
+  // before it is there has its results 4.8 s after its send.
   cluster.host(1).before_step = [](int step) {
-    if (step >= 3 && step <= 6) absl::SleepFor(absl::Milliseconds(1300));
+    if (step >= 3 && step <= 6) absl::SleepFor(absl::Milliseconds(2400));
   };
   cluster.StartAll();
   auto executor = RemoteExecutor::WaitForWorkers(

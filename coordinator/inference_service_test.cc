@@ -732,15 +732,23 @@ class LoopHold {
 // as cancelled, with its blocks back.
 // Slows the scheduler's loop: a direct request (one block) whose every
 // token waits `per_token` on the loop thread, so that other requests'
-// tokens come at that pace while it runs.
+// tokens come at that pace while it runs. Its last token also waits for
+// Release() (60 s at most), so the pacing lasts until the test has done
+// what it needed a slow loop for, however loaded the machine: a fixed
+// number of paced tokens ran out before the client did, under load.
 class LoopPacer {
  public:
   LoopPacer(Engine& engine, int32_t tokens, absl::Duration per_token) {
     EXPECT_TRUE(engine
                     .Submit({.prompt = {1}, .max_tokens = tokens},
                             {.on_token =
-                                 [per_token](int32_t, const TokenLogprobs*) {
+                                 [this, tokens, per_token, n = 0](
+                                     int32_t, const TokenLogprobs*) mutable {
                                    absl::SleepFor(per_token);
+                                   if (++n == tokens) {
+                                     release_.WaitForNotificationWithTimeout(
+                                         absl::Seconds(60));
+                                   }
                                    return TokenAction::kContinue;
                                  },
                              .on_done =
@@ -749,17 +757,25 @@ class LoopPacer {
                                  }})
                     .ok());
   }
-  ~LoopPacer() { done_.WaitForNotification(); }
+  // Lets the pacer's last token end (once).
+  void Release() {
+    if (!release_.HasBeenNotified()) release_.Notify();
+  }
+  ~LoopPacer() {
+    Release();
+    done_.WaitForNotification();
+  }
 
  private:
-  absl::Notification done_;
+  absl::Notification release_, done_;
 };
 
 TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   // The tiny model decodes 100 tokens in milliseconds, faster than the
   // client reads two of them and holds the loop: paced at 40 ms a token
-  // until the hold is admitted (the pacer's block is the last free one, so
-  // the hold waits for it to end), the stream is still running when held.
+  // until the hold is queued (the pacer's block is the last free one, so
+  // the hold is admitted as the pacer ends), the stream is still running
+  // when held.
   LoopPacer pacer(*engine_, 12, absl::Milliseconds(40));
   v1::GenerateRequest req;
   req.set_prompt("a long one");  // 10 tokens + 100: 7 of the 8 blocks.
@@ -771,6 +787,7 @@ TEST_F(InferenceServiceTest, CancelledStreamFreesItsBlocks) {
   ASSERT_TRUE(reader->Read(&r));
   ASSERT_TRUE(reader->Read(&r));
   LoopHold hold(*engine_);
+  pacer.Release();
   hold.Wait();
   ASSERT_GT(engine_->stats().running, 1)  // The stream and the hold.
       << "the stream ended before the loop was held";
@@ -907,10 +924,23 @@ TEST_F(InferenceServiceTest, ClientDeadlineIsDeadlineExceeded) {
   hold.Wait();
   const int64_t steps_held = engine_->stats().steps;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(200));
+  const auto deadline =
+      std::chrono::system_clock::now() + std::chrono::seconds(2);
+  ctx.set_deadline(deadline);
   auto reader = stub_->Generate(&ctx, req);
-  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  // The request must reach the engine before its deadline (else the
+  // client library ends it, and the server counts nothing): a short
+  // deadline raced the request's arrival on a loaded machine. Queued
+  // behind the held loop, it waits out the deadline there.
+  for (auto until = absl::Now() + absl::Seconds(10);
+       engine_->waiting_requests() == 0 && absl::Now() < until;) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  // EXPECT, not ASSERT: the loop must be released whatever happens.
+  EXPECT_GT(engine_->waiting_requests(), 0) << "the request never arrived";
+  EXPECT_LT(std::chrono::system_clock::now(), deadline)
+      << "the request arrived after its deadline";
+  std::this_thread::sleep_until(deadline + std::chrono::milliseconds(300));
   hold.Release();
   v1::GenerateResponse r;
   while (reader->Read(&r)) {
