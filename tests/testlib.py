@@ -1,20 +1,54 @@
 """Helpers shared by the end-to-end test scripts (tests/cli, tests/cluster):
 a check that records failures, subprocess runs with timeouts, free ports,
-and waiting for a shardlm server to answer."""
+and waiting for a shardlm server to answer.
+
+Importing it also arms two diagnostics for a test that hangs or fails:
+faulthandler dumps every thread's stack 20 s before ctest's limit
+(SHARDLM_TEST_TIMEOUT_S, which tests/CMakeLists.txt sets from each test's
+TIMEOUT), and the servers start_serve() starts log to files whose tails
+are printed when the script ends with a failed check."""
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import faulthandler
 import json
 import os
 import random
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 FAILURES: list[str] = []
 SKIPPED: list[str] = []
+_SERVER_LOGS: list[str] = []  # start_serve()'s log files, oldest first.
+
+faulthandler.enable()
+with contextlib.suppress(ValueError):
+    _limit = float(os.environ.get("SHARDLM_TEST_TIMEOUT_S", "0"))
+    if _limit > 30:
+        faulthandler.dump_traceback_later(_limit - 20, exit=False)
+
+
+@atexit.register
+def _server_logs_at_exit() -> None:
+    """Prints the tail of each server's log after a failure, then removes
+    the logs (kept, with their paths printed, after a failure)."""
+    for path in _SERVER_LOGS:
+        if FAILURES:
+            try:
+                with open(path, errors="replace") as f:
+                    tail = f.readlines()[-20:]
+            except OSError:
+                continue
+            print(f"--- server log {path}, last {len(tail)} lines:\n"
+                  + "".join(tail), flush=True)
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
 
 
 def check(cond: bool, what: str) -> None:
@@ -124,11 +158,26 @@ def wait_ready(shardlm: str, addr: str, server: subprocess.Popen,
 def start_serve(shardlm: str, model: str, extra: list[str] | tuple = (),
                 **popen_kwargs):
     """Starts `shardlm serve` (with `extra` flags) on a free local port;
-    returns (process, addr). Output goes to /dev/null unless popen_kwargs
-    say otherwise."""
+    returns (process, addr). Unless popen_kwargs say otherwise, its output
+    goes to a log file (in $SHARDLM_TEST_LOG_DIR, else the temp folder),
+    whose tail is printed if the script ends with a failure."""
     addr = f"127.0.0.1:{free_port()}"
+    if "stdout" not in popen_kwargs and "stderr" not in popen_kwargs:
+        fd, path = tempfile.mkstemp(prefix="shardlm-serve-", suffix=".log",
+                                    dir=os.environ.get("SHARDLM_TEST_LOG_DIR"))
+        _SERVER_LOGS.append(path)
+        popen_kwargs["stdout"] = fd
+        popen_kwargs["stderr"] = subprocess.STDOUT
+        try:
+            return _popen_serve(shardlm, model, addr, extra, popen_kwargs)
+        finally:
+            os.close(fd)
     popen_kwargs.setdefault("stdout", subprocess.DEVNULL)
     popen_kwargs.setdefault("stderr", subprocess.DEVNULL)
+    return _popen_serve(shardlm, model, addr, extra, popen_kwargs)
+
+
+def _popen_serve(shardlm, model, addr, extra, popen_kwargs):
     server = subprocess.Popen(
         [shardlm, "serve", "--model", model, "--listen", addr, *extra],
         stdin=subprocess.DEVNULL, **popen_kwargs)

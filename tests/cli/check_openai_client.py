@@ -87,9 +87,14 @@ SEEDED = {"prompt": "Once upon a time, in a quiet village, there lived",
           "extra_body": {"ignore_eos": True}}
 
 
+# One call's limit: the longest takes seconds on 2 cores; a hung one fails
+# here, well inside ctest's 600 s, with the cluster's log to read.
+CALL_TIMEOUT_S = 60
+
+
 def raw(port: int, path: str, body: dict) -> dict:
     """The same API without the client: one raw HTTP request."""
-    status, got = http_post_json(port, path, body, timeout=300)
+    status, got = http_post_json(port, path, body, timeout=CALL_TIMEOUT_S)
     try:
         return json.loads(got) if status == 200 else {"status": status}
     except ValueError:
@@ -98,7 +103,8 @@ def raw(port: int, path: str, body: dict) -> dict:
 
 def client_for(port: int) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1",
-                         api_key="not-checked", max_retries=0, timeout=300)
+                         api_key="not-checked", max_retries=0,
+                         timeout=CALL_TIMEOUT_S)
 
 
 def answers(client: openai.OpenAI) -> bool:

@@ -327,7 +327,13 @@ def check_security(a, pb2, pb2_grpc, work, reference):
             a.shardlm, ["--replica", raddr, "--replica-tls-ca", ca],
             work / "tls-router-nocert.log", env=env)
         procs.append(nocert)
-        time.sleep(2)
+        # Awaited, not slept for: the router says it tried the replica and
+        # failed (then, not before, "not ready" means something).
+        nocert_log = work / "tls-router-nocert.log"
+        check(wait_until(lambda: f"replica {raddr}: GetModelInfo" in
+                         nocert_log.read_text(errors="replace"), timeout=60),
+              "without --replica-tls-cert the router's call to the replica "
+              "fails, and its log says so")
         check(_ready_count(ncport, None) == 0,
               "without --replica-tls-cert the mutual-TLS replica is not "
               "ready to the router")
