@@ -149,10 +149,16 @@ int Main(int argc, char** argv) {
       }
     }
   }
-  // The kernels this CPU can run, the reference first.
+  // The kernels this process can run, the reference first; the others
+  // are named, not dropped without a word.
   std::vector<CpuIsa> kernels;
-  for (CpuIsa k : {CpuIsa::kPortable, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (CpuIsaSupported(k)) kernels.push_back(k);
+  for (CpuIsa k : kAllCpuIsas) {
+    if (CpuIsaSupported(k)) {
+      kernels.push_back(k);
+    } else {
+      std::printf("kernel %s not measured: %s\n", CpuIsaName(k),
+                  CpuIsaUnsupportedReason(k));
+    }
   }
 
   std::mt19937 rng(7);
