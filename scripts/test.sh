@@ -29,10 +29,11 @@ ctest_phase() {
   return $rc
 }
 phase "dependencies" bash scripts/install-deps.sh
-# llama.cpp for the family checks (install-deps.sh --tests: 5-6 CPU
+# llama.cpp for the checks against it (install-deps.sh --tests: 5-6 CPU
 # minutes to compile on a fresh machine) builds in the background at the
-# lowest priority, on what the builds and tests below leave idle; the
-# tests that need it (tests/reference/, label parallel) run after it.
+# lowest priority, on what the builds and tests below leave idle; only the
+# tests that need it (label llama_cpp: its quantizer, forward pass and
+# tokenizer, and the checks of the models it makes) wait for it, last.
 # At nice 19 it gets little CPU while the builds keep both cores busy (a
 # CI run had a third of it compiled after 25 minutes), so its timeout is
 # CI's whole budget; once waited for, it has the machine to itself.
@@ -76,21 +77,24 @@ phase "release build" bash scripts/build.sh
 phase "kernels built for x86-64-v3" env BUILD_DIR=build-v3 \
   CMAKE_ARGS="-DSHARDLM_MARCH=x86-64-v3 -DSHARDLM_CUDA=OFF" \
   bash -c 'bash scripts/build.sh --target kernels_test && build-v3/kernels/kernels_test'
-# The release tests. Without arguments in two runs: the in-process ones
-# (the unit tests, as under ASan above, and tests/reference/'s checks,
-# label parallel) one per core, then everything else (clusters under
-# mpirun, servers, fixed timeouts) one at a time. With arguments, one run
-# of ctest with them.
+# The release tests. Without arguments in three runs: the ones that need
+# a machine to themselves (clusters under mpirun, servers, fixed timeouts)
+# one at a time; then the in-process ones (the unit tests, as under ASan
+# above, and tests/reference/'s checks, label parallel) one per core; then,
+# once llama.cpp is built, the checks that need it, one per core. With
+# arguments, one run of ctest with them.
 if [ "$#" -gt 0 ]; then
   phase "waiting for llama.cpp" wait_llama_cpp
   phase "all tests (release)" ctest_phase "${BUILD_DIR:-build}" release "$@"
 else
   phase "all other tests (release)" \
     ctest_phase "${BUILD_DIR:-build}" release -LE '^(unit|parallel)$'
-  phase "waiting for llama.cpp" wait_llama_cpp
   phase "unit and reference checks (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" release-parallel -j "$(nproc)" \
-    -L '^(unit|parallel)$'
+    -L '^(unit|parallel)$' -LE '^llama_cpp$'
+  phase "waiting for llama.cpp" wait_llama_cpp
+  phase "checks against llama.cpp (release, side by side)" \
+    ctest_phase "${BUILD_DIR:-build}" llama-cpp -j "$(nproc)" -L '^llama_cpp$'
 fi
 
 # The README's first command, as a user runs it: a TP=2 x PP=2 cluster
