@@ -29,11 +29,13 @@ Exits 0 when everything matches, 1 on any mismatch, 2 on a usage or tool error.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -101,13 +103,89 @@ def run_tool(tool, model, ids, steps, timeout, extra=()):
             [int(i) for i in obj["greedy"]], obj.get("step_logprobs"), dt)
 
 
+class CachedReference:
+    """The numpy reference's greedy runs, kept on disk across tests: the same
+    model and prompts are checked under several layouts and KV placements,
+    and the float64 reference (not the C++ under test) is most of each
+    test's time. A run is keyed by the model's bytes, the KV dtype the
+    reference rounds to, the prompt, the steps, and llama_ref.py's source
+    with the numpy and gguf versions; the model is loaded only on a miss.
+    SHARDLM_REFERENCE_CACHE names the folder (tests/reference/CMakeLists.txt
+    sets it); unset, nothing is kept."""
+
+    def __init__(self, model: str, kv_dtype: str):
+        self.model, self.kv_dtype = model, kv_dtype
+        self.dir = os.environ.get("SHARDLM_REFERENCE_CACHE") or None
+        self._ref = None
+        self._key = None
+        self.hits = 0
+
+    def ref(self):
+        if self._ref is None:
+            t0 = time.time()
+            self._ref = llama_ref.LlamaRef.load(self.model,
+                                                kv_dtype=self.kv_dtype)
+            r = self._ref
+            print(f"reference loaded {self.model} in {time.time() - t0:.1f}s "
+                  f"({r.cfg.n_layers} layers, dim {r.cfg.dim}, rope "
+                  f"{r.cfg.rope_style})")
+        return self._ref
+
+    def _model_key(self) -> str:
+        if self._key is None:
+            from importlib.metadata import version
+            h = hashlib.sha256()
+            files = ([self.model] if os.path.isfile(self.model) else sorted(
+                os.path.join(d, f) for d, _, fs in os.walk(self.model)
+                for f in fs))
+            for path in files:
+                h.update(os.path.relpath(path, self.model).encode() + b"\0")
+                with open(path, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 22), b""):
+                        h.update(chunk)
+            with open(llama_ref.__file__, "rb") as f:
+                h.update(f.read())
+            h.update(f"numpy {np.__version__} gguf {version('gguf')} "
+                     f"kv {self.kv_dtype}".encode())
+            self._key = h.hexdigest()[:32]
+        return self._key
+
+    def _run(self, ids, steps):
+        ref = self.ref()
+        if ref.cfg.vocab_size <= max(ids):
+            raise ToolError("prompt ids exceed the model's vocabulary")
+        return ref.greedy(ids, steps, return_logits=True)
+
+    def greedy(self, ids, steps):
+        """(greedy ids, their logits rows), as LlamaRef.greedy; ToolError
+        when an id is outside the vocabulary (a cached run passed that)."""
+        if self.dir is None:
+            return self._run(ids, steps)
+        run = hashlib.sha256(json.dumps([list(ids), steps]).encode())
+        path = os.path.join(self.dir, f"{self._model_key()}-"
+                            f"{run.hexdigest()[:24]}.npz")
+        try:
+            with np.load(path) as z:
+                self.hits += 1
+                return [int(i) for i in z["greedy"]], z["rows"]
+        except (OSError, KeyError, ValueError):
+            pass
+        greedy, rows = self._run(ids, steps)
+        os.makedirs(self.dir, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".npz")
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, greedy=np.asarray(greedy, dtype=np.int64), rows=rows)
+        os.replace(tmp, path)  # Whole or absent for a test beside this one.
+        return greedy, rows
+
+
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
                  timeout, decode, extra=(), anchor=None):
     """Returns (ok, message lines). `anchor`: text the reference's greedy
     continuation must contain (a sanity check of the reference itself)."""
     msgs = []
     t0 = time.time()
-    ref_greedy, ref_rows = ref.greedy(ids, steps, return_logits=True)
+    ref_greedy, ref_rows = ref.greedy(ids, steps)
     t_ref = time.time() - t0
     margins = [llama_ref.top2_margin(r) for r in ref_rows]
     ref_logits = ref_rows[0]
@@ -279,17 +357,10 @@ def main(argv=None):
     else:
         prompts = [(f"ids{len(p)}", p) for p in make_synthetic_model.SYNTHETIC_PROMPTS]
 
-    t0 = time.time()
-    ref = llama_ref.LlamaRef.load(
-        model, kv_dtype=a.reference_kv_dtype or a.kv_cache_dtype)
-    print(f"reference loaded {model} in {time.time() - t0:.1f}s "
-          f"({ref.cfg.n_layers} layers, dim {ref.cfg.dim}, rope "
-          f"{ref.cfg.rope_style}); {a.kv_cache_dtype} KV (reference "
-          f"{ref.kv_dtype}); atol {a.atol:g}, "
-          f"{a.steps} greedy steps")
-    if ref.cfg.vocab_size <= max(max(p) for _, p in prompts):
-        print("error: prompt ids exceed the model's vocabulary", file=sys.stderr)
-        return 2
+    ref = CachedReference(model, a.reference_kv_dtype or a.kv_cache_dtype)
+    print(f"{a.kv_cache_dtype} KV (reference {ref.kv_dtype}); atol {a.atol:g}, "
+          f"{a.steps} greedy steps; reference runs cached in "
+          f"{ref.dir or '(nothing: SHARDLM_REFERENCE_CACHE unset)'}")
 
     anchors = dict(x.split("=", 1) for x in a.anchor)
     unknown = set(anchors) - {n for n, _ in prompts}
@@ -314,6 +385,7 @@ def main(argv=None):
         sys.stdout.flush()
 
     total = time.time() - t_start
+    print(f"reference: {ref.hits} of {len(prompts)} runs from the cache")
     if failures:
         print(f"FAILED: {failures} of {len(prompts)} prompts ({total:.1f}s)")
         return 1
