@@ -11,17 +11,36 @@ single-word Tokenize calls over gRPC. Every request must get its clear
 error (or, for Tokenize, its tokens), the server's peak RSS (VmHWM, reset
 before each phase through /proc/PID/clear_refs) must stay within the budget
 plus OVERHEAD over what it held before the phase, and a real completion
-must be served afterwards. Then the same with SHARDLM_API_KEY set and
-callers without the key: each is refused before its body or message is
-parsed, and the peak grows by no more than the bytes received. Last, the
-HTTP pool's threads return to their base after a burst of 400 requests,
-within --idle-thread-timeout-s.
+must be served afterwards.
+
+Those phases accept a count limit's refusal (400 "at most 8 stop strings",
+INVALID_ARGUMENT "at most 256 messages") as well as the budget's, so they
+pass with the budget broken (issue 55). One more phase sends what only the
+budget can refuse: Generate messages within every count limit and under
+the receive limit (a 6-byte prompt, ignore_eos, and one unknown field of
+padding: 2.2 MiB in all), each of which would be served alone, and enough
+of them at once (BUDGET_MB // share + 8, share = 3 x bytes + 1.25 MiB as
+docs/limits.md charges) that they cannot all hold their share; each call
+holds its stream open until every call has its answer, so those accepted
+keep their share while the rest wait. At least the 8 extra must get
+RESOURCE_EXHAUSTED naming --request-memory-mb, the others must generate.
+
+Then the same with SHARDLM_API_KEY set and callers without the key: each
+is refused before its body or message is parsed, and the peak grows by no
+more than the bytes received. Last, the HTTP pool's threads return to
+their base after a burst of 400 requests (and gRPC's after 200 calls),
+within --idle-thread-timeout-s; the base is counted on the fresh server,
+before any attack, so that threads the attacks left behind cannot raise it.
 
   check_hostile_memory.py --shardlm BIN --gguf MODEL [--measure-only]
+      [--only CASE] [--serve-budget-mb MB]
 
 --measure-only runs the same phases against a server without the budget
 flags (an older build) and prints the figures without checking them: the
-"before" column of docs/limits.md.
+"before" column of docs/limits.md. --serve-budget-mb starts the servers
+with that --request-memory-mb while every bound still assumes BUDGET_MB:
+with a budget that never fires (--serve-budget-mb 100000) the checks must
+fail, which shows that they test the budget.
 """
 
 from __future__ import annotations
@@ -34,6 +53,7 @@ import random
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import grpc
@@ -52,6 +72,7 @@ N = 16
 KEY = "memory-key"
 MEASURE_ONLY = False
 ONLY = ""  # --only: run just the phases whose name holds this.
+SERVE_BUDGET_MB = BUDGET_MB  # --serve-budget-mb: what the server is given.
 
 
 def expect(cond: bool, what: str) -> None:
@@ -158,6 +179,60 @@ def wide_proto() -> bytes:
     return field(11, b"") * 1_150_000 + varint(3 << 3) + varint(1)
 
 
+# A Generate message that no count limit refuses and that would be served
+# alone: a 6-byte prompt, ignore_eos (so that it generates until cancelled),
+# and one field of an unknown number (1000; at most 256 are accepted) that
+# pads it to BUDGET_MESSAGE_BYTES, under the 2.31 MiB receive limit.
+BUDGET_MESSAGE_BYTES = 2_300_000
+# What docs/limits.md charges a gRPC message before its parse: 3 x its
+# bytes + 1.25 MiB (kParsedMessageBytes).
+BUDGET_MESSAGE_SHARE = 3 * BUDGET_MESSAGE_BYTES + (256 << 10) + (4 << 18)
+# As many as fit the budget at once, and 8 more that cannot.
+BUDGET_FITS = (BUDGET_MB << 20) // BUDGET_MESSAGE_SHARE
+BUDGET_CALLS = BUDGET_FITS + 8
+
+
+def budget_message() -> bytes:
+    head = field(1, b"Count:") + varint(3 << 3) + varint(1000) + varint(
+        6 << 3) + varint(1)
+    tag = varint(1000 << 3 | 2)
+    pad = BUDGET_MESSAGE_BYTES - len(head) - len(tag) - 4  # 4: its length.
+    body = head + tag + varint(pad) + b"x" * pad
+    assert len(body) == BUDGET_MESSAGE_BYTES, len(body)
+    return body
+
+
+def held_generates(channel, body: bytes, key: str | None, n: int) -> list:
+    """n zero-argument callables, each one Generate call of `body` that,
+    once it has its first response (its share taken, it generates) or its
+    error, waits until all n have theirs, then cancels: the accepted calls
+    hold their share of the budget while the others ask for theirs.
+    Each returns (status code name, details)."""
+    metadata = [("authorization", f"Bearer {key}")] if key else []
+    answered = threading.Barrier(n)
+    gen = channel.unary_stream("/shardlm.v1.Inference/Generate",
+                               request_serializer=lambda b: b,
+                               response_deserializer=lambda b: b)
+
+    def one():
+        call = gen(body, metadata=metadata, timeout=180)
+        try:
+            next(call)
+            result = ("OK", "")
+        except StopIteration:
+            result = ("OK", "ended before its first response")
+        except grpc.RpcError as e:
+            result = (e.code().name, e.details() or "")
+        try:
+            answered.wait(timeout=120)
+        except threading.BrokenBarrierError:
+            pass  # Some call never answered: it shows in the results.
+        call.cancel()
+        return result
+
+    return [one] * n
+
+
 class Server:
     def __init__(self, a, env_key: str | None):
         self.grpc_port, self.port = free_port(), free_port()
@@ -166,7 +241,7 @@ class Server:
         if env_key:
             env["SHARDLM_API_KEY"] = env_key
         flags = [] if MEASURE_ONLY else [
-            "--request-memory-mb", str(BUDGET_MB),
+            "--request-memory-mb", str(SERVE_BUDGET_MB),
             "--idle-thread-timeout-s", "2"]
         self.proc = subprocess.Popen(
             [a.shardlm, "serve", "--model", a.gguf, "--listen",
@@ -211,12 +286,13 @@ class Server:
 
 
 def phase(server: Server, name: str, calls, accept, bound: int,
-          table: list) -> None:
+          table: list) -> list:
     """Runs `calls` (zero-argument callables) at once; each result must
     satisfy accept(result); the peak over what the server held before must
-    stay under `bound` bytes."""
+    stay under `bound` bytes. Returns the results ([] when --only skips
+    the phase)."""
     if ONLY not in name:
-        return
+        return []
     pid = server.proc.pid
     before = kib(pid, "VmRSS")
     reset_peak(pid)
@@ -240,6 +316,7 @@ def phase(server: Server, name: str, calls, accept, bound: int,
           f"{before >> 20} MiB (bound {bound >> 20} MiB) in {seconds:.1f} s")
     table.append((name, before >> 20, peak >> 20, growth >> 20))
     server.serves(name)
+    return results
 
 
 def attacks(server: Server, key: str | None, table: list) -> None:
@@ -269,6 +346,25 @@ def attacks(server: Server, key: str | None, table: list) -> None:
           lambda r: r[0] == "OK" or (r[0] == "RESOURCE_EXHAUSTED" and
                                      "--request-memory-mb" in r[1]),
           budget, table)
+    # What only the budget can refuse (issue 55): no count limit is near.
+    flag = "--request-memory-mb"
+    message = budget_message()
+    results = phase(
+        server, f"{BUDGET_CALLS} gRPC messages within every count limit "
+        f"({len(message) >> 10} KiB, share "
+        f"{BUDGET_MESSAGE_SHARE / (1 << 20):.1f} MiB: {BUDGET_FITS} fit "
+        f"{BUDGET_MB} MiB)",
+        held_generates(server.channel, message, key, BUDGET_CALLS),
+        lambda r: r[0] == "OK" or (r[0] == "RESOURCE_EXHAUSTED" and
+                                   flag in r[1]), budget, table)
+    if results:
+        refused = [r for r in results
+                   if r[0] == "RESOURCE_EXHAUSTED" and flag in r[1]]
+        expect(len(refused) >= BUDGET_CALLS - BUDGET_FITS,
+               f"  ... of which at least {BUDGET_CALLS - BUDGET_FITS} are "
+               f"refused by the budget, RESOURCE_EXHAUSTED naming {flag} "
+               f"(got {len(refused)}: "
+               f"{refused[0][1] if refused else 'none'})")
     if ONLY:
         return
     bad_utf8 = field(11, field(1, b"user") + field(2, b"hi")) + field(
@@ -296,9 +392,10 @@ def keyless(server: Server, table: list) -> None:
           N * len(proto) + (32 << 20), table)
 
 
-def threads_return(server: Server) -> None:
+def threads_return(server: Server, base: int) -> None:
+    """`base`: the server's threads when it was fresh (started, one
+    completion served), counted before any attack."""
     pid = server.proc.pid
-    base = kib(pid, "Threads") // 1024
     req = b'{"prompt": "Count:", "max_tokens": 2}'
     with concurrent.futures.ThreadPoolExecutor(400) as pool:
         results = list(pool.map(
@@ -312,7 +409,9 @@ def threads_return(server: Server) -> None:
           f"({statuses})")
     # Each HTTP pool keeps its base of 4 threads (a fresh server has started
     # one of each), gRPC's sync server up to a few pollers: base + 10 at
-    # most, where the burst took it to hundreds (530 before issue 39).
+    # most, where the burst took it to hundreds (530 before issue 39). The
+    # base is the fresh server's: measured after the attacks, it would
+    # include whatever threads they left.
     bound = base + 2 * (4 - 1) + 4
 
     def settle(what: str) -> None:
@@ -324,8 +423,8 @@ def threads_return(server: Server) -> None:
                 break
             time.sleep(0.5)
         expect(now <= bound,
-               f"threads back to base after {what}: {now} (before the "
-               f"bursts {base}, bound {bound}, --idle-thread-timeout-s 2)")
+               f"threads back to base after {what}: {now} (fresh server "
+               f"{base}, bound {bound}, --idle-thread-timeout-s 2)")
 
     settle("400 HTTP requests")
     # gRPC's sync server trims the threads a burst of calls started itself.
@@ -349,10 +448,15 @@ def main() -> int:
     ap.add_argument("--only", default="",
                     help="run only the phases whose name holds this (each "
                     "then on a fresh server: the figures of docs/limits.md)")
+    ap.add_argument("--serve-budget-mb", type=int, default=BUDGET_MB,
+                    help="start the servers with this --request-memory-mb; "
+                    f"every bound still assumes {BUDGET_MB} (to show that "
+                    "the checks fail when the budget never fires)")
     a = ap.parse_args()
-    global MEASURE_ONLY, ONLY
+    global MEASURE_ONLY, ONLY, SERVE_BUDGET_MB
     MEASURE_ONLY = a.measure_only
     ONLY = a.only
+    SERVE_BUDGET_MB = a.serve_budget_mb
     table: list = []
     for key in (None, KEY):
         server = Server(a, key)
@@ -362,11 +466,13 @@ def main() -> int:
                 return 1
             server.serves("warm-up")
             if key is None:
+                # The fresh server's threads, before any attack.
+                base = kib(server.proc.pid, "Threads") // 1024
                 attacks(server, None, table)
                 print(server.metric("shardlm_request_memory"))
                 print(server.metric("shardlm_invalid_utf8_total"))
                 if ONLY in "threads":
-                    threads_return(server)
+                    threads_return(server, base)
             else:
                 keyless(server, table)
                 attacks(server, key, table)
