@@ -400,7 +400,16 @@ def rejoin(a, local: dict):
               and f"rank {victim}" in r.stderr,
               f"[lws rejoin] a request while the rank is missing fails with "
               f"UNAVAILABLE naming it ({r.stderr.strip()[-160:]})")
-        time.sleep(2)  # Long enough for a wrong exit to happen, if any.
+        # Awaited, not slept for: the coordinator starts re-forming and
+        # each survivor is told to rejoin and says it does (a wrong exit
+        # would come instead of that line, or end the process).
+        survivors = (1, 2, 4)
+        check(wait_until(lambda: "re-forming" in g.log(0) and all(
+            "rejoining" in g.log(r) or g.procs[r].poll() is not None
+            for r in survivors), 60),
+              "[lws rejoin] the coordinator re-forms and every survivor "
+              "answered" + ("" if all("rejoining" in g.log(r)
+                                      for r in survivors) else "\n" + g.tail()))
         status = http_status(g.ready_url())
         alive = [i for i, p in g.procs.items() if i != victim and p.poll() is None]
         check(status == 503 and sorted(alive) == [0, 1, 2, 4],
