@@ -98,6 +98,16 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> ReplicaCredentials(
 }
 
 // Addresses from a file: one per line; blank lines and #-comments skipped.
+// When a file was last written, and its size (zero on an error): what the
+// --replicas-file watcher compares to see a change.
+using FileStamp = std::pair<std::filesystem::file_time_type, uintmax_t>;
+FileStamp StampOf(const std::string& path) {
+  std::error_code ec;
+  const auto t = std::filesystem::last_write_time(path, ec);
+  const auto n = std::filesystem::file_size(path, ec);
+  return {ec ? std::filesystem::file_time_type() : t, ec ? 0 : n};
+}
+
 absl::StatusOr<std::vector<std::string>> ReadReplicasFile(
     const std::string& path) {
   std::ifstream in(path);
@@ -217,6 +227,11 @@ int RouterCommand(int argc, char** argv) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
   }
   const std::vector<std::string> flag_replicas = f.replicas;
+  // Stamped before the first read, so that a write landing between it and
+  // the watcher's start is seen (stamped in the watcher, such a write was
+  // missed until the next one).
+  const FileStamp file_read_at =
+      f.replicas_file.empty() ? FileStamp() : StampOf(f.replicas_file);
   if (problem.empty() && !f.replicas_file.empty()) {
     auto more = ReadReplicasFile(f.replicas_file);
     if (!more.ok()) {
@@ -418,15 +433,7 @@ int RouterCommand(int argc, char** argv) {
   std::thread source_watcher;
   if (!f.replicas_file.empty() || dns.has_value()) {
     source_watcher = std::thread([&] {
-      namespace fs = std::filesystem;
-      const auto stamp = [&]() -> std::pair<fs::file_time_type, uintmax_t> {
-        if (f.replicas_file.empty()) return {};
-        std::error_code ec;
-        const auto t = fs::last_write_time(f.replicas_file, ec);
-        const auto n = fs::file_size(f.replicas_file, ec);
-        return {ec ? fs::file_time_type() : t, ec ? 0 : n};
-      };
-      auto seen = stamp();
+      FileStamp seen = file_read_at;
       const absl::Duration dns_every = absl::Milliseconds(f.dns_interval_ms);
       absl::Time next_dns = absl::Now() + dns_every;
       std::string last_dns_problem;
@@ -435,7 +442,8 @@ int RouterCommand(int argc, char** argv) {
       absl::MutexLock lock(&mu);
       while (!mu.AwaitWithTimeout(absl::Condition(&stopping), tick)) {
         bool changed = false;
-        const auto now = stamp();
+        const FileStamp now =
+            f.replicas_file.empty() ? FileStamp() : StampOf(f.replicas_file);
         if (!f.replicas_file.empty() && now != seen) {
           seen = now;
           auto listed = ReadReplicasFile(f.replicas_file);
