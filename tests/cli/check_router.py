@@ -5,7 +5,11 @@
 - texts through the router equal direct requests (greedy and seeded);
 - on a shared-prefix workload, kv routing gets at least 90% of the prefix
   cache hit tokens one replica holding every prompt would get, and more
-  than twice what round-robin gets (the replicas' own /metrics counters);
+  than twice what round-robin gets (the replicas' own /metrics counters),
+  while it spreads the load: every replica serves at least half an even
+  share of the workload's requests (its own shardlm_requests_total), and
+  the router's per-replica counts say the same (a router that sends
+  everything to one replica gets all the hits and fails here);
 - kill -9 of a replica under load: every (greedy) stream it was serving
   resumes on another replica with exactly the undisturbed text, the router's /ready
   stays 200, new requests avoid it within 1 s, and it is used again once
@@ -207,6 +211,61 @@ def hit_tokens(http_ports: list[int]) -> float:
         for p in http_ports)
 
 
+def served(http_port: int) -> float:
+    """Requests a replica finished, by its own /metrics (every api and
+    finish_reason)."""
+    return sum(v for k, v in metrics(http_port).items()
+               if k.startswith("shardlm_requests_total{"))
+
+
+def routed(router_http: int, addrs: list[str]) -> list[float]:
+    """The router's shardlm_router_requests_total for each address."""
+    m = metrics(router_http)
+    return [m.get(f'shardlm_router_requests_total{{replica="{a}"}}', 0)
+            for a in addrs]
+
+
+def check_kv_workload(stub, pb2, direct, router_http: int,
+                      addrs: list[str], http_ports: list[int],
+                      tag: str = "kv") -> tuple[float, int]:
+    """Runs the shared-prefix workload through the kv router at `stub`;
+    checks that it got at least 90% of the ideal prefix hits and that the
+    load spread over the replicas `addrs` (gRPC) / `http_ports` (their
+    /metrics): every replica served at least half an even share of the
+    requests, by its own count, and the router's per-replica counts agree.
+    Returns (hit tokens, ideal hit tokens)."""
+    hits0 = hit_tokens(http_ports)
+    served0 = [served(p) for p in http_ports]
+    routed0 = routed(router_http, addrs)
+    prompts = shared_prefix_workload(stub, pb2, tag)
+    # A replica counts a request when it finishes it, the router when it
+    # routes it; every stream has ended, so both settle at once.
+    per = []
+
+    def settled() -> bool:
+        per[:] = [served(p) - s0 for p, s0 in zip(http_ports, served0)]
+        return sum(per) >= len(prompts)
+
+    wait_until(settled, timeout=5)
+    by_router = [r - r0 for r, r0 in zip(routed(router_http, addrs), routed0)]
+    hits = hit_tokens(http_ports) - hits0
+    ideal = ideal_hits(direct, pb2, prompts)
+    print(f"{tag}: prefix hit tokens {hits:.0f} of an ideal {ideal}; "
+          f"requests per replica {[int(n) for n in per]} (their own "
+          f"counts), {[int(n) for n in by_router]} (the router's)")
+    check(ideal > 0 and hits >= 0.9 * ideal,
+          f"kv routing gets >= 90% of one replica's hits ({hits:.0f} of "
+          f"{ideal})")
+    share = -(-len(prompts) // (2 * len(addrs)))  # Half an even share.
+    check(sum(per) == len(prompts) and min(per) >= share,
+          f"kv routing spreads the {len(prompts)} requests: every replica "
+          f"served at least {share} ({[int(n) for n in per]})")
+    check(by_router == per,
+          f"the router's per-replica request counts equal the replicas' "
+          f"own ({[int(n) for n in by_router]} vs {[int(n) for n in per]})")
+    return hits, ideal
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shardlm", required=True)
@@ -297,10 +356,8 @@ def main() -> int:
               "the router still serves after bad input")
 
         # --- shared prefixes: kv vs round-robin ---------------------------
-        before = hit_tokens(https)
-        prompts = shared_prefix_workload(rstub, pb2, "kv")
-        kv_hits = hit_tokens(https) - before
-        ideal = ideal_hits(direct, pb2, prompts)
+        kv_hits, ideal = check_kv_workload(rstub, pb2, direct, kv_http,
+                                           addrs, https)
         rr, rr_addr, rr_http = start_router(
             a.shardlm, a.gguf, addrs, "round-robin", work / "rr.log")
         routers.append(rr)
@@ -313,9 +370,6 @@ def main() -> int:
         rr_hits = hit_tokens(https) - before
         print(f"prefix hit tokens: kv {kv_hits:.0f}, round-robin "
               f"{rr_hits:.0f}, one replica {ideal}")
-        check(ideal > 0 and kv_hits >= 0.9 * ideal,
-              f"kv routing gets >= 90% of one replica's hits ({kv_hits} of "
-              f"{ideal})")
         check(rr_hits * 2 < kv_hits,
               f"round-robin gets under half of kv's hits ({rr_hits})")
         stop(rr)
