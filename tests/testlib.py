@@ -291,6 +291,68 @@ def prometheus_series(text: str) -> dict[str, float]:
     return out
 
 
+# --- Greedy streams run in different batches -----------------------------
+
+# How far apart two greedy runs of one stream may place their top two
+# log-probabilities and still legitimately pick different tokens. Measured
+# on a 2-core Zen 3 (SmolLM2 Q4_1, f16 KV): a stream run beside five
+# others moved its log-probabilities by up to 2.4e-3 over 96 tokens
+# against the same stream run alone (f32 KV: 1.8e-5; the same stream run
+# alone twice: 0). A step of more than 16 rows goes through the GEMM, a
+# lone prompt through the GEMV, and a last-bit difference becomes one of
+# f16's rounding in the KV cache. Eight times the measured drift.
+NEAR_TIE = 0.02
+
+
+def greedy_divergence(got, want, tops, near_tie: float = NEAR_TIE):
+    """None when `got` equals the undisturbed greedy run `want`, or when
+    they part only where `want` had a near tie; otherwise why not.
+
+    `want` is the undisturbed run's tokens (ids or texts), `tops` its two
+    most likely alternatives at each position as (token, logprob), most
+    likely first. `got` is the other run's tokens in the same form, or
+    its text when `want` holds token texts. The runs may part once: at a
+    position where the undisturbed run's top two were within `near_tie`
+    and `got` took the runner-up. What follows is then a different
+    (equally greedy) continuation and is not compared."""
+    if isinstance(got, str):
+        at = 0
+        for t, token in enumerate(want):
+            if got.startswith(token, at):
+                at += len(token)
+                continue
+            return _parted_at(t, got[at:at + 40], tops, near_tie,
+                              lambda alt: alt != "" and
+                              got.startswith(alt, at))
+        return None if at == len(got) else \
+            f"{got[at:at + 40]!r} after the undisturbed text's end"
+    for t, token in enumerate(want):
+        if t >= len(got):
+            return f"ends after {t} of {len(want)} tokens"
+        if got[t] != token:
+            return _parted_at(t, got[t], tops, near_tie,
+                              lambda alt: alt == got[t])
+    return None if len(got) == len(want) else \
+        f"{len(got)} tokens, the undisturbed run {len(want)}"
+
+
+def _parted_at(t, got_here, tops, near_tie, took):
+    if t >= len(tops) or len(tops[t]) < 2:
+        return f"parts at token {t} ({got_here!r}), no alternatives there"
+    (first, lp1), (second, lp2) = tops[t][0], tops[t][1]
+    gap = lp1 - lp2
+    if gap > near_tie:
+        return (f"parts at token {t} ({got_here!r}) where the undisturbed "
+                f"run's top two were {gap:.3g} apart ({first!r} {lp1:.4f}, "
+                f"{second!r} {lp2:.4f}), more than {near_tie}")
+    if not took(second):
+        return (f"parts at a near tie at token {t} ({first!r} vs "
+                f"{second!r}, {gap:.3g} apart) but took {got_here!r}")
+    print(f"note parts at token {t}: a near tie ({first!r} {lp1:.4f} vs "
+          f"{second!r} {lp2:.4f}) went to the runner-up", flush=True)
+    return None
+
+
 # --- The protobuf wire format, for requests encoded by hand ----------------
 
 def pb_varint(n: int) -> bytes:
