@@ -74,10 +74,10 @@ absl::Status ReadRopeScaling(const GgufFile& g, const std::string& p,
     }
   }
   if (const TensorInfo* f = FindTensor(g, "rope_freqs.weight"); f != nullptr) {
-    if (f->shape.size() != 1 || f->shape[0] != c.head_dim / 2) {
+    if (f->shape.size() != 1 || f->shape[0] != c.RotaryDims() / 2) {
       return absl::InvalidArgumentError(absl::StrCat(
           g.name(), ": rope_freqs.weight has shape ", ShapeString(f->shape),
-          "; expected [", c.head_dim / 2, "]"));
+          "; expected [", c.RotaryDims() / 2, "]"));
     }
     ASSIGN_OR_RETURN(
         Tensor t,
@@ -151,10 +151,24 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   ASSIGN_OR_RETURN(int64_t rope_dims,
                    IntOr(g, p + "rope.dimension_count", c.head_dim));
   if (rope_dims != c.head_dim) {
-    return absl::UnimplementedError(
-        absl::StrCat(g.name(), ": partial RoPE (", rope_dims, " of ",
-                     c.head_dim, " dimensions) is not supported"));
+    // GLM-4.5's partial RoPE: the first rope_dims of each head rotate.
+    if (rope_dims < 2 || rope_dims > c.head_dim || rope_dims % 2 != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.name(), ": ", p, "rope.dimension_count ", rope_dims,
+                       " must be even and at most key_length ", c.head_dim));
+    }
+    c.rope_dims = rope_dims;
   }
+  // Multi-token-prediction layers (GLM-4.5's nextn) are the file's last
+  // blocks; a forward pass runs the others (as llama.cpp does).
+  ASSIGN_OR_RETURN(const int64_t nextn,
+                   IntOr(g, p + "nextn_predict_layers", 0));
+  if (nextn < 0 || nextn >= c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(), ": ", p, "nextn_predict_layers ", nextn, " of ",
+                     c.n_layers, " blocks"));
+  }
+  c.n_layers -= nextn;
 
   // The vocabulary size: explicit key, else the embedding's row count.
   int64_t vocab = 0;
@@ -173,13 +187,32 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     ASSIGN_OR_RETURN(c.n_experts_used, g.GetInt(p + "expert_used_count"));
     ASSIGN_OR_RETURN(c.expert_ffn_hidden,
                      IntOr(g, p + "expert_feed_forward_length", c.ffn_hidden));
-    ASSIGN_OR_RETURN(const int64_t shared,
+    ASSIGN_OR_RETURN(c.n_shared_experts,
                      IntOr(g, p + "expert_shared_count", 0));
-    if (shared != 0) {
+    ASSIGN_OR_RETURN(c.n_dense_layers,
+                     IntOr(g, p + "leading_dense_block_count", 0));
+    // llama.cpp's LLAMA_EXPERT_GATING_FUNC: 1 softmax, 2 sigmoid (absent:
+    // softmax, except for the families that only ever route by sigmoid).
+    ASSIGN_OR_RETURN(const int64_t gating,
+                     IntOr(g, p + "expert_gating_func",
+                           c.architecture == "glm4moe" ? 2 : 1));
+    if (gating != 1 && gating != 2) {
       return absl::UnimplementedError(
-          absl::StrCat(g.name(), ": ", shared, " shared experts (", p,
-                       "expert_shared_count) are not supported"));
+          absl::StrCat(g.name(), ": ", p, "expert_gating_func ", gating,
+                       " is not supported (1 softmax, 2 sigmoid are)"));
     }
+    c.expert_gating =
+        gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
+    ASSIGN_OR_RETURN(const double scale,
+                     FloatOr(g, p + "expert_weights_scale", 1.0));
+    c.expert_weights_scale = static_cast<float>(scale);
+    ASSIGN_OR_RETURN(c.expert_groups, IntOr(g, p + "expert_group_count", 1));
+    ASSIGN_OR_RETURN(c.expert_groups_used,
+                     IntOr(g, p + "expert_group_used_count", 1));
+    if (c.expert_groups == 0) c.expert_groups = c.expert_groups_used = 1;
+    c.expert_score_bias =
+        FindTensor(g, absl::StrCat("blk.", c.n_dense_layers,
+                                   ".exp_probs_b.bias")) != nullptr;
     // Both families renormalize the top-k weights (llama.cpp's norm_w for
     // qwen3moe and llama); a file may say otherwise.
     c.expert_weights_norm = true;
@@ -203,7 +236,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   // adjacent dimensions; Qwen2's and Qwen3's it leaves alone (llama.cpp's
   // "NeoX" RoPE).
   c.rope_style = c.architecture == "qwen2" || c.architecture == "qwen3" ||
-                         c.architecture == "qwen3moe"
+                         c.architecture == "qwen3moe" ||
+                         c.architecture == "glm4moe"
                      ? RopeStyle::kRotateHalf
                      : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));

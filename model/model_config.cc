@@ -79,17 +79,45 @@ std::string WindowString(const ModelConfig& c) {
   return out;
 }
 
+// The lines only some families have: partial RoPE, GLM-4.5's routing.
+std::string ExtrasString(const ModelConfig& c) {
+  std::string out;
+  if (c.rope_dims != 0 && c.rope_dims != c.head_dim) {
+    absl::StrAppend(&out, "rope_dims        ", c.rope_dims, " of ", c.head_dim,
+                    " (partial RoPE)\n");
+  }
+  if (!c.is_moe()) return out;
+  if (c.expert_gating == ExpertGating::kSigmoid || c.expert_score_bias ||
+      c.expert_groups > 1 || c.expert_weights_scale != 1.0f) {
+    absl::StrAppendFormat(
+        &out, "routing          %s%s, groups %d of %d, weights x %g\n",
+        c.expert_gating == ExpertGating::kSigmoid ? "sigmoid" : "softmax",
+        c.expert_score_bias ? " + choice bias" : "", c.expert_groups_used,
+        c.expert_groups, c.expert_weights_scale);
+  }
+  if (c.n_shared_experts > 0) {
+    absl::StrAppend(&out, "shared experts   ", c.n_shared_experts, " (FFN ",
+                    c.SharedFfn(), ")\n");
+  }
+  if (c.n_dense_layers > 0) {
+    absl::StrAppend(&out, "dense layers     0-", c.n_dense_layers - 1, " (FFN ",
+                    c.ffn_hidden, ")\n");
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama", "mistral", "qwen2", "qwen3", "qwen3moe", "qwen3_moe", "mixtral"};
+      "llama",     "mistral", "qwen2",   "qwen3",   "qwen3moe",
+      "qwen3_moe", "mixtral", "glm4moe", "glm4_moe"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
-        "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe and "
-        "mixtral are; llama with experts is Mixtral)"));
+        "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, mixtral "
+        "and glm4moe are; llama with experts is Mixtral)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
@@ -104,6 +132,36 @@ absl::Status ModelConfig::Validate() const {
           absl::StrCat("model config: n_experts_used (top-k) ", n_experts_used,
                        " exceeds n_experts ", n_experts));
     }
+    if (expert_groups < 1 || n_experts % expert_groups != 0 ||
+        expert_groups_used < 1 || expert_groups_used > expert_groups ||
+        n_experts_used > expert_groups_used * (n_experts / expert_groups)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ", expert_groups_used, " of ", expert_groups,
+          " expert groups (n_group, topk_group) over ", n_experts,
+          " experts cannot hold the top ", n_experts_used));
+    }
+    if (!(expert_weights_scale > 0) || !std::isfinite(expert_weights_scale)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: expert_weights_scale ",
+                       expert_weights_scale, " must be positive and finite"));
+    }
+    for (auto [field, v, lo, hi] :
+         {std::tuple<const char*, int64_t, int64_t, int64_t>{
+              "n_shared_experts", n_shared_experts, 0, 64},
+          {"n_dense_layers", n_dense_layers, 0, n_layers}}) {
+      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+    }
+  } else if (n_shared_experts != 0 || n_dense_layers != 0 ||
+             expert_gating != ExpertGating::kSoftmax || expert_score_bias) {
+    return absl::InvalidArgumentError(
+        "model config: shared experts, dense layers or expert gating set "
+        "for a model without experts");
+  }
+  if (rope_dims != 0 &&
+      (rope_dims < 2 || rope_dims > head_dim || rope_dims % 2 != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: rope_dims ", rope_dims,
+                     " must be even and in [2, head_dim ", head_dim, "]"));
   }
   // Bounds are generous (beyond any released Llama) but stop absurd values
   // from turning into huge allocations.
@@ -152,7 +210,8 @@ absl::Status ModelConfig::Validate() const {
           "model config: window_layers is set but no layer has a window");
     }
   }
-  if (absl::Status s = ValidateRopeScaling(rope_scaling, head_dim); !s.ok()) {
+  if (absl::Status s = ValidateRopeScaling(rope_scaling, RotaryDims());
+      !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("model config: ", s.message()));
   }
@@ -166,7 +225,8 @@ std::string ModelConfig::DebugString() const {
       "head_dim %d)\nvocab            %d\ncontext          %d\n"
       "rope_theta       %g (%s)\nrope_scaling     %s\nrms_norm_eps     %g\n"
       "tied_embeddings  %s\nattention_bias   %s\nqk_norm          %s\n"
-      "sliding_window   %s\nexperts          %s\nbos/eos          %d / %d\n",
+      "sliding_window   %s\nexperts          %s\nbos/eos          %d / %d\n"
+      "%s",
       architecture, name, n_layers, hidden, ffn_hidden, n_heads, n_kv_heads,
       head_dim, vocab_size, context_length, rope_theta,
       rope_style == RopeStyle::kAdjacentPairs ? "adjacent pairs"
@@ -179,7 +239,7 @@ std::string ModelConfig::DebugString() const {
                 "%d, top %d%s, expert FFN %d", n_experts, n_experts_used,
                 expert_weights_norm ? " (renormalized)" : "", expert_ffn_hidden)
           : std::string("none (dense FFN)"),
-      bos_id, eos_id);
+      bos_id, eos_id, ExtrasString(*this));
 }
 
 }  // namespace shardlm

@@ -1,6 +1,6 @@
 // Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2,
-// Qwen3, and the mixtures of experts Qwen3-MoE and Mixtral), read from GGUF
-// metadata or from a Hugging Face config.json.
+// Qwen3, and the mixtures of experts Qwen3-MoE, Mixtral and GLM-4.5), read
+// from GGUF metadata or from a Hugging Face config.json.
 #ifndef SHARDLM_MODEL_MODEL_CONFIG_H_
 #define SHARDLM_MODEL_MODEL_CONFIG_H_
 
@@ -12,6 +12,11 @@
 #include "model/rope_scaling.h"
 
 namespace shardlm {
+
+// How a mixture's router turns logits into expert scores: a softmax over
+// the experts (Qwen3-MoE, Mixtral) or each expert's sigmoid (GLM-4.5,
+// DeepSeek V3). GGUF's expert_gating_func: 1 and 2.
+enum class ExpertGating : uint8_t { kSoftmax, kSigmoid };
 
 struct ModelConfig {
   std::string architecture = "llama";
@@ -51,10 +56,38 @@ struct ModelConfig {
   int64_t n_experts_used = 0;
   int64_t expert_ffn_hidden = 0;
   bool expert_weights_norm = true;
+  // GLM-4.5 / DeepSeek V3 routing (kernels/moe/routing.h RouterSpec):
+  // sigmoid scores, a per-expert bias for choosing only (the layer's
+  // exp_probs_b when expert_score_bias), group-limited choice, the chosen
+  // weights times expert_weights_scale (routed_scaling_factor).
+  ExpertGating expert_gating = ExpertGating::kSoftmax;
+  bool expert_score_bias = false;
+  int64_t expert_groups = 1;
+  int64_t expert_groups_used = 1;
+  float expert_weights_scale = 1.0f;
+  // Experts every token goes through besides its routed ones, as one
+  // SwiGLU FFN of n_shared_experts * expert_ffn_hidden columns (GLM-4.5,
+  // DeepSeek V3).
+  int64_t n_shared_experts = 0;
+  // The first n_dense_layers layers of a mixture have a dense FFN of
+  // ffn_hidden columns instead (first_k_dense_replace).
+  int64_t n_dense_layers = 0;
+  // Partial RoPE (GLM-4.5): only the first rope_dims dimensions of each
+  // head rotate, paired within them; 0: all head_dim.
+  int64_t rope_dims = 0;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 
   bool is_moe() const { return n_experts > 0; }
+  // Whether layer `layer` (0-based over the whole model) routes to experts.
+  bool LayerIsMoe(int64_t layer) const {
+    return is_moe() && layer >= n_dense_layers;
+  }
+  // Whether a mixture also has dense FFN layers (n_dense_layers > 0).
+  bool HasDenseLayers() const { return !is_moe() || n_dense_layers > 0; }
+  // Columns of the shared experts' FFN; 0 when none.
+  int64_t SharedFfn() const { return n_shared_experts * expert_ffn_hidden; }
+  int64_t RotaryDims() const { return rope_dims > 0 ? rope_dims : head_dim; }
   // The FFN width a shard splits: the experts' for a mixture.
   int64_t SplitFfn() const { return is_moe() ? expert_ffn_hidden : ffn_hidden; }
 
@@ -69,7 +102,7 @@ struct ModelConfig {
   }
   // The RoPE table of a head. Requires Validate().ok().
   RopeTable Rope() const {
-    return MakeRopeTable(rope_style, rope_theta, head_dim, rope_scaling);
+    return MakeRopeTable(rope_style, rope_theta, RotaryDims(), rope_scaling);
   }
   std::string DebugString() const;
 };

@@ -53,6 +53,42 @@ TEST(ModelConfigTest, RejectsInconsistentOrAbsurdValues) {
 // The scaling types' defining properties (the values themselves are checked
 // end to end against the numpy reference and llama.cpp in
 // tests/reference, family_* tests).
+TEST(ModelConfigTest, Glm45PartsAreChecked) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  ModelConfig c = SmolLm2();
+  c.architecture = "glm4moe";
+  c.n_experts = 8;
+  c.n_experts_used = 2;
+  c.expert_ffn_hidden = 64;
+  c.expert_gating = ExpertGating::kSigmoid;
+  c.expert_groups = 2;
+  c.expert_groups_used = 1;
+  c.n_shared_experts = 1;
+  c.n_dense_layers = 1;
+  c.rope_dims = 32;
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_EQ(c.RotaryDims(), 32);
+  EXPECT_EQ(c.Rope().inv_freq.size(), 16u);  // Pairs of the rotary part.
+  EXPECT_FALSE(c.LayerIsMoe(0));
+  EXPECT_TRUE(c.LayerIsMoe(1));
+  EXPECT_EQ(c.SharedFfn(), 64);
+  ModelConfig bad = c;
+  bad.expert_groups = 3;  // 8 experts do not split into 3 groups.
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "expert groups"));
+  bad = c;
+  bad.n_experts_used = 5;  // One group of 4 cannot hold 5.
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "cannot hold the top 5"));
+  bad = c;
+  bad.rope_dims = 33;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "rope_dims 33"));
+  bad = c;
+  bad.n_dense_layers = 31;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "n_dense_layers"));
+  bad = SmolLm2();
+  bad.n_shared_experts = 1;  // Shared experts without experts.
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "without experts"));
+}
+
 TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
   constexpr int64_t kDim = 64;
   const RopeTable plain =

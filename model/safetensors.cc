@@ -260,6 +260,32 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
 // from max_window_layers (default 28) on. A layer type of another name, or
 // a sliding layer with no window (which transformers cannot mask), is
 // refused. No sliding layer leaves the config without a window.
+// GLM-4.5 (transformers' Glm4MoeConfig): sigmoid routing with a choice
+// bias, groups and a scale; shared experts; the first layers dense;
+// partial RoPE; optional per-head q/k norms.
+absl::Status ReadGlm4Moe(const ConfigReader& r, ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.n_experts, r.Int("n_routed_experts"));
+  ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+  ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
+  ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", true));
+  ASSIGN_OR_RETURN(c.n_shared_experts, r.Int("n_shared_experts", 1));
+  ASSIGN_OR_RETURN(c.n_dense_layers, r.Int("first_k_dense_replace", 1));
+  ASSIGN_OR_RETURN(c.expert_groups, r.Int("n_group", 1));
+  ASSIGN_OR_RETURN(c.expert_groups_used, r.Int("topk_group", 1));
+  ASSIGN_OR_RETURN(const double scale, r.Float("routed_scaling_factor", 1.0));
+  c.expert_weights_scale = static_cast<float>(scale);
+  c.expert_gating = ExpertGating::kSigmoid;
+  c.expert_score_bias = true;  // Glm4MoeTopkRouter always has one.
+  ASSIGN_OR_RETURN(c.qk_norm, r.Bool("use_qk_norm", false));
+  ASSIGN_OR_RETURN(const double partial, r.Float("partial_rotary_factor", 0.5));
+  if (!(partial > 0 && partial <= 1)) {
+    return r.Error("partial_rotary_factor",
+                   absl::StrCat("= ", partial, " is outside (0, 1]"));
+  }
+  c.rope_dims = static_cast<int64_t>(c.head_dim * partial);
+  return absl::OkStatus();
+}
+
 absl::Status ReadQwen2Window(const Json& j, const ConfigReader& r,
                              ModelConfig& c) {
   // An absurd layer count is Validate's to report.
@@ -343,6 +369,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Qwen3ForCausalLM") model_type = "qwen3";
       if (arch == "Qwen3MoeForCausalLM") model_type = "qwen3_moe";
       if (arch == "MixtralForCausalLM") model_type = "mixtral";
+      if (arch == "Glm4MoeForCausalLM") model_type = "glm4_moe";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -419,6 +446,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   }
   // Qwen3: per-head q/k RMSNorm, always.
   c.qk_norm = c.architecture == "qwen3" || c.architecture == "qwen3_moe";
+  // (GLM-4.5's use_qk_norm: ReadGlm4Moe below.)
   // Mixtures of experts: Mixtral's experts are as wide as intermediate_size
   // and always renormalized; Qwen3-MoE's have moe_intermediate_size and
   // norm_topk_prob, and may keep dense MLPs in some layers (refused).
@@ -446,11 +474,20 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
                      "is not empty; dense layers among the mixture layers "
                      "are not supported");
     }
+  } else if (c.architecture == "glm4_moe") {
+    RETURN_IF_ERROR(ReadGlm4Moe(r, c));
   }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
-  // (which would also give o_proj one).
+  // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
   c.attention_bias = c.architecture == "qwen2";
+  if (c.architecture == "glm4_moe") {
+    ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
+  }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
+    if (c.architecture == "glm4_moe" &&
+        bias == std::string_view("attention_bias")) {
+      continue;
+    }
     ASSIGN_OR_RETURN(const bool has_bias, r.Bool(bias, false));
     if (has_bias) {
       return r.Error(bias,
@@ -492,6 +529,11 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
       {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"mlp.gate.weight", "ffn_gate_inp.weight"},               // Qwen3-MoE
       {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},  // Mixtral
+      // GLM-4.5: the router's choice bias and the shared experts.
+      {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+      {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
   };
   // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
   // per-expert names llama.cpp's older Mixtral files use).

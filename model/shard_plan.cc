@@ -149,12 +149,19 @@ std::pair<int64_t, int64_t> EvenSplit(int64_t n, int64_t parts, int64_t i) {
 std::string ShardSpec::DebugString() const {
   return absl::StrFormat(
       "pp %d tp %d%s: layers [%d, %d) heads [%d, %d) kv [%d, %d) ffn [%d, %d) "
-      "experts [%d, %d) vocab [%d, %d) %.1f MiB",
+      "experts [%d, %d)%s vocab [%d, %d) %.1f MiB",
       pp_rank, tp_rank,
       cp_size > 1 ? absl::StrFormat(" cp %d of %d", cp_rank, cp_size) : "",
       layer_begin, layer_end, head_begin, head_end, kv_head_begin, kv_head_end,
-      ffn_begin, ffn_end, expert_begin, expert_end, vocab_begin, vocab_end,
-      weight_bytes / 1048576.0);
+      ffn_begin, ffn_end, expert_begin, expert_end,
+      (dense_ffn_end > 0 ? absl::StrFormat(" dense ffn [%d, %d)",
+                                           dense_ffn_begin, dense_ffn_end)
+                         : std::string()) +
+          (shared_ffn_end > 0
+               ? absl::StrFormat(" shared ffn [%d, %d)", shared_ffn_begin,
+                                 shared_ffn_end)
+               : std::string()),
+      vocab_begin, vocab_end, weight_bytes / 1048576.0);
 }
 
 std::string ShardPlan::DebugString() const {
@@ -245,6 +252,33 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
   if (c.vocab_size < tp) {
     return absl::InvalidArgumentError("vocabulary smaller than tp");
   }
+  // A mixture's dense layers and shared experts: by columns, on the same
+  // kind of granule as a dense model's FFN.
+  struct ColumnSplit {
+    int64_t width = 0, granule = 32;
+  };
+  const auto column_split =
+      [&](int64_t width, const char* what) -> absl::StatusOr<ColumnSplit> {
+    if (width == 0) return ColumnSplit{};
+    if (width % 32 != 0 || width / 32 < tp) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, " ", width,
+          " cannot be split into whole 32-column blocks over tp ", tp));
+    }
+    return ColumnSplit{width, FfnGranule(source, width, tp)};
+  };
+  ASSIGN_OR_RETURN(
+      const ColumnSplit dense_split,
+      column_split(c.is_moe() && c.n_dense_layers > 0 ? c.ffn_hidden : 0,
+                   "the dense layers' ffn_hidden"));
+  ASSIGN_OR_RETURN(const ColumnSplit shared_split,
+                   column_split(c.SharedFfn(), "the shared experts' FFN"));
+  const auto columns_of = [&](const ColumnSplit& split, int t) {
+    if (split.width == 0) return std::pair<int64_t, int64_t>{0, 0};
+    auto [b, e] = EvenSplit(split.width / split.granule, tp, t);
+    return std::pair<int64_t, int64_t>{
+        b * split.granule, t == tp - 1 ? split.width : e * split.granule};
+  };
 
   // Stage boundaries, balanced by the weights each stage computes with per
   // step: its layers, and on the last stage the output head (the whole
@@ -291,6 +325,9 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
         s.ffn_end = split_ffn;
         std::tie(s.expert_begin, s.expert_end) = EvenSplit(c.n_experts, tp, t);
       }
+      std::tie(s.dense_ffn_begin, s.dense_ffn_end) = columns_of(dense_split, t);
+      std::tie(s.shared_ffn_begin, s.shared_ffn_end) =
+          columns_of(shared_split, t);
       std::tie(s.vocab_begin, s.vocab_end) = EvenSplit(c.vocab_size, tp, t);
       s.vocab_padded = (c.vocab_size + tp - 1) / tp;
       // Bytes read: this rank's share of each sharded tensor, all of each
@@ -305,15 +342,30 @@ absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
       for (int64_t l = s.layer_begin; l < s.layer_end; ++l) {
         const std::string pre = absl::StrCat("blk.", l, ".");
         bytes += TensorBytes(source, pre + "attn_norm.weight") +
-                 TensorBytes(source, pre + "ffn_norm.weight");
+                 TensorBytes(source, pre + "ffn_norm.weight") +
+                 TensorBytes(source, pre + "post_attention_norm.weight");
         bytes += share_kv * (TensorBytes(source, pre + "attn_q.weight") +
                              TensorBytes(source, pre + "attn_k.weight") +
                              TensorBytes(source, pre + "attn_v.weight") +
                              TensorBytes(source, pre + "attn_output.weight"));
-        bytes += share_ffn * (TensorBytes(source, pre + "ffn_gate.weight") +
-                              TensorBytes(source, pre + "ffn_up.weight") +
-                              TensorBytes(source, pre + "ffn_down.weight"));
-        if (c.is_moe()) {
+        const double share_dense =
+            c.is_moe() ? (dense_split.width == 0
+                              ? 0.0
+                              : double(s.dense_ffn_end - s.dense_ffn_begin) /
+                                    dense_split.width)
+                       : share_ffn;
+        bytes += share_dense * (TensorBytes(source, pre + "ffn_gate.weight") +
+                                TensorBytes(source, pre + "ffn_up.weight") +
+                                TensorBytes(source, pre + "ffn_down.weight"));
+        if (shared_split.width > 0) {
+          bytes += double(s.shared_ffn_end - s.shared_ffn_begin) /
+                   shared_split.width *
+                   (TensorBytes(source, pre + "ffn_gate_shexp.weight") +
+                    TensorBytes(source, pre + "ffn_up_shexp.weight") +
+                    TensorBytes(source, pre + "ffn_down_shexp.weight"));
+        }
+        bytes += TensorBytes(source, pre + "exp_probs_b.bias");
+        if (c.LayerIsMoe(l)) {
           // The router on every rank; the experts (merged or one tensor
           // each) by share.
           bytes += TensorBytes(source, pre + "ffn_gate_inp.weight");

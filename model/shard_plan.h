@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,7 +69,12 @@ struct ShardSpec {
   // mixture of experts: ModelConfig::SplitFfn()).
   int64_t ffn_begin = 0, ffn_end = 0;
   int64_t expert_begin = 0, expert_end = 0;  // Experts held (mixtures).
-  int64_t vocab_begin = 0, vocab_end = 0;    // Vocabulary rows held.
+  // A mixture's other FFNs, split over TP by columns like a dense FFN
+  // under either --moe-sharding: the dense layers' (ffn_hidden columns;
+  // ModelConfig::n_dense_layers) and the shared experts' (SharedFfn()).
+  int64_t dense_ffn_begin = 0, dense_ffn_end = 0;
+  int64_t shared_ffn_begin = 0, shared_ffn_end = 0;
+  int64_t vocab_begin = 0, vocab_end = 0;  // Vocabulary rows held.
   // Vocabulary rows every TP rank pads its slice to, so that logits can be
   // all-gathered in equal parts: ceil(vocab / tp).
   int64_t vocab_padded = 0;
@@ -85,6 +91,14 @@ struct ShardSpec {
   int64_t n_experts() const { return expert_end - expert_begin; }
   std::string DebugString() const;
 };
+
+// The columns of a dense FFN layer `spec` holds: ffn_begin/end in a
+// dense model, dense_ffn_begin/end in a mixture's dense layers.
+inline std::pair<int64_t, int64_t> DenseFfnColumns(const ModelConfig& c,
+                                                   const ShardSpec& spec) {
+  return c.is_moe() ? std::pair{spec.dense_ffn_begin, spec.dense_ffn_end}
+                    : std::pair{spec.ffn_begin, spec.ffn_end};
+}
 
 // The index (pp_rank * tp + tp_rank) of the shard that samples in a tp x
 // pp layout: ShardSpec::samples() of the last stage's TP rank 0. With CP

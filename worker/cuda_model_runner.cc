@@ -25,6 +25,17 @@ namespace shardlm {
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     int device, const ModelConfig& config, const KvPoolConfig& kv) {
   RETURN_IF_ERROR(config.Validate());
+  // GLM-4.5's parts run on CPU workers only so far (docs/moe.md).
+  if (config.RotaryDims() != config.head_dim || config.n_shared_experts > 0 ||
+      config.n_dense_layers > 0 ||
+      config.expert_gating != ExpertGating::kSoftmax ||
+      config.expert_score_bias || config.expert_groups > 1 ||
+      config.expert_weights_scale != 1.0f) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU workers do not run ", config.architecture,
+        "'s partial RoPE, shared experts, dense layers in a mixture or "
+        "sigmoid/grouped routing yet; run it on CPU workers (--device cpu)"));
+  }
   if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
       kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||
       kv.block_size <= 0 || kv.num_blocks <= 0) {

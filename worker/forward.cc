@@ -37,9 +37,18 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
   // The router is replicated: every rank routes every token the same way.
   RETURN_IF_ERROR(ops.Linear(b.xn, w.router, b.router_logits, false));
   ASSIGN_OR_RETURN(const Tensor logits, ops.ToHost(b.router_logits));
+  const RouterSpec router{.experts = c.n_experts,
+                          .top_k = c.n_experts_used,
+                          .gating = c.expert_gating,
+                          .score_bias = w.router_bias.empty()
+                                            ? absl::Span<const float>()
+                                            : w.router_bias.f32(),
+                          .groups = c.expert_groups,
+                          .groups_used = c.expert_groups_used,
+                          .renormalize = c.expert_weights_norm,
+                          .scale = c.expert_weights_scale};
   ASSIGN_OR_RETURN(const Routing routing,
-                   RouteTokens(logits.f32().data(), n, c.n_experts,
-                               c.n_experts_used, c.expert_weights_norm));
+                   RouteTokens(logits.f32().data(), n, router));
   RETURN_IF_ERROR(ops.Zero(b.partial));
   // This rank's experts, each over the rows routed to it (experts in
   // index order, so a token's sum has the same order in any step).
@@ -69,6 +78,23 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     RETURN_IF_ERROR(ops.Linear(padded.empty() ? h : padded, down, y, false));
     RETURN_IF_ERROR(ops.ScatterAddRows(y, rows, routing.weights[e], b.partial));
     if (expert_tokens != nullptr) (*expert_tokens)[i] += m;
+  }
+  if (!w.shared_gate.empty()) {
+    // The shared experts, every token, this rank's columns: partial sums
+    // reduced with the routed experts' below.
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.shared_gate, b.shared_gate, false));
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.shared_up, b.shared_up, false));
+    RETURN_IF_ERROR(ops.SwiGlu(b.shared_gate, b.shared_up, b.shared_h));
+    Tensor padded;
+    if (w.shared_down_offset != 0 ||
+        w.shared_down.dim(1) != b.shared_h.dim(1)) {
+      ASSIGN_OR_RETURN(padded, ops.PadColumns(b.shared_h, w.shared_down_offset,
+                                              w.shared_down.dim(1)));
+    }
+    ASSIGN_OR_RETURN(Tensor y, b.moe_out.Rows(0, n));
+    RETURN_IF_ERROR(ops.Linear(padded.empty() ? b.shared_h : padded,
+                               w.shared_down, y, false));
+    RETURN_IF_ERROR(ops.Add(b.partial, y));
   }
   if (comms.tp != nullptr) {
     RETURN_IF_ERROR(Comm([&] {
@@ -224,7 +250,7 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
-    if (c.is_moe()) {
+    if (c.LayerIsMoe(spec.layer_begin + l)) {
       RETURN_IF_ERROR(Experts(w, b));
       continue;
     }

@@ -166,6 +166,9 @@ struct ForwardBuffers {
   // and output [n, hidden] f32 (views of the first rows that go to it).
   Tensor router_logits;
   Tensor moe_x, moe_gate, moe_up, moe_h, moe_out;
+  // The shared experts' gate and up [n, shared columns held] f32 and
+  // SwiGLU (GEMM input; may alias shared_gate), their output in moe_out.
+  Tensor shared_gate, shared_up, shared_h;
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.

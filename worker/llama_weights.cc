@@ -73,11 +73,13 @@ absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
 
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm, &l.wq,     &l.wk,     &l.wv,       &l.bq,
-          &l.bk,        &l.bv,     &l.wo,     &l.ffn_norm, &l.w_gate,
-          &l.w_up,      &l.w_down, &l.wqkv,   &l.bqkv,     &l.w_gate_up,
-          &l.q_norm,    &l.k_norm, &l.router, &l.exp_gate, &l.exp_up,
-          &l.exp_down};
+  return {&l.attn_norm,  &l.wq,          &l.wk,          &l.wv,
+          &l.bq,         &l.bk,          &l.bv,          &l.wo,
+          &l.ffn_norm,   &l.w_gate,      &l.w_up,        &l.w_down,
+          &l.wqkv,       &l.bqkv,        &l.w_gate_up,   &l.q_norm,
+          &l.k_norm,     &l.router,      &l.exp_gate,    &l.exp_up,
+          &l.exp_down,   &l.router_bias, &l.shared_gate, &l.shared_up,
+          &l.shared_down};
 }
 
 // Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
@@ -214,19 +216,24 @@ absl::StatusOr<Tensor> ExactColumns(const Tensor& w, int64_t offset,
 }
 
 ShardSpec WholeModelSpec(const ModelConfig& c) {
-  return ShardSpec{.layer_begin = 0,
-                   .layer_end = c.n_layers,
-                   .kv_head_begin = 0,
-                   .kv_head_end = c.n_kv_heads,
-                   .head_begin = 0,
-                   .head_end = c.n_heads,
-                   .ffn_begin = 0,
-                   .ffn_end = c.SplitFfn(),
-                   .expert_begin = 0,
-                   .expert_end = c.n_experts,
-                   .vocab_begin = 0,
-                   .vocab_end = c.vocab_size,
-                   .vocab_padded = c.vocab_size};
+  return ShardSpec{
+      .layer_begin = 0,
+      .layer_end = c.n_layers,
+      .kv_head_begin = 0,
+      .kv_head_end = c.n_kv_heads,
+      .head_begin = 0,
+      .head_end = c.n_heads,
+      .ffn_begin = 0,
+      .ffn_end = c.SplitFfn(),
+      .expert_begin = 0,
+      .expert_end = c.n_experts,
+      .dense_ffn_begin = 0,
+      .dense_ffn_end = c.is_moe() && c.n_dense_layers > 0 ? c.ffn_hidden : 0,
+      .shared_ffn_begin = 0,
+      .shared_ffn_end = c.SharedFfn(),
+      .vocab_begin = 0,
+      .vocab_end = c.vocab_size,
+      .vocab_padded = c.vocab_size};
 }
 
 int64_t LlamaWeights::bytes() const {
@@ -322,10 +329,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   }
   // A mixture's tensors are all checked before any layer is read: a file
   // that lacks an expert or gives it the wrong shape is refused whole.
-  if (c.is_moe()) {
-    for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
-      RETURN_IF_ERROR(CheckExperts(source, i));
-    }
+  for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
+    if (c.LayerIsMoe(i)) RETURN_IF_ERROR(CheckExperts(source, i));
   }
   loaded = w.bytes();  // The embeddings, head and final norm so far.
   report(0);
@@ -360,9 +365,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       ASSIGN_OR_RETURN(l.k_norm,
                        Load(source, p + "attn_k_norm.weight", {c.head_dim}));
     }
-    ASSIGN_OR_RETURN(l.ffn_norm,
-                     Load(source, p + "ffn_norm.weight", {c.hidden}));
-    if (c.is_moe()) {
+    // llama.cpp names GLM-4.5's FFN norm (transformers'
+    // post_attention_layernorm) post_attention_norm.
+    const std::string ffn_norm =
+        c.architecture == "glm4moe" &&
+                source.Find(p + "ffn_norm.weight") == nullptr
+            ? p + "post_attention_norm.weight"
+            : p + "ffn_norm.weight";
+    ASSIGN_OR_RETURN(l.ffn_norm, Load(source, ffn_norm, {c.hidden}));
+    if (c.LayerIsMoe(i)) {
       const int64_t f = c.expert_ffn_hidden;
       ASSIGN_OR_RETURN(l.router, Load(source, p + "ffn_gate_inp.weight",
                                       {c.n_experts, c.hidden}));
@@ -379,16 +390,35 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       l.exp_up = std::move(up.w);
       l.exp_down = std::move(down.w);
       l.exp_down_offset = down.offset;
+      if (c.expert_score_bias) {
+        ASSIGN_OR_RETURN(l.router_bias,
+                         Load(source, p + "exp_probs_b.bias", {c.n_experts}));
+      }
+      if (c.n_shared_experts > 0) {
+        const int64_t sf = c.SharedFfn();
+        ASSIGN_OR_RETURN(
+            l.shared_gate,
+            Load(source, p + "ffn_gate_shexp.weight", {sf, c.hidden},
+                 s.shared_ffn_begin, s.shared_ffn_end));
+        ASSIGN_OR_RETURN(l.shared_up,
+                         Load(source, p + "ffn_up_shexp.weight", {sf, c.hidden},
+                              s.shared_ffn_begin, s.shared_ffn_end));
+        ASSIGN_OR_RETURN(
+            Slice sdown,
+            LoadSlice(source, p + "ffn_down_shexp.weight", {c.hidden, sf}, 0,
+                      -1, s.shared_ffn_begin, s.shared_ffn_end));
+        l.shared_down = std::move(sdown.w);
+        l.shared_down_offset = sdown.offset;
+      }
     } else {
-      ASSIGN_OR_RETURN(l.w_gate,
-                       Load(source, p + "ffn_gate.weight",
-                            {c.ffn_hidden, c.hidden}, s.ffn_begin, s.ffn_end));
-      ASSIGN_OR_RETURN(
-          l.w_up, Load(source, p + "ffn_up.weight", {c.ffn_hidden, c.hidden},
-                       s.ffn_begin, s.ffn_end));
-      ASSIGN_OR_RETURN(Slice down, LoadSlice(source, p + "ffn_down.weight",
-                                             {c.hidden, c.ffn_hidden}, 0, -1,
-                                             s.ffn_begin, s.ffn_end));
+      const auto [f0, f1] = DenseFfnColumns(c, s);
+      ASSIGN_OR_RETURN(l.w_gate, Load(source, p + "ffn_gate.weight",
+                                      {c.ffn_hidden, c.hidden}, f0, f1));
+      ASSIGN_OR_RETURN(l.w_up, Load(source, p + "ffn_up.weight",
+                                    {c.ffn_hidden, c.hidden}, f0, f1));
+      ASSIGN_OR_RETURN(Slice down,
+                       LoadSlice(source, p + "ffn_down.weight",
+                                 {c.hidden, c.ffn_hidden}, 0, -1, f0, f1));
       l.w_down = std::move(down.w);
       l.w_down_offset = down.offset;
     }

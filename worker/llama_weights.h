@@ -35,15 +35,22 @@ struct LlamaLayerWeights {
   Tensor w_down;          // [hidden, f]          row-parallel (partial sums)
   Tensor q_norm, k_norm;  // [d] f32: Qwen3's per-head RMSNorm weights, or
                           // empty.
-  // A mixture of experts (ModelConfig::is_moe(); w_gate, w_up and w_down
-  // are empty then), e = experts held (ShardSpec::expert_begin..end), f =
-  // their FFN columns held: expert i of the held ones is rows
-  // [i f, (i + 1) f) of exp_gate and exp_up and rows [i hidden,
-  // (i + 1) hidden) of exp_down, each in its stored format.
+  // A mixture of experts (ModelConfig::LayerIsMoe(); w_gate, w_up and
+  // w_down are empty then; a mixture's dense layers have only those), e =
+  // experts held (ShardSpec::expert_begin..end), f = their FFN columns held:
+  // expert i of the held ones is rows [i f, (i + 1) f) of exp_gate and exp_up
+  // and rows [i hidden, (i + 1) hidden) of exp_down, each in its stored format.
   Tensor router;            // [n_experts, hidden] replicated, f32 or stored.
   Tensor exp_gate, exp_up;  // [e * f, hidden]
   Tensor exp_down;          // [e * hidden, f (+ padding: exp_down_offset)]
   int64_t exp_down_offset = 0;
+  // The router's choice bias ([n_experts] f32, replicated; ModelConfig::
+  // expert_score_bias) and the shared experts' SwiGLU FFN (s = its columns
+  // held, ShardSpec::shared_ffn_begin..end), or empty.
+  Tensor router_bias;
+  Tensor shared_gate, shared_up;  // [s, hidden]    column-parallel
+  Tensor shared_down;             // [hidden, s (+ padding)] row-parallel
+  int64_t shared_down_offset = 0;
   // The row-parallel matrices of a TP rank whose columns cut a block of
   // their format (heads of 64 or 128 values inside 256-value K-quant
   // super-blocks) hold the whole blocks around their columns: wo is then

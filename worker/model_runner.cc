@@ -199,9 +199,17 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ASSIGN_OR_RETURN(b.moe_up, host({s, ffn}));
     ASSIGN_OR_RETURN(b.moe_out, host({s, c.hidden}));
     b.moe_h = b.moe_gate;
-  } else {
-    ASSIGN_OR_RETURN(b.gate, host({s, ffn}));
-    ASSIGN_OR_RETURN(b.up, host({s, ffn}));
+    if (const int64_t shared = spec.shared_ffn_end - spec.shared_ffn_begin;
+        shared > 0) {
+      ASSIGN_OR_RETURN(b.shared_gate, host({s, shared}));
+      ASSIGN_OR_RETURN(b.shared_up, host({s, shared}));
+      b.shared_h = b.shared_gate;
+    }
+  }
+  if (c.HasDenseLayers()) {
+    const auto [f0, f1] = DenseFfnColumns(c, spec);
+    ASSIGN_OR_RETURN(b.gate, host({s, f1 - f0}));
+    ASSIGN_OR_RETURN(b.up, host({s, f1 - f0}));
     b.h = b.gate;
   }
   if (spec.last_stage() && m > 0) {

@@ -26,11 +26,13 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions,
     return absl::InvalidArgumentError(
         "Rope: need one position per token and an even head_dim");
   }
-  const int64_t half = d / 2;
-  if (static_cast<int64_t>(table.inv_freq.size()) != half) {
+  // Pairs rotated: head_dim / 2, or fewer under partial RoPE (the first
+  // 2 * half dimensions rotate among themselves, the rest pass).
+  const int64_t half = static_cast<int64_t>(table.inv_freq.size());
+  if (half < 1 || 2 * half > d) {
     return absl::InvalidArgumentError(
         absl::StrCat("Rope: the table has ", table.inv_freq.size(),
-                     " frequencies; head_dim ", d, " needs ", half));
+                     " frequencies; head_dim ", d, " takes 1 to ", d / 2));
   }
   const std::vector<double>& inv_freq = table.inv_freq;
   const RopeStyle style = table.style;

@@ -14,6 +14,9 @@ Two weight loaders:
   * load_hf_dir(path)    Hugging Face directory: config.json +
                          model.safetensors (or a sharded index). RoPE rotates
                          HALVES (x[i], x[i + head_dim/2]).
+GLM-4.5 (GGUF glm4moe, HF glm4_moe) and Qwen2 / Qwen3 GGUFs use NeoX RoPE
+(halves) too. GLM-4.5's RoPE is partial: only the first rope_dim dims of
+each head rotate (halves of rope_dim), the rest pass through.
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -70,11 +73,28 @@ class Config:
     experts_used: int = 0
     expert_hidden_dim: int = 0
     experts_norm: bool = True
+    # GLM-4.5 (transformers' Glm4MoeTopkRouter / llama.cpp's glm4moe). The
+    # defaults leave every other family as it was.
+    rope_dim: int = 0         # Dims of each head RoPE rotates; 0: head_dim.
+    dense_layers: int = 0     # Leading layers with a dense FFN (hidden_dim).
+    gating: str = "softmax"   # "sigmoid": GLM's router (route_sigmoid).
+    n_group: int = 1          # Expert groups; topk_group of them kept.
+    topk_group: int = 1
+    n_shared: int = 0         # Shared experts: one SwiGLU of n_shared x
+                              # expert_hidden_dim columns, added for all.
+    routed_scale: float = 1.0  # Routed weights times this (after norm).
 
     def layer_window(self, layer: int) -> int:
         if self.window_layers is not None and not self.window_layers[layer]:
             return 0
         return self.sliding_window
+
+    def is_moe(self, layer: int) -> bool:
+        return self.n_experts > 0 and layer >= self.dense_layers
+
+    @property
+    def rotary_dim(self) -> int:
+        return self.rope_dim or self.head_dim
 
 
 @dataclasses.dataclass
@@ -97,6 +117,10 @@ class Layer:
     e_gate: np.ndarray | None = None  # (n_experts, expert_hidden_dim, dim)
     e_up: np.ndarray | None = None    # (n_experts, expert_hidden_dim, dim)
     e_down: np.ndarray | None = None  # (n_experts, dim, expert_hidden_dim)
+    e_bias: np.ndarray | None = None  # (n_experts,) GLM's score correction
+    s_gate: np.ndarray | None = None  # (n_shared*expert_hidden_dim, dim)
+    s_up: np.ndarray | None = None    # (n_shared*expert_hidden_dim, dim)
+    s_down: np.ndarray | None = None  # (dim, n_shared*expert_hidden_dim)
 
 
 @dataclasses.dataclass
@@ -128,7 +152,7 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
             f"{i}.wo": (L.wo, (cfg.dim, q)),
             f"{i}.ffn_norm": (L.ffn_norm, (cfg.dim,)),
         })
-        if cfg.n_experts:
+        if cfg.is_moe(i):
             e, f = cfg.n_experts, cfg.expert_hidden_dim
             want.update({
                 f"{i}.router": (L.router, (e, cfg.dim)),
@@ -136,6 +160,15 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
                 f"{i}.e_up": (L.e_up, (e, f, cfg.dim)),
                 f"{i}.e_down": (L.e_down, (e, cfg.dim, f)),
             })
+            if cfg.gating == "sigmoid":
+                want[f"{i}.e_bias"] = (L.e_bias, (e,))
+            if cfg.n_shared:
+                sf = cfg.n_shared * f
+                want.update({
+                    f"{i}.s_gate": (L.s_gate, (sf, cfg.dim)),
+                    f"{i}.s_up": (L.s_up, (sf, cfg.dim)),
+                    f"{i}.s_down": (L.s_down, (cfg.dim, sf)),
+                })
         else:
             want.update({
                 f"{i}.w_gate": (L.w_gate, (cfg.hidden_dim, cfg.dim)),
@@ -147,6 +180,13 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
                          f"{i}.k_norm": (L.k_norm, (cfg.head_dim,))})
     assert len(w.layers) == cfg.n_layers
     assert cfg.n_heads % cfg.n_kv_heads == 0
+    assert cfg.rotary_dim % 2 == 0 and cfg.rotary_dim <= cfg.head_dim
+    assert cfg.gating in ("softmax", "sigmoid")
+    if cfg.n_experts:
+        assert cfg.n_experts % cfg.n_group == 0
+        assert cfg.topk_group <= cfg.n_group
+        if cfg.gating == "softmax":  # route(): no bias, groups or sharing
+            assert (cfg.n_group, cfg.n_shared, cfg.routed_scale) == (1, 0, 1.0)
     for name, (arr, shape) in want.items():
         if arr.shape != shape:
             raise ValueError(f"weight {name}: shape {arr.shape}, want {shape}")
@@ -169,9 +209,9 @@ def load_gguf(path: str):
 
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
-                         f"qwen3 or qwen3moe")
+                         f"qwen3, qwen3moe or glm4moe")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -206,7 +246,8 @@ def load_gguf(path: str):
         rope_base=float(kv("rope.freq_base", 10000.0)),
         norm_eps=float(kv("attention.layer_norm_rms_epsilon")),
         # llama.cpp runs Llama with "normal" RoPE on its permuted Q/K rows
-        # (adjacent pairs) and Qwen2 / Qwen3 with NeoX RoPE (halves).
+        # (adjacent pairs) and Qwen2 / Qwen3 / GLM-4.5 with NeoX RoPE
+        # (halves).
         rope_style="adjacent" if arch == "llama" else "half",
         sliding_window=int(kv("attention.sliding_window", 0)),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
@@ -219,6 +260,23 @@ def load_gguf(path: str):
         # llama.cpp renormalizes the top-k weights of qwen3moe and llama
         # (Mixtral) mixtures.
         cfg.experts_norm = bool(kv("expert_weights_norm", True))
+    if arch == "glm4moe":
+        # llama.cpp's glm4moe: sigmoid gating unless the file says
+        # otherwise, no renormalization unless expert_weights_norm, and
+        # the weights always times expert_weights_scale (so it is required).
+        # Its multi-token-prediction (NextN) blocks are the file's last;
+        # the forward pass runs the others, as llama.cpp's does.
+        cfg.n_layers -= int(kv("nextn_predict_layers", 0))
+        gating = int(kv("expert_gating_func", 2))
+        if gating not in (1, 2):
+            raise ValueError(f"{path}: expert_gating_func {gating} unsupported")
+        cfg.gating = "sigmoid" if gating == 2 else "softmax"
+        cfg.experts_norm = bool(kv("expert_weights_norm", False))
+        cfg.routed_scale = float(kv("expert_weights_scale"))
+        cfg.dense_layers = int(kv("leading_dense_block_count", 0))
+        cfg.n_shared = int(kv("expert_shared_count"))
+        cfg.n_group = max(1, int(kv("expert_group_count", 1)))
+        cfg.topk_group = max(1, int(kv("expert_group_used_count", 1)))
     st = str(kv("rope.scaling.type", "none"))
     if st == "linear":
         cfg.rope_scaling = {"type": "linear",
@@ -234,7 +292,11 @@ def load_gguf(path: str):
         cfg.freq_factors = tensors["rope_freqs.weight"].reshape(-1)
     rope_dims = int(kv("rope.dimension_count", head_dim))
     if rope_dims != head_dim:
-        raise ValueError(f"partial RoPE ({rope_dims} of {head_dim}) unsupported")
+        # ggml's rope with n_dims < head_dim: the first n_dims rotate,
+        # frequencies base^(-2i/n_dims), the rest pass through.
+        if rope_dims % 2 or rope_dims > head_dim:
+            raise ValueError(f"{path}: RoPE over {rope_dims} of {head_dim} dims")
+        cfg.rope_dim = rope_dims
 
     def experts(p, kind):
         """Merged (n_experts, rows, cols), or stacked per-expert tensors."""
@@ -243,17 +305,21 @@ def load_gguf(path: str):
         return np.stack([tensors[f"{p}{kind}.{e}.weight"]
                          for e in range(cfg.n_experts)])
 
+    # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is named
+    # post_attention_norm in its GGUFs.
+    ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        moe = cfg.n_experts > 0
+        moe = cfg.is_moe(i)
+        shared = moe and cfg.n_shared > 0
         layers.append(Layer(
             attn_norm=tensors[p + "attn_norm.weight"],
             wq=tensors[p + "attn_q.weight"],
             wk=tensors[p + "attn_k.weight"],
             wv=tensors[p + "attn_v.weight"],
             wo=tensors[p + "attn_output.weight"],
-            ffn_norm=tensors[p + "ffn_norm.weight"],
+            ffn_norm=tensors[p + ffn_norm + ".weight"],
             w_gate=None if moe else tensors[p + "ffn_gate.weight"],
             w_up=None if moe else tensors[p + "ffn_up.weight"],
             w_down=None if moe else tensors[p + "ffn_down.weight"],
@@ -266,6 +332,10 @@ def load_gguf(path: str):
             e_gate=experts(p, "ffn_gate") if moe else None,
             e_up=experts(p, "ffn_up") if moe else None,
             e_down=experts(p, "ffn_down") if moe else None,
+            e_bias=tensors.get(p + "exp_probs_b.bias") if moe else None,
+            s_gate=tensors[p + "ffn_gate_shexp.weight"] if shared else None,
+            s_up=tensors[p + "ffn_up_shexp.weight"] if shared else None,
+            s_down=tensors[p + "ffn_down_shexp.weight"] if shared else None,
         ))
     w = Weights(
         tok_embd=tok_embd,
@@ -392,7 +462,8 @@ def load_hf_dir(d: str):
         rope_scaling=scaling,
         sliding_window=window,
         window_layers=window_layers,
-        qk_norm=model_type in ("qwen3", "qwen3_moe"),
+        qk_norm=(model_type in ("qwen3", "qwen3_moe")
+                 or (model_type == "glm4_moe" and bool(hc.get("use_qk_norm")))),
     )
     # transformers' MixtralSparseMoeBlock (always renormalized) and
     # Qwen3MoeSparseMoeBlock (norm_topk_prob).
@@ -406,6 +477,27 @@ def load_hf_dir(d: str):
         cfg.experts_used = int(hc["num_experts_per_tok"])
         cfg.expert_hidden_dim = int(hc["moe_intermediate_size"])
         cfg.experts_norm = bool(hc.get("norm_topk_prob", False))
+    elif model_type == "glm4_moe":
+        # transformers' Glm4MoeConfig (defaults as there), Glm4MoeTopkRouter
+        # and Glm4MoeMoE; partial RoPE as its rotary embedding computes it.
+        # Multi-token-prediction layers (model.layers.{num_hidden_layers}
+        # on) are not read.
+        rp = hc.get("rope_parameters") or {}
+        prf = hc.get("partial_rotary_factor", rp.get("partial_rotary_factor",
+                                                     0.5))
+        if "rope_theta" not in hc and "rope_theta" in rp:
+            cfg.rope_base = float(rp["rope_theta"])
+        cfg.rope_dim = int(head_dim * float(prf))
+        cfg.n_experts = int(hc.get("n_routed_experts", 128))
+        cfg.experts_used = int(hc.get("num_experts_per_tok", 8))
+        cfg.expert_hidden_dim = int(hc.get("moe_intermediate_size", 1408))
+        cfg.experts_norm = bool(hc.get("norm_topk_prob", True))
+        cfg.gating = "sigmoid"
+        cfg.dense_layers = int(hc.get("first_k_dense_replace", 1))
+        cfg.n_group = int(hc.get("n_group", 1))
+        cfg.topk_group = int(hc.get("topk_group", 1))
+        cfg.n_shared = int(hc.get("n_shared_experts", 1))
+        cfg.routed_scale = float(hc.get("routed_scaling_factor", 1.0))
     t = _load_hf_tensors(d)
     moe_block, expert_names = (
         ("block_sparse_moe", ("w1", "w3", "w2")) if model_type == "mixtral"
@@ -418,7 +510,8 @@ def load_hf_dir(d: str):
     layers = []
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
-        moe = cfg.n_experts > 0
+        moe = cfg.is_moe(i)
+        shared = moe and cfg.n_shared > 0
         layers.append(Layer(
             attn_norm=t[p + "input_layernorm.weight"],
             wq=t[p + "self_attn.q_proj.weight"],
@@ -438,6 +531,11 @@ def load_hf_dir(d: str):
             e_gate=experts(p, 0) if moe else None,
             e_up=experts(p, 1) if moe else None,
             e_down=experts(p, 2) if moe else None,
+            e_bias=(t.get(f"{p}{moe_block}.gate.e_score_correction_bias")
+                    if moe else None),
+            s_gate=t[p + "mlp.shared_experts.gate_proj.weight"] if shared else None,
+            s_up=t[p + "mlp.shared_experts.up_proj.weight"] if shared else None,
+            s_down=t[p + "mlp.shared_experts.down_proj.weight"] if shared else None,
         ))
     emb = t["model.embed_tokens.weight"]
     tied = bool(hc.get("tie_word_embeddings", False))
@@ -532,7 +630,15 @@ def rope_tables(positions: np.ndarray, head_dim: int, base: float,
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, style: str):
-    """x: (T, n_heads, head_dim). Rotates pair i by angle[:, i]."""
+    """x: (T, n_heads, head_dim). Rotates pair i by angle[:, i]. With
+    fewer angles than head_dim/2 (partial RoPE: cos, sin of shape
+    (T, rope_dim/2)), only x[..., :rope_dim] rotates, its pairs formed
+    within those dims; the rest passes through."""
+    rd = 2 * cos.shape[-1]
+    if rd < x.shape[-1]:
+        out = x.copy()
+        out[..., :rd] = apply_rope(x[..., :rd], cos, sin, style)
+        return out
     c = cos[:, None, :]
     s = sin[:, None, :]
     out = np.empty_like(x)
@@ -572,18 +678,68 @@ def route(logits: np.ndarray, top_k: int, renormalize: bool):
     return list(zip(order.tolist(), w.tolist())), gap
 
 
+def sigmoid(x: np.ndarray) -> np.ndarray:
+    return 1.0 / (1.0 + np.exp(-x))
+
+
+def route_sigmoid(logits: np.ndarray, bias: np.ndarray | None, c: Config):
+    """One token's experts by GLM-4.5's router (transformers'
+    Glm4MoeTopkRouter, as DeepSeek-V3's): scores = sigmoid(logits);
+    choice = scores + bias; the experts in n_group contiguous groups, each
+    scored by the sum of its top 2 choices; the topk_group best groups kept
+    (ties to the lower index) and the others' choices set to 0.0 (as
+    transformers' masked_fill; llama.cpp sets -inf, the same choice when
+    the gap below is positive); the top experts_used by masked choice
+    (ties to the lower index), weighted by their scores (not choices),
+    divided by their sum (+1e-20) when experts_norm, times routed_scale.
+    Returns ([(expert, weight)], gap): gap, in choice units, the smaller of
+    the last chosen expert's masked choice minus the largest unchosen one
+    (masked zeros included) and, with groups, the last kept group's score
+    minus the best dropped one's."""
+    scores = sigmoid(logits)
+    choice = scores + bias if bias is not None else scores.copy()
+    n, k = len(choice), c.experts_used
+    gap = float("inf")
+    if c.n_group > 1:
+        groups = choice.reshape(c.n_group, n // c.n_group)
+        gscore = np.sort(groups, axis=1)[:, -2:].sum(axis=1)
+        granked = np.argsort(-gscore, kind="stable")
+        kept = granked[:c.topk_group]
+        if c.topk_group < c.n_group:
+            gap = float(gscore[granked[c.topk_group - 1]]
+                        - gscore[granked[c.topk_group]])
+        keep = np.zeros(c.n_group, dtype=bool)
+        keep[kept] = True
+        choice = np.where(np.repeat(keep, n // c.n_group), choice, 0.0)
+    ranked = np.argsort(-choice, kind="stable")
+    order = ranked[:k]
+    if k < n:
+        gap = min(gap, float(choice[ranked[k - 1]] - choice[ranked[k]]))
+    w = scores[order]
+    if c.experts_norm:
+        w = w / (np.sum(w) + 1e-20)
+    w = w * c.routed_scale
+    return list(zip(order.tolist(), w.tolist())), gap
+
+
 def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
     """h: (T, dim). Each token through its routed experts' SwiGLU FFNs,
-    weighted. Appends each routing's gap to `gaps` (a list) when given."""
+    weighted, plus the shared experts' FFN when there are any. Appends each
+    routing's gap to `gaps` (a list) when given."""
     out = np.zeros_like(h)
     logits = h @ L.router.T                                 # (T, n_experts)
     for t in range(h.shape[0]):
-        chosen, gap = route(logits[t], c.experts_used, c.experts_norm)
+        if c.gating == "sigmoid":
+            chosen, gap = route_sigmoid(logits[t], L.e_bias, c)
+        else:
+            chosen, gap = route(logits[t], c.experts_used, c.experts_norm)
         if gaps is not None:
             gaps.append(gap)
         for e, wt in chosen:
             y = (silu(L.e_gate[e] @ h[t]) * (L.e_up[e] @ h[t]))
             out[t] += wt * (L.e_down[e] @ y)
+    if c.n_shared:
+        out = out + (silu(h @ L.s_gate.T) * (h @ L.s_up.T)) @ L.s_down.T
     return out
 
 
@@ -626,7 +782,8 @@ class LlamaRef:
         self.kv_dtype = kv_dtype
         # Mixtures: every routing's logit gap between the last chosen and
         # the first unchosen expert (a near-tie there could route the C++
-        # side's f32 differently), over the model's life.
+        # side's f32 differently), over the model's life; with sigmoid
+        # gating, route_sigmoid's gap in choice units instead.
         self.route_gaps = []
         self.reset()
 
@@ -654,7 +811,7 @@ class LlamaRef:
         if tokens.min() < 0 or tokens.max() >= c.vocab_size:
             raise ValueError("token id out of range")
         positions = np.arange(self.pos, self.pos + T)
-        cos, sin = rope_tables(positions, c.head_dim, c.rope_base,
+        cos, sin = rope_tables(positions, c.rotary_dim, c.rope_base,
                                c.rope_scaling, c.freq_factors)
         group = c.n_heads // c.n_kv_heads
         scale = 1.0 / np.sqrt(c.head_dim)
@@ -695,7 +852,7 @@ class LlamaRef:
             x = x + att_out.reshape(T, -1) @ L.wo.T
             # --- SwiGLU FFN, or a mixture of them ---
             h = rmsnorm(x, L.ffn_norm, c.norm_eps)
-            if c.n_experts:
+            if c.is_moe(li):
                 x = x + moe_ffn(h, L, c, self.route_gaps)
             else:
                 x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T

@@ -4,7 +4,8 @@ formats, for checking the C++ forward pass against the numpy reference
 (llama_ref.py) and llama.cpp (check_llama_cpp.py).
 
   make_family_models.py OUTDIR --family llama3|qwen2|mistral|yarn|linear|
-                                       dynamic|qwen2_swa
+                                       dynamic|qwen2_swa|qwen3|qwen3moe|
+                                       mixtral|glm4moe|kquant
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -31,6 +32,15 @@ the reference reading that same file). Families, all with odd GQA groups
            2.5): served statically, the base scaled for 2.5 x 4096.
   qwen2_swa  Qwen2 with use_sliding_window: a window of 20 positions in
            layers 2-4 (max_window_layers 2), full attention in 0-1.
+  glm4moe  GLM-4.5 (llama.cpp's glm4moe, transformers' Glm4MoeForCausalLM):
+           Q/K/V biases, partial RoPE (partial_rotary_factor 0.5: 8 of
+           head_dim 16 rotate, NeoX style), layer 0 a dense FFN
+           (first_k_dense_replace 1), layers 1-4 8 experts of 64 columns
+           routed by sigmoid plus a correction bias, in 2 groups of which
+           1 is kept (the group-limited choice), top 2, renormalized, times
+           routed_scaling_factor 2.5, plus 1 shared expert. GGUF tokenizer
+           pre "qwen2" (llama.cpp's "glm4" pre-tokenizer is not what
+           SmolLM2's vocabulary was trained with).
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -70,7 +80,10 @@ VOCAB = 49152
 BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             eps=1e-5, context=4096, theta=10000.0, tied=False, bias=False,
             window=0, scaling=None, formats=("gguf", "hf"), qk_norm=False,
-            experts=0, experts_used=0, expert_ffn=0, experts_norm=True)
+            experts=0, experts_used=0, expert_ffn=0, experts_norm=True,
+            router_gain=4.0, rotary_factor=1.0, dense_layers=0,
+            gating="softmax", groups=1, groups_used=1, shared_experts=0,
+            routed_scale=1.0)
 FAMILIES = {
     "llama3": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    theta=500000.0,
@@ -98,6 +111,14 @@ FAMILIES = {
     "mixtral": dict(gguf_arch="llama", hf_type="mixtral", pre="llama-bpe",
                     theta=1e6, heads=8, kv_heads=4, head_dim=12, experts=6,
                     experts_used=2, expert_ffn=128),
+    # The router's gain 2 (not 4): sigmoid scores spread over (0, 1)
+    # rather than saturating (near-ties between saturated scores).
+    "glm4moe": dict(gguf_arch="glm4moe", hf_type="glm4_moe", pre="qwen2",
+                    theta=1e6, bias=True, experts=8, experts_used=2,
+                    expert_ffn=64, experts_norm=True, router_gain=2.0,
+                    rotary_factor=0.5, dense_layers=1, gating="sigmoid",
+                    groups=2, groups_used=1, shared_experts=1,
+                    routed_scale=2.5),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -108,7 +129,8 @@ FAMILIES = {
 HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "qwen3_moe": "Qwen3MoeForCausalLM",
-           "mixtral": "MixtralForCausalLM"}
+           "mixtral": "MixtralForCausalLM",
+           "glm4_moe": "Glm4MoeForCausalLM"}
 STEPS = 32
 
 
@@ -150,17 +172,25 @@ def draw(f: dict, seed: int) -> dict:
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
         t[p + "ffn_norm.weight"] = norm(h)
-        if f["experts"]:
+        if f["experts"] and i >= f["dense_layers"]:
             # The router with a larger gain, so that routings are decisive;
             # experts merged as llama.cpp's files hold them.
             e, fe = f["experts"], f["expert_ffn"]
-            t[p + "ffn_gate_inp.weight"] = lin(e, h, gain=4.0)
+            t[p + "ffn_gate_inp.weight"] = lin(e, h, gain=f["router_gain"])
             t[p + "ffn_gate_exps.weight"] = np.stack(
                 [lin(fe, h) for _ in range(e)])
             t[p + "ffn_up_exps.weight"] = np.stack(
                 [lin(fe, h) for _ in range(e)])
             t[p + "ffn_down_exps.weight"] = np.stack(
                 [lin(h, fe) for _ in range(e)])
+            if f["gating"] == "sigmoid":  # GLM's e_score_correction_bias
+                t[p + "exp_probs_b.bias"] = (
+                    0.1 * rng.standard_normal(e)).astype(np.float32)
+            if f["shared_experts"]:
+                fs = fe * f["shared_experts"]
+                t[p + "ffn_gate_shexp.weight"] = lin(fs, h)
+                t[p + "ffn_up_shexp.weight"] = lin(fs, h)
+                t[p + "ffn_down_shexp.weight"] = lin(h, fs)
         else:
             t[p + "ffn_gate.weight"] = lin(f["ffn"], h)
             t[p + "ffn_up.weight"] = lin(f["ffn"], h)
@@ -190,6 +220,12 @@ def llama3_freq_factors(f: dict) -> np.ndarray:
     return np.asarray(out, dtype=np.float32)
 
 
+def rotary_dims(f: dict) -> int:
+    """The dims of each head RoPE rotates (transformers' and llama.cpp's
+    converter's int(head_dim * partial_rotary_factor))."""
+    return int(f["head_dim"] * f["rotary_factor"])
+
+
 def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     import gguf
     src = gguf.GGUFReader(tokenizer_gguf)
@@ -203,7 +239,8 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     w.add_block_count(f["layers"])
     w.add_context_length(f["context"])
     w.add_embedding_length(f["hidden"])
-    # Mixtral's experts are its FFN; Qwen3-MoE's have a width of their own.
+    # Mixtral's experts are its FFN; Qwen3-MoE's have a width of their own
+    # (GLM-4.5's too, its leading dense layers that of the FFN).
     w.add_feed_forward_length(
         f["expert_ffn"] if f["experts"] and arch == "llama" else f["ffn"])
     if f["experts"]:
@@ -211,12 +248,23 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_expert_used_count(f["experts_used"])
         if arch != "llama":
             w.add_expert_feed_forward_length(f["expert_ffn"])
+    if arch == "glm4moe":  # As llama.cpp's converter (Glm4MoeModel) writes.
+        w.add_expert_shared_count(f["shared_experts"])
+        w.add_leading_dense_block_count(f["dense_layers"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_scale(f["routed_scale"])
+        w.add_expert_weights_norm(f["experts_norm"])
+        w.add_expert_group_count(f["groups"])
+        w.add_expert_group_used_count(f["groups_used"])
+        w.add_nextn_predict_layers(0)
     w.add_head_count(f["heads"])
     w.add_head_count_kv(f["kv_heads"])
     w.add_rope_freq_base(f["theta"])
     w.add_layer_norm_rms_eps(f["eps"])
-    w.add_rope_dimension_count(f["head_dim"])
-    if f["head_dim"] * f["heads"] != f["hidden"]:  # As Qwen3's files say.
+    w.add_rope_dimension_count(rotary_dims(f))
+    # As Qwen3's files say; GLM-4.5's always (its converter writes them
+    # whenever config.json has head_dim).
+    if f["head_dim"] * f["heads"] != f["hidden"] or arch == "glm4moe":
         w.add_key_length(f["head_dim"])
         w.add_value_length(f["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -240,6 +288,10 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     if s and s["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_freq_factors(f))
     for name, a in t.items():
+        if arch == "glm4moe" and name.endswith(".ffn_norm.weight"):
+            # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is the
+            # arch's ATTN_POST_NORM in llama.cpp (it has no FFN_NORM).
+            name = name.replace(".ffn_norm.", ".post_attention_norm.")
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -260,7 +312,11 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight",
             "ffn_up.weight": "mlp.up_proj.weight",
             "ffn_down.weight": "mlp.down_proj.weight",
             "attn_q_norm.weight": "self_attn.q_norm.weight",
-            "attn_k_norm.weight": "self_attn.k_norm.weight"}
+            "attn_k_norm.weight": "self_attn.k_norm.weight",
+            "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
+            "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
+            "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
+            "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
 
 
 def write_hf(d: str, f: dict, t: dict) -> None:
@@ -297,6 +353,19 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                       moe_intermediate_size=f["expert_ffn"],
                       norm_topk_prob=f["experts_norm"],
                       decoder_sparse_step=1, mlp_only_layers=[])
+    elif f["hf_type"] == "glm4_moe":  # As GLM-4.5's config.json has them.
+        config.update(n_routed_experts=f["experts"],
+                      num_experts_per_tok=f["experts_used"],
+                      moe_intermediate_size=f["expert_ffn"],
+                      norm_topk_prob=f["experts_norm"],
+                      first_k_dense_replace=f["dense_layers"],
+                      n_group=f["groups"], topk_group=f["groups_used"],
+                      n_shared_experts=f["shared_experts"],
+                      routed_scaling_factor=f["routed_scale"],
+                      partial_rotary_factor=f["rotary_factor"],
+                      attention_bias=f["bias"], use_qk_norm=f["qk_norm"],
+                      head_dim=f["head_dim"], num_nextn_predict_layers=0,
+                      attention_dropout=0.0)
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
@@ -337,6 +406,14 @@ def write_hf(d: str, f: dict, t: dict) -> None:
 # router logit above the first unchosen one's by this much (f32 moves
 # logits of ~10 by ~1e-6).
 MIN_ROUTE_GAP = 1e-3
+# With sigmoid gating (GLM-4.5) the gaps are llama_ref.route_sigmoid's, in
+# choice units (sigmoid scores plus the correction bias, O(1)): the last
+# chosen expert's group-masked choice above the best unchosen one's, masked
+# zeros included (so transformers' masking with 0 and llama.cpp's with -inf
+# choose alike), and the last kept group's score (sum of its top 2
+# choices) above the best dropped group's. f32 moves those by ~1e-7
+# (router logits of ~1 by ~1e-7, times sigmoid' <= 1/4, plus rounding).
+MIN_SIGMOID_ROUTE_GAP = 1e-4
 
 
 def min_margin_of(path: str) -> float:
@@ -347,9 +424,11 @@ def min_margin_of(path: str) -> float:
     for ids in make_synthetic_model.SYNTHETIC_PROMPTS:
         _, rows = ref.greedy(ids, STEPS, return_logits=True)
         worst = min(worst, min(llama_ref.top2_margin(r) for r in rows))
-    if ref.route_gaps and min(ref.route_gaps) <= MIN_ROUTE_GAP:
-        print(f"{path}: a routing near-tie (logit gap "
-              f"{min(ref.route_gaps):.2g})")
+    sigmoid = ref.cfg.gating == "sigmoid"
+    limit = MIN_SIGMOID_ROUTE_GAP if sigmoid else MIN_ROUTE_GAP
+    if ref.route_gaps and min(ref.route_gaps) <= limit:
+        print(f"{path}: a routing near-tie ({'choice' if sigmoid else 'logit'}"
+              f" gap {min(ref.route_gaps):.2g})")
         return 0.0
     return worst
 
