@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
@@ -11,6 +12,7 @@
 #include "model/shard_plan.h"
 #include "model/tokenizer.h"
 #include "model/weight_source.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 
@@ -19,18 +21,24 @@ int InspectCommand(int argc, char** argv) {
   int64_t tp = 1, pp = 1;
   std::string moe_sharding = "auto";
   std::string pp_balance = "decode";
+  std::string kv_dtype = "auto";
   FlagSet flags(
       "usage: shardlm inspect PATH [--plan --tp T --pp P "
-      "--moe-sharding auto|tp|ep --pp-balance decode|prefill]\n"
+      "--moe-sharding auto|tp|ep --pp-balance decode|prefill "
+      "--kv-cache-dtype D]\n"
       "Prints the model config, every tensor (name, dtype, shape, bytes) and\n"
       "a tokenizer summary of a GGUF file or a safetensors directory; with\n"
-      "--plan, the shard plan instead: layers, heads and bytes per rank.");
+      "--plan, the shard plan instead: layers, heads, bytes per rank, and\n"
+      "the KV cache bytes each rank holds per token of context.");
   flags.Add("plan", &plan, "print the TP x PP shard plan");
   flags.Add("tp", &tp, "tensor-parallel degree for --plan");
   flags.Add("pp", &pp, "pipeline-parallel degree for --plan");
   flags.Add("moe-sharding", &moe_sharding,
             "how --plan splits a mixture of experts: auto, tp or ep");
   flags.Add("pp-balance", &pp_balance, kPpBalanceHelp);
+  flags.Add("kv-cache-dtype", &kv_dtype,
+            "the KV cache element type --plan counts: auto (f16 on CPUs, "
+            "bf16 on GPUs: 2 bytes either way), f32, f16, bf16 or int8");
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm inspect: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -56,7 +64,15 @@ int InspectCommand(int argc, char** argv) {
   if (plan) {
     absl::StatusOr<MoeSharding> moe = ParseMoeSharding(moe_sharding);
     absl::StatusOr<PpBalance> balance = ParsePpBalance(pp_balance);
-    for (const absl::Status& s : {moe.status(), balance.status()}) {
+    absl::StatusOr<DType> dtype = kv_dtype == "auto"
+                                      ? absl::StatusOr<DType>(DType::kF16)
+                                      : ParseKvCacheDType(kv_dtype);
+    if (!dtype.ok()) {
+      dtype = absl::InvalidArgumentError(
+          absl::StrCat("--kv-cache-dtype: ", dtype.status().message()));
+    }
+    for (const absl::Status& s :
+         {moe.status(), balance.status(), dtype.status()}) {
       if (!s.ok()) {
         std::fprintf(stderr, "shardlm inspect: %s\n",
                      std::string(s.message()).c_str());
@@ -76,6 +92,30 @@ int InspectCommand(int argc, char** argv) {
         "(rank 0 is the coordinator)\n\n%s",
         path.c_str(), shards->tp, shards->pp, shards->shards.size(),
         shards->DebugString().c_str());
+    // K and V of each rank's layers and KV heads, per token of context:
+    // what a sequence's length costs each rank (TP ranks hold distinct
+    // heads, PP ranks distinct layers, so the ranks' sum is the model's).
+    const ModelConfig& c = w.config();
+    std::printf("\nKV cache per token of context (%s):\n%-5s %14s\n",
+                kv_dtype == "auto" ? "auto: f16 on CPUs, bf16 on GPUs"
+                                   : KvCacheDTypeName(*dtype),
+                "rank", "bytes/token");
+    int64_t total = 0;
+    for (size_t i = 0; i < shards->shards.size(); ++i) {
+      const ShardSpec& s = shards->shards[i];
+      const int64_t b =
+          KvBytesPerToken(s.n_layers(), s.n_kv_heads(), c.head_dim, *dtype);
+      total += b;
+      std::printf("%-5zu %14lld   (%lld layers x %lld KV heads x %lld x K, V)\n",
+                  i + 1, static_cast<long long>(b),
+                  static_cast<long long>(s.n_layers()),
+                  static_cast<long long>(s.n_kv_heads()),
+                  static_cast<long long>(c.head_dim));
+    }
+    std::printf("all   %14lld   (%.1f KiB per token; %.1f GiB per 128K "
+                "tokens)\n",
+                static_cast<long long>(total), total / 1024.0,
+                total * 131072.0 / (1 << 30));
     return 0;
   }
   std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),

@@ -138,8 +138,26 @@ def main() -> int:
     not_gguf = os.path.join(a.workdir, "not.gguf")
     with open(not_gguf, "wb") as g:
         g.write(b"this is not a model file at all")
+    # inspect --plan's KV cache per token of context: SmolLM2-135M's 30
+    # layers x 3 KV heads x head_dim 64, K and V, 2 bytes each (f16), or
+    # int8's byte per value and f32 scale per head and token; TP 3 x PP 2
+    # gives each rank one KV head of its stage's layers.
+    for dtype, want in (("auto", 30 * 3 * 64 * 2 * 2),
+                        ("int8", 30 * 3 * 2 * (64 + 4))):
+        r = run([a.shardlm, "inspect", a.gguf, "--plan", "--tp", "3",
+                 "--pp", "2", "--kv-cache-dtype", dtype])
+        lines = r.stdout.splitlines()
+        per_rank = [int(x.split()[1]) for x in lines if "x K, V)" in x]
+        total = [int(x.split()[1]) for x in lines if x.startswith("all ")]
+        check(r.returncode == 0 and len(per_rank) == 6 and
+              total == [want] and sum(per_rank) == want,
+              f"inspect --plan --tp 3 --pp 2 --kv-cache-dtype {dtype}: "
+              f"{want} KV bytes per token in all, the ranks' sum "
+              f"(got {per_rank} and {total})")
     bad = [
         (gen + ["--prompt", "x", "--bogus", "1"], 2, "--bogus"),
+        ([a.shardlm, "inspect", a.gguf, "--plan", "--kv-cache-dtype", "f8"],
+         2, "--kv-cache-dtype"),
         (gen + ["--prompt", "x", "--max-tokens", "ten"], 2, "--max-tokens"),
         (gen + ["--prompt", "x", "--temperature", "-1"], 2, "temperature"),
         (gen + ["--prompt", "x", "--top-p", "0"], 2, "top_p"),
