@@ -198,6 +198,11 @@ MAX_CUT_SHARE = 0.10
 MAX_CUT_SHARE_PER_SCHEMA = 0.5
 
 
+# f32 KV on both layouts: TP 2 x PP 2 is compared with TP 1 greedy text
+# for text, and f16 KV moves log-probabilities across layouts by up to
+# ~7e-3, enough to part at a near tie (docs/design-notes.md, section 4).
+KV = ["--kv-cache-dtype", "f32"]
+
 def post(port: int, path: str, body: dict) -> tuple[int, dict]:
     status, raw = http_post_json(port, path, body, timeout=600)
     try:
@@ -536,7 +541,8 @@ def main() -> int:
     grpc_port, port = free_port(), free_port()
     server = subprocess.Popen(
         [a.shardlm, "serve", "--model", a.gguf, "--listen",
-         f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{port}"],
+         f"127.0.0.1:{grpc_port}", "--http-listen", f"127.0.0.1:{port}",
+         *KV],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL, env=env)
     address = f"127.0.0.1:{grpc_port}"
@@ -562,7 +568,7 @@ def main() -> int:
         return exit_code()
     log_path = os.path.join(a.workdir, "structured_cluster.log")
     with mpirun_cluster(a.shardlm, a.gguf, log_path, wait_grpc,
-                        env=env) as caddr:
+                        env=env, extra=KV) as caddr:
         if caddr:
             got = layout_texts(caddr)
             for i, (want, have) in enumerate(zip(reference, got)):
