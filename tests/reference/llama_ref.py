@@ -17,6 +17,11 @@ Two weight loaders:
 GLM-4.5 (GGUF glm4moe, HF glm4_moe) and Qwen2 / Qwen3 GGUFs use NeoX RoPE
 (halves) too. GLM-4.5's RoPE is partial: only the first rope_dim dims of
 each head rotate (halves of rope_dim), the rest pass through.
+DeepSeek V2 / V3 (GGUF deepseek2, HF deepseek_v3 / deepseek_v2) use
+multi-head latent attention (mla_attention): RoPE rotates only the last
+rope_dim dims of each q head and the one shared k_pe, ADJACENT pairs in
+both readings (llama.cpp's "normal" RoPE on unpermuted weights; HF's
+rope_interleave / complex-pair RoPE rotate the same pairs).
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -83,6 +88,18 @@ class Config:
     n_shared: int = 0         # Shared experts: one SwiGLU of n_shared x
                               # expert_hidden_dim columns, added for all.
     routed_scale: float = 1.0  # Routed weights times this (after norm).
+    # DeepSeek V2 / V3 multi-head latent attention, on when kv_lora_rank > 0
+    # (mla_attention): head_dim is the q / k head, qk_nope + rope_dim (the
+    # roped part LAST); v_head_dim the value head; n_kv_heads == n_heads.
+    q_lora_rank: int = 0      # 0: q = wq x; else wq_b rmsnorm(wq_a x).
+    kv_lora_rank: int = 0
+    v_head_dim: int = 0
+    lora_norm_eps: float = 0.0  # eps of the q_a / kv_a norms; 0: norm_eps.
+    attn_scale: float = 0.0   # softmax scale; 0: 1 / sqrt(head_dim).
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
 
     def layer_window(self, layer: int) -> int:
         if self.window_layers is not None and not self.window_layers[layer]:
@@ -121,6 +138,16 @@ class Layer:
     s_gate: np.ndarray | None = None  # (n_shared*expert_hidden_dim, dim)
     s_up: np.ndarray | None = None    # (n_shared*expert_hidden_dim, dim)
     s_down: np.ndarray | None = None  # (dim, n_shared*expert_hidden_dim)
+    # Multi-head latent attention (Config.mla; wq, wk, wv None but for wq
+    # without q_lora_rank), HF's layout:
+    wq_a: np.ndarray | None = None       # (q_lora_rank, dim)
+    q_a_norm: np.ndarray | None = None   # (q_lora_rank,)
+    wq_b: np.ndarray | None = None       # (n_heads*head_dim, q_lora_rank)
+    wkv_a: np.ndarray | None = None      # (kv_lora_rank + rope_dim, dim)
+    kv_a_norm: np.ndarray | None = None  # (kv_lora_rank,)
+    # (n_heads*(qk_nope + v_head_dim), kv_lora_rank): per head, qk_nope
+    # rows of k_nope then v_head_dim rows of v (HF kv_b_proj).
+    wkv_b: np.ndarray | None = None
 
 
 @dataclasses.dataclass
@@ -146,12 +173,32 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
     for i, L in enumerate(w.layers):
         want.update({
             f"{i}.attn_norm": (L.attn_norm, (cfg.dim,)),
-            f"{i}.wq": (L.wq, (q, cfg.dim)),
-            f"{i}.wk": (L.wk, (kv, cfg.dim)),
-            f"{i}.wv": (L.wv, (kv, cfg.dim)),
-            f"{i}.wo": (L.wo, (cfg.dim, q)),
             f"{i}.ffn_norm": (L.ffn_norm, (cfg.dim,)),
         })
+        if cfg.mla:
+            r, R = cfg.rotary_dim, cfg.kv_lora_rank
+            nope = cfg.head_dim - r
+            if cfg.q_lora_rank:
+                want.update({
+                    f"{i}.wq_a": (L.wq_a, (cfg.q_lora_rank, cfg.dim)),
+                    f"{i}.q_a_norm": (L.q_a_norm, (cfg.q_lora_rank,)),
+                    f"{i}.wq_b": (L.wq_b, (q, cfg.q_lora_rank))})
+            else:
+                want[f"{i}.wq"] = (L.wq, (q, cfg.dim))
+            want.update({
+                f"{i}.wkv_a": (L.wkv_a, (R + r, cfg.dim)),
+                f"{i}.kv_a_norm": (L.kv_a_norm, (R,)),
+                f"{i}.wkv_b": (L.wkv_b,
+                               (cfg.n_heads * (nope + cfg.v_head_dim), R)),
+                f"{i}.wo": (L.wo, (cfg.dim, cfg.n_heads * cfg.v_head_dim)),
+            })
+        else:
+            want.update({
+                f"{i}.wq": (L.wq, (q, cfg.dim)),
+                f"{i}.wk": (L.wk, (kv, cfg.dim)),
+                f"{i}.wv": (L.wv, (kv, cfg.dim)),
+                f"{i}.wo": (L.wo, (cfg.dim, q)),
+            })
         if cfg.is_moe(i):
             e, f = cfg.n_experts, cfg.expert_hidden_dim
             want.update({
@@ -185,8 +232,12 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
     if cfg.n_experts:
         assert cfg.n_experts % cfg.n_group == 0
         assert cfg.topk_group <= cfg.n_group
-        if cfg.gating == "softmax":  # route(): no bias, groups or sharing
-            assert (cfg.n_group, cfg.n_shared, cfg.routed_scale) == (1, 0, 1.0)
+        if cfg.gating == "softmax":  # route(): no bias or groups
+            assert cfg.n_group == 1
+    if cfg.mla:
+        assert cfg.n_kv_heads == cfg.n_heads and cfg.v_head_dim > 0
+        assert cfg.rotary_dim < cfg.head_dim
+        assert not cfg.qk_norm and cfg.sliding_window == 0
     for name, (arr, shape) in want.items():
         if arr.shape != shape:
             raise ValueError(f"weight {name}: shape {arr.shape}, want {shape}")
@@ -203,15 +254,43 @@ def _gguf_field(reader, key, default=None):
     return f.contents()
 
 
+def yarn_get_mscale(scale: float, mscale: float = 1.0) -> float:
+    """DeepSeek's (and transformers') YaRN magnitude: 0.1 mscale ln(scale)
+    + 1, or 1 when scale <= 1."""
+    return 1.0 if scale <= 1 else 0.1 * mscale * np.log(scale) + 1.0
+
+
+def _deepseek2_yarn(cfg: Config, yarn_log_multiplier: float) -> None:
+    """YaRN of a deepseek2 GGUF as llama.cpp runs it (llama-context's
+    yarn_attn_factor, deepseek2.cpp's kq_scale): the file's
+    rope.scaling.yarn_log_multiplier is 0.1 x HF's mscale_all_dim (the
+    converter's factor, which llama.cpp's loader divides back out). With
+    mscale_all_dim != 0, cos / sin unscaled (llama.cpp takes HF's mscale to
+    be mscale_all_dim's value, so their ratio is 1) and the softmax scale
+    times yarn_get_mscale(factor, mscale_all_dim)^2, as HF's DeepseekV3
+    with mscale == mscale_all_dim (every DeepSeek config); without it, cos
+    / sin times yarn_get_mscale(factor) and the softmax scale times its
+    square too (llama.cpp's kq_scale takes the attention factor's square
+    whatever it is)."""
+    f = cfg.rope_scaling["factor"]
+    # Divided by 0.1 in float32, as llama.cpp does (0.1f / 0.1f is 1).
+    mscale_all_dim = yarn_log_multiplier / float(np.float32(0.1))
+    attn_factor = 1.0 if mscale_all_dim else yarn_get_mscale(f)
+    cfg.rope_scaling["attention_factor"] = attn_factor
+    m = attn_factor * yarn_get_mscale(f, mscale_all_dim)
+    cfg.attn_scale = m * m / np.sqrt(cfg.head_dim)
+
+
 def load_gguf(path: str):
     """Returns (Config, Weights) from a llama.cpp GGUF file."""
     import gguf
 
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
-    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe"):
+    if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
+                    "deepseek2"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
-                         f"qwen3, qwen3moe or glm4moe")
+                         f"qwen3, qwen3moe, glm4moe or deepseek2")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -222,6 +301,15 @@ def load_gguf(path: str):
     dim = int(kv("embedding_length"))
     n_heads = int(kv("attention.head_count"))
     head_dim = int(kv("attention.key_length", dim // n_heads))
+    mla = arch == "deepseek2"
+    if mla:
+        # llama.cpp's deepseek2, two layouts. Today's converter: MLA as
+        # MQA over the latent (head_count_kv 1, key_length kv_lora_rank +
+        # rope, value_length kv_lora_rank), the heads' sizes in
+        # key_length_mla (qk_nope + rope) and value_length_mla (v_head_dim),
+        # kv_b split into attn_k_b / attn_v_b. Older files: no *_mla keys,
+        # key_length / value_length the heads' sizes, attn_kv_b merged.
+        head_dim = int(kv("attention.key_length_mla", 0)) or head_dim
 
     tensors = {}
     for t in reader.tensors:
@@ -240,15 +328,17 @@ def load_gguf(path: str):
         hidden_dim=int(kv("feed_forward_length")),
         n_layers=int(kv("block_count")),
         n_heads=n_heads,
-        n_kv_heads=int(kv("attention.head_count_kv", n_heads)),
+        n_kv_heads=(n_heads if mla
+                    else int(kv("attention.head_count_kv", n_heads))),
         head_dim=head_dim,
         vocab_size=vocab,
         rope_base=float(kv("rope.freq_base", 10000.0)),
         norm_eps=float(kv("attention.layer_norm_rms_epsilon")),
         # llama.cpp runs Llama with "normal" RoPE on its permuted Q/K rows
-        # (adjacent pairs) and Qwen2 / Qwen3 / GLM-4.5 with NeoX RoPE
-        # (halves).
-        rope_style="adjacent" if arch == "llama" else "half",
+        # (adjacent pairs), DeepSeek's with "normal" RoPE on unpermuted
+        # rows (the pairs DeepSeek's own code rotates), and Qwen2 / Qwen3 /
+        # GLM-4.5 with NeoX RoPE (halves).
+        rope_style="adjacent" if arch in ("llama", "deepseek2") else "half",
         sliding_window=int(kv("attention.sliding_window", 0)),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
         n_experts=int(kv("expert_count", 0)),
@@ -260,23 +350,36 @@ def load_gguf(path: str):
         # llama.cpp renormalizes the top-k weights of qwen3moe and llama
         # (Mixtral) mixtures.
         cfg.experts_norm = bool(kv("expert_weights_norm", True))
-    if arch == "glm4moe":
+    if arch in ("glm4moe", "deepseek2"):
         # llama.cpp's glm4moe: sigmoid gating unless the file says
         # otherwise, no renormalization unless expert_weights_norm, and
         # the weights always times expert_weights_scale (so it is required).
         # Its multi-token-prediction (NextN) blocks are the file's last;
         # the forward pass runs the others, as llama.cpp's does.
+        # deepseek2 the same, but softmax gating when the file does not say
+        # (DeepSeek V2's files) and the scale optional (its converter
+        # writes routed_scaling_factor whenever config.json has one).
         cfg.n_layers -= int(kv("nextn_predict_layers", 0))
-        gating = int(kv("expert_gating_func", 2))
+        gating = int(kv("expert_gating_func", 2 if arch == "glm4moe" else 1))
         if gating not in (1, 2):
             raise ValueError(f"{path}: expert_gating_func {gating} unsupported")
         cfg.gating = "sigmoid" if gating == 2 else "softmax"
         cfg.experts_norm = bool(kv("expert_weights_norm", False))
-        cfg.routed_scale = float(kv("expert_weights_scale"))
+        cfg.routed_scale = float(kv("expert_weights_scale",
+                                    None if arch == "glm4moe" else 1.0))
         cfg.dense_layers = int(kv("leading_dense_block_count", 0))
         cfg.n_shared = int(kv("expert_shared_count"))
         cfg.n_group = max(1, int(kv("expert_group_count", 1)))
         cfg.topk_group = max(1, int(kv("expert_group_used_count", 1)))
+        if cfg.gating == "softmax" and cfg.n_group > 1:
+            raise ValueError(f"{path}: expert groups with softmax gating "
+                             f"unsupported")
+    if mla:
+        cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
+        cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
+        cfg.v_head_dim = int(kv("attention.value_length_mla", 0)
+                             or kv("attention.value_length"))
+        cfg.lora_norm_eps = cfg.norm_eps  # llama.cpp: one eps for all norms
     st = str(kv("rope.scaling.type", "none"))
     if st == "linear":
         cfg.rope_scaling = {"type": "linear",
@@ -285,7 +388,12 @@ def load_gguf(path: str):
         cfg.rope_scaling = {
             "type": "yarn", "factor": float(kv("rope.scaling.factor")),
             "original_max_position_embeddings":
-                int(kv("rope.scaling.original_context_length"))}
+                int(kv("rope.scaling.original_context_length")),
+            "beta_fast": float(kv("rope.scaling.yarn_beta_fast", 32.0)),
+            "beta_slow": float(kv("rope.scaling.yarn_beta_slow", 1.0))}
+        if mla:
+            _deepseek2_yarn(cfg, float(kv("rope.scaling.yarn_log_multiplier",
+                                          0.0)))
     elif st != "none":
         raise ValueError(f"{path}: rope.scaling.type {st!r} unsupported")
     if "rope_freqs.weight" in tensors:
@@ -308,17 +416,36 @@ def load_gguf(path: str):
     # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is named
     # post_attention_norm in its GGUFs.
     ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
+    def kv_b(p):
+        """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
+        rebuilt from attn_k_b (n_heads, kv_lora_rank, qk_nope), transposed
+        per head by the converter, and attn_v_b (n_heads, v_head_dim,
+        kv_lora_rank)."""
+        if p + "attn_kv_b.weight" in tensors:
+            return tensors[p + "attn_kv_b.weight"]
+        kb = tensors[p + "attn_k_b.weight"].transpose(0, 2, 1)
+        vb = tensors[p + "attn_v_b.weight"]
+        return _f64(np.concatenate([kb, vb], axis=1).reshape(
+            -1, cfg.kv_lora_rank))
+
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
+        lora = mla and cfg.q_lora_rank > 0
         layers.append(Layer(
             attn_norm=tensors[p + "attn_norm.weight"],
-            wq=tensors[p + "attn_q.weight"],
-            wk=tensors[p + "attn_k.weight"],
-            wv=tensors[p + "attn_v.weight"],
+            wq=None if lora else tensors[p + "attn_q.weight"],
+            wk=None if mla else tensors[p + "attn_k.weight"],
+            wv=None if mla else tensors[p + "attn_v.weight"],
             wo=tensors[p + "attn_output.weight"],
+            wq_a=tensors[p + "attn_q_a.weight"] if lora else None,
+            q_a_norm=tensors[p + "attn_q_a_norm.weight"] if lora else None,
+            wq_b=tensors[p + "attn_q_b.weight"] if lora else None,
+            wkv_a=tensors[p + "attn_kv_a_mqa.weight"] if mla else None,
+            kv_a_norm=tensors[p + "attn_kv_a_norm.weight"] if mla else None,
+            wkv_b=kv_b(p) if mla else None,
             ffn_norm=tensors[p + ffn_norm + ".weight"],
             w_gate=None if moe else tensors[p + "ffn_gate.weight"],
             w_up=None if moe else tensors[p + "ffn_up.weight"],
@@ -498,6 +625,8 @@ def load_hf_dir(d: str):
         cfg.topk_group = int(hc.get("topk_group", 1))
         cfg.n_shared = int(hc.get("n_shared_experts", 1))
         cfg.routed_scale = float(hc.get("routed_scaling_factor", 1.0))
+    elif model_type in ("deepseek_v3", "deepseek_v2"):
+        _deepseek_hf_config(cfg, hc, d)
     t = _load_hf_tensors(d)
     moe_block, expert_names = (
         ("block_sparse_moe", ("w1", "w3", "w2")) if model_type == "mixtral"
@@ -512,12 +641,20 @@ def load_hf_dir(d: str):
         p = f"model.layers.{i}."
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
+        a = p + "self_attn."
+        mla, lora = cfg.mla, cfg.q_lora_rank > 0
         layers.append(Layer(
             attn_norm=t[p + "input_layernorm.weight"],
-            wq=t[p + "self_attn.q_proj.weight"],
-            wk=t[p + "self_attn.k_proj.weight"],
-            wv=t[p + "self_attn.v_proj.weight"],
-            wo=t[p + "self_attn.o_proj.weight"],
+            wq=None if mla and lora else t[a + "q_proj.weight"],
+            wk=None if mla else t[a + "k_proj.weight"],
+            wv=None if mla else t[a + "v_proj.weight"],
+            wo=t[a + "o_proj.weight"],
+            wq_a=t[a + "q_a_proj.weight"] if mla and lora else None,
+            q_a_norm=t[a + "q_a_layernorm.weight"] if mla and lora else None,
+            wq_b=t[a + "q_b_proj.weight"] if mla and lora else None,
+            wkv_a=t[a + "kv_a_proj_with_mqa.weight"] if mla else None,
+            kv_a_norm=t[a + "kv_a_layernorm.weight"] if mla else None,
+            wkv_b=t[a + "kv_b_proj.weight"] if mla else None,
             ffn_norm=t[p + "post_attention_layernorm.weight"],
             w_gate=None if moe else t[p + "mlp.gate_proj.weight"],
             w_up=None if moe else t[p + "mlp.up_proj.weight"],
@@ -549,6 +686,85 @@ def load_hf_dir(d: str):
                 final_norm=t["model.norm.weight"], lm_head=lm_head)
     _check_shapes(cfg, w)
     return cfg, w
+
+
+def _deepseek_hf_config(cfg: Config, hc: dict, d: str) -> None:
+    """transformers' DeepseekV3Config / DeepseekV3Attention /
+    DeepseekV3TopkRouter (and DeepseekV2's, greedy routing only), defaults
+    as there: multi-head latent attention, the MoE as GLM-4.5's (V3) or
+    softmax top-k times routed_scaling_factor, never renormalized (V2)."""
+    v3 = hc["model_type"] == "deepseek_v3"
+    if hc.get("attention_bias"):
+        raise ValueError(f"{d}: attention_bias unsupported")
+    rp = hc.get("rope_scaling") or hc.get("rope_parameters") or {}
+    if "rope_theta" not in hc and "rope_theta" in rp:
+        cfg.rope_base = float(rp["rope_theta"])
+    nope = int(hc.get("qk_nope_head_dim", 128))
+    rope = int(hc.get("qk_rope_head_dim", 64))
+    cfg.head_dim = nope + rope
+    cfg.rope_dim = rope
+    cfg.n_kv_heads = cfg.n_heads
+    cfg.q_lora_rank = int(hc.get("q_lora_rank", 1536) or 0)
+    cfg.kv_lora_rank = int(hc.get("kv_lora_rank", 512))
+    cfg.v_head_dim = int(hc.get("v_head_dim", 128))
+    # The q_a / kv_a norms are DeepseekV3RMSNorm(rank): eps 1e-6 whatever
+    # rms_norm_eps is (llama.cpp uses rms_norm_eps: equal in DeepSeek's
+    # configs).
+    cfg.lora_norm_eps = 1e-6
+    # rope_interleave (V3; default True): the q_pe / k_pe pairs
+    # (x[2i], x[2i+1]) rotate (de-interleaved, rotated by halves: the same
+    # dot products); V2's complex RoPE rotates the same pairs.
+    cfg.rope_style = ("adjacent" if not v3 or hc.get("rope_interleave", True)
+                      else "half")
+    cfg.rope_scaling = None
+    kind = rp.get("rope_type", rp.get("type")) if rp else None
+    if kind == "yarn":
+        # transformers' _compute_yarn_parameters: with
+        # original_max_position_embeddings in rope_scaling, the factor is
+        # max_position_embeddings over it; cos / sin times
+        # attention_factor, by default yarn_get_mscale(f, mscale) /
+        # yarn_get_mscale(f, mscale_all_dim) when both are set, else
+        # yarn_get_mscale(f). DeepseekV3Attention's softmax scale times
+        # yarn_get_mscale(rope_scaling["factor"], mscale_all_dim)^2 when
+        # mscale_all_dim (DeepseekV2Attention's: never).
+        max_pos = int(hc.get("max_position_embeddings", 4096 if v3 else 2048))
+        f = float(rp["factor"])
+        old = rp.get("original_max_position_embeddings")
+        f_rope = max_pos / float(old) if old else f
+        ms, mad = rp.get("mscale"), rp.get("mscale_all_dim")
+        af = rp.get("attention_factor")
+        if af is None:
+            af = (yarn_get_mscale(f_rope, ms) / yarn_get_mscale(f_rope, mad)
+                  if ms and mad else yarn_get_mscale(f_rope))
+        cfg.rope_scaling = {
+            "type": "yarn", "factor": f_rope,
+            "original_max_position_embeddings": int(old or max_pos),
+            "beta_fast": float(rp.get("beta_fast") or 32),
+            "beta_slow": float(rp.get("beta_slow") or 1),
+            "attention_factor": float(af)}
+        if v3 and mad:
+            m = yarn_get_mscale(f, mad)
+            cfg.attn_scale = m * m / np.sqrt(cfg.head_dim)
+    elif kind not in (None, "default"):
+        raise ValueError(f"{d}: rope scaling {kind!r} unsupported")
+    cfg.n_experts = int(hc.get("n_routed_experts", 256 if v3 else 64))
+    cfg.experts_used = int(hc.get("num_experts_per_tok", 8) or 0)
+    cfg.expert_hidden_dim = int(hc.get("moe_intermediate_size",
+                                       2048 if v3 else 1407))
+    cfg.dense_layers = int(hc.get("first_k_dense_replace", 3 if v3 else 0))
+    cfg.n_shared = int(hc.get("n_shared_experts", 1 if v3 else 2) or 0)
+    cfg.routed_scale = float(hc.get("routed_scaling_factor", 2.5 if v3 else 1))
+    if v3:
+        cfg.gating = "sigmoid"
+        cfg.experts_norm = bool(hc.get("norm_topk_prob", True))
+        cfg.n_group = int(hc.get("n_group", 8))
+        cfg.topk_group = int(hc.get("topk_group", 4))
+    else:
+        if hc.get("topk_method", "greedy") != "greedy":
+            raise ValueError(f"{d}: DeepSeek V2 topk_method "
+                             f"{hc.get('topk_method')!r} unsupported")
+        cfg.gating = "softmax"
+        cfg.experts_norm = False
 
 
 # ----------------------------------------------------------------------------
@@ -731,8 +947,9 @@ def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
     for t in range(h.shape[0]):
         if c.gating == "sigmoid":
             chosen, gap = route_sigmoid(logits[t], L.e_bias, c)
-        else:
+        else:  # times routed_scale: DeepSeek V2's (1 elsewhere)
             chosen, gap = route(logits[t], c.experts_used, c.experts_norm)
+            chosen = [(e, wt * c.routed_scale) for e, wt in chosen]
         if gaps is not None:
             gaps.append(gap)
         for e, wt in chosen:
@@ -773,13 +990,16 @@ def round_kv(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 class LlamaRef:
-    def __init__(self, cfg: Config, w: Weights, kv_dtype: str = "f32"):
+    def __init__(self, cfg: Config, w: Weights, kv_dtype: str = "f32",
+                 mla_absorb: bool = False):
         """kv_dtype: what the cache stores K and V as (round_kv); the
-        math stays float64."""
+        math stays float64. mla_absorb: multi-head latent attention in the
+        absorbed form (mla_attention), the same numbers to rounding."""
         self.cfg = cfg
         self.w = w
         round_kv(np.zeros(1), kv_dtype)  # Validates the name.
         self.kv_dtype = kv_dtype
+        self.mla_absorb = mla_absorb
         # Mixtures: every routing's logit gap between the last chosen and
         # the first unchosen expert (a near-tie there could route the C++
         # side's f32 differently), over the model's life; with sigmoid
@@ -788,17 +1008,114 @@ class LlamaRef:
         self.reset()
 
     @classmethod
-    def load(cls, path: str, kv_dtype: str = "f32") -> "LlamaRef":
-        if os.path.isdir(path):
-            return cls(*load_hf_dir(path), kv_dtype=kv_dtype)
-        return cls(*load_gguf(path), kv_dtype=kv_dtype)
+    def load(cls, path: str, kv_dtype: str = "f32",
+             mla_absorb: bool = False) -> "LlamaRef":
+        load = load_hf_dir if os.path.isdir(path) else load_gguf
+        return cls(*load(path), kv_dtype=kv_dtype, mla_absorb=mla_absorb)
 
     def reset(self):
-        """Empties the KV cache."""
+        """Empties the KV cache. With multi-head latent attention it holds,
+        per token and layer, the normalized latent c_kv (k_cache, shape
+        (S, kv_lora_rank)) and the roped k_pe (v_cache, (S, rope_dim)),
+        each rounded as one row by round_kv."""
         c = self.cfg
-        self.k_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
-        self.v_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
+        if c.mla:
+            self.k_cache = [np.zeros((0, c.kv_lora_rank)) for _ in range(c.n_layers)]
+            self.v_cache = [np.zeros((0, c.rotary_dim)) for _ in range(c.n_layers)]
+        else:
+            self.k_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
+            self.v_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
         self.pos = 0
+
+    def mla_attention(self, li: int, L: "Layer", h: np.ndarray, cos, sin,
+                      mask: np.ndarray) -> np.ndarray:
+        """DeepSeek V2 / V3 multi-head latent attention (transformers'
+        DeepseekV3Attention) of h (T, dim), normed; returns (T, dim).
+
+          q = wq_b rmsnorm(wq_a h)  (or wq h)   per head [q_nope | q_pe]
+          [c_kv | k_pe] = wkv_a h;  c_kv = rmsnorm(c_kv)
+          q_pe, k_pe roped (k_pe: one for all heads)
+          per head: [k_nope | v] = kv_b c_kv
+                    score = (q_nope . k_nope + q_pe . k_pe) * attn_scale
+                    out = softmax(score) v
+          o = wo [out_0 | ... | out_{H-1}]
+
+        The cache holds c_kv and k_pe (reset). Absorbed (self.mla_absorb,
+        llama.cpp's MLA form): q_nope . k_nope = (kv_b_K^T q_nope) . c_kv
+        and softmax . v = kv_b_V (softmax . c_kv), per head."""
+        c = self.cfg
+        T, H, r, R = h.shape[0], c.n_heads, c.rotary_dim, c.kv_lora_rank
+        nope, vd = c.head_dim - r, c.v_head_dim
+        eps = c.lora_norm_eps or c.norm_eps
+        if c.q_lora_rank:
+            q = rmsnorm(h @ L.wq_a.T, L.q_a_norm, eps) @ L.wq_b.T
+        else:
+            q = h @ L.wq.T
+        q = q.reshape(T, H, nope + r)
+        q_nope = q[..., :nope]
+        q_pe = apply_rope(q[..., nope:], cos, sin, c.rope_style)
+        kv = h @ L.wkv_a.T                                   # (T, R + r)
+        ckv = rmsnorm(kv[:, :R], L.kv_a_norm, eps)
+        k_pe = apply_rope(kv[:, None, R:], cos, sin, c.rope_style)[:, 0]
+        ckv = round_kv(ckv, self.kv_dtype)
+        k_pe = round_kv(k_pe, self.kv_dtype)
+        C = np.concatenate([self.k_cache[li], ckv], axis=0)  # (S, R)
+        P = np.concatenate([self.v_cache[li], k_pe], axis=0)  # (S, r)
+        self.k_cache[li], self.v_cache[li] = C, P
+        kvb = L.wkv_b.reshape(H, nope + vd, R)
+        wk, wv = kvb[:, :nope, :], kvb[:, nope:, :]  # (H, nope, R), (H, vd, R)
+        scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
+        out = np.empty((T, H, vd))
+        for hh in range(H):
+            rope_scores = q_pe[:, hh, :] @ P.T                # (T, S)
+            if self.mla_absorb:
+                q_lat = q_nope[:, hh, :] @ wk[hh]            # (T, R)
+                p = softmax((q_lat @ C.T + rope_scores) * scale + mask)
+                out[:, hh, :] = (p @ C) @ wv[hh].T
+            else:
+                k_nope, v = C @ wk[hh].T, C @ wv[hh].T       # (S, nope), (S, vd)
+                p = softmax((q_nope[:, hh, :] @ k_nope.T + rope_scores)
+                            * scale + mask)
+                out[:, hh, :] = p @ v
+        return out.reshape(T, H * vd) @ L.wo.T
+
+    def gqa_attention(self, li: int, L: "Layer", h: np.ndarray, positions,
+                      cos, sin) -> np.ndarray:
+        """Grouped-query attention of h (T, dim), normed; returns (T, dim)."""
+        c = self.cfg
+        T = h.shape[0]
+        group = c.n_heads // c.n_kv_heads
+        scale = 1.0 / np.sqrt(c.head_dim)
+        q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
+        if L.bq is not None:
+            q, k, v = q + L.bq, k + L.bk, v + L.bv
+        q = q.reshape(T, c.n_heads, c.head_dim)
+        k = k.reshape(T, c.n_kv_heads, c.head_dim)
+        v = v.reshape(T, c.n_kv_heads, c.head_dim)
+        if c.qk_norm:  # Qwen3: each head RMS-normed, then RoPE
+            q = rmsnorm(q, L.q_norm, c.norm_eps)
+            k = rmsnorm(k, L.k_norm, c.norm_eps)
+        q = apply_rope(q, cos, sin, c.rope_style)
+        k = apply_rope(k, cos, sin, c.rope_style)
+        k, v = round_kv(k, self.kv_dtype), round_kv(v, self.kv_dtype)
+        K = np.concatenate([self.k_cache[li], k], axis=0)  # (S, kvh, hd)
+        V = np.concatenate([self.v_cache[li], v], axis=0)
+        self.k_cache[li], self.v_cache[li] = K, V
+        S = K.shape[0]
+        # causal mask: query at absolute position p sees keys 0..p (the
+        # last `window` of them when this layer has one)
+        kpos = np.arange(S)
+        seen = kpos[None, :] <= positions[:, None]
+        window = c.layer_window(li)
+        if window > 0:
+            seen &= positions[:, None] - kpos[None, :] < window
+        mask = np.where(seen, 0.0, -np.inf)
+        att_out = np.empty((T, c.n_heads, c.head_dim))
+        for hq in range(c.n_heads):
+            hk = hq // group                    # GQA: query head -> KV head
+            scores = (q[:, hq, :] @ K[:, hk, :].T) * scale + mask  # (T, S)
+            att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
+        return att_out.reshape(T, -1) @ L.wo.T
 
     def forward(self, tokens) -> np.ndarray:
         """Appends `tokens` to the sequence in the KV cache; returns their
@@ -813,43 +1130,17 @@ class LlamaRef:
         positions = np.arange(self.pos, self.pos + T)
         cos, sin = rope_tables(positions, c.rotary_dim, c.rope_base,
                                c.rope_scaling, c.freq_factors)
-        group = c.n_heads // c.n_kv_heads
-        scale = 1.0 / np.sqrt(c.head_dim)
 
         x = w.tok_embd[tokens]                              # (T, dim)
         for li, L in enumerate(w.layers):
             # --- attention ---
             h = rmsnorm(x, L.attn_norm, c.norm_eps)
-            q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
-            if L.bq is not None:
-                q, k, v = q + L.bq, k + L.bk, v + L.bv
-            q = q.reshape(T, c.n_heads, c.head_dim)
-            k = k.reshape(T, c.n_kv_heads, c.head_dim)
-            v = v.reshape(T, c.n_kv_heads, c.head_dim)
-            if c.qk_norm:  # Qwen3: each head RMS-normed, then RoPE
-                q = rmsnorm(q, L.q_norm, c.norm_eps)
-                k = rmsnorm(k, L.k_norm, c.norm_eps)
-            q = apply_rope(q, cos, sin, c.rope_style)
-            k = apply_rope(k, cos, sin, c.rope_style)
-            k, v = round_kv(k, self.kv_dtype), round_kv(v, self.kv_dtype)
-            K = np.concatenate([self.k_cache[li], k], axis=0)  # (S, kvh, hd)
-            V = np.concatenate([self.v_cache[li], v], axis=0)
-            self.k_cache[li], self.v_cache[li] = K, V
-            S = K.shape[0]
-            # causal mask: query at absolute position p sees keys 0..p (the
-            # last `window` of them when this layer has one)
-            kpos = np.arange(S)
-            seen = kpos[None, :] <= positions[:, None]
-            window = c.layer_window(li)
-            if window > 0:
-                seen &= positions[:, None] - kpos[None, :] < window
-            mask = np.where(seen, 0.0, -np.inf)
-            att_out = np.empty((T, c.n_heads, c.head_dim))
-            for hq in range(c.n_heads):
-                hk = hq // group                    # GQA: query head -> KV head
-                scores = (q[:, hq, :] @ K[:, hk, :].T) * scale + mask  # (T, S)
-                att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
-            x = x + att_out.reshape(T, -1) @ L.wo.T
+            if c.mla:
+                seen = np.arange(self.pos + T)[None, :] <= positions[:, None]
+                x = x + self.mla_attention(li, L, h, cos, sin,
+                                           np.where(seen, 0.0, -np.inf))
+            else:
+                x = x + self.gqa_attention(li, L, h, positions, cos, sin)
             # --- SwiGLU FFN, or a mixture of them ---
             h = rmsnorm(x, L.ffn_norm, c.norm_eps)
             if c.is_moe(li):

@@ -5,7 +5,9 @@ formats, for checking the C++ forward pass against the numpy reference
 
   make_family_models.py OUTDIR --family llama3|qwen2|mistral|yarn|linear|
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
-                                       mixtral|glm4moe|kquant
+                                       mixtral|glm4moe|deepseek3|
+                                       deepseek3_nolora|deepseek3_yarn|
+                                       kquant
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -16,8 +18,8 @@ OUTDIR/FAMILY-hf/     config.json (the family's transformers config) and
 
 The two files hold different random draws (each format is checked against
 the reference reading that same file). Families, all with odd GQA groups
-(6 query heads over 2 KV heads), 5 layers (an uneven PP split) and head_dim
-16:
+(6 query heads over 2 KV heads; the deepseek3 ones 6 heads, no GQA), 5
+layers (an uneven PP split) and head_dim 16:
   llama3   Llama 3.1: untied LM head, rope_theta 500000, llama3 RoPE
            scaling (factor 8, low/high freq factor 1/4, original context
            8192; in GGUF as rope_freqs.weight, as llama.cpp's converter
@@ -41,6 +43,26 @@ the reference reading that same file). Families, all with odd GQA groups
            routed_scaling_factor 2.5, plus 1 shared expert. GGUF tokenizer
            pre "qwen2" (llama.cpp's "glm4" pre-tokenizer is not what
            SmolLM2's vocabulary was trained with).
+  deepseek3  DeepSeek V3 (llama.cpp's deepseek2, transformers'
+           DeepseekV3ForCausalLM): multi-head latent attention, 6 heads
+           (no GQA: every head its own k_nope / v from the shared latent),
+           q LoRA rank 48 (q_a, its norm, q_b), kv LoRA rank 32, q / k head
+           16 unroped (qk_nope) + 8 roped (qk_rope, one k_pe for all heads,
+           adjacent pairs), v head 12; the MoE as glm4moe's but 4 groups
+           keeping 2; no attention biases; rms_norm_eps 1e-6 (what transformers'
+           q_a / kv_a norms use whatever the config says). GGUF as
+           llama.cpp's converter writes it today: MLA keys (key_length
+           kv_lora + rope, value_length kv_lora, *_mla the heads' sizes),
+           head_count_kv 1, kv_b split into attn_k_b / attn_v_b.
+  deepseek3_nolora  deepseek3 without q LoRA (q_proj, as DeepSeek-V2-Lite),
+           the GGUF in the older layout: attn_kv_b merged, key_length /
+           value_length the heads' sizes (24, 12), no *_mla keys,
+           head_count_kv 6; q_lora_rank 0 written (llama.cpp requires the
+           key unless the block count is a "lite" one, 26 or 27).
+  deepseek3_yarn  deepseek3 with DeepSeek V3's YaRN (factor 4, original
+           context 1024 of 4096, beta_fast 32, beta_slow 1, mscale =
+           mscale_all_dim = 1): cos / sin unscaled, the softmax scale times
+           (0.1 ln 4 + 1)^2; in GGUF rope.scaling.yarn_log_multiplier 0.1.
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -83,7 +105,15 @@ BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             experts=0, experts_used=0, expert_ffn=0, experts_norm=True,
             router_gain=4.0, rotary_factor=1.0, dense_layers=0,
             gating="softmax", groups=1, groups_used=1, shared_experts=0,
-            routed_scale=1.0)
+            routed_scale=1.0, q_lora=0, kv_lora=0, qk_rope=0, v_head=0,
+            legacy_kv_b=False)
+# The deepseek3 families' settings; head_dim is qk_nope_head_dim.
+DEEPSEEK3 = dict(gguf_arch="deepseek2", hf_type="deepseek_v3", pre="qwen2",
+                 eps=1e-6, kv_heads=6, head_dim=16, q_lora=48, kv_lora=32,
+                 qk_rope=8, v_head=12, experts=8, experts_used=2,
+                 expert_ffn=64, experts_norm=True, router_gain=2.0,
+                 dense_layers=1, gating="sigmoid", groups=4, groups_used=2,
+                 shared_experts=1, routed_scale=2.5)
 FAMILIES = {
     "llama3": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    theta=500000.0,
@@ -119,6 +149,13 @@ FAMILIES = {
                     rotary_factor=0.5, dense_layers=1, gating="sigmoid",
                     groups=2, groups_used=1, shared_experts=1,
                     routed_scale=2.5),
+    "deepseek3": DEEPSEEK3,
+    "deepseek3_nolora": dict(DEEPSEEK3, q_lora=0, legacy_kv_b=True),
+    "deepseek3_yarn": dict(
+        DEEPSEEK3, scaling={"rope_type": "yarn", "factor": 4.0,
+                            "original_max_position_embeddings": 1024,
+                            "beta_fast": 32.0, "beta_slow": 1.0,
+                            "mscale": 1.0, "mscale_all_dim": 1.0}),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -130,7 +167,8 @@ HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "mistral": "MistralForCausalLM", "qwen3": "Qwen3ForCausalLM",
            "qwen3_moe": "Qwen3MoeForCausalLM",
            "mixtral": "MixtralForCausalLM",
-           "glm4_moe": "Glm4MoeForCausalLM"}
+           "glm4_moe": "Glm4MoeForCausalLM",
+           "deepseek_v3": "DeepseekV3ForCausalLM"}
 STEPS = 32
 
 
@@ -160,14 +198,30 @@ def draw(f: dict, seed: int) -> dict:
     for i in range(f["layers"]):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(h)
-        t[p + "attn_q.weight"] = lin(q, h)
-        t[p + "attn_k.weight"] = lin(kv, h)
-        t[p + "attn_v.weight"] = lin(kv, h)
-        if f["bias"]:
-            for n, size in (("q", q), ("k", kv), ("v", kv)):
-                t[p + f"attn_{n}.bias"] = (
-                    0.5 * rng.standard_normal(size)).astype(np.float32)
-        t[p + "attn_output.weight"] = lin(h, q)
+        if f["kv_lora"]:
+            # Multi-head latent attention, kv_b merged as HF's kv_b_proj
+            # (write_gguf splits it).
+            nh, r, vd, R = f["heads"], f["qk_rope"], f["v_head"], f["kv_lora"]
+            qk = nh * (d + r)
+            if f["q_lora"]:
+                t[p + "attn_q_a.weight"] = lin(f["q_lora"], h)
+                t[p + "attn_q_a_norm.weight"] = norm(f["q_lora"])
+                t[p + "attn_q_b.weight"] = lin(qk, f["q_lora"])
+            else:
+                t[p + "attn_q.weight"] = lin(qk, h)
+            t[p + "attn_kv_a_mqa.weight"] = lin(R + r, h)
+            t[p + "attn_kv_a_norm.weight"] = norm(R)
+            t[p + "attn_kv_b.weight"] = lin(nh * (d + vd), R)
+            t[p + "attn_output.weight"] = lin(h, nh * vd)
+        else:
+            t[p + "attn_q.weight"] = lin(q, h)
+            t[p + "attn_k.weight"] = lin(kv, h)
+            t[p + "attn_v.weight"] = lin(kv, h)
+            if f["bias"]:
+                for n, size in (("q", q), ("k", kv), ("v", kv)):
+                    t[p + f"attn_{n}.bias"] = (
+                        0.5 * rng.standard_normal(size)).astype(np.float32)
+            t[p + "attn_output.weight"] = lin(h, q)
         if f["qk_norm"]:
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
@@ -183,7 +237,7 @@ def draw(f: dict, seed: int) -> dict:
                 [lin(fe, h) for _ in range(e)])
             t[p + "ffn_down_exps.weight"] = np.stack(
                 [lin(h, fe) for _ in range(e)])
-            if f["gating"] == "sigmoid":  # GLM's e_score_correction_bias
+            if f["gating"] == "sigmoid":  # e_score_correction_bias
                 t[p + "exp_probs_b.bias"] = (
                     0.1 * rng.standard_normal(e)).astype(np.float32)
             if f["shared_experts"]:
@@ -234,6 +288,7 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         return src.fields[key].contents()
 
     arch = f["gguf_arch"]
+    mla = arch == "deepseek2"
     w = gguf.GGUFWriter(path, arch)
     w.add_name(f"tiny-{arch}")
     w.add_block_count(f["layers"])
@@ -257,14 +312,39 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_expert_group_count(f["groups"])
         w.add_expert_group_used_count(f["groups_used"])
         w.add_nextn_predict_layers(0)
+    if mla:  # As llama.cpp's converter (DeepseekV2Model) writes.
+        nope, r, R = f["head_dim"], f["qk_rope"], f["kv_lora"]
+        w.add_vocab_size(VOCAB)
+        w.add_leading_dense_block_count(f["dense_layers"])
+        # The converter writes q_lora_rank only with q LoRA; llama.cpp
+        # requires it unless the block count is a "lite" one (26, 27).
+        w.add_q_lora_rank(f["q_lora"])
+        w.add_kv_lora_rank(R)
+        if f["legacy_kv_b"]:  # Before the converter split kv_b.
+            w.add_key_length(nope + r)
+            w.add_value_length(f["v_head"])
+        else:
+            w.add_key_length(R + r)
+            w.add_value_length(R)
+            w.add_key_length_mla(nope + r)
+            w.add_value_length_mla(f["v_head"])
+        w.add_expert_shared_count(f["shared_experts"])
+        w.add_expert_weights_scale(f["routed_scale"])
+        if f["experts_norm"]:
+            w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_group_count(f["groups"])
+        w.add_expert_group_used_count(f["groups_used"])
     w.add_head_count(f["heads"])
-    w.add_head_count_kv(f["kv_heads"])
+    # MLA as llama.cpp runs it: MQA over the latent.
+    w.add_head_count_kv(1 if mla and not f["legacy_kv_b"] else f["kv_heads"])
     w.add_rope_freq_base(f["theta"])
     w.add_layer_norm_rms_eps(f["eps"])
-    w.add_rope_dimension_count(rotary_dims(f))
+    w.add_rope_dimension_count(f["qk_rope"] if mla else rotary_dims(f))
     # As Qwen3's files say; GLM-4.5's always (its converter writes them
     # whenever config.json has head_dim).
-    if f["head_dim"] * f["heads"] != f["hidden"] or arch == "glm4moe":
+    if not mla and (f["head_dim"] * f["heads"] != f["hidden"]
+                    or arch == "glm4moe"):
         w.add_key_length(f["head_dim"])
         w.add_value_length(f["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -278,6 +358,10 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
         w.add_rope_scaling_factor(s["factor"])
         w.add_rope_scaling_orig_ctx_len(s["original_max_position_embeddings"])
+        if mla and s.get("mscale_all_dim"):
+            # The converter's 0.1 x mscale_all_dim (llama.cpp divides it
+            # back out).
+            w.add_rope_scaling_yarn_log_mul(0.1 * s["mscale_all_dim"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(f["pre"])
     w.add_token_list(field("tokenizer.ggml.tokens"))
@@ -292,6 +376,19 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
             # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is the
             # arch's ATTN_POST_NORM in llama.cpp (it has no FFN_NORM).
             name = name.replace(".ffn_norm.", ".post_attention_norm.")
+        if (mla and not f["legacy_kv_b"]
+                and name.endswith(".attn_kv_b.weight")):
+            # The converter's split: per head, attn_k_b the k_nope rows
+            # transposed (n_heads, kv_lora, qk_nope), attn_v_b the v rows
+            # (n_heads, v_head, kv_lora): GGUF dims [qk_nope, kv_lora,
+            # n_heads] and [kv_lora, v_head, n_heads].
+            kvb = a.reshape(f["heads"], f["head_dim"] + f["v_head"], -1)
+            w.add_tensor(name.replace("attn_kv_b", "attn_k_b"),
+                         np.ascontiguousarray(
+                             kvb[:, :f["head_dim"], :].transpose(0, 2, 1)))
+            w.add_tensor(name.replace("attn_kv_b", "attn_v_b"),
+                         np.ascontiguousarray(kvb[:, f["head_dim"]:, :]))
+            continue
         w.add_tensor(name, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -312,6 +409,12 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight",
             "ffn_up.weight": "mlp.up_proj.weight",
             "ffn_down.weight": "mlp.down_proj.weight",
             "attn_q_norm.weight": "self_attn.q_norm.weight",
+            "attn_q_a.weight": "self_attn.q_a_proj.weight",
+            "attn_q_a_norm.weight": "self_attn.q_a_layernorm.weight",
+            "attn_q_b.weight": "self_attn.q_b_proj.weight",
+            "attn_kv_a_mqa.weight": "self_attn.kv_a_proj_with_mqa.weight",
+            "attn_kv_a_norm.weight": "self_attn.kv_a_layernorm.weight",
+            "attn_kv_b.weight": "self_attn.kv_b_proj.weight",
             "attn_k_norm.weight": "self_attn.k_norm.weight",
             "exp_probs_b.bias": "mlp.gate.e_score_correction_bias",
             "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
@@ -366,6 +469,23 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                       attention_bias=f["bias"], use_qk_norm=f["qk_norm"],
                       head_dim=f["head_dim"], num_nextn_predict_layers=0,
                       attention_dropout=0.0)
+    elif f["hf_type"] == "deepseek_v3":  # As DeepSeek-V3's config.json.
+        config.update(n_routed_experts=f["experts"],
+                      num_experts_per_tok=f["experts_used"],
+                      moe_intermediate_size=f["expert_ffn"],
+                      norm_topk_prob=f["experts_norm"],
+                      first_k_dense_replace=f["dense_layers"],
+                      n_group=f["groups"], topk_group=f["groups_used"],
+                      n_shared_experts=f["shared_experts"],
+                      routed_scaling_factor=f["routed_scale"],
+                      topk_method="noaux_tc", scoring_func="sigmoid",
+                      q_lora_rank=f["q_lora"] or None,
+                      kv_lora_rank=f["kv_lora"],
+                      qk_nope_head_dim=f["head_dim"],
+                      qk_rope_head_dim=f["qk_rope"],
+                      v_head_dim=f["v_head"], rope_interleave=True,
+                      attention_bias=False, attention_dropout=0.0,
+                      num_nextn_predict_layers=0)
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
