@@ -213,9 +213,10 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     c.expert_score_bias =
         FindTensor(g, absl::StrCat("blk.", c.n_dense_layers,
                                    ".exp_probs_b.bias")) != nullptr;
-    // Both families renormalize the top-k weights (llama.cpp's norm_w for
-    // qwen3moe and llama); a file may say otherwise.
-    c.expert_weights_norm = true;
+    // qwen3moe and llama (Mixtral) renormalize the top-k weights unless the
+    // file says otherwise (llama.cpp's norm_w); glm4moe only when it says
+    // so (llama.cpp's default for it is off).
+    c.expert_weights_norm = c.architecture != "glm4moe";
     if (g.Find(p + "expert_weights_norm") != nullptr) {
       ASSIGN_OR_RETURN(c.expert_weights_norm,
                        g.GetBool(p + "expert_weights_norm"));
