@@ -103,19 +103,34 @@ int InspectCommand(int argc, char** argv) {
     int64_t total = 0;
     for (size_t i = 0; i < shards->shards.size(); ++i) {
       const ShardSpec& s = shards->shards[i];
+      if (c.is_mla()) {
+        // One latent entry per layer, K only (V is its first values),
+        // replicated on every TP rank of the stage.
+        const int64_t b =
+            KvBytesPerToken(s.n_layers(), 1, c.CachedHeadDim(), *dtype) / 2;
+        total += b;
+        std::printf(
+            "%-5zu %14lld   (%lld layers x one latent of %lld, on "
+            "every TP rank)\n",
+            i + 1, static_cast<long long>(b),
+            static_cast<long long>(s.n_layers()),
+            static_cast<long long>(c.CachedHeadDim()));
+        continue;
+      }
       const int64_t b =
           KvBytesPerToken(s.n_layers(), s.n_kv_heads(), c.head_dim, *dtype);
       total += b;
-      std::printf("%-5zu %14lld   (%lld layers x %lld KV heads x %lld x K, V)\n",
-                  i + 1, static_cast<long long>(b),
-                  static_cast<long long>(s.n_layers()),
-                  static_cast<long long>(s.n_kv_heads()),
-                  static_cast<long long>(c.head_dim));
+      std::printf(
+          "%-5zu %14lld   (%lld layers x %lld KV heads x %lld x K, V)\n", i + 1,
+          static_cast<long long>(b), static_cast<long long>(s.n_layers()),
+          static_cast<long long>(s.n_kv_heads()),
+          static_cast<long long>(c.head_dim));
     }
-    std::printf("all   %14lld   (%.1f KiB per token; %.1f GiB per 128K "
-                "tokens)\n",
-                static_cast<long long>(total), total / 1024.0,
-                total * 131072.0 / (1 << 30));
+    std::printf(
+        "all   %14lld   (%.1f KiB per token; %.1f GiB per 128K "
+        "tokens)\n",
+        static_cast<long long>(total), total / 1024.0,
+        total * 131072.0 / (1 << 30));
     return 0;
   }
   std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),

@@ -1,4 +1,6 @@
 // ModelConfig and WeightSource on top of a parsed GGUF file.
+#include <cmath>
+
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "model/dequantize.h"
@@ -141,6 +143,20 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                    IntOr(g, p + "attention.key_length", c.hidden / c.n_heads));
   ASSIGN_OR_RETURN(int64_t value_dim,
                    IntOr(g, p + "attention.value_length", c.head_dim));
+  if (c.architecture == "deepseek2") {
+    // Latent attention, in either of llama.cpp's layouts: today's (MLA as
+    // MQA over the latent: head_count_kv 1, key_length kv_lora_rank +
+    // rope, the heads' widths in key_length_mla / value_length_mla) or
+    // older files' (no *_mla keys: key_length / value_length the heads').
+    ASSIGN_OR_RETURN(c.kv_lora_rank, g.GetInt(p + "attention.kv_lora_rank"));
+    ASSIGN_OR_RETURN(c.q_lora_rank, IntOr(g, p + "attention.q_lora_rank", 0));
+    ASSIGN_OR_RETURN(c.head_dim,
+                     IntOr(g, p + "attention.key_length_mla", c.head_dim));
+    ASSIGN_OR_RETURN(c.v_head_dim,
+                     IntOr(g, p + "attention.value_length_mla", value_dim));
+    c.n_kv_heads = c.n_heads;  // Every head reads the one latent.
+    value_dim = c.head_dim;
+  }
   if (value_dim != c.head_dim) {
     return absl::UnimplementedError(
         absl::StrCat(g.name(), ": attention.value_length ", value_dim,
@@ -216,7 +232,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     // qwen3moe and llama (Mixtral) renormalize the top-k weights unless the
     // file says otherwise (llama.cpp's norm_w); glm4moe only when it says
     // so (llama.cpp's default for it is off).
-    c.expert_weights_norm = c.architecture != "glm4moe";
+    c.expert_weights_norm =
+        c.architecture != "glm4moe" && c.architecture != "deepseek2";
     if (g.Find(p + "expert_weights_norm") != nullptr) {
       ASSIGN_OR_RETURN(c.expert_weights_norm,
                        g.GetBool(p + "expert_weights_norm"));
@@ -242,6 +259,25 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                      ? RopeStyle::kRotateHalf
                      : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
+  if (c.is_mla() && c.rope_scaling.type == RopeScalingType::kYarn) {
+    // DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
+    // is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and
+    // the softmax scale is times mscale(factor, mscale_all_dim)^2 (HF's
+    // DeepseekV3 with mscale = mscale_all_dim, as every DeepSeek config
+    // has); without, cos and sin times mscale(factor) and the softmax
+    // scale its square.
+    ASSIGN_OR_RETURN(const double multiplier,
+                     FloatOr(g, p + "rope.scaling.yarn_log_multiplier", 0.0));
+    const double f = c.rope_scaling.factor;
+    const auto mscale = [f](double m) {
+      return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0;
+    };
+    const double all_dim = multiplier / static_cast<double>(0.1f);
+    const double cos_sin = all_dim != 0 ? 1.0 : mscale(1.0);
+    c.rope_scaling.attention_factor = cos_sin;
+    const double m = cos_sin * mscale(all_dim);
+    c.attn_scale_factor = static_cast<float>(m * m);
+  }
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat(g.name(), ": ", s.message()));

@@ -82,7 +82,19 @@ std::string WindowString(const ModelConfig& c) {
 // The lines only some families have: partial RoPE, GLM-4.5's routing.
 std::string ExtrasString(const ModelConfig& c) {
   std::string out;
-  if (c.rope_dims != 0 && c.rope_dims != c.head_dim) {
+  if (c.is_mla()) {
+    absl::StrAppendFormat(
+        &out,
+        "latent attention kv_lora_rank %d, q_lora_rank %d, q/k head %d "
+        "(RoPE on its last %d), v head %d; cached per token and layer: "
+        "%d values\n",
+        c.kv_lora_rank, c.q_lora_rank, c.head_dim, c.RotaryDims(), c.v_head_dim,
+        c.CachedHeadDim());
+    if (c.attn_scale_factor != 1.0f) {
+      absl::StrAppendFormat(&out, "attention scale  %g / sqrt(%d)\n",
+                            c.attn_scale_factor, c.head_dim);
+    }
+  } else if (c.rope_dims != 0 && c.rope_dims != c.head_dim) {
     absl::StrAppend(&out, "rope_dims        ", c.rope_dims, " of ", c.head_dim,
                     " (partial RoPE)\n");
   }
@@ -110,14 +122,15 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",     "mistral", "qwen2",   "qwen3",   "qwen3moe",
-      "qwen3_moe", "mixtral", "glm4moe", "glm4_moe"};
+      "llama",     "mistral", "qwen2",   "qwen3",    "qwen3moe",
+      "qwen3_moe", "mixtral", "glm4moe", "glm4_moe", "deepseek2"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, mixtral "
-        "and glm4moe are; llama with experts is Mixtral)"));
+        "and glm4moe are; llama with experts is Mixtral; a deepseek2 GGUF "
+        "is read by inspect only)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
@@ -156,6 +169,26 @@ absl::Status ModelConfig::Validate() const {
     return absl::InvalidArgumentError(
         "model config: shared experts, dense layers or expert gating set "
         "for a model without experts");
+  }
+  if (kv_lora_rank != 0 || q_lora_rank != 0 || v_head_dim != 0) {
+    for (auto [field, v, lo, hi] :
+         {std::tuple<const char*, int64_t, int64_t, int64_t>{
+              "kv_lora_rank", kv_lora_rank, 1, 1 << 14},
+          {"q_lora_rank", q_lora_rank, 0, 1 << 16},
+          {"v_head_dim", v_head_dim, 1, 1024}}) {
+      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+    }
+    if (rope_dims == 0 || rope_dims >= head_dim || n_kv_heads != n_heads) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: latent attention needs a RoPE part (rope_dims ",
+          rope_dims, ") narrower than the head (", head_dim,
+          ") and n_kv_heads = n_heads (", n_kv_heads, " vs ", n_heads, ")"));
+    }
+  }
+  if (!(attn_scale_factor > 0) || !std::isfinite(attn_scale_factor)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: attn_scale_factor ", attn_scale_factor,
+                     " must be positive and finite"));
   }
   if (rope_dims != 0 &&
       (rope_dims < 2 || rope_dims > head_dim || rope_dims % 2 != 0)) {

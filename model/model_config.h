@@ -75,6 +75,16 @@ struct ModelConfig {
   // Partial RoPE (GLM-4.5): only the first rope_dims dimensions of each
   // head rotate, paired within them; 0: all head_dim.
   int64_t rope_dims = 0;
+  // Multi-head latent attention (DeepSeek V2/V3, Kimi K2; 0: none). Each
+  // token caches, per layer, one latent of kv_lora_rank values (normed)
+  // and the roped key part of rope_dims values, shared by every head;
+  // head_dim is then a query/key head's width (qk_nope + rope_dims, the
+  // rope part last) and v_head_dim a value head's. n_kv_heads = n_heads.
+  int64_t kv_lora_rank = 0;
+  int64_t q_lora_rank = 0;  // 0: q = wq x; else wq_b rmsnorm(wq_a x).
+  int64_t v_head_dim = 0;
+  // Multiplies attention's 1/sqrt(head_dim): DeepSeek's YaRN mscale^2.
+  float attn_scale_factor = 1.0f;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 
@@ -88,6 +98,14 @@ struct ModelConfig {
   // Columns of the shared experts' FFN; 0 when none.
   int64_t SharedFfn() const { return n_shared_experts * expert_ffn_hidden; }
   int64_t RotaryDims() const { return rope_dims > 0 ? rope_dims : head_dim; }
+  bool is_mla() const { return kv_lora_rank > 0; }
+  // What the KV cache holds per token and layer: n_kv_heads heads of
+  // head_dim for K and as many for V, or under MLA one entry of
+  // kv_lora_rank + rope_dims (V is its first kv_lora_rank values).
+  int64_t CachedHeads() const { return is_mla() ? 1 : n_kv_heads; }
+  int64_t CachedHeadDim() const {
+    return is_mla() ? kv_lora_rank + RotaryDims() : head_dim;
+  }
   // The FFN width a shard splits: the experts' for a mixture.
   int64_t SplitFfn() const { return is_moe() ? expert_ffn_hidden : ffn_hidden; }
 

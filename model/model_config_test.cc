@@ -89,6 +89,33 @@ TEST(ModelConfigTest, Glm45PartsAreChecked) {
   EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "without experts"));
 }
 
+TEST(ModelConfigTest, LatentAttentionIsChecked) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  ModelConfig c = SmolLm2();
+  c.architecture = "deepseek2";
+  c.n_kv_heads = c.n_heads;
+  c.kv_lora_rank = 32;
+  c.q_lora_rank = 48;
+  c.v_head_dim = 12;
+  c.rope_dims = 16;
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_TRUE(c.is_mla());
+  EXPECT_EQ(c.CachedHeads(), 1);
+  EXPECT_EQ(c.CachedHeadDim(), 32 + 16);
+  ModelConfig bad = c;
+  bad.rope_dims = 0;  // No RoPE part.
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "latent attention needs"));
+  bad = c;
+  bad.n_kv_heads = 3;  // Latent attention has no KV head groups.
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "n_kv_heads = n_heads"));
+  bad = c;
+  bad.v_head_dim = 0;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "v_head_dim"));
+  bad = c;
+  bad.attn_scale_factor = 0;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "attn_scale_factor"));
+}
+
 TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
   constexpr int64_t kDim = 64;
   const RopeTable plain =
