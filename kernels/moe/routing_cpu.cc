@@ -13,44 +13,18 @@ std::vector<std::pair<int32_t, float>> RouteToken(const float* logits,
                                                   int64_t experts,
                                                   int64_t top_k,
                                                   bool renormalize) {
-  // Softmax in f32, as both references compute it (max subtracted).
-  float max = logits[0];
-  for (int64_t e = 1; e < experts; ++e) max = std::max(max, logits[e]);
-  std::vector<float> p(experts);
-  float sum = 0;
-  for (int64_t e = 0; e < experts; ++e) {
-    p[e] = std::exp(logits[e] - max);
-    sum += p[e];
-  }
-  for (float& v : p) v /= sum;
-  // The top_k, decreasing, ties to the lower index (stable order).
-  std::vector<int32_t> order(experts);
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int32_t a, int32_t b) { return p[a] > p[b]; });
-  std::vector<std::pair<int32_t, float>> out;
-  float chosen = 0;
-  for (int64_t k = 0; k < top_k; ++k) {
-    out.emplace_back(order[k], p[order[k]]);
-    chosen += p[order[k]];
-  }
-  if (renormalize) {
-    for (auto& [e, w] : out) w /= chosen;
-  }
-  return out;
+  return RouteToken(logits, RouterSpec{.experts = experts,
+                                       .top_k = top_k,
+                                       .renormalize = renormalize});
 }
 
 std::vector<std::pair<int32_t, float>> RouteToken(const float* logits,
                                                   const RouterSpec& spec) {
   const int64_t experts = spec.experts;
-  if (spec.gating == ExpertGating::kSoftmax && spec.score_bias.empty() &&
-      spec.groups == 1 && spec.scale == 1.0f) {
-    return RouteToken(logits, experts, spec.top_k, spec.renormalize);
-  }
   std::vector<float> s(logits, logits + experts);
   if (spec.gating == ExpertGating::kSigmoid) {
     for (float& v : s) v = 1.0f / (1.0f + std::exp(-v));
-  } else {
+  } else {  // Softmax in f32, as the references compute it (max first).
     const float max = *std::max_element(s.begin(), s.end());
     float sum = 0;
     for (float& v : s) sum += (v = std::exp(v - max));
