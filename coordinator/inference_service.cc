@@ -20,6 +20,7 @@
 #include "model/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
+#include "worker/kv_pool.h"
 
 namespace shardlm {
 namespace {
@@ -1033,8 +1034,7 @@ grpc::Status InferenceService::GetModelInfo(
   const DType kv_dtype = engine_->executor().kv_cache_dtype();
   response->set_kv_cache_dtype(KvCacheDTypeName(kv_dtype));
   response->set_kv_bytes_per_token(
-      KvBytesPerToken(engine_->config().n_layers, engine_->config().n_kv_heads,
-                      engine_->config().head_dim, kv_dtype));
+      KvBytesPerToken(engine_->config(), kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   response->set_tool_call_format(ToolCallFormatName(tool_call_format()));
   return grpc::Status::OK;

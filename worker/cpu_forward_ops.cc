@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/add/add.h"
+#include "kernels/attention/latent_attention.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -56,6 +57,84 @@ absl::Status CpuForwardOps::AttentionPartial(const Tensor& q,
 absl::Status CpuForwardOps::MergeAttention(const Tensor& outs,
                                            const Tensor& lses, Tensor& out) {
   return shardlm::MergeAttention(outs, lses, out);
+}
+
+namespace {
+
+// x [n, heads, dx] and y [n, heads, dy] host f32, and columns [x_offset,
+// x_offset + i) and [y_offset, y_offset + o) inside their heads.
+absl::Status CheckHeadColumns(const char* op, const Tensor& x, int64_t x_offset,
+                              int64_t i, const Tensor& y, int64_t y_offset,
+                              int64_t o) {
+  if (x.rank() != 3 || y.rank() != 3 || x.dtype() != DType::kF32 ||
+      y.dtype() != DType::kF32 || x.dim(0) != y.dim(0) ||
+      x.dim(1) != y.dim(1) || x_offset < 0 || x_offset + i > x.dim(2) ||
+      y_offset < 0 || y_offset + o > y.dim(2)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(op, ": columns [", x_offset, ", ", x_offset + i, ") of x ",
+                     x.DebugString(), " into [", y_offset, ", ", y_offset + o,
+                     ") of y ", y.DebugString()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status CpuForwardOps::HeadLinear(const Tensor& x, int64_t x_offset,
+                                       const Tensor& w, Tensor& y,
+                                       int64_t y_offset) {
+  const int64_t heads = x.rank() == 3 ? x.dim(1) : 0;
+  if (w.rank() != 2 || heads == 0 || w.dim(0) % heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "HeadLinear: w ", w.DebugString(), " for x ", x.DebugString()));
+  }
+  const int64_t n = x.dim(0), i = w.dim(1), o = w.dim(0) / heads;
+  RETURN_IF_ERROR(
+      CheckHeadColumns("HeadLinear", x, x_offset, i, y, y_offset, o));
+  // Each head's columns gathered, multiplied by its rows of w, scattered.
+  ASSIGN_OR_RETURN(Tensor in, Tensor::Host(DType::kF32, {n, i}));
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Host(DType::kF32, {n, o}));
+  const int64_t dx = x.dim(2), dy = y.dim(2);
+  for (int64_t h = 0; h < heads; ++h) {
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(x.f32().data() + (t * heads + h) * dx + x_offset, i,
+                  in.f32().data() + t * i);
+    }
+    ASSIGN_OR_RETURN(const Tensor wh, w.Rows(h * o, (h + 1) * o));
+    RETURN_IF_ERROR(shardlm::Linear(in, wh, out, false));
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy_n(out.f32().data() + t * o, o,
+                  y.f32().data() + (t * heads + h) * dy + y_offset);
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuForwardOps::CopyHeadColumns(const Tensor& x, int64_t x_offset,
+                                            int64_t width, Tensor& y,
+                                            int64_t y_offset) {
+  RETURN_IF_ERROR(CheckHeadColumns("CopyHeadColumns", x, x_offset, width, y,
+                                   y_offset, width));
+  const int64_t rows = x.dim(0) * x.dim(1), dx = x.dim(2), dy = y.dim(2);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy_n(x.f32().data() + r * dx + x_offset, width,
+                y.f32().data() + r * dy + y_offset);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CpuForwardOps::WriteLatent(const Tensor& first,
+                                        const Tensor& second,
+                                        const KvLayer& cache) {
+  return shardlm::WriteLatent(first, second, batch_, cache.k);
+}
+
+absl::Status CpuForwardOps::LatentAttention(const Tensor& q,
+                                            const KvLayer& cache, float scale,
+                                            int64_t window,
+                                            int64_t value_offset, Tensor& out) {
+  batch_.window = window;
+  return shardlm::LatentAttention(q, cache.k, batch_, scale, value_offset, out);
 }
 
 absl::Status CpuForwardOps::SwiGlu(const Tensor& gate, const Tensor& up,

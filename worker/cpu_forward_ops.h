@@ -37,6 +37,15 @@ class CpuForwardOps : public ForwardOps {
                                 Tensor& lse) override;
   absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
                               Tensor& out) override;
+  absl::Status HeadLinear(const Tensor& x, int64_t x_offset, const Tensor& w,
+                          Tensor& y, int64_t y_offset) override;
+  absl::Status CopyHeadColumns(const Tensor& x, int64_t x_offset, int64_t width,
+                               Tensor& y, int64_t y_offset) override;
+  absl::Status WriteLatent(const Tensor& first, const Tensor& second,
+                           const KvLayer& cache) override;
+  absl::Status LatentAttention(const Tensor& q, const KvLayer& cache,
+                               float scale, int64_t window,
+                               int64_t value_offset, Tensor& out) override;
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override;
   absl::Status Add(Tensor& x, const Tensor& y) override;

@@ -25,6 +25,12 @@ namespace shardlm {
 absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
     int device, const ModelConfig& config, const KvPoolConfig& kv) {
   RETURN_IF_ERROR(config.Validate());
+  if (config.is_mla()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU workers do not run ", config.architecture,
+        "'s multi-head latent attention yet; run it on CPU workers "
+        "(--device cpu)"));
+  }
   // GLM-4.5's parts run on CPU workers only so far (docs/moe.md).
   if (config.RotaryDims() != config.head_dim || config.n_shared_experts > 0 ||
       config.n_dense_layers > 0 ||

@@ -104,6 +104,52 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
   return ops.Add(b.x, b.partial);
 }
 
+absl::Status ShardForward::LatentLayer(const LlamaLayerWeights& w,
+                                       int64_t layer, const RopeTable& rope,
+                                       const KvLayer& cache,
+                                       ForwardBuffers& b) const {
+  const ModelConfig& c = weights.config;
+  const int64_t n = b.xn.dim(0), heads = weights.spec.n_heads();
+  const int64_t d = c.head_dim, r = c.RotaryDims(), R = c.kv_lora_rank,
+                nope = d - r, vd = c.v_head_dim;
+  const float eps = c.rms_norm_eps;  // llama.cpp's one eps for all norms.
+  // This rank's query heads, [q_nope | q_pe] each: wq_b rmsnorm(wq_a xn)
+  // (the compressed query is every rank's), or wq xn.
+  if (!w.wq_a.empty()) {
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.wq_a, b.q_a, false));
+    RETURN_IF_ERROR(ops.RmsNorm(b.q_a, w.q_a_norm, eps, b.q_a));
+    RETURN_IF_ERROR(ops.Linear(b.q_a, w.wq_b, b.q, false));
+  } else {
+    RETURN_IF_ERROR(ops.Linear(b.xn, w.wq, b.q, false));
+  }
+  // The token's cache entry, shared by every head (and every TP rank, each
+  // computing it): [k_pe | c_kv], k_pe = rope(wkv_a's last r rows xn),
+  // c_kv = rmsnorm(its first R rows xn).
+  ASSIGN_OR_RETURN(const Tensor w_latent, w.wkv_a.Rows(0, R));
+  ASSIGN_OR_RETURN(const Tensor w_rope, w.wkv_a.Rows(R, R + r));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w_latent, b.kv_latent, false));
+  RETURN_IF_ERROR(ops.RmsNorm(b.kv_latent, w.kv_a_norm, eps, b.kv_latent));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w_rope, b.kv_rope, false));
+  ASSIGN_OR_RETURN(Tensor k_pe, b.kv_rope.Reshaped({n, 1, r}));
+  RETURN_IF_ERROR(ops.Rope(k_pe, rope));
+  RETURN_IF_ERROR(ops.WriteLatent(b.kv_rope, b.kv_latent, cache));
+  // Absorbed queries [rope(q_pe) | W_kb,h^T q_nope], so that a head's
+  // score is one dot product with the entry: q_nope . (W_kb,h c_kv) =
+  // (W_kb,h^T q_nope) . c_kv. The rope table turns the first r columns.
+  ASSIGN_OR_RETURN(const Tensor q3, b.q.Reshaped({n, heads, d}));
+  RETURN_IF_ERROR(ops.CopyHeadColumns(q3, nope, r, b.q_absorbed, 0));
+  RETURN_IF_ERROR(ops.Rope(b.q_absorbed, rope));
+  RETURN_IF_ERROR(ops.HeadLinear(q3, 0, w.wk_b, b.q_absorbed, r));
+  // Softmax over the entries (DeepSeek's scale: the q/k head's, times
+  // YaRN's mscale^2), then each head's values from its latent sum.
+  const float scale = c.attn_scale_factor / std::sqrt(static_cast<float>(d));
+  RETURN_IF_ERROR(ops.LatentAttention(b.q_absorbed, cache, scale,
+                                      c.LayerWindow(layer), r, b.attn_latent));
+  ASSIGN_OR_RETURN(Tensor attn3, b.attn.Reshaped({n, heads, vd}));
+  RETURN_IF_ERROR(ops.HeadLinear(b.attn_latent, 0, w.wv_b, attn3, 0));
+  return Residual(b.attn, w.wo, w.wo_offset, b);
+}
+
 absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
                                       const Tensor& bias, Tensor& y) const {
   RETURN_IF_ERROR(ops.Linear(xn, w, y, false));
@@ -172,11 +218,19 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   // The ops that read the step's tokens, positions or logit rows (Embed,
   // Rope): bound to this rank's slice under sequence parallel.
   ForwardOps& tok = seq != nullptr ? seq->ops : ops;
-  // Per-head views of the same memory: [s, heads, head_dim].
-  ASSIGN_OR_RETURN(Tensor q3, b.q.Reshaped({s, spec.n_heads(), d}));
-  ASSIGN_OR_RETURN(Tensor k3, b.k.Reshaped({s, spec.n_kv_heads(), d}));
-  ASSIGN_OR_RETURN(Tensor v3, b.v.Reshaped({s, spec.n_kv_heads(), d}));
-  ASSIGN_OR_RETURN(Tensor attn3, b.attn.Reshaped({n, spec.n_heads(), d}));
+  if (c.is_mla() && (comms.cp != nullptr || seq != nullptr)) {
+    return absl::UnimplementedError(
+        "multi-head latent attention under context parallel");
+  }
+  // Per-head views of the same memory: [s, heads, head_dim] (MLA has its
+  // own: LatentLayer).
+  Tensor q3, k3, v3, attn3;
+  if (!c.is_mla()) {
+    ASSIGN_OR_RETURN(q3, b.q.Reshaped({s, spec.n_heads(), d}));
+    ASSIGN_OR_RETURN(k3, b.k.Reshaped({s, spec.n_kv_heads(), d}));
+    ASSIGN_OR_RETURN(v3, b.v.Reshaped({s, spec.n_kv_heads(), d}));
+    ASSIGN_OR_RETURN(attn3, b.attn.Reshaped({n, spec.n_heads(), d}));
+  }
   // What attention reads ([n, heads, head_dim]): the gathered slices under
   // sequence parallel, else the step's own.
   Tensor qa3 = q3, ka3 = k3, va3 = v3, attn_rows = b.attn;
@@ -213,41 +267,45 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
     const KvLayer cache = kv.at(l);
-    // One GEMM, then its column blocks split, turned and cached by one op
-    // (one kernel on GPUs), unless Qwen3's per-head norms come between or
-    // sequence parallel gathers the slices first.
-    const bool fused_qkv =
-        !w.wqkv.empty() && w.q_norm.empty() && seq == nullptr;
-    if (fused_qkv) {
-      RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
-      RETURN_IF_ERROR(ops.QkvRopeKv(b.qkv, rope, q3, k3, v3, cache));
-    } else if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
-      RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
-      RETURN_IF_ERROR(ops.SplitQkv(b.qkv, b.q, b.k, b.v));
+    if (c.is_mla()) {
+      RETURN_IF_ERROR(LatentLayer(w, spec.layer_begin + l, rope, cache, b));
     } else {
-      RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q));
-      RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
-      RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
-    }
-    if (!w.q_norm.empty()) {  // Qwen3: RMSNorm of each head, then RoPE.
-      ASSIGN_OR_RETURN(Tensor qh, b.q.Reshaped({s * spec.n_heads(), d}));
-      ASSIGN_OR_RETURN(Tensor kh, b.k.Reshaped({s * spec.n_kv_heads(), d}));
-      RETURN_IF_ERROR(ops.RmsNorm(qh, w.q_norm, c.rms_norm_eps, qh));
-      RETURN_IF_ERROR(ops.RmsNorm(kh, w.k_norm, c.rms_norm_eps, kh));
-    }
-    if (!fused_qkv) {
-      RETURN_IF_ERROR(tok.Rope(q3, rope));
-      RETURN_IF_ERROR(tok.Rope(k3, rope));
-      if (seq != nullptr) {  // Every rank's slice of Q, K and V.
-        RETURN_IF_ERROR(GatherSlices(b.q_slot, b.q_all));
-        RETURN_IF_ERROR(GatherSlices(b.k_slot, b.k_all));
-        RETURN_IF_ERROR(GatherSlices(b.v_slot, b.v_all));
+      // One GEMM, then its column blocks split, turned and cached by one op
+      // (one kernel on GPUs), unless Qwen3's per-head norms come between or
+      // sequence parallel gathers the slices first.
+      const bool fused_qkv =
+          !w.wqkv.empty() && w.q_norm.empty() && seq == nullptr;
+      if (fused_qkv) {
+        RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
+        RETURN_IF_ERROR(ops.QkvRopeKv(b.qkv, rope, q3, k3, v3, cache));
+      } else if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
+        RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
+        RETURN_IF_ERROR(ops.SplitQkv(b.qkv, b.q, b.k, b.v));
+      } else {
+        RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q));
+        RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
+        RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
       }
-      RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
+      if (!w.q_norm.empty()) {  // Qwen3: RMSNorm of each head, then RoPE.
+        ASSIGN_OR_RETURN(Tensor qh, b.q.Reshaped({s * spec.n_heads(), d}));
+        ASSIGN_OR_RETURN(Tensor kh, b.k.Reshaped({s * spec.n_kv_heads(), d}));
+        RETURN_IF_ERROR(ops.RmsNorm(qh, w.q_norm, c.rms_norm_eps, qh));
+        RETURN_IF_ERROR(ops.RmsNorm(kh, w.k_norm, c.rms_norm_eps, kh));
+      }
+      if (!fused_qkv) {
+        RETURN_IF_ERROR(tok.Rope(q3, rope));
+        RETURN_IF_ERROR(tok.Rope(k3, rope));
+        if (seq != nullptr) {  // Every rank's slice of Q, K and V.
+          RETURN_IF_ERROR(GatherSlices(b.q_slot, b.q_all));
+          RETURN_IF_ERROR(GatherSlices(b.k_slot, b.k_all));
+          RETURN_IF_ERROR(GatherSlices(b.v_slot, b.v_all));
+        }
+        RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
+      }
+      RETURN_IF_ERROR(Attention(qa3, cache, scale,
+                                c.LayerWindow(spec.layer_begin + l), attn3, b));
+      RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));
     }
-    RETURN_IF_ERROR(Attention(qa3, cache, scale,
-                              c.LayerWindow(spec.layer_begin + l), attn3, b));
-    RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
     if (c.LayerIsMoe(spec.layer_begin + l)) {

@@ -109,6 +109,36 @@ class ForwardOps {
                                             int64_t width) {
     return absl::UnimplementedError("PadColumns on this backend");
   }
+  // Multi-head latent attention (ModelConfig::is_mla). x: [n, heads, dx],
+  // y: [n, heads, dy], w: [heads * o, i] with head h's matrix in rows [h o,
+  // (h + 1) o): y[:, h, y_offset + [0, o)] = x[:, h, x_offset + [0, i)]
+  // w_h^T for every head.
+  virtual absl::Status HeadLinear(const Tensor& x, int64_t x_offset,
+                                  const Tensor& w, Tensor& y,
+                                  int64_t y_offset) {
+    return absl::UnimplementedError("HeadLinear on this backend");
+  }
+  // y[:, h, y_offset + [0, width)] = x[:, h, x_offset + [0, width)].
+  virtual absl::Status CopyHeadColumns(const Tensor& x, int64_t x_offset,
+                                       int64_t width, Tensor& y,
+                                       int64_t y_offset) {
+    return absl::UnimplementedError("CopyHeadColumns on this backend");
+  }
+  // Writes each token's latent entry [first | second] ([n, a], [n, b])
+  // into one layer's cache (KvLayer::k; kernels/attention/
+  // latent_attention.h).
+  virtual absl::Status WriteLatent(const Tensor& first, const Tensor& second,
+                                   const KvLayer& cache) {
+    return absl::UnimplementedError("WriteLatent on this backend");
+  }
+  // Every head's causal attention over the latent entries: q [n, heads,
+  // d] absorbed, out [n, heads, dv] the softmax-weighted sum of the
+  // entries' values [value_offset, value_offset + dv).
+  virtual absl::Status LatentAttention(const Tensor& q, const KvLayer& cache,
+                                       float scale, int64_t window,
+                                       int64_t value_offset, Tensor& out) {
+    return absl::UnimplementedError("LatentAttention on this backend");
+  }
   // Mixtures of experts. out[i, :] = x[rows[i], :] (out: [rows.size(), c]).
   virtual absl::Status GatherRows(const Tensor& x,
                                   absl::Span<const int32_t> rows, Tensor& out) {
@@ -169,6 +199,13 @@ struct ForwardBuffers {
   // The shared experts' gate and up [n, shared columns held] f32 and
   // SwiGLU (GEMM input; may alias shared_gate), their output in moe_out.
   Tensor shared_gate, shared_up, shared_h;
+  // Multi-head latent attention (q, k and v unused; q [n, heads held *
+  // head_dim] and attn [n, heads held * v_head_dim]): the q LoRA's
+  // compressed query [n, q_lora_rank], the shared roped key part [n,
+  // rope_dims] and normed latent [n, kv_lora_rank] of each token, the
+  // absorbed queries [n, heads held, rope_dims + kv_lora_rank] and the
+  // heads' attention over the latent [n, heads held, kv_lora_rank].
+  Tensor q_a, kv_rope, kv_latent, q_absorbed, attn_latent;
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
@@ -266,6 +303,11 @@ struct ShardForward {
   absl::Status Comm(const std::function<absl::Status()>& call) const {
     return comm ? comm(call) : call();
   }
+  // x += the layer's multi-head latent attention of b.xn, its cache
+  // written (worker/forward.cc).
+  absl::Status LatentLayer(const LlamaLayerWeights& w, int64_t layer,
+                           const RopeTable& rope, const KvLayer& cache,
+                           ForwardBuffers& b) const;
   // x += the layer's mixture of experts of b.xn, summed over the TP group
   // (each rank adds its experts' share, or its columns of every expert).
   absl::Status Experts(const LlamaLayerWeights& w, ForwardBuffers& b) const;

@@ -8,22 +8,34 @@
 #include "absl/strings/str_join.h"
 #include "core/crc32c.h"
 #include "core/status.h"
+#include "kernels/attention/latent_attention.h"
 #include "kernels/attention/paged_attention.h"
 
 namespace shardlm {
 
 int64_t KvPoolConfig::BytesPerBlock() const {
-  return 2 * n_layers * kv_heads *
+  return (latent ? 1 : 2) * n_layers * kv_heads *
          KvHeadBlockBytes(dtype, block_size, head_dim);
 }
 
 int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
+  if (c.is_mla()) {  // One latent entry per layer, no separate V.
+    return c.n_layers * KvHeadBlockBytes(dtype, 1, c.CachedHeadDim());
+  }
   return KvBytesPerToken(c.n_layers, c.n_kv_heads, c.head_dim, dtype);
 }
 
 int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
   const int64_t per_block = BytesPerBlock();
   return per_block > 0 ? bytes / per_block : 0;
+}
+
+KvPoolConfig PoolShapeForShard(const ModelConfig& c, const ShardSpec& spec) {
+  // Under MLA every TP rank holds the whole latent (its heads all read it).
+  return {.n_layers = spec.n_layers(),
+          .kv_heads = c.is_mla() ? 1 : spec.n_kv_heads(),
+          .head_dim = c.CachedHeadDim(),
+          .latent = c.is_mla()};
 }
 
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
@@ -41,11 +53,9 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
         "block size (", block_size, ") must be positive and the KV budgets (",
         budget_bytes, " device, ", host_bytes, " host bytes) not negative"));
   }
-  KvPoolConfig kv{.n_layers = spec.n_layers(),
-                  .kv_heads = spec.n_kv_heads(),
-                  .head_dim = c.head_dim,
-                  .block_size = block_size,
-                  .dtype = dtype};
+  KvPoolConfig kv = PoolShapeForShard(c, spec);
+  kv.block_size = block_size;
+  kv.dtype = dtype;
   kv.num_blocks = budget_bytes > 0
                       ? kv.BlocksFor(budget_bytes)
                       : (c.context_length + block_size - 1) / block_size;
@@ -90,8 +100,10 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
   std::unique_ptr<KvPool> pool(new KvPool(config));
   const int64_t blocks = config.total_blocks();
   const Shape k_shape =
-      KeyCacheShape(blocks, config.block_size, config.kv_heads, config.head_dim,
-                    config.dtype);
+      config.latent ? LatentCacheShape(blocks, config.block_size,
+                                       config.head_dim, config.dtype)
+                    : KeyCacheShape(blocks, config.block_size, config.kv_heads,
+                                    config.head_dim, config.dtype);
   const Shape v_shape =
       ValueCacheShape(blocks, config.block_size, config.kv_heads,
                       config.head_dim, config.dtype);
@@ -101,8 +113,10 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
       // touched (and committed) up front.
       ASSIGN_OR_RETURN(Tensor k,
                        Tensor::HostUninitialized(config.dtype, k_shape));
-      ASSIGN_OR_RETURN(Tensor v,
-                       Tensor::HostUninitialized(config.dtype, v_shape));
+      Tensor v;
+      if (!config.latent) {
+        ASSIGN_OR_RETURN(v, Tensor::HostUninitialized(config.dtype, v_shape));
+      }
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
     }
@@ -121,7 +135,8 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
 }
 
 size_t KvPool::HeadBytes() const {
-  return static_cast<size_t>(config_.BytesPerBlock() / 2 / config_.n_layers /
+  return static_cast<size_t>(config_.BytesPerBlock() /
+                             (config_.latent ? 1 : 2) / config_.n_layers /
                              config_.kv_heads);
 }
 
@@ -130,6 +145,7 @@ void KvPool::CopyBlock(int64_t src, int64_t dst) {
   const size_t head_stride = head_bytes * config_.total_blocks();
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     for (Tensor* t : {&k_[l], &v_[l]}) {
+      if (t->empty()) continue;  // A latent pool's V.
       for (int64_t g = 0; g < config_.kv_heads; ++g) {
         char* base = t->data<char>() + g * head_stride;
         std::memcpy(base + dst * head_bytes, base + src * head_bytes,
@@ -145,6 +161,7 @@ uint32_t KvPool::BlockChecksum(int64_t block) const {
   uint32_t crc = 0;
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     for (const Tensor* t : {&k_[l], &v_[l]}) {
+      if (t->empty()) continue;  // A latent pool's V.
       for (int64_t g = 0; g < config_.kv_heads; ++g) {
         const char* base = t->data<char>() + g * head_stride;
         crc = Crc32c(base + block * head_bytes, head_bytes, crc);
@@ -198,6 +215,7 @@ absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
   const size_t head_stride = head_bytes * total;
   for (int64_t l = 0; l < config_.n_layers; ++l) {
     for (Tensor* t : {&k_[l], &v_[l]}) {
+      if (t->empty()) continue;  // A latent pool's V.
       for (int64_t g = 0; g < config_.kv_heads; ++g) {
         char* base = t->data<char>() + g * head_stride;
         for (const BlockCopy& c : copies) {

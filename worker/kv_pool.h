@@ -37,17 +37,26 @@ struct KvPoolConfig {
   int64_t num_host_blocks = 0;  // Host tier.
   // Element type of the cache (f32, f16, bf16 or I8: IsCpuKvDType).
   DType dtype = kDefaultCpuKvDType;
+  // Multi-head latent attention (ModelConfig::is_mla): one entry of
+  // head_dim values per token and layer (kv_heads 1), held in k
+  // (LatentCacheShape); v is empty.
+  bool latent = false;
   // Every block copied into the host tier keeps a CRC-32C of its bytes,
   // checked when it is copied out (--kv-checksum).
   bool checksum_host_tier = false;
 
   int64_t total_blocks() const { return num_blocks + num_host_blocks; }
 
-  // Bytes of one block across all layers (K and V).
+  // Bytes of one block across all layers (K and V, or the latent).
   int64_t BytesPerBlock() const;
   // The most blocks that fit in `bytes`.
   int64_t BlocksFor(int64_t bytes) const;
 };
+
+// What a shard's pool holds per block (layers, KV heads or the latent,
+// their width); the block size, counts and dtype are left unset.
+KvPoolConfig PoolShapeForShard(const ModelConfig& config,
+                               const ShardSpec& spec);
 
 // The pool of one shard (its layers and KV heads) with as many device
 // blocks as `budget_bytes` holds (enough for one full context when it is 0)

@@ -73,13 +73,14 @@ absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
 
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm,  &l.wq,          &l.wk,          &l.wv,
-          &l.bq,         &l.bk,          &l.bv,          &l.wo,
-          &l.ffn_norm,   &l.w_gate,      &l.w_up,        &l.w_down,
-          &l.wqkv,       &l.bqkv,        &l.w_gate_up,   &l.q_norm,
-          &l.k_norm,     &l.router,      &l.exp_gate,    &l.exp_up,
-          &l.exp_down,   &l.router_bias, &l.shared_gate, &l.shared_up,
-          &l.shared_down};
+  return {&l.attn_norm,   &l.wq,          &l.wk,          &l.wv,
+          &l.bq,          &l.bk,          &l.bv,          &l.wo,
+          &l.ffn_norm,    &l.w_gate,      &l.w_up,        &l.w_down,
+          &l.wqkv,        &l.bqkv,        &l.w_gate_up,   &l.q_norm,
+          &l.k_norm,      &l.router,      &l.exp_gate,    &l.exp_up,
+          &l.exp_down,    &l.router_bias, &l.shared_gate, &l.shared_up,
+          &l.shared_down, &l.wq_a,        &l.q_a_norm,    &l.wq_b,
+          &l.wkv_a,       &l.kv_a_norm,   &l.wk_b,        &l.wv_b};
 }
 
 // Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
@@ -193,6 +194,81 @@ absl::StatusOr<Slice> LoadExperts(const WeightSource& source, int64_t layer,
   return Slice{std::move(all), offset};
 }
 
+// Rows [r0, r1) of an f32 matrix, copied.
+absl::StatusOr<Tensor> CopyRows(const float* src, int64_t r0, int64_t r1,
+                                int64_t cols) {
+  ASSIGN_OR_RETURN(Tensor out, Tensor::Host(DType::kF32, {r1 - r0, cols}));
+  std::copy_n(src + r0 * cols, (r1 - r0) * cols, out.f32().data());
+  return out;
+}
+
+// Multi-head latent attention's tensors of layer `layer` for this shard's
+// heads (LlamaLayerWeights::wq_a.. wv_b, wo). The per-head up-projections
+// come as llama.cpp writes them today, attn_k_b [heads, R, qk_nope] and
+// attn_v_b [heads, vd, R], or as older files (and Hugging Face's kv_b_proj)
+// do, one attn_kv_b [heads * (qk_nope + vd), R] whose head blocks are
+// qk_nope rows of K, then vd of V: its K rows are transposed here. Both
+// are kept in f32 (a few MB per layer: heads x R x (qk_nope + vd)).
+absl::Status LoadLatentAttention(const WeightSource& source, int64_t layer,
+                                 const ShardSpec& s, LlamaLayerWeights& l) {
+  const ModelConfig& c = source.config();
+  const std::string p = absl::StrCat("blk.", layer, ".");
+  const int64_t H = c.n_heads, d = c.head_dim, r = c.RotaryDims(),
+                R = c.kv_lora_rank, nope = d - r, vd = c.v_head_dim;
+  const int64_t h0 = s.head_begin, h1 = s.head_end;
+  if (c.q_lora_rank > 0) {
+    ASSIGN_OR_RETURN(
+        l.wq_a, Load(source, p + "attn_q_a.weight", {c.q_lora_rank, c.hidden}));
+    ASSIGN_OR_RETURN(l.q_a_norm,
+                     Load(source, p + "attn_q_a_norm.weight", {c.q_lora_rank}));
+    ASSIGN_OR_RETURN(l.wq_b, Load(source, p + "attn_q_b.weight",
+                                  {H * d, c.q_lora_rank}, h0 * d, h1 * d));
+  } else {
+    ASSIGN_OR_RETURN(l.wq, Load(source, p + "attn_q.weight", {H * d, c.hidden},
+                                h0 * d, h1 * d));
+  }
+  ASSIGN_OR_RETURN(l.wkv_a,
+                   Load(source, p + "attn_kv_a_mqa.weight", {R + r, c.hidden}));
+  ASSIGN_OR_RETURN(l.kv_a_norm, Load(source, p + "attn_kv_a_norm.weight", {R}));
+  if (const TensorInfo* kv_b = source.Find(p + "attn_kv_b.weight");
+      kv_b != nullptr && source.Find(p + "attn_k_b.weight") == nullptr) {
+    RETURN_IF_ERROR(source.Require(kv_b->name, {H * (nope + vd), R}).status());
+    ASSIGN_OR_RETURN(const Tensor all, DequantizeTensor(source, *kv_b));
+    ASSIGN_OR_RETURN(l.wk_b, Tensor::Host(DType::kF32, {(h1 - h0) * R, nope}));
+    ASSIGN_OR_RETURN(l.wv_b, Tensor::Host(DType::kF32, {(h1 - h0) * vd, R}));
+    const float* src = all.f32().data();
+    for (int64_t h = h0; h < h1; ++h) {
+      const float* head = src + h * (nope + vd) * R;
+      float* kb = l.wk_b.f32().data() + (h - h0) * R * nope;
+      for (int64_t i = 0; i < nope; ++i) {
+        for (int64_t j = 0; j < R; ++j) kb[j * nope + i] = head[i * R + j];
+      }
+      std::copy_n(head + nope * R, vd * R,
+                  l.wv_b.f32().data() + (h - h0) * vd * R);
+    }
+  } else {
+    ASSIGN_OR_RETURN(const TensorInfo* kb,
+                     source.Require(p + "attn_k_b.weight", {H, R, nope}));
+    ASSIGN_OR_RETURN(const TensorInfo* vb,
+                     source.Require(p + "attn_v_b.weight", {H, vd, R}));
+    // Each as the 2-D matrix of its heads' rows.
+    TensorInfo kb2 = *kb, vb2 = *vb;
+    kb2.shape = {H * R, nope};
+    vb2.shape = {H * vd, R};
+    ASSIGN_OR_RETURN(const Tensor k_all, DequantizeTensor(source, kb2));
+    ASSIGN_OR_RETURN(const Tensor v_all, DequantizeTensor(source, vb2));
+    ASSIGN_OR_RETURN(l.wk_b,
+                     CopyRows(k_all.f32().data(), h0 * R, h1 * R, nope));
+    ASSIGN_OR_RETURN(l.wv_b, CopyRows(v_all.f32().data(), h0 * vd, h1 * vd, R));
+  }
+  ASSIGN_OR_RETURN(
+      Slice wo, LoadSlice(source, p + "attn_output.weight", {c.hidden, H * vd},
+                          0, -1, h0 * vd, h1 * vd));
+  l.wo = std::move(wo.w);
+  l.wo_offset = wo.offset;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<Tensor> ExactColumns(const Tensor& w, int64_t offset,
@@ -299,12 +375,6 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   w.config = source.config();
   w.spec = s;
   const ModelConfig& c = w.config;
-  if (c.is_mla()) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.architecture,
-        ": multi-head latent attention (DeepSeek V2/V3, Kimi K2) is not "
-        "built yet; `shardlm inspect` reads the model and its --plan"));
-  }
   const int64_t d = c.head_dim;
   const int64_t q_dim = c.n_heads * d, kv_dim = c.n_kv_heads * d;
   const Shape embd_shape = {c.vocab_size, c.hidden};
@@ -347,24 +417,28 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     LlamaLayerWeights l;
     ASSIGN_OR_RETURN(l.attn_norm,
                      Load(source, p + "attn_norm.weight", {c.hidden}));
-    ASSIGN_OR_RETURN(
-        l.wq, Load(source, p + "attn_q.weight", {q_dim, c.hidden}, q0, q1));
-    ASSIGN_OR_RETURN(
-        l.wk, Load(source, p + "attn_k.weight", {kv_dim, c.hidden}, k0, k1));
-    ASSIGN_OR_RETURN(
-        l.wv, Load(source, p + "attn_v.weight", {kv_dim, c.hidden}, k0, k1));
-    if (c.attention_bias) {
+    if (c.is_mla()) {
+      RETURN_IF_ERROR(LoadLatentAttention(source, i, s, l));
+    } else {
       ASSIGN_OR_RETURN(
-          l.bq, LoadVectorSlice(source, p + "attn_q.bias", q_dim, q0, q1));
+          l.wq, Load(source, p + "attn_q.weight", {q_dim, c.hidden}, q0, q1));
       ASSIGN_OR_RETURN(
-          l.bk, LoadVectorSlice(source, p + "attn_k.bias", kv_dim, k0, k1));
+          l.wk, Load(source, p + "attn_k.weight", {kv_dim, c.hidden}, k0, k1));
       ASSIGN_OR_RETURN(
-          l.bv, LoadVectorSlice(source, p + "attn_v.bias", kv_dim, k0, k1));
+          l.wv, Load(source, p + "attn_v.weight", {kv_dim, c.hidden}, k0, k1));
+      if (c.attention_bias) {
+        ASSIGN_OR_RETURN(
+            l.bq, LoadVectorSlice(source, p + "attn_q.bias", q_dim, q0, q1));
+        ASSIGN_OR_RETURN(
+            l.bk, LoadVectorSlice(source, p + "attn_k.bias", kv_dim, k0, k1));
+        ASSIGN_OR_RETURN(
+            l.bv, LoadVectorSlice(source, p + "attn_v.bias", kv_dim, k0, k1));
+      }
+      ASSIGN_OR_RETURN(Slice wo, LoadSlice(source, p + "attn_output.weight",
+                                           {c.hidden, q_dim}, 0, -1, q0, q1));
+      l.wo = std::move(wo.w);
+      l.wo_offset = wo.offset;
     }
-    ASSIGN_OR_RETURN(Slice wo, LoadSlice(source, p + "attn_output.weight",
-                                         {c.hidden, q_dim}, 0, -1, q0, q1));
-    l.wo = std::move(wo.w);
-    l.wo_offset = wo.offset;
     if (c.qk_norm) {
       ASSIGN_OR_RETURN(l.q_norm,
                        Load(source, p + "attn_q_norm.weight", {c.head_dim}));

@@ -28,7 +28,8 @@ struct LlamaLayerWeights {
   Tensor wv;              // [kv * d, hidden]     column-parallel
   Tensor bq, bk, bv;      // [h * d], [kv * d], [kv * d] f32 when the model has
                           // attention biases (Qwen2), else empty.
-  Tensor wo;              // [hidden, h * d]      row-parallel (partial sums)
+  Tensor wo;              // [hidden, h * d]      row-parallel (partial sums;
+                          // h * vd under MLA)
   Tensor ffn_norm;        // [hidden]
   Tensor w_gate;          // [f, hidden]          column-parallel
   Tensor w_up;            // [f, hidden]          column-parallel
@@ -60,6 +61,18 @@ struct LlamaLayerWeights {
   // always on GPUs, whose upload cuts the padding off).
   int64_t wo_offset = 0;
   int64_t w_down_offset = 0;
+  // Multi-head latent attention (ModelConfig::is_mla; wk, wv empty), r =
+  // rope_dims, R = kv_lora_rank, d = head_dim (qk_nope + r, the rope part
+  // last), vd = v_head_dim; wq is [h * d, hidden] without a q LoRA.
+  Tensor wq_a;       // [q_lora_rank, hidden] replicated (q LoRA), or empty
+  Tensor q_a_norm;   // [q_lora_rank] f32
+  Tensor wq_b;       // [h * d, q_lora_rank]   column-parallel
+  Tensor wkv_a;      // [R + r, hidden] replicated: the latent's rows, then
+                     // the shared k_pe's
+  Tensor kv_a_norm;  // [R] f32
+  Tensor wk_b;       // [h * R, d - r] f32: head i's rows [i R, (i + 1) R)
+                     // take its q_nope into the latent (absorbed)
+  Tensor wv_b;       // [h * vd, R] f32: head i's values from the latent
   // Fused on GPUs (UploadLlamaWeights), one GEMM each instead of three and
   // two; wq, wk, wv (bq, bk, bv) and w_gate, w_up are empty then.
   Tensor wqkv;       // [(h + 2 kv) * d, hidden]: wq's rows, wk's, wv's.

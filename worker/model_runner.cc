@@ -181,12 +181,24 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
     ASSIGN_OR_RETURN(b.q_all, host({cp * slot_rows, q_dim}));
     ASSIGN_OR_RETURN(b.k_all, host({cp * slot_rows, kv_dim}));
     ASSIGN_OR_RETURN(b.v_all, host({cp * slot_rows, kv_dim}));
+  } else if (c.is_mla()) {
+    // Multi-head latent attention: no per-head K and V (ForwardBuffers).
+    const int64_t heads = spec.n_heads(), r = c.RotaryDims();
+    ASSIGN_OR_RETURN(b.q, host({n, q_dim}));
+    if (c.q_lora_rank > 0) {
+      ASSIGN_OR_RETURN(b.q_a, host({n, c.q_lora_rank}));
+    }
+    ASSIGN_OR_RETURN(b.kv_rope, host({n, r}));
+    ASSIGN_OR_RETURN(b.kv_latent, host({n, c.kv_lora_rank}));
+    ASSIGN_OR_RETURN(b.q_absorbed, host({n, heads, r + c.kv_lora_rank}));
+    ASSIGN_OR_RETURN(b.attn_latent, host({n, heads, c.kv_lora_rank}));
   } else {
     ASSIGN_OR_RETURN(b.q, host({n, q_dim}));
     ASSIGN_OR_RETURN(b.k, host({n, kv_dim}));
     ASSIGN_OR_RETURN(b.v, host({n, kv_dim}));
   }
-  ASSIGN_OR_RETURN(b.attn, host({n, q_dim}));
+  ASSIGN_OR_RETURN(
+      b.attn, host({n, c.is_mla() ? spec.n_heads() * c.v_head_dim : q_dim}));
   if (comms_.cp != nullptr) {
     ASSIGN_OR_RETURN(b.lse, host({n, spec.n_heads()}));
     ASSIGN_OR_RETURN(b.cp_out, host({cp, n, q_dim}));

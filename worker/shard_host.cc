@@ -91,13 +91,12 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   loaded_ = true;
   const ModelConfig& c = shard_->runner()->config();
   const ShardSpec& spec = shard_->spec();
-  return KvPoolConfig{.n_layers = spec.n_layers(),
-                      .kv_heads = spec.n_kv_heads(),
-                      .head_dim = c.head_dim,
-                      .block_size = a.kv.block_size,
-                      .num_blocks = blocks.device,
-                      .num_host_blocks = blocks.host,
-                      .dtype = shard_->runner()->kv_dtype()};
+  KvPoolConfig kv = PoolShapeForShard(c, spec);
+  kv.block_size = a.kv.block_size;
+  kv.num_blocks = blocks.device;
+  kv.num_host_blocks = blocks.host;
+  kv.dtype = shard_->runner()->kv_dtype();
+  return kv;
 }
 
 absl::StatusOr<StepOutput> CommShardHost::Step(const StepInput& step) {
