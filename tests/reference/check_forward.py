@@ -99,6 +99,7 @@ def run_tool(tool, model, ids, steps, timeout, extra=()):
     if not isinstance(obj, dict) or "logits" not in obj or "greedy" not in obj:
         raise ToolError(f"JSON lacks 'logits'/'greedy': keys "
                         f"{list(obj) if isinstance(obj, dict) else type(obj)}")
+    run_tool.last = obj  # The whole output, for the checks beyond these.
     return (np.asarray(obj["logits"], dtype=np.float64),
             [int(i) for i in obj["greedy"]], obj.get("step_logprobs"), dt)
 
@@ -180,9 +181,11 @@ class CachedReference:
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
-                 timeout, decode, extra=(), anchor=None):
+                 timeout, decode, extra=(), anchor=None, kv_bytes=None):
     """Returns (ok, message lines). `anchor`: text the reference's greedy
-    continuation must contain (a sanity check of the reference itself)."""
+    continuation must contain (a sanity check of the reference itself).
+    `kv_bytes`: the KV bytes per token each rank's pool must hold, as the
+    tool measured them (kv_bytes_per_token_per_rank)."""
     msgs = []
     t0 = time.time()
     ref_greedy, ref_rows = ref.greedy(ids, steps)
@@ -278,6 +281,14 @@ def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
                         f"anchor {anchor!r}: the reference itself is wrong")
         else:
             msgs.append(f"  ok: the reference's text contains {anchor!r}")
+    if kv_bytes is not None:
+        got = run_tool.last.get("kv_bytes_per_token_per_rank")
+        if got != kv_bytes:
+            ok = False
+            msgs.append(f"  FAIL: the ranks' KV pools hold {got} bytes per "
+                        f"token, want {kv_bytes}")
+        else:
+            msgs.append(f"  ok: the ranks' KV pools hold {got} bytes per token")
     if ok:
         msgs.append(f"  ok: greedy {steps} ids identical")
     return ok, msgs
@@ -319,6 +330,12 @@ def main(argv=None):
                     help="the reference's greedy text for the named GGUF "
                          "prompt must contain TEXT (repeatable), e.g. "
                          "plain=Paris for SmolLM2")
+    ap.add_argument("--long-prompt", type=int, default=0,
+                    help="one prompt of this many ids instead of the usual "
+                         "ones (ids (7919 i + 17) mod 40000 + 1)")
+    ap.add_argument("--expect-kv-bytes-per-rank", default=None,
+                    help="comma-separated KV bytes per token each rank's "
+                         "pool must hold, as forward_dump measures them")
     ap.add_argument("--tool-args", default="",
                     help="extra arguments for the tool, e.g. '--chunk 5'")
     ap.add_argument("--timeout", type=float, default=600,
@@ -356,6 +373,13 @@ def main(argv=None):
         decode = lambda ids: tk.decode(ids, skip_special_tokens=False)  # noqa
     else:
         prompts = [(f"ids{len(p)}", p) for p in make_synthetic_model.SYNTHETIC_PROMPTS]
+    if a.long_prompt:
+        prompts = [(f"ids{a.long_prompt}",
+                    [(7919 * i + 17) % 40000 + 1 for i in range(a.long_prompt)])]
+        decode = None
+    kv_bytes = None
+    if a.expect_kv_bytes_per_rank:
+        kv_bytes = [int(x) for x in a.expect_kv_bytes_per_rank.split(",")]
 
     ref = CachedReference(model, a.reference_kv_dtype or a.kv_cache_dtype)
     print(f"{a.kv_cache_dtype} KV (reference {ref.kv_dtype}); atol {a.atol:g}, "
@@ -375,7 +399,7 @@ def main(argv=None):
                                     a.atol, min_margin, a.timeout, decode,
                                     ["--kv-cache-dtype", a.kv_cache_dtype,
                                      *shlex.split(a.tool_args)],
-                                    anchors.get(name))
+                                    anchors.get(name), kv_bytes)
         except ToolError as e:
             print(f"[{name}] TOOL ERROR: {e}")
             return 2

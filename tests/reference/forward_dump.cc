@@ -4,7 +4,9 @@
 //                [--kv-cache-dtype f32|f16|bf16]
 // writes one JSON object to stdout:
 //   {"logits": [last prompt position, vocab floats], "greedy": [steps ids],
-//    "step_logprobs": [per step: {"sampled": lp, "top": [[id, lp] x 20]}]}
+//    "step_logprobs": [per step: {"sampled": lp, "top": [[id, lp] x 20]}],
+//    "kv_bytes_per_token_per_rank": [bytes each rank's KV pool holds per
+//    token]}
 // Greedy decoding does not stop at EOS, so that every step is compared.
 #include <cstdio>
 #include <iostream>
@@ -95,6 +97,13 @@ int Main(int argc, char** argv) {
     steps_out.push_back({{"sampled", lp.sampled}, {"top", top}});
   }
   out["step_logprobs"] = steps_out;
+  // What each rank's KV pool stores per token slot, measured from its
+  // allocation (RunnerStats), over the ranks.
+  nlohmann::json kv_per_rank = nlohmann::json::array();
+  for (const RunnerStats& rank : (*engine)->executor().RankStats()) {
+    kv_per_rank.push_back(rank.kv_bytes_per_token);
+  }
+  out["kv_bytes_per_token_per_rank"] = kv_per_rank;
   std::cout << out.dump() << "\n";
   return 0;
 }
