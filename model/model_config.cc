@@ -122,15 +122,16 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",     "mistral", "qwen2",   "qwen3",    "qwen3moe",
-      "qwen3_moe", "mixtral", "glm4moe", "glm4_moe", "deepseek2"};
+      "llama",    "mistral",   "qwen2",       "qwen3",
+      "qwen3moe", "qwen3_moe", "mixtral",     "glm4moe",
+      "glm4_moe", "deepseek2", "deepseek_v3", "deepseek_v2"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
-        "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, mixtral "
-        "and glm4moe are; llama with experts is Mixtral; a deepseek2 GGUF "
-        "is read by inspect only)"));
+        "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
+        "mixtral, glm4moe and deepseek2 (DeepSeek V2/V3, Kimi K2) are; llama "
+        "with experts is Mixtral)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :

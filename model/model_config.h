@@ -85,6 +85,12 @@ struct ModelConfig {
   int64_t v_head_dim = 0;
   // Multiplies attention's 1/sqrt(head_dim): DeepSeek's YaRN mscale^2.
   float attn_scale_factor = 1.0f;
+  // The eps of the q LoRA's and the latent's RMSNorms; 0: rms_norm_eps
+  // (llama.cpp's reading; transformers' is 1e-6 whatever rms_norm_eps is).
+  float latent_norm_eps = 0.0f;
+  float LatentNormEps() const {
+    return latent_norm_eps > 0 ? latent_norm_eps : rms_norm_eps;
+  }
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 

@@ -208,9 +208,12 @@ class ConfigReader {
 
 // config.json's rope_scaling object (transformers' names: rope_type, or
 // the older type; factor; original_max_position_embeddings; ...).
+// DeepSeek's YaRN (deepseek: mscale and mscale_all_dim allowed, read by
+// ReadDeepseek).
 absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
                                             const std::string& path,
-                                            int64_t max_position) {
+                                            int64_t max_position,
+                                            bool deepseek = false) {
   if (!j.is_object()) {
     return absl::InvalidArgumentError(
         absl::StrCat(path, ": field 'rope_scaling' is a ", JsonTypeName(j),
@@ -246,7 +249,9 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
     ASSIGN_OR_RETURN(s.attention_factor, r.Float("attention_factor", 0.0));
     // DeepSeek's variant and the untruncated ramp change the math.
     for (const char* key : {"mscale", "mscale_all_dim"}) {
-      if (r.Has(key)) return r.Error(key, "is set; it is not supported");
+      if (r.Has(key) && !deepseek) {
+        return r.Error(key, "is set; it is not supported");
+      }
     }
     ASSIGN_OR_RETURN(const bool truncate, r.Bool("truncate", true));
     if (!truncate) return r.Error("truncate", "= false is not supported");
@@ -283,6 +288,90 @@ absl::Status ReadGlm4Moe(const ConfigReader& r, ModelConfig& c) {
                    absl::StrCat("= ", partial, " is outside (0, 1]"));
   }
   c.rope_dims = static_cast<int64_t>(c.head_dim * partial);
+  return absl::OkStatus();
+}
+
+// DeepSeek V2 / V3 and Kimi K2 (transformers' DeepseekV3Config and
+// DeepseekV2Config, their defaults): multi-head latent attention, the
+// RoPE part of each head last and its pairs adjacent (rope_interleave, or
+// V2's complex RoPE: the same pairs); V3's routing as GLM-4.5's, V2's a
+// softmax top-k (greedy only) times routed_scaling_factor, never
+// renormalized. YaRN as DeepseekV3Attention scales it.
+absl::Status ReadDeepseek(const Json& j, const ConfigReader& r,
+                          ModelConfig& c) {
+  const bool v3 = c.architecture == "deepseek_v3";
+  ASSIGN_OR_RETURN(const int64_t nope, r.Int("qk_nope_head_dim", 128));
+  ASSIGN_OR_RETURN(c.rope_dims, r.Int("qk_rope_head_dim", 64));
+  c.head_dim = nope + c.rope_dims;
+  c.n_kv_heads = c.n_heads;
+  // null (DeepSeek V2-Lite): no q LoRA; absent: the config's default.
+  if (!j.contains("q_lora_rank")) {
+    c.q_lora_rank = v3 ? 1536 : 0;
+  } else if (!j.at("q_lora_rank").is_null()) {
+    ASSIGN_OR_RETURN(c.q_lora_rank, r.Int("q_lora_rank"));
+  }
+  ASSIGN_OR_RETURN(c.kv_lora_rank, r.Int("kv_lora_rank", 512));
+  ASSIGN_OR_RETURN(c.v_head_dim, r.Int("v_head_dim", 128));
+  c.latent_norm_eps = 1e-6f;  // DeepseekV3RMSNorm(rank)'s default.
+  ASSIGN_OR_RETURN(const bool interleave, r.Bool("rope_interleave", true));
+  c.rope_style =
+      !v3 || interleave ? RopeStyle::kAdjacentPairs : RopeStyle::kRotateHalf;
+  if (c.rope_scaling.type == RopeScalingType::kYarn) {
+    // transformers' _compute_yarn_parameters: the factor is
+    // max_position_embeddings over original_max_position_embeddings when
+    // that is given; cos and sin times attention_factor, by default
+    // mscale(f, mscale) / mscale(f, mscale_all_dim) when both are set,
+    // else mscale(f); V3's softmax scale times mscale(factor,
+    // mscale_all_dim)^2 when mscale_all_dim is set.
+    const Json& rs = j.at("rope_scaling");
+    const ConfigReader y(rs, "rope_scaling");
+    ASSIGN_OR_RETURN(const double factor, y.Float("factor"));
+    ASSIGN_OR_RETURN(const double ms, y.Float("mscale", 0.0));
+    ASSIGN_OR_RETURN(const double mad, y.Float("mscale_all_dim", 0.0));
+    const auto mscale = [](double f, double m) {
+      return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0;
+    };
+    RopeScaling& s = c.rope_scaling;
+    if (y.Has("original_max_position_embeddings")) {
+      s.factor = static_cast<double>(c.context_length) /
+                 static_cast<double>(s.original_context);
+    }
+    if (!y.Has("attention_factor")) {
+      s.attention_factor = ms != 0 && mad != 0
+                               ? mscale(s.factor, ms) / mscale(s.factor, mad)
+                               : mscale(s.factor, 1.0);
+    }
+    if (v3 && mad != 0) {
+      const double m = mscale(factor, mad);
+      c.attn_scale_factor = static_cast<float>(m * m);
+    }
+  }
+  ASSIGN_OR_RETURN(c.n_experts, r.Int("n_routed_experts", v3 ? 256 : 64));
+  ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok", 8));
+  ASSIGN_OR_RETURN(c.expert_ffn_hidden,
+                   r.Int("moe_intermediate_size", v3 ? 2048 : 1407));
+  ASSIGN_OR_RETURN(c.n_dense_layers,
+                   r.Int("first_k_dense_replace", v3 ? 3 : 0));
+  ASSIGN_OR_RETURN(c.n_shared_experts, r.Int("n_shared_experts", v3 ? 1 : 2));
+  ASSIGN_OR_RETURN(const double scale,
+                   r.Float("routed_scaling_factor", v3 ? 2.5 : 1.0));
+  c.expert_weights_scale = static_cast<float>(scale);
+  if (v3) {
+    c.expert_gating = ExpertGating::kSigmoid;
+    c.expert_score_bias = true;  // DeepseekV3TopkRouter always has one.
+    ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", true));
+    ASSIGN_OR_RETURN(c.expert_groups, r.Int("n_group", 8));
+    ASSIGN_OR_RETURN(c.expert_groups_used, r.Int("topk_group", 4));
+  } else {
+    ASSIGN_OR_RETURN(const std::string method,
+                     r.String("topk_method", "greedy"));
+    if (method != "greedy") {
+      return r.Error("topk_method",
+                     absl::StrCat("= '", method,
+                                  "'; DeepSeek V2 runs with 'greedy' only"));
+    }
+    c.expert_weights_norm = false;
+  }
   return absl::OkStatus();
 }
 
@@ -370,6 +459,8 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Qwen3MoeForCausalLM") model_type = "qwen3_moe";
       if (arch == "MixtralForCausalLM") model_type = "mixtral";
       if (arch == "Glm4MoeForCausalLM") model_type = "glm4_moe";
+      if (arch == "DeepseekV3ForCausalLM") model_type = "deepseek_v3";
+      if (arch == "DeepseekV2ForCausalLM") model_type = "deepseek_v2";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -417,8 +508,10 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
 
   // Features that would silently change the math if ignored.
   if (r.Has("rope_scaling")) {
-    ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(j.at("rope_scaling"), path,
-                                                     c.context_length));
+    ASSIGN_OR_RETURN(
+        c.rope_scaling,
+        ReadRopeScaling(j.at("rope_scaling"), path, c.context_length,
+                        /*deepseek=*/c.architecture.starts_with("deepseek_v")));
     if (c.rope_scaling.type == RopeScalingType::kDynamic) {
       const double served =
           std::floor(c.rope_scaling.factor * c.context_length);
@@ -476,6 +569,9 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     }
   } else if (c.architecture == "glm4_moe") {
     RETURN_IF_ERROR(ReadGlm4Moe(r, c));
+  } else if (c.architecture == "deepseek_v3" ||
+             c.architecture == "deepseek_v2") {
+    RETURN_IF_ERROR(ReadDeepseek(j, r, c));
   }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
   // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
@@ -534,6 +630,13 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
       {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
       {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
       {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+      // DeepSeek V2 / V3: multi-head latent attention.
+      {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
+      {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
+      {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
+      {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
+      {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+      {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
   };
   // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
   // per-expert names llama.cpp's older Mixtral files use).

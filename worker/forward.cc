@@ -112,7 +112,7 @@ absl::Status ShardForward::LatentLayer(const LlamaLayerWeights& w,
   const int64_t n = b.xn.dim(0), heads = weights.spec.n_heads();
   const int64_t d = c.head_dim, r = c.RotaryDims(), R = c.kv_lora_rank,
                 nope = d - r, vd = c.v_head_dim;
-  const float eps = c.rms_norm_eps;  // llama.cpp's one eps for all norms.
+  const float eps = c.LatentNormEps();
   // This rank's query heads, [q_nope | q_pe] each: wq_b rmsnorm(wq_a xn)
   // (the compressed query is every rank's), or wq xn.
   if (!w.wq_a.empty()) {
