@@ -193,6 +193,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
     return absl::InvalidArgumentError(
         absl::StrCat("--cp must be in [1, 64], got ", o.cp));
   }
+  RETURN_IF_ERROR(CheckContextParallel(source.config(), o.cp));
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp,
                                               o.moe_sharding, o.pp_balance));
   // Every shard loads, then every one gets the blocks all of them hold.

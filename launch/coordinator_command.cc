@@ -107,6 +107,13 @@ int CoordinatorCommand(int argc, char** argv) {
                  std::string(source.status().message()).c_str());
     return 1;
   }
+  if (absl::Status cp =
+          CheckContextParallel((*source)->config(), static_cast<int>(f.cp));
+      !cp.ok()) {
+    std::fprintf(stderr, "shardlm coordinator: %s\n",
+                 std::string(cp.message()).c_str());
+    return 2;
+  }
   if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
                              static_cast<int>(f.pp), f.MoeShardingOf());
       !plan.ok()) {

@@ -539,6 +539,10 @@ int LaunchCommand(int argc, char** argv) {
     mine = absl::StrCat(Hostname(), ": ", s.message());
   } else if (!source.ok()) {
     mine = absl::StrCat(Hostname(), ": ", source.status().message());
+  } else if (absl::Status cp = CheckContextParallel((*source)->config(),
+                                                    static_cast<int>(f.cp));
+             !cp.ok()) {
+    mine = std::string(cp.message());
   } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
                                     static_cast<int>(f.pp), f.MoeShardingOf());
              !plan.ok()) {

@@ -201,6 +201,16 @@ std::string ShardPlan::DebugString() const {
   return out;
 }
 
+absl::Status CheckContextParallel(const ModelConfig& config, int cp) {
+  if (cp > 1 && config.is_mla()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--cp ", cp, ": ", config.architecture,
+        "'s multi-head latent attention does not run under context "
+        "parallelism yet; use --cp 1 (TP and PP work)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ShardPlan> PlanShards(const WeightSource& source, int tp, int pp,
                                      MoeSharding moe, PpBalance balance) {
   const ModelConfig& c = source.config();

@@ -138,6 +138,11 @@ struct ShardPlan {
   std::string DebugString() const;  // A table: one line per rank.
 };
 
+// Unimplemented, naming the model's attention, when CP ranks cannot run
+// it (cp > 1 with multi-head latent attention: its kernel reads whole
+// sequences; worker/forward.h).
+absl::Status CheckContextParallel(const ModelConfig& config, int cp);
+
 // The plan for TP x PP ranks over `source`. InvalidArgument when tp
 // exceeds the KV head count, pp the layer count, or either is < 1, and
 // for kExpert when tp does not divide the expert count (or the model has

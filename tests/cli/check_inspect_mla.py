@@ -10,7 +10,8 @@ it (issue 56):
   byte per value plus an f32 scale per entry;
 - `generate` on the tiny deepseek3 model (5 layers, latent 32 + RoPE 8)
   answers, and says its KV cache holds the latent's 400 bytes (0.4 KiB)
-  per token in f16, not the 2 x 6 x 24 x 2 x 5 = 2880 of heads expanded.
+  per token in f16, not the 2 x 6 x 24 x 2 x 5 = 2880 of heads expanded;
+  with --cp 2 it is refused, naming latent attention.
 
   check_inspect_mla.py --shardlm BIN --gguf-out DIR [--tiny MODEL.gguf]
 """
@@ -119,6 +120,12 @@ def main() -> int:
         check(r.returncode == 0 and r.stdout.strip() != "",
               f"generate answers on a deepseek2 model ({r.returncode}: "
               f"{r.stderr.strip()[-300:]})")
+        r_cp = run([a.shardlm, "generate", "--model", a.tiny, "--prompt",
+                    "x", "--max-tokens", "1", "--cp", "2"])
+        check(r_cp.returncode != 0 and "latent attention" in r_cp.stderr and
+              "--cp 1" in r_cp.stderr,
+              f"generate --cp 2 is refused, naming latent attention "
+              f"({r_cp.returncode}: {r_cp.stderr.strip()[-200:]})")
         check("f16, 0.4 KiB per token" in r.stderr,
               f"generate's KV cache holds the latent, (32 + 8) x 5 x 2 = 400 "
               f"bytes per token ({r.stderr.strip()[-300:]})")
