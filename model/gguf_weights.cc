@@ -185,6 +185,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                      c.n_layers, " blocks"));
   }
   c.n_layers -= nextn;
+  c.n_nextn_layers = nextn;
 
   // The vocabulary size: explicit key, else the embedding's row count.
   int64_t vocab = 0;

@@ -91,6 +91,10 @@ struct ModelConfig {
   float LatentNormEps() const {
     return latent_norm_eps > 0 ? latent_norm_eps : rms_norm_eps;
   }
+  // Multi-token-prediction layers stored after the n_layers the model
+  // runs (GGUF nextn_predict_layers, HF num_nextn_predict_layers): skipped
+  // when loading, not run (speculative decoding does not use them yet).
+  int64_t n_nextn_layers = 0;
   int32_t bos_id = -1;
   int32_t eos_id = -1;
 

@@ -502,6 +502,9 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   c.rope_theta = static_cast<float>(theta);
   c.rms_norm_eps = static_cast<float>(eps);
   ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", false));
+  // DeepSeek V3's and GLM-4.5's multi-token-prediction layers follow the
+  // model's in the checkpoint.
+  ASSIGN_OR_RETURN(c.n_nextn_layers, r.Int("num_nextn_predict_layers", 0));
   c.rope_style = RopeStyle::kRotateHalf;
   ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id"));
   ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id"));
@@ -728,7 +731,8 @@ struct FileEntry {
 
 // Parses one safetensors file's header; offsets in the result are absolute.
 absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
-    const MappedFile& file, int file_index, int64_t n_layers) {
+    const MappedFile& file, int file_index, int64_t n_layers,
+    int64_t nextn_layers) {
   const std::string& path = file.path();
   const absl::Span<const uint8_t> bytes = file.bytes();
   auto error = [&path](auto&&... parts) {
@@ -848,7 +852,9 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
     }
     if (canonical.has_value()) {
       const int64_t layer = LayerOf(*canonical);
-      if (layer >= n_layers) {
+      if (layer >= n_layers && layer < n_layers + nextn_layers) {
+        e.keep = false;  // A multi-token-prediction layer: not loaded.
+      } else if (layer >= n_layers) {
         return terror("layer ", layer,
                       " is beyond num_hidden_layers = ", n_layers);
       }
@@ -955,7 +961,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenSafetensorsWeights(
     ASSIGN_OR_RETURN(
         std::vector<FileEntry> entries,
         ParseSafetensorsHeader(*file, static_cast<int>(files.size()),
-                               config.n_layers));
+                               config.n_layers, config.n_nextn_layers));
     for (FileEntry& e : entries) {
       if (!e.keep) continue;
       auto [it, inserted] = origin.emplace(e.info.name, path);

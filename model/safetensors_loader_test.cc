@@ -621,6 +621,34 @@ TEST(SafetensorsLoaderTest, RejectsBadTensorEntries) {
   }
 }
 
+// A multi-token-prediction layer after the model's (DeepSeek V3 and
+// GLM-4.5 checkpoints carry one) is skipped when the config counts it, and
+// refused as beyond num_hidden_layers when it does not.
+TEST(SafetensorsLoaderTest, SkipsMultiTokenPredictionLayers) {
+  for (const bool counted : {true, false}) {
+    SCOPED_TRACE(counted ? "counted" : "not counted");
+    const std::string dir = TestDir();
+    std::map<std::string, std::string> config = TinyConfig();
+    if (counted) config["num_nextn_predict_layers"] = "1";
+    WriteTinySafetensors(dir, config);
+    WriteFile(dir + "/mtp.safetensors",
+              SafetensorsBytes(LayerTensors(kLayers)));
+    auto w = OpenSafetensorsWeights(dir);
+    if (!counted) {
+      EXPECT_FALSE(w.ok());
+      EXPECT_THAT(w.status().message(), HasSubstr("num_hidden_layers"));
+      continue;
+    }
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().n_layers, kLayers);
+    EXPECT_EQ((*w)->config().n_nextn_layers, 1);
+    EXPECT_NE((*w)->Find(absl::StrCat("blk.", kLayers - 1, ".ffn_up.weight")),
+              nullptr);
+    EXPECT_EQ((*w)->Find(absl::StrCat("blk.", kLayers, ".ffn_up.weight")),
+              nullptr);
+  }
+}
+
 TEST(SafetensorsLoaderTest, SurvivesRandomHeaderCorruption) {
   const std::string good = SafetensorsBytes(LayerTensors(0));
   uint64_t header_len = 0;
