@@ -216,6 +216,8 @@ absl::Status LatentAttention(const Tensor& q, const Tensor& cache,
           for (int64_t j = j0; j < j1; ++j) {
             const float* ej = e + j * d;
             float dot = 0;
+            // Reassociated into vector lanes (the order of an f32 sum).
+#pragma omp simd reduction(+ : dot)
             for (int64_t k = 0; k < d; ++k) dot += qh[k] * ej[k];
             s[j] = dot * scale;
             block_max = std::max(block_max, s[j]);
