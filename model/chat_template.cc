@@ -441,13 +441,22 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     t.eos_ = std::move(eos);
     return t;
   }
+  // Gemma 2 and 3: <start_of_turn> turns, the system message prefixed to
+  // the first (Gemma 3's first_user_prefix; Gemma 2's template refuses a
+  // system role, which the alternation check below also does).
+  if (writes("<start_of_turn>") && writes("<end_of_turn>\n") &&
+      writes("<start_of_turn>model\n") && has("first_user_prefix")) {
+    t.format_ = Format::kGemma;
+    t.bos_ = std::move(bos);
+    return t;
+  }
   const char* hint =
       has("[INST]") ? " (of the [INST] formats, Mistral v0.1-v0.3's and Llama "
                       "2's are)"
                     : "";
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template is not one shardlm renders (ChatML, "
-      "Llama 3, Llama 2, Mistral [INST])",
+      "Llama 3, Llama 2, Mistral [INST], Gemma)",
       hint, "; use completions with a prompt in its own format"));
 }
 
@@ -703,6 +712,32 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     absl::StrAppend(&out, "<|im_start|>assistant\n");
     return out;
   }
+  if (format_ == Format::kGemma) {
+    // Gemma 3's template: a leading system message becomes the first
+    // turn's prefix; then user and assistant ("model") turns alternate.
+    out = bos_;
+    std::string prefix;
+    size_t first = 0;
+    if (!messages.empty() && messages[0].role == "system") {
+      prefix = absl::StrCat(messages[0].content, "\n\n");
+      first = 1;
+    }
+    for (size_t i = first; i < messages.size(); ++i) {
+      const ChatMessage& m = messages[i];
+      if ((m.role == "user") != ((i - first) % 2 == 0)) {
+        return absl::InvalidArgumentError(
+            "this model's chat format needs roles alternating user, "
+            "assistant, user, ... from a user's (after one leading system "
+            "message)");
+      }
+      absl::StrAppend(&out, "<start_of_turn>",
+                      m.role == "assistant" ? "model" : m.role, "\n",
+                      i == first ? prefix : "", Sv(Trim(m.content)),
+                      "<end_of_turn>\n");
+    }
+    absl::StrAppend(&out, "<start_of_turn>model\n");
+    return out;
+  }
   if (format_ == Format::kMistralInst) {
     out = bos_;
     for (size_t i = 0; i < messages.size(); ++i) {
@@ -807,6 +842,7 @@ std::string ChatTemplate::Describe() const {
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";
+  if (format_ == Format::kGemma) return "gemma <start_of_turn>";
   if (format_ == Format::kLlama3) {
     return dated_system_
                ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")",

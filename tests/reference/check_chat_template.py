@@ -14,8 +14,9 @@ Instruct, Llama 3.1 (dated system block), Llama 3.2 (dated with today via
 strftime_now), Qwen2 and Qwen2.5 (their default system prompts), Mistral
 v0.2 and v0.1 ([INST] turns; the roles they refuse with raise_exception we
 must refuse too), Llama 2 chat (<<SYS>> in the first turn) and Mistral
-v0.3 (the system message in the last turn). Every conversation must render
-identically. Templates of other formats (another <<SYS>> layout, an
+v0.3 (the system message in the last turn), Gemma 3 (<start_of_turn>
+turns, the system message in front of the first). Every conversation must
+render identically. Templates of other formats (another <<SYS>> layout, an
 unknown one) must be refused, not rendered wrongly.
 
 Tools: Qwen2.5's and Qwen3's full templates (their tools, tool-call and
@@ -407,6 +408,50 @@ QWEN3 = r"""{%- if tools %}
 {%- endif %}
 """
 
+# Gemma 3 (google/gemma-3-*-it's chat_template; Gemma's <start_of_turn>
+# turns, a system message folded into the first turn).
+GEMMA3 = r"""{{ bos_token }}
+{%- if messages[0]['role'] == 'system' -%}
+    {%- if messages[0]['content'] is string -%}
+        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}
+    {%- else -%}
+        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}
+    {%- endif -%}
+    {%- set loop_messages = messages[1:] -%}
+{%- else -%}
+    {%- set first_user_prefix = "" -%}
+    {%- set loop_messages = messages -%}
+{%- endif -%}
+{%- for message in loop_messages -%}
+    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/...") }}
+    {%- endif -%}
+    {%- if (message['role'] == 'assistant') -%}
+        {%- set role = "model" -%}
+    {%- else -%}
+        {%- set role = message['role'] -%}
+    {%- endif -%}
+    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else "") }}
+    {%- if message['content'] is string -%}
+        {{ message['content'] | trim }}
+    {%- elif message['content'] is iterable -%}
+        {%- for item in message['content'] -%}
+            {%- if item['type'] == 'image' -%}
+                {{ '<start_of_image>' }}
+            {%- elif item['type'] == 'text' -%}
+                {{ item['text'] | trim }}
+            {%- endif -%}
+        {%- endfor -%}
+    {%- else -%}
+        {{ raise_exception("Invalid content type") }}
+    {%- endif -%}
+    {{ '<end_of_turn>\n' }}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+    {{'<start_of_turn>model\n'}}
+{%- endif -%}
+"""
+
 # An [INST] format of no family we know (<<SYS>> blocks as messages of
 # their own): must be refused, not rendered as Llama 2.
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
@@ -429,6 +474,7 @@ TEMPLATES = [
     ("mistral v0.1", MISTRAL01, "<s>", False),
     ("llama2", LLAMA2, "<s>", False),
     ("mistral v0.3", MISTRAL03, "<s>", False),
+    ("gemma3", GEMMA3, "<bos>", False),
     ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
