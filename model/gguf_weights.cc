@@ -1,5 +1,7 @@
 // ModelConfig and WeightSource on top of a parsed GGUF file.
+#include <algorithm>
 #include <cmath>
+#include <variant>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -109,6 +111,65 @@ class GgufWeightSource : public WeightSource {
   std::unique_ptr<GgufFile> gguf_;
   ModelConfig config_;
 };
+
+// Gemma 3 as llama.cpp runs its GGUF: the layers slide over the file's
+// window but every sixth (attention.sliding_window_pattern, which the
+// converter does not write: a period, 0 for all sliding, or per layer
+// whether it slides), with their own RoPE base (rope.freq_base_swa,
+// default 10000) unscaled; embeddings times sqrt(hidden); QK norms,
+// post-attention and post-FFN norms (their weights stored as 1 + w),
+// GeGLU; the softmax scale 1/sqrt(head_dim), except the 27B model's
+// 1/sqrt(hidden / heads) (its query_pre_attn_scalar, which the file does
+// not record). No window: every layer full.
+absl::Status ReadGemma3(const GgufFile& g, const std::string& p,
+                        ModelConfig& c) {
+  const std::string pattern_key = p + "attention.sliding_window_pattern";
+  if (c.sliding_window > 0 && c.n_layers >= 1 && c.n_layers <= 1024) {
+    std::vector<bool> layers(c.n_layers);
+    const GgufValue* v = g.Find(pattern_key);
+    if (v != nullptr && v->type == GgufType::kArray) {
+      if (static_cast<int64_t>(v->array.size()) != c.n_layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(g.name(), ": ", pattern_key, " has ", v->array.size(),
+                         " entries for ", c.n_layers, " layers"));
+      }
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        const bool* slides = std::get_if<bool>(&v->array[l]);
+        if (slides == nullptr) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              g.name(), ": ", pattern_key, " is not an array of booleans"));
+        }
+        layers[l] = *slides;
+      }
+    } else {
+      ASSIGN_OR_RETURN(const int64_t period, IntOr(g, pattern_key, 6));
+      if (period < 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            g.name(), ": ", pattern_key, " ", period, " is negative"));
+      }
+      for (int64_t l = 0; l < c.n_layers; ++l) {
+        layers[l] = period == 0 || (l + 1) % period != 0;
+      }
+    }
+    if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
+      c.sliding_window = 0;  // No layer slides.
+    } else if (std::find(layers.begin(), layers.end(), false) != layers.end()) {
+      c.window_layers = std::move(layers);
+    }
+  }
+  ASSIGN_OR_RETURN(const double local_theta,
+                   FloatOr(g, p + "rope.freq_base_swa", 10000.0));
+  c.rope_local_theta = static_cast<float>(local_theta);
+  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
+  c.post_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  if (c.n_layers == 62 && c.n_heads > 0) {  // Gemma 3 27B.
+    const double scalar = static_cast<double>(c.hidden / c.n_heads);
+    c.attn_scale_factor =
+        static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -256,10 +317,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   // "NeoX" RoPE).
   c.rope_style = c.architecture == "qwen2" || c.architecture == "qwen3" ||
                          c.architecture == "qwen3moe" ||
-                         c.architecture == "glm4moe"
+                         c.architecture == "glm4moe" ||
+                         c.architecture == "gemma3"
                      ? RopeStyle::kRotateHalf
                      : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
+  if (c.architecture == "gemma3") RETURN_IF_ERROR(ReadGemma3(g, p, c));
   if (c.is_mla() && c.rope_scaling.type == RopeScalingType::kYarn) {
     // DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
     // is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and

@@ -97,6 +97,21 @@ std::string ExtrasString(const ModelConfig& c) {
   } else if (c.rope_dims != 0 && c.rope_dims != c.head_dim) {
     absl::StrAppend(&out, "rope_dims        ", c.rope_dims, " of ", c.head_dim,
                     " (partial RoPE)\n");
+  } else if (c.attn_scale_factor != 1.0f) {
+    absl::StrAppendFormat(&out, "attention scale  %g / sqrt(%d)\n",
+                          c.attn_scale_factor, c.head_dim);
+  }
+  if (c.rope_local_theta > 0) {
+    absl::StrAppend(&out, "rope_theta local ", c.rope_local_theta,
+                    " (the sliding-window layers, unscaled)\n");
+  }
+  if (c.post_norms || c.ffn_activation != FfnActivation::kSilu ||
+      c.embedding_scale != 1.0f) {
+    absl::StrAppendFormat(
+        &out, "gemma            embeddings x %g, FFN %s%s\n", c.embedding_scale,
+        c.ffn_activation == FfnActivation::kGeluTanh ? "GeGLU (tanh GELU)"
+                                                     : "SwiGLU",
+        c.post_norms ? ", post-attention and post-FFN norms" : "");
   }
   if (!c.is_moe()) return out;
   if (c.expert_gating == ExpertGating::kSigmoid || c.expert_score_bias ||
@@ -122,16 +137,16 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",    "mistral",   "qwen2",       "qwen3",
-      "qwen3moe", "qwen3_moe", "mixtral",     "glm4moe",
-      "glm4_moe", "deepseek2", "deepseek_v3", "deepseek_v2"};
+      "llama",       "mistral",     "qwen2",   "qwen3",      "qwen3moe",
+      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",   "deepseek2",
+      "deepseek_v3", "deepseek_v2", "gemma3",  "gemma3_text"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
-        "mixtral, glm4moe and deepseek2 (DeepSeek V2/V3, Kimi K2) are; llama "
-        "with experts is Mixtral)"));
+        "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2) and gemma3 "
+        "are; llama with experts is Mixtral)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
@@ -186,10 +201,22 @@ absl::Status ModelConfig::Validate() const {
           ") and n_kv_heads = n_heads (", n_kv_heads, " vs ", n_heads, ")"));
     }
   }
-  if (!(attn_scale_factor > 0) || !std::isfinite(attn_scale_factor)) {
+  for (auto [field, v] : {std::pair{"attn_scale_factor", attn_scale_factor},
+                          std::pair{"embedding_scale", embedding_scale}}) {
+    if (!(v > 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ", field, " ", v, " must be positive and finite"));
+    }
+  }
+  if (!(rope_local_theta >= 0) || rope_local_theta > 1e12f) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: attn_scale_factor ", attn_scale_factor,
-                     " must be positive and finite"));
+        absl::StrCat("model config: rope_local_theta ", rope_local_theta,
+                     " is outside [0, 1e12]"));
+  }
+  if (!std::isfinite(norm_weight_offset)) {
+    return absl::InvalidArgumentError(
+        "model config: norm_weight_offset is "
+        "not finite");
   }
   if (rope_dims != 0 &&
       (rope_dims < 2 || rope_dims > head_dim || rope_dims % 2 != 0)) {

@@ -1,6 +1,7 @@
 // Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2,
-// Qwen3, and the mixtures of experts Qwen3-MoE, Mixtral and GLM-4.5), read
-// from GGUF metadata or from a Hugging Face config.json.
+// Qwen3, Gemma 3, and the mixtures of experts Qwen3-MoE, Mixtral, GLM-4.5
+// and DeepSeek V2/V3), read from GGUF metadata or from a Hugging Face
+// config.json.
 #ifndef SHARDLM_MODEL_MODEL_CONFIG_H_
 #define SHARDLM_MODEL_MODEL_CONFIG_H_
 
@@ -17,6 +18,11 @@ namespace shardlm {
 // the experts (Qwen3-MoE, Mixtral) or each expert's sigmoid (GLM-4.5,
 // DeepSeek V3). GGUF's expert_gating_func: 1 and 2.
 enum class ExpertGating : uint8_t { kSoftmax, kSigmoid };
+
+// The FFN's gate activation: SiLU (SwiGLU: Llama, Qwen, Mistral, the
+// mixtures) or GELU's tanh approximation (GeGLU: Gemma's
+// gelu_pytorch_tanh).
+enum class FfnActivation : uint8_t { kSilu, kGeluTanh };
 
 struct ModelConfig {
   std::string architecture = "llama";
@@ -47,6 +53,20 @@ struct ModelConfig {
   // Qwen3: q and k are RMS-normed per head (weights [head_dim], the
   // model's eps) after their projections and before RoPE.
   bool qk_norm = false;
+  // Gemma 3: the RoPE base of the sliding-window layers, which rotate
+  // unscaled (rope_theta and rope_scaling are the full layers'); 0: every
+  // layer uses rope_theta and rope_scaling.
+  float rope_local_theta = 0.0f;
+  // Gemma 3: the embedding rows are multiplied by this (sqrt(hidden)).
+  float embedding_scale = 1.0f;
+  // Gemma 2/3: attention's and the FFN's outputs are RMS-normed (weights
+  // post_attention_norm, post_ffw_norm) before their residual adds.
+  bool post_norms = false;
+  FfnActivation ffn_activation = FfnActivation::kSilu;
+  // Added to every RMSNorm weight at load: 1 for Gemma's Hugging Face
+  // checkpoints, whose norms multiply by (1 + w); llama.cpp's converter
+  // stores 1 + w in GGUF (0 there).
+  float norm_weight_offset = 0.0f;
   // Mixture of experts (Qwen3-MoE, Mixtral): 0 for dense models. Every
   // layer's FFN is n_experts SwiGLU experts of expert_ffn_hidden columns;
   // a softmax router (gate, [n_experts, hidden]) picks n_experts_used per
@@ -83,7 +103,8 @@ struct ModelConfig {
   int64_t kv_lora_rank = 0;
   int64_t q_lora_rank = 0;  // 0: q = wq x; else wq_b rmsnorm(wq_a x).
   int64_t v_head_dim = 0;
-  // Multiplies attention's 1/sqrt(head_dim): DeepSeek's YaRN mscale^2.
+  // Multiplies attention's 1/sqrt(head_dim): DeepSeek's YaRN mscale^2,
+  // Gemma's sqrt(head_dim / query_pre_attn_scalar).
   float attn_scale_factor = 1.0f;
   // The eps of the q LoRA's and the latent's RMSNorms; 0: rms_norm_eps
   // (llama.cpp's reading; transformers' is 1e-6 whatever rms_norm_eps is).
@@ -131,6 +152,17 @@ struct ModelConfig {
   // The RoPE table of a head. Requires Validate().ok().
   RopeTable Rope() const {
     return MakeRopeTable(rope_style, rope_theta, RotaryDims(), rope_scaling);
+  }
+  // The RoPE table of the sliding-window layers when they have their own
+  // base (rope_local_theta > 0; Gemma 3), else Rope().
+  RopeTable LocalRope() const {
+    return rope_local_theta > 0
+               ? MakeRopeTable(rope_style, rope_local_theta, RotaryDims(), {})
+               : Rope();
+  }
+  // Whether layer `layer` rotates with LocalRope().
+  bool LayerRopeIsLocal(int64_t layer) const {
+    return rope_local_theta > 0 && LayerWindow(layer) > 0;
   }
   std::string DebugString() const;
 };

@@ -113,6 +113,8 @@ class ConfigReader {
   ConfigReader(const Json& j, std::string path)
       : j_(j), path_(std::move(path)) {}
 
+  const std::string& path() const { return path_; }
+
   bool Has(std::string_view key) const {
     auto it = j_.find(key);
     return it != j_.end() && !it->is_null();
@@ -257,6 +259,119 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
     if (!truncate) return r.Error("truncate", "= false is not supported");
   }
   return s;
+}
+
+// Gemma 3's text model (transformers' Gemma3TextConfig and its defaults):
+// GeGLU, QK norms, post-attention and post-FFN norms, norms multiplying by
+// 1 + w, embeddings times sqrt(hidden), the softmax scale
+// 1/sqrt(query_pre_attn_scalar). The layers layer_types names
+// "sliding_attention" (by default all but every sliding_window_pattern-th)
+// see the last sliding_window positions with their own unscaled RoPE base:
+// rope_local_base_freq, or in transformers 5's rope_parameters the
+// "sliding_attention" entry's rope_theta ("full_attention" holds the
+// others' base and scaling). Gemma 2's soft-capping and the bidirectional
+// variant are refused.
+absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
+  ASSIGN_OR_RETURN(const std::string act,
+                   r.String("hidden_activation", "gelu_pytorch_tanh"));
+  if (act != "gelu_pytorch_tanh") {
+    return r.Error(
+        "hidden_activation",
+        absl::StrCat("= '", act, "'; only 'gelu_pytorch_tanh' is supported"));
+  }
+  for (const char* key :
+       {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    if (r.Has(key))
+      return r.Error(key, "is set; soft-capping is not supported");
+  }
+  ASSIGN_OR_RETURN(const bool bidirectional,
+                   r.Bool("use_bidirectional_attention", false));
+  if (bidirectional) {
+    return r.Error("use_bidirectional_attention",
+                   "is true; only causal attention is supported");
+  }
+  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", true));
+  ASSIGN_OR_RETURN(const double scalar, r.Float("query_pre_attn_scalar", 256));
+  if (!(scalar > 0) || scalar > 1e9) {
+    return r.Error("query_pre_attn_scalar",
+                   absl::StrCat("= ", scalar, " is outside (0, 1e9]"));
+  }
+  c.attn_scale_factor =
+      static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
+  c.qk_norm = true;
+  c.post_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  c.norm_weight_offset = 1.0f;
+  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
+  // RoPE: the older keys, else rope_parameters per layer type.
+  double global_theta = 1e6, local_theta = 10000;
+  if (r.Has("rope_parameters")) {
+    const Json& rp = j.at("rope_parameters");
+    if (!rp.is_object() || !rp.contains("full_attention") ||
+        !rp.contains("sliding_attention")) {
+      return r.Error("rope_parameters",
+                     "must hold 'full_attention' and 'sliding_attention'");
+    }
+    const std::string where = absl::StrCat(r.path(), " rope_parameters");
+    ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(rp.at("full_attention"),
+                                                     where, c.context_length));
+    ASSIGN_OR_RETURN(
+        const RopeScaling local,
+        ReadRopeScaling(rp.at("sliding_attention"), where, c.context_length));
+    if (local.type != RopeScalingType::kNone) {
+      return r.Error("rope_parameters",
+                     "scales the sliding layers' RoPE; only their base is "
+                     "supported");
+    }
+    const ConfigReader full(rp.at("full_attention"), where);
+    const ConfigReader sliding(rp.at("sliding_attention"), where);
+    ASSIGN_OR_RETURN(global_theta, full.Float("rope_theta", global_theta));
+    ASSIGN_OR_RETURN(local_theta, sliding.Float("rope_theta", local_theta));
+  } else {
+    ASSIGN_OR_RETURN(global_theta, r.Float("rope_theta", global_theta));
+    ASSIGN_OR_RETURN(local_theta, r.Float("rope_local_base_freq", local_theta));
+  }
+  for (const double theta : {global_theta, local_theta}) {
+    if (!(theta > 0) || theta > 1e12) {
+      return r.Error("rope_theta",
+                     absl::StrCat("= ", theta, " is outside (0, 1e12]"));
+    }
+  }
+  c.rope_theta = static_cast<float>(global_theta);
+  c.rope_local_theta = static_cast<float>(local_theta);
+  // The window and the layers it applies to.
+  if (c.n_layers < 1 || c.n_layers > 1024) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const int64_t window, r.Int("sliding_window", 4096));
+  ASSIGN_OR_RETURN(const int64_t pattern, r.Int("sliding_window_pattern", 6));
+  if (pattern < 1) return r.Error("sliding_window_pattern", "is below 1");
+  std::vector<bool> layers(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) layers[l] = (l + 1) % pattern != 0;
+  if (r.Has("layer_types")) {
+    const Json& types = j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.n_layers) {
+      return r.Error("layer_types",
+                     absl::StrCat("must list one type for each of the ",
+                                  c.n_layers, " layers"));
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const Json& t = types[l];
+      if (t != "sliding_attention" && t != "full_attention") {
+        return r.Error("layer_types", absl::StrCat("[", l, "] = ", Brief(t),
+                                                   " is not full_attention or "
+                                                   "sliding_attention"));
+      }
+      layers[l] = t == "sliding_attention";
+    }
+  }
+  if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
+    return absl::OkStatus();  // No layer slides.
+  }
+  if (window < 1) return r.Error("sliding_window", "is below 1");
+  c.sliding_window = window;
+  if (std::find(layers.begin(), layers.end(), false) != layers.end()) {
+    c.window_layers = std::move(layers);
+  }
+  return absl::OkStatus();
 }
 
 // Qwen2's window as transformers' Qwen2Config defines it: it exists only
@@ -461,11 +576,18 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Glm4MoeForCausalLM") model_type = "glm4_moe";
       if (arch == "DeepseekV3ForCausalLM") model_type = "deepseek_v3";
       if (arch == "DeepseekV2ForCausalLM") model_type = "deepseek_v2";
+      if (arch == "Gemma3ForCausalLM") model_type = "gemma3_text";
       if (model_type.empty()) model_type = arch;
     }
   }
   if (model_type.empty()) {
     return r.Error("model_type", "is missing (and no usable 'architectures')");
+  }
+  if (model_type == "gemma3") {
+    return r.Error("model_type",
+                   "= 'gemma3' is Gemma3ForConditionalGeneration (text and "
+                   "vision); its text-only form (Gemma3ForCausalLM, "
+                   "model_type 'gemma3_text') is supported");
   }
   c.architecture = model_type;
   ASSIGN_OR_RETURN(c.name, r.String("_name_or_path", ""));
@@ -529,19 +651,24 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     }
   }
   // Mistral's sliding_window applies when set; Qwen2's as transformers'
-  // Qwen2Config reads it (ReadQwen2Window).
+  // Qwen2Config reads it (ReadQwen2Window), Gemma 3's as Gemma3TextConfig
+  // does (ReadGemma3, with the rest of Gemma).
+  const bool gemma3 = c.architecture == "gemma3_text";
   if (c.architecture == "qwen2") {
     RETURN_IF_ERROR(ReadQwen2Window(j, r, c));
+  } else if (gemma3) {
+    RETURN_IF_ERROR(ReadGemma3(j, r, c));
   } else if (r.Has("sliding_window")) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }
   ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
-  if (act != "silu") {
+  if (act != "silu" && !gemma3) {
     return r.Error("hidden_act",
                    absl::StrCat("= '", act, "'; only 'silu' is supported"));
   }
-  // Qwen3: per-head q/k RMSNorm, always.
-  c.qk_norm = c.architecture == "qwen3" || c.architecture == "qwen3_moe";
+  // Qwen3: per-head q/k RMSNorm, always (Gemma 3's: ReadGemma3).
+  c.qk_norm =
+      c.qk_norm || c.architecture == "qwen3" || c.architecture == "qwen3_moe";
   // (GLM-4.5's use_qk_norm: ReadGlm4Moe below.)
   // Mixtures of experts: Mixtral's experts are as wide as intermediate_size
   // and always renormalized; Qwen3-MoE's have moe_intermediate_size and
@@ -604,8 +731,10 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
 // ------------------------------------------------------------ tensor names ---
 
 // The canonical (GGUF) name of a Hugging Face Llama tensor, or nullopt when
-// the name is not one we know.
-std::optional<std::string> CanonicalName(std::string_view hf) {
+// the name is not one we know. With post_norms (Gemma) the layer has norms
+// after attention and the FFN, and post_attention_layernorm is the first
+// of them, not the FFN's input norm (pre_feedforward_layernorm).
+std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
   static const std::pair<std::string_view, std::string_view> kGlobal[] = {
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.norm.weight", "output_norm.weight"},
@@ -665,6 +794,16 @@ std::optional<std::string> CanonicalName(std::string_view hf) {
     return std::nullopt;  // Not plain decimal (sign, leading zero, ...).
   }
   const std::string_view suffix = rest.substr(dot + 1);
+  static const std::pair<std::string_view, std::string_view> kGemma[] = {
+      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+  };
+  for (const auto& [from, to] : kGemma) {
+    if (post_norms && suffix == from) {
+      return absl::StrCat("blk.", layer, ".", Sv(to));
+    }
+  }
   for (const auto& [from, to] : kLayer) {
     if (suffix == from) return absl::StrCat("blk.", layer, ".", Sv(to));
   }
@@ -731,8 +870,9 @@ struct FileEntry {
 
 // Parses one safetensors file's header; offsets in the result are absolute.
 absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
-    const MappedFile& file, int file_index, int64_t n_layers,
-    int64_t nextn_layers) {
+    const MappedFile& file, int file_index, const ModelConfig& config) {
+  const int64_t n_layers = config.n_layers;
+  const int64_t nextn_layers = config.n_nextn_layers;
   const std::string& path = file.path();
   const absl::Span<const uint8_t> bytes = file.bytes();
   auto error = [&path](auto&&... parts) {
@@ -842,7 +982,8 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
 
     FileEntry e;
     e.hf_name = name;
-    std::optional<std::string> canonical = CanonicalName(name);
+    std::optional<std::string> canonical =
+        CanonicalName(name, config.post_norms);
     if (!dtype->dtype.has_value()) {
       if (canonical.has_value()) {
         return terror("dtype ", dtype_name,
@@ -960,8 +1101,7 @@ absl::StatusOr<std::unique_ptr<WeightSource>> OpenSafetensorsWeights(
     ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
     ASSIGN_OR_RETURN(
         std::vector<FileEntry> entries,
-        ParseSafetensorsHeader(*file, static_cast<int>(files.size()),
-                               config.n_layers, config.n_nextn_layers));
+        ParseSafetensorsHeader(*file, static_cast<int>(files.size()), config));
     for (FileEntry& e : entries) {
       if (!e.keep) continue;
       auto [it, inserted] = origin.emplace(e.info.name, path);

@@ -1,4 +1,6 @@
 // Hostile-input tests for the safetensors reader (see loader_test_util.h).
+#include <cmath>
+
 #include "model/loader_test_util.h"
 
 namespace shardlm {
@@ -372,6 +374,97 @@ TEST(SafetensorsLoaderTest, ReadsFamilyFeatures) {
     auto w = open({{"model_type", R"("mistral")"}, {"sliding_window", window}});
     ASSERT_TRUE(w.ok()) << w.status();
     EXPECT_EQ((*w)->config().sliding_window, want);
+  }
+}
+
+// Gemma 3's text model as transformers' Gemma3TextConfig reads it, in the
+// published configs' keys and in transformers 5's rope_parameters.
+TEST(SafetensorsLoaderTest, ReadsGemma3) {
+  const std::string dir = TestDir();
+  const auto open = [&](const std::map<std::string, std::string>& changes) {
+    auto config = TinyConfig();
+    config.erase("hidden_act");
+    config.erase("tie_word_embeddings");
+    config["model_type"] = R"("gemma3_text")";
+    config["architectures"] = R"(["Gemma3ForCausalLM"])";
+    config["hidden_activation"] = R"("gelu_pytorch_tanh")";
+    config["query_pre_attn_scalar"] = "32";
+    config["sliding_window"] = "16";
+    config["layer_types"] = R"(["sliding_attention", "full_attention"])";
+    for (const auto& [k, v] : changes) {
+      if (v.empty()) {
+        config.erase(k);
+      } else {
+        config[k] = v;
+      }
+    }
+    WriteTinySafetensors(dir, config);
+    return OpenSafetensorsWeights(dir);
+  };
+  for (const bool v5 : {false, true}) {
+    SCOPED_TRACE(v5 ? "rope_parameters" : "rope_theta, rope_local_base_freq");
+    auto w = v5 ? open({{"rope_theta", ""},
+                        {"rope_parameters",
+                         R"({"full_attention": {"rope_type": "linear",)"
+                         R"( "factor": 8.0, "rope_theta": 1000000.0},)"
+                         R"( "sliding_attention": {"rope_type": "default",)"
+                         R"( "rope_theta": 10000.0}})"}})
+                : open({{"rope_theta", "1000000.0"},
+                        {"rope_local_base_freq", "10000.0"},
+                        {"rope_scaling",
+                         R"({"rope_type": "linear", "factor": 8.0})"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ModelConfig& c = (*w)->config();
+    EXPECT_EQ(c.rope_theta, 1e6f);
+    EXPECT_EQ(c.rope_local_theta, 1e4f);
+    EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kLinear);
+    EXPECT_EQ(c.rope_scaling.factor, 8.0);
+    EXPECT_EQ(c.LayerWindow(0), 16);
+    EXPECT_EQ(c.LayerWindow(1), 0);
+    EXPECT_TRUE(c.LayerRopeIsLocal(0));
+    EXPECT_FALSE(c.LayerRopeIsLocal(1));
+    EXPECT_FLOAT_EQ(c.attn_scale_factor, std::sqrt(8.0f / 32.0f));
+    EXPECT_FLOAT_EQ(c.embedding_scale, std::sqrt(32.0f));
+    EXPECT_EQ(c.ffn_activation, FfnActivation::kGeluTanh);
+    EXPECT_TRUE(c.qk_norm && c.post_norms && c.tied_embeddings);
+    EXPECT_EQ(c.norm_weight_offset, 1.0f);
+    EXPECT_EQ(c.rope_style, RopeStyle::kRotateHalf);
+    // Gemma's post_attention_layernorm is the norm after attention.
+    EXPECT_NE((*w)->Find("blk.0.post_attention_norm.weight"), nullptr);
+    EXPECT_EQ((*w)->Find("blk.0.ffn_norm.weight"), nullptr);
+  }
+  {
+    // Without layer_types: every sixth layer full (both of two slide).
+    auto w = open({{"layer_types", ""}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().LayerWindow(1), 16);
+  }
+  struct Refused {
+    std::map<std::string, std::string> changes;
+    std::string needle;
+  };
+  for (const Refused& r : std::vector<Refused>{
+           {{{"model_type", R"("gemma3")"}}, "Gemma3ForCausalLM"},
+           {{{"final_logit_softcapping", "30.0"}}, "final_logit_softcapping"},
+           {{{"attn_logit_softcapping", "50.0"}}, "attn_logit_softcapping"},
+           {{{"hidden_activation", R"("gelu")"}}, "hidden_activation"},
+           {{{"use_bidirectional_attention", "true"}},
+            "use_bidirectional_attention"},
+           {{{"layer_types", R"(["sliding_attention", "chunked"])"}},
+            "layer_types"},
+           {{{"query_pre_attn_scalar", "0"}}, "query_pre_attn_scalar"},
+           {{{"rope_parameters",
+              R"({"full_attention": {"rope_type": "default"},)"
+              R"( "sliding_attention": {"rope_type": "linear",)"
+              R"( "factor": 2.0}})"}},
+            "sliding layers"},
+           {{{"rope_parameters", R"({"full_attention": {}})"}},
+            "sliding_attention"},
+       }) {
+    SCOPED_TRACE(r.needle);
+    auto w = open(r.changes);
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(), HasSubstr(r.needle));
   }
 }
 

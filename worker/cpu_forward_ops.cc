@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "kernels/add/add.h"
 #include "kernels/attention/latent_attention.h"
+#include "kernels/check_args.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
 #include "kernels/rmsnorm/rmsnorm.h"
@@ -142,8 +143,19 @@ absl::Status CpuForwardOps::SwiGlu(const Tensor& gate, const Tensor& up,
   return shardlm::SwiGlu(gate, up, out);
 }
 
+absl::Status CpuForwardOps::GeGlu(const Tensor& gate, const Tensor& up,
+                                  Tensor& out) {
+  return shardlm::GeGlu(gate, up, out);
+}
+
 absl::Status CpuForwardOps::Add(Tensor& x, const Tensor& y) {
   return AddInPlace(x, y);
+}
+
+absl::Status CpuForwardOps::Scale(Tensor& x, float factor) {
+  RETURN_IF_ERROR(CheckHostF32("Scale", "x", x, x.shape()));
+  for (float& v : x.f32()) v *= factor;
+  return absl::OkStatus();
 }
 
 absl::Status CpuForwardOps::AddBias(Tensor& x, const Tensor& bias) {

@@ -48,7 +48,10 @@ class CpuForwardOps : public ForwardOps {
                                int64_t value_offset, Tensor& out) override;
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override;
+  absl::Status GeGlu(const Tensor& gate, const Tensor& up,
+                     Tensor& out) override;
   absl::Status Add(Tensor& x, const Tensor& y) override;
+  absl::Status Scale(Tensor& x, float factor) override;
   absl::Status AddBias(Tensor& x, const Tensor& bias) override;
   absl::StatusOr<Tensor> PadColumns(const Tensor& x, int64_t offset,
                                     int64_t width) override;

@@ -42,6 +42,15 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         "'s partial RoPE, shared experts, dense layers in a mixture or "
         "sigmoid/grouped routing yet; run it on CPU workers (--device cpu)"));
   }
+  // Gemma 3's parts: CPU workers only so far (docs/design-notes.md).
+  if (config.post_norms || config.ffn_activation != FfnActivation::kSilu ||
+      config.embedding_scale != 1.0f || config.rope_local_theta > 0 ||
+      config.attn_scale_factor != 1.0f || config.norm_weight_offset != 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "GPU workers do not run ", config.architecture,
+        "'s GeGLU, post-norms, scaled embeddings or per-layer RoPE yet; run "
+        "it on CPU workers (--device cpu)"));
+  }
   if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
       kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||
       kv.block_size <= 0 || kv.num_blocks <= 0) {

@@ -11,13 +11,14 @@
 namespace shardlm {
 
 absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
-                                    int64_t offset, ForwardBuffers& b) const {
+                                    int64_t offset, const Tensor& post_norm,
+                                    ForwardBuffers& b) const {
   Tensor padded;
   if (offset != 0 || w.dim(1) != in_cols.dim(1)) {
     ASSIGN_OR_RETURN(padded, ops.PadColumns(in_cols, offset, w.dim(1)));
   }
   const Tensor& in = padded.empty() ? in_cols : padded;
-  if (comms.tp == nullptr && ops.fuses_residual()) {
+  if (comms.tp == nullptr && ops.fuses_residual() && post_norm.empty()) {
     return ops.Linear(in, w, b.x, /*accumulate=*/true);
   }
   RETURN_IF_ERROR(ops.Linear(in, w, b.partial, false));
@@ -26,7 +27,23 @@ absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
       return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
     }));
   }
+  return AddNormed(post_norm, b);
+}
+
+absl::Status ShardForward::AddNormed(const Tensor& post_norm,
+                                     ForwardBuffers& b) const {
+  if (!post_norm.empty()) {
+    RETURN_IF_ERROR(ops.RmsNorm(b.partial, post_norm,
+                                weights.config.rms_norm_eps, b.partial));
+  }
   return ops.Add(b.x, b.partial);
+}
+
+absl::Status ShardForward::Activation(const Tensor& gate, const Tensor& up,
+                                      Tensor& out) const {
+  return weights.config.ffn_activation == FfnActivation::kGeluTanh
+             ? ops.GeGlu(gate, up, out)
+             : ops.SwiGlu(gate, up, out);
 }
 
 absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
@@ -69,7 +86,7 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     RETURN_IF_ERROR(ops.GatherRows(b.xn, rows, x));
     RETURN_IF_ERROR(ops.Linear(x, gate, g, false));
     RETURN_IF_ERROR(ops.Linear(x, up, u, false));
-    RETURN_IF_ERROR(ops.SwiGlu(g, u, h));
+    RETURN_IF_ERROR(Activation(g, u, h));
     Tensor padded;
     if (w.exp_down_offset != 0 || down.dim(1) != f) {
       ASSIGN_OR_RETURN(padded,
@@ -84,7 +101,7 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     // reduced with the routed experts' below.
     RETURN_IF_ERROR(ops.Linear(b.xn, w.shared_gate, b.shared_gate, false));
     RETURN_IF_ERROR(ops.Linear(b.xn, w.shared_up, b.shared_up, false));
-    RETURN_IF_ERROR(ops.SwiGlu(b.shared_gate, b.shared_up, b.shared_h));
+    RETURN_IF_ERROR(Activation(b.shared_gate, b.shared_up, b.shared_h));
     Tensor padded;
     if (w.shared_down_offset != 0 ||
         w.shared_down.dim(1) != b.shared_h.dim(1)) {
@@ -101,7 +118,7 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
       return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
     }));
   }
-  return ops.Add(b.x, b.partial);
+  return AddNormed(w.post_ffn_norm, b);
 }
 
 absl::Status ShardForward::LatentLayer(const LlamaLayerWeights& w,
@@ -147,7 +164,7 @@ absl::Status ShardForward::LatentLayer(const LlamaLayerWeights& w,
                                       c.LayerWindow(layer), r, b.attn_latent));
   ASSIGN_OR_RETURN(Tensor attn3, b.attn.Reshaped({n, heads, vd}));
   RETURN_IF_ERROR(ops.HeadLinear(b.attn_latent, 0, w.wv_b, attn3, 0));
-  return Residual(b.attn, w.wo, w.wo_offset, b);
+  return Residual(b.attn, w.wo, w.wo_offset, w.post_attn_norm, b);
 }
 
 absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
@@ -207,8 +224,13 @@ absl::Status ForwardOps::QkvRopeKv(const Tensor& qkv, const RopeTable& rope,
 absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   const ModelConfig& c = weights.config;
   const ShardSpec& spec = weights.spec;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
-  const RopeTable rope = c.Rope();
+  const float scale =
+      c.attn_scale_factor / std::sqrt(static_cast<float>(c.head_dim));
+  // The full layers' RoPE and, when they differ (Gemma 3), the
+  // sliding-window layers'.
+  const RopeTable global_rope = c.Rope();
+  const RopeTable local_rope =
+      c.rope_local_theta > 0 ? c.LocalRope() : RopeTable();
   // s: the tokens this rank runs through the token-wise work (n, or its
   // slice under sequence parallel); n: those attention runs.
   const int64_t s = b.x.dim(0), n = b.attn.dim(0), d = c.head_dim;
@@ -254,6 +276,9 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       RETURN_IF_ERROR(
           Comm([&] { return comms.tp->AllReduce(b.x, b.x, ReduceOp::kSum); }));
     }
+    if (c.embedding_scale != 1.0f) {
+      RETURN_IF_ERROR(ops.Scale(b.x, c.embedding_scale));
+    }
   } else {
     // Under sequence parallel the previous stage's rank of the same CP
     // index ran the same slice.
@@ -262,13 +287,16 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
   }
   for (int64_t l = 0; l < spec.n_layers(); ++l) {
     const LlamaLayerWeights& w = weights.layers[l];
+    const int64_t layer = spec.layer_begin + l;
+    const RopeTable& rope =
+        c.LayerRopeIsLocal(layer) ? local_rope : global_rope;
     // Attention: x += wo * attention(rope(wq xn + bq), rope(wk xn + bk),
     // wv xn + bv), each rank over its own heads, partial sums of wo reduced
     // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
     const KvLayer cache = kv.at(l);
     if (c.is_mla()) {
-      RETURN_IF_ERROR(LatentLayer(w, spec.layer_begin + l, rope, cache, b));
+      RETURN_IF_ERROR(LatentLayer(w, layer, rope, cache, b));
     } else {
       // One GEMM, then its column blocks split, turned and cached by one op
       // (one kernel on GPUs), unless Qwen3's per-head norms come between or
@@ -302,25 +330,30 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
         }
         RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
       }
-      RETURN_IF_ERROR(Attention(qa3, cache, scale,
-                                c.LayerWindow(spec.layer_begin + l), attn3, b));
-      RETURN_IF_ERROR(Residual(attn_rows, w.wo, w.wo_offset, b));
+      RETURN_IF_ERROR(
+          Attention(qa3, cache, scale, c.LayerWindow(layer), attn3, b));
+      RETURN_IF_ERROR(
+          Residual(attn_rows, w.wo, w.wo_offset, w.post_attn_norm, b));
     }
-    // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns.
+    // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns
+    // (GELU for Gemma, whose sum is normed before the add).
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.ffn_norm, c.rms_norm_eps, b.xn));
-    if (c.LayerIsMoe(spec.layer_begin + l)) {
+    if (c.LayerIsMoe(layer)) {
       RETURN_IF_ERROR(Experts(w, b));
       continue;
     }
-    if (!w.w_gate_up.empty()) {
+    if (!w.w_gate_up.empty() && c.ffn_activation == FfnActivation::kSilu) {
       RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate_up, b.gate_up, false));
       RETURN_IF_ERROR(ops.SwiGluFused(b.gate_up, b.h));
+    } else if (!w.w_gate_up.empty()) {
+      return absl::UnimplementedError("GeGLU over fused gate/up weights");
     } else {
       RETURN_IF_ERROR(ops.Linear(b.xn, w.w_gate, b.gate, false));
       RETURN_IF_ERROR(ops.Linear(b.xn, w.w_up, b.up, false));
-      RETURN_IF_ERROR(ops.SwiGlu(b.gate, b.up, b.h));
+      RETURN_IF_ERROR(Activation(b.gate, b.up, b.h));
     }
-    RETURN_IF_ERROR(Residual(b.h, w.w_down, w.w_down_offset, b));
+    RETURN_IF_ERROR(
+        Residual(b.h, w.w_down, w.w_down_offset, w.post_ffn_norm, b));
   }
   if (!spec.last_stage()) {
     return Comm([&] { return comms.pp->Send(b.x, spec.pp_rank + 1); });

@@ -79,8 +79,17 @@ class ForwardOps {
   }
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                               Tensor& out) = 0;
+  // out = gelu_tanh(gate) * up (Gemma's GeGLU; kernels/swiglu/swiglu.h).
+  virtual absl::Status GeGlu(const Tensor& gate, const Tensor& up,
+                             Tensor& out) {
+    return absl::UnimplementedError("GeGlu on this backend");
+  }
   // x += y.
   virtual absl::Status Add(Tensor& x, const Tensor& y) = 0;
+  // x *= factor (Gemma's embedding scale).
+  virtual absl::Status Scale(Tensor& x, float factor) {
+    return absl::UnimplementedError("Scale on this backend");
+  }
   // x[i, :] += bias for every row (x: [n, c], bias: [c], f32).
   virtual absl::Status AddBias(Tensor& x, const Tensor& bias) = 0;
   // Fused projections (backends whose weights are fused: wqkv,
@@ -311,10 +320,16 @@ struct ShardForward {
   // x += the layer's mixture of experts of b.xn, summed over the TP group
   // (each rank adds its experts' share, or its columns of every expert).
   absl::Status Experts(const LlamaLayerWeights& w, ForwardBuffers& b) const;
-  // x += in w^T, summed over the TP group; w's columns for `in` begin at
-  // `offset` (nonzero, or w wider than in, for a slice of whole blocks).
+  // x += in w^T, summed over the TP group (then normed by post_norm when
+  // it is not empty); w's columns for `in` begin at `offset` (nonzero, or w
+  // wider than in, for a slice of whole blocks).
   absl::Status Residual(const Tensor& in, const Tensor& w, int64_t offset,
-                        ForwardBuffers& b) const;
+                        const Tensor& post_norm, ForwardBuffers& b) const;
+  // x += partial, RMS-normed first by post_norm unless it is empty (Gemma).
+  absl::Status AddNormed(const Tensor& post_norm, ForwardBuffers& b) const;
+  // out = act(gate) * up, the model's gated FFN activation.
+  absl::Status Activation(const Tensor& gate, const Tensor& up,
+                          Tensor& out) const;
   // out = attention of q over one layer's cache, over this rank's blocks
   // and merged over the CP group when there is one.
   absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,

@@ -71,16 +71,32 @@ absl::StatusOr<Tensor> LoadVectorSlice(const WeightSource& source,
   return out;
 }
 
+// An RMSNorm weight of `size` values as f32, plus the model's
+// norm_weight_offset (Gemma's Hugging Face norms multiply by 1 + w).
+absl::StatusOr<Tensor> LoadNorm(const WeightSource& source,
+                                const std::string& name, int64_t size) {
+  ASSIGN_OR_RETURN(Tensor w, LoadVectorSlice(source, name, size, 0, size));
+  const float offset = source.config().norm_weight_offset;
+  if (offset != 0) {
+    for (float& v : w.f32()) v += offset;
+  }
+  return w;
+}
+
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm,   &l.wq,          &l.wk,          &l.wv,
-          &l.bq,          &l.bk,          &l.bv,          &l.wo,
-          &l.ffn_norm,    &l.w_gate,      &l.w_up,        &l.w_down,
-          &l.wqkv,        &l.bqkv,        &l.w_gate_up,   &l.q_norm,
-          &l.k_norm,      &l.router,      &l.exp_gate,    &l.exp_up,
-          &l.exp_down,    &l.router_bias, &l.shared_gate, &l.shared_up,
-          &l.shared_down, &l.wq_a,        &l.q_a_norm,    &l.wq_b,
-          &l.wkv_a,       &l.kv_a_norm,   &l.wk_b,        &l.wv_b};
+  return {&l.attn_norm,    &l.wq,          &l.wk,
+          &l.wv,           &l.bq,          &l.bk,
+          &l.bv,           &l.wo,          &l.ffn_norm,
+          &l.w_gate,       &l.w_up,        &l.w_down,
+          &l.wqkv,         &l.bqkv,        &l.w_gate_up,
+          &l.q_norm,       &l.k_norm,      &l.router,
+          &l.exp_gate,     &l.exp_up,      &l.exp_down,
+          &l.router_bias,  &l.shared_gate, &l.shared_up,
+          &l.shared_down,  &l.wq_a,        &l.q_a_norm,
+          &l.wq_b,         &l.wkv_a,       &l.kv_a_norm,
+          &l.wk_b,         &l.wv_b,        &l.post_attn_norm,
+          &l.post_ffn_norm};
 }
 
 // Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
@@ -219,8 +235,8 @@ absl::Status LoadLatentAttention(const WeightSource& source, int64_t layer,
   if (c.q_lora_rank > 0) {
     ASSIGN_OR_RETURN(
         l.wq_a, Load(source, p + "attn_q_a.weight", {c.q_lora_rank, c.hidden}));
-    ASSIGN_OR_RETURN(l.q_a_norm,
-                     Load(source, p + "attn_q_a_norm.weight", {c.q_lora_rank}));
+    ASSIGN_OR_RETURN(l.q_a_norm, LoadNorm(source, p + "attn_q_a_norm.weight",
+                                          c.q_lora_rank));
     ASSIGN_OR_RETURN(l.wq_b, Load(source, p + "attn_q_b.weight",
                                   {H * d, c.q_lora_rank}, h0 * d, h1 * d));
   } else {
@@ -229,7 +245,8 @@ absl::Status LoadLatentAttention(const WeightSource& source, int64_t layer,
   }
   ASSIGN_OR_RETURN(l.wkv_a,
                    Load(source, p + "attn_kv_a_mqa.weight", {R + r, c.hidden}));
-  ASSIGN_OR_RETURN(l.kv_a_norm, Load(source, p + "attn_kv_a_norm.weight", {R}));
+  ASSIGN_OR_RETURN(l.kv_a_norm,
+                   LoadNorm(source, p + "attn_kv_a_norm.weight", R));
   if (const TensorInfo* kv_b = source.Find(p + "attn_kv_b.weight");
       kv_b != nullptr && source.Find(p + "attn_k_b.weight") == nullptr) {
     RETURN_IF_ERROR(source.Require(kv_b->name, {H * (nope + vd), R}).status());
@@ -384,7 +401,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   }
   if (s.last_stage()) {
     ASSIGN_OR_RETURN(w.output_norm,
-                     Load(source, "output_norm.weight", {c.hidden}));
+                     LoadNorm(source, "output_norm.weight", c.hidden));
     ASSIGN_OR_RETURN(
         Tensor head,
         Load(source, c.tied_embeddings ? "token_embd.weight" : "output.weight",
@@ -416,7 +433,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     const std::string p = absl::StrCat("blk.", i, ".");
     LlamaLayerWeights l;
     ASSIGN_OR_RETURN(l.attn_norm,
-                     Load(source, p + "attn_norm.weight", {c.hidden}));
+                     LoadNorm(source, p + "attn_norm.weight", c.hidden));
     if (c.is_mla()) {
       RETURN_IF_ERROR(LoadLatentAttention(source, i, s, l));
     } else {
@@ -441,9 +458,9 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     }
     if (c.qk_norm) {
       ASSIGN_OR_RETURN(l.q_norm,
-                       Load(source, p + "attn_q_norm.weight", {c.head_dim}));
+                       LoadNorm(source, p + "attn_q_norm.weight", c.head_dim));
       ASSIGN_OR_RETURN(l.k_norm,
-                       Load(source, p + "attn_k_norm.weight", {c.head_dim}));
+                       LoadNorm(source, p + "attn_k_norm.weight", c.head_dim));
     }
     // llama.cpp names GLM-4.5's FFN norm (transformers'
     // post_attention_layernorm) post_attention_norm.
@@ -452,7 +469,14 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";
-    ASSIGN_OR_RETURN(l.ffn_norm, Load(source, ffn_norm, {c.hidden}));
+    ASSIGN_OR_RETURN(l.ffn_norm, LoadNorm(source, ffn_norm, c.hidden));
+    if (c.post_norms) {
+      ASSIGN_OR_RETURN(
+          l.post_attn_norm,
+          LoadNorm(source, p + "post_attention_norm.weight", c.hidden));
+      ASSIGN_OR_RETURN(l.post_ffn_norm,
+                       LoadNorm(source, p + "post_ffw_norm.weight", c.hidden));
+    }
     if (c.LayerIsMoe(i)) {
       const int64_t f = c.expert_ffn_hidden;
       ASSIGN_OR_RETURN(l.router, Load(source, p + "ffn_gate_inp.weight",

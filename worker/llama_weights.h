@@ -36,6 +36,9 @@ struct LlamaLayerWeights {
   Tensor w_down;          // [hidden, f]          row-parallel (partial sums)
   Tensor q_norm, k_norm;  // [d] f32: Qwen3's per-head RMSNorm weights, or
                           // empty.
+  // Gemma (ModelConfig::post_norms): the RMSNorms of attention's and the
+  // FFN's outputs, [hidden] f32, or empty.
+  Tensor post_attn_norm, post_ffn_norm;
   // A mixture of experts (ModelConfig::LayerIsMoe(); w_gate, w_up and
   // w_down are empty then; a mixture's dense layers have only those), e =
   // experts held (ShardSpec::expert_begin..end), f = their FFN columns held:

@@ -15,8 +15,14 @@ within --atol, and the same greedy ids.
 
 llama.cpp ignores a sliding window on the llama architecture (Mistral v0.1;
 measured: past the window its logits match the reference without one), so
-for a model with one, llama.cpp is compared on the prompt positions inside
-the window only and the rest is left to the reference (said in the output).
+for a llama model with one, llama.cpp is compared on the prompt positions
+inside the window only and the rest is left to the reference (said in the
+output). It applies gemma3's (compared everywhere).
+
+--llama-cpp-atol bounds the pairs with llama.cpp (default: --atol). Gemma's
+GeGLU needs ~1e-2: llama.cpp's CPU GELU reads an f16 lookup table (its
+input and output rounded to f16), which moves logits of ~100 by up to
+5e-3; with that table emulated in the reference, the gap falls to 1e-4.
 
 Exit 0: all agree; 1: a mismatch; 2: a tool error; 77: llama-cpp-python is
 not installed (ctest reports the test as skipped, not passed).
@@ -87,6 +93,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tool", required=True, help="forward_dump")
     ap.add_argument("--model", required=True, help="an F32 GGUF")
     ap.add_argument("--atol", type=float, default=1e-4)
+    ap.add_argument("--llama-cpp-atol", type=float, default=None)
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--tool-args", default="")
     a = ap.parse_args(argv)
@@ -98,7 +105,12 @@ def main(argv=None) -> int:
         return SKIP
 
     ref = llama_ref.LlamaRef.load(a.model)
-    window = ref.cfg.sliding_window
+    import gguf
+    arch = llama_ref._gguf_field(gguf.GGUFReader(a.model),
+                                 "general.architecture")
+    # The window llama.cpp ignores (its llama architecture's).
+    window = ref.cfg.sliding_window if arch == "llama" else 0
+    l_atol = a.llama_cpp_atol if a.llama_cpp_atol is not None else a.atol
     llm = Llama(model_path=a.model, n_ctx=256, n_batch=256, logits_all=True,
                 type_k=0, type_v=0, n_threads=2, seed=0, verbose=False)
     failures = 0
@@ -137,7 +149,10 @@ def main(argv=None) -> int:
             errs[f"llama.cpp-ref {agree} decode steps"] = max_err(
                 l_rows[:agree], ref_rows[:agree])
             same["llama.cpp-ref greedy"] = l_greedy == ref_greedy
-        failures += report(name, errs, same, a.atol)
+        failures += report(name, {k: v for k, v in errs.items()
+                                  if "llama.cpp" not in k}, same, a.atol)
+        failures += report(name, {k: v for k, v in errs.items()
+                                  if "llama.cpp" in k}, {}, l_atol)
     print("PASSED" if failures == 0 else f"FAILED: {failures} checks")
     return 0 if failures == 0 else 1
 

@@ -22,6 +22,13 @@ multi-head latent attention (mla_attention): RoPE rotates only the last
 rope_dim dims of each q head and the one shared k_pe, ADJACENT pairs in
 both readings (llama.cpp's "normal" RoPE on unpermuted weights; HF's
 rope_interleave / complex-pair RoPE rotate the same pairs).
+Gemma 3 (GGUF gemma3, HF gemma3_text): NeoX RoPE in both readings, the
+embeddings times sqrt(dim), RMS norms after attention and after the FFN too
+(before each residual add), QK-norm, a GELU (tanh) FFN, a tied LM head, and
+every 6th layer global (full attention, RoPE base 1e6 with the file's
+scaling) with the others local (a sliding window, RoPE base 10000 unscaled).
+HF's Gemma3RMSNorm multiplies by (1 + w): load_hf_dir adds the 1 to every
+norm weight, as llama.cpp's converter does to what it writes to GGUF.
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -96,6 +103,12 @@ class Config:
     v_head_dim: int = 0
     lora_norm_eps: float = 0.0  # eps of the q_a / kv_a norms; 0: norm_eps.
     attn_scale: float = 0.0   # softmax scale; 0: 1 / sqrt(head_dim).
+    # Gemma 3: the embeddings times embed_scale; the dense FFN's activation
+    # ("silu": SwiGLU, "gelu_tanh": GeGLU); the RoPE base of the layers
+    # with a window (layer_window), unscaled (0: theirs is the others').
+    embed_scale: float = 1.0
+    ffn_act: str = "silu"
+    swa_rope_base: float = 0.0
 
     @property
     def mla(self) -> bool:
@@ -130,6 +143,10 @@ class Layer:
     bv: np.ndarray | None = None  # (n_kv_heads*head_dim,)
     q_norm: np.ndarray | None = None  # (head_dim,) Qwen3
     k_norm: np.ndarray | None = None  # (head_dim,)
+    # Gemma 3: RMS norms of the attention's and the FFN's outputs, before
+    # each is added to the residual.
+    attn_post_norm: np.ndarray | None = None  # (dim,)
+    ffn_post_norm: np.ndarray | None = None   # (dim,)
     router: np.ndarray | None = None  # (n_experts, dim) mixtures
     e_gate: np.ndarray | None = None  # (n_experts, expert_hidden_dim, dim)
     e_up: np.ndarray | None = None    # (n_experts, expert_hidden_dim, dim)
@@ -225,10 +242,15 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
         if cfg.qk_norm:
             want.update({f"{i}.q_norm": (L.q_norm, (cfg.head_dim,)),
                          f"{i}.k_norm": (L.k_norm, (cfg.head_dim,))})
+        for name in ("attn_post_norm", "ffn_post_norm"):
+            if getattr(L, name) is not None:
+                want[f"{i}.{name}"] = (getattr(L, name), (cfg.dim,))
     assert len(w.layers) == cfg.n_layers
     assert cfg.n_heads % cfg.n_kv_heads == 0
     assert cfg.rotary_dim % 2 == 0 and cfg.rotary_dim <= cfg.head_dim
     assert cfg.gating in ("softmax", "sigmoid")
+    assert cfg.ffn_act == "silu" or (cfg.ffn_act == "gelu_tanh"
+                                     and not cfg.n_experts)
     if cfg.n_experts:
         assert cfg.n_experts % cfg.n_group == 0
         assert cfg.topk_group <= cfg.n_group
@@ -281,6 +303,40 @@ def _deepseek2_yarn(cfg: Config, yarn_log_multiplier: float) -> None:
     cfg.attn_scale = m * m / np.sqrt(cfg.head_dim)
 
 
+def _gemma3_gguf(cfg: Config, kv) -> None:
+    """Gemma 3 as llama.cpp runs a gemma3 GGUF (llama-model.cpp's hparams,
+    models/gemma3.cpp): the embeddings times sqrt(n_embd); the window
+    (attention.sliding_window, required) in the layers
+    attention.sliding_window_pattern says: a period p (default 6: layer i
+    local when i % p < p - 1, so 5, 11, ... global; 0: all local), or one
+    bool a layer (true: local), as llama.cpp's set_swa_pattern and
+    get_key_or_arr read it (the converter writes neither); the window's
+    layers with RoPE base 10000 (rope.freq_base_swa, when the file has it)
+    and no scaling, the others with rope.freq_base and the file's scaling;
+    the softmax scale 1 / sqrt(head_dim) (no key holds HF's
+    query_pre_attn_scalar), but 1 / sqrt(n_embd / n_head) for 62 layers
+    (the 27B, whose query_pre_attn_scalar that is). The norm weights are
+    used as they are: the converter stored Gemma's 1 + w."""
+    if kv("final_logit_softcapping", 0.0) or kv("attn_logit_softcapping", 0.0):
+        raise ValueError("gemma3: logit soft-capping unsupported")
+    cfg.embed_scale = float(np.sqrt(cfg.dim))
+    cfg.ffn_act = "gelu_tanh"
+    cfg.sliding_window = int(kv("attention.sliding_window"))
+    pattern = kv("attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        if len(pattern) != cfg.n_layers:
+            raise ValueError(f"gemma3: sliding_window_pattern of "
+                             f"{len(pattern)} layers, want {cfg.n_layers}")
+        cfg.window_layers = [bool(b) for b in pattern]
+    else:
+        p = int(pattern)
+        cfg.window_layers = [p == 0 or i % p < p - 1
+                             for i in range(cfg.n_layers)]
+    cfg.swa_rope_base = float(kv("rope.freq_base_swa", 10000.0))
+    if cfg.n_layers == 62:
+        cfg.attn_scale = 1.0 / np.sqrt(cfg.dim // cfg.n_heads)
+
+
 def load_gguf(path: str):
     """Returns (Config, Weights) from a llama.cpp GGUF file."""
     import gguf
@@ -288,9 +344,9 @@ def load_gguf(path: str):
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
-                    "deepseek2"):
+                    "deepseek2", "gemma3"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
-                         f"qwen3, qwen3moe, glm4moe or deepseek2")
+                         f"qwen3, qwen3moe, glm4moe, deepseek2 or gemma3")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -337,7 +393,7 @@ def load_gguf(path: str):
         # llama.cpp runs Llama with "normal" RoPE on its permuted Q/K rows
         # (adjacent pairs), DeepSeek's with "normal" RoPE on unpermuted
         # rows (the pairs DeepSeek's own code rotates), and Qwen2 / Qwen3 /
-        # GLM-4.5 with NeoX RoPE (halves).
+        # GLM-4.5 / Gemma 3 with NeoX RoPE (halves).
         rope_style="adjacent" if arch in ("llama", "deepseek2") else "half",
         sliding_window=int(kv("attention.sliding_window", 0)),
         qk_norm="blk.0.attn_q_norm.weight" in tensors,
@@ -374,6 +430,8 @@ def load_gguf(path: str):
         if cfg.gating == "softmax" and cfg.n_group > 1:
             raise ValueError(f"{path}: expert groups with softmax gating "
                              f"unsupported")
+    if arch == "gemma3":
+        _gemma3_gguf(cfg, kv)
     if mla:
         cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
         cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
@@ -414,8 +472,11 @@ def load_gguf(path: str):
                          for e in range(cfg.n_experts)])
 
     # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is named
-    # post_attention_norm in its GGUFs.
+    # post_attention_norm in its GGUFs; Gemma 3's post_attention_norm is
+    # the norm of the attention's output (HF post_attention_layernorm too),
+    # its pre-FFN norm ffn_norm.
     ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
+    gemma = arch == "gemma3"
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
         rebuilt from attn_k_b (n_heads, kv_lora_rank, qk_nope), transposed
@@ -455,6 +516,10 @@ def load_gguf(path: str):
             bv=tensors.get(p + "attn_v.bias"),
             q_norm=tensors.get(p + "attn_q_norm.weight"),
             k_norm=tensors.get(p + "attn_k_norm.weight"),
+            attn_post_norm=(tensors[p + "post_attention_norm.weight"]
+                            if gemma else None),
+            ffn_post_norm=(tensors[p + "post_ffw_norm.weight"]
+                           if gemma else None),
             router=tensors[p + "ffn_gate_inp.weight"] if moe else None,
             e_gate=experts(p, "ffn_gate") if moe else None,
             e_up=experts(p, "ffn_up") if moe else None,
@@ -532,6 +597,25 @@ def _load_hf_tensors(d: str) -> dict:
     raise FileNotFoundError(f"{d}: no model.safetensors(.index.json)")
 
 
+def _hf_rope_scaling(rs: dict | None, hc: dict) -> dict | None:
+    """A config's rope_scaling, normalized (Config.rope_scaling)."""
+    if not rs or rs.get("rope_type", rs.get("type")) in (None, "default"):
+        return None
+    scaling = dict(rs)
+    scaling["type"] = rs.get("rope_type", rs.get("type"))
+    if scaling["type"] not in ("linear", "llama3", "yarn", "dynamic"):
+        raise ValueError(f"rope_scaling {rs} unsupported by the reference")
+    if scaling["type"] == "yarn":
+        scaling.setdefault("original_max_position_embeddings",
+                           int(hc["max_position_embeddings"]))
+    if scaling["type"] == "dynamic":
+        # transformers' dynamic NTK compares the sequence length with
+        # max_position_embeddings, whatever else rope_scaling holds.
+        scaling["original_max_position_embeddings"] = int(
+            hc["max_position_embeddings"])
+    return scaling
+
+
 def load_hf_dir(d: str):
     """Returns (Config, Weights) from a Hugging Face Llama directory."""
     with open(os.path.join(d, "config.json")) as f:
@@ -539,21 +623,7 @@ def load_hf_dir(d: str):
     n_heads = int(hc["num_attention_heads"])
     dim = int(hc["hidden_size"])
     head_dim = int(hc.get("head_dim") or dim // n_heads)
-    rs = hc.get("rope_scaling")
-    scaling = None
-    if rs and rs.get("rope_type", rs.get("type")) not in (None, "default"):
-        scaling = dict(rs)
-        scaling["type"] = rs.get("rope_type", rs.get("type"))
-        if scaling["type"] not in ("linear", "llama3", "yarn", "dynamic"):
-            raise ValueError(f"rope_scaling {rs} unsupported by the reference")
-        if scaling["type"] == "yarn":
-            scaling.setdefault("original_max_position_embeddings",
-                               int(hc["max_position_embeddings"]))
-        if scaling["type"] == "dynamic":
-            # transformers' dynamic NTK compares the sequence length with
-            # max_position_embeddings, whatever else rope_scaling holds.
-            scaling["original_max_position_embeddings"] = int(
-                hc["max_position_embeddings"])
+    scaling = _hf_rope_scaling(hc.get("rope_scaling"), hc)
     window, window_layers = 0, None
     n_layers = int(hc["num_hidden_layers"])
     if hc.get("model_type") == "qwen2":
@@ -589,9 +659,12 @@ def load_hf_dir(d: str):
         rope_scaling=scaling,
         sliding_window=window,
         window_layers=window_layers,
-        qk_norm=(model_type in ("qwen3", "qwen3_moe")
+        qk_norm=(model_type in ("qwen3", "qwen3_moe", "gemma3_text")
                  or (model_type == "glm4_moe" and bool(hc.get("use_qk_norm")))),
     )
+    gemma = model_type == "gemma3_text"
+    if gemma:
+        _gemma3_hf_config(cfg, hc, d)
     # transformers' MixtralSparseMoeBlock (always renormalized) and
     # Qwen3MoeSparseMoeBlock (norm_topk_prob).
     if model_type == "mixtral":
@@ -628,6 +701,9 @@ def load_hf_dir(d: str):
     elif model_type in ("deepseek_v3", "deepseek_v2"):
         _deepseek_hf_config(cfg, hc, d)
     t = _load_hf_tensors(d)
+    if gemma:  # Gemma3RMSNorm's 1 + w, as llama.cpp's converter stores it.
+        t = {k: v + 1.0 if k.endswith("norm.weight") else v
+             for k, v in t.items()}
     moe_block, expert_names = (
         ("block_sparse_moe", ("w1", "w3", "w2")) if model_type == "mixtral"
         else ("mlp", ("gate_proj", "up_proj", "down_proj")))
@@ -655,7 +731,12 @@ def load_hf_dir(d: str):
             wkv_a=t[a + "kv_a_proj_with_mqa.weight"] if mla else None,
             kv_a_norm=t[a + "kv_a_layernorm.weight"] if mla else None,
             wkv_b=t[a + "kv_b_proj.weight"] if mla else None,
-            ffn_norm=t[p + "post_attention_layernorm.weight"],
+            ffn_norm=t[p + ("pre_feedforward_layernorm.weight" if gemma
+                            else "post_attention_layernorm.weight")],
+            attn_post_norm=(t[p + "post_attention_layernorm.weight"]
+                            if gemma else None),
+            ffn_post_norm=(t[p + "post_feedforward_layernorm.weight"]
+                           if gemma else None),
             w_gate=None if moe else t[p + "mlp.gate_proj.weight"],
             w_up=None if moe else t[p + "mlp.up_proj.weight"],
             w_down=None if moe else t[p + "mlp.down_proj.weight"],
@@ -675,7 +756,8 @@ def load_hf_dir(d: str):
             s_down=t[p + "mlp.shared_experts.down_proj.weight"] if shared else None,
         ))
     emb = t["model.embed_tokens.weight"]
-    tied = bool(hc.get("tie_word_embeddings", False))
+    # Gemma3TextConfig ties them unless told (its checkpoints do not say).
+    tied = bool(hc.get("tie_word_embeddings", gemma))
     if tied or "lm_head.weight" not in t:
         if not tied:
             raise ValueError(f"{d}: lm_head.weight missing and embeddings not tied")
@@ -686,6 +768,46 @@ def load_hf_dir(d: str):
                 final_norm=t["model.norm.weight"], lm_head=lm_head)
     _check_shapes(cfg, w)
     return cfg, w
+
+
+def _gemma3_hf_config(cfg: Config, hc: dict, d: str) -> None:
+    """transformers' Gemma3TextConfig / Gemma3TextModel (defaults as
+    there). Layer types: layer_types, else every sliding_window_pattern-th
+    layer (default 6) full attention, the others sliding_window. RoPE per
+    layer type: rope_parameters["full_attention"] / ["sliding_attention"]
+    (5.x), or the keys its convert_rope_params_to_dict turns into them:
+    rope_theta (default 1e6) and rope_scaling for the full-attention
+    layers, rope_local_base_freq (default 10000) for the sliding ones;
+    rope_scaling updates the full-attention parameters when both are
+    there. The softmax scale query_pre_attn_scalar^-0.5 (default 256), the
+    embeddings times sqrt(hidden_size), a gelu_pytorch_tanh GeGLU FFN."""
+    for key in ("final_logit_softcapping", "attn_logit_softcapping",
+                "use_bidirectional_attention"):
+        if hc.get(key):
+            raise ValueError(f"{d}: {key} unsupported")
+    act = hc.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"{d}: hidden_activation {act!r} unsupported")
+    rp = hc.get("rope_parameters") or {}
+    full = dict(rp.get("full_attention") or {})
+    full.update(hc.get("rope_scaling") or {})
+    local = dict(rp.get("sliding_attention") or {})
+    if local.get("rope_type", local.get("type", "default")) != "default":
+        raise ValueError(f"{d}: sliding-window layers' RoPE {local} "
+                         f"unsupported")
+    cfg.rope_base = float(full.get("rope_theta", hc.get("rope_theta", 1e6)))
+    cfg.rope_scaling = _hf_rope_scaling(full, hc)
+    cfg.swa_rope_base = float(local.get(
+        "rope_theta", hc.get("rope_local_base_freq", 10000.0)))
+    pattern = int(hc.get("sliding_window_pattern", 6))
+    types = hc.get("layer_types") or [
+        "sliding_attention" if (i + 1) % pattern else "full_attention"
+        for i in range(cfg.n_layers)]
+    cfg.sliding_window = int(hc.get("sliding_window", 4096))
+    cfg.window_layers = [t == "sliding_attention" for t in types]
+    cfg.attn_scale = float(hc.get("query_pre_attn_scalar", 256)) ** -0.5
+    cfg.embed_scale = float(np.sqrt(cfg.dim))
+    cfg.ffn_act = "gelu_tanh"
 
 
 def _deepseek_hf_config(cfg: Config, hc: dict, d: str) -> None:
@@ -779,6 +901,13 @@ def rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
 
 def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU's tanh approximation (transformers' gelu_pytorch_tanh, ggml's
+    gelu)."""
+    return 0.5 * x * (1.0 + np.tanh(np.sqrt(2.0 / np.pi)
+                                    * (x + 0.044715 * x ** 3)))
 
 
 def rope_frequencies(head_dim: int, base: float, scaling: dict | None,
@@ -1085,14 +1214,14 @@ class LlamaRef:
         c = self.cfg
         T = h.shape[0]
         group = c.n_heads // c.n_kv_heads
-        scale = 1.0 / np.sqrt(c.head_dim)
+        scale = c.attn_scale or 1.0 / np.sqrt(c.head_dim)
         q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
         if L.bq is not None:
             q, k, v = q + L.bq, k + L.bk, v + L.bv
         q = q.reshape(T, c.n_heads, c.head_dim)
         k = k.reshape(T, c.n_kv_heads, c.head_dim)
         v = v.reshape(T, c.n_kv_heads, c.head_dim)
-        if c.qk_norm:  # Qwen3: each head RMS-normed, then RoPE
+        if c.qk_norm:  # Qwen3, Gemma 3: each head RMS-normed, then RoPE
             q = rmsnorm(q, L.q_norm, c.norm_eps)
             k = rmsnorm(k, L.k_norm, c.norm_eps)
         q = apply_rope(q, cos, sin, c.rope_style)
@@ -1128,25 +1257,36 @@ class LlamaRef:
         if tokens.min() < 0 or tokens.max() >= c.vocab_size:
             raise ValueError("token id out of range")
         positions = np.arange(self.pos, self.pos + T)
-        cos, sin = rope_tables(positions, c.rotary_dim, c.rope_base,
-                               c.rope_scaling, c.freq_factors)
+        rope = rope_tables(positions, c.rotary_dim, c.rope_base,
+                           c.rope_scaling, c.freq_factors)
+        if c.swa_rope_base:
+            swa_rope = rope_tables(positions, c.rotary_dim, c.swa_rope_base)
+        act = gelu_tanh if c.ffn_act == "gelu_tanh" else silu
 
-        x = w.tok_embd[tokens]                              # (T, dim)
+        x = w.tok_embd[tokens] * c.embed_scale              # (T, dim)
         for li, L in enumerate(w.layers):
+            cos, sin = (swa_rope if c.swa_rope_base and c.layer_window(li)
+                        else rope)
             # --- attention ---
             h = rmsnorm(x, L.attn_norm, c.norm_eps)
             if c.mla:
                 seen = np.arange(self.pos + T)[None, :] <= positions[:, None]
-                x = x + self.mla_attention(li, L, h, cos, sin,
-                                           np.where(seen, 0.0, -np.inf))
+                a = self.mla_attention(li, L, h, cos, sin,
+                                       np.where(seen, 0.0, -np.inf))
             else:
-                x = x + self.gqa_attention(li, L, h, positions, cos, sin)
-            # --- SwiGLU FFN, or a mixture of them ---
+                a = self.gqa_attention(li, L, h, positions, cos, sin)
+            if L.attn_post_norm is not None:
+                a = rmsnorm(a, L.attn_post_norm, c.norm_eps)
+            x = x + a
+            # --- SwiGLU (or GeGLU) FFN, or a mixture of them ---
             h = rmsnorm(x, L.ffn_norm, c.norm_eps)
             if c.is_moe(li):
-                x = x + moe_ffn(h, L, c, self.route_gaps)
+                f = moe_ffn(h, L, c, self.route_gaps)
             else:
-                x = x + (silu(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+                f = (act(h @ L.w_gate.T) * (h @ L.w_up.T)) @ L.w_down.T
+            if L.ffn_post_norm is not None:
+                f = rmsnorm(f, L.ffn_post_norm, c.norm_eps)
+            x = x + f
 
         x = rmsnorm(x, w.final_norm, c.norm_eps)
         self.pos += T

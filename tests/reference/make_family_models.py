@@ -7,7 +7,7 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       kquant
+                                       gemma3|kquant
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -63,6 +63,24 @@ layers (an uneven PP split) and head_dim 16:
            context 1024 of 4096, beta_fast 32, beta_slow 1, mscale =
            mscale_all_dim = 1): cos / sin unscaled, the softmax scale times
            (0.1 ln 4 + 1)^2; in GGUF rope.scaling.yarn_log_multiplier 0.1.
+  gemma3   Gemma 3 text (llama.cpp's gemma3, transformers'
+           Gemma3ForCausalLM): 7 layers, head_dim 24 (6 x 24 != hidden 96),
+           tied, QK-norm, norms after attention and after the FFN too, a
+           GeGLU (tanh) FFN, the embeddings times sqrt(96); layer 5 global
+           (every 6th), RoPE base 1e6 with linear scaling (factor 8, as the
+           4B+ models ship), the others local, a window of 20 and RoPE base
+           10000 unscaled. Random norm weights around 1: stored as they are
+           in GGUF (llama.cpp's converter writes Gemma's 1 + w), minus 1 in
+           the folder (Gemma3RMSNorm multiplies by 1 + w). GGUF as the
+           converter writes it: no key for the layer pattern (llama.cpp's 6)
+           or the softmax scale (llama.cpp's 1 / sqrt(head_dim)),
+           rope.freq_base_swa 10000; tokenizer pre "smollm" (SmolLM2's own:
+           Gemma's vocabulary is SentencePiece). The folder with
+           query_pre_attn_scalar 32 (not head_dim: its scale 32^-0.5), the
+           keys of Gemma 3's config.json (rope_theta, rope_scaling,
+           rope_local_base_freq, sliding_window_pattern) and what
+           transformers 5's Gemma3TextConfig makes of them (layer_types,
+           rope_parameters keyed by layer type), which agree.
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -106,7 +124,7 @@ BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             router_gain=4.0, rotary_factor=1.0, dense_layers=0,
             gating="softmax", groups=1, groups_used=1, shared_experts=0,
             routed_scale=1.0, q_lora=0, kv_lora=0, qk_rope=0, v_head=0,
-            legacy_kv_b=False)
+            legacy_kv_b=False, post_norms=False)
 # The deepseek3 families' settings; head_dim is qk_nope_head_dim.
 DEEPSEEK3 = dict(gguf_arch="deepseek2", hf_type="deepseek_v3", pre="qwen2",
                  eps=1e-6, kv_heads=6, head_dim=16, q_lora=48, kv_lora=32,
@@ -156,6 +174,11 @@ FAMILIES = {
                             "original_max_position_embeddings": 1024,
                             "beta_fast": 32.0, "beta_slow": 1.0,
                             "mscale": 1.0, "mscale_all_dim": 1.0}),
+    "gemma3": dict(gguf_arch="gemma3", hf_type="gemma3_text", pre="smollm",
+                   layers=7, head_dim=24, eps=1e-6, theta=1e6, tied=True,
+                   qk_norm=True, post_norms=True, window=20,
+                   scaling={"rope_type": "linear", "factor": 8.0},
+                   swa_theta=10000.0, query_pre_attn_scalar=32),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -168,7 +191,8 @@ HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "qwen3_moe": "Qwen3MoeForCausalLM",
            "mixtral": "MixtralForCausalLM",
            "glm4_moe": "Glm4MoeForCausalLM",
-           "deepseek_v3": "DeepseekV3ForCausalLM"}
+           "deepseek_v3": "DeepseekV3ForCausalLM",
+           "gemma3_text": "Gemma3ForCausalLM"}
 STEPS = 32
 
 
@@ -225,6 +249,8 @@ def draw(f: dict, seed: int) -> dict:
         if f["qk_norm"]:
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
+        if f["post_norms"]:
+            t[p + "post_attention_norm.weight"] = norm(h)
         t[p + "ffn_norm.weight"] = norm(h)
         if f["experts"] and i >= f["dense_layers"]:
             # The router with a larger gain, so that routings are decisive;
@@ -249,6 +275,8 @@ def draw(f: dict, seed: int) -> dict:
             t[p + "ffn_gate.weight"] = lin(f["ffn"], h)
             t[p + "ffn_up.weight"] = lin(f["ffn"], h)
             t[p + "ffn_down.weight"] = lin(h, f["ffn"])
+        if f["post_norms"]:
+            t[p + "post_ffw_norm.weight"] = norm(h)
     return t
 
 
@@ -341,15 +369,17 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     w.add_rope_freq_base(f["theta"])
     w.add_layer_norm_rms_eps(f["eps"])
     w.add_rope_dimension_count(f["qk_rope"] if mla else rotary_dims(f))
-    # As Qwen3's files say; GLM-4.5's always (its converter writes them
-    # whenever config.json has head_dim).
+    # As Qwen3's files say; GLM-4.5's and Gemma 3's always (their
+    # converters write them whenever config.json has head_dim).
     if not mla and (f["head_dim"] * f["heads"] != f["hidden"]
-                    or arch == "glm4moe"):
+                    or arch in ("glm4moe", "gemma3")):
         w.add_key_length(f["head_dim"])
         w.add_value_length(f["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     if f["window"]:
         w.add_sliding_window(f["window"])
+    if arch == "gemma3":  # The converter's, from rope_parameters.
+        w.add_rope_freq_base_swa(f["swa_theta"])
     s = f["scaling"]
     if s and s["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -420,6 +450,13 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight",
             "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
             "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
             "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
+# Gemma 3's four norms a layer: HF's post_attention_layernorm is the norm
+# of the attention's output, pre_feedforward_layernorm the FFN's input's.
+GEMMA3_HF_NAMES = dict(
+    HF_NAMES, **{"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                 "post_attention_norm.weight":
+                     "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
 
 
 def write_hf(d: str, f: dict, t: dict) -> None:
@@ -486,6 +523,25 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                       v_head_dim=f["v_head"], rope_interleave=True,
                       attention_bias=False, attention_dropout=0.0,
                       num_nextn_predict_layers=0)
+    elif f["hf_type"] == "gemma3_text":
+        # Gemma 3's config.json keys (rope_theta and rope_scaling, both the
+        # global layers', are BASE's), and transformers 5's per layer type.
+        # Every 6th layer global, as llama.cpp assumes without a GGUF key.
+        del config["hidden_act"]
+        pattern = 6
+        config.update(
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=f["query_pre_attn_scalar"],
+            sliding_window=f["window"], sliding_window_pattern=pattern,
+            layer_types=["sliding_attention" if (i + 1) % pattern
+                         else "full_attention" for i in range(f["layers"])],
+            rope_local_base_freq=f["swa_theta"],
+            rope_parameters={
+                "full_attention": dict(f["scaling"], rope_theta=f["theta"]),
+                "sliding_attention": {"rope_type": "default",
+                                      "rope_theta": f["swa_theta"]}},
+            final_logit_softcapping=None, attn_logit_softcapping=None,
+            attention_bias=False, attention_dropout=0.0)
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
@@ -496,6 +552,11 @@ def write_hf(d: str, f: dict, t: dict) -> None:
         config["sliding_window"] = f["window"] or None
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
+    names = HF_NAMES
+    if f["hf_type"] == "gemma3_text":  # Gemma3RMSNorm's x (1 + w).
+        names = GEMMA3_HF_NAMES
+        t = {k: a - 1.0 if k.endswith("norm.weight") else a
+             for k, a in t.items()}
     out = {"model.embed_tokens.weight": t["token_embd.weight"],
            "model.norm.weight": t["output_norm.weight"]}
     if "output.weight" in t:
@@ -517,7 +578,7 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                 out[f"{pre}{moe_block}.experts.{e}.{expert_names[kind]}"
                     f".weight"] = a[e]
         else:
-            out[pre + HF_NAMES[rest]] = a
+            out[pre + names[rest]] = a
     save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
               os.path.join(d, "model.safetensors"))
 
