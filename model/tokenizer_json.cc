@@ -432,16 +432,30 @@ bool IsStringReplace(const Json& j, std::string_view from,
   return p.contains("String") && p["String"] == from && j["content"] == to;
 }
 
+// A Split of the pre-tokenizer at " " (Gemma 3's files: behavior
+// MergedWithPrevious): after a normalizer that made every space "▁" it
+// finds nothing to split at, whatever its behavior.
+bool IsSpaceSplit(const Json& j) {
+  if (TypeOf(j) != "Split" || !j.contains("pattern") ||
+      !j["pattern"].is_object() || BoolField(j, "invert", false)) {
+    return false;
+  }
+  const Json& p = j["pattern"];
+  return p.contains("String") && p["String"] == " ";
+}
+
 // The dummy prefix of a SentencePiece-style tokenizer.json: the
 // normalizer Sequence[Prepend("▁"), Replace(" ", "▁")] (Llama 2, Mistral
 // v0.1; every segment between added tokens is normalized, so each gets
-// one) or the pre-tokenizer Metaspace("▁", prepend_scheme, split false)
-// (newer files; "first": only the start of the input; never in front of
-// a space).
+// one), Replace(" ", "▁") alone or as a one-step Sequence (Gemma: no
+// dummy prefix; Gemma 3's files add the pre-tokenizer Split(" "), which
+// the normalizer leaves nothing to do), or the pre-tokenizer
+// Metaspace("▁", prepend_scheme, split false) (newer files; "first": only
+// the start of the input; never in front of a space).
 absl::Status ParseSpmPrefix(const Json& root, SpmConfig* config) {
   const bool normalizer = !IsNullOrAbsent(root, "normalizer");
   const bool pre = !IsNullOrAbsent(root, "pre_tokenizer");
-  if (normalizer && !pre) {
+  if (normalizer && (!pre || IsSpaceSplit(root["pre_tokenizer"]))) {
     const Json& n = root["normalizer"];
     const Json* steps = TypeOf(n) == "Sequence" && n.contains("normalizers") &&
                                 n["normalizers"].is_array()
@@ -455,8 +469,9 @@ absl::Status ParseSpmPrefix(const Json& root, SpmConfig* config) {
       config->prefix_every_segment = true;
       return absl::OkStatus();
     }
-    if (steps != nullptr && steps->size() == 1 &&
-        IsStringReplace((*steps)[0], " ", kSpmSpace)) {
+    if (IsStringReplace(n, " ", kSpmSpace) ||
+        (steps != nullptr && steps->size() == 1 &&
+         IsStringReplace((*steps)[0], " ", kSpmSpace))) {
       config->add_space_prefix = false;
       return absl::OkStatus();
     }
@@ -479,7 +494,8 @@ absl::Status ParseSpmPrefix(const Json& root, SpmConfig* config) {
   }
   return absl::UnimplementedError(
       "tokenizer.json: a byte_fallback BPE needs the normalizer "
-      "Sequence[Prepend(\"▁\"), Replace(\" \", \"▁\")] or the pre_tokenizer "
+      "Sequence[Prepend(\"▁\"), Replace(\" \", \"▁\")] or Replace(\" \", "
+      "\"▁\") (and no pre_tokenizer, or Split(\" \")), or the pre_tokenizer "
       "Metaspace(\"▁\", split false); this one has another");
 }
 
