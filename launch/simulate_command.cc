@@ -150,9 +150,10 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   ASSIGN_OR_RETURN(layout.weight_bytes_per_param,
                    WeightBytesPerParam(f.weight_dtype));
   ASSIGN_OR_RETURN(const DType kv, ParseKvCacheDType(f.kv_cache_dtype));
-  // int8 KV keeps an f32 scale per token and head beside the values.
+  // int8 KV keeps an f32 scale per token and head (per latent entry under
+  // MLA) beside the values.
   layout.kv_bytes_per_value = kv == DType::kI8
-                                  ? 1.0 + 4.0 / config.head_dim
+                                  ? 1.0 + 4.0 / config.CachedHeadDim()
                                   : static_cast<double>(BlockBytes(kv));
   const bool cpu = device.name.rfind("cpu", 0) == 0;
   const std::string nvlink =

@@ -251,8 +251,13 @@ double RooflineCostModel::StageWeightBytes(int stage) const {
 }
 
 double RooflineCostModel::KvBytesPerToken(int stage) const {
-  return static_cast<double>(stage_layers_[stage]) * 2.0 *
-         static_cast<double>(kv_heads_per_rank_ * config_.head_dim) *
+  // Per layer: K and V of this rank's KV heads, or under latent attention
+  // one entry, which every TP rank holds whole.
+  const double values =
+      config_.is_mla()
+          ? static_cast<double>(config_.CachedHeadDim())
+          : 2.0 * static_cast<double>(kv_heads_per_rank_ * config_.head_dim);
+  return static_cast<double>(stage_layers_[stage]) * values *
          layout_.kv_bytes_per_value;
 }
 

@@ -182,6 +182,17 @@ TEST(SimulateTest, TheRooflineAddsUpByHand) {
   // x 100 + 2 x 64,000 = 326,656: compute-bound at 1 GFLOP/s.
   RooflineCostModel tp1(c, d, {.tp = 1, .pp = 1});
   EXPECT_DOUBLE_EQ(tp1.KvBytesPerToken(0), 256.0);
+  {
+    // Latent attention: one entry of kv_lora_rank + rope_dims values per
+    // layer, whole on each TP rank: 2 layers x (32 + 8) x 2 bytes (f16).
+    ModelConfig mla = c;
+    mla.n_kv_heads = mla.n_heads;
+    mla.kv_lora_rank = 32;
+    mla.rope_dims = 8;
+    EXPECT_DOUBLE_EQ(
+        RooflineCostModel(mla, d, {.tp = 2, .pp = 1}).KvBytesPerToken(0),
+        2 * 40 * 2.0);
+  }
   ASSERT_EQ(tp1.StageSeconds(decode).size(), 1u);
   EXPECT_DOUBLE_EQ(tp1.StageSeconds(decode)[0], 326656e-9);
   // TP = 2: 18,432 parameters per layer and 32,000 of the head per rank,
