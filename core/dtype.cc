@@ -1,5 +1,7 @@
 #include "core/dtype.h"
 
+#include <cmath>
+#include <cstring>
 #include <iterator>
 #include <limits>
 #include <vector>
@@ -21,6 +23,22 @@ void F16ToF32(const uint8_t* src, int64_t n, float* dst) {
 void BF16ToF32(const uint8_t* src, int64_t n, float* dst) {
   for (int64_t i = 0; i < n; ++i)
     dst[i] = Bf16ToFloat(quant::LoadU16(src + 2 * i));
+}
+
+void F8E4M3ToF32(const uint8_t* src, int64_t n, float* dst) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint8_t b = src[i];
+    const int exponent = (b >> 3) & 0xf, mantissa = b & 0x7;
+    float v;
+    if (exponent == 0xf && mantissa == 0x7) {
+      v = std::numeric_limits<float>::quiet_NaN();
+    } else if (exponent == 0) {  // Subnormal: m/8 x 2^-6.
+      v = std::ldexp(static_cast<float>(mantissa), -9);
+    } else {
+      v = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
+    }
+    dst[i] = (b & 0x80) != 0 ? -v : v;
+  }
 }
 
 template <typename Format>
@@ -49,13 +67,14 @@ constexpr DTypeTraits kTraits[] = {
     Row<quant::Q6_K>("Q6_K", 14),
     Row<quant::IQ4_NL>("IQ4_NL", 20),
     Row<quant::IQ4_XS>("IQ4_XS", 23),
+    {DType::kF8E4M3, "F8_E4M3", -1, 1, 1, 0, F8E4M3ToF32},
 };
 
 constexpr bool TableIsIndexedByDType() {
   for (size_t i = 0; i < std::size(kTraits); ++i) {
     if (static_cast<size_t>(kTraits[i].dtype) != i) return false;
   }
-  return std::size(kTraits) == static_cast<size_t>(DType::kIQ4_XS) + 1;
+  return std::size(kTraits) == static_cast<size_t>(DType::kF8E4M3) + 1;
 }
 static_assert(TableIsIndexedByDType());
 

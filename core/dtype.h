@@ -31,6 +31,11 @@ enum class DType : uint8_t {
   kQ6_K,    // 256 values, 16 sub-blocks of 16 with int8 scales.
   kIQ4_NL,  // 32 values: d, 16 bytes indexing a fixed 16-entry codebook.
   kIQ4_XS,  // 256 values, 8 sub-blocks of 32 with 6-bit scales, codebook.
+  // OCP FP8 e4m3 ("fn": no infinities; 0x7f/0xff NaN): sign, 4 exponent bits
+  // (bias 7), 3 mantissa bits. Hugging Face's F8_E4M3, whose checkpoints
+  // (DeepSeek V3, Kimi K2) scale each block of values by a
+  // weight_scale_inv tensor beside it; decoded here without that scale.
+  kF8E4M3,
 };
 
 // One row of the table: how a dtype is stored.

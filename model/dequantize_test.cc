@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <random>
@@ -36,6 +37,28 @@ TEST(DequantizeTest, Q4_1) {
     EXPECT_EQ(out[j], 0.5f * j - 1.0f);
     EXPECT_EQ(out[16 + j], 0.5f * (15 - j) - 1.0f);
   }
+}
+
+// OCP FP8 e4m3fn by hand: 1.0 (0x38), the largest normal 448 (0x7e), the
+// smallest subnormal 2^-9 (0x01), a subnormal 7 x 2^-9 (0x07), -1.5
+// (0xbc), the smallest normal 2^-6 (0x08), NaN (0x7f, 0xff), zeros. The
+// numpy reference's table equals torch.float8_e4m3fn's for all 256 codes
+// (docs/testing.md).
+TEST(DequantizeTest, F8E4M3) {
+  const std::vector<uint8_t> codes = {0x38, 0x7e, 0x01, 0x07, 0xbc,
+                                      0x08, 0x7f, 0xff, 0x00, 0x80};
+  float out[10];
+  ASSERT_TRUE(
+      DequantizeRow(DType::kF8E4M3, codes.data(), codes.size(), out).ok());
+  EXPECT_EQ(out[0], 1.0f);
+  EXPECT_EQ(out[1], 448.0f);
+  EXPECT_EQ(out[2], std::ldexp(1.0f, -9));
+  EXPECT_EQ(out[3], std::ldexp(7.0f, -9));
+  EXPECT_EQ(out[4], -1.5f);
+  EXPECT_EQ(out[5], std::ldexp(1.0f, -6));
+  EXPECT_TRUE(std::isnan(out[6]) && std::isnan(out[7]));
+  EXPECT_EQ(out[8], 0.0f);
+  EXPECT_TRUE(out[9] == 0.0f && std::signbit(out[9]));
 }
 
 TEST(DequantizeTest, Q4_0) {

@@ -112,6 +112,10 @@ struct ModelConfig {
   float LatentNormEps() const {
     return latent_norm_eps > 0 ? latent_norm_eps : rms_norm_eps;
   }
+  // Hugging Face FP8 checkpoints (DeepSeek V3, Kimi K2): the side of the
+  // square blocks each F8_E4M3 weight's weight_scale_inv scales
+  // (quantization_config.weight_block_size); 0: none.
+  int64_t fp8_block = 0;
   // Multi-token-prediction layers stored after the n_layers the model
   // runs (GGUF nextn_predict_layers, HF num_nextn_predict_layers): skipped
   // when loading, not run (speculative decoding does not use them yet).

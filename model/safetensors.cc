@@ -261,6 +261,41 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
   return s;
 }
 
+// quantization_config: FP8 weights in square blocks, each F8_E4M3 weight
+// with a weight_scale_inv of one scale per block (DeepSeek V3's and Kimi
+// K2's "fp8", e4m3, weight_block_size [128, 128]); dequantized at load.
+// Other methods (GPTQ, AWQ, bitsandbytes, ...) are refused by name.
+absl::Status ReadFp8Config(const Json& j, const ConfigReader& r,
+                           ModelConfig& c) {
+  const Json& q = j.at("quantization_config");
+  if (!q.is_object()) {
+    return r.Error("quantization_config", "is not an object");
+  }
+  const ConfigReader qr(q, absl::StrCat(r.path(), " quantization_config"));
+  ASSIGN_OR_RETURN(const std::string method, qr.String("quant_method", ""));
+  if (method != "fp8") {
+    return qr.Error("quant_method",
+                    absl::StrCat("= '", method,
+                                 "'; only 'fp8' checkpoints are read (convert "
+                                 "others to GGUF or to bf16)"));
+  }
+  ASSIGN_OR_RETURN(const std::string fmt, qr.String("fmt", "e4m3"));
+  if (fmt != "e4m3") {
+    return qr.Error("fmt", absl::StrCat("= '", fmt, "'; only e4m3 is read"));
+  }
+  const Json* block =
+      q.contains("weight_block_size") ? &q.at("weight_block_size") : nullptr;
+  if (block == nullptr || !block->is_array() || block->size() != 2 ||
+      !(*block)[0].is_number_integer() || (*block)[0] != (*block)[1] ||
+      (*block)[0].get<int64_t>() < 1 || (*block)[0].get<int64_t>() > 4096) {
+    return qr.Error("weight_block_size",
+                    "must be two equal sizes in [1, 4096] (per-tensor and "
+                    "per-channel FP8 scales are not read)");
+  }
+  c.fp8_block = (*block)[0].get<int64_t>();
+  return absl::OkStatus();
+}
+
 // Gemma 3's text model (transformers' Gemma3TextConfig and its defaults):
 // GeGLU, QK norms, post-attention and post-FFN norms, norms multiplying by
 // 1 + w, embeddings times sqrt(hidden), the softmax scale
@@ -628,6 +663,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   // model's in the checkpoint.
   ASSIGN_OR_RETURN(c.n_nextn_layers, r.Int("num_nextn_predict_layers", 0));
   c.rope_style = RopeStyle::kRotateHalf;
+  if (r.Has("quantization_config")) RETURN_IF_ERROR(ReadFp8Config(j, r, c));
   ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id"));
   ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id"));
 
@@ -853,7 +889,7 @@ const DTypeEntry* LookupDType(std::string_view name) {
       {"I16", 2, std::nullopt},     {"I8", 1, std::nullopt},
       {"U64", 8, std::nullopt},     {"U32", 4, std::nullopt},
       {"U16", 2, std::nullopt},     {"U8", 1, std::nullopt},
-      {"BOOL", 1, std::nullopt},    {"F8_E4M3", 1, std::nullopt},
+      {"BOOL", 1, std::nullopt},    {"F8_E4M3", 1, DType::kF8E4M3},
       {"F8_E5M2", 1, std::nullopt},
   };
   for (const DTypeEntry& e : kTable) {
@@ -982,12 +1018,21 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
 
     FileEntry e;
     e.hf_name = name;
-    std::optional<std::string> canonical =
-        CanonicalName(name, config.post_norms);
+    // An FP8 weight's block scales take its canonical name plus _scale_inv.
+    constexpr std::string_view kScale = "_scale_inv";
+    std::optional<std::string> canonical;
+    if (name.ends_with(kScale)) {
+      canonical = CanonicalName(
+          std::string_view(name).substr(0, name.size() - kScale.size()),
+          config.post_norms);
+      if (canonical.has_value()) *canonical += kScale;
+    } else {
+      canonical = CanonicalName(name, config.post_norms);
+    }
     if (!dtype->dtype.has_value()) {
       if (canonical.has_value()) {
         return terror("dtype ", dtype_name,
-                      " is not supported (F32, F16 and BF16 are)");
+                      " is not supported (F32, F16, BF16 and F8_E4M3 are)");
       }
       e.keep = false;  // An unknown extra tensor (e.g. int64 buffers).
     }

@@ -511,6 +511,16 @@ TEST(SafetensorsLoaderTest, RejectsBadConfig) {
           {"attention_bias", "true", "attention_bias"},
           {"tie_word_embeddings", "1", "tie_word_embeddings"},
           {"eos_token_id", "4294967296", "eos_token_id"},
+          {"quantization_config", R"({"quant_method":"gptq","bits":4})",
+           "'gptq'; only 'fp8'"},
+          {"quantization_config",
+           R"({"quant_method":"fp8","weight_block_size":[128,64]})",
+           "weight_block_size"},
+          {"quantization_config", R"({"quant_method":"fp8"})",
+           "weight_block_size"},
+          {"quantization_config",
+           R"({"quant_method":"fp8","fmt":"e5m2","weight_block_size":[128,128]})",
+           "e4m3"},
       }) {
     SCOPED_TRACE(absl::StrCat(c.key, " = ", c.value.value_or("(absent)")));
     const std::string dir = TestDir();

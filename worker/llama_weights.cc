@@ -23,6 +23,41 @@ struct Slice {
   int64_t offset = 0;
 };
 
+// An FP8 matrix's slice (rows r0.., columns c0.. of `info`, decoded to
+// f32 without its scales) times its blocks' scales: the tensor
+// <name>_scale_inv, [ceil(rows / b), ceil(cols / b)] for the config's
+// fp8_block b (DeepSeek V3's weight_scale_inv: the dequantized weight is
+// the stored value times it).
+absl::Status ScaleFp8(const WeightSource& source, const TensorInfo& info,
+                      int64_t r0, int64_t c0, Tensor& f32) {
+  const int64_t b = source.config().fp8_block;
+  const std::string scale_name = info.name + "_scale_inv";
+  if (b < 1 || info.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", info.name,
+                     "' is F8_E4M3 but the model's config.json has no FP8 "
+                     "quantization_config (weight_block_size)"));
+  }
+  const int64_t rows = info.shape[0], cols = info.shape[1];
+  const int64_t sr = (rows + b - 1) / b, sc = (cols + b - 1) / b;
+  const absl::StatusOr<const TensorInfo*> scale_info =
+      source.Require(scale_name, {sr, sc});
+  if (!scale_info.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "FP8 tensor '", info.name,
+        "' needs its block scales: ", scale_info.status().message()));
+  }
+  ASSIGN_OR_RETURN(const Tensor scale, DequantizeTensor(source, **scale_info));
+  const float* sp = scale.f32().data();
+  const int64_t n = f32.dim(0), w = f32.dim(1);
+  float* x = f32.f32().data();
+  for (int64_t i = 0; i < n; ++i) {
+    const float* srow = sp + (r0 + i) / b * sc;
+    for (int64_t j = 0; j < w; ++j) x[i * w + j] *= srow[(c0 + j) / b];
+  }
+  return absl::OkStatus();
+}
+
 // Rows [r0, r1) x columns [c0, c1) of tensor `name`, whose full shape must
 // be `shape` (1-D tensors are read whole, as f32). Matrices in a block
 // format stay in it, read in place by the CPU kernels; when [c0, c1) cuts
@@ -44,6 +79,8 @@ absl::StatusOr<Slice> LoadSlice(const WeightSource& source,
   if (!IsQuantized(t)) {
     ASSIGN_OR_RETURN(
         Tensor f32, DequantizeSlice(*info, source.Data(*info), r0, r1, c0, c1));
+    if (t == DType::kF8E4M3)
+      RETURN_IF_ERROR(ScaleFp8(source, *info, r0, c0, f32));
     return Slice{std::move(f32), 0};
   }
   const int64_t block = BlockElems(t);
@@ -193,6 +230,9 @@ absl::StatusOr<Slice> LoadExperts(const WeightSource& source, int64_t layer,
       offset = c0 - b0;
     } else {
       ASSIGN_OR_RETURN(part, DequantizeSlice(m.info, m.data, r0, r1, c0, c1));
+      if (m.info.dtype == DType::kF8E4M3) {
+        RETURN_IF_ERROR(ScaleFp8(source, m.info, r0, c0, part));
+      }
     }
     parts.push_back(std::move(part));
   }
@@ -250,7 +290,10 @@ absl::Status LoadLatentAttention(const WeightSource& source, int64_t layer,
   if (const TensorInfo* kv_b = source.Find(p + "attn_kv_b.weight");
       kv_b != nullptr && source.Find(p + "attn_k_b.weight") == nullptr) {
     RETURN_IF_ERROR(source.Require(kv_b->name, {H * (nope + vd), R}).status());
-    ASSIGN_OR_RETURN(const Tensor all, DequantizeTensor(source, *kv_b));
+    ASSIGN_OR_RETURN(Tensor all, DequantizeTensor(source, *kv_b));
+    if (kv_b->dtype == DType::kF8E4M3) {
+      RETURN_IF_ERROR(ScaleFp8(source, *kv_b, 0, 0, all));
+    }
     ASSIGN_OR_RETURN(l.wk_b, Tensor::Host(DType::kF32, {(h1 - h0) * R, nope}));
     ASSIGN_OR_RETURN(l.wv_b, Tensor::Host(DType::kF32, {(h1 - h0) * vd, R}));
     const float* src = all.f32().data();

@@ -574,11 +574,40 @@ def read_safetensors(path: str) -> dict:
         if dt == "BF16":
             u16 = np.frombuffer(raw, dtype="<u2")
             a = (u16.astype(np.uint32) << 16).view(np.float32)
+        elif dt == "F8_E4M3":
+            a = e4m3_values()[np.frombuffer(raw, dtype=np.uint8)]
         elif dt in _ST_DTYPES:
             a = np.frombuffer(raw, dtype=np.dtype(_ST_DTYPES[dt]).newbyteorder("<"))
         else:
             raise ValueError(f"{path}: tensor {name}: unsupported dtype {dt}")
         out[name] = _f64(a.reshape(shape))
+    return out
+
+
+def e4m3_values() -> np.ndarray:
+    """The 256 values of OCP FP8 e4m3fn by code (float64): sign, 4 exponent
+    bits biased by 7, 3 mantissa bits; exponent 0 subnormal (m/8 x 2^-6);
+    0x7f and 0xff NaN, no infinities."""
+    codes = np.arange(256)
+    e, m = (codes >> 3) & 0xF, codes & 7
+    v = np.where(e == 0, m / 8.0 * 2.0 ** -6,
+                 (1 + m / 8.0) * 2.0 ** (e.astype(np.float64) - 7))
+    v = np.where((e == 15) & (m == 7), np.nan, v)
+    return np.where(codes & 0x80, -v, v)
+
+
+def dequantize_fp8(t: dict, block: int) -> dict:
+    """Every F8 weight times its weight_scale_inv (one per block x block
+    values, as DeepSeek V3's checkpoints store them); the scales dropped."""
+    out = {}
+    for k, v in t.items():
+        if k.endswith("_scale_inv"):
+            continue
+        s = t.get(k + "_scale_inv")
+        if s is not None:
+            full = np.repeat(np.repeat(s, block, axis=0), block, axis=1)
+            v = v * full[:v.shape[0], :v.shape[1]]
+        out[k] = v
     return out
 
 
@@ -701,6 +730,13 @@ def load_hf_dir(d: str):
     elif model_type in ("deepseek_v3", "deepseek_v2"):
         _deepseek_hf_config(cfg, hc, d)
     t = _load_hf_tensors(d)
+    q = hc.get("quantization_config")
+    if q is not None:
+        if q.get("quant_method") != "fp8" or q.get("fmt", "e4m3") != "e4m3":
+            raise ValueError(f"{d}: quantization_config {q} unsupported")
+        b0, b1 = q["weight_block_size"]
+        assert b0 == b1
+        t = dequantize_fp8(t, b0)
     if gemma:  # Gemma3RMSNorm's 1 + w, as llama.cpp's converter stores it.
         t = {k: v + 1.0 if k.endswith("norm.weight") else v
              for k, v in t.items()}

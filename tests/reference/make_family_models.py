@@ -7,7 +7,7 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       gemma3|kquant
+                                       deepseek3_fp8|gemma3|kquant
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -63,6 +63,11 @@ layers (an uneven PP split) and head_dim 16:
            context 1024 of 4096, beta_fast 32, beta_slow 1, mscale =
            mscale_all_dim = 1): cos / sin unscaled, the softmax scale times
            (0.1 ln 4 + 1)^2; in GGUF rope.scaling.yarn_log_multiplier 0.1.
+  deepseek3_fp8  deepseek3's folder as DeepSeek V3 ships its weights
+           (Hugging Face only): every *_proj.weight, the experts' too, as
+           F8_E4M3 codes with an F32 weight_scale_inv per 16 x 16 block
+           (quantization_config fp8, weight_block_size [16, 16]; the real
+           ones are 128 x 128), the router, norms and embeddings F32.
   gemma3   Gemma 3 text (llama.cpp's gemma3, transformers'
            Gemma3ForCausalLM): 7 layers, head_dim 24 (6 x 24 != hidden 96),
            tied, QK-norm, norms after attention and after the FFN too, a
@@ -101,6 +106,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import struct
 import sys
 
 import numpy as np
@@ -169,6 +175,11 @@ FAMILIES = {
                     routed_scale=2.5),
     "deepseek3": DEEPSEEK3,
     "deepseek3_nolora": dict(DEEPSEEK3, q_lora=0, legacy_kv_b=True),
+    # DeepSeek V3's FP8 checkpoint form (HF only): every projection in
+    # F8_E4M3 with a weight_scale_inv per 16 x 16 block (128 x 128 in the
+    # real ones; 16 here so that the tiny matrices hold several blocks and
+    # partial ones at their edges).
+    "deepseek3_fp8": dict(DEEPSEEK3, formats=("hf",), fp8_block=16),
     "deepseek3_yarn": dict(
         DEEPSEEK3, scaling={"rope_type": "yarn", "factor": 4.0,
                             "original_max_position_embeddings": 1024,
@@ -579,8 +590,63 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                     f".weight"] = a[e]
         else:
             out[pre + names[rest]] = a
-    save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
-              os.path.join(d, "model.safetensors"))
+    path = os.path.join(d, "model.safetensors")
+    if f.get("fp8_block"):
+        write_fp8_safetensors(path, out, f["fp8_block"])
+        config["quantization_config"] = {
+            "quant_method": "fp8", "fmt": "e4m3",
+            "activation_scheme": "dynamic",
+            "weight_block_size": [f["fp8_block"], f["fp8_block"]]}
+        with open(os.path.join(d, "config.json"), "w") as fh:
+            json.dump(config, fh, indent=2)
+        return
+    save_file({k: np.ascontiguousarray(v) for k, v in out.items()}, path)
+
+
+def write_fp8_safetensors(path: str, tensors: dict, block: int) -> None:
+    """tensors as safetensors, the projections (every *_proj.weight, the
+    experts' included; not the router, norms or embeddings, as DeepSeek V3
+    ships them) as F8_E4M3 codes, each block x block block scaled to the
+    format's range by an F32 weight_scale_inv (the value is code x scale),
+    rounded to the nearest code."""
+    values = llama_ref.e4m3_values()
+    order = np.argsort(values[~np.isnan(values)], kind="stable")
+    finite = np.flatnonzero(~np.isnan(values))[order]
+    table = values[finite]
+    entries = {}
+    for name, a in tensors.items():
+        a = np.asarray(a, dtype=np.float32)
+        if not name.endswith("_proj.weight") or a.ndim != 2:
+            entries[name] = ("F32", a.tobytes(), a.shape)
+            continue
+        rows, cols = a.shape
+        br, bc = -(-rows // block), -(-cols // block)
+        scale = np.zeros((br, bc), dtype=np.float32)
+        codes = np.zeros(a.shape, dtype=np.uint8)
+        for i in range(br):
+            for j in range(bc):
+                w = a[i * block:(i + 1) * block, j * block:(j + 1) * block]
+                s = np.float32(max(float(np.abs(w).max()), 1e-12) / 448.0)
+                x = w.astype(np.float64) / s
+                k = np.clip(np.searchsorted(table, x), 1, len(table) - 1)
+                nearer = np.where(np.abs(table[k - 1] - x) <= np.abs(table[k] - x),
+                                  k - 1, k)
+                codes[i * block:(i + 1) * block,
+                      j * block:(j + 1) * block] = finite[nearer]
+                scale[i, j] = s
+        entries[name] = ("F8_E4M3", codes.tobytes(), a.shape)
+        entries[name + "_scale_inv"] = ("F32", scale.tobytes(), scale.shape)
+    header, data, at = {}, [], 0
+    for name in sorted(entries):
+        dtype, raw, shape = entries[name]
+        header[name] = {"dtype": dtype, "shape": list(shape),
+                        "data_offsets": [at, at + len(raw)]}
+        data.append(raw)
+        at += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as fh:
+        fh.write(struct.pack("<Q", len(text)) + text + b"".join(data))
 
 
 # A mixture's routings must be decisive too: the last chosen expert's
