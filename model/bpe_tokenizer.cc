@@ -132,15 +132,12 @@ absl::StatusOr<std::unique_ptr<BpeTokenizer>> BpeTokenizer::Create(
     tok->added_ids_[added.content] = added.id;
     tok->added_.push_back(std::move(added));
   }
+  std::vector<std::pair<std::string_view, int32_t>> contents;
+  contents.reserve(tok->added_.size());
   for (size_t i = 0; i < tok->added_.size(); ++i) {
-    const unsigned char first = tok->added_[i].content[0];
-    tok->added_by_byte_[first].push_back(static_cast<int32_t>(i));
+    contents.emplace_back(tok->added_[i].content, static_cast<int32_t>(i));
   }
-  for (auto& list : tok->added_by_byte_) {
-    std::stable_sort(list.begin(), list.end(), [&](int32_t x, int32_t y) {
-      return tok->added_[x].content.size() > tok->added_[y].content.size();
-    });
-  }
+  tok->added_trie_ = LiteralTrie(std::move(contents));
 
   for (int32_t id : {config.bos_id, config.eos_id}) {
     if (id < -1 || id >= static_cast<int64_t>(vocab_size)) {
@@ -275,20 +272,18 @@ std::vector<int32_t> BpeTokenizer::Encode(std::string_view text) const {
   // Added tokens: leftmost match, longest among those starting there.
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
-    const AddedToken* match = nullptr;
-    for (int32_t index : added_by_byte_[static_cast<unsigned char>(text[i])]) {
-      if (text.substr(i).starts_with(added_[index].content)) {
-        match = &added_[index];
-        break;
-      }
+    if (!added_trie_.MayStartWith(text[i])) {
+      ++i;
+      continue;
     }
-    if (match == nullptr) {
+    const LiteralTrie::Match match = added_trie_.LongestPrefix(text.substr(i));
+    if (match.value < 0) {
       ++i;
       continue;
     }
     EncodeOrdinary(text.substr(start, i - start), &ids);
-    ids.push_back(match->id);
-    i += match->content.size();
+    ids.push_back(added_[match.value].id);
+    i += match.size;
     start = i;
   }
   EncodeOrdinary(text.substr(start), &ids);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/literal_trie.h"
 #include "model/pretokenizer.h"
 #include "model/tokenizer.h"
 
@@ -111,8 +112,8 @@ class BpeTokenizer : public Tokenizer {
   std::unordered_map<std::string, int32_t> added_ids_;  // Added content.
   std::unordered_map<uint64_t, Merge> merges_;          // PairKey(left, right).
   std::array<int32_t, 256> byte_ids_;  // -1: byte not in vocab.
-  // Indices into added_ by first byte of the content, longest first.
-  std::array<std::vector<int32_t>, 256> added_by_byte_;
+  // Content -> index into added_ (the first of those written alike).
+  LiteralTrie added_trie_;
   std::vector<AddedToken> added_;
   int32_t bos_id_ = -1;
   int32_t eos_id_ = -1;

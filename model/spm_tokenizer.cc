@@ -111,6 +111,7 @@ absl::StatusOr<std::unique_ptr<SpmTokenizer>> SpmTokenizer::Create(
   t->byte_ids_.fill(-1);
   t->bytes_.resize(n);
   t->special_.assign(n, false);
+  std::vector<std::pair<std::string_view, int32_t>> literals;
   for (size_t i = 0; i < n; ++i) {
     const std::string& piece = config.pieces[i];
     if (piece.empty() || static_cast<int64_t>(piece.size()) > kMaxPieceBytes) {
@@ -136,24 +137,21 @@ absl::StatusOr<std::unique_ptr<SpmTokenizer>> SpmTokenizer::Create(
       case SpmTokenType::kUnknown:
         t->special_[i] = true;
         t->bytes_[i] = piece;
-        t->literal_ids_[static_cast<unsigned char>(piece[0])].push_back(id);
+        literals.emplace_back(piece, id);
         ++t->num_literal_;
         if (config.types[i] == SpmTokenType::kUnknown) t->unk_id_ = id;
         break;
       case SpmTokenType::kUserDefined:
         t->bytes_[i] = ReplaceAll(piece, kSpace, " ");
-        t->literal_ids_[static_cast<unsigned char>(piece[0])].push_back(id);
+        literals.emplace_back(piece, id);
         ++t->num_literal_;
         break;
       default:
         t->bytes_[i] = ReplaceAll(piece, kSpace, " ");
     }
   }
-  for (auto& list : t->literal_ids_) {
-    std::stable_sort(list.begin(), list.end(), [&](int32_t a, int32_t b) {
-      return config.pieces[a].size() > config.pieces[b].size();
-    });
-  }
+  // Of pieces written alike, the lowest id matches.
+  t->literals_ = LiteralTrie(std::move(literals));
   t->pieces_ = std::move(config.pieces);
   t->scores_ = std::move(config.scores);
   t->bos_id_ = config.bos_id;
@@ -261,14 +259,12 @@ std::vector<int32_t> SpmTokenizer::Encode(std::string_view text) const {
   bool after_special = true;
   size_t start = 0;
   for (size_t i = 0; i < text.size();) {
-    int32_t match = -1;
-    for (int32_t id : literal_ids_[static_cast<unsigned char>(text[i])]) {
-      if (text.substr(i).starts_with(pieces_[id])) {
-        match = id;
-        break;
-      }
+    if (!literals_.MayStartWith(text[i])) {
+      ++i;
+      continue;
     }
-    if (match < 0) {
+    const LiteralTrie::Match match = literals_.LongestPrefix(text.substr(i));
+    if (match.value < 0) {
       ++i;
       continue;
     }
@@ -276,9 +272,9 @@ std::vector<int32_t> SpmTokenizer::Encode(std::string_view text) const {
       EncodeText(text.substr(start, i - start),
                  add_space_prefix_ && after_special, &ids);
     }
-    ids.push_back(match);
+    ids.push_back(match.value);
     after_special = prefix_every_segment_;
-    i += pieces_[match].size();
+    i += match.size;
     start = i;
   }
   if (start < text.size()) {

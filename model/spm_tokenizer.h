@@ -23,6 +23,7 @@
 
 #include "absl/status/statusor.h"
 #include "model/gguf.h"
+#include "model/literal_trie.h"
 #include "model/tokenizer.h"
 
 namespace shardlm {
@@ -109,8 +110,8 @@ class SpmTokenizer : public Tokenizer {
   // Left piece, '\xff' (never in UTF-8), right piece -> merge rank.
   std::unordered_map<std::string, int32_t> merge_ranks_;
   std::array<int32_t, 256> byte_ids_;  // -1: no <0xXX> token.
-  // Tokens matched literally, by first byte, longest first.
-  std::array<std::vector<int32_t>, 256> literal_ids_;
+  // Tokens matched literally (control, unknown, user-defined) -> id.
+  LiteralTrie literals_;
   int64_t num_literal_ = 0;
   int32_t bos_id_ = -1, eos_id_ = -1, unk_id_ = -1;
   bool add_bos_ = true, add_space_prefix_ = true, prefix_every_segment_ = true,

@@ -70,6 +70,27 @@ TEST(SpmTokenizerTest, MergesBestScoreFirstAndFallsBackToBytes) {
   EXPECT_EQ((*tok)->TokenId("</s>"), 2);
 }
 
+// Literal tokens: the longest written at the leftmost place; of pieces
+// written alike, the first id.
+TEST(SpmTokenizerTest, LiteralTokensLongestFirstLowestIdOfDuplicates) {
+  SpmConfig c = TinyConfig();
+  const auto add = [&](std::string piece, SpmTokenType type) {
+    c.pieces.push_back(std::move(piece));
+    c.scores.push_back(0);
+    c.types.push_back(type);
+  };
+  add("<u", SpmTokenType::kControl);         // 266
+  add("<u1>", SpmTokenType::kControl);       // 267
+  add("<u12>", SpmTokenType::kUserDefined);  // 268
+  add("<u1>", SpmTokenType::kControl);       // 269, a duplicate of 267.
+  auto tok = SpmTokenizer::Create(std::move(c));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_THAT((*tok)->Encode("<u12><u1>a<u1"),
+              ElementsAre(268, 267, 262, 266, 259, 3 + '1'));
+  EXPECT_NE((*tok)->Summary().find("7 matched literally"), std::string::npos)
+      << (*tok)->Summary();
+}
+
 TEST(SpmTokenizerTest, WithoutDummyPrefix) {
   SpmConfig c = TinyConfig();
   c.add_space_prefix = false;

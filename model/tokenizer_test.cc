@@ -12,6 +12,7 @@
 
 #include "model/bpe_tokenizer.h"
 #include "model/gguf.h"
+#include "model/literal_trie.h"
 #include "model/normalizer.h"
 #include "model/pretokenizer.h"
 #include "model/smollm2_test_model.h"
@@ -283,6 +284,66 @@ TEST(BpeTokenizerTest, AddedTokensLongestMatch) {
   EXPECT_EQ((*tok)->vocab_size(), 11);
   EXPECT_EQ((*tok)->eos_id(), 8);
   EXPECT_EQ((*tok)->TokenId("<s>a"), 9);
+}
+
+// The trie finds what the scan it replaced found: of the texts a position
+// starts with, the longest; of texts given twice, the first value.
+TEST(LiteralTrieTest, LongestPrefixAsAScanFindsIt) {
+  std::mt19937 rng(7);
+  for (int round = 0; round < 200; ++round) {
+    std::vector<std::string> texts;
+    std::vector<std::pair<std::string_view, int32_t>> entries;
+    const int n = 1 + static_cast<int>(rng() % 40);
+    for (int i = 0; i < n; ++i) {
+      std::string t;
+      for (size_t len = 1 + rng() % 6; t.size() < len;) {
+        t.push_back("<a>\xff"[rng() % 4]);
+      }
+      texts.push_back(t);
+    }
+    for (int i = 0; i < n; ++i) entries.emplace_back(texts[i], i);
+    const LiteralTrie trie(entries);
+    EXPECT_EQ(trie.size(),
+              std::set<std::string>(texts.begin(), texts.end()).size());
+    std::string text;
+    for (int i = 0; i < 64; ++i) text.push_back("b<a>\xff"[rng() % 5]);
+    for (size_t at = 0; at <= text.size(); ++at) {
+      const std::string_view rest = std::string_view(text).substr(at);
+      int32_t want = -1;
+      size_t want_size = 0;
+      for (int i = 0; i < n; ++i) {
+        if (rest.starts_with(texts[i]) && texts[i].size() > want_size) {
+          want = i;
+          want_size = texts[i].size();
+        }
+      }
+      const LiteralTrie::Match got = trie.LongestPrefix(rest);
+      ASSERT_EQ(got.value, want) << "round " << round << " at " << at;
+      ASSERT_EQ(got.size, want_size);
+      if (!rest.empty() && !trie.MayStartWith(rest[0])) ASSERT_EQ(want, -1);
+    }
+  }
+  const LiteralTrie empty;
+  EXPECT_EQ(empty.LongestPrefix("<a>").value, -1);
+  EXPECT_FALSE(empty.MayStartWith('<'));
+}
+
+// Thousands of added tokens sharing their first bytes (Gemma's
+// <unusedN>): each written one is found whole, one cut short is text.
+TEST(BpeTokenizerTest, ManyAddedTokensSharingAPrefix) {
+  BpeConfig config = TinyConfig();
+  for (int i = 0; i < 3000; ++i) {
+    config.added_tokens.push_back(
+        {8 + i, "<unused" + std::to_string(i) + ">", true});
+  }
+  config.added_tokens.push_back({3008, "<unused12>", true});  // Again.
+  auto tok = BpeTokenizer::Create(std::move(config));
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ((*tok)->Encode("a<unused12><unused2999>b<unused1>"),
+            (std::vector<int32_t>{0, 8 + 12, 8 + 2999, 1, 8 + 1}));
+  // "<unused3000>" is none: its bytes ('<', '>' and letters are not in the
+  // tiny vocabulary; digits neither) give no tokens, the "a" after does.
+  EXPECT_EQ((*tok)->Encode("<unused3000>a<unused1"), (std::vector<int32_t>{0}));
 }
 
 TEST(BpeTokenizerTest, RejectsBadConfig) {
