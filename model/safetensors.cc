@@ -261,6 +261,29 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
   return s;
 }
 
+// transformers' layer_types: for each of layers.size() layers, whether it
+// is "sliding_attention" (else "full_attention"; another name, or a list
+// of another length, is refused).
+absl::Status ReadLayerTypes(const Json& j, const ConfigReader& r,
+                            std::vector<bool>& layers) {
+  const Json& types = j.at("layer_types");
+  if (!types.is_array() || types.size() != layers.size()) {
+    return r.Error("layer_types",
+                   absl::StrCat("must list one type for each of the ",
+                                layers.size(), " layers"));
+  }
+  for (size_t l = 0; l < layers.size(); ++l) {
+    const Json& t = types[l];
+    if (t != "sliding_attention" && t != "full_attention") {
+      return r.Error("layer_types", absl::StrCat("[", l, "] = ", Brief(t),
+                                                 " is not full_attention or "
+                                                 "sliding_attention"));
+    }
+    layers[l] = t == "sliding_attention";
+  }
+  return absl::OkStatus();
+}
+
 // quantization_config: FP8 weights in square blocks, each F8_E4M3 weight
 // with a weight_scale_inv of one scale per block (DeepSeek V3's and Kimi
 // K2's "fp8", e4m3, weight_block_size [128, 128]); dequantized at load.
@@ -381,23 +404,7 @@ absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
   if (pattern < 1) return r.Error("sliding_window_pattern", "is below 1");
   std::vector<bool> layers(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) layers[l] = (l + 1) % pattern != 0;
-  if (r.Has("layer_types")) {
-    const Json& types = j.at("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.n_layers) {
-      return r.Error("layer_types",
-                     absl::StrCat("must list one type for each of the ",
-                                  c.n_layers, " layers"));
-    }
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      const Json& t = types[l];
-      if (t != "sliding_attention" && t != "full_attention") {
-        return r.Error("layer_types", absl::StrCat("[", l, "] = ", Brief(t),
-                                                   " is not full_attention or "
-                                                   "sliding_attention"));
-      }
-      layers[l] = t == "sliding_attention";
-    }
-  }
+  if (r.Has("layer_types")) RETURN_IF_ERROR(ReadLayerTypes(j, r, layers));
   if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
     return absl::OkStatus();  // No layer slides.
   }
@@ -539,27 +546,13 @@ absl::Status ReadQwen2Window(const Json& j, const ConfigReader& r,
   }
   std::vector<bool> layers(c.n_layers, false);
   if (r.Has("layer_types")) {
-    const Json& types = j.at("layer_types");
-    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.n_layers) {
+    RETURN_IF_ERROR(ReadLayerTypes(j, r, layers));
+    const auto first = std::find(layers.begin(), layers.end(), true);
+    if (first != layers.end() && window == 0) {
       return r.Error("layer_types",
-                     absl::StrCat("must list one type for each of the ",
-                                  c.n_layers, " layers"));
-    }
-    for (int64_t l = 0; l < c.n_layers; ++l) {
-      const Json& t = types[l];
-      const bool sliding = t == "sliding_attention";
-      if (!sliding && t != "full_attention") {
-        return r.Error("layer_types", absl::StrCat("[", l, "] = ", Brief(t),
-                                                   " is not full_attention or "
-                                                   "sliding_attention"));
-      }
-      if (sliding && window == 0) {
-        return r.Error("layer_types",
-                       absl::StrCat("[", l,
-                                    "] is sliding_attention but there is no "
-                                    "window (use_sliding_window is false)"));
-      }
-      layers[l] = sliding;
+                     absl::StrCat("[", first - layers.begin(),
+                                  "] is sliding_attention but there is no "
+                                  "window (use_sliding_window is false)"));
     }
   } else if (window > 0) {
     ASSIGN_OR_RETURN(const int64_t first, r.Int("max_window_layers", 28));
