@@ -1,5 +1,6 @@
 #include "core/dtype.h"
 
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <iterator>
@@ -25,20 +26,28 @@ void BF16ToF32(const uint8_t* src, int64_t n, float* dst) {
     dst[i] = Bf16ToFloat(quant::LoadU16(src + 2 * i));
 }
 
-void F8E4M3ToF32(const uint8_t* src, int64_t n, float* dst) {
-  for (int64_t i = 0; i < n; ++i) {
-    const uint8_t b = src[i];
-    const int exponent = (b >> 3) & 0xf, mantissa = b & 0x7;
-    float v;
-    if (exponent == 0xf && mantissa == 0x7) {
-      v = std::numeric_limits<float>::quiet_NaN();
-    } else if (exponent == 0) {  // Subnormal: m/8 x 2^-6.
-      v = std::ldexp(static_cast<float>(mantissa), -9);
-    } else {
-      v = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
-    }
-    dst[i] = (b & 0x80) != 0 ? -v : v;
+// e4m3fn code -> value: sign, exponent (bias 7), mantissa; exponent 0 is
+// subnormal (m/8 x 2^-6); 0x7f / 0xff are NaN (no infinities).
+float DecodeE4M3(uint8_t b) {
+  const int exponent = (b >> 3) & 0xf, mantissa = b & 0x7;
+  float v;
+  if (exponent == 0xf && mantissa == 0x7) {
+    v = std::numeric_limits<float>::quiet_NaN();
+  } else if (exponent == 0) {
+    v = std::ldexp(static_cast<float>(mantissa), -9);
+  } else {
+    v = std::ldexp(static_cast<float>(8 + mantissa), exponent - 10);
   }
+  return (b & 0x80) != 0 ? -v : v;
+}
+
+void F8E4M3ToF32(const uint8_t* src, int64_t n, float* dst) {
+  static const std::array<float, 256> kTable = [] {
+    std::array<float, 256> t;
+    for (int b = 0; b < 256; ++b) t[b] = DecodeE4M3(static_cast<uint8_t>(b));
+    return t;
+  }();
+  for (int64_t i = 0; i < n; ++i) dst[i] = kTable[src[i]];
 }
 
 template <typename Format>

@@ -441,9 +441,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     t.eos_ = std::move(eos);
     return t;
   }
-  // Gemma 2 and 3: <start_of_turn> turns, the system message prefixed to
-  // the first (Gemma 3's first_user_prefix; Gemma 2's template refuses a
-  // system role, which the alternation check below also does).
+  // Gemma 3: <start_of_turn> turns, the system message prefixed to the
+  // first (its first_user_prefix). Gemma 2's template, which refuses a
+  // system role instead, is not recognized.
   if (writes("<start_of_turn>") && writes("<end_of_turn>\n") &&
       writes("<start_of_turn>model\n") && has("first_user_prefix")) {
     t.format_ = Format::kGemma;

@@ -86,7 +86,7 @@ class ChatTemplate {
     // system message goes in front of the last user turn (and is dropped
     // when the conversation does not end with one), as its template does.
     kMistralV3,
-    // Gemma 2 and 3: <bos><start_of_turn>user\ncontent<end_of_turn>\n...,
+    // Gemma 3: <bos><start_of_turn>user\ncontent<end_of_turn>\n...,
     // the assistant's role written "model", every turn trimmed, a leading
     // system message in front of the first turn's content (followed by a
     // blank line); roles alternate user, assistant, ... after it.

@@ -123,6 +123,15 @@ class GgufWeightSource : public WeightSource {
 // not record). No window: every layer full.
 absl::Status ReadGemma3(const GgufFile& g, const std::string& p,
                         ModelConfig& c) {
+  // Soft-capping (Gemma 2's, and llama.cpp's gemma3 for Rnj-1) is not run.
+  for (const char* key :
+       {"final_logit_softcapping", "attn_logit_softcapping"}) {
+    ASSIGN_OR_RETURN(const double cap, FloatOr(g, p + key, 0.0));
+    if (cap != 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          g.name(), ": ", p, key, " ", cap, ": soft-capping is not supported"));
+    }
+  }
   const std::string pattern_key = p + "attention.sliding_window_pattern";
   if (c.sliding_window > 0 && c.n_layers >= 1 && c.n_layers <= 1024) {
     std::vector<bool> layers(c.n_layers);
@@ -177,6 +186,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   ModelConfig c;
   ASSIGN_OR_RETURN(std::string_view arch, g.GetString("general.architecture"));
   c.architecture = std::string(arch);
+  if (c.architecture == "gemma3_text") {  // transformers' name, not GGUF's.
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(),
+                     ": general.architecture 'gemma3_text' is not a "
+                     "GGUF architecture (gemma3 is)"));
+  }
   if (g.Find("general.name") != nullptr) {
     ASSIGN_OR_RETURN(std::string_view name, g.GetString("general.name"));
     c.name = std::string(name);

@@ -361,38 +361,54 @@ absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
   c.ffn_activation = FfnActivation::kGeluTanh;
   c.norm_weight_offset = 1.0f;
   c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
-  // RoPE: the older keys, else rope_parameters per layer type.
-  double global_theta = 1e6, local_theta = 10000;
+  // RoPE as transformers 5 assembles it: rope_parameters per layer type,
+  // a top-level rope_scaling applied over its full_attention entry, bases
+  // from rope_theta (1e6) and rope_local_base_freq (1e4) where an entry
+  // has none; a missing entry is the default (unscaled) RoPE.
+  ASSIGN_OR_RETURN(double global_theta, r.Float("rope_theta", 1e6));
+  ASSIGN_OR_RETURN(double local_theta, r.Float("rope_local_base_freq", 1e4));
+  Json full = Json::object(), sliding = Json::object();
   if (r.Has("rope_parameters")) {
     const Json& rp = j.at("rope_parameters");
-    if (!rp.is_object() || !rp.contains("full_attention") ||
-        !rp.contains("sliding_attention")) {
-      return r.Error("rope_parameters",
-                     "must hold 'full_attention' and 'sliding_attention'");
+    if (!rp.is_object()) return r.Error("rope_parameters", "is not an object");
+    for (auto [name, entry] : {std::pair{"full_attention", &full},
+                               std::pair{"sliding_attention", &sliding}}) {
+      if (!rp.contains(name) || rp.at(name).is_null()) continue;
+      if (!rp.at(name).is_object()) {
+        return r.Error("rope_parameters",
+                       absl::StrCat("'", name, "' is not an object"));
+      }
+      *entry = rp.at(name);
     }
-    const std::string where = absl::StrCat(r.path(), " rope_parameters");
-    ASSIGN_OR_RETURN(c.rope_scaling, ReadRopeScaling(rp.at("full_attention"),
-                                                     where, c.context_length));
-    ASSIGN_OR_RETURN(
-        const RopeScaling local,
-        ReadRopeScaling(rp.at("sliding_attention"), where, c.context_length));
-    if (local.type != RopeScalingType::kNone) {
-      return r.Error("rope_parameters",
-                     "scales the sliding layers' RoPE; only their base is "
-                     "supported");
-    }
-    const ConfigReader full(rp.at("full_attention"), where);
-    const ConfigReader sliding(rp.at("sliding_attention"), where);
-    ASSIGN_OR_RETURN(global_theta, full.Float("rope_theta", global_theta));
-    ASSIGN_OR_RETURN(local_theta, sliding.Float("rope_theta", local_theta));
-  } else {
-    ASSIGN_OR_RETURN(global_theta, r.Float("rope_theta", global_theta));
-    ASSIGN_OR_RETURN(local_theta, r.Float("rope_local_base_freq", local_theta));
   }
-  for (const double theta : {global_theta, local_theta}) {
+  if (r.Has("rope_scaling")) {
+    if (!j.at("rope_scaling").is_object()) {
+      return r.Error("rope_scaling", "is not an object");
+    }
+    full.update(j.at("rope_scaling"));
+  }
+  const std::string where = absl::StrCat(r.path(), " rope_parameters.");
+  ASSIGN_OR_RETURN(
+      c.rope_scaling,
+      ReadRopeScaling(full, where + "full_attention", c.context_length));
+  ASSIGN_OR_RETURN(
+      const RopeScaling local,
+      ReadRopeScaling(sliding, where + "sliding_attention", c.context_length));
+  if (local.type != RopeScalingType::kNone) {
+    return r.Error("rope_parameters",
+                   "scales the sliding layers' RoPE (sliding_attention); "
+                   "only their base is supported");
+  }
+  const ConfigReader full_reader(full, where + "full_attention");
+  const ConfigReader sliding_reader(sliding, where + "sliding_attention");
+  ASSIGN_OR_RETURN(global_theta, full_reader.Float("rope_theta", global_theta));
+  ASSIGN_OR_RETURN(local_theta,
+                   sliding_reader.Float("rope_theta", local_theta));
+  for (auto [key, theta] :
+       {std::pair{"rope_theta (full attention)", global_theta},
+        std::pair{"rope_local_base_freq (sliding attention)", local_theta}}) {
     if (!(theta > 0) || theta > 1e12) {
-      return r.Error("rope_theta",
-                     absl::StrCat("= ", theta, " is outside (0, 1e12]"));
+      return r.Error(key, absl::StrCat("= ", theta, " is outside (0, 1e12]"));
     }
   }
   c.rope_theta = static_cast<float>(global_theta);

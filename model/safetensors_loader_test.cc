@@ -434,6 +434,21 @@ TEST(SafetensorsLoaderTest, ReadsGemma3) {
     EXPECT_EQ((*w)->Find("blk.0.ffn_norm.weight"), nullptr);
   }
   {
+    // As transformers 5 assembles them: a top-level rope_scaling over the
+    // full layers' entry, the local base from rope_local_base_freq when
+    // the sliding entry is missing.
+    auto w = open(
+        {{"rope_theta", "500000.0"},
+         {"rope_local_base_freq", "20000.0"},
+         {"rope_scaling", R"({"rope_type": "linear", "factor": 4.0})"},
+         {"rope_parameters", R"({"full_attention": {"rope_type": "linear",)"
+                             R"( "factor": 8.0}})"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    EXPECT_EQ((*w)->config().rope_scaling.factor, 4.0);
+    EXPECT_EQ((*w)->config().rope_theta, 5e5f);
+    EXPECT_EQ((*w)->config().rope_local_theta, 2e4f);
+  }
+  {
     // Without layer_types: every sixth layer full (both of two slide).
     auto w = open({{"layer_types", ""}});
     ASSERT_TRUE(w.ok()) << w.status();
@@ -458,8 +473,9 @@ TEST(SafetensorsLoaderTest, ReadsGemma3) {
               R"( "sliding_attention": {"rope_type": "linear",)"
               R"( "factor": 2.0}})"}},
             "sliding layers"},
-           {{{"rope_parameters", R"({"full_attention": {}})"}},
-            "sliding_attention"},
+           {{{"rope_parameters", R"({"full_attention": 3})"}},
+            "'full_attention' is not an object"},
+           {{{"rope_local_base_freq", "-1"}}, "rope_local_base_freq"},
        }) {
     SCOPED_TRACE(r.needle);
     auto w = open(r.changes);

@@ -1,6 +1,7 @@
 #include "worker/llama_weights.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -31,17 +32,21 @@ struct Slice {
 absl::Status ScaleFp8(const WeightSource& source, const TensorInfo& info,
                       int64_t r0, int64_t c0, Tensor& f32) {
   const int64_t b = source.config().fp8_block;
-  const std::string scale_name = info.name + "_scale_inv";
-  if (b < 1 || info.shape.size() != 2) {
+  if (b < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor '", info.name,
                      "' is F8_E4M3 but the model's config.json has no FP8 "
                      "quantization_config (weight_block_size)"));
   }
+  if (info.shape.size() != 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor '", info.name, "' is F8_E4M3 but not a matrix (",
+                     ShapeString(info.shape), "); only matrices are read"));
+  }
   const int64_t rows = info.shape[0], cols = info.shape[1];
   const int64_t sr = (rows + b - 1) / b, sc = (cols + b - 1) / b;
   const absl::StatusOr<const TensorInfo*> scale_info =
-      source.Require(scale_name, {sr, sc});
+      source.Require(info.name + "_scale_inv", {sr, sc});
   if (!scale_info.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "FP8 tensor '", info.name,
@@ -53,7 +58,21 @@ absl::Status ScaleFp8(const WeightSource& source, const TensorInfo& info,
   float* x = f32.f32().data();
   for (int64_t i = 0; i < n; ++i) {
     const float* srow = sp + (r0 + i) / b * sc;
-    for (int64_t j = 0; j < w; ++j) x[i * w + j] *= srow[(c0 + j) / b];
+    float* row = x + i * w;
+    // Column runs within one block share its scale.
+    for (int64_t j = 0; j < w;) {
+      const int64_t end = std::min(w, ((c0 + j) / b + 1) * b - c0);
+      const float s = srow[(c0 + j) / b];
+      for (int64_t k = j; k < end; ++k) row[k] *= s;
+      j = end;
+    }
+    for (int64_t j = 0; j < w; ++j) {
+      if (!std::isfinite(row[j])) {  // A NaN code or a bad scale.
+        return absl::InvalidArgumentError(absl::StrCat(
+            "FP8 tensor '", info.name, "' holds a non-finite value at [",
+            r0 + i, ", ", c0 + j, "] (its code or its block scale)"));
+      }
+    }
   }
   return absl::OkStatus();
 }
@@ -70,6 +89,10 @@ absl::StatusOr<Slice> LoadSlice(const WeightSource& source,
                                 int64_t c1 = -1) {
   ASSIGN_OR_RETURN(const TensorInfo* info, source.Require(name, shape));
   if (shape.size() == 1) {
+    if (info->dtype == DType::kF8E4M3) {  // Its scales are per 2-D block.
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", name, "' is F8_E4M3 but a vector"));
+    }
     ASSIGN_OR_RETURN(Tensor t, DequantizeTensor(source, *info));
     return Slice{std::move(t), 0};
   }
