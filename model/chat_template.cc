@@ -442,11 +442,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     return t;
   }
   // Gemma 3: <start_of_turn> turns, the system message prefixed to the
-  // first (its first_user_prefix). Gemma 2's template, which refuses a
-  // system role instead, is not recognized.
+  // first (its first_user_prefix); Gemma 2's, which refuses a system role
+  // instead.
   if (writes("<start_of_turn>") && writes("<end_of_turn>\n") &&
-      writes("<start_of_turn>model\n") && has("first_user_prefix")) {
+      writes("<start_of_turn>model\n") &&
+      (has("first_user_prefix") || has("System role not supported"))) {
     t.format_ = Format::kGemma;
+    t.refuses_system_ = !has("first_user_prefix");
     t.bos_ = std::move(bos);
     return t;
   }
@@ -715,6 +717,12 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (format_ == Format::kGemma) {
     // Gemma 3's template: a leading system message becomes the first
     // turn's prefix; then user and assistant ("model") turns alternate.
+    // Gemma 2's refuses the system message.
+    if (refuses_system_ && !messages.empty() && messages[0].role == "system") {
+      return absl::InvalidArgumentError(
+          "this model's chat format (Gemma 2's) has no system role; put the "
+          "instructions in the first user message");
+    }
     out = bos_;
     std::string prefix;
     size_t first = 0;
@@ -842,7 +850,10 @@ std::string ChatTemplate::Describe() const {
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";
-  if (format_ == Format::kGemma) return "gemma <start_of_turn>";
+  if (format_ == Format::kGemma) {
+    return refuses_system_ ? "gemma <start_of_turn> (no system role)"
+                           : "gemma <start_of_turn>";
+  }
   if (format_ == Format::kLlama3) {
     return dated_system_
                ? absl::StrCat("llama3 (3.1+ system block dated ", date_, ")",

@@ -89,7 +89,8 @@ class ChatTemplate {
     // Gemma 3: <bos><start_of_turn>user\ncontent<end_of_turn>\n...,
     // the assistant's role written "model", every turn trimmed, a leading
     // system message in front of the first turn's content (followed by a
-    // blank line); roles alternate user, assistant, ... after it.
+    // blank line); roles alternate user, assistant, ... after it. Gemma
+    // 2's template is the same but refuses a system message.
     kGemma,
   };
 
@@ -148,6 +149,7 @@ class ChatTemplate {
   std::string default_system_;    // ChatML: when no system message leads.
   bool qwen3_ = false;            // Hermes tools, Qwen3's template.
   bool dated_system_ = false;     // Llama 3.1+.
+  bool refuses_system_ = false;   // Gemma 2: no system role.
   std::string date_;              // "26 Jul 2024".
 };
 

@@ -112,30 +112,50 @@ class GgufWeightSource : public WeightSource {
   ModelConfig config_;
 };
 
-// Gemma 3 as llama.cpp runs its GGUF: the layers slide over the file's
-// window but every sixth (attention.sliding_window_pattern, which the
-// converter does not write: a period, 0 for all sliding, or per layer
-// whether it slides), with their own RoPE base (rope.freq_base_swa,
-// default 10000) unscaled; embeddings times sqrt(hidden); QK norms,
-// post-attention and post-FFN norms (their weights stored as 1 + w),
-// GeGLU; the softmax scale 1/sqrt(head_dim), except the 27B model's
-// 1/sqrt(hidden / heads) (its query_pre_attn_scalar, which the file does
-// not record). No window: every layer full.
-absl::Status ReadGemma3(const GgufFile& g, const std::string& p,
-                        ModelConfig& c) {
-  // Soft-capping (Gemma 2's, and llama.cpp's gemma3 for Rnj-1) is not run.
-  for (const char* key :
-       {"final_logit_softcapping", "attn_logit_softcapping"}) {
-    ASSIGN_OR_RETURN(const double cap, FloatOr(g, p + key, 0.0));
-    if (cap != 0) {
-      return absl::UnimplementedError(absl::StrCat(
-          g.name(), ": ", p, key, " ", cap, ": soft-capping is not supported"));
+// Gemma 2 and 3 as llama.cpp runs their GGUFs. Gemma 3: the layers slide
+// over the file's window but every sixth (attention.sliding_window_pattern,
+// which the converter does not write: a period, 0 for all sliding, or per
+// layer whether it slides), with their own RoPE base (rope.freq_base_swa,
+// default 10000) unscaled; no window: every layer full. Gemma 2: every
+// other layer slides, from the first (the window 4096 when the file has
+// none), all with one RoPE; attention scores and final logits soft-capped
+// (attn_logit_softcapping, default 50; final_logit_softcapping, default
+// 30). Both: embeddings times sqrt(hidden); post-attention and post-FFN
+// norms (their weights stored as 1 + w), GeGLU; the softmax scale
+// 1/sqrt(head_dim), except the 27B models' 1/sqrt(hidden / heads) (their
+// query_pre_attn_scalar, which the file does not record).
+absl::Status ReadGemma(const GgufFile& g, const std::string& p,
+                       ModelConfig& c) {
+  const bool gemma2 = c.architecture == "gemma2";
+  int64_t period = 6, big_layers = 62;
+  if (gemma2) {
+    period = 2;
+    big_layers = 46;
+    if (g.Find(p + "attention.sliding_window") == nullptr) {
+      c.sliding_window = 4096;
+    }
+    ASSIGN_OR_RETURN(const double attn_cap,
+                     FloatOr(g, p + "attn_logit_softcapping", 50.0));
+    ASSIGN_OR_RETURN(const double final_cap,
+                     FloatOr(g, p + "final_logit_softcapping", 30.0));
+    c.attn_softcap = static_cast<float>(attn_cap);
+    c.final_softcap = static_cast<float>(final_cap);
+  } else {
+    // llama.cpp's gemma3 soft-caps final logits for Rnj-1; not run here.
+    for (const char* key :
+         {"final_logit_softcapping", "attn_logit_softcapping"}) {
+      ASSIGN_OR_RETURN(const double cap, FloatOr(g, p + key, 0.0));
+      if (cap != 0) {
+        return absl::UnimplementedError(
+            absl::StrCat(g.name(), ": ", p, key, " ", cap,
+                         ": soft-capping is not supported for gemma3"));
+      }
     }
   }
   const std::string pattern_key = p + "attention.sliding_window_pattern";
   if (c.sliding_window > 0 && c.n_layers >= 1 && c.n_layers <= 1024) {
     std::vector<bool> layers(c.n_layers);
-    const GgufValue* v = g.Find(pattern_key);
+    const GgufValue* v = gemma2 ? nullptr : g.Find(pattern_key);
     if (v != nullptr && v->type == GgufType::kArray) {
       if (static_cast<int64_t>(v->array.size()) != c.n_layers) {
         return absl::InvalidArgumentError(
@@ -151,7 +171,9 @@ absl::Status ReadGemma3(const GgufFile& g, const std::string& p,
         layers[l] = *slides;
       }
     } else {
-      ASSIGN_OR_RETURN(const int64_t period, IntOr(g, pattern_key, 6));
+      if (!gemma2) {
+        ASSIGN_OR_RETURN(period, IntOr(g, pattern_key, 6));
+      }
       if (period < 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             g.name(), ": ", pattern_key, " ", period, " is negative"));
@@ -166,13 +188,15 @@ absl::Status ReadGemma3(const GgufFile& g, const std::string& p,
       c.window_layers = std::move(layers);
     }
   }
-  ASSIGN_OR_RETURN(const double local_theta,
-                   FloatOr(g, p + "rope.freq_base_swa", 10000.0));
-  c.rope_local_theta = static_cast<float>(local_theta);
+  if (!gemma2) {
+    ASSIGN_OR_RETURN(const double local_theta,
+                     FloatOr(g, p + "rope.freq_base_swa", 10000.0));
+    c.rope_local_theta = static_cast<float>(local_theta);
+  }
   c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
   c.post_norms = true;
   c.ffn_activation = FfnActivation::kGeluTanh;
-  if (c.n_layers == 62 && c.n_heads > 0) {  // Gemma 3 27B.
+  if (c.n_layers == big_layers && c.n_heads > 0) {  // The 27B models.
     const double scalar = static_cast<double>(c.hidden / c.n_heads);
     c.attn_scale_factor =
         static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
@@ -330,14 +354,16 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   // llama.cpp's converter permutes Llama's Q/K rows so that RoPE pairs
   // adjacent dimensions; Qwen2's and Qwen3's it leaves alone (llama.cpp's
   // "NeoX" RoPE).
-  c.rope_style = c.architecture == "qwen2" || c.architecture == "qwen3" ||
-                         c.architecture == "qwen3moe" ||
-                         c.architecture == "glm4moe" ||
-                         c.architecture == "gemma3"
-                     ? RopeStyle::kRotateHalf
-                     : RopeStyle::kAdjacentPairs;
+  c.rope_style =
+      c.architecture == "qwen2" || c.architecture == "qwen3" ||
+              c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
+              c.architecture == "gemma2" || c.architecture == "gemma3"
+          ? RopeStyle::kRotateHalf
+          : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
-  if (c.architecture == "gemma3") RETURN_IF_ERROR(ReadGemma3(g, p, c));
+  if (c.architecture == "gemma2" || c.architecture == "gemma3") {
+    RETURN_IF_ERROR(ReadGemma(g, p, c));
+  }
   if (c.is_mla() && c.rope_scaling.type == RopeScalingType::kYarn) {
     // DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
     // is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and

@@ -113,6 +113,12 @@ std::string ExtrasString(const ModelConfig& c) {
                                                      : "SwiGLU",
         c.post_norms ? ", post-attention and post-FFN norms" : "");
   }
+  if (c.attn_softcap > 0 || c.final_softcap > 0) {
+    absl::StrAppendFormat(&out,
+                          "soft-capping     attention scores %g, logits %g "
+                          "(0: none)\n",
+                          c.attn_softcap, c.final_softcap);
+  }
   if (!c.is_moe()) return out;
   if (c.expert_gating == ExpertGating::kSigmoid || c.expert_score_bias ||
       c.expert_groups > 1 || c.expert_weights_scale != 1.0f) {
@@ -137,16 +143,16 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",       "mistral",     "qwen2",   "qwen3",      "qwen3moe",
-      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",   "deepseek2",
-      "deepseek_v3", "deepseek_v2", "gemma3",  "gemma3_text"};
+      "llama",       "mistral",     "qwen2",   "qwen3",    "qwen3moe",
+      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe", "deepseek2",
+      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",   "gemma3_text"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
-        "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2) and gemma3 "
-        "are; llama with experts is Mixtral)"));
+        "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2 and "
+        "gemma3 are; llama with experts is Mixtral)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
@@ -206,6 +212,13 @@ absl::Status ModelConfig::Validate() const {
     if (!(v > 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model config: ", field, " ", v, " must be positive and finite"));
+    }
+  }
+  for (auto [field, v] : {std::pair{"attn_softcap", attn_softcap},
+                          std::pair{"final_softcap", final_softcap}}) {
+    if (!(v >= 0) || !std::isfinite(v)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ", field, " ", v, " must be finite and >= 0"));
     }
   }
   if (!(rope_local_theta >= 0) || rope_local_theta > 1e12f) {

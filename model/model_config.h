@@ -106,6 +106,11 @@ struct ModelConfig {
   // Multiplies attention's 1/sqrt(head_dim): DeepSeek's YaRN mscale^2,
   // Gemma's sqrt(head_dim / query_pre_attn_scalar).
   float attn_scale_factor = 1.0f;
+  // Gemma 2's logit soft-capping, x -> cap * tanh(x / cap) (0: none): of
+  // every scaled attention score before the mask and softmax, and of the
+  // final logits.
+  float attn_softcap = 0.0f;
+  float final_softcap = 0.0f;
   // The eps of the q LoRA's and the latent's RMSNorms; 0: rms_norm_eps
   // (llama.cpp's reading; transformers' is 1e-6 whatever rms_norm_eps is).
   float latent_norm_eps = 0.0f;

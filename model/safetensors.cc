@@ -319,17 +319,25 @@ absl::Status ReadFp8Config(const Json& j, const ConfigReader& r,
   return absl::OkStatus();
 }
 
-// Gemma 3's text model (transformers' Gemma3TextConfig and its defaults):
-// GeGLU, QK norms, post-attention and post-FFN norms, norms multiplying by
-// 1 + w, embeddings times sqrt(hidden), the softmax scale
-// 1/sqrt(query_pre_attn_scalar). The layers layer_types names
-// "sliding_attention" (by default all but every sliding_window_pattern-th)
-// see the last sliding_window positions with their own unscaled RoPE base:
-// rope_local_base_freq, or in transformers 5's rope_parameters the
-// "sliding_attention" entry's rope_theta ("full_attention" holds the
-// others' base and scaling). Gemma 2's soft-capping and the bidirectional
-// variant are refused.
-absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
+// Gemma 2 and Gemma 3's text model (transformers' Gemma2Config and
+// Gemma3TextConfig, and their defaults): GeGLU, post-attention and
+// post-FFN norms, norms multiplying by 1 + w, embeddings times
+// sqrt(hidden), the softmax scale 1/sqrt(query_pre_attn_scalar). The
+// layers layer_types names "sliding_attention" (by default all but every
+// sliding_window_pattern-th: 6 for Gemma 3, 2 for Gemma 2) see the last
+// sliding_window positions. Gemma 3: QK norms; the sliding layers' own
+// unscaled RoPE base: rope_local_base_freq, or in transformers 5's
+// rope_parameters the "sliding_attention" entry's rope_theta
+// ("full_attention" holds the others' base and scaling); soft-capping
+// refused. Gemma 2: one RoPE (rope_theta, default 10000); attention scores
+// and final logits soft-capped by attn_logit_softcapping (default 50) and
+// final_logit_softcapping (default 30), null for none. The bidirectional
+// variant is refused.
+absl::Status ReadGemmaWindow(const Json& j, const ConfigReader& r,
+                             int64_t period, ModelConfig& c);
+
+absl::Status ReadGemma(const Json& j, const ConfigReader& r, ModelConfig& c) {
+  const bool gemma2 = c.architecture == "gemma2";
   ASSIGN_OR_RETURN(const std::string act,
                    r.String("hidden_activation", "gelu_pytorch_tanh"));
   if (act != "gelu_pytorch_tanh") {
@@ -337,10 +345,24 @@ absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
         "hidden_activation",
         absl::StrCat("= '", act, "'; only 'gelu_pytorch_tanh' is supported"));
   }
-  for (const char* key :
-       {"final_logit_softcapping", "attn_logit_softcapping"}) {
-    if (r.Has(key))
-      return r.Error(key, "is set; soft-capping is not supported");
+  for (auto [key, dflt, cap] :
+       {std::tuple{"final_logit_softcapping", 30.0, &c.final_softcap},
+        std::tuple{"attn_logit_softcapping", 50.0, &c.attn_softcap}}) {
+    if (!gemma2) {
+      if (r.Has(key)) {
+        return r.Error(key, "is set; soft-capping is Gemma 2's, not Gemma 3's");
+      }
+      continue;
+    }
+    // Absent: the default; null: none.
+    double v = j.contains(key) ? 0.0 : dflt;
+    if (r.Has(key)) {
+      ASSIGN_OR_RETURN(v, r.Float(key));
+    }
+    if (!(v >= 0) || v > 1e6) {
+      return r.Error(key, absl::StrCat("= ", v, " is outside [0, 1e6]"));
+    }
+    *cap = static_cast<float>(v);
   }
   ASSIGN_OR_RETURN(const bool bidirectional,
                    r.Bool("use_bidirectional_attention", false));
@@ -356,11 +378,33 @@ absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
   }
   c.attn_scale_factor =
       static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
-  c.qk_norm = true;
+  c.qk_norm = !gemma2;
   c.post_norms = true;
   c.ffn_activation = FfnActivation::kGeluTanh;
   c.norm_weight_offset = 1.0f;
   c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
+  if (gemma2) {
+    // One RoPE for every layer: rope_theta and rope_scaling as for other
+    // models, or transformers 5's rope_parameters.
+    if (r.Has("rope_parameters")) {
+      const Json& rp = j.at("rope_parameters");
+      if (!rp.is_object()) {
+        return r.Error("rope_parameters", "is not an object");
+      }
+      const std::string where = absl::StrCat(r.path(), " rope_parameters");
+      ASSIGN_OR_RETURN(c.rope_scaling,
+                       ReadRopeScaling(rp, where, c.context_length));
+      ASSIGN_OR_RETURN(const double theta, ConfigReader(rp, where).Float(
+                                               "rope_theta", c.rope_theta));
+      if (!(theta > 0) || theta > 1e12) {
+        return r.Error(
+            "rope_parameters",
+            absl::StrCat("rope_theta ", theta, " is outside (0, 1e12]"));
+      }
+      c.rope_theta = static_cast<float>(theta);
+    }
+    return ReadGemmaWindow(j, r, 2, c);
+  }
   // RoPE as transformers 5 assembles it: rope_parameters per layer type,
   // a top-level rope_scaling applied over its full_attention entry, bases
   // from rope_theta (1e6) and rope_local_base_freq (1e4) where an entry
@@ -413,10 +457,18 @@ absl::Status ReadGemma3(const Json& j, const ConfigReader& r, ModelConfig& c) {
   }
   c.rope_theta = static_cast<float>(global_theta);
   c.rope_local_theta = static_cast<float>(local_theta);
-  // The window and the layers it applies to.
+  return ReadGemmaWindow(j, r, 6, c);
+}
+
+// The window (sliding_window, default 4096) and the layers it applies to:
+// layer_types, else all but every sliding_window_pattern-th layer
+// (default `period`).
+absl::Status ReadGemmaWindow(const Json& j, const ConfigReader& r,
+                             int64_t period, ModelConfig& c) {
   if (c.n_layers < 1 || c.n_layers > 1024) return absl::OkStatus();
   ASSIGN_OR_RETURN(const int64_t window, r.Int("sliding_window", 4096));
-  ASSIGN_OR_RETURN(const int64_t pattern, r.Int("sliding_window_pattern", 6));
+  ASSIGN_OR_RETURN(const int64_t pattern,
+                   r.Int("sliding_window_pattern", period));
   if (pattern < 1) return r.Error("sliding_window_pattern", "is below 1");
   std::vector<bool> layers(c.n_layers);
   for (int64_t l = 0; l < c.n_layers; ++l) layers[l] = (l + 1) % pattern != 0;
@@ -620,6 +672,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Glm4MoeForCausalLM") model_type = "glm4_moe";
       if (arch == "DeepseekV3ForCausalLM") model_type = "deepseek_v3";
       if (arch == "DeepseekV2ForCausalLM") model_type = "deepseek_v2";
+      if (arch == "Gemma2ForCausalLM") model_type = "gemma2";
       if (arch == "Gemma3ForCausalLM") model_type = "gemma3_text";
       if (model_type.empty()) model_type = arch;
     }
@@ -696,22 +749,23 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     }
   }
   // Mistral's sliding_window applies when set; Qwen2's as transformers'
-  // Qwen2Config reads it (ReadQwen2Window), Gemma 3's as Gemma3TextConfig
-  // does (ReadGemma3, with the rest of Gemma).
-  const bool gemma3 = c.architecture == "gemma3_text";
+  // Qwen2Config reads it (ReadQwen2Window), Gemma's as Gemma2Config and
+  // Gemma3TextConfig do (ReadGemma, with the rest of Gemma).
+  const bool gemma =
+      c.architecture == "gemma3_text" || c.architecture == "gemma2";
   if (c.architecture == "qwen2") {
     RETURN_IF_ERROR(ReadQwen2Window(j, r, c));
-  } else if (gemma3) {
-    RETURN_IF_ERROR(ReadGemma3(j, r, c));
+  } else if (gemma) {
+    RETURN_IF_ERROR(ReadGemma(j, r, c));
   } else if (r.Has("sliding_window")) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }
   ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
-  if (act != "silu" && !gemma3) {
+  if (act != "silu" && !gemma) {
     return r.Error("hidden_act",
                    absl::StrCat("= '", act, "'; only 'silu' is supported"));
   }
-  // Qwen3: per-head q/k RMSNorm, always (Gemma 3's: ReadGemma3).
+  // Qwen3: per-head q/k RMSNorm, always (Gemma 3's: ReadGemma).
   c.qk_norm =
       c.qk_norm || c.architecture == "qwen3" || c.architecture == "qwen3_moe";
   // (GLM-4.5's use_qk_norm: ReadGlm4Moe below.)

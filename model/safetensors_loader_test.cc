@@ -460,7 +460,7 @@ TEST(SafetensorsLoaderTest, ReadsGemma3) {
   };
   for (const Refused& r : std::vector<Refused>{
            {{{"model_type", R"("gemma3")"}}, "Gemma3ForCausalLM"},
-           {{{"final_logit_softcapping", "30.0"}}, "final_logit_softcapping"},
+           {{{"final_logit_softcapping", "30.0"}}, "Gemma 2's, not Gemma 3's"},
            {{{"attn_logit_softcapping", "50.0"}}, "attn_logit_softcapping"},
            {{{"hidden_activation", R"("gelu")"}}, "hidden_activation"},
            {{{"use_bidirectional_attention", "true"}},
@@ -481,6 +481,80 @@ TEST(SafetensorsLoaderTest, ReadsGemma3) {
     auto w = open(r.changes);
     ASSERT_FALSE(w.ok());
     EXPECT_THAT(w.status().message(), HasSubstr(r.needle));
+  }
+}
+
+// Gemma 2 as transformers' Gemma2Config reads it: every other layer
+// slides from the first, soft-capping at 50 / 30 unless a key says
+// otherwise (null: none), one RoPE, no QK norms.
+TEST(SafetensorsLoaderTest, ReadsGemma2) {
+  const std::string dir = TestDir();
+  const auto open = [&](const std::map<std::string, std::string>& changes) {
+    auto config = TinyConfig();
+    config.erase("hidden_act");
+    config.erase("tie_word_embeddings");
+    config["model_type"] = R"("gemma2")";
+    config["architectures"] = R"(["Gemma2ForCausalLM"])";
+    config["query_pre_attn_scalar"] = "32";
+    config["sliding_window"] = "16";
+    for (const auto& [k, v] : changes) {
+      if (v.empty()) {
+        config.erase(k);
+      } else {
+        config[k] = v;
+      }
+    }
+    WriteTinySafetensors(dir, config);
+    return OpenSafetensorsWeights(dir);
+  };
+  {
+    auto w = open({});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ModelConfig& c = (*w)->config();
+    EXPECT_EQ(c.attn_softcap, 50.0f);
+    EXPECT_EQ(c.final_softcap, 30.0f);
+    EXPECT_EQ(c.LayerWindow(0), 16);
+    EXPECT_EQ(c.LayerWindow(1), 0);
+    EXPECT_EQ(c.rope_local_theta, 0.0f);
+    EXPECT_FALSE(c.LayerRopeIsLocal(0));
+    EXPECT_FALSE(c.qk_norm);
+    EXPECT_TRUE(c.post_norms && c.tied_embeddings);
+    EXPECT_EQ(c.ffn_activation, FfnActivation::kGeluTanh);
+    EXPECT_FLOAT_EQ(c.attn_scale_factor, std::sqrt(8.0f / 32.0f));
+    EXPECT_EQ(c.norm_weight_offset, 1.0f);
+    // Gemma's post_attention_layernorm is the norm after attention.
+    EXPECT_NE((*w)->Find("blk.0.post_attention_norm.weight"), nullptr);
+    EXPECT_EQ((*w)->Find("blk.0.ffn_norm.weight"), nullptr);
+  }
+  {
+    auto w =
+        open({{"attn_logit_softcapping", "null"},
+              {"final_logit_softcapping", "12.5"},
+              {"layer_types", R"(["full_attention", "sliding_attention"])"},
+              {"rope_theta", ""},
+              {"rope_parameters",
+               R"({"rope_type": "default", "rope_theta": 20000.0})"}});
+    ASSERT_TRUE(w.ok()) << w.status();
+    const ModelConfig& c = (*w)->config();
+    EXPECT_EQ(c.attn_softcap, 0.0f);
+    EXPECT_EQ(c.final_softcap, 12.5f);
+    EXPECT_EQ(c.LayerWindow(0), 0);
+    EXPECT_EQ(c.LayerWindow(1), 16);
+    EXPECT_EQ(c.rope_theta, 2e4f);
+    EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kNone);
+  }
+  for (const auto& [changes, needle] :
+       std::vector<std::pair<std::map<std::string, std::string>, std::string>>{
+           {{{"attn_logit_softcapping", "-1"}}, "attn_logit_softcapping"},
+           {{{"final_logit_softcapping", R"("30")"}},
+            "final_logit_softcapping"},
+           {{{"hidden_activation", R"("gelu")"}}, "hidden_activation"},
+           {{{"rope_parameters", "3"}}, "rope_parameters"},
+       }) {
+    SCOPED_TRACE(needle);
+    auto w = open(changes);
+    ASSERT_FALSE(w.ok());
+    EXPECT_THAT(w.status().message(), HasSubstr(needle));
   }
 }
 

@@ -1,6 +1,7 @@
 #include "worker/cpu_forward_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -41,18 +42,21 @@ absl::Status CpuForwardOps::WriteKv(const Tensor& k, const Tensor& v,
 }
 
 absl::Status CpuForwardOps::Attention(const Tensor& q, const KvLayer& cache,
-                                      float scale, int64_t window,
+                                      const LayerAttention& layer,
                                       Tensor& out) {
-  batch_.window = window;  // Layers differ (Qwen2's max_window_layers).
-  return PagedAttention(q, cache.k, cache.v, batch_, scale, out);
+  batch_.window = layer.window;  // Layers differ (Qwen2's max_window_layers).
+  batch_.softcap = layer.softcap;
+  return PagedAttention(q, cache.k, cache.v, batch_, layer.scale, out);
 }
 
 absl::Status CpuForwardOps::AttentionPartial(const Tensor& q,
-                                             const KvLayer& cache, float scale,
-                                             int64_t window, Tensor& out,
-                                             Tensor& lse) {
-  batch_.window = window;
-  return PagedAttentionPartial(q, cache.k, cache.v, batch_, scale, out, lse);
+                                             const KvLayer& cache,
+                                             const LayerAttention& layer,
+                                             Tensor& out, Tensor& lse) {
+  batch_.window = layer.window;
+  batch_.softcap = layer.softcap;
+  return PagedAttentionPartial(q, cache.k, cache.v, batch_, layer.scale, out,
+                               lse);
 }
 
 absl::Status CpuForwardOps::MergeAttention(const Tensor& outs,
@@ -155,6 +159,16 @@ absl::Status CpuForwardOps::Add(Tensor& x, const Tensor& y) {
 absl::Status CpuForwardOps::Scale(Tensor& x, float factor) {
   RETURN_IF_ERROR(CheckHostF32("Scale", "x", x, x.shape()));
   for (float& v : x.f32()) v *= factor;
+  return absl::OkStatus();
+}
+
+absl::Status CpuForwardOps::SoftCap(Tensor& x, float cap) {
+  RETURN_IF_ERROR(CheckHostF32("SoftCap", "x", x, x.shape()));
+  if (!(cap > 0) || !std::isfinite(cap)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("SoftCap: cap ", cap, " must be positive and finite"));
+  }
+  for (float& v : x.f32()) v = cap * std::tanh(v / cap);
   return absl::OkStatus();
 }
 

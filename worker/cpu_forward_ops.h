@@ -30,10 +30,10 @@ class CpuForwardOps : public ForwardOps {
   absl::Status Rope(Tensor& x, const RopeTable& rope) override;
   absl::Status WriteKv(const Tensor& k, const Tensor& v,
                        const KvLayer& cache) override;
-  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         int64_t window, Tensor& out) override;
+  absl::Status Attention(const Tensor& q, const KvLayer& cache,
+                         const LayerAttention& layer, Tensor& out) override;
   absl::Status AttentionPartial(const Tensor& q, const KvLayer& cache,
-                                float scale, int64_t window, Tensor& out,
+                                const LayerAttention& layer, Tensor& out,
                                 Tensor& lse) override;
   absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
                               Tensor& out) override;
@@ -52,6 +52,7 @@ class CpuForwardOps : public ForwardOps {
                      Tensor& out) override;
   absl::Status Add(Tensor& x, const Tensor& y) override;
   absl::Status Scale(Tensor& x, float factor) override;
+  absl::Status SoftCap(Tensor& x, float cap) override;
   absl::Status AddBias(Tensor& x, const Tensor& bias) override;
   absl::StatusOr<Tensor> PadColumns(const Tensor& x, int64_t offset,
                                     int64_t width) override;

@@ -49,12 +49,17 @@ absl::Status CudaForwardOps::WriteKv(const Tensor& k, const Tensor& v,
 }
 
 absl::Status CudaForwardOps::Attention(const Tensor& q, const KvLayer& cache,
-                                       float scale, int64_t window,
+                                       const LayerAttention& layer,
                                        Tensor& out) {
+  if (layer.softcap != 0) {
+    return absl::UnimplementedError(
+        "soft-capped attention scores (Gemma 2) on CUDA");
+  }
   // The layer's window (Qwen2's differ by layer) over the step's batch.
-  return PagedAttentionCuda(q, cache.k, cache.v, batch_, scale, out, exec_,
-                            AttentionKernel::kAuto, /*splits=*/0, cache.k_host,
-                            cache.v_host, window, &attention_workspace_);
+  return PagedAttentionCuda(q, cache.k, cache.v, batch_, layer.scale, out,
+                            exec_, AttentionKernel::kAuto, /*splits=*/0,
+                            cache.k_host, cache.v_host, layer.window,
+                            &attention_workspace_);
 }
 
 absl::Status CudaForwardOps::SwiGlu(const Tensor& gate, const Tensor& up,

@@ -37,8 +37,8 @@ class CudaForwardOps : public ForwardOps {
   absl::Status Rope(Tensor& x, const RopeTable& rope) override;
   absl::Status WriteKv(const Tensor& k, const Tensor& v,
                        const KvLayer& cache) override;
-  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         int64_t window, Tensor& out) override;
+  absl::Status Attention(const Tensor& q, const KvLayer& cache,
+                         const LayerAttention& layer, Tensor& out) override;
   absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                       Tensor& out) override;
   absl::Status Add(Tensor& x, const Tensor& y) override;

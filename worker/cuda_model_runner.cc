@@ -42,14 +42,16 @@ absl::StatusOr<std::unique_ptr<CudaModelRunner>> CudaModelRunner::Create(
         "'s partial RoPE, shared experts, dense layers in a mixture or "
         "sigmoid/grouped routing yet; run it on CPU workers (--device cpu)"));
   }
-  // Gemma 3's parts: CPU workers only so far (docs/design-notes.md).
+  // Gemma 2's and 3's parts: CPU workers only so far
+  // (docs/design-notes.md).
   if (config.post_norms || config.ffn_activation != FfnActivation::kSilu ||
       config.embedding_scale != 1.0f || config.rope_local_theta > 0 ||
-      config.attn_scale_factor != 1.0f || config.norm_weight_offset != 0) {
+      config.attn_scale_factor != 1.0f || config.norm_weight_offset != 0 ||
+      config.attn_softcap != 0 || config.final_softcap != 0) {
     return absl::UnimplementedError(absl::StrCat(
         "GPU workers do not run ", config.architecture,
-        "'s GeGLU, post-norms, scaled embeddings or per-layer RoPE yet; run "
-        "it on CPU workers (--device cpu)"));
+        "'s GeGLU, post-norms, scaled embeddings, per-layer RoPE or "
+        "soft-capping yet; run it on CPU workers (--device cpu)"));
   }
   if (kv.n_layers < 1 || kv.n_layers > config.n_layers || kv.kv_heads < 1 ||
       kv.kv_heads > config.n_kv_heads || kv.head_dim != config.head_dim ||

@@ -174,13 +174,13 @@ absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
 }
 
 absl::Status ShardForward::Attention(const Tensor& q, const KvLayer& cache,
-                                     float scale, int64_t window, Tensor& out,
+                                     const LayerAttention& layer, Tensor& out,
                                      ForwardBuffers& b) const {
-  if (comms.cp == nullptr) return ops.Attention(q, cache, scale, window, out);
+  if (comms.cp == nullptr) return ops.Attention(q, cache, layer, out);
   // Each CP rank's softmax over its keys, then the exact merge by the
   // parts' log-sum-exps (every rank merges, so all hold the same output).
   const int64_t n = q.dim(0), heads = q.dim(1), d = q.dim(2);
-  RETURN_IF_ERROR(ops.AttentionPartial(q, cache, scale, window, out, b.lse));
+  RETURN_IF_ERROR(ops.AttentionPartial(q, cache, layer, out, b.lse));
   RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(out, b.cp_out); }));
   RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(b.lse, b.cp_lse); }));
   ASSIGN_OR_RETURN(const Tensor outs,
@@ -330,8 +330,10 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
         }
         RETURN_IF_ERROR(ops.WriteKv(ka3, va3, cache));
       }
-      RETURN_IF_ERROR(
-          Attention(qa3, cache, scale, c.LayerWindow(layer), attn3, b));
+      const LayerAttention how{.scale = scale,
+                               .window = c.LayerWindow(layer),
+                               .softcap = c.attn_softcap};
+      RETURN_IF_ERROR(Attention(qa3, cache, how, attn3, b));
       RETURN_IF_ERROR(
           Residual(attn_rows, w.wo, w.wo_offset, w.post_attn_norm, b));
     }
@@ -379,6 +381,9 @@ absl::StatusOr<Tensor> ShardForward::Logits(ForwardBuffers& b) const {
       ops.RmsNorm(b.last, weights.output_norm, c.rms_norm_eps, b.last_n));
   // This rank's vocabulary rows, padded to vocab_padded.
   RETURN_IF_ERROR(ops.Linear(b.last_n, weights.lm_head, b.local_logits, false));
+  if (c.final_softcap > 0) {  // Gemma 2.
+    RETURN_IF_ERROR(ops.SoftCap(b.local_logits, c.final_softcap));
+  }
   if (comms.tp == nullptr) return b.local_logits;
 
   // Gathered where the logits are (NCCL needs device memory), reordered on

@@ -33,6 +33,17 @@ namespace shardlm {
 
 struct KvLayer;
 
+// How one layer's attention runs.
+struct LayerAttention {
+  float scale = 1.0f;  // Of every score q.k.
+  // > 0: each query sees only its last `window` positions
+  // (ModelConfig::LayerWindow).
+  int64_t window = 0;
+  // > 0: every scaled score s becomes softcap * tanh(s / softcap) before
+  // the mask and softmax (Gemma 2's attn_logit_softcapping).
+  float softcap = 0.0f;
+};
+
 // The ops of the forward pass on one backend, bound to one step (its
 // tokens, positions, attention metadata and logit rows) by the runner.
 // Tensors are the backend's; errors are InvalidArgument naming the op.
@@ -55,17 +66,16 @@ class ForwardOps {
   // cache at the step's slots.
   virtual absl::Status WriteKv(const Tensor& k, const Tensor& v,
                                const KvLayer& cache) = 0;
-  // Causal attention of the step's queries over one layer's cache (over
-  // the last `window` positions of each query when > 0: the layer's
-  // ModelConfig::LayerWindow).
+  // Causal attention of the step's queries over one layer's cache, as
+  // `layer` says.
   virtual absl::Status Attention(const Tensor& q, const KvLayer& cache,
-                                 float scale, int64_t window, Tensor& out) = 0;
+                                 const LayerAttention& layer, Tensor& out) = 0;
   // Context parallel: Attention over only the keys of the blocks this CP
   // rank holds, with each row's log-sum-exp (lse: [n, heads]); and the
   // exact merge of every CP rank's parts (outs [cp, n, heads, head_dim],
   // lses [cp, n, heads]) into out. See kernels/attention/paged_attention.h.
   virtual absl::Status AttentionPartial(const Tensor& q, const KvLayer& cache,
-                                        float scale, int64_t window,
+                                        const LayerAttention& layer,
                                         Tensor& out, Tensor& lse) {
     return absl::UnimplementedError(
         "context parallel attention on this "
@@ -89,6 +99,10 @@ class ForwardOps {
   // x *= factor (Gemma's embedding scale).
   virtual absl::Status Scale(Tensor& x, float factor) {
     return absl::UnimplementedError("Scale on this backend");
+  }
+  // x = cap * tanh(x / cap), in place (Gemma 2's final logits).
+  virtual absl::Status SoftCap(Tensor& x, float cap) {
+    return absl::UnimplementedError("SoftCap on this backend");
   }
   // x[i, :] += bias for every row (x: [n, c], bias: [c], f32).
   virtual absl::Status AddBias(Tensor& x, const Tensor& bias) = 0;
@@ -332,8 +346,9 @@ struct ShardForward {
                           Tensor& out) const;
   // out = attention of q over one layer's cache, over this rank's blocks
   // and merged over the CP group when there is one.
-  absl::Status Attention(const Tensor& q, const KvLayer& cache, float scale,
-                         int64_t window, Tensor& out, ForwardBuffers& b) const;
+  absl::Status Attention(const Tensor& q, const KvLayer& cache,
+                         const LayerAttention& layer, Tensor& out,
+                         ForwardBuffers& b) const;
   // Sequence parallel: all = every CP rank's `slot`, gathered and
   // compacted to the step's n rows.
   absl::Status GatherSlices(const Tensor& slot, Tensor& all) const;

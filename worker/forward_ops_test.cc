@@ -601,8 +601,9 @@ TEST_P(ForwardOpsTest, WriteKvThenAttention) {
       const auto ops = Bind(setup.second, 769, {}, S::kBlock);
       ASSERT_OK(ops->WriteKv(Put(setup.k2), Put(setup.v2), layer));
       Tensor out = Zeros(b().gemm_input(), setup.q2.shape());
-      ASSERT_OK(ops->Attention(Put(setup.q2), layer, static_cast<float>(scale),
-                               window, out));
+      ASSERT_OK(ops->Attention(
+          Put(setup.q2), layer,
+          {.scale = static_cast<float>(scale), .window = window}, out));
       std::vector<double> want, bound;
       setup.Reference(window, scale, want, bound, 2e-5 + input_rounding(),
                       KvRounding(kv));

@@ -42,6 +42,9 @@ struct AttentionBatch {
   // > 0: sliding-window attention, the token at position p attends to
   // positions (p - window, p] only; blocks wholly before that are not read.
   int64_t window = 0;
+  // > 0: every scaled score s is soft-capped to softcap * tanh(s /
+  // softcap) before the mask and softmax (Gemma 2). CPU kernels only.
+  float softcap = 0;
   // Context parallel (worker/forward.h): a table entry of -1 is a block
   // another rank of the CP group holds. WriteKv skips the tokens that fall
   // in one and attention the keys; without this, -1 is an error.

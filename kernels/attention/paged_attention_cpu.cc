@@ -459,6 +459,10 @@ absl::Status RunAttention(const Tensor& q, const Tensor& k_cache,
   }
   RETURN_IF_ERROR(
       CheckBatch("PagedAttention", batch, n, k_cache, v_cache, kv_heads, d));
+  if (!(batch.softcap >= 0) || !std::isfinite(batch.softcap)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "PagedAttention: softcap ", batch.softcap, " must be finite and >= 0"));
+  }
   if (n == 0) return absl::OkStatus();
   const Kernels kernels = KernelsForCpu();
   const int64_t bs = v_cache.dim(2), lanes = kernels.lanes;

@@ -51,6 +51,7 @@ struct Case {
   std::vector<int64_t> lens;        // Context of each sequence after the step.
   std::vector<int64_t> new_tokens;  // Of which the step computes the last.
   int64_t window = 0;               // Sliding window; 0: none.
+  float softcap = 0;                // Score soft-capping; 0: none.
 };
 
 // Sequences with contiguous ground-truth K/V [len, kv_heads, d], scattered
@@ -113,14 +114,17 @@ struct Fixture {
 
   AttentionBatch Batch(const std::vector<int32_t>& positions,
                        const std::vector<int32_t>& seqs) const {
-    AttentionBatch b{
-        .positions = positions, .token_seq = seqs, .window = c.window};
+    AttentionBatch b{.positions = positions,
+                     .token_seq = seqs,
+                     .window = c.window,
+                     .softcap = c.softcap};
     for (const auto& t : tables) b.block_tables.push_back(t);
     return b;
   }
 
   // Naive causal attention of one query row over positions [0, pos] (the
-  // last c.window of them when set).
+  // last c.window of them when set), its scores soft-capped (in double)
+  // when c.softcap is set.
   std::vector<double> Reference(const float* q, int64_t seq, int64_t kvh,
                                 int64_t pos, double scale) const {
     const int64_t kv_heads = c.kv_heads, d = c.d;
@@ -136,6 +140,7 @@ struct Fixture {
       double dot = 0;
       for (int64_t e = 0; e < d; ++e) dot += q[e] * double{kj[e]};
       s[j] = dot * scale;
+      if (c.softcap > 0) s[j] = c.softcap * std::tanh(s[j] / c.softcap);
       max = std::max(max, s[j]);
     }
     for (double& x : s) sum += (x = std::exp(x - max));
@@ -208,6 +213,20 @@ const Case kCases[] = {
     {"window 1000 > context", 9, 3, 64, 16, {37, 71}, {37, 1}, 1000},
     {"window 12, block 5", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}, 12},
     {"window 600, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 600},
+    // Gemma 2's soft-capping, tight enough that most scores saturate
+    // (|q.k| / 8 reaches ~10 here): decode with splits, a windowed prefill
+    // chunk, a cap that changes little.
+    {"softcap 1, decode ctx 4097 (split)", 9, 3, 64, 16, {4097}, {1}, 0, 1.0f},
+    {"softcap 2, window 20, chunk + decode",
+     8,
+     4,
+     64,
+     16,
+     {300, 33},
+     {70, 1},
+     20,
+     2.0f},
+    {"softcap 50, block 5", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}, 0, 50.0f},
 };
 
 class PagedAttentionTest

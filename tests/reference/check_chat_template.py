@@ -452,6 +452,10 @@ GEMMA3 = r"""{{ bos_token }}
 {%- endif -%}
 """
 
+# Gemma 2 (google/gemma-2-*-it's chat_template): Gemma 3's turns, but a
+# system message is refused.
+GEMMA2 = r"""{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}{% if (message['role'] == 'assistant') %}{% set role = 'model' %}{% else %}{% set role = message['role'] %}{% endif %}{{ '<start_of_turn>' + role + '\n' + message['content'] | trim + '<end_of_turn>\n' }}{% endfor %}{% if add_generation_prompt %}{{'<start_of_turn>model\n'}}{% endif %}"""
+
 # An [INST] format of no family we know (<<SYS>> blocks as messages of
 # their own): must be refused, not rendered as Llama 2.
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
@@ -475,6 +479,7 @@ TEMPLATES = [
     ("llama2", LLAMA2, "<s>", False),
     ("mistral v0.3", MISTRAL03, "<s>", False),
     ("gemma3", GEMMA3, "<bos>", False),
+    ("gemma2", GEMMA2, "<bos>", False),
     ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]

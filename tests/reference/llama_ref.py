@@ -29,6 +29,10 @@ every 6th layer global (full attention, RoPE base 1e6 with the file's
 scaling) with the others local (a sliding window, RoPE base 10000 unscaled).
 HF's Gemma3RMSNorm multiplies by (1 + w): load_hf_dir adds the 1 to every
 norm weight, as llama.cpp's converter does to what it writes to GGUF.
+Gemma 2 (GGUF gemma2, HF gemma2): Gemma 3's layer without QK-norm, every
+other layer (from the first) local, one RoPE for all, and soft-capping:
+each scaled attention score and each final logit x becomes cap tanh(x /
+cap) (caps attn_softcap and final_softcap).
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -109,6 +113,10 @@ class Config:
     embed_scale: float = 1.0
     ffn_act: str = "silu"
     swa_rope_base: float = 0.0
+    # Gemma 2's soft-capping (0: none) of the scaled attention scores and
+    # of the final logits.
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     @property
     def mla(self) -> bool:
@@ -337,6 +345,24 @@ def _gemma3_gguf(cfg: Config, kv) -> None:
         cfg.attn_scale = 1.0 / np.sqrt(cfg.dim // cfg.n_heads)
 
 
+def _gemma2_gguf(cfg: Config, kv) -> None:
+    """Gemma 2 as llama.cpp runs a gemma2 GGUF (llama-model.cpp's hparams,
+    models/gemma2.cpp): Gemma 3's embedding scale, GeGLU and post norms;
+    every other layer local from the first (set_swa_pattern(2)) over
+    attention.sliding_window (default 4096), one RoPE; soft-capping by
+    attn_logit_softcapping (default 50) and final_logit_softcapping
+    (default 30); the softmax scale 1 / sqrt(head_dim), but 1 / sqrt(n_embd
+    / n_head) for 46 layers (the 27B)."""
+    cfg.embed_scale = float(np.sqrt(cfg.dim))
+    cfg.ffn_act = "gelu_tanh"
+    cfg.sliding_window = int(kv("attention.sliding_window", 4096))
+    cfg.window_layers = [i % 2 == 0 for i in range(cfg.n_layers)]
+    cfg.attn_softcap = float(kv("attn_logit_softcapping", 50.0))
+    cfg.final_softcap = float(kv("final_logit_softcapping", 30.0))
+    if cfg.n_layers == 46:
+        cfg.attn_scale = 1.0 / np.sqrt(cfg.dim // cfg.n_heads)
+
+
 def load_gguf(path: str):
     """Returns (Config, Weights) from a llama.cpp GGUF file."""
     import gguf
@@ -344,9 +370,10 @@ def load_gguf(path: str):
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
-                    "deepseek2", "gemma3"):
+                    "deepseek2", "gemma2", "gemma3"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
-                         f"qwen3, qwen3moe, glm4moe, deepseek2 or gemma3")
+                         f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2 or "
+                         f"gemma3")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -432,6 +459,8 @@ def load_gguf(path: str):
                              f"unsupported")
     if arch == "gemma3":
         _gemma3_gguf(cfg, kv)
+    if arch == "gemma2":
+        _gemma2_gguf(cfg, kv)
     if mla:
         cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
         cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
@@ -476,7 +505,7 @@ def load_gguf(path: str):
     # the norm of the attention's output (HF post_attention_layernorm too),
     # its pre-FFN norm ffn_norm.
     ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
-    gemma = arch == "gemma3"
+    gemma = arch in ("gemma2", "gemma3")
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
         rebuilt from attn_k_b (n_heads, kv_lora_rank, qk_nope), transposed
@@ -691,9 +720,11 @@ def load_hf_dir(d: str):
         qk_norm=(model_type in ("qwen3", "qwen3_moe", "gemma3_text")
                  or (model_type == "glm4_moe" and bool(hc.get("use_qk_norm")))),
     )
-    gemma = model_type == "gemma3_text"
-    if gemma:
+    gemma = model_type in ("gemma3_text", "gemma2")
+    if model_type == "gemma3_text":
         _gemma3_hf_config(cfg, hc, d)
+    elif model_type == "gemma2":
+        _gemma2_hf_config(cfg, hc, d)
     # transformers' MixtralSparseMoeBlock (always renormalized) and
     # Qwen3MoeSparseMoeBlock (norm_topk_prob).
     if model_type == "mixtral":
@@ -737,7 +768,7 @@ def load_hf_dir(d: str):
         b0, b1 = q["weight_block_size"]
         assert b0 == b1
         t = dequantize_fp8(t, b0)
-    if gemma:  # Gemma3RMSNorm's 1 + w, as llama.cpp's converter stores it.
+    if gemma:  # GemmaRMSNorm's 1 + w, as llama.cpp's converter stores it.
         t = {k: v + 1.0 if k.endswith("norm.weight") else v
              for k, v in t.items()}
     moe_block, expert_names = (
@@ -842,6 +873,38 @@ def _gemma3_hf_config(cfg: Config, hc: dict, d: str) -> None:
     cfg.sliding_window = int(hc.get("sliding_window", 4096))
     cfg.window_layers = [t == "sliding_attention" for t in types]
     cfg.attn_scale = float(hc.get("query_pre_attn_scalar", 256)) ** -0.5
+    cfg.embed_scale = float(np.sqrt(cfg.dim))
+    cfg.ffn_act = "gelu_tanh"
+
+
+def _gemma2_hf_config(cfg: Config, hc: dict, d: str) -> None:
+    """transformers' Gemma2Config / Gemma2Model (defaults as there): layer
+    types layer_types, else every other layer from the first sliding over
+    sliding_window (4096); one RoPE (rope_parameters, else rope_theta and
+    rope_scaling); the softmax scale query_pre_attn_scalar^-0.5 (256);
+    attn_logit_softcapping (50) and final_logit_softcapping (30), None for
+    none; the embeddings times sqrt(hidden_size), a gelu_pytorch_tanh
+    GeGLU."""
+    if hc.get("use_bidirectional_attention"):
+        raise ValueError(f"{d}: use_bidirectional_attention unsupported")
+    act = hc.get("hidden_activation", "gelu_pytorch_tanh")
+    if act != "gelu_pytorch_tanh":
+        raise ValueError(f"{d}: hidden_activation {act!r} unsupported")
+    rp = hc.get("rope_parameters")
+    if rp:
+        cfg.rope_base = float(rp.get("rope_theta", cfg.rope_base))
+        cfg.rope_scaling = _hf_rope_scaling(rp, hc)
+    types = hc.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention"
+        for i in range(cfg.n_layers)]
+    cfg.sliding_window = int(hc.get("sliding_window", 4096))
+    cfg.window_layers = [t == "sliding_attention" for t in types]
+    cfg.attn_scale = float(hc.get("query_pre_attn_scalar", 256)) ** -0.5
+    for key, dflt, field in (("attn_logit_softcapping", 50.0, "attn_softcap"),
+                             ("final_logit_softcapping", 30.0,
+                              "final_softcap")):
+        v = hc.get(key, dflt)
+        setattr(cfg, field, float(v) if v is not None else 0.0)
     cfg.embed_scale = float(np.sqrt(cfg.dim))
     cfg.ffn_act = "gelu_tanh"
 
@@ -1278,8 +1341,10 @@ class LlamaRef:
         att_out = np.empty((T, c.n_heads, c.head_dim))
         for hq in range(c.n_heads):
             hk = hq // group                    # GQA: query head -> KV head
-            scores = (q[:, hq, :] @ K[:, hk, :].T) * scale + mask  # (T, S)
-            att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
+            scores = (q[:, hq, :] @ K[:, hk, :].T) * scale  # (T, S)
+            if c.attn_softcap:  # Gemma 2
+                scores = c.attn_softcap * np.tanh(scores / c.attn_softcap)
+            att_out[:, hq, :] = softmax(scores + mask) @ V[:, hk, :]
         return att_out.reshape(T, -1) @ L.wo.T
 
     def forward(self, tokens) -> np.ndarray:
@@ -1326,7 +1391,10 @@ class LlamaRef:
 
         x = rmsnorm(x, w.final_norm, c.norm_eps)
         self.pos += T
-        return x @ w.lm_head.T                              # (T, vocab)
+        logits = x @ w.lm_head.T                            # (T, vocab)
+        if c.final_softcap:  # Gemma 2
+            logits = c.final_softcap * np.tanh(logits / c.final_softcap)
+        return logits
 
     def logits_all(self, tokens) -> np.ndarray:
         """Logits for every position of `tokens`, from an empty cache."""

@@ -7,7 +7,7 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       deepseek3_fp8|gemma3|kquant
+                                       deepseek3_fp8|gemma2|gemma3|kquant
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -86,6 +86,14 @@ layers (an uneven PP split) and head_dim 16:
            rope_local_base_freq, sliding_window_pattern) and what
            transformers 5's Gemma3TextConfig makes of them (layer_types,
            rope_parameters keyed by layer type), which agree.
+  gemma2   Gemma 2 (llama.cpp's gemma2, transformers' Gemma2ForCausalLM):
+           gemma3's shapes and norms without QK-norm, 6 layers, every
+           other one (0, 2, 4) local over a window of 20, one RoPE (base
+           10000), and soft-capping tight enough to matter: attention
+           scores at ATTN_SOFTCAP, final logits at FINAL_SOFTCAP (Gemma
+           2's are 50 and 30, for scores and logits far larger than these
+           tiny models make). query_pre_attn_scalar 32 in the folder; the
+           GGUF as the converter writes it (both caps, the window).
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -123,6 +131,13 @@ TOKENIZER_GGUF_DEFAULT = os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "models",
     "SmolLM2-135M-Instruct.Q4_1.gguf")
 VOCAB = 49152
+# The gemma2 family's soft-caps, against what its weights make uncapped
+# (seed 1, 60 tokens): scaled attention scores up to ~6 (a typical row's
+# largest ~3.7), logits up to ~110 with a top 1 ~90 and a top-2 margin
+# ~50. Both caps bend most of those values hard; a smaller final cap
+# would flatten the top logits into near-ties.
+ATTN_SOFTCAP = 2.0
+FINAL_SOFTCAP = 60.0
 BASE = dict(hidden=96, ffn=160, layers=5, heads=6, kv_heads=2, head_dim=16,
             eps=1e-5, context=4096, theta=10000.0, tied=False, bias=False,
             window=0, scaling=None, formats=("gguf", "hf"), qk_norm=False,
@@ -190,6 +205,11 @@ FAMILIES = {
                    qk_norm=True, post_norms=True, window=20,
                    scaling={"rope_type": "linear", "factor": 8.0},
                    swa_theta=10000.0, query_pre_attn_scalar=32),
+    "gemma2": dict(gguf_arch="gemma2", hf_type="gemma2", pre="smollm",
+                   layers=6, head_dim=24, eps=1e-6, theta=10000.0,
+                   tied=True, post_norms=True, window=20,
+                   query_pre_attn_scalar=32, attn_softcap=ATTN_SOFTCAP,
+                   final_softcap=FINAL_SOFTCAP),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -203,6 +223,7 @@ HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "mixtral": "MixtralForCausalLM",
            "glm4_moe": "Glm4MoeForCausalLM",
            "deepseek_v3": "DeepseekV3ForCausalLM",
+           "gemma2": "Gemma2ForCausalLM",
            "gemma3_text": "Gemma3ForCausalLM"}
 STEPS = 32
 
@@ -383,7 +404,7 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     # As Qwen3's files say; GLM-4.5's and Gemma 3's always (their
     # converters write them whenever config.json has head_dim).
     if not mla and (f["head_dim"] * f["heads"] != f["hidden"]
-                    or arch in ("glm4moe", "gemma3")):
+                    or arch in ("glm4moe", "gemma2", "gemma3")):
         w.add_key_length(f["head_dim"])
         w.add_value_length(f["head_dim"])
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
@@ -391,6 +412,9 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_sliding_window(f["window"])
     if arch == "gemma3":  # The converter's, from rope_parameters.
         w.add_rope_freq_base_swa(f["swa_theta"])
+    if arch == "gemma2":
+        w.add_attn_logit_softcapping(f["attn_softcap"])
+        w.add_final_logit_softcapping(f["final_softcap"])
     s = f["scaling"]
     if s and s["rope_type"] == "linear":
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -461,7 +485,7 @@ HF_NAMES = {"attn_norm.weight": "input_layernorm.weight",
             "ffn_gate_shexp.weight": "mlp.shared_experts.gate_proj.weight",
             "ffn_up_shexp.weight": "mlp.shared_experts.up_proj.weight",
             "ffn_down_shexp.weight": "mlp.shared_experts.down_proj.weight"}
-# Gemma 3's four norms a layer: HF's post_attention_layernorm is the norm
+# Gemma's four norms a layer: HF's post_attention_layernorm is the norm
 # of the attention's output, pre_feedforward_layernorm the FFN's input's.
 GEMMA3_HF_NAMES = dict(
     HF_NAMES, **{"ffn_norm.weight": "pre_feedforward_layernorm.weight",
@@ -553,6 +577,15 @@ def write_hf(d: str, f: dict, t: dict) -> None:
                                       "rope_theta": f["swa_theta"]}},
             final_logit_softcapping=None, attn_logit_softcapping=None,
             attention_bias=False, attention_dropout=0.0)
+    elif f["hf_type"] == "gemma2":  # As Gemma 2's config.json.
+        del config["hidden_act"]
+        config.update(
+            hidden_activation="gelu_pytorch_tanh",
+            query_pre_attn_scalar=f["query_pre_attn_scalar"],
+            sliding_window=f["window"],
+            attn_logit_softcapping=f["attn_softcap"],
+            final_logit_softcapping=f["final_softcap"],
+            attention_bias=False, attention_dropout=0.0)
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
@@ -564,7 +597,7 @@ def write_hf(d: str, f: dict, t: dict) -> None:
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
     names = HF_NAMES
-    if f["hf_type"] == "gemma3_text":  # Gemma3RMSNorm's x (1 + w).
+    if f["hf_type"] in ("gemma2", "gemma3_text"):  # RMSNorm's x (1 + w).
         names = GEMMA3_HF_NAMES
         t = {k: a - 1.0 if k.endswith("norm.weight") else a
              for k, a in t.items()}
