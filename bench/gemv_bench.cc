@@ -128,7 +128,7 @@ int Main(int argc, char** argv) {
   std::vector<DType> formats;
   for (absl::string_view s : absl::StrSplit(formats_arg, ',')) {
     bool found = false;
-    for (int t = 0; t <= static_cast<int>(DType::kIQ4_XS); ++t) {
+    for (int t = 0; t <= static_cast<int>(DType::kMXFP4); ++t) {
       if (IsQuantized(DType(t)) && s == DTypeName(DType(t))) {
         formats.push_back(DType(t));
         found = true;

@@ -78,7 +78,8 @@ TEST(DTypeTest, GgufBlockLayouts) {
         Row{10, "Q2_K", 256, 84}, Row{11, "Q3_K", 256, 110},
         Row{12, "Q4_K", 256, 144}, Row{13, "Q5_K", 256, 176},
         Row{14, "Q6_K", 256, 210}, Row{20, "IQ4_NL", 32, 18},
-        Row{23, "IQ4_XS", 256, 136}, Row{0, "F32", 1, 4}, Row{1, "F16", 1, 2},
+        Row{23, "IQ4_XS", 256, 136}, Row{39, "MXFP4", 32, 17},
+        Row{0, "F32", 1, 4}, Row{1, "F16", 1, 2},
         Row{30, "BF16", 1, 2}}) {
     SCOPED_TRACE(r.name);
     absl::StatusOr<DType> t = DTypeFromGgml(r.ggml);
@@ -98,7 +99,7 @@ TEST(DTypeTest, UnsupportedGgmlTypesAreNamed) {
        std::vector<std::pair<uint32_t, std::string>>{{16, "IQ2_XXS"},
                                                      {29, "IQ1_M"},
                                                      {34, "TQ1_0"},
-                                                     {39, "MXFP4"},
+                                                     {40, "NVFP4"},
                                                      {9, "Q8_1"},
                                                      {4, "unknown"},
                                                      {1000, "unknown"}}) {

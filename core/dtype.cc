@@ -77,13 +77,14 @@ constexpr DTypeTraits kTraits[] = {
     Row<quant::IQ4_NL>("IQ4_NL", 20),
     Row<quant::IQ4_XS>("IQ4_XS", 23),
     {DType::kF8E4M3, "F8_E4M3", -1, 1, 1, 0, F8E4M3ToF32},
+    Row<quant::MXFP4>("MXFP4", 39),
 };
 
 constexpr bool TableIsIndexedByDType() {
   for (size_t i = 0; i < std::size(kTraits); ++i) {
     if (static_cast<size_t>(kTraits[i].dtype) != i) return false;
   }
-  return std::size(kTraits) == static_cast<size_t>(DType::kF8E4M3) + 1;
+  return std::size(kTraits) == static_cast<size_t>(DType::kMXFP4) + 1;
 }
 static_assert(TableIsIndexedByDType());
 
@@ -123,8 +124,6 @@ const char* UnsupportedGgmlName(uint32_t t) {
       return "TQ1_0";
     case 35:
       return "TQ2_0";
-    case 39:
-      return "MXFP4";
     case 40:
       return "NVFP4";
     case 41:

@@ -36,6 +36,10 @@ enum class DType : uint8_t {
   // (DeepSeek V3, Kimi K2) scale each block of values by a
   // weight_scale_inv tensor beside it; decoded here without that scale.
   kF8E4M3,
+  // OCP MXFP4 (GGUF type 39; gpt-oss's experts): 32 values, one e8m0 byte
+  // e then 16 bytes of nibbles as Q4_0, each an index into e2m1's values
+  // (doubled: quant::kMxfp4Values). value = 2^(e - 128) * that.
+  kMXFP4,
 };
 
 // One row of the table: how a dtype is stored.

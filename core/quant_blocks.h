@@ -21,6 +21,7 @@
 #ifndef SHARDLM_CORE_QUANT_BLOCKS_H_
 #define SHARDLM_CORE_QUANT_BLOCKS_H_
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -41,6 +42,20 @@ inline uint32_t LoadU32(const uint8_t* p) {
   return v;
 }
 inline float Half(const uint8_t* p) { return Fp16ToFloat(LoadU16(p)); }
+
+// MXFP4's e2m1 values, doubled (ggml's kvalues_mxfp4; the half goes into
+// the scale: Mxfp4Scale).
+inline constexpr int8_t kMxfp4Values[16] = {0,  1,  2,  3,  4,  6,  8,  12,
+                                            0, -1, -2, -3, -4, -6, -8, -12};
+
+// Half of the e8m0 scale 2^(e - 127), as ggml's e8m0_to_fp32_half builds
+// its bits: 2^(e - 128), subnormal for e < 2.
+inline float Mxfp4Scale(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : uint32_t{e - 1u} << 23;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
 
 // IQ4_NL's and IQ4_XS's codebook (kvalues_iq4nl).
 inline constexpr int8_t kIq4Values[16] = {
@@ -341,11 +356,30 @@ struct IQ4_XS {
   }
 };
 
+// MXFP4: u8 e (the e8m0 scale), qs[16] as Q4_0, each nibble an index into
+// kMxfp4Values; scale Mxfp4Scale(e). No f16 field (kD -1: Scales reads e).
+struct MXFP4 {
+  static constexpr DType kType = DType::kMXFP4;
+  static constexpr int kElems = 32, kBytes = 17, kSub = 32, kD = -1, kM = -1;
+  static constexpr bool kHasMin = false;
+  static void Scales(const uint8_t* b, float, float, float* scale,
+                     float* min) {
+    scale[0] = Mxfp4Scale(b[0]);
+    min[0] = 0;
+  }
+  static void Codes(const uint8_t* b, int8_t* codes) {
+    for (int j = 0; j < 16; ++j) {
+      codes[j] = kMxfp4Values[b[1 + j] & 0xf];
+      codes[j + 16] = kMxfp4Values[b[1 + j] >> 4];
+    }
+  }
+};
+
 // One block of Format: its codes, scales and mins (portable f16
-// conversion).
+// conversion; formats without an f16 d, kD < 0, read their own scale).
 template <typename Format>
 void Unpack(const uint8_t* b, int8_t* codes, float* scale, float* min) {
-  Format::Scales(b, Half(b + Format::kD),
+  Format::Scales(b, Format::kD >= 0 ? Half(b + Format::kD) : 0.0f,
                  Format::kM >= 0 ? Half(b + Format::kM) : 0.0f, scale, min);
   Format::Codes(b, codes);
 }
@@ -391,6 +425,9 @@ bool VisitFormat(DType t, F&& f) {
     case DType::kIQ4_XS:
       f.template operator()<IQ4_XS>();
       return true;
+    case DType::kMXFP4:
+      f.template operator()<MXFP4>();
+      return true;
     default:
       return false;
   }
@@ -400,7 +437,8 @@ bool VisitFormat(DType t, F&& f) {
 // so every code and sub-block scale occurs, with finite f16 fields: d in
 // [0.2, 1) * scale (/ 16 for the 256-value formats, whose sub-block scales
 // of up to 63 multiply it), m in [-4, 4) * scale for Q4_1 / Q5_1 (the min
-// itself) or like d for the K-quants' dmin. Does nothing for plain types.
+// itself) or like d for the K-quants' dmin; MXFP4's e so that its scale is
+// in [k / 8, k). Does nothing for plain types.
 template <typename Rng>
 void FillRandomBlocks(DType t, uint8_t* p, int64_t blocks, float scale,
                       Rng& rng) {
@@ -412,8 +450,14 @@ void FillRandomBlocks(DType t, uint8_t* p, int64_t blocks, float scale,
     };
     for (int64_t b = 0; b < blocks; ++b, p += F::kBytes) {
       for (int i = 0; i < F::kBytes; ++i) p[i] = static_cast<uint8_t>(rng());
-      const uint16_t d = FloatToFp16(uniform(0.2f * k, k));
-      std::memcpy(p + F::kD, &d, 2);
+      if constexpr (F::kD >= 0) {
+        const uint16_t d = FloatToFp16(uniform(0.2f * k, k));
+        std::memcpy(p + F::kD, &d, 2);
+      } else {  // MXFP4's e: 2^(e - 128) in [k / 8, k), codes up to 12.
+        const int e = static_cast<int>(std::floor(std::log2(k))) + 128;
+        p[0] = static_cast<uint8_t>(std::clamp(e - static_cast<int>(rng() % 3),
+                                               0, 255));
+      }
       if constexpr (F::kM >= 0) {
         const uint16_t m =
             FloatToFp16(F::kElems == 256 ? uniform(0.2f * k, k)

@@ -107,7 +107,7 @@ absl::StatusOr<ModelConfig> LoadConfig(const std::string& spec) {
 // q4_k, ...: every type the loader reads).
 absl::StatusOr<double> WeightBytesPerParam(const std::string& name) {
   std::string names;
-  for (int i = 0; i <= static_cast<int>(DType::kIQ4_XS); ++i) {
+  for (int i = 0; i <= static_cast<int>(DType::kMXFP4); ++i) {
     const DTypeTraits& t = Traits(static_cast<DType>(i));
     if (t.ggml_type < 0) continue;  // Not a weight format.
     std::string n = t.name;

@@ -424,7 +424,7 @@ TEST(GgufLoaderTest, RejectsBadTensorData) {
     }
     for (const auto& [t, type_name] :
          std::vector<std::pair<uint32_t, std::string>>{
-             {16, "IQ2_XXS"}, {19, "IQ1_S"}, {35, "TQ2_0"}, {39, "MXFP4"}}) {
+             {16, "IQ2_XXS"}, {19, "IQ1_S"}, {35, "TQ2_0"}, {40, "NVFP4"}}) {
       std::string bytes = good;
       PutU32(bytes, b.marks["ggml_type:" + name], t);
       ExpectGgufError(bytes, {name, absl::StrCat(t), type_name, "IQ4_XS"});

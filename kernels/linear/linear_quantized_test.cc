@@ -197,7 +197,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(DType::kQ8_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_0,
                       DType::kQ5_1, DType::kQ2_K, DType::kQ3_K, DType::kQ4_K,
                       DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
-                      DType::kIQ4_XS),
+                      DType::kIQ4_XS, DType::kMXFP4),
     [](const auto& info) { return std::string(DTypeName(info.param)); });
 
 }  // namespace

@@ -149,6 +149,17 @@ struct CodesAvx2<quant::IQ4_NL> : CodesBase<CodesAvx2<quant::IQ4_NL>, 32> {
   }
 };
 template <>
+struct CodesAvx2<quant::MXFP4> : CodesBase<CodesAvx2<quant::MXFP4>, 32> {
+  SHARDLM_AVX2 static void Get(const uint8_t* b, int, __m128i* lo,
+                               __m128i* hi) {
+    const __m128i table =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(quant::kMxfp4Values));
+    NibbleHalves(b + 1, lo, hi);
+    *lo = _mm_shuffle_epi8(table, *lo);
+    *hi = _mm_shuffle_epi8(table, *hi);
+  }
+};
+template <>
 struct CodesAvx2<quant::Q2_K> : CodesBase<CodesAvx2<quant::Q2_K>, 256> {
   // Codes 32i..: bits 2s, 2s+1 of qs[32h ..], i = 4h + s.
   SHARDLM_AVX2 static void Get(const uint8_t* b, int i, __m128i* lo,
@@ -232,7 +243,9 @@ struct ScalesAvx2 {
   SHARDLM_AVX2 static void Run(const uint8_t* b, float* scale, float* min) {
     float m = 0;
     if constexpr (F::kM >= 0) m = HalfF16c(b + F::kM);
-    F::Scales(b, HalfF16c(b + F::kD), m, scale, min);
+    float d = 0;
+    if constexpr (F::kD >= 0) d = HalfF16c(b + F::kD);
+    F::Scales(b, d, m, scale, min);
   }
 };
 

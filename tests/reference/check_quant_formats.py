@@ -35,7 +35,7 @@ F16_FIELDS = {
     "Q8_0": (0, None), "Q4_0": (0, None), "Q4_1": (0, 2), "Q5_0": (0, None),
     "Q5_1": (0, 2), "Q2_K": (80, 82), "Q3_K": (108, None), "Q4_K": (0, 2),
     "Q5_K": (0, 2), "Q6_K": (208, None), "IQ4_NL": (0, None),
-    "IQ4_XS": (0, None),
+    "IQ4_XS": (0, None), "MXFP4": (None, None),
 }
 ENCODABLE = {"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
 
@@ -76,6 +76,15 @@ def make_blocks(name, rows, cols, rng):
     n_blocks = rows * cols // block
     raw = rng.integers(0, 256, (n_blocks, size), dtype=np.uint8)
     d_off, m_off = F16_FIELDS[name]
+    if name == "MXFP4":  # Byte 0, the e8m0 scale e: 2^(e - 128) in ~[1/256,
+        # 1/32], random codes; and the subnormal and largest e once each.
+        raw[:, 0] = rng.integers(120, 124, n_blocks)
+        raw[0, 0] = 0
+        if n_blocks > 1:
+            raw[1, 0] = 1
+        if n_blocks > 2:
+            raw[2, 0] = 200
+        return raw.reshape(-1)
     k = 1 / 16 if block == 256 else 1
     raw[:, d_off:d_off + 2] = (
         rng.uniform(0.01 * k, 0.05 * k, n_blocks).astype(np.float16)

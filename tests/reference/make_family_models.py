@@ -7,7 +7,7 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       deepseek3_fp8|gemma2|gemma3|kquant
+                                       deepseek3_fp8|gemma2|gemma3|kquant|qwen3moe_mxfp4
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -94,6 +94,10 @@ layers (an uneven PP split) and head_dim 16:
            2's are 50 and 30, for scores and logits far larger than these
            tiny models make). query_pre_attn_scalar 32 in the folder; the
            GGUF as the converter writes it (both caps, the window).
+  qwen3moe_mxfp4  qwen3moe's GGUF with its expert matrices (ffn_*_exps) in
+           MXFP4, quantized by the gguf package as gpt-oss's experts ship
+           (GGUF only; hidden 96 and expert FFN 64 are whole 32-value
+           blocks, so TP 2 cuts none).
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -177,6 +181,12 @@ FAMILIES = {
                      theta=1e6, eps=1e-6, head_dim=24, qk_norm=True,
                      experts=8, experts_used=2, expert_ffn=64,
                      experts_norm=True),
+    # qwen3moe's GGUF with every expert matrix in MXFP4 (gpt-oss's format).
+    "qwen3moe_mxfp4": dict(gguf_arch="qwen3moe", hf_type="qwen3_moe",
+                           pre="qwen2", theta=1e6, eps=1e-6, head_dim=24,
+                           qk_norm=True, experts=8, experts_used=2,
+                           expert_ffn=64, experts_norm=True,
+                           formats=("gguf",), expert_quant="MXFP4"),
     "mixtral": dict(gguf_arch="llama", hf_type="mixtral", pre="llama-bpe",
                     theta=1e6, heads=8, kv_heads=4, head_dim=12, experts=6,
                     experts_used=2, expert_ffn=128),
@@ -453,6 +463,13 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
                              kvb[:, :f["head_dim"], :].transpose(0, 2, 1)))
             w.add_tensor(name.replace("attn_kv_b", "attn_v_b"),
                          np.ascontiguousarray(kvb[:, f["head_dim"]:, :]))
+            continue
+        if f.get("expert_quant") and name.endswith("_exps.weight"):
+            # The experts in a block format, as gpt-oss ships them
+            # (MXFP4): the gguf package's quantizer, its blocks as they are.
+            qtype = gguf.GGMLQuantizationType[f["expert_quant"]]
+            w.add_tensor(name, gguf.quants.quantize(a, qtype),
+                         raw_dtype=qtype)
             continue
         w.add_tensor(name, a)
     w.write_header_to_file()

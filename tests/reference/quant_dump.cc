@@ -68,7 +68,7 @@ int Main(int argc, char** argv) {
   if (c1 < 0) c1 = cols;
   DType dtype = DType::kF32;
   bool found = false;
-  for (int t = 0; t <= static_cast<int>(DType::kIQ4_XS); ++t) {
+  for (int t = 0; t <= static_cast<int>(DType::kMXFP4); ++t) {
     if (type == DTypeName(static_cast<DType>(t))) {
       dtype = static_cast<DType>(t);
       found = true;
