@@ -28,8 +28,10 @@ constexpr float kScale = 0.6f;
 
 // softmax(scale q.k_j) v_j over keys [k0, k1) of one (query, head), in
 // double; lse = log sum_j exp(scale q.k_j) (-inf when the range is empty).
+// With a sink (not -inf), exp(sink) joins the denominator (lse too).
 void Direct(const float* q, const Tensor& k, const Tensor& v, int64_t kvh,
-            int64_t k0, int64_t k1, std::vector<double>& out, double& lse) {
+            int64_t k0, int64_t k1, std::vector<double>& out, double& lse,
+            double sink = kNegInf) {
   out.assign(kD, 0.0);
   lse = kNegInf;
   if (k0 >= k1) return;
@@ -40,8 +42,8 @@ void Direct(const float* q, const Tensor& k, const Tensor& v, int64_t kvh,
     for (int64_t e = 0; e < kD; ++e) dot += double{q[e]} * kj[e];
     s[j - k0] = kScale * dot;
   }
-  const double m = *std::max_element(s.begin(), s.end());
-  double l = 0;
+  const double m = std::max(*std::max_element(s.begin(), s.end()), sink);
+  double l = sink == kNegInf ? 0.0 : std::exp(sink - m);
   for (int64_t j = k0; j < k1; ++j) {
     const double w = std::exp(s[j - k0] - m);
     l += w;
@@ -104,7 +106,9 @@ TEST(AttentionMergeTest, RejectsARowWithNoKeys) {
 // tokens of its blocks (the others are -1 in its table) and attends over
 // them; the merged result is the softmax over every key. Blocks split in
 // contiguous ranges 1:3 and 3:1, and interleaved (block i on rank i mod 2);
-// queries: the last token (decode) and the last 20 (a prefill chunk). On
+// queries: the last token (decode) and the last 20 (a prefill chunk); with
+// and without attention sinks (given to both ranks' partial attention,
+// which must leave them to the merge, which must count them once). On
 // every ISA's attention kernels.
 class PartialAttentionTest : public testing::TestWithParam<CpuIsa>,
                              public OnCpuIsa {
@@ -114,74 +118,82 @@ class PartialAttentionTest : public testing::TestWithParam<CpuIsa>,
 
 TEST_P(PartialAttentionTest, OverTwoRanksEqualsTheSoftmaxOverAllKeys) {
   enum Layout { kQuarter, kThreeQuarters, kInterleaved };
-  for (int64_t keys : {1, 15, 16, 17, 4097}) {
-    for (Layout layout : {kQuarter, kThreeQuarters, kInterleaved}) {
-      for (int64_t queries : {int64_t{1}, std::min<int64_t>(keys, 20)}) {
-        SCOPED_TRACE(testing::Message() << keys << " keys, layout " << layout
-                                        << ", " << queries << " queries");
-        const int64_t nb = (keys + kBs - 1) / kBs;
-        const Tensor k = RandomTensor({keys, kKvHeads, kD}, 4, 2.0f);
-        const Tensor v = RandomTensor({keys, kKvHeads, kD}, 5);
-        const Tensor q = RandomTensor({queries, kHeads, kD}, 6);
-        // A shuffled table over a pool of nb blocks.
-        std::vector<int32_t> table(nb);
-        std::iota(table.begin(), table.end(), 0);
-        std::shuffle(table.begin(), table.end(), std::mt19937(7));
-        const auto owner = [&](int64_t j) -> int {
-          switch (layout) {
-            case kQuarter:
-              return j < (nb + 2) / 4 ? 0 : 1;
-            case kThreeQuarters:
-              return j < (3 * nb + 2) / 4 ? 0 : 1;
-            default:
-              return static_cast<int>(j % 2);
+  // Of the scores' size (|0.6 q.k| reaches ~10 here): they matter.
+  const std::vector<float> some_sinks = {1.5f, -0.5f, 6.0f, 0.25f};
+  for (const bool with_sinks : {false, true})
+    for (int64_t keys : {1, 15, 16, 17, 4097}) {
+      for (Layout layout : {kQuarter, kThreeQuarters, kInterleaved}) {
+        for (int64_t queries : {int64_t{1}, std::min<int64_t>(keys, 20)}) {
+          SCOPED_TRACE(testing::Message()
+                       << keys << " keys, layout " << layout << ", " << queries
+                       << " queries" << (with_sinks ? ", sinks" : ""));
+          const absl::Span<const float> sinks =
+              with_sinks ? absl::MakeConstSpan(some_sinks)
+                         : absl::Span<const float>();
+          const int64_t nb = (keys + kBs - 1) / kBs;
+          const Tensor k = RandomTensor({keys, kKvHeads, kD}, 4, 2.0f);
+          const Tensor v = RandomTensor({keys, kKvHeads, kD}, 5);
+          const Tensor q = RandomTensor({queries, kHeads, kD}, 6);
+          // A shuffled table over a pool of nb blocks.
+          std::vector<int32_t> table(nb);
+          std::iota(table.begin(), table.end(), 0);
+          std::shuffle(table.begin(), table.end(), std::mt19937(7));
+          const auto owner = [&](int64_t j) -> int {
+            switch (layout) {
+              case kQuarter:
+                return j < (nb + 2) / 4 ? 0 : 1;
+              case kThreeQuarters:
+                return j < (3 * nb + 2) / 4 ? 0 : 1;
+              default:
+                return static_cast<int>(j % 2);
+            }
+          };
+          std::vector<int32_t> all(keys), seq(keys, 0), qpos, qseq(queries, 0);
+          std::iota(all.begin(), all.end(), 0);
+          for (int64_t i = keys - queries; i < keys; ++i) qpos.push_back(i);
+          Tensor outs = *Tensor::Host(DType::kF32, {2, queries, kHeads, kD});
+          Tensor lses = *Tensor::Host(DType::kF32, {2, queries, kHeads});
+          for (int r = 0; r < 2; ++r) {
+            std::vector<int32_t> mine(nb);
+            for (int64_t j = 0; j < nb; ++j) {
+              mine[j] = owner(j) == r ? table[j] : -1;
+            }
+            Tensor kc = *Tensor::Host(DType::kF32,
+                                      KeyCacheShape(nb, kBs, kKvHeads, kD));
+            Tensor vc = *Tensor::Host(DType::kF32,
+                                      ValueCacheShape(nb, kBs, kKvHeads, kD));
+            AttentionBatch write{.positions = all,
+                                 .token_seq = seq,
+                                 .block_tables = {mine},
+                                 .remote_blocks = true};
+            ASSERT_OK(WriteKv(k, v, write, kc, vc));
+            AttentionBatch read{.positions = qpos,
+                                .token_seq = qseq,
+                                .block_tables = {mine},
+                                .sinks = sinks,
+                                .remote_blocks = true};
+            Tensor out = *outs.Rows(r, r + 1)->Reshaped({queries, kHeads, kD});
+            Tensor lse = *lses.Rows(r, r + 1)->Reshaped({queries, kHeads});
+            ASSERT_OK(PagedAttentionPartial(q, kc, vc, read, kScale, out, lse));
           }
-        };
-        std::vector<int32_t> all(keys), seq(keys, 0), qpos, qseq(queries, 0);
-        std::iota(all.begin(), all.end(), 0);
-        for (int64_t i = keys - queries; i < keys; ++i) qpos.push_back(i);
-        Tensor outs = *Tensor::Host(DType::kF32, {2, queries, kHeads, kD});
-        Tensor lses = *Tensor::Host(DType::kF32, {2, queries, kHeads});
-        for (int r = 0; r < 2; ++r) {
-          std::vector<int32_t> mine(nb);
-          for (int64_t j = 0; j < nb; ++j) {
-            mine[j] = owner(j) == r ? table[j] : -1;
-          }
-          Tensor kc =
-              *Tensor::Host(DType::kF32, KeyCacheShape(nb, kBs, kKvHeads, kD));
-          Tensor vc = *Tensor::Host(DType::kF32,
-                                    ValueCacheShape(nb, kBs, kKvHeads, kD));
-          AttentionBatch write{.positions = all,
-                               .token_seq = seq,
-                               .block_tables = {mine},
-                               .remote_blocks = true};
-          ASSERT_OK(WriteKv(k, v, write, kc, vc));
-          AttentionBatch read{.positions = qpos,
-                              .token_seq = qseq,
-                              .block_tables = {mine},
-                              .remote_blocks = true};
-          Tensor out = *outs.Rows(r, r + 1)->Reshaped({queries, kHeads, kD});
-          Tensor lse = *lses.Rows(r, r + 1)->Reshaped({queries, kHeads});
-          ASSERT_OK(PagedAttentionPartial(q, kc, vc, read, kScale, out, lse));
-        }
-        Tensor out = *Tensor::Host(DType::kF32, {queries, kHeads, kD});
-        ASSERT_OK(MergeAttention(outs, lses, out));
-        std::vector<double> want;
-        double lse;
-        for (int64_t t = 0; t < queries; ++t) {
-          for (int64_t h = 0; h < kHeads; ++h) {
-            const float* qh = q.f32().data() + (t * kHeads + h) * kD;
-            Direct(qh, k, v, h / (kHeads / kKvHeads), 0, qpos[t] + 1, want,
-                   lse);
-            for (int64_t e = 0; e < kD; ++e) {
-              ASSERT_NEAR(out.f32()[(t * kHeads + h) * kD + e], want[e], 1e-5)
-                  << "query " << t << " head " << h << " element " << e;
+          Tensor out = *Tensor::Host(DType::kF32, {queries, kHeads, kD});
+          ASSERT_OK(MergeAttention(outs, lses, out, sinks));
+          std::vector<double> want;
+          double lse;
+          for (int64_t t = 0; t < queries; ++t) {
+            for (int64_t h = 0; h < kHeads; ++h) {
+              const float* qh = q.f32().data() + (t * kHeads + h) * kD;
+              Direct(qh, k, v, h / (kHeads / kKvHeads), 0, qpos[t] + 1, want,
+                     lse, with_sinks ? double{some_sinks[h]} : kNegInf);
+              for (int64_t e = 0; e < kD; ++e) {
+                ASSERT_NEAR(out.f32()[(t * kHeads + h) * kD + e], want[e], 1e-5)
+                    << "query " << t << " head " << h << " element " << e;
+              }
             }
           }
         }
       }
     }
-  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, PartialAttentionTest,

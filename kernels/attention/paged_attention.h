@@ -45,6 +45,12 @@ struct AttentionBatch {
   // > 0: every scaled score s is soft-capped to softcap * tanh(s /
   // softcap) before the mask and softmax (Gemma 2). CPU kernels only.
   float softcap = 0;
+  // Attention sinks (gpt-oss): empty, or one logit per query head ([heads]
+  // of q) that joins each of its rows' softmax denominators as
+  // exp(sink) with no value, so that a row may attend to "nothing".
+  // PagedAttentionPartial leaves them out (its lse neither): the merge of
+  // the parts adds them once (MergeAttention's sinks). CPU kernels only.
+  absl::Span<const float> sinks;
   // Context parallel (worker/forward.h): a table entry of -1 is a block
   // another rank of the CP group holds. WriteKv skips the tokens that fall
   // in one and attention the keys; without this, -1 is an error.
@@ -101,10 +107,12 @@ absl::Status PagedAttentionPartial(const Tensor& q, const Tensor& k_cache,
 // key sets (the flash-decoding merge, also used across the splits inside
 // PagedAttention): out = sum_p w_p outs[p] / sum_p w_p, w_p = exp(lses[p]
 // - max_p lses[p]). Parts whose lse is -inf (no keys) weigh nothing; a
-// row with no keys in any part is an error.
+// row with no keys in any part is an error, unless `sinks` (empty, or
+// [heads]: AttentionBatch::sinks) gives its head a sink, which joins the
+// denominator (sum_p w_p + exp(sink - max)) and makes such a row 0.
 //   outs: [P, n, heads, d] f32, lses: [P, n, heads] f32, out: [n, heads, d].
-absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
-                            Tensor& out);
+absl::Status MergeAttention(const Tensor& outs, const Tensor& lses, Tensor& out,
+                            absl::Span<const float> sinks = {});
 
 }  // namespace shardlm
 

@@ -231,6 +231,8 @@ void MergeSplits(const Problem& p, const Tile& tile,
       if (p.lse != nullptr) {  // A CP part: it may hold none of the keys.
         p.lse[tok * p.heads + h] = l == 0 ? kNegInf : m + std::log(l);
         if (l == 0) continue;  // dst stays 0.
+      } else if (!p.batch->sinks.empty()) {
+        l += std::exp(p.batch->sinks[h] - m);  // A row always has a key.
       }
       const float inv = 1.0f / l;
       for (int64_t e = 0; e < d; ++e) dst[e] *= inv;
@@ -393,8 +395,8 @@ absl::Status PagedAttentionPartial(const Tensor& q, const Tensor& k_cache,
   return RunAttention(q, k_cache, v_cache, batch, scale, out, &lse);
 }
 
-absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
-                            Tensor& out) {
+absl::Status MergeAttention(const Tensor& outs, const Tensor& lses, Tensor& out,
+                            absl::Span<const float> sinks) {
   if (outs.rank() != 4) {
     return absl::InvalidArgumentError(
         absl::StrCat("MergeAttention: outs must be [parts, n, heads, d], got ",
@@ -407,6 +409,10 @@ absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
   RETURN_IF_ERROR(
       CheckHostF32("MergeAttention", "lses", lses, {parts, n, heads}));
   RETURN_IF_ERROR(CheckHostF32("MergeAttention", "out", out, {n, heads, d}));
+  if (!sinks.empty() && static_cast<int64_t>(sinks.size()) != heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "MergeAttention: ", sinks.size(), " sinks for ", heads, " heads"));
+  }
   const float* o = outs.data<float>();
   const float* lse = lses.data<float>();
   float* dst = out.data<float>();
@@ -414,6 +420,8 @@ absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
   for (int64_t r = 0; r < rows; ++r) {
     float m = kNegInf;
     for (int64_t p = 0; p < parts; ++p) m = std::max(m, lse[p * rows + r]);
+    const bool sink = !sinks.empty();
+    if (sink) m = std::max(m, sinks[r % heads]);
     if (m == kNegInf) {
       return absl::InvalidArgumentError(absl::StrCat(
           "MergeAttention: row ", r, " (token ", r / heads, ", head ",
@@ -421,7 +429,7 @@ absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
     }
     float* y = dst + r * d;
     std::fill(y, y + d, 0.0f);
-    float l = 0;
+    float l = sink ? std::exp(sinks[r % heads] - m) : 0.0f;
     for (int64_t p = 0; p < parts; ++p) {
       const float l_p = lse[p * rows + r];
       if (l_p == kNegInf) continue;
@@ -462,6 +470,18 @@ absl::Status RunAttention(const Tensor& q, const Tensor& k_cache,
   if (!(batch.softcap >= 0) || !std::isfinite(batch.softcap)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "PagedAttention: softcap ", batch.softcap, " must be finite and >= 0"));
+  }
+  if (!batch.sinks.empty() &&
+      static_cast<int64_t>(batch.sinks.size()) != heads) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PagedAttention: ", batch.sinks.size(), " sinks for ",
+                     heads, " query heads"));
+  }
+  for (const float s : batch.sinks) {
+    if (!std::isfinite(s)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("PagedAttention: sink ", s, " is not finite"));
+    }
   }
   if (n == 0) return absl::OkStatus();
   const Kernels kernels = KernelsForCpu();

@@ -52,6 +52,7 @@ struct Case {
   std::vector<int64_t> new_tokens;  // Of which the step computes the last.
   int64_t window = 0;               // Sliding window; 0: none.
   float softcap = 0;                // Score soft-capping; 0: none.
+  std::vector<float> sinks = {};    // Per query head; empty: none.
 };
 
 // Sequences with contiguous ground-truth K/V [len, kv_heads, d], scattered
@@ -117,16 +118,19 @@ struct Fixture {
     AttentionBatch b{.positions = positions,
                      .token_seq = seqs,
                      .window = c.window,
-                     .softcap = c.softcap};
+                     .softcap = c.softcap,
+                     .sinks = c.sinks};
     for (const auto& t : tables) b.block_tables.push_back(t);
     return b;
   }
 
-  // Naive causal attention of one query row over positions [0, pos] (the
-  // last c.window of them when set), its scores soft-capped (in double)
-  // when c.softcap is set.
-  std::vector<double> Reference(const float* q, int64_t seq, int64_t kvh,
+  // Naive causal attention of one query row of head h over positions [0,
+  // pos] (the last c.window of them when set), its scores soft-capped (in
+  // double) when c.softcap is set, exp(its sink) in the denominator when
+  // c.sinks is.
+  std::vector<double> Reference(const float* q, int64_t seq, int64_t h,
                                 int64_t pos, double scale) const {
+    const int64_t kvh = h / (c.heads / c.kv_heads);
     const int64_t kv_heads = c.kv_heads, d = c.d;
     const auto row = [&](const Tensor& t, int64_t j) {
       return Rounded(dtype, t.f32().data() + (j * kv_heads + kvh) * d, d);
@@ -143,6 +147,9 @@ struct Fixture {
       if (c.softcap > 0) s[j] = c.softcap * std::tanh(s[j] / c.softcap);
       max = std::max(max, s[j]);
     }
+    const double sink = c.sinks.empty() ? -INFINITY : c.sinks[h];
+    max = std::max(max, sink);
+    if (!c.sinks.empty()) sum = std::exp(sink - max);
     for (double& x : s) sum += (x = std::exp(x - max));
     for (int64_t j = first; j <= pos; ++j) {
       const std::vector<float> vj = row(v[seq], j);
@@ -169,12 +176,11 @@ double StepError(const Case& c, DType dtype) {
   Tensor out = *Tensor::Host(DType::kF32, {n, c.heads, c.d});
   const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
   EXPECT_TRUE(PagedAttention(q, f.k_cache, f.v_cache, batch, scale, out).ok());
-  const int64_t group = c.heads / c.kv_heads;
   double worst = 0;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t h = 0; h < c.heads; ++h) {
       const auto want = f.Reference(q.f32().data() + (i * c.heads + h) * c.d,
-                                    seqs[i], h / group, positions[i], scale);
+                                    seqs[i], h, positions[i], scale);
       worst =
           std::max(worst, MaxAbsDiff(out.f32().data() + (i * c.heads + h) * c.d,
                                      want.data(), static_cast<size_t>(c.d)));
@@ -227,6 +233,39 @@ const Case kCases[] = {
      20,
      2.0f},
     {"softcap 50, block 5", 6, 2, 40, 5, {23, 9, 1}, {10, 1, 1}, 0, 50.0f},
+    // gpt-oss's attention sinks, of the scores' size (up to ~10 here):
+    // decode split over the context (the sink joins the merge of the
+    // splits once), a windowed chunk, with soft-capping.
+    {"sinks, decode ctx 4097 (split)",
+     4,
+     2,
+     64,
+     16,
+     {4097},
+     {1},
+     0,
+     0,
+     {2.0f, -1.0f, 8.0f, 0.5f}},
+    {"sinks, window 20, chunk + decode",
+     4,
+     1,
+     64,
+     16,
+     {300, 33},
+     {70, 1},
+     20,
+     0,
+     {3.0f, 0.0f, -2.0f, 5.0f}},
+    {"sinks, softcap 2, block 5",
+     2,
+     2,
+     40,
+     5,
+     {23, 9, 1},
+     {10, 1, 1},
+     0,
+     2.0f,
+     {1.0f, 2.5f}},
 };
 
 class PagedAttentionTest
