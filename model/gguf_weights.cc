@@ -204,6 +204,34 @@ absl::Status ReadGemma(const GgufFile& g, const std::string& p,
   return absl::OkStatus();
 }
 
+// gpt-oss as llama.cpp runs its GGUF (openai-moe): every other layer, from
+// the first, slides over attention.sliding_window (required); attention
+// sinks, Q/K/V and output biases; a mixture whose router and experts have
+// biases, softmax over the k chosen logits (the renormalized top-k of the
+// softmax), and the clamped SwiGLU.
+absl::Status ReadGptOss(const GgufFile& g, const std::string& p,
+                        ModelConfig& c) {
+  if (c.sliding_window <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        g.name(), ": gpt-oss needs ", p, "attention.sliding_window"));
+  }
+  if (!c.is_moe()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(), ": gpt-oss needs ", p, "expert_count"));
+  }
+  if (c.n_layers > 1 && c.n_layers <= 1024) {
+    c.window_layers.resize(c.n_layers);
+    for (int64_t l = 0; l < c.n_layers; ++l) c.window_layers[l] = l % 2 == 0;
+  }
+  c.attention_sinks = true;
+  c.output_bias = true;
+  c.expert_biases = true;
+  c.ffn_activation = FfnActivation::kSwigluOai;
+  c.expert_gating = ExpertGating::kSoftmax;
+  c.expert_weights_norm = true;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
@@ -313,10 +341,13 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     ASSIGN_OR_RETURN(const int64_t gating,
                      IntOr(g, p + "expert_gating_func",
                            c.architecture == "glm4moe" ? 2 : 1));
-    if (gating != 1 && gating != 2) {
-      return absl::UnimplementedError(
-          absl::StrCat(g.name(), ": ", p, "expert_gating_func ", gating,
-                       " is not supported (1 softmax, 2 sigmoid are)"));
+    // 3, llama.cpp's softmax over the chosen logits (gpt-oss's), is the
+    // renormalized softmax (set below).
+    if (gating != 1 && gating != 2 && gating != 3) {
+      return absl::UnimplementedError(absl::StrCat(
+          g.name(), ": ", p, "expert_gating_func ", gating,
+          " is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen "
+          "are)"));
     }
     c.expert_gating =
         gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
@@ -339,6 +370,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       ASSIGN_OR_RETURN(c.expert_weights_norm,
                        g.GetBool(p + "expert_weights_norm"));
     }
+    if (gating == 3) c.expert_weights_norm = true;
   }
   ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
@@ -357,13 +389,15 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   c.rope_style =
       c.architecture == "qwen2" || c.architecture == "qwen3" ||
               c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
-              c.architecture == "gemma2" || c.architecture == "gemma3"
+              c.architecture == "gemma2" || c.architecture == "gemma3" ||
+              c.architecture == "gpt-oss"
           ? RopeStyle::kRotateHalf
           : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
   if (c.architecture == "gemma2" || c.architecture == "gemma3") {
     RETURN_IF_ERROR(ReadGemma(g, p, c));
   }
+  if (c.architecture == "gpt-oss") RETURN_IF_ERROR(ReadGptOss(g, p, c));
   if (c.is_mla() && c.rope_scaling.type == RopeScalingType::kYarn) {
     // DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
     // is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and

@@ -105,13 +105,23 @@ std::string ExtrasString(const ModelConfig& c) {
     absl::StrAppend(&out, "rope_theta local ", c.rope_local_theta,
                     " (the sliding-window layers, unscaled)\n");
   }
-  if (c.post_norms || c.ffn_activation != FfnActivation::kSilu ||
+  if (c.post_norms || c.ffn_activation == FfnActivation::kGeluTanh ||
       c.embedding_scale != 1.0f) {
     absl::StrAppendFormat(
         &out, "gemma            embeddings x %g, FFN %s%s\n", c.embedding_scale,
         c.ffn_activation == FfnActivation::kGeluTanh ? "GeGLU (tanh GELU)"
                                                      : "SwiGLU",
         c.post_norms ? ", post-attention and post-FFN norms" : "");
+  }
+  if (c.attention_sinks || c.output_bias || c.expert_biases ||
+      c.ffn_activation == FfnActivation::kSwigluOai) {
+    absl::StrAppend(&out, "gpt-oss          ",
+                    c.attention_sinks ? "attention sinks, " : "",
+                    c.output_bias ? "attention output bias, " : "",
+                    c.expert_biases ? "router and expert biases, " : "",
+                    c.ffn_activation == FfnActivation::kSwigluOai
+                        ? "clamped SwiGLU (limit 7, alpha 1.702)\n"
+                        : "SwiGLU\n");
   }
   if (c.attn_softcap > 0 || c.final_softcap > 0) {
     absl::StrAppendFormat(&out,
@@ -143,16 +153,17 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",       "mistral",     "qwen2",   "qwen3",    "qwen3moe",
-      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe", "deepseek2",
-      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",   "gemma3_text"};
+      "llama",    "mistral",   "qwen2",       "qwen3",
+      "qwen3moe", "qwen3_moe", "mixtral",     "glm4moe",
+      "glm4_moe", "deepseek2", "deepseek_v3", "deepseek_v2",
+      "gemma2",   "gemma3",    "gemma3_text", "gpt-oss"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
-        "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2 and "
-        "gemma3 are; llama with experts is Mixtral)"));
+        "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2, "
+        "gemma3 and gpt-oss are; llama with experts is Mixtral)"));
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :

@@ -20,9 +20,10 @@ namespace shardlm {
 enum class ExpertGating : uint8_t { kSoftmax, kSigmoid };
 
 // The FFN's gate activation: SiLU (SwiGLU: Llama, Qwen, Mistral, the
-// mixtures) or GELU's tanh approximation (GeGLU: Gemma's
-// gelu_pytorch_tanh).
-enum class FfnActivation : uint8_t { kSilu, kGeluTanh };
+// mixtures), GELU's tanh approximation (GeGLU: Gemma's gelu_pytorch_tanh)
+// or gpt-oss's clamped SwiGLU: g = min(gate, 7), out = g sigmoid(1.702 g)
+// (clamp(up, -7, 7) + 1).
+enum class FfnActivation : uint8_t { kSilu, kGeluTanh, kSwigluOai };
 
 struct ModelConfig {
   std::string architecture = "llama";
@@ -111,6 +112,14 @@ struct ModelConfig {
   // final logits.
   float attn_softcap = 0.0f;
   float final_softcap = 0.0f;
+  // gpt-oss: attention sinks (one logit per query head, blk.N.attn_sinks,
+  // in every softmax's denominator), a bias on the attention output
+  // (attn_output.bias), and biases on the router's logits
+  // (ffn_gate_inp.bias) and on every expert's three projections
+  // (ffn_{gate,up,down}_exps.bias).
+  bool attention_sinks = false;
+  bool output_bias = false;
+  bool expert_biases = false;
   // The eps of the q LoRA's and the latent's RMSNorms; 0: rms_norm_eps
   // (llama.cpp's reading; transformers' is 1e-6 whatever rms_norm_eps is).
   float latent_norm_eps = 0.0f;

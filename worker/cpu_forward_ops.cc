@@ -16,6 +16,15 @@
 #include "kernels/swiglu/swiglu.h"
 
 namespace shardlm {
+namespace {
+
+// A host f32 vector's values, or none when it is empty.
+absl::Span<const float> Sinks(const Tensor& sinks) {
+  if (sinks.empty()) return {};
+  return absl::Span<const float>(sinks.data<float>(), sinks.numel());
+}
+
+}  // namespace
 
 absl::Status CpuForwardOps::Embed(const Tensor& table, int64_t vocab_begin,
                                   Tensor& x) {
@@ -46,6 +55,7 @@ absl::Status CpuForwardOps::Attention(const Tensor& q, const KvLayer& cache,
                                       Tensor& out) {
   batch_.window = layer.window;  // Layers differ (Qwen2's max_window_layers).
   batch_.softcap = layer.softcap;
+  batch_.sinks = Sinks(layer.sinks);
   return PagedAttention(q, cache.k, cache.v, batch_, layer.scale, out);
 }
 
@@ -55,13 +65,32 @@ absl::Status CpuForwardOps::AttentionPartial(const Tensor& q,
                                              Tensor& out, Tensor& lse) {
   batch_.window = layer.window;
   batch_.softcap = layer.softcap;
+  batch_.sinks = Sinks(layer.sinks);  // Left to MergeAttention.
   return PagedAttentionPartial(q, cache.k, cache.v, batch_, layer.scale, out,
                                lse);
 }
 
 absl::Status CpuForwardOps::MergeAttention(const Tensor& outs,
-                                           const Tensor& lses, Tensor& out) {
-  return shardlm::MergeAttention(outs, lses, out);
+                                           const Tensor& lses,
+                                           const Tensor& sinks, Tensor& out) {
+  return shardlm::MergeAttention(outs, lses, out, Sinks(sinks));
+}
+
+absl::Status CpuForwardOps::SwiGluOai(const Tensor& gate, const Tensor& up,
+                                      Tensor& out) {
+  RETURN_IF_ERROR(CheckHostF32("SwiGluOai", "gate", gate, gate.shape()));
+  RETURN_IF_ERROR(CheckHostF32("SwiGluOai", "up", up, gate.shape()));
+  RETURN_IF_ERROR(CheckHostF32("SwiGluOai", "out", out, gate.shape()));
+  constexpr float kAlpha = 1.702f, kLimit = 7.0f;
+  const float* g = gate.data<float>();
+  const float* u = up.data<float>();
+  float* o = out.data<float>();
+  for (int64_t i = 0; i < gate.numel(); ++i) {
+    const float x = std::min(g[i], kLimit);
+    const float y = std::clamp(u[i], -kLimit, kLimit);
+    o[i] = x / (1.0f + std::exp(-kAlpha * x)) * (y + 1.0f);
+  }
+  return absl::OkStatus();
 }
 
 namespace {

@@ -36,7 +36,9 @@ class CpuForwardOps : public ForwardOps {
                                 const LayerAttention& layer, Tensor& out,
                                 Tensor& lse) override;
   absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
-                              Tensor& out) override;
+                              const Tensor& sinks, Tensor& out) override;
+  absl::Status SwiGluOai(const Tensor& gate, const Tensor& up,
+                         Tensor& out) override;
   absl::Status HeadLinear(const Tensor& x, int64_t x_offset, const Tensor& w,
                           Tensor& y, int64_t y_offset) override;
   absl::Status CopyHeadColumns(const Tensor& x, int64_t x_offset, int64_t width,

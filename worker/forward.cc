@@ -12,14 +12,16 @@ namespace shardlm {
 
 absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
                                     int64_t offset, const Tensor& post_norm,
-                                    ForwardBuffers& b) const {
+                                    ForwardBuffers& b,
+                                    const Tensor& bias) const {
   Tensor padded;
   if (offset != 0 || w.dim(1) != in_cols.dim(1)) {
     ASSIGN_OR_RETURN(padded, ops.PadColumns(in_cols, offset, w.dim(1)));
   }
   const Tensor& in = padded.empty() ? in_cols : padded;
   if (comms.tp == nullptr && ops.fuses_residual() && post_norm.empty()) {
-    return ops.Linear(in, w, b.x, /*accumulate=*/true);
+    RETURN_IF_ERROR(ops.Linear(in, w, b.x, /*accumulate=*/true));
+    return bias.empty() ? absl::OkStatus() : ops.AddBias(b.x, bias);
   }
   RETURN_IF_ERROR(ops.Linear(in, w, b.partial, false));
   if (comms.tp != nullptr) {
@@ -27,6 +29,7 @@ absl::Status ShardForward::Residual(const Tensor& in_cols, const Tensor& w,
       return comms.tp->AllReduce(b.partial, b.partial, ReduceOp::kSum);
     }));
   }
+  if (!bias.empty()) RETURN_IF_ERROR(ops.AddBias(b.partial, bias));
   return AddNormed(post_norm, b);
 }
 
@@ -41,9 +44,14 @@ absl::Status ShardForward::AddNormed(const Tensor& post_norm,
 
 absl::Status ShardForward::Activation(const Tensor& gate, const Tensor& up,
                                       Tensor& out) const {
-  return weights.config.ffn_activation == FfnActivation::kGeluTanh
-             ? ops.GeGlu(gate, up, out)
-             : ops.SwiGlu(gate, up, out);
+  switch (weights.config.ffn_activation) {
+    case FfnActivation::kGeluTanh:
+      return ops.GeGlu(gate, up, out);
+    case FfnActivation::kSwigluOai:
+      return ops.SwiGluOai(gate, up, out);
+    default:
+      return ops.SwiGlu(gate, up, out);
+  }
 }
 
 absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
@@ -53,6 +61,9 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
   const int64_t n = b.xn.dim(0), f = spec.ffn_end - spec.ffn_begin;
   // The router is replicated: every rank routes every token the same way.
   RETURN_IF_ERROR(ops.Linear(b.xn, w.router, b.router_logits, false));
+  if (!w.router_logit_bias.empty()) {  // gpt-oss.
+    RETURN_IF_ERROR(ops.AddBias(b.router_logits, w.router_logit_bias));
+  }
   ASSIGN_OR_RETURN(const Tensor logits, ops.ToHost(b.router_logits));
   const RouterSpec router{.experts = c.n_experts,
                           .top_k = c.n_experts_used,
@@ -86,6 +97,16 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     RETURN_IF_ERROR(ops.GatherRows(b.xn, rows, x));
     RETURN_IF_ERROR(ops.Linear(x, gate, g, false));
     RETURN_IF_ERROR(ops.Linear(x, up, u, false));
+    // gpt-oss's expert biases: row i of the held experts' (the down one
+    // on one rank of an expert's TP group only).
+    const auto expert_bias = [&](const Tensor& all, Tensor& t) {
+      if (all.empty()) return absl::OkStatus();
+      ASSIGN_OR_RETURN(const Tensor row, all.Rows(i, i + 1));
+      ASSIGN_OR_RETURN(const Tensor bias, row.Reshaped({row.dim(1)}));
+      return ops.AddBias(t, bias);
+    };
+    RETURN_IF_ERROR(expert_bias(w.exp_gate_b, g));
+    RETURN_IF_ERROR(expert_bias(w.exp_up_b, u));
     RETURN_IF_ERROR(Activation(g, u, h));
     Tensor padded;
     if (w.exp_down_offset != 0 || down.dim(1) != f) {
@@ -93,6 +114,7 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
                        ops.PadColumns(h, w.exp_down_offset, down.dim(1)));
     }
     RETURN_IF_ERROR(ops.Linear(padded.empty() ? h : padded, down, y, false));
+    RETURN_IF_ERROR(expert_bias(w.exp_down_b, y));
     RETURN_IF_ERROR(ops.ScatterAddRows(y, rows, routing.weights[e], b.partial));
     if (expert_tokens != nullptr) (*expert_tokens)[i] += m;
   }
@@ -185,7 +207,7 @@ absl::Status ShardForward::Attention(const Tensor& q, const KvLayer& cache,
   RETURN_IF_ERROR(Comm([&] { return comms.cp->AllGather(b.lse, b.cp_lse); }));
   ASSIGN_OR_RETURN(const Tensor outs,
                    b.cp_out.Reshaped({comms.cp->size(), n, heads, d}));
-  return ops.MergeAttention(outs, b.cp_lse, out);
+  return ops.MergeAttention(outs, b.cp_lse, layer.sinks, out);
 }
 
 std::vector<int64_t> SequenceParallel::counts() const {
@@ -332,10 +354,11 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
       }
       const LayerAttention how{.scale = scale,
                                .window = c.LayerWindow(layer),
-                               .softcap = c.attn_softcap};
+                               .softcap = c.attn_softcap,
+                               .sinks = w.sinks};
       RETURN_IF_ERROR(Attention(qa3, cache, how, attn3, b));
       RETURN_IF_ERROR(
-          Residual(attn_rows, w.wo, w.wo_offset, w.post_attn_norm, b));
+          Residual(attn_rows, w.wo, w.wo_offset, w.post_attn_norm, b, w.bo));
     }
     // FFN: x += w_down (silu(w_gate xn) * w_up xn) over this rank's columns
     // (GELU for Gemma, whose sum is normed before the add).

@@ -42,6 +42,9 @@ struct LayerAttention {
   // > 0: every scaled score s becomes softcap * tanh(s / softcap) before
   // the mask and softmax (Gemma 2's attn_logit_softcapping).
   float softcap = 0.0f;
+  // Host f32 [heads held], or empty: gpt-oss's attention sinks, one logit
+  // per query head in its softmax's denominator.
+  Tensor sinks;
 };
 
 // The ops of the forward pass on one backend, bound to one step (its
@@ -81,14 +84,21 @@ class ForwardOps {
         "context parallel attention on this "
         "backend");
   }
+  // `sinks`: LayerAttention::sinks (empty: none), added by the merge.
   virtual absl::Status MergeAttention(const Tensor& outs, const Tensor& lses,
-                                      Tensor& out) {
+                                      const Tensor& sinks, Tensor& out) {
     return absl::UnimplementedError(
         "context parallel attention on this "
         "backend");
   }
   virtual absl::Status SwiGlu(const Tensor& gate, const Tensor& up,
                               Tensor& out) = 0;
+  // gpt-oss's clamped SwiGLU (FfnActivation::kSwigluOai): g = min(gate,
+  // 7), out = g sigmoid(1.702 g) (clamp(up, -7, 7) + 1).
+  virtual absl::Status SwiGluOai(const Tensor& gate, const Tensor& up,
+                                 Tensor& out) {
+    return absl::UnimplementedError("SwiGluOai on this backend");
+  }
   // out = gelu_tanh(gate) * up (Gemma's GeGLU; kernels/swiglu/swiglu.h).
   virtual absl::Status GeGlu(const Tensor& gate, const Tensor& up,
                              Tensor& out) {
@@ -337,8 +347,11 @@ struct ShardForward {
   // x += in w^T, summed over the TP group (then normed by post_norm when
   // it is not empty); w's columns for `in` begin at `offset` (nonzero, or w
   // wider than in, for a slice of whole blocks).
+  // `bias` (gpt-oss's attn_output.bias), when not empty, is added once to
+  // the reduced sum, before post_norm.
   absl::Status Residual(const Tensor& in, const Tensor& w, int64_t offset,
-                        const Tensor& post_norm, ForwardBuffers& b) const;
+                        const Tensor& post_norm, ForwardBuffers& b,
+                        const Tensor& bias = Tensor()) const;
   // x += partial, RMS-normed first by post_norm unless it is empty (Gemma).
   absl::Status AddNormed(const Tensor& post_norm, ForwardBuffers& b) const;
   // out = act(gate) * up, the model's gated FFN activation.

@@ -145,18 +145,46 @@ absl::StatusOr<Tensor> LoadNorm(const WeightSource& source,
 
 // Every tensor of a layer, for counting bytes.
 std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
-  return {&l.attn_norm,    &l.wq,          &l.wk,
-          &l.wv,           &l.bq,          &l.bk,
-          &l.bv,           &l.wo,          &l.ffn_norm,
-          &l.w_gate,       &l.w_up,        &l.w_down,
-          &l.wqkv,         &l.bqkv,        &l.w_gate_up,
-          &l.q_norm,       &l.k_norm,      &l.router,
-          &l.exp_gate,     &l.exp_up,      &l.exp_down,
-          &l.router_bias,  &l.shared_gate, &l.shared_up,
-          &l.shared_down,  &l.wq_a,        &l.q_a_norm,
-          &l.wq_b,         &l.wkv_a,       &l.kv_a_norm,
-          &l.wk_b,         &l.wv_b,        &l.post_attn_norm,
-          &l.post_ffn_norm};
+  return {&l.attn_norm,
+          &l.wq,
+          &l.wk,
+          &l.wv,
+          &l.bq,
+          &l.bk,
+          &l.bv,
+          &l.wo,
+          &l.ffn_norm,
+          &l.w_gate,
+          &l.w_up,
+          &l.w_down,
+          &l.wqkv,
+          &l.bqkv,
+          &l.w_gate_up,
+          &l.q_norm,
+          &l.k_norm,
+          &l.router,
+          &l.exp_gate,
+          &l.exp_up,
+          &l.exp_down,
+          &l.router_bias,
+          &l.shared_gate,
+          &l.shared_up,
+          &l.shared_down,
+          &l.wq_a,
+          &l.q_a_norm,
+          &l.wq_b,
+          &l.wkv_a,
+          &l.kv_a_norm,
+          &l.wk_b,
+          &l.wv_b,
+          &l.post_attn_norm,
+          &l.post_ffn_norm,
+          &l.sinks,
+          &l.bo,
+          &l.router_logit_bias,
+          &l.exp_gate_b,
+          &l.exp_up_b,
+          &l.exp_down_b};
 }
 
 // Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
@@ -521,6 +549,15 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                            {c.hidden, q_dim}, 0, -1, q0, q1));
       l.wo = std::move(wo.w);
       l.wo_offset = wo.offset;
+      if (c.attention_sinks) {
+        ASSIGN_OR_RETURN(
+            l.sinks, LoadVectorSlice(source, p + "attn_sinks.weight", c.n_heads,
+                                     s.head_begin, s.head_end));
+      }
+      if (c.output_bias) {
+        ASSIGN_OR_RETURN(l.bo,
+                         Load(source, p + "attn_output.bias", {c.hidden}));
+      }
     }
     if (c.qk_norm) {
       ASSIGN_OR_RETURN(l.q_norm,
@@ -528,10 +565,10 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       ASSIGN_OR_RETURN(l.k_norm,
                        LoadNorm(source, p + "attn_k_norm.weight", c.head_dim));
     }
-    // llama.cpp names GLM-4.5's FFN norm (transformers'
+    // llama.cpp names GLM-4.5's and gpt-oss's FFN norm (transformers'
     // post_attention_layernorm) post_attention_norm.
     const std::string ffn_norm =
-        c.architecture == "glm4moe" &&
+        (c.architecture == "glm4moe" || c.architecture == "gpt-oss") &&
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";
@@ -563,6 +600,22 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
       if (c.expert_score_bias) {
         ASSIGN_OR_RETURN(l.router_bias,
                          Load(source, p + "exp_probs_b.bias", {c.n_experts}));
+      }
+      if (c.expert_biases) {
+        const int64_t e0 = s.expert_begin, e1 = s.expert_end;
+        ASSIGN_OR_RETURN(l.router_logit_bias,
+                         Load(source, p + "ffn_gate_inp.bias", {c.n_experts}));
+        for (auto [kind, out] : {std::pair{"ffn_gate_exps.bias", &l.exp_gate_b},
+                                 std::pair{"ffn_up_exps.bias", &l.exp_up_b}}) {
+          ASSIGN_OR_RETURN(Slice b,
+                           LoadSlice(source, p + kind, {c.n_experts, f}, e0, e1,
+                                     s.ffn_begin, s.ffn_end));
+          *out = std::move(b.w);
+        }
+        if (s.ffn_begin == 0) {
+          ASSIGN_OR_RETURN(l.exp_down_b, Load(source, p + "ffn_down_exps.bias",
+                                              {c.n_experts, c.hidden}, e0, e1));
+        }
       }
       if (c.n_shared_experts > 0) {
         const int64_t sf = c.SharedFfn();

@@ -52,6 +52,14 @@ struct LlamaLayerWeights {
   // expert_score_bias) and the shared experts' SwiGLU FFN (s = its columns
   // held, ShardSpec::shared_ffn_begin..end), or empty.
   Tensor router_bias;
+  // gpt-oss (ModelConfig::attention_sinks, output_bias, expert_biases), f32,
+  // or empty: the sinks of the heads held [h]; the attention output's bias
+  // [hidden] (replicated, added once after the TP reduction); the router
+  // logits' bias [n_experts]; the held experts' biases, gate and up [e, f]
+  // (their columns held) and down [e, hidden], which only the rank holding
+  // an expert's first columns adds (ShardSpec::ffn_begin 0).
+  Tensor sinks, bo, router_logit_bias;
+  Tensor exp_gate_b, exp_up_b, exp_down_b;
   Tensor shared_gate, shared_up;  // [s, hidden]    column-parallel
   Tensor shared_down;             // [hidden, s (+ padding)] row-parallel
   int64_t shared_down_offset = 0;

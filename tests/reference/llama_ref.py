@@ -33,6 +33,12 @@ Gemma 2 (GGUF gemma2, HF gemma2): Gemma 3's layer without QK-norm, every
 other layer (from the first) local, one RoPE for all, and soft-capping:
 each scaled attention score and each final logit x becomes cap tanh(x /
 cap) (caps attn_softcap and final_softcap).
+gpt-oss (GGUF gpt-oss, llama.cpp's openai-moe graph): every other layer
+(from the first) windowed, NeoX RoPE, Q/K/V and output biases, attention
+sinks (a per-head logit in every softmax's denominator, with no value), a
+mixture whose router logits have a bias, softmax over the k chosen
+logits, experts with biases and the clamped SwiGLU (gate clamped above at
+7, up to [-7, 7], gate * sigmoid(1.702 gate) * (up + 1)).
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -117,6 +123,9 @@ class Config:
     # of the final logits.
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    # gpt-oss's clamped SwiGLU in the experts (Layer.sinks, .bo and the
+    # router and expert biases are per layer).
+    swiglu_oai: bool = False
 
     @property
     def mla(self) -> bool:
@@ -163,6 +172,15 @@ class Layer:
     s_gate: np.ndarray | None = None  # (n_shared*expert_hidden_dim, dim)
     s_up: np.ndarray | None = None    # (n_shared*expert_hidden_dim, dim)
     s_down: np.ndarray | None = None  # (dim, n_shared*expert_hidden_dim)
+    # gpt-oss: attention sinks (n_heads,), the output bias (dim,), the
+    # router's logit bias (n_experts,), the experts' biases (n_experts,
+    # expert_hidden_dim) for gate and up, (n_experts, dim) for down.
+    sinks: np.ndarray | None = None
+    bo: np.ndarray | None = None
+    router_b: np.ndarray | None = None
+    e_gate_b: np.ndarray | None = None
+    e_up_b: np.ndarray | None = None
+    e_down_b: np.ndarray | None = None
     # Multi-head latent attention (Config.mla; wq, wk, wv None but for wq
     # without q_lora_rank), HF's layout:
     wq_a: np.ndarray | None = None       # (q_lora_rank, dim)
@@ -370,10 +388,10 @@ def load_gguf(path: str):
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
-                    "deepseek2", "gemma2", "gemma3"):
+                    "deepseek2", "gemma2", "gemma3", "gpt-oss"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
-                         f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2 or "
-                         f"gemma3")
+                         f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2, "
+                         f"gemma3 or gpt-oss")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -461,6 +479,10 @@ def load_gguf(path: str):
         _gemma3_gguf(cfg, kv)
     if arch == "gemma2":
         _gemma2_gguf(cfg, kv)
+    if arch == "gpt-oss":  # llama.cpp's set_swa_pattern(2), openai-moe.
+        cfg.window_layers = [i % 2 == 0 for i in range(cfg.n_layers)]
+        cfg.swiglu_oai = True
+        cfg.experts_norm = True  # softmax over the chosen logits
     if mla:
         cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
         cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
@@ -504,7 +526,8 @@ def load_gguf(path: str):
     # post_attention_norm in its GGUFs; Gemma 3's post_attention_norm is
     # the norm of the attention's output (HF post_attention_layernorm too),
     # its pre-FFN norm ffn_norm.
-    ffn_norm = "post_attention_norm" if arch == "glm4moe" else "ffn_norm"
+    ffn_norm = ("post_attention_norm" if arch in ("glm4moe", "gpt-oss")
+                else "ffn_norm")
     gemma = arch in ("gemma2", "gemma3")
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
@@ -557,6 +580,12 @@ def load_gguf(path: str):
             s_gate=tensors[p + "ffn_gate_shexp.weight"] if shared else None,
             s_up=tensors[p + "ffn_up_shexp.weight"] if shared else None,
             s_down=tensors[p + "ffn_down_shexp.weight"] if shared else None,
+            sinks=tensors.get(p + "attn_sinks.weight"),
+            bo=tensors.get(p + "attn_output.bias"),
+            router_b=tensors.get(p + "ffn_gate_inp.bias") if moe else None,
+            e_gate_b=tensors.get(p + "ffn_gate_exps.bias") if moe else None,
+            e_up_b=tensors.get(p + "ffn_up_exps.bias") if moe else None,
+            e_down_b=tensors.get(p + "ffn_down_exps.bias") if moe else None,
         ))
     w = Weights(
         tok_embd=tok_embd,
@@ -1002,6 +1031,14 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x / (1.0 + np.exp(-x))
 
 
+def swiglu_oai(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    """gpt-oss's clamped SwiGLU (transformers' GptOssExperts, ggml's
+    swiglu_oai): alpha 1.702, limit 7."""
+    g = np.minimum(gate, 7.0)
+    u = np.clip(up, -7.0, 7.0)
+    return g / (1.0 + np.exp(-1.702 * g)) * (u + 1.0)
+
+
 def gelu_tanh(x: np.ndarray) -> np.ndarray:
     """GELU's tanh approximation (transformers' gelu_pytorch_tanh, ggml's
     gelu)."""
@@ -1172,6 +1209,8 @@ def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
     routing's gap to `gaps` (a list) when given."""
     out = np.zeros_like(h)
     logits = h @ L.router.T                                 # (T, n_experts)
+    if L.router_b is not None:  # gpt-oss
+        logits = logits + L.router_b
     for t in range(h.shape[0]):
         if c.gating == "sigmoid":
             chosen, gap = route_sigmoid(logits[t], L.e_bias, c)
@@ -1181,8 +1220,14 @@ def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
         if gaps is not None:
             gaps.append(gap)
         for e, wt in chosen:
-            y = (silu(L.e_gate[e] @ h[t]) * (L.e_up[e] @ h[t]))
-            out[t] += wt * (L.e_down[e] @ y)
+            g, u = L.e_gate[e] @ h[t], L.e_up[e] @ h[t]
+            if L.e_gate_b is not None:  # gpt-oss
+                g, u = g + L.e_gate_b[e], u + L.e_up_b[e]
+            y = swiglu_oai(g, u) if c.swiglu_oai else silu(g) * u
+            d = L.e_down[e] @ y
+            if L.e_down_b is not None:
+                d = d + L.e_down_b[e]
+            out[t] += wt * d
     if c.n_shared:
         out = out + (silu(h @ L.s_gate.T) * (h @ L.s_up.T)) @ L.s_down.T
     return out
@@ -1344,8 +1389,15 @@ class LlamaRef:
             scores = (q[:, hq, :] @ K[:, hk, :].T) * scale  # (T, S)
             if c.attn_softcap:  # Gemma 2
                 scores = c.attn_softcap * np.tanh(scores / c.attn_softcap)
-            att_out[:, hq, :] = softmax(scores + mask) @ V[:, hk, :]
-        return att_out.reshape(T, -1) @ L.wo.T
+            scores = scores + mask
+            if L.sinks is not None:  # gpt-oss: the sink's column, no value
+                s = np.concatenate(
+                    [scores, np.full((T, 1), L.sinks[hq])], axis=1)
+                att_out[:, hq, :] = softmax(s)[:, :-1] @ V[:, hk, :]
+            else:
+                att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
+        out = att_out.reshape(T, -1) @ L.wo.T
+        return out + L.bo if L.bo is not None else out
 
     def forward(self, tokens) -> np.ndarray:
         """Appends `tokens` to the sequence in the KV cache; returns their

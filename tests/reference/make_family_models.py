@@ -7,7 +7,7 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       deepseek3_fp8|gemma2|gemma3|kquant|qwen3moe_mxfp4
+                                       deepseek3_fp8|gemma2|gemma3|gpt_oss|kquant|qwen3moe_mxfp4
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -98,6 +98,13 @@ layers (an uneven PP split) and head_dim 16:
            MXFP4, quantized by the gguf package as gpt-oss's experts ship
            (GGUF only; hidden 96 and expert FFN 64 are whole 32-value
            blocks, so TP 2 cuts none).
+  gpt_oss  gpt-oss (llama.cpp's gpt-oss, GGUF only): every other layer
+           (0, 2, 4) windowed over 20 positions; Q/K/V and output biases;
+           attention sinks of the scores' size (N(1, 2)); 8 experts, top 2,
+           softmax over the chosen, a router bias, expert biases large
+           enough (gate and up N(0, 4)) that the clamped SwiGLU's limits
+           (gate above 7, up to +-7) bite; experts in F32 (so llama.cpp,
+           whose MXFP4 matmul quantizes activations, compares at 1e-4).
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -220,6 +227,10 @@ FAMILIES = {
                    tied=True, post_norms=True, window=20,
                    query_pre_attn_scalar=32, attn_softcap=ATTN_SOFTCAP,
                    final_softcap=FINAL_SOFTCAP),
+    "gpt_oss": dict(gguf_arch="gpt-oss", hf_type="gpt_oss", pre="qwen2",
+                    formats=("gguf",), theta=150000.0, bias=True, window=20,
+                    experts=8, experts_used=2, expert_ffn=64,
+                    experts_norm=True, oai=True),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -288,6 +299,12 @@ def draw(f: dict, seed: int) -> dict:
                     t[p + f"attn_{n}.bias"] = (
                         0.5 * rng.standard_normal(size)).astype(np.float32)
             t[p + "attn_output.weight"] = lin(h, q)
+            if f.get("oai"):  # gpt-oss: sinks per head, an output bias.
+                t[p + "attn_sinks.weight"] = (
+                    1.0 + 2.0 * rng.standard_normal(f["heads"])
+                ).astype(np.float32)
+                t[p + "attn_output.bias"] = (
+                    0.5 * rng.standard_normal(h)).astype(np.float32)
         if f["qk_norm"]:
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
@@ -308,6 +325,13 @@ def draw(f: dict, seed: int) -> dict:
             if f["gating"] == "sigmoid":  # e_score_correction_bias
                 t[p + "exp_probs_b.bias"] = (
                     0.1 * rng.standard_normal(e)).astype(np.float32)
+            if f.get("oai"):  # gpt-oss's router and expert biases.
+                for name, shape, sd in (("ffn_gate_inp.bias", (e,), 1.0),
+                                        ("ffn_gate_exps.bias", (e, fe), 4.0),
+                                        ("ffn_up_exps.bias", (e, fe), 4.0),
+                                        ("ffn_down_exps.bias", (e, h), 0.5)):
+                    t[p + name] = (sd * rng.standard_normal(shape)).astype(
+                        np.float32)
             if f["shared_experts"]:
                 fs = fe * f["shared_experts"]
                 t[p + "ffn_gate_shexp.weight"] = lin(fs, h)
@@ -447,9 +471,11 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     if s and s["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_freq_factors(f))
     for name, a in t.items():
-        if arch == "glm4moe" and name.endswith(".ffn_norm.weight"):
-            # GLM-4.5's pre-FFN norm (HF post_attention_layernorm) is the
-            # arch's ATTN_POST_NORM in llama.cpp (it has no FFN_NORM).
+        if (arch in ("glm4moe", "gpt-oss")
+                and name.endswith(".ffn_norm.weight")):
+            # GLM-4.5's and gpt-oss's pre-FFN norm (HF post_attention_
+            # layernorm) is the arch's ATTN_POST_NORM in llama.cpp (it has
+            # no FFN_NORM).
             name = name.replace(".ffn_norm.", ".post_attention_norm.")
         if (mla and not f["legacy_kv_b"]
                 and name.endswith(".attn_kv_b.weight")):
