@@ -377,29 +377,43 @@ TEST(SafetensorsLoaderTest, ReadsFamilyFeatures) {
   }
 }
 
-// Gemma 3's text model as transformers' Gemma3TextConfig reads it, in the
-// published configs' keys and in transformers 5's rope_parameters.
-TEST(SafetensorsLoaderTest, ReadsGemma3) {
-  const std::string dir = TestDir();
-  const auto open = [&](const std::map<std::string, std::string>& changes) {
-    auto config = TinyConfig();
-    config.erase("hidden_act");
-    config.erase("tie_word_embeddings");
-    config["model_type"] = R"("gemma3_text")";
-    config["architectures"] = R"(["Gemma3ForCausalLM"])";
-    config["hidden_activation"] = R"("gelu_pytorch_tanh")";
-    config["query_pre_attn_scalar"] = "32";
-    config["sliding_window"] = "16";
-    config["layer_types"] = R"(["sliding_attention", "full_attention"])";
-    for (const auto& [k, v] : changes) {
+// A tiny Gemma folder: TinyConfig() without hidden_act and
+// tie_word_embeddings (Gemma's defaults hold), query_pre_attn_scalar 32, a
+// window of 16, then `family`'s keys, then `changes` (an empty value
+// removes the key).
+absl::StatusOr<std::unique_ptr<WeightSource>> OpenGemma(
+    const std::string& dir, const std::map<std::string, std::string>& family,
+    const std::map<std::string, std::string>& changes) {
+  auto config = TinyConfig();
+  config.erase("hidden_act");
+  config.erase("tie_word_embeddings");
+  config["query_pre_attn_scalar"] = "32";
+  config["sliding_window"] = "16";
+  for (const auto* keys : {&family, &changes}) {
+    for (const auto& [k, v] : *keys) {
       if (v.empty()) {
         config.erase(k);
       } else {
         config[k] = v;
       }
     }
-    WriteTinySafetensors(dir, config);
-    return OpenSafetensorsWeights(dir);
+  }
+  WriteTinySafetensors(dir, config);
+  return OpenSafetensorsWeights(dir);
+}
+
+// Gemma 3's text model as transformers' Gemma3TextConfig reads it, in the
+// published configs' keys and in transformers 5's rope_parameters.
+TEST(SafetensorsLoaderTest, ReadsGemma3) {
+  const std::string dir = TestDir();
+  const auto open = [&](const std::map<std::string, std::string>& changes) {
+    return OpenGemma(
+        dir,
+        {{"model_type", R"("gemma3_text")"},
+         {"architectures", R"(["Gemma3ForCausalLM"])"},
+         {"hidden_activation", R"("gelu_pytorch_tanh")"},
+         {"layer_types", R"(["sliding_attention", "full_attention"])"}},
+        changes);
   };
   for (const bool v5 : {false, true}) {
     SCOPED_TRACE(v5 ? "rope_parameters" : "rope_theta, rope_local_base_freq");
@@ -490,22 +504,10 @@ TEST(SafetensorsLoaderTest, ReadsGemma3) {
 TEST(SafetensorsLoaderTest, ReadsGemma2) {
   const std::string dir = TestDir();
   const auto open = [&](const std::map<std::string, std::string>& changes) {
-    auto config = TinyConfig();
-    config.erase("hidden_act");
-    config.erase("tie_word_embeddings");
-    config["model_type"] = R"("gemma2")";
-    config["architectures"] = R"(["Gemma2ForCausalLM"])";
-    config["query_pre_attn_scalar"] = "32";
-    config["sliding_window"] = "16";
-    for (const auto& [k, v] : changes) {
-      if (v.empty()) {
-        config.erase(k);
-      } else {
-        config[k] = v;
-      }
-    }
-    WriteTinySafetensors(dir, config);
-    return OpenSafetensorsWeights(dir);
+    return OpenGemma(dir,
+                     {{"model_type", R"("gemma2")"},
+                      {"architectures", R"(["Gemma2ForCausalLM"])"}},
+                     changes);
   };
   {
     auto w = open({});
