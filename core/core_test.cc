@@ -79,8 +79,7 @@ TEST(DTypeTest, GgufBlockLayouts) {
         Row{12, "Q4_K", 256, 144}, Row{13, "Q5_K", 256, 176},
         Row{14, "Q6_K", 256, 210}, Row{20, "IQ4_NL", 32, 18},
         Row{23, "IQ4_XS", 256, 136}, Row{39, "MXFP4", 32, 17},
-        Row{0, "F32", 1, 4}, Row{1, "F16", 1, 2},
-        Row{30, "BF16", 1, 2}}) {
+        Row{0, "F32", 1, 4}, Row{1, "F16", 1, 2}, Row{30, "BF16", 1, 2}}) {
     SCOPED_TRACE(r.name);
     absl::StatusOr<DType> t = DTypeFromGgml(r.ggml);
     ASSERT_TRUE(t.ok()) << t.status();

@@ -45,7 +45,7 @@ inline float Half(const uint8_t* p) { return Fp16ToFloat(LoadU16(p)); }
 
 // MXFP4's e2m1 values, doubled (ggml's kvalues_mxfp4; the half goes into
 // the scale: Mxfp4Scale).
-inline constexpr int8_t kMxfp4Values[16] = {0,  1,  2,  3,  4,  6,  8,  12,
+inline constexpr int8_t kMxfp4Values[16] = {0, 1,  2,  3,  4,  6,  8,  12,
                                             0, -1, -2, -3, -4, -6, -8, -12};
 
 // Half of the e8m0 scale 2^(e - 127), as ggml's e8m0_to_fp32_half builds
@@ -362,8 +362,7 @@ struct MXFP4 {
   static constexpr DType kType = DType::kMXFP4;
   static constexpr int kElems = 32, kBytes = 17, kSub = 32, kD = -1, kM = -1;
   static constexpr bool kHasMin = false;
-  static void Scales(const uint8_t* b, float, float, float* scale,
-                     float* min) {
+  static void Scales(const uint8_t* b, float, float, float* scale, float* min) {
     scale[0] = Mxfp4Scale(b[0]);
     min[0] = 0;
   }
@@ -455,8 +454,8 @@ void FillRandomBlocks(DType t, uint8_t* p, int64_t blocks, float scale,
         std::memcpy(p + F::kD, &d, 2);
       } else {  // MXFP4's e: 2^(e - 128) in [k / 8, k), codes up to 12.
         const int e = static_cast<int>(std::floor(std::log2(k))) + 128;
-        p[0] = static_cast<uint8_t>(std::clamp(e - static_cast<int>(rng() % 3),
-                                               0, 255));
+        p[0] = static_cast<uint8_t>(
+            std::clamp(e - static_cast<int>(rng() % 3), 0, 255));
       }
       if constexpr (F::kM >= 0) {
         const uint16_t m =

@@ -107,9 +107,9 @@ class CpuOpsBackend : public OpsBackend {
     return {DType::kF32, DType::kQ8_0, DType::kQ4_K, DType::kQ6_K};
   }
   std::vector<DType> linear_dtypes() const override {
-    return {DType::kF32,   DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
-            DType::kQ5_0,  DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
-            DType::kQ4_K,  DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
+    return {DType::kF32,    DType::kQ8_0, DType::kQ4_0, DType::kQ4_1,
+            DType::kQ5_0,   DType::kQ5_1, DType::kQ2_K, DType::kQ3_K,
+            DType::kQ4_K,   DType::kQ5_K, DType::kQ6_K, DType::kIQ4_NL,
             DType::kIQ4_XS, DType::kMXFP4};
   }
   bool fused_ops() const override { return false; }

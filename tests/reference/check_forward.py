@@ -43,6 +43,7 @@ import numpy as np
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import llama_ref  # noqa: E402
+import llama_ref_hf  # noqa: E402
 import make_synthetic_model  # noqa: E402
 
 GGUF_PROMPTS = [
@@ -144,8 +145,9 @@ class CachedReference:
                 with open(path, "rb") as f:
                     for chunk in iter(lambda: f.read(1 << 22), b""):
                         h.update(chunk)
-            with open(llama_ref.__file__, "rb") as f:
-                h.update(f.read())
+            for module in (llama_ref, llama_ref_hf):
+                with open(module.__file__, "rb") as f:
+                    h.update(f.read())
             h.update(f"numpy {np.__version__} gguf {version('gguf')} "
                      f"kv {self.kv_dtype}".encode())
             self._key = h.hexdigest()[:32]

@@ -132,6 +132,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref  # noqa: E402
+import llama_ref_hf  # noqa: E402
 import make_synthetic_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -685,7 +686,7 @@ def write_fp8_safetensors(path: str, tensors: dict, block: int) -> None:
     ships them) as F8_E4M3 codes, each block x block block scaled to the
     format's range by an F32 weight_scale_inv (the value is code x scale),
     rounded to the nearest code."""
-    values = llama_ref.e4m3_values()
+    values = llama_ref_hf.e4m3_values()
     order = np.argsort(values[~np.isnan(values)], kind="stable")
     finite = np.flatnonzero(~np.isnan(values))[order]
     table = values[finite]

@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import llama_ref  # noqa: E402
+import llama_ref_hf  # noqa: E402
 
 DEFAULT_SEED = 30
 DEFAULT_MIN_MARGIN = 1e-2
@@ -161,7 +162,7 @@ def verify_file(outdir: str, tensors: dict) -> None:
     dtypes numpy has) and with llama_ref's own parser (all dtypes)."""
     from safetensors import safe_open
     path = os.path.join(outdir, "model.safetensors")
-    mine = llama_ref.read_safetensors(path)
+    mine = llama_ref_hf.read_safetensors(path)
     with safe_open(path, framework="numpy") as f:
         assert set(f.keys()) == set(tensors), "tensor names differ"
         for name, (arr, dt) in tensors.items():
