@@ -15,12 +15,12 @@
 // sentence of the grammar, or a run produced no tokens.
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/cpu_name.h"
 #include "coordinator/engine.h"
 #include "core/status.h"
 #include "grammar/grammar_cache.h"
@@ -44,17 +44,6 @@ constexpr const char* kSchema = R"({"type": "object", "properties": {
     "required": ["city"], "additionalProperties": false},
   "born": {"type": "string", "format": "date"}},
   "required": ["name", "age", "address"], "additionalProperties": false})";
-
-std::string CpuName() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      return line.substr(line.find(':') + 2);
-    }
-  }
-  return "unknown CPU";
-}
 
 struct Run {
   std::string name;

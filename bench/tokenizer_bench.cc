@@ -14,12 +14,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "bench/cpu_name.h"
 #include "core/status.h"
 #include "launch/flags.h"
 #include "model/bpe_tokenizer.h"
@@ -32,17 +32,6 @@ namespace shardlm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string CpuName() {
-  std::ifstream f("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("model name", 0) == 0) {
-      return line.substr(line.find(':') + 2);
-    }
-  }
-  return "unknown CPU";
-}
 
 // Deterministic texts of about `bytes` bytes.
 std::string Html(size_t bytes) {
