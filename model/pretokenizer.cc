@@ -110,6 +110,27 @@ size_t Gpt2PieceEnd(const Cursor& c, size_t i) {
   return r;
 }
 
+// \s*[\r\n]+|\s+(?!\S)|\s+ at whitespace `i`, the end of the Llama 3 and
+// o200k regexes.
+size_t WhitespacePieceEnd(const Cursor& c, size_t i) {
+  // [i, r) is the run, `last` its last code point. \s*[\r\n]+: \s* backs
+  // off from the end of the run until [\r\n]+ matches, so the piece ends
+  // just after the run's last CR/LF.
+  const size_t i1 = c.Next(i);
+  size_t last = i;
+  size_t after_newline = c.IsNewline(i) ? i1 : 0;
+  size_t r = i1;
+  while (c.In(r) && c.Class(r) == CharClass::kSpace) {
+    last = r;
+    r = c.Next(r);
+    if (c.IsNewline(last)) after_newline = r;
+  }
+  if (after_newline != 0) return after_newline;
+  // \s+(?!\S)|\s+: as in GPT-2's regex.
+  if (c.In(r) && last != i) return last;
+  return r;
+}
+
 // One piece of the Llama 3 regex (Qwen2's when max_digits is 1) at `i`:
 //   (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|
 //   ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
@@ -154,21 +175,109 @@ size_t Llama3PieceEnd(const Cursor& c, size_t i, size_t max_digits) {
     while (c.In(k) && c.IsNewline(k)) k = c.Next(k);
     return k;
   }
-  // `i` is whitespace; [i, r) is its run, `last` its last code point.
-  // \s*[\r\n]+: \s* backs off from the end of the run until [\r\n]+
-  // matches, so the piece ends just after the run's last CR/LF.
-  size_t last = i;
-  size_t after_newline = c.IsNewline(i) ? i1 : 0;
-  size_t r = i1;
-  while (c.In(r) && c.Class(r) == CharClass::kSpace) {
-    last = r;
-    r = c.Next(r);
-    if (c.IsNewline(last)) after_newline = r;
+  return WhitespacePieceEnd(c, i);
+}
+
+// The o200k regex's two letter sets are Upper, [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}],
+// and Lower, [\p{Ll}\p{Lm}\p{Lo}\p{M}]: caseless letters and marks are in
+// both.
+LetterCase CaseOf(uint32_t cp) {
+  if (cp < 0x80) {
+    if (cp >= 'A' && cp <= 'Z') return LetterCase::kUpper;
+    if (cp >= 'a' && cp <= 'z') return LetterCase::kLower;
+    return LetterCase::kNone;
   }
-  if (after_newline != 0) return after_newline;
-  // \s+(?!\S)|\s+: as in GPT-2's regex.
-  if (c.In(r) && last != i) return last;
-  return r;
+  return LetterCaseOf(cp);
+}
+bool InUpperSet(const Cursor& c, size_t pos) {
+  if (!c.In(pos)) return false;
+  const LetterCase k = CaseOf(c.Cp(pos));
+  return k != LetterCase::kNone && k != LetterCase::kLower;
+}
+bool InLowerSet(const Cursor& c, size_t pos) {
+  if (!c.In(pos)) return false;
+  const LetterCase k = CaseOf(c.Cp(pos));
+  return k != LetterCase::kNone && k != LetterCase::kUpper;
+}
+
+// `end` extended by (?i:'s|'t|'re|'ve|'m|'ll|'d)? (greedy: taken when it
+// matches).
+size_t WithContraction(const Cursor& c, size_t end) {
+  if (!c.In(end)) return end;
+  const size_t after = ContractionEnd(c, end, /*ignore_case=*/true);
+  return after != 0 ? after : end;
+}
+
+// The o200k regex's first word alternative at `s`, Upper*Lower+ and the
+// contraction; 0 when it does not match. Upper* is greedy and backs off one
+// code point at a time until Lower+ matches: after the longest Upper run
+// comes a lower-case letter (Lower+ runs on from there), or Lower+ is the
+// run's last code point that is also in Lower (a caseless letter or a mark)
+// and stops there, since what follows it in the run is upper case.
+size_t O200kUpperLowerEnd(const Cursor& c, size_t s) {
+  size_t a = s;
+  size_t after_last_lower = 0;
+  while (InUpperSet(c, a)) {
+    const size_t next = c.Next(a);
+    if (InLowerSet(c, a)) after_last_lower = next;
+    a = next;
+  }
+  size_t end = after_last_lower;
+  if (InLowerSet(c, a)) {
+    end = c.Next(a);
+    while (InLowerSet(c, end)) end = c.Next(end);
+  }
+  return end == 0 ? 0 : WithContraction(c, end);
+}
+
+// The second word alternative at `s`, Upper+Lower* and the contraction; 0
+// when it does not match.
+size_t O200kUpperEnd(const Cursor& c, size_t s) {
+  if (!InUpperSet(c, s)) return 0;
+  size_t end = c.Next(s);
+  while (InUpperSet(c, end)) end = c.Next(end);
+  while (InLowerSet(c, end)) end = c.Next(end);
+  return WithContraction(c, end);
+}
+
+// One piece of the o200k regex (PreTokenizerKind::kGpt4o) at `i`.
+// Alternatives are tried in regex order, and within the word alternatives
+// the optional prefix is tried taken, then not: a mark is both a possible
+// prefix and a letter of the word.
+size_t Gpt4oPieceEnd(const Cursor& c, size_t i) {
+  const CharClass cls = c.Class(i);
+  const size_t i1 = c.Next(i);
+  // [^\r\n\p{L}\p{N}]? in front of either word alternative.
+  const bool prefix = cls != CharClass::kLetter && cls != CharClass::kNumber &&
+                      !c.IsNewline(i) && c.In(i1);
+  if (prefix) {
+    if (const size_t end = O200kUpperLowerEnd(c, i1)) return end;
+  }
+  if (const size_t end = O200kUpperLowerEnd(c, i)) return end;
+  if (prefix) {
+    if (const size_t end = O200kUpperEnd(c, i1)) return end;
+  }
+  if (const size_t end = O200kUpperEnd(c, i)) return end;
+  // \p{N}{1,3}
+  if (cls == CharClass::kNumber) {
+    size_t k = i1;
+    for (int n = 1; n < 3 && c.In(k) && c.Class(k) == CharClass::kNumber; ++n) {
+      k = c.Next(k);
+    }
+    return k;
+  }
+  // ' ?[^\s\p{L}\p{N}]+[\r\n/]*': as Llama 3's, with '/' among what
+  // may follow the run.
+  size_t j = i;
+  if (c.Cp(i) == ' ' && c.In(i1) && c.Class(i1) == CharClass::kOther) j = i1;
+  if (c.Class(j) == CharClass::kOther) {
+    size_t k = c.Next(j);
+    while (c.In(k) && c.Class(k) == CharClass::kOther) k = c.Next(k);
+    while (c.In(k) && (c.IsNewline(k) || c.Cp(k) == '/')) k = c.Next(k);
+    return k;
+  }
+  // \s*[\r\n]+|\s+(?!\S)|\s+: as Llama 3's.
+  return WhitespacePieceEnd(c, i);
 }
 
 }  // namespace
@@ -183,6 +292,8 @@ const char* PreTokenizerName(PreTokenizerKind kind) {
       return "llama3";
     case PreTokenizerKind::kQwen2:
       return "qwen2";
+    case PreTokenizerKind::kGpt4o:
+      return "gpt-4o";
   }
   return "?";
 }
@@ -242,6 +353,9 @@ void ForEachPiece(std::string_view text, PreTokenizerKind kind,
         break;
       case PreTokenizerKind::kQwen2:
         end = Llama3PieceEnd(cursor, i, /*max_digits=*/1);
+        break;
+      case PreTokenizerKind::kGpt4o:
+        end = Gpt4oPieceEnd(cursor, i);
         break;
       case PreTokenizerKind::kSmollm:
         // Each number code point is a piece of its own; the GPT-2 regex

@@ -27,6 +27,15 @@ enum class PreTokenizerKind {
   // Qwen2 / Qwen2.5 (llama.cpp "qwen2"): the Llama 3 regex with \p{N}
   // (single numbers) in place of \p{N}{1,3}.
   kQwen2,
+  // o200k (tiktoken's o200k_base and o200k_harmony: GPT-4o, gpt-oss;
+  // llama.cpp "gpt-4o"): words split where lower case turns to upper, with
+  // the contraction kept on the word, and '/' after punctuation:
+  //   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*
+  //     [\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+  //   [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+
+  //     [\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|
+  //   \p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+
+  kGpt4o,
 };
 
 inline constexpr uint32_t kInvalidCodePointBase = 0x110000;

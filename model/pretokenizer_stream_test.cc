@@ -218,6 +218,9 @@ void OldPreTokenize(std::string_view text, PreTokenizerKind kind,
     case PreTokenizerKind::kQwen2:
       SplitLlama3(cps, text, /*max_digits=*/1, pieces);
       return;
+    case PreTokenizerKind::kGpt4o:  // Written streaming from the start.
+      ADD_FAILURE() << "no whole-text implementation of gpt-4o";
+      return;
     case PreTokenizerKind::kSmollm:
       break;
   }

@@ -162,13 +162,16 @@ absl::StatusOr<BpeConfig> BpeConfigFromGguf(const GgufFile& gguf) {
   } else if (pre == "qwen2") {
     config.pre = PreTokenizerKind::kQwen2;
     config.nfc = true;
+  } else if (pre == "gpt-4o" || pre == "llama4") {
+    // o200k (gpt-oss, Llama 4): merges apply as they are, no BOS by default.
+    config.pre = PreTokenizerKind::kGpt4o;
   } else {
     // llama.cpp's "default" and the other models' regexes differ from
     // these; guessing would tokenize plausibly but wrongly.
     return absl::UnimplementedError(
         absl::StrCat("tokenizer.ggml.pre '", Sv(pre),
                      "' is not supported (smollm, gpt2, llama-bpe, llama3, "
-                     "llama-v3, qwen2 are)"));
+                     "llama-v3, qwen2, gpt-4o, llama4 are)"));
   }
   ASSIGN_OR_RETURN(std::vector<std::string_view> tokens,
                    gguf.GetStringArray("tokenizer.ggml.tokens"));

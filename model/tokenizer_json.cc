@@ -70,6 +70,8 @@ constexpr std::string_view kLlama3Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 constexpr std::string_view kQwen2Pattern =
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr std::string_view kGpt4oPattern =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
 
 // Split(Regex(pattern), behavior Isolated, invert false) with one of the
 // known patterns.
@@ -90,15 +92,16 @@ absl::StatusOr<PreTokenizerKind> ParseSplit(const Json& j) {
   const std::string& text = regex->get_ref<const std::string&>();
   if (text == kLlama3Pattern) return PreTokenizerKind::kLlama3;
   if (text == kQwen2Pattern) return PreTokenizerKind::kQwen2;
+  if (text == kGpt4oPattern) return PreTokenizerKind::kGpt4o;
   return absl::UnimplementedError(
       absl::StrCat("tokenizer.json: Split regex ", Json(text).dump(),
-                   " is not one we "
-                   "implement (Llama 3's or Qwen2's)"));
+                   " is not one we implement (Llama 3's, Qwen2's or "
+                   "o200k's)"));
 }
 
 // ByteLevel -> gpt2; Sequence[Digits(individual_digits), ByteLevel] ->
-// smollm; Sequence[Split(Regex llama3 or qwen2), ByteLevel(use_regex=false)]
-// -> llama3 or qwen2; anything else is not supported.
+// smollm; Sequence[Split(Regex), ByteLevel(use_regex=false)] -> llama3,
+// qwen2 or gpt-4o by the regex; anything else is not supported.
 absl::StatusOr<PreTokenizerKind> ParsePreTokenizer(const Json& root) {
   auto it = root.find("pre_tokenizer");
   if (it == root.end() || !it->is_object()) {

@@ -208,6 +208,61 @@ TEST(PreTokenizerTest, Qwen2SplitsSingleNumbers) {
             (Pieces{"We", "'Re", "  \r\n\r\n", " ", " x"}));
 }
 
+// Expected pieces from Hugging Face tokenizers' Split(Regex(o200k),
+// "isolated") on the same strings.
+TEST(PreTokenizerTest, Gpt4oSplitsAtCaseChanges) {
+  const auto k = PreTokenizerKind::kGpt4o;
+  EXPECT_EQ(Split("HelloWorld XMLHttpRequest iPhone", k),
+            (Pieces{"Hello", "World", " XMLHttp", "Request", " i", "Phone"}));
+  // Contractions stay on their word, in any case ('ſ folds to 's).
+  EXPECT_EQ(Split("I'LL don't We'Re they'RE", k),
+            (Pieces{"I'LL", " don't", " We'Re", " they'RE"}));
+  EXPECT_EQ(Split("ABC'sx", k), (Pieces{"ABC's", "x"}));
+  EXPECT_EQ(Split("x'\xC5\xBFt", k), (Pieces{"x'\xC5\xBF", "t"}));
+  EXPECT_EQ(Split("'s 't", k), (Pieces{"'s", " '", "t"}));
+  // Title case (U+01C5) is upper; modifier letters (U+02B0) are in both
+  // sets, so "A\u02B0B" ends its first word after U+02B0.
+  EXPECT_EQ(Split("\xC7\x85ungla \xCA\xB0"
+                  "ab A\xCA\xB0"
+                  "B",
+                  k),
+            (Pieces{"\xC7\x85ungla",
+                    " \xCA\xB0"
+                    "ab",
+                    " A\xCA\xB0", "B"}));
+  // A mark (U+0301) is a word of its own before upper case, and joins
+  // punctuation in front of a word.
+  EXPECT_EQ(Split("\xCC\x81"
+                  "AB",
+                  k),
+            (Pieces{"\xCC\x81", "AB"}));
+  EXPECT_EQ(Split(" \xCC\x81"
+                  "AB",
+                  k),
+            (Pieces{" \xCC\x81", "AB"}));
+  EXPECT_EQ(Split("!\xCC\x81"
+                  "ab",
+                  k),
+            (Pieces{"!\xCC\x81"
+                    "ab"}));
+  // Punctuation takes the newlines and slashes after it.
+  EXPECT_EQ(Split("a/b !/\n/x ://", k),
+            (Pieces{"a", "/b", " !/\n/", "x", " ://"}));
+  EXPECT_EQ(Split("abc1234567def", k),
+            (Pieces{"abc", "123", "456", "7", "def"}));
+  EXPECT_EQ(Split("Hello  world\n\n", k),
+            (Pieces{"Hello", " ", " world", "\n\n"}));
+  EXPECT_EQ(Split("\xC3\x89"
+                  "COLE \xC3\xA9"
+                  "cole",
+                  k),
+            (Pieces{"\xC3\x89"
+                    "COLE",
+                    " \xC3\xA9"
+                    "cole"}));  // ÉCOLE école
+  EXPECT_EQ(Split("", k), Pieces{});
+}
+
 TEST(PreTokenizerTest, PiecesCoverTheText) {
   std::mt19937 rng(11);
   const std::vector<std::string> atoms = {"a",
@@ -229,13 +284,17 @@ TEST(PreTokenizerTest, PiecesCoverTheText) {
                                           "\xE4\xB8\xAD",
                                           "\xF0\x9F\x98\x80",
                                           "\xFF",
-                                          "\xC5\xBF"};
+                                          "\xC5\xBF",
+                                          "\xCC\x81",
+                                          "\xC7\x85",
+                                          "/"};
   for (int round = 0; round < 2000; ++round) {
     std::string text;
     for (int n = rng() % 12; n > 0; --n) text += atoms[rng() % atoms.size()];
     for (PreTokenizerKind kind :
          {PreTokenizerKind::kGpt2, PreTokenizerKind::kSmollm,
-          PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2}) {
+          PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2,
+          PreTokenizerKind::kGpt4o}) {
       std::string joined;
       for (std::string_view piece : Split(text, kind)) {
         EXPECT_FALSE(piece.empty()) << PreTokenizerName(kind);
@@ -320,7 +379,9 @@ TEST(LiteralTrieTest, LongestPrefixAsAScanFindsIt) {
       const LiteralTrie::Match got = trie.LongestPrefix(rest);
       ASSERT_EQ(got.value, want) << "round " << round << " at " << at;
       ASSERT_EQ(got.size, want_size);
-      if (!rest.empty() && !trie.MayStartWith(rest[0])) ASSERT_EQ(want, -1);
+      if (!rest.empty() && !trie.MayStartWith(rest[0])) {
+        ASSERT_EQ(want, -1);
+      }
     }
   }
   const LiteralTrie empty;

@@ -28,7 +28,8 @@ using shardlm::PreTokenizerKind;
 
 constexpr PreTokenizerKind kKinds[] = {
     PreTokenizerKind::kSmollm, PreTokenizerKind::kGpt2,
-    PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2};
+    PreTokenizerKind::kLlama3, PreTokenizerKind::kQwen2,
+    PreTokenizerKind::kGpt4o};
 
 [[noreturn]] void Fail(const std::string& what) {
   std::fprintf(stderr, "fuzz_tokenizer_roundtrip: %s (set SHARDLM_MODEL)\n",

@@ -21,7 +21,10 @@ Families and files:
           tokenizer.json the reference writes (Split + a BOS template)
   qwen2   the same vocabulary plus Qwen2.5's special tokens: GGUF (pre
           qwen2) and tokenizer.json (NFC normalizer)
-Real Llama 3 / Qwen2 vocabularies are not available offline; the regexes
+  gpt-4o  the same vocabulary plus gpt-oss's harmony tokens: GGUF (pre
+          gpt-4o, as gpt-oss GGUFs have it) and tokenizer.json (the o200k
+          Split regex)
+Real Llama 3 / Qwen2 / o200k vocabularies are not available offline; the regexes
 are what differs, and random strings drawn from the characters that tell
 them apart check the pieces. Our NFC is also compared with Python's
 unicodedata on every code point.
@@ -148,6 +151,21 @@ STRINGS += [
     "<|im_start|>system\nYou are Qwen.<|im_end|>\n<tool_call>\n"
     "{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>",
 ]
+# What tells o200k (gpt-4o) apart: words split where lower case turns to
+# upper, contractions kept on the word, title case, modifier letters and
+# marks in both letter sets, '/' after punctuation.
+STRINGS += [
+    "HelloWorld XMLHttpRequest iPhone camelCaseName snake_case_name",
+    "I'LL don't We'Re they'RE ABC'sx x'\u017ft",
+    "\u01c5ungla \u02b0ab A\u02b0B \u00c9COLE \u00e9cole",
+    "\u0301AB !\u0301ab  \u0301AB e\u0301E\u0301e",
+    "a/b !/\n/x :// https://x.org/a/b?c=d",
+    "<|start|>user<|message|>What is 2+2?<|end|><|start|>assistant"
+    "<|channel|>analysis<|message|>Simple.<|end|><|start|>assistant"
+    "<|channel|>final<|message|>4<|return|>",
+    "<|start|>assistant to=functions.get_weather<|channel|>commentary "
+    "<|constrain|>json<|message|>{\"city\": \"Paris\"}<|call|>",
+]
 
 # SmolLM2's vocabulary has no token for 21 bytes (e.g. 0x04, 0x13, 0xC0):
 # HF (and llama.cpp) drop them, so these do not decode back to themselves.
@@ -180,6 +198,7 @@ ATOMS = [
     "\r", "\n", "\r\n", "\u00a0", "\u3000", "!", "?", ".", ",", "-", "(",
     "\"", "中文", "😀", "²", "٣", "Ⅻ", "é", "e\u0301", "\u0301", "\u0323",
     "A\u030a", "\u212b", "\u1100\u1161", "\u11a8", "Ａ", "ß",
+    "Hello", "XML", "iPhone", "\u01c5", "\u02b0", "/", "\u00c9", "'s",
 ]
 RANDOM_STRINGS = 1000
 
@@ -189,6 +208,9 @@ LLAMA3_SPECIALS = [(t, CONTROL) for t in (
     "<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
     "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>",
     "<|python_tag|>")]
+HARMONY_SPECIALS = [(t, CONTROL) for t in (
+    "<|startoftext|>", "<|return|>", "<|constrain|>", "<|channel|>",
+    "<|start|>", "<|end|>", "<|message|>", "<|call|>")]
 QWEN2_SPECIALS = [("<|object_ref_start|>", CONTROL),
                   ("<|vision_start|>", CONTROL), ("<|fim_prefix|>", CONTROL),
                   ("<tool_call>", USER_DEFINED), ("</tool_call>", USER_DEFINED)]
@@ -386,13 +408,18 @@ def main():
     extra = [a + b for a, b in EXTRA_MERGES]
     fmerges = list(merges) + [f"{a} {b}" for a, b in EXTRA_MERGES]
     for fam, specials in [("llama3", LLAMA3_SPECIALS),
-                          ("qwen2", QWEN2_SPECIALS)]:
+                          ("qwen2", QWEN2_SPECIALS),
+                          ("gpt-4o", HARMONY_SPECIALS)]:
         ftokens = list(tokens) + extra + [t for t, _ in specials]
         ftypes = list(types) + [1] * len(extra) + [ty for _, ty in specials]
         if fam == "llama3":
             bos = ftokens.index("<|begin_of_text|>")
             eos = ftokens.index("<|eot_id|>")
             ggufs = [("llama-bpe", None, True), ("llama3", False, False)]
+        elif fam == "gpt-4o":  # gpt-oss GGUFs: no add_bos_token key.
+            bos = ftokens.index("<|startoftext|>")
+            eos = ftokens.index("<|return|>")
+            ggufs = [("gpt-4o", None, False)]
         else:  # Qwen2.5 GGUFs: BOS <|endoftext|>, not added.
             bos, eos = ftokens.index("<|endoftext|>"), ftokens.index("<|im_end|>")
             ggufs = [("qwen2", False, False)]
@@ -425,8 +452,10 @@ def main():
     ftypes = list(types) + [1] * len(extra) + [ty for _, ty in LLAMA3_SPECIALS]
     llama3_gpt2 = hf_tokenizer.build(ftokens, fmerges, ftypes, "gpt2")
     llama3_qwen2 = hf_tokenizer.build(ftokens, fmerges, ftypes, "qwen2")
+    llama3_gpt4o = hf_tokenizer.build(ftokens, fmerges, ftypes, "gpt-4o")
     for what, a, b in [("llama3 from gpt2", llama3, llama3_gpt2),
-                       ("llama3 from qwen2", llama3, llama3_qwen2)]:
+                       ("llama3 from qwen2", llama3, llama3_qwen2),
+                       ("gpt-4o from llama3", llama3_gpt4o, llama3)]:
         n = sum(a.encode(s, add_special_tokens=False).ids !=
                 b.encode(s, add_special_tokens=False).ids for s in strings)
         print(f"{n} of {len(strings)} strings tell {what}")

@@ -14,6 +14,8 @@ tokenizer.json files have it:
   llama-v3)  llama.cpp
   qwen2      Split(Regex(QWEN2_PATTERN), "isolated"), then
              ByteLevel(use_regex=False), after an NFC normalizer
+  gpt-4o     Split(Regex(GPT4O_PATTERN), "isolated"), then
+  (llama4)   ByteLevel(use_regex=False); merges as they are (llama.cpp)
 Control tokens (token_type 3, e.g. <|im_start|>) and user-defined tokens
 (type 4) are added as special tokens so they are matched whole in the input
 text. When the GGUF asks for BOS (`tokenizer.ggml.add_bos_token`, default
@@ -35,16 +37,29 @@ LLAMA3_PATTERN = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
     r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_PATTERN = LLAMA3_PATTERN.replace(r"\p{N}{1,3}", r"\p{N}")
+# tiktoken's o200k_base / o200k_harmony (GPT-4o, gpt-oss), as gpt-oss's
+# tokenizer.json writes it.
+GPT4O_PATTERN = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+"
+    r"[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|"
+    r"\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 LLAMA3_NAMES = ("llama-bpe", "llama3", "llama-v3")
-PRE_NAMES = ("smollm", "gpt2", "qwen2") + LLAMA3_NAMES
+GPT4O_NAMES = ("gpt-4o", "llama4")
+PRE_NAMES = ("smollm", "gpt2", "qwen2") + LLAMA3_NAMES + GPT4O_NAMES
+PATTERNS = {"llama3": LLAMA3_PATTERN, "qwen2": QWEN2_PATTERN,
+            "gpt-4o": GPT4O_PATTERN}
 
 
 def family(pre: str) -> str:
     """The pre-tokenizer family of a tokenizer.ggml.pre value."""
     if pre not in PRE_NAMES:
         raise ValueError(f"tokenizer.ggml.pre {pre!r} is not one of {PRE_NAMES}")
-    return "llama3" if pre in LLAMA3_NAMES else pre
+    if pre in LLAMA3_NAMES:
+        return "llama3"
+    return "gpt-4o" if pre in GPT4O_NAMES else pre
 
 
 def default_add_bos(pre: str) -> bool:
@@ -68,8 +83,7 @@ def build(tokens, merges, types, pre, add_bos=False, bos_id=None):
         if fam == "smollm":
             steps.insert(0, pre_tokenizers.Digits(individual_digits=True))
     else:
-        pattern = LLAMA3_PATTERN if fam == "llama3" else QWEN2_PATTERN
-        steps = [pre_tokenizers.Split(Regex(pattern), "isolated"),
+        steps = [pre_tokenizers.Split(Regex(PATTERNS[fam]), "isolated"),
                  pre_tokenizers.ByteLevel(add_prefix_space=False,
                                           use_regex=False)]
     tk.pre_tokenizer = pre_tokenizers.Sequence(steps)
