@@ -40,7 +40,7 @@ std::string RopeScalingString(const RopeScaling& s) {
     case RopeScalingType::kYarn:
       absl::StrAppend(&out, " (factor ", s.factor, ", original context ",
                       s.original_context, ", beta ", s.beta_fast, "/",
-                      s.beta_slow, ")");
+                      s.beta_slow, s.truncate ? "" : ", not truncated", ")");
       break;
     case RopeScalingType::kDynamic:
       absl::StrAppend(&out, " NTK, static (factor ", s.factor,
@@ -153,10 +153,10 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",    "mistral",   "qwen2",       "qwen3",
-      "qwen3moe", "qwen3_moe", "mixtral",     "glm4moe",
-      "glm4_moe", "deepseek2", "deepseek_v3", "deepseek_v2",
-      "gemma2",   "gemma3",    "gemma3_text", "gpt-oss"};
+      "llama",       "mistral",     "qwen2",   "qwen3",    "qwen3moe",
+      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe", "deepseek2",
+      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",   "gemma3_text",
+      "gpt-oss",     "gpt_oss"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -146,13 +146,16 @@ RopeTable MakeRopeTable(RopeStyle style, float theta, int64_t head_dim,
       break;
     }
     case RopeScalingType::kYarn: {
-      const double low =
-          std::max(0.0, std::floor(CorrectionDim(s.beta_fast, head_dim, base,
-                                                 s.original_context)));
+      double low =
+          CorrectionDim(s.beta_fast, head_dim, base, s.original_context);
       double high =
-          std::min(static_cast<double>(head_dim - 1),
-                   std::ceil(CorrectionDim(s.beta_slow, head_dim, base,
-                                           s.original_context)));
+          CorrectionDim(s.beta_slow, head_dim, base, s.original_context);
+      if (s.truncate) {
+        low = std::floor(low);
+        high = std::ceil(high);
+      }
+      low = std::max(0.0, low);
+      high = std::min(static_cast<double>(head_dim - 1), high);
       if (high == low) high += 0.001;
       for (int64_t k = 0; k < half; ++k) {
         // 1 keeps the trained frequency (fast rotations), 0 interpolates.

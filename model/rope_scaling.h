@@ -46,6 +46,10 @@ struct RopeScaling {
   double high_freq_factor = 4.0;
   double beta_fast = 32.0;  // yarn: the correction range, in rotations.
   double beta_slow = 1.0;
+  // yarn: the correction range rounded out to whole dimensions (floor,
+  // ceil), as llama.cpp and transformers by default do; gpt-oss's config
+  // says truncate false, keeping it fractional.
+  bool truncate = true;
   double attention_factor = 0.0;  // yarn; 0: 0.1 ln(factor) + 1.
   // Divisors of the head's frequencies, one per pair, as llama.cpp's
   // converter stores llama3 scaling (the GGUF tensor rope_freqs.weight);

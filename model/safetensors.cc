@@ -249,14 +249,13 @@ absl::StatusOr<RopeScaling> ReadRopeScaling(const Json& j,
     ASSIGN_OR_RETURN(s.beta_fast, r.Float("beta_fast", 32.0));
     ASSIGN_OR_RETURN(s.beta_slow, r.Float("beta_slow", 1.0));
     ASSIGN_OR_RETURN(s.attention_factor, r.Float("attention_factor", 0.0));
-    // DeepSeek's variant and the untruncated ramp change the math.
+    // DeepSeek's variant changes the math.
     for (const char* key : {"mscale", "mscale_all_dim"}) {
       if (r.Has(key) && !deepseek) {
         return r.Error(key, "is set; it is not supported");
       }
     }
-    ASSIGN_OR_RETURN(const bool truncate, r.Bool("truncate", true));
-    if (!truncate) return r.Error("truncate", "= false is not supported");
+    ASSIGN_OR_RETURN(s.truncate, r.Bool("truncate", true));
   }
   return s;
 }
@@ -287,7 +286,9 @@ absl::Status ReadLayerTypes(const Json& j, const ConfigReader& r,
 // quantization_config: FP8 weights in square blocks, each F8_E4M3 weight
 // with a weight_scale_inv of one scale per block (DeepSeek V3's and Kimi
 // K2's "fp8", e4m3, weight_block_size [128, 128]); dequantized at load.
-// Other methods (GPTQ, AWQ, bitsandbytes, ...) are refused by name.
+// gpt-oss's "mxfp4" (its experts' _blocks and _scales, read in their
+// blocks). Other methods (GPTQ, AWQ, bitsandbytes, ...) are refused by
+// name.
 absl::Status ReadFp8Config(const Json& j, const ConfigReader& r,
                            ModelConfig& c) {
   const Json& q = j.at("quantization_config");
@@ -296,11 +297,15 @@ absl::Status ReadFp8Config(const Json& j, const ConfigReader& r,
   }
   const ConfigReader qr(q, absl::StrCat(r.path(), " quantization_config"));
   ASSIGN_OR_RETURN(const std::string method, qr.String("quant_method", ""));
+  if (method == "mxfp4" && c.architecture == "gpt_oss") {
+    return absl::OkStatus();
+  }
   if (method != "fp8") {
     return qr.Error("quant_method",
                     absl::StrCat("= '", method,
-                                 "'; only 'fp8' checkpoints are read (convert "
-                                 "others to GGUF or to bf16)"));
+                                 "'; only 'fp8' checkpoints (and gpt-oss's "
+                                 "'mxfp4') are read (convert others to GGUF "
+                                 "or to bf16)"));
   }
   ASSIGN_OR_RETURN(const std::string fmt, qr.String("fmt", "e4m3"));
   if (fmt != "e4m3") {
@@ -475,6 +480,50 @@ absl::Status ReadGemmaWindow(const Json& j, const ConfigReader& r,
   if (r.Has("layer_types")) RETURN_IF_ERROR(ReadLayerTypes(j, r, layers));
   if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
     return absl::OkStatus();  // No layer slides.
+  }
+  if (window < 1) return r.Error("sliding_window", "is below 1");
+  c.sliding_window = window;
+  if (std::find(layers.begin(), layers.end(), false) != layers.end()) {
+    c.window_layers = std::move(layers);
+  }
+  return absl::OkStatus();
+}
+
+// gpt-oss (transformers' GptOssConfig): experts of intermediate_size
+// columns with biases and the clamped SwiGLU (swiglu_limit 7 only), routed
+// by top-k over the router's logits (with a bias), then a softmax over the
+// chosen; Q/K/V and output biases; a sink per head; layer_types (default:
+// even layers sliding) over sliding_window (default 128).
+absl::Status ReadGptOss(const Json& j, const ConfigReader& r, ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.n_experts, r.Int("num_local_experts", 128));
+  const char* used_key = r.Has("num_experts_per_tok") ? "num_experts_per_tok"
+                                                      : "experts_per_token";
+  ASSIGN_OR_RETURN(c.n_experts_used, r.Int(used_key, 4));
+  c.expert_ffn_hidden = c.ffn_hidden;
+  c.expert_gating = ExpertGating::kSoftmax;
+  c.expert_weights_norm = true;
+  ASSIGN_OR_RETURN(const double limit, r.Float("swiglu_limit", 7.0));
+  if (limit != 7.0) {
+    return r.Error("swiglu_limit", absl::StrCat("= ", limit,
+                                                "; only gpt-oss's 7 is "
+                                                "supported"));
+  }
+  ASSIGN_OR_RETURN(const bool bias, r.Bool("attention_bias", true));
+  if (!bias) {
+    return r.Error("attention_bias", "is false; gpt-oss has biases");
+  }
+  c.attention_bias = true;
+  c.output_bias = true;
+  c.attention_sinks = true;
+  c.expert_biases = true;
+  c.ffn_activation = FfnActivation::kSwigluOai;
+  if (c.n_layers < 1 || c.n_layers > 1024) return absl::OkStatus();
+  std::vector<bool> layers(c.n_layers);
+  for (int64_t l = 0; l < c.n_layers; ++l) layers[l] = l % 2 == 0;
+  if (r.Has("layer_types")) RETURN_IF_ERROR(ReadLayerTypes(j, r, layers));
+  ASSIGN_OR_RETURN(const int64_t window, r.Int("sliding_window", 128));
+  if (std::find(layers.begin(), layers.end(), true) == layers.end()) {
+    return absl::OkStatus();
   }
   if (window < 1) return r.Error("sliding_window", "is below 1");
   c.sliding_window = window;
@@ -674,6 +723,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "DeepseekV2ForCausalLM") model_type = "deepseek_v2";
       if (arch == "Gemma2ForCausalLM") model_type = "gemma2";
       if (arch == "Gemma3ForCausalLM") model_type = "gemma3_text";
+      if (arch == "GptOssForCausalLM") model_type = "gpt_oss";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -757,6 +807,8 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     RETURN_IF_ERROR(ReadQwen2Window(j, r, c));
   } else if (gemma) {
     RETURN_IF_ERROR(ReadGemma(j, r, c));
+  } else if (c.architecture == "gpt_oss") {
+    RETURN_IF_ERROR(ReadGptOss(j, r, c));
   } else if (r.Has("sliding_window")) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }
@@ -804,12 +856,14 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
   // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
-  c.attention_bias = c.architecture == "qwen2";
+  // gpt-oss on all four and its experts (ReadGptOss).
+  const bool gpt_oss = c.architecture == "gpt_oss";
+  if (!gpt_oss) c.attention_bias = c.architecture == "qwen2";
   if (c.architecture == "glm4_moe") {
     ASSIGN_OR_RETURN(c.attention_bias, r.Bool("attention_bias", false));
   }
   for (const char* bias : {"attention_bias", "mlp_bias"}) {
-    if (c.architecture == "glm4_moe" &&
+    if ((c.architecture == "glm4_moe" || gpt_oss) &&
         bias == std::string_view("attention_bias")) {
       continue;
     }
@@ -868,6 +922,22 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
       {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
       {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
       {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
+      // gpt-oss: sinks, the output bias, the router, and the experts as
+      // its folders ship them (MXFP4 _blocks and _scales, gate and up
+      // interleaved by row; worker/llama_weights.cc reads them), or
+      // dequantized ([experts, in, out]).
+      {"self_attn.sinks", "attn_sinks.weight"},
+      {"self_attn.o_proj.bias", "attn_output.bias"},
+      {"mlp.router.weight", "ffn_gate_inp.weight"},
+      {"mlp.router.bias", "ffn_gate_inp.bias"},
+      {"mlp.experts.gate_up_proj_blocks", "ffn_gate_up_exps.blocks"},
+      {"mlp.experts.gate_up_proj_scales", "ffn_gate_up_exps.scales"},
+      {"mlp.experts.gate_up_proj_bias", "ffn_gate_up_exps.bias"},
+      {"mlp.experts.down_proj_blocks", "ffn_down_exps.blocks"},
+      {"mlp.experts.down_proj_scales", "ffn_down_exps.scales"},
+      {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
+      {"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight_t"},
+      {"mlp.experts.down_proj", "ffn_down_exps.weight_t"},
   };
   // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
   // per-expert names llama.cpp's older Mixtral files use).
@@ -1092,7 +1162,13 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
     } else {
       canonical = CanonicalName(name, config.post_norms);
     }
-    if (!dtype->dtype.has_value()) {
+    // gpt-oss's MXFP4 experts: raw bytes, repacked by the loader.
+    const bool mxfp4_part =
+        canonical.has_value() && dtype_name == "U8" &&
+        (canonical->ends_with(".blocks") || canonical->ends_with(".scales"));
+    if (mxfp4_part) {
+      e.info.dtype = DType::kI8;
+    } else if (!dtype->dtype.has_value()) {
       if (canonical.has_value()) {
         return terror("dtype ", dtype_name,
                       " is not supported (F32, F16, BF16 and F8_E4M3 are)");
@@ -1109,7 +1185,7 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
       }
     }
     e.info.name = canonical.has_value() ? *std::move(canonical) : name;
-    e.info.dtype = dtype->dtype.value_or(DType::kF32);
+    if (!mxfp4_part) e.info.dtype = dtype->dtype.value_or(DType::kF32);
     e.info.shape = std::move(shape);
     e.info.file = file_index;
     e.info.offset = data_start + static_cast<uint64_t>(*begin);

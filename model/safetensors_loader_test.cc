@@ -560,6 +560,89 @@ TEST(SafetensorsLoaderTest, ReadsGemma2) {
   }
 }
 
+// gpt-oss as transformers' GptOssConfig reads it, with its folders'
+// tensor names: MXFP4 experts (u8 _blocks and _scales, kept as raw bytes
+// for worker/gpt_oss_experts.cc), the router, sinks, the output bias.
+TEST(SafetensorsLoaderTest, ReadsGptOss) {
+  const std::string dir = TestDir();
+  const auto write = [&](const std::map<std::string, std::string>& changes) {
+    auto config = TinyConfig();
+    config["model_type"] = R"("gpt_oss")";
+    config["architectures"] = R"(["GptOssForCausalLM"])";
+    config["num_local_experts"] = "4";
+    config["num_experts_per_tok"] = "2";
+    config["sliding_window"] = "16";
+    config["attention_bias"] = "true";
+    config["rope_scaling"] =
+        R"({"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0,)"
+        R"( "beta_slow": 1.0, "truncate": false,)"
+        R"( "original_max_position_embeddings": 64})";
+    config["quantization_config"] = R"({"quant_method": "mxfp4"})";
+    for (const auto& [k, v] : changes) {
+      if (v.empty()) {
+        config.erase(k);
+      } else {
+        config[k] = v;
+      }
+    }
+    WriteFile(dir + "/config.json", ConfigJson(config));
+    const std::string e = "model.layers.0.mlp.experts.";
+    WriteFile(dir + "/model.safetensors",
+              SafetensorsBytes({
+                  {"model.layers.0.self_attn.sinks", "F32", {kHeads}},
+                  {"model.layers.0.self_attn.o_proj.bias", "F32", {kHidden}},
+                  {"model.layers.0.mlp.router.weight", "F32", {4, kHidden}},
+                  {"model.layers.0.mlp.router.bias", "F32", {4}},
+                  {e + "gate_up_proj_blocks", "U8", {4, 2 * kFfn, 1, 16}},
+                  {e + "gate_up_proj_scales", "U8", {4, 2 * kFfn, 1}},
+                  {e + "gate_up_proj_bias", "F32", {4, 2 * kFfn}},
+                  {e + "down_proj", "BF16", {4, kFfn, kHidden}},
+              }));
+  };
+  write({});
+  auto w = OpenSafetensorsWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const ModelConfig& c = (*w)->config();
+  EXPECT_EQ(c.n_experts, 4);
+  EXPECT_EQ(c.n_experts_used, 2);
+  EXPECT_EQ(c.expert_ffn_hidden, kFfn);
+  EXPECT_TRUE(c.attention_bias && c.output_bias && c.attention_sinks &&
+              c.expert_biases);
+  EXPECT_EQ(c.ffn_activation, FfnActivation::kSwigluOai);
+  EXPECT_EQ(c.LayerWindow(0), 16);  // Even layers slide by default.
+  EXPECT_EQ(c.LayerWindow(1), 0);
+  EXPECT_EQ(c.rope_scaling.type, RopeScalingType::kYarn);
+  EXPECT_FALSE(c.rope_scaling.truncate);
+  for (const auto& [name, dtype] : std::vector<std::pair<std::string, DType>>{
+           {"blk.0.attn_sinks.weight", DType::kF32},
+           {"blk.0.attn_output.bias", DType::kF32},
+           {"blk.0.ffn_gate_inp.weight", DType::kF32},
+           {"blk.0.ffn_gate_inp.bias", DType::kF32},
+           {"blk.0.ffn_gate_up_exps.blocks", DType::kI8},
+           {"blk.0.ffn_gate_up_exps.scales", DType::kI8},
+           {"blk.0.ffn_gate_up_exps.bias", DType::kF32},
+           {"blk.0.ffn_down_exps.weight_t", DType::kBF16}}) {
+    const TensorInfo* t = (*w)->Find(name);
+    ASSERT_NE(t, nullptr) << name;
+    EXPECT_EQ(t->dtype, dtype) << name;
+  }
+
+  write({{"layer_types", R"(["full_attention", "sliding_attention"])"}});
+  w = OpenSafetensorsWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->config().LayerWindow(0), 0);
+  EXPECT_EQ((*w)->config().LayerWindow(1), 16);
+
+  write({{"swiglu_limit", "5.0"}});
+  ExpectSafetensorsError(dir, {"swiglu_limit", "7"});
+  write({{"attention_bias", "false"}});
+  ExpectSafetensorsError(dir, {"attention_bias"});
+  // MXFP4 is gpt-oss's only.
+  write({{"model_type", R"("llama")"},
+         {"architectures", R"(["LlamaForCausalLM"])"}});
+  ExpectSafetensorsError(dir, {"quant_method", "mxfp4"});
+}
+
 TEST(SafetensorsLoaderTest, RejectsBadConfig) {
   struct Case {
     std::string key;

@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "model/dequantize.h"
+#include "worker/gpt_oss_experts.h"
 
 namespace shardlm {
 namespace {
@@ -195,6 +196,7 @@ std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
 struct ExpertMatrix {
   TensorInfo info;
   absl::Span<const uint8_t> data;
+  Tensor owned;  // What `data` views when it was made here (gpt-oss's HF).
 };
 
 absl::StatusOr<ExpertMatrix> FindExpert(const WeightSource& source,
@@ -217,6 +219,27 @@ absl::StatusOr<ExpertMatrix> FindExpert(const WeightSource& source,
                           .shape = {rows, cols},
                           .bytes = static_cast<uint64_t>(bytes)};
     out.data = source.Data(*m).subspan(e * bytes, bytes);
+    return out;
+  }
+  if (HasGptOssExperts(source, layer)) {
+    const ModelConfig& c = source.config();
+    ExpertMatrix out;
+    ASSIGN_OR_RETURN(out.owned,
+                     ReadGptOssExpert(source, layer, kind, e, experts,
+                                      c.expert_ffn_hidden, c.hidden));
+    if (out.owned.dim(0) != rows || out.owned.dim(1) != cols) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("layer ", layer, ": gpt-oss expert ", kind, " is ",
+                       ShapeString(out.owned.shape()), ", expected ",
+                       ShapeString({rows, cols})));
+    }
+    out.info =
+        TensorInfo{.name = absl::StrCat("blk.", layer, ".", kind, "[", e, "]"),
+                   .dtype = out.owned.dtype(),
+                   .shape = {rows, cols},
+                   .bytes = static_cast<uint64_t>(out.owned.bytes())};
+    out.data = absl::MakeConstSpan(static_cast<const uint8_t*>(out.owned.raw()),
+                                   out.owned.bytes());
     return out;
   }
   const std::string single =
@@ -245,6 +268,9 @@ absl::Status CheckExperts(const WeightSource& source, int64_t layer) {
           .Require(absl::StrCat("blk.", layer, ".ffn_gate_inp.weight"),
                    {c.n_experts, c.hidden})
           .status());
+  if (HasGptOssExperts(source, layer)) {  // Checked without reading.
+    return CheckGptOssExperts(source, layer, c.n_experts, f, c.hidden);
+  }
   for (int64_t e = 0; e < c.n_experts; ++e) {
     RETURN_IF_ERROR(
         FindExpert(source, layer, "ffn_gate", e, c.n_experts, f, c.hidden)
@@ -568,7 +594,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     // llama.cpp names GLM-4.5's and gpt-oss's FFN norm (transformers'
     // post_attention_layernorm) post_attention_norm.
     const std::string ffn_norm =
-        (c.architecture == "glm4moe" || c.architecture == "gpt-oss") &&
+        (c.architecture == "glm4moe" || c.architecture == "gpt-oss" ||
+         c.architecture == "gpt_oss") &&
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";
@@ -605,8 +632,18 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
         const int64_t e0 = s.expert_begin, e1 = s.expert_end;
         ASSIGN_OR_RETURN(l.router_logit_bias,
                          Load(source, p + "ffn_gate_inp.bias", {c.n_experts}));
+        if (source.Find(p + "ffn_gate_up_exps.bias") != nullptr) {
+          // gpt-oss's Hugging Face form: gate and up interleaved.
+          for (const bool up : {false, true}) {
+            ASSIGN_OR_RETURN(
+                *(up ? &l.exp_up_b : &l.exp_gate_b),
+                ReadGptOssGateUpBias(source, i, up, c.n_experts, f, e0, e1,
+                                     s.ffn_begin, s.ffn_end));
+          }
+        }
         for (auto [kind, out] : {std::pair{"ffn_gate_exps.bias", &l.exp_gate_b},
                                  std::pair{"ffn_up_exps.bias", &l.exp_up_b}}) {
+          if (!out->empty()) break;
           ASSIGN_OR_RETURN(Slice b,
                            LoadSlice(source, p + kind, {c.n_experts, f}, e0, e1,
                                      s.ffn_begin, s.ffn_end));

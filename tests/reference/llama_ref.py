@@ -673,8 +673,10 @@ def rope_frequencies(head_dim: int, base: float, scaling: dict | None,
         def corr_dim(rotations):
             return (head_dim * np.log(old / (rotations * 2 * np.pi))
                     / (2 * np.log(base)))
-        low = max(np.floor(corr_dim(beta_fast)), 0)
-        high = min(np.ceil(corr_dim(beta_slow)), head_dim - 1)
+        low, high = corr_dim(beta_fast), corr_dim(beta_slow)
+        if scaling.get("truncate", True):  # gpt-oss's config says false
+            low, high = np.floor(low), np.ceil(high)
+        low, high = max(low, 0), min(high, head_dim - 1)
         if low == high:
             high += 0.001
         ramp = np.clip((i - low) / (high - low), 0, 1)

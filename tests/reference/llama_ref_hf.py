@@ -206,9 +206,14 @@ def load_hf_dir(d: str):
         cfg.routed_scale = float(hc.get("routed_scaling_factor", 1.0))
     elif model_type in ("deepseek_v3", "deepseek_v2"):
         _deepseek_hf_config(cfg, hc, d)
+    elif model_type == "gpt_oss":
+        _gpt_oss_hf_config(cfg, hc)
     t = _load_hf_tensors(d)
+    if model_type == "gpt_oss":
+        t = _gpt_oss_canonical_experts(t, cfg)
     q = hc.get("quantization_config")
-    if q is not None:
+    if q is not None and not (model_type == "gpt_oss"
+                              and q.get("quant_method") == "mxfp4"):
         if q.get("quant_method") != "fp8" or q.get("fmt", "e4m3") != "e4m3":
             raise ValueError(f"{d}: quantization_config {q} unsupported")
         b0, b1 = q["weight_block_size"]
@@ -222,6 +227,8 @@ def load_hf_dir(d: str):
         else ("mlp", ("gate_proj", "up_proj", "down_proj")))
 
     def experts(p, j):
+        if model_type == "gpt_oss":  # _gpt_oss_canonical_experts' names
+            return t[f"{p}mlp.experts.{expert_names[j]}"]
         return np.stack([t[f"{p}{moe_block}.experts.{e}.{expert_names[j]}"
                            f".weight"] for e in range(cfg.n_experts)])
 
@@ -258,7 +265,9 @@ def load_hf_dir(d: str):
             bv=t.get(p + "self_attn.v_proj.bias"),
             q_norm=t.get(p + "self_attn.q_norm.weight"),
             k_norm=t.get(p + "self_attn.k_norm.weight"),
-            router=t[f"{p}{moe_block}.gate.weight"] if moe else None,
+            router=(t[f"{p}{moe_block}.gate.weight"]
+                    if moe and model_type != "gpt_oss"
+                    else t.get(p + "mlp.router.weight")),
             e_gate=experts(p, 0) if moe else None,
             e_up=experts(p, 1) if moe else None,
             e_down=experts(p, 2) if moe else None,
@@ -267,6 +276,12 @@ def load_hf_dir(d: str):
             s_gate=t[p + "mlp.shared_experts.gate_proj.weight"] if shared else None,
             s_up=t[p + "mlp.shared_experts.up_proj.weight"] if shared else None,
             s_down=t[p + "mlp.shared_experts.down_proj.weight"] if shared else None,
+            sinks=t.get(a + "sinks"),
+            bo=t.get(a + "o_proj.bias"),
+            router_b=t.get(p + "mlp.router.bias"),
+            e_gate_b=t.get(p + "mlp.experts.gate_proj_bias"),
+            e_up_b=t.get(p + "mlp.experts.up_proj_bias"),
+            e_down_b=t.get(p + "mlp.experts.down_proj_bias"),
         ))
     emb = t["model.embed_tokens.weight"]
     # Gemma3TextConfig ties them unless told (its checkpoints do not say).
@@ -281,6 +296,67 @@ def load_hf_dir(d: str):
                 final_norm=t["model.norm.weight"], lm_head=lm_head)
     _check_shapes(cfg, w)
     return cfg, w
+
+
+def _gpt_oss_hf_config(cfg: Config, hc: dict) -> None:
+    """transformers' GptOssConfig: experts of intermediate_size with biases
+    and the clamped SwiGLU, top-k then a softmax over the chosen; layer_types
+    (default: even layers sliding) over sliding_window (default 128)."""
+    if float(hc.get("swiglu_limit", 7.0)) != 7.0 or \
+            float(hc.get("swiglu_alpha", 1.702)) != 1.702:
+        raise ValueError("gpt-oss swiglu_limit / swiglu_alpha other than "
+                         "7 / 1.702 unsupported by the reference")
+    cfg.n_experts = int(hc.get("num_local_experts", 128))
+    cfg.experts_used = int(hc.get("num_experts_per_tok",
+                                  hc.get("experts_per_token", 4)))
+    cfg.expert_hidden_dim = cfg.hidden_dim
+    cfg.experts_norm = True
+    cfg.swiglu_oai = True
+    types = hc.get("layer_types") or [
+        "sliding_attention" if (i + 1) % 2 else "full_attention"
+        for i in range(cfg.n_layers)]
+    cfg.sliding_window = int(hc.get("sliding_window") or 128)
+    cfg.window_layers = [x == "sliding_attention" for x in types]
+
+
+# FP4 e2m1 values by code (transformers' FP4_VALUES).
+_FP4 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0,
+                 -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+
+
+def decode_mxfp4(blocks: np.ndarray, scales: np.ndarray) -> np.ndarray:
+    """gpt-oss's MXFP4 as transformers' convert_moe_packed_tensors decodes
+    it: blocks [..., G, 16] u8, byte j values 2j (low nibble) and 2j + 1
+    (high), times 2^(scale - 127) per block of 32; [..., G * 32]."""
+    b = blocks.astype(np.uint8)
+    vals = np.empty(b.shape[:-1] + (32,))
+    vals[..., 0::2] = _FP4[b & 0x0F]
+    vals[..., 1::2] = _FP4[b >> 4]
+    vals *= np.exp2(scales.astype(np.int64) - 127)[..., None]
+    return vals.reshape(b.shape[:-2] + (-1,))
+
+
+def _gpt_oss_canonical_experts(t: dict, cfg: Config) -> dict:
+    """gpt-oss's merged experts (MXFP4 _blocks / _scales, or dequantized
+    [experts, in, out]) as mlp.experts.{gate,up,down}_proj [experts, out,
+    in] and their biases, gate and up de-interleaved (gate the even
+    outputs)."""
+    t = dict(t)
+    for i in range(cfg.n_layers):
+        p = f"model.layers.{i}.mlp.experts."
+        if p + "gate_up_proj_blocks" in t:
+            gu = decode_mxfp4(t.pop(p + "gate_up_proj_blocks"),
+                              t.pop(p + "gate_up_proj_scales"))
+            down = decode_mxfp4(t.pop(p + "down_proj_blocks"),
+                                t.pop(p + "down_proj_scales"))
+        else:
+            gu = t.pop(p + "gate_up_proj").transpose(0, 2, 1)
+            down = t.pop(p + "down_proj").transpose(0, 2, 1)
+        t[p + "gate_proj"], t[p + "up_proj"] = gu[:, 0::2], gu[:, 1::2]
+        t[p + "down_proj"] = down
+        b = t.pop(p + "gate_up_proj_bias")
+        t[p + "gate_proj_bias"], t[p + "up_proj_bias"] = b[:, 0::2], b[:, 1::2]
+    return t
 
 
 def _gemma3_hf_config(cfg: Config, hc: dict, d: str) -> None:

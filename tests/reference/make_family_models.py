@@ -7,7 +7,8 @@ formats, for checking the C++ forward pass against the numpy reference
                                        dynamic|qwen2_swa|qwen3|qwen3moe|
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
-                                       deepseek3_fp8|gemma2|gemma3|gpt_oss|kquant|qwen3moe_mxfp4
+                                       deepseek3_fp8|gemma2|gemma3|gpt_oss|
+                                       gpt_oss_hf|kquant|qwen3moe_mxfp4
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -105,6 +106,13 @@ layers (an uneven PP split) and head_dim 16:
            enough (gate and up N(0, 4)) that the clamped SwiGLU's limits
            (gate above 7, up to +-7) bite; experts in F32 (so llama.cpp,
            whose MXFP4 matmul quantizes activations, compares at 1e-4).
+  gpt_oss_hf  gpt_oss's shapes as OpenAI's folders ship them (Hugging Face
+           only, transformers' GptOssForCausalLM): the experts merged, in
+           MXFP4 (_blocks and _scales, quantized by the gguf package, gate
+           and up interleaved by row, their bias too), the router
+           (mlp.router), sinks (self_attn.sinks); layer_types; YaRN with
+           truncate false (factor 32, original context 4096, as gpt-oss;
+           its correction range is fractional here, 2.02 to 4.35 of 8).
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -232,6 +240,15 @@ FAMILIES = {
                     formats=("gguf",), theta=150000.0, bias=True, window=20,
                     experts=8, experts_used=2, expert_ffn=64,
                     experts_norm=True, oai=True),
+    # gpt-oss's folder as OpenAI ships it: experts in MXFP4 (_blocks and
+    # _scales, gate and up interleaved), YaRN with truncate false.
+    "gpt_oss_hf": dict(hf_type="gpt_oss", formats=("hf",), theta=150000.0,
+                       bias=True, window=20, experts=8, experts_used=2,
+                       expert_ffn=64, experts_norm=True, oai=True,
+                       scaling={"rope_type": "yarn", "factor": 32.0,
+                                "beta_fast": 32.0, "beta_slow": 1.0,
+                                "truncate": False,
+                                "original_max_position_embeddings": 4096}),
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
@@ -246,7 +263,8 @@ HF_ARCH = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
            "glm4_moe": "Glm4MoeForCausalLM",
            "deepseek_v3": "DeepseekV3ForCausalLM",
            "gemma2": "Gemma2ForCausalLM",
-           "gemma3_text": "Gemma3ForCausalLM"}
+           "gemma3_text": "Gemma3ForCausalLM",
+           "gpt_oss": "GptOssForCausalLM"}
 STEPS = 32
 
 
@@ -630,6 +648,22 @@ def write_hf(d: str, f: dict, t: dict) -> None:
             attn_logit_softcapping=f["attn_softcap"],
             final_logit_softcapping=f["final_softcap"],
             attention_bias=False, attention_dropout=0.0)
+    elif f["hf_type"] == "gpt_oss":  # As gpt-oss-20b's config.json.
+        config.update(
+            num_local_experts=f["experts"],
+            num_experts_per_tok=f["experts_used"],
+            experts_per_token=f["experts_used"],
+            intermediate_size=f["expert_ffn"], head_dim=f["head_dim"],
+            sliding_window=f["window"],
+            layer_types=["sliding_attention" if i % 2 == 0
+                         else "full_attention" for i in range(f["layers"])],
+            attention_bias=True, attention_dropout=0.0, swiglu_limit=7.0,
+            initial_context_length=4096,
+            quantization_config={
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": [
+                    "model.layers.*.self_attn", "model.layers.*.mlp.router",
+                    "model.embed_tokens", "lm_head"]})
     if f["hf_type"] == "qwen2" and f["window"]:
         config.update(use_sliding_window=True, sliding_window=f["window"],
                       max_window_layers=f["max_window_layers"])
@@ -665,8 +699,12 @@ def write_hf(d: str, f: dict, t: dict) -> None:
             for e in range(a.shape[0]):
                 out[f"{pre}{moe_block}.experts.{e}.{expert_names[kind]}"
                     f".weight"] = a[e]
+        elif f["hf_type"] == "gpt_oss" and rest not in names:
+            continue  # gpt_oss_hf_tensors' own
         else:
             out[pre + names[rest]] = a
+    if f["hf_type"] == "gpt_oss":
+        out = gpt_oss_hf_tensors(f, t, out)
     path = os.path.join(d, "model.safetensors")
     if f.get("fp8_block"):
         write_fp8_safetensors(path, out, f["fp8_block"])
@@ -678,6 +716,48 @@ def write_hf(d: str, f: dict, t: dict) -> None:
             json.dump(config, fh, indent=2)
         return
     save_file({k: np.ascontiguousarray(v) for k, v in out.items()}, path)
+
+
+def mxfp4_hf(a: np.ndarray) -> tuple:
+    """`a` [..., n] (n a multiple of 32) in MXFP4 as gpt-oss's folders hold
+    it, quantized by the gguf package: blocks [..., n / 32, 16] u8 (byte j
+    values 2j low and 2j + 1 high) and scales [..., n / 32] u8 (e8m0)."""
+    import gguf
+    q = gguf.quants.quantize(np.ascontiguousarray(a, dtype=np.float32),
+                             gguf.GGMLQuantizationType.MXFP4)
+    q = q.reshape(a.shape[:-1] + (a.shape[-1] // 32, 17))
+    qs = q[..., 1:]  # GGUF: byte j values j (low) and j + 16 (high)
+    vals = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+    blocks = (vals[..., 0::2] | (vals[..., 1::2] << 4)).astype(np.uint8)
+    return blocks, np.ascontiguousarray(q[..., 0])
+
+
+def gpt_oss_hf_tensors(f: dict, t: dict, out: dict) -> dict:
+    """gpt-oss's names: the router, sinks, the output bias, and the merged
+    experts in MXFP4 with gate and up interleaved by row (gate even)."""
+    out = {k: v for k, v in out.items() if ".mlp.gate." not in k and
+           ".mlp.experts." not in k}
+    for i in range(f["layers"]):
+        p, pre = f"blk.{i}.", f"model.layers.{i}."
+        out[pre + "self_attn.sinks"] = t[p + "attn_sinks.weight"]
+        out[pre + "self_attn.o_proj.bias"] = t[p + "attn_output.bias"]
+        out[pre + "mlp.router.weight"] = t[p + "ffn_gate_inp.weight"]
+        out[pre + "mlp.router.bias"] = t[p + "ffn_gate_inp.bias"]
+        e = pre + "mlp.experts."
+        gate, up = t[p + "ffn_gate_exps.weight"], t[p + "ffn_up_exps.weight"]
+        gu = np.empty((gate.shape[0], 2 * gate.shape[1], gate.shape[2]),
+                      dtype=np.float32)
+        gu[:, 0::2], gu[:, 1::2] = gate, up
+        out[e + "gate_up_proj_blocks"], out[e + "gate_up_proj_scales"] = \
+            mxfp4_hf(gu)
+        out[e + "down_proj_blocks"], out[e + "down_proj_scales"] = \
+            mxfp4_hf(t[p + "ffn_down_exps.weight"])
+        gb, ub = t[p + "ffn_gate_exps.bias"], t[p + "ffn_up_exps.bias"]
+        bias = np.empty((gb.shape[0], 2 * gb.shape[1]), dtype=np.float32)
+        bias[:, 0::2], bias[:, 1::2] = gb, ub
+        out[e + "gate_up_proj_bias"] = bias
+        out[e + "down_proj_bias"] = t[p + "ffn_down_exps.bias"]
+    return out
 
 
 def write_fp8_safetensors(path: str, tensors: dict, block: int) -> None:
