@@ -15,6 +15,26 @@
 #include "step/kv_cache.h"
 
 namespace shardlm {
+namespace {
+
+// gpt-oss's Hugging Face experts are MXFP4 in two u8 tensors (loaded as
+// raw bytes): _blocks hold two values a byte, _scales one scale per 32 of
+// them. Both show as MXFP4, the values counted with the blocks.
+bool IsMxfp4Part(const TensorInfo& t, std::string_view part) {
+  return t.dtype == DType::kI8 && t.name.ends_with(part);
+}
+DType ShownDType(const TensorInfo& t) {
+  return IsMxfp4Part(t, ".blocks") || IsMxfp4Part(t, ".scales") ? DType::kMXFP4
+                                                                : t.dtype;
+}
+uint64_t StoredValues(const TensorInfo& t) {
+  if (IsMxfp4Part(t, ".scales")) return 0;
+  uint64_t values = IsMxfp4Part(t, ".blocks") ? 2 : 1;
+  for (int64_t d : t.shape) values *= static_cast<uint64_t>(d);
+  return values;
+}
+
+}  // namespace
 
 int InspectCommand(int argc, char** argv) {
   bool plan = false;
@@ -145,13 +165,13 @@ int InspectCommand(int argc, char** argv) {
   };
   std::map<int, Mix> mix;
   for (const TensorInfo& t : w.tensors()) {
-    std::printf("%-36s %-6s %-16s %12llu\n", t.name.c_str(), DTypeName(t.dtype),
+    const DType shown = ShownDType(t);
+    std::printf("%-36s %-6s %-16s %12llu\n", t.name.c_str(), DTypeName(shown),
                 ShapeString(t.shape).c_str(),
                 static_cast<unsigned long long>(t.bytes));
     total += t.bytes;
-    uint64_t values = 1;
-    for (int64_t d : t.shape) values *= static_cast<uint64_t>(d);
-    Mix& m = mix[static_cast<int>(t.dtype)];
+    const uint64_t values = StoredValues(t);
+    Mix& m = mix[static_cast<int>(shown)];
     ++m.tensors;
     m.values += values;
     m.bytes += t.bytes;
@@ -174,8 +194,7 @@ int InspectCommand(int argc, char** argv) {
     const ModelConfig& c = w.config();
     uint64_t experts = 0, other = 0;
     for (const TensorInfo& t : w.tensors()) {
-      uint64_t values = 1;
-      for (int64_t d : t.shape) values *= static_cast<uint64_t>(d);
+      const uint64_t values = StoredValues(t);
       const bool expert = t.name.find("_exps.") != std::string::npos ||
                           (t.name.find(".ffn_") != std::string::npos &&
                            std::count(t.name.begin(), t.name.end(), '.') == 4);
