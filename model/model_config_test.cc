@@ -1,6 +1,8 @@
 #include "model/model_config.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numbers>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -171,6 +173,25 @@ TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
   EXPECT_DOUBLE_EQ(y.inv_freq[0], y0.inv_freq[0]);
   EXPECT_DOUBLE_EQ(y.inv_freq[kDim / 2 - 1], y0.inv_freq[kDim / 2 - 1] / 4);
   EXPECT_DOUBLE_EQ(y.mscale, 0.1 * std::log(4.0) + 1);
+  // gpt-oss's truncate false: the ramp runs between the fractional
+  // correction dims (transformers' find_correction_range), not the whole
+  // ones around them. kDim 64, base 10000, original 4096: 10.5 .. 22.5 of
+  // the 32 pairs.
+  RopeScaling untruncated = yarn;
+  untruncated.truncate = false;
+  const RopeTable u =
+      MakeRopeTable(RopeStyle::kRotateHalf, 10000.0f, kDim, untruncated);
+  const auto corr = [](double rotations) {
+    return kDim * std::log(4096 / (rotations * 2 * std::numbers::pi)) /
+           (2 * std::log(10000.0));
+  };
+  const double lo = corr(32), hi = corr(1);
+  for (int64_t k = 0; k < kDim / 2; ++k) {
+    const double ramp = std::clamp((k - lo) / (hi - lo), 0.0, 1.0);
+    const double f = y0.inv_freq[k];
+    EXPECT_NEAR(u.inv_freq[k], f / 4 * ramp + f * (1 - ramp), 1e-15 * f) << k;
+  }
+  EXPECT_NE(u.inv_freq[16], y.inv_freq[16]);  // Inside the ramp: differs.
 
   // Static NTK: plain RoPE over a larger base (so the CUDA kernel can run
   // it from theta), transformers' dynamic base at 2.5 x the original

@@ -16,8 +16,8 @@ std::vector<int32_t> DefaultStopTokenIds(const ModelConfig& config,
   };
   add(config.eos_id);
   add(tokenizer.eos_id());
-  for (const char* turn_end :
-       {"<|im_end|>", "<|eot_id|>", "<|eom_id|>", "<end_of_turn>"}) {
+  for (const char* turn_end : {"<|im_end|>", "<|eot_id|>", "<|eom_id|>",
+                               "<end_of_turn>", "<|return|>", "<|call|>"}) {
     if (std::optional<int32_t> id = tokenizer.TokenId(turn_end)) add(*id);
   }
   return ids;

@@ -12,8 +12,11 @@ namespace shardlm {
 
 // End of text (the config's and the tokenizer's EOS), and the end of a chat
 // turn in the chat formats the vocabulary has: ChatML's <|im_end|> (SmolLM2,
-// Qwen2), Llama 3's <|eot_id|> and <|eom_id|>, Gemma's <end_of_turn>. A
-// Llama 3 Instruct model
+// Qwen2), Llama 3's <|eot_id|> and <|eom_id|>, Gemma's <end_of_turn>,
+// harmony's <|return|> and <|call|> (gpt-oss: the answer's end, a tool
+// call's; not <|end|>, which ends a reasoning message the answer follows,
+// as llama.cpp and gpt-oss's generation_config have it). A Llama 3
+// Instruct model
 // whose EOS is <|end_of_text|> would otherwise run past the end of its turn
 // to max_tokens. Ids outside the config's vocabulary are left out; no id
 // twice.

@@ -50,6 +50,12 @@ TEST(StopTokensTest, EosAndEveryChatFormatsEndOfTurn) {
   const FakeTokenizer chatml({{"<|im_end|>", 2}, {"<|endoftext|>", 0}}, 0);
   EXPECT_THAT(DefaultStopTokenIds(WithEos(2), chatml),
               testing::ElementsAre(2, 0));
+  // gpt-oss (harmony): EOS <|return|>; a tool call ends with <|call|>; the
+  // <|end|> of the analysis channel's message is not a stop.
+  const FakeTokenizer harmony(
+      {{"<|return|>", 5}, {"<|call|>", 7}, {"<|end|>", 6}}, 5);
+  EXPECT_THAT(DefaultStopTokenIds(WithEos(5), harmony),
+              testing::ElementsAre(5, 7));
 }
 
 TEST(StopTokensTest, LeavesOutIdsOutsideTheModelsVocabulary) {
