@@ -1,4 +1,5 @@
 // Hostile-input tests for the GGUF reader (see loader_test_util.h).
+#include <cmath>
 #include <functional>
 
 #include "model/loader_test_util.h"
@@ -151,8 +152,12 @@ size_t GgmlBytes(uint32_t type, uint64_t n) {
 }
 
 // A valid tiny Llama GGUF, except that `string_key` (if any) holds its
-// value as a string instead of a number.
-GgufBuilder TinyGguf(std::string_view string_key = "") {
+// value as a string instead of a number; its keys under `arch` (the
+// tensors stay Llama's), its block_count `layers` (the tensors stay
+// kLayers').
+GgufBuilder TinyGguf(std::string_view string_key = "",
+                     const std::string& arch = "llama",
+                     uint32_t layers = kLayers) {
   GgufBuilder g;
   auto u32 = [&](const std::string& key, uint32_t v) {
     key == string_key ? g.Str(key, absl::StrCat(v)) : g.U32(key, v);
@@ -163,18 +168,19 @@ GgufBuilder TinyGguf(std::string_view string_key = "") {
   if (string_key == "general.architecture") {
     g.U32("general.architecture", 7);
   } else {
-    g.Str("general.architecture", "llama");
+    g.Str("general.architecture", arch);
   }
   g.Str("general.name", "tiny");
-  u32("llama.block_count", kLayers);
-  u32("llama.context_length", 128);
-  u32("llama.embedding_length", kHidden);
-  u32("llama.feed_forward_length", kFfn);
-  u32("llama.attention.head_count", kHeads);
-  u32("llama.attention.head_count_kv", kKvHeads);
-  f32("llama.rope.freq_base", 100000.0f);
-  f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  u32("llama.vocab_size", kVocab);
+  const std::string p = arch + ".";
+  u32(p + "block_count", layers);
+  u32(p + "context_length", 128);
+  u32(p + "embedding_length", kHidden);
+  u32(p + "feed_forward_length", kFfn);
+  u32(p + "attention.head_count", kHeads);
+  u32(p + "attention.head_count_kv", kKvHeads);
+  f32(p + "rope.freq_base", 100000.0f);
+  f32(p + "attention.layer_norm_rms_epsilon", 1e-5f);
+  u32(p + "vocab_size", kVocab);
   std::vector<std::string> tokens;
   for (int i = 0; i < kVocab; ++i) tokens.push_back(absl::StrCat("t", i));
   g.StrArray("tokenizer.ggml.tokens", tokens);
@@ -538,6 +544,54 @@ TEST(GgufLoaderTest, ReadsRopeScalingBiasesAndSlidingWindow) {
   EXPECT_TRUE(c->attention_bias);
   EXPECT_EQ(c->rope_style, RopeStyle::kAdjacentPairs);  // llama, permuted.
   EXPECT_THAT(c->DebugString(), HasSubstr("yarn (factor 4"));
+}
+
+// Gemma 2 as llama.cpp reads its GGUF: soft-caps 50 and 30 and a window
+// of 4096 when the keys are missing, every other layer from the first
+// windowed, the keys when present; the 27B's (46 layers) softmax scale
+// from hidden / heads, not head_dim.
+TEST(GgufLoaderTest, ReadsGemma2DefaultsAndKeys) {
+  const auto config = [](GgufBuilder b) {
+    const std::string bytes = b.Build();
+    auto g = ParseGguf(bytes);
+    EXPECT_TRUE(g.ok()) << g.status();
+    return g.ok() ? ModelConfigFromGguf(**g)
+                  : absl::StatusOr<ModelConfig>(g.status());
+  };
+  absl::StatusOr<ModelConfig> c = config(TinyGguf("", "gemma2"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attn_softcap, 50.0f);
+  EXPECT_EQ(c->final_softcap, 30.0f);
+  EXPECT_EQ(c->LayerWindow(0), 4096);
+  EXPECT_EQ(c->LayerWindow(1), 0);
+  EXPECT_TRUE(c->post_norms);
+  EXPECT_EQ(c->ffn_activation, FfnActivation::kGeluTanh);
+  EXPECT_FLOAT_EQ(c->embedding_scale, std::sqrt(static_cast<float>(kHidden)));
+  EXPECT_EQ(c->attn_scale_factor, 1.0f);
+
+  GgufBuilder keys = TinyGguf("", "gemma2");
+  keys.F32("gemma2.attn_logit_softcapping", 20.0f);
+  keys.F32("gemma2.final_logit_softcapping", 12.5f);
+  keys.U32("gemma2.attention.sliding_window", 16);
+  keys.U32("gemma2.attention.key_length", 2 * kHeadDim);
+  keys.U32("gemma2.attention.value_length", 2 * kHeadDim);
+  c = config(keys);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attn_softcap, 20.0f);
+  EXPECT_EQ(c->final_softcap, 12.5f);
+  EXPECT_EQ(c->LayerWindow(0), 16);
+  EXPECT_EQ(c->head_dim, 2 * kHeadDim);
+  EXPECT_EQ(c->attn_scale_factor, 1.0f);  // Not the 27B.
+
+  GgufBuilder big = TinyGguf("", "gemma2", 46);
+  big.U32("gemma2.attention.key_length", 2 * kHeadDim);
+  big.U32("gemma2.attention.value_length", 2 * kHeadDim);
+  c = config(big);
+  ASSERT_TRUE(c.ok()) << c.status();
+  // head_dim 2 x kHeadDim over hidden / heads = kHeadDim: sqrt(2).
+  EXPECT_FLOAT_EQ(c->attn_scale_factor, std::sqrt(2.0f));
+  EXPECT_EQ(c->LayerWindow(44), 4096);
+  EXPECT_EQ(c->LayerWindow(45), 0);
 }
 
 TEST(GgufLoaderTest, RejectsRopeScalingItCannotApply) {
