@@ -109,6 +109,9 @@ absl::Status InferenceService::AddConstraint(const v1::GenerateRequest& request,
       kind = GrammarKind::kGbnf;
       source = c.grammar();
       break;
+    default:  // A newer client's kind.
+      return Invalid("constraint: unknown kind ",
+                     static_cast<int>(c.kind_case()));
   }
   if (req.stop_token_ids.empty()) {
     return Invalid(
@@ -215,8 +218,12 @@ std::vector<std::string> RequestedToolCallNames(
 }
 
 ToolCallFormat InferenceService::tool_call_format() const {
-  return chat_template_.ok() ? chat_template_->tool_format()
-                             : ToolCallFormat::kNone;
+  if (!chat_template_.ok()) return ToolCallFormat::kNone;
+  // Harmony renders no tools yet, but its answers come in channels.
+  if (chat_template_->format() == ChatTemplate::Format::kHarmony) {
+    return ToolCallFormat::kHarmony;
+  }
+  return chat_template_->tool_format();
 }
 
 std::vector<std::string> InferenceService::ToolCallNames(

@@ -115,10 +115,10 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
       return Invalid("messages[", i, "] needs a string 'role'");
     }
     const std::string role = m["role"];
-    if (role != "system" && role != "user" && role != "assistant" &&
-        role != "tool") {
+    if (role != "system" && role != "developer" && role != "user" &&
+        role != "assistant" && role != "tool") {
       return Invalid("messages[", i, "].role '", Echo(role),
-                     "' is not system, user, assistant or tool");
+                     "' is not system, developer, user, assistant or tool");
     }
     std::string content;
     const Json& c = m.contains("content") ? m["content"] : Json();
@@ -859,6 +859,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     std::string finish_reason;
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
+    std::string reasoning;  // Harmony's analysis channel (not streamed).
     Json tool_calls = Json::array();
     int streamed_calls = 0;        // Tool calls sent as deltas so far.
     bool echoed_logprobs = false;  // The prompt's logprobs are in.
@@ -880,7 +881,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     c.text = echo_text;  // Streamed, it leads the choice's first chunk.
     c.text_offset = static_cast<int64_t>(echo_text.size());
     c.logprobs = EmptyLogprobs(chat);
-    if (!names.empty()) c.tool_filter.emplace(names, format);
+    // Harmony's channels are split whether or not tools are asked for.
+    if (!names.empty() || (chat && format == ToolCallFormat::kHarmony)) {
+      c.tool_filter.emplace(names, format);
+    }
   }
   // One usage for the request: the prompt once, every choice's tokens.
   const auto total_usage = [&] {
@@ -932,20 +936,24 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     if (r.has_usage()) c.usage = r.usage();
     if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
+    std::string reasoning;             // Harmony's analysis text.
     std::vector<ChatToolCall> closed;  // Calls whose </tool_call> came now.
     if (c.tool_filter) {
       ToolCallEvents events = c.tool_filter->Push(r.text());
       piece = std::move(events.content);
+      reasoning = std::move(events.reasoning);
       closed = std::move(events.calls);
       if (!r.finish_reason().empty()) {
         events = c.tool_filter->Finish();
         piece += events.content;
+        reasoning += events.reasoning;
         for (ChatToolCall& call : events.calls)
           closed.push_back(std::move(call));
       }
     }
     if (!stream) {
       c.text += piece;
+      c.reasoning += reasoning;
       if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r);
       if (top_n >= 0) {
         if (!chat && !lead["tokens"].empty()) {
@@ -993,6 +1001,8 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       if (i + 1 < chunks) one["finish_reason"] = Json();
       if (chat) {
         Json delta = Json::object();
+        if (i == 0 && !reasoning.empty())
+          delta["reasoning_content"] = reasoning;
         if (i == 0) delta["content"] = piece;
         if (c.first_chunk) delta["role"] = "assistant";
         if (i > 0) delta["tool_calls"] = Json::array({call_deltas[i - 1]});
@@ -1058,6 +1068,11 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                    {"logprobs", top_n >= 0 ? c.logprobs : Json()}};
     if (chat) {
       choice["message"] = {{"role", "assistant"}, {"content", c.text}};
+      // The reasoning (harmony's analysis channel) in the field DeepSeek's
+      // API and vLLM use.
+      if (!c.reasoning.empty()) {
+        choice["message"]["reasoning_content"] = c.reasoning;
+      }
       if (!c.tool_calls.empty()) {
         if (c.text.empty()) choice["message"]["content"] = Json();
         choice["message"]["tool_calls"] = c.tool_calls;

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "gtest/gtest.h"
@@ -257,6 +259,93 @@ TEST_F(PromptLogprobsTest, RefusedOutsideTheRangeOrStreamed) {
                 .body.find("prompt_logprobs must be in [0, 20], got 21"),
             std::string::npos);
   EXPECT_TRUE(seen_.empty());  // Nothing ran.
+}
+
+// gpt-oss's harmony: the analysis channel comes back as reasoning_content,
+// the final channel as content, the markup in neither, streamed or not,
+// whatever the pieces' cuts.
+class HarmonyTest : public ::testing::Test {
+ protected:
+  HarmonyTest()
+      : api_(
+            [](const v1::GenerateRequest&, absl::Time,
+               const std::function<bool()>&,
+               const std::function<bool(const v1::GenerateResponse&)>& write,
+               RequestApi) {
+              const std::vector<std::string> pieces = {
+                  "<|channel|>analysis<|message|>Th",
+                  "ink.<|end|><|start|>assistant<|",
+                  "channel|>final<|message|>Hel", "lo"};
+              for (size_t i = 0; i < pieces.size(); ++i) {
+                v1::GenerateResponse r;
+                r.set_text(pieces[i]);
+                if (i + 1 == pieces.size()) {
+                  r.set_finish_reason("stop");
+                  r.mutable_usage()->set_prompt_tokens(3);
+                  r.mutable_usage()->set_completion_tokens(4);
+                }
+                write(r);
+              }
+              return absl::OkStatus();
+            },
+            /*context_length=*/64,
+            {.model_name = "m", .tool_call_format = ToolCallFormat::kHarmony}) {
+  }
+
+  RecordedResponse Post(const std::string& path, const std::string& body) {
+    HttpRequest req;
+    req.method = "POST";
+    req.path = path;
+    req.body = body;
+    RecordedResponse res;
+    api_.Handle(req, res);
+    return res;
+  }
+
+  OpenAiApi api_;
+};
+
+TEST_F(HarmonyTest, ChatSplitsReasoningFromTheAnswer) {
+  const RecordedResponse res =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "q"}]})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto got = nlohmann::json::parse(res.body);
+  const auto& message = got["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "Hello") << res.body;
+  EXPECT_EQ(message["reasoning_content"], "Think.") << res.body;
+}
+
+TEST_F(HarmonyTest, StreamedDeltasAddUpToTheSameMessage) {
+  const RecordedResponse res = Post(
+      "/v1/chat/completions",
+      R"({"messages": [{"role": "user", "content": "q"}], "stream": true})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  std::string content, reasoning;
+  for (absl::string_view line : absl::StrSplit(res.body, "\n\n")) {
+    if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
+    const auto chunk = nlohmann::json::parse(line);
+    for (const auto& choice : chunk["choices"]) {
+      const auto& delta = choice["delta"];
+      if (delta.contains("content")) content += delta["content"];
+      if (delta.contains("reasoning_content")) {
+        reasoning += delta["reasoning_content"];
+      }
+    }
+  }
+  EXPECT_EQ(content, "Hello") << res.body;
+  EXPECT_EQ(reasoning, "Think.") << res.body;
+  EXPECT_EQ(res.body.find("<|"), std::string::npos) << res.body;
+}
+
+TEST_F(HarmonyTest, CompletionsKeepTheRawText) {
+  const RecordedResponse res =
+      Post("/v1/completions", R"({"prompt": "<|start|>user"})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto got = nlohmann::json::parse(res.body);
+  EXPECT_EQ(got["choices"][0]["text"],
+            "<|channel|>analysis<|message|>Think.<|end|><|start|>assistant"
+            "<|channel|>final<|message|>Hello");
 }
 
 }  // namespace

@@ -246,6 +246,8 @@ const char* ToolCallFormatName(ToolCallFormat format) {
       return "hermes";
     case ToolCallFormat::kLlamaJson:
       return "llama_json";
+    case ToolCallFormat::kHarmony:
+      return "harmony";
     case ToolCallFormat::kNone:
       break;
   }
@@ -255,6 +257,7 @@ const char* ToolCallFormatName(ToolCallFormat format) {
 ToolCallFormat ToolCallFormatFromName(std::string_view name) {
   if (name == "hermes") return ToolCallFormat::kHermes;
   if (name == "llama_json") return ToolCallFormat::kLlamaJson;
+  if (name == "harmony") return ToolCallFormat::kHarmony;
   return ToolCallFormat::kNone;
 }
 
@@ -335,6 +338,14 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   const auto has = [&](std::string_view what) {
     return source.find(what) != std::string_view::npos;
   };
+  if (writes("<|start|>system<|message|>") &&
+      writes("<|start|>user<|message|>") &&
+      writes("<|start|>assistant<|channel|>final<|message|>")) {
+    // gpt-oss's harmony template dates its system block (strftime_now).
+    t.format_ = Format::kHarmony;
+    t.date_ = absl::FormatTime("%Y-%m-%d", now, absl::UTCTimeZone());
+    return t;
+  }
   if (writes("<|start_header_id|>")) {
     t.format_ = Format::kLlama3;
     t.bos_ = std::move(bos);
@@ -458,7 +469,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                     : "";
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template is not one shardlm renders (ChatML, "
-      "Llama 3, Llama 2, Mistral [INST], Gemma)",
+      "Llama 3, Llama 2, Mistral [INST], Gemma, harmony)",
       hint, "; use completions with a prompt in its own format"));
 }
 
@@ -693,6 +704,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (tool_format_ == ToolCallFormat::kLlamaJson) {
     return RenderLlamaJson(messages, {});
   }
+  if (format_ == Format::kHarmony) return RenderHarmony(messages);
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -793,6 +805,51 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   return out;
 }
 
+// gpt-oss's template (its plain-conversation branches).
+absl::StatusOr<std::string> ChatTemplate::RenderHarmony(
+    absl::Span<const ChatMessage> messages) const {
+  std::string out = absl::StrCat(
+      "<|start|>system<|message|>You are ChatGPT, a large language model "
+      "trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ",
+      date_,
+      "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, "
+      "final. Channel must be included for every message.<|end|>");
+  size_t first = 0;
+  if (!messages.empty() &&
+      (messages[0].role == "system" || messages[0].role == "developer")) {
+    if (!messages[0].content.empty()) {
+      absl::StrAppend(&out, "<|start|>developer<|message|># Instructions\n\n",
+                      messages[0].content, "\n\n<|end|>");
+    }
+    first = 1;
+  }
+  for (size_t i = first; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "user") {
+      absl::StrAppend(&out, "<|start|>user<|message|>", m.content, "<|end|>");
+    } else if (m.role == "assistant") {
+      // The template refuses an answer holding channel markup.
+      for (std::string_view tag :
+           {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"}) {
+        if (m.content.find(tag) != std::string::npos) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("messages[", i, "].content holds ", Sv(tag),
+                           "; give the final answer only (harmony channels are "
+                           "written by the template)"));
+        }
+      }
+      absl::StrAppend(&out, "<|start|>assistant<|channel|>final<|message|>",
+                      m.content, "<|end|>");
+    } else if (m.role != "system" && m.role != "developer") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", m.role,
+                       "' is not system, developer, user or assistant"));
+    }
+  }
+  absl::StrAppend(&out, "<|start|>assistant");
+  return out;
+}
+
 // Llama 2 and Mistral v0.3: an optional leading system message, then
 // turns alternating from a user's (both templates raise otherwise).
 absl::StatusOr<std::string> ChatTemplate::RenderInst(
@@ -847,6 +904,10 @@ absl::StatusOr<std::string> ChatTemplate::RenderInst(
 }
 
 std::string ChatTemplate::Describe() const {
+  if (format_ == Format::kHarmony) {
+    return absl::StrCat("harmony (gpt-oss; dated ", date_,
+                        ", reasoning medium; no tools yet)");
+  }
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";

@@ -55,6 +55,12 @@ enum class ToolCallFormat {
   // Llama 3.1 and 3.2 (JSON tool calls): a call is the assistant's whole
   // turn, {"name": NAME, "parameters": {...}}; results are ipython turns.
   kLlamaJson,
+  // gpt-oss's harmony: the answer in channels, <|channel|>analysis
+  // <|message|>...<|end|> (reasoning) then <|start|>assistant<|channel|>
+  // final<|message|>... (content). Tools are not rendered yet: a template
+  // of this format has tool_format() kNone, and InferenceService reports
+  // kHarmony so that the API splits the channels.
+  kHarmony,
 };
 
 // "hermes", "llama_json", or "" for kNone (the gRPC API's ModelInfo);
@@ -92,6 +98,14 @@ class ChatTemplate {
     // blank line); roles alternate user, assistant, ... after it. Gemma
     // 2's template is the same but refuses a system message.
     kGemma,
+    // gpt-oss (harmony): a system block (model identity, knowledge cutoff,
+    // today's date, reasoning effort medium, the valid channels); a
+    // leading system or developer message as the developer block's
+    // instructions; <|start|>user<|message|>...<|end|> and an assistant's
+    // answer as <|start|>assistant<|channel|>final<|message|>...<|end|>;
+    // system and developer messages after the first dropped, as the
+    // template drops them. Tools, tool calls and results are refused.
+    kHarmony,
   };
 
   // The format of `tokenizer`'s chat template. A model with no template
@@ -129,6 +143,8 @@ class ChatTemplate {
 
  private:
   absl::StatusOr<std::string> RenderInst(
+      absl::Span<const ChatMessage> messages) const;
+  absl::StatusOr<std::string> RenderHarmony(
       absl::Span<const ChatMessage> messages) const;
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,

@@ -49,6 +49,21 @@ size_t ObjectEnd(std::string_view text) {
   return std::string_view::npos;
 }
 
+// Harmony's markup (gpt-oss).
+constexpr std::string_view kHarmonyStart = "<|start|>";
+constexpr std::string_view kHarmonyChannel = "<|channel|>";
+constexpr std::string_view kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|call|>",
+                                             "<|return|>"};
+
+// Whether `text` is, or may become, a harmony header's beginning.
+bool MayOpenHarmonyHeader(std::string_view text) {
+  for (std::string_view tag : {kHarmonyStart, kHarmonyChannel}) {
+    if (text.starts_with(tag) || tag.starts_with(text)) return true;
+  }
+  return false;
+}
+
 }  // namespace
 
 ToolCallEvents ToolCallStream::Push(std::string_view text) {
@@ -60,6 +75,8 @@ ToolCallEvents ToolCallStream::Push(std::string_view text) {
   held_ += text;
   if (format_ == ToolCallFormat::kLlamaJson) {
     DrainLlama(events);
+  } else if (format_ == ToolCallFormat::kHarmony) {
+    DrainHarmony(events, /*finish=*/false);
   } else {
     Drain(events);
   }
@@ -167,8 +184,72 @@ void ToolCallStream::Drain(ToolCallEvents& events) {
   held_.clear();
 }
 
+void ToolCallStream::DrainHarmony(ToolCallEvents& events, bool finish) {
+  while (!held_.empty()) {
+    if (!in_message_) {
+      const size_t open = held_.find(kHarmonyMessage);
+      const std::string_view header = std::string_view(held_).substr(
+          0, open == std::string::npos ? held_.size() : open);
+      if (!MayOpenHarmonyHeader(header) ||
+          (open != std::string::npos && !header.starts_with(kHarmonyStart) &&
+           !header.starts_with(kHarmonyChannel))) {
+        passthrough_ = true;  // Not harmony: content as it came.
+        events.content += held_;
+        held_.clear();
+        return;
+      }
+      if (open == std::string::npos) {
+        if (finish) {  // A header the output ended in: content.
+          events.content += held_;
+          held_.clear();
+        }
+        return;
+      }
+      // The channel's name runs to a space (" to=...") or the next tag.
+      std::string_view channel;
+      if (const size_t at = header.find(kHarmonyChannel);
+          at != std::string_view::npos) {
+        channel = header.substr(at + kHarmonyChannel.size());
+        channel = channel.substr(0, channel.find_first_of(" <"));
+      }
+      reasoning_ = channel == "analysis";
+      in_message_ = true;
+      held_.erase(0, open + kHarmonyMessage.size());
+      continue;
+    }
+    size_t end = std::string::npos, tag = 0;
+    for (std::string_view t : kHarmonyEnds) {
+      if (const size_t at = held_.find(t); at < end) {
+        end = at;
+        tag = t.size();
+      }
+    }
+    std::string& out = reasoning_ ? events.reasoning : events.content;
+    if (end == std::string::npos) {
+      size_t keep = 0;
+      if (!finish) {
+        for (std::string_view t : kHarmonyEnds) {
+          keep = std::max(keep, PartialTagSuffix(held_, t));
+        }
+      }
+      out += held_.substr(0, held_.size() - keep);
+      held_.erase(0, held_.size() - keep);
+      return;
+    }
+    out += held_.substr(0, end);
+    held_.erase(0, end + tag);
+    in_message_ = false;
+  }
+}
+
 ToolCallEvents ToolCallStream::Finish() {
   ToolCallEvents events;
+  if (format_ == ToolCallFormat::kHarmony) {
+    if (!passthrough_) DrainHarmony(events, /*finish=*/true);
+    events.content += held_;
+    held_.clear();
+    return events;
+  }
   if (format_ == ToolCallFormat::kLlamaJson) {
     if (in_calls_ && !passthrough_ && ParseLlamaCalls(events.calls)) {
       calls_ += static_cast<int>(events.calls.size());

@@ -2,7 +2,7 @@
 // streams it: the Hermes format (Qwen2.5, Qwen3) that ChatTemplate
 // renders, <tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>,
 // and Llama 3.1's JSON calls, the whole output {"name": ..., "parameters":
-// {...}}.
+// {...}}; and gpt-oss's harmony channels, reasoning apart from content.
 #ifndef SHARDLM_MODEL_TOOL_CALLS_H_
 #define SHARDLM_MODEL_TOOL_CALLS_H_
 
@@ -15,9 +15,11 @@
 namespace shardlm {
 
 // What a piece of output text turned into: text for the client's content,
-// and whole calls (id left empty: the API names them).
+// reasoning (harmony's analysis channel) for its reasoning_content, and
+// whole calls (id left empty: the API names them).
 struct ToolCallEvents {
   std::string content;
+  std::string reasoning;
   std::vector<ChatToolCall> calls;
 };
 
@@ -37,7 +39,16 @@ struct ToolCallEvents {
 // {"name": NAME, "parameters": {...}} ("arguments" is taken too, as
 // vLLM's llama3_json parser does), several separated by ";"; anything
 // else, or a parse that fails, is content, as it came. Any other output
-// passes through at once. Not thread-safe.
+// passes through at once.
+//
+// kHarmony (gpt-oss): the output is messages, each a header
+// ([<|start|>ROLE]<|channel|>NAME[ to=RECIPIENT][<|constrain|>TYPE]) then
+// <|message|>, its text, and <|end|>, <|call|>, <|return|> or the end of
+// the output. The analysis channel's text is reasoning, every other
+// message's content; the markup is dropped. Text streams as it comes (a
+// suffix that may begin a tag is held back). An output that does not open
+// with a header, or a header that is not one, is content as it came, from
+// there on. Not thread-safe.
 class ToolCallStream {
  public:
   explicit ToolCallStream(std::vector<std::string> names,
@@ -54,6 +65,8 @@ class ToolCallStream {
  private:
   void Drain(ToolCallEvents& events);
   void DrainLlama(ToolCallEvents& events);
+  // Harmony; `finish`: the output ended (nothing more is held back).
+  void DrainHarmony(ToolCallEvents& events, bool finish);
   // Llama: the held output as calls; false (and none) when it is not.
   bool ParseLlamaCalls(std::vector<ChatToolCall>& calls) const;
   bool Named(const std::string& name) const;
@@ -63,6 +76,8 @@ class ToolCallStream {
   std::string held_;
   bool in_calls_ = false;     // Past the first <tool_call> (Llama: "{").
   bool passthrough_ = false;  // After a malformed call: all is content.
+  bool in_message_ = false;   // Harmony: inside a message's text.
+  bool reasoning_ = false;    // Harmony: that message is analysis.
   int calls_ = 0;
 };
 

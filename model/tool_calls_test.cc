@@ -139,6 +139,82 @@ TEST(ToolCallStreamLlama, PlainTextStreamsAtOnce) {
   EXPECT_EQ(stream.Finish().content, "");
 }
 
+// Harmony (gpt-oss): `text` pushed in pieces cut at `cuts` (offsets),
+// then Finish; what every event said, concatenated.
+ToolCallEvents FeedHarmony(const std::string& text,
+                           const std::vector<size_t>& cuts) {
+  ToolCallStream stream({}, ToolCallFormat::kHarmony);
+  ToolCallEvents all;
+  size_t at = 0;
+  const auto take = [&](const ToolCallEvents& e) {
+    all.content += e.content;
+    all.reasoning += e.reasoning;
+  };
+  for (size_t cut : cuts) {
+    take(stream.Push(std::string_view(text).substr(at, cut - at)));
+    at = cut;
+  }
+  take(stream.Push(std::string_view(text).substr(at)));
+  take(stream.Finish());
+  return all;
+}
+
+TEST(ToolCallStreamHarmony, ChannelsSplitAtEveryCut) {
+  struct Case {
+    std::string output, reasoning, content;
+  };
+  const std::vector<Case> cases = {
+      {"<|channel|>analysis<|message|>User asks 2+2. Easy.<|end|>"
+       "<|start|>assistant<|channel|>final<|message|>2 + 2 = 4.",
+       "User asks 2+2. Easy.", "2 + 2 = 4."},
+      // A preamble on the commentary channel is content; the answer's
+      // <|return|> (when the stop token is kept) ends it.
+      {"<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>"
+       "commentary<|message|>Let me think.<|end|><|start|>assistant"
+       "<|channel|>final<|message|>b<|return|>",
+       "a", "Let me think.b"},
+      // Cut off by max_tokens inside the reasoning.
+      {"<|channel|>analysis<|message|>Still thinking <|", "Still thinking <|",
+       ""},
+      // Text that looks like markup but is not a tag stays text.
+      {"<|channel|>final<|message|>a <|en b <|end c", "", "a <|en b <|end c"},
+      // Not harmony at all: content as it came.
+      {"Plain answer <|end|>", "", "Plain answer <|end|>"},
+      {"", "", ""},
+      // A header the output ended in is content, not lost.
+      {"<|channel|>analysis<|message|>x<|end|><|start|>assistant", "x",
+       "<|start|>assistant"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.output);
+    const ToolCallEvents whole = FeedHarmony(c.output, {});
+    EXPECT_EQ(whole.reasoning, c.reasoning);
+    EXPECT_EQ(whole.content, c.content);
+    // Streamed: cut once and twice anywhere, the same text.
+    for (size_t i = 0; i <= c.output.size(); ++i) {
+      for (size_t j = i; j <= c.output.size(); j += 3) {
+        const ToolCallEvents e = FeedHarmony(c.output, {i, j});
+        ASSERT_EQ(e.reasoning, c.reasoning) << i << " " << j;
+        ASSERT_EQ(e.content, c.content) << i << " " << j;
+      }
+    }
+  }
+}
+
+TEST(ToolCallStreamHarmony, TextStreamsAsItComes) {
+  ToolCallStream stream({}, ToolCallFormat::kHarmony);
+  ToolCallEvents e = stream.Push("<|channel|>analysis<|message|>Think");
+  EXPECT_EQ(e.reasoning, "Think");
+  e = stream.Push(" more<|");  // "<|" may begin <|end|>: held.
+  EXPECT_EQ(e.reasoning, " more");
+  e = stream.Push("end|><|start|>assistant<|channel|>final<|message|>Hi");
+  EXPECT_EQ(e.reasoning, "");
+  EXPECT_EQ(e.content, "Hi");
+  e = stream.Finish();
+  EXPECT_EQ(e.content, "");
+  EXPECT_EQ(e.reasoning, "");
+}
+
 TEST(PythonJsonDumps, MatchesPythonLayout) {
   // json.dumps(json.loads(s), ensure_ascii=False) for each, by hand.
   EXPECT_EQ(*PythonJsonDumps(R"({"b":1,"a":{"x":[1,2,{}],"y":[]}})"),

@@ -15,7 +15,8 @@ strftime_now), Qwen2 and Qwen2.5 (their default system prompts), Mistral
 v0.2 and v0.1 ([INST] turns; the roles they refuse with raise_exception we
 must refuse too), Llama 2 chat (<<SYS>> in the first turn) and Mistral
 v0.3 (the system message in the last turn), Gemma 3 (<start_of_turn>
-turns, the system message in front of the first). Every conversation must
+turns, the system message in front of the first), gpt-oss's harmony (its
+plain-conversation branches; tools are refused). Every conversation must
 render identically. Templates of other formats (another <<SYS>> layout, an
 unknown one) must be refused, not rendered wrongly.
 
@@ -458,6 +459,59 @@ GEMMA2 = r"""{{ bos_token }}{% if messages[0]['role'] == 'system' %}{{ raise_exc
 
 # An [INST] format of no family we know (<<SYS>> blocks as messages of
 # their own): must be refused, not rendered as Llama 2.
+# gpt-oss's harmony template, its plain-conversation branches as published
+# (the system block with strftime_now and the default reasoning effort, the
+# leading system or developer message as the developer block, user turns
+# and final answers; later system messages fall through every branch).
+HARMONY = r"""{#- gpt-oss (harmony) -#}
+{%- macro build_system_message() -%}
+    {%- if model_identity is not defined %}
+        {%- set model_identity = "You are ChatGPT, a large language model trained by OpenAI." %}
+    {%- endif %}
+    {{- model_identity + "\n" }}
+    {{- "Knowledge cutoff: 2024-06\n" }}
+    {{- "Current date: " + strftime_now("%Y-%m-%d") + "\n\n" }}
+    {%- if reasoning_effort is not defined %}
+        {%- set reasoning_effort = "medium" %}
+    {%- endif %}
+    {{- "Reasoning: " + reasoning_effort + "\n\n" }}
+    {{- "# Valid channels: analysis, commentary, final. Channel must be included for every message." }}
+{%- endmacro -%}
+{{- "<|start|>system<|message|>" }}
+{{- build_system_message() }}
+{{- "<|end|>" }}
+{%- if messages[0].role == "developer" or messages[0].role == "system" %}
+    {%- set developer_message = messages[0].content %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set developer_message = "" %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- if developer_message or tools %}
+    {{- "<|start|>developer<|message|>" }}
+    {%- if developer_message %}
+        {{- "# Instructions\n\n" }}
+        {{- developer_message }}
+        {{- "\n\n" }}
+    {%- endif %}
+    {{- "<|end|>" }}
+{%- endif %}
+{%- for message in loop_messages -%}
+    {%- if message.role == 'assistant' -%}
+        {%- if "content" in message %}
+            {%- if "<|channel|>analysis<|message|>" in message.content or "<|channel|>final<|message|>" in message.content %}
+                {{- raise_exception("You have passed a message containing <|channel|> tags in the content field.") }}
+            {%- endif %}
+        {%- endif %}
+        {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }}
+    {%- elif message.role == 'user' -%}
+        {{- "<|start|>user<|message|>" + message.content + "<|end|>" }}
+    {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+<|start|>assistant
+{%- endif -%}"""
+
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
 
 UNKNOWN = r"""{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"""
@@ -480,6 +534,7 @@ TEMPLATES = [
     ("mistral v0.3", MISTRAL03, "<s>", False),
     ("gemma3", GEMMA3, "<bos>", False),
     ("gemma2", GEMMA2, "<bos>", False),
+    ("harmony (gpt-oss)", HARMONY, "<|startoftext|>", False),
     ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
@@ -514,7 +569,18 @@ CONVERSATIONS = [
      m("assistant", "\n<think>\n\nadd them\n\n</think>\n\n\n4\n")],
     [m("user", "q"), m("assistant", "no think block here")],
     [m("user", "q"), m("assistant", "a</think>b</think>\nc")],
+    # An answer holding harmony's channel tags (gpt-oss's template refuses
+    # it; the others render it as text).
+    [m("user", "q"), m("assistant", "<|channel|>final<|message|>a")],
 ]
+# Conversations only some templates take: harmony's developer role (the
+# others have none, and render it in ways of their own or refuse it).
+EXTRA_CONVERSATIONS = {
+    "harmony (gpt-oss)": [
+        [m("developer", "Answer in French."), m("user", "Hi")],
+        [m("developer", ""), m("user", "Hi"), m("developer", "dropped")],
+    ],
+}
 
 
 WEATHER = {"type": "function", "function": {
@@ -640,17 +706,18 @@ def main(argv=None) -> int:
             chatml = "<|im_start|>" in source
             args = ["--template", path, "--bos", bos] + \
                 (["--chatml-vocab"] if chatml else [])
-        rc, outs, err = run_tool(a.tool, args, CONVERSATIONS)
+        conversations = CONVERSATIONS + EXTRA_CONVERSATIONS.get(name, [])
+        rc, outs, err = run_tool(a.tool, args, conversations)
         if refuse:
             ok = rc == 3 and "not one shardlm renders" in err
             failures += not ok
             print(f"[{name}] {'refused' if ok else 'FAIL: not refused'}: {err}")
             continue
-        if rc != 0 or len(outs) != len(CONVERSATIONS):
+        if rc != 0 or len(outs) != len(conversations):
             print(f"[{name}] TOOL ERROR (exit {rc}): {err}")
             return 2
         same = 0
-        for conv, out in zip(CONVERSATIONS, outs):
+        for conv, out in zip(conversations, outs):
             try:
                 want = jinja_render(source, bos, conv)
             except Exception as e:  # raise_exception: we must refuse too.
@@ -663,7 +730,7 @@ def main(argv=None) -> int:
             failures += 1
             print(f"[{name}] FAIL on {json.dumps(conv, ensure_ascii=False)}\n"
                   f"  jinja2: {want!r}\n  ours:   {got!r}")
-        print(f"[{name}] {same} of {len(CONVERSATIONS)} conversations "
+        print(f"[{name}] {same} of {len(conversations)} conversations "
               f"identical ({err.removeprefix('chat_dump: ')})")
         # Tools: rendered exactly by the tool-capable template, refused by
         # every other.
