@@ -125,6 +125,17 @@ class RecordedResponse final : public HttpResponse {
   std::string body;
 };
 
+RecordedResponse PostTo(OpenAiApi& api, const std::string& path,
+                        const std::string& body) {
+  HttpRequest req;
+  req.method = "POST";
+  req.path = path;
+  req.body = body;
+  RecordedResponse res;
+  api.Handle(req, res);
+  return res;
+}
+
 v1::TokenLogprob Lp(int32_t id, const char* text, float logprob) {
   v1::TokenLogprob t;
   t.set_token_id(id);
@@ -170,13 +181,7 @@ class PromptLogprobsTest : public ::testing::Test {
             /*context_length=*/64, {.model_name = "m"}) {}
 
   RecordedResponse Post(const std::string& path, const std::string& body) {
-    HttpRequest req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body;
-    RecordedResponse res;
-    api_.Handle(req, res);
-    return res;
+    return PostTo(api_, path, body);
   }
 
   std::vector<v1::GenerateRequest> seen_;
@@ -293,13 +298,7 @@ class HarmonyTest : public ::testing::Test {
   }
 
   RecordedResponse Post(const std::string& path, const std::string& body) {
-    HttpRequest req;
-    req.method = "POST";
-    req.path = path;
-    req.body = body;
-    RecordedResponse res;
-    api_.Handle(req, res);
-    return res;
+    return PostTo(api_, path, body);
   }
 
   OpenAiApi api_;
