@@ -406,7 +406,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
       }
     }
     absl::StatusOr<std::string> text =
-        chat_template_->Render(conversation, tools);
+        chat_template_->Render(conversation, tools, request.reasoning_effort());
     if (!text.ok()) return Invalid(text.status().message());
     req.prompt = tokenizer_->EncodePrompt(*text);
   } else if (request.prompt_token_ids_size() > 0) {

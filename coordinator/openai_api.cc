@@ -405,8 +405,16 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
       }
     }
     RETURN_IF_ERROR(AddTools(body, ordered ? &*ordered : nullptr, req));
+    // OpenAI's reasoning models' knob; the template decides what it means.
+    if (body.contains("reasoning_effort") &&
+        !body["reasoning_effort"].is_null()) {
+      if (!body["reasoning_effort"].is_string()) {
+        return Invalid("'reasoning_effort' must be a string");
+      }
+      req.set_reasoning_effort(body["reasoning_effort"].get<std::string>());
+    }
   } else {
-    for (const char* field : {"tools", "tool_choice"}) {
+    for (const char* field : {"tools", "tool_choice", "reasoning_effort"}) {
       if (body.contains(field) && !body[field].is_null()) {
         return Invalid("'", field, "' is for /v1/chat/completions");
       }

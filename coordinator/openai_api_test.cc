@@ -273,10 +273,12 @@ class HarmonyTest : public ::testing::Test {
  protected:
   HarmonyTest()
       : api_(
-            [](const v1::GenerateRequest&, absl::Time,
-               const std::function<bool()>&,
-               const std::function<bool(const v1::GenerateResponse&)>& write,
-               RequestApi) {
+            [this](
+                const v1::GenerateRequest& request, absl::Time,
+                const std::function<bool()>&,
+                const std::function<bool(const v1::GenerateResponse&)>& write,
+                RequestApi) {
+              seen_.push_back(request);
               const std::vector<std::string> pieces = {
                   "<|channel|>analysis<|message|>Th",
                   "ink.<|end|><|start|>assistant<|",
@@ -301,6 +303,7 @@ class HarmonyTest : public ::testing::Test {
     return PostTo(api_, path, body);
   }
 
+  std::vector<v1::GenerateRequest> seen_;
   OpenAiApi api_;
 };
 
@@ -335,6 +338,25 @@ TEST_F(HarmonyTest, StreamedDeltasAddUpToTheSameMessage) {
   EXPECT_EQ(content, "Hello") << res.body;
   EXPECT_EQ(reasoning, "Think.") << res.body;
   EXPECT_EQ(res.body.find("<|"), std::string::npos) << res.body;
+}
+
+TEST_F(HarmonyTest, ReasoningEffortReachesTheTemplate) {
+  RecordedResponse res =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "q"}],
+                                  "reasoning_effort": "high"})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  ASSERT_EQ(seen_.size(), 1u);
+  EXPECT_EQ(seen_[0].reasoning_effort(), "high");
+  res = Post("/v1/chat/completions",
+             R"({"messages": [{"role": "user", "content": "q"}],
+                 "reasoning_effort": 3})");
+  EXPECT_EQ(res.status, 400) << res.body;
+  EXPECT_NE(res.body.find("reasoning_effort"), std::string::npos) << res.body;
+  res =
+      Post("/v1/completions", R"({"prompt": "q", "reasoning_effort": "high"})");
+  EXPECT_EQ(res.status, 400) << res.body;
+  EXPECT_EQ(seen_.size(), 1u);  // Neither refused request ran.
 }
 
 TEST_F(HarmonyTest, CompletionsKeepTheRawText) {

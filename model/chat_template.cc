@@ -474,8 +474,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
 }
 
 absl::StatusOr<std::string> ChatTemplate::Render(
-    absl::Span<const ChatMessage> messages,
-    absl::Span<const ChatTool> tools) const {
+    absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
+    std::string_view reasoning_effort) const {
   if (tool_format_ == ToolCallFormat::kHermes) {
     return qwen3_ ? RenderQwen3(messages, tools)
                   : RenderHermes(messages, tools);
@@ -498,6 +498,9 @@ absl::StatusOr<std::string> ChatTemplate::Render(
       return absl::InvalidArgumentError(
           absl::StrCat("messages[", i, "].tool_calls", why));
     }
+  }
+  if (format_ == Format::kHarmony) {
+    return RenderHarmony(messages, reasoning_effort);
   }
   return Render(messages);
 }
@@ -704,7 +707,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (tool_format_ == ToolCallFormat::kLlamaJson) {
     return RenderLlamaJson(messages, {});
   }
-  if (format_ == Format::kHarmony) return RenderHarmony(messages);
+  if (format_ == Format::kHarmony) return RenderHarmony(messages, {});
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -807,13 +810,21 @@ absl::StatusOr<std::string> ChatTemplate::Render(
 
 // gpt-oss's template (its plain-conversation branches).
 absl::StatusOr<std::string> ChatTemplate::RenderHarmony(
-    absl::Span<const ChatMessage> messages) const {
+    absl::Span<const ChatMessage> messages,
+    std::string_view reasoning_effort) const {
+  if (reasoning_effort.empty()) reasoning_effort = "medium";
+  if (reasoning_effort != "low" && reasoning_effort != "medium" &&
+      reasoning_effort != "high") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reasoning_effort '", Sv(reasoning_effort),
+                     "' is not low, medium or high"));
+  }
   std::string out = absl::StrCat(
       "<|start|>system<|message|>You are ChatGPT, a large language model "
       "trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ",
-      date_,
-      "\n\nReasoning: medium\n\n# Valid channels: analysis, commentary, "
-      "final. Channel must be included for every message.<|end|>");
+      date_, "\n\nReasoning: ", Sv(reasoning_effort),
+      "\n\n# Valid channels: analysis, commentary, final. Channel must be "
+      "included for every message.<|end|>");
   size_t first = 0;
   if (!messages.empty() &&
       (messages[0].role == "system" || messages[0].role == "developer")) {
@@ -906,7 +917,7 @@ absl::StatusOr<std::string> ChatTemplate::RenderInst(
 std::string ChatTemplate::Describe() const {
   if (format_ == Format::kHarmony) {
     return absl::StrCat("harmony (gpt-oss; dated ", date_,
-                        ", reasoning medium; no tools yet)");
+                        ", reasoning medium by default; no tools yet)");
   }
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";

@@ -99,7 +99,8 @@ class ChatTemplate {
     // 2's template is the same but refuses a system message.
     kGemma,
     // gpt-oss (harmony): a system block (model identity, knowledge cutoff,
-    // today's date, reasoning effort medium, the valid channels); a
+    // today's date, the reasoning effort, by default medium, the valid
+    // channels); a
     // leading system or developer message as the developer block's
     // instructions; <|start|>user<|message|>...<|end|> and an assistant's
     // answer as <|start|>assistant<|channel|>final<|message|>...<|end|>;
@@ -133,8 +134,12 @@ class ChatTemplate {
   // template renders no tools (tool_format() kNone) and `tools`, a tool
   // message or an assistant's tool call is given, naming the field; and for
   // an assistant's call whose arguments are not a JSON object.
-  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
-                                     absl::Span<const ChatTool> tools) const;
+  // `reasoning_effort` (empty: the template's default) is read by
+  // harmony's only ("low", "medium" or "high"; InvalidArgument otherwise),
+  // ignored by the others as their templates ignore the variable.
+  absl::StatusOr<std::string> Render(
+      absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
+      std::string_view reasoning_effort = {}) const;
 
   Format format() const { return format_; }
   ToolCallFormat tool_format() const { return tool_format_; }
@@ -145,7 +150,8 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderInst(
       absl::Span<const ChatMessage> messages) const;
   absl::StatusOr<std::string> RenderHarmony(
-      absl::Span<const ChatMessage> messages) const;
+      absl::Span<const ChatMessage> messages,
+      std::string_view reasoning_effort) const;
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;

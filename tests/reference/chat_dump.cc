@@ -115,7 +115,10 @@ int main(int argc, char** argv) {
                                            : ""});
       }
     }
-    auto prompt = chat->Render(messages, tools);
+    const std::string effort = in.is_object() && in.contains("reasoning_effort")
+                                   ? in["reasoning_effort"].get<std::string>()
+                                   : "";
+    auto prompt = chat->Render(messages, tools, effort);
     const Json out =
         prompt.ok() ? Json{{"prompt", *prompt}}
                     : Json{{"error", std::string(prompt.status().message())}};

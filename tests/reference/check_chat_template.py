@@ -579,6 +579,9 @@ EXTRA_CONVERSATIONS = {
     "harmony (gpt-oss)": [
         [m("developer", "Answer in French."), m("user", "Hi")],
         [m("developer", ""), m("user", "Hi"), m("developer", "dropped")],
+        # The template's reasoning_effort variable (the request's field).
+        {"messages": [m("user", "Think hard.")], "reasoning_effort": "high"},
+        {"messages": [m("user", "Quick.")], "reasoning_effort": "low"},
     ],
 }
 
@@ -649,7 +652,7 @@ def openai_messages(messages):
     return out
 
 
-def jinja_render(source, bos, messages, tools=None):
+def jinja_render(source, bos, messages, tools=None, **kwargs):
     import jinja2
     import jinja2.ext
     import jinja2.sandbox
@@ -673,7 +676,7 @@ def jinja_render(source, bos, messages, tools=None):
     env.filters["tojson"] = tojson
     return env.from_string(source).render(
         messages=messages, tools=tools or None, bos_token=bos,
-        eos_token="</s>", add_generation_prompt=True)
+        eos_token="</s>", add_generation_prompt=True, **kwargs)
 
 
 def run_tool(tool, args, conversations):
@@ -719,7 +722,12 @@ def main(argv=None) -> int:
         same = 0
         for conv, out in zip(conversations, outs):
             try:
-                want = jinja_render(source, bos, conv)
+                if isinstance(conv, dict):  # With template variables.
+                    kwargs = {k: v for k, v in conv.items() if k != "messages"}
+                    want = jinja_render(source, bos, conv["messages"],
+                                        **kwargs)
+                else:
+                    want = jinja_render(source, bos, conv)
             except Exception as e:  # raise_exception: we must refuse too.
                 want = f"refused ({e})"
             got = out.get("prompt", f"refused ({out.get('error')})")
