@@ -867,7 +867,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     std::string finish_reason;
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
-    std::string reasoning;  // Harmony's analysis channel (not streamed).
+    std::string reasoning;  // Harmony's analysis text, unstreamed answers.
     Json tool_calls = Json::array();
     int streamed_calls = 0;        // Tool calls sent as deltas so far.
     bool echoed_logprobs = false;  // The prompt's logprobs are in.
