@@ -219,11 +219,7 @@ std::vector<std::string> RequestedToolCallNames(
 
 ToolCallFormat InferenceService::tool_call_format() const {
   if (!chat_template_.ok()) return ToolCallFormat::kNone;
-  // Harmony renders no tools yet, but its answers come in channels.
-  if (chat_template_->format() == ChatTemplate::Format::kHarmony) {
-    return ToolCallFormat::kHarmony;
-  }
-  return chat_template_->tool_format();
+  return chat_template_->output_format();
 }
 
 std::vector<std::string> InferenceService::ToolCallNames(
@@ -239,6 +235,12 @@ absl::Status InferenceService::AddToolConstraint(
     const v1::GenerateRequest& request, GenerateRequest& req) const {
   const bool forced = !request.tool_choice_function().empty();
   if (request.tool_choice() != "required" && !forced) return absl::OkStatus();
+  if (tool_call_format() == ToolCallFormat::kHarmony) {
+    return Invalid(
+        "tool_choice required or a named function is not supported for the "
+        "harmony format (gpt-oss) yet: no grammar constrains its channels; "
+        "use tool_choice auto");
+  }
   if (request.constraint().kind_case() != v1::OutputConstraint::KIND_NOT_SET) {
     return Invalid(
         "tool_choice required or a function constrains the output to tool "

@@ -279,14 +279,10 @@ class HarmonyTest : public ::testing::Test {
                 const std::function<bool(const v1::GenerateResponse&)>& write,
                 RequestApi) {
               seen_.push_back(request);
-              const std::vector<std::string> pieces = {
-                  "<|channel|>analysis<|message|>Th",
-                  "ink.<|end|><|start|>assistant<|",
-                  "channel|>final<|message|>Hel", "lo"};
-              for (size_t i = 0; i < pieces.size(); ++i) {
+              for (size_t i = 0; i < pieces_.size(); ++i) {
                 v1::GenerateResponse r;
-                r.set_text(pieces[i]);
-                if (i + 1 == pieces.size()) {
+                r.set_text(pieces_[i]);
+                if (i + 1 == pieces_.size()) {
                   r.set_finish_reason("stop");
                   r.mutable_usage()->set_prompt_tokens(3);
                   r.mutable_usage()->set_completion_tokens(4);
@@ -303,6 +299,10 @@ class HarmonyTest : public ::testing::Test {
     return PostTo(api_, path, body);
   }
 
+  // What the model writes, in pieces.
+  std::vector<std::string> pieces_ = {"<|channel|>analysis<|message|>Th",
+                                      "ink.<|end|><|start|>assistant<|",
+                                      "channel|>final<|message|>Hel", "lo"};
   std::vector<v1::GenerateRequest> seen_;
   OpenAiApi api_;
 };
@@ -337,6 +337,39 @@ TEST_F(HarmonyTest, StreamedDeltasAddUpToTheSameMessage) {
   }
   EXPECT_EQ(content, "Hello") << res.body;
   EXPECT_EQ(reasoning, "Think.") << res.body;
+  EXPECT_EQ(res.body.find("<|"), std::string::npos) << res.body;
+}
+
+TEST_F(HarmonyTest, StreamedCallIsAToolCallDelta) {
+  pieces_ = {"<|channel|>analysis<|message|>Weather.<|end|><|start|>",
+             "assistant<|channel|>commentary to=functions.get_weather <|con",
+             "strain|>json<|message|>{\"city\":", "\"Oslo\"}<|call|>"};
+  const RecordedResponse res = Post("/v1/chat/completions", R"({
+      "messages": [{"role": "user", "content": "q"}], "stream": true,
+      "tools": [{"type": "function", "function": {"name": "get_weather"}}]})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  std::string content, reasoning, name, arguments;
+  for (absl::string_view line : absl::StrSplit(res.body, "\n\n")) {
+    if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
+    const auto chunk = nlohmann::json::parse(line);
+    for (const auto& choice : chunk["choices"]) {
+      const auto& delta = choice["delta"];
+      if (delta.contains("content")) content += delta["content"];
+      if (delta.contains("reasoning_content")) {
+        reasoning += delta["reasoning_content"];
+      }
+      if (!delta.contains("tool_calls")) continue;
+      for (const auto& call : delta["tool_calls"]) {
+        EXPECT_EQ(call["index"], 0) << res.body;
+        if (call["function"].contains("name")) name += call["function"]["name"];
+        arguments += call["function"]["arguments"];
+      }
+    }
+  }
+  EXPECT_EQ(content, "") << res.body;
+  EXPECT_EQ(reasoning, "Weather.") << res.body;
+  EXPECT_EQ(name, "get_weather") << res.body;
+  EXPECT_EQ(arguments, R"({"city": "Oslo"})") << res.body;
   EXPECT_EQ(res.body.find("<|"), std::string::npos) << res.body;
 }
 

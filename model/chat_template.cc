@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "core/status.h"
+#include "model/chat_json.h"
 #include "model/pretokenizer.h"
 #include "nlohmann/json.hpp"
 
@@ -60,58 +61,6 @@ constexpr std::string_view kLlamaIpython =
     "<|start_header_id|>ipython<|end_header_id|>\n\n";
 
 using OrderedJson = nlohmann::ordered_json;
-
-void AppendPythonJson(const OrderedJson& j, std::string& out);
-
-// Python's json.dumps(j, ensure_ascii=False, indent=4) at nesting `level`:
-// each member on its own line, "," and ": " between, empty containers as
-// {} and [].
-void AppendPythonJsonIndented(const OrderedJson& j, int level,
-                              std::string& out) {
-  if (!(j.is_object() || j.is_array()) || j.empty()) {
-    AppendPythonJson(j, out);
-    return;
-  }
-  const std::string inner(4 * (level + 1), ' ');
-  out += j.is_object() ? '{' : '[';
-  bool first = true;
-  for (const auto& [key, value] : j.items()) {
-    absl::StrAppend(&out, first ? "\n" : ",\n", inner);
-    first = false;
-    if (j.is_object()) {
-      absl::StrAppend(&out, OrderedJson(key).dump(-1, ' ', false), ": ");
-    }
-    AppendPythonJsonIndented(value, level + 1, out);
-  }
-  absl::StrAppend(&out, "\n", std::string(4 * level, ' '));
-  out += j.is_object() ? '}' : ']';
-}
-
-void AppendPythonJson(const OrderedJson& j, std::string& out) {
-  if (j.is_object()) {
-    out += '{';
-    bool first = true;
-    for (const auto& [key, value] : j.items()) {
-      if (!first) out += ", ";
-      first = false;
-      out += OrderedJson(key).dump(-1, ' ', false);
-      out += ": ";
-      AppendPythonJson(value, out);
-    }
-    out += '}';
-  } else if (j.is_array()) {
-    out += '[';
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (i > 0) out += ", ";
-      AppendPythonJson(j[i], out);
-    }
-    out += ']';
-  } else {
-    // Strings escape as Python's (\" \\ \b \f \n \r \t, other control
-    // bytes \u00xx); numbers print shortest round-trip, as repr().
-    out += j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
-  }
-}
 
 // The literal starting at source[*pos] (a quote), decoded; *pos ends past
 // its closing quote (or at the end of an unterminated one).
@@ -208,19 +157,6 @@ absl::Status AppendHermesTools(absl::Span<const ChatTool> tools,
   return absl::OkStatus();
 }
 
-// A call's arguments, which must be a JSON object.
-absl::StatusOr<OrderedJson> CallArguments(const ChatToolCall& call, size_t i,
-                                          size_t c) {
-  OrderedJson args =
-      OrderedJson::parse(call.arguments, nullptr, /*allow_exceptions=*/false);
-  if (!args.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("messages[", i, "].tool_calls[", c,
-                     "].function.arguments must be a JSON object"));
-  }
-  return args;
-}
-
 absl::Status CheckToolRoles(absl::Span<const ChatMessage> messages) {
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
@@ -289,15 +225,6 @@ std::vector<std::string> JinjaStringLiterals(std::string_view source) {
   return out;
 }
 
-absl::StatusOr<std::string> PythonJsonDumps(std::string_view json_text) {
-  const OrderedJson j =
-      OrderedJson::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) return absl::InvalidArgumentError("not JSON");
-  std::string out;
-  AppendPythonJson(j, out);
-  return out;
-}
-
 absl::StatusOr<ChatTemplate> ChatTemplate::ForModel(const Tokenizer& tokenizer,
                                                     absl::Time now,
                                                     std::string_view source) {
@@ -344,6 +271,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
     // gpt-oss's harmony template dates its system block (strftime_now).
     t.format_ = Format::kHarmony;
     t.date_ = absl::FormatTime("%Y-%m-%d", now, absl::UTCTimeZone());
+    // Its tools: the functions namespace, calls on the commentary channel
+    // and results from the function's own role.
+    if (writes("} // namespace ") && writes("<|start|>assistant to=") &&
+        writes("<|channel|>commentary ") && writes("<|call|>") &&
+        writes(" to=assistant<|channel|>commentary<|message|>")) {
+      t.tool_format_ = ToolCallFormat::kHarmony;
+    }
     return t;
   }
   if (writes("<|start_header_id|>")) {
@@ -483,10 +417,13 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (tool_format_ == ToolCallFormat::kLlamaJson) {
     return RenderLlamaJson(messages, tools);
   }
+  if (tool_format_ == ToolCallFormat::kHarmony) {
+    return RenderHarmony(messages, tools, reasoning_effort);
+  }
   const std::string why = absl::StrCat(
       " needs a chat template that renders tools; this model's (", Describe(),
       ") does not (shardlm renders Qwen2.5's and Qwen3's Hermes <tool_call> "
-      "format and Llama 3.1's JSON calls)");
+      "format, Llama 3.1's JSON calls and gpt-oss's harmony functions)");
   if (!tools.empty())
     return absl::InvalidArgumentError(absl::StrCat("tools", why));
   for (size_t i = 0; i < messages.size(); ++i) {
@@ -500,7 +437,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     }
   }
   if (format_ == Format::kHarmony) {
-    return RenderHarmony(messages, reasoning_effort);
+    return RenderHarmony(messages, {}, reasoning_effort);
   }
   return Render(messages);
 }
@@ -707,7 +644,7 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (tool_format_ == ToolCallFormat::kLlamaJson) {
     return RenderLlamaJson(messages, {});
   }
-  if (format_ == Format::kHarmony) return RenderHarmony(messages, {});
+  if (format_ == Format::kHarmony) return RenderHarmony(messages, {}, {});
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -808,59 +745,6 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   return out;
 }
 
-// gpt-oss's template (its plain-conversation branches).
-absl::StatusOr<std::string> ChatTemplate::RenderHarmony(
-    absl::Span<const ChatMessage> messages,
-    std::string_view reasoning_effort) const {
-  if (reasoning_effort.empty()) reasoning_effort = "medium";
-  if (reasoning_effort != "low" && reasoning_effort != "medium" &&
-      reasoning_effort != "high") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("reasoning_effort '", Sv(reasoning_effort),
-                     "' is not low, medium or high"));
-  }
-  std::string out = absl::StrCat(
-      "<|start|>system<|message|>You are ChatGPT, a large language model "
-      "trained by OpenAI.\nKnowledge cutoff: 2024-06\nCurrent date: ",
-      date_, "\n\nReasoning: ", Sv(reasoning_effort),
-      "\n\n# Valid channels: analysis, commentary, final. Channel must be "
-      "included for every message.<|end|>");
-  size_t first = 0;
-  if (!messages.empty() &&
-      (messages[0].role == "system" || messages[0].role == "developer")) {
-    if (!messages[0].content.empty()) {
-      absl::StrAppend(&out, "<|start|>developer<|message|># Instructions\n\n",
-                      messages[0].content, "\n\n<|end|>");
-    }
-    first = 1;
-  }
-  for (size_t i = first; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (m.role == "user") {
-      absl::StrAppend(&out, "<|start|>user<|message|>", m.content, "<|end|>");
-    } else if (m.role == "assistant") {
-      // The template refuses an answer holding channel markup.
-      for (std::string_view tag :
-           {"<|channel|>analysis<|message|>", "<|channel|>final<|message|>"}) {
-        if (m.content.find(tag) != std::string::npos) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("messages[", i, "].content holds ", Sv(tag),
-                           "; give the final answer only (harmony channels are "
-                           "written by the template)"));
-        }
-      }
-      absl::StrAppend(&out, "<|start|>assistant<|channel|>final<|message|>",
-                      m.content, "<|end|>");
-    } else if (m.role != "system" && m.role != "developer") {
-      return absl::InvalidArgumentError(
-          absl::StrCat("messages[", i, "].role '", m.role,
-                       "' is not system, developer, user or assistant"));
-    }
-  }
-  absl::StrAppend(&out, "<|start|>assistant");
-  return out;
-}
-
 // Llama 2 and Mistral v0.3: an optional leading system message, then
 // turns alternating from a user's (both templates raise otherwise).
 absl::StatusOr<std::string> ChatTemplate::RenderInst(
@@ -916,8 +800,10 @@ absl::StatusOr<std::string> ChatTemplate::RenderInst(
 
 std::string ChatTemplate::Describe() const {
   if (format_ == Format::kHarmony) {
-    return absl::StrCat("harmony (gpt-oss; dated ", date_,
-                        ", reasoning medium by default; no tools yet)");
+    return absl::StrCat(
+        "harmony (gpt-oss; dated ", date_, ", reasoning medium by default",
+        tool_format_ == ToolCallFormat::kHarmony ? ", functions as tools)"
+                                                 : ")");
   }
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";

@@ -5,8 +5,9 @@
 // template (tests/reference/check_chat_template.py compares the two with
 // jinja2): plain conversations (system, user and assistant messages) in
 // every format below, and tools, tool calls and tool results in Qwen2.5's
-// and Qwen3's (Hermes-style <tool_call> JSON; ToolCallFormat::kHermes) and
-// Llama 3.1's and 3.2's (JSON calls; ToolCallFormat::kLlamaJson).
+// and Qwen3's (Hermes-style <tool_call> JSON; ToolCallFormat::kHermes),
+// Llama 3.1's and 3.2's (JSON calls; ToolCallFormat::kLlamaJson) and
+// gpt-oss's (harmony; ToolCallFormat::kHarmony).
 #ifndef SHARDLM_MODEL_CHAT_TEMPLATE_H_
 #define SHARDLM_MODEL_CHAT_TEMPLATE_H_
 
@@ -57,9 +58,8 @@ enum class ToolCallFormat {
   kLlamaJson,
   // gpt-oss's harmony: the answer in channels, <|channel|>analysis
   // <|message|>...<|end|> (reasoning) then <|start|>assistant<|channel|>
-  // final<|message|>... (content). Tools are not rendered yet: a template
-  // of this format has tool_format() kNone, and InferenceService reports
-  // kHarmony so that the API splits the channels.
+  // final<|message|>... (content); a call is a commentary message to
+  // functions.NAME whose text is the arguments, ended by <|call|>.
   kHarmony,
 };
 
@@ -105,7 +105,13 @@ class ChatTemplate {
     // instructions; <|start|>user<|message|>...<|end|> and an assistant's
     // answer as <|start|>assistant<|channel|>final<|message|>...<|end|>;
     // system and developer messages after the first dropped, as the
-    // template drops them. Tools, tool calls and results are refused.
+    // template drops them. With tools (tool_format() kHarmony when the
+    // template writes them): each function as a TypeScript type in the
+    // developer block's `functions` namespace, an assistant's call as
+    // <|start|>assistant to=functions.NAME<|channel|>commentary json
+    // <|message|>ARGS<|call|> (its text, until an answer follows, as
+    // analysis), a result as <|start|>functions.NAME to=assistant
+    // <|channel|>commentary<|message|>"JSON string"<|end|>.
     kHarmony,
   };
 
@@ -142,15 +148,23 @@ class ChatTemplate {
       std::string_view reasoning_effort = {}) const;
 
   Format format() const { return format_; }
+  // How the template renders tools (kNone: it renders none).
   ToolCallFormat tool_format() const { return tool_format_; }
+  // How the model's output is to be read: tool_format(), except that any
+  // harmony template's answers come in channels (kHarmony).
+  ToolCallFormat output_format() const {
+    return format_ == Format::kHarmony ? ToolCallFormat::kHarmony
+                                       : tool_format_;
+  }
   // One line for logs and `shardlm inspect`.
   std::string Describe() const;
 
  private:
   absl::StatusOr<std::string> RenderInst(
       absl::Span<const ChatMessage> messages) const;
+  // In chat_harmony.cc.
   absl::StatusOr<std::string> RenderHarmony(
-      absl::Span<const ChatMessage> messages,
+      absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
       std::string_view reasoning_effort) const;
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
@@ -178,11 +192,6 @@ class ChatTemplate {
 // The string literals inside a Jinja template's {{ }} and {% %} tags, with
 // their escapes (\n, \t, \', \", \\) decoded, in order.
 std::vector<std::string> JinjaStringLiterals(std::string_view source);
-
-// `json_text` (valid JSON) as Python's json.dumps(x, ensure_ascii=False)
-// writes it: keys in their order, ", " and ": " between items, non-ASCII
-// characters as they are. InvalidArgument when it is not JSON.
-absl::StatusOr<std::string> PythonJsonDumps(std::string_view json_text);
 
 }  // namespace shardlm
 

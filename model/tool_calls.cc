@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "model/chat_json.h"
 #include "nlohmann/json.hpp"
 
 namespace shardlm {
@@ -56,9 +57,16 @@ constexpr std::string_view kHarmonyMessage = "<|message|>";
 constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|call|>",
                                              "<|return|>"};
 
-// Whether `text` is, or may become, a harmony header's beginning.
-bool MayOpenHarmonyHeader(std::string_view text) {
-  for (std::string_view tag : {kHarmonyStart, kHarmonyChannel}) {
+// The recipient in front of the channel, when the output goes on from the
+// prompt's <|start|>assistant: " to=functions.NAME<|channel|>...".
+constexpr std::string_view kHarmonyTo = " to=";
+constexpr std::string_view kHarmonyFunctions = "functions.";
+
+// Whether `text` is, or may become, a harmony header's beginning (`first`:
+// the output's first, which may open with the recipient).
+bool MayOpenHarmonyHeader(std::string_view text, bool first) {
+  for (std::string_view tag : {kHarmonyStart, kHarmonyChannel, kHarmonyTo}) {
+    if (tag == kHarmonyTo && !first) continue;
     if (text.starts_with(tag) || tag.starts_with(text)) return true;
   }
   return false;
@@ -187,12 +195,14 @@ void ToolCallStream::Drain(ToolCallEvents& events) {
 void ToolCallStream::DrainHarmony(ToolCallEvents& events, bool finish) {
   while (!held_.empty()) {
     if (!in_message_) {
+      const bool first = !opened_;
       const size_t open = held_.find(kHarmonyMessage);
       const std::string_view header = std::string_view(held_).substr(
           0, open == std::string::npos ? held_.size() : open);
-      if (!MayOpenHarmonyHeader(header) ||
+      if (!MayOpenHarmonyHeader(header, first) ||
           (open != std::string::npos && !header.starts_with(kHarmonyStart) &&
-           !header.starts_with(kHarmonyChannel))) {
+           !header.starts_with(kHarmonyChannel) &&
+           !(first && header.starts_with(kHarmonyTo)))) {
         passthrough_ = true;  // Not harmony: content as it came.
         events.content += held_;
         held_.clear();
@@ -205,15 +215,23 @@ void ToolCallStream::DrainHarmony(ToolCallEvents& events, bool finish) {
         }
         return;
       }
-      // The channel's name runs to a space (" to=...") or the next tag.
-      std::string_view channel;
-      if (const size_t at = header.find(kHarmonyChannel);
-          at != std::string_view::npos) {
-        channel = header.substr(at + kHarmonyChannel.size());
-        channel = channel.substr(0, channel.find_first_of(" <"));
+      // The channel's name and the recipient each run to a space or the
+      // next tag.
+      const auto field = [&](std::string_view key) {
+        const size_t at = header.find(key);
+        if (at == std::string_view::npos) return std::string_view();
+        const std::string_view rest = header.substr(at + key.size());
+        return rest.substr(0, rest.find_first_of(" <"));
+      };
+      reasoning_ = field(kHarmonyChannel) == "analysis";
+      const std::string_view recipient = field(kHarmonyTo);
+      call_.clear();
+      if (recipient.starts_with(kHarmonyFunctions)) {
+        const std::string name(recipient.substr(kHarmonyFunctions.size()));
+        if (Named(name)) call_ = name;
       }
-      reasoning_ = channel == "analysis";
       in_message_ = true;
+      opened_ = true;
       held_.erase(0, open + kHarmonyMessage.size());
       continue;
     }
@@ -223,6 +241,15 @@ void ToolCallStream::DrainHarmony(ToolCallEvents& events, bool finish) {
         end = at;
         tag = t.size();
       }
+    }
+    if (!call_.empty()) {
+      // A call's text, its arguments, is held whole until its end.
+      if (end == std::string::npos && !finish) return;
+      const size_t size = std::min(end, held_.size());
+      EndHarmonyCall(held_.substr(0, size), events);
+      held_.erase(0, end == std::string::npos ? size : end + tag);
+      in_message_ = false;
+      continue;
     }
     std::string& out = reasoning_ ? events.reasoning : events.content;
     if (end == std::string::npos) {
@@ -240,6 +267,21 @@ void ToolCallStream::DrainHarmony(ToolCallEvents& events, bool finish) {
     held_.erase(0, end + tag);
     in_message_ = false;
   }
+}
+
+void ToolCallStream::EndHarmonyCall(std::string_view text,
+                                    ToolCallEvents& events) {
+  const OrderedJson args =
+      OrderedJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (args.is_object()) {
+    std::string python;
+    AppendPythonJson(args, python);
+    events.calls.push_back({.name = call_, .arguments = std::move(python)});
+    ++calls_;
+  } else {
+    events.content += text;  // Not an object: the text, as it came.
+  }
+  call_.clear();
 }
 
 ToolCallEvents ToolCallStream::Finish() {

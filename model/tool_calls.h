@@ -42,13 +42,17 @@ struct ToolCallEvents {
 // passes through at once.
 //
 // kHarmony (gpt-oss): the output is messages, each a header
-// ([<|start|>ROLE]<|channel|>NAME[ to=RECIPIENT][<|constrain|>TYPE]) then
-// <|message|>, its text, and <|end|>, <|call|>, <|return|> or the end of
-// the output. The analysis channel's text is reasoning, every other
-// message's content; the markup is dropped. Text streams as it comes (a
-// suffix that may begin a tag is held back). An output that does not open
-// with a header, or a header that is not one, is content as it came, from
-// there on. Not thread-safe.
+// ([<|start|>ROLE[ to=RECIPIENT]]<|channel|>NAME[ to=RECIPIENT]
+// [ TYPE|<|constrain|>TYPE]; the first may open with " to=RECIPIENT", the
+// prompt having written <|start|>assistant) then <|message|>, its text,
+// and <|end|>, <|call|>, <|return|> or the end of the output. A message to
+// functions.NAME, NAME among `names`, is a call: its text, held whole, is
+// the arguments (re-written as Python's json.dumps writes them); text that
+// is not a JSON object is content, as it came. The analysis channel's
+// text is reasoning, every other message's content; the markup is
+// dropped. Text streams as it comes (a suffix that may begin a tag is held
+// back). An output that does not open with a header, or a header that is
+// not one, is content as it came, from there on. Not thread-safe.
 class ToolCallStream {
  public:
   explicit ToolCallStream(std::vector<std::string> names,
@@ -67,6 +71,8 @@ class ToolCallStream {
   void DrainLlama(ToolCallEvents& events);
   // Harmony; `finish`: the output ended (nothing more is held back).
   void DrainHarmony(ToolCallEvents& events, bool finish);
+  // Harmony: the call to call_ whose arguments are `text` ends.
+  void EndHarmonyCall(std::string_view text, ToolCallEvents& events);
   // Llama: the held output as calls; false (and none) when it is not.
   bool ParseLlamaCalls(std::vector<ChatToolCall>& calls) const;
   bool Named(const std::string& name) const;
@@ -78,6 +84,8 @@ class ToolCallStream {
   bool passthrough_ = false;  // After a malformed call: all is content.
   bool in_message_ = false;   // Harmony: inside a message's text.
   bool reasoning_ = false;    // Harmony: that message is analysis.
+  bool opened_ = false;       // Harmony: a message has begun.
+  std::string call_;          // Harmony: that message calls this tool.
   int calls_ = 0;
 };
 

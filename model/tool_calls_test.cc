@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/chat_json.h"
 
 namespace shardlm {
 namespace {
@@ -142,13 +143,15 @@ TEST(ToolCallStreamLlama, PlainTextStreamsAtOnce) {
 // Harmony (gpt-oss): `text` pushed in pieces cut at `cuts` (offsets),
 // then Finish; what every event said, concatenated.
 ToolCallEvents FeedHarmony(const std::string& text,
-                           const std::vector<size_t>& cuts) {
-  ToolCallStream stream({}, ToolCallFormat::kHarmony);
+                           const std::vector<size_t>& cuts,
+                           std::vector<std::string> names = {}) {
+  ToolCallStream stream(std::move(names), ToolCallFormat::kHarmony);
   ToolCallEvents all;
   size_t at = 0;
   const auto take = [&](const ToolCallEvents& e) {
     all.content += e.content;
     all.reasoning += e.reasoning;
+    all.calls.insert(all.calls.end(), e.calls.begin(), e.calls.end());
   };
   for (size_t cut : cuts) {
     take(stream.Push(std::string_view(text).substr(at, cut - at)));
@@ -213,6 +216,66 @@ TEST(ToolCallStreamHarmony, TextStreamsAsItComes) {
   e = stream.Finish();
   EXPECT_EQ(e.content, "");
   EXPECT_EQ(e.reasoning, "");
+}
+
+TEST(ToolCallStreamHarmony, CallsToOfferedFunctionsAtEveryCut) {
+  struct Case {
+    std::string output, reasoning, content;
+    std::vector<std::string> calls;  // "name arguments".
+  };
+  const std::vector<Case> cases = {
+      // The recipient in the role, going on from the prompt's
+      // <|start|>assistant; the arguments as Python writes them.
+      {" to=functions.get_weather<|channel|>commentary json<|message|>"
+       "{\"city\":\"Paris\",\"n\":[1,2]}<|call|>",
+       "",
+       "",
+       {R"(get_weather {"city": "Paris", "n": [1, 2]})"}},
+      // After reasoning, the recipient after the channel, <|constrain|>.
+      {"<|channel|>analysis<|message|>Need it.<|end|><|start|>assistant"
+       "<|channel|>commentary to=functions.get_weather <|constrain|>json"
+       "<|message|>{\"city\": \"Oslo\"}<|call|>",
+       "Need it.",
+       "",
+       {R"(get_weather {"city": "Oslo"})"}},
+      // A function not offered: its text is content.
+      {"<|channel|>commentary to=functions.nope <|constrain|>json<|message|>"
+       "{}<|call|>",
+       "",
+       "{}",
+       {}},
+      // Arguments that are not a JSON object, or cut off: content.
+      {"<|channel|>commentary to=functions.get_weather<|message|>[1]<|call|>",
+       "",
+       "[1]",
+       {}},
+      {" to=functions.get_weather<|channel|>commentary json<|message|>"
+       "{\"city\": \"Pa",
+       "",
+       "{\"city\": \"Pa",
+       {}},
+      // " to=" opens only the first header.
+      {"<|channel|>final<|message|>a<|end|> to=functions.get_weather"
+       "<|channel|>commentary<|message|>{}<|call|>",
+       "",
+       "a to=functions.get_weather<|channel|>commentary<|message|>{}<|call|>",
+       {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.output);
+    for (size_t i = 0; i <= c.output.size(); ++i) {
+      for (size_t j = i; j <= c.output.size(); j += 5) {
+        const ToolCallEvents e = FeedHarmony(c.output, {i, j}, {"get_weather"});
+        ASSERT_EQ(e.reasoning, c.reasoning) << i << " " << j;
+        ASSERT_EQ(e.content, c.content) << i << " " << j;
+        std::vector<std::string> calls;
+        for (const ChatToolCall& call : e.calls) {
+          calls.push_back(call.name + " " + call.arguments);
+        }
+        ASSERT_EQ(calls, c.calls) << i << " " << j;
+      }
+    }
+  }
 }
 
 TEST(PythonJsonDumps, MatchesPythonLayout) {

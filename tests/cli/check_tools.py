@@ -15,6 +15,8 @@ Hermes <tool_call> format), since SmolLM2's own renders no tools.
   with the grammar extension) comes back as content, finish_reason stop.
 - gRPC: tools and tool_choice_function; the last response's tool_calls.
 - Qwen3's template: the history as jinja2's, a named function's call.
+- gpt-oss's template (harmony): the history as jinja2's; tool_choice
+  required refused.
 - Llama 3.1's template (JSON calls): the history as jinja2's; a named
   function's call, streamed too; auto's parse of a written call and of a
   malformed one; the same through a router, which learns the format from
@@ -29,6 +31,7 @@ Hermes <tool_call> format), since SmolLM2's own renders no tools.
 from __future__ import annotations
 
 import argparse
+import datetime
 import http.client
 import json
 import os
@@ -41,8 +44,9 @@ import jsonschema
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
-from check_chat_template import (LLAMA31_TOOLS, QWEN3,  # noqa: E402
-                                 QWEN25_TOOLS, jinja_render)
+import check_chat_template  # noqa: E402
+from check_chat_template import (HARMONY_TOOLS, LLAMA31_TOOLS,  # noqa: E402
+                                 QWEN3, QWEN25_TOOLS, jinja_render)
 from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_scalar, stop,
                      start_serve, wait_until)
@@ -139,11 +143,12 @@ def valid_calls(calls, names) -> str | None:
 
 
 def history_checks(port: int, template: str = QWEN25_TOOLS,
-                   name: str = "qwen2.5") -> None:
+                   name: str = "qwen2.5", content: str | None = None) -> None:
     """Tools, an assistant's calls and tool results render as jinja2 does:
-    the same greedy text as completions of jinja2's rendering."""
+    the same greedy text as completions of jinja2's rendering. `content`:
+    the calling message's (gpt-oss's template fails on None)."""
     history = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": content, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {
                 "name": "get_weather",
                 "arguments": json.dumps({"city": "Paris",
@@ -151,20 +156,23 @@ def history_checks(port: int, template: str = QWEN25_TOOLS,
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"},
     ]
     jinja_messages = ASK + [
-        {"role": "assistant", "content": None, "tool_calls": [
+        {"role": "assistant", "content": content, "tool_calls": [
             {"id": "call_1", "type": "function", "function": {
                 "name": "get_weather",
                 "arguments": {"city": "Paris", "unit": "celsius"}}}]},
         history[2]]
     prompt = jinja_render(template, "<|im_start|>", jinja_messages, TOOLS)
-    s1, got = chat(port, messages=history, max_tokens=12, tool_choice="none")
+    # The generated text: the logprobs' tokens, since a harmony answer's
+    # content is parsed out of its markup (which SmolLM2 imitates).
+    s1, got = chat(port, messages=history, max_tokens=12, tool_choice="none",
+                   logprobs=True)
     s2, want = post(port, "/v1/completions",
                     {"prompt": prompt, "max_tokens": 12, "temperature": 0})
     ok = s1 == 200 and s2 == 200
     check(ok and got["usage"]["prompt_tokens"] ==
           want["usage"]["prompt_tokens"] and
-          got["choices"][0]["message"]["content"] ==
-          want["choices"][0]["text"],
+          "".join(t["token"] for t in got["choices"][0]["logprobs"]["content"])
+          == want["choices"][0]["text"],
           f"{name}: a history with tool calls and results renders as "
           f"jinja2's ({s1} {s2}: {got.get('usage')} {want.get('usage')})")
 
@@ -495,6 +503,32 @@ def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
         stop(server)
 
 
+def harmony_checks(shardlm: str, gguf: str, workdir: str) -> None:
+    """gpt-oss's template (harmony): the history renders as jinja2's (dated
+    today, as the server dates it); tool_choice required is refused, since
+    no grammar constrains harmony's channels yet."""
+    template = os.path.join(workdir, "harmony.jinja")
+    with open(template, "w", encoding="utf-8") as f:
+        f.write(HARMONY_TOOLS)
+    port = free_port()
+    server, _ = start_serve(shardlm, gguf,
+                            ["--http-listen", f"127.0.0.1:{port}",
+                             "--chat-template", template])
+    try:
+        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+        check(up, "serve --chat-template (gpt-oss's) answers")
+        if not up:
+            return
+        check_chat_template.NOW = datetime.datetime.now(datetime.timezone.utc)
+        history_checks(port, HARMONY_TOOLS, "harmony", content="")
+        status, got = chat(port, tool_choice="required")
+        check(status == 400 and "harmony" in json.dumps(got),
+              f"harmony: tool_choice required refused, naming the format "
+              f"({status} {got})")
+    finally:
+        stop(server)
+
+
 def _answers(port: int) -> bool:
     try:
         return post(port, "/v1/completions",
@@ -533,6 +567,7 @@ def main() -> int:
         stop(server)
     own_template_checks(a.shardlm, a.gguf)
     qwen3_checks(a.shardlm, a.gguf, a.workdir)
+    harmony_checks(a.shardlm, a.gguf, a.workdir)
     llama_checks(a.shardlm, a.gguf, a.workdir)
     return exit_code("tool calls render, parse, constrain and refuse")
 

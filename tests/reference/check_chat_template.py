@@ -512,6 +512,256 @@ HARMONY = r"""{#- gpt-oss (harmony) -#}
 <|start|>assistant
 {%- endif -%}"""
 
+# gpt-oss's template whole as published (chat_template.jinja of
+# openai/gpt-oss-20b), less its comments, its built-in browser and python
+# tools (the builtin_tools variable, which no request sets) and the wording
+# of its errors: the functions namespace (JSON Schemas as TypeScript types),
+# calls on the commentary channel and tool results.
+HARMONY_TOOLS = r"""{#- gpt-oss (harmony) -#}
+{%- macro render_typescript_type(param_spec, required_params, is_nullable=false) -%}
+    {%- if param_spec.type == "array" -%}
+        {%- if 'items' in param_spec -%}
+            {%- if param_spec['items']['type'] == "string" -%}
+                {{- "string[]" }}
+            {%- elif param_spec['items']['type'] == "number" -%}
+                {{- "number[]" }}
+            {%- elif param_spec['items']['type'] == "integer" -%}
+                {{- "number[]" }}
+            {%- elif param_spec['items']['type'] == "boolean" -%}
+                {{- "boolean[]" }}
+            {%- else -%}
+                {%- set inner_type = render_typescript_type(param_spec['items'], required_params) -%}
+                {%- if inner_type == "object | object" or inner_type|length > 50 -%}
+                    {{- "any[]" }}
+                {%- else -%}
+                    {{- inner_type + "[]" }}
+                {%- endif -%}
+            {%- endif -%}
+            {%- if param_spec.nullable -%}
+                {{- " | null" }}
+            {%- endif -%}
+        {%- else -%}
+            {{- "any[]" }}
+            {%- if param_spec.nullable -%}
+                {{- " | null" }}
+            {%- endif -%}
+        {%- endif -%}
+    {%- elif param_spec.type is defined and param_spec.type is iterable and param_spec.type is not string and param_spec.type is not mapping and param_spec.type[0] is defined -%}
+        {#- Handle array of types like ["object", "object"] from Union[dict, list] #}
+        {%- if param_spec.type | length > 1 -%}
+            {{- param_spec.type | join(" | ") }}
+        {%- else -%}
+            {{- param_spec.type[0] }}
+        {%- endif -%}
+    {%- elif param_spec.oneOf -%}
+        {#- Handle oneOf schemas - check for complex unions and fallback to any #}
+        {%- set has_object_variants = false -%}
+        {%- for variant in param_spec.oneOf -%}
+            {%- if variant.type == "object" -%}
+                {%- set has_object_variants = true -%}
+            {%- endif -%}
+        {%- endfor -%}
+        {%- if has_object_variants and param_spec.oneOf|length > 1 -%}
+            {{- "any" }}
+        {%- else -%}
+            {%- for variant in param_spec.oneOf -%}
+                {{- render_typescript_type(variant, required_params) -}}
+                {%- if variant.description %}
+                    {{- "// " + variant.description }}
+                {%- endif -%}
+                {%- if variant.default is defined %}
+                    {{ "// default: " + variant.default|tojson }}
+                {%- endif -%}
+                {%- if not loop.last %}
+                    {{- " | " }}
+                {% endif -%}
+            {%- endfor -%}
+        {%- endif -%}
+    {%- elif param_spec.type == "string" -%}
+        {%- if param_spec.enum -%}
+            {{- '"' + param_spec.enum|join('" | "') + '"' -}}
+        {%- else -%}
+            {{- "string" }}
+            {%- if param_spec.nullable %}
+                {{- " | null" }}
+            {%- endif -%}
+        {%- endif -%}
+    {%- elif param_spec.type == "number" -%}
+        {{- "number" }}
+    {%- elif param_spec.type == "integer" -%}
+        {{- "number" }}
+    {%- elif param_spec.type == "boolean" -%}
+        {{- "boolean" }}
+
+    {%- elif param_spec.type == "object" -%}
+        {%- if param_spec.properties -%}
+            {{- "{\n" }}
+            {%- for prop_name, prop_spec in param_spec.properties.items() -%}
+                {{- prop_name -}}
+                {%- if prop_name not in (param_spec.required or []) -%}
+                    {{- "?" }}
+                {%- endif -%}
+                {{- ": " }}
+                {{ render_typescript_type(prop_spec, param_spec.required or []) }}
+                {%- if not loop.last -%}
+                    {{-", " }}
+                {%- endif -%}
+            {%- endfor -%}
+            {{- "}" }}
+        {%- else -%}
+            {{- "object" }}
+        {%- endif -%}
+    {%- else -%}
+        {{- "any" }}
+    {%- endif -%}
+{%- endmacro -%}
+
+{%- macro render_tool_namespace(namespace_name, tools) -%}
+    {{- "## " + namespace_name + "\n\n" }}
+    {{- "namespace " + namespace_name + " {\n\n" }}
+    {%- for tool in tools %}
+        {%- set tool = tool.function %}
+        {{- "// " + tool.description + "\n" }}
+        {{- "type "+ tool.name + " = " }}
+        {%- if tool.parameters and tool.parameters.properties %}
+            {{- "(_: {\n" }}
+            {%- for param_name, param_spec in tool.parameters.properties.items() %}
+                {%- if param_spec.description %}
+                    {{- "// " + param_spec.description + "\n" }}
+                {%- endif %}
+                {{- param_name }}
+                {%- if param_name not in (tool.parameters.required or []) -%}
+                    {{- "?" }}
+                {%- endif -%}
+                {{- ": " }}
+                {{- render_typescript_type(param_spec, tool.parameters.required or []) }}
+                {%- if param_spec.default is defined -%}
+                    {%- if param_spec.enum %}
+                        {{- ", // default: " + param_spec.default }}
+                    {%- elif param_spec.oneOf %}
+                        {{- "// default: " + param_spec.default }}
+                    {%- else %}
+                        {{- ", // default: " + param_spec.default|tojson }}
+                    {%- endif -%}
+                {%- endif -%}
+                {%- if not loop.last %}
+                    {{- ",\n" }}
+                {%- else %}
+                    {{- ",\n" }}
+                {%- endif -%}
+            {%- endfor %}
+            {{- "}) => any;\n\n" }}
+        {%- else -%}
+            {{- "() => any;\n\n" }}
+        {%- endif -%}
+    {%- endfor %}
+    {{- "} // namespace " + namespace_name }}
+{%- endmacro -%}
+
+{%- macro build_system_message() -%}
+    {%- if model_identity is not defined %}
+        {%- set model_identity = "You are ChatGPT, a large language model trained by OpenAI." %}
+    {%- endif %}
+    {{- model_identity + "\n" }}
+    {{- "Knowledge cutoff: 2024-06\n" }}
+    {{- "Current date: " + strftime_now("%Y-%m-%d") + "\n\n" }}
+    {%- if reasoning_effort is not defined %}
+        {%- set reasoning_effort = "medium" %}
+    {%- endif %}
+    {{- "Reasoning: " + reasoning_effort + "\n\n" }}
+    {{- "# Valid channels: analysis, commentary, final. Channel must be included for every message." }}
+    {%- if tools -%}
+        {{- "\nCalls to these tools must go to the commentary channel: 'functions'." }}
+    {%- endif -%}
+{%- endmacro -%}
+
+{{- "<|start|>system<|message|>" }}
+{{- build_system_message() }}
+{{- "<|end|>" }}
+
+{%- if messages[0].role == "developer" or messages[0].role == "system" %}
+    {%- set developer_message = messages[0].content %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set developer_message = "" %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+
+{%- if developer_message or tools %}
+    {{- "<|start|>developer<|message|>" }}
+    {%- if developer_message %}
+        {{- "# Instructions\n\n" }}
+        {{- developer_message }}
+        {{- "\n\n" }}
+    {%- endif %}
+    {%- if tools -%}
+        {{- "# Tools\n\n" }}
+        {{- render_tool_namespace("functions", tools) }}
+    {%- endif -%}
+    {{- "<|end|>" }}
+{%- endif %}
+
+{%- set last_tool_call = namespace(name=none) %}
+{%- for message in loop_messages -%}
+    {%- if message.role == 'assistant' -%}
+        {%- if "content" in message %}
+            {%- if "<|channel|>analysis<|message|>" in message.content or "<|channel|>final<|message|>" in message.content %}
+                {{- raise_exception("You have passed a message containing <|channel|> tags in the content field.") }}
+            {%- endif %}
+        {%- endif %}
+        {%- if "thinking" in message %}
+            {%- if "<|channel|>analysis<|message|>" in message.thinking or "<|channel|>final<|message|>" in message.thinking %}
+                {{- raise_exception("You have passed a message containing <|channel|> tags in the thinking field.") }}
+            {%- endif %}
+        {%- endif %}
+        {%- if "tool_calls" in message %}
+            {%- set future_final_message = namespace(found=false) %}
+            {%- for future_message in loop_messages[loop.index:] %}
+                {%- if future_message.role == 'assistant' and "tool_calls" not in future_message %}
+                    {%- set future_final_message.found = true %}
+                {%- endif %}
+            {%- endfor %}
+            {%- set tool_call = message.tool_calls[0] %}
+            {%- if tool_call.function %}
+                {%- set tool_call = tool_call.function %}
+            {%- endif %}
+            {%- if message.content and message.thinking %}
+                {{- raise_exception("Cannot pass both content and thinking in an assistant message with tool calls!") }}
+            {%- elif message.content and not future_final_message.found %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.content + "<|end|>" }}
+            {%- elif message.thinking and not future_final_message.found %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}
+            {%- endif %}
+            {{- "<|start|>assistant to=" }}
+            {{- "functions." + tool_call.name + "<|channel|>commentary " }}
+            {{- (tool_call.content_type if tool_call.content_type is defined else "json") + "<|message|>" }}
+            {{- tool_call.arguments|tojson }}
+            {{- "<|call|>" }}
+            {%- set last_tool_call.name = tool_call.name %}
+        {%- elif loop.last and not add_generation_prompt %}
+            {%- if "thinking" in message %}
+                {{- "<|start|>assistant<|channel|>analysis<|message|>" + message.thinking + "<|end|>" }}
+            {%- endif %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|return|>" }}
+        {%- else %}
+            {{- "<|start|>assistant<|channel|>final<|message|>" + message.content + "<|end|>" }}
+            {%- set last_tool_call.name = none %}
+        {%- endif %}
+    {%- elif message.role == 'tool' -%}
+        {%- if last_tool_call.name is none %}
+            {{- raise_exception("Message has tool role, but there was no previous assistant message with a tool call!") }}
+        {%- endif %}
+        {{- "<|start|>functions." + last_tool_call.name }}
+        {{- " to=assistant<|channel|>commentary<|message|>" + message.content|tojson + "<|end|>" }}
+    {%- elif message.role == 'user' -%}
+        {{- "<|start|>user<|message|>" + message.content + "<|end|>" }}
+    {%- endif -%}
+{%- endfor -%}
+
+{%- if add_generation_prompt -%}
+<|start|>assistant
+{%- endif -%}"""
+
 SYS_VARIANT = r"""{% for message in messages %}{% if message['role'] == 'system' %}{{ '<<SYS>>\n' + message['content'] + '\n<</SYS>>\n\n' }}{% elif message['role'] == 'user' %}{{ bos_token + '[INST] ' + message['content'] + ' [/INST]' }}{% else %}{{ ' ' + message['content'] + ' ' + eos_token }}{% endif %}{% endfor %}"""
 
 UNKNOWN = r"""{% for message in messages %}{{ message['role'] + ': ' + message['content'] + '\n' }}{% endfor %}"""
@@ -535,12 +785,14 @@ TEMPLATES = [
     ("gemma3", GEMMA3, "<bos>", False),
     ("gemma2", GEMMA2, "<bos>", False),
     ("harmony (gpt-oss)", HARMONY, "<|startoftext|>", False),
+    ("harmony with tools (gpt-oss)", HARMONY_TOOLS, "<|startoftext|>", False),
     ("[INST] <<SYS>> variant", SYS_VARIANT, "<s>", True),
     ("unknown", UNKNOWN, "<s>", True),
 ]
 
 
-TOOL_TEMPLATES = (QWEN25_TOOLS, QWEN3, LLAMA31_TOOLS, LLAMA32_TOOLS)
+TOOL_TEMPLATES = (QWEN25_TOOLS, QWEN3, LLAMA31_TOOLS, LLAMA32_TOOLS,
+                  HARMONY_TOOLS)
 
 
 def m(role, content):
@@ -575,14 +827,16 @@ CONVERSATIONS = [
 ]
 # Conversations only some templates take: harmony's developer role (the
 # others have none, and render it in ways of their own or refuse it).
+HARMONY_CONVERSATIONS = [
+    [m("developer", "Answer in French."), m("user", "Hi")],
+    [m("developer", ""), m("user", "Hi"), m("developer", "dropped")],
+    # The template's reasoning_effort variable (the request's field).
+    {"messages": [m("user", "Think hard.")], "reasoning_effort": "high"},
+    {"messages": [m("user", "Quick.")], "reasoning_effort": "low"},
+]
 EXTRA_CONVERSATIONS = {
-    "harmony (gpt-oss)": [
-        [m("developer", "Answer in French."), m("user", "Hi")],
-        [m("developer", ""), m("user", "Hi"), m("developer", "dropped")],
-        # The template's reasoning_effort variable (the request's field).
-        {"messages": [m("user", "Think hard.")], "reasoning_effort": "high"},
-        {"messages": [m("user", "Quick.")], "reasoning_effort": "low"},
-    ],
+    "harmony (gpt-oss)": HARMONY_CONVERSATIONS,
+    "harmony with tools (gpt-oss)": HARMONY_CONVERSATIONS,
 }
 
 
@@ -636,6 +890,80 @@ TOOL_CONVERSATIONS = [
       {"role": "tool", "content": "4 C"},
       m("user", "<tool_response>\nmore\n</tool_response>")], [WEATHER]),
 ]
+
+
+# Schemas for harmony's TypeScript rendering: every branch of its
+# render_typescript_type macro, defaults of each kind, nesting.
+SEARCH = {"type": "function", "function": {
+    "name": "search", "description": "Search the catalogue.\nReturns items.",
+    "parameters": {"type": "object", "properties": {
+        "query": {"type": "string", "description": "Words to find"},
+        "tags": {"type": "array", "items": {"type": "string"}},
+        "scores": {"type": "array", "items": {"type": "integer"},
+                   "nullable": True},
+        "flags": {"type": "array", "items": {"type": "boolean"}},
+        "anything": {"type": "array"},
+        "points": {"type": "array", "items": {
+            "type": "object", "properties": {
+                "x": {"type": "number"}, "y": {"type": "number"}},
+            "required": ["x"]}},
+        "pairs": {"type": "array", "items": {
+            "type": "object", "properties": {"a": {"type": "string"}}}},
+        "union": {"type": "array", "items": {"type": ["object", "object"]}},
+        "matrix": {"type": "array",
+                   "items": {"type": "array", "items": {"type": "number"}}},
+        "long": {"type": "array", "items": {"type": "object", "properties": {
+            "a_long_property_name": {"type": "string"},
+            "another_long_one": {"type": "boolean"}}}},
+        "sort": {"type": "string", "enum": ["asc", "desc"], "default": "asc"},
+        "limit": {"type": "integer", "default": 10},
+        "ratio": {"type": "number", "default": 0.5},
+        "exact": {"type": "boolean", "default": False},
+        "note": {"type": "string", "nullable": True, "default": None},
+        "when": {"type": ["string", "null"]},
+        "single": {"type": ["integer"]},
+        "id": {"oneOf": [{"type": "string", "description": "a name"},
+                         {"type": "integer", "default": -1}],
+               "default": "x"},
+        "shape": {"oneOf": [{"type": "object"}, {"type": "string"}]},
+        "filter": {"type": "object", "properties": {
+            "field": {"type": "string"}, "value": {}}, "required": ["field"]},
+        "opts": {"type": "object"},
+        "unknown": {},
+    }, "required": ["query", "sort"]}}}
+NO_PROPERTIES = {"type": "function", "function": {
+    "name": "ping", "description": "Ping.",
+    "parameters": {"type": "object", "properties": {}}}}
+EXTRA_TOOL_CONVERSATIONS = {
+    "harmony with tools (gpt-oss)": [
+        ([m("user", "Find red shoes")], [SEARCH, NO_PROPERTIES]),
+        # The reasoning beside a call is dropped once an answer follows; a
+        # result's text is written as a JSON string.
+        ([m("system", "Be brief."), m("user", "Shoes?"),
+          with_tool_calls("Let me look.",
+                          call("search", {"query": "shoes", "sort": "asc"})),
+          {"role": "tool", "tool_call_id": "call_1",
+           "content": "{\"items\": [\"été\"]}\n\ttab \\ \"q\""},
+          m("assistant", "One pair."), m("user", "More?")],
+         [SEARCH]),
+        # A result with no call before it: the template raises.
+        ([m("user", "u"), {"role": "tool", "content": "x"}], [NO_PROPERTIES]),
+    ],
+}
+
+
+def harmony_one_call_each(messages):
+    """Messages with several calls as that many messages of one call each:
+    what shardlm renders for them (gpt-oss's template writes only the
+    first), so that jinja2 renders the reference."""
+    out = []
+    for msg in messages:
+        for k, c in enumerate(msg.get("tool_calls", [])):
+            out.append({**msg, "content": msg["content"] if k == 0 else "",
+                        "tool_calls": [c]})
+        if not msg.get("tool_calls"):
+            out.append(msg)
+    return out
 
 
 def openai_messages(messages):
@@ -742,22 +1070,34 @@ def main(argv=None) -> int:
               f"identical ({err.removeprefix('chat_dump: ')})")
         # Tools: rendered exactly by the tool-capable template, refused by
         # every other.
+        tool_conversations = TOOL_CONVERSATIONS + \
+            EXTRA_TOOL_CONVERSATIONS.get(name, [])
         tool_inputs = [{"messages": openai_messages(msgs), "tools": tools}
-                       for msgs, tools in TOOL_CONVERSATIONS]
+                       for msgs, tools in tool_conversations]
         rc, outs, err = run_tool(a.tool, args, tool_inputs)
-        if rc != 0 or len(outs) != len(TOOL_CONVERSATIONS):
+        if rc != 0 or len(outs) != len(tool_conversations):
             print(f"[{name}] TOOL ERROR on tools (exit {rc}): {err}")
             return 2
         tool_capable = any(source is t for t in TOOL_TEMPLATES)
+        harmony = source is HARMONY_TOOLS
         same = 0
-        for (msgs, tools), out in zip(TOOL_CONVERSATIONS, outs):
+        for (msgs, tools), out in zip(tool_conversations, outs):
             if tool_capable:
                 try:
-                    want = jinja_render(source, bos, msgs, tools)
+                    want = jinja_render(
+                        source, bos,
+                        harmony_one_call_each(msgs) if harmony else msgs,
+                        tools)
                     ok = out.get("prompt") == want
                 except Exception as e:  # raise_exception: refused too.
                     want = f"refused ({e})"
                     ok = "error" in out
+                    # Harmony's template fails on a tool without a
+                    # description, which shardlm renders without its
+                    # comment line (model/chat_harmony.cc).
+                    if harmony and "has no attribute 'description'" in str(e):
+                        ok = "prompt" in out
+                        want = "rendered (jinja2 raises: no description)"
             else:
                 want = "refused, naming tools, the tool role or tool_calls"
                 e = out.get("error", "")
@@ -769,7 +1109,7 @@ def main(argv=None) -> int:
                 print(f"[{name}] FAIL with tools on "
                       f"{json.dumps(msgs, ensure_ascii=False)}\n"
                       f"  want: {want!r}\n  ours: {out!r}")
-        print(f"[{name}] tools: {same} of {len(TOOL_CONVERSATIONS)} "
+        print(f"[{name}] tools: {same} of {len(tool_conversations)} "
               f"{'identical' if tool_capable else 'refused'}")
     print("PASSED" if failures == 0 else f"FAILED: {failures}")
     return 0 if failures == 0 else 1
