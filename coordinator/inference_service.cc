@@ -222,6 +222,11 @@ ToolCallFormat InferenceService::tool_call_format() const {
   return chat_template_->output_format();
 }
 
+ReasoningFormat InferenceService::reasoning_format() const {
+  return chat_template_.ok() ? chat_template_->reasoning_format()
+                             : ReasoningFormat::kNone;
+}
+
 std::vector<std::string> InferenceService::ToolCallNames(
     const v1::GenerateRequest& request) const {
   if (!chat_template_.ok() ||
@@ -827,7 +832,9 @@ absl::Status InferenceService::RunOne(
   const std::vector<std::string> tool_names = ToolCallNames(*request);
   std::optional<ToolCallStream> tool_calls;
   std::vector<ChatToolCall> calls;
-  if (!tool_names.empty()) tool_calls.emplace(tool_names, tool_call_format());
+  if (!tool_names.empty()) {
+    tool_calls.emplace(tool_names, tool_call_format(), reasoning_format());
+  }
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ *id), "_");
   const auto write_parsed = [&](const v1::GenerateResponse& response) {
@@ -1046,6 +1053,7 @@ grpc::Status InferenceService::GetModelInfo(
       KvBytesPerToken(engine_->config(), kv_dtype));
   response->set_prefix_caching(engine_->blocks().prefix_caching());
   response->set_tool_call_format(ToolCallFormatName(tool_call_format()));
+  response->set_reasoning_format(ReasoningFormatName(reasoning_format()));
   return grpc::Status::OK;
 }
 

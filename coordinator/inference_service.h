@@ -142,8 +142,10 @@ class InferenceService final : public v1::Inference::Service {
   // template renders no tools.
   std::vector<std::string> ToolCallNames(
       const v1::GenerateRequest& request) const;
-  // How the model's template writes tool calls (kNone: it renders none).
+  // How the model's output is read: its calls and channels (kNone: the
+  // template renders no tools) and its reasoning.
   ToolCallFormat tool_call_format() const;
+  ReasoningFormat reasoning_format() const;
 
   // Draining: from now on Run (both APIs) refuses new requests with
   // Unavailable; those already in it run to their end. Not undone.

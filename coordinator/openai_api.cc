@@ -867,7 +867,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     std::string finish_reason;
     bool first_chunk = true;
     std::optional<ToolCallStream> tool_filter;
-    std::string reasoning;  // Harmony's analysis text, unstreamed answers.
+    std::string reasoning;  // Unstreamed answers' reasoning.
     Json tool_calls = Json::array();
     int streamed_calls = 0;        // Tool calls sent as deltas so far.
     bool echoed_logprobs = false;  // The prompt's logprobs are in.
@@ -883,15 +883,22 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                                 : RequestedToolCallNames(*proto);
   }
   ToolCallFormat format = options_.tool_call_format;
-  if (service_ != nullptr) format = service_->tool_call_format();
+  ReasoningFormat reasoning_format = options_.reasoning_format;
+  if (service_ != nullptr) {
+    format = service_->tool_call_format();
+    reasoning_format = service_->reasoning_format();
+  }
   if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
   for (Choice& c : choices) {
     c.text = echo_text;  // Streamed, it leads the choice's first chunk.
     c.text_offset = static_cast<int64_t>(echo_text.size());
     c.logprobs = EmptyLogprobs(chat);
-    // Harmony's channels are split whether or not tools are asked for.
-    if (!names.empty() || (chat && format == ToolCallFormat::kHarmony)) {
-      c.tool_filter.emplace(names, format);
+    // Reasoning (harmony's channels, Qwen3's <think>) is split whether or
+    // not tools are asked for.
+    if (!names.empty() ||
+        (chat && (format == ToolCallFormat::kHarmony ||
+                  reasoning_format != ReasoningFormat::kNone))) {
+      c.tool_filter.emplace(names, format, reasoning_format);
     }
   }
   // One usage for the request: the prompt once, every choice's tokens.
@@ -944,7 +951,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     if (r.has_usage()) c.usage = r.usage();
     if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
     std::string piece = r.text();
-    std::string reasoning;             // Harmony's analysis text.
+    std::string reasoning;             // Harmony's analysis, Qwen3's <think>.
     std::vector<ChatToolCall> closed;  // Calls whose </tool_call> came now.
     if (c.tool_filter) {
       ToolCallEvents events = c.tool_filter->Push(r.text());

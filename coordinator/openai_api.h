@@ -45,6 +45,8 @@ struct OpenAiApiOptions {
   // calls, which the content filter parses (with an engine, its template
   // says). kNone reads as Hermes, the format before replicas reported it.
   ToolCallFormat tool_call_format = ToolCallFormat::kHermes;
+  // The same for reasoning, split into reasoning_content.
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
 };
 
 // Runs one request as InferenceService::Run does (the router's forwarding

@@ -266,12 +266,10 @@ TEST_F(PromptLogprobsTest, RefusedOutsideTheRangeOrStreamed) {
   EXPECT_TRUE(seen_.empty());  // Nothing ran.
 }
 
-// gpt-oss's harmony: the analysis channel comes back as reasoning_content,
-// the final channel as content, the markup in neither, streamed or not,
-// whatever the pieces' cuts.
-class HarmonyTest : public ::testing::Test {
+// A model that writes `pieces_`, served with `options`.
+class ScriptedModelTest : public ::testing::Test {
  protected:
-  HarmonyTest()
+  explicit ScriptedModelTest(OpenAiApiOptions options)
       : api_(
             [this](
                 const v1::GenerateRequest& request, absl::Time,
@@ -291,12 +289,30 @@ class HarmonyTest : public ::testing::Test {
               }
               return absl::OkStatus();
             },
-            /*context_length=*/64,
-            {.model_name = "m", .tool_call_format = ToolCallFormat::kHarmony}) {
-  }
+            /*context_length=*/64, std::move(options)) {}
 
   RecordedResponse Post(const std::string& path, const std::string& body) {
     return PostTo(api_, path, body);
+  }
+
+  // A streamed chat's deltas, concatenated.
+  struct Deltas {
+    std::string content, reasoning;
+  };
+  static Deltas Concatenated(const std::string& body) {
+    Deltas d;
+    for (absl::string_view line : absl::StrSplit(body, "\n\n")) {
+      if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
+      const auto chunk = nlohmann::json::parse(line);
+      for (const auto& choice : chunk["choices"]) {
+        const auto& delta = choice["delta"];
+        if (delta.contains("content")) d.content += delta["content"];
+        if (delta.contains("reasoning_content")) {
+          d.reasoning += delta["reasoning_content"];
+        }
+      }
+    }
+    return d;
   }
 
   // What the model writes, in pieces.
@@ -306,6 +322,50 @@ class HarmonyTest : public ::testing::Test {
   std::vector<v1::GenerateRequest> seen_;
   OpenAiApi api_;
 };
+
+// gpt-oss's harmony: the analysis channel comes back as reasoning_content,
+// the final channel as content, the markup in neither, streamed or not,
+// whatever the pieces' cuts.
+class HarmonyTest : public ScriptedModelTest {
+ protected:
+  HarmonyTest()
+      : ScriptedModelTest({.model_name = "m",
+                           .tool_call_format = ToolCallFormat::kHarmony}) {}
+};
+
+// Qwen3's <think> block: reasoning_content, then the answer.
+class ThinkTest : public ScriptedModelTest {
+ protected:
+  ThinkTest()
+      : ScriptedModelTest({.model_name = "m",
+                           .tool_call_format = ToolCallFormat::kHermes,
+                           .reasoning_format = ReasoningFormat::kThink}) {
+    pieces_ = {"<thi", "nk>\nAdd them.\n</", "think>\n\n", "4"};
+  }
+};
+
+TEST_F(ThinkTest, ReasoningApartStreamedOrNot) {
+  RecordedResponse res =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "2+2?"}]})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto got = nlohmann::json::parse(res.body);
+  EXPECT_EQ(got["choices"][0]["message"]["content"], "4") << res.body;
+  EXPECT_EQ(got["choices"][0]["message"]["reasoning_content"], "Add them.")
+      << res.body;
+  res = Post("/v1/chat/completions",
+             R"({"messages": [{"role": "user", "content": "2+2?"}],
+                 "stream": true})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const Deltas d = Concatenated(res.body);
+  EXPECT_EQ(d.content, "4") << res.body;
+  EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+  // Completions return the text as written.
+  res = Post("/v1/completions", R"({"prompt": "q"})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  EXPECT_EQ(nlohmann::json::parse(res.body)["choices"][0]["text"],
+            "<think>\nAdd them.\n</think>\n\n4");
+}
 
 TEST_F(HarmonyTest, ChatSplitsReasoningFromTheAnswer) {
   const RecordedResponse res =
@@ -323,20 +383,9 @@ TEST_F(HarmonyTest, StreamedDeltasAddUpToTheSameMessage) {
       "/v1/chat/completions",
       R"({"messages": [{"role": "user", "content": "q"}], "stream": true})");
   ASSERT_EQ(res.status, 200) << res.body;
-  std::string content, reasoning;
-  for (absl::string_view line : absl::StrSplit(res.body, "\n\n")) {
-    if (!absl::ConsumePrefix(&line, "data: ") || line == "[DONE]") continue;
-    const auto chunk = nlohmann::json::parse(line);
-    for (const auto& choice : chunk["choices"]) {
-      const auto& delta = choice["delta"];
-      if (delta.contains("content")) content += delta["content"];
-      if (delta.contains("reasoning_content")) {
-        reasoning += delta["reasoning_content"];
-      }
-    }
-  }
-  EXPECT_EQ(content, "Hello") << res.body;
-  EXPECT_EQ(reasoning, "Think.") << res.body;
+  const Deltas d = Concatenated(res.body);
+  EXPECT_EQ(d.content, "Hello") << res.body;
+  EXPECT_EQ(d.reasoning, "Think.") << res.body;
   EXPECT_EQ(res.body.find("<|"), std::string::npos) << res.body;
 }
 

@@ -190,6 +190,14 @@ const char* ToolCallFormatName(ToolCallFormat format) {
   return "";
 }
 
+const char* ReasoningFormatName(ReasoningFormat format) {
+  return format == ReasoningFormat::kThink ? "think" : "";
+}
+
+ReasoningFormat ReasoningFormatFromName(std::string_view name) {
+  return name == "think" ? ReasoningFormat::kThink : ReasoningFormat::kNone;
+}
+
 ToolCallFormat ToolCallFormatFromName(std::string_view name) {
   if (name == "hermes") return ToolCallFormat::kHermes;
   if (name == "llama_json") return ToolCallFormat::kLlamaJson;

@@ -63,6 +63,18 @@ enum class ToolCallFormat {
   kHarmony,
 };
 
+// How a template's model writes its reasoning.
+enum class ReasoningFormat {
+  kNone,  // Not apart from its answer (as far as shardlm knows).
+  // Qwen3: <think>\nREASONING\n</think>\n\n in front of the answer.
+  kThink,
+};
+
+// "think", or "" for kNone (the gRPC API's ModelInfo); read back by
+// ReasoningFormatFromName (kNone for another name).
+const char* ReasoningFormatName(ReasoningFormat format);
+ReasoningFormat ReasoningFormatFromName(std::string_view name);
+
 // "hermes", "llama_json", or "" for kNone (the gRPC API's ModelInfo);
 // ToolCallFormatFromName reads them back (kNone for another name).
 const char* ToolCallFormatName(ToolCallFormat format);
@@ -155,6 +167,11 @@ class ChatTemplate {
   ToolCallFormat output_format() const {
     return format_ == Format::kHarmony ? ToolCallFormat::kHarmony
                                        : tool_format_;
+  }
+  // How the model writes its reasoning (harmony's is a channel, read by
+  // output_format()).
+  ReasoningFormat reasoning_format() const {
+    return qwen3_ ? ReasoningFormat::kThink : ReasoningFormat::kNone;
   }
   // One line for logs and `shardlm inspect`.
   std::string Describe() const;

@@ -50,6 +50,10 @@ size_t ObjectEnd(std::string_view text) {
   return std::string_view::npos;
 }
 
+// The reasoning block in front of a Qwen3 answer.
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+
 // Harmony's markup (gpt-oss).
 constexpr std::string_view kHarmonyStart = "<|start|>";
 constexpr std::string_view kHarmonyChannel = "<|channel|>";
@@ -81,6 +85,10 @@ ToolCallEvents ToolCallStream::Push(std::string_view text) {
     return events;
   }
   held_ += text;
+  if (think_ != Think::kDone) {
+    DrainThink(events, /*finish=*/false);
+    if (think_ != Think::kDone) return events;
+  }
   if (format_ == ToolCallFormat::kLlamaJson) {
     DrainLlama(events);
   } else if (format_ == ToolCallFormat::kHarmony) {
@@ -89,6 +97,50 @@ ToolCallEvents ToolCallStream::Push(std::string_view text) {
     Drain(events);
   }
   return events;
+}
+
+void ToolCallStream::DrainThink(ToolCallEvents& events, bool finish) {
+  if (think_ == Think::kStart) {
+    if (!finish && held_.size() < kThinkOpen.size() &&
+        kThinkOpen.starts_with(held_)) {
+      return;  // It may still open.
+    }
+    if (!held_.starts_with(kThinkOpen)) {
+      think_ = Think::kDone;  // No reasoning: all is the answer.
+      return;
+    }
+    held_.erase(0, kThinkOpen.size());
+    think_ = Think::kLead;
+  }
+  if (think_ == Think::kLead) {  // The reasoning's leading newlines.
+    held_.erase(0, std::min(held_.size(), held_.find_first_not_of('\n')));
+    if (held_.empty() && !finish) return;
+    think_ = Think::kIn;
+  }
+  if (think_ == Think::kIn) {
+    const size_t close = held_.find(kThinkClose);
+    if (close == std::string::npos) {
+      // Held back: a suffix that may begin </think>, and the newlines in
+      // front of it (dropped if it does). Unclosed at the end: all of it.
+      size_t end = held_.size();
+      if (!finish) {
+        end -= PartialTagSuffix(held_, kThinkClose);
+        while (end > 0 && held_[end - 1] == '\n') --end;
+      }
+      events.reasoning += held_.substr(0, end);
+      held_.erase(0, end);
+      return;
+    }
+    size_t end = close;
+    while (end > 0 && held_[end - 1] == '\n') --end;
+    events.reasoning += held_.substr(0, end);
+    held_.erase(0, close + kThinkClose.size());
+    think_ = Think::kTrail;
+  }
+  // The answer's leading newlines.
+  held_.erase(0, std::min(held_.size(), held_.find_first_not_of('\n')));
+  if (held_.empty() && !finish) return;
+  think_ = Think::kDone;
 }
 
 bool ToolCallStream::Named(const std::string& name) const {
@@ -286,6 +338,9 @@ void ToolCallStream::EndHarmonyCall(std::string_view text,
 
 ToolCallEvents ToolCallStream::Finish() {
   ToolCallEvents events;
+  if (think_ != Think::kDone && !passthrough_) {
+    DrainThink(events, /*finish=*/true);
+  }
   if (format_ == ToolCallFormat::kHarmony) {
     if (!passthrough_) DrainHarmony(events, /*finish=*/true);
     events.content += held_;
@@ -297,7 +352,7 @@ ToolCallEvents ToolCallStream::Finish() {
       calls_ += static_cast<int>(events.calls.size());
     } else {
       events.calls.clear();
-      events.content = std::move(held_);
+      events.content += held_;
     }
     held_.clear();
     return events;
@@ -308,7 +363,7 @@ ToolCallEvents ToolCallStream::Finish() {
       std::all_of(held_.begin(), held_.end(), IsJsonSpace)) {
     held_.clear();
   }
-  events.content = std::move(held_);
+  events.content += held_;
   held_.clear();
   return events;
 }

@@ -52,12 +52,22 @@ struct ToolCallEvents {
 // text is reasoning, every other message's content; the markup is
 // dropped. Text streams as it comes (a suffix that may begin a tag is held
 // back). An output that does not open with a header, or a header that is
-// not one, is content as it came, from there on. Not thread-safe.
+// not one, is content as it came, from there on.
+//
+// ReasoningFormat::kThink (Qwen3), before any of the above: an output that
+// opens with <think> has its text up to </think> as reasoning, then the
+// answer, split as Qwen3's template splits a turn (the reasoning without
+// its leading and trailing newlines, the answer without its leading
+// ones); reasoning left open at the end is reasoning. Not thread-safe.
 class ToolCallStream {
  public:
   explicit ToolCallStream(std::vector<std::string> names,
-                          ToolCallFormat format = ToolCallFormat::kHermes)
-      : names_(std::move(names)), format_(format) {}
+                          ToolCallFormat format = ToolCallFormat::kHermes,
+                          ReasoningFormat reasoning = ReasoningFormat::kNone)
+      : names_(std::move(names)),
+        format_(format),
+        think_(reasoning == ReasoningFormat::kThink ? Think::kStart
+                                                    : Think::kDone) {}
 
   ToolCallEvents Push(std::string_view text);
   // The end of the output: what is held back, as content.
@@ -67,6 +77,8 @@ class ToolCallStream {
   int calls() const { return calls_; }
 
  private:
+  // kThink: the reasoning block, until the answer begins.
+  void DrainThink(ToolCallEvents& events, bool finish);
   void Drain(ToolCallEvents& events);
   void DrainLlama(ToolCallEvents& events);
   // Harmony; `finish`: the output ended (nothing more is held back).
@@ -77,8 +89,13 @@ class ToolCallStream {
   bool ParseLlamaCalls(std::vector<ChatToolCall>& calls) const;
   bool Named(const std::string& name) const;
 
+  // kThink's stages: whether <think> opens the output, its text (past
+  // leading newlines), the newlines after </think>, then the answer.
+  enum class Think { kStart, kLead, kIn, kTrail, kDone };
+
   std::vector<std::string> names_;
   ToolCallFormat format_;
+  Think think_;
   std::string held_;
   bool in_calls_ = false;     // Past the first <tool_call> (Llama: "{").
   bool passthrough_ = false;  // After a malformed call: all is content.

@@ -140,12 +140,12 @@ TEST(ToolCallStreamLlama, PlainTextStreamsAtOnce) {
   EXPECT_EQ(stream.Finish().content, "");
 }
 
-// Harmony (gpt-oss): `text` pushed in pieces cut at `cuts` (offsets),
-// then Finish; what every event said, concatenated.
-ToolCallEvents FeedHarmony(const std::string& text,
-                           const std::vector<size_t>& cuts,
-                           std::vector<std::string> names = {}) {
-  ToolCallStream stream(std::move(names), ToolCallFormat::kHarmony);
+// `text` pushed in pieces cut at `cuts` (offsets), then Finish; what every
+// event said, concatenated.
+ToolCallEvents Feed(const std::string& text, const std::vector<size_t>& cuts,
+                    std::vector<std::string> names, ToolCallFormat format,
+                    ReasoningFormat reasoning = ReasoningFormat::kNone) {
+  ToolCallStream stream(std::move(names), format, reasoning);
   ToolCallEvents all;
   size_t at = 0;
   const auto take = [&](const ToolCallEvents& e) {
@@ -160,6 +160,77 @@ ToolCallEvents FeedHarmony(const std::string& text,
   take(stream.Push(std::string_view(text).substr(at)));
   take(stream.Finish());
   return all;
+}
+
+// Harmony (gpt-oss).
+ToolCallEvents FeedHarmony(const std::string& text,
+                           const std::vector<size_t>& cuts,
+                           std::vector<std::string> names = {}) {
+  return Feed(text, cuts, std::move(names), ToolCallFormat::kHarmony);
+}
+
+// "name arguments" of each call.
+std::vector<std::string> CallTexts(const ToolCallEvents& e) {
+  std::vector<std::string> calls;
+  for (const ChatToolCall& call : e.calls) {
+    calls.push_back(call.name + " " + call.arguments);
+  }
+  return calls;
+}
+
+// Qwen3's <think> block: the expected splits are its template's own,
+// content.split('</think>')[0].rstrip('\n').split('<think>')[-1]
+// .lstrip('\n') and the rest .lstrip('\n'), for answers with one block.
+TEST(ToolCallStreamThink, ReasoningSplitsAtEveryCut) {
+  struct Case {
+    std::string output, reasoning, content;
+    std::vector<std::string> calls;
+  };
+  const std::vector<Case> cases = {
+      {"<think>\nLet me add.\n</think>\n\n4", "Let me add.", "4", {}},
+      {"<think>\n\n</think>\n\nHi", "", "Hi", {}},
+      {"<think>\n a\n\n b \n</think>\n\n\n c\n", " a\n\n b ", " c\n", {}},
+      {"<think>a <tool_call> b</think>c", "a <tool_call> b", "c", {}},
+      {"<think>x</think>\n\n", "x", "", {}},
+      // The calls after the reasoning are parsed as without it.
+      {"<think>\nneed f\n</think>\n\n<tool_call>\n{\"name\": \"f\", "
+       "\"arguments\": {\"a\":1}}\n</tool_call>",
+       "need f",
+       "",
+       {R"(f {"a": 1})"}},
+      // Not opened by <think>: all is the answer.
+      {"No think here\n", "", "No think here\n", {}},
+      {" <think>x</think>", "", " <think>x</think>", {}},
+      {"<thi", "", "<thi", {}},
+      {"", "", "", {}},
+      // Left open (max_tokens): all of it is reasoning.
+      {"<think>\nunclosed\n", "unclosed\n", "", {}},
+      {"<think>x\n\n</thinkY", "x\n\n</thinkY", "", {}},
+      {"<think>\n\n", "", "", {}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.output);
+    for (size_t i = 0; i <= c.output.size(); ++i) {
+      for (size_t j = i; j <= c.output.size(); j += 2) {
+        const ToolCallEvents e =
+            Feed(c.output, {i, j}, {"f"}, ToolCallFormat::kHermes,
+                 ReasoningFormat::kThink);
+        ASSERT_EQ(e.reasoning, c.reasoning) << i << " " << j;
+        ASSERT_EQ(e.content, c.content) << i << " " << j;
+        ASSERT_EQ(CallTexts(e), c.calls) << i << " " << j;
+      }
+    }
+  }
+}
+
+TEST(ToolCallStreamThink, ReasoningStreamsAsItComes) {
+  ToolCallStream stream({}, ToolCallFormat::kHermes, ReasoningFormat::kThink);
+  EXPECT_EQ(stream.Push("<think>\nStep").reasoning, "Step");
+  // Newlines and a part of </think> are held: they may end it.
+  EXPECT_EQ(stream.Push(" one.\n</th").reasoning, " one.");
+  ToolCallEvents e = stream.Push("ink>\n\nFour");
+  EXPECT_EQ(e.reasoning, "");
+  EXPECT_EQ(e.content, "Four");
 }
 
 TEST(ToolCallStreamHarmony, ChannelsSplitAtEveryCut) {
@@ -268,11 +339,7 @@ TEST(ToolCallStreamHarmony, CallsToOfferedFunctionsAtEveryCut) {
         const ToolCallEvents e = FeedHarmony(c.output, {i, j}, {"get_weather"});
         ASSERT_EQ(e.reasoning, c.reasoning) << i << " " << j;
         ASSERT_EQ(e.content, c.content) << i << " " << j;
-        std::vector<std::string> calls;
-        for (const ChatToolCall& call : e.calls) {
-          calls.push_back(call.name + " " + call.arguments);
-        }
-        ASSERT_EQ(calls, c.calls) << i << " " << j;
+        ASSERT_EQ(CallTexts(e), c.calls) << i << " " << j;
       }
     }
   }

@@ -206,6 +206,7 @@ absl::StatusOr<std::string> ReplicaSet::ModelOf(Replica& r) {
     if (context_length_ == 0 && (model_.empty() || model_ == info.name())) {
       context_length_ = info.context_length();
       tool_call_format_ = info.tool_call_format();
+      reasoning_format_ = info.reasoning_format();
     }
   }
   return info.name();
@@ -219,6 +220,11 @@ int64_t ReplicaSet::context_length() const {
 std::string ReplicaSet::tool_call_format() const {
   absl::MutexLock lock(&mu_);
   return tool_call_format_;
+}
+
+std::string ReplicaSet::reasoning_format() const {
+  absl::MutexLock lock(&mu_);
+  return reasoning_format_;
 }
 
 void ReplicaSet::Watch(Replica* r) {

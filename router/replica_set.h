@@ -80,6 +80,8 @@ class ReplicaSet {
   // from the same replica); empty until one answered or when it renders
   // none.
   std::string tool_call_format() const;
+  // How it writes its reasoning (ModelInfo.reasoning_format).
+  std::string reasoning_format() const;
 
   // Chooses a replica with `policy` for a request whose prompt is
   // `prompt` (empty: unknown; kv then ranks by load alone), never
@@ -148,6 +150,7 @@ class ReplicaSet {
   std::string model_ ABSL_GUARDED_BY(mu_);
   int64_t context_length_ ABSL_GUARDED_BY(mu_) = 0;
   std::string tool_call_format_ ABSL_GUARDED_BY(mu_);
+  std::string reasoning_format_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace shardlm

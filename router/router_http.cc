@@ -46,7 +46,9 @@ OpenAiApi* RouterHttpApi::Api() {
                        .metrics_auth = options_.metrics_auth,
                        .memory_budget = options_.memory_budget,
                        .tool_call_format = ToolCallFormatFromName(
-                           replicas_->tool_call_format())});
+                           replicas_->tool_call_format()),
+                       .reasoning_format = ReasoningFormatFromName(
+                           replicas_->reasoning_format())});
   return api_.get();
 }
 

@@ -14,7 +14,8 @@ Hermes <tool_call> format), since SmolLM2's own renders no tools.
 - auto: a call the model writes is parsed; a malformed one (forced here
   with the grammar extension) comes back as content, finish_reason stop.
 - gRPC: tools and tool_choice_function; the last response's tool_calls.
-- Qwen3's template: the history as jinja2's, a named function's call.
+- Qwen3's template: the history as jinja2's, a named function's call;
+  a <think> block as reasoning_content, served and through a router.
 - gpt-oss's template (harmony): the history as jinja2's; tool_choice
   required refused.
 - Llama 3.1's template (JSON calls): the history as jinja2's; a named
@@ -475,22 +476,57 @@ def llama_call_checks(port: int, name: str) -> None:
           f"({status} {choice})")
 
 
+def think_checks(port: int, where: str) -> None:
+    """Qwen3's <think> block (written by the grammar extension here) comes
+    back as reasoning_content, apart from the answer, streamed or not."""
+    think = 'root ::= "<think>\\nhmm, 2+2\\n</think>\\n\\nFour."'
+    status, got = chat(port, grammar=think, tool_choice="none")
+    message = got.get("choices", [{}])[0].get("message", {})
+    chunks = sse(port, {"messages": ASK, "max_tokens": 48, "temperature": 0,
+                        "grammar": think})
+    streamed = ["".join(c["choices"][0]["delta"].get(k) or ""
+                        for c in chunks if c.get("choices"))
+                for k in ("reasoning_content", "content")]
+    check(status == 200 and message.get("reasoning_content") == "hmm, 2+2" and
+          message.get("content") == "Four." and
+          streamed == ["hmm, 2+2", "Four."],
+          f"{where}: <think> is reasoning_content, streamed or not "
+          f"({status} {message}; {streamed})")
+
+
 def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
-    """Qwen3's template: the history renders as jinja2's, and a named
-    function gives one valid Hermes call."""
+    """Qwen3's template: the history renders as jinja2's, a named function
+    gives one valid Hermes call, and the <think> block is reasoning, also
+    through a router (which learns that from the replica's ModelInfo)."""
     template = os.path.join(workdir, "qwen3.jinja")
     with open(template, "w", encoding="utf-8") as f:
         f.write(QWEN3)
     port = free_port()
-    server, _ = start_serve(shardlm, gguf,
-                            ["--http-listen", f"127.0.0.1:{port}",
-                             "--chat-template", template])
+    server, addr = start_serve(shardlm, gguf,
+                               ["--http-listen", f"127.0.0.1:{port}",
+                                "--chat-template", template])
     try:
         up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
         check(up, "serve --chat-template (Qwen3's) answers")
         if not up:
             return
         history_checks(port, QWEN3, "qwen3")
+        think_checks(port, "qwen3")
+        router_port = free_port()
+        router = subprocess.Popen(
+            [shardlm, "router", "--replica", addr, "--model", gguf,
+             "--listen", f"127.0.0.1:{free_port()}",
+             "--http-listen", f"127.0.0.1:{router_port}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL)
+        try:
+            up = wait_until(lambda: _answers(router_port), timeout=60,
+                            every=0.3)
+            check(up, "a router in front of the Qwen3 replica answers")
+            if up:
+                think_checks(router_port, "qwen3 through a router")
+        finally:
+            stop(router)
         forced = {"type": "function", "function": {"name": "add"}}
         status, got = chat(port, tool_choice=forced)
         choice = got.get("choices", [{}])[0]
