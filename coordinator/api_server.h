@@ -16,12 +16,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
-#include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
-#include "coordinator/memory_budget.h"
-#include "coordinator/tls.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
+#include "http/http_server.h"
+#include "http/memory_budget.h"
+#include "http/tls.h"
 #include "model/tokenizer.h"
 
 namespace shardlm {

@@ -18,9 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "coordinator/engine.h"
-#include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
-#include "coordinator/memory_budget.h"
+#include "http/http_server.h"
+#include "http/memory_budget.h"
 
 namespace shardlm {
 

@@ -1,7 +1,7 @@
 #include "launch/control_tls_flags.h"
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/tls.h"
+#include "http/tls.h"
 
 namespace shardlm {
 

@@ -9,10 +9,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "coordinator/tls.h"
 #include "core/status.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
+#include "http/tls.h"
 #include "shardlm/v1/inference.grpc.pb.h"
 
 namespace shardlm {

@@ -13,9 +13,9 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "coordinator/http_server.h"
-#include "coordinator/memory_budget.h"
 #include "coordinator/openai_api.h"
+#include "http/http_server.h"
+#include "http/memory_budget.h"
 #include "router/replica_set.h"
 #include "router/router_service.h"
 

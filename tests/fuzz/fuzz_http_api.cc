@@ -14,9 +14,9 @@
 #include <string>
 
 #include "coordinator/engine.h"
-#include "coordinator/http_server.h"
 #include "coordinator/inference_service.h"
 #include "coordinator/openai_api.h"
+#include "http/http_server.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 #include "tests/fuzz/alloc_meter.h"

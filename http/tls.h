@@ -1,7 +1,7 @@
 // TLS for the public APIs (gRPC and HTTP): the server's certificate and
 // key, and for mutual TLS the CA that client certificates must chain to.
-#ifndef SHARDLM_COORDINATOR_TLS_H_
-#define SHARDLM_COORDINATOR_TLS_H_
+#ifndef SHARDLM_HTTP_TLS_H_
+#define SHARDLM_HTTP_TLS_H_
 
 #include <string>
 
@@ -58,4 +58,4 @@ absl::StatusOr<SSL_CTX*> NewServerTlsContext(const TlsConfig& tls);
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_COORDINATOR_TLS_H_
+#endif  // SHARDLM_HTTP_TLS_H_

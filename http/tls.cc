@@ -1,4 +1,4 @@
-#include "coordinator/tls.h"
+#include "http/tls.h"
 
 #include <openssl/err.h>
 #include <openssl/pem.h>

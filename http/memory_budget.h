@@ -12,8 +12,8 @@
 // bounds that stage.
 //
 // Thread-safe.
-#ifndef SHARDLM_COORDINATOR_MEMORY_BUDGET_H_
-#define SHARDLM_COORDINATOR_MEMORY_BUDGET_H_
+#ifndef SHARDLM_HTTP_MEMORY_BUDGET_H_
+#define SHARDLM_HTTP_MEMORY_BUDGET_H_
 
 #include <cstdint>
 #include <string>
@@ -106,4 +106,4 @@ class MemoryBudget {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_COORDINATOR_MEMORY_BUDGET_H_
+#endif  // SHARDLM_HTTP_MEMORY_BUDGET_H_

@@ -1,4 +1,4 @@
-#include "coordinator/http_pool.h"
+#include "http/http_pool.h"
 
 #include <algorithm>
 #include <system_error>

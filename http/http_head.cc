@@ -7,7 +7,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
-#include "coordinator/http_server.h"
+#include "http/http_message.h"
 
 namespace shardlm {
 namespace {

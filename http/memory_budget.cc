@@ -1,4 +1,4 @@
-#include "coordinator/memory_budget.h"
+#include "http/memory_budget.h"
 
 #include <unistd.h>
 

@@ -15,7 +15,7 @@
 // - Before a body is read, options.head_check may refuse the request from
 //   its head (the API key), and its share of options.memory_budget is
 //   taken: a request refused there costs no body.
-// - Whole heads run on a bounded pool of threads (coordinator/http_pool.h),
+// - Whole heads run on a bounded pool of threads (http/http_pool.h),
 //   up to max_connections; past that up to reserved_probe_connections more
 //   serve probe_paths only, so that clients holding every API thread cannot
 //   make a liveness probe restart a healthy server. That thread reads the
@@ -31,8 +31,8 @@
 //
 // Thread-safety: Start, port and Shutdown may be called from any thread;
 // handlers run concurrently, one thread each.
-#ifndef SHARDLM_COORDINATOR_HTTP_SERVER_H_
-#define SHARDLM_COORDINATOR_HTTP_SERVER_H_
+#ifndef SHARDLM_HTTP_HTTP_SERVER_H_
+#define SHARDLM_HTTP_HTTP_SERVER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -45,67 +45,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "coordinator/memory_budget.h"
-#include "coordinator/tls.h"
+#include "http/http_message.h"
+#include "http/memory_budget.h"
+#include "http/tls.h"
 
 namespace shardlm {
-
-struct HttpRequest {
-  std::string method;  // "GET", "POST", ...
-  std::string path;    // Without the query string.
-  std::string query;   // After '?', undecoded; may be empty.
-  // Header names lower-cased, values trimmed.
-  std::vector<std::pair<std::string, std::string>> headers;
-  std::string body;
-
-  // The first header of that (lower-case) name, or empty.
-  std::string Header(const std::string& name) const;
-};
-
-// Writes one response. Either Send() once, or Start() then Write()s.
-class HttpResponse {
- public:
-  virtual ~HttpResponse() = default;
-  // A whole response. False when the client is gone.
-  virtual bool Send(int status, const std::string& content_type,
-                    const std::string& body) = 0;
-  // Starts a response streamed until the handler returns.
-  virtual bool Start(int status, const std::string& content_type) = 0;
-  // False once the client is gone (the handler should stop).
-  virtual bool Write(const std::string& data) = 0;
-  // Adds a header to the response (before Send or Start).
-  virtual void AddHeader(std::string name, std::string value) = 0;
-  // Whether the client has closed its side (cheap; does not block).
-  virtual bool ClientGone() const = 0;
-};
-
-using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
-
-// A whole response sent in place of reading a request's body.
-struct HttpRefusal {
-  int status = 400;
-  std::string content_type = "application/json";
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;
-};
-
-// Runs on a request's checked head before its body is read (`head.body` is
-// empty); a refusal it returns is sent instead and the connection closed
-// with the body unread, so that what needs no body to decide (the API key)
-// costs a caller who fails it no body. Thread-safe; called concurrently.
-using HttpHeadCheck =
-    std::function<std::optional<HttpRefusal>(const HttpRequest& head)>;
-
-// Parses and checks a request head (the request line and headers, without
-// the blank line that ends them) into `req`: {0, ""} when it is well formed,
-// else the status to answer with and why. The framing is checked too:
-// Transfer-Encoding is refused (411) and every Content-Length must be the
-// same run of digits (400); `body_length`, when given, gets the length
-// declared (0 without one). What the server runs on every head; public for
-// the fuzzer (tests/fuzz/).
-std::pair<int, const char*> ParseHttpHead(absl::string_view head,
-                                          HttpRequest& req,
-                                          uint64_t* body_length = nullptr);
 
 struct HttpServerOptions {
   std::string listen_address = "127.0.0.1:0";  // host:port; port 0: any.
@@ -203,9 +147,6 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartApiHttp(
                            });
 }
 
-// The reason phrase of a status code ("OK", "Not Found", ...).
-const char* HttpReason(int status);
-
 }  // namespace shardlm
 
-#endif  // SHARDLM_COORDINATOR_HTTP_SERVER_H_
+#endif  // SHARDLM_HTTP_HTTP_SERVER_H_

@@ -1,11 +1,11 @@
-// The bytes of one HTTP connection, for HttpServer (coordinator/http_server.cc)
+// The bytes of one HTTP connection, for HttpServer (http/http_server.cc)
 // alone: reading and writing a socket or TLS session without blocking, the
 // refusals written before a request is handed on, a request's stream over
 // a connection, the response exchange between a handler (which pushes)
 // and the connection thread (which writes), and the response's framing.
 // Internal: included by the server only.
-#ifndef SHARDLM_COORDINATOR_HTTP_CONNECTION_H_
-#define SHARDLM_COORDINATOR_HTTP_CONNECTION_H_
+#ifndef SHARDLM_HTTP_HTTP_CONNECTION_H_
+#define SHARDLM_HTTP_HTTP_CONNECTION_H_
 
 #include <netinet/in.h>
 #include <openssl/ssl.h>
@@ -24,7 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/http_server.h"
+#include "http/http_message.h"
 
 namespace shardlm::http_internal {
 
@@ -286,4 +286,4 @@ std::string Chunk(const std::string& data);
 
 }  // namespace shardlm::http_internal
 
-#endif  // SHARDLM_COORDINATOR_HTTP_CONNECTION_H_
+#endif  // SHARDLM_HTTP_HTTP_CONNECTION_H_

@@ -1,4 +1,4 @@
-#include "coordinator/http_connection.h"
+#include "http/http_connection.h"
 
 #include <netdb.h>
 #include <openssl/err.h>

@@ -1,4 +1,4 @@
-#include "coordinator/http_server.h"
+#include "http/http_server.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -27,8 +27,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/http_connection.h"
-#include "coordinator/http_pool.h"
+#include "http/http_connection.h"
+#include "http/http_pool.h"
 
 namespace shardlm {
 namespace {

@@ -2,8 +2,8 @@
 // maximum, kept for the next job, and trimmed back to a base once idle, so
 // that a burst of requests does not leave its threads behind for good
 // (issue 39).
-#ifndef SHARDLM_COORDINATOR_HTTP_POOL_H_
-#define SHARDLM_COORDINATOR_HTTP_POOL_H_
+#ifndef SHARDLM_HTTP_HTTP_POOL_H_
+#define SHARDLM_HTTP_HTTP_POOL_H_
 
 #include <deque>
 #include <functional>
@@ -63,4 +63,4 @@ class HttpPool {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_COORDINATOR_HTTP_POOL_H_
+#endif  // SHARDLM_HTTP_HTTP_POOL_H_
