@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "coordinator/api_server.h"
+#include "api/api_server.h"
 #include "launch/flags.h"
 
 namespace shardlm {

@@ -9,9 +9,9 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/api_server.h"
+#include "api/api_server.h"
+#include "cluster/remote_executor.h"
 #include "coordinator/engine.h"
-#include "coordinator/remote_executor.h"
 #include "core/secret.h"
 #include "core/status.h"
 #include "http/http_server.h"

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "coordinator/control_service.h"
+#include "cluster/control_service.h"
 #include "grpcpp/server.h"
 #include "launch/api_flags.h"
 #include "launch/cache_flags.h"

@@ -21,7 +21,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/control_service.h"
+#include "cluster/control_service.h"
 #include "core/secret.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/cluster_serving.h"

@@ -8,7 +8,7 @@
 
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
-#include "coordinator/api_server.h"
+#include "api/api_server.h"
 
 namespace shardlm {
 

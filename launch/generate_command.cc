@@ -7,8 +7,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "api/inference_service.h"
 #include "coordinator/engine.h"
-#include "coordinator/inference_service.h"
 #include "coordinator/stop_strings.h"
 #include "kernels/cpu_isa.h"
 #include "launch/commands.h"

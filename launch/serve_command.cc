@@ -6,7 +6,7 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/api_server.h"
+#include "api/api_server.h"
 #include "coordinator/engine.h"
 #include "launch/api_flags.h"
 #include "launch/commands.h"

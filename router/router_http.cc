@@ -4,7 +4,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "coordinator/api_key.h"
+#include "api/api_key.h"
 #include "nlohmann/json.hpp"
 
 namespace shardlm {

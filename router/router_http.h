@@ -13,7 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
-#include "coordinator/openai_api.h"
+#include "api/openai_api.h"
 #include "http/http_server.h"
 #include "http/memory_budget.h"
 #include "router/replica_set.h"

@@ -1,5 +1,5 @@
 // RouterHttpApi's own answers (the OpenAI layer itself is
-// coordinator/openai_api_test.cc's, and end to end
+// api/openai_api_test.cc's, and end to end
 // tests/cli/check_router_http.py's): the probes, the key before anything
 // else, and 503 naming the replicas until one has reported its model.
 #include "router/router_http.h"

@@ -5,7 +5,7 @@
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/api_key.h"
+#include "api/api_key.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "grpcpp/support/method_handler.h"

@@ -6,8 +6,8 @@
 
 #include <thread>
 
+#include "cluster/control_service.h"
 #include "collectives/collective_checks.h"
-#include "coordinator/control_service.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"

@@ -1,6 +1,6 @@
 // One gRPC request's bytes through the path InferenceService::GenerateWire
 // and TokenizeWire take (issue 39): the wire scan
-// (coordinator/grpc_request_scan.h), then libprotobuf's parse, which must
+// (api/grpc_request_scan.h), then libprotobuf's parse, which must
 // succeed whenever the scan passed, then the service (tokenizing, the
 // engine request, a generation over a tiny random model with SmolLM2's
 // tokenizer; the GGUF at $SHARDLM_MODEL, else the repository's models/
@@ -16,9 +16,9 @@
 
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "api/grpc_request_scan.h"
+#include "api/inference_service.h"
 #include "coordinator/engine.h"
-#include "coordinator/grpc_request_scan.h"
-#include "coordinator/inference_service.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.pb.h"

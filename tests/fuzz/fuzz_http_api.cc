@@ -13,9 +13,9 @@
 #include <memory>
 #include <string>
 
+#include "api/inference_service.h"
+#include "api/openai_api.h"
 #include "coordinator/engine.h"
-#include "coordinator/inference_service.h"
-#include "coordinator/openai_api.h"
 #include "http/http_server.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"

@@ -10,8 +10,8 @@
 #include <cstdlib>
 #include <memory>
 
+#include "api/inference_service.h"
 #include "coordinator/engine.h"
-#include "coordinator/inference_service.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 
