@@ -368,11 +368,10 @@ def own_template_checks(shardlm: str, gguf: str) -> None:
         stop(server)
 
 
-def router_checks(shardlm: str, gguf: str, replica: str) -> None:
-    """The same calls through `shardlm router` in front of the replica:
-    its OpenAI layer takes the calls from the replica's last response and
-    keeps their markup out of the content without a template of its own;
-    n choices come back whole."""
+def start_router(shardlm: str, gguf: str, replica: str,
+                 label: str) -> tuple[subprocess.Popen, int | None]:
+    """`shardlm router` in front of `replica`: the process and its HTTP
+    port, None when it does not answer within a minute."""
     port = free_port()
     router = subprocess.Popen(
         [shardlm, "router", "--replica", replica, "--model", gguf,
@@ -380,10 +379,35 @@ def router_checks(shardlm: str, gguf: str, replica: str) -> None:
          "--http-listen", f"127.0.0.1:{port}"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL)
+    up = wait_until(lambda: _answers(port), timeout=60, every=0.3)
+    check(up, f"a router in front of {label} answers")
+    return router, port if up else None
+
+
+def serve_template(shardlm: str, gguf: str, workdir: str, name: str,
+                   source: str):
+    """`shardlm serve --chat-template` with `source`: the process, its
+    gRPC address and HTTP port (None when it does not answer)."""
+    template = os.path.join(workdir, name.replace(" ", "_") + ".jinja")
+    with open(template, "w", encoding="utf-8") as f:
+        f.write(source)
+    port = free_port()
+    server, addr = start_serve(shardlm, gguf,
+                               ["--http-listen", f"127.0.0.1:{port}",
+                                "--chat-template", template])
+    up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
+    check(up, f"serve --chat-template ({name}'s) answers")
+    return server, addr, port if up else None
+
+
+def router_checks(shardlm: str, gguf: str, replica: str) -> None:
+    """The same calls through `shardlm router` in front of the replica:
+    its OpenAI layer takes the calls from the replica's last response and
+    keeps their markup out of the content without a template of its own;
+    n choices come back whole."""
+    router, port = start_router(shardlm, gguf, replica, "the replica")
     try:
-        up = wait_until(lambda: _answers(port), timeout=60, every=0.3)
-        check(up, "a router in front of the replica answers")
-        if not up:
+        if port is None:
             return
         named_and_required_checks(port)
         auto_checks(port)
@@ -404,30 +428,17 @@ def llama_checks(shardlm: str, gguf: str, workdir: str) -> None:
     auto parses a written call and gives a malformed one back as content;
     a router learns the format from the replica (ModelInfo) and parses the
     same calls."""
-    template = os.path.join(workdir, "llama3.1_tools.jinja")
-    with open(template, "w", encoding="utf-8") as f:
-        f.write(LLAMA31_TOOLS)
-    port = free_port()
-    server, addr = start_serve(shardlm, gguf,
-                               ["--http-listen", f"127.0.0.1:{port}",
-                                "--chat-template", template])
+    server, addr, port = serve_template(shardlm, gguf, workdir, "Llama 3.1",
+                                        LLAMA31_TOOLS)
     try:
-        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
-        check(up, "serve --chat-template (Llama 3.1's) answers")
-        if not up:
+        if port is None:
             return
         history_checks(port, LLAMA31_TOOLS, "llama3.1")
         llama_call_checks(port, "llama3.1")
-        router = subprocess.Popen(
-            [shardlm, "router", "--replica", addr, "--model", gguf,
-             "--listen", f"127.0.0.1:{free_port()}",
-             "--http-listen", f"127.0.0.1:{(rport := free_port())}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        router, rport = start_router(shardlm, gguf, addr,
+                                     "the Llama 3.1 replica")
         try:
-            up = wait_until(lambda: _answers(rport), timeout=60, every=0.3)
-            check(up, "a router in front of the Llama 3.1 replica answers")
-            if up:
+            if rport is not None:
                 llama_call_checks(rport, "llama3.1 through a router")
         finally:
             stop(router)
@@ -498,33 +509,17 @@ def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
     """Qwen3's template: the history renders as jinja2's, a named function
     gives one valid Hermes call, and the <think> block is reasoning, also
     through a router (which learns that from the replica's ModelInfo)."""
-    template = os.path.join(workdir, "qwen3.jinja")
-    with open(template, "w", encoding="utf-8") as f:
-        f.write(QWEN3)
-    port = free_port()
-    server, addr = start_serve(shardlm, gguf,
-                               ["--http-listen", f"127.0.0.1:{port}",
-                                "--chat-template", template])
+    server, addr, port = serve_template(shardlm, gguf, workdir, "Qwen3",
+                                        QWEN3)
     try:
-        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
-        check(up, "serve --chat-template (Qwen3's) answers")
-        if not up:
+        if port is None:
             return
         history_checks(port, QWEN3, "qwen3")
         think_checks(port, "qwen3")
-        router_port = free_port()
-        router = subprocess.Popen(
-            [shardlm, "router", "--replica", addr, "--model", gguf,
-             "--listen", f"127.0.0.1:{free_port()}",
-             "--http-listen", f"127.0.0.1:{router_port}"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL)
+        router, rport = start_router(shardlm, gguf, addr, "the Qwen3 replica")
         try:
-            up = wait_until(lambda: _answers(router_port), timeout=60,
-                            every=0.3)
-            check(up, "a router in front of the Qwen3 replica answers")
-            if up:
-                think_checks(router_port, "qwen3 through a router")
+            if rport is not None:
+                think_checks(rport, "qwen3 through a router")
         finally:
             stop(router)
         forced = {"type": "function", "function": {"name": "add"}}
@@ -543,17 +538,10 @@ def harmony_checks(shardlm: str, gguf: str, workdir: str) -> None:
     """gpt-oss's template (harmony): the history renders as jinja2's (dated
     today, as the server dates it); tool_choice required is refused, since
     no grammar constrains harmony's channels yet."""
-    template = os.path.join(workdir, "harmony.jinja")
-    with open(template, "w", encoding="utf-8") as f:
-        f.write(HARMONY_TOOLS)
-    port = free_port()
-    server, _ = start_serve(shardlm, gguf,
-                            ["--http-listen", f"127.0.0.1:{port}",
-                             "--chat-template", template])
+    server, _, port = serve_template(shardlm, gguf, workdir, "gpt-oss",
+                                     HARMONY_TOOLS)
     try:
-        up = wait_until(lambda: _answers(port), timeout=120, every=0.3)
-        check(up, "serve --chat-template (gpt-oss's) answers")
-        if not up:
+        if port is None:
             return
         check_chat_template.NOW = datetime.datetime.now(datetime.timezone.utc)
         history_checks(port, HARMONY_TOOLS, "harmony", content="")
