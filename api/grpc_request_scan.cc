@@ -305,6 +305,7 @@ absl::Status ScanGenerateRequest(absl::string_view wire,
       case 21:  // resume_position
       case 25:  // n
       case 26:  // prompt_logprobs
+      case 28:  // enable_thinking
         known = type == kVarint;
         break;
       case 8:  // stop

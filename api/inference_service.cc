@@ -412,8 +412,13 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
                          .parameters = t.parameters()});
       }
     }
-    absl::StatusOr<std::string> text =
-        chat_template_->Render(conversation, tools, request.reasoning_effort());
+    absl::StatusOr<std::string> text = chat_template_->Render(
+        conversation, tools,
+        ChatTemplateVars{.reasoning_effort = request.reasoning_effort(),
+                         .enable_thinking = request.has_enable_thinking()
+                                                ? std::optional<bool>(
+                                                      request.enable_thinking())
+                                                : std::nullopt});
     if (!text.ok()) return Invalid(text.status().message());
     req.prompt = tokenizer_->EncodePrompt(*text);
   } else if (request.prompt_token_ids_size() > 0) {

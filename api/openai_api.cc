@@ -182,6 +182,33 @@ absl::Status AddMessages(const Json& messages, v1::GenerateRequest& req) {
   return absl::OkStatus();
 }
 
+// vLLM's chat_template_kwargs: the template variables a request may set.
+// Only enable_thinking (Qwen3's) is taken; another key is refused rather
+// than ignored, since its effect would be silently lost.
+absl::Status AddChatTemplateKwargs(const Json& body, v1::GenerateRequest& req) {
+  if (!body.contains("chat_template_kwargs") ||
+      body["chat_template_kwargs"].is_null()) {
+    return absl::OkStatus();
+  }
+  const Json& kwargs = body["chat_template_kwargs"];
+  if (!kwargs.is_object()) {
+    return Invalid("'chat_template_kwargs' must be an object");
+  }
+  for (const auto& [key, value] : kwargs.items()) {
+    if (key != "enable_thinking") {
+      return Invalid("chat_template_kwargs '", key.substr(0, 64),
+                     "' is not supported (enable_thinking is)");
+    }
+    if (!value.is_boolean()) {
+      return Invalid(
+          "chat_template_kwargs 'enable_thinking' must be a "
+          "boolean");
+    }
+    req.set_enable_thinking(value.get<bool>());
+  }
+  return absl::OkStatus();
+}
+
 // OpenAI's "tools" (function tools) and "tool_choice". `ordered` is the
 // body parsed again in order (a schema's properties render, and are
 // generated, in the client's order), when it has tools.
@@ -413,8 +440,10 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
       }
       req.set_reasoning_effort(body["reasoning_effort"].get<std::string>());
     }
+    RETURN_IF_ERROR(AddChatTemplateKwargs(body, req));
   } else {
-    for (const char* field : {"tools", "tool_choice", "reasoning_effort"}) {
+    for (const char* field :
+         {"tools", "tool_choice", "reasoning_effort", "chat_template_kwargs"}) {
       if (body.contains(field) && !body[field].is_null()) {
         return Invalid("'", field, "' is for /v1/chat/completions");
       }

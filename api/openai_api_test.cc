@@ -367,6 +367,36 @@ TEST_F(ThinkTest, ReasoningApartStreamedOrNot) {
             "<think>\nAdd them.\n</think>\n\n4");
 }
 
+TEST_F(ThinkTest, EnableThinkingReachesTheTemplate) {
+  RecordedResponse res = Post("/v1/chat/completions", R"({
+      "messages": [{"role": "user", "content": "q"}],
+      "chat_template_kwargs": {"enable_thinking": false}})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  ASSERT_EQ(seen_.size(), 1u);
+  EXPECT_TRUE(seen_[0].has_enable_thinking());
+  EXPECT_FALSE(seen_[0].enable_thinking());
+  res = Post("/v1/chat/completions",
+             R"({"messages": [{"role": "user", "content": "q"}]})");
+  ASSERT_EQ(seen_.size(), 2u);
+  EXPECT_FALSE(seen_[1].has_enable_thinking());  // The template's default.
+  // Refused: another key, another type, and on completions.
+  for (const char* body : {R"({"messages": [{"role": "user", "content": "q"}],
+            "chat_template_kwargs": {"tools_in_user_message": true}})",
+                           R"({"messages": [{"role": "user", "content": "q"}],
+            "chat_template_kwargs": {"enable_thinking": "no"}})",
+                           R"({"messages": [{"role": "user", "content": "q"}],
+            "chat_template_kwargs": []})"}) {
+    res = Post("/v1/chat/completions", body);
+    EXPECT_EQ(res.status, 400) << body;
+    EXPECT_NE(res.body.find("chat_template_kwargs"), std::string::npos)
+        << res.body;
+  }
+  res = Post("/v1/completions", R"({"prompt": "q",
+      "chat_template_kwargs": {"enable_thinking": false}})");
+  EXPECT_EQ(res.status, 400) << res.body;
+  EXPECT_EQ(seen_.size(), 2u);  // No refused request ran.
+}
+
 TEST_F(HarmonyTest, ChatSplitsReasoningFromTheAnswer) {
   const RecordedResponse res =
       Post("/v1/chat/completions",

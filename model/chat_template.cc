@@ -417,9 +417,11 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
 
 absl::StatusOr<std::string> ChatTemplate::Render(
     absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
-    std::string_view reasoning_effort) const {
+    const ChatTemplateVars& vars) const {
+  const std::string_view reasoning_effort = vars.reasoning_effort;
   if (tool_format_ == ToolCallFormat::kHermes) {
-    return qwen3_ ? RenderQwen3(messages, tools)
+    return qwen3_ ? RenderQwen3(messages, tools,
+                                vars.enable_thinking.value_or(true))
                   : RenderHermes(messages, tools);
   }
   if (tool_format_ == ToolCallFormat::kLlamaJson) {
@@ -510,8 +512,8 @@ absl::StatusOr<std::string> ChatTemplate::RenderHermes(
 // a <tool_response> block) keep their <think> block (the last turn always
 // gets one), earlier ones lose it.
 absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
-    absl::Span<const ChatMessage> messages,
-    absl::Span<const ChatTool> tools) const {
+    absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
+    bool think) const {
   RETURN_IF_ERROR(CheckToolRoles(messages));
   const bool system = !messages.empty() && messages[0].role == "system";
   std::string out;
@@ -575,6 +577,7 @@ absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
     }
   }
   out += "<|im_start|>assistant\n";
+  if (!think) out += "<think>\n\n</think>\n\n";
   return out;
 }
 

@@ -11,6 +11,7 @@
 #ifndef SHARDLM_MODEL_CHAT_TEMPLATE_H_
 #define SHARDLM_MODEL_CHAT_TEMPLATE_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -79,6 +80,17 @@ ReasoningFormat ReasoningFormatFromName(std::string_view name);
 // ToolCallFormatFromName reads them back (kNone for another name).
 const char* ToolCallFormatName(ToolCallFormat format);
 ToolCallFormat ToolCallFormatFromName(std::string_view name);
+
+// Variables a request sets for the template (vLLM's chat_template_kwargs);
+// a template that does not read one ignores it, as jinja2 does.
+struct ChatTemplateVars {
+  // Harmony's: "low", "medium" or "high" (InvalidArgument otherwise);
+  // empty: the template's default (medium).
+  std::string reasoning_effort;
+  // Qwen3's: false writes an empty <think> block after the generation
+  // prompt, so that the model answers without reasoning; unset: it thinks.
+  std::optional<bool> enable_thinking;
+};
 
 class ChatTemplate {
  public:
@@ -152,12 +164,10 @@ class ChatTemplate {
   // template renders no tools (tool_format() kNone) and `tools`, a tool
   // message or an assistant's tool call is given, naming the field; and for
   // an assistant's call whose arguments are not a JSON object.
-  // `reasoning_effort` (empty: the template's default) is read by
-  // harmony's only ("low", "medium" or "high"; InvalidArgument otherwise),
-  // ignored by the others as their templates ignore the variable.
-  absl::StatusOr<std::string> Render(
-      absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
-      std::string_view reasoning_effort = {}) const;
+  // `vars` as ChatTemplateVars says.
+  absl::StatusOr<std::string> Render(absl::Span<const ChatMessage> messages,
+                                     absl::Span<const ChatTool> tools,
+                                     const ChatTemplateVars& vars = {}) const;
 
   Format format() const { return format_; }
   // How the template renders tools (kNone: it renders none).
@@ -186,9 +196,10 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;
+  // `think`: false writes the empty <think> block (enable_thinking).
   absl::StatusOr<std::string> RenderQwen3(
-      absl::Span<const ChatMessage> messages,
-      absl::Span<const ChatTool> tools) const;
+      absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
+      bool think = true) const;
   absl::StatusOr<std::string> RenderLlamaJson(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;

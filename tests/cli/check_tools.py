@@ -516,6 +516,20 @@ def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
             return
         history_checks(port, QWEN3, "qwen3")
         think_checks(port, "qwen3")
+        # enable_thinking false: the prompt jinja2 renders with it.
+        prompt = jinja_render(QWEN3, "<|im_start|>", ASK,
+                              enable_thinking=False)
+        s1, got = post(port, "/v1/chat/completions", {
+            "messages": ASK, "max_tokens": 8, "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False}})
+        s2, want = post(port, "/v1/completions",
+                        {"prompt": prompt, "max_tokens": 8, "temperature": 0})
+        check(s1 == 200 and s2 == 200 and
+              got["usage"]["prompt_tokens"] ==
+              want["usage"]["prompt_tokens"] and
+              got["choices"][0]["message"]["content"] ==
+              want["choices"][0]["text"],
+              f"qwen3: enable_thinking false renders as jinja2's ({s1} {s2})")
         router, rport = start_router(shardlm, gguf, addr, "the Qwen3 replica")
         try:
             if rport is not None:

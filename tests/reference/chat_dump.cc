@@ -115,10 +115,14 @@ int main(int argc, char** argv) {
                                            : ""});
       }
     }
-    const std::string effort = in.is_object() && in.contains("reasoning_effort")
-                                   ? in["reasoning_effort"].get<std::string>()
-                                   : "";
-    auto prompt = chat->Render(messages, tools, effort);
+    shardlm::ChatTemplateVars vars;
+    if (in.is_object() && in.contains("reasoning_effort")) {
+      vars.reasoning_effort = in["reasoning_effort"].get<std::string>();
+    }
+    if (in.is_object() && in.contains("enable_thinking")) {
+      vars.enable_thinking = in["enable_thinking"].get<bool>();
+    }
+    auto prompt = chat->Render(messages, tools, vars);
     const Json out =
         prompt.ok() ? Json{{"prompt", *prompt}}
                     : Json{{"error", std::string(prompt.status().message())}};

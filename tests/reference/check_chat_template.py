@@ -835,6 +835,14 @@ HARMONY_CONVERSATIONS = [
     {"messages": [m("user", "Quick.")], "reasoning_effort": "low"},
 ]
 EXTRA_CONVERSATIONS = {
+    # Qwen3's enable_thinking (chat_template_kwargs).
+    "qwen3": [
+        {"messages": [m("user", "2+2?")], "enable_thinking": False},
+        {"messages": [m("user", "2+2?")], "enable_thinking": True},
+        {"messages": [m("system", "S"), m("user", "q"),
+                      m("assistant", "<think>\nx\n</think>\n\na"),
+                      m("user", "again")], "enable_thinking": False},
+    ],
     "harmony (gpt-oss)": HARMONY_CONVERSATIONS,
     "harmony with tools (gpt-oss)": HARMONY_CONVERSATIONS,
 }
