@@ -10,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/create_channel.h"
@@ -91,7 +92,7 @@ class FakeReplica final : public v1::Inference::Service,
       absl::SleepFor(script_.gap);
       v1::GenerateResponse r;
       r.add_token_ids(t);
-      r.set_text("<" + std::to_string(t) + ">");
+      r.set_text(absl::StrCat("<", t, ">"));
       writer->Write(r);
     }
     if (script_.end.ok()) {
