@@ -838,7 +838,12 @@ absl::Status InferenceService::RunOne(
   std::optional<ToolCallStream> tool_calls;
   std::vector<ChatToolCall> calls;
   if (!tool_names.empty()) {
-    tool_calls.emplace(tool_names, tool_call_format(), reasoning_format());
+    tool_calls.emplace(tool_names, tool_call_format(),
+                       RequestReasoningFormat(
+                           reasoning_format(),
+                           request->has_enable_thinking()
+                               ? std::optional<bool>(request->enable_thinking())
+                               : std::nullopt));
   }
   const std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ *id), "_");

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <utility>
 #include <vector>
@@ -917,6 +918,10 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
     format = service_->tool_call_format();
     reasoning_format = service_->reasoning_format();
   }
+  reasoning_format = RequestReasoningFormat(
+      reasoning_format, proto->has_enable_thinking()
+                            ? std::optional<bool>(proto->enable_thinking())
+                            : std::nullopt);
   if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
   for (Choice& c : choices) {
     c.text = echo_text;  // Streamed, it leads the choice's first chunk.

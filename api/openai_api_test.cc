@@ -397,6 +397,78 @@ TEST_F(ThinkTest, EnableThinkingReachesTheTemplate) {
   EXPECT_EQ(seen_.size(), 2u);  // No refused request ran.
 }
 
+// DeepSeek R1: the prompt opened <think>, so the output's text up to
+// </think> is reasoning_content; V3.1's only when the request asks for it.
+class PromptOpensThinkTest : public ScriptedModelTest {
+ protected:
+  explicit PromptOpensThinkTest(
+      ReasoningFormat format = ReasoningFormat::kThinkOpen)
+      : ScriptedModelTest({.model_name = "m", .reasoning_format = format}) {
+    pieces_ = {"Add them.\n</th", "ink>\n\n", "4"};
+  }
+};
+
+TEST_F(PromptOpensThinkTest, ReasoningApartStreamedOrNot) {
+  RecordedResponse res =
+      Post("/v1/chat/completions",
+           R"({"messages": [{"role": "user", "content": "2+2?"}]})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const auto got = nlohmann::json::parse(res.body);
+  EXPECT_EQ(got["choices"][0]["message"]["content"], "4") << res.body;
+  EXPECT_EQ(got["choices"][0]["message"]["reasoning_content"], "Add them.")
+      << res.body;
+  res = Post("/v1/chat/completions",
+             R"({"messages": [{"role": "user", "content": "2+2?"}],
+                 "stream": true})");
+  ASSERT_EQ(res.status, 200) << res.body;
+  const Deltas d = Concatenated(res.body);
+  EXPECT_EQ(d.content, "4") << res.body;
+  EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+}
+
+class ThinkIfEnabledTest : public PromptOpensThinkTest {
+ protected:
+  ThinkIfEnabledTest()
+      : PromptOpensThinkTest(ReasoningFormat::kThinkIfEnabled) {}
+};
+
+TEST_F(ThinkIfEnabledTest, ReasoningApartOnlyWhenEnabled) {
+  for (bool stream : {false, true}) {
+    SCOPED_TRACE(stream);
+    const std::string s = stream ? "true" : "false";
+    RecordedResponse res = Post("/v1/chat/completions", R"({
+        "messages": [{"role": "user", "content": "q"}],
+        "chat_template_kwargs": {"enable_thinking": true}, "stream": )" +
+                                                            s + "}");
+    ASSERT_EQ(res.status, 200) << res.body;
+    Deltas d;
+    if (stream) {
+      d = Concatenated(res.body);
+    } else {
+      const auto got = nlohmann::json::parse(res.body);
+      d.content = got["choices"][0]["message"]["content"];
+      d.reasoning = got["choices"][0]["message"].value("reasoning_content", "");
+    }
+    EXPECT_EQ(d.content, "4") << res.body;
+    EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+    // Off (V3.1's default): the text is the answer as it came.
+    res = Post("/v1/chat/completions",
+               R"({"messages": [{"role": "user", "content": "q"}],
+                   "stream": )" +
+                   s + "}");
+    ASSERT_EQ(res.status, 200) << res.body;
+    if (stream) {
+      d = Concatenated(res.body);
+    } else {
+      const auto got = nlohmann::json::parse(res.body);
+      d.content = got["choices"][0]["message"]["content"];
+      d.reasoning = got["choices"][0]["message"].value("reasoning_content", "");
+    }
+    EXPECT_EQ(d.content, "Add them.\n</think>\n\n4") << res.body;
+    EXPECT_EQ(d.reasoning, "") << res.body;
+  }
+}
+
 TEST_F(HarmonyTest, ChatSplitsReasoningFromTheAnswer) {
   const RecordedResponse res =
       Post("/v1/chat/completions",

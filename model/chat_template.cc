@@ -1,6 +1,7 @@
 #include "model/chat_template.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -191,11 +192,41 @@ const char* ToolCallFormatName(ToolCallFormat format) {
 }
 
 const char* ReasoningFormatName(ReasoningFormat format) {
-  return format == ReasoningFormat::kThink ? "think" : "";
+  switch (format) {
+    case ReasoningFormat::kThink:
+      return "think";
+    case ReasoningFormat::kThinkOpen:
+      return "think_open";
+    case ReasoningFormat::kThinkIfEnabled:
+      return "think_if_enabled";
+    case ReasoningFormat::kNone:
+      break;
+  }
+  return "";
 }
 
 ReasoningFormat ReasoningFormatFromName(std::string_view name) {
-  return name == "think" ? ReasoningFormat::kThink : ReasoningFormat::kNone;
+  for (ReasoningFormat f :
+       {ReasoningFormat::kThink, ReasoningFormat::kThinkOpen,
+        ReasoningFormat::kThinkIfEnabled}) {
+    if (name == ReasoningFormatName(f)) return f;
+  }
+  return ReasoningFormat::kNone;
+}
+
+ReasoningFormat RequestReasoningFormat(ReasoningFormat format,
+                                       std::optional<bool> enable_thinking) {
+  if (format != ReasoningFormat::kThinkIfEnabled) return format;
+  return enable_thinking.value_or(false) ? ReasoningFormat::kThinkOpen
+                                         : ReasoningFormat::kNone;
+}
+
+ReasoningFormat ChatTemplate::reasoning_format() const {
+  if (qwen3_ || format_ == Format::kGlm) return ReasoningFormat::kThink;
+  if (format_ != Format::kDeepSeek) return ReasoningFormat::kNone;
+  if (deepseek_v31_) return ReasoningFormat::kThinkIfEnabled;
+  return prompt_suffix_.starts_with("<think>") ? ReasoningFormat::kThinkOpen
+                                               : ReasoningFormat::kNone;
 }
 
 ToolCallFormat ToolCallFormatFromName(std::string_view name) {
@@ -273,6 +304,9 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   const auto has = [&](std::string_view what) {
     return source.find(what) != std::string_view::npos;
   };
+  const auto literal = [&](std::string_view what) {
+    return std::find(literals.begin(), literals.end(), what) != literals.end();
+  };
   if (writes("<|start|>system<|message|>") &&
       writes("<|start|>user<|message|>") &&
       writes("<|start|>assistant<|channel|>final<|message|>")) {
@@ -303,10 +337,6 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
         at = source.find_first_of("'\"", at);
         if (at != std::string_view::npos) t.date_ = ReadLiteral(source, &at);
       }
-      const auto literal = [&](std::string_view what) {
-        return std::find(literals.begin(), literals.end(), what) !=
-               literals.end();
-      };
       // The JSON tool branch with its defaults: tools in the first user
       // message (tools_in_user_message = true), no builtin tools.
       if (literal(kLlamaEnvironment) && literal(kLlamaToolsLead1) &&
@@ -331,10 +361,6 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                      l.size() - kChatMlSystem.size() - kChatMlEnd.size());
       }
     }
-    const auto literal = [&](std::string_view what) {
-      return std::find(literals.begin(), literals.end(), what) !=
-             literals.end();
-    };
     const bool hermes_calls =
         literal(kHermesToolsClose) && literal(kHermesCallArgs) &&
         literal(kHermesCallClose) && literal(kHermesResponseOpen) &&
@@ -349,6 +375,21 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       t.qwen3_ = true;
     }
     return t;
+  }
+  // GLM-4.5's: its turn markers are template text, not literals.
+  if (has("[gMASK]<sop>") && has("<|system|>") && has("<|user|>") &&
+      has("<|assistant|>") && literal("\n<think></think>") &&
+      literal("\n<think>") && literal("</think>") && literal("/nothink") &&
+      has("ns.last_user_index") &&
+      has("content.split('</think>')[0].rstrip('\\n').split('<think>')[-1]"
+          ".lstrip('\\n')") &&
+      has("content.split('</think>')[-1].lstrip('\\n')")) {
+    t.format_ = Format::kGlm;
+    return t;
+  }
+  if (std::optional<absl::StatusOr<ChatTemplate>> deepseek =
+          DeepSeekFromSource(source, literals, bos)) {
+    return *std::move(deepseek);
   }
   // Mistral v0.1/v0.2: user and assistant turns only. Llama 2's <<SYS>>
   // and the later Mistral templates (a system message folded into the last
@@ -385,9 +426,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   // Mistral v0.3: "[/INST]" with no space before it, the system message in
   // front of the last user turn. Its tool calls are not rendered (the API
   // takes no tools), which is what the template does without them.
-  if (writes("[INST] ") && !has("<<SYS>>") &&
-      std::find(literals.begin(), literals.end(), "[/INST]") !=
-          literals.end() &&
+  if (writes("[INST] ") && !has("<<SYS>>") && literal("[/INST]") &&
       has("loop.last and system_message is defined")) {
     t.format_ = Format::kMistralV3;
     t.bos_ = std::move(bos);
@@ -411,7 +450,7 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
                     : "";
   return absl::UnimplementedError(absl::StrCat(
       "the model's chat template is not one shardlm renders (ChatML, "
-      "Llama 3, Llama 2, Mistral [INST], Gemma, harmony)",
+      "Llama 3, Llama 2, Mistral [INST], Gemma, harmony, DeepSeek, GLM-4.5)",
       hint, "; use completions with a prompt in its own format"));
 }
 
@@ -449,6 +488,10 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   if (format_ == Format::kHarmony) {
     return RenderHarmony(messages, {}, reasoning_effort);
   }
+  if (format_ == Format::kDeepSeek) {
+    return RenderDeepSeek(messages, vars.enable_thinking);
+  }
+  if (format_ == Format::kGlm) return RenderGlm(messages, vars.enable_thinking);
   return Render(messages);
 }
 
@@ -656,6 +699,8 @@ absl::StatusOr<std::string> ChatTemplate::Render(
     return RenderLlamaJson(messages, {});
   }
   if (format_ == Format::kHarmony) return RenderHarmony(messages, {}, {});
+  if (format_ == Format::kDeepSeek) return RenderDeepSeek(messages, {});
+  if (format_ == Format::kGlm) return RenderGlm(messages, {});
   for (size_t i = 0; i < messages.size(); ++i) {
     const std::string& role = messages[i].role;
     if (role != "system" && role != "user" && role != "assistant") {
@@ -756,6 +801,57 @@ absl::StatusOr<std::string> ChatTemplate::Render(
   return out;
 }
 
+// GLM-4.5's template, plain conversations: an assistant's reasoning (its
+// text before </think>, as the template cuts it) kept after the last user
+// turn only, every answer stripped.
+absl::StatusOr<std::string> ChatTemplate::RenderGlm(
+    absl::Span<const ChatMessage> messages,
+    std::optional<bool> enable_thinking) const {
+  const bool no_think = enable_thinking.has_value() && !*enable_thinking;
+  // The template's ns.last_user_index: -1 without a user turn.
+  ptrdiff_t last_user = -1;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const std::string& role = messages[i].role;
+    if (role != "system" && role != "user" && role != "assistant") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("messages[", i, "].role '", role,
+                       "' is not system, user or assistant"));
+    }
+    if (role == "user") last_user = static_cast<ptrdiff_t>(i);
+  }
+  std::string out = "[gMASK]<sop>";
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    if (m.role == "system") {
+      absl::StrAppend(&out, "<|system|>\n", m.content);
+    } else if (m.role == "user") {
+      absl::StrAppend(
+          &out, "<|user|>", m.content,
+          no_think && !m.content.ends_with("/nothink") ? "/nothink" : "");
+    } else {
+      std::string_view content = m.content;
+      std::string_view reasoning;
+      if (content.find("</think>") != std::string_view::npos) {
+        reasoning =
+            LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
+                             "<think>"),
+                   '\n');
+        content = LStrip(AfterLast(content, "</think>"), '\n');
+      }
+      if (static_cast<ptrdiff_t>(i) > last_user && !reasoning.empty()) {
+        absl::StrAppend(&out, "<|assistant|>\n<think>", Sv(Trim(reasoning)),
+                        "</think>");
+      } else {
+        absl::StrAppend(&out, "<|assistant|>\n<think></think>");
+      }
+      if (!Trim(content).empty())
+        absl::StrAppend(&out, "\n", Sv(Trim(content)));
+    }
+  }
+  absl::StrAppend(&out, "<|assistant|>", no_think ? "\n<think></think>" : "");
+  return out;
+}
+
 // Llama 2 and Mistral v0.3: an optional leading system message, then
 // turns alternating from a user's (both templates raise otherwise).
 absl::StatusOr<std::string> ChatTemplate::RenderInst(
@@ -816,6 +912,13 @@ std::string ChatTemplate::Describe() const {
         tool_format_ == ToolCallFormat::kHarmony ? ", functions as tools)"
                                                  : ")");
   }
+  if (format_ == Format::kDeepSeek) {
+    if (deepseek_v31_) return "deepseek v3.1 (<think> with enable_thinking)";
+    return absl::StrCat(
+        "deepseek", prompt_suffix_.empty() ? "" : " (the prompt opens <think>)",
+        system_join_ ? "" : " (last system message only)");
+  }
+  if (format_ == Format::kGlm) return "glm-4.5 (<think>, /nothink)";
   if (format_ == Format::kMistralInst) return "mistral [INST]";
   if (format_ == Format::kLlama2) return "llama2 [INST] <<SYS>>";
   if (format_ == Format::kMistralV3) return "mistral v0.3 [INST]";

@@ -69,12 +69,24 @@ enum class ReasoningFormat {
   kNone,  // Not apart from its answer (as far as shardlm knows).
   // Qwen3: <think>\nREASONING\n</think>\n\n in front of the answer.
   kThink,
+  // DeepSeek R1: the prompt opens the block (its generation prompt ends
+  // with <think>\n), so the output is REASONING</think> then the answer.
+  kThinkOpen,
+  // DeepSeek V3.1: kThinkOpen for a request that sets enable_thinking
+  // (its prompt then ends with <think>), kNone otherwise (</think>).
+  kThinkIfEnabled,
 };
 
-// "think", or "" for kNone (the gRPC API's ModelInfo); read back by
-// ReasoningFormatFromName (kNone for another name).
+// "think", "think_open", "think_if_enabled", or "" for kNone (the gRPC
+// API's ModelInfo); read back by ReasoningFormatFromName (kNone for
+// another name).
 const char* ReasoningFormatName(ReasoningFormat format);
 ReasoningFormat ReasoningFormatFromName(std::string_view name);
+// How one request's output is to be read: kThinkIfEnabled resolved by the
+// request's enable_thinking (unset: off, as V3.1's template defaults);
+// other formats as they are.
+ReasoningFormat RequestReasoningFormat(ReasoningFormat format,
+                                       std::optional<bool> enable_thinking);
 
 // "hermes", "llama_json", or "" for kNone (the gRPC API's ModelInfo);
 // ToolCallFormatFromName reads them back (kNone for another name).
@@ -89,6 +101,7 @@ struct ChatTemplateVars {
   std::string reasoning_effort;
   // Qwen3's: false writes an empty <think> block after the generation
   // prompt, so that the model answers without reasoning; unset: it thinks.
+  // DeepSeek V3.1's: true opens a <think> block; unset: it does not.
   std::optional<bool> enable_thinking;
 };
 
@@ -137,6 +150,22 @@ class ChatTemplate {
     // analysis), a result as <|start|>functions.NAME to=assistant
     // <|channel|>commentary<|message|>"JSON string"<|end|>.
     kHarmony,
+    // DeepSeek V3, R1 and V3.1: BOS, the system messages joined (or the
+    // last one, in R1's first distilled models' template), then
+    // <｜User｜>content and <｜Assistant｜>answer<｜end▁of▁sentence｜> per
+    // turn (the answer past its last </think>); the generation prompt
+    // <｜Assistant｜>, followed by <think>\n in R1's. V3.1's writes
+    // <｜Assistant｜></think> (or <think> with enable_thinking) after a
+    // user's turn only, and an answer past its first </think>. Tools are
+    // refused (their format is not rendered yet).
+    kDeepSeek,
+    // GLM-4.5 and 4.6: [gMASK]<sop>, then <|system|>\ncontent,
+    // <|user|>content (with /nothink when enable_thinking is false) and
+    // <|assistant|>\n<think>REASONING</think>\nanswer per turn (the
+    // reasoning kept after the last user turn only, else an empty block),
+    // then <|assistant|> (and an empty block when enable_thinking is
+    // false). Tools are refused (their XML format is not rendered yet).
+    kGlm,
   };
 
   // The format of `tokenizer`'s chat template. A model with no template
@@ -180,9 +209,7 @@ class ChatTemplate {
   }
   // How the model writes its reasoning (harmony's is a channel, read by
   // output_format()).
-  ReasoningFormat reasoning_format() const {
-    return qwen3_ ? ReasoningFormat::kThink : ReasoningFormat::kNone;
-  }
+  ReasoningFormat reasoning_format() const;
   // One line for logs and `shardlm inspect`.
   std::string Describe() const;
 
@@ -193,6 +220,18 @@ class ChatTemplate {
   absl::StatusOr<std::string> RenderHarmony(
       absl::Span<const ChatMessage> messages, absl::Span<const ChatTool> tools,
       std::string_view reasoning_effort) const;
+  // In chat_deepseek.cc. The template when `source` is one of DeepSeek's
+  // (by its literals), Unimplemented for a variant not rendered; nullopt
+  // when it is not DeepSeek's.
+  static std::optional<absl::StatusOr<ChatTemplate>> DeepSeekFromSource(
+      std::string_view source, const std::vector<std::string>& literals,
+      const std::string& bos);
+  absl::StatusOr<std::string> RenderDeepSeek(
+      absl::Span<const ChatMessage> messages,
+      std::optional<bool> enable_thinking) const;
+  absl::StatusOr<std::string> RenderGlm(
+      absl::Span<const ChatMessage> messages,
+      std::optional<bool> enable_thinking) const;
   absl::StatusOr<std::string> RenderHermes(
       absl::Span<const ChatMessage> messages,
       absl::Span<const ChatTool> tools) const;
@@ -215,6 +254,13 @@ class ChatTemplate {
   bool dated_system_ = false;     // Llama 3.1+.
   bool refuses_system_ = false;   // Gemma 2: no system role.
   std::string date_;              // "26 Jul 2024".
+  // DeepSeek: the system messages' separator (none: the last one alone),
+  // whether an answer loses its reasoning (up to its last </think>), what
+  // the generation prompt writes after <｜Assistant｜>, and V3.1's layout.
+  std::optional<std::string> system_join_;
+  bool split_think_ = false;
+  std::string prompt_suffix_;
+  bool deepseek_v31_ = false;
 };
 
 // The string literals inside a Jinja template's {{ }} and {% %} tags, with

@@ -101,15 +101,18 @@ ToolCallEvents ToolCallStream::Push(std::string_view text) {
 
 void ToolCallStream::DrainThink(ToolCallEvents& events, bool finish) {
   if (think_ == Think::kStart) {
-    if (!finish && held_.size() < kThinkOpen.size() &&
-        kThinkOpen.starts_with(held_)) {
+    // Newlines may come first (GLM-4.5 writes one before <think>).
+    const size_t lead = std::min(held_.size(), held_.find_first_not_of('\n'));
+    const std::string_view rest = std::string_view(held_).substr(lead);
+    if (!finish && rest.size() < kThinkOpen.size() &&
+        kThinkOpen.starts_with(rest)) {
       return;  // It may still open.
     }
-    if (!held_.starts_with(kThinkOpen)) {
+    if (!rest.starts_with(kThinkOpen)) {
       think_ = Think::kDone;  // No reasoning: all is the answer.
       return;
     }
-    held_.erase(0, kThinkOpen.size());
+    held_.erase(0, lead + kThinkOpen.size());
     think_ = Think::kLead;
   }
   if (think_ == Think::kLead) {  // The reasoning's leading newlines.

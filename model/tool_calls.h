@@ -54,11 +54,15 @@ struct ToolCallEvents {
 // back). An output that does not open with a header, or a header that is
 // not one, is content as it came, from there on.
 //
-// ReasoningFormat::kThink (Qwen3), before any of the above: an output that
-// opens with <think> has its text up to </think> as reasoning, then the
+// ReasoningFormat::kThink (Qwen3, GLM-4.5), before any of the above: an
+// output that opens with <think> (after newlines, which GLM writes first)
+// has its text up to </think> as reasoning, then the
 // answer, split as Qwen3's template splits a turn (the reasoning without
 // its leading and trailing newlines, the answer without its leading
-// ones); reasoning left open at the end is reasoning. Not thread-safe.
+// ones); reasoning left open at the end is reasoning. kThinkOpen (DeepSeek
+// R1, whose prompt opened the block): the same from the output's first
+// byte, as if it had opened with <think>. kThinkIfEnabled is read as kNone:
+// resolve it per request first (RequestReasoningFormat). Not thread-safe.
 class ToolCallStream {
  public:
   explicit ToolCallStream(std::vector<std::string> names,
@@ -66,8 +70,9 @@ class ToolCallStream {
                           ReasoningFormat reasoning = ReasoningFormat::kNone)
       : names_(std::move(names)),
         format_(format),
-        think_(reasoning == ReasoningFormat::kThink ? Think::kStart
-                                                    : Think::kDone) {}
+        think_(reasoning == ReasoningFormat::kThink       ? Think::kStart
+               : reasoning == ReasoningFormat::kThinkOpen ? Think::kLead
+                                                          : Think::kDone) {}
 
   ToolCallEvents Push(std::string_view text);
   // The end of the output: what is held back, as content.

@@ -192,6 +192,10 @@ TEST(ToolCallStreamThink, ReasoningSplitsAtEveryCut) {
       {"<think>\n a\n\n b \n</think>\n\n\n c\n", " a\n\n b ", " c\n", {}},
       {"<think>a <tool_call> b</think>c", "a <tool_call> b", "c", {}},
       {"<think>x</think>\n\n", "x", "", {}},
+      // GLM-4.5 writes a newline first.
+      {"\n<think>Add.</think>\n4", "Add.", "4", {}},
+      {"\n\n", "", "\n\n", {}},
+      {"\nNo think\n", "", "\nNo think\n", {}},
       // The calls after the reasoning are parsed as without it.
       {"<think>\nneed f\n</think>\n\n<tool_call>\n{\"name\": \"f\", "
        "\"arguments\": {\"a\":1}}\n</tool_call>",
@@ -231,6 +235,50 @@ TEST(ToolCallStreamThink, ReasoningStreamsAsItComes) {
   ToolCallEvents e = stream.Push("ink>\n\nFour");
   EXPECT_EQ(e.reasoning, "");
   EXPECT_EQ(e.content, "Four");
+}
+
+// DeepSeek R1: the prompt opened <think>, so the output is reasoning from
+// its first byte until </think>; V3.1's format, resolved per request.
+TEST(ToolCallStreamThink, PromptOpenedBlockSplitsAtEveryCut) {
+  struct Case {
+    std::string output, reasoning, content;
+  };
+  const std::vector<Case> cases = {
+      {"Let me add.\n</think>\n\n4", "Let me add.", "4"},
+      {"\nOkay, 2+2.\n\n</think>\n\nIt is 4.\n", "Okay, 2+2.", "It is 4.\n"},
+      {"</think>\n\nHi", "", "Hi"},
+      {"a <think> b</think>c", "a <think> b", "c"},
+      // Never closed (max_tokens): all of it is reasoning.
+      {"still thinking\n", "still thinking\n", ""},
+      {"x</thin", "x</thin", ""},
+      {"", "", ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.output);
+    for (size_t i = 0; i <= c.output.size(); ++i) {
+      for (size_t j = i; j <= c.output.size(); j += 2) {
+        const ToolCallEvents e =
+            Feed(c.output, {i, j}, {}, ToolCallFormat::kHermes,
+                 ReasoningFormat::kThinkOpen);
+        ASSERT_EQ(e.reasoning, c.reasoning) << i << " " << j;
+        ASSERT_EQ(e.content, c.content) << i << " " << j;
+      }
+    }
+  }
+  EXPECT_EQ(RequestReasoningFormat(ReasoningFormat::kThinkIfEnabled, true),
+            ReasoningFormat::kThinkOpen);
+  EXPECT_EQ(RequestReasoningFormat(ReasoningFormat::kThinkIfEnabled, false),
+            ReasoningFormat::kNone);
+  EXPECT_EQ(
+      RequestReasoningFormat(ReasoningFormat::kThinkIfEnabled, std::nullopt),
+      ReasoningFormat::kNone);
+  EXPECT_EQ(RequestReasoningFormat(ReasoningFormat::kThink, false),
+            ReasoningFormat::kThink);
+  for (ReasoningFormat f :
+       {ReasoningFormat::kNone, ReasoningFormat::kThink,
+        ReasoningFormat::kThinkOpen, ReasoningFormat::kThinkIfEnabled}) {
+    EXPECT_EQ(ReasoningFormatFromName(ReasoningFormatName(f)), f);
+  }
 }
 
 TEST(ToolCallStreamHarmony, ChannelsSplitAtEveryCut) {

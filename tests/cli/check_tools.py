@@ -46,8 +46,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
 sys.path.insert(0, os.path.join(HERE, "..", "reference"))
 import check_chat_template  # noqa: E402
-from check_chat_template import (HARMONY_TOOLS, LLAMA31_TOOLS,  # noqa: E402
-                                 QWEN3, QWEN25_TOOLS, jinja_render)
+from check_chat_template import (DEEPSEEK_R1, GLM45,  # noqa: E402
+                                 HARMONY_TOOLS, LLAMA31_TOOLS, QWEN3,
+                                 QWEN25_TOOLS, jinja_render)
 from testlib import (check, exit_code, free_port,  # noqa: E402
                      http_post_json, pb_bytes, pb_fields, pb_scalar, stop,
                      start_serve, wait_until)
@@ -487,10 +488,11 @@ def llama_call_checks(port: int, name: str) -> None:
           f"({status} {choice})")
 
 
-def think_checks(port: int, where: str) -> None:
+def think_checks(port: int, where: str,
+                 think: str = 'root ::= "<think>\\nhmm, 2+2\\n</think>'
+                              '\\n\\nFour."') -> None:
     """Qwen3's <think> block (written by the grammar extension here) comes
     back as reasoning_content, apart from the answer, streamed or not."""
-    think = 'root ::= "<think>\\nhmm, 2+2\\n</think>\\n\\nFour."'
     status, got = chat(port, grammar=think, tool_choice="none")
     message = got.get("choices", [{}])[0].get("message", {})
     chunks = sse(port, {"messages": ASK, "max_tokens": 48, "temperature": 0,
@@ -544,6 +546,75 @@ def qwen3_checks(shardlm: str, gguf: str, workdir: str) -> None:
         check(why is None and len(calls) == 1 and
               choice.get("finish_reason") == "tool_calls",
               f"qwen3: tool_choice add gives one valid call ({why}; {choice})")
+    finally:
+        stop(server)
+
+
+def deepseek_checks(shardlm: str, gguf: str, workdir: str) -> None:
+    """DeepSeek R1's template: a conversation renders as jinja2's; its
+    prompt opened <think>, so the answer's text up to </think> is
+    reasoning, also through a router; its tools are refused."""
+    server, addr, port = serve_template(shardlm, gguf, workdir, "DeepSeek R1",
+                                        DEEPSEEK_R1)
+    try:
+        if port is None:
+            return
+        history = [{"role": "system", "content": "Be brief."},
+                   {"role": "user", "content": "2+2?"},
+                   {"role": "assistant", "content": "<think>\nx\n</think>4"},
+                   {"role": "user", "content": "3+3?"}]
+        prompt = jinja_render(DEEPSEEK_R1, "<|im_start|>", history)
+        s1, got = post(port, "/v1/chat/completions", {
+            "messages": history, "max_tokens": 8, "temperature": 0,
+            "logprobs": True})
+        s2, want = post(port, "/v1/completions",
+                        {"prompt": prompt, "max_tokens": 8, "temperature": 0})
+        check(s1 == 200 and s2 == 200 and
+              got["usage"]["prompt_tokens"] ==
+              want["usage"]["prompt_tokens"] and
+              "".join(t["token"] for t in
+                      got["choices"][0]["logprobs"]["content"]) ==
+              want["choices"][0]["text"],
+              f"deepseek r1: a conversation renders as jinja2's ({s1} {s2})")
+        opened = 'root ::= "hmm, 2+2\\n</think>\\n\\nFour."'
+
+        def split(p: int, where: str) -> None:
+            status, got = chat(p, grammar=opened, tool_choice="none")
+            message = got.get("choices", [{}])[0].get("message", {})
+            chunks = sse(p, {"messages": ASK, "max_tokens": 48,
+                             "temperature": 0, "grammar": opened})
+            streamed = ["".join(c["choices"][0]["delta"].get(k) or ""
+                                for c in chunks if c.get("choices"))
+                        for k in ("reasoning_content", "content")]
+            check(status == 200 and
+                  message.get("reasoning_content") == "hmm, 2+2" and
+                  message.get("content") == "Four." and
+                  streamed == ["hmm, 2+2", "Four."],
+                  f"{where}: the text before </think> is reasoning_content, "
+                  f"streamed or not ({status} {message}; {streamed})")
+
+        split(port, "deepseek r1")
+        router, rport = start_router(shardlm, gguf, addr, "the R1 replica")
+        try:
+            if rport is not None:
+                split(rport, "deepseek r1 through a router")
+        finally:
+            stop(router)
+        status, got = chat(port)
+        check(status == 400 and "tools" in json.dumps(got),
+              f"deepseek r1: tools are refused, naming them ({status} {got})")
+    finally:
+        stop(server)
+
+
+def glm_checks(shardlm: str, gguf: str, workdir: str) -> None:
+    """GLM-4.5's template: its answer opens with a newline before <think>,
+    and the block is reasoning all the same."""
+    server, _, port = serve_template(shardlm, gguf, workdir, "GLM-4.5", GLM45)
+    try:
+        if port is not None:
+            think_checks(port, "glm-4.5", 'root ::= "\\n<think>hmm, 2+2'
+                                          '</think>\\nFour."')
     finally:
         stop(server)
 
@@ -606,6 +677,8 @@ def main() -> int:
     own_template_checks(a.shardlm, a.gguf)
     qwen3_checks(a.shardlm, a.gguf, a.workdir)
     harmony_checks(a.shardlm, a.gguf, a.workdir)
+    deepseek_checks(a.shardlm, a.gguf, a.workdir)
+    glm_checks(a.shardlm, a.gguf, a.workdir)
     llama_checks(a.shardlm, a.gguf, a.workdir)
     return exit_code("tool calls render, parse, constrain and refuse")
 
