@@ -5,11 +5,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Runs one phase and says how long it took (CI must stay under 45 minutes
 # on two cores; the figures say where the time goes).
+# The free disk after each phase is printed too: a CI machine's disk is
+# not ours to size, and one run failed with it full (about 6 GB in all
+# here: build-san/ 1.2 GB, build/ 3.6 GB at its peak, the venv 0.4 GB).
 phase() {
   local name=$1 start=$SECONDS
   shift
   "$@"
-  echo "test.sh: $name took $((SECONDS - start)) s"
+  echo "test.sh: $name took $((SECONDS - start)) s" \
+    "($(df -h --output=avail . | tail -1 | tr -d ' ') free on disk)"
+}
+# SHARDLM_PRUNE=1 (.ci/run sets it): each build folder and cache is removed
+# once the phases that read it are over, so that the run's peak is lower.
+# A developer's run keeps them, to rerun a phase without rebuilding.
+prune() {
+  if [ "${SHARDLM_PRUNE:-0}" = 1 ]; then
+    echo "test.sh: pruning $* (SHARDLM_PRUNE=1)"
+    rm -rf "$@"
+  fi
 }
 # ctest in build tree $1 (results tagged $2) with the remaining arguments,
 # then the skip gate over its JUnit results (scripts/ctest_gate.py): the
@@ -66,6 +79,7 @@ phase "unit tests under ASan/UBSan" \
 # Coverage-guided fuzzing (tests/fuzz/): every target for FUZZ_SECONDS
 # (30) from its seed corpus under ASan and UBSan; any finding fails.
 phase "fuzzing" env FUZZ_SECONDS="${FUZZ_SECONDS:-30}" bash scripts/fuzz.sh
+prune build-san
 
 phase "release build" bash scripts/build.sh
 # The kernels as the Docker image and the GPU kit build them (x86-64-v3:
@@ -77,6 +91,7 @@ phase "release build" bash scripts/build.sh
 phase "kernels built for x86-64-v3" env BUILD_DIR=build-v3 \
   CMAKE_ARGS="-DSHARDLM_MARCH=x86-64-v3 -DSHARDLM_CUDA=OFF" \
   bash -c 'bash scripts/build.sh --target kernels_test && build-v3/kernels/kernels_test'
+prune build-v3
 # The release tests. Without arguments in three runs: the ones that need
 # a machine to themselves (clusters under mpirun, servers, fixed timeouts)
 # one at a time; then the in-process ones (the unit tests, as under ASan
@@ -92,6 +107,9 @@ else
   phase "unit and reference checks (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" release-parallel -j "$(nproc)" \
     -L '^(unit|parallel)$' -LE '^llama_cpp$'
+  # The numpy reference's runs (shared by a model's layouts) are read by
+  # the reference checks alone.
+  prune "${BUILD_DIR:-build}/tests/reference/reference_cache"
   phase "waiting for llama.cpp" wait_llama_cpp
   phase "checks against llama.cpp (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" llama-cpp -j "$(nproc)" -L '^llama_cpp$'

@@ -149,7 +149,7 @@ class CachedReference:
                 with open(module.__file__, "rb") as f:
                     h.update(f.read())
             h.update(f"numpy {np.__version__} gguf {version('gguf')} "
-                     f"kv {self.kv_dtype}".encode())
+                     f"kv {self.kv_dtype} rows f32".encode())
             self._key = h.hexdigest()[:32]
         return self._key
 
@@ -161,25 +161,32 @@ class CachedReference:
 
     def greedy(self, ids, steps):
         """(greedy ids, their logits rows), as LlamaRef.greedy; ToolError
-        when an id is outside the vocabulary (a cached run passed that)."""
+        when an id is outside the vocabulary (a cached run passed that).
+        The rows are kept, and returned whether cached or not, rounded to
+        float32 (an error under 1e-6 of a logit, 100 times below the
+        tightest atol here): a run's rows are steps x vocab, and float64
+        made the folder CI's largest (1.6 GB)."""
         if self.dir is None:
-            return self._run(ids, steps)
+            greedy, rows = self._run(ids, steps)
+            return greedy, rows.astype(np.float32).astype(np.float64)
         run = hashlib.sha256(json.dumps([list(ids), steps]).encode())
         path = os.path.join(self.dir, f"{self._model_key()}-"
                             f"{run.hexdigest()[:24]}.npz")
         try:
             with np.load(path) as z:
                 self.hits += 1
-                return [int(i) for i in z["greedy"]], z["rows"]
+                return ([int(i) for i in z["greedy"]],
+                        z["rows"].astype(np.float64))
         except (OSError, KeyError, ValueError):
             pass
         greedy, rows = self._run(ids, steps)
+        rows = rows.astype(np.float32)
         os.makedirs(self.dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".npz")
         with os.fdopen(fd, "wb") as f:
             np.savez(f, greedy=np.asarray(greedy, dtype=np.int64), rows=rows)
         os.replace(tmp, path)  # Whole or absent for a test beside this one.
-        return greedy, rows
+        return greedy, rows.astype(np.float64)
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,
