@@ -9,6 +9,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "coordinator/engine_leak_check.h"
@@ -315,6 +316,22 @@ class ScriptedModelTest : public ::testing::Test {
     return d;
   }
 
+  // A chat's answer to "2+2?", streamed or not; `fields`: more request
+  // fields, each followed by a comma.
+  Deltas Answer(bool stream, const std::string& fields = "") {
+    const RecordedResponse res = Post(
+        "/v1/chat/completions",
+        absl::StrCat(R"({"messages": [{"role": "user", "content": "2+2?"}], )",
+                     fields, R"("stream": )", stream ? "true" : "false", "}"));
+    EXPECT_EQ(res.status, 200) << res.body;
+    if (res.status != 200) return {};
+    if (stream) return Concatenated(res.body);
+    const auto message =
+        nlohmann::json::parse(res.body)["choices"][0]["message"];
+    return {message.value("content", ""),
+            message.value("reasoning_content", "")};
+  }
+
   // What the model writes, in pieces.
   std::vector<std::string> pieces_ = {"<|channel|>analysis<|message|>Th",
                                       "ink.<|end|><|start|>assistant<|",
@@ -345,23 +362,13 @@ class ThinkTest : public ScriptedModelTest {
 };
 
 TEST_F(ThinkTest, ReasoningApartStreamedOrNot) {
-  RecordedResponse res =
-      Post("/v1/chat/completions",
-           R"({"messages": [{"role": "user", "content": "2+2?"}]})");
-  ASSERT_EQ(res.status, 200) << res.body;
-  const auto got = nlohmann::json::parse(res.body);
-  EXPECT_EQ(got["choices"][0]["message"]["content"], "4") << res.body;
-  EXPECT_EQ(got["choices"][0]["message"]["reasoning_content"], "Add them.")
-      << res.body;
-  res = Post("/v1/chat/completions",
-             R"({"messages": [{"role": "user", "content": "2+2?"}],
-                 "stream": true})");
-  ASSERT_EQ(res.status, 200) << res.body;
-  const Deltas d = Concatenated(res.body);
-  EXPECT_EQ(d.content, "4") << res.body;
-  EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+  for (bool stream : {false, true}) {
+    const Deltas d = Answer(stream);
+    EXPECT_EQ(d.content, "4") << stream;
+    EXPECT_EQ(d.reasoning, "Add them.") << stream;
+  }
   // Completions return the text as written.
-  res = Post("/v1/completions", R"({"prompt": "q"})");
+  const RecordedResponse res = Post("/v1/completions", R"({"prompt": "q"})");
   ASSERT_EQ(res.status, 200) << res.body;
   EXPECT_EQ(nlohmann::json::parse(res.body)["choices"][0]["text"],
             "<think>\nAdd them.\n</think>\n\n4");
@@ -409,21 +416,11 @@ class PromptOpensThinkTest : public ScriptedModelTest {
 };
 
 TEST_F(PromptOpensThinkTest, ReasoningApartStreamedOrNot) {
-  RecordedResponse res =
-      Post("/v1/chat/completions",
-           R"({"messages": [{"role": "user", "content": "2+2?"}]})");
-  ASSERT_EQ(res.status, 200) << res.body;
-  const auto got = nlohmann::json::parse(res.body);
-  EXPECT_EQ(got["choices"][0]["message"]["content"], "4") << res.body;
-  EXPECT_EQ(got["choices"][0]["message"]["reasoning_content"], "Add them.")
-      << res.body;
-  res = Post("/v1/chat/completions",
-             R"({"messages": [{"role": "user", "content": "2+2?"}],
-                 "stream": true})");
-  ASSERT_EQ(res.status, 200) << res.body;
-  const Deltas d = Concatenated(res.body);
-  EXPECT_EQ(d.content, "4") << res.body;
-  EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+  for (bool stream : {false, true}) {
+    const Deltas d = Answer(stream);
+    EXPECT_EQ(d.content, "4") << stream;
+    EXPECT_EQ(d.reasoning, "Add them.") << stream;
+  }
 }
 
 class ThinkIfEnabledTest : public PromptOpensThinkTest {
@@ -434,38 +431,14 @@ class ThinkIfEnabledTest : public PromptOpensThinkTest {
 
 TEST_F(ThinkIfEnabledTest, ReasoningApartOnlyWhenEnabled) {
   for (bool stream : {false, true}) {
-    SCOPED_TRACE(stream);
-    const std::string s = stream ? "true" : "false";
-    RecordedResponse res = Post("/v1/chat/completions", R"({
-        "messages": [{"role": "user", "content": "q"}],
-        "chat_template_kwargs": {"enable_thinking": true}, "stream": )" +
-                                                            s + "}");
-    ASSERT_EQ(res.status, 200) << res.body;
-    Deltas d;
-    if (stream) {
-      d = Concatenated(res.body);
-    } else {
-      const auto got = nlohmann::json::parse(res.body);
-      d.content = got["choices"][0]["message"]["content"];
-      d.reasoning = got["choices"][0]["message"].value("reasoning_content", "");
-    }
-    EXPECT_EQ(d.content, "4") << res.body;
-    EXPECT_EQ(d.reasoning, "Add them.") << res.body;
+    Deltas d = Answer(stream,
+                      R"("chat_template_kwargs": {"enable_thinking": true}, )");
+    EXPECT_EQ(d.content, "4") << stream;
+    EXPECT_EQ(d.reasoning, "Add them.") << stream;
     // Off (V3.1's default): the text is the answer as it came.
-    res = Post("/v1/chat/completions",
-               R"({"messages": [{"role": "user", "content": "q"}],
-                   "stream": )" +
-                   s + "}");
-    ASSERT_EQ(res.status, 200) << res.body;
-    if (stream) {
-      d = Concatenated(res.body);
-    } else {
-      const auto got = nlohmann::json::parse(res.body);
-      d.content = got["choices"][0]["message"]["content"];
-      d.reasoning = got["choices"][0]["message"].value("reasoning_content", "");
-    }
-    EXPECT_EQ(d.content, "Add them.\n</think>\n\n4") << res.body;
-    EXPECT_EQ(d.reasoning, "") << res.body;
+    d = Answer(stream);
+    EXPECT_EQ(d.content, "Add them.\n</think>\n\n4") << stream;
+    EXPECT_EQ(d.reasoning, "") << stream;
   }
 }
 

@@ -129,6 +129,21 @@ std::string_view BeforeFirst(std::string_view s, std::string_view sep) {
   return s.substr(0, std::min(s.size(), s.find(sep)));
 }
 
+// An assistant's turn as Qwen3's and GLM-4.5's templates split it:
+// content.split('</think>')[0].rstrip('\n').split('<think>')[-1]
+// .lstrip('\n') as the reasoning, content.split('</think>')[-1]
+// .lstrip('\n') as the answer; without </think>, no reasoning.
+struct ThinkSplit {
+  std::string_view reasoning, content;
+};
+ThinkSplit SplitThink(std::string_view content) {
+  if (content.find("</think>") == std::string_view::npos) return {{}, content};
+  return {LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
+                           "<think>"),
+                 '\n'),
+          LStrip(AfterLast(content, "</think>"), '\n')};
+}
+
 // A tool as transformers passes it to a template: {"type": "function",
 // "function": {"name", "description", "parameters"}} (the last two only
 // when given).
@@ -586,15 +601,7 @@ absl::StatusOr<std::string> ChatTemplate::RenderQwen3(
       absl::StrAppend(&out, "<|im_start|>", m.role, "\n", m.content,
                       Sv(kChatMlEnd));
     } else if (m.role == "assistant") {
-      std::string_view content = m.content;
-      std::string_view reasoning;
-      if (content.find("</think>") != std::string_view::npos) {
-        reasoning =
-            LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
-                             "<think>"),
-                   '\n');
-        content = LStrip(AfterLast(content, "</think>"), '\n');
-      }
+      const auto [reasoning, content] = SplitThink(m.content);
       if (i > last_query && (last || !reasoning.empty())) {
         absl::StrAppend(&out, "<|im_start|>assistant", Sv(kQwen3ThinkOpen),
                         Sv(LStrip(RStrip(reasoning, '\n'), '\n')),
@@ -829,15 +836,7 @@ absl::StatusOr<std::string> ChatTemplate::RenderGlm(
           &out, "<|user|>", m.content,
           no_think && !m.content.ends_with("/nothink") ? "/nothink" : "");
     } else {
-      std::string_view content = m.content;
-      std::string_view reasoning;
-      if (content.find("</think>") != std::string_view::npos) {
-        reasoning =
-            LStrip(AfterLast(RStrip(BeforeFirst(content, "</think>"), '\n'),
-                             "<think>"),
-                   '\n');
-        content = LStrip(AfterLast(content, "</think>"), '\n');
-      }
+      const auto [reasoning, content] = SplitThink(m.content);
       if (static_cast<ptrdiff_t>(i) > last_user && !reasoning.empty()) {
         absl::StrAppend(&out, "<|assistant|>\n<think>", Sv(Trim(reasoning)),
                         "</think>");
