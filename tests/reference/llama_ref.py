@@ -39,6 +39,12 @@ sinks (a per-head logit in every softmax's denominator, with no value), a
 mixture whose router logits have a bias, softmax over the k chosen
 logits, experts with biases and the clamped SwiGLU (gate clamped above at
 7, up to [-7, 7], gate * sigmoid(1.702 gate) * (up + 1)).
+Qwen3.5 (GGUF qwen35): hybrid. Gated DeltaNet layers (gated_delta_net: a
+causal convolution, then the gated delta rule's recurrent state per value
+head, then a gated RMS norm) in all but every full_attention_interval-th,
+which is gated attention (Qwen3's with a sigmoid gate on its output) with
+NeoX RoPE over rope.dimension_count dims. logits_all and forward run the
+recurrence token by token: the reference for a chunked C++ form.
 
 Model API:
   model.logits_all(tokens) -> (T, vocab) float64 logits for every position
@@ -125,10 +131,36 @@ class Config:
     # gpt-oss's clamped SwiGLU in the experts (Layer.sinks, .bo and the
     # router and expert biases are per layer).
     swiglu_oai: bool = False
+    # Qwen3.5 / Qwen3-Next hybrids (gated_delta_net): per layer, whether it
+    # is a Gated DeltaNet (linear attention) layer (None: none is). Its
+    # q / k heads (ssm_k_heads of ssm_k_dim) and value heads (ssm_v_heads
+    # of ssm_v_dim; a multiple of the k heads), its causal convolution's
+    # width ssm_conv. Value head i reads k head i % ssm_k_heads when
+    # ssm_v_tiled (llama.cpp's converter reorders them so), else i // (the
+    # ratio) (Hugging Face's repeat_interleave).
+    linear_layers: list | None = None
+    ssm_conv: int = 0
+    ssm_k_heads: int = 0
+    ssm_k_dim: int = 0
+    ssm_v_heads: int = 0
+    ssm_v_dim: int = 0
+    ssm_v_tiled: bool = False
+    # Qwen3.5's gated attention: wq makes, per head, head_dim query values
+    # then head_dim gate values; the attention's output times their sigmoid.
+    attn_gate: bool = False
 
     @property
     def mla(self) -> bool:
         return self.kv_lora_rank > 0
+
+    def is_linear(self, layer: int) -> bool:
+        return self.linear_layers is not None and self.linear_layers[layer]
+
+    @property
+    def ssm_conv_dim(self) -> int:
+        """The convolved channels: q, k (each ssm_k_heads x ssm_k_dim), v."""
+        return (2 * self.ssm_k_heads * self.ssm_k_dim
+                + self.ssm_v_heads * self.ssm_v_dim)
 
     def layer_window(self, layer: int) -> int:
         if self.window_layers is not None and not self.window_layers[layer]:
@@ -190,6 +222,17 @@ class Layer:
     # (n_heads*(qk_nope + v_head_dim), kv_lora_rank): per head, qk_nope
     # rows of k_nope then v_head_dim rows of v (HF kv_b_proj).
     wkv_b: np.ndarray | None = None
+    # Gated DeltaNet (Config.is_linear; wq, wk, wv, wo None), with
+    # C = Config.ssm_conv_dim, Hv = ssm_v_heads, V = Hv * ssm_v_dim:
+    ssm_qkv: np.ndarray | None = None    # (C, dim): [q | k | v] channels
+    ssm_z: np.ndarray | None = None      # (V, dim): the output gate
+    ssm_beta: np.ndarray | None = None   # (Hv, dim): sigmoid -> beta
+    ssm_alpha: np.ndarray | None = None  # (Hv, dim): the decay's input
+    ssm_dt: np.ndarray | None = None     # (Hv,): its bias
+    ssm_a: np.ndarray | None = None      # (Hv,): -exp(A_log)
+    ssm_conv1d: np.ndarray | None = None  # (C, ssm_conv)
+    ssm_norm: np.ndarray | None = None   # (ssm_v_dim,): gated RMS norm
+    ssm_out: np.ndarray | None = None    # (dim, V)
 
 
 @dataclasses.dataclass
@@ -217,7 +260,21 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
             f"{i}.attn_norm": (L.attn_norm, (cfg.dim,)),
             f"{i}.ffn_norm": (L.ffn_norm, (cfg.dim,)),
         })
-        if cfg.mla:
+        if cfg.is_linear(i):
+            C, hv = cfg.ssm_conv_dim, cfg.ssm_v_heads
+            V = hv * cfg.ssm_v_dim
+            want.update({
+                f"{i}.ssm_qkv": (L.ssm_qkv, (C, cfg.dim)),
+                f"{i}.ssm_z": (L.ssm_z, (V, cfg.dim)),
+                f"{i}.ssm_beta": (L.ssm_beta, (hv, cfg.dim)),
+                f"{i}.ssm_alpha": (L.ssm_alpha, (hv, cfg.dim)),
+                f"{i}.ssm_dt": (L.ssm_dt, (hv,)),
+                f"{i}.ssm_a": (L.ssm_a, (hv,)),
+                f"{i}.ssm_conv1d": (L.ssm_conv1d, (C, cfg.ssm_conv)),
+                f"{i}.ssm_norm": (L.ssm_norm, (cfg.ssm_v_dim,)),
+                f"{i}.ssm_out": (L.ssm_out, (cfg.dim, V)),
+            })
+        elif cfg.mla:
             r, R = cfg.rotary_dim, cfg.kv_lora_rank
             nope = cfg.head_dim - r
             if cfg.q_lora_rank:
@@ -236,7 +293,7 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
             })
         else:
             want.update({
-                f"{i}.wq": (L.wq, (q, cfg.dim)),
+                f"{i}.wq": (L.wq, (2 * q if cfg.attn_gate else q, cfg.dim)),
                 f"{i}.wk": (L.wk, (kv, cfg.dim)),
                 f"{i}.wv": (L.wv, (kv, cfg.dim)),
                 f"{i}.wo": (L.wo, (cfg.dim, q)),
@@ -264,7 +321,7 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
                 f"{i}.w_up": (L.w_up, (cfg.hidden_dim, cfg.dim)),
                 f"{i}.w_down": (L.w_down, (cfg.dim, cfg.hidden_dim)),
             })
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.is_linear(i):
             want.update({f"{i}.q_norm": (L.q_norm, (cfg.head_dim,)),
                          f"{i}.k_norm": (L.k_norm, (cfg.head_dim,))})
         for name in ("attn_post_norm", "ffn_post_norm"):
@@ -281,6 +338,9 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
         assert cfg.topk_group <= cfg.n_group
         if cfg.gating == "softmax":  # route(): no bias or groups
             assert cfg.n_group == 1
+    if cfg.linear_layers is not None:
+        assert len(cfg.linear_layers) == cfg.n_layers
+        assert cfg.ssm_v_heads % cfg.ssm_k_heads == 0 and cfg.ssm_conv > 0
     if cfg.mla:
         assert cfg.n_kv_heads == cfg.n_heads and cfg.v_head_dim > 0
         assert cfg.rotary_dim < cfg.head_dim
@@ -387,10 +447,10 @@ def load_gguf(path: str):
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
-                    "deepseek2", "gemma2", "gemma3", "gpt-oss"):
+                    "deepseek2", "gemma2", "gemma3", "gpt-oss", "qwen35"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
                          f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2, "
-                         f"gemma3 or gpt-oss")
+                         f"gemma3, gpt-oss or qwen35")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -440,7 +500,8 @@ def load_gguf(path: str):
         # GLM-4.5 / Gemma 3 with NeoX RoPE (halves).
         rope_style="adjacent" if arch in ("llama", "deepseek2") else "half",
         sliding_window=int(kv("attention.sliding_window", 0)),
-        qk_norm="blk.0.attn_q_norm.weight" in tensors,
+        # (any layer's: a hybrid's first layer may have no attention)
+        qk_norm=any(n.endswith(".attn_q_norm.weight") for n in tensors),
         n_experts=int(kv("expert_count", 0)),
     )
     if cfg.n_experts:
@@ -482,6 +543,8 @@ def load_gguf(path: str):
         cfg.window_layers = [i % 2 == 0 for i in range(cfg.n_layers)]
         cfg.swiglu_oai = True
         cfg.experts_norm = True  # softmax over the chosen logits
+    if arch == "qwen35":
+        _qwen35_gguf(cfg, kv)
     if mla:
         cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
         cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
@@ -525,8 +588,8 @@ def load_gguf(path: str):
     # post_attention_norm in its GGUFs; Gemma 3's post_attention_norm is
     # the norm of the attention's output (HF post_attention_layernorm too),
     # its pre-FFN norm ffn_norm.
-    ffn_norm = ("post_attention_norm" if arch in ("glm4moe", "gpt-oss")
-                else "ffn_norm")
+    ffn_norm = ("post_attention_norm"
+                if arch in ("glm4moe", "gpt-oss", "qwen35") else "ffn_norm")
     gemma = arch in ("gemma2", "gemma3")
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
@@ -543,6 +606,9 @@ def load_gguf(path: str):
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
+        if cfg.is_linear(i):
+            layers.append(_gated_delta_net_layer(tensors, p, ffn_norm))
+            continue
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
         lora = mla and cfg.q_lora_rank > 0
@@ -594,6 +660,53 @@ def load_gguf(path: str):
     )
     _check_shapes(cfg, w)
     return cfg, w
+
+
+def _qwen35_gguf(cfg: Config, kv) -> None:
+    """llama.cpp's qwen35: Gated DeltaNet layers but every
+    full_attention_interval-th (attention.recurrent_layers, when the file
+    has it, says which), gated attention, and the ssm.* sizes as its
+    converter writes them: state_size the k (and v) head, group_count the
+    k heads, time_step_rank the v heads, inner_size all v values. The
+    converter reorders the v heads tiled (Config.ssm_v_tiled). Its RoPE is
+    interleaved M-RoPE, which for text (one position in every section) is
+    NeoX RoPE over rope.dimension_count dims."""
+    interval = int(kv("full_attention_interval", 4))
+    recurrent = kv("attention.recurrent_layers", [])
+    if len(recurrent):
+        cfg.linear_layers = [bool(r) for r in recurrent][:cfg.n_layers]
+    else:
+        cfg.linear_layers = [(i + 1) % interval != 0
+                             for i in range(cfg.n_layers)]
+    cfg.ssm_conv = int(kv("ssm.conv_kernel"))
+    cfg.ssm_k_dim = cfg.ssm_v_dim = int(kv("ssm.state_size"))
+    cfg.ssm_k_heads = int(kv("ssm.group_count"))
+    cfg.ssm_v_heads = int(kv("ssm.time_step_rank"))
+    if int(kv("ssm.inner_size")) != cfg.ssm_v_heads * cfg.ssm_v_dim:
+        raise ValueError("qwen35: ssm.inner_size is not time_step_rank x "
+                         "state_size")
+    cfg.ssm_v_tiled = True
+    cfg.attn_gate = True
+
+
+def _gated_delta_net_layer(tensors: dict, p: str, ffn_norm: str) -> Layer:
+    """A Gated DeltaNet layer of a qwen35 GGUF (llama.cpp's names)."""
+    return Layer(
+        attn_norm=tensors[p + "attn_norm.weight"],
+        wq=None, wk=None, wv=None, wo=None,
+        ffn_norm=tensors[p + ffn_norm + ".weight"],
+        w_gate=tensors[p + "ffn_gate.weight"],
+        w_up=tensors[p + "ffn_up.weight"],
+        w_down=tensors[p + "ffn_down.weight"],
+        ssm_qkv=tensors[p + "attn_qkv.weight"],
+        ssm_z=tensors[p + "attn_gate.weight"],
+        ssm_beta=tensors[p + "ssm_beta.weight"],
+        ssm_alpha=tensors[p + "ssm_alpha.weight"],
+        ssm_dt=tensors[p + "ssm_dt.bias"].reshape(-1),
+        ssm_a=tensors[p + "ssm_a"].reshape(-1),
+        ssm_conv1d=tensors[p + "ssm_conv1d.weight"],
+        ssm_norm=tensors[p + "ssm_norm.weight"],
+        ssm_out=tensors[p + "ssm_out.weight"])
 
 
 def load_hf_dir(d: str):
@@ -886,7 +999,67 @@ class LlamaRef:
         else:
             self.k_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
             self.v_cache = [np.zeros((0, c.n_kv_heads, c.head_dim)) for _ in range(c.n_layers)]
+        # Gated DeltaNet layers: the last ssm_conv - 1 inputs of the
+        # convolution (zeros before the first token) and the recurrent
+        # state, (ssm_v_heads, ssm_k_dim, ssm_v_dim) per layer.
+        self.conv_state = [np.zeros((max(c.ssm_conv - 1, 0), c.ssm_conv_dim))
+                           for _ in range(c.n_layers)]
+        self.ssm_state = [np.zeros((c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim))
+                          for _ in range(c.n_layers)]
         self.pos = 0
+
+    def gated_delta_net(self, li: int, L: "Layer", h: np.ndarray):
+        """A Gated DeltaNet layer (transformers' Qwen3_5GatedDeltaNet /
+        Qwen3NextGatedDeltaNet, in its recurrent form) of h (T, dim),
+        normed; returns (T, dim). Per token t:
+
+          [q | k | v] = silu(causal depthwise conv over time of wqkv h)
+          beta = sigmoid(w_beta h);  g = a * softplus(w_alpha h + dt)
+          per value head i, with k head j (Config.ssm_v_tiled):
+            q = l2norm(q_j) / sqrt(dk);  k = l2norm(k_j)
+            S = exp(g_i) S;  S += k (x) beta_i (v_i - S^T k);  o_i = S^T q
+            o_i = rmsnorm(o_i) * silu(z_i)       (z = wz h, per v head)
+          out = w_out [o_0 | ... | o_{Hv-1}]
+
+        l2norm(x) = x / sqrt(sum x^2 + 1e-6). The state S (dk, dv) per
+        value head and the convolution's last inputs carry over between
+        calls (reset)."""
+        c = self.cfg
+        T, K = h.shape[0], c.ssm_conv
+        hk, hv, dk, dv = c.ssm_k_heads, c.ssm_v_heads, c.ssm_k_dim, c.ssm_v_dim
+        mixed = h @ L.ssm_qkv.T                               # (T, C)
+        padded = np.concatenate([self.conv_state[li], mixed], axis=0)
+        conv = np.zeros_like(mixed)
+        for j in range(K):  # tap j reads the input K - 1 - j tokens back
+            conv += padded[j:j + T] * L.ssm_conv1d[:, j]
+        self.conv_state[li] = padded[T:]
+        conv = silu(conv)
+        q = conv[:, :hk * dk].reshape(T, hk, dk)
+        k = conv[:, hk * dk:2 * hk * dk].reshape(T, hk, dk)
+        v = conv[:, 2 * hk * dk:].reshape(T, hv, dv)
+
+        def l2norm(x):
+            return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + 1e-6)
+
+        q = l2norm(q) / np.sqrt(dk)
+        k = l2norm(k)
+        beta = sigmoid(h @ L.ssm_beta.T)                      # (T, hv)
+        a = h @ L.ssm_alpha.T + L.ssm_dt
+        softplus = np.logaddexp(0.0, a)
+        decay = np.exp(L.ssm_a * softplus)                    # (T, hv)
+        S = self.ssm_state[li].copy()
+        o = np.empty((T, hv, dv))
+        for t in range(T):
+            for i in range(hv):
+                j = i % hk if c.ssm_v_tiled else i // (hv // hk)
+                S[i] *= decay[t, i]
+                delta = (v[t, i] - S[i].T @ k[t, j]) * beta[t, i]
+                S[i] += np.outer(k[t, j], delta)
+                o[t, i] = S[i].T @ q[t, j]
+        self.ssm_state[li] = S
+        z = (h @ L.ssm_z.T).reshape(T, hv, dv)
+        o = rmsnorm(o, L.ssm_norm, c.norm_eps) * silu(z)
+        return o.reshape(T, hv * dv) @ L.ssm_out.T
 
     def mla_attention(self, li: int, L: "Layer", h: np.ndarray, cos, sin,
                       mask: np.ndarray) -> np.ndarray:
@@ -950,6 +1123,10 @@ class LlamaRef:
         q, k, v = h @ L.wq.T, h @ L.wk.T, h @ L.wv.T
         if L.bq is not None:
             q, k, v = q + L.bq, k + L.bk, v + L.bv
+        gate = None
+        if c.attn_gate:  # Qwen3.5: per head, the query then its gate
+            qg = q.reshape(T, c.n_heads, 2, c.head_dim)
+            q, gate = qg[:, :, 0, :], qg[:, :, 1, :]
         q = q.reshape(T, c.n_heads, c.head_dim)
         k = k.reshape(T, c.n_kv_heads, c.head_dim)
         v = v.reshape(T, c.n_kv_heads, c.head_dim)
@@ -984,6 +1161,8 @@ class LlamaRef:
                 att_out[:, hq, :] = softmax(s)[:, :-1] @ V[:, hk, :]
             else:
                 att_out[:, hq, :] = softmax(scores) @ V[:, hk, :]
+        if gate is not None:
+            att_out = att_out * sigmoid(gate)
         out = att_out.reshape(T, -1) @ L.wo.T
         return out + L.bo if L.bo is not None else out
 
@@ -1010,7 +1189,9 @@ class LlamaRef:
                         else rope)
             # --- attention ---
             h = rmsnorm(x, L.attn_norm, c.norm_eps)
-            if c.mla:
+            if c.is_linear(li):
+                a = self.gated_delta_net(li, L, h)
+            elif c.mla:
                 seen = np.arange(self.pos + T)[None, :] <= positions[:, None]
                 a = self.mla_attention(li, L, h, cos, sin,
                                        np.where(seen, 0.0, -np.inf))

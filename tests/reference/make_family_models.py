@@ -8,7 +8,8 @@ formats, for checking the C++ forward pass against the numpy reference
                                        mixtral|glm4moe|deepseek3|
                                        deepseek3_nolora|deepseek3_yarn|
                                        deepseek3_fp8|gemma2|gemma3|gpt_oss|
-                                       gpt_oss_hf|kquant|qwen3moe_mxfp4
+                                       gpt_oss_hf|kquant|qwen3moe_mxfp4|
+                                       qwen35
 
 OUTDIR/FAMILY.gguf    F32 GGUF with the family's real metadata keys (the
                       `gguf` package's writer) and SmolLM2's byte-level BPE
@@ -113,6 +114,15 @@ layers (an uneven PP split) and head_dim 16:
            (mlp.router), sinks (self_attn.sinks); layer_types; YaRN with
            truncate false (factor 32, original context 4096, as gpt-oss;
            its correction range is fractional here, 2.02 to 4.35 of 8).
+  qwen35   Qwen3.5 (llama.cpp's qwen35, GGUF only): 8 layers, Gated
+           DeltaNet (linear attention) in all but every 4th (3 and 7):
+           2 q / k heads serving 4 value heads, all of 16, tiled as the
+           converter writes them (value head i reads k head i % 2), a
+           causal convolution 4 wide, decays of exp(-0.02) to exp(-1.5) or
+           so a token; the others gated attention (a sigmoid gate per
+           query value, made by attn_q beside the query), QK norms, RoPE
+           over 8 of head_dim 32 (interleaved M-RoPE sections, one
+           position for text); an untied LM head.
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -252,6 +262,15 @@ FAMILIES = {
     "kquant": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
                    hidden=256, ffn=512, heads=12, kv_heads=6, head_dim=64,
                    formats=("gguf",)),
+    # Qwen3.5 (llama.cpp's qwen35, GGUF only): Gated DeltaNet layers but
+    # every 4th (3 and 7), whose 2 k heads serve 4 value heads (tiled, as
+    # the converter writes them); gated attention with QK-norm and RoPE
+    # over 8 of 32 dims; an untied LM head.
+    "qwen35": dict(gguf_arch="qwen35", hf_type="qwen3_5_text", pre="qwen2",
+                   formats=("gguf",), layers=8, head_dim=32, theta=1e7,
+                   eps=1e-6, qk_norm=True, rotary_factor=0.25,
+                   attn_gate=True, full_attention_interval=4, ssm_conv=4,
+                   ssm_k_heads=2, ssm_v_heads=4, ssm_head=16),
     "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
                       tied=True, bias=True, eps=1e-6, window=20,
                       max_window_layers=2),
@@ -294,7 +313,9 @@ def draw(f: dict, seed: int) -> dict:
     for i in range(f["layers"]):
         p = f"blk.{i}."
         t[p + "attn_norm.weight"] = norm(h)
-        if f["kv_lora"]:
+        if is_linear(f, i):
+            draw_gated_delta_net(f, t, p, rng, lin, norm)
+        elif f["kv_lora"]:
             # Multi-head latent attention, kv_b merged as HF's kv_b_proj
             # (write_gguf splits it).
             nh, r, vd, R = f["heads"], f["qk_rope"], f["v_head"], f["kv_lora"]
@@ -310,7 +331,8 @@ def draw(f: dict, seed: int) -> dict:
             t[p + "attn_kv_b.weight"] = lin(nh * (d + vd), R)
             t[p + "attn_output.weight"] = lin(h, nh * vd)
         else:
-            t[p + "attn_q.weight"] = lin(q, h)
+            t[p + "attn_q.weight"] = lin(2 * q if f.get("attn_gate") else q,
+                                         h)
             t[p + "attn_k.weight"] = lin(kv, h)
             t[p + "attn_v.weight"] = lin(kv, h)
             if f["bias"]:
@@ -324,7 +346,7 @@ def draw(f: dict, seed: int) -> dict:
                 ).astype(np.float32)
                 t[p + "attn_output.bias"] = (
                     0.5 * rng.standard_normal(h)).astype(np.float32)
-        if f["qk_norm"]:
+        if f["qk_norm"] and not is_linear(f, i):
             t[p + "attn_q_norm.weight"] = norm(d)
             t[p + "attn_k_norm.weight"] = norm(d)
         if f["post_norms"]:
@@ -363,6 +385,33 @@ def draw(f: dict, seed: int) -> dict:
         if f["post_norms"]:
             t[p + "post_ffw_norm.weight"] = norm(h)
     return t
+
+
+def is_linear(f: dict, layer: int) -> bool:
+    """A Gated DeltaNet layer: all but every full_attention_interval-th."""
+    n = f.get("full_attention_interval", 0)
+    return n > 0 and (layer + 1) % n != 0
+
+
+def draw_gated_delta_net(f: dict, t: dict, p: str, rng, lin, norm) -> None:
+    """A Gated DeltaNet layer's tensors, llama.cpp's names and layout: the
+    v heads tiled (value head i reads k head i % k_heads). The decay a x
+    softplus(alpha + dt) spans exp(-0.02) to exp(-1.5) or so a token, and
+    beta sigmoid(N(0, 1)), so that the state both keeps and forgets."""
+    h, dk = f["hidden"], f["ssm_head"]
+    hk, hv = f["ssm_k_heads"], f["ssm_v_heads"]
+    conv_dim = (2 * hk + hv) * dk
+    t[p + "attn_qkv.weight"] = lin(conv_dim, h)
+    t[p + "attn_gate.weight"] = lin(hv * dk, h)
+    t[p + "ssm_beta.weight"] = lin(hv, h)
+    t[p + "ssm_alpha.weight"] = lin(hv, h)
+    t[p + "ssm_dt.bias"] = (-1.0 + 0.5 * rng.standard_normal(hv)).astype(
+        np.float32)
+    t[p + "ssm_a"] = (-rng.uniform(0.5, 4.0, hv)).astype(np.float32)
+    t[p + "ssm_conv1d.weight"] = (0.5 * rng.standard_normal(
+        (conv_dim, f["ssm_conv"]))).astype(np.float32)
+    t[p + "ssm_norm.weight"] = norm(dk)
+    t[p + "ssm_out.weight"] = lin(h, hv * dk)
 
 
 def llama3_freq_factors(f: dict) -> np.ndarray:
@@ -465,6 +514,18 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_sliding_window(f["window"])
     if arch == "gemma3":  # The converter's, from rope_parameters.
         w.add_rope_freq_base_swa(f["swa_theta"])
+    if arch == "qwen35":  # As llama.cpp's converter (Qwen3_5TextModel).
+        w.add_ssm_conv_kernel(f["ssm_conv"])
+        w.add_ssm_state_size(f["ssm_head"])
+        w.add_ssm_group_count(f["ssm_k_heads"])
+        w.add_ssm_time_step_rank(f["ssm_v_heads"])
+        w.add_ssm_inner_size(f["ssm_v_heads"] * f["ssm_head"])
+        w.add_full_attention_interval(f["full_attention_interval"])
+        # Interleaved M-RoPE's sections, pairs of the rotated dims (text
+        # gives every section the same position).
+        pairs = rotary_dims(f) // 2
+        w.add_rope_dimension_sections(
+            [pairs - 2 * (pairs // 3), pairs // 3, pairs // 3, 0])
     if arch == "gemma2":
         w.add_attn_logit_softcapping(f["attn_softcap"])
         w.add_final_logit_softcapping(f["final_softcap"])
@@ -490,7 +551,7 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     if s and s["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_freq_factors(f))
     for name, a in t.items():
-        if (arch in ("glm4moe", "gpt-oss")
+        if (arch in ("glm4moe", "gpt-oss", "qwen35")
                 and name.endswith(".ffn_norm.weight")):
             # GLM-4.5's and gpt-oss's pre-FFN norm (HF post_attention_
             # layernorm) is the arch's ATTN_POST_NORM in llama.cpp (it has
