@@ -137,12 +137,15 @@ int InspectCommand(int argc, char** argv) {
             static_cast<long long>(c.CachedHeadDim()));
         continue;
       }
+      // A hybrid's Gated DeltaNet layers cache nothing per token.
+      const int64_t layers = c.AttentionLayers(s.layer_begin, s.layer_end);
       const int64_t b =
-          KvBytesPerToken(s.n_layers(), s.n_kv_heads(), c.head_dim, *dtype);
+          KvBytesPerToken(layers, s.n_kv_heads(), c.head_dim, *dtype);
       total += b;
       std::printf(
-          "%-5zu %14lld   (%lld layers x %lld KV heads x %lld x K, V)\n", i + 1,
-          static_cast<long long>(b), static_cast<long long>(s.n_layers()),
+          "%-5zu %14lld   (%lld %slayers x %lld KV heads x %lld x K, V)\n",
+          i + 1, static_cast<long long>(b), static_cast<long long>(layers),
+          c.is_hybrid() ? "attention " : "",
           static_cast<long long>(s.n_kv_heads()),
           static_cast<long long>(c.head_dim));
     }
@@ -151,6 +154,18 @@ int InspectCommand(int argc, char** argv) {
         "tokens)\n",
         static_cast<long long>(total), total / 1024.0,
         total * 131072.0 / (1 << 30));
+    if (c.is_hybrid()) {
+      // Fixed per sequence, whatever its length: each linear layer's
+      // convolution inputs and value heads' states, in f32.
+      const int64_t linear = c.n_layers - c.AttentionLayers(0, c.n_layers);
+      const int64_t state = linear * c.SsmStateValues() * 4;
+      std::printf(
+          "\nrecurrent state per sequence, whatever its length: %lld bytes "
+          "(%lld Gated DeltaNet layers x %lld f32 values; %.1f MiB), over "
+          "the stages that hold those layers\n",
+          static_cast<long long>(state), static_cast<long long>(linear),
+          static_cast<long long>(c.SsmStateValues()), state / 1048576.0);
+    }
     return 0;
   }
   std::printf("model    %s\nformat   %s\n\n%s\n", path.c_str(),

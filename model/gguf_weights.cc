@@ -232,6 +232,76 @@ absl::Status ReadGptOss(const GgufFile& g, const std::string& p,
   return absl::OkStatus();
 }
 
+// llama.cpp's qwen35 (Qwen3.5's dense models): Gated DeltaNet layers but
+// every full_attention_interval-th (attention.recurrent_layers, when the
+// file has it, says which), gated attention, and the ssm.* keys as its
+// converter writes them: state_size the k (and v) head, group_count the k
+// heads, time_step_rank the v heads, inner_size all v values; the v heads
+// tiled. Its RoPE is interleaved M-RoPE, which for text (one position in
+// every section) is NeoX RoPE over rope.dimension_count dims.
+absl::Status ReadQwen35(const GgufFile& g, const std::string& p,
+                        ModelConfig& c) {
+  if (c.n_layers < 1 || c.n_layers > 1024) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(), ": ", p, "block_count ", c.n_layers));
+  }
+  c.linear_layers.assign(c.n_layers, false);
+  if (const GgufValue* v = g.Find(p + "attention.recurrent_layers")) {
+    if (v->type != GgufType::kArray ||
+        static_cast<int64_t>(v->array.size()) < c.n_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.name(), ": ", p,
+                       "attention.recurrent_layers must be an array of a "
+                       "flag per block"));
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const GgufScalar& e = v->array[l];
+      const bool* b = std::get_if<bool>(&e);
+      const uint64_t* u = std::get_if<uint64_t>(&e);
+      const int64_t* i = std::get_if<int64_t>(&e);
+      if (b == nullptr && u == nullptr && i == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            g.name(), ": ", p, "attention.recurrent_layers holds a non-flag"));
+      }
+      c.linear_layers[l] = b != nullptr ? *b : u != nullptr ? *u != 0 : *i != 0;
+    }
+  } else {
+    ASSIGN_OR_RETURN(const int64_t interval,
+                     IntOr(g, p + "full_attention_interval", 4));
+    if (interval < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          g.name(), ": ", p, "full_attention_interval ", interval));
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      c.linear_layers[l] = (l + 1) % interval != 0;
+    }
+  }
+  ASSIGN_OR_RETURN(c.ssm_conv_width, g.GetInt(p + "ssm.conv_kernel"));
+  ASSIGN_OR_RETURN(c.ssm_k_dim, g.GetInt(p + "ssm.state_size"));
+  ASSIGN_OR_RETURN(c.ssm_k_heads, g.GetInt(p + "ssm.group_count"));
+  ASSIGN_OR_RETURN(c.ssm_v_heads, g.GetInt(p + "ssm.time_step_rank"));
+  ASSIGN_OR_RETURN(const int64_t inner, g.GetInt(p + "ssm.inner_size"));
+  c.ssm_v_dim = c.ssm_k_dim;
+  if (inner != c.ssm_v_heads * c.ssm_v_dim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(), ": ", p, "ssm.inner_size ", inner,
+                     " is not time_step_rank x state_size (", c.ssm_v_heads,
+                     " x ", c.ssm_v_dim, ")"));
+  }
+  c.ssm_v_tiled = true;
+  c.attention_gate = true;
+  return absl::OkStatus();
+}
+
+// The first layer that attends: where a file's per-layer attention
+// tensors (biases, QK norms) show, even when a hybrid's layer 0 is linear.
+int64_t FirstAttentionLayer(const ModelConfig& c) {
+  for (int64_t l = 0; l < c.n_layers; ++l) {
+    if (!c.LayerIsLinear(l)) return l;
+  }
+  return 0;
+}
+
 }  // namespace
 
 absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
@@ -324,8 +394,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, p + "vocab_size", vocab));
   c.tied_embeddings = FindTensor(g, "output.weight") == nullptr;
-  c.attention_bias = FindTensor(g, "blk.0.attn_q.bias") != nullptr;
-  c.qk_norm = FindTensor(g, "blk.0.attn_q_norm.weight") != nullptr;
+  if (c.architecture == "qwen35") RETURN_IF_ERROR(ReadQwen35(g, p, c));
+  const std::string attention =
+      absl::StrCat("blk.", FirstAttentionLayer(c), ".attn_q");
+  c.attention_bias = FindTensor(g, attention + ".bias") != nullptr;
+  c.qk_norm = FindTensor(g, attention + "_norm.weight") != nullptr;
   // Mixtures of experts: qwen3moe, and llama with expert_count (Mixtral).
   ASSIGN_OR_RETURN(c.n_experts, IntOr(g, p + "expert_count", 0));
   if (c.n_experts > 0) {
@@ -390,7 +463,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       c.architecture == "qwen2" || c.architecture == "qwen3" ||
               c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
               c.architecture == "gemma2" || c.architecture == "gemma3" ||
-              c.architecture == "gpt-oss"
+              c.architecture == "gpt-oss" || c.architecture == "qwen35"
           ? RopeStyle::kRotateHalf
           : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));

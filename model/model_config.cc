@@ -101,6 +101,22 @@ std::string ExtrasString(const ModelConfig& c) {
     absl::StrAppendFormat(&out, "attention scale  %g / sqrt(%d)\n",
                           c.attn_scale_factor, c.head_dim);
   }
+  if (c.is_hybrid()) {
+    std::vector<int64_t> attention;
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      if (!c.LayerIsLinear(l)) attention.push_back(l);
+    }
+    absl::StrAppendFormat(
+        &out,
+        "linear attention Gated DeltaNet in %d of %d layers (attention in "
+        "%s%s): %d q/k heads of %d, %d value heads of %d (%s), convolution "
+        "%d wide; state per sequence and layer: %d f32 values\n",
+        c.n_layers - static_cast<int64_t>(attention.size()), c.n_layers,
+        attention.empty() ? "none" : absl::StrJoin(attention, ", "),
+        c.attention_gate ? ", gated" : "", c.ssm_k_heads, c.ssm_k_dim,
+        c.ssm_v_heads, c.ssm_v_dim, c.ssm_v_tiled ? "tiled" : "grouped",
+        c.ssm_conv_width, c.SsmStateValues());
+  }
   if (c.rope_local_theta > 0) {
     absl::StrAppend(&out, "rope_theta local ", c.rope_local_theta,
                     " (the sliding-window layers, unscaled)\n");
@@ -156,14 +172,36 @@ absl::Status ModelConfig::Validate() const {
       "llama",       "mistral",     "qwen2",   "qwen3",    "qwen3moe",
       "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe", "deepseek2",
       "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",   "gemma3_text",
-      "gpt-oss",     "gpt_oss"};
+      "gpt-oss",     "gpt_oss",     "qwen35"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
         "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2, "
-        "gemma3 and gpt-oss are; llama with experts is Mixtral)"));
+        "gemma3, gpt-oss and qwen35 (Qwen3.5) are; llama with experts is "
+        "Mixtral)"));
+  }
+  if (is_hybrid()) {
+    if (static_cast<int64_t>(linear_layers.size()) != n_layers) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("model config: linear_layers has ", linear_layers.size(),
+                       " entries for ", n_layers, " layers"));
+    }
+    for (auto [field, v, lo, hi] :
+         {std::tuple<const char*, int64_t, int64_t, int64_t>{
+              "ssm_conv_width", ssm_conv_width, 1, 64},
+          {"ssm_k_heads", ssm_k_heads, 1, 1024},
+          {"ssm_k_dim", ssm_k_dim, 1, 1024},
+          {"ssm_v_heads", ssm_v_heads, 1, 1024},
+          {"ssm_v_dim", ssm_v_dim, 1, 1024}}) {
+      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+    }
+    if (ssm_v_heads % ssm_k_heads != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: ssm_v_heads (", ssm_v_heads,
+          ") is not a multiple of ssm_k_heads (", ssm_k_heads, ")"));
+    }
   }
   if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
@@ -301,6 +339,12 @@ absl::Status ModelConfig::Validate() const {
         absl::StrCat("model config: ", s.message()));
   }
   return absl::OkStatus();
+}
+
+int64_t ModelConfig::AttentionLayers(int64_t begin, int64_t end) const {
+  int64_t n = 0;
+  for (int64_t l = begin; l < end; ++l) n += !LayerIsLinear(l);
+  return n;
 }
 
 std::string ModelConfig::DebugString() const {

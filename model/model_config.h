@@ -1,7 +1,7 @@
 // Hyper-parameters of a Llama-family model (Llama 2/3, Mistral, Qwen2,
-// Qwen3, Gemma 3, and the mixtures of experts Qwen3-MoE, Mixtral, GLM-4.5
-// and DeepSeek V2/V3), read from GGUF metadata or from a Hugging Face
-// config.json.
+// Qwen3, Gemma 2/3, gpt-oss, the mixtures of experts Qwen3-MoE, Mixtral,
+// GLM-4.5 and DeepSeek V2/V3, and the Qwen3.5 hybrids), read from GGUF
+// metadata or from a Hugging Face config.json.
 #ifndef SHARDLM_MODEL_MODEL_CONFIG_H_
 #define SHARDLM_MODEL_MODEL_CONFIG_H_
 
@@ -130,6 +130,25 @@ struct ModelConfig {
   // square blocks each F8_E4M3 weight's weight_scale_inv scales
   // (quantization_config.weight_block_size); 0: none.
   int64_t fp8_block = 0;
+  // Qwen3.5 / Qwen3-Next hybrids: [n_layers], true for a Gated DeltaNet
+  // (linear attention) layer, whose state per sequence is fixed-size
+  // instead of a KV entry per token; empty: no such layer. Such a layer
+  // convolves [q | k | v] (ssm_k_heads heads of ssm_k_dim for q and k,
+  // ssm_v_heads of ssm_v_dim for v) causally over ssm_conv_width tokens and
+  // keeps a ssm_k_dim x ssm_v_dim state per value head; value head i reads
+  // k head i % ssm_k_heads when ssm_v_tiled (llama.cpp's converter orders
+  // them so), else i / (ssm_v_heads / ssm_k_heads) (Hugging Face's).
+  std::vector<bool> linear_layers;
+  int64_t ssm_conv_width = 0;
+  int64_t ssm_k_heads = 0;
+  int64_t ssm_k_dim = 0;
+  int64_t ssm_v_heads = 0;
+  int64_t ssm_v_dim = 0;
+  bool ssm_v_tiled = false;
+  // Qwen3.5's gated attention: wq makes, per head, head_dim query values
+  // then head_dim gate values, and the attention's output is multiplied by
+  // the gate's sigmoid before wo.
+  bool attention_gate = false;
   // Multi-token-prediction layers stored after the n_layers the model
   // runs (GGUF nextn_predict_layers, HF num_nextn_predict_layers): skipped
   // when loading, not run (speculative decoding does not use them yet).
@@ -148,6 +167,24 @@ struct ModelConfig {
   int64_t SharedFfn() const { return n_shared_experts * expert_ffn_hidden; }
   int64_t RotaryDims() const { return rope_dims > 0 ? rope_dims : head_dim; }
   bool is_mla() const { return kv_lora_rank > 0; }
+  bool is_hybrid() const { return !linear_layers.empty(); }
+  // Whether layer `layer` (0-based over the whole model) is a Gated
+  // DeltaNet layer (no KV cache).
+  bool LayerIsLinear(int64_t layer) const {
+    return is_hybrid() && linear_layers[layer];
+  }
+  // Layers [begin, end) that attend (have a KV cache).
+  int64_t AttentionLayers(int64_t begin, int64_t end) const;
+  // A Gated DeltaNet layer's convolved channels (q, k and v) and its state
+  // per sequence in f32 values: the convolution's last ssm_conv_width - 1
+  // inputs and the value heads' ssm_k_dim x ssm_v_dim matrices.
+  int64_t SsmConvChannels() const {
+    return 2 * ssm_k_heads * ssm_k_dim + ssm_v_heads * ssm_v_dim;
+  }
+  int64_t SsmStateValues() const {
+    return (ssm_conv_width - 1) * SsmConvChannels() +
+           ssm_v_heads * ssm_k_dim * ssm_v_dim;
+  }
   // What the KV cache holds per token and layer: n_kv_heads heads of
   // head_dim for K and as many for V, or under MLA one entry of
   // kv_lora_rank + rope_dims (V is its first kv_lora_rank values).

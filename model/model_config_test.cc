@@ -118,6 +118,48 @@ TEST(ModelConfigTest, LatentAttentionIsChecked) {
   EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "attn_scale_factor"));
 }
 
+// Qwen3.5's layout (make_family_models.py's qwen35): every fourth layer
+// attends, the others are Gated DeltaNet layers.
+TEST(ModelConfigTest, HybridLayersAreChecked) {
+  const auto kInvalid = absl::StatusCode::kInvalidArgument;
+  ModelConfig c = SmolLm2();
+  c.architecture = "qwen35";
+  c.n_layers = 8;
+  c.linear_layers = {true, true, true, false, true, true, true, false};
+  c.ssm_conv_width = 4;
+  c.ssm_k_heads = 2;
+  c.ssm_k_dim = 16;
+  c.ssm_v_heads = 4;
+  c.ssm_v_dim = 16;
+  ASSERT_TRUE(c.Validate().ok()) << c.Validate();
+  EXPECT_TRUE(c.LayerIsLinear(0));
+  EXPECT_FALSE(c.LayerIsLinear(3));
+  EXPECT_EQ(c.AttentionLayers(0, 8), 2);
+  EXPECT_EQ(c.AttentionLayers(4, 7), 0);
+  // q and k of 2 x 16, v of 4 x 16: 128 channels; the convolution keeps
+  // 3 inputs of them, and each value head a 16 x 16 state.
+  EXPECT_EQ(c.SsmConvChannels(), 128);
+  EXPECT_EQ(c.SsmStateValues(), 3 * 128 + 4 * 16 * 16);
+  EXPECT_THAT(c.DebugString(),
+              ::testing::HasSubstr("Gated DeltaNet in 6 of 8 layers "
+                                   "(attention in 3, 7)"));
+
+  ModelConfig bad = c;
+  bad.ssm_v_heads = 3;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid,
+                      "ssm_v_heads (3) is not a multiple of ssm_k_heads (2)"));
+  bad = c;
+  bad.linear_layers.pop_back();
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid,
+                      "linear_layers has 7 entries for 8 layers"));
+  bad = c;
+  bad.ssm_conv_width = 0;
+  EXPECT_TRUE(IsError(bad.Validate(), kInvalid, "ssm_conv_width = 0"));
+  // A dense model has no linear layers.
+  EXPECT_FALSE(SmolLm2().is_hybrid());
+  EXPECT_EQ(SmolLm2().AttentionLayers(0, 30), 30);
+}
+
 TEST(RopeTableTest, ScalingTypesStretchTheRightFrequencies) {
   constexpr int64_t kDim = 64;
   const RopeTable plain =

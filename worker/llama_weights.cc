@@ -512,6 +512,13 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   w.config = source.config();
   w.spec = s;
   const ModelConfig& c = w.config;
+  if (c.is_hybrid()) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.architecture,
+        ": Gated DeltaNet (linear attention) layers (Qwen3.5, Qwen3-Next) "
+        "are not built yet; `shardlm inspect` reads the model and its "
+        "--plan"));
+  }
   const int64_t d = c.head_dim;
   const int64_t q_dim = c.n_heads * d, kv_dim = c.n_kv_heads * d;
   const Shape embd_shape = {c.vocab_size, c.hidden};
