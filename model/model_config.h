@@ -66,7 +66,8 @@ struct ModelConfig {
   FfnActivation ffn_activation = FfnActivation::kSilu;
   // Added to every RMSNorm weight at load: 1 for Gemma's Hugging Face
   // checkpoints, whose norms multiply by (1 + w); llama.cpp's converter
-  // stores 1 + w in GGUF (0 there).
+  // stores 1 + w in GGUF (0 there); Qwen3.5's too, but for its Gated
+  // DeltaNet layers' gated norm (ssm_norm), stored as w in both formats.
   float norm_weight_offset = 0.0f;
   // Mixture of experts (Qwen3-MoE, Mixtral): 0 for dense models. Every
   // layer's FFN is n_experts SwiGLU experts of expert_ffn_hidden columns;

@@ -649,6 +649,77 @@ absl::Status ReadDeepseek(const Json& j, const ConfigReader& r,
   return absl::OkStatus();
 }
 
+// Qwen3.5 (transformers' Qwen3_5TextConfig, its defaults): Gated
+// DeltaNet layers as layer_types says (or all but every
+// full_attention_interval-th), their value heads in Hugging Face's grouped
+// order; gated attention with QK norms; RoPE (rope_parameters' theta)
+// over partial_rotary_factor of each head, NeoX style (interleaved M-RoPE
+// gives text one RoPE); norms that multiply by 1 + w, but the gated one.
+absl::Status ReadQwen35(const Json& j, const ConfigReader& r, ModelConfig& c) {
+  if (c.n_layers < 1 || c.n_layers > 1024) return absl::OkStatus();
+  double theta = c.rope_theta, partial = 0.25;
+  if (r.Has("rope_parameters")) {
+    const Json& rp = j.at("rope_parameters");
+    if (!rp.is_object()) return r.Error("rope_parameters", "is not an object");
+    const ConfigReader p(rp, absl::StrCat(r.path(), " rope_parameters"));
+    ASSIGN_OR_RETURN(theta, p.Float("rope_theta", 1e7));
+    ASSIGN_OR_RETURN(partial, p.Float("partial_rotary_factor", 0.25));
+    ASSIGN_OR_RETURN(const std::string type, p.String("rope_type", "default"));
+    if (type != "default") {
+      return r.Error("rope_parameters",
+                     absl::StrCat("rope_type '", type,
+                                  "' is not supported for qwen3_5 (default "
+                                  "is)"));
+    }
+  }
+  ASSIGN_OR_RETURN(partial, r.Float("partial_rotary_factor", partial));
+  if (!(partial > 0 && partial <= 1) || !(theta > 0) || theta > 1e12) {
+    return r.Error(
+        "rope_parameters",
+        absl::StrCat("partial_rotary_factor ", partial, " and rope_theta ",
+                     theta, " must be in (0, 1] and (0, 1e12]"));
+  }
+  c.rope_theta = static_cast<float>(theta);
+  c.rope_dims = static_cast<int64_t>(c.head_dim * partial);
+  c.linear_layers.assign(c.n_layers, false);
+  if (r.Has("layer_types")) {
+    const Json& types = j.at("layer_types");
+    if (!types.is_array() || static_cast<int64_t>(types.size()) != c.n_layers) {
+      return r.Error("layer_types", absl::StrCat("must be an array of ",
+                                                 c.n_layers, " layer types"));
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      const Json& t = types[l];
+      if (t != "linear_attention" && t != "full_attention") {
+        return r.Error("layer_types",
+                       absl::StrCat("[", l,
+                                    "] is not 'linear_attention' or "
+                                    "'full_attention'"));
+      }
+      c.linear_layers[l] = t == "linear_attention";
+    }
+  } else {
+    ASSIGN_OR_RETURN(const int64_t interval,
+                     r.Int("full_attention_interval", 4));
+    if (interval < 1) {
+      return r.Error("full_attention_interval", "must be at least 1");
+    }
+    for (int64_t l = 0; l < c.n_layers; ++l) {
+      c.linear_layers[l] = (l + 1) % interval != 0;
+    }
+  }
+  ASSIGN_OR_RETURN(c.ssm_conv_width, r.Int("linear_conv_kernel_dim", 4));
+  ASSIGN_OR_RETURN(c.ssm_k_heads, r.Int("linear_num_key_heads", 16));
+  ASSIGN_OR_RETURN(c.ssm_v_heads, r.Int("linear_num_value_heads", 32));
+  ASSIGN_OR_RETURN(c.ssm_k_dim, r.Int("linear_key_head_dim", 128));
+  ASSIGN_OR_RETURN(c.ssm_v_dim, r.Int("linear_value_head_dim", 128));
+  c.ssm_v_tiled = false;
+  c.attention_gate = true;
+  c.qk_norm = true;
+  c.norm_weight_offset = 1.0f;
+  return absl::OkStatus();
+}
+
 absl::Status ReadQwen2Window(const Json& j, const ConfigReader& r,
                              ModelConfig& c) {
   // An absurd layer count is Validate's to report.
@@ -697,12 +768,27 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   const auto bytes = file->bytes();
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()),
                               bytes.size());
-  ASSIGN_OR_RETURN(const Json j, ParseJson(text, path, nullptr));
-  if (!j.is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path, " is a JSON ", JsonTypeName(j), ", not an object"));
+  ASSIGN_OR_RETURN(const Json top, ParseJson(text, path, nullptr));
+  if (!top.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path, " is a JSON ", JsonTypeName(top), ", not an object"));
   }
-  const ConfigReader r(j, path);
+  // Qwen3.5 ships as Qwen3_5ForConditionalGeneration (text and vision):
+  // the language model's config is its text_config (the vision tower is
+  // not read).
+  const Json* text_config = &top;
+  if (const auto it = top.find("model_type");
+      it != top.end() && *it == "qwen3_5") {
+    const auto tc = top.find("text_config");
+    if (tc == top.end() || !tc->is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": model_type 'qwen3_5' without a text_config object"));
+    }
+    text_config = &*tc;
+  }
+  const Json& j = *text_config;
+  const ConfigReader r(
+      j, text_config == &top ? path : absl::StrCat(path, " text_config"));
 
   ModelConfig c;
   // The architecture comes from model_type; architectures[] only when that
@@ -724,6 +810,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Gemma2ForCausalLM") model_type = "gemma2";
       if (arch == "Gemma3ForCausalLM") model_type = "gemma3_text";
       if (arch == "GptOssForCausalLM") model_type = "gpt_oss";
+      if (arch == "Qwen3_5ForCausalLM") model_type = "qwen3_5_text";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -853,6 +940,8 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   } else if (c.architecture == "deepseek_v3" ||
              c.architecture == "deepseek_v2") {
     RETURN_IF_ERROR(ReadDeepseek(j, r, c));
+  } else if (c.architecture == "qwen3_5_text") {
+    RETURN_IF_ERROR(ReadQwen35(j, r, c));
   }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
   // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.

@@ -643,6 +643,78 @@ TEST(SafetensorsLoaderTest, ReadsGptOss) {
   ExpectSafetensorsError(dir, {"quant_method", "mxfp4"});
 }
 
+// Qwen3.5 as it ships (Qwen3_5ForConditionalGeneration): the language
+// model's config is text_config; layer 0 a Gated DeltaNet layer, layer 1
+// gated attention.
+TEST(SafetensorsLoaderTest, ReadsQwen35) {
+  const std::string dir = TestDir();
+  const auto write = [&](const std::map<std::string, std::string>& changes,
+                         bool nested = true) {
+    auto text = TinyConfig();
+    text.erase("architectures");
+    text.erase("rope_theta");
+    text["model_type"] = R"("qwen3_5_text")";
+    text["head_dim"] = absl::StrCat(kHeadDim);
+    text["layer_types"] = R"(["linear_attention", "full_attention"])";
+    text["linear_conv_kernel_dim"] = "4";
+    text["linear_num_key_heads"] = "2";
+    text["linear_num_value_heads"] = "4";
+    text["linear_key_head_dim"] = "8";
+    text["linear_value_head_dim"] = "8";
+    text["rope_parameters"] =
+        R"({"rope_type": "default", "rope_theta": 10000000.0,)"
+        R"( "partial_rotary_factor": 0.25, "mrope_section": [1, 0, 0],)"
+        R"( "mrope_interleaved": true})";
+    for (const auto& [k, v] : changes) {
+      if (v.empty()) {
+        text.erase(k);
+      } else {
+        text[k] = v;
+      }
+    }
+    WriteFile(dir + "/config.json",
+              nested ? ConfigJson({{"architectures",
+                                    R"(["Qwen3_5ForConditionalGeneration"])"},
+                                   {"model_type", R"("qwen3_5")"},
+                                   {"text_config", ConfigJson(text)}})
+                     : ConfigJson(text));
+    WriteFile(dir + "/model.safetensors",
+              SafetensorsBytes(
+                  {{"model.language_model.norm.weight", "F32", {kHidden}}}));
+  };
+  write({});
+  auto w = OpenSafetensorsWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  const ModelConfig& c = (*w)->config();
+  EXPECT_EQ(c.architecture, "qwen3_5_text");
+  EXPECT_EQ(c.linear_layers, (std::vector<bool>{true, false}));
+  EXPECT_EQ(c.ssm_k_heads, 2);
+  EXPECT_EQ(c.ssm_v_heads, 4);
+  EXPECT_FALSE(c.ssm_v_tiled);  // Hugging Face's grouped order.
+  EXPECT_TRUE(c.attention_gate && c.qk_norm);
+  EXPECT_EQ(c.rope_dims, 2);  // A quarter of head_dim 8.
+  EXPECT_FLOAT_EQ(c.rope_theta, 1e7f);
+  EXPECT_EQ(c.norm_weight_offset, 1.0f);
+
+  // Qwen3_5ForCausalLM's flat form reads the same.
+  write({}, /*nested=*/false);
+  w = OpenSafetensorsWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->config().linear_layers, (std::vector<bool>{true, false}));
+
+  write({{"layer_types", ""}});  // Every 4th attends: layers 0 and 1 don't.
+  w = OpenSafetensorsWeights(dir);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ((*w)->config().linear_layers, (std::vector<bool>{true, true}));
+
+  write({{"layer_types", R"(["linear_attention", "mamba"])"}});
+  ExpectSafetensorsError(dir, {"text_config", "layer_types", "[1]"});
+  write({{"linear_num_value_heads", "3"}});
+  ExpectSafetensorsError(dir, {"ssm_v_heads (3)", "ssm_k_heads (2)"});
+  WriteFile(dir + "/config.json", ConfigJson({{"model_type", R"("qwen3_5")"}}));
+  ExpectSafetensorsError(dir, {"qwen3_5", "text_config"});
+}
+
 TEST(SafetensorsLoaderTest, RejectsBadConfig) {
   struct Case {
     std::string key;

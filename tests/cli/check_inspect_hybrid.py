@@ -10,9 +10,13 @@
   PP stages, halved per TP rank at --tp 2, and the recurrent state a sequence holds whatever its
   length, 24 x (3 x 8192 + 32 x 128 x 128) f32 values = 50.2 MiB;
 - `generate` on the tiny qwen35 model is refused, naming the Gated DeltaNet
-  layers, until their forward pass is built.
+  layers, until their forward pass is built;
+- inspect reads the tiny model's Hugging Face folder as Qwen3.5 ships it
+  (Qwen3_5ForConditionalGeneration: the config in text_config), its value
+  heads in Hugging Face's grouped order.
 
   check_inspect_hybrid.py --shardlm BIN --gguf-out DIR [--tiny MODEL.gguf]
+      [--tiny-hf MODEL-hf]
 """
 
 from __future__ import annotations
@@ -76,6 +80,8 @@ def main() -> int:
     ap.add_argument("--gguf-out", required=True)
     ap.add_argument("--tiny", help="a tiny qwen35 GGUF (make_family_"
                                    "models.py --family qwen35)")
+    ap.add_argument("--tiny-hf", help="its Hugging Face folder (Qwen3.5's "
+                                      "ConditionalGeneration layout)")
     a = ap.parse_args()
     os.makedirs(a.gguf_out, exist_ok=True)
     path = os.path.join(a.gguf_out, "qwen3.5-9b-metadata.gguf")
@@ -119,6 +125,17 @@ def main() -> int:
         check(r.returncode != 0 and "Gated DeltaNet" in r.stderr,
               f"generate on a qwen35 model is refused, naming the Gated "
               f"DeltaNet layers ({r.returncode}: {r.stderr.strip()[-300:]})")
+    if a.tiny_hf:
+        # The folder's config in text_config, its value heads grouped.
+        r = run([a.shardlm, "inspect", a.tiny_hf])
+        check(r.returncode == 0 and "architecture     qwen3_5_text" in r.stdout
+              and "Gated DeltaNet in 6 of 8 layers (attention in 3, 7, "
+              "gated): 2 q/k heads of 16, 4 value heads of 16 (grouped), "
+              "convolution 4 wide" in r.stdout
+              and "rope_dims        8 of 32 (partial RoPE)" in r.stdout
+              and "qk_norm          per head (q, k)" in r.stdout,
+              f"inspect reads Qwen3.5's folder layout ({r.returncode}: "
+              f"{r.stdout[:900]} {r.stderr.strip()[:300]})")
     return exit_code("inspect reads Qwen3.5's hybrid layers")
 
 

@@ -124,6 +124,14 @@ def load_hf_dir(d: str):
     """Returns (Config, Weights) from a Hugging Face Llama directory."""
     with open(os.path.join(d, "config.json")) as f:
         hc = json.load(f)
+    prefix = "model."
+    if hc.get("model_type") == "qwen3_5":
+        # Qwen3_5ForConditionalGeneration, as Qwen3.5 ships: the language
+        # model's config in text_config, its weights under
+        # model.language_model. (the vision tower's are not read).
+        hc = dict(hc["text_config"], **{
+            k: hc[k] for k in ("tie_word_embeddings",) if k in hc})
+        prefix = "model.language_model."
     n_heads = int(hc["num_attention_heads"])
     dim = int(hc["hidden_size"])
     head_dim = int(hc.get("head_dim") or dim // n_heads)
@@ -208,7 +216,12 @@ def load_hf_dir(d: str):
         _deepseek_hf_config(cfg, hc, d)
     elif model_type == "gpt_oss":
         _gpt_oss_hf_config(cfg, hc)
+    elif model_type == "qwen3_5_text":
+        _qwen35_hf_config(cfg, hc)
     t = _load_hf_tensors(d)
+    if prefix != "model.":
+        t = {("model." + k[len(prefix):] if k.startswith(prefix) else k): v
+             for k, v in t.items()}
     if model_type == "gpt_oss":
         t = _gpt_oss_canonical_experts(t, cfg)
     q = hc.get("quantization_config")
@@ -219,8 +232,11 @@ def load_hf_dir(d: str):
         b0, b1 = q["weight_block_size"]
         assert b0 == b1
         t = dequantize_fp8(t, b0)
-    if gemma:  # GemmaRMSNorm's 1 + w, as llama.cpp's converter stores it.
-        t = {k: v + 1.0 if k.endswith("norm.weight") else v
+    if gemma or model_type == "qwen3_5_text":
+        # GemmaRMSNorm's and Qwen3_5RMSNorm's 1 + w, as llama.cpp's
+        # converter stores it (not Qwen3.5's gated norm, plain w).
+        t = {k: v + 1.0 if k.endswith("norm.weight")
+             and not k.endswith("linear_attn.norm.weight") else v
              for k, v in t.items()}
     moe_block, expert_names = (
         ("block_sparse_moe", ("w1", "w3", "w2")) if model_type == "mixtral"
@@ -235,6 +251,9 @@ def load_hf_dir(d: str):
     layers = []
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
+        if cfg.is_linear(i):
+            layers.append(_qwen35_linear_layer(t, p))
+            continue
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
         a = p + "self_attn."
@@ -296,6 +315,54 @@ def load_hf_dir(d: str):
                 final_norm=t["model.norm.weight"], lm_head=lm_head)
     _check_shapes(cfg, w)
     return cfg, w
+
+
+def _qwen35_hf_config(cfg: Config, hc: dict) -> None:
+    """transformers' Qwen3_5TextConfig (its defaults): Gated DeltaNet layers
+    as layer_types says (or all but every full_attention_interval-th),
+    value heads in Hugging Face's grouped order, gated attention with QK
+    norms, RoPE over partial_rotary_factor of each head (interleaved
+    M-RoPE: one RoPE for text)."""
+    rp = hc.get("rope_parameters") or {}
+    cfg.rope_base = float(rp.get("rope_theta", hc.get("rope_theta", 1e7)))
+    prf = float(rp.get("partial_rotary_factor",
+                       hc.get("partial_rotary_factor", 0.25)))
+    cfg.rope_dim = int(cfg.head_dim * prf)
+    types = hc.get("layer_types") or [
+        "linear_attention" if (i + 1) % hc.get("full_attention_interval", 4)
+        else "full_attention" for i in range(cfg.n_layers)]
+    cfg.linear_layers = [t == "linear_attention" for t in types]
+    cfg.ssm_conv = int(hc.get("linear_conv_kernel_dim", 4))
+    cfg.ssm_k_heads = int(hc.get("linear_num_key_heads", 16))
+    cfg.ssm_v_heads = int(hc.get("linear_num_value_heads", 32))
+    cfg.ssm_k_dim = int(hc.get("linear_key_head_dim", 128))
+    cfg.ssm_v_dim = int(hc.get("linear_value_head_dim", 128))
+    cfg.ssm_v_tiled = False
+    cfg.attn_gate = True
+    cfg.qk_norm = True
+
+
+def _qwen35_linear_layer(t: dict, p: str) -> Layer:
+    """A Gated DeltaNet layer in transformers' names (Qwen3_5GatedDeltaNet),
+    as the GGUF reader's: ssm_a = -exp(A_log), the convolution [C, W]."""
+    la = p + "linear_attn."
+    return Layer(
+        attn_norm=t[p + "input_layernorm.weight"],
+        wq=None, wk=None, wv=None, wo=None,
+        ffn_norm=t[p + "post_attention_layernorm.weight"],
+        w_gate=t[p + "mlp.gate_proj.weight"],
+        w_up=t[p + "mlp.up_proj.weight"],
+        w_down=t[p + "mlp.down_proj.weight"],
+        ssm_qkv=t[la + "in_proj_qkv.weight"],
+        ssm_z=t[la + "in_proj_z.weight"],
+        ssm_beta=t[la + "in_proj_b.weight"],
+        ssm_alpha=t[la + "in_proj_a.weight"],
+        ssm_dt=t[la + "dt_bias"],
+        ssm_a=-np.exp(t[la + "A_log"]),
+        ssm_conv1d=t[la + "conv1d.weight"].reshape(
+            t[la + "conv1d.weight"].shape[0], -1),
+        ssm_norm=t[la + "norm.weight"],
+        ssm_out=t[la + "out_proj.weight"])
 
 
 def _gpt_oss_hf_config(cfg: Config, hc: dict) -> None:

@@ -114,7 +114,8 @@ layers (an uneven PP split) and head_dim 16:
            (mlp.router), sinks (self_attn.sinks); layer_types; YaRN with
            truncate false (factor 32, original context 4096, as gpt-oss;
            its correction range is fractional here, 2.02 to 4.35 of 8).
-  qwen35   Qwen3.5 (llama.cpp's qwen35, GGUF only): 8 layers, Gated
+  qwen35   Qwen3.5 (llama.cpp's qwen35; transformers' Qwen3_5ForCondition-
+           alGeneration's folder, without its vision tower): 8 layers, Gated
            DeltaNet (linear attention) in all but every 4th (3 and 7):
            2 q / k heads serving 4 value heads, all of 16, tiled as the
            converter writes them (value head i reads k head i % 2), a
@@ -122,7 +123,10 @@ layers (an uneven PP split) and head_dim 16:
            so a token; the others gated attention (a sigmoid gate per
            query value, made by attn_q beside the query), QK norms, RoPE
            over 8 of head_dim 32 (interleaved M-RoPE sections, one
-           position for text); an untied LM head.
+           position for text); an untied LM head. The folder holds the
+           value heads grouped (Hugging Face's order), A_log, norms as w
+           for 1 + w (but the gated one), the text config in text_config
+           and the weights under model.language_model.
   kquant   Llama with every matrix row a multiple of 256 (hidden 256,
            FFN 512, 12 query / 6 KV heads of 64), GGUF only, for the
            K-quants: written with --quantize TYPE as OUTDIR/kquant-TYPE.gguf
@@ -267,7 +271,7 @@ FAMILIES = {
     # the converter writes them); gated attention with QK-norm and RoPE
     # over 8 of 32 dims; an untied LM head.
     "qwen35": dict(gguf_arch="qwen35", hf_type="qwen3_5_text", pre="qwen2",
-                   formats=("gguf",), layers=8, head_dim=32, theta=1e7,
+                   layers=8, head_dim=32, theta=1e7,
                    eps=1e-6, qk_norm=True, rotary_factor=0.25,
                    attn_gate=True, full_attention_interval=4, ssm_conv=4,
                    ssm_k_heads=2, ssm_v_heads=4, ssm_head=16),
@@ -617,7 +621,104 @@ GEMMA3_HF_NAMES = dict(
                  "post_ffw_norm.weight": "post_feedforward_layernorm.weight"})
 
 
+def untile_v_heads(a: np.ndarray, f: dict, d: int, axis: int = 0):
+    """The inverse of llama.cpp's converter's _reorder_v_heads along `axis`
+    (value head i of GGUF's tiled order back to Hugging Face's grouped
+    order, heads of d values)."""
+    hk, hv = f["ssm_k_heads"], f["ssm_v_heads"]
+    a = np.moveaxis(a, axis, 0)
+    rest = a.shape[1:]
+    a = a.reshape(hv // hk, hk, d, *rest).swapaxes(0, 1).reshape(hv * d, *rest)
+    return np.ascontiguousarray(np.moveaxis(a, 0, axis))
+
+
+def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
+    """Qwen3.5 as its folders ship it (Qwen3_5ForConditionalGeneration: the
+    text config in text_config, the weights under model.language_model.),
+    without the vision tower: the canonical (GGUF) tensors converted back
+    as check_qwen35_transformers.py does (value heads untiled, A_log =
+    log(-ssm_a), the (1 + w) norms less 1 but the gated one, conv1d [C, 1,
+    W]); that script holds this layout to transformers."""
+    from safetensors.numpy import save_file
+    os.makedirs(d, exist_ok=True)
+    hk, dk = f["ssm_k_heads"], f["ssm_head"]
+    pairs = rotary_dims(f) // 2
+    text = {
+        "model_type": "qwen3_5_text", "vocab_size": VOCAB,
+        "hidden_size": f["hidden"], "intermediate_size": f["ffn"],
+        "num_hidden_layers": f["layers"],
+        "num_attention_heads": f["heads"],
+        "num_key_value_heads": f["kv_heads"], "head_dim": f["head_dim"],
+        "hidden_act": "silu", "max_position_embeddings": f["context"],
+        "rms_norm_eps": f["eps"], "tie_word_embeddings": f["tied"],
+        "attention_bias": False, "attention_dropout": 0.0,
+        "linear_conv_kernel_dim": f["ssm_conv"],
+        "linear_key_head_dim": dk, "linear_value_head_dim": dk,
+        "linear_num_key_heads": hk,
+        "linear_num_value_heads": f["ssm_v_heads"],
+        "layer_types": ["linear_attention" if is_linear(f, i)
+                        else "full_attention" for i in range(f["layers"])],
+        "full_attention_interval": f["full_attention_interval"],
+        "rope_parameters": {
+            "rope_type": "default", "rope_theta": f["theta"],
+            "partial_rotary_factor": f["rotary_factor"],
+            "mrope_section": [pairs - 2 * (pairs // 3), pairs // 3,
+                              pairs // 3],
+            "mrope_interleaved": True},
+        "bos_token_id": 1, "eos_token_id": 2, "dtype": "float32"}
+    config = {"architectures": ["Qwen3_5ForConditionalGeneration"],
+              "model_type": "qwen3_5", "text_config": text,
+              "tie_word_embeddings": f["tied"]}
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=2)
+    lm = "model.language_model."
+    out = {lm + "embed_tokens.weight": t["token_embd.weight"],
+           lm + "norm.weight": t["output_norm.weight"] - 1.0}
+    if "output.weight" in t:
+        out["lm_head.weight"] = t["output.weight"]
+    qk = 2 * hk * dk
+    for i in range(f["layers"]):
+        p, pre = f"blk.{i}.", f"{lm}layers.{i}."
+        out[pre + "input_layernorm.weight"] = t[p + "attn_norm.weight"] - 1.0
+        out[pre + "post_attention_layernorm.weight"] = (
+            t[p + "ffn_norm.weight"] - 1.0)
+        for g, h in (("gate", "gate"), ("up", "up"), ("down", "down")):
+            out[f"{pre}mlp.{h}_proj.weight"] = t[f"{p}ffn_{g}.weight"]
+        if is_linear(f, i):
+            la = pre + "linear_attn."
+            qkv = t[p + "attn_qkv.weight"]
+            out[la + "in_proj_qkv.weight"] = np.concatenate(
+                [qkv[:qk], untile_v_heads(qkv[qk:], f, dk)])
+            out[la + "in_proj_z.weight"] = untile_v_heads(
+                t[p + "attn_gate.weight"], f, dk)
+            out[la + "in_proj_b.weight"] = untile_v_heads(
+                t[p + "ssm_beta.weight"], f, 1)
+            out[la + "in_proj_a.weight"] = untile_v_heads(
+                t[p + "ssm_alpha.weight"], f, 1)
+            out[la + "dt_bias"] = untile_v_heads(t[p + "ssm_dt.bias"], f, 1)
+            out[la + "A_log"] = np.log(
+                -untile_v_heads(t[p + "ssm_a"], f, 1)).astype(np.float32)
+            conv = t[p + "ssm_conv1d.weight"]
+            out[la + "conv1d.weight"] = np.concatenate(
+                [conv[:qk], untile_v_heads(conv[qk:], f, dk)])[:, None, :]
+            out[la + "norm.weight"] = t[p + "ssm_norm.weight"]
+            out[la + "out_proj.weight"] = untile_v_heads(
+                t[p + "ssm_out.weight"], f, dk, axis=1)
+        else:
+            sa = pre + "self_attn."
+            for g, h in (("q", "q"), ("k", "k"), ("v", "v"),
+                         ("output", "o")):
+                out[f"{sa}{h}_proj.weight"] = t[f"{p}attn_{g}.weight"]
+            out[sa + "q_norm.weight"] = t[p + "attn_q_norm.weight"] - 1.0
+            out[sa + "k_norm.weight"] = t[p + "attn_k_norm.weight"] - 1.0
+    save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
+              os.path.join(d, "model.safetensors"))
+
+
 def write_hf(d: str, f: dict, t: dict) -> None:
+    if f["hf_type"] == "qwen3_5_text":
+        write_hf_qwen35(d, f, t)
+        return
     from safetensors.numpy import save_file
     os.makedirs(d, exist_ok=True)
     config = {
