@@ -100,6 +100,15 @@ inline std::pair<int64_t, int64_t> DenseFfnColumns(const ModelConfig& c,
                     : std::pair{spec.ffn_begin, spec.ffn_end};
 }
 
+// The value heads of a Gated DeltaNet layer (ModelConfig::LayerIsLinear)
+// `spec` holds: an even, contiguous split over its TP group, in the
+// file's order (every rank computes every q/k head).
+inline std::pair<int64_t, int64_t> SsmValueHeads(const ModelConfig& c,
+                                                 const ShardSpec& spec) {
+  const int64_t v = c.ssm_v_heads, tp = spec.tp_size, r = spec.tp_rank;
+  return {v * r / tp, v * (r + 1) / tp};
+}
+
 // The index (pp_rank * tp + tp_rank) of the shard that samples in a tp x
 // pp layout: ShardSpec::samples() of the last stage's TP rank 0. With CP
 // ranks (below), that of the last stage's CP rank 0, TP rank 0.

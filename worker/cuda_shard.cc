@@ -38,6 +38,7 @@ absl::StatusOr<std::unique_ptr<CudaShard>> CudaShard::Create(
 
 absl::Status CudaShard::Load(const WeightSource& source) {
   if (loaded_) return absl::FailedPreconditionError("the shard is loaded");
+  RETURN_IF_ERROR(RefuseUnbuiltLayers(source.config()));
   ASSIGN_OR_RETURN(
       LlamaWeights host,
       LoadLlamaWeights(source, spec(), LogLoadProgress(request_.name)));

@@ -185,7 +185,61 @@ std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
           &l.router_logit_bias,
           &l.exp_gate_b,
           &l.exp_up_b,
-          &l.exp_down_b};
+          &l.exp_down_b,
+          &l.ssm_qk,
+          &l.ssm_v,
+          &l.ssm_z,
+          &l.ssm_beta,
+          &l.ssm_alpha,
+          &l.ssm_dt,
+          &l.ssm_a,
+          &l.ssm_conv,
+          &l.ssm_norm,
+          &l.ssm_out};
+}
+
+// A Gated DeltaNet layer's tensors (llama.cpp's qwen35 names; see
+// LlamaLayerWeights): every q/k head's, and the value heads this rank holds
+// (SsmValueHeads).
+absl::Status LoadGatedDeltaNet(const WeightSource& source, int64_t layer,
+                               const ShardSpec& s, LlamaLayerWeights& l) {
+  const ModelConfig& c = source.config();
+  const std::string p = absl::StrCat("blk.", layer, ".");
+  const auto [v0, v1] = SsmValueHeads(c, s);
+  const int64_t h = c.hidden, dv = c.ssm_v_dim, nv = c.ssm_v_heads;
+  const int64_t qk = 2 * c.ssm_k_heads * c.ssm_k_dim, values = nv * dv;
+  const int64_t channels = qk + values, w = c.ssm_conv_width;
+  const Shape qkv_shape = {channels, h};
+  ASSIGN_OR_RETURN(l.ssm_qk,
+                   Load(source, p + "attn_qkv.weight", qkv_shape, 0, qk));
+  ASSIGN_OR_RETURN(l.ssm_v, Load(source, p + "attn_qkv.weight", qkv_shape,
+                                 qk + v0 * dv, qk + v1 * dv));
+  ASSIGN_OR_RETURN(l.ssm_z, Load(source, p + "attn_gate.weight", {values, h},
+                                 v0 * dv, v1 * dv));
+  ASSIGN_OR_RETURN(l.ssm_beta,
+                   Load(source, p + "ssm_beta.weight", {nv, h}, v0, v1));
+  ASSIGN_OR_RETURN(l.ssm_alpha,
+                   Load(source, p + "ssm_alpha.weight", {nv, h}, v0, v1));
+  ASSIGN_OR_RETURN(l.ssm_dt,
+                   LoadVectorSlice(source, p + "ssm_dt.bias", nv, v0, v1));
+  ASSIGN_OR_RETURN(l.ssm_a, LoadVectorSlice(source, p + "ssm_a", nv, v0, v1));
+  // The convolution's weights are few: f32 whatever the file stores.
+  ASSIGN_OR_RETURN(const TensorInfo* conv_info,
+                   source.Require(p + "ssm_conv1d.weight", {channels, w}));
+  ASSIGN_OR_RETURN(const Tensor conv, DequantizeTensor(source, *conv_info));
+  ASSIGN_OR_RETURN(l.ssm_conv,
+                   Tensor::Host(DType::kF32, {qk + (v1 - v0) * dv, w}));
+  const float* from = conv.f32().data();
+  float* to = l.ssm_conv.f32().data();
+  std::copy_n(from, qk * w, to);
+  std::copy_n(from + (qk + v0 * dv) * w, (v1 - v0) * dv * w, to + qk * w);
+  // The gated norm is stored as its weight in both formats (no offset).
+  ASSIGN_OR_RETURN(l.ssm_norm, Load(source, p + "ssm_norm.weight", {dv}));
+  ASSIGN_OR_RETURN(Slice out, LoadSlice(source, p + "ssm_out.weight",
+                                        {h, values}, 0, -1, v0 * dv, v1 * dv));
+  l.ssm_out = std::move(out.w);
+  l.ssm_out_offset = out.offset;
+  return absl::OkStatus();
 }
 
 // Expert e's matrix `kind` ("ffn_gate", "ffn_up": [F, H]; "ffn_down":
@@ -463,6 +517,17 @@ int64_t LlamaWeights::bytes_per_step() const {
   return bytes() - (tied ? 0 : token_embd.bytes());
 }
 
+absl::Status RefuseUnbuiltLayers(const ModelConfig& c) {
+  if (c.is_hybrid()) {
+    return absl::UnimplementedError(absl::StrCat(
+        c.architecture,
+        ": Gated DeltaNet (linear attention) layers (Qwen3.5, Qwen3-Next) "
+        "are not built yet; `shardlm inspect` reads the model and its "
+        "--plan"));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source) {
   return LoadLlamaWeights(source, WholeModelSpec(source.config()));
 }
@@ -512,13 +577,6 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   w.config = source.config();
   w.spec = s;
   const ModelConfig& c = w.config;
-  if (c.is_hybrid()) {
-    return absl::UnimplementedError(absl::StrCat(
-        c.architecture,
-        ": Gated DeltaNet (linear attention) layers (Qwen3.5, Qwen3-Next) "
-        "are not built yet; `shardlm inspect` reads the model and its "
-        "--plan"));
-  }
   const int64_t d = c.head_dim;
   const int64_t q_dim = c.n_heads * d, kv_dim = c.n_kv_heads * d;
   const Shape embd_shape = {c.vocab_size, c.hidden};
@@ -556,16 +614,20 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
   report(0);
   const int64_t q0 = s.head_begin * d, q1 = s.head_end * d;
   const int64_t k0 = s.kv_head_begin * d, k1 = s.kv_head_end * d;
+  // Qwen3.5's gated attention: each head's query rows, then its gate's.
+  const int64_t qg = c.attention_gate ? 2 : 1;
   for (int64_t i = s.layer_begin; i < s.layer_end; ++i) {
     const std::string p = absl::StrCat("blk.", i, ".");
     LlamaLayerWeights l;
     ASSIGN_OR_RETURN(l.attn_norm,
                      LoadNorm(source, p + "attn_norm.weight", c.hidden));
-    if (c.is_mla()) {
+    if (c.LayerIsLinear(i)) {
+      RETURN_IF_ERROR(LoadGatedDeltaNet(source, i, s, l));
+    } else if (c.is_mla()) {
       RETURN_IF_ERROR(LoadLatentAttention(source, i, s, l));
     } else {
-      ASSIGN_OR_RETURN(
-          l.wq, Load(source, p + "attn_q.weight", {q_dim, c.hidden}, q0, q1));
+      ASSIGN_OR_RETURN(l.wq, Load(source, p + "attn_q.weight",
+                                  {qg * q_dim, c.hidden}, qg * q0, qg * q1));
       ASSIGN_OR_RETURN(
           l.wk, Load(source, p + "attn_k.weight", {kv_dim, c.hidden}, k0, k1));
       ASSIGN_OR_RETURN(
@@ -592,7 +654,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                          Load(source, p + "attn_output.bias", {c.hidden}));
       }
     }
-    if (c.qk_norm) {
+    if (c.qk_norm && !c.LayerIsLinear(i)) {
       ASSIGN_OR_RETURN(l.q_norm,
                        LoadNorm(source, p + "attn_q_norm.weight", c.head_dim));
       ASSIGN_OR_RETURN(l.k_norm,
@@ -602,7 +664,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     // post_attention_layernorm) post_attention_norm.
     const std::string ffn_norm =
         (c.architecture == "glm4moe" || c.architecture == "gpt-oss" ||
-         c.architecture == "gpt_oss") &&
+         c.architecture == "gpt_oss" || c.architecture == "qwen35") &&
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";

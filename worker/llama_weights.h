@@ -84,6 +84,20 @@ struct LlamaLayerWeights {
   Tensor wk_b;       // [h * R, d - r] f32: head i's rows [i R, (i + 1) R)
                      // take its q_nope into the latent (absorbed)
   Tensor wv_b;       // [h * vd, R] f32: head i's values from the latent
+  // A Gated DeltaNet layer (ModelConfig::LayerIsLinear; the attention's
+  // tensors empty), nv = the value heads held (SsmValueHeads), k = every
+  // q/k head's values (2 ssm_k_heads ssm_k_dim, replicated: the value
+  // heads of one key head are not contiguous in llama.cpp's tiled order),
+  // dv = ssm_v_dim, W = ssm_conv_width:
+  Tensor ssm_qk;               // [k, hidden] replicated
+  Tensor ssm_v;                // [nv dv, hidden]        column-parallel
+  Tensor ssm_z;                // [nv dv, hidden]        column-parallel
+  Tensor ssm_beta, ssm_alpha;  // [nv, hidden]           column-parallel
+  Tensor ssm_dt, ssm_a;        // [nv] f32 (ssm_a = -exp(A_log))
+  Tensor ssm_conv;             // [k + nv dv, W] f32: q/k channels, then v
+  Tensor ssm_norm;             // [dv] f32 (the gated norm, no offset)
+  Tensor ssm_out;  // [hidden, nv dv (+ padding: ssm_out_offset)] row-parallel
+  int64_t ssm_out_offset = 0;
   // Fused on GPUs (UploadLlamaWeights), one GEMM each instead of three and
   // two; wq, wk, wv (bq, bk, bv) and w_gate, w_up are empty then.
   Tensor wqkv;       // [(h + 2 kv) * d, hidden]: wq's rows, wk's, wv's.
@@ -130,6 +144,11 @@ using LoadProgress =
 absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                               const ShardSpec& spec,
                                               const LoadProgress& progress);
+
+// Unimplemented, naming them, for a model whose layers no runner runs yet
+// (Gated DeltaNet: ModelConfig::is_hybrid), before its weights are read;
+// LoadLlamaWeights itself loads them.
+absl::Status RefuseUnbuiltLayers(const ModelConfig& config);
 
 // A LoadProgress that says on stderr how far `who` ("worker rank 3") has
 // got, every `every` once the load has taken that long, and when it is

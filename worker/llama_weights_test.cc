@@ -1,6 +1,7 @@
 #include "worker/llama_weights.h"
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -210,6 +211,139 @@ TEST(LoadProgressTest, LogSaysNothingForAQuickLoadAndProgressForASlowOne) {
   EXPECT_NE(said.find("worker rank 2: loaded 40 MiB of weights (4 layers)"),
             std::string::npos)
       << said;
+}
+
+// A two-layer Qwen3.5 (layer 0 Gated DeltaNet, layer 1 gated attention)
+// whose every value is distinct: tensor t's value i is t * 10000 + i, so a
+// loaded slice names the file rows and columns it came from.
+struct Qwen35Source {
+  ModelConfig config;
+  std::unique_ptr<InMemoryWeights> source;
+  std::map<std::string, std::vector<float>> values;
+};
+
+Qwen35Source TinyQwen35() {
+  ModelConfig c = SmallTestConfig();
+  c.architecture = "qwen35";
+  c.n_layers = 2;
+  c.linear_layers = {true, false};
+  c.ssm_conv_width = 4;
+  c.ssm_k_heads = 2;
+  c.ssm_k_dim = 4;
+  c.ssm_v_heads = 4;
+  c.ssm_v_dim = 4;
+  c.ssm_v_tiled = true;
+  c.attention_gate = true;
+  c.qk_norm = true;
+  c.rope_dims = 4;
+  c.norm_weight_offset = 1.0f;  // As a folder's: not for the gated norm.
+  Qwen35Source q{c, std::make_unique<InMemoryWeights>(c), {}};
+  const int64_t h = c.hidden, f = c.ffn_hidden, d = c.head_dim;
+  const int64_t ch = c.SsmConvChannels(), vd = c.ssm_v_heads * c.ssm_v_dim;
+  const std::vector<std::pair<std::string, Shape>> tensors = {
+      {"token_embd.weight", {c.vocab_size, h}},
+      {"output_norm.weight", {h}},
+      {"output.weight", {c.vocab_size, h}},
+      {"blk.0.attn_norm.weight", {h}},
+      {"blk.0.attn_qkv.weight", {ch, h}},
+      {"blk.0.attn_gate.weight", {vd, h}},
+      {"blk.0.ssm_beta.weight", {c.ssm_v_heads, h}},
+      {"blk.0.ssm_alpha.weight", {c.ssm_v_heads, h}},
+      {"blk.0.ssm_dt.bias", {c.ssm_v_heads}},
+      {"blk.0.ssm_a", {c.ssm_v_heads}},
+      {"blk.0.ssm_conv1d.weight", {ch, c.ssm_conv_width}},
+      {"blk.0.ssm_norm.weight", {c.ssm_v_dim}},
+      {"blk.0.ssm_out.weight", {h, vd}},
+      {"blk.1.attn_norm.weight", {h}},
+      {"blk.1.attn_q.weight", {2 * c.n_heads * d, h}},
+      {"blk.1.attn_k.weight", {c.n_kv_heads * d, h}},
+      {"blk.1.attn_v.weight", {c.n_kv_heads * d, h}},
+      {"blk.1.attn_output.weight", {h, c.n_heads * d}},
+      {"blk.1.attn_q_norm.weight", {d}},
+      {"blk.1.attn_k_norm.weight", {d}},
+  };
+  std::vector<std::pair<std::string, Shape>> all = tensors;
+  for (int l = 0; l < 2; ++l) {
+    const std::string p = absl::StrCat("blk.", l, ".");
+    all.push_back({p + "post_attention_norm.weight", {h}});
+    all.push_back({p + "ffn_gate.weight", {f, h}});
+    all.push_back({p + "ffn_up.weight", {f, h}});
+    all.push_back({p + "ffn_down.weight", {h, f}});
+  }
+  for (size_t t = 0; t < all.size(); ++t) {
+    int64_t n = 1;
+    for (int64_t e : all[t].second) n *= e;
+    std::vector<float> v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      v[i] = static_cast<float>(t * 10000 + i % 10000);
+    }
+    q.values[all[t].first] = v;
+    q.source->AddF32(all[t].first, all[t].second, std::move(v));
+  }
+  return q;
+}
+
+// Each TP rank holds its value heads (a contiguous range of the file's)
+// and every q/k head; the attention's query rows come with their gates.
+TEST(LlamaWeightsTest, GatedDeltaNetSlicesByValueHeads) {
+  Qwen35Source q = TinyQwen35();
+  const ModelConfig& c = q.config;
+  EXPECT_TRUE(testing_util::IsError(RefuseUnbuiltLayers(c),
+                                    absl::StatusCode::kUnimplemented,
+                                    "Gated DeltaNet"));
+  auto plan = PlanShards(*q.source, 2, 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t h = c.hidden, dv = c.ssm_v_dim, w = c.ssm_conv_width;
+  const int64_t qk = 2 * c.ssm_k_heads * c.ssm_k_dim;
+  for (int t = 0; t < 2; ++t) {
+    SCOPED_TRACE(t);
+    const ShardSpec& spec = plan->at(0, t);
+    const auto [v0, v1] = SsmValueHeads(c, spec);
+    EXPECT_EQ(v0, 2 * t);
+    EXPECT_EQ(v1, 2 * t + 2);
+    auto loaded = LoadLlamaWeights(*q.source, spec);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    const LlamaLayerWeights& l = loaded->layers[0];
+    EXPECT_TRUE(l.wq.empty() && l.wo.empty() && l.q_norm.empty());
+    // A row r of a loaded matrix must be row `from` of the file's.
+    const auto rows_are = [&](const Tensor& m, const std::string& name,
+                              int64_t from, int64_t n, int64_t cols) {
+      ASSERT_EQ(m.shape(), (Shape{n, cols})) << name;
+      const std::vector<float>& file = q.values.at(name);
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t j = 0; j < cols; ++j) {
+          ASSERT_EQ(m.f32()[r * cols + j], file[(from + r) * cols + j])
+              << name << " [" << r << ", " << j << "]";
+        }
+      }
+    };
+    rows_are(l.ssm_qk, "blk.0.attn_qkv.weight", 0, qk, h);
+    rows_are(l.ssm_v, "blk.0.attn_qkv.weight", qk + v0 * dv, 2 * dv, h);
+    rows_are(l.ssm_z, "blk.0.attn_gate.weight", v0 * dv, 2 * dv, h);
+    rows_are(l.ssm_beta, "blk.0.ssm_beta.weight", v0, 2, h);
+    rows_are(l.ssm_alpha, "blk.0.ssm_alpha.weight", v0, 2, h);
+    EXPECT_EQ(l.ssm_dt.f32()[0], q.values.at("blk.0.ssm_dt.bias")[v0]);
+    EXPECT_EQ(l.ssm_a.f32()[1], q.values.at("blk.0.ssm_a")[v0 + 1]);
+    // The convolution: every q/k channel, then this rank's v channels.
+    ASSERT_EQ(l.ssm_conv.shape(), (Shape{qk + 2 * dv, w}));
+    const std::vector<float>& conv = q.values.at("blk.0.ssm_conv1d.weight");
+    EXPECT_EQ(l.ssm_conv.f32()[(qk - 1) * w], conv[(qk - 1) * w]);
+    EXPECT_EQ(l.ssm_conv.f32()[qk * w + 1], conv[(qk + v0 * dv) * w + 1]);
+    // The gated norm as stored; the others plus the config's offset.
+    EXPECT_EQ(l.ssm_norm.f32()[2], q.values.at("blk.0.ssm_norm.weight")[2]);
+    EXPECT_EQ(l.attn_norm.f32()[2],
+              q.values.at("blk.0.attn_norm.weight")[2] + 1.0f);
+    // ssm_out: this rank's value columns.
+    ASSERT_EQ(l.ssm_out.shape(), (Shape{h, 2 * dv}));
+    EXPECT_EQ(l.ssm_out_offset, 0);
+    EXPECT_EQ(l.ssm_out.f32()[3 * 2 * dv + 1],
+              q.values.at("blk.0.ssm_out.weight")[3 * 4 * dv + v0 * dv + 1]);
+    // Layer 1 attends: its query heads' rows with their gates' (2 d each).
+    const LlamaLayerWeights& a = loaded->layers[1];
+    EXPECT_TRUE(a.ssm_qk.empty());
+    rows_are(a.wq, "blk.1.attn_q.weight", 2 * spec.head_begin * c.head_dim,
+             2 * spec.n_heads() * c.head_dim, h);
+  }
 }
 
 }  // namespace

@@ -81,6 +81,7 @@ class CpuShard : public Shard {
 absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
                                                     const ShardRequest& r) {
   RETURN_IF_ERROR(r.kv.Validate());
+  RETURN_IF_ERROR(RefuseUnbuiltLayers(source.config()));
   ASSIGN_OR_RETURN(LlamaWeights weights,
                    LoadLlamaWeights(source, r.spec, LogLoadProgress(r.name)));
   ASSIGN_OR_RETURN(KvPoolConfig kv,
