@@ -12,7 +12,7 @@ import struct
 import numpy as np
 
 from llama_ref import (Config, Layer, Weights, _check_shapes, _f64,
-                       yarn_get_mscale)
+                       _gated_delta_net_layer, yarn_get_mscale)
 
 # ----------------------------------------------------------------------------
 # safetensors (hand-written parser so BF16 works without torch)
@@ -342,27 +342,32 @@ def _qwen35_hf_config(cfg: Config, hc: dict) -> None:
     cfg.qk_norm = True
 
 
+# transformers' names of a Gated DeltaNet layer's tensors (Qwen3_5Gated-
+# DeltaNet and its decoder layer), by llama.cpp's.
+QWEN35_LINEAR_NAMES = {
+    "attn_norm.weight": "input_layernorm.weight",
+    "post_attention_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+    "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
+    "attn_gate.weight": "linear_attn.in_proj_z.weight",
+    "ssm_beta.weight": "linear_attn.in_proj_b.weight",
+    "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ssm_norm.weight": "linear_attn.norm.weight",
+    "ssm_out.weight": "linear_attn.out_proj.weight",
+}
+
+
 def _qwen35_linear_layer(t: dict, p: str) -> Layer:
-    """A Gated DeltaNet layer in transformers' names (Qwen3_5GatedDeltaNet),
-    as the GGUF reader's: ssm_a = -exp(A_log), the convolution [C, W]."""
-    la = p + "linear_attn."
-    return Layer(
-        attn_norm=t[p + "input_layernorm.weight"],
-        wq=None, wk=None, wv=None, wo=None,
-        ffn_norm=t[p + "post_attention_layernorm.weight"],
-        w_gate=t[p + "mlp.gate_proj.weight"],
-        w_up=t[p + "mlp.up_proj.weight"],
-        w_down=t[p + "mlp.down_proj.weight"],
-        ssm_qkv=t[la + "in_proj_qkv.weight"],
-        ssm_z=t[la + "in_proj_z.weight"],
-        ssm_beta=t[la + "in_proj_b.weight"],
-        ssm_alpha=t[la + "in_proj_a.weight"],
-        ssm_dt=t[la + "dt_bias"],
-        ssm_a=-np.exp(t[la + "A_log"]),
-        ssm_conv1d=t[la + "conv1d.weight"].reshape(
-            t[la + "conv1d.weight"].shape[0], -1),
-        ssm_norm=t[la + "norm.weight"],
-        ssm_out=t[la + "out_proj.weight"])
+    """A Gated DeltaNet layer in transformers' names, read as the GGUF
+    reader reads llama.cpp's: ssm_a = -exp(A_log), the convolution [C, W]."""
+    g = {k: t[p + hf] for k, hf in QWEN35_LINEAR_NAMES.items()}
+    g["ssm_a"] = -np.exp(t[p + "linear_attn.A_log"])
+    conv = t[p + "linear_attn.conv1d.weight"]
+    g["ssm_conv1d.weight"] = conv.reshape(conv.shape[0], -1)
+    return _gated_delta_net_layer(g, "", "post_attention_norm")
 
 
 def _gpt_oss_hf_config(cfg: Config, hc: dict) -> None:
