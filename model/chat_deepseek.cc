@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "model/chat_template.h"
+#include "model/template_source.h"
 
 namespace shardlm {
 namespace {
@@ -37,17 +38,8 @@ std::optional<std::string> SystemJoin(std::string_view source) {
         (source[i] != '\'' && source[i] != '"')) {
       continue;
     }
-    const char quote = source[i++];
-    std::string sep;
-    while (i < source.size() && source[i] != quote) {
-      char c = source[i++];
-      if (c == '\\' && i < source.size()) {
-        const char e = source[i++];
-        c = e == 'n' ? '\n' : e == 't' ? '\t' : e;
-      }
-      sep.push_back(c);
-    }
-    i = source.find_first_not_of(' ', i + 1);
+    std::string sep = ReadTemplateLiteral(source, &i);
+    i = source.find_first_not_of(' ', i);
     if (i != std::string_view::npos &&
         source.substr(i).starts_with("+ message['content']")) {
       return sep;
@@ -62,16 +54,10 @@ std::optional<absl::StatusOr<ChatTemplate>> ChatTemplate::DeepSeekFromSource(
     std::string_view source, const std::vector<std::string>& literals,
     const std::string& bos) {
   const auto literal = [&](std::string_view what) {
-    for (const std::string& l : literals) {
-      if (l == what) return true;
-    }
-    return false;
+    return HasLiteral(literals, what);
   };
   const auto writes = [&](std::string_view what) {
-    for (const std::string& l : literals) {
-      if (Contains(l, what)) return true;
-    }
-    return false;
+    return LiteralWrites(literals, what);
   };
   if (!writes(kUser) || !writes(kAssistant) || !writes(kEnd)) {
     return std::nullopt;
@@ -97,7 +83,7 @@ std::optional<absl::StatusOr<ChatTemplate>> ChatTemplate::DeepSeekFromSource(
       Contains(source, "message['content'] + '<｜Assistant｜>'")) {
     return refuse("user turns are written another way");
   }
-  if (Contains(source, "is_last_user") && Contains(source, "thinking") &&
+  if (Contains(source, "is_last_user") &&
       Contains(source, "set thinking = enable_thinking") &&
       literal("<think>") && literal("</think>") && literal(kAssistant) &&
       Contains(source, "content.split('</think>', 1)[1]")) {

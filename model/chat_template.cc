@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "model/chat_json.h"
 #include "model/pretokenizer.h"
+#include "model/template_source.h"
 #include "nlohmann/json.hpp"
 
 namespace shardlm {
@@ -62,23 +63,6 @@ constexpr std::string_view kLlamaIpython =
     "<|start_header_id|>ipython<|end_header_id|>\n\n";
 
 using OrderedJson = nlohmann::ordered_json;
-
-// The literal starting at source[*pos] (a quote), decoded; *pos ends past
-// its closing quote (or at the end of an unterminated one).
-std::string ReadLiteral(std::string_view source, size_t* pos) {
-  const char quote = source[(*pos)++];
-  std::string out;
-  while (*pos < source.size() && source[*pos] != quote) {
-    char c = source[(*pos)++];
-    if (c == '\\' && *pos < source.size()) {
-      const char e = source[(*pos)++];
-      c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
-    }
-    out.push_back(c);
-  }
-  if (*pos < source.size()) ++*pos;
-  return out;
-}
 
 // Python's str.isspace, which Jinja's trim (str.strip) uses.
 bool IsPythonSpace(uint32_t c) {
@@ -269,7 +253,7 @@ std::vector<std::string> JinjaStringLiterals(std::string_view source) {
     i += 2;
     while (i < source.size() && source.substr(i, 2) != close) {
       if (source[i] == '\'' || source[i] == '"') {
-        out.push_back(ReadLiteral(source, &i));
+        out.push_back(ReadTemplateLiteral(source, &i));
       } else {
         ++i;
       }
@@ -311,16 +295,13 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
   t.from_template_ = true;
   const std::vector<std::string> literals = JinjaStringLiterals(source);
   const auto writes = [&](std::string_view what) {
-    for (const std::string& l : literals) {
-      if (l.find(what) != std::string::npos) return true;
-    }
-    return false;
+    return LiteralWrites(literals, what);
   };
   const auto has = [&](std::string_view what) {
     return source.find(what) != std::string_view::npos;
   };
   const auto literal = [&](std::string_view what) {
-    return std::find(literals.begin(), literals.end(), what) != literals.end();
+    return HasLiteral(literals, what);
   };
   if (writes("<|start|>system<|message|>") &&
       writes("<|start|>user<|message|>") &&
@@ -350,7 +331,8 @@ absl::StatusOr<ChatTemplate> ChatTemplate::FromSource(std::string_view source,
       } else if (size_t at = source.find("set date_string =");
                  at != std::string_view::npos) {
         at = source.find_first_of("'\"", at);
-        if (at != std::string_view::npos) t.date_ = ReadLiteral(source, &at);
+        if (at != std::string_view::npos)
+          t.date_ = ReadTemplateLiteral(source, &at);
       }
       // The JSON tool branch with its defaults: tools in the first user
       // message (tools_in_user_message = true), no builtin tools.
@@ -945,6 +927,34 @@ std::string ChatTemplate::Describe() const {
              ? "chatml"
              : absl::StrCat("chatml (default system prompt \"", default_system_,
                             "\")");
+}
+
+std::string ReadTemplateLiteral(std::string_view source, size_t* pos) {
+  const char quote = source[(*pos)++];
+  std::string out;
+  while (*pos < source.size() && source[*pos] != quote) {
+    char c = source[(*pos)++];
+    if (c == '\\' && *pos < source.size()) {
+      const char e = source[(*pos)++];
+      c = e == 'n' ? '\n' : e == 't' ? '\t' : e == 'r' ? '\r' : e;
+    }
+    out.push_back(c);
+  }
+  if (*pos < source.size()) ++*pos;
+  return out;
+}
+
+bool HasLiteral(const std::vector<std::string>& literals,
+                std::string_view what) {
+  return std::find(literals.begin(), literals.end(), what) != literals.end();
+}
+
+bool LiteralWrites(const std::vector<std::string>& literals,
+                   std::string_view what) {
+  return std::any_of(literals.begin(), literals.end(),
+                     [what](const std::string& l) {
+                       return l.find(what) != std::string::npos;
+                     });
 }
 
 }  // namespace shardlm
