@@ -11,14 +11,23 @@
 // Send is a rendezvous: it returns when the matching Recv has copied the
 // data (as NCCL behaves), so code that passes on the fake does not depend
 // on MPI's eager buffering of small messages.
+//
+// A waiting rank first polls for a while (Wait: up to kSpin, yielding the
+// core) before it sleeps on the condition variable, when the group has no
+// more ranks than the machine has hardware threads: TP ranks meet every
+// few microseconds in decode, and a sleep and wake-up costs tens of them
+// (collectives_bench on a 2-core VM: a 4 KiB all-reduce from 50.8 to 14.5
+// us; engine_bench TP 2 decode 15% faster).
 #include "collectives/fake_communicator.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -80,7 +89,13 @@ struct GroupState {
   const CommOptions options;
 
   std::mutex mu;
-  std::condition_variable cv;  // Every state change notifies all.
+  std::condition_variable cv;  // Every state change notifies all (Notify).
+  // Counts the state changes, for ranks polling without the lock (Wait).
+  std::atomic<uint64_t> changes{0};
+  // Whether waiting ranks poll first: only when every rank can have a
+  // core (measured: 3 ranks on 2 cores poll for nothing, 6% slower).
+  const bool poll = static_cast<unsigned>(size) <=
+                    std::max(1u, std::thread::hardware_concurrency());
 
   // Collective round `round`; `draining` once all ranks have posted.
   int64_t round = 0;
@@ -164,6 +179,38 @@ void FinishRound(GroupState& g) {
   }
 }
 
+// A state change: wakes the sleeping ranks and the polling ones.
+void Notify(GroupState& g) {
+  g.changes.fetch_add(1, std::memory_order_release);
+  g.cv.notify_all();
+}
+
+// How long a rank polls before it sleeps.
+constexpr auto kSpin = std::chrono::microseconds(50);
+
+// Waits under `lock` until `done()` or `deadline` (false then): polls the
+// group's change count with the lock released for up to kSpin, yielding
+// the core between polls, then sleeps on the condition variable.
+template <typename Done>
+bool Wait(GroupState& g, std::unique_lock<std::mutex>& lock,
+          std::chrono::steady_clock::time_point deadline, Done done) {
+  if (done()) return true;
+  if (!g.poll) return g.cv.wait_until(lock, deadline, done);
+  const auto spin_end =
+      std::min(deadline, std::chrono::steady_clock::now() + kSpin);
+  while (std::chrono::steady_clock::now() < spin_end) {
+    const uint64_t seen = g.changes.load(std::memory_order_acquire);
+    lock.unlock();
+    while (g.changes.load(std::memory_order_acquire) == seen &&
+           std::chrono::steady_clock::now() < spin_end) {
+      std::this_thread::yield();
+    }
+    lock.lock();
+    if (done()) return true;
+  }
+  return g.cv.wait_until(lock, deadline, done);
+}
+
 std::string RankList(const std::vector<int>& ranks) {
   return absl::StrCat(ranks.size() == 1 ? "rank " : "ranks ",
                       absl::StrJoin(ranks, ", "));
@@ -238,8 +285,8 @@ class FakeCommunicator : public Communicator {
     Message m{.data = data.raw(), .bytes = data.bytes()};
     auto& queue = g_->queues[rank_ * size() + peer];
     queue.push_back(&m);
-    g_->cv.notify_all();
-    if (!g_->cv.wait_until(lock, Deadline(), [&] { return m.done; })) {
+    Notify(*g_);
+    if (!Wait(*g_, lock, Deadline(), [&] { return m.done; })) {
       // Not taken, so still queued: withdraw it before `m` goes away.
       queue.erase(std::find(queue.begin(), queue.end(), &m));
       return TimedOut(lock, "Send", {peer});
@@ -255,7 +302,7 @@ class FakeCommunicator : public Communicator {
     std::unique_lock lock(g_->mu);
     RETURN_IF_ERROR(CheckUsable(lock));
     auto& queue = g_->queues[peer * size() + rank_];
-    if (!g_->cv.wait_until(lock, Deadline(), [&] { return !queue.empty(); })) {
+    if (!Wait(*g_, lock, Deadline(), [&] { return !queue.empty(); })) {
       return TimedOut(lock, "Recv", {peer});
     }
     Message* m = queue.front();
@@ -269,7 +316,7 @@ class FakeCommunicator : public Communicator {
       std::memcpy(data.raw(), m->data, m->bytes);
     }
     m->done = true;
-    g_->cv.notify_all();
+    Notify(*g_);
     return m->status;
   }
 
@@ -298,7 +345,7 @@ class FakeCommunicator : public Communicator {
     if (g_->broken.empty()) {
       g_->broken = absl::StrCat(name(), ": group is unusable (", what, ")");
     }
-    g_->cv.notify_all();
+    Notify(*g_);
     return absl::DeadlineExceededError(what);
   }
 
@@ -313,8 +360,8 @@ class FakeCommunicator : public Communicator {
     const int64_t my_round = round_;
 
     // The previous round may still be draining on slower ranks.
-    if (!g.cv.wait_until(lock, deadline,
-                         [&] { return g.round == my_round && !g.draining; })) {
+    if (!Wait(g, lock, deadline,
+              [&] { return g.round == my_round && !g.draining; })) {
       std::vector<int> missing;
       for (int r = 0; r < g.size; ++r) {
         if (!g.departed[r]) missing.push_back(r);
@@ -327,9 +374,9 @@ class FakeCommunicator : public Communicator {
       g.round_status = absl::OkStatus();
       FinishRound(g);
       g.draining = true;
-      g.cv.notify_all();
+      Notify(g);
     }
-    if (!g.cv.wait_until(lock, deadline, [&] { return g.draining; })) {
+    if (!Wait(g, lock, deadline, [&] { return g.draining; })) {
       std::vector<int> missing;
       for (int r = 0; r < g.size; ++r) {
         if (!g.posted[r]) missing.push_back(r);
@@ -349,7 +396,7 @@ class FakeCommunicator : public Communicator {
       g.result.clear();
       g.draining = false;
       ++g.round;
-      g.cv.notify_all();
+      Notify(g);
     }
     ++round_;
     return status;
