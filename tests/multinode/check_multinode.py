@@ -32,7 +32,9 @@ Needs root, `ip` (iproute2), `unshare` and `tc`; elsewhere it exits 77
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,7 +59,7 @@ class Cluster(check_cluster.Cluster):
 
     def __init__(self, h: netns.Hosts, a, hosts: list[int], slots: list[int],
                  tp: int, pp: int, log: str, extra: list[str] | tuple = ()):
-        self.h, self.log_path = h, log
+        self.h, self.hosts, self.log_path = h, hosts, log
         self.log = open(log, "w")
         cmd = h.mpirun(hosts, slots) + [
             a.shardlm, "launch", "--model", a.gguf, "--tp", str(tp),
@@ -73,6 +75,26 @@ class Cluster(check_cluster.Cluster):
     def text(self) -> str:
         with open(self.log_path) as f:
             return f.read()
+
+    def stop(self) -> None:
+        """Stops mpirun, then its ranks: mpirun can return before a rank in
+        another namespace has closed its ports, and the next cluster on
+        these hosts listens on the same ones (a CI run's next coordinator
+        found 0.0.0.0:50051 still in use). Waits up to 20 s for them to
+        exit, then kills what is left."""
+        super().stop()
+        deadline = time.time() + 20
+        while (time.time() < deadline
+               and any(self.shardlm_pids(x) for x in self.hosts)):
+            time.sleep(0.2)
+        left = [p for x in self.hosts for p in self.shardlm_pids(x)]
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.time() + 10
+        while (left and time.time() < deadline
+               and any(self.shardlm_pids(x) for x in self.hosts)):
+            time.sleep(0.2)
 
     def shardlm_pids(self, host: int) -> list[int]:
         pids = []
