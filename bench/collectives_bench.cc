@@ -203,6 +203,25 @@ absl::Status ThreadedRun(
   return absl::OkStatus();
 }
 
+// A group's n members, each made on a thread of its own by `join(rank)`
+// (every member waits for the others while it joins); the first error.
+template <typename Join>
+absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> JoinOnThreads(
+    int n, Join join) {
+  std::vector<decltype(join(0))> made(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) {
+    threads.emplace_back([&, r] { made[r] = join(r); });
+  }
+  for (std::thread& t : threads) t.join();
+  std::vector<std::unique_ptr<Communicator>> out;
+  for (auto& c : made) {
+    RETURN_IF_ERROR(c.status());
+    out.push_back(*std::move(c));
+  }
+  return out;
+}
+
 // A group of `n` communicators of `backend` on threads.
 absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ThreadedGroup(
     const std::string& backend, int n) {
@@ -214,21 +233,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> ThreadedGroup(
   ASSIGN_OR_RETURN(std::shared_ptr<GlooTransport> transport,
                    GlooTransport::Create("127.0.0.1"));
   InMemoryStore store;
-  std::vector<absl::StatusOr<std::unique_ptr<GlooCommunicator>>> made(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      made[r] =
-          GlooCommunicator::Connect(store, "bench/", transport, "bench", r, n);
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  std::vector<std::unique_ptr<Communicator>> out;
-  for (auto& c : made) {
-    RETURN_IF_ERROR(c.status());
-    out.push_back(*std::move(c));
-  }
-  return out;
+  return JoinOnThreads(n, [&](int r) {
+    return GlooCommunicator::Connect(store, "bench/", transport, "bench", r, n);
+  });
 }
 
 #ifdef SHARDLM_BENCH_NCCL
@@ -276,24 +283,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Communicator>>> NcclGroup(int n) {
                      devices, " visible"));
   }
   ASSIGN_OR_RETURN(const std::string id, NewNcclUniqueId());
-  std::vector<absl::StatusOr<std::unique_ptr<NcclCommunicator>>> made(n);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < n; ++r) {
-    threads.emplace_back([&, r] {
-      made[r] = NcclCommunicator::Create({.unique_id = id,
-                                          .rank = r,
-                                          .size = n,
-                                          .device = r,
-                                          .name = "bench"});
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  std::vector<std::unique_ptr<Communicator>> out;
-  for (auto& c : made) {
-    RETURN_IF_ERROR(c.status());
-    out.push_back(*std::move(c));
-  }
-  return out;
+  return JoinOnThreads(n, [&](int r) {
+    return NcclCommunicator::Create(
+        {.unique_id = id, .rank = r, .size = n, .device = r, .name = "bench"});
+  });
 }
 #endif
 
