@@ -31,12 +31,20 @@ absl::Status CausalConv1dSilu(const Tensor& x, const Tensor& weight,
 // The heads of a gated delta rule. Value head i reads key (and query) head
 // i % k_heads when v_tiled (llama.cpp's converter reorders the value heads
 // so), else i / (v_heads / k_heads) (transformers' repeat_interleave).
+// A TP rank holds value heads [v_head_begin, v_head_begin + v_heads) of
+// v_heads_total (0: v_heads, all of them) and every key head; i above is
+// then the global index v_head_begin + h of its head h.
 struct GatedDeltaNetShape {
   int64_t k_heads = 0;
-  int64_t v_heads = 0;  // A multiple of k_heads.
+  int64_t v_heads = 0;
   int64_t k_dim = 0;
   int64_t v_dim = 0;
   bool v_tiled = false;
+  int64_t v_head_begin = 0;
+  int64_t v_heads_total = 0;  // A multiple of k_heads.
+  int64_t total_v_heads() const {
+    return v_heads_total > 0 ? v_heads_total : v_heads;
+  }
 };
 
 // The gated delta rule's recurrence, token by token, for every value head

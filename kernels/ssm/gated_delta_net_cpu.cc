@@ -118,12 +118,13 @@ absl::Status GatedDeltaRule(const Tensor& q, const Tensor& k, const Tensor& v,
   constexpr char kOp[] = "GatedDeltaRule";
   const int64_t kh = shape.k_heads, vh = shape.v_heads, dk = shape.k_dim,
                 dv = shape.v_dim;
-  if (kh < 1 || vh < 1 || dk < 1 || dv < 1 || vh % kh != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(kOp, ": shape has ", kh, " k heads and ", vh,
-                     " v heads of ", dk, " and ", dv,
-                     "; expected positive sizes, v_heads a multiple of "
-                     "k_heads"));
+  const int64_t total = shape.total_v_heads(), v0 = shape.v_head_begin;
+  if (kh < 1 || vh < 1 || dk < 1 || dv < 1 || total % kh != 0 || v0 < 0 ||
+      v0 + vh > total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": shape has ", kh, " k heads and v heads [", v0, ", ", v0 + vh,
+        ") of ", total, ", of ", dk, " and ", dv,
+        "; expected positive sizes, the total a multiple of k_heads"));
   }
   if (q.rank() != 3 || q.dim(0) < 1) {
     return absl::InvalidArgumentError(
@@ -149,7 +150,7 @@ absl::Status GatedDeltaRule(const Tensor& q, const Tensor& k, const Tensor& v,
       kOp, "state", state,
       {{"q", &q}, {"k", &k}, {"v", &v}, {"g", &g}, {"beta", &beta}}));
 
-  const int64_t group = vh / kh;
+  const int64_t group = total / kh;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(dk));
   const float* qd = q.data<float>();
   const float* kd = k.data<float>();
@@ -163,7 +164,7 @@ absl::Status GatedDeltaRule(const Tensor& q, const Tensor& k, const Tensor& v,
     std::vector<float> qn(dk), kn(dk), delta(dv);
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < vh; ++i) {
-      const int64_t j = shape.v_tiled ? i % kh : i / group;
+      const int64_t j = shape.v_tiled ? (v0 + i) % kh : (v0 + i) / group;
       float* s = sd + i * dk * dv;
       for (int64_t t = 0; t < n; ++t) {
         // The key head's normed query and key, again for each value head

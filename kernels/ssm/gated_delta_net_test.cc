@@ -226,6 +226,58 @@ TEST(GatedDeltaNetRuleTest, SplitCallsEqualOneCall) {
   }
 }
 
+// A TP rank's share of the value heads (v_head_begin, v_heads_total)
+// gives those heads of the whole call, for a share that does not start at
+// a multiple of k_heads too.
+TEST(GatedDeltaNetRuleTest, ShareOfValueHeadsEqualsThoseOfTheWhole) {
+  for (bool tiled : {false, true}) {
+    SCOPED_TRACE(::testing::Message() << "v_tiled " << tiled);
+    const int64_t n = 5, kh = 2, vh = 4, dk = 16, dv = 8;
+    const GatedDeltaNetShape whole_shape{.k_heads = kh,
+                                         .v_heads = vh,
+                                         .k_dim = dk,
+                                         .v_dim = dv,
+                                         .v_tiled = tiled};
+    RuleInputs in(whole_shape, n, 40);
+    Tensor whole_state = Copy(in.state);
+    ASSERT_OK_AND_ASSIGN(Tensor whole, Tensor::Host(DType::kF32, {n, vh, dv}));
+    ASSERT_OK(GatedDeltaRule(in.q, in.k, in.v, in.g, in.beta, whole_shape,
+                             whole_state, whole));
+    for (auto [h0, h1] : {std::pair<int64_t, int64_t>{0, 1}, {1, 4}}) {
+      SCOPED_TRACE(::testing::Message() << "heads " << h0 << ".." << h1);
+      const int64_t m = h1 - h0;
+      GatedDeltaNetShape share = whole_shape;
+      share.v_heads = m;
+      share.v_head_begin = h0;
+      share.v_heads_total = vh;
+      // The share's columns of v, g and beta, and its state.
+      ASSERT_OK_AND_ASSIGN(Tensor v, Tensor::Host(DType::kF32, {n, m, dv}));
+      ASSERT_OK_AND_ASSIGN(Tensor g, Tensor::Host(DType::kF32, {n, m}));
+      ASSERT_OK_AND_ASSIGN(Tensor beta, Tensor::Host(DType::kF32, {n, m}));
+      for (int64_t t = 0; t < n; ++t) {
+        std::copy_n(in.v.f32().data() + (t * vh + h0) * dv, m * dv,
+                    v.f32().data() + t * m * dv);
+        std::copy_n(in.g.f32().data() + t * vh + h0, m, g.f32().data() + t * m);
+        std::copy_n(in.beta.f32().data() + t * vh + h0, m,
+                    beta.f32().data() + t * m);
+      }
+      ASSERT_OK_AND_ASSIGN(Tensor state,
+                           Tensor::Host(DType::kF32, {m, dk, dv}));
+      std::copy_n(in.state.f32().data() + h0 * dk * dv, m * dk * dv,
+                  state.f32().data());
+      ASSERT_OK_AND_ASSIGN(Tensor out, Tensor::Host(DType::kF32, {n, m, dv}));
+      ASSERT_OK(GatedDeltaRule(in.q, in.k, v, g, beta, share, state, out));
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t e = 0; e < m * dv; ++e) {
+          ASSERT_EQ(out.f32()[t * m * dv + e],
+                    whole.f32()[(t * vh + h0) * dv + e])
+              << "token " << t << " value " << e;
+        }
+      }
+    }
+  }
+}
+
 // The gated norm in doubles.
 std::vector<double> NormReference(const Tensor& o, const Tensor& z,
                                   const Tensor& weight, double eps) {
