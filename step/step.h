@@ -33,6 +33,11 @@ struct StepInput {
   std::vector<int32_t> token_seq;  // [n] index into block_tables.
   std::vector<std::vector<int32_t>> block_tables;  // Per sequence.
   std::vector<int64_t> seq_ids;  // Per sequence: the engine's sequence id.
+  // Hybrid models (ModelConfig::is_hybrid), else empty: per sequence, its
+  // recurrent-state slot (BlockManager::StateSlot), which every rank's
+  // linear-attention layers read and advance. A sequence whose tokens in
+  // the step start at position 0 starts from a zeroed state.
+  std::vector<int32_t> state_slots;
   // KV block copies (tier swaps, cache spills) run in order before the
   // step's compute, on every rank over its own slice.
   std::vector<BlockCopy> copies;

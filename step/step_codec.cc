@@ -39,12 +39,20 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
         absl::StrCat("step has ", step.seq_ids.size(), " sequence ids for ",
                      step.block_tables.size(), " block tables"));
   }
+  if (!step.state_slots.empty() &&
+      step.state_slots.size() != step.seq_ids.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("step has ", step.state_slots.size(), " state slots for ",
+                     step.seq_ids.size(), " sequences"));
+  }
   plan->Clear();
   plan->set_step_id(step_id);
   plan->mutable_tokens()->Add(step.tokens.begin(), step.tokens.end());
   plan->mutable_positions()->Add(step.positions.begin(), step.positions.end());
   plan->mutable_token_seq()->Add(step.token_seq.begin(), step.token_seq.end());
   plan->mutable_seq_ids()->Add(step.seq_ids.begin(), step.seq_ids.end());
+  plan->mutable_state_slots()->Add(step.state_slots.begin(),
+                                   step.state_slots.end());
   int64_t blocks = 0;
   std::vector<int32_t> delta;
   for (size_t i = 0; i < step.seq_ids.size(); ++i) {
@@ -106,6 +114,7 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
   step.positions.assign(plan.positions().begin(), plan.positions().end());
   step.token_seq.assign(plan.token_seq().begin(), plan.token_seq().end());
   step.seq_ids.assign(plan.seq_ids().begin(), plan.seq_ids().end());
+  step.state_slots.assign(plan.state_slots().begin(), plan.state_slots().end());
   for (int64_t id : plan.seq_ids()) {
     auto it = tables.find(id);
     step.block_tables.push_back(it == tables.end() ? std::vector<int32_t>{}

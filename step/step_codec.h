@@ -44,7 +44,8 @@ class BlockTableDeltas {
 using BlockTableMirror = absl::flat_hash_map<int64_t, std::vector<int32_t>>;
 
 // `step` as plan `step_id`, its block tables as deltas against `sent`
-// (updated). InvalidArgument when sequence ids and tables disagree.
+// (updated). InvalidArgument when sequence ids and tables (or state
+// slots) disagree.
 // `blocks_sent`, when set, gets the number of block ids in the deltas.
 absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
                             BlockTableDeltas& sent, v1::StepPlan* plan,
