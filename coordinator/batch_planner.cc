@@ -197,6 +197,14 @@ bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
       host + grow + promised > blocks_->DeviceAvailable()) {
     return false;
   }
+  // A hybrid model's sequence needs a state slot too, beside those the
+  // running sequences that have not taken theirs yet will take.
+  if (blocks_->state_slots() > 0 && blocks_->StateSlot(s.id) < 0) {
+    const auto waiting_for_slot = std::count_if(
+        running_.begin(), running_.end(),
+        [&](const auto& r) { return blocks_->StateSlot(r->id) < 0; });
+    if (blocks_->FreeStateSlots() <= waiting_for_slot) return false;
+  }
   blocks_->SwapIn(s.id, host);
   promised += grow;
   return true;
@@ -294,8 +302,11 @@ void BatchPlanner::Preempt(Sequence& s) {
   s.preempted = true;
   if (device == 0) return;  // Admitted but not started: nothing to move.
   // All of its device blocks or none (under CP each needs a host block of
-  // its own rank): a preempted sequence holds no device block.
-  if (blocks_->CanSwapOut(s.id)) {
+  // its own rank): a preempted sequence holds no device block. A hybrid
+  // model's is recomputed: its state slot goes back with its blocks, so
+  // that no sequence waits holding one (a slot swapped with its blocks is
+  // not built; docs/design-notes.md, "Hybrid models").
+  if (blocks_->state_slots() == 0 && blocks_->CanSwapOut(s.id)) {
     blocks_->SwapOut(s.id, device);
     ++counters_.preempted_swap;
   } else {
@@ -516,6 +527,9 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   // Tables last: growing one sequence may have swapped out another's.
   for (Sequence* s : f.stepped) {
     step.block_tables.push_back(blocks_->Table(s->id));
+    if (blocks_->state_slots() > 0) {
+      step.state_slots.push_back(blocks_->StateSlot(s->id));
+    }
   }
   step.copies = blocks_->TakeCopies();
   for (auto& s : running_) {

@@ -216,10 +216,36 @@ void BlockManager::Unref(int32_t b) {
   }
 }
 
+void BlockManager::set_state_slots(int32_t slots) {
+  SHARDLM_CHECK(tables_.empty(), "state slots are set before any table");
+  state_slots_ = slots;
+  free_slots_.clear();
+  for (int32_t s = slots; s-- > 0;) free_slots_.push_back(s);
+  if (slots > 0) prefix_caching_ = false;
+}
+
+int32_t BlockManager::StateSlot(int64_t seq) const {
+  auto it = slot_of_.find(seq);
+  return it == slot_of_.end() ? -1 : it->second;
+}
+
 absl::Status BlockManager::Reserve(int64_t seq, int64_t tokens) {
+  const bool needs_slot = state_slots_ > 0 && !slot_of_.contains(seq);
+  if (needs_slot && free_slots_.empty()) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("recurrent state: all ", state_slots_, " slots are held"));
+  }
+  const auto take_slot = [&] {
+    if (!needs_slot) return;
+    slot_of_[seq] = free_slots_.back();
+    free_slots_.pop_back();
+  };
   std::vector<int32_t>& table = tables_[seq];
   const int64_t need = BlocksFor(tokens) - static_cast<int64_t>(table.size());
-  if (need <= 0) return absl::OkStatus();
+  if (need <= 0) {
+    take_slot();
+    return absl::OkStatus();
+  }
   if (need > DeviceAvailable()) {
     if (table.empty()) tables_.erase(seq);
     return absl::ResourceExhaustedError(absl::StrCat(
@@ -234,6 +260,7 @@ absl::Status BlockManager::Reserve(int64_t seq, int64_t tokens) {
     }
     table.push_back(b >= 0 ? b : TakeDevice());
   }
+  take_slot();
   return absl::OkStatus();
 }
 
@@ -264,6 +291,10 @@ void BlockManager::Free(int64_t seq) {
   if (it == tables_.end()) return;
   for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) Unref(*b);
   tables_.erase(it);
+  if (auto slot = slot_of_.find(seq); slot != slot_of_.end()) {
+    free_slots_.push_back(slot->second);
+    slot_of_.erase(slot);
+  }
 }
 
 int32_t BlockManager::SwapOut(int64_t seq, int32_t max_blocks,

@@ -78,6 +78,22 @@ class BlockManager {
   // The CP rank that holds block `b`.
   int RankOf(int32_t b) const { return b % interleave_; }
 
+  // Hybrid models (ModelConfig::is_hybrid): `slots` recurrent-state slots
+  // beside the blocks, one held by every sequence that holds a table
+  // (taken by its first Reserve, returned by Free), so that the workers'
+  // linear-attention layers keep each sequence's state in its own slot
+  // (StepInput::state_slots). The state is not in any block, so prefix
+  // caching is turned off: a cached prefix would skip the tokens that
+  // make it. Call before any Reserve.
+  void set_state_slots(int32_t slots);
+  int32_t state_slots() const { return state_slots_; }
+  // Slots no sequence holds.
+  int32_t FreeStateSlots() const {
+    return static_cast<int32_t>(free_slots_.size());
+  }
+  // The slot of `seq`, or -1 (no table, or no slots).
+  int32_t StateSlot(int64_t seq) const;
+
   int32_t block_size() const { return block_size_; }
   // Device blocks (the pool every step computes in).
   int32_t num_blocks() const { return device_blocks_; }
@@ -105,18 +121,19 @@ class BlockManager {
   // not context parallel).
   bool CanSwapOut(int64_t seq) const;
 
-  // Grows the table of `seq` (created when new) to hold `tokens` tokens
-  // with new device blocks (evicting cached ones, spilling them to the host
-  // where it has room). ResourceExhausted, with nothing changed, when too
-  // few device blocks are available. Tables never shrink while the
+  // Grows the table of `seq` (created when new, with a state slot when
+  // there are slots) to hold `tokens` tokens with new device blocks
+  // (evicting cached ones, spilling them to the host where it has room).
+  // ResourceExhausted, with nothing changed, when too few device blocks
+  // (or no state slot) are available. Tables never shrink while the
   // sequence lives.
   absl::Status Reserve(int64_t seq, int64_t tokens);
   // Empty for an unknown sequence.
   const std::vector<int32_t>& Table(int64_t seq) const;
   int32_t HostBlocksOf(int64_t seq) const;
   int32_t DeviceBlocksOf(int64_t seq) const;
-  // Returns all blocks of `seq` (cached ones stay cached); unknown
-  // sequences are ignored.
+  // Returns all blocks of `seq` (cached ones stay cached) and its state
+  // slot; unknown sequences are ignored.
   void Free(int64_t seq);
 
   // Moves up to `max_blocks` of the device blocks of `seq`, oldest first
@@ -207,6 +224,9 @@ class BlockManager {
   Lru device_lru_, host_lru_;
   absl::flat_hash_map<uint64_t, int32_t> by_key_;
   absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
+  int32_t state_slots_ = 0;
+  std::vector<int32_t> free_slots_;  // LIFO, like device_free_.
+  absl::flat_hash_map<int64_t, int32_t> slot_of_;
   std::vector<BlockCopy> copies_;
   BlockCounters counters_;
   PrefixEventLog* events_ = nullptr;

@@ -33,6 +33,35 @@ TEST(BlockManagerTest, GrowsTablesAndReturnsEveryBlock) {
 // Context parallel over 2 ranks: entry j of a table takes an id of rank j
 // % 2 whenever one is free, after frees in any order; when that rank's ids
 // run out, any free one (still correct: ownership follows the id).
+// Hybrid models: a sequence takes a state slot with its table and gives it
+// back with its blocks; with every slot held a new sequence is refused,
+// with nothing taken, however many blocks are free; prefix caching is off.
+TEST(BlockManagerTest, StateSlotsFollowTables) {
+  BlockManager bm(10, 16, 0, /*prefix_caching=*/true);
+  bm.set_state_slots(2);
+  EXPECT_FALSE(bm.prefix_caching());
+  ASSERT_TRUE(bm.Reserve(1, 17).ok());
+  ASSERT_TRUE(bm.Reserve(2, 1).ok());
+  EXPECT_GE(bm.StateSlot(1), 0);
+  EXPECT_GE(bm.StateSlot(2), 0);
+  EXPECT_NE(bm.StateSlot(1), bm.StateSlot(2));
+  ASSERT_TRUE(bm.Reserve(1, 40).ok());  // Growing keeps the slot.
+  EXPECT_EQ(bm.FreeStateSlots(), 0);
+  const absl::Status full = bm.Reserve(3, 1);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted) << full;
+  EXPECT_TRUE(bm.Table(3).empty());
+  EXPECT_EQ(bm.StateSlot(3), -1);
+  EXPECT_EQ(bm.used_blocks(), 4);
+  const int32_t freed = bm.StateSlot(1);
+  bm.Free(1);
+  EXPECT_EQ(bm.StateSlot(1), -1);
+  EXPECT_EQ(bm.FreeStateSlots(), 1);
+  ASSERT_TRUE(bm.Reserve(3, 1).ok());
+  EXPECT_EQ(bm.StateSlot(3), freed);
+  const std::vector<int32_t> prompt(32, 7);
+  EXPECT_EQ(bm.AttachPrefix(4, prompt, 31), 0);
+}
+
 TEST(BlockManagerTest, InterleavesTablesOverCpRanks) {
   BlockManager bm(12, 16);
   bm.set_interleave(2);

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/cuda_executor.h"
 #include "coordinator/in_process_executor.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "kernels/threading.h"
 
@@ -59,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
       std::unique_ptr<StepExecutor> executor,
       CreateInProcessExecutor(
           source, {.kv = kv,
+                   .limits = options.limits,
                    .tp = options.tp,
                    .pp = options.pp,
                    .cp = options.cp,
@@ -85,6 +87,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
                        static_cast<int32_t>(host_blocks),
                        options.kv.prefix_caching);
   manager.set_interleave(options.cp);
+  if (const ModelConfig& c = executor->config(); c.is_hybrid()) {
+    // A linear-attention layer's state is one per sequence, in the slots
+    // every rank sized from the same max_seqs (worker/kv_pool.h).
+    if (options.cp > 1) {
+      return absl::UnimplementedError(absl::StrCat(
+          "--cp ", options.cp, " with ", c.architecture,
+          ": a Gated DeltaNet layer's recurrence runs a sequence's tokens in "
+          "order, so its prompt cannot be split over CP ranks; use --cp 1 "
+          "(TP and PP work)"));
+    }
+    if (options.kv.prefix_caching) {
+      Log("%s: prefix caching is off: the recurrent state of its linear "
+          "layers is not kept with cached blocks yet",
+          c.architecture.c_str());
+    }
+    manager.set_state_slots(limits.max_seqs);
+  }
   return std::unique_ptr<Engine>(
       new Engine(std::move(executor), std::move(manager), options));
 }

@@ -212,6 +212,7 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
             LoadCpuShard(source,
                          {.spec = spec,
                           .kv = o.kv,
+                          .limits = o.limits,
                           .threads = o.threads_per_rank,
                           .name = absl::StrCat(
                               "shard pp ", p, " tp ", t,

@@ -21,6 +21,8 @@ namespace shardlm {
 
 struct ExecutorOptions {
   KvCacheOptions kv;  // Its dtype unset: the CPU default.
+  // max_seqs sizes hybrid models' state slots on every rank.
+  BatchLimits limits;
   int tp = 1;
   int pp = 1;
   // Context parallel: each stage's ranks form TP x CP, the CP ranks
