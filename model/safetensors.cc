@@ -1027,6 +1027,18 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
       {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
       {"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight_t"},
       {"mlp.experts.down_proj", "ffn_down_exps.weight_t"},
+      // Qwen3.5's Gated DeltaNet layers (value heads grouped, not tiled
+      // as llama.cpp writes them; A_log and conv1d [C, 1, W] as shipped:
+      // worker/llama_weights.cc reads both forms).
+      {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+      {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+      {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
+      {"linear_attn.in_proj_a.weight", "ssm_alpha.weight"},
+      {"linear_attn.dt_bias", "ssm_dt.bias"},
+      {"linear_attn.A_log", "ssm_a_log"},
+      {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
+      {"linear_attn.norm.weight", "ssm_norm.weight"},
+      {"linear_attn.out_proj.weight", "ssm_out.weight"},
   };
   // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
   // per-expert names llama.cpp's older Mixtral files use).
@@ -1036,6 +1048,15 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
       {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"},
       {"down_proj.weight", "ffn_down"}, {"w1.weight", "ffn_gate"},
       {"w3.weight", "ffn_up"},          {"w2.weight", "ffn_down"}};
+  // Qwen3.5's ConditionalGeneration folders hold the text model under
+  // model.language_model. (its vision tower, under model.visual., is
+  // not read).
+  std::string unnested;
+  if (constexpr std::string_view kNested = "model.language_model.";
+      hf.starts_with(kNested)) {
+    unnested = absl::StrCat("model.", Sv(hf.substr(kNested.size())));
+    hf = unnested;
+  }
   for (const auto& [from, to] : kGlobal) {
     if (hf == from) return std::string(to);
   }
