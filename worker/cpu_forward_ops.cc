@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -13,6 +15,7 @@
 #include "kernels/linear/linear.h"
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
+#include "kernels/ssm/gated_delta_net.h"
 #include "kernels/swiglu/swiglu.h"
 
 namespace shardlm {
@@ -22,6 +25,24 @@ namespace {
 absl::Span<const float> Sinks(const Tensor& sinks) {
   if (sinks.empty()) return {};
   return absl::Span<const float>(sinks.data<float>(), sinks.numel());
+}
+
+// `t` as a host f32 tensor of `shape`, reallocated only when it differs.
+absl::Status Scratch(Tensor& t, const Shape& shape) {
+  if (!t.empty() && t.shape() == shape) return absl::OkStatus();
+  ASSIGN_OR_RETURN(t, Tensor::HostUninitialized(DType::kF32, shape));
+  return absl::OkStatus();
+}
+
+// Row `slot` of a [slots, ...] state tensor as `shape`.
+absl::StatusOr<Tensor> Slot(const Tensor& state, int64_t slot,
+                            const Shape& shape) {
+  if (slot < 0 || slot >= state.dim(0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state slot ", slot, " is outside the ", state.dim(0), " held"));
+  }
+  ASSIGN_OR_RETURN(const Tensor row, state.Rows(slot, slot + 1));
+  return row.Reshaped(shape);
 }
 
 }  // namespace
@@ -317,6 +338,118 @@ absl::Status CpuForwardOps::ScatterAddRows(const Tensor& y,
 
 absl::Status CpuForwardOps::Zero(Tensor& x) {
   std::fill(x.f32().begin(), x.f32().end(), 0.0f);
+  return absl::OkStatus();
+}
+
+absl::Status CpuForwardOps::GatedDeltaNet(
+    const Tensor& qk, const Tensor& v, const Tensor& z, const Tensor& beta_in,
+    const Tensor& alpha_in, const DeltaNetLayer& layer, Tensor& out) {
+  constexpr char kOp[] = "GatedDeltaNet";
+  const GatedDeltaNetShape& sh = layer.shape;
+  const int64_t n = static_cast<int64_t>(step_.tokens.size());
+  const int64_t nqk = 2 * sh.k_heads * sh.k_dim, nv = sh.v_heads * sh.v_dim;
+  const int64_t ch = nqk + nv, w = layer.conv.dim(1);
+  RETURN_IF_ERROR(CheckHostF32(kOp, "qk", qk, {n, nqk}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "v", v, {n, nv}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "z", z, {n, nv}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "beta_in", beta_in, {n, sh.v_heads}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "alpha_in", alpha_in, {n, sh.v_heads}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "conv", layer.conv, {ch, w}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "dt", layer.dt, {sh.v_heads}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "a", layer.a, {sh.v_heads}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "out", out, {n, nv}));
+  if (step_.state_slots.size() != step_.block_tables.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kOp, ": the step has ", step_.state_slots.size(), " state slots for ",
+        step_.block_tables.size(), " sequences"));
+  }
+  RETURN_IF_ERROR(Scratch(mixed_, {n, ch}));
+  RETURN_IF_ERROR(Scratch(conv_, {n, ch}));
+  RETURN_IF_ERROR(Scratch(q_, {n, sh.k_heads, sh.k_dim}));
+  RETURN_IF_ERROR(Scratch(k_, {n, sh.k_heads, sh.k_dim}));
+  RETURN_IF_ERROR(Scratch(v_, {n, sh.v_heads, sh.v_dim}));
+  RETURN_IF_ERROR(Scratch(o_, {n, sh.v_heads, sh.v_dim}));
+  RETURN_IF_ERROR(Scratch(g_, {n, sh.v_heads}));
+  RETURN_IF_ERROR(Scratch(beta_, {n, sh.v_heads}));
+  // Token-wise: the convolution's input [qk | v] and the gates.
+  const float* dt = layer.dt.f32().data();
+  const float* a = layer.a.f32().data();
+  for (int64_t t = 0; t < n; ++t) {
+    float* m = mixed_.f32().data() + t * ch;
+    std::copy_n(qk.f32().data() + t * nqk, nqk, m);
+    std::copy_n(v.f32().data() + t * nv, nv, m + nqk);
+    for (int64_t h = 0; h < sh.v_heads; ++h) {
+      const int64_t i = t * sh.v_heads + h;
+      const float b = beta_in.f32()[i], x = alpha_in.f32()[i] + dt[h];
+      beta_.f32()[i] = 1.0f / (1.0f + std::exp(-b));
+      // softplus(x) = log(1 + e^x), computed without overflow.
+      const float softplus =
+          std::max(x, 0.0f) + std::log1p(std::exp(-std::abs(x)));
+      g_.f32()[i] = a[h] * softplus;
+    }
+  }
+  // Sequence by sequence through its slot: runs of its contiguous tokens.
+  std::vector<char> ran(step_.state_slots.size(), 0);
+  for (int64_t t0 = 0; t0 < n;) {
+    const int32_t seq = step_.token_seq[t0];
+    int64_t t1 = t0 + 1;
+    while (t1 < n && step_.token_seq[t1] == seq) {
+      if (step_.positions[t1] != step_.positions[t1 - 1] + 1) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kOp, ": sequence ", seq, "'s tokens ", t1 - 1, " and ", t1,
+            " are at positions ", step_.positions[t1 - 1], " and ",
+            step_.positions[t1], "; a recurrence needs them in order"));
+      }
+      ++t1;
+    }
+    if (std::exchange(ran[seq], char{1})) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kOp, ": sequence ", seq, "'s tokens are not contiguous in the step"));
+    }
+    const int32_t slot = step_.state_slots[seq];
+    ASSIGN_OR_RETURN(Tensor cs, Slot(layer.conv_state, slot, {w - 1, ch}));
+    ASSIGN_OR_RETURN(Tensor rs, Slot(layer.recurrent_state, slot,
+                                     {sh.v_heads, sh.k_dim, sh.v_dim}));
+    if (step_.positions[t0] == 0) {  // A new (or recomputed) sequence.
+      std::fill(cs.f32().begin(), cs.f32().end(), 0.0f);
+      std::fill(rs.f32().begin(), rs.f32().end(), 0.0f);
+    }
+    ASSIGN_OR_RETURN(const Tensor x, mixed_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(Tensor c, conv_.Rows(t0, t1));
+    RETURN_IF_ERROR(CausalConv1dSilu(x, layer.conv, cs, c));
+    // The convolved channels as q, k and v heads.
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* row = conv_.f32().data() + t * ch;
+      const int64_t half = sh.k_heads * sh.k_dim;
+      std::copy_n(row, half, q_.f32().data() + t * half);
+      std::copy_n(row + half, half, k_.f32().data() + t * half);
+      std::copy_n(row + nqk, nv, v_.f32().data() + t * nv);
+    }
+    ASSIGN_OR_RETURN(const Tensor q, q_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(const Tensor k, k_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(const Tensor vv, v_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(const Tensor g, g_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(const Tensor beta, beta_.Rows(t0, t1));
+    ASSIGN_OR_RETURN(Tensor o, o_.Rows(t0, t1));
+    RETURN_IF_ERROR(GatedDeltaRule(q, k, vv, g, beta, sh, rs, o));
+    t0 = t1;
+  }
+  ASSIGN_OR_RETURN(const Tensor z3, z.Reshaped({n, sh.v_heads, sh.v_dim}));
+  ASSIGN_OR_RETURN(Tensor out3, out.Reshaped({n, sh.v_heads, sh.v_dim}));
+  return GatedRmsNorm(o_, z3, layer.norm, layer.eps, out3);
+}
+
+absl::Status CpuForwardOps::SigmoidGate(Tensor& x, const Tensor& gate) {
+  if (x.rank() != 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SigmoidGate: x is ", x.DebugString(), "; expected [n, c]"));
+  }
+  RETURN_IF_ERROR(CheckHostF32("SigmoidGate", "x", x, {x.dim(0), x.dim(1)}));
+  RETURN_IF_ERROR(
+      CheckHostF32("SigmoidGate", "gate", gate, {x.dim(0), x.dim(1)}));
+  float* y = x.f32().data();
+  const float* g = gate.f32().data();
+  for (int64_t i = 0; i < x.numel(); ++i) y[i] /= 1.0f + std::exp(-g[i]);
   return absl::OkStatus();
 }
 

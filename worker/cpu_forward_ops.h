@@ -63,6 +63,10 @@ class CpuForwardOps : public ForwardOps {
   absl::Status ScatterAddRows(const Tensor& y, absl::Span<const int32_t> rows,
                               absl::Span<const float> weights,
                               Tensor& out) override;
+  absl::Status GatedDeltaNet(const Tensor& qk, const Tensor& v, const Tensor& z,
+                             const Tensor& beta_in, const Tensor& alpha_in,
+                             const DeltaNetLayer& layer, Tensor& out) override;
+  absl::Status SigmoidGate(Tensor& x, const Tensor& gate) override;
   absl::Status Zero(Tensor& x) override;
   absl::Status GatherLogitRows(const Tensor& x, Tensor& out) override;
   absl::Status CompactRows(Tensor& x, int64_t slot,
@@ -77,6 +81,10 @@ class CpuForwardOps : public ForwardOps {
   AttentionBatch& batch_;
   const int64_t hidden_;
   Tensor padded_;  // PadColumns' output, reused across layers.
+  // GatedDeltaNet's scratch, reused across layers: the convolution's input
+  // and output [n, channels], q and k [n, k_heads, k_dim], v and the delta
+  // rule's output [n, heads, v_dim], g and beta [n, heads].
+  Tensor mixed_, conv_, q_, k_, v_, o_, g_, beta_;
 };
 
 }  // namespace shardlm

@@ -189,6 +189,38 @@ absl::Status ShardForward::LatentLayer(const LlamaLayerWeights& w,
   return Residual(b.attn, w.wo, w.wo_offset, w.post_attn_norm, b);
 }
 
+absl::Status ShardForward::LinearLayer(const LlamaLayerWeights& w,
+                                       Tensor& conv_state,
+                                       Tensor& recurrent_state,
+                                       ForwardBuffers& b) const {
+  const ModelConfig& c = weights.config;
+  // This rank's value heads (and every q/k head): their projections, the
+  // sequence mixing through each sequence's state, then wo's partial sums.
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.ssm_qk, b.ssm_qk, false));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.ssm_v, b.ssm_v, false));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.ssm_z, b.ssm_z, false));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.ssm_beta, b.ssm_beta, false));
+  RETURN_IF_ERROR(ops.Linear(b.xn, w.ssm_alpha, b.ssm_alpha, false));
+  const DeltaNetLayer layer{
+      .conv = w.ssm_conv,
+      .dt = w.ssm_dt,
+      .a = w.ssm_a,
+      .norm = w.ssm_norm,
+      .eps = c.rms_norm_eps,
+      .shape = {.k_heads = c.ssm_k_heads,
+                .v_heads = w.ssm_dt.dim(0),
+                .k_dim = c.ssm_k_dim,
+                .v_dim = c.ssm_v_dim,
+                .v_tiled = c.ssm_v_tiled,
+                .v_head_begin = SsmValueHeads(c, weights.spec).first,
+                .v_heads_total = c.ssm_v_heads},
+      .conv_state = conv_state,
+      .recurrent_state = recurrent_state};
+  RETURN_IF_ERROR(ops.GatedDeltaNet(b.ssm_qk, b.ssm_v, b.ssm_z, b.ssm_beta,
+                                    b.ssm_alpha, layer, b.ssm_out));
+  return Residual(b.ssm_out, w.ssm_out, w.ssm_out_offset, w.post_attn_norm, b);
+}
+
 absl::Status ShardForward::Projection(const Tensor& xn, const Tensor& w,
                                       const Tensor& bias, Tensor& y) const {
   RETURN_IF_ERROR(ops.Linear(xn, w, y, false));
@@ -266,6 +298,10 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     return absl::UnimplementedError(
         "multi-head latent attention under context parallel");
   }
+  if (c.is_hybrid() && (comms.cp != nullptr || seq != nullptr)) {
+    return absl::UnimplementedError(
+        "Gated DeltaNet layers under context parallel");
+  }
   // Per-head views of the same memory: [s, heads, head_dim] (MLA has its
   // own: LatentLayer).
   Tensor q3, k3, v3, attn3;
@@ -307,6 +343,9 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     RETURN_IF_ERROR(
         Comm([&] { return comms.pp->Recv(b.x, spec.pp_rank - 1); }));
   }
+  // A hybrid model's layers index the KV caches by attending layer and
+  // the states by linear layer.
+  int64_t attending = 0, linear = 0;
   for (int64_t l = 0; l < spec.n_layers(); ++l) {
     const LlamaLayerWeights& w = weights.layers[l];
     const int64_t layer = spec.layer_begin + l;
@@ -316,16 +355,35 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
     // wv xn + bv), each rank over its own heads, partial sums of wo reduced
     // over TP. (The biases are Qwen2's; other models have none.)
     RETURN_IF_ERROR(ops.RmsNorm(b.x, w.attn_norm, c.rms_norm_eps, b.xn));
-    const KvLayer cache = kv.at(l);
-    if (c.is_mla()) {
+    if (c.LayerIsLinear(layer)) {
+      if (kv.conv_state == nullptr ||
+          linear >= static_cast<int64_t>(kv.conv_state->size())) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "layer ", layer, " is a Gated DeltaNet layer with no state"));
+      }
+      RETURN_IF_ERROR(LinearLayer(w, (*kv.conv_state)[linear],
+                                  (*kv.recurrent_state)[linear], b));
+      ++linear;
+    } else if (const KvLayer cache = kv.at(attending++); c.is_mla()) {
       RETURN_IF_ERROR(LatentLayer(w, layer, rope, cache, b));
     } else {
       // One GEMM, then its column blocks split, turned and cached by one op
       // (one kernel on GPUs), unless Qwen3's per-head norms come between or
       // sequence parallel gathers the slices first.
-      const bool fused_qkv =
-          !w.wqkv.empty() && w.q_norm.empty() && seq == nullptr;
-      if (fused_qkv) {
+      const bool fused_qkv = !w.wqkv.empty() && w.q_norm.empty() &&
+                             seq == nullptr && !c.attention_gate;
+      if (c.attention_gate) {
+        // Qwen3.5: each head's query, then its output gate.
+        RETURN_IF_ERROR(Projection(b.xn, w.wq, w.bq, b.q_gate));
+        ASSIGN_OR_RETURN(const Tensor qg3,
+                         b.q_gate.Reshaped({s, spec.n_heads(), 2 * d}));
+        ASSIGN_OR_RETURN(Tensor gate3,
+                         b.attn_gate.Reshaped({s, spec.n_heads(), d}));
+        RETURN_IF_ERROR(ops.CopyHeadColumns(qg3, 0, d, q3, 0));
+        RETURN_IF_ERROR(ops.CopyHeadColumns(qg3, d, d, gate3, 0));
+        RETURN_IF_ERROR(Projection(b.xn, w.wk, w.bk, b.k));
+        RETURN_IF_ERROR(Projection(b.xn, w.wv, w.bv, b.v));
+      } else if (fused_qkv) {
         RETURN_IF_ERROR(Projection(b.xn, w.wqkv, w.bqkv, b.qkv));
         RETURN_IF_ERROR(ops.QkvRopeKv(b.qkv, rope, q3, k3, v3, cache));
       } else if (!w.wqkv.empty()) {  // One GEMM, then its three column blocks.
@@ -357,6 +415,9 @@ absl::Status ShardForward::Layers(ForwardBuffers& b, KvLayers kv) const {
                                .softcap = c.attn_softcap,
                                .sinks = w.sinks};
       RETURN_IF_ERROR(Attention(qa3, cache, how, attn3, b));
+      if (c.attention_gate) {
+        RETURN_IF_ERROR(ops.SigmoidGate(b.attn, b.attn_gate));
+      }
       RETURN_IF_ERROR(
           Residual(attn_rows, w.wo, w.wo_offset, w.post_attn_norm, b, w.bo));
     }

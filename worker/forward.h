@@ -25,6 +25,7 @@
 #include "absl/types/span.h"
 #include "collectives/communicator.h"
 #include "core/tensor.h"
+#include "kernels/ssm/gated_delta_net.h"
 #include "model/model_config.h"
 #include "worker/llama_weights.h"
 #include "worker/shard_runner.h"
@@ -45,6 +46,20 @@ struct LayerAttention {
   // Host f32 [heads held], or empty: gpt-oss's attention sinks, one logit
   // per query head in its softmax's denominator.
   Tensor sinks;
+};
+
+// One Gated DeltaNet layer's weights that its sequence mixing reads
+// (LlamaLayerWeights::ssm_*, this rank's value heads) and its state (one
+// slot per sequence: KvPool's conv and recurrent states of the layer).
+struct DeltaNetLayer {
+  const Tensor& conv;  // [q/k channels + value channels held, W] f32.
+  const Tensor& dt;    // [value heads held] f32.
+  const Tensor& a;     // [value heads held] f32 (-exp(A_log)).
+  const Tensor& norm;  // [v_dim] f32: the gated RMS norm's weight.
+  float eps = 1e-6f;
+  GatedDeltaNetShape shape;  // Its v_heads: those held.
+  Tensor& conv_state;        // [slots, W - 1, channels held].
+  Tensor& recurrent_state;   // [slots, value heads held, k_dim, v_dim].
 };
 
 // The ops of the forward pass on one backend, bound to one step (its
@@ -185,6 +200,25 @@ class ForwardOps {
                                       Tensor& out) {
     return absl::UnimplementedError("ScatterAddRows on this backend");
   }
+  // Gated DeltaNet's sequence mixing (kernels/ssm/gated_delta_net.h) of
+  // the step's tokens, each sequence through its state slot
+  // (StepInput::state_slots; zeroed first when its tokens start at
+  // position 0): the convolution of [qk | v] and SiLU, the gates beta =
+  // sigmoid(beta_in) and g = a softplus(alpha_in + dt), the delta rule,
+  // and the gated RMS norm by z. qk: [n, 2 k_heads k_dim], v and z: [n,
+  // value heads held * v_dim], beta_in and alpha_in: [n, value heads
+  // held], out: [n, value heads held * v_dim] (the input of ssm_out).
+  // A sequence's tokens must be contiguous in the step, in position order.
+  virtual absl::Status GatedDeltaNet(const Tensor& qk, const Tensor& v,
+                                     const Tensor& z, const Tensor& beta_in,
+                                     const Tensor& alpha_in,
+                                     const DeltaNetLayer& layer, Tensor& out) {
+    return absl::UnimplementedError("GatedDeltaNet on this backend");
+  }
+  // x *= sigmoid(gate), both [n, c] (Qwen3.5's gated attention output).
+  virtual absl::Status SigmoidGate(Tensor& x, const Tensor& gate) {
+    return absl::UnimplementedError("SigmoidGate on this backend");
+  }
   // x = 0.
   virtual absl::Status Zero(Tensor& x) {
     return absl::UnimplementedError("Zero on this backend");
@@ -239,6 +273,14 @@ struct ForwardBuffers {
   // absorbed queries [n, heads held, rope_dims + kv_lora_rank] and the
   // heads' attention over the latent [n, heads held, kv_lora_rank].
   Tensor q_a, kv_rope, kv_latent, q_absorbed, attn_latent;
+  // Gated DeltaNet layers (hybrid models; nv: value heads held): the
+  // projections [n, 2 k_heads k_dim] (ssm_qk), [n, nv v_dim] (ssm_v,
+  // ssm_z), [n, nv] (ssm_beta, ssm_alpha) and the gated output [n, nv
+  // v_dim] (GEMM input). Gated attention (ModelConfig::attention_gate):
+  // each head's query then gate [n, heads held * 2 head_dim] and the gates
+  // [n, heads held * head_dim].
+  Tensor ssm_qk, ssm_v, ssm_z, ssm_beta, ssm_alpha, ssm_out;
+  Tensor q_gate, attn_gate;
   Tensor last, last_n;  // [m, hidden]: gathered rows, normed (may alias).
   Tensor local_logits;  // [m, vocab_padded] f32: this rank's vocab slice.
   Tensor gathered;      // [tp, m, vocab_padded] f32 when tp > 1.
@@ -284,12 +326,17 @@ struct KvLayer {
   Tensor* v_host = nullptr;
 };
 
-// The KV caches of the shard's layers (index 0 = its first layer).
+// The KV caches of the shard's attending layers (index 0 = its first).
 struct KvLayers {
   std::vector<Tensor>* k = nullptr;
   std::vector<Tensor>* v = nullptr;
   std::vector<Tensor>* k_host = nullptr;  // GPU host tier, or null.
   std::vector<Tensor>* v_host = nullptr;
+  // Hybrid models: the linear layers' states (KvPool::conv_states,
+  // recurrent_states), indexed by linear layer held; k and v by
+  // attending layer held.
+  std::vector<Tensor>* conv_state = nullptr;
+  std::vector<Tensor>* recurrent_state = nullptr;
 
   KvLayer at(int64_t l) const {
     const bool host = k_host != nullptr && !k_host->empty();
@@ -341,6 +388,9 @@ struct ShardForward {
   absl::Status LatentLayer(const LlamaLayerWeights& w, int64_t layer,
                            const RopeTable& rope, const KvLayer& cache,
                            ForwardBuffers& b) const;
+  // x += the layer's Gated DeltaNet of b.xn, its state advanced.
+  absl::Status LinearLayer(const LlamaLayerWeights& w, Tensor& conv_state,
+                           Tensor& recurrent_state, ForwardBuffers& b) const;
   // x += the layer's mixture of experts of b.xn, summed over the TP group
   // (each rank adds its experts' share, or its columns of every expert).
   absl::Status Experts(const LlamaLayerWeights& w, ForwardBuffers& b) const;

@@ -32,17 +32,32 @@ int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
 
 KvPoolConfig PoolShapeForShard(const ModelConfig& c, const ShardSpec& spec) {
   // Under MLA every TP rank holds the whole latent (its heads all read it).
-  return {.n_layers = spec.n_layers(),
-          .kv_heads = c.is_mla() ? 1 : spec.n_kv_heads(),
-          .head_dim = c.CachedHeadDim(),
-          .latent = c.is_mla()};
+  KvPoolConfig kv{.n_layers = spec.n_layers(),
+                  .kv_heads = c.is_mla() ? 1 : spec.n_kv_heads(),
+                  .head_dim = c.CachedHeadDim(),
+                  .latent = c.is_mla()};
+  if (c.is_hybrid()) {
+    // Its TP share of the value heads; the q/k channels are every rank's
+    // (worker/llama_weights.h, LoadGatedDeltaNet).
+    const auto [v0, v1] = SsmValueHeads(c, spec);
+    kv.n_layers = c.AttentionLayers(spec.layer_begin, spec.layer_end);
+    kv.linear_layers = spec.n_layers() - kv.n_layers;
+    kv.conv_rows = c.ssm_conv_width - 1;
+    kv.conv_channels =
+        2 * c.ssm_k_heads * c.ssm_k_dim + (v1 - v0) * c.ssm_v_dim;
+    kv.state_heads = v1 - v0;
+    kv.k_dim = c.ssm_k_dim;
+    kv.v_dim = c.ssm_v_dim;
+  }
+  return kv;
 }
 
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                                                 const ShardSpec& spec,
                                                 int64_t block_size, DType dtype,
                                                 int64_t budget_bytes,
-                                                int64_t host_bytes) {
+                                                int64_t host_bytes,
+                                                int64_t state_slots) {
   if (!IsCpuKvDType(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache dtype ", DTypeName(dtype),
@@ -56,8 +71,27 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
   KvPoolConfig kv = PoolShapeForShard(c, spec);
   kv.block_size = block_size;
   kv.dtype = dtype;
-  kv.num_blocks = budget_bytes > 0
-                      ? kv.BlocksFor(budget_bytes)
+  if (kv.linear_layers > 0) {
+    if (state_slots < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          c.architecture, ": a hybrid model needs state slots (max_seqs)"));
+    }
+    kv.state_slots = state_slots;
+  }
+  if (budget_bytes > 0 && kv.StateBytes() >= budget_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV cache budget of ", budget_bytes, " bytes holds no block beside ",
+        kv.state_slots, " state slots of ", kv.linear_layers,
+        " linear layers (", kv.StateBytes(), " bytes at pp ", spec.pp_rank,
+        " tp ", spec.tp_rank, "); lower --max-seqs or raise the budget"));
+  }
+  // A stage of a hybrid model may hold linear layers only: its blocks
+  // cost nothing, and the other stages' counts decide (the fewest).
+  constexpr int64_t kFreeBlocks = int64_t{1} << 30;
+  const bool free_blocks = kv.BytesPerBlock() == 0;
+  kv.num_blocks = free_blocks ? kFreeBlocks
+                  : budget_bytes > 0
+                      ? kv.BlocksFor(budget_bytes - kv.StateBytes())
                       : (c.context_length + block_size - 1) / block_size;
   if (kv.num_blocks <= 0) {
     return absl::InvalidArgumentError(
@@ -67,7 +101,8 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
                      spec.pp_rank, " tp ", spec.tp_rank, " is ",
                      kv.BytesPerBlock(), " bytes)"));
   }
-  kv.num_host_blocks = kv.BlocksFor(host_bytes);
+  kv.num_host_blocks =
+      free_blocks && host_bytes > 0 ? kFreeBlocks : kv.BlocksFor(host_bytes);
   if (kv.num_blocks > (int64_t{1} << 30) ||
       kv.num_host_blocks > (int64_t{1} << 30)) {
     return absl::InvalidArgumentError(
@@ -88,7 +123,8 @@ int64_t KvPool::StoredBytesPerToken() const {
 
 absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
     const KvPoolConfig& config) {
-  if (config.n_layers <= 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||
+  if ((config.n_layers <= 0 && config.linear_layers <= 0) ||
+      config.n_layers < 0 || config.kv_heads <= 0 || config.head_dim <= 0 ||
       config.block_size <= 0 || config.num_blocks <= 0 ||
       config.num_host_blocks < 0 || !IsCpuKvDType(config.dtype)) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -119,6 +155,20 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
       }
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
+    }
+    for (int64_t l = 0; l < config.linear_layers; ++l) {
+      // Zeroed here, and again by each sequence's first step
+      // (StepInput::state_slots).
+      ASSIGN_OR_RETURN(
+          Tensor conv,
+          Tensor::Host(DType::kF32, {config.state_slots, config.conv_rows,
+                                     config.conv_channels}));
+      ASSIGN_OR_RETURN(
+          Tensor rec,
+          Tensor::Host(DType::kF32, {config.state_slots, config.state_heads,
+                                     config.k_dim, config.v_dim}));
+      pool->conv_.push_back(std::move(conv));
+      pool->recurrent_.push_back(std::move(rec));
     }
     if (config.checksum_host_tier) {
       pool->host_checksums_.assign(config.num_host_blocks, 0);
@@ -192,6 +242,7 @@ absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {
                        " in a pool of ", total, " blocks"));
     }
   }
+  if (config_.n_layers == 0) return absl::OkStatus();  // Linear layers only.
   if (config_.checksum_host_tier) {
     // Block by block, in order: a block copied in may be copied out later
     // in the same list.

@@ -29,7 +29,9 @@ int64_t KvBytesPerToken(const ModelConfig& config, DType dtype);
 // num_host_blocks) the host (CPU offload) tier; a block table may mix them
 // and attention reads either.
 struct KvPoolConfig {
-  int64_t n_layers = 0;  // Layers held by this worker.
+  // Layers held by this worker that attend (a hybrid model's linear
+  // layers keep a state per sequence instead: below).
+  int64_t n_layers = 0;
   int64_t kv_heads = 0;  // KV heads held by this worker.
   int64_t head_dim = 0;
   int64_t block_size = 16;      // Tokens per block.
@@ -44,6 +46,16 @@ struct KvPoolConfig {
   // Every block copied into the host tier keeps a CRC-32C of its bytes,
   // checked when it is copied out (--kv-checksum).
   bool checksum_host_tier = false;
+  // Hybrid models (ModelConfig::is_hybrid): the Gated DeltaNet layers held
+  // and, per state slot (one per running sequence: BlockManager's
+  // state_slots, sized by max_seqs), each one's f32 state on this rank:
+  // the convolution's last conv_rows inputs of its conv_channels (the
+  // replicated q/k channels, then its value heads' channels) and
+  // state_heads k_dim x v_dim matrices (its value heads).
+  int64_t linear_layers = 0;
+  int64_t state_slots = 0;
+  int64_t conv_rows = 0, conv_channels = 0;
+  int64_t state_heads = 0, k_dim = 0, v_dim = 0;
 
   int64_t total_blocks() const { return num_blocks + num_host_blocks; }
 
@@ -51,6 +63,14 @@ struct KvPoolConfig {
   int64_t BytesPerBlock() const;
   // The most blocks that fit in `bytes`.
   int64_t BlocksFor(int64_t bytes) const;
+  // f32 values of one slot's state in one linear layer.
+  int64_t StateValuesPerLayer() const {
+    return conv_rows * conv_channels + state_heads * k_dim * v_dim;
+  }
+  // Bytes of every slot over every linear layer held.
+  int64_t StateBytes() const {
+    return 4 * state_slots * linear_layers * StateValuesPerLayer();
+  }
 };
 
 // What a shard's pool holds per block (layers, KV heads or the latent,
@@ -60,13 +80,16 @@ KvPoolConfig PoolShapeForShard(const ModelConfig& config,
 
 // The pool of one shard (its layers and KV heads) with as many device
 // blocks as `budget_bytes` holds (enough for one full context when it is 0)
-// and as many host blocks as `host_bytes` holds. InvalidArgument when the
-// device budget holds no block or either holds absurdly many.
+// and as many host blocks as `host_bytes` holds. A hybrid model's
+// `state_slots` slots (max_seqs) come out of the device budget first.
+// InvalidArgument when the device budget holds no block or either holds
+// absurdly many.
 absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& config,
                                                 const ShardSpec& spec,
                                                 int64_t block_size, DType dtype,
                                                 int64_t budget_bytes,
-                                                int64_t host_bytes = 0);
+                                                int64_t host_bytes = 0,
+                                                int64_t state_slots = 0);
 
 class KvPool {
  public:
@@ -84,8 +107,15 @@ class KvPool {
   std::vector<Tensor>& k_layers() { return k_; }
   std::vector<Tensor>& v_layers() { return v_; }
   Tensor& v(int64_t layer) { return v_[layer]; }
+  // Linear layer i's state (i counts the linear layers held, from 0):
+  // [state_slots, conv_rows, conv_channels] and [state_slots,
+  // state_heads, k_dim, v_dim], f32, zero at first.
+  std::vector<Tensor>& conv_states() { return conv_; }
+  std::vector<Tensor>& recurrent_states() { return recurrent_; }
+  // KV blocks of both tiers and the state slots.
   int64_t bytes() const {
-    return config_.total_blocks() * config_.BytesPerBlock();
+    return config_.total_blocks() * config_.BytesPerBlock() +
+           config_.StateBytes();
   }
   // What the tensors hold, whatever the config says: their element type
   // and their bytes per token slot (both tiers' slots together).
@@ -122,6 +152,7 @@ class KvPool {
 
   KvPoolConfig config_;
   std::vector<Tensor> k_, v_;
+  std::vector<Tensor> conv_, recurrent_;
   std::vector<uint32_t> host_checksums_;  // Per host block.
   std::vector<int64_t> checksum_failures_;
   int64_t corrupt_countdown_ = 0;  // Host copies to the test's bit flip.

@@ -222,11 +222,24 @@ absl::Status LoadGatedDeltaNet(const WeightSource& source, int64_t layer,
                    Load(source, p + "ssm_alpha.weight", {nv, h}, v0, v1));
   ASSIGN_OR_RETURN(l.ssm_dt,
                    LoadVectorSlice(source, p + "ssm_dt.bias", nv, v0, v1));
-  ASSIGN_OR_RETURN(l.ssm_a, LoadVectorSlice(source, p + "ssm_a", nv, v0, v1));
+  if (source.Find(p + "ssm_a") != nullptr) {  // GGUF: -exp(A_log) stored.
+    ASSIGN_OR_RETURN(l.ssm_a, LoadVectorSlice(source, p + "ssm_a", nv, v0, v1));
+  } else {  // Hugging Face's A_log.
+    ASSIGN_OR_RETURN(l.ssm_a,
+                     LoadVectorSlice(source, p + "ssm_a_log", nv, v0, v1));
+    for (float& a : l.ssm_a.f32()) a = -std::exp(a);
+  }
   // The convolution's weights are few: f32 whatever the file stores.
+  // [C, W] in GGUF, [C, 1, W] in Hugging Face's folders: the same bytes.
+  const std::string conv_name = p + "ssm_conv1d.weight";
+  const TensorInfo* found = source.Find(conv_name);
+  const bool conv3 = found != nullptr && found->shape == Shape{channels, 1, w};
   ASSIGN_OR_RETURN(const TensorInfo* conv_info,
-                   source.Require(p + "ssm_conv1d.weight", {channels, w}));
-  ASSIGN_OR_RETURN(const Tensor conv, DequantizeTensor(source, *conv_info));
+                   source.Require(conv_name, conv3 ? Shape{channels, 1, w}
+                                                   : Shape{channels, w}));
+  TensorInfo conv_2d = *conv_info;
+  conv_2d.shape = {channels, w};
+  ASSIGN_OR_RETURN(const Tensor conv, DequantizeTensor(source, conv_2d));
   ASSIGN_OR_RETURN(l.ssm_conv,
                    Tensor::Host(DType::kF32, {qk + (v1 - v0) * dv, w}));
   const float* from = conv.f32().data();
@@ -522,8 +535,7 @@ absl::Status RefuseUnbuiltLayers(const ModelConfig& c) {
     return absl::UnimplementedError(absl::StrCat(
         c.architecture,
         ": Gated DeltaNet (linear attention) layers (Qwen3.5, Qwen3-Next) "
-        "are not built yet; `shardlm inspect` reads the model and its "
-        "--plan"));
+        "are built on the CPU only so far; use --device cpu"));
   }
   return absl::OkStatus();
 }

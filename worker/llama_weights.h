@@ -145,9 +145,9 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                                               const ShardSpec& spec,
                                               const LoadProgress& progress);
 
-// Unimplemented, naming them, for a model whose layers no runner runs yet
-// (Gated DeltaNet: ModelConfig::is_hybrid), before its weights are read;
-// LoadLlamaWeights itself loads them.
+// Unimplemented, naming them, for a model whose layers the CUDA runner
+// does not run yet (Gated DeltaNet: ModelConfig::is_hybrid, CPU only),
+// before its weights are read; LoadLlamaWeights itself loads them.
 absl::Status RefuseUnbuiltLayers(const ModelConfig& config);
 
 // A LoadProgress that says on stderr how far `who` ("worker rank 3") has

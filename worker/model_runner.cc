@@ -65,6 +65,24 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
           " (copies between CP ranks are not built)"));
     }
   }
+  if (kv_->config().linear_layers > 0) {
+    // Gated DeltaNet layers here: every sequence's state slot.
+    if (step.state_slots.size() != step.block_tables.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "step has ", step.state_slots.size(), " state slots for ",
+          step.block_tables.size(), " sequences"));
+    }
+    std::vector<int32_t> seen(step.state_slots);
+    std::sort(seen.begin(), seen.end());
+    for (size_t i = 0; i < seen.size(); ++i) {
+      if (seen[i] < 0 || seen[i] >= kv_->config().state_slots ||
+          (i > 0 && seen[i] == seen[i - 1])) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state slot ", seen[i], " is outside the ",
+                         kv_->config().state_slots, " held or named twice"));
+      }
+    }
+  }
   for (int32_t r : step.logit_rows) {
     if (r < 0 || static_cast<size_t>(r) >= n) {
       return absl::InvalidArgumentError(
@@ -199,6 +217,20 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
   }
   ASSIGN_OR_RETURN(
       b.attn, host({n, c.is_mla() ? spec.n_heads() * c.v_head_dim : q_dim}));
+  if (c.attention_gate) {
+    ASSIGN_OR_RETURN(b.q_gate, host({n, 2 * q_dim}));
+    ASSIGN_OR_RETURN(b.attn_gate, host({n, q_dim}));
+  }
+  if (c.is_hybrid()) {
+    const auto [v0, v1] = SsmValueHeads(c, spec);
+    const int64_t values = (v1 - v0) * c.ssm_v_dim;
+    ASSIGN_OR_RETURN(b.ssm_qk, host({n, 2 * c.ssm_k_heads * c.ssm_k_dim}));
+    ASSIGN_OR_RETURN(b.ssm_v, host({n, values}));
+    ASSIGN_OR_RETURN(b.ssm_z, host({n, values}));
+    ASSIGN_OR_RETURN(b.ssm_out, host({n, values}));
+    ASSIGN_OR_RETURN(b.ssm_beta, host({n, v1 - v0}));
+    ASSIGN_OR_RETURN(b.ssm_alpha, host({n, v1 - v0}));
+  }
   if (comms_.cp != nullptr) {
     ASSIGN_OR_RETURN(b.lse, host({n, spec.n_heads()}));
     ASSIGN_OR_RETURN(b.cp_out, host({cp, n, q_dim}));
@@ -255,7 +287,11 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
       .seq = seq_parallel ? &seq : nullptr};
   const int64_t cp_bytes_before =
       comms_.cp != nullptr ? comms_.cp->bytes_sent().total() : 0;
-  RETURN_IF_ERROR(forward.Layers(b, {&kv_->k_layers(), &kv_->v_layers()}));
+  RETURN_IF_ERROR(
+      forward.Layers(b, {.k = &kv_->k_layers(),
+                         .v = &kv_->v_layers(),
+                         .conv_state = &kv_->conv_states(),
+                         .recurrent_state = &kv_->recurrent_states()}));
   absl::StatusOr<Tensor> logits =
       spec.last_stage() ? forward.Logits(b) : Tensor();
   if (comms_.cp != nullptr) {

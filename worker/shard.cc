@@ -81,13 +81,13 @@ class CpuShard : public Shard {
 absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
                                                     const ShardRequest& r) {
   RETURN_IF_ERROR(r.kv.Validate());
-  RETURN_IF_ERROR(RefuseUnbuiltLayers(source.config()));
   ASSIGN_OR_RETURN(LlamaWeights weights,
                    LoadLlamaWeights(source, r.spec, LogLoadProgress(r.name)));
-  ASSIGN_OR_RETURN(KvPoolConfig kv,
-                   PoolConfigForShard(weights.config, r.spec, r.kv.block_size,
-                                      r.kv.DTypeOnCpu(), r.kv.kv_cache_bytes,
-                                      r.kv.cpu_offload_bytes));
+  ASSIGN_OR_RETURN(
+      KvPoolConfig kv,
+      PoolConfigForShard(weights.config, r.spec, r.kv.block_size,
+                         r.kv.DTypeOnCpu(), r.kv.kv_cache_bytes,
+                         r.kv.cpu_offload_bytes, r.limits.max_seqs));
   kv.checksum_host_tier = r.kv.checksum;
   return std::unique_ptr<Shard>(
       std::make_unique<CpuShard>(std::move(weights), kv, r.threads));
