@@ -140,7 +140,8 @@ class TinyEngineTest : public ::testing::Test {
     absl::StatusOr<std::unique_ptr<Engine>> e;
     if (steps_in_flight > 1) {
       auto inner = CreateInProcessExecutor(
-          *source_, {.kv = options.kv, .threads_per_rank = 1});
+          *source_,
+          {.kv = options.kv, .limits = options.limits, .threads_per_rank = 1});
       EXPECT_TRUE(inner.ok()) << inner.status();
       if (!inner.ok()) return nullptr;
       e = Engine::Create(std::make_unique<DeferredExecutor>(std::move(*inner),

@@ -89,11 +89,32 @@ std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& c,
   for (int64_t i = 0; i < c.n_layers; ++i) {
     const std::string p = absl::StrCat("blk.", i, ".");
     add(p + "attn_norm.weight", {c.hidden}, 1.0f, 0.1f);
-    matrix(p + "attn_q.weight", q_dim, c.hidden);
-    matrix(p + "attn_k.weight", kv_dim, c.hidden);
-    matrix(p + "attn_v.weight", kv_dim, c.hidden);
-    matrix(p + "attn_output.weight", c.hidden, q_dim);
-    if (c.qk_norm) {
+    if (c.LayerIsLinear(i)) {
+      // A Gated DeltaNet layer as llama.cpp names it: decays of a few
+      // tenths to a few units (ssm_a = -exp(A_log) < 0), betas about 1/2.
+      const int64_t qk = 2 * c.ssm_k_heads * c.ssm_k_dim;
+      const int64_t values = c.ssm_v_heads * c.ssm_v_dim;
+      matrix(p + "attn_qkv.weight", qk + values, c.hidden);
+      matrix(p + "attn_gate.weight", values, c.hidden);
+      matrix(p + "ssm_beta.weight", c.ssm_v_heads, c.hidden);
+      matrix(p + "ssm_alpha.weight", c.ssm_v_heads, c.hidden);
+      add(p + "ssm_dt.bias", {c.ssm_v_heads}, 0.0f, 0.5f);
+      std::normal_distribution<float> log_a(-0.5f, 0.5f);
+      std::vector<float> a(c.ssm_v_heads);
+      for (float& x : a) x = -std::exp(log_a(rng));
+      w->AddF32(p + "ssm_a", {c.ssm_v_heads}, std::move(a));
+      add(p + "ssm_conv1d.weight", {qk + values, c.ssm_conv_width}, 0.0f,
+          1.0f / std::sqrt(float(c.ssm_conv_width)));
+      add(p + "ssm_norm.weight", {c.ssm_v_dim}, 1.0f, 0.1f);
+      matrix(p + "ssm_out.weight", c.hidden, values);
+    } else {
+      // Gated attention: each head's query, then its gate.
+      matrix(p + "attn_q.weight", (c.attention_gate ? 2 : 1) * q_dim, c.hidden);
+      matrix(p + "attn_k.weight", kv_dim, c.hidden);
+      matrix(p + "attn_v.weight", kv_dim, c.hidden);
+      matrix(p + "attn_output.weight", c.hidden, q_dim);
+    }
+    if (c.qk_norm && !c.LayerIsLinear(i)) {
       add(p + "attn_q_norm.weight", {c.head_dim}, 1.0f, 0.1f);
       add(p + "attn_k_norm.weight", {c.head_dim}, 1.0f, 0.1f);
     }

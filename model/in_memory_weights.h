@@ -40,8 +40,8 @@ ModelConfig SmallTestConfig();
 
 // A Llama model of `config` with seeded normal weights (fan-in scaled) and
 // norms near 1: every tensor LoadLlamaWeights needs (Qwen3's QK norms and
-// a mixture's router and experts, one tensor each, when the config has
-// them).
+// a mixture's router and experts, one tensor each, a hybrid's Gated
+// DeltaNet layers and gated attention, when the config has them).
 std::unique_ptr<InMemoryWeights> RandomLlamaWeights(const ModelConfig& config,
                                                     uint32_t seed);
 

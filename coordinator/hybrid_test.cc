@@ -1,0 +1,155 @@
+// Hybrid models (Qwen3.5's layer pattern: Gated DeltaNet layers and a
+// gated attention layer) through the engine: a sequence's recurrent state
+// lives in its slot, so its tokens do not depend on which other sequences
+// share its steps, how its prompt was chunked, whether it was preempted
+// (and recomputed), or how the model is split over TP and PP ranks. Every
+// test compares with each request run alone, unchunked, on TP = PP = 1.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "coordinator/engine.h"
+#include "coordinator/scheduler_test_util.h"
+#include "core/max_abs_diff.h"
+#include "gtest/gtest.h"
+#include "model/in_memory_weights.h"
+#include "worker/kv_pool.h"
+#include "worker/llama_weights.h"
+
+namespace shardlm {
+namespace {
+
+// Four layers, the last attending (6 query and 3 KV heads, gated,
+// QK-normed, RoPE over 8 of 16 dimensions); 2 key heads of 16 serving 4
+// value heads of 16, tiled as llama.cpp writes them.
+ModelConfig HybridConfig() {
+  ModelConfig c = TinyConfig(512);
+  c.architecture = "qwen35";
+  c.n_kv_heads = 3;
+  c.n_layers = 4;
+  c.linear_layers = {true, true, true, false};
+  c.ssm_conv_width = 4;
+  c.ssm_k_heads = 2;
+  c.ssm_k_dim = 16;
+  c.ssm_v_heads = 4;
+  c.ssm_v_dim = 16;
+  c.ssm_v_tiled = true;
+  c.attention_gate = true;
+  c.qk_norm = true;
+  c.rope_dims = 8;
+  return c;
+}
+
+class HybridTest : public ::testing::Test {
+ protected:
+  HybridTest() : source_(RandomLlamaWeights(HybridConfig(), 17)) {}
+  void TearDown() override { engines_.Close(); }
+  Engine* MakeEngine(EngineOptions options) {
+    options.threads = 1;
+    options.kv.dtype = DType::kF32;
+    return engines_.Keep(Engine::Create(*source_, options));
+  }
+  // Each request alone, its prompt in one step.
+  std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
+    Engine* engine = MakeEngine({.limits = {.max_batched_tokens = 512}});
+    std::vector<GenerateResult> out;
+    for (const auto& r : reqs) {
+      auto got = engine->Generate(r);
+      EXPECT_TRUE(got.ok()) << got.status();
+      out.push_back(got.ok() ? *got : GenerateResult{});
+    }
+    return out;
+  }
+  static std::vector<GenerateRequest> Requests(int n) {
+    std::vector<GenerateRequest> reqs;
+    for (int i = 0; i < n; ++i) {
+      reqs.push_back({.prompt = Prompt(5 + (i * 23) % 60, i),
+                      .max_tokens = 12 + i % 5,
+                      .return_prompt_logits = true});
+    }
+    return reqs;
+  }
+  void ExpectSame(const std::vector<GenerateResult>& got,
+                  const std::vector<GenerateResult>& want) {
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i].tokens, want[i].tokens) << "request " << i;
+      // Other rows in a GEMM, or other chunks, sum in another order.
+      EXPECT_LT(MaxAbsDiff(got[i].prompt_logits, want[i].prompt_logits), 1e-4)
+          << "request " << i;
+    }
+  }
+  std::unique_ptr<InMemoryWeights> source_;
+  EngineLeakCheck engines_;
+};
+
+// Eight sequences in the same steps, prompts chunked by 13 tokens (so
+// chunks of several sequences share a step): each as if alone.
+TEST_F(HybridTest, BatchedAndChunkedSequencesEqualEachAlone) {
+  const auto reqs = Requests(8);
+  const auto alone = Alone(reqs);
+  Engine* engine = MakeEngine({.limits = {.max_batched_tokens = 13}});
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, alone);
+  EXPECT_EQ(engine->blocks().FreeStateSlots(), engine->blocks().state_slots());
+}
+
+// A KV budget of a few blocks beside the state slots: sequences are
+// preempted (recomputed from position 0: their slot goes back with their
+// blocks) and resumed, and still give what each gives alone.
+TEST_F(HybridTest, PreemptedSequencesEqualEachAlone) {
+  const auto reqs = Requests(8);
+  const auto alone = Alone(reqs);
+  const ModelConfig& c = source_->config();
+  const KvPoolConfig shape = PoolShapeForShard(c, WholeModelSpec(c));
+  ASSERT_EQ(shape.n_layers, 1);  // KV for the attending layer only.
+  ASSERT_EQ(shape.linear_layers, 3);
+  KvPoolConfig sized = shape;
+  sized.block_size = 16;
+  sized.dtype = DType::kF32;
+  sized.state_slots = 4;
+  const int64_t budget = sized.StateBytes() + 9 * sized.BytesPerBlock();
+  Engine* engine =
+      MakeEngine({.kv = {.kv_cache_bytes = budget},
+                  .limits = {.max_batched_tokens = 32, .max_seqs = 4}});
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->blocks().num_blocks(), 9);
+  EXPECT_EQ(engine->blocks().state_slots(), 4);
+  EXPECT_FALSE(engine->blocks().prefix_caching());
+  auto got = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, alone);
+  EXPECT_GT(engine->stats().preempted_recompute, 0);
+  EXPECT_EQ(engine->stats().preempted_swap, 0);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().FreeStateSlots(), 4);
+}
+
+// TP splits the value heads (2 ranks: 2 and 2; 3 ranks: 1, 1 and 2, a
+// share that starts off a key head boundary) and PP the layers (4 stages:
+// three of linear layers only, which hold no KV).
+TEST_F(HybridTest, EveryLayoutEqualsTpOne) {
+  const auto reqs = Requests(4);
+  const auto alone = Alone(reqs);
+  for (auto [tp, pp] : {std::pair{2, 1}, {3, 1}, {1, 2}, {2, 2}, {1, 4}}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp, " pp ", pp));
+    Engine* engine =
+        MakeEngine({.limits = {.max_batched_tokens = 13}, .tp = tp, .pp = pp});
+    ASSERT_NE(engine, nullptr);
+    auto got = engine->GenerateBatch(reqs);
+    ASSERT_TRUE(got.ok()) << got.status();
+    ExpectSame(*got, alone);
+  }
+}
+
+TEST_F(HybridTest, ContextParallelIsRefusedByName) {
+  auto engine = Engine::Create(*source_, {.threads = 1, .cp = 2});
+  ASSERT_FALSE(engine.ok());
+  EXPECT_EQ(engine.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(engine.status().message().find("Gated DeltaNet"), std::string::npos)
+      << engine.status();
+}
+
+}  // namespace
+}  // namespace shardlm
