@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "core/status.h"
 #include "model/weight_source.h"
 #include "step/kv_cache.h"
@@ -98,6 +99,22 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
               ParseCudaWeights(cuda_weights).value_or(CudaWeights::kBf16)};
 }
 
+namespace {
+
+// ", and N recurrent-state slots of X KiB each (Y MiB in all, ...)" for
+// a hybrid model, else "".
+std::string StateSlotsNote(const ModelConfig& c, int32_t slots) {
+  if (!c.is_hybrid() || slots == 0) return "";
+  const int64_t linear = c.n_layers - c.AttentionLayers(0, c.n_layers);
+  const double slot_kib = 4.0 * linear * c.SsmStateValues() / 1024.0;
+  return absl::StrFormat(
+      ", and %d recurrent-state slots (--max-seqs) of %.1f KiB each (%.1f "
+      "MiB in all, taken from the ranks' KV budgets)",
+      slots, slot_kib, slots * slot_kib / 1024.0);
+}
+
+}  // namespace
+
 absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
   ASSIGN_OR_RETURN(std::unique_ptr<WeightSource> source,
                    OpenWeights(flags.model));
@@ -111,9 +128,10 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
   std::fprintf(
       stderr,
       "shardlm: KV cache: %d device + %d host blocks of %d tokens, "
-      "%s, %.1f KiB per token%s\n",
+      "%s, %.1f KiB per token%s%s\n",
       blocks.num_blocks(), blocks.num_host_blocks(), blocks.block_size(),
       KvCacheDTypeName(kv), KvBytesPerToken(m.engine->config(), kv) / 1024.0,
+      StateSlotsNote(m.engine->config(), blocks.state_slots()).c_str(),
       flags.cp > 1
           ? absl::StrCat(
                 " (over ", flags.cp, " CP ranks, ",
