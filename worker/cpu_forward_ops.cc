@@ -358,6 +358,12 @@ absl::Status CpuForwardOps::GatedDeltaNet(
   RETURN_IF_ERROR(CheckHostF32(kOp, "dt", layer.dt, {sh.v_heads}));
   RETURN_IF_ERROR(CheckHostF32(kOp, "a", layer.a, {sh.v_heads}));
   RETURN_IF_ERROR(CheckHostF32(kOp, "out", out, {n, nv}));
+  const int64_t slots =
+      layer.conv_state.rank() == 3 ? layer.conv_state.dim(0) : 0;
+  RETURN_IF_ERROR(
+      CheckHostF32(kOp, "conv_state", layer.conv_state, {slots, w - 1, ch}));
+  RETURN_IF_ERROR(CheckHostF32(kOp, "recurrent_state", layer.recurrent_state,
+                               {slots, sh.v_heads, sh.k_dim, sh.v_dim}));
   if (step_.state_slots.size() != step_.block_tables.size()) {
     return absl::InvalidArgumentError(absl::StrCat(
         kOp, ": the step has ", step_.state_slots.size(), " state slots for ",
@@ -388,7 +394,13 @@ absl::Status CpuForwardOps::GatedDeltaNet(
       g_.f32()[i] = a[h] * softplus;
     }
   }
-  // Sequence by sequence through its slot: runs of its contiguous tokens.
+  // Each sequence's run of contiguous tokens, all checked before any state
+  // is touched (a refused step changes nothing).
+  struct Run {
+    int64_t begin, end;
+    int32_t slot;
+  };
+  std::vector<Run> runs;
   std::vector<char> ran(step_.state_slots.size(), 0);
   for (int64_t t0 = 0; t0 < n;) {
     const int32_t seq = step_.token_seq[t0];
@@ -402,11 +414,23 @@ absl::Status CpuForwardOps::GatedDeltaNet(
       }
       ++t1;
     }
-    if (std::exchange(ran[seq], char{1})) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          kOp, ": sequence ", seq, "'s tokens are not contiguous in the step"));
+    if (seq < 0 || static_cast<size_t>(seq) >= ran.size() ||
+        std::exchange(ran[seq], char{1})) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": sequence ", seq,
+                       "'s tokens are not one contiguous run of the step"));
     }
     const int32_t slot = step_.state_slots[seq];
+    if (slot < 0 || slot >= slots) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kOp, ": sequence ", seq, "'s state slot ", slot,
+                       " is outside the ", slots, " held"));
+    }
+    runs.push_back({t0, t1, slot});
+    t0 = t1;
+  }
+  // Sequence by sequence through its slot.
+  for (const auto [t0, t1, slot] : runs) {
     ASSIGN_OR_RETURN(Tensor cs, Slot(layer.conv_state, slot, {w - 1, ch}));
     ASSIGN_OR_RETURN(Tensor rs, Slot(layer.recurrent_state, slot,
                                      {sh.v_heads, sh.k_dim, sh.v_dim}));
@@ -432,7 +456,6 @@ absl::Status CpuForwardOps::GatedDeltaNet(
     ASSIGN_OR_RETURN(const Tensor beta, beta_.Rows(t0, t1));
     ASSIGN_OR_RETURN(Tensor o, o_.Rows(t0, t1));
     RETURN_IF_ERROR(GatedDeltaRule(q, k, vv, g, beta, sh, rs, o));
-    t0 = t1;
   }
   ASSIGN_OR_RETURN(const Tensor z3, z.Reshaped({n, sh.v_heads, sh.v_dim}));
   ASSIGN_OR_RETURN(Tensor out3, out.Reshaped({n, sh.v_heads, sh.v_dim}));
@@ -445,11 +468,17 @@ absl::Status CpuForwardOps::SigmoidGate(Tensor& x, const Tensor& gate) {
         "SigmoidGate: x is ", x.DebugString(), "; expected [n, c]"));
   }
   RETURN_IF_ERROR(CheckHostF32("SigmoidGate", "x", x, {x.dim(0), x.dim(1)}));
-  RETURN_IF_ERROR(
-      CheckHostF32("SigmoidGate", "gate", gate, {x.dim(0), x.dim(1)}));
+  const bool per_row = gate.rank() == 2 && gate.dim(1) == 1;
+  RETURN_IF_ERROR(CheckHostF32("SigmoidGate", "gate", gate,
+                               {x.dim(0), per_row ? 1 : x.dim(1)}));
   float* y = x.f32().data();
   const float* g = gate.f32().data();
-  for (int64_t i = 0; i < x.numel(); ++i) y[i] /= 1.0f + std::exp(-g[i]);
+  const int64_t n = x.dim(0), c = x.dim(1);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < c; ++j) {
+      y[r * c + j] /= 1.0f + std::exp(-g[per_row ? r : r * c + j]);
+    }
+  }
   return absl::OkStatus();
 }
 

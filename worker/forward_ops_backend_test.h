@@ -70,6 +70,8 @@ class OpsBackend {
   virtual bool fused_ops() const = 0;
   virtual bool pad_columns() const = 0;
   virtual bool sequence_parallel() const = 0;
+  // Hybrid models' GatedDeltaNet and SigmoidGate (CPU only so far).
+  virtual bool gated_delta_net() const { return false; }
 };
 
 std::unique_ptr<OpsBackend> MakeCpuOpsBackend();

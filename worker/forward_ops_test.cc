@@ -18,6 +18,7 @@
 #include <numeric>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,7 @@
 #include "core/status.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/paged_attention.h"
+#include "kernels/ssm/gated_delta_net.h"
 #include "model/dequantize.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
@@ -115,6 +117,7 @@ class CpuOpsBackend : public OpsBackend {
   bool fused_ops() const override { return false; }
   bool pad_columns() const override { return true; }
   bool sequence_parallel() const override { return true; }
+  bool gated_delta_net() const override { return true; }
 };
 
 }  // namespace
@@ -912,6 +915,151 @@ TEST_P(ForwardOpsTest, ExpertRowsOfALongPrefill) {
   }
   ExpectNear(Get(gathered), want_gathered, 0.0, "GatherRows");
   ExpectNear(Get(acc), want_acc, 1e-6, "ScatterAddRows");
+}
+
+// ---------------------------------------------------------------------------
+// GatedDeltaNet: each sequence's contiguous tokens through its own state
+// slot (zeroed first when they start at position 0), other slots untouched;
+// against the CPU kernels (kernels/ssm, each held to a double loop) run by
+// hand per sequence, with the gates computed here in double. A step whose
+// tokens the recurrence cannot take is refused with every state unchanged.
+
+TEST_P(ForwardOpsTest, GatedDeltaNetRunsEachSequenceThroughItsSlot) {
+  if (!b().gated_delta_net()) GTEST_SKIP() << "not on " << GetParam();
+  // Value heads [1, 4) of 4 (a TP rank's share off a key-head boundary).
+  const GatedDeltaNetShape sh{.k_heads = 2,
+                              .v_heads = 3,
+                              .k_dim = 8,
+                              .v_dim = 8,
+                              .v_tiled = true,
+                              .v_head_begin = 1,
+                              .v_heads_total = 4};
+  const int64_t w = 4, nqk = 2 * 2 * 8, nv = 3 * 8, ch = nqk + nv, slots = 3;
+  // Sequence 0 (slot 2) starts at position 0, 5 tokens; sequence 1 (slot
+  // 0) goes on at position 7, 3 tokens; slot 1 is another sequence's.
+  StepInput step;
+  for (int64_t i = 0; i < 8; ++i) {
+    step.tokens.push_back(1);
+    step.positions.push_back(static_cast<int32_t>(i < 5 ? i : 2 + i));
+    step.token_seq.push_back(i < 5 ? 0 : 1);
+  }
+  step.block_tables = {{0}, {1}};
+  step.state_slots = {2, 0};
+  const int64_t n = 8;
+  const Tensor qk = RandomTensor({n, nqk}, 61), v = RandomTensor({n, nv}, 62);
+  const Tensor z = RandomTensor({n, nv}, 63);
+  const Tensor beta_in = RandomTensor({n, 3}, 64, 2.0f);
+  const Tensor alpha_in = RandomTensor({n, 3}, 65, 2.0f);
+  const Tensor conv = RandomTensor({ch, w}, 66, 0.5f);
+  const Tensor dt = RandomTensor({3}, 67);
+  Tensor a = RandomTensor({3}, 68);
+  for (float& x : a.f32()) x = -std::exp(x);
+  const Tensor norm = RandomTensor({8}, 69);
+  Tensor conv_state = RandomTensor({slots, w - 1, ch}, 70);
+  Tensor rec_state = RandomTensor({slots, 3, 8, 8}, 71, 0.5f);
+  const std::vector<double> conv_before = Values(conv_state);
+  const std::vector<double> rec_before = Values(rec_state);
+
+  // The reference: each sequence by hand through the kernels.
+  std::vector<double> want_out(n * nv), want_conv = conv_before,
+                                        want_rec = rec_before;
+  for (auto [t0, t1, slot] :
+       {std::tuple<int64_t, int64_t, int64_t>{0, 5, 2}, {5, 8, 0}}) {
+    const int64_t m = t1 - t0;
+    Tensor cs = HostF32({w - 1, ch}, {});
+    Tensor rs = HostF32({3, 8, 8}, {});
+    if (t0 != 0) {  // Sequence 1 goes on from its slot.
+      std::copy_n(conv_before.begin() + slot * (w - 1) * ch, (w - 1) * ch,
+                  cs.f32().begin());
+      std::copy_n(rec_before.begin() + slot * 3 * 64, 3 * 64, rs.f32().begin());
+    }
+    Tensor x = HostF32({m, ch}, {}), c = HostF32({m, ch}, {});
+    Tensor q = HostF32({m, 2, 8}, {}), k = HostF32({m, 2, 8}, {});
+    Tensor vv = HostF32({m, 3, 8}, {}), o = HostF32({m, 3, 8}, {});
+    Tensor g = HostF32({m, 3}, {}), beta = HostF32({m, 3}, {});
+    for (int64_t t = 0; t < m; ++t) {
+      std::copy_n(qk.f32().data() + (t0 + t) * nqk, nqk,
+                  x.f32().data() + t * ch);
+      std::copy_n(v.f32().data() + (t0 + t) * nv, nv,
+                  x.f32().data() + t * ch + nqk);
+      for (int64_t h = 0; h < 3; ++h) {
+        const double bi = beta_in.f32()[(t0 + t) * 3 + h];
+        const double ai = alpha_in.f32()[(t0 + t) * 3 + h] + dt.f32()[h];
+        beta.f32()[t * 3 + h] = static_cast<float>(1 / (1 + std::exp(-bi)));
+        g.f32()[t * 3 + h] =
+            static_cast<float>(a.f32()[h] * std::log1p(std::exp(ai)));
+      }
+    }
+    ASSERT_OK(CausalConv1dSilu(x, conv, cs, c));
+    for (int64_t t = 0; t < m; ++t) {
+      std::copy_n(c.f32().data() + t * ch, 16, q.f32().data() + t * 16);
+      std::copy_n(c.f32().data() + t * ch + 16, 16, k.f32().data() + t * 16);
+      std::copy_n(c.f32().data() + t * ch + nqk, nv, vv.f32().data() + t * nv);
+    }
+    ASSERT_OK(GatedDeltaRule(q, k, vv, g, beta, sh, rs, o));
+    ASSERT_OK_AND_ASSIGN(Tensor zs, z.Rows(t0, t1));
+    ASSERT_OK_AND_ASSIGN(Tensor z3, zs.Reshaped({m, 3, 8}));
+    ASSERT_OK(GatedRmsNorm(o, z3, norm, 1e-6f, o));
+    std::copy(o.f32().begin(), o.f32().end(), want_out.begin() + t0 * nv);
+    std::copy(cs.f32().begin(), cs.f32().end(),
+              want_conv.begin() + slot * (w - 1) * ch);
+    std::copy(rs.f32().begin(), rs.f32().end(),
+              want_rec.begin() + slot * 3 * 64);
+  }
+
+  const auto ops = Bind(step, 64);
+  Tensor out = Zeros(DType::kF32, {n, nv});
+  const DeltaNetLayer layer{.conv = conv,
+                            .dt = dt,
+                            .a = a,
+                            .norm = norm,
+                            .eps = 1e-6f,
+                            .shape = sh,
+                            .conv_state = conv_state,
+                            .recurrent_state = rec_state};
+  ASSERT_OK(ops->GatedDeltaNet(qk, v, z, beta_in, alpha_in, layer, out));
+  // The gates in double against the op's f32: a few ulps through the norm.
+  ExpectNear(out, want_out, 1e-5, "out");
+  ExpectNear(conv_state, want_conv, 0.0, "conv states (slot 1 untouched)");
+  ExpectNear(rec_state, want_rec, 1e-6, "recurrent states (slot 1 untouched)");
+
+  // Refused, every state unchanged: a sequence's tokens out of order, or
+  // split into two runs; a slot outside those held.
+  const std::vector<double> conv_after = Values(conv_state);
+  const std::vector<double> rec_after = Values(rec_state);
+  for (int bad = 0; bad < 3; ++bad) {
+    StepInput wrong = step;
+    if (bad == 0) std::swap(wrong.positions[6], wrong.positions[7]);
+    if (bad == 1) std::swap(wrong.token_seq[4], wrong.token_seq[5]);
+    if (bad == 2) wrong.state_slots[1] = 3;
+    const absl::Status s =
+        Bind(wrong, 64)->GatedDeltaNet(qk, v, z, beta_in, alpha_in, layer, out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad << ": " << s;
+    ExpectNear(conv_state, conv_after, 0.0, absl::StrCat("bad ", bad));
+    ExpectNear(rec_state, rec_after, 0.0, absl::StrCat("bad ", bad));
+  }
+}
+
+TEST_P(ForwardOpsTest, SigmoidGate) {
+  if (!b().gated_delta_net()) GTEST_SKIP() << "not on " << GetParam();
+  const int64_t n = 5, c = 769;
+  const Tensor x = RandomTensor({n, c}, 81, 3.0f);
+  const Tensor gate = RandomTensor({n, c}, 82, 3.0f);
+  const Tensor row_gate = RandomTensor({n, 1}, 83, 3.0f);
+  const std::vector<double> xv = Values(x), gv = Values(gate),
+                            rv = Values(row_gate);
+  std::vector<double> each(xv.size()), per_row(xv.size());
+  for (size_t i = 0; i < xv.size(); ++i) {
+    each[i] = xv[i] / (1 + std::exp(-gv[i]));
+    per_row[i] = xv[i] / (1 + std::exp(-rv[i / c]));
+  }
+  const auto ops = Bind(PlainStep(n), c);
+  Tensor y = Put(x);
+  ASSERT_OK(ops->SigmoidGate(y, Put(gate)));
+  ExpectNear(Get(y), each, 1e-5, "per value");
+  y = Put(x);
+  ASSERT_OK(ops->SigmoidGate(y, Put(row_gate)));
+  ExpectNear(Get(y), per_row, 1e-5, "per row");
 }
 
 // The GPU binary runs CUDA's cases (skipped without a device) beside the
