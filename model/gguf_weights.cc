@@ -394,7 +394,9 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, p + "vocab_size", vocab));
   c.tied_embeddings = FindTensor(g, "output.weight") == nullptr;
-  if (c.architecture == "qwen35") RETURN_IF_ERROR(ReadQwen35(g, p, c));
+  if (c.architecture == "qwen35" || c.architecture == "qwen35moe") {
+    RETURN_IF_ERROR(ReadQwen35(g, p, c));
+  }
   const std::string attention =
       absl::StrCat("blk.", FirstAttentionLayer(c), ".attn_q");
   c.attention_bias = FindTensor(g, attention + ".bias") != nullptr;
@@ -444,6 +446,18 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
                        g.GetBool(p + "expert_weights_norm"));
     }
     if (gating == 3) c.expert_weights_norm = true;
+    // Qwen3.5-MoE: one shared expert of its own width (no
+    // expert_shared_count key), gated per token when the file has the
+    // gate's vector.
+    const std::string first_moe = absl::StrCat("blk.", c.n_dense_layers, ".");
+    if (c.n_shared_experts == 0 &&
+        FindTensor(g, first_moe + "ffn_gate_shexp.weight") != nullptr) {
+      c.n_shared_experts = 1;
+    }
+    ASSIGN_OR_RETURN(c.shared_expert_ffn,
+                     IntOr(g, p + "expert_shared_feed_forward_length", 0));
+    c.shared_expert_gate =
+        FindTensor(g, first_moe + "ffn_gate_inp_shexp.weight") != nullptr;
   }
   ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
   ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
@@ -463,7 +477,8 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       c.architecture == "qwen2" || c.architecture == "qwen3" ||
               c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
               c.architecture == "gemma2" || c.architecture == "gemma3" ||
-              c.architecture == "gpt-oss" || c.architecture == "qwen35"
+              c.architecture == "gpt-oss" || c.architecture == "qwen35" ||
+              c.architecture == "qwen35moe"
           ? RopeStyle::kRotateHalf
           : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));

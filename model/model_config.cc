@@ -156,7 +156,8 @@ std::string ExtrasString(const ModelConfig& c) {
   }
   if (c.n_shared_experts > 0) {
     absl::StrAppend(&out, "shared experts   ", c.n_shared_experts, " (FFN ",
-                    c.SharedFfn(), ")\n");
+                    c.SharedFfn(),
+                    c.shared_expert_gate ? ", gated per token" : "", ")\n");
   }
   if (c.n_dense_layers > 0) {
     absl::StrAppend(&out, "dense layers     0-", c.n_dense_layers - 1, " (FFN ",
@@ -169,18 +170,18 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",       "mistral",     "qwen2",   "qwen3",       "qwen3moe",
-      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",    "deepseek2",
-      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",      "gemma3_text",
-      "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text"};
+      "llama",       "mistral",     "qwen2",   "qwen3",        "qwen3moe",
+      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",     "deepseek2",
+      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",       "gemma3_text",
+      "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text", "qwen35moe"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
         "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2, "
-        "gemma3, gpt-oss and qwen35 (Qwen3.5) are; llama with experts is "
-        "Mixtral)"));
+        "gemma3, gpt-oss, qwen35 and qwen35moe (Qwen3.5) are; llama with "
+        "experts is Mixtral)"));
   }
   if (is_hybrid()) {
     if (static_cast<int64_t>(linear_layers.size()) != n_layers) {

@@ -91,6 +91,11 @@ struct ModelConfig {
   // SwiGLU FFN of n_shared_experts * expert_ffn_hidden columns (GLM-4.5,
   // DeepSeek V3).
   int64_t n_shared_experts = 0;
+  // Qwen3.5-MoE: the shared expert's own width (0: n_shared_experts *
+  // expert_ffn_hidden), and its output times sigmoid(w . x) per token
+  // (LlamaLayerWeights::shared_gate_inp).
+  int64_t shared_expert_ffn = 0;
+  bool shared_expert_gate = false;
   // The first n_dense_layers layers of a mixture have a dense FFN of
   // ffn_hidden columns instead (first_k_dense_replace).
   int64_t n_dense_layers = 0;
@@ -165,7 +170,10 @@ struct ModelConfig {
   // Whether a mixture also has dense FFN layers (n_dense_layers > 0).
   bool HasDenseLayers() const { return !is_moe() || n_dense_layers > 0; }
   // Columns of the shared experts' FFN; 0 when none.
-  int64_t SharedFfn() const { return n_shared_experts * expert_ffn_hidden; }
+  int64_t SharedFfn() const {
+    return shared_expert_ffn > 0 ? shared_expert_ffn
+                                 : n_shared_experts * expert_ffn_hidden;
+  }
   int64_t RotaryDims() const { return rope_dims > 0 ? rope_dims : head_dim; }
   bool is_mla() const { return kv_lora_rank > 0; }
   bool is_hybrid() const { return !linear_layers.empty(); }

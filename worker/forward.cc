@@ -133,6 +133,15 @@ absl::Status ShardForward::Experts(const LlamaLayerWeights& w,
     ASSIGN_OR_RETURN(Tensor y, b.moe_out.Rows(0, n));
     RETURN_IF_ERROR(ops.Linear(padded.empty() ? b.shared_h : padded,
                                w.shared_down, y, false));
+    if (!w.shared_gate_inp.empty()) {
+      // Qwen3.5-MoE: times sigmoid(w . xn) per token, each rank's partial
+      // sums alike (the gate is linear in them).
+      ASSIGN_OR_RETURN(const Tensor gate_w, w.shared_gate_inp.Reshaped(
+                                                {1, w.shared_gate_inp.dim(0)}));
+      ASSIGN_OR_RETURN(Tensor gate, b.shared_gate_logit.Rows(0, n));
+      RETURN_IF_ERROR(ops.Linear(b.xn, gate_w, gate, false));
+      RETURN_IF_ERROR(ops.SigmoidGate(y, gate));
+    }
     RETURN_IF_ERROR(ops.Add(b.partial, y));
   }
   if (comms.tp != nullptr) {

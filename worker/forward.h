@@ -215,7 +215,8 @@ class ForwardOps {
                                      const DeltaNetLayer& layer, Tensor& out) {
     return absl::UnimplementedError("GatedDeltaNet on this backend");
   }
-  // x *= sigmoid(gate), both [n, c] (Qwen3.5's gated attention output).
+  // x *= sigmoid(gate) (Qwen3.5's gated attention output, its MoE's
+  // shared expert): x [n, c], gate [n, c], or [n, 1] for one per row.
   virtual absl::Status SigmoidGate(Tensor& x, const Tensor& gate) {
     return absl::UnimplementedError("SigmoidGate on this backend");
   }
@@ -266,6 +267,8 @@ struct ForwardBuffers {
   // The shared experts' gate and up [n, shared columns held] f32 and
   // SwiGLU (GEMM input; may alias shared_gate), their output in moe_out.
   Tensor shared_gate, shared_up, shared_h;
+  // Qwen3.5-MoE: the shared expert's gate logit per token [n, 1] f32.
+  Tensor shared_gate_logit;
   // Multi-head latent attention (q, k and v unused; q [n, heads held *
   // head_dim] and attn [n, heads held * v_head_dim]): the q LoRA's
   // compressed query [n, q_lora_rank], the shared roped key part [n,

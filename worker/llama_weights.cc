@@ -195,7 +195,8 @@ std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
           &l.ssm_a,
           &l.ssm_conv,
           &l.ssm_norm,
-          &l.ssm_out};
+          &l.ssm_out,
+          &l.shared_gate_inp};
 }
 
 // A Gated DeltaNet layer's tensors (llama.cpp's qwen35 names; see
@@ -676,7 +677,8 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     // post_attention_layernorm) post_attention_norm.
     const std::string ffn_norm =
         (c.architecture == "glm4moe" || c.architecture == "gpt-oss" ||
-         c.architecture == "gpt_oss" || c.architecture == "qwen35") &&
+         c.architecture == "gpt_oss" || c.architecture == "qwen35" ||
+         c.architecture == "qwen35moe") &&
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";
@@ -750,6 +752,11 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
                       -1, s.shared_ffn_begin, s.shared_ffn_end));
         l.shared_down = std::move(sdown.w);
         l.shared_down_offset = sdown.offset;
+        if (c.shared_expert_gate) {
+          ASSIGN_OR_RETURN(
+              l.shared_gate_inp,
+              Load(source, p + "ffn_gate_inp_shexp.weight", {c.hidden}));
+        }
       }
     } else {
       const auto [f0, f1] = DenseFfnColumns(c, s);

@@ -63,6 +63,7 @@ struct LlamaLayerWeights {
   Tensor shared_gate, shared_up;  // [s, hidden]    column-parallel
   Tensor shared_down;             // [hidden, s (+ padding)] row-parallel
   int64_t shared_down_offset = 0;
+  Tensor shared_gate_inp;  // [hidden] f32 (ModelConfig::shared_expert_gate)
   // The row-parallel matrices of a TP rank whose columns cut a block of
   // their format (heads of 64 or 128 values inside 256-value K-quant
   // super-blocks) hold the whole blocks around their columns: wo is then

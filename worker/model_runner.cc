@@ -248,6 +248,9 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
       ASSIGN_OR_RETURN(b.shared_gate, host({s, shared}));
       ASSIGN_OR_RETURN(b.shared_up, host({s, shared}));
       b.shared_h = b.shared_gate;
+      if (c.shared_expert_gate) {
+        ASSIGN_OR_RETURN(b.shared_gate_logit, host({s, 1}));
+      }
     }
   }
   if (c.HasDenseLayers()) {

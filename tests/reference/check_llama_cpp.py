@@ -25,8 +25,8 @@ input and output rounded to f16), which moves logits of ~100 by up to
 5e-3; with that table emulated in the reference, the gap falls to 1e-4.
 
 Without --tool, the reference and llama.cpp only: for a family whose C++
-forward pass is not built yet (qwen35), so that the reference the C++ will
-be held to is itself held to llama.cpp first.
+forward pass is not built yet, so that the reference the C++ will be held
+to is itself held to llama.cpp first.
 
 Exit 0: all agree; 1: a mismatch; 2: a tool error; 77: llama-cpp-python is
 not installed (ctest reports the test as skipped, not passed).

@@ -109,6 +109,10 @@ class Config:
     topk_group: int = 1
     n_shared: int = 0         # Shared experts: one SwiGLU of n_shared x
                               # expert_hidden_dim columns, added for all.
+    # Qwen3.5-MoE / Qwen3-Next: the shared expert's width
+    # (expert_shared_feed_forward_length; 0: n_shared x expert_hidden_dim)
+    # and its gate, sigmoid(w . h) per token (Layer.s_gate_inp).
+    shared_hidden_dim: int = 0
     routed_scale: float = 1.0  # Routed weights times this (after norm).
     # DeepSeek V2 / V3 multi-head latent attention, on when kv_lora_rank > 0
     # (mla_attention): head_dim is the q / k head, qk_nope + rope_dim (the
@@ -203,6 +207,7 @@ class Layer:
     s_gate: np.ndarray | None = None  # (n_shared*expert_hidden_dim, dim)
     s_up: np.ndarray | None = None    # (n_shared*expert_hidden_dim, dim)
     s_down: np.ndarray | None = None  # (dim, n_shared*expert_hidden_dim)
+    s_gate_inp: np.ndarray | None = None  # (dim,) the shared expert's gate
     # gpt-oss: attention sinks (n_heads,), the output bias (dim,), the
     # router's logit bias (n_experts,), the experts' biases (n_experts,
     # expert_hidden_dim) for gate and up, (n_experts, dim) for down.
@@ -309,7 +314,9 @@ def _check_shapes(cfg: Config, w: Weights) -> None:
             if cfg.gating == "sigmoid":
                 want[f"{i}.e_bias"] = (L.e_bias, (e,))
             if cfg.n_shared:
-                sf = cfg.n_shared * f
+                sf = cfg.shared_hidden_dim or cfg.n_shared * f
+                if L.s_gate_inp is not None:
+                    want[f"{i}.s_gate_inp"] = (L.s_gate_inp, (cfg.dim,))
                 want.update({
                     f"{i}.s_gate": (L.s_gate, (sf, cfg.dim)),
                     f"{i}.s_up": (L.s_up, (sf, cfg.dim)),
@@ -447,10 +454,11 @@ def load_gguf(path: str):
     reader = gguf.GGUFReader(path)
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
-                    "deepseek2", "gemma2", "gemma3", "gpt-oss", "qwen35"):
+                    "deepseek2", "gemma2", "gemma3", "gpt-oss", "qwen35",
+                    "qwen35moe"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
                          f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2, "
-                         f"gemma3, gpt-oss or qwen35")
+                         f"gemma3, gpt-oss, qwen35 or qwen35moe")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -543,8 +551,14 @@ def load_gguf(path: str):
         cfg.window_layers = [i % 2 == 0 for i in range(cfg.n_layers)]
         cfg.swiglu_oai = True
         cfg.experts_norm = True  # softmax over the chosen logits
-    if arch == "qwen35":
+    if arch in ("qwen35", "qwen35moe"):
         _qwen35_gguf(cfg, kv)
+    if arch == "qwen35moe":
+        # llama.cpp's qwen35moe: softmax routing, the top-k renormalized,
+        # and a shared expert (when the file has one) gated per token.
+        cfg.n_shared = int("blk.0.ffn_gate_shexp.weight" in tensors)
+        cfg.shared_hidden_dim = int(kv("expert_shared_feed_forward_length",
+                                       cfg.expert_hidden_dim))
     if mla:
         cfg.q_lora_rank = int(kv("attention.q_lora_rank", 0))
         cfg.kv_lora_rank = int(kv("attention.kv_lora_rank"))
@@ -589,7 +603,8 @@ def load_gguf(path: str):
     # the norm of the attention's output (HF post_attention_layernorm too),
     # its pre-FFN norm ffn_norm.
     ffn_norm = ("post_attention_norm"
-                if arch in ("glm4moe", "gpt-oss", "qwen35") else "ffn_norm")
+                if arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe")
+                else "ffn_norm")
     gemma = arch in ("gemma2", "gemma3")
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
@@ -606,11 +621,31 @@ def load_gguf(path: str):
     layers = []
     for i in range(cfg.n_layers):
         p = f"blk.{i}."
-        if cfg.is_linear(i):
-            layers.append(_gated_delta_net_layer(tensors, p, ffn_norm))
-            continue
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
+        ffn = dict(
+            ffn_norm=tensors[p + ffn_norm + ".weight"],
+            w_gate=None if moe else tensors[p + "ffn_gate.weight"],
+            w_up=None if moe else tensors[p + "ffn_up.weight"],
+            w_down=None if moe else tensors[p + "ffn_down.weight"],
+            router=tensors[p + "ffn_gate_inp.weight"] if moe else None,
+            e_gate=experts(p, "ffn_gate") if moe else None,
+            e_up=experts(p, "ffn_up") if moe else None,
+            e_down=experts(p, "ffn_down") if moe else None,
+            e_bias=tensors.get(p + "exp_probs_b.bias") if moe else None,
+            s_gate=tensors[p + "ffn_gate_shexp.weight"] if shared else None,
+            s_up=tensors[p + "ffn_up_shexp.weight"] if shared else None,
+            s_down=tensors[p + "ffn_down_shexp.weight"] if shared else None,
+            s_gate_inp=(tensors[p + "ffn_gate_inp_shexp.weight"].reshape(-1)
+                        if shared and p + "ffn_gate_inp_shexp.weight"
+                        in tensors else None),
+            router_b=tensors.get(p + "ffn_gate_inp.bias") if moe else None,
+            e_gate_b=tensors.get(p + "ffn_gate_exps.bias") if moe else None,
+            e_up_b=tensors.get(p + "ffn_up_exps.bias") if moe else None,
+            e_down_b=tensors.get(p + "ffn_down_exps.bias") if moe else None)
+        if cfg.is_linear(i):
+            layers.append(_gated_delta_net_layer(tensors, p, ffn))
+            continue
         lora = mla and cfg.q_lora_rank > 0
         layers.append(Layer(
             attn_norm=tensors[p + "attn_norm.weight"],
@@ -624,10 +659,6 @@ def load_gguf(path: str):
             wkv_a=tensors[p + "attn_kv_a_mqa.weight"] if mla else None,
             kv_a_norm=tensors[p + "attn_kv_a_norm.weight"] if mla else None,
             wkv_b=kv_b(p) if mla else None,
-            ffn_norm=tensors[p + ffn_norm + ".weight"],
-            w_gate=None if moe else tensors[p + "ffn_gate.weight"],
-            w_up=None if moe else tensors[p + "ffn_up.weight"],
-            w_down=None if moe else tensors[p + "ffn_down.weight"],
             bq=tensors.get(p + "attn_q.bias"),
             bk=tensors.get(p + "attn_k.bias"),
             bv=tensors.get(p + "attn_v.bias"),
@@ -637,20 +668,9 @@ def load_gguf(path: str):
                             if gemma else None),
             ffn_post_norm=(tensors[p + "post_ffw_norm.weight"]
                            if gemma else None),
-            router=tensors[p + "ffn_gate_inp.weight"] if moe else None,
-            e_gate=experts(p, "ffn_gate") if moe else None,
-            e_up=experts(p, "ffn_up") if moe else None,
-            e_down=experts(p, "ffn_down") if moe else None,
-            e_bias=tensors.get(p + "exp_probs_b.bias") if moe else None,
-            s_gate=tensors[p + "ffn_gate_shexp.weight"] if shared else None,
-            s_up=tensors[p + "ffn_up_shexp.weight"] if shared else None,
-            s_down=tensors[p + "ffn_down_shexp.weight"] if shared else None,
             sinks=tensors.get(p + "attn_sinks.weight"),
             bo=tensors.get(p + "attn_output.bias"),
-            router_b=tensors.get(p + "ffn_gate_inp.bias") if moe else None,
-            e_gate_b=tensors.get(p + "ffn_gate_exps.bias") if moe else None,
-            e_up_b=tensors.get(p + "ffn_up_exps.bias") if moe else None,
-            e_down_b=tensors.get(p + "ffn_down_exps.bias") if moe else None,
+            **ffn,
         ))
     w = Weights(
         tok_embd=tok_embd,
@@ -689,15 +709,13 @@ def _qwen35_gguf(cfg: Config, kv) -> None:
     cfg.attn_gate = True
 
 
-def _gated_delta_net_layer(tensors: dict, p: str, ffn_norm: str) -> Layer:
-    """A Gated DeltaNet layer of a qwen35 GGUF (llama.cpp's names)."""
+def _gated_delta_net_layer(tensors: dict, p: str, ffn: dict) -> Layer:
+    """A Gated DeltaNet layer of a qwen35 GGUF (llama.cpp's names), its
+    FFN's fields `ffn`."""
     return Layer(
         attn_norm=tensors[p + "attn_norm.weight"],
         wq=None, wk=None, wv=None, wo=None,
-        ffn_norm=tensors[p + ffn_norm + ".weight"],
-        w_gate=tensors[p + "ffn_gate.weight"],
-        w_up=tensors[p + "ffn_up.weight"],
-        w_down=tensors[p + "ffn_down.weight"],
+        **ffn,
         ssm_qkv=tensors[p + "attn_qkv.weight"],
         ssm_z=tensors[p + "attn_gate.weight"],
         ssm_beta=tensors[p + "ssm_beta.weight"],
@@ -930,7 +948,10 @@ def moe_ffn(h: np.ndarray, L: "Layer", c: Config, gaps=None) -> np.ndarray:
                 d = d + L.e_down_b[e]
             out[t] += wt * d
     if c.n_shared:
-        out = out + (silu(h @ L.s_gate.T) * (h @ L.s_up.T)) @ L.s_down.T
+        shared = (silu(h @ L.s_gate.T) * (h @ L.s_up.T)) @ L.s_down.T
+        if L.s_gate_inp is not None:  # Qwen3.5-MoE: gated per token
+            shared = shared * sigmoid(h @ L.s_gate_inp)[:, None]
+        out = out + shared
     return out
 
 

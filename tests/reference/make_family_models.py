@@ -275,6 +275,18 @@ FAMILIES = {
                    eps=1e-6, qk_norm=True, rotary_factor=0.25,
                    attn_gate=True, full_attention_interval=4, ssm_conv=4,
                    ssm_k_heads=2, ssm_v_heads=4, ssm_head=16),
+    # Qwen3.5-MoE (llama.cpp's qwen35moe, GGUF only so far): qwen35's
+    # layers with a mixture in every layer: 8 experts of 64 (top 2,
+    # renormalized) and a shared expert of 96 gated per token by
+    # sigmoid(w . h).
+    "qwen35moe": dict(gguf_arch="qwen35moe", hf_type="qwen3_5_moe_text",
+                      pre="qwen2", layers=8, head_dim=32, theta=1e7,
+                      eps=1e-6, qk_norm=True, rotary_factor=0.25,
+                      attn_gate=True, full_attention_interval=4, ssm_conv=4,
+                      ssm_k_heads=2, ssm_v_heads=4, ssm_head=16, experts=8,
+                      experts_used=2, expert_ffn=64, experts_norm=True,
+                      shared_experts=1, shared_ffn=96, shared_gate=True,
+                      formats=("gguf",)),
     "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
                       tied=True, bias=True, eps=1e-6, window=20,
                       max_window_layers=2),
@@ -378,7 +390,11 @@ def draw(f: dict, seed: int) -> dict:
                     t[p + name] = (sd * rng.standard_normal(shape)).astype(
                         np.float32)
             if f["shared_experts"]:
-                fs = fe * f["shared_experts"]
+                fs = f.get("shared_ffn") or fe * f["shared_experts"]
+                if f.get("shared_gate"):  # Qwen3.5-MoE's, per token.
+                    t[p + "ffn_gate_inp_shexp.weight"] = (
+                        rng.standard_normal(h) / np.sqrt(h)).astype(
+                            np.float32)
                 t[p + "ffn_gate_shexp.weight"] = lin(fs, h)
                 t[p + "ffn_up_shexp.weight"] = lin(fs, h)
                 t[p + "ffn_down_shexp.weight"] = lin(h, fs)
@@ -518,7 +534,10 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_sliding_window(f["window"])
     if arch == "gemma3":  # The converter's, from rope_parameters.
         w.add_rope_freq_base_swa(f["swa_theta"])
-    if arch == "qwen35":  # As llama.cpp's converter (Qwen3_5TextModel).
+    if arch == "qwen35moe":  # Qwen2MoeModel's part of the converter.
+        w.add_expert_shared_feed_forward_length(f["shared_ffn"])
+    if arch in ("qwen35", "qwen35moe"):
+        # As llama.cpp's converter (Qwen3_5TextModel, Qwen3_5MoeTextModel).
         w.add_ssm_conv_kernel(f["ssm_conv"])
         w.add_ssm_state_size(f["ssm_head"])
         w.add_ssm_group_count(f["ssm_k_heads"])
@@ -555,7 +574,7 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     if s and s["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_freq_factors(f))
     for name, a in t.items():
-        if (arch in ("glm4moe", "gpt-oss", "qwen35")
+        if (arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe")
                 and name.endswith(".ffn_norm.weight")):
             # GLM-4.5's and gpt-oss's pre-FFN norm (HF post_attention_
             # layernorm) is the arch's ATTN_POST_NORM in llama.cpp (it has
