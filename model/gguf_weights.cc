@@ -232,7 +232,8 @@ absl::Status ReadGptOss(const GgufFile& g, const std::string& p,
   return absl::OkStatus();
 }
 
-// llama.cpp's qwen35 (Qwen3.5's dense models): Gated DeltaNet layers but
+// llama.cpp's qwen35 (Qwen3.5's dense models; qwen35moe and qwen3next
+// read the same keys): Gated DeltaNet layers but
 // every full_attention_interval-th (attention.recurrent_layers, when the
 // file has it, says which), gated attention, and the ssm.* keys as its
 // converter writes them: state_size the k (and v) head, group_count the k
@@ -394,8 +395,11 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   ASSIGN_OR_RETURN(c.vocab_size, IntOr(g, p + "vocab_size", vocab));
   c.tied_embeddings = FindTensor(g, "output.weight") == nullptr;
-  if (c.architecture == "qwen35" || c.architecture == "qwen35moe") {
+  if (c.architecture == "qwen35" || c.architecture == "qwen35moe" ||
+      c.architecture == "qwen3next") {
     RETURN_IF_ERROR(ReadQwen35(g, p, c));
+    // Qwen3-Next's converter keeps transformers' grouped value heads.
+    c.ssm_v_tiled = c.architecture != "qwen3next";
   }
   const std::string attention =
       absl::StrCat("blk.", FirstAttentionLayer(c), ".attn_q");
@@ -478,7 +482,7 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
               c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
               c.architecture == "gemma2" || c.architecture == "gemma3" ||
               c.architecture == "gpt-oss" || c.architecture == "qwen35" ||
-              c.architecture == "qwen35moe"
+              c.architecture == "qwen35moe" || c.architecture == "qwen3next"
           ? RopeStyle::kRotateHalf
           : RopeStyle::kAdjacentPairs;
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));

@@ -173,15 +173,16 @@ absl::Status ModelConfig::Validate() const {
       "llama",       "mistral",     "qwen2",   "qwen3",        "qwen3moe",
       "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",     "deepseek2",
       "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",       "gemma3_text",
-      "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text", "qwen35moe"};
+      "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text", "qwen35moe",
+      "qwen3next"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "model config: architecture '", architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
         "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2, "
-        "gemma3, gpt-oss, qwen35 and qwen35moe (Qwen3.5) are; llama with "
-        "experts is Mixtral)"));
+        "gemma3, gpt-oss, qwen35 and qwen35moe (Qwen3.5) and qwen3next are; "
+        "llama with experts is Mixtral)"));
   }
   if (is_hybrid()) {
     if (static_cast<int64_t>(linear_layers.size()) != n_layers) {

@@ -4,7 +4,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -202,25 +204,104 @@ std::vector<const Tensor*> LayerTensors(const LlamaLayerWeights& l) {
 // A Gated DeltaNet layer's tensors (llama.cpp's qwen35 names; see
 // LlamaLayerWeights): every q/k head's, and the value heads this rank holds
 // (SsmValueHeads).
+// Row ranges [begin, end) of the matrix `name` of `shape`, one after
+// another, in the file's format (whole rows: a block format stays in it).
+absl::StatusOr<Tensor> LoadRows(
+    const WeightSource& source, const std::string& name, const Shape& shape,
+    const std::vector<std::pair<int64_t, int64_t>>& ranges) {
+  std::vector<Tensor> parts;
+  int64_t rows = 0;
+  for (const auto& [r0, r1] : ranges) {
+    ASSIGN_OR_RETURN(Tensor t, Load(source, name, shape, r0, r1));
+    rows += r1 - r0;
+    parts.push_back(std::move(t));
+  }
+  if (parts.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("no rows of '", name, "'"));
+  }
+  ASSIGN_OR_RETURN(Tensor out, Tensor::HostUninitialized(parts[0].dtype(),
+                                                         {rows, shape[1]}));
+  auto* to = static_cast<uint8_t*>(out.raw());
+  for (const Tensor& t : parts) {
+    std::memcpy(to, t.raw(), t.bytes());
+    to += t.bytes();
+  }
+  return out;
+}
+
+// [begin, end) runs of `rows(i)` over i in [i0, i1), consecutive ones
+// merged: the rows of a few heads spread over a fused matrix.
+std::vector<std::pair<int64_t, int64_t>> Runs(
+    int64_t i0, int64_t i1,
+    const std::function<std::pair<int64_t, int64_t>(int64_t)>& rows) {
+  std::vector<std::pair<int64_t, int64_t>> runs;
+  for (int64_t i = i0; i < i1; ++i) {
+    const auto [r0, r1] = rows(i);
+    if (!runs.empty() && runs.back().second == r0) {
+      runs.back().second = r1;
+    } else {
+      runs.push_back({r0, r1});
+    }
+  }
+  return runs;
+}
+
 absl::Status LoadGatedDeltaNet(const WeightSource& source, int64_t layer,
                                const ShardSpec& s, LlamaLayerWeights& l) {
   const ModelConfig& c = source.config();
   const std::string p = absl::StrCat("blk.", layer, ".");
   const auto [v0, v1] = SsmValueHeads(c, s);
   const int64_t h = c.hidden, dv = c.ssm_v_dim, nv = c.ssm_v_heads;
-  const int64_t qk = 2 * c.ssm_k_heads * c.ssm_k_dim, values = nv * dv;
+  const int64_t hk = c.ssm_k_heads, dk = c.ssm_k_dim, r = nv / hk;
+  const int64_t qk = 2 * hk * dk, values = nv * dv;
   const int64_t channels = qk + values, w = c.ssm_conv_width;
-  const Shape qkv_shape = {channels, h};
-  ASSIGN_OR_RETURN(l.ssm_qk,
-                   Load(source, p + "attn_qkv.weight", qkv_shape, 0, qk));
-  ASSIGN_OR_RETURN(l.ssm_v, Load(source, p + "attn_qkv.weight", qkv_shape,
-                                 qk + v0 * dv, qk + v1 * dv));
-  ASSIGN_OR_RETURN(l.ssm_z, Load(source, p + "attn_gate.weight", {values, h},
-                                 v0 * dv, v1 * dv));
-  ASSIGN_OR_RETURN(l.ssm_beta,
-                   Load(source, p + "ssm_beta.weight", {nv, h}, v0, v1));
-  ASSIGN_OR_RETURN(l.ssm_alpha,
-                   Load(source, p + "ssm_alpha.weight", {nv, h}, v0, v1));
+  if (source.Find(p + "ssm_in.weight") != nullptr) {
+    // Older qwen3next files: per key head g, its q, k, its value heads'
+    // v, then their z, in one matrix of rows g * S + ...
+    const int64_t S = 2 * dk + 2 * r * dv;
+    const Shape shape = {hk * S, h};
+    const std::string name = p + "ssm_in.weight";
+    std::vector<std::pair<int64_t, int64_t>> qk_rows;
+    for (int64_t part = 0; part < 2; ++part) {  // Every q, then every k.
+      for (int64_t g = 0; g < hk; ++g) {
+        qk_rows.push_back({g * S + part * dk, g * S + (part + 1) * dk});
+      }
+    }
+    const auto head_rows = [&](int64_t offset) {
+      return Runs(v0, v1, [&](int64_t i) {
+        const int64_t at = i / r * S + 2 * dk + offset + i % r * dv;
+        return std::pair{at, at + dv};
+      });
+    };
+    ASSIGN_OR_RETURN(l.ssm_qk, LoadRows(source, name, shape, qk_rows));
+    ASSIGN_OR_RETURN(l.ssm_v, LoadRows(source, name, shape, head_rows(0)));
+    ASSIGN_OR_RETURN(l.ssm_z, LoadRows(source, name, shape, head_rows(r * dv)));
+  } else {
+    const Shape qkv_shape = {channels, h};
+    ASSIGN_OR_RETURN(l.ssm_qk,
+                     Load(source, p + "attn_qkv.weight", qkv_shape, 0, qk));
+    ASSIGN_OR_RETURN(l.ssm_v, Load(source, p + "attn_qkv.weight", qkv_shape,
+                                   qk + v0 * dv, qk + v1 * dv));
+    ASSIGN_OR_RETURN(l.ssm_z, Load(source, p + "attn_gate.weight", {values, h},
+                                   v0 * dv, v1 * dv));
+  }
+  if (source.Find(p + "ssm_ba.weight") != nullptr) {
+    // qwen3next: per key head g, its value heads' betas, then alphas.
+    const auto rows = [&](int64_t offset) {
+      return Runs(v0, v1, [&](int64_t i) {
+        const int64_t at = i / r * 2 * r + offset + i % r;
+        return std::pair{at, at + 1};
+      });
+    };
+    const std::string name = p + "ssm_ba.weight";
+    ASSIGN_OR_RETURN(l.ssm_beta, LoadRows(source, name, {2 * nv, h}, rows(0)));
+    ASSIGN_OR_RETURN(l.ssm_alpha, LoadRows(source, name, {2 * nv, h}, rows(r)));
+  } else {
+    ASSIGN_OR_RETURN(l.ssm_beta,
+                     Load(source, p + "ssm_beta.weight", {nv, h}, v0, v1));
+    ASSIGN_OR_RETURN(l.ssm_alpha,
+                     Load(source, p + "ssm_alpha.weight", {nv, h}, v0, v1));
+  }
   ASSIGN_OR_RETURN(l.ssm_dt,
                    LoadVectorSlice(source, p + "ssm_dt.bias", nv, v0, v1));
   if (source.Find(p + "ssm_a") != nullptr) {  // GGUF: -exp(A_log) stored.
@@ -678,7 +759,7 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
     const std::string ffn_norm =
         (c.architecture == "glm4moe" || c.architecture == "gpt-oss" ||
          c.architecture == "gpt_oss" || c.architecture == "qwen35" ||
-         c.architecture == "qwen35moe") &&
+         c.architecture == "qwen35moe" || c.architecture == "qwen3next") &&
                 source.Find(p + "ffn_norm.weight") == nullptr
             ? p + "post_attention_norm.weight"
             : p + "ffn_norm.weight";

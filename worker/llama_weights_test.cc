@@ -220,6 +220,7 @@ struct Qwen35Source {
   ModelConfig config;
   std::unique_ptr<InMemoryWeights> source;
   std::map<std::string, std::vector<float>> values;
+  std::map<std::string, Shape> shapes;
 };
 
 Qwen35Source TinyQwen35() {
@@ -237,7 +238,7 @@ Qwen35Source TinyQwen35() {
   c.qk_norm = true;
   c.rope_dims = 4;
   c.norm_weight_offset = 1.0f;  // As a folder's: not for the gated norm.
-  Qwen35Source q{c, std::make_unique<InMemoryWeights>(c), {}};
+  Qwen35Source q{c, std::make_unique<InMemoryWeights>(c), {}, {}};
   const int64_t h = c.hidden, f = c.ffn_hidden, d = c.head_dim;
   const int64_t ch = c.SsmConvChannels(), vd = c.ssm_v_heads * c.ssm_v_dim;
   const std::vector<std::pair<std::string, Shape>> tensors = {
@@ -278,6 +279,7 @@ Qwen35Source TinyQwen35() {
       v[i] = static_cast<float>(t * 10000 + i % 10000);
     }
     q.values[all[t].first] = v;
+    q.shapes[all[t].first] = all[t].second;
     q.source->AddF32(all[t].first, all[t].second, std::move(v));
   }
   return q;
@@ -343,6 +345,80 @@ TEST(LlamaWeightsTest, GatedDeltaNetSlicesByValueHeads) {
     EXPECT_TRUE(a.ssm_qk.empty());
     rows_are(a.wq, "blk.1.attn_q.weight", 2 * spec.head_begin * c.head_dim,
              2 * spec.n_heads() * c.head_dim, h);
+  }
+}
+
+// Qwen3-Next's fused tensors: ssm_ba (per key head, its value heads'
+// betas then alphas) and older files' ssm_in (per key head: q, k, its value
+// heads' v, their z), gathered into the same per-rank tensors as the split
+// ones they were made from, at TP 1 and 2.
+TEST(LlamaWeightsTest, Qwen3NextFusedTensorsLoadAsTheSplitOnes) {
+  Qwen35Source split = TinyQwen35();
+  ModelConfig c = split.config;
+  c.architecture = "qwen3next";
+  c.ssm_v_tiled = false;
+  split.source = std::make_unique<InMemoryWeights>(c);
+  InMemoryWeights fused(c);
+  const int64_t h = c.hidden, hk = c.ssm_k_heads, dk = c.ssm_k_dim,
+                dv = c.ssm_v_dim, nv = c.ssm_v_heads, r = nv / hk;
+  const auto row = [&](const std::string& name, int64_t i) {
+    const std::vector<float>& m = split.values.at(name);
+    return std::vector<float>(m.begin() + i * h, m.begin() + (i + 1) * h);
+  };
+  std::vector<float> ssm_in, ba;
+  const auto append = [](std::vector<float>& to, std::vector<float> rows) {
+    to.insert(to.end(), rows.begin(), rows.end());
+  };
+  for (int64_t g = 0; g < hk; ++g) {
+    for (int64_t e = 0; e < dk; ++e) {
+      append(ssm_in, row("blk.0.attn_qkv.weight", g * dk + e));
+    }
+    for (int64_t e = 0; e < dk; ++e) {
+      append(ssm_in, row("blk.0.attn_qkv.weight", hk * dk + g * dk + e));
+    }
+    for (int64_t e = 0; e < r * dv; ++e) {
+      append(ssm_in,
+             row("blk.0.attn_qkv.weight", 2 * hk * dk + g * r * dv + e));
+    }
+    for (int64_t e = 0; e < r * dv; ++e) {
+      append(ssm_in, row("blk.0.attn_gate.weight", g * r * dv + e));
+    }
+    for (int64_t j = 0; j < r; ++j)
+      append(ba, row("blk.0.ssm_beta.weight", g * r + j));
+    for (int64_t j = 0; j < r; ++j)
+      append(ba, row("blk.0.ssm_alpha.weight", g * r + j));
+  }
+  for (const auto& [name, values] : split.values) {
+    const Shape& shape = split.shapes.at(name);
+    split.source->AddF32(name, shape, values);
+    const bool replaced =
+        name == "blk.0.attn_qkv.weight" || name == "blk.0.attn_gate.weight" ||
+        name == "blk.0.ssm_beta.weight" || name == "blk.0.ssm_alpha.weight";
+    if (!replaced) fused.AddF32(name, shape, values);
+  }
+  fused.AddF32("blk.0.ssm_in.weight", {hk * (2 * dk + 2 * r * dv), h}, ssm_in);
+  fused.AddF32("blk.0.ssm_ba.weight", {2 * nv, h}, ba);
+  for (int tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp));
+    auto plan = PlanShards(fused, tp, 1);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    for (int t = 0; t < tp; ++t) {
+      auto want = LoadLlamaWeights(*split.source, plan->at(0, t));
+      auto got = LoadLlamaWeights(fused, plan->at(0, t));
+      ASSERT_TRUE(want.ok()) << want.status();
+      ASSERT_TRUE(got.ok()) << got.status();
+      const LlamaLayerWeights &w = want->layers[0], &g = got->layers[0];
+      for (auto [name, a, b] : {std::tuple{"ssm_qk", &w.ssm_qk, &g.ssm_qk},
+                                {"ssm_v", &w.ssm_v, &g.ssm_v},
+                                {"ssm_z", &w.ssm_z, &g.ssm_z},
+                                {"ssm_beta", &w.ssm_beta, &g.ssm_beta},
+                                {"ssm_alpha", &w.ssm_alpha, &g.ssm_alpha}}) {
+        ASSERT_EQ(a->shape(), b->shape()) << name;
+        EXPECT_TRUE(
+            std::equal(a->f32().begin(), a->f32().end(), b->f32().begin()))
+            << name << " of rank " << t;
+      }
+    }
   }
 }
 

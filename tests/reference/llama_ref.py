@@ -455,10 +455,10 @@ def load_gguf(path: str):
     arch = _gguf_field(reader, "general.architecture")
     if arch not in ("llama", "qwen2", "qwen3", "qwen3moe", "glm4moe",
                     "deepseek2", "gemma2", "gemma3", "gpt-oss", "qwen35",
-                    "qwen35moe"):
+                    "qwen35moe", "qwen3next"):
         raise ValueError(f"{path}: architecture {arch!r}, want llama, qwen2, "
                          f"qwen3, qwen3moe, glm4moe, deepseek2, gemma2, "
-                         f"gemma3, gpt-oss, qwen35 or qwen35moe")
+                         f"gemma3, gpt-oss, qwen35, qwen35moe or qwen3next")
 
     def kv(key, default=None):
         v = _gguf_field(reader, f"{arch}.{key}", default)
@@ -551,9 +551,11 @@ def load_gguf(path: str):
         cfg.window_layers = [i % 2 == 0 for i in range(cfg.n_layers)]
         cfg.swiglu_oai = True
         cfg.experts_norm = True  # softmax over the chosen logits
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
         _qwen35_gguf(cfg, kv)
-    if arch == "qwen35moe":
+        # Qwen3-Next's converter keeps transformers' grouped value heads.
+        cfg.ssm_v_tiled = arch != "qwen3next"
+    if arch in ("qwen35moe", "qwen3next"):
         # llama.cpp's qwen35moe: softmax routing, the top-k renormalized,
         # and a shared expert (when the file has one) gated per token.
         cfg.n_shared = int("blk.0.ffn_gate_shexp.weight" in tensors)
@@ -603,8 +605,8 @@ def load_gguf(path: str):
     # the norm of the attention's output (HF post_attention_layernorm too),
     # its pre-FFN norm ffn_norm.
     ffn_norm = ("post_attention_norm"
-                if arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe")
-                else "ffn_norm")
+                if arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe",
+                            "qwen3next") else "ffn_norm")
     gemma = arch in ("gemma2", "gemma3")
     def kv_b(p):
         """HF's merged kv_b_proj: attn_kv_b (older files) as it is, or
@@ -644,7 +646,7 @@ def load_gguf(path: str):
             e_up_b=tensors.get(p + "ffn_up_exps.bias") if moe else None,
             e_down_b=tensors.get(p + "ffn_down_exps.bias") if moe else None)
         if cfg.is_linear(i):
-            layers.append(_gated_delta_net_layer(tensors, p, ffn))
+            layers.append(_gated_delta_net_layer(tensors, p, ffn, cfg))
             continue
         lora = mla and cfg.q_lora_rank > 0
         layers.append(Layer(
@@ -709,17 +711,55 @@ def _qwen35_gguf(cfg: Config, kv) -> None:
     cfg.attn_gate = True
 
 
-def _gated_delta_net_layer(tensors: dict, p: str, ffn: dict) -> Layer:
-    """A Gated DeltaNet layer of a qwen35 GGUF (llama.cpp's names), its
-    FFN's fields `ffn`."""
+def split_qwen3next_ba(ba: np.ndarray, hk: int) -> tuple:
+    """llama.cpp's qwen3next ssm_ba (2 hv, dim): per key head g, the betas
+    of its hv / hk value heads, then their alphas. Returns (beta, alpha),
+    each (hv, dim) in value-head order."""
+    r = ba.shape[0] // (2 * hk)
+    groups = ba.reshape(hk, 2, r, -1)
+    return (groups[:, 0].reshape(hk * r, -1), groups[:, 1].reshape(hk * r, -1))
+
+
+def split_qwen3next_qkvz(qkvz: np.ndarray, hk: int, dk: int,
+                         dv: int) -> tuple:
+    """A legacy qwen3next GGUF's ssm_in (rows per key head g: q (dk), k
+    (dk), its value heads' v (r dv), their z (r dv)). Returns (qkv, z):
+    [all q | all k | all v] and z, value heads in order."""
+    r = (qkvz.shape[0] // hk - 2 * dk) // (2 * dv)
+    g = qkvz.reshape(hk, 2 * dk + 2 * r * dv, -1)
+    q, k = g[:, :dk], g[:, dk:2 * dk]
+    v, z = g[:, 2 * dk:2 * dk + r * dv], g[:, 2 * dk + r * dv:]
+    cols = qkvz.shape[1]
+    qkv = np.concatenate([q.reshape(-1, cols), k.reshape(-1, cols),
+                          v.reshape(-1, cols)])
+    return qkv, z.reshape(-1, cols)
+
+
+def _gated_delta_net_layer(tensors: dict, p: str, ffn: dict,
+                           cfg: Config) -> Layer:
+    """A Gated DeltaNet layer of a qwen35 or qwen3next GGUF (llama.cpp's
+    names: qwen3next's beta and alpha in one ssm_ba, and in older files
+    q, k, v and z in one ssm_in), its FFN's fields `ffn`."""
+    if p + "ssm_in.weight" in tensors:
+        qkv, z = split_qwen3next_qkvz(tensors[p + "ssm_in.weight"],
+                                      cfg.ssm_k_heads, cfg.ssm_k_dim,
+                                      cfg.ssm_v_dim)
+    else:
+        qkv, z = tensors[p + "attn_qkv.weight"], tensors[p + "attn_gate.weight"]
+    if p + "ssm_ba.weight" in tensors:
+        beta, alpha = split_qwen3next_ba(tensors[p + "ssm_ba.weight"],
+                                         cfg.ssm_k_heads)
+    else:
+        beta, alpha = tensors[p + "ssm_beta.weight"], tensors[
+            p + "ssm_alpha.weight"]
     return Layer(
         attn_norm=tensors[p + "attn_norm.weight"],
         wq=None, wk=None, wv=None, wo=None,
         **ffn,
-        ssm_qkv=tensors[p + "attn_qkv.weight"],
-        ssm_z=tensors[p + "attn_gate.weight"],
-        ssm_beta=tensors[p + "ssm_beta.weight"],
-        ssm_alpha=tensors[p + "ssm_alpha.weight"],
+        ssm_qkv=qkv,
+        ssm_z=z,
+        ssm_beta=beta,
+        ssm_alpha=alpha,
         ssm_dt=tensors[p + "ssm_dt.bias"].reshape(-1),
         ssm_a=tensors[p + "ssm_a"].reshape(-1),
         ssm_conv1d=tensors[p + "ssm_conv1d.weight"],

@@ -287,6 +287,18 @@ FAMILIES = {
                       experts_used=2, expert_ffn=64, experts_norm=True,
                       shared_experts=1, shared_ffn=96, shared_gate=True,
                       formats=("gguf",)),
+    # Qwen3-Next (llama.cpp's qwen3next, GGUF only so far): qwen35moe's
+    # layers with the value heads grouped (value head i reads key head
+    # i / 2) and each layer's betas and alphas in one ssm_ba, as the
+    # converter writes them.
+    "qwen3next": dict(gguf_arch="qwen3next", hf_type="qwen3_next",
+                      pre="qwen2", layers=8, head_dim=32, theta=1e7,
+                      eps=1e-6, qk_norm=True, rotary_factor=0.25,
+                      attn_gate=True, full_attention_interval=4, ssm_conv=4,
+                      ssm_k_heads=2, ssm_v_heads=4, ssm_head=16, experts=8,
+                      experts_used=2, expert_ffn=64, experts_norm=True,
+                      shared_experts=1, shared_ffn=96, shared_gate=True,
+                      formats=("gguf",)),
     "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
                       tied=True, bias=True, eps=1e-6, window=20,
                       max_window_layers=2),
@@ -534,9 +546,9 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
         w.add_sliding_window(f["window"])
     if arch == "gemma3":  # The converter's, from rope_parameters.
         w.add_rope_freq_base_swa(f["swa_theta"])
-    if arch == "qwen35moe":  # Qwen2MoeModel's part of the converter.
+    if arch in ("qwen35moe", "qwen3next"):  # Qwen2MoeModel's part.
         w.add_expert_shared_feed_forward_length(f["shared_ffn"])
-    if arch in ("qwen35", "qwen35moe"):
+    if arch in ("qwen35", "qwen35moe", "qwen3next"):
         # As llama.cpp's converter (Qwen3_5TextModel, Qwen3_5MoeTextModel).
         w.add_ssm_conv_kernel(f["ssm_conv"])
         w.add_ssm_state_size(f["ssm_head"])
@@ -574,8 +586,19 @@ def write_gguf(path: str, f: dict, t: dict, tokenizer_gguf: str) -> None:
     if s and s["rope_type"] == "llama3":
         w.add_tensor("rope_freqs.weight", llama3_freq_factors(f))
     for name, a in t.items():
-        if (arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe")
-                and name.endswith(".ffn_norm.weight")):
+        if arch == "qwen3next" and name.endswith(".ssm_alpha.weight"):
+            continue  # Written with the betas, in ssm_ba.
+        if arch == "qwen3next" and name.endswith(".ssm_beta.weight"):
+            # Per key head: its value heads' betas, then their alphas.
+            alpha = t[name.replace("ssm_beta", "ssm_alpha")]
+            hk, cols = f["ssm_k_heads"], a.shape[1]
+            ba = np.concatenate([a.reshape(hk, 1, -1, cols),
+                                 alpha.reshape(hk, 1, -1, cols)], axis=1)
+            w.add_tensor(name.replace("ssm_beta", "ssm_ba"),
+                         np.ascontiguousarray(ba.reshape(-1, cols)))
+            continue
+        if (arch in ("glm4moe", "gpt-oss", "qwen35", "qwen35moe",
+                     "qwen3next") and name.endswith(".ffn_norm.weight")):
             # GLM-4.5's and gpt-oss's pre-FFN norm (HF post_attention_
             # layernorm) is the arch's ATTN_POST_NORM in llama.cpp (it has
             # no FFN_NORM).
