@@ -197,13 +197,16 @@ bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
       host + grow + promised > blocks_->DeviceAvailable()) {
     return false;
   }
-  // A hybrid model's sequence needs a state slot too, beside those the
-  // running sequences that have not taken theirs yet will take.
-  if (blocks_->state_slots() > 0 && blocks_->StateSlot(s.id) < 0) {
+  // A hybrid model's sequence needs a device state slot too (a new one, or
+  // one for its state swapped out), beside those the running sequences
+  // that have not taken theirs yet will take.
+  const int32_t slot = blocks_->StateSlot(s.id);
+  if (blocks_->state_slots() > 0 && (slot < 0 || blocks_->IsHostSlot(slot))) {
     const auto waiting_for_slot = std::count_if(
         running_.begin(), running_.end(),
         [&](const auto& r) { return blocks_->StateSlot(r->id) < 0; });
     if (blocks_->FreeStateSlots() <= waiting_for_slot) return false;
+    if (slot >= 0) SHARDLM_CHECK(blocks_->SwapInState(s.id), "state swap-in");
   }
   blocks_->SwapIn(s.id, host);
   promised += grow;
@@ -303,10 +306,11 @@ void BatchPlanner::Preempt(Sequence& s) {
   if (device == 0) return;  // Admitted but not started: nothing to move.
   // All of its device blocks or none (under CP each needs a host block of
   // its own rank): a preempted sequence holds no device block. A hybrid
-  // model's is recomputed: its state slot goes back with its blocks, so
-  // that no sequence waits holding one (a slot swapped with its blocks is
-  // not built; docs/design-notes.md, "Hybrid models").
-  if (blocks_->state_slots() == 0 && blocks_->CanSwapOut(s.id)) {
+  // model's state goes with its blocks, to a host slot, or it is
+  // recomputed (its slot given back with its blocks): no waiting sequence
+  // holds a device slot.
+  if (blocks_->CanSwapOut(s.id) &&
+      (blocks_->state_slots() == 0 || blocks_->SwapOutState(s.id))) {
     blocks_->SwapOut(s.id, device);
     ++counters_.preempted_swap;
   } else {
@@ -532,6 +536,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     }
   }
   step.copies = blocks_->TakeCopies();
+  step.state_copies = blocks_->TakeStateCopies();
   for (auto& s : running_) {
     if (!s->preempted) continue;
     s->preempted = false;
@@ -548,7 +553,9 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     step.score_tokens.resize(step.logit_rows.size(), -1);
     f.scored.resize(f.rows.size(), false);
   }
-  if (step.tokens.empty() && step.copies.empty()) return std::nullopt;
+  if (step.tokens.empty() && step.copies.empty() && step.state_copies.empty()) {
+    return std::nullopt;
+  }
   for (Sequence* s : f.stepped) ++s->in_flight;
   f.tokens = static_cast<int64_t>(step.tokens.size());
   in_flight_.push_back(std::move(f));
@@ -737,6 +744,7 @@ void BatchPlanner::Interrupt(const absl::Status& why,
   }
   // Copies planned for the lost pools are moot.
   (void)blocks_->TakeCopies();
+  (void)blocks_->TakeStateCopies();
   blocks_->DropCache();
 }
 

@@ -216,12 +216,53 @@ void BlockManager::Unref(int32_t b) {
   }
 }
 
-void BlockManager::set_state_slots(int32_t slots) {
+void BlockManager::set_state_slots(int32_t slots, int32_t host_slots) {
   SHARDLM_CHECK(tables_.empty(), "state slots are set before any table");
   state_slots_ = slots;
+  host_state_slots_ = host_slots;
   free_slots_.clear();
+  free_host_slots_.clear();
   for (int32_t s = slots; s-- > 0;) free_slots_.push_back(s);
+  for (int32_t s = slots + host_slots; s-- > slots;) {
+    free_host_slots_.push_back(s);
+  }
   if (slots > 0) prefix_caching_ = false;
+}
+
+bool BlockManager::SwapOutState(int64_t seq) {
+  auto it = slot_of_.find(seq);
+  if (it == slot_of_.end() || IsHostSlot(it->second) ||
+      free_host_slots_.empty()) {
+    return false;
+  }
+  const int32_t host = free_host_slots_.back();
+  free_host_slots_.pop_back();
+  state_copies_.push_back({it->second, host});
+  ++counters_.states_swapped_out;
+  // Reusable at once: copies run in the order recorded, before compute.
+  free_slots_.push_back(it->second);
+  it->second = host;
+  return true;
+}
+
+bool BlockManager::SwapInState(int64_t seq) {
+  auto it = slot_of_.find(seq);
+  if (it == slot_of_.end() || !IsHostSlot(it->second) || free_slots_.empty()) {
+    return false;
+  }
+  const int32_t device = free_slots_.back();
+  free_slots_.pop_back();
+  state_copies_.push_back({it->second, device});
+  ++counters_.states_swapped_in;
+  free_host_slots_.push_back(it->second);
+  it->second = device;
+  return true;
+}
+
+std::vector<BlockCopy> BlockManager::TakeStateCopies() {
+  std::vector<BlockCopy> out;
+  out.swap(state_copies_);
+  return out;
 }
 
 int32_t BlockManager::StateSlot(int64_t seq) const {
@@ -292,7 +333,8 @@ void BlockManager::Free(int64_t seq) {
   for (auto b = it->second.rbegin(); b != it->second.rend(); ++b) Unref(*b);
   tables_.erase(it);
   if (auto slot = slot_of_.find(seq); slot != slot_of_.end()) {
-    free_slots_.push_back(slot->second);
+    (IsHostSlot(slot->second) ? free_host_slots_ : free_slots_)
+        .push_back(slot->second);
     slot_of_.erase(slot);
   }
 }

@@ -50,6 +50,9 @@ struct BlockCounters {
   int64_t dropped = 0;      // Cached blocks dropped from the cache.
   int64_t prefix_queries = 0;     // Prompt tokens looked up.
   int64_t prefix_hit_tokens = 0;  // Of those, found in the cache.
+  // Hybrid models' states copied to a host slot and back.
+  int64_t states_swapped_out = 0;
+  int64_t states_swapped_in = 0;
 };
 
 // How full each tier is. used: held by sequences; cached: unused but kept
@@ -84,15 +87,30 @@ class BlockManager {
   // linear-attention layers keep each sequence's state in its own slot
   // (StepInput::state_slots). The state is not in any block, so prefix
   // caching is turned off: a cached prefix would skip the tokens that
-  // make it. Call before any Reserve.
-  void set_state_slots(int32_t slots);
+  // make it. With `host_slots`, slot ids [slots, slots + host_slots) are
+  // the host tier's, where a preempted sequence's state waits beside its
+  // swapped blocks (SwapOutState); copies between the tiers are recorded
+  // as blocks' are (TakeStateCopies). Call before any Reserve.
+  void set_state_slots(int32_t slots, int32_t host_slots = 0);
   int32_t state_slots() const { return state_slots_; }
-  // Slots no sequence holds.
+  int32_t host_state_slots() const { return host_state_slots_; }
+  // Device slots no sequence holds.
   int32_t FreeStateSlots() const {
     return static_cast<int32_t>(free_slots_.size());
   }
-  // The slot of `seq`, or -1 (no table, or no slots).
+  // The slot of `seq` (a host slot while its state is swapped out), or -1
+  // (no table, or no slots).
   int32_t StateSlot(int64_t seq) const;
+  bool IsHostSlot(int32_t slot) const { return slot >= state_slots_; }
+  // Moves the state of `seq` (in a device slot) to a free host slot;
+  // false, with nothing changed, when there is none (or it has none).
+  bool SwapOutState(int64_t seq);
+  // Moves the state of `seq` (in a host slot) to a free device slot;
+  // false, with nothing changed, when there is none (or it is not out).
+  bool SwapInState(int64_t seq);
+  // The state copies recorded since the last call, in order (run after
+  // the step's block copies, before its compute).
+  std::vector<BlockCopy> TakeStateCopies();
 
   int32_t block_size() const { return block_size_; }
   // Device blocks (the pool every step computes in).
@@ -224,8 +242,10 @@ class BlockManager {
   Lru device_lru_, host_lru_;
   absl::flat_hash_map<uint64_t, int32_t> by_key_;
   absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
-  int32_t state_slots_ = 0;
+  int32_t state_slots_ = 0, host_state_slots_ = 0;
   std::vector<int32_t> free_slots_;  // LIFO, like device_free_.
+  std::vector<int32_t> free_host_slots_;
+  std::vector<BlockCopy> state_copies_;
   absl::flat_hash_map<int64_t, int32_t> slot_of_;
   std::vector<BlockCopy> copies_;
   BlockCounters counters_;

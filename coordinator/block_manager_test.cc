@@ -62,6 +62,40 @@ TEST(BlockManagerTest, StateSlotsFollowTables) {
   EXPECT_EQ(bm.AttachPrefix(4, prompt, 31), 0);
 }
 
+// A state swapped out takes a host slot (ids after the device's) and frees
+// its device slot at once; swapped in, the reverse; each move is one copy,
+// in order. With no free slot on the other side nothing changes.
+TEST(BlockManagerTest, StatesSwapBetweenSlotTiers) {
+  BlockManager bm(10, 16, 10);
+  bm.set_state_slots(2, 1);
+  ASSERT_TRUE(bm.Reserve(1, 1).ok());
+  ASSERT_TRUE(bm.Reserve(2, 1).ok());
+  const int32_t s1 = bm.StateSlot(1), s2 = bm.StateSlot(2);
+  ASSERT_TRUE(bm.SwapOutState(1));
+  EXPECT_EQ(bm.StateSlot(1), 2);  // The host slot.
+  EXPECT_TRUE(bm.IsHostSlot(bm.StateSlot(1)));
+  EXPECT_EQ(bm.FreeStateSlots(), 1);
+  EXPECT_FALSE(bm.SwapOutState(2)) << "the one host slot is taken";
+  EXPECT_EQ(bm.StateSlot(2), s2);
+  ASSERT_TRUE(bm.Reserve(3, 1).ok());  // Takes the freed device slot.
+  EXPECT_EQ(bm.StateSlot(3), s1);
+  EXPECT_FALSE(bm.SwapInState(1)) << "no device slot is free";
+  bm.Free(2);
+  ASSERT_TRUE(bm.SwapInState(1));
+  EXPECT_EQ(bm.StateSlot(1), s2);
+  EXPECT_EQ(
+      bm.TakeStateCopies(),
+      (std::vector<BlockCopy>{{.src = s1, .dst = 2}, {.src = 2, .dst = s2}}));
+  EXPECT_TRUE(bm.TakeStateCopies().empty());
+  EXPECT_EQ(bm.counters().states_swapped_out, 1);
+  EXPECT_EQ(bm.counters().states_swapped_in, 1);
+  bm.Free(1);
+  bm.Free(3);
+  EXPECT_EQ(bm.FreeStateSlots(), 2);
+  ASSERT_TRUE(bm.Reserve(4, 1).ok());
+  EXPECT_TRUE(bm.SwapOutState(4)) << "the host slot came back";
+}
+
 TEST(BlockManagerTest, InterleavesTablesOverCpRanks) {
   BlockManager bm(12, 16);
   bm.set_interleave(2);

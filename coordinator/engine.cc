@@ -102,7 +102,9 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
           "layers is not kept with cached blocks yet",
           c.architecture.c_str());
     }
-    manager.set_state_slots(limits.max_seqs);
+    // A host tier holds a slot for each (worker/kv_pool.h).
+    manager.set_state_slots(limits.max_seqs,
+                            host_blocks > 0 ? limits.max_seqs : 0);
   }
   return std::unique_ptr<Engine>(
       new Engine(std::move(executor), std::move(manager), options));

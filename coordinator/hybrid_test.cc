@@ -126,6 +126,37 @@ TEST_F(HybridTest, PreemptedSequencesEqualEachAlone) {
   EXPECT_EQ(engine->blocks().FreeStateSlots(), 4);
 }
 
+// With a host tier, a preempted sequence's state goes to a host slot with
+// its blocks and comes back when it resumes: nothing is recomputed, and
+// every request still gives what it gives alone.
+TEST_F(HybridTest, PreemptedSequencesSwapTheirStateToTheHostAndBack) {
+  const auto reqs = Requests(8);
+  const auto alone = Alone(reqs);
+  const ModelConfig& c = source_->config();
+  KvPoolConfig sized = PoolShapeForShard(c, WholeModelSpec(c));
+  sized.block_size = 16;
+  sized.dtype = DType::kF32;
+  sized.state_slots = 4;
+  const int64_t device = sized.StateBytes() + 9 * sized.BytesPerBlock();
+  const int64_t host = sized.StateBytes() + 64 * sized.BytesPerBlock();
+  Engine* engine =
+      MakeEngine({.kv = {.kv_cache_bytes = device, .cpu_offload_bytes = host},
+                  .limits = {.max_batched_tokens = 32, .max_seqs = 4}});
+  ASSERT_NE(engine, nullptr);
+  EXPECT_EQ(engine->blocks().num_host_blocks(), 64);
+  EXPECT_EQ(engine->blocks().host_state_slots(), 4);
+  auto got = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  ExpectSame(*got, alone);
+  const SchedulerStats st = engine->stats();
+  EXPECT_GT(st.preempted_swap, 0);
+  EXPECT_EQ(st.preempted_recompute, 0) << "the host had room for every swap";
+  EXPECT_EQ(st.blocks.states_swapped_out, st.preempted_swap);
+  EXPECT_EQ(st.blocks.states_swapped_in, st.blocks.states_swapped_out);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  EXPECT_EQ(engine->blocks().FreeStateSlots(), 4);
+}
+
 // TP splits the value heads (2 ranks: 2 and 2; 3 ranks: 1, 1 and 2, a
 // share that starts off a key head boundary) and PP the layers (4 stages:
 // three of linear layers only, which hold no KV).

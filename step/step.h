@@ -41,6 +41,10 @@ struct StepInput {
   // KV block copies (tier swaps, cache spills) run in order before the
   // step's compute, on every rank over its own slice.
   std::vector<BlockCopy> copies;
+  // Hybrid models: state slot copies (a preempted sequence's state to a
+  // host slot and back: BlockManager::SwapOutState), run in order after
+  // the block copies, on every rank over its own share of the state.
+  std::vector<BlockCopy> state_copies;
   // Rows whose next token is sampled: token index, sampling parameters,
   // and the index of the token being generated (the sampling draw).
   std::vector<int32_t> logit_rows;

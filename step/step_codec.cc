@@ -95,6 +95,11 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
     out.set_src(c.src);
     out.set_dst(c.dst);
   }
+  for (const BlockCopy& c : step.state_copies) {
+    v1::BlockCopy& out = *plan->add_state_copies();
+    out.set_src(c.src);
+    out.set_dst(c.dst);
+  }
   plan->mutable_logprobs()->Add(step.logprobs.begin(), step.logprobs.end());
   plan->mutable_score_tokens()->Add(step.score_tokens.begin(),
                                     step.score_tokens.end());
@@ -152,6 +157,9 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
   step.return_logits = plan.return_logits();
   for (const v1::BlockCopy& c : plan.copies()) {
     step.copies.push_back({.src = c.src(), .dst = c.dst()});
+  }
+  for (const v1::BlockCopy& c : plan.state_copies()) {
+    step.state_copies.push_back({.src = c.src(), .dst = c.dst()});
   }
   step.logprobs.assign(plan.logprobs().begin(), plan.logprobs().end());
   step.score_tokens.assign(plan.score_tokens().begin(),

@@ -53,6 +53,7 @@ TEST(StepCodecTest, DecodeOfEncodeIsTheStep) {
       {.tokens = {1, 5, 9}, .counts = {0, 2, 1}, .masked = {2, 7}}};
   steps.back().return_logits = true;
   steps.back().state_slots = {3, 0};  // A hybrid model's state slots.
+  steps.back().state_copies = {{.src = 1, .dst = 9}, {.src = 8, .dst = 1}};
   steps.push_back(Step({2, 3}, {{6, 10}, {11, 12}}));  // 1 gone, 3 new.
   steps.push_back(Step({3}, {{13}}));  // Not an extension: resent whole.
   steps.push_back(Step({}, {}));       // Copies only.

@@ -81,6 +81,19 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
     }
     kv.state_slots = state_slots;
   }
+  // A host tier holds a slot for every device slot, from its budget too.
+  if (kv.linear_layers > 0 && host_bytes > 0) {
+    if (kv.StateBytes() >= host_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host KV budget (--cpu-offload-bytes) of ", host_bytes,
+          " bytes holds no block beside ", kv.state_slots,
+          " host state slots of ", kv.linear_layers, " linear layers (",
+          kv.StateBytes(), " bytes at pp ", spec.pp_rank, " tp ", spec.tp_rank,
+          "); raise it or lower --max-seqs"));
+    }
+    kv.host_state_slots = kv.state_slots;
+    host_bytes -= kv.StateBytes();
+  }
   if (budget_bytes > 0 && kv.StateBytes() >= budget_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache budget of ", budget_bytes, " bytes holds no block beside ",
@@ -159,17 +172,16 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
     }
+    const int64_t slots = config.state_slots + config.host_state_slots;
     for (int64_t l = 0; l < config.linear_layers; ++l) {
       // Zeroed here, and again by each sequence's first step
       // (StepInput::state_slots).
-      ASSIGN_OR_RETURN(
-          Tensor conv,
-          Tensor::Host(DType::kF32, {config.state_slots, config.conv_rows,
-                                     config.conv_channels}));
-      ASSIGN_OR_RETURN(
-          Tensor rec,
-          Tensor::Host(DType::kF32, {config.state_slots, config.state_heads,
-                                     config.k_dim, config.v_dim}));
+      ASSIGN_OR_RETURN(Tensor conv,
+                       Tensor::Host(DType::kF32, {slots, config.conv_rows,
+                                                  config.conv_channels}));
+      ASSIGN_OR_RETURN(Tensor rec,
+                       Tensor::Host(DType::kF32, {slots, config.state_heads,
+                                                  config.k_dim, config.v_dim}));
       pool->conv_.push_back(std::move(conv));
       pool->recurrent_.push_back(std::move(rec));
     }
@@ -233,6 +245,30 @@ absl::Status KvPool::TakeChecksumFailures() {
       "KV block", n == 1 ? " " : "s ", blocks,
       " of the host tier failed the checksum taken when copied there: "
       "the sequences reading them are recomputed"));
+}
+
+absl::Status KvPool::CopyStates(absl::Span<const BlockCopy> copies) {
+  const int64_t slots = config_.state_slots + config_.host_state_slots;
+  for (const BlockCopy& c : copies) {
+    if (c.src < 0 || c.src >= slots || c.dst < 0 || c.dst >= slots ||
+        c.src == c.dst) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("bad state slot copy ", c.src, " -> ", c.dst, " of ",
+                       config_.state_slots, " + ", config_.host_state_slots,
+                       " (host) slots"));
+    }
+  }
+  for (std::vector<Tensor>* layers : {&conv_, &recurrent_}) {
+    for (Tensor& t : *layers) {
+      const size_t slot_bytes = t.bytes() / slots;
+      char* base = t.data<char>();
+      for (const BlockCopy& c : copies) {
+        std::memcpy(base + c.dst * slot_bytes, base + c.src * slot_bytes,
+                    slot_bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status KvPool::CopyBlocks(absl::Span<const BlockCopy> copies) {

@@ -54,6 +54,10 @@ struct KvPoolConfig {
   // state_heads k_dim x v_dim matrices (its value heads).
   int64_t linear_layers = 0;
   int64_t state_slots = 0;
+  // Slots [state_slots, state_slots + host_state_slots): the host tier's
+  // (one per device slot when there is a host tier), where a preempted
+  // sequence's state waits (KvPool::CopyStates).
+  int64_t host_state_slots = 0;
   int64_t conv_rows = 0, conv_channels = 0;
   int64_t state_heads = 0, k_dim = 0, v_dim = 0;
 
@@ -67,9 +71,11 @@ struct KvPoolConfig {
   int64_t StateValuesPerLayer() const {
     return conv_rows * conv_channels + state_heads * k_dim * v_dim;
   }
-  // Bytes of every slot over every linear layer held.
-  int64_t StateBytes() const {
-    return 4 * state_slots * linear_layers * StateValuesPerLayer();
+  // Bytes of `slots` slots over every linear layer held (default: the
+  // device tier's).
+  int64_t StateBytes(int64_t slots = -1) const {
+    return 4 * (slots < 0 ? state_slots : slots) * linear_layers *
+           StateValuesPerLayer();
   }
 };
 
@@ -112,10 +118,10 @@ class KvPool {
   // state_heads, k_dim, v_dim], f32, zero at first.
   std::vector<Tensor>& conv_states() { return conv_; }
   std::vector<Tensor>& recurrent_states() { return recurrent_; }
-  // KV blocks of both tiers and the state slots.
+  // KV blocks and state slots of both tiers.
   int64_t bytes() const {
     return config_.total_blocks() * config_.BytesPerBlock() +
-           config_.StateBytes();
+           config_.StateBytes(config_.state_slots + config_.host_state_slots);
   }
   // What the tensors hold, whatever the config says: their element type
   // and their bytes per token slot (both tiers' slots together).
@@ -131,6 +137,10 @@ class KvPool {
   // step must run on, its peers are in collectives with it) and noted
   // for TakeChecksumFailures.
   absl::Status CopyBlocks(absl::Span<const BlockCopy> copies);
+  // Runs state slot copies in order, every linear layer's conv and
+  // recurrent state. InvalidArgument, with nothing copied, for a slot
+  // outside both tiers or a copy onto itself.
+  absl::Status CopyStates(absl::Span<const BlockCopy> copies);
   // DataLoss naming the host blocks that failed their checksum since the
   // last call (the step that read them must not produce tokens), else OK.
   absl::Status TakeChecksumFailures();

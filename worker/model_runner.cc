@@ -17,7 +17,7 @@ namespace shardlm {
 absl::Status ModelRunner::Validate(const StepInput& step) const {
   const ModelConfig& c = config();
   const size_t n = step.tokens.size();
-  if (n == 0 && step.copies.empty()) {
+  if (n == 0 && step.copies.empty() && step.state_copies.empty()) {
     return absl::InvalidArgumentError("step has no tokens and no copies");
   }
   if (step.positions.size() != n || step.token_seq.size() != n) {
@@ -71,6 +71,16 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
       return absl::InvalidArgumentError(absl::StrCat(
           "step has ", step.state_slots.size(), " state slots for ",
           step.block_tables.size(), " sequences"));
+    }
+    const int64_t slots =
+        kv_->config().state_slots + kv_->config().host_state_slots;
+    for (const BlockCopy& copy : step.state_copies) {
+      if (copy.src < 0 || copy.src >= slots || copy.dst < 0 ||
+          copy.dst >= slots || copy.src == copy.dst) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("state slot copy ", copy.src, " -> ", copy.dst,
+                         " in a pool of ", slots, " slots"));
+      }
     }
     std::vector<int32_t> seen(step.state_slots);
     std::sort(seen.begin(), seen.end());
@@ -127,6 +137,9 @@ absl::StatusOr<Tensor> ModelRunner::Forward(const StepInput& step) {
                                std::chrono::steady_clock::now() - copy_start)
                                .count();
     stats_.copied_blocks += static_cast<int64_t>(copies.size());
+  }
+  if (!step.state_copies.empty() && kv_->config().linear_layers > 0) {
+    RETURN_IF_ERROR(kv_->CopyStates(step.state_copies));
   }
   if (step.tokens.empty()) {  // Copies only.
     RETURN_IF_ERROR(kv_->TakeChecksumFailures());
