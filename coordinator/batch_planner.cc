@@ -167,6 +167,18 @@ void BatchPlanner::Finish(Sequence& s, absl::StatusOr<GenerateResult> result,
 }
 
 bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
+  // A hybrid model's sequence needs a device state slot (a new one, or one
+  // for its state swapped out), beside those the running sequences that
+  // have not taken theirs yet will take.
+  const int32_t slot = blocks_->StateSlot(s.id);
+  const bool needs_slot =
+      blocks_->state_slots() > 0 && (slot < 0 || blocks_->IsHostSlot(slot));
+  if (needs_slot) {
+    const auto waiting_for_slot = std::count_if(
+        running_.begin(), running_.end(),
+        [&](const auto& r) { return blocks_->StateSlot(r->id) < 0; });
+    if (blocks_->FreeStateSlots() <= waiting_for_slot) return false;
+  }
   // A fresh (or dropped) sequence starts from its cached prefix; at least
   // its last token is computed, for the logits.
   // One that still scores its prompt (prompt logprobs) computes all of it.
@@ -195,18 +207,13 @@ bool BatchPlanner::TryStart(Sequence& s, int64_t& promised) {
   // started in this round (they take their blocks in the next step).
   if (!running_.empty() &&
       host + grow + promised > blocks_->DeviceAvailable()) {
+    // A hybrid sequence that attached a cached prefix took a device slot
+    // with it; no waiting sequence holds one (it attaches again later).
+    if (needs_slot && slot < 0 && blocks_->StateSlot(s.id) >= 0) Drop(s);
     return false;
   }
-  // A hybrid model's sequence needs a device state slot too (a new one, or
-  // one for its state swapped out), beside those the running sequences
-  // that have not taken theirs yet will take.
-  const int32_t slot = blocks_->StateSlot(s.id);
-  if (blocks_->state_slots() > 0 && (slot < 0 || blocks_->IsHostSlot(slot))) {
-    const auto waiting_for_slot = std::count_if(
-        running_.begin(), running_.end(),
-        [&](const auto& r) { return blocks_->StateSlot(r->id) < 0; });
-    if (blocks_->FreeStateSlots() <= waiting_for_slot) return false;
-    if (slot >= 0) SHARDLM_CHECK(blocks_->SwapInState(s.id), "state swap-in");
+  if (needs_slot && slot >= 0) {
+    SHARDLM_CHECK(blocks_->SwapInState(s.id), "state swap-in");
   }
   blocks_->SwapIn(s.id, host);
   promised += grow;
@@ -383,6 +390,14 @@ int64_t BatchPlanner::Grow(size_t index, int64_t want,
   return target - s.computed;
 }
 
+int64_t BatchPlanner::SnapshotAt(const Sequence& s) const {
+  // The prompt's last full block before its last token (the most a
+  // repeat of the prompt, or a conversation extending it, attaches).
+  if (blocks_->state_snapshots() == 0) return 0;
+  const int64_t bs = blocks_->block_size();
+  return (static_cast<int64_t>(s.request.prompt.size()) - 1) / bs * bs;
+}
+
 SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
   // A constrained row's mask is not computed here: the plan names the row
   // (StepPlan::masks) and the scheduler computes it while the step runs.
@@ -452,6 +467,10 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
     int64_t want = std::min(remaining(s), budget);
+    // A hybrid model's prefill stops at its snapshot point (SnapshotAt).
+    if (const int64_t at = SnapshotAt(s); at > s.computed) {
+      want = std::min(want, at - s.computed);
+    }
     if (scoring(s)) {
       if (score_budget <= 0) continue;
       want = std::min(want, score_budget);
@@ -463,6 +482,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     seqs += scheduled[i] ? 1 : 0;
   }
   // The step: decode tokens first, then prefill chunks.
+  std::vector<Sequence*> snapshots;  // Reaching their snapshot point.
   StepPlan plan;
   InFlight f;
   StepInput& step = plan.step;
@@ -502,6 +522,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
       }
       s.computed += chunk[i];
       f.computed.push_back(s.computed);
+      if (s.computed == SnapshotAt(s)) snapshots.push_back(&s);
       // Logits only where a token is sampled: the end of the known tokens.
       if (s.computed == static_cast<int64_t>(s.tokens.size())) {
         const GenerateRequest& req = s.request;
@@ -537,6 +558,10 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   }
   step.copies = blocks_->TakeCopies();
   step.state_copies = blocks_->TakeStateCopies();
+  // After this step's compute: with the next step's copies.
+  for (Sequence* s : snapshots) {
+    blocks_->SnapshotState(s->id, s->tokens, s->computed);
+  }
   for (auto& s : running_) {
     if (!s->preempted) continue;
     s->preempted = false;

@@ -202,6 +202,10 @@ class BatchPlanner {
   // What the row sampling token number `generated` of `s` needs for its
   // penalties and min_tokens (empty when it has neither; a constrained
   // row's mask comes apart, see StepPlan::masks).
+  // Hybrid models with state snapshots: how many tokens of `s` a
+  // prefill chunk stops at, so that the state there is kept for prefix
+  // hits (BlockManager::SnapshotState); 0 when none.
+  int64_t SnapshotAt(const Sequence& s) const;
   static SampleHistory History(const Sequence& s, int64_t generated);
   // Whether the head of the queue can start now, beside the `promised`
   // blocks of sequences started in this round (increased by its own first

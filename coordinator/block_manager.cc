@@ -216,17 +216,60 @@ void BlockManager::Unref(int32_t b) {
   }
 }
 
-void BlockManager::set_state_slots(int32_t slots, int32_t host_slots) {
+void BlockManager::set_state_slots(int32_t slots, int32_t host_slots,
+                                   int32_t snapshots) {
   SHARDLM_CHECK(tables_.empty(), "state slots are set before any table");
   state_slots_ = slots;
   host_state_slots_ = host_slots;
+  snapshot_slots_ = snapshots;
   free_slots_.clear();
   free_host_slots_.clear();
+  free_snapshots_.clear();
+  snapshots_.clear();
   for (int32_t s = slots; s-- > 0;) free_slots_.push_back(s);
   for (int32_t s = slots + host_slots; s-- > slots;) {
     free_host_slots_.push_back(s);
   }
-  if (slots > 0) prefix_caching_ = false;
+  for (int32_t s = slots + host_slots + snapshots; s-- > slots + host_slots;) {
+    free_snapshots_.push_back(s);
+  }
+  if (slots > 0 && snapshots == 0) prefix_caching_ = false;
+}
+
+void BlockManager::SnapshotState(int64_t seq, absl::Span<const int32_t> tokens,
+                                 int64_t tokens_at) {
+  if (snapshot_slots_ == 0 || !prefix_caching_ || tokens_at <= 0 ||
+      tokens_at % block_size_ != 0 ||
+      tokens_at > static_cast<int64_t>(tokens.size())) {
+    return;
+  }
+  const int32_t slot = StateSlot(seq);
+  if (slot < 0 || IsHostSlot(slot)) return;
+  uint64_t key = kPrefixRootKey;
+  for (int64_t k = 0; k < tokens_at / block_size_; ++k) {
+    key = PrefixBlockKey(key, tokens.subspan(k * block_size_, block_size_));
+  }
+  if (auto it = snapshots_.find(key); it != snapshots_.end()) {
+    it->second.last_use = ++tick_;
+    return;
+  }
+  int32_t to = -1;
+  if (!free_snapshots_.empty()) {
+    to = free_snapshots_.back();
+    free_snapshots_.pop_back();
+  } else {
+    auto oldest = snapshots_.begin();
+    for (auto it = snapshots_.begin(); it != snapshots_.end(); ++it) {
+      if (it->second.last_use < oldest->second.last_use) oldest = it;
+    }
+    to = oldest->second.slot;
+    snapshots_.erase(oldest);
+  }
+  // With the next step's copies: after this step's compute, before the
+  // next's (the sequence's next chunk included).
+  state_copies_.push_back({slot, to});
+  snapshots_[key] = {to, ++tick_};
+  ++counters_.state_snapshots;
 }
 
 bool BlockManager::SwapOutState(int64_t seq) {
@@ -390,11 +433,35 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
                                    int64_t max_tokens) {
   if (!prefix_caching_) return 0;
   counters_.prefix_queries += static_cast<int64_t>(tokens.size());
-  std::vector<int32_t>& table = tables_[seq];
-  if (!table.empty()) return 0;
-  const int64_t full =
+  if (!Table(seq).empty()) return 0;
+  int64_t full =
       std::min<int64_t>(max_tokens, static_cast<int64_t>(tokens.size())) /
       block_size_;
+  Snapshot* snapshot = nullptr;
+  if (state_slots_ > 0) {
+    // A hybrid model: up to the last cached block whose state was kept.
+    if (StateSlot(seq) >= 0 || free_slots_.empty()) return 0;
+    uint64_t key = kPrefixRootKey;
+    int64_t usable = 0;
+    for (int64_t k = 0; k < full; ++k) {
+      const auto slice = tokens.subspan(k * block_size_, block_size_);
+      key = PrefixBlockKey(key, slice);
+      auto it = by_key_.find(key);
+      if (it == by_key_.end() ||
+          !std::equal(slice.begin(), slice.end(),
+                      blocks_[it->second].tokens.begin(),
+                      blocks_[it->second].tokens.end())) {
+        break;
+      }
+      if (auto s = snapshots_.find(key); s != snapshots_.end()) {
+        usable = k + 1;
+        snapshot = &s->second;
+      }
+    }
+    full = usable;
+    if (full == 0) return 0;
+  }
+  std::vector<int32_t>& table = tables_[seq];
   uint64_t parent = kPrefixRootKey;
   for (int64_t k = 0; k < full; ++k) {
     const auto slice = tokens.subspan(k * block_size_, block_size_);
@@ -430,8 +497,23 @@ int64_t BlockManager::AttachPrefix(int64_t seq,
     table.push_back(b);
     parent = key;
   }
+  if (snapshot != nullptr && static_cast<int64_t>(table.size()) != full) {
+    // A block of the run was evicted while a host one came in: the
+    // snapshot is of a longer prefix than the blocks held. None attached.
+    for (auto b = table.rbegin(); b != table.rend(); ++b) Unref(*b);
+    table.clear();
+    snapshot = nullptr;
+  }
   const int64_t hit = static_cast<int64_t>(table.size()) * block_size_;
   if (table.empty()) tables_.erase(seq);  // `table` dangles from here.
+  if (snapshot != nullptr) {
+    // The state after the attached blocks, into the sequence's own slot.
+    const int32_t slot = free_slots_.back();
+    free_slots_.pop_back();
+    slot_of_[seq] = slot;
+    state_copies_.push_back({snapshot->slot, slot});
+    snapshot->last_use = ++tick_;
+  }
   counters_.prefix_hit_tokens += hit;
   return hit;
 }
@@ -479,6 +561,8 @@ void BlockManager::DropCache() {
     ++counters_.dropped;
   }
   by_key_.clear();
+  for (const auto& [key, s] : snapshots_) free_snapshots_.push_back(s.slot);
+  snapshots_.clear();
   if (events_ != nullptr) events_->Cleared();
 }
 

@@ -53,6 +53,7 @@ struct BlockCounters {
   // Hybrid models' states copied to a host slot and back.
   int64_t states_swapped_out = 0;
   int64_t states_swapped_in = 0;
+  int64_t state_snapshots = 0;  // States kept at the end of a cached block.
 };
 
 // How full each tier is. used: held by sequences; cached: unused but kept
@@ -85,13 +86,28 @@ class BlockManager {
   // beside the blocks, one held by every sequence that holds a table
   // (taken by its first Reserve, returned by Free), so that the workers'
   // linear-attention layers keep each sequence's state in its own slot
-  // (StepInput::state_slots). The state is not in any block, so prefix
-  // caching is turned off: a cached prefix would skip the tokens that
-  // make it. With `host_slots`, slot ids [slots, slots + host_slots) are
-  // the host tier's, where a preempted sequence's state waits beside its
-  // swapped blocks (SwapOutState); copies between the tiers are recorded
-  // as blocks' are (TakeStateCopies). Call before any Reserve.
-  void set_state_slots(int32_t slots, int32_t host_slots = 0);
+  // (StepInput::state_slots). With `host_slots`, slot ids [slots, slots +
+  // host_slots) are the host tier's, where a preempted sequence's state
+  // waits beside its swapped blocks (SwapOutState); copies between slots
+  // are recorded as blocks' are (TakeStateCopies).
+  //
+  // The state is in no block, so a cached prefix is usable only up to a
+  // block whose state was kept: `snapshots` slots after the host ones
+  // hold the state at the end of a cached block (SnapshotState), least
+  // recently used out; AttachPrefix attaches up to the last such block
+  // and copies its snapshot into the sequence's new slot. Without
+  // snapshots prefix caching is off. Call before any Reserve.
+  void set_state_slots(int32_t slots, int32_t host_slots = 0,
+                       int32_t snapshots = 0);
+  int32_t state_snapshots() const { return snapshot_slots_; }
+  // Records, with the next step's state copies, the state of `seq` after
+  // its first `tokens_at` tokens (which it has reached in a planned step,
+  // exactly: a multiple of the block size) as the snapshot of that
+  // prefix's last block, evicting the least recently used snapshot when
+  // all are taken. No-op without snapshots, or when that block's prefix
+  // has one.
+  void SnapshotState(int64_t seq, absl::Span<const int32_t> tokens,
+                     int64_t tokens_at);
   int32_t state_slots() const { return state_slots_; }
   int32_t host_state_slots() const { return host_state_slots_; }
   // Device slots no sequence holds.
@@ -167,7 +183,9 @@ class BlockManager {
   // For a sequence with no table yet: attaches the longest run of cached
   // full blocks that hold tokens[0, k * block_size) for k * block_size <=
   // max_tokens, copying host-cached ones to the device while it has room
-  // and attaching the rest in the host tier.
+  // and attaching the rest in the host tier. With state slots, only up to
+  // the last block of the run with a snapshot, which is copied into a new
+  // slot for `seq` (none attached when no device slot is free).
   // Returns the tokens attached (whose KV need not be computed). 0 when
   // prefix caching is off.
   int64_t AttachPrefix(int64_t seq, absl::Span<const int32_t> tokens,
@@ -242,7 +260,14 @@ class BlockManager {
   Lru device_lru_, host_lru_;
   absl::flat_hash_map<uint64_t, int32_t> by_key_;
   absl::flat_hash_map<int64_t, std::vector<int32_t>> tables_;
-  int32_t state_slots_ = 0, host_state_slots_ = 0;
+  int32_t state_slots_ = 0, host_state_slots_ = 0, snapshot_slots_ = 0;
+  // Snapshots by the prefix key of the block they end, and their LRU.
+  struct Snapshot {
+    int32_t slot;
+    uint64_t last_use;
+  };
+  absl::flat_hash_map<uint64_t, Snapshot> snapshots_;
+  std::vector<int32_t> free_snapshots_;
   std::vector<int32_t> free_slots_;  // LIFO, like device_free_.
   std::vector<int32_t> free_host_slots_;
   std::vector<BlockCopy> state_copies_;

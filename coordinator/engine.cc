@@ -8,7 +8,6 @@
 #include "absl/strings/str_cat.h"
 #include "coordinator/cuda_executor.h"
 #include "coordinator/in_process_executor.h"
-#include "core/log.h"
 #include "core/status.h"
 #include "kernels/threading.h"
 
@@ -97,14 +96,11 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
           "order, so its prompt cannot be split over CP ranks; use --cp 1 "
           "(TP and PP work)"));
     }
-    if (options.kv.prefix_caching) {
-      Log("%s: prefix caching is off: the recurrent state of its linear "
-          "layers is not kept with cached blocks yet",
-          c.architecture.c_str());
-    }
-    // A host tier holds a slot for each (worker/kv_pool.h).
+    // A host tier holds a slot for each, and prefix caching as many
+    // snapshots (worker/kv_pool.h).
     manager.set_state_slots(limits.max_seqs,
-                            host_blocks > 0 ? limits.max_seqs : 0);
+                            host_blocks > 0 ? limits.max_seqs : 0,
+                            options.kv.prefix_caching ? limits.max_seqs : 0);
   }
   return std::unique_ptr<Engine>(
       new Engine(std::move(executor), std::move(manager), options));

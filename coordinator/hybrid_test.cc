@@ -50,7 +50,8 @@ class HybridTest : public ::testing::Test {
   }
   // Each request alone, its prompt in one step.
   std::vector<GenerateResult> Alone(const std::vector<GenerateRequest>& reqs) {
-    Engine* engine = MakeEngine({.limits = {.max_batched_tokens = 512}});
+    Engine* engine = MakeEngine({.kv = {.prefix_caching = false},
+                                 .limits = {.max_batched_tokens = 512}});
     std::vector<GenerateResult> out;
     for (const auto& r : reqs) {
       auto got = engine->Generate(r);
@@ -111,12 +112,11 @@ TEST_F(HybridTest, PreemptedSequencesEqualEachAlone) {
   sized.state_slots = 4;
   const int64_t budget = sized.StateBytes() + 9 * sized.BytesPerBlock();
   Engine* engine =
-      MakeEngine({.kv = {.kv_cache_bytes = budget},
+      MakeEngine({.kv = {.kv_cache_bytes = budget, .prefix_caching = false},
                   .limits = {.max_batched_tokens = 32, .max_seqs = 4}});
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(engine->blocks().num_blocks(), 9);
   EXPECT_EQ(engine->blocks().state_slots(), 4);
-  EXPECT_FALSE(engine->blocks().prefix_caching());
   auto got = engine->GenerateBatch(reqs);
   ASSERT_TRUE(got.ok()) << got.status();
   ExpectSame(*got, alone);
@@ -140,7 +140,9 @@ TEST_F(HybridTest, PreemptedSequencesSwapTheirStateToTheHostAndBack) {
   const int64_t device = sized.StateBytes() + 9 * sized.BytesPerBlock();
   const int64_t host = sized.StateBytes() + 64 * sized.BytesPerBlock();
   Engine* engine =
-      MakeEngine({.kv = {.kv_cache_bytes = device, .cpu_offload_bytes = host},
+      MakeEngine({.kv = {.kv_cache_bytes = device,
+                         .cpu_offload_bytes = host,
+                         .prefix_caching = false},
                   .limits = {.max_batched_tokens = 32, .max_seqs = 4}});
   ASSERT_NE(engine, nullptr);
   EXPECT_EQ(engine->blocks().num_host_blocks(), 64);
@@ -155,6 +157,44 @@ TEST_F(HybridTest, PreemptedSequencesSwapTheirStateToTheHostAndBack) {
   EXPECT_EQ(st.blocks.states_swapped_in, st.blocks.states_swapped_out);
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
   EXPECT_EQ(engine->blocks().FreeStateSlots(), 4);
+}
+
+// Prefix caching: a prompt's state at the end of its last full block is
+// kept (its prefill chunk stops there). The same prompt again, and a
+// conversation that extends it, attach the cached blocks up to there,
+// restore the state from the snapshot, compute only the rest, and give
+// the tokens of a cold run.
+TEST_F(HybridTest, APrefixHitRestoresTheStateAndComputesOnlyTheRest) {
+  GenerateRequest first{
+      .prompt = Prompt(45, 3), .max_tokens = 10, .return_prompt_logits = true};
+  GenerateRequest again = first;
+  GenerateRequest longer = first;
+  for (int32_t t = 7; t < 21; ++t) longer.prompt.push_back(t);
+  const auto cold = Alone({first, longer});
+  Engine* engine = MakeEngine({.limits = {.max_batched_tokens = 512}});
+  ASSERT_NE(engine, nullptr);
+  EXPECT_TRUE(engine->blocks().prefix_caching());
+  EXPECT_EQ(engine->blocks().state_snapshots(), 64);
+  for (const auto& [req, want, cached] :
+       {std::tuple<const GenerateRequest*, const GenerateResult*, int64_t>{
+            &first, &cold[0], 0},
+        {&again, &cold[0], 32},
+        {&longer, &cold[1], 32}}) {
+    SCOPED_TRACE(req->prompt.size());
+    const int64_t computed_before = engine->stats().computed_tokens;
+    auto got = engine->Generate(*req);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->tokens, want->tokens);
+    EXPECT_LT(MaxAbsDiff(got->prompt_logits, want->prompt_logits), 1e-4);
+    EXPECT_EQ(got->cached_prompt_tokens, cached);
+    // Only the rest of the prompt and the generated tokens but the last.
+    EXPECT_EQ(engine->stats().computed_tokens - computed_before,
+              static_cast<int64_t>(req->prompt.size()) - cached +
+                  req->max_tokens - 1);
+  }
+  EXPECT_EQ(engine->stats().blocks.state_snapshots, 2)
+      << "the first prompt's and the longer one's (at 32 and 48 tokens)";
+  EXPECT_EQ(engine->blocks().FreeStateSlots(), 64);
 }
 
 // TP splits the value heads (2 ranks: 2 and 2; 3 ranks: 1, 1 and 2, a

@@ -101,16 +101,18 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
 
 namespace {
 
-// ", and N recurrent-state slots of X KiB each (Y MiB in all, ...)" for
-// a hybrid model, else "".
-std::string StateSlotsNote(const ModelConfig& c, int32_t slots) {
+// ", and N recurrent-state slots of X KiB each (...)" for a hybrid model,
+// else "".
+std::string StateSlotsNote(const ModelConfig& c, const BlockManager& b) {
+  const int32_t slots = b.state_slots() + b.state_snapshots();
   if (!c.is_hybrid() || slots == 0) return "";
   const int64_t linear = c.n_layers - c.AttentionLayers(0, c.n_layers);
   const double slot_kib = 4.0 * linear * c.SsmStateValues() / 1024.0;
   return absl::StrFormat(
-      ", and %d recurrent-state slots (--max-seqs) of %.1f KiB each (%.1f "
+      ", and %d recurrent-state slots (--max-seqs%s) of %.1f KiB each (%.1f "
       "MiB in all, taken from the ranks' KV budgets)",
-      slots, slot_kib, slots * slot_kib / 1024.0);
+      slots, b.state_snapshots() > 0 ? ", as many prefix snapshots" : "",
+      slot_kib, slots * slot_kib / 1024.0);
 }
 
 }  // namespace
@@ -131,7 +133,7 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
       "%s, %.1f KiB per token%s%s\n",
       blocks.num_blocks(), blocks.num_host_blocks(), blocks.block_size(),
       KvCacheDTypeName(kv), KvBytesPerToken(m.engine->config(), kv) / 1024.0,
-      StateSlotsNote(m.engine->config(), blocks.state_slots()).c_str(),
+      StateSlotsNote(m.engine->config(), blocks).c_str(),
       flags.cp > 1
           ? absl::StrCat(
                 " (over ", flags.cp, " CP ranks, ",

@@ -55,12 +55,10 @@ KvPoolConfig PoolShapeForShard(const ModelConfig& c, const ShardSpec& spec) {
   return kv;
 }
 
-absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
-                                                const ShardSpec& spec,
-                                                int64_t block_size, DType dtype,
-                                                int64_t budget_bytes,
-                                                int64_t host_bytes,
-                                                int64_t state_slots) {
+absl::StatusOr<KvPoolConfig> PoolConfigForShard(
+    const ModelConfig& c, const ShardSpec& spec, int64_t block_size,
+    DType dtype, int64_t budget_bytes, int64_t host_bytes, int64_t state_slots,
+    int64_t snapshot_slots) {
   if (!IsCpuKvDType(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("KV cache dtype ", DTypeName(dtype),
@@ -80,6 +78,7 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
           c.architecture, ": a hybrid model needs state slots (max_seqs)"));
     }
     kv.state_slots = state_slots;
+    kv.snapshot_slots = snapshot_slots;
   }
   // A host tier holds a slot for every device slot, from its budget too.
   if (kv.linear_layers > 0 && host_bytes > 0) {
@@ -94,12 +93,15 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
     kv.host_state_slots = kv.state_slots;
     host_bytes -= kv.StateBytes();
   }
-  if (budget_bytes > 0 && kv.StateBytes() >= budget_bytes) {
+  const int64_t device_state =
+      kv.StateBytes(kv.state_slots + kv.snapshot_slots);
+  if (budget_bytes > 0 && device_state >= budget_bytes) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV cache budget of ", budget_bytes, " bytes holds no block beside ",
-        kv.state_slots, " state slots of ", kv.linear_layers,
-        " linear layers (", kv.StateBytes(), " bytes at pp ", spec.pp_rank,
-        " tp ", spec.tp_rank, "); lower --max-seqs or raise the budget"));
+        kv.state_slots, " state slots and ", kv.snapshot_slots,
+        " prefix snapshots of ", kv.linear_layers, " linear layers (",
+        device_state, " bytes at pp ", spec.pp_rank, " tp ", spec.tp_rank,
+        "); lower --max-seqs or raise the budget"));
   }
   // A stage of a hybrid model may hold linear layers only: its blocks
   // cost nothing, and the other stages' counts decide (the fewest).
@@ -107,7 +109,7 @@ absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& c,
   const bool free_blocks = kv.BytesPerBlock() == 0;
   kv.num_blocks = free_blocks ? kFreeBlocks
                   : budget_bytes > 0
-                      ? kv.BlocksFor(budget_bytes - kv.StateBytes())
+                      ? kv.BlocksFor(budget_bytes - device_state)
                       : (c.context_length + block_size - 1) / block_size;
   if (kv.num_blocks <= 0) {
     return absl::InvalidArgumentError(
@@ -172,7 +174,7 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(
       pool->k_.push_back(std::move(k));
       pool->v_.push_back(std::move(v));
     }
-    const int64_t slots = config.state_slots + config.host_state_slots;
+    const int64_t slots = config.total_state_slots();
     for (int64_t l = 0; l < config.linear_layers; ++l) {
       // Zeroed here, and again by each sequence's first step
       // (StepInput::state_slots).
@@ -248,14 +250,13 @@ absl::Status KvPool::TakeChecksumFailures() {
 }
 
 absl::Status KvPool::CopyStates(absl::Span<const BlockCopy> copies) {
-  const int64_t slots = config_.state_slots + config_.host_state_slots;
+  const int64_t slots = config_.total_state_slots();
   for (const BlockCopy& c : copies) {
     if (c.src < 0 || c.src >= slots || c.dst < 0 || c.dst >= slots ||
         c.src == c.dst) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("bad state slot copy ", c.src, " -> ", c.dst, " of ",
-                       config_.state_slots, " + ", config_.host_state_slots,
-                       " (host) slots"));
+      return absl::InvalidArgumentError(absl::StrCat("bad state slot copy ",
+                                                     c.src, " -> ", c.dst,
+                                                     " of ", slots, " slots"));
     }
   }
   for (std::vector<Tensor>* layers : {&conv_, &recurrent_}) {

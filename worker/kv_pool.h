@@ -58,6 +58,12 @@ struct KvPoolConfig {
   // (one per device slot when there is a host tier), where a preempted
   // sequence's state waits (KvPool::CopyStates).
   int64_t host_state_slots = 0;
+  // Then [.., + snapshot_slots): states kept at the end of cached prefix
+  // blocks (BlockManager::SnapshotState), from the device budget.
+  int64_t snapshot_slots = 0;
+  int64_t total_state_slots() const {
+    return state_slots + host_state_slots + snapshot_slots;
+  }
   int64_t conv_rows = 0, conv_channels = 0;
   int64_t state_heads = 0, k_dim = 0, v_dim = 0;
 
@@ -87,15 +93,14 @@ KvPoolConfig PoolShapeForShard(const ModelConfig& config,
 // The pool of one shard (its layers and KV heads) with as many device
 // blocks as `budget_bytes` holds (enough for one full context when it is 0)
 // and as many host blocks as `host_bytes` holds. A hybrid model's
-// `state_slots` slots (max_seqs) come out of the device budget first.
+// `state_slots` slots (max_seqs) and `snapshot_slots` come out of the
+// device budget first.
 // InvalidArgument when the device budget holds no block or either holds
 // absurdly many.
-absl::StatusOr<KvPoolConfig> PoolConfigForShard(const ModelConfig& config,
-                                                const ShardSpec& spec,
-                                                int64_t block_size, DType dtype,
-                                                int64_t budget_bytes,
-                                                int64_t host_bytes = 0,
-                                                int64_t state_slots = 0);
+absl::StatusOr<KvPoolConfig> PoolConfigForShard(
+    const ModelConfig& config, const ShardSpec& spec, int64_t block_size,
+    DType dtype, int64_t budget_bytes, int64_t host_bytes = 0,
+    int64_t state_slots = 0, int64_t snapshot_slots = 0);
 
 class KvPool {
  public:
@@ -118,10 +123,10 @@ class KvPool {
   // state_heads, k_dim, v_dim], f32, zero at first.
   std::vector<Tensor>& conv_states() { return conv_; }
   std::vector<Tensor>& recurrent_states() { return recurrent_; }
-  // KV blocks and state slots of both tiers.
+  // KV blocks and state slots of both tiers, snapshots included.
   int64_t bytes() const {
     return config_.total_blocks() * config_.BytesPerBlock() +
-           config_.StateBytes(config_.state_slots + config_.host_state_slots);
+           config_.StateBytes(config_.total_state_slots());
   }
   // What the tensors hold, whatever the config says: their element type
   // and their bytes per token slot (both tiers' slots together).

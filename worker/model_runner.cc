@@ -72,8 +72,7 @@ absl::Status ModelRunner::Validate(const StepInput& step) const {
           "step has ", step.state_slots.size(), " state slots for ",
           step.block_tables.size(), " sequences"));
     }
-    const int64_t slots =
-        kv_->config().state_slots + kv_->config().host_state_slots;
+    const int64_t slots = kv_->config().total_state_slots();
     for (const BlockCopy& copy : step.state_copies) {
       if (copy.src < 0 || copy.src >= slots || copy.dst < 0 ||
           copy.dst >= slots || copy.src == copy.dst) {

@@ -87,7 +87,8 @@ absl::StatusOr<std::unique_ptr<Shard>> LoadCpuShard(const WeightSource& source,
       KvPoolConfig kv,
       PoolConfigForShard(weights.config, r.spec, r.kv.block_size,
                          r.kv.DTypeOnCpu(), r.kv.kv_cache_bytes,
-                         r.kv.cpu_offload_bytes, r.limits.max_seqs));
+                         r.kv.cpu_offload_bytes, r.limits.max_seqs,
+                         r.kv.prefix_caching ? r.limits.max_seqs : 0));
   kv.checksum_host_tier = r.kv.checksum;
   return std::unique_ptr<Shard>(
       std::make_unique<CpuShard>(std::move(weights), kv, r.threads));
