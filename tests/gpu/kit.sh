@@ -77,7 +77,7 @@ done | sort -u | while read -r soname path; do
   [ "$path" != MISSING ] || { echo "kit: $soname not found" >&2; exit 1; }
   cp -L "$path" "$libs/$soname"
 done
-tar -C "$stage" -cf - bin lib | xz -T0 -6 >"$DIR/kit.tar.xz"
+tar -C "$stage" -cf - bin lib | xz -T0 -9 >"$DIR/kit.tar.xz"
 
 .venv/bin/python tests/cut_gguf.py "$MODEL" \
   "$DIR/models/smollm2-${BLOCKS}blocks.gguf" --blocks "$BLOCKS"
