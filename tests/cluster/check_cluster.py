@@ -10,7 +10,8 @@
    ones within 2e-3 of the single process's (both with f32 KV caches, so
    that the check measures the sharding, not the cache's rounding).
    SmolLM2 (9 query / 3 KV heads: uneven TP splits) and a synthetic model
-   with 8 / 4 heads (TP = 4).
+   with 8 / 4 heads (TP = 4); with --hybrid, the tiny Qwen3.5 (its state
+   slots across processes) at TP 2 x PP 2, and in the overlap check below.
 2. Failure: killing a worker mid-generation fails the stream with
    UNAVAILABLE within 10 s, naming that worker's rank and pid; the
    coordinator stays up and fails later requests at once.
@@ -373,6 +374,9 @@ def main() -> int:
     ap.add_argument("--gguf", required=True)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--layouts", default="2x1,3x1,1x2,1x3,2x2")
+    ap.add_argument("--hybrid", help="a hybrid model (the tiny qwen35 GGUF): "
+                    "its state slots across processes, TP 2 x PP 2 and 16 "
+                    "streams with steps in flight")
     a = ap.parse_args()
     # mpirun -wdir resolves a relative program path in that directory.
     a.shardlm = os.path.abspath(a.shardlm)
@@ -393,6 +397,11 @@ def main() -> int:
     equivalence(a, syn, [(4, 1), (2, 2)], "synthetic")
 
     overlap(a, a.gguf)
+    if a.hybrid:
+        # Each sequence's recurrent state in its slot on every worker,
+        # named in the step plans (StepInput::state_slots) over the wire.
+        equivalence(a, a.hybrid, [(2, 2)], "qwen35")
+        overlap(a, a.hybrid)
     kill_worker(a, a.gguf)
     drain(a, a.gguf)
     bad_launches(a, a.gguf)
