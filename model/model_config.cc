@@ -174,7 +174,7 @@ absl::Status ModelConfig::Validate() const {
       "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",     "deepseek2",
       "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",       "gemma3_text",
       "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text", "qwen35moe",
-      "qwen3next"};
+      "qwen3next",   "qwen3_next"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(

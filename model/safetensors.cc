@@ -811,6 +811,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "Gemma3ForCausalLM") model_type = "gemma3_text";
       if (arch == "GptOssForCausalLM") model_type = "gpt_oss";
       if (arch == "Qwen3_5ForCausalLM") model_type = "qwen3_5_text";
+      if (arch == "Qwen3NextForCausalLM") model_type = "qwen3_next";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -942,6 +943,28 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     RETURN_IF_ERROR(ReadDeepseek(j, r, c));
   } else if (c.architecture == "qwen3_5_text") {
     RETURN_IF_ERROR(ReadQwen35(j, r, c));
+  } else if (c.architecture == "qwen3_next") {
+    // Qwen3.5's layers, a mixture in every layer and one shared expert
+    // gated per token (transformers' Qwen3NextSparseMoeBlock).
+    RETURN_IF_ERROR(ReadQwen35(j, r, c));
+    ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
+    ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+    ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
+    ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", true));
+    ASSIGN_OR_RETURN(c.shared_expert_ffn,
+                     r.Int("shared_expert_intermediate_size", 0));
+    c.n_shared_experts = c.shared_expert_ffn > 0 ? 1 : 0;
+    c.shared_expert_gate = c.n_shared_experts > 0;
+    ASSIGN_OR_RETURN(const int64_t sparse_step,
+                     r.Int("decoder_sparse_step", 1));
+    if (sparse_step != 1 ||
+        (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
+                                       j.at("mlp_only_layers").empty()))) {
+      return r.Error("decoder_sparse_step",
+                     "or mlp_only_layers leave dense layers among the "
+                     "mixture layers; only every layer a mixture is "
+                     "supported");
+    }
   }
   // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
   // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
@@ -1039,6 +1062,14 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
       {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
       {"linear_attn.norm.weight", "ssm_norm.weight"},
       {"linear_attn.out_proj.weight", "ssm_out.weight"},
+      // Qwen3-Next's: q, k, v, z and b, a fused per key head, as
+      // llama.cpp's ssm_in and ssm_ba; its one shared expert and gate.
+      {"linear_attn.in_proj_qkvz.weight", "ssm_in.weight"},
+      {"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
   };
   // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
   // per-expert names llama.cpp's older Mixtral files use).

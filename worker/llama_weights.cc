@@ -834,9 +834,17 @@ absl::StatusOr<LlamaWeights> LoadLlamaWeights(const WeightSource& source,
         l.shared_down = std::move(sdown.w);
         l.shared_down_offset = sdown.offset;
         if (c.shared_expert_gate) {
-          ASSIGN_OR_RETURN(
-              l.shared_gate_inp,
-              Load(source, p + "ffn_gate_inp_shexp.weight", {c.hidden}));
+          // [hidden] in GGUF, [1, hidden] in Hugging Face's folders.
+          const std::string gate = p + "ffn_gate_inp_shexp.weight";
+          const TensorInfo* info = source.Find(gate);
+          if (info != nullptr && info->shape == Shape{1, c.hidden}) {
+            ASSIGN_OR_RETURN(l.shared_gate_inp,
+                             Load(source, gate, {1, c.hidden}));
+            ASSIGN_OR_RETURN(l.shared_gate_inp,
+                             l.shared_gate_inp.Reshaped({c.hidden}));
+          } else {
+            ASSIGN_OR_RETURN(l.shared_gate_inp, Load(source, gate, {c.hidden}));
+          }
         }
       }
     } else {

@@ -218,6 +218,16 @@ def load_hf_dir(d: str):
         _gpt_oss_hf_config(cfg, hc)
     elif model_type == "qwen3_5_text":
         _qwen35_hf_config(cfg, hc)
+    elif model_type == "qwen3_next":
+        # transformers' Qwen3NextConfig: Qwen3.5's layers, and a mixture
+        # in every layer with one shared expert gated per token.
+        _qwen35_hf_config(cfg, hc)
+        cfg.n_experts = int(hc["num_experts"])
+        cfg.experts_used = int(hc["num_experts_per_tok"])
+        cfg.expert_hidden_dim = int(hc["moe_intermediate_size"])
+        cfg.experts_norm = bool(hc.get("norm_topk_prob", True))
+        cfg.n_shared = 1
+        cfg.shared_hidden_dim = int(hc["shared_expert_intermediate_size"])
     t = _load_hf_tensors(d)
     if prefix != "model.":
         t = {("model." + k[len(prefix):] if k.startswith(prefix) else k): v
@@ -232,7 +242,7 @@ def load_hf_dir(d: str):
         b0, b1 = q["weight_block_size"]
         assert b0 == b1
         t = dequantize_fp8(t, b0)
-    if gemma or model_type == "qwen3_5_text":
+    if gemma or model_type in ("qwen3_5_text", "qwen3_next"):
         # GemmaRMSNorm's and Qwen3_5RMSNorm's 1 + w, as llama.cpp's
         # converter stores it (not Qwen3.5's gated norm, plain w).
         t = {k: v + 1.0 if k.endswith("norm.weight")
@@ -249,13 +259,40 @@ def load_hf_dir(d: str):
                            f".weight"] for e in range(cfg.n_experts)])
 
     layers = []
+    # Qwen3-Next's (and Qwen3.5-MoE's) one shared expert and its gate.
+    shexp = "mlp.shared_expert." if model_type == "qwen3_next" else \
+        "mlp.shared_experts."
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
-        if cfg.is_linear(i):
-            layers.append(_qwen35_linear_layer(t, p))
-            continue
         moe = cfg.is_moe(i)
         shared = moe and cfg.n_shared > 0
+        ffn = dict(
+            ffn_norm=t[p + ("pre_feedforward_layernorm.weight" if gemma
+                            else "post_attention_layernorm.weight")],
+            w_gate=None if moe else t[p + "mlp.gate_proj.weight"],
+            w_up=None if moe else t[p + "mlp.up_proj.weight"],
+            w_down=None if moe else t[p + "mlp.down_proj.weight"],
+            router=(t[f"{p}{moe_block}.gate.weight"]
+                    if moe and model_type != "gpt_oss"
+                    else t.get(p + "mlp.router.weight")),
+            e_gate=experts(p, 0) if moe else None,
+            e_up=experts(p, 1) if moe else None,
+            e_down=experts(p, 2) if moe else None,
+            e_bias=(t.get(f"{p}{moe_block}.gate.e_score_correction_bias")
+                    if moe else None),
+            s_gate=t[p + shexp + "gate_proj.weight"] if shared else None,
+            s_up=t[p + shexp + "up_proj.weight"] if shared else None,
+            s_down=t[p + shexp + "down_proj.weight"] if shared else None,
+            s_gate_inp=(t[p + "mlp.shared_expert_gate.weight"].reshape(-1)
+                        if shared and p + "mlp.shared_expert_gate.weight" in t
+                        else None),
+            router_b=t.get(p + "mlp.router.bias"),
+            e_gate_b=t.get(p + "mlp.experts.gate_proj_bias"),
+            e_up_b=t.get(p + "mlp.experts.up_proj_bias"),
+            e_down_b=t.get(p + "mlp.experts.down_proj_bias"))
+        if cfg.is_linear(i):
+            layers.append(_qwen35_linear_layer(t, p, ffn, cfg))
+            continue
         a = p + "self_attn."
         mla, lora = cfg.mla, cfg.q_lora_rank > 0
         layers.append(Layer(
@@ -270,37 +307,18 @@ def load_hf_dir(d: str):
             wkv_a=t[a + "kv_a_proj_with_mqa.weight"] if mla else None,
             kv_a_norm=t[a + "kv_a_layernorm.weight"] if mla else None,
             wkv_b=t[a + "kv_b_proj.weight"] if mla else None,
-            ffn_norm=t[p + ("pre_feedforward_layernorm.weight" if gemma
-                            else "post_attention_layernorm.weight")],
             attn_post_norm=(t[p + "post_attention_layernorm.weight"]
                             if gemma else None),
             ffn_post_norm=(t[p + "post_feedforward_layernorm.weight"]
                            if gemma else None),
-            w_gate=None if moe else t[p + "mlp.gate_proj.weight"],
-            w_up=None if moe else t[p + "mlp.up_proj.weight"],
-            w_down=None if moe else t[p + "mlp.down_proj.weight"],
             bq=t.get(p + "self_attn.q_proj.bias"),
             bk=t.get(p + "self_attn.k_proj.bias"),
             bv=t.get(p + "self_attn.v_proj.bias"),
             q_norm=t.get(p + "self_attn.q_norm.weight"),
             k_norm=t.get(p + "self_attn.k_norm.weight"),
-            router=(t[f"{p}{moe_block}.gate.weight"]
-                    if moe and model_type != "gpt_oss"
-                    else t.get(p + "mlp.router.weight")),
-            e_gate=experts(p, 0) if moe else None,
-            e_up=experts(p, 1) if moe else None,
-            e_down=experts(p, 2) if moe else None,
-            e_bias=(t.get(f"{p}{moe_block}.gate.e_score_correction_bias")
-                    if moe else None),
-            s_gate=t[p + "mlp.shared_experts.gate_proj.weight"] if shared else None,
-            s_up=t[p + "mlp.shared_experts.up_proj.weight"] if shared else None,
-            s_down=t[p + "mlp.shared_experts.down_proj.weight"] if shared else None,
             sinks=t.get(a + "sinks"),
             bo=t.get(a + "o_proj.bias"),
-            router_b=t.get(p + "mlp.router.bias"),
-            e_gate_b=t.get(p + "mlp.experts.gate_proj_bias"),
-            e_up_b=t.get(p + "mlp.experts.up_proj_bias"),
-            e_down_b=t.get(p + "mlp.experts.down_proj_bias"),
+            **ffn,
         ))
     emb = t["model.embed_tokens.weight"]
     # Gemma3TextConfig ties them unless told (its checkpoints do not say).
@@ -343,31 +361,32 @@ def _qwen35_hf_config(cfg: Config, hc: dict) -> None:
 
 
 # transformers' names of a Gated DeltaNet layer's tensors (Qwen3_5Gated-
-# DeltaNet and its decoder layer), by llama.cpp's.
+# DeltaNet, Qwen3NextGatedDeltaNet), by llama.cpp's: Qwen3.5's q/k/v and
+# z, b and a apart; Qwen3-Next's fused per key head as llama.cpp's older
+# ssm_in and its ssm_ba.
 QWEN35_LINEAR_NAMES = {
     "attn_norm.weight": "input_layernorm.weight",
-    "post_attention_norm.weight": "post_attention_layernorm.weight",
-    "ffn_gate.weight": "mlp.gate_proj.weight",
-    "ffn_up.weight": "mlp.up_proj.weight",
-    "ffn_down.weight": "mlp.down_proj.weight",
     "attn_qkv.weight": "linear_attn.in_proj_qkv.weight",
     "attn_gate.weight": "linear_attn.in_proj_z.weight",
     "ssm_beta.weight": "linear_attn.in_proj_b.weight",
     "ssm_alpha.weight": "linear_attn.in_proj_a.weight",
+    "ssm_in.weight": "linear_attn.in_proj_qkvz.weight",
+    "ssm_ba.weight": "linear_attn.in_proj_ba.weight",
     "ssm_dt.bias": "linear_attn.dt_bias",
     "ssm_norm.weight": "linear_attn.norm.weight",
     "ssm_out.weight": "linear_attn.out_proj.weight",
 }
 
 
-def _qwen35_linear_layer(t: dict, p: str) -> Layer:
+def _qwen35_linear_layer(t: dict, p: str, ffn: dict, cfg: Config) -> Layer:
     """A Gated DeltaNet layer in transformers' names, read as the GGUF
-    reader reads llama.cpp's: ssm_a = -exp(A_log), the convolution [C, W]."""
-    g = {k: t[p + hf] for k, hf in QWEN35_LINEAR_NAMES.items()}
+    reader reads llama.cpp's: ssm_a = -exp(A_log), the convolution [C, W];
+    its FFN's fields `ffn`."""
+    g = {k: t[p + hf] for k, hf in QWEN35_LINEAR_NAMES.items() if p + hf in t}
     g["ssm_a"] = -np.exp(t[p + "linear_attn.A_log"])
     conv = t[p + "linear_attn.conv1d.weight"]
     g["ssm_conv1d.weight"] = conv.reshape(conv.shape[0], -1)
-    return _gated_delta_net_layer(g, "", "post_attention_norm")
+    return _gated_delta_net_layer(g, "", ffn, cfg)
 
 
 def _gpt_oss_hf_config(cfg: Config, hc: dict) -> None:

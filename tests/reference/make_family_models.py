@@ -286,11 +286,12 @@ FAMILIES = {
                       ssm_k_heads=2, ssm_v_heads=4, ssm_head=16, experts=8,
                       experts_used=2, expert_ffn=64, experts_norm=True,
                       shared_experts=1, shared_ffn=96, shared_gate=True,
-                      formats=("gguf",)),
-    # Qwen3-Next (llama.cpp's qwen3next, GGUF only so far): qwen35moe's
-    # layers with the value heads grouped (value head i reads key head
-    # i / 2) and each layer's betas and alphas in one ssm_ba, as the
-    # converter writes them.
+                      formats=("gguf",), seeds=(5, 101)),
+    # Qwen3-Next (llama.cpp's qwen3next, and Qwen3NextForCausalLM's folder):
+    # qwen35moe's layers with the value heads grouped (value head i reads
+    # key head i / 2) and each layer's betas and alphas in one ssm_ba, as
+    # the converter writes them (the folder fuses q, k, v and z per key
+    # head too).
     "qwen3next": dict(gguf_arch="qwen3next", hf_type="qwen3_next",
                       pre="qwen2", layers=8, head_dim=32, theta=1e7,
                       eps=1e-6, qk_norm=True, rotary_factor=0.25,
@@ -298,7 +299,7 @@ FAMILIES = {
                       ssm_k_heads=2, ssm_v_heads=4, ssm_head=16, experts=8,
                       experts_used=2, expert_ffn=64, experts_norm=True,
                       shared_experts=1, shared_ffn=96, shared_gate=True,
-                      formats=("gguf",)),
+                      seeds=(8, 104)),
     "qwen2_swa": dict(hf_type="qwen2", formats=("hf",), theta=1e6,
                       tied=True, bias=True, eps=1e-6, window=20,
                       max_window_layers=2),
@@ -757,9 +758,95 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
               os.path.join(d, "model.safetensors"))
 
 
+def write_hf_qwen3next(d: str, f: dict, t: dict) -> None:
+    """Qwen3-Next as its folders ship it (Qwen3NextForCausalLM): the
+    canonical tensors converted back as llama.cpp's converter reads them
+    (Qwen3NextModel): q, k, v and z fused per key head in in_proj_qkvz,
+    b and a per key head in in_proj_ba, A_log = log(-ssm_a), conv1d [C, 1,
+    W], the (1 + w) norms less 1 but the gated one; the experts one
+    tensor each, the shared expert and its gate ([1, hidden])."""
+    from safetensors.numpy import save_file
+    os.makedirs(d, exist_ok=True)
+    hk, hv, dk = f["ssm_k_heads"], f["ssm_v_heads"], f["ssm_head"]
+    r = hv // hk
+    config = {
+        "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next",
+        "vocab_size": VOCAB, "hidden_size": f["hidden"],
+        "intermediate_size": f["ffn"], "num_hidden_layers": f["layers"],
+        "num_attention_heads": f["heads"],
+        "num_key_value_heads": f["kv_heads"], "head_dim": f["head_dim"],
+        "hidden_act": "silu", "max_position_embeddings": f["context"],
+        "rms_norm_eps": f["eps"], "tie_word_embeddings": f["tied"],
+        "rope_theta": f["theta"], "partial_rotary_factor": f["rotary_factor"],
+        "attention_bias": False, "linear_conv_kernel_dim": f["ssm_conv"],
+        "linear_key_head_dim": dk, "linear_value_head_dim": dk,
+        "linear_num_key_heads": hk, "linear_num_value_heads": hv,
+        "layer_types": ["linear_attention" if is_linear(f, i)
+                        else "full_attention" for i in range(f["layers"])],
+        "full_attention_interval": f["full_attention_interval"],
+        "num_experts": f["experts"], "num_experts_per_tok": f["experts_used"],
+        "moe_intermediate_size": f["expert_ffn"],
+        "shared_expert_intermediate_size": f["shared_ffn"],
+        "norm_topk_prob": f["experts_norm"], "decoder_sparse_step": 1,
+        "mlp_only_layers": [], "bos_token_id": 1, "eos_token_id": 2,
+        "torch_dtype": "float32"}
+    with open(os.path.join(d, "config.json"), "w") as fh:
+        json.dump(config, fh, indent=2)
+    out = {"model.embed_tokens.weight": t["token_embd.weight"],
+           "model.norm.weight": t["output_norm.weight"] - 1.0}
+    if "output.weight" in t:
+        out["lm_head.weight"] = t["output.weight"]
+    for i in range(f["layers"]):
+        p, pre = f"blk.{i}.", f"model.layers.{i}."
+        out[pre + "input_layernorm.weight"] = t[p + "attn_norm.weight"] - 1.0
+        out[pre + "post_attention_layernorm.weight"] = (
+            t[p + "ffn_norm.weight"] - 1.0)
+        m = pre + "mlp."
+        out[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
+        for e in range(f["experts"]):
+            for g in ("gate", "up", "down"):
+                out[f"{m}experts.{e}.{g}_proj.weight"] = (
+                    t[f"{p}ffn_{g}_exps.weight"][e])
+        for g in ("gate", "up", "down"):
+            out[f"{m}shared_expert.{g}_proj.weight"] = t[f"{p}ffn_{g}_shexp.weight"]
+        out[m + "shared_expert_gate.weight"] = (
+            t[p + "ffn_gate_inp_shexp.weight"][None, :])
+        if is_linear(f, i):
+            la = pre + "linear_attn."
+            qkv, z = t[p + "attn_qkv.weight"], t[p + "attn_gate.weight"]
+            q, k, v = qkv[:hk * dk], qkv[hk * dk:2 * hk * dk], qkv[2 * hk * dk:]
+            cols = qkv.shape[1]
+            out[la + "in_proj_qkvz.weight"] = np.concatenate([
+                np.concatenate([q[g * dk:(g + 1) * dk], k[g * dk:(g + 1) * dk],
+                                v[g * r * dk:(g + 1) * r * dk],
+                                z[g * r * dk:(g + 1) * r * dk]])
+                for g in range(hk)]).reshape(-1, cols)
+            b, a = t[p + "ssm_beta.weight"], t[p + "ssm_alpha.weight"]
+            out[la + "in_proj_ba.weight"] = np.concatenate([
+                np.concatenate([b[g * r:(g + 1) * r], a[g * r:(g + 1) * r]])
+                for g in range(hk)])
+            out[la + "dt_bias"] = t[p + "ssm_dt.bias"]
+            out[la + "A_log"] = np.log(-t[p + "ssm_a"]).astype(np.float32)
+            out[la + "conv1d.weight"] = t[p + "ssm_conv1d.weight"][:, None, :]
+            out[la + "norm.weight"] = t[p + "ssm_norm.weight"]
+            out[la + "out_proj.weight"] = t[p + "ssm_out.weight"]
+        else:
+            sa = pre + "self_attn."
+            for g, h in (("q", "q"), ("k", "k"), ("v", "v"),
+                         ("output", "o")):
+                out[f"{sa}{h}_proj.weight"] = t[f"{p}attn_{g}.weight"]
+            out[sa + "q_norm.weight"] = t[p + "attn_q_norm.weight"] - 1.0
+            out[sa + "k_norm.weight"] = t[p + "attn_k_norm.weight"] - 1.0
+    save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
+              os.path.join(d, "model.safetensors"))
+
+
 def write_hf(d: str, f: dict, t: dict) -> None:
     if f["hf_type"] == "qwen3_5_text":
         write_hf_qwen35(d, f, t)
+        return
+    if f["hf_type"] == "qwen3_next":
+        write_hf_qwen3next(d, f, t)
         return
     from safetensors.numpy import save_file
     os.makedirs(d, exist_ok=True)
@@ -1064,7 +1151,11 @@ def main(argv=None) -> int:
     for k, (path, write) in enumerate(targets):
         if ("gguf", "hf")[k] not in f["formats"]:
             continue
-        for seed in range(a.seed + 100 * k, a.seed + 100 * k + 20):
+        # A family may name the first seed of each format (the ones found
+        # to clear the margins), saving the search its slow draws.
+        first = f["seeds"][k] if "seeds" in f and a.seed == 1 else \
+            a.seed + 100 * k
+        for seed in range(first, first + 20):
             write(path, draw(f, seed))
             checked = path
             if a.quantize and path.endswith(".gguf"):
