@@ -170,11 +170,12 @@ std::string ExtrasString(const ModelConfig& c) {
 
 absl::Status ModelConfig::Validate() const {
   static constexpr std::string_view kArchitectures[] = {
-      "llama",       "mistral",     "qwen2",   "qwen3",        "qwen3moe",
-      "qwen3_moe",   "mixtral",     "glm4moe", "glm4_moe",     "deepseek2",
-      "deepseek_v3", "deepseek_v2", "gemma2",  "gemma3",       "gemma3_text",
-      "gpt-oss",     "gpt_oss",     "qwen35",  "qwen3_5_text", "qwen35moe",
-      "qwen3next",   "qwen3_next"};
+      "llama",     "mistral",    "qwen2",           "qwen3",
+      "qwen3moe",  "qwen3_moe",  "mixtral",         "glm4moe",
+      "glm4_moe",  "deepseek2",  "deepseek_v3",     "deepseek_v2",
+      "gemma2",    "gemma3",     "gemma3_text",     "gpt-oss",
+      "gpt_oss",   "qwen35",     "qwen3_5_text",    "qwen35moe",
+      "qwen3next", "qwen3_next", "qwen3_5_moe_text"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
                 architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -778,11 +778,12 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   // not read).
   const Json* text_config = &top;
   if (const auto it = top.find("model_type");
-      it != top.end() && *it == "qwen3_5") {
+      it != top.end() && (*it == "qwen3_5" || *it == "qwen3_5_moe")) {
     const auto tc = top.find("text_config");
     if (tc == top.end() || !tc->is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          path, ": model_type 'qwen3_5' without a text_config object"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": model_type '", it->get<std::string>(),
+                       "' without a text_config object"));
     }
     text_config = &*tc;
   }
@@ -812,6 +813,7 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
       if (arch == "GptOssForCausalLM") model_type = "gpt_oss";
       if (arch == "Qwen3_5ForCausalLM") model_type = "qwen3_5_text";
       if (arch == "Qwen3NextForCausalLM") model_type = "qwen3_next";
+      if (arch == "Qwen3_5MoeForCausalLM") model_type = "qwen3_5_moe_text";
       if (model_type.empty()) model_type = arch;
     }
   }
@@ -943,9 +945,12 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     RETURN_IF_ERROR(ReadDeepseek(j, r, c));
   } else if (c.architecture == "qwen3_5_text") {
     RETURN_IF_ERROR(ReadQwen35(j, r, c));
-  } else if (c.architecture == "qwen3_next") {
+  } else if (c.architecture == "qwen3_next" ||
+             c.architecture == "qwen3_5_moe_text") {
     // Qwen3.5's layers, a mixture in every layer and one shared expert
-    // gated per token (transformers' Qwen3NextSparseMoeBlock).
+    // gated per token (transformers' Qwen3NextSparseMoeBlock and
+    // Qwen3_5MoeSparseMoeBlock; their checkpoints hold the experts one
+    // tensor each).
     RETURN_IF_ERROR(ReadQwen35(j, r, c));
     ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
     ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));

@@ -38,7 +38,7 @@ def main() -> int:
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--tokenizer-gguf", default=mf.TOKENIZER_GGUF_DEFAULT)
     ap.add_argument("--family", default="qwen35",
-                    choices=("qwen35", "qwen3next"))
+                    choices=("qwen35", "qwen35moe", "qwen3next"))
     ap.add_argument("--tool", help="forward_dump: the C++ reads both too")
     a = ap.parse_args()
     os.makedirs(a.workdir, exist_ok=True)

@@ -125,7 +125,7 @@ def load_hf_dir(d: str):
     with open(os.path.join(d, "config.json")) as f:
         hc = json.load(f)
     prefix = "model."
-    if hc.get("model_type") == "qwen3_5":
+    if hc.get("model_type") in ("qwen3_5", "qwen3_5_moe"):
         # Qwen3_5ForConditionalGeneration, as Qwen3.5 ships: the language
         # model's config in text_config, its weights under
         # model.language_model. (the vision tower's are not read).
@@ -218,9 +218,10 @@ def load_hf_dir(d: str):
         _gpt_oss_hf_config(cfg, hc)
     elif model_type == "qwen3_5_text":
         _qwen35_hf_config(cfg, hc)
-    elif model_type == "qwen3_next":
-        # transformers' Qwen3NextConfig: Qwen3.5's layers, and a mixture
-        # in every layer with one shared expert gated per token.
+    elif model_type in ("qwen3_next", "qwen3_5_moe_text"):
+        # transformers' Qwen3NextConfig and Qwen3_5MoeTextConfig: Qwen3.5's
+        # layers, and a mixture in every layer with one shared expert gated
+        # per token.
         _qwen35_hf_config(cfg, hc)
         cfg.n_experts = int(hc["num_experts"])
         cfg.experts_used = int(hc["num_experts_per_tok"])
@@ -242,7 +243,8 @@ def load_hf_dir(d: str):
         b0, b1 = q["weight_block_size"]
         assert b0 == b1
         t = dequantize_fp8(t, b0)
-    if gemma or model_type in ("qwen3_5_text", "qwen3_next"):
+    if gemma or model_type in ("qwen3_5_text", "qwen3_next",
+                               "qwen3_5_moe_text"):
         # GemmaRMSNorm's and Qwen3_5RMSNorm's 1 + w, as llama.cpp's
         # converter stores it (not Qwen3.5's gated norm, plain w).
         t = {k: v + 1.0 if k.endswith("norm.weight")
@@ -260,8 +262,9 @@ def load_hf_dir(d: str):
 
     layers = []
     # Qwen3-Next's (and Qwen3.5-MoE's) one shared expert and its gate.
-    shexp = "mlp.shared_expert." if model_type == "qwen3_next" else \
-        "mlp.shared_experts."
+    shexp = ("mlp.shared_expert." if model_type in ("qwen3_next",
+                                                    "qwen3_5_moe_text")
+             else "mlp.shared_experts.")
     for i in range(cfg.n_layers):
         p = f"model.layers.{i}."
         moe = cfg.is_moe(i)

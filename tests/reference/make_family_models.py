@@ -275,9 +275,9 @@ FAMILIES = {
                    eps=1e-6, qk_norm=True, rotary_factor=0.25,
                    attn_gate=True, full_attention_interval=4, ssm_conv=4,
                    ssm_k_heads=2, ssm_v_heads=4, ssm_head=16),
-    # Qwen3.5-MoE (llama.cpp's qwen35moe, GGUF only so far): qwen35's
-    # layers with a mixture in every layer: 8 experts of 64 (top 2,
-    # renormalized) and a shared expert of 96 gated per token by
+    # Qwen3.5-MoE (llama.cpp's qwen35moe, and its ConditionalGeneration
+    # folder): qwen35's layers with a mixture in every layer: 8 experts of
+    # 64 (top 2, renormalized) and a shared expert of 96 gated per token by
     # sigmoid(w . h).
     "qwen35moe": dict(gguf_arch="qwen35moe", hf_type="qwen3_5_moe_text",
                       pre="qwen2", layers=8, head_dim=32, theta=1e7,
@@ -286,7 +286,7 @@ FAMILIES = {
                       ssm_k_heads=2, ssm_v_heads=4, ssm_head=16, experts=8,
                       experts_used=2, expert_ffn=64, experts_norm=True,
                       shared_experts=1, shared_ffn=96, shared_gate=True,
-                      formats=("gguf",), seeds=(5, 101)),
+                      seeds=(5, 107)),
     # Qwen3-Next (llama.cpp's qwen3next, and Qwen3NextForCausalLM's folder):
     # qwen35moe's layers with the value heads grouped (value head i reads
     # key head i / 2) and each layer's betas and alphas in one ssm_ba, as
@@ -686,8 +686,10 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
     os.makedirs(d, exist_ok=True)
     hk, dk = f["ssm_k_heads"], f["ssm_head"]
     pairs = rotary_dims(f) // 2
+    moe = f["experts"] > 0
     text = {
-        "model_type": "qwen3_5_text", "vocab_size": VOCAB,
+        "model_type": "qwen3_5_moe_text" if moe else "qwen3_5_text",
+        "vocab_size": VOCAB,
         "hidden_size": f["hidden"], "intermediate_size": f["ffn"],
         "num_hidden_layers": f["layers"],
         "num_attention_heads": f["heads"],
@@ -709,9 +711,17 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
                               pairs // 3],
             "mrope_interleaved": True},
         "bos_token_id": 1, "eos_token_id": 2, "dtype": "float32"}
-    config = {"architectures": ["Qwen3_5ForConditionalGeneration"],
-              "model_type": "qwen3_5", "text_config": text,
-              "tie_word_embeddings": f["tied"]}
+    if moe:  # Qwen3.5-MoE: a mixture in every layer, one shared expert.
+        text.update({
+            "num_experts": f["experts"],
+            "num_experts_per_tok": f["experts_used"],
+            "moe_intermediate_size": f["expert_ffn"],
+            "shared_expert_intermediate_size": f["shared_ffn"],
+            "norm_topk_prob": f["experts_norm"]})
+    config = {"architectures": ["Qwen3_5MoeForConditionalGeneration" if moe
+                                else "Qwen3_5ForConditionalGeneration"],
+              "model_type": "qwen3_5_moe" if moe else "qwen3_5",
+              "text_config": text, "tie_word_embeddings": f["tied"]}
     with open(os.path.join(d, "config.json"), "w") as fh:
         json.dump(config, fh, indent=2)
     lm = "model.language_model."
@@ -725,8 +735,21 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
         out[pre + "input_layernorm.weight"] = t[p + "attn_norm.weight"] - 1.0
         out[pre + "post_attention_layernorm.weight"] = (
             t[p + "ffn_norm.weight"] - 1.0)
-        for g, h in (("gate", "gate"), ("up", "up"), ("down", "down")):
-            out[f"{pre}mlp.{h}_proj.weight"] = t[f"{p}ffn_{g}.weight"]
+        if moe:  # The experts one tensor each, as its checkpoints hold them.
+            m = pre + "mlp."
+            out[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
+            for e in range(f["experts"]):
+                for g in ("gate", "up", "down"):
+                    out[f"{m}experts.{e}.{g}_proj.weight"] = (
+                        t[f"{p}ffn_{g}_exps.weight"][e])
+            for g in ("gate", "up", "down"):
+                out[f"{m}shared_expert.{g}_proj.weight"] = (
+                    t[f"{p}ffn_{g}_shexp.weight"])
+            out[m + "shared_expert_gate.weight"] = (
+                t[p + "ffn_gate_inp_shexp.weight"][None, :])
+        else:
+            for g in ("gate", "up", "down"):
+                out[f"{pre}mlp.{g}_proj.weight"] = t[f"{p}ffn_{g}.weight"]
         if is_linear(f, i):
             la = pre + "linear_attn."
             qkv = t[p + "attn_qkv.weight"]
@@ -842,7 +865,7 @@ def write_hf_qwen3next(d: str, f: dict, t: dict) -> None:
 
 
 def write_hf(d: str, f: dict, t: dict) -> None:
-    if f["hf_type"] == "qwen3_5_text":
+    if f["hf_type"] in ("qwen3_5_text", "qwen3_5_moe_text"):
         write_hf_qwen35(d, f, t)
         return
     if f["hf_type"] == "qwen3_next":
