@@ -675,6 +675,31 @@ def untile_v_heads(a: np.ndarray, f: dict, d: int, axis: int = 0):
     return np.ascontiguousarray(np.moveaxis(a, 0, axis))
 
 
+def hf_qwen_attention(out: dict, t: dict, p: str, sa: str) -> None:
+    """Qwen3.5's and Qwen3-Next's gated attention in transformers' names
+    (under `sa`) from layer `p`'s canonical tensors: q (with its gates), k,
+    v, o, and the QK norms as w - 1."""
+    for g, h in (("q", "q"), ("k", "k"), ("v", "v"), ("output", "o")):
+        out[f"{sa}{h}_proj.weight"] = t[f"{p}attn_{g}.weight"]
+    out[sa + "q_norm.weight"] = t[p + "attn_q_norm.weight"] - 1.0
+    out[sa + "k_norm.weight"] = t[p + "attn_k_norm.weight"] - 1.0
+
+
+def hf_qwen_mixture(out: dict, t: dict, p: str, m: str, f: dict) -> None:
+    """Qwen3.5-MoE's and Qwen3-Next's mixture in transformers' names (under
+    `m`): the router, the experts one tensor each (as their checkpoints
+    hold them), the shared expert and its gate ([1, hidden])."""
+    out[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
+    for e in range(f["experts"]):
+        for g in ("gate", "up", "down"):
+            out[f"{m}experts.{e}.{g}_proj.weight"] = (
+                t[f"{p}ffn_{g}_exps.weight"][e])
+    for g in ("gate", "up", "down"):
+        out[f"{m}shared_expert.{g}_proj.weight"] = t[f"{p}ffn_{g}_shexp.weight"]
+    out[m + "shared_expert_gate.weight"] = (
+        t[p + "ffn_gate_inp_shexp.weight"][None, :])
+
+
 def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
     """Qwen3.5 as its folders ship it (Qwen3_5ForConditionalGeneration: the
     text config in text_config, the weights under model.language_model.),
@@ -735,18 +760,8 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
         out[pre + "input_layernorm.weight"] = t[p + "attn_norm.weight"] - 1.0
         out[pre + "post_attention_layernorm.weight"] = (
             t[p + "ffn_norm.weight"] - 1.0)
-        if moe:  # The experts one tensor each, as its checkpoints hold them.
-            m = pre + "mlp."
-            out[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
-            for e in range(f["experts"]):
-                for g in ("gate", "up", "down"):
-                    out[f"{m}experts.{e}.{g}_proj.weight"] = (
-                        t[f"{p}ffn_{g}_exps.weight"][e])
-            for g in ("gate", "up", "down"):
-                out[f"{m}shared_expert.{g}_proj.weight"] = (
-                    t[f"{p}ffn_{g}_shexp.weight"])
-            out[m + "shared_expert_gate.weight"] = (
-                t[p + "ffn_gate_inp_shexp.weight"][None, :])
+        if moe:
+            hf_qwen_mixture(out, t, p, pre + "mlp.", f)
         else:
             for g in ("gate", "up", "down"):
                 out[f"{pre}mlp.{g}_proj.weight"] = t[f"{p}ffn_{g}.weight"]
@@ -771,12 +786,7 @@ def write_hf_qwen35(d: str, f: dict, t: dict) -> None:
             out[la + "out_proj.weight"] = untile_v_heads(
                 t[p + "ssm_out.weight"], f, dk, axis=1)
         else:
-            sa = pre + "self_attn."
-            for g, h in (("q", "q"), ("k", "k"), ("v", "v"),
-                         ("output", "o")):
-                out[f"{sa}{h}_proj.weight"] = t[f"{p}attn_{g}.weight"]
-            out[sa + "q_norm.weight"] = t[p + "attn_q_norm.weight"] - 1.0
-            out[sa + "k_norm.weight"] = t[p + "attn_k_norm.weight"] - 1.0
+            hf_qwen_attention(out, t, p, pre + "self_attn.")
     save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
               os.path.join(d, "model.safetensors"))
 
@@ -824,16 +834,7 @@ def write_hf_qwen3next(d: str, f: dict, t: dict) -> None:
         out[pre + "input_layernorm.weight"] = t[p + "attn_norm.weight"] - 1.0
         out[pre + "post_attention_layernorm.weight"] = (
             t[p + "ffn_norm.weight"] - 1.0)
-        m = pre + "mlp."
-        out[m + "gate.weight"] = t[p + "ffn_gate_inp.weight"]
-        for e in range(f["experts"]):
-            for g in ("gate", "up", "down"):
-                out[f"{m}experts.{e}.{g}_proj.weight"] = (
-                    t[f"{p}ffn_{g}_exps.weight"][e])
-        for g in ("gate", "up", "down"):
-            out[f"{m}shared_expert.{g}_proj.weight"] = t[f"{p}ffn_{g}_shexp.weight"]
-        out[m + "shared_expert_gate.weight"] = (
-            t[p + "ffn_gate_inp_shexp.weight"][None, :])
+        hf_qwen_mixture(out, t, p, pre + "mlp.", f)
         if is_linear(f, i):
             la = pre + "linear_attn."
             qkv, z = t[p + "attn_qkv.weight"], t[p + "attn_gate.weight"]
@@ -854,12 +855,7 @@ def write_hf_qwen3next(d: str, f: dict, t: dict) -> None:
             out[la + "norm.weight"] = t[p + "ssm_norm.weight"]
             out[la + "out_proj.weight"] = t[p + "ssm_out.weight"]
         else:
-            sa = pre + "self_attn."
-            for g, h in (("q", "q"), ("k", "k"), ("v", "v"),
-                         ("output", "o")):
-                out[f"{sa}{h}_proj.weight"] = t[f"{p}attn_{g}.weight"]
-            out[sa + "q_norm.weight"] = t[p + "attn_q_norm.weight"] - 1.0
-            out[sa + "k_norm.weight"] = t[p + "attn_k_norm.weight"] - 1.0
+            hf_qwen_attention(out, t, p, pre + "self_attn.")
     save_file({k: np.ascontiguousarray(v) for k, v in out.items()},
               os.path.join(d, "model.safetensors"))
 
