@@ -250,7 +250,10 @@ absl::Status LoadGatedDeltaNet(const WeightSource& source, int64_t layer,
                                const ShardSpec& s, LlamaLayerWeights& l) {
   const ModelConfig& c = source.config();
   const std::string p = absl::StrCat("blk.", layer, ".");
-  const auto [v0, v1] = SsmValueHeads(c, s);
+  // Plain variables: the lambdas below capture them (clang before 16
+  // cannot capture structured bindings).
+  const std::pair<int64_t, int64_t> heads = SsmValueHeads(c, s);
+  const int64_t v0 = heads.first, v1 = heads.second;
   const int64_t h = c.hidden, dv = c.ssm_v_dim, nv = c.ssm_v_heads;
   const int64_t hk = c.ssm_k_heads, dk = c.ssm_k_dim, r = nv / hk;
   const int64_t qk = 2 * hk * dk, values = nv * dv;
