@@ -29,6 +29,7 @@
 #include "kernels/rmsnorm/rmsnorm.h"
 #include "kernels/rope/rope.h"
 #include "kernels/sampling/sampling.h"
+#include "kernels/ssm/gated_delta_net.h"
 #include "kernels/swiglu/swiglu.h"
 #include "model/dequantize.h"
 #include "testing/random_tensors.h"
@@ -931,6 +932,141 @@ TEST_F(CudaOpsTest, SamplingMatchesSampleTokenDraws) {
           << params[r].temperature << " top_k " << params[r].top_k << " top_p "
           << params[r].top_p;
     }
+  }
+}
+
+// Gated DeltaNet against the CPU kernels composed as CpuForwardOps does:
+// three sequences in one step (one fresh, two carrying random states, one
+// of them a single decode token), a TP rank's share of the value heads
+// (starting off a key-head boundary), shapes that fill no tile (k_dim 24,
+// v_dim 40) and Qwen3.5's own (k_dim = v_dim = 128, value heads tiled);
+// then the same sequences' next tokens from the states the first call left.
+TEST_F(CudaOpsTest, GatedDeltaNetMatchesTheCpuKernels) {
+  struct Shape {
+    GatedDeltaNetShape sh;
+    int64_t taps;
+  };
+  const Shape shapes[] = {
+      {{.k_heads = 2,
+        .v_heads = 3,
+        .k_dim = 24,
+        .v_dim = 40,
+        .v_head_begin = 1,
+        .v_heads_total = 4},
+       4},
+      {{.k_heads = 2,
+        .v_heads = 4,
+        .k_dim = 128,
+        .v_dim = 128,
+        .v_tiled = true},
+       4},
+  };
+  for (const Shape& shape : shapes) {
+    const GatedDeltaNetShape& sh = shape.sh;
+    SCOPED_TRACE("k_dim " + std::to_string(sh.k_dim));
+    const int64_t nqk = 2 * sh.k_heads * sh.k_dim, nv = sh.v_heads * sh.v_dim;
+    const int64_t ch = nqk + nv, w = shape.taps, slots = 4;
+    const Tensor conv_w = RandomTensor({ch, w}, 1, 0.5f);
+    const Tensor dt = RandomTensor({sh.v_heads}, 2);
+    Tensor a = RandomTensor({sh.v_heads}, 3);
+    for (float& x : a.f32()) x = -std::exp(x);
+    const Tensor norm = RandomTensor({sh.v_dim}, 4);
+    // Host states (the CPU's) and their device copies.
+    Tensor cs = RandomTensor({slots, w - 1, ch}, 5);
+    Tensor rs = RandomTensor({slots, sh.v_heads, sh.k_dim, sh.v_dim}, 6, 0.1f);
+    Tensor dcs = Dev(cs), drs = Dev(rs);
+    for (const std::vector<CudaDeltaRun>& runs :
+         {std::vector<CudaDeltaRun>{
+              {0, 7, 2, true}, {7, 8, 0, false}, {8, 13, 3, false}},
+          std::vector<CudaDeltaRun>{
+              {0, 1, 2, false}, {1, 4, 3, false}, {4, 5, 0, false}}}) {
+      const int64_t n = runs.back().end;
+      const Tensor qk = RandomTensor({n, nqk}, 10 + n);
+      const Tensor v = RandomTensor({n, nv}, 11 + n);
+      const Tensor z = RandomTensor({n, nv}, 12 + n);
+      const Tensor beta_in = RandomTensor({n, sh.v_heads}, 13 + n, 2.0f);
+      const Tensor alpha_in = RandomTensor({n, sh.v_heads}, 14 + n, 2.0f);
+      // The CPU: per run, the convolution, the gates, the rule; the norm.
+      Tensor o = *Tensor::Host(DType::kF32, {n, sh.v_heads, sh.v_dim});
+      for (const CudaDeltaRun& r : runs) {
+        const int64_t t0 = r.begin, len = r.end - r.begin;
+        Tensor x = *Tensor::Host(DType::kF32, {len, ch});
+        Tensor g = *Tensor::Host(DType::kF32, {len, sh.v_heads});
+        Tensor beta = *Tensor::Host(DType::kF32, {len, sh.v_heads});
+        for (int64_t t = 0; t < len; ++t) {
+          std::copy_n(qk.f32().data() + (t0 + t) * nqk, nqk,
+                      x.f32().data() + t * ch);
+          std::copy_n(v.f32().data() + (t0 + t) * nv, nv,
+                      x.f32().data() + t * ch + nqk);
+          for (int64_t h = 0; h < sh.v_heads; ++h) {
+            const int64_t i = (t0 + t) * sh.v_heads + h;
+            const double b = beta_in.f32()[i];
+            const double y = alpha_in.f32()[i] + dt.f32()[h];
+            beta.f32()[t * sh.v_heads + h] = 1.0 / (1.0 + std::exp(-b));
+            g.f32()[t * sh.v_heads + h] =
+                a.f32()[h] *
+                (std::max(y, 0.0) + std::log1p(std::exp(-std::abs(y))));
+          }
+        }
+        Tensor cslot = *cs.Rows(r.slot, r.slot + 1);
+        cslot = *cslot.Reshaped({w - 1, ch});
+        Tensor rslot = *rs.Rows(r.slot, r.slot + 1);
+        rslot = *rslot.Reshaped({sh.v_heads, sh.k_dim, sh.v_dim});
+        if (r.fresh) {
+          std::fill(cslot.f32().begin(), cslot.f32().end(), 0.0f);
+          std::fill(rslot.f32().begin(), rslot.f32().end(), 0.0f);
+        }
+        Tensor c = *Tensor::Host(DType::kF32, {len, ch});
+        ASSERT_TRUE(CausalConv1dSilu(x, conv_w, cslot, c).ok());
+        Tensor q = *Tensor::Host(DType::kF32, {len, sh.k_heads, sh.k_dim});
+        Tensor k = *Tensor::Host(DType::kF32, {len, sh.k_heads, sh.k_dim});
+        Tensor vv = *Tensor::Host(DType::kF32, {len, sh.v_heads, sh.v_dim});
+        for (int64_t t = 0; t < len; ++t) {
+          const float* row = c.f32().data() + t * ch;
+          const int64_t half = nqk / 2;
+          std::copy_n(row, half, q.f32().data() + t * half);
+          std::copy_n(row + half, half, k.f32().data() + t * half);
+          std::copy_n(row + nqk, nv, vv.f32().data() + t * nv);
+        }
+        Tensor orun = *o.Rows(t0, r.end);
+        ASSERT_TRUE(GatedDeltaRule(q, k, vv, g, beta, sh, rslot, orun).ok());
+      }
+      Tensor want = *Tensor::Host(DType::kF32, {n, sh.v_heads, sh.v_dim});
+      ASSERT_TRUE(GatedRmsNorm(o, *z.Reshaped({n, sh.v_heads, sh.v_dim}), norm,
+                               1e-6f, want)
+                      .ok());
+      // The device.
+      Tensor conv_out = Empty(DType::kF32, {n, ch});
+      Tensor dout_o = Empty(DType::kF32, {n, nv});
+      Tensor out = Empty(DType::kF32, {n, nv});
+      ASSERT_TRUE(GatedDeltaNetCuda(Dev(qk), Dev(v), Dev(z), Dev(beta_in),
+                                    Dev(alpha_in), Dev(conv_w), Dev(dt), Dev(a),
+                                    Dev(norm), 1e-6f, sh, runs, dcs, drs,
+                                    conv_out, dout_o, out, exec_)
+                      .ok());
+      ExpectClose(ToHost(out), *want.Reshaped({n, nv}), 1e-4, 1e-4,
+                  "gated delta net output");
+      ExpectClose(ToHost(dcs), cs, 0, 0, "conv states");
+      ExpectClose(ToHost(drs), rs, 1e-4, 1e-5, "recurrent states");
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, SigmoidGateBothForms) {
+  const int64_t n = 5, c = 33;
+  const Tensor x = RandomTensor({n, c}, 1, 3.0f);
+  for (const int64_t gc : {c, int64_t{1}}) {
+    const Tensor gate = RandomTensor({n, gc}, 2, 4.0f);
+    Tensor want = *Tensor::Host(DType::kF32, {n, c});
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < c; ++j) {
+        const double g = gate.f32()[r * gc + (gc == 1 ? 0 : j)];
+        want.f32()[r * c + j] = x.f32()[r * c + j] / (1.0 + std::exp(-g));
+      }
+    }
+    Tensor dx = Dev(x);
+    ASSERT_TRUE(SigmoidGateCuda(dx, Dev(gate), exec_).ok());
+    ExpectClose(ToHost(dx), want, 1e-6, 1e-6, "sigmoid gate");
   }
 }
 

@@ -178,6 +178,54 @@ struct SampleRow {
 cudaError_t Sample(const float* logits, int64_t rows, int64_t vocab,
                    const SampleRow* params, int32_t* out, cudaStream_t stream);
 
+// Gated DeltaNet (kernels/ssm/gated_delta_net_cuda.cu). A launch takes up
+// to kDeltaRunsPerLaunch runs, each one sequence's consecutive tokens
+// [begin, end) of the step and its state slot; `fresh` zeroes the slot's
+// states first (a sequence starting at position 0). The runs' tokens and
+// slots are disjoint (their blocks run side by side).
+inline constexpr int kDeltaRunsPerLaunch = 64;
+inline constexpr int kMaxConvTaps = 8;
+inline constexpr int kMaxDeltaKeyDim = 256;
+struct DeltaRuns {
+  int count = 0;
+  int begin[kDeltaRunsPerLaunch];
+  int end[kDeltaRunsPerLaunch];
+  int slot[kDeltaRunsPerLaunch];
+  int fresh[kDeltaRunsPerLaunch];
+};
+struct DeltaShape {
+  int k_heads, v_heads, k_dim, v_dim;
+  bool v_tiled;
+  int v_head_begin, v_heads_total;
+};
+
+// out[t, c] = silu(sum_j weight[c, j] xp[t + j, c]) over xp = [state;
+// [qk | v]] per run, state [slots, taps - 1, nqk + nv] carried.
+cudaError_t CausalConv1dSilu(const float* qk, const float* v, int64_t nqk,
+                             int64_t nv, const float* weight, int taps,
+                             float* state, const DeltaRuns& runs, float* out,
+                             cudaStream_t stream);
+
+// The gates (beta = sigmoid(beta_in), g = a softplus(alpha_in + dt)) and
+// the delta rule over conv = [q | k | v] rows ([n, 2 k_heads k_dim +
+// v_heads v_dim]); state [slots, v_heads, k_dim, v_dim] carried; out [n,
+// v_heads, v_dim].
+cudaError_t GatedDeltaRule(const float* conv, const float* beta_in,
+                           const float* alpha_in, const float* dt,
+                           const float* a, const DeltaShape& shape,
+                           float* state, const DeltaRuns& runs, float* out,
+                           cudaStream_t stream);
+
+// out[r, :] = o[r, :] / sqrt(mean(o[r, :]^2) + eps) * w * silu(z[r, :]) for
+// rows of d values (out may be o or z).
+cudaError_t GatedRmsNorm(const float* o, const float* z, const float* w,
+                         float eps, int64_t rows, int64_t d, float* out,
+                         cudaStream_t stream);
+
+// x[r, j] *= sigmoid(gate[r, per_row ? 0 : j]), x [n, c].
+cudaError_t SigmoidGate(float* x, const float* gate, int64_t n, int64_t c,
+                        bool per_row, cudaStream_t stream);
+
 }  // namespace shardlm::cuda
 
 #endif  // SHARDLM_KERNELS_CUDA_LAUNCH_H_

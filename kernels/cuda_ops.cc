@@ -20,6 +20,7 @@
 #include "core/status.h"
 #include "kernels/attention/cuda_attention_layout.h"
 #include "kernels/attention/cuda_decode_plan.h"
+#include "kernels/check_args.h"
 #include "kernels/cuda_launch.h"
 
 namespace shardlm {
@@ -34,29 +35,6 @@ cudaStream_t S(const CudaExec& exec) {
 
 absl::Status Launched(cudaError_t e, const char* op) {
   return CudaStatus(e, op);
-}
-
-// OK when `t` is device memory of exactly `shape` and one of `dtypes`.
-absl::Status CheckDevice(std::string_view op, std::string_view arg,
-                         const Tensor& t, const Shape& shape,
-                         std::initializer_list<DType> dtypes) {
-  const bool dtype_ok =
-      std::find(dtypes.begin(), dtypes.end(), t.dtype()) != dtypes.end();
-  if (t.empty() && NumElements(shape) == 0 && t.shape() == shape && dtype_ok) {
-    return absl::OkStatus();
-  }
-  if (t.empty() || !dtype_ok || t.memory() != MemoryType::kDevice ||
-      t.shape() != shape) {
-    std::string want;
-    for (DType d : dtypes) {
-      absl::StrAppend(&want, want.empty() ? "" : "|", DTypeName(d));
-    }
-    return absl::InvalidArgumentError(absl::StrCat(
-        Sv(op), ": ", Sv(arg), " is ", t.empty() ? "empty" : t.DebugString(),
-        t.memory() == MemoryType::kDevice ? "" : " in host memory",
-        ", expected device ", want, ShapeString(shape)));
-  }
-  return absl::OkStatus();
 }
 
 Dt ToDt(DType d) { return d == DType::kBF16 ? Dt::kBF16 : Dt::kF32; }

@@ -22,6 +22,7 @@
 #include "core/tensor.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/sampling/sampling.h"
+#include "kernels/ssm/gated_delta_net.h"
 #include "model/model_config.h"
 
 namespace shardlm {
@@ -285,6 +286,38 @@ absl::Status SampleCuda(const Tensor& logits,
                         absl::Span<const SamplingParams> params,
                         absl::Span<const uint64_t> steps, Tensor& out,
                         const CudaExec& exec);
+
+// One sequence's consecutive tokens [begin, end) of a step and its state
+// slot; `fresh`: its states are zeroed first (its tokens start at 0).
+struct CudaDeltaRun {
+  int64_t begin = 0, end = 0;
+  int32_t slot = 0;
+  bool fresh = false;
+};
+
+// One Gated DeltaNet layer's sequence mixing (kernels/ssm/gated_delta_net.h)
+// as CpuForwardOps::GatedDeltaNet computes it: the convolution of [qk | v]
+// and SiLU, the gates beta = sigmoid(beta_in) and g = a softplus(alpha_in
+// + dt), the delta rule, and the gated RMS norm by z, each run through its
+// slot. The runs are in token order and cover [0, n) exactly, their slots
+// distinct. All f32 on the device:
+//   qk [n, 2 k_heads k_dim], v, z [n, v_heads v_dim], beta_in, alpha_in
+//   [n, v_heads], conv_weight [qk + v channels, taps] (2 <= taps <= 8), dt,
+//   a [v_heads], norm [v_dim]; conv_state [slots, taps - 1, channels],
+//   recurrent_state [slots, v_heads, k_dim, v_dim] (k_dim <= 256), both
+//   in/out; conv_out [n, channels] and o [n, v_heads v_dim] scratch; out
+//   [n, v_heads v_dim].
+absl::Status GatedDeltaNetCuda(
+    const Tensor& qk, const Tensor& v, const Tensor& z, const Tensor& beta_in,
+    const Tensor& alpha_in, const Tensor& conv_weight, const Tensor& dt,
+    const Tensor& a, const Tensor& norm, float eps,
+    const GatedDeltaNetShape& shape, absl::Span<const CudaDeltaRun> runs,
+    Tensor& conv_state, Tensor& recurrent_state, Tensor& conv_out, Tensor& o,
+    Tensor& out, const CudaExec& exec);
+
+// x *= sigmoid(gate): x [n, c] f32, gate [n, c] or [n, 1] (one per row).
+absl::Status SigmoidGateCuda(Tensor& x, const Tensor& gate,
+                             const CudaExec& exec);
 
 }  // namespace shardlm
 

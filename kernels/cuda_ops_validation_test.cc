@@ -152,5 +152,48 @@ TEST(CudaOpsValidationTest, AttentionBatchIsCheckedBeforeUpload) {
   EXPECT_EQ(b.tokens(), 0);  // Nothing was taken over.
 }
 
+// Gated DeltaNet's runs must cover the step in order, each through its own
+// slot of those held, and the shapes must be ones the kernels build.
+TEST(CudaOpsValidationTest, GatedDeltaNetRefusesBadRunsAndShapes) {
+  static float fake[1 << 16];
+  const auto dev = [](const Shape& shape) {
+    return *Tensor::View(DType::kF32, shape, fake, MemoryType::kDevice);
+  };
+  const GatedDeltaNetShape sh{
+      .k_heads = 1, .v_heads = 2, .k_dim = 8, .v_dim = 8};
+  const int64_t n = 4, ch = 2 * 8 + 2 * 8;
+  const Tensor qk = dev({n, 16}), v = dev({n, 16}), z = dev({n, 16});
+  const Tensor bi = dev({n, 2}), ai = dev({n, 2}), cw = dev({ch, 4});
+  const Tensor dt = dev({2}), a = dev({2}), norm = dev({8});
+  Tensor cs = dev({3, 3, ch}), rs = dev({3, 2, 8, 8});
+  Tensor co = dev({n, ch}), o = dev({n, 16}), out = dev({n, 16});
+  const auto call = [&](std::vector<CudaDeltaRun> runs,
+                        const GatedDeltaNetShape& shape, const Tensor& w) {
+    return GatedDeltaNetCuda(qk, v, z, bi, ai, w, dt, a, norm, 1e-6f, shape,
+                             runs, cs, rs, co, o, out, {});
+  };
+  const auto refused = [](const absl::Status& s, const std::string& what) {
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+    EXPECT_NE(std::string(s.message()).find(what), std::string::npos) << s;
+  };
+  refused(call({{0, 2, 0, true}, {3, 4, 1, false}}, sh, cw), "does not follow");
+  refused(call({{0, 2, 0, true}}, sh, cw), "cover 2 of the step's 4");
+  refused(call({{0, 2, 1, true}, {2, 4, 1, false}}, sh, cw), "two runs");
+  refused(call({{0, 4, 3, true}}, sh, cw), "outside the 3 held");
+  refused(call({{0, 4, 0, true}}, sh, dev({ch, 9})), "9 convolution taps");
+  GatedDeltaNetShape wide = sh;
+  wide.k_dim = 512;
+  refused(call({{0, 4, 0, true}}, wide, cw), "above 256");
+  GatedDeltaNetShape share = sh;
+  share.v_head_begin = 1;
+  share.v_heads_total = 2;
+  refused(call({{0, 4, 0, true}}, share, cw), "value heads [1, 3) of 2");
+  Tensor host = *Tensor::Host(DType::kF32, {n, 16});
+  const absl::Status s = SigmoidGateCuda(host, host, {});
+  refused(s, "host memory");
+  Tensor x = dev({n, 16});
+  refused(SigmoidGateCuda(x, dev({n, 2}), {}), "gate");
+}
+
 }  // namespace
 }  // namespace shardlm
