@@ -107,12 +107,12 @@ else
   phase "unit and reference checks (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" release-parallel -j "$(nproc)" \
     -L '^(unit|parallel)$' -LE '^llama_cpp$'
-  # The numpy reference's runs (shared by a model's layouts) are read by
-  # the reference checks alone.
-  prune "${BUILD_DIR:-build}/tests/reference/reference_cache"
   phase "waiting for llama.cpp" wait_llama_cpp
   phase "checks against llama.cpp (release, side by side)" \
     ctest_phase "${BUILD_DIR:-build}" llama-cpp -j "$(nproc)" -L '^llama_cpp$'
+  # The numpy reference's runs (shared by a model's layouts, and read by
+  # the checks against llama.cpp too).
+  prune "${BUILD_DIR:-build}/tests/reference/reference_cache"
 fi
 
 # The README's first command, as a user runs it: a TP=2 x PP=2 cluster
