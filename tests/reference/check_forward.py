@@ -169,24 +169,34 @@ class CachedReference:
         if self.dir is None:
             greedy, rows = self._run(ids, steps)
             return greedy, rows.astype(np.float32).astype(np.float64)
-        run = hashlib.sha256(json.dumps([list(ids), steps]).encode())
-        path = os.path.join(self.dir, f"{self._model_key()}-"
-                            f"{run.hexdigest()[:24]}.npz")
         try:
-            with np.load(path) as z:
+            with np.load(self._path(ids, steps)) as z:
                 self.hits += 1
                 return ([int(i) for i in z["greedy"]],
                         z["rows"].astype(np.float64))
         except (OSError, KeyError, ValueError):
             pass
         greedy, rows = self._run(ids, steps)
-        rows = rows.astype(np.float32)
+        self.store(ids, steps, greedy, rows)
+        return greedy, rows.astype(np.float32).astype(np.float64)
+
+    def store(self, ids, steps, greedy, rows):
+        """Keeps a greedy run computed elsewhere (make_family_models.py's
+        margin check runs the same prompts on the model it writes)."""
+        if self.dir is None:
+            return
+        path = self._path(ids, steps)
         os.makedirs(self.dir, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=self.dir, suffix=".npz")
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, greedy=np.asarray(greedy, dtype=np.int64), rows=rows)
+            np.savez(f, greedy=np.asarray(greedy, dtype=np.int64),
+                     rows=np.asarray(rows).astype(np.float32))
         os.replace(tmp, path)  # Whole or absent for a test beside this one.
-        return greedy, rows.astype(np.float64)
+
+    def _path(self, ids, steps) -> str:
+        run = hashlib.sha256(json.dumps([list(ids), steps]).encode())
+        return os.path.join(self.dir, f"{self._model_key()}-"
+                            f"{run.hexdigest()[:24]}.npz")
 
 
 def check_prompt(name, ids, ref, tool, model, steps, atol, min_margin,

@@ -154,6 +154,7 @@ import sys
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import check_forward  # noqa: E402
 import llama_ref  # noqa: E402
 import llama_ref_hf  # noqa: E402
 import make_synthetic_model  # noqa: E402
@@ -1135,9 +1136,13 @@ def min_margin_of(path: str) -> float:
     """The smallest top-2 logit margin over the prompts' greedy steps, or
     0 when some routing of a mixture is a near-tie."""
     ref = llama_ref.LlamaRef.load(path)
+    # The same runs as check_forward.py's (--id-prompts, 32 steps, f32 KV):
+    # kept in its cache (SHARDLM_REFERENCE_CACHE) for the checks to read.
+    cache = check_forward.CachedReference(path, "f32")
     worst = float("inf")
     for ids in make_synthetic_model.SYNTHETIC_PROMPTS:
-        _, rows = ref.greedy(ids, STEPS, return_logits=True)
+        greedy, rows = ref.greedy(ids, STEPS, return_logits=True)
+        cache.store(ids, STEPS, greedy, rows)
         worst = min(worst, min(llama_ref.top2_margin(r) for r in rows))
     sigmoid = ref.cfg.gating == "sigmoid"
     limit = MIN_SIGMOID_ROUTE_GAP if sigmoid else MIN_ROUTE_GAP
