@@ -198,13 +198,16 @@ FAMILIES = {
     "qwen2": dict(gguf_arch="qwen2", hf_type="qwen2", pre="qwen2",
                   theta=1e6, tied=True, bias=True, eps=1e-6),
     "mistral": dict(gguf_arch="llama", hf_type="mistral", pre="llama-bpe",
-                    window=20),
+                    window=20,
+                    seeds=(2, 101)),
     "yarn": dict(gguf_arch="qwen2", hf_type="qwen2", pre="qwen2", theta=1e6,
                  bias=True,
                  scaling={"rope_type": "yarn", "factor": 4.0,
-                          "original_max_position_embeddings": 32}),
+                          "original_max_position_embeddings": 32},
+                 seeds=(3, 101)),
     "linear": dict(gguf_arch="llama", hf_type="llama", pre="llama-bpe",
-                   scaling={"rope_type": "linear", "factor": 4.0}),
+                   scaling={"rope_type": "linear", "factor": 4.0},
+                   seeds=(5, 101)),
     "dynamic": dict(hf_type="llama", formats=("hf",),
                     scaling={"type": "dynamic", "factor": 2.5}),
     "qwen3": dict(gguf_arch="qwen3", hf_type="qwen3", pre="qwen2",
@@ -212,7 +215,8 @@ FAMILIES = {
     "qwen3moe": dict(gguf_arch="qwen3moe", hf_type="qwen3_moe", pre="qwen2",
                      theta=1e6, eps=1e-6, head_dim=24, qk_norm=True,
                      experts=8, experts_used=2, expert_ffn=64,
-                     experts_norm=True),
+                     experts_norm=True,
+                     seeds=(2, 101)),
     # qwen3moe's GGUF with every expert matrix in MXFP4 (gpt-oss's format).
     "qwen3moe_mxfp4": dict(gguf_arch="qwen3moe", hf_type="qwen3_moe",
                            pre="qwen2", theta=1e6, eps=1e-6, head_dim=24,
@@ -221,7 +225,8 @@ FAMILIES = {
                            formats=("gguf",), expert_quant="MXFP4"),
     "mixtral": dict(gguf_arch="llama", hf_type="mixtral", pre="llama-bpe",
                     theta=1e6, heads=8, kv_heads=4, head_dim=12, experts=6,
-                    experts_used=2, expert_ffn=128),
+                    experts_used=2, expert_ffn=128,
+                    seeds=(1, 103)),
     # The router's gain 2 (not 4): sigmoid scores spread over (0, 1)
     # rather than saturating (near-ties between saturated scores).
     "glm4moe": dict(gguf_arch="glm4moe", hf_type="glm4_moe", pre="qwen2",
@@ -231,7 +236,8 @@ FAMILIES = {
                     groups=2, groups_used=1, shared_experts=1,
                     routed_scale=2.5),
     "deepseek3": DEEPSEEK3,
-    "deepseek3_nolora": dict(DEEPSEEK3, q_lora=0, legacy_kv_b=True),
+    "deepseek3_nolora": dict(DEEPSEEK3, q_lora=0, legacy_kv_b=True,
+                             seeds=(3, 101)),
     # DeepSeek V3's FP8 checkpoint form (HF only): every projection in
     # F8_E4M3 with a weight_scale_inv per 16 x 16 block (128 x 128 in the
     # real ones; 16 here so that the tiny matrices hold several blocks and
@@ -241,7 +247,8 @@ FAMILIES = {
         DEEPSEEK3, scaling={"rope_type": "yarn", "factor": 4.0,
                             "original_max_position_embeddings": 1024,
                             "beta_fast": 32.0, "beta_slow": 1.0,
-                            "mscale": 1.0, "mscale_all_dim": 1.0}),
+                            "mscale": 1.0, "mscale_all_dim": 1.0},
+                           seeds=(1, 104)),
     "gemma3": dict(gguf_arch="gemma3", hf_type="gemma3_text", pre="smollm",
                    layers=7, head_dim=24, eps=1e-6, theta=1e6, tied=True,
                    qk_norm=True, post_norms=True, window=20,
@@ -255,7 +262,8 @@ FAMILIES = {
     "gpt_oss": dict(gguf_arch="gpt-oss", hf_type="gpt_oss", pre="qwen2",
                     formats=("gguf",), theta=150000.0, bias=True, window=20,
                     experts=8, experts_used=2, expert_ffn=64,
-                    experts_norm=True, oai=True),
+                    experts_norm=True, oai=True,
+                    seeds=(5, 101)),
     # gpt-oss's folder as OpenAI ships it: experts in MXFP4 (_blocks and
     # _scales, gate and up interleaved), YaRN with truncate false.
     "gpt_oss_hf": dict(hf_type="gpt_oss", formats=("hf",), theta=150000.0,
@@ -276,7 +284,8 @@ FAMILIES = {
                    layers=8, head_dim=32, theta=1e7,
                    eps=1e-6, qk_norm=True, rotary_factor=0.25,
                    attn_gate=True, full_attention_interval=4, ssm_conv=4,
-                   ssm_k_heads=2, ssm_v_heads=4, ssm_head=16),
+                   ssm_k_heads=2, ssm_v_heads=4, ssm_head=16,
+                   seeds=(2, 101)),
     # Qwen3.5-MoE (llama.cpp's qwen35moe, and its ConditionalGeneration
     # folder): qwen35's layers with a mixture in every layer: 8 experts of
     # 64 (top 2, renormalized) and a shared expert of 96 gated per token by
