@@ -798,6 +798,7 @@ absl::Status InferenceService::RunOne(
             response.set_text(std::move(text));
             if (stop || generated >= max_tokens) {
               finish(response, stop ? "stop" : "length", generated);
+              response.set_stop_sequence(s.stops.matched());
             }
             absl::MutexLock lock(&s.mu);  // The RPC's Await sees it.
             s.responses.push_back(std::move(response));
@@ -927,6 +928,7 @@ absl::Status InferenceService::RunOne(
     std::string text = s.stops.Push(s.detok.Finish());
     response.set_text(text + s.stops.Finish());
     finish(response, FinishReasonName(result->finish_reason), s.generated);
+    response.set_stop_sequence(s.stops.matched());
     response.mutable_usage()->set_cached_tokens(
         static_cast<int32_t>(result->cached_prompt_tokens));
     write_parsed(response);

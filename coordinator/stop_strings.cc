@@ -10,7 +10,12 @@ std::string StopStringFilter::Push(std::string_view text) {
   // The earliest stop string wins. Text emitted earlier cannot hold the
   // start of a match: any tail that could begin one was held back.
   size_t first = std::string::npos;
-  for (const std::string& s : stops_) first = std::min(first, held_.find(s));
+  for (const std::string& s : stops_) {
+    if (const size_t at = held_.find(s); at < first) {
+      first = at;
+      matched_ = s;
+    }
+  }
   if (first != std::string::npos) {
     stopped_ = true;
     std::string out = held_.substr(0, first);

@@ -28,10 +28,14 @@ class StopStringFilter {
   // End of the stream: the held-back text ("" after a stop string).
   std::string Finish();
   bool stopped() const { return stopped_; }
+  // The stop string that stopped the stream ("" until one did): of those
+  // found at the earliest position, the first given.
+  const std::string& matched() const { return matched_; }
 
  private:
   std::vector<std::string> stops_;
   std::string held_;
+  std::string matched_;
   bool stopped_ = false;
 };
 

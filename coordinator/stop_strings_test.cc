@@ -11,17 +11,31 @@ namespace shardlm {
 namespace {
 
 // The reference: generation ends after the first piece with which the text
-// contains a stop string; it is cut before the earliest one in it.
-std::pair<std::string, bool> Reference(const std::vector<std::string>& pieces,
-                                       const std::vector<std::string>& stops) {
+// contains a stop string; it is cut before the earliest one in it (which,
+// of those found there, the first given).
+struct Stopped {
+  std::string text;
+  bool stopped = false;
+  std::string matched;
+};
+Stopped Reference(const std::vector<std::string>& pieces,
+                  const std::vector<std::string>& stops) {
   std::string text;
   for (const std::string& p : pieces) {
     text += p;
     size_t first = std::string::npos;
-    for (const auto& s : stops) first = std::min(first, text.find(s));
-    if (first != std::string::npos) return {text.substr(0, first), true};
+    std::string matched;
+    for (const auto& s : stops) {
+      if (text.find(s) < first) {
+        first = text.find(s);
+        matched = s;
+      }
+    }
+    if (first != std::string::npos) {
+      return {text.substr(0, first), true, matched};
+    }
   }
-  return {text, false};
+  return {text, false, ""};
 }
 
 // Returns whether the reference stopped early (a stop string fired).
@@ -33,7 +47,7 @@ bool ExpectFiltered(const std::string& text,
     pieces.push_back(text.substr(i, n));
     i += n;
   }
-  const auto [want, stops_early] = Reference(pieces, stops);
+  const auto [want, stops_early, matched] = Reference(pieces, stops);
   StopStringFilter f(stops);
   std::string got;
   for (const std::string& p : pieces) {
@@ -46,6 +60,7 @@ bool ExpectFiltered(const std::string& text,
   if (!f.stopped()) got += f.Finish();
   EXPECT_EQ(got, want) << text;
   EXPECT_EQ(f.stopped(), stops_early) << text;
+  EXPECT_EQ(f.matched(), matched) << text;
   if (f.stopped()) {
     EXPECT_EQ(f.Push("more"), "");  // Nothing after a stop.
   }
@@ -77,8 +92,10 @@ TEST(StopStringFilterTest, HeldBackTextIsReleasedWhenItCannotStop) {
   EXPECT_EQ(f.Push("Say Hello"), "Say ");  // "Hello" may begin the stop.
   EXPECT_EQ(f.Push(" wor"), "");
   EXPECT_EQ(f.Push("m"), "Hello worm");  // It did not.
+  EXPECT_EQ(f.matched(), "");
   EXPECT_EQ(f.Push(" Hello world again"), " ");
   EXPECT_TRUE(f.stopped());
+  EXPECT_EQ(f.matched(), "Hello world");
   EXPECT_EQ(f.Finish(), "");
 }
 
