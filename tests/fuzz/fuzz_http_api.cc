@@ -1,6 +1,6 @@
 // One HTTP request (head, blank line, body) through the head check the
 // server runs on every request (ParseHttpHead: the bytes, the framing) and
-// the OpenAI-style handlers (/v1/completions, chat,
+// the OpenAI-style handlers (/v1/completions, chat, Anthropic's messages,
 // models, tokenize, metrics, probes) over a tiny random model with
 // SmolLM2's tokenizer (the GGUF at $SHARDLM_MODEL, else the repository's
 // models/ copy). Every request gets one well-formed response; none may

@@ -221,6 +221,16 @@ HTTP = [
     '"content": [{"type": "text", "text": "x"}]}], "max_completion_tokens": 2,'
     ' "stop_token_ids": [1, 2]}',
     'POST /tokenize HTTP/1.1\r\n\r\n{"prompt": "hello <|im_end|>"}',
+    'POST /v1/messages HTTP/1.1\r\nx-api-key: k\r\n\r\n{"model": "tiny", '
+    '"max_tokens": 3, "system": [{"type": "text", "text": "Be brief."}], '
+    '"messages": [{"role": "user", "content": "Hi"}], "stream": true, '
+    '"stop_sequences": ["\\n"]}',
+    'POST /v1/messages HTTP/1.1\r\n\r\n{"max_tokens": 2, "tools": [{"name": '
+    '"f", "input_schema": {"type": "object"}}], "tool_choice": {"type": '
+    '"auto"}, "messages": [{"role": "assistant", "content": [{"type": '
+    '"tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", '
+    '"content": [{"type": "tool_result", "tool_use_id": "t", "content": '
+    '"ok"}]}]}',
 ]
 
 TEXT = ["Hello, world!", "don't stop 1234 56", "  two  spaces\n\ttab",
