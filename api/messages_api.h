@@ -24,9 +24,9 @@ namespace shardlm {
 // client's order, for the tools' schemas): system, messages with text,
 // tool_use and tool_result blocks, tools and tool_choice, max_tokens,
 // stop_sequences, temperature, top_p, top_k, stream, thinking (as
-// chat_template_kwargs.enable_thinking), and shardlm's grammar extension. InvalidArgument naming the field
-// for anything else, or for what the chat path cannot carry (images,
-// documents, server tools).
+// chat_template_kwargs.enable_thinking), and shardlm's grammar extension.
+// InvalidArgument naming the field for anything else, or for what the chat path
+// cannot carry (images, documents, server tools).
 absl::StatusOr<std::string> MessagesToChatBody(absl::string_view body);
 
 // Anthropic's error body for `status`: {"type": "error", "error": {"type":

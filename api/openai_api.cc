@@ -16,6 +16,7 @@
 #include "api/messages_api.h"
 #include "api/openai_request_scan.h"
 #include "api/request_ranges.h"
+#include "api/responses_api.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
 #include "model/tool_calls.h"
@@ -739,7 +740,8 @@ OpenAiApi::OpenAiApi(Engine* engine, InferenceService* service,
         return service->Run(request, deadline, cancelled, write, api);
       }),
       context_length_(engine->config().context_length),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      responses_(std::make_unique<ResponseStore>()) {}
 
 OpenAiApi::OpenAiApi(CompletionRunner run, int64_t context_length,
                      OpenAiApiOptions options)
@@ -747,7 +749,10 @@ OpenAiApi::OpenAiApi(CompletionRunner run, int64_t context_length,
       service_(nullptr),
       run_(std::move(run)),
       context_length_(context_length),
-      options_(std::move(options)) {}
+      options_(std::move(options)),
+      responses_(std::make_unique<ResponseStore>()) {}
+
+OpenAiApi::~OpenAiApi() = default;
 
 // What Handle answers a /v1/ request without the key.
 constexpr char kMissingKey[] =
@@ -828,10 +833,14 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
   const bool completions = req.path == "/v1/completions";
   const bool chat = req.path == "/v1/chat/completions";
   const bool messages = req.path == "/v1/messages";
+  const bool responses = req.path == "/v1/responses";
   if ((completions || chat) && post) return Complete(req, res, chat);
   if (messages && post) return Messages(req, res);
-  if (completions || chat || messages || req.path == "/v1/models") {
-    res.AddHeader("Allow", completions || chat || messages ? "POST" : "GET");
+  if (responses && post) return Responses(req, res);
+  if (completions || chat || messages || responses ||
+      req.path == "/v1/models") {
+    res.AddHeader(
+        "Allow", completions || chat || messages || responses ? "POST" : "GET");
     return send(405, "application/json",
                 ErrorJson(absl::InvalidArgumentError(
                     absl::StrCat(Echo(req.method), " is not allowed here"))));
@@ -1310,6 +1319,176 @@ void OpenAiApi::Messages(const HttpRequest& req, HttpResponse& res) {
            {"output_tokens", usage.completion_tokens()},
            {"cache_read_input_tokens", usage.cached_tokens()}}}}},
        {"message_stop", {{"type", "message_stop"}}}});
+}
+
+void OpenAiApi::Responses(const HttpRequest& req, HttpResponse& res) {
+  const auto fail = [&](const absl::Status& s) {
+    (HttpStatusFor(s.code()) < 500 ? http_client_error_ : http_server_error_)++;
+    if (s.code() == absl::StatusCode::kResourceExhausted) {
+      res.AddHeader("Retry-After", "1");
+    }
+    res.Send(HttpStatusFor(s.code()), "application/json", ErrorJson(s));
+  };
+  OpenAiScanStats scanned;
+  if (absl::Status s = ScanOpenAiRequest(req.body, {}, &scanned); !s.ok()) {
+    return fail(s);
+  }
+  MemoryShare parse_share;
+  if (options_.memory_budget != nullptr) {
+    // The body's DOM and the chat body's (the previous response's
+    // conversation is bounded by the store).
+    absl::StatusOr<MemoryShare> share = options_.memory_budget->Take(
+        2 * (static_cast<int64_t>(scanned.values) * kDomBytesPerValue +
+             2 * static_cast<int64_t>(req.body.size())),
+        "parsing the JSON body");
+    if (!share.ok()) return fail(share.status());
+    parse_share = *std::move(share);
+  }
+  absl::StatusOr<ResponsesRequest> translated =
+      ResponsesToChatBody(req.body, *responses_);
+  if (!translated.ok()) return fail(translated.status());
+  const Json body = Json::parse(translated->chat_body, nullptr, false);
+  ResponseShape shape;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      ToProto(body, translated->chat_body, /*chat=*/true, options_.model_name,
+              context_length_, &shape);
+  if (!proto.ok()) return fail(proto.status());
+  bool stream = false;
+  if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
+
+  const std::string suffix =
+      absl::StrCat(absl::ToUnixMicros(absl::Now()), "_", next_id_++);
+  const std::string id = "resp_" + suffix;
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  ResponseItems items(suffix);
+  const std::vector<std::string> names = service_ != nullptr
+                                             ? service_->ToolCallNames(*proto)
+                                             : RequestedToolCallNames(*proto);
+  ToolCallFormat format = options_.tool_call_format;
+  ReasoningFormat reasoning_format = options_.reasoning_format;
+  if (service_ != nullptr) {
+    format = service_->tool_call_format();
+    reasoning_format = service_->reasoning_format();
+  }
+  reasoning_format = RequestReasoningFormat(
+      reasoning_format, proto->has_enable_thinking()
+                            ? std::optional<bool>(proto->enable_thinking())
+                            : std::nullopt);
+  if (format == ToolCallFormat::kNone) format = ToolCallFormat::kHermes;
+  ToolCallStream filter(names, format, reasoning_format);
+  std::string finish_reason;
+  v1::Usage usage;
+  bool started = false;
+  int64_t sequence = 0;
+  const Json& echo = translated->echo;
+  // The response object: its status, output and usage, and the request's
+  // fields it repeats.
+  const auto response = [&](const std::string& status, const Json& output,
+                            const v1::Usage* u) {
+    const auto field = [&](const char* key, Json fallback) {
+      return echo.contains(key) ? echo[key] : fallback;
+    };
+    Json r = {{"id", id},
+              {"object", "response"},
+              {"created_at", created},
+              {"status", status},
+              {"error", Json()},
+              {"incomplete_details", status == "incomplete"
+                                         ? Json{{"reason", "max_output_tokens"}}
+                                         : Json()},
+              {"model", options_.model_name},
+              {"output", output},
+              {"instructions", field("instructions", Json())},
+              {"max_output_tokens", field("max_output_tokens", Json())},
+              {"temperature", field("temperature", 1.0)},
+              {"top_p", field("top_p", 1.0)},
+              {"tools", field("tools", Json::array())},
+              {"tool_choice", field("tool_choice", "auto")},
+              {"text", field("text", {{"format", {{"type", "text"}}}})},
+              {"reasoning", field("reasoning", Json::object())},
+              {"parallel_tool_calls", field("parallel_tool_calls", true)},
+              {"previous_response_id", field("previous_response_id", Json())},
+              {"metadata", field("metadata", Json::object())},
+              {"store", translated->store},
+              {"truncation", "disabled"},
+              {"usage", Json()}};
+    if (u != nullptr) {
+      r["usage"] = {
+          {"input_tokens", u->prompt_tokens()},
+          {"input_tokens_details", {{"cached_tokens", u->cached_tokens()}}},
+          {"output_tokens", u->completion_tokens()},
+          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"total_tokens", u->prompt_tokens() + u->completion_tokens()}};
+    }
+    return r;
+  };
+  const auto send_events = [&](const ResponseItems::Events& events) {
+    for (Json event : events) {
+      event["sequence_number"] = sequence++;
+      if (!res.Write(absl::StrCat("event: ", event["type"].get<std::string>(),
+                                  "\ndata: ", Dump(event), "\n\n"))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const auto write = [&](const v1::GenerateResponse& r) {
+    if (r.has_usage()) usage = r.usage();
+    if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    ToolCallEvents pieces = filter.Push(r.text());
+    if (!r.finish_reason().empty()) {
+      ToolCallEvents rest = filter.Finish();
+      pieces.content += rest.content;
+      pieces.reasoning += rest.reasoning;
+      for (ChatToolCall& call : rest.calls) pieces.calls.push_back(call);
+    }
+    const ResponseItems::Events events = items.Push(pieces);
+    if (!stream) return true;
+    if (!started) {
+      started = true;
+      if (!res.Start(200, "text/event-stream")) return false;
+      const Json initial = response("in_progress", Json::array(), nullptr);
+      if (!send_events(
+              {{{"type", "response.created"}, {"response", initial}},
+               {{"type", "response.in_progress"}, {"response", initial}}})) {
+        return false;
+      }
+    }
+    return send_events(events);
+  };
+  const absl::Status status = run_(
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      RequestApi::kHttp);
+  if (!status.ok()) {
+    if (!started) return fail(status);
+    http_server_error_++;
+    Json error = Json::parse(ErrorJson(status))["error"];
+    error["type"] = "error";
+    send_events({error});
+    return;
+  }
+  const ResponseItems::Events last = items.Finish();
+  const std::string final_status =
+      finish_reason == "length" ? "incomplete" : "completed";
+  const Json whole = response(final_status, items.output(), &usage);
+  if (translated->store) {
+    nlohmann::ordered_json conversation = translated->conversation;
+    conversation.push_back(items.ChatMessage());
+    responses_->Put(id, conversation.dump());
+  }
+  http_ok_++;
+  if (!stream) {
+    res.Send(200, "application/json", Dump(whole));
+    return;
+  }
+  if (!started) {
+    started = true;
+    if (!res.Start(200, "text/event-stream")) return;
+  }
+  send_events(last);
+  send_events({{{"type", final_status == "completed" ? "response.completed"
+                                                     : "response.incomplete"},
+                {"response", whole}}});
 }
 
 absl::Status OpenAiApi::Ready() {

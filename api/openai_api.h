@@ -24,6 +24,8 @@
 
 namespace shardlm {
 
+class ResponseStore;
+
 struct OpenAiApiOptions {
   std::string model_name;
   // When not empty, /v1/* needs "Authorization: Bearer <api_key>" (401
@@ -67,6 +69,7 @@ class OpenAiApi {
   // only (/ready and /metrics are the caller's to answer).
   OpenAiApi(CompletionRunner run, int64_t context_length,
             OpenAiApiOptions options);
+  ~OpenAiApi();
 
   // An HttpHandler.
   void Handle(const HttpRequest& request, HttpResponse& response);
@@ -84,6 +87,8 @@ class OpenAiApi {
   void Complete(const HttpRequest& request, HttpResponse& response, bool chat);
   // POST /v1/messages (api/messages_api.h).
   void Messages(const HttpRequest& request, HttpResponse& response);
+  // POST /v1/responses (api/responses_api.h).
+  void Responses(const HttpRequest& request, HttpResponse& response);
   // Whether the request carries the API key: "Authorization: Bearer KEY",
   // or Anthropic's "x-api-key: KEY".
   bool KeyOk(const HttpRequest& request) const;
@@ -94,6 +99,8 @@ class OpenAiApi {
   int64_t context_length_;
   OpenAiApiOptions options_;
   std::atomic<int64_t> next_id_{0};
+  // /v1/responses' "store": true (api/responses_api.h).
+  std::unique_ptr<ResponseStore> responses_;
   absl::Mutex ready_mu_;
   int64_t last_steps_ ABSL_GUARDED_BY(ready_mu_) = -1;
   absl::Time last_progress_ ABSL_GUARDED_BY(ready_mu_);

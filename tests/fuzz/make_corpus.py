@@ -231,6 +231,12 @@ HTTP = [
     '"tool_use", "id": "t", "name": "f", "input": {}}]}, {"role": "user", '
     '"content": [{"type": "tool_result", "tool_use_id": "t", "content": '
     '"ok"}]}]}',
+    'POST /v1/responses HTTP/1.1\r\n\r\n{"model": "tiny", "instructions": '
+    '"Be brief.", "input": [{"role": "user", "content": [{"type": '
+    '"input_text", "text": "Hi"}]}, {"type": "function_call", "call_id": '
+    '"c", "name": "f", "arguments": "{}"}, {"type": "function_call_output",'
+    ' "call_id": "c", "output": "ok"}], "max_output_tokens": 3, "stream": '
+    'true, "store": true, "text": {"format": {"type": "json_object"}}}',
 ]
 
 TEXT = ["Hello, world!", "don't stop 1234 56", "  two  spaces\n\ttab",
