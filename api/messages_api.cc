@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "api/openai_api.h"
+#include "api/openai_protocol.h"
 
 namespace shardlm {
 namespace {
@@ -346,6 +349,104 @@ MessageBlocks::Events MessageBlocks::Finish() {
   if (content_.empty()) Open({{"type", "text"}, {"text", ""}}, events);
   Close(events);
   return events;
+}
+
+void OpenAiApi::Messages(const HttpRequest& req, HttpResponse& res) {
+  const auto fail = [&](const absl::Status& s) {
+    SendError(res, s, MessagesErrorJson(s));
+  };
+  absl::StatusOr<MemoryShare> share = ChargeBody(req, 2);
+  if (!share.ok()) return fail(share.status());
+  absl::StatusOr<std::string> chat_body = MessagesToChatBody(req.body);
+  if (!chat_body.ok()) return fail(chat_body.status());
+  bool stream = false;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      TranslatedChat(*chat_body, &stream);
+  if (!proto.ok()) return fail(proto.status());
+
+  const std::string serial =
+      absl::StrCat(absl::ToUnixMicros(absl::Now()), "_", next_id_++);
+  const std::string id = "msg_" + serial;
+  MessageBlocks blocks("toolu_" + serial + "_");
+  // Every output goes through the parsers (an empty tool list parses no
+  // calls), so that reasoning, text and calls become blocks.
+  const OutputParsing parsing = ParsingFor(*proto);
+  ToolCallStream parser(parsing.names, parsing.format, parsing.reasoning);
+  std::string finish_reason, stop_sequence;
+  v1::Usage usage;
+  bool started = false;
+  const auto send = [&](const MessageBlocks::Events& events) {
+    for (const auto& [event, data] : events) {
+      if (!res.Write(absl::StrCat(
+              "event: ", event, "\ndata: ", openai_wire::Dump(data), "\n\n"))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const auto usage_json = [&] {
+    return Json{{"input_tokens", usage.prompt_tokens()},
+                {"output_tokens", usage.completion_tokens()},
+                {"cache_read_input_tokens", usage.cached_tokens()}};
+  };
+  const auto message = [&](const Json& content, const Json& stop_reason,
+                           const Json& stop_seq) {
+    return Json{{"id", id},
+                {"type", "message"},
+                {"role", "assistant"},
+                {"model", options_.model_name},
+                {"content", content},
+                {"stop_reason", stop_reason},
+                {"stop_sequence", stop_seq},
+                {"usage", usage_json()}};
+  };
+  const auto begin = [&] {
+    if (std::exchange(started, true)) return true;
+    // The prompt's size is known at the end only: message_delta has it.
+    return res.Start(200, "text/event-stream") &&
+           send({{"message_start",
+                  {{"type", "message_start"},
+                   {"message", message(Json::array(), Json(), Json())}}}});
+  };
+  const auto write = [&](const v1::GenerateResponse& r) {
+    if (r.has_usage()) usage = r.usage();
+    if (!r.finish_reason().empty()) {
+      finish_reason = r.finish_reason();
+      stop_sequence = r.stop_sequence();
+    }
+    const MessageBlocks::Events events =
+        blocks.Push(openai_wire::ParsePiece(parser, r));
+    return !stream || (begin() && send(events));
+  };
+  const absl::Status status = run_(
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      RequestApi::kHttp);
+  if (!status.ok()) {
+    if (!started) return fail(status);
+    http_server_error_++;
+    res.Write(absl::StrCat("event: error\ndata: ", MessagesErrorJson(status),
+                           "\n\n"));
+    return;
+  }
+  const MessageBlocks::Events last = blocks.Finish();
+  const std::string stop_reason =
+      MessagesStopReason(finish_reason, stop_sequence, blocks.tool_use());
+  const Json stop_seq =
+      stop_reason == "stop_sequence" ? Json(stop_sequence) : Json();
+  http_ok_++;
+  if (!stream) {
+    res.Send(
+        200, "application/json",
+        openai_wire::Dump(message(blocks.content(), stop_reason, stop_seq)));
+    return;
+  }
+  if (!begin() || !send(last)) return;
+  send(
+      {{"message_delta",
+        {{"type", "message_delta"},
+         {"delta", {{"stop_reason", stop_reason}, {"stop_sequence", stop_seq}}},
+         {"usage", usage_json()}}},
+       {"message_stop", {{"type", "message_stop"}}}});
 }
 
 }  // namespace shardlm

@@ -13,6 +13,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -92,6 +93,27 @@ class OpenAiApi {
   // Whether the request carries the API key: "Authorization: Bearer KEY",
   // or Anthropic's "x-api-key: KEY".
   bool KeyOk(const HttpRequest& request) const;
+
+  // What the endpoints share. The body's scan, and its parse charged to the
+  // memory budget (`copies` DOMs of it: 2 for a translated body).
+  absl::StatusOr<MemoryShare> ChargeBody(const HttpRequest& request,
+                                         int copies);
+  // The chat request of a translated body (Messages, Responses), and
+  // whether it streams.
+  absl::StatusOr<v1::GenerateRequest> TranslatedChat(
+      const std::string& chat_body, bool* stream);
+  // How a chat request's output is parsed: the tools it may call and the
+  // template's formats of calls and reasoning.
+  struct OutputParsing {
+    std::vector<std::string> names;
+    ToolCallFormat format = ToolCallFormat::kHermes;
+    ReasoningFormat reasoning = ReasoningFormat::kNone;
+  };
+  OutputParsing ParsingFor(const v1::GenerateRequest& request) const;
+  // Sends `body` with the status for `status` (and Retry-After on
+  // RESOURCE_EXHAUSTED), counted for /metrics.
+  void SendError(HttpResponse& response, const absl::Status& status,
+                 const std::string& body);
 
   Engine* engine_;             // Null without an engine.
   InferenceService* service_;  // Null without an engine.

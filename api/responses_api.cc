@@ -4,6 +4,9 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "api/openai_api.h"
+#include "api/openai_protocol.h"
 
 namespace shardlm {
 namespace {
@@ -181,6 +184,46 @@ absl::Status AddTextFormat(const Ordered& text, Ordered& chat) {
 }
 
 }  // namespace
+
+Json ResponseJson(const ResponseHead& head, const Json& output,
+                  const v1::Usage* u) {
+  const auto field = [&](const char* key, Json fallback) {
+    return head.echo.contains(key) ? head.echo[key] : fallback;
+  };
+  Json r = {{"id", head.id},
+            {"object", "response"},
+            {"created_at", head.created},
+            {"status", head.status},
+            {"error", Json()},
+            {"incomplete_details", head.status == "incomplete"
+                                       ? Json{{"reason", "max_output_tokens"}}
+                                       : Json()},
+            {"model", head.model},
+            {"output", output},
+            {"instructions", field("instructions", Json())},
+            {"max_output_tokens", field("max_output_tokens", Json())},
+            {"temperature", field("temperature", 1.0)},
+            {"top_p", field("top_p", 1.0)},
+            {"tools", field("tools", Json::array())},
+            {"tool_choice", field("tool_choice", "auto")},
+            {"text", field("text", {{"format", {{"type", "text"}}}})},
+            {"reasoning", field("reasoning", Json::object())},
+            {"parallel_tool_calls", field("parallel_tool_calls", true)},
+            {"previous_response_id", field("previous_response_id", Json())},
+            {"metadata", field("metadata", Json::object())},
+            {"store", head.store},
+            {"truncation", "disabled"},
+            {"usage", Json()}};
+  if (u != nullptr) {
+    r["usage"] = {
+        {"input_tokens", u->prompt_tokens()},
+        {"input_tokens_details", {{"cached_tokens", u->cached_tokens()}}},
+        {"output_tokens", u->completion_tokens()},
+        {"output_tokens_details", {{"reasoning_tokens", 0}}},
+        {"total_tokens", u->prompt_tokens() + u->completion_tokens()}};
+  }
+  return r;
+}
 
 void ResponseStore::DropExpired(absl::Time now) {
   for (auto it = entries_.begin(); it != entries_.end();) {
@@ -465,6 +508,99 @@ Ordered ResponseItems::ChatMessage() const {
   Ordered message = {{"role", "assistant"}, {"content", text}};
   if (!calls.empty()) message["tool_calls"] = std::move(calls);
   return message;
+}
+
+void OpenAiApi::Responses(const HttpRequest& req, HttpResponse& res) {
+  const auto fail = [&](const absl::Status& s) {
+    SendError(res, s, openai_wire::ErrorJson(s));
+  };
+  // The body's DOM and the chat body's (a previous response's
+  // conversation is bounded by the store).
+  absl::StatusOr<MemoryShare> share = ChargeBody(req, 2);
+  if (!share.ok()) return fail(share.status());
+  absl::StatusOr<ResponsesRequest> translated =
+      ResponsesToChatBody(req.body, *responses_);
+  if (!translated.ok()) return fail(translated.status());
+  bool stream = false;
+  absl::StatusOr<v1::GenerateRequest> proto =
+      TranslatedChat(translated->chat_body, &stream);
+  if (!proto.ok()) return fail(proto.status());
+
+  const std::string suffix =
+      absl::StrCat(absl::ToUnixMicros(absl::Now()), "_", next_id_++);
+  const std::string id = "resp_" + suffix;
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  ResponseItems items(suffix);
+  const OutputParsing parsing = ParsingFor(*proto);
+  ToolCallStream parser(parsing.names, parsing.format, parsing.reasoning);
+  std::string finish_reason;
+  v1::Usage usage;
+  bool started = false;
+  int64_t sequence = 0;
+  const auto response = [&](const std::string& status, const Json& output,
+                            const v1::Usage* u) {
+    return ResponseJson({.id = id,
+                         .created = created,
+                         .model = options_.model_name,
+                         .status = status,
+                         .store = translated->store,
+                         .echo = translated->echo},
+                        output, u);
+  };
+  const auto send = [&](const ResponseItems::Events& events) {
+    for (Json event : events) {
+      event["sequence_number"] = sequence++;
+      if (!res.Write(absl::StrCat("event: ", event["type"].get<std::string>(),
+                                  "\ndata: ", openai_wire::Dump(event),
+                                  "\n\n"))) {
+        return false;
+      }
+    }
+    return true;
+  };
+  const auto begin = [&] {
+    if (std::exchange(started, true)) return true;
+    const Json initial = response("in_progress", Json::array(), nullptr);
+    return res.Start(200, "text/event-stream") &&
+           send({{{"type", "response.created"}, {"response", initial}},
+                 {{"type", "response.in_progress"}, {"response", initial}}});
+  };
+  const auto write = [&](const v1::GenerateResponse& r) {
+    if (r.has_usage()) usage = r.usage();
+    if (!r.finish_reason().empty()) finish_reason = r.finish_reason();
+    const ResponseItems::Events events =
+        items.Push(openai_wire::ParsePiece(parser, r));
+    return !stream || (begin() && send(events));
+  };
+  const absl::Status status = run_(
+      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      RequestApi::kHttp);
+  if (!status.ok()) {
+    if (!started) return fail(status);
+    http_server_error_++;
+    Json error = Json::parse(openai_wire::ErrorJson(status))["error"];
+    error["type"] = "error";
+    send({error});
+    return;
+  }
+  const ResponseItems::Events last = items.Finish();
+  const std::string final_status =
+      finish_reason == "length" ? "incomplete" : "completed";
+  const Json whole = response(final_status, items.output(), &usage);
+  if (translated->store) {
+    nlohmann::ordered_json conversation = translated->conversation;
+    conversation.push_back(items.ChatMessage());
+    responses_->Put(id, conversation.dump());
+  }
+  http_ok_++;
+  if (!stream) {
+    res.Send(200, "application/json", openai_wire::Dump(whole));
+    return;
+  }
+  if (!begin() || !send(last)) return;
+  send({{{"type", final_status == "completed" ? "response.completed"
+                                              : "response.incomplete"},
+         {"response", whole}}});
 }
 
 }  // namespace shardlm

@@ -24,6 +24,7 @@
 #include "absl/time/time.h"
 #include "model/tool_calls.h"
 #include "nlohmann/json.hpp"
+#include "shardlm/v1/inference.pb.h"
 
 namespace shardlm {
 
@@ -82,6 +83,22 @@ struct ResponsesRequest {
 // user). InvalidArgument naming a field it cannot carry.
 absl::StatusOr<ResponsesRequest> ResponsesToChatBody(absl::string_view body,
                                                      ResponseStore& store);
+
+// What a response object says beside its output and usage.
+struct ResponseHead {
+  std::string id;
+  int64_t created = 0;  // Unix seconds.
+  std::string model;
+  std::string status;  // in_progress, completed or incomplete.
+  bool store = false;
+  nlohmann::json echo;  // ResponsesRequest::echo.
+};
+
+// The response object: `head`, `output`, and `usage` (null when absent),
+// with the request's fields it repeats (their defaults where not given).
+nlohmann::json ResponseJson(const ResponseHead& head,
+                            const nlohmann::json& output,
+                            const v1::Usage* usage);
 
 // The output items of one response, built from the parsed pieces of its
 // generation in order (a new item each time the kind changes; each call
