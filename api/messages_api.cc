@@ -14,14 +14,8 @@ namespace {
 using Json = nlohmann::json;
 using Ordered = nlohmann::ordered_json;
 
-absl::Status Invalid(auto&&... parts) {
-  return absl::InvalidArgumentError(absl::StrCat(parts...));
-}
-
-// A client's text echoed in an error: at most 64 bytes of it.
-std::string Echo(const std::string& text) {
-  return text.size() <= 64 ? text : text.substr(0, 64) + "...";
-}
+using openai_wire::Echo;
+using openai_wire::Invalid;
 
 // The text of a string or of an array of text blocks (system, a
 // tool_result's content).

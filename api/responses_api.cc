@@ -14,13 +14,8 @@ namespace {
 using Json = nlohmann::json;
 using Ordered = nlohmann::ordered_json;
 
-absl::Status Invalid(auto&&... parts) {
-  return absl::InvalidArgumentError(absl::StrCat(parts...));
-}
-
-std::string Echo(const std::string& text) {
-  return text.size() <= 64 ? text : text.substr(0, 64) + "...";
-}
+using openai_wire::Echo;
+using openai_wire::Invalid;
 
 // A message item's text: a string, or input_text / output_text parts.
 absl::StatusOr<std::string> ItemText(const Ordered& content,
