@@ -221,14 +221,12 @@ Json ResponseJson(const ResponseHead& head, const Json& output,
 }
 
 void ResponseStore::DropExpired(absl::Time now) {
-  for (auto it = entries_.begin(); it != entries_.end();) {
-    if (it->expires > now) {
-      ++it;
-      continue;
-    }
-    bytes_ -= static_cast<int64_t>(it->messages.size());
-    by_id_.erase(it->id);
-    it = entries_.erase(it);
+  // Entries are in the order stored, all with the same ttl: the expired
+  // ones are the oldest.
+  while (!entries_.empty() && entries_.front().expires <= now) {
+    bytes_ -= static_cast<int64_t>(entries_.front().messages.size());
+    by_id_.erase(entries_.front().id);
+    entries_.pop_front();
   }
 }
 
