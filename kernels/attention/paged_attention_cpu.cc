@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "kernels/attention/paged_attention.h"
 #include "kernels/attention/paged_attention_kernels.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/check_args.h"
 #include "kernels/cpu_isa.h"
 
@@ -278,6 +279,7 @@ void Attend(Problem& p, RunItemFn run_item) {
   // the threads to within an eighth of one's work.
   const int64_t want =
       pairs >= 8 * threads ? 1 : (8 * threads + pairs - 1) / pairs;
+  const bool invariant = BatchInvariant();
   std::vector<Item> items;
   int64_t part_floats = 0;
   for (int64_t ti = 0; ti < static_cast<int64_t>(tiles.size()); ++ti) {
@@ -288,15 +290,22 @@ void Attend(Problem& p, RunItemFn run_item) {
     const int64_t blocks = b1 - b0;
     const int64_t splits =
         std::clamp<int64_t>(std::min(want, blocks / 16), 1, blocks);
-    const int64_t per = (blocks + splits - 1) / splits;
+    // Batch-invariant: parts are the runs of kInvariantSplitBlocks blocks
+    // from block 0, whatever the step, so that a row's keys are always
+    // cut (and merged) in the same places.
+    const int64_t per =
+        invariant ? kInvariantSplitBlocks : (blocks + splits - 1) / splits;
+    const bool split = invariant ? b0 / per != (b1 - 1) / per : per < blocks;
     for (int64_t kvh = 0; kvh < p.kv_heads; ++kvh) {
-      for (int64_t b = b0; b < b1; b += per) {
+      for (int64_t b = b0; b < b1;
+           b = invariant ? (b / per + 1) * per : b + per) {
+        const int64_t b_end = invariant ? (b / per + 1) * per : b + per;
         Item it{.tile = ti,
                 .kvh = kvh,
                 .k0 = b * p.bs,
-                .k1 = std::min(t.context, (b + per) * p.bs)};
+                .k1 = std::min(t.context, b_end * p.bs)};
         it.cost = p.rows(t) * (it.k1 - it.k0);
-        if (per < blocks) {
+        if (split) {
           it.part = part_floats;
           part_floats += p.rows(t) * p.part_row();
         }

@@ -15,6 +15,7 @@
 
 #include "core/half.h"
 #include "gtest/gtest.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/cpu_isa_testing.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
@@ -319,6 +320,61 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
     EXPECT_LT(StepError(c, dtype()), 1e-5);
   }
   omp_set_num_threads(before);
+}
+
+// Batch-invariant (kernels/batch_invariance.h), a row's output does not
+// depend on its step: the last token of a 700-token context (44 blocks,
+// cut in parts of kInvariantSplitBlocks) alone, as the last of its
+// sequence's five rows (a speculative step's verification), and beside
+// another sequence's decode and a third's prefill chunk, bit for bit, on
+// one thread and two. Still the naive attention.
+TEST_P(PagedAttentionTest, BatchInvariantRowsDoNotDependOnTheirStep) {
+  SetBatchInvariant(true);
+  for (int64_t window : {int64_t{0}, int64_t{300}}) {
+    Case c{"invariant", 9, 3, 64, 16, {700, 300, 40}, {0, 0, 0}, window};
+    Fixture f(c, dtype());
+    std::vector<int32_t> positions, seqs;
+    f.Write({0, 0, 0}, c.lens, positions, seqs);
+    const Tensor q_last = RandomTensor({1, c.heads, c.d}, 4, 2.0f);
+    const float scale = 1.0f / std::sqrt(static_cast<float>(c.d));
+    const int64_t row = c.heads * c.d;
+    // Runs one step; returns the output row of seq 0's position 699.
+    const auto run = [&](std::vector<int32_t> pos, std::vector<int32_t> seq) {
+      const int64_t n = static_cast<int64_t>(pos.size());
+      Tensor q = RandomTensor({n, c.heads, c.d}, 8, 2.0f);
+      int64_t at = -1;
+      for (int64_t i = 0; i < n; ++i) {
+        if (seq[i] == 0 && pos[i] == 699) at = i;
+      }
+      std::copy_n(q_last.f32().begin(), row, q.f32().begin() + at * row);
+      Tensor out = *Tensor::Host(DType::kF32, {n, c.heads, c.d});
+      const absl::Status st = PagedAttention(q, f.k_cache, f.v_cache,
+                                             f.Batch(pos, seq), scale, out);
+      EXPECT_TRUE(st.ok()) << st;
+      return std::vector<float>(out.f32().begin() + at * row,
+                                out.f32().begin() + (at + 1) * row);
+    };
+    const int before = omp_get_max_threads();
+    for (int threads : {1, 2}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "window " << window << " threads " << threads);
+      omp_set_num_threads(threads);
+      const std::vector<float> alone = run({699}, {0});
+      EXPECT_EQ(run({695, 696, 697, 698, 699}, {0, 0, 0, 0, 0}), alone);
+      std::vector<int32_t> pos = {299, 699}, seq = {1, 0};
+      for (int32_t p = 0; p < 40; ++p) pos.push_back(p), seq.push_back(2);
+      EXPECT_EQ(run(pos, seq), alone);
+      std::vector<double> want;
+      for (int64_t h = 0; h < c.heads; ++h) {
+        const auto r =
+            f.Reference(q_last.f32().data() + h * c.d, 0, h, 699, scale);
+        want.insert(want.end(), r.begin(), r.end());
+      }
+      EXPECT_LT(MaxAbsDiff(alone.data(), want.data(), want.size()), 1e-5);
+    }
+    omp_set_num_threads(before);
+  }
+  SetBatchInvariant(false);
 }
 
 INSTANTIATE_TEST_SUITE_P(

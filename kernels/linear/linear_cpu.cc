@@ -3,14 +3,22 @@
 
 #include <algorithm>
 
+#include "core/status.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/check_args.h"
 #include "kernels/linear/linear.h"
+#include "kernels/linear/quant_kernels.h"
 
 namespace shardlm {
 
-// OpenBLAS runs single-threaded (see threading.cc); the output columns are
-// split across the OpenMP team here instead, so that one pool of threads
-// does all the work and BLAS threads never compete with OpenMP ones.
+// Steps of up to kDecodeMaxRows rows (and every step, batch-invariant) run
+// the same row dot products as quantized weights (quant_kernels.h): a
+// row's sums do not depend on how many rows share its step, which
+// OpenBLAS's GEMV and GEMM do not promise. Larger steps run OpenBLAS's
+// GEMM. OpenBLAS runs single-threaded (see threading.cc); the output
+// columns are split across the OpenMP team here instead, so that one pool
+// of threads does all the work and BLAS threads never compete with OpenMP
+// ones.
 absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
                     bool accumulate) {
   if (x.rank() != 2 || w.rank() != 2) {
@@ -25,6 +33,15 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
   const float* xp = x.data<float>();
   const float* wp = w.data<float>();
   float* yp = y.data<float>();
+  if (n <= kDecodeMaxRows || BatchInvariant()) {
+    ASSIGN_OR_RETURN(const quant_kernels::Kernels kernels,
+                     quant_kernels::ForActiveIsa(DType::kF32));
+    quant_kernels::LinearByRowDots(kernels,
+                                   reinterpret_cast<const uint8_t*>(wp),
+                                   in * static_cast<int64_t>(sizeof(float)), in,
+                                   xp, n, in, out, yp, accumulate);
+    return absl::OkStatus();
+  }
   // Small products are not worth waking the team for.
   const bool parallel = n * out * in >= (int64_t{1} << 16);
 #pragma omp parallel if (parallel)
@@ -36,13 +53,8 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
     const int64_t end = std::min(out, tiles * (t + 1) / nt * 16);
     const int64_t cols = end - begin;
     if (cols > 0) {
-      if (n == 1) {
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, cols, in, 1.0f,
-                    wp + begin * in, in, xp, 1, beta, yp + begin, 1);
-      } else {
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, in, 1.0f,
-                    xp, in, wp + begin * in, in, beta, yp + begin, out);
-      }
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, in, 1.0f,
+                  xp, in, wp + begin * in, in, beta, yp + begin, out);
     }
   }
   return absl::OkStatus();

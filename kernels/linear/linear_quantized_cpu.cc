@@ -13,7 +13,9 @@
 //
 // Prefill: tiles of kPrefillTile rows of w are dequantized into a per-thread
 // f32 scratch buffer and multiplied by OpenBLAS, so long prompts keep the
-// f32 GEMM's speed without an f32 copy of the model.
+// f32 GEMM's speed without an f32 copy of the model. Batch-invariant
+// (kernels/batch_invariance.h), every step runs the decode kernels
+// instead, in tiles (LinearByRowDots).
 //
 // Threads: the OpenMP team splits the output rows into equal contiguous
 // ranges (rounded to kTileRows), one per thread, on both paths.
@@ -28,6 +30,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/check_args.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/linear/linear.h"
@@ -46,25 +49,11 @@ namespace {
 constexpr int64_t kPrefetchBytes = 4096;
 constexpr int64_t kTileRows = 16;      // Partition granule of output rows.
 constexpr int64_t kPrefillTile = 256;  // Rows dequantized per BLAS call.
-
-absl::StatusOr<quant_kernels::Kernels> KernelsFor(DType t) {
-  quant_kernels::Kernels k;
-  switch (ActiveCpuIsa()) {
-    case CpuIsa::kAvx512:
-      k = quant_kernels::Avx512(t);
-      break;
-    case CpuIsa::kAvx2:
-      k = quant_kernels::Avx2(t);
-      break;
-    default:
-      k = quant_kernels::Portable(t);
-  }
-  if (k.max_group == 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("Linear: no kernel for weights in ", DTypeName(t)));
-  }
-  return k;
-}
+// Batch-invariant steps of more than kDecodeMaxRows rows: rows of w kept in
+// cache (about this many bytes of them) while groups of up to kRowTile
+// rows of x pass over them.
+constexpr int64_t kRowDotTileBytes = 96 << 10;
+constexpr int64_t kRowTile = 64;
 
 // This OpenMP thread's output rows: equal contiguous ranges, in multiples
 // of kTileRows, one per thread of the team.
@@ -75,7 +64,99 @@ std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
           std::min(out, tiles * (t + 1) / nt * kTileRows)};
 }
 
+// The group of rows of x starting at r (of `rows`): 2^k rows, the largest
+// power of two up to max_group (n = 7 is a group of 4, one of 2 and one
+// of 1).
+int GroupLog2(int64_t rows, int max_group) {
+  int k = 0;
+  while (k < 3 && int64_t{2} << k <= std::min<int64_t>(rows, max_group)) ++k;
+  return k;
+}
+
 }  // namespace
+
+namespace quant_kernels {
+
+absl::StatusOr<Kernels> ForActiveIsa(DType t) {
+  Kernels k;
+  switch (ActiveCpuIsa()) {
+    case CpuIsa::kAvx512:
+      k = Avx512(t);
+      break;
+    case CpuIsa::kAvx2:
+      k = Avx2(t);
+      break;
+    default:
+      k = Portable(t);
+  }
+  if (k.max_group == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Linear: no kernel for weights in ", DTypeName(t)));
+  }
+  return k;
+}
+
+void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
+                     int64_t blocks, const float* x, int64_t n, int64_t in,
+                     int64_t out, float* y, bool accumulate) {
+  // Sums of x per sub-block, for the mins of formats that have them.
+  const int64_t sub = k.xsum_sub, subs = sub > 0 ? in / sub : 0;
+  std::vector<float> xsum(n * subs);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t i = 0; i < subs; ++i) {
+      float s = 0;
+      for (int64_t j = 0; j < sub; ++j) s += x[r * in + i * sub + j];
+      xsum[r * subs + i] = s;
+    }
+  }
+  // Rows [r0, r1) of x against row o of w, in groups that share the
+  // unpacked blocks.
+  const auto dots_of = [&](int64_t o, int64_t r0, int64_t r1) {
+    const uint8_t* row = w + o * row_bytes;
+    for (int64_t r = r0; r < r1;) {
+      const int g = GroupLog2(r1 - r, k.max_group);
+      float dots[8];
+      k.by[g](row, x + r * in, in, xsum.data() + r * subs, blocks, dots);
+      for (int i = 0; i < 1 << g; ++i, ++r) {
+        y[r * out + o] = accumulate ? y[r * out + o] + dots[i] : dots[i];
+      }
+    }
+  };
+  if (n > kDecodeMaxRows) {
+    // Tiles of w rows stay in cache while groups of x rows pass over them.
+    const int64_t tile = std::max<int64_t>(1, kRowDotTileBytes / row_bytes);
+#pragma omp parallel
+    {
+      const auto [begin, end] = ThreadRows(out);
+      for (int64_t o0 = begin; o0 < end; o0 += tile) {
+        const int64_t o1 = std::min(end, o0 + tile);
+        for (int64_t r0 = 0; r0 < n; r0 += kRowTile) {
+          const int64_t r1 = std::min(n, r0 + kRowTile);
+          for (int64_t o = o0; o < o1; ++o) dots_of(o, r0, r1);
+        }
+      }
+    }
+    return;
+  }
+  // Decode: each row of w read once for all rows of x.
+  const bool parallel = out * in >= (int64_t{1} << 16);
+#pragma omp parallel if (parallel)
+  {
+    const auto [begin, end] = ThreadRows(out);
+    // This thread's rows end here; nothing past them is prefetched.
+    const char* const stop = reinterpret_cast<const char*>(w + end * row_bytes);
+    for (int64_t o = begin; o < end; ++o) {
+      const char* ahead =
+          reinterpret_cast<const char*>(w + o * row_bytes) + kPrefetchBytes;
+      for (int64_t b = 0; b < row_bytes && ahead + b < stop; b += 64) {
+        _mm_prefetch(ahead + b, _MM_HINT_T0);
+      }
+      dots_of(o, 0, n);
+    }
+  }
+}
+
+}  // namespace quant_kernels
 
 absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
                              bool accumulate) {
@@ -89,14 +170,15 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
   }
   if (auto s = CheckHostF32("Linear", "x", x, {n, in}); !s.ok()) return s;
   if (auto s = CheckHostF32("Linear", "y", y, {n, out}); !s.ok()) return s;
-  ASSIGN_OR_RETURN(const quant_kernels::Kernels kernels, KernelsFor(w.dtype()));
+  ASSIGN_OR_RETURN(const quant_kernels::Kernels kernels,
+                   quant_kernels::ForActiveIsa(w.dtype()));
   ASSIGN_OR_RETURN(const int64_t row_bytes, BytesFor(w.dtype(), in));
   const int64_t blocks = in / block;
   const auto* wp = static_cast<const uint8_t*>(w.raw());
   const float* xp = x.data<float>();
   float* yp = y.data<float>();
 
-  if (n > kDecodeMaxRows) {
+  if (n > kDecodeMaxRows && !BatchInvariant()) {
     // Prefill: dequantized tiles of w times x through BLAS.
     const float beta = accumulate ? 1.0f : 0.0f;
 #pragma omp parallel
@@ -121,47 +203,8 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
     return absl::OkStatus();
   }
 
-  // Decode: sums of x per sub-block (for the mins of formats that have
-  // them), then each output row's dot products with the rows of x, in
-  // groups of up to max_group (8, 4, 2, 1: n = 7 is a group of 4, one of 2
-  // and one of 1) that share the unpacked blocks.
-  const int64_t sub = kernels.xsum_sub, subs = sub > 0 ? in / sub : 0;
-  std::vector<float> xsum(n * subs);
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t i = 0; i < subs; ++i) {
-      float s = 0;
-      for (int64_t j = 0; j < sub; ++j) s += xp[r * in + i * sub + j];
-      xsum[r * subs + i] = s;
-    }
-  }
-  const bool parallel = out * in >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
-  {
-    const auto [begin, end] = ThreadRows(out);
-    // This thread's rows end here; nothing past them is prefetched.
-    const char* const stop =
-        reinterpret_cast<const char*>(wp + end * row_bytes);
-    for (int64_t o = begin; o < end; ++o) {
-      const uint8_t* row = wp + o * row_bytes;
-      const char* ahead = reinterpret_cast<const char*>(row) + kPrefetchBytes;
-      for (int64_t k = 0; k < row_bytes && ahead + k < stop; k += 64) {
-        _mm_prefetch(ahead + k, _MM_HINT_T0);
-      }
-      for (int64_t r = 0; r < n;) {
-        int k = 0;  // The group takes 2^k rows.
-        while (k < 3 &&
-               int64_t{2} << k <= std::min<int64_t>(n - r, kernels.max_group)) {
-          ++k;
-        }
-        float dots[8];
-        kernels.by[k](row, xp + r * in, in, xsum.data() + r * subs, blocks,
-                      dots);
-        for (int g = 0; g < 1 << k; ++g, ++r) {
-          yp[r * out + o] = accumulate ? yp[r * out + o] + dots[g] : dots[g];
-        }
-      }
-    }
-  }
+  quant_kernels::LinearByRowDots(kernels, wp, row_bytes, blocks, xp, n, in, out,
+                                 yp, accumulate);
   return absl::OkStatus();
 }
 

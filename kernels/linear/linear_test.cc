@@ -3,6 +3,9 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/batch_invariance.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/cpu_isa_testing.h"
 #include "testing/random_tensors.h"
 
 namespace shardlm {
@@ -35,6 +38,46 @@ TEST(LinearTest, MatchesDoubleReferenceOnAwkwardShapes) {
     const auto want = Reference(x, w);
     EXPECT_LT(MaxAbsDiff(y.f32().data(), want.data(), y.numel()), 1e-4) << n;
   }
+}
+
+// A row's sums do not depend on its step: steps of up to kDecodeMaxRows
+// rows always, any step batch-invariant. Rows of 769 (a tail past the
+// vector lanes), with every kernel, bit for bit against the row alone, and
+// against the double reference.
+TEST(LinearTest, EachRowOfAStepIsWhatItGetsAlone) {
+  const int64_t in = 769, out = 37;
+  const Tensor x = RandomTensor({70, in}, 5);
+  const Tensor w = RandomTensor({out, in}, 6, 0.05f);
+  const auto want = Reference(x, w);
+  for (CpuIsa isa : TestIsas()) {
+    SetCpuIsa(isa);
+    for (bool invariant : {false, true}) {
+      SetBatchInvariant(invariant);
+      for (int64_t n :
+           {int64_t{1}, int64_t{2}, int64_t{7}, kDecodeMaxRows, int64_t{70}}) {
+        if (n > kDecodeMaxRows && !invariant) continue;
+        SCOPED_TRACE(::testing::Message() << CpuIsaName(isa) << " n " << n
+                                          << " invariant " << invariant);
+        Tensor xn = *Tensor::Host(DType::kF32, {n, in});
+        std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
+        Tensor y = *Tensor::Host(DType::kF32, {n, out});
+        ASSERT_TRUE(Linear(xn, w, y).ok());
+        EXPECT_LT(MaxAbsDiff(y.f32().data(), want.data(), y.numel()), 1e-4);
+        for (int64_t r : {int64_t{0}, n - 1}) {
+          Tensor xr = *Tensor::Host(DType::kF32, {1, in});
+          std::copy_n(x.f32().begin() + r * in, in, xr.f32().begin());
+          Tensor yr = *Tensor::Host(DType::kF32, {1, out});
+          ASSERT_TRUE(Linear(xr, w, yr).ok());
+          EXPECT_EQ(std::vector<float>(yr.f32().begin(), yr.f32().end()),
+                    std::vector<float>(y.f32().begin() + r * out,
+                                       y.f32().begin() + (r + 1) * out))
+              << "row " << r;
+        }
+      }
+    }
+  }
+  SetBatchInvariant(false);
+  SetCpuIsa(CpuIsa::kAuto);
 }
 
 TEST(LinearTest, Accumulates) {

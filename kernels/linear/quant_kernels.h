@@ -9,6 +9,7 @@
 
 #include <cstdint>
 
+#include "absl/status/statusor.h"
 #include "core/dtype.h"
 
 namespace shardlm::quant_kernels {
@@ -27,6 +28,8 @@ using RowDots = void (*)(const uint8_t* row, const float* x, int64_t in,
 // multiply-add.
 using DequantRow = void (*)(const uint8_t* row, int64_t blocks, float* dst);
 
+// DType::kF32 has row dots too (no dequant, no xsum): `row` is the row's
+// `in` floats and `blocks` is `in` (Linear's f32 path, linear_cpu.cc).
 struct Kernels {
   RowDots by[4] = {};  // by[k] takes 2^k rows of x; null past max_group.
   int max_group = 0;   // 1, 2, 4 or 8.
@@ -42,6 +45,20 @@ struct Kernels {
 Kernels Portable(DType t);
 Kernels Avx2(DType t);
 Kernels Avx512(DType t);
+
+// The kernels of `t` on the ISA kernels/cpu_isa.h chose; InvalidArgument
+// when it has none for `t`.
+absl::StatusOr<Kernels> ForActiveIsa(DType t);
+
+// y = x w^T through `k`'s row dots: w is `out` rows of `row_bytes` bytes
+// (`blocks` as RowDots takes it), x [n, in], y [n, out]. Each y[r, o] is
+// what row r gets alone, whatever n (the batch-invariant path). At most
+// kDecodeMaxRows rows read each row of w once for all of them; more run
+// in tiles of w rows kept in cache across groups of x rows. Threads: the
+// OpenMP team splits the output rows into equal contiguous ranges.
+void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
+                     int64_t blocks, const float* x, int64_t n, int64_t in,
+                     int64_t out, float* y, bool accumulate);
 
 }  // namespace shardlm::quant_kernels
 

@@ -153,10 +153,37 @@ SHARDLM_AVX2 void Dequant(const uint8_t* row, int64_t blocks, float* dst) {
   }
 }
 
+// f32 weights: 8 lanes per row over the row's length (`blocks` is it),
+// then the lanes' sum and the tail's, in order.
+template <int kRows>
+SHARDLM_AVX2 void F32Rows(const uint8_t* row, const float* x, int64_t in,
+                          const float*, int64_t, float* dots) {
+  const float* w = reinterpret_cast<const float*>(row);
+  __m256 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= in; j += 8) {
+    const __m256 wv = _mm256_loadu_ps(w + j);
+    for (int r = 0; r < kRows; ++r) {
+      acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * in + j), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    float tail = 0;
+    for (int64_t e = j; e < in; ++e) tail += w[e] * x[r * in + e];
+    dots[r] = HSum(acc[r]) + tail;
+  }
+}
+
 }  // namespace
 
 Kernels Avx2(DType t) {
   Kernels k;
+  if (t == DType::kF32) {
+    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>, k.by[2] = F32Rows<4>;
+    k.max_group = 4;
+    return k;
+  }
   quant::VisitFormat(t, [&]<typename F>() {
     k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
     k.by[2] = DotRows<F, 4>;

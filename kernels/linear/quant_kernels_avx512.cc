@@ -360,11 +360,47 @@ SHARDLM_AVX512 void RowDotsQ8(const uint8_t* row, const float* x, int64_t in,
   for (int r = 0; r < kRows; ++r) dots[r] = HSum16(acc[r]);
 }
 
+// --- f32 weights ---
+
+// 16 lanes per row over the row's length (`blocks` is it; the tail in a
+// masked load), then the lanes' sum.
+template <int kRows>
+SHARDLM_AVX512 void F32Rows(const uint8_t* row, const float* x, int64_t in,
+                            const float*, int64_t, float* dots) {
+  const float* w = reinterpret_cast<const float*>(row);
+  __m512 acc[kRows];
+  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= in; j += 16) {
+    const __m512 wv = _mm512_loadu_ps(w + j);
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * in + j), acc[r]);
+    }
+  }
+  if (j < in) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (in - j)) - 1);
+    const __m512 wv = _mm512_maskz_loadu_ps(m, w + j);
+    for (int r = 0; r < kRows; ++r) {
+      acc[r] =
+          _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + r * in + j), acc[r]);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) dots[r] = HSum16(acc[r]);
+}
+
 }  // namespace
 
 // The prefill tiles use the AVX2 dequantizer (Avx2(t).dequant): it runs
 // at a small share of the BLAS GEMM's time.
 Kernels Avx512(DType t) {
+  if (t == DType::kF32) {
+    Kernels k;
+    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>;
+    k.by[2] = F32Rows<4>, k.by[3] = F32Rows<8>;
+    k.max_group = 8;
+    return k;
+  }
   Kernels k = Avx2(t);
   if (k.max_group == 0) return k;
   if (t == DType::kQ8_0) {

@@ -38,10 +38,29 @@ void DotRows(const uint8_t* row, const float* x, int64_t in, const float* xsum,
   }
 }
 
+// f32 weights: `blocks` is the row's length; one sum per row, in order.
+template <int kRows>
+void F32Rows(const uint8_t* row, const float* x, int64_t in, const float*,
+             int64_t, float* dots) {
+  const float* w = reinterpret_cast<const float*>(row);
+  for (int r = 0; r < kRows; ++r) {
+    const float* xr = x + r * in;
+    float acc = 0;
+    for (int64_t j = 0; j < in; ++j) acc += w[j] * xr[j];
+    dots[r] = acc;
+  }
+}
+
 }  // namespace
 
 Kernels Portable(DType t) {
   Kernels k;
+  if (t == DType::kF32) {
+    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>;
+    k.by[2] = F32Rows<4>, k.by[3] = F32Rows<8>;
+    k.max_group = 8;
+    return k;
+  }
   quant::VisitFormat(t, [&]<typename F>() {
     k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
     k.by[2] = DotRows<F, 4>, k.by[3] = DotRows<F, 8>;
