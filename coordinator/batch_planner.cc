@@ -51,6 +51,12 @@ struct BatchPlanner::Sequence {
   int interruptions = 0;
   bool isolated = false;
   int failed_alone = 0;  // Failed steps that held only it.
+  // Speculative decoding: its drafter (null when it does not draft), how
+  // often its drafts were kept, and the drafts its step in flight
+  // verifies (computed counts them until the step is back).
+  std::unique_ptr<SequenceDrafter> drafter;
+  DraftAcceptance acceptance;
+  std::vector<int32_t> drafts;
 };
 
 namespace {
@@ -90,12 +96,19 @@ bool HasPenalties(const SamplingParams& p) {
 
 BatchPlanner::BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
                            BatchLimits options, int64_t vocab_size,
-                           std::function<void(RequestId)> release)
+                           std::function<void(RequestId)> release,
+                           SpeculationOptions speculation)
     : blocks_(blocks),
       metrics_(metrics),
       options_(options),
       vocab_size_(vocab_size),
-      release_(std::move(release)) {}
+      release_(std::move(release)),
+      speculation_(speculation),
+      policy_(speculation) {
+  if (speculation_.enabled()) {
+    counters_.spec_kept_histogram.assign(speculation_.max_tokens + 1, 0);
+  }
+}
 
 BatchPlanner::~BatchPlanner() = default;
 
@@ -124,6 +137,12 @@ void BatchPlanner::Add(RequestId id, GenerateRequest request,
     s->min_tokens_mask.erase(
         std::unique(s->min_tokens_mask.begin(), s->min_tokens_mask.end()),
         s->min_tokens_mask.end());
+  }
+  // Drafts are checked against what is sampled; a grammar's masks and a
+  // recurrent state (hybrid models) would need rolling back too.
+  if (request.speculative && request.constraint == nullptr &&
+      blocks_->state_slots() == 0) {
+    s->drafter = speculation_.NewDrafter(request);
   }
   s->request = std::move(request);
   s->callbacks = std::move(callbacks);
@@ -398,14 +417,24 @@ int64_t BatchPlanner::SnapshotAt(const Sequence& s) const {
   return (static_cast<int64_t>(s.request.prompt.size()) - 1) / bs * bs;
 }
 
-SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
+SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated,
+                                    absl::Span<const int32_t> drafts) {
   // A constrained row's mask is not computed here: the plan names the row
   // (StepPlan::masks) and the scheduler computes it while the step runs.
   SampleHistory h;
   if (HasPenalties(s.request.sampling)) {
-    h.tokens.reserve(s.penalized.size());
-    h.counts.reserve(s.penalized.size());
-    for (const auto& [token, count] : s.penalized) {
+    std::map<int32_t, int32_t> drafted;
+    for (int32_t t : drafts) ++drafted[t];
+    const std::map<int32_t, int32_t>* counts = &s.penalized;
+    std::map<int32_t, int32_t> merged;
+    if (!drafted.empty()) {
+      merged = s.penalized;
+      for (const auto& [token, count] : drafted) merged[token] += count;
+      counts = &merged;
+    }
+    h.tokens.reserve(counts->size());
+    h.counts.reserve(counts->size());
+    for (const auto& [token, count] : *counts) {
       h.tokens.push_back(token);
       h.counts.push_back(count);
     }
@@ -413,6 +442,55 @@ SampleHistory BatchPlanner::History(const Sequence& s, int64_t generated) {
   // Where the grammar allows only stop tokens, ResolvedHistory drops this.
   if (generated < s.request.min_tokens) h.masked = s.min_tokens_mask;
   return h;
+}
+
+std::vector<int> BatchPlanner::PlanDrafts(const std::vector<bool>& eligible,
+                                          int64_t spare_rows) {
+  std::vector<int> drafts(running_.size(), 0);
+  std::vector<size_t> who;
+  std::vector<double> acceptance;
+  std::vector<int> available;
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = *running_[i];
+    s.drafts.clear();
+    if (!eligible[i]) continue;
+    s.drafts = s.drafter->Draft(s.tokens, speculation_.max_tokens);
+    if (s.drafts.empty()) continue;
+    who.push_back(i);
+    acceptance.push_back(s.acceptance.rate());
+    available.push_back(static_cast<int>(s.drafts.size()));
+  }
+  if (who.empty() || spare_rows <= 0) {
+    for (size_t i : who) running_[i]->drafts.clear();
+    return drafts;
+  }
+  const std::vector<int> k = policy_.Plan(acceptance, available, spare_rows);
+  for (size_t j = 0; j < who.size(); ++j) {
+    drafts[who[j]] = k[j];
+    running_[who[j]]->drafts.resize(k[j]);
+  }
+  return drafts;
+}
+
+int BatchPlanner::KeepConfirmed(Sequence& s, const std::vector<int32_t>& drafts,
+                                const int32_t* sampled) {
+  // Row j samples what follows draft j - 1: draft j counts while every
+  // row before it sampled the draft after it.
+  int kept = 0;
+  while (kept < static_cast<int>(drafts.size()) &&
+         sampled[kept] == drafts[kept]) {
+    ++kept;
+  }
+  // The KV of the last token and the kept drafts is the sequence's; that
+  // of the rejected ones is dropped with the blocks only they filled.
+  s.computed -= static_cast<int64_t>(drafts.size()) - kept;
+  blocks_->Truncate(s.id, s.computed);
+  s.acceptance.Observe(static_cast<int>(drafts.size()), kept);
+  ++counters_.spec_verifications;
+  counters_.spec_drafted += static_cast<int64_t>(drafts.size());
+  counters_.spec_accepted += kept;
+  ++counters_.spec_kept_histogram[kept];
+  return kept;
 }
 
 std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
@@ -455,6 +533,32 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   int64_t score_budget =
       static_cast<int64_t>(options_.max_seqs) -
       static_cast<int64_t>(std::min(running_.size(), max_seqs));
+  // Speculative decoding: drafts for the decoding sequences that draft,
+  // within the token budget's rows and the logit rows left after one
+  // token and one sampled row per sequence.
+  std::vector<int> drafts(running_.size(), 0);
+  if (speculation_.enabled()) {
+    std::vector<bool> eligible(running_.size(), false);
+    int64_t decoders = 0;
+    size_t considered = 0;
+    for (size_t i = 0; i < running_.size() && considered < max_seqs; ++i) {
+      const Sequence& s = *running_[i];
+      if (!runnable(s) || (solo < running_.size() && i != solo)) continue;
+      ++considered;
+      if (!decoding(s)) continue;
+      ++decoders;
+      const bool first = s.tokens.size() == s.request.prompt.size();
+      eligible[i] =
+          s.drafter != nullptr && !(first && s.request.return_prompt_logits);
+    }
+    drafts = PlanDrafts(
+        eligible,
+        std::min(options_.max_batched_tokens - decoders, score_budget));
+    for (int d : drafts) {
+      prefill_budget -= d;
+      score_budget -= d;
+    }
+  }
   size_t seqs = 0;
   std::vector<int64_t> chunk(running_.size(), 0);
   std::vector<bool> scheduled(running_.size(), false);
@@ -466,7 +570,7 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     decode[i] = decoding(s);
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
-    int64_t want = std::min(remaining(s), budget);
+    int64_t want = std::min(remaining(s) + drafts[i], budget);
     // A hybrid model's prefill stops at its snapshot point (SnapshotAt).
     if (const int64_t at = SnapshotAt(s); at > s.computed) {
       want = std::min(want, at - s.computed);
@@ -476,6 +580,11 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
       want = std::min(want, score_budget);
     }
     chunk[i] = Grow(i, want, scheduled);
+    if (drafts[i] > 0 && chunk[i] < 1 + drafts[i]) {
+      // Short of blocks (or budget): fewer drafts.
+      drafts[i] = static_cast<int>(std::max<int64_t>(0, chunk[i] - 1));
+      s.drafts.resize(drafts[i]);
+    }
     if (scoring(s)) score_budget -= chunk[i];
     scheduled[i] = chunk[i] > 0;
     budget -= chunk[i];
@@ -496,9 +605,11 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
       f.stepped.push_back(&s);
       const GenerateRequest& request = s.request;
       const int64_t prompt_size = static_cast<int64_t>(request.prompt.size());
+      const int64_t known = static_cast<int64_t>(s.tokens.size());
       for (int64_t j = 0; j < chunk[i]; ++j) {
         const int64_t pos = s.computed + j;
-        step.tokens.push_back(s.tokens[pos]);
+        step.tokens.push_back(pos < known ? s.tokens[pos]
+                                          : s.drafts[pos - known]);
         step.positions.push_back(static_cast<int32_t>(pos));
         step.token_seq.push_back(seq_index);
         // Prompt logprobs: this position's logits score the next prompt
@@ -523,28 +634,37 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
       s.computed += chunk[i];
       f.computed.push_back(s.computed);
       if (s.computed == SnapshotAt(s)) snapshots.push_back(&s);
-      // Logits only where a token is sampled: the end of the known tokens.
-      if (s.computed == static_cast<int64_t>(s.tokens.size())) {
+      f.first_row.push_back(step.logit_rows.size());
+      f.drafts.push_back(s.drafts);
+      // Logits only where a token is sampled: the end of the known tokens,
+      // and after each draft (verification rows).
+      const int64_t drafted = static_cast<int64_t>(s.drafts.size());
+      if (s.computed == known + drafted) {
         const GenerateRequest& req = s.request;
         const uint64_t generated = s.tokens.size() - req.prompt.size();
-        step.logit_rows.push_back(static_cast<int32_t>(step.tokens.size()) - 1);
-        step.sampling.push_back(req.sampling);
-        step.sample_index.push_back(generated);
-        step.logprobs.push_back(req.logprobs);
-        step.history.push_back(History(s, static_cast<int64_t>(generated)));
-        if (req.constraint != nullptr) {
-          plan.masks.push_back(
-              {.row = static_cast<int32_t>(step.logit_rows.size()) - 1,
-               .constraint = req.constraint.get()});
-          ++counters_.constrained_rows;
-        }
-        step.return_logits |= generated == 0 && req.return_prompt_logits;
-        plan.rows.push_back(s.id);
-        f.rows.push_back(&s);
-        f.want_logprobs |= req.logprobs > 0;
-        if (!step.score_tokens.empty()) {
-          step.score_tokens.push_back(-1);
-          f.scored.push_back(false);
+        for (int64_t j = 0; j <= drafted; ++j) {
+          step.logit_rows.push_back(
+              static_cast<int32_t>(step.tokens.size() - 1 - drafted + j));
+          step.sampling.push_back(req.sampling);
+          step.sample_index.push_back(generated + j);
+          step.logprobs.push_back(req.logprobs);
+          step.history.push_back(
+              History(s, static_cast<int64_t>(generated + j),
+                      absl::MakeConstSpan(s.drafts).subspan(0, j)));
+          if (req.constraint != nullptr) {
+            plan.masks.push_back(
+                {.row = static_cast<int32_t>(step.logit_rows.size()) - 1,
+                 .constraint = req.constraint.get()});
+            ++counters_.constrained_rows;
+          }
+          step.return_logits |= generated == 0 && req.return_prompt_logits;
+          plan.rows.push_back(s.id);
+          f.rows.push_back(&s);
+          f.want_logprobs |= req.logprobs > 0;
+          if (!step.score_tokens.empty()) {
+            step.score_tokens.push_back(-1);
+            f.scored.push_back(false);
+          }
         }
       }
     }
@@ -583,6 +703,13 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
   }
   for (Sequence* s : f.stepped) ++s->in_flight;
   f.tokens = static_cast<int64_t>(step.tokens.size());
+  plan.decode_only = !step.tokens.empty() &&
+                     std::all_of(f.stepped.begin(), f.stepped.end(),
+                                 [](const Sequence* s) {
+                                   return s->computed >= static_cast<int64_t>(
+                                                             s->tokens.size());
+                                 }) &&
+                     static_cast<int64_t>(f.rows.size()) == f.tokens;
   in_flight_.push_back(std::move(f));
   ++counters_.steps;
   counters_.max_steps_in_flight =
@@ -639,6 +766,21 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
     return;
   }
   counters_.computed_tokens += f.tokens;
+  // Verifications: the drafts the sampled tokens confirm stay; rows after
+  // the first rejected draft sampled from a context that is not the
+  // sequence's, and are dropped.
+  std::vector<bool> dropped(rows.size(), false);
+  for (size_t i = 0; i < f.stepped.size(); ++i) {
+    if (f.drafts[i].empty()) continue;
+    Sequence& s = *f.stepped[i];
+    const size_t first = f.first_row[i];
+    const int kept =
+        s.done ? 0 : KeepConfirmed(s, f.drafts[i], out->tokens.data() + first);
+    for (size_t j = first + kept + 1; j <= first + f.drafts[i].size(); ++j) {
+      dropped[j] = true;
+    }
+    f.computed[i] = s.computed;
+  }
   // The blocks this step filled (a later chunk in flight fills more).
   for (size_t i = 0; i < f.stepped.size(); ++i) {
     blocks_->CacheFullBlocks(f.stepped[i]->id, f.stepped[i]->tokens,
@@ -647,6 +789,7 @@ void BatchPlanner::Apply(absl::StatusOr<StepOutput> out, absl::Time now,
   for (size_t row = 0; row < rows.size(); ++row) {
     Sequence& s = *rows[row];
     const GenerateRequest& req = s.request;
+    if (dropped[row] || s.done) continue;
     if (!f.scored.empty() && f.scored[row]) {
       if (!s.done)
         s.result.prompt_logprobs.push_back(std::move(out->logprobs[row]));

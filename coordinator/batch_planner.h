@@ -32,8 +32,10 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/drafter.h"
 #include "coordinator/request.h"
 #include "coordinator/serving_metrics.h"
+#include "coordinator/speculation_policy.h"
 #include "step/batch_limits.h"
 #include "step/step.h"
 
@@ -71,6 +73,13 @@ struct SchedulerStats {
   // it); 1 - filled / allocated is the KV cache's internal fragmentation.
   int64_t kv_slots_allocated = 0;
   int64_t kv_slots_filled = 0;
+  // Speculative decoding: verifications (a sequence's drafted tokens
+  // checked in a step), the tokens drafted and those kept, and how many
+  // verifications kept 0, 1, ... of their drafts.
+  int64_t spec_verifications = 0;
+  int64_t spec_drafted = 0;
+  int64_t spec_accepted = 0;
+  std::vector<int64_t> spec_kept_histogram;
   TierUsage device, host;
   // Under CP (more than one rank), each CP rank's share of each tier (its
   // block ids, BlockManager::RankOf); empty otherwise.
@@ -94,6 +103,10 @@ struct StepPlan {
   // The constrained rows, whose masks step.history does not hold yet:
   // computed by ComputeMasks (mask_worker.h), in step.late_masks.
   std::vector<MaskRow> masks;
+  // Every token of the step decodes (one per sequence, or a sequence's
+  // last token and its drafts): its time measures what rows cost
+  // (BatchPlanner::ObserveStep).
+  bool decode_only = false;
 };
 
 // A request callback to run once no lock is held.
@@ -105,9 +118,14 @@ class BatchPlanner {
   // `blocks` and `metrics` are not owned and must outlive the planner.
   // `release` is told each sequence whose KV an executor may drop (ended,
   // or preempted without a host copy); it may be empty.
+  // With `speculation` enabled, decoding sequences verify drafted tokens
+  // in their steps (several logit rows each); the tokens they keep are
+  // exactly those sampled, so the output does not change (given batch-
+  // invariant kernels: kernels/batch_invariance.h).
   BatchPlanner(BlockManager* blocks, ServingMetrics* metrics,
                BatchLimits options, int64_t vocab_size,
-               std::function<void(RequestId)> release);
+               std::function<void(RequestId)> release,
+               SpeculationOptions speculation = {});
   ~BatchPlanner();
   BatchPlanner(const BatchPlanner&) = delete;
   BatchPlanner& operator=(const BatchPlanner&) = delete;
@@ -178,6 +196,12 @@ class BatchPlanner {
   void EndAll(const absl::Status& why, absl::Time now,
               std::vector<PlannerEvent>& events);
 
+  // A decode-only step (StepPlan::decode_only) of `rows` token rows took
+  // `seconds`: what the speculation policy weighs drafts against.
+  void ObserveStep(int64_t rows, double seconds) {
+    policy_.ObserveStep(rows, seconds);
+  }
+
   size_t waiting() const { return waiting_.size(); }
   size_t running() const { return running_.size(); }
   size_t in_flight() const { return in_flight_.size(); }
@@ -206,7 +230,19 @@ class BatchPlanner {
   // prefill chunk stops at, so that the state there is kept for prefix
   // hits (BlockManager::SnapshotState); 0 when none.
   int64_t SnapshotAt(const Sequence& s) const;
-  static SampleHistory History(const Sequence& s, int64_t generated);
+  // `drafts`: tokens after the sequence's own that the row's sample
+  // follows (a verification row), counted by its penalties.
+  static SampleHistory History(const Sequence& s, int64_t generated,
+                               absl::Span<const int32_t> drafts = {});
+  // Drafted tokens per running sequence for the step being planned (0
+  // for those that do not decode, or draft nothing), within `spare_rows`.
+  std::vector<int> PlanDrafts(const std::vector<bool>& eligible,
+                              int64_t spare_rows);
+  // Keeps the drafts of a verification that its sampled tokens confirm:
+  // the sequence's computed tokens end after the last kept one, its
+  // blocks past them are freed. Returns the drafts kept.
+  int KeepConfirmed(Sequence& s, const std::vector<int32_t>& drafts,
+                    const int32_t* sampled);
   // Whether the head of the queue can start now, beside the `promised`
   // blocks of sequences started in this round (increased by its own first
   // chunk when it starts); swaps its blocks back in (or attaches its cached
@@ -245,12 +281,18 @@ class BatchPlanner {
     std::vector<bool> scored;
     std::vector<Sequence*> stepped;  // Every sequence in the step.
     std::vector<int64_t> computed;   // Per stepped: its tokens computed.
+    // Per stepped: the tokens it drafted, verified by its logit rows
+    // [first_row[i], first_row[i] + drafts[i].size()] (empty: none).
+    std::vector<std::vector<int32_t>> drafts;
+    std::vector<size_t> first_row;
     int64_t tokens = 0;
     bool want_logprobs = false;
   };
   std::deque<InFlight> in_flight_;
   SchedulerStats counters_;
   bool resume_interrupted_ = false;
+  SpeculationOptions speculation_;
+  SpeculationPolicy policy_;
 };
 
 }  // namespace shardlm

@@ -605,5 +605,110 @@ TEST_F(BatchPlannerTest, EndAllEndsEveryRequestAndFreesEveryBlock) {
   EXPECT_EQ(blocks_->used_blocks(), 0);
 }
 
+// Drafts the four tokens after the last one (t + 1 .. t + 4).
+class CountingDrafter : public SequenceDrafter {
+ public:
+  std::vector<int32_t> Draft(absl::Span<const int32_t> tokens,
+                             int max_tokens) override {
+    std::vector<int32_t> d;
+    for (int i = 1; i <= std::min(max_tokens, 4); ++i) {
+      d.push_back(tokens.back() + i);
+    }
+    return d;
+  }
+};
+
+// A verification: the sequence's last token and its drafts as one chunk,
+// a logit row after each (draw indices going on); the rows after the first
+// rejected draft are dropped, its KV rolled back with the blocks only the
+// rejected drafts filled, and every block back at the end.
+TEST_F(BatchPlannerTest, VerificationKeepsConfirmedDraftsAndRollsBackTheRest) {
+  blocks_.emplace(64, kBlock, 0);
+  planner_.emplace(
+      &*blocks_, &metrics_,
+      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab,
+      [this](RequestId id) { released_.push_back(id); },
+      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
+                         .make_drafter =
+                             [](const GenerateRequest&) {
+                               return std::make_unique<CountingDrafter>();
+                             },
+                         .adaptive = false});
+  Add(0, 7, 0, /*max_tokens=*/7);
+  Admit();
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.logit_rows, ElementsAre(6));  // The prompt: no drafts.
+  Apply({50});
+
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.tokens, ElementsAre(50, 51, 52, 53, 54));
+  EXPECT_THAT(p->step.positions, ElementsAre(7, 8, 9, 10, 11));
+  EXPECT_THAT(p->step.logit_rows, ElementsAre(0, 1, 2, 3, 4));
+  EXPECT_THAT(p->step.sample_index, ElementsAre(1, 2, 3, 4, 5));
+  EXPECT_THAT(p->rows, ElementsAre(0, 0, 0, 0, 0));
+  EXPECT_TRUE(p->decode_only);  // Every token is a sampled row.
+  EXPECT_EQ(p->step.block_tables[0].size(), 3u);  // 12 tokens.
+  // The first row samples 60, not the draft 51: nothing kept, 60 emitted,
+  // 8 tokens computed: 2 blocks held, the third freed.
+  Apply({60, 52, 53, 54, 55});
+  EXPECT_EQ(blocks_->Table(0).size(), 2u);
+  EXPECT_EQ(blocks_->device_usage().used, 2);
+
+  p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.tokens, ElementsAre(60, 61, 62, 63, 64));
+  EXPECT_THAT(p->step.positions, ElementsAre(8, 9, 10, 11, 12));
+  EXPECT_THAT(p->step.sample_index, ElementsAre(2, 3, 4, 5, 6));
+  // All four kept, and the row after the last one's token: 5 tokens, the
+  // last of which (65) reaches max_tokens.
+  Apply({61, 62, 63, 64, 65});
+  ASSERT_TRUE(done_.contains(0));
+  ASSERT_TRUE(done_[0].ok());
+  EXPECT_THAT(done_[0]->tokens, ElementsAre(50, 60, 61, 62, 63, 64, 65));
+  EXPECT_EQ(done_[0]->finish_reason, FinishReason::kLength);
+  const SchedulerStats s = planner_->Stats();
+  EXPECT_EQ(s.spec_verifications, 2);
+  EXPECT_EQ(s.spec_drafted, 8);
+  EXPECT_EQ(s.spec_accepted, 4);
+  EXPECT_THAT(s.spec_kept_histogram, ElementsAre(1, 0, 0, 0, 1));
+  EXPECT_EQ(blocks_->device_usage().used, 0);
+  EXPECT_TRUE(planner_->idle());
+}
+
+// A stop token among the verified rows ends the sequence there: the rows
+// after it are not emitted, though their drafts were right.
+TEST_F(BatchPlannerTest, AStopTokenInAVerificationEndsTheSequenceThere) {
+  blocks_.emplace(64, kBlock, 0);
+  planner_.emplace(
+      &*blocks_, &metrics_,
+      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab, nullptr,
+      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
+                         .make_drafter =
+                             [](const GenerateRequest&) {
+                               return std::make_unique<CountingDrafter>();
+                             },
+                         .adaptive = false});
+  planner_->Add(0,
+                {.prompt = Prompt(3), .max_tokens = 20, .stop_token_ids = {42}},
+                {.on_done =
+                     [this](absl::StatusOr<GenerateResult> r) {
+                       done_.emplace(0, std::move(r));
+                     }},
+                kT0);
+  Admit();
+  ASSERT_TRUE(planner_->Plan(8).has_value());
+  Apply({40});
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_THAT(p->step.tokens, ElementsAre(40, 41, 42, 43, 44));
+  Apply({41, 42, 43, 44, 45});
+  ASSERT_TRUE(done_.contains(0));
+  EXPECT_THAT(done_[0]->tokens, ElementsAre(40, 41, 42));
+  EXPECT_EQ(done_[0]->finish_reason, FinishReason::kStop);
+  EXPECT_EQ(blocks_->device_usage().used, 0);
+}
+
 }  // namespace
 }  // namespace shardlm

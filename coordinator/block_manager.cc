@@ -382,6 +382,18 @@ void BlockManager::Free(int64_t seq) {
   }
 }
 
+void BlockManager::Truncate(int64_t seq, int64_t tokens) {
+  auto it = tables_.find(seq);
+  if (it == tables_.end()) return;
+  std::vector<int32_t>& table = it->second;
+  const size_t keep =
+      static_cast<size_t>(std::max<int64_t>(0, BlocksFor(tokens)));
+  while (table.size() > keep) {
+    Unref(table.back());
+    table.pop_back();
+  }
+}
+
 int32_t BlockManager::SwapOut(int64_t seq, int32_t max_blocks,
                               int32_t keep_last) {
   auto it = tables_.find(seq);

@@ -159,8 +159,7 @@ class BlockManager {
   // there are slots) to hold `tokens` tokens with new device blocks
   // (evicting cached ones, spilling them to the host where it has room).
   // ResourceExhausted, with nothing changed, when too few device blocks
-  // (or no state slot) are available. Tables never shrink while the
-  // sequence lives.
+  // (or no state slot) are available. Tables shrink only by Truncate.
   absl::Status Reserve(int64_t seq, int64_t tokens);
   // Empty for an unknown sequence.
   const std::vector<int32_t>& Table(int64_t seq) const;
@@ -169,6 +168,9 @@ class BlockManager {
   // Returns all blocks of `seq` (cached ones stay cached) and its state
   // slot; unknown sequences are ignored.
   void Free(int64_t seq);
+  // Returns the blocks of `seq` past those that hold `tokens` tokens
+  // (speculative decoding's rejected drafts filled them), newest first.
+  void Truncate(int64_t seq, int64_t tokens);
 
   // Moves up to `max_blocks` of the device blocks of `seq`, oldest first
   // and never among its last `keep_last` table entries, to the host (each

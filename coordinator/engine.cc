@@ -9,9 +9,44 @@
 #include "coordinator/cuda_executor.h"
 #include "coordinator/in_process_executor.h"
 #include "core/status.h"
+#include "kernels/batch_invariance.h"
 #include "kernels/threading.h"
 
 namespace shardlm {
+namespace {
+
+// What speculative decoding cannot do yet, refused by name.
+absl::Status CheckSpeculation(const StepExecutor& executor,
+                              const EngineOptions& options) {
+  const SpeculationOptions& spec = options.speculation;
+  if (!spec.enabled()) return absl::OkStatus();
+  RETURN_IF_ERROR(spec.Validate());
+  const char* method = SpeculationMethodName(spec.method);
+  if (options.device != DeviceKind::kCpu) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--speculative ", method,
+        " on CUDA: the GPU kernels are not batch-invariant yet, so a "
+        "verified token's logits could differ from its decode's; use "
+        "--device cpu, or no --speculative"));
+  }
+  if (options.cp > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--speculative ", method, " with --cp ", options.cp,
+        ": a verification's rows run sequence parallel over the CP ranks "
+        "where a lone decode runs whole, so its tokens could differ; use "
+        "--cp 1 (TP and PP work)"));
+  }
+  if (const ModelConfig& c = executor.config(); c.is_hybrid()) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--speculative ", method, " with ", c.architecture,
+        ": a rejected draft would have advanced the linear-attention "
+        "layers' recurrent state, which is not rolled back yet"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
     const WeightSource& source, const EngineOptions& options) {
   const KvCacheOptions& kv = options.kv;
@@ -79,6 +114,12 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         "), max_batched_tokens (", limits.max_batched_tokens,
         ") and max_seqs (", limits.max_seqs, ") must be positive, max_queued (",
         limits.max_queued, ") not negative"));
+  }
+  RETURN_IF_ERROR(CheckSpeculation(*executor, options));
+  if (options.speculation.enabled() || options.batch_invariant) {
+    // Every rank of this process; remote workers set it from their
+    // assignment (WorkerAssignment::batch_invariant).
+    SetBatchInvariant(true);
   }
   const int64_t blocks = executor->num_kv_blocks();
   const int64_t host_blocks = executor->num_host_kv_blocks();

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "backend/device.h"
 #include "coordinator/block_manager.h"
+#include "coordinator/drafter.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
 #include "kernels/sampling/sampling.h"
@@ -48,6 +49,13 @@ struct EngineOptions {
   bool allow_shared_gpu = false;  // Tests: TP x PP ranks on one GPU.
   // --cuda-weights: how GPUs hold GGUF matrices (backend/device.h).
   CudaWeights cuda_weights = CudaWeights::kBf16;
+  // Speculative decoding (--speculative): off by default. On, it makes
+  // the kernels batch-invariant (kernels/batch_invariance.h), so that the
+  // tokens are those of a run without it.
+  SpeculationOptions speculation;
+  // --batch-invariant: a row's result does not depend on the other rows
+  // of its step (prefill then costs more); implied by speculation. CPU.
+  bool batch_invariant = false;
   // A failed step pauses the engine and keeps its requests to be
   // recomputed once Resume() is called, instead of failing them: for an
   // executor that comes back (coordinator --rejoin). See Scheduler.
@@ -122,9 +130,9 @@ class Engine {
       : executor_(std::move(executor)),
         blocks_(WithEventLog(std::move(blocks), &prefix_events_)),
         options_(options),
-        scheduler_(std::make_unique<Scheduler>(executor_.get(), &blocks_,
-                                               options.limits,
-                                               options.resume_interrupted)) {}
+        scheduler_(std::make_unique<Scheduler>(
+            executor_.get(), &blocks_, options.limits,
+            options.resume_interrupted, options.speculation)) {}
   static BlockManager WithEventLog(BlockManager blocks, PrefixEventLog* log) {
     blocks.set_event_log(log);
     return blocks;

@@ -46,6 +46,9 @@ struct GenerateRequest {
   absl::Time deadline = absl::InfiniteFuture();
   // Where it came from (a label of the request metrics).
   RequestApi api = RequestApi::kDirect;
+  // Whether the server's speculative decoding (--speculative) may draft
+  // for it; false opts out. Drafting never changes the tokens.
+  bool speculative = true;
   // Structured outputs: when set, each token is sampled from those it
   // allows (the planner ships its mask with the row) and then given to it.
   // Owned by this request alone (not shared with another request).

@@ -34,12 +34,14 @@ const char* FinishReasonName(FinishReason r) {
 }
 
 Scheduler::Scheduler(StepExecutor* executor, BlockManager* blocks,
-                     BatchLimits options, bool resume_interrupted)
+                     BatchLimits options, bool resume_interrupted,
+                     SpeculationOptions speculation)
     : executor_(executor),
       blocks_(blocks),
       options_(options),
-      planner_(blocks, &metrics_, options, executor->config().vocab_size,
-               [executor](RequestId id) { executor->Release(id); }),
+      planner_(
+          blocks, &metrics_, options, executor->config().vocab_size,
+          [executor](RequestId id) { executor->Release(id); }, speculation),
       mask_worker_(executor->config().vocab_size),
       resume_interrupted_(resume_interrupted) {
   planner_.set_resume_interrupted(resume_interrupted);
@@ -124,6 +126,8 @@ void Scheduler::DrainInFlight() {
 }
 
 void Scheduler::FinishMasks() {
+  // Every collected step passes here once: its submission time too.
+  if (!in_flight_times_.empty()) in_flight_times_.pop_front();
   SHARDLM_CHECK(!in_flight_masks_.empty(), "masks of no step in flight");
   const std::shared_ptr<LateMasks> masks = std::move(in_flight_masks_.front());
   in_flight_masks_.pop_front();
@@ -258,6 +262,11 @@ void Scheduler::Loop() {
           mask_worker_.Start(std::move(plan->masks));
       plan->step.late_masks = masks;
       in_flight_masks_.push_back(std::move(masks));
+      in_flight_times_.push_back(
+          {.at = std::chrono::steady_clock::now(),
+           .decode_rows = plan->decode_only
+                              ? static_cast<int64_t>(plan->step.tokens.size())
+                              : 0});
       // A refused step comes back from Collect with its error.
       (void)executor_->Submit(plan->step);
     }
@@ -269,6 +278,17 @@ void Scheduler::Loop() {
     }
     if (planner_.in_flight() == 0) continue;
     absl::StatusOr<StepOutput> out = executor_->Collect();
+    // What a decode step's rows cost, for the speculation policy: measured
+    // only with one step in flight (with more, a step's wall time includes
+    // waiting behind the others).
+    if (out.ok() && depth == 1 && !in_flight_times_.empty() &&
+        in_flight_times_.front().decode_rows > 0) {
+      planner_.ObserveStep(
+          in_flight_times_.front().decode_rows,
+          std::chrono::duration<double>(std::chrono::steady_clock::now() -
+                                        in_flight_times_.front().at)
+              .count());
+    }
     FinishMasks();
     // After a failure the other steps in flight are collected and dropped
     // (the planner fails, or interrupts, their sequences with this one's

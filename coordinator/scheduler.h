@@ -8,6 +8,7 @@
 #define SHARDLM_COORDINATOR_SCHEDULER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -36,8 +37,11 @@ class Scheduler {
   // its sequences back in the queue to be recomputed
   // (BatchPlanner::Interrupt) until Resume() or EndAll(): for an executor
   // that comes back after a failure (coordinator --rejoin).
+  // `speculation`: see BatchPlanner (its policy learns what rows cost
+  // from the wall time of each decode-only step, with one step in flight).
   Scheduler(StepExecutor* executor, BlockManager* blocks, BatchLimits options,
-            bool resume_interrupted = false);
+            bool resume_interrupted = false,
+            SpeculationOptions speculation = {});
   // Ends every request (Unavailable) and joins the loop.
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -133,6 +137,13 @@ class Scheduler {
   // of the steps in flight, oldest first (null: none). Loop thread only.
   MaskWorker mask_worker_;
   std::deque<std::shared_ptr<LateMasks>> in_flight_masks_;
+  // Per step in flight, oldest first: when it was submitted, and its token
+  // rows when it only decodes (0 otherwise). Loop thread only.
+  struct Submitted {
+    std::chrono::steady_clock::time_point at;
+    int64_t decode_rows = 0;
+  };
+  std::deque<Submitted> in_flight_times_;
 
   struct Submission {
     RequestId id;

@@ -19,6 +19,7 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   flags.Add("threads", &threads, "CPU threads, 0 = all cores");
   kv.Register(flags, "per rank");
   limits.Register(flags);
+  speculation.Register(flags);
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
   flags.Add("pp", &pp, "pipeline stages (run on threads here)");
   flags.Add("cp", &cp,
@@ -58,6 +59,7 @@ std::string LocalEngineFlags::Problem() const {
   }
   if (std::string p = kv.Problem(); !p.empty()) return p;
   if (std::string p = limits.Problem(); !p.empty()) return p;
+  if (std::string p = speculation.Problem(); !p.empty()) return p;
   if (absl::StatusOr<DeviceRequest> r = ParseDeviceFlag(device); !r.ok()) {
     return std::string(r.status().message());
   }
@@ -96,7 +98,9 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .device_ordinal = d.ordinal,
           .allow_shared_gpu = allow_shared_gpu,
           .cuda_weights =
-              ParseCudaWeights(cuda_weights).value_or(CudaWeights::kBf16)};
+              ParseCudaWeights(cuda_weights).value_or(CudaWeights::kBf16),
+          .speculation = speculation.ToOptions(),
+          .batch_invariant = speculation.batch_invariant};
 }
 
 namespace {

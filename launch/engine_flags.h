@@ -12,6 +12,7 @@
 #include "coordinator/engine.h"
 #include "launch/cache_flags.h"
 #include "launch/flags.h"
+#include "launch/speculation_flags.h"
 #include "model/tokenizer.h"
 
 namespace shardlm {
@@ -21,6 +22,7 @@ struct LocalEngineFlags {
   int64_t threads = 0;
   KvCacheFlags kv;
   BatchLimitFlags limits;
+  SpeculationFlags speculation;
   int64_t tp = 1;
   int64_t pp = 1;
   int64_t cp = 1;  // Context parallel (CPU only).
@@ -31,7 +33,8 @@ struct LocalEngineFlags {
   std::string cuda_weights = "bf16";
 
   // Adds --model, --threads, the KV cache's flags (KvCacheFlags), the step
-  // limits' (BatchLimitFlags), --tp, --pp, --cp, --moe-sharding,
+  // limits' (BatchLimitFlags), speculation's (SpeculationFlags), --tp,
+  // --pp, --cp, --moe-sharding,
   // --pp-balance, --device, --allow-shared-gpu
   // and --cuda-weights.
   void Register(FlagSet& flags);

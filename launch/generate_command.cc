@@ -268,6 +268,19 @@ int GenerateCommand(int argc, char** argv) {
         req.prompt.size() / result->prefill_seconds, n,
         n > 1 ? (n - 1) / result->decode_seconds : 0.0,
         FinishReasonName(result->finish_reason), CpuIsaName(ActiveCpuIsa()));
+    if (const SchedulerStats st = local->engine->stats();
+        st.spec_verifications > 0) {
+      std::fprintf(
+          stderr,
+          "[shardlm] speculative: %lld of %lld drafted tokens kept "
+          "(%.0f%%) in %lld verifications (%.2f tokens each)\n",
+          static_cast<long long>(st.spec_accepted),
+          static_cast<long long>(st.spec_drafted),
+          100.0 * st.spec_accepted / std::max<int64_t>(1, st.spec_drafted),
+          static_cast<long long>(st.spec_verifications),
+          static_cast<double>(st.spec_accepted + st.spec_verifications) /
+              st.spec_verifications);
+    }
   }
   return 0;
 }
