@@ -303,6 +303,7 @@ absl::StatusOr<GenerateRequest> InferenceService::ToEngineRequest(
 
   RETURN_IF_ERROR(CheckMinTokens(request.min_tokens(), req.max_tokens));
   req.min_tokens = request.min_tokens();
+  req.speculative = !request.has_speculative() || request.speculative();
 
   const v1::SamplingParams& s = request.sampling();
   // In the proto, top_p and repetition_penalty 0 (the default) mean off,

@@ -597,6 +597,25 @@ std::string OpenAiApi::Metrics() {
   metric("shardlm_preemptions_total", "counter", "Preemptions by kind.",
          {{"kind=\"swap\"", s.preempted_swap},
           {"kind=\"recompute\"", s.preempted_recompute}});
+  if (!s.spec_kept_histogram.empty()) {
+    metric("shardlm_spec_tokens_total", "counter",
+           "Speculative decoding: tokens drafted, and those the model's "
+           "samples confirmed (kept).",
+           {{"kind=\"drafted\"", s.spec_drafted},
+            {"kind=\"kept\"", s.spec_accepted}});
+    metric("shardlm_spec_verifications_total", "counter",
+           "Speculative decoding: a sequence's drafts checked in a step.",
+           {{"", s.spec_verifications}});
+    std::vector<std::pair<std::string, int64_t>> kept;
+    for (size_t k = 0; k < s.spec_kept_histogram.size(); ++k) {
+      kept.push_back(
+          {absl::StrCat("kept=\"", k, "\""), s.spec_kept_histogram[k]});
+    }
+    metric("shardlm_spec_kept_drafts", "counter",
+           "Speculative decoding: verifications by how many of their drafts "
+           "were kept (each also yields one more token, sampled).",
+           std::move(kept));
+  }
   metric("shardlm_interruptions_total", "counter",
          "Failed steps (a lost rank) after which the requests holding KV "
          "were kept to resume (coordinator --rejoin).",

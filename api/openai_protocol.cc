@@ -471,6 +471,11 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
   int32_t min_tokens = 0;
   RETURN_IF_ERROR(Get(body, "min_tokens", &min_tokens));
   req.set_min_tokens(min_tokens);
+  if (body.contains("speculative")) {
+    bool speculative = true;
+    RETURN_IF_ERROR(Get(body, "speculative", &speculative));
+    req.set_speculative(speculative);
+  }
 
   const Json& stop = body.contains("stop") ? body["stop"] : Json();
   if (stop.is_string()) {

@@ -48,6 +48,8 @@ struct ClusterOptions {
   MoeSharding moe_sharding = MoeSharding::kAuto;
   // What PP's stage boundaries balance (sent to every worker).
   PpBalance pp_balance = PpBalance::kDecode;
+  // Batch-invariant kernels on every worker (sent to every worker).
+  bool batch_invariant = false;
   // Workers must register with this token (compared in constant time);
   // others are refused with UNAUTHENTICATED and do not disturb startup.
   // Empty accepts any worker: tests only.

@@ -143,6 +143,7 @@ void BatchPlanner::Add(RequestId id, GenerateRequest request,
   if (request.speculative && request.constraint == nullptr &&
       blocks_->state_slots() == 0) {
     s->drafter = speculation_.NewDrafter(request);
+    s->acceptance = policy_.NewSequence();
   }
   s->request = std::move(request);
   s->callbacks = std::move(callbacks);
@@ -486,6 +487,7 @@ int BatchPlanner::KeepConfirmed(Sequence& s, const std::vector<int32_t>& drafts,
   s.computed -= static_cast<int64_t>(drafts.size()) - kept;
   blocks_->Truncate(s.id, s.computed);
   s.acceptance.Observe(static_cast<int>(drafts.size()), kept);
+  policy_.ObserveVerification(static_cast<int>(drafts.size()), kept);
   ++counters_.spec_verifications;
   counters_.spec_drafted += static_cast<int64_t>(drafts.size());
   counters_.spec_accepted += kept;
@@ -541,16 +543,24 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     std::vector<bool> eligible(running_.size(), false);
     int64_t decoders = 0;
     size_t considered = 0;
+    bool prefills = false;
     for (size_t i = 0; i < running_.size() && considered < max_seqs; ++i) {
       const Sequence& s = *running_[i];
       if (!runnable(s) || (solo < running_.size() && i != solo)) continue;
       ++considered;
-      if (!decoding(s)) continue;
+      if (!decoding(s)) {
+        prefills = true;
+        continue;
+      }
       ++decoders;
       const bool first = s.tokens.size() == s.request.prompt.size();
       eligible[i] =
           s.drafter != nullptr && !(first && s.request.return_prompt_logits);
     }
+    // A step that prefills is compute-bound: a draft's row there costs as
+    // much as a prompt token's, and its time measures nothing. Only steps
+    // that only decode speculate.
+    if (prefills) eligible.assign(running_.size(), false);
     drafts = PlanDrafts(
         eligible,
         std::min(options_.max_batched_tokens - decoders, score_budget));

@@ -99,6 +99,28 @@ TEST(SpeculationPolicyTest, DraftsOnlyWhileTokensPerSecondGrow) {
               ElementsAre(0, 0, 0, 0));
 }
 
+TEST(SpeculationPolicyTest, StepTimesBetweenAndPastMeasuredRowsAreLines) {
+  SpeculationPolicy p = Policy();
+  EXPECT_EQ(p.StepSeconds(3), 0);  // Nothing measured.
+  p.ObserveStep(2, 1.0);
+  EXPECT_EQ(p.StepSeconds(1), 1.0);  // One measured: it, either side.
+  EXPECT_EQ(p.StepSeconds(9), 1.0);
+  p.ObserveStep(6, 3.0);
+  EXPECT_DOUBLE_EQ(p.StepSeconds(4), 2.0);  // Between: the line.
+  EXPECT_DOUBLE_EQ(p.StepSeconds(8), 4.0);  // Past: 0.5 s a row more.
+  p.ObserveStep(6, 8.0);                    // A moving average: 4 now.
+  EXPECT_DOUBLE_EQ(p.StepSeconds(6), 4.0);
+}
+
+TEST(SpeculationPolicyTest, NewSequencesStartFromTheServersAcceptance) {
+  SpeculationPolicy p = Policy();
+  EXPECT_DOUBLE_EQ(p.NewSequence().rate(), 0.5);
+  for (int i = 0; i < 50; ++i) p.ObserveVerification(4, 0);
+  EXPECT_LT(p.NewSequence().rate(), 0.1);
+  for (int i = 0; i < 200; ++i) p.ObserveVerification(4, 4);
+  EXPECT_GT(p.NewSequence().rate(), 0.9);
+}
+
 TEST(SpeculationPolicyTest, NotAdaptiveDraftsAllItCan) {
   SpeculationPolicy p = Policy(/*adaptive=*/false);
   p.ObserveStep(1, 1.0);

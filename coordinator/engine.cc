@@ -19,6 +19,11 @@ namespace {
 absl::Status CheckSpeculation(const StepExecutor& executor,
                               const EngineOptions& options) {
   const SpeculationOptions& spec = options.speculation;
+  if (options.batch_invariant && options.device != DeviceKind::kCpu) {
+    return absl::UnimplementedError(
+        "--batch-invariant on CUDA: the GPU kernels are not batch-invariant "
+        "yet; use --device cpu");
+  }
   if (!spec.enabled()) return absl::OkStatus();
   RETURN_IF_ERROR(spec.Validate());
   const char* method = SpeculationMethodName(spec.method);

@@ -8,16 +8,26 @@ namespace {
 
 // Weight of the newest observation in the moving averages.
 constexpr double kStepWeight = 0.2;
-// Decay of a sequence's acceptance counts per verification: about the
-// last ten verifications count.
-constexpr double kAcceptanceDecay = 0.9;
+// Decay of the server's acceptance counts per verification: about the last
+// hundred count.
+constexpr double kServerDecay = 0.99;
 
 }  // namespace
 
-void DraftAcceptance::Observe(int drafted, int kept) {
+void DraftAcceptance::Observe(int drafted, int kept, double decay) {
   if (drafted <= 0) return;
-  accepted = accepted * kAcceptanceDecay + kept;
-  rejected = rejected * kAcceptanceDecay + (kept < drafted ? 1 : 0);
+  accepted = accepted * decay + kept;
+  rejected = rejected * decay + (kept < drafted ? 1 : 0);
+}
+
+void SpeculationPolicy::ObserveVerification(int drafted, int kept) {
+  all_.Observe(drafted, kept, kServerDecay);
+}
+
+DraftAcceptance SpeculationPolicy::NewSequence() const {
+  // The server's rate, weighing as much as the prior of one of each.
+  const double rate = all_.rate();
+  return {.accepted = 2 * rate, .rejected = 2 * (1 - rate)};
 }
 
 SpeculationPolicy::SpeculationPolicy(SpeculationOptions options)
@@ -30,10 +40,23 @@ void SpeculationPolicy::ObserveStep(int64_t rows, double seconds) {
 }
 
 double SpeculationPolicy::StepSeconds(int64_t rows) const {
-  for (int64_t r = std::min(rows, kMaxRows); r >= 1; --r) {
-    if (seconds_[r] > 0) return seconds_[r];
+  rows = std::clamp<int64_t>(rows, 1, kMaxRows);
+  if (seconds_[rows] > 0) return seconds_[rows];
+  int64_t below = rows - 1, above = rows + 1;
+  while (below >= 1 && seconds_[below] == 0) --below;
+  while (above <= kMaxRows && seconds_[above] == 0) ++above;
+  if (below >= 1 && above <= kMaxRows) {
+    const double f = static_cast<double>(rows - below) / (above - below);
+    return seconds_[below] + f * (seconds_[above] - seconds_[below]);
   }
-  return 0;
+  if (below < 1 && above > kMaxRows) return 0;  // Nothing measured.
+  if (below < 1) return seconds_[above];        // Optimistic.
+  int64_t first = 1;
+  while (seconds_[first] == 0) ++first;
+  if (first == below) return seconds_[below];  // One measured: optimistic.
+  const double per_row =
+      std::max(0.0, (seconds_[below] - seconds_[first]) / (below - first));
+  return seconds_[below] + per_row * (rows - below);
 }
 
 std::vector<int> SpeculationPolicy::Plan(const std::vector<double>& acceptance,

@@ -25,8 +25,9 @@ struct DraftAcceptance {
   double accepted = 1;
   double rejected = 1;
   double rate() const { return accepted / (accepted + rejected); }
-  // A verification of `drafted` tokens kept `kept` of them.
-  void Observe(int drafted, int kept);
+  // A verification of `drafted` tokens kept `kept` of them; the counts so
+  // far weigh `decay` each.
+  void Observe(int drafted, int kept, double decay = 0.9);
 };
 
 class SpeculationPolicy {
@@ -43,9 +44,16 @@ class SpeculationPolicy {
                         const std::vector<int>& available,
                         int64_t spare_rows) const;
   // The step time the policy assumes for `rows` rows (seconds; 0 when
-  // nothing is measured yet): the measured one, else the nearest measured
-  // below it (optimistic, so that the rows are tried and measured).
+  // nothing is measured yet): the measured one; between two measured row
+  // counts, the line between them; past the largest, that one plus the
+  // mean cost per row between the smallest and the largest measured; with
+  // one measured, it (optimistic, so that other row counts are tried and
+  // measured).
   double StepSeconds(int64_t rows) const;
+  // Every sequence's verifications so far (decayed more slowly): where a
+  // new sequence's acceptance starts (NewSequence).
+  void ObserveVerification(int drafted, int kept);
+  DraftAcceptance NewSequence() const;
 
   const SpeculationOptions& options() const { return options_; }
 
@@ -55,6 +63,7 @@ class SpeculationPolicy {
   // not measured.
   static constexpr int64_t kMaxRows = 256;
   std::vector<double> seconds_;
+  DraftAcceptance all_;  // Over every sequence.
 };
 
 }  // namespace shardlm

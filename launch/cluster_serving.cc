@@ -46,6 +46,7 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
   flags.Add("threads", &threads, "CPU threads per worker");
   kv.Register(flags, "per worker");
   limits.Register(flags);
+  speculation.Register(flags);
   flags.Add("device", &device,
             "where the workers run: auto (launch: cuda when every worker "
             "sees a GPU and the binary has CUDA, else cpu; coordinator: "
@@ -95,6 +96,7 @@ std::string ClusterFlags::Problem() const {
   }
   if (std::string p = kv.Problem(); !p.empty()) return p;
   if (std::string p = limits.Problem(); !p.empty()) return p;
+  if (std::string p = speculation.Problem(); !p.empty()) return p;
   if (std::string p = api.Problem(); !p.empty()) return p;
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
     return std::string(m.status().message());
@@ -142,6 +144,8 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   o.device = on;
   o.allow_shared_gpu = allow_shared_gpu;
   o.threads_per_worker = static_cast<int>(threads);
+  o.batch_invariant =
+      speculation.batch_invariant || speculation.ToOptions().enabled();
   o.worker_timeout = absl::Milliseconds(worker_timeout_ms);
   o.step_timeout = absl::Seconds(step_timeout_s);
   return o;
@@ -259,11 +263,16 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
       f.max_steps_in_flight > 0 ? f.max_steps_in_flight : f.pp));
   auto tokenizer = LoadTokenizer(f.model);
   if (!tokenizer.ok()) return fail("", tokenizer.status());
-  auto engine =
-      Engine::Create(std::move(*executor), {.kv = f.kv.ToOptions(),
-                                            .limits = f.limits.ToLimits(),
-                                            .cp = static_cast<int>(f.cp),
-                                            .resume_interrupted = o.rejoin});
+  auto engine = Engine::Create(
+      std::move(*executor),
+      {.kv = f.kv.ToOptions(),
+       .limits = f.limits.ToLimits(),
+       .cp = static_cast<int>(f.cp),
+       .device = service.options().device == "cuda" ? DeviceKind::kCuda
+                                                    : DeviceKind::kCpu,
+       .speculation = f.speculation.ToOptions(),
+       .batch_invariant = f.speculation.batch_invariant,
+       .resume_interrupted = o.rejoin});
   if (!engine.ok()) return fail("", engine.status());
   std::string name = source.config().name;
   if (name.empty()) name = std::filesystem::path(f.model).filename().string();

@@ -17,6 +17,7 @@
 #include "launch/cache_flags.h"
 #include "launch/control_tls_flags.h"
 #include "launch/flags.h"
+#include "launch/speculation_flags.h"
 #include "model/weight_source.h"
 
 namespace shardlm {
@@ -38,6 +39,7 @@ struct ClusterFlags {
   // step limits.
   KvCacheFlags kv;
   BatchLimitFlags limits;
+  SpeculationFlags speculation;  // The coordinator drafts; workers verify.
   // Where the workers run their shards: "auto" (launch: CUDA when every
   // worker sees a GPU, else the CPU; coordinator: cpu), "cpu" or "cuda".
   std::string device = "auto";

@@ -137,7 +137,8 @@ class AgentSession {
                  .rendezvous_prefix = a.rendezvous_prefix(),
                  .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
                  .moe_sharding = moe,
-                 .pp_balance = balance});
+                 .pp_balance = balance,
+                 .batch_invariant = a.batch_invariant()});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {

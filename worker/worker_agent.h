@@ -42,6 +42,8 @@ struct WorkerAssignment {
   absl::Duration step_timeout;
   MoeSharding moe_sharding = MoeSharding::kAuto;  // Mixtures of experts.
   PpBalance pp_balance = PpBalance::kDecode;      // PP's stage boundaries.
+  // Batch-invariant kernels in this process (SetBatchInvariant).
+  bool batch_invariant = false;
 };
 
 // One shard of the model on this worker. Called from the agent's thread

@@ -3,7 +3,8 @@
 //
 // Decode (at most kDecodeMaxRows rows of x): each row of w is read from memory
 // once for all of the step's rows of x; each block is unpacked once per
-// group of rows (up to the kernel's max_group) and multiplied into every row
+// group of up to the kernel's max_group rows (8; AVX2: 4) and multiplied into
+// every row
 // of the group in f32 (FMA); no int8 activations, so the numerics are those
 // of the f32 weights up to summation order. Each row of x gets exactly the
 // sums it would get alone: a token's logits do not depend on what else is
@@ -64,15 +65,6 @@ std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
           std::min(out, tiles * (t + 1) / nt * kTileRows)};
 }
 
-// The group of rows of x starting at r (of `rows`): 2^k rows, the largest
-// power of two up to max_group (n = 7 is a group of 4, one of 2 and one
-// of 1).
-int GroupLog2(int64_t rows, int max_group) {
-  int k = 0;
-  while (k < 3 && int64_t{2} << k <= std::min<int64_t>(rows, max_group)) ++k;
-  return k;
-}
-
 }  // namespace
 
 namespace quant_kernels {
@@ -114,10 +106,10 @@ void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
   const auto dots_of = [&](int64_t o, int64_t r0, int64_t r1) {
     const uint8_t* row = w + o * row_bytes;
     for (int64_t r = r0; r < r1;) {
-      const int g = GroupLog2(r1 - r, k.max_group);
+      const int g = static_cast<int>(std::min<int64_t>(r1 - r, k.max_group));
       float dots[8];
-      k.by[g](row, x + r * in, in, xsum.data() + r * subs, blocks, dots);
-      for (int i = 0; i < 1 << g; ++i, ++r) {
+      k.by[g - 1](row, x + r * in, in, xsum.data() + r * subs, blocks, dots);
+      for (int i = 0; i < g; ++i, ++r) {
         y[r * out + o] = accumulate ? y[r * out + o] + dots[i] : dots[i];
       }
     }

@@ -88,7 +88,8 @@ TEST_P(LinearQuantizedTest, EveryKernelMatchesTheDequantizedReference) {
     const int64_t in = blocks * block;
     const Tensor w = RandomQuantized(t, out, in, 7);
     const Tensor wf = Dequantized(w);
-    // Decode kernels (groups of 1, 2, 4, 8 rows of x), then the tiled path.
+    // Decode kernels (groups of 1, 3, 7 and 16 rows of x), then the tiled
+    // path.
     for (int64_t n : {int64_t{1}, int64_t{3}, int64_t{7}, kDecodeMaxRows,
                       kDecodeMaxRows + 1}) {
       const Tensor x = RandomTensor({n, in}, 11);

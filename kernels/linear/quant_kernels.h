@@ -8,6 +8,7 @@
 #define SHARDLM_KERNELS_LINEAR_QUANT_KERNELS_H_
 
 #include <cstdint>
+#include <utility>
 
 #include "absl/status/statusor.h"
 #include "core/dtype.h"
@@ -31,13 +32,26 @@ using DequantRow = void (*)(const uint8_t* row, int64_t blocks, float* dst);
 // DType::kF32 has row dots too (no dequant, no xsum): `row` is the row's
 // `in` floats and `blocks` is `in` (Linear's f32 path, linear_cpu.cc).
 struct Kernels {
-  RowDots by[4] = {};  // by[k] takes 2^k rows of x; null past max_group.
-  int max_group = 0;   // 1, 2, 4 or 8.
+  // by[r - 1] takes r rows of x (one pass over the row of w for all of
+  // them); null past max_group.
+  RowDots by[8] = {};
+  int max_group = 0;  // 4 or 8.
   DequantRow dequant = nullptr;
   // Sub-block of the x sums RowDots reads (the format's, when it has
   // mins); 0: it reads none.
   int64_t xsum_sub = 0;
 };
+
+// Sets k.by[r - 1] = make.template operator()<r>() for r = 1 .. kRows, and
+// k.max_group = kRows: one instantiation of a kernel template per group.
+template <int kRows, typename Make>
+void SetRowDots(Kernels& k, Make make) {
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    ((k.by[I] = make.template operator()<I + 1>()), ...);
+  }
+  (std::make_integer_sequence<int, kRows>{});
+  k.max_group = kRows;
+}
 
 // The kernels of weight format `t` on each ISA; max_group 0 when the ISA
 // has none for it (the caller's CPU check comes first: calling the AVX

@@ -180,14 +180,11 @@ SHARDLM_AVX2 void F32Rows(const uint8_t* row, const float* x, int64_t in,
 Kernels Avx2(DType t) {
   Kernels k;
   if (t == DType::kF32) {
-    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>, k.by[2] = F32Rows<4>;
-    k.max_group = 4;
+    SetRowDots<4>(k, []<int R>() -> RowDots { return F32Rows<R>; });
     return k;
   }
   quant::VisitFormat(t, [&]<typename F>() {
-    k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
-    k.by[2] = DotRows<F, 4>;
-    k.max_group = 4;
+    SetRowDots<4>(k, []<int R>() -> RowDots { return DotRows<F, R>; });
     k.dequant = Dequant<F>;
     k.xsum_sub = F::kHasMin ? F::kSub : 0;
   });

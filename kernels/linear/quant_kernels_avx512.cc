@@ -396,25 +396,20 @@ SHARDLM_AVX512 void F32Rows(const uint8_t* row, const float* x, int64_t in,
 Kernels Avx512(DType t) {
   if (t == DType::kF32) {
     Kernels k;
-    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>;
-    k.by[2] = F32Rows<4>, k.by[3] = F32Rows<8>;
-    k.max_group = 8;
+    SetRowDots<8>(k, []<int R>() -> RowDots { return F32Rows<R>; });
     return k;
   }
   Kernels k = Avx2(t);
   if (k.max_group == 0) return k;
   if (t == DType::kQ8_0) {
-    k.by[0] = RowDotsQ8<1>, k.by[1] = RowDotsQ8<2>;
-    k.by[2] = RowDotsQ8<4>, k.by[3] = RowDotsQ8<8>;
+    SetRowDots<8>(k, []<int R>() -> RowDots { return RowDotsQ8<R>; });
   } else {
     quant::VisitFormat(t, [&]<typename F>() {
       if constexpr (Lookup<F>::kLevels > 0) {
-        k.by[0] = LookupRows<F, 1>, k.by[1] = LookupRows<F, 2>;
-        k.by[2] = LookupRows<F, 4>, k.by[3] = LookupRows<F, 8>;
+        SetRowDots<8>(k, []<int R>() -> RowDots { return LookupRows<F, R>; });
         k.xsum_sub = 0;  // The mins are in the tables.
       } else {
-        k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
-        k.by[2] = DotRows<F, 4>, k.by[3] = DotRows<F, 8>;
+        SetRowDots<8>(k, []<int R>() -> RowDots { return DotRows<F, R>; });
       }
     });
   }

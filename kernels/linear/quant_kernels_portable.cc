@@ -56,15 +56,11 @@ void F32Rows(const uint8_t* row, const float* x, int64_t in, const float*,
 Kernels Portable(DType t) {
   Kernels k;
   if (t == DType::kF32) {
-    k.by[0] = F32Rows<1>, k.by[1] = F32Rows<2>;
-    k.by[2] = F32Rows<4>, k.by[3] = F32Rows<8>;
-    k.max_group = 8;
+    SetRowDots<8>(k, []<int R>() -> RowDots { return F32Rows<R>; });
     return k;
   }
   quant::VisitFormat(t, [&]<typename F>() {
-    k.by[0] = DotRows<F, 1>, k.by[1] = DotRows<F, 2>;
-    k.by[2] = DotRows<F, 4>, k.by[3] = DotRows<F, 8>;
-    k.max_group = 8;
+    SetRowDots<8>(k, []<int R>() -> RowDots { return DotRows<F, R>; });
     k.dequant = quant::Decode<F>;
     k.xsum_sub = F::kHasMin ? F::kSub : 0;
   });
