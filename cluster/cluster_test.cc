@@ -31,23 +31,51 @@ using cluster_testing::TestCluster;
 TEST(BlockTableDeltasTest, SendsOnlyNewBlocks) {
   BlockTableDeltas d;
   std::vector<int32_t> delta;
-  d.Delta(7, {3, 4}, &delta);
+  int32_t keep = 0;
+  d.Delta(7, {3, 4}, &delta, &keep);
   EXPECT_EQ(delta, (std::vector<int32_t>{3, 4}));
-  d.Delta(7, {3, 4}, &delta);
+  EXPECT_EQ(keep, -1);
+  d.Delta(7, {3, 4}, &delta, &keep);
   EXPECT_TRUE(delta.empty());
-  d.Delta(7, {3, 4, 9}, &delta);
+  EXPECT_EQ(keep, -1);
+  d.Delta(7, {3, 4, 9}, &delta, &keep);
   EXPECT_EQ(delta, (std::vector<int32_t>{9}));
-  EXPECT_TRUE(d.TakeReleased().empty());
-  // A table that is not an extension: released, then resent whole.
-  d.Delta(7, {5}, &delta);
+  // Shrunk (rejected drafts rolled back), then grown with another block:
+  // the first two kept, 6 appended; and shrunk alone.
+  d.Delta(7, {3, 4, 6}, &delta, &keep);
+  EXPECT_EQ(delta, (std::vector<int32_t>{6}));
+  EXPECT_EQ(keep, 2);
+  d.Delta(7, {3}, &delta, &keep);
+  EXPECT_TRUE(delta.empty());
+  EXPECT_EQ(keep, 1);
+  d.Delta(7, {5}, &delta, &keep);
   EXPECT_EQ(delta, (std::vector<int32_t>{5}));
-  EXPECT_EQ(d.TakeReleased(), (std::vector<int64_t>{7}));
+  EXPECT_EQ(keep, 0);
+  EXPECT_TRUE(d.TakeReleased().empty());
   d.Release(7);
   d.Release(8);  // Never sent: nothing to tell the workers.
   EXPECT_EQ(d.TakeReleased(), (std::vector<int64_t>{7}));
   EXPECT_EQ(d.tracked(), 0u);
-  d.Delta(7, {5}, &delta);
+  d.Delta(7, {5}, &delta, &keep);
   EXPECT_EQ(delta, (std::vector<int32_t>{5}));
+}
+
+// The workers' mirror follows: a delta that keeps part of a table.
+TEST(BlockTableDeltasTest, WorkersApplyTheBlocksKept) {
+  BlockTableDeltas sent;
+  BlockTableMirror mirror;
+  for (const std::vector<int32_t>& table :
+       std::vector<std::vector<int32_t>>{{1, 2, 3}, {1, 2}, {1, 2, 8, 9}}) {
+    StepInput step{.tokens = {0},
+                   .positions = {0},
+                   .token_seq = {0},
+                   .block_tables = {table},
+                   .seq_ids = {4}};
+    v1::StepPlan plan;
+    ASSERT_TRUE(EncodeStepPlan(step, 1, sent, &plan).ok());
+    const StepInput got = DecodeStepPlan(plan, mirror);
+    EXPECT_EQ(got.block_tables, std::vector<std::vector<int32_t>>{table});
+  }
 }
 
 TEST(ModelDigestTest, CatchesDifferentFiles) {
@@ -179,6 +207,52 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   EXPECT_EQ((*again)[0].tokens, (*base)[3].tokens);
   EXPECT_EQ(engine->blocks().used_blocks(), 0);
   for (const absl::Status& s : cluster.Stop()) EXPECT_TRUE(s.ok()) << s;
+}
+
+// Speculative decoding over the control plane (TP 2 x PP 2 workers): the
+// verification rows, and the block tables that shrink when drafts are
+// rejected, cross it; the tokens are those of one process without
+// speculation. Prompts that repeat themselves, so that prompt lookup
+// drafts (1-grams too).
+TEST(ClusterSpeculationTest, SameTokensAsOneProcessWithoutIt) {
+  auto source = RandomLlamaWeights(RandomConfig(), 3);
+  std::vector<GenerateRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    std::vector<int32_t> p = cluster_testing::Prompt(6 + i, i, 311);
+    for (int r = 0; r < 3; ++r) p.insert(p.end(), p.begin(), p.begin() + 6);
+    reqs.push_back({.prompt = p, .max_tokens = 24});
+  }
+  EngineLeakCheck base_engines;
+  Engine* base_engine =
+      base_engines.Keep(Engine::Create(*source, {.batch_invariant = true}));
+  ASSERT_NE(base_engine, nullptr);
+  auto base = base_engine->GenerateBatch(reqs);
+  ASSERT_TRUE(base.ok()) << base.status();
+
+  ClusterOptions options = Options(2, 2);
+  options.batch_invariant = true;
+  TestCluster cluster(*source, options);
+  cluster.StartAll();
+  auto executor = RemoteExecutor::WaitForWorkers(
+      cluster.service(), source->config(), absl::Seconds(30));
+  ASSERT_TRUE(executor.ok()) << executor.status();
+  EXPECT_TRUE(cluster.host(1).assignment.batch_invariant);
+  Engine* engine = cluster.Keep(Engine::Create(
+      std::move(*executor),
+      {.speculation = {.method = SpeculationOptions::Method::kNgram,
+                       .adaptive = false,
+                       .ngram_min = 1}}));
+  ASSERT_NE(engine, nullptr);
+  auto got = engine->GenerateBatch(reqs);
+  ASSERT_TRUE(got.ok()) << got.status();
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    EXPECT_EQ((*got)[i].tokens, (*base)[i].tokens) << "request " << i;
+  }
+  const SchedulerStats s = engine->stats();
+  EXPECT_GT(s.spec_accepted, 0);
+  EXPECT_GT(s.spec_drafted, s.spec_accepted);
+  EXPECT_EQ(engine->blocks().used_blocks(), 0);
+  for (const absl::Status& st : cluster.Stop()) EXPECT_TRUE(st.ok()) << st;
 }
 
 // Swaps to the host tier, cached-prefix hits and spills are block copies in

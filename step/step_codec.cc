@@ -9,15 +9,14 @@
 namespace shardlm {
 
 void BlockTableDeltas::Delta(int64_t seq_id, const std::vector<int32_t>& table,
-                             std::vector<int32_t>* delta) {
-  delta->clear();
+                             std::vector<int32_t>* delta, int32_t* keep) {
   std::vector<int32_t>& sent = sent_[seq_id];
-  if (sent.size() > table.size() ||
-      !std::equal(sent.begin(), sent.end(), table.begin())) {
-    released_.push_back(seq_id);
-    sent.clear();
-  }
-  delta->assign(table.begin() + sent.size(), table.end());
+  const size_t same = static_cast<size_t>(
+      std::mismatch(sent.begin(), sent.end(), table.begin(), table.end())
+          .first -
+      sent.begin());
+  *keep = same == sent.size() ? -1 : static_cast<int32_t>(same);
+  delta->assign(table.begin() + same, table.end());
   sent = table;
 }
 
@@ -56,10 +55,12 @@ absl::Status EncodeStepPlan(const StepInput& step, int64_t step_id,
   int64_t blocks = 0;
   std::vector<int32_t> delta;
   for (size_t i = 0; i < step.seq_ids.size(); ++i) {
-    sent.Delta(step.seq_ids[i], step.block_tables[i], &delta);
-    if (delta.empty()) continue;
+    int32_t keep = -1;
+    sent.Delta(step.seq_ids[i], step.block_tables[i], &delta, &keep);
+    if (delta.empty() && keep < 0) continue;
     v1::BlockTableDelta& d = *plan->add_deltas();
     d.set_seq_id(step.seq_ids[i]);
+    if (keep >= 0) d.set_keep(keep);
     d.mutable_new_blocks()->Add(delta.begin(), delta.end());
     blocks += static_cast<int64_t>(delta.size());
   }
@@ -112,6 +113,10 @@ StepInput DecodeStepPlan(const v1::StepPlan& plan, BlockTableMirror& tables) {
   for (int64_t id : plan.released()) tables.erase(id);
   for (const v1::BlockTableDelta& d : plan.deltas()) {
     std::vector<int32_t>& t = tables[d.seq_id()];
+    if (d.has_keep() && d.keep() >= 0 &&
+        static_cast<size_t>(d.keep()) < t.size()) {
+      t.resize(d.keep());
+    }
     t.insert(t.end(), d.new_blocks().begin(), d.new_blocks().end());
   }
   StepInput step;

@@ -23,12 +23,12 @@ namespace shardlm {
 // bookkeeping; not thread-safe.
 class BlockTableDeltas {
  public:
-  // Fills `delta` with the blocks of `table` the workers lack. Block
-  // tables only grow; if `table` is not an extension of what was sent
-  // (a programmer error upstream), the sequence is queued for release and
-  // resent whole, which workers apply in that order (released first).
+  // Fills `delta` with the blocks of `table` the workers lack, after the
+  // first `*keep` blocks of what they hold; *keep is -1 when they keep it
+  // all (the table grew). A table shrinks when speculative decoding rolls
+  // back rejected drafts (BlockManager::Truncate).
   void Delta(int64_t seq_id, const std::vector<int32_t>& table,
-             std::vector<int32_t>* delta);
+             std::vector<int32_t>* delta, int32_t* keep);
   // Forgets `seq_id`; it goes out in the next TakeReleased() if the
   // workers ever saw it.
   void Release(int64_t seq_id);
