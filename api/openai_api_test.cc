@@ -3,6 +3,7 @@
 // the exact shape of vLLM's prompt_logprobs from responses made by hand
 // (end to end: tests/cli/check_openai_client.py).
 #include "api/openai_api.h"
+#include "api/openai_protocol.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -66,6 +67,30 @@ class GatedExecutor : public StepExecutor {
   std::condition_variable cv_;
   bool entered_ = false, open_ = false;
 };
+
+// "speculative": false opts a request out of the server's speculative
+// decoding; absent, the request may draft; another type is refused.
+TEST(OpenAiWireTest, SpeculativeOptsOut) {
+  const auto proto = [](const char* body, bool chat) {
+    openai_wire::ResponseShape shape;
+    const nlohmann::json j = nlohmann::json::parse(body);
+    return openai_wire::ToProto(j, body, chat, "m", 256, &shape);
+  };
+  auto off = proto(R"({"prompt": "x", "speculative": false})", false);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->has_speculative());
+  EXPECT_FALSE(off->speculative());
+  auto chat = proto(
+      R"({"messages": [{"role": "user", "content": "x"}], "speculative": false})",
+      true);
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_FALSE(chat->speculative());
+  auto unset = proto(R"({"prompt": "x"})", false);
+  ASSERT_TRUE(unset.ok());
+  EXPECT_FALSE(unset->has_speculative());
+  auto bad = proto(R"({"prompt": "x", "speculative": "no"})", false);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
 
 TEST(OpenAiApiTest, ReadyFailsWhileRequestsWaitAndNoStepRuns) {
   auto weights = RandomLlamaWeights(Tiny(), 1);
