@@ -13,6 +13,7 @@
 // multiply-adds per second (all rows). Every kernel's output is checked
 // against the portable kernel's (the reference of the kernel tests); a
 // mismatch beyond f32 summation-order rounding exits 1.
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -44,6 +45,30 @@ namespace shardlm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// y = x w^T with f32 w through OpenBLAS, as Linear did before f32 weights
+// took the row dot products: output columns split over the OpenMP team in
+// tiles of 16, GEMV for one row of x, GEMM for more.
+void BlasLinear(const Tensor& x, const Tensor& w, Tensor& y) {
+  const int64_t n = x.dim(0), in = x.dim(1), out = w.dim(0);
+  const float* xp = x.data<float>();
+  const float* wp = w.data<float>();
+  float* yp = y.data<float>();
+#pragma omp parallel
+  {
+    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int64_t tiles = (out + 15) / 16;
+    const int64_t begin = std::min(out, tiles * t / nt * 16);
+    const int64_t end = std::min(out, tiles * (t + 1) / nt * 16);
+    if (end > begin && n == 1) {
+      cblas_sgemv(CblasRowMajor, CblasNoTrans, end - begin, in, 1.0f,
+                  wp + begin * in, in, xp, 1, 0.0f, yp + begin, 1);
+    } else if (end > begin) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, end - begin, in,
+                  1.0f, xp, in, wp + begin * in, in, 0.0f, yp + begin, out);
+    }
+  }
+}
 
 // Best-of-5 read bandwidth (bytes/s) over a 256 MiB buffer.
 double ReadBandwidth() {
@@ -129,13 +154,15 @@ int Main(int argc, char** argv) {
   for (absl::string_view s : absl::StrSplit(formats_arg, ',')) {
     bool found = false;
     for (int t = 0; t <= static_cast<int>(DType::kMXFP4); ++t) {
-      if (IsQuantized(DType(t)) && s == DTypeName(DType(t))) {
+      if ((IsQuantized(DType(t)) || DType(t) == DType::kF32) &&
+          s == DTypeName(DType(t))) {
         formats.push_back(DType(t));
         found = true;
       }
     }
     if (!found) {
-      std::fprintf(stderr, "--formats: '%s' is not a GGUF block format\n",
+      std::fprintf(stderr,
+                   "--formats: '%s' is neither F32 nor a GGUF block format\n",
                    std::string(s).c_str());
       return 2;
     }
@@ -174,7 +201,10 @@ int Main(int argc, char** argv) {
                 bandwidth / 1e9);
     for (DType format : formats) {
       for (const auto& [sh, rows] : ShapesByRows(shapes, row_counts)) {
-        Tensor w = testing_util::RandomQuantized(format, sh.out, sh.in, rng());
+        Tensor w =
+            format == DType::kF32
+                ? testing_util::RandomTensor({sh.out, sh.in}, rng())
+                : testing_util::RandomQuantized(format, sh.out, sh.in, rng());
         Tensor x = *Tensor::Host(DType::kF32, {rows, sh.in});
         std::normal_distribution<float> normal(0.0f, 1.0f);
         for (float& v : x.f32()) v = normal(rng);
@@ -185,8 +215,12 @@ int Main(int argc, char** argv) {
         double wmax = 0;
         {
           std::vector<float> wf(w.numel());
-          Traits(format).to_f32(static_cast<const uint8_t*>(w.raw()),
-                                w.numel() / BlockElems(format), wf.data());
+          if (format == DType::kF32) {
+            std::copy(w.f32().begin(), w.f32().end(), wf.begin());
+          } else {
+            Traits(format).to_f32(static_cast<const uint8_t*>(w.raw()),
+                                  w.numel() / BlockElems(format), wf.data());
+          }
           for (float v : wf) wmax = std::max(wmax, double{std::abs(v)});
         }
         for (CpuIsa k : kernels) {
@@ -256,6 +290,29 @@ int Main(int argc, char** argv) {
                              {"weight_gbps", gbps},
                              {"read_gbps", bandwidth / 1e9},
                              {"gmac_per_s", gmacs}});
+        }
+        // F32: also OpenBLAS as Linear ran it before its row dot products
+        // (columns split over the team, GEMV for one row, else GEMM).
+        if (format == DType::kF32) {
+          double best = 1e30, spent = 0;
+          int calls = 0;
+          while (spent < seconds || calls < 3) {
+            const auto t0 = Clock::now();
+            BlasLinear(x, w, y);
+            const double s =
+                std::chrono::duration<double>(Clock::now() - t0).count();
+            best = std::min(best, s);
+            spent += s;
+            ++calls;
+          }
+          const double gbps = weight_bytes / best / 1e9;
+          std::printf(
+              "%-6s %5lldx%-6lld %5lld %-9s %7d %10.1f %10.2f %8.0f%% "
+              "%10.2f\n",
+              "F32", static_cast<long long>(sh.in),
+              static_cast<long long>(sh.out), static_cast<long long>(rows),
+              "openblas", t, best * 1e6, gbps, 100 * gbps * 1e9 / bandwidth,
+              static_cast<double>(rows) * sh.in * sh.out / best / 1e9);
         }
       }
     }

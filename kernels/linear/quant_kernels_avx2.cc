@@ -153,25 +153,39 @@ SHARDLM_AVX2 void Dequant(const uint8_t* row, int64_t blocks, float* dst) {
   }
 }
 
-// f32 weights: 8 lanes per row over the row's length (`blocks` is it),
-// then the lanes' sum and the tail's, in order.
+// f32 weights: 8 lanes per row over the row's length (`blocks` is it), in
+// two accumulators per row (alternate runs of 8), then the lanes' sum and
+// the tail's, in order.
 template <int kRows>
 SHARDLM_AVX2 void F32Rows(const uint8_t* row, const float* x, int64_t in,
                           const float*, int64_t, float* dots) {
   const float* w = reinterpret_cast<const float*>(row);
-  __m256 acc[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm256_setzero_ps();
+  __m256 acc0[kRows], acc1[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    acc0[r] = _mm256_setzero_ps();
+    acc1[r] = _mm256_setzero_ps();
+  }
   int64_t j = 0;
-  for (; j + 8 <= in; j += 8) {
+  for (; j + 16 <= in; j += 16) {
+    const __m256 w0 = _mm256_loadu_ps(w + j);
+    const __m256 w1 = _mm256_loadu_ps(w + j + 8);
+    for (int r = 0; r < kRows; ++r) {
+      acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * in + j), acc0[r]);
+      acc1[r] =
+          _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * in + j + 8), acc1[r]);
+    }
+  }
+  const int64_t vec_end = j + (in - j) / 8 * 8;
+  for (; j < vec_end; j += 8) {
     const __m256 wv = _mm256_loadu_ps(w + j);
     for (int r = 0; r < kRows; ++r) {
-      acc[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * in + j), acc[r]);
+      acc0[r] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + r * in + j), acc0[r]);
     }
   }
   for (int r = 0; r < kRows; ++r) {
     float tail = 0;
     for (int64_t e = j; e < in; ++e) tail += w[e] * x[r * in + e];
-    dots[r] = HSum(acc[r]) + tail;
+    dots[r] = HSum(_mm256_add_ps(acc0[r], acc1[r])) + tail;
   }
 }
 

@@ -363,30 +363,40 @@ SHARDLM_AVX512 void RowDotsQ8(const uint8_t* row, const float* x, int64_t in,
 // --- f32 weights ---
 
 // 16 lanes per row over the row's length (`blocks` is it; the tail in a
-// masked load), then the lanes' sum.
+// masked load), in two accumulators per row (alternate runs of 16: one
+// FMA chain alone would be bound by its latency), then the lanes' sum.
 template <int kRows>
 SHARDLM_AVX512 void F32Rows(const uint8_t* row, const float* x, int64_t in,
                             const float*, int64_t, float* dots) {
   const float* w = reinterpret_cast<const float*>(row);
-  __m512 acc[kRows];
-  for (int r = 0; r < kRows; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc0[kRows], acc1[kRows];
+  for (int r = 0; r < kRows; ++r) {
+    acc0[r] = _mm512_setzero_ps();
+    acc1[r] = _mm512_setzero_ps();
+  }
   int64_t j = 0;
-  for (; j + 16 <= in; j += 16) {
-    const __m512 wv = _mm512_loadu_ps(w + j);
+  for (; j + 32 <= in; j += 32) {
+    const __m512 w0 = _mm512_loadu_ps(w + j);
+    const __m512 w1 = _mm512_loadu_ps(w + j + 16);
 #pragma GCC unroll 8
     for (int r = 0; r < kRows; ++r) {
-      acc[r] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + r * in + j), acc[r]);
+      acc0[r] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * in + j), acc0[r]);
+      acc1[r] =
+          _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * in + j + 16), acc1[r]);
     }
   }
-  if (j < in) {
-    const __mmask16 m = static_cast<__mmask16>((1u << (in - j)) - 1);
+  for (; j < in; j += 16) {  // At most two runs, the last masked.
+    const __mmask16 m =
+        static_cast<__mmask16>(in - j >= 16 ? 0xffff : (1u << (in - j)) - 1);
     const __m512 wv = _mm512_maskz_loadu_ps(m, w + j);
     for (int r = 0; r < kRows; ++r) {
-      acc[r] =
-          _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + r * in + j), acc[r]);
+      acc0[r] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + r * in + j),
+                                acc0[r]);
     }
   }
-  for (int r = 0; r < kRows; ++r) dots[r] = HSum16(acc[r]);
+  for (int r = 0; r < kRows; ++r) {
+    dots[r] = HSum16(_mm512_add_ps(acc0[r], acc1[r]));
+  }
 }
 
 }  // namespace
