@@ -580,6 +580,16 @@ std::optional<StepPlan> BatchPlanner::Plan(size_t max_seqs) {
     decode[i] = decoding(s);
     int64_t& budget = decode[i] ? decode_budget : prefill_budget;
     if (budget <= 0) continue;
+    if (drafts[i] > 0) {
+      // Drafts take only blocks that are free (or cached): they never
+      // preempt a sequence or move this one's blocks to the host.
+      const int64_t room = (static_cast<int64_t>(blocks_->Table(s.id).size()) +
+                            blocks_->DeviceAvailable()) *
+                               blocks_->block_size() -
+                           s.computed - 1;
+      drafts[i] = static_cast<int>(std::clamp<int64_t>(room, 0, drafts[i]));
+      s.drafts.resize(drafts[i]);
+    }
     int64_t want = std::min(remaining(s) + drafts[i], budget);
     // A hybrid model's prefill stops at its snapshot point (SnapshotAt).
     if (const int64_t at = SnapshotAt(s); at > s.computed) {

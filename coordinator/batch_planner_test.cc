@@ -677,6 +677,36 @@ TEST_F(BatchPlannerTest, VerificationKeepsConfirmedDraftsAndRollsBackTheRest) {
   EXPECT_TRUE(planner_->idle());
 }
 
+// Drafts take only free blocks: with none free, a sequence verifies
+// nothing rather than preempt another or move its own blocks.
+TEST_F(BatchPlannerTest, DraftsNeverPreempt) {
+  blocks_.emplace(3, kBlock, 8);
+  planner_.emplace(
+      &*blocks_, &metrics_,
+      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab, nullptr,
+      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
+                         .make_drafter =
+                             [](const GenerateRequest&) {
+                               return std::make_unique<CountingDrafter>();
+                             },
+                         .adaptive = false});
+  Add(0, 7);  // 2 blocks.
+  Add(1, 3);  // 1 block: the device is full.
+  Admit();
+  ASSERT_TRUE(planner_->Plan(8).has_value());
+  Apply({50, 60});
+  std::optional<StepPlan> p = planner_->Plan(8);
+  ASSERT_TRUE(p.has_value());
+  // 0's next token fits its second block; its drafts would need a third.
+  EXPECT_THAT(p->step.tokens, ElementsAre(50, 60));
+  EXPECT_THAT(p->rows, ElementsAre(0, 1));
+  Apply({51, 61});
+  const SchedulerStats s = planner_->Stats();
+  EXPECT_EQ(s.preempted_swap + s.preempted_recompute, 0);
+  EXPECT_EQ(s.offloaded, 0);
+  EXPECT_EQ(s.spec_drafted, 0);
+}
+
 // A stop token among the verified rows ends the sequence there: the rows
 // after it are not emitted, though their drafts were right.
 TEST_F(BatchPlannerTest, AStopTokenInAVerificationEndsTheSequenceThere) {
