@@ -46,6 +46,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// The best time of `run` over at least 3 calls and `seconds` in all.
+template <typename Run>
+double BestSeconds(double seconds, Run run) {
+  double best = 1e30, spent = 0;
+  for (int calls = 0; spent < seconds || calls < 3; ++calls) {
+    const auto t0 = Clock::now();
+    run();
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    best = std::min(best, s);
+    spent += s;
+  }
+  return best;
+}
+
 // y = x w^T with f32 w through OpenBLAS, as Linear did before f32 weights
 // took the row dot products: output columns split over the OpenMP team in
 // tiles of 16, GEMV for one row of x, GEMM for more.
@@ -257,17 +271,8 @@ int Main(int argc, char** argv) {
               }
             }
           }
-          double best = 1e30, spent = 0;
-          int calls = 0;
-          while (spent < seconds || calls < 3) {
-            const auto t0 = Clock::now();
-            (void)Linear(x, w, y);
-            const double s =
-                std::chrono::duration<double>(Clock::now() - t0).count();
-            best = std::min(best, s);
-            spent += s;
-            ++calls;
-          }
+          const double best =
+              BestSeconds(seconds, [&] { (void)Linear(x, w, y); });
           const double gbps = weight_bytes / best / 1e9;
           const double gmacs =
               static_cast<double>(rows) * sh.in * sh.out / best / 1e9;
@@ -294,17 +299,8 @@ int Main(int argc, char** argv) {
         // F32: also OpenBLAS as Linear ran it before its row dot products
         // (columns split over the team, GEMV for one row, else GEMM).
         if (format == DType::kF32) {
-          double best = 1e30, spent = 0;
-          int calls = 0;
-          while (spent < seconds || calls < 3) {
-            const auto t0 = Clock::now();
-            BlasLinear(x, w, y);
-            const double s =
-                std::chrono::duration<double>(Clock::now() - t0).count();
-            best = std::min(best, s);
-            spent += s;
-            ++calls;
-          }
+          const double best =
+              BestSeconds(seconds, [&] { BlasLinear(x, w, y); });
           const double gbps = weight_bytes / best / 1e9;
           std::printf(
               "%-6s %5lldx%-6lld %5lld %-9s %7d %10.1f %10.2f %8.0f%% "

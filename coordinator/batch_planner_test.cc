@@ -32,10 +32,12 @@ std::vector<int32_t> Prompt(int n) {
 
 class BatchPlannerTest : public ::testing::Test {
  protected:
-  void Make(int32_t device_blocks, int32_t host_blocks, BatchLimits options) {
+  void Make(int32_t device_blocks, int32_t host_blocks, BatchLimits options,
+            SpeculationOptions speculation = {}) {
     blocks_.emplace(device_blocks, kBlock, host_blocks);
-    planner_.emplace(&*blocks_, &metrics_, options, kVocab,
-                     [this](RequestId id) { released_.push_back(id); });
+    planner_.emplace(
+        &*blocks_, &metrics_, options, kVocab,
+        [this](RequestId id) { released_.push_back(id); }, speculation);
   }
   void Add(RequestId id, int prompt, int32_t priority = 0,
            int32_t max_tokens = 16,
@@ -618,22 +620,22 @@ class CountingDrafter : public SequenceDrafter {
   }
 };
 
+// Planner options that draft with CountingDrafter, as far as it goes.
+SpeculationOptions CountingDrafts() {
+  return {.method = SpeculationOptions::Method::kCustom,
+          .make_drafter =
+              [](const GenerateRequest&) {
+                return std::make_unique<CountingDrafter>();
+              },
+          .adaptive = false};
+}
+
 // A verification: the sequence's last token and its drafts as one chunk,
 // a logit row after each (draw indices going on); the rows after the first
 // rejected draft are dropped, its KV rolled back with the blocks only the
 // rejected drafts filled, and every block back at the end.
 TEST_F(BatchPlannerTest, VerificationKeepsConfirmedDraftsAndRollsBackTheRest) {
-  blocks_.emplace(64, kBlock, 0);
-  planner_.emplace(
-      &*blocks_, &metrics_,
-      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab,
-      [this](RequestId id) { released_.push_back(id); },
-      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
-                         .make_drafter =
-                             [](const GenerateRequest&) {
-                               return std::make_unique<CountingDrafter>();
-                             },
-                         .adaptive = false});
+  Make(64, 0, {.max_batched_tokens = 32, .max_seqs = 8}, CountingDrafts());
   Add(0, 7, 0, /*max_tokens=*/7);
   Admit();
   std::optional<StepPlan> p = planner_->Plan(8);
@@ -680,16 +682,7 @@ TEST_F(BatchPlannerTest, VerificationKeepsConfirmedDraftsAndRollsBackTheRest) {
 // Drafts take only free blocks: with none free, a sequence verifies
 // nothing rather than preempt another or move its own blocks.
 TEST_F(BatchPlannerTest, DraftsNeverPreempt) {
-  blocks_.emplace(3, kBlock, 8);
-  planner_.emplace(
-      &*blocks_, &metrics_,
-      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab, nullptr,
-      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
-                         .make_drafter =
-                             [](const GenerateRequest&) {
-                               return std::make_unique<CountingDrafter>();
-                             },
-                         .adaptive = false});
+  Make(3, 8, {.max_batched_tokens = 32, .max_seqs = 8}, CountingDrafts());
   Add(0, 7);  // 2 blocks.
   Add(1, 3);  // 1 block: the device is full.
   Admit();
@@ -710,16 +703,7 @@ TEST_F(BatchPlannerTest, DraftsNeverPreempt) {
 // A stop token among the verified rows ends the sequence there: the rows
 // after it are not emitted, though their drafts were right.
 TEST_F(BatchPlannerTest, AStopTokenInAVerificationEndsTheSequenceThere) {
-  blocks_.emplace(64, kBlock, 0);
-  planner_.emplace(
-      &*blocks_, &metrics_,
-      BatchLimits{.max_batched_tokens = 32, .max_seqs = 8}, kVocab, nullptr,
-      SpeculationOptions{.method = SpeculationOptions::Method::kCustom,
-                         .make_drafter =
-                             [](const GenerateRequest&) {
-                               return std::make_unique<CountingDrafter>();
-                             },
-                         .adaptive = false});
+  Make(64, 0, {.max_batched_tokens = 32, .max_seqs = 8}, CountingDrafts());
   planner_->Add(0,
                 {.prompt = Prompt(3), .max_tokens = 20, .stop_token_ids = {42}},
                 {.on_done =
