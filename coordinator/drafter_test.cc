@@ -103,8 +103,8 @@ TEST(SpeculationPolicyTest, StepTimesBetweenAndPastMeasuredRowsAreLines) {
   SpeculationPolicy p = Policy();
   EXPECT_EQ(p.StepSeconds(3), 0);  // Nothing measured.
   p.ObserveStep(2, 1.0);
-  EXPECT_EQ(p.StepSeconds(1), 1.0);  // One measured: it, either side.
-  EXPECT_EQ(p.StepSeconds(9), 1.0);
+  EXPECT_EQ(p.StepSeconds(1), 0.5);  // Below: in proportion.
+  EXPECT_EQ(p.StepSeconds(9), 1.0);  // Above, one measured: the same.
   p.ObserveStep(6, 3.0);
   EXPECT_DOUBLE_EQ(p.StepSeconds(4), 2.0);  // Between: the line.
   EXPECT_DOUBLE_EQ(p.StepSeconds(8), 4.0);  // Past: 0.5 s a row more.

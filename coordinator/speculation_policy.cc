@@ -50,7 +50,9 @@ double SpeculationPolicy::StepSeconds(int64_t rows) const {
     return seconds_[below] + f * (seconds_[above] - seconds_[below]);
   }
   if (below < 1 && above > kMaxRows) return 0;  // Nothing measured.
-  if (below < 1) return seconds_[above];        // Optimistic.
+  // Below the fewest rows measured: in proportion (so that a step of
+  // fewer rows, with fewer drafts, gets tried and measured).
+  if (below < 1) return seconds_[above] * rows / above;
   int64_t first = 1;
   while (seconds_[first] == 0) ++first;
   if (first == below) return seconds_[below];  // One measured: optimistic.

@@ -46,9 +46,10 @@ class SpeculationPolicy {
   // The step time the policy assumes for `rows` rows (seconds; 0 when
   // nothing is measured yet): the measured one; between two measured row
   // counts, the line between them; past the largest, that one plus the
-  // mean cost per row between the smallest and the largest measured; with
-  // one measured, it (optimistic, so that other row counts are tried and
-  // measured).
+  // mean cost per row between the smallest and the largest measured, or
+  // with only one measured, the same as it (so that more rows get tried);
+  // below the smallest, in proportion to it (so that fewer get tried). A
+  // guess either way is measured the first time it is taken.
   double StepSeconds(int64_t rows) const;
   // Every sequence's verifications so far (decayed more slowly): where a
   // new sequence's acceptance starts (NewSequence).

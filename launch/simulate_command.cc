@@ -79,6 +79,11 @@ struct SimulateFlags {
   bool count_planner_time = false;
   int64_t seed = 1;
   std::string json;
+  // Speculative decoding: the chance a drafted token is kept (0: off), the
+  // drafts a sequence has each step, and the planner's adaptive policy.
+  double speculative_acceptance = 0;
+  int64_t num_speculative_tokens = 4;
+  bool speculative_adaptive = true;
 };
 
 absl::StatusOr<ModelConfig> LoadConfig(const std::string& spec) {
@@ -265,6 +270,9 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   o.seed = static_cast<uint64_t>(f.seed);
   o.concurrency = static_cast<int>(f.concurrency);
   o.client_gap = f.client_gap;
+  o.spec_acceptance = f.speculative_acceptance;
+  o.spec_tokens = static_cast<int>(f.num_speculative_tokens);
+  o.spec_adaptive = f.speculative_adaptive;
   return p;
 }
 
@@ -415,6 +423,15 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("count-planner-time", &f.count_planner_time,
             "add the planner's measured time on this machine to the clock");
   flags.Add("seed", &f.seed, "seed of arrivals, lengths and prompts");
+  flags.Add("speculative-acceptance", &f.speculative_acceptance,
+            "speculative decoding: the chance that a drafted token is kept "
+            "(as /metrics' shardlm_spec_tokens_total kept / drafted of a "
+            "real workload); 0 = off");
+  flags.Add("num-speculative-tokens", &f.num_speculative_tokens,
+            "speculative decoding: drafts a sequence has each step, 1-16");
+  flags.Add("speculative-adaptive", &f.speculative_adaptive,
+            "speculative decoding: the planner's policy chooses how many to "
+            "verify from the simulated step times (as the server's flag)");
   flags.Add("json", &f.json, "also write the report(s) here as JSON");
 }
 
@@ -428,6 +445,11 @@ std::string SimulateProblem(const SimulateFlags& f) {
   }
   if (!(f.client_gap >= 0 && f.client_gap <= 60)) {
     return "--client-gap must be from 0 to 60 seconds";
+  }
+  if (!(f.speculative_acceptance >= 0 && f.speculative_acceptance < 1) ||
+      f.num_speculative_tokens < 1 || f.num_speculative_tokens > 16) {
+    return "--speculative-acceptance must be in [0, 1) and "
+           "--num-speculative-tokens in [1, 16]";
   }
   if (f.concurrency < 0 || f.concurrency > 1000000 || f.requests < 1 ||
       f.requests > 100000000) {

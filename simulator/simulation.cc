@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <queue>
+#include <random>
 #include <utility>
 
 #include "absl/strings/ascii.h"
@@ -17,6 +18,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "coordinator/drafter.h"
 #include "coordinator/prefix_hash.h"
 #include "core/status.h"
 
@@ -58,11 +60,43 @@ struct Tracked {
   int64_t tokens = 0;
 };
 
+// The token the simulated drafter proposes, and what a simulated row
+// samples instead when it rejects a draft.
+constexpr int32_t kDraftToken = 1;
+constexpr int32_t kOtherToken = 2;
+
+// Always has `n` drafts (kDraftToken); whether they are kept is the
+// simulated rows' draw (SimOptions::spec_acceptance).
+class SimulatedDrafter : public SequenceDrafter {
+ public:
+  explicit SimulatedDrafter(int n) : n_(n) {}
+  std::vector<int32_t> Draft(absl::Span<const int32_t>,
+                             int max_tokens) override {
+    return std::vector<int32_t>(std::min(n_, max_tokens), kDraftToken);
+  }
+
+ private:
+  int n_;
+};
+
+SpeculationOptions SimulatedSpeculation(const SimOptions& o) {
+  if (o.spec_acceptance <= 0) return {};
+  const int n = o.spec_tokens;
+  return {.method = SpeculationOptions::Method::kCustom,
+          .make_drafter =
+              [n](const GenerateRequest&) {
+                return std::make_unique<SimulatedDrafter>(n);
+              },
+          .max_tokens = n,
+          .adaptive = o.spec_adaptive};
+}
+
 struct Replica {
   Replica(const SimOptions& o, int64_t vocab, ServingMetrics* metrics)
       : blocks(static_cast<int32_t>(o.device_blocks), o.block_size,
                static_cast<int32_t>(o.host_blocks), o.prefix_caching),
-        planner(&blocks, metrics, o.scheduler, vocab, nullptr) {
+        planner(&blocks, metrics, o.scheduler, vocab, nullptr,
+                SimulatedSpeculation(o)) {
     if (o.router == Router::kKv) blocks.set_event_log(&events);
   }
   BlockManager blocks;
@@ -75,6 +109,10 @@ struct Replica {
   struct Step {
     double done = 0;
     size_t rows = 0;
+    // Decode-only steps: their token rows and start (for the speculation
+    // policy's step times); 0 rows otherwise.
+    int64_t decode_rows = 0;
+    double start = 0;
   };
   std::deque<Step> in_flight;  // Oldest first.
   double next = kNever;        // When it acts next.
@@ -227,6 +265,7 @@ class Simulation {
         stages_(cost.StageSeconds(StepInput{}).size()),
         tracked_(trace.size()),
         rng_(o.seed),
+        spec_rng_(o.seed * 7919 + 17),
         gap_(0, o.client_gap),
         policy_(SharedPolicy(o)) {
     report_.requests = static_cast<int64_t>(trace.size());
@@ -288,6 +327,9 @@ class Simulation {
   std::vector<Tracked> tracked_;
   std::vector<double> itl_;
   std::mt19937_64 rng_;
+  // Speculative decoding's draws (apart, so that the other draws stay).
+  std::mt19937_64 spec_rng_;
+  std::uniform_real_distribution<double> accept_{0.0, 1.0};
   int64_t itl_seen_ = 0;
   double now_ = 0;
   double planner_wall_ = 0;
@@ -506,8 +548,19 @@ void Simulation::Act(int r, double t) {
   now_ = t;
   double spent = Timed([&] {
     if (!rep.in_flight.empty() && rep.in_flight.front().done <= t) {
+      const Replica::Step& step = rep.in_flight.front();
       StepOutput out;
-      out.tokens.assign(rep.in_flight.front().rows, 1);
+      out.tokens.assign(step.rows, kDraftToken);
+      if (o_.spec_acceptance > 0) {
+        // Each row samples the draft before it with the measured chance
+        // (a row that verifies nothing ignores its token's value).
+        for (int32_t& token : out.tokens) {
+          if (accept_(spec_rng_) >= o_.spec_acceptance) token = kOtherToken;
+        }
+        if (step.decode_rows > 0 && o_.max_steps_in_flight == 1) {
+          rep.planner.ObserveStep(step.decode_rows, step.done - step.start);
+        }
+      }
       rep.in_flight.pop_front();
       rep.planner.Apply(std::move(out), At(t), done_events_);
     }
@@ -523,9 +576,15 @@ void Simulation::Act(int r, double t) {
     for (int64_t id : plan->stepped) {
       if (tracked_[id].scheduled < 0) tracked_[id].scheduled = t;
     }
-    const double done =
-        Schedule(rep, *plan, o_.count_planner_time ? t + spent : t);
-    rep.in_flight.push_back({done, plan->rows.size()});
+    const double start = o_.count_planner_time ? t + spent : t;
+    const double done = Schedule(rep, *plan, start);
+    rep.in_flight.push_back(
+        {.done = done,
+         .rows = plan->rows.size(),
+         .decode_rows = plan->decode_only
+                            ? static_cast<int64_t>(plan->step.tokens.size())
+                            : 0,
+         .start = start});
   }
   report_.max_running = std::max<int64_t>(
       report_.max_running, static_cast<int64_t>(rep.planner.running()));
@@ -602,6 +661,9 @@ SimReport Simulation::Finish(double wall_seconds) {
     const SchedulerStats s = rep->planner.Stats();
     report.preempted_swap += s.preempted_swap;
     report.preempted_recompute += s.preempted_recompute;
+    report.spec_verifications += s.spec_verifications;
+    report.spec_drafted += s.spec_drafted;
+    report.spec_kept += s.spec_accepted;
     report.leaked_blocks += rep->blocks.used_blocks();
     report.prefix_hit_tokens += rep->blocks.counters().prefix_hit_tokens;
     if (report.duration > 0) {
@@ -694,6 +756,17 @@ std::string FormatReport(const SimReport& r) {
                                   100 * r.slo_attainment, r.goodput)
                 : std::string("SLOs: none set (--slo-ttft, --slo-tpot)"),
       r.steps > 0 ? 1e6 * r.planner_wall_seconds / r.steps : 0, r.wall_seconds);
+  if (r.spec_verifications > 0) {
+    absl::StrAppendFormat(
+        &out,
+        "speculative: %d of %d drafted tokens kept (%.0f%%) in %d "
+        "verifications (%.2f tokens each)\n",
+        r.spec_kept, r.spec_drafted,
+        100.0 * r.spec_kept / std::max<int64_t>(1, r.spec_drafted),
+        r.spec_verifications,
+        static_cast<double>(r.spec_kept + r.spec_verifications) /
+            r.spec_verifications);
+  }
   if (r.cp_bytes.total() > 0) {
     absl::StrAppendFormat(
         &out,
@@ -726,7 +799,8 @@ std::string ReportJson(const SimReport& r) {
       "\"slo_attainment\": %.6g, \"goodput_rps\": %.6g, "
       "\"planner_wall_s\": %.6g, \"leaked_blocks\": %d, \"wall_s\": %.6g, "
       "\"cp_bytes_per_rank\": {\"all_gather\": %.17g, \"all_reduce\": "
-      "%.17g}}",
+      "%.17g}, \"spec\": {\"verifications\": %d, \"drafted\": %d, "
+      "\"kept\": %d}}",
       r.requests, r.finished, refused, r.duration, r.request_rate(),
       r.output_token_rate(), r.prompt_tokens, r.output_tokens,
       PercentilesJson(r.ttft), PercentilesJson(r.tpot), PercentilesJson(r.itl),
@@ -735,7 +809,8 @@ std::string ReportJson(const SimReport& r) {
       r.preempted_recompute, r.prefix_hit_tokens, r.device_kv_mean,
       r.device_kv_peak, r.host_kv_mean, r.host_kv_peak, r.slo_attainment,
       r.goodput, r.planner_wall_seconds, r.leaked_blocks, r.wall_seconds,
-      r.cp_bytes.all_gather, r.cp_bytes.all_reduce);
+      r.cp_bytes.all_gather, r.cp_bytes.all_reduce, r.spec_verifications,
+      r.spec_drafted, r.spec_kept);
 }
 
 }  // namespace shardlm

@@ -99,6 +99,14 @@ struct SimOptions {
   // real loop thread spends it between steps).
   bool count_planner_time = false;
   uint64_t seed = 1;
+  // Speculative decoding (> 0): every decoding sequence has up to
+  // spec_tokens drafts a step, each kept with this probability (given the
+  // ones before it), as measured on a real workload; the planner's own
+  // policy decides how many to verify (spec_adaptive, as
+  // --speculative-adaptive) from the simulated step times.
+  double spec_acceptance = 0;
+  int spec_tokens = 4;
+  bool spec_adaptive = true;
 };
 
 struct Percentiles {
@@ -133,6 +141,8 @@ struct SimReport {
   // peer's copy counted), summed over the pipeline stages, the steps and
   // the replicas; at PP 1 with one replica, what each CP rank sends.
   CpBytes cp_bytes;
+  // Speculative decoding: verifications, tokens drafted and kept.
+  int64_t spec_verifications = 0, spec_drafted = 0, spec_kept = 0;
   double wall_seconds = 0;
 
   double request_rate() const { return duration > 0 ? finished / duration : 0; }

@@ -40,6 +40,39 @@ TEST(SimulateTest, OneRequestTakesOneStepPerToken) {
   EXPECT_EQ(r->leaked_blocks, 0);
 }
 
+// Speculation in the simulator: the planner's own verification and
+// policy against simulated step times. Where a step costs the same
+// whatever its rows (per_token 0: bound by reading the weights), drafts
+// kept 80% of the time cut the steps of a 64-token answer; where each row
+// costs a whole step, the policy drafts (nearly) nothing after measuring
+// it, and the steps stay those of decoding without it.
+TEST(SimulateTest, SpeculationPaysOnlyWhereRowsAreCheap) {
+  const std::vector<SimRequest> one = {
+      {.prompt_tokens = 4, .output_tokens = 64}};
+  FixedCostModel flat(1, 1.0, 0);
+  SimOptions o = Options();
+  absl::StatusOr<SimReport> plain = Simulate(flat, o, 100, one);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->steps, 64);
+  o.spec_acceptance = 0.8;
+  absl::StatusOr<SimReport> spec = Simulate(flat, o, 100, one);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->output_tokens, 64);
+  EXPECT_GT(spec->spec_kept, 0);
+  // About 1 + 0.8 + 0.64 + 0.51 + 0.41 = 3.4 tokens a step.
+  EXPECT_LT(spec->steps, 64 / 2);
+  EXPECT_LT(spec->duration, plain->duration / 2);
+  EXPECT_EQ(spec->leaked_blocks, 0);
+
+  FixedCostModel per_row(1, 0.0, 1.0);  // Every row costs a step's time.
+  o.spec_acceptance = 0.5;
+  absl::StatusOr<SimReport> costly = Simulate(per_row, o, 100, one);
+  ASSERT_TRUE(costly.ok()) << costly.status();
+  EXPECT_EQ(costly->output_tokens, 64);
+  // Tried while unmeasured, then no more: at most a few verifications.
+  EXPECT_LT(costly->spec_drafted, 16);
+}
+
 TEST(SimulateTest, ALateArrivalJoinsTheNextStep) {
   // A arrives at 0 (prefill [0, 1)); B at 0.5 waits for A's step to come
   // back, then prefills beside A's decode ([1, 2)) and decodes alone.
