@@ -128,13 +128,25 @@ def start(args, extra):
     return server, addr, http
 
 
+DRAFTED = 'shardlm_spec_tokens_total{kind="drafted"}'
+
+
 def measure(args, addr, http):
-    """One round of the three workloads against one server."""
-    return {
-        "code": batch_one(args.shardlm, addr, CODE, args.max_tokens),
-        "chat": batch_one(args.shardlm, addr, CHAT[:4], args.max_tokens),
-        "streams": streams(http, CHAT, args.max_tokens, args.concurrency),
+    """One round of the three workloads against one server: per workload,
+    (texts, tokens/s, tokens drafted during it)."""
+    runs = {
+        "code": lambda: batch_one(args.shardlm, addr, CODE, args.max_tokens),
+        "chat": lambda: batch_one(args.shardlm, addr, CHAT[:4],
+                                  args.max_tokens),
+        "streams": lambda: streams(http, CHAT, args.max_tokens,
+                                   args.concurrency),
     }
+    out = {}
+    for name, run in runs.items():
+        before = metrics(http).get(DRAFTED, 0)
+        texts, rate = run()
+        out[name] = (texts, rate, metrics(http).get(DRAFTED, 0) - before)
+    return out
 
 
 def main():
@@ -179,7 +191,7 @@ def main():
                for n in ("code", "chat", "streams"))
     for i, r in enumerate(rounds):
         print(f"round {i + 1}: " + ", ".join(
-            f"{n} {r[1][n][1] / r[0][n][1]:.2f}x"
+            f"{n} {r[1][n][1] / r[0][n][1]:.2f}x ({r[1][n][2]:.0f} drafted)"
             for n in ("code", "chat", "streams")))
     print(f"{'workload':<22} {'without':>10} {'ngram':>10} {'ratio':>7}")
     figures = {}
