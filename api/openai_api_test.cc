@@ -3,7 +3,6 @@
 // the exact shape of vLLM's prompt_logprobs from responses made by hand
 // (end to end: tests/cli/check_openai_client.py).
 #include "api/openai_api.h"
-#include "api/openai_protocol.h"
 
 #include <atomic>
 #include <condition_variable>
@@ -13,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "api/openai_protocol.h"
 #include "coordinator/engine_leak_check.h"
 #include "coordinator/in_process_executor.h"
 #include "gtest/gtest.h"
