@@ -31,7 +31,7 @@ namespace shardlm {
 struct EngineOptions {
   KvCacheOptions kv;
   BatchLimits limits;
-  int threads = 0;  // CPU threads; 0 means all cores.
+  int threads = 0;  // CPU threads; 0: DefaultCpuThreads().
   // Tensor and pipeline parallel degrees. tp * pp > 1 runs the shards on
   // threads of this process (the cluster runs them on worker ranks).
   int tp = 1;

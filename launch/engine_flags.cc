@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "kernels/threading.h"
 #include "model/weight_source.h"
 #include "step/kv_cache.h"
 #include "worker/kv_pool.h"
@@ -16,7 +17,9 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   flags.Add("model", &model,
             "GGUF file, or directory with config.json + *.safetensors + "
             "tokenizer.json");
-  flags.Add("threads", &threads, "CPU threads, 0 = all cores");
+  flags.Add("threads", &threads,
+            "CPU threads; 0: the CPUs this process may use (its affinity "
+            "mask, capped by its cgroup's CPU quota)");
   kv.Register(flags, "per rank");
   limits.Register(flags);
   speculation.Register(flags);
@@ -128,6 +131,16 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
   ASSIGN_OR_RETURN(m.tokenizer, LoadTokenizer(flags.model));
   ASSIGN_OR_RETURN(DeviceChoice device, flags.ResolveDevice(QueryCuda()));
   std::fprintf(stderr, "shardlm: %s\n", device.reason.c_str());
+  if (device.kind == DeviceKind::kCpu) {
+    std::string why = "--threads";
+    const int threads = flags.threads > 0 ? static_cast<int>(flags.threads)
+                                          : DefaultCpuThreads(&why);
+    std::fprintf(stderr, "shardlm: %d CPU thread%s (%s)%s\n", threads,
+                 threads == 1 ? "" : "s", why.c_str(),
+                 flags.tp * flags.pp * flags.cp > 1
+                     ? ", shared among the shards on threads"
+                     : "");
+  }
   ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
   const BlockManager& blocks = m.engine->blocks();
   const DType kv = m.engine->executor().kv_cache_dtype();

@@ -11,6 +11,7 @@
 #include "coordinator/engine.h"
 #include "coordinator/stop_strings.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/threading.h"
 #include "launch/commands.h"
 #include "launch/engine_flags.h"
 #include "launch/flags.h"
@@ -263,11 +264,12 @@ int GenerateCommand(int argc, char** argv) {
         stderr,
         "[shardlm] load %.2fs | prompt %zu tokens, prefill %.3fs (%.1f tok/s)"
         " | generated %zu tokens, decode %.1f tok/s | finish: %s | cpu "
-        "kernels: %s\n",
+        "kernels: %s, %d threads\n",
         load_s, req.prompt.size(), result->prefill_seconds,
         req.prompt.size() / result->prefill_seconds, n,
         n > 1 ? (n - 1) / result->decode_seconds : 0.0,
-        FinishReasonName(result->finish_reason), CpuIsaName(ActiveCpuIsa()));
+        FinishReasonName(result->finish_reason), CpuIsaName(ActiveCpuIsa()),
+        CpuThreads());
     if (const SchedulerStats st = local->engine->stats();
         st.spec_verifications > 0) {
       std::fprintf(

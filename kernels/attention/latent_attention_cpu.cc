@@ -1,7 +1,6 @@
 // The CPU latent attention (latent_attention.h): one OpenMP item per query
 // token, every head of it at once, so each cached entry is decoded once per
 // token and block; an online softmax per head, rescaled once per block.
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -14,6 +13,7 @@
 #include "core/status.h"
 #include "kernels/attention/latent_attention.h"
 #include "kernels/check_args.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 namespace {
@@ -191,12 +191,11 @@ absl::Status LatentAttention(const Tensor& q, const Tensor& cache,
   const auto* base = static_cast<const uint8_t*>(cache.raw());
   const float* qd = q.f32().data();
   float* od = out.f32().data();
-#pragma omp parallel
-  {
+  // One token per chunk: their contexts differ in length.
+  const auto tokens = [&](int64_t begin, int64_t end) {
     std::vector<float> block_buf(bs * d), scores(heads * bs);
     std::vector<float> m(heads), l(heads), acc(heads * vd);
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       const int64_t pos = batch.positions[i];
       const auto& table = batch.block_tables[batch.token_seq[i]];
       const int64_t first =
@@ -245,7 +244,8 @@ absl::Status LatentAttention(const Tensor& q, const Tensor& cache,
         }
       }
     }
-  }
+  };
+  ParallelFor(n, tokens, n);
   return absl::OkStatus();
 }
 

@@ -1,7 +1,6 @@
 // The CPU paged attention (paged_attention.h): argument checks, WriteKv,
 // and the split of a step into items run on the OpenMP team and merged;
 // the items' arithmetic is the ISA's kernel (paged_attention_kernels.h).
-#include <omp.h>
 
 #include <algorithm>
 #include <cmath>
@@ -16,6 +15,7 @@
 #include "kernels/batch_invariance.h"
 #include "kernels/check_args.h"
 #include "kernels/cpu_isa.h"
+#include "kernels/threading.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
@@ -273,7 +273,7 @@ void Attend(Problem& p, RunItemFn run_item) {
   }
   // Split the context when there are too few (tile, KV head) pairs to keep
   // every thread busy, in runs of at least 16 blocks.
-  const int64_t threads = omp_get_max_threads();
+  const int64_t threads = CpuThreads();
   const int64_t pairs = static_cast<int64_t>(tiles.size()) * p.kv_heads;
   // Eight items per thread or more: dynamic scheduling then evens out
   // the threads to within an eighth of one's work.
@@ -321,15 +321,18 @@ void Attend(Problem& p, RunItemFn run_item) {
     return items[a].cost > items[b].cost;
   });
   const int64_t n_items = static_cast<int64_t>(items.size());
-#pragma omp parallel if (n_items > 1)
-  {
-    Scratch w;
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < n_items; ++i) {
-      const Item& it = items[by_cost[i]];
-      run_item(p, tiles[it.tile], it, w, parts.data());
-    }
-  }
+  // One item per chunk, claimed largest first: the items' costs differ too
+  // much for ranges of several.
+  ParallelFor(
+      n_items,
+      [&](int64_t begin, int64_t end) {
+        thread_local Scratch w;  // Kept: its buffers only grow.
+        for (int64_t i = begin; i < end; ++i) {
+          const Item& it = items[by_cost[i]];
+          run_item(p, tiles[it.tile], it, w, parts.data());
+        }
+      },
+      n_items);
   // Items of one (tile, KV head) are adjacent and in key order.
   for (size_t i = 0; i < items.size();) {
     size_t j = i + 1;

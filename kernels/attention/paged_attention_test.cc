@@ -1,7 +1,5 @@
 #include "kernels/attention/paged_attention.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -17,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/batch_invariance.h"
 #include "kernels/cpu_isa_testing.h"
+#include "kernels/threading.h"
 #include "testing/random_tensors.h"
 #include "testing/status.h"
 
@@ -313,13 +312,13 @@ TEST_P(PagedAttentionTest, MatchesNaiveAttention) {
 
 // One thread takes every tile and split in turn; the result is the same.
 TEST_P(PagedAttentionTest, MatchesNaiveAttentionOnOneThread) {
-  const int before = omp_get_max_threads();
-  omp_set_num_threads(1);
+  const int before = CpuThreads();
+  SetCpuThreads(1);
   for (const Case& c : {kCases[1], kCases[2], kCases[8], kCases[10]}) {
     SCOPED_TRACE(c.name);
     EXPECT_LT(StepError(c, dtype()), 1e-5);
   }
-  omp_set_num_threads(before);
+  SetCpuThreads(before);
 }
 
 // Batch-invariant (kernels/batch_invariance.h), a row's output does not
@@ -354,11 +353,11 @@ TEST_P(PagedAttentionTest, BatchInvariantRowsDoNotDependOnTheirStep) {
       return std::vector<float>(out.f32().begin() + at * row,
                                 out.f32().begin() + (at + 1) * row);
     };
-    const int before = omp_get_max_threads();
+    const int before = CpuThreads();
     for (int threads : {1, 2}) {
       SCOPED_TRACE(::testing::Message()
                    << "window " << window << " threads " << threads);
-      omp_set_num_threads(threads);
+      SetCpuThreads(threads);
       const std::vector<float> alone = run({699}, {0});
       EXPECT_EQ(run({695, 696, 697, 698, 699}, {0, 0, 0, 0, 0}), alone);
       std::vector<int32_t> pos = {299, 699}, seq = {1, 0};
@@ -372,7 +371,7 @@ TEST_P(PagedAttentionTest, BatchInvariantRowsDoNotDependOnTheirStep) {
       }
       EXPECT_LT(MaxAbsDiff(alone.data(), want.data(), want.size()), 1e-5);
     }
-    omp_set_num_threads(before);
+    SetCpuThreads(before);
   }
   SetBatchInvariant(false);
 }

@@ -1,5 +1,4 @@
 #include <cblas.h>
-#include <omp.h>
 
 #include <algorithm>
 
@@ -8,6 +7,7 @@
 #include "kernels/check_args.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/quant_kernels.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 
@@ -44,19 +44,21 @@ absl::Status Linear(const Tensor& x, const Tensor& w, Tensor& y,
   }
   // Small products are not worth waking the team for.
   const bool parallel = n * out * in >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
-  {
-    const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
-    // Column ranges of 16 keep slices aligned for the BLAS kernels.
-    const int64_t tiles = (out + 15) / 16;
-    const int64_t begin = std::min(out, tiles * t / nt * 16);
-    const int64_t end = std::min(out, tiles * (t + 1) / nt * 16);
-    const int64_t cols = end - begin;
-    if (cols > 0) {
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, cols, in, 1.0f,
-                  xp, in, wp + begin * in, in, beta, yp + begin, out);
+  // Column ranges of whole tiles of 16 keep slices aligned for the BLAS
+  // kernels.
+  const auto columns = [&](int64_t begin, int64_t end) {
+    if (end > begin) {
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, end - begin, in,
+                  1.0f, xp, in, wp + begin * in, in, beta, yp + begin, out);
     }
+  };
+  if (!parallel) {
+    columns(0, out);
+    return absl::OkStatus();
   }
+  ParallelFor((out + 15) / 16, [&](int64_t t0, int64_t t1) {
+    columns(t0 * 16, std::min(out, t1 * 16));
+  });
   return absl::OkStatus();
 }
 

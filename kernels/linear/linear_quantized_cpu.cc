@@ -22,7 +22,6 @@
 // ranges (rounded to kTileRows), one per thread, on both paths.
 #include <cblas.h>
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstring>
@@ -36,6 +35,7 @@
 #include "kernels/cpu_isa.h"
 #include "kernels/linear/linear.h"
 #include "kernels/linear/quant_kernels.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 namespace {
@@ -56,13 +56,19 @@ constexpr int64_t kPrefillTile = 256;  // Rows dequantized per BLAS call.
 constexpr int64_t kRowDotTileBytes = 96 << 10;
 constexpr int64_t kRowTile = 64;
 
-// This OpenMP thread's output rows: equal contiguous ranges, in multiples
-// of kTileRows, one per thread of the team.
-std::pair<int64_t, int64_t> ThreadRows(int64_t out) {
-  const int64_t t = omp_get_thread_num(), nt = omp_get_num_threads();
+// Runs rows(begin, end) over [0, out) in contiguous ranges of whole
+// kTileRows tiles, shared among this thread's kernel threads (ParallelFor),
+// or all here when `parallel` is false.
+template <typename Rows>
+void ForOutputRows(int64_t out, bool parallel, Rows rows) {
+  if (!parallel) {
+    rows(int64_t{0}, out);
+    return;
+  }
   const int64_t tiles = (out + kTileRows - 1) / kTileRows;
-  return {std::min(out, tiles * t / nt * kTileRows),
-          std::min(out, tiles * (t + 1) / nt * kTileRows)};
+  ParallelFor(tiles, [&](int64_t t0, int64_t t1) {
+    rows(t0 * kTileRows, std::min(out, t1 * kTileRows));
+  });
 }
 
 }  // namespace
@@ -117,9 +123,7 @@ void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
   if (n > kDecodeMaxRows) {
     // Tiles of w rows stay in cache while groups of x rows pass over them.
     const int64_t tile = std::max<int64_t>(1, kRowDotTileBytes / row_bytes);
-#pragma omp parallel
-    {
-      const auto [begin, end] = ThreadRows(out);
+    ForOutputRows(out, true, [&](int64_t begin, int64_t end) {
       for (int64_t o0 = begin; o0 < end; o0 += tile) {
         const int64_t o1 = std::min(end, o0 + tile);
         for (int64_t r0 = 0; r0 < n; r0 += kRowTile) {
@@ -127,15 +131,13 @@ void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
           for (int64_t o = o0; o < o1; ++o) dots_of(o, r0, r1);
         }
       }
-    }
+    });
     return;
   }
   // Decode: each row of w read once for all rows of x.
   const bool parallel = out * in >= (int64_t{1} << 16);
-#pragma omp parallel if (parallel)
-  {
-    const auto [begin, end] = ThreadRows(out);
-    // This thread's rows end here; nothing past them is prefetched.
+  ForOutputRows(out, parallel, [&](int64_t begin, int64_t end) {
+    // This range's rows end here; nothing past them is prefetched.
     const char* const stop = reinterpret_cast<const char*>(w + end * row_bytes);
     for (int64_t o = begin; o < end; ++o) {
       const char* ahead =
@@ -145,7 +147,7 @@ void LinearByRowDots(const Kernels& k, const uint8_t* w, int64_t row_bytes,
       }
       dots_of(o, 0, n);
     }
-  }
+  });
 }
 
 }  // namespace quant_kernels
@@ -173,9 +175,7 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
   if (n > kDecodeMaxRows && !BatchInvariant()) {
     // Prefill: dequantized tiles of w times x through BLAS.
     const float beta = accumulate ? 1.0f : 0.0f;
-#pragma omp parallel
-    {
-      const auto [begin, end] = ThreadRows(out);
+    ForOutputRows(out, true, [&](int64_t begin, int64_t end) {
       // Reused across calls: a fresh (zeroed) tile per call and thread
       // cost a memset of up to a few MB on every prefill GEMM.
       thread_local std::vector<float> scratch;
@@ -191,7 +191,7 @@ absl::Status LinearQuantized(const Tensor& x, const Tensor& w, Tensor& y,
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, rows, in, 1.0f,
                     xp, in, scratch.data(), in, beta, yp + r0, out);
       }
-    }
+    });
     return absl::OkStatus();
   }
 

@@ -4,6 +4,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check_args.h"
 #include "kernels/rope/rope.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 
@@ -36,8 +37,7 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions,
   }
   const std::vector<double>& inv_freq = table.inv_freq;
   const RopeStyle style = table.style;
-#pragma omp parallel for if (n > 4)
-  for (int64_t i = 0; i < n; ++i) {
+  ParallelForEach(n, n > 4, [&](int64_t i) {
     // Angles in double: positions reach 10^5 and more, where float angles
     // lose the low bits that decide the rotation.
     std::vector<float> cos(half), sin(half);
@@ -57,7 +57,7 @@ absl::Status Rope(Tensor& x, absl::Span<const int32_t> positions,
         v[b] = x0 * sin[k] + x1 * cos[k];
       }
     }
-  }
+  });
   return absl::OkStatus();
 }
 

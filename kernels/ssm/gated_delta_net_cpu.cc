@@ -13,6 +13,7 @@
 #include "core/status.h"
 #include "kernels/check_args.h"
 #include "kernels/ssm/gated_delta_net.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 namespace {
@@ -91,8 +92,7 @@ absl::Status CausalConv1dSilu(const Tensor& x, const Tensor& weight,
   const auto row = [&](int64_t r) -> const float* {
     return r < w - 1 ? sd + r * ch : xd + (r - (w - 1)) * ch;
   };
-#pragma omp parallel for if (n * ch * w > 65536)
-  for (int64_t t = 0; t < n; ++t) {
+  ParallelForEach(n, n * ch * w > 65536, [&](int64_t t) {
     float* o = od + t * ch;
     std::fill(o, o + ch, 0.0f);
     for (int64_t j = 0; j < w; ++j) {
@@ -102,7 +102,7 @@ absl::Status CausalConv1dSilu(const Tensor& x, const Tensor& weight,
       for (int64_t c = 0; c < ch; ++c) o[c] += tj[c] * xr[c];
     }
     for (int64_t c = 0; c < ch; ++c) o[c] = Silu(o[c]);
-  }
+  });
   // The state becomes rows [T, T + W - 1) of xp. Filled in increasing
   // order, each row is read (row T + r >= r + 1) before it is overwritten.
   for (int64_t r = 0; r < w - 1; ++r) {
@@ -159,11 +159,10 @@ absl::Status GatedDeltaRule(const Tensor& q, const Tensor& k, const Tensor& v,
   const float* bd = beta.data<float>();
   float* sd = state.data<float>();
   float* od = out.data<float>();
-#pragma omp parallel if (vh > 1 && n * vh * dk * dv >= 32768)
-  {
+  // Value heads [begin, end), each with its own state.
+  const auto value_heads = [&](int64_t begin, int64_t end) {
     std::vector<float> qn(dk), kn(dk), delta(dv);
-#pragma omp for schedule(static)
-    for (int64_t i = 0; i < vh; ++i) {
+    for (int64_t i = begin; i < end; ++i) {
       const int64_t j = shape.v_tiled ? (v0 + i) % kh : (v0 + i) / group;
       float* s = sd + i * dk * dv;
       for (int64_t t = 0; t < n; ++t) {
@@ -202,6 +201,11 @@ absl::Status GatedDeltaRule(const Tensor& q, const Tensor& k, const Tensor& v,
         }
       }
     }
+  };
+  if (vh > 1 && n * vh * dk * dv >= 32768) {
+    ParallelFor(vh, value_heads);
+  } else {
+    value_heads(0, vh);
   }
   return absl::OkStatus();
 }
@@ -227,8 +231,7 @@ absl::Status GatedRmsNorm(const Tensor& o, const Tensor& z,
 
   const int64_t rows = shape[0] * shape[1];
   const float* w = weight.data<float>();
-#pragma omp parallel for if (rows * d > 65536)
-  for (int64_t r = 0; r < rows; ++r) {
+  ParallelForEach(rows, rows * d > 65536, [&](int64_t r) {
     const float* x = o.data<float>() + r * d;
     const float* zr = z.data<float>() + r * d;
     float* y = out.data<float>() + r * d;
@@ -237,7 +240,7 @@ absl::Status GatedRmsNorm(const Tensor& o, const Tensor& z,
     for (int64_t e = 0; e < d; ++e) ss += double{x[e]} * x[e];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / d + eps));
     for (int64_t e = 0; e < d; ++e) y[e] = x[e] * inv * w[e] * Silu(zr[e]);
-  }
+  });
   return absl::OkStatus();
 }
 

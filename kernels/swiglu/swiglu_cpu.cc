@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/check_args.h"
 #include "kernels/swiglu/swiglu.h"
+#include "kernels/threading.h"
 
 namespace shardlm {
 
@@ -24,8 +25,7 @@ absl::Status Gated(const char* op, const Tensor& gate, const Tensor& up,
   const float* g = gate.data<float>();
   const float* u = up.data<float>();
   float* o = out.data<float>();
-#pragma omp parallel for if (n > 65536)
-  for (int64_t i = 0; i < n; ++i) o[i] = act(g[i]) * u[i];
+  ParallelForEach(n, n > 65536, [&](int64_t i) { o[i] = act(g[i]) * u[i]; });
   return absl::OkStatus();
 }
 
