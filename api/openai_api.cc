@@ -18,6 +18,7 @@
 #include "api/openai_request_scan.h"
 #include "api/request_ranges.h"
 #include "api/responses_api.h"
+#include "coordinator/serving_metrics.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
 #include "model/tool_calls.h"
@@ -163,13 +164,15 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
     return fail(absl::UnauthenticatedError(kMissingKey));
   }
   if (req.path == "/v1/models" && get) {
-    const Json body = {{"object", "list"},
-                       {"data",
-                        {{{"id", options_.model_name},
-                          {"object", "model"},
-                          {"created", 0},
-                          {"owned_by", "shardlm"},
-                          {"max_model_len", context_length_}}}}};
+    const Json body = {
+        {"object", "list"},
+        {"data",
+         {{{"id", options_.model_name},
+           {"object", "model"},
+           {"created", 0},
+           {"owned_by", "shardlm"},
+           {"max_model_len", context_length_},
+           {"precision", PrecisionName(engine_->precision())}}}}};
     return send(200, "application/json", Dump(body));
   }
   const bool completions = req.path == "/v1/completions";
@@ -237,6 +240,11 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   const char* object =
       chat ? (stream ? "chat.completion.chunk" : "chat.completion")
            : "text_completion";
+  // What computed the answer: version, backend and precision (OpenAI's
+  // field for the configuration that produced it).
+  const std::string fingerprint = absl::StrCat(
+      "shardlm-", ShardlmVersion(), "-", engine_->executor().backend(), "-",
+      PrecisionName(engine_->precision()));
   // What each of the n choices accumulates (the whole answer when not
   // streamed). Tool calls: the service parses them (the last response
   // carries them); the same parser here keeps their markup out of the
@@ -398,6 +406,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                     {"object", object},
                     {"created", created},
                     {"model", options_.model_name},
+                    {"system_fingerprint", fingerprint},
                     {"choices", {one}}};
       // With n > 1 the request's usage is in the include_usage chunk only.
       if (r.has_usage() && n == 1 && i + 1 == chunks) {
@@ -430,6 +439,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
                          {"object", object},
                          {"created", created},
                          {"model", options_.model_name},
+                         {"system_fingerprint", fingerprint},
                          {"choices", Json::array()},
                          {"usage", UsageJson(total_usage())}};
       res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
@@ -467,6 +477,7 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
               {"object", object},
               {"created", created},
               {"model", options_.model_name},
+              {"system_fingerprint", fingerprint},
               {"choices", out_choices},
               {"usage", UsageJson(total_usage())}};
   // ... and a chat's beside the choices.
@@ -685,6 +696,7 @@ std::string OpenAiApi::Metrics() {
   const std::vector<RankReport> ranks = engine_->executor().RankReports();
   AppendRankMetrics(out, ranks, service_->options().tp);
   AppendBuildInfo(out, engine_->executor().backend(),
+                  PrecisionName(engine_->precision()),
                   KvCacheDTypeName(engine_->executor().kv_cache_dtype()),
                   std::max<int>(1, static_cast<int>(ranks.size())));
   return out;

@@ -228,6 +228,7 @@ void ControlService::Assign(Worker& w, const std::string& rendezvous_prefix) {
   a.set_moe_sharding(MoeShardingName(options_.moe_sharding));
   a.set_pp_balance(PpBalanceName(options_.pp_balance));
   a.set_batch_invariant(options_.batch_invariant);
+  a.set_precision(PrecisionName(options_.precision));
   a.set_tp_rank(w.tp_rank);
   a.set_pp_rank(w.pp_rank);
   a.set_cp(options_.cp);

@@ -25,6 +25,7 @@
 #include "absl/time/time.h"
 #include "coordinator/step_executor.h"
 #include "grpcpp/server_builder.h"
+#include "kernels/precision.h"
 #include "model/shard_plan.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "step/batch_limits.h"
@@ -50,6 +51,9 @@ struct ClusterOptions {
   PpBalance pp_balance = PpBalance::kDecode;
   // Batch-invariant kernels on every worker (sent to every worker).
   bool batch_invariant = false;
+  // The precision of the workers' CPU matrix products (sent to every
+  // worker).
+  Precision precision = Precision::kExact;
   // Workers must register with this token (compared in constant time);
   // others are refused with UNAUTHENTICATED and do not disturb startup.
   // Empty accepts any worker: tests only.

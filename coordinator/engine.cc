@@ -121,6 +121,16 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(
         limits.max_queued, ") not negative"));
   }
   RETURN_IF_ERROR(CheckSpeculation(*executor, options));
+  if (options.precision == Precision::kFast &&
+      options.device != DeviceKind::kCpu) {
+    return absl::UnimplementedError(
+        "--precision fast on CUDA: the GPU path runs bf16 activations in "
+        "either mode (its matrix products are cuBLAS bf16 GEMMs); use "
+        "--device cpu, or --precision exact");
+  }
+  // Every rank of this process; remote workers set it from their
+  // assignment (WorkerAssignment::precision).
+  SetPrecision(options.precision);
   if (options.speculation.enabled() || options.batch_invariant) {
     // Every rank of this process; remote workers set it from their
     // assignment (WorkerAssignment::batch_invariant).

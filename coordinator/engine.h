@@ -19,6 +19,7 @@
 #include "coordinator/drafter.h"
 #include "coordinator/scheduler.h"
 #include "coordinator/step_executor.h"
+#include "kernels/precision.h"
 #include "kernels/sampling/sampling.h"
 #include "model/shard_plan.h"
 #include "model/weight_source.h"
@@ -56,6 +57,11 @@ struct EngineOptions {
   // --batch-invariant: a row's result does not depend on the other rows
   // of its step (prefill then costs more); implied by speculation. CPU.
   bool batch_invariant = false;
+  // --precision (kernels/precision.h): kExact (f32 activations) by
+  // default; kFast quantizes matrix inputs to int8 (CPU only). One mode
+  // per process: Create sets it for every rank here, and the cluster
+  // sends it in the assignment.
+  Precision precision = Precision::kExact;
   // A failed step pauses the engine and keeps its requests to be
   // recomputed once Resume() is called, instead of failing them: for an
   // executor that comes back (coordinator --rejoin). See Scheduler.
@@ -79,6 +85,7 @@ class Engine {
   // The prefix cache's key insertions and evictions (for WatchState).
   const PrefixEventLog& prefix_events() const { return prefix_events_; }
   const StepExecutor& executor() const { return *executor_; }
+  Precision precision() const { return options_.precision; }
 
   // Queues a request for the scheduler loop, which batches it with every
   // other running request; thread-safe. InvalidArgument as for

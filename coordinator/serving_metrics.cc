@@ -347,15 +347,19 @@ void AppendCpRankKvMetrics(std::string& out,
   }
 }
 
+const char* ShardlmVersion() { return SHARDLM_VERSION; }
+
 void AppendBuildInfo(std::string& out, const std::string& backend,
+                     const std::string& precision,
                      const std::string& kv_cache_dtype, int ranks) {
   Header(out, "shardlm_build_info", "gauge",
          "Always 1; the labels say what runs: version, git commit (at "
-         "configure time), backend, KV cache dtype, worker ranks.");
+         "configure time), backend, precision of the CPU matrix products "
+         "(exact or fast), KV cache dtype, worker ranks.");
   absl::StrAppend(&out, "shardlm_build_info{version=\"", SHARDLM_VERSION,
                   "\",commit=\"", SHARDLM_COMMIT, "\",backend=\"", backend,
-                  "\",kv_cache_dtype=\"", kv_cache_dtype, "\",ranks=\"", ranks,
-                  "\"} 1\n");
+                  "\",precision=\"", precision, "\",kv_cache_dtype=\"",
+                  kv_cache_dtype, "\",ranks=\"", ranks, "\"} 1\n");
 }
 
 }  // namespace shardlm

@@ -118,8 +118,13 @@ void AppendCpRankKvMetrics(std::string& out,
                            const std::vector<TierUsage>& device,
                            const std::vector<TierUsage>& host);
 
-// shardlm_build_info{version,commit,backend,kv_cache_dtype,ranks} 1.
+// shardlm's version (the project's, at configure time).
+const char* ShardlmVersion();
+
+// shardlm_build_info{version,commit,backend,precision,kv_cache_dtype,ranks}
+// 1.
 void AppendBuildInfo(std::string& out, const std::string& backend,
+                     const std::string& precision,
                      const std::string& kv_cache_dtype, int ranks);
 
 }  // namespace shardlm

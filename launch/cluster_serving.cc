@@ -44,6 +44,12 @@ void ClusterFlags::Register(FlagSet& flags, const std::string& model_help) {
             "address of the HTTP API (OpenAI-style routes, /metrics, "
             "/health, /ready); empty: none. SHARDLM_API_KEY guards both");
   flags.Add("threads", &threads, "CPU threads per worker");
+  flags.Add(
+      "precision", &precision,
+      "precision of the CPU matrix products: exact (f32 activations, within "
+      "1e-3 of the reference) or fast (int8 activations and integer dot "
+      "products, as llama.cpp; its distance from exact is in "
+      "docs/precision.md). CPU only");
   kv.Register(flags, "per worker");
   limits.Register(flags);
   speculation.Register(flags);
@@ -98,6 +104,14 @@ std::string ClusterFlags::Problem() const {
   if (std::string p = limits.Problem(); !p.empty()) return p;
   if (std::string p = speculation.Problem(); !p.empty()) return p;
   if (std::string p = api.Problem(); !p.empty()) return p;
+  if (absl::StatusOr<Precision> p = ParsePrecision(precision); !p.ok()) {
+    return absl::StrCat("--precision: ", p.status().message());
+  }
+  if (precision == "fast" && device == "cuda") {
+    return "--precision fast with --device cuda: GPU workers run bf16 "
+           "activations in either mode; use --device cpu, or --precision "
+           "exact";
+  }
   if (absl::StatusOr<MoeSharding> m = ParseMoeSharding(moe_sharding); !m.ok()) {
     return std::string(m.status().message());
   }
@@ -146,6 +160,7 @@ ClusterOptions ClusterFlags::Control(std::string cluster_token,
   o.threads_per_worker = static_cast<int>(threads);
   o.batch_invariant =
       speculation.batch_invariant || speculation.ToOptions().enabled();
+  o.precision = ParsePrecision(precision).value_or(Precision::kExact);
   o.worker_timeout = absl::Milliseconds(worker_timeout_ms);
   o.step_timeout = absl::Seconds(step_timeout_s);
   return o;
@@ -272,6 +287,7 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
                                                     : DeviceKind::kCpu,
        .speculation = f.speculation.ToOptions(),
        .batch_invariant = f.speculation.batch_invariant,
+       .precision = ParsePrecision(f.precision).value_or(Precision::kExact),
        .resume_interrupted = o.rejoin});
   if (!engine.ok()) return fail("", engine.status());
   std::string name = source.config().name;

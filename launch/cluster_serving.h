@@ -31,6 +31,7 @@ struct ClusterFlags {
   int64_t cp = 1;
   std::string moe_sharding = "auto";
   std::string pp_balance = "decode";
+  std::string precision = "exact";  // --precision (kernels/precision.h).
   std::string listen = "127.0.0.1:50051";
   std::string http_listen;
   int64_t threads = 1;

@@ -23,6 +23,12 @@ void LocalEngineFlags::Register(FlagSet& flags) {
   kv.Register(flags, "per rank");
   limits.Register(flags);
   speculation.Register(flags);
+  flags.Add(
+      "precision", &precision,
+      "precision of the CPU matrix products: exact (f32 activations, within "
+      "1e-3 of the reference) or fast (int8 activations and integer dot "
+      "products, as llama.cpp; its distance from exact is in "
+      "docs/precision.md). CPU only");
   flags.Add("tp", &tp, "tensor-parallel shards (run on threads here)");
   flags.Add("pp", &pp, "pipeline stages (run on threads here)");
   flags.Add("cp", &cp,
@@ -63,6 +69,9 @@ std::string LocalEngineFlags::Problem() const {
   if (std::string p = kv.Problem(); !p.empty()) return p;
   if (std::string p = limits.Problem(); !p.empty()) return p;
   if (std::string p = speculation.Problem(); !p.empty()) return p;
+  if (absl::StatusOr<Precision> p = ParsePrecision(precision); !p.ok()) {
+    return absl::StrCat("--precision: ", p.status().message());
+  }
   if (absl::StatusOr<DeviceRequest> r = ParseDeviceFlag(device); !r.ok()) {
     return std::string(r.status().message());
   }
@@ -80,6 +89,8 @@ absl::StatusOr<DeviceChoice> LocalEngineFlags::ResolveDevice(
     not_on_gpu = "--cp > 1";
   } else if (kv.kv_cache_dtype != "auto" && kv.kv_cache_dtype != "bf16") {
     not_on_gpu = absl::StrCat("--kv-cache-dtype ", kv.kv_cache_dtype);
+  } else if (precision == "fast") {
+    not_on_gpu = "--precision fast";
   } else if (tp * pp > cuda.devices && !allow_shared_gpu) {
     not_on_gpu = absl::StrCat("--tp x --pp = ", tp * pp, " ranks on ",
                               cuda.devices, " GPU(s)");
@@ -103,7 +114,8 @@ EngineOptions LocalEngineFlags::ToOptions(const DeviceChoice& d) const {
           .cuda_weights =
               ParseCudaWeights(cuda_weights).value_or(CudaWeights::kBf16),
           .speculation = speculation.ToOptions(),
-          .batch_invariant = speculation.batch_invariant};
+          .batch_invariant = speculation.batch_invariant,
+          .precision = ParsePrecision(precision).value_or(Precision::kExact)};
 }
 
 namespace {
@@ -135,11 +147,14 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
     std::string why = "--threads";
     const int threads = flags.threads > 0 ? static_cast<int>(flags.threads)
                                           : DefaultCpuThreads(&why);
-    std::fprintf(stderr, "shardlm: %d CPU thread%s (%s)%s\n", threads,
-                 threads == 1 ? "" : "s", why.c_str(),
+    std::fprintf(stderr, "shardlm: %d CPU thread%s (%s)%s; precision %s\n",
+                 threads, threads == 1 ? "" : "s", why.c_str(),
                  flags.tp * flags.pp * flags.cp > 1
                      ? ", shared among the shards on threads"
-                     : "");
+                     : "",
+                 flags.precision == "fast"
+                     ? "fast (int8 activations, integer dot products)"
+                     : "exact (f32 activations)");
   }
   ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
   const BlockManager& blocks = m.engine->blocks();

@@ -28,6 +28,7 @@ struct LocalEngineFlags {
   int64_t cp = 1;  // Context parallel (CPU only).
   std::string moe_sharding = "auto";
   std::string pp_balance = "decode";
+  std::string precision = "exact";  // --precision (kernels/precision.h).
   std::string device = "auto";
   bool allow_shared_gpu = false;
   std::string cuda_weights = "bf16";

@@ -6,6 +6,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/cpu_isa.h"
+#include "kernels/threading.h"
 #include "launch/commands.h"
 #include "launch/flags.h"
 #include "model/chat_template.h"
@@ -238,6 +240,17 @@ int InspectCommand(int argc, char** argv) {
     std::printf("tokenizer  none: %s\n",
                 std::string(tokenizer.status().message()).c_str());
   }
+  // What a CPU server started here would run (generate and serve log
+  // their choice too).
+  std::string why;
+  const int threads = DefaultCpuThreads(&why);
+  std::printf("cpu        %s kernels; %d thread%s by default (%s)\n",
+              CpuIsaName(ActiveCpuIsa()), threads, threads == 1 ? "" : "s",
+              why.c_str());
+  std::printf(
+      "precision  exact by default (f32 activations); --precision fast: int8 "
+      "activations and integer dot products for the block-quantized "
+      "matrices (f32 ones stay f32)\n");
   return 0;
 }
 

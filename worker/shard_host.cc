@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
 #include "kernels/batch_invariance.h"
+#include "kernels/precision.h"
 #include "kernels/threading.h"
 #include "model/shard_plan.h"
 #include "worker/shard.h"
@@ -63,6 +64,7 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   ASSIGN_OR_RETURN(comms_, connect_(a));
   SetCpuThreads(a.threads);
   SetBatchInvariant(a.batch_invariant);
+  SetPrecision(a.precision);
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp,
                                               a.moe_sharding, a.pp_balance));
   // CP ranks hold the same weights: the TP x PP spec, with the CP place.

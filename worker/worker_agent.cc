@@ -124,6 +124,10 @@ class AgentSession {
                 PpBalance balance,
                 ParsePpBalance(a.pp_balance().empty() ? "decode"
                                                       : a.pp_balance()));
+            ASSIGN_OR_RETURN(
+                const Precision precision,
+                ParsePrecision(a.precision().empty() ? "exact"
+                                                     : a.precision()));
             return host_.Load(
                 {.kv = kv,
                  .limits = limits,
@@ -138,7 +142,8 @@ class AgentSession {
                  .step_timeout = absl::Milliseconds(a.step_timeout_ms()),
                  .moe_sharding = moe,
                  .pp_balance = balance,
-                 .batch_invariant = a.batch_invariant()});
+                 .batch_invariant = a.batch_invariant(),
+                 .precision = precision});
           }();
           v1::WorkerMessage out;
           if (!blocks.ok()) {

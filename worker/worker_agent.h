@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "kernels/precision.h"
 #include "step/batch_limits.h"
 #include "step/kv_cache.h"
 #include "worker/control_channel.h"
@@ -44,6 +45,8 @@ struct WorkerAssignment {
   PpBalance pp_balance = PpBalance::kDecode;      // PP's stage boundaries.
   // Batch-invariant kernels in this process (SetBatchInvariant).
   bool batch_invariant = false;
+  // The precision of this process's CPU matrix products (SetPrecision).
+  Precision precision = Precision::kExact;
 };
 
 // One shard of the model on this worker. Called from the agent's thread

@@ -5,6 +5,7 @@
 // column slice starting mid-row; and each row of a decode step against the
 // same row alone. Also the quantized embedding.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -16,6 +17,8 @@
 #include "kernels/cpu_isa_testing.h"
 #include "kernels/embedding/embedding.h"
 #include "kernels/linear/linear.h"
+#include "kernels/linear/quant_kernels.h"
+#include "kernels/precision.h"
 #include "model/dequantize.h"
 #include "testing/random_tensors.h"
 
@@ -187,6 +190,92 @@ TEST_P(LinearQuantizedTest, BatchInvariantStepsGiveEachRowWhatItGetsAlone) {
   SetBatchInvariant(false);
 }
 
+// Precision::kFast: x goes to int8 per run of 32 values, so each output
+// may move from the exact product by at most sum_k |w_k| d_k / 2 (d_k the
+// scale of x_k's run: rounding moves a value by at most half of it), plus
+// f32 rounding. Every kernel keeps to that, agrees with the portable
+// integer reference to f32 rounding, and gives each row of a step (decode
+// groups and the tiled rows alike) bit for bit what it gets alone.
+class FastPrecision {
+ public:
+  FastPrecision() { SetPrecision(Precision::kFast); }
+  ~FastPrecision() { SetPrecision(Precision::kExact); }
+};
+
+TEST_P(LinearQuantizedTest, FastStaysWithinTheActivationRoundingOfExact) {
+  const DType t = GetParam();
+  const int64_t out = 37, in = BlockElems(t) * (BlockElems(t) == 32 ? 9 : 2);
+  const Tensor w = RandomQuantized(t, out, in, 31);
+  const Tensor wf = Dequantized(w);
+  FastPrecision fast;
+  for (int64_t n : {int64_t{1}, int64_t{5}, kDecodeMaxRows + 54}) {
+    const Tensor x = RandomTensor({n, in}, 37);
+    const auto want = Reference(x, wf);
+    std::vector<int8_t> xq(n * in);
+    std::vector<float> xd(n * in / 32);
+    quant_kernels::QuantizeRowsQ8(x.f32().data(), n, in, xq.data(), xd.data());
+    std::vector<float> portable;
+    for (CpuIsa k : Kernels()) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " n " << n
+                                        << " kernel " << CpuIsaName(k));
+      SetCpuIsa(k);
+      Tensor y = *Tensor::Host(DType::kF32, {n, out});
+      ASSERT_TRUE(Linear(x, w, y).ok());
+      for (int64_t r = 0; r < n; ++r) {
+        for (int64_t o = 0; o < out; ++o) {
+          double bound = 0;
+          for (int64_t j = 0; j < in; ++j) {
+            bound += std::abs(double{wf.f32()[o * in + j]}) *
+                     xd[(r * in + j) / 32] / 2;
+          }
+          const int64_t i = r * out + o;
+          ASSERT_LE(std::abs(y.f32()[i] - want.y[i]),
+                    bound + 1e-5 * want.mag[i] + 1e-6)
+              << "row " << r << " output " << o;
+        }
+      }
+      std::vector<float> got(y.f32().begin(), y.f32().end());
+      if (portable.empty()) {
+        portable = got;  // Kernels() lists the portable reference first.
+        continue;
+      }
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], portable[i], 1e-5 * want.mag[i] + 1e-6)
+            << "output " << i;
+      }
+    }
+  }
+}
+
+TEST_P(LinearQuantizedTest, FastStepsGiveEachRowWhatItGetsAlone) {
+  const DType t = GetParam();
+  const int64_t out = 21, in = BlockElems(t) * (BlockElems(t) == 32 ? 5 : 1);
+  const Tensor w = RandomQuantized(t, out, in, 41);
+  const Tensor x = RandomTensor({70, in}, 43);
+  FastPrecision fast;
+  for (CpuIsa k : Kernels()) {
+    SetCpuIsa(k);
+    for (int64_t n : {int64_t{3}, kDecodeMaxRows, int64_t{70}}) {
+      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " kernel "
+                                        << CpuIsaName(k) << " n " << n);
+      Tensor xn = *Tensor::Host(DType::kF32, {n, in});
+      std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
+      Tensor y = *Tensor::Host(DType::kF32, {n, out});
+      ASSERT_TRUE(Linear(xn, w, y).ok());
+      for (int64_t r : {int64_t{0}, n / 2, n - 1}) {
+        Tensor xr = *Tensor::Host(DType::kF32, {1, in});
+        std::copy_n(x.f32().begin() + r * in, in, xr.f32().begin());
+        Tensor yr = *Tensor::Host(DType::kF32, {1, out});
+        ASSERT_TRUE(Linear(xr, w, yr).ok());
+        EXPECT_EQ(std::vector<float>(yr.f32().begin(), yr.f32().end()),
+                  std::vector<float>(y.f32().begin() + r * out,
+                                     y.f32().begin() + (r + 1) * out))
+            << "row " << r;
+      }
+    }
+  }
+}
+
 TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
   const DType t = GetParam();
   const int64_t b = BlockElems(t), out = 19, in = b * 9;
@@ -209,6 +298,43 @@ TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
   // Not on a block boundary (a super-block cut by a TP split): refused.
   auto bad = CopySlice(info, bytes, 0, 1, b / 2, 2 * b);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A row-parallel TP split in Precision::kFast: each rank quantizes its
+// slice of x on the runs the whole row has (slices start on block edges),
+// so the slices' products sum to the whole product up to f32 rounding.
+TEST_P(LinearQuantizedTest, FastColumnSlicesSumToTheWholeProduct) {
+  const DType t = GetParam();
+  const int64_t b = BlockElems(t), out = 19, in = b * 6;
+  const Tensor w = RandomQuantized(t, out, in, 3);
+  TensorInfo info{.name = "w",
+                  .dtype = t,
+                  .shape = {out, in},
+                  .bytes = static_cast<uint64_t>(w.bytes())};
+  const absl::Span<const uint8_t> bytes(static_cast<const uint8_t*>(w.raw()),
+                                        w.bytes());
+  const Tensor x = RandomTensor({5, in}, 5);
+  FastPrecision fast;
+  Tensor whole = *Tensor::Host(DType::kF32, {5, out});
+  ASSERT_TRUE(Linear(x, w, whole).ok());
+  std::vector<float> sum(5 * out, 0.0f);
+  for (int64_t c0 = 0; c0 < in; c0 += 2 * b) {
+    auto slice = CopySlice(info, bytes, 0, out, c0, c0 + 2 * b);
+    ASSERT_TRUE(slice.ok()) << slice.status();
+    Tensor xs = *Tensor::Host(DType::kF32, {5, 2 * b});
+    for (int64_t r = 0; r < 5; ++r) {
+      std::copy_n(x.f32().begin() + r * in + c0, 2 * b,
+                  xs.f32().begin() + r * 2 * b);
+    }
+    Tensor ys = *Tensor::Host(DType::kF32, {5, out});
+    ASSERT_TRUE(Linear(xs, *slice, ys).ok());
+    for (int64_t i = 0; i < 5 * out; ++i) sum[i] += ys.f32()[i];
+  }
+  const auto want = Reference(x, Dequantized(w));
+  for (int64_t i = 0; i < 5 * out; ++i) {
+    ASSERT_NEAR(sum[i], whole.f32()[i], 1e-5 * want.mag[i] + 1e-6)
+        << "output " << i;
+  }
 }
 
 TEST_P(LinearQuantizedTest, EmbeddingDequantizesItsRows) {

@@ -1,11 +1,14 @@
 #include "kernels/linear/linear.h"
 
+#include <cmath>
 #include <vector>
 
 #include "gtest/gtest.h"
 #include "kernels/batch_invariance.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/cpu_isa_testing.h"
+#include "kernels/linear/quant_kernels.h"
+#include "kernels/precision.h"
 #include "testing/random_tensors.h"
 
 namespace shardlm {
@@ -78,6 +81,47 @@ TEST(LinearTest, EachRowOfAStepIsWhatItGetsAlone) {
   }
   SetBatchInvariant(false);
   SetCpuIsa(CpuIsa::kAuto);
+}
+
+// QuantizeRowsQ8 (Precision::kFast's activations): each run of 32 values
+// gets d = max |x| / 127, its largest value the code +-127, every value
+// within d / 2 of q d, and an all-zero run d = 0 and zero codes.
+TEST(LinearTest, Q8ActivationsRoundEachRunToItsOwnScale) {
+  Tensor x = RandomTensor({3, 96}, 5);
+  std::fill_n(x.f32().begin() + 32, 32, 0.0f);  // Row 0's second run.
+  x.f32()[70] = -9.5f;                          // Row 0's third run's max.
+  std::vector<int8_t> q(3 * 96);
+  std::vector<float> d(3 * 3);
+  quant_kernels::QuantizeRowsQ8(x.f32().data(), 3, 96, q.data(), d.data());
+  for (int64_t run = 0; run < 9; ++run) {
+    float amax = 0;
+    for (int j = 0; j < 32; ++j) {
+      amax = std::max(amax, std::fabs(x.f32()[run * 32 + j]));
+    }
+    EXPECT_FLOAT_EQ(d[run], amax / 127) << "run " << run;
+    int peak = 0;
+    for (int j = 0; j < 32; ++j) {
+      const int64_t i = run * 32 + j;
+      EXPECT_LE(std::fabs(q[i] * d[run] - x.f32()[i]), d[run] / 2 * 1.0001f)
+          << "value " << i;
+      peak = std::max(peak, std::abs(int{q[i]}));
+    }
+    EXPECT_EQ(peak, amax > 0 ? 127 : 0) << "run " << run;
+  }
+  EXPECT_EQ(q[70], -127);
+}
+
+// f32 weights have no integer form: Precision::kFast leaves them exact.
+TEST(LinearTest, FastPrecisionLeavesF32WeightsExact) {
+  const Tensor x = RandomTensor({3, 64}, 1), w = RandomTensor({5, 64}, 2);
+  Tensor exact = *Tensor::Host(DType::kF32, {3, 5});
+  Tensor fast = *Tensor::Host(DType::kF32, {3, 5});
+  ASSERT_TRUE(Linear(x, w, exact).ok());
+  SetPrecision(Precision::kFast);
+  ASSERT_TRUE(Linear(x, w, fast).ok());
+  SetPrecision(Precision::kExact);
+  EXPECT_EQ(std::vector<float>(fast.f32().begin(), fast.f32().end()),
+            std::vector<float>(exact.f32().begin(), exact.f32().end()));
 }
 
 TEST(LinearTest, Accumulates) {

@@ -191,6 +191,14 @@ SHARDLM_AVX2 void F32Rows(const uint8_t* row, const float* x, int64_t in,
 
 }  // namespace
 
+#define SHARDLM_INT_DOT_TARGET SHARDLM_AVX2
+#define SHARDLM_INT_DOT_VNNI 0
+#define SHARDLM_INT_DOT_NS int_dots_avx2
+#include "kernels/linear/quant_int_dots.inc"
+#undef SHARDLM_INT_DOT_TARGET
+#undef SHARDLM_INT_DOT_VNNI
+#undef SHARDLM_INT_DOT_NS
+
 Kernels Avx2(DType t) {
   Kernels k;
   if (t == DType::kF32) {
@@ -199,8 +207,12 @@ Kernels Avx2(DType t) {
   }
   quant::VisitFormat(t, [&]<typename F>() {
     SetRowDots<4>(k, []<int R>() -> RowDots { return DotRows<F, R>; });
+    SetIntRowDots<4>(k, []<int R>() -> IntRowDots {
+      return int_dots_avx2::IntDotRows<F, R>;
+    });
     k.dequant = Dequant<F>;
     k.xsum_sub = F::kHasMin ? F::kSub : 0;
+    k.int_xsum_sub = k.xsum_sub;
   });
   return k;
 }

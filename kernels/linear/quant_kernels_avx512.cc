@@ -401,6 +401,16 @@ SHARDLM_AVX512 void F32Rows(const uint8_t* row, const float* x, int64_t in,
 
 }  // namespace
 
+#define SHARDLM_INT_DOT_TARGET                                           \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma," \
+                        "f16c")))
+#define SHARDLM_INT_DOT_VNNI 1
+#define SHARDLM_INT_DOT_NS int_dots_vnni
+#include "kernels/linear/quant_int_dots.inc"
+#undef SHARDLM_INT_DOT_TARGET
+#undef SHARDLM_INT_DOT_VNNI
+#undef SHARDLM_INT_DOT_NS
+
 // The prefill tiles use the AVX2 dequantizer (Avx2(t).dequant): it runs
 // at a small share of the BLAS GEMM's time.
 Kernels Avx512(DType t) {
@@ -424,6 +434,15 @@ Kernels Avx512(DType t) {
     });
   }
   k.max_group = 8;
+  // The integer form: VNNI's vpdpbusd where the CPU has it (Cascade Lake,
+  // Ice Lake, Zen 4), else the AVX2 one Avx2(t) set.
+  if (__builtin_cpu_supports("avx512vnni")) {
+    quant::VisitFormat(t, [&]<typename F>() {
+      SetIntRowDots<8>(k, []<int R>() -> IntRowDots {
+        return int_dots_vnni::IntDotRows<F, R>;
+      });
+    });
+  }
   return k;
 }
 

@@ -116,6 +116,25 @@ def main() -> int:
     check(out.returncode != 0 and "--pp-balance 'both'" in out.stderr,
           f"--pp-balance both is refused naming the flag ({out.stderr!r})")
 
+    # 1b. --precision: fast runs and says so in the startup log (its
+    # distance from exact is bench/precision_bench.py's); a bad value is
+    # refused naming the flag; exact is the default and the reference text
+    # above.
+    out = run(gen + ["--prompt", prompt, "--max-tokens", str(n),
+                     "--precision", "fast"])
+    check(out.returncode == 0 and out.stdout.strip() != "" and
+          "precision fast" in out.stderr,
+          f"generate --precision fast answers and logs its precision "
+          f"({out.stdout!r} {out.stderr.strip()[-300:]})")
+    out = run(gen + ["--prompt", prompt, "--max-tokens", "2"])
+    check("precision exact" in out.stderr and "CPU thread" in out.stderr,
+          f"the startup log names the threads and precision exact "
+          f"({out.stderr.strip()[-300:]})")
+    out = run(gen + ["--prompt", prompt, "--precision", "int4"])
+    check(out.returncode != 0 and "--precision" in out.stderr
+          and "'int4'" in out.stderr,
+          f"--precision int4 is refused naming the flag ({out.stderr!r})")
+
     # 2. Seeded sampling is reproducible.
     sample = gen + ["--prompt", "Once upon a time", "--max-tokens", "24",
                     "--temperature", "1.0", "--top-p", "0.95"]

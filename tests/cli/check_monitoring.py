@@ -226,8 +226,10 @@ def main() -> int:
                   f"({m.get('shardlm_process_memory_limit_bytes')})")
         check(m.get("shardlm_ready") == 1, "shardlm_ready is 1")
         check(any(k.startswith("shardlm_build_info{") and 'ranks="2"' in k
-                  and 'kv_cache_dtype="f16"' in k for k in m),
-              "shardlm_build_info names the ranks and the KV dtype")
+                  and 'kv_cache_dtype="f16"' in k
+                  and 'precision="exact"' in k for k in m),
+              "shardlm_build_info names the ranks, the KV dtype and the "
+              "precision")
         present = {re.sub(r"\{.*", "", k) for k in m}
         for name in sorted(queried_metrics()):
             if name in CONDITIONAL and not procs:
