@@ -115,7 +115,10 @@ def main() -> int:
         name = os.path.basename(model)
         rows.append((name, "shardlm fast", compare(exact, fast)))
         rows.append((name, "llama.cpp", compare(exact, llama)))
-        print(f"{name}: done", file=sys.stderr)
+        for _, who, r in rows[-2:]:
+            print(f"{name} {who}: mean KL {r['mean']:.3e}, p99 "
+                  f"{r['p99']:.3e}, max {r['max']:.3e}, top-1 "
+                  f"{100 * r['top1']:.1f}%", flush=True)
 
     print(f"\nKL(exact || other) over {a.positions} positions of "
           f"docs/design-notes.md, and top-1 agreement with exact:\n")

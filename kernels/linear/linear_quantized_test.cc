@@ -247,33 +247,43 @@ TEST_P(LinearQuantizedTest, FastStaysWithinTheActivationRoundingOfExact) {
   }
 }
 
+// Decode steps (up to kDecodeMaxRows rows), and steps of any size when
+// batch invariant, give each row bit for bit what it gets alone. (A
+// prefill step runs the BLAS GEMM on the rounded x: the stay-within test
+// above holds it.)
 TEST_P(LinearQuantizedTest, FastStepsGiveEachRowWhatItGetsAlone) {
   const DType t = GetParam();
   const int64_t out = 21, in = BlockElems(t) * (BlockElems(t) == 32 ? 5 : 1);
   const Tensor w = RandomQuantized(t, out, in, 41);
   const Tensor x = RandomTensor({70, in}, 43);
   FastPrecision fast;
-  for (CpuIsa k : Kernels()) {
-    SetCpuIsa(k);
-    for (int64_t n : {int64_t{3}, kDecodeMaxRows, int64_t{70}}) {
-      SCOPED_TRACE(::testing::Message() << DTypeName(t) << " kernel "
-                                        << CpuIsaName(k) << " n " << n);
-      Tensor xn = *Tensor::Host(DType::kF32, {n, in});
-      std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
-      Tensor y = *Tensor::Host(DType::kF32, {n, out});
-      ASSERT_TRUE(Linear(xn, w, y).ok());
-      for (int64_t r : {int64_t{0}, n / 2, n - 1}) {
-        Tensor xr = *Tensor::Host(DType::kF32, {1, in});
-        std::copy_n(x.f32().begin() + r * in, in, xr.f32().begin());
-        Tensor yr = *Tensor::Host(DType::kF32, {1, out});
-        ASSERT_TRUE(Linear(xr, w, yr).ok());
-        EXPECT_EQ(std::vector<float>(yr.f32().begin(), yr.f32().end()),
-                  std::vector<float>(y.f32().begin() + r * out,
-                                     y.f32().begin() + (r + 1) * out))
-            << "row " << r;
+  for (bool invariant : {false, true}) {
+    SetBatchInvariant(invariant);
+    for (CpuIsa k : Kernels()) {
+      SetCpuIsa(k);
+      for (int64_t n : {int64_t{3}, kDecodeMaxRows, int64_t{70}}) {
+        if (n > kDecodeMaxRows && !invariant) continue;
+        SCOPED_TRACE(::testing::Message()
+                     << DTypeName(t) << " kernel " << CpuIsaName(k) << " n "
+                     << n << (invariant ? " batch-invariant" : ""));
+        Tensor xn = *Tensor::Host(DType::kF32, {n, in});
+        std::copy_n(x.f32().begin(), n * in, xn.f32().begin());
+        Tensor y = *Tensor::Host(DType::kF32, {n, out});
+        ASSERT_TRUE(Linear(xn, w, y).ok());
+        for (int64_t r : {int64_t{0}, n / 2, n - 1}) {
+          Tensor xr = *Tensor::Host(DType::kF32, {1, in});
+          std::copy_n(x.f32().begin() + r * in, in, xr.f32().begin());
+          Tensor yr = *Tensor::Host(DType::kF32, {1, out});
+          ASSERT_TRUE(Linear(xr, w, yr).ok());
+          EXPECT_EQ(std::vector<float>(yr.f32().begin(), yr.f32().end()),
+                    std::vector<float>(y.f32().begin() + r * out,
+                                       y.f32().begin() + (r + 1) * out))
+              << "row " << r;
+        }
       }
     }
   }
+  SetBatchInvariant(false);
 }
 
 TEST_P(LinearQuantizedTest, ATpShardsColumnSliceStartingMidRow) {
