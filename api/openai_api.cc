@@ -172,7 +172,9 @@ void OpenAiApi::Handle(const HttpRequest& req, HttpResponse& res) {
            {"created", 0},
            {"owned_by", "shardlm"},
            {"max_model_len", context_length_},
-           {"precision", PrecisionName(engine_->precision())}}}}};
+           {"precision", engine_ == nullptr
+                             ? "exact"
+                             : PrecisionName(engine_->precision())}}}}};
     return send(200, "application/json", Dump(body));
   }
   const bool completions = req.path == "/v1/completions";
@@ -241,10 +243,13 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
       chat ? (stream ? "chat.completion.chunk" : "chat.completion")
            : "text_completion";
   // What computed the answer: version, backend and precision (OpenAI's
-  // field for the configuration that produced it).
-  const std::string fingerprint = absl::StrCat(
-      "shardlm-", ShardlmVersion(), "-", engine_->executor().backend(), "-",
-      PrecisionName(engine_->precision()));
+  // field for the configuration that produced it). Without an engine (an
+  // API over a run function alone, in tests): the version.
+  const std::string fingerprint =
+      engine_ == nullptr ? absl::StrCat("shardlm-", ShardlmVersion())
+                         : absl::StrCat("shardlm-", ShardlmVersion(), "-",
+                                        engine_->executor().backend(), "-",
+                                        PrecisionName(engine_->precision()));
   // What each of the n choices accumulates (the whole answer when not
   // streamed). Tool calls: the service parses them (the last response
   // carries them); the same parser here keeps their markup out of the

@@ -392,16 +392,16 @@ TEST(ParallelEquivalenceTest, SmolLm2EveryLayout) {
                    /*sampled_exact_compact=*/false);
 }
 
-// --precision fast (int8 activations). Pipeline stages change no sum, so
-// every PP layout gives TP = PP = 1 fast's logits bit for bit. TP does
-// change the order of f32 sums (row-parallel partials meet in the
-// all-reduce), and in fast a one-ulp change of a matrix input can move it
-// across a rounding step of its int8 code: the step then moves the layer
-// out by far more than an ulp, and later layers spread it. So a TP layout
-// is another draw of fast's own error, not TP = 1's values: its logits are
-// held within twice fast's distance from exact at TP = 1 (measured here;
-// a wrong shard is far beyond it), and its tokens are reported, not
-// required equal (docs/precision.md).
+// --precision fast (int8 activations). A layout changes the order of f32
+// sums (TP's all-reduce), or how a step's rows are grouped (PP's steps in
+// flight: a step of at most 16 rows runs the integer kernels, a larger one
+// the GEMM on the rounded inputs), and in fast a one-ulp change of a
+// matrix input can move it across a rounding step of its int8 code: that
+// step moves the layer's output by far more than an ulp, and later layers
+// spread it. So a layout is another draw of fast's own error, not
+// TP = PP = 1's values: its logits are held within twice fast's distance
+// from exact at TP = 1 (measured here; a wrong shard is far beyond it),
+// and its tokens are reported, not required equal (docs/precision.md).
 void ExpectFastLayouts(const WeightSource& source,
                        const std::vector<Layout>& layouts,
                        const std::vector<std::vector<int32_t>>& prompts,
@@ -449,12 +449,7 @@ void ExpectFastLayouts(const WeightSource& source,
           "[%s fast] prompt %zu: max |dlogit| vs tp1_pp1 fast %.3g; the "
           "first %zu of %zu tokens equal\n",
           Name(layout).c_str(), i, err, same, g.tokens.size());
-      if (layout.tp == 1) {
-        EXPECT_EQ(g.prompt_logits, f.prompt_logits);
-        EXPECT_EQ(g.tokens, f.tokens);
-      } else {
-        EXPECT_LT(err, std::max(2 * fast_error, 1e-4));
-      }
+      EXPECT_LT(err, std::max(2 * fast_error, 1e-4));
     }
   }
 }
