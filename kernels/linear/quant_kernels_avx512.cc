@@ -401,9 +401,10 @@ SHARDLM_AVX512 void F32Rows(const uint8_t* row, const float* x, int64_t in,
 
 }  // namespace
 
-#define SHARDLM_INT_DOT_TARGET                                           \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma," \
-                        "f16c")))
+#define SHARDLM_INT_DOT_TARGET                                \
+  __attribute__((                                             \
+      target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma," \
+             "f16c")))
 #define SHARDLM_INT_DOT_VNNI 1
 #define SHARDLM_INT_DOT_NS int_dots_vnni
 #include "kernels/linear/quant_int_dots.inc"
