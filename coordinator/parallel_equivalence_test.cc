@@ -224,6 +224,19 @@ ModelConfig RandomConfig() {
   return c;
 }
 
+// 2 layers, hidden 256 (one Q4_K super-block), 12 query / 6 KV heads of
+// 64, FFN 512.
+ModelConfig KQuantConfig() {
+  ModelConfig c = RandomConfig();
+  c.n_layers = 2;
+  c.hidden = 256;
+  c.ffn_hidden = 512;
+  c.n_heads = 12;
+  c.n_kv_heads = 6;
+  c.head_dim = 64;
+  return c;
+}
+
 TEST(ParallelEquivalenceTest, RandomModelEveryLayout) {
   auto source = RandomLlamaWeights(RandomConfig(), 3);
   // Eight sequences of different lengths in one batch, prefilled in chunks
@@ -243,14 +256,7 @@ TEST(ParallelEquivalenceTest, RandomModelEveryLayout) {
 // 32 columns: those ranks hold the whole blocks around their columns and
 // multiply a zero-padded input. TP 2 and 3 split on block edges.
 TEST(ParallelEquivalenceTest, KQuantModelEveryLayout) {
-  ModelConfig c = RandomConfig();
-  c.n_layers = 2;
-  c.hidden = 256;
-  c.ffn_hidden = 512;
-  c.n_heads = 12;
-  c.n_kv_heads = 6;
-  c.head_dim = 64;
-  auto source = RandomLlamaWeights(c, 5, DType::kQ4_K);
+  auto source = RandomLlamaWeights(KQuantConfig(), 5, DType::kQ4_K);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 3; ++i) prompts.push_back(Prompt(3 + 11 * i, i, 311));
   ExpectEquivalent(*source, {{2, 1}, {3, 1}, {4, 1}, {2, 2}}, prompts, 16, 13,
@@ -455,14 +461,7 @@ void ExpectFastLayouts(const WeightSource& source,
 }
 
 TEST(ParallelEquivalenceTest, FastPrecisionKQuantModelEveryLayout) {
-  ModelConfig c = RandomConfig();
-  c.n_layers = 2;
-  c.hidden = 256;
-  c.ffn_hidden = 512;
-  c.n_heads = 12;
-  c.n_kv_heads = 6;
-  c.head_dim = 64;
-  auto source = RandomLlamaWeights(c, 5, DType::kQ4_K);
+  auto source = RandomLlamaWeights(KQuantConfig(), 5, DType::kQ4_K);
   std::vector<std::vector<int32_t>> prompts;
   for (int i = 0; i < 3; ++i) prompts.push_back(Prompt(3 + 11 * i, i, 311));
   ExpectFastLayouts(*source, {{1, 2}, {2, 1}, {3, 1}, {2, 2}}, prompts, 16);
