@@ -16,7 +16,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "api/inference_service.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
 #include "http/http_server.h"

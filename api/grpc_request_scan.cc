@@ -1,10 +1,9 @@
-#include "api/grpc_request_scan.h"
-
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "api/grpc_request_scan.h"
 #include "core/status.h"
 
 namespace shardlm {

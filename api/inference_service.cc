@@ -1,5 +1,3 @@
-#include "api/inference_service.h"
-
 #include <algorithm>
 #include <cmath>
 #include <deque>
@@ -12,15 +10,15 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "api/api_key.h"
+#include "api/inference_service.h"
 #include "api/request_ranges.h"
-#include "coordinator/stop_strings.h"
 #include "core/status.h"
+#include "engine/stop_strings.h"
 #include "grammar/json_schema.h"
 #include "model/stop_tokens.h"
 #include "model/tool_calls.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
-#include "worker/kv_pool.h"
 
 namespace shardlm {
 namespace {

@@ -15,7 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "api/grpc_request_scan.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "grammar/grammar_cache.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "http/memory_budget.h"

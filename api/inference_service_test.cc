@@ -2,8 +2,6 @@
 // local port and a real client. Streams must carry exactly the engine's
 // tokens, bad requests get precise codes and change nothing, cancellation
 // frees every block.
-#include "api/inference_service.h"
-
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -15,9 +13,11 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "api/api_server.h"
-#include "coordinator/engine_leak_check.h"
-#include "coordinator/in_process_executor.h"
-#include "coordinator/prefix_hash.h"
+#include "api/inference_service.h"
+#include "engine/engine_leak_check.h"
+#include "engine/prefix_hash.h"
+#include "executor/in_process_executor.h"
+#include "executor/local_engine.h"
 #include "grammar/grammar.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -138,7 +138,7 @@ class InferenceServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     weights_ = RandomLlamaWeights(TinyConfig(), 7);
-    engine_ = engines_.Keep(Engine::Create(
+    engine_ = engines_.Keep(CreateLocalEngine(
         *weights_,
         {.kv = {.kv_cache_bytes = kBlocks * kBlockBytes}, .threads = 1}));
     ASSERT_NE(engine_, nullptr);
@@ -1221,7 +1221,7 @@ TEST_F(InferenceServiceTest, WatchStateRefusesBadIntervals) {
 TEST(ApiServerTest, UnusableAddressIsAnError) {
   auto weights = RandomLlamaWeights(TinyConfig(), 7);
   EngineLeakCheck engines;
-  Engine* engine = engines.Keep(Engine::Create(*weights, {.threads = 1}));
+  Engine* engine = engines.Keep(CreateLocalEngine(*weights, {.threads = 1}));
   ASSERT_NE(engine, nullptr);
   FakeTokenizer tok;
   auto server =

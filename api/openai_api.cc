@@ -1,5 +1,3 @@
-#include "api/openai_api.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,12 +12,13 @@
 #include "absl/time/clock.h"
 #include "api/api_key.h"
 #include "api/messages_api.h"
+#include "api/openai_api.h"
 #include "api/openai_protocol.h"
 #include "api/openai_request_scan.h"
 #include "api/request_ranges.h"
 #include "api/responses_api.h"
-#include "coordinator/serving_metrics.h"
 #include "core/status.h"
+#include "engine/serving_metrics.h"
 #include "grammar/json_schema.h"
 #include "model/tool_calls.h"
 #include "nlohmann/json.hpp"

@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "api/inference_service.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "http/http_server.h"
 #include "http/memory_budget.h"
 

@@ -1,5 +1,3 @@
-#include "api/openai_protocol.h"
-
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -9,6 +7,7 @@
 
 #include "absl/strings/match.h"
 #include "api/openai_api.h"
+#include "api/openai_protocol.h"
 #include "api/request_ranges.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"

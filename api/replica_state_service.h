@@ -8,7 +8,7 @@
 #define SHARDLM_API_REPLICA_STATE_SERVICE_H_
 
 #include "api/inference_service.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "shardlm/v1/replica_state.grpc.pb.h"
 
 namespace shardlm {

@@ -1,5 +1,5 @@
 // --device parsing and choice, and the GPU KV sizing arithmetic; without a
-// GPU (coordinator/engine_device_test.cc: an engine asked for CUDA).
+// GPU (engine/engine_device_test.cc: an engine asked for CUDA).
 #include "backend/device.h"
 
 #include <gtest/gtest.h>

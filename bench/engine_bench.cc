@@ -27,8 +27,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/engine.h"
 #include "core/tensor.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "kernels/blas_cpu.h"
 #include "kernels/cpu_isa.h"
 #include "kernels/threading.h"
@@ -160,7 +161,7 @@ int Main(int argc, char** argv) {
   std::vector<std::vector<int32_t>> reference;
   {
     auto engine =
-        Engine::Create(**source, {.threads = 1, .precision = *precision});
+        CreateLocalEngine(**source, {.threads = 1, .precision = *precision});
     auto results =
         engine.ok()
             ? (*engine)->GenerateBatch(requests)
@@ -199,11 +200,11 @@ int Main(int argc, char** argv) {
     // scratch buffers, and OpenMP threads) the warm-up touched first, as
     // a server's steps do after its first requests: the first step pays
     // the page faults.
-    auto engine = Engine::Create(**source, {.kv = {.prefix_caching = false},
-                                            .threads = threads,
-                                            .tp = static_cast<int>(tp),
-                                            .pp = static_cast<int>(pp),
-                                            .precision = *precision});
+    auto engine = CreateLocalEngine(**source, {.kv = {.prefix_caching = false},
+                                               .threads = threads,
+                                               .tp = static_cast<int>(tp),
+                                               .pp = static_cast<int>(pp),
+                                               .precision = *precision});
     if (!engine.ok()) {
       std::fprintf(stderr, "%s\n",
                    std::string(engine.status().message()).c_str());

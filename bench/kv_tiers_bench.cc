@@ -22,8 +22,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "coordinator/engine.h"
 #include "core/status.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "kernels/blas_cpu.h"
 #include "launch/flags.h"
 #include "nlohmann/json.hpp"
@@ -59,7 +60,7 @@ absl::StatusOr<Run> Concurrent(const WeightSource& source,
                                const std::vector<GenerateRequest>& reqs,
                                std::string name) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                   Engine::Create(source, options));
+                   CreateLocalEngine(source, options));
   Run run{.name = std::move(name),
           .device_blocks = engine->blocks().num_blocks()};
   const auto t0 = Clock::now();
@@ -279,7 +280,7 @@ int Main(int argc, char** argv) {
   for (bool cache : {false, true}) {
     EngineOptions o = base;
     o.kv.prefix_caching = cache;
-    auto engine = Engine::Create(**source, o);
+    auto engine = CreateLocalEngine(**source, o);
     if (!engine.ok()) {
       std::fprintf(stderr, "%s\n",
                    std::string(engine.status().message()).c_str());

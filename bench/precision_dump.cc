@@ -12,7 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "coordinator/engine.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "kernels/blas_cpu.h"
 #include "kernels/precision.h"
 #include "launch/flags.h"
@@ -54,7 +55,7 @@ int Main(int argc, char** argv) {
                  std::string(source.status().message()).c_str());
     return 1;
   }
-  auto engine = Engine::Create(
+  auto engine = CreateLocalEngine(
       **source, {.threads = static_cast<int>(threads), .precision = *p});
   if (!engine.ok()) {
     std::fprintf(stderr, "precision_dump: %s\n",

@@ -21,8 +21,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "bench/cpu_name.h"
-#include "coordinator/engine.h"
 #include "core/status.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "grammar/grammar_cache.h"
 #include "grammar/json_schema.h"
 #include "launch/flags.h"
@@ -58,7 +59,7 @@ struct Run {
 absl::StatusOr<Run> Batch(const WeightSource& source,
                           std::vector<GenerateRequest> reqs, std::string name) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
-                   Engine::Create(source, EngineOptions{}));
+                   CreateLocalEngine(source, EngineOptions{}));
   Run run{.name = std::move(name)};
   const auto t0 = Clock::now();
   ASSIGN_OR_RETURN(run.results, engine->GenerateBatch(reqs));

@@ -15,6 +15,7 @@
 #include "cluster/remote_executor.h"
 #include "core/max_abs_diff.h"
 #include "core/status.h"
+#include "executor/local_engine.h"
 #include "gtest/gtest.h"
 #include "kernels/threading.h"
 #include "model/in_memory_weights.h"
@@ -132,9 +133,9 @@ TEST_P(ClusterEquivalenceTest, SameTokensAsOneProcess) {
   // runs the cluster on the default f16.
   EngineLeakCheck base_engines;
   Engine* base_engine = base_engines.Keep(
-      Engine::Create(*source, {.kv = {.dtype = DType::kF32},
-                               .limits = {.max_batched_tokens = 13},
-                               .threads = 1}));
+      CreateLocalEngine(*source, {.kv = {.dtype = DType::kF32},
+                                  .limits = {.max_batched_tokens = 13},
+                                  .threads = 1}));
   ASSERT_NE(base_engine, nullptr);
   auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
@@ -224,7 +225,7 @@ TEST(ClusterSpeculationTest, SameTokensAsOneProcessWithoutIt) {
   }
   EngineLeakCheck base_engines;
   Engine* base_engine =
-      base_engines.Keep(Engine::Create(*source, {.batch_invariant = true}));
+      base_engines.Keep(CreateLocalEngine(*source, {.batch_invariant = true}));
   ASSERT_NE(base_engine, nullptr);
   auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();
@@ -262,9 +263,9 @@ TEST(ClusterKvTiersTest, SwapsAndPrefixHitsCrossTheControlPlane) {
   const std::vector<GenerateRequest> reqs = Requests(24);
   EngineLeakCheck base_engines;
   Engine* base_engine = base_engines.Keep(
-      Engine::Create(*source, {.kv = {.prefix_caching = false},
-                               .limits = {.max_batched_tokens = 13},
-                               .threads = 1}));
+      CreateLocalEngine(*source, {.kv = {.prefix_caching = false},
+                                  .limits = {.max_batched_tokens = 13},
+                                  .threads = 1}));
   ASSERT_NE(base_engine, nullptr);
   auto base = base_engine->GenerateBatch(reqs);
   ASSERT_TRUE(base.ok()) << base.status();

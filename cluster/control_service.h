@@ -23,14 +23,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/step_executor.h"
+#include "engine/step_executor.h"
 #include "grpcpp/server_builder.h"
 #include "kernels/precision.h"
 #include "model/shard_plan.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "step/batch_limits.h"
 #include "step/kv_cache.h"
-#include "worker/control_channel.h"
+#include "step/control_channel.h"
 
 namespace shardlm {
 

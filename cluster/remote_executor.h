@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "cluster/control_service.h"
-#include "coordinator/step_executor.h"
+#include "engine/step_executor.h"
 #include "step/step_codec.h"
 
 namespace shardlm {

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "launch/flags.h"
-#include "worker/control_channel.h"
+#include "step/control_channel.h"
 
 namespace shardlm {
 

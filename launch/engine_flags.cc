@@ -6,10 +6,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/status.h"
+#include "executor/local_engine.h"
 #include "kernels/threading.h"
 #include "model/weight_source.h"
 #include "step/kv_cache.h"
-#include "worker/kv_pool.h"
 
 namespace shardlm {
 
@@ -156,7 +156,8 @@ absl::StatusOr<LocalModel> LoadLocalModel(const LocalEngineFlags& flags) {
                      ? "fast (int8 activations, integer dot products)"
                      : "exact (f32 activations)");
   }
-  ASSIGN_OR_RETURN(m.engine, Engine::Create(*source, flags.ToOptions(device)));
+  ASSIGN_OR_RETURN(m.engine,
+                   CreateLocalEngine(*source, flags.ToOptions(device)));
   const BlockManager& blocks = m.engine->blocks();
   const DType kv = m.engine->executor().kv_cache_dtype();
   std::fprintf(

@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "backend/device.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "launch/cache_flags.h"
 #include "launch/flags.h"
 #include "launch/speculation_flags.h"

@@ -7,7 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "api/api_server.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "launch/api_flags.h"
 #include "launch/commands.h"
 #include "launch/drain.h"

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "coordinator/drafter.h"
+#include "engine/drafter.h"
 #include "launch/flags.h"
 
 namespace shardlm {

@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "coordinator/prefix_hash.h"
+#include "engine/prefix_hash.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "shardlm/v1/replica_state.grpc.pb.h"

@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "coordinator/serving_metrics.h"
+#include "engine/serving_metrics.h"
 #include "http/memory_budget.h"
 #include "model/chat_template.h"
 #include "model/tokenizer.h"

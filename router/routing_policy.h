@@ -6,7 +6,7 @@
 // Policies:
 //   kv          the replica holding the longest cached prefix of the
 //               request, in full KV blocks keyed as the prefix cache keys
-//               them (coordinator/prefix_hash.h), among the replicas whose
+//               them (engine/prefix_hash.h), among the replicas whose
 //               load is within a bound over the least loaded one; ties by
 //               fewest running sequences, then fewest waiting, then KV use.
 //   least-load  the replica with the fewest sequences (running + waiting);

@@ -2,9 +2,9 @@
 
 #include <vector>
 
-#include "coordinator/block_manager.h"
-#include "coordinator/prefix_events.h"
-#include "coordinator/prefix_hash.h"
+#include "engine/block_manager.h"
+#include "engine/prefix_events.h"
+#include "engine/prefix_hash.h"
 #include "gtest/gtest.h"
 
 namespace shardlm {

@@ -18,9 +18,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "coordinator/drafter.h"
-#include "coordinator/prefix_hash.h"
 #include "core/status.h"
+#include "engine/drafter.h"
+#include "engine/prefix_hash.h"
 
 namespace shardlm {
 namespace {

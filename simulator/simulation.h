@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "coordinator/batch_planner.h"
+#include "engine/batch_planner.h"
 #include "router/routing_policy.h"
 #include "simulator/cost_model.h"
 

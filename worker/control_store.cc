@@ -7,7 +7,7 @@
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "shardlm/v1/control.grpc.pb.h"
-#include "worker/control_channel.h"
+#include "step/control_channel.h"
 
 namespace shardlm {
 

@@ -18,16 +18,6 @@ int64_t KvPoolConfig::BytesPerBlock() const {
          KvHeadBlockBytes(dtype, block_size, head_dim);
 }
 
-int64_t KvBytesPerToken(const ModelConfig& c, DType dtype) {
-  if (c.is_mla()) {  // One latent entry per layer, no separate V.
-    return c.n_layers * KvHeadBlockBytes(dtype, 1, c.CachedHeadDim());
-  }
-  // A hybrid model's linear layers hold no KV (their state is per
-  // sequence: KvPoolConfig::StateBytes).
-  return KvBytesPerToken(c.AttentionLayers(0, c.n_layers), c.n_kv_heads,
-                         c.head_dim, dtype);
-}
-
 int64_t KvPoolConfig::BlocksFor(int64_t bytes) const {
   const int64_t per_block = BytesPerBlock();
   return per_block > 0 ? bytes / per_block : 0;

@@ -21,10 +21,6 @@
 
 namespace shardlm {
 
-// K and V bytes of one token of context over every attending layer and KV
-// head of the model (all ranks together, when no KV head is replicated).
-int64_t KvBytesPerToken(const ModelConfig& config, DType dtype);
-
 // Block ids [0, num_blocks) are the device tier, [num_blocks, num_blocks +
 // num_host_blocks) the host (CPU offload) tier; a block table may mix them
 // and attention reads either.

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <vector>
 
+#include "engine/step_executor.h"
 #include "gtest/gtest.h"
 #include "kernels/attention/latent_attention.h"
 #include "model/model_config.h"

@@ -1,6 +1,6 @@
 // The shard lifecycle (worker/shard.h): what a shard's budget holds, the
 // counts it is given, and which shard samples. Tokens across layouts are
-// compared in coordinator/parallel_equivalence_test.cc.
+// compared in executor/parallel_equivalence_test.cc.
 #include "worker/shard.h"
 
 #include <memory>

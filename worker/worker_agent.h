@@ -19,7 +19,7 @@
 #include "kernels/precision.h"
 #include "step/batch_limits.h"
 #include "step/kv_cache.h"
-#include "worker/control_channel.h"
+#include "step/control_channel.h"
 #include "worker/model_runner.h"
 
 namespace shardlm {

@@ -18,7 +18,7 @@
 #include "absl/time/time.h"
 #include "api/grpc_request_scan.h"
 #include "api/inference_service.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 #include "shardlm/v1/inference.pb.h"

@@ -15,7 +15,7 @@
 
 #include "api/inference_service.h"
 #include "api/openai_api.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
 #include "http/http_server.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"

@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "coordinator/stop_strings.h"
+#include "engine/stop_strings.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace shardlm;

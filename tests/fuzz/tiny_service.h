@@ -11,7 +11,8 @@
 #include <memory>
 
 #include "api/inference_service.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "model/in_memory_weights.h"
 #include "model/tokenizer.h"
 
@@ -47,7 +48,7 @@ inline TinyService* NewTinyService(const char* who) {
   c.rope_theta = 10000.0f;
   c.rope_style = RopeStyle::kRotateHalf;
   s->weights = RandomLlamaWeights(c, 1);
-  auto e = Engine::Create(*s->weights, {.threads = 1});
+  auto e = CreateLocalEngine(*s->weights, {.threads = 1});
   if (!e.ok()) {
     std::fprintf(stderr, "%s setup: %s\n", who, e.status().ToString().c_str());
     std::abort();

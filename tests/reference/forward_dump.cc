@@ -16,7 +16,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
-#include "coordinator/engine.h"
+#include "engine/engine.h"
+#include "executor/local_engine.h"
 #include "nlohmann/json.hpp"
 #include "step/kv_cache.h"
 
@@ -73,11 +74,11 @@ int Main(int argc, char** argv) {
   auto source = OpenWeights(model);
   if (!source.ok()) return Fail(std::string(source.status().message()));
   auto engine =
-      Engine::Create(**source, {.kv = {.dtype = kv_dtype},
-                                .limits = {.max_batched_tokens = chunk},
-                                .tp = tp,
-                                .pp = pp,
-                                .moe_sharding = moe});
+      CreateLocalEngine(**source, {.kv = {.dtype = kv_dtype},
+                                   .limits = {.max_batched_tokens = chunk},
+                                   .tp = tp,
+                                   .pp = pp,
+                                   .moe_sharding = moe});
   if (!engine.ok()) return Fail(std::string(engine.status().message()));
   auto result = (*engine)->Generate({.prompt = prompt,
                                      .max_tokens = steps,
