@@ -1,9 +1,10 @@
+#include "api/grpc_request_scan.h"
+
 #include <cstdint>
 #include <initializer_list>
 #include <string>
 
 #include "absl/strings/str_cat.h"
-#include "api/grpc_request_scan.h"
 #include "core/status.h"
 
 namespace shardlm {
@@ -228,6 +229,133 @@ absl::Status ScanSampling(absl::string_view wire, Budget& budget) {
                       });
 }
 
+// The counts of a GenerateRequest's repeated fields.
+struct GenerateCounts {
+  int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0, resume_ids = 0;
+};
+
+constexpr absl::string_view kGenerate = "shardlm.v1.GenerateRequest";
+
+// GenerateRequest's first pass: each known field's wire type, the repeated
+// ones counted into `counts`, unknown fields against the budget.
+absl::Status CountGenerateFields(absl::string_view wire, Budget& budget,
+                                 GenerateCounts& counts) {
+  return ForEachField(wire, kGenerate, [&](const WireField& f) {
+    const uint32_t number = f.number, type = f.type;
+    bool known = true;
+    switch (number) {
+      case 1:  // prompt
+      case 4:  // sampling
+        known = type == kLength;
+        break;
+      case 2:     // prompt_token_ids
+      case 5:     // stop_token_ids
+      case 20: {  // resume_token_ids
+        int64_t* count = number == 2   ? &counts.prompt_ids
+                         : number == 5 ? &counts.stop_ids
+                                       : &counts.resume_ids;
+        if (type == kLength) {
+          if (!CountPacked(f.bytes, count)) return Malformed(kGenerate, f.end);
+        } else if (type == kVarint) {
+          ++*count;
+        } else {
+          known = false;
+        }
+        break;
+      }
+      case 3:   // max_tokens
+      case 6:   // ignore_eos
+      case 7:   // priority
+      case 9:   // logprobs
+      case 10:  // truncate_prompt_tokens
+      case 12:  // min_tokens
+      case 21:  // resume_position
+      case 25:  // n
+      case 26:  // prompt_logprobs
+      case 28:  // enable_thinking
+        known = type == kVarint;
+        break;
+      case 8:  // stop
+        known = type == kLength;
+        counts.stops += known;
+        break;
+      case 11:  // messages
+        known = type == kLength;
+        counts.messages += known;
+        break;
+      case 13:  // constraint (its sizes are checked after the parse)
+      case 22:  // tools (counted and sized after the parse)
+      case 23:  // tool_choice
+      case 24:  // tool_choice_function
+        known = type == kLength;
+        break;
+      default:
+        known = false;
+    }
+    return known || budget.AddUnknown() ? absl::OkStatus()
+                                        : budget.TooManyUnknown();
+  });
+}
+
+// The counts against the limits, in the words of the service's checks.
+absl::Status CheckGenerateCounts(const GenerateCounts& counts,
+                                 const GrpcScanLimits& limits) {
+  const auto too_many = [](int64_t got, int limit, absl::string_view what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("at most ", limit, " ", what, ", got ", got));
+  };
+  if (counts.stops > limits.max_stop) {
+    return too_many(counts.stops, limits.max_stop, "stop strings");
+  }
+  if (counts.prompt_ids > limits.max_prompt_token_ids) {
+    return too_many(counts.prompt_ids, limits.max_prompt_token_ids,
+                    "prompt_token_ids");
+  }
+  if (counts.resume_ids > limits.max_prompt_token_ids) {
+    return too_many(counts.resume_ids, limits.max_prompt_token_ids,
+                    "resume_token_ids");
+  }
+  if (counts.stop_ids > limits.max_stop_token_ids) {
+    return too_many(counts.stop_ids, limits.max_stop_token_ids,
+                    "stop_token_ids");
+  }
+  if (counts.messages > limits.max_messages) {
+    return too_many(counts.messages, limits.max_messages, "messages");
+  }
+  return absl::OkStatus();
+}
+
+// GenerateRequest's second pass: its strings' UTF-8 and nested messages.
+absl::Status ScanGenerateStrings(absl::string_view wire, Budget& budget) {
+  int64_t message = 0, stop = 0, tool = 0;
+  return ForEachField(wire, kGenerate, [&](const WireField& f) {
+    if (f.type != kLength) return absl::OkStatus();
+    switch (f.number) {
+      case 1:
+        return CheckUtf8(f.bytes, "prompt");
+      case 8:
+        return CheckUtf8(f.bytes, absl::StrCat("stop[", stop++, "]"));
+      case 11:
+        return ScanChatMessage(f.bytes, message++, budget);
+      case 4:
+        return ScanSampling(f.bytes, budget);
+      case 13:  // OutputConstraint: json_object 1 (a bool), then strings.
+        return ScanStrings(f.bytes, "shardlm.v1.OutputConstraint", "constraint",
+                           {"", "json_schema", "grammar"}, budget);
+      case 22:
+        return ScanStrings(f.bytes, "shardlm.v1.Tool",
+                           absl::StrCat("tools[", tool++, "]"),
+                           {"name", "description", "parameters"}, budget);
+      case 23:
+        return CheckUtf8(f.bytes, "tool_choice");
+      case 24:
+        return CheckUtf8(f.bytes, "tool_choice_function");
+      default:
+        return absl::OkStatus();
+    }
+  });
+}
+
 }  // namespace
 
 size_t FirstInvalidUtf8(absl::string_view s) {
@@ -268,114 +396,12 @@ size_t FirstInvalidUtf8(absl::string_view s) {
 absl::Status ScanGenerateRequest(absl::string_view wire,
                                  const GrpcScanLimits& limits) {
   Budget budget{limits};
-  int64_t messages = 0, stops = 0, prompt_ids = 0, stop_ids = 0, resume_ids = 0;
+  GenerateCounts counts;
   // Counts first, cheaply; the strings' UTF-8 afterwards, so that a huge
   // count is refused without reading every element's bytes.
-  constexpr absl::string_view kGenerate = "shardlm.v1.GenerateRequest";
-  RETURN_IF_ERROR(ForEachField(wire, kGenerate, [&](const WireField& f) {
-    const uint32_t number = f.number, type = f.type;
-    bool known = true;
-    switch (number) {
-      case 1:  // prompt
-      case 4:  // sampling
-        known = type == kLength;
-        break;
-      case 2:     // prompt_token_ids
-      case 5:     // stop_token_ids
-      case 20: {  // resume_token_ids
-        int64_t* count = number == 2   ? &prompt_ids
-                         : number == 5 ? &stop_ids
-                                       : &resume_ids;
-        if (type == kLength) {
-          if (!CountPacked(f.bytes, count)) return Malformed(kGenerate, f.end);
-        } else if (type == kVarint) {
-          ++*count;
-        } else {
-          known = false;
-        }
-        break;
-      }
-      case 3:   // max_tokens
-      case 6:   // ignore_eos
-      case 7:   // priority
-      case 9:   // logprobs
-      case 10:  // truncate_prompt_tokens
-      case 12:  // min_tokens
-      case 21:  // resume_position
-      case 25:  // n
-      case 26:  // prompt_logprobs
-      case 28:  // enable_thinking
-        known = type == kVarint;
-        break;
-      case 8:  // stop
-        known = type == kLength;
-        stops += known;
-        break;
-      case 11:  // messages
-        known = type == kLength;
-        messages += known;
-        break;
-      case 13:  // constraint (its sizes are checked after the parse)
-      case 22:  // tools (counted and sized after the parse)
-      case 23:  // tool_choice
-      case 24:  // tool_choice_function
-        known = type == kLength;
-        break;
-      default:
-        known = false;
-    }
-    return known || budget.AddUnknown() ? absl::OkStatus()
-                                        : budget.TooManyUnknown();
-  }));
-  const auto too_many = [](int64_t got, int limit, absl::string_view what) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("at most ", limit, " ", what, ", got ", got));
-  };
-  if (stops > limits.max_stop) {
-    return too_many(stops, limits.max_stop, "stop strings");
-  }
-  if (prompt_ids > limits.max_prompt_token_ids) {
-    return too_many(prompt_ids, limits.max_prompt_token_ids,
-                    "prompt_token_ids");
-  }
-  if (resume_ids > limits.max_prompt_token_ids) {
-    return too_many(resume_ids, limits.max_prompt_token_ids,
-                    "resume_token_ids");
-  }
-  if (stop_ids > limits.max_stop_token_ids) {
-    return too_many(stop_ids, limits.max_stop_token_ids, "stop_token_ids");
-  }
-  if (messages > limits.max_messages) {
-    return too_many(messages, limits.max_messages, "messages");
-  }
-
-  int64_t message = 0, stop = 0, tool = 0;
-  return ForEachField(wire, kGenerate, [&](const WireField& f) {
-    if (f.type != kLength) return absl::OkStatus();
-    switch (f.number) {
-      case 1:
-        return CheckUtf8(f.bytes, "prompt");
-      case 8:
-        return CheckUtf8(f.bytes, absl::StrCat("stop[", stop++, "]"));
-      case 11:
-        return ScanChatMessage(f.bytes, message++, budget);
-      case 4:
-        return ScanSampling(f.bytes, budget);
-      case 13:  // OutputConstraint: json_object 1 (a bool), then strings.
-        return ScanStrings(f.bytes, "shardlm.v1.OutputConstraint", "constraint",
-                           {"", "json_schema", "grammar"}, budget);
-      case 22:
-        return ScanStrings(f.bytes, "shardlm.v1.Tool",
-                           absl::StrCat("tools[", tool++, "]"),
-                           {"name", "description", "parameters"}, budget);
-      case 23:
-        return CheckUtf8(f.bytes, "tool_choice");
-      case 24:
-        return CheckUtf8(f.bytes, "tool_choice_function");
-      default:
-        return absl::OkStatus();
-    }
-  });
+  RETURN_IF_ERROR(CountGenerateFields(wire, budget, counts));
+  RETURN_IF_ERROR(CheckGenerateCounts(counts, limits));
+  return ScanGenerateStrings(wire, budget);
 }
 
 absl::Status ScanTokenizeRequest(absl::string_view wire,

@@ -16,7 +16,6 @@
 #include "absl/status/statusor.h"
 #include "api/grpc_request_scan.h"
 #include "engine/engine.h"
-#include "grammar/grammar_cache.h"
 #include "grpcpp/support/byte_buffer.h"
 #include "http/memory_budget.h"
 #include "http/tls.h"
@@ -29,6 +28,7 @@ namespace shardlm {
 // absl and gRPC share their status codes; this keeps code and message.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+class EngineRequestBuilder;
 class OpenAiApi;
 
 struct ServiceOptions {
@@ -82,6 +82,7 @@ class InferenceService final : public v1::Inference::Service {
  public:
   InferenceService(Engine* engine, const Tokenizer* tokenizer,
                    std::string model_name, ServiceOptions options);
+  ~InferenceService() override;
 
   grpc::Status Generate(
       grpc::ServerContext* context, const v1::GenerateRequest* request,
@@ -133,6 +134,7 @@ class InferenceService final : public v1::Inference::Service {
   // InvalidArgument naming the field. Checks what the engine cannot see
   // (sampling fields, token ranges, stop strings, which the service
   // matches itself); the engine checks context and KV capacity.
+  // (api/engine_request_builder.h builds it.)
   absl::StatusOr<GenerateRequest> ToEngineRequest(
       const v1::GenerateRequest& request) const;
 
@@ -161,16 +163,6 @@ class InferenceService final : public v1::Inference::Service {
   }
 
  private:
-  // Compiles request.constraint (cached) into req.constraint, after
-  // req.stop_token_ids are known; InvalidArgument naming the keyword.
-  absl::Status AddConstraint(const v1::GenerateRequest& request,
-                             GenerateRequest& req) const;
-  // Checks request.tools and tool_choice; with tool_choice "required" or a
-  // function, compiles the tool-call grammar into req.constraint (after
-  // req.stop_token_ids are known).
-  absl::Status CheckTools(const v1::GenerateRequest& request) const;
-  absl::Status AddToolConstraint(const v1::GenerateRequest& request,
-                                 GenerateRequest& req) const;
   absl::Status CheckApiKey(const grpc::ServerContext& context) const;
   // Run for one sequence (request.n ignored); with a group, the sequence
   // enters the scheduler with the group's others (SequenceGroup).
@@ -179,6 +171,13 @@ class InferenceService final : public v1::Inference::Service {
       const std::function<bool()>& cancelled,
       const std::function<bool(const v1::GenerateResponse&)>& write,
       RequestApi api, SequenceGroup* group = nullptr);
+  // RunOne's engine request, admitted: the memory its tokenizing may take
+  // (held in `share` while the request runs, cut to its prompt once built),
+  // the request built (ToEngineRequest), the cluster healthy and the
+  // priority allowed.
+  absl::StatusOr<GenerateRequest> Admit(const v1::GenerateRequest& request,
+                                        absl::Time deadline, RequestApi api,
+                                        MemoryShare& share) const;
   // A share of options_.memory_budget (an empty one without a budget).
   absl::StatusOr<MemoryShare> TakeMemory(int64_t bytes,
                                          absl::string_view what) const;
@@ -194,9 +193,9 @@ class InferenceService final : public v1::Inference::Service {
   absl::StatusOr<ChatTemplate> chat_template_;
   std::string model_name_;
   ServiceOptions options_;
-  // Structured outputs' compiled grammars (thread-safe; mutable: compiling
-  // is part of validating a request).
-  mutable std::unique_ptr<GrammarCache> grammars_;
+  // Turns requests into the engine's (thread-safe; it holds the compiled
+  // grammars of structured outputs).
+  std::unique_ptr<EngineRequestBuilder> request_builder_;
   std::atomic<bool> draining_{false};
   std::atomic<int64_t> in_flight_{0};
   std::atomic<int64_t> invalid_utf8_{0};

@@ -2,6 +2,8 @@
 // local port and a real client. Streams must carry exactly the engine's
 // tokens, bad requests get precise codes and change nothing, cancellation
 // frees every block.
+#include "api/inference_service.h"
+
 #include <atomic>
 #include <cmath>
 #include <future>
@@ -13,7 +15,6 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "api/api_server.h"
-#include "api/inference_service.h"
 #include "engine/engine_leak_check.h"
 #include "engine/prefix_hash.h"
 #include "executor/in_process_executor.h"
@@ -519,122 +520,161 @@ TEST_F(InferenceServiceTest, DefaultMaxTokensIs16) {
   ExpectFinal(got, "length", 3, 16);
 }
 
-TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
-  const auto with = [](auto&& edit) {
-    v1::GenerateRequest r;
-    r.set_prompt("hi");
-    r.set_max_tokens(4);
-    edit(r);
-    return r;
-  };
+// "hi" for 4 tokens, a valid request, changed by `edit`.
+v1::GenerateRequest ValidRequestBut(auto&& edit) {
+  v1::GenerateRequest r;
+  r.set_prompt("hi");
+  r.set_max_tokens(4);
+  edit(r);
+  return r;
+}
+
+// A request the service refuses (INVALID_ARGUMENT), and a part of the
+// message saying why.
+struct BadRequest {
+  std::string name;
+  v1::GenerateRequest req;
+  std::string needle;
+};
+
+// Prompts, lengths (the context, the KV cache), token ids and sampling
+// fields out of range.
+std::vector<BadRequest> BadRangeRequests() {
   const float nan = std::numeric_limits<float>::quiet_NaN();
-  struct Case {
-    std::string name;
-    v1::GenerateRequest req;
-    std::string needle;
-  };
-  const std::vector<Case> cases = {
-      {"no prompt", with([](auto& r) { r.clear_prompt(); }), "prompt"},
-      {"negative max_tokens", with([](auto& r) { r.set_max_tokens(-1); }),
-       "max_tokens"},
-      {"max_tokens over context", with([](auto& r) { r.set_max_tokens(257); }),
-       "max_tokens"},
-      {"negative temperature",
-       with([](auto& r) { r.mutable_sampling()->set_temperature(-1); }),
+  return {
+      {"no prompt", ValidRequestBut([](auto& r) { r.clear_prompt(); }),
+       "prompt"},
+      {"negative max_tokens",
+       ValidRequestBut([](auto& r) { r.set_max_tokens(-1); }), "max_tokens"},
+      {"max_tokens over context",
+       ValidRequestBut([](auto& r) { r.set_max_tokens(257); }), "max_tokens"},
+      {"negative temperature", ValidRequestBut([](auto& r) {
+         r.mutable_sampling()->set_temperature(-1);
+       }),
        "temperature"},
-      {"NaN temperature",
-       with([&](auto& r) { r.mutable_sampling()->set_temperature(nan); }),
+      {"NaN temperature", ValidRequestBut([&](auto& r) {
+         r.mutable_sampling()->set_temperature(nan);
+       }),
        "temperature"},
       {"negative top_k",
-       with([](auto& r) { r.mutable_sampling()->set_top_k(-3); }), "top_k"},
+       ValidRequestBut([](auto& r) { r.mutable_sampling()->set_top_k(-3); }),
+       "top_k"},
       {"top_p over 1",
-       with([](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }), "top_p"},
+       ValidRequestBut([](auto& r) { r.mutable_sampling()->set_top_p(1.5f); }),
+       "top_p"},
       {"negative top_p",
-       with([](auto& r) { r.mutable_sampling()->set_top_p(-0.5f); }), "top_p"},
-      {"negative token id", with([](auto& r) { r.add_prompt_token_ids(-1); }),
+       ValidRequestBut([](auto& r) { r.mutable_sampling()->set_top_p(-0.5f); }),
+       "top_p"},
+      {"negative token id",
+       ValidRequestBut([](auto& r) { r.add_prompt_token_ids(-1); }),
        "vocabulary"},
       {"token id == vocab",
-       with([](auto& r) { r.add_prompt_token_ids(kVocab); }), "vocabulary"},
+       ValidRequestBut([](auto& r) { r.add_prompt_token_ids(kVocab); }),
+       "vocabulary"},
       {"stop id out of vocab",
-       with([](auto& r) { r.add_stop_token_ids(kVocab + 9); }), "stop_token"},
+       ValidRequestBut([](auto& r) { r.add_stop_token_ids(kVocab + 9); }),
+       "stop_token"},
       {"prompt encodes to nothing",
-       with([](auto& r) { r.set_prompt("\xF0\x9F\x98\x80"); }), "no tokens"},
+       ValidRequestBut([](auto& r) { r.set_prompt("\xF0\x9F\x98\x80"); }),
+       "no tokens"},
       // Fits the context (256) but not the KV cache (8 blocks of 16).
-      {"over KV capacity", with([](auto& r) {
+      {"over KV capacity", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 100; ++i) r.add_prompt_token_ids(i);
          r.set_max_tokens(100);
        }),
        "KV blocks"},
-      {"over the context window", with([](auto& r) {
+      {"over the context window", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 200; ++i) r.add_prompt_token_ids(i);
          r.set_max_tokens(100);
        }),
        "context window"},
-      {"infinite temperature", with([](auto& r) {
+      {"infinite temperature", ValidRequestBut([](auto& r) {
          r.mutable_sampling()->set_temperature(
              std::numeric_limits<float>::infinity());
        }),
        "temperature"},
       {"NaN top_p",
-       with([&](auto& r) { r.mutable_sampling()->set_top_p(nan); }), "top_p"},
-      {"9 stop strings", with([](auto& r) {
+       ValidRequestBut([&](auto& r) { r.mutable_sampling()->set_top_p(nan); }),
+       "top_p"},
+  };
+}
+
+// Stop strings, logprobs, penalties, logit_bias, min_tokens and
+// truncate_prompt_tokens out of range.
+std::vector<BadRequest> BadLimitRequests() {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  return {
+      {"9 stop strings", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 9; ++i) r.add_stop(std::string(1, 'a' + i));
        }),
        "at most 8 stop strings, got 9"},
-      {"empty stop string", with([](auto& r) {
+      {"empty stop string", ValidRequestBut([](auto& r) {
          r.add_stop("ok");
          r.add_stop("");
        }),
        "stop[1] must be 1 to 256 bytes, got 0"},
       {"257-byte stop string",
-       with([](auto& r) { r.add_stop(std::string(257, 'x')); }),
+       ValidRequestBut([](auto& r) { r.add_stop(std::string(257, 'x')); }),
        "stop[0] must be 1 to 256 bytes, got 257"},
-      {"logprobs over 20", with([](auto& r) { r.set_logprobs(21); }),
+      {"logprobs over 20", ValidRequestBut([](auto& r) { r.set_logprobs(21); }),
        "logprobs must be in [0, 20], got 21"},
-      {"negative logprobs", with([](auto& r) { r.set_logprobs(-1); }),
+      {"negative logprobs",
+       ValidRequestBut([](auto& r) { r.set_logprobs(-1); }),
        "logprobs must be in [0, 20], got -1"},
-      {"presence_penalty over 2",
-       with([](auto& r) { r.mutable_sampling()->set_presence_penalty(2.5f); }),
+      {"presence_penalty over 2", ValidRequestBut([](auto& r) {
+         r.mutable_sampling()->set_presence_penalty(2.5f);
+       }),
        "sampling: presence_penalty must be in [-2, 2], got 2.5"},
-      {"NaN frequency_penalty",
-       with([&](auto& r) { r.mutable_sampling()->set_frequency_penalty(nan); }),
+      {"NaN frequency_penalty", ValidRequestBut([&](auto& r) {
+         r.mutable_sampling()->set_frequency_penalty(nan);
+       }),
        "sampling: frequency_penalty must be in [-2, 2], got nan"},
-      {"frequency_penalty under -2",
-       with([](auto& r) { r.mutable_sampling()->set_frequency_penalty(-3); }),
+      {"frequency_penalty under -2", ValidRequestBut([](auto& r) {
+         r.mutable_sampling()->set_frequency_penalty(-3);
+       }),
        "sampling: frequency_penalty must be in [-2, 2], got -3"},
-      {"negative repetition_penalty",
-       with([](auto& r) { r.mutable_sampling()->set_repetition_penalty(-1); }),
+      {"negative repetition_penalty", ValidRequestBut([](auto& r) {
+         r.mutable_sampling()->set_repetition_penalty(-1);
+       }),
        "sampling: repetition_penalty must be > 0 and finite, got -1"},
-      {"logit_bias id outside the vocabulary", with([](auto& r) {
+      {"logit_bias id outside the vocabulary", ValidRequestBut([](auto& r) {
          (*r.mutable_sampling()->mutable_logit_bias())[kVocab] = 1;
        }),
        "sampling: logit_bias token 301 is outside the vocabulary of 301"},
-      {"negative logit_bias id", with([](auto& r) {
+      {"negative logit_bias id", ValidRequestBut([](auto& r) {
          (*r.mutable_sampling()->mutable_logit_bias())[-2] = 1;
        }),
        "sampling: logit_bias token -2 is not a token id (negative)"},
-      {"logit_bias over 100", with([](auto& r) {
+      {"logit_bias over 100", ValidRequestBut([](auto& r) {
          (*r.mutable_sampling()->mutable_logit_bias())[3] = 101;
        }),
        "sampling: logit_bias of token 3 must be in [-100, 100], got 101"},
-      {"301 logit_bias entries", with([](auto& r) {
+      {"301 logit_bias entries", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 301; ++i) {
            (*r.mutable_sampling()->mutable_logit_bias())[i] = 1;
          }
        }),
        "sampling: at most 300 logit_bias entries, got 301"},
-      {"min_tokens over max_tokens", with([](auto& r) {
+      {"min_tokens over max_tokens", ValidRequestBut([](auto& r) {
          r.set_max_tokens(4);
          r.set_min_tokens(5);
        }),
        "min_tokens must be in [0, max_tokens = 4], got 5"},
-      {"negative min_tokens", with([](auto& r) { r.set_min_tokens(-1); }),
+      {"negative min_tokens",
+       ValidRequestBut([](auto& r) { r.set_min_tokens(-1); }),
        "min_tokens must be in [0, max_tokens"},
       {"negative truncate_prompt_tokens",
-       with([](auto& r) { r.set_truncate_prompt_tokens(-5); }),
+       ValidRequestBut([](auto& r) { r.set_truncate_prompt_tokens(-5); }),
        "truncate_prompt_tokens must be >= 0"},
+  };
+}
+
+// Truncated prompts that still do not fit, and constraints that do not
+// compile or cannot end.
+std::vector<BadRequest> BadFitAndConstraintRequests() {
+  return {
       // Truncated to 250, + 10 is still over the context window (256).
-      {"truncated prompt still over the context", with([](auto& r) {
+      {"truncated prompt still over the context", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 300; ++i) r.add_prompt_token_ids(i % 200);
          r.set_truncate_prompt_tokens(250);
          r.set_max_tokens(10);
@@ -642,36 +682,44 @@ TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
        "prompt (250 tokens) + max_tokens (10) = 260 exceeds the context "
        "window of 256"},
       // Truncated to 120, + 100 fits the context but not the cache.
-      {"truncated prompt over KV capacity", with([](auto& r) {
+      {"truncated prompt over KV capacity", ValidRequestBut([](auto& r) {
          for (int i = 0; i < 300; ++i) r.add_prompt_token_ids(i % 200);
          r.set_truncate_prompt_tokens(120);
          r.set_max_tokens(100);
        }),
        "prompt + max_tokens = 220 tokens need 14 KV blocks of 16 tokens but "
        "the cache holds 8 (8 device + 0 host)"},
-      {"a schema keyword outside the subset", with([](auto& r) {
+      {"a schema keyword outside the subset", ValidRequestBut([](auto& r) {
          r.mutable_constraint()->set_json_schema(
              R"({"type":"object","properties":{"a":{"type":"string",)"
              R"("pattern":"x"}}})");
        }),
        "json_schema: 'pattern' is not supported (at #/properties/a)"},
-      {"a schema over 64 KiB", with([](auto& r) {
+      {"a schema over 64 KiB", ValidRequestBut([](auto& r) {
          r.mutable_constraint()->set_json_schema(
              R"({"description":")" + std::string(70000, 'x') + R"("})");
        }),
        "json_schema: the schema is 70018 bytes; at most 65536"},
-      {"a left-recursive grammar", with([](auto& r) {
+      {"a left-recursive grammar", ValidRequestBut([](auto& r) {
          r.mutable_constraint()->set_grammar("root ::= root \"a\" | \"b\"\n");
        }),
        "grammar: rule 'root' is left-recursive"},
-      {"a constraint with no end-of-text token", with([](auto& r) {
+      {"a constraint with no end-of-text token", ValidRequestBut([](auto& r) {
          r.set_ignore_eos(true);
          r.mutable_constraint()->set_json_object(true);
        }),
        "constraint: a constrained output ends with an end-of-text token"},
   };
+}
+
+TEST_F(InferenceServiceTest, BadRequestsAreRejectedAndServerKeepsServing) {
+  std::vector<BadRequest> cases = BadRangeRequests();
+  for (std::vector<BadRequest> more :
+       {BadLimitRequests(), BadFitAndConstraintRequests()}) {
+    for (BadRequest& c : more) cases.push_back(std::move(c));
+  }
   ASSERT_GE(cases.size(), 20u);
-  for (const Case& c : cases) {
+  for (const BadRequest& c : cases) {
     const Streamed got = Call(c.req);
     EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
         << c.name << ": " << got.status.error_message();

@@ -1,3 +1,5 @@
+#include "api/openai_api.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -11,8 +13,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "api/api_key.h"
+#include "api/completion_writer.h"
 #include "api/messages_api.h"
-#include "api/openai_api.h"
 #include "api/openai_protocol.h"
 #include "api/openai_request_scan.h"
 #include "api/request_ranges.h"
@@ -28,20 +30,179 @@
 namespace shardlm {
 namespace {
 
-using openai_wire::AppendLogprobs;
 using openai_wire::Dump;
 using openai_wire::Echo;
-using openai_wire::EmptyLogprobs;
 using openai_wire::ErrorJson;
 using openai_wire::Get;
 using openai_wire::Invalid;
 using openai_wire::Json;
 using openai_wire::kDomBytesPerValue;
-using openai_wire::PromptLogprobsJson;
 using openai_wire::ResponseShape;
 using openai_wire::ToProto;
-using openai_wire::UsageJson;
-using openai_wire::VllmPromptLogprobsJson;
+
+// A completions request as the service takes it, and what its answer shows.
+struct CompletionRequest {
+  v1::GenerateRequest proto;
+  ResponseShape shape;
+  bool stream = false;
+  // OpenAI's stream_options.include_usage: one more chunk before [DONE],
+  // with no choices and the request's usage.
+  bool include_usage = false;
+};
+
+absl::StatusOr<CompletionRequest> ParseCompletion(const std::string& raw_body,
+                                                  bool chat,
+                                                  const std::string& model_name,
+                                                  int64_t context_length) {
+  const Json body = Json::parse(raw_body, nullptr, /*allow_exceptions=*/false);
+  if (body.is_discarded() || !body.is_object()) {
+    return Invalid("the body is not a JSON object");
+  }
+  CompletionRequest request;
+  ASSIGN_OR_RETURN(request.proto, ToProto(body, raw_body, chat, model_name,
+                                          context_length, &request.shape));
+  RETURN_IF_ERROR(Get(body, "stream", &request.stream));
+  // As vLLM: prompt_logprobs are in the whole response only.
+  if (request.stream && request.shape.prompt_top_n >= 0) {
+    return Invalid("'prompt_logprobs' is not supported with 'stream'");
+  }
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const Json& options = body["stream_options"];
+    if (!request.stream) {
+      return Invalid("'stream_options' needs 'stream': true");
+    }
+    if (!options.is_object()) {
+      return Invalid("'stream_options' must be an object");
+    }
+    if (!Get(options, "include_usage", &request.include_usage).ok()) {
+      return Invalid("'stream_options.include_usage' must be a boolean");
+    }
+  }
+  return request;
+}
+
+// What computed the answer: version, backend and precision (OpenAI's
+// field for the configuration that produced it). Without an engine (an
+// API over a run function alone, in tests): the version.
+std::string Fingerprint(const Engine* engine) {
+  return engine == nullptr ? absl::StrCat("shardlm-", ShardlmVersion())
+                           : absl::StrCat("shardlm-", ShardlmVersion(), "-",
+                                          engine->executor().backend(), "-",
+                                          PrecisionName(engine->precision()));
+}
+
+// One Prometheus metric: its HELP and TYPE lines, then a sample per
+// labels (empty: none).
+void AppendMetric(std::string& out, const char* name, const char* type,
+                  const char* help,
+                  std::vector<std::pair<std::string, int64_t>> values) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                  type, "\n");
+  for (const auto& [labels, v] : values) {
+    absl::StrAppend(&out, name, labels.empty() ? "" : "{", labels,
+                    labels.empty() ? "" : "}", " ", v, "\n");
+  }
+}
+
+// The scheduler's figures: requests, KV blocks, steps, computed tokens,
+// preemptions and speculative decoding.
+void AppendSchedulerMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(
+      out, "shardlm_requests", "gauge", "Requests by state.",
+      {{"state=\"running\"", s.running}, {"state=\"waiting\"", s.waiting}});
+  AppendMetric(out, "shardlm_kv_blocks", "gauge",
+               "KV blocks by tier and state (used: held by sequences; cached: "
+               "kept for prefix hits).",
+               {{"tier=\"device\",state=\"used\"", s.device.used},
+                {"tier=\"device\",state=\"cached\"", s.device.cached},
+                {"tier=\"device\",state=\"free\"", s.device.free},
+                {"tier=\"host\",state=\"used\"", s.host.used},
+                {"tier=\"host\",state=\"cached\"", s.host.cached},
+                {"tier=\"host\",state=\"free\"", s.host.free}});
+  AppendCpRankKvMetrics(out, s.device_by_cp_rank, s.host_by_cp_rank);
+  AppendMetric(out, "shardlm_steps_total", "counter", "Forward steps run.",
+               {{"", s.steps}});
+  AppendMetric(out, "shardlm_steps_in_flight", "gauge",
+               "Steps submitted whose tokens are not back yet (pipeline stages "
+               "working at once): now, and the most so far.",
+               {{"which=\"now\"", s.steps_in_flight},
+                {"which=\"max\"", s.max_steps_in_flight}});
+  AppendMetric(out, "shardlm_computed_tokens_total", "counter",
+               "Tokens run through the model (prefix-cache hits are not).",
+               {{"", s.computed_tokens}});
+  AppendMetric(out, "shardlm_preemptions_total", "counter",
+               "Preemptions by kind.",
+               {{"kind=\"swap\"", s.preempted_swap},
+                {"kind=\"recompute\"", s.preempted_recompute}});
+  if (!s.spec_kept_histogram.empty()) {
+    AppendMetric(out, "shardlm_spec_tokens_total", "counter",
+                 "Speculative decoding: tokens drafted, and those the model's "
+                 "samples confirmed (kept).",
+                 {{"kind=\"drafted\"", s.spec_drafted},
+                  {"kind=\"kept\"", s.spec_accepted}});
+    AppendMetric(out, "shardlm_spec_verifications_total", "counter",
+                 "Speculative decoding: a sequence's drafts checked in a step.",
+                 {{"", s.spec_verifications}});
+    std::vector<std::pair<std::string, int64_t>> kept;
+    for (size_t k = 0; k < s.spec_kept_histogram.size(); ++k) {
+      kept.push_back(
+          {absl::StrCat("kept=\"", k, "\""), s.spec_kept_histogram[k]});
+    }
+    AppendMetric(
+        out, "shardlm_spec_kept_drafts", "counter",
+        "Speculative decoding: verifications by how many of their drafts "
+        "were kept (each also yields one more token, sampled).",
+        std::move(kept));
+  }
+}
+
+// Interruptions and what recovering from them cost, and KV blocks moved
+// between tiers.
+void AppendRecoveryMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(out, "shardlm_interruptions_total", "counter",
+               "Failed steps (a lost rank) after which the requests holding KV "
+               "were kept to resume (coordinator --rejoin).",
+               {{"", s.interruptions}});
+  AppendMetric(out, "shardlm_resumed_requests_total", "counter",
+               "Requests put back in the queue after an interruption, to be "
+               "recomputed from their tokens.",
+               {{"", s.resumed}});
+  AppendMetric(out, "shardlm_recomputed_tokens_total", "counter",
+               "Tokens of KV lost to interruptions (recomputed on resuming).",
+               {{"", s.recomputed_tokens}});
+  AppendMetric(
+      out, "shardlm_kv_checksum_failures_total", "counter",
+      "Steps in which a KV block copied back from the host tier failed "
+      "its checksum (--kv-checksum): their sequences were recomputed.",
+      {{"", s.kv_checksum_failures}});
+  AppendMetric(out, "shardlm_kv_blocks_moved_total", "counter",
+               "KV blocks copied between tiers.",
+               {{"kind=\"swap_out\"", s.blocks.swapped_out},
+                {"kind=\"swap_in\"", s.blocks.swapped_in},
+                {"kind=\"spill\"", s.blocks.spilled},
+                {"kind=\"offload\"", s.offloaded}});
+}
+
+// The KV slots sequences hold, and how fragmented they are.
+void AppendKvSlotMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(
+      out, "shardlm_kv_slots", "gauge",
+      "Token slots of the KV blocks sequences hold, and how many hold a "
+      "token (see shardlm_kv_fragmentation_ratio).",
+      {{"state=\"allocated\"", s.kv_slots_allocated},
+       {"state=\"filled\"", s.kv_slots_filled}});
+  absl::StrAppend(
+      &out,
+      "# HELP shardlm_kv_fragmentation_ratio Slots allocated but not filled "
+      "over slots allocated (0 when none is allocated).\n"
+      "# TYPE shardlm_kv_fragmentation_ratio gauge\n"
+      "shardlm_kv_fragmentation_ratio ",
+      s.kv_slots_allocated == 0
+          ? 0.0
+          : 1.0 - static_cast<double>(s.kv_slots_filled) /
+                      static_cast<double>(s.kv_slots_allocated),
+      "\n");
+}
 
 }  // namespace
 
@@ -201,236 +362,37 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   // The DOM, and the request built from it, are paid for before they exist.
   absl::StatusOr<MemoryShare> parse_share = ChargeBody(req, 1);
   if (!parse_share.ok()) return fail(parse_share.status());
-  const Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded() || !body.is_object()) {
-    return fail(Invalid("the body is not a JSON object"));
-  }
-  ResponseShape shape;
-  absl::StatusOr<v1::GenerateRequest> proto = ToProto(
-      body, req.body, chat, options_.model_name, context_length_, &shape);
-  if (!proto.ok()) return fail(proto.status());
-  const int top_n = shape.top_n;
-  const std::string& echo_text = shape.echo_text;
-  bool stream = false;
-  if (absl::Status s = Get(body, "stream", &stream); !s.ok()) return fail(s);
-  // As vLLM: prompt_logprobs are in the whole response only.
-  if (stream && shape.prompt_top_n >= 0) {
-    return fail(Invalid("'prompt_logprobs' is not supported with 'stream'"));
-  }
-  // OpenAI's stream_options.include_usage: one more chunk before [DONE],
-  // with no choices and the request's usage.
-  bool include_usage = false;
-  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
-    const Json& options = body["stream_options"];
-    if (!stream) {
-      return fail(Invalid("'stream_options' needs 'stream': true"));
-    }
-    if (!options.is_object()) {
-      return fail(Invalid("'stream_options' must be an object"));
-    }
-    if (absl::Status s = Get(options, "include_usage", &include_usage);
-        !s.ok()) {
-      return fail(Invalid("'stream_options.include_usage' must be a boolean"));
-    }
-  }
+  absl::StatusOr<CompletionRequest> request =
+      ParseCompletion(req.body, chat, options_.model_name, context_length_);
+  if (!request.ok()) return fail(request.status());
+  const bool stream = request->stream;
 
-  const std::string id =
-      absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
-                   absl::ToUnixMicros(absl::Now()), "-", next_id_++);
-  const int64_t created = absl::ToUnixSeconds(absl::Now());
-  const char* object =
-      chat ? (stream ? "chat.completion.chunk" : "chat.completion")
-           : "text_completion";
-  // What computed the answer: version, backend and precision (OpenAI's
-  // field for the configuration that produced it). Without an engine (an
-  // API over a run function alone, in tests): the version.
-  const std::string fingerprint =
-      engine_ == nullptr ? absl::StrCat("shardlm-", ShardlmVersion())
-                         : absl::StrCat("shardlm-", ShardlmVersion(), "-",
-                                        engine_->executor().backend(), "-",
-                                        PrecisionName(engine_->precision()));
-  // What each of the n choices accumulates (the whole answer when not
-  // streamed). Tool calls: the service parses them (the last response
-  // carries them); the same parser here keeps their markup out of the
-  // content.
-  struct Choice {
-    std::string text;
-    Json logprobs;
-    int64_t text_offset = 0;
-    std::string finish_reason;
-    bool first_chunk = true;
-    std::optional<ToolCallStream> tool_filter;
-    std::string reasoning;  // Unstreamed answers' reasoning.
-    Json tool_calls = Json::array();
-    int streamed_calls = 0;        // Tool calls sent as deltas so far.
-    bool echoed_logprobs = false;  // The prompt's logprobs are in.
-    v1::Usage usage;
-  };
-  const int n = std::max(1, proto->n());
-  std::vector<Choice> choices(n);
-  OutputParsing parsing = ParsingFor(*proto);
+  CompletionWriter::Head head{
+      .id = absl::StrCat(chat ? "chatcmpl-" : "cmpl-",
+                         absl::ToUnixMicros(absl::Now()), "-", next_id_++),
+      .object = chat ? (stream ? "chat.completion.chunk" : "chat.completion")
+                     : "text_completion",
+      .created = absl::ToUnixSeconds(absl::Now()),
+      .model = options_.model_name,
+      .fingerprint = Fingerprint(engine_)};
+  OutputParsing parsing = ParsingFor(request->proto);
   if (!chat) parsing.names.clear();
-  for (Choice& c : choices) {
-    c.text = echo_text;  // Streamed, it leads the choice's first chunk.
-    c.text_offset = static_cast<int64_t>(echo_text.size());
-    c.logprobs = EmptyLogprobs(chat);
-    // Reasoning (harmony's channels, Qwen3's <think>) is split whether or
-    // not tools are asked for.
-    if (!parsing.names.empty() ||
-        (chat && (parsing.format == ToolCallFormat::kHarmony ||
-                  parsing.reasoning != ReasoningFormat::kNone))) {
-      c.tool_filter.emplace(parsing.names, parsing.format, parsing.reasoning);
-    }
-  }
-  // One usage for the request: the prompt once, every choice's tokens.
-  const auto total_usage = [&] {
-    v1::Usage u = choices[0].usage;
-    for (int i = 1; i < n; ++i) {
-      u.set_completion_tokens(u.completion_tokens() +
-                              choices[i].usage.completion_tokens());
-    }
-    return u;
-  };
-  bool started = false;
-  const auto calls_json = [](const v1::GenerateResponse& r) {
-    Json calls = Json::array();
-    for (int i = 0; i < r.tool_calls_size(); ++i) {
-      const v1::ToolCall& c = r.tool_calls(i);
-      calls.push_back(
-          {{"id", c.id()},
-           {"type", "function"},
-           {"function", {{"name", c.name()}, {"arguments", c.arguments()}}}});
-    }
-    return calls;
-  };
   // Streamed calls are named here (the service names the calls of its
   // last response, which a stream has sent as deltas by then).
-  const std::string call_id_prefix = absl::StrCat(
+  std::string call_id_prefix = absl::StrCat(
       "call_", absl::Hex(absl::ToUnixNanos(absl::Now()) ^ next_id_++), "_");
-
-  // echo with logprobs: the prompt's, from the request's first response
-  // (whichever choice's), leading every choice's logprobs; and vLLM's
-  // prompt_logprobs, from the same response.
-  Json prompt_logprobs, vllm_prompt_logprobs;
-  const bool echo_logprobs = shape.echo && top_n >= 0;
-  // Calls to it are serialized (with n > 1, from several threads).
-  const auto write = [&](const v1::GenerateResponse& r) {
-    if (r.index() < 0 || r.index() >= n) return false;
-    Choice& c = choices[r.index()];
-    if (r.prompt_logprobs_size() > 0) {
-      if (echo_logprobs) prompt_logprobs = PromptLogprobsJson(r, top_n);
-      if (shape.prompt_top_n >= 0) {
-        vllm_prompt_logprobs = VllmPromptLogprobsJson(r, shape.prompt_top_n);
-      }
-    }
-    // The logprobs this response's piece starts from: the prompt's first.
-    Json lead = EmptyLogprobs(chat);
-    if (echo_logprobs && !c.echoed_logprobs && prompt_logprobs.is_object()) {
-      c.echoed_logprobs = true;
-      lead = prompt_logprobs;
-    }
-    if (r.has_usage()) c.usage = r.usage();
-    if (!r.finish_reason().empty()) c.finish_reason = r.finish_reason();
-    std::string piece = r.text();
-    std::string reasoning;             // Harmony's analysis, Qwen3's <think>.
-    std::vector<ChatToolCall> closed;  // Calls whose </tool_call> came now.
-    if (c.tool_filter) {
-      ToolCallEvents events = openai_wire::ParsePiece(*c.tool_filter, r);
-      piece = std::move(events.content);
-      reasoning = std::move(events.reasoning);
-      closed = std::move(events.calls);
-    }
-    if (!stream) {
-      c.text += piece;
-      c.reasoning += reasoning;
-      if (r.tool_calls_size() > 0) c.tool_calls = calls_json(r);
-      if (top_n >= 0) {
-        if (!chat && !lead["tokens"].empty()) {
-          for (const char* key :
-               {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
-            for (Json& v : lead[key]) c.logprobs[key].push_back(std::move(v));
-          }
-        }
-        AppendLogprobs(r, chat, top_n, c.logprobs, &c.text_offset);
-      }
-      return true;
-    }
-    Json choice = {
-        {"index", r.index()},
-        {"finish_reason",
-         r.finish_reason().empty() ? Json() : Json(r.finish_reason())}};
-    if (top_n >= 0) {
-      Json lp = std::move(lead);
-      AppendLogprobs(r, chat, top_n, lp, &c.text_offset);
-      choice["logprobs"] = lp;
-    } else {
-      choice["logprobs"] = Json();
-    }
-    // Tool calls stream as OpenAI's do: a call's first delta carries its
-    // index, id, type, name and empty arguments, the next its arguments.
-    // Each call is sent when its </tool_call> arrives, arguments whole: a
-    // malformed call must come back as content, which is known only then.
-    std::vector<Json> call_deltas;
-    for (ChatToolCall& call : closed) {
-      const int k = c.streamed_calls++;
-      call_deltas.push_back(
-          {{"index", k},
-           {"id", absl::StrCat(call_id_prefix, r.index(), "_", k)},
-           {"type", "function"},
-           {"function", {{"name", call.name}, {"arguments", ""}}}});
-      call_deltas.push_back(
-          {{"index", k}, {"function", {{"arguments", call.arguments}}}});
-    }
-    // One chunk per delta: the text first (with the logprobs), then the
-    // call deltas; the last chunk has the finish_reason and usage.
-    const size_t chunks = chat ? 1 + call_deltas.size() : 1;
-    for (size_t i = 0; i < chunks; ++i) {
-      Json one = choice;
-      if (i > 0 && top_n >= 0) one["logprobs"] = EmptyLogprobs(chat);
-      if (i + 1 < chunks) one["finish_reason"] = Json();
-      if (chat) {
-        Json delta = Json::object();
-        if (i == 0 && !reasoning.empty())
-          delta["reasoning_content"] = reasoning;
-        if (i == 0) delta["content"] = piece;
-        if (c.first_chunk) delta["role"] = "assistant";
-        if (i > 0) delta["tool_calls"] = Json::array({call_deltas[i - 1]});
-        one["delta"] = std::move(delta);
-      } else {
-        one["text"] = c.first_chunk ? echo_text + r.text() : r.text();
-      }
-      c.first_chunk = false;
-      // The text chunk of a piece that was all tool-call markup is empty:
-      // skipped when call deltas follow.
-      if (chat && i == 0 && chunks > 1 && piece.empty() &&
-          !one["delta"].contains("role") && top_n < 0) {
-        continue;
-      }
-      Json chunk = {{"id", id},
-                    {"object", object},
-                    {"created", created},
-                    {"model", options_.model_name},
-                    {"system_fingerprint", fingerprint},
-                    {"choices", {one}}};
-      // With n > 1 the request's usage is in the include_usage chunk only.
-      if (r.has_usage() && n == 1 && i + 1 == chunks) {
-        chunk["usage"] = UsageJson(r.usage());
-      }
-      if (!started) {
-        started = true;
-        if (!res.Start(200, "text/event-stream")) return false;
-      }
-      if (!res.Write(absl::StrCat("data: ", Dump(chunk), "\n\n"))) {
-        return false;
-      }
-    }
-    return true;
-  };
+  CompletionWriter writer(chat, stream, std::max(1, request->proto.n()),
+                          request->shape,
+                          {.names = std::move(parsing.names),
+                           .format = parsing.format,
+                           .reasoning = parsing.reasoning},
+                          std::move(head), std::move(call_id_prefix), res);
   const absl::Status status = run_(
-      *proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); }, write,
+      request->proto, absl::InfiniteFuture(), [&] { return res.ClientGone(); },
+      [&](const v1::GenerateResponse& r) { return writer.Write(r); },
       RequestApi::kHttp);
   if (!status.ok()) {
-    if (!started) return fail(status);
+    if (!writer.started()) return fail(status);
     // Mid-stream: the status line is gone; say it in the stream.
     http_server_error_++;
     res.Write(absl::StrCat("data: ", ErrorJson(status), "\n\n"));
@@ -438,58 +400,14 @@ void OpenAiApi::Complete(const HttpRequest& req, HttpResponse& res, bool chat) {
   }
   if (stream) {
     http_ok_++;
-    if (include_usage) {
-      const Json last = {{"id", id},
-                         {"object", object},
-                         {"created", created},
-                         {"model", options_.model_name},
-                         {"system_fingerprint", fingerprint},
-                         {"choices", Json::array()},
-                         {"usage", UsageJson(total_usage())}};
-      res.Write(absl::StrCat("data: ", Dump(last), "\n\n"));
+    if (request->include_usage) {
+      res.Write(absl::StrCat("data: ", Dump(writer.UsageChunk()), "\n\n"));
     }
     res.Write("data: [DONE]\n\n");
     return;
   }
-  Json out_choices = Json::array();
-  for (int i = 0; i < n; ++i) {
-    const Choice& c = choices[i];
-    Json choice = {{"index", i},
-                   {"finish_reason", c.finish_reason},
-                   {"logprobs", top_n >= 0 ? c.logprobs : Json()}};
-    if (chat) {
-      choice["message"] = {{"role", "assistant"}, {"content", c.text}};
-      // The reasoning (harmony's analysis channel) in the field DeepSeek's
-      // API and vLLM use.
-      if (!c.reasoning.empty()) {
-        choice["message"]["reasoning_content"] = c.reasoning;
-      }
-      if (!c.tool_calls.empty()) {
-        if (c.text.empty()) choice["message"]["content"] = Json();
-        choice["message"]["tool_calls"] = c.tool_calls;
-      }
-    } else {
-      choice["text"] = c.text;
-      // vLLM puts a completion's prompt_logprobs in each choice.
-      if (shape.prompt_top_n >= 0) {
-        choice["prompt_logprobs"] = vllm_prompt_logprobs;
-      }
-    }
-    out_choices.push_back(std::move(choice));
-  }
-  Json out = {{"id", id},
-              {"object", object},
-              {"created", created},
-              {"model", options_.model_name},
-              {"system_fingerprint", fingerprint},
-              {"choices", out_choices},
-              {"usage", UsageJson(total_usage())}};
-  // ... and a chat's beside the choices.
-  if (chat && shape.prompt_top_n >= 0) {
-    out["prompt_logprobs"] = vllm_prompt_logprobs;
-  }
   http_ok_++;
-  res.Send(200, "application/json", Dump(out));
+  res.Send(200, "application/json", Dump(writer.Body()));
 }
 
 absl::StatusOr<MemoryShare> OpenAiApi::ChargeBody(const HttpRequest& req,
@@ -574,127 +492,43 @@ std::string OpenAiApi::Metrics() {
   const bool ready = Ready().ok();
   const SchedulerStats s = engine_->stats();
   std::string out;
-  const auto metric = [&](const char* name, const char* type, const char* help,
-                          std::vector<std::pair<std::string, int64_t>> values) {
-    absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
-                    type, "\n");
-    for (const auto& [labels, v] : values) {
-      absl::StrAppend(&out, name, labels.empty() ? "" : "{", labels,
-                      labels.empty() ? "" : "}", " ", v, "\n");
-    }
-  };
-  metric("shardlm_ready", "gauge",
-         "1 when /ready would answer 200 (every rank up, steps advancing "
-         "while requests wait), else 0.",
-         {{"", ready ? 1 : 0}});
-  metric("shardlm_requests", "gauge", "Requests by state.",
-         {{"state=\"running\"", s.running}, {"state=\"waiting\"", s.waiting}});
-  metric("shardlm_kv_blocks", "gauge",
-         "KV blocks by tier and state (used: held by sequences; cached: "
-         "kept for prefix hits).",
-         {{"tier=\"device\",state=\"used\"", s.device.used},
-          {"tier=\"device\",state=\"cached\"", s.device.cached},
-          {"tier=\"device\",state=\"free\"", s.device.free},
-          {"tier=\"host\",state=\"used\"", s.host.used},
-          {"tier=\"host\",state=\"cached\"", s.host.cached},
-          {"tier=\"host\",state=\"free\"", s.host.free}});
-  AppendCpRankKvMetrics(out, s.device_by_cp_rank, s.host_by_cp_rank);
-  metric("shardlm_steps_total", "counter", "Forward steps run.",
-         {{"", s.steps}});
-  metric("shardlm_steps_in_flight", "gauge",
-         "Steps submitted whose tokens are not back yet (pipeline stages "
-         "working at once): now, and the most so far.",
-         {{"which=\"now\"", s.steps_in_flight},
-          {"which=\"max\"", s.max_steps_in_flight}});
-  metric("shardlm_computed_tokens_total", "counter",
-         "Tokens run through the model (prefix-cache hits are not).",
-         {{"", s.computed_tokens}});
-  metric("shardlm_preemptions_total", "counter", "Preemptions by kind.",
-         {{"kind=\"swap\"", s.preempted_swap},
-          {"kind=\"recompute\"", s.preempted_recompute}});
-  if (!s.spec_kept_histogram.empty()) {
-    metric("shardlm_spec_tokens_total", "counter",
-           "Speculative decoding: tokens drafted, and those the model's "
-           "samples confirmed (kept).",
-           {{"kind=\"drafted\"", s.spec_drafted},
-            {"kind=\"kept\"", s.spec_accepted}});
-    metric("shardlm_spec_verifications_total", "counter",
-           "Speculative decoding: a sequence's drafts checked in a step.",
-           {{"", s.spec_verifications}});
-    std::vector<std::pair<std::string, int64_t>> kept;
-    for (size_t k = 0; k < s.spec_kept_histogram.size(); ++k) {
-      kept.push_back(
-          {absl::StrCat("kept=\"", k, "\""), s.spec_kept_histogram[k]});
-    }
-    metric("shardlm_spec_kept_drafts", "counter",
-           "Speculative decoding: verifications by how many of their drafts "
-           "were kept (each also yields one more token, sampled).",
-           std::move(kept));
-  }
-  metric("shardlm_interruptions_total", "counter",
-         "Failed steps (a lost rank) after which the requests holding KV "
-         "were kept to resume (coordinator --rejoin).",
-         {{"", s.interruptions}});
-  metric("shardlm_resumed_requests_total", "counter",
-         "Requests put back in the queue after an interruption, to be "
-         "recomputed from their tokens.",
-         {{"", s.resumed}});
-  metric("shardlm_recomputed_tokens_total", "counter",
-         "Tokens of KV lost to interruptions (recomputed on resuming).",
-         {{"", s.recomputed_tokens}});
-  metric("shardlm_kv_checksum_failures_total", "counter",
-         "Steps in which a KV block copied back from the host tier failed "
-         "its checksum (--kv-checksum): their sequences were recomputed.",
-         {{"", s.kv_checksum_failures}});
-  metric("shardlm_kv_blocks_moved_total", "counter",
-         "KV blocks copied between tiers.",
-         {{"kind=\"swap_out\"", s.blocks.swapped_out},
-          {"kind=\"swap_in\"", s.blocks.swapped_in},
-          {"kind=\"spill\"", s.blocks.spilled},
-          {"kind=\"offload\"", s.offloaded}});
+  AppendMetric(out, "shardlm_ready", "gauge",
+               "1 when /ready would answer 200 (every rank up, steps advancing "
+               "while requests wait), else 0.",
+               {{"", ready ? 1 : 0}});
+  AppendSchedulerMetrics(out, s);
+  AppendRecoveryMetrics(out, s);
   if (options_.metrics_prefix_cache) {
-    metric("shardlm_prefix_cache_tokens_total", "counter",
-           "Prompt tokens looked up in the prefix cache, and found.",
-           {{"result=\"queried\"", s.blocks.prefix_queries},
-            {"result=\"hit\"", s.blocks.prefix_hit_tokens}});
+    AppendMetric(out, "shardlm_prefix_cache_tokens_total", "counter",
+                 "Prompt tokens looked up in the prefix cache, and found.",
+                 {{"result=\"queried\"", s.blocks.prefix_queries},
+                  {"result=\"hit\"", s.blocks.prefix_hit_tokens}});
   }
-  metric("shardlm_http_responses_total", "counter",
-         "HTTP API responses by class.",
-         {{"class=\"2xx\"", http_ok_.load()},
-          {"class=\"4xx\"", http_client_error_.load()},
-          {"class=\"5xx\"", http_server_error_.load()}});
+  AppendMetric(out, "shardlm_http_responses_total", "counter",
+               "HTTP API responses by class.",
+               {{"class=\"2xx\"", http_ok_.load()},
+                {"class=\"4xx\"", http_client_error_.load()},
+                {"class=\"5xx\"", http_server_error_.load()}});
   if (const MemoryBudget* b = options_.memory_budget; b != nullptr) {
-    metric("shardlm_request_memory_bytes", "gauge",
-           "The memory budget of requests in flight (--request-memory-mb): "
-           "its limit, the bytes taken now, and the most taken at once.",
-           {{"kind=\"limit\"", b->limit()},
-            {"kind=\"in_use\"", b->in_use()},
-            {"kind=\"peak\"", b->peak()}});
-    metric("shardlm_invalid_utf8_total", "counter",
-           "gRPC requests refused (INVALID_ARGUMENT) for invalid UTF-8 in a "
-           "string field.",
-           {{"", service_->invalid_utf8()}});
-    metric("shardlm_request_memory_refused_total", "counter",
-           "Requests refused because their share of the memory budget did "
-           "not fit within 250 ms (429 / RESOURCE_EXHAUSTED).",
-           {{"", b->refused()}});
+    AppendMetric(
+        out, "shardlm_request_memory_bytes", "gauge",
+        "The memory budget of requests in flight (--request-memory-mb): "
+        "its limit, the bytes taken now, and the most taken at once.",
+        {{"kind=\"limit\"", b->limit()},
+         {"kind=\"in_use\"", b->in_use()},
+         {"kind=\"peak\"", b->peak()}});
+    AppendMetric(
+        out, "shardlm_invalid_utf8_total", "counter",
+        "gRPC requests refused (INVALID_ARGUMENT) for invalid UTF-8 in a "
+        "string field.",
+        {{"", service_->invalid_utf8()}});
+    AppendMetric(
+        out, "shardlm_request_memory_refused_total", "counter",
+        "Requests refused because their share of the memory budget did "
+        "not fit within 250 ms (429 / RESOURCE_EXHAUSTED).",
+        {{"", b->refused()}});
   }
-  metric("shardlm_kv_slots", "gauge",
-         "Token slots of the KV blocks sequences hold, and how many hold a "
-         "token (see shardlm_kv_fragmentation_ratio).",
-         {{"state=\"allocated\"", s.kv_slots_allocated},
-          {"state=\"filled\"", s.kv_slots_filled}});
-  absl::StrAppend(
-      &out,
-      "# HELP shardlm_kv_fragmentation_ratio Slots allocated but not filled "
-      "over slots allocated (0 when none is allocated).\n"
-      "# TYPE shardlm_kv_fragmentation_ratio gauge\n"
-      "shardlm_kv_fragmentation_ratio ",
-      s.kv_slots_allocated == 0
-          ? 0.0
-          : 1.0 - static_cast<double>(s.kv_slots_filled) /
-                      static_cast<double>(s.kv_slots_allocated),
-      "\n");
+  AppendKvSlotMetrics(out, s);
   // Requests, tokens and latencies of both APIs (api="grpc"|"http").
   absl::StrAppend(&out, engine_->metrics().Prometheus());
   const std::vector<RankReport> ranks = engine_->executor().RankReports();

@@ -2,6 +2,8 @@
 // cannot provoke on a healthy server: /ready failing when steps stall; and
 // the exact shape of vLLM's prompt_logprobs from responses made by hand
 // (end to end: tests/cli/check_openai_client.py).
+#include "api/openai_api.h"
+
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
@@ -10,7 +12,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "api/openai_api.h"
 #include "api/openai_protocol.h"
 #include "engine/engine_leak_check.h"
 #include "executor/in_process_executor.h"

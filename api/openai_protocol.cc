@@ -1,3 +1,5 @@
+#include "api/openai_protocol.h"
+
 #include <algorithm>
 #include <optional>
 #include <random>
@@ -7,7 +9,6 @@
 
 #include "absl/strings/match.h"
 #include "api/openai_api.h"
-#include "api/openai_protocol.h"
 #include "api/request_ranges.h"
 #include "core/status.h"
 #include "grammar/json_schema.h"
@@ -300,6 +301,216 @@ Json Bytes(const std::string& text) {
   return b;
 }
 
+// The model (NotFound when it is not this server's), n, best_of and echo.
+absl::Status AddChoices(const Json& body, bool chat,
+                        const std::string& model_name, v1::GenerateRequest& req,
+                        bool& echo) {
+  std::string model;
+  RETURN_IF_ERROR(Get(body, "model", &model));
+  if (!model.empty() && model != model_name) {
+    return absl::NotFoundError(absl::StrCat("model '", Echo(model),
+                                            "' is not served here (this "
+                                            "server serves '",
+                                            model_name, "')"));
+  }
+  int64_t n = 1, best_of = 1;
+  RETURN_IF_ERROR(Get(body, "n", &n));
+  RETURN_IF_ERROR(Get(body, "best_of", &best_of));
+  RETURN_IF_ERROR(Get(body, "echo", &echo));
+  if (n < 1 || n > 16) return Invalid("n must be 1 to 16, got ", n);
+  if (best_of != 1 && best_of != n) {
+    return Invalid("'best_of' other than n is not supported");
+  }
+  req.set_n(static_cast<int32_t>(n));
+  if (echo && chat) return Invalid("'echo' is for /v1/completions");
+  if (body.contains("suffix") && !body["suffix"].is_null()) {
+    return Invalid("'suffix' is not supported");
+  }
+  return absl::OkStatus();
+}
+
+// A chat's messages, tools, reasoning_effort and chat_template_kwargs.
+absl::Status AddChat(const Json& body, absl::string_view raw_body,
+                     v1::GenerateRequest& req) {
+  if (!body.contains("messages")) return Invalid("'messages' is required");
+  RETURN_IF_ERROR(AddMessages(body["messages"], req));
+  std::optional<nlohmann::ordered_json> ordered;
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    ordered = nlohmann::ordered_json::parse(raw_body, nullptr,
+                                            /*allow_exceptions=*/false);
+    if (ordered->is_discarded()) {
+      return Invalid("the body is not a JSON object");
+    }
+  }
+  RETURN_IF_ERROR(AddTools(body, ordered ? &*ordered : nullptr, req));
+  // OpenAI's reasoning models' knob; the template decides what it means.
+  if (body.contains("reasoning_effort") &&
+      !body["reasoning_effort"].is_null()) {
+    if (!body["reasoning_effort"].is_string()) {
+      return Invalid("'reasoning_effort' must be a string");
+    }
+    req.set_reasoning_effort(body["reasoning_effort"].get<std::string>());
+  }
+  return AddChatTemplateKwargs(body, req);
+}
+
+// A completion's prompt: a string, one string in an array, or token ids
+// (and none of the chat's fields).
+absl::Status AddPrompt(const Json& body, v1::GenerateRequest& req) {
+  for (const char* field :
+       {"tools", "tool_choice", "reasoning_effort", "chat_template_kwargs"}) {
+    if (body.contains(field) && !body[field].is_null()) {
+      return Invalid("'", field, "' is for /v1/chat/completions");
+    }
+  }
+  const Json& p = body.contains("prompt") ? body["prompt"] : Json();
+  if (p.is_string()) {
+    req.set_prompt(p.get<std::string>());
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    req.set_prompt(p[0].get<std::string>());
+  } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
+    for (const Json& t : p) {
+      if (!t.is_number_integer() ||
+          (t.is_number_unsigned() &&
+           t.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
+          t.get<int64_t>() < 0 ||
+          t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
+        return Invalid("'prompt' token ids must be non-negative integers");
+      }
+      req.add_prompt_token_ids(t.get<int32_t>());
+    }
+  } else {
+    return Invalid(
+        "'prompt' must be a string, one string in an array, or an array of "
+        "token ids");
+  }
+  return absl::OkStatus();
+}
+
+// max_tokens (a chat's max_completion_tokens too).
+absl::Status AddMaxTokens(const Json& body, bool chat, int64_t context_length,
+                          v1::GenerateRequest& req) {
+  int32_t max_tokens = 0;
+  RETURN_IF_ERROR(Get(body, "max_tokens", &max_tokens));
+  if (chat) RETURN_IF_ERROR(Get(body, "max_completion_tokens", &max_tokens));
+  // 0 is "the default" in the proto, an error here: the service's range and
+  // words.
+  const bool max_given =
+      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
+      (chat && body.contains("max_completion_tokens") &&
+       !body["max_completion_tokens"].is_null());
+  if (max_given && max_tokens <= 0) {
+    return CheckMaxTokens(max_tokens, context_length);
+  }
+  req.set_max_tokens(max_tokens);  // 0: the server's default.
+  return absl::OkStatus();
+}
+
+// The sampling parameters, min_tokens and speculative.
+absl::Status AddSampling(const Json& body, v1::GenerateRequest& req) {
+  // OpenAI's defaults: temperature 1, top_p 1, a fresh seed per request.
+  double temperature = 1.0, top_p = 1.0;
+  int32_t top_k = 0;
+  int64_t seed = -1;
+  RETURN_IF_ERROR(Get(body, "temperature", &temperature));
+  RETURN_IF_ERROR(Get(body, "top_p", &top_p));
+  RETURN_IF_ERROR(Get(body, "top_k", &top_k));
+  RETURN_IF_ERROR(Get(body, "seed", &seed));
+  if (seed < 0) seed = static_cast<int64_t>(std::random_device()() >> 1);
+  v1::SamplingParams& s = *req.mutable_sampling();
+  s.set_temperature(static_cast<float>(temperature));
+  s.set_top_p(static_cast<float>(top_p));
+  s.set_top_k(top_k);  // The service refuses negatives, as over gRPC.
+  s.set_seed(static_cast<uint64_t>(seed));
+  // The penalties and logit_bias; the service checks their ranges (and
+  // the bias's ids against the vocabulary), in the gRPC API's words.
+  double presence = 0, frequency = 0, repetition = 1;
+  RETURN_IF_ERROR(Get(body, "presence_penalty", &presence));
+  RETURN_IF_ERROR(Get(body, "frequency_penalty", &frequency));
+  RETURN_IF_ERROR(Get(body, "repetition_penalty", &repetition));
+  s.set_presence_penalty(static_cast<float>(presence));
+  s.set_frequency_penalty(static_cast<float>(frequency));
+  // 0 reads as "off" in the proto: refused here, in the service's words.
+  if (repetition == 0) {
+    return Invalid(
+        "sampling: repetition_penalty must be > 0 and finite, got 0");
+  }
+  s.set_repetition_penalty(static_cast<float>(repetition));
+  RETURN_IF_ERROR(AddLogitBias(body, s));
+  int32_t min_tokens = 0;
+  RETURN_IF_ERROR(Get(body, "min_tokens", &min_tokens));
+  req.set_min_tokens(min_tokens);
+  if (body.contains("speculative")) {
+    bool speculative = true;
+    RETURN_IF_ERROR(Get(body, "speculative", &speculative));
+    req.set_speculative(speculative);
+  }
+  return absl::OkStatus();
+}
+
+// "stop": a string or an array of strings.
+absl::Status AddStop(const Json& body, v1::GenerateRequest& req) {
+  const Json& stop = body.contains("stop") ? body["stop"] : Json();
+  if (stop.is_string()) {
+    req.add_stop(stop.get<std::string>());
+  } else if (stop.is_array()) {
+    for (const Json& x : stop) {
+      if (!x.is_string()) return Invalid("'stop' must hold strings");
+      req.add_stop(x.get<std::string>());
+    }
+  } else if (!stop.is_null()) {
+    return Invalid("'stop' must be a string or an array of strings");
+  }
+  return absl::OkStatus();
+}
+
+// logprobs (completions) or logprobs and top_logprobs (chat), what echo
+// shows, and vLLM's prompt_logprobs.
+absl::Status AddLogprobFields(const Json& body, bool chat,
+                              v1::GenerateRequest& req, ResponseShape& shape) {
+  int* const top_n = &shape.top_n;
+  *top_n = -1;
+  if (chat) {
+    bool logprobs = false;
+    int32_t top = 0;
+    RETURN_IF_ERROR(Get(body, "logprobs", &logprobs));
+    RETURN_IF_ERROR(Get(body, "top_logprobs", &top));
+    if (top != 0 && !logprobs) {
+      return Invalid("'top_logprobs' needs 'logprobs': true");
+    }
+    RETURN_IF_ERROR(CheckLogprobs(top));
+    if (logprobs) *top_n = top;
+  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    int32_t top = 0;
+    RETURN_IF_ERROR(Get(body, "logprobs", &top));
+    RETURN_IF_ERROR(CheckLogprobs(top));  // The gRPC API's range and words.
+    *top_n = top;
+  }
+  // The service returns at least one alternative when asked for any.
+  if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
+  // echo prepends the prompt to each choice's text; with logprobs, the
+  // prompt tokens' logprobs lead each choice's (prompt_logprobs).
+  if (shape.echo) {
+    if (*top_n >= 0) req.set_prompt_logprobs(std::max(1, *top_n));
+    if (req.prompt_token_ids_size() > 0) {
+      return Invalid("'echo' needs a text 'prompt', not token ids");
+    }
+    shape.echo_text = req.prompt();
+  }
+  // vLLM's prompt_logprobs k: per prompt token its own logprob and rank,
+  // and the k most likely tokens there. The service is asked for all
+  // kMaxLogprobs alternatives, so that the prompt token's rank is known
+  // whenever it is among them.
+  if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
+    int64_t k = 0;
+    RETURN_IF_ERROR(Get(body, "prompt_logprobs", &k));
+    RETURN_IF_ERROR(CheckPromptLogprobs(k));  // The gRPC API's words.
+    shape.prompt_top_n = static_cast<int>(k);
+    req.set_prompt_logprobs(kMaxLogprobs);
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 // Serializes `j`; invalid UTF-8 in its strings (a client's path or model
@@ -348,185 +559,13 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
                                             const std::string& model_name,
                                             int64_t context_length,
                                             ResponseShape* shape) {
-  int* const top_n = &shape->top_n;
   v1::GenerateRequest req;
-  std::string model;
-  RETURN_IF_ERROR(Get(body, "model", &model));
-  if (!model.empty() && model != model_name) {
-    return absl::NotFoundError(absl::StrCat("model '", Echo(model),
-                                            "' is not served here (this "
-                                            "server serves '",
-                                            model_name, "')"));
-  }
-  int64_t n = 1, best_of = 1;
-  bool& echo = shape->echo;
-  RETURN_IF_ERROR(Get(body, "n", &n));
-  RETURN_IF_ERROR(Get(body, "best_of", &best_of));
-  RETURN_IF_ERROR(Get(body, "echo", &echo));
-  if (n < 1 || n > 16) return Invalid("n must be 1 to 16, got ", n);
-  if (best_of != 1 && best_of != n) {
-    return Invalid("'best_of' other than n is not supported");
-  }
-  req.set_n(static_cast<int32_t>(n));
-  if (echo && chat) return Invalid("'echo' is for /v1/completions");
-  if (body.contains("suffix") && !body["suffix"].is_null()) {
-    return Invalid("'suffix' is not supported");
-  }
-
-  if (chat) {
-    if (!body.contains("messages")) return Invalid("'messages' is required");
-    RETURN_IF_ERROR(AddMessages(body["messages"], req));
-    std::optional<nlohmann::ordered_json> ordered;
-    if (body.contains("tools") && !body["tools"].is_null()) {
-      ordered = nlohmann::ordered_json::parse(raw_body, nullptr,
-                                              /*allow_exceptions=*/false);
-      if (ordered->is_discarded()) {
-        return Invalid("the body is not a JSON object");
-      }
-    }
-    RETURN_IF_ERROR(AddTools(body, ordered ? &*ordered : nullptr, req));
-    // OpenAI's reasoning models' knob; the template decides what it means.
-    if (body.contains("reasoning_effort") &&
-        !body["reasoning_effort"].is_null()) {
-      if (!body["reasoning_effort"].is_string()) {
-        return Invalid("'reasoning_effort' must be a string");
-      }
-      req.set_reasoning_effort(body["reasoning_effort"].get<std::string>());
-    }
-    RETURN_IF_ERROR(AddChatTemplateKwargs(body, req));
-  } else {
-    for (const char* field :
-         {"tools", "tool_choice", "reasoning_effort", "chat_template_kwargs"}) {
-      if (body.contains(field) && !body[field].is_null()) {
-        return Invalid("'", field, "' is for /v1/chat/completions");
-      }
-    }
-    const Json& p = body.contains("prompt") ? body["prompt"] : Json();
-    if (p.is_string()) {
-      req.set_prompt(p.get<std::string>());
-    } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
-      req.set_prompt(p[0].get<std::string>());
-    } else if (p.is_array() && !p.empty() && p[0].is_number_integer()) {
-      for (const Json& t : p) {
-        if (!t.is_number_integer() ||
-            (t.is_number_unsigned() &&
-             t.get<uint64_t>() > std::numeric_limits<int32_t>::max()) ||
-            t.get<int64_t>() < 0 ||
-            t.get<int64_t>() > std::numeric_limits<int32_t>::max()) {
-          return Invalid("'prompt' token ids must be non-negative integers");
-        }
-        req.add_prompt_token_ids(t.get<int32_t>());
-      }
-    } else {
-      return Invalid(
-          "'prompt' must be a string, one string in an array, or an array of "
-          "token ids");
-    }
-  }
-
-  int32_t max_tokens = 0;
-  RETURN_IF_ERROR(Get(body, "max_tokens", &max_tokens));
-  if (chat) RETURN_IF_ERROR(Get(body, "max_completion_tokens", &max_tokens));
-  // 0 is "the default" in the proto, an error here: the service's range and
-  // words.
-  const bool max_given =
-      (body.contains("max_tokens") && !body["max_tokens"].is_null()) ||
-      (chat && body.contains("max_completion_tokens") &&
-       !body["max_completion_tokens"].is_null());
-  if (max_given && max_tokens <= 0) {
-    return CheckMaxTokens(max_tokens, context_length);
-  }
-  req.set_max_tokens(max_tokens);  // 0: the server's default.
-
-  // OpenAI's defaults: temperature 1, top_p 1, a fresh seed per request.
-  double temperature = 1.0, top_p = 1.0;
-  int32_t top_k = 0;
-  int64_t seed = -1;
-  RETURN_IF_ERROR(Get(body, "temperature", &temperature));
-  RETURN_IF_ERROR(Get(body, "top_p", &top_p));
-  RETURN_IF_ERROR(Get(body, "top_k", &top_k));
-  RETURN_IF_ERROR(Get(body, "seed", &seed));
-  if (seed < 0) seed = static_cast<int64_t>(std::random_device()() >> 1);
-  v1::SamplingParams& s = *req.mutable_sampling();
-  s.set_temperature(static_cast<float>(temperature));
-  s.set_top_p(static_cast<float>(top_p));
-  s.set_top_k(top_k);  // The service refuses negatives, as over gRPC.
-  s.set_seed(static_cast<uint64_t>(seed));
-  // The penalties and logit_bias; the service checks their ranges (and
-  // the bias's ids against the vocabulary), in the gRPC API's words.
-  double presence = 0, frequency = 0, repetition = 1;
-  RETURN_IF_ERROR(Get(body, "presence_penalty", &presence));
-  RETURN_IF_ERROR(Get(body, "frequency_penalty", &frequency));
-  RETURN_IF_ERROR(Get(body, "repetition_penalty", &repetition));
-  s.set_presence_penalty(static_cast<float>(presence));
-  s.set_frequency_penalty(static_cast<float>(frequency));
-  // 0 reads as "off" in the proto: refused here, in the service's words.
-  if (repetition == 0) {
-    return Invalid(
-        "sampling: repetition_penalty must be > 0 and finite, got 0");
-  }
-  s.set_repetition_penalty(static_cast<float>(repetition));
-  RETURN_IF_ERROR(AddLogitBias(body, s));
-  int32_t min_tokens = 0;
-  RETURN_IF_ERROR(Get(body, "min_tokens", &min_tokens));
-  req.set_min_tokens(min_tokens);
-  if (body.contains("speculative")) {
-    bool speculative = true;
-    RETURN_IF_ERROR(Get(body, "speculative", &speculative));
-    req.set_speculative(speculative);
-  }
-
-  const Json& stop = body.contains("stop") ? body["stop"] : Json();
-  if (stop.is_string()) {
-    req.add_stop(stop.get<std::string>());
-  } else if (stop.is_array()) {
-    for (const Json& x : stop) {
-      if (!x.is_string()) return Invalid("'stop' must hold strings");
-      req.add_stop(x.get<std::string>());
-    }
-  } else if (!stop.is_null()) {
-    return Invalid("'stop' must be a string or an array of strings");
-  }
-
-  *top_n = -1;
-  if (chat) {
-    bool logprobs = false;
-    int32_t top = 0;
-    RETURN_IF_ERROR(Get(body, "logprobs", &logprobs));
-    RETURN_IF_ERROR(Get(body, "top_logprobs", &top));
-    if (top != 0 && !logprobs) {
-      return Invalid("'top_logprobs' needs 'logprobs': true");
-    }
-    RETURN_IF_ERROR(CheckLogprobs(top));
-    if (logprobs) *top_n = top;
-  } else if (body.contains("logprobs") && !body["logprobs"].is_null()) {
-    int32_t top = 0;
-    RETURN_IF_ERROR(Get(body, "logprobs", &top));
-    RETURN_IF_ERROR(CheckLogprobs(top));  // The gRPC API's range and words.
-    *top_n = top;
-  }
-  // The service returns at least one alternative when asked for any.
-  if (*top_n >= 0) req.set_logprobs(std::max(1, *top_n));
-  // echo prepends the prompt to each choice's text; with logprobs, the
-  // prompt tokens' logprobs lead each choice's (prompt_logprobs).
-  if (echo) {
-    if (*top_n >= 0) req.set_prompt_logprobs(std::max(1, *top_n));
-    if (req.prompt_token_ids_size() > 0) {
-      return Invalid("'echo' needs a text 'prompt', not token ids");
-    }
-    shape->echo_text = req.prompt();
-  }
-  // vLLM's prompt_logprobs k: per prompt token its own logprob and rank,
-  // and the k most likely tokens there. The service is asked for all
-  // kMaxLogprobs alternatives, so that the prompt token's rank is known
-  // whenever it is among them.
-  if (body.contains("prompt_logprobs") && !body["prompt_logprobs"].is_null()) {
-    int64_t k = 0;
-    RETURN_IF_ERROR(Get(body, "prompt_logprobs", &k));
-    RETURN_IF_ERROR(CheckPromptLogprobs(k));  // The gRPC API's words.
-    shape->prompt_top_n = static_cast<int>(k);
-    req.set_prompt_logprobs(kMaxLogprobs);
-  }
+  RETURN_IF_ERROR(AddChoices(body, chat, model_name, req, shape->echo));
+  RETURN_IF_ERROR(chat ? AddChat(body, raw_body, req) : AddPrompt(body, req));
+  RETURN_IF_ERROR(AddMaxTokens(body, chat, context_length, req));
+  RETURN_IF_ERROR(AddSampling(body, req));
+  RETURN_IF_ERROR(AddStop(body, req));
+  RETURN_IF_ERROR(AddLogprobFields(body, chat, req, *shape));
 
   bool ignore_eos = false;
   int32_t priority = 0, truncate = 0;
@@ -536,7 +575,7 @@ absl::StatusOr<v1::GenerateRequest> ToProto(const Json& body,
   req.set_ignore_eos(ignore_eos);
   req.set_priority(priority);
   req.set_truncate_prompt_tokens(truncate);
-  if (echo && truncate != 0) {
+  if (shape->echo && truncate != 0) {
     return Invalid("'echo' with 'truncate_prompt_tokens' is not supported");
   }
   RETURN_IF_ERROR(AddConstraint(body, raw_body, req));

@@ -178,6 +178,24 @@ absl::Status AddTextFormat(const Ordered& text, Ordered& chat) {
   return absl::OkStatus();
 }
 
+// tool_choice as the chat API takes it: a string as it is, and
+// {"type": "function", "name": N} as {"type": "function", "function":
+// {"name": N}}.
+absl::Status AddToolChoice(const Ordered& value, Ordered& chat) {
+  if (value.is_string()) {
+    chat["tool_choice"] = value;
+  } else if (value.is_object() && value.value("type", "") == "function" &&
+             value.contains("name") && value["name"].is_string()) {
+    chat["tool_choice"] = {{"type", "function"},
+                           {"function", {{"name", value["name"]}}}};
+  } else {
+    return Invalid(
+        "'tool_choice' must be auto, none, required or "
+        "{\"type\": \"function\", \"name\": ...}");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 Json ResponseJson(const ResponseHead& head, const Json& output,
@@ -296,17 +314,7 @@ absl::StatusOr<ResponsesRequest> ResponsesToChatBody(absl::string_view raw,
       if (absl::Status s = AddTools(value, chat); !s.ok()) return s;
       out.echo[key] = value;
     } else if (key == "tool_choice") {
-      if (value.is_string()) {
-        chat[key] = value;
-      } else if (value.is_object() && value.value("type", "") == "function" &&
-                 value.contains("name") && value["name"].is_string()) {
-        chat[key] = {{"type", "function"},
-                     {"function", {{"name", value["name"]}}}};
-      } else {
-        return Invalid(
-            "'tool_choice' must be auto, none, required or "
-            "{\"type\": \"function\", \"name\": ...}");
-      }
+      if (absl::Status s = AddToolChoice(value, chat); !s.ok()) return s;
       out.echo[key] = value;
     } else if (key == "text") {
       if (absl::Status s = AddTextFormat(value, chat); !s.ok()) return s;
