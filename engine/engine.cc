@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "core/status.h"
@@ -52,9 +53,12 @@ absl::Status CheckSpeculation(const StepExecutor& executor,
 absl::Status EngineOptions::Validate() const {
   RETURN_IF_ERROR(kv.Validate());
   RETURN_IF_ERROR(limits.Validate());
-  if (tp < 1 || pp < 1 || cp < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--tp (", tp, "), --pp (", pp, ") and --cp (", cp, ") must be >= 1"));
+  for (const auto& [flag, degree] :
+       {std::pair{"--tp", tp}, {"--pp", pp}, {"--cp", cp}}) {
+    if (degree < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(flag, " must be >= 1, got ", degree));
+    }
   }
   if (threads < 0) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -4,8 +4,8 @@
 
 #include "backend/device.h"
 #include "engine/engine.h"
-#include "engine/scheduler_test_util.h"
 #include "executor/local_engine.h"
+#include "executor/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 

@@ -204,13 +204,13 @@ TEST(EngineCreateTest, RejectsBadOptions) {
       CreateLocalEngine(*source, {.limits = {.max_batched_tokens = -1}}),
       kInvalid, "--max-batched-tokens -1 is outside"));
   EXPECT_TRUE(IsError(CreateLocalEngine(*source, {.cp = 0}), kInvalid,
-                      "--cp (0) must be >= 1"));
+                      "--cp must be >= 1, got 0"));
   // An executor built elsewhere is held to the same options.
   auto executor = MakeExecutor(*source, {});
   ASSERT_TRUE(executor.ok()) << executor.status();
-  EXPECT_TRUE(IsError(
-      Engine::Create(std::move(*executor), {.limits = {.max_seqs = 0}}),
-      kInvalid, "--max-seqs 0 is outside"));
+  EXPECT_TRUE(
+      IsError(Engine::Create(std::move(*executor), {.limits = {.max_seqs = 0}}),
+              kInvalid, "--max-seqs 0 is outside"));
 }
 
 }  // namespace

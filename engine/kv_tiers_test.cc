@@ -11,7 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/engine.h"
-#include "engine/scheduler_test_util.h"
+#include "executor/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 #include "worker/kv_pool.h"

@@ -9,7 +9,7 @@
 #include <thread>
 #include <vector>
 
-#include "engine/scheduler_test_util.h"
+#include "executor/scheduler_test_util.h"
 #include "gmock/gmock.h"
 
 namespace shardlm {

@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "engine/engine.h"
-#include "engine/scheduler_test_util.h"
 #include "executor/in_process_executor.h"
+#include "executor/scheduler_test_util.h"
 #include "gtest/gtest.h"
 #include "model/in_memory_weights.h"
 

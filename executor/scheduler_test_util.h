@@ -1,7 +1,7 @@
 // Shared by the scheduler tests: a tiny random Llama, prompts, and a
 // collector of on_done results.
-#ifndef SHARDLM_ENGINE_SCHEDULER_TEST_UTIL_H_
-#define SHARDLM_ENGINE_SCHEDULER_TEST_UTIL_H_
+#ifndef SHARDLM_EXECUTOR_SCHEDULER_TEST_UTIL_H_
+#define SHARDLM_EXECUTOR_SCHEDULER_TEST_UTIL_H_
 
 #include <algorithm>
 #include <chrono>
@@ -159,4 +159,4 @@ class TinyEngineTest : public ::testing::Test {
 
 }  // namespace shardlm
 
-#endif  // SHARDLM_ENGINE_SCHEDULER_TEST_UTIL_H_
+#endif  // SHARDLM_EXECUTOR_SCHEDULER_TEST_UTIL_H_
