@@ -48,32 +48,25 @@ class CudaExecutor : public StepExecutor {
  public:
   const char* backend() const override { return "cuda"; }
   explicit CudaExecutor(std::unique_ptr<CudaShard> shard)
-      : shard_(std::move(shard)),
-        runner_(&shard_->device_runner()),
-        device_(shard_->device()) {}
-  const ModelConfig& config() const override { return runner_->config(); }
-  int64_t num_kv_blocks() const override {
-    return runner_->kv_config().num_blocks;
-  }
-  int64_t num_host_kv_blocks() const override {
-    return runner_->kv_config().num_host_blocks;
-  }
+      : shard_(std::move(shard)), device_(shard_->device()) {}
+  const ModelConfig& config() const override { return shard_->config(); }
+  int64_t num_kv_blocks() const override { return shard_->blocks().device; }
+  int64_t num_host_kv_blocks() const override { return shard_->blocks().host; }
   // bf16 bytes on the device (not the f32 bytes of the CPU runner).
-  int64_t weight_bytes() const override { return runner_->weight_bytes(); }
-  DType kv_cache_dtype() const override { return runner_->kv_dtype(); }
+  int64_t weight_bytes() const override { return shard_->weight_bytes(); }
+  DType kv_cache_dtype() const override { return shard_->kv_dtype(); }
   std::vector<RunnerStats> RankStats() const override {
-    return {runner_->stats()};
+    return {shard_->stats()};
   }
   // The step figures, and the GPU's memory in use and in all (any thread:
   // cudaMemGetInfo asks the calling thread's current device).
   std::vector<RankReport> RankReports() const override {
-    RankReport r{.rank = 1,
-                 .stats = runner_->stats(),
-                 .weight_bytes = runner_->weight_bytes(),
-                 .kv_bytes = runner_->kv_config().num_blocks *
-                             runner_->kv_config().BytesPerBlock(),
-                 .host_kv_bytes = runner_->kv_config().num_host_blocks *
-                                  runner_->kv_config().BytesPerBlock()};
+    RankReport r{
+        .rank = 1,
+        .stats = shard_->stats(),
+        .weight_bytes = shard_->weight_bytes(),
+        .kv_bytes = shard_->blocks().device * shard_->kv_block_bytes(),
+        .host_kv_bytes = shard_->blocks().host * shard_->kv_block_bytes()};
     size_t free = 0, total = 0;
     if (cudaSetDevice(device_) == cudaSuccess &&
         cudaMemGetInfo(&free, &total) == cudaSuccess) {
@@ -88,7 +81,6 @@ class CudaExecutor : public StepExecutor {
 
  private:
   std::unique_ptr<CudaShard> shard_;
-  const CudaModelRunner* runner_;  // The shard's.
   int device_;
 };
 
@@ -104,14 +96,13 @@ bool NcclBuilt() { return true; }
 // every rank at once (NCCL's buffers exist before the KV sizing).
 absl::StatusOr<InProcessComms> MakeNcclComms(
     int tp, int pp, const std::vector<std::unique_ptr<CudaShard>>& shards) {
-  std::map<std::string, std::string> ids;
-  for (int p = 0; tp > 1 && p < pp; ++p) {
-    ASSIGN_OR_RETURN(ids[absl::StrCat("tp group of stage ", p)],
-                     NewNcclUniqueId());
-  }
-  for (int t = 0; pp > 1 && t < tp; ++t) {
-    ASSIGN_OR_RETURN(ids[absl::StrCat("pp chain of tp ", t)],
-                     NewNcclUniqueId());
+  std::map<std::string, std::string> ids;  // One per group (ShardGroups).
+  for (int r = 0; r < tp * pp; ++r) {
+    for (const ShardGroup& g : ShardGroups(PlaceOfRank(r, tp, 1), tp, 1, pp)) {
+      if (g.size() > 1 && !ids.contains(g.name)) {
+        ASSIGN_OR_RETURN(ids[g.name], NewNcclUniqueId());
+      }
+    }
   }
   ASSIGN_OR_RETURN(
       InProcessComms comms,
@@ -129,7 +120,7 @@ absl::StatusOr<InProcessComms> MakeNcclComms(
                      .device = shard.device(),
                      .name = m.group,
                      .options = {.timeout = absl::Seconds(120)},
-                     .stream = shard.device_runner().exec().stream,
+                     .stream = shard.stream(),
                      // The runner synchronises once per step (FinishStep).
                      .asynchronous = NcclAsyncRequested()}));
             return std::unique_ptr<Communicator>(std::move(c));
@@ -213,11 +204,10 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateCudaExecutor(
                       {.device = devices[r],
                        .comms_on_stream = nccl,
                        .cuda_weights = o.cuda_weights}));
-    const CudaModelRunner& runner = shard->device_runner();
-    weight_bytes += runner.weights().bytes();
-    block_bytes = std::max(block_bytes, runner.kv_config().BytesPerBlock());
-    ranks_kv.push_back({.device = devices[r],
-                        .block_bytes = runner.kv_config().BytesPerBlock()});
+    weight_bytes += shard->resident_weight_bytes();
+    block_bytes = std::max(block_bytes, shard->kv_block_bytes());
+    ranks_kv.push_back(
+        {.device = devices[r], .block_bytes = shard->kv_block_bytes()});
     shards.push_back(std::move(shard));
   }
   InProcessComms comms;

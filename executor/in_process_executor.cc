@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <deque>
 #include <limits>
+#include <map>
+#include <string>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -24,17 +26,13 @@ class SingleExecutor : public StepExecutor {
  public:
   explicit SingleExecutor(std::unique_ptr<Shard> shard)
       : shard_(std::move(shard)) {}
-  const ModelConfig& config() const override {
-    return shard_->runner()->config();
-  }
+  const ModelConfig& config() const override { return shard_->config(); }
   int64_t num_kv_blocks() const override { return shard_->blocks().device; }
   int64_t num_host_kv_blocks() const override { return shard_->blocks().host; }
-  DType kv_cache_dtype() const override { return shard_->runner()->kv_dtype(); }
-  int64_t weight_bytes() const override {
-    return shard_->runner()->weight_bytes();
-  }
+  DType kv_cache_dtype() const override { return shard_->kv_dtype(); }
+  int64_t weight_bytes() const override { return shard_->weight_bytes(); }
   std::vector<RunnerStats> RankStats() const override {
-    return {shard_->runner()->stats()};
+    return {shard_->stats()};
   }
   absl::StatusOr<StepOutput> Forward(const StepInput& step) override {
     return shard_->Step(step);
@@ -60,7 +58,7 @@ class ThreadedExecutor : public StepExecutor {
         tp_(shards_[0]->spec().tp_size),
         pp_(shards_[0]->spec().pp_size),
         cp_(shards_[0]->spec().cp_size) {
-    for (const auto& s : shards_) stats_.push_back(s->runner()->stats());
+    for (const auto& s : shards_) stats_.push_back(s->stats());
     for (size_t r = 0; r < shards_.size(); ++r) {
       threads_.emplace_back([this, r] { Loop(r); });
     }
@@ -73,18 +71,14 @@ class ThreadedExecutor : public StepExecutor {
     for (std::thread& t : threads_) t.join();
   }
 
-  const ModelConfig& config() const override {
-    return shards_[0]->runner()->config();
-  }
+  const ModelConfig& config() const override { return shards_[0]->config(); }
   // The CP group's: each CP rank holds blocks_ of them.
   int64_t num_kv_blocks() const override { return blocks_.device * cp_; }
   int64_t num_host_kv_blocks() const override { return blocks_.host * cp_; }
-  DType kv_cache_dtype() const override {
-    return shards_[0]->runner()->kv_dtype();
-  }
+  DType kv_cache_dtype() const override { return shards_[0]->kv_dtype(); }
   int64_t weight_bytes() const override {
     int64_t total = 0;
-    for (const auto& s : shards_) total += s->runner()->weight_bytes();
+    for (const auto& s : shards_) total += s->weight_bytes();
     return total;
   }
 
@@ -149,7 +143,7 @@ class ThreadedExecutor : public StepExecutor {
         job = jobs_[next - collected_];
       }
       absl::StatusOr<StepOutput> out = shards_[r]->Step(job->step);
-      const RunnerStats stats = shards_[r]->runner()->stats();
+      const RunnerStats stats = shards_[r]->stats();
       absl::MutexLock lock(&mu_);
       stats_[r] = stats;
       if (!out.ok() && job->status.ok()) {
@@ -246,18 +240,13 @@ absl::StatusOr<InProcessComms> MakeGroupComms(int tp, int pp,
   std::vector<std::thread> threads;
   for (int r = 0; r < ranks; ++r) {
     threads.emplace_back([&, r] {
-      const int p = r / tp, t = r % tp;
       std::vector<GroupMember> members;
-      if (tp > 1) {
-        members.push_back({.group = absl::StrCat("tp group of stage ", p),
-                           .rank = t,
-                           .size = tp,
-                           .cluster_rank = r});
-      }
-      if (pp > 1) {
-        members.push_back({.group = absl::StrCat("pp chain of tp ", t),
-                           .rank = p,
-                           .size = pp,
+      for (const ShardGroup& g :
+           ShardGroups(PlaceOfRank(r, tp, 1), tp, 1, pp)) {
+        if (g.size() == 1) continue;
+        members.push_back({.group = g.name,
+                           .rank = g.rank,
+                           .size = g.size(),
                            .cluster_rank = r});
       }
       for (const GroupMember& m : members) {
@@ -300,44 +289,29 @@ InProcessComms MakeInProcessComms(
     out.owned.push_back(std::move(c));
     return raw;
   };
-  // One TP group per stage and CP rank, one CP group per stage and TP
-  // index, one PP chain per CP rank and TP index.
+  // Each group (ShardGroups) made when its first member comes up; groups
+  // of one are left out (null: a group of one).
   InProcessComms out;
-  out.per_rank.resize(static_cast<size_t>(tp) * pp * cp);
-  const auto rank = [&](int p, int c, int t) { return (p * cp + c) * tp + t; };
-  const auto cp_name = [&](int c) {
-    return cp > 1 ? absl::StrCat(" cp ", c) : std::string();
-  };
-  if (tp > 1) {
-    for (int p = 0; p < pp; ++p) {
-      for (int c = 0; c < cp; ++c) {
-        auto group = MakeFakeGroup(
-            tp, absl::StrCat("tp group of stage ", p, cp_name(c)));
-        for (int t = 0; t < tp; ++t) {
-          out.per_rank[rank(p, c, t)].tp = add(std::move(group[t]), out);
-        }
-      }
-    }
-  }
-  if (cp > 1) {
-    for (int p = 0; p < pp; ++p) {
-      for (int t = 0; t < tp; ++t) {
-        auto group =
-            MakeFakeGroup(cp, absl::StrCat("cp group of stage ", p, " tp ", t));
-        for (int c = 0; c < cp; ++c) {
-          out.per_rank[rank(p, c, t)].cp = add(std::move(group[c]), out);
-        }
-      }
-    }
-  }
-  if (pp > 1) {
-    for (int c = 0; c < cp; ++c) {
-      for (int t = 0; t < tp; ++t) {
-        auto chain =
-            MakeFakeGroup(pp, absl::StrCat("pp chain of tp ", t, cp_name(c)));
-        for (int p = 0; p < pp; ++p) {
-          out.per_rank[rank(p, c, t)].pp = add(std::move(chain[p]), out);
-        }
+  const int ranks = tp * pp * cp;
+  out.per_rank.resize(ranks);
+  std::map<std::string, std::vector<std::unique_ptr<Communicator>>> groups;
+  for (int r = 0; r < ranks; ++r) {
+    for (const ShardGroup& g :
+         ShardGroups(PlaceOfRank(r, tp, cp), tp, cp, pp)) {
+      if (g.size() == 1) continue;
+      auto& group = groups[g.name];
+      if (group.empty()) group = MakeFakeGroup(g.size(), g.name);
+      Communicator* c = add(std::move(group[g.rank]), out);
+      switch (g.kind) {
+        case GroupKind::kTp:
+          out.per_rank[r].tp = c;
+          break;
+        case GroupKind::kCp:
+          out.per_rank[r].cp = c;
+          break;
+        case GroupKind::kPp:
+          out.per_rank[r].pp = c;
+          break;
       }
     }
   }

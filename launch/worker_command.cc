@@ -133,44 +133,34 @@ ConnectShard GlooConnector(const WorkerFlags& f, int rank,
                           grpc::ChannelArguments()),
         f.coordinator, token);
     const CommOptions options{.timeout = absl::Seconds(f.join_timeout_s)};
-    // Group names and peer labels as MpiShardHost's; " cp C" only with
-    // CP ranks, so that a cp 1 cluster's keys are what they were.
-    const std::string my_cp =
-        a.cp > 1 ? absl::StrCat(" cp ", a.cp_rank) : std::string();
-    const auto label = [&](int pp_rank, int tp_rank, int cp_rank) {
+    // The groups and their names as every launcher makes them
+    // (ShardGroups); each peer labelled by its rank and place.
+    const auto label = [&](int index) {
+      const RankPlace q = PlaceOfRank(index, a.tp, a.cp);
       return absl::StrCat(
-          "rank ", 1 + RankIndex({tp_rank, cp_rank, pp_rank}, a.tp, a.cp),
-          " (stage ", pp_rank, ", tp ", tp_rank,
-          a.cp > 1 ? absl::StrCat(", cp ", cp_rank) : "", ")");
+          "rank ", 1 + index, " (stage ", q.pp_rank, ", tp ", q.tp_rank,
+          a.cp > 1 ? absl::StrCat(", cp ", q.cp_rank) : "", ")");
     };
-    std::vector<std::string> tp_labels, pp_labels, cp_labels;
-    for (int t = 0; t < a.tp; ++t) {
-      tp_labels.push_back(label(a.pp_rank, t, a.cp_rank));
-    }
-    for (int p = 0; p < a.pp; ++p) {
-      pp_labels.push_back(label(p, a.tp_rank, a.cp_rank));
-    }
-    for (int c = 0; c < a.cp; ++c) {
-      cp_labels.push_back(label(a.pp_rank, a.tp_rank, c));
-    }
     ShardCommunicators comms;
-    ASSIGN_OR_RETURN(comms.tp,
-                     GlooCommunicator::Connect(
-                         store, a.rendezvous_prefix, transport,
-                         absl::StrCat("tp group of stage ", a.pp_rank, my_cp),
-                         a.tp_rank, a.tp, options, tp_labels));
-    if (a.cp > 1) {
-      ASSIGN_OR_RETURN(comms.cp, GlooCommunicator::Connect(
-                                     store, a.rendezvous_prefix, transport,
-                                     absl::StrCat("cp group of stage ",
-                                                  a.pp_rank, " tp ", a.tp_rank),
-                                     a.cp_rank, a.cp, options, cp_labels));
+    for (const ShardGroup& g : ShardGroups(place, a.tp, a.cp, a.pp)) {
+      std::vector<std::string> labels;
+      for (int member : g.members) labels.push_back(label(member));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> c,
+          GlooCommunicator::Connect(store, a.rendezvous_prefix, transport,
+                                    g.name, g.rank, g.size(), options, labels));
+      switch (g.kind) {
+        case GroupKind::kTp:
+          comms.tp = std::move(c);
+          break;
+        case GroupKind::kCp:
+          comms.cp = std::move(c);
+          break;
+        case GroupKind::kPp:
+          comms.pp = std::move(c);
+          break;
+      }
     }
-    ASSIGN_OR_RETURN(comms.pp,
-                     GlooCommunicator::Connect(
-                         store, a.rendezvous_prefix, transport,
-                         absl::StrCat("pp chain of tp ", a.tp_rank, my_cp),
-                         a.pp_rank, a.pp, options, pp_labels));
     return comms;
   };
 }

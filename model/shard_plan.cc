@@ -9,6 +9,41 @@
 #include "core/status.h"
 
 namespace shardlm {
+
+std::vector<ShardGroup> ShardGroups(const RankPlace& place, int tp, int cp,
+                                    int pp) {
+  const auto [t, c, p] = place;
+  const std::string cp_suffix = cp > 1 ? absl::StrCat(" cp ", c) : "";
+  std::vector<ShardGroup> groups;
+  ShardGroup tp_group{.kind = GroupKind::kTp,
+                      .name = absl::StrCat("tp group of stage ", p, cp_suffix),
+                      .color = p * cp + c,
+                      .rank = t};
+  for (int i = 0; i < tp; ++i) {
+    tp_group.members.push_back(RankIndex({i, c, p}, tp, cp));
+  }
+  groups.push_back(std::move(tp_group));
+  if (cp > 1) {
+    ShardGroup cp_group{
+        .kind = GroupKind::kCp,
+        .name = absl::StrCat("cp group of stage ", p, " tp ", t),
+        .color = p * tp + t,
+        .rank = c};
+    for (int i = 0; i < cp; ++i) {
+      cp_group.members.push_back(RankIndex({t, i, p}, tp, cp));
+    }
+    groups.push_back(std::move(cp_group));
+  }
+  ShardGroup pp_chain{.kind = GroupKind::kPp,
+                      .name = absl::StrCat("pp chain of tp ", t, cp_suffix),
+                      .color = c * tp + t,
+                      .rank = p};
+  for (int i = 0; i < pp; ++i) {
+    pp_chain.members.push_back(RankIndex({t, c, i}, tp, cp));
+  }
+  groups.push_back(std::move(pp_chain));
+  return groups;
+}
 namespace {
 
 // Elements (weights) of every tensor whose name starts with `prefix`, or of

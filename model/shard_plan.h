@@ -131,6 +131,28 @@ constexpr int RankIndex(const RankPlace& p, int tp, int cp) {
   return (p.pp_rank * cp + p.cp_rank) * tp + p.tp_rank;
 }
 
+// One communicator group of a TP x CP x PP layout: one TP group per stage
+// and CP rank, one CP group per stage and TP index (cp > 1 only), one PP
+// chain per CP rank and TP index. The one list every launcher (threads,
+// MPI, Gloo, NCCL) builds its groups from.
+enum class GroupKind { kTp, kCp, kPp };
+struct ShardGroup {
+  GroupKind kind = GroupKind::kTp;
+  // "tp group of stage P", "cp group of stage P tp T", "pp chain of tp T";
+  // the TP group's and PP chain's names end in " cp C" only with CP ranks,
+  // so that a cp 1 cluster's rendezvous keys are what they were.
+  std::string name;
+  int color = 0;             // Which group of its kind (an MPI split's color).
+  int rank = 0;              // The rank's place in the group.
+  std::vector<int> members;  // Rank indices (RankIndex), in group order.
+  int size() const { return static_cast<int>(members.size()); }
+};
+// The groups of the rank at `place`, in the order every rank joins them:
+// its TP group, its CP group (cp > 1), its PP chain. TP groups and PP
+// chains of one rank are listed too; launchers that need none skip them.
+std::vector<ShardGroup> ShardGroups(const RankPlace& place, int tp, int cp,
+                                    int pp);
+
 struct ShardPlan {
   int tp = 1, pp = 1;
   std::vector<ShardSpec> shards;  // Index pp_rank * tp + tp_rank.

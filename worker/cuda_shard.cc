@@ -36,6 +36,20 @@ absl::StatusOr<std::unique_ptr<CudaShard>> CudaShard::Create(
   return shard;
 }
 
+void* CudaShard::stream() const { return runner_->exec().stream; }
+
+int64_t CudaShard::resident_weight_bytes() const {
+  return runner_->weights().bytes();
+}
+
+int64_t CudaShard::kv_block_bytes() const {
+  return runner_->kv_config().BytesPerBlock();
+}
+
+const KvPoolConfig& CudaShard::kv_config() const {
+  return runner_->kv_config();
+}
+
 absl::Status CudaShard::Load(const WeightSource& source) {
   if (loaded_) return absl::FailedPreconditionError("the shard is loaded");
   RETURN_IF_ERROR(RefuseUnbuiltLayers(source.config()));

@@ -60,18 +60,23 @@ class CudaShard : public Shard {
   }
   absl::Status InitializeCache(KvBlockCounts blocks, ShardComms comms) override;
 
+  // From Create on: the runner's CUDA stream (NCCL enqueues on it), the
+  // bytes of its weights on the GPU, one KV block's bytes.
+  void* stream() const;
+  int64_t resident_weight_bytes() const;
+  int64_t kv_block_bytes() const;
+  // The KV pool's shape, and its block counts once initialized.
+  const KvPoolConfig& kv_config() const;
+  // The GPU it runs on.
+  int device() const { return options_.device; }
+
+ private:
   ShardRunner* runner() override {
     return initialized_ ? runner_.get() : nullptr;
   }
   const ShardRunner* runner() const override {
     return initialized_ ? runner_.get() : nullptr;
   }
-  // From Create on (its stream, backend, KV block size).
-  CudaModelRunner& device_runner() { return *runner_; }
-  const CudaModelRunner& device_runner() const { return *runner_; }
-  int device() const { return options_.device; }
-
- private:
   CudaShard(ShardSpec spec, ShardRequest request, CudaShardOptions options)
       : Shard(std::move(spec)),
         request_(std::move(request)),

@@ -58,11 +58,11 @@ class CudaShardHost : public ShardHost {
   }
 
   int64_t weight_bytes() const override {
-    return loaded_ ? shard_->device_runner().weight_bytes() : 0;
+    return loaded_ ? shard_->weight_bytes() : 0;
   }
   std::optional<RunnerStats> stats() const override {
     if (!loaded_) return std::nullopt;
-    return shard_->device_runner().stats();
+    return shard_->stats();
   }
   bool loaded() const override { return loaded_.load(); }
 
@@ -127,17 +127,14 @@ class CudaShardHost : public ShardHost {
                     {.device = o_.device,
                      .comms_on_stream = true,
                      .cuda_weights = o_.cuda_weights}));
-    CudaModelRunner& runner = shard_->device_runner();
-    void* stream = runner.exec().stream;
-    if (a.tp > 1) {
-      ASSIGN_OR_RETURN(tp_, Join(NcclTpGroupKey(a.rendezvous_prefix, a.pp_rank),
-                                 absl::StrCat("tp group of stage ", a.pp_rank),
-                                 a.tp_rank, a.tp, stream));
-    }
-    if (a.pp > 1) {
-      ASSIGN_OR_RETURN(pp_, Join(NcclPpChainKey(a.rendezvous_prefix, a.tp_rank),
-                                 absl::StrCat("pp chain of tp ", a.tp_rank),
-                                 a.pp_rank, a.pp, stream));
+    void* stream = shard_->stream();
+    for (const ShardGroup& g : ShardGroups(
+             {.tp_rank = a.tp_rank, .pp_rank = a.pp_rank}, a.tp, 1, a.pp)) {
+      if (g.size() == 1) continue;
+      ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
+                       Join(NcclGroupKey(a.rendezvous_prefix, g.name), g.name,
+                            g.rank, g.size(), stream));
+      (g.kind == GroupKind::kTp ? tp_ : pp_) = std::move(c);
     }
     RETURN_IF_ERROR(shard_->Load(*source_));
     // NCCL connects peers and allocates its buffers at a group's first
@@ -164,7 +161,7 @@ class CudaShardHost : public ShardHost {
         "%.2f GiB (%s), step buffers %.2f GiB for %d tokens x %d "
         "sequences; %s; %lld tokens of KV",
         o_.rank, a.pp_rank, a.tp_rank, o_.device,
-        static_cast<double>(runner.weights().bytes()) / (1 << 30),
+        static_cast<double>(shard_->resident_weight_bytes()) / (1 << 30),
         CudaWeightsName(o_.cuda_weights),
         static_cast<double>(
             GpuActivationBytes(ActivationDimsOf(config, spec), tokens, seqs)) /
@@ -172,7 +169,7 @@ class CudaShardHost : public ShardHost {
         tokens, seqs, why.c_str(),
         static_cast<long long>(blocks.device * a.kv.block_size));
     loaded_ = true;
-    return runner.kv_config();
+    return shard_->kv_config();
   }
 
   const WeightSource* source_;

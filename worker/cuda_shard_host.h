@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/time.h"
 #include "backend/device.h"
 #include "collectives/rendezvous_store.h"
@@ -48,13 +49,12 @@ absl::StatusOr<std::unique_ptr<ShardHost>> NewCudaShardHost(
 // What a CUDA worker reports at registration: its device's UUID.
 absl::StatusOr<std::string> GpuUuid(int device);
 
-// The rendezvous keys of a shard's NCCL groups: the TP group of stage
-// `pp_rank` and the PP chain of TP index `tp_rank`.
-inline std::string NcclTpGroupKey(const std::string& prefix, int pp_rank) {
-  return absl::StrCat(prefix, "/nccl/tp-group-of-stage-", pp_rank);
-}
-inline std::string NcclPpChainKey(const std::string& prefix, int tp_rank) {
-  return absl::StrCat(prefix, "/nccl/pp-chain-of-tp-", tp_rank);
+// The rendezvous key of a shard's NCCL group (ShardGroup::name), e.g.
+// `<prefix>/nccl/tp-group-of-stage-0`.
+inline std::string NcclGroupKey(const std::string& prefix,
+                                const std::string& group) {
+  return absl::StrCat(prefix, "/nccl/",
+                      absl::StrReplaceAll(group, {{" ", "-"}}));
 }
 
 }  // namespace shardlm

@@ -1,6 +1,7 @@
 #include "worker/shard.h"
 
 #include "absl/strings/str_cat.h"
+#include "core/check.h"
 #include "core/status.h"
 #include "worker/kv_pool.h"
 #include "worker/llama_weights.h"
@@ -12,6 +13,13 @@ namespace shardlm {
 absl::StatusOr<StepOutput> ShardRunner::Step(const StepInput& step) {
   ASSIGN_OR_RETURN(Tensor logits, Forward(step));
   return SampleStep(step, std::move(logits));
+}
+
+const ShardRunner& Shard::initialized_runner() const {
+  const ShardRunner* r = runner();
+  SHARDLM_CHECK(r != nullptr, "shard ", spec_.DebugString(),
+                ": asked for its runner's figures before InitializeCache");
+  return *r;
 }
 
 absl::StatusOr<StepOutput> Shard::Step(const StepInput& step) {
@@ -66,10 +74,10 @@ class CpuShard : public Shard {
     return absl::OkStatus();
   }
 
+ private:
   ShardRunner* runner() override { return runner_.get(); }
   const ShardRunner* runner() const override { return runner_.get(); }
 
- private:
   LlamaWeights weights_;   // Moved into the runner by InitializeCache.
   const KvPoolConfig kv_;  // The blocks the budget holds.
   const int threads_;

@@ -61,9 +61,15 @@ class Shard {
   // Once; steps may run after it.
   virtual absl::Status InitializeCache(KvBlockCounts blocks,
                                        ShardComms comms) = 0;
-  // The runner (null before InitializeCache).
-  virtual ShardRunner* runner() = 0;
-  virtual const ShardRunner* runner() const = 0;
+  // Whether InitializeCache has run (steps may run).
+  bool initialized() const { return runner() != nullptr; }
+  // The model, its KV cache's element type, the bytes of weights one step
+  // reads and the step figures, once initialized (a CHECK before): what
+  // executors and shard hosts report, so that none reaches the runner.
+  const ModelConfig& config() const { return initialized_runner().config(); }
+  DType kv_dtype() const { return initialized_runner().kv_dtype(); }
+  int64_t weight_bytes() const { return initialized_runner().weight_bytes(); }
+  RunnerStats stats() const { return initialized_runner().stats(); }
   // The blocks allocated (zero before InitializeCache).
   KvBlockCounts blocks() const { return blocks_; }
 
@@ -75,9 +81,14 @@ class Shard {
 
  protected:
   explicit Shard(ShardSpec spec) : spec_(std::move(spec)) {}
+  // The runner (null before InitializeCache); private to worker/.
+  virtual ShardRunner* runner() = 0;
+  virtual const ShardRunner* runner() const = 0;
   KvBlockCounts blocks_;
 
  private:
+  const ShardRunner& initialized_runner() const;
+
   ShardSpec spec_;
 };
 

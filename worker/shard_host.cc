@@ -20,26 +20,24 @@ absl::StatusOr<std::unique_ptr<CommShardHost>> MpiShardHost(
   }
   const RankPlace me = PlaceOfRank(workers.rank(), tp, cp);
   const int tp_rank = me.tp_rank, pp_rank = me.pp_rank, cp_rank = me.cp_rank;
-  // Every worker takes part in every split, in the same order. Colors:
-  // one TP group per stage and CP rank, one CP group per stage and TP
-  // index, one PP chain per CP rank and TP index.
+  // Every worker takes part in every split, in the same order
+  // (ShardGroups: TP group, CP group, PP chain).
   auto split = std::make_shared<ShardCommunicators>();
-  ASSIGN_OR_RETURN(
-      split->tp,
-      workers.Split(pp_rank * cp + cp_rank, tp_rank,
-                    absl::StrCat("tp group of stage ", pp_rank,
-                                 cp > 1 ? absl::StrCat(" cp ", cp_rank) : "")));
-  if (cp > 1) {
-    ASSIGN_OR_RETURN(split->cp,
-                     workers.Split(pp_rank * tp + tp_rank, cp_rank,
-                                   absl::StrCat("cp group of stage ", pp_rank,
-                                                " tp ", tp_rank)));
+  for (const ShardGroup& g : ShardGroups(me, tp, cp, pp)) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> c,
+                     workers.Split(g.color, g.rank, g.name));
+    switch (g.kind) {
+      case GroupKind::kTp:
+        split->tp = std::move(c);
+        break;
+      case GroupKind::kCp:
+        split->cp = std::move(c);
+        break;
+      case GroupKind::kPp:
+        split->pp = std::move(c);
+        break;
+    }
   }
-  ASSIGN_OR_RETURN(
-      split->pp,
-      workers.Split(cp_rank * tp + tp_rank, pp_rank,
-                    absl::StrCat("pp chain of tp ", tp_rank,
-                                 cp > 1 ? absl::StrCat(" cp ", cp_rank) : "")));
   auto connect =
       [=](const WorkerAssignment& a) -> absl::StatusOr<ShardCommunicators> {
     if (a.tp != tp || a.pp != pp || a.cp != cp || a.tp_rank != tp_rank ||
@@ -93,13 +91,13 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
                .cp = a.cp > 1 ? comms_.cp.get() : nullptr}));
   shard_ = std::move(shard);
   loaded_ = true;
-  const ModelConfig& c = shard_->runner()->config();
+  const ModelConfig& c = shard_->config();
   const ShardSpec& spec = shard_->spec();
   KvPoolConfig kv = PoolShapeForShard(c, spec);
   kv.block_size = a.kv.block_size;
   kv.num_blocks = blocks.device;
   kv.num_host_blocks = blocks.host;
-  kv.dtype = shard_->runner()->kv_dtype();
+  kv.dtype = shard_->kv_dtype();
   return kv;
 }
 

@@ -47,10 +47,10 @@ class CommShardHost : public ShardHost {
   // None before Load.
   std::optional<RunnerStats> stats() const override {
     if (!loaded_) return std::nullopt;
-    return shard_->runner()->stats();
+    return shard_->stats();
   }
   int64_t weight_bytes() const override {
-    return loaded_ ? shard_->runner()->weight_bytes() : 0;
+    return loaded_ ? shard_->weight_bytes() : 0;
   }
   bool loaded() const override { return loaded_.load(); }
 

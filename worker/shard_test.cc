@@ -53,7 +53,7 @@ TEST(ShardTest, ABudgetHoldsWhatItSaysAndTheShardTakesNoMore) {
   ASSERT_OK_AND_ASSIGN(const KvBlockCounts available, shard->BlocksAvailable());
   EXPECT_EQ(available.device, 5);
   EXPECT_EQ(available.host, 3);
-  EXPECT_EQ(shard->runner(), nullptr);
+  EXPECT_FALSE(shard->initialized());
   EXPECT_EQ(shard->Step(Prompt()).status().code(),
             absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(shard->InitializeCache({.device = 6, .host = 0}, {}).code(),

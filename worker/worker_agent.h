@@ -18,8 +18,8 @@
 #include "absl/time/time.h"
 #include "kernels/precision.h"
 #include "step/batch_limits.h"
-#include "step/kv_cache.h"
 #include "step/control_channel.h"
+#include "step/kv_cache.h"
 #include "worker/model_runner.h"
 
 namespace shardlm {
