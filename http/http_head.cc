@@ -1,31 +1,34 @@
-// Request heads: parsed and checked byte by byte before the server reads a
-// body or runs a handler (http_server.h).
+// Request heads: parsed by Boost.Beast's HTTP/1 parser (the request line,
+// the header fields, the framing), then checked for what this server
+// serves, before the server reads a body or runs a handler
+// (http_server.h). Beast is kept here, in one file: nothing else includes
+// it.
 #include <algorithm>
-#include <cctype>
-#include <cstring>
+#include <cstdint>
+#include <limits>
 #include <optional>
 
 #include "absl/strings/ascii.h"
-#include "absl/strings/numbers.h"
+#include "boost/beast/core/buffers_prefix.hpp"
+#include "boost/beast/http/basic_parser.hpp"
+#include "boost/beast/http/error.hpp"
 #include "http/http_message.h"
 
 namespace shardlm {
 namespace {
 
+namespace http = boost::beast::http;
+using boost::beast::error_code;
+using boost::beast::string_view;
+
 // More header lines than any real client sends.
 constexpr size_t kMaxHeaders = 100;
 
-// RFC 9110 token characters (methods and header names).
-bool IsTokenChar(unsigned char c) {
-  return std::isalnum(c) || std::strchr("!#$%&'*+-.^_`|~", c) != nullptr;
-}
-bool IsToken(absl::string_view s) {
-  return !s.empty() && std::all_of(s.begin(), s.end(), [](char c) {
-    return c != '\0' && IsTokenChar(static_cast<unsigned char>(c));
-  });
-}
+absl::string_view View(string_view s) { return {s.data(), s.size()}; }
+
 // A request target: visible ASCII only (no spaces, controls or raw bytes
-// over 0x7e; anything else must be percent-encoded).
+// over 0x7e; anything else must be percent-encoded). Beast's grammar lets
+// obs-text (bytes >= 0x80) through.
 bool IsTarget(absl::string_view s) {
   return std::all_of(s.begin(), s.end(), [](char c) {
     return static_cast<unsigned char>(c) > 0x20 &&
@@ -41,70 +44,93 @@ bool IsFieldValue(absl::string_view s) {
   });
 }
 
-// Parses the request line and headers in `head` (up to the blank line).
-// The status to answer with on failure, and why.
-std::pair<int, const char*> ParseHead(absl::string_view head,
-                                      HttpRequest& req) {
-  size_t eol = head.find("\r\n");
-  const absl::string_view line = head.substr(0, eol);
-  const size_t sp1 = line.find(' ');
-  const size_t sp2 = line.rfind(' ');
-  if (sp1 == absl::string_view::npos || sp2 == sp1) {
-    return {400, "malformed request line"};
+// Beast's request parser with its callbacks filling an HttpRequest; it
+// stops after the head (no body is given to it). What Beast's grammar
+// accepts and this server does not serve (other versions, targets not in
+// origin form, control bytes) is refused in the callbacks, which set
+// `refusal` and stop the parse.
+class HeadParser : public http::basic_parser<true> {
+ public:
+  explicit HeadParser(HttpRequest& req) : req_(req) {}
+
+  // Set when a callback refused what it saw; else the parse error decides.
+  std::optional<std::pair<int, const char*>> refusal;
+  bool request_line_done = false;
+
+ private:
+  void on_request_impl(http::verb, string_view method, string_view target,
+                       int version, error_code& ec) override {
+    request_line_done = true;
+    if (version != 11 && version != 10) {
+      return Refuse(505, "only HTTP/1.0 and HTTP/1.1 are served", ec);
+    }
+    if (target.empty() || target[0] != '/' || !IsTarget(View(target))) {
+      return Refuse(400, "malformed request target", ec);
+    }
+    req_.method = std::string(View(method));
+    req_.path = std::string(View(target));
+    if (const size_t q = req_.path.find('?'); q != std::string::npos) {
+      req_.query = req_.path.substr(q + 1);
+      req_.path.resize(q);
+    }
   }
-  const absl::string_view method = line.substr(0, sp1);
-  const absl::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-  const absl::string_view version = line.substr(sp2 + 1);
-  if (!IsToken(method)) return {400, "malformed method"};
-  if (version != "HTTP/1.1" && version != "HTTP/1.0") {
+  void on_field_impl(http::field, string_view name, string_view value,
+                     error_code& ec) override {
+    if (!IsFieldValue(View(value))) {
+      return Refuse(400, "control bytes in a header value", ec);
+    }
+    if (req_.headers.size() == kMaxHeaders) {
+      return Refuse(431, "too many header lines", ec);
+    }
+    req_.headers.emplace_back(
+        absl::AsciiStrToLower(View(name)),
+        std::string(absl::StripAsciiWhitespace(View(value))));
+  }
+  void on_header_impl(error_code&) override {}
+  void on_body_init_impl(const boost::optional<std::uint64_t>&,
+                         error_code&) override {}
+  std::size_t on_body_impl(string_view body, error_code&) override {
+    return body.size();
+  }
+  void on_chunk_header_impl(std::uint64_t, string_view, error_code&) override {}
+  std::size_t on_chunk_body_impl(std::uint64_t, string_view body,
+                                 error_code&) override {
+    return body.size();
+  }
+  void on_finish_impl(error_code&) override {}
+  // The response callback of the base; a request parser never calls it.
+  void on_response_impl(int, string_view, int, error_code&) override {}
+
+  void Refuse(int status, const char* why, error_code& ec) {
+    refusal = {status, why};
+    ec = http::error::bad_value;  // Any error: it stops the parse.
+  }
+
+  HttpRequest& req_;
+};
+
+// The status and reason for a parse error Beast reported.
+std::pair<int, const char*> ForParseError(const error_code& ec,
+                                          bool request_line_done) {
+  if (ec == http::error::bad_version) {
     return {505, "only HTTP/1.0 and HTTP/1.1 are served"};
   }
-  if (target.empty() || target[0] != '/' || !IsTarget(target)) {
-    return {400, "malformed request target"};
+  if (ec == http::error::bad_method) return {400, "malformed method"};
+  if (ec == http::error::bad_target) return {400, "malformed request target"};
+  if (ec == http::error::bad_content_length) return {400, "bad Content-Length"};
+  if (ec == http::error::bad_transfer_encoding) {
+    // Two Transfer-Encodings, or one beside a Content-Length.
+    return {411,
+            "chunked request bodies are not supported; send "
+            "Content-Length"};
   }
-  req.method = std::string(method);
-  req.path = std::string(target);
-  if (const size_t q = req.path.find('?'); q != std::string::npos) {
-    req.query = req.path.substr(q + 1);
-    req.path.resize(q);
+  if (ec == http::error::bad_value) {
+    return {400, "control bytes in a header value"};
   }
-  while (eol != absl::string_view::npos && eol + 2 < head.size()) {
-    const size_t start = eol + 2;
-    eol = head.find("\r\n", start);
-    const absl::string_view h =
-        head.substr(start, eol == absl::string_view::npos ? head.size() - start
-                                                          : eol - start);
-    if (h.empty()) break;
-    const size_t colon = h.find(':');
-    if (colon == absl::string_view::npos || !IsToken(h.substr(0, colon))) {
-      return {400, "malformed header line"};
-    }
-    const absl::string_view value = h.substr(colon + 1);
-    if (!IsFieldValue(value)) return {400, "control bytes in a header value"};
-    req.headers.emplace_back(absl::AsciiStrToLower(h.substr(0, colon)),
-                             std::string(absl::StripAsciiWhitespace(value)));
-  }
-  if (req.headers.size() > kMaxHeaders) return {431, "too many header lines"};
-  return {0, ""};
-}
-
-// The body length the headers declare: absent is 0; every Content-Length
-// must be the same run of digits (a request smuggler's favourite is two
-// that differ). -1 when malformed.
-int64_t ContentLength(const HttpRequest& req) {
-  std::optional<absl::string_view> seen;
-  for (const auto& [name, value] : req.headers) {
-    if (name != "content-length") continue;
-    if (value.empty() || value.size() > 18 ||
-        !std::all_of(value.begin(), value.end(), absl::ascii_isdigit) ||
-        (seen.has_value() && *seen != value)) {
-      return -1;
-    }
-    seen = value;
-  }
-  int64_t n = 0;
-  if (seen.has_value() && !absl::SimpleAtoi(*seen, &n)) return -1;
-  return n;
+  if (ec == http::error::header_limit)
+    return {431, "request headers too large"};
+  return {400, request_line_done ? "malformed header line"
+                                 : "malformed request line"};
 }
 
 }  // namespace
@@ -112,8 +138,20 @@ int64_t ContentLength(const HttpRequest& req) {
 std::pair<int, const char*> ParseHttpHead(absl::string_view head,
                                           HttpRequest& req,
                                           uint64_t* body_length) {
-  if (const auto parsed = ParseHead(head, req); parsed.first != 0) {
-    return parsed;
+  // The server found the blank line that ends the head and bounded its
+  // size (max_header_bytes): Beast gets the head with it, and no limit of
+  // its own.
+  std::string bytes(head);
+  bytes += "\r\n\r\n";
+  HeadParser parser(req);
+  parser.header_limit(std::numeric_limits<std::uint32_t>::max());
+  parser.body_limit(std::numeric_limits<std::uint64_t>::max());
+  parser.eager(false);  // Stop after the head.
+  error_code ec;
+  parser.put(boost::asio::buffer(bytes), ec);
+  if (parser.refusal.has_value()) return *parser.refusal;
+  if (ec || !parser.is_header_done()) {
+    return ForParseError(ec, parser.request_line_done);
   }
   if (std::any_of(req.headers.begin(), req.headers.end(), [](const auto& h) {
         return h.first == "transfer-encoding";
@@ -122,9 +160,9 @@ std::pair<int, const char*> ParseHttpHead(absl::string_view head,
             "chunked request bodies are not supported; send "
             "Content-Length"};
   }
-  const int64_t length = ContentLength(req);
-  if (length < 0) return {400, "bad Content-Length"};
-  if (body_length != nullptr) *body_length = static_cast<uint64_t>(length);
+  if (body_length != nullptr) {
+    *body_length = parser.content_length().value_or(0);
+  }
   return {0, ""};
 }
 

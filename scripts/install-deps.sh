@@ -23,6 +23,7 @@ APT_PACKAGES=(
   python3 python3-venv
   iproute2    # tests/multinode: hosts as network namespaces
   libssl-dev openssl  # TLS on the HTTP API; tests/cli/check_tls.py
+  libboost-dev  # Boost.Beast: the HTTP request head parser (header-only)
   prometheus  # promtool: tests/cli/check_monitoring.py
 )
 PY_PACKAGES=(numpy==2.* gguf==0.19.0 tokenizers==0.23.* safetensors==0.8.* jinja2==3.* sentencepiece==0.2.*
