@@ -1,6 +1,8 @@
 #include "launch/cache_flags.h"
 
+#include <cstdint>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -32,22 +34,21 @@ void KvCacheFlags::Register(FlagSet& flags, const std::string& per) {
             "sequence instead of producing tokens (CPU workers)");
 }
 
+// The ranges are KvCacheOptions::Validate's (one check per boundary); here
+// only what the flags hold beyond it: "auto", and values that would wrap in
+// the options' int32 fields.
 std::string KvCacheFlags::Problem() const {
-  if (block_size < 1 || block_size > 4096) {
-    return "--block-size must be in [1, 4096]";
+  if (block_size < 1 || block_size > std::numeric_limits<int32_t>::max()) {
+    return absl::StrCat("--block-size ", block_size, " is outside [1, 4096]");
   }
-  if (kv_cache_bytes < 0) return "--kv-cache-bytes must be >= 0";
-  if (cpu_offload_bytes < 0) return "--cpu-offload-bytes must be >= 0";
   if (kv_cache_dtype != "auto") {
     if (absl::StatusOr<DType> t = ParseKvCacheDType(kv_cache_dtype); !t.ok()) {
       return absl::StrCat("--kv-cache-dtype: ", t.status().message(),
                           " or auto");
     }
   }
-  if (!(gpu_memory_utilization > 0 && gpu_memory_utilization <= 1)) {
-    return "--gpu-memory-utilization must be in (0, 1]";
-  }
-  return "";
+  const absl::Status s = ToOptions().Validate();
+  return s.ok() ? "" : std::string(s.message());
 }
 
 KvCacheOptions KvCacheFlags::ToOptions() const {
@@ -72,17 +73,20 @@ void BatchLimitFlags::Register(FlagSet& flags) {
             "refused (RESOURCE_EXHAUSTED)");
 }
 
+// The ranges are BatchLimits::Validate's; here only values that would
+// wrap in its int32 fields.
 std::string BatchLimitFlags::Problem() const {
-  if (max_batched_tokens < 1 || max_batched_tokens > (1 << 20)) {
-    return "--max-batched-tokens must be in [1, 1048576]";
+  for (const auto& [flag, value] :
+       {std::pair{"--max-batched-tokens", max_batched_tokens},
+        {"--max-seqs", max_seqs},
+        {"--max-queued", max_queued}}) {
+    if (value < std::numeric_limits<int32_t>::min() ||
+        value > std::numeric_limits<int32_t>::max()) {
+      return absl::StrCat(flag, " ", value, " is out of range");
+    }
   }
-  if (max_seqs < 1 || max_seqs > (1 << 16)) {
-    return "--max-seqs must be in [1, 65536]";
-  }
-  if (max_queued < 0 || max_queued > (1 << 24)) {
-    return "--max-queued must be in [0, 16777216]";
-  }
-  return "";
+  const absl::Status s = ToLimits().Validate();
+  return s.ok() ? "" : std::string(s.message());
 }
 
 BatchLimits BatchLimitFlags::ToLimits() const {
