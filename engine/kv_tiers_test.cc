@@ -285,7 +285,7 @@ TEST_P(KvTiersTest, EvictedPrefixBlocksSpillToTheHostAndStillHit) {
 
 // Each dtype once, and 1 and 3 steps in flight with two dtypes each: the
 // full product (8 per test, 56 cases) was the largest share of
-// coordinator_test's time under the sanitizers, and neither parameter's
+// engine_test's time under the sanitizers, and neither parameter's
 // code depends on the other's value.
 INSTANTIATE_TEST_SUITE_P(
     KvDTypes, KvTiersTest,
