@@ -277,19 +277,7 @@ bool WaitConnected(grpc::Channel& channel, double timeout_s) {
   return true;
 }
 
-}  // namespace
-
-int BenchCommand(int argc, char** argv) {
-  BenchFlags f;
-  FlagSet flags(
-      "usage: shardlm bench --server HOST:PORT [--concurrency 1,8,32] "
-      "[--requests N]\n"
-      "                     [--prompts FILE] [--max-tokens 64] [--json OUT]\n"
-      "Load-tests a running server: at each concurrency level, N greedy\n"
-      "requests (ignore_eos, so each generates exactly --max-tokens tokens)\n"
-      "with that many streams in flight. Reports requests/s, output tokens/s,\n"
-      "time to first token and inter-token latency (p50/p99), and errors by\n"
-      "status code. Exits 1 if any request failed.");
+void RegisterBenchFlags(FlagSet& flags, BenchFlags& f) {
   flags.Add("server", &f.server, "HOST:PORT of a running server");
   f.tls.Register(flags);
   flags.Add("concurrency", &f.concurrency,
@@ -303,17 +291,13 @@ int BenchCommand(int argc, char** argv) {
             "seconds to wait for the server to accept a connection");
   flags.Add("request-timeout", &f.request_timeout,
             "deadline of each request in seconds");
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "shardlm bench: %s\n\n%s",
-                 std::string(s.message()).c_str(), flags.Usage().c_str());
-    return 2;
-  }
-  if (flags.help()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+}
+
+// The first problem with the flags ("" if none), checked in order; the
+// concurrency levels in `*levels`.
+std::string CheckBenchFlags(const BenchFlags& f, const FlagSet& flags,
+                            std::vector<int>* levels) {
   std::string problem;
-  std::vector<int> levels;
   if (f.server.empty()) problem = "--server is required";
   if (problem.empty() && !flags.positional().empty()) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
@@ -326,7 +310,7 @@ int BenchCommand(int argc, char** argv) {
                                "' is not a number from 1 to 4096");
         break;
       }
-      levels.push_back(c);
+      levels->push_back(c);
     }
   }
   if (problem.empty() && (f.requests < 1 || f.requests > (1 << 24))) {
@@ -338,31 +322,127 @@ int BenchCommand(int argc, char** argv) {
   if (problem.empty() && (f.connect_timeout <= 0 || f.request_timeout <= 0)) {
     problem = "timeouts must be positive";
   }
-  if (!problem.empty()) {
+  return problem;
+}
+
+// --prompts' lines (CR stripped, blank ones skipped), or the built-in ones.
+absl::StatusOr<std::vector<std::string>> LoadPrompts(const BenchFlags& f) {
+  std::vector<std::string> prompts;
+  if (f.prompts.empty()) {
+    prompts.assign(std::begin(kBuiltinPrompts), std::end(kBuiltinPrompts));
+    return prompts;
+  }
+  std::ifstream in(f.prompts);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat("cannot read ", f.prompts));
+  }
+  for (std::string line; std::getline(in, line);) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty()) prompts.push_back(line);
+  }
+  if (prompts.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(f.prompts, " has no prompts"));
+  }
+  return prompts;
+}
+
+// Runs each concurrency level, printing a table row as each ends; whether
+// any request failed.
+bool RunLevels(v1::Inference::Stub& stub,
+               const std::vector<std::string>& prompts,
+               const std::vector<int>& levels, const BenchFlags& f,
+               std::vector<LevelResult>* results) {
+  std::printf(
+      "shardlm bench: %s, %d prompts, %d requests per level, %d "
+      "tokens each (greedy, ignore_eos)\n",
+      f.server.c_str(), static_cast<int>(prompts.size()),
+      static_cast<int>(f.requests), static_cast<int>(f.max_tokens));
+  std::printf("%11s %8s %9s %10s %10s %10s %10s %10s  %s\n", "concurrency",
+              "ok", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50",
+              "ITL p99", "errors");
+  std::fflush(stdout);
+  bool any_error = false;
+  for (const int c : levels) {
+    LevelResult l = RunLevel(stub, prompts, c, f);
+    std::string errors;
+    for (const auto& [code, n] : l.errors) {
+      absl::StrAppend(&errors, errors.empty() ? "" : " ", code, "=", n);
+    }
+    if (l.short_requests > 0) {
+      absl::StrAppend(&errors, errors.empty() ? "" : " ",
+                      "short=", l.short_requests);
+    }
+    std::printf("%11d %8d %9.2f %10.1f %8.1fms %8.1fms %8.1fms %8.1fms  %s\n",
+                c, static_cast<int>(l.ok), PerSecond(l.ok, l.wall_s),
+                PerSecond(l.output_tokens, l.wall_s),
+                1e3 * Percentile(l.ttft_s, 50), 1e3 * Percentile(l.ttft_s, 99),
+                1e3 * Percentile(l.itl_s, 50), 1e3 * Percentile(l.itl_s, 99),
+                errors.empty() ? "-" : errors.c_str());
+    std::fflush(stdout);
+    if (!l.first_error.empty()) {
+      std::fprintf(stderr, "shardlm bench: e.g. %s\n", l.first_error.c_str());
+    }
+    any_error = any_error || !l.errors.empty();
+    results->push_back(std::move(l));
+  }
+  return any_error;
+}
+
+// --json: the run's settings and each level's results; false if the file
+// could not be written.
+bool WriteJson(const BenchFlags& f, size_t n_prompts,
+               const std::vector<LevelResult>& results) {
+  std::string json = absl::StrFormat(
+      "{\n  \"server\": %s,\n  \"max_tokens\": %d,\n  "
+      "\"requests_per_level\": %d,\n  \"prompts\": %d,\n  \"levels\": [\n",
+      JsonString(f.server), f.max_tokens, f.requests, n_prompts);
+  for (size_t i = 0; i < results.size(); ++i) {
+    absl::StrAppend(&json, LevelJson(results[i]),
+                    i + 1 < results.size() ? ",\n" : "\n");
+  }
+  absl::StrAppend(&json, "  ]\n}\n");
+  std::ofstream out(f.json);
+  out << json;
+  return static_cast<bool>(out.flush());
+}
+
+}  // namespace
+
+int BenchCommand(int argc, char** argv) {
+  BenchFlags f;
+  FlagSet flags(
+      "usage: shardlm bench --server HOST:PORT [--concurrency 1,8,32] "
+      "[--requests N]\n"
+      "                     [--prompts FILE] [--max-tokens 64] [--json OUT]\n"
+      "Load-tests a running server: at each concurrency level, N greedy\n"
+      "requests (ignore_eos, so each generates exactly --max-tokens tokens)\n"
+      "with that many streams in flight. Reports requests/s, output tokens/s,\n"
+      "time to first token and inter-token latency (p50/p99), and errors by\n"
+      "status code. Exits 1 if any request failed.");
+  RegisterBenchFlags(flags, f);
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm bench: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  std::vector<int> levels;
+  if (const std::string problem = CheckBenchFlags(f, flags, &levels);
+      !problem.empty()) {
     std::fprintf(stderr, "shardlm bench: %s\n\n%s", problem.c_str(),
                  flags.Usage().c_str());
     return 2;
   }
 
-  std::vector<std::string> prompts;
-  if (f.prompts.empty()) {
-    prompts.assign(std::begin(kBuiltinPrompts), std::end(kBuiltinPrompts));
-  } else {
-    std::ifstream in(f.prompts);
-    if (!in) {
-      std::fprintf(stderr, "shardlm bench: cannot read %s\n",
-                   f.prompts.c_str());
-      return 1;
-    }
-    for (std::string line; std::getline(in, line);) {
-      if (!line.empty() && line.back() == '\r') line.pop_back();
-      if (!line.empty()) prompts.push_back(line);
-    }
-    if (prompts.empty()) {
-      std::fprintf(stderr, "shardlm bench: %s has no prompts\n",
-                   f.prompts.c_str());
-      return 1;
-    }
+  absl::StatusOr<std::vector<std::string>> prompts = LoadPrompts(f);
+  if (!prompts.ok()) {
+    std::fprintf(stderr, "shardlm bench: %s\n",
+                 std::string(prompts.status().message()).c_str());
+    return 1;
   }
 
   // One channel: gRPC multiplexes the concurrent streams over it.
@@ -384,57 +464,12 @@ int BenchCommand(int argc, char** argv) {
   }
   std::unique_ptr<v1::Inference::Stub> stub = v1::Inference::NewStub(channel);
 
-  std::printf(
-      "shardlm bench: %s, %d prompts, %d requests per level, %d "
-      "tokens each (greedy, ignore_eos)\n",
-      f.server.c_str(), static_cast<int>(prompts.size()),
-      static_cast<int>(f.requests), static_cast<int>(f.max_tokens));
-  std::printf("%11s %8s %9s %10s %10s %10s %10s %10s  %s\n", "concurrency",
-              "ok", "req/s", "out tok/s", "TTFT p50", "TTFT p99", "ITL p50",
-              "ITL p99", "errors");
-  std::fflush(stdout);
   std::vector<LevelResult> results;
-  bool any_error = false;
-  for (const int c : levels) {
-    LevelResult l = RunLevel(*stub, prompts, c, f);
-    std::string errors;
-    for (const auto& [code, n] : l.errors) {
-      absl::StrAppend(&errors, errors.empty() ? "" : " ", code, "=", n);
-    }
-    if (l.short_requests > 0) {
-      absl::StrAppend(&errors, errors.empty() ? "" : " ",
-                      "short=", l.short_requests);
-    }
-    std::printf("%11d %8d %9.2f %10.1f %8.1fms %8.1fms %8.1fms %8.1fms  %s\n",
-                c, static_cast<int>(l.ok), PerSecond(l.ok, l.wall_s),
-                PerSecond(l.output_tokens, l.wall_s),
-                1e3 * Percentile(l.ttft_s, 50), 1e3 * Percentile(l.ttft_s, 99),
-                1e3 * Percentile(l.itl_s, 50), 1e3 * Percentile(l.itl_s, 99),
-                errors.empty() ? "-" : errors.c_str());
-    std::fflush(stdout);
-    if (!l.first_error.empty()) {
-      std::fprintf(stderr, "shardlm bench: e.g. %s\n", l.first_error.c_str());
-    }
-    any_error = any_error || !l.errors.empty();
-    results.push_back(std::move(l));
-  }
+  const bool any_error = RunLevels(*stub, *prompts, levels, f, &results);
 
-  if (!f.json.empty()) {
-    std::string json = absl::StrFormat(
-        "{\n  \"server\": %s,\n  \"max_tokens\": %d,\n  "
-        "\"requests_per_level\": %d,\n  \"prompts\": %d,\n  \"levels\": [\n",
-        JsonString(f.server), f.max_tokens, f.requests, prompts.size());
-    for (size_t i = 0; i < results.size(); ++i) {
-      absl::StrAppend(&json, LevelJson(results[i]),
-                      i + 1 < results.size() ? ",\n" : "\n");
-    }
-    absl::StrAppend(&json, "  ]\n}\n");
-    std::ofstream out(f.json);
-    out << json;
-    if (!out.flush()) {
-      std::fprintf(stderr, "shardlm bench: cannot write %s\n", f.json.c_str());
-      return 1;
-    }
+  if (!f.json.empty() && !WriteJson(f, prompts->size(), results)) {
+    std::fprintf(stderr, "shardlm bench: cannot write %s\n", f.json.c_str());
+    return 1;
   }
   // Failed requests are measurements, not a failure of the tool; still,
   // a script should notice them.

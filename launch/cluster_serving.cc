@@ -227,6 +227,114 @@ absl::Status Reform(const ClusterFlags& f, const ServeClusterOptions& o,
   return absl::OkStatus();
 }
 
+// While the workers join and load, the HTTP port already answers the
+// probes: /health 200 (the process serves: a liveness probe must not
+// restart a coordinator that waits for its pods), /ready 503 saying
+// what is missing. The API takes the port over once the cluster is up.
+// None (nullptr) without --http-listen or on port 0.
+absl::StatusOr<std::unique_ptr<HttpServer>> StartStartupProbes(
+    const ClusterFlags& f, const TlsConfig& tls, ControlService& service) {
+  if (f.http_listen.empty() || f.http_listen.ends_with(":0")) {
+    return std::unique_ptr<HttpServer>();
+  }
+  HttpServerOptions probe_options;
+  probe_options.listen_address = f.http_listen;
+  probe_options.tls = tls;
+  probe_options.max_connections = 16;
+  probe_options.probe_paths = {"/health", "/ready"};
+  return HttpServer::Start(
+      probe_options, [&service](const HttpRequest& req, HttpResponse& res) {
+        if (req.path == "/health") {
+          res.Send(200, "text/plain", "ok\n");
+          return;
+        }
+        res.Send(503, "text/plain",
+                 absl::StrCat("starting: ", service.Health().message(), "\n"));
+      });
+}
+
+// The line that says the cluster serves: its layout, KV blocks and ports.
+void PrintServing(const ClusterFlags& f, const ServeClusterOptions& o,
+                  const std::string& name, const Engine& engine, int api_port) {
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
+  const int64_t blocks = engine.blocks().num_blocks();
+  const std::string layout =
+      f.cp > 1 ? absl::StrCat(" x cp ", f.cp) : std::string();
+  const int64_t host_blocks = engine.blocks().num_host_blocks();
+  const std::string per_rank =
+      f.cp > 1
+          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp,
+                         host_blocks > 0
+                             ? absl::StrCat(" + ", host_blocks / f.cp, " host")
+                             : "",
+                         " each")
+          : std::string();
+  std::fprintf(stderr,
+               "[shardlm] serving %s with tp %d x pp %d%s (%d workers, %lld KV "
+               "blocks of %d%s) on %s:%d; workers connect to %s\n",
+               name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
+               layout.c_str(), static_cast<int>(f.tp * f.pp * f.cp),
+               static_cast<long long>(blocks),
+               static_cast<int>(f.kv.block_size), per_rank.c_str(),
+               host.c_str(), api_port, o.workers_dial.c_str());
+}
+
+// Serves until a stop signal (drained) or a cluster failure that is not
+// re-formed; the exit code.
+int ServeUntilStopped(const ClusterFlags& f, const ServeClusterOptions& o,
+                      ControlService& service, RemoteExecutor* remote,
+                      Engine& engine, ApiServer& api,
+                      const sigset_t& stop_signals) {
+  const bool watch = o.exit_when_cluster_fails || o.rejoin;
+  int code = 0;
+  while (true) {
+    int sig = WaitForStop(stop_signals, watch ? remote : nullptr);
+    if (sig != 0) {
+      code = DrainOnSignal(api, sig, stop_signals,
+                           absl::Seconds(f.api.drain_timeout_s), "coordinator");
+      service.Shutdown("coordinator shutting down");
+      break;
+    }
+    // The rank's own reason when one was lost, else the failed step's.
+    const absl::Status health = service.Health();
+    const std::string why(health.ok() ? remote->Health().message()
+                                      : health.message());
+    if (o.rejoin) {
+      absl::Status s =
+          Reform(f, o, why, service, *remote, engine, stop_signals, &sig);
+      if (s.ok()) continue;
+      // The paused requests end now, naming the lost rank; not later as
+      // "the engine shut down".
+      engine.EndAll(absl::UnavailableError(
+          sig != 0 ? absl::StrCat("the server stopped while re-forming "
+                                  "after: ",
+                                  why)
+                   : absl::StrCat(s.message(), " (lost: ", why, ")")));
+      if (sig != 0) {  // Stopped while re-forming: nothing to drain.
+        service.Shutdown("coordinator shutting down");
+        break;
+      }
+      std::fprintf(stderr, "shardlm %s: %s\n", o.command,
+                   std::string(s.message()).c_str());
+      service.Shutdown(std::string(s.message()), /*cluster_failed=*/true);
+      code = 1;
+      break;
+    }
+    // Not ready from now on (/ready follows the ranks' health); requests
+    // get UNAVAILABLE naming the rank while the grace lasts.
+    std::fprintf(stderr, "shardlm %s: the cluster failed: %s; exiting in %s\n",
+                 o.command, why.c_str(),
+                 absl::FormatDuration(o.failure_grace).c_str());
+    const timespec grace = absl::ToTimespec(o.failure_grace);
+    sigtimedwait(&stop_signals, nullptr, &grace);
+    service.Shutdown(absl::StrCat("the cluster failed: ", why),
+                     /*cluster_failed=*/true);
+    code = 1;
+    break;
+  }
+  return code;
+}
+
 }  // namespace
 
 int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
@@ -239,40 +347,21 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
     control.Shutdown();
     return 1;
   };
-  // While the workers join and load, the HTTP port already answers the
-  // probes: /health 200 (the process serves: a liveness probe must not
-  // restart a coordinator that waits for its pods), /ready 503 saying
-  // what is missing. The API takes the port over once the cluster is up.
-  // Bad TLS files fail now, not after the workers loaded.
+  // The probes answer while the workers join and load. Bad TLS files fail
+  // now, not after the workers loaded.
   absl::StatusOr<TlsConfig> tls = f.api.LoadTls();
   if (!tls.ok()) return fail("", tls.status());
-  std::unique_ptr<HttpServer> startup_probes;
-  if (!f.http_listen.empty() && !f.http_listen.ends_with(":0")) {
-    HttpServerOptions probe_options;
-    probe_options.listen_address = f.http_listen;
-    probe_options.tls = *tls;
-    probe_options.max_connections = 16;
-    probe_options.probe_paths = {"/health", "/ready"};
-    auto probes = HttpServer::Start(
-        probe_options, [&service](const HttpRequest& req, HttpResponse& res) {
-          if (req.path == "/health") {
-            res.Send(200, "text/plain", "ok\n");
-            return;
-          }
-          res.Send(
-              503, "text/plain",
-              absl::StrCat("starting: ", service.Health().message(), "\n"));
-        });
-    if (!probes.ok()) return fail("--http-listen: ", probes.status());
-    startup_probes = *std::move(probes);
+  auto startup_probes = StartStartupProbes(f, *tls, service);
+  if (!startup_probes.ok()) {
+    return fail("--http-listen: ", startup_probes.status());
   }
   auto executor = RemoteExecutor::WaitForWorkers(
       service, source.config(), absl::Seconds(f.startup_timeout_s));
   if (!executor.ok()) {
     return fail("workers did not start: ", executor.status());
   }
-  if (startup_probes != nullptr) startup_probes->Shutdown();
-  startup_probes.reset();
+  if (*startup_probes != nullptr) (*startup_probes)->Shutdown();
+  startup_probes->reset();
   RemoteExecutor* remote = executor->get();
   remote->set_max_steps_in_flight(static_cast<int>(
       f.max_steps_in_flight > 0 ? f.max_steps_in_flight : f.pp));
@@ -305,75 +394,10 @@ int ServeCluster(const ClusterFlags& f, const ServeClusterOptions& o,
   api_options.http_listen_address = f.http_listen;
   auto api = ApiServer::Start(engine->get(), tokenizer->get(), api_options);
   if (!api.ok()) return fail("", api.status());
-  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
-  const int64_t blocks = (*engine)->blocks().num_blocks();
-  const std::string layout =
-      f.cp > 1 ? absl::StrCat(" x cp ", f.cp) : std::string();
-  const int64_t host_blocks = (*engine)->blocks().num_host_blocks();
-  const std::string per_rank =
-      f.cp > 1
-          ? absl::StrCat(" over ", f.cp, " CP ranks, ", blocks / f.cp,
-                         host_blocks > 0
-                             ? absl::StrCat(" + ", host_blocks / f.cp, " host")
-                             : "",
-                         " each")
-          : std::string();
-  std::fprintf(stderr,
-               "[shardlm] serving %s with tp %d x pp %d%s (%d workers, %lld KV "
-               "blocks of %d%s) on %s:%d; workers connect to %s\n",
-               name.c_str(), static_cast<int>(f.tp), static_cast<int>(f.pp),
-               layout.c_str(), static_cast<int>(f.tp * f.pp * f.cp),
-               static_cast<long long>(blocks),
-               static_cast<int>(f.kv.block_size), per_rank.c_str(),
-               host.c_str(), (*api)->port(), o.workers_dial.c_str());
+  PrintServing(f, o, name, **engine, (*api)->port());
 
-  const bool watch = o.exit_when_cluster_fails || o.rejoin;
-  int code = 0;
-  while (true) {
-    int sig = WaitForStop(stop_signals, watch ? remote : nullptr);
-    if (sig != 0) {
-      code = DrainOnSignal(**api, sig, stop_signals,
-                           absl::Seconds(f.api.drain_timeout_s), "coordinator");
-      service.Shutdown("coordinator shutting down");
-      break;
-    }
-    // The rank's own reason when one was lost, else the failed step's.
-    const absl::Status health = service.Health();
-    const std::string why(health.ok() ? remote->Health().message()
-                                      : health.message());
-    if (o.rejoin) {
-      absl::Status s =
-          Reform(f, o, why, service, *remote, **engine, stop_signals, &sig);
-      if (s.ok()) continue;
-      // The paused requests end now, naming the lost rank; not later as
-      // "the engine shut down".
-      (*engine)->EndAll(absl::UnavailableError(
-          sig != 0 ? absl::StrCat("the server stopped while re-forming "
-                                  "after: ",
-                                  why)
-                   : absl::StrCat(s.message(), " (lost: ", why, ")")));
-      if (sig != 0) {  // Stopped while re-forming: nothing to drain.
-        service.Shutdown("coordinator shutting down");
-        break;
-      }
-      std::fprintf(stderr, "shardlm %s: %s\n", o.command,
-                   std::string(s.message()).c_str());
-      service.Shutdown(std::string(s.message()), /*cluster_failed=*/true);
-      code = 1;
-      break;
-    }
-    // Not ready from now on (/ready follows the ranks' health); requests
-    // get UNAVAILABLE naming the rank while the grace lasts.
-    std::fprintf(stderr, "shardlm %s: the cluster failed: %s; exiting in %s\n",
-                 o.command, why.c_str(),
-                 absl::FormatDuration(o.failure_grace).c_str());
-    const timespec grace = absl::ToTimespec(o.failure_grace);
-    sigtimedwait(&stop_signals, nullptr, &grace);
-    service.Shutdown(absl::StrCat("the cluster failed: ", why),
-                     /*cluster_failed=*/true);
-    code = 1;
-    break;
-  }
+  const int code =
+      ServeUntilStopped(f, o, service, remote, **engine, **api, stop_signals);
   control.Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   return code;
 }

@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "cluster/control_service.h"
 #include "core/secret.h"
+#include "core/status.h"
 #include "grpcpp/grpcpp.h"
 #include "launch/cluster_serving.h"
 #include "launch/commands.h"
@@ -30,6 +31,94 @@
 #include "model/shard_plan.h"
 
 namespace shardlm {
+namespace {
+
+// The coordinator's own flags, beside the cluster's (ClusterFlags).
+struct CoordinatorFlags {
+  std::string control_listen = "0.0.0.0:50052";
+  double failure_grace_s = 3;
+  bool rejoin = false;
+  int64_t rejoin_timeout_s = 120;
+};
+
+void RegisterCoordinatorFlags(FlagSet& flags, ClusterFlags& f,
+                              CoordinatorFlags& c) {
+  f.Register(flags,
+             "GGUF file or safetensors directory (config and tokenizer "
+             "are read here; the workers load the weights)");
+  flags.Add("control-listen", &c.control_listen,
+            "address the control plane listens on for workers");
+  flags.Add("failure-grace-s", &c.failure_grace_s,
+            "after a rank is lost: how long to stay up, not ready, "
+            "answering UNAVAILABLE, before exiting 1");
+  flags.Add("rejoin", &c.rejoin,
+            "after a rank is lost: stay up (not ready), wait up to "
+            "--rejoin-timeout-s for a worker with that rank to come back, "
+            "re-form with the survivors and resume every request where it "
+            "was (recomputed: streams pause, then continue unchanged), "
+            "instead of exiting");
+  flags.Add("rejoin-timeout-s", &c.rejoin_timeout_s,
+            "with --rejoin: how long to wait for a lost rank's replacement "
+            "before the paused requests fail (UNAVAILABLE naming the rank) "
+            "and the coordinator exits 1");
+}
+
+// The first problem with the flags and the token ("" if none); loads the
+// control plane's TLS files when all else is right.
+std::string CoordinatorProblem(ClusterFlags& f, const CoordinatorFlags& c,
+                               const std::string& token) {
+  std::string problem = f.Problem();
+  if (problem.empty() && token.size() < 16) {
+    problem =
+        "SHARDLM_CLUSTER_TOKEN must hold a secret of at least 16 characters, "
+        "shared with the workers (e.g. openssl rand -hex 32)";
+  } else if (problem.empty() &&
+             c.control_listen.rfind(':') == std::string::npos) {
+    problem = "--control-listen must be HOST:PORT";
+  } else if (problem.empty() &&
+             (c.failure_grace_s < 0 || c.failure_grace_s > 600)) {
+    problem = "--failure-grace-s must be in [0, 600]";
+  } else if (problem.empty() &&
+             (c.rejoin_timeout_s < 1 || c.rejoin_timeout_s > 86400)) {
+    problem = "--rejoin-timeout-s must be in [1, 86400]";
+  } else if (absl::Status s = f.control_tls.Load();
+             problem.empty() && !s.ok()) {
+    problem = std::string(s.message());
+  }
+  return problem;
+}
+
+// Whether the model can be served as the flags ask on `device`: context
+// parallelism, the shard plan and the KV cache type.
+absl::Status CheckLayout(const ClusterFlags& f, const WeightSource& source,
+                         const std::string& device) {
+  RETURN_IF_ERROR(
+      CheckContextParallel(source.config(), static_cast<int>(f.cp)));
+  if (auto plan = PlanShards(source, static_cast<int>(f.tp),
+                             static_cast<int>(f.pp), f.MoeShardingOf());
+      !plan.ok()) {
+    return plan.status();
+  }
+  if (absl::StatusOr<DType> kv = f.KvDType(device); !kv.ok()) {
+    return kv.status();
+  }
+  return absl::OkStatus();
+}
+
+// The control plane the workers dial, on --control-listen (`*port`: the
+// port it got; 0 when it could not listen).
+std::unique_ptr<grpc::Server> StartControlPlane(const ClusterFlags& f,
+                                                const CoordinatorFlags& c,
+                                                ControlService& service,
+                                                int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(
+      c.control_listen, ControlServerCredentials(f.control_tls.loaded), port);
+  AddControlService(builder, &service);
+  return builder.BuildAndStart();
+}
+
+}  // namespace
 
 int CoordinatorCommand(int argc, char** argv) {
   sigset_t stop_signals;
@@ -39,10 +128,7 @@ int CoordinatorCommand(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
   ClusterFlags f;
-  std::string control_listen = "0.0.0.0:50052";
-  double failure_grace_s = 3;
-  bool rejoin = false;
-  int64_t rejoin_timeout_s = 120;
+  CoordinatorFlags c;
   FlagSet flags(
       "usage: SHARDLM_CLUSTER_TOKEN=SECRET shardlm coordinator --model PATH "
       "--tp TP --pp PP [--cp CP] [flags]\n"
@@ -50,24 +136,7 @@ int CoordinatorCommand(int argc, char** argv) {
       "dial\n"
       "--control-listen with the same SHARDLM_CLUSTER_TOKEN, and serves the\n"
       "API on --listen (and --http-listen).");
-  f.Register(flags,
-             "GGUF file or safetensors directory (config and tokenizer "
-             "are read here; the workers load the weights)");
-  flags.Add("control-listen", &control_listen,
-            "address the control plane listens on for workers");
-  flags.Add("failure-grace-s", &failure_grace_s,
-            "after a rank is lost: how long to stay up, not ready, "
-            "answering UNAVAILABLE, before exiting 1");
-  flags.Add("rejoin", &rejoin,
-            "after a rank is lost: stay up (not ready), wait up to "
-            "--rejoin-timeout-s for a worker with that rank to come back, "
-            "re-form with the survivors and resume every request where it "
-            "was (recomputed: streams pause, then continue unchanged), "
-            "instead of exiting");
-  flags.Add("rejoin-timeout-s", &rejoin_timeout_s,
-            "with --rejoin: how long to wait for a lost rank's replacement "
-            "before the paused requests fail (UNAVAILABLE naming the rank) "
-            "and the coordinator exits 1");
+  RegisterCoordinatorFlags(flags, f, c);
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n\n%s",
                  std::string(s.message()).c_str(), flags.Usage().c_str());
@@ -79,25 +148,8 @@ int CoordinatorCommand(int argc, char** argv) {
   }
   const char* env_token = std::getenv("SHARDLM_CLUSTER_TOKEN");
   const std::string token = env_token == nullptr ? "" : env_token;
-  std::string problem = f.Problem();
-  if (problem.empty() && token.size() < 16) {
-    problem =
-        "SHARDLM_CLUSTER_TOKEN must hold a secret of at least 16 characters, "
-        "shared with the workers (e.g. openssl rand -hex 32)";
-  } else if (problem.empty() &&
-             control_listen.rfind(':') == std::string::npos) {
-    problem = "--control-listen must be HOST:PORT";
-  } else if (problem.empty() &&
-             (failure_grace_s < 0 || failure_grace_s > 600)) {
-    problem = "--failure-grace-s must be in [0, 600]";
-  } else if (problem.empty() &&
-             (rejoin_timeout_s < 1 || rejoin_timeout_s > 86400)) {
-    problem = "--rejoin-timeout-s must be in [1, 86400]";
-  } else if (absl::Status s = f.control_tls.Load();
-             problem.empty() && !s.ok()) {
-    problem = std::string(s.message());
-  }
-  if (!problem.empty()) {
+  if (const std::string problem = CoordinatorProblem(f, c, token);
+      !problem.empty()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n", problem.c_str());
     return 2;
   }
@@ -107,52 +159,35 @@ int CoordinatorCommand(int argc, char** argv) {
                  std::string(source.status().message()).c_str());
     return 1;
   }
-  if (absl::Status cp =
-          CheckContextParallel((*source)->config(), static_cast<int>(f.cp));
-      !cp.ok()) {
-    std::fprintf(stderr, "shardlm coordinator: %s\n",
-                 std::string(cp.message()).c_str());
-    return 2;
-  }
-  if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
-                             static_cast<int>(f.pp), f.MoeShardingOf());
-      !plan.ok()) {
-    std::fprintf(stderr, "shardlm coordinator: %s\n",
-                 std::string(plan.status().message()).c_str());
-    return 2;
-  }
   // The coordinator sees no worker's GPU: "auto" means CPU workers, and
   // GPU workers need --device cuda (a worker of the other kind is refused
   // at registration, saying so).
   const std::string device = f.device == "cuda" ? "cuda" : "cpu";
-  if (absl::StatusOr<DType> kv = f.KvDType(device); !kv.ok()) {
+  if (absl::Status s = CheckLayout(f, **source, device); !s.ok()) {
     std::fprintf(stderr, "shardlm coordinator: %s\n",
-                 std::string(kv.status().message()).c_str());
+                 std::string(s.message()).c_str());
     return 2;
   }
   ClusterOptions options = f.Control(token, device);
-  options.rejoin = rejoin;
+  options.rejoin = c.rejoin;
   // Rendezvous keys of this run only: workers of an earlier coordinator
   // never meet these.
   auto run_id = RandomHexToken(8);
   options.rendezvous_prefix = absl::StrCat("run-", run_id.ok() ? *run_id : "0");
   ControlService service(options);
-  grpc::ServerBuilder builder;
   int control_port = 0;
-  builder.AddListeningPort(control_listen,
-                           ControlServerCredentials(f.control_tls.loaded),
-                           &control_port);
-  AddControlService(builder, &service);
-  std::unique_ptr<grpc::Server> control = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> control =
+      StartControlPlane(f, c, service, &control_port);
   if (control == nullptr || control_port == 0) {
     std::fprintf(stderr,
                  "shardlm coordinator: cannot listen for workers on %s "
                  "(malformed address, or the port is in use)\n",
-                 control_listen.c_str());
+                 c.control_listen.c_str());
     return 1;
   }
-  const std::string address = absl::StrCat(
-      control_listen.substr(0, control_listen.rfind(':')), ":", control_port);
+  const std::string address =
+      absl::StrCat(c.control_listen.substr(0, c.control_listen.rfind(':')), ":",
+                   control_port);
   std::fprintf(stderr,
                "[shardlm] coordinator: waiting up to %llds for %lld workers "
                "(tp %lld x pp %lld%s) on %s\n",
@@ -165,10 +200,10 @@ int CoordinatorCommand(int argc, char** argv) {
       ServeCluster(f,
                    {.command = "coordinator",
                     .workers_dial = address,
-                    .exit_when_cluster_fails = !rejoin,
-                    .failure_grace = absl::Seconds(failure_grace_s),
-                    .rejoin = rejoin,
-                    .rejoin_timeout = absl::Seconds(rejoin_timeout_s)},
+                    .exit_when_cluster_fails = !c.rejoin,
+                    .failure_grace = absl::Seconds(c.failure_grace_s),
+                    .rejoin = c.rejoin,
+                    .rejoin_timeout = absl::Seconds(c.rejoin_timeout_s)},
                    **source, service, *control, stop_signals);
   std::fflush(stderr);
   std::_Exit(code);

@@ -72,15 +72,7 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-}  // namespace
-
-int GenerateCommand(int argc, char** argv) {
-  GenerateFlags f;
-  FlagSet flags(
-      "usage: shardlm generate --model PATH --prompt TEXT [flags]\n"
-      "       shardlm generate --server HOST:PORT --prompt TEXT [flags]\n"
-      "Streams the completion of TEXT to stdout. Temperature 0 is greedy;\n"
-      "the same seed gives the same text.");
+void RegisterGenerateFlags(FlagSet& flags, GenerateFlags& f) {
   f.engine.Register(flags);
   flags.Add("server", &f.server,
             "HOST:PORT of a running server (shardlm serve); then --model "
@@ -117,15 +109,12 @@ int GenerateCommand(int argc, char** argv) {
   flags.Add("min-tokens", &f.min_tokens,
             "generate at least this many tokens before a stop token");
   f.tls.Register(flags);
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "shardlm generate: %s\n\n%s",
-                 std::string(s.message()).c_str(), flags.Usage().c_str());
-    return 2;
-  }
-  if (flags.help()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
-  }
+}
+
+// The first problem with the flags ("" if none), checked in order; fills
+// `*sampling` from them either way.
+std::string CheckGenerateFlags(const GenerateFlags& f, const FlagSet& flags,
+                               SamplingParams* sampling) {
   std::string problem;
   if (f.engine.model.empty() && f.server.empty()) {
     problem = "--model (or --server) is required";
@@ -155,7 +144,7 @@ int GenerateCommand(int argc, char** argv) {
   absl::StatusOr<std::vector<LogitBias>> bias = ParseLogitBias(f.logit_bias);
   if (problem.empty() && !bias.ok())
     problem = std::string(bias.status().message());
-  SamplingParams sampling{
+  *sampling = SamplingParams{
       .temperature = static_cast<float>(f.temperature),
       .top_k = static_cast<int32_t>(f.top_k),
       .top_p = static_cast<float>(f.top_p),
@@ -163,40 +152,63 @@ int GenerateCommand(int argc, char** argv) {
       .presence_penalty = static_cast<float>(f.presence_penalty),
       .frequency_penalty = static_cast<float>(f.frequency_penalty),
       .repetition_penalty = static_cast<float>(f.repetition_penalty)};
-  if (bias.ok()) sampling.logit_bias = *std::move(bias);
-  if (absl::Status s = ValidateSamplingParams(sampling);
+  if (bias.ok()) sampling->logit_bias = *std::move(bias);
+  if (absl::Status s = ValidateSamplingParams(*sampling);
       problem.empty() && !s.ok()) {
     problem = std::string(s.message());
   }
-  if (!problem.empty()) {
-    std::fprintf(stderr, "shardlm generate: %s\n\n%s", problem.c_str(),
-                 flags.Usage().c_str());
-    return 2;
-  }
+  return problem;
+}
 
-  RemoteGenerateOptions request{
-      .prompt = f.prompt,
-      .chat = f.chat,
-      .ignore_eos = f.ignore_eos,
-      .max_tokens = static_cast<int32_t>(f.max_tokens),
-      .sampling = sampling,
-      .stats = f.stats,
-      .stop = f.stop,
-      .logprobs = static_cast<int32_t>(f.logprobs),
-      .min_tokens = static_cast<int32_t>(f.min_tokens)};
-  if (!f.server.empty()) {
-    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-        f.tls.Credentials();
-    if (!credentials.ok()) {
-      std::fprintf(stderr, "shardlm generate: %s\n",
-                   std::string(credentials.status().message()).c_str());
-      return 2;
+// Each token's log-probability and its most likely alternatives, as text.
+void PrintResultLogprobs(const Tokenizer& tok, const GenerateResult& result) {
+  std::vector<PrintedToken> printed;
+  const auto text_of = [&](int32_t id) {
+    StreamingDetokenizer d(&tok);
+    return d.Push(id) + d.Finish();
+  };
+  for (size_t i = 0; i < result.logprobs.size(); ++i) {
+    const TokenLogprobs& lp = result.logprobs[i];
+    PrintedToken& t = printed.emplace_back();
+    t.token = {text_of(result.tokens[i]), lp.sampled};
+    for (const TokenLogprob& a : lp.top) {
+      t.top.push_back({text_of(a.token), a.logprob});
     }
-    request.server = f.server;
-    request.credentials = *std::move(credentials);
-    return RemoteGenerate(request);
   }
+  PrintLogprobs(stderr, printed);
+}
 
+// --stats: token counts and speeds, and speculation's yield if it ran.
+void PrintStats(double load_s, const GenerateRequest& req,
+                const GenerateResult& result, const Engine& engine) {
+  const size_t n = result.tokens.size();
+  std::fprintf(
+      stderr,
+      "[shardlm] load %.2fs | prompt %zu tokens, prefill %.3fs (%.1f tok/s)"
+      " | generated %zu tokens, decode %.1f tok/s | finish: %s | cpu "
+      "kernels: %s, %d threads\n",
+      load_s, req.prompt.size(), result.prefill_seconds,
+      req.prompt.size() / result.prefill_seconds, n,
+      n > 1 ? (n - 1) / result.decode_seconds : 0.0,
+      FinishReasonName(result.finish_reason), CpuIsaName(ActiveCpuIsa()),
+      CpuThreads());
+  if (const SchedulerStats st = engine.stats(); st.spec_verifications > 0) {
+    std::fprintf(
+        stderr,
+        "[shardlm] speculative: %lld of %lld drafted tokens kept "
+        "(%.0f%%) in %lld verifications (%.2f tokens each)\n",
+        static_cast<long long>(st.spec_accepted),
+        static_cast<long long>(st.spec_drafted),
+        100.0 * st.spec_accepted / std::max<int64_t>(1, st.spec_drafted),
+        static_cast<long long>(st.spec_verifications),
+        static_cast<double>(st.spec_accepted + st.spec_verifications) /
+            st.spec_verifications);
+  }
+}
+
+// Loads the model here and streams the completion to stdout.
+int GenerateLocally(const GenerateFlags& f,
+                    const RemoteGenerateOptions& request) {
   const auto t0 = std::chrono::steady_clock::now();
   auto local = LoadLocalModel(f.engine);
   if (!local.ok()) return Fail(local.status());
@@ -241,50 +253,62 @@ int GenerateCommand(int argc, char** argv) {
   print(stop_strings.Finish());
   std::fputc('\n', stdout);
   std::fflush(stdout);  // Before the stats on stderr.
-  if (f.logprobs > 0) {
-    std::vector<PrintedToken> printed;
-    const auto text_of = [&](int32_t id) {
-      StreamingDetokenizer d(&tok);
-      return d.Push(id) + d.Finish();
-    };
-    for (size_t i = 0; i < result->logprobs.size(); ++i) {
-      const TokenLogprobs& lp = result->logprobs[i];
-      PrintedToken& t = printed.emplace_back();
-      t.token = {text_of(result->tokens[i]), lp.sampled};
-      for (const TokenLogprob& a : lp.top) {
-        t.top.push_back({text_of(a.token), a.logprob});
-      }
-    }
-    PrintLogprobs(stderr, printed);
+  if (f.logprobs > 0) PrintResultLogprobs(tok, *result);
+
+  if (f.stats) PrintStats(load_s, req, *result, *local->engine);
+  return 0;
+}
+
+}  // namespace
+
+int GenerateCommand(int argc, char** argv) {
+  GenerateFlags f;
+  FlagSet flags(
+      "usage: shardlm generate --model PATH --prompt TEXT [flags]\n"
+      "       shardlm generate --server HOST:PORT --prompt TEXT [flags]\n"
+      "Streams the completion of TEXT to stdout. Temperature 0 is greedy;\n"
+      "the same seed gives the same text.");
+  RegisterGenerateFlags(flags, f);
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm generate: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
+  }
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  SamplingParams sampling;
+  if (const std::string problem = CheckGenerateFlags(f, flags, &sampling);
+      !problem.empty()) {
+    std::fprintf(stderr, "shardlm generate: %s\n\n%s", problem.c_str(),
+                 flags.Usage().c_str());
+    return 2;
   }
 
-  if (f.stats) {
-    const size_t n = result->tokens.size();
-    std::fprintf(
-        stderr,
-        "[shardlm] load %.2fs | prompt %zu tokens, prefill %.3fs (%.1f tok/s)"
-        " | generated %zu tokens, decode %.1f tok/s | finish: %s | cpu "
-        "kernels: %s, %d threads\n",
-        load_s, req.prompt.size(), result->prefill_seconds,
-        req.prompt.size() / result->prefill_seconds, n,
-        n > 1 ? (n - 1) / result->decode_seconds : 0.0,
-        FinishReasonName(result->finish_reason), CpuIsaName(ActiveCpuIsa()),
-        CpuThreads());
-    if (const SchedulerStats st = local->engine->stats();
-        st.spec_verifications > 0) {
-      std::fprintf(
-          stderr,
-          "[shardlm] speculative: %lld of %lld drafted tokens kept "
-          "(%.0f%%) in %lld verifications (%.2f tokens each)\n",
-          static_cast<long long>(st.spec_accepted),
-          static_cast<long long>(st.spec_drafted),
-          100.0 * st.spec_accepted / std::max<int64_t>(1, st.spec_drafted),
-          static_cast<long long>(st.spec_verifications),
-          static_cast<double>(st.spec_accepted + st.spec_verifications) /
-              st.spec_verifications);
+  RemoteGenerateOptions request{
+      .prompt = f.prompt,
+      .chat = f.chat,
+      .ignore_eos = f.ignore_eos,
+      .max_tokens = static_cast<int32_t>(f.max_tokens),
+      .sampling = sampling,
+      .stats = f.stats,
+      .stop = f.stop,
+      .logprobs = static_cast<int32_t>(f.logprobs),
+      .min_tokens = static_cast<int32_t>(f.min_tokens)};
+  if (!f.server.empty()) {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        f.tls.Credentials();
+    if (!credentials.ok()) {
+      std::fprintf(stderr, "shardlm generate: %s\n",
+                   std::string(credentials.status().message()).c_str());
+      return 2;
     }
+    request.server = f.server;
+    request.credentials = *std::move(credentials);
+    return RemoteGenerate(request);
   }
-  return 0;
+  return GenerateLocally(f, request);
 }
 
 }  // namespace shardlm

@@ -347,6 +347,32 @@ int RunCoordinator(MpiCommunicator& world, const LaunchFlags& f,
                       source, service, *control, stop_signals);
 }
 
+// What a worker's steps cost, and CP's traffic, when it ran any.
+void PrintRunnerStats(int rank, const ShardHost& host) {
+  const std::optional<RunnerStats> st = host.stats();
+  if (!st || st->steps <= 0) return;
+  std::fprintf(stderr,
+               "[shardlm] worker rank %d: %lld steps, %.2f s in steps, "
+               "%.2f s (%.0f%%) in communication\n",
+               rank, static_cast<long long>(st->steps), st->forward_seconds,
+               st->comm_seconds, 100 * st->comm_seconds / st->forward_seconds);
+  if (st->cp_split_steps + st->cp_whole_steps > 0) {
+    const auto per = [](int64_t bytes, int64_t steps) {
+      return steps > 0 ? static_cast<double>(bytes) / steps : 0.0;
+    };
+    std::fprintf(stderr,
+                 "[shardlm] worker rank %d: CP sent %lld bytes in %lld "
+                 "sequence-parallel steps (%.0f per step), %lld bytes in "
+                 "%lld whole steps (%.0f per step)\n",
+                 rank, static_cast<long long>(st->cp_split_bytes),
+                 static_cast<long long>(st->cp_split_steps),
+                 per(st->cp_split_bytes, st->cp_split_steps),
+                 static_cast<long long>(st->cp_whole_bytes),
+                 static_cast<long long>(st->cp_whole_steps),
+                 per(st->cp_whole_bytes, st->cp_whole_steps));
+  }
+}
+
 int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
               const LaunchFlags& f, const WeightSource& source,
               const std::string& digest, uint64_t model_bytes,
@@ -424,30 +450,7 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
        .stop = &stop,
        .tls = f.control_tls.loaded},
       **host);
-  if (const std::optional<RunnerStats> st = (*host)->stats();
-      st && st->steps > 0) {
-    std::fprintf(stderr,
-                 "[shardlm] worker rank %d: %lld steps, %.2f s in steps, "
-                 "%.2f s (%.0f%%) in communication\n",
-                 world.rank(), static_cast<long long>(st->steps),
-                 st->forward_seconds, st->comm_seconds,
-                 100 * st->comm_seconds / st->forward_seconds);
-    if (st->cp_split_steps + st->cp_whole_steps > 0) {
-      const auto per = [](int64_t bytes, int64_t steps) {
-        return steps > 0 ? static_cast<double>(bytes) / steps : 0.0;
-      };
-      std::fprintf(stderr,
-                   "[shardlm] worker rank %d: CP sent %lld bytes in %lld "
-                   "sequence-parallel steps (%.0f per step), %lld bytes in "
-                   "%lld whole steps (%.0f per step)\n",
-                   world.rank(), static_cast<long long>(st->cp_split_bytes),
-                   static_cast<long long>(st->cp_split_steps),
-                   per(st->cp_split_bytes, st->cp_split_steps),
-                   static_cast<long long>(st->cp_whole_bytes),
-                   static_cast<long long>(st->cp_whole_steps),
-                   per(st->cp_whole_bytes, st->cp_whole_steps));
-    }
-  }
+  PrintRunnerStats(world.rank(), **host);
   if (s.ok() || absl::IsCancelled(s)) return 0;
   // A refusal or a failed load was reported by the coordinator, which
   // prints one message for the cluster; a worker speaks only when it has
@@ -457,6 +460,74 @@ int RunWorker(MpiCommunicator& world, MpiCommunicator& workers,
                  std::string(s.message()).c_str());
   }
   return 1;
+}
+
+void RegisterLaunchFlags(FlagSet& flags, LaunchFlags& f) {
+  f.Register(flags,
+             "GGUF file or safetensors directory, at the same path on every "
+             "node");
+  flags.Add("control-listen", &f.control_listen,
+            "address the control plane (workers) listens on; default: the "
+            "advertised address (127.0.0.1 when every rank is on this "
+            "host) at --control-port. Workers need the cluster token either "
+            "way (random per launch, or SHARDLM_CLUSTER_TOKEN)");
+  flags.Add("control-port", &f.control_port,
+            "port workers connect to (0: any free port)");
+  flags.Add("advertise-address", &f.advertise_address,
+            "host or address workers dial to reach rank 0; default: rank "
+            "0's address on the subnet the workers share (see "
+            "docs/multinode.md); set, the control plane listens on 0.0.0.0");
+  flags.Add("cuda-weights", &f.cuda_weights, kCudaWeightsHelp);
+  f.control_tls.RegisterServerName(flags);
+}
+
+// The first problem with the parsed flags and the world's size ("" if
+// none): the same on every rank.
+std::string LaunchProblem(const LaunchFlags& f, int world_size) {
+  if (std::string p = f.Problem(); !p.empty()) {
+    return p;
+  } else if (absl::StatusOr<CudaWeights> w = ParseCudaWeights(f.cuda_weights);
+             !w.ok()) {
+    return std::string(w.status().message());
+  } else if (const int64_t workers = f.tp * f.pp * f.cp;
+             world_size != 1 + workers) {
+    return absl::StrCat(
+        "the MPI world has ", world_size, " ranks but --tp ", f.tp, " x --pp ",
+        f.pp, f.cp > 1 ? absl::StrCat(" x --cp ", f.cp) : "", " needs 1 + ",
+        workers, " = ", 1 + workers, " (mpirun -np ", 1 + workers, ")");
+  }
+  return "";
+}
+
+// What each rank can check alone: the control plane's TLS files, its model
+// file and the shard plan; a worker also digests the model's files. This
+// rank's reason ("" if none).
+std::string CheckThisRank(
+    LaunchFlags& f, bool root,
+    const absl::StatusOr<std::unique_ptr<WeightSource>>& source,
+    std::string* digest, uint64_t* model_bytes) {
+  std::string mine;
+  if (absl::Status s = f.control_tls.Load(); !s.ok()) {
+    mine = absl::StrCat(Hostname(), ": ", s.message());
+  } else if (!source.ok()) {
+    mine = absl::StrCat(Hostname(), ": ", source.status().message());
+  } else if (absl::Status cp = CheckContextParallel((*source)->config(),
+                                                    static_cast<int>(f.cp));
+             !cp.ok()) {
+    mine = std::string(cp.message());
+  } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
+                                    static_cast<int>(f.pp), f.MoeShardingOf());
+             !plan.ok()) {
+    mine = std::string(plan.status().message());
+  } else if (!root) {
+    auto d = ModelDigest(f.model, model_bytes);
+    if (d.ok()) {
+      *digest = *d;
+    } else {
+      mine = absl::StrCat(Hostname(), ": ", d.status().message());
+    }
+  }
+  return mine;
 }
 
 }  // namespace
@@ -485,22 +556,7 @@ int LaunchCommand(int argc, char** argv) {
       "PATH --tp TP --pp PP [--cp CP] [flags]\n"
       "Rank 0 coordinates and serves the API on --listen; the other ranks\n"
       "are workers holding one shard each (see launch/run-local-cluster.sh).");
-  f.Register(flags,
-             "GGUF file or safetensors directory, at the same path on every "
-             "node");
-  flags.Add("control-listen", &f.control_listen,
-            "address the control plane (workers) listens on; default: the "
-            "advertised address (127.0.0.1 when every rank is on this "
-            "host) at --control-port. Workers need the cluster token either "
-            "way (random per launch, or SHARDLM_CLUSTER_TOKEN)");
-  flags.Add("control-port", &f.control_port,
-            "port workers connect to (0: any free port)");
-  flags.Add("advertise-address", &f.advertise_address,
-            "host or address workers dial to reach rank 0; default: rank "
-            "0's address on the subnet the workers share (see "
-            "docs/multinode.md); set, the control plane listens on 0.0.0.0");
-  flags.Add("cuda-weights", &f.cuda_weights, kCudaWeightsHelp);
-  f.control_tls.RegisterServerName(flags);
+  RegisterLaunchFlags(flags, f);
   std::string problem;
   bool usage = false;  // Show the flags after the problem?
   if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
@@ -509,18 +565,8 @@ int LaunchCommand(int argc, char** argv) {
   } else if (flags.help()) {
     if (root) std::fputs(flags.Usage().c_str(), stdout);
     Exit(0);
-  } else if (std::string p = f.Problem(); !p.empty()) {
-    problem = p;
-  } else if (absl::StatusOr<CudaWeights> w = ParseCudaWeights(f.cuda_weights);
-             !w.ok()) {
-    problem = std::string(w.status().message());
-  } else if (const int64_t workers = f.tp * f.pp * f.cp;
-             world.size() != 1 + workers) {
-    problem = absl::StrCat("the MPI world has ", world.size(),
-                           " ranks but --tp ", f.tp, " x --pp ", f.pp,
-                           f.cp > 1 ? absl::StrCat(" x --cp ", f.cp) : "",
-                           " needs 1 + ", workers, " = ", 1 + workers,
-                           " (mpirun -np ", 1 + workers, ")");
+  } else {
+    problem = LaunchProblem(f, world.size());
   }
   if (!problem.empty()) {  // The same on every rank: rank 0 reports.
     if (root) {
@@ -531,30 +577,11 @@ int LaunchCommand(int argc, char** argv) {
   }
 
   // What each rank can check alone: its model file and the shard plan.
-  std::string mine;
   auto source = OpenWeights(f.model);
   std::string digest;
   uint64_t model_bytes = 0;
-  if (absl::Status s = f.control_tls.Load(); !s.ok()) {
-    mine = absl::StrCat(Hostname(), ": ", s.message());
-  } else if (!source.ok()) {
-    mine = absl::StrCat(Hostname(), ": ", source.status().message());
-  } else if (absl::Status cp = CheckContextParallel((*source)->config(),
-                                                    static_cast<int>(f.cp));
-             !cp.ok()) {
-    mine = std::string(cp.message());
-  } else if (auto plan = PlanShards(**source, static_cast<int>(f.tp),
-                                    static_cast<int>(f.pp), f.MoeShardingOf());
-             !plan.ok()) {
-    mine = std::string(plan.status().message());
-  } else if (!root) {
-    auto d = ModelDigest(f.model, &model_bytes);
-    if (d.ok()) {
-      digest = *d;
-    } else {
-      mine = absl::StrCat(Hostname(), ": ", d.status().message());
-    }
-  }
+  const std::string mine =
+      CheckThisRank(f, root, source, &digest, &model_bytes);
   if (!AgreeAllOk(world, mine)) Exit(1);
 
   // Workers get a communicator of their own; the coordinator one of its own.

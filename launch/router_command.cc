@@ -132,21 +132,7 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-}  // namespace
-
-int RouterCommand(int argc, char** argv) {
-  RouterFlags f;
-  FlagSet flags(
-      "usage: shardlm router (--replica HOST:PORT ... | --replicas-file FILE "
-      "|\n"
-      "    --replicas-dns NAME:PORT) [--listen HOST:PORT] [--http-listen "
-      "HOST:PORT] [flags]\n"
-      "One gRPC endpoint (shardlm.v1.Inference, health, reflection) and one\n"
-      "OpenAI-style HTTP endpoint in front of several replicas serving the\n"
-      "same model: each request goes to the\n"
-      "replica the policy picks; a request that fails before its first token\n"
-      "is retried once elsewhere, one that fails mid-stream is resumed\n"
-      "elsewhere with the same text. See docs/router.md.");
+void RegisterRouterFlags(FlagSet& flags, RouterFlags& f) {
   flags.Add("replica", &f.replicas,
             "a replica's gRPC address (a coordinator or serve); repeatable");
   flags.Add("replicas-file", &f.replicas_file,
@@ -211,26 +197,63 @@ int RouterCommand(int argc, char** argv) {
   flags.Add("max-grpc-calls", &f.max_grpc_calls,
             "most gRPC calls handled at once (each holds a thread while it "
             "streams); beyond: RESOURCE_EXHAUSTED");
-  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
-    std::fprintf(stderr, "shardlm router: %s\n\n%s",
-                 std::string(s.message()).c_str(), flags.Usage().c_str());
-    return 2;
+}
+
+// What the router runs on beyond the flags' values, found while checking
+// them.
+struct RouterInputs {
+  RoutingPolicyKind kind = RoutingPolicyKind::kKv;
+  std::vector<std::string> flag_replicas;  // --replica's, without the file's.
+  FileStamp file_read_at;                  // --replicas-file's, when read.
+  std::optional<DnsTarget> dns;            // --replicas-dns.
+};
+
+// The first numeric (or empty) flag out of its range, or "".
+std::string RangeProblem(const RouterFlags& f) {
+  if (f.drain_timeout_s < 0 || f.drain_timeout_s > 86400) {
+    return "--drain-timeout-s must be 0..86400";
   }
-  if (flags.help()) {
-    std::fputs(flags.Usage().c_str(), stdout);
-    return 0;
+  if (f.dns_interval_ms < 100 || f.dns_interval_ms > 3600000) {
+    return "--dns-interval-ms must be 100..3600000";
   }
+  if (f.dns_wait_s < 0 || f.dns_wait_s > 3600) {
+    return "--dns-wait-s must be 0..3600";
+  }
+  if (f.request_memory_mb < 0 || f.request_memory_mb > (int64_t{1} << 30)) {
+    return "--request-memory-mb must be in [0, 2^30] (0: the default)";
+  }
+  if (f.idle_thread_timeout_s < 1 || f.idle_thread_timeout_s > 86400) {
+    return "--idle-thread-timeout-s must be in [1, 86400]";
+  }
+  if (f.listen.empty()) return "--listen is empty";
+  if (!(f.load_factor >= 1.0)) return "--load-factor must be at least 1";
+  if (f.load_slack < 0) return "--load-slack must not be negative";
+  if (f.stale_after_ms < 300 || f.stale_after_ms > 60000) {
+    return "--stale-after-ms must be 300..60000 (replicas send state "
+           "every 250 ms)";
+  }
+  if (f.max_grpc_calls < 1 || f.max_grpc_calls > 65536) {
+    return "--max-grpc-calls must be 1..65536";
+  }
+  return "";
+}
+
+// The first problem with the flags ("" if none), checked in order. Reads
+// --replicas-file into f.replicas and fills `*in`.
+std::string RouterProblem(RouterFlags& f, const FlagSet& flags,
+                          RouterInputs* in) {
   std::string problem;
   absl::StatusOr<RoutingPolicyKind> kind = ParseRoutingPolicy(f.policy);
   if (!kind.ok()) problem = std::string(kind.status().message());
+  if (kind.ok()) in->kind = *kind;
   if (problem.empty() && !flags.positional().empty()) {
     problem = absl::StrCat("unexpected argument '", flags.positional()[0], "'");
   }
-  const std::vector<std::string> flag_replicas = f.replicas;
+  in->flag_replicas = f.replicas;
   // Stamped before the first read, so that a write landing between it and
   // the watcher's start is seen (stamped in the watcher, such a write was
   // missed until the next one).
-  const FileStamp file_read_at =
+  in->file_read_at =
       f.replicas_file.empty() ? FileStamp() : StampOf(f.replicas_file);
   if (problem.empty() && !f.replicas_file.empty()) {
     auto more = ReadReplicasFile(f.replicas_file);
@@ -240,54 +263,292 @@ int RouterCommand(int argc, char** argv) {
       f.replicas.insert(f.replicas.end(), more->begin(), more->end());
     }
   }
-  std::optional<DnsTarget> dns;
   if (problem.empty() && !f.replicas_dns.empty()) {
     absl::StatusOr<DnsTarget> t = ParseDnsTarget(f.replicas_dns);
     if (t.ok()) {
-      dns = *t;
+      in->dns = *t;
     } else {
       problem = std::string(t.status().message());
     }
   }
-  if (problem.empty() && f.replicas.empty() && !dns.has_value()) {
+  if (problem.empty() && f.replicas.empty() && !in->dns.has_value()) {
     problem =
         "give at least one --replica HOST:PORT (or --replicas-file, or "
         "--replicas-dns NAME:PORT)";
   }
-  if (problem.empty() && (f.drain_timeout_s < 0 || f.drain_timeout_s > 86400)) {
-    problem = "--drain-timeout-s must be 0..86400";
+  if (problem.empty()) problem = RangeProblem(f);
+  return problem;
+}
+
+// Waits up to --dns-wait-s for --replicas-dns's first answer (retried
+// every second) and adds it to `sources`. An exit code when the router
+// should stop instead: the name did not resolve, or a stop signal came.
+std::optional<int> WaitForDnsReplicas(const RouterFlags& f,
+                                      const DnsTarget& dns,
+                                      const sigset_t& stop_signals,
+                                      ReplicaSources& sources) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(f.dns_wait_s);
+  while (true) {
+    absl::StatusOr<std::vector<std::string>> found =
+        DnsReplicaAddresses(dns, ResolveHost);
+    if (found.ok()) {
+      sources.Set(ReplicaSources::kDns, *found);
+      std::fprintf(stderr, "[shardlm router] --replicas-dns %s: %zu replicas\n",
+                   f.replicas_dns.c_str(), found->size());
+      return std::nullopt;
+    }
+    if (absl::Now() >= give_up) {
+      return Fail(absl::NotFoundError(absl::StrCat(
+          "--replicas-dns ", f.replicas_dns, ": ", found.status().message(),
+          " (for ", f.dns_wait_s, " s)")));
+    }
+    std::fprintf(stderr, "[shardlm router] --replicas-dns %s: %s; retrying\n",
+                 f.replicas_dns.c_str(),
+                 std::string(found.status().message()).c_str());
+    // A second, or a stop signal (nothing to drain yet: exit at once).
+    const timespec second = {1, 0};
+    if (sigtimedwait(&stop_signals, nullptr, &second) > 0) {
+      std::fprintf(stderr,
+                   "[shardlm] router: stopped while waiting for "
+                   "--replicas-dns\n");
+      return 0;
+    }
   }
-  if (problem.empty() &&
-      (f.dns_interval_ms < 100 || f.dns_interval_ms > 3600000)) {
-    problem = "--dns-interval-ms must be 100..3600000";
+}
+
+// The gRPC port: the router's service, health and reflection. `*port` is
+// 0 when it could not listen.
+std::unique_ptr<grpc::Server> StartRouterGrpc(const RouterFlags& f,
+                                              const TlsConfig& tls,
+                                              grpc::Service* wire, int* port) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(f.listen, GrpcServerCredentials(tls), port);
+  builder.RegisterService(wire);
+  // As on a replica: a burst of streams costs threads up to this cap, then
+  // RESOURCE_EXHAUSTED; a few more keep health checks answering.
+  grpc::ResourceQuota quota("shardlm-router");
+  quota.SetMaxThreads(static_cast<int>(f.max_grpc_calls) + 8);
+  builder.SetResourceQuota(quota);
+  builder.SetMaxReceiveMessageSize(
+      static_cast<int>(MaxGrpcRequestBytes(ServiceOptions().max_prompt_bytes)));
+  return builder.BuildAndStart();
+}
+
+// The HTTP port, with --http-listen (else none: nullptr).
+absl::StatusOr<std::unique_ptr<HttpServer>> StartRouterHttp(
+    const RouterFlags& f, const TlsConfig& tls, MemoryBudget* budget,
+    RouterHttpApi* api) {
+  if (f.http_listen.empty()) return std::unique_ptr<HttpServer>();
+  HttpServerOptions http_options;
+  http_options.listen_address = f.http_listen;
+  http_options.tls = tls;
+  http_options.memory_budget = budget;
+  http_options.idle_thread_timeout =
+      std::chrono::seconds(f.idle_thread_timeout_s);
+  return StartApiHttp(api, std::move(http_options));
+}
+
+// Health: SERVING while a replica is ready, looked at every 100 ms, until
+// `stopping` (under `mu`).
+void ReportHealth(grpc::Server& server, const ReplicaSet& replicas,
+                  const RouterService& service, absl::Mutex& mu,
+                  const bool& stopping) {
+  grpc::HealthCheckServiceInterface* h = server.GetHealthCheckService();
+  absl::MutexLock lock(&mu);
+  while (!stopping) {
+    const bool serving = replicas.ready_count() > 0 && !service.draining();
+    if (h != nullptr) {
+      h->SetServingStatus("", serving);
+      h->SetServingStatus("shardlm.v1.Inference", serving);
+    }
+    mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(100));
   }
-  if (problem.empty() && (f.dns_wait_s < 0 || f.dns_wait_s > 3600)) {
-    problem = "--dns-wait-s must be 0..3600";
+}
+
+// --replicas-file: re-read when its modification time or size changes
+// (looked at every second); --replicas-dns: resolved again every
+// --dns-interval-ms. Either change hands the union to the set. Runs until
+// `stopping` (under `mu`).
+void WatchReplicaSources(const RouterFlags& f,
+                         const std::optional<DnsTarget>& dns,
+                         FileStamp file_read_at, ReplicaSources& sources,
+                         ReplicaSet& replicas, absl::Mutex& mu,
+                         const bool& stopping) {
+  FileStamp seen = file_read_at;
+  const absl::Duration dns_every = absl::Milliseconds(f.dns_interval_ms);
+  absl::Time next_dns = absl::Now() + dns_every;
+  std::string last_dns_problem;
+  const absl::Duration tick = std::min(
+      absl::Seconds(1), dns.has_value() ? dns_every : absl::Seconds(1));
+  absl::MutexLock lock(&mu);
+  while (!mu.AwaitWithTimeout(absl::Condition(&stopping), tick)) {
+    bool changed = false;
+    const FileStamp now =
+        f.replicas_file.empty() ? FileStamp() : StampOf(f.replicas_file);
+    if (!f.replicas_file.empty() && now != seen) {
+      seen = now;
+      auto listed = ReadReplicasFile(f.replicas_file);
+      if (!listed.ok()) {
+        std::fprintf(stderr, "[shardlm router] %s; keeping the replicas\n",
+                     std::string(listed.status().message()).c_str());
+      } else {
+        changed |= sources.Set(ReplicaSources::kFile, *std::move(listed));
+      }
+    }
+    if (dns.has_value() && absl::Now() >= next_dns) {
+      next_dns = absl::Now() + dns_every;
+      auto found = DnsReplicaAddresses(*dns, ResolveHost);
+      if (!found.ok()) {
+        // A name that stops resolving (every leader gone, or DNS down)
+        // keeps the replicas it had: their own state says whether
+        // they take requests.
+        const std::string why(found.status().message());
+        if (why != last_dns_problem) {
+          std::fprintf(stderr,
+                       "[shardlm router] --replicas-dns %s: %s; keeping "
+                       "the replicas\n",
+                       f.replicas_dns.c_str(), why.c_str());
+          last_dns_problem = why;
+        }
+      } else {
+        last_dns_problem.clear();
+        changed |= sources.Set(ReplicaSources::kDns, *std::move(found));
+      }
+    }
+    if (!changed) continue;
+    if (absl::Status s = replicas.SetAddresses(sources.All()); !s.ok()) {
+      std::fprintf(stderr, "[shardlm router] %s\n",
+                   std::string(s.message()).c_str());
+    }
   }
-  if (problem.empty() &&
-      (f.request_memory_mb < 0 || f.request_memory_mb > (int64_t{1} << 30))) {
-    problem = "--request-memory-mb must be in [0, 2^30] (0: the default)";
+}
+
+// Drain: not ready at once, new requests refused, those in flight run
+// on for up to --drain-timeout-s (a second signal cuts it short). Whether
+// a second signal came.
+bool Drain(const RouterFlags& f, int sig, const sigset_t& stop_signals,
+           RouterService& service) {
+  std::fprintf(stderr,
+               "[shardlm] router: %s: draining (up to %lld s; new requests "
+               "are refused; a second signal stops at once)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM",
+               static_cast<long long>(f.drain_timeout_s));
+  service.StartDraining();  // The health thread sees it within 100 ms.
+  const absl::Time drain_end = absl::Now() + absl::Seconds(f.drain_timeout_s);
+  bool second = false;
+  while (service.in_flight() > 0 && absl::Now() < drain_end && !second) {
+    const timespec pace = {0, 50'000'000};
+    second = sigtimedwait(&stop_signals, nullptr, &pace) > 0;
   }
-  if (problem.empty() &&
-      (f.idle_thread_timeout_s < 1 || f.idle_thread_timeout_s > 86400)) {
-    problem = "--idle-thread-timeout-s must be in [1, 86400]";
+  const int64_t left = service.in_flight();
+  std::fprintf(stderr, "[shardlm] router: %s; stopping\n",
+               left == 0 ? "drained"
+               : second  ? "second signal, cancelling the calls left"
+                         : "drain timeout, cancelling the calls left");
+  return second;
+}
+
+// Serves on the gRPC (and HTTP) port until a stop signal, then drains;
+// the exit code.
+int ServeRouter(const RouterFlags& f, const RouterInputs& in,
+                const TlsConfig& tls, const std::string& api_key,
+                ReplicaSources& sources, ReplicaSet& replicas,
+                RouterService& service, const sigset_t& stop_signals) {
+  // What requests in flight may cost, as on a replica.
+  MemoryBudget budget(f.request_memory_mb > 0
+                          ? f.request_memory_mb << 20
+                          : MemoryBudget::DefaultLimitBytes());
+  std::unique_ptr<grpc::Service> wire = RouterWireService(&service, &budget);
+  int port = 0;
+  std::unique_ptr<grpc::Server> server =
+      StartRouterGrpc(f, tls, wire.get(), &port);
+  if (server == nullptr || port == 0) {
+    return Fail(absl::UnavailableError(
+        absl::StrCat("cannot listen on ", f.listen,
+                     " (malformed address, or the port is in use)")));
   }
-  if (problem.empty() && f.listen.empty()) problem = "--listen is empty";
-  if (problem.empty() && !(f.load_factor >= 1.0)) {
-    problem = "--load-factor must be at least 1";
+
+  std::unique_ptr<HttpServer> http;
+  RouterHttpApi http_api(&replicas, &service,
+                         RouterHttpOptions{.api_key = api_key,
+                                           .metrics_auth = f.metrics_auth,
+                                           .memory_budget = &budget});
+  auto started = StartRouterHttp(f, tls, &budget, &http_api);
+  if (!started.ok()) return Fail(started.status());
+  http = *std::move(started);
+
+  absl::Mutex mu;
+  bool stopping = false;
+  std::thread health(
+      [&] { ReportHealth(*server, replicas, service, mu, stopping); });
+  std::thread source_watcher;
+  if (!f.replicas_file.empty() || in.dns.has_value()) {
+    source_watcher = std::thread([&] {
+      WatchReplicaSources(f, in.dns, in.file_read_at, sources, replicas, mu,
+                          stopping);
+    });
   }
-  if (problem.empty() && f.load_slack < 0) {
-    problem = "--load-slack must not be negative";
+
+  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
+  std::fprintf(stderr,
+               "[shardlm] router (%s, %d replicas, model '%s') on %s:%d\n",
+               f.policy.c_str(), replicas.size(),
+               replicas.model().empty() ? "(none answered yet)"
+                                        : replicas.model().c_str(),
+               host.c_str(), port);
+  if (http != nullptr) {
+    std::fprintf(stderr, "[shardlm] router HTTP on %s:%d\n",
+                 f.http_listen.substr(0, f.http_listen.rfind(':')).c_str(),
+                 http->port());
   }
-  if (problem.empty() && (f.stale_after_ms < 300 || f.stale_after_ms > 60000)) {
-    problem =
-        "--stale-after-ms must be 300..60000 (replicas send state "
-        "every 250 ms)";
+
+  int sig = 0;
+  RouteStopSignalsHere();
+  sigwait(&stop_signals, &sig);
+  const bool second = Drain(f, sig, stop_signals, service);
+  {
+    absl::MutexLock lock(&mu);
+    stopping = true;
   }
-  if (problem.empty() && (f.max_grpc_calls < 1 || f.max_grpc_calls > 65536)) {
-    problem = "--max-grpc-calls must be 1..65536";
+  health.join();
+  if (source_watcher.joinable()) source_watcher.join();
+  if (http != nullptr) http->Shutdown();
+  // A second of grace; then calls in flight are cancelled (and with them
+  // their calls to the replicas).
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  return second ? 1 : 0;
+}
+
+}  // namespace
+
+int RouterCommand(int argc, char** argv) {
+  RouterFlags f;
+  FlagSet flags(
+      "usage: shardlm router (--replica HOST:PORT ... | --replicas-file FILE "
+      "|\n"
+      "    --replicas-dns NAME:PORT) [--listen HOST:PORT] [--http-listen "
+      "HOST:PORT] [flags]\n"
+      "One gRPC endpoint (shardlm.v1.Inference, health, reflection) and one\n"
+      "OpenAI-style HTTP endpoint in front of several replicas serving the\n"
+      "same model: each request goes to the\n"
+      "replica the policy picks; a request that fails before its first token\n"
+      "is retried once elsewhere, one that fails mid-stream is resumed\n"
+      "elsewhere with the same text. See docs/router.md.");
+  RegisterRouterFlags(flags, f);
+  if (absl::Status s = flags.Parse(argc, argv, 2); !s.ok()) {
+    std::fprintf(stderr, "shardlm router: %s\n\n%s",
+                 std::string(s.message()).c_str(), flags.Usage().c_str());
+    return 2;
   }
-  if (!problem.empty()) {
+  if (flags.help()) {
+    std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  RouterInputs in;
+  if (const std::string problem = RouterProblem(f, flags, &in);
+      !problem.empty()) {
     std::fprintf(stderr, "shardlm router: %s\n\n%s", problem.c_str(),
                  flags.Usage().c_str());
     return 2;
@@ -312,38 +573,14 @@ int RouterCommand(int argc, char** argv) {
   }
 
   // The replica list's sources; with DNS, its first answer is waited for.
-  ReplicaSources sources(flag_replicas);
+  ReplicaSources sources(in.flag_replicas);
   std::vector<std::string> file_replicas(
-      f.replicas.begin() + flag_replicas.size(), f.replicas.end());
+      f.replicas.begin() + in.flag_replicas.size(), f.replicas.end());
   sources.Set(ReplicaSources::kFile, file_replicas);
-  if (dns.has_value()) {
-    const absl::Time give_up = absl::Now() + absl::Seconds(f.dns_wait_s);
-    while (true) {
-      absl::StatusOr<std::vector<std::string>> found =
-          DnsReplicaAddresses(*dns, ResolveHost);
-      if (found.ok()) {
-        sources.Set(ReplicaSources::kDns, *found);
-        std::fprintf(stderr,
-                     "[shardlm router] --replicas-dns %s: %zu replicas\n",
-                     f.replicas_dns.c_str(), found->size());
-        break;
-      }
-      if (absl::Now() >= give_up) {
-        return Fail(absl::NotFoundError(absl::StrCat(
-            "--replicas-dns ", f.replicas_dns, ": ", found.status().message(),
-            " (for ", f.dns_wait_s, " s)")));
-      }
-      std::fprintf(stderr, "[shardlm router] --replicas-dns %s: %s; retrying\n",
-                   f.replicas_dns.c_str(),
-                   std::string(found.status().message()).c_str());
-      // A second, or a stop signal (nothing to drain yet: exit at once).
-      const timespec second = {1, 0};
-      if (sigtimedwait(&stop_signals, nullptr, &second) > 0) {
-        std::fprintf(stderr,
-                     "[shardlm] router: stopped while waiting for "
-                     "--replicas-dns\n");
-        return 0;
-      }
+  if (in.dns.has_value()) {
+    if (std::optional<int> code =
+            WaitForDnsReplicas(f, *in.dns, stop_signals, sources)) {
+      return *code;
     }
   }
 
@@ -362,174 +599,14 @@ int RouterCommand(int argc, char** argv) {
   if (!replicas.ok()) return Fail(replicas.status());
 
   RouterServiceOptions service_options;
-  service_options.routing.kind = *kind;
+  service_options.routing.kind = in.kind;
   service_options.routing.load_factor = f.load_factor;
   service_options.routing.load_slack = f.load_slack;
   service_options.api_key = api_key;
   RouterService service(replicas->get(), tokenizer.get(), service_options);
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort(f.listen, GrpcServerCredentials(*tls), &port);
-  // What requests in flight may cost, as on a replica.
-  MemoryBudget budget(f.request_memory_mb > 0
-                          ? f.request_memory_mb << 20
-                          : MemoryBudget::DefaultLimitBytes());
-  std::unique_ptr<grpc::Service> wire = RouterWireService(&service, &budget);
-  builder.RegisterService(wire.get());
-  // As on a replica: a burst of streams costs threads up to this cap, then
-  // RESOURCE_EXHAUSTED; a few more keep health checks answering.
-  grpc::ResourceQuota quota("shardlm-router");
-  quota.SetMaxThreads(static_cast<int>(f.max_grpc_calls) + 8);
-  builder.SetResourceQuota(quota);
-  builder.SetMaxReceiveMessageSize(
-      static_cast<int>(MaxGrpcRequestBytes(ServiceOptions().max_prompt_bytes)));
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || port == 0) {
-    return Fail(absl::UnavailableError(
-        absl::StrCat("cannot listen on ", f.listen,
-                     " (malformed address, or the port is in use)")));
-  }
-
-  std::unique_ptr<HttpServer> http;
-  RouterHttpApi http_api(replicas->get(), &service,
-                         RouterHttpOptions{.api_key = api_key,
-                                           .metrics_auth = f.metrics_auth,
-                                           .memory_budget = &budget});
-  if (!f.http_listen.empty()) {
-    HttpServerOptions http_options;
-    http_options.listen_address = f.http_listen;
-    http_options.tls = *tls;
-    http_options.memory_budget = &budget;
-    http_options.idle_thread_timeout =
-        std::chrono::seconds(f.idle_thread_timeout_s);
-    auto started = StartApiHttp(&http_api, std::move(http_options));
-    if (!started.ok()) return Fail(started.status());
-    http = *std::move(started);
-  }
-
-  // Health: SERVING while a replica is ready, looked at every 100 ms.
-  absl::Mutex mu;
-  bool stopping = false;
-  std::thread health([&] {
-    grpc::HealthCheckServiceInterface* h = server->GetHealthCheckService();
-    absl::MutexLock lock(&mu);
-    while (!stopping) {
-      const bool serving =
-          (*replicas)->ready_count() > 0 && !service.draining();
-      if (h != nullptr) {
-        h->SetServingStatus("", serving);
-        h->SetServingStatus("shardlm.v1.Inference", serving);
-      }
-      mu.AwaitWithTimeout(absl::Condition(&stopping), absl::Milliseconds(100));
-    }
-  });
-
-  // --replicas-file: re-read when its modification time or size changes
-  // (looked at every second); --replicas-dns: resolved again every
-  // --dns-interval-ms. Either change hands the union to the set.
-  std::thread source_watcher;
-  if (!f.replicas_file.empty() || dns.has_value()) {
-    source_watcher = std::thread([&] {
-      FileStamp seen = file_read_at;
-      const absl::Duration dns_every = absl::Milliseconds(f.dns_interval_ms);
-      absl::Time next_dns = absl::Now() + dns_every;
-      std::string last_dns_problem;
-      const absl::Duration tick = std::min(
-          absl::Seconds(1), dns.has_value() ? dns_every : absl::Seconds(1));
-      absl::MutexLock lock(&mu);
-      while (!mu.AwaitWithTimeout(absl::Condition(&stopping), tick)) {
-        bool changed = false;
-        const FileStamp now =
-            f.replicas_file.empty() ? FileStamp() : StampOf(f.replicas_file);
-        if (!f.replicas_file.empty() && now != seen) {
-          seen = now;
-          auto listed = ReadReplicasFile(f.replicas_file);
-          if (!listed.ok()) {
-            std::fprintf(stderr, "[shardlm router] %s; keeping the replicas\n",
-                         std::string(listed.status().message()).c_str());
-          } else {
-            changed |= sources.Set(ReplicaSources::kFile, *std::move(listed));
-          }
-        }
-        if (dns.has_value() && absl::Now() >= next_dns) {
-          next_dns = absl::Now() + dns_every;
-          auto found = DnsReplicaAddresses(*dns, ResolveHost);
-          if (!found.ok()) {
-            // A name that stops resolving (every leader gone, or DNS down)
-            // keeps the replicas it had: their own state says whether
-            // they take requests.
-            const std::string why(found.status().message());
-            if (why != last_dns_problem) {
-              std::fprintf(stderr,
-                           "[shardlm router] --replicas-dns %s: %s; keeping "
-                           "the replicas\n",
-                           f.replicas_dns.c_str(), why.c_str());
-              last_dns_problem = why;
-            }
-          } else {
-            last_dns_problem.clear();
-            changed |= sources.Set(ReplicaSources::kDns, *std::move(found));
-          }
-        }
-        if (!changed) continue;
-        if (absl::Status s = (*replicas)->SetAddresses(sources.All());
-            !s.ok()) {
-          std::fprintf(stderr, "[shardlm router] %s\n",
-                       std::string(s.message()).c_str());
-        }
-      }
-    });
-  }
-
-  const std::string host = f.listen.substr(0, f.listen.rfind(':'));
-  std::fprintf(stderr,
-               "[shardlm] router (%s, %d replicas, model '%s') on %s:%d\n",
-               f.policy.c_str(), (*replicas)->size(),
-               (*replicas)->model().empty() ? "(none answered yet)"
-                                            : (*replicas)->model().c_str(),
-               host.c_str(), port);
-  if (http != nullptr) {
-    std::fprintf(stderr, "[shardlm] router HTTP on %s:%d\n",
-                 f.http_listen.substr(0, f.http_listen.rfind(':')).c_str(),
-                 http->port());
-  }
-
-  int sig = 0;
-  RouteStopSignalsHere();
-  sigwait(&stop_signals, &sig);
-  // Drain: not ready at once, new requests refused, those in flight run
-  // on for up to --drain-timeout-s (a second signal cuts it short).
-  std::fprintf(stderr,
-               "[shardlm] router: %s: draining (up to %lld s; new requests "
-               "are refused; a second signal stops at once)\n",
-               sig == SIGINT ? "SIGINT" : "SIGTERM",
-               static_cast<long long>(f.drain_timeout_s));
-  service.StartDraining();  // The health thread sees it within 100 ms.
-  const absl::Time drain_end = absl::Now() + absl::Seconds(f.drain_timeout_s);
-  bool second = false;
-  while (service.in_flight() > 0 && absl::Now() < drain_end && !second) {
-    const timespec pace = {0, 50'000'000};
-    second = sigtimedwait(&stop_signals, nullptr, &pace) > 0;
-  }
-  const int64_t left = service.in_flight();
-  std::fprintf(stderr, "[shardlm] router: %s; stopping\n",
-               left == 0 ? "drained"
-               : second  ? "second signal, cancelling the calls left"
-                         : "drain timeout, cancelling the calls left");
-  {
-    absl::MutexLock lock(&mu);
-    stopping = true;
-  }
-  health.join();
-  if (source_watcher.joinable()) source_watcher.join();
-  if (http != nullptr) http->Shutdown();
-  // A second of grace; then calls in flight are cancelled (and with them
-  // their calls to the replicas).
-  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
-  return second ? 1 : 0;
+  return ServeRouter(f, in, *tls, api_key, sources, **replicas, service,
+                     stop_signals);
 }
 
 }  // namespace shardlm

@@ -133,10 +133,11 @@ struct Planned {
   double activation_bytes = 0;  // Stage 0's step buffers per rank.
 };
 
-absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
-                                   const ModelConfig& config,
-                                   const DeviceProfile& device, int tp, int pp,
-                                   int replicas) {
+// The layout's degrees, link profiles and bytes per value, checked against
+// the model.
+absl::StatusOr<Layout> LayoutOf(const SimulateFlags& f,
+                                const ModelConfig& config,
+                                const DeviceProfile& device, int tp, int pp) {
   const auto fail = [&](auto&&... parts) {
     return absl::InvalidArgumentError(
         absl::StrCat("tp ", tp, " x pp ", pp, ": ", parts...));
@@ -189,11 +190,22 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   }
   layout.cp_activation_bytes = f.cp_exchange_dtype == "bf16" ? 2 : 4;
   layout.cp_scatter_outputs = f.cp_scatter_outputs;
-  Planned p;
-  p.cost = std::make_unique<RooflineCostModel>(config, device, layout);
+  return layout;
+}
+
+// The KV blocks every rank holds on the device (`*blocks`) and in the host
+// tier (`*host_blocks`); sets p.activation_bytes.
+absl::Status CountKvBlocks(const SimulateFlags& f, const ModelConfig& config,
+                           const DeviceProfile& device, int tp, int pp,
+                           Planned& p, double* blocks, double* host_blocks) {
+  const auto fail = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tp ", tp, " x pp ", pp, ": ", parts...));
+  };
+  const bool cpu = device.name.rfind("cpu", 0) == 0;
   // Every rank holds the same number of blocks: the fewest any stage's
   // memory leaves after its weights.
-  double blocks = std::numeric_limits<double>::infinity();
+  *blocks = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
     const double weights = p.cost->StageWeightBytes(s);
     // A GPU rank reserves its step buffers before sizing KV, as serving
@@ -226,23 +238,30 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
             device.name, device.memory_bytes / 1e9));
       }
     }
-    blocks = std::min(
-        blocks,
+    *blocks = std::min(
+        *blocks,
         std::floor(kv_bytes / (f.block_size * p.cost->KvBytesPerToken(s))));
   }
-  if (blocks < 1) return fail("no room for a single KV block");
-  double host_blocks = 0;
+  if (*blocks < 1) return fail("no room for a single KV block");
+  *host_blocks = 0;
   if (f.cpu_offload_bytes > 0) {
-    host_blocks = std::numeric_limits<double>::infinity();
+    *host_blocks = std::numeric_limits<double>::infinity();
     for (int s = 0; s < pp; ++s) {
-      host_blocks = std::min(
-          host_blocks, std::floor(f.cpu_offload_bytes /
-                                  (f.block_size * p.cost->KvBytesPerToken(s))));
+      *host_blocks =
+          std::min(*host_blocks,
+                   std::floor(f.cpu_offload_bytes /
+                              (f.block_size * p.cost->KvBytesPerToken(s))));
     }
   }
+  return absl::OkStatus();
+}
+
+// The simulation's options: the flags, and the blocks a rank holds.
+void FillSimOptions(const SimulateFlags& f, const ModelConfig& config, int pp,
+                    int replicas, double blocks, double host_blocks,
+                    SimOptions& o) {
   // The planner counts blocks in 32 bits.
   constexpr double kMaxBlocks = 1 << 30;
-  SimOptions& o = p.options;
   o.replicas = replicas;
   o.max_steps_in_flight =
       f.max_steps_in_flight > 0 ? static_cast<int>(f.max_steps_in_flight) : pp;
@@ -273,6 +292,19 @@ absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
   o.spec_acceptance = f.speculative_acceptance;
   o.spec_tokens = static_cast<int>(f.num_speculative_tokens);
   o.spec_adaptive = f.speculative_adaptive;
+}
+
+absl::StatusOr<Planned> PlanLayout(const SimulateFlags& f,
+                                   const ModelConfig& config,
+                                   const DeviceProfile& device, int tp, int pp,
+                                   int replicas) {
+  ASSIGN_OR_RETURN(const Layout layout, LayoutOf(f, config, device, tp, pp));
+  Planned p;
+  p.cost = std::make_unique<RooflineCostModel>(config, device, layout);
+  double blocks = 0, host_blocks = 0;
+  RETURN_IF_ERROR(
+      CountKvBlocks(f, config, device, tp, pp, p, &blocks, &host_blocks));
+  FillSimOptions(f, config, pp, replicas, blocks, host_blocks, p.options);
   return p;
 }
 
@@ -320,7 +352,8 @@ bool MeetsSlo(const SimReport& r, double attainment) {
   return r.slo_attainment >= attainment;
 }
 
-void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
+// The model, the layout and the device.
+void RegisterLayoutFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("model-config", &f.model_config, "model preset or config");
   flags.Add("tp", &f.tp, "tensor-parallel degree");
   flags.Add("pp", &f.pp, "pipeline-parallel degree");
@@ -344,6 +377,10 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("replicas", &f.replicas, "engine replicas behind the router");
   flags.Add("gpu", &f.gpu,
             "device profile: " + absl::StrJoin(DeviceProfileNames(), ", "));
+}
+
+// Measured rates that replace the device profile's.
+void RegisterCalibrationFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("memory-bandwidth", &f.memory_bandwidth,
             "achieved bytes/s, replacing the profile's (calibration)");
   flags.Add("peak-flops", &f.peak_flops,
@@ -365,6 +402,10 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
             "parameters/s the CPU dequantizes into tiles (calibration)");
   flags.Add("step-overhead", &f.step_overhead,
             "host seconds per step, replacing the profile's (calibration)");
+}
+
+// The requests: a trace, or drawn arrivals and lengths.
+void RegisterWorkloadFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("trace", &f.trace, "CSV trace of requests");
   flags.Add("poisson", &f.poisson, "Poisson arrivals per second");
   flags.Add("concurrency", &f.concurrency,
@@ -378,6 +419,10 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("duration", &f.duration, "seconds of Poisson arrivals");
   flags.Add("prompt-len", &f.prompt_len, "prompt length distribution");
   flags.Add("output-len", &f.output_len, "output length distribution");
+}
+
+// Each replica's memory, scheduler limits, dtypes and links.
+void RegisterReplicaFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("kv-cache-bytes", &f.kv_cache_bytes,
             "KV cache per rank (0: what --memory-utilization leaves after "
             "the weights and, on GPUs, the step buffers)");
@@ -402,6 +447,10 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("pp-link", &f.pp_link,
             "default: the TP link within a node, ib-400g across nodes");
   flags.Add("host-link", &f.host_link, "device <-> host tier link");
+}
+
+// Routing, prefixes, SLOs, the sweep, speculation and the output.
+void RegisterRunFlags(FlagSet& flags, SimulateFlags& f) {
   flags.Add("router", &f.router,
             "least-kv (the simulator's own: most free KV blocks), or the "
             "router's policies kv, least-load, round-robin "
@@ -433,6 +482,14 @@ void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
             "speculative decoding: the planner's policy chooses how many to "
             "verify from the simulated step times (as the server's flag)");
   flags.Add("json", &f.json, "also write the report(s) here as JSON");
+}
+
+void RegisterSimulateFlags(FlagSet& flags, SimulateFlags& f) {
+  RegisterLayoutFlags(flags, f);
+  RegisterCalibrationFlags(flags, f);
+  RegisterWorkloadFlags(flags, f);
+  RegisterReplicaFlags(flags, f);
+  RegisterRunFlags(flags, f);
 }
 
 // Empty when the flags make sense together, else the problem.
@@ -552,13 +609,113 @@ absl::StatusOr<std::vector<SimRequest>> MakeTrace(const SimulateFlags& f) {
   return trace;
 }
 
+struct SweepRow {
+  int tp, pp, replicas;
+  SimReport report;
+};
+
+// The fewest replicas (up to `most`) at which tp x pp meets the SLOs:
+// double, then bisect. None, with `*why_not`, if no count does.
+std::optional<SweepRow> FewestReplicas(const SimulateFlags& f,
+                                       const ModelConfig& config,
+                                       const DeviceProfile& device,
+                                       const std::vector<SimRequest>& trace,
+                                       int tp, int pp, int most,
+                                       std::string* why_not) {
+  std::optional<SweepRow> best;
+  std::string why;
+  const auto run = [&](int replicas) -> std::optional<SimReport> {
+    absl::StatusOr<Planned> p = PlanLayout(f, config, device, tp, pp, replicas);
+    if (!p.ok()) {
+      why = std::string(p.status().message());
+      return std::nullopt;
+    }
+    absl::StatusOr<SimReport> r =
+        Simulate(*p->cost, p->options, config.vocab_size, trace);
+    if (!r.ok()) {
+      why = std::string(r.status().message());
+      return std::nullopt;
+    }
+    return *std::move(r);
+  };
+  int lo = 0, hi = 1;
+  std::optional<SimReport> r;
+  for (; hi <= most; hi *= 2) {
+    r = run(hi);
+    if (!r.has_value()) break;
+    if (MeetsSlo(*r, f.slo_attainment)) {
+      best = SweepRow{tp, pp, hi, *r};
+      break;
+    }
+    lo = hi;
+  }
+  if (!best.has_value() && r.has_value() && hi > most && lo < most) {
+    hi = most;  // The last try: all that --max-gpus allows.
+    r = run(hi);
+    if (r.has_value() && MeetsSlo(*r, f.slo_attainment)) {
+      best = SweepRow{tp, pp, hi, *r};
+    }
+  }
+  if (!best.has_value()) {
+    *why_not = why.empty() ? absl::StrFormat(
+                                 "tp %d x pp %d: SLOs not met within %d "
+                                 "devices",
+                                 tp, pp, most * tp * pp)
+                           : why;
+    return std::nullopt;
+  }
+  while (hi - lo > 1) {
+    const int mid = lo + (hi - lo) / 2;
+    std::optional<SimReport> m = run(mid);
+    if (m.has_value() && MeetsSlo(*m, f.slo_attainment)) {
+      hi = mid;
+      best = SweepRow{tp, pp, mid, *m};
+    } else {
+      lo = mid;
+    }
+  }
+  return best;
+}
+
+// The sweep's table, fewest devices first, and the layouts that met no
+// SLO; returns the table's JSON.
+std::string PrintSweep(const SimulateFlags& f, std::vector<SweepRow>& met,
+                       const std::vector<std::string>& skipped) {
+  std::sort(met.begin(), met.end(), [](const SweepRow& a, const SweepRow& b) {
+    const int ga = a.tp * a.pp * a.replicas, gb = b.tp * b.pp * b.replicas;
+    if (ga != gb) return ga < gb;
+    return a.report.ttft.p90 < b.report.ttft.p90;
+  });
+  std::printf(
+      "\nlayouts meeting the SLOs (%.0f%% of requests with TTFT <= %g s, "
+      "TPOT <= %g s), fewest devices first:\n"
+      "  devices   tp   pp replicas  attain  TTFT p90  TPOT p90  "
+      "out tok/s\n",
+      100 * f.slo_attainment, f.slo_ttft, f.slo_tpot);
+  std::string json = "[";
+  for (const SweepRow& row : met) {
+    std::printf("  %7d %4d %4d %8d  %5.1f%% %8.1fms %8.1fms %10.0f\n",
+                row.tp * row.pp * row.replicas, row.tp, row.pp, row.replicas,
+                100 * row.report.slo_attainment, 1e3 * row.report.ttft.p90,
+                1e3 * row.report.tpot.p90, row.report.output_token_rate());
+    absl::StrAppendFormat(
+        &json, "%s{\"tp\": %d, \"pp\": %d, \"replicas\": %d, \"report\": %s}",
+        json.size() > 1 ? ", " : "", row.tp, row.pp, row.replicas,
+        ReportJson(row.report));
+  }
+  json += "]";
+  for (const std::string& s : skipped)
+    std::printf("  not met: %s\n", s.c_str());
+  if (met.empty()) std::printf("  none\n");
+  return json;
+}
+
 // --sweep: every TP x PP layout at the fewest replicas that meet the SLOs;
 // prints the table and returns its JSON.
 absl::StatusOr<std::string> Sweep(const SimulateFlags& f,
                                   const ModelConfig& config,
                                   const DeviceProfile& device,
                                   const std::vector<SimRequest>& trace) {
-  std::string json;
   absl::StatusOr<std::vector<int>> tps = ParseList("tp", f.sweep);
   absl::StatusOr<std::vector<int>> pps = ParseList("pp", f.sweep);
   if (!tps.ok()) return tps.status();
@@ -574,101 +731,23 @@ absl::StatusOr<std::string> Sweep(const SimulateFlags& f,
         "--sweep counts devices as tp x pp x replicas: run --cp without "
         "--sweep");
   }
-  struct Row {
-    int tp, pp, replicas;
-    SimReport report;
-  };
-  std::vector<Row> met;
+  std::vector<SweepRow> met;
   std::vector<std::string> skipped;
   for (int tp : *tps) {
     for (int pp : *pps) {
       const int most = static_cast<int>(f.max_gpus / (tp * pp));
       if (most < 1) continue;
-      // The fewest replicas that meet the SLOs: double, then bisect.
-      std::optional<Row> best;
-      std::string why;
-      const auto run = [&](int replicas) -> std::optional<SimReport> {
-        absl::StatusOr<Planned> p =
-            PlanLayout(f, config, device, tp, pp, replicas);
-        if (!p.ok()) {
-          why = std::string(p.status().message());
-          return std::nullopt;
-        }
-        absl::StatusOr<SimReport> r =
-            Simulate(*p->cost, p->options, config.vocab_size, trace);
-        if (!r.ok()) {
-          why = std::string(r.status().message());
-          return std::nullopt;
-        }
-        return *std::move(r);
-      };
-      int lo = 0, hi = 1;
-      std::optional<SimReport> r;
-      for (; hi <= most; hi *= 2) {
-        r = run(hi);
-        if (!r.has_value()) break;
-        if (MeetsSlo(*r, f.slo_attainment)) {
-          best = Row{tp, pp, hi, *r};
-          break;
-        }
-        lo = hi;
-      }
-      if (!best.has_value() && r.has_value() && hi > most && lo < most) {
-        hi = most;  // The last try: all that --max-gpus allows.
-        r = run(hi);
-        if (r.has_value() && MeetsSlo(*r, f.slo_attainment)) {
-          best = Row{tp, pp, hi, *r};
-        }
-      }
+      std::string why_not;
+      std::optional<SweepRow> best =
+          FewestReplicas(f, config, device, trace, tp, pp, most, &why_not);
       if (!best.has_value()) {
-        skipped.push_back(
-            why.empty()
-                ? absl::StrFormat("tp %d x pp %d: SLOs not met within %d "
-                                  "devices",
-                                  tp, pp, most * tp * pp)
-                : why);
+        skipped.push_back(why_not);
         continue;
-      }
-      while (hi - lo > 1) {
-        const int mid = lo + (hi - lo) / 2;
-        std::optional<SimReport> m = run(mid);
-        if (m.has_value() && MeetsSlo(*m, f.slo_attainment)) {
-          hi = mid;
-          best = Row{tp, pp, mid, *m};
-        } else {
-          lo = mid;
-        }
       }
       met.push_back(*std::move(best));
     }
   }
-  std::sort(met.begin(), met.end(), [](const Row& a, const Row& b) {
-    const int ga = a.tp * a.pp * a.replicas, gb = b.tp * b.pp * b.replicas;
-    if (ga != gb) return ga < gb;
-    return a.report.ttft.p90 < b.report.ttft.p90;
-  });
-  std::printf(
-      "\nlayouts meeting the SLOs (%.0f%% of requests with TTFT <= %g s, "
-      "TPOT <= %g s), fewest devices first:\n"
-      "  devices   tp   pp replicas  attain  TTFT p90  TPOT p90  "
-      "out tok/s\n",
-      100 * f.slo_attainment, f.slo_ttft, f.slo_tpot);
-  json = "[";
-  for (const Row& row : met) {
-    std::printf("  %7d %4d %4d %8d  %5.1f%% %8.1fms %8.1fms %10.0f\n",
-                row.tp * row.pp * row.replicas, row.tp, row.pp, row.replicas,
-                100 * row.report.slo_attainment, 1e3 * row.report.ttft.p90,
-                1e3 * row.report.tpot.p90, row.report.output_token_rate());
-    absl::StrAppendFormat(
-        &json, "%s{\"tp\": %d, \"pp\": %d, \"replicas\": %d, \"report\": %s}",
-        json.size() > 1 ? ", " : "", row.tp, row.pp, row.replicas,
-        ReportJson(row.report));
-  }
-  json += "]";
-  for (const std::string& s : skipped)
-    std::printf("  not met: %s\n", s.c_str());
-  if (met.empty()) std::printf("  none\n");
-  return json;
+  return PrintSweep(f, met, skipped);
 }
 
 }  // namespace

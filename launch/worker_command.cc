@@ -21,6 +21,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -315,6 +316,81 @@ absl::StatusOr<std::unique_ptr<HttpServer>> StartProbes(
       });
 }
 
+// A new formation's shard: on the GPU (its NCCL ids meet in `store`), or
+// on the CPU over Gloo. Exits 1 when the GPU host cannot be made.
+std::unique_ptr<ShardHost> NewShardHost(const WorkerFlags& f, int rank,
+                                        const std::string& token,
+                                        const WorkerDevice& device,
+                                        const CudaWeights& cuda_weights,
+                                        const WeightSource* source,
+                                        ControlPlaneStore& store) {
+  if (device.on_gpu()) {
+    absl::StatusOr<std::unique_ptr<ShardHost>> gpu =
+        NewCudaShardHost(source, {.device = device.choice.ordinal,
+                                  .rank = rank,
+                                  .store = &store,
+                                  .timeout = absl::Seconds(f.join_timeout_s),
+                                  .cuda_weights = cuda_weights});
+    if (!gpu.ok()) {
+      std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
+                   std::string(gpu.status().message()).c_str());
+      Exit(1);
+    }
+    return *std::move(gpu);
+  }
+  return std::make_unique<CommShardHost>(source, GlooConnector(f, rank, token));
+}
+
+// What the worker registers with and how its agent behaves.
+WorkerAgentOptions AgentOptions(const WorkerFlags& f, int rank,
+                                const std::string& token,
+                                const WorkerDevice& device,
+                                uint64_t model_bytes, const std::string& digest,
+                                const absl::Notification* stop) {
+  return {.coordinator = f.coordinator,
+          .rank = rank,
+          .model_path = f.model,
+          .model_bytes = model_bytes,
+          .model_digest = digest,
+          .cluster_token = token,
+          .device = device.on_gpu() ? "cuda" : "cpu",
+          .gpu_uuid = device.gpu_uuid,
+          .gpu_ordinal = device.choice.ordinal,
+          .connect_timeout = absl::Seconds(f.join_timeout_s),
+          .on_abandon =
+              [](const std::string& why) {
+                std::fprintf(stderr, "shardlm worker (%s)\n", why.c_str());
+                Exit(1);
+              },
+          .stop = stop,
+          .tls = f.control_tls.loaded};
+}
+
+// Serves formation after formation, each on a new shard host, until the
+// agent ends otherwise than for a re-formation (or a stop signal came);
+// the agent's last status.
+absl::Status ServeFormations(
+    const std::function<std::unique_ptr<ShardHost>()>& new_host,
+    const WorkerAgentOptions& agent, CurrentHost& current,
+    const absl::Notification& stop) {
+  absl::Status s;
+  while (true) {
+    ShardHost* host = nullptr;
+    {
+      absl::MutexLock lock(&current.mu);
+      current.host.reset();  // The last formation's shard and data plane.
+      current.host = new_host();
+      host = current.host.get();
+    }
+    s = RunWorkerAgent(agent, *host);
+    if (!absl::IsAborted(s) || stop.HasBeenNotified()) break;
+    // The cluster re-forms (coordinator --rejoin): register again.
+    std::fprintf(stderr, "[shardlm] worker rank %d: %s; rejoining\n",
+                 agent.rank, std::string(s.message()).c_str());
+  }
+  return s;
+}
+
 }  // namespace
 
 int WorkerCommand(int argc, char** argv) {
@@ -400,55 +476,13 @@ int WorkerCommand(int argc, char** argv) {
   absl::Notification stop;  // See NotifyWorkerStopOnSignal.
   NotifyWorkerStopOnSignal(stop_signals, absl::Seconds(f.drain_timeout_s),
                            &stop);
-  absl::Status s;
-  while (true) {
-    ShardHost* host = nullptr;
-    {
-      absl::MutexLock lock(&current.mu);
-      current.host.reset();  // The last formation's shard and data plane.
-      if (on_gpu) {
-        absl::StatusOr<std::unique_ptr<ShardHost>> gpu = NewCudaShardHost(
-            source->get(), {.device = device->choice.ordinal,
-                            .rank = rank,
-                            .store = &store,
-                            .timeout = absl::Seconds(f.join_timeout_s),
-                            .cuda_weights = *cuda_weights});
-        if (!gpu.ok()) {
-          std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
-                       std::string(gpu.status().message()).c_str());
-          Exit(1);
-        }
-        current.host = *std::move(gpu);
-      } else {
-        current.host = std::make_unique<CommShardHost>(
-            source->get(), GlooConnector(f, rank, token));
-      }
-      host = current.host.get();
-    }
-    s = RunWorkerAgent({.coordinator = f.coordinator,
-                        .rank = rank,
-                        .model_path = f.model,
-                        .model_bytes = model_bytes,
-                        .model_digest = *digest,
-                        .cluster_token = token,
-                        .device = on_gpu ? "cuda" : "cpu",
-                        .gpu_uuid = device->gpu_uuid,
-                        .gpu_ordinal = device->choice.ordinal,
-                        .connect_timeout = absl::Seconds(f.join_timeout_s),
-                        .on_abandon =
-                            [](const std::string& why) {
-                              std::fprintf(stderr, "shardlm worker (%s)\n",
-                                           why.c_str());
-                              Exit(1);
-                            },
-                        .stop = &stop,
-                        .tls = f.control_tls.loaded},
-                       *host);
-    if (!absl::IsAborted(s) || stop.HasBeenNotified()) break;
-    // The cluster re-forms (coordinator --rejoin): register again.
-    std::fprintf(stderr, "[shardlm] worker rank %d: %s; rejoining\n", rank,
-                 std::string(s.message()).c_str());
-  }
+  const absl::Status s = ServeFormations(
+      [&] {
+        return NewShardHost(f, rank, token, *device, *cuda_weights,
+                            source->get(), store);
+      },
+      AgentOptions(f, rank, token, *device, model_bytes, *digest, &stop),
+      current, stop);
   if (s.ok() || absl::IsCancelled(s)) Exit(0);
   std::fprintf(stderr, "shardlm worker (rank %d): %s\n", rank,
                std::string(s.message()).c_str());
