@@ -303,35 +303,10 @@ int64_t FirstAttentionLayer(const ModelConfig& c) {
   return 0;
 }
 
-}  // namespace
-
-absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
-  ModelConfig c;
-  ASSIGN_OR_RETURN(std::string_view arch, g.GetString("general.architecture"));
-  c.architecture = std::string(arch);
-  if (c.architecture == "gemma3_text") {  // transformers' name, not GGUF's.
-    return absl::InvalidArgumentError(
-        absl::StrCat(g.name(),
-                     ": general.architecture 'gemma3_text' is not a "
-                     "GGUF architecture (gemma3 is)"));
-  }
-  if (g.Find("general.name") != nullptr) {
-    ASSIGN_OR_RETURN(std::string_view name, g.GetString("general.name"));
-    c.name = std::string(name);
-  }
-  const std::string p = c.architecture + ".";
-  ASSIGN_OR_RETURN(c.n_layers, g.GetInt(p + "block_count"));
-  ASSIGN_OR_RETURN(c.hidden, g.GetInt(p + "embedding_length"));
-  ASSIGN_OR_RETURN(c.ffn_hidden, g.GetInt(p + "feed_forward_length"));
-  ASSIGN_OR_RETURN(c.n_heads, g.GetInt(p + "attention.head_count"));
-  ASSIGN_OR_RETURN(c.n_kv_heads,
-                   IntOr(g, p + "attention.head_count_kv", c.n_heads));
-  ASSIGN_OR_RETURN(c.context_length, IntOr(g, p + "context_length", 2048));
-  ASSIGN_OR_RETURN(double theta, FloatOr(g, p + "rope.freq_base", 10000.0));
-  ASSIGN_OR_RETURN(double eps,
-                   FloatOr(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
-  c.rope_theta = static_cast<float>(theta);
-  c.rms_norm_eps = static_cast<float>(eps);
+// The heads' widths: key_length (else hidden / head_count) and
+// value_length, which must match but for DeepSeek's latent attention.
+absl::Status ReadHeadDims(const GgufFile& g, const std::string& p,
+                          ModelConfig& c) {
   if (c.n_heads <= 0 || (g.Find(p + "attention.key_length") == nullptr &&
                          c.hidden % c.n_heads != 0)) {
     return absl::InvalidArgumentError(
@@ -361,8 +336,12 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
         absl::StrCat(g.name(), ": attention.value_length ", value_dim,
                      " differs from key_length ", c.head_dim));
   }
-  ASSIGN_OR_RETURN(c.sliding_window,
-                   IntOr(g, p + "attention.sliding_window", 0));
+  return absl::OkStatus();
+}
+
+// rope.dimension_count: all of the head (the default), or a part of it.
+absl::Status ReadRopeDims(const GgufFile& g, const std::string& p,
+                          ModelConfig& c) {
   ASSIGN_OR_RETURN(int64_t rope_dims,
                    IntOr(g, p + "rope.dimension_count", c.head_dim));
   if (rope_dims != c.head_dim) {
@@ -374,8 +353,13 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
     }
     c.rope_dims = rope_dims;
   }
-  // Multi-token-prediction layers (GLM-4.5's nextn) are the file's last
-  // blocks; a forward pass runs the others (as llama.cpp does).
+  return absl::OkStatus();
+}
+
+// Multi-token-prediction layers (GLM-4.5's nextn) are the file's last
+// blocks; a forward pass runs the others (as llama.cpp does).
+absl::Status ReadNextnLayers(const GgufFile& g, const std::string& p,
+                             ModelConfig& c) {
   ASSIGN_OR_RETURN(const int64_t nextn,
                    IntOr(g, p + "nextn_predict_layers", 0));
   if (nextn < 0 || nextn >= c.n_layers) {
@@ -385,6 +369,154 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
   }
   c.n_layers -= nextn;
   c.n_nextn_layers = nextn;
+  return absl::OkStatus();
+}
+
+// Mixtures of experts: qwen3moe, and llama with expert_count (Mixtral).
+absl::Status ReadExperts(const GgufFile& g, const std::string& p,
+                         ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.n_experts, IntOr(g, p + "expert_count", 0));
+  if (c.n_experts <= 0) return absl::OkStatus();
+  ASSIGN_OR_RETURN(c.n_experts_used, g.GetInt(p + "expert_used_count"));
+  ASSIGN_OR_RETURN(c.expert_ffn_hidden,
+                   IntOr(g, p + "expert_feed_forward_length", c.ffn_hidden));
+  ASSIGN_OR_RETURN(c.n_shared_experts, IntOr(g, p + "expert_shared_count", 0));
+  ASSIGN_OR_RETURN(c.n_dense_layers,
+                   IntOr(g, p + "leading_dense_block_count", 0));
+  // llama.cpp's LLAMA_EXPERT_GATING_FUNC: 1 softmax, 2 sigmoid (absent:
+  // softmax, except for the families that only ever route by sigmoid).
+  ASSIGN_OR_RETURN(
+      const int64_t gating,
+      IntOr(g, p + "expert_gating_func", c.architecture == "glm4moe" ? 2 : 1));
+  // 3, llama.cpp's softmax over the chosen logits (gpt-oss's), is the
+  // renormalized softmax (set below).
+  if (gating != 1 && gating != 2 && gating != 3) {
+    return absl::UnimplementedError(absl::StrCat(
+        g.name(), ": ", p, "expert_gating_func ", gating,
+        " is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen "
+        "are)"));
+  }
+  c.expert_gating =
+      gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
+  ASSIGN_OR_RETURN(const double scale,
+                   FloatOr(g, p + "expert_weights_scale", 1.0));
+  c.expert_weights_scale = static_cast<float>(scale);
+  ASSIGN_OR_RETURN(c.expert_groups, IntOr(g, p + "expert_group_count", 1));
+  ASSIGN_OR_RETURN(c.expert_groups_used,
+                   IntOr(g, p + "expert_group_used_count", 1));
+  if (c.expert_groups == 0) c.expert_groups = c.expert_groups_used = 1;
+  c.expert_score_bias =
+      FindTensor(g, absl::StrCat("blk.", c.n_dense_layers,
+                                 ".exp_probs_b.bias")) != nullptr;
+  // qwen3moe and llama (Mixtral) renormalize the top-k weights unless the
+  // file says otherwise (llama.cpp's norm_w); glm4moe only when it says
+  // so (llama.cpp's default for it is off).
+  c.expert_weights_norm =
+      c.architecture != "glm4moe" && c.architecture != "deepseek2";
+  if (g.Find(p + "expert_weights_norm") != nullptr) {
+    ASSIGN_OR_RETURN(c.expert_weights_norm,
+                     g.GetBool(p + "expert_weights_norm"));
+  }
+  if (gating == 3) c.expert_weights_norm = true;
+  // Qwen3.5-MoE: one shared expert of its own width (no
+  // expert_shared_count key), gated per token when the file has the
+  // gate's vector.
+  const std::string first_moe = absl::StrCat("blk.", c.n_dense_layers, ".");
+  if (c.n_shared_experts == 0 &&
+      FindTensor(g, first_moe + "ffn_gate_shexp.weight") != nullptr) {
+    c.n_shared_experts = 1;
+  }
+  ASSIGN_OR_RETURN(c.shared_expert_ffn,
+                   IntOr(g, p + "expert_shared_feed_forward_length", 0));
+  c.shared_expert_gate =
+      FindTensor(g, first_moe + "ffn_gate_inp_shexp.weight") != nullptr;
+  return absl::OkStatus();
+}
+
+// tokenizer.ggml.bos_token_id and eos_token_id: -1 (none) when absent.
+absl::Status ReadTokenIds(const GgufFile& g, ModelConfig& c) {
+  ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
+  ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
+  for (auto [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
+    if (id < -1 || id >= c.vocab_size) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(g.name(), ": tokenizer.ggml.", key, "_token_id ", id,
+                       " is outside the vocabulary of ", c.vocab_size));
+    }
+  }
+  c.bos_id = static_cast<int32_t>(bos);
+  c.eos_id = static_cast<int32_t>(eos);
+  return absl::OkStatus();
+}
+
+// llama.cpp's converter permutes Llama's Q/K rows so that RoPE pairs
+// adjacent dimensions; Qwen2's and Qwen3's it leaves alone (llama.cpp's
+// "NeoX" RoPE).
+RopeStyle GgufRopeStyle(std::string_view arch) {
+  return arch == "qwen2" || arch == "qwen3" || arch == "qwen3moe" ||
+                 arch == "glm4moe" || arch == "gemma2" || arch == "gemma3" ||
+                 arch == "gpt-oss" || arch == "qwen35" || arch == "qwen35moe" ||
+                 arch == "qwen3next"
+             ? RopeStyle::kRotateHalf
+             : RopeStyle::kAdjacentPairs;
+}
+
+// DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
+// is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and
+// the softmax scale is times mscale(factor, mscale_all_dim)^2 (HF's
+// DeepseekV3 with mscale = mscale_all_dim, as every DeepSeek config
+// has); without, cos and sin times mscale(factor) and the softmax
+// scale its square.
+absl::Status ReadMlaYarn(const GgufFile& g, const std::string& p,
+                         ModelConfig& c) {
+  ASSIGN_OR_RETURN(const double multiplier,
+                   FloatOr(g, p + "rope.scaling.yarn_log_multiplier", 0.0));
+  const double f = c.rope_scaling.factor;
+  const auto mscale = [f](double m) {
+    return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0;
+  };
+  const double all_dim = multiplier / static_cast<double>(0.1f);
+  const double cos_sin = all_dim != 0 ? 1.0 : mscale(1.0);
+  c.rope_scaling.attention_factor = cos_sin;
+  const double m = cos_sin * mscale(all_dim);
+  c.attn_scale_factor = static_cast<float>(m * m);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
+  ModelConfig c;
+  ASSIGN_OR_RETURN(std::string_view arch, g.GetString("general.architecture"));
+  c.architecture = std::string(arch);
+  if (c.architecture == "gemma3_text") {  // transformers' name, not GGUF's.
+    return absl::InvalidArgumentError(
+        absl::StrCat(g.name(),
+                     ": general.architecture 'gemma3_text' is not a "
+                     "GGUF architecture (gemma3 is)"));
+  }
+  if (g.Find("general.name") != nullptr) {
+    ASSIGN_OR_RETURN(std::string_view name, g.GetString("general.name"));
+    c.name = std::string(name);
+  }
+  const std::string p = c.architecture + ".";
+  ASSIGN_OR_RETURN(c.n_layers, g.GetInt(p + "block_count"));
+  ASSIGN_OR_RETURN(c.hidden, g.GetInt(p + "embedding_length"));
+  ASSIGN_OR_RETURN(c.ffn_hidden, g.GetInt(p + "feed_forward_length"));
+  ASSIGN_OR_RETURN(c.n_heads, g.GetInt(p + "attention.head_count"));
+  ASSIGN_OR_RETURN(c.n_kv_heads,
+                   IntOr(g, p + "attention.head_count_kv", c.n_heads));
+  ASSIGN_OR_RETURN(c.context_length, IntOr(g, p + "context_length", 2048));
+  ASSIGN_OR_RETURN(double theta, FloatOr(g, p + "rope.freq_base", 10000.0));
+  ASSIGN_OR_RETURN(double eps,
+                   FloatOr(g, p + "attention.layer_norm_rms_epsilon", 1e-5));
+  c.rope_theta = static_cast<float>(theta);
+  c.rms_norm_eps = static_cast<float>(eps);
+  RETURN_IF_ERROR(ReadHeadDims(g, p, c));
+  ASSIGN_OR_RETURN(c.sliding_window,
+                   IntOr(g, p + "attention.sliding_window", 0));
+  RETURN_IF_ERROR(ReadRopeDims(g, p, c));
+  RETURN_IF_ERROR(ReadNextnLayers(g, p, c));
 
   // The vocabulary size: explicit key, else the embedding's row count.
   int64_t vocab = 0;
@@ -405,109 +537,16 @@ absl::StatusOr<ModelConfig> ModelConfigFromGguf(const GgufFile& g) {
       absl::StrCat("blk.", FirstAttentionLayer(c), ".attn_q");
   c.attention_bias = FindTensor(g, attention + ".bias") != nullptr;
   c.qk_norm = FindTensor(g, attention + "_norm.weight") != nullptr;
-  // Mixtures of experts: qwen3moe, and llama with expert_count (Mixtral).
-  ASSIGN_OR_RETURN(c.n_experts, IntOr(g, p + "expert_count", 0));
-  if (c.n_experts > 0) {
-    ASSIGN_OR_RETURN(c.n_experts_used, g.GetInt(p + "expert_used_count"));
-    ASSIGN_OR_RETURN(c.expert_ffn_hidden,
-                     IntOr(g, p + "expert_feed_forward_length", c.ffn_hidden));
-    ASSIGN_OR_RETURN(c.n_shared_experts,
-                     IntOr(g, p + "expert_shared_count", 0));
-    ASSIGN_OR_RETURN(c.n_dense_layers,
-                     IntOr(g, p + "leading_dense_block_count", 0));
-    // llama.cpp's LLAMA_EXPERT_GATING_FUNC: 1 softmax, 2 sigmoid (absent:
-    // softmax, except for the families that only ever route by sigmoid).
-    ASSIGN_OR_RETURN(const int64_t gating,
-                     IntOr(g, p + "expert_gating_func",
-                           c.architecture == "glm4moe" ? 2 : 1));
-    // 3, llama.cpp's softmax over the chosen logits (gpt-oss's), is the
-    // renormalized softmax (set below).
-    if (gating != 1 && gating != 2 && gating != 3) {
-      return absl::UnimplementedError(absl::StrCat(
-          g.name(), ": ", p, "expert_gating_func ", gating,
-          " is not supported (1 softmax, 2 sigmoid, 3 softmax of the chosen "
-          "are)"));
-    }
-    c.expert_gating =
-        gating == 2 ? ExpertGating::kSigmoid : ExpertGating::kSoftmax;
-    ASSIGN_OR_RETURN(const double scale,
-                     FloatOr(g, p + "expert_weights_scale", 1.0));
-    c.expert_weights_scale = static_cast<float>(scale);
-    ASSIGN_OR_RETURN(c.expert_groups, IntOr(g, p + "expert_group_count", 1));
-    ASSIGN_OR_RETURN(c.expert_groups_used,
-                     IntOr(g, p + "expert_group_used_count", 1));
-    if (c.expert_groups == 0) c.expert_groups = c.expert_groups_used = 1;
-    c.expert_score_bias =
-        FindTensor(g, absl::StrCat("blk.", c.n_dense_layers,
-                                   ".exp_probs_b.bias")) != nullptr;
-    // qwen3moe and llama (Mixtral) renormalize the top-k weights unless the
-    // file says otherwise (llama.cpp's norm_w); glm4moe only when it says
-    // so (llama.cpp's default for it is off).
-    c.expert_weights_norm =
-        c.architecture != "glm4moe" && c.architecture != "deepseek2";
-    if (g.Find(p + "expert_weights_norm") != nullptr) {
-      ASSIGN_OR_RETURN(c.expert_weights_norm,
-                       g.GetBool(p + "expert_weights_norm"));
-    }
-    if (gating == 3) c.expert_weights_norm = true;
-    // Qwen3.5-MoE: one shared expert of its own width (no
-    // expert_shared_count key), gated per token when the file has the
-    // gate's vector.
-    const std::string first_moe = absl::StrCat("blk.", c.n_dense_layers, ".");
-    if (c.n_shared_experts == 0 &&
-        FindTensor(g, first_moe + "ffn_gate_shexp.weight") != nullptr) {
-      c.n_shared_experts = 1;
-    }
-    ASSIGN_OR_RETURN(c.shared_expert_ffn,
-                     IntOr(g, p + "expert_shared_feed_forward_length", 0));
-    c.shared_expert_gate =
-        FindTensor(g, first_moe + "ffn_gate_inp_shexp.weight") != nullptr;
-  }
-  ASSIGN_OR_RETURN(int64_t bos, IntOr(g, "tokenizer.ggml.bos_token_id", -1));
-  ASSIGN_OR_RETURN(int64_t eos, IntOr(g, "tokenizer.ggml.eos_token_id", -1));
-  for (auto [key, id] : {std::pair{"bos", bos}, std::pair{"eos", eos}}) {
-    if (id < -1 || id >= c.vocab_size) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(g.name(), ": tokenizer.ggml.", key, "_token_id ", id,
-                       " is outside the vocabulary of ", c.vocab_size));
-    }
-  }
-  c.bos_id = static_cast<int32_t>(bos);
-  c.eos_id = static_cast<int32_t>(eos);
-  // llama.cpp's converter permutes Llama's Q/K rows so that RoPE pairs
-  // adjacent dimensions; Qwen2's and Qwen3's it leaves alone (llama.cpp's
-  // "NeoX" RoPE).
-  c.rope_style =
-      c.architecture == "qwen2" || c.architecture == "qwen3" ||
-              c.architecture == "qwen3moe" || c.architecture == "glm4moe" ||
-              c.architecture == "gemma2" || c.architecture == "gemma3" ||
-              c.architecture == "gpt-oss" || c.architecture == "qwen35" ||
-              c.architecture == "qwen35moe" || c.architecture == "qwen3next"
-          ? RopeStyle::kRotateHalf
-          : RopeStyle::kAdjacentPairs;
+  RETURN_IF_ERROR(ReadExperts(g, p, c));
+  RETURN_IF_ERROR(ReadTokenIds(g, c));
+  c.rope_style = GgufRopeStyle(c.architecture);
   RETURN_IF_ERROR(ReadRopeScaling(g, p, c));
   if (c.architecture == "gemma2" || c.architecture == "gemma3") {
     RETURN_IF_ERROR(ReadGemma(g, p, c));
   }
   if (c.architecture == "gpt-oss") RETURN_IF_ERROR(ReadGptOss(g, p, c));
   if (c.is_mla() && c.rope_scaling.type == RopeScalingType::kYarn) {
-    // DeepSeek's YaRN as llama.cpp runs it: the file's yarn_log_multiplier
-    // is 0.1 x HF's mscale_all_dim; with it, cos and sin stay unscaled and
-    // the softmax scale is times mscale(factor, mscale_all_dim)^2 (HF's
-    // DeepseekV3 with mscale = mscale_all_dim, as every DeepSeek config
-    // has); without, cos and sin times mscale(factor) and the softmax
-    // scale its square.
-    ASSIGN_OR_RETURN(const double multiplier,
-                     FloatOr(g, p + "rope.scaling.yarn_log_multiplier", 0.0));
-    const double f = c.rope_scaling.factor;
-    const auto mscale = [f](double m) {
-      return f <= 1 ? 1.0 : 0.1 * m * std::log(f) + 1.0;
-    };
-    const double all_dim = multiplier / static_cast<double>(0.1f);
-    const double cos_sin = all_dim != 0 ? 1.0 : mscale(1.0);
-    c.rope_scaling.attention_factor = cos_sin;
-    const double m = cos_sin * mscale(all_dim);
-    c.attn_scale_factor = static_cast<float>(m * m);
+    RETURN_IF_ERROR(ReadMlaYarn(g, p, c));
   }
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(

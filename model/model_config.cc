@@ -166,9 +166,10 @@ std::string ExtrasString(const ModelConfig& c) {
   return out;
 }
 
-}  // namespace
+// The checks of ModelConfig::Validate, in the order it runs them; each
+// returns the first problem in its group of fields.
 
-absl::Status ModelConfig::Validate() const {
+absl::Status CheckArchitecture(const ModelConfig& c) {
   static constexpr std::string_view kArchitectures[] = {
       "llama",     "mistral",    "qwen2",           "qwen3",
       "qwen3moe",  "qwen3_moe",  "mixtral",         "glm4moe",
@@ -177,165 +178,212 @@ absl::Status ModelConfig::Validate() const {
       "gpt_oss",   "qwen35",     "qwen3_5_text",    "qwen35moe",
       "qwen3next", "qwen3_next", "qwen3_5_moe_text"};
   if (std::find(std::begin(kArchitectures), std::end(kArchitectures),
-                architecture) == std::end(kArchitectures)) {
+                c.architecture) == std::end(kArchitectures)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "model config: architecture '", architecture,
+        "model config: architecture '", c.architecture,
         "' is not supported (llama, mistral, qwen2, qwen3, qwen3moe, "
         "mixtral, glm4moe, deepseek2 (DeepSeek V2/V3, Kimi K2), gemma2, "
         "gemma3, gpt-oss, qwen35 and qwen35moe (Qwen3.5) and qwen3next are; "
         "llama with experts is Mixtral)"));
   }
-  if (is_hybrid()) {
-    if (static_cast<int64_t>(linear_layers.size()) != n_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model config: linear_layers has ", linear_layers.size(),
-                       " entries for ", n_layers, " layers"));
-    }
-    for (auto [field, v, lo, hi] :
-         {std::tuple<const char*, int64_t, int64_t, int64_t>{
-              "ssm_conv_width", ssm_conv_width, 1, 64},
-          {"ssm_k_heads", ssm_k_heads, 1, 1024},
-          {"ssm_k_dim", ssm_k_dim, 1, 1024},
-          {"ssm_v_heads", ssm_v_heads, 1, 1024},
-          {"ssm_v_dim", ssm_v_dim, 1, 1024}}) {
-      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
-    }
-    if (ssm_v_heads % ssm_k_heads != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model config: ssm_v_heads (", ssm_v_heads,
-          ") is not a multiple of ssm_k_heads (", ssm_k_heads, ")"));
-    }
+  return absl::OkStatus();
+}
+
+// The Gated DeltaNet layers of a hybrid (Qwen3.5, Qwen3-Next).
+absl::Status CheckLinearAttention(const ModelConfig& c) {
+  if (!c.is_hybrid()) return absl::OkStatus();
+  if (static_cast<int64_t>(c.linear_layers.size()) != c.n_layers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("model config: linear_layers has ", c.linear_layers.size(),
+                     " entries for ", c.n_layers, " layers"));
   }
-  if (n_experts != 0 || n_experts_used != 0 || expert_ffn_hidden != 0) {
+  for (auto [field, v, lo, hi] :
+       {std::tuple<const char*, int64_t, int64_t, int64_t>{
+            "ssm_conv_width", c.ssm_conv_width, 1, 64},
+        {"ssm_k_heads", c.ssm_k_heads, 1, 1024},
+        {"ssm_k_dim", c.ssm_k_dim, 1, 1024},
+        {"ssm_v_heads", c.ssm_v_heads, 1, 1024},
+        {"ssm_v_dim", c.ssm_v_dim, 1, 1024}}) {
+    if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+  }
+  if (c.ssm_v_heads % c.ssm_k_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: ssm_v_heads (", c.ssm_v_heads,
+        ") is not a multiple of ssm_k_heads (", c.ssm_k_heads, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// Mixtures of experts: counts, groups, routing; none of it without experts.
+absl::Status CheckExperts(const ModelConfig& c) {
+  if (c.n_experts != 0 || c.n_experts_used != 0 || c.expert_ffn_hidden != 0) {
     for (auto [field, v, lo, hi] :
          {std::tuple<const char*, int64_t, int64_t, int64_t>{
-              "n_experts", n_experts, 1, 1024},
-          {"n_experts_used", n_experts_used, 1, 1024},
-          {"expert_ffn_hidden", expert_ffn_hidden, 1, 1 << 19}}) {
+              "n_experts", c.n_experts, 1, 1024},
+          {"n_experts_used", c.n_experts_used, 1, 1024},
+          {"expert_ffn_hidden", c.expert_ffn_hidden, 1, 1 << 19}}) {
       if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
     }
-    if (n_experts_used > n_experts) {
+    if (c.n_experts_used > c.n_experts) {
       return absl::InvalidArgumentError(
-          absl::StrCat("model config: n_experts_used (top-k) ", n_experts_used,
-                       " exceeds n_experts ", n_experts));
+          absl::StrCat("model config: n_experts_used (top-k) ",
+                       c.n_experts_used, " exceeds n_experts ", c.n_experts));
     }
-    if (expert_groups < 1 || n_experts % expert_groups != 0 ||
-        expert_groups_used < 1 || expert_groups_used > expert_groups ||
-        n_experts_used > expert_groups_used * (n_experts / expert_groups)) {
+    if (c.expert_groups < 1 || c.n_experts % c.expert_groups != 0 ||
+        c.expert_groups_used < 1 || c.expert_groups_used > c.expert_groups ||
+        c.n_experts_used >
+            c.expert_groups_used * (c.n_experts / c.expert_groups)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "model config: ", expert_groups_used, " of ", expert_groups,
-          " expert groups (n_group, topk_group) over ", n_experts,
-          " experts cannot hold the top ", n_experts_used));
+          "model config: ", c.expert_groups_used, " of ", c.expert_groups,
+          " expert groups (n_group, topk_group) over ", c.n_experts,
+          " experts cannot hold the top ", c.n_experts_used));
     }
-    if (!(expert_weights_scale > 0) || !std::isfinite(expert_weights_scale)) {
+    if (!(c.expert_weights_scale > 0) ||
+        !std::isfinite(c.expert_weights_scale)) {
       return absl::InvalidArgumentError(
           absl::StrCat("model config: expert_weights_scale ",
-                       expert_weights_scale, " must be positive and finite"));
+                       c.expert_weights_scale, " must be positive and finite"));
     }
     for (auto [field, v, lo, hi] :
          {std::tuple<const char*, int64_t, int64_t, int64_t>{
-              "n_shared_experts", n_shared_experts, 0, 64},
-          {"n_dense_layers", n_dense_layers, 0, n_layers}}) {
+              "n_shared_experts", c.n_shared_experts, 0, 64},
+          {"n_dense_layers", c.n_dense_layers, 0, c.n_layers}}) {
       if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
     }
-  } else if (n_shared_experts != 0 || n_dense_layers != 0 ||
-             expert_gating != ExpertGating::kSoftmax || expert_score_bias) {
+  } else if (c.n_shared_experts != 0 || c.n_dense_layers != 0 ||
+             c.expert_gating != ExpertGating::kSoftmax || c.expert_score_bias) {
     return absl::InvalidArgumentError(
         "model config: shared experts, dense layers or expert gating set "
         "for a model without experts");
   }
-  if (kv_lora_rank != 0 || q_lora_rank != 0 || v_head_dim != 0) {
-    for (auto [field, v, lo, hi] :
-         {std::tuple<const char*, int64_t, int64_t, int64_t>{
-              "kv_lora_rank", kv_lora_rank, 1, 1 << 14},
-          {"q_lora_rank", q_lora_rank, 0, 1 << 16},
-          {"v_head_dim", v_head_dim, 1, 1024}}) {
-      if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
-    }
-    if (rope_dims == 0 || rope_dims >= head_dim || n_kv_heads != n_heads) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model config: latent attention needs a RoPE part (rope_dims ",
-          rope_dims, ") narrower than the head (", head_dim,
-          ") and n_kv_heads = n_heads (", n_kv_heads, " vs ", n_heads, ")"));
-    }
+  return absl::OkStatus();
+}
+
+// Multi-head latent attention (DeepSeek V2 / V3, Kimi K2).
+absl::Status CheckLatentAttention(const ModelConfig& c) {
+  if (c.kv_lora_rank == 0 && c.q_lora_rank == 0 && c.v_head_dim == 0) {
+    return absl::OkStatus();
   }
-  for (auto [field, v] : {std::pair{"attn_scale_factor", attn_scale_factor},
-                          std::pair{"embedding_scale", embedding_scale}}) {
+  for (auto [field, v, lo, hi] :
+       {std::tuple<const char*, int64_t, int64_t, int64_t>{
+            "kv_lora_rank", c.kv_lora_rank, 1, 1 << 14},
+        {"q_lora_rank", c.q_lora_rank, 0, 1 << 16},
+        {"v_head_dim", c.v_head_dim, 1, 1024}}) {
+    if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
+  }
+  if (c.rope_dims == 0 || c.rope_dims >= c.head_dim ||
+      c.n_kv_heads != c.n_heads) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "model config: latent attention needs a RoPE part (rope_dims ",
+        c.rope_dims, ") narrower than the head (", c.head_dim,
+        ") and n_kv_heads = n_heads (", c.n_kv_heads, " vs ", c.n_heads, ")"));
+  }
+  return absl::OkStatus();
+}
+
+// The float factors some families set (scales, soft-caps, the local RoPE
+// base, the norm offset) and partial RoPE's width.
+absl::Status CheckFactors(const ModelConfig& c) {
+  for (auto [field, v] : {std::pair{"attn_scale_factor", c.attn_scale_factor},
+                          std::pair{"embedding_scale", c.embedding_scale}}) {
     if (!(v > 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model config: ", field, " ", v, " must be positive and finite"));
     }
   }
-  for (auto [field, v] : {std::pair{"attn_softcap", attn_softcap},
-                          std::pair{"final_softcap", final_softcap}}) {
+  for (auto [field, v] : {std::pair{"attn_softcap", c.attn_softcap},
+                          std::pair{"final_softcap", c.final_softcap}}) {
     if (!(v >= 0) || !std::isfinite(v)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "model config: ", field, " ", v, " must be finite and >= 0"));
     }
   }
-  if (!(rope_local_theta >= 0) || rope_local_theta > 1e12f) {
+  if (!(c.rope_local_theta >= 0) || c.rope_local_theta > 1e12f) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: rope_local_theta ", rope_local_theta,
+        absl::StrCat("model config: rope_local_theta ", c.rope_local_theta,
                      " is outside [0, 1e12]"));
   }
-  if (!std::isfinite(norm_weight_offset)) {
+  if (!std::isfinite(c.norm_weight_offset)) {
     return absl::InvalidArgumentError(
         "model config: norm_weight_offset is "
         "not finite");
   }
-  if (rope_dims != 0 &&
-      (rope_dims < 2 || rope_dims > head_dim || rope_dims % 2 != 0)) {
+  if (c.rope_dims != 0 &&
+      (c.rope_dims < 2 || c.rope_dims > c.head_dim || c.rope_dims % 2 != 0)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: rope_dims ", rope_dims,
-                     " must be even and in [2, head_dim ", head_dim, "]"));
+        absl::StrCat("model config: rope_dims ", c.rope_dims,
+                     " must be even and in [2, head_dim ", c.head_dim, "]"));
   }
+  return absl::OkStatus();
+}
+
+// The sizes every model has, and the RoPE base and norm epsilon.
+absl::Status CheckDimensions(const ModelConfig& c) {
   // Bounds are generous (beyond any released Llama) but stop absurd values
   // from turning into huge allocations.
   for (auto [field, v, lo, hi] :
-       {std::tuple<const char*, int64_t, int64_t, int64_t>{"n_layers", n_layers,
-                                                           1, 1024},
-        {"hidden", hidden, 1, 1 << 17},
-        {"ffn_hidden", ffn_hidden, 1, 1 << 19},
-        {"n_heads", n_heads, 1, 1024},
-        {"n_kv_heads", n_kv_heads, 1, 1024},
-        {"head_dim", head_dim, 2, 1024},
-        {"vocab_size", vocab_size, 1, 1 << 22},
-        {"context_length", context_length, 1, 1 << 24}}) {
+       {std::tuple<const char*, int64_t, int64_t, int64_t>{"n_layers",
+                                                           c.n_layers, 1, 1024},
+        {"hidden", c.hidden, 1, 1 << 17},
+        {"ffn_hidden", c.ffn_hidden, 1, 1 << 19},
+        {"n_heads", c.n_heads, 1, 1024},
+        {"n_kv_heads", c.n_kv_heads, 1, 1024},
+        {"head_dim", c.head_dim, 2, 1024},
+        {"vocab_size", c.vocab_size, 1, 1 << 22},
+        {"context_length", c.context_length, 1, 1 << 24}}) {
     if (auto s = CheckRange(field, v, lo, hi); !s.ok()) return s;
   }
-  if (n_heads % n_kv_heads != 0) {
+  if (c.n_heads % c.n_kv_heads != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: n_heads (", n_heads,
-                     ") is not a multiple of n_kv_heads (", n_kv_heads, ")"));
+        absl::StrCat("model config: n_heads (", c.n_heads,
+                     ") is not a multiple of n_kv_heads (", c.n_kv_heads, ")"));
   }
-  if (head_dim % 2 != 0) {
+  if (c.head_dim % 2 != 0) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: head_dim ", head_dim, " must be even"));
+        absl::StrCat("model config: head_dim ", c.head_dim, " must be even"));
   }
-  if (!(rope_theta > 0) || !(rms_norm_eps > 0) || !std::isfinite(rope_theta) ||
-      !std::isfinite(rms_norm_eps)) {
+  if (!(c.rope_theta > 0) || !(c.rms_norm_eps > 0) ||
+      !std::isfinite(c.rope_theta) || !std::isfinite(c.rms_norm_eps)) {
     return absl::InvalidArgumentError(
         "model config: rope_theta and rms_norm_eps must be positive and "
         "finite");
   }
-  if (sliding_window < 0 || sliding_window > (int64_t{1} << 24)) {
+  return absl::OkStatus();
+}
+
+// The sliding window and the layers it applies to.
+absl::Status CheckWindow(const ModelConfig& c) {
+  if (c.sliding_window < 0 || c.sliding_window > (int64_t{1} << 24)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("model config: sliding_window ", sliding_window,
+        absl::StrCat("model config: sliding_window ", c.sliding_window,
                      " is outside [0, 2^24]"));
   }
-  if (!window_layers.empty()) {
-    if (static_cast<int64_t>(window_layers.size()) != n_layers) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("model config: window_layers has ", window_layers.size(),
-                       " entries for ", n_layers, " layers"));
+  if (!c.window_layers.empty()) {
+    if (static_cast<int64_t>(c.window_layers.size()) != c.n_layers) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "model config: window_layers has ", c.window_layers.size(),
+          " entries for ", c.n_layers, " layers"));
     }
-    if (sliding_window == 0 ||
-        std::find(window_layers.begin(), window_layers.end(), true) ==
-            window_layers.end()) {
+    if (c.sliding_window == 0 ||
+        std::find(c.window_layers.begin(), c.window_layers.end(), true) ==
+            c.window_layers.end()) {
       return absl::InvalidArgumentError(
           "model config: window_layers is set but no layer has a window");
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ModelConfig::Validate() const {
+  RETURN_IF_ERROR(CheckArchitecture(*this));
+  RETURN_IF_ERROR(CheckLinearAttention(*this));
+  RETURN_IF_ERROR(CheckExperts(*this));
+  RETURN_IF_ERROR(CheckLatentAttention(*this));
+  RETURN_IF_ERROR(CheckFactors(*this));
+  RETURN_IF_ERROR(CheckDimensions(*this));
+  RETURN_IF_ERROR(CheckWindow(*this));
   if (absl::Status s = ValidateRopeScaling(rope_scaling, RotaryDims());
       !s.ok()) {
     return absl::InvalidArgumentError(

@@ -324,32 +324,11 @@ absl::Status ReadFp8Config(const Json& j, const ConfigReader& r,
   return absl::OkStatus();
 }
 
-// Gemma 2 and Gemma 3's text model (transformers' Gemma2Config and
-// Gemma3TextConfig, and their defaults): GeGLU, post-attention and
-// post-FFN norms, norms multiplying by 1 + w, embeddings times
-// sqrt(hidden), the softmax scale 1/sqrt(query_pre_attn_scalar). The
-// layers layer_types names "sliding_attention" (by default all but every
-// sliding_window_pattern-th: 6 for Gemma 3, 2 for Gemma 2) see the last
-// sliding_window positions. Gemma 3: QK norms; the sliding layers' own
-// unscaled RoPE base: rope_local_base_freq, or in transformers 5's
-// rope_parameters the "sliding_attention" entry's rope_theta
-// ("full_attention" holds the others' base and scaling); soft-capping
-// refused. Gemma 2: one RoPE (rope_theta, default 10000); attention scores
-// and final logits soft-capped by attn_logit_softcapping (default 50) and
-// final_logit_softcapping (default 30), null for none. The bidirectional
-// variant is refused.
-absl::Status ReadGemmaWindow(const Json& j, const ConfigReader& r,
-                             int64_t period, ModelConfig& c);
-
-absl::Status ReadGemma(const Json& j, const ConfigReader& r, ModelConfig& c) {
-  const bool gemma2 = c.architecture == "gemma2";
-  ASSIGN_OR_RETURN(const std::string act,
-                   r.String("hidden_activation", "gelu_pytorch_tanh"));
-  if (act != "gelu_pytorch_tanh") {
-    return r.Error(
-        "hidden_activation",
-        absl::StrCat("= '", act, "'; only 'gelu_pytorch_tanh' is supported"));
-  }
+// Gemma 2's soft-capping of final logits and attention scores
+// (final_logit_softcapping, default 30; attn_logit_softcapping, default
+// 50; null for none); refused for Gemma 3.
+absl::Status ReadGemmaSoftcaps(const Json& j, const ConfigReader& r,
+                               bool gemma2, ModelConfig& c) {
   for (auto [key, dflt, cap] :
        {std::tuple{"final_logit_softcapping", 30.0, &c.final_softcap},
         std::tuple{"attn_logit_softcapping", 50.0, &c.attn_softcap}}) {
@@ -369,51 +348,37 @@ absl::Status ReadGemma(const Json& j, const ConfigReader& r, ModelConfig& c) {
     }
     *cap = static_cast<float>(v);
   }
-  ASSIGN_OR_RETURN(const bool bidirectional,
-                   r.Bool("use_bidirectional_attention", false));
-  if (bidirectional) {
-    return r.Error("use_bidirectional_attention",
-                   "is true; only causal attention is supported");
+  return absl::OkStatus();
+}
+
+// Gemma 2's one RoPE for every layer: rope_theta and rope_scaling as for
+// other models, or transformers 5's rope_parameters.
+absl::Status ReadGemma2Rope(const Json& j, const ConfigReader& r,
+                            ModelConfig& c) {
+  if (!r.Has("rope_parameters")) return absl::OkStatus();
+  const Json& rp = j.at("rope_parameters");
+  if (!rp.is_object()) {
+    return r.Error("rope_parameters", "is not an object");
   }
-  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", true));
-  ASSIGN_OR_RETURN(const double scalar, r.Float("query_pre_attn_scalar", 256));
-  if (!(scalar > 0) || scalar > 1e9) {
-    return r.Error("query_pre_attn_scalar",
-                   absl::StrCat("= ", scalar, " is outside (0, 1e9]"));
+  const std::string where = absl::StrCat(r.path(), " rope_parameters");
+  ASSIGN_OR_RETURN(c.rope_scaling,
+                   ReadRopeScaling(rp, where, c.context_length));
+  ASSIGN_OR_RETURN(const double theta,
+                   ConfigReader(rp, where).Float("rope_theta", c.rope_theta));
+  if (!(theta > 0) || theta > 1e12) {
+    return r.Error("rope_parameters",
+                   absl::StrCat("rope_theta ", theta, " is outside (0, 1e12]"));
   }
-  c.attn_scale_factor =
-      static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
-  c.qk_norm = !gemma2;
-  c.post_norms = true;
-  c.ffn_activation = FfnActivation::kGeluTanh;
-  c.norm_weight_offset = 1.0f;
-  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
-  if (gemma2) {
-    // One RoPE for every layer: rope_theta and rope_scaling as for other
-    // models, or transformers 5's rope_parameters.
-    if (r.Has("rope_parameters")) {
-      const Json& rp = j.at("rope_parameters");
-      if (!rp.is_object()) {
-        return r.Error("rope_parameters", "is not an object");
-      }
-      const std::string where = absl::StrCat(r.path(), " rope_parameters");
-      ASSIGN_OR_RETURN(c.rope_scaling,
-                       ReadRopeScaling(rp, where, c.context_length));
-      ASSIGN_OR_RETURN(const double theta, ConfigReader(rp, where).Float(
-                                               "rope_theta", c.rope_theta));
-      if (!(theta > 0) || theta > 1e12) {
-        return r.Error(
-            "rope_parameters",
-            absl::StrCat("rope_theta ", theta, " is outside (0, 1e12]"));
-      }
-      c.rope_theta = static_cast<float>(theta);
-    }
-    return ReadGemmaWindow(j, r, 2, c);
-  }
-  // RoPE as transformers 5 assembles it: rope_parameters per layer type,
-  // a top-level rope_scaling applied over its full_attention entry, bases
-  // from rope_theta (1e6) and rope_local_base_freq (1e4) where an entry
-  // has none; a missing entry is the default (unscaled) RoPE.
+  c.rope_theta = static_cast<float>(theta);
+  return absl::OkStatus();
+}
+
+// Gemma 3's RoPE as transformers 5 assembles it: rope_parameters per layer
+// type, a top-level rope_scaling applied over its full_attention entry,
+// bases from rope_theta (1e6) and rope_local_base_freq (1e4) where an
+// entry has none; a missing entry is the default (unscaled) RoPE.
+absl::Status ReadGemma3Rope(const Json& j, const ConfigReader& r,
+                            ModelConfig& c) {
   ASSIGN_OR_RETURN(double global_theta, r.Float("rope_theta", 1e6));
   ASSIGN_OR_RETURN(double local_theta, r.Float("rope_local_base_freq", 1e4));
   Json full = Json::object(), sliding = Json::object();
@@ -462,6 +427,60 @@ absl::Status ReadGemma(const Json& j, const ConfigReader& r, ModelConfig& c) {
   }
   c.rope_theta = static_cast<float>(global_theta);
   c.rope_local_theta = static_cast<float>(local_theta);
+  return absl::OkStatus();
+}
+
+// Gemma 2 and Gemma 3's text model (transformers' Gemma2Config and
+// Gemma3TextConfig, and their defaults): GeGLU, post-attention and
+// post-FFN norms, norms multiplying by 1 + w, embeddings times
+// sqrt(hidden), the softmax scale 1/sqrt(query_pre_attn_scalar). The
+// layers layer_types names "sliding_attention" (by default all but every
+// sliding_window_pattern-th: 6 for Gemma 3, 2 for Gemma 2) see the last
+// sliding_window positions. Gemma 3: QK norms; the sliding layers' own
+// unscaled RoPE base: rope_local_base_freq, or in transformers 5's
+// rope_parameters the "sliding_attention" entry's rope_theta
+// ("full_attention" holds the others' base and scaling); soft-capping
+// refused. Gemma 2: one RoPE (rope_theta, default 10000); attention scores
+// and final logits soft-capped by attn_logit_softcapping (default 50) and
+// final_logit_softcapping (default 30), null for none. The bidirectional
+// variant is refused.
+absl::Status ReadGemmaWindow(const Json& j, const ConfigReader& r,
+                             int64_t period, ModelConfig& c);
+
+absl::Status ReadGemma(const Json& j, const ConfigReader& r, ModelConfig& c) {
+  const bool gemma2 = c.architecture == "gemma2";
+  ASSIGN_OR_RETURN(const std::string act,
+                   r.String("hidden_activation", "gelu_pytorch_tanh"));
+  if (act != "gelu_pytorch_tanh") {
+    return r.Error(
+        "hidden_activation",
+        absl::StrCat("= '", act, "'; only 'gelu_pytorch_tanh' is supported"));
+  }
+  RETURN_IF_ERROR(ReadGemmaSoftcaps(j, r, gemma2, c));
+  ASSIGN_OR_RETURN(const bool bidirectional,
+                   r.Bool("use_bidirectional_attention", false));
+  if (bidirectional) {
+    return r.Error("use_bidirectional_attention",
+                   "is true; only causal attention is supported");
+  }
+  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", true));
+  ASSIGN_OR_RETURN(const double scalar, r.Float("query_pre_attn_scalar", 256));
+  if (!(scalar > 0) || scalar > 1e9) {
+    return r.Error("query_pre_attn_scalar",
+                   absl::StrCat("= ", scalar, " is outside (0, 1e9]"));
+  }
+  c.attn_scale_factor =
+      static_cast<float>(std::sqrt(static_cast<double>(c.head_dim) / scalar));
+  c.qk_norm = !gemma2;
+  c.post_norms = true;
+  c.ffn_activation = FfnActivation::kGeluTanh;
+  c.norm_weight_offset = 1.0f;
+  c.embedding_scale = std::sqrt(static_cast<float>(c.hidden));
+  if (gemma2) {
+    RETURN_IF_ERROR(ReadGemma2Rope(j, r, c));
+    return ReadGemmaWindow(j, r, 2, c);
+  }
+  RETURN_IF_ERROR(ReadGemma3Rope(j, r, c));
   return ReadGemmaWindow(j, r, 6, c);
 }
 
@@ -756,9 +775,8 @@ absl::Status ReadQwen2Window(const Json& j, const ConfigReader& r,
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
-  const std::string path =
-      (std::filesystem::path(dir) / "config.json").string();
+// The JSON object `path` holds (a config.json, at most kMaxConfigBytes).
+absl::StatusOr<Json> ParseConfigFile(const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
   if (file->size() > kMaxConfigBytes) {
     return absl::InvalidArgumentError(
@@ -768,15 +786,21 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   const auto bytes = file->bytes();
   const std::string_view text(reinterpret_cast<const char*>(bytes.data()),
                               bytes.size());
-  ASSIGN_OR_RETURN(const Json top, ParseJson(text, path, nullptr));
+  ASSIGN_OR_RETURN(Json top, ParseJson(text, path, nullptr));
   if (!top.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(
         path, " is a JSON ", JsonTypeName(top), ", not an object"));
   }
+  return top;
+}
+
+// The language model's config within config.json's `top`: `top` itself,
+// or (Qwen3.5) its text_config.
+absl::StatusOr<const Json*> LanguageModelConfig(const Json& top,
+                                                const std::string& path) {
   // Qwen3.5 ships as Qwen3_5ForConditionalGeneration (text and vision):
   // the language model's config is its text_config (the vision tower is
   // not read).
-  const Json* text_config = &top;
   if (const auto it = top.find("model_type");
       it != top.end() && (*it == "qwen3_5" || *it == "qwen3_5_moe")) {
     const auto tc = top.find("text_config");
@@ -785,15 +809,15 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
           absl::StrCat(path, ": model_type '", it->get<std::string>(),
                        "' without a text_config object"));
     }
-    text_config = &*tc;
+    return &*tc;
   }
-  const Json& j = *text_config;
-  const ConfigReader r(
-      j, text_config == &top ? path : absl::StrCat(path, " text_config"));
+  return &top;
+}
 
-  ModelConfig c;
-  // The architecture comes from model_type; architectures[] only when that
-  // is missing (both are written by transformers).
+// The architecture comes from model_type; architectures[] only when that
+// is missing (both are written by transformers).
+absl::StatusOr<std::string> ReadModelType(const Json& j,
+                                          const ConfigReader& r) {
   ASSIGN_OR_RETURN(std::string model_type, r.String("model_type", ""));
   if (model_type.empty() && r.Has("architectures")) {
     const Json& a = j.at("architectures");
@@ -826,10 +850,11 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
                    "vision); its text-only form (Gemma3ForCausalLM, "
                    "model_type 'gemma3_text') is supported");
   }
-  c.architecture = model_type;
-  ASSIGN_OR_RETURN(c.name, r.String("_name_or_path", ""));
-  if (c.name.empty()) c.name = std::filesystem::path(dir).filename().string();
+  return model_type;
+}
 
+// The sizes every model has: widths, layers, heads, vocabulary, context.
+absl::Status ReadDimensions(const ConfigReader& r, ModelConfig& c) {
   ASSIGN_OR_RETURN(c.hidden, r.Int("hidden_size"));
   ASSIGN_OR_RETURN(c.ffn_hidden, r.Int("intermediate_size"));
   ASSIGN_OR_RETURN(c.n_layers, r.Int("num_hidden_layers"));
@@ -848,6 +873,11 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   }
   ASSIGN_OR_RETURN(c.vocab_size, r.Int("vocab_size"));
   ASSIGN_OR_RETURN(c.context_length, r.Int("max_position_embeddings"));
+  return absl::OkStatus();
+}
+
+// rope_theta (default 10000) and rms_norm_eps, in their ranges.
+absl::Status ReadRopeThetaAndNormEps(const ConfigReader& r, ModelConfig& c) {
   ASSIGN_OR_RETURN(const double theta, r.Float("rope_theta", 10000.0));
   ASSIGN_OR_RETURN(const double eps, r.Float("rms_norm_eps"));
   if (!(theta > 0) || theta > 1e12) {
@@ -860,39 +890,37 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   }
   c.rope_theta = static_cast<float>(theta);
   c.rms_norm_eps = static_cast<float>(eps);
-  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", false));
-  // DeepSeek V3's and GLM-4.5's multi-token-prediction layers follow the
-  // model's in the checkpoint.
-  ASSIGN_OR_RETURN(c.n_nextn_layers, r.Int("num_nextn_predict_layers", 0));
-  c.rope_style = RopeStyle::kRotateHalf;
-  if (r.Has("quantization_config")) RETURN_IF_ERROR(ReadFp8Config(j, r, c));
-  ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id"));
-  ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id"));
+  return absl::OkStatus();
+}
 
-  // Features that would silently change the math if ignored.
-  if (r.Has("rope_scaling")) {
-    ASSIGN_OR_RETURN(
-        c.rope_scaling,
-        ReadRopeScaling(j.at("rope_scaling"), path, c.context_length,
-                        /*deepseek=*/c.architecture.starts_with("deepseek_v")));
-    if (c.rope_scaling.type == RopeScalingType::kDynamic) {
-      const double served =
-          std::floor(c.rope_scaling.factor * c.context_length);
-      if (!(served <= static_cast<double>(int64_t{1} << 24))) {
-        return r.Error(
-            "rope_scaling",
-            absl::StrCat("dynamic factor ", c.rope_scaling.factor,
-                         " x max_position_embeddings ", c.context_length,
-                         " is a context beyond 2^24"));
-      }
-      c.context_length = static_cast<int64_t>(served);
+// The top-level rope_scaling; dynamic NTK serves factor times the
+// context (`path`: config.json's, for errors).
+absl::Status ReadTopRopeScaling(const Json& j, const ConfigReader& r,
+                                const std::string& path, ModelConfig& c) {
+  ASSIGN_OR_RETURN(
+      c.rope_scaling,
+      ReadRopeScaling(j.at("rope_scaling"), path, c.context_length,
+                      /*deepseek=*/c.architecture.starts_with("deepseek_v")));
+  if (c.rope_scaling.type == RopeScalingType::kDynamic) {
+    const double served = std::floor(c.rope_scaling.factor * c.context_length);
+    if (!(served <= static_cast<double>(int64_t{1} << 24))) {
+      return r.Error(
+          "rope_scaling",
+          absl::StrCat("dynamic factor ", c.rope_scaling.factor,
+                       " x max_position_embeddings ", c.context_length,
+                       " is a context beyond 2^24"));
     }
+    c.context_length = static_cast<int64_t>(served);
   }
-  // Mistral's sliding_window applies when set; Qwen2's as transformers'
-  // Qwen2Config reads it (ReadQwen2Window), Gemma's as Gemma2Config and
-  // Gemma3TextConfig do (ReadGemma, with the rest of Gemma).
-  const bool gemma =
-      c.architecture == "gemma3_text" || c.architecture == "gemma2";
+  return absl::OkStatus();
+}
+
+// Mistral's sliding_window applies when set; Qwen2's as transformers'
+// Qwen2Config reads it (ReadQwen2Window), Gemma's as Gemma2Config and
+// Gemma3TextConfig do (ReadGemma, with the rest of Gemma), gpt-oss's as
+// ReadGptOss does (with the rest of gpt-oss).
+absl::Status ReadWindowAndFamily(const Json& j, const ConfigReader& r,
+                                 bool gemma, ModelConfig& c) {
   if (c.architecture == "qwen2") {
     RETURN_IF_ERROR(ReadQwen2Window(j, r, c));
   } else if (gemma) {
@@ -902,42 +930,71 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
   } else if (r.Has("sliding_window")) {
     ASSIGN_OR_RETURN(c.sliding_window, r.Int("sliding_window"));
   }
-  ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
-  if (act != "silu" && !gemma) {
-    return r.Error("hidden_act",
-                   absl::StrCat("= '", act, "'; only 'silu' is supported"));
+  return absl::OkStatus();
+}
+
+// Qwen3-MoE's experts have moe_intermediate_size and norm_topk_prob, and
+// may keep dense MLPs in some layers (refused).
+absl::Status ReadQwen3Moe(const Json& j, const ConfigReader& r,
+                          ModelConfig& c) {
+  ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
+  ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+  ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
+  ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", false));
+  ASSIGN_OR_RETURN(const int64_t sparse_step, r.Int("decoder_sparse_step", 1));
+  if (sparse_step != 1) {
+    return r.Error("decoder_sparse_step",
+                   absl::StrCat("= ", sparse_step,
+                                "; only every layer a mixture (1) is "
+                                "supported"));
   }
-  // Qwen3: per-head q/k RMSNorm, always (Gemma 3's: ReadGemma).
-  c.qk_norm =
-      c.qk_norm || c.architecture == "qwen3" || c.architecture == "qwen3_moe";
-  // (GLM-4.5's use_qk_norm: ReadGlm4Moe below.)
-  // Mixtures of experts: Mixtral's experts are as wide as intermediate_size
-  // and always renormalized; Qwen3-MoE's have moe_intermediate_size and
-  // norm_topk_prob, and may keep dense MLPs in some layers (refused).
+  if (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
+                                    j.at("mlp_only_layers").empty())) {
+    return r.Error("mlp_only_layers",
+                   "is not empty; dense layers among the mixture layers "
+                   "are not supported");
+  }
+  return absl::OkStatus();
+}
+
+// Qwen3-Next and Qwen3.5-MoE: Qwen3.5's layers, a mixture in every layer
+// and one shared expert gated per token (transformers'
+// Qwen3NextSparseMoeBlock and Qwen3_5MoeSparseMoeBlock; their checkpoints
+// hold the experts one tensor each).
+absl::Status ReadQwen3Next(const Json& j, const ConfigReader& r,
+                           ModelConfig& c) {
+  RETURN_IF_ERROR(ReadQwen35(j, r, c));
+  ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
+  ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
+  ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
+  ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", true));
+  ASSIGN_OR_RETURN(c.shared_expert_ffn,
+                   r.Int("shared_expert_intermediate_size", 0));
+  c.n_shared_experts = c.shared_expert_ffn > 0 ? 1 : 0;
+  c.shared_expert_gate = c.n_shared_experts > 0;
+  ASSIGN_OR_RETURN(const int64_t sparse_step, r.Int("decoder_sparse_step", 1));
+  if (sparse_step != 1 ||
+      (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
+                                     j.at("mlp_only_layers").empty()))) {
+    return r.Error("decoder_sparse_step",
+                   "or mlp_only_layers leave dense layers among the "
+                   "mixture layers; only every layer a mixture is "
+                   "supported");
+  }
+  return absl::OkStatus();
+}
+
+// Mixtures of experts (and the rest of the families read with theirs):
+// Mixtral's experts are as wide as intermediate_size and always
+// renormalized; Qwen3-MoE's: ReadQwen3Moe.
+absl::Status ReadExperts(const Json& j, const ConfigReader& r, ModelConfig& c) {
   if (c.architecture == "mixtral") {
     ASSIGN_OR_RETURN(c.n_experts, r.Int("num_local_experts"));
     ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
     c.expert_ffn_hidden = c.ffn_hidden;
     c.expert_weights_norm = true;
   } else if (c.architecture == "qwen3_moe") {
-    ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
-    ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
-    ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
-    ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", false));
-    ASSIGN_OR_RETURN(const int64_t sparse_step,
-                     r.Int("decoder_sparse_step", 1));
-    if (sparse_step != 1) {
-      return r.Error("decoder_sparse_step",
-                     absl::StrCat("= ", sparse_step,
-                                  "; only every layer a mixture (1) is "
-                                  "supported"));
-    }
-    if (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
-                                      j.at("mlp_only_layers").empty())) {
-      return r.Error("mlp_only_layers",
-                     "is not empty; dense layers among the mixture layers "
-                     "are not supported");
-    }
+    RETURN_IF_ERROR(ReadQwen3Moe(j, r, c));
   } else if (c.architecture == "glm4_moe") {
     RETURN_IF_ERROR(ReadGlm4Moe(r, c));
   } else if (c.architecture == "deepseek_v3" ||
@@ -947,33 +1004,15 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
     RETURN_IF_ERROR(ReadQwen35(j, r, c));
   } else if (c.architecture == "qwen3_next" ||
              c.architecture == "qwen3_5_moe_text") {
-    // Qwen3.5's layers, a mixture in every layer and one shared expert
-    // gated per token (transformers' Qwen3NextSparseMoeBlock and
-    // Qwen3_5MoeSparseMoeBlock; their checkpoints hold the experts one
-    // tensor each).
-    RETURN_IF_ERROR(ReadQwen35(j, r, c));
-    ASSIGN_OR_RETURN(c.n_experts, r.Int("num_experts"));
-    ASSIGN_OR_RETURN(c.n_experts_used, r.Int("num_experts_per_tok"));
-    ASSIGN_OR_RETURN(c.expert_ffn_hidden, r.Int("moe_intermediate_size"));
-    ASSIGN_OR_RETURN(c.expert_weights_norm, r.Bool("norm_topk_prob", true));
-    ASSIGN_OR_RETURN(c.shared_expert_ffn,
-                     r.Int("shared_expert_intermediate_size", 0));
-    c.n_shared_experts = c.shared_expert_ffn > 0 ? 1 : 0;
-    c.shared_expert_gate = c.n_shared_experts > 0;
-    ASSIGN_OR_RETURN(const int64_t sparse_step,
-                     r.Int("decoder_sparse_step", 1));
-    if (sparse_step != 1 ||
-        (r.Has("mlp_only_layers") && !(j.at("mlp_only_layers").is_array() &&
-                                       j.at("mlp_only_layers").empty()))) {
-      return r.Error("decoder_sparse_step",
-                     "or mlp_only_layers leave dense layers among the "
-                     "mixture layers; only every layer a mixture is "
-                     "supported");
-    }
+    RETURN_IF_ERROR(ReadQwen3Next(j, r, c));
   }
-  // Qwen2 always has Q/K/V biases; Llama has them with attention_bias
-  // (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
-  // gpt-oss on all four and its experts (ReadGptOss).
+  return absl::OkStatus();
+}
+
+// Qwen2 always has Q/K/V biases; Llama has them with attention_bias
+// (which would also give o_proj one); GLM-4.5 on Q, K and V with it.
+// gpt-oss on all four and its experts (ReadGptOss).
+absl::Status ReadBiases(const ConfigReader& r, ModelConfig& c) {
   const bool gpt_oss = c.architecture == "gpt_oss";
   if (!gpt_oss) c.attention_bias = c.architecture == "qwen2";
   if (c.architecture == "glm4_moe") {
@@ -991,6 +1030,53 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
                      "only (Qwen2)");
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
+  const std::string path =
+      (std::filesystem::path(dir) / "config.json").string();
+  ASSIGN_OR_RETURN(const Json top, ParseConfigFile(path));
+  ASSIGN_OR_RETURN(const Json* const text_config,
+                   LanguageModelConfig(top, path));
+  const Json& j = *text_config;
+  const ConfigReader r(
+      j, text_config == &top ? path : absl::StrCat(path, " text_config"));
+
+  ModelConfig c;
+  ASSIGN_OR_RETURN(c.architecture, ReadModelType(j, r));
+  ASSIGN_OR_RETURN(c.name, r.String("_name_or_path", ""));
+  if (c.name.empty()) c.name = std::filesystem::path(dir).filename().string();
+
+  RETURN_IF_ERROR(ReadDimensions(r, c));
+  RETURN_IF_ERROR(ReadRopeThetaAndNormEps(r, c));
+  ASSIGN_OR_RETURN(c.tied_embeddings, r.Bool("tie_word_embeddings", false));
+  // DeepSeek V3's and GLM-4.5's multi-token-prediction layers follow the
+  // model's in the checkpoint.
+  ASSIGN_OR_RETURN(c.n_nextn_layers, r.Int("num_nextn_predict_layers", 0));
+  c.rope_style = RopeStyle::kRotateHalf;
+  if (r.Has("quantization_config")) RETURN_IF_ERROR(ReadFp8Config(j, r, c));
+  ASSIGN_OR_RETURN(c.bos_id, r.TokenId("bos_token_id"));
+  ASSIGN_OR_RETURN(c.eos_id, r.TokenId("eos_token_id"));
+
+  // Features that would silently change the math if ignored.
+  if (r.Has("rope_scaling")) {
+    RETURN_IF_ERROR(ReadTopRopeScaling(j, r, path, c));
+  }
+  const bool gemma =
+      c.architecture == "gemma3_text" || c.architecture == "gemma2";
+  RETURN_IF_ERROR(ReadWindowAndFamily(j, r, gemma, c));
+  ASSIGN_OR_RETURN(const std::string act, r.String("hidden_act", "silu"));
+  if (act != "silu" && !gemma) {
+    return r.Error("hidden_act",
+                   absl::StrCat("= '", act, "'; only 'silu' is supported"));
+  }
+  // Qwen3: per-head q/k RMSNorm, always (Gemma 3's: ReadGemma).
+  c.qk_norm =
+      c.qk_norm || c.architecture == "qwen3" || c.architecture == "qwen3_moe";
+  // (GLM-4.5's use_qk_norm: ReadGlm4Moe, from ReadExperts.)
+  RETURN_IF_ERROR(ReadExperts(j, r, c));
+  RETURN_IF_ERROR(ReadBiases(r, c));
 
   if (absl::Status s = c.Validate(); !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", s.message()));
@@ -1000,90 +1086,127 @@ absl::StatusOr<ModelConfig> ReadConfigJson(const std::string& dir) {
 
 // ------------------------------------------------------------ tensor names ---
 
+// Hugging Face names of the tensors outside the layers, and their
+// canonical (GGUF) names.
+constexpr std::pair<std::string_view, std::string_view> kGlobalNames[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+};
+
+// A layer's tensors: the name after "model.layers.N.", and the canonical
+// name after "blk.N.".
+constexpr std::pair<std::string_view, std::string_view> kLayerNames[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},               // Qwen3-MoE
+    {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},  // Mixtral
+    // GLM-4.5: the router's choice bias and the shared experts.
+    {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
+    {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
+    // DeepSeek V2 / V3: multi-head latent attention.
+    {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
+    {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
+    {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
+    {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
+    {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
+    {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
+    // gpt-oss: sinks, the output bias, the router, and the experts as
+    // its folders ship them (MXFP4 _blocks and _scales, gate and up
+    // interleaved by row; worker/llama_weights.cc reads them), or
+    // dequantized ([experts, in, out]).
+    {"self_attn.sinks", "attn_sinks.weight"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"mlp.router.weight", "ffn_gate_inp.weight"},
+    {"mlp.router.bias", "ffn_gate_inp.bias"},
+    {"mlp.experts.gate_up_proj_blocks", "ffn_gate_up_exps.blocks"},
+    {"mlp.experts.gate_up_proj_scales", "ffn_gate_up_exps.scales"},
+    {"mlp.experts.gate_up_proj_bias", "ffn_gate_up_exps.bias"},
+    {"mlp.experts.down_proj_blocks", "ffn_down_exps.blocks"},
+    {"mlp.experts.down_proj_scales", "ffn_down_exps.scales"},
+    {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
+    {"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight_t"},
+    {"mlp.experts.down_proj", "ffn_down_exps.weight_t"},
+    // Qwen3.5's Gated DeltaNet layers (value heads grouped, not tiled
+    // as llama.cpp writes them; A_log and conv1d [C, 1, W] as shipped:
+    // worker/llama_weights.cc reads both forms).
+    {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
+    {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
+    {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
+    {"linear_attn.in_proj_a.weight", "ssm_alpha.weight"},
+    {"linear_attn.dt_bias", "ssm_dt.bias"},
+    {"linear_attn.A_log", "ssm_a_log"},
+    {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
+    {"linear_attn.norm.weight", "ssm_norm.weight"},
+    {"linear_attn.out_proj.weight", "ssm_out.weight"},
+    // Qwen3-Next's: q, k, v, z and b, a fused per key head, as
+    // llama.cpp's ssm_in and ssm_ba; its one shared expert and gate.
+    {"linear_attn.in_proj_qkvz.weight", "ssm_in.weight"},
+    {"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
+    {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+    {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+    {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+    {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
+};
+
+// Gemma's layer norms (with post_norms), ahead of kLayerNames.
+constexpr std::pair<std::string_view, std::string_view> kGemmaNames[] = {
+    {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+    {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+    {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
+};
+
+// Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
+// per-expert names llama.cpp's older Mixtral files use).
+constexpr std::string_view kExpertPrefixes[] = {"mlp.experts.",
+                                                "block_sparse_moe.experts."};
+constexpr std::pair<std::string_view, std::string_view> kExpertMatrixNames[] = {
+    {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"},
+    {"down_proj.weight", "ffn_down"}, {"w1.weight", "ffn_gate"},
+    {"w3.weight", "ffn_up"},          {"w2.weight", "ffn_down"}};
+
+// The canonical name of an expert's matrix of layer `layer`, `suffix` the
+// Hugging Face name after "model.layers.N.", or nullopt.
+std::optional<std::string> ExpertTensorName(uint32_t layer,
+                                            std::string_view suffix) {
+  for (const std::string_view prefix : kExpertPrefixes) {
+    if (!suffix.starts_with(prefix)) continue;
+    const std::string_view e = suffix.substr(prefix.size());
+    const size_t edot = e.find('.');
+    uint32_t expert = 0;
+    if (edot == std::string_view::npos || edot == 0 || edot > 5 ||
+        !absl::SimpleAtoi(Sv(e.substr(0, edot)), &expert) ||
+        absl::StrCat(expert) != e.substr(0, edot)) {
+      return std::nullopt;
+    }
+    for (const auto& [from, to] : kExpertMatrixNames) {
+      if (e.substr(edot + 1) == from) {
+        return absl::StrCat("blk.", layer, ".", Sv(to), ".", expert, ".weight");
+      }
+    }
+  }
+  return std::nullopt;
+}
+
 // The canonical (GGUF) name of a Hugging Face Llama tensor, or nullopt when
 // the name is not one we know. With post_norms (Gemma) the layer has norms
 // after attention and the FFN, and post_attention_layernorm is the first
 // of them, not the FFN's input norm (pre_feedforward_layernorm).
 std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
-  static const std::pair<std::string_view, std::string_view> kGlobal[] = {
-      {"model.embed_tokens.weight", "token_embd.weight"},
-      {"model.norm.weight", "output_norm.weight"},
-      {"lm_head.weight", "output.weight"},
-  };
-  static const std::pair<std::string_view, std::string_view> kLayer[] = {
-      {"input_layernorm.weight", "attn_norm.weight"},
-      {"post_attention_layernorm.weight", "ffn_norm.weight"},
-      {"self_attn.q_proj.weight", "attn_q.weight"},
-      {"self_attn.k_proj.weight", "attn_k.weight"},
-      {"self_attn.v_proj.weight", "attn_v.weight"},
-      {"self_attn.q_proj.bias", "attn_q.bias"},
-      {"self_attn.k_proj.bias", "attn_k.bias"},
-      {"self_attn.v_proj.bias", "attn_v.bias"},
-      {"self_attn.o_proj.weight", "attn_output.weight"},
-      {"mlp.gate_proj.weight", "ffn_gate.weight"},
-      {"mlp.up_proj.weight", "ffn_up.weight"},
-      {"mlp.down_proj.weight", "ffn_down.weight"},
-      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
-      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
-      {"mlp.gate.weight", "ffn_gate_inp.weight"},               // Qwen3-MoE
-      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},  // Mixtral
-      // GLM-4.5: the router's choice bias and the shared experts.
-      {"mlp.gate.e_score_correction_bias", "exp_probs_b.bias"},
-      {"mlp.shared_experts.gate_proj.weight", "ffn_gate_shexp.weight"},
-      {"mlp.shared_experts.up_proj.weight", "ffn_up_shexp.weight"},
-      {"mlp.shared_experts.down_proj.weight", "ffn_down_shexp.weight"},
-      // DeepSeek V2 / V3: multi-head latent attention.
-      {"self_attn.q_a_proj.weight", "attn_q_a.weight"},
-      {"self_attn.q_a_layernorm.weight", "attn_q_a_norm.weight"},
-      {"self_attn.q_b_proj.weight", "attn_q_b.weight"},
-      {"self_attn.kv_a_proj_with_mqa.weight", "attn_kv_a_mqa.weight"},
-      {"self_attn.kv_a_layernorm.weight", "attn_kv_a_norm.weight"},
-      {"self_attn.kv_b_proj.weight", "attn_kv_b.weight"},
-      // gpt-oss: sinks, the output bias, the router, and the experts as
-      // its folders ship them (MXFP4 _blocks and _scales, gate and up
-      // interleaved by row; worker/llama_weights.cc reads them), or
-      // dequantized ([experts, in, out]).
-      {"self_attn.sinks", "attn_sinks.weight"},
-      {"self_attn.o_proj.bias", "attn_output.bias"},
-      {"mlp.router.weight", "ffn_gate_inp.weight"},
-      {"mlp.router.bias", "ffn_gate_inp.bias"},
-      {"mlp.experts.gate_up_proj_blocks", "ffn_gate_up_exps.blocks"},
-      {"mlp.experts.gate_up_proj_scales", "ffn_gate_up_exps.scales"},
-      {"mlp.experts.gate_up_proj_bias", "ffn_gate_up_exps.bias"},
-      {"mlp.experts.down_proj_blocks", "ffn_down_exps.blocks"},
-      {"mlp.experts.down_proj_scales", "ffn_down_exps.scales"},
-      {"mlp.experts.down_proj_bias", "ffn_down_exps.bias"},
-      {"mlp.experts.gate_up_proj", "ffn_gate_up_exps.weight_t"},
-      {"mlp.experts.down_proj", "ffn_down_exps.weight_t"},
-      // Qwen3.5's Gated DeltaNet layers (value heads grouped, not tiled
-      // as llama.cpp writes them; A_log and conv1d [C, 1, W] as shipped:
-      // worker/llama_weights.cc reads both forms).
-      {"linear_attn.in_proj_qkv.weight", "attn_qkv.weight"},
-      {"linear_attn.in_proj_z.weight", "attn_gate.weight"},
-      {"linear_attn.in_proj_b.weight", "ssm_beta.weight"},
-      {"linear_attn.in_proj_a.weight", "ssm_alpha.weight"},
-      {"linear_attn.dt_bias", "ssm_dt.bias"},
-      {"linear_attn.A_log", "ssm_a_log"},
-      {"linear_attn.conv1d.weight", "ssm_conv1d.weight"},
-      {"linear_attn.norm.weight", "ssm_norm.weight"},
-      {"linear_attn.out_proj.weight", "ssm_out.weight"},
-      // Qwen3-Next's: q, k, v, z and b, a fused per key head, as
-      // llama.cpp's ssm_in and ssm_ba; its one shared expert and gate.
-      {"linear_attn.in_proj_qkvz.weight", "ssm_in.weight"},
-      {"linear_attn.in_proj_ba.weight", "ssm_ba.weight"},
-      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
-      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
-      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
-      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"},
-  };
-  // Experts, one tensor each: blk.N.ffn_{gate,up,down}.E.weight (the
-  // per-expert names llama.cpp's older Mixtral files use).
-  static const std::pair<std::string_view, std::string_view> kExpert[] = {
-      {"mlp.experts.", ""}, {"block_sparse_moe.experts.", ""}};
-  static const std::pair<std::string_view, std::string_view> kExpertMatrix[] = {
-      {"gate_proj.weight", "ffn_gate"}, {"up_proj.weight", "ffn_up"},
-      {"down_proj.weight", "ffn_down"}, {"w1.weight", "ffn_gate"},
-      {"w3.weight", "ffn_up"},          {"w2.weight", "ffn_down"}};
   // Qwen3.5's ConditionalGeneration folders hold the text model under
   // model.language_model. (its vision tower, under model.visual., is
   // not read).
@@ -1093,7 +1216,7 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
     unnested = absl::StrCat("model.", Sv(hf.substr(kNested.size())));
     hf = unnested;
   }
-  for (const auto& [from, to] : kGlobal) {
+  for (const auto& [from, to] : kGlobalNames) {
     if (hf == from) return std::string(to);
   }
   constexpr std::string_view kPrefix = "model.layers.";
@@ -1109,36 +1232,15 @@ std::optional<std::string> CanonicalName(std::string_view hf, bool post_norms) {
     return std::nullopt;  // Not plain decimal (sign, leading zero, ...).
   }
   const std::string_view suffix = rest.substr(dot + 1);
-  static const std::pair<std::string_view, std::string_view> kGemma[] = {
-      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
-      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
-      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"},
-  };
-  for (const auto& [from, to] : kGemma) {
+  for (const auto& [from, to] : kGemmaNames) {
     if (post_norms && suffix == from) {
       return absl::StrCat("blk.", layer, ".", Sv(to));
     }
   }
-  for (const auto& [from, to] : kLayer) {
+  for (const auto& [from, to] : kLayerNames) {
     if (suffix == from) return absl::StrCat("blk.", layer, ".", Sv(to));
   }
-  for (const auto& [prefix, unused] : kExpert) {
-    if (!suffix.starts_with(prefix)) continue;
-    const std::string_view e = suffix.substr(prefix.size());
-    const size_t edot = e.find('.');
-    uint32_t expert = 0;
-    if (edot == std::string_view::npos || edot == 0 || edot > 5 ||
-        !absl::SimpleAtoi(Sv(e.substr(0, edot)), &expert) ||
-        absl::StrCat(expert) != e.substr(0, edot)) {
-      return std::nullopt;
-    }
-    for (const auto& [from, to] : kExpertMatrix) {
-      if (e.substr(edot + 1) == from) {
-        return absl::StrCat("blk.", layer, ".", Sv(to), ".", expert, ".weight");
-      }
-    }
-  }
-  return std::nullopt;
+  return ExpertTensorName(layer, suffix);
 }
 
 // Returns the layer index of a canonical "blk.N.*" name, or -1.
@@ -1183,11 +1285,18 @@ struct FileEntry {
   bool keep = true;  // False for unknown tensors of an unsupported dtype.
 };
 
-// Parses one safetensors file's header; offsets in the result are absolute.
-absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
-    const MappedFile& file, int file_index, const ModelConfig& config) {
-  const int64_t n_layers = config.n_layers;
-  const int64_t nextn_layers = config.n_nextn_layers;
+// A safetensors file's parsed header, and where its data region lies.
+struct SafetensorsHeader {
+  Json json;
+  uint64_t data_start = 0;  // After the 8-byte length and the header.
+  uint64_t data_size = 0;
+  uint64_t file_size = 0;
+};
+
+// Reads `file`'s header: its u64 length, checked against the limit and the
+// file, then a JSON object that names no tensor twice.
+absl::StatusOr<SafetensorsHeader> ReadSafetensorsHeader(
+    const MappedFile& file) {
   const std::string& path = file.path();
   const absl::Span<const uint8_t> bytes = file.bytes();
   auto error = [&path](auto&&... parts) {
@@ -1208,31 +1317,188 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
     return error("header length ", header_len, " at offset 0 runs past the ",
                  bytes.size(), "-byte file");
   }
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = bytes.size() - data_start;
+  SafetensorsHeader header;
+  header.data_start = 8 + header_len;
+  header.data_size = bytes.size() - header.data_start;
+  header.file_size = bytes.size();
   const std::string_view text(reinterpret_cast<const char*>(bytes.data() + 8),
                               header_len);
   std::string duplicate;
-  ASSIGN_OR_RETURN(const Json header,
+  ASSIGN_OR_RETURN(header.json,
                    ParseJson(text, absl::StrCat(path, ": header"), &duplicate));
-  if (!header.is_object()) {
-    return error("header is a JSON ", JsonTypeName(header), ", not an object");
+  if (!header.json.is_object()) {
+    return error("header is a JSON ", JsonTypeName(header.json),
+                 ", not an object");
   }
   if (!duplicate.empty()) {
     return error("tensor '", duplicate, "' appears twice in the header");
   }
+  return header;
+}
+
+// Errors about one tensor of a safetensors file, naming the file and the
+// tensor.
+struct TensorErrors {
+  std::string_view path;
+  std::string_view tensor;
+
+  template <typename... Parts>
+  absl::Status operator()(const Parts&... parts) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Sv(path), ": tensor '", Sv(tensor), "': ", parts...));
+  }
+};
+
+// A tensor's shape (into `shape`): at most kMaxRank dimensions, each at
+// most kMaxDim. Returns its element count, at most kMaxElements.
+absl::StatusOr<int64_t> ReadShape(const Json& t, const TensorErrors& terror,
+                                  Shape& shape) {
+  auto sh = t.find("shape");
+  if (sh == t.end() || !sh->is_array()) {
+    return terror("missing or non-array 'shape'");
+  }
+  if (sh->size() > kMaxRank) {
+    return terror("shape has ", sh->size(), " dimensions, more than ",
+                  kMaxRank);
+  }
+  int64_t numel = 1;
+  for (const Json& d : *sh) {
+    std::optional<int64_t> v = AsNonNegative(d);
+    if (!v.has_value() || *v > kMaxDim) {
+      return terror("shape dimension ", Brief(d), " is not an integer in [0, ",
+                    kMaxDim, "]");
+    }
+    shape.push_back(*v);
+    if (*v != 0 && numel > kMaxElements / *v) {
+      return terror("shape ", Brief(*sh), " has more than ", kMaxElements,
+                    " elements");
+    }
+    numel *= *v;
+  }
+  return numel;
+}
+
+// A tensor's data_offsets: a [begin, end] pair inside the data region,
+// `nbytes` apart (what its dtype and shape need). Returns begin.
+absl::StatusOr<int64_t> ReadDataOffsets(const Json& t,
+                                        const SafetensorsHeader& header,
+                                        const TensorErrors& terror,
+                                        const std::string& dtype_name,
+                                        const Shape& shape, int64_t nbytes) {
+  auto off = t.find("data_offsets");
+  if (off == t.end() || !off->is_array() || off->size() != 2) {
+    return terror("missing 'data_offsets' or not a [begin, end] pair");
+  }
+  std::optional<int64_t> begin = AsNonNegative((*off)[0]);
+  std::optional<int64_t> end = AsNonNegative((*off)[1]);
+  if (!begin.has_value() || !end.has_value()) {
+    return terror("data_offsets ", Brief(*off),
+                  " are not non-negative 64-bit integers");
+  }
+  if (*end < *begin) {
+    return terror("data_offsets ", Brief(*off), " end before they begin");
+  }
+  if (static_cast<uint64_t>(*end) > header.data_size) {
+    return terror("data_offsets ", Brief(*off), " (absolute ",
+                  header.data_start + *begin, "..", header.data_start + *end,
+                  ") run past the end of the ", header.file_size, "-byte file");
+  }
+  if (*end - *begin != nbytes) {
+    return terror("data_offsets ", Brief(*off), " hold ", *end - *begin,
+                  " bytes but ", dtype_name, " ", ShapeString(shape), " needs ",
+                  nbytes);
+  }
+  return *begin;
+}
+
+// Names entry `e` (its hf_name set) and gives it its dtype: a tensor we
+// know takes its canonical name, one we do not keeps its own and is not
+// loaded when its dtype is unsupported; a known tensor of an unsupported
+// dtype or of a layer beyond the model's is refused.
+absl::Status NameEntry(const DTypeEntry& dtype, const std::string& dtype_name,
+                       const ModelConfig& config, const TensorErrors& terror,
+                       FileEntry& e) {
+  const std::string& name = e.hf_name;
+  // An FP8 weight's block scales take its canonical name plus _scale_inv.
+  constexpr std::string_view kScale = "_scale_inv";
+  std::optional<std::string> canonical;
+  if (name.ends_with(kScale)) {
+    canonical = CanonicalName(
+        std::string_view(name).substr(0, name.size() - kScale.size()),
+        config.post_norms);
+    if (canonical.has_value()) *canonical += kScale;
+  } else {
+    canonical = CanonicalName(name, config.post_norms);
+  }
+  // gpt-oss's MXFP4 experts: raw bytes, repacked by the loader.
+  const bool mxfp4_part =
+      canonical.has_value() && dtype_name == "U8" &&
+      (canonical->ends_with(".blocks") || canonical->ends_with(".scales"));
+  if (mxfp4_part) {
+    e.info.dtype = DType::kI8;
+  } else if (!dtype.dtype.has_value()) {
+    if (canonical.has_value()) {
+      return terror("dtype ", dtype_name,
+                    " is not supported (F32, F16, BF16 and F8_E4M3 are)");
+    }
+    e.keep = false;  // An unknown extra tensor (e.g. int64 buffers).
+  }
+  if (canonical.has_value()) {
+    const int64_t n_layers = config.n_layers;
+    const int64_t layer = LayerOf(*canonical);
+    if (layer >= n_layers && layer < n_layers + config.n_nextn_layers) {
+      e.keep = false;  // A multi-token-prediction layer: not loaded.
+    } else if (layer >= n_layers) {
+      return terror("layer ", layer,
+                    " is beyond num_hidden_layers = ", n_layers);
+    }
+  }
+  e.info.name = canonical.has_value() ? *std::move(canonical) : name;
+  if (!mxfp4_part) e.info.dtype = dtype.dtype.value_or(DType::kF32);
+  return absl::OkStatus();
+}
+
+// Sorts `entries` by offset. No two tensors may share bytes (empty tensors
+// share nothing).
+absl::Status CheckNoOverlap(const std::string& path,
+                            std::vector<FileEntry>& entries) {
+  std::sort(entries.begin(), entries.end(),
+            [](const FileEntry& a, const FileEntry& b) {
+              return a.info.offset < b.info.offset;
+            });
+  const FileEntry* prev = nullptr;
+  for (const FileEntry& e : entries) {
+    if (e.info.bytes == 0) continue;
+    if (prev != nullptr &&
+        e.info.offset < prev->info.offset + prev->info.bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          path, ": tensor '", e.hf_name, "' at offset ", e.info.offset,
+          " overlaps tensor '", prev->hf_name, "' at offset ",
+          prev->info.offset, " (", prev->info.bytes, " bytes)"));
+    }
+    prev = &e;
+  }
+  return absl::OkStatus();
+}
+
+// Parses one safetensors file's header; offsets in the result are absolute.
+absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
+    const MappedFile& file, int file_index, const ModelConfig& config) {
+  const std::string& path = file.path();
+  ASSIGN_OR_RETURN(const SafetensorsHeader header, ReadSafetensorsHeader(file));
 
   std::vector<FileEntry> entries;
-  entries.reserve(header.size());  // Bounded by the (checked) header size.
-  for (const auto& [name, t] : header.items()) {
+  // Bounded by the (checked) header size.
+  entries.reserve(header.json.size());
+  for (const auto& [name, t] : header.json.items()) {
     if (name == "__metadata__") {
-      if (!t.is_object()) return error("__metadata__ is not an object");
+      if (!t.is_object()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(path, ": __metadata__ is not an object"));
+      }
       continue;
     }
-    // A copy of the binding: clang 14 cannot capture structured bindings.
-    auto terror = [&, &tensor = name](auto&&... parts) {
-      return error("tensor '", tensor, "': ", parts...);
-    };
+    const TensorErrors terror{path, name};
     if (!t.is_object()) return terror("entry is not an object");
 
     // dtype
@@ -1244,117 +1510,23 @@ absl::StatusOr<std::vector<FileEntry>> ParseSafetensorsHeader(
     const DTypeEntry* dtype = LookupDType(dtype_name);
     if (dtype == nullptr) return terror("unknown dtype '", dtype_name, "'");
 
-    // shape
-    auto sh = t.find("shape");
-    if (sh == t.end() || !sh->is_array()) {
-      return terror("missing or non-array 'shape'");
-    }
-    if (sh->size() > kMaxRank) {
-      return terror("shape has ", sh->size(), " dimensions, more than ",
-                    kMaxRank);
-    }
     Shape shape;
-    int64_t numel = 1;
-    for (const Json& d : *sh) {
-      std::optional<int64_t> v = AsNonNegative(d);
-      if (!v.has_value() || *v > kMaxDim) {
-        return terror("shape dimension ", Brief(d),
-                      " is not an integer in [0, ", kMaxDim, "]");
-      }
-      shape.push_back(*v);
-      if (*v != 0 && numel > kMaxElements / *v) {
-        return terror("shape ", Brief(*sh), " has more than ", kMaxElements,
-                      " elements");
-      }
-      numel *= *v;
-    }
-
-    // data_offsets
-    auto off = t.find("data_offsets");
-    if (off == t.end() || !off->is_array() || off->size() != 2) {
-      return terror("missing 'data_offsets' or not a [begin, end] pair");
-    }
-    std::optional<int64_t> begin = AsNonNegative((*off)[0]);
-    std::optional<int64_t> end = AsNonNegative((*off)[1]);
-    if (!begin.has_value() || !end.has_value()) {
-      return terror("data_offsets ", Brief(*off),
-                    " are not non-negative 64-bit integers");
-    }
-    if (*end < *begin) {
-      return terror("data_offsets ", Brief(*off), " end before they begin");
-    }
-    if (static_cast<uint64_t>(*end) > data_size) {
-      return terror("data_offsets ", Brief(*off), " (absolute ",
-                    data_start + *begin, "..", data_start + *end,
-                    ") run past the end of the ", bytes.size(), "-byte file");
-    }
+    ASSIGN_OR_RETURN(const int64_t numel, ReadShape(t, terror, shape));
     const int64_t nbytes = numel * dtype->size;  // numel <= 2^48: no overflow.
-    if (*end - *begin != nbytes) {
-      return terror("data_offsets ", Brief(*off), " hold ", *end - *begin,
-                    " bytes but ", dtype_name, " ", ShapeString(shape),
-                    " needs ", nbytes);
-    }
+    ASSIGN_OR_RETURN(
+        const int64_t begin,
+        ReadDataOffsets(t, header, terror, dtype_name, shape, nbytes));
 
     FileEntry e;
     e.hf_name = name;
-    // An FP8 weight's block scales take its canonical name plus _scale_inv.
-    constexpr std::string_view kScale = "_scale_inv";
-    std::optional<std::string> canonical;
-    if (name.ends_with(kScale)) {
-      canonical = CanonicalName(
-          std::string_view(name).substr(0, name.size() - kScale.size()),
-          config.post_norms);
-      if (canonical.has_value()) *canonical += kScale;
-    } else {
-      canonical = CanonicalName(name, config.post_norms);
-    }
-    // gpt-oss's MXFP4 experts: raw bytes, repacked by the loader.
-    const bool mxfp4_part =
-        canonical.has_value() && dtype_name == "U8" &&
-        (canonical->ends_with(".blocks") || canonical->ends_with(".scales"));
-    if (mxfp4_part) {
-      e.info.dtype = DType::kI8;
-    } else if (!dtype->dtype.has_value()) {
-      if (canonical.has_value()) {
-        return terror("dtype ", dtype_name,
-                      " is not supported (F32, F16, BF16 and F8_E4M3 are)");
-      }
-      e.keep = false;  // An unknown extra tensor (e.g. int64 buffers).
-    }
-    if (canonical.has_value()) {
-      const int64_t layer = LayerOf(*canonical);
-      if (layer >= n_layers && layer < n_layers + nextn_layers) {
-        e.keep = false;  // A multi-token-prediction layer: not loaded.
-      } else if (layer >= n_layers) {
-        return terror("layer ", layer,
-                      " is beyond num_hidden_layers = ", n_layers);
-      }
-    }
-    e.info.name = canonical.has_value() ? *std::move(canonical) : name;
-    if (!mxfp4_part) e.info.dtype = dtype->dtype.value_or(DType::kF32);
+    RETURN_IF_ERROR(NameEntry(*dtype, dtype_name, config, terror, e));
     e.info.shape = std::move(shape);
     e.info.file = file_index;
-    e.info.offset = data_start + static_cast<uint64_t>(*begin);
+    e.info.offset = header.data_start + static_cast<uint64_t>(begin);
     e.info.bytes = static_cast<uint64_t>(nbytes);
     entries.push_back(std::move(e));
   }
-
-  // No two tensors may share bytes (empty tensors share nothing).
-  std::sort(entries.begin(), entries.end(),
-            [](const FileEntry& a, const FileEntry& b) {
-              return a.info.offset < b.info.offset;
-            });
-  const FileEntry* prev = nullptr;
-  for (const FileEntry& e : entries) {
-    if (e.info.bytes == 0) continue;
-    if (prev != nullptr &&
-        e.info.offset < prev->info.offset + prev->info.bytes) {
-      return error("tensor '", e.hf_name, "' at offset ", e.info.offset,
-                   " overlaps tensor '", prev->hf_name, "' at offset ",
-                   prev->info.offset, " (", prev->info.bytes, " bytes)");
-    }
-    prev = &e;
-  }
+  RETURN_IF_ERROR(CheckNoOverlap(path, entries));
   return entries;
 }
 
