@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "core/process_memory.h"
+#include "engine/batch_planner.h"
 
 #ifndef SHARDLM_VERSION
 #define SHARDLM_VERSION "unknown"
@@ -360,6 +361,119 @@ void AppendBuildInfo(std::string& out, const std::string& backend,
                   "\",commit=\"", SHARDLM_COMMIT, "\",backend=\"", backend,
                   "\",precision=\"", precision, "\",kv_cache_dtype=\"",
                   kv_cache_dtype, "\",ranks=\"", ranks, "\"} 1\n");
+}
+
+// One Prometheus metric: its HELP and TYPE lines, then a sample per
+// labels (empty: none).
+void AppendMetric(std::string& out, const char* name, const char* type,
+                  const char* help,
+                  std::vector<std::pair<std::string, int64_t>> values) {
+  absl::StrAppend(&out, "# HELP ", name, " ", help, "\n# TYPE ", name, " ",
+                  type, "\n");
+  for (const auto& [labels, v] : values) {
+    absl::StrAppend(&out, name, labels.empty() ? "" : "{", labels,
+                    labels.empty() ? "" : "}", " ", v, "\n");
+  }
+}
+
+// The scheduler's figures: requests, KV blocks, steps, computed tokens,
+// preemptions and speculative decoding.
+void AppendSchedulerMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(
+      out, "shardlm_requests", "gauge", "Requests by state.",
+      {{"state=\"running\"", s.running}, {"state=\"waiting\"", s.waiting}});
+  AppendMetric(out, "shardlm_kv_blocks", "gauge",
+               "KV blocks by tier and state (used: held by sequences; cached: "
+               "kept for prefix hits).",
+               {{"tier=\"device\",state=\"used\"", s.device.used},
+                {"tier=\"device\",state=\"cached\"", s.device.cached},
+                {"tier=\"device\",state=\"free\"", s.device.free},
+                {"tier=\"host\",state=\"used\"", s.host.used},
+                {"tier=\"host\",state=\"cached\"", s.host.cached},
+                {"tier=\"host\",state=\"free\"", s.host.free}});
+  AppendCpRankKvMetrics(out, s.device_by_cp_rank, s.host_by_cp_rank);
+  AppendMetric(out, "shardlm_steps_total", "counter", "Forward steps run.",
+               {{"", s.steps}});
+  AppendMetric(out, "shardlm_steps_in_flight", "gauge",
+               "Steps submitted whose tokens are not back yet (pipeline stages "
+               "working at once): now, and the most so far.",
+               {{"which=\"now\"", s.steps_in_flight},
+                {"which=\"max\"", s.max_steps_in_flight}});
+  AppendMetric(out, "shardlm_computed_tokens_total", "counter",
+               "Tokens run through the model (prefix-cache hits are not).",
+               {{"", s.computed_tokens}});
+  AppendMetric(out, "shardlm_preemptions_total", "counter",
+               "Preemptions by kind.",
+               {{"kind=\"swap\"", s.preempted_swap},
+                {"kind=\"recompute\"", s.preempted_recompute}});
+  if (!s.spec_kept_histogram.empty()) {
+    AppendMetric(out, "shardlm_spec_tokens_total", "counter",
+                 "Speculative decoding: tokens drafted, and those the model's "
+                 "samples confirmed (kept).",
+                 {{"kind=\"drafted\"", s.spec_drafted},
+                  {"kind=\"kept\"", s.spec_accepted}});
+    AppendMetric(out, "shardlm_spec_verifications_total", "counter",
+                 "Speculative decoding: a sequence's drafts checked in a step.",
+                 {{"", s.spec_verifications}});
+    std::vector<std::pair<std::string, int64_t>> kept;
+    for (size_t k = 0; k < s.spec_kept_histogram.size(); ++k) {
+      kept.push_back(
+          {absl::StrCat("kept=\"", k, "\""), s.spec_kept_histogram[k]});
+    }
+    AppendMetric(
+        out, "shardlm_spec_kept_drafts", "counter",
+        "Speculative decoding: verifications by how many of their drafts "
+        "were kept (each also yields one more token, sampled).",
+        std::move(kept));
+  }
+}
+
+// Interruptions and what recovering from them cost, and KV blocks moved
+// between tiers.
+void AppendRecoveryMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(out, "shardlm_interruptions_total", "counter",
+               "Failed steps (a lost rank) after which the requests holding KV "
+               "were kept to resume (coordinator --rejoin).",
+               {{"", s.interruptions}});
+  AppendMetric(out, "shardlm_resumed_requests_total", "counter",
+               "Requests put back in the queue after an interruption, to be "
+               "recomputed from their tokens.",
+               {{"", s.resumed}});
+  AppendMetric(out, "shardlm_recomputed_tokens_total", "counter",
+               "Tokens of KV lost to interruptions (recomputed on resuming).",
+               {{"", s.recomputed_tokens}});
+  AppendMetric(
+      out, "shardlm_kv_checksum_failures_total", "counter",
+      "Steps in which a KV block copied back from the host tier failed "
+      "its checksum (--kv-checksum): their sequences were recomputed.",
+      {{"", s.kv_checksum_failures}});
+  AppendMetric(out, "shardlm_kv_blocks_moved_total", "counter",
+               "KV blocks copied between tiers.",
+               {{"kind=\"swap_out\"", s.blocks.swapped_out},
+                {"kind=\"swap_in\"", s.blocks.swapped_in},
+                {"kind=\"spill\"", s.blocks.spilled},
+                {"kind=\"offload\"", s.offloaded}});
+}
+
+// The KV slots sequences hold, and how fragmented they are.
+void AppendKvSlotMetrics(std::string& out, const SchedulerStats& s) {
+  AppendMetric(
+      out, "shardlm_kv_slots", "gauge",
+      "Token slots of the KV blocks sequences hold, and how many hold a "
+      "token (see shardlm_kv_fragmentation_ratio).",
+      {{"state=\"allocated\"", s.kv_slots_allocated},
+       {"state=\"filled\"", s.kv_slots_filled}});
+  absl::StrAppend(
+      &out,
+      "# HELP shardlm_kv_fragmentation_ratio Slots allocated but not filled "
+      "over slots allocated (0 when none is allocated).\n"
+      "# TYPE shardlm_kv_fragmentation_ratio gauge\n"
+      "shardlm_kv_fragmentation_ratio ",
+      s.kv_slots_allocated == 0
+          ? 0.0
+          : 1.0 - static_cast<double>(s.kv_slots_filled) /
+                      static_cast<double>(s.kv_slots_allocated),
+      "\n");
 }
 
 }  // namespace shardlm

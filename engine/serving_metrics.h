@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -119,6 +120,22 @@ void AppendCpRankKvMetrics(std::string& out,
                            const std::vector<TierUsage>& host);
 
 // shardlm's version (the project's, at configure time).
+struct SchedulerStats;  // engine/batch_planner.h
+
+// One Prometheus metric: its HELP and TYPE lines, then a sample per labels
+// (empty: none).
+void AppendMetric(std::string& out, const char* name, const char* type,
+                  const char* help,
+                  std::vector<std::pair<std::string, int64_t>> values);
+// The scheduler's figures: requests, KV blocks, steps, computed tokens,
+// preemptions and speculative decoding.
+void AppendSchedulerMetrics(std::string& out, const SchedulerStats& s);
+// Interruptions and what recovering from them cost, and KV blocks moved
+// between tiers.
+void AppendRecoveryMetrics(std::string& out, const SchedulerStats& s);
+// The KV slots sequences hold, and how fragmented they are.
+void AppendKvSlotMetrics(std::string& out, const SchedulerStats& s);
+
 const char* ShardlmVersion();
 
 // shardlm_build_info{version,commit,backend,precision,kv_cache_dtype,ranks}
