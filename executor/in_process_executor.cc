@@ -191,16 +191,14 @@ absl::StatusOr<std::unique_ptr<StepExecutor>> CreateInProcessExecutor(
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(source, o.tp, o.pp,
                                               o.moe_sharding, o.pp_balance));
   // Every shard loads, then every one gets the blocks all of them hold.
-  // Rank (pp_rank * cp + cp_rank) * tp + tp_rank: the CP ranks of a stage
-  // hold the same weights.
+  // Rank (pp_rank * cp + cp_rank) * tp + tp_rank.
   std::vector<std::unique_ptr<Shard>> shards;
   KvBlockCounts blocks = KvBlockCounts::Unbounded();
   for (int p = 0; p < o.pp; ++p) {
     for (int c = 0; c < o.cp; ++c) {
       for (int t = 0; t < o.tp; ++t) {
-        ShardSpec spec = plan.at(p, t);
-        spec.cp_rank = c;
-        spec.cp_size = o.cp;
+        const ShardSpec spec =
+            plan.ForRank({.tp_rank = t, .cp_rank = c, .pp_rank = p}, o.cp);
         ASSIGN_OR_RETURN(
             std::unique_ptr<Shard> shard,
             LoadCpuShard(source,

@@ -166,6 +166,15 @@ struct ShardPlan {
   const ShardSpec& at(int pp_rank, int tp_rank) const {
     return shards[pp_rank * tp + tp_rank];
   }
+  // The spec of the rank at `place` in a layout of `cp` CP ranks per
+  // stage: CP ranks hold the same weights, so it is at(pp, tp) with the CP
+  // place set.
+  ShardSpec ForRank(const RankPlace& place, int cp) const {
+    ShardSpec spec = at(place.pp_rank, place.tp_rank);
+    spec.cp_rank = place.cp_rank;
+    spec.cp_size = cp;
+    return spec;
+  }
   std::string DebugString() const;  // A table: one line per rank.
 };
 

@@ -65,10 +65,8 @@ absl::StatusOr<KvPoolConfig> CommShardHost::Load(const WorkerAssignment& a) {
   SetPrecision(a.precision);
   ASSIGN_OR_RETURN(ShardPlan plan, PlanShards(*source_, a.tp, a.pp,
                                               a.moe_sharding, a.pp_balance));
-  // CP ranks hold the same weights: the TP x PP spec, with the CP place.
-  ShardSpec mine = plan.at(a.pp_rank, a.tp_rank);
-  mine.cp_rank = a.cp_rank;
-  mine.cp_size = a.cp;
+  const ShardSpec mine = plan.ForRank(
+      {.tp_rank = a.tp_rank, .cp_rank = a.cp_rank, .pp_rank = a.pp_rank}, a.cp);
   ASSIGN_OR_RETURN(
       std::unique_ptr<Shard> shard,
       LoadCpuShard(
