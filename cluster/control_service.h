@@ -29,8 +29,8 @@
 #include "model/shard_plan.h"
 #include "shardlm/v1/control.grpc.pb.h"
 #include "step/batch_limits.h"
-#include "step/kv_cache.h"
 #include "step/control_channel.h"
+#include "step/kv_cache.h"
 
 namespace shardlm {
 
